@@ -183,6 +183,7 @@ static inline void remove_temp_dir(char *dir) {
 }
 
 static inline uint8_t *read_whole_file(const char *path, size_t *size) {
+    *size = 0;
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;
     fseek(f, 0, SEEK_END);
