@@ -381,11 +381,11 @@ static int read_header(parser *p) {
     /* Bound both counts by the bytes left before allocating for them. */
     uint64_t rest = left(p);
     if (n_kv > rest / MIN_KV_BYTES)
-        return fail(p, 16, DS4_ERANGE, "metadata count %llu cannot fit in the %llu bytes left",
+        return fail(p, 16, DS4_ERANGE, "metadata count %llu cannot fit in the %llu bytes left in the file",
                     (unsigned long long)n_kv, (unsigned long long)rest);
     rest -= n_kv * MIN_KV_BYTES;
     if (n_tensors > rest / MIN_TENSOR_INFO_BYTES)
-        return fail(p, 8, DS4_ERANGE, "tensor count %llu cannot fit in the %llu bytes left",
+        return fail(p, 8, DS4_ERANGE, "tensor count %llu cannot fit in the %llu bytes left in the file",
                     (unsigned long long)n_tensors, (unsigned long long)left(p));
 
     gguf_index *ix = g->index;

@@ -1,0 +1,129 @@
+/*
+ * fuzz_gguf.c - libFuzzer target for the GGUF reader.
+ *
+ * Opens the input with ds4_gguf_open_buffer() and, when it is accepted,
+ * walks every metadata entry, array element, string byte and tensor byte
+ * the reader hands out, checking the reader's promises on the way: every
+ * pointer lies inside the input, lookups find each entry, tensor sizes
+ * follow the type geometry and data is aligned and in bounds.  A rejected
+ * input must come with a message that names the input.  Any broken promise
+ * aborts, which libFuzzer reports like a crash.  Built and run by
+ * tests/suite/fuzz_gguf.sh.
+ */
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/gguf.h"
+#include "format/quants.h"
+
+#define CHECK(cond)                                                          \
+    do {                                                                     \
+        if (!(cond)) {                                                       \
+            fprintf(stderr, "fuzz_gguf: %s:%d: broken promise: %s\n",        \
+                    __FILE__, __LINE__, #cond);                              \
+            abort();                                                         \
+        }                                                                    \
+    } while (0)
+
+static const uint8_t *lo, *hi;
+static volatile uint64_t sink;
+
+/* [p, p + n) lies inside the input; touch every byte so ASan sees reads. */
+static void inside(const void *p, uint64_t n) {
+    const uint8_t *b = p;
+    if (n == 0) return;
+    CHECK(b >= lo && n <= (uint64_t)(hi - b));
+    uint64_t acc = 0;
+    for (uint64_t i = 0; i < n; i++) acc += b[i];
+    sink += acc;
+}
+
+static void walk_array(const ds4_gguf_array *a) {
+    CHECK(a->type < DS4_GGUF_VTYPE_COUNT && a->type != DS4_GGUF_ARRAY);
+    if (a->type == DS4_GGUF_STRING) {
+        CHECK(a->count == 0 || a->strs != NULL);
+        for (uint64_t i = 0; i < a->count; i++) inside(a->strs[i].ptr, a->strs[i].len);
+        return;
+    }
+    CHECK(a->strs == NULL);
+    inside(a->data, a->count * ds4_gguf_vtype_size(a->type));
+    for (uint64_t i = 0; i < a->count; i++) {
+        sink += (uint64_t)ds4_gguf_arr_i64(a, i);
+        double d = ds4_gguf_arr_f64(a, i);
+        sink += d == d;
+    }
+}
+
+/* Every getter on every key: none may crash, and a success agrees with the
+ * stored value's type. */
+static void walk_getters(const ds4_gguf *g, const ds4_gguf_kv *kv) {
+    ds4_err err;
+    uint32_t u32;
+    uint64_t u64;
+    int64_t i64;
+    double f;
+    bool b;
+    ds4_str s;
+    const ds4_gguf_array *a;
+    sink += (uint64_t)ds4_gguf_get_u32(g, kv->key, &u32, &err);
+    sink += (uint64_t)ds4_gguf_get_u64(g, kv->key, &u64, &err);
+    sink += (uint64_t)ds4_gguf_get_i64(g, kv->key, &i64, &err);
+    sink += (uint64_t)ds4_gguf_get_f64(g, kv->key, &f, &err);
+    CHECK((ds4_gguf_get_bool(g, kv->key, &b, &err) == 0) == (kv->value.type == DS4_GGUF_BOOL));
+    CHECK((ds4_gguf_get_str(g, kv->key, &s, &err) == 0) == (kv->value.type == DS4_GGUF_STRING));
+    CHECK((ds4_gguf_get_arr(g, kv->key, DS4_GGUF_VTYPE_COUNT, &a, &err) == 0) ==
+          (kv->value.type == DS4_GGUF_ARRAY));
+}
+
+static void walk(const ds4_gguf *g) {
+    CHECK(g->version == 3);
+    CHECK(g->alignment && (g->alignment & (g->alignment - 1)) == 0);
+    CHECK(g->data_offset % g->alignment == 0);
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const ds4_gguf_kv *kv = &g->kv[i];
+        CHECK(kv->file_offset < g->size);
+        CHECK(ds4_gguf_find_kv(g, kv->key) == kv);
+        CHECK(kv->value.type < DS4_GGUF_VTYPE_COUNT);
+        if (kv->value.type == DS4_GGUF_STRING) inside(kv->value.s.ptr, kv->value.s.len);
+        if (kv->value.type == DS4_GGUF_ARRAY) walk_array(&kv->value.a);
+        walk_getters(g, kv);
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const ds4_gguf_tensor *t = &g->tensors[i];
+        CHECK(ds4_gguf_find_tensor(g, t->name) == t);
+        CHECK(t->ndim >= 1 && t->ndim <= DS4_GGUF_MAX_DIMS);
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < DS4_GGUF_MAX_DIMS; d++) {
+            CHECK(t->ne[d] >= 1);
+            CHECK(d < t->ndim || t->ne[d] == 1);
+            n *= t->ne[d];
+        }
+        CHECK(n == t->nelements && n <= (uint64_t)INT64_MAX);
+        int ok;
+        CHECK(ds4_type_nbytes_checked(t->type, n, &ok) == t->nbytes && ok);
+        CHECK(t->offset % g->alignment == 0);
+        CHECK((const uint8_t *)t->data == g->base + g->data_offset + t->offset);
+        inside(t->data, t->nbytes);
+    }
+    CHECK(ds4_gguf_find_kv(g, "fuzz: no such key \x01") == NULL);
+    CHECK(ds4_gguf_find_tensor(g, "fuzz: no such tensor \x01") == NULL);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    lo = data;
+    hi = data + size;
+    ds4_err err;
+    ds4_err_clear(&err);
+    ds4_gguf *g = ds4_gguf_open_buffer(data, size, "fuzz", &err);
+    if (!g) {
+        CHECK(err.code != DS4_OK);
+        CHECK(strncmp(err.msg, "fuzz: ", 6) == 0);
+        return 0;
+    }
+    CHECK(g->base == data && g->size == size);
+    walk(g);
+    ds4_gguf_close(g);
+    return 0;
+}
