@@ -173,6 +173,15 @@ static void print_value(FILE *out, const ds4_gguf_value *v, const opts *o) {
     }
 }
 
+/* A key or tensor name for a terminal: control bytes shown as '?'. */
+static const char *printable(const char *name, char *buf, size_t cap) {
+    size_t i = 0;
+    for (; name[i] && i + 1 < cap; i++)
+        buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+    buf[i] = '\0';
+    return buf;
+}
+
 static const char *type_name(uint32_t type) {
     const ds4_type_info *ti = ds4_type_get(type);
     return ti ? ti->name : "?";
@@ -199,7 +208,8 @@ static void print_text(FILE *out, const ds4_gguf *g, const opts *o) {
             snprintf(type, sizeof(type), "%s[%" PRIu64 "]", ds4_gguf_vtype_name(kv->value.a.type), kv->value.a.count);
         else
             snprintf(type, sizeof(type), "%s", ds4_gguf_vtype_name(kv->value.type));
-        fprintf(out, "  %-*s  %-12s ", (int)width, kv->key, type);
+        char name[512];
+        fprintf(out, "  %-*s  %-12s ", (int)width, printable(kv->key, name, sizeof(name)), type);
         print_value(out, &kv->value, o);
         fputc('\n', out);
     }
@@ -207,7 +217,8 @@ static void print_text(FILE *out, const ds4_gguf *g, const opts *o) {
     uint64_t total = 0;
     for (uint64_t i = 0; i < g->n_tensors; i++) {
         const ds4_gguf_tensor *t = &g->tensors[i];
-        fprintf(out, "  %-40s %-8s ", t->name, type_name(t->type));
+        char name[512];
+        fprintf(out, "  %-40s %-8s ", printable(t->name, name, sizeof(name)), type_name(t->type));
         char dims[200];
         FILE *m = fmemopen(dims, sizeof(dims), "w");
         if (m) {

@@ -120,6 +120,7 @@ static int flush_buf(ds4_gguf_writer *w) {
 /* Small pieces are gathered in the buffer; large ones bypass it. */
 static int emit(ds4_gguf_writer *w, const void *data, uint64_t n) {
     if (w->failed) return -1;
+    if (n == 0) return 0;
     if (w->buf_len + n <= WRITE_BUF_BYTES) {
         memcpy(w->buf + w->buf_len, data, (size_t)n);
         w->buf_len += (size_t)n;
@@ -217,7 +218,7 @@ static int begin_kv(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype type, ui
 
 /* Room in key_names for one more key. */
 static int reserve_key(ds4_gguf_writer *w) {
-    if (w->failed) return -1;
+    if (!w || w->failed) return -1;
     if (w->n_kv == w->keys_cap) {
         uint64_t cap = w->keys_cap ? w->keys_cap * 2 : 16;
         char **k = realloc(w->key_names, (size_t)cap * sizeof(*k));
@@ -293,6 +294,11 @@ int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem,
     if (count > SIZE_MAX / esize || (!data && count))
         return wfail(w, DS4_EINVAL, "key '%s': bad array of %llu elements", key ? key : "(null)",
                      (unsigned long long)count);
+    /* GGUF bools are the bytes 0 and 1; readers reject anything else. */
+    for (uint64_t i = 0; elem == DS4_GGUF_BOOL && i < count; i++)
+        if (((const uint8_t *)data)[i] > 1)
+            return wfail(w, DS4_EINVAL, "key '%s': bool element %llu is %u, not 0 or 1", key ? key : "(null)",
+                         (unsigned long long)i, ((const uint8_t *)data)[i]);
     if (reserve_key(w) != 0 || begin_kv(w, key, DS4_GGUF_ARRAY, 0) != 0) return -1;
     if (meta_u32(w, elem) != 0 || meta_u64(w, count) != 0) return -1;
     return meta_put(w, data, count * esize);

@@ -229,7 +229,7 @@ static spec_file ds4_file(void) {
 static void encode_scalar(const ds4_gguf_value *v, uint8_t out[8]) {
     uint8_t u8 = (uint8_t)v->u; int8_t i8 = (int8_t)v->i; uint16_t u16 = (uint16_t)v->u;
     int16_t i16 = (int16_t)v->i; uint32_t u32 = (uint32_t)v->u; int32_t i32 = (int32_t)v->i;
-    float f32 = (float)v->f; uint8_t b = v->b;
+    float f32 = (float)v->f;
     switch (v->type) {
     case DS4_GGUF_U8: memcpy(out, &u8, 1); break;
     case DS4_GGUF_I8: memcpy(out, &i8, 1); break;
@@ -238,7 +238,7 @@ static void encode_scalar(const ds4_gguf_value *v, uint8_t out[8]) {
     case DS4_GGUF_U32: memcpy(out, &u32, 4); break;
     case DS4_GGUF_I32: memcpy(out, &i32, 4); break;
     case DS4_GGUF_F32: memcpy(out, &f32, 4); break;
-    case DS4_GGUF_BOOL: memcpy(out, &b, 1); break;
+    case DS4_GGUF_BOOL: out[0] = v->b ? 1 : 0; break;
     case DS4_GGUF_U64: memcpy(out, &v->u, 8); break;
     case DS4_GGUF_I64: memcpy(out, &v->i, 8); break;
     case DS4_GGUF_F64: memcpy(out, &v->f, 8); break;

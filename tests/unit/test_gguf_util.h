@@ -154,14 +154,17 @@ static inline char *path_in(const char *dir, const char *name) {
     return p;
 }
 
-/* Number of entries in a directory (to check no temporary file is left). */
-static inline int count_entries(const char *dir) {
+/* Number of entries in a directory whose name starts with `prefix` (all
+ * for ""), to check that no temporary file is left behind. */
+static inline int count_entries(const char *dir, const char *prefix) {
     DIR *d = opendir(dir);
     if (!d) return -1;
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
+            strncmp(e->d_name, prefix, strlen(prefix)) == 0)
+            n++;
     closedir(d);
     return n;
 }

@@ -185,7 +185,7 @@ static void test_round_trip_all_values(void **state) {
     assert_non_null(w);
     write_all_values(w);
     close_ok(w);
-    assert_int_equal(count_entries(tmp_dir), 1);
+    assert_int_equal(count_entries(tmp_dir, "values.gguf"), 1);
 
     ds4_gguf *g = reopen(path);
     assert_int_equal(g->n_tensors, 0);
@@ -380,13 +380,13 @@ static void test_large_tensor(void **state) {
 /* -------------------------------------------------------------- errors */
 
 /* Close must fail with `code` and a message containing `needle`, leaving
- * no file (final or temporary) behind. */
+ * no err.gguf file (final or temporary) behind. */
 static void expect_close_error(ds4_gguf_writer *w, ds4_errcode code, const char *needle) {
     ds4_err err;
     assert_int_equal(ds4_gguf_writer_close(w, &err), -1);
     if (err.code != code) fail_msg("code %s, expected %s: %s", ds4_errcode_name(err.code), ds4_errcode_name(code), err.msg);
     if (!strstr(err.msg, needle)) fail_msg("'%s' does not mention '%s'", err.msg, needle);
-    assert_int_equal(count_entries(tmp_dir), 0);
+    assert_int_equal(count_entries(tmp_dir, "err.gguf"), 0);
 }
 
 static ds4_gguf_writer *fresh(uint32_t alignment) {
@@ -433,6 +433,18 @@ static void test_writer_metadata_errors(void **state) {
     w = fresh(0);
     assert_int_equal(ds4_gguf_w_str(w, NULL, "x"), -1);
     expect_close_error(w, DS4_EINVAL, "metadata key is NULL");
+
+    w = fresh(0);
+    const uint8_t bools[3] = {1, 0, 2};
+    assert_int_equal(ds4_gguf_w_arr(w, "b", DS4_GGUF_BOOL, bools, 3), -1);
+    expect_close_error(w, DS4_EINVAL, "key 'b': bool element 2 is 2, not 0 or 1");
+
+    /* Calls on a writer that failed to open are harmless. */
+    assert_int_equal(ds4_gguf_w_u32(NULL, "k", 1), -1);
+    assert_int_equal(ds4_gguf_w_str(NULL, "k", "v"), -1);
+    assert_int_equal(ds4_gguf_w_arr_str(NULL, "k", NULL, NULL, 0), -1);
+    assert_int_equal(ds4_gguf_w_tensor(NULL, "t", 0, NULL, 0), -1);
+    assert_int_equal(ds4_gguf_w_data(NULL, "x", 1), -1);
 
     ds4_err err;
     char *path = path_in(tmp_dir, "x.gguf");
@@ -543,14 +555,14 @@ static void test_writer_abort_and_atomic_replace(void **state) {
     /* An aborted writer and a failed one both leave the old file intact. */
     w = ds4_gguf_writer_open(path, 0, &err);
     assert_int_equal(ds4_gguf_w_str(w, "version", "new"), 0);
-    assert_int_equal(count_entries(tmp_dir), 2); /* the file and the temporary */
+    assert_int_equal(count_entries(tmp_dir, "keep.gguf"), 2); /* the file and the temporary */
     ds4_gguf_writer_abort(w);
     ds4_gguf_writer_abort(NULL);
     w = ds4_gguf_writer_open(path, 0, &err);
     assert_int_equal(ds4_gguf_w_str(w, "version", "new"), 0);
     assert_int_equal(ds4_gguf_w_str(w, "version", "newer"), -1);
     assert_int_equal(ds4_gguf_writer_close(w, &err), -1);
-    assert_int_equal(count_entries(tmp_dir), 1);
+    assert_int_equal(count_entries(tmp_dir, "keep.gguf"), 1);
     ds4_gguf *g = reopen(path);
     ds4_str s;
     assert_int_equal(ds4_gguf_get_str(g, "version", &s, &err), 0);
