@@ -268,11 +268,12 @@ static void print_json(FILE *out, const ds4_gguf *g, const opts *o) {
 }
 
 static int parse_args(int argc, char **argv, opts *o) {
+    for (int i = 1; i < argc; i++)
+        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
+            usage(stdout);
+            exit(0);
+        }
     if (argc < 2) return -1;
-    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
-        usage(stdout);
-        exit(0);
-    }
     if (strcmp(argv[1], "info") != 0) return -1;
     for (int i = 2; i < argc; i++) {
         if (strcmp(argv[i], "--json") == 0) o->json = true;

@@ -79,6 +79,10 @@ typedef struct ds4_gguf_kv {
     char *key;             /* NUL-terminated copy */
     ds4_gguf_value value;
     uint64_t file_offset;  /* where the entry starts, for messages */
+    const uint8_t *raw;    /* the value as stored (after its type field), in the
+                            * mapping; lets copies keep exact bits (e.g. NaN
+                            * payloads that a float -> double -> float trip
+                            * would change).  NULL in hand-made entries. */
 } ds4_gguf_kv;
 
 typedef struct ds4_gguf_tensor {

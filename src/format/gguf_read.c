@@ -228,6 +228,7 @@ static int read_kv(parser *p, ds4_gguf_kv *kv, uint64_t index) {
     if (read_u32(p, "value type", &t) != 0) return -1;
     if (t >= DS4_GGUF_VTYPE_COUNT) return fail(p, type_at, DS4_EFORMAT, "unknown value type %u", t);
     kv->value.type = (ds4_gguf_vtype)t;
+    kv->raw = p->g->base + p->pos;
     if (t == DS4_GGUF_STRING) return read_str(p, "string", &kv->value.s);
     if (t == DS4_GGUF_ARRAY) return read_array(p, &kv->value.a);
     return read_scalar(p, kv->value.type, &kv->value);

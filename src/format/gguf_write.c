@@ -326,8 +326,11 @@ int ds4_gguf_w_copy_kv(ds4_gguf_writer *w, const ds4_gguf_kv *kv) {
     if (!kv) return wfail(w, DS4_EINVAL, "copy of a NULL metadata entry");
     const ds4_gguf_value *v = &kv->value;
     if (v->type == DS4_GGUF_STRING) return ds4_gguf_w_strn(w, kv->key, v->s.ptr, v->s.len);
+    if (v->type != DS4_GGUF_ARRAY && kv->raw && ds4_gguf_vtype_size(v->type))
+        /* Scalars read from a file: the stored bytes, exactly. */
+        return add_scalar(w, kv->key, v->type, kv->raw, v->u);
     if (v->type != DS4_GGUF_ARRAY) {
-        /* Scalars: re-encode from the decoded value in the stored width. */
+        /* Hand-made scalars: encode the decoded value in the stored width. */
         uint64_t u = v->u;
         int64_t i = v->i;
         switch (v->type) {

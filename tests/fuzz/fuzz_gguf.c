@@ -1,19 +1,23 @@
 /*
- * fuzz_gguf.c - libFuzzer target for the GGUF reader.
+ * fuzz_gguf.c - libFuzzer target for the GGUF reader (and, through a round
+ * trip, the writer).
  *
  * Opens the input with ds4_gguf_open_buffer() and, when it is accepted,
  * walks every metadata entry, array element, string byte and tensor byte
  * the reader hands out, checking the reader's promises on the way: every
  * pointer lies inside the input, lookups find each entry, tensor sizes
- * follow the type geometry and data is aligned and in bounds.  A rejected
- * input must come with a message that names the input.  Any broken promise
- * aborts, which libFuzzer reports like a crash.  Built and run by
- * tests/suite/fuzz_gguf.sh.
+ * follow the type geometry and data is aligned and in bounds.  An accepted
+ * input is then copied through the writer (copy_kv, tensors, data) into a
+ * temporary file, which must read back with the same entries, bits and
+ * tensor bytes.  A rejected input must come with a message that names the
+ * input.  Any broken promise aborts, which libFuzzer reports like a crash.
+ * Built and run by tests/suite/fuzz_gguf.sh.
  */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/gguf.h"
 #include "format/quants.h"
@@ -111,6 +115,65 @@ static void walk(const ds4_gguf *g) {
     CHECK(ds4_gguf_find_tensor(g, "fuzz: no such tensor \x01") == NULL);
 }
 
+static bool same_kv(const ds4_gguf_kv *a, const ds4_gguf_kv *b) {
+    const ds4_gguf_value *x = &a->value, *y = &b->value;
+    if (strcmp(a->key, b->key) != 0 || x->type != y->type) return false;
+    if (x->type == DS4_GGUF_STRING)
+        return x->s.len == y->s.len && (x->s.len == 0 || memcmp(x->s.ptr, y->s.ptr, x->s.len) == 0);
+    if (x->type != DS4_GGUF_ARRAY) return memcmp(a->raw, b->raw, ds4_gguf_vtype_size(x->type)) == 0;
+    if (x->a.type != y->a.type || x->a.count != y->a.count) return false;
+    if (x->a.type != DS4_GGUF_STRING)
+        return x->a.count == 0 || memcmp(x->a.data, y->a.data, x->a.count * ds4_gguf_vtype_size(x->a.type)) == 0;
+    for (uint64_t i = 0; i < x->a.count; i++)
+        if (x->a.strs[i].len != y->a.strs[i].len ||
+            (x->a.strs[i].len && memcmp(x->a.strs[i].ptr, y->a.strs[i].ptr, x->a.strs[i].len) != 0))
+            return false;
+    return true;
+}
+
+static bool same_tensor(const ds4_gguf_tensor *a, const ds4_gguf_tensor *b) {
+    return strcmp(a->name, b->name) == 0 && a->type == b->type && a->ndim == b->ndim &&
+           memcmp(a->ne, b->ne, sizeof(a->ne)) == 0 && a->nbytes == b->nbytes &&
+           memcmp(a->data, b->data, a->nbytes) == 0;
+}
+
+static const char *scratch_path(void) {
+    static char path[256];
+    if (!path[0]) {
+        const char *dir = getenv("TMPDIR");
+        if (!dir || !*dir) dir = access("/dev/shm", W_OK) == 0 ? "/dev/shm" : "/tmp";
+        snprintf(path, sizeof(path), "%s/fuzz_gguf.%ld.gguf", dir, (long)getpid());
+    }
+    return path;
+}
+
+/* Everything the reader accepted, written back by the writer, reads back
+ * the same. */
+static void round_trip(const ds4_gguf *g) {
+    const char *path = scratch_path();
+    ds4_err err;
+    ds4_gguf_writer *w = ds4_gguf_writer_open(path, 0, &err);
+    if (!w) fprintf(stderr, "fuzz_gguf: %s\n", err.msg);
+    CHECK(w != NULL);
+    for (uint64_t i = 0; i < g->n_kv; i++) CHECK(ds4_gguf_w_copy_kv(w, &g->kv[i]) == 0);
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const ds4_gguf_tensor *t = &g->tensors[i];
+        CHECK(ds4_gguf_w_tensor(w, t->name, t->ndim, t->ne, t->type) == 0);
+    }
+    for (uint64_t i = 0; i < g->n_tensors; i++) CHECK(ds4_gguf_w_data(w, g->tensors[i].data, g->tensors[i].nbytes) == 0);
+    int rc = ds4_gguf_writer_close(w, &err);
+    if (rc != 0) fprintf(stderr, "fuzz_gguf: %s\n", err.msg);
+    CHECK(rc == 0);
+    ds4_gguf *h = ds4_gguf_open(path, &err);
+    if (!h) fprintf(stderr, "fuzz_gguf: %s\n", err.msg);
+    CHECK(h != NULL);
+    CHECK(h->n_kv == g->n_kv && h->n_tensors == g->n_tensors && h->alignment == g->alignment);
+    for (uint64_t i = 0; i < g->n_kv; i++) CHECK(same_kv(&g->kv[i], &h->kv[i]));
+    for (uint64_t i = 0; i < g->n_tensors; i++) CHECK(same_tensor(&g->tensors[i], &h->tensors[i]));
+    ds4_gguf_close(h);
+    unlink(path);
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lo = data;
     hi = data + size;
@@ -124,6 +187,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     CHECK(g->base == data && g->size == size);
     walk(g);
+    round_trip(g);
     ds4_gguf_close(g);
     return 0;
 }

@@ -3,7 +3,8 @@
 
 Two directions, so that the default C test suite proves compatibility with
 gguf-py (PyPI gguf==0.19.0, pinned in tests/reference/requirements.txt)
-without needing Python:
+without needing Python (the goldens were produced and checked with
+gguf==0.19.0 and numpy==2.3.4):
 
   write   GGUFWriter writes tests/golden/gguf/pywriter_a{32,1,256}.gguf: every
           metadata value type, arrays of every element type, one tensor of
@@ -21,7 +22,7 @@ without needing Python:
 
 Rerun (from the repository root):
 
-  python3 -m venv .venv && .venv/bin/pip install -r tests/reference/requirements.txt
+  make venv        # .venv with tests/reference/requirements.txt
   make build/tests/test_gguf_golden
   build/tests/test_gguf_golden --write-golden tests/golden/gguf/ds4writer.gguf
   .venv/bin/python tests/reference/gguf_compat.py write tests/golden/gguf

@@ -1,9 +1,10 @@
 #!/bin/sh
-# fuzz_gguf.sh - build the GGUF reader fuzz target (tests/fuzz/fuzz_gguf.c)
-# with clang's libFuzzer, ASan and UBSan, and run it for FUZZ_SECONDS
-# (default 60) from a seed corpus of the valid golden files.  Exits non-zero
-# on any finding (crash, sanitizer report, broken promise, allocation over
-# 64 MB, or an input taking over 10 s); the input is left in build/fuzz/.
+# fuzz_gguf.sh - build the GGUF fuzz target (tests/fuzz/fuzz_gguf.c: the
+# reader, and the writer through a round trip) with clang's libFuzzer, ASan
+# and UBSan, and run it for FUZZ_SECONDS (default 60) from a seed corpus of
+# the valid golden files.  Exits non-zero on any finding (crash, sanitizer
+# report, broken promise, allocation over 64 MB, or an input taking over
+# 10 s); the input is left in build/fuzz/.
 # Skips only when clang or its fuzzer runtime is missing.
 #
 #   FUZZ_SECONDS=600 sh tests/suite/fuzz_gguf.sh     # a longer run
@@ -32,7 +33,7 @@ fi
 "$clang" -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc -Wall -Wextra -Werror \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all \
     src/base/error.c src/format/types.c src/format/gguf_index.c src/format/gguf_value.c \
-    src/format/gguf_read.c tests/fuzz/fuzz_gguf.c -o "$out/fuzz_gguf"
+    src/format/gguf_read.c src/format/gguf_write.c tests/fuzz/fuzz_gguf.c -o "$out/fuzz_gguf"
 
 corpus="$out/gguf-corpus"
 rm -rf "$corpus"

@@ -212,6 +212,37 @@ static void test_round_trip_all_values(void **state) {
     free(path);
 }
 
+/* copy_kv keeps stored bits exactly, even signalling NaNs that a float ->
+ * double -> float conversion would quiet. */
+static void test_copy_kv_keeps_exact_bits(void **state) {
+    (void)state;
+    bbuf b = {0};
+    bb_u32(&b, DS4_GGUF_MAGIC);
+    bb_u32(&b, 3);
+    bb_u64(&b, 0);
+    bb_u64(&b, 3);
+    bb_str(&b, "f32.snan"); bb_u32(&b, DS4_GGUF_F32); bb_u32(&b, 0x7f800001u);
+    bb_str(&b, "f64.snan"); bb_u32(&b, DS4_GGUF_F64); bb_u64(&b, 0x7ff0000000000001ull);
+    bb_str(&b, "f32.negzero"); bb_u32(&b, DS4_GGUF_F32); bb_u32(&b, 0x80000000u);
+    bb_pad(&b, 32);
+    ds4_err err;
+    ds4_gguf *g = ds4_gguf_open_buffer(b.p, b.n, "bits", &err);
+    assert_non_null(g);
+    char *path = path_in(tmp_dir, "bits.gguf");
+    ds4_gguf_writer *w = ds4_gguf_writer_open(path, 0, &err);
+    for (uint64_t i = 0; i < g->n_kv; i++) assert_int_equal(ds4_gguf_w_copy_kv(w, &g->kv[i]), 0);
+    close_ok(w);
+    size_t n;
+    uint8_t *out = read_whole_file(path, &n);
+    assert_int_equal(n, b.n);
+    assert_memory_equal(out, b.p, n);
+    free(out);
+    ds4_gguf_close(g);
+    unlink(path);
+    free(path);
+    free(b.p);
+}
+
 /* ------------------------------------------------------------- tensors */
 
 static void test_alignment_variants(void **state) {
@@ -613,6 +644,7 @@ static void test_writer_io_errors(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_round_trip_all_values),
+        cmocka_unit_test(test_copy_kv_keeps_exact_bits),
         cmocka_unit_test(test_alignment_variants),
         cmocka_unit_test(test_every_type_in_geometry_table),
         cmocka_unit_test(test_chunked_data_same_file),
