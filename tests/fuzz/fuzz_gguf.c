@@ -148,8 +148,13 @@ static const char *scratch_path(void) {
 }
 
 /* Everything the reader accepted, written back by the writer, reads back
- * the same. */
+ * the same.  Files with an alignment over 64 KiB are skipped: the writer
+ * correctly pads the tensor table up to it (up to 2 GiB of zeros), which
+ * would spend the fuzzing time writing padding. */
+#define ROUND_TRIP_MAX_ALIGNMENT 65536u
+
 static void round_trip(const ds4_gguf *g) {
+    if (g->alignment > ROUND_TRIP_MAX_ALIGNMENT) return;
     const char *path = scratch_path();
     ds4_err err;
     ds4_gguf_writer *w = ds4_gguf_writer_open(path, 0, &err);
