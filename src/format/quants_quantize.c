@@ -64,8 +64,23 @@ static inline int clamp_int(int v, int lo, int hi) {
     return v < lo ? lo : v > hi ? hi : v;
 }
 
+/* Nearest integer, ties to even (the 1.5 * 2^23 trick, exact for
+ * |v| < 2^22); larger values, infinities and NaN (from inf/NaN input) are
+ * clamped first so the result stays a valid int. */
 static inline int nearest_int(float v) {
-    return (int)lrintf(v);
+    v = v > -4194304.0f ? (v < 4194304.0f ? v : 4194304.0f) : -4194304.0f;
+    float t = v + 12582912.0f;
+    int32_t bits;
+    memcpy(&bits, &t, 4);
+    return (bits & 0x7fffff) - 0x400000;
+}
+
+static inline float min_f(float a, float b) {
+    return b < a ? b : a;
+}
+
+static inline float max_f(float a, float b) {
+    return b > a ? b : a;
 }
 
 /* Weighted error of x ~ a q + b for the levels in q. */
@@ -120,8 +135,8 @@ static void kq_assign(int n, int nmax, const float *x, float a, float b, uint8_t
 static void kq_fit_sub(int n, int nmax, const float *x, const float *w, float *pa, float *pm) {
     float xmin = 0.0f, xmax = x[0];
     for (int i = 0; i < n; i++) {
-        xmin = fminf(xmin, x[i]);
-        xmax = fmaxf(xmax, x[i]);
+        xmin = min_f(xmin, x[i]);
+        xmax = max_f(xmax, x[i]);
     }
     *pa = 0.0f;
     *pm = -xmin;
@@ -216,10 +231,13 @@ static void kq_block(const kq_shape *s, const float *x, const float *imp, uint8_
             for (int i = 0; i < s->sub; i++) ws[i] = 1.0f;
         }
         kq_fit_sub(s->sub, s->nmax, x + j * s->sub, ws, &a[j], &m[j]);
-        amax = fmaxf(amax, a[j]);
-        mmax = fmaxf(mmax, m[j]);
+        amax = max_f(amax, a[j]);
+        mmax = max_f(mmax, m[j]);
     }
-    float d = ds4_f16_round(amax / (float)s->smax), dmin = ds4_f16_round(mmax / (float)s->smax);
+    /* Saturate at the largest f16: values beyond it are not representable,
+     * but the block stays finite. */
+    float d = ds4_f16_round(min_f(amax / (float)s->smax, 65504.0f));
+    float dmin = ds4_f16_round(min_f(mmax / (float)s->smax, 65504.0f));
     for (int j = 0; j < s->nsub; j++) {
         sc[j] = (uint8_t)(d > 0 ? clamp_int(nearest_int(a[j] / d), 0, s->smax) : 0);
         mn[j] = (uint8_t)(dmin > 0 ? clamp_int(nearest_int(m[j] / dmin), 0, s->smax) : 0);
