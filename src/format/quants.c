@@ -298,18 +298,12 @@ float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void
 
 void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w,
                       size_t row_stride, const void *act, float *y) {
-    int avx2 = ds4_get_simd() == DS4_SIMD_AVX2;
-    ds4_dot_kernel k = pick_dot(weight_type, avx2);
+    ds4_dot_kernel k = pick_dot(weight_type, ds4_get_simd() == DS4_SIMD_AVX2);
     if (!k || !dot_shape_ok(weight_type, n)) {
         for (int64_t r = 0; r < nrows; r++) y[r] = NAN;
         return;
     }
-    ds4_rows_kernel rows = NULL;
-    if (avx2 && weight_type == DS4_TYPE_F16) rows = ds4_dot_rows_f16_avx2;
-    if (avx2 && weight_type == DS4_TYPE_Q8_0) rows = ds4_dot_rows_q8_0_avx2;
-    if (rows) {
-        rows(n, nrows, w, row_stride, act, y);
-        return;
-    }
+    /* One row at a time: interleaving two rows per pass (sharing the
+     * activation loads) measured slower on Zen 5, see docs/QUANTS.md. */
     for (int64_t r = 0; r < nrows; r++) y[r] = k(n, (const char *)w + (size_t)r * row_stride, act);
 }

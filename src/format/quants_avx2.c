@@ -102,30 +102,6 @@ AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
     return finish_f16(acc, i, n, a, x, 1);
 }
 
-/* Two F16 rows per pass share the activation loads. */
-AVX2 void ds4_dot_rows_f16_avx2(int64_t n, int64_t nrows, const void *w, size_t stride,
-                                const void *act, float *y) {
-    const float *x = act;
-    int64_t r = 0;
-    for (; r + 2 <= nrows; r += 2) {
-        const uint16_t *a0 = (const uint16_t *)((const char *)w + (size_t)r * stride);
-        const uint16_t *a1 = (const uint16_t *)((const char *)a0 + stride);
-        __m256 c0[4], c1[4];
-        for (int u = 0; u < 4; u++) c0[u] = c1[u] = _mm256_setzero_ps();
-        int64_t i = 0;
-        for (; i + 32 <= n; i += 32) {
-            for (int u = 0; u < 4; u++) {
-                __m256 xv = _mm256_loadu_ps(x + i + 8 * u);
-                c0[u] = _mm256_add_ps(c0[u], _mm256_mul_ps(load_f16x8(a0 + i + 8 * u), xv));
-                c1[u] = _mm256_add_ps(c1[u], _mm256_mul_ps(load_f16x8(a1 + i + 8 * u), xv));
-            }
-        }
-        y[r] = finish_f16(c0, i, n, a0, x, 0);
-        y[r + 1] = finish_f16(c1, i, n, a1, x, 0);
-    }
-    for (; r < nrows; r++) y[r] = ds4_dot_f16_avx2(n, (const char *)w + (size_t)r * stride, act);
-}
-
 /* ----------------------------------------------------------------- Q8_0 */
 
 /* 8 int32 partial sums of one block's int8 dot: |w| times w's sign applied
@@ -176,28 +152,6 @@ AVX2 float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act) {
         acc = _mm256_add_ps(acc, c);
     }
     return q8_finish(acc, b, nb, a, x);
-}
-
-AVX2 void ds4_dot_rows_q8_0_avx2(int64_t n, int64_t nrows, const void *w, size_t stride,
-                                 const void *act, float *y) {
-    const ds4_block_q8_0x *x = act;
-    int64_t nb = n / DS4_QK8_0;
-    int64_t r = 0;
-    for (; r + 2 <= nrows; r += 2) {
-        const ds4_block_q8_0 *a0 = (const ds4_block_q8_0 *)((const char *)w + (size_t)r * stride);
-        const ds4_block_q8_0 *a1 = (const ds4_block_q8_0 *)((const char *)a0 + stride);
-        __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
-        int64_t b = 0;
-        for (; b + 8 <= nb; b += 8) {
-            __m256 c0 = _mm256_mul_ps(q8_scales8(a0 + b, x + b), _mm256_cvtepi32_ps(q8_sums8(a0 + b, x + b)));
-            __m256 c1 = _mm256_mul_ps(q8_scales8(a1 + b, x + b), _mm256_cvtepi32_ps(q8_sums8(a1 + b, x + b)));
-            acc0 = _mm256_add_ps(acc0, c0);
-            acc1 = _mm256_add_ps(acc1, c1);
-        }
-        y[r] = q8_finish(acc0, b, nb, a0, x);
-        y[r + 1] = q8_finish(acc1, b, nb, a1, x);
-    }
-    for (; r < nrows; r++) y[r] = ds4_dot_q8_0_avx2(n, (const char *)w + (size_t)r * stride, act);
 }
 
 /* ----------------------------------------------------------------- Q2_K */
@@ -334,11 +288,5 @@ float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act) { return ds4_
 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_q2_K_scalar(n, w, act); }
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_q4_K_scalar(n, w, act); }
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_iq2_xxs_scalar(n, w, act); }
-void ds4_dot_rows_f16_avx2(int64_t n, int64_t nrows, const void *w, size_t stride, const void *act, float *y) {
-    for (int64_t r = 0; r < nrows; r++) y[r] = ds4_dot_f16_scalar(n, (const char *)w + (size_t)r * stride, act);
-}
-void ds4_dot_rows_q8_0_avx2(int64_t n, int64_t nrows, const void *w, size_t stride, const void *act, float *y) {
-    for (int64_t r = 0; r < nrows; r++) y[r] = ds4_dot_q8_0_scalar(n, (const char *)w + (size_t)r * stride, act);
-}
 
 #endif

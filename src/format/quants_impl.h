@@ -69,8 +69,7 @@ float ds4_dot_q4_K_scalar(int64_t n, const void *w, const void *act);
 float ds4_dot_iq2_xxs_scalar(int64_t n, const void *w, const void *act);
 
 /* AVX2+FMA+F16C kernels (quants_avx2.c); call only when
- * ds4_cpu_has_avx2_fma().  The rows variants compute y[r] for nrows rows,
- * several at a time, with results identical to the single-row kernels. */
+ * ds4_cpu_has_avx2_fma(). */
 float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_f16_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act);
@@ -78,13 +77,6 @@ float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act);
-
-typedef void (*ds4_rows_kernel)(int64_t n, int64_t nrows, const void *w, size_t stride,
-                                const void *act, float *y);
-void ds4_dot_rows_f16_avx2(int64_t n, int64_t nrows, const void *w, size_t stride,
-                           const void *act, float *y);
-void ds4_dot_rows_q8_0_avx2(int64_t n, int64_t nrows, const void *w, size_t stride,
-                            const void *act, float *y);
 
 /* ------------------------------------------------------------ IQ2_XXS */
 
