@@ -255,26 +255,33 @@ static const uint64_t iq2_sign64[128] = {
     SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
 };
 
+/* Integer dot of one group of 32 (grid bytes times signed activations),
+ * as 8 int32 partials already multiplied by the group scale 2S+1. */
+AVX2 static inline __m256i iq2_group(const uint16_t *qs, const int8_t *y8) {
+    const uint8_t *g = (const uint8_t *)qs;
+    uint32_t s;
+    memcpy(&s, qs + 2, 4);
+    const uint64_t *grid = ds4_iq2xxs_grid;
+    __m256i gv = _mm256_set_epi64x((long long)grid[g[3]], (long long)grid[g[2]], (long long)grid[g[1]],
+                                   (long long)grid[g[0]]);
+    __m256i sv = _mm256_set_epi64x((long long)iq2_sign64[(s >> 21) & 127], (long long)iq2_sign64[(s >> 14) & 127],
+                                   (long long)iq2_sign64[(s >> 7) & 127], (long long)iq2_sign64[s & 127]);
+    __m256i y = _mm256_loadu_si256((const __m256i *)y8);
+    __m256i p = _mm256_maddubs_epi16(gv, _mm256_sign_epi8(y, sv));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16((short)(2 * (s >> 28) + 1)));
+}
+
 AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
     const ds4_block_iq2_xxs *a = w;
     const ds4_block_q8_K *x = act;
-    const uint64_t *grid = ds4_iq2xxs_grid;
     float acc = 0.0f;
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        __m256i isum = _mm256_setzero_si256();
-        for (int ib = 0; ib < 8; ib++) {
-            uint32_t g, s;
-            memcpy(&g, &a[b].qs[4 * ib], 4);
-            memcpy(&s, &a[b].qs[4 * ib + 2], 4);
-            __m256i gv = _mm256_set_epi64x((long long)grid[g >> 24], (long long)grid[(g >> 16) & 255],
-                                           (long long)grid[(g >> 8) & 255], (long long)grid[g & 255]);
-            __m256i sv = _mm256_set_epi64x((long long)iq2_sign64[(s >> 21) & 127], (long long)iq2_sign64[(s >> 14) & 127],
-                                           (long long)iq2_sign64[(s >> 7) & 127], (long long)iq2_sign64[s & 127]);
-            __m256i y = _mm256_loadu_si256((const __m256i *)(x[b].qs + 32 * ib));
-            __m256i p = _mm256_maddubs_epi16(gv, _mm256_sign_epi8(y, sv));
-            isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi16((short)(2 * (s >> 28) + 1))));
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib += 2) {
+            s0 = _mm256_add_epi32(s0, iq2_group(&a[b].qs[4 * ib], x[b].qs + 32 * ib));
+            s1 = _mm256_add_epi32(s1, iq2_group(&a[b].qs[4 * ib + 4], x[b].qs + 32 * ib + 32));
         }
-        acc = ds4_iq2_step(acc, f16_scalar(a[b].d) * x[b].d, hsum_i32(isum));
+        acc = ds4_iq2_step(acc, f16_scalar(a[b].d) * x[b].d, hsum_i32(_mm256_add_epi32(s0, s1)));
     }
     return acc;
 }
