@@ -33,19 +33,35 @@ AVX2 static inline float f16_scalar(uint16_t h) {
 
 /* ------------------------------------------------------------------ F32 */
 
+AVX2 static inline __m256d widen_lo(__m256 v) {
+    return _mm256_cvtps_pd(_mm256_castps256_ps128(v));
+}
+
+AVX2 static inline __m256d widen_hi(__m256 v) {
+    return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+}
+
+/* Accumulators are named variables (not an array) so that they stay in
+ * registers: GCC at -O2 neither unrolls a loop over an array of vectors nor
+ * keeps it out of memory. */
 AVX2 float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act) {
     const float *a = w, *x = act;
-    __m256d acc[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+    __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
-        for (int u = 0; u < 4; u++) {
-            __m256d wa = _mm256_cvtps_pd(_mm_loadu_ps(a + i + 4 * u));
-            __m256d xa = _mm256_cvtps_pd(_mm_loadu_ps(x + i + 4 * u));
-            acc[u] = _mm256_fmadd_pd(wa, xa, acc[u]); /* exact product: same as mul+add */
-        }
+        __m256 w0 = _mm256_loadu_ps(a + i), w1 = _mm256_loadu_ps(a + i + 8);
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        /* exact products (f32 x f32 fits a double): FMA equals mul + add */
+        c0 = _mm256_fmadd_pd(widen_lo(w0), widen_lo(x0), c0);
+        c1 = _mm256_fmadd_pd(widen_hi(w0), widen_hi(x0), c1);
+        c2 = _mm256_fmadd_pd(widen_lo(w1), widen_lo(x1), c2);
+        c3 = _mm256_fmadd_pd(widen_hi(w1), widen_hi(x1), c3);
     }
     double lanes[DS4_F64_LANES];
-    for (int u = 0; u < 4; u++) _mm256_storeu_pd(lanes + 4 * u, acc[u]);
+    _mm256_storeu_pd(lanes, c0);
+    _mm256_storeu_pd(lanes + 4, c1);
+    _mm256_storeu_pd(lanes + 8, c2);
+    _mm256_storeu_pd(lanes + 12, c3);
     for (; i < n; i++) lanes[i % DS4_F64_LANES] += (double)a[i] * (double)x[i];
     return (float)ds4_reduce_f64_lanes(lanes);
 }
@@ -63,10 +79,13 @@ AVX2 static inline __m256 load_bf16x8(const uint16_t *p) {
 
 /* Tail and reduction shared by the F16/BF16 kernels: the accumulators hold
  * lanes 0..31, the remaining elements go to lane i % 32 as in the scalar. */
-AVX2 static float finish_f16(const __m256 acc[4], int64_t i, int64_t n, const uint16_t *a,
-                             const float *x, int bf16) {
+AVX2 static float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
+                             const uint16_t *a, const float *x, int bf16) {
     float lanes[DS4_F32_LANES];
-    for (int u = 0; u < 4; u++) _mm256_storeu_ps(lanes + 8 * u, acc[u]);
+    _mm256_storeu_ps(lanes, c0);
+    _mm256_storeu_ps(lanes + 8, c1);
+    _mm256_storeu_ps(lanes + 16, c2);
+    _mm256_storeu_ps(lanes + 24, c3);
     for (; i < n; i++) {
         float p = (bf16 ? ds4_bf16_to_f32(a[i]) : ds4_f16_to_f32(a[i])) * x[i];
         lanes[i % DS4_F32_LANES] += p;
@@ -74,32 +93,32 @@ AVX2 static float finish_f16(const __m256 acc[4], int64_t i, int64_t n, const ui
     return ds4_reduce_f32_lanes(lanes);
 }
 
+/* One step of 32 elements: multiply, then add (no FMA: the f16 x f32
+ * product is inexact, and the scalar definition rounds it). */
+#define F16_STEP(load)                                                                  \
+    do {                                                                                \
+        c0 = _mm256_add_ps(c0, _mm256_mul_ps(load(a + i), _mm256_loadu_ps(x + i)));           \
+        c1 = _mm256_add_ps(c1, _mm256_mul_ps(load(a + i + 8), _mm256_loadu_ps(x + i + 8)));   \
+        c2 = _mm256_add_ps(c2, _mm256_mul_ps(load(a + i + 16), _mm256_loadu_ps(x + i + 16))); \
+        c3 = _mm256_add_ps(c3, _mm256_mul_ps(load(a + i + 24), _mm256_loadu_ps(x + i + 24))); \
+    } while (0)
+
 AVX2 float ds4_dot_f16_avx2(int64_t n, const void *w, const void *act) {
     const uint16_t *a = w;
     const float *x = act;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int u = 0; u < 4; u++) {
-            __m256 p = _mm256_mul_ps(load_f16x8(a + i + 8 * u), _mm256_loadu_ps(x + i + 8 * u));
-            acc[u] = _mm256_add_ps(acc[u], p);
-        }
-    }
-    return finish_f16(acc, i, n, a, x, 0);
+    for (; i + 32 <= n; i += 32) F16_STEP(load_f16x8);
+    return finish_f16(c0, c1, c2, c3, i, n, a, x, 0);
 }
 
 AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
     const uint16_t *a = w;
     const float *x = act;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0;
     int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int u = 0; u < 4; u++) {
-            __m256 p = _mm256_mul_ps(load_bf16x8(a + i + 8 * u), _mm256_loadu_ps(x + i + 8 * u));
-            acc[u] = _mm256_add_ps(acc[u], p);
-        }
-    }
-    return finish_f16(acc, i, n, a, x, 1);
+    for (; i + 32 <= n; i += 32) F16_STEP(load_bf16x8);
+    return finish_f16(c0, c1, c2, c3, i, n, a, x, 1);
 }
 
 /* ----------------------------------------------------------------- Q8_0 */
@@ -180,8 +199,10 @@ AVX2 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) {
         int32_t msum = hsum_i32(_mm256_madd_epi16(mins, bsums));
         __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m15));
         __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 2
         for (int h = 0; h < 2; h++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * h));
+#pragma GCC unroll 4
             for (int j = 0; j < 4; j++) {
                 __m256i qj = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
                 __m256i y = _mm256_loadu_si256((const __m256i *)(x[b].qs + 128 * h + 32 * j));
@@ -213,23 +234,27 @@ AVX2 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
         mn32[0] = u[1] & 0x3f3f3f3fu;
         sc32[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
         mn32[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-        uint8_t sc[8], mn[8];
-        memcpy(sc, sc32, 8);
+        uint8_t mn[8];
         memcpy(mn, mn32, 8);
+        /* the 8 scales as bytes in both 128-bit lanes, spread by shuffles */
+        __m256i scv = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)sc32));
 
         __m256i pair_sums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[b].bsums), ones);
         __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
         int32_t msum = hsum_i32(_mm256_mullo_epi32(pair_sums, mins));
 
         __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int p = 0; p < 4; p++) {
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * p));
             __m256i lo = _mm256_and_si256(q, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             __m256i ylo = _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * p));
             __m256i yhi = _mm256_loadu_si256((const __m256i *)(x[b].qs + 64 * p + 32));
-            __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), _mm256_set1_epi16(sc[2 * p]));
-            __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), _mm256_set1_epi16(sc[2 * p + 1]));
+            __m256i slo = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p))));
+            __m256i shi = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p + 1))));
+            __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
+            __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), shi);
             isum = _mm256_add_epi32(isum, _mm256_add_epi32(plo, phi));
         }
         float dall = f16_scalar(a[b].d) * x[b].d;
@@ -277,6 +302,7 @@ AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
     float acc = 0.0f;
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
         __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+#pragma GCC unroll 4
         for (int ib = 0; ib < 8; ib += 2) {
             s0 = _mm256_add_epi32(s0, iq2_group(&a[b].qs[4 * ib], x[b].qs + 32 * ib));
             s1 = _mm256_add_epi32(s1, iq2_group(&a[b].qs[4 * ib + 4], x[b].qs + 32 * ib + 32));
