@@ -5,6 +5,8 @@
  *             than the last-level cache (every weight type, scalar and AVX2);
  *   quantize  elements/s of ds4_quantize_row per type (with and without
  *             importance), on N(0,1) rows of 4096;
+ * Timings are the best of --reps passes, so a pass slowed by other work on
+ * the machine does not count.
  *   rmse      quantize-then-dequantize RMSE on N(0,1) data per type (the
  *             numbers recorded in docs/QUANTS.md).
  *
@@ -97,7 +99,8 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
 
 static void bench_dots(size_t mib, int reps) {
     rng_seed(1);
-    printf("dots: single thread, rows of %d, %zu MiB of weights per type, best of %d\n", COLS, mib, reps);
+    printf("dots: single thread, rows of %d, %zu MiB of weights per type, best of %d per 1 MiB chunk\n", COLS,
+           mib, reps);
     printf("%-8s %12s %12s %10s\n", "type", "scalar GB/s", "avx2 GB/s", "avx2 ns/row");
     float *x = xmalloc(COLS * sizeof(float));
     for (int i = 0; i < COLS; i++) x[i] = gauss();
@@ -110,22 +113,33 @@ static void bench_dots(size_t mib, int reps) {
         void *act = xmalloc(ds4_act_bytes(type, COLS));
         ds4_quantize_act(type, x, act, COLS);
         float *y = xmalloc((size_t)rows * sizeof(float));
+        /* The matrix is swept in 1 MiB chunks; each chunk keeps the best of
+         * its `reps` timings (one per sweep, so always from DRAM: the whole
+         * matrix does not fit the cache), and the rate is the total bytes
+         * over the sum of those bests.  A sweep preempted by other work on
+         * the machine only loses the chunks it was preempted in. */
+        int64_t chunk = (int64_t)(1024 * 1024 / rb) > 0 ? (int64_t)(1024 * 1024 / rb) : 1;
+        int64_t nchunks = (rows + chunk - 1) / chunk;
+        double *best = xmalloc((size_t)nchunks * sizeof(double));
         double gbs[2] = {0, 0}, ns_row = 0;
         for (int mode = 0; mode < 2; mode++) {
             if (mode == 1 && !ds4_cpu_has_avx2_fma()) break;
             ds4_set_simd(mode ? DS4_SIMD_AVX2 : DS4_SIMD_SCALAR);
-            int r_count = mode ? reps : (reps < 2 ? reps : 2); /* scalar is slow */
-            for (int r = 0; r < r_count; r++) {
-                double t0 = now();
-                ds4_vec_dot_rows(type, COLS, rows, w, rb, act, y);
-                double dt = now() - t0;
-                double g = (double)rb * (double)rows / dt / 1e9;
-                if (g > gbs[mode]) {
-                    gbs[mode] = g;
-                    ns_row = dt / (double)rows * 1e9;
+            for (int64_t c = 0; c < nchunks; c++) best[c] = INFINITY;
+            for (int r = 0; r < reps; r++) {
+                for (int64_t c = 0; c < nchunks; c++) {
+                    int64_t r0 = c * chunk, nr = rows - r0 < chunk ? rows - r0 : chunk;
+                    double t0 = now();
+                    ds4_vec_dot_rows(type, COLS, nr, w + (size_t)r0 * rb, rb, act, y + r0);
+                    best[c] = fmin(best[c], now() - t0);
                 }
             }
+            double total = 0;
+            for (int64_t c = 0; c < nchunks; c++) total += best[c];
+            gbs[mode] = (double)rb * (double)rows / total / 1e9;
+            ns_row = total / (double)rows * 1e9;
         }
+        free(best);
         ds4_set_simd(DS4_SIMD_AUTO);
         printf("%-8s %12.2f %12.2f %10.1f\n", ds4_type_get(type)->name, gbs[0], gbs[1], ns_row);
         free(w);
@@ -135,23 +149,32 @@ static void bench_dots(size_t mib, int reps) {
     free(x);
 }
 
-static void bench_quantize(void) {
-    enum { ROWS = 64 };
+static void bench_quantize(int reps) {
+    enum { ROWS = 32 };
     rng_seed(2);
     float *x = xmalloc((size_t)ROWS * COLS * sizeof(float)), *imp = xmalloc(COLS * sizeof(float));
     for (int i = 0; i < ROWS * COLS; i++) x[i] = gauss();
     for (int i = 0; i < COLS; i++) imp[i] = (float)pow(10.0, (double)(rng_next() % 3000) / 1000.0);
     uint8_t *buf = xmalloc(COLS * 4);
-    printf("quantize: single thread, %d rows of %d, N(0,1)\n", ROWS, COLS);
+    printf("quantize: single thread, %d rows of %d, N(0,1), best of %d per row\n", ROWS, COLS, reps);
     printf("%-8s %-12s %12s\n", "type", "importance", "Melem/s");
     const uint32_t types[] = {DS4_TYPE_Q8_0, DS4_TYPE_Q4_K, DS4_TYPE_Q2_K, DS4_TYPE_IQ2_XXS};
     ds4_quantize_row(DS4_TYPE_IQ2_XXS, x, buf, COLS, NULL); /* builds the IQ2 tables */
     for (int t = 0; t < 4; t++) {
         for (int with = 0; with < 2; with++) {
             if (types[t] == DS4_TYPE_Q8_0 && with) continue;
-            double t0 = now();
-            for (int r = 0; r < ROWS; r++) ds4_quantize_row(types[t], x + (size_t)r * COLS, buf, COLS, with ? imp : NULL);
-            double dt = now() - t0;
+            /* per row, the best of `reps` timings (short enough to dodge
+             * preemption on a busy machine), summed over the rows */
+            double dt = 0;
+            for (int r = 0; r < ROWS; r++) {
+                double best = INFINITY;
+                for (int rep = 0; rep < reps; rep++) {
+                    double t0 = now();
+                    ds4_quantize_row(types[t], x + (size_t)r * COLS, buf, COLS, with ? imp : NULL);
+                    best = fmin(best, now() - t0);
+                }
+                dt += best;
+            }
             printf("%-8s %-12s %12.2f\n", ds4_type_get(types[t])->name,
                    with ? "imatrix" : types[t] == DS4_TYPE_IQ2_XXS ? "none (x^2)" : "none",
                    ROWS * COLS / dt / 1e6);
@@ -217,7 +240,7 @@ int main(int argc, char **argv) {
     }
     printf("kernels: %s\n", ds4_cpu_has_avx2_fma() ? "scalar and AVX2+FMA" : "scalar only (no AVX2+FMA)");
     if (!only || !strcmp(only, "dots")) bench_dots(mib, reps);
-    if (!only || !strcmp(only, "quantize")) bench_quantize();
+    if (!only || !strcmp(only, "quantize")) bench_quantize(reps);
     if (!only || !strcmp(only, "rmse")) bench_rmse();
     return 0;
 }
