@@ -17,7 +17,7 @@ NaN outputs are canonicalised to 0x7fc00000 before either is taken ("both
 NaN" is the comparison; payloads are not part of the contract).
 
 Usage (pinned versions in tests/reference/requirements.txt):
-    python3 -m venv .venv && .venv/bin/pip install -r tests/reference/requirements.txt
+    make venv
     .venv/bin/python tests/reference/quant_goldens.py [OUT_DIR]
 """
 import hashlib
