@@ -182,6 +182,11 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
     return rc;
 }
 
+/* Errors name the file once: the reader's own messages already do. */
+static void name_file(const ds4_gguf *g, ds4_err *err) {
+    if (err && !strstr(ds4_err_msg(err), g->path)) ds4_err_prefix(err, "%s", g->path);
+}
+
 ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
     ds4_weights *w = calloc(1, sizeof(*w));
     if (!w) {
@@ -189,6 +194,7 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
         return NULL;
     }
     if (ds4_config_from_gguf(g, &w->cfg, err) != 0) {
+        name_file(g, err);
         free(w);
         return NULL;
     }
@@ -200,6 +206,7 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
     }
     w->gguf = g;
     if (bind_all(w, err) != 0) {
+        name_file(g, err);
         w->gguf = NULL; /* the caller keeps its reader on failure */
         ds4_weights_close(w);
         return NULL;
@@ -209,15 +216,9 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
 
 ds4_weights *ds4_weights_open(const char *path, ds4_err *err) {
     ds4_gguf *g = ds4_gguf_open(path, err);
-    if (!g) {
-        ds4_err_prefix(err, "loading %s", path);
-        return NULL;
-    }
+    if (!g) return NULL;
     ds4_weights *w = ds4_weights_from_gguf(g, err);
-    if (!w) {
-        ds4_gguf_close(g);
-        ds4_err_prefix(err, "loading %s", path);
-    }
+    if (!w) ds4_gguf_close(g);
     return w;
 }
 
