@@ -72,6 +72,9 @@ typedef struct cpu_backend {
 
 /* -------------------------------------------------------------- cpu_ops */
 
+/* Multiply-adds below which a parallel loop runs on the calling thread. */
+#define CPU_MIN_TASK_WORK 32768
+
 /* y[t][r] = W[mat] row (row0 + r) . x[t], for r < nrows and t < T.
  * Activations are prepared per MODEL.md 3.8 for the weight type. */
 void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows,

@@ -156,7 +156,8 @@ static void select_rows(cpu_backend *b, uint32_t il, uint32_t t, uint32_t n_comp
     }
     index_task x = {b->iq + (size_t)t * c->idx_n_head * c->idx_head_dim, b->iw + (size_t)t * c->idx_n_head,
                     b->st->layers[il].idx, b->idx_scores, c->idx_n_head, c->idx_head_dim};
-    ds4_pool_run(b->pool, n_comp, 64, index_scores, &x);
+    uint64_t work = (uint64_t)n_comp * c->idx_n_head * c->idx_head_dim;
+    ds4_pool_run(work < CPU_MIN_TASK_WORK ? NULL : b->pool, n_comp, 16, index_scores, &x);
     top_k(b, b->idx_scores, n_comp, c->idx_top_k);
 }
 
@@ -296,7 +297,9 @@ static void attend_token(cpu_backend *b, uint32_t il, const ds4_layer_weights *w
 
     uint32_t qd = c->n_head * hd;
     attn_task a = {b, b->q + (size_t)t * qd, b->heads + (size_t)t * qd, cpu_vec(&w->sinks), L, p};
-    ds4_pool_run(b->pool, c->n_head, 1, attend_heads, &a);
+    uint32_t n_rows = (p + 1 < c->sliding_window ? p + 1 : c->sliding_window) + b->n_visible;
+    uint64_t work = (uint64_t)2 * c->n_head * n_rows * hd;
+    ds4_pool_run(work < CPU_MIN_TASK_WORK ? NULL : b->pool, c->n_head, 1, attend_heads, &a);
 }
 
 void cpu_attention_layer(cpu_backend *b, uint32_t il, uint32_t pos0, uint32_t T) {

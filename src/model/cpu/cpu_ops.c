@@ -52,12 +52,15 @@ static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread) {
 void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows,
                 const float *x, size_t x_stride, uint32_t T, float *y, size_t y_stride) {
     if (T == 0 || nrows == 0) return;
+    /* Waking the workers costs microseconds: small products run inline,
+     * and each task gets at least CPU_MIN_TASK_WORK multiply-adds. */
+    uint64_t work = nrows * W->ne[0] * T;
+    ds4_pool *pool = work < CPU_MIN_TASK_WORK ? NULL : b->pool;
     quant_task q = {W->type, (int64_t)W->ne[0], x, x_stride, b->act, b->act_row};
-    ds4_pool_run(T > 1 ? b->pool : NULL, T, 1, quantize_tokens, &q);
+    ds4_pool_run(T > 1 ? pool : NULL, T, 1, quantize_tokens, &q);
     matmul_task m = {W, ds4_wt_row(W, mat, row0), b->act, b->act_row, T, y, y_stride};
-    /* Enough rows per task that the dispatch cost stays small. */
-    int64_t grain = (int64_t)(16384 / (W->ne[0] * T + 1)) + 1;
-    ds4_pool_run(b->pool, (int64_t)nrows, grain, matmul_rows, &m);
+    int64_t grain = (int64_t)(CPU_MIN_TASK_WORK / (W->ne[0] * T)) + 1;
+    ds4_pool_run(pool, (int64_t)nrows, grain, matmul_rows, &m);
 }
 
 void cpu_rmsnorm(float *out, const float *x, const float *w, uint32_t n, float eps) {
