@@ -25,8 +25,9 @@ The engine compares against these with its low-precision simulations off
 (tests/unit/test_cpu_golden.c).  transformers implements none of them.
 
 Usage: python tests/reference/hf_golden.py OUTDIR [--f32] [--only NAME]
-Pinned versions: tests/reference/requirements.txt (torch 2.11, transformers
-5.17, gguf 0.19, numpy).
+  (the committed files: OUTDIR = tests/golden/cpu; deterministic, ~15 s)
+Pinned versions: tests/reference/requirements.txt and requirements-hf.txt
+(numpy, gguf 0.19, torch 2.11, transformers 5.17); runs on the CPU.
 """
 import argparse
 import os
