@@ -188,7 +188,7 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
     if (!(b->pool = ds4_pool_create(b->base.opts.n_threads, err))) goto fail;
-    b->n_threads = ds4_pool_size(b->pool);
+    b->n_threads = b->base.opts.n_threads = ds4_pool_size(b->pool);
     if (!(b->st = ds4_kv_state_new(c, b->base.opts.ctx_size, b->chunk, err))) goto fail;
     if (alloc_buffers(b, err) != 0) goto fail;
     return &b->base;
