@@ -27,13 +27,15 @@ static uint32_t tokens[N];
 static float *ref;       /* prefill logits, simulations on, 2 threads */
 static uint32_t V;
 
-static ds4_backend *make(int threads, uint32_t chunk, bool no_sim) {
+static ds4_backend *make_ctx(int threads, uint32_t chunk, bool no_sim, uint32_t ctx) {
     ds4_err err = {0};
-    ds4_backend_opts o = {.n_threads = threads, .ctx_size = 512, .prefill_chunk = chunk, .no_sim = no_sim};
+    ds4_backend_opts o = {.n_threads = threads, .ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim};
     ds4_backend *b = ds4_backend_create("cpu", W, &o, &err);
     if (!b) fail_msg("%s", ds4_err_msg(&err));
     return b;
 }
+
+static ds4_backend *make(int threads, uint32_t chunk, bool no_sim) { return make_ctx(threads, chunk, no_sim, 512); }
 
 static float *run_prefill(ds4_backend *b, uint32_t n) {
     ds4_err err = {0};
@@ -218,6 +220,17 @@ static void test_dsv4_payload(void **state) {
     ds4_backend_free(b);
 }
 
+/* A context shorter than the sliding window (a raw ring of ctx rows) gives
+ * the same logits as a long one. */
+static void test_short_context(void **state) {
+    (void)state;
+    ds4_backend *b = make_ctx(2, 16, false, 100);
+    float *got = run_prefill(b, 100);
+    assert_memory_equal(got, ref, (size_t)100 * V * sizeof(float));
+    free(got);
+    ds4_backend_free(b);
+}
+
 static void test_context_and_token_errors(void **state) {
     (void)state;
     ds4_err err = {0};
@@ -240,6 +253,7 @@ int main(void) {
         cmocka_unit_test(test_simulations_change_the_result),
         cmocka_unit_test(test_snapshot_restore),
         cmocka_unit_test(test_dsv4_payload),
+        cmocka_unit_test(test_short_context),
         cmocka_unit_test(test_context_and_token_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
