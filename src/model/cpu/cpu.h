@@ -103,7 +103,9 @@ void cpu_hc_pre(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale, const ds4
 /* HC post: S <- post * y + comb^T S, per token. */
 void cpu_hc_post(cpu_backend *b, uint32_t T);
 
-/* Output collapse and head (MODEL.md 5.4) for token t: logits[n_vocab]. */
+/* Output collapse and head (MODEL.md 5.4) for the tokens of the chunk
+ * marked in `want`: one row of n_vocab logits per marked token, in order,
+ * `logits_stride` floats apart. */
 void cpu_output_head(cpu_backend *b, uint32_t T, const bool *want, float *logits, size_t logits_stride);
 
 /* ------------------------------------------------------------- cpu_attn */
