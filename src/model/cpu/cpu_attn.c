@@ -84,14 +84,9 @@ static bool compressor_step(cpu_backend *b, const compressor *cp, const float *k
     return true;
 }
 
-/* f32 dot product in 8 interleaved partial sums (n is a multiple of 32:
- * head dims are), which the compiler turns into SIMD lanes. */
-static float dot(const float *a, const float *b, uint32_t n) {
-    float acc[8] = {0};
-    for (uint32_t i = 0; i < n; i += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[i + k] * b[i + k];
-    return ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-}
+/* f32 dot product: the SIMD F32 kernel of quants.h (double accumulation;
+ * an F32 "activation" is the plain float vector). */
+static float dot(const float *a, const float *b, uint32_t n) { return ds4_vec_dot(DS4_TYPE_F32, n, a, b); }
 
 /* ---------------------------------------------------- the indexer top-k */
 

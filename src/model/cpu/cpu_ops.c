@@ -24,13 +24,19 @@ typedef struct matmul_task {
     size_t y_stride;
 } matmul_task;
 
+/* Rows in tiles of about 32 KiB, each dotted with every token while it
+ * is in the core's cache. */
 static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const matmul_task *m = ctx;
-    const uint8_t *w = m->w0 + (size_t)r0 * m->W->row_bytes;
-    for (uint32_t t = 0; t < m->T; t++)
-        ds4_vec_dot_rows(m->W->type, (int64_t)m->W->ne[0], r1 - r0, w, m->W->row_bytes,
-                         m->act + (size_t)t * m->act_row, m->y + (size_t)t * m->y_stride + r0);
+    size_t rb = m->W->row_bytes;
+    int64_t tile = (int64_t)(32768 / rb) + 1;
+    for (int64_t a = r0; a < r1; a += tile) {
+        int64_t b = a + tile < r1 ? a + tile : r1;
+        for (uint32_t t = 0; t < m->T; t++)
+            ds4_vec_dot_rows(m->W->type, (int64_t)m->W->ne[0], b - a, m->w0 + (size_t)a * rb, rb,
+                             m->act + (size_t)t * m->act_row, m->y + (size_t)t * m->y_stride + a);
+    }
 }
 
 typedef struct quant_task {
