@@ -123,9 +123,12 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     const ds4_config *c = src->cfg;
     if (dst->cfg->n_layer != c->n_layer || dst->cfg->head_dim != c->head_dim || dst->cfg->n_vocab != c->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "KV state copy between different models");
-    if (src->n_tokens > dst->ctx || dst->raw_cap != src->raw_cap)
+    if (src->n_tokens > dst->ctx)
         return ds4_err_set(err, DS4_EINVAL, "KV state copy: %u tokens do not fit a context of %u",
                            src->n_tokens, dst->ctx);
+    if (dst->raw_cap != src->raw_cap)
+        return ds4_err_set(err, DS4_EINVAL, "KV state copy: raw rings of %u and %u rows (contexts %u and %u)",
+                           src->raw_cap, dst->raw_cap, src->ctx, dst->ctx);
     uint32_t n = src->n_tokens;
     dst->n_tokens = n;
     dst->has_logits = src->has_logits;
