@@ -73,7 +73,7 @@ typedef struct cpu_backend {
 /* -------------------------------------------------------------- cpu_ops */
 
 /* Multiply-adds below which a parallel loop runs on the calling thread. */
-#define CPU_MIN_TASK_WORK 32768
+#define CPU_MIN_TASK_WORK 65536
 
 /* y[t][r] = W[mat] row (row0 + r) . x[t], for r < nrows and t < T.
  * Activations are prepared per MODEL.md 3.8 for the weight type. */
