@@ -1,0 +1,254 @@
+/*
+ * bpe.c - BPE merging of one piece and the piece cache (see bpe.h).
+ */
+#include "text/bpe.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "text/hash.h"
+
+#define SMALL_MAX 48            /* symbols merged by linear scan */
+#define CACHE_MAX_PIECE 64      /* longest cached piece, bytes */
+#define CACHE_SLOTS (1u << 17)
+#define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)
+#define CACHE_ARENA (6u << 20)
+
+typedef struct cache_slot {
+    uint64_t hash;   /* 0 = empty (real hashes have the low bit set) */
+    uint32_t off;    /* arena offset: key bytes, then the ids (4-aligned) */
+    uint16_t klen;
+    uint16_t nids;
+} cache_slot;
+
+typedef struct heap_entry {
+    int32_t rank;
+    int32_t pos;     /* left symbol of the pair */
+    int32_t merged;
+} heap_entry;
+
+typedef struct node {
+    int32_t id;
+    int32_t prev, next;  /* -1 at the ends */
+    int32_t alive;
+} node;
+
+struct ds4_bpe {
+    const ds4_vocab *v;
+    cache_slot *slots;
+    uint32_t n_entries;
+    uint8_t *arena;
+    size_t arena_used;
+
+    int32_t *sym;        /* symbols of the current piece */
+    size_t sym_cap;
+    node *nodes;         /* long pieces */
+    heap_entry *heap;
+    size_t big_cap;      /* nodes: big_cap, heap: 3 * big_cap */
+};
+
+void ds4_bpe_free(ds4_bpe *b) {
+    if (!b) return;
+    free(b->slots);
+    free(b->arena);
+    free(b->sym);
+    free(b->nodes);
+    free(b->heap);
+    free(b);
+}
+
+ds4_bpe *ds4_bpe_new(const ds4_vocab *v, ds4_err *err) {
+    ds4_bpe *b = calloc(1, sizeof(*b));
+    if (b) {
+        b->v = v;
+        b->slots = calloc(CACHE_SLOTS, sizeof(cache_slot));
+        b->arena = malloc(CACHE_ARENA);
+        b->sym_cap = 256;
+        b->sym = malloc(b->sym_cap * sizeof(int32_t));
+    }
+    if (!b || !b->slots || !b->arena || !b->sym) {
+        ds4_bpe_free(b);
+        ds4_err_set(err, DS4_ENOMEM, "BPE tokenizer state: out of memory");
+        return NULL;
+    }
+    return b;
+}
+
+static bool ensure_sym(ds4_bpe *b, size_t n) {
+    if (n <= b->sym_cap) return true;
+    size_t cap = b->sym_cap;
+    while (cap < n) cap *= 2;
+    int32_t *p = realloc(b->sym, cap * sizeof(int32_t));
+    if (!p) return false;
+    b->sym = p;
+    b->sym_cap = cap;
+    return true;
+}
+
+static bool ensure_big(ds4_bpe *b, size_t n) {
+    if (n <= b->big_cap) return true;
+    size_t cap = b->big_cap ? b->big_cap : 1024;
+    while (cap < n) cap *= 2;
+    node *nodes = realloc(b->nodes, cap * sizeof(node));
+    if (!nodes) return false;
+    b->nodes = nodes;
+    heap_entry *heap = realloc(b->heap, 3 * cap * sizeof(heap_entry));
+    if (!heap) return false;
+    b->heap = heap;
+    b->big_cap = cap;
+    return true;
+}
+
+/* Rank of the pair (a, b), INT32_MAX when it does not merge. */
+static inline int32_t pair_rank(const ds4_vocab *v, int32_t a, int32_t b, int32_t *merged) {
+    int32_t rank;
+    return ds4_vocab_merge(v, a, b, &rank, merged) ? rank : INT32_MAX;
+}
+
+/* Linear-scan merging of sym[0..n); returns the new count. */
+static size_t merge_small(const ds4_vocab *v, int32_t *sym, size_t n) {
+    int32_t rank[SMALL_MAX], merged[SMALL_MAX];
+    for (size_t i = 0; i + 1 < n; i++) rank[i] = pair_rank(v, sym[i], sym[i + 1], &merged[i]);
+    while (n > 1) {
+        size_t best = 0;
+        for (size_t i = 1; i + 1 < n; i++)
+            if (rank[i] < rank[best]) best = i;
+        if (rank[best] == INT32_MAX) break;
+        sym[best] = merged[best];
+        /* Drop symbol best+1 and the pair that started at it. */
+        memmove(sym + best + 1, sym + best + 2, (n - best - 2) * sizeof(int32_t));
+        if (best + 2 < n) {
+            memmove(rank + best + 1, rank + best + 2, (n - best - 3) * sizeof(int32_t));
+            memmove(merged + best + 1, merged + best + 2, (n - best - 3) * sizeof(int32_t));
+        }
+        n--;
+        if (best > 0) rank[best - 1] = pair_rank(v, sym[best - 1], sym[best], &merged[best - 1]);
+        if (best + 1 < n) rank[best] = pair_rank(v, sym[best], sym[best + 1], &merged[best]);
+    }
+    return n;
+}
+
+static inline bool heap_less(const heap_entry *a, const heap_entry *b) {
+    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
+}
+
+static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
+    size_t i = (*n)++;
+    while (i > 0) {
+        size_t parent = (i - 1) / 2;
+        if (!heap_less(&e, &h[parent])) break;
+        h[i] = h[parent];
+        i = parent;
+    }
+    h[i] = e;
+}
+
+static heap_entry heap_pop(heap_entry *h, size_t *n) {
+    heap_entry top = h[0];
+    heap_entry last = h[--(*n)];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n) break;
+        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
+        if (!heap_less(&h[c], &last)) break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n) h[i] = last;
+    return top;
+}
+
+static void heap_push_pair(const ds4_vocab *v, heap_entry *h, size_t *hn, const node *nodes, int32_t pos) {
+    int32_t merged, rank = pair_rank(v, nodes[pos].id, nodes[nodes[pos].next].id, &merged);
+    if (rank != INT32_MAX) heap_push(h, hn, (heap_entry){rank, pos, merged});
+}
+
+/* Heap merging of sym[0..n) for long pieces; returns the new count. */
+static size_t merge_big(ds4_bpe *b, int32_t *sym, size_t n) {
+    node *nd = b->nodes;
+    heap_entry *h = b->heap;
+    size_t hn = 0;
+    for (size_t i = 0; i < n; i++)
+        nd[i] = (node){sym[i], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, 1};
+    for (size_t i = 0; i + 1 < n; i++) heap_push_pair(b->v, h, &hn, nd, (int32_t)i);
+    while (hn) {
+        heap_entry e = heap_pop(h, &hn);
+        node *left = &nd[e.pos];
+        if (!left->alive || left->next < 0) continue;
+        int32_t merged;
+        if (pair_rank(b->v, left->id, nd[left->next].id, &merged) != e.rank || merged != e.merged) continue;
+        int32_t right = left->next;
+        left->id = merged;
+        nd[right].alive = 0;
+        left->next = nd[right].next;
+        if (left->next >= 0) nd[left->next].prev = e.pos;
+        if (left->prev >= 0) heap_push_pair(b->v, h, &hn, nd, left->prev);
+        if (left->next >= 0) heap_push_pair(b->v, h, &hn, nd, e.pos);
+    }
+    size_t m = 0;
+    for (int32_t i = 0; i >= 0; i = nd[i].next) sym[m++] = nd[i].id;
+    return m;
+}
+
+static void cache_clear(ds4_bpe *b) {
+    memset(b->slots, 0, CACHE_SLOTS * sizeof(cache_slot));
+    b->n_entries = 0;
+    b->arena_used = 0;
+}
+
+static cache_slot *cache_find(ds4_bpe *b, const char *s, size_t n, uint64_t hash) {
+    uint32_t i = (uint32_t)hash & (CACHE_SLOTS - 1);
+    for (;;) {
+        cache_slot *c = &b->slots[i];
+        if (c->hash == 0) return c;
+        if (c->hash == hash && c->klen == n && memcmp(b->arena + c->off, s, n) == 0) return c;
+        i = (i + 1) & (CACHE_SLOTS - 1);
+    }
+}
+
+static void cache_put(ds4_bpe *b, const char *s, size_t n, uint64_t hash, const int32_t *ids, size_t nids) {
+    size_t off = b->arena_used;
+    size_t ids_off = (off + n + 3) & ~(size_t)3;
+    size_t end = ids_off + nids * sizeof(int32_t);
+    if (b->n_entries >= CACHE_MAX_ENTRIES || end > CACHE_ARENA) {
+        cache_clear(b);
+        off = 0;
+        ids_off = (n + 3) & ~(size_t)3;
+        end = ids_off + nids * sizeof(int32_t);
+    }
+    cache_slot *c = cache_find(b, s, n, hash);
+    memcpy(b->arena + off, s, n);
+    memcpy(b->arena + ids_off, ids, nids * sizeof(int32_t));
+    *c = (cache_slot){hash, (uint32_t)off, (uint16_t)n, (uint16_t)nids};
+    b->arena_used = end;
+    b->n_entries++;
+}
+
+int ds4_bpe_piece(ds4_bpe *b, const char *s, size_t n, ds4_tokens *out) {
+    uint64_t hash = 0;
+    if (n <= CACHE_MAX_PIECE) {
+        hash = ds4_hash_bytes(s, n) | 1;
+        cache_slot *c = cache_find(b, s, n, hash);
+        if (c->hash) {
+            const uint32_t ids_off = (c->off + c->klen + 3) & ~3u;
+            ds4_tokens_append(out, (const int32_t *)(const void *)(b->arena + ids_off), c->nids);
+            return 0;
+        }
+    }
+    if (!ensure_sym(b, n)) return -1;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        int32_t id = ds4_vocab_byte_id(b->v, (uint8_t)s[i]);
+        if (id >= 0) b->sym[m++] = id;
+    }
+    if (m > SMALL_MAX) {
+        if (!ensure_big(b, m)) return -1;
+        m = merge_big(b, b->sym, m);
+    } else {
+        m = merge_small(b->v, b->sym, m);
+    }
+    if (n <= CACHE_MAX_PIECE) cache_put(b, s, n, hash, b->sym, m);
+    ds4_tokens_append(out, b->sym, m);
+    return 0;
+}

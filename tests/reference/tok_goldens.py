@@ -1,0 +1,154 @@
+#!/usr/bin/env python3
+"""tok_goldens.py - token-id goldens for the tokenizer tests, from HF `tokenizers`
+(pinned in requirements.txt) on the official DeepSeek V4 tokenizer.json.
+
+Reads the corpus written by tok_corpus.py and writes tests/golden/text/tok_goldens.txt:
+
+  doc NAME N_PLAIN SHA_PLAIN N_TRANSCRIPT SHA_TRANSCRIPT FIRST_IDS
+      plain      = pre_tokenizer + BPE model only (no added-token matching),
+                   what ds4_tokenize_text must give;
+      transcript = Tokenizer.encode(add_special_tokens=False), which matches
+                   every added token in the text: ds4_tokenize_transcript;
+      SHA = sha256 of the ids as little-endian int32; FIRST_IDS = the first 48
+      ids (plain), comma-separated, to make a mismatch easy to locate.
+      Documents with invalid UTF-8 follow ds4's definition (each byte outside
+      a valid character is a piece of its own, the valid runs are tokenized
+      independently); they have no transcript digest ("-").
+  probe BLOCK SHA
+      every code point c of [BLOCK*4096, BLOCK*4096+4096) except surrogates,
+      in the probe string PROBE(c) below, each probe encoded on its own; SHA
+      over all ids with -1 after each probe.  Exhaustive check that the
+      pre-tokenizer classifies every code point as Oniguruma does.
+  decode IDS SHA
+      sha256 of Tokenizer.decode(IDS) (UTF-8, lossy, as HF returns it).
+
+Usage: tests/reference/tok_goldens.py [--tokenizer PATH] [--corpus PATH] [--out PATH]
+"""
+import argparse
+import hashlib
+import lzma
+import os
+import random
+import struct
+
+from tokenizers import Tokenizer
+
+ROOT = os.path.normpath(os.path.join(os.path.dirname(__file__), "..", ".."))
+FIRST_IDS = 48
+
+
+def probe(c):
+    return "a" + c + c + "." + c + " x" + c + "1" + c + "\n" + c + " " + c + "A" + c + "一" + c
+
+
+def read_corpus(path):
+    data = lzma.open(path).read()
+    docs = []
+    pos = 0
+    while pos < len(data):
+        nl = data.index(b"\n", pos)
+        tag, name, size = data[pos:nl].decode().split(" ")
+        assert tag == "#doc"
+        size = int(size)
+        docs.append((name, data[nl + 1: nl + 1 + size]))
+        pos = nl + 1 + size + 1
+    return docs
+
+
+def digest(ids):
+    return hashlib.sha256(struct.pack(f"<{len(ids)}i", *ids)).hexdigest()
+
+
+class Reference:
+    def __init__(self, path):
+        self.tok = Tokenizer.from_file(path)
+        self.vocab = self.tok.get_vocab()
+        bs = list(range(33, 127)) + list(range(161, 173)) + list(range(174, 256))
+        cs = bs[:]
+        n = 0
+        for b in range(256):
+            if b not in bs:
+                bs.append(b)
+                cs.append(256 + n)
+                n += 1
+        self.byte_char = dict(zip(bs, map(chr, cs)))
+
+    def plain(self, text):
+        ids = []
+        for piece, _ in self.tok.pre_tokenizer.pre_tokenize_str(text):
+            ids.extend(t.id for t in self.tok.model.tokenize(piece))
+        return ids
+
+    def plain_bytes(self, data):
+        """ds4's rule for any bytes: invalid bytes alone, valid runs independently."""
+        s = data.decode("utf-8", "surrogateescape")
+        ids, run = [], []
+        for ch in s:
+            if 0xDC80 <= ord(ch) <= 0xDCFF:
+                if run:
+                    ids.extend(self.plain("".join(run)))
+                    run = []
+                ids.append(self.vocab[self.byte_char[ord(ch) - 0xDC00]])
+            else:
+                run.append(ch)
+        if run:
+            ids.extend(self.plain("".join(run)))
+        return ids
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tokenizer", default="/tmp/ref/tokenizer.json")
+    ap.add_argument("--corpus", default=os.path.join(ROOT, "tests", "golden", "text", "tok_corpus.bin.xz"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "tests", "golden", "text", "tok_goldens.txt"))
+    args = ap.parse_args()
+    ref = Reference(args.tokenizer)
+    lines = ["# tokenizer goldens, written by tests/reference/tok_goldens.py - do not edit"]
+
+    total = 0
+    for name, data in read_corpus(args.corpus):
+        total += len(data)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = None
+        if text is None:
+            plain = ref.plain_bytes(data)
+            tline = "- -"
+        else:
+            plain = ref.plain(text)
+            trans = ref.tok.encode(text, add_special_tokens=False).ids
+            tline = f"{len(trans)} {digest(trans)}"
+        first = ",".join(map(str, plain[:FIRST_IDS])) or "-"
+        lines.append(f"doc {name} {len(plain)} {digest(plain)} {tline} {first}")
+
+    for block in range(0x110000 // 4096):
+        cps = [c for c in range(block * 4096, block * 4096 + 4096) if not 0xD800 <= c <= 0xDFFF]
+        if not cps:
+            continue
+        encs = ref.tok.encode_batch([probe(chr(c)) for c in cps], add_special_tokens=False)
+        ids = []
+        for e in encs:
+            ids.extend(e.ids)
+            ids.append(-1)
+        lines.append(f"probe {block} {digest(ids)}")
+
+    rng = random.Random(7)
+    n_vocab = ref.tok.get_vocab_size(with_added_tokens=True)
+    for i in range(48):
+        if i < 16:
+            ids = [rng.randrange(n_vocab) for _ in range(rng.randint(1, 40))]
+        else:
+            # Mostly single-byte and short tokens, so characters split across tokens.
+            ids = [rng.randrange(300) if rng.random() < 0.7 else rng.randrange(n_vocab)
+                   for _ in range(rng.randint(1, 40))]
+        out = ref.tok.decode(ids, skip_special_tokens=False).encode("utf-8")
+        lines.append(f"decode {','.join(map(str, ids))} {hashlib.sha256(out).hexdigest()}")
+
+    with open(args.out, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print(f"{args.out}: {total} corpus bytes, {len(lines)} lines")
+
+
+if __name__ == "__main__":
+    main()
