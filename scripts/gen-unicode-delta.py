@@ -7,8 +7,8 @@ knows Unicode 14.0.  Between the two, code points were only ever added
 (unassigned -> assigned; the one reclassification, U+1171E Mn -> Mc, stays
 within \\p{M}).  This script lists, per major category the pre-tokenizer
 uses (L, M, N, P, S, Z), the code points unassigned in 14.0 and assigned to
-that category in 16.0, as PCRE2 class ranges; pretok.c adds them to its
-classes.  With a newer PCRE2 the ranges are already inside \\p{..}: harmless.
+that category in 16.0, as PCRE2 class ranges, and all of them as a sorted
+C range list; pretok.c adds them to its classes when a text contains any.  With a newer PCRE2 the ranges are already inside \\p{..}: harmless.
 
 Needs unicodedata2==16.0.0 (tests/reference/requirements.txt) and a Python
 whose own unicodedata is 14.0 (Python 3.11).
@@ -68,6 +68,21 @@ def main():
                 line = '    "'
             line += it
         print(line + '"')
+    allr = ranges(sorted(c for cps in groups.values() for c in cps))
+    print()
+    print("/* All of the above, sorted: text without any of these code points can use")
+    print(" * PCRE2's own \\p{..} classes unchanged (faster). */")
+    print(f"#define DS4_UNICODE_NEW_RANGE_COUNT {len(allr)}")
+    print(f"#define DS4_UNICODE_NEW_MIN 0x{allr[0][0]:X}")
+    print("#define DS4_UNICODE_NEW_RANGES \\")
+    line = "    "
+    for lo, hi in allr:
+        it = f"{{0x{lo:X}, 0x{hi:X}}}, "
+        if len(line) + len(it) > 96:
+            print(line.rstrip() + " \\")
+            line = "    "
+        line += it
+    print(line.rstrip())
     print()
     print("#endif")
 

@@ -22,9 +22,8 @@ typedef struct cache_slot {
 } cache_slot;
 
 typedef struct heap_entry {
-    int32_t rank;
-    int32_t pos;     /* left symbol of the pair */
-    int32_t merged;
+    uint64_t key;    /* (rank << 32) | position of the left symbol */
+    int32_t left, right, merged; /* the pair when pushed, and its merge */
 } heap_entry;
 
 typedef struct node {
@@ -128,15 +127,14 @@ static size_t merge_small(const ds4_vocab *v, int32_t *sym, size_t n) {
     return n;
 }
 
-static inline bool heap_less(const heap_entry *a, const heap_entry *b) {
-    return a->rank < b->rank || (a->rank == b->rank && a->pos < b->pos);
-}
-
+/* A 4-ary min-heap on `key`: lowest rank first, then leftmost, exactly
+ * HF's (rank, pos) order.  Four children per node halve the depth, which
+ * matters for the long pieces this path exists for. */
 static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
     size_t i = (*n)++;
     while (i > 0) {
-        size_t parent = (i - 1) / 2;
-        if (!heap_less(&e, &h[parent])) break;
+        size_t parent = (i - 1) / 4;
+        if (e.key >= h[parent].key) break;
         h[i] = h[parent];
         i = parent;
     }
@@ -148,20 +146,23 @@ static heap_entry heap_pop(heap_entry *h, size_t *n) {
     heap_entry last = h[--(*n)];
     size_t i = 0;
     for (;;) {
-        size_t c = 2 * i + 1;
+        size_t c = 4 * i + 1;
         if (c >= *n) break;
-        if (c + 1 < *n && heap_less(&h[c + 1], &h[c])) c++;
-        if (!heap_less(&h[c], &last)) break;
-        h[i] = h[c];
-        i = c;
+        size_t end = c + 4 < *n ? c + 4 : *n, best = c;
+        for (size_t k = c + 1; k < end; k++)
+            if (h[k].key < h[best].key) best = k;
+        if (h[best].key >= last.key) break;
+        h[i] = h[best];
+        i = best;
     }
     if (*n) h[i] = last;
     return top;
 }
 
 static void heap_push_pair(const ds4_vocab *v, heap_entry *h, size_t *hn, const node *nodes, int32_t pos) {
-    int32_t merged, rank = pair_rank(v, nodes[pos].id, nodes[nodes[pos].next].id, &merged);
-    if (rank != INT32_MAX) heap_push(h, hn, (heap_entry){rank, pos, merged});
+    int32_t left = nodes[pos].id, right = nodes[nodes[pos].next].id;
+    int32_t merged, rank = pair_rank(v, left, right, &merged);
+    if (rank != INT32_MAX) heap_push(h, hn, (heap_entry){((uint64_t)(uint32_t)rank << 32) | (uint32_t)pos, left, right, merged});
 }
 
 /* Heap merging of sym[0..n) for long pieces; returns the new count. */
@@ -174,17 +175,18 @@ static size_t merge_big(ds4_bpe *b, int32_t *sym, size_t n) {
     for (size_t i = 0; i + 1 < n; i++) heap_push_pair(b->v, h, &hn, nd, (int32_t)i);
     while (hn) {
         heap_entry e = heap_pop(h, &hn);
-        node *left = &nd[e.pos];
-        if (!left->alive || left->next < 0) continue;
-        int32_t merged;
-        if (pair_rank(b->v, left->id, nd[left->next].id, &merged) != e.rank || merged != e.merged) continue;
+        int32_t pos = (int32_t)(uint32_t)e.key;
+        node *left = &nd[pos];
+        /* Skip entries made stale by earlier merges: the same two ids still
+         * side by side means the same pair, so the same merge. */
+        if (!left->alive || left->next < 0 || left->id != e.left || nd[left->next].id != e.right) continue;
         int32_t right = left->next;
-        left->id = merged;
+        left->id = e.merged;
         nd[right].alive = 0;
         left->next = nd[right].next;
-        if (left->next >= 0) nd[left->next].prev = e.pos;
+        if (left->next >= 0) nd[left->next].prev = pos;
         if (left->prev >= 0) heap_push_pair(b->v, h, &hn, nd, left->prev);
-        if (left->next >= 0) heap_push_pair(b->v, h, &hn, nd, e.pos);
+        if (left->next >= 0) heap_push_pair(b->v, h, &hn, nd, pos);
     }
     size_t m = 0;
     for (int32_t i = 0; i >= 0; i = nd[i].next) sym[m++] = nd[i].id;
@@ -198,7 +200,7 @@ static void cache_clear(ds4_bpe *b) {
 }
 
 static cache_slot *cache_find(ds4_bpe *b, const char *s, size_t n, uint64_t hash) {
-    uint32_t i = (uint32_t)hash & (CACHE_SLOTS - 1);
+    uint32_t i = (uint32_t)(hash >> 32) & (CACHE_SLOTS - 1);
     for (;;) {
         cache_slot *c = &b->slots[i];
         if (c->hash == 0) return c;

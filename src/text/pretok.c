@@ -5,36 +5,47 @@
 #include "text/pretok.h"
 
 #include <pcre2.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "text/unicode_delta.h"
+#include "text/utf8.h"
 
 /* White_Space, as Oniguruma's \s: tab..CR, NEL and the separators. */
-#define WS "\\t-\\r\\x{85}\\p{Z}" DS4_UNICODE_NEW_Z
-/* The general categories as of Unicode 16.0 (unicode_delta.h). */
-#define CAT_L "\\p{L}" DS4_UNICODE_NEW_L
-#define CAT_M "\\p{M}" DS4_UNICODE_NEW_M
-#define CAT_N "\\p{N}" DS4_UNICODE_NEW_N
-#define CAT_P "\\p{P}" DS4_UNICODE_NEW_P
-#define CAT_S "\\p{S}" DS4_UNICODE_NEW_S
+#define WS "\\t-\\r\\x{85}\\p{Z}"
 
-static const char *const PATTERNS[3] = {
-    "[" CAT_N "]{1,3}",
-    "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",
-    "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
-    "|[^\\r\\n" CAT_L CAT_P CAT_S "]?[" CAT_L CAT_M "]+"
-    "| ?[" CAT_P CAT_S "]+[\\r\\n]*"
-    "|[" WS "]*[\\r\\n]+"
-    "|[" WS "]+(?![^" WS "])"
-    "|[" WS "]+",
-};
+/* The three steps, with the category classes as parameters, so the same
+ * text gives PCRE2's own classes (fast) and the classes widened to Unicode
+ * 16.0 (unicode_delta.h; used only for text containing such a code point,
+ * since PCRE2's JIT checks explicit ranges for every character). */
+#define STEPS(L, M, N, P, S, Z)                                                   \
+    {                                                                             \
+        "[" N "]{1,3}",                                                           \
+        "[\\x{4E00}-\\x{9FA5}\\x{3040}-\\x{309F}\\x{30A0}-\\x{30FF}]+",           \
+        "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"                     \
+        "|[^\\r\\n" L P S "]?[" L M "]+"                                            \
+        "| ?[" P S "]+[\\r\\n]*"                                                    \
+        "|[" WS Z "]*[\\r\\n]+"                                                     \
+        "|[" WS Z "]+(?![^" WS Z "])"                                               \
+        "|[" WS Z "]+",                                                           \
+    }
 
 #define N_STEPS 3
 
+static const char *const PATTERNS[2][N_STEPS] = {
+    STEPS("\\p{L}", "\\p{M}", "\\p{N}", "\\p{P}", "\\p{S}", ""),
+    STEPS("\\p{L}" DS4_UNICODE_NEW_L, "\\p{M}" DS4_UNICODE_NEW_M, "\\p{N}" DS4_UNICODE_NEW_N,
+          "\\p{P}" DS4_UNICODE_NEW_P, "\\p{S}" DS4_UNICODE_NEW_S, DS4_UNICODE_NEW_Z),
+};
+
+static const uint32_t NEW_RANGES[][2] = {DS4_UNICODE_NEW_RANGES};
+_Static_assert(DS4_UNICODE_NEW_MIN >= 0x800, "has_new_code_point skips 1- and 2-byte characters");
+
 struct ds4_pretok {
-    pcre2_code *code[N_STEPS];
-    int jit[N_STEPS];
+    pcre2_code *code[2][N_STEPS];
+    int jit[2][N_STEPS];
     pcre2_match_data *md;
     pcre2_match_context *mctx;
     pcre2_jit_stack *jstack;
@@ -42,7 +53,8 @@ struct ds4_pretok {
 
 void ds4_pretok_free(ds4_pretok *p) {
     if (!p) return;
-    for (int i = 0; i < N_STEPS; i++) pcre2_code_free(p->code[i]);
+    for (int set = 0; set < 2; set++)
+        for (int i = 0; i < N_STEPS; i++) pcre2_code_free(p->code[set][i]);
     pcre2_match_data_free(p->md);
     pcre2_match_context_free(p->mctx);
     pcre2_jit_stack_free(p->jstack);
@@ -67,22 +79,24 @@ ds4_pretok *ds4_pretok_new(ds4_err *err) {
         ds4_err_set(err, DS4_ENOMEM, "pre-tokenizer: out of memory");
         return NULL;
     }
-    for (int i = 0; i < N_STEPS; i++) {
-        int ec;
-        PCRE2_SIZE eo;
-        p->code[i] = pcre2_compile((PCRE2_SPTR)PATTERNS[i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP, &ec, &eo,
-                                   NULL);
-        if (!p->code[i]) {
-            PCRE2_UCHAR msg[256];
-            pcre2_get_error_message(ec, msg, sizeof(msg));
-            ds4_err_set(err, DS4_EUNSUPPORTED, "pre-tokenizer regex %d at offset %zu: %s", i + 1, (size_t)eo,
-                        (const char *)msg);
-            ds4_pretok_free(p);
-            return NULL;
+    for (int set = 0; set < 2; set++) {
+        for (int i = 0; i < N_STEPS; i++) {
+            int ec;
+            PCRE2_SIZE eo;
+            p->code[set][i] = pcre2_compile((PCRE2_SPTR)PATTERNS[set][i], PCRE2_ZERO_TERMINATED,
+                                            PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+            if (!p->code[set][i]) {
+                PCRE2_UCHAR msg[256];
+                pcre2_get_error_message(ec, msg, sizeof(msg));
+                ds4_err_set(err, DS4_EUNSUPPORTED, "pre-tokenizer regex %d at offset %zu: %s", i + 1, (size_t)eo,
+                            (const char *)msg);
+                ds4_pretok_free(p);
+                return NULL;
+            }
+            /* JIT is an optimisation: without it (unsupported CPU) the
+             * interpreter gives the same matches. */
+            p->jit[set][i] = pcre2_jit_compile(p->code[set][i], PCRE2_JIT_COMPLETE) == 0;
         }
-        /* JIT is an optimisation: without it (unsupported CPU) the
-         * interpreter gives the same matches. */
-        p->jit[i] = pcre2_jit_compile(p->code[i], PCRE2_JIT_COMPLETE) == 0;
     }
     p->md = pcre2_match_data_create(2, NULL);
     p->mctx = pcre2_match_context_create(NULL);
@@ -98,13 +112,13 @@ ds4_pretok *ds4_pretok_new(ds4_err *err) {
 
 /* Next match of step `step` in s[0..n) at or after `start`: 1 with its
  * bounds, 0 when there is none, -1 on a PCRE2 error. */
-static int find_next(ds4_pretok *p, int step, const char *s, size_t n, size_t start, size_t *ms, size_t *me,
+static int find_next(ds4_pretok *p, int set, int step, const char *s, size_t n, size_t start, size_t *ms, size_t *me,
                      ds4_err *err) {
     int rc;
-    if (p->jit[step])
-        rc = pcre2_jit_match(p->code[step], (PCRE2_SPTR)s, n, start, 0, p->md, p->mctx);
+    if (p->jit[set][step])
+        rc = pcre2_jit_match(p->code[set][step], (PCRE2_SPTR)s, n, start, 0, p->md, p->mctx);
     else
-        rc = pcre2_match(p->code[step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, p->md, p->mctx);
+        rc = pcre2_match(p->code[set][step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, p->md, p->mctx);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0) {
         PCRE2_UCHAR msg[256];
@@ -120,6 +134,7 @@ static int find_next(ds4_pretok *p, int step, const char *s, size_t n, size_t st
 
 typedef struct split_ctx {
     ds4_pretok *p;
+    int set;
     ds4_piece_fn fn;
     void *ctx;
     ds4_err *err;
@@ -132,7 +147,7 @@ static int split_step(split_ctx *c, int step, const char *s, size_t n) {
     size_t pos = 0;
     while (pos < n) {
         size_t ms, me;
-        int found = find_next(c->p, step, s, n, pos, &ms, &me, c->err);
+        int found = find_next(c->p, c->set, step, s, n, pos, &ms, &me, c->err);
         if (found < 0) return -1;
         if (!found) break;
         int rc = split_step(c, step + 1, s + pos, ms - pos);
@@ -145,7 +160,35 @@ static int split_step(split_ctx *c, int step, const char *s, size_t n) {
     return pos < n ? split_step(c, step + 1, s + pos, n - pos) : 0;
 }
 
+static bool is_new_code_point(uint32_t cp) {
+    size_t lo = 0, hi = sizeof(NEW_RANGES) / sizeof(NEW_RANGES[0]);
+    while (lo < hi) {
+        size_t mid = (lo + hi) / 2;
+        if (cp < NEW_RANGES[mid][0]) hi = mid;
+        else if (cp > NEW_RANGES[mid][1]) lo = mid + 1;
+        else return true;
+    }
+    return false;
+}
+
+/* Does valid UTF-8 text contain a code point PCRE2 (Unicode 14) does not
+ * know but HF (Unicode 16) classifies? */
+static bool has_new_code_point(const char *text, size_t len) {
+    const uint8_t *s = (const uint8_t *)text;
+    for (size_t i = 0; i < len;) {
+        if (s[i] < 0xE0) { /* ASCII and 2-byte characters are all below U+0897 */
+            i++;
+            continue;
+        }
+        uint32_t cp;
+        int l = ds4_utf8_decode(s + i, len - i, &cp);
+        if (l && is_new_code_point(cp)) return true;
+        i += l ? (size_t)l : 1;
+    }
+    return false;
+}
+
 int ds4_pretok_split(ds4_pretok *p, const char *text, size_t len, ds4_piece_fn fn, void *ctx, ds4_err *err) {
-    split_ctx c = {p, fn, ctx, err};
+    split_ctx c = {p, has_new_code_point(text, len), fn, ctx, err};
     return split_step(&c, 0, text, len);
 }

@@ -22,7 +22,7 @@
 #define TEST_TOKENIZER_CONFIG "data/tokenizer/deepseek-v4-tokenizer_config.json"
 
 /* The official vocabulary, loaded once per test program. */
-static ds4_vocab *test_vocab(void) {
+static inline ds4_vocab *test_vocab(void) {
     static ds4_vocab *v;
     if (v) return v;
     ds4_err err = {0};
@@ -43,7 +43,7 @@ static ds4_vocab *test_vocab(void) {
 
 /* Whole file, decompressed with xz when the name ends in ".xz"; aborts on
  * failure (test data must be there).  NUL-terminated for convenience. */
-static char *test_read_file(const char *path, size_t *len) {
+static inline char *test_read_file(const char *path, size_t *len) {
     size_t n = strlen(path);
     FILE *f;
     int piped = n > 3 && strcmp(path + n - 3, ".xz") == 0;
@@ -76,7 +76,7 @@ static char *test_read_file(const char *path, size_t *len) {
     return buf;
 }
 
-static void test_sha256_hex(const void *data, size_t n, char out[65]) {
+static inline void test_sha256_hex(const void *data, size_t n, char out[65]) {
     unsigned char md[32];
     unsigned int mdlen = 0;
     EVP_Digest(data, n, md, &mdlen, EVP_sha256(), NULL);
@@ -90,7 +90,7 @@ typedef struct test_doc {
     size_t len;
 } test_doc;
 
-static test_doc *test_corpus(size_t *n_docs, char **blob_out) {
+static inline test_doc *test_corpus(size_t *n_docs, char **blob_out) {
     size_t len;
     char *blob = test_read_file("tests/golden/text/tok_corpus.bin.xz", &len);
     size_t cap = 256, n = 0;
