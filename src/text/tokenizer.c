@@ -85,52 +85,65 @@ int ds4_tokenize_text(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out
     return out->failed ? out_of_memory(out, err) : 0;
 }
 
-static int transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err) {
-    size_t start = 0; /* beginning of the pending plain run */
+/* Tokenize the trusted range s[0..n): added tokens found in it are pushed
+ * as ids, the text between them is appended to the pending plain run that
+ * starts at `*run` (a pointer into the same buffer), flushed before each
+ * added token.  Plain text across segment boundaries thus tokenizes as one
+ * piece of text, exactly as if the whole prompt were one string. */
+static int trusted_range(ds4_tokenizer *t, const char *s, size_t n, const char **run, ds4_tokens *out,
+                         ds4_err *err) {
     for (size_t i = 0; i < n; i++) {
         if (!ds4_vocab_added_first_byte(t->v, (uint8_t)s[i])) continue;
         size_t len;
         int32_t id = ds4_vocab_match_added(t->v, s + i, n - i, &len);
         if (id < 0) continue;
-        if (tokenize_plain(t, s + start, i - start, out, err)) return -1;
+        if (tokenize_plain(t, *run, (size_t)(s + i - *run), out, err)) return -1;
         ds4_tokens_push(out, id);
         i += len - 1;
-        start = i + 1;
+        *run = s + i + 1;
     }
-    return tokenize_plain(t, s + start, n - start, out, err);
+    return 0;
 }
 
 int ds4_tokenize_transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err) {
-    if (transcript(t, s, n, out, err)) return -1;
+    const char *run = s;
+    if (trusted_range(t, s, n, &run, out, err) || tokenize_plain(t, run, (size_t)(s + n - run), out, err))
+        return -1;
     return out->failed ? out_of_memory(out, err) : 0;
 }
 
 int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs,
                           ds4_tokens *out, ds4_err *err) {
+    size_t end = n_segs ? segs[0].off : 0;
+    const char *run = text + end;
     for (size_t i = 0; i < n_segs; i++) {
         const char *s = text + segs[i].off;
         size_t n = segs[i].len;
-        int rc = 0;
+        if (segs[i].off != end)
+            return ds4_err_set(err, DS4_EINVAL, "segment %zu starts at byte %zu, expected %zu (segments must be contiguous)",
+                               i, segs[i].off, end);
+        end += n;
         switch (segs[i].kind) {
         case DS4_SEG_TEXT:
-            rc = tokenize_plain(t, s, n, out, err);
             break;
         case DS4_SEG_TRUSTED:
-            rc = transcript(t, s, n, out, err);
+            if (trusted_range(t, s, n, &run, out, err)) return -1;
             break;
         case DS4_SEG_SPECIAL: {
             int32_t id = ds4_vocab_find_added(t->v, s, n);
             if (id < 0)
                 return ds4_err_set(err, DS4_ENOTFOUND, "segment %zu: \"%.*s\" is not a special token of this vocabulary",
                                    i, (int)(n > 80 ? 80 : n), s);
+            if (tokenize_plain(t, run, (size_t)(s - run), out, err)) return -1;
             ds4_tokens_push(out, id);
+            run = s + n;
             break;
         }
         default:
             return ds4_err_set(err, DS4_EINVAL, "segment %zu: unknown kind %d", i, (int)segs[i].kind);
         }
-        if (rc) return -1;
     }
+    if (tokenize_plain(t, run, (size_t)(text + end - run), out, err)) return -1;
     return out->failed ? out_of_memory(out, err) : 0;
 }
 

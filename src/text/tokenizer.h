@@ -6,9 +6,14 @@
  *  - ds4_tokenize_text: plain text, never recognising special tokens.  User
  *    messages, tool results, tool schemas: a user who types "<｜Assistant｜>"
  *    or "</think>" gets ordinary text tokens, never a control token.
- *  - ds4_tokenize_segments: what the chat renderer produces (chat.h): a list
- *    of segments, each plain text, one special token named by its exact
- *    string, or trusted text.  The renderer decides where control tokens go.
+ *  - ds4_tokenize_segments: what the chat renderer produces (rendered.h,
+ *    chat.h): a text covered by contiguous segments, each plain text, one
+ *    special token named by its exact string, or trusted text.  The result
+ *    is the tokenization of the whole text in which exactly the SPECIAL
+ *    segments and the added tokens inside TRUSTED segments are control
+ *    tokens: plain text running across segment boundaries is pre-tokenized
+ *    as one string, as HF would.  The renderer decides where control tokens
+ *    go.
  *  - ds4_tokenize_transcript: trusted text in which every added token
  *    (CONTROL or USER_DEFINED) is recognised wherever it occurs, leftmost
  *    longest, like HF `tokenizers`' encode.  For the CLI's raw mode and for
@@ -59,7 +64,8 @@ const ds4_vocab *ds4_tokenizer_vocab(const ds4_tokenizer *t);
 /* Each appends ids to `out`; 0 or -1 with a message. */
 int ds4_tokenize_text(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err);
 int ds4_tokenize_transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err);
-/* Fails (DS4_ENOTFOUND) when a SPECIAL segment names no added token. */
+/* Fails (DS4_ENOTFOUND) when a SPECIAL segment names no added token, and
+ * (DS4_EINVAL) when the segments are not contiguous and in order. */
 int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs,
                           ds4_tokens *out, ds4_err *err);
 

@@ -21,6 +21,10 @@ Reads the corpus written by tok_corpus.py and writes tests/golden/text/tok_golde
       pre-tokenizer classifies every code point as Oniguruma does.
   decode IDS SHA
       sha256 of Tokenizer.decode(IDS) (UTF-8, lossy, as HF returns it).
+  chat N COUNT SHA
+      Tokenizer.encode of the official chat fixture test_output_N.txt
+      (tests/golden/text/dsv4-encoding/): the ids the rendered prompt must
+      tokenize to.
 
 Usage: tests/reference/tok_goldens.py [--tokenizer PATH] [--corpus PATH] [--out PATH]
 """
@@ -144,6 +148,12 @@ def main():
                    for _ in range(rng.randint(1, 40))]
         out = ref.tok.decode(ids, skip_special_tokens=False).encode("utf-8")
         lines.append(f"decode {','.join(map(str, ids))} {hashlib.sha256(out).hexdigest()}")
+
+    fixtures = os.path.join(ROOT, "tests", "golden", "text", "dsv4-encoding")
+    for n in range(1, 5):
+        text = open(os.path.join(fixtures, f"test_output_{n}.txt"), encoding="utf-8").read()
+        ids = ref.tok.encode(text, add_special_tokens=False).ids
+        lines.append(f"chat {n} {len(ids)} {digest(ids)}")
 
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -140,17 +140,31 @@ static void test_specials_only_where_placed(void **state) {
 
     /* Segments: the renderer's special token, then user text spelling it. */
     const char *text = "<think><think>";
-    ds4_segment segs[] = {{DS4_SEG_SPECIAL, 0, 7}, {DS4_SEG_TEXT, 7, 7}, {DS4_SEG_TRUSTED, 0, 14}};
+    ds4_segment segs[] = {{DS4_SEG_SPECIAL, 0, 7}, {DS4_SEG_TEXT, 7, 7}};
     ds4_tokens out = {0};
     ds4_err err = {0};
-    assert_int_equal(ds4_tokenize_segments(t, text, segs, 3, &out, &err), 0);
+    assert_int_equal(ds4_tokenize_segments(t, text, segs, 2, &out, &err), 0);
     assert_int_equal(out.ids[0], 128821);
     ds4_tokens user = encode(t, "<think>", 7, 0);
     assert_true(user.n > 1);
+    assert_int_equal(out.n, 1 + user.n);
     assert_memory_equal(out.ids + 1, user.ids, user.n * sizeof(int32_t));
-    assert_int_equal(out.n, 1 + user.n + 2);
-    assert_int_equal(out.ids[out.n - 1], 128821);
-    assert_int_equal(out.ids[out.n - 2], 128821);
+
+    /* Plain text runs on across segments into trusted text, which
+     * recognises added tokens: the same as one transcript string. */
+    const char *mixed = "hello world<think>x";
+    ds4_segment mseg[] = {{DS4_SEG_TEXT, 0, 9}, {DS4_SEG_TRUSTED, 9, 10}};
+    out.n = 0;
+    assert_int_equal(ds4_tokenize_segments(t, mixed, mseg, 2, &out, &err), 0);
+    ds4_tokens whole = encode(t, mixed, strlen(mixed), 1);
+    assert_int_equal(out.n, whole.n);
+    assert_memory_equal(out.ids, whole.ids, whole.n * sizeof(int32_t));
+    ds4_tokens_free(&whole);
+
+    /* Segments must tile the text in order. */
+    ds4_segment gap[] = {{DS4_SEG_TEXT, 0, 3}, {DS4_SEG_TEXT, 5, 2}};
+    assert_int_equal(ds4_tokenize_segments(t, text, gap, 2, &out, &err), -1);
+    assert_int_equal(err.code, DS4_EINVAL);
 
     /* A SPECIAL segment must name an added token exactly. */
     ds4_segment bad[] = {{DS4_SEG_SPECIAL, 0, 6}};
