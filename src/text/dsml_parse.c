@@ -364,9 +364,12 @@ static void emit_args_buf(ds4_dsml_parser *p, ds4_strbuf *b) {
     emit(p, DS4_DSML_CALL_ARGS, b->p ? b->p : "", b->len);
 }
 
+/* The pending text (never a null pointer, even before any input). */
+static const char *pending(const ds4_dsml_parser *p) { return p->buf.p ? p->buf.p + p->pos : ""; }
+
 /* Remove n bytes from the front of the pending text. */
 static void consume(ds4_dsml_parser *p, size_t n) {
-    if (p->raw_active) ds4_strbuf_append(&p->raw, p->buf.p + p->pos, n);
+    if (p->raw_active) ds4_strbuf_append(&p->raw, pending(p), n);
     p->pos += n;
     p->offset += n;
 }
@@ -382,7 +385,7 @@ static int malformed(ds4_dsml_parser *p, const char *what) {
     snprintf(p->res.error, sizeof(p->res.error), "malformed tool call block (started at byte %zu): %s at byte %zu",
              p->block_offset, what, p->offset);
     ds4_strbuf_append(&p->res.unparsed, p->raw.p ? p->raw.p : "", p->raw.len);
-    ds4_strbuf_append(&p->res.unparsed, p->buf.p + p->pos, p->buf.len - p->pos);
+    ds4_strbuf_append(&p->res.unparsed, pending(p), p->buf.len - p->pos);
     p->offset += p->buf.len - p->pos;
     p->pos = p->buf.len;
     p->raw_active = false;
@@ -411,7 +414,7 @@ static void end_call(ds4_dsml_parser *p) {
     }
     memcpy(name, p->name.p ? p->name.p : "", p->name.len);
     name[p->name.len] = '\0';
-    memcpy(args, p->args.p, p->args.len);
+    memcpy(args, p->args.p ? p->args.p : "", p->args.len);
     args[p->args.len] = '\0';
     p->res.calls = calls;
     calls[p->res.n_calls] = (ds4_dsml_call){name, p->name.len, args, p->args.len};
@@ -516,6 +519,15 @@ static size_t skip_ws(ds4_dsml_parser *p, const char *s, size_t n) {
     return w;
 }
 
+/* Attributes of an opening tag whose name ends at s[l]: as parse_attrs,
+ * but a tag longer than MAX_TAG is malformed however the text arrives. */
+static int tag_attrs(const char *s, size_t n, size_t l, attrs *a, size_t *al) {
+    int ra = parse_attrs(s + l, n - l, a, al);
+    if (ra == YES && l + *al > MAX_TAG) return NO;
+    if (ra == UNDECIDED && n > MAX_TAG) return NO;
+    return ra;
+}
+
 static int step_block(ds4_dsml_parser *p, const char *s, size_t n, attrs *a) {
     size_t w = skip_ws(p, s, n);
     s += w;
@@ -526,7 +538,7 @@ static int step_block(ds4_dsml_parser *p, const char *s, size_t n, attrs *a) {
     int rc = match_tag(s, n, true, "tool_calls", -1, &l, &prefix);
     if (rc == YES) {
         consume(p, l);
-        ds4_strbuf_append(&p->res.raw_calls, p->raw.p, p->raw.len);
+        ds4_strbuf_append(&p->res.raw_calls, p->raw.p ? p->raw.p : "", p->raw.len);
         ds4_strbuf_truncate(&p->raw, 0);
         p->raw_active = false;
         p->after_block = true;
@@ -535,8 +547,8 @@ static int step_block(ds4_dsml_parser *p, const char *s, size_t n, attrs *a) {
     }
     int ro = match_tag(s, n, false, "invoke", -1, &l, &prefix);
     if (ro == YES) {
-        int ra = parse_attrs(s + l, n - l, a, &al);
-        if (ra == UNDECIDED && !p->final && n < MAX_TAG) return 0;
+        int ra = tag_attrs(s, n, l, a, &al);
+        if (ra == UNDECIDED && !p->final) return 0;
         if (ra != YES) return malformed(p, "bad invoke tag");
         if (!a->has_name) return malformed(p, "invoke without a name");
         consume(p, l + al);
@@ -557,8 +569,8 @@ static int step_invoke(ds4_dsml_parser *p, const char *s, size_t n, attrs *a) {
     int prefix;
     int rp = match_tag(s, n, false, "parameter", -1, &l, &prefix);
     if (rp == YES) {
-        int ra = parse_attrs(s + l, n - l, a, &al);
-        if (ra == UNDECIDED && !p->final && n < MAX_TAG) return 0;
+        int ra = tag_attrs(s, n, l, a, &al);
+        if (ra == UNDECIDED && !p->final) return 0;
         if (ra != YES) return malformed(p, "bad parameter tag");
         if (!a->has_name) return malformed(p, "parameter without a name");
         consume(p, l + al);
@@ -682,7 +694,7 @@ static int step_param_raw(ds4_dsml_parser *p, const char *s, size_t n) {
 static void run(ds4_dsml_parser *p) {
     attrs a = {0};
     for (;;) {
-        const char *s = p->buf.p + p->pos;
+        const char *s = pending(p);
         size_t n = p->buf.len - p->pos;
         int progress = 0;
         switch (p->st) {
@@ -758,7 +770,7 @@ int ds4_dsml_finish(ds4_dsml_parser *p, ds4_err *err) {
         snprintf(p->res.error, sizeof(p->res.error), "unterminated tool call block (started at byte %zu)",
                  p->block_offset);
         ds4_strbuf_append(&p->res.unparsed, p->raw.p ? p->raw.p : "", p->raw.len);
-        ds4_strbuf_append(&p->res.unparsed, p->buf.p + p->pos, p->buf.len - p->pos);
+        ds4_strbuf_append(&p->res.unparsed, pending(p), p->buf.len - p->pos);
         p->pos = p->buf.len;
         return ds4_err_set(err, DS4_EFORMAT, "%s", p->res.error);
     }

@@ -25,11 +25,20 @@ Reads the corpus written by tok_corpus.py and writes tests/golden/text/tok_golde
       Tokenizer.encode of the official chat fixture test_output_N.txt
       (tests/golden/text/dsv4-encoding/): the ids the rendered prompt must
       tokenize to.
+  gguf tokens|types|merges COUNT SHA
+      the GGUF tokenizer arrays llama.cpp's converter (get_vocab_base, here
+      re-derived from tokenizer.json and tokenizer_config.json) writes:
+      sha256 of the strings joined by NUL, or of the types as int32.
+
+--check-gguf FILE also reads FILE (e.g. written by `ds4-tokenizer import`)
+with gguf-py's GGUFReader and checks every tokenizer.ggml.* key against
+that layout.
 
 Usage: tests/reference/tok_goldens.py [--tokenizer PATH] [--corpus PATH] [--out PATH]
 """
 import argparse
 import hashlib
+import json
 import lzma
 import os
 import random
@@ -100,12 +109,81 @@ class Reference:
         return ids
 
 
+def llama_cpp_layout(tokenizer_path, config_path):
+    """tokens, types, merges, bos, eos, pad as convert_hf_to_gguf.py writes them."""
+    t = json.load(open(tokenizer_path, encoding="utf-8"))
+    cfg = json.load(open(config_path, encoding="utf-8"))
+    rev = {i: s for s, i in t["model"]["vocab"].items()}
+    added = {a["id"]: a for a in t["added_tokens"]}
+    size = max(list(rev) + list(added)) + 1
+
+    def looks_special(s):
+        return (s in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (s.startswith("<|") and s.endswith("|>"))
+                or (s.startswith("<｜") and s.endswith("｜>")) or (s.startswith("<unused") and s.endswith(">")))
+
+    tokens, types = [], []
+    for i in range(size):
+        if i in added:
+            a = added[i]
+            if a["special"] or looks_special(a["content"]):
+                tokens.append(a["content"])
+                types.append(3)
+            else:
+                tokens.append(a["content"].replace("\u2581", " "))
+                types.append(4)
+        elif i in rev:
+            tokens.append(rev[i])
+            types.append(1)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(5)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in t["model"]["merges"]]
+
+    def tok(key):
+        v = cfg[key]
+        return tokens.index(v["content"] if isinstance(v, dict) else v)
+
+    return tokens, types, merges, tok("bos_token"), tok("eos_token"), tok("pad_token")
+
+
+def check_gguf(path, layout):
+    from gguf import GGUFReader
+    tokens, types, merges, bos, eos, pad = layout
+    r = GGUFReader(path)
+    f = r.fields
+
+    def strings(key):
+        fl = f[key]
+        return [bytes(fl.parts[i]).decode("utf-8") for i in fl.data]
+
+    def scalar(key):
+        fl = f[key]
+        return fl.parts[fl.data[0]][0]
+
+    assert bytes(f["tokenizer.ggml.model"].parts[-1]).decode() == "gpt2"
+    assert bytes(f["tokenizer.ggml.pre"].parts[-1]).decode() == "joyai-llm"
+    assert strings("tokenizer.ggml.tokens") == tokens, "tokens differ"
+    fl = f["tokenizer.ggml.token_type"]
+    assert [int(fl.parts[i][0]) for i in fl.data] == types, "token types differ"
+    assert strings("tokenizer.ggml.merges") == merges, "merges differ"
+    assert (scalar("tokenizer.ggml.bos_token_id"), scalar("tokenizer.ggml.eos_token_id"),
+            scalar("tokenizer.ggml.padding_token_id")) == (bos, eos, pad)
+    assert not scalar("tokenizer.ggml.add_bos_token") and not scalar("tokenizer.ggml.add_eos_token")
+    print(f"{path}: tokenizer metadata matches llama.cpp's layout ({len(tokens)} tokens, {len(merges)} merges)")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--tokenizer", default="/tmp/ref/tokenizer.json")
     ap.add_argument("--corpus", default=os.path.join(ROOT, "tests", "golden", "text", "tok_corpus.bin.xz"))
+    ap.add_argument("--config", default=os.path.join(ROOT, "data", "tokenizer", "deepseek-v4-tokenizer_config.json"))
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "golden", "text", "tok_goldens.txt"))
+    ap.add_argument("--check-gguf", help="verify this GGUF's tokenizer metadata with gguf-py, then exit")
     args = ap.parse_args()
+    layout = llama_cpp_layout(args.tokenizer, args.config)
+    if args.check_gguf:
+        check_gguf(args.check_gguf, layout)
+        return
     ref = Reference(args.tokenizer)
     lines = ["# tokenizer goldens, written by tests/reference/tok_goldens.py - do not edit"]
 
@@ -154,6 +232,11 @@ def main():
         text = open(os.path.join(fixtures, f"test_output_{n}.txt"), encoding="utf-8").read()
         ids = ref.tok.encode(text, add_special_tokens=False).ids
         lines.append(f"chat {n} {len(ids)} {digest(ids)}")
+
+    tokens, types, merges = layout[:3]
+    lines.append(f"gguf tokens {len(tokens)} {hashlib.sha256(chr(0).join(tokens).encode()).hexdigest()}")
+    lines.append(f"gguf types {len(types)} {digest(types)}")
+    lines.append(f"gguf merges {len(merges)} {hashlib.sha256(chr(0).join(merges).encode()).hexdigest()}")
 
     with open(args.out, "w") as f:
         f.write("\n".join(lines) + "\n")

@@ -127,6 +127,54 @@ static void test_official_vocabulary_layout(void **state) {
     assert_int_equal(ds4_vocab_find_added(v, "Ġworld", strlen("Ġworld")), -1);
 }
 
+/* Digest of n strings joined by NUL (as tok_goldens.py writes them). */
+static void strings_sha(const ds4_str *s, size_t n, char out[65]) {
+    ds4_strbuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        if (i) ds4_strbuf_putc(&b, '\0');
+        ds4_strbuf_append(&b, s[i].ptr, s[i].len);
+    }
+    test_sha256_hex(b.p, b.len, out);
+    ds4_strbuf_free(&b);
+}
+
+/* The importer's arrays equal llama.cpp's converter layout, re-derived
+ * independently in Python (tok_goldens.py "gguf" lines). */
+static void test_import_layout_matches_llama_cpp(void **state) {
+    (void)state;
+    ds4_tokjson tj;
+    ds4_err err = {0};
+    assert_int_equal(ds4_tokjson_load(TEST_TOKENIZER_JSON, TEST_TOKENIZER_CONFIG, 129280, &tj, &err), 0);
+    size_t len;
+    char *gold = test_read_file("tests/golden/text/tok_goldens.txt", &len);
+    char sha[65], want[65];
+    size_t count;
+    const char *line = strstr(gold, "\ngguf tokens ");
+    assert_non_null(line);
+    assert_int_equal(sscanf(line, "\ngguf tokens %zu %64s", &count, want), 2);
+    assert_int_equal(count, tj.n_tokens);
+    strings_sha(tj.tokens, tj.n_tokens, sha);
+    assert_string_equal(sha, want);
+    line = strstr(gold, "\ngguf types ");
+    assert_non_null(line);
+    assert_int_equal(sscanf(line, "\ngguf types %zu %64s", &count, want), 2);
+    test_sha256_hex(tj.types, tj.n_tokens * sizeof(int32_t), sha);
+    assert_string_equal(sha, want);
+    line = strstr(gold, "\ngguf merges ");
+    assert_non_null(line);
+    assert_int_equal(sscanf(line, "\ngguf merges %zu %64s", &count, want), 2);
+    assert_int_equal(count, tj.n_merges);
+    strings_sha(tj.merges, tj.n_merges, sha);
+    assert_string_equal(sha, want);
+    assert_int_equal(tj.bos_id, 0);
+    assert_int_equal(tj.eos_id, 1);
+    assert_int_equal(tj.pad_id, 1);
+    assert_false(tj.add_bos);
+    assert_false(tj.add_eos);
+    free(gold);
+    ds4_tokjson_free(&tj);
+}
+
 static void test_specials_only_where_placed(void **state) {
     (void)state;
     ds4_tokenizer *t = new_tok();
@@ -426,6 +474,7 @@ int main(void) {
         cmocka_unit_test(test_utf8_decoding),
         cmocka_unit_test(test_bytelevel_alphabet),
         cmocka_unit_test(test_official_vocabulary_layout),
+        cmocka_unit_test(test_import_layout_matches_llama_cpp),
         cmocka_unit_test(test_specials_only_where_placed),
         cmocka_unit_test(test_invalid_utf8_is_bytewise),
         cmocka_unit_test(test_stream_holds_back_partial_characters),
