@@ -23,13 +23,17 @@ typedef struct cache_slot {
 
 typedef struct heap_entry {
     uint64_t key;    /* (rank << 32) | position of the left symbol */
-    int32_t left, right, merged; /* the pair when pushed, and its merge */
+    uint32_t ver;    /* the left symbol's version when pushed */
+    int32_t merged;  /* the pair's merge */
 } heap_entry;
 
+/* A symbol of a long piece.  `ver` changes whenever the pair starting at
+ * this symbol changes (it merges, its right neighbour merges, or it is
+ * absorbed), so a heap entry is current exactly when its version is. */
 typedef struct node {
     int32_t id;
     int32_t prev, next;  /* -1 at the ends */
-    int32_t alive;
+    uint32_t ver;
 } node;
 
 struct ds4_bpe {
@@ -130,6 +134,20 @@ static size_t merge_small(const ds4_vocab *v, int32_t *sym, size_t n) {
 /* A 4-ary min-heap on `key`: lowest rank first, then leftmost, exactly
  * HF's (rank, pos) order.  Four children per node halve the depth, which
  * matters for the long pieces this path exists for. */
+static void sift_down(heap_entry *h, size_t n, size_t i, heap_entry e) {
+    for (;;) {
+        size_t c = 4 * i + 1;
+        if (c >= n) break;
+        size_t end = c + 4 < n ? c + 4 : n, best = c;
+        for (size_t k = c + 1; k < end; k++)
+            if (h[k].key < h[best].key) best = k;
+        if (h[best].key >= e.key) break;
+        h[i] = h[best];
+        i = best;
+    }
+    h[i] = e;
+}
+
 static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
     size_t i = (*n)++;
     while (i > 0) {
@@ -143,50 +161,43 @@ static void heap_push(heap_entry *h, size_t *n, heap_entry e) {
 
 static heap_entry heap_pop(heap_entry *h, size_t *n) {
     heap_entry top = h[0];
-    heap_entry last = h[--(*n)];
-    size_t i = 0;
-    for (;;) {
-        size_t c = 4 * i + 1;
-        if (c >= *n) break;
-        size_t end = c + 4 < *n ? c + 4 : *n, best = c;
-        for (size_t k = c + 1; k < end; k++)
-            if (h[k].key < h[best].key) best = k;
-        if (h[best].key >= last.key) break;
-        h[i] = h[best];
-        i = best;
-    }
-    if (*n) h[i] = last;
+    if (--*n) sift_down(h, *n, 0, h[*n]);
     return top;
 }
 
-static void heap_push_pair(const ds4_vocab *v, heap_entry *h, size_t *hn, const node *nodes, int32_t pos) {
-    int32_t left = nodes[pos].id, right = nodes[nodes[pos].next].id;
-    int32_t merged, rank = pair_rank(v, left, right, &merged);
-    if (rank != INT32_MAX) heap_push(h, hn, (heap_entry){((uint64_t)(uint32_t)rank << 32) | (uint32_t)pos, left, right, merged});
+/* The heap entry for the pair starting at pos; false if it does not merge. */
+static bool pair_entry(const ds4_vocab *v, const node *nd, int32_t pos, heap_entry *e) {
+    int32_t merged, rank = pair_rank(v, nd[pos].id, nd[nd[pos].next].id, &merged);
+    if (rank == INT32_MAX) return false;
+    *e = (heap_entry){((uint64_t)(uint32_t)rank << 32) | (uint32_t)pos, nd[pos].ver, merged};
+    return true;
 }
 
 /* Heap merging of sym[0..n) for long pieces; returns the new count. */
 static size_t merge_big(ds4_bpe *b, int32_t *sym, size_t n) {
     node *nd = b->nodes;
-    heap_entry *h = b->heap;
+    heap_entry *h = b->heap, e;
     size_t hn = 0;
-    for (size_t i = 0; i < n; i++)
-        nd[i] = (node){sym[i], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, 1};
-    for (size_t i = 0; i + 1 < n; i++) heap_push_pair(b->v, h, &hn, nd, (int32_t)i);
+    for (size_t i = 0; i < n; i++) nd[i] = (node){sym[i], (int32_t)i - 1, i + 1 < n ? (int32_t)i + 1 : -1, 0};
+    for (size_t i = 0; i + 1 < n; i++)
+        if (pair_entry(b->v, nd, (int32_t)i, &e)) h[hn++] = e;
+    for (size_t i = hn > 1 ? (hn - 2) / 4 + 1 : 0; i-- > 0;) sift_down(h, hn, i, h[i]);
     while (hn) {
-        heap_entry e = heap_pop(h, &hn);
+        e = heap_pop(h, &hn);
         int32_t pos = (int32_t)(uint32_t)e.key;
         node *left = &nd[pos];
-        /* Skip entries made stale by earlier merges: the same two ids still
-         * side by side means the same pair, so the same merge. */
-        if (!left->alive || left->next < 0 || left->id != e.left || nd[left->next].id != e.right) continue;
+        if (left->ver != e.ver) continue; /* made stale by an earlier merge */
         int32_t right = left->next;
         left->id = e.merged;
-        nd[right].alive = 0;
+        left->ver++;
+        nd[right].ver++;
         left->next = nd[right].next;
         if (left->next >= 0) nd[left->next].prev = pos;
-        if (left->prev >= 0) heap_push_pair(b->v, h, &hn, nd, left->prev);
-        if (left->next >= 0) heap_push_pair(b->v, h, &hn, nd, pos);
+        if (left->prev >= 0) {
+            nd[left->prev].ver++;
+            if (pair_entry(b->v, nd, left->prev, &e)) heap_push(h, &hn, e);
+        }
+        if (left->next >= 0 && pair_entry(b->v, nd, pos, &e)) heap_push(h, &hn, e);
     }
     size_t m = 0;
     for (int32_t i = 0; i >= 0; i = nd[i].next) sym[m++] = nd[i].id;

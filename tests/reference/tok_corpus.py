@@ -222,10 +222,10 @@ def documents(manzoni_path):
     for i in range(6):
         docs.append((f"invalid.{i:02d}", invalid_utf8(rng, 3000)))
     docs.append(("edge.empty", b""))
-    docs.append(("edge.long_spaces", b" " * 100000 + b"x"))
-    docs.append(("edge.long_letters", b"a" * 50000))
-    docs.append(("edge.long_digits", b"7" * 30001))
-    docs.append(("edge.long_newlines", b"\n" * 5000 + b" \n" * 2000))
+    docs.append(("edge.long_spaces", b" " * 8000 + b"x" + b"\t" * 3001 + b"y"))
+    docs.append(("edge.long_letters", b"a" * 5000 + b" " + "è".encode() * 2000))
+    docs.append(("edge.long_digits", b"7" * 3001))
+    docs.append(("edge.long_newlines", b"\n" * 3000 + b" \n" * 1000))
     return docs
 
 
