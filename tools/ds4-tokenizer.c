@@ -1,12 +1,15 @@
 /*
  * ds4-tokenizer - the DeepSeek V4 tokenizer from the command line.
  *
+ *   ds4-tokenizer import TOKENIZER.json OUT.gguf [--config tokenizer_config.json] [--vocab-size N]
  *   ds4-tokenizer [-t TOKENIZER] encode [--specials] TEXT | -f FILE
  *   ds4-tokenizer [-t TOKENIZER] decode ID...
  *   ds4-tokenizer [-t TOKENIZER] bench FILE [--repeat N]
  *
- * TOKENIZER is the official tokenizer.json (".xz" is decompressed on the
- * fly); the default is the copy in data/tokenizer/.  `encode` prints ids on
+ * `import` writes the tokenizer.ggml.* metadata of a tokenizer.json (".xz"
+ * is decompressed on the fly) into a GGUF, laid out as ds4's model files.
+ * TOKENIZER is a GGUF with that metadata (a model file or an imported one)
+ * or a tokenizer.json; the default is the copy in data/tokenizer/.  `encode` prints ids on
  * one line; with --specials added-token spellings in the text ("<｜User｜>",
  * "<think>") become their control tokens (trusted-transcript mode),
  * otherwise everything is plain text.  `decode` writes the exact bytes.
@@ -19,6 +22,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "format/gguf.h"
 #include "text/tokenizer.h"
 #include "text/tokjson.h"
 
@@ -26,15 +30,27 @@
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: ds4-tokenizer [-t TOKENIZER] COMMAND ...\n"
+            "usage: ds4-tokenizer import TOKENIZER.json OUT.gguf [--config tokenizer_config.json] [--vocab-size N]\n"
+            "       ds4-tokenizer [-t TOKENIZER] COMMAND ...\n"
             "  encode [--specials] TEXT | -f FILE   print the token ids of TEXT or FILE\n"
             "  decode ID...                         print the bytes of the ids (space/comma separated)\n"
             "  bench FILE [--repeat N]              tokenize FILE on one core, report MB/s\n"
-            "TOKENIZER: tokenizer.json or tokenizer.json.xz (default %s)\n",
+            "TOKENIZER: a .gguf with tokenizer metadata, tokenizer.json or tokenizer.json.xz (default %s)\n",
             DEFAULT_TOKENIZER);
 }
 
+static ds4_vocab *load_vocab_gguf(const char *path) {
+    ds4_err err = {0};
+    ds4_gguf *g = ds4_gguf_open(path, &err);
+    ds4_vocab *v = g ? ds4_vocab_from_gguf(g, &err) : NULL;
+    if (!v) fprintf(stderr, "ds4-tokenizer: %s\n", err.msg);
+    ds4_gguf_close(g);
+    return v;
+}
+
 static ds4_vocab *load_vocab(const char *path) {
+    size_t n = strlen(path);
+    if (n > 5 && strcmp(path + n - 5, ".gguf") == 0) return load_vocab_gguf(path);
     ds4_err err = {0};
     ds4_tokjson tj;
     if (ds4_tokjson_load(path, NULL, 0, &tj, &err)) {
@@ -197,6 +213,25 @@ static int cmd_bench(const ds4_vocab *v, int argc, char **argv) {
     return rc;
 }
 
+static int cmd_import(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *config = NULL;
+    unsigned long vocab_size = 0;
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--config") == 0 && i + 1 < argc) config = argv[++i];
+        else if (strcmp(argv[i], "--vocab-size") == 0 && i + 1 < argc) vocab_size = strtoul(argv[++i], NULL, 10);
+        else if (!in) in = argv[i];
+        else if (!out) out = argv[i];
+        else return usage(stderr), 2;
+    }
+    if (!in || !out || vocab_size > INT32_MAX) return usage(stderr), 2;
+    ds4_err err = {0};
+    if (ds4_tokjson_import(in, config, (uint32_t)vocab_size, out, &err)) {
+        fprintf(stderr, "ds4-tokenizer: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     const char *tok_path = DEFAULT_TOKENIZER;
     int i = 1;
@@ -207,6 +242,7 @@ int main(int argc, char **argv) {
     if (i >= argc) return usage(stderr), 2;
     const char *cmd = argv[i++];
     if (strcmp(cmd, "-h") == 0 || strcmp(cmd, "--help") == 0) return usage(stdout), 0;
+    if (strcmp(cmd, "import") == 0) return cmd_import(argc - i, argv + i);
     int (*fn)(const ds4_vocab *, int, char **) = strcmp(cmd, "encode") == 0   ? cmd_encode
                                                  : strcmp(cmd, "decode") == 0 ? cmd_decode
                                                  : strcmp(cmd, "bench") == 0  ? cmd_bench

@@ -53,4 +53,14 @@ void ds4_tokjson_free(ds4_tokjson *t);
 /* A view of the loaded arrays for ds4_vocab_new. */
 ds4_vocab_src ds4_tokjson_src(const ds4_tokjson *t);
 
+/* Add the tokenizer.ggml.* metadata to a GGUF being written (tokjson_gguf.c;
+ * the quantizer calls this for model files).  Fails only when out of
+ * memory; the writer's own errors come from ds4_gguf_writer_close. */
+int ds4_tokjson_write_gguf(const ds4_tokjson *t, ds4_gguf_writer *w, ds4_err *err);
+
+/* tokenizer.json (+ tokenizer_config.json) -> a GGUF holding only the
+ * tokenizer metadata, checked to build a vocabulary first. */
+int ds4_tokjson_import(const char *json_path, const char *config_path, uint32_t min_vocab, const char *out_path,
+                       ds4_err *err);
+
 #endif

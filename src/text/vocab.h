@@ -3,8 +3,8 @@
  *
  * A ds4_vocab is built from plain arrays - token strings, token types and
  * "LEFT RIGHT" merge strings, exactly the GGUF `tokenizer.ggml.*` metadata -
- * so it can come from a GGUF file or straight from the official
- * tokenizer.json (tokjson.h).  Token id == array
+ * so it can come from a GGUF file (ds4_vocab_from_gguf, vocab_gguf.c) or
+ * straight from the official tokenizer.json (tokjson.h).  Token id == array
  * index.  Once built it is immutable and may be shared by any number of
  * threads; the per-thread tokenizer state lives in ds4_tokenizer
  * (tokenizer.h).
@@ -95,5 +95,10 @@ int32_t ds4_vocab_match_added(const ds4_vocab *v, const char *s, size_t n, size_
 
 /* True when byte c can begin an added token (a quick filter for scanning). */
 bool ds4_vocab_added_first_byte(const ds4_vocab *v, uint8_t c);
+
+/* From GGUF metadata (vocab_gguf.c): tokenizer.ggml.model must be "gpt2";
+ * tokens, merges and (optionally) token_type, pre, bos_token_id and
+ * eos_token_id as ds4-tokenizer import writes them. */
+ds4_vocab *ds4_vocab_from_gguf(const ds4_gguf *g, ds4_err *err);
 
 #endif

@@ -1,7 +1,8 @@
 #!/bin/sh
-# tokenizer_tool.sh - ds4-tokenizer end to end: encode (plain and with
-# special tokens) gives the ids HF gives, decode gives the bytes back,
-# bench runs, bad input fails with a message.
+# tokenizer_tool.sh - ds4-tokenizer end to end: import writes the GGUF
+# tokenizer metadata (checked with ds4-gguf), encode (plain and with special
+# tokens, from tokenizer.json and from the GGUF) gives the ids HF gives,
+# decode gives the bytes back, bench runs, bad input fails with a message.
 set -eu
 cd "$(dirname "$0")/../.."
 T=./ds4-tokenizer
@@ -24,6 +25,25 @@ printf 'Caro Renzo, 你好！ 안녕하세요 😀\n\tcode(x) { return 42; }  ' 
 ids=$($T encode -f "$out/in.txt")
 $T decode $ids > "$out/out.txt"
 cmp "$out/in.txt" "$out/out.txt" || fail "decode(encode(file)) differs"
+
+# import -> GGUF metadata laid out as ds4's files; the same ids from it.
+$T import data/tokenizer/deepseek-v4-tokenizer.json.xz "$out/tok.gguf" \
+    --config data/tokenizer/deepseek-v4-tokenizer_config.json --vocab-size 129280
+G=./ds4-gguf
+[ -x "$G" ] || make -s ds4-gguf
+$G info "$out/tok.gguf" > "$out/info.txt"
+for want in 'tokenizer.ggml.model +str +"gpt2"' 'tokenizer.ggml.pre +str +"joyai-llm"' \
+            'tokenizer.ggml.tokens +str\[129280\]' 'tokenizer.ggml.token_type +i32\[129280\]' \
+            'tokenizer.ggml.merges +str\[127741\]' 'tokenizer.ggml.bos_token_id +u32 +0' \
+            'tokenizer.ggml.eos_token_id +u32 +1'; do
+    grep -Eq "$want" "$out/info.txt" || fail "import: no '$want' in $(cat "$out/info.txt")"
+done
+from_gguf=$($T -t "$out/tok.gguf" encode -f "$out/in.txt")
+[ "$from_gguf" = "$ids" ] || fail "ids from the GGUF differ from tokenizer.json's"
+got=$($T -t "$out/tok.gguf" encode --specials "hi <｜Assistant｜></think>｜DSML｜")
+[ "$got" = "6366 223 128804 128822 128825" ] || fail "encode --specials from GGUF: $got"
+if $T import "$out/in.txt" "$out/bad.gguf" 2>"$out/err.txt"; then fail "import accepted a non-JSON file"; fi
+[ ! -e "$out/bad.gguf" ] || fail "failed import left a file"
 
 $T bench "$out/in.txt" --repeat 2 | grep -q "MB/s" || fail "bench printed no throughput"
 $T --help | grep -q "encode" || fail "--help"
