@@ -11,6 +11,12 @@ out=build/fuzz/dsml
 mkdir -p "$out/corpus"
 cp tests/fuzz/corpus/dsml/* "$out/corpus/"
 
+# clang and its fuzzer runtime come from scripts/deps.sh; say so if absent.
+if ! command -v clang >/dev/null 2>&1; then
+    echo "SKIP: clang not found (apt-get install clang libclang-rt-dev)"
+    exit 0
+fi
+
 clang -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_dsml" tests/fuzz/fuzz_dsml.c \
