@@ -18,8 +18,10 @@
  *    space since Unicode 6.3); Oniguruma's is the White_Space property.  So
  *    the patterns spell white space out as [\t-\r\x{85}\p{Z}] instead.
  *  - HF tokenizers 0.23.3 knows Unicode 16.0, Debian 12's PCRE2 Unicode
- *    14.0; the code points assigned in between are added to the \p{..}
- *    classes explicitly (unicode_delta.h).  A PCRE2 older than Unicode 14 is
+ *    14.0; for text that contains a code point assigned in between, the
+ *    \p{..} classes are widened with those code points explicitly
+ *    (unicode_delta.h; a second compiled set, since explicit ranges slow
+ *    the JIT down for every character).  A PCRE2 older than Unicode 14 is
  *    refused.
  * The result was checked against HF on every code point (test_tok_hf.c).
  * Each piece is matched as its own subject, exactly as HF does, so `(?!\S)`
