@@ -59,7 +59,9 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
             res->finish = DS4_FINISH_ERROR;
             break;
         }
-        int32_t tok = pick(smp, logits, e->eos, opts->exclude_eos, greedy, scratch, n_vocab);
+        int32_t tok = res->n_generated < opts->n_forced
+                          ? opts->forced[res->n_generated]
+                          : pick(smp, logits, e->eos, opts->exclude_eos, greedy, scratch, n_vocab);
         ds4_gen_control ctl = {.append = true};
         res->n_generated++;
         if (fn) fn(ctx, tok, &ctl);

@@ -46,6 +46,11 @@ typedef struct ds4_gen_opts {
     uint32_t max_tokens;        /* 0: until the context is full */
     bool exclude_eos;           /* never sample EOS (benchmarks) */
     volatile sig_atomic_t *cancel;
+    /* Tokens chosen instead of sampling for the first n_forced steps (the
+     * server's test hook drives a known continuation through the real
+     * pipeline); sampling resumes after them. */
+    const int32_t *forced;
+    uint32_t n_forced;
 } ds4_gen_opts;
 
 typedef struct ds4_gen_result {

@@ -414,8 +414,11 @@ static int render_assistant(ds4_rendered *r, const conv *c, size_t i, size_t las
     }
     if (render_content(r, m, "content", json_object_get(m->src, "content"), err)) return -1;
     const json_t *calls = json_object_get(m->src, "tool_calls");
-    if (truthy(calls) && ds4_dsml_render_calls(r, calls, err))
-        return ds4_err_prefix(err, "messages[%zu]", m->index);
+    if (truthy(calls)) {
+        int replayed = c->opts->render_calls ? c->opts->render_calls(c->opts->render_calls_ctx, calls, r, err) : 0;
+        if (replayed < 0 || (replayed == 0 && ds4_dsml_render_calls(r, calls, err)))
+            return ds4_err_prefix(err, "messages[%zu]", m->index);
+    }
     if (!m->wo_eos) ds4_rendered_special(r, DS4_TOK_EOS);
     return 0;
 }

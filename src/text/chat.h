@@ -67,6 +67,12 @@ typedef struct ds4_chat_opts {
     const json_t *tools;   /* optional OpenAI tool list for the first system
                             * message (an empty one is put first if there is
                             * none), as the official tests attach them */
+    /* Optional: render an assistant turn's tool calls another way (the
+     * server replays the exact DSML the model sampled for known call ids).
+     * Returns 1 after appending the whole block (leading white space
+     * included) to r, 0 to render the canonical block, -1 on error. */
+    int (*render_calls)(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err);
+    void *render_calls_ctx;
 } ds4_chat_opts;
 
 /* The mode actually rendered (MAX falls back to HIGH on a small context). */

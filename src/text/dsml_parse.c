@@ -55,6 +55,7 @@ struct ds4_dsml_parser {
     size_t scan;          /* pending bytes known to hold no closing tag start */
     int depth;            /* S_PARAM_RAW nesting */
 
+    int blocks_closed;
     bool raw_active;      /* inside a tool-call block: consumed text goes to raw */
     ds4_strbuf raw;
     size_t block_offset;
@@ -68,6 +69,19 @@ struct ds4_dsml_parser {
 };
 
 const ds4_dsml_result *ds4_dsml_result_of(const ds4_dsml_parser *p) { return &p->res; }
+
+ds4_dsml_position ds4_dsml_position_of(const ds4_dsml_parser *p) {
+    switch (p->st) {
+    case S_BLOCK:
+    case S_INVOKE: return DS4_DSML_AT_MARKUP;
+    case S_PARAM_STR:
+    case S_PARAM_JSON:
+    case S_PARAM_RAW: return DS4_DSML_AT_VALUE;
+    default: return DS4_DSML_AT_TEXT;
+    }
+}
+
+int ds4_dsml_blocks_closed(const ds4_dsml_parser *p) { return p->blocks_closed; }
 
 static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 
@@ -542,6 +556,7 @@ static int step_block(ds4_dsml_parser *p, const char *s, size_t n, attrs *a) {
         ds4_strbuf_truncate(&p->raw, 0);
         p->raw_active = false;
         p->after_block = true;
+        p->blocks_closed++;
         set_state(p, S_CONTENT);
         return 1;
     }

@@ -112,6 +112,18 @@ int ds4_dsml_finish(ds4_dsml_parser *p, ds4_err *err);
 
 const ds4_dsml_result *ds4_dsml_result_of(const ds4_dsml_parser *p);
 
+/* Where the output stands, for the sampler: inside tool-call markup (tags,
+ * parameter headers, between elements: the server samples greedily there
+ * so the structure does not drift), inside a parameter value, or outside
+ * any block.  Also: how many tool-call blocks have closed so far. */
+typedef enum ds4_dsml_position {
+    DS4_DSML_AT_TEXT = 0,
+    DS4_DSML_AT_MARKUP,
+    DS4_DSML_AT_VALUE,
+} ds4_dsml_position;
+ds4_dsml_position ds4_dsml_position_of(const ds4_dsml_parser *p);
+int ds4_dsml_blocks_closed(const ds4_dsml_parser *p);
+
 /* One-shot parse of a whole completion (a trailing "<｜end▁of▁sentence｜>"
  * is ignored).  The result must be released with ds4_dsml_result_free. */
 int ds4_dsml_parse(const char *text, size_t n, bool thinking, ds4_dsml_result *out, ds4_err *err);

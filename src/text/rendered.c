@@ -76,3 +76,30 @@ int ds4_tokenize_rendered(ds4_tokenizer *t, const ds4_rendered *r, ds4_tokens *o
     if (ds4_rendered_check(r, err)) return -1;
     return ds4_tokenize_segments(t, r->text.p ? r->text.p : "", r->segs, r->n_segs, out, err);
 }
+
+int ds4_tokenize_rendered_from(ds4_tokenizer *t, const ds4_rendered *r, size_t off, ds4_tokens *out, ds4_err *err) {
+    if (ds4_rendered_check(r, err)) return -1;
+    if (off > r->text.len) return ds4_err_set(err, DS4_EINVAL, "offset %zu is past the rendered text (%zu bytes)", off, r->text.len);
+    size_t first = 0;
+    while (first < r->n_segs && r->segs[first].off + r->segs[first].len <= off) first++;
+    if (first == r->n_segs) return 0;
+    ds4_segment *segs = malloc((r->n_segs - first) * sizeof(*segs));
+    if (!segs) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    size_t n = 0;
+    for (size_t i = first; i < r->n_segs; i++) {
+        ds4_segment s = r->segs[i];
+        if (s.off < off) {
+            if (s.kind == DS4_SEG_SPECIAL) {
+                free(segs);
+                return ds4_err_set(err, DS4_EINVAL, "offset %zu falls inside a special token", off);
+            }
+            s.len -= off - s.off;
+            s.off = off;
+        }
+        s.off -= off;
+        segs[n++] = s;
+    }
+    int rc = ds4_tokenize_segments(t, r->text.p + off, segs, n, out, err);
+    free(segs);
+    return rc;
+}

@@ -45,4 +45,10 @@ void ds4_rendered_free(ds4_rendered *r);
 /* Token ids of a rendered prompt (appended to out). */
 int ds4_tokenize_rendered(ds4_tokenizer *t, const ds4_rendered *r, ds4_tokens *out, ds4_err *err);
 
+/* Token ids of the rendered text from byte `off` on, as if it started
+ * there (the server keeps the tokens it already holds for text[0..off) and
+ * tokenizes only the rest).  Fails (DS4_EINVAL) when off falls inside a
+ * special token. */
+int ds4_tokenize_rendered_from(ds4_tokenizer *t, const ds4_rendered *r, size_t off, ds4_tokens *out, ds4_err *err);
+
 #endif
