@@ -1,0 +1,71 @@
+/*
+ * openai_completions.c - POST /v1/completions (spec/PRODUCT.md 2.1, 2.2).
+ *
+ * As ds4 does, the prompt is not raw text: it becomes the user message of
+ * a chat with the fixed system prompt "You are a helpful assistant", in
+ * thinking mode unless disabled, and the answer is the raw generated text
+ * (reasoning and "</think>" included), as one text_completion or a stream
+ * of them ending with the finish_reason, the optional usage and [DONE].
+ */
+#include <string.h>
+
+#include "server.h"
+
+static int parse(const json_t *b, srv_request *r, api_error *e) {
+    r->api = API_COMPLETIONS;
+    r->raw_text = true;
+    const json_t *p = json_object_get(b, "prompt");
+    if (!p || json_is_null(p)) return api_fail(e, 400, "missing prompt");
+    if (json_is_array(p)) {
+        if (json_array_size(p) == 0) return api_fail(e, 400, "prompt must not be empty");
+        p = json_array_get(p, 0);
+        if (!json_is_string(p)) return api_fail(e, 400, "prompt must be a string or an array of strings (token ids are not supported)");
+    }
+    if (!json_is_string(p)) return api_fail(e, 400, "prompt must be a string or an array of strings");
+    r->messages = json_pack("[{s:s,s:s},{s:s,s:O}]", "role", "system", "content", "You are a helpful assistant", "role",
+                            "user", "content", (json_t *)p);
+    const json_t *echo = json_object_get(b, "echo");
+    if (json_is_true(echo)) return api_fail(e, 400, "echo is not supported");
+    return chat_common_fields(b, r, e);
+}
+
+static json_t *chunk(job *j, const char *text, size_t n, const char *finish) {
+    json_t *choice = json_pack("{s:s#,s:i,s:n,s:o}", "text", text, n, "index", 0, "logprobs", "finish_reason",
+                               finish ? json_string(finish) : json_null());
+    return json_pack("{s:s,s:s,s:i,s:s,s:[o]}", "id", j->id, "object", "text_completion", "created",
+                     (json_int_t)j->created, "model", j->req.model, "choices", choice);
+}
+
+static void stream_begin(job *j, ds4_strbuf *out) { (void)j, (void)out; }
+
+static void stream_event(job *j, ev_kind k, int index, const char *text, size_t n, ds4_strbuf *out) {
+    (void)index;
+    if (k == EV_CONTENT) sse_data(out, NULL, chunk(j, text, n, NULL));
+}
+
+static void stream_end(job *j, ds4_strbuf *out) {
+    sse_data(out, NULL, chunk(j, "", 0, j->out.finish));
+    if (j->req.include_usage) {
+        json_t *c = json_pack("{s:s,s:s,s:i,s:s,s:[],s:o}", "id", j->id, "object", "text_completion", "created",
+                              (json_int_t)j->created, "model", j->req.model, "choices", "usage", usage_openai(&j->out));
+        sse_data(out, NULL, c);
+    }
+    ds4_strbuf_puts(out, "data: [DONE]\n\n");
+}
+
+static json_t *final_body(job *j) {
+    json_t *c = chunk(j, j->out.content.p ? j->out.content.p : "", j->out.content.len, j->out.finish);
+    json_object_set_new(c, "usage", usage_openai(&j->out));
+    return c;
+}
+
+const api_adapter API_COMPLETIONS_ADAPTER = {
+    .kind = API_COMPLETIONS,
+    .name = "completions",
+    .parse = parse,
+    .stream_begin = stream_begin,
+    .stream_event = stream_event,
+    .stream_end = stream_end,
+    .stream_error = openai_stream_error,
+    .final_body = final_body,
+};

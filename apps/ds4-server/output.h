@@ -1,0 +1,38 @@
+/*
+ * output.h - generated tokens to answer events (see output.c).
+ */
+#ifndef DS4_SERVER_OUTPUT_H
+#define DS4_SERVER_OUTPUT_H
+
+#include "engine/generate.h"
+#include "server.h"
+#include "text/dsml_parse.h"
+#include "text/tokenizer.h"
+
+typedef struct out_ctx {
+    job *j;
+    int32_t eos;
+    ds4_detok_stream detok;
+    ds4_dsml_parser *parser;  /* NULL for raw text (completions) */
+    ds4_strbuf piece;         /* decoded text of the current token */
+    ds4_strbuf pending;       /* visible text held back for stop sequences */
+    ds4_strbuf sse;           /* streaming bytes not yet pushed to the job */
+    bool stopped;             /* a stop sequence matched */
+    bool tool_stop;           /* a tool-call block closed */
+} out_ctx;
+
+/* `thinking`: the prompt ends with <think>, so output starts as reasoning. */
+int out_init(out_ctx *g, job *j, const ds4_vocab *v, bool thinking, ds4_err *err);
+void out_free(out_ctx *g);
+/* One sampled token (the generation callback's work). */
+void out_token(out_ctx *g, int32_t tok, ds4_gen_control *ctl);
+/* Inside a tool-call block (no continued KV saves there). */
+bool out_in_tool_block(const out_ctx *g);
+/* End: flush held text, settle the finish reason. */
+void out_finish(out_ctx *g, ds4_finish finish);
+/* Push pending SSE bytes to the job. */
+void out_flush(out_ctx *g);
+/* The exact tool-call block text (for the replay memory). */
+const char *out_raw_calls(const out_ctx *g, size_t *n);
+
+#endif

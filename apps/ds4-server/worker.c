@@ -1,0 +1,525 @@
+/*
+ * worker.c - the one thread that owns the engine session: a bounded FIFO of
+ * jobs, the KV reuse ladder, prefill with disk checkpoints, generation.
+ *
+ * KV reuse, in order (spec/PRODUCT.md 2.9):
+ *   memory-token  the live session's tokens are a prefix of the prompt's
+ *   memory-text   the live tokens decode to a byte prefix of the rendered
+ *                 prompt: keep them (the model's own tokenization of what it
+ *                 sampled) and tokenize only the rest
+ *   disk          the longest KVC checkpoint whose key text is a prefix of
+ *                 the rendered prompt, when it holds more than the live
+ *                 session could reuse (the live session is saved first,
+ *                 reason "evict", since it is about to be replaced)
+ *   cold          full prefill; a cold checkpoint at the system/tools
+ *                 boundary on the way (kvcache.h policy)
+ * Continued checkpoints are written whenever the live token count crosses
+ * a multiple of the continued step, in prefill and in generation (not
+ * inside a tool-call block), and the live session is saved at shutdown.
+ *
+ * Cancellation: the connection thread sets job->cancel when its client goes
+ * away; prefill checks it between chunks, the generation loop every token.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "output.h"
+#include "server.h"
+#include "text/tokenizer.h"
+
+typedef struct counters {
+    uint64_t requests, completed, failed, cancelled, rejected_full;
+    uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
+    uint64_t reuse_token, reuse_text, reuse_disk, reuse_cold;
+    uint64_t disk_saves[7];
+    char last_reuse[24];
+    uint32_t last_cached, last_written;
+} counters;
+
+static server *S;
+static ds4_session *sess;
+static ds4_kv_state *scratch;      /* snapshots for disk saves and loads */
+static ds4_tokenizer *tok;
+static ds4_kvc_store *store;
+static int32_t user_tok, assistant_tok;
+static uint32_t frontier_done;     /* last continued frontier saved */
+
+static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t qcv = PTHREAD_COND_INITIALIZER;
+static job **queue;
+static int qcap, qhead, qn;
+static bool qstop;
+static job *current;
+static pthread_t thread;
+static bool thread_started;
+static counters C;
+
+/* ------------------------------------------------------------ disk saves */
+
+static const char *const REASON_NAMES[] = {"unknown", "cold", "continued", "evict", "shutdown", "agent-system",
+                                           "agent-session"};
+
+static void save_live(ds4_kvc_reason reason) {
+    uint32_t n = ds4_session_n_tokens(sess);
+    if (!store || n < S->o.kv_policy.min_tokens) return;
+    ds4_strbuf text = {0};
+    ds4_err err = {0};
+    if (ds4_detokenize(S->engine->vocab, ds4_session_tokens(sess), n, &text, &err) != 0) {
+        srv_log("kvcache", "save skipped: %s", err.msg);
+        ds4_strbuf_free(&text);
+        return;
+    }
+    if (ds4_kvc_contains(store, text.p, text.len)) {
+        ds4_strbuf_free(&text);
+        return;
+    }
+    double t0 = ds4_now();
+    size_t n_tools = 0;
+    ds4_kvc_tool *tools = toolmem_entries_in(S->tools, text.p, text.len, &n_tools);
+    int rc = ds4_session_snapshot(sess, scratch, &err);
+    if (rc == 0) rc = ds4_kvc_save(store, reason, 0, text.p, text.len, scratch, tools, n_tools, &err);
+    if (rc < 0) srv_log("kvcache", "%s save of %u tokens failed: %s", REASON_NAMES[reason], n, err.msg);
+    if (rc > 0) {
+        srv_log("kvcache", "saved %u tokens (%s, %zu tool ids) in %.3f s", n, REASON_NAMES[reason], n_tools, ds4_now() - t0);
+        pthread_mutex_lock(&S->stats_mu);
+        C.disk_saves[reason]++;
+        pthread_mutex_unlock(&S->stats_mu);
+    }
+    toolmem_entries_free(tools, n_tools);
+    ds4_strbuf_free(&text);
+}
+
+/* ------------------------------------------------------------ reuse */
+
+typedef struct reuse {
+    ds4_tokens prompt;  /* what the session will hold before generation */
+    uint32_t kept;      /* tokens not prefilled */
+    const char *source;
+} reuse;
+
+static bool live_token_prefix(const job *j) {
+    uint32_t n = ds4_session_n_tokens(sess);
+    return n > 0 && n <= j->tokens.n && memcmp(ds4_session_tokens(sess), j->tokens.ids, n * sizeof(int32_t)) == 0;
+}
+
+/* Live tokens + the rendered text after their bytes, when they decode to a
+ * prefix of it. */
+static bool live_text_prefix(const job *j, reuse *r) {
+    uint32_t n = ds4_session_n_tokens(sess);
+    if (n == 0) return false;
+    ds4_strbuf text = {0};
+    bool ok = ds4_detokenize(S->engine->vocab, ds4_session_tokens(sess), n, &text, NULL) == 0 &&
+              text.len <= j->rendered.text.len && memcmp(text.p, j->rendered.text.p, text.len) == 0;
+    ds4_tokens suffix = {0};
+    ok = ok && ds4_tokenize_rendered_from(tok, &j->rendered, text.len, &suffix, NULL) == 0;
+    if (ok) {
+        ds4_tokens_append(&r->prompt, ds4_session_tokens(sess), n);
+        ds4_tokens_append(&r->prompt, suffix.ids, suffix.n);
+        r->kept = n;
+        r->source = "memory-text";
+    }
+    ds4_tokens_free(&suffix);
+    ds4_strbuf_free(&text);
+    return ok;
+}
+
+static bool disk_prefix(const job *j, reuse *r) {
+    ds4_kvc_match m;
+    if (!store || !ds4_kvc_lookup(store, j->rendered.text.p, j->rendered.text.len, &m) || m.n_tokens <= r->kept)
+        return false;
+    /* The live session is about to be replaced. */
+    save_live(DS4_KVC_EVICT);
+    ds4_err err = {0};
+    ds4_tokens suffix = {0};
+    if (ds4_kvc_load(store, &m, scratch, &err) != 0 || ds4_session_restore(sess, scratch, &err) != 0 ||
+        ds4_tokenize_rendered_from(tok, &j->rendered, m.text_len, &suffix, &err) != 0) {
+        srv_log("kvcache", "disk hit %s not usable: %s", m.name, err.msg);
+        ds4_session_reset(sess);
+        ds4_tokens_free(&suffix);
+        return false;
+    }
+    srv_log("kvcache", "disk hit %s: %u tokens", m.name, m.n_tokens);
+    if (S->o.kv_policy.cold_max_tokens && m.n_tokens > S->o.kv_policy.cold_max_tokens) ds4_kvc_remove(store, m.name);
+    ds4_tokens_free(&r->prompt);
+    ds4_tokens_append(&r->prompt, ds4_session_tokens(sess), ds4_session_n_tokens(sess));
+    ds4_tokens_append(&r->prompt, suffix.ids, suffix.n);
+    ds4_tokens_free(&suffix);
+    r->kept = m.n_tokens;
+    r->source = "disk";
+    frontier_done = 0;
+    return true;
+}
+
+static void choose_reuse(job *j, reuse *r) {
+    memset(r, 0, sizeof(*r));
+    if (live_token_prefix(j)) {
+        ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
+        r->kept = ds4_session_n_tokens(sess);
+        r->source = "memory-token";
+    } else if (!live_text_prefix(j, r)) {
+        if (ds4_session_n_tokens(sess)) srv_log("kvcache", "live kv cache miss (%u live tokens)", ds4_session_n_tokens(sess));
+    }
+    if (disk_prefix(j, r)) return;
+    if (r->source) return;
+    save_live(DS4_KVC_EVICT);
+    ds4_session_reset(sess);
+    frontier_done = 0;
+    ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
+    r->source = "cold";
+}
+
+/* ------------------------------------------------------------ prefill */
+
+static int on_progress(void *ctx, uint32_t done, uint32_t total) {
+    job *j = ctx;
+    (void)done, (void)total;
+    return j->cancel || S->stopping;
+}
+
+typedef struct save_point {
+    uint32_t pos;
+    bool cold;
+} save_point;
+
+static int by_pos(const void *a, const void *b) {
+    uint32_t x = ((const save_point *)a)->pos, y = ((const save_point *)b)->pos;
+    return x < y ? -1 : x > y;
+}
+
+/* Prefill to the whole prompt, stopping at checkpoint positions to save:
+ * the cold boundary (cold prompts) and the continued frontiers. */
+static int prefill(job *j, const reuse *r, ds4_err *err) {
+    uint32_t n = (uint32_t)r->prompt.n, at = ds4_session_n_tokens(sess);
+    save_point pts[66];
+    uint32_t np = 0;
+    if (store && strcmp(r->source, "cold") == 0) {
+        uint32_t b = ds4_kvc_cold_boundary(&S->o.kv_policy, r->prompt.ids, n, user_tok, assistant_tok);
+        if (b > at) pts[np++] = (save_point){b, true};
+    }
+    uint32_t step = store ? ds4_kvc_continued_step(&S->o.kv_policy) : 0;
+    for (uint32_t f = step ? (at / step + 1) * step : 0; step && f <= n && np < 64; f += step)
+        pts[np++] = (save_point){f, false};
+    qsort(pts, np, sizeof(pts[0]), by_pos);
+    for (uint32_t i = 0; i < np; i++) {
+        if (i && pts[i].pos == pts[i - 1].pos) continue;
+        if (ds4_session_sync(sess, r->prompt.ids, pts[i].pos, on_progress, j, err) != 0) return -1;
+        save_live(pts[i].cold ? DS4_KVC_COLD : DS4_KVC_CONTINUED);
+        if (!pts[i].cold) frontier_done = pts[i].pos;
+    }
+    return ds4_session_sync(sess, r->prompt.ids, n, on_progress, j, err);
+}
+
+/* ------------------------------------------------------------ generation */
+
+typedef struct gen_ctx {
+    out_ctx out;
+    job *j;
+    uint32_t step;
+} gen_ctx;
+
+static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
+    gen_ctx *g = ctx;
+    uint32_t n = ds4_session_n_tokens(sess);
+    if (g->step && n % g->step == 0 && n > frontier_done && !out_in_tool_block(&g->out)) {
+        save_live(DS4_KVC_CONTINUED);
+        frontier_done = n;
+    }
+    out_token(&g->out, t, ctl);
+}
+
+static int forced_tokens(const job *j, ds4_tokens *out, ds4_err *err) {
+    const json_t *t = json_object_get(S->forced, j->req.force_name);
+    if (!json_is_string(t)) return ds4_err_set(err, DS4_ENOTFOUND, "no test output named \"%s\"", j->req.force_name);
+    return ds4_tokenize_transcript(tok, json_string_value(t), json_string_length(t), out, err);
+}
+
+static bool prompt_thinking(const job *j) {
+    const char *t = j->rendered.text.p;
+    size_t n = j->rendered.text.len, l = strlen(DS4_TOK_THINK);
+    return n >= l && memcmp(t + n - l, DS4_TOK_THINK, l) == 0;
+}
+
+static void fail_job(job *j, int status, const char *msg, const char *code) {
+    api_error e = {.status = status, .code = code};
+    snprintf(e.message, sizeof(e.message), "%s", msg);
+    snprintf(j->out.error, sizeof(j->out.error), "%s", msg);
+    if (j->req.stream) {
+        ds4_strbuf b = {0};
+        j->api->stream_error(j, msg, &b);
+        job_push(j, &b);
+        ds4_strbuf_free(&b);
+        job_finish(j, 200, NULL);
+    } else {
+        job_finish(j, status, api_error_body(j->api, &e));
+    }
+}
+
+static void count_result(const job *j, const char *source) {
+    const gen_out *o = &j->out;
+    pthread_mutex_lock(&S->stats_mu);
+    C.prompt_tokens += o->prompt_tokens;
+    C.cached_tokens += o->cached_tokens;
+    C.written_tokens += o->written_tokens;
+    C.generated_tokens += o->completion_tokens;
+    if (!strcmp(source, "memory-token")) C.reuse_token++;
+    else if (!strcmp(source, "memory-text")) C.reuse_text++;
+    else if (!strcmp(source, "disk")) C.reuse_disk++;
+    else C.reuse_cold++;
+    snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
+    C.last_cached = o->cached_tokens;
+    C.last_written = o->written_tokens;
+    if (o->finish && !strcmp(o->finish, "error")) C.failed++;
+    else C.completed++;
+    pthread_mutex_unlock(&S->stats_mu);
+}
+
+static void generate(job *j, const reuse *r, double t_prefill) {
+    gen_out *o = &j->out;
+    ds4_err err = {0};
+    gen_ctx g = {.j = j, .step = store ? ds4_kvc_continued_step(&S->o.kv_policy) : 0};
+    ds4_sampler smp;
+    ds4_tokens forced = {0};
+    if (j->req.force_name && forced_tokens(j, &forced, &err) != 0) {
+        fail_job(j, 400, err.msg, NULL);
+        return;
+    }
+    if (out_init(&g.out, j, S->engine->vocab, prompt_thinking(j), &err) != 0 ||
+        ds4_sampler_init(&smp, &j->req.sp, (int)S->engine->w->cfg.n_vocab, &err) != 0) {
+        out_free(&g.out);
+        ds4_tokens_free(&forced);
+        fail_job(j, 500, err.msg, NULL);
+        return;
+    }
+    uint32_t room = S->o.ctx - (uint32_t)r->prompt.n - 1;
+    uint32_t max = j->req.max_tokens ? j->req.max_tokens : S->o.default_max_tokens;
+    ds4_gen_opts go = {.max_tokens = max < room ? max : room, .cancel = &j->cancel, .forced = forced.ids,
+                       .n_forced = (uint32_t)forced.n};
+    if (go.max_tokens == 0) go.max_tokens = 1;
+    ds4_gen_result res;
+    int rc = ds4_generate(sess, &smp, &go, on_token, &g, &res, &err);
+    out_finish(&g.out, res.finish);
+    o->completion_tokens = res.n_generated;
+    if (rc != 0) snprintf(o->error, sizeof(o->error), "generation failed: %s", err.msg);
+    if (res.finish == DS4_FINISH_CANCELLED)
+        snprintf(o->error, sizeof(o->error), "%s", S->stopping ? "shutdown requested" : "cancelled");
+    size_t raw_n;
+    const char *raw = out_raw_calls(&g.out, &raw_n);
+    if (o->n_calls && raw_n) {
+        const char *ids[64];
+        int n = 0;
+        for (size_t i = 0; i < o->n_calls && n < 64; i++) ids[n++] = o->calls[i].id;
+        toolmem_put_many(S->tools, ids, n, raw, raw_n);
+    }
+    srv_log("generate", "%s %s: prompt %u (%s, cached %u, prefilled %u, %.1f t/s), generated %u in %.2f s (%.1f t/s), finish %s%s%s",
+            j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens,
+            t_prefill > 0 ? o->written_tokens / t_prefill : 0.0, res.n_generated, res.seconds,
+            res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish, o->error[0] ? ": " : "", o->error);
+    count_result(j, r->source);
+    trace_result(j);
+    if (j->req.stream) {
+        if (!strcmp(o->finish, "error") && j->api->kind != API_RESPONSES) j->api->stream_error(j, o->error, &g.out.sse);
+        else j->api->stream_end(j, &g.out.sse);
+        out_flush(&g.out);
+        job_finish(j, 200, NULL);
+    } else if (!strcmp(o->finish, "error")) {
+        api_error e = {.status = 500};
+        snprintf(e.message, sizeof(e.message), "%s", o->error);
+        job_finish(j, 500, api_error_body(j->api, &e));
+    } else {
+        job_finish(j, 200, j->api->final_body(j));
+    }
+    ds4_sampler_free(&smp);
+    out_free(&g.out);
+    ds4_tokens_free(&forced);
+}
+
+static void run_job(job *j) {
+    gen_out *o = &j->out;
+    o->prompt_tokens = (uint32_t)j->tokens.n;
+    if (j->cancel || S->stopping) {
+        pthread_mutex_lock(&S->stats_mu);
+        C.cancelled++;
+        pthread_mutex_unlock(&S->stats_mu);
+        fail_job(j, 503, S->stopping ? "server shutting down" : "cancelled", NULL);
+        return;
+    }
+    reuse r;
+    choose_reuse(j, &r);
+    snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
+    trace_decision(j, r.source);
+    if (r.prompt.n >= S->o.ctx) {
+        char msg[200];
+        snprintf(msg, sizeof(msg), "Prompt has %zu tokens, but the configured context size is %u tokens", r.prompt.n, S->o.ctx);
+        fail_job(j, 400, msg, "context_length_exceeded");
+        ds4_tokens_free(&r.prompt);
+        return;
+    }
+    o->prompt_tokens = (uint32_t)r.prompt.n;
+    o->cached_tokens = r.kept;
+    o->written_tokens = (uint32_t)r.prompt.n - r.kept;
+    if (j->req.stream) {
+        ds4_strbuf b = {0};
+        j->api->stream_begin(j, &b);
+        job_push(j, &b);
+        ds4_strbuf_free(&b);
+    }
+    ds4_err err = {0};
+    double t0 = ds4_now();
+    if (prefill(j, &r, &err) != 0) {
+        bool cancelled = err.code == DS4_EINTERRUPTED;
+        srv_log("prefill", "%s %s: %s", j->api->name, j->id, err.msg);
+        if (cancelled) {
+            pthread_mutex_lock(&S->stats_mu);
+            C.cancelled++;
+            pthread_mutex_unlock(&S->stats_mu);
+        }
+        fail_job(j, cancelled ? 503 : 500, cancelled ? (S->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
+        ds4_tokens_free(&r.prompt);
+        return;
+    }
+    generate(j, &r, ds4_now() - t0);
+    ds4_tokens_free(&r.prompt);
+}
+
+/* ------------------------------------------------------------ queue */
+
+static void *worker_main(void *arg) {
+    (void)arg;
+    for (;;) {
+        pthread_mutex_lock(&qmu);
+        while (qn == 0 && !qstop) pthread_cond_wait(&qcv, &qmu);
+        if (qn == 0) {
+            pthread_mutex_unlock(&qmu);
+            break;
+        }
+        job *j = queue[qhead];
+        qhead = (qhead + 1) % qcap;
+        qn--;
+        current = j;
+        pthread_mutex_lock(&j->mu);
+        j->started = true;
+        pthread_mutex_unlock(&j->mu);
+        pthread_mutex_unlock(&qmu);
+        run_job(j);
+        pthread_mutex_lock(&qmu);
+        current = NULL;
+        pthread_mutex_unlock(&qmu);
+        job_unref(j);
+    }
+    return NULL;
+}
+
+static void log_kvc(void *ctx, const char *msg) {
+    (void)ctx;
+    srv_log("kvcache", "%s", msg);
+}
+
+static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
+    server *s = ctx;
+    char id[DS4_KVC_MAX_ID + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)t->id_len, t->id);
+    toolmem_put(s->tools, id, t->dsml, t->dsml_len);
+}
+
+int worker_start(server *s, ds4_err *err) {
+    S = s;
+    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(scratch = ds4_session_state_new(sess, err)) ||
+        !(tok = ds4_tokenizer_new(s->engine->vocab, err)))
+        return -1;
+    user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
+    assistant_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_ASSISTANT, strlen(DS4_TOK_ASSISTANT));
+    if (s->o.kv_dir) {
+        ds4_kvc_opts ko = {.dir = s->o.kv_dir, .budget_bytes = s->o.kv_space_mb << 20,
+                           .min_tokens = s->o.kv_policy.min_tokens, .quant_bits = ds4_engine_quant_bits(s->engine),
+                           .reject_different_quant = s->o.kv_reject_different_quant, .ctx = s->o.ctx,
+                           .max_tools = 4 * (size_t)s->o.tool_memory_max_ids, .vocab = s->engine->vocab,
+                           .log = log_kvc};
+        if (!(store = ds4_kvc_open(&ko, err))) return -1;
+        ds4_kvc_stats st = ds4_kvc_get_stats(store);
+        srv_log("kvcache", "%s: %llu files, %llu MB of %llu MB", s->o.kv_dir, (unsigned long long)st.files,
+                (unsigned long long)(st.bytes >> 20), (unsigned long long)s->o.kv_space_mb);
+        if (s->o.exact_replay) ds4_kvc_each_tool(store, restore_tool, s);
+    }
+    qcap = s->o.queue_max;
+    if (!(queue = calloc((size_t)qcap, sizeof(*queue)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (pthread_create(&thread, NULL, worker_main, NULL) != 0) return ds4_err_set(err, DS4_EIO, "cannot start the worker thread");
+    thread_started = true;
+    return 0;
+}
+
+int worker_enqueue(job *j) {
+    pthread_mutex_lock(&qmu);
+    int rc = 0;
+    if (qstop || S->stopping) rc = -2;
+    else if (qn >= qcap) rc = -1;
+    if (rc == 0) {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        queue[(qhead + qn) % qcap] = j;
+        qn++;
+        pthread_cond_signal(&qcv);
+    }
+    pthread_mutex_unlock(&qmu);
+    pthread_mutex_lock(&S->stats_mu);
+    C.requests++;
+    if (rc == -1) C.rejected_full++;
+    pthread_mutex_unlock(&S->stats_mu);
+    return rc;
+}
+
+int worker_queue_depth(void) {
+    pthread_mutex_lock(&qmu);
+    int n = qn;
+    pthread_mutex_unlock(&qmu);
+    return n;
+}
+
+void worker_stop(void) {
+    if (!thread_started) return;
+    pthread_mutex_lock(&qmu);
+    qstop = true;
+    if (current) current->cancel = 1;
+    /* Queued jobs are answered 503 by run_job (S->stopping is set). */
+    pthread_cond_broadcast(&qcv);
+    pthread_mutex_unlock(&qmu);
+    pthread_join(thread, NULL);
+    thread_started = false;
+    save_live(DS4_KVC_SHUTDOWN);
+    ds4_kvc_close(store);
+    store = NULL;
+    ds4_tokenizer_free(tok);
+    ds4_kv_state_free(scratch);
+    ds4_session_free(sess);
+    free(queue);
+}
+
+json_t *worker_stats(void) {
+    pthread_mutex_lock(&S->stats_mu);
+    counters c = C;
+    replay_stats rs = S->replay;
+    pthread_mutex_unlock(&S->stats_mu);
+    json_t *kv = json_null();
+    if (store) {
+        ds4_kvc_stats k = ds4_kvc_get_stats(store);
+        kv = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I}}", "files", (json_int_t)k.files, "bytes",
+                       (json_int_t)k.bytes, "stores", (json_int_t)k.stores, "loads", (json_int_t)k.loads, "evictions",
+                       (json_int_t)k.evictions, "corrupt", (json_int_t)k.corrupt, "store_skips",
+                       (json_int_t)k.store_skips, "saves", "cold", (json_int_t)c.disk_saves[1], "continued",
+                       (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
+                       (json_int_t)c.disk_saves[4]);
+    }
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+                     "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
+                     (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
+                     (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "tokens", "prompt",
+                     (json_int_t)c.prompt_tokens, "cached", (json_int_t)c.cached_tokens, "prefilled",
+                     (json_int_t)c.written_tokens, "generated", (json_int_t)c.generated_tokens, "reuse",
+                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "disk",
+                     (json_int_t)c.reuse_disk, "cold", (json_int_t)c.reuse_cold, "last", "reuse", c.last_reuse,
+                     "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
+                     "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",
+                     (json_int_t)rs.canonical);
+}
