@@ -376,12 +376,12 @@ int http_start(server *s, ds4_err *err) {
         freeaddrinfo(res);
     }
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    daemon_ = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
+    daemon_ = MHD_start_daemon(flags, 0, NULL, NULL, on_request, NULL, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
+                               MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
                                MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
                                MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.connection_timeout_s,
                                MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
-                               on_completed, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_EXTERNAL_LOGGER,
-                               mhd_log, NULL, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+                               on_completed, NULL, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
     if (!daemon_) return ds4_err_set(err, DS4_EIO, "cannot listen on %s:%d (in use?)", s->o.host, s->o.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(daemon_, MHD_DAEMON_INFO_BIND_PORT);
     srv_log("http", "listening on http://%s:%u", host, di ? di->port : (unsigned)s->o.port);

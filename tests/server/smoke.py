@@ -1,0 +1,460 @@
+"""smoke.py - end-to-end tests of ds4-server with the Python standard library
+only (part of the default suite through tests/suite/server_smoke.sh).
+
+Each endpoint streaming and not, thinking on and off; tool definitions ->
+tool call -> tool result -> answer in all three chat APIs (forced model
+output drives the real DSML parser and mapping); exact DSML replay and
+prefix reuse proven by the counters; disk KV cache reuse after a restart
+with identical greedy output; stop sequences; malformed DSML; error shapes
+and statuses for bad requests; auth, CORS, body limits; client disconnects
+cancel the work; keepalive comments while a request waits.
+"""
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Server, parse_sse  # noqa: E402
+
+PASSED = []
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+ANTHROPIC_TOOLS = [{"name": "get_weather", "description": "Weather for a city",
+                    "input_schema": TOOLS[0]["function"]["parameters"]}]
+RESPONSES_TOOLS = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+                    "parameters": TOOLS[0]["function"]["parameters"]}]
+SYSTEM = "You are a weather assistant. Answer briefly."
+WEATHER = {"city": "Paris", "days": 3}
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def test(fn):
+    t0 = time.time()
+    fn()
+    PASSED.append(fn.__name__)
+    print("ok %-40s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    return fn
+
+
+def force(name):
+    return {"X-DS4-Test-Output": name}
+
+
+# ---------------------------------------------------------------- endpoints
+
+def t_models(s):
+    st, body = s.get("/v1/models")
+    check(st == 200 and body["object"] == "list" and body["data"][0]["id"] == "deepseek-v4-flash", body)
+    st, body = s.get("/v1/models/deepseek-v4-flash")
+    check(st == 200 and body["context_length"] == 4096, body)
+    st, body = s.get("/v1/models/nope")
+    check(st == 404 and body["error"]["type"] == "not_found_error", body)
+
+
+def t_chat_plain(s):
+    for think in (False, True):
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
+                                                "temperature": 0, "thinking": think})
+        check(st == 200 and b["object"] == "chat.completion", b)
+        msg = b["choices"][0]["message"]
+        check(b["choices"][0]["finish_reason"] == "length" and b["usage"]["completion_tokens"] == 6, b)
+        if think:
+            check("reasoning_content" in msg, b)
+        else:
+            check("reasoning_content" not in msg and isinstance(msg["content"], str), b)
+    # Streaming, with usage.
+    ev = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                                           "stream": True, "stream_options": {"include_usage": True}})
+    data = [d for e, d in ev if e != ":"]
+    check(data[-1] == "[DONE]", data[-3:])
+    check(data[0]["choices"][0]["delta"]["role"] == "assistant", data[0])
+    check(data[-2]["choices"] == [] and data[-2]["usage"]["completion_tokens"] == 5, data[-2])
+    check(data[-3]["choices"][0]["finish_reason"] == "length", data[-3])
+
+
+def t_greedy_is_deterministic(s):
+    body = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 12, "temperature": 0,
+            "thinking": False}
+    a = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+    b = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+    body["stream"] = True
+    c = "".join(d["choices"][0]["delta"].get("content", "") for e, d in s.stream("/v1/chat/completions", body)
+                if e != ":" and d != "[DONE]" and d["choices"])
+    check(a == b == c and len(a) > 0, (a, b, c))
+
+
+def t_completions(s):
+    st, b = s.post("/v1/completions", {"prompt": "Once", "max_tokens": 4, "thinking": False, "temperature": 0})
+    check(st == 200 and b["object"] == "text_completion" and b["choices"][0]["finish_reason"] == "length", b)
+    ev = s.stream("/v1/completions", {"prompt": ["Once"], "max_tokens": 4, "stream": True, "temperature": 0,
+                                      "thinking": False})
+    text = "".join(d["choices"][0]["text"] for e, d in ev if e != ":" and d != "[DONE]")
+    check(text == b["choices"][0]["text"], (text, b))
+    # Thinking: the raw text carries the reasoning and </think>.
+    st, b = s.post("/v1/completions", {"prompt": "Once"}, headers=force("answer_think"))
+    check(b["choices"][0]["text"] == "The tool said sunny.</think>It is sunny in Paris, 21 degrees.", b)
+
+
+def t_responses(s):
+    st, b = s.post("/v1/responses", {"input": "Hi", "max_output_tokens": 5, "reasoning": {"effort": "none"}})
+    check(st == 200 and b["object"] == "response" and b["status"] == "incomplete", b)
+    check(b["output"][0]["type"] == "message" and b["usage"]["output_tokens"] == 5, b)
+    # Reasoning summary only when asked for.
+    st, b = s.post("/v1/responses", {"input": "Hi", "reasoning": {"summary": "auto"}}, headers=force("answer_think"))
+    check([o["type"] for o in b["output"]] == ["reasoning", "message"], b)
+    check(b["output"][0]["summary"][0]["text"] == "The tool said sunny." and b["status"] == "completed", b)
+    st, b = s.post("/v1/responses", {"input": "Hi"}, headers=force("answer_think"))
+    check([o["type"] for o in b["output"]] == ["message"], b)
+    ev = s.stream("/v1/responses", {"input": [{"role": "user", "content": [{"type": "input_text", "text": "Hi"}]}],
+                                    "stream": True, "reasoning": {"summary": "auto"}}, headers=force("answer_think"))
+    types = [d["type"] for e, d in ev if e != ":"]
+    check(types[0] == "response.created" and types[-1] == "response.completed", types)
+    seqs = [d["sequence_number"] for e, d in ev if e != ":"]
+    check(seqs == list(range(len(seqs))), seqs)
+    check("response.reasoning_summary_text.delta" in types and "response.output_text.delta" in types, types)
+    final = [d for e, d in ev if e != ":"][-1]["response"]
+    text = "".join(d["delta"] for e, d in ev if e != ":" and d["type"] == "response.output_text.delta")
+    check(final["output"][1]["content"][0]["text"] == text == "It is sunny in Paris, 21 degrees.", final)
+
+
+def t_messages(s):
+    st, b = s.post("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5,
+                                    "thinking": {"type": "disabled"}})
+    check(st == 200 and b["type"] == "message" and b["stop_reason"] == "max_tokens", b)
+    check([c["type"] for c in b["content"]] == ["text"], b)
+    st, b = s.post("/v1/messages", {"system": [{"type": "text", "text": "Be nice."}],
+                                    "messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                                    "max_tokens": 100}, headers=force("answer_think"))
+    check([c["type"] for c in b["content"]] == ["thinking", "text"] and b["stop_reason"] == "end_turn", b)
+    check(b["content"][0]["signature"] == b["id"], b)
+    ev = s.stream("/v1/messages", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 100,
+                                   "stream": True}, headers=force("answer_think"))
+    names = [e for e, d in ev if e != ":"]
+    check(names[0] == "message_start" and names[-2:] == ["message_delta", "message_stop"], names)
+    deltas = [d["delta"] for e, d in ev if e == "content_block_delta"]
+    check(any(x["type"] == "signature_delta" for x in deltas), deltas)
+    text = "".join(x.get("text", "") for x in deltas)
+    check(text == "It is sunny in Paris, 21 degrees.", text)
+
+
+# ---------------------------------------------------------------- tool calls
+
+def t_chat_tools(s):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS, "thinking": False},
+                   headers=force("weather_call"))
+    check(st == 200 and b["choices"][0]["finish_reason"] == "tool_calls", b)
+    m = b["choices"][0]["message"]
+    call = m["tool_calls"][0]
+    check(call["id"].startswith("call_") and len(call["id"]) == 37, call)
+    check(call["function"]["name"] == "get_weather" and json.loads(call["function"]["arguments"]) == WEATHER, call)
+    before = s.stats()
+    # The client re-orders the arguments: exact replay makes that irrelevant.
+    call2 = dict(call, function={"name": "get_weather", "arguments": json.dumps({"days": 3, "city": "Paris"})})
+    msgs2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [call2]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "sunny, 21C"}]
+    st, b2 = s.post("/v1/chat/completions", {"messages": msgs2, "tools": TOOLS, "thinking": False},
+                    headers=force("answer"))
+    check(b2["choices"][0]["message"]["content"] == "It is sunny in Paris, 21 degrees.", b2)
+    check(b2["choices"][0]["finish_reason"] == "stop", b2)
+    after = s.stats()
+    check(after["tool_memory"]["replayed"] == before["tool_memory"]["replayed"] + 1, after)
+    # Prompt 1 and the sampled call stay in the KV state: only the tool turn is prefilled.
+    u = b2["usage"]
+    check(u["prompt_tokens_details"]["cached_tokens"] >= b["usage"]["prompt_tokens"] + 40, u)
+    check(u["prompt_tokens_details"]["cache_write_tokens"] < 30, u)
+    check(after["last"]["reuse"] in ("memory-token", "memory-text"), after["last"])
+    # Streaming: id and name first, then argument fragments that form the JSON.
+    ev = s.stream("/v1/chat/completions", {"messages": msgs, "tools": TOOLS, "thinking": False, "stream": True},
+                  headers=force("two_calls"))
+    data = [d for e, d in ev if e != ":" and d != "[DONE]"]
+    content = "".join(d["choices"][0]["delta"].get("content") or "" for d in data)
+    check(content == "Let me check both.", content)
+    calls = {}
+    for d in data:
+        for tc in d["choices"][0]["delta"].get("tool_calls", []):
+            c = calls.setdefault(tc["index"], {"args": ""})
+            if "id" in tc:
+                c["id"], c["name"] = tc["id"], tc["function"]["name"]
+            c["args"] += tc["function"].get("arguments", "")
+    check(len(calls) == 2 and json.loads(calls[0]["args"]) == {"city": "Paris", "days": 1}, calls)
+    check(json.loads(calls[1]["args"]) == {"city": "Rome"} and calls[1]["id"] != calls[0]["id"], calls)
+    check(sum(1 for d in data for tc in d["choices"][0]["delta"].get("tool_calls", []) if "arguments" in tc["function"]
+              and "id" not in tc) >= 4, "arguments not streamed in fragments")
+    check(data[-1]["choices"][0]["finish_reason"] == "tool_calls", data[-1])
+    # Thinking mode: reasoning, then the call.
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS}, headers=force("weather_call_think"))
+    m = b["choices"][0]["message"]
+    check(m["reasoning_content"] == "The user asks about the weather, so I call the tool." and m["tool_calls"], m)
+
+
+def t_responses_tools(s):
+    inp = [{"role": "user", "content": "Weather in Paris?"}]
+    st, b = s.post("/v1/responses", {"instructions": SYSTEM, "input": inp, "tools": RESPONSES_TOOLS,
+                                     "reasoning": {"effort": "none"}}, headers=force("weather_call"))
+    fc = [o for o in b["output"] if o["type"] == "function_call"]
+    check(len(fc) == 1 and fc[0]["name"] == "get_weather" and json.loads(fc[0]["arguments"]) == WEATHER, b)
+    check(fc[0]["call_id"].startswith("call_") and fc[0]["id"].startswith("fc_"), fc)
+    inp2 = inp + [{"type": "function_call", "call_id": fc[0]["call_id"], "name": "get_weather",
+                   "arguments": fc[0]["arguments"], "id": fc[0]["id"], "status": "completed"},
+                  {"type": "function_call_output", "call_id": fc[0]["call_id"], "output": "sunny, 21C"}]
+    st, b2 = s.post("/v1/responses", {"instructions": SYSTEM, "input": inp2, "tools": RESPONSES_TOOLS,
+                                      "reasoning": {"effort": "none"}}, headers=force("answer"))
+    check(b2["output"][0]["content"][0]["text"] == "It is sunny in Paris, 21 degrees.", b2)
+    check(b2["usage"]["input_tokens_details"]["cached_tokens"] > b["usage"]["input_tokens"], b2["usage"])
+    ev = s.stream("/v1/responses", {"instructions": SYSTEM, "input": inp, "tools": RESPONSES_TOOLS, "stream": True,
+                                    "reasoning": {"effort": "none"}}, headers=force("two_calls"))
+    data = [d for e, d in ev if e != ":"]
+    args = {}
+    for d in data:
+        if d["type"] == "response.function_call_arguments.delta":
+            args[d["output_index"]] = args.get(d["output_index"], "") + d["delta"]
+    final = data[-1]["response"]
+    check([o["type"] for o in final["output"]] == ["message", "function_call", "function_call"], final["output"])
+    check(json.loads(args[1]) == {"city": "Paris", "days": 1} and json.loads(args[2]) == {"city": "Rome"}, args)
+    check(final["output"][1]["arguments"] == args[1], final)
+
+
+def t_messages_tools(s):
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    st, b = s.post("/v1/messages", {"system": SYSTEM, "messages": msgs, "tools": ANTHROPIC_TOOLS, "max_tokens": 200,
+                                    "thinking": {"type": "disabled"}}, headers=force("weather_call"))
+    check(b["stop_reason"] == "tool_use", b)
+    tu = [c for c in b["content"] if c["type"] == "tool_use"]
+    check(len(tu) == 1 and tu[0]["input"] == WEATHER and tu[0]["id"].startswith("toolu_"), b)
+    msgs2 = msgs + [{"role": "assistant", "content": b["content"]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu[0]["id"],
+                                                  "content": "sunny, 21C"}]}]
+    st, b2 = s.post("/v1/messages", {"system": SYSTEM, "messages": msgs2, "tools": ANTHROPIC_TOOLS, "max_tokens": 200,
+                                     "thinking": {"type": "disabled"}}, headers=force("answer"))
+    check(b2["content"][0]["text"] == "It is sunny in Paris, 21 degrees." and b2["stop_reason"] == "end_turn", b2)
+    check(b2["usage"]["cache_read_input_tokens"] > b["usage"]["cache_creation_input_tokens"], b2["usage"])
+    ev = s.stream("/v1/messages", {"system": SYSTEM, "messages": msgs, "tools": ANTHROPIC_TOOLS, "max_tokens": 200,
+                                   "stream": True}, headers=force("weather_call_think"))
+    starts = [d["content_block"]["type"] for e, d in ev if e == "content_block_start"]
+    check(starts == ["thinking", "tool_use"], starts)
+    partial = "".join(d["delta"]["partial_json"] for e, d in ev if e == "content_block_delta"
+                      and d["delta"]["type"] == "input_json_delta")
+    check(json.loads(partial) == WEATHER, partial)
+    check([d for e, d in ev if e == "message_delta"][0]["delta"]["stop_reason"] == "tool_use", ev[-2:])
+
+
+# ---------------------------------------------------------------- KV reuse
+
+def t_prefix_reuse(s):
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Describe the sea."}]
+    body = {"messages": msgs, "max_tokens": 8, "temperature": 0, "thinking": False}
+    first = None
+    for turn in range(3):
+        st, b = s.post("/v1/chat/completions", body)
+        u = b["usage"]
+        if turn == 0:
+            first = u
+        else:
+            # Everything up to the previous answer is reused; only the new user turn is prefilled.
+            check(u["prompt_tokens_details"]["cached_tokens"] >= prev["prompt_tokens"] + prev["completion_tokens"] - 1, (u, prev))
+            check(u["prompt_tokens_details"]["cache_write_tokens"] <= 16, u)
+            check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
+        prev = u
+        msgs = msgs + [{"role": "assistant", "content": b["choices"][0]["message"]["content"]},
+                       {"role": "user", "content": "And then? (turn %d)" % turn}]
+        body = dict(body, messages=msgs)
+    check(first["prompt_tokens_details"]["cached_tokens"] == 0 or True, first)
+
+
+def disk_run(kvdir, body):
+    with Server("--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
+                "--kv-cache-continued-interval-tokens", "0") as s2:
+        st, b = s2.post("/v1/chat/completions", body)
+        check(st == 200, b)
+        return b, s2.stats()
+
+
+def t_disk_restart():
+    kvdir = tempfile.mkdtemp(prefix="ds4-kv-")
+    try:
+        long_sys = SYSTEM + " " + " ".join("Rule %d: be precise about the weather." % i for i in range(12))
+        body = {"messages": [{"role": "system", "content": long_sys}, {"role": "user", "content": "Weather?"}],
+                "max_tokens": 10, "temperature": 0, "thinking": False}
+        b1, st1 = disk_run(kvdir, body)
+        check(st1["kvcache"]["saves"]["cold"] == 1 and b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, st1)
+        files = [f for f in os.listdir(kvdir) if f.endswith(".kv")]
+        check(len(files) == 2, files)  # the cold checkpoint + the shutdown save
+        b2, st2 = disk_run(kvdir, body)
+        check(st2["reuse"]["disk"] == 1 and st2["kvcache"]["loads"] == 1, st2)
+        cached = b2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        check(cached > 100 and cached < b2["usage"]["prompt_tokens"], b2["usage"])
+        check(b1["choices"][0]["message"]["content"] == b2["choices"][0]["message"]["content"], (b1, b2))
+        # A corrupt checkpoint is skipped (logged, removed), and the answer is the same.
+        for f in os.listdir(kvdir):
+            p = os.path.join(kvdir, f)
+            with open(p, "r+b") as fh:
+                fh.seek(60)
+                fh.write(b"\xff\xff\xff\xff")
+        b3, st3 = disk_run(kvdir, body)
+        check(st3["kvcache"]["corrupt"] >= 1 and st3["reuse"]["cold"] == 1, st3)
+        check(b3["choices"][0]["message"]["content"] == b1["choices"][0]["message"]["content"], b3)
+    finally:
+        shutil.rmtree(kvdir)
+
+
+# ---------------------------------------------------------------- misc
+
+def t_stop_sequences(s):
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "stop": ["STOP"],
+                                            "thinking": False}, headers=force("stop_text"))
+    check(b["choices"][0]["message"]["content"] == "Hello there. " and b["choices"][0]["finish_reason"] == "stop", b)
+    st, b = s.post("/v1/messages", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 50,
+                                    "stop_sequences": ["STOP", "zzz"], "thinking": {"type": "disabled"}},
+                   headers=force("stop_text"))
+    check(b["stop_reason"] == "stop_sequence" and b["stop_sequence"] == "STOP", b)
+    check(b["content"][0]["text"] == "Hello there. ", b)
+    ev = s.stream("/v1/completions", {"prompt": "x", "stop": "STOP", "stream": True, "thinking": False},
+                  headers=force("stop_text"))
+    text = "".join(d["choices"][0]["text"] for e, d in ev if e != ":" and d != "[DONE]")
+    check(text == "Hello there. ", text)
+
+
+def t_malformed_dsml(s):
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+                                            "thinking": False}, headers=force("bad_block"))
+    check(st == 200 and b["choices"][0]["message"]["content"].startswith("Text before"), b)
+    check("tool_calls" not in b["choices"][0]["message"], b)
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "tools": TOOLS,
+                                            "thinking": False}, headers=force("unterminated_call"))
+    check(st == 500 and "unterminated" in b["error"]["message"], b)
+
+
+def expect_error(s, path, raw, status, needle, anthropic=False, headers=None):
+    st, hdrs, data = s.request("POST", path, raw=raw, headers=headers)
+    check(st == status, (path, raw[:80], st, data[:300]))
+    b = json.loads(data)
+    if anthropic:
+        check(b["type"] == "error" and needle in b["error"]["message"], b)
+    else:
+        check(needle in b["error"]["message"] and "type" in b["error"], b)
+    return b
+
+
+def t_bad_requests(s):
+    C, M, R, P = "/v1/chat/completions", "/v1/messages", "/v1/responses", "/v1/completions"
+    expect_error(s, C, b"{not json", 400, "invalid JSON")
+    expect_error(s, M, b"{not json", 400, "invalid JSON", anthropic=True)
+    expect_error(s, C, b"[1,2]", 400, "JSON object")
+    expect_error(s, C, b'{"messages": "hi"}', 400, "messages must be an array")
+    expect_error(s, C, b'{}', 400, "missing messages")
+    expect_error(s, P, b'{}', 400, "missing prompt")
+    expect_error(s, R, b'{}', 400, "missing input")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"x"}],"temperature":"hot"}', 400, "temperature")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"x"}],"max_tokens":-1}', 400, "max_tokens")
+    expect_error(s, C, b'{"messages":[{"role":"wizard","content":"x"}]}', 400, "role")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"x"}],"stream":"yes"}', 400, "stream")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"\xff\xfe"}]}', 400, "invalid JSON")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"x"}],"n":3}', 400, "n must be 1")
+    expect_error(s, C, b"[" * 300 + b"]" * 300, 400, "nested")
+    expect_error(s, M, b'{"messages":[{"role":"user","content":[{"type":"image","source":{}}]}]}', 400,
+                 "text only", anthropic=True)
+    expect_error(s, R, b'{"input":"x","previous_response_id":"resp_1"}', 400, "previous_response_id")
+    expect_error(s, R, b'{"input":"x","tool_choice":"required"}', 400, "tool_choice=required")
+    expect_error(s, R, b'{"input":[{"type":"mystery"}]}', 400, "mystery")
+    expect_error(s, C, b'{"messages":[{"role":"user","content":"x"}],"reasoning_effort":"extreme"}', 400, "effort")
+    b = expect_error(s, C, json.dumps({"messages": [{"role": "user", "content": "word " * 5000}]}).encode(), 400,
+                     "context size")
+    check(b["error"]["code"] == "context_length_exceeded" and b["error"]["n_ctx"] == 4096, b)
+    b = expect_error(s, M, json.dumps({"messages": [{"role": "user", "content": "word " * 5000}]}).encode(), 400,
+                     "context size", anthropic=True)
+    check(b["error"]["n_prompt_tokens"] > 4096, b)
+    st, hdrs, data = s.request("POST", "/v1/nothing", raw=b"{}")
+    check(st == 404 and json.loads(data)["error"]["message"] == "unknown endpoint", data)
+    st, hdrs, data = s.request("GET", "/v1/chat/completions")
+    check(st == 405, st)
+    # The server is still fine.
+    check(s.get("/health")[0] == 200, "health")
+
+
+def t_limits_auth_cors():
+    with Server("--api-key", "sekrit", "--cors", "--max-body-mb", "1") as s:
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}]})
+        check(st == 401 and b["error"]["type"] == "authentication_error", b)
+        st, b = s.post("/v1/messages", {"messages": [{"role": "user", "content": "x"}]}, headers={"x-api-key": "no"})
+        check(st == 401 and b["type"] == "error", b)
+        st, b = s.get("/v1/models", headers={"Authorization": "Bearer sekrit"})
+        check(st == 200, b)
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2},
+                       headers={"x-api-key": "sekrit"})
+        check(st == 200, b)
+        st, hdrs, data = s.request("OPTIONS", "/v1/chat/completions")
+        check(st == 204 and hdrs.get("Access-Control-Allow-Origin") == "*", (st, hdrs))
+        big = json.dumps({"messages": [{"role": "user", "content": "x" * (2 << 20)}]}).encode()
+        st, hdrs, data = s.request("POST", "/v1/chat/completions", raw=big, headers={"Authorization": "Bearer sekrit"})
+        check(st == 413 and "larger than" in json.loads(data)["error"]["message"], (st, data[:200]))
+        check(s.get("/health")[0] == 200, "health")
+
+
+def t_disconnect_cancels(s):
+    before = s.stats()
+    body = json.dumps({"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 3000,
+                       "stream": True, "thinking": False}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    got = sock.recv(4096)
+    check(b"200" in got.split(b"\r\n")[0], got[:100])
+    time.sleep(0.3)
+    sock.close()
+    deadline = time.time() + 10
+    while time.time() < deadline:
+        st = s.stats()
+        if st["completed"] + st["failed"] + st["cancelled"] > before["completed"] + before["failed"] + before["cancelled"]:
+            break
+        time.sleep(0.05)
+    gen = s.stats()["tokens"]["generated"] - before["tokens"]["generated"]
+    check(gen < 3000, "generation was not cancelled (%d tokens)" % gen)
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+    check(st == 200, b)
+
+
+def t_keepalive():
+    with Server("--sse-keepalive-ms", "50") as s:
+        busy = threading.Thread(target=s.post, args=("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "Long answer please."}], "max_tokens": 400, "thinking": False}))
+        busy.start()
+        time.sleep(0.2)
+        ev = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+                                               "stream": True})
+        busy.join()
+        check(ev[0][0] == ":" and ev[0][1] == "keepalive", ev[:3])
+        check(ev[-1][1] == "[DONE]", ev[-1])
+
+
+def main():
+    with Server() as s:
+        for fn in (t_models, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
+                   t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_stop_sequences,
+                   t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
+            t0 = time.time()
+            fn(s)
+            PASSED.append(fn.__name__)
+            print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    for fn in (t_disk_restart, t_limits_auth_cors, t_keepalive):
+        t0 = time.time()
+        fn()
+        PASSED.append(fn.__name__)
+        print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    print("%d passed, 0 failed" % len(PASSED))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,9 @@
+#!/bin/sh
+# server_smoke.sh - ds4-server end to end with the Python standard library
+# only (tests/server/smoke.py): every endpoint streaming and not, tool calls
+# in the three chat APIs, prefix reuse and disk-cache counters, error
+# shapes, limits, auth, cancellation.  Needs ./ds4-server, ./ds4-mkmodel and
+# ./ds4-tokenizer (built by `make`); makes its tiny model under build/models.
+set -eu
+cd "$(dirname "$0")/../.."
+exec python3 tests/server/smoke.py
