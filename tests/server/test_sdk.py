@@ -1,0 +1,202 @@
+"""test_sdk.py - ds4-server driven by the official `openai` and `anthropic`
+Python SDKs (versions pinned in tests/server/requirements.txt; run with
+tests/server/run.sh).
+
+For each API: non-streaming and streaming (the SDKs' own stream parsers and
+accumulating helpers), thinking on and off, and a whole tool round trip
+(tool definitions -> tool call -> tool result -> answer) where the model's
+output is forced through the test hook, so the server's real DSML parser
+and API mapping produce what the SDK parses.  Prefix reuse is read from the
+usage counters.  The server runs with --api-key, so the SDKs' own auth
+headers (Bearer, x-api-key) are exercised too.
+"""
+import json
+import os
+import sys
+import time
+
+import anthropic
+import openai
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import Server  # noqa: E402
+
+KEY = "test-key-123"
+PASSED = []
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Weather for a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                   "required": ["city"]}}}]
+WEATHER = {"city": "Paris", "days": 3}
+ANSWER = "It is sunny in Paris, 21 degrees."
+
+
+def force(name):
+    return {"X-DS4-Test-Output": name}
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def t_openai_chat(oc):
+    for think in (False, True):
+        r = oc.chat.completions.create(model="deepseek-v4-flash", messages=[{"role": "user", "content": "Hi"}],
+                                       max_tokens=6, temperature=0, extra_body={"thinking": think})
+        check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 6, r)
+        check((getattr(r.choices[0].message, "reasoning_content", None) is not None) == think, r)
+    r = oc.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], extra_headers=force("answer"),
+                                   extra_body={"thinking": False})
+    check(r.choices[0].message.content == ANSWER and r.model == "x", r)
+    chunks = list(oc.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], stream=True,
+                                             stream_options={"include_usage": True}, extra_headers=force("answer_think")))
+    reasoning = "".join(getattr(c.choices[0].delta, "reasoning_content", None) or "" for c in chunks if c.choices)
+    content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    check(reasoning == "The tool said sunny." and content == ANSWER, (reasoning, content))
+    check(chunks[-1].usage.completion_tokens > 5, chunks[-1])
+
+
+def t_openai_chat_tools(oc):
+    msgs = [{"role": "system", "content": "You answer weather questions."},
+            {"role": "user", "content": "Weather in Paris?"}]
+    r = oc.chat.completions.create(model="x", messages=msgs, tools=TOOLS, extra_headers=force("weather_call"),
+                                   extra_body={"thinking": False})
+    m = r.choices[0].message
+    check(r.choices[0].finish_reason == "tool_calls" and len(m.tool_calls) == 1, r)
+    tc = m.tool_calls[0]
+    check(tc.function.name == "get_weather" and json.loads(tc.function.arguments) == WEATHER, tc)
+    msgs2 = msgs + [m.model_dump(exclude_none=True), {"role": "tool", "tool_call_id": tc.id, "content": "sunny, 21C"}]
+    r2 = oc.chat.completions.create(model="x", messages=msgs2, tools=TOOLS, extra_headers=force("answer"),
+                                    extra_body={"thinking": False})
+    check(r2.choices[0].message.content == ANSWER, r2)
+    cached = r2.usage.prompt_tokens_details.cached_tokens
+    check(cached >= r.usage.prompt_tokens + r.usage.completion_tokens - 1, (r.usage, r2.usage))
+    # Streaming tool calls, accumulated the way SDK users do.
+    calls = {}
+    for c in oc.chat.completions.create(model="x", messages=msgs, tools=TOOLS, stream=True,
+                                        extra_headers=force("two_calls"), extra_body={"thinking": False}):
+        for d in c.choices[0].delta.tool_calls or [] if c.choices else []:
+            e = calls.setdefault(d.index, {"id": None, "name": None, "args": ""})
+            e["id"] = d.id or e["id"]
+            e["name"] = (d.function.name if d.function else None) or e["name"]
+            e["args"] += (d.function.arguments or "") if d.function else ""
+    check(json.loads(calls[0]["args"]) == {"city": "Paris", "days": 1} and calls[1]["name"] == "get_weather", calls)
+    # Thinking on, with tools: reasoning kept for the replay.
+    r = oc.chat.completions.create(model="x", messages=msgs, tools=TOOLS, extra_headers=force("weather_call_think"))
+    check(r.choices[0].message.reasoning_content.startswith("The user asks"), r)
+
+
+def t_openai_completions(oc):
+    r = oc.completions.create(model="x", prompt="Once", max_tokens=4, temperature=0, extra_body={"thinking": False})
+    check(r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 4, r)
+    text = "".join(c.choices[0].text for c in oc.completions.create(
+        model="x", prompt="Once", max_tokens=4, temperature=0, stream=True, extra_body={"thinking": False}) if c.choices)
+    check(text == r.choices[0].text, (text, r))
+
+
+def t_openai_responses(oc):
+    r = oc.responses.create(model="x", input="Hi", max_output_tokens=5, reasoning={"effort": "none"})
+    check(r.status == "incomplete" and r.usage.output_tokens == 5, r)
+    r = oc.responses.create(model="x", input="Hi", reasoning={"effort": "high", "summary": "auto"},
+                            extra_headers=force("answer_think"))
+    check(r.output_text == ANSWER and r.output[0].type == "reasoning", r)
+    with oc.responses.stream(model="x", input="Hi", extra_headers=force("answer_think"),
+                             reasoning={"summary": "auto"}) as st:
+        deltas = [e.delta for e in st if e.type == "response.output_text.delta"]
+        final = st.get_final_response()
+    check("".join(deltas) == ANSWER and final.output_text == ANSWER, final)
+    # Tools.
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    inp = [{"role": "user", "content": "Weather in Paris?"}]
+    r = oc.responses.create(model="x", instructions="You answer weather questions.", input=inp, tools=tools,
+                            reasoning={"effort": "none"}, extra_headers=force("weather_call"))
+    fc = [o for o in r.output if o.type == "function_call"]
+    check(len(fc) == 1 and json.loads(fc[0].arguments) == WEATHER, r)
+    inp2 = inp + [o.model_dump(exclude_none=True) for o in r.output] + [
+        {"type": "function_call_output", "call_id": fc[0].call_id, "output": "sunny, 21C"}]
+    r2 = oc.responses.create(model="x", instructions="You answer weather questions.", input=inp2, tools=tools,
+                             reasoning={"effort": "none"}, extra_headers=force("answer"))
+    check(r2.output_text == ANSWER and r2.usage.input_tokens_details.cached_tokens > r.usage.input_tokens, r2)
+    with oc.responses.stream(model="x", input=inp, tools=tools, reasoning={"effort": "none"},
+                             extra_headers=force("two_calls")) as st:
+        for _ in st:
+            pass
+        final = st.get_final_response()
+    fcs = [o for o in final.output if o.type == "function_call"]
+    check([json.loads(o.arguments) for o in fcs] == [{"city": "Paris", "days": 1}, {"city": "Rome"}], final)
+
+
+def t_anthropic(ac):
+    for think in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
+        m = ac.messages.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "Hi"}], thinking=think)
+        check(m.stop_reason == "max_tokens" and m.usage.output_tokens == 5, m)
+        check((m.content[0].type == "thinking") == (think["type"] == "enabled"), m)
+    m = ac.messages.create(model="x", max_tokens=100, messages=[{"role": "user", "content": "Hi"}],
+                           extra_headers=force("answer_think"))
+    check([c.type for c in m.content] == ["thinking", "text"] and m.content[1].text == ANSWER, m)
+    with ac.messages.stream(model="x", max_tokens=100, messages=[{"role": "user", "content": "Hi"}],
+                            extra_headers=force("answer_think")) as st:
+        text = "".join(st.text_stream)
+        final = st.get_final_message()
+    check(text == ANSWER and final.content[0].thinking == "The tool said sunny.", final)
+
+
+def t_anthropic_tools(ac):
+    tools = [{"name": "get_weather", "description": "Weather for a city",
+              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    m = ac.messages.create(model="x", max_tokens=300, system="You answer weather questions.", messages=msgs,
+                           tools=tools, thinking={"type": "disabled"}, extra_headers=force("weather_call"))
+    tu = [c for c in m.content if c.type == "tool_use"]
+    check(m.stop_reason == "tool_use" and tu[0].input == WEATHER, m)
+    msgs2 = msgs + [{"role": "assistant", "content": [c.model_dump() for c in m.content]},
+                    {"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu[0].id,
+                                                  "content": "sunny, 21C"}]}]
+    m2 = ac.messages.create(model="x", max_tokens=300, system="You answer weather questions.", messages=msgs2,
+                            tools=tools, thinking={"type": "disabled"}, extra_headers=force("answer"))
+    check(m2.content[0].text == ANSWER and m2.usage.cache_read_input_tokens > m.usage.cache_creation_input_tokens, m2)
+    with ac.messages.stream(model="x", max_tokens=300, messages=msgs, tools=tools,
+                            extra_headers=force("weather_call_think")) as st:
+        final = st.get_final_message()
+    check([c.type for c in final.content] == ["thinking", "tool_use"] and final.content[1].input == WEATHER, final)
+
+
+def t_errors(oc, ac):
+    try:
+        oc.chat.completions.create(model="x", messages=[{"role": "wizard", "content": "x"}])
+        raise AssertionError("no error")
+    except openai.BadRequestError as e:
+        check("role" in e.message, e)
+    try:
+        ac.messages.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "word " * 5000}])
+        raise AssertionError("no error")
+    except anthropic.BadRequestError as e:
+        check("context size" in e.message, e)
+    bad = openai.OpenAI(base_url=oc.base_url, api_key="wrong", max_retries=0)
+    try:
+        bad.models.list()
+        raise AssertionError("no error")
+    except openai.AuthenticationError:
+        pass
+    check([m.id for m in oc.models.list()] == ["deepseek-v4-flash"], "models")
+
+
+def main():
+    with Server("--api-key", KEY) as s:
+        oc = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
+        ac = anthropic.Anthropic(base_url=s.url, api_key=KEY, max_retries=0)
+        for fn, args in ((t_openai_chat, (oc,)), (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
+                         (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_tools, (ac,)),
+                         (t_errors, (oc, ac))):
+            t0 = time.time()
+            fn(*args)
+            PASSED.append(fn.__name__)
+            print("ok %-24s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    print("openai %s, anthropic %s" % (openai.__version__, anthropic.__version__))
+    print("%d passed, 0 failed" % len(PASSED))
+
+
+if __name__ == "__main__":
+    main()
