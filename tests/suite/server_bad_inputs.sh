@@ -1,0 +1,9 @@
+#!/bin/sh
+# server_bad_inputs.sh - ds4-server against a corpus of bad input
+# (tests/server/bad_inputs.py): broken HTTP, huge headers and bodies, slow
+# and stalled clients, wrong JSON types for every field, random bytes.
+# Every case gets a proper error, the server keeps serving and leaks no
+# file descriptors.
+set -eu
+cd "$(dirname "$0")/../.."
+exec python3 tests/server/bad_inputs.py
