@@ -65,6 +65,12 @@ $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(BUILD)/libds4.a
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -o $@ $< $(TEST_COMMON) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
 
+# Server unit tests also link the server's own sources (all but main.c).
+SERVER_SRC := $(filter-out apps/ds4-server/main.c,$(wildcard apps/ds4-server/*.c))
+$(BUILD)/tests/test_server_%: tests/unit/test_server_%.c $(TEST_COMMON) $(SERVER_SRC) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-server -o $@ $< $(TEST_COMMON) $(SERVER_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
+
 test: deps all $(TESTS)
 	@scripts/run-tests.sh
 
