@@ -229,8 +229,18 @@ static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
     out_token(&g->out, t, ctl);
 }
 
+/* The test hook's output: a string, or an array of strings tokenized one
+ * by one (so a test can force a tokenization that is not the canonical one
+ * of the same text, as sampling produces). */
 static int forced_tokens(const job *j, ds4_tokens *out, ds4_err *err) {
     const json_t *t = json_object_get(S->forced, j->req.force_name);
+    for (size_t i = 0; json_is_array(t) && i < json_array_size(t); i++) {
+        const json_t *p = json_array_get(t, i);
+        if (!json_is_string(p) ||
+            ds4_tokenize_transcript(tok, json_string_value(p), json_string_length(p), out, err) != 0)
+            return ds4_err_set(err, DS4_EINVAL, "test output \"%s\": element %zu is not a string", j->req.force_name, i);
+    }
+    if (json_is_array(t)) return 0;
     if (!json_is_string(t)) return ds4_err_set(err, DS4_ENOTFOUND, "no test output named \"%s\"", j->req.force_name);
     return ds4_tokenize_transcript(tok, json_string_value(t), json_string_length(t), out, err);
 }

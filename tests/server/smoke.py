@@ -274,6 +274,41 @@ def t_prefix_reuse(s):
     check(first["prompt_tokens_details"]["cached_tokens"] == 0 or True, first)
 
 
+def t_memory_text(s):
+    """Sampled tokens that are not the canonical tokenization of their text:
+    the next turn keeps them (byte-prefix match) instead of re-prefilling."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Describe the sea."}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "thinking": False}, headers=force("split_tokens"))
+    text = b["choices"][0]["message"]["content"]
+    check(text == "The sea is blue and wide. It reflects the sky.", b)
+    msgs = msgs + [{"role": "assistant", "content": text}, {"role": "user", "content": "Thanks."}]
+    st, b2 = s.post("/v1/chat/completions", {"messages": msgs, "thinking": False, "max_tokens": 2})
+    last = s.stats()["last"]
+    check(last["reuse"] == "memory-text", last)
+    check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] - 1,
+          (b["usage"], b2["usage"]))
+
+
+def t_disk_saves():
+    """Continued checkpoints in prefill and generation, evict before an unrelated prompt."""
+    kvdir = tempfile.mkdtemp(prefix="ds4-kv-")
+    try:
+        with Server("--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
+                    "--kv-cache-continued-interval-tokens", "32", "--kv-cache-cold-max-tokens", "0") as s:
+            st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 40}],
+                                                    "max_tokens": 40, "temperature": 0, "thinking": False})
+            n = b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] - 1
+            saves = s.stats()["kvcache"]["saves"]
+            check(saves["continued"] == n // 32 and saves["cold"] == 0, (saves, n))
+            st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Something else " * 5}],
+                                                    "max_tokens": 2, "temperature": 0, "thinking": False})
+            check(s.stats()["kvcache"]["saves"]["evict"] == 1, s.stats()["kvcache"])
+        names = sorted(os.listdir(kvdir))
+        check(all(len(f) == 43 and f.endswith(".kv") for f in names), names)
+    finally:
+        shutil.rmtree(kvdir)
+
+
 def disk_run(kvdir, body):
     with Server("--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
                 "--kv-cache-continued-interval-tokens", "0") as s2:
@@ -442,13 +477,13 @@ def t_keepalive():
 def main():
     with Server() as s:
         for fn in (t_models, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
-                   t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_stop_sequences,
+                   t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_stop_sequences,
                    t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
             t0 = time.time()
             fn(s)
             PASSED.append(fn.__name__)
             print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
-    for fn in (t_disk_restart, t_limits_auth_cors, t_keepalive):
+    for fn in (t_disk_restart, t_disk_saves, t_limits_auth_cors, t_keepalive):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)
