@@ -309,6 +309,31 @@ def t_disk_saves():
         shutil.rmtree(kvdir)
 
 
+def t_shutdown():
+    """SIGTERM mid-generation: the stream ends with an error event, the live
+    session is saved ("shutdown"), the process exits 0."""
+    kvdir = tempfile.mkdtemp(prefix="ds4-kv-")
+    try:
+        s = Server("--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16").start()
+        out = {}
+        body = {"messages": [{"role": "user", "content": "Long story"}], "max_tokens": 3500, "stream": True,
+                "thinking": False}
+        th = threading.Thread(target=lambda: out.setdefault("ev", s.stream("/v1/chat/completions", body)))
+        th.start()
+        time.sleep(0.7)
+        rc = s.stop()
+        th.join()
+        check(rc == 0, "exit status %s" % rc)
+        ev = out["ev"]
+        errs = [d for e, d in ev if e == "error"]
+        check(errs and errs[0]["error"]["message"] == "shutdown requested", ev[-3:])
+        check("saved" in s.text() and "(shutdown" in s.text(), s.text()[-500:])
+        check(len([f for f in os.listdir(kvdir) if f.endswith(".kv")]) == 1, os.listdir(kvdir))
+        os.unlink(s.log.name)
+    finally:
+        shutil.rmtree(kvdir)
+
+
 def disk_run(kvdir, body):
     with Server("--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16", "--kv-cache-boundary-align-tokens", "16",
                 "--kv-cache-continued-interval-tokens", "0") as s2:
@@ -483,7 +508,7 @@ def main():
             fn(s)
             PASSED.append(fn.__name__)
             print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
-    for fn in (t_disk_restart, t_disk_saves, t_limits_auth_cors, t_keepalive):
+    for fn in (t_disk_restart, t_disk_saves, t_shutdown, t_limits_auth_cors, t_keepalive):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)
