@@ -44,7 +44,8 @@ class Server:
 
     def __init__(self, *args, ctx=4096, threads=2, force=True):
         ensure_model()
-        self.args = [os.path.join(ROOT, "ds4-server"), "-m", MODEL, "--port", "0", "-c", str(ctx), "-t", str(threads)]
+        binary = os.environ.get("DS4_SERVER_BIN") or os.path.join(ROOT, "ds4-server")
+        self.args = [binary, "-m", MODEL, "--port", "0", "-c", str(ctx), "-t", str(threads)]
         if force:
             self.args += ["--test-force-output", FORCE]
         self.args += list(args)
