@@ -14,7 +14,7 @@
 #include "text/tokenizer.h"
 
 static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static ds4_tokenizer *pool[64];
+static ds4_tokenizer *pool[8]; /* each holds a BPE cache of up to ~9 MB */
 static int pool_n;
 
 static ds4_tokenizer *borrow(const ds4_vocab *v, ds4_err *err) {

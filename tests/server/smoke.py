@@ -484,6 +484,35 @@ def t_disconnect_cancels(s):
     check(gen < 3000, "generation was not cancelled (%d tokens)" % gen)
     st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
     check(st == 200, b)
+    # Non-streaming: the client gives up while its request is being generated.
+    before = s.stats()
+    body = json.dumps({"messages": [{"role": "user", "content": "Another essay."}], "max_tokens": 3000,
+                       "thinking": False}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port))
+    sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                 b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    time.sleep(0.5)
+    sock.close()
+    deadline = time.time() + 10
+    while time.time() < deadline and s.stats()["failed"] == before["failed"]:
+        time.sleep(0.05)
+    gen = s.stats()["tokens"]["generated"] - before["tokens"]["generated"]
+    check(s.stats()["failed"] == before["failed"] + 1 and gen < 3000, "not cancelled (%d tokens)" % gen)
+
+
+def t_trace():
+    path = tempfile.mktemp(prefix="ds4-trace-")
+    try:
+        with Server("--trace", path) as s:
+            s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Trace me"}], "max_tokens": 3,
+                                            "thinking": False})
+        text = open(path, encoding="utf-8").read()
+        for needle in ("=== request chatcmpl-", "--- request json", "Trace me", "--- rendered prompt",
+                       "<｜User｜>Trace me<｜Assistant｜></think>", "kv reuse cold", "finish=length", "=== end"):
+            check(needle in text, (needle, text[:2000]))
+    finally:
+        if os.path.exists(path):
+            os.unlink(path)
 
 
 def t_keepalive():
@@ -508,7 +537,7 @@ def main():
             fn(s)
             PASSED.append(fn.__name__)
             print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
-    for fn in (t_disk_restart, t_disk_saves, t_shutdown, t_limits_auth_cors, t_keepalive):
+    for fn in (t_disk_restart, t_disk_saves, t_shutdown, t_limits_auth_cors, t_trace, t_keepalive):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)
