@@ -18,6 +18,9 @@
 #include <string.h>
 
 #include "server.h"
+#include "text/dsml_parse.h"
+#include "text/tokenizer.h"
+#include "text_testdata.h"
 
 server *SRV;
 
@@ -384,12 +387,76 @@ static void test_tool_memory(void **state) {
     pthread_mutex_destroy(&s.stats_mu);
 }
 
+/* The text-layer hooks the server relies on. */
+static int fake_replay(void *ctx, const json_t *calls, ds4_rendered *r, ds4_err *err) {
+    (void)err;
+    int *n = ctx;
+    (*n)++;
+    if (json_array_size(calls) != 1) return 0;
+    ds4_rendered_trusted(r, "\n\n<SAMPLED>", strlen("\n\n<SAMPLED>"));
+    return 1;
+}
+
+static void test_text_hooks(void **state) {
+    (void)state;
+    json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\","
+                              "\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+                              "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}]", 0, NULL);
+    int calls = 0;
+    ds4_chat_opts o = {.think = DS4_THINK_OFF, .render_calls = fake_replay, .render_calls_ctx = &calls};
+    ds4_rendered r = {0};
+    ds4_err err = {0};
+    assert_int_equal(ds4_chat_render(msgs, &o, &r, &err), 0);
+    assert_int_equal(calls, 1);
+    if (!strstr(r.text.p, "</think>a\n\n<SAMPLED><｜end▁of▁sentence｜>")) fail_msg("%s", r.text.p);
+    assert_null(strstr(r.text.p, "DSML"));
+
+    /* Tokenizing from an offset: at a special token it continues the whole
+     * tokenization exactly; inside one it is refused. */
+    ds4_tokenizer *t = ds4_tokenizer_new(test_vocab(), &err);
+    ds4_tokens all = {0}, tail = {0};
+    assert_int_equal(ds4_tokenize_rendered(t, &r, &all, &err), 0);
+    const char *eos = strstr(r.text.p, "<｜end▁of▁sentence｜>");
+    size_t off = (size_t)(eos - r.text.p);
+    assert_int_equal(ds4_tokenize_rendered_from(t, &r, off, &tail, &err), 0);
+    assert_true(tail.n < all.n);
+    assert_memory_equal(tail.ids, all.ids + (all.n - tail.n), tail.n * sizeof(int32_t));
+    ds4_tokens_free(&tail);
+    assert_int_equal(ds4_tokenize_rendered_from(t, &r, off + 3, &tail, &err), -1);
+    assert_non_null(strstr(err.msg, "inside a special token"));
+    assert_int_equal(ds4_tokenize_rendered_from(t, &r, r.text.len, &tail, &err), 0);
+    assert_int_equal(tail.n, 0);
+    ds4_tokens_free(&tail);
+    ds4_tokens_free(&all);
+    ds4_tokenizer_free(t);
+    ds4_rendered_free(&r);
+    json_decref(msgs);
+
+    /* Parser position: text, markup (greedy), value, then the closed block. */
+    ds4_dsml_parser *p = ds4_dsml_parser_new(false, NULL, NULL, &err);
+    struct { const char *piece; ds4_dsml_position want; int closed; } steps[] = {
+        {"Sure.", DS4_DSML_AT_TEXT, 0},
+        {"\n\n<｜DSML｜tool_calls>\n", DS4_DSML_AT_MARKUP, 0},
+        {"<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"k\" string=\"true\">", DS4_DSML_AT_VALUE, 0},
+        {"some value", DS4_DSML_AT_VALUE, 0},
+        {"</｜DSML｜parameter>\n</｜DSML｜invoke>\n", DS4_DSML_AT_MARKUP, 0},
+        {"</｜DSML｜tool_calls>", DS4_DSML_AT_TEXT, 1},
+    };
+    for (size_t i = 0; i < sizeof(steps) / sizeof(steps[0]); i++) {
+        assert_int_equal(ds4_dsml_feed(p, steps[i].piece, strlen(steps[i].piece), &err), 0);
+        assert_int_equal(ds4_dsml_position_of(p), steps[i].want);
+        assert_int_equal(ds4_dsml_blocks_closed(p), steps[i].closed);
+    }
+    ds4_dsml_parser_free(p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_chat_request),      cmocka_unit_test(test_thinking_mapping),
         cmocka_unit_test(test_chat_refusals),     cmocka_unit_test(test_responses_request),
         cmocka_unit_test(test_anthropic_request), cmocka_unit_test(test_answers),
         cmocka_unit_test(test_error_shapes),      cmocka_unit_test(test_tool_memory),
+        cmocka_unit_test(test_text_hooks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
