@@ -487,6 +487,13 @@ int worker_queue_depth(void) {
     return n;
 }
 
+static int worker_running(void) {
+    pthread_mutex_lock(&qmu);
+    int n = current != NULL;
+    pthread_mutex_unlock(&qmu);
+    return n;
+}
+
 void worker_stop(void) {
     if (!thread_started) return;
     pthread_mutex_lock(&qmu);
@@ -521,10 +528,10 @@ json_t *worker_stats(void) {
                        (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
                        (json_int_t)c.disk_saves[4]);
     }
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
                      "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
                      (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
-                     (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "tokens", "prompt",
+                     (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
                      (json_int_t)c.prompt_tokens, "cached", (json_int_t)c.cached_tokens, "prefilled",
                      (json_int_t)c.written_tokens, "generated", (json_int_t)c.generated_tokens, "reuse",
                      "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "disk",

@@ -48,6 +48,13 @@ def test(fn):
     return fn
 
 
+def wait_running(s, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline and not s.stats()["running"]:
+        time.sleep(0.01)
+    check(s.stats()["running"], "the worker never started the request")
+
+
 def force(name):
     return {"X-DS4-Test-Output": name}
 
@@ -320,7 +327,8 @@ def t_shutdown():
                 "thinking": False}
         th = threading.Thread(target=lambda: out.setdefault("ev", s.stream("/v1/chat/completions", body)))
         th.start()
-        time.sleep(0.7)
+        wait_running(s)
+        time.sleep(0.3)
         rc = s.stop()
         th.join()
         check(rc == 0, "exit status %s" % rc)
@@ -520,7 +528,7 @@ def t_keepalive():
         busy = threading.Thread(target=s.post, args=("/v1/chat/completions", {
             "messages": [{"role": "user", "content": "Long answer please."}], "max_tokens": 400, "thinking": False}))
         busy.start()
-        time.sleep(0.2)
+        wait_running(s)
         ev = s.stream("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
                                                "stream": True})
         busy.join()
