@@ -7,6 +7,10 @@
  *   memory-text   the live tokens decode to a byte prefix of the rendered
  *                 prompt: keep them (the model's own tokenization of what it
  *                 sampled) and tokenize only the rest
+ *   thinking-visible  the previous answer was a thinking turn and the client
+ *                 replays it without the reasoning (as the chat template
+ *                 drops it, or as clients do that never send it back): keep
+ *                 the live state, hidden reasoning included
  *   disk          the longest KVC checkpoint whose key text is a prefix of
  *                 the rendered prompt, when it holds more than the live
  *                 session could reuse (the live session is saved first,
@@ -32,7 +36,7 @@
 typedef struct counters {
     uint64_t requests, completed, failed, cancelled, rejected_full;
     uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
-    uint64_t reuse_token, reuse_text, reuse_disk, reuse_cold;
+    uint64_t reuse_token, reuse_text, reuse_visible, reuse_disk, reuse_cold;
     uint64_t disk_saves[7];
     char last_reuse[24];
     uint32_t last_cached, last_written;
@@ -45,6 +49,14 @@ static ds4_tokenizer *tok;
 static ds4_kvc_store *store;
 static int32_t user_tok, assistant_tok;
 static uint32_t frontier_done;     /* last continued frontier saved */
+
+/* The live session after a thinking-mode answer: its prompt (ending with
+ * "<think>") and how many tokens the session held then.  A client that
+ * replays the conversation without the hidden reasoning renders the turn
+ * as "</think>" + answer, which the live tokens (with the reasoning) do not
+ * spell; see visible_prefix. */
+static ds4_strbuf vis_prompt;
+static uint32_t vis_tokens;
 
 static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcv = PTHREAD_COND_INITIALIZER;
@@ -125,6 +137,45 @@ static bool live_text_prefix(const job *j, reuse *r) {
     return ok;
 }
 
+/* thinking-visible (spec/PRODUCT.md 2.9, step 5): the live session holds
+ * P + reasoning + "</think>" + rest, P the previous prompt ending with
+ * "<think>".  A replay without the reasoning renders that turn either as
+ * P minus "<think>" + "</think>" + rest (reasoning dropped: no tools) or as
+ * P + "</think>" + rest (tools: reasoning kept, but the client sent none).
+ * When the new prompt starts with one of those, keep the live state, hidden
+ * reasoning included, and prefill only what follows. */
+static bool visible_prefix(const job *j, reuse *r) {
+    uint32_t n = ds4_session_n_tokens(sess);
+    if (!vis_tokens || n != vis_tokens || !vis_prompt.len) return false;
+    ds4_strbuf live = {0};
+    bool ok = false;
+    const char *close = NULL;
+    size_t pl = vis_prompt.len, tl = strlen(DS4_TOK_THINK), cl = strlen(DS4_TOK_THINK_END);
+    if (ds4_detokenize(S->engine->vocab, ds4_session_tokens(sess), n, &live, NULL) == 0 && live.len >= pl &&
+        memcmp(live.p, vis_prompt.p, pl) == 0)
+        close = memmem(live.p + pl, live.len - pl, DS4_TOK_THINK_END, cl);
+    for (int form = 0; close && form < 2 && !ok; form++) {
+        /* The visible text, piece by piece: prompt (minus <think> when the
+         * reasoning is dropped), then everything from </think> on. */
+        size_t head = form == 0 ? pl - tl : pl, rest = live.len - (size_t)(close - live.p);
+        const char *t = j->rendered.text.p;
+        if (head + rest > j->rendered.text.len || memcmp(t, vis_prompt.p, head) != 0 ||
+            memcmp(t + head, close, rest) != 0)
+            continue;
+        ds4_tokens suffix = {0};
+        if (ds4_tokenize_rendered_from(tok, &j->rendered, head + rest, &suffix, NULL) == 0) {
+            ds4_tokens_append(&r->prompt, ds4_session_tokens(sess), n);
+            ds4_tokens_append(&r->prompt, suffix.ids, suffix.n);
+            r->kept = n;
+            r->source = "thinking-visible";
+            ok = true;
+        }
+        ds4_tokens_free(&suffix);
+    }
+    ds4_strbuf_free(&live);
+    return ok;
+}
+
 static bool disk_prefix(const job *j, reuse *r) {
     ds4_kvc_match m;
     if (!store || !ds4_kvc_lookup(store, j->rendered.text.p, j->rendered.text.len, &m) || m.n_tokens <= r->kept)
@@ -158,9 +209,10 @@ static void choose_reuse(job *j, reuse *r) {
         ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
         r->kept = ds4_session_n_tokens(sess);
         r->source = "memory-token";
-    } else if (!live_text_prefix(j, r)) {
+    } else if (!live_text_prefix(j, r) && !visible_prefix(j, r)) {
         if (ds4_session_n_tokens(sess)) srv_log("kvcache", "live kv cache miss (%u live tokens)", ds4_session_n_tokens(sess));
     }
+    vis_tokens = 0;
     if (disk_prefix(j, r)) return;
     if (r->source) return;
     save_live(DS4_KVC_EVICT);
@@ -275,6 +327,7 @@ static void count_result(const job *j, const char *source) {
     C.generated_tokens += o->completion_tokens;
     if (!strcmp(source, "memory-token")) C.reuse_token++;
     else if (!strcmp(source, "memory-text")) C.reuse_text++;
+    else if (!strcmp(source, "thinking-visible")) C.reuse_visible++;
     else if (!strcmp(source, "disk")) C.reuse_disk++;
     else C.reuse_cold++;
     snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
@@ -316,6 +369,13 @@ static void generate(job *j, const reuse *r, double t_prefill) {
         snprintf(o->error, sizeof(o->error), "%s", S->stopping ? "shutdown requested" : "cancelled");
     size_t raw_n;
     const char *raw = out_raw_calls(&g.out, &raw_n);
+    /* Remember a thinking answer for visible_prefix (see above). */
+    ds4_strbuf_truncate(&vis_prompt, 0);
+    vis_tokens = 0;
+    if (prompt_thinking(j) && o->think_closed && strcmp(o->finish, "error") != 0) {
+        ds4_strbuf_append(&vis_prompt, j->rendered.text.p, j->rendered.text.len);
+        vis_tokens = vis_prompt.failed ? 0 : ds4_session_n_tokens(sess);
+    }
     if (o->n_calls && raw_n) {
         const char *ids[64];
         int n = 0;
@@ -510,6 +570,7 @@ void worker_stop(void) {
     ds4_tokenizer_free(tok);
     ds4_kv_state_free(scratch);
     ds4_session_free(sess);
+    ds4_strbuf_free(&vis_prompt);
     free(queue);
 }
 
@@ -528,13 +589,13 @@ json_t *worker_stats(void) {
                        (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
                        (json_int_t)c.disk_saves[4]);
     }
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
                      "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
                      (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
                      (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
                      (json_int_t)c.prompt_tokens, "cached", (json_int_t)c.cached_tokens, "prefilled",
                      (json_int_t)c.written_tokens, "generated", (json_int_t)c.generated_tokens, "reuse",
-                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "disk",
+                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "thinking-visible", (json_int_t)c.reuse_visible, "disk",
                      (json_int_t)c.reuse_disk, "cold", (json_int_t)c.reuse_cold, "last", "reuse", c.last_reuse,
                      "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
                      "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",

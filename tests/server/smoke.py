@@ -296,6 +296,37 @@ def t_memory_text(s):
           (b["usage"], b2["usage"]))
 
 
+def t_thinking_visible(s):
+    """A thinking answer replayed without its reasoning keeps the live state."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather?"}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs}, headers=force("answer_think"))
+    m = b["choices"][0]["message"]
+    check(m["reasoning_content"] == "The tool said sunny." and m["content"] == "It is sunny in Paris, 21 degrees.", m)
+    msgs2 = msgs + [{"role": "assistant", "content": m["content"]}, {"role": "user", "content": "Tomorrow?"}]
+    st, b2 = s.post("/v1/chat/completions", {"messages": msgs2, "max_tokens": 2})
+    check(s.stats()["last"]["reuse"] == "thinking-visible", s.stats()["last"])
+    u1, u2 = b["usage"], b2["usage"]
+    check(u2["prompt_tokens_details"]["cached_tokens"] == u1["prompt_tokens"] + u1["completion_tokens"] - 1, (u1, u2))
+    check(u2["prompt_tokens_details"]["cache_write_tokens"] < 12, u2)
+    # With tools the template keeps reasoning; a client that does not send it back still reuses.
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS}, headers=force("weather_call_think"))
+    call = b["choices"][0]["message"]["tool_calls"][0]
+    msgs3 = msgs + [{"role": "assistant", "content": "", "tool_calls": [call]},
+                    {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    st, b3 = s.post("/v1/chat/completions", {"messages": msgs3, "tools": TOOLS, "max_tokens": 2})
+    check(s.stats()["last"]["reuse"] == "thinking-visible", s.stats()["last"])
+    check(b3["usage"]["prompt_tokens_details"]["cache_write_tokens"] < 25, b3["usage"])
+    # Sending the reasoning back is the plain text match.
+    msgs4 = msgs + [{"role": "assistant", "content": "", "reasoning_content": b["choices"][0]["message"]["reasoning_content"],
+                     "tool_calls": [call]}, {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS}, headers=force("weather_call_think"))
+    call = b["choices"][0]["message"]["tool_calls"][0]
+    msgs4[2]["tool_calls"] = [call]
+    msgs4[3]["tool_call_id"] = call["id"]
+    st, b4 = s.post("/v1/chat/completions", {"messages": msgs4, "tools": TOOLS, "max_tokens": 2})
+    check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
+
+
 def t_disk_saves():
     """Continued checkpoints in prefill and generation, evict before an unrelated prompt."""
     kvdir = tempfile.mkdtemp(prefix="ds4-kv-")
@@ -539,7 +570,8 @@ def t_keepalive():
 def main():
     with Server() as s:
         for fn in (t_models, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
-                   t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_stop_sequences,
+                   t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_thinking_visible,
+                   t_stop_sequences,
                    t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
             t0 = time.time()
             fn(s)
