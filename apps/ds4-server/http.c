@@ -13,6 +13,9 @@
  * also polls the socket: a client that closed its connection cancels its
  * job (queued jobs are skipped, prefill and generation stop).
  *
+ * Also: GET /v1/models, /v1/models/{id}, /health, /v1/ds4/stats (counters)
+ * and POST /v1/messages/count_tokens (Anthropic's prompt token count).
+ *
  * Limits: body size (413, checked from Content-Length before reading),
  * header size (MHD's memory limit), nesting depth and UTF-8 (request.c),
  * idle connections time out, uploads slower than the upload deadline get
@@ -34,7 +37,7 @@
 
 #define UPLOAD_DEADLINE_S 120.0
 
-enum route { R_NONE, R_OPTIONS, R_MODELS, R_MODEL, R_STATS, R_HEALTH, R_API };
+enum route { R_NONE, R_OPTIONS, R_MODELS, R_MODEL, R_STATS, R_HEALTH, R_API, R_COUNT };
 
 typedef struct conn {
     enum route route;
@@ -118,7 +121,10 @@ static void route(conn *k, const char *url, const char *method) {
             k->api = apis[i].api;
             return;
         }
-    if (strcmp(url, "/v1/models") == 0) k->route = R_MODELS;
+    if (strcmp(url, "/v1/messages/count_tokens") == 0) {
+        k->route = R_COUNT;
+        k->api = &API_MESSAGES_ADAPTER;
+    } else if (strcmp(url, "/v1/models") == 0) k->route = R_MODELS;
     else if (strncmp(url, "/v1/models/", 11) == 0) {
         k->route = R_MODEL;
         snprintf(k->model_id, sizeof(k->model_id), "%s", url + 11);
@@ -272,6 +278,25 @@ static enum MHD_Result handle_api(conn *k) {
     return j->req.stream ? start_stream(k) : wait_and_answer(k);
 }
 
+/* Anthropic's token counting: the prompt as it would be rendered. */
+static enum MHD_Result handle_count(conn *k) {
+    api_error e = {0};
+    if (k->too_large) return fail(k->c, k->api, 413, "request body too large");
+    json_t *body = req_load_json(k->body.p, k->body.len, &e);
+    if (!body) return respond_error(k->c, k->api, &e);
+    job *j = job_new(k->api);
+    if (!j) {
+        json_decref(body);
+        return fail(k->c, k->api, 500, "out of memory");
+    }
+    k->j = j;
+    int rc = k->api->parse(body, &j->req, &e);
+    json_decref(body);
+    if (rc == 0) rc = render_request(S, j, &e);
+    if (rc != 0 && !(e.code && strcmp(e.code, "context_length_exceeded") == 0)) return respond_error(k->c, k->api, &e);
+    return respond_json(k->c, 200, json_pack("{s:i}", "input_tokens", (json_int_t)j->tokens.n));
+}
+
 static enum MHD_Result handle(conn *k, const char *method) {
     struct MHD_Connection *c = k->c;
     if (k->route == R_OPTIONS) {
@@ -285,9 +310,9 @@ static enum MHD_Result handle(conn *k, const char *method) {
     if (k->route == R_HEALTH) return respond_json(c, 200, json_pack("{s:s}", "status", S->stopping ? "stopping" : "ok"));
     if (!authorized(c)) return fail(c, k->api, 401, "invalid or missing API key");
     bool get = strcmp(method, "GET") == 0 || strcmp(method, "HEAD") == 0;
-    if (k->route == R_API) {
+    if (k->route == R_API || k->route == R_COUNT) {
         if (strcmp(method, "POST") != 0) return fail(c, k->api, 405, "use POST");
-        return handle_api(k);
+        return k->route == R_API ? handle_api(k) : handle_count(k);
     }
     if (!get) return fail(c, NULL, 405, "use GET");
     switch (k->route) {

@@ -44,7 +44,8 @@ typedef struct counters {
 
 static server *S;
 static ds4_session *sess;
-static ds4_kv_state *scratch;      /* snapshots for disk saves and loads */
+static ds4_kv_state *scratch;      /* snapshots for disk saves and loads (only with a disk cache:
+                                    * it is as large as the session's state) */
 static ds4_tokenizer *tok;
 static ds4_kvc_store *store;
 static int32_t user_tok, assistant_tok;
@@ -495,8 +496,7 @@ static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
 
 int worker_start(server *s, ds4_err *err) {
     S = s;
-    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(scratch = ds4_session_state_new(sess, err)) ||
-        !(tok = ds4_tokenizer_new(s->engine->vocab, err)))
+    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(tok = ds4_tokenizer_new(s->engine->vocab, err)))
         return -1;
     user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
     assistant_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_ASSISTANT, strlen(DS4_TOK_ASSISTANT));
@@ -506,7 +506,7 @@ int worker_start(server *s, ds4_err *err) {
                            .reject_different_quant = s->o.kv_reject_different_quant, .ctx = s->o.ctx,
                            .max_tools = 4 * (size_t)s->o.tool_memory_max_ids, .vocab = s->engine->vocab,
                            .log = log_kvc};
-        if (!(store = ds4_kvc_open(&ko, err))) return -1;
+        if (!(store = ds4_kvc_open(&ko, err)) || !(scratch = ds4_session_state_new(sess, err))) return -1;
         ds4_kvc_stats st = ds4_kvc_get_stats(store);
         srv_log("kvcache", "%s: %llu files, %llu MB of %llu MB", s->o.kv_dir, (unsigned long long)st.files,
                 (unsigned long long)(st.bytes >> 20), (unsigned long long)s->o.kv_space_mb);

@@ -70,6 +70,17 @@ def t_models(s):
     check(st == 404 and body["error"]["type"] == "not_found_error", body)
 
 
+def t_count_tokens(s):
+    st, b = s.post("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "Hi"}],
+                                                  "thinking": {"type": "disabled"}})
+    # BOS, <｜User｜>, "Hi", <｜Assistant｜>, </think>
+    check(st == 200 and b == {"input_tokens": 5}, b)
+    st, b = s.post("/v1/messages/count_tokens", {"messages": [{"role": "user", "content": "word " * 5000}]})
+    check(st == 200 and b["input_tokens"] > 4096, b)
+    st, b = s.post("/v1/messages/count_tokens", {"messages": 5})
+    check(st == 400 and b["type"] == "error", b)
+
+
 def t_chat_plain(s):
     for think in (False, True):
         st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 6,
@@ -569,7 +580,7 @@ def t_keepalive():
 
 def main():
     with Server() as s:
-        for fn in (t_models, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
+        for fn in (t_models, t_count_tokens, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
                    t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_thinking_visible,
                    t_stop_sequences,
                    t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
