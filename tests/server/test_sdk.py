@@ -143,6 +143,12 @@ def t_anthropic(ac):
     check(text == ANSWER and final.content[0].thinking == "The tool said sunny.", final)
 
 
+def t_anthropic_count_tokens(ac):
+    r = ac.messages.count_tokens(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                 thinking={"type": "disabled"})
+    check(r.input_tokens == 5, r)
+
+
 def t_anthropic_tools(ac):
     tools = [{"name": "get_weather", "description": "Weather for a city",
               "input_schema": TOOLS[0]["function"]["parameters"]}]
@@ -188,7 +194,8 @@ def main():
         oc = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
         ac = anthropic.Anthropic(base_url=s.url, api_key=KEY, max_retries=0)
         for fn, args in ((t_openai_chat, (oc,)), (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
-                         (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_tools, (ac,)),
+                         (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_count_tokens, (ac,)),
+                         (t_anthropic_tools, (ac,)),
                          (t_errors, (oc, ac))):
             t0 = time.time()
             fn(*args)

@@ -391,6 +391,40 @@ static void test_store_lookup_and_load(void **state) {
     ds4_kv_state_free(back);
 }
 
+static void test_quant_and_ctx_rules(void **state) {
+    (void)state;
+    rm_dir();
+    logbuf lb = {{0}};
+    ds4_kvc_store *s = open_store(1ull << 30, &lb); /* writes quant bits 2, ctx 256 */
+    ds4_kv_state *a = state_of(20, 6);
+    ds4_err err = {0};
+    assert_int_equal(ds4_kvc_save(s, DS4_KVC_COLD, 0, "quant", 5, a, NULL, 0, &err), 1);
+    ds4_kvc_close(s);
+    ds4_kvc_match m;
+    /* A 4-bit model accepts a 2-bit checkpoint unless told to reject it. */
+    ds4_kvc_opts o = {.dir = DIR_, .budget_bytes = 1ull << 30, .min_tokens = 8, .quant_bits = 4, .ctx = CTX,
+                      .log = log_to, .log_ctx = &lb};
+    s = ds4_kvc_open(&o, &err);
+    assert_true(ds4_kvc_lookup(s, "quantized", 9, &m));
+    ds4_kvc_close(s);
+    o.reject_different_quant = true;
+    s = ds4_kvc_open(&o, &err);
+    assert_false(ds4_kvc_lookup(s, "quantized", 9, &m));
+    ds4_kvc_close(s);
+    /* A smaller context than the snapshot's, or a higher minimum: not usable. */
+    o.reject_different_quant = false;
+    o.ctx = CTX / 2;
+    s = ds4_kvc_open(&o, &err);
+    assert_false(ds4_kvc_lookup(s, "quantized", 9, &m));
+    ds4_kvc_close(s);
+    o.ctx = CTX;
+    o.min_tokens = 21;
+    s = ds4_kvc_open(&o, &err);
+    assert_false(ds4_kvc_lookup(s, "quantized", 9, &m));
+    ds4_kvc_close(s);
+    ds4_kv_state_free(a);
+}
+
 static void test_score(void **state) {
     (void)state;
     ds4_kvc_header h = {.n_tokens = 100, .hits = 3, .last_used = 1000};
@@ -522,6 +556,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip),
         cmocka_unit_test(test_corruptions_and_truncations),
         cmocka_unit_test(test_store_lookup_and_load),
+        cmocka_unit_test(test_quant_and_ctx_rules),
         cmocka_unit_test(test_score),
         cmocka_unit_test(test_eviction_order),
         cmocka_unit_test(test_tool_ids_restored),
