@@ -57,6 +57,24 @@ def t_openai_chat(oc):
     check(chunks[-1].usage.completion_tokens > 5, chunks[-1])
 
 
+def t_openai_multi_turn_reuse(oc):
+    """Each turn reuses everything before it: only the new user turn is prefilled."""
+    msgs = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Name a colour."}]
+    prev = None
+    for turn in range(4):
+        r = oc.chat.completions.create(model="x", messages=msgs, max_tokens=6, temperature=0,
+                                       extra_body={"thinking": False})
+        u = r.usage
+        written = u.prompt_tokens_details.cache_write_tokens  # a field of this SDK version
+        check(u.prompt_tokens_details.cached_tokens + written == u.prompt_tokens, u)
+        if prev:
+            check(u.prompt_tokens_details.cached_tokens >= prev.prompt_tokens + prev.completion_tokens - 1, (prev, u))
+            check(written <= 16, u)
+        prev = u
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": "Another one (%d)." % turn}]
+
+
 def t_openai_chat_tools(oc):
     msgs = [{"role": "system", "content": "You answer weather questions."},
             {"role": "user", "content": "Weather in Paris?"}]
@@ -193,7 +211,8 @@ def main():
     with Server("--api-key", KEY) as s:
         oc = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
         ac = anthropic.Anthropic(base_url=s.url, api_key=KEY, max_retries=0)
-        for fn, args in ((t_openai_chat, (oc,)), (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
+        for fn, args in ((t_openai_chat, (oc,)), (t_openai_multi_turn_reuse, (oc,)),
+                         (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
                          (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_count_tokens, (ac,)),
                          (t_anthropic_tools, (ac,)),
                          (t_errors, (oc, ac))):
