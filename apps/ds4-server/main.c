@@ -51,6 +51,9 @@ static void usage(FILE *f) {
             "  --kv-cache-reject-different-quant\n"
             "  --disable-exact-dsml-tool-replay\n"
             "  --tool-memory-max-ids N   (default 100000)\n"
+            "  --no-memory-checkpoint    do not keep an in-memory snapshot of the last prompt (it costs\n"
+            "                            one more KV state of memory; it makes retries and replies the\n"
+            "                            client replays differently prefill only the new part)\n"
             "  --test-force-output FILE  tests only: JSON object name -> text; a request with the\n"
             "                            header X-DS4-Test-Output: NAME generates exactly that text\n"
             "  -h, --help\n");
@@ -69,7 +72,7 @@ static int parse_uint(const char *opt, const char *v, unsigned long long lo, uns
     return 0;
 }
 
-static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive) {
+static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *no_ckpt) {
     *o = (srv_opts){.model_path = "ds4flash.gguf", .ctx = 32768, .default_max_tokens = 393216, .host = "127.0.0.1",
                     .port = 8000, .queue_max = 256, .max_body = 64ull << 20, .max_connections = 512,
                     .connection_timeout_s = 60, .kv_space_mb = 4096, .exact_replay = true,
@@ -130,6 +133,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive) {
         if (!strcmp(a, "--disable-exact-dsml-tool-replay")) { o->exact_replay = false; continue; }
         NUM("--tool-memory-max-ids", 1, 100000000, o->tool_memory_max_ids)
         STR("--test-force-output", o->test_force_output)
+        if (!strcmp(a, "--no-memory-checkpoint")) { *no_ckpt = true; continue; }
 #undef NUM
 #undef STR
         fprintf(stderr, "ds4-server: unknown option %s (see --help)\n", a);
@@ -159,7 +163,9 @@ static void *shutdown_main(void *arg) {
 int main(int argc, char **argv) {
     server s = {0};
     int keepalive = 5000;
-    if (parse_args(argc, argv, &s.o, &keepalive) != 0) return 2;
+    bool no_ckpt = false;
+    if (parse_args(argc, argv, &s.o, &keepalive, &no_ckpt) != 0) return 2;
+    s.memory_checkpoint = !no_ckpt;
     http_set_keepalive_ms(keepalive);
     SRV = &s;
     pthread_mutex_init(&s.stats_mu, NULL);

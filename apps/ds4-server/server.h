@@ -244,6 +244,7 @@ typedef struct server {
     replay_stats replay;
     pthread_mutex_t stats_mu;
     json_t *forced;            /* --test-force-output: name -> text */
+    bool memory_checkpoint;    /* snapshot each prompt after its prefill */
     volatile sig_atomic_t stopping;
 } server;
 

@@ -11,6 +11,9 @@
  *                 replays it without the reasoning (as the chat template
  *                 drops it, or as clients do that never send it back): keep
  *                 the live state, hidden reasoning included
+ *   memory-checkpoint  the last prompt (an in-memory snapshot taken after
+ *                 its prefill) is a token prefix of this one: a retried
+ *                 request, an answer the client replays differently
  *   disk          the longest KVC checkpoint whose key text is a prefix of
  *                 the rendered prompt, when it holds more than the live
  *                 session could reuse (the live session is saved first,
@@ -36,7 +39,7 @@
 typedef struct counters {
     uint64_t requests, completed, failed, cancelled, rejected_full;
     uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
-    uint64_t reuse_token, reuse_text, reuse_visible, reuse_disk, reuse_cold;
+    uint64_t reuse_token, reuse_text, reuse_visible, reuse_checkpoint, reuse_disk, reuse_cold;
     uint64_t disk_saves[7];
     char last_reuse[24];
     uint32_t last_cached, last_written;
@@ -58,6 +61,10 @@ static uint32_t frontier_done;     /* last continued frontier saved */
  * spell; see visible_prefix. */
 static ds4_strbuf vis_prompt;
 static uint32_t vis_tokens;
+
+/* The tokens of the in-memory checkpoint the session keeps of the last
+ * prompt (taken after its prefill; see checkpoint_prefix). */
+static ds4_tokens ck_tokens;
 
 static pthread_mutex_t qmu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t qcv = PTHREAD_COND_INITIALIZER;
@@ -177,6 +184,31 @@ static bool visible_prefix(const job *j, reuse *r) {
     return ok;
 }
 
+/* memory-checkpoint: the last prompt, as it was before generation, is a
+ * token prefix of this one, though the live state (which went on with the
+ * answer) is not: a retried or regenerated request, an answer the client
+ * changed (a stop sequence cut it, tool calls rendered canonically, an
+ * edit).  Restore the checkpoint and prefill from there. */
+static bool checkpoint_prefix(const job *j, reuse *r) {
+    uint32_t ck = ds4_session_checkpoint_tokens(sess);
+    if (!ck || ck != ck_tokens.n || ck <= r->kept || ck > j->tokens.n ||
+        memcmp(ck_tokens.ids, j->tokens.ids, ck * sizeof(int32_t)) != 0)
+        return false;
+    save_live(DS4_KVC_EVICT);
+    ds4_err err = {0};
+    if (ds4_session_sync(sess, ck_tokens.ids, ck, NULL, NULL, &err) != 0 || ds4_session_n_tokens(sess) != ck) {
+        srv_log("kvcache", "memory checkpoint not usable: %s", err.msg);
+        ds4_session_reset(sess);
+        return false;
+    }
+    ds4_tokens_free(&r->prompt);
+    ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
+    r->kept = ck;
+    r->source = "memory-checkpoint";
+    frontier_done = 0;
+    return true;
+}
+
 static bool disk_prefix(const job *j, reuse *r) {
     ds4_kvc_match m;
     if (!store || !ds4_kvc_lookup(store, j->rendered.text.p, j->rendered.text.len, &m) || m.n_tokens <= r->kept)
@@ -214,6 +246,7 @@ static void choose_reuse(job *j, reuse *r) {
         if (ds4_session_n_tokens(sess)) srv_log("kvcache", "live kv cache miss (%u live tokens)", ds4_session_n_tokens(sess));
     }
     vis_tokens = 0;
+    if (!r->source) checkpoint_prefix(j, r);
     if (disk_prefix(j, r)) return;
     if (r->source) return;
     save_live(DS4_KVC_EVICT);
@@ -329,6 +362,7 @@ static void count_result(const job *j, const char *source) {
     if (!strcmp(source, "memory-token")) C.reuse_token++;
     else if (!strcmp(source, "memory-text")) C.reuse_text++;
     else if (!strcmp(source, "thinking-visible")) C.reuse_visible++;
+    else if (!strcmp(source, "memory-checkpoint")) C.reuse_checkpoint++;
     else if (!strcmp(source, "disk")) C.reuse_disk++;
     else C.reuse_cold++;
     snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
@@ -450,7 +484,13 @@ static void run_job(job *j) {
         ds4_tokens_free(&r.prompt);
         return;
     }
-    generate(j, &r, ds4_now() - t0);
+    double t_prefill = ds4_now() - t0;
+    if (S->memory_checkpoint) {
+        ds4_tokens_free(&ck_tokens);
+        if (ds4_session_checkpoint(sess, &err) == 0) ds4_tokens_append(&ck_tokens, r.prompt.ids, r.prompt.n);
+        else srv_log("kvcache", "memory checkpoint failed: %s", err.msg);
+    }
+    generate(j, &r, t_prefill);
     ds4_tokens_free(&r.prompt);
 }
 
@@ -571,6 +611,7 @@ void worker_stop(void) {
     ds4_kv_state_free(scratch);
     ds4_session_free(sess);
     ds4_strbuf_free(&vis_prompt);
+    ds4_tokens_free(&ck_tokens);
     free(queue);
 }
 
@@ -589,13 +630,14 @@ json_t *worker_stats(void) {
                        (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
                        (json_int_t)c.disk_saves[4]);
     }
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
                      "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
                      (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
                      (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
                      (json_int_t)c.prompt_tokens, "cached", (json_int_t)c.cached_tokens, "prefilled",
                      (json_int_t)c.written_tokens, "generated", (json_int_t)c.generated_tokens, "reuse",
-                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "thinking-visible", (json_int_t)c.reuse_visible, "disk",
+                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "thinking-visible", (json_int_t)c.reuse_visible,
+                     "memory-checkpoint", (json_int_t)c.reuse_checkpoint, "disk",
                      (json_int_t)c.reuse_disk, "cold", (json_int_t)c.reuse_cold, "last", "reuse", c.last_reuse,
                      "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
                      "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",

@@ -107,6 +107,8 @@ def t_greedy_is_deterministic(s):
             "thinking": False}
     a = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
     b = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+    last = s.stats()["last"]
+    check(last["reuse"] == "memory-checkpoint" and last["prefilled"] == 0, last)  # a retry prefills nothing
     body["stream"] = True
     c = "".join(d["choices"][0]["delta"].get("content", "") for e, d in s.stream("/v1/chat/completions", body)
                 if e != ":" and d != "[DONE]" and d["choices"])
@@ -336,6 +338,29 @@ def t_thinking_visible(s):
     msgs4[3]["tool_call_id"] = call["id"]
     st, b4 = s.post("/v1/chat/completions", {"messages": msgs4, "tools": TOOLS, "max_tokens": 2})
     check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
+
+
+def t_checkpoint_without_replay():
+    """Exact replay off: the tool call comes back rendered canonically (here
+    with its arguments reordered), which the live tokens do not spell; the
+    in-memory checkpoint of the previous prompt still saves its prefill."""
+    with Server("--disable-exact-dsml-tool-replay") as s:
+        msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
+        st, b = s.post("/v1/chat/completions", {"messages": msgs, "tools": TOOLS, "thinking": False},
+                       headers=force("weather_call"))
+        call = b["choices"][0]["message"]["tool_calls"][0]
+        call["function"]["arguments"] = json.dumps({"days": 3, "city": "Paris"})
+        msgs2 = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                        {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+        st, b2 = s.post("/v1/chat/completions", {"messages": msgs2, "tools": TOOLS, "thinking": False, "max_tokens": 2})
+        st = s.stats()
+        check(st["tool_memory"]["replayed"] == 0 and st["last"]["reuse"] == "memory-checkpoint", st)
+        check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"], b2["usage"])
+    with Server("--no-memory-checkpoint") as s:
+        body = {"messages": [{"role": "user", "content": "Again"}], "max_tokens": 3, "temperature": 0, "thinking": False}
+        s.post("/v1/chat/completions", body)
+        s.post("/v1/chat/completions", body)
+        check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
 
 
 def t_disk_saves():
@@ -588,7 +613,7 @@ def main():
             fn(s)
             PASSED.append(fn.__name__)
             print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
-    for fn in (t_disk_restart, t_disk_saves, t_shutdown, t_limits_auth_cors, t_trace, t_keepalive):
+    for fn in (t_disk_restart, t_checkpoint_without_replay, t_disk_saves, t_shutdown, t_limits_auth_cors, t_trace, t_keepalive):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)
