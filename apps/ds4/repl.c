@@ -62,6 +62,11 @@ static int read_char(EditLine *el, wchar_t *wc) {
             if (errno == EINTR && !cli_interrupted) continue;
             return -1;
         }
+        /* A Ctrl+D typed while the terminal was still in canonical mode
+         * (during an answer, or just before the editor took the terminal)
+         * reaches us as a NUL byte once the editor switches to raw mode;
+         * it was a Ctrl+D, so it is given back as one. */
+        if (b == 0) b = 4;
         wchar_t w;
         size_t r = mbrtowc(&w, &b, 1, &st);
         if (r == (size_t)-2) continue; /* more bytes of this character */

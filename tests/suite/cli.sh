@@ -109,6 +109,19 @@ kv4k=$(sed -n 's/^kv_bytes: //p' "$dir/inspect.txt")
 kv8k=$(./ds4 -m "$M" --inspect -c 8192 | sed -n 's/^kv_bytes: //p')
 [ "$kv8k" -gt "$kv4k" ] || fail "KV bytes do not grow with the context ($kv4k, $kv8k)"
 
+# --- system prompt: the default one, a custom one, none ---------------------------
+prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^prefill: \([0-9]*\) tokens.*/\1/p'; }
+count() { ./ds4-tokenizer -t "$tok" encode --specials "$1" | wc -w; }
+[ "$(prompt_len)" -eq "$(count "$RENDERED")" ] || fail "default system prompt: $(prompt_len) tokens"
+[ "$(prompt_len -sys "")" -eq "$(count "${BOS}<｜User｜>Hello<｜Assistant｜></think>")" ] || fail "-sys '' kept a system prompt"
+[ "$(prompt_len -sys "Be brief.")" -eq "$(count "${BOS}Be brief.<｜User｜>Hello<｜Assistant｜></think>")" ] || fail "-sys TEXT"
+
+# --- interactive mode with piped input (no line editor) ------------------------
+printf 'Hello\n/nothink\nagain\n/quit\nnever sent\n' | ./ds4 -m "$M" -c 4096 --temp 0 -n 4 > "$dir/pipe.out" 2> "$dir/pipe.err" \
+    || fail "piped REPL failed: $(cat "$dir/pipe.err")"
+[ "$(grep -c '^prefill: ' "$dir/pipe.err")" -eq 2 ] || fail "piped REPL: $(cat "$dir/pipe.err")"
+grep -q "thinking off" "$dir/pipe.err" || fail "piped REPL ignored /nothink"
+
 # --- thinking modes -----------------------------------------------------------
 ./ds4 -m "$M" -c 4096 --think-max --temp 0 -n 4 -p Hello > /dev/null 2> "$dir/tm.err"
 grep -q "think-max needs --ctx of at least 393216" "$dir/tm.err" || fail "no Think Max warning: $(cat "$dir/tm.err")"
