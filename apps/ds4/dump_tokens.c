@@ -13,6 +13,7 @@
 
 #include "format/gguf.h"
 #include "modes.h"
+#include "runtime.h"
 #include "text/tokenizer.h"
 #include "text/utf8.h"
 
@@ -38,6 +39,10 @@ static void print_piece(const char *s, size_t n) {
 
 int run_dump_tokens(const cli_opts *o) {
     ds4_err err = {0};
+    if (cli_model_exists(o->model, &err) != 0) {
+        fprintf(stderr, "ds4: %s\n", err.msg);
+        return 1;
+    }
     ds4_gguf *g = ds4_gguf_open(o->model, &err);
     ds4_vocab *v = g ? ds4_vocab_from_gguf(g, &err) : NULL;
     ds4_tokenizer *t = v ? ds4_tokenizer_new(v, &err) : NULL;

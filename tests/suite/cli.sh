@@ -162,6 +162,8 @@ expect_usage "takes no value" --nothink=1
 # --- a missing model explains where models come from ---------------------------
 if ./ds4 -m "$dir/none.gguf" -p hi > /dev/null 2> "$dir/err.txt"; then fail "a missing model ran"; fi
 grep -q "none.gguf" "$dir/err.txt" && grep -q "make demo" "$dir/err.txt" || fail "missing model message: $(cat "$dir/err.txt")"
+if ./ds4 -m "$dir/none.gguf" --dump-tokens -p hi > /dev/null 2> "$dir/err.txt"; then fail "--dump-tokens without a model ran"; fi
+grep -q "make demo" "$dir/err.txt" || fail "--dump-tokens missing model message: $(cat "$dir/err.txt")"
 if ./ds4 -m tests/golden/cpu/tiny-a.f16.gguf -p hi > /dev/null 2> "$dir/err.txt"; then fail "a model without a tokenizer ran"; fi
 grep -q "tiny-a.f16.gguf: tokenizer" "$dir/err.txt" || fail "no-tokenizer message: $(cat "$dir/err.txt")"
 
