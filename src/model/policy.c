@@ -87,14 +87,25 @@ static uint32_t class_choice(const ds4_policy *p, ds4_tclass cls) {
     }
 }
 
-static const ds4_type_override *find_override(const ds4_policy *p, const char *name) {
-    for (size_t i = 0; i < p->n_overrides; i++)
-        if (strncmp(name, p->overrides[i].prefix, strlen(p->overrides[i].prefix)) == 0) return &p->overrides[i];
+static bool fits(const ds4_tensor_spec *t, uint32_t ty) {
+    const ds4_type_info *info = ds4_type_get(ty);
+    return (t->allowed & (1ull << ty)) && t->ne[0] % (uint64_t)info->block_elems == 0;
+}
+
+/* The first override naming this tensor exactly, or the first prefix
+ * override whose type the tensor can hold: "blk.1.=f16" means the matrices
+ * of layer 1, not its F32-only vectors. */
+static const ds4_type_override *find_override(const ds4_policy *p, const ds4_tensor_spec *t) {
+    for (size_t i = 0; i < p->n_overrides; i++) {
+        const ds4_type_override *o = &p->overrides[i];
+        if (strncmp(t->name, o->prefix, strlen(o->prefix)) != 0) continue;
+        if (strcmp(t->name, o->prefix) == 0 || o->type == DS4_POLICY_KEEP || fits(t, o->type)) return o;
+    }
     return NULL;
 }
 
 int ds4_policy_type(const ds4_policy *p, const ds4_tensor_spec *t, uint32_t *type, ds4_err *err) {
-    const ds4_type_override *o = find_override(p, t->name);
+    const ds4_type_override *o = find_override(p, t);
     uint32_t ty = o ? o->type : class_choice(p, t->cls);
     const char *why = o ? "--tensor-type" : "a class option";
     if (ty == DS4_POLICY_KEEP) return ds4_recipe_type_for(p->recipe, t, type, err);

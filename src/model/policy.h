@@ -11,7 +11,10 @@
  *   attention        compressor and indexer matrices, incl. APE (else dense)
  *   dense            the tensors above whose own option is unset
  * HC mixers, router, vectors, router bias and tid2eid keep the recipe type
- * unless an override names them.  Every choice is checked against the
+ * unless an override names them.  An override applies to the tensors whose
+ * name starts with its prefix and that can hold its type ("blk.3.=f16"
+ * leaves the F32-only vectors of layer 3 alone); one naming a tensor
+ * exactly must fit it.  Every choice is checked against the
  * types layout.c accepts for the tensor and against its block size.
  */
 #ifndef DS4_MODEL_POLICY_H

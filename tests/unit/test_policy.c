@@ -122,7 +122,13 @@ static void test_overrides(void **state) {
     assert_int_equal(type_of(&p, "blk.41.ffn_down_exps.weight"), DS4_TYPE_Q4_K);
 
     uint32_t t;
-    assert_int_equal(ds4_policy_add_override(&p, "blk.3.attn_norm=q8_0", &err), 0);
+    assert_int_equal(ds4_policy_add_override(&p, "blk.3.=q8_0", &err), 0);
+    assert_int_equal(type_of(&p, "blk.3.attn_norm.weight"), DS4_TYPE_F32); /* prefix: skips what cannot fit */
+    assert_int_equal(type_of(&p, "blk.3.hc_attn_fn.weight"), DS4_TYPE_F16);
+    assert_int_equal(type_of(&p, "blk.3.attn_q_a.weight"), DS4_TYPE_Q8_0);
+    ds4_policy_free(&p);
+    ds4_policy_init(&p, ds4_recipe_get("q2"));
+    assert_int_equal(ds4_policy_add_override(&p, "blk.3.attn_norm.weight=q8_0", &err), 0);
     assert_int_equal(ds4_policy_type(&p, spec("blk.3.attn_norm.weight"), &t, &err), -1);
     assert_non_null(strstr(err.msg, "blk.3.attn_norm.weight: type q8_0 (from --tensor-type) is not accepted"));
     assert_int_equal(ds4_policy_add_override(&p, "noequals", &err), -1);
