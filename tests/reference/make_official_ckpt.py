@@ -34,6 +34,9 @@ and turns it into bytes by kind:
 
 Usage: .venv/bin/python tests/reference/make_official_ckpt.py [--out DIR]
 (DIR gets the checkpoint and ref_f32.gguf; default build/tiny-official).
+With --bench, a larger checkpoint of the same kind (hidden 1024, 16 experts
+of width 1024, vocab 8192) is written to DIR for quantizer throughput
+measurements, without reference or goldens.
 """
 import argparse
 import hashlib
@@ -406,7 +409,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="build/tiny-official")
     ap.add_argument("--golden", default="tests/golden/tools")
+    ap.add_argument("--bench", action="store_true")
     a = ap.parse_args()
+    if a.bench:
+        CONFIG.update(hidden_size=1024, vocab_size=8192, n_routed_experts=16, moe_intermediate_size=1024)
     os.makedirs(a.out, exist_ok=True)
     os.makedirs(a.golden, exist_ok=True)
     raw, shards = {}, {}
@@ -415,6 +421,9 @@ def main():
         assert list(arr.shape) == shape, (name, arr.shape, shape)
         raw[name], shards[name] = (dtype, arr), s
     write_checkpoint(CONFIG, raw, shards, a.out)
+    if a.bench:
+        print(f"{len(raw)} checkpoint tensors -> {a.out}")
+        return
     with open(os.path.join(a.golden, "tiny_ckpt.tsv"), "w") as f:
         for n, (dtype, arr) in raw.items():
             f.write(f"{n}\t{dtype}\t{','.join(map(str, arr.shape))}\t{sha(arr.tobytes())}\n")
