@@ -32,9 +32,16 @@ static void squash(const char *s, char *out, size_t len) {
     out[n] = '\0';
 }
 
+static const uint32_t writable[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+                                    DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
+
+bool ds4_policy_writable(uint32_t type) {
+    for (size_t i = 0; i < sizeof(writable) / sizeof(writable[0]); i++)
+        if (writable[i] == type) return true;
+    return false;
+}
+
 int ds4_policy_parse_type(const char *s, uint32_t *type, ds4_err *err) {
-    static const uint32_t writable[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
-                                        DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
     char want[32], name[32];
     squash(s, want, sizeof(want));
     if (strcmp(want, "copy") == 0 || strcmp(want, "template") == 0 || strcmp(want, "keep") == 0) {

@@ -20,6 +20,7 @@
 #ifndef DS4_MODEL_POLICY_H
 #define DS4_MODEL_POLICY_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -50,6 +51,9 @@ void ds4_policy_free(ds4_policy *p);
  * f32, f16, bf16, q8_0, q2_k, q4_k, iq2_xxs; "copy", "template" and "keep"
  * give DS4_POLICY_KEEP. */
 int ds4_policy_parse_type(const char *s, uint32_t *type, ds4_err *err);
+
+/* Whether the quantizer can encode a type (the list above). */
+bool ds4_policy_writable(uint32_t type);
 
 /* Add "PREFIX=TYPE" (repeatable; the first matching override wins). */
 int ds4_policy_add_override(ds4_policy *p, const char *spec, ds4_err *err);

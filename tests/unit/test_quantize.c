@@ -325,6 +325,33 @@ static void test_cli(void **state) {
     assert_contains(log, "--routed-w2");
 }
 
+static void test_compare_tensor(void **state) {
+    (void)state;
+    char log[1 << 14];
+    char *q2 = path_in(scratch, "cmp-q2.gguf"), *bad = path_in(scratch, "cmp-bad.gguf");
+    quantize_ok("--recipe q2", q2);
+    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+                         "--compare-gguf %s", ckpt, q2), 0);
+    assert_contains(log, "blk.2.ffn_up_exps.weight iq2_xxs 67584 bytes");
+    assert_contains(log, "identical");
+    /* Flip one byte of that tensor in a copy. */
+    ds4_gguf *g = open_gguf(q2);
+    uint64_t off = (uint64_t)((const uint8_t *)ds4_gguf_find_tensor(g, "blk.2.ffn_up_exps.weight")->data - g->base);
+    uint8_t *copy = malloc(g->size);
+    memcpy(copy, g->base, g->size);
+    copy[off + 1000] ^= 0x40;
+    st_write_file(bad, copy, g->size);
+    free(copy);
+    ds4_gguf_close(g);
+    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+                         "--compare-gguf %s", ckpt, bad), 1);
+    assert_contains(log, "1 bytes differ, first at offset 1000");
+    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.9.attn_kv.weight "
+                         "--compare-gguf %s", ckpt, q2), 1);
+    assert_contains(log, "no such tensor in the model");
+    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor x", ckpt), 2);
+}
+
 static void expect_failure(const official_ckpt_opts *opts, void (*damage)(const char *dir), const char *w1,
                            const char *w2) {
     char *dir = st_tempdir();
@@ -371,6 +398,7 @@ int main(void) {
         cmocka_unit_test(test_imatrix),
         cmocka_unit_test(test_tokenizer_and_overrides),
         cmocka_unit_test(test_cli),
+        cmocka_unit_test(test_compare_tensor),
         cmocka_unit_test(test_corrupt_inputs),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

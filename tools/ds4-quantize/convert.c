@@ -108,7 +108,7 @@ static void *alloc_slots(int n, size_t each) {
     return s;
 }
 
-static int convert_experts(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err *err) {
+static int convert_experts(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
     const ds4_tensor_spec *t = it->t;
     int n_expert = (int)t->ne[2];
     int slots = ds4_pool_size(j->pool);
@@ -137,8 +137,7 @@ static int convert_experts(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4
             }
             if (b.source[s] == 1) j->imatrix_used++;
             if (b.source[s] == 2) j->synthetic_used++;
-            if (ds4_gguf_w_data(w, b.out[s], b.per_expert) != 0)
-                rc = ds4_err_set(err, DS4_EIO, "%s: writing expert %d failed", t->name, b.first + s);
+            if (sink->put(sink, b.out[s], b.per_expert, err) != 0) rc = -1;
         }
         j->elements_done += (uint64_t)count * (uint64_t)(b.rows * b.cols);
         j->bytes_done += (uint64_t)count * b.per_expert;
@@ -204,7 +203,7 @@ static int matrix_energy(const ds4_hf_source *src, int64_t chunk_rows, float *bu
     return 0;
 }
 
-static int convert_matrix(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err *err) {
+static int convert_matrix(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
     const ds4_tensor_spec *t = it->t;
     ds4_hf_source src;
     if (ds4_hf_resolve(j->ck, &j->hc, t, -1, &src, err) != 0) return -1;
@@ -246,8 +245,7 @@ static int convert_matrix(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_
             rc = -1;
             break;
         }
-        if (ds4_gguf_w_data(w, c.out, rb * (size_t)n) != 0)
-            rc = ds4_err_set(err, DS4_EIO, "%s: write failed", t->name);
+        if (sink->put(sink, c.out, rb * (size_t)n, err) != 0) rc = -1;
         j->elements_done += (uint64_t)(n * src.cols);
         j->bytes_done += rb * (size_t)n;
     }
@@ -260,7 +258,7 @@ done:
     return rc;
 }
 
-static int convert_ids(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err *err) {
+static int convert_ids(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
     ds4_hf_source src;
     if (ds4_hf_resolve(j->ck, &j->hc, it->t, -1, &src, err) != 0) return -1;
     if (it->type != DS4_TYPE_I32)
@@ -268,16 +266,15 @@ static int convert_ids(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err
     int32_t *ids = malloc(it->nbytes ? it->nbytes : 1);
     if (!ids) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = ds4_hf_decode_i32(&src, j->hc.cfg.n_expert, ids, err);
-    if (rc == 0 && ds4_gguf_w_data(w, ids, it->nbytes) != 0)
-        rc = ds4_err_set(err, DS4_EIO, "%s: write failed", it->t->name);
+    if (rc == 0) rc = sink->put(sink, ids, it->nbytes, err);
     j->elements_done += it->nbytes / 4;
     j->bytes_done += it->nbytes;
     free(ids);
     return rc;
 }
 
-int qz_convert(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err *err) {
-    if (it->t->cls == DS4_TC_HASH) return convert_ids(j, it, w, err);
-    if (is_routed(it->t)) return convert_experts(j, it, w, err);
-    return convert_matrix(j, it, w, err);
+int qz_convert(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
+    if (it->t->cls == DS4_TC_HASH) return convert_ids(j, it, sink, err);
+    if (is_routed(it->t)) return convert_experts(j, it, sink, err);
+    return convert_matrix(j, it, sink, err);
 }

@@ -58,6 +58,9 @@ static void usage(FILE *f) {
             "  --dry-run                print the plan and sizes, write nothing\n"
             "  --overwrite              replace an existing --out\n"
             "  --quiet                  no per-tensor progress\n"
+            "  --compare-tensor NAME    regenerate one tensor in the type it has in --compare-gguf,\n"
+            "                           compare bytes (and FNV-1a 64) with it, write nothing\n"
+            "  --compare-gguf FILE      reference GGUF for --compare-tensor\n"
             "\n"
             "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type);\n"
             "case, '-' and '_' do not matter.  Without an imatrix, IQ2_XXS uses each matrix's\n"
@@ -68,7 +71,8 @@ static void usage(FILE *f) {
 enum {
     OPT_HF = 256, OPT_OUT, OPT_RECIPE, OPT_TOKENIZER, OPT_NAME, OPT_EXPERTS, OPT_W1, OPT_W2, OPT_W3,
     OPT_ATTN_PROJ, OPT_ATTN, OPT_SHARED, OPT_EMBD, OPT_OUTPUT, OPT_DENSE, OPT_TENSOR_TYPE, OPT_IMATRIX,
-    OPT_IMATRIX_STRICT, OPT_THREADS, OPT_DRY_RUN, OPT_OVERWRITE, OPT_QUIET, OPT_HELP,
+    OPT_IMATRIX_STRICT, OPT_THREADS, OPT_DRY_RUN, OPT_OVERWRITE, OPT_QUIET, OPT_COMPARE_TENSOR, OPT_COMPARE_GGUF,
+    OPT_HELP,
 };
 
 static const struct option long_opts[] = {
@@ -99,6 +103,8 @@ static const struct option long_opts[] = {
     {"dry-run", no_argument, 0, OPT_DRY_RUN},
     {"overwrite", no_argument, 0, OPT_OVERWRITE},
     {"quiet", no_argument, 0, OPT_QUIET},
+    {"compare-tensor", required_argument, 0, OPT_COMPARE_TENSOR},
+    {"compare-gguf", required_argument, 0, OPT_COMPARE_GGUF},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -155,6 +161,8 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         case OPT_DRY_RUN: o->dry_run = true; break;
         case OPT_OVERWRITE: o->overwrite = true; break;
         case OPT_QUIET: o->quiet = true; break;
+        case OPT_COMPARE_TENSOR: o->compare_tensor = optarg; break;
+        case OPT_COMPARE_GGUF: o->compare_gguf = optarg; break;
         case 'h':
         case OPT_HELP: usage(stdout); exit(0);
         default: return 2;
@@ -162,7 +170,10 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
     }
     if (optind < argc) return bad_usage("unexpected argument %s", argv[optind]);
     if (!o->hf_dir) return bad_usage("%s", "--hf DIR is required");
-    if (!o->out && !o->dry_run) return bad_usage("%s", "--out FILE is required (or --dry-run)");
+    if (!o->out && !o->dry_run && !o->compare_tensor)
+        return bad_usage("%s", "--out FILE is required (or --dry-run, --compare-tensor)");
+    if (!o->compare_tensor != !o->compare_gguf)
+        return bad_usage("%s", "--compare-tensor and --compare-gguf go together");
     if (o->imatrix_strict && !o->imatrix_path) return bad_usage("%s", "--imatrix-strict needs --imatrix FILE");
     return 0;
 }
@@ -301,6 +312,19 @@ static double now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+typedef struct writer_sink {
+    qz_sink base;
+    ds4_gguf_writer *w;
+    bool failed;
+} writer_sink;
+
+static int writer_put(qz_sink *s, const void *data, uint64_t n, ds4_err *err) {
+    writer_sink *ws = (writer_sink *)s;
+    if (ds4_gguf_w_data(ws->w, data, n) == 0) return 0;
+    ws->failed = true;
+    return ds4_err_set(err, DS4_EIO, "writing tensor data failed");
+}
+
 static int write_all(qz_job *j, ds4_err *err) {
     ds4_gguf_writer *w = ds4_gguf_writer_open(j->o->out, 0, err);
     if (!w) return -1;
@@ -308,13 +332,16 @@ static int write_all(qz_job *j, ds4_err *err) {
         ds4_gguf_writer_abort(w);
         return -1;
     }
+    writer_sink sink = {.base.put = writer_put, .w = w};
     double t0 = now();
     char b1[32];
     for (size_t i = 0; i < j->nitems; i++) {
         const qz_item *it = &j->items[i];
         double ts = now();
-        if (qz_convert(j, it, w, err) != 0) {
-            ds4_gguf_writer_abort(w);
+        if (qz_convert(j, it, &sink.base, err) != 0) {
+            /* The writer holds the cause of its own failures. */
+            if (sink.failed) ds4_gguf_writer_close(w, err);
+            else ds4_gguf_writer_abort(w);
             return -1;
         }
         if (!j->o->quiet)
@@ -336,6 +363,68 @@ static int write_all(qz_job *j, ds4_err *err) {
     return 0;
 }
 
+/* ------------------------------------------------------------ compare */
+
+typedef struct compare_sink {
+    qz_sink base;
+    const uint8_t *ref;
+    uint64_t n, pos, ndiff, first_diff;
+    uint64_t fnv;
+} compare_sink;
+
+static uint64_t fnv1a64(uint64_t h, const uint8_t *p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define FNV_INIT 1469598103934665603ull
+
+static int compare_put(qz_sink *s, const void *data, uint64_t n, ds4_err *err) {
+    compare_sink *c = (compare_sink *)s;
+    const uint8_t *p = data;
+    if (c->pos + n > c->n) return ds4_err_set(err, DS4_EFORMAT, "more bytes than the reference tensor holds");
+    for (uint64_t i = 0; i < n; i++)
+        if (p[i] != c->ref[c->pos + i] && c->ndiff++ == 0) c->first_diff = c->pos + i;
+    c->fnv = fnv1a64(c->fnv, p, n);
+    c->pos += n;
+    return 0;
+}
+
+/* Regenerate one tensor in the reference's type and compare.  Returns 0
+ * when identical, 1 when different, -1 on error. */
+static int compare_tensor(qz_job *j, ds4_err *err) {
+    qz_item *it = NULL;
+    for (size_t i = 0; i < j->nitems && !it; i++)
+        if (strcmp(j->items[i].t->name, j->o->compare_tensor) == 0) it = &j->items[i];
+    if (!it) return ds4_err_set(err, DS4_ENOTFOUND, "--compare-tensor %s: no such tensor in the model", j->o->compare_tensor);
+    ds4_gguf *ref = ds4_gguf_open(j->o->compare_gguf, err);
+    if (!ref) return -1;
+    int rc = -1;
+    const ds4_gguf_tensor *rt = ds4_gguf_find_tensor(ref, it->t->name);
+    if (!rt) {
+        ds4_err_set(err, DS4_ENOTFOUND, "%s has no tensor %s", j->o->compare_gguf, it->t->name);
+    } else if (rt->ndim != it->t->ndim || memcmp(rt->ne, it->t->ne, it->t->ndim * sizeof(uint64_t)) != 0) {
+        ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s has another shape", j->o->compare_gguf, it->t->name);
+    } else if (!(it->t->allowed & (1ull << rt->type)) ||
+               (!ds4_policy_writable(rt->type) && rt->type != DS4_TYPE_I32)) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "%s: tensor %s has type %s, which ds4-quantize cannot write there",
+                    j->o->compare_gguf, it->t->name, ds4_type_get(rt->type) ? ds4_type_get(rt->type)->name : "?");
+    } else {
+        it->type = rt->type;
+        it->nbytes = rt->nbytes;
+        compare_sink c = {.base.put = compare_put, .ref = rt->data, .n = rt->nbytes, .fnv = FNV_INIT};
+        if (qz_convert(j, it, &c.base, err) == 0) {
+            uint64_t ref_fnv = fnv1a64(FNV_INIT, rt->data, rt->nbytes);
+            printf("%s %s %" PRIu64 " bytes: fnv1a64 new %016" PRIx64 " reference %016" PRIx64 ": ", it->t->name,
+                   ds4_type_get(it->type)->name, rt->nbytes, c.fnv, ref_fnv);
+            if (c.ndiff == 0) printf("identical\n");
+            else printf("%" PRIu64 " bytes differ, first at offset %" PRIu64 "\n", c.ndiff, c.first_diff);
+            rc = c.ndiff != 0;
+        }
+    }
+    ds4_gguf_close(ref);
+    return rc;
+}
+
 /* -------------------------------------------------------------- main */
 
 static int run(qz_job *j, ds4_err *err) {
@@ -348,6 +437,10 @@ static int run(qz_job *j, ds4_err *err) {
     if (j->o->dry_run) {
         print_plan(j);
         return 0;
+    }
+    if (j->o->compare_tensor) {
+        if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
+        return compare_tensor(j, err);
     }
     struct stat st;
     if (!j->o->overwrite && stat(j->o->out, &st) == 0)
@@ -366,7 +459,7 @@ int main(int argc, char **argv) {
     qz_job j = {.o = &o};
     ds4_err err = {0};
     rc = run(&j, &err);
-    if (rc != 0) fprintf(stderr, "ds4-quantize: %s\n", err.msg);
+    if (rc < 0) fprintf(stderr, "ds4-quantize: %s\n", err.msg);
     ds4_pool_free(j.pool);
     ds4_imatrix_free(j.im);
     ds4_st_ckpt_close(j.ck);

@@ -30,6 +30,8 @@ typedef struct qz_opts {
     const char *tokenizer_gguf;
     const char *name;
     const char *recipe;
+    const char *compare_tensor;
+    const char *compare_gguf;
     bool imatrix_strict;
     bool dry_run;
     bool overwrite;
@@ -65,7 +67,13 @@ typedef struct qz_job {
 /* Whether a type's encoder uses per-column importance. */
 bool qz_type_uses_importance(uint32_t type);
 
-/* Decode, quantize and append one planned tensor to the writer. */
-int qz_convert(qz_job *j, const qz_item *it, ds4_gguf_writer *w, ds4_err *err);
+/* Where converted bytes go, in order: the GGUF writer, or a comparison
+ * against a reference tensor (--compare-tensor). */
+typedef struct qz_sink {
+    int (*put)(struct qz_sink *s, const void *data, uint64_t n, ds4_err *err);
+} qz_sink;
+
+/* Decode, quantize and hand one planned tensor's bytes to the sink. */
+int qz_convert(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err);
 
 #endif
