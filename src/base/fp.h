@@ -36,7 +36,8 @@ uint16_t ds4_f32_to_bf16(float f);
  * infinities.  The NaN codes 0x7F and 0xFF decode to 0, as ds4 does. */
 float ds4_fp8_e4m3_to_f32(uint8_t b);
 
-/* f32 -> FP8 E4M3FN byte, round-to-nearest-even, saturating at +-448. */
+/* f32 -> FP8 E4M3FN byte, round-to-nearest-even, saturating at +-448
+ * (infinities included); NaN gives the NaN code 0x7F. */
 uint8_t ds4_f32_to_fp8_e4m3(float f);
 
 /* E8M0 scale byte -> 2^(e-127) (e = 0 gives 2^-127 exactly, 255 gives inf). */
@@ -47,7 +48,7 @@ float ds4_e8m0_to_f32(uint8_t e);
 float ds4_fp4_e2m1_to_f32(uint8_t nibble);
 
 /* f32 -> FP4 E2M1 nibble, nearest magnitude, ties to the even code,
- * saturating at +-6. */
+ * saturating at +-6; the sign of zero is kept, NaN gives 0. */
 uint8_t ds4_f32_to_fp4_e2m1(float f);
 
 /* Bulk row conversions. */

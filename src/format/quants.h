@@ -103,7 +103,9 @@ uint64_t ds4_type_nbytes_checked(uint32_t type, uint64_t nelements, int *ok);
 /* ------------------------------------------------------- dequantization */
 
 /* Decode n elements (n a multiple of the block size) to f32.  Bit-identical
- * to gguf.quants.dequantize for every supported type. */
+ * to gguf.quants.dequantize for every supported type (NaN payloads aside).
+ * Also decodes Q8_K activation blocks (d * q) and I32 (converted to float);
+ * any other type, or n not a whole number of blocks, fills dst with NaN. */
 void ds4_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 
 /* --------------------------------------------------------- quantization */
@@ -124,22 +126,28 @@ void ds4_column_energy(const float *w, int64_t rows, int64_t cols, float *out);
 /* ------------------------------------------------ activations and dots */
 
 /* The activation type a weight type is multiplied with (F32, Q8_0 meaning
- * ds4_block_q8_0x, or Q8_K). */
+ * ds4_block_q8_0x, or Q8_K); UINT32_MAX for a type that is not a weight
+ * type ds4 computes with. */
 uint32_t ds4_act_type(uint32_t weight_type);
 
-/* Bytes needed for n activations in the format used against `weight_type`. */
+/* Bytes needed for n activations in the format used against `weight_type`
+ * (0 when n is not a whole number of activation blocks). */
 size_t ds4_act_bytes(uint32_t weight_type, int64_t n);
 
 /* Prepare an activation vector for dots against `weight_type` rows.  For
  * F32/F16/BF16 weights this copies the floats. */
 void ds4_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
-/* Individual activation quantizers (spec/MODEL.md 3.7, 3.8). */
+/* Individual activation quantizers (spec/MODEL.md 3.7, 3.8).  Their int8
+ * values lie in [-127, 127], which the dot kernels rely on: activations
+ * built by other means must keep to that range. */
 void ds4_quantize_q8_0x(const float *x, ds4_block_q8_0x *y, int64_t n);
 void ds4_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n);
 
 /* Dot product of one weight row (n elements of weight_type) with a prepared
- * activation.  Uses the fastest kernel the CPU supports. */
+ * activation.  Uses the fastest kernel the CPU supports; every kernel returns
+ * the same bits (docs/QUANTS.md).  NaN for an unsupported type or an n that
+ * is not a whole number of blocks. */
 float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void *act);
 
 /* y[r] = dot(row r, act) for r in [0, nrows); rows are `row_stride` bytes apart. */

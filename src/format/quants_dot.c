@@ -1,0 +1,152 @@
+/*
+ * quants_dot.c - portable dot products of one weight row with a prepared
+ * activation vector.  These are the definition of every dot in ds4: the AVX2
+ * kernels (quants_avx2.c) follow the same accumulation shape and return the
+ * same bits.
+ *
+ * Shapes (see quants_impl.h for the lane counts):
+ *   F32       products in double, element i into lane i % 16, fixed tree.
+ *   F16/BF16  f32 products (multiply, then add), lane i % 32, fixed tree.
+ *   Q8_0      per block an exact int32 sum; (f16(w.d) * a.d) * sum goes into
+ *             lane b % 8; fixed tree.
+ *   K-quants  per block exact int32 sums weighted by the sub-block scales,
+ *   IQ2_XXS   then one f32 step per block (ds4_kq_step / ds4_iq2_step) in
+ *             block order.
+ * Activations must come from ds4_quantize_q8_0x / ds4_quantize_q8_K (their
+ * int8 values lie in [-127, 127]).
+ */
+#include "format/quants_impl.h"
+
+double ds4_reduce_f64_lanes(const double acc[DS4_F64_LANES]) {
+    double s[4];
+    for (int j = 0; j < 4; j++) s[j] = (acc[j] + acc[4 + j]) + (acc[8 + j] + acc[12 + j]);
+    return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+float ds4_reduce_f32_lanes(const float acc[DS4_F32_LANES]) {
+    float s[8], t[4];
+    for (int j = 0; j < 8; j++) s[j] = (acc[j] + acc[8 + j]) + (acc[16 + j] + acc[24 + j]);
+    for (int j = 0; j < 4; j++) t[j] = s[j] + s[4 + j];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+float ds4_reduce_q8_lanes(const float acc[DS4_Q8_LANES]) {
+    float t[4];
+    for (int j = 0; j < 4; j++) t[j] = acc[j] + acc[4 + j];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+float ds4_dot_f32_scalar(int64_t n, const void *w, const void *act) {
+    const float *a = w, *x = act;
+    double acc[DS4_F64_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) acc[i % DS4_F64_LANES] += (double)a[i] * (double)x[i];
+    return (float)ds4_reduce_f64_lanes(acc);
+}
+
+float ds4_dot_f16_scalar(int64_t n, const void *w, const void *act) {
+    const uint16_t *a = w;
+    const float *x = act;
+    float acc[DS4_F32_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        float p = ds4_f16_to_f32(a[i]) * x[i];
+        acc[i % DS4_F32_LANES] += p;
+    }
+    return ds4_reduce_f32_lanes(acc);
+}
+
+float ds4_dot_bf16_scalar(int64_t n, const void *w, const void *act) {
+    const uint16_t *a = w;
+    const float *x = act;
+    float acc[DS4_F32_LANES] = {0};
+    for (int64_t i = 0; i < n; i++) {
+        float p = ds4_bf16_to_f32(a[i]) * x[i];
+        acc[i % DS4_F32_LANES] += p;
+    }
+    return ds4_reduce_f32_lanes(acc);
+}
+
+float ds4_dot_q8_0_scalar(int64_t n, const void *w, const void *act) {
+    const ds4_block_q8_0 *a = w;
+    const ds4_block_q8_0x *x = act;
+    float acc[DS4_Q8_LANES] = {0};
+    for (int64_t b = 0; b < n / DS4_QK8_0; b++) {
+        int32_t sum = 0;
+        for (int k = 0; k < DS4_QK8_0; k++) sum += a[b].qs[k] * x[b].qs[k];
+        float c = (ds4_f16_to_f32(a[b].d) * x[b].d) * (float)sum;
+        acc[b % DS4_Q8_LANES] += c;
+    }
+    return ds4_reduce_q8_lanes(acc);
+}
+
+float ds4_dot_q2_K_scalar(int64_t n, const void *w, const void *act) {
+    const ds4_block_q2_K *a = w;
+    const ds4_block_q8_K *x = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        int32_t isum = 0, msum = 0;
+        for (int s = 0; s < 16; s++) {
+            int h = s / 8, j = (s % 8) / 2, l0 = (s & 1) * 16;
+            int32_t sub = 0;
+            for (int l = l0; l < l0 + 16; l++) {
+                int q = (a[b].qs[32 * h + l] >> (2 * j)) & 3;
+                sub += q * x[b].qs[128 * h + 32 * j + l];
+            }
+            isum += (a[b].scales[s] & 15) * sub;
+            msum += (a[b].scales[s] >> 4) * x[b].bsums[s];
+        }
+        float dall = ds4_f16_to_f32(a[b].d) * x[b].d;
+        float dmin = ds4_f16_to_f32(a[b].dmin) * x[b].d;
+        acc = ds4_kq_step(acc, dall, dmin, isum, msum);
+    }
+    return acc;
+}
+
+float ds4_dot_q4_K_scalar(int64_t n, const void *w, const void *act) {
+    const ds4_block_q4_K *a = w;
+    const ds4_block_q8_K *x = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        int32_t isum = 0, msum = 0;
+        for (int j = 0; j < 8; j++) {
+            uint8_t sc, m;
+            ds4_q4_K_scale_min(a[b].scales, j, &sc, &m);
+            const uint8_t *q = a[b].qs + 32 * (j / 2);
+            int shift = 4 * (j & 1);
+            int32_t sub = 0;
+            for (int l = 0; l < 32; l++) sub += ((q[l] >> shift) & 15) * x[b].qs[32 * j + l];
+            isum += sc * sub;
+            msum += m * (x[b].bsums[2 * j] + x[b].bsums[2 * j + 1]);
+        }
+        float dall = ds4_f16_to_f32(a[b].d) * x[b].d;
+        float dmin = ds4_f16_to_f32(a[b].dmin) * x[b].d;
+        acc = ds4_kq_step(acc, dall, dmin, isum, msum);
+    }
+    return acc;
+}
+
+float ds4_dot_iq2_xxs_scalar(int64_t n, const void *w, const void *act) {
+    const ds4_block_iq2_xxs *a = w;
+    const ds4_block_q8_K *x = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        int32_t isum = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            uint32_t g, s;
+            memcpy(&g, &a[b].qs[4 * ib], 4);
+            memcpy(&s, &a[b].qs[4 * ib + 2], 4);
+            const int8_t *q8 = x[b].qs + 32 * ib;
+            int32_t sub = 0;
+            for (int l = 0; l < 4; l++) {
+                const uint8_t *grid = (const uint8_t *)&ds4_iq2xxs_grid[(g >> (8 * l)) & 255];
+                uint8_t signs = ds4_iq2_sign_byte((s >> (7 * l)) & 127);
+                for (int k = 0; k < 8; k++) {
+                    int v = grid[k] * q8[8 * l + k];
+                    sub += (signs >> k) & 1 ? -v : v;
+                }
+            }
+            isum += (int32_t)(2 * (s >> 28) + 1) * sub;
+        }
+        acc = ds4_iq2_step(acc, ds4_f16_to_f32(a[b].d) * x[b].d, isum);
+    }
+    return acc;
+}

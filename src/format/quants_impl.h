@@ -1,0 +1,107 @@
+/*
+ * quants_impl.h - internals shared by the block-format files of src/format/
+ * (quants.c dispatch, quants_dot.c scalar kernels, quants_avx2.c SIMD
+ * kernels, quants_quantize.c and quants_iq2.c encoders, iq2_grid.c tables).
+ * Not part of the public interface.
+ *
+ * Exactness contract: the AVX2 kernels return the same bits as the scalar
+ * ones.  To make that possible the scalar definitions spell out their
+ * accumulation order (lanes, reduction tree, per-block float expression) and
+ * both sides use only multiply and add, never fused multiply-add where the
+ * product is inexact.  Floating-point contraction is therefore switched off
+ * for every file that includes this header: GCC would otherwise fuse a
+ * multiply and an add (even written as intrinsics) into an FMA.
+ */
+#ifndef DS4_FORMAT_QUANTS_IMPL_H
+#define DS4_FORMAT_QUANTS_IMPL_H
+
+#if defined(__clang__)
+#pragma STDC FP_CONTRACT OFF
+#elif defined(__GNUC__)
+#pragma GCC optimize("fp-contract=off")
+#endif
+
+#include <stdint.h>
+#include <string.h>
+
+#include "base/fp.h"
+#include "format/quants.h"
+
+/* ----------------------------------------------------- accumulation shape */
+
+/* F32 rows: 16 double lanes, element i goes to lane i % 16. */
+#define DS4_F64_LANES 16
+/* F16/BF16 rows: 32 float lanes, element i goes to lane i % 32. */
+#define DS4_F32_LANES 32
+/* Q8_0 rows: 8 float lanes, block b goes to lane b % 8. */
+#define DS4_Q8_LANES 8
+
+/* The fixed reduction trees that end those dots (quants_dot.c). */
+double ds4_reduce_f64_lanes(const double acc[DS4_F64_LANES]);
+float ds4_reduce_f32_lanes(const float acc[DS4_F32_LANES]);
+float ds4_reduce_q8_lanes(const float acc[DS4_Q8_LANES]);
+
+/* Per-block float step of the K-quant dots: isum is the integer dot weighted
+ * by the sub-block scales, msum the mins weighted by the activation block
+ * sums; dall = f16(d) * act.d, dmin = f16(dmin) * act.d. */
+static inline float ds4_kq_step(float acc, float dall, float dmin, int32_t isum, int32_t msum) {
+    float a = dall * (float)isum;
+    float b = dmin * (float)msum;
+    return acc + (a - b);
+}
+
+/* IQ2_XXS: isum = sum over groups of (2S+1) * integer dot; the value of a
+ * grid entry is d * (2S+1)/8 * grid. */
+static inline float ds4_iq2_step(float acc, float d, int32_t isum) {
+    return acc + d * ((float)isum * 0.125f);
+}
+
+/* ------------------------------------------------------------- kernels */
+
+typedef float (*ds4_dot_kernel)(int64_t n, const void *w, const void *act);
+
+float ds4_dot_f32_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_f16_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_bf16_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_q8_0_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_q2_K_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_q4_K_scalar(int64_t n, const void *w, const void *act);
+float ds4_dot_iq2_xxs_scalar(int64_t n, const void *w, const void *act);
+
+/* AVX2+FMA+F16C kernels (quants_avx2.c); call only when
+ * ds4_cpu_has_avx2_fma(). */
+float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_f16_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act);
+float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act);
+
+/* ------------------------------------------------------------ IQ2_XXS */
+
+/* grid(g) as 8 bytes (each 8, 25 or 43), element k in byte k (iq2_grid.c). */
+extern const uint64_t ds4_iq2xxs_grid[256];
+/* Sign byte of a 7-bit sign index: the index plus the even-parity bit 7. */
+static inline uint8_t ds4_iq2_sign_byte(uint32_t s7) {
+    return (uint8_t)(s7 | ((uint32_t)__builtin_popcount(s7 & 127) & 1) << 7);
+}
+
+/* Encoders (quants_quantize.c, quants_iq2.c): n a multiple of the block. */
+void ds4_quantize_q8_0_row(const float *x, ds4_block_q8_0 *y, int64_t n);
+void ds4_quantize_q2_K_row(const float *x, ds4_block_q2_K *y, int64_t n, const float *imp);
+void ds4_quantize_q4_K_row(const float *x, ds4_block_q4_K *y, int64_t n, const float *imp);
+void ds4_quantize_iq2_xxs_row(const float *x, ds4_block_iq2_xxs *y, int64_t n, const float *imp);
+
+/* Decode scale and min of Q4_K sub-block j (0..7) from the packed bytes. */
+static inline void ds4_q4_K_scale_min(const uint8_t *s, int j, uint8_t *sc, uint8_t *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (uint8_t)((s[j + 4] & 15) | ((s[j - 4] >> 6) << 4));
+        *m = (uint8_t)((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+    }
+}
+
+#endif

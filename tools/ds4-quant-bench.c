@@ -1,0 +1,246 @@
+/*
+ * ds4-quant-bench - single-thread micro-benchmark of the block formats:
+ *
+ *   dots      GB/s of weight bytes for ds4_vec_dot_rows over a matrix larger
+ *             than the last-level cache (every weight type, scalar and AVX2);
+ *   quantize  elements/s of ds4_quantize_row per type (with and without
+ *             importance), on N(0,1) rows of 4096;
+ * Timings are the best of --reps passes, so a pass slowed by other work on
+ * the machine does not count.
+ *   rmse      quantize-then-dequantize RMSE on N(0,1) data per type (the
+ *             numbers recorded in docs/QUANTS.md).
+ *
+ * Usage: ds4-quant-bench [--mib N] [--reps N] [--only dots|quantize|rmse]
+ * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)").
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "base/fp.h"
+#include "format/quants.h"
+
+enum { COLS = 4096 };
+
+static const uint32_t WTYPES[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+                                  DS4_TYPE_Q4_K, DS4_TYPE_Q2_K, DS4_TYPE_IQ2_XXS};
+#define NWTYPES (sizeof WTYPES / sizeof WTYPES[0])
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static uint64_t rng_state;
+
+/* Each section reseeds, so its data does not depend on which ran before. */
+static void rng_seed(uint64_t seed) {
+    rng_state = seed;
+}
+
+static uint64_t rng_next(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+
+static float gauss(void) {
+    double u = ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0;
+    double v = ((double)(rng_next() >> 11) + 0.5) / 9007199254740992.0;
+    return (float)(sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v));
+}
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n);
+    if (!p) {
+        fprintf(stderr, "ds4-quant-bench: out of memory allocating %zu bytes\n", n);
+        exit(1);
+    }
+    return p;
+}
+
+/* Weight bytes that decode to finite values: random payload, then each f16
+ * scale field of every block set to a small random value. */
+static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        uint64_t v = rng_next();
+        memcpy(w + i, &v, 8);
+    }
+    const ds4_type_info *t = ds4_type_get(type);
+    int offs[2] = {-1, -1};
+    switch (type) {
+    case DS4_TYPE_Q8_0:
+    case DS4_TYPE_IQ2_XXS: offs[0] = 0; break;
+    case DS4_TYPE_Q4_K: offs[0] = 0, offs[1] = 2; break;
+    case DS4_TYPE_Q2_K: offs[0] = 80, offs[1] = 82; break;
+    case DS4_TYPE_F16: offs[0] = 0; break;
+    case DS4_TYPE_BF16:
+    case DS4_TYPE_F32:
+        for (size_t i = 0; i < bytes; i += t->block_bytes) {
+            float f = (float)(rng_next() % 2001) / 1000.0f - 1.0f;
+            if (type == DS4_TYPE_F32) memcpy(w + i, &f, 4);
+            else memcpy(w + i, &(uint16_t){ds4_f32_to_bf16(f)}, 2);
+        }
+        return;
+    default: return;
+    }
+    for (size_t i = 0; i < bytes; i += t->block_bytes) {
+        for (int k = 0; k < 2; k++) {
+            if (offs[k] < 0) continue;
+            uint16_t s = ds4_f32_to_f16(ldexpf(1.0f + (float)(rng_next() % 1000) / 1000.0f, -10));
+            memcpy(w + i + offs[k], &s, 2);
+        }
+    }
+}
+
+static void bench_dots(size_t mib, int reps) {
+    rng_seed(1);
+    printf("dots: single thread, rows of %d, %zu MiB of weights per type, best of %d per 1 MiB chunk\n", COLS,
+           mib, reps);
+    printf("%-8s %12s %12s %10s\n", "type", "scalar GB/s", "avx2 GB/s", "avx2 ns/row");
+    float *x = xmalloc(COLS * sizeof(float));
+    for (int i = 0; i < COLS; i++) x[i] = gauss();
+    for (size_t t = 0; t < NWTYPES; t++) {
+        uint32_t type = WTYPES[t];
+        size_t rb = ds4_row_bytes(type, COLS);
+        int64_t rows = (int64_t)(mib * 1024 * 1024 / rb);
+        uint8_t *w = xmalloc(rb * (size_t)rows);
+        fill_weights(type, w, rb * (size_t)rows);
+        void *act = xmalloc(ds4_act_bytes(type, COLS));
+        ds4_quantize_act(type, x, act, COLS);
+        float *y = xmalloc((size_t)rows * sizeof(float));
+        /* The matrix is swept in 1 MiB chunks; each chunk keeps the best of
+         * its `reps` timings (one per sweep, so always from DRAM: the whole
+         * matrix does not fit the cache), and the rate is the total bytes
+         * over the sum of those bests.  A sweep preempted by other work on
+         * the machine only loses the chunks it was preempted in. */
+        int64_t chunk = (int64_t)(1024 * 1024 / rb) > 0 ? (int64_t)(1024 * 1024 / rb) : 1;
+        int64_t nchunks = (rows + chunk - 1) / chunk;
+        double *best = xmalloc((size_t)nchunks * sizeof(double));
+        double gbs[2] = {0, 0}, ns_row = 0;
+        for (int mode = 0; mode < 2; mode++) {
+            if (mode == 1 && !ds4_cpu_has_avx2_fma()) break;
+            ds4_set_simd(mode ? DS4_SIMD_AVX2 : DS4_SIMD_SCALAR);
+            for (int64_t c = 0; c < nchunks; c++) best[c] = INFINITY;
+            for (int r = 0; r < reps; r++) {
+                for (int64_t c = 0; c < nchunks; c++) {
+                    int64_t r0 = c * chunk, nr = rows - r0 < chunk ? rows - r0 : chunk;
+                    double t0 = now();
+                    ds4_vec_dot_rows(type, COLS, nr, w + (size_t)r0 * rb, rb, act, y + r0);
+                    best[c] = fmin(best[c], now() - t0);
+                }
+            }
+            double total = 0;
+            for (int64_t c = 0; c < nchunks; c++) total += best[c];
+            gbs[mode] = (double)rb * (double)rows / total / 1e9;
+            ns_row = total / (double)rows * 1e9;
+        }
+        free(best);
+        ds4_set_simd(DS4_SIMD_AUTO);
+        printf("%-8s %12.2f %12.2f %10.1f\n", ds4_type_get(type)->name, gbs[0], gbs[1], ns_row);
+        free(w);
+        free(act);
+        free(y);
+    }
+    free(x);
+}
+
+static void bench_quantize(int reps) {
+    enum { ROWS = 32 };
+    rng_seed(2);
+    float *x = xmalloc((size_t)ROWS * COLS * sizeof(float)), *imp = xmalloc(COLS * sizeof(float));
+    for (int i = 0; i < ROWS * COLS; i++) x[i] = gauss();
+    for (int i = 0; i < COLS; i++) imp[i] = (float)pow(10.0, (double)(rng_next() % 3000) / 1000.0);
+    uint8_t *buf = xmalloc(COLS * 4);
+    printf("quantize: single thread, %d rows of %d, N(0,1), best of %d per row\n", ROWS, COLS, reps);
+    printf("%-8s %-12s %12s\n", "type", "importance", "Melem/s");
+    const uint32_t types[] = {DS4_TYPE_Q8_0, DS4_TYPE_Q4_K, DS4_TYPE_Q2_K, DS4_TYPE_IQ2_XXS};
+    ds4_quantize_row(DS4_TYPE_IQ2_XXS, x, buf, COLS, NULL); /* builds the IQ2 tables */
+    for (int t = 0; t < 4; t++) {
+        for (int with = 0; with < 2; with++) {
+            if (types[t] == DS4_TYPE_Q8_0 && with) continue;
+            /* per row, the best of `reps` timings (short enough to dodge
+             * preemption on a busy machine), summed over the rows */
+            double dt = 0;
+            for (int r = 0; r < ROWS; r++) {
+                double best = INFINITY;
+                for (int rep = 0; rep < reps; rep++) {
+                    double t0 = now();
+                    ds4_quantize_row(types[t], x + (size_t)r * COLS, buf, COLS, with ? imp : NULL);
+                    best = fmin(best, now() - t0);
+                }
+                dt += best;
+            }
+            printf("%-8s %-12s %12.2f\n", ds4_type_get(types[t])->name,
+                   with ? "imatrix" : types[t] == DS4_TYPE_IQ2_XXS ? "none (x^2)" : "none",
+                   ROWS * COLS / dt / 1e6);
+        }
+    }
+    free(x);
+    free(imp);
+    free(buf);
+}
+
+static void bench_rmse(void) {
+    enum { ROWS = 256 };
+    rng_seed(3);
+    float *x = xmalloc((size_t)ROWS * COLS * sizeof(float)), *y = xmalloc(COLS * sizeof(float));
+    float *ones = xmalloc(COLS * sizeof(float));
+    for (int i = 0; i < ROWS * COLS; i++) x[i] = gauss();
+    for (int i = 0; i < COLS; i++) ones[i] = 1.0f;
+    uint8_t *buf = xmalloc(COLS * 4);
+    printf("rmse: quantize + dequantize, %d rows of %d, N(0,1)\n", ROWS, COLS);
+    const struct {
+        uint32_t type;
+        const float *imp;
+        const char *note;
+    } cases[] = {
+        {DS4_TYPE_F16, NULL, ""},           {DS4_TYPE_BF16, NULL, ""},
+        {DS4_TYPE_Q8_0, NULL, ""},          {DS4_TYPE_Q4_K, NULL, ""},
+        {DS4_TYPE_Q2_K, NULL, ""},          {DS4_TYPE_IQ2_XXS, ones, "uniform importance"},
+        {DS4_TYPE_IQ2_XXS, NULL, "no importance (x^2 fallback)"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        double e = 0;
+        for (int r = 0; r < ROWS; r++) {
+            const float *xr = x + (size_t)r * COLS;
+            ds4_quantize_row(cases[c].type, xr, buf, COLS, cases[c].imp);
+            ds4_dequantize_row(cases[c].type, buf, y, COLS);
+            for (int i = 0; i < COLS; i++) e += ((double)y[i] - xr[i]) * ((double)y[i] - xr[i]);
+        }
+        printf("%-8s rmse %.6f %s\n", ds4_type_get(cases[c].type)->name, sqrt(e / ((double)ROWS * COLS)),
+               cases[c].note);
+    }
+    free(x);
+    free(y);
+    free(ones);
+    free(buf);
+}
+
+int main(int argc, char **argv) {
+    size_t mib = 256;
+    int reps = 3;
+    const char *only = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else {
+            fprintf(stderr, "usage: %s [--mib N] [--reps N] [--only dots|quantize|rmse]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (mib == 0 || reps <= 0) {
+        fprintf(stderr, "ds4-quant-bench: --mib and --reps must be positive\n");
+        return 2;
+    }
+    printf("kernels: %s\n", ds4_cpu_has_avx2_fma() ? "scalar and AVX2+FMA" : "scalar only (no AVX2+FMA)");
+    if (!only || !strcmp(only, "dots")) bench_dots(mib, reps);
+    if (!only || !strcmp(only, "quantize")) bench_quantize(reps);
+    if (!only || !strcmp(only, "rmse")) bench_rmse();
+    return 0;
+}
