@@ -330,3 +330,43 @@ int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, i
     return ds4_err_set(err, DS4_EFORMAT, "imatrix entry %s has %u values, expected %" PRId64 " or %d x %" PRId64,
                        name, e->nval, ncols, n_expert, ncols);
 }
+
+/* ------------------------------------------------------------ datasets */
+
+/* First marker at or after `from` that starts a line, or n. */
+static size_t find_marker(const char *text, size_t n, size_t from) {
+    size_t m = sizeof(DS4_IMATRIX_MARKER) - 1;
+    for (size_t i = from; i + m <= n; i++) {
+        if ((i == 0 || text[i - 1] == '\n') && memcmp(text + i, DS4_IMATRIX_MARKER, m) == 0) return i;
+    }
+    return n;
+}
+
+int ds4_imatrix_dataset_next(const char *text, size_t n, size_t *pos, size_t *start, size_t *len) {
+    for (;;) {
+        size_t p = *pos;
+        if (p >= n) return 0;
+        size_t begin;
+        if (p == 0 && find_marker(text, n, 0) == n) {
+            begin = 0; /* no markers at all: the whole text */
+        } else {
+            size_t mk = find_marker(text, n, p);
+            if (mk == n) {
+                *pos = n;
+                return 0;
+            }
+            const char *nl = memchr(text + mk, '\n', n - mk);
+            begin = nl ? (size_t)(nl - text) + 1 : n;
+        }
+        size_t end = find_marker(text, n, begin);
+        *pos = end;
+        size_t e = end;
+        while (e > begin && (text[e - 1] == '\n' || text[e - 1] == '\r')) e--;
+        if (e > begin) {
+            *start = begin;
+            *len = e - begin;
+            return 1;
+        }
+        if (end >= n) return 0;
+    }
+}

@@ -74,4 +74,18 @@ int ds4_imatrix_save(const ds4_imatrix *im, const char *path, ds4_err *err);
 int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, int expert, int n_expert,
                        float *out, ds4_err *err);
 
+/* ------------------------------------------------------------ datasets */
+
+/* Collection datasets are rendered prompts, each introduced by a line that
+ * starts with this marker (ds4's builder writes
+ * "\n\n===== DS4_IMATRIX_PROMPT <id> <category> <mode> <source> =====\n"). */
+#define DS4_IMATRIX_MARKER "===== DS4_IMATRIX_PROMPT"
+
+/* Next prompt of a dataset text[0..n): *pos starts at 0.  Returns 1 with
+ * the prompt in text[*start, *start + *len), 0 when there are no more.
+ * Markers count only at the start of a line; trailing newlines before the
+ * next marker are dropped, empty prompts skipped.  A text without any
+ * marker is one prompt; text before the first marker is ignored. */
+int ds4_imatrix_dataset_next(const char *text, size_t n, size_t *pos, size_t *start, size_t *len);
+
 #endif

@@ -19,6 +19,7 @@
 
 #include "common/st_build.h"
 #include "format/imatrix.h"
+#include "model/imatrix_collect.h"
 
 typedef struct bytes {
     uint8_t buf[4096];
@@ -254,6 +255,85 @@ static void test_lookup(void **state) {
     ds4_imatrix_free(im);
 }
 
+static int split(const char *text, char out[][64], int max) {
+    size_t pos = 0, start, len;
+    int n = 0;
+    while (n < max && ds4_imatrix_dataset_next(text, strlen(text), &pos, &start, &len))
+        snprintf(out[n++], 64, "%.*s", (int)len, text + start);
+    return n;
+}
+
+static void test_dataset_split(void **state) {
+    (void)state;
+    char p[8][64];
+    const char *ds = "preamble ignored\n"
+                     "\n\n===== DS4_IMATRIX_PROMPT 1 code think src =====\n<bos>first\nline two\n"
+                     "\n\n===== DS4_IMATRIX_PROMPT 2 x y z =====\n\n\n"
+                     "===== DS4_IMATRIX_PROMPT 3 =====\nthird ===== DS4_IMATRIX_PROMPT inline\n\n";
+    assert_int_equal(split(ds, p, 8), 2);
+    assert_string_equal(p[0], "<bos>first\nline two");
+    assert_string_equal(p[1], "third ===== DS4_IMATRIX_PROMPT inline");
+    assert_int_equal(split("just one prompt\n", p, 8), 1);
+    assert_string_equal(p[0], "just one prompt");
+    assert_int_equal(split("", p, 8), 0);
+    assert_int_equal(split("===== DS4_IMATRIX_PROMPT only", p, 8), 0);
+}
+
+static void test_collector(void **state) {
+    (void)state;
+    ds4_config c;
+    ds4_config_flash(&c);
+    c.n_layer = 2;
+    c.n_embd = 32;
+    c.n_ff_exp = 64;
+    c.n_expert = 3;
+    c.n_hash_layer = 1;
+    ds4_err err = {0};
+    ds4_imcol *col = ds4_imcol_new(&c, &err);
+    assert_non_null(col);
+    float x[2 * 32], mid[2 * 64];
+    for (int i = 0; i < 64; i++) x[i] = (float)(i % 32) * (i < 32 ? 1.0f : -2.0f);
+    for (int i = 0; i < 128; i++) mid[i] = 0.5f * (float)(i % 64);
+    ds4_imcol_expert(col, 1, 2, 2, x, mid);   /* two tokens */
+    ds4_imcol_expert(col, 1, 2, 1, x, mid);   /* one more */
+    ds4_imcol_expert(col, 0, 0, 1, x + 32, mid);
+    ds4_imcol_end_prompt(col);
+    ds4_imcol_end_prompt(col);
+    assert_int_equal(ds4_imcol_routes(col), 4);
+    char *dir = st_tempdir(), path[1024];
+    snprintf(path, sizeof(path), "%s/col.dat", dir);
+    assert_int_equal(ds4_imcol_save(col, path, "data.txt", &err), 0);
+    ds4_imcol_free(col);
+
+    ds4_imatrix *im = ds4_imatrix_load(path, &err);
+    assert_non_null(im);
+    assert_int_equal(im->n_entries, 6);
+    assert_int_equal(im->chunks, 2);
+    assert_string_equal(im->dataset, "data.txt");
+    const ds4_imatrix_entry *g = ds4_imatrix_find(im, "blk.1.ffn_gate_exps.weight");
+    const ds4_imatrix_entry *u = ds4_imatrix_find(im, "blk.1.ffn_up_exps.weight");
+    const ds4_imatrix_entry *d = ds4_imatrix_find(im, "blk.1.ffn_down_exps.weight");
+    assert_non_null(g);
+    assert_int_equal(g->nval, 3 * 32);
+    assert_int_equal(d->nval, 3 * 64);
+    assert_int_equal(g->ncall, 2);
+    for (int i = 0; i < 32; i++) {
+        float want = (float)i * i * (1 + 4 + 1); /* tokens x, -2x, x */
+        assert_true(g->values[2 * 32 + i] == want);
+        assert_true(u->values[2 * 32 + i] == want);
+        assert_true(g->values[i] == 0.0f);
+    }
+    for (int i = 0; i < 64; i++) assert_true(d->values[2 * 64 + i] == 0.25f * (float)(i * i) * 3);
+    const ds4_imatrix_entry *g0 = ds4_imatrix_find(im, "blk.0.ffn_gate_exps.weight");
+    assert_true(g0->values[5] == 100.0f);
+    float out[32];
+    assert_int_equal(ds4_imatrix_lookup(im, "blk.1.ffn_up_exps.weight", 32, 2, 3, out, &err), 1);
+    assert_true(out[3] == 27.0f); /* 9 * 6 / 2 prompts */
+    ds4_imatrix_free(im);
+    st_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_reads_hand_built_file),
@@ -261,6 +341,8 @@ int main(void) {
         cmocka_unit_test(test_every_truncation_is_refused),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_dataset_split),
+        cmocka_unit_test(test_collector),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
