@@ -79,6 +79,10 @@ typedef struct ds4_gguf_kv {
     char *key;             /* NUL-terminated copy */
     ds4_gguf_value value;
     uint64_t file_offset;  /* where the entry starts, for messages */
+    const uint8_t *raw;    /* the value as stored (after its type field), in the
+                            * mapping; lets copies keep exact bits (e.g. NaN
+                            * payloads that a float -> double -> float trip
+                            * would change).  NULL in hand-made entries. */
 } ds4_gguf_kv;
 
 typedef struct ds4_gguf_tensor {
@@ -155,7 +159,10 @@ typedef struct ds4_gguf_writer ds4_gguf_writer;
 
 /* Start a file.  Metadata and tensor declarations are buffered until the
  * first tensor data is written.  `alignment` 0 means the default (32); any
- * other value is also stored as general.alignment. */
+ * other value is also stored as general.alignment (after the caller's
+ * keys).  A general.alignment written by the caller (e.g. copied with
+ * ds4_gguf_w_copy_kv) must be a u32 power of two equal to a nonzero
+ * `alignment`; with `alignment` 0 its value is used. */
 ds4_gguf_writer *ds4_gguf_writer_open(const char *path, uint32_t alignment, ds4_err *err);
 
 /* Metadata.  Keys must be unique (a duplicate is an error at close). */

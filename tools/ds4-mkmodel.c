@@ -1,0 +1,601 @@
+/*
+ * ds4-mkmodel - write a GGUF of the DeepSeek V4 Flash architecture with
+ * seeded random weights.
+ *
+ * Tests, benchmarks and the README's demo need models without downloading
+ * the real 284B weights.  This tool writes files with ds4's exact tensor
+ * names and deepseek4.* metadata (src/model/layout.c decides both), for any
+ * shape: tiny presets for tests, `flash` for the real sizes.  Weights are
+ * random with scales that keep activations of order one through the layers
+ * (matrices N(0, 1/in), norms near 1, hash tables of distinct experts), and
+ * are stored with one of the quantization recipes.  The output is a pure
+ * function of the options: every row is drawn from a generator seeded by
+ * (seed, tensor name, row), so thread count does not change the bytes.
+ *
+ * With --random-blocks, quantized tensors are filled with random but valid
+ * blocks instead of quantized random floats: that is how the full-size
+ * synthetic models used for speed measurements are made in minutes rather
+ * than hours (their outputs mean nothing, their bytes are realistic).
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "base/error.h"
+#include "base/fp.h"
+#include "base/threads.h"
+#include "format/gguf.h"
+#include "format/quants.h"
+#include "model/config.h"
+#include "model/layout.h"
+
+/* ------------------------------------------------------------ presets */
+
+static void preset_tiny(ds4_config *c) {
+    ds4_config_flash(c);
+    c->n_layer = 6;
+    c->n_embd = 256;
+    c->n_vocab = 1024;
+    c->n_head = 8;
+    c->head_dim = 128;
+    c->rope_dim = 64;
+    c->q_lora_rank = 64;
+    c->o_lora_rank = 64;
+    c->o_groups = 2;
+    c->n_expert = 8;
+    c->n_expert_used = 2;
+    c->n_ff_exp = 256;
+    c->sliding_window = 16;
+    c->idx_n_head = 32;
+    c->idx_top_k = 8;
+    c->context_length = 65536;
+}
+
+static void preset_small(ds4_config *c) {
+    preset_tiny(c);
+    c->n_layer = 8;
+    c->n_embd = 512;
+    c->n_head = 16;
+    c->head_dim = 256;
+    c->q_lora_rank = 128;
+    c->o_lora_rank = 128;
+    c->o_groups = 4;
+    c->n_expert = 16;
+    c->n_expert_used = 4;
+    c->n_ff_exp = 512;
+    c->sliding_window = 128;
+    c->idx_top_k = 32;
+}
+
+static void preset_mid(ds4_config *c) {
+    preset_small(c);
+    c->n_layer = 12;
+    c->n_embd = 1024;
+    c->n_head = 16;
+    c->head_dim = 512;
+    c->q_lora_rank = 256;
+    c->o_lora_rank = 256;
+    c->o_groups = 4;
+    c->n_expert = 32;
+    c->n_expert_used = 6;
+    c->n_ff_exp = 1024;
+    c->idx_n_head = 64;
+    c->idx_top_k = 64;
+}
+
+static int apply_preset(const char *name, ds4_config *c) {
+    if (strcmp(name, "tiny") == 0) preset_tiny(c);
+    else if (strcmp(name, "small") == 0) preset_small(c);
+    else if (strcmp(name, "mid") == 0) preset_mid(c);
+    else if (strcmp(name, "flash") == 0) ds4_config_flash(c);
+    else return -1;
+    /* Ratios follow the Flash schedule for however many layers there are. */
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
+        c->swiglu_clamp[il] = 10.0f;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------- random */
+
+typedef struct rng { uint64_t s[4]; } rng;
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static void rng_seed(rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+
+static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+
+static uint64_t rng_u64(rng *r) { /* xoshiro256** */
+    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return out;
+}
+
+static float rng_uniform(rng *r) { return (float)((rng_u64(r) >> 40) * (1.0 / 16777216.0)); }
+
+static float rng_normal(rng *r) {
+    float u1 = rng_uniform(r), u2 = rng_uniform(r);
+    if (u1 < 1e-7f) u1 = 1e-7f;
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
+}
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* ------------------------------------------------------ value choices */
+
+/* How the values of one tensor are drawn. */
+typedef struct dist {
+    float mean, std;
+} dist;
+
+static dist tensor_dist(const ds4_tensor_spec *t) {
+    const char *n = t->name;
+    if (t->layer >= 0) n = strchr(strchr(n, '.') + 1, '.') + 1; /* skip "blk.N." */
+    float fan_in = (float)t->ne[0];
+    switch (t->cls) {
+    case DS4_TC_TOKEN_EMBD: return (dist){0.0f, 1.0f};
+    case DS4_TC_VECTOR:
+        if (strstr(n, "norm")) return (dist){1.0f, 0.1f};
+        if (strstr(n, "sinks")) return (dist){0.0f, 1.0f};
+        if (strstr(n, "scale")) return (dist){1.0f, 0.1f};
+        return (dist){0.0f, 0.5f}; /* HC bases */
+    case DS4_TC_COMPRESSOR_APE: return (dist){0.0f, 0.5f};
+    case DS4_TC_ROUTER_BIAS: return (dist){0.0f, 0.05f};
+    default: return (dist){0.0f, 1.0f / sqrtf(fan_in)};
+    }
+}
+
+/* ----------------------------------------------------------- writing */
+
+typedef struct gen_ctx {
+    const ds4_tensor_spec *t;
+    uint32_t type;
+    uint64_t seed;        /* tensor seed */
+    uint64_t row0;        /* first row of the current slab */
+    const float *importance;
+    int random_blocks;
+    float *f32;           /* slab rows as floats, per row */
+    uint8_t *out;         /* slab rows encoded */
+    size_t row_bytes;
+    int64_t ne0;
+} gen_ctx;
+
+static void draw_row(const gen_ctx *g, uint64_t row, float *dst) {
+    rng r;
+    rng_seed(&r, g->seed ^ (row * 0xD1B54A32D192ED03ull));
+    dist d = tensor_dist(g->t);
+    for (int64_t i = 0; i < g->ne0; i++) dst[i] = d.mean + d.std * rng_normal(&r);
+}
+
+/* Random but valid quantized blocks whose values have roughly the
+ * tensor's scale: quants are uniform, block scales are set so the
+ * dequantized values have about the requested standard deviation. */
+static void random_blocks_row(const gen_ctx *g, uint64_t row, uint8_t *dst) {
+    rng r;
+    rng_seed(&r, g->seed ^ (row * 0xD1B54A32D192ED03ull));
+    for (size_t i = 0; i < g->row_bytes; i += 8) {
+        uint64_t v = rng_u64(&r);
+        memcpy(dst + i, &v, g->row_bytes - i < 8 ? g->row_bytes - i : 8);
+    }
+    float std = tensor_dist(g->t).std;
+    const ds4_type_info *info = ds4_type_get(g->type);
+    size_t nblocks = g->row_bytes / info->block_bytes;
+    for (size_t b = 0; b < nblocks; b++) {
+        uint8_t *blk = dst + b * info->block_bytes;
+        uint16_t d, dmin;
+        switch (g->type) {
+        case DS4_TYPE_Q8_0: /* q uniform in [-128,127]: std ~74 */
+            d = ds4_f32_to_f16(std / 74.0f);
+            memcpy(blk, &d, 2);
+            break;
+        case DS4_TYPE_Q2_K: /* sc*q - m with q in 0..3, sc, m in 0..15 */
+            d = ds4_f32_to_f16(std / 8.0f);
+            dmin = ds4_f32_to_f16(std / 8.0f);
+            memcpy(blk + 80, &d, 2);
+            memcpy(blk + 82, &dmin, 2);
+            break;
+        case DS4_TYPE_Q4_K:
+            d = ds4_f32_to_f16(std / 150.0f);
+            dmin = ds4_f32_to_f16(std / 150.0f);
+            memcpy(blk, &d, 2);
+            memcpy(blk + 2, &dmin, 2);
+            break;
+        case DS4_TYPE_IQ2_XXS: /* grid values up to 43, group scale (2S+1)/8 */
+            d = ds4_f32_to_f16(std / 40.0f);
+            memcpy(blk, &d, 2);
+            break;
+        default: break;
+        }
+    }
+}
+
+static void gen_rows(void *vctx, int64_t begin, int64_t end, int thread) {
+    gen_ctx *g = vctx;
+    for (int64_t i = begin; i < end; i++) {
+        uint64_t row = g->row0 + (uint64_t)i;
+        uint8_t *dst = g->out + (size_t)i * g->row_bytes;
+        if (g->random_blocks && g->type != DS4_TYPE_F32 && g->type != DS4_TYPE_F16 && g->type != DS4_TYPE_BF16) {
+            random_blocks_row(g, row, dst);
+            continue;
+        }
+        float *x = g->f32 + (size_t)i * (size_t)g->ne0;
+        draw_row(g, row, x);
+        if (g->type == DS4_TYPE_F32) {
+            memcpy(dst, x, (size_t)g->ne0 * 4);
+        } else if (g->type == DS4_TYPE_F16) {
+            ds4_f32_to_f16_row(x, (uint16_t *)(void *)dst, g->ne0);
+        } else if (g->type == DS4_TYPE_BF16) {
+            uint16_t *o = (uint16_t *)(void *)dst;
+            for (int64_t k = 0; k < g->ne0; k++) o[k] = ds4_f32_to_bf16(x[k]);
+        } else {
+            ds4_quantize_row(g->type, x, dst, g->ne0, g->importance);
+        }
+    }
+}
+
+/* Hash routing table: each token gets n_expert_used distinct experts. */
+static void gen_tid2eid(const ds4_tensor_spec *t, uint32_t n_expert, uint64_t seed, int32_t *out) {
+    uint32_t k = (uint32_t)t->ne[0];
+    for (uint64_t tok = 0; tok < t->ne[1]; tok++) {
+        rng r;
+        rng_seed(&r, seed ^ (tok * 0xD1B54A32D192ED03ull));
+        int32_t *row = out + tok * k;
+        for (uint32_t j = 0; j < k; j++) {
+            for (;;) {
+                int32_t e = (int32_t)(rng_u64(&r) % n_expert);
+                uint32_t m = 0;
+                while (m < j && row[m] != e) m++;
+                if (m == j) { row[j] = e; break; }
+            }
+        }
+    }
+}
+
+typedef struct opts {
+    const char *out;
+    const char *preset;
+    const char *recipe;
+    const char *tokenizer;
+    const char *name;
+    uint64_t seed;
+    int threads;
+    int random_blocks;
+    int quiet;
+    uint32_t type_override[DS4_TC_COUNT]; /* UINT32_MAX = recipe's */
+} opts;
+
+static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t type, const opts *o,
+                        const ds4_config *c, ds4_pool *pool, ds4_err *err) {
+    uint64_t seed = o->seed ^ name_hash(t->name);
+    if (t->cls == DS4_TC_HASH) {
+        size_t n = (size_t)(t->ne[0] * t->ne[1]);
+        int32_t *tab = malloc(n * sizeof(int32_t));
+        if (!tab) return ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
+        gen_tid2eid(t, c->n_expert, seed, tab);
+        int rc = ds4_gguf_w_data(w, tab, n * sizeof(int32_t));
+        free(tab);
+        return rc;
+    }
+
+    int64_t ne0 = (int64_t)t->ne[0];
+    uint64_t rows_per_mat = t->ne[1];
+    uint64_t nmat = t->ndim == 3 ? t->ne[2] : 1;
+    size_t row_bytes = ds4_row_bytes(type, ne0);
+    /* Slabs of one matrix (one expert) at most, and at most ~64 MB of f32. */
+    uint64_t slab = rows_per_mat;
+    while (slab > 1 && slab * (uint64_t)ne0 * 4 > (64u << 20)) slab = (slab + 1) / 2;
+
+    gen_ctx g = {.t = t, .type = type, .seed = seed, .random_blocks = o->random_blocks,
+                 .row_bytes = row_bytes, .ne0 = ne0};
+    g.f32 = malloc((size_t)slab * (size_t)ne0 * sizeof(float));
+    g.out = malloc((size_t)slab * row_bytes);
+    float *energy = NULL;
+    int rc = 0;
+    if (!g.f32 || !g.out) rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
+
+    int needs_importance = type == DS4_TYPE_IQ2_XXS && !o->random_blocks;
+    for (uint64_t m = 0; rc == 0 && m < nmat; m++) {
+        if (needs_importance) {
+            /* Column-energy fallback (MODEL.md 2.6) over the whole matrix,
+             * which is regenerated here since rows are seeded by index. */
+            if (!energy) energy = calloc((size_t)ne0, sizeof(float));
+            if (!energy) { rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name); break; }
+            memset(energy, 0, (size_t)ne0 * sizeof(float));
+            for (uint64_t r0 = 0; r0 < rows_per_mat; r0++) {
+                draw_row(&g, m * rows_per_mat + r0, g.f32);
+                for (int64_t i = 0; i < ne0; i++) energy[i] += g.f32[i] * g.f32[i];
+            }
+            g.importance = energy;
+        }
+        for (uint64_t r0 = 0; rc == 0 && r0 < rows_per_mat; r0 += slab) {
+            uint64_t n = rows_per_mat - r0 < slab ? rows_per_mat - r0 : slab;
+            g.row0 = m * rows_per_mat + r0;
+            ds4_pool_run(pool, (int64_t)n, 1, gen_rows, &g);
+            rc = ds4_gguf_w_data(w, g.out, n * row_bytes);
+        }
+    }
+    free(energy);
+    free(g.f32);
+    free(g.out);
+    return rc;
+}
+
+static int copy_tokenizer(ds4_gguf_writer *w, const char *path, ds4_config *c, ds4_err *err) {
+    ds4_gguf *tok = ds4_gguf_open(path, err);
+    if (!tok) return ds4_err_prefix(err, "tokenizer %s", path);
+    int rc = 0, have_tokens = 0;
+    for (uint64_t i = 0; i < tok->n_kv && rc == 0; i++) {
+        const ds4_gguf_kv *kv = &tok->kv[i];
+        if (strncmp(kv->key, "tokenizer.", 10) != 0) continue;
+        if (strcmp(kv->key, "tokenizer.ggml.tokens") == 0) {
+            have_tokens = 1;
+            if (kv->value.type != DS4_GGUF_ARRAY || kv->value.a.count != c->n_vocab)
+                rc = ds4_err_set(err, DS4_EINVAL, "tokenizer %s has %llu tokens but the model vocabulary is %u",
+                                 path, (unsigned long long)kv->value.a.count, c->n_vocab);
+        }
+        if (rc == 0 && ds4_gguf_w_copy_kv(w, kv) != 0) rc = ds4_err_set(err, DS4_EIO, "copying %s failed", kv->key);
+    }
+    if (rc == 0 && !have_tokens) rc = ds4_err_set(err, DS4_EFORMAT, "tokenizer %s has no tokenizer.ggml.tokens", path);
+    ds4_gguf_close(tok);
+    return rc;
+}
+
+/* Vocabulary size of a tokenizer GGUF, so --vocab can follow it. */
+static int tokenizer_vocab(const char *path, uint32_t *n, ds4_err *err) {
+    ds4_gguf *tok = ds4_gguf_open(path, err);
+    if (!tok) return ds4_err_prefix(err, "tokenizer %s", path);
+    const ds4_gguf_array *a;
+    int rc = ds4_gguf_get_arr(tok, "tokenizer.ggml.tokens", DS4_GGUF_STRING, &a, err);
+    if (rc == 0) *n = (uint32_t)a->count;
+    ds4_gguf_close(tok);
+    return rc;
+}
+
+static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
+    if (ds4_config_validate(c, err) != 0) return ds4_err_prefix(err, "model shape");
+    const ds4_recipe *base = ds4_recipe_get(o->recipe);
+    if (!base) return ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", o->recipe, ds4_recipe_names());
+    ds4_recipe recipe = *base;
+    for (int k = 0; k < DS4_TC_COUNT; k++)
+        if (o->type_override[k] != UINT32_MAX) recipe.type[k] = o->type_override[k];
+
+    size_t n = ds4_layout_count(c);
+    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
+    uint32_t *types = calloc(n, sizeof(*types));
+    if (!specs || !types) {
+        free(specs);
+        free(types);
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    }
+    ds4_layout_build(c, specs);
+
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) rc = ds4_recipe_type_for(&recipe, &specs[i], &types[i], err);
+
+    ds4_pool *pool = NULL;
+    ds4_gguf_writer *w = NULL;
+    if (rc == 0) pool = ds4_pool_create(o->threads, err);
+    if (rc == 0 && !pool) rc = -1;
+    if (rc == 0) w = ds4_gguf_writer_open(o->out, 0, err);
+    if (rc == 0 && !w) rc = -1;
+
+    if (rc == 0) {
+        rc |= ds4_gguf_w_str(w, "general.architecture", "deepseek4");
+        rc |= ds4_gguf_w_str(w, "general.name", o->name);
+        rc |= ds4_gguf_w_str(w, "general.type", "model");
+        rc |= ds4_gguf_w_str(w, "ds4.mkmodel.recipe", recipe.name);
+        rc |= ds4_gguf_w_u64(w, "ds4.mkmodel.seed", o->seed);
+        rc |= ds4_gguf_w_bool(w, "ds4.mkmodel.random_blocks", o->random_blocks != 0);
+        if (rc != 0) rc = ds4_err_set(err, DS4_EIO, "writing general metadata failed");
+    }
+    if (rc == 0) rc = ds4_config_to_gguf(c, w, err);
+    if (rc == 0 && o->tokenizer) rc = copy_tokenizer(w, o->tokenizer, c, err);
+
+    /* The router bias exists only on learned-routing layers, as in the
+     * official checkpoint (hash layers have tid2eid instead). */
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (specs[i].cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)specs[i].layer)) continue;
+        if (ds4_gguf_w_tensor(w, specs[i].name, specs[i].ndim, specs[i].ne, types[i]) != 0)
+            rc = ds4_err_set(err, DS4_EINVAL, "declaring %s failed", specs[i].name);
+    }
+    uint64_t total = 0;
+    size_t written = 0;
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (specs[i].cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)specs[i].layer)) continue;
+        written++;
+        rc = write_tensor(w, &specs[i], types[i], o, c, pool, err);
+        if (rc != 0) {
+            ds4_err_prefix(err, "tensor %s", specs[i].name);
+            break;
+        }
+        total += ds4_row_bytes(types[i], (int64_t)specs[i].ne[0]) * specs[i].ne[1] * specs[i].ne[2];
+        if (!o->quiet && specs[i].ne[1] * specs[i].ne[2] > 1000000)
+            fprintf(stderr, "\r  %zu/%zu tensors, %.2f GB", i + 1, n, (double)total / 1e9);
+    }
+    if (w) {
+        if (rc == 0) rc = ds4_gguf_writer_close(w, err);
+        else ds4_gguf_writer_abort(w);
+    }
+    if (!o->quiet && rc == 0)
+        fprintf(stderr, "\rwrote %s: %zu tensors, %.3f GB, recipe %s, seed %llu\n", o->out, written, (double)total / 1e9,
+                recipe.name, (unsigned long long)o->seed);
+    ds4_pool_free(pool);
+    free(specs);
+    free(types);
+    return rc;
+}
+
+/* ------------------------------------------------------------ options */
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ds4-mkmodel -o OUT.gguf [options]\n"
+            "  --preset NAME      tiny | small | mid | flash (default tiny)\n"
+            "  --recipe NAME      %s (default f16)\n"
+            "  --type CLASS=TYPE  override one tensor class (embedding, output, hc, attention-proj,\n"
+            "                     compressor, compressor-ape, indexer, router, shared, routed-w1,\n"
+            "                     routed-w2, routed-w3) with f32|f16|bf16|q8_0|q2_k|q4_k|iq2_xxs\n"
+            "  --seed N           random seed (default 1)\n"
+            "  --tokenizer FILE   copy tokenizer.* metadata from a GGUF (sets the vocabulary size)\n"
+            "  --set KEY=VALUE    change one shape: layers, embd, vocab, heads, head-dim, rope-dim,\n"
+            "                     q-rank, o-rank, o-groups, experts, experts-used, ff, hash-layers,\n"
+            "                     window, idx-heads, idx-top-k, hc\n"
+            "  --random-blocks    fill quantized tensors with random valid blocks (fast; for speed tests)\n"
+            "  --name TEXT        general.name (default ds4-mkmodel-PRESET)\n"
+            "  -t, --threads N    worker threads (default all cores)\n"
+            "  -q, --quiet        no progress output\n",
+            ds4_recipe_names());
+}
+
+static int parse_type(const char *s, uint32_t *out) {
+    static const struct { const char *n; uint32_t t; } names[] = {
+        {"f32", DS4_TYPE_F32}, {"f16", DS4_TYPE_F16}, {"bf16", DS4_TYPE_BF16}, {"q8_0", DS4_TYPE_Q8_0},
+        {"q2_k", DS4_TYPE_Q2_K}, {"q4_k", DS4_TYPE_Q4_K}, {"iq2_xxs", DS4_TYPE_IQ2_XXS}};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if (strcasecmp(s, names[i].n) == 0) { *out = names[i].t; return 0; }
+    return -1;
+}
+
+static int parse_class_type(const char *arg, opts *o) {
+    const char *eq = strchr(arg, '=');
+    if (!eq) return -1;
+    uint32_t type;
+    if (parse_type(eq + 1, &type) != 0) return -1;
+    int found = 0;
+    for (int k = 0; k < DS4_TC_COUNT; k++) {
+        const char *cn = ds4_tclass_name((ds4_tclass)k);
+        if (strlen(cn) == (size_t)(eq - arg) && strncmp(cn, arg, (size_t)(eq - arg)) == 0) {
+            o->type_override[k] = type;
+            found = 1;
+        }
+    }
+    return found ? 0 : -1;
+}
+
+static int parse_set(const char *arg, ds4_config *c) {
+    const char *eq = strchr(arg, '=');
+    if (!eq) return -1;
+    char *end;
+    errno = 0;
+    unsigned long v = strtoul(eq + 1, &end, 10);
+    if (errno || *end || end == eq + 1 || v > 100000000ul) return -1;
+    size_t kl = (size_t)(eq - arg);
+    static const struct { const char *k; size_t off; } keys[] = {
+        {"layers", offsetof(ds4_config, n_layer)}, {"embd", offsetof(ds4_config, n_embd)},
+        {"vocab", offsetof(ds4_config, n_vocab)}, {"heads", offsetof(ds4_config, n_head)},
+        {"head-dim", offsetof(ds4_config, head_dim)}, {"rope-dim", offsetof(ds4_config, rope_dim)},
+        {"q-rank", offsetof(ds4_config, q_lora_rank)}, {"o-rank", offsetof(ds4_config, o_lora_rank)},
+        {"o-groups", offsetof(ds4_config, o_groups)}, {"experts", offsetof(ds4_config, n_expert)},
+        {"experts-used", offsetof(ds4_config, n_expert_used)}, {"ff", offsetof(ds4_config, n_ff_exp)},
+        {"hash-layers", offsetof(ds4_config, n_hash_layer)}, {"window", offsetof(ds4_config, sliding_window)},
+        {"idx-heads", offsetof(ds4_config, idx_n_head)}, {"idx-top-k", offsetof(ds4_config, idx_top_k)},
+        {"hc", offsetof(ds4_config, n_hc)},
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        if (strlen(keys[i].k) == kl && strncmp(keys[i].k, arg, kl) == 0) {
+            *(uint32_t *)(void *)((char *)c + keys[i].off) = (uint32_t)v;
+            if (strcmp(keys[i].k, "layers") == 0) {
+                if (v < 1 || v > DS4_MAX_LAYERS) return -1;
+                for (uint32_t il = 0; il < c->n_layer; il++) {
+                    c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
+                    c->swiglu_clamp[il] = 10.0f;
+                }
+            }
+            return 0;
+        }
+    }
+    return -1;
+}
+
+int main(int argc, char **argv) {
+    opts o = {.preset = "tiny", .recipe = "f16", .seed = 1};
+    for (int k = 0; k < DS4_TC_COUNT; k++) o.type_override[k] = UINT32_MAX;
+    enum { OPT_PRESET = 256, OPT_RECIPE, OPT_TYPE, OPT_SEED, OPT_TOKENIZER, OPT_SET, OPT_RANDOM, OPT_NAME };
+    static const struct option longopts[] = {
+        {"preset", required_argument, 0, OPT_PRESET}, {"recipe", required_argument, 0, OPT_RECIPE},
+        {"type", required_argument, 0, OPT_TYPE}, {"seed", required_argument, 0, OPT_SEED},
+        {"tokenizer", required_argument, 0, OPT_TOKENIZER}, {"set", required_argument, 0, OPT_SET},
+        {"random-blocks", no_argument, 0, OPT_RANDOM}, {"name", required_argument, 0, OPT_NAME},
+        {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
+        {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+
+    /* Two passes: the preset first, so --set applies on top of it whatever
+     * the order on the command line. */
+    for (int i = 1; i < argc - 1; i++)
+        if (strcmp(argv[i], "--preset") == 0) o.preset = argv[i + 1];
+    ds4_config c;
+    if (apply_preset(o.preset, &c) != 0) {
+        fprintf(stderr, "ds4-mkmodel: unknown preset '%s' (tiny, small, mid, flash)\n", o.preset);
+        return 2;
+    }
+
+    int opt;
+    const char *sets[64];
+    int nsets = 0;
+    while ((opt = getopt_long(argc, argv, "o:t:qh", longopts, NULL)) != -1) {
+        switch (opt) {
+        case 'o': o.out = optarg; break;
+        case 't': o.threads = atoi(optarg); break;
+        case 'q': o.quiet = 1; break;
+        case 'h': usage(stdout); return 0;
+        case OPT_PRESET: break;
+        case OPT_RECIPE: o.recipe = optarg; break;
+        case OPT_TYPE:
+            if (parse_class_type(optarg, &o) != 0) {
+                fprintf(stderr, "ds4-mkmodel: bad --type '%s'\n", optarg);
+                return 2;
+            }
+            break;
+        case OPT_SEED: o.seed = strtoull(optarg, NULL, 10); break;
+        case OPT_TOKENIZER: o.tokenizer = optarg; break;
+        case OPT_SET:
+            if (nsets == 64) { fprintf(stderr, "ds4-mkmodel: too many --set\n"); return 2; }
+            sets[nsets++] = optarg;
+            break;
+        case OPT_RANDOM: o.random_blocks = 1; break;
+        case OPT_NAME: o.name = optarg; break;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (!o.out || optind != argc) {
+        usage(stderr);
+        return 2;
+    }
+    ds4_err err = {0};
+    if (o.tokenizer && tokenizer_vocab(o.tokenizer, &c.n_vocab, &err) != 0) {
+        fprintf(stderr, "ds4-mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    for (int i = 0; i < nsets; i++) {
+        if (parse_set(sets[i], &c) != 0) {
+            fprintf(stderr, "ds4-mkmodel: bad --set '%s'\n", sets[i]);
+            return 2;
+        }
+    }
+    char name[64];
+    if (!o.name) {
+        snprintf(name, sizeof(name), "ds4-mkmodel-%s", o.preset);
+        o.name = name;
+    }
+    if (write_model(&o, &c, &err) != 0) {
+        fprintf(stderr, "ds4-mkmodel: %s\n", err.msg);
+        return 1;
+    }
+    return 0;
+}
