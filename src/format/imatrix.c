@@ -11,7 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "base/strindex.h"
+#include "format/gguf_index.h"
 
 void ds4_imatrix_free(ds4_imatrix *im) {
     if (!im) return;
@@ -21,7 +21,7 @@ void ds4_imatrix_free(ds4_imatrix *im) {
     }
     free(im->entries);
     if (im->index) {
-        ds4_strindex_free(im->index);
+        ds4_name_index_free(im->index);
         free(im->index);
     }
     free(im->dataset);
@@ -31,8 +31,8 @@ void ds4_imatrix_free(ds4_imatrix *im) {
 
 ds4_imatrix *ds4_imatrix_new(ds4_err *err) {
     ds4_imatrix *im = calloc(1, sizeof(*im));
-    if (im) im->index = calloc(1, sizeof(ds4_strindex));
-    if (!im || !im->index || ds4_strindex_init(im->index, 64) != 0) {
+    if (im) im->index = calloc(1, sizeof(ds4_name_index));
+    if (!im || !im->index || ds4_name_index_init(im->index, 64, NULL) != 0) {
         ds4_imatrix_free(im);
         ds4_err_set(err, DS4_ENOMEM, "out of memory");
         return NULL;
@@ -51,21 +51,22 @@ static int append(ds4_imatrix *im, char *name, int32_t ncall, uint32_t nval, flo
     }
     im->entries = grown;
     im->entries[im->n_entries] = (ds4_imatrix_entry){.name = name, .ncall = ncall, .nval = nval, .values = values};
-    int rc = ds4_strindex_put(im->index, name, im->n_entries);
+    uint64_t old;
+    int rc = ds4_name_index_put(im->index, name, im->n_entries, &old, NULL);
     im->n_entries++;
     if (rc < 0) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    if (rc > 0) return ds4_err_set(err, DS4_EFORMAT, "entry %s appears twice", name);
+    if (rc == 0) return ds4_err_set(err, DS4_EFORMAT, "entry %s appears twice", name);
     return 0;
 }
 
 const ds4_imatrix_entry *ds4_imatrix_find(const ds4_imatrix *im, const char *name) {
-    size_t i = ds4_strindex_get(im->index, name);
-    return i == SIZE_MAX ? NULL : &im->entries[i];
+    uint64_t i;
+    return ds4_name_index_get(im->index, name, &i) ? &im->entries[i] : NULL;
 }
 
 ds4_imatrix_entry *ds4_imatrix_entry_get(ds4_imatrix *im, const char *name, uint32_t nval, ds4_err *err) {
-    size_t i = ds4_strindex_get(im->index, name);
-    if (i != SIZE_MAX) {
+    uint64_t i;
+    if (ds4_name_index_get(im->index, name, &i)) {
         if (im->entries[i].nval != nval) {
             ds4_err_set(err, DS4_EINVAL, "imatrix entry %s has %u values, not %u", name, im->entries[i].nval, nval);
             return NULL;

@@ -18,7 +18,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "base/strindex.h"
+#include "format/gguf_index.h"
 
 static const struct {
     const char *name;
@@ -75,7 +75,7 @@ static void free_tensors(ds4_st_file *f) {
 void ds4_st_close(ds4_st_file *f) {
     if (!f) return;
     if (f->index) {
-        ds4_strindex_free(f->index);
+        ds4_name_index_free(f->index);
         free(f->index);
     }
     free_tensors(f);
@@ -185,15 +185,18 @@ static int check_no_overlap(ds4_st_file *f, ds4_err *err) {
 }
 
 static int build_index(ds4_st_file *f, ds4_err *err) {
-    ds4_strindex *ix = malloc(sizeof(*ix));
-    if (!ix || ds4_strindex_init(ix, f->n_tensors) != 0) {
+    ds4_name_index *ix = calloc(1, sizeof(*ix));
+    if (!ix || ds4_name_index_init(ix, f->n_tensors, NULL) != 0) {
         free(ix);
         return ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", f->path);
     }
     f->index = ix;
     for (size_t i = 0; i < f->n_tensors; i++)
-        if (ds4_strindex_put(ix, f->tensors[i].name, i) != 0)
-            return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s appears twice", f->path, f->tensors[i].name);
+        switch (ds4_name_index_put(ix, f->tensors[i].name, i, &(uint64_t){0}, NULL)) {
+        case 1: break;
+        case 0: return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s appears twice", f->path, f->tensors[i].name);
+        default: return ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", f->path);
+        }
     return 0;
 }
 
@@ -305,8 +308,8 @@ ds4_st_file *ds4_st_open(const char *path, ds4_err *err) {
 
 const ds4_st_tensor *ds4_st_find(const ds4_st_file *f, const char *name) {
     if (!f->index) return NULL;
-    size_t i = ds4_strindex_get(f->index, name);
-    return i == SIZE_MAX ? NULL : &f->tensors[i];
+    uint64_t i;
+    return ds4_name_index_get(f->index, name, &i) ? &f->tensors[i] : NULL;
 }
 
 int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *want, size_t nwant, uint32_t ndim,
@@ -347,7 +350,7 @@ struct ds4_st_ckpt {
     size_t n;          /* tensors in the weight map */
     char **names;
     size_t *shard_of;
-    ds4_strindex names_ix;
+    ds4_name_index names_ix;
     size_t n_shards;
     shard *shards;
     pthread_mutex_t lock;
@@ -368,7 +371,7 @@ void ds4_st_ckpt_close(ds4_st_ckpt *c) {
     for (size_t i = 0; i < c->n; i++) free(c->names[i]);
     free(c->names);
     free(c->shard_of);
-    ds4_strindex_free(&c->names_ix);
+    ds4_name_index_free(&c->names_ix);
     for (size_t i = 0; i < c->n_shards; i++) {
         free(c->shards[i].file);
         free(c->shards[i].path);
@@ -419,7 +422,8 @@ static int add_weight(ds4_st_ckpt *c, const char *name, const char *file, ds4_er
     c->names[c->n] = strdup(name);
     if (!c->names[c->n]) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     c->shard_of[c->n] = sid;
-    int rc = ds4_strindex_put(&c->names_ix, c->names[c->n], c->n);
+    /* JSON_REJECT_DUPLICATES already refused repeated names. */
+    int rc = ds4_name_index_put(&c->names_ix, c->names[c->n], c->n, &(uint64_t){0}, NULL);
     c->n++;
     if (rc < 0) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     return 0;
@@ -428,7 +432,7 @@ static int add_weight(ds4_st_ckpt *c, const char *name, const char *file, ds4_er
 static int alloc_weights(ds4_st_ckpt *c, size_t n, ds4_err *err) {
     c->names = calloc(n ? n : 1, sizeof(*c->names));
     c->shard_of = calloc(n ? n : 1, sizeof(*c->shard_of));
-    if (!c->names || !c->shard_of || ds4_strindex_init(&c->names_ix, n) != 0)
+    if (!c->names || !c->shard_of || ds4_name_index_init(&c->names_ix, n, NULL) != 0)
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     return 0;
 }
@@ -535,7 +539,8 @@ size_t ds4_st_ckpt_count(const ds4_st_ckpt *c) { return c->n; }
 const char *ds4_st_ckpt_name(const ds4_st_ckpt *c, size_t i) { return i < c->n ? c->names[i] : NULL; }
 
 bool ds4_st_ckpt_has(const ds4_st_ckpt *c, const char *name) {
-    return ds4_strindex_get(&c->names_ix, name) != SIZE_MAX;
+    uint64_t i;
+    return ds4_name_index_get(&c->names_ix, name, &i);
 }
 
 size_t ds4_st_ckpt_shards_open(const ds4_st_ckpt *c) {
@@ -547,8 +552,8 @@ size_t ds4_st_ckpt_shards_open(const ds4_st_ckpt *c) {
 }
 
 const ds4_st_tensor *ds4_st_ckpt_get(ds4_st_ckpt *c, const char *name, ds4_err *err) {
-    size_t i = ds4_strindex_get(&c->names_ix, name);
-    if (i == SIZE_MAX) {
+    uint64_t i;
+    if (!ds4_name_index_get(&c->names_ix, name, &i)) {
         ds4_err_set(err, DS4_ENOTFOUND, "checkpoint %s has no tensor %s", c->dir, name);
         return NULL;
     }
