@@ -26,11 +26,8 @@
 
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
+#include "common/tool_run.h"
 #include "model/hf.h"
-
-static void assert_contains(const char *msg, const char *part) {
-    if (!strstr(msg, part)) fail_msg("message \"%s\" lacks \"%s\"", msg, part);
-}
 
 static void sha_hex(const void *data, size_t n, char out[65]) {
     unsigned char md[SHA256_DIGEST_LENGTH];

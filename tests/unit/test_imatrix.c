@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "common/st_build.h"
+#include "common/tool_run.h"
 #include "format/imatrix.h"
 #include "model/imatrix_collect.h"
 
@@ -65,10 +66,6 @@ static char *write_tmp(const char *dir, const bytes *b) {
     snprintf(path, 1024, "%s/im.dat", dir);
     st_write_file(path, b->buf, b->n);
     return path;
-}
-
-static void assert_contains(const char *msg, const char *part) {
-    if (!strstr(msg, part)) fail_msg("message \"%s\" lacks \"%s\"", msg, part);
 }
 
 static void test_reads_hand_built_file(void **state) {

@@ -31,6 +31,7 @@
 
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
+#include "common/tool_run.h"
 #include "format/gguf.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
@@ -38,26 +39,6 @@
 
 static char *ckpt;     /* a clean checkpoint shared by the tests */
 static char *scratch;  /* outputs */
-
-static void assert_contains(const char *msg, const char *part) {
-    if (!strstr(msg, part)) fail_msg("output \"%s\" lacks \"%s\"", msg, part);
-}
-
-/* Run a shell command; returns its exit status, output (stdout+stderr) in out. */
-static int run(char *out, size_t len, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof(cmd) - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    if (!p) fail_msg("popen failed");
-    size_t n = fread(out, 1, len - 1, p);
-    out[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static char *path_in(const char *dir, const char *file) {
     static char bufs[4][1024];
@@ -109,7 +90,7 @@ static ds4_gguf *open_gguf(const char *p) {
 static void quantize_ok(const char *extra, const char *out) {
     static char log[1 << 16];
     unlink(out);
-    int rc = run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet %s", ckpt, out, extra);
+    int rc = run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet %s", ckpt, out, extra);
     if (rc != 0) fail_msg("ds4-quantize %s failed (%d): %s", extra, rc, log);
 }
 
@@ -258,10 +239,10 @@ static void test_imatrix(void **state) {
 
     char log[1 << 14];
     write_imatrix(im, false, 0);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
     assert_contains(log, "blk.3.ffn_down_exps.weight: no imatrix vector for expert 0 (--imatrix-strict)");
     write_imatrix(im, true, 100);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
     assert_contains(log, "imatrix entry blk.1.ffn_gate_exps.weight has 100 values, expected 256 or 4 x 256");
 }
 
@@ -303,25 +284,25 @@ static void test_cli(void **state) {
     char log[1 << 16];
     char *out = path_in(scratch, "cli.gguf");
     unlink(out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --dry-run --recipe q4", ckpt), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --dry-run --recipe q4", ckpt), 0);
     assert_contains(log, "blk.3.ffn_down_exps.weight");
     assert_contains(log, "I8       -> q4_k");
     assert_contains(log, "tensors: 116");
     assert_false(exists(out));
     quantize_ok("--recipe f16", out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16", ckpt, out), 1);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16", ckpt, out), 1);
     assert_contains(log, "exists (use --overwrite");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt, out), 0);
     assert_contains(log, "elements/s");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q3", ckpt, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q3", ckpt, out), 2);
     assert_contains(log, "unknown recipe \"q3\"");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --experts q5_k", ckpt, out), 2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --out %s", out), 2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --threads 0", ckpt, out), 2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tensor-type blk.0.attn_norm.weight=q8_0 --overwrite",
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --experts q5_k", ckpt, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --out %s", out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --threads 0", ckpt, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tensor-type blk.0.attn_norm.weight=q8_0 --overwrite",
                          ckpt, out), 1);
     assert_contains(log, "blk.0.attn_norm.weight: type q8_0 (from --tensor-type) is not accepted");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --help"), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --help"), 0);
     assert_contains(log, "--routed-w2");
 }
 
@@ -330,7 +311,7 @@ static void test_compare_tensor(void **state) {
     char log[1 << 14];
     char *q2 = path_in(scratch, "cmp-q2.gguf"), *bad = path_in(scratch, "cmp-bad.gguf");
     quantize_ok("--recipe q2", q2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
                          "--compare-gguf %s", ckpt, q2), 0);
     assert_contains(log, "blk.2.ffn_up_exps.weight iq2_xxs 67584 bytes");
     assert_contains(log, "identical");
@@ -343,13 +324,13 @@ static void test_compare_tensor(void **state) {
     st_write_file(bad, copy, g->size);
     free(copy);
     ds4_gguf_close(g);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
                          "--compare-gguf %s", ckpt, bad), 1);
     assert_contains(log, "1 bytes differ, first at offset 1000");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.9.attn_kv.weight "
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.9.attn_kv.weight "
                          "--compare-gguf %s", ckpt, q2), 1);
     assert_contains(log, "no such tensor in the model");
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor x", ckpt), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor x", ckpt), 2);
 }
 
 static void expect_failure(const official_ckpt_opts *opts, void (*damage)(const char *dir), const char *w1,
@@ -360,7 +341,7 @@ static void expect_failure(const official_ckpt_opts *opts, void (*damage)(const 
     char log[1 << 14];
     char *out = path_in(scratch, "bad.gguf");
     unlink(out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet", dir, out), 1);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet", dir, out), 1);
     assert_contains(log, w1);
     assert_contains(log, w2);
     assert_false(exists(out));

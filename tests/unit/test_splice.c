@@ -22,30 +22,13 @@
 
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
+#include "common/tool_run.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 #include "model/config.h"
 
 static char *dir;
 static char base[1024], donor[1024], out[1024];
-
-static void assert_contains(const char *msg, const char *part) {
-    if (!strstr(msg, part)) fail_msg("output \"%s\" lacks \"%s\"", msg, part);
-}
-
-static int run(char *o, size_t len, const char *fmt, ...) {
-    char cmd[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(cmd, sizeof(cmd), fmt, ap);
-    va_end(ap);
-    strncat(cmd, " 2>&1", sizeof(cmd) - strlen(cmd) - 1);
-    FILE *p = popen(cmd, "r");
-    size_t n = fread(o, 1, len - 1, p);
-    o[n] = '\0';
-    int st = pclose(p);
-    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
 
 static int setup(void **state) {
     (void)state;
@@ -60,8 +43,8 @@ static int setup(void **state) {
     snprintf(donor, sizeof(donor), "%s/q4.gguf", dir);
     snprintf(out, sizeof(out), "%s/mix.gguf", dir);
     char log[8192];
-    if (run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --quiet", dir, base) != 0 ||
-        run(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q4 --quiet", dir, donor) != 0) {
+    if (run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --quiet", dir, base) != 0 ||
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q4 --quiet", dir, donor) != 0) {
         fprintf(stderr, "%s\n", log);
         return -1;
     }
@@ -111,7 +94,7 @@ static void test_splice_layers(void **state) {
     (void)state;
     char log[1 << 14];
     unlink(out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1,3", base, donor,
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1,3", base, donor,
                          out), 0);
     ds4_gguf *b = open_ok(base), *d = open_ok(donor), *m = open_ok(out);
     ds4_err err = {0};
@@ -149,7 +132,7 @@ static void test_splice_layers(void **state) {
     /* Splicing again over a spliced base replaces the provenance. */
     char again[1100];
     snprintf(again, sizeof(again), "%s/again.gguf", dir);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", out, donor,
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", out, donor,
                          again), 0);
     m = open_ok(again);
     assert_int_equal(ds4_gguf_get_str(m, "splice.layers", &s, &err), 0);
@@ -162,24 +145,24 @@ static void test_cli_checks(void **state) {
     (void)state;
     char log[1 << 14];
     unlink(out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-3 --dry-run",
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-3 --dry-run",
                          base, donor, out), 0);
     assert_contains(log, "blk.2.ffn_up_exps.weight         iq2_xxs  -> q4_k");
     assert_contains(log, "spliced tensors: 6 of 116");
     struct stat st;
     assert_int_not_equal(stat(out, &st), 0);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 4", base, donor, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 4", base, donor, out), 2);
     assert_contains(log, "4-4 is not within 0..3");
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-x", base, donor, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-x", base, donor, out), 2);
     assert_contains(log, "range without an end");
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 3-1", base, donor, out), 2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --q4-layers 1", base, donor), 2);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, base), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 3-1", base, donor, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --q4-layers 1", base, donor), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, base), 2);
     assert_contains(log, "is one of the inputs");
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 0);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 2);
     assert_contains(log, "exists (use --force");
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1 --force", base,
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1 --force", base,
                          donor, out), 0);
 }
 
@@ -227,7 +210,7 @@ static void expect_refused(mutation m, const char *what, const char *want) {
     snprintf(bad, sizeof(bad), "%s/bad.gguf", dir);
     rewrite(donor, bad, m, what);
     unlink(out);
-    assert_int_equal(run(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, bad, out), 1);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, bad, out), 1);
     assert_contains(log, want);
     struct stat st;
     assert_int_not_equal(stat(out, &st), 0);
