@@ -1,0 +1,104 @@
+/*
+ * test_weights.c - the model loader (src/model/weights.c) on the committed
+ * tiny model and on corrupted copies of it: a missing tensor, a wrong
+ * shape, a storage type the layout does not accept, a foreign tensor, a hash
+ * table pointing outside the experts, missing or wrong metadata and a
+ * truncated file must each fail with a message naming the culprit.
+ */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/gguf_edit.h"
+#include "format/quants.h"
+#include "model/weights.h"
+
+#define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
+
+static void test_good_model_binds_every_tensor(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(MODEL, &err);
+    if (!w) fail_msg("%s", ds4_err_msg(&err));
+    const ds4_config *c = &w->cfg;
+    assert_int_equal(c->n_layer, 6);
+    assert_int_equal(w->token_embd.type, DS4_TYPE_F16);
+    assert_int_equal(w->token_embd.ne[1], c->n_vocab);
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const ds4_layer_weights *L = &w->layers[il];
+        assert_non_null(L->q_b.data);
+        assert_true((L->comp_kv.data != NULL) == (c->compress_ratio[il] != 0));
+        assert_true((L->idx_q_b.data != NULL) == (c->compress_ratio[il] == 4));
+        assert_true((L->tid2eid.data != NULL) == (il < c->n_hash_layer));
+        /* the optional selection bias is absent from the hash layers here */
+        assert_true((L->exp_bias.data != NULL) == (il >= c->n_hash_layer));
+        assert_int_equal(L->gate_exps.ne[2], c->n_expert);
+        assert_int_equal(L->gate_exps.row_bytes, c->n_embd * 2);
+    }
+    ds4_weights_close(w);
+}
+
+static void expect_failure(const gguf_edit *e, const char *needle) {
+    char path[96];
+    snprintf(path, sizeof(path), "build/tests/bad-model.%d.gguf", (int)getpid());
+    ds4_err err = {0};
+    if (gguf_copy_edited(MODEL, path, e, &err) != 0) fail_msg("making the bad copy: %s", ds4_err_msg(&err));
+    ds4_weights *w = ds4_weights_open(path, &err);
+    unlink(path);
+    if (w) {
+        ds4_weights_close(w);
+        fail_msg("a model expected to fail with '%s' loaded", needle);
+    }
+    printf("  %s\n", ds4_err_msg(&err));
+    if (!strstr(ds4_err_msg(&err), needle)) fail_msg("message '%s' does not name '%s'", ds4_err_msg(&err), needle);
+}
+
+static void test_bad_tensors(void **state) {
+    (void)state;
+    expect_failure(&(gguf_edit){.drop_tensor = "blk.3.attn_compressor_kv.weight"}, "blk.3.attn_compressor_kv.weight is missing");
+    expect_failure(&(gguf_edit){.drop_tensor = "output.weight"}, "output.weight is missing");
+    expect_failure(&(gguf_edit){.short_tensor = "blk.2.attn_sinks.weight"}, "blk.2.attn_sinks.weight: shape [3], expected [4]");
+    expect_failure(&(gguf_edit){.short_tensor = "blk.4.ffn_down_exps.weight"}, "blk.4.ffn_down_exps.weight: shape");
+    expect_failure(&(gguf_edit){.f16_tensor = "blk.1.attn_norm.weight"}, "blk.1.attn_norm.weight: storage type f16");
+    expect_failure(&(gguf_edit){.extra_tensor = "blk.0.attn_foo.weight"}, "blk.0.attn_foo.weight is not part");
+    expect_failure(&(gguf_edit){.bad_hash = "blk.1.ffn_gate_tid2eid.weight"}, "blk.1.ffn_gate_tid2eid.weight: token 0 maps to expert");
+}
+
+static void test_bad_metadata(void **state) {
+    (void)state;
+    expect_failure(&(gguf_edit){.drop_key = "deepseek4.expert_count"}, "deepseek4.expert_count");
+    expect_failure(&(gguf_edit){.ratio_key = "deepseek4.attention.compress_ratios"}, "compress_ratios[2] = 3");
+    /* a consistent but different shape: every tensor then disagrees */
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.head_count", .u32_value = 8}, "blk.0.attn_q_b.weight: shape");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.block_count", .u32_value = 5}, "tensor blk.5.");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.output_group_count", .u32_value = 3}, "output_group_count 3");
+}
+
+static void test_truncated_file(void **state) {
+    (void)state;
+    char path[96];
+    snprintf(path, sizeof(path), "build/tests/truncated.%d.gguf", (int)getpid());
+    ds4_err err = {0};
+    assert_int_equal(file_truncated_copy(MODEL, path, 1000, &err), 0);
+    ds4_weights *w = ds4_weights_open(path, &err);
+    unlink(path);
+    assert_null(w);
+    printf("  %s\n", ds4_err_msg(&err));
+    assert_non_null(strstr(ds4_err_msg(&err), path));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_good_model_binds_every_tensor),
+        cmocka_unit_test(test_bad_tensors),
+        cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_truncated_file),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
