@@ -16,6 +16,11 @@ the two agree:
   tests/golden/tools/tiny_ref_f32.tsv  GGUF name, ggml type, dims, sha256 of
                                        the reference tensor data (read back
                                        from the GGUFWriter file by GGUFReader)
+  tests/golden/tools/tiny_ref_logits.f32
+                                       the engine's logits (./ds4-forward, CPU
+                                       backend, simulations on) on the reference
+                                       GGUF after each of LOGIT_TOKENS, when
+                                       ./ds4-forward has been built
   tests/golden/tools/st_library.safetensors
                                        a small file written by the safetensors
                                        library itself, for the reader test
@@ -43,12 +48,14 @@ import hashlib
 import json
 import os
 import struct
+import subprocess
 
 import numpy as np
 import gguf
 from safetensors.numpy import save_file
 
 SEED = 0x5EED0D54
+LOGIT_TOKENS = "1,5,9,200,33,7,100,511"
 GAMMA = 0x9E3779B97F4A7C15
 M64 = (1 << 64) - 1
 
@@ -436,6 +443,10 @@ def main():
             dims = ",".join(str(int(x)) for x in t.shape)
             f.write(f"{t.name}\t{int(t.tensor_type)}\t{dims}\t{sha(t.data.tobytes())}\n")
     write_library_sample(os.path.join(a.golden, "st_library.safetensors"))
+    if os.path.exists("./ds4-forward"):
+        out = os.path.join(a.golden, "tiny_ref_logits.f32")
+        subprocess.run(["./ds4-forward", ref, "--tokens", LOGIT_TOKENS, "--logits-out", out, "-t", "1"],
+                       check=True, stdout=subprocess.DEVNULL)
     print(f"{len(raw)} checkpoint tensors, {len(r.tensors)} reference tensors -> {a.out}, {a.golden}")
 
 

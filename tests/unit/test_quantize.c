@@ -35,7 +35,9 @@
 #include "format/gguf.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
+#include "model/backend.h"
 #include "model/hf.h"
+#include "model/weights.h"
 
 static char *ckpt;     /* a clean checkpoint shared by the tests */
 static char *scratch;  /* outputs */
@@ -132,6 +134,47 @@ static void test_f32_matches_numpy_reference(void **state) {
     ds4_gguf_close(g);
 }
 
+/* Logits after each of `n` tokens from the CPU backend; caller frees. */
+static float *forward_logits(const char *model, const uint32_t *tokens, uint32_t n, uint32_t *n_vocab) {
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) fail_msg("%s", err.msg);
+    ds4_backend_opts bo = {.n_threads = 2};
+    ds4_backend *b = ds4_backend_create("cpu", w, &bo, &err);
+    if (!b) fail_msg("%s", err.msg);
+    *n_vocab = w->cfg.n_vocab;
+    float *logits = malloc((size_t)n * *n_vocab * sizeof(float));
+    if (ds4_backend_prefill(b, tokens, n, logits, &err) != 0) fail_msg("%s", err.msg);
+    ds4_backend_free(b);
+    ds4_weights_close(w);
+    return logits;
+}
+
+static const uint32_t logit_tokens[8] = {1, 5, 9, 200, 33, 7, 100, 511};
+
+/* The engine's logits on our f32 output equal its logits on the gguf-py
+ * reference (tests/golden/tools/tiny_ref_logits.f32) to 1e-4 relative. */
+static void test_f32_logits_match_reference(void **state) {
+    (void)state;
+    char *out = path_in(scratch, "f32.gguf");
+    if (!exists(out)) quantize_ok("--recipe f32", out);
+    uint32_t nv;
+    float *got = forward_logits(out, logit_tokens, 8, &nv);
+    float *want = malloc((size_t)8 * nv * sizeof(float));
+    FILE *f = fopen("tests/golden/tools/tiny_ref_logits.f32", "rb");
+    assert_non_null(f);
+    assert_int_equal(fread(want, sizeof(float), (size_t)8 * nv, f), (size_t)8 * nv);
+    fclose(f);
+    double max_diff = 0, max_ref = 0;
+    for (size_t i = 0; i < (size_t)8 * nv; i++) {
+        max_diff = fmax(max_diff, fabs((double)got[i] - want[i]));
+        max_ref = fmax(max_ref, fabs((double)want[i]));
+    }
+    if (max_diff > 1e-4 * max_ref) fail_msg("logits differ: max |diff| %g, max |ref| %g", max_diff, max_ref);
+    free(got);
+    free(want);
+}
+
 static double rel_rms(const float *a, const float *b, size_t n) {
     double num = 0, den = 0;
     for (size_t i = 0; i < n; i++) num += (a[i] - b[i]) * (double)(a[i] - b[i]), den += (double)b[i] * b[i];
@@ -180,6 +223,11 @@ static void test_q2_types_values_and_threads(void **state) {
     assert_true(tensor_error(a, r, "blk.3.ffn_down_exps.weight") < 0.6);
     assert_true(tensor_error(a, r, "blk.2.attn_q_b.weight") < 0.02);
     assert_true(tensor_error(a, r, "token_embd.weight") < 1e-3);
+    /* The q2 model loads and runs. */
+    uint32_t nv;
+    float *logits = forward_logits(q1, logit_tokens, 8, &nv);
+    for (size_t i = 0; i < (size_t)8 * nv; i++) assert_true(isfinite(logits[i]));
+    free(logits);
     ds4_gguf_close(a);
     ds4_gguf_close(b);
     ds4_gguf_close(r);
@@ -375,6 +423,7 @@ static void test_corrupt_inputs(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_matches_numpy_reference),
+        cmocka_unit_test(test_f32_logits_match_reference),
         cmocka_unit_test(test_q2_types_values_and_threads),
         cmocka_unit_test(test_imatrix),
         cmocka_unit_test(test_tokenizer_and_overrides),

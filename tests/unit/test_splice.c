@@ -25,7 +25,9 @@
 #include "common/tool_run.h"
 #include "format/gguf.h"
 #include "format/quants.h"
+#include "model/backend.h"
 #include "model/config.h"
+#include "model/weights.h"
 
 static char *dir;
 static char base[1024], donor[1024], out[1024];
@@ -128,6 +130,19 @@ static void test_splice_layers(void **state) {
     ds4_gguf_close(b);
     ds4_gguf_close(d);
     ds4_gguf_close(m);
+
+    /* The model loader accepts the mixed file and the forward pass runs. */
+    ds4_weights *wts = ds4_weights_open(out, &err);
+    if (!wts) fail_msg("%s", err.msg);
+    ds4_backend_opts bo = {.n_threads = 1};
+    ds4_backend *be = ds4_backend_create("cpu", wts, &bo, &err);
+    const uint32_t toks[4] = {1, 2, 300, 4};
+    assert_non_null(be);
+    assert_int_equal(ds4_backend_prefill(be, toks, 4, NULL, &err), 0);
+    const float *lg = ds4_backend_logits(be);
+    for (uint32_t i = 0; i < wts->cfg.n_vocab; i++) assert_true(lg[i] == lg[i]);
+    ds4_backend_free(be);
+    ds4_weights_close(wts);
 
     /* Splicing again over a spliced base replaces the provenance. */
     char again[1100];
