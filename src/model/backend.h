@@ -34,7 +34,7 @@ typedef struct ds4_backend_opts {
     int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
     uint32_t ctx_size;      /* tokens the session can hold; 0: 4096 */
-    uint32_t prefill_chunk; /* tokens per batched pass; 0: 512 */
+    uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
     bool no_sim;            /* turn the low-precision simulations off */
     /* Called for every routed expert the forward pass runs: the m tokens of
      * layer il routed to expert e, with their FFN input rows (x: m x n_embd,

@@ -69,6 +69,22 @@ static float *alloc_f32(size_t n, bool *ok) {
     return p;
 }
 
+uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx) {
+    uint64_t raw_cap = cfg->sliding_window < ctx ? cfg->sliding_window : ctx;
+    uint64_t floats = (uint64_t)ctx + cfg->n_vocab; /* tokens (u32) and logits */
+    for (uint32_t il = 0; il < cfg->n_layer; il++) {
+        uint32_t r = ds4_layer_ratio(cfg, il);
+        floats += raw_cap * cfg->head_dim;
+        if (r == 0) continue;
+        floats += ((uint64_t)ctx / r + 2) * cfg->head_dim;
+        floats += 2ull * ds4_state_frontier_rows(r) * ds4_state_frontier_width(cfg, r, false);
+        if (r != 4) continue;
+        floats += ((uint64_t)ctx / 4 + 2) * cfg->idx_head_dim;
+        floats += 2ull * ds4_state_frontier_rows(4) * ds4_state_frontier_width(cfg, 4, true);
+    }
+    return floats * 4;
+}
+
 ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, ds4_err *err) {
     if (ctx == 0) {
         ds4_err_set(err, DS4_EINVAL, "context size must be positive");

@@ -56,6 +56,9 @@ typedef struct ds4_kv_state {
 ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, ds4_err *err);
 void ds4_kv_state_free(ds4_kv_state *s);
 
+/* Host bytes a state of `ctx` tokens occupies (memory estimates). */
+uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx);
+
 /* Back to zero tokens: empty rows, frontiers 0 / -inf. */
 void ds4_kv_state_reset(ds4_kv_state *s);
 

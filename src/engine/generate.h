@@ -1,0 +1,64 @@
+/*
+ * generate.h - the token generation loop shared by every program.
+ *
+ * Starting from a session whose logits are ready (after a sync), pick a
+ * token, hand it to the caller, append it, repeat.  The caller's callback
+ * sees each token before it is appended and decides whether to go on; it
+ * can also ask for the next token to be chosen greedily (the server does
+ * this inside DSML tool-call syntax) or for the EOS token to be excluded
+ * (the benchmark).  Generation ends at EOS, at max_tokens, when the context
+ * is full, when the callback says stop, or when *cancel becomes nonzero
+ * (Ctrl+C, a client that went away); the session stays consistent in every
+ * case: it holds exactly the prompt plus the tokens appended.
+ */
+#ifndef DS4_ENGINE_GENERATE_H
+#define DS4_ENGINE_GENERATE_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "engine/sampler.h"
+#include "engine/session.h"
+
+typedef enum ds4_finish {
+    DS4_FINISH_NONE = 0,
+    DS4_FINISH_EOS,       /* the model ended its turn */
+    DS4_FINISH_LENGTH,    /* max_tokens reached or the context is full */
+    DS4_FINISH_CALLBACK,  /* the callback asked to stop (stop sequence, tool call closed) */
+    DS4_FINISH_CANCELLED, /* *cancel was set */
+    DS4_FINISH_ERROR,     /* the backend failed (see the error) */
+} ds4_finish;
+
+const char *ds4_finish_name(ds4_finish f);
+
+/* What the callback can ask for the next step. */
+typedef struct ds4_gen_control {
+    bool stop;           /* end generation after this token */
+    bool greedy_next;    /* choose the next token by argmax */
+    bool append;         /* append this token to the session (default true) */
+} ds4_gen_control;
+
+typedef void (*ds4_gen_token_fn)(void *ctx, int32_t token, ds4_gen_control *ctl);
+
+typedef struct ds4_gen_opts {
+    uint32_t max_tokens;        /* 0: until the context is full */
+    bool exclude_eos;           /* never sample EOS (benchmarks) */
+    volatile sig_atomic_t *cancel;
+} ds4_gen_opts;
+
+typedef struct ds4_gen_result {
+    ds4_finish finish;
+    uint32_t n_generated;       /* tokens handed to the callback */
+    double seconds;             /* wall time of the loop */
+} ds4_gen_result;
+
+/* Returns 0 (see res->finish) or -1 on a backend error (finish ERROR). */
+int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4_gen_token_fn fn, void *ctx,
+                 ds4_gen_result *res, ds4_err *err);
+
+/* Monotonic seconds, for the timing lines programs print. */
+double ds4_now(void);
+
+#endif

@@ -1,0 +1,202 @@
+/*
+ * session.c - token list + backend + reuse policy (see session.h).
+ */
+#include "engine/session.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+struct ds4_session {
+    ds4_engine *e;
+    ds4_backend *b;
+    uint32_t ctx;
+    uint32_t chunk;
+    int32_t *tokens;          /* ctx entries, n live */
+    uint32_t n;
+    ds4_kv_state *checkpoint; /* NULL or a snapshot */
+    ds4_session_stats stats;
+};
+
+ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    ds4_session *s = calloc(1, sizeof(*s));
+    if (!s) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->e = e;
+    s->ctx = ctx;
+    ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim};
+    s->b = ds4_backend_create(e->backend_name, e->w, &bo, err);
+    s->tokens = calloc(ctx ? ctx : 1, sizeof(int32_t));
+    if (!s->b || !s->tokens) {
+        if (s->b && !s->tokens) ds4_err_set(err, DS4_ENOMEM, "out of memory for %u tokens", ctx);
+        ds4_session_free(s);
+        return NULL;
+    }
+    s->chunk = s->b->opts.prefill_chunk;
+    return s;
+}
+
+void ds4_session_free(ds4_session *s) {
+    if (!s) return;
+    ds4_backend_free(s->b);
+    ds4_kv_state_free(s->checkpoint);
+    free(s->tokens);
+    free(s);
+}
+
+ds4_engine *ds4_session_engine(const ds4_session *s) { return s->e; }
+uint32_t ds4_session_ctx(const ds4_session *s) { return s->ctx; }
+uint32_t ds4_session_n_tokens(const ds4_session *s) { return s->n; }
+const int32_t *ds4_session_tokens(const ds4_session *s) { return s->tokens; }
+const ds4_session_stats *ds4_session_get_stats(const ds4_session *s) { return &s->stats; }
+const char *ds4_session_backend_name(const ds4_session *s) { return s->b->ops->name; }
+
+const float *ds4_session_logits(ds4_session *s) {
+    return s->n ? ds4_backend_logits(s->b) : NULL;
+}
+
+void ds4_session_reset(ds4_session *s) {
+    ds4_backend_reset(s->b);
+    s->n = 0;
+    s->stats.total_resets++;
+}
+
+static int check_room(const ds4_session *s, uint64_t more, ds4_err *err) {
+    if ((uint64_t)s->n + more >= s->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "%llu tokens do not fit the context of %u tokens",
+                           (unsigned long long)(s->n + more), s->ctx);
+    return 0;
+}
+
+int ds4_session_append(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
+                       ds4_err *err) {
+    if (n == 0) return 0;
+    if (check_room(s, n, err) != 0) return -1;
+    uint32_t done = 0;
+    while (done < n) {
+        /* Chunk boundaries at absolute multiples of the chunk size. */
+        uint32_t pos = s->n;
+        uint32_t step = s->chunk - pos % s->chunk;
+        if (step > n - done) step = n - done;
+        if (ds4_backend_prefill(s->b, (const uint32_t *)(const void *)(tokens + done), step, NULL, err) != 0) {
+            /* A failed backend step leaves its state undefined: start over. */
+            ds4_session_reset(s);
+            return -1;
+        }
+        memcpy(s->tokens + pos, tokens + done, step * sizeof(int32_t));
+        s->n += step;
+        done += step;
+        s->stats.prefilled += step;
+        s->stats.total_prefilled += step;
+        if (progress && progress(pctx, done, n) != 0 && done < n)
+            return ds4_err_set(err, DS4_EINTERRUPTED, "prefill interrupted after %u of %u tokens", done, n);
+    }
+    return 0;
+}
+
+int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err) {
+    if (check_room(s, 1, err) != 0) return -1;
+    if (ds4_backend_decode(s->b, (uint32_t)token, err) != 0) {
+        ds4_session_reset(s);
+        return -1;
+    }
+    s->tokens[s->n++] = token;
+    s->stats.total_decoded++;
+    return 0;
+}
+
+static uint32_t common_prefix(const int32_t *a, uint32_t na, const int32_t *b, uint32_t nb) {
+    uint32_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return i;
+}
+
+/* The checkpoint is usable when its tokens are a prefix of the target and
+ * it gets further than the live state would. */
+static bool checkpoint_helps(const ds4_session *s, const int32_t *tokens, uint32_t n, uint32_t live_keep) {
+    const ds4_kv_state *c = s->checkpoint;
+    if (!c || c->n_tokens == 0 || c->n_tokens > n || c->n_tokens <= live_keep) return false;
+    for (uint32_t i = 0; i < c->n_tokens; i++)
+        if ((int32_t)c->tokens[i] != tokens[i]) return false;
+    return true;
+}
+
+int ds4_session_sync(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
+                     ds4_err *err) {
+    if (n >= s->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "prompt of %u tokens does not fit the context of %u tokens", n, s->ctx);
+    s->stats.reused = s->stats.restored = s->stats.prefilled = 0;
+    uint32_t keep = common_prefix(s->tokens, s->n, tokens, n);
+    /* The live state can only be extended: it is usable when all of it is
+     * a prefix of the target.  Equal token lists need no work, but a target
+     * that is a strict prefix of the live tokens cannot be reached. */
+    bool live_ok = keep == s->n;
+    if (checkpoint_helps(s, tokens, n, live_ok ? keep : 0)) {
+        if (ds4_session_restore(s, s->checkpoint, err) != 0) return -1;
+        s->stats.restored = s->n;
+    } else if (!live_ok || (keep == n && n < s->n)) {
+        ds4_session_reset(s);
+    } else {
+        s->stats.reused = keep;
+    }
+    if (s->n == n && n > 0) return 0;
+    return ds4_session_append(s, tokens + s->n, n - s->n, progress, pctx, err);
+}
+
+ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err) {
+    return ds4_backend_state_new(s->b, err);
+}
+
+int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err) {
+    return ds4_backend_snapshot(s->b, out, err);
+}
+
+int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
+    if (in->n_tokens >= s->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens",
+                           in->n_tokens, s->ctx);
+    if (ds4_backend_restore(s->b, in, err) != 0) {
+        ds4_session_reset(s);
+        return -1;
+    }
+    for (uint32_t i = 0; i < in->n_tokens; i++) s->tokens[i] = (int32_t)in->tokens[i];
+    s->n = in->n_tokens;
+    return 0;
+}
+
+int ds4_session_checkpoint(ds4_session *s, ds4_err *err) {
+    if (!s->checkpoint && !(s->checkpoint = ds4_session_state_new(s, err))) return -1;
+    if (ds4_session_snapshot(s, s->checkpoint, err) != 0) {
+        ds4_session_drop_checkpoint(s);
+        return -1;
+    }
+    return 0;
+}
+
+uint32_t ds4_session_checkpoint_tokens(const ds4_session *s) {
+    return s->checkpoint ? s->checkpoint->n_tokens : 0;
+}
+
+void ds4_session_drop_checkpoint(ds4_session *s) {
+    ds4_kv_state_free(s->checkpoint);
+    s->checkpoint = NULL;
+}
+
+int ds4_session_save_file(ds4_session *s, const char *path, ds4_err *err) {
+    ds4_kv_state *st = ds4_session_state_new(s, err);
+    if (!st) return -1;
+    int rc = ds4_session_snapshot(s, st, err);
+    if (rc == 0) rc = ds4_kv_state_save_file(st, path, err);
+    ds4_kv_state_free(st);
+    return rc;
+}
+
+int ds4_session_load_file(ds4_session *s, const char *path, ds4_err *err) {
+    ds4_kv_state *st = ds4_session_state_new(s, err);
+    if (!st) return -1;
+    int rc = ds4_kv_state_load_file(st, path, err);
+    if (rc == 0) rc = ds4_session_restore(s, st, err);
+    ds4_kv_state_free(st);
+    return rc;
+}

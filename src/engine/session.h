@@ -1,0 +1,89 @@
+/*
+ * session.h - one conversation's state: the token list, the backend that
+ * holds its KV state, and the logits for the next token.
+ *
+ * Programs never drive a backend directly; they tell the session which
+ * tokens it should hold and the session does the least work to get there:
+ *
+ *   sync(tokens)   keep the longest prefix already processed and prefill
+ *                  only the rest.  The live state cannot be rewound in
+ *                  general (compressor frontiers and the raw window forget),
+ *                  so when the new tokens diverge from the live ones the
+ *                  session falls back to its checkpoint (a snapshot taken
+ *                  with checkpoint()) if that is a prefix, else starts over.
+ *   eval(token)    append one token (decode).
+ *
+ * Prefill runs in chunks aligned to absolute multiples of the backend's
+ * chunk size (spec/MODEL.md 7), reporting progress between chunks; the
+ * progress callback can cancel, leaving the session consistent at a chunk
+ * boundary.  Counters record how many tokens were reused and prefilled, so
+ * tests can prove prefix reuse.
+ */
+#ifndef DS4_ENGINE_SESSION_H
+#define DS4_ENGINE_SESSION_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "base/error.h"
+#include "engine/engine.h"
+#include "model/session_state.h"
+
+typedef struct ds4_session ds4_session;
+
+typedef struct ds4_session_stats {
+    uint64_t reused;     /* tokens kept from the live state by the last sync */
+    uint64_t restored;   /* tokens taken from the checkpoint by the last sync */
+    uint64_t prefilled;  /* tokens prefilled by the last sync */
+    uint64_t total_prefilled, total_decoded, total_resets;
+} ds4_session_stats;
+
+/* Called between prefill chunks; return nonzero to stop (the sync then
+ * fails with DS4_EINTERRUPTED, the session holding the tokens done). */
+typedef int (*ds4_progress_fn)(void *ctx, uint32_t done, uint32_t total);
+
+ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
+void ds4_session_free(ds4_session *s);
+
+ds4_engine *ds4_session_engine(const ds4_session *s);
+uint32_t ds4_session_ctx(const ds4_session *s);
+uint32_t ds4_session_n_tokens(const ds4_session *s);
+const int32_t *ds4_session_tokens(const ds4_session *s);
+const ds4_session_stats *ds4_session_get_stats(const ds4_session *s);
+const char *ds4_session_backend_name(const ds4_session *s);
+
+/* Logits for the next token (n_vocab floats); NULL when empty. */
+const float *ds4_session_logits(ds4_session *s);
+
+/* Hold exactly tokens[0..n), reusing what can be reused (see above).
+ * n must be below the context size. */
+int ds4_session_sync(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
+                     ds4_err *err);
+
+/* Append tokens by prefill (the common case of sync). */
+int ds4_session_append(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
+                       ds4_err *err);
+
+/* Append one token by decode. */
+int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err);
+
+/* Back to zero tokens (the checkpoint is kept). */
+void ds4_session_reset(ds4_session *s);
+
+/* Remember the current state in memory; sync() falls back to it.  Replaces
+ * the previous checkpoint. */
+int ds4_session_checkpoint(ds4_session *s, ds4_err *err);
+uint32_t ds4_session_checkpoint_tokens(const ds4_session *s); /* 0 if none */
+void ds4_session_drop_checkpoint(ds4_session *s);
+
+/* Snapshot into / restore from a backend-neutral state (same engine). */
+int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err);
+int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err);
+/* A state sized for this session. */
+ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err);
+
+/* DSV4 payload files (spec/MODEL.md 8.3). */
+int ds4_session_save_file(ds4_session *s, const char *path, ds4_err *err);
+int ds4_session_load_file(ds4_session *s, const char *path, ds4_err *err);
+
+#endif
