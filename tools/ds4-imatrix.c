@@ -6,9 +6,10 @@
  *               [--ctx N] [--imatrix-max-prompts N] [--imatrix-max-tokens N] [-t N] [--no-sim]
  *
  * The dataset holds prompts separated by `===== DS4_IMATRIX_PROMPT ...`
- * lines (format/imatrix.h).  Each prompt is a list of token ids (spaces,
- * commas or newlines between them); rendered-text prompts will be
- * tokenized once the tokenizer is part of the engine.  Every prompt is
+ * lines (format/imatrix.h).  A prompt is either a list of token ids (spaces,
+ * commas or newlines between them) or rendered text, tokenized with the
+ * model's own tokenizer metadata with every special token recognised
+ * (text/tokenizer.h, ds4_tokenize_transcript).  Every prompt is
  * prefilled from an empty context (cut to --ctx tokens); the forward pass
  * reports each routed expert's inputs to the collector
  * (model/imatrix_collect.h), which writes ds4's legacy .dat for
@@ -25,6 +26,7 @@
 #include "model/backend.h"
 #include "model/imatrix_collect.h"
 #include "model/weights.h"
+#include "text/tokenizer.h"
 
 typedef struct opts {
     const char *model, *dataset, *out;
@@ -60,7 +62,32 @@ static char *read_all(const char *path, size_t *n, ds4_err *err) {
     return buf;
 }
 
-/* A prompt block as token ids; -1 when it is not a list of ids. */
+static bool is_id_list(const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        if (!isdigit((unsigned char)s[i]) && !isspace((unsigned char)s[i]) && s[i] != ',') return false;
+    return true;
+}
+
+/* A rendered-text prompt through the model's tokenizer. */
+static int tokenize(ds4_tokenizer *tok, const char *s, size_t n, uint32_t **out, uint32_t *count, ds4_err *err) {
+    if (!tok) return ds4_err_set(err, DS4_EUNSUPPORTED, "prompt is text, but the model has no tokenizer metadata");
+    ds4_tokens t = {0};
+    if (ds4_tokenize_transcript(tok, s, n, &t, err) != 0) {
+        ds4_tokens_free(&t);
+        return -1;
+    }
+    *out = malloc((t.n + 1) * sizeof(uint32_t));
+    if (!*out) {
+        ds4_tokens_free(&t);
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < t.n; i++) (*out)[i] = (uint32_t)t.ids[i];
+    *count = (uint32_t)t.n;
+    ds4_tokens_free(&t);
+    return 0;
+}
+
+/* A prompt block of token ids. */
 static int parse_ids(const char *s, size_t n, uint32_t n_vocab, uint32_t **out, uint32_t *count, ds4_err *err) {
     uint32_t *ids = malloc((n / 2 + 1) * sizeof(uint32_t));
     if (!ids) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -69,11 +96,6 @@ static int parse_ids(const char *s, size_t n, uint32_t n_vocab, uint32_t **out, 
         if (isspace((unsigned char)s[i]) || s[i] == ',') {
             i++;
             continue;
-        }
-        if (!isdigit((unsigned char)s[i])) {
-            free(ids);
-            return ds4_err_set(err, DS4_EUNSUPPORTED,
-                               "prompt text is not a token id list (text prompts need the tokenizer, not yet built in)");
         }
         unsigned long long v = 0;
         while (i < n && isdigit((unsigned char)s[i]) && v < n_vocab) v = v * 10 + (unsigned)(s[i++] - '0');
@@ -103,12 +125,20 @@ static int collect(const opts *o, ds4_err *err) {
     bo.observer_ctx = col;
     ds4_backend *b = col ? ds4_backend_create("cpu", w, &bo, err) : NULL;
     int rc = b ? 0 : -1;
+    /* The tokenizer is optional: token-id datasets need none. */
+    ds4_vocab *vocab = NULL;
+    ds4_tokenizer *tok = NULL;
+    if (rc == 0 && ds4_gguf_find_kv(w->gguf, "tokenizer.ggml.tokens") &&
+        (!(vocab = ds4_vocab_from_gguf(w->gguf, err)) || !(tok = ds4_tokenizer_new(vocab, err))))
+        rc = ds4_err_prefix(err, "%s: tokenizer", o->model);
     size_t pos = 0, start, plen;
     long prompts = 0, tokens = 0, index = 0;
     while (rc == 0 && ds4_imatrix_dataset_next(text, len, &pos, &start, &plen)) {
         index++;
         uint32_t *ids = NULL, n = 0;
-        if (parse_ids(text + start, plen, w->cfg.n_vocab, &ids, &n, err) != 0) {
+        int prc = is_id_list(text + start, plen) ? parse_ids(text + start, plen, w->cfg.n_vocab, &ids, &n, err)
+                                                 : tokenize(tok, text + start, plen, &ids, &n, err);
+        if (prc != 0) {
             rc = ds4_err_prefix(err, "%s: prompt %ld", o->dataset, index);
             break;
         }
@@ -132,6 +162,8 @@ static int collect(const opts *o, ds4_err *err) {
     if (rc == 0)
         fprintf(stderr, "ds4-imatrix: wrote %s from %ld prompts, %ld tokens, %llu routed expert observations\n",
                 o->out, prompts, tokens, (unsigned long long)ds4_imcol_routes(col));
+    ds4_tokenizer_free(tok);
+    ds4_vocab_free(vocab);
     ds4_backend_free(b);
     ds4_imcol_free(col);
     ds4_weights_close(w);

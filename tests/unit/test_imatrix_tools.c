@@ -143,7 +143,7 @@ static void test_cli_errors(void **state) {
     in_dir(out, "err.dat");
     st_write_file(in_dir(path, "text.txt"), "===== DS4_IMATRIX_PROMPT 1\nhello world\n", 39);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
-    assert_contains(log, "text.txt: prompt 1: prompt text is not a token id list");
+    assert_contains(log, "text.txt: prompt 1: prompt is text, but the model has no tokenizer metadata");
     st_write_file(path, "===== DS4_IMATRIX_PROMPT 1\n1 2 900\n", 35);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
     assert_contains(log, "token id outside the vocabulary (512)");
@@ -154,6 +154,55 @@ static void test_cli_errors(void **state) {
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s "
                                  "--imatrix-max-prompts 3 --imatrix-max-tokens 100", f32, calib, out), 0);
     assert_contains(log, "from 2 prompts, 100 tokens");
+}
+
+/* GPT-2's byte-level alphabet: the UTF-8 spelling of byte b's token. */
+static void byte_token(int b, char *out) {
+    int cp;
+    if ((b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) {
+        cp = b;
+    } else {
+        int n = 0;
+        for (int x = 0; x < b; x++)
+            if (!((x >= '!' && x <= '~') || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF))) n++;
+        cp = 256 + n;
+    }
+    if (cp < 0x80) out[0] = (char)cp, out[1] = 0;
+    else out[0] = (char)(0xC0 | cp >> 6), out[1] = (char)(0x80 | (cp & 63)), out[2] = 0;
+}
+
+/* Rendered-text prompts go through the model's tokenizer: a model with a
+ * byte-level vocabulary (256 bytes, BOS, EOS, one merge "h e"). */
+static void test_text_prompts(void **state) {
+    (void)state;
+    char tokpath[1024], model[1024], ds[1024], out[1024], log[8192];
+    static char names[259][8];
+    const char *toks[259];
+    int32_t types[259];
+    for (int b = 0; b < 256; b++) byte_token(b, names[b]), toks[b] = names[b], types[b] = 1;
+    toks[256] = "<｜begin▁of▁sentence｜>", types[256] = 3;
+    toks[257] = "<｜end▁of▁sentence｜>", types[257] = 3;
+    toks[258] = "he", types[258] = 1;
+    const char *merges[1] = {"h e"};
+    ds4_err err = {0};
+    ds4_gguf_writer *w = ds4_gguf_writer_open(in_dir(tokpath, "tok.gguf"), 0, &err);
+    ds4_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    ds4_gguf_w_str(w, "tokenizer.ggml.pre", "joyai-llm");
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", toks, NULL, 259);
+    ds4_gguf_w_arr(w, "tokenizer.ggml.token_type", DS4_GGUF_I32, types, 259);
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, NULL, 1);
+    ds4_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 256);
+    ds4_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 257);
+    assert_int_equal(ds4_gguf_writer_close(w, &err), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --quiet "
+                                 "--tokenizer-gguf %s", dir, in_dir(model, "tok-model.gguf"), tokpath), 0);
+    const char *text = "===== DS4_IMATRIX_PROMPT 0 text\n<｜begin▁of▁sentence｜>hello\n"
+                       "===== DS4_IMATRIX_PROMPT 1 ids\n1 2 3\n";
+    st_write_file(in_dir(ds, "text-ds.txt"), text, strlen(text));
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", model, ds,
+                                 in_dir(out, "text.dat")), 0);
+    /* BOS, "he", "l", "l", "o" and three ids */
+    assert_contains(log, "from 2 prompts, 8 tokens");
 }
 
 static void qeval(const char *model, double *werr, double *kl) {
@@ -187,6 +236,7 @@ int main(void) {
         cmocka_unit_test(test_collected_file),
         cmocka_unit_test(test_hash_routing_seen),
         cmocka_unit_test(test_cli_errors),
+        cmocka_unit_test(test_text_prompts),
         cmocka_unit_test(test_imatrix_beats_synthetic),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

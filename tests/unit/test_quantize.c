@@ -350,6 +350,14 @@ static void test_cli(void **state) {
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tensor-type blk.0.attn_norm.weight=q8_0 --overwrite",
                          ckpt, out), 1);
     assert_contains(log, "blk.0.attn_norm.weight: type q8_0 (from --tensor-type) is not accepted");
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt,
+                                 out), 0);
+    assert_contains(log, "warning: no tokenizer");
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite "
+                                 "--tokenizer data/tokenizer/deepseek-v4-tokenizer.json.xz", ckpt, out), 1);
+    assert_contains(log, "129280 tokens, more than the model's vocab_size 512");
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tokenizer a --tokenizer-gguf b",
+                                 ckpt, out), 2);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --help"), 0);
     assert_contains(log, "--routed-w2");
 }

@@ -23,6 +23,8 @@
 
 #include "format/quants.h"
 #include "quantize.h"
+#include "text/tokjson.h"
+#include "text/vocab.h"
 
 #define KV_IM_FILE "quantize.imatrix.file"
 #define KV_IM_DATASET "quantize.imatrix.dataset"
@@ -39,7 +41,9 @@ static void usage(FILE *f) {
             "  --hf DIR                 checkpoint directory (required)\n"
             "  --out FILE               output GGUF (required unless --dry-run)\n"
             "  --recipe NAME            base types: %s (default q2)\n"
-            "  --tokenizer-gguf FILE    copy tokenizer.* metadata from this GGUF\n"
+            "  --tokenizer FILE         tokenizer.json (.xz too; default DIR/tokenizer.json if present)\n"
+            "  --tokenizer-config FILE  tokenizer_config.json (default DIR/tokenizer_config.json if present)\n"
+            "  --tokenizer-gguf FILE    copy tokenizer.* metadata from this GGUF instead\n"
             "  --name TEXT              general.name (default \"DeepSeek V4 Flash\")\n"
             "  --experts TYPE           all routed experts (alias --routed)\n"
             "  --routed-w1 TYPE         routed gate (alias --routed-gate)\n"
@@ -69,7 +73,7 @@ static void usage(FILE *f) {
 }
 
 enum {
-    OPT_HF = 256, OPT_OUT, OPT_RECIPE, OPT_TOKENIZER, OPT_NAME, OPT_EXPERTS, OPT_W1, OPT_W2, OPT_W3,
+    OPT_HF = 256, OPT_OUT, OPT_RECIPE, OPT_TOKENIZER, OPT_TOKENIZER_JSON, OPT_TOKENIZER_CONFIG, OPT_NAME, OPT_EXPERTS, OPT_W1, OPT_W2, OPT_W3,
     OPT_ATTN_PROJ, OPT_ATTN, OPT_SHARED, OPT_EMBD, OPT_OUTPUT, OPT_DENSE, OPT_TENSOR_TYPE, OPT_IMATRIX,
     OPT_IMATRIX_STRICT, OPT_THREADS, OPT_DRY_RUN, OPT_OVERWRITE, OPT_QUIET, OPT_COMPARE_TENSOR, OPT_COMPARE_GGUF,
     OPT_HELP,
@@ -80,6 +84,8 @@ static const struct option long_opts[] = {
     {"out", required_argument, 0, OPT_OUT},
     {"recipe", required_argument, 0, OPT_RECIPE},
     {"tokenizer-gguf", required_argument, 0, OPT_TOKENIZER},
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER_JSON},
+    {"tokenizer-config", required_argument, 0, OPT_TOKENIZER_CONFIG},
     {"name", required_argument, 0, OPT_NAME},
     {"experts", required_argument, 0, OPT_EXPERTS},
     {"routed", required_argument, 0, OPT_EXPERTS},
@@ -137,6 +143,8 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         case OPT_OUT: o->out = optarg; break;
         case OPT_RECIPE: o->recipe = optarg; break;
         case OPT_TOKENIZER: o->tokenizer_gguf = optarg; break;
+        case OPT_TOKENIZER_JSON: o->tokenizer_json = optarg; break;
+        case OPT_TOKENIZER_CONFIG: o->tokenizer_config = optarg; break;
         case OPT_NAME: o->name = optarg; break;
         case OPT_EXPERTS: raw->types[0] = raw->types[1] = raw->types[2] = optarg; break;
         case OPT_W1: raw->types[0] = optarg; break;
@@ -174,6 +182,8 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         return bad_usage("%s", "--out FILE is required (or --dry-run, --compare-tensor)");
     if (!o->compare_tensor != !o->compare_gguf)
         return bad_usage("%s", "--compare-tensor and --compare-gguf go together");
+    if (o->tokenizer_gguf && (o->tokenizer_json || o->tokenizer_config))
+        return bad_usage("%s", "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
     if (o->imatrix_strict && !o->imatrix_path) return bad_usage("%s", "--imatrix-strict needs --imatrix FILE");
     return 0;
 }
@@ -284,13 +294,54 @@ static int copy_tokenizer(const char *path, uint32_t n_vocab, ds4_gguf_writer *w
     return rc;
 }
 
+/* tokenizer.json -> tokenizer.ggml.* (text/tokjson.h), checked to build a
+ * vocabulary and to fit the model's vocab_size. */
+static int import_tokenizer(const char *json, const char *config, uint32_t n_vocab, ds4_gguf_writer *w, ds4_err *err) {
+    ds4_tokjson tj;
+    if (ds4_tokjson_load(json, config, n_vocab, &tj, err) != 0) return -1;
+    int rc = 0;
+    if (tj.n_tokens > n_vocab) {
+        rc = ds4_err_set(err, DS4_EFORMAT, "%s: %u tokens, more than the model's vocab_size %u", json, tj.n_tokens,
+                         n_vocab);
+    } else {
+        ds4_vocab_src src = ds4_tokjson_src(&tj);
+        ds4_vocab *v = ds4_vocab_new(&src, err);
+        if (!v) rc = ds4_err_prefix(err, "%s", json);
+        ds4_vocab_free(v);
+    }
+    if (rc == 0) rc = ds4_tokjson_write_gguf(&tj, w, err);
+    ds4_tokjson_free(&tj);
+    return rc;
+}
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
+    const qz_opts *o = j->o;
+    if (o->tokenizer_gguf) return copy_tokenizer(o->tokenizer_gguf, j->hc.cfg.n_vocab, w, err);
+    char json[4096], config[4096];
+    snprintf(json, sizeof(json), "%s", o->tokenizer_json ? o->tokenizer_json : "");
+    snprintf(config, sizeof(config), "%s", o->tokenizer_config ? o->tokenizer_config : "");
+    if (!o->tokenizer_json) snprintf(json, sizeof(json), "%s/tokenizer.json", o->hf_dir);
+    if (!o->tokenizer_config) snprintf(config, sizeof(config), "%s/tokenizer_config.json", o->hf_dir);
+    if (!o->tokenizer_json && !file_exists(json)) {
+        fprintf(stderr, "ds4-quantize: warning: no tokenizer (no %s; see --tokenizer, --tokenizer-gguf): "
+                        "the GGUF gets no tokenizer metadata\n", json);
+        return 0;
+    }
+    return import_tokenizer(json, file_exists(config) || o->tokenizer_config ? config : NULL, j->hc.cfg.n_vocab, w, err);
+}
+
 static int write_metadata(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
     int rc = ds4_gguf_w_str(w, "general.architecture", "deepseek4");
     rc |= ds4_gguf_w_str(w, "general.name", j->o->name);
     rc |= ds4_gguf_w_u32(w, "general.quantization_version", 2);
     if (rc != 0) return ds4_err_set(err, DS4_EIO, "writing general.* metadata failed");
     if (ds4_config_to_gguf(&j->hc.cfg, w, err) != 0) return -1;
-    if (j->o->tokenizer_gguf && copy_tokenizer(j->o->tokenizer_gguf, j->hc.cfg.n_vocab, w, err) != 0) return -1;
+    if (write_tokenizer(j, w, err) != 0) return -1;
     if (j->im) {
         rc = ds4_gguf_w_str(w, KV_IM_FILE, j->o->imatrix_path);
         rc |= ds4_gguf_w_u64(w, KV_IM_ENTRIES, j->im->n_entries);

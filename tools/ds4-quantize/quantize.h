@@ -28,6 +28,8 @@ typedef struct qz_opts {
     const char *out;
     const char *imatrix_path;
     const char *tokenizer_gguf;
+    const char *tokenizer_json;
+    const char *tokenizer_config;
     const char *name;
     const char *recipe;
     const char *compare_tensor;
