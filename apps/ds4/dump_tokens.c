@@ -19,21 +19,23 @@
 
 /* The piece as a printable line fragment. */
 static void print_piece(const char *s, size_t n) {
+    static const char *const named[32] = {['\n'] = "\\n", ['\t'] = "\\t", ['\r'] = "\\r"};
     size_t i = 0;
     while (i < n) {
         unsigned char ch = (unsigned char)s[i];
-        if (ch == '\\') fputs("\\\\", stdout), i++;
-        else if (ch == '\n') fputs("\\n", stdout), i++;
-        else if (ch == '\t') fputs("\\t", stdout), i++;
-        else if (ch == '\r') fputs("\\r", stdout), i++;
-        else if (ch < 0x20 || ch == 0x7f) printf("\\x%02x", ch), i++;
-        else if (ch < 0x80) putchar(ch), i++;
-        else {
-            uint32_t cp;
-            int len = ds4_utf8_decode((const uint8_t *)s + i, n - i, &cp);
-            if (len == 0) printf("\\x%02x", ch), i++;
-            else fwrite(s + i, 1, (size_t)len, stdout), i += (size_t)len;
+        uint32_t cp;
+        int len = ch >= 0x80 ? ds4_utf8_decode((const uint8_t *)s + i, n - i, &cp) : 1;
+        if (ch == '\\') {
+            fputs("\\\\", stdout);
+        } else if (ch < 0x20 && named[ch]) {
+            fputs(named[ch], stdout);
+        } else if (ch < 0x20 || ch == 0x7f || len == 0) {
+            printf("\\x%02x", ch); /* control or not part of valid UTF-8 */
+            len = 1;
+        } else {
+            fwrite(s + i, 1, (size_t)len, stdout);
         }
+        i += (size_t)len;
     }
 }
 

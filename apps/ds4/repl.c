@@ -124,7 +124,10 @@ typedef enum { LINE_OK, LINE_EOF, LINE_INTERRUPTED } line_status;
 static line_status read_line(input *in, const char **out) {
     cli_interrupted = 0;
     if (!in->el) {
-        if (in->prompt && isatty(STDOUT_FILENO)) fputs(in->prompt, stdout), fflush(stdout);
+        if (isatty(STDOUT_FILENO)) {
+            fputs(in->prompt, stdout);
+            fflush(stdout);
+        }
         ssize_t n = getline(&in->line, &in->line_cap, stdin);
         if (n < 0) {
             if (!cli_interrupted) return LINE_EOF;
@@ -269,16 +272,25 @@ static bool command(repl *r, const char *line) {
     const char *arg = sp ? sp + strspn(sp, " ") : "";
 #define IS(name) (n == strlen(name) && !strncmp(line, name, n))
     if (IS("/quit") || IS("/exit")) return false;
-    if (IS("/help")) help();
-    else if (IS("/think")) convo_set_think(&r->c, DS4_THINK_HIGH), fputs("ds4: thinking on\n", stderr);
-    else if (IS("/nothink")) convo_set_think(&r->c, DS4_THINK_OFF), fputs("ds4: thinking off\n", stderr);
-    else if (IS("/think-max")) {
+    if (IS("/help")) {
+        help();
+    } else if (IS("/think")) {
+        convo_set_think(&r->c, DS4_THINK_HIGH);
+        fputs("ds4: thinking on\n", stderr);
+    } else if (IS("/nothink")) {
+        convo_set_think(&r->c, DS4_THINK_OFF);
+        fputs("ds4: thinking off\n", stderr);
+    } else if (IS("/think-max")) {
         convo_set_think(&r->c, DS4_THINK_MAX);
         fputs("ds4: thinking at maximum effort\n", stderr);
         think_warning(&r->c);
-    } else if (IS("/ctx")) cmd_ctx(r, arg);
-    else if (IS("/read")) cmd_read(r, arg);
-    else fprintf(stderr, "ds4: unknown command %.*s (see /help)\n", (int)n, line);
+    } else if (IS("/ctx")) {
+        cmd_ctx(r, arg);
+    } else if (IS("/read")) {
+        cmd_read(r, arg);
+    } else {
+        fprintf(stderr, "ds4: unknown command %.*s (see /help)\n", (int)n, line);
+    }
 #undef IS
     return true;
 }
