@@ -34,7 +34,7 @@ static int32_t pick(ds4_sampler *smp, const float *logits, int32_t eos, bool exc
         scratch[eos] = -INFINITY;
         l = scratch;
     }
-    return greedy ? ds4_argmax(l, n_vocab) : ds4_sample(smp, l);
+    return greedy || !smp ? ds4_argmax(l, n_vocab) : ds4_sample(smp, l);
 }
 
 int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4_gen_token_fn fn, void *ctx,
@@ -42,6 +42,10 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
     memset(res, 0, sizeof(*res));
     ds4_engine *e = ds4_session_engine(s);
     int n_vocab = (int)e->w->cfg.n_vocab;
+    if (smp && smp->n_vocab != n_vocab) {
+        res->finish = DS4_FINISH_ERROR;
+        return ds4_err_set(err, DS4_EINVAL, "sampler made for %d tokens, the model has %d", smp->n_vocab, n_vocab);
+    }
     float *scratch = opts->exclude_eos ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
     if (opts->exclude_eos && !scratch) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     double t0 = ds4_now();

@@ -9,7 +9,10 @@
  * (the benchmark).  Generation ends at EOS, at max_tokens, when the context
  * is full, when the callback says stop, or when *cancel becomes nonzero
  * (Ctrl+C, a client that went away); the session stays consistent in every
- * case: it holds exactly the prompt plus the tokens appended.
+ * case: it holds exactly the prompt plus the tokens appended, which are all
+ * the tokens handed out except the last one when generation ended at EOS,
+ * max_tokens, a full context or a callback stop (its logits are not needed;
+ * the next sync appends it), and all of them when it was cancelled.
  */
 #ifndef DS4_ENGINE_GENERATE_H
 #define DS4_ENGINE_GENERATE_H
@@ -59,7 +62,8 @@ typedef struct ds4_gen_result {
     double seconds;             /* wall time of the loop */
 } ds4_gen_result;
 
-/* Returns 0 (see res->finish) or -1 on a backend error (finish ERROR). */
+/* Returns 0 (see res->finish) or -1 on a backend error (finish ERROR).
+ * smp NULL: every token is the argmax. */
 int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4_gen_token_fn fn, void *ctx,
                  ds4_gen_result *res, ds4_err *err);
 

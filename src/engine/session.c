@@ -71,6 +71,11 @@ static int check_room(const ds4_session *s, uint64_t more, ds4_err *err) {
 
 int ds4_session_append(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
                        ds4_err *err) {
+    return ds4_session_append_logits(s, tokens, n, NULL, progress, pctx, err);
+}
+
+int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n, float *all_logits,
+                              ds4_progress_fn progress, void *pctx, ds4_err *err) {
     if (n == 0) return 0;
     if (check_room(s, n, err) != 0) return -1;
     uint32_t done = 0;
@@ -79,7 +84,8 @@ int ds4_session_append(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_pr
         uint32_t pos = s->n;
         uint32_t step = s->chunk - pos % s->chunk;
         if (step > n - done) step = n - done;
-        if (ds4_backend_prefill(s->b, (const uint32_t *)(const void *)(tokens + done), step, NULL, err) != 0) {
+        float *lg = all_logits ? all_logits + (size_t)done * s->e->w->cfg.n_vocab : NULL;
+        if (ds4_backend_prefill(s->b, (const uint32_t *)(const void *)(tokens + done), step, lg, err) != 0) {
             /* A failed backend step leaves its state undefined: start over. */
             ds4_session_reset(s);
             return -1;

@@ -64,6 +64,13 @@ int ds4_session_sync(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_prog
 int ds4_session_append(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
                        ds4_err *err);
 
+/* Append tokens by prefill and write the logits after each of them to
+ * all_logits (n * n_vocab floats): teacher-forced scoring (perplexity)
+ * with batched passes instead of one decode per token.  Chunking,
+ * progress and cancellation as in append. */
+int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n, float *all_logits,
+                              ds4_progress_fn progress, void *pctx, ds4_err *err);
+
 /* Append one token by decode. */
 int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err);
 

@@ -1,7 +1,7 @@
 /*
- * gguf_index.h - private to the GGUF reader and writer: a name -> index hash
- * table (open addressing, linear probing) used for O(1) key and tensor
- * lookups and for duplicate detection.
+ * gguf_index.h - a name -> index hash table (open addressing, linear
+ * probing) used by the format readers (GGUF reader and writer, safetensors,
+ * imatrix) for O(1) key and tensor lookups and for duplicate detection.
  *
  * The table does not own the names it points to; they must outlive it.
  */

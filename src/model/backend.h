@@ -36,6 +36,13 @@ typedef struct ds4_backend_opts {
     uint32_t ctx_size;      /* tokens the session can hold; 0: 4096 */
     uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
     bool no_sim;            /* turn the low-precision simulations off */
+    /* Called for every routed expert the forward pass runs: the m tokens of
+     * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
+     * normalised) and the down projection's input rows (mid: m x n_ff_exp,
+     * clamped SwiGLU times the routing weight).  For the imatrix collector
+     * (model/imatrix_collect.h); NULL for none.  One call at a time. */
+    void (*expert_observer)(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid);
+    void *observer_ctx;
 } ds4_backend_opts;
 
 typedef struct ds4_backend ds4_backend;

@@ -201,12 +201,36 @@ static void test_snapshot_file_round_trip(void **state) {
     ds4_session_free(r);
 }
 
+/* Batched prefill with every position's logits equals a sync to each
+ * prefix (the perplexity path), and leaves the session as append would. */
+static void test_append_logits(void **state) {
+    (void)state;
+    int32_t t[60];
+    make_tokens(t, 60, 5);
+    ds4_session *s = new_session();
+    sync_ok(s, t, 20);
+    float *all = malloc((size_t)40 * V * sizeof(float));
+    ds4_err err = {0};
+    assert_int_equal(ds4_session_append_logits(s, t + 20, 40, all, NULL, NULL, &err), 0);
+    assert_int_equal(ds4_session_n_tokens(s), 60);
+    assert_int_equal(ds4_session_get_stats(s)->total_prefilled, 60);
+    for (uint32_t k = 0; k < 40; k += 13) {
+        float *want = fresh_logits(t, 21 + k);
+        assert_memory_equal(all + (size_t)k * V, want, V * sizeof(float));
+        free(want);
+    }
+    assert_memory_equal(all + (size_t)39 * V, ds4_session_logits(s), V * sizeof(float));
+    free(all);
+    ds4_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse_counts),
         cmocka_unit_test(test_divergence_restarts_or_uses_checkpoint),
         cmocka_unit_test(test_overflow_and_cancel),
         cmocka_unit_test(test_snapshot_file_round_trip),
+        cmocka_unit_test(test_append_logits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -1,0 +1,62 @@
+/*
+ * options.h - the ds4 command line (spec/PRODUCT.md 1.1): what was asked
+ * for and with which settings, checked once so the rest of the program can
+ * trust every value.
+ *
+ * Invalid values, unknown options and contradictory combinations are
+ * usage errors: the parser prints one line naming the option and the
+ * accepted range, and the program exits with status 2.
+ */
+#ifndef DS4_CLI_OPTIONS_H
+#define DS4_CLI_OPTIONS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "engine/sampler.h"
+#include "text/chat.h"
+
+#define CLI_DEFAULT_MODEL "ds4flash.gguf"
+#define CLI_DEFAULT_SYSTEM "You are a helpful assistant"
+#define CLI_DEFAULT_CTX 32768u
+#define CLI_DEFAULT_TOKENS 50000u
+#define CLI_MAX_CTX 1048576u        /* the model's trained context */
+#define CLI_LOGPROBS_TOP_K_MAX 128u
+
+/* What the run does; exactly one. */
+typedef enum cli_mode {
+    CLI_CHAT,            /* one-shot with a prompt, else the REPL */
+    CLI_DUMP_TOKENS,     /* print the prompt's token ids and pieces */
+    CLI_DUMP_LOGPROBS,   /* greedy continuation with top-k log-probabilities (JSON) */
+    CLI_PERPLEXITY,      /* teacher-forced NLL over a raw text file */
+    CLI_INSPECT,         /* model summary */
+} cli_mode;
+
+typedef struct cli_opts {
+    cli_mode mode;
+    const char *model;
+    char *prompt;              /* -p text or --prompt-file contents (owned); NULL: REPL */
+    size_t prompt_len;
+    const char *system;        /* "" disables the system message */
+    uint32_t ctx;
+    uint32_t n_tokens;
+    bool n_tokens_given;
+    ds4_sampler_params sampling;
+    ds4_think_mode think;
+    const char *backend;       /* NULL: the build's default */
+    int threads;               /* 0: $DS4_THREADS or all CPUs */
+    const char *logprobs_out;
+    uint32_t logprobs_top_k;
+    const char *perplexity_file;
+} cli_opts;
+
+/* Parse argv.  Returns 0 to run, 1 when --help was printed (exit 0), 2 on
+ * a usage error (already reported on stderr). */
+int cli_parse(int argc, char **argv, cli_opts *o);
+void cli_opts_free(cli_opts *o);
+
+/* Read a whole file into a NUL-terminated buffer (also used by /read and
+ * --perplexity-file).  NULL with a message naming the file on failure. */
+char *cli_read_file(const char *path, size_t *len, ds4_err *err);
+
+#endif

@@ -1,0 +1,66 @@
+/*
+ * runtime.h - what every ds4 mode shares around the engine: opening the
+ * model (with a helpful message when the file is missing), the memory
+ * estimate printed at startup, Ctrl+C handling and the terminal.
+ *
+ * Ctrl+C sets a flag that the prefill progress callback and the generation
+ * loop poll, so work stops at the next chunk or token with the session
+ * consistent; a second Ctrl+C while that work is still running exits at
+ * once (status 130), for a prefill chunk that takes too long.
+ */
+#ifndef DS4_CLI_RUNTIME_H
+#define DS4_CLI_RUNTIME_H
+
+#include <signal.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "engine/engine.h"
+#include "options.h"
+
+/* Set by SIGINT; cleared by whoever starts new work. */
+extern volatile sig_atomic_t cli_interrupted;
+
+/* Install the SIGINT handler (no SA_RESTART: a blocked read returns EINTR). */
+void cli_signals_init(void);
+/* Mark a stretch of model work: a second Ctrl+C inside it exits. */
+void cli_busy(bool busy);
+
+/* 0 when the model file exists; else an explanation of where models come
+ * from. */
+int cli_model_exists(const char *path, ds4_err *err);
+
+/* Open the model named by the options (tokenizer required).  A missing file
+ * gets an explanation of where models come from. */
+ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err);
+
+/* Bytes of every tensor in the model file. */
+uint64_t cli_weights_bytes(const ds4_engine *e);
+
+/* "12.3 MiB" style. */
+const char *cli_fmt_bytes(uint64_t bytes, char buf[32]);
+
+/* The startup line: weights + KV state for ctx tokens on the backend. */
+void cli_print_memory(const ds4_engine *e, uint32_t ctx);
+
+/* Terminal facts, decided once. */
+typedef struct cli_term {
+    bool out_tty;   /* stdout: colours for thinking text */
+    bool err_tty;   /* stderr: prefill progress line */
+} cli_term;
+cli_term cli_term_detect(void);
+
+/* Prefill progress for ds4_session_sync: "processing N input tokens: x/N
+ * (p%)" on a terminal, and the Ctrl+C check.  ctx is a cli_progress. */
+typedef struct cli_progress {
+    bool show;
+    bool shown;
+} cli_progress;
+/* Draw the line before the first chunk (total: tokens to prefill). */
+void cli_progress_start(cli_progress *p, uint32_t total);
+int cli_progress_fn(void *ctx, uint32_t done, uint32_t total);
+/* Erase the progress line if one was drawn. */
+void cli_progress_clear(cli_progress *p);
+
+#endif

@@ -1,0 +1,172 @@
+#!/bin/sh
+# cli.sh - the ds4 program end to end on a tiny random model with the real
+# DeepSeek V4 tokenizer: one-shot greedy runs are deterministic and equal the
+# argmax of the logits that --dump-logprobs writes, which equal ds4-forward's
+# (an independent path: one raw prefill); seeds; pre-rendered transcripts;
+# --perplexity-file against an NLL computed from ds4-forward's logits;
+# --dump-tokens against ds4-tokenizer; --inspect; usage errors exit 2;
+# a missing model explains itself; the interactive mode through a
+# pseudo-terminal (cli_repl.py).
+set -eu
+cd "$(dirname "$0")/../.."
+for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward; do [ -x "./$p" ] || make -s "$p"; done
+dir=build/suite/cli
+rm -rf "$dir"
+mkdir -p "$dir"
+
+fail() { echo "cli: FAIL: $*" >&2; exit 1; }
+
+tok=build/tokenizer.gguf
+if [ ! -f "$tok" ]; then
+    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
+    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
+fi
+M=$dir/model.gguf
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 11 -q -o "$M"
+V=129280
+BOS='<｜begin▁of▁sentence｜>'
+RENDERED="${BOS}You are a helpful assistant<｜User｜>Hello<｜Assistant｜></think>"
+
+# --- one-shot greedy: deterministic, and exactly the argmax chain --------------
+./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 16 -p Hello > "$dir/g1.txt" 2> "$dir/g1.err"
+./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 16 -p Hello > "$dir/g2.txt" 2>/dev/null
+cmp -s "$dir/g1.txt" "$dir/g2.txt" || fail "greedy runs differ"
+[ -s "$dir/g1.txt" ] || fail "greedy run printed nothing"
+grep -q "memory: weights .* + context 4096 tokens" "$dir/g1.err" || fail "no memory estimate: $(cat "$dir/g1.err")"
+grep -Eq "prefill: [0-9]+ tokens \(0 reused\) .* generation: 16 tokens" "$dir/g1.err" || fail "timing line: $(cat "$dir/g1.err")"
+
+./ds4 -m "$M" -c 4096 --nothink -n 16 -p Hello --dump-logprobs "$dir/lp.json" --logprobs-top-k 5 > "$dir/lp.out" 2>/dev/null
+[ -s "$dir/lp.out" ] && fail "--dump-logprobs printed text: $(cat "$dir/lp.out")"
+# The prompt's ids from the hand-written transcript, then every generated
+# token but the last, through ds4-forward in one prefill.
+./ds4 -m "$M" --dump-tokens -p "$RENDERED" 2>/dev/null | cut -f1 > "$dir/prompt.ids"
+python3 -c "
+import json, sys
+d = json.load(open('$dir/lp.json'))
+ids = open('$dir/prompt.ids').read().split() + [str(s['token']) for s in d['steps'][:-1]]
+open('$dir/chain.ids', 'w').write(' '.join(ids))
+"
+./ds4-forward "$M" --tokens "@$dir/chain.ids" --ctx 4096 --logits-out "$dir/chain.logits" --top 0
+python3 tests/suite/cli_check.py greedy "$dir/lp.json" "$dir/chain.logits" "$(wc -l < "$dir/prompt.ids")" $V \
+    "$dir/g1.txt" 1
+
+# A pre-rendered transcript runs as is: the same tokens, the same answer.
+./ds4 -m "$M" -c 4096 --temp 0 -n 16 -p "$RENDERED" > "$dir/raw.txt" 2>/dev/null
+cmp -s "$dir/g1.txt" "$dir/raw.txt" || fail "the rendered transcript answers differently from the chat prompt"
+
+# --- sampling: same seed same text, another seed another text ----------------
+sample() { ./ds4 -m "$M" -c 4096 --nothink --temp 1 --min-p 0 --seed "$1" -n 24 -p Hello 2>/dev/null; }
+sample 42 > "$dir/s42a.txt"
+sample 42 > "$dir/s42b.txt"
+sample 43 > "$dir/s43.txt"
+cmp -s "$dir/s42a.txt" "$dir/s42b.txt" || fail "seed 42 gave two different texts"
+cmp -s "$dir/s42a.txt" "$dir/s43.txt" && fail "seeds 42 and 43 gave the same text"
+cmp -s "$dir/s42a.txt" "$dir/g1.txt" && fail "sampling at T=1 gave the greedy text"
+# top-k 1 is greedy whatever the temperature.
+./ds4 -m "$M" -c 4096 --nothink --temp 5 --top-k 1 --seed 3 -n 16 -p Hello > "$dir/k1.txt" 2>/dev/null
+cmp -s "$dir/g1.txt" "$dir/k1.txt" || fail "--top-k 1 is not greedy"
+
+# --- perplexity against an independent NLL -----------------------------------
+cat > "$dir/text.txt" <<'EOF'
+The lighthouse keeper counted the ships every evening, writing their names in a small
+notebook with a green cover. Some nights there were none; on others the harbour filled
+with lanterns, and he had to climb down to the quay to read the painted letters.
+EOF
+./ds4 -m "$M" -c 4096 --perplexity-file "$dir/text.txt" > "$dir/ppl.txt" 2>/dev/null
+{ echo 0; ./ds4-tokenizer -t "$tok" encode -f "$dir/text.txt"; } | tr '\n' ' ' > "$dir/text.ids"
+./ds4-forward "$M" --tokens "@$dir/text.ids" --ctx 4096 --logits-out "$dir/text.logits" --top 0
+python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$dir/ppl.txt"
+./ds4 -m "$M" -c 4096 -n 10 --perplexity-file "$dir/text.txt" > "$dir/ppl10.txt" 2>/dev/null
+grep -qx "scored: 10" "$dir/ppl10.txt" || fail "-n 10 did not limit the scored tokens: $(cat "$dir/ppl10.txt")"
+python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$dir/ppl10.txt"
+./ds4 -m "$M" -c 40 --perplexity-file "$dir/text.txt" > "$dir/ppl40.txt" 2>/dev/null
+grep -qx "scored: 8" "$dir/ppl40.txt" || fail "-c 40 should leave 8 scored tokens: $(cat "$dir/ppl40.txt")"
+echo "short" > "$dir/short.txt"
+if ./ds4 -m "$M" --perplexity-file "$dir/short.txt" 2> "$dir/err.txt"; then fail "a 2-token text was scored"; fi
+grep -q "more than 32 are needed" "$dir/err.txt" || fail "short text message: $(cat "$dir/err.txt")"
+
+# --- dump-tokens: ds4-tokenizer's ids, specials recognised, no weights ---------
+text="Ciao <｜User｜>你好 </think>
+x	y"
+./ds4 -m "$M" --dump-tokens -p "$text" > "$dir/dt.txt" 2>/dev/null
+got=$(cut -f1 "$dir/dt.txt" | tr '\n' ' ' | sed 's/ $//')
+want=$(./ds4-tokenizer -t "$tok" encode --specials "$text")
+[ "$got" = "$want" ] || fail "--dump-tokens ids '$got', ds4-tokenizer '$want'"
+grep -qP '^128803\t<｜User｜>$' "$dir/dt.txt" || fail "--dump-tokens pieces: $(cat "$dir/dt.txt")"
+grep -qF '\n' "$dir/dt.txt" || fail "--dump-tokens does not escape the newline: $(cat "$dir/dt.txt")"
+# The tokenizer metadata alone is enough: a GGUF with no tensors works.
+./ds4 -m "$tok" --dump-tokens -p "$text" > "$dir/dt2.txt" 2>/dev/null
+cmp -s "$dir/dt.txt" "$dir/dt2.txt" || fail "--dump-tokens needed more than the tokenizer metadata"
+
+# --- inspect ---------------------------------------------------------------
+./ds4 -m "$M" --inspect -c 4096 > "$dir/inspect.txt"
+for want in "layers 6, embedding 256, vocabulary 129280" "compress ratios: 0 0 4 128 4 128" \
+            "routed-w1 +6 .* q8_0" "embedding +1 .* f16" "hash +3 .* i32" "total +178 " \
+            "tokenizer: 129280 tokens, 127741 merges, bos 0, eos 1" "KV state for 4096 tokens"; do
+    grep -Eq "$want" "$dir/inspect.txt" || fail "--inspect lacks '$want': $(cat "$dir/inspect.txt")"
+done
+kv4k=$(sed -n 's/^kv_bytes: //p' "$dir/inspect.txt")
+kv8k=$(./ds4 -m "$M" --inspect -c 8192 | sed -n 's/^kv_bytes: //p')
+[ "$kv8k" -gt "$kv4k" ] || fail "KV bytes do not grow with the context ($kv4k, $kv8k)"
+
+# --- system prompt: the default one, a custom one, none ---------------------------
+prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^prefill: \([0-9]*\) tokens.*/\1/p'; }
+count() { ./ds4-tokenizer -t "$tok" encode --specials "$1" | wc -w; }
+[ "$(prompt_len)" -eq "$(count "$RENDERED")" ] || fail "default system prompt: $(prompt_len) tokens"
+[ "$(prompt_len -sys "")" -eq "$(count "${BOS}<｜User｜>Hello<｜Assistant｜></think>")" ] || fail "-sys '' kept a system prompt"
+[ "$(prompt_len -sys "Be brief.")" -eq "$(count "${BOS}Be brief.<｜User｜>Hello<｜Assistant｜></think>")" ] || fail "-sys TEXT"
+
+# --- interactive mode with piped input (no line editor) ------------------------
+printf 'Hello\n/nothink\nagain\n/quit\nnever sent\n' | ./ds4 -m "$M" -c 4096 --temp 0 -n 4 > "$dir/pipe.out" 2> "$dir/pipe.err" \
+    || fail "piped REPL failed: $(cat "$dir/pipe.err")"
+[ "$(grep -c '^prefill: ' "$dir/pipe.err")" -eq 2 ] || fail "piped REPL: $(cat "$dir/pipe.err")"
+grep -q "thinking off" "$dir/pipe.err" || fail "piped REPL ignored /nothink"
+
+# --- thinking modes -----------------------------------------------------------
+./ds4 -m "$M" -c 4096 --think-max --temp 0 -n 4 -p Hello > /dev/null 2> "$dir/tm.err"
+grep -q "think-max needs --ctx of at least 393216" "$dir/tm.err" || fail "no Think Max warning: $(cat "$dir/tm.err")"
+./ds4 -m "$M" -c 4096 --think --temp 0 -n 4 -p Hello > "$dir/think.txt" 2>/dev/null
+cmp -s "$dir/think.txt" "$dir/g1.txt" && fail "thinking and non-thinking prompts answered the same"
+
+# --- usage errors: exit status 2 and a message naming the option ---------------
+expect_usage() {
+    want=$1; shift
+    set +e
+    ./ds4 -m "$M" "$@" > "$dir/out.txt" 2> "$dir/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "ds4 $* exited $rc, want 2"
+    grep -q -- "$want" "$dir/err.txt" || fail "ds4 $*: message lacks '$want': $(cat "$dir/err.txt")"
+}
+expect_usage "-c 0: must be an integer" -c 0
+expect_usage "--ctx abc" --ctx abc
+expect_usage "-n 0" -n 0
+expect_usage "--temp 101: must be a number in 0..100" --temp 101
+expect_usage "--top-p 1.5" --top-p 1.5
+expect_usage "--min-p -0.1" --min-p -0.1
+expect_usage "--top-k -1" --top-k -1
+expect_usage "--seed 0: must be a nonzero" --seed 0
+expect_usage "-t 0" -t 0
+expect_usage "--logprobs-top-k 0" --logprobs-top-k 0 --dump-logprobs x -p a
+expect_usage "unknown option" --bogus
+expect_usage "needs a value" -p
+expect_usage "only one prompt" -p a --prompt-file "$dir/text.txt"
+expect_usage "needs a prompt" --dump-tokens
+expect_usage "only one of" --inspect --dump-tokens -p a
+expect_usage "use ds4-server" --server
+expect_usage "Metal is not supported" --metal
+expect_usage "cannot open" --prompt-file /nonexistent/prompt.txt
+expect_usage "takes no value" --nothink=1
+./ds4 --help | grep -q -- "--dump-logprobs FILE" || fail "--help"
+
+# --- a missing model explains where models come from ---------------------------
+if ./ds4 -m "$dir/none.gguf" -p hi > /dev/null 2> "$dir/err.txt"; then fail "a missing model ran"; fi
+grep -q "none.gguf" "$dir/err.txt" && grep -q "make demo" "$dir/err.txt" || fail "missing model message: $(cat "$dir/err.txt")"
+if ./ds4 -m "$dir/none.gguf" --dump-tokens -p hi > /dev/null 2> "$dir/err.txt"; then fail "--dump-tokens without a model ran"; fi
+grep -q "make demo" "$dir/err.txt" || fail "--dump-tokens missing model message: $(cat "$dir/err.txt")"
+if ./ds4 -m tests/golden/cpu/tiny-a.f16.gguf -p hi > /dev/null 2> "$dir/err.txt"; then fail "a model without a tokenizer ran"; fi
+grep -q "tiny-a.f16.gguf: tokenizer" "$dir/err.txt" || fail "no-tokenizer message: $(cat "$dir/err.txt")"
+
+# --- the interactive mode through a pseudo-terminal ------------------------------
+python3 tests/suite/cli_repl.py ./ds4 "$M" ./ds4-tokenizer "$tok" "$dir/repl"
+echo "cli: ok"

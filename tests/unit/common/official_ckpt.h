@@ -1,0 +1,25 @@
+/*
+ * official_ckpt.h - test helper: writes the tiny official-format DeepSeek V4
+ * checkpoint of tests/reference/make_official_ckpt.py, byte for byte the
+ * same tensors (same generator, same order; tests/golden/tools/tiny_ckpt.tsv
+ * holds the digests both must match), so C tests need no Python.
+ *
+ * One tensor can be spoiled on the way out, to test error paths: its dtype
+ * string replaced (same element size, so the file stays well-formed) or its
+ * two dims swapped.
+ */
+#ifndef DS4_TEST_OFFICIAL_CKPT_H
+#define DS4_TEST_OFFICIAL_CKPT_H
+
+#include <stdbool.h>
+
+typedef struct official_ckpt_opts {
+    const char *spoil;        /* HF name of the tensor to spoil, or NULL */
+    const char *spoil_dtype;  /* replacement dtype string, or NULL */
+    bool spoil_transpose;     /* swap its two dims */
+} official_ckpt_opts;
+
+/* Shards, index and config.json into dir (which must exist). */
+void official_ckpt_write(const char *dir, const official_ckpt_opts *opts);
+
+#endif

@@ -1,0 +1,33 @@
+/*
+ * tool_run.c - running programs from tests (see tool_run.h).
+ */
+#include "common/tool_run.h"
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+int run_capture(char *out, size_t len, const char *fmt, ...) {
+    char cmd[8192];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(cmd, sizeof(cmd), fmt, ap);
+    va_end(ap);
+    strncat(cmd, " 2>&1", sizeof(cmd) - strlen(cmd) - 1);
+    FILE *p = popen(cmd, "r");
+    if (!p) fail_msg("popen failed: %s", cmd);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = '\0';
+    int st = pclose(p);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+void assert_contains(const char *msg, const char *part) {
+    if (!strstr(msg, part)) fail_msg("\"%s\" lacks \"%s\"", msg, part);
+}

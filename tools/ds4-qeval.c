@@ -1,0 +1,217 @@
+/*
+ * ds4-qeval - how far a quantized GGUF is from a reference GGUF of the same
+ * model, in the two measures the imatrix is meant to improve.
+ *
+ *   ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]
+ *
+ * --imatrix: importance-weighted error of the routed experts.  For every
+ *   routed expert matrix, sum over rows and columns of imp[c] * (w - q)^2,
+ *   with imp the importance vector of that expert (format/imatrix.h);
+ *   reported per tensor kind and in total, relative to sum imp[c] * w^2.
+ *   With imp the collected E[x^2] of the inputs this estimates the mean
+ *   squared error the quantization adds to the expert's outputs.
+ * --dataset: output divergence.  Both models run over the prompts of a
+ *   dataset (token-id prompts, DS4_IMATRIX_PROMPT separators); reported are
+ *   the mean and maximum KL(ref || test) of the next-token distributions
+ *   over all positions, and how often both pick the same top token.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "format/imatrix.h"
+#include "format/quants.h"
+#include "model/backend.h"
+#include "model/layout.h"
+#include "model/weights.h"
+
+/* ------------------------------------------------------- weighted error */
+
+typedef struct werr {
+    double err, ref;
+} werr;
+
+static int matrix_error(const ds4_wt *r, const ds4_wt *t, const ds4_imatrix *im, uint32_t e, uint32_t n_expert,
+                        werr *acc, ds4_err *err) {
+    int64_t cols = (int64_t)r->ne[0];
+    float *a = malloc((size_t)cols * sizeof(float)), *b = malloc((size_t)cols * sizeof(float));
+    float *imp = malloc((size_t)cols * sizeof(float));
+    int rc = 0;
+    if (!a || !b || !imp) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int found = rc == 0 ? ds4_imatrix_lookup(im, r->name, cols, (int)e, (int)n_expert, imp, err) : -1;
+    if (found == 0) rc = ds4_err_set(err, DS4_ENOTFOUND, "imatrix has no vector for %s expert %u", r->name, e);
+    if (found < 0) rc = -1;
+    for (uint64_t row = 0; rc == 0 && row < r->ne[1]; row++) {
+        ds4_dequantize_row(r->type, ds4_wt_row(r, e, row), a, cols);
+        ds4_dequantize_row(t->type, ds4_wt_row(t, e, row), b, cols);
+        for (int64_t c = 0; c < cols; c++) {
+            double d = (double)a[c] - b[c];
+            acc->err += imp[c] * d * d;
+            acc->ref += imp[c] * (double)a[c] * a[c];
+        }
+    }
+    free(a);
+    free(b);
+    free(imp);
+    return rc;
+}
+
+static int weighted_error(const ds4_weights *r, const ds4_weights *t, const char *im_path, ds4_err *err) {
+    ds4_imatrix *im = ds4_imatrix_load(im_path, err);
+    if (!im) return -1;
+    werr kinds[3] = {{0, 0}, {0, 0}, {0, 0}};
+    int rc = 0;
+    uint32_t ne = r->cfg.n_expert;
+    for (uint32_t il = 0; il < r->cfg.n_layer && rc == 0; il++) {
+        const ds4_layer_weights *a = &r->layers[il], *b = &t->layers[il];
+        const ds4_wt *pairs[3][2] = {{&a->gate_exps, &b->gate_exps}, {&a->up_exps, &b->up_exps},
+                                     {&a->down_exps, &b->down_exps}};
+        for (int k = 0; k < 3 && rc == 0; k++)
+            for (uint32_t e = 0; e < ne && rc == 0; e++)
+                rc = matrix_error(pairs[k][0], pairs[k][1], im, e, ne, &kinds[k], err);
+    }
+    if (rc == 0) {
+        static const char *names[3] = {"gate (w1)", "up (w3)", "down (w2)"};
+        double te = 0, tr = 0;
+        for (int k = 0; k < 3; k++) {
+            printf("weighted error %-10s %.6e (relative %.6f)\n", names[k], kinds[k].err, kinds[k].err / kinds[k].ref);
+            te += kinds[k].err, tr += kinds[k].ref;
+        }
+        printf("weighted error total      %.6e (relative %.6f)\n", te, te / tr);
+    }
+    ds4_imatrix_free(im);
+    return rc;
+}
+
+/* ------------------------------------------------------------ divergence */
+
+typedef struct kl_acc {
+    double sum, max;
+    uint64_t n, same_top;
+} kl_acc;
+
+static void add_position(const float *p_logits, const float *q_logits, uint32_t nv, kl_acc *acc) {
+    double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0;
+    uint32_t ap = 0, aq = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        if (p_logits[i] > p_logits[ap]) ap = i;
+        if (q_logits[i] > q_logits[aq]) aq = i;
+        mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
+    }
+    for (uint32_t i = 0; i < nv; i++) zp += exp(p_logits[i] - mp), zq += exp(q_logits[i] - mq);
+    double kl = 0;
+    for (uint32_t i = 0; i < nv; i++) {
+        double lp = p_logits[i] - mp - log(zp), lq = q_logits[i] - mq - log(zq);
+        kl += exp(lp) * (lp - lq);
+    }
+    acc->sum += kl;
+    acc->max = fmax(acc->max, kl);
+    acc->n++;
+    acc->same_top += ap == aq;
+}
+
+static int parse_ids(const char *s, size_t n, uint32_t nv, uint32_t *ids, uint32_t cap, uint32_t *count) {
+    uint32_t k = 0;
+    for (size_t i = 0; i < n;) {
+        if (isspace((unsigned char)s[i]) || s[i] == ',') {
+            i++;
+            continue;
+        }
+        if (!isdigit((unsigned char)s[i])) return -1;
+        unsigned long long v = 0;
+        while (i < n && isdigit((unsigned char)s[i]) && v < nv) v = v * 10 + (unsigned)(s[i++] - '0');
+        if (v >= nv) return -1;
+        if (k < cap) ids[k++] = (uint32_t)v;
+    }
+    *count = k;
+    return 0;
+}
+
+static int divergence(const ds4_weights *r, const ds4_weights *t, const char *path, const ds4_backend_opts *bo,
+                      ds4_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return ds4_err_set(err, DS4_ENOTFOUND, "%s: %s", path, strerror(errno));
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *text = malloc((size_t)len + 1);
+    size_t got = text ? fread(text, 1, (size_t)len, f) : 0;
+    fclose(f);
+    uint32_t nv = r->cfg.n_vocab;
+    ds4_backend *br = ds4_backend_create("cpu", r, bo, err);
+    ds4_backend *bt = br ? ds4_backend_create("cpu", t, bo, err) : NULL;
+    uint32_t cap = br ? br->opts.ctx_size : 0;
+    uint32_t *ids = malloc((size_t)cap * sizeof(uint32_t) + 1);
+    float *lr = malloc((size_t)cap * nv * sizeof(float) + 1), *lt = malloc((size_t)cap * nv * sizeof(float) + 1);
+    int rc = bt && text && ids && lr && lt ? 0 : (bt ? ds4_err_set(err, DS4_ENOMEM, "out of memory") : -1);
+    kl_acc acc = {0};
+    size_t pos = 0, start, plen;
+    while (rc == 0 && ds4_imatrix_dataset_next(text, got, &pos, &start, &plen)) {
+        uint32_t n;
+        if (parse_ids(text + start, plen, nv, ids, cap, &n) != 0) {
+            rc = ds4_err_set(err, DS4_EFORMAT, "%s: a prompt is not a list of token ids below %u", path, nv);
+            break;
+        }
+        if (n == 0) continue;
+        ds4_backend_reset(br);
+        ds4_backend_reset(bt);
+        if (ds4_backend_prefill(br, ids, n, lr, err) != 0 || ds4_backend_prefill(bt, ids, n, lt, err) != 0) {
+            rc = -1;
+            break;
+        }
+        for (uint32_t i = 0; i < n; i++) add_position(lr + (size_t)i * nv, lt + (size_t)i * nv, nv, &acc);
+    }
+    if (rc == 0 && acc.n == 0) rc = ds4_err_set(err, DS4_EINVAL, "%s: no prompts", path);
+    if (rc == 0)
+        printf("KL(ref || test) mean %.6f max %.6f over %llu positions; same top token %.2f%%\n", acc.sum / acc.n,
+               acc.max, (unsigned long long)acc.n, 100.0 * acc.same_top / acc.n);
+    ds4_backend_free(br);
+    ds4_backend_free(bt);
+    free(ids);
+    free(lr);
+    free(lt);
+    free(text);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    static const struct option lo[] = {{"imatrix", required_argument, 0, 'i'}, {"dataset", required_argument, 0, 'd'},
+                                       {"ctx", required_argument, 0, 'c'},     {"threads", required_argument, 0, 't'},
+                                       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
+    const char *im = NULL, *ds = NULL;
+    ds4_backend_opts bo = {.ctx_size = 1024};
+    int c;
+    while ((c = getopt_long(argc, argv, "t:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'i': im = optarg; break;
+        case 'd': ds = optarg; break;
+        case 'c': bo.ctx_size = (uint32_t)atoi(optarg); break;
+        case 't': bo.n_threads = atoi(optarg); break;
+        case 'h':
+        default:
+            fprintf(c == 'h' ? stdout : stderr,
+                    "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (argc - optind != 2 || (!im && !ds) || bo.ctx_size < 1) {
+        fprintf(stderr, "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
+        return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *r = ds4_weights_open(argv[optind], &err);
+    ds4_weights *t = r ? ds4_weights_open(argv[optind + 1], &err) : NULL;
+    int rc = t ? 0 : -1;
+    if (rc == 0 && memcmp(&r->cfg, &t->cfg, sizeof(r->cfg)) != 0)
+        rc = ds4_err_set(&err, DS4_EINVAL, "the two files describe different models");
+    if (rc == 0 && im) rc = weighted_error(r, t, im, &err);
+    if (rc == 0 && ds) rc = divergence(r, t, ds, &bo, &err);
+    if (rc != 0) fprintf(stderr, "ds4-qeval: %s\n", err.msg);
+    ds4_weights_close(r);
+    ds4_weights_close(t);
+    return rc == 0 ? 0 : 1;
+}

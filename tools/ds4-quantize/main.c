@@ -1,0 +1,521 @@
+/*
+ * ds4-quantize - the official DeepSeek V4 Flash safetensors checkpoint ->
+ * a ds4 GGUF (spec/PRODUCT.md 1.7, spec/MODEL.md 2.6).
+ *
+ *   ds4-quantize --hf DIR --out FILE [--recipe q2|q4|q8_0|f16|f32] [options]
+ *
+ * The model shape comes from DIR/config.json, tensor names and order from
+ * src/model/layout.c, storage types from the recipe plus ds4's per-class
+ * options and --tensor-type overrides (src/model/policy.h).  Tokenizer
+ * metadata is copied from --tokenizer-gguf.  Every source tensor is checked
+ * (present, dtype, shape) before anything is written; tensors are then
+ * streamed one at a time (experts a batch of threads at a time) into a
+ * temporary file renamed into place at the end.
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "format/quants.h"
+#include "quantize.h"
+#include "text/tokjson.h"
+#include "text/vocab.h"
+
+#define KV_IM_FILE "quantize.imatrix.file"
+#define KV_IM_DATASET "quantize.imatrix.dataset"
+#define KV_IM_ENTRIES "quantize.imatrix.entries_count"
+#define KV_IM_CHUNKS "quantize.imatrix.chunks_count"
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: ds4-quantize --hf DIR --out FILE [options]\n"
+            "\n"
+            "Convert the official DeepSeek V4 Flash safetensors checkpoint (DIR with config.json and\n"
+            "model.safetensors.index.json) into a ds4 GGUF.\n"
+            "\n"
+            "  --hf DIR                 checkpoint directory (required)\n"
+            "  --out FILE               output GGUF (required unless --dry-run)\n"
+            "  --recipe NAME            base types: %s (default q2)\n"
+            "  --tokenizer FILE         tokenizer.json (.xz too; default DIR/tokenizer.json if present)\n"
+            "  --tokenizer-config FILE  tokenizer_config.json (default DIR/tokenizer_config.json if present)\n"
+            "  --tokenizer-gguf FILE    copy tokenizer.* metadata from this GGUF instead\n"
+            "  --name TEXT              general.name (default \"DeepSeek V4 Flash\")\n"
+            "  --experts TYPE           all routed experts (alias --routed)\n"
+            "  --routed-w1 TYPE         routed gate (alias --routed-gate)\n"
+            "  --routed-w2 TYPE         routed down (alias --routed-down)\n"
+            "  --routed-w3 TYPE         routed up (alias --routed-up)\n"
+            "  --attention-proj TYPE    attention q/kv/output projections (alias --attn-proj)\n"
+            "  --attention TYPE         other attention matrices: compressor, indexer\n"
+            "  --shared TYPE            shared expert\n"
+            "  --embedding TYPE         token embedding\n"
+            "  --output TYPE            output.weight (LM head)\n"
+            "  --dense TYPE             the above non-routed matrices whose own option is unset\n"
+            "  --tensor-type PFX=TYPE   tensors whose name starts with PFX (repeatable, first wins)\n"
+            "  --imatrix FILE           legacy .dat importance matrix (experts packed per tensor)\n"
+            "  --imatrix-strict         fail when a 2/4-bit tensor has no imatrix vector\n"
+            "  --threads N              worker threads (default: all cores)\n"
+            "  --dry-run                print the plan and sizes, write nothing\n"
+            "  --overwrite              replace an existing --out\n"
+            "  --quiet                  no per-tensor progress\n"
+            "  --compare-tensor NAME    regenerate one tensor in the type it has in --compare-gguf,\n"
+            "                           compare bytes (and FNV-1a 64) with it, write nothing\n"
+            "  --compare-gguf FILE      reference GGUF for --compare-tensor\n"
+            "\n"
+            "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type);\n"
+            "case, '-' and '_' do not matter.  Without an imatrix, IQ2_XXS uses each matrix's\n"
+            "column energy (sum of w^2 over rows) as importance.\n",
+            ds4_recipe_names());
+}
+
+enum {
+    OPT_HF = 256, OPT_OUT, OPT_RECIPE, OPT_TOKENIZER, OPT_TOKENIZER_JSON, OPT_TOKENIZER_CONFIG, OPT_NAME, OPT_EXPERTS, OPT_W1, OPT_W2, OPT_W3,
+    OPT_ATTN_PROJ, OPT_ATTN, OPT_SHARED, OPT_EMBD, OPT_OUTPUT, OPT_DENSE, OPT_TENSOR_TYPE, OPT_IMATRIX,
+    OPT_IMATRIX_STRICT, OPT_THREADS, OPT_DRY_RUN, OPT_OVERWRITE, OPT_QUIET, OPT_COMPARE_TENSOR, OPT_COMPARE_GGUF,
+    OPT_HELP,
+};
+
+static const struct option long_opts[] = {
+    {"hf", required_argument, 0, OPT_HF},
+    {"out", required_argument, 0, OPT_OUT},
+    {"recipe", required_argument, 0, OPT_RECIPE},
+    {"tokenizer-gguf", required_argument, 0, OPT_TOKENIZER},
+    {"tokenizer", required_argument, 0, OPT_TOKENIZER_JSON},
+    {"tokenizer-config", required_argument, 0, OPT_TOKENIZER_CONFIG},
+    {"name", required_argument, 0, OPT_NAME},
+    {"experts", required_argument, 0, OPT_EXPERTS},
+    {"routed", required_argument, 0, OPT_EXPERTS},
+    {"routed-w1", required_argument, 0, OPT_W1},
+    {"routed-gate", required_argument, 0, OPT_W1},
+    {"routed-w2", required_argument, 0, OPT_W2},
+    {"routed-down", required_argument, 0, OPT_W2},
+    {"routed-w3", required_argument, 0, OPT_W3},
+    {"routed-up", required_argument, 0, OPT_W3},
+    {"attention-proj", required_argument, 0, OPT_ATTN_PROJ},
+    {"attn-proj", required_argument, 0, OPT_ATTN_PROJ},
+    {"attention", required_argument, 0, OPT_ATTN},
+    {"shared", required_argument, 0, OPT_SHARED},
+    {"embedding", required_argument, 0, OPT_EMBD},
+    {"output", required_argument, 0, OPT_OUTPUT},
+    {"dense", required_argument, 0, OPT_DENSE},
+    {"tensor-type", required_argument, 0, OPT_TENSOR_TYPE},
+    {"imatrix", required_argument, 0, OPT_IMATRIX},
+    {"imatrix-strict", no_argument, 0, OPT_IMATRIX_STRICT},
+    {"threads", required_argument, 0, OPT_THREADS},
+    {"dry-run", no_argument, 0, OPT_DRY_RUN},
+    {"overwrite", no_argument, 0, OPT_OVERWRITE},
+    {"quiet", no_argument, 0, OPT_QUIET},
+    {"compare-tensor", required_argument, 0, OPT_COMPARE_TENSOR},
+    {"compare-gguf", required_argument, 0, OPT_COMPARE_GGUF},
+    {"help", no_argument, 0, OPT_HELP},
+    {0, 0, 0, 0},
+};
+
+/* Class options are collected as strings first: the recipe they refine
+ * may be given after them. */
+typedef struct raw_opts {
+    const char *types[9];       /* indexes as in set_class() */
+    const char **overrides;
+    int n_overrides;
+} raw_opts;
+
+static int bad_usage(const char *fmt, const char *arg) {
+    fprintf(stderr, "ds4-quantize: ");
+    fprintf(stderr, fmt, arg);
+    fprintf(stderr, "\n(see ds4-quantize --help)\n");
+    return 2;
+}
+
+static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
+    memset(o, 0, sizeof(*o));
+    memset(raw, 0, sizeof(*raw));
+    o->recipe = "q2";
+    o->name = "DeepSeek V4 Flash";
+    raw->overrides = calloc((size_t)argc, sizeof(char *));
+    int c;
+    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
+        switch (c) {
+        case OPT_HF: o->hf_dir = optarg; break;
+        case OPT_OUT: o->out = optarg; break;
+        case OPT_RECIPE: o->recipe = optarg; break;
+        case OPT_TOKENIZER: o->tokenizer_gguf = optarg; break;
+        case OPT_TOKENIZER_JSON: o->tokenizer_json = optarg; break;
+        case OPT_TOKENIZER_CONFIG: o->tokenizer_config = optarg; break;
+        case OPT_NAME: o->name = optarg; break;
+        case OPT_EXPERTS: raw->types[0] = raw->types[1] = raw->types[2] = optarg; break;
+        case OPT_W1: raw->types[0] = optarg; break;
+        case OPT_W2: raw->types[1] = optarg; break;
+        case OPT_W3: raw->types[2] = optarg; break;
+        case OPT_ATTN_PROJ: raw->types[3] = optarg; break;
+        case OPT_ATTN: raw->types[4] = optarg; break;
+        case OPT_SHARED: raw->types[5] = optarg; break;
+        case OPT_EMBD: raw->types[6] = optarg; break;
+        case OPT_OUTPUT: raw->types[7] = optarg; break;
+        case OPT_DENSE: raw->types[8] = optarg; break;
+        case OPT_TENSOR_TYPE: raw->overrides[raw->n_overrides++] = optarg; break;
+        case OPT_IMATRIX: o->imatrix_path = optarg; break;
+        case OPT_IMATRIX_STRICT: o->imatrix_strict = true; break;
+        case OPT_THREADS: {
+            char *end;
+            long v = strtol(optarg, &end, 10);
+            if (*end || v < 1 || v > 4096) return bad_usage("--threads %s: expected an integer in 1..4096", optarg);
+            o->threads = (int)v;
+            break;
+        }
+        case OPT_DRY_RUN: o->dry_run = true; break;
+        case OPT_OVERWRITE: o->overwrite = true; break;
+        case OPT_QUIET: o->quiet = true; break;
+        case OPT_COMPARE_TENSOR: o->compare_tensor = optarg; break;
+        case OPT_COMPARE_GGUF: o->compare_gguf = optarg; break;
+        case 'h':
+        case OPT_HELP: usage(stdout); exit(0);
+        default: return 2;
+        }
+    }
+    if (optind < argc) return bad_usage("unexpected argument %s", argv[optind]);
+    if (!o->hf_dir) return bad_usage("%s", "--hf DIR is required");
+    if (!o->out && !o->dry_run && !o->compare_tensor)
+        return bad_usage("%s", "--out FILE is required (or --dry-run, --compare-tensor)");
+    if (!o->compare_tensor != !o->compare_gguf)
+        return bad_usage("%s", "--compare-tensor and --compare-gguf go together");
+    if (o->tokenizer_gguf && (o->tokenizer_json || o->tokenizer_config))
+        return bad_usage("%s", "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
+    if (o->imatrix_strict && !o->imatrix_path) return bad_usage("%s", "--imatrix-strict needs --imatrix FILE");
+    return 0;
+}
+
+static int build_policy(qz_opts *o, const raw_opts *raw) {
+    const ds4_recipe *r = ds4_recipe_get(o->recipe);
+    if (!r) {
+        fprintf(stderr, "ds4-quantize: unknown recipe \"%s\" (expected %s)\n", o->recipe, ds4_recipe_names());
+        return 2;
+    }
+    ds4_policy_init(&o->policy, r);
+    uint32_t *slots[9] = {&o->policy.routed_w1, &o->policy.routed_w2, &o->policy.routed_w3,
+                          &o->policy.attention_proj, &o->policy.attention, &o->policy.shared,
+                          &o->policy.embedding, &o->policy.output, &o->policy.dense};
+    ds4_err err = {0};
+    for (int i = 0; i < 9; i++)
+        if (raw->types[i] && ds4_policy_parse_type(raw->types[i], slots[i], &err) != 0) {
+            fprintf(stderr, "ds4-quantize: %s\n", err.msg);
+            return 2;
+        }
+    for (int i = 0; i < raw->n_overrides; i++)
+        if (ds4_policy_add_override(&o->policy, raw->overrides[i], &err) != 0) {
+            fprintf(stderr, "ds4-quantize: %s\n", err.msg);
+            return 2;
+        }
+    return 0;
+}
+
+/* ------------------------------------------------------------- planning */
+
+static int plan(qz_job *j, ds4_err *err) {
+    j->nspecs = ds4_layout_count(&j->hc.cfg);
+    j->specs = calloc(j->nspecs, sizeof(*j->specs));
+    j->items = calloc(j->nspecs, sizeof(*j->items));
+    if (!j->specs || !j->items) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    ds4_layout_build(&j->hc.cfg, j->specs);
+    for (size_t i = 0; i < j->nspecs; i++) {
+        const ds4_tensor_spec *t = &j->specs[i];
+        char hf[160];
+        bool routed = t->ndim == 3;
+        if (ds4_hf_name(t, 0, hf, sizeof(hf), err) != 0) return -1;
+        if (t->optional && !ds4_st_ckpt_has(j->ck, hf)) continue;
+        qz_item *it = &j->items[j->nitems];
+        it->t = t;
+        if (ds4_policy_type(&j->o->policy, t, &it->type, err) != 0) return -1;
+        /* Check every source (each expert too) before writing anything. */
+        for (int e = 0; e < (routed ? (int)t->ne[2] : 1); e++) {
+            ds4_hf_source src;
+            if (ds4_hf_resolve(j->ck, &j->hc, t, routed ? e : -1, &src, err) != 0) return -1;
+            if (e == 0) it->src_dtype = src.w->dtype;
+        }
+        int ok;
+        uint64_t n = t->ne[0] * t->ne[1] * t->ne[2];
+        it->nbytes = ds4_type_nbytes_checked(it->type, n, &ok);
+        if (!ok) return ds4_err_set(err, DS4_ERANGE, "%s: size overflows", t->name);
+        j->nitems++;
+    }
+    return 0;
+}
+
+static const char *human(double bytes, char *buf, size_t len) {
+    const char *units[] = {"B", "KB", "MB", "GB", "TB"};
+    int u = 0;
+    while (bytes >= 1000 && u < 4) bytes /= 1000, u++;
+    snprintf(buf, len, u ? "%.2f %s" : "%.0f %s", bytes, units[u]);
+    return buf;
+}
+
+static void print_plan(const qz_job *j) {
+    uint64_t total = 0, by_type[64] = {0}, count[64] = {0};
+    char b1[32], dims[64];
+    for (size_t i = 0; i < j->nitems; i++) {
+        const qz_item *it = &j->items[i];
+        const ds4_tensor_spec *t = it->t;
+        snprintf(dims, sizeof(dims), t->ndim == 1 ? "[%" PRIu64 "]" : t->ndim == 2 ? "[%" PRIu64 ", %" PRIu64 "]"
+                                                                          : "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+                 t->ne[0], t->ne[1], t->ne[2]);
+        printf("%-40s %-22s %-8s -> %-8s %12s\n", t->name, dims, ds4_st_dtype_name(it->src_dtype),
+               ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)));
+        total += it->nbytes;
+        by_type[it->type & 63] += it->nbytes;
+        count[it->type & 63]++;
+    }
+    printf("tensors: %zu\n", j->nitems);
+    for (int t = 0; t < 64; t++)
+        if (count[t]) printf("  %-8s %5" PRIu64 " tensors %12s\n", ds4_type_get((uint32_t)t)->name, count[t],
+                             human((double)by_type[t], b1, sizeof(b1)));
+    printf("tensor data: %" PRIu64 " bytes (%s)\n", total, human((double)total, b1, sizeof(b1)));
+}
+
+/* ------------------------------------------------------------- writing */
+
+static int copy_tokenizer(const char *path, uint32_t n_vocab, ds4_gguf_writer *w, ds4_err *err) {
+    ds4_gguf *g = ds4_gguf_open(path, err);
+    if (!g) return ds4_err_prefix(err, "--tokenizer-gguf");
+    int rc = 0;
+    const ds4_gguf_kv *tokens = ds4_gguf_find_kv(g, "tokenizer.ggml.tokens");
+    if (!tokens || tokens->value.type != DS4_GGUF_ARRAY || tokens->value.a.type != DS4_GGUF_STRING)
+        rc = ds4_err_set(err, DS4_EFORMAT, "%s: no tokenizer.ggml.tokens string array", path);
+    else if (tokens->value.a.count > n_vocab)
+        rc = ds4_err_set(err, DS4_EFORMAT, "%s: %" PRIu64 " tokens, more than the model's vocab_size %u", path,
+                         tokens->value.a.count, n_vocab);
+    for (uint64_t i = 0; i < g->n_kv && rc == 0; i++) {
+        if (strncmp(g->kv[i].key, "tokenizer.", 10) != 0) continue;
+        if (ds4_gguf_w_copy_kv(w, &g->kv[i]) != 0) rc = ds4_err_set(err, DS4_EIO, "copying %s failed", g->kv[i].key);
+    }
+    ds4_gguf_close(g);
+    return rc;
+}
+
+/* tokenizer.json -> tokenizer.ggml.* (text/tokjson.h), checked to build a
+ * vocabulary and to fit the model's vocab_size. */
+static int import_tokenizer(const char *json, const char *config, uint32_t n_vocab, ds4_gguf_writer *w, ds4_err *err) {
+    ds4_tokjson tj;
+    if (ds4_tokjson_load(json, config, n_vocab, &tj, err) != 0) return -1;
+    int rc = 0;
+    if (tj.n_tokens > n_vocab) {
+        rc = ds4_err_set(err, DS4_EFORMAT, "%s: %u tokens, more than the model's vocab_size %u", json, tj.n_tokens,
+                         n_vocab);
+    } else {
+        ds4_vocab_src src = ds4_tokjson_src(&tj);
+        ds4_vocab *v = ds4_vocab_new(&src, err);
+        if (!v) rc = ds4_err_prefix(err, "%s", json);
+        ds4_vocab_free(v);
+    }
+    if (rc == 0) rc = ds4_tokjson_write_gguf(&tj, w, err);
+    ds4_tokjson_free(&tj);
+    return rc;
+}
+
+static bool file_exists(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0;
+}
+
+static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
+    const qz_opts *o = j->o;
+    if (o->tokenizer_gguf) return copy_tokenizer(o->tokenizer_gguf, j->hc.cfg.n_vocab, w, err);
+    char json[4096], config[4096];
+    snprintf(json, sizeof(json), "%s", o->tokenizer_json ? o->tokenizer_json : "");
+    snprintf(config, sizeof(config), "%s", o->tokenizer_config ? o->tokenizer_config : "");
+    if (!o->tokenizer_json) snprintf(json, sizeof(json), "%s/tokenizer.json", o->hf_dir);
+    if (!o->tokenizer_config) snprintf(config, sizeof(config), "%s/tokenizer_config.json", o->hf_dir);
+    if (!o->tokenizer_json && !file_exists(json)) {
+        fprintf(stderr, "ds4-quantize: warning: no tokenizer (no %s; see --tokenizer, --tokenizer-gguf): "
+                        "the GGUF gets no tokenizer metadata\n", json);
+        return 0;
+    }
+    return import_tokenizer(json, file_exists(config) || o->tokenizer_config ? config : NULL, j->hc.cfg.n_vocab, w, err);
+}
+
+static int write_metadata(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
+    int rc = ds4_gguf_w_str(w, "general.architecture", "deepseek4");
+    rc |= ds4_gguf_w_str(w, "general.name", j->o->name);
+    rc |= ds4_gguf_w_u32(w, "general.quantization_version", 2);
+    if (rc != 0) return ds4_err_set(err, DS4_EIO, "writing general.* metadata failed");
+    if (ds4_config_to_gguf(&j->hc.cfg, w, err) != 0) return -1;
+    if (write_tokenizer(j, w, err) != 0) return -1;
+    if (j->im) {
+        rc = ds4_gguf_w_str(w, KV_IM_FILE, j->o->imatrix_path);
+        rc |= ds4_gguf_w_u64(w, KV_IM_ENTRIES, j->im->n_entries);
+        if (j->im->dataset) rc |= ds4_gguf_w_str(w, KV_IM_DATASET, j->im->dataset);
+        if (j->im->chunks > 0) rc |= ds4_gguf_w_u64(w, KV_IM_CHUNKS, (uint64_t)j->im->chunks);
+        if (rc != 0) return ds4_err_set(err, DS4_EIO, "writing quantize.imatrix.* metadata failed");
+    }
+    for (size_t i = 0; i < j->nitems; i++) {
+        const ds4_tensor_spec *t = j->items[i].t;
+        if (ds4_gguf_w_tensor(w, t->name, t->ndim, t->ne, j->items[i].type) != 0)
+            return ds4_err_set(err, DS4_EIO, "declaring %s failed", t->name);
+    }
+    return 0;
+}
+
+static double now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct writer_sink {
+    qz_sink base;
+    ds4_gguf_writer *w;
+    bool failed;
+} writer_sink;
+
+static int writer_put(qz_sink *s, const void *data, uint64_t n, ds4_err *err) {
+    writer_sink *ws = (writer_sink *)s;
+    if (ds4_gguf_w_data(ws->w, data, n) == 0) return 0;
+    ws->failed = true;
+    return ds4_err_set(err, DS4_EIO, "writing tensor data failed");
+}
+
+static int write_all(qz_job *j, ds4_err *err) {
+    ds4_gguf_writer *w = ds4_gguf_writer_open(j->o->out, 0, err);
+    if (!w) return -1;
+    if (write_metadata(j, w, err) != 0) {
+        ds4_gguf_writer_abort(w);
+        return -1;
+    }
+    writer_sink sink = {.base.put = writer_put, .w = w};
+    double t0 = now();
+    char b1[32];
+    for (size_t i = 0; i < j->nitems; i++) {
+        const qz_item *it = &j->items[i];
+        double ts = now();
+        if (qz_convert(j, it, &sink.base, err) != 0) {
+            /* The writer holds the cause of its own failures. */
+            if (sink.failed) ds4_gguf_writer_close(w, err);
+            else ds4_gguf_writer_abort(w);
+            return -1;
+        }
+        if (!j->o->quiet)
+            fprintf(stderr, "[%4zu/%4zu] %-40s %-8s %12s %7.2fs\n", i + 1, j->nitems, it->t->name,
+                    ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)), now() - ts);
+    }
+    if (ds4_gguf_writer_close(w, err) != 0) return -1;
+    double dt = now() - t0;
+    if (dt <= 0) dt = 1e-9;
+    fprintf(stderr,
+            "ds4-quantize: wrote %s: %zu tensors, %" PRIu64 " bytes in %.2fs with %d threads: "
+            "%.3g elements/s, %.1f MB/s out\n",
+            j->o->out, j->nitems, j->bytes_done, dt, ds4_pool_size(j->pool), (double)j->elements_done / dt,
+            (double)j->bytes_done / dt / 1e6);
+    if (j->im || j->synthetic_used)
+        fprintf(stderr, "ds4-quantize: importance: %" PRIu64 " matrices from the imatrix, %" PRIu64
+                        " from column energy\n",
+                j->imatrix_used, j->synthetic_used);
+    return 0;
+}
+
+/* ------------------------------------------------------------ compare */
+
+typedef struct compare_sink {
+    qz_sink base;
+    const uint8_t *ref;
+    uint64_t n, pos, ndiff, first_diff;
+    uint64_t fnv;
+} compare_sink;
+
+static uint64_t fnv1a64(uint64_t h, const uint8_t *p, uint64_t n) {
+    for (uint64_t i = 0; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
+#define FNV_INIT 1469598103934665603ull
+
+static int compare_put(qz_sink *s, const void *data, uint64_t n, ds4_err *err) {
+    compare_sink *c = (compare_sink *)s;
+    const uint8_t *p = data;
+    if (c->pos + n > c->n) return ds4_err_set(err, DS4_EFORMAT, "more bytes than the reference tensor holds");
+    for (uint64_t i = 0; i < n; i++)
+        if (p[i] != c->ref[c->pos + i] && c->ndiff++ == 0) c->first_diff = c->pos + i;
+    c->fnv = fnv1a64(c->fnv, p, n);
+    c->pos += n;
+    return 0;
+}
+
+/* Regenerate one tensor in the reference's type and compare.  Returns 0
+ * when identical, 1 when different, -1 on error. */
+static int compare_tensor(qz_job *j, ds4_err *err) {
+    qz_item *it = NULL;
+    for (size_t i = 0; i < j->nitems && !it; i++)
+        if (strcmp(j->items[i].t->name, j->o->compare_tensor) == 0) it = &j->items[i];
+    if (!it) return ds4_err_set(err, DS4_ENOTFOUND, "--compare-tensor %s: no such tensor in the model", j->o->compare_tensor);
+    ds4_gguf *ref = ds4_gguf_open(j->o->compare_gguf, err);
+    if (!ref) return -1;
+    int rc = -1;
+    const ds4_gguf_tensor *rt = ds4_gguf_find_tensor(ref, it->t->name);
+    if (!rt) {
+        ds4_err_set(err, DS4_ENOTFOUND, "%s has no tensor %s", j->o->compare_gguf, it->t->name);
+    } else if (rt->ndim != it->t->ndim || memcmp(rt->ne, it->t->ne, it->t->ndim * sizeof(uint64_t)) != 0) {
+        ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s has another shape", j->o->compare_gguf, it->t->name);
+    } else if (!(it->t->allowed & (1ull << rt->type)) ||
+               (!ds4_policy_writable(rt->type) && rt->type != DS4_TYPE_I32)) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "%s: tensor %s has type %s, which ds4-quantize cannot write there",
+                    j->o->compare_gguf, it->t->name, ds4_type_get(rt->type) ? ds4_type_get(rt->type)->name : "?");
+    } else {
+        it->type = rt->type;
+        it->nbytes = rt->nbytes;
+        compare_sink c = {.base.put = compare_put, .ref = rt->data, .n = rt->nbytes, .fnv = FNV_INIT};
+        if (qz_convert(j, it, &c.base, err) == 0) {
+            uint64_t ref_fnv = fnv1a64(FNV_INIT, rt->data, rt->nbytes);
+            printf("%s %s %" PRIu64 " bytes: fnv1a64 new %016" PRIx64 " reference %016" PRIx64 ": ", it->t->name,
+                   ds4_type_get(it->type)->name, rt->nbytes, c.fnv, ref_fnv);
+            if (c.ndiff == 0) printf("identical\n");
+            else printf("%" PRIu64 " bytes differ, first at offset %" PRIu64 "\n", c.ndiff, c.first_diff);
+            rc = c.ndiff != 0;
+        }
+    }
+    ds4_gguf_close(ref);
+    return rc;
+}
+
+/* -------------------------------------------------------------- main */
+
+static int run(qz_job *j, ds4_err *err) {
+    char path[4096];
+    snprintf(path, sizeof(path), "%s/config.json", j->o->hf_dir);
+    if (ds4_hf_config_load(path, &j->hc, err) != 0) return -1;
+    if (!(j->ck = ds4_st_ckpt_open(j->o->hf_dir, err))) return -1;
+    if (j->o->imatrix_path && !(j->im = ds4_imatrix_load(j->o->imatrix_path, err))) return -1;
+    if (plan(j, err) != 0) return -1;
+    if (j->o->dry_run) {
+        print_plan(j);
+        return 0;
+    }
+    if (j->o->compare_tensor) {
+        if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
+        return compare_tensor(j, err);
+    }
+    struct stat st;
+    if (!j->o->overwrite && stat(j->o->out, &st) == 0)
+        return ds4_err_set(err, DS4_EINVAL, "%s exists (use --overwrite to replace it)", j->o->out);
+    if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
+    return write_all(j, err);
+}
+
+int main(int argc, char **argv) {
+    qz_opts o;
+    raw_opts raw;
+    int rc = parse_args(argc, argv, &o, &raw);
+    if (rc == 0) rc = build_policy(&o, &raw);
+    free(raw.overrides);
+    if (rc != 0) return rc;
+    qz_job j = {.o = &o};
+    ds4_err err = {0};
+    rc = run(&j, &err);
+    if (rc < 0) fprintf(stderr, "ds4-quantize: %s\n", err.msg);
+    ds4_pool_free(j.pool);
+    ds4_imatrix_free(j.im);
+    ds4_st_ckpt_close(j.ck);
+    free(j.specs);
+    free(j.items);
+    ds4_policy_free(&o.policy);
+    return rc == 0 ? 0 : 1;
+}

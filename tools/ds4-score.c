@@ -1,0 +1,229 @@
+/*
+ * ds4-score - teacher-forced quality scoring of a ds4 GGUF on reference
+ * continuations (spec/PRODUCT.md 1.9).
+ *
+ *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t N] [--no-sim]
+ *
+ * MANIFEST is a tab-separated list of cases, `ID<TAB>PROMPT<TAB>TARGET`,
+ * where PROMPT and TARGET are files of token ids (separated by spaces,
+ * commas or newlines; relative paths are taken from the manifest's
+ * directory; '#' starts a comment line).  Prompts are token ids so that any
+ * rendering (chat template, raw text) can be scored; the official
+ * continuations of ds4's quality set are the intended targets.
+ *
+ * For each case the prompt is prefilled, then the target is fed one token
+ * at a time; before each target token the model's distribution gives
+ *   nll         sum over the target of -log p(token)   (nats)
+ *   avg_nll     nll / target tokens
+ *   first_match 1 when the argmax before the first target token is it
+ *   greedy_lcp  how many leading target tokens are each the argmax
+ * OUT.tsv gets one row per case (ds4's columns: id, prompt_tokens,
+ * target_tokens, nll, avg_nll, first_match, greedy_lcp); stderr a summary.
+ * Compare two runs with ds4-score-compare.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <getopt.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/backend.h"
+#include "model/weights.h"
+
+typedef struct ids {
+    uint32_t *v;
+    uint32_t n, cap;
+} ids;
+
+static int push(ids *a, uint32_t x) {
+    if (a->n == a->cap) {
+        uint32_t cap = a->cap ? a->cap * 2 : 256;
+        uint32_t *v = realloc(a->v, cap * sizeof(*v));
+        if (!v) return -1;
+        a->v = v;
+        a->cap = cap;
+    }
+    a->v[a->n++] = x;
+    return 0;
+}
+
+/* Token ids of a file, each checked against the vocabulary. */
+static int read_ids(const char *path, uint32_t n_vocab, ids *out, ds4_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return ds4_err_set(err, DS4_ENOTFOUND, "%s: %s", path, strerror(errno));
+    int c, rc = 0;
+    unsigned long long v = 0;
+    bool in_num = false;
+    long pos = 0;
+    while (rc == 0) {
+        c = fgetc(f);
+        if (c != EOF && isdigit(c)) {
+            v = v * 10 + (unsigned)(c - '0');
+            if (v >= n_vocab) rc = ds4_err_set(err, DS4_ERANGE, "%s: byte %ld: token id outside the vocabulary (%u)", path, pos, n_vocab);
+            in_num = true;
+        } else {
+            if (in_num && push(out, (uint32_t)v) != 0) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            in_num = false;
+            v = 0;
+            if (c == EOF) break;
+            if (!isspace(c) && c != ',')
+                rc = ds4_err_set(err, DS4_EFORMAT, "%s: byte %ld: unexpected character '%c' in a token list", path, pos, c);
+        }
+        pos++;
+    }
+    fclose(f);
+    return rc;
+}
+
+typedef struct score {
+    double nll;
+    int first_match;
+    uint32_t lcp;
+} score;
+
+/* -log softmax(logits)[t] in double, and whether t is the argmax (lowest
+ * index first on ties). */
+static double token_nll(const float *logits, uint32_t n, uint32_t t, bool *is_argmax) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (logits[i] > logits[best]) best = i;
+    double m = logits[best], sum = 0;
+    for (uint32_t i = 0; i < n; i++) sum += exp((double)logits[i] - m);
+    *is_argmax = best == t;
+    return log(sum) - ((double)logits[t] - m);
+}
+
+static int score_case(ds4_backend *b, uint32_t n_vocab, const ids *prompt, const ids *target, score *s,
+                      ds4_err *err) {
+    ds4_backend_reset(b);
+    memset(s, 0, sizeof(*s));
+    if (ds4_backend_prefill(b, prompt->v, prompt->n, NULL, err) != 0) return -1;
+    bool greedy = true;
+    for (uint32_t j = 0; j < target->n; j++) {
+        bool top;
+        s->nll += token_nll(ds4_backend_logits(b), n_vocab, target->v[j], &top);
+        if (j == 0) s->first_match = top;
+        greedy = greedy && top;
+        s->lcp += greedy;
+        if (j + 1 < target->n && ds4_backend_decode(b, target->v[j], err) != 0) return -1;
+    }
+    return 0;
+}
+
+/* Path of a manifest entry: relative to the manifest's directory. */
+static void resolve(const char *manifest, const char *p, char *out, size_t len) {
+    const char *slash = strrchr(manifest, '/');
+    if (p[0] == '/' || !slash) snprintf(out, len, "%s", p);
+    else snprintf(out, len, "%.*s/%s", (int)(slash - manifest), manifest, p);
+}
+
+typedef struct totals {
+    int cases, first;
+    double sum_avg;
+    uint64_t targets, lcp;
+} totals;
+
+static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manifest, FILE *out, totals *t,
+                        ds4_err *err) {
+    FILE *mf = fopen(manifest, "r");
+    if (!mf) return ds4_err_set(err, DS4_ENOTFOUND, "%s: %s", manifest, strerror(errno));
+    char line[8192];
+    int lineno = 0, rc = 0;
+    uint32_t ctx = b->opts.ctx_size;
+    fprintf(out, "id\tprompt_tokens\ttarget_tokens\tnll\tavg_nll\tfirst_match\tgreedy_lcp\n");
+    while (rc == 0 && fgets(line, sizeof(line), mf)) {
+        lineno++;
+        line[strcspn(line, "\r\n")] = '\0';
+        if (line[0] == '\0' || line[0] == '#') continue;
+        char *id = strtok(line, "\t"), *pp = strtok(NULL, "\t"), *tp = strtok(NULL, "\t");
+        if (!id || !pp || !tp) {
+            rc = ds4_err_set(err, DS4_EFORMAT, "%s:%d: expected ID<TAB>PROMPT_FILE<TAB>TARGET_FILE", manifest, lineno);
+            break;
+        }
+        char path[4096];
+        ids prompt = {0}, target = {0};
+        resolve(manifest, pp, path, sizeof(path));
+        rc = read_ids(path, w->cfg.n_vocab, &prompt, err);
+        resolve(manifest, tp, path, sizeof(path));
+        if (rc == 0) rc = read_ids(path, w->cfg.n_vocab, &target, err);
+        if (rc == 0 && (prompt.n == 0 || target.n == 0))
+            rc = ds4_err_set(err, DS4_EFORMAT, "case %s: empty prompt or target", id);
+        if (rc == 0 && (uint64_t)prompt.n + target.n > ctx)
+            rc = ds4_err_set(err, DS4_ERANGE, "case %s: %u + %u tokens exceed the context of %u (give a larger CTX)",
+                             id, prompt.n, target.n, ctx);
+        score s;
+        if (rc == 0 && score_case(b, w->cfg.n_vocab, &prompt, &target, &s, err) != 0) {
+            ds4_err_prefix(err, "case %s", id);
+            rc = -1;
+        }
+        if (rc == 0) {
+            fprintf(out, "%s\t%u\t%u\t%.6f\t%.6f\t%d\t%u\n", id, prompt.n, target.n, s.nll, s.nll / target.n,
+                    s.first_match, s.lcp);
+            t->cases++;
+            t->first += s.first_match;
+            t->sum_avg += s.nll / target.n;
+            t->targets += target.n;
+            t->lcp += s.lcp;
+        }
+        free(prompt.v);
+        free(target.v);
+    }
+    fclose(mf);
+    return rc;
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t THREADS] [--no-sim]\n"
+               "  MANIFEST lines: ID<TAB>PROMPT_TOKENS_FILE<TAB>TARGET_TOKENS_FILE (token ids)\n"
+               "  CTX: context size (default 4096)\n");
+}
+
+int main(int argc, char **argv) {
+    static const struct option opts[] = {{"no-sim", no_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
+                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+    ds4_backend_opts bo = {.ctx_size = 4096};
+    int c;
+    while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
+        switch (c) {
+        case 'n': bo.no_sim = true; break;
+        case 't': bo.n_threads = atoi(optarg); break;
+        case 'h': usage(stdout); return 0;
+        default: usage(stderr); return 2;
+        }
+    }
+    if (argc - optind < 3 || argc - optind > 4) {
+        usage(stderr);
+        return 2;
+    }
+    const char *model = argv[optind], *manifest = argv[optind + 1], *out_path = argv[optind + 2];
+    if (argc - optind == 4) {
+        char *end;
+        long v = strtol(argv[optind + 3], &end, 10);
+        if (*end || v < 16 || v > (1 << 24)) {
+            fprintf(stderr, "ds4-score: CTX %s: expected an integer in 16..16777216\n", argv[optind + 3]);
+            return 2;
+        }
+        bo.ctx_size = (uint32_t)v;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    ds4_backend *b = w ? ds4_backend_create("cpu", w, &bo, &err) : NULL;
+    FILE *out = b ? fopen(out_path, "w") : NULL;
+    totals t = {0};
+    int rc = -1;
+    if (b && !out) ds4_err_set(&err, DS4_EIO, "%s: %s", out_path, strerror(errno));
+    if (out) rc = run_manifest(b, w, manifest, out, &t, &err);
+    if (out && fclose(out) != 0 && rc == 0) rc = ds4_err_set(&err, DS4_EIO, "%s: write failed", out_path);
+    if (rc == 0)
+        fprintf(stderr, "ds4-score: %d cases, %llu target tokens: avg_nll %.6f, first-token matches %d/%d, "
+                        "avg greedy LCP %.3f\n",
+                t.cases, (unsigned long long)t.targets, t.cases ? t.sum_avg / t.cases : 0.0, t.first, t.cases,
+                t.cases ? (double)t.lcp / t.cases : 0.0);
+    else
+        fprintf(stderr, "ds4-score: %s\n", err.msg);
+    ds4_backend_free(b);
+    ds4_weights_close(w);
+    return rc == 0 ? 0 : 1;
+}
