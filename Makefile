@@ -35,7 +35,7 @@ NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Isrc -Xcompiler -Wall,-Wext
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -static-libstdc++ -static-libgcc -lstdc++
 # The CUDA emulation (tests/cuda/emu): the .cu sources compiled as C++.
 EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing \
-                -DDS4_CUDA_EMU -Isrc -Itests/cuda/emu -pthread
+                -DDS4_CUDA_EMU -fno-omit-frame-pointer -Isrc -Itests/cuda/emu -pthread
 
 LIB_SRC   := $(shell find src -name '*.c' | sort)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)

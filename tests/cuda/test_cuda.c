@@ -5,12 +5,23 @@
  * from the same source.  tests/cuda/run.sh drives it.
  *
  *   test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]
+ *                           [--no-sim] [--tol X] [--loose]
  *       prefill of N random tokens (all logits), the same prefill in small
  *       uneven chunks, N decode steps fed with the CPU's greedy tokens, the
  *       CUDA greedy loop (device argmax) from a restored snapshot, and DSV4
  *       payloads moved CPU -> CUDA and CUDA -> CPU mid-sequence.  Every
- *       logit row must agree with the CPU to max |d| <= 1e-3 max |logit|
- *       and the greedy tokens must be identical.
+ *       logit row must agree with the CPU to max |d| <= tol * max |logit|
+ *       (tol 1e-3 by default) and the greedy tokens must be identical.
+ *
+ *       Why the strict check runs with --no-sim: the simulations round
+ *       values to FP8 / FP4 / f16 grids, a discontinuous function, so two
+ *       correct implementations whose float sums differ in the last bit
+ *       (the GPU adds in another order and has its own expf and sinf) now
+ *       and then land on different grid points, one element changing by up
+ *       to an FP8 step (1/16).  Those rounding functions are checked bit for
+ *       bit against src/model/lowprec.c on identical inputs
+ *       (test_cuda_kernels); with the simulations on, --loose reports the
+ *       differences against a looser bound and skips the token identity.
  *   test_cuda golden MODEL GOLDEN
  *       with the simulations off, prefill and token-by-token decode against
  *       transformers' logits, max |d| <= 1e-4 max |logit|, same argmax (the
@@ -28,6 +39,7 @@
 #include "model/backend.h"
 
 static int failures;
+static bool check_argmax = true;
 
 #define CHECK(cond, ...)                                  \
     do {                                                  \
@@ -76,7 +88,7 @@ static void diff_check(const char *what, const diff *d, double tol) {
     printf("%-34s max|d| %.3g = %.3g of max|logit| %.3f; argmax mismatches %u of %u\n", what, d->dmax, rel, d->amax,
            d->argmax_bad, d->rows);
     CHECK(rel <= tol, "%s: relative difference %.3g exceeds %.1g", what, rel, tol);
-    CHECK(d->argmax_bad == 0, "%s: %u rows with a different argmax", what, d->argmax_bad);
+    if (check_argmax) CHECK(d->argmax_bad == 0, "%s: %u rows with a different argmax", what, d->argmax_bad);
 }
 
 static ds4_backend *make(const char *name, const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim) {
@@ -112,19 +124,27 @@ static int cmd_compare(int argc, char **argv) {
     if (argc < 1) return 2;
     const char *path = argv[0];
     uint32_t n = 300, steps = 500, chunk = 0, seed = 1;
-    for (int i = 1; i + 1 < argc; i += 2) {
-        uint32_t v = (uint32_t)strtoul(argv[i + 1], NULL, 10);
-        if (!strcmp(argv[i], "--prompt")) n = v;
-        else if (!strcmp(argv[i], "--steps")) steps = v;
-        else if (!strcmp(argv[i], "--chunk")) chunk = v;
-        else if (!strcmp(argv[i], "--seed")) seed = v;
+    bool no_sim = false, loose = false;
+    double tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) { no_sim = true; continue; }
+        if (!strcmp(argv[i], "--loose")) { loose = true; continue; }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--chunk")) chunk = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--seed")) seed = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
         else return 2;
     }
+    check_argmax = !loose;
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(path, &err);
     if (!w) die(path, &err);
     uint32_t V = w->cfg.n_vocab, ctx = n + steps + 8;
-    printf("%s: %u-token prompt, %u decode steps\n", path, n, steps);
+    printf("%s: %u-token prompt, %u decode steps, simulations %s, tolerance %g\n", path, n, steps,
+           no_sim ? "off" : "on", tol);
     uint32_t *toks = malloc((n + steps + 1) * sizeof(uint32_t));
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
     for (uint32_t i = 0; i < n; i++) {
@@ -132,20 +152,20 @@ static int cmd_compare(int argc, char **argv) {
         toks[i] = (uint32_t)(s >> 33) % V;
     }
 
-    ds4_backend *cpu = make("cpu", w, ctx, 0, false), *gpu = make("cuda", w, ctx, chunk, false);
+    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim), *gpu = make("cuda", w, ctx, chunk, no_sim);
     float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4);
     if (ds4_backend_prefill(cpu, toks, n, lc, &err)) die("cpu prefill", &err);
     if (ds4_backend_prefill(gpu, toks, n, lg, &err)) die("cuda prefill", &err);
     diff d = {0};
     diff_add(&d, lg, lc, n, V);
-    diff_check("prefill, every position", &d, 1e-3);
+    diff_check("prefill, every position", &d, tol);
 
     /* the same prompt in uneven chunks of 37 */
-    ds4_backend *gpu2 = make("cuda", w, ctx, 37, false);
+    ds4_backend *gpu2 = make("cuda", w, ctx, 37, no_sim);
     if (ds4_backend_prefill(gpu2, toks, n, NULL, &err)) die("cuda chunked prefill", &err);
     d = (diff){0};
     diff_add(&d, ds4_backend_logits(gpu2), lc + (size_t)(n - 1) * V, 1, V);
-    diff_check("prefill in chunks of 37, last", &d, 1e-3);
+    diff_check("prefill in chunks of 37, last", &d, tol);
 
     /* snapshot after the prompt, for the greedy run below */
     ds4_kv_state *after_prompt = ds4_backend_state_new(gpu, &err);
@@ -170,7 +190,7 @@ static int cmd_compare(int argc, char **argv) {
     }
     d = (diff){0};
     diff_add(&d, dg, dc, steps, V);
-    diff_check("decode, fed the CPU's tokens", &d, 1e-3);
+    diff_check("decode, fed the CPU's tokens", &d, tol);
 
     /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` */
     d = (diff){0};
@@ -178,17 +198,17 @@ static int cmd_compare(int argc, char **argv) {
         if (ds4_backend_decode(gpu2, greedy[i], &err)) die("cuda decode after restore", &err);
         diff_add(&d, ds4_backend_logits(gpu2), dc + (size_t)i * V, 1, V);
     }
-    diff_check("CPU state restored on CUDA", &d, 1e-3);
+    diff_check("CPU state restored on CUDA", &d, tol);
 
     /* CUDA -> CPU: a fresh CPU backend continues from gpu2's state */
-    ds4_backend *cpu2 = make("cpu", w, ctx, 0, false);
+    ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim);
     move_state(gpu2, cpu2, tmp);
     d = (diff){0};
     for (uint32_t i = half + 16; i < steps && i < half + 32; i++) {
         if (ds4_backend_decode(cpu2, greedy[i], &err)) die("cpu decode after restore", &err);
         diff_add(&d, ds4_backend_logits(cpu2), dc + (size_t)i * V, 1, V);
     }
-    diff_check("CUDA state restored on the CPU", &d, 1e-3);
+    diff_check("CUDA state restored on the CPU", &d, tol);
 
     /* greedy on the device from the snapshot after the prompt */
     uint32_t *gen = malloc(steps * sizeof(uint32_t));
@@ -197,10 +217,12 @@ static int cmd_compare(int argc, char **argv) {
     for (uint32_t i = 0; i < steps && first_bad == steps; i++)
         if (gen[i] != greedy[i]) first_bad = i;
     printf("%-34s %s (%u tokens)\n", "greedy tokens on the device", first_bad == steps ? "identical" : "DIFFER", steps);
-    CHECK(first_bad == steps, "greedy token %u: cuda %u, cpu %u", first_bad, gen[first_bad], greedy[first_bad]);
+    if (!loose) CHECK(first_bad == steps, "greedy token %u: cuda %u, cpu %u", first_bad, gen[first_bad], greedy[first_bad]);
     d = (diff){0};
-    diff_add(&d, ds4_backend_logits(gpu), dc + (size_t)(steps - 1) * V, 1, V);
-    diff_check("logits after the greedy run", &d, 1e-3);
+    if (first_bad == steps) {
+        diff_add(&d, ds4_backend_logits(gpu), dc + (size_t)(steps - 1) * V, 1, V);
+        diff_check("logits after the greedy run", &d, tol);
+    }
 
     free(gen);
     ds4_kv_state_free(after_prompt);
@@ -267,7 +289,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
     if (rc == 2) {
-        fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]\n"
+        fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
+                        "                         [--tol X] [--loose]\n"
                         "       test_cuda golden MODEL GOLDEN\n");
         return 2;
     }

@@ -25,7 +25,7 @@ extern "C" {
 #include "model/lowprec.h"
 }
 
-#define HC_THREADS 256
+#define HC_THREADS 128
 #define HC_MAX_MIX 32
 #define SCORE_NEG_INF (-1e30f)
 
@@ -169,15 +169,21 @@ typedef struct hc_mix_args {
 } hc_mix_args;
 
 /* Optional HC post of the previous sublayer (S <- post y + comb S), then
- * the partial sums of this site's mixer: sum of squares of S and fn . S
- * over a slice of the columns. */
-static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_mix_args a) {
-    __shared__ double red[32];
-    uint32_t t = blockIdx.y, D = a.D, n = a.n_hc;
+ * the partial sums of this site's mixer over a slice of the columns: the
+ * sum of squares of S (double) and fn . S (NMIX rows).  The per-thread
+ * sums are reduced through shared memory in one step (a warp per output),
+ * not one block reduction per output. */
+template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_mix_args a) {
+    __shared__ float red[NMIX][HC_THREADS];
+    __shared__ double redss[HC_THREADS];
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
     uint32_t per = (D + a.nsplit - 1) / a.nsplit, d0 = blockIdx.x * per, d1 = d0 + per < D ? d0 + per : D;
     float *S = a.S + (size_t)t * n * D;
-    double acc[HC_MAX_MIX + 1];
-    for (int m = 0; m <= HC_MAX_MIX; m++) acc[m] = 0.0;
+    float acc[NMIX];
+#pragma unroll
+    for (int m = 0; m < NMIX; m++) acc[m] = 0.0f;
+    double ss = 0.0;
     bool has_post = a.y || a.eout;
     for (uint32_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
         float v[4];
@@ -200,18 +206,48 @@ static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_mix_args a
             }
             for (uint32_t h = 0; h < n; h++) S[(size_t)h * D + d] = v[h] = nv[h];
         }
-        if (!a.fn) continue;
         for (uint32_t h = 0; h < n; h++) {
-            acc[0] += (double)v[h] * (double)v[h];
+            ss += (double)v[h] * (double)v[h];
             size_t c = (size_t)h * D + d;
-            for (uint32_t m = 0; m < a.nmix; m++) acc[1 + m] += (double)(fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * v[h]);
+#pragma unroll
+            for (int m = 0; m < NMIX; m++) acc[m] += fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * v[h];
         }
     }
-    if (!a.fn) return;
-    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (a.nmix + 1);
-    for (uint32_t m = 0; m <= a.nmix; m++) {
-        double s = block_sum(acc[m], red);
-        if (threadIdx.x == 0) out[m] = s;
+#pragma unroll
+    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = acc[m];
+    redss[threadIdx.x] = ss;
+    __syncthreads();
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
+    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
+        double v = 0.0;
+        for (unsigned i = lane; i < blockDim.x; i += 32) v += m == 0 ? redss[i] : (double)red[m - 1][i];
+        v = warp_sum_d(v);
+        if (lane == 0) out[m] = v;
+    }
+}
+
+/* HC post alone (no following mixer). */
+static __global__ void hc_post_kernel(hc_mix_args a) {
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
+    float *S = a.S + (size_t)t * n * D;
+    const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+    for (uint32_t d = blockIdx.x * blockDim.x + threadIdx.x; d < D; d += gridDim.x * blockDim.x) {
+        float v[4], yd;
+        for (uint32_t h = 0; h < n; h++) v[h] = S[(size_t)h * D + d];
+        if (a.y) {
+            yd = a.y[(size_t)t * D + d];
+        } else {
+            float routed = 0.0f;
+            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+            yd = routed + a.sout[(size_t)t * D + d];
+        }
+        for (uint32_t dst = 0; dst < n; dst++) {
+            float s = post[dst] * yd;
+            for (uint32_t src = 0; src < n; src++) s += comb[dst + n * src] * v[src];
+            S[(size_t)dst * D + d] = s;
+        }
     }
 }
 
@@ -228,16 +264,21 @@ int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t 
         a.post = b->post;
         a.comb = b->comb;
     }
-    if (fn) {
-        a.fn = fn->p;
-        a.fn_type = fn->type;
-        a.nmix = fn->rows;
-    }
     a.D = c->n_embd;
     a.n_hc = c->n_hc;
     a.nsplit = b->hc_split;
     a.part = b->hcpart;
-    DS4_LAUNCH(hc_mix_kernel, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
+    if (!fn) {
+        DS4_LAUNCH(hc_post_kernel, dim3((c->n_embd + 255) / 256, T), 256, 0, b->st, a);
+        CU_LAUNCHED();
+        return 0;
+    }
+    a.fn = fn->p;
+    a.fn_type = fn->type;
+    a.nmix = fn->rows;
+    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
+    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
+    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     CU_LAUNCHED();
     return 0;
 }

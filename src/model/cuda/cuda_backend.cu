@@ -416,7 +416,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
-    b->hc_split = 32;
+    b->hc_split = c->n_embd / 128 < 1 ? 1 : c->n_embd / 128 > 32 ? 32 : c->n_embd / 128;
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);

@@ -31,7 +31,7 @@ extern "C" {
 /* kernel<<<grid, block, smem, stream>>>(args...) in either build. */
 #ifdef DS4_CUDA_EMU
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...) \
-    emu_launch((grid), (block), (smem), (stream), [=]() { kern(__VA_ARGS__); }, #kern)
+    emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
 #else
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...) kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)

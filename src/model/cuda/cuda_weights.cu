@@ -19,8 +19,8 @@ static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
 size_t cu_row_bytes(uint32_t type, uint32_t n) {
     size_t b;
     switch (type) {
-    case DS4_TYPE_F32:
-    case DS4_TYPE_I32: b = (size_t)n * 4; break;
+    case DS4_TYPE_I32: return (size_t)n * 4; /* the hash table stays a dense array */
+    case DS4_TYPE_F32: b = (size_t)n * 4; break;
     case DS4_TYPE_F16:
     case DS4_TYPE_BF16: b = (size_t)n * 2; break;
     case DS4_TYPE_Q8_0: if (n % 32) return 0; b = (size_t)n + (size_t)n / 32 * 2; break;

@@ -30,6 +30,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <tuple>
+#include <type_traits>
 
 /* ------------------------------------------------------------ keywords */
 
@@ -247,6 +249,14 @@ template <typename F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int
 
 /* Run (or record, while the stream is being captured) one launch. */
 void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body, const char *name);
+
+/* A launch as CUDA does it: the arguments are converted to the kernel's
+ * parameter types and copied now, when the launch is made. */
+template <typename... P, typename... A>
+void emu_launch_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char *name, void (*k)(P...), A &&...args) {
+    std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    emu_launch(grid, block, smem, s, [k, params]() { std::apply(k, params); }, name);
+}
 
 /* Number of kernel launches and fiber switches so far (for tests). */
 uint64_t emu_launch_count();
