@@ -7,6 +7,9 @@
  * (|d| <= 2e-6 of the row's sum of |terms|).  Random weights and inputs,
  * fresh for each type; outputs poisoned before each run.
  *
+ * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
+ * must give lowprec.c's bits on identical inputs, exact ties included.
+ *
  * Built for a GPU (make cuda) and for the CPU emulation (make
  * test-cuda-emu); run by tests/cuda/run.sh.  Exit status 0 when all pass.
  */
@@ -18,6 +21,11 @@
 #include <vector>
 
 #include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_lowprec.cuh"
+
+extern "C" {
+#include "model/lowprec.h"
+}
 
 static int failures;
 
@@ -290,6 +298,72 @@ static void check_products(cudaStream_t st) {
     }
 }
 
+/* mode 0: FP8 round trip of 448 values; 1: QAT of 128; 2: f16 rounding. */
+static __global__ void lowprec_kernel(float *x, uint32_t n, int mode) {
+    DS4_DYN_SMEM(float, v);
+    float *row = x + (size_t)blockIdx.x * n;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = row[i];
+    __syncthreads();
+    if (mode == 0) block_fp8_roundtrip(v, n);
+    else if (mode == 1) block_qat128(v);
+    else
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = dev_f16_round(v[i]);
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = v[i];
+}
+
+/* Grid midpoints: a block whose amax fixes the scale at 2^-3 and whose other
+ * values sit exactly halfway between neighbouring E4M3 magnitudes. */
+static void fp8_ties(float *x, uint32_t n) {
+    float mag[127];
+    for (int i = 0; i < 127; i++) {
+        int e = i >> 3, m = i & 7;
+        mag[i] = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+    }
+    for (uint32_t b = 0; b < n / 64; b++) {
+        x[64 * b] = 448.0f / 8.0f;
+        for (int i = 1; i < 64; i++) {
+            int k = (int)((b * 64 + i) * 37 % 126);
+            float mid = 0.5f * (mag[k] + mag[k + 1]);
+            x[64 * b + i] = (i & 1 ? -mid : mid) / 8.0f;
+        }
+    }
+}
+
+static void check_lowprec(cudaStream_t st) {
+    const uint32_t rows = 64;
+    for (int mode = 0; mode < 3; mode++) {
+        uint32_t n = mode == 1 ? 128 : 448;
+        std::vector<float> h((size_t)rows * n), ref;
+        for (uint32_t r = 0; r < rows; r++) {
+            float scale = ldexpf(1.0f, (int)(r % 24) - 12);
+            for (uint32_t i = 0; i < n; i++) h[(size_t)r * n + i] = frand() * scale;
+        }
+        if (mode == 0) fp8_ties(h.data(), n);          /* row 0: exact ties */
+        if (mode == 2) h[5] = 1.0f + ldexpf(1.0f, -11); /* an f16 tie */
+        ref = h;
+        for (uint32_t r = 0; r < rows; r++) {
+            float *x = &ref[(size_t)r * n];
+            if (mode == 0) ds4_fp8_kv_roundtrip(x, n);
+            else if (mode == 1) ds4_indexer_qat_row(x);
+            else ds4_f16_round_row(x, n);
+        }
+        float *d = dalloc<float>(h.size());
+        CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        DS4_LAUNCH(lowprec_kernel, rows, 128, n * sizeof(float), st, d, n, mode);
+        CU(cudaGetLastError());
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got(h.size());
+        CU(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
+        const char *names[] = {"FP8 KV round trip", "Hadamard + FP4", "f16 rounding"};
+        printf("%-20s %zu of %zu values differ from lowprec.c\n", names[mode], bad, got.size());
+        CHECK(bad == 0, "%s differs from the CPU", names[mode]);
+        cudaFree(d);
+    }
+}
+
 int main() {
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -298,6 +372,7 @@ int main() {
         printf("FAIL: %s\n", ds4_err_msg(&err));
         return 1;
     }
+    check_lowprec(st);
     check_quantize(st);
     check_products(st);
     CU(cudaDeviceSynchronize());

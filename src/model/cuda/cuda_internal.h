@@ -45,6 +45,7 @@
 #ifndef DS4_MODEL_CUDA_CUDA_INTERNAL_H
 #define DS4_MODEL_CUDA_CUDA_INTERNAL_H
 
+#include "model/cuda/cuda_actq.cuh"
 #include "model/cuda/cuda_rt.h"
 
 extern "C" {
@@ -118,10 +119,6 @@ void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const 
 /* Quantize (from a.f) tokens [0, T) into the q8/qk forms. */
 int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err);
 
-/* Block-wide quantization of one token row held in `x` (shared or global
- * memory, n values): writes q8 and/or qk (either may be NULL).  Every
- * thread of the block must call it. */
-__device__ void dev_quantize_row(const float *x, uint32_t n, uint8_t *q8, uint8_t *qk);
 
 /* ---------------------------------------------------------- products */
 
