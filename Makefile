@@ -32,7 +32,7 @@ CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,co
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing -Werror all-warnings
 # Static CUDA runtime and C++ library: the programs run on any machine with
 # the NVIDIA driver, whatever toolkit or compiler it has.
-CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -static-libstdc++ -static-libgcc -lstdc++
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -static-libgcc
 # The CUDA emulation (tests/cuda/emu): the .cu sources compiled as C++.
 EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing \
                 -DDS4_CUDA_EMU -fno-omit-frame-pointer -Isrc -Itests/cuda/emu -pthread
@@ -102,7 +102,7 @@ $(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -lcudart_static -ldl -lrt -lpthread
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
 
 test-cuda: cuda

@@ -74,6 +74,10 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
  * Its prefill chunk defaults to 2048. */
 ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
+/* CUDA builds: the device's copy bandwidth (bytes read + written per second,
+ * a large device-to-device copy, best of several), and its name. */
+int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds4_err *err);
+
 static inline void ds4_backend_free(ds4_backend *b) { if (b) b->ops->free(b); }
 
 /* Append n tokens.  `all_logits` (n * n_vocab floats) may be NULL; when

@@ -10,7 +10,7 @@
 
 #include "model/cuda/cuda_rt.h"
 
-static __device__ __forceinline__ int8_t q8_round(float v) {
+static __device__ inline int8_t q8_round(float v) {
     if (!(fabsf(v) < 256.0f)) return v > 0 ? 127 : -128;
     int r = __float2int_rn(v);
     return (int8_t)(r < -128 ? -128 : r > 127 ? 127 : r);
@@ -20,7 +20,7 @@ static __device__ __forceinline__ int8_t q8_round(float v) {
  * memory, n values): writes q8 and/or qk (either may be NULL) exactly as
  * ds4_quantize_q8_0x / ds4_quantize_q8_K.  One warp per activation block;
  * every thread of the block must call it. */
-static __device__ void dev_quantize_row(const float *x, uint32_t n, uint8_t *q8, uint8_t *qk) {
+static __device__ inline void dev_quantize_row(const float *x, uint32_t n, uint8_t *q8, uint8_t *qk) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     if (q8) {
         float *d = (float *)(q8 + n);

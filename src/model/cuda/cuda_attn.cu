@@ -811,7 +811,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 /* ----------------------------------------------------------- attention */
 
 #define ATT_WARPS 8
-#define ATT_MAXV 16 /* values per lane: head_dim <= 512 */
+#define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -862,7 +862,7 @@ static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, u
 #pragma unroll
     for (int i = 0; i < ATT_MAXV; i++)
         if ((uint32_t)i < per) out[e0 + i] = o[i];
-    if (!a.heads.q8) return;
+    if (!a.heads.q8 || 32 % per) return; /* otherwise quantized by the caller */
     /* Q8_0 blocks of 32: 32 / per lanes share one block */
     float amax = 0.0f;
 #pragma unroll
@@ -904,15 +904,25 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a
     for (uint32_t i = i0; i < i1; i++) {
         const float *row = attn_row(a, t, p, pos0, first, n_raw, i) + e0;
         float rv[ATT_MAXV];
+        if (per % 4 == 0) {
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j += 4)
-            if ((uint32_t)j < per) {
-                float4 v = *(const float4 *)(row + j);
-                rv[j] = v.x;
-                rv[j + 1] = v.y;
-                rv[j + 2] = v.z;
-                rv[j + 3] = v.w;
-            }
+            for (int j = 0; j < ATT_MAXV; j += 4)
+                if ((uint32_t)j < per) {
+                    float4 v = *(const float4 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                    rv[j + 2] = v.z;
+                    rv[j + 3] = v.w;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j += 2)
+                if ((uint32_t)j < per) {
+                    float2 v = *(const float2 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                }
+        }
         float s = 0.0f;
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j++)
@@ -1019,6 +1029,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *er
         DS4_LAUNCH(attn_combine_kernel, dim3(grid.x, T), ATT_WARPS * 32, 0, b->st, a);
         CU_LAUNCHED();
     }
+    if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
     DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
                b->raw_cap);

@@ -348,15 +348,15 @@ static const ds4_backend_ops cuda_ops = {
  * presets all satisfy them). */
 static int check_config(const ds4_config *c, ds4_err *err) {
     if (c->n_hc != 4) return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: hyper_connection.count %u (needs 4)", c->n_hc);
-    if (c->head_dim % 128 || c->head_dim > 512)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: head dim %u (needs a multiple of 128, <= 512)", c->head_dim);
+    if (c->head_dim % 64 || c->head_dim > 512)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: head dim %u (needs a multiple of 64, <= 512)", c->head_dim);
     if (c->idx_head_dim != 128 || c->idx_n_head > 64)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= 64 x 128)", c->idx_n_head,
                            c->idx_head_dim);
     if (c->n_expert_used > 8 || c->n_expert > 1024)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u of %u experts (needs <= 8 of <= 1024)",
                            c->n_expert_used, c->n_expert);
-    if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS || c->rope_dim > c->head_dim - 64 * (c->head_dim > 128 ? 1 : 0))
+    if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS || c->rope_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim > c->idx_head_dim)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: rope dims %u", c->rope_dim);
     if ((c->head_dim - c->rope_dim) % 64)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u non-RoPE dims (needs FP8 blocks of 64)",
@@ -430,4 +430,41 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
         return NULL;
     }
     return &b->base;
+}
+
+extern "C" int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds4_err *err) {
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, 0));
+    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
+    /* 4 GiB each way: far beyond the L2, as METHOD.md asks */
+    size_t bytes = (size_t)4 << 30;
+#ifdef DS4_CUDA_EMU
+    bytes = (size_t)64 << 20;
+#endif
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    CU_TRY(cudaMalloc(&a, bytes));
+    if (cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaFree(a);
+        return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for the bandwidth probe");
+    }
+    CU_TRY(cudaMemset(a, 1, bytes));
+    CU_TRY(cudaEventCreate(&e0));
+    CU_TRY(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        CU_TRY(cudaEventRecord(e0, 0));
+        CU_TRY(cudaMemcpyAsync(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CU_TRY(cudaEventRecord(e1, 0));
+        CU_TRY(cudaEventSynchronize(e1));
+        float ms;
+        CU_TRY(cudaEventElapsedTime(&ms, e0, e1));
+        if (i > 0 && ms < best) best = ms; /* the first is a warm-up */
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    *bytes_per_s = 2.0 * (double)bytes / (best * 1e-3);
+    return 0;
 }

@@ -366,8 +366,17 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
     p->n_blocks += (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
 }
 
+/* Float rows are read 16 bytes at a time: whole vectors only. */
+static int check_float_row(uint32_t type, uint32_t n, ds4_err *err) {
+    if ((type == DS4_TYPE_F32 && n % 4) || ((type == DS4_TYPE_F16 || type == DS4_TYPE_BF16) && n % 8))
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: float matrix rows of %u values (type %u)", n, type);
+    return 0;
+}
+
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
+    for (uint32_t i = 0; i < p->n_seg; i++)
+        if (check_float_row(p->seg[i].type, p->seg[i].n, err)) return -1;
     if (cu_matmul_init(err)) return -1;
     DS4_LAUNCH(gemv_kernel, p->n_blocks, GEMV_WARPS * 32, 0, st, *p, (const uint64_t *)d_grid);
     CU_LAUNCHED();
@@ -531,8 +540,11 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
     unsigned gq = lane / 4, tq = lane % 4;
     bool kq = g.type != DS4_TYPE_Q8_0;
     float acc[2][4][4];
+    #pragma unroll
     for (int a = 0; a < 2; a++)
+        #pragma unroll
         for (int b = 0; b < 4; b++)
+            #pragma unroll
             for (int i = 0; i < 4; i++) acc[a][b][i] = 0.0f;
     for (uint32_t k0 = 0; k0 < g.n; k0 += KC) {
         uint32_t klen = g.n - k0 < KC ? g.n - k0 : KC;
@@ -541,11 +553,15 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
         load_x_chunk(g, s, start, count, k0, klen);
         __syncthreads();
         int isum[2][4][4], c[2][4][4];
+        #pragma unroll
         for (int a = 0; a < 2; a++)
+            #pragma unroll
             for (int b = 0; b < 4; b++)
+                #pragma unroll
                 for (int i = 0; i < 4; i++) isum[a][b][i] = c[a][b][i] = 0;
         for (uint32_t kk = 0; kk < klen / 32; kk++) {
             uint32_t af[2][4], bf[4][2];
+            #pragma unroll
             for (int a = 0; a < 2; a++) {
                 unsigned r = 32 * wm + 16 * a + gq;
                 af[a][0] = *(const uint32_t *)&s.w[r][32 * kk + 4 * tq];
@@ -553,18 +569,23 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
                 af[a][2] = *(const uint32_t *)&s.w[r][32 * kk + 16 + 4 * tq];
                 af[a][3] = *(const uint32_t *)&s.w[r + 8][32 * kk + 16 + 4 * tq];
             }
+            #pragma unroll
             for (int b = 0; b < 4; b++) {
                 unsigned t = 32 * wn + 8 * b + gq;
                 bf[b][0] = *(const uint32_t *)&s.x[t][32 * kk + 4 * tq];
                 bf[b][1] = *(const uint32_t *)&s.x[t][32 * kk + 16 + 4 * tq];
             }
             bool accumulate = g.type == DS4_TYPE_Q2_K; /* pre-scaled: sums run across the chunk */
+            #pragma unroll
             for (int a = 0; a < 2; a++)
+                #pragma unroll
                 for (int b = 0; b < 4; b++) {
                     if (!accumulate)
+                        #pragma unroll
                         for (int i = 0; i < 4; i++) c[a][b][i] = 0;
                     mma_s8_16x8x32(c[a][b], af[a], bf[b]);
                     if (accumulate) continue;
+                    #pragma unroll
                     for (int i = 0; i < 4; i++) {
                         unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
                         unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
@@ -575,8 +596,11 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
         }
         if (!kq) continue;
         /* K-quant super-block: mins and the float step of the CPU dot */
+        #pragma unroll
         for (int a = 0; a < 2; a++)
+            #pragma unroll
             for (int b = 0; b < 4; b++)
+                #pragma unroll
                 for (int i = 0; i < 4; i++) {
                     unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
                     unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
@@ -594,8 +618,11 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
                     acc[a][b][i] += __fsub_rn(__fmul_rn(dall, (float)is), __fmul_rn(dmin, (float)ms));
                 }
     }
+    #pragma unroll
     for (int a = 0; a < 2; a++)
+        #pragma unroll
         for (int b = 0; b < 4; b++)
+            #pragma unroll
             for (int i = 0; i < 4; i++) {
                 unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
                 unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
