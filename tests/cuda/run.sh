@@ -40,9 +40,9 @@ if [ "${QUICK:-0}" = 1 ]; then
     $MK -q --recipe f16 --seed 11 -o "$T/tiny-f16.gguf"
     $MK -q --recipe q2 --seed 11 -o "$T/tiny-q2.gguf"
     step kernels "$PWD/$BUILD/test_cuda_kernels"
-    step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim --prompt 120 --steps 24
+    step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim --prompt 100 --steps 16
     step "loose tiny q2" "$TEST" compare tiny-q2.gguf --loose --prompt 60 --steps 8
-    step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden"
+    step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
 else
     for r in f16 q8_0 q2 q4; do $MK -q --recipe $r --seed 11 -o "$T/tiny-$r.gguf"; done
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"

@@ -28,8 +28,9 @@
  *       weights differ from the first in one ulp of one norm weight, and
  *       requires CUDA to stay as close to the CPU as that twin does
  *       (max |d| <= 4x the twin's or tol, argmax mismatches <= 2x + 3).
- *   test_cuda golden MODEL GOLDEN
- *       with the simulations off, prefill and token-by-token decode against
+ *   test_cuda golden MODEL GOLDEN [N]
+ *       with the simulations off, prefill and token-by-token decode (of the
+ *       first N tokens; all by default) against
  *       transformers' logits, max |d| <= 1e-4 max |logit|, same argmax (the
  *       CPU's own criterion, tests/unit/test_cpu_golden.c).
  *
@@ -341,7 +342,7 @@ static int cmd_compare(int argc, char **argv) {
 /* tests/golden/cpu/NAME.golden: "DS4G", u32 version, count, vocab, tokens,
  * prefill logits, decode logits. */
 static int cmd_golden(int argc, char **argv) {
-    if (argc != 2) return 2;
+    if (argc != 2 && argc != 3) return 2;
     FILE *f = fopen(argv[1], "rb");
     char magic[4];
     uint32_t h[3];
@@ -367,12 +368,14 @@ static int cmd_golden(int argc, char **argv) {
     diff_add(&d, got, pre, n, V);
     diff_check("HF golden, prefill", &d, 1e-4);
     ds4_backend_reset(b);
-    for (uint32_t i = 0; i < n; i++) {
+    uint32_t nd = argc == 3 ? (uint32_t)strtoul(argv[2], NULL, 10) : n;
+    if (nd > n) nd = n;
+    for (uint32_t i = 0; i < nd; i++) {
         if (ds4_backend_decode(b, toks[i], &err)) die("decode", &err);
         memcpy(got + (size_t)i * V, ds4_backend_logits(b), V * 4);
     }
     d = (diff){0};
-    diff_add(&d, got, dec, n, V);
+    diff_add(&d, got, dec, nd, V);
     diff_check("HF golden, decode", &d, 1e-4);
     ds4_backend_free(b);
     ds4_weights_close(w);
@@ -390,7 +393,7 @@ int main(int argc, char **argv) {
     if (rc == 2) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
                         "                         [--tol X] [--loose]\n"
-                        "       test_cuda golden MODEL GOLDEN\n");
+                        "       test_cuda golden MODEL GOLDEN [N]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);
