@@ -1,38 +1,43 @@
 /*
  * test_cuda.c - the CUDA backend against the CPU reference and against the
- * HF transformers goldens.  Built twice: for a real GPU (make cuda) and on
- * the CPU emulation of CUDA (make test-cuda-emu, used by the default suite),
- * from the same source.  tests/cuda/run.sh drives it.
+ * HF transformers goldens.  Built twice from this source: for a real GPU
+ * (make cuda) and on the CPU emulation of CUDA (make test-cuda-emu, used by
+ * the default suite).  tests/cuda/run.sh drives it.
  *
  *   test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]
  *                           [--no-sim] [--tol X] [--loose]
- *       prefill of N random tokens (all logits), the same prefill in small
- *       uneven chunks, N decode steps fed with the CPU's greedy tokens, the
- *       CUDA greedy loop (device argmax) from a restored snapshot, and DSV4
- *       payloads moved CPU -> CUDA and CUDA -> CPU mid-sequence.  Every
- *       logit row must agree with the CPU to max |d| <= tol * max |logit|
- *       (tol 1e-3 by default) and the greedy tokens must be identical.
+ *       prefill of N random tokens (all logits), the same prefill in uneven
+ *       chunks of 37, N decode steps fed with the CPU's greedy tokens, DSV4
+ *       payloads moved CPU -> CUDA and CUDA -> CPU mid-sequence, and the
+ *       CUDA greedy loop (device argmax) from a restored snapshot.
  *
- *       Why the strict check runs with --no-sim: the simulations round
- *       values to FP8 / FP4 / f16 grids, a discontinuous function, so two
- *       correct implementations whose float sums differ in the last bit
- *       (the GPU adds in another order and has its own expf and sinf) now
- *       and then land on different grid points, one element changing by up
- *       to an FP8 step (1/16).  Those rounding functions are checked bit for
- *       bit against src/model/lowprec.c on identical inputs
- *       (test_cuda_kernels).  Likewise the int8 quantization of every
- *       matrix input in the quantized recipes (q8_0, q2, q4): there the CPU
- *       reference is itself chaotic, a one-ulp change of a single weight
- *       moves its logits by tens of percent over a few hundred tokens.
- *       --loose measures exactly that: it runs a second CPU backend whose
- *       weights differ from the first in one ulp of one norm weight, and
- *       requires CUDA to stay as close to the CPU as that twin does
- *       (max |d| <= 4x the twin's or tol, argmax mismatches <= 2x + 3).
+ *       Alongside runs a CPU "twin": the same model with one-ulp noise on
+ *       the norm weights of every layer.  The model contains discontinuous
+ *       functions (expert and indexer top-k selections; with the
+ *       simulations, FP8 / FP4 / f16 grids; in the quantized recipes, the
+ *       int8 quantization of every matrix input), so two correct
+ *       implementations that round differently in the last bit now and then
+ *       choose differently; the twin shows where and how much the CPU
+ *       reference itself moves under such noise.
+ *
+ *       strict (default): every row within max |d| <= tol * max |logit|
+ *       (tol 1e-3) with the same argmax, except rows where the twin also
+ *       moves by more than tol / 2 (a near-tie of the model there); greedy
+ *       tokens identical.  Meant for F16 models with the simulations off,
+ *       where the reference is continuous almost everywhere.
+ *       --loose: the median row difference within 4x the twin's (or tol)
+ *       and at most 2x + 3 as many argmax changes.  For the quantized
+ *       recipes and the simulations, where the reference is chaotic: a
+ *       one-ulp change moves its logits by tens of percent within a few
+ *       hundred tokens.  The pieces behind the discontinuities are checked
+ *       bit for bit in test_cuda_kernels (activation quantization, the
+ *       simulations, the K-quant products).
+ *
  *   test_cuda golden MODEL GOLDEN [N]
  *       with the simulations off, prefill and token-by-token decode (of the
- *       first N tokens; all by default) against
- *       transformers' logits, max |d| <= 1e-4 max |logit|, same argmax (the
- *       CPU's own criterion, tests/unit/test_cpu_golden.c).
+ *       first N tokens; all by default) against transformers' logits,
+ *       max |d| <= 1e-4 max |logit|, same argmax (the CPU's own criterion,
+ *       tests/unit/test_cpu_golden.c).
  *
  * Plain C with its own checks (no test framework), so that it builds
  * wherever the CUDA toolkit does.  Exit status 0 only if every check passed.
@@ -47,7 +52,6 @@
 #include "model/backend.h"
 
 static int failures;
-static bool check_argmax = true;
 
 #define CHECK(cond, ...)                                  \
     do {                                                  \
@@ -71,42 +75,112 @@ static uint32_t argmax(const float *x, uint32_t n) {
     return b;
 }
 
-/* Largest |a - b| and |b| over n rows of v logits; rows whose argmax
- * differs are counted. */
+/* Per-row comparison of n rows of v logits: the largest |got - want| of
+ * each row, whether its argmax differs, and the largest |want| overall. */
 typedef struct diff {
-    double dmax, amax;
-    uint32_t argmax_bad, rows;
-    double row_rel[4096]; /* per-row max |d| / max |logit| of the first rows (for medians) */
+    uint32_t rows, cap;
+    double *row_d;
+    bool *row_arg;
+    double amax;
 } diff;
 
 static void diff_add(diff *d, const float *got, const float *want, uint32_t rows, uint32_t v) {
+    if (d->rows + rows > d->cap) {
+        d->cap = (d->rows + rows) * 2;
+        d->row_d = realloc(d->row_d, d->cap * sizeof(double));
+        d->row_arg = realloc(d->row_arg, d->cap * sizeof(bool));
+    }
     for (uint32_t r = 0; r < rows; r++) {
         const float *g = got + (size_t)r * v, *w = want + (size_t)r * v;
-        double rd = 0, ra = 0;
+        double rd = 0;
         for (uint32_t i = 0; i < v; i++) {
             double e = fabs((double)g[i] - (double)w[i]);
-            if (!(e <= d->dmax)) d->dmax = e; /* NaN counts as a failure */
-            if (!(e <= rd)) rd = e;
+            if (!(e <= rd)) rd = e; /* NaN counts as a failure */
             if (fabs(w[i]) > d->amax) d->amax = fabs(w[i]);
-            if (fabs(w[i]) > ra) ra = fabs(w[i]);
         }
-        if (d->rows < 4096) d->row_rel[d->rows] = ra > 0 ? rd / ra : rd;
-        if (argmax(g, v) != argmax(w, v)) d->argmax_bad++;
+        d->row_d[d->rows] = rd;
+        d->row_arg[d->rows] = argmax(g, v) != argmax(w, v);
         d->rows++;
     }
 }
 
-static void diff_check(const char *what, const diff *d, double tol) {
-    double rel = d->amax > 0 ? d->dmax / d->amax : d->dmax;
-    printf("%-34s max|d| %.3g = %.3g of max|logit| %.3f; argmax mismatches %u of %u\n", what, d->dmax, rel, d->amax,
-           d->argmax_bad, d->rows);
-    CHECK(rel <= tol, "%s: relative difference %.3g exceeds %.1g", what, rel, tol);
-    if (check_argmax) CHECK(d->argmax_bad == 0, "%s: %u rows with a different argmax", what, d->argmax_bad);
+static void diff_free(diff *d) {
+    free(d->row_d);
+    free(d->row_arg);
+    memset(d, 0, sizeof(*d));
 }
 
-/* The CPU's own sensitivity: the model with blk.0.attn_norm[7] one ulp
- * larger, from a copy of the file in memory. */
-static ds4_weights *nudged_copy(const char *path, const ds4_weights *w, void **buf_out) {
+static double rel(const diff *d, uint32_t r) { return d->amax > 0 ? d->row_d[r] / d->amax : d->row_d[r]; }
+
+static double diff_max(const diff *d) {
+    double m = 0;
+    for (uint32_t r = 0; r < d->rows; r++)
+        if (!(rel(d, r) <= m)) m = rel(d, r);
+    return m;
+}
+
+static uint32_t diff_args(const diff *d) {
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < d->rows; r++) n += d->row_arg[r];
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double diff_median(const diff *d) {
+    if (!d->rows) return 0;
+    double *v = malloc(d->rows * sizeof(double));
+    for (uint32_t r = 0; r < d->rows; r++) v[r] = rel(d, r);
+    qsort(v, d->rows, sizeof(double), cmp_double);
+    double m = v[d->rows / 2];
+    free(v);
+    return m;
+}
+
+/* Plain check (both sides should compute the same thing). */
+static void diff_check(const char *what, const diff *d, double tol) {
+    printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u\n", what, diff_max(d), d->amax,
+           diff_args(d), d->rows);
+    CHECK(diff_max(d) <= tol, "%s: relative difference %.3g exceeds %.1g", what, diff_max(d), tol);
+    CHECK(diff_args(d) == 0, "%s: %u rows with a different argmax", what, diff_args(d));
+}
+
+/* Strict: every row within tol with the same argmax, except rows where the
+ * CPU reference is itself discontinuous: its twin (the same model with
+ * one-ulp weight noise) moves there by more than tol / 2 too (a near-tie
+ * of an expert or indexer selection of this model at this position). */
+static void strict_check(const char *what, const diff *cuda, const diff *twin, double tol) {
+    uint32_t excused = 0, bad = 0;
+    for (uint32_t r = 0; r < cuda->rows; r++) {
+        if (rel(cuda, r) <= tol && !cuda->row_arg[r]) continue;
+        if (rel(twin, r) > tol / 2 || twin->row_arg[r]) excused++;
+        else bad++;
+    }
+    printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u", what, diff_max(cuda), cuda->amax,
+           diff_args(cuda), cuda->rows);
+    if (excused) printf("; %u row(s) at the model's own near-ties (CPU twin moves %.3g there)", excused, diff_max(twin));
+    printf("\n");
+    CHECK(bad == 0, "%s: %u rows beyond %.1g (max %.3g) where the CPU is continuous", what, bad, tol, diff_max(cuda));
+}
+
+/* Loose: CUDA's distance to the CPU against the twin's, as medians over
+ * the rows (single maxima of a chaotic difference are noise). */
+static void loose_check(const char *what, const diff *cuda, const diff *twin, double tol) {
+    double mc = diff_median(cuda), mt = diff_median(twin);
+    uint32_t ac = diff_args(cuda), at = diff_args(twin);
+    printf("%-34s cuda: max %.3g median %.3g rel, %u/%u argmax | CPU twin: max %.3g median %.3g, %u/%u\n", what,
+           diff_max(cuda), mc, ac, cuda->rows, diff_max(twin), mt, at, twin->rows);
+    CHECK(mc <= (4 * mt > tol ? 4 * mt : tol), "%s: median %.3g relative, the twin %.3g", what, mc, mt);
+    CHECK(ac <= 2 * at + 3, "%s: %u argmax mismatches, the twin %u", what, ac, at);
+}
+
+/* The CPU's own sensitivity: the model with every element of every
+ * attn_norm and ffn_norm moved by one ulp (alternately up and down), from a
+ * copy of the file in memory. */
+static ds4_weights *twin_weights(const char *path, const ds4_weights *w, void **buf_out) {
     ds4_err err = {0};
     FILE *f = fopen(path, "rb");
     if (!f) die(path, &err);
@@ -119,45 +193,23 @@ static ds4_weights *nudged_copy(const char *path, const ds4_weights *w, void **b
         exit(1);
     }
     fclose(f);
-    size_t off = (size_t)((const uint8_t *)w->layers[0].attn_norm.data - w->gguf->base) + 7 * sizeof(float);
-    float v;
-    memcpy(&v, buf + off, 4);
-    v = nextafterf(v, INFINITY);
-    memcpy(buf + off, &v, 4);
-    ds4_gguf *g = ds4_gguf_open_buffer(buf, (size_t)size, "nudged copy", &err);
+    for (uint32_t il = 0; il < w->cfg.n_layer; il++) {
+        const ds4_wt *t[2] = {&w->layers[il].attn_norm, &w->layers[il].ffn_norm};
+        for (int k = 0; k < 2; k++) {
+            size_t off = (size_t)((const uint8_t *)t[k]->data - w->gguf->base);
+            for (uint64_t i = 0; i < t[k]->ne[0]; i++) {
+                float v;
+                memcpy(&v, buf + off + 4 * i, 4);
+                v = nextafterf(v, (i + il) % 2 ? INFINITY : -INFINITY);
+                memcpy(buf + off + 4 * i, &v, 4);
+            }
+        }
+    }
+    ds4_gguf *g = ds4_gguf_open_buffer(buf, (size_t)size, "twin", &err);
     ds4_weights *n = g ? ds4_weights_from_gguf(g, &err) : NULL;
-    if (!n) die("nudged copy", &err);
+    if (!n) die("twin", &err);
     *buf_out = buf;
     return n;
-}
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median_rel(const diff *d) {
-    uint32_t n = d->rows < 4096 ? d->rows : 4096;
-    if (n == 0) return 0;
-    double *v = malloc(n * sizeof(double));
-    memcpy(v, d->row_rel, n * sizeof(double));
-    qsort(v, n, sizeof(double), cmp_double);
-    double m = v[n / 2];
-    free(v);
-    return m;
-}
-
-/* --loose: CUDA's distance to the CPU against the twin's (medians over the
- * rows: single maxima of a chaotic difference are noise). */
-static void loose_check(const char *what, const diff *cuda, const diff *twin, double tol) {
-    double rc = cuda->amax > 0 ? cuda->dmax / cuda->amax : cuda->dmax;
-    double rt = twin->amax > 0 ? twin->dmax / twin->amax : twin->dmax;
-    double mc = median_rel(cuda), mt = median_rel(twin);
-    printf("%-34s cuda: max %.3g median %.3g rel, %u/%u argmax | one-ulp CPU twin: max %.3g median %.3g, %u/%u\n",
-           what, rc, mc, cuda->argmax_bad, cuda->rows, rt, mt, twin->argmax_bad, twin->rows);
-    CHECK(mc <= (4 * mt > tol ? 4 * mt : tol), "%s: median %.3g relative, the twin %.3g", what, mc, mt);
-    CHECK(cuda->argmax_bad <= 2 * twin->argmax_bad + 3, "%s: %u argmax mismatches, the twin %u", what, cuda->argmax_bad,
-          twin->argmax_bad);
 }
 
 static ds4_backend *make(const char *name, const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim) {
@@ -207,57 +259,51 @@ static int cmd_compare(int argc, char **argv) {
         else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
         else return 2;
     }
-    check_argmax = !loose;
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(path, &err);
     if (!w) die(path, &err);
+    void *twin_buf = NULL;
+    ds4_weights *tw = twin_weights(path, w, &twin_buf);
     uint32_t V = w->cfg.n_vocab, ctx = n + steps + 8;
-    printf("%s: %u-token prompt, %u decode steps, simulations %s, tolerance %g\n", path, n, steps,
-           no_sim ? "off" : "on", tol);
+    printf("%s: %u-token prompt, %u decode steps, simulations %s, %s check, tolerance %g\n", path, n, steps,
+           no_sim ? "off" : "on", loose ? "loose" : "strict", tol);
     uint32_t *toks = malloc((n + steps + 1) * sizeof(uint32_t));
     uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
     for (uint32_t i = 0; i < n; i++) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (uint32_t)(s >> 33) % V;
     }
+    void (*check)(const char *, const diff *, const diff *, double) = loose ? loose_check : strict_check;
 
-    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim), *gpu = make("cuda", w, ctx, chunk, no_sim);
-    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4);
+    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim), *twin = make("cpu", tw, ctx, 0, no_sim);
+    ds4_backend *gpu = make("cuda", w, ctx, chunk, no_sim);
+    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4), *lt = xmalloc((size_t)n * V * 4);
     if (ds4_backend_prefill(cpu, toks, n, lc, &err)) die("cpu prefill", &err);
+    if (ds4_backend_prefill(twin, toks, n, lt, &err)) die("twin prefill", &err);
     if (ds4_backend_prefill(gpu, toks, n, lg, &err)) die("cuda prefill", &err);
-    diff d = {0};
-    diff_add(&d, lg, lc, n, V);
-    void *twin_buf = NULL;
-    ds4_weights *tw = NULL;
-    ds4_backend *twin = NULL;
-    float *lt = NULL;
-    if (loose) {
-        tw = nudged_copy(path, w, &twin_buf);
-        twin = make("cpu", tw, ctx, 0, no_sim);
-        lt = xmalloc((size_t)n * V * 4);
-        if (ds4_backend_prefill(twin, toks, n, lt, &err)) die("twin prefill", &err);
-        diff dt = {0};
-        diff_add(&dt, lt, lc, n, V);
-        loose_check("prefill, every position", &d, &dt, tol);
-    } else {
-        diff_check("prefill, every position", &d, tol);
-    }
+    diff dg = {0}, dt = {0};
+    diff_add(&dg, lg, lc, n, V);
+    diff_add(&dt, lt, lc, n, V);
+    check("prefill, every position", &dg, &dt, tol);
+    diff_free(&dg);
+    diff_free(&dt);
 
-    /* the same prompt in uneven chunks of 37: against the one-chunk CUDA
-     * prefill (the same arithmetic, so strict in every mode) */
+    /* the same prompt in uneven chunks of 37: the chunk boundaries must not
+     * change the result beyond rounding (against the one-chunk CUDA run) */
     ds4_backend *gpu2 = make("cuda", w, ctx, 37, no_sim);
     if (ds4_backend_prefill(gpu2, toks, n, NULL, &err)) die("cuda chunked prefill", &err);
-    d = (diff){0};
-    diff_add(&d, ds4_backend_logits(gpu2), (loose ? lg : lc) + (size_t)(n - 1) * V, 1, V);
-    diff_check(loose ? "chunks of 37 vs one chunk, last" : "prefill in chunks of 37, last", &d, tol);
+    diff_add(&dg, ds4_backend_logits(gpu2), lg + (size_t)(n - 1) * V, 1, V);
+    diff_add(&dt, lt + (size_t)(n - 1) * V, lc + (size_t)(n - 1) * V, 1, V);
+    check("chunks of 37 vs one chunk, last", &dg, &dt, tol);
+    diff_free(&dg);
+    diff_free(&dt);
 
     /* snapshot after the prompt, for the greedy run below */
     ds4_kv_state *after_prompt = ds4_backend_state_new(gpu, &err);
     if (!after_prompt || ds4_backend_snapshot(gpu, after_prompt, &err)) die("snapshot", &err);
 
-    /* decode: the CPU picks greedy tokens, both backends are fed them */
-    float *dc = xmalloc((size_t)steps * V * 4), *dg = xmalloc((size_t)steps * V * 4);
-    float *dt = loose ? xmalloc((size_t)steps * V * 4) : NULL;
+    /* decode: the CPU picks greedy tokens, everyone is fed them */
+    float *dc = xmalloc((size_t)steps * V * 4), *dgl = xmalloc((size_t)steps * V * 4), *dtl = xmalloc((size_t)steps * V * 4);
     uint32_t *greedy = toks + n;
     uint32_t half = steps / 2;
     const char *tmp = "test_cuda.dsv4";
@@ -265,45 +311,39 @@ static int cmd_compare(int argc, char **argv) {
         greedy[i] = argmax(ds4_backend_logits(cpu), V);
         if (ds4_backend_decode(cpu, greedy[i], &err)) die("cpu decode", &err);
         if (ds4_backend_decode(gpu, greedy[i], &err)) die("cuda decode", &err);
+        if (ds4_backend_decode(twin, greedy[i], &err)) die("twin decode", &err);
         memcpy(dc + (size_t)i * V, ds4_backend_logits(cpu), V * 4);
-        memcpy(dg + (size_t)i * V, ds4_backend_logits(gpu), V * 4);
-        if (twin) {
-            if (ds4_backend_decode(twin, greedy[i], &err)) die("twin decode", &err);
-            memcpy(dt + (size_t)i * V, ds4_backend_logits(twin), V * 4);
-        }
-        if (i + 1 == half) {
-            /* DSV4 interchange mid-sequence: CPU state into the chunked CUDA
-             * backend, CUDA state into a fresh CPU backend */
-            move_state(cpu, gpu2, tmp);
-        }
+        memcpy(dgl + (size_t)i * V, ds4_backend_logits(gpu), V * 4);
+        memcpy(dtl + (size_t)i * V, ds4_backend_logits(twin), V * 4);
+        if (i + 1 == half) move_state(cpu, gpu2, tmp); /* DSV4: CPU -> CUDA mid-sequence */
     }
-    d = (diff){0};
-    diff_add(&d, dg, dc, steps, V);
-    if (loose) {
-        diff dd = {0};
-        diff_add(&dd, dt, dc, steps, V);
-        loose_check("decode, fed the CPU's tokens", &d, &dd, tol);
-    } else {
-        diff_check("decode, fed the CPU's tokens", &d, tol);
-    }
+    diff_add(&dg, dgl, dc, steps, V);
+    diff_add(&dt, dtl, dc, steps, V);
+    check("decode, fed the CPU's tokens", &dg, &dt, tol);
+    diff_free(&dg);
+    diff_free(&dt);
 
     /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` */
-    d = (diff){0};
     for (uint32_t i = half; i < steps && i < half + 16; i++) {
         if (ds4_backend_decode(gpu2, greedy[i], &err)) die("cuda decode after restore", &err);
-        diff_add(&d, ds4_backend_logits(gpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dg, ds4_backend_logits(gpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
     }
-    if (!loose) diff_check("CPU state restored on CUDA", &d, tol);
+    check("CPU state restored on CUDA", &dg, &dt, tol);
+    diff_free(&dg);
+    diff_free(&dt);
 
     /* CUDA -> CPU: a fresh CPU backend continues from gpu2's state */
     ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim);
     move_state(gpu2, cpu2, tmp);
-    d = (diff){0};
     for (uint32_t i = half + 16; i < steps && i < half + 32; i++) {
         if (ds4_backend_decode(cpu2, greedy[i], &err)) die("cpu decode after restore", &err);
-        diff_add(&d, ds4_backend_logits(cpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dg, ds4_backend_logits(cpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
     }
-    if (!loose) diff_check("CUDA state restored on the CPU", &d, tol);
+    check("CUDA state restored on the CPU", &dg, &dt, tol);
+    diff_free(&dg);
+    diff_free(&dt);
 
     /* greedy on the device from the snapshot after the prompt */
     uint32_t *gen = malloc(steps * sizeof(uint32_t));
@@ -311,30 +351,33 @@ static int cmd_compare(int argc, char **argv) {
     uint32_t first_bad = steps;
     for (uint32_t i = 0; i < steps && first_bad == steps; i++)
         if (gen[i] != greedy[i]) first_bad = i;
-    printf("%-34s %s (%u tokens)\n", "greedy tokens on the device", first_bad == steps ? "identical" : "DIFFER", steps);
-    if (!loose) CHECK(first_bad == steps, "greedy token %u: cuda %u, cpu %u", first_bad, gen[first_bad], greedy[first_bad]);
-    d = (diff){0};
-    if (first_bad == steps) {
-        diff_add(&d, ds4_backend_logits(gpu), dc + (size_t)(steps - 1) * V, 1, V);
-        diff_check("logits after the greedy run", &d, tol);
+    if (first_bad == steps) printf("%-34s identical (%u tokens)\n", "greedy tokens on the device", steps);
+    else printf("%-34s first differs at %u of %u\n", "greedy tokens on the device", first_bad, steps);
+    if (!loose) {
+        CHECK(first_bad == steps, "greedy token %u: cuda %u, cpu %u", first_bad, gen[first_bad], greedy[first_bad]);
+        if (first_bad == steps) {
+            diff_add(&dg, ds4_backend_logits(gpu), dc + (size_t)(steps - 1) * V, 1, V);
+            diff_check("logits after the greedy run", &dg, tol);
+            diff_free(&dg);
+        }
     }
 
     free(gen);
-    free(dt);
-    free(lt);
-    ds4_backend_free(twin);
-    ds4_weights_close(tw);
-    free(twin_buf);
     ds4_kv_state_free(after_prompt);
     ds4_backend_free(cpu2);
     ds4_backend_free(gpu2);
     ds4_backend_free(gpu);
+    ds4_backend_free(twin);
     ds4_backend_free(cpu);
     free(dc);
-    free(dg);
+    free(dgl);
+    free(dtl);
     free(lc);
     free(lg);
+    free(lt);
     free(toks);
+    ds4_weights_close(tw);
+    free(twin_buf);
     ds4_weights_close(w);
     return 0;
 }
@@ -367,6 +410,7 @@ static int cmd_golden(int argc, char **argv) {
     diff d = {0};
     diff_add(&d, got, pre, n, V);
     diff_check("HF golden, prefill", &d, 1e-4);
+    diff_free(&d);
     ds4_backend_reset(b);
     uint32_t nd = argc == 3 ? (uint32_t)strtoul(argv[2], NULL, 10) : n;
     if (nd > n) nd = n;
@@ -374,9 +418,9 @@ static int cmd_golden(int argc, char **argv) {
         if (ds4_backend_decode(b, toks[i], &err)) die("decode", &err);
         memcpy(got + (size_t)i * V, ds4_backend_logits(b), V * 4);
     }
-    d = (diff){0};
     diff_add(&d, got, dec, nd, V);
     diff_check("HF golden, decode", &d, 1e-4);
+    diff_free(&d);
     ds4_backend_free(b);
     ds4_weights_close(w);
     free(toks);

@@ -4,6 +4,7 @@
  * quantization must give the CPU's bytes, and every matrix-vector and
  * matrix product (plain, with a row offset, with an activation offset,
  * grouped by expert) must give the CPU's dot products to rounding
+ * (results are read after synchronising the stream the products ran on)
  * (|d| <= 2e-6 of the row's sum of |terms|).  Random weights and inputs,
  * fresh for each type; outputs poisoned before each run.
  *
@@ -216,6 +217,7 @@ static void check_products(cudaStream_t st) {
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w.d, 2, NULL, 0, 5, rows - 5, &a.d, off, out);
         if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
         CU(cudaMemcpy(got.data(), out, (rows - 5) * 4, cudaMemcpyDeviceToHost));
         for (uint32_t r = 0; r < rows - 5; r++) {
             double ref, mag;
@@ -233,6 +235,7 @@ static void check_products(cudaStream_t st) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
+        CU(cudaStreamSynchronize(st));
         CU(cudaMemcpy(got.data(), out, (size_t)T * rows * 4, cudaMemcpyDeviceToHost));
         for (uint32_t t = 0; t < T; t++)
             for (uint32_t r = 0; r < rows - 3; r++) {
@@ -269,6 +272,7 @@ static void check_products(cudaStream_t st) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
+        CU(cudaStreamSynchronize(st));
         CU(cudaMemcpy(got.data(), out, (size_t)T * rows * 4, cudaMemcpyDeviceToHost));
         worst = 0;
         for (int e = 0, i = 0; e < 3; e++)

@@ -182,12 +182,18 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
     CU_TRY(cudaStreamSynchronize(b->st));
     b->has_logits = true;
     b->logits_fresh = false;
+    if (ds4_prof_on) {
+        char title[64];
+        snprintf(title, sizeof(title), "prefill of %u tokens", n);
+        ds4_prof_report(title);
+    }
     return 0;
 }
 
 /* One decode step on the device: the captured graph (captured at first
  * use; every kernel of it reads the position and token from d_step). */
 static int run_step(cuda_backend *b, ds4_err *err) {
+    if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, b->n_tokens, true, NULL, err);
     if (!b->graph_ready) {
         cudaGraph_t g;
         CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
@@ -234,6 +240,11 @@ static int cuda_greedy(ds4_backend *base, uint32_t n, uint32_t *out, ds4_err *er
         done += m;
     }
     b->logits_fresh = false;
+    if (ds4_prof_on) {
+        char title[64];
+        snprintf(title, sizeof(title), "%u decode steps at %u tokens", n, b->n_tokens - n);
+        ds4_prof_report(title);
+    }
     return 0;
 }
 
@@ -416,6 +427,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
+    ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
     b->hc_split = c->n_embd / 128 < 1 ? 1 : c->n_embd / 128 > 32 ? 32 : c->n_embd / 128;
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;

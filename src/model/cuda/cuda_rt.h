@@ -34,11 +34,24 @@ extern "C" {
     emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
 #else
-#define DS4_LAUNCH(kern, grid, block, smem, stream, ...) kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                    \
+    do {                                                                     \
+        if (ds4_prof_on) ds4_prof_before(stream);                            \
+        kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);            \
+        if (ds4_prof_on) ds4_prof_after(#kern, stream);                      \
+    } while (0)
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
     type *name = reinterpret_cast<type *>(ds4_dyn_smem)
 #endif
+
+/* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
+ * on, every launch outside a graph capture is bracketed by events, and the
+ * backend prints the time per kernel when it is freed. */
+extern bool ds4_prof_on;
+void ds4_prof_before(cudaStream_t st);
+void ds4_prof_after(const char *name, cudaStream_t st);
+void ds4_prof_report(const char *title);
 
 /* Turn a CUDA error into a ds4 error naming the call and the place. */
 static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *file, int line, ds4_err *err) {
