@@ -4,11 +4,11 @@
 # memcheck on the kernel test and a short comparison, and the synthetic full
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san bench"   which parts (default all)
+#   PARTS="tests san prof bench"   which parts (default all)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: gpu_session.sh OUTDIR}
-PARTS=${PARTS:-tests san bench}
+PARTS=${PARTS:-tests san prof bench}
 mkdir -p "$OUT"
 { date -u; git log -1 --format=%H 2>/dev/null || cat COMMIT 2>/dev/null; nvidia-smi; nproc; } > "$OUT/machine.txt" 2>&1
 for part in $PARTS; do
@@ -23,6 +23,9 @@ for part in $PARTS; do
             timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 build/cuda/test_cuda compare "$T/q2.gguf" --loose --prompt 70 --steps 6; echo "rc $?"
             rm -rf "$T"
         } > "$OUT/sanitizer.log" 2>&1; echo "sanitizer: $(grep -c '^rc 0' "$OUT/sanitizer.log")/2 clean";;
+    prof)
+        DS4_CUDA_PROFILE=1 timeout 120 build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
+            --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;

@@ -217,29 +217,6 @@ int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t 
     return 0;
 }
 
-/* Sinkhorn normalisation of C[a + n*b] (MODEL.md 5.2), as cpu_hc.c. */
-static __device__ void sinkhorn(float *C, uint32_t n, uint32_t iters, float eps) {
-    for (uint32_t bb = 0; bb < n; bb++) {
-        float mx = -INFINITY, sum = 0.0f;
-        for (uint32_t a = 0; a < n; a++) mx = fmaxf(mx, C[a + n * bb]);
-        for (uint32_t a = 0; a < n; a++) sum += (C[a + n * bb] = expf(C[a + n * bb] - mx));
-        for (uint32_t a = 0; a < n; a++) C[a + n * bb] = C[a + n * bb] / sum + eps;
-    }
-    for (uint32_t it = 0; it < iters; it++) {
-        if (it > 0)
-            for (uint32_t bb = 0; bb < n; bb++) {
-                float sum = 0.0f;
-                for (uint32_t a = 0; a < n; a++) sum += C[a + n * bb];
-                for (uint32_t a = 0; a < n; a++) C[a + n * bb] /= sum + eps;
-            }
-        for (uint32_t a = 0; a < n; a++) {
-            float sum = 0.0f;
-            for (uint32_t bb = 0; bb < n; bb++) sum += C[a + n * bb];
-            for (uint32_t bb = 0; bb < n; bb++) C[a + n * bb] /= sum + eps;
-        }
-    }
-}
-
 typedef struct hc_finish_args {
     const float *S;
     const double *part;
@@ -255,34 +232,64 @@ typedef struct hc_finish_args {
 
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
  * sublayer's RMSNorm and the quantized forms of the result. */
+/* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
+ * in the CPU's order a = 0..3; rows: b = 0..3. */
+static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
+    float s = __shfl_sync(0xffffffffu, v, 4 * b);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 1);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 2);
+    return s + __shfl_sync(0xffffffffu, v, 4 * b + 3);
+}
+static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
+    float s = __shfl_sync(0xffffffffu, v, a);
+    s += __shfl_sync(0xffffffffu, v, a + 4);
+    s += __shfl_sync(0xffffffffu, v, a + 8);
+    return s + __shfl_sync(0xffffffffu, v, a + 12);
+}
+
+/* The mixer weights of one token, by warp 0: lane m reduces the partial
+ * sums of output m, then pre / post, and the Sinkhorn iterations of
+ * MODEL.md 5.2 with one matrix entry per lane (the arithmetic of
+ * cpu_hc.c, sums in its order). */
+static __device__ void hc_weights(const hc_finish_args &a, uint32_t t, float *pre, float *mix) {
+    unsigned lane = threadIdx.x;
+    uint32_t n = a.n_hc;
+    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
+    double v = 0.0;
+    if (lane <= a.nmix)
+        for (uint32_t s = 0; s < a.nsplit; s++) v += p[(size_t)s * (a.nmix + 1) + lane];
+    double ss = __shfl_sync(0xffffffffu, v, 0);
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
+    if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
+    __syncwarp();
+    if (a.head) {
+        if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+        return;
+    }
+    float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+    if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+    else if (lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(mix[lane] * a.scale[1] + a.base[lane]);
+    unsigned k = lane & 15, ra = k % 4, cb = k / 4;
+    float c = mix[2 * n + k] * a.scale[2] + a.base[2 * n + k];
+    /* softmax over a of each column, + eps */
+    float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
+    for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
+    c = expf(c - mx);
+    c = c / hc_col_sum(c, cb) + a.hc_eps;
+    for (uint32_t it = 0; it < a.sink_iters; it++) {
+        if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
+        c /= hc_row_sum(c, ra) + a.hc_eps;
+    }
+    if (lane < 16) comb[k] = c;
+}
+
+/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
+ * sublayer's RMSNorm and the quantized forms of the result. */
 static __global__ void hc_finish_kernel(hc_finish_args a) {
     DS4_DYN_SMEM(float, x);
     __shared__ float pre[4], mix[HC_MAX_MIX];
-    __shared__ float cm[16];
     uint32_t t = blockIdx.x, n = a.n_hc, D = a.D;
-    if (threadIdx.x == 0) {
-        const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
-        double ss = 0.0;
-        for (uint32_t s = 0; s < a.nsplit; s++) ss += p[(size_t)s * (a.nmix + 1)];
-        float rs = 1.0f / sqrtf((float)(ss / (double)(n * D)) + a.rms_eps);
-        for (uint32_t m = 0; m < a.nmix; m++) {
-            double v = 0.0;
-            for (uint32_t s = 0; s < a.nsplit; s++) v += p[(size_t)s * (a.nmix + 1) + 1 + m];
-            mix[m] = (float)v * rs;
-        }
-        if (a.head) {
-            for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(mix[h] * a.scale[0] + a.base[h]) + a.hc_eps;
-        } else {
-            float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-            for (uint32_t h = 0; h < n; h++) {
-                pre[h] = dev_sigmoid(mix[h] * a.scale[0] + a.base[h]) + a.hc_eps;
-                post[h] = 2.0f * dev_sigmoid(mix[n + h] * a.scale[1] + a.base[n + h]);
-            }
-            for (uint32_t k = 0; k < n * n; k++) cm[k] = mix[2 * n + k] * a.scale[2] + a.base[2 * n + k];
-            sinkhorn(cm, n, a.sink_iters, a.hc_eps);
-            for (uint32_t k = 0; k < n * n; k++) comb[k] = cm[k];
-        }
-    }
+    if (threadIdx.x < 32) hc_weights(a, t, pre, mix);
     __syncthreads();
     const float *S = a.S + (size_t)t * n * D;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
@@ -543,10 +550,21 @@ static __global__ void comp_emit_kernel(comp_args a) {
 static __global__ void comp_frontier_kernel(comp_args a) {
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
+    /* no window closed in this pass: only the pass's own positions change
+     * (rows past the partial window are already empty) */
+    bool same_window = n / ratio == pos0 / ratio;
     for (uint32_t col = blockIdx.x * blockDim.x + threadIdx.x; col < L.width; col += gridDim.x * blockDim.x) {
-        if (ratio == 4) {
+        uint32_t kn = n / ratio, rem = n % ratio;
+        if (same_window) {
+            for (uint32_t p = pos0; p < n; p++) {
+                uint32_t R = ratio == 4 ? 4 + p % 4 : p % ratio;
+                float kv, sc;
+                comp_fetch(L, pos0, p, col, &kv, &sc);
+                L.skv[(size_t)R * L.width + col] = kv;
+                L.ssc[(size_t)R * L.width + col] = sc;
+            }
+        } else if (ratio == 4) {
             float kv[8], sc[8];
-            uint32_t kn = n / 4, rem = n % 4;
             for (uint32_t R = 0; R < 8; R++) {
                 long long p;
                 bool live;
@@ -560,14 +578,10 @@ static __global__ void comp_frontier_kernel(comp_args a) {
                 L.ssc[(size_t)R * L.width + col] = sc[R];
             }
         } else {
-            uint32_t kn = n / ratio, rem = n % ratio;
             for (uint32_t R = 0; R < ratio; R++) {
                 long long p = (long long)kn * ratio + R;
                 float kv = 0.0f, sc = SCORE_NEG_INF;
-                if (R < rem) {
-                    if ((uint64_t)p < pos0) continue; /* already in place */
-                    comp_fetch(L, pos0, p, col, &kv, &sc);
-                }
+                if (R < rem) comp_fetch(L, pos0, p, col, &kv, &sc); /* every position of window kn is in the pass */
                 L.skv[(size_t)R * L.width + col] = kv;
                 L.ssc[(size_t)R * L.width + col] = sc;
             }

@@ -34,47 +34,45 @@ static __device__ __forceinline__ float dev_softplus(float x) {
     return log1pf(expf(x));
 }
 
+/* One warp per token. */
 static __global__ void route_kernel(route_args a) {
     __shared__ float prob[1024];
-    __shared__ float best_v[32];
-    __shared__ int best_i[32];
+    __shared__ unsigned char taken[1024];
     __shared__ int chosen[CU_MAX_EXPERT_USED];
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
-    for (uint32_t e = threadIdx.x; e < ne; e += blockDim.x) prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
-    __syncthreads();
+    unsigned lane = threadIdx.x;
+    for (uint32_t e = lane; e < ne; e += 32) {
+        prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
+        taken[e] = 0;
+    }
+    __syncwarp();
     if (a.hash) {
-        if (threadIdx.x < k) chosen[threadIdx.x] = a.hash[(size_t)a.tok[t] * k + threadIdx.x];
+        if (lane < k) chosen[lane] = a.hash[(size_t)a.tok[t] * k + lane];
     } else {
-        unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+        /* k rounds of: the best untaken expert by prob + bias, lower index
+         * first on ties (the CPU's stable insertion top-k) */
         for (uint32_t i = 0; i < k; i++) {
             float bv = -INFINITY;
             int bi = 0x7fffffff;
-            for (uint32_t e = threadIdx.x; e < ne; e += blockDim.x) {
-                bool taken = false;
-                for (uint32_t j = 0; j < i; j++) taken |= chosen[j] == (int)e;
-                if (taken) continue;
-                float s = prob[e] + (a.bias ? a.bias[e] : 0.0f);
-                if (s > bv || (s == bv && (int)e < bi)) { bv = s; bi = (int)e; }
+            for (uint32_t e = lane; e < ne; e += 32) {
+                if (taken[e]) continue;
+                float sc = prob[e] + (a.bias ? a.bias[e] : 0.0f);
+                if (sc > bv || (sc == bv && (int)e < bi)) { bv = sc; bi = (int)e; }
             }
             for (int o = 16; o > 0; o >>= 1) {
                 float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
                 int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
                 if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
             }
-            if (lane == 0) { best_v[warp] = bv; best_i[warp] = bi; }
-            __syncthreads();
-            if (threadIdx.x == 0) {
-                float v = best_v[0];
-                int id = best_i[0];
-                for (unsigned w = 1; w < nw; w++)
-                    if (best_v[w] > v || (best_v[w] == v && best_i[w] < id)) { v = best_v[w]; id = best_i[w]; }
-                chosen[i] = id;
+            if (lane == 0) {
+                chosen[i] = bi;
+                taken[bi] = 1;
             }
-            __syncthreads();
+            __syncwarp();
         }
     }
-    __syncthreads();
-    if (threadIdx.x == 0) {
+    __syncwarp();
+    if (lane == 0) {
         float w[CU_MAX_EXPERT_USED], sum = 0.0f;
         for (uint32_t i = 0; i < k; i++) sum += (w[i] = prob[chosen[i]]);
         float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
@@ -99,7 +97,7 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
     a.norm = c->expert_weights_norm;
     a.sel = b->sel;
     a.selw = b->selw;
-    DS4_LAUNCH(route_kernel, T, 256, 0, b->st, a);
+    DS4_LAUNCH(route_kernel, T, 32, 0, b->st, a);
     CU_LAUNCHED();
     return 0;
 }

@@ -458,9 +458,13 @@ static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint3
         }
         case DS4_TYPE_Q2_K: { /* piece = sub-block s: values 16 s .. 16 s + 15 */
             unsigned sb = piece, h = sb / 8, j = (sb % 8) / 2, l0 = (sb & 1) * 16;
-            const uint8_t *qs = rp + 64 * (size_t)b + 32 * h + l0;
+            int4 q = ld16(rp + 64 * (size_t)b + 32 * h + l0);
             uint8_t sc = rp[64 * (size_t)nb + 16 * b + sb];
-            for (int l = 0; l < 16; l++) dst[16 * sb + l] = (int8_t)(((qs[l] >> (2 * j)) & 3) * (sc & 15));
+            /* 2-bit values times the 4-bit scale: at most 45, no carry between bytes */
+            uint32_t m = sc & 15;
+            uint32_t v[4] = {(((uint32_t)q.x >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.y >> (2 * j)) & 0x03030303u) * m,
+                             (((uint32_t)q.z >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.w >> (2 * j)) & 0x03030303u) * m};
+            memcpy(dst + 16 * sb, v, 16);
             s.wm[r][sb] = sc >> 4;
             if (sb < 8) s.wsc[r][sb] = 1.0f;
             if (sb == 0) {
@@ -472,9 +476,11 @@ static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint3
         }
         case DS4_TYPE_Q4_K: { /* piece: sub-block j = piece / 2, half = piece % 2 */
             unsigned j = piece / 2, l0 = (piece & 1) * 16;
-            const uint8_t *qs = rp + 128 * (size_t)b + 32 * (j / 2) + l0;
+            int4 q = ld16(rp + 128 * (size_t)b + 32 * (j / 2) + l0);
             int shift = 4 * (j & 1);
-            for (int l = 0; l < 16; l++) dst[32 * j + l0 + l] = (int8_t)((qs[l] >> shift) & 15);
+            uint32_t v[4] = {((uint32_t)q.x >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu,
+                             ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu};
+            memcpy(dst + 32 * j + l0, v, 16);
             if ((piece & 1) == 0) {
                 int sc, m;
                 q4k_scale_min(rp + 128 * (size_t)nb + 12 * (size_t)b, (int)j, &sc, &m);
