@@ -378,7 +378,7 @@ static int check_config(const ds4_config *c, ds4_err *err) {
 static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
-    if (cu_matmul_init(err)) return -1;
+    if (cu_matmul_init(err) || cu_attn_init(c, err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
     } else if (cu_weights_load(&b->W, w, b->st, err)) {
@@ -433,7 +433,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
     if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
-    b->attn_split = (max_rows + 63) / 64;
+    b->attn_split = (max_rows + 31) / 32; /* cuda_attn.cu: 32 rows per split in decode */
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
     if (init(b, w, err)) {

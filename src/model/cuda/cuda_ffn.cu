@@ -41,8 +41,10 @@ static __global__ void route_kernel(route_args a) {
     __shared__ int chosen[CU_MAX_EXPERT_USED];
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
+    __shared__ float score[1024];
     for (uint32_t e = lane; e < ne; e += 32) {
         prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
+        score[e] = prob[e] + (a.bias ? a.bias[e] : 0.0f);
         taken[e] = 0;
     }
     __syncwarp();
@@ -56,7 +58,7 @@ static __global__ void route_kernel(route_args a) {
             int bi = 0x7fffffff;
             for (uint32_t e = lane; e < ne; e += 32) {
                 if (taken[e]) continue;
-                float sc = prob[e] + (a.bias ? a.bias[e] : 0.0f);
+                float sc = score[e];
                 if (sc > bv || (sc == bv && (int)e < bi)) { bv = sc; bi = (int)e; }
             }
             for (int o = 16; o > 0; o >>= 1) {

@@ -75,23 +75,36 @@ static __device__ __forceinline__ int dot16(int4 w, int4 a) {
 }
 
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
- * block; the partner lane (l ^ 1) holds the other half. */
+ * block; the partner lane (l ^ 1) holds the other half.  U steps are
+ * loaded before any is used, so each lane has U * R loads in flight. */
+#define GEMV_U 4
 template <int R>
 static __device__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd, float *acc) {
     unsigned lane = threadIdx.x & 31;
-    for (uint32_t base = 0; base < n; base += 512) {
-        uint32_t c = base + 16 * lane;
-        bool ok = c < n;
-        int4 w[R], a = make_int4(0, 0, 0, 0);
-        for (int r = 0; r < R; r++) w[r] = ok ? ld16(rows[r] + c) : make_int4(0, 0, 0, 0);
-        if (ok) a = ld16(x + c);
-        for (int r = 0; r < R; r++) {
-            int s = dot16(w[r], a);
-            s += __shfl_xor_sync(0xffffffffu, s, 1);
-            if (ok && (lane & 1) == 0) {
-                uint32_t b = c / 32;
-                float dw = dev_f16(((const uint16_t *)(rows[r] + n))[b]);
-                acc[r] += (dw * xd[b]) * (float)s;
+    for (uint32_t base = 0; base < n; base += 512 * GEMV_U) {
+        int4 w[GEMV_U][R], a[GEMV_U];
+        uint16_t dw[GEMV_U][R];
+        float dx[GEMV_U];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t c = base + 512 * u + 16 * lane;
+            bool ok = c < n;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = ok ? ld16(rows[r] + c) : make_int4(0, 0, 0, 0);
+                dw[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + n) + c / 32) : 0;
+            }
+            a[u] = ok ? ld16(x + c) : make_int4(0, 0, 0, 0);
+            dx[u] = ok ? __ldg(xd + c / 32) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            bool ok = base + 512 * u + 16 * lane < n;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int sum = dot16(w[u][r], a[u]);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                if (ok && (lane & 1) == 0) acc[r] += (dev_f16(dw[u][r]) * dx[u]) * (float)sum;
             }
         }
     }
@@ -219,70 +232,97 @@ static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t 
     }
 }
 
-/* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32. */
+/* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; two
+ * steps of 8 blocks loaded at once. */
 template <int R>
 static __device__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
                                     const uint64_t *grid, float *acc) {
     unsigned lane = threadIdx.x & 31, q = lane & 3;
     uint32_t nb = n / 256;
-    for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
-        uint32_t b = b0 + lane / 4;
-        bool ok = b < nb;
-        int4 w[R];
-        uint16_t d[R];
-        for (int r = 0; r < R; r++) {
-            w[r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
-            d[r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
-        }
-        int4 a[4];
-        for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
-        for (int r = 0; r < R; r++) {
-            int isum = 0;
-            const uint32_t *wq = (const uint32_t *)&w[r];
-            for (int gi = 0; gi < 2; gi++) {
-                uint32_t v[8];
-                iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
-                int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
-                int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
-                int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
-                isum += (int)(2 * (wq[2 * gi + 1] >> 28) + 1) * sub;
+    for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
+        int4 w[2][R];
+        uint16_t d[2][R];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            uint32_t b = b0 + 8 * u + lane / 4;
+            bool ok = b < nb;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+                d[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
             }
-            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-            if (ok && q == 0) acc[r] += (dev_f16(d[r]) * xd[b]) * ((float)isum * 0.125f);
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            uint32_t b = b0 + 8 * u + lane / 4;
+            bool ok = b < nb;
+            int4 a[4];
+            for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int isum = 0;
+                const uint32_t *wq = (const uint32_t *)&w[u][r];
+                for (int gi = 0; gi < 2; gi++) {
+                    uint32_t v[8];
+                    iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
+                    int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+                    int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
+                    int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
+                    isum += (int)(2 * (wq[2 * gi + 1] >> 28) + 1) * sub;
+                }
+                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                if (ok && q == 0) acc[r] += (dev_f16(d[u][r]) * xd[b]) * ((float)isum * 0.125f);
+            }
         }
     }
 }
 
-/* Float rows against f32 activations: 16 bytes of weights per lane per step. */
+/* Float rows against f32 activations: 16 bytes of weights per lane per
+ * step, U steps loaded at once. */
 template <int R> static __device__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x, float *acc) {
     unsigned lane = threadIdx.x & 31;
-    uint32_t per = type == DS4_TYPE_F32 ? 4 : 8; /* elements per 16 bytes */
-    for (uint32_t base = 0; base < n; base += 32 * per) {
-        uint32_t e = base + per * lane;
-        bool ok = e < n;
-        int4 w[R];
-        for (int r = 0; r < R; r++) w[r] = ok ? ld16(rows[r] + (size_t)e * (type == DS4_TYPE_F32 ? 4 : 2)) : make_int4(0, 0, 0, 0);
-        if (!ok) continue;
-        float xv[8];
-        for (uint32_t i = 0; i < per; i++) xv[i] = __ldg(x + e + i);
-        for (int r = 0; r < R; r++) {
-            const uint32_t *wv = (const uint32_t *)&w[r];
-            float s = 0.0f;
-            if (type == DS4_TYPE_F32) {
-                for (int i = 0; i < 4; i++) s += __uint_as_float(wv[i]) * xv[i];
-            } else if (type == DS4_TYPE_F16) {
-                for (int i = 0; i < 4; i++) {
-                    s += dev_f16((uint16_t)wv[i]) * xv[2 * i];
-                    s += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
-                }
+    uint32_t per = type == DS4_TYPE_F32 ? 4 : 8, esz = type == DS4_TYPE_F32 ? 4 : 2; /* elements per 16 bytes */
+    for (uint32_t base = 0; base < n; base += 32 * per * GEMV_U) {
+        int4 w[GEMV_U][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+#pragma unroll
+            for (int r = 0; r < R; r++) w[u][r] = e < n ? ld16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+            if (e >= n) continue;
+            float xv[8];
+            if (per == 4) {
+                float4 v = __ldg((const float4 *)(x + e));
+                xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
             } else {
-                for (int i = 0; i < 4; i++) {
-                    s += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
-                    s += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
-                }
+                float4 v0 = __ldg((const float4 *)(x + e)), v1 = __ldg((const float4 *)(x + e + 4));
+                xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+                xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
             }
-            acc[r] += s;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint32_t *wv = (const uint32_t *)&w[u][r];
+                float sum = 0.0f;
+                if (type == DS4_TYPE_F32) {
+                    for (int i = 0; i < 4; i++) sum += __uint_as_float(wv[i]) * xv[i];
+                } else if (type == DS4_TYPE_F16) {
+                    for (int i = 0; i < 4; i++) {
+                        sum += dev_f16((uint16_t)wv[i]) * xv[2 * i];
+                        sum += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+                    }
+                } else {
+                    for (int i = 0; i < 4; i++) {
+                        sum += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
+                        sum += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+                    }
+                }
+                acc[r] += sum;
+            }
         }
     }
 }
@@ -408,10 +448,15 @@ typedef struct gemm_args {
 } gemm_args;
 
 /* Which activation rows a block works on and where its outputs go. */
+/* Dense products put the token tiles on x, so that the blocks sharing a
+ * tile of weight rows run together and read it once from DRAM (the
+ * activations, a few MB, stay in the L2); grouped ones put the rows on x. */
+static __device__ __forceinline__ uint32_t row_tile(const gemm_args &g) { return g.grouped ? blockIdx.x : blockIdx.y; }
+
 static __device__ __forceinline__ bool tile_tokens(const gemm_args &g, int *mat, int *count, int *start) {
     if (!g.grouped) {
         *mat = (int)g.mat;
-        *start = (int)(blockIdx.y * BN);
+        *start = (int)(blockIdx.x * BN);
         *count = imin_d(BN, (int)g.T - *start);
         return *count > 0;
     }
@@ -442,9 +487,9 @@ static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint3
     uint32_t nb = g.n / 256, b = k0 / 256;
     for (unsigned i = threadIdx.x; i < BM * 16; i += blockDim.x) {
         unsigned r = i / 16, piece = i % 16; /* 16 pieces of 16 values */
-        uint32_t row = g.row0 + blockIdx.x * BM + r;
+        uint32_t row = g.row0 + row_tile(g) * BM + r;
         int8_t *dst = s.w[r];
-        if (blockIdx.x * BM + r >= g.rows || piece * 16 >= klen) {
+        if (row_tile(g) * BM + r >= g.rows || piece * 16 >= klen) {
             for (int k = 0; k < 16; k++) dst[piece * 16 + k] = 0;
             continue;
         }
@@ -632,7 +677,7 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
             for (int i = 0; i < 4; i++) {
                 unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
                 unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
-                uint32_t row = blockIdx.x * BM + r;
+                uint32_t row = row_tile(g) * BM + r;
                 if ((int)t < count && row < g.rows)
                     g.out[(size_t)out_row(g, start + (int)t) * g.out_stride + row] = acc[a][b][i];
             }
@@ -650,7 +695,7 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
         __syncthreads();
         for (unsigned i = threadIdx.x; i < 32 * BM; i += blockDim.x) {
             unsigned r = i / 32, k = i % 32;
-            uint32_t row = blockIdx.x * BM + r;
+            uint32_t row = row_tile(g) * BM + r;
             float v = 0.0f;
             if (row < g.rows && k0 + k < g.n) {
                 const uint8_t *rp = g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
@@ -677,7 +722,7 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     }
     for (int i = 0; i < 4; i++)
         for (int j = 0; j < 4; j++) {
-            uint32_t row = blockIdx.x * BM + 4 * tx + i;
+            uint32_t row = row_tile(g) * BM + 4 * tx + i;
             int t = 4 * (int)ty + j;
             if (t < count && row < g.rows) g.out[(size_t)out_row(g, start + t) * g.out_stride + row] = acc[i][j];
         }
@@ -701,7 +746,8 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     g.out_stride = out_stride;
     g.grouped = grp != NULL;
     if (grp) g.grp = *grp;
-    dim3 grid((rows + BM - 1) / BM, grp ? grp->max_tiles : (T + BN - 1) / BN);
+    uint32_t row_tiles = (rows + BM - 1) / BM;
+    dim3 grid = grp ? dim3(row_tiles, grp->max_tiles) : dim3((T + BN - 1) / BN, row_tiles);
     bool quant = W->type == DS4_TYPE_Q8_0 || W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K ||
                  W->type == DS4_TYPE_IQ2_XXS;
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
