@@ -4,7 +4,7 @@
 # memcheck on the kernel test and a short comparison, and the synthetic full
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san prof bench"   which parts (default all)
+#   PARTS="tests san prof ncu bench"   which parts (default: all but ncu)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: gpu_session.sh OUTDIR}
@@ -26,6 +26,11 @@ for part in $PARTS; do
     prof)
         DS4_CUDA_PROFILE=1 timeout 120 build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
             --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
+    ncu)
+        timeout 100 ncu --clock-control none --kernel-name gemv_kernel --launch-skip 40 --launch-count 3 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 64 --ctx-max 64 --gen-tokens 2 > "$OUT/ncu.log" 2>&1
+        echo "ncu: rc $?";;
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;

@@ -647,8 +647,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 
 /* ------------------------------------------------------------- indexer */
 
-#define IDX_ROWS 32     /* compressed rows per block */
-#define IDX_THREADS 256 /* 32 rows x 8 groups of heads */
+#define IDX_ROWS 128
 #define IDX_MAX_HEADS 64
 
 typedef struct idx_args {
@@ -659,47 +658,41 @@ typedef struct idx_args {
     uint32_t heads, ihd, top_k;
 } idx_args;
 
-static size_t idx_smem(uint32_t heads, uint32_t ihd) {
-    return ((size_t)heads * ihd + (size_t)IDX_ROWS * ihd + (size_t)heads * IDX_ROWS + heads) * sizeof(float);
-}
-
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
- * prefix (only when it holds more rows than top-k).  A block takes 32 rows
- * into shared memory; thread (row, group) dots its row with 8 of the heads;
- * then a thread per row adds the heads up in order, as the CPU does (with
- * the simulations the dots are exact: FP4 values times powers of two). */
-static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
-    DS4_DYN_SMEM(float, qs);
-    float *ks = qs + (size_t)a.heads * a.ihd, *dots = ks + (size_t)IDX_ROWS * a.ihd, *ws = dots + a.heads * IDX_ROWS;
-    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4, c0 = blockIdx.x * IDX_ROWS;
-    if (nc <= a.top_k || c0 >= nc) return;
+ * prefix (only when it holds more rows than top-k). */
+static __global__ void __launch_bounds__(IDX_ROWS) idx_score_kernel(idx_args a) {
+    __shared__ float qs[IDX_MAX_HEADS * 128];
+    __shared__ float ws[IDX_MAX_HEADS];
+    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
+    if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
     const float *q = a.iq + (size_t)t * a.heads * a.ihd;
-    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd / 4; i += blockDim.x)
-        ((float4 *)qs)[i] = __ldg((const float4 *)q + i);
-    uint32_t nr = nc - c0 < IDX_ROWS ? nc - c0 : IDX_ROWS;
-    for (uint32_t i = threadIdx.x; i < nr * a.ihd / 4; i += blockDim.x)
-        ((float4 *)ks)[i] = __ldg((const float4 *)(a.rows + (size_t)c0 * a.ihd) + i);
+    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i] = q[i];
     for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
     __syncthreads();
-    uint32_t r = threadIdx.x % IDX_ROWS, g = threadIdx.x / IDX_ROWS, hpg = (a.heads + 7) / 8;
-    if (r < nr) {
-        const float *k = ks + (size_t)r * a.ihd;
-        for (uint32_t h = g * hpg; h < (g + 1) * hpg && h < a.heads; h++) {
-            const float *qh = qs + (size_t)h * a.ihd;
-            float d = 0.0f;
-            for (uint32_t i = 0; i < a.ihd; i += 4) {
-                float4 kv = *(const float4 *)(k + i), qv = *(const float4 *)(qh + i);
-                d += qv.x * kv.x + qv.y * kv.y + qv.z * kv.z + qv.w * kv.w;
-            }
-            dots[h * IDX_ROWS + r] = d;
+    uint32_t c = blockIdx.x * IDX_ROWS + threadIdx.x;
+    if (c >= nc) return;
+    const float *k = a.rows + (size_t)c * a.ihd;
+    float part[IDX_MAX_HEADS];
+#pragma unroll
+    for (int h = 0; h < IDX_MAX_HEADS; h++) part[h] = 0.0f;
+    for (uint32_t c0 = 0; c0 < a.ihd; c0 += 32) {
+        float kr[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) kr[i] = k[c0 + i];
+#pragma unroll
+        for (int h = 0; h < IDX_MAX_HEADS; h++) {
+            if ((uint32_t)h >= a.heads) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) s += qs[h * a.ihd + c0 + i] * kr[i];
+            part[h] += s;
         }
     }
-    __syncthreads();
-    if (threadIdx.x < nr) {
-        float sc = 0.0f;
-        for (uint32_t h = 0; h < a.heads; h++) sc += ws[h] * fmaxf(dots[h * IDX_ROWS + threadIdx.x], 0.0f);
-        a.scores[(size_t)t * a.score_stride + c0 + threadIdx.x] = sc;
-    }
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < IDX_MAX_HEADS; h++)
+        if ((uint32_t)h < a.heads) s += ws[h] * fmaxf(part[h], 0.0f);
+    a.scores[(size_t)t * a.score_stride + c] = s;
 }
 
 /* Orderable key of a score: larger score, larger key (-0 counts as +0). */
@@ -800,12 +793,6 @@ static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) 
     if (threadIdx.x == 0) a.nvis[t] = k;
 }
 
-int cu_attn_init(const ds4_config *c, ds4_err *err) {
-    size_t smem = idx_smem(c->idx_n_head, c->idx_head_dim);
-    CU_TRY(cudaFuncSetAttribute(idx_score_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-    return 0;
-}
-
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
@@ -820,8 +807,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
         a.heads = c->idx_n_head;
         a.ihd = c->idx_head_dim;
         a.top_k = c->idx_top_k;
-        size_t smem = idx_smem(c->idx_n_head, c->idx_head_dim);
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, smem, b->st, a);
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_ROWS, 0, b->st, a);
         CU_LAUNCHED();
     }
     topk_args k;
@@ -840,7 +826,6 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 
 #define ATT_WARPS 8
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
-#define ATT_ROWS 4  /* rows in flight per warp */
 #define ATT_SPLIT_ROWS 32 /* decode: rows per split */
 
 typedef struct attn_args {
@@ -931,67 +916,46 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    /* four rows at a time: their loads are in flight together */
-    for (uint32_t i = i0; i < i1; i += ATT_ROWS) {
-        float rv[ATT_ROWS][ATT_MAXV], sc[ATT_ROWS];
+    for (uint32_t i = i0; i < i1; i++) {
+        const float *row = attn_row(a, t, p, pos0, first, n_raw, i) + e0;
+        float rv[ATT_MAXV];
+        if (per % 4 == 0) {
 #pragma unroll
-        for (int u = 0; u < ATT_ROWS; u++) {
-            if (i + u >= i1) {
+            for (int j = 0; j < ATT_MAXV; j += 4)
+                if ((uint32_t)j < per) {
+                    float4 v = *(const float4 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                    rv[j + 2] = v.z;
+                    rv[j + 3] = v.w;
+                }
+        } else {
 #pragma unroll
-                for (int j = 0; j < ATT_MAXV; j++) rv[u][j] = 0.0f;
-                continue;
-            }
-            const float *row = attn_row(a, t, p, pos0, first, n_raw, i + u) + e0;
-            if (per % 4 == 0) {
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j += 4)
-                    if ((uint32_t)j < per) {
-                        float4 v = *(const float4 *)(row + j);
-                        rv[u][j] = v.x;
-                        rv[u][j + 1] = v.y;
-                        rv[u][j + 2] = v.z;
-                        rv[u][j + 3] = v.w;
-                    }
-            } else {
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j += 2)
-                    if ((uint32_t)j < per) {
-                        float2 v = *(const float2 *)(row + j);
-                        rv[u][j] = v.x;
-                        rv[u][j + 1] = v.y;
-                    }
-            }
+            for (int j = 0; j < ATT_MAXV; j += 2)
+                if ((uint32_t)j < per) {
+                    float2 v = *(const float2 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                }
         }
+        float s = 0.0f;
 #pragma unroll
-        for (int u = 0; u < ATT_ROWS; u++) {
-            float d = 0.0f;
+        for (int j = 0; j < ATT_MAXV; j++)
+            if ((uint32_t)j < per) s += q[j] * rv[j];
+        s = warp_sum(s) * scale;
+        if (s > m) {
+            float c = expf(m - s);
+            l = l * c + 1.0f;
 #pragma unroll
             for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) d += q[j] * rv[u][j];
-            sc[u] = d;
-        }
+                if ((uint32_t)j < per) o[j] = o[j] * c + rv[j];
+            m = s;
+        } else {
+            float e = expf(s - m);
+            l += e;
 #pragma unroll
-        for (int sh = 16; sh > 0; sh >>= 1)
-#pragma unroll
-            for (int u = 0; u < ATT_ROWS; u++) sc[u] += __shfl_xor_sync(0xffffffffu, sc[u], sh);
-#pragma unroll
-        for (int u = 0; u < ATT_ROWS; u++) {
-            if (i + u >= i1) break;
-            float sv = sc[u] * scale;
-            if (sv > m) {
-                float c = expf(m - sv);
-                l = l * c + 1.0f;
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j++)
-                    if ((uint32_t)j < per) o[j] = o[j] * c + rv[u][j];
-                m = sv;
-            } else {
-                float e = expf(sv - m);
-                l += e;
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j++)
-                    if ((uint32_t)j < per) o[j] += e * rv[u][j];
-            }
+            for (int j = 0; j < ATT_MAXV; j++)
+                if ((uint32_t)j < per) o[j] += e * rv[j];
         }
     }
     if (a.nsplit == 1) {

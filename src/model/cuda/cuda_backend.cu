@@ -378,7 +378,7 @@ static int check_config(const ds4_config *c, ds4_err *err) {
 static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
-    if (cu_matmul_init(err) || cu_attn_init(c, err)) return -1;
+    if (cu_matmul_init(err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
     } else if (cu_weights_load(&b->W, w, b->st, err)) {

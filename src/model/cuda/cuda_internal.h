@@ -252,8 +252,6 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err);
-/* Kernel attributes (shared memory beyond 48 KB), before any capture. */
-int cu_attn_init(const ds4_config *c, ds4_err *err);
 
 /* cuda_ffn.cu */
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
