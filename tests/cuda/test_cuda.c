@@ -153,11 +153,11 @@ static void diff_check(const char *what, const diff *d, double tol) {
  * one-ulp weight noise) moves there by more than tol / 2 too (a near-tie
  * of an expert or indexer selection of this model at this position). */
 static void strict_check(const char *what, const diff *cuda, const diff *twin, const diff *twin2, double tol) {
-    uint32_t excused = 0, bad = 0;
+    uint32_t excused = 0, bad = 0, first_bad = 0;
     for (uint32_t r = 0; r < cuda->rows; r++) {
         if (rel(cuda, r) <= tol && !cuda->row_arg[r]) continue;
         if (rel(twin, r) > tol / 2 || twin->row_arg[r] || rel(twin2, r) > tol / 2 || twin2->row_arg[r]) excused++;
-        else bad++;
+        else if (!bad++) first_bad = r;
     }
     printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u", what, diff_max(cuda), cuda->amax,
            diff_args(cuda), cuda->rows);
@@ -165,7 +165,8 @@ static void strict_check(const char *what, const diff *cuda, const diff *twin, c
         printf("; %u row(s) at the model's own near-ties (CPU twins move by up to %.3g / %.3g)", excused, diff_max(twin),
                diff_max(twin2));
     printf("\n");
-    CHECK(bad == 0, "%s: %u rows beyond %.1g (max %.3g) where the CPU is continuous", what, bad, tol, diff_max(cuda));
+    CHECK(bad == 0, "%s: %u rows beyond %.1g (max %.3g, first: row %u) where the CPU is continuous", what, bad, tol,
+          diff_max(cuda), first_bad);
 }
 
 /* Loose: CUDA's distance to the CPU against the twin's, as medians over
