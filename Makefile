@@ -1,8 +1,11 @@
 # ds4 - build.  See README.md.
 #
 #   make            CPU build of every program (./ds4, ./ds4-server, ...)
-#   make cuda       the same programs with the CUDA backend (sm_90a + PTX)
+#   make cuda       the same programs with the CUDA backend (sm_90a + PTX), in
+#                   build/cuda/bin, plus the GPU test program
 #   make test       build and run the whole default test suite
+#   make test-cuda  the GPU tests (needs an NVIDIA GPU; tests/cuda/run.sh)
+#   make test-cuda-emu  the same tests on the CPU emulation of CUDA
 #   make demo       build, generate a tiny model, run ds4 on it
 #   make deps       install missing Debian packages (scripts/deps.sh)
 #   make venv       Python environment for tests/reference scripts (pinned)
@@ -12,7 +15,9 @@
 # build/libds4.a; apps/NAME.c or apps/NAME/*.c (likewise tools/) becomes ./NAME.
 
 CC      ?= cc
-NVCC    ?= nvcc
+CXX     ?= g++
+CUDA_HOME ?= /usr/local/cuda
+NVCC    ?= $(CUDA_HOME)/bin/nvcc
 PYTHON  ?= python3
 BUILD   := build
 
@@ -24,14 +29,21 @@ DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread
 LDFLAGS ?=
 
 CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=compute_90a
-NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing -Werror all-warnings
-CUDA_LIBS  := -lcudart -lcublas -lcublasLt
+NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing -Werror all-warnings
+# Static CUDA runtime and C++ library: the programs run on any machine with
+# the NVIDIA driver, whatever toolkit or compiler it has.
+CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -static-libgcc
+# The CUDA emulation (tests/cuda/emu): the .cu sources compiled as C++.
+EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing \
+                -DDS4_CUDA_EMU -fno-omit-frame-pointer -Isrc -Itests/cuda/emu -pthread
 
 LIB_SRC   := $(shell find src -name '*.c' | sort)
 LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CUDA_SRC  := $(shell find src -name '*.cu' | sort)
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/cuda/%.o)
 CUDA_LOBJ := $(LIB_SRC:%.c=$(BUILD)/cuda/%.o)
+EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $(BUILD)/emu/tests/cuda/emu/cuda_emu.o
+CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
 # Programs: single-file apps/tools and multi-file ones (a folder of .c files).
 PROG_FILES := $(wildcard apps/*.c tools/*.c)
@@ -42,7 +54,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda test test-cuda demo deps venv reference clean fuzz bench
+.PHONY: all cuda test test-cuda test-cuda-emu demo deps venv reference clean fuzz bench
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -74,7 +86,8 @@ $(BUILD)/tests/test_server_%: tests/unit/test_server_%.c $(TEST_COMMON) $(SERVER
 test: deps all $(TESTS)
 	@scripts/run-tests.sh
 
-# CUDA build: the library compiled with DS4_CUDA plus the kernels.
+# CUDA build: the library compiled with DS4_CUDA plus the kernels; programs
+# linked by the host compiler (only the libraries they use are recorded).
 $(BUILD)/cuda/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -MMD -MP -c $< -o $@
@@ -84,15 +97,45 @@ $(BUILD)/cuda/%.o: %.cu
 $(BUILD)/libds4cuda.a: $(CUDA_LOBJ) $(CUDA_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
-cuda: $(BUILD)/libds4cuda.a
-	@mkdir -p $(BUILD)/cuda/bin
-	@for p in $(PROGS); do \
-	  src=$$(ls apps/$$p.c tools/$$p.c apps/$$p/*.c tools/$$p/*.c 2>/dev/null); \
-	  echo "  LINK $$p (cuda)"; \
-	  $(NVCC) -O2 $(CUDA_ARCH) -Xcompiler "$(CFLAGS) -DDS4_CUDA=1" -x c $$src -x none -o $(BUILD)/cuda/bin/$$p \
-	    $(BUILD)/libds4cuda.a $(LDFLAGS) $(DEPLIBS) $(CUDA_LIBS) || exit 1; \
-	  cp $(BUILD)/cuda/bin/$$p ./$$p; \
-	done
+CUDA_PROGS := $(addprefix $(BUILD)/cuda/bin/,$(PROGS))
+define cuda_prog_rule
+$(BUILD)/cuda/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4cuda.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4cuda.a $$(LDFLAGS) -Wl,--as-needed $$(DEPLIBS) $(CUDA_LIBS)
+endef
+$(foreach p,$(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/))),$(eval $(call cuda_prog_rule,$(p),apps)))
+$(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(wildcard tools/*/))),$(eval $(call cuda_prog_rule,$(p),tools)))
+$(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
+$(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
+cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
+
+test-cuda: cuda
+	@tests/cuda/run.sh $(BUILD)/cuda
+
+# The same backend on the CPU emulation of CUDA (no GPU needed).
+$(BUILD)/emu/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -MMD -MP -c $< -o $@
+$(BUILD)/emu/%.o: %.cu
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -x c++ -c $< -o $@
+$(BUILD)/emu/%.o: %.cpp
+	@mkdir -p $(dir $@)
+	$(CXX) $(EMU_CXXFLAGS) -MMD -MP -c $< -o $@
+$(BUILD)/libds4emu.a: $(EMU_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+$(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
+$(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
+$(BUILD)/emu/bin/%: tools/%.c $(BUILD)/libds4emu.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $< $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
+test-cuda-emu: $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels ds4-mkmodel
+	@QUICK=1 tests/cuda/run.sh $(BUILD)/emu
 
 deps:
 	@scripts/deps.sh
@@ -106,4 +149,4 @@ demo: deps all
 clean:
 	rm -rf $(BUILD) $(PROGS)
 
--include $(LIB_OBJ:.o=.d) $(CUDA_LOBJ:.o=.d) $(CUDA_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CUDA_LOBJ:.o=.d) $(CUDA_OBJ:.o=.d) $(EMU_OBJ:.o=.d)

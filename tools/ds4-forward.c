@@ -15,7 +15,7 @@
  *     -t N               threads (default: all CPUs)
  *     --ctx N, --chunk N context size and prefill chunk
  *     --no-sim           turn the low-precision simulations off
- *     --backend NAME     cpu (default)
+ *     --backend NAME     cpu (default), or cuda in CUDA builds (make cuda)
  *
  * Exit status 0 on success, 1 on any error (the message names the cause).
  */
@@ -38,7 +38,7 @@ typedef struct opts {
 static void usage(void) {
     fprintf(stderr, "usage: ds4-forward MODEL [--tokens LIST|@FILE | --random N [--seed S]] [--decode | --split K]\n"
                     "       [--logits-out FILE] [--load-state FILE] [--save-state FILE] [--top N]\n"
-                    "       [--bench [--gen G]] [-t N] [--ctx N] [--chunk N] [--no-sim] [--backend cpu]\n");
+                    "       [--bench [--gen G]] [-t N] [--ctx N] [--chunk N] [--no-sim] [--backend cpu|cuda]\n");
 }
 
 static int parse_u32(const char *s, uint32_t *out) {

@@ -13,10 +13,37 @@ ds4_backend_opts ds4_backend_opts_resolve(const ds4_backend_opts *opts) {
     return o;
 }
 
+#if DS4_CUDA
+#define BACKEND_NAMES "cpu, cuda"
+#else
+#define BACKEND_NAMES "cpu"
+#endif
+
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
-    ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: cpu)", name);
+#if DS4_CUDA
+    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
+#endif
+    ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
     return NULL;
+}
+
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int ds4_backend_greedy(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err) {
+    if (b->ops->greedy) return b->ops->greedy(b, n, out, err);
+    for (uint32_t i = 0; i < n; i++) {
+        const float *l = ds4_backend_logits(b);
+        if (!l) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
+        out[i] = argmax(l, b->w->cfg.n_vocab);
+        if (ds4_backend_decode(b, out[i], err) != 0) return -1;
+    }
+    return 0;
 }
 
 ds4_kv_state *ds4_backend_state_new(const ds4_backend *b, ds4_err *err) {

@@ -10,6 +10,10 @@
  *   decode(token)        append one token
  *   logits()             logits for the next token (after the last one)
  *   reset()              back to zero tokens
+ *   greedy(n)            append n tokens, each the argmax of the logits
+ *                        before it (optional: backends that can keep the
+ *                        loop on the device provide it; otherwise the
+ *                        generic loop of ds4_backend_greedy runs)
  *   snapshot / restore   copy the state to / from a backend-neutral
  *                        ds4_kv_state in host memory, which also
  *                        (de)serialises as a DSV4 payload (session_state.h)
@@ -56,6 +60,7 @@ typedef struct ds4_backend_ops {
     void (*reset)(ds4_backend *b);
     int (*snapshot)(ds4_backend *b, ds4_kv_state *out, ds4_err *err);
     int (*restore)(ds4_backend *b, const ds4_kv_state *in, ds4_err *err);
+    int (*greedy)(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err); /* may be NULL */
 } ds4_backend_ops;
 
 struct ds4_backend {
@@ -70,6 +75,15 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
 
 /* The CPU reference backend (src/model/cpu/). */
 ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
+
+/* The CUDA backend (src/model/cuda/, CUDA builds only).  Also accepts
+ * synthetic weights (ds4_weights_synthetic), which it fills on the GPU.
+ * Its prefill chunk defaults to 2048. */
+ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
+
+/* CUDA builds: the device's copy bandwidth (bytes read + written per second,
+ * a large device-to-device copy, best of several), and its name. */
+int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds4_err *err);
 
 static inline void ds4_backend_free(ds4_backend *b) { if (b) b->ops->free(b); }
 
@@ -90,6 +104,10 @@ static inline int ds4_backend_snapshot(ds4_backend *b, ds4_kv_state *out, ds4_er
 static inline int ds4_backend_restore(ds4_backend *b, const ds4_kv_state *in, ds4_err *err) {
     return b->ops->restore(b, in, err);
 }
+
+/* Append n greedy tokens (the first is the argmax of the current logits;
+ * out receives them).  Needs logits (a prefill or decode before). */
+int ds4_backend_greedy(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err);
 
 /* A state sized for this backend's session (to snapshot into). */
 ds4_kv_state *ds4_backend_state_new(const ds4_backend *b, ds4_err *err);

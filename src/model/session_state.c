@@ -224,6 +224,20 @@ int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err) {
     return 0;
 }
 
+uint64_t ds4_kv_state_payload_bytes(const ds4_kv_state *s) {
+    const ds4_config *c = s->cfg;
+    uint64_t n = s->n_tokens, bytes = H_COUNT * 4 + n * 4 + (uint64_t)c->n_vocab * 4 + (uint64_t)c->n_layer * 8;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        uint32_t r = s->layers[il].ratio;
+        bytes += (uint64_t)live_raw(s) * c->head_dim * 4;
+        if (r == 0) continue;
+        bytes += (n / r) * c->head_dim * 4 + 2 * (uint64_t)ds4_state_frontier_rows(r) * ds4_state_frontier_width(c, r, false) * 4;
+        if (r != 4) continue;
+        bytes += (n / 4) * c->idx_head_dim * 4 + 2 * (uint64_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) * 4;
+    }
+    return bytes;
+}
+
 static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) {
     const ds4_config *c = s->cfg;
     if (h[H_MAGIC] != DS4_DSV4_MAGIC) return ds4_err_set(err, DS4_EFORMAT, "not a DSV4 session payload (bad magic)");

@@ -74,6 +74,9 @@ uint32_t ds4_state_frontier_width(const ds4_config *c, uint32_t ratio, bool inde
 /* Set frontier rows [r0, r1) to the empty slot: value 0, score -inf. */
 void ds4_frontier_clear(float *kv, float *score, uint32_t width, uint32_t r0, uint32_t r1);
 
+/* Bytes ds4_kv_state_save writes for this state. */
+uint64_t ds4_kv_state_payload_bytes(const ds4_kv_state *s);
+
 /* DSV4 payload v1, byte layout of MODEL.md 8.3 (little-endian). */
 int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err);
 int ds4_kv_state_load(ds4_kv_state *s, FILE *f, ds4_err *err);

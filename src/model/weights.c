@@ -222,8 +222,52 @@ ds4_weights *ds4_weights_open(const char *path, ds4_err *err) {
     return w;
 }
 
+ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe_name, uint64_t seed, ds4_err *err) {
+    if (ds4_config_validate(c, err) != 0) return NULL;
+    const ds4_recipe *recipe = ds4_recipe_get(recipe_name);
+    if (!recipe) {
+        ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", recipe_name, ds4_recipe_names());
+        return NULL;
+    }
+    ds4_weights *w = calloc(1, sizeof(*w));
+    size_t n = ds4_layout_count(c);
+    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
+    if (w) w->layers = calloc(c->n_layer, sizeof(*w->layers));
+    if (!w || !specs || !w->layers) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        free(specs);
+        ds4_weights_close(w);
+        return NULL;
+    }
+    w->cfg = *c;
+    w->synthetic = true;
+    w->synthetic_seed = seed;
+    w->owned = specs;
+    ds4_layout_build(c, specs);
+    for (size_t i = 0; i < n; i++) {
+        const ds4_tensor_spec *s = &specs[i];
+        if (s->cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)s->layer)) continue;
+        ds4_wt *slot = slot_for(w, s);
+        uint32_t type;
+        if (!slot || ds4_recipe_type_for(recipe, s, &type, err) != 0) {
+            if (!slot) ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: no binding", s->name);
+            ds4_weights_close(w);
+            return NULL;
+        }
+        slot->data = NULL;
+        slot->type = type;
+        slot->ne[0] = s->ne[0];
+        slot->ne[1] = s->ne[1];
+        slot->ne[2] = s->ne[2];
+        slot->row_bytes = ds4_row_bytes(type, (int64_t)s->ne[0]);
+        slot->name = s->name;
+    }
+    return w;
+}
+
 void ds4_weights_close(ds4_weights *w) {
     if (!w) return;
+    free(w->owned);
     if (w->gguf) ds4_gguf_close(w->gguf);
     free(w->layers);
     free(w);

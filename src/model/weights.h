@@ -18,6 +18,7 @@
 #ifndef DS4_MODEL_WEIGHTS_H
 #define DS4_MODEL_WEIGHTS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -54,6 +55,9 @@ typedef struct ds4_weights {
     ds4_gguf *gguf;
     ds4_wt token_embd, output_hc_base, output_hc_fn, output_hc_scale, output_norm, output;
     ds4_layer_weights *layers; /* cfg.n_layer entries */
+    bool synthetic;            /* shapes only: data NULL (ds4_weights_synthetic) */
+    uint64_t synthetic_seed;
+    void *owned;               /* names of a synthetic table */
 } ds4_weights;
 
 /* Open, validate and bind.  NULL on failure; the message starts with the
@@ -62,6 +66,13 @@ ds4_weights *ds4_weights_open(const char *path, ds4_err *err);
 
 /* Same over an already opened reader; on success the weights own it. */
 ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err);
+
+/* Shapes without data: every tensor a config and a recipe ("q2", "q4",
+ * ...) call for, with its type and size and data == NULL, for backends that
+ * fill weights themselves with seeded random values (speed measurements at
+ * the real sizes without a file).  The router bias is left out on hash
+ * layers, as ds4-mkmodel writes it. */
+ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe, uint64_t seed, ds4_err *err);
 
 void ds4_weights_close(ds4_weights *w);
 

@@ -165,6 +165,10 @@ static const ds4_backend_ops cpu_ops = {
 
 ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     const ds4_config *c = &w->cfg;
+    if (w->synthetic) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "synthetic weights have no data on the host; only the cuda backend fills them");
+        return NULL;
+    }
     if (c->n_expert_used > MAX_EXPERT_USED) {
         ds4_err_set(err, DS4_EUNSUPPORTED, "expert_used_count %u: the CPU backend handles at most %d",
                     c->n_expert_used, MAX_EXPERT_USED);

@@ -1,0 +1,1053 @@
+/*
+ * cuda_attn.cu - embedding, hyper-connections and the attention sublayer
+ * on the GPU (spec/MODEL.md 5, 6.1-6.3, 7), mirroring src/model/cpu/
+ * cpu_hc.c and cpu_attn.c.
+ *
+ * A pass handles T tokens at positions pos0 .. pos0+T-1, with pos0 read
+ * from device memory so that the same kernels serve a captured decode
+ * step (T = 1, replayed at every position) and a prefill chunk.  The
+ * order-dependent parts of the CPU's token walk become parallel steps:
+ *   1. every compressed row whose window closes inside the pass is pooled
+ *      at once (its inputs are the pass's projections or the frontier the
+ *      previous pass left), then the frontier is rebuilt in canonical form;
+ *   2. each query selects its visible rows (indexer top-k over the rows of
+ *      its own prefix);
+ *   3. each query attends over its raw window (rows of earlier passes from
+ *      the ring, rows of this pass from the pass buffer) and its visible
+ *      compressed rows; the ring is updated afterwards.
+ * The low-precision simulations use the CPU's formulas (lowprec.c): FP8
+ * and FP4 rounding are computed in closed form (round-to-nearest-even on
+ * the mantissa), which selects the same table entry as the CPU's search.
+ */
+#include "model/cuda/cuda_internal.h"
+
+#include "model/cuda/cuda_lowprec.cuh"
+
+#define HC_THREADS 128
+#define HC_MAX_MIX 32
+#define SCORE_NEG_INF (-1e30f)
+
+/* ------------------------------------------------------ small helpers */
+
+static __device__ __forceinline__ float dev_sigmoid(float x) {
+    if (x >= 0) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+/* One element of a float tensor row (F32 / F16 / BF16). */
+static __device__ __forceinline__ float fvec(const uint8_t *p, uint32_t type, size_t i) {
+    if (type == DS4_TYPE_F32) return ((const float *)p)[i];
+    if (type == DS4_TYPE_F16) return dev_f16(((const uint16_t *)p)[i]);
+    return dev_bf16(((const uint16_t *)p)[i]);
+}
+
+/* Rotate the tail pairs of x (n values; the last 2 * rope.n_pairs) in place
+ * (shared memory). */
+static __device__ void block_rope(float *x, uint32_t n, const ds4_rope &rope, uint32_t pos, bool inverse) {
+    __syncthreads();
+    float *tail = x + n - 2 * rope.n_pairs;
+    for (uint32_t k = threadIdx.x; k < rope.n_pairs; k += blockDim.x) {
+        float theta = (float)pos * rope.inv_freq[k];
+        float c = cosf(theta), s = sinf(theta);
+        if (inverse) s = -s;
+        float x0 = tail[2 * k], x1 = tail[2 * k + 1];
+        tail[2 * k] = x0 * c - x1 * s;
+        tail[2 * k + 1] = x0 * s + x1 * c;
+    }
+    __syncthreads();
+}
+
+/* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
+ * double, as cpu_rmsnorm. */
+static __device__ void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
+    __shared__ double red[32];
+    double ss = 0.0;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
+    ss = block_sum(ss, red);
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
+    __syncthreads();
+}
+
+/* ---------------------------------------------------------- embedding */
+
+static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uint32_t D, uint32_t n_hc) {
+    uint32_t tok = tokens[blockIdx.x];
+    const uint8_t *row = E.p + (size_t)tok * E.row_bytes;
+    float *s = S + (size_t)blockIdx.x * n_hc * D;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float v;
+        if (E.type == DS4_TYPE_Q8_0) v = (float)((const int8_t *)row)[d] * dev_f16(((const uint16_t *)(row + D))[d / 32]);
+        else v = fvec(row, E.type, d);
+        for (uint32_t h = 0; h < n_hc; h++) s[(size_t)h * D + d] = v;
+    }
+}
+
+int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err) {
+    DS4_LAUNCH(embed_kernel, T, 256, 0, b->st, d_tok, b->W.token_embd, b->S, b->cfg->n_embd, b->cfg->n_hc);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* -------------------------------------------------- hyper-connections */
+
+typedef struct hc_mix_args {
+    float *S;
+    const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
+    uint32_t k;
+    const float *post, *comb;
+    const uint8_t *fn;
+    uint32_t fn_type, nmix, D, n_hc, nsplit;
+    double *part;
+} hc_mix_args;
+
+/* Optional HC post of the previous sublayer (S <- post y + comb S), then
+ * the partial sums of this site's mixer over a slice of the columns: the
+ * sum of squares of S (double) and fn . S (NMIX rows).  The per-thread
+ * sums are reduced through shared memory in one step (a warp per output),
+ * not one block reduction per output. */
+template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_mix_args a) {
+    __shared__ float red[NMIX][HC_THREADS];
+    __shared__ double redss[HC_THREADS];
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
+    uint32_t per = (D + a.nsplit - 1) / a.nsplit, d0 = blockIdx.x * per, d1 = d0 + per < D ? d0 + per : D;
+    float *S = a.S + (size_t)t * n * D;
+    float acc[NMIX];
+#pragma unroll
+    for (int m = 0; m < NMIX; m++) acc[m] = 0.0f;
+    double ss = 0.0;
+    bool has_post = a.y || a.eout;
+    for (uint32_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
+        float v[4];
+        for (uint32_t h = 0; h < n; h++) v[h] = S[(size_t)h * D + d];
+        if (has_post) {
+            float yd;
+            if (a.y) {
+                yd = a.y[(size_t)t * D + d];
+            } else {
+                float routed = 0.0f;
+                for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+                yd = routed + a.sout[(size_t)t * D + d];
+            }
+            const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+            float nv[4];
+            for (uint32_t dst = 0; dst < n; dst++) {
+                float s = post[dst] * yd;
+                for (uint32_t src = 0; src < n; src++) s += comb[dst + n * src] * v[src];
+                nv[dst] = s;
+            }
+            for (uint32_t h = 0; h < n; h++) S[(size_t)h * D + d] = v[h] = nv[h];
+        }
+        for (uint32_t h = 0; h < n; h++) {
+            ss += (double)v[h] * (double)v[h];
+            size_t c = (size_t)h * D + d;
+#pragma unroll
+            for (int m = 0; m < NMIX; m++) acc[m] += fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * v[h];
+        }
+    }
+#pragma unroll
+    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = acc[m];
+    redss[threadIdx.x] = ss;
+    __syncthreads();
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
+    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
+        double v = 0.0;
+        for (unsigned i = lane; i < blockDim.x; i += 32) v += m == 0 ? redss[i] : (double)red[m - 1][i];
+        v = warp_sum_d(v);
+        if (lane == 0) out[m] = v;
+    }
+}
+
+/* HC post alone (no following mixer). */
+static __global__ void hc_post_kernel(hc_mix_args a) {
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
+    float *S = a.S + (size_t)t * n * D;
+    const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+    for (uint32_t d = blockIdx.x * blockDim.x + threadIdx.x; d < D; d += gridDim.x * blockDim.x) {
+        float v[4], yd;
+        for (uint32_t h = 0; h < n; h++) v[h] = S[(size_t)h * D + d];
+        if (a.y) {
+            yd = a.y[(size_t)t * D + d];
+        } else {
+            float routed = 0.0f;
+            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+            yd = routed + a.sout[(size_t)t * D + d];
+        }
+        for (uint32_t dst = 0; dst < n; dst++) {
+            float s = post[dst] * yd;
+            for (uint32_t src = 0; src < n; src++) s += comb[dst + n * src] * v[src];
+            S[(size_t)dst * D + d] = s;
+        }
+    }
+}
+
+int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    hc_mix_args a;
+    memset(&a, 0, sizeof(a));
+    a.S = b->S;
+    if (post) {
+        a.y = post->y;
+        a.eout = post->eout;
+        a.sout = post->sout;
+        a.k = post->k;
+        a.post = b->post;
+        a.comb = b->comb;
+    }
+    a.D = c->n_embd;
+    a.n_hc = c->n_hc;
+    a.nsplit = b->hc_split;
+    a.part = b->hcpart;
+    if (!fn) {
+        DS4_LAUNCH(hc_post_kernel, dim3((c->n_embd + 255) / 256, T), 256, 0, b->st, a);
+        CU_LAUNCHED();
+        return 0;
+    }
+    a.fn = fn->p;
+    a.fn_type = fn->type;
+    a.nmix = fn->rows;
+    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
+    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
+    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
+    CU_LAUNCHED();
+    return 0;
+}
+
+typedef struct hc_finish_args {
+    const float *S;
+    const double *part;
+    uint32_t nsplit, nmix, D, n_hc, sink_iters;
+    float hc_eps, rms_eps;
+    const float *scale, *base; /* F32 vectors */
+    const uint8_t *norm;
+    uint32_t norm_type;
+    bool head; /* output collapse: pre weights only */
+    float *post, *comb;
+    dact xn;
+} hc_finish_args;
+
+/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
+ * sublayer's RMSNorm and the quantized forms of the result. */
+/* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
+ * in the CPU's order a = 0..3; rows: b = 0..3. */
+static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
+    float s = __shfl_sync(0xffffffffu, v, 4 * b);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 1);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 2);
+    return s + __shfl_sync(0xffffffffu, v, 4 * b + 3);
+}
+static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
+    float s = __shfl_sync(0xffffffffu, v, a);
+    s += __shfl_sync(0xffffffffu, v, a + 4);
+    s += __shfl_sync(0xffffffffu, v, a + 8);
+    return s + __shfl_sync(0xffffffffu, v, a + 12);
+}
+
+/* The mixer weights of one token, by warp 0: lane m reduces the partial
+ * sums of output m, then pre / post, and the Sinkhorn iterations of
+ * MODEL.md 5.2 with one matrix entry per lane (the arithmetic of
+ * cpu_hc.c, sums in its order). */
+static __device__ void hc_weights(const hc_finish_args &a, uint32_t t, float *pre, float *mix) {
+    unsigned lane = threadIdx.x;
+    uint32_t n = a.n_hc;
+    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
+    double v = 0.0;
+    if (lane <= a.nmix)
+        for (uint32_t s = 0; s < a.nsplit; s++) v += p[(size_t)s * (a.nmix + 1) + lane];
+    double ss = __shfl_sync(0xffffffffu, v, 0);
+    float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
+    if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
+    __syncwarp();
+    if (a.head) {
+        if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+        return;
+    }
+    float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+    if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
+    else if (lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(mix[lane] * a.scale[1] + a.base[lane]);
+    unsigned k = lane & 15, ra = k % 4, cb = k / 4;
+    float c = mix[2 * n + k] * a.scale[2] + a.base[2 * n + k];
+    /* softmax over a of each column, + eps */
+    float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
+    for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
+    c = expf(c - mx);
+    c = c / hc_col_sum(c, cb) + a.hc_eps;
+    for (uint32_t it = 0; it < a.sink_iters; it++) {
+        if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
+        c /= hc_row_sum(c, ra) + a.hc_eps;
+    }
+    if (lane < 16) comb[k] = c;
+}
+
+/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
+ * sublayer's RMSNorm and the quantized forms of the result. */
+static __global__ void hc_finish_kernel(hc_finish_args a) {
+    DS4_DYN_SMEM(float, x);
+    __shared__ float pre[4], mix[HC_MAX_MIX];
+    uint32_t t = blockIdx.x, n = a.n_hc, D = a.D;
+    if (threadIdx.x < 32) hc_weights(a, t, pre, mix);
+    __syncthreads();
+    const float *S = a.S + (size_t)t * n * D;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (uint32_t h = 0; h < n; h++) acc += pre[h] * S[(size_t)h * D + d];
+        x[d] = acc;
+    }
+    __syncthreads();
+    block_rmsnorm(x, D, a.norm, a.norm_type, a.rms_eps);
+    float *xo = a.xn.f + (size_t)t * a.xn.fs;
+    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xo[d] = x[d];
+    dev_quantize_row(x, D, a.xn.q8 ? a.xn.q8 + (size_t)t * a.xn.q8s : NULL, a.xn.qk ? a.xn.qk + (size_t)t * a.xn.qks : NULL);
+}
+
+int cu_hc_finish_to(cuda_backend *b, const dwt *fn, const dwt *scale, const dwt *base, const dwt *norm, uint32_t T,
+                    bool head, dact *out, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    hc_finish_args a;
+    memset(&a, 0, sizeof(a));
+    a.S = b->S;
+    a.part = b->hcpart;
+    a.nsplit = b->hc_split;
+    a.nmix = fn->rows;
+    a.D = c->n_embd;
+    a.n_hc = c->n_hc;
+    a.sink_iters = c->hc_sinkhorn_iters;
+    a.hc_eps = c->hc_eps;
+    a.rms_eps = c->rms_eps;
+    a.scale = (const float *)scale->p;
+    a.base = (const float *)base->p;
+    a.norm = norm->p;
+    a.norm_type = norm->type;
+    a.head = head;
+    a.post = b->post;
+    a.comb = b->comb;
+    a.xn = *out;
+    DS4_LAUNCH(hc_finish_kernel, T, 512, c->n_embd * sizeof(float), b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------- Q / KV projections */
+
+typedef struct qkv_args {
+    const uint32_t *pos0;
+    /* role 0: qr normalisation */
+    float *qa_raw;
+    uint32_t qlr;
+    const uint8_t *qa_norm;
+    uint32_t qa_norm_type;
+    dact qr;
+    /* role 1: KV row */
+    float *kv; /* in: projection; out: normed, roped, rounded row */
+    uint32_t hd, rope_dim;
+    const uint8_t *kv_norm;
+    uint32_t kv_norm_type;
+    ds4_rope rope;
+    float eps;
+    bool sim;
+} qkv_args;
+
+static __global__ void qkv_post_kernel(qkv_args a) {
+    DS4_DYN_SMEM(float, x);
+    uint32_t t = blockIdx.x;
+    if (blockIdx.y == 0) {
+        const float *src = a.qa_raw + (size_t)t * a.qlr;
+        for (uint32_t i = threadIdx.x; i < a.qlr; i += blockDim.x) x[i] = src[i];
+        __syncthreads();
+        block_rmsnorm(x, a.qlr, a.qa_norm, a.qa_norm_type, a.eps);
+        float *o = a.qr.f + (size_t)t * a.qr.fs;
+        for (uint32_t i = threadIdx.x; i < a.qlr; i += blockDim.x) o[i] = x[i];
+        dev_quantize_row(x, a.qlr, a.qr.q8 ? a.qr.q8 + (size_t)t * a.qr.q8s : NULL,
+                         a.qr.qk ? a.qr.qk + (size_t)t * a.qr.qks : NULL);
+        return;
+    }
+    float *kv = a.kv + (size_t)t * a.hd;
+    for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) x[i] = kv[i];
+    __syncthreads();
+    block_rmsnorm(x, a.hd, a.kv_norm, a.kv_norm_type, a.eps);
+    block_rope(x, a.hd, a.rope, *a.pos0 + t, false);
+    if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
+    for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) kv[i] = a.sim ? dev_f16_round(x[i]) : x[i];
+}
+
+int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    qkv_args a;
+    memset(&a, 0, sizeof(a));
+    a.pos0 = &b->d_step->pos;
+    a.qa_raw = b->qa_raw;
+    a.qlr = c->q_lora_rank;
+    a.qa_norm = w->q_a_norm.p;
+    a.qa_norm_type = w->q_a_norm.type;
+    a.qr = b->qr;
+    a.kv = b->kvbuf;
+    a.hd = c->head_dim;
+    a.rope_dim = c->rope_dim;
+    a.kv_norm = w->kv_norm.p;
+    a.kv_norm_type = w->kv_norm.type;
+    a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
+    a.eps = c->rms_eps;
+    a.sim = b->sim;
+    size_t smem = (c->q_lora_rank > c->head_dim ? c->q_lora_rank : c->head_dim) * sizeof(float);
+    DS4_LAUNCH(qkv_post_kernel, dim3(T, 2), 256, smem, b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+typedef struct qpost_args {
+    const uint32_t *pos0;
+    float *q;
+    uint32_t n_head, hd;
+    ds4_rope rope;
+    float *iq, *iw;
+    uint32_t idx_heads, ihd;
+    ds4_rope rope_comp;
+    float wscale, eps;
+    bool sim;
+} qpost_args;
+
+/* Per query head: unweighted RMSNorm and tail RoPE; per indexer head: tail
+ * RoPE and the QAT round trip; the indexer head weights get their scale. */
+static __global__ void q_post_kernel(qpost_args a) {
+    DS4_DYN_SMEM(float, x);
+    uint32_t t = blockIdx.x, h = blockIdx.y, pos = *a.pos0 + t;
+    if (h < a.n_head) {
+        float *q = a.q + ((size_t)t * a.n_head + h) * a.hd;
+        for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) x[i] = q[i];
+        __syncthreads();
+        block_rmsnorm(x, a.hd, NULL, 0, a.eps);
+        block_rope(x, a.hd, a.rope, pos, false);
+        for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) q[i] = x[i];
+        return;
+    }
+    h -= a.n_head;
+    float *q = a.iq + ((size_t)t * a.idx_heads + h) * a.ihd;
+    for (uint32_t i = threadIdx.x; i < a.ihd; i += blockDim.x) x[i] = q[i];
+    __syncthreads();
+    block_rope(x, a.ihd, a.rope_comp, pos, false);
+    if (a.sim) block_qat128(x);
+    for (uint32_t i = threadIdx.x; i < a.ihd; i += blockDim.x) q[i] = x[i];
+    if (h == 0)
+        for (uint32_t i = threadIdx.x; i < a.idx_heads; i += blockDim.x) a.iw[(size_t)t * a.idx_heads + i] *= a.wscale;
+}
+
+int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    bool idx = ds4_layer_has_indexer(c, il);
+    qpost_args a;
+    memset(&a, 0, sizeof(a));
+    a.pos0 = &b->d_step->pos;
+    a.q = b->q;
+    a.n_head = c->n_head;
+    a.hd = c->head_dim;
+    a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
+    a.iq = b->iq;
+    a.iw = b->iw;
+    a.idx_heads = c->idx_n_head;
+    a.ihd = c->idx_head_dim;
+    a.rope_comp = b->rope_comp;
+    a.wscale = 1.0f / sqrtf((float)c->idx_head_dim * (float)c->idx_n_head);
+    a.eps = c->rms_eps;
+    a.sim = b->sim;
+    DS4_LAUNCH(q_post_kernel, dim3(T, c->n_head + (idx ? c->idx_n_head : 0)), 128, c->head_dim * sizeof(float), b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* -------------------------------------------------------- compressors */
+
+typedef struct comp_lane {
+    float *skv, *ssc;         /* frontier: SR x width */
+    const float *ckv, *cgate; /* the pass's projections: T x width */
+    const uint8_t *ape;
+    uint32_t ape_type;
+    const uint8_t *norm;
+    uint32_t norm_type;
+    float *rows;              /* compressed rows, hd each */
+    uint32_t hd, width, ratio;
+    bool indexer;
+} comp_lane;
+
+typedef struct comp_args {
+    comp_lane lane[2];
+    uint32_t n_lanes, T, rope_dim;
+    const uint32_t *pos0;
+    ds4_rope rope;
+    float eps;
+    bool sim;
+} comp_args;
+
+/* Value and score of frontier position `p` in column `col`: the pass's
+ * projection (score + positional bias) or the row the previous pass left. */
+static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t pos0, long long p, uint32_t col, float *kv,
+                                                  float *sc) {
+    if (p < 0) {
+        *kv = 0.0f;
+        *sc = SCORE_NEG_INF;
+        return;
+    }
+    if ((uint64_t)p >= pos0) {
+        size_t t = (size_t)(p - pos0);
+        *kv = L.ckv[t * L.width + col];
+        *sc = L.cgate[t * L.width + col] + fvec(L.ape, L.ape_type, (size_t)(p % L.ratio) * L.width + col);
+        return;
+    }
+    uint32_t R;
+    if (L.ratio == 4) R = (uint64_t)p / 4 == pos0 / 4 ? 4 + (uint32_t)(p % 4) : (uint32_t)(p % 4);
+    else R = (uint32_t)(p % L.ratio);
+    *kv = L.skv[(size_t)R * L.width + col];
+    *sc = L.ssc[(size_t)R * L.width + col];
+}
+
+/* One block per (window closing in the pass, lane): pool, normalise, RoPE
+ * at the window start, round trip; writes compressed row `w`. */
+static __global__ void comp_emit_kernel(comp_args a) {
+    __shared__ float x[512];
+    const comp_lane &L = a.lane[blockIdx.y];
+    uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
+    uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
+    if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
+    long long ws = (long long)w * ratio;
+    for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) {
+        uint32_t n_cand = ratio == 4 ? 8 : ratio;
+        float mx = SCORE_NEG_INF;
+        for (uint32_t r = 0; r < n_cand; r++) {
+            float kv, sc;
+            if (ratio == 4) comp_fetch(L, pos0, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
+            else comp_fetch(L, pos0, ws + r, j, &kv, &sc);
+            mx = fmaxf(mx, sc);
+        }
+        float sum = 0.0f, acc = 0.0f;
+        for (uint32_t r = 0; r < n_cand; r++) {
+            float kv, sc;
+            if (ratio == 4) comp_fetch(L, pos0, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
+            else comp_fetch(L, pos0, ws + r, j, &kv, &sc);
+            float e = expf(sc - mx);
+            sum += e;
+            acc += e * kv;
+        }
+        x[j] = sum > 0.0f ? acc / sum : 0.0f;
+    }
+    __syncthreads();
+    block_rmsnorm(x, hd, L.norm, L.norm_type, a.eps);
+    block_rope(x, hd, a.rope, (uint32_t)ws, false);
+    if (a.sim) {
+        if (L.indexer) block_qat128(x);
+        else block_fp8_roundtrip(x, hd - a.rope_dim);
+    }
+    float *out = L.rows + (size_t)w * hd;
+    for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) out[j] = x[j];
+}
+
+/* Rebuild the frontier in canonical form (MODEL.md 6.2) after the pass;
+ * a thread owns a column, so rows can move (ratio 4: the current window
+ * becoming the previous one) without races. */
+static __global__ void comp_frontier_kernel(comp_args a) {
+    const comp_lane &L = a.lane[blockIdx.y];
+    uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
+    /* no window closed in this pass: only the pass's own positions change
+     * (rows past the partial window are already empty) */
+    bool same_window = n / ratio == pos0 / ratio;
+    for (uint32_t col = blockIdx.x * blockDim.x + threadIdx.x; col < L.width; col += gridDim.x * blockDim.x) {
+        uint32_t kn = n / ratio, rem = n % ratio;
+        if (same_window) {
+            for (uint32_t p = pos0; p < n; p++) {
+                uint32_t R = ratio == 4 ? 4 + p % 4 : p % ratio;
+                float kv, sc;
+                comp_fetch(L, pos0, p, col, &kv, &sc);
+                L.skv[(size_t)R * L.width + col] = kv;
+                L.ssc[(size_t)R * L.width + col] = sc;
+            }
+        } else if (ratio == 4) {
+            float kv[8], sc[8];
+            for (uint32_t R = 0; R < 8; R++) {
+                long long p;
+                bool live;
+                if (R < 4) { p = (long long)kn * 4 - 4 + R; live = kn >= 1; }
+                else { p = (long long)kn * 4 + (R - 4); live = R - 4 < rem; }
+                if (live) comp_fetch(L, pos0, p, col, &kv[R], &sc[R]);
+                else { kv[R] = 0.0f; sc[R] = SCORE_NEG_INF; }
+            }
+            for (uint32_t R = 0; R < 8; R++) {
+                L.skv[(size_t)R * L.width + col] = kv[R];
+                L.ssc[(size_t)R * L.width + col] = sc[R];
+            }
+        } else {
+            for (uint32_t R = 0; R < ratio; R++) {
+                long long p = (long long)kn * ratio + R;
+                float kv = 0.0f, sc = SCORE_NEG_INF;
+                if (R < rem) comp_fetch(L, pos0, p, col, &kv, &sc); /* every position of window kn is in the pass */
+                L.skv[(size_t)R * L.width + col] = kv;
+                L.ssc[(size_t)R * L.width + col] = sc;
+            }
+        }
+    }
+}
+
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    const dlstate *S = &b->L[il];
+    uint32_t ratio = S->ratio;
+    comp_args a;
+    memset(&a, 0, sizeof(a));
+    a.T = T;
+    a.rope_dim = c->rope_dim;
+    a.pos0 = &b->d_step->pos;
+    a.rope = b->rope_comp;
+    a.eps = c->rms_eps;
+    a.sim = b->sim;
+    comp_lane *L = &a.lane[0];
+    L->skv = S->comp_kv;
+    L->ssc = S->comp_score;
+    L->ckv = b->ckv;
+    L->cgate = b->cgate;
+    L->ape = w->comp_ape.p;
+    L->ape_type = w->comp_ape.type;
+    L->norm = w->comp_norm.p;
+    L->norm_type = w->comp_norm.type;
+    L->rows = S->comp;
+    L->hd = c->head_dim;
+    L->width = ds4_compress_coff(ratio) * c->head_dim;
+    L->ratio = ratio;
+    a.n_lanes = 1;
+    if (ratio == 4) {
+        L = &a.lane[1];
+        L->skv = S->idx_kv;
+        L->ssc = S->idx_score;
+        L->ckv = b->ikv;
+        L->cgate = b->igate;
+        L->ape = w->idx_ape.p;
+        L->ape_type = w->idx_ape.type;
+        L->norm = w->idx_norm.p;
+        L->norm_type = w->idx_norm.type;
+        L->rows = S->idx;
+        L->hd = c->idx_head_dim;
+        L->width = 2 * c->idx_head_dim;
+        L->ratio = 4;
+        L->indexer = true;
+        a.n_lanes = 2;
+    }
+    /* windows that can close: at most one in a decode step */
+    uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
+    if (nwin) {
+        DS4_LAUNCH(comp_emit_kernel, dim3(nwin, a.n_lanes), 256, 0, b->st, a);
+        CU_LAUNCHED();
+    }
+    uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
+    DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------------------- indexer */
+
+#define IDX_ROWS 128
+#define IDX_MAX_HEADS 64
+
+typedef struct idx_args {
+    const uint32_t *pos0;
+    const float *iq, *iw, *rows;
+    float *scores;
+    size_t score_stride;
+    uint32_t heads, ihd, top_k;
+} idx_args;
+
+/* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
+ * prefix (only when it holds more rows than top-k). */
+static __global__ void __launch_bounds__(IDX_ROWS) idx_score_kernel(idx_args a) {
+    __shared__ float qs[IDX_MAX_HEADS * 128];
+    __shared__ float ws[IDX_MAX_HEADS];
+    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
+    if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
+    const float *q = a.iq + (size_t)t * a.heads * a.ihd;
+    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i] = q[i];
+    for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
+    __syncthreads();
+    uint32_t c = blockIdx.x * IDX_ROWS + threadIdx.x;
+    if (c >= nc) return;
+    const float *k = a.rows + (size_t)c * a.ihd;
+    float part[IDX_MAX_HEADS];
+#pragma unroll
+    for (int h = 0; h < IDX_MAX_HEADS; h++) part[h] = 0.0f;
+    for (uint32_t c0 = 0; c0 < a.ihd; c0 += 32) {
+        float kr[32];
+#pragma unroll
+        for (int i = 0; i < 32; i++) kr[i] = k[c0 + i];
+#pragma unroll
+        for (int h = 0; h < IDX_MAX_HEADS; h++) {
+            if ((uint32_t)h >= a.heads) break;
+            float s = 0.0f;
+#pragma unroll
+            for (int i = 0; i < 32; i++) s += qs[h * a.ihd + c0 + i] * kr[i];
+            part[h] += s;
+        }
+    }
+    float s = 0.0f;
+#pragma unroll
+    for (int h = 0; h < IDX_MAX_HEADS; h++)
+        if ((uint32_t)h < a.heads) s += ws[h] * fmaxf(part[h], 0.0f);
+    a.scores[(size_t)t * a.score_stride + c] = s;
+}
+
+/* Orderable key of a score: larger score, larger key (-0 counts as +0). */
+static __device__ __forceinline__ uint32_t score_key(float f) {
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u = __float_as_uint(f);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
+typedef struct topk_args {
+    const uint32_t *pos0;
+    const float *scores;
+    size_t score_stride;
+    uint32_t top_k;
+    uint32_t *vis, *nvis;
+} topk_args;
+
+#define TOPK_THREADS 1024
+
+/* Visible rows of query t: all of its prefix, or the top-k scores (higher
+ * first, lower index on ties) listed in ascending row order. */
+static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) {
+    __shared__ uint32_t hist[256];
+    __shared__ uint32_t sh_prefix, sh_need;
+    __shared__ uint32_t warp_cnt[2][32];
+    __shared__ uint32_t base_gt, base_eq;
+    uint32_t t = blockIdx.x, nc = (*a.pos0 + t + 1) / 4, k = a.top_k;
+    uint32_t *vis = a.vis + (size_t)t * k;
+    if (nc <= k) {
+        for (uint32_t i = threadIdx.x; i < nc; i += blockDim.x) vis[i] = i;
+        if (threadIdx.x == 0) a.nvis[t] = nc;
+        return;
+    }
+    const float *sc = a.scores + (size_t)t * a.score_stride;
+    uint32_t prefix = 0, need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
+        __syncthreads();
+        uint32_t hmask = shift == 24 ? 0 : 0xFFFFFFFFu << (shift + 8);
+        for (uint32_t i = threadIdx.x; i < nc; i += blockDim.x) {
+            uint32_t key = score_key(sc[i]);
+            if ((key & hmask) == (prefix & hmask)) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            uint32_t acc = 0, d = 255;
+            for (;; d--) {
+                if (acc + hist[d] >= need || d == 0) break;
+                acc += hist[d];
+            }
+            sh_prefix = prefix | (d << shift);
+            sh_need = need - acc;
+        }
+        __syncthreads();
+        prefix = sh_prefix;
+        need = sh_need;
+        __syncthreads();
+    }
+    /* prefix: the k-th largest key; take every larger key and the first
+     * `need` equal ones, in index order */
+    if (threadIdx.x == 0) {
+        base_gt = 0;
+        base_eq = 0;
+    }
+    __syncthreads();
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (uint32_t i0 = 0; i0 < nc; i0 += blockDim.x) {
+        uint32_t i = i0 + threadIdx.x;
+        uint32_t key = i < nc ? score_key(sc[i]) : 0;
+        bool gt = i < nc && key > prefix, eq = i < nc && key == prefix;
+        unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
+        if (lane == 0) {
+            warp_cnt[0][warp] = __popc(bg);
+            warp_cnt[1][warp] = __popc(be);
+        }
+        __syncthreads();
+        uint32_t og = base_gt, oe = base_eq;
+        for (unsigned w = 0; w < warp; w++) {
+            og += warp_cnt[0][w];
+            oe += warp_cnt[1][w];
+        }
+        unsigned below = (1u << lane) - 1;
+        og += __popc(bg & below);
+        oe += __popc(be & below);
+        /* selected rows before this one: every greater key so far plus the
+         * equal keys that were taken (at most need) */
+        uint32_t eq_taken_before = oe < need ? oe : need;
+        if (gt || (eq && oe < need)) vis[og + eq_taken_before] = i;
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            for (unsigned w = 0; w < nw; w++) {
+                base_gt += warp_cnt[0][w];
+                base_eq += warp_cnt[1][w];
+            }
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) a.nvis[t] = k;
+}
+
+int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
+    if (max_nc > c->idx_top_k) {
+        idx_args a;
+        a.pos0 = &b->d_step->pos;
+        a.iq = b->iq;
+        a.iw = b->iw;
+        a.rows = b->L[il].idx;
+        a.scores = b->idx_scores;
+        a.score_stride = b->comp_cap4;
+        a.heads = c->idx_n_head;
+        a.ihd = c->idx_head_dim;
+        a.top_k = c->idx_top_k;
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_ROWS, 0, b->st, a);
+        CU_LAUNCHED();
+    }
+    topk_args k;
+    k.pos0 = &b->d_step->pos;
+    k.scores = b->idx_scores;
+    k.score_stride = b->comp_cap4;
+    k.top_k = c->idx_top_k;
+    k.vis = b->vis;
+    k.nvis = b->nvis;
+    DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, 0, b->st, k);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ----------------------------------------------------------- attention */
+
+#define ATT_WARPS 8
+#define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
+#define ATT_SPLIT_ROWS 32 /* decode: rows per split */
+
+typedef struct attn_args {
+    const uint32_t *pos0;
+    const float *q;
+    const float *kvbuf, *ring, *comp;
+    const uint32_t *vis, *nvis;
+    const float *sinks; /* F32 */
+    uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
+    float *part;        /* nsplit > 1: per (t, head, split): m, l, o[hd] */
+    dact heads;         /* nsplit == 1: final output */
+    ds4_rope rope;
+} attn_args;
+
+/* Row i of query t's visible list: raw window first, then compressed rows. */
+static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint32_t t, uint32_t p, uint32_t pos0,
+                                                        uint32_t first, uint32_t n_raw, uint32_t i) {
+    if (i < n_raw) {
+        uint32_t r = first + i;
+        return r >= pos0 ? a.kvbuf + (size_t)(r - pos0) * a.hd : a.ring + (size_t)(r % a.raw_cap) * a.hd;
+    }
+    i -= n_raw;
+    uint32_t c = a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i;
+    return a.comp + (size_t)c * a.hd;
+}
+
+/* Normalise, undo the key RoPE at the query position, write the head's
+ * output and its Q8_0 activation blocks.  Lane l holds values
+ * per*l .. per*l + per - 1. */
+static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float *o, float den) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t per = a.hd / 32, e0 = per * lane, tail0 = a.hd - a.rope_dim;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++)
+        if ((uint32_t)i < per) o[i] /= den;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i += 2) {
+        uint32_t e = e0 + i;
+        if ((uint32_t)i < per && e >= tail0) {
+            uint32_t k = (e - tail0) / 2;
+            float theta = (float)p * a.rope.inv_freq[k];
+            float c = cosf(theta), s = -sinf(theta);
+            float x0 = o[i], x1 = o[i + 1];
+            o[i] = x0 * c - x1 * s;
+            o[i + 1] = x0 * s + x1 * c;
+        }
+    }
+    float *out = a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++)
+        if ((uint32_t)i < per) out[e0 + i] = o[i];
+    if (!a.heads.q8 || 32 % per) return; /* otherwise quantized by the caller */
+    /* Q8_0 blocks of 32: 32 / per lanes share one block */
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++)
+        if ((uint32_t)i < per) amax = fmaxf(amax, fabsf(o[i]));
+    for (uint32_t span = per; span < 32; span *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, span / per));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    int8_t *qo = (int8_t *)(a.heads.q8 + (size_t)t * a.heads.q8s) + (size_t)h * a.hd;
+    float *qd = (float *)(a.heads.q8 + (size_t)t * a.heads.q8s + a.heads.n) + (size_t)h * a.hd / 32;
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++)
+        if ((uint32_t)i < per) {
+            qo[e0 + i] = q8_round(o[i] * id);
+        }
+    if ((e0 % 32) == 0) qd[e0 / 32] = d;
+}
+
+/* Grid (head groups of 8, queries, splits); a warp is one head, walking its
+ * share of the visible rows with an online softmax. */
+static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp, split = blockIdx.z;
+    if (h >= a.n_head) return;
+    uint32_t pos0 = *a.pos0, p = pos0 + t;
+    uint32_t first = p + 1 > a.window ? p + 1 - a.window : 0, n_raw = p + 1 - first;
+    uint32_t n_comp = a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
+    uint32_t total = n_raw + n_comp, per_split = (total + a.nsplit - 1) / a.nsplit;
+    uint32_t i0 = split * per_split, i1 = i0 + per_split < total ? i0 + per_split : total;
+    uint32_t per = a.hd / 32, e0 = per * lane;
+    float q[ATT_MAXV], o[ATT_MAXV];
+    const float *qh = a.q + ((size_t)t * a.n_head + h) * a.hd;
+    float scale = 1.0f / sqrtf((float)a.hd);
+#pragma unroll
+    for (int i = 0; i < ATT_MAXV; i++) {
+        q[i] = (uint32_t)i < per ? qh[e0 + i] : 0.0f;
+        o[i] = 0.0f;
+    }
+    float m = -INFINITY, l = 0.0f;
+    for (uint32_t i = i0; i < i1; i++) {
+        const float *row = attn_row(a, t, p, pos0, first, n_raw, i) + e0;
+        float rv[ATT_MAXV];
+        if (per % 4 == 0) {
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j += 4)
+                if ((uint32_t)j < per) {
+                    float4 v = *(const float4 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                    rv[j + 2] = v.z;
+                    rv[j + 3] = v.w;
+                }
+        } else {
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j += 2)
+                if ((uint32_t)j < per) {
+                    float2 v = *(const float2 *)(row + j);
+                    rv[j] = v.x;
+                    rv[j + 1] = v.y;
+                }
+        }
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j++)
+            if ((uint32_t)j < per) s += q[j] * rv[j];
+        s = warp_sum(s) * scale;
+        if (s > m) {
+            float c = expf(m - s);
+            l = l * c + 1.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++)
+                if ((uint32_t)j < per) o[j] = o[j] * c + rv[j];
+            m = s;
+        } else {
+            float e = expf(s - m);
+            l += e;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++)
+                if ((uint32_t)j < per) o[j] += e * rv[j];
+        }
+    }
+    if (a.nsplit == 1) {
+        float sink = a.sinks[h], M = fmaxf(sink, m);
+        float c = expf(m - M); /* m = -inf with no rows: c = 0 */
+        float den = expf(sink - M) + l * c;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
+        finish_head(a, t, h, p, o, den);
+        return;
+    }
+    float *pp = a.part + (((size_t)t * a.n_head + h) * a.nsplit + split) * (a.hd + 2);
+    if (lane == 0) {
+        pp[0] = m;
+        pp[1] = l;
+    }
+#pragma unroll
+    for (int j = 0; j < ATT_MAXV; j++)
+        if ((uint32_t)j < per) pp[2 + e0 + j] = o[j];
+}
+
+/* Merge the splits of each (query, head) with the sink. */
+static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(attn_args a) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp;
+    if (h >= a.n_head) return;
+    uint32_t p = *a.pos0 + t, per = a.hd / 32, e0 = per * lane;
+    const float *pp = a.part + ((size_t)t * a.n_head + h) * a.nsplit * (a.hd + 2);
+    float sink = a.sinks[h], M = sink;
+    for (uint32_t s = 0; s < a.nsplit; s++) M = fmaxf(M, pp[(size_t)s * (a.hd + 2)]);
+    float den = expf(sink - M), o[ATT_MAXV];
+#pragma unroll
+    for (int j = 0; j < ATT_MAXV; j++) o[j] = 0.0f;
+    for (uint32_t s = 0; s < a.nsplit; s++) {
+        const float *ps = pp + (size_t)s * (a.hd + 2);
+        float c = expf(ps[0] - M);
+        den += ps[1] * c;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j++)
+            if ((uint32_t)j < per) o[j] += ps[2 + e0 + j] * c;
+    }
+    finish_head(a, t, h, p, o, den);
+}
+
+/* Raw rows of the pass into the ring (after attention has read it). */
+static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvbuf, float *ring, uint32_t T, uint32_t hd,
+                                         uint32_t raw_cap) {
+    uint32_t first = T > raw_cap ? T - raw_cap : 0, t = first + blockIdx.x, pos = *pos0p + t;
+    float *dst = ring + (size_t)(pos % raw_cap) * hd;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kvbuf[(size_t)t * hd + i];
+}
+
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlstate *S = &b->L[il];
+    attn_args a;
+    memset(&a, 0, sizeof(a));
+    a.pos0 = &b->d_step->pos;
+    a.q = b->q;
+    a.kvbuf = b->kvbuf;
+    a.ring = S->raw;
+    a.comp = S->comp;
+    a.vis = b->vis;
+    a.nvis = b->nvis;
+    a.sinks = (const float *)b->W.layers[il].sinks.p;
+    a.n_head = c->n_head;
+    a.hd = c->head_dim;
+    a.window = c->sliding_window;
+    a.raw_cap = b->raw_cap;
+    a.ratio = S->ratio;
+    a.top_k = c->idx_top_k;
+    a.rope_dim = c->rope_dim;
+    a.rope = S->ratio ? b->rope_comp : b->rope_dense;
+    a.part = b->attn_part;
+    a.heads = b->heads;
+    /* decode: enough splits to fill the GPU with a handful of rows each */
+    uint32_t max_rows = c->sliding_window;
+    if (S->ratio == 4) max_rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
+    if (S->ratio == 128) max_rows += b->comp_cap128;
+    a.nsplit = decode ? (max_rows + ATT_SPLIT_ROWS - 1) / ATT_SPLIT_ROWS : 1;
+    if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
+    dim3 grid((c->n_head + ATT_WARPS - 1) / ATT_WARPS, T, a.nsplit);
+    DS4_LAUNCH(attn_kernel, grid, ATT_WARPS * 32, 0, b->st, a);
+    CU_LAUNCHED();
+    if (a.nsplit > 1) {
+        DS4_LAUNCH(attn_combine_kernel, dim3(grid.x, T), ATT_WARPS * 32, 0, b->st, a);
+        CU_LAUNCHED();
+    }
+    if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;
+    uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
+    DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
+               b->raw_cap);
+    CU_LAUNCHED();
+    return 0;
+}

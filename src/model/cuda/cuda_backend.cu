@@ -1,0 +1,482 @@
+/*
+ * cuda_backend.cu - the CUDA ds4_backend: creation (weights, session state
+ * and pass buffers in GPU memory), prefill in chunks, decode as one graph
+ * launch per token, greedy generation without host round trips, and
+ * snapshot / restore through the backend-neutral ds4_kv_state (so a DSV4
+ * payload moves freely between the CPU and CUDA backends).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/cuda/cuda_internal.h"
+
+extern "C" {
+#include "model/session_state.h"
+}
+
+#define REC_CAP 4096
+#define LOGITS_ROWS 64
+
+/* ----------------------------------------------------------- buffers */
+
+/* Bump allocation inside one device block: the first pass (base NULL)
+ * only sums the sizes. */
+typedef struct bump {
+    uint8_t *base;
+    size_t off;
+} bump;
+
+static void *take(bump *m, size_t bytes) {
+    size_t at = (m->off + 255) / 256 * 256;
+    m->off = at + bytes;
+    return m->base ? m->base + at : NULL;
+}
+#define TAKE(m, ptr, count) ((ptr) = (decltype(ptr))take((m), (size_t)(count) * sizeof(*(ptr))))
+
+static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows) {
+    a->n = n;
+    a->fs = n;
+    a->q8s = cu_q8_bytes(n);
+    a->qks = cu_qk_bytes(n);
+    a->f = (float *)take(m, (size_t)rows * n * sizeof(float));
+    a->q8 = a->q8s ? (uint8_t *)take(m, (size_t)rows * a->q8s) : NULL;
+    a->qk = a->qks ? (uint8_t *)take(m, (size_t)rows * a->qks) : NULL;
+}
+
+static void layout_buffers(cuda_backend *b, bump *m) {
+    const ds4_config *c = b->cfg;
+    size_t C = b->chunk, D = c->n_embd, k = c->n_expert_used, F = c->n_ff_exp, hd = c->head_dim;
+    size_t ihd = c->idx_head_dim, ih = c->idx_n_head, qd = (size_t)c->n_head * hd;
+    TAKE(m, b->S, C * c->n_hc * D);
+    TAKE(m, b->post, C * c->n_hc);
+    TAKE(m, b->comb, C * c->n_hc * c->n_hc);
+    TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
+    take_act(m, &b->xn, c->n_embd, b->chunk);
+    TAKE(m, b->qa_raw, C * c->q_lora_rank);
+    take_act(m, &b->qr, c->q_lora_rank, b->chunk);
+    TAKE(m, b->q, C * qd);
+    TAKE(m, b->kvbuf, C * hd);
+    TAKE(m, b->ckv, C * 2 * hd);
+    TAKE(m, b->cgate, C * 2 * hd);
+    TAKE(m, b->ikv, C * 2 * ihd);
+    TAKE(m, b->igate, C * 2 * ihd);
+    TAKE(m, b->iq, C * ih * ihd);
+    TAKE(m, b->iw, C * ih);
+    TAKE(m, b->idx_scores, C * b->comp_cap4);
+    TAKE(m, b->vis, C * c->idx_top_k);
+    TAKE(m, b->nvis, C);
+    take_act(m, &b->heads, (uint32_t)qd, b->chunk);
+    TAKE(m, b->attn_part, (size_t)c->n_head * b->attn_split * (hd + 2));
+    take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk);
+    TAKE(m, b->y, C * D);
+    TAKE(m, b->router, C * c->n_expert);
+    TAKE(m, b->sel, C * k);
+    TAKE(m, b->selw, C * k);
+    TAKE(m, b->eg, C * k * F);
+    TAKE(m, b->eu, C * k * F);
+    take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k));
+    TAKE(m, b->sg, C * F);
+    TAKE(m, b->su, C * F);
+    take_act(m, &b->smid, (uint32_t)F, b->chunk);
+    TAKE(m, b->eout, C * k * D);
+    TAKE(m, b->sout, C * D);
+    size_t max_tiles = C * k / 64 + c->n_expert;
+    TAKE(m, b->grp_count, c->n_expert);
+    TAKE(m, b->grp_off, c->n_expert);
+    TAKE(m, b->grp_perm, C * k);
+    TAKE(m, b->grp_tile_mat, max_tiles);
+    TAKE(m, b->grp_tile_start, max_tiles);
+    TAKE(m, b->grp_tile_count, max_tiles);
+    TAKE(m, b->grp_ntiles, 1);
+    take_act(m, &b->hz, c->n_embd, b->chunk);
+    TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
+    TAKE(m, b->argmax_part, 128);
+    TAKE(m, b->argmax_idx, 128);
+    TAKE(m, b->d_step, 1);
+    TAKE(m, b->d_tokens, C);
+    TAKE(m, b->d_argmax, b->rec_cap);
+    TAKE(m, b->d_nrec, 1);
+}
+
+static size_t frontier_floats(const ds4_config *c, uint32_t ratio, bool indexer) {
+    return (size_t)ds4_state_frontier_rows(ratio) * ds4_state_frontier_width(c, ratio, indexer);
+}
+
+static uint32_t comp_cap(const cuda_backend *b, uint32_t ratio) {
+    return ratio == 4 ? b->comp_cap4 : ratio == 128 ? b->comp_cap128 : b->ctx / ratio + 2;
+}
+
+static void layout_state(cuda_backend *b, bump *m) {
+    const ds4_config *c = b->cfg;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        dlstate *L = &b->L[il];
+        L->ratio = ds4_layer_ratio(c, il);
+        TAKE(m, L->raw, (size_t)b->raw_cap * c->head_dim);
+        if (L->ratio == 0) continue;
+        TAKE(m, L->comp, (size_t)comp_cap(b, L->ratio) * c->head_dim);
+        TAKE(m, L->comp_kv, frontier_floats(c, L->ratio, false));
+        TAKE(m, L->comp_score, frontier_floats(c, L->ratio, false));
+        if (L->ratio != 4) continue;
+        TAKE(m, L->idx, (size_t)b->comp_cap4 * c->idx_head_dim);
+        TAKE(m, L->idx_kv, frontier_floats(c, 4, true));
+        TAKE(m, L->idx_score, frontier_floats(c, 4, true));
+    }
+}
+
+/* --------------------------------------------------------------- state */
+
+/* Empty session: frontiers 0 / -inf, position 0. */
+static int reset_state(cuda_backend *b, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const dlstate *L = &b->L[il];
+        if (L->ratio == 0) continue;
+        size_t fr = frontier_floats(c, L->ratio, false);
+        CU_TRY(cudaMemsetAsync(L->comp_kv, 0, fr * sizeof(float), b->st));
+        if (cu_fill(b, L->comp_score, fr, DS4_SCORE_NEG_INF, err)) return -1;
+        if (L->ratio != 4) continue;
+        size_t ifr = frontier_floats(c, 4, true);
+        CU_TRY(cudaMemsetAsync(L->idx_kv, 0, ifr * sizeof(float), b->st));
+        if (cu_fill(b, L->idx_score, ifr, DS4_SCORE_NEG_INF, err)) return -1;
+    }
+    if (cu_set_step(b, 3, 0, 0, err)) return -1;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    b->n_tokens = 0;
+    b->has_logits = false;
+    b->logits_fresh = false;
+    return 0;
+}
+
+static void cuda_reset(ds4_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    ds4_err err = {};
+    if (reset_state(b, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
+}
+
+/* ------------------------------------------------------- the passes */
+
+static int check_room(cuda_backend *b, uint32_t n, ds4_err *err) {
+    if ((uint64_t)b->n_tokens + n > b->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, b->n_tokens, b->ctx);
+    return 0;
+}
+
+static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    const ds4_config *c = b->cfg;
+    if (n == 0) return 0;
+    if (check_room(b, n, err)) return -1;
+    for (uint32_t i = 0; i < n; i++)
+        if (tokens[i] >= c->n_vocab)
+            return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
+                               c->n_vocab);
+    for (uint32_t off = 0; off < n; off += b->chunk) {
+        uint32_t T = n - off < b->chunk ? n - off : b->chunk;
+        CU_TRY(cudaMemcpyAsync(b->d_tokens, tokens + off, T * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st));
+        if (cu_forward(b, b->d_tokens, T, b->n_tokens, false, all_logits ? all_logits + (size_t)off * c->n_vocab : NULL,
+                       err))
+            return ds4_err_prefix(err, "prefill of tokens %u..%u", b->n_tokens, b->n_tokens + T - 1);
+        memcpy(b->tokens + b->n_tokens, tokens + off, T * sizeof(uint32_t));
+        b->n_tokens += T;
+    }
+    CU_TRY(cudaStreamSynchronize(b->st));
+    b->has_logits = true;
+    b->logits_fresh = false;
+    if (ds4_prof_on) {
+        char title[64];
+        snprintf(title, sizeof(title), "prefill of %u tokens", n);
+        ds4_prof_report(title);
+    }
+    return 0;
+}
+
+/* One decode step on the device: the captured graph (captured at first
+ * use; every kernel of it reads the position and token from d_step). */
+static int run_step(cuda_backend *b, ds4_err *err) {
+    if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, b->n_tokens, true, NULL, err);
+    if (!b->graph_ready) {
+        cudaGraph_t g;
+        CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+        int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
+        cudaError_t e = cudaStreamEndCapture(b->st, &g);
+        if (rc) return ds4_err_prefix(err, "capturing the decode step");
+        CU_TRY(e);
+        e = cudaGraphInstantiate(&b->graph, g, 0);
+        cudaGraphDestroy(g);
+        CU_TRY(e);
+        b->graph_ready = true;
+    }
+    CU_TRY(cudaGraphLaunch(b->graph, b->st));
+    return 0;
+}
+
+static int cuda_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (check_room(b, 1, err)) return -1;
+    if (token >= b->cfg->n_vocab)
+        return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
+    if (cu_set_step(b, 2, 0, token, err) || run_step(b, err)) return -1;
+    b->tokens[b->n_tokens++] = token;
+    b->has_logits = true;
+    b->logits_fresh = false;
+    return 0;
+}
+
+/* n greedy tokens: each step embeds the argmax its predecessor left in
+ * d_step and records it; the host waits once, at the end. */
+static int cuda_greedy(ds4_backend *base, uint32_t n, uint32_t *out, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
+    if (check_room(b, n, err)) return -1;
+    for (uint32_t done = 0; done < n;) {
+        uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
+        CU_TRY(cudaMemsetAsync(b->d_nrec, 0, sizeof(uint32_t), b->st));
+        for (uint32_t i = 0; i < m; i++)
+            if (run_step(b, err)) return -1;
+        CU_TRY(cudaMemcpyAsync(out + done, b->d_argmax, m * sizeof(uint32_t), cudaMemcpyDeviceToHost, b->st));
+        CU_TRY(cudaStreamSynchronize(b->st));
+        memcpy(b->tokens + b->n_tokens, out + done, m * sizeof(uint32_t));
+        b->n_tokens += m;
+        done += m;
+    }
+    b->logits_fresh = false;
+    if (ds4_prof_on) {
+        char title[64];
+        snprintf(title, sizeof(title), "%u decode steps at %u tokens", n, b->n_tokens - n);
+        ds4_prof_report(title);
+    }
+    return 0;
+}
+
+static const float *cuda_logits(ds4_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b->has_logits) return NULL;
+    if (!b->logits_fresh) {
+        if (cudaMemcpyAsync(b->logits_h, b->d_last_logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                            b->st) != cudaSuccess ||
+            cudaStreamSynchronize(b->st) != cudaSuccess) {
+            fprintf(stderr, "ds4 cuda: reading the logits failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            return NULL;
+        }
+        b->logits_fresh = true;
+    }
+    return b->logits_h;
+}
+
+/* ---------------------------------------------------- snapshot/restore */
+
+static int check_state(const cuda_backend *b, const ds4_kv_state *s, uint32_t n, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    if (s->cfg->n_layer != c->n_layer || s->cfg->head_dim != c->head_dim || s->cfg->n_vocab != c->n_vocab ||
+        s->cfg->idx_head_dim != c->idx_head_dim)
+        return ds4_err_set(err, DS4_EINVAL, "KV state of a different model");
+    if (n > s->ctx || n > b->ctx)
+        return ds4_err_set(err, DS4_EINVAL, "KV state: %u tokens do not fit contexts of %u / %u", n, s->ctx, b->ctx);
+    if (s->raw_cap != b->raw_cap)
+        return ds4_err_set(err, DS4_EINVAL, "KV state: raw rings of %u and %u rows", s->raw_cap, b->raw_cap);
+    return 0;
+}
+
+/* Copy every live array between the device state and `s`. */
+static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+#define COPY(dev, host, count)                                                                              \
+    CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), kind)                       \
+                   : cudaMemcpy((dev), (host), (size_t)(count) * sizeof(float), kind))
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const dlstate *D = &b->L[il];
+        ds4_layer_state *H = &s->layers[il];
+        COPY(D->raw, H->raw, (size_t)b->raw_cap * c->head_dim);
+        if (D->ratio == 0) continue;
+        COPY(D->comp, H->comp, (size_t)(n / D->ratio) * c->head_dim);
+        COPY(D->comp_kv, H->comp_kv, frontier_floats(c, D->ratio, false));
+        COPY(D->comp_score, H->comp_score, frontier_floats(c, D->ratio, false));
+        if (D->ratio != 4) continue;
+        COPY(D->idx, H->idx, (size_t)(n / 4) * c->idx_head_dim);
+        COPY(D->idx_kv, H->idx_kv, frontier_floats(c, 4, true));
+        COPY(D->idx_score, H->idx_score, frontier_floats(c, 4, true));
+    }
+#undef COPY
+    return 0;
+}
+
+static int cuda_snapshot(ds4_backend *base, ds4_kv_state *out, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (check_state(b, out, b->n_tokens, err)) return -1;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    if (b->has_logits && !cuda_logits(base)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+    if (copy_state(b, out, b->n_tokens, true, err)) return -1;
+    out->n_tokens = b->n_tokens;
+    out->has_logits = b->has_logits;
+    memcpy(out->tokens, b->tokens, (size_t)b->n_tokens * sizeof(uint32_t));
+    if (b->has_logits) memcpy(out->logits, b->logits_h, b->cfg->n_vocab * sizeof(float));
+    return 0;
+}
+
+static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    uint32_t n = in->n_tokens;
+    if (check_state(b, in, n, err)) return -1;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    if (copy_state(b, (ds4_kv_state *)in, n, false, err)) return -1;
+    memcpy(b->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
+    b->n_tokens = n;
+    b->has_logits = in->has_logits;
+    if (cu_set_step(b, 3, n, 0, err)) return -1;
+    if (in->has_logits) {
+        CU_TRY(cudaMemcpy(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyHostToDevice));
+        memcpy(b->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
+        b->d_last_logits = b->d_logits;
+        b->logits_fresh = true;
+        if (cu_step_end(b, 0, false, err)) return -1; /* the next greedy token */
+    }
+    CU_TRY(cudaStreamSynchronize(b->st));
+    return 0;
+}
+
+/* ------------------------------------------------------------ create */
+
+static void cuda_free(ds4_backend *base) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!b) return;
+    if (b->graph_ready) cudaGraphExecDestroy(b->graph);
+    if (b->buf_block) cudaFree(b->buf_block);
+    if (b->state_block) cudaFree(b->state_block);
+    cu_weights_free(&b->W);
+    if (b->st) cudaStreamDestroy(b->st);
+    free(b->L);
+    free(b->tokens);
+    free(b->logits_h);
+    free(b);
+}
+
+static const ds4_backend_ops cuda_ops = {
+    "cuda", cuda_free, cuda_prefill, cuda_decode, cuda_logits, cuda_reset, cuda_snapshot, cuda_restore, cuda_greedy,
+};
+
+/* Shapes the kernels are written for (the published model and the test
+ * presets all satisfy them). */
+static int check_config(const ds4_config *c, ds4_err *err) {
+    if (c->n_hc != 4) return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: hyper_connection.count %u (needs 4)", c->n_hc);
+    if (c->head_dim % 64 || c->head_dim > 512)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: head dim %u (needs a multiple of 64, <= 512)", c->head_dim);
+    if (c->idx_head_dim != 128 || c->idx_n_head > 64)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= 64 x 128)", c->idx_n_head,
+                           c->idx_head_dim);
+    if (c->n_expert_used > 8 || c->n_expert > 1024)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u of %u experts (needs <= 8 of <= 1024)",
+                           c->n_expert_used, c->n_expert);
+    if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS || c->rope_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim > c->idx_head_dim)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: rope dims %u", c->rope_dim);
+    if ((c->head_dim - c->rope_dim) % 64)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u non-RoPE dims (needs FP8 blocks of 64)",
+                           c->head_dim - c->rope_dim);
+    return 0;
+}
+
+static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
+    if (cu_matmul_init(err)) return -1;
+    if (w->synthetic) {
+        if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
+    } else if (cu_weights_load(&b->W, w, b->st, err)) {
+        return -1;
+    }
+    b->L = (dlstate *)calloc(c->n_layer, sizeof(dlstate));
+    b->tokens = (uint32_t *)calloc(b->ctx, sizeof(uint32_t));
+    b->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
+    if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    bump m = {NULL, 0};
+    layout_state(b, &m);
+    CU_TRY(cudaMalloc(&b->state_block, m.off));
+    m.base = (uint8_t *)b->state_block;
+    m.off = 0;
+    layout_state(b, &m);
+    m.base = NULL;
+    m.off = 0;
+    layout_buffers(b, &m);
+    size_t need = m.off;
+    if (cudaMalloc(&b->buf_block, need) != cudaSuccess)
+        return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for %.2f GB of pass buffers (chunk %u, context %u)",
+                           (double)need / 1e9, b->chunk, b->ctx);
+    m.base = (uint8_t *)b->buf_block;
+    m.off = 0;
+    layout_buffers(b, &m);
+    return reset_state(b, err);
+}
+
+extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
+    const ds4_config *c = &w->cfg;
+    if (check_config(c, err)) return NULL;
+    cuda_backend *b = (cuda_backend *)calloc(1, sizeof(*b));
+    if (!b) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
+    ds4_backend_opts o = opts ? *opts : ds4_backend_opts{};
+    if (o.prefill_chunk == 0) o.prefill_chunk = 2048;
+    b->base.ops = &cuda_ops;
+    b->base.w = w;
+    b->base.opts = ds4_backend_opts_resolve(&o);
+    b->cfg = c;
+    b->sim = !b->base.opts.no_sim;
+    b->chunk = b->base.opts.prefill_chunk;
+    b->ctx = b->base.opts.ctx_size;
+    b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
+    b->comp_cap4 = b->ctx / 4 + 2;
+    b->comp_cap128 = b->ctx / 128 + 2;
+    ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
+    b->hc_split = c->n_embd / 128 < 1 ? 1 : c->n_embd / 128 > 32 ? 32 : c->n_embd / 128;
+    b->logits_rows = LOGITS_ROWS;
+    b->rec_cap = REC_CAP;
+    uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
+    if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
+    b->attn_split = (max_rows + 31) / 32; /* cuda_attn.cu: 32 rows per split in decode */
+    ds4_rope_init(&b->rope_dense, c, false);
+    ds4_rope_init(&b->rope_comp, c, true);
+    if (init(b, w, err)) {
+        ds4_err_prefix(err, "CUDA backend");
+        cuda_free(&b->base);
+        return NULL;
+    }
+    return &b->base;
+}
+
+extern "C" int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds4_err *err) {
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, 0));
+    if (name && name_len) snprintf(name, name_len, "%s", prop.name);
+    /* 4 GiB each way: far beyond the L2, as METHOD.md asks */
+    size_t bytes = (size_t)4 << 30;
+#ifdef DS4_CUDA_EMU
+    bytes = (size_t)64 << 20;
+#endif
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0, e1;
+    CU_TRY(cudaMalloc(&a, bytes));
+    if (cudaMalloc(&b, bytes) != cudaSuccess) {
+        cudaFree(a);
+        return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for the bandwidth probe");
+    }
+    CU_TRY(cudaMemset(a, 1, bytes));
+    CU_TRY(cudaEventCreate(&e0));
+    CU_TRY(cudaEventCreate(&e1));
+    float best = 1e30f;
+    for (int i = 0; i < 6; i++) {
+        CU_TRY(cudaEventRecord(e0, 0));
+        CU_TRY(cudaMemcpyAsync(i & 1 ? a : b, i & 1 ? b : a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CU_TRY(cudaEventRecord(e1, 0));
+        CU_TRY(cudaEventSynchronize(e1));
+        float ms;
+        CU_TRY(cudaEventElapsedTime(&ms, e0, e1));
+        if (i > 0 && ms < best) best = ms; /* the first is a warm-up */
+    }
+    cudaEventDestroy(e0);
+    cudaEventDestroy(e1);
+    cudaFree(a);
+    cudaFree(b);
+    *bytes_per_s = 2.0 * (double)bytes / (best * 1e-3);
+    return 0;
+}

@@ -1,0 +1,289 @@
+/*
+ * cuda_ffn.cu - the MoE sublayer's small kernels (spec/MODEL.md 6.4),
+ * mirroring src/model/cpu/cpu_ffn.c, and the per-pass bookkeeping on the
+ * device: greedy argmax and the step record (position, next token).
+ *
+ *   route     router probabilities sqrt(softplus), the hash table or the
+ *             biased top-k (descending, lower index on ties), the
+ *             normalised routing weights;
+ *   group     prefill: the (token, slot) entries sorted by expert and cut
+ *             into tiles of at most 64 for the grouped products;
+ *   swiglu    clamped SwiGLU (routed rows times their weight, as the CPU
+ *             applies it before the down projection) and the quantized
+ *             form the down projection reads.
+ */
+#include "model/cuda/cuda_internal.h"
+
+/* ------------------------------------------------------------- routing */
+
+typedef struct route_args {
+    const float *logits; /* T x n_expert */
+    const float *bias;   /* F32 or NULL */
+    const int32_t *hash; /* vocab x k or NULL */
+    const uint32_t *tok;
+    uint32_t n_expert, k;
+    float scale;
+    bool norm;
+    int *sel;
+    float *selw;
+} route_args;
+
+static __device__ __forceinline__ float dev_softplus(float x) {
+    if (x > 20.0f) return x;
+    if (x < -20.0f) return expf(x);
+    return log1pf(expf(x));
+}
+
+/* One warp per token. */
+static __global__ void route_kernel(route_args a) {
+    __shared__ float prob[1024];
+    __shared__ unsigned char taken[1024];
+    __shared__ int chosen[CU_MAX_EXPERT_USED];
+    uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
+    unsigned lane = threadIdx.x;
+    __shared__ float score[1024];
+    for (uint32_t e = lane; e < ne; e += 32) {
+        prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
+        score[e] = prob[e] + (a.bias ? a.bias[e] : 0.0f);
+        taken[e] = 0;
+    }
+    __syncwarp();
+    if (a.hash) {
+        if (lane < k) chosen[lane] = a.hash[(size_t)a.tok[t] * k + lane];
+    } else {
+        /* k rounds of: the best untaken expert by prob + bias, lower index
+         * first on ties (the CPU's stable insertion top-k) */
+        for (uint32_t i = 0; i < k; i++) {
+            float bv = -INFINITY;
+            int bi = 0x7fffffff;
+            for (uint32_t e = lane; e < ne; e += 32) {
+                if (taken[e]) continue;
+                float sc = score[e];
+                if (sc > bv || (sc == bv && (int)e < bi)) { bv = sc; bi = (int)e; }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+                int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+            }
+            if (lane == 0) {
+                chosen[i] = bi;
+                taken[bi] = 1;
+            }
+            __syncwarp();
+        }
+    }
+    __syncwarp();
+    if (lane == 0) {
+        float w[CU_MAX_EXPERT_USED], sum = 0.0f;
+        for (uint32_t i = 0; i < k; i++) sum += (w[i] = prob[chosen[i]]);
+        float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+        for (uint32_t i = 0; i < k; i++) {
+            a.sel[(size_t)t * k + i] = chosen[i];
+            a.selw[(size_t)t * k + i] = w[i] * nrm * a.scale;
+        }
+    }
+}
+
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    route_args a;
+    a.logits = b->router;
+    a.bias = w->exp_bias.p ? (const float *)w->exp_bias.p : NULL;
+    a.hash = ds4_layer_is_hash(c, il) ? (const int32_t *)w->tid2eid.p : NULL;
+    a.tok = tok;
+    a.n_expert = c->n_expert;
+    a.k = c->n_expert_used;
+    a.scale = c->expert_weights_scale;
+    a.norm = c->expert_weights_norm;
+    a.sel = b->sel;
+    a.selw = b->selw;
+    DS4_LAUNCH(route_kernel, T, 32, 0, b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------------------ grouping */
+
+#define GROUP_TILE 64
+
+static __global__ void group_count_kernel(const int *sel, uint32_t n, int *count) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[sel[i]], 1);
+}
+
+/* One thread: offsets, per-expert cursors and the list of work tiles. */
+static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, int *off, int *tile_mat, int *tile_start,
+                                         int *tile_count, int *n_tiles) {
+    if (threadIdx.x != 0 || blockIdx.x != 0) return;
+    int acc = 0, nt = 0;
+    for (uint32_t e = 0; e < n_expert; e++) {
+        off[e] = acc;
+        for (int j = 0; j < count[e]; j += GROUP_TILE) {
+            tile_mat[nt] = (int)e;
+            tile_start[nt] = acc + j;
+            tile_count[nt] = count[e] - j < GROUP_TILE ? count[e] - j : GROUP_TILE;
+            nt++;
+        }
+        acc += count[e];
+    }
+    *n_tiles = nt;
+}
+
+static __global__ void group_scatter_kernel(const int *sel, uint32_t n, int *cursor, int *perm) {
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        int pos = atomicAdd(&cursor[sel[i]], 1);
+        perm[pos] = (int)i;
+    }
+}
+
+int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t n = T * c->n_expert_used;
+    CU_TRY(cudaMemsetAsync(b->grp_count, 0, c->n_expert * sizeof(int), b->st));
+    DS4_LAUNCH(group_count_kernel, (n + 255) / 256, 256, 0, b->st, (const int *)b->sel, n, b->grp_count);
+    CU_LAUNCHED();
+    DS4_LAUNCH(group_plan_kernel, 1, 32, 0, b->st, (const int *)b->grp_count, c->n_expert, b->grp_off, b->grp_tile_mat,
+               b->grp_tile_start, b->grp_tile_count, b->grp_ntiles);
+    CU_LAUNCHED();
+    DS4_LAUNCH(group_scatter_kernel, (n + 255) / 256, 256, 0, b->st, (const int *)b->sel, n, b->grp_off, b->grp_perm);
+    CU_LAUNCHED();
+    g->tile_mat = b->grp_tile_mat;
+    g->tile_start = b->grp_tile_start;
+    g->tile_count = b->grp_tile_count;
+    g->n_tiles = b->grp_ntiles;
+    g->max_tiles = n / GROUP_TILE + c->n_expert;
+    g->perm = b->grp_perm;
+    g->act_div = c->n_expert_used;
+    return 0;
+}
+
+/* -------------------------------------------------------------- swiglu */
+
+typedef struct swiglu_args {
+    const float *eg, *eu, *selw; /* routed: rows T*k */
+    const float *sg, *su;        /* shared: rows T */
+    uint32_t n_routed, n_shared, F;
+    float limit;
+    dact mid, smid;
+} swiglu_args;
+
+static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit) {
+    if (limit > 1e-6f) {
+        g = fminf(g, limit);
+        u = fminf(fmaxf(u, -limit), limit);
+    }
+    float sg = g >= 0 ? 1.0f / (1.0f + expf(-g)) : expf(g) / (1.0f + expf(g));
+    return g * sg * u;
+}
+
+static __global__ void swiglu_kernel(swiglu_args a) {
+    uint32_t r = blockIdx.x;
+    bool routed = r < a.n_routed;
+    if (!routed) r -= a.n_routed;
+    const float *g = (routed ? a.eg : a.sg) + (size_t)r * a.F, *u = (routed ? a.eu : a.su) + (size_t)r * a.F;
+    const dact &o = routed ? a.mid : a.smid;
+    float w = routed ? a.selw[r] : 1.0f;
+    float *x = o.f + (size_t)r * o.fs;
+    for (uint32_t f = threadIdx.x; f < a.F; f += blockDim.x) {
+        float v = dev_swiglu(g[f], u[f], a.limit);
+        x[f] = routed ? v * w : v;
+    }
+    __syncthreads();
+    dev_quantize_row(x, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
+}
+
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    swiglu_args a;
+    a.eg = b->eg;
+    a.eu = b->eu;
+    a.selw = b->selw;
+    a.sg = b->sg;
+    a.su = b->su;
+    a.n_routed = T * c->n_expert_used;
+    a.n_shared = T;
+    a.F = c->n_ff_exp;
+    a.limit = c->swiglu_clamp[il];
+    a.mid = b->mid;
+    a.smid = b->smid;
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, 256, 0, b->st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------------ argmax, steps */
+
+#define ARGMAX_BLOCKS 128
+
+static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv, uint32_t *pi) {
+    __shared__ float sv[32];
+    __shared__ uint32_t si[32];
+    float bv = -INFINITY;
+    uint32_t bi = 0xffffffffu;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (x[i] > bv || (x[i] == bv && i < bi)) { bv = x[i]; bi = i; }
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+        uint32_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+    }
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        bv = sv[0];
+        bi = si[0];
+        for (unsigned w = 1; w < blockDim.x / 32; w++)
+            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) { bv = sv[w]; bi = si[w]; }
+        pv[blockIdx.x] = bv;
+        pi[blockIdx.x] = bi;
+    }
+}
+
+/* End of a pass: record the input token (greedy runs), set the next token
+ * to the argmax of the new logits, advance the position by T. */
+static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t nparts, uint32_t T,
+                                       uint32_t *record, uint32_t *n_rec, uint32_t rec_cap) {
+    if (threadIdx.x != 0) return;
+    float bv = pv[0];
+    uint32_t bi = pi[0];
+    for (uint32_t i = 1; i < nparts; i++)
+        if (pv[i] > bv || (pv[i] == bv && pi[i] < bi)) { bv = pv[i]; bi = pi[i]; }
+    if (record && *n_rec < rec_cap) record[(*n_rec)++] = st->token;
+    st->token = bi == 0xffffffffu ? 0 : bi;
+    st->pos += T;
+}
+
+int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
+    DS4_LAUNCH(argmax_part_kernel, ARGMAX_BLOCKS, 256, 0, b->st, (const float *)b->d_last_logits, b->cfg->n_vocab,
+               b->argmax_part, b->argmax_idx);
+    CU_LAUNCHED();
+    DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->d_step, (const float *)b->argmax_part, (const uint32_t *)b->argmax_idx,
+               (uint32_t)ARGMAX_BLOCKS, T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
+    CU_LAUNCHED();
+    return 0;
+}
+
+static __global__ void set_step_kernel(dstep *st, uint32_t pos, uint32_t token, int which) {
+    if (threadIdx.x != 0) return;
+    if (which & 1) st->pos = pos;
+    if (which & 2) st->token = token;
+}
+
+int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err) {
+    DS4_LAUNCH(set_step_kernel, 1, 32, 0, b->st, b->d_step, pos, token, which);
+    CU_LAUNCHED();
+    return 0;
+}
+
+static __global__ void fill_kernel(float *p, size_t n, float v) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
+}
+
+int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err) {
+    if (n == 0) return 0;
+    DS4_LAUNCH(fill_kernel, 256, 256, 0, b->st, p, n, v);
+    CU_LAUNCHED();
+    return 0;
+}

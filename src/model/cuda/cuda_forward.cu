@@ -1,0 +1,205 @@
+/*
+ * cuda_forward.cu - one pass of T tokens through the model on the GPU:
+ * the order of MODEL.md 6 (attention sublayer, FFN sublayer, per layer;
+ * then the output head), as host code that only enqueues kernels on the
+ * backend's stream.  A decode pass (T = 1) is what the backend captures
+ * into its graph: it fuses the products that read the same activation into
+ * one launch and sizes every grid for the largest position the session can
+ * reach, so the captured work is valid at any position.  A prefill pass
+ * sizes grids for its own positions and uses the tensor-core products.
+ *
+ * Every HC post is fused with the partial sums of the next HC pre (the
+ * next sublayer's, or the output head's), so the residual state is read
+ * and written once per sublayer.
+ */
+#include "model/cuda/cuda_internal.h"
+
+/* Token t's row of an activation. */
+static dact act_row(const dact *a, uint32_t t) {
+    dact v = *a;
+    v.f = a->f + (size_t)t * a->fs;
+    v.q8 = a->q8 ? a->q8 + (size_t)t * a->q8s : NULL;
+    v.qk = a->qk ? a->qk + (size_t)t * a->qks : NULL;
+    return v;
+}
+
+/* out[t][r] = W[mat] row (row0 + r) . x[t] for a prefill pass. */
+static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t off, uint32_t T,
+              float *out, size_t stride, ds4_err *err) {
+    return cu_gemm(W, 0, row0, rows, x, off, T, out, stride, NULL, b->st, err);
+}
+
+static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, bool idx, uint32_t T, bool decode,
+                                 ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    if (decode) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w->q_a, 0, NULL, 0, 0, c->q_lora_rank, &b->xn, 0, b->qa_raw);
+        cu_gemv_add(&p, &w->kv, 0, NULL, 0, 0, c->head_dim, &b->xn, 0, b->kvbuf);
+        if (ratio) {
+            cu_gemv_add(&p, &w->comp_kv, 0, NULL, 0, 0, width, &b->xn, 0, b->ckv);
+            cu_gemv_add(&p, &w->comp_gate, 0, NULL, 0, 0, width, &b->xn, 0, b->cgate);
+        }
+        if (idx) {
+            cu_gemv_add(&p, &w->idx_kv, 0, NULL, 0, 0, iw2, &b->xn, 0, b->ikv);
+            cu_gemv_add(&p, &w->idx_gate, 0, NULL, 0, 0, iw2, &b->xn, 0, b->igate);
+            cu_gemv_add(&p, &w->idx_proj, 0, NULL, 0, 0, c->idx_n_head, &b->xn, 0, b->iw);
+        }
+        return cu_gemv_run(&p, b->st, err);
+    }
+    if (mm(b, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, T, b->qa_raw, c->q_lora_rank, err) ||
+        mm(b, &w->kv, 0, c->head_dim, &b->xn, 0, T, b->kvbuf, c->head_dim, err))
+        return -1;
+    if (ratio && (mm(b, &w->comp_kv, 0, width, &b->xn, 0, T, b->ckv, width, err) ||
+                  mm(b, &w->comp_gate, 0, width, &b->xn, 0, T, b->cgate, width, err)))
+        return -1;
+    if (idx && (mm(b, &w->idx_kv, 0, iw2, &b->xn, 0, T, b->ikv, iw2, err) ||
+                mm(b, &w->idx_gate, 0, iw2, &b->xn, 0, T, b->igate, iw2, err) ||
+                mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)))
+        return -1;
+    return 0;
+}
+
+static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_t T, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t qd = c->n_head * c->head_dim, iqd = c->idx_n_head * c->idx_head_dim;
+    if (decode) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w->q_b, 0, NULL, 0, 0, qd, &b->qr, 0, b->q);
+        if (idx) cu_gemv_add(&p, &w->idx_q_b, 0, NULL, 0, 0, iqd, &b->qr, 0, b->iq);
+        return cu_gemv_run(&p, b->st, err);
+    }
+    if (mm(b, &w->q_b, 0, qd, &b->qr, 0, T, b->q, qd, err)) return -1;
+    if (idx && mm(b, &w->idx_q_b, 0, iqd, &b->qr, 0, T, b->iq, iqd, err)) return -1;
+    return 0;
+}
+
+/* Grouped output projection (MODEL.md 6.1 A11) and attn_output_b. */
+static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t qd = c->n_head * c->head_dim, gin = qd / c->o_groups, olr = c->o_lora_rank;
+    if (decode) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t g = 0; g < c->o_groups; g++)
+            cu_gemv_add(&p, &w->out_a, 0, NULL, 0, g * olr, olr, &b->heads, g * gin, b->low.f + (size_t)g * olr);
+        if (cu_gemv_run(&p, b->st, err)) return -1;
+    } else {
+        for (uint32_t g = 0; g < c->o_groups; g++)
+            if (cu_gemm(&w->out_a, 0, g * olr, olr, &b->heads, g * gin, T, b->low.f + (size_t)g * olr, b->low.fs, NULL,
+                        b->st, err))
+                return -1;
+    }
+    if (cu_quantize(&b->low, T, b->st, err)) return -1;
+    if (decode) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w->out_b, 0, NULL, 0, 0, c->n_embd, &b->low, 0, b->y);
+        return cu_gemv_run(&p, b->st, err);
+    }
+    return mm(b, &w->out_b, 0, c->n_embd, &b->low, 0, T, b->y, c->n_embd, err);
+}
+
+int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    uint32_t ratio = ds4_layer_ratio(c, il);
+    bool idx = ratio == 4;
+    if (cu_hc_finish_to(b, &w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, T, false, &b->xn, err) ||
+        attention_projections(b, w, ratio, idx, T, decode, err) || cu_qkv_post(b, il, T, err) ||
+        query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err))
+        return -1;
+    if (ratio && cu_compress(b, il, T, pos0, decode, err)) return -1;
+    if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
+    if (cu_attend(b, il, T, decode, err) || output_projection(b, w, T, decode, err)) return -1;
+    hc_post_src src = {b->y, NULL, NULL, 0};
+    return cu_hc_mix(b, &src, &w->hc_ffn_fn, T, err);
+}
+
+int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    if (cu_hc_finish_to(b, &w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, T, false, &b->xn, err))
+        return -1;
+    if (decode) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
+        cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->sg);
+        cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->su);
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t i = 0; i < k; i++) {
+            cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
+            cu_gemv_add(&p, &w->up_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+        }
+        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, err)) return -1;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t i = 0; i < k; i++) {
+            dact m = act_row(&b->mid, i);
+            cu_gemv_add(&p, &w->down_exps, 0, b->sel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
+        }
+        cu_gemv_add(&p, &w->down_sh, 0, NULL, 0, 0, D, &b->smid, 0, b->sout);
+        if (cu_gemv_run(&p, b->st, err)) return -1;
+    } else {
+        if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
+            mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
+            cu_route(b, il, tok, T, err))
+            return -1;
+        cu_group g;
+        if (cu_group_tokens(b, T, &g, err) ||
+            cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, b->st, err) ||
+            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, b->st, err) || cu_swiglu(b, il, T, err))
+            return -1;
+        g.act_div = 1;
+        if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, b->st, err) ||
+            mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err))
+            return -1;
+    }
+    const dwt *next = il + 1 < c->n_layer ? &b->W.layers[il + 1].hc_attn_fn : &b->W.output_hc_fn;
+    hc_post_src src = {NULL, b->eout, b->sout, k};
+    return cu_hc_mix(b, &src, next, T, err);
+}
+
+/* Output collapse, norm and the vocabulary product: for the last token
+ * into d_logits row 0, or (host_all) for every token, copied out piece by
+ * piece.  Sets b->d_last_logits. */
+static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dweights *W = &b->W;
+    if (cu_hc_finish_to(b, &W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, T, true, &b->hz,
+                        err))
+        return -1;
+    if (!host_all) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        dact last = act_row(&b->hz, T - 1);
+        cu_gemv_add(&p, &W->output, 0, NULL, 0, 0, c->n_vocab, &last, 0, b->d_logits);
+        b->d_last_logits = b->d_logits;
+        return cu_gemv_run(&p, b->st, err);
+    }
+    for (uint32_t t0 = 0; t0 < T; t0 += b->logits_rows) {
+        uint32_t n = T - t0 < b->logits_rows ? T - t0 : b->logits_rows;
+        dact part = act_row(&b->hz, t0);
+        if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->st, err)) return -1;
+        CU_TRY(cudaMemcpyAsync(host_all + (size_t)t0 * c->n_vocab, b->d_logits, (size_t)n * c->n_vocab * sizeof(float),
+                               cudaMemcpyDeviceToHost, b->st));
+        CU_TRY(cudaStreamSynchronize(b->st));
+        b->d_last_logits = b->d_logits + (size_t)(n - 1) * c->n_vocab;
+    }
+    return 0;
+}
+
+int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+               ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_mix(b, NULL, &b->W.layers[0].hc_attn_fn, T, err)) return -1;
+    for (uint32_t il = 0; il < c->n_layer; il++)
+        if (cu_attention_layer(b, il, T, pos0, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err)) return -1;
+    if (output_head(b, T, host_all, err)) return -1;
+    return cu_step_end(b, T, decode, err);
+}

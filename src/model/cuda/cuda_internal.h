@@ -1,0 +1,267 @@
+/*
+ * cuda_internal.h - internals of the CUDA backend (src/model/cuda/).
+ *
+ * The backend keeps every weight and the whole session state in GPU
+ * memory and runs the forward pass of spec/MODEL.md 5-7 as the CPU
+ * reference does (the same activation quantization, the same low-precision
+ * simulations), with different kernels for the two regimes:
+ *
+ *   decode   one token: matrix-vector products that stream each weight
+ *            once (16-byte coalesced loads, integer dot products against
+ *            the quantized activation), every step captured once into a
+ *            CUDA graph that reads the token and position from device
+ *            memory, so a step is one graph launch and nothing waits for
+ *            the host (router and indexer top-k, expert choice and the
+ *            greedy argmax run on the device);
+ *   prefill  a chunk of tokens: int8 tensor-core products for the
+ *            quantized weights (exactly the CPU's integer block sums),
+ *            tiled float products for the float ones, experts grouped by
+ *            the tokens that chose them, attention for all queries of the
+ *            chunk in parallel under the masks of MODEL.md 7.
+ * Both share the small kernels (hyper-connections, norms, RoPE,
+ * compressors, indexer, attention, routing).
+ *
+ *   cuda_rt.h        runtime or emulation, device helpers
+ *   cuda_weights.cu  weights to the GPU in a repacked layout; synthetic weights
+ *   cuda_matmul.cu   quantized activations, matrix-vector and matrix products
+ *   cuda_attn.cu     HC, norms, RoPE, compressors, indexer, attention
+ *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
+ *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
+ *
+ * Repacked weight rows (same bytes as the GGUF block formats, regrouped so
+ * that the quant bytes of a row are contiguous and 16-byte aligned):
+ *   Q8_0     qs[n] int8 | d[n/32] f16
+ *   Q2_K     qs[64 nb] | scales[16 nb] | (d, dmin)[nb] f16 pairs
+ *   Q4_K     qs[128 nb] | scales[12 nb] | (d, dmin)[nb]
+ *   IQ2_XXS  qs[64 nb] (the 32 u16 of each block) | d[nb] f16
+ *   F16/BF16/F32  unchanged
+ * each row padded to a multiple of 16 bytes (nb = n / 256).
+ *
+ * Quantized activations of one token (n values), as MODEL.md 3.8:
+ *   q8 (against Q8_0):   qs[n] int8 | d[n/32] f32
+ *   qk (against K-quants): qs[n] int8 | d[n/256] f32 | bsums[n/16] int16
+ * with the same values ds4_quantize_q8_0x / ds4_quantize_q8_K produce.
+ */
+#ifndef DS4_MODEL_CUDA_CUDA_INTERNAL_H
+#define DS4_MODEL_CUDA_CUDA_INTERNAL_H
+
+#include "model/cuda/cuda_actq.cuh"
+#include "model/cuda/cuda_rt.h"
+
+extern "C" {
+#include "format/quants.h"
+#include "model/backend.h"
+#include "model/rope.h"
+}
+
+#define CU_MAX_EXPERT_USED 16
+#define CU_MAX_SEGS 16
+
+/* ------------------------------------------------------------ weights */
+
+typedef struct dwt {
+    const uint8_t *p; /* repacked rows on the device; NULL for an absent tensor */
+    uint32_t type;
+    uint32_t n;       /* row length (elements) */
+    uint32_t rows;    /* rows per matrix */
+    uint32_t mats;    /* matrices (experts) */
+    size_t row_bytes; /* bytes of a repacked row (16-byte multiple) */
+} dwt;
+
+typedef struct dlayer {
+    dwt hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm;
+    dwt q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
+    dwt comp_ape, comp_kv, comp_gate, comp_norm;
+    dwt idx_q_b, idx_proj, idx_ape, idx_kv, idx_gate, idx_norm;
+    dwt hc_ffn_fn, hc_ffn_scale, hc_ffn_base, ffn_norm;
+    dwt gate_inp, exp_bias, tid2eid;
+    dwt gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh;
+} dlayer;
+
+typedef struct dweights {
+    dwt token_embd, output_hc_base, output_hc_fn, output_hc_scale, output_norm, output;
+    dlayer *layers;
+    void *block;       /* one device allocation holding every tensor */
+    size_t bytes;
+} dweights;
+
+/* Byte geometry of a repacked row; 0 for a type the GPU cannot use. */
+size_t cu_row_bytes(uint32_t type, uint32_t n);
+
+/* One GGUF row (n values of `type`) into the device layout, row_bytes long. */
+void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, size_t row_bytes);
+
+/* Upload (repacking) or synthesise every tensor of `w`. */
+int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err);
+int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err);
+void cu_weights_free(dweights *dw);
+
+/* ------------------------------------------------------- activations */
+
+/* T tokens of n values: f32 rows plus the quantized forms (NULL when n is
+ * not a whole number of their blocks). */
+typedef struct dact {
+    float *f;
+    uint8_t *q8, *qk;
+    uint32_t n;
+    size_t fs, q8s, qks; /* strides: floats, bytes, bytes */
+} dact;
+
+size_t cu_q8_bytes(uint32_t n); /* bytes of one token's q8 row (16-byte multiple) */
+size_t cu_qk_bytes(uint32_t n);
+
+/* Pointers into token t's row of `a`, `off` values in, in the form a
+ * weight of type `wtype` is multiplied with (xq/xd/xb NULL for float
+ * weights or when the form is missing). */
+void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const float **xf, const int8_t **xq,
+                 const float **xd, const int16_t **xb);
+
+/* Quantize (from a.f) tokens [0, T) into the q8/qk forms. */
+int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err);
+
+
+/* ---------------------------------------------------------- products */
+
+/* One matrix-vector product of a fused launch (decode).  Output row r of
+ * the segment is dot(W[mat] row row0 + r, x) where x is the activation of
+ * the segment (offset `act_off` values into the token row); the matrix is
+ * `mat`, or sel[sel_slot] when sel != NULL (routed experts). */
+typedef struct gemv_seg {
+    const uint8_t *w;
+    uint32_t type, n, rows;
+    size_t row_bytes, mat_bytes;
+    uint32_t mat;
+    const int *sel;
+    uint32_t sel_slot;
+    uint32_t row0;
+    const float *xf;
+    const int8_t *xq;  /* quantized activation values */
+    const float *xd;   /* their block scales */
+    const int16_t *xb; /* Q8_K block sums */
+    float *out;
+    uint32_t block0; /* first block of this segment in the launch */
+    uint32_t rpw;    /* rows per warp */
+} gemv_seg;
+
+typedef struct gemv_plan {
+    gemv_seg seg[CU_MAX_SEGS];
+    uint32_t n_seg, n_blocks;
+} gemv_plan;
+
+/* Add a segment to a plan (host side). */
+void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
+                 uint32_t rows, const dact *x, uint32_t act_off, float *out);
+int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
+
+/* Matrix product over T tokens (prefill): out[t][row0 + r] for r < rows.
+ * In grouped mode (routed experts) `grp` lists, per expert, the rows of
+ * the activation to use and where to write. */
+typedef struct cu_group {
+    const int *tile_mat;   /* per work tile: expert */
+    const int *tile_start; /* per work tile: first entry in `perm` */
+    const int *tile_count; /* per work tile: entries (<= the tile width) */
+    const int *n_tiles;    /* device: number of work tiles */
+    uint32_t max_tiles;    /* bound for the grid */
+    const int *perm;       /* entries: token*k + slot, grouped by expert */
+    uint32_t act_div;      /* activation row = perm[i] / act_div */
+} cu_group;
+
+int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
+            uint32_t T, float *out, size_t out_stride, const cu_group *grp, cudaStream_t st, ds4_err *err);
+
+/* ------------------------------------------------------------ backend */
+
+typedef struct dlstate {
+    uint32_t ratio;
+    float *raw, *comp, *comp_kv, *comp_score, *idx, *idx_kv, *idx_score;
+} dlstate;
+
+/* The device's record of the session: position of the next pass's first
+ * token, and the token a decode step embeds (set by the host, or by the
+ * previous step's argmax in a greedy run). */
+typedef struct dstep {
+    uint32_t pos;
+    uint32_t token;
+} dstep;
+
+typedef struct cuda_backend {
+    ds4_backend base;
+    const ds4_config *cfg;
+    bool sim;
+    uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
+    ds4_rope rope_dense, rope_comp;
+    cudaStream_t st;
+
+    dweights W;
+    dlstate *L;          /* per layer (device pointers) */
+    void *state_block;   /* all layer state */
+
+    /* host mirror of the session */
+    uint32_t n_tokens;
+    uint32_t *tokens;
+    float *logits_h;
+    bool has_logits, logits_fresh;
+
+    dstep *d_step;
+    uint32_t *d_tokens;      /* the chunk's token ids */
+    float *d_logits;         /* logits_rows x n_vocab */
+    float *d_last_logits;    /* row of the last pass's last token */
+    uint32_t logits_rows;
+    uint32_t *d_argmax;      /* tokens recorded by decode steps */
+    uint32_t *d_nrec, rec_cap;
+    float *argmax_part;
+    uint32_t *argmax_idx;
+
+    /* pass buffers, `chunk` tokens each */
+    float *S, *post, *comb, *y, *q, *kvbuf, *ckv, *cgate, *ikv, *igate, *iq, *iw, *qa_raw;
+    double *hcpart;
+    uint32_t hc_split;
+    dact xn, qr, heads, low, mid, smid, hz;
+    float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
+    int *sel;
+    uint32_t *vis, *nvis;
+    uint32_t attn_split;
+    int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
+    void *buf_block;
+
+    /* the captured decode step */
+    cudaGraphExec_t graph;
+    bool graph_ready;
+} cuda_backend;
+
+/* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position
+ * pos0); host_all, when given, receives the logits of every token. */
+int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+               ds4_err *err);
+int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
+
+/* cuda_attn.cu */
+typedef struct hc_post_src {
+    const float *y;    /* attention output, or NULL */
+    const float *eout; /* routed outputs (T x k x D), with the shared one */
+    const float *sout;
+    uint32_t k;
+} hc_post_src;
+int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
+int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t T, ds4_err *err);
+int cu_hc_finish_to(cuda_backend *b, const dwt *fn, const dwt *scale, const dwt *base, const dwt *norm, uint32_t T,
+                    bool head, dact *out, ds4_err *err);
+int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err);
+
+/* cuda_ffn.cu */
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
+int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
+int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err);
+int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);
+
+/* cuda_matmul.cu: device tables the products need, before any capture. */
+int cu_matmul_init(ds4_err *err);
+
+#endif

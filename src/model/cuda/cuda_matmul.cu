@@ -1,0 +1,765 @@
+/*
+ * cuda_matmul.cu - activation quantization and the two matrix-product
+ * kernels of the CUDA backend (layouts in cuda_internal.h).
+ *
+ * Activations are quantized exactly as the CPU does it (MODEL.md 3.8), so
+ * the integer block sums of every quantized product are the CPU's; only
+ * the float accumulation across blocks may round differently.
+ *
+ * Decode (gemv): a warp owns one to four weight rows and walks them with
+ * 16-byte loads (each lane 16 quant bytes per row per step, all loads of a
+ * step issued before use), dotting them with dp4a against the int8
+ * activation read through the L1; several products with different shapes
+ * and types run in one launch ("segments"), the block picking its segment.
+ *
+ * Prefill (gemm): 64 weight rows x 64 tokens per block of 4 warps, K in
+ * chunks of 256.  Quantized weights are expanded to int8 in shared memory
+ * (Q2_K pre-multiplied by its 4-bit sub-block scales, IQ2_XXS as signed
+ * grid values, Q4_K nibbles) and multiplied on the int8 tensor cores
+ * (mma m16n8k32) against the int8 activations; the per-32 scales are
+ * applied to the int32 results as the CPU applies them to its sums.  Float
+ * weights use a tiled f32 product.
+ */
+#include "model/cuda/cuda_internal.h"
+
+/* The IQ2_XXS grid (src/format/iq2_grid.c): 8 bytes of magnitudes each. */
+extern "C" const uint64_t ds4_iq2xxs_grid[256];
+
+/* ------------------------------------------------------ quantization */
+
+size_t cu_q8_bytes(uint32_t n) { return n % 32 ? 0 : ((size_t)n + (size_t)n / 32 * 4 + 15) / 16 * 16; }
+size_t cu_qk_bytes(uint32_t n) { return n % 256 ? 0 : ((size_t)n + (size_t)n / 256 * 4 + (size_t)n / 16 * 2 + 15) / 16 * 16; }
+
+void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const float **xf, const int8_t **xq,
+                 const float **xd, const int16_t **xb) {
+    *xf = a->f + (size_t)t * a->fs + off;
+    *xq = NULL;
+    *xd = NULL;
+    *xb = NULL;
+    if (wtype == DS4_TYPE_Q8_0 && a->q8) {
+        const uint8_t *row = a->q8 + (size_t)t * a->q8s;
+        *xq = (const int8_t *)row + off;
+        *xd = (const float *)(row + a->n) + off / 32;
+    } else if ((wtype == DS4_TYPE_Q2_K || wtype == DS4_TYPE_Q4_K || wtype == DS4_TYPE_IQ2_XXS) && a->qk) {
+        const uint8_t *row = a->qk + (size_t)t * a->qks;
+        *xq = (const int8_t *)row + off;
+        *xd = (const float *)(row + a->n) + off / 256;
+        *xb = (const int16_t *)(row + a->n + a->n / 256 * 4) + off / 16;
+    }
+}
+
+static __global__ void quantize_kernel(dact a) {
+    const float *x = a.f + (size_t)blockIdx.x * a.fs;
+    dev_quantize_row(x, a.n, a.q8 ? a.q8 + (size_t)blockIdx.x * a.q8s : NULL, a.qk ? a.qk + (size_t)blockIdx.x * a.qks : NULL);
+}
+
+int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
+    if (T == 0 || (!a->q8 && !a->qk)) return 0;
+    DS4_LAUNCH(quantize_kernel, T, 256, 0, st, *a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------------------- gemv */
+
+#define GEMV_WARPS 8
+
+/* 16 bytes from global memory through the read-only path. */
+static __device__ __forceinline__ int4 ld16(const void *p) { return __ldg((const int4 *)p); }
+
+static __device__ __forceinline__ int dot16(int4 w, int4 a) {
+    int s = __dp4a(w.x, a.x, 0);
+    s = __dp4a(w.y, a.y, s);
+    s = __dp4a(w.z, a.z, s);
+    return __dp4a(w.w, a.w, s);
+}
+
+/* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
+ * block; the partner lane (l ^ 1) holds the other half.  U steps are
+ * loaded before any is used, so each lane has U * R loads in flight. */
+#define GEMV_U 4
+template <int R>
+static __device__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd, float *acc) {
+    unsigned lane = threadIdx.x & 31;
+    for (uint32_t base = 0; base < n; base += 512 * GEMV_U) {
+        int4 w[GEMV_U][R], a[GEMV_U];
+        uint16_t dw[GEMV_U][R];
+        float dx[GEMV_U];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t c = base + 512 * u + 16 * lane;
+            bool ok = c < n;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = ok ? ld16(rows[r] + c) : make_int4(0, 0, 0, 0);
+                dw[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + n) + c / 32) : 0;
+            }
+            a[u] = ok ? ld16(x + c) : make_int4(0, 0, 0, 0);
+            dx[u] = ok ? __ldg(xd + c / 32) : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            bool ok = base + 512 * u + 16 * lane < n;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int sum = dot16(w[u][r], a[u]);
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                if (ok && (lane & 1) == 0) acc[r] += (dev_f16(dw[u][r]) * dx[u]) * (float)sum;
+            }
+        }
+    }
+}
+
+/* Q2_K rows: four lanes per 256-block, each with a quarter of the 64 quant
+ * bytes (4 sub-blocks of 16 values). */
+template <int R>
+static __device__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                 const int16_t *bsum, float *acc) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3, h = q >> 1, l0 = (q & 1) * 16;
+    uint32_t nb = n / 256;
+    for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
+        uint32_t b = b0 + lane / 4;
+        bool ok = b < nb;
+        int4 w[R], sc[R];
+        uint32_t dd[R];
+        for (int r = 0; r < R; r++) {
+            w[r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+            sc[r] = ok ? ld16(rows[r] + 64 * (size_t)nb + 16 * (size_t)b) : make_int4(0, 0, 0, 0);
+            dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 80 * (size_t)nb) + b) : 0;
+        }
+        int4 a[4];
+        int bs[4];
+        for (int j = 0; j < 4; j++) {
+            a[j] = ok ? ld16(x + 256 * (size_t)b + 128 * h + 32 * j + l0) : make_int4(0, 0, 0, 0);
+            bs[j] = ok ? bsum[16 * b + 8 * h + 2 * j + (q & 1)] : 0;
+        }
+        for (int r = 0; r < R; r++) {
+            int isum = 0, msum = 0;
+            const uint8_t *scb = (const uint8_t *)&sc[r];
+            for (int j = 0; j < 4; j++) {
+                int4 wj;
+                wj.x = (w[r].x >> (2 * j)) & 0x03030303;
+                wj.y = (w[r].y >> (2 * j)) & 0x03030303;
+                wj.z = (w[r].z >> (2 * j)) & 0x03030303;
+                wj.w = (w[r].w >> (2 * j)) & 0x03030303;
+                int s = 8 * h + 2 * j + (q & 1);
+                isum += (scb[s] & 15) * dot16(wj, a[j]);
+                msum += (scb[s] >> 4) * bs[j];
+            }
+            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+            msum += __shfl_xor_sync(0xffffffffu, msum, 1);
+            msum += __shfl_xor_sync(0xffffffffu, msum, 2);
+            if (ok && q == 0) {
+                float dall = dev_f16((uint16_t)dd[r]) * xd[b], dmin = dev_f16((uint16_t)(dd[r] >> 16)) * xd[b];
+                acc[r] += __fsub_rn(__fmul_rn(dall, (float)isum), __fmul_rn(dmin, (float)msum));
+            }
+        }
+    }
+}
+
+static __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+    if (j < 4) {
+        *sc = s[j] & 63;
+        *m = s[j + 4] & 63;
+    } else {
+        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+    }
+}
+
+/* Q4_K rows: eight lanes per 256-block, each with 16 of the 128 quant bytes
+ * (16 values of sub-block 2p in the low nibbles, 16 of 2p+1 in the high). */
+template <int R>
+static __device__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                 const int16_t *bsum, float *acc) {
+    unsigned lane = threadIdx.x & 31, c = lane & 7, p = c >> 1, l0 = (c & 1) * 16;
+    uint32_t nb = n / 256;
+    for (uint32_t b0 = 0; b0 < nb; b0 += 4) {
+        uint32_t b = b0 + lane / 8;
+        bool ok = b < nb;
+        int4 w[R];
+        uint32_t dd[R];
+        uint8_t scb[R][12];
+        for (int r = 0; r < R; r++) {
+            w[r] = ok ? ld16(rows[r] + 128 * (size_t)b + 16 * c) : make_int4(0, 0, 0, 0);
+            const uint8_t *sp = rows[r] + 128 * (size_t)nb + 12 * (size_t)b;
+            for (int i = 0; i < 12; i++) scb[r][i] = ok ? sp[i] : 0;
+            dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 140 * (size_t)nb) + b) : 0;
+        }
+        int4 alo = ok ? ld16(x + 256 * (size_t)b + 64 * p + l0) : make_int4(0, 0, 0, 0);
+        int4 ahi = ok ? ld16(x + 256 * (size_t)b + 64 * p + 32 + l0) : make_int4(0, 0, 0, 0);
+        int bslo = ok ? bsum[16 * b + 4 * p + (l0 / 16)] : 0, bshi = ok ? bsum[16 * b + 4 * p + 2 + (l0 / 16)] : 0;
+        for (int r = 0; r < R; r++) {
+            int4 wl, wh;
+            wl.x = w[r].x & 0x0f0f0f0f; wh.x = (w[r].x >> 4) & 0x0f0f0f0f;
+            wl.y = w[r].y & 0x0f0f0f0f; wh.y = (w[r].y >> 4) & 0x0f0f0f0f;
+            wl.z = w[r].z & 0x0f0f0f0f; wh.z = (w[r].z >> 4) & 0x0f0f0f0f;
+            wl.w = w[r].w & 0x0f0f0f0f; wh.w = (w[r].w >> 4) & 0x0f0f0f0f;
+            int sc0, m0, sc1, m1;
+            q4k_scale_min(scb[r], 2 * p, &sc0, &m0);
+            q4k_scale_min(scb[r], 2 * p + 1, &sc1, &m1);
+            int isum = sc0 * dot16(wl, alo) + sc1 * dot16(wh, ahi);
+            int msum = m0 * bslo + m1 * bshi;
+            for (int o = 1; o < 8; o <<= 1) {
+                isum += __shfl_xor_sync(0xffffffffu, isum, o);
+                msum += __shfl_xor_sync(0xffffffffu, msum, o);
+            }
+            if (ok && c == 0) {
+                float dall = dev_f16((uint16_t)dd[r]) * xd[b], dmin = dev_f16((uint16_t)(dd[r] >> 16)) * xd[b];
+                acc[r] += __fsub_rn(__fmul_rn(dall, (float)isum), __fmul_rn(dmin, (float)msum));
+            }
+        }
+    }
+}
+
+/* Bytes 0..3 of each word: 0xFF where the sign bit is set. */
+static __device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
+    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xFFu;
+}
+
+/* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
+ * index word g and sign/scale word s. */
+static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t g, uint32_t s, uint32_t out[8]) {
+    for (int l = 0; l < 4; l++) {
+        uint64_t v = grid[(g >> (8 * l)) & 255];
+        uint32_t s7 = (s >> (7 * l)) & 127;
+        uint32_t sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
+        uint32_t m0 = sign_mask4(sb & 15), m1 = sign_mask4(sb >> 4);
+        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32);
+        out[2 * l] = __vsub4(v0 ^ m0, m0);
+        out[2 * l + 1] = __vsub4(v1 ^ m1, m1);
+    }
+}
+
+/* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; two
+ * steps of 8 blocks loaded at once. */
+template <int R>
+static __device__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                    const uint64_t *grid, float *acc) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3;
+    uint32_t nb = n / 256;
+    for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
+        int4 w[2][R];
+        uint16_t d[2][R];
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            uint32_t b = b0 + 8 * u + lane / 4;
+            bool ok = b < nb;
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                w[u][r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+                d[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < 2; u++) {
+            uint32_t b = b0 + 8 * u + lane / 4;
+            bool ok = b < nb;
+            int4 a[4];
+            for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                int isum = 0;
+                const uint32_t *wq = (const uint32_t *)&w[u][r];
+                for (int gi = 0; gi < 2; gi++) {
+                    uint32_t v[8];
+                    iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
+                    int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+                    int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
+                    int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
+                    isum += (int)(2 * (wq[2 * gi + 1] >> 28) + 1) * sub;
+                }
+                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
+                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
+                if (ok && q == 0) acc[r] += (dev_f16(d[u][r]) * xd[b]) * ((float)isum * 0.125f);
+            }
+        }
+    }
+}
+
+/* Float rows against f32 activations: 16 bytes of weights per lane per
+ * step, U steps loaded at once. */
+template <int R> static __device__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x, float *acc) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t per = type == DS4_TYPE_F32 ? 4 : 8, esz = type == DS4_TYPE_F32 ? 4 : 2; /* elements per 16 bytes */
+    for (uint32_t base = 0; base < n; base += 32 * per * GEMV_U) {
+        int4 w[GEMV_U][R];
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+#pragma unroll
+            for (int r = 0; r < R; r++) w[u][r] = e < n ? ld16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int u = 0; u < GEMV_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+            if (e >= n) continue;
+            float xv[8];
+            if (per == 4) {
+                float4 v = __ldg((const float4 *)(x + e));
+                xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
+            } else {
+                float4 v0 = __ldg((const float4 *)(x + e)), v1 = __ldg((const float4 *)(x + e + 4));
+                xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+                xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint32_t *wv = (const uint32_t *)&w[u][r];
+                float sum = 0.0f;
+                if (type == DS4_TYPE_F32) {
+                    for (int i = 0; i < 4; i++) sum += __uint_as_float(wv[i]) * xv[i];
+                } else if (type == DS4_TYPE_F16) {
+                    for (int i = 0; i < 4; i++) {
+                        sum += dev_f16((uint16_t)wv[i]) * xv[2 * i];
+                        sum += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+                    }
+                } else {
+                    for (int i = 0; i < 4; i++) {
+                        sum += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
+                        sum += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+                    }
+                }
+                acc[r] += sum;
+            }
+        }
+    }
+}
+
+template <int R> static __device__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
+    const uint8_t *rows[R];
+    for (int r = 0; r < R; r++) {
+        uint32_t row = r0 + r < sg.rows ? r0 + r : sg.rows - 1; /* duplicate the last row: loads stay in bounds */
+        rows[r] = sg.w + mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
+    }
+    float acc[R];
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    switch (sg.type) {
+    case DS4_TYPE_Q8_0: gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc); break;
+    case DS4_TYPE_Q2_K: gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc); break;
+    case DS4_TYPE_Q4_K: gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc); break;
+    case DS4_TYPE_IQ2_XXS: gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, grid, acc); break;
+    default: gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc); break;
+    }
+    for (int r = 0; r < R; r++) {
+        float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < sg.rows) sg.out[r0 + r] = v;
+    }
+}
+
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
+    __shared__ uint64_t grid[256];
+    uint32_t s = 0;
+    while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
+    const gemv_seg &sg = p.seg[s];
+    if (sg.type == DS4_TYPE_IQ2_XXS) {
+        for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
+        __syncthreads();
+    }
+    unsigned warp = threadIdx.x / 32;
+    uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
+    if (r0 >= sg.rows) return;
+    switch (sg.rpw) {
+    case 1: gemv_rows<1>(sg, r0, grid); break;
+    case 2: gemv_rows<2>(sg, r0, grid); break;
+    default: gemv_rows<4>(sg, r0, grid); break;
+    }
+}
+
+static uint64_t *d_grid; /* the IQ2_XXS grid in device memory */
+
+int cu_matmul_init(ds4_err *err) {
+    if (d_grid) return 0;
+    CU_TRY(cudaMalloc(&d_grid, sizeof(ds4_iq2xxs_grid)));
+    CU_TRY(cudaMemcpy(d_grid, ds4_iq2xxs_grid, sizeof(ds4_iq2xxs_grid), cudaMemcpyHostToDevice));
+    return 0;
+}
+
+/* Rows per warp: enough bytes in flight per lane for short rows. */
+static uint32_t pick_rpw(const dwt *W) {
+    size_t qbytes = W->row_bytes;
+    if (qbytes <= 1024) return 4;
+    if (qbytes <= 2560) return 2;
+    return 1;
+}
+
+void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
+                 uint32_t rows, const dact *x, uint32_t act_off, float *out) {
+    gemv_seg *s = &p->seg[p->n_seg++];
+    s->w = W->p;
+    s->type = W->type;
+    s->n = W->n;
+    s->rows = rows;
+    s->row_bytes = W->row_bytes;
+    s->mat_bytes = W->row_bytes * W->rows;
+    s->mat = mat;
+    s->sel = sel;
+    s->sel_slot = slot;
+    s->row0 = row0;
+    cu_act_ptrs(x, W->type, 0, act_off, &s->xf, &s->xq, &s->xd, &s->xb);
+    s->out = out;
+    s->rpw = pick_rpw(W);
+    s->block0 = p->n_blocks;
+    p->n_blocks += (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
+}
+
+/* Float rows are read 16 bytes at a time: whole vectors only. */
+static int check_float_row(uint32_t type, uint32_t n, ds4_err *err) {
+    if ((type == DS4_TYPE_F32 && n % 4) || ((type == DS4_TYPE_F16 || type == DS4_TYPE_BF16) && n % 8))
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: float matrix rows of %u values (type %u)", n, type);
+    return 0;
+}
+
+int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
+    if (p->n_blocks == 0) return 0;
+    for (uint32_t i = 0; i < p->n_seg; i++)
+        if (check_float_row(p->seg[i].type, p->seg[i].n, err)) return -1;
+    if (cu_matmul_init(err)) return -1;
+    DS4_LAUNCH(gemv_kernel, p->n_blocks, GEMV_WARPS * 32, 0, st, *p, (const uint64_t *)d_grid);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* ------------------------------------------------------------- gemm */
+
+#define BM 64
+#define BN 64
+#define KC 256
+#define KPAD (KC + 16)
+
+typedef struct gemm_args {
+    const uint8_t *w;
+    uint32_t type, n, rows, row0, mat;
+    size_t row_bytes, mat_bytes;
+    const int8_t *xq;  /* token 0's quantized values (offset applied) */
+    const float *xd;   /* its block scales */
+    const int16_t *xb; /* its Q8_K block sums */
+    size_t xqs;        /* bytes from one token's row to the next */
+    const float *xf;
+    size_t xfs;
+    uint32_t T;
+    float *out;
+    size_t out_stride;
+    cu_group grp;
+    bool grouped;
+} gemm_args;
+
+/* Which activation rows a block works on and where its outputs go. */
+/* Dense products put the token tiles on x, so that the blocks sharing a
+ * tile of weight rows run together and read it once from DRAM (the
+ * activations, a few MB, stay in the L2); grouped ones put the rows on x. */
+static __device__ __forceinline__ uint32_t row_tile(const gemm_args &g) { return g.grouped ? blockIdx.x : blockIdx.y; }
+
+static __device__ __forceinline__ bool tile_tokens(const gemm_args &g, int *mat, int *count, int *start) {
+    if (!g.grouped) {
+        *mat = (int)g.mat;
+        *start = (int)(blockIdx.x * BN);
+        *count = imin_d(BN, (int)g.T - *start);
+        return *count > 0;
+    }
+    if ((int)blockIdx.y >= *g.grp.n_tiles) return false;
+    *mat = g.grp.tile_mat[blockIdx.y];
+    *start = g.grp.tile_start[blockIdx.y];
+    *count = g.grp.tile_count[blockIdx.y];
+    return true;
+}
+static __device__ __forceinline__ int act_row(const gemm_args &g, int i) {
+    return g.grouped ? g.grp.perm[i] / (int)g.grp.act_div : i;
+}
+static __device__ __forceinline__ int out_row(const gemm_args &g, int i) { return g.grouped ? g.grp.perm[i] : i; }
+
+typedef struct qsmem {
+    int8_t w[BM][KPAD];
+    int8_t x[BN][KPAD];
+    float wsc[BM][8];   /* Q8_0: f16 d per 32; K-quants: integer sub-scale per 32 */
+    float xsc[BN][8];   /* Q8_0: activation d per 32 */
+    float wd[BM][2];    /* K-quants: d, dmin */
+    float xd[BN];       /* Q8_K d */
+    int16_t wm[BM][16]; /* K-quants: mins per 16 (Q2_K) or per 32 (Q4_K, 8 used) */
+    int16_t xb[BN][16]; /* Q8_K bsums */
+} qsmem;
+
+/* Expand chunk kb (256 values at k0) of the block's weight rows. */
+static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint32_t k0, uint32_t klen, const uint64_t *grid) {
+    uint32_t nb = g.n / 256, b = k0 / 256;
+    for (unsigned i = threadIdx.x; i < BM * 16; i += blockDim.x) {
+        unsigned r = i / 16, piece = i % 16; /* 16 pieces of 16 values */
+        uint32_t row = g.row0 + row_tile(g) * BM + r;
+        int8_t *dst = s.w[r];
+        if (row_tile(g) * BM + r >= g.rows || piece * 16 >= klen) {
+            for (int k = 0; k < 16; k++) dst[piece * 16 + k] = 0;
+            continue;
+        }
+        const uint8_t *rp = g.w + (size_t)mat * g.mat_bytes + (size_t)row * g.row_bytes;
+        switch (g.type) {
+        case DS4_TYPE_Q8_0: {
+            int4 v = ld16(rp + k0 + 16 * piece);
+            memcpy(dst + 16 * piece, &v, 16);
+            if ((piece & 1) == 0) s.wsc[r][piece / 2] = dev_f16(((const uint16_t *)(rp + g.n))[(k0 + 16 * piece) / 32]);
+            break;
+        }
+        case DS4_TYPE_Q2_K: { /* piece = sub-block s: values 16 s .. 16 s + 15 */
+            unsigned sb = piece, h = sb / 8, j = (sb % 8) / 2, l0 = (sb & 1) * 16;
+            int4 q = ld16(rp + 64 * (size_t)b + 32 * h + l0);
+            uint8_t sc = rp[64 * (size_t)nb + 16 * b + sb];
+            /* 2-bit values times the 4-bit scale: at most 45, no carry between bytes */
+            uint32_t m = sc & 15;
+            uint32_t v[4] = {(((uint32_t)q.x >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.y >> (2 * j)) & 0x03030303u) * m,
+                             (((uint32_t)q.z >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.w >> (2 * j)) & 0x03030303u) * m};
+            memcpy(dst + 16 * sb, v, 16);
+            s.wm[r][sb] = sc >> 4;
+            if (sb < 8) s.wsc[r][sb] = 1.0f;
+            if (sb == 0) {
+                const uint16_t *dd = (const uint16_t *)(rp + 80 * (size_t)nb) + 2 * b;
+                s.wd[r][0] = dev_f16(dd[0]);
+                s.wd[r][1] = dev_f16(dd[1]);
+            }
+            break;
+        }
+        case DS4_TYPE_Q4_K: { /* piece: sub-block j = piece / 2, half = piece % 2 */
+            unsigned j = piece / 2, l0 = (piece & 1) * 16;
+            int4 q = ld16(rp + 128 * (size_t)b + 32 * (j / 2) + l0);
+            int shift = 4 * (j & 1);
+            uint32_t v[4] = {((uint32_t)q.x >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu,
+                             ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu};
+            memcpy(dst + 32 * j + l0, v, 16);
+            if ((piece & 1) == 0) {
+                int sc, m;
+                q4k_scale_min(rp + 128 * (size_t)nb + 12 * (size_t)b, (int)j, &sc, &m);
+                s.wsc[r][j] = (float)sc;
+                s.wm[r][j] = (int16_t)m;
+            }
+            if (piece == 0) {
+                const uint16_t *dd = (const uint16_t *)(rp + 140 * (size_t)nb) + 2 * b;
+                s.wd[r][0] = dev_f16(dd[0]);
+                s.wd[r][1] = dev_f16(dd[1]);
+            }
+            break;
+        }
+        case DS4_TYPE_IQ2_XXS: { /* piece: group ib = piece / 2, half = piece % 2 */
+            unsigned ib = piece / 2, half = piece & 1;
+            const uint32_t *gw = (const uint32_t *)(rp + 64 * (size_t)b + 8 * ib);
+            uint32_t v[8];
+            iq2_group(grid, gw[0], gw[1], v);
+            memcpy(dst + 32 * ib + 16 * half, &v[4 * half], 16);
+            if (half == 0) s.wsc[r][ib] = (float)(2 * (gw[1] >> 28) + 1);
+            if (piece == 0) s.wd[r][0] = dev_f16(((const uint16_t *)(rp + 64 * (size_t)nb))[b]);
+            break;
+        }
+        default: break;
+        }
+    }
+}
+
+static __device__ void load_x_chunk(const gemm_args &g, qsmem &s, int start, int count, uint32_t k0, uint32_t klen) {
+    bool q8 = g.type == DS4_TYPE_Q8_0;
+    for (unsigned i = threadIdx.x; i < BN * 16; i += blockDim.x) {
+        unsigned t = i / 16, piece = i % 16;
+        int8_t *dst = s.x[t] + 16 * piece;
+        if ((int)t >= count || piece * 16 >= klen) {
+            memset(dst, 0, 16);
+            continue;
+        }
+        size_t off = (size_t)act_row(g, start + (int)t) * g.xqs;
+        int4 v = ld16((const uint8_t *)g.xq + off + k0 + 16 * piece);
+        memcpy(dst, &v, 16);
+        const float *xd = (const float *)((const uint8_t *)g.xd + off);
+        if (q8) {
+            if ((piece & 1) == 0) s.xsc[t][piece / 2] = xd[k0 / 32 + piece / 2];
+        } else {
+            const int16_t *xb = (const int16_t *)((const uint8_t *)g.xb + off);
+            s.xb[t][piece] = xb[k0 / 16 + piece];
+            if (piece == 0) s.xd[t] = xd[k0 / 256];
+        }
+    }
+}
+
+/* Warp (wm, wn) of the 2 x 2 arrangement: rows 32 wm.., tokens 32 wn.. */
+static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const uint64_t *grid_g) {
+    __shared__ qsmem s;
+    __shared__ uint64_t grid[256];
+    int mat, count, start;
+    if (!tile_tokens(g, &mat, &count, &start)) return;
+    if (g.type == DS4_TYPE_IQ2_XXS) {
+        for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
+        __syncthreads();
+    }
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 1, wn = warp >> 1;
+    unsigned gq = lane / 4, tq = lane % 4;
+    bool kq = g.type != DS4_TYPE_Q8_0;
+    float acc[2][4][4];
+    #pragma unroll
+    for (int a = 0; a < 2; a++)
+        #pragma unroll
+        for (int b = 0; b < 4; b++)
+            #pragma unroll
+            for (int i = 0; i < 4; i++) acc[a][b][i] = 0.0f;
+    for (uint32_t k0 = 0; k0 < g.n; k0 += KC) {
+        uint32_t klen = g.n - k0 < KC ? g.n - k0 : KC;
+        __syncthreads();
+        load_w_chunk(g, s, mat, k0, klen, grid);
+        load_x_chunk(g, s, start, count, k0, klen);
+        __syncthreads();
+        int isum[2][4][4], c[2][4][4];
+        #pragma unroll
+        for (int a = 0; a < 2; a++)
+            #pragma unroll
+            for (int b = 0; b < 4; b++)
+                #pragma unroll
+                for (int i = 0; i < 4; i++) isum[a][b][i] = c[a][b][i] = 0;
+        for (uint32_t kk = 0; kk < klen / 32; kk++) {
+            uint32_t af[2][4], bf[4][2];
+            #pragma unroll
+            for (int a = 0; a < 2; a++) {
+                unsigned r = 32 * wm + 16 * a + gq;
+                af[a][0] = *(const uint32_t *)&s.w[r][32 * kk + 4 * tq];
+                af[a][1] = *(const uint32_t *)&s.w[r + 8][32 * kk + 4 * tq];
+                af[a][2] = *(const uint32_t *)&s.w[r][32 * kk + 16 + 4 * tq];
+                af[a][3] = *(const uint32_t *)&s.w[r + 8][32 * kk + 16 + 4 * tq];
+            }
+            #pragma unroll
+            for (int b = 0; b < 4; b++) {
+                unsigned t = 32 * wn + 8 * b + gq;
+                bf[b][0] = *(const uint32_t *)&s.x[t][32 * kk + 4 * tq];
+                bf[b][1] = *(const uint32_t *)&s.x[t][32 * kk + 16 + 4 * tq];
+            }
+            bool accumulate = g.type == DS4_TYPE_Q2_K; /* pre-scaled: sums run across the chunk */
+            #pragma unroll
+            for (int a = 0; a < 2; a++)
+                #pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    if (!accumulate)
+                        #pragma unroll
+                        for (int i = 0; i < 4; i++) c[a][b][i] = 0;
+                    mma_s8_16x8x32(c[a][b], af[a], bf[b]);
+                    if (accumulate) continue;
+                    #pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
+                        unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
+                        if (kq) isum[a][b][i] += (int)s.wsc[r][kk] * c[a][b][i];
+                        else acc[a][b][i] += (s.wsc[r][kk] * s.xsc[t][kk]) * (float)c[a][b][i];
+                    }
+                }
+        }
+        if (!kq) continue;
+        /* K-quant super-block: mins and the float step of the CPU dot */
+        #pragma unroll
+        for (int a = 0; a < 2; a++)
+            #pragma unroll
+            for (int b = 0; b < 4; b++)
+                #pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
+                    unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
+                    int is = g.type == DS4_TYPE_Q2_K ? c[a][b][i] : isum[a][b][i];
+                    if (g.type == DS4_TYPE_IQ2_XXS) {
+                        acc[a][b][i] += (s.wd[r][0] * s.xd[t]) * ((float)is * 0.125f);
+                        continue;
+                    }
+                    int ms = 0;
+                    if (g.type == DS4_TYPE_Q2_K)
+                        for (int sb = 0; sb < 16; sb++) ms += s.wm[r][sb] * s.xb[t][sb];
+                    else
+                        for (int j = 0; j < 8; j++) ms += s.wm[r][j] * (s.xb[t][2 * j] + s.xb[t][2 * j + 1]);
+                    float dall = s.wd[r][0] * s.xd[t], dmin = s.wd[r][1] * s.xd[t];
+                    acc[a][b][i] += __fsub_rn(__fmul_rn(dall, (float)is), __fmul_rn(dmin, (float)ms));
+                }
+    }
+    #pragma unroll
+    for (int a = 0; a < 2; a++)
+        #pragma unroll
+        for (int b = 0; b < 4; b++)
+            #pragma unroll
+            for (int i = 0; i < 4; i++) {
+                unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
+                unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
+                uint32_t row = row_tile(g) * BM + r;
+                if ((int)t < count && row < g.rows)
+                    g.out[(size_t)out_row(g, start + (int)t) * g.out_stride + row] = acc[a][b][i];
+            }
+}
+
+/* Float weights: 64 x 64 tile, K in steps of 32, 4 x 4 outputs a thread. */
+static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
+    __shared__ float ws[32][BM + 1];
+    __shared__ float xs[32][BN + 1];
+    int mat, count, start;
+    if (!tile_tokens(g, &mat, &count, &start)) return;
+    unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16; /* rows 4 tx.., tokens 4 ty.. */
+    float acc[4][4] = {};
+    for (uint32_t k0 = 0; k0 < g.n; k0 += 32) {
+        __syncthreads();
+        for (unsigned i = threadIdx.x; i < 32 * BM; i += blockDim.x) {
+            unsigned r = i / 32, k = i % 32;
+            uint32_t row = row_tile(g) * BM + r;
+            float v = 0.0f;
+            if (row < g.rows && k0 + k < g.n) {
+                const uint8_t *rp = g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
+                if (g.type == DS4_TYPE_F32) v = ((const float *)rp)[k0 + k];
+                else if (g.type == DS4_TYPE_F16) v = dev_f16(((const uint16_t *)rp)[k0 + k]);
+                else v = dev_bf16(((const uint16_t *)rp)[k0 + k]);
+            }
+            ws[k][r] = v;
+        }
+        for (unsigned i = threadIdx.x; i < 32 * BN; i += blockDim.x) {
+            unsigned t = i / 32, k = i % 32;
+            float v = 0.0f;
+            if ((int)t < count && k0 + k < g.n) v = g.xf[(size_t)act_row(g, start + (int)t) * g.xfs + k0 + k];
+            xs[k][t] = v;
+        }
+        __syncthreads();
+        for (int k = 0; k < 32; k++) {
+            float wv[4], xv[4];
+            for (int i = 0; i < 4; i++) wv[i] = ws[k][4 * tx + i];
+            for (int j = 0; j < 4; j++) xv[j] = xs[k][4 * ty + j];
+            for (int i = 0; i < 4; i++)
+                for (int j = 0; j < 4; j++) acc[i][j] += wv[i] * xv[j];
+        }
+    }
+    for (int i = 0; i < 4; i++)
+        for (int j = 0; j < 4; j++) {
+            uint32_t row = row_tile(g) * BM + 4 * tx + i;
+            int t = 4 * (int)ty + j;
+            if (t < count && row < g.rows) g.out[(size_t)out_row(g, start + t) * g.out_stride + row] = acc[i][j];
+        }
+}
+
+int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
+            float *out, size_t out_stride, const cu_group *grp, cudaStream_t st, ds4_err *err) {
+    if (rows == 0 || (T == 0 && !grp)) return 0;
+    gemm_args g;
+    memset(&g, 0, sizeof(g));
+    g.w = W->p;
+    g.type = W->type;
+    g.n = W->n;
+    g.rows = rows;
+    g.row0 = row0;
+    g.mat = mat;
+    g.row_bytes = W->row_bytes;
+    g.mat_bytes = W->row_bytes * W->rows;
+    g.T = T;
+    g.out = out;
+    g.out_stride = out_stride;
+    g.grouped = grp != NULL;
+    if (grp) g.grp = *grp;
+    uint32_t row_tiles = (rows + BM - 1) / BM;
+    dim3 grid = grp ? dim3(row_tiles, grp->max_tiles) : dim3((T + BN - 1) / BN, row_tiles);
+    bool quant = W->type == DS4_TYPE_Q8_0 || W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K ||
+                 W->type == DS4_TYPE_IQ2_XXS;
+    cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
+    g.xfs = x->fs;
+    if (quant) {
+        g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
+        if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
+        if (cu_matmul_init(err)) return -1;
+        DS4_LAUNCH(gemm_q_kernel, grid, 128, 0, st, g, (const uint64_t *)d_grid);
+    } else {
+        DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
+    }
+    CU_LAUNCHED();
+    return 0;
+}

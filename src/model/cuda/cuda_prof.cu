@@ -1,0 +1,116 @@
+/*
+ * cuda_prof.cu - per-kernel timing for development: with DS4_CUDA_PROFILE=1
+ * the backend runs decode steps without the graph and every launch is
+ * bracketed by CUDA events; ds4_prof_report() prints, per kernel name, the
+ * launches, the total and the mean time, largest first.  Off by default and
+ * not compiled into the CPU emulation.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/cuda/cuda_rt.h"
+
+bool ds4_prof_on;
+
+#ifndef DS4_CUDA_EMU
+
+#define PROF_MAX 8192
+
+typedef struct prof_rec {
+    const char *name;
+    cudaEvent_t a, b;
+} prof_rec;
+
+static prof_rec recs[PROF_MAX];
+static int n_recs, n_events;
+static cudaEvent_t pending;
+
+typedef struct prof_sum {
+    const char *name;
+    double ms;
+    long calls;
+} prof_sum;
+
+static prof_sum sums[256];
+static int n_sums;
+
+/* Fold the recorded launches into the per-name sums (waits for them). */
+static void flush(void) {
+    for (int i = 0; i < n_recs; i++) {
+        float ms = 0;
+        cudaEventSynchronize(recs[i].b);
+        cudaEventElapsedTime(&ms, recs[i].a, recs[i].b);
+        int k = 0;
+        while (k < n_sums && strcmp(sums[k].name, recs[i].name)) k++;
+        if (k == n_sums && n_sums < 256) {
+            sums[n_sums].name = recs[i].name;
+            sums[n_sums].ms = 0;
+            sums[n_sums].calls = 0;
+            n_sums++;
+        }
+        if (k < 256) {
+            sums[k].ms += ms;
+            sums[k].calls++;
+        }
+    }
+    n_recs = 0;
+}
+
+static cudaEvent_t event(void) {
+    static cudaEvent_t pool[2 * PROF_MAX];
+    if (n_events < 2 * PROF_MAX) {
+        if (!pool[n_events]) cudaEventCreate(&pool[n_events]);
+        return pool[n_events++];
+    }
+    return NULL;
+}
+
+void ds4_prof_before(cudaStream_t st) {
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) return;
+    if (n_recs == PROF_MAX || n_events + 2 > 2 * PROF_MAX) {
+        flush();
+        n_events = 0;
+    }
+    pending = event();
+    cudaEventRecord(pending, st);
+}
+
+void ds4_prof_after(const char *name, cudaStream_t st) {
+    if (!pending) return;
+    cudaEvent_t b = event();
+    cudaEventRecord(b, st);
+    recs[n_recs].name = name;
+    recs[n_recs].a = pending;
+    recs[n_recs].b = b;
+    n_recs++;
+    pending = NULL;
+}
+
+static int by_time(const void *x, const void *y) {
+    double a = ((const prof_sum *)x)->ms, b = ((const prof_sum *)y)->ms;
+    return a < b ? 1 : a > b ? -1 : 0;
+}
+
+void ds4_prof_report(const char *title) {
+    flush();
+    n_events = 0;
+    double total = 0;
+    for (int i = 0; i < n_sums; i++) total += sums[i].ms;
+    qsort(sums, n_sums, sizeof(sums[0]), by_time);
+    fprintf(stderr, "ds4 cuda profile (%s): %.3f ms in kernels\n", title, total);
+    fprintf(stderr, "  %-28s %8s %10s %9s %6s\n", "kernel", "launches", "total ms", "mean us", "share");
+    for (int i = 0; i < n_sums; i++)
+        fprintf(stderr, "  %-28s %8ld %10.3f %9.2f %5.1f%%\n", sums[i].name, sums[i].calls, sums[i].ms,
+                1e3 * sums[i].ms / sums[i].calls, 100.0 * sums[i].ms / total);
+    n_sums = 0;
+}
+
+#else
+
+void ds4_prof_before(cudaStream_t) {}
+void ds4_prof_after(const char *, cudaStream_t) {}
+void ds4_prof_report(const char *) {}
+
+#endif

@@ -1,0 +1,179 @@
+/*
+ * cuda_rt.h - what every .cu file of the CUDA backend includes: the CUDA
+ * runtime (or, with -DDS4_CUDA_EMU, the CPU emulation of tests/cuda/emu/
+ * that runs these same sources without a GPU), the launch macro both
+ * understand, error checking, and the small device helpers shared by the
+ * kernels (narrow float conversions, warp reductions, the integer and half
+ * tensor-core instructions).
+ *
+ * Device code must not depend on which of the two it is compiled for,
+ * except through the helpers here.
+ */
+#ifndef DS4_MODEL_CUDA_CUDA_RT_H
+#define DS4_MODEL_CUDA_CUDA_RT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef DS4_CUDA_EMU
+#include "cuda_emu.h"
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#endif
+
+extern "C" {
+#include "base/error.h"
+#include "base/fp.h"
+}
+
+/* kernel<<<grid, block, smem, stream>>>(args...) in either build. */
+#ifdef DS4_CUDA_EMU
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...) \
+    emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
+#define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
+#else
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                    \
+    do {                                                                     \
+        if (ds4_prof_on) ds4_prof_before(stream);                            \
+        kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);            \
+        if (ds4_prof_on) ds4_prof_after(#kern, stream);                      \
+    } while (0)
+#define DS4_DYN_SMEM(type, name)                                   \
+    extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
+    type *name = reinterpret_cast<type *>(ds4_dyn_smem)
+#endif
+
+/* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
+ * on, every launch outside a graph capture is bracketed by events, and the
+ * backend prints the time per kernel when it is freed. */
+extern bool ds4_prof_on;
+void ds4_prof_before(cudaStream_t st);
+void ds4_prof_after(const char *name, cudaStream_t st);
+void ds4_prof_report(const char *title);
+
+/* Turn a CUDA error into a ds4 error naming the call and the place. */
+static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *file, int line, ds4_err *err) {
+    if (e == cudaSuccess) return 0;
+    return ds4_err_set(err, DS4_EIO, "CUDA: %s failed at %s:%d: %s", what, file, line, cudaGetErrorString(e));
+}
+#define CU_TRY(call)                                                              \
+    do {                                                                          \
+        if (ds4_cuda_check((call), #call, __FILE__, __LINE__, err) != 0) return -1; \
+    } while (0)
+/* After a launch: configuration errors show up here. */
+#define CU_LAUNCHED() CU_TRY(cudaGetLastError())
+
+/* -------------------------------------------------- device helpers */
+
+static __device__ __forceinline__ float dev_f16(uint16_t h) {
+#ifdef DS4_CUDA_EMU
+    return ds4_f16_to_f32(h);
+#else
+    return __half2float(__ushort_as_half(h));
+#endif
+}
+
+static __device__ __forceinline__ float dev_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+
+/* Round through IEEE binary16 (nearest even), as ds4_f16_round. */
+static __device__ __forceinline__ float dev_f16_round(float x) {
+#ifdef DS4_CUDA_EMU
+    return ds4_f16_round(x);
+#else
+    return __half2float(__float2half_rn(x));
+#endif
+}
+
+static __device__ __forceinline__ uint16_t dev_to_f16(float x) {
+#ifdef DS4_CUDA_EMU
+    return ds4_f32_to_f16(x);
+#else
+    return __half_as_ushort(__float2half_rn(x));
+#endif
+}
+
+static __device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ double warp_sum_d(double v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ int warp_sum_i(int v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+static __device__ __forceinline__ float warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Sum over the block (blockDim.x a multiple of 32, <= 1024); every thread
+ * gets the result.  `scratch` holds 32 values. */
+template <typename T> static __device__ __forceinline__ T block_sum(T v, T *scratch) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    unsigned w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads(); /* scratch may still be read from a previous call */
+    if ((threadIdx.x & 31) == 0) scratch[w] = v;
+    __syncthreads();
+    T r = 0;
+    for (unsigned i = 0; i < nw; i++) r += scratch[i]; /* fixed order: same bits in every thread */
+    return r;
+}
+static __device__ __forceinline__ float block_max(float v, float *scratch) {
+    v = warp_max(v);
+    unsigned w = threadIdx.x / 32, nw = blockDim.x / 32;
+    __syncthreads();
+    if ((threadIdx.x & 31) == 0) scratch[w] = v;
+    __syncthreads();
+    float r = scratch[0];
+    for (unsigned i = 1; i < nw; i++) r = fmaxf(r, scratch[i]);
+    return r;
+}
+
+/* D = A * B + C on int8 tensor cores, m16n8k32 (PTX ISA "Matrix Fragments
+ * for mma.m16n8k32"): with g = lane / 4 and t = lane % 4,
+ *   a[0]: A row g,   cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
+ *   a[2]: A row g,   cols 16+4t..       a[3]: A row g+8, cols 16+4t..
+ *   b[0]: B rows 4t..4t+3, col g        b[1]: B rows 16+4t.., col g
+ *   c[0], c[1]: D row g, cols 2t, 2t+1  c[2], c[3]: D row g+8, cols 2t, 2t+1
+ * (bytes in a register are consecutive columns / rows, lowest first). */
+static __device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const uint32_t *all = emu_warp_gather(mine, 6);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    /* A[row][k] and B[k][col] read back from the lanes that hold them */
+    auto A = [&](unsigned row, unsigned k) -> int {
+        unsigned holder = (row % 8) * 4 + (k % 16) / 4;
+        unsigned reg = (row >= 8 ? 1 : 0) + (k >= 16 ? 2 : 0);
+        return (int)(int8_t)(all[holder * 16 + reg] >> (8 * (k % 4)));
+    };
+    auto B = [&](unsigned k, unsigned col) -> int {
+        unsigned holder = col * 4 + (k % 16) / 4;
+        unsigned reg = 4 + (k >= 16 ? 1 : 0);
+        return (int)(int8_t)(all[holder * 16 + reg] >> (8 * (k % 4)));
+    };
+    int out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        int s = c[i];
+        for (unsigned k = 0; k < 32; k++) s += A(row, k) * B(k, col);
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+static __device__ __forceinline__ int imin_d(int a, int b) { return a < b ? a : b; }
+static __device__ __forceinline__ int imax_d(int a, int b) { return a > b ? a : b; }
+
+#endif

@@ -1,0 +1,303 @@
+/*
+ * cuda_weights.cu - the model's tensors in GPU memory (see cuda_internal.h
+ * for the repacked row layout).
+ *
+ * Loading copies every tensor of a ds4_weights once, regrouping the bytes
+ * of the quantized block formats so that a warp reads a row's quants with
+ * 16-byte coalesced loads and the block scales separately; the values are
+ * the file's, bit for bit.  Synthesis fills the same layout with seeded
+ * random but valid data directly on the GPU (the full-size speed runs: an
+ * 81 GB file need not exist), with the value scales ds4-mkmodel uses.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/cuda/cuda_internal.h"
+
+static size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+size_t cu_row_bytes(uint32_t type, uint32_t n) {
+    size_t b;
+    switch (type) {
+    case DS4_TYPE_I32: return (size_t)n * 4; /* the hash table stays a dense array */
+    case DS4_TYPE_F32: b = (size_t)n * 4; break;
+    case DS4_TYPE_F16:
+    case DS4_TYPE_BF16: b = (size_t)n * 2; break;
+    case DS4_TYPE_Q8_0: if (n % 32) return 0; b = (size_t)n + (size_t)n / 32 * 2; break;
+    case DS4_TYPE_Q2_K: if (n % 256) return 0; b = (size_t)n / 256 * 84; break;
+    case DS4_TYPE_Q4_K: if (n % 256) return 0; b = (size_t)n / 256 * 144; break;
+    case DS4_TYPE_IQ2_XXS: if (n % 256) return 0; b = (size_t)n / 256 * 66; break;
+    default: return 0;
+    }
+    return align_up(b, 16);
+}
+
+void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, size_t row_bytes) {
+    memset(dst, 0, row_bytes);
+    uint32_t nb = n / 256;
+    switch (type) {
+    case DS4_TYPE_Q8_0:
+        for (uint32_t b = 0; b < n / 32; b++) {
+            memcpy(dst + 32 * (size_t)b, src + 34 * (size_t)b + 2, 32);
+            memcpy(dst + n + 2 * (size_t)b, src + 34 * (size_t)b, 2);
+        }
+        return;
+    case DS4_TYPE_Q2_K: /* scales[16] qs[64] d dmin */
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *s = src + 84 * (size_t)b;
+            memcpy(dst + 64 * (size_t)b, s + 16, 64);
+            memcpy(dst + 64 * (size_t)nb + 16 * b, s, 16);
+            memcpy(dst + 80 * (size_t)nb + 4 * b, s + 80, 4);
+        }
+        return;
+    case DS4_TYPE_Q4_K: /* d dmin scales[12] qs[128] */
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *s = src + 144 * (size_t)b;
+            memcpy(dst + 128 * (size_t)b, s + 16, 128);
+            memcpy(dst + 128 * (size_t)nb + 12 * b, s + 4, 12);
+            memcpy(dst + 140 * (size_t)nb + 4 * b, s, 4);
+        }
+        return;
+    case DS4_TYPE_IQ2_XXS: /* d qs[64] */
+        for (uint32_t b = 0; b < nb; b++) {
+            const uint8_t *s = src + 66 * (size_t)b;
+            memcpy(dst + 64 * (size_t)b, s + 2, 64);
+            memcpy(dst + 64 * (size_t)nb + 2 * b, s, 2);
+        }
+        return;
+    default:
+        memcpy(dst, src, ds4_row_bytes(type, n));
+        return;
+    }
+}
+
+/* The host and device tables walked in parallel: same fields, same order. */
+static_assert(sizeof(ds4_layer_weights) / sizeof(ds4_wt) == sizeof(dlayer) / sizeof(dwt), "layer tables differ");
+#define N_GLOBAL 6
+#define N_LAYER (sizeof(dlayer) / sizeof(dwt))
+
+static const ds4_wt *host_tensor(const ds4_weights *w, size_t i) {
+    if (i < N_GLOBAL) return &w->token_embd + i;
+    i -= N_GLOBAL;
+    return (const ds4_wt *)&w->layers[i / N_LAYER] + i % N_LAYER;
+}
+static dwt *dev_tensor(dweights *dw, size_t i) {
+    if (i < N_GLOBAL) return &dw->token_embd + i;
+    i -= N_GLOBAL;
+    return (dwt *)&dw->layers[i / N_LAYER] + i % N_LAYER;
+}
+
+/* Shapes and one device allocation for all present tensors. */
+static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *err) {
+    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER, total = 0;
+    dw->layers = (dlayer *)calloc(w->cfg.n_layer, sizeof(dlayer));
+    if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (size_t i = 0; i < count; i++) {
+        const ds4_wt *h = host_tensor(w, i);
+        dwt *d = dev_tensor(dw, i);
+        memset(d, 0, sizeof(*d));
+        offsets[i] = SIZE_MAX;
+        if (!h->name) continue; /* absent optional tensor */
+        d->type = h->type;
+        d->n = (uint32_t)h->ne[0];
+        d->rows = (uint32_t)h->ne[1];
+        d->mats = (uint32_t)h->ne[2];
+        d->row_bytes = cu_row_bytes(h->type, d->n);
+        if (!d->row_bytes)
+            return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %u with rows of %u is not supported on CUDA",
+                               h->name, h->type, d->n);
+        offsets[i] = total;
+        total += align_up(d->row_bytes * d->rows * d->mats, 256);
+    }
+    dw->bytes = total;
+    CU_TRY(cudaMalloc(&dw->block, total ? total : 256));
+    for (size_t i = 0; i < count; i++)
+        if (offsets[i] != SIZE_MAX) dev_tensor(dw, i)->p = (const uint8_t *)dw->block + offsets[i];
+    return 0;
+}
+
+int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err) {
+    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER;
+    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
+    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = plan(dw, w, offsets, err);
+    free(offsets);
+    if (rc) return rc;
+    /* Repack through a pinned staging buffer, 64 MiB at a time. */
+    const size_t STAGE = (size_t)64 << 20;
+    uint8_t *stage[2] = {NULL, NULL};
+    cudaEvent_t done[2] = {NULL, NULL};
+    CU_TRY(cudaMallocHost(&stage[0], STAGE));
+    CU_TRY(cudaMallocHost(&stage[1], STAGE));
+    CU_TRY(cudaEventCreate(&done[0]));
+    CU_TRY(cudaEventCreate(&done[1]));
+    int which = 0;
+    for (size_t i = 0; i < count && rc == 0; i++) {
+        const ds4_wt *h = host_tensor(w, i);
+        dwt *d = dev_tensor(dw, i);
+        if (!d->p) continue;
+        if (!h->data) {
+            rc = ds4_err_set(err, DS4_EINVAL, "tensor %s has no data (synthetic weights need the synthetic loader)", h->name);
+            break;
+        }
+        size_t rows = (size_t)d->rows * d->mats, per = STAGE / d->row_bytes;
+        if (per == 0) {
+            rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: a row of %zu bytes exceeds the staging buffer", h->name, d->row_bytes);
+            break;
+        }
+        for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
+            size_t nr = rows - r0 < per ? rows - r0 : per;
+            if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
+            for (size_t r = 0; r < nr; r++)
+                cu_repack_row(d->type, d->n, (const uint8_t *)h->data + (r0 + r) * h->row_bytes, stage[which] + r * d->row_bytes,
+                           d->row_bytes);
+            if (ds4_cuda_check(cudaMemcpyAsync((uint8_t *)d->p + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
+                                               cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
+                ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
+                rc = -1;
+            which ^= 1;
+        }
+    }
+    if (rc == 0) rc = ds4_cuda_check(cudaStreamSynchronize(st), "upload", __FILE__, __LINE__, err);
+    cudaEventDestroy(done[0]);
+    cudaEventDestroy(done[1]);
+    cudaFreeHost(stage[0]);
+    cudaFreeHost(stage[1]);
+    return rc;
+}
+
+/* ------------------------------------------------------------ synthetic */
+
+static __device__ __forceinline__ uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static __device__ __forceinline__ float uniform01(uint64_t h) { return (float)((h >> 40) + 1) * (1.0f / 16777217.0f); }
+
+static __device__ float normal_at(uint64_t seed, uint64_t i) {
+    float u1 = uniform01(mix64(seed + 2 * i)), u2 = uniform01(mix64(seed + 2 * i + 1));
+    return sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
+}
+
+/* Float tensors: mean + std * N(0,1) per element. */
+static __global__ void synth_float(uint8_t *p, uint32_t type, size_t count, uint64_t seed, float mean, float std) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
+        float v = mean + std * normal_at(seed, i);
+        if (type == DS4_TYPE_F32) ((float *)p)[i] = v;
+        else if (type == DS4_TYPE_F16) ((uint16_t *)p)[i] = dev_to_f16(v);
+        else ((uint16_t *)p)[i] = (uint16_t)(__float_as_uint(v) >> 16);
+    }
+}
+
+/* Quantized tensors: random bytes everywhere, then the block scales set so
+ * the values have about the wanted standard deviation (as ds4-mkmodel's
+ * --random-blocks). */
+static __global__ void synth_bytes(uint8_t *p, size_t words, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
+        ((uint64_t *)p)[i] = mix64(seed ^ (i * 0x9E3779B97F4A7C15ull));
+}
+
+static __global__ void synth_scales(uint8_t *p, uint32_t type, uint32_t n, size_t row_bytes, size_t rows, float std) {
+    uint32_t nb = n / 256;
+    for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < rows; r += (size_t)gridDim.x * blockDim.x) {
+        uint8_t *row = p + r * row_bytes;
+        uint16_t *d;
+        switch (type) {
+        case DS4_TYPE_Q8_0:
+            d = (uint16_t *)(row + n);
+            for (uint32_t b = 0; b < n / 32; b++) d[b] = dev_to_f16(std / 74.0f);
+            break;
+        case DS4_TYPE_Q2_K:
+            d = (uint16_t *)(row + 80 * (size_t)nb);
+            for (uint32_t b = 0; b < 2 * nb; b++) d[b] = dev_to_f16(std / 8.0f);
+            break;
+        case DS4_TYPE_Q4_K:
+            d = (uint16_t *)(row + 140 * (size_t)nb);
+            for (uint32_t b = 0; b < 2 * nb; b++) d[b] = dev_to_f16(std / 150.0f);
+            break;
+        case DS4_TYPE_IQ2_XXS:
+            d = (uint16_t *)(row + 64 * (size_t)nb);
+            for (uint32_t b = 0; b < nb; b++) d[b] = dev_to_f16(std / 40.0f);
+            break;
+        default: break;
+        }
+    }
+}
+
+/* Hash routing table: k distinct experts per token. */
+static __global__ void synth_hash(int32_t *tab, uint32_t k, uint32_t vocab, uint32_t n_expert, uint64_t seed) {
+    for (uint32_t tok = blockIdx.x * blockDim.x + threadIdx.x; tok < vocab; tok += gridDim.x * blockDim.x) {
+        int32_t *row = tab + (size_t)tok * k;
+        uint64_t s = seed ^ ((uint64_t)tok * 0xD1B54A32D192ED03ull);
+        for (uint32_t j = 0; j < k; j++) {
+            for (;;) {
+                s = mix64(s + 0x9E3779B97F4A7C15ull);
+                int32_t e = (int32_t)(s % n_expert);
+                uint32_t m = 0;
+                while (m < j && row[m] != e) m++;
+                if (m == j) {
+                    row[j] = e;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+static uint64_t name_hash(const char *s) {
+    uint64_t h = 1469598103934665603ull;
+    for (; *s; s++) h = (h ^ (uint8_t)*s) * 1099511628211ull;
+    return h;
+}
+
+/* The value scale ds4-mkmodel gives a tensor, from its name. */
+static void synth_dist(const char *name, uint32_t n, float *mean, float *std) {
+    *mean = 0.0f;
+    *std = 1.0f / sqrtf((float)n);
+    if (strstr(name, "token_embd")) *std = 1.0f;
+    else if (strstr(name, "_ape")) *std = 0.5f;
+    else if (strstr(name, "exp_probs_b")) *std = 0.05f;
+    else if (strstr(name, "norm") || strstr(name, "scale")) { *mean = 1.0f; *std = 0.1f; }
+    else if (strstr(name, "sinks")) *std = 1.0f;
+    else if (strstr(name, "hc_") && strstr(name, "base")) *std = 0.5f;
+}
+
+int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
+    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER;
+    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
+    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = plan(dw, w, offsets, err);
+    free(offsets);
+    if (rc) return rc;
+    for (size_t i = 0; i < count; i++) {
+        const ds4_wt *h = host_tensor(w, i);
+        dwt *d = dev_tensor(dw, i);
+        if (!d->p) continue;
+        uint64_t s = seed ^ name_hash(h->name);
+        size_t rows = (size_t)d->rows * d->mats;
+        float mean, std;
+        synth_dist(h->name, d->n, &mean, &std);
+        uint8_t *p = (uint8_t *)d->p;
+        if (d->type == DS4_TYPE_I32) {
+            DS4_LAUNCH(synth_hash, 256, 256, 0, st, (int32_t *)p, d->n, d->rows, w->cfg.n_expert, s);
+        } else if (d->type == DS4_TYPE_F32 || d->type == DS4_TYPE_F16 || d->type == DS4_TYPE_BF16) {
+            size_t cnt = rows * d->row_bytes / (d->type == DS4_TYPE_F32 ? 4 : 2);
+            DS4_LAUNCH(synth_float, 4096, 256, 0, st, p, d->type, cnt, s, mean, std);
+        } else {
+            DS4_LAUNCH(synth_bytes, 4096, 256, 0, st, p, rows * d->row_bytes / 8, s);
+            CU_LAUNCHED();
+            DS4_LAUNCH(synth_scales, 1024, 256, 0, st, p, d->type, d->n, d->row_bytes, rows, std);
+        }
+        CU_LAUNCHED();
+    }
+    CU_TRY(cudaStreamSynchronize(st));
+    return 0;
+}
+
+void cu_weights_free(dweights *dw) {
+    if (dw->block) cudaFree(dw->block);
+    free(dw->layers);
+    memset(dw, 0, sizeof(*dw));
+}

@@ -1,0 +1,493 @@
+/*
+ * cuda_emu.cpp - the fiber scheduler, warp exchanges, memory and stream
+ * calls behind cuda_emu.h.
+ *
+ * Each thread of a block is a fiber with its own stack; a fiber runs until
+ * it reaches a barrier (block or warp) or returns.  When no fiber can run,
+ * a warp whose live lanes all wait at a warp barrier is released, and when
+ * every live thread waits at the block barrier the block is released.
+ * Anything else is a deadlock (a barrier in divergent code, lanes that
+ * exited before a shuffle) and aborts with a message, because on a GPU it
+ * would hang or be undefined.
+ *
+ * Context switches are a few instructions of x86-64 assembly (callee-saved
+ * registers and the stack pointer; the floating-point environment is never
+ * changed by kernels, so it is not switched), not ucontext, whose
+ * signal-mask system calls would make the emulation far slower.
+ *
+ * Lane exchanges use two buffers in turn, so one warp barrier per exchange
+ * suffices: a lane can only overwrite a buffer after every lane of its warp
+ * has passed the following exchange's barrier, hence finished reading it.
+ */
+#include "cuda_emu.h"
+
+#include <chrono>
+#include <vector>
+
+#if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/common_interface_defs.h>
+#define EMU_ASAN 1
+#else
+#define EMU_ASAN 0
+#endif
+
+#if !defined(__x86_64__)
+#error "the CUDA emulation's context switch is written for x86-64"
+#endif
+
+/* ------------------------------------------------------ context switch */
+
+/* emu_swap(save, load): push the callee-saved registers, store the stack
+ * pointer into *save, load `load` as the stack pointer, pop and return
+ * into whatever that stack was switched away from. */
+extern "C" void emu_swap(void **save, void *load);
+asm(".text\n"
+    ".globl emu_swap\n"
+    ".type emu_swap,@function\n"
+    "emu_swap:\n"
+    "  pushq %rbp\n  pushq %rbx\n  pushq %r12\n  pushq %r13\n  pushq %r14\n  pushq %r15\n"
+    "  movq %rsp, (%rdi)\n"
+    "  movq %rsi, %rsp\n"
+    "  popq %r15\n  popq %r14\n  popq %r13\n  popq %r12\n  popq %rbx\n  popq %rbp\n"
+    "  ret\n"
+    ".size emu_swap,.-emu_swap\n");
+
+enum fiber_state { F_RUN, F_WARP_BAR, F_BLOCK_BAR, F_DONE };
+
+struct emu_fiber {
+    uint3 tid;
+    unsigned linear, lane, warp;
+    unsigned xphase; /* which exchange buffer the next exchange uses */
+    fiber_state state;
+    void *sp;
+    char *stack;
+    int bar_value; /* predicate carried into a counting block barrier */
+};
+
+emu_block_ctx emu_blk;
+emu_fiber *emu_cur;
+
+static const size_t STACK_BYTES = 128 * 1024;
+static std::vector<emu_fiber> fibers;
+static std::vector<char *> stacks;
+static void *sched_sp;
+static const std::function<void()> *cur_body;
+static unsigned cur_threads; /* threads of the running block */
+static uint64_t n_launch;
+/* Warp exchange tables: 16 words per lane, two used in turn. */
+static uint32_t xbuf[2][1024][16];
+static int bar_accum;
+static int bar_result;
+#if EMU_ASAN
+static void *sched_fake_stack;
+#endif
+
+static void emu_die(const char *fmt, const char *what) {
+    fprintf(stderr, "cuda-emu: ");
+    fprintf(stderr, fmt, what);
+    fprintf(stderr, "\n");
+    abort();
+}
+
+const uint3 &emu_thread_idx() { return emu_cur->tid; }
+unsigned emu_lane() { return emu_cur->lane; }
+
+static void yield_to_scheduler() {
+    emu_fiber *me = emu_cur;
+#if EMU_ASAN
+    void *fake = nullptr;
+    __sanitizer_start_switch_fiber(&fake, nullptr, 0);
+    emu_swap(&me->sp, sched_sp);
+    __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+    emu_swap(&me->sp, sched_sp);
+#endif
+    emu_cur = me;
+}
+
+extern "C" void emu_fiber_entry() {
+#if EMU_ASAN
+    __sanitizer_finish_switch_fiber(nullptr, nullptr, nullptr);
+#endif
+    (*cur_body)();
+    emu_cur->state = F_DONE;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(nullptr, nullptr, 0);
+#endif
+    void *dummy;
+    emu_swap(&dummy, sched_sp);
+    abort(); /* never resumed */
+}
+
+/* A fresh stack whose first switch "returns" into emu_fiber_entry. */
+static void *prepare_stack(char *stack) {
+    uintptr_t top = ((uintptr_t)(stack + STACK_BYTES)) & ~(uintptr_t)15;
+    uint64_t *sp = (uint64_t *)top;
+    *--sp = 0;                             /* fake return address of the entry */
+    *--sp = (uint64_t)(uintptr_t)&emu_fiber_entry;
+    for (int i = 0; i < 6; i++) *--sp = 0; /* rbp rbx r12 r13 r14 r15 */
+    return sp;
+}
+
+/* ------------------------------------------------------------ barriers */
+
+void __syncthreads() {
+    emu_cur->state = F_BLOCK_BAR;
+    yield_to_scheduler();
+}
+
+int __syncthreads_or(int pred) {
+    emu_cur->bar_value = pred != 0;
+    __syncthreads();
+    return bar_result;
+}
+
+int __syncthreads_count(int pred) {
+    emu_cur->bar_value = pred != 0;
+    __syncthreads();
+    return bar_accum;
+}
+
+static void warp_barrier() {
+    emu_cur->state = F_WARP_BAR;
+    yield_to_scheduler();
+}
+
+void __syncwarp(unsigned) { warp_barrier(); }
+
+/* Deposit, wait for the warp, return the warp's table of this phase. */
+static uint32_t (*exchange(const void *mine, size_t bytes))[16] {
+    unsigned ph = emu_cur->xphase;
+    emu_cur->xphase ^= 1;
+    memcpy(xbuf[ph][emu_cur->linear], mine, bytes);
+    warp_barrier();
+    return &xbuf[ph][emu_cur->linear - emu_cur->lane];
+}
+
+uint64_t emu_warp_exchange(uint64_t mine, unsigned src) {
+    uint32_t(*tab)[16] = exchange(&mine, 8);
+    uint64_t v;
+    memcpy(&v, tab[src], 8);
+    return v;
+}
+
+const uint32_t *emu_warp_gather(const uint32_t *mine, int n) { return exchange(mine, (size_t)n * 4)[0]; }
+
+unsigned __ballot_sync(unsigned, int pred) {
+    uint32_t p = pred != 0;
+    uint32_t(*tab)[16] = exchange(&p, 4);
+    unsigned base = emu_cur->linear - emu_cur->lane, r = 0;
+    for (unsigned l = 0; l < 32 && base + l < cur_threads; l++)
+        if (tab[l][0]) r |= 1u << l;
+    return r;
+}
+int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
+int __all_sync(unsigned mask, int pred) {
+    unsigned base = emu_cur->linear - emu_cur->lane;
+    unsigned n = cur_threads - base < 32 ? cur_threads - base : 32;
+    unsigned b = __ballot_sync(mask, pred);
+    return (unsigned)__builtin_popcount(b) == n;
+}
+
+/* ---------------------------------------------------------- scheduler */
+
+static void run_fiber(emu_fiber *f) {
+    emu_cur = f;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(&sched_fake_stack, f->stack, STACK_BYTES);
+    emu_swap(&sched_sp, f->sp);
+    __sanitizer_finish_switch_fiber(sched_fake_stack, nullptr, nullptr);
+#else
+    emu_swap(&sched_sp, f->sp);
+#endif
+}
+
+static void run_block(unsigned nthreads) {
+    cur_threads = nthreads;
+    for (unsigned i = 0; i < nthreads; i++) {
+        emu_fiber &f = fibers[i];
+        f.state = F_RUN;
+        f.xphase = 0;
+        f.sp = prepare_stack(f.stack);
+    }
+    unsigned nwarps = (nthreads + 31) / 32;
+    for (;;) {
+        bool ran = false;
+        for (unsigned i = 0; i < nthreads; i++)
+            if (fibers[i].state == F_RUN) {
+                run_fiber(&fibers[i]);
+                ran = true;
+            }
+        if (ran) continue;
+        bool released = false, all_done = true, all_block = true;
+        for (unsigned w = 0; w < nwarps; w++) {
+            unsigned lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
+            unsigned waiting = 0, live = 0;
+            for (unsigned i = lo; i < hi; i++) {
+                if (fibers[i].state == F_DONE) continue;
+                live++;
+                if (fibers[i].state == F_WARP_BAR) waiting++;
+            }
+            if (live && waiting == live) {
+                for (unsigned i = lo; i < hi; i++)
+                    if (fibers[i].state == F_WARP_BAR) fibers[i].state = F_RUN;
+                released = true;
+            }
+        }
+        if (released) continue;
+        int count = 0;
+        for (unsigned i = 0; i < nthreads; i++) {
+            if (fibers[i].state == F_DONE) continue;
+            all_done = false;
+            if (fibers[i].state != F_BLOCK_BAR) all_block = false;
+            else count += fibers[i].bar_value;
+        }
+        if (all_done) return;
+        if (!all_block) {
+            char where[64];
+            snprintf(where, sizeof(where), "block (%u,%u,%u)", emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z);
+            emu_die("deadlock in %s: threads wait at different barriers (warp vs block), "
+                    "or a warp collective was called by part of a warp", where);
+        }
+        bar_accum = count;
+        bar_result = count > 0;
+        for (unsigned i = 0; i < nthreads; i++) {
+            if (fibers[i].state == F_BLOCK_BAR) {
+                fibers[i].state = F_RUN;
+                fibers[i].bar_value = 0;
+            }
+        }
+    }
+}
+
+/* -------------------------------------------------------------- streams */
+
+struct emu_graph {
+    std::vector<std::function<void()>> ops;
+};
+struct emu_stream {
+    emu_graph *capture;
+};
+struct emu_event {
+    double t;
+};
+
+static emu_stream default_stream;
+static emu_stream *stream_of(cudaStream_t s) { return s ? s : &default_stream; }
+static bool any_capture;
+
+static void check_not_capturing(const char *what) {
+    if (any_capture) emu_die("%s called while a stream is being captured", what);
+}
+
+static void exec_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    unsigned nthreads = block.x * block.y * block.z;
+    static std::vector<unsigned char> dyn;
+    if (dyn.size() < smem + 16) dyn.resize(smem + 16);
+    while (fibers.size() < nthreads) {
+        emu_fiber f;
+        memset(&f, 0, sizeof(f));
+        f.stack = (char *)malloc(STACK_BYTES);
+        if (!f.stack) emu_die("%s", "out of memory for fiber stacks");
+        fibers.push_back(f);
+    }
+    for (unsigned z = 0, i = 0; z < block.z; z++)
+        for (unsigned y = 0; y < block.y; y++)
+            for (unsigned x = 0; x < block.x; x++, i++) {
+                emu_fiber &f = fibers[i];
+                f.tid = uint3{x, y, z};
+                f.linear = i;
+                f.lane = i % 32;
+                f.warp = i / 32;
+                f.bar_value = 0;
+            }
+    emu_blk.bdim = block;
+    emu_blk.gdim = grid;
+    emu_blk.dyn_smem = dyn.data();
+    cur_body = &body;
+    for (unsigned bz = 0; bz < grid.z; bz++)
+        for (unsigned by = 0; by < grid.y; by++)
+            for (unsigned bx = 0; bx < grid.x; bx++) {
+                emu_blk.bid = uint3{bx, by, bz};
+                /* poison dynamic shared memory: kernels must not rely on it */
+                memset(dyn.data(), 0xA5, smem);
+                run_block(nthreads);
+            }
+    emu_cur = nullptr;
+}
+
+void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body, const char *name) {
+    unsigned nthreads = block.x * block.y * block.z;
+    if (nthreads == 0 || nthreads > 1024 || block.z > 64)
+        emu_die("launch of %s: bad block size", name);
+    if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 || grid.x > 0x7fffffffu)
+        emu_die("launch of %s: bad grid size", name);
+    if (smem > 227 * 1024) emu_die("launch of %s: more than 227 KiB of dynamic shared memory", name);
+    n_launch++;
+    emu_stream *st = stream_of(s);
+    if (st->capture) {
+        st->capture->ops.push_back([grid, block, smem, body]() { exec_launch(grid, block, smem, body); });
+        return;
+    }
+    exec_launch(grid, block, smem, body);
+}
+
+uint64_t emu_launch_count() { return n_launch; }
+
+/* --------------------------------------------------------------- memory */
+
+cudaError_t cudaMalloc(void **p, size_t n) {
+    check_not_capturing("cudaMalloc");
+    *p = aligned_alloc(256, (n + 255) / 256 * 256);
+    if (!*p) return cudaErrorMemoryAllocation;
+    memset(*p, 0xCD, n); /* device memory starts with garbage */
+    return cudaSuccess;
+}
+cudaError_t cudaFree(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMallocHost(void **p, size_t n) {
+    *p = malloc(n ? n : 1);
+    return *p ? cudaSuccess : cudaErrorMemoryAllocation;
+}
+cudaError_t cudaFreeHost(void *p) {
+    free(p);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind) {
+    check_not_capturing("cudaMemcpy");
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind, cudaStream_t s) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) {
+        st->capture->ops.push_back([dst, src, n]() { memmove(dst, src, n); });
+        return cudaSuccess;
+    }
+    memmove(dst, src, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemset(void *dst, int v, size_t n) {
+    check_not_capturing("cudaMemset");
+    memset(dst, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) {
+        st->capture->ops.push_back([dst, v, n]() { memset(dst, v, n); });
+        return cudaSuccess;
+    }
+    memset(dst, v, n);
+    return cudaSuccess;
+}
+cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
+    *free_b = (size_t)16 << 30;
+    *total_b = (size_t)16 << 30;
+    return cudaSuccess;
+}
+
+/* --------------------------------------------------------------- device */
+
+cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaGetDevice(int *d) {
+    *d = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceCount(int *n) {
+    *n = 1;
+    return cudaSuccess;
+}
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+    memset(p, 0, sizeof(*p));
+    snprintf(p->name, sizeof(p->name), "ds4 CPU emulation of an sm_90 GPU");
+    p->multiProcessorCount = 132;
+    p->totalGlobalMem = (size_t)16 << 30;
+    p->sharedMemPerBlockOptin = 227 * 1024;
+    p->l2CacheSize = 50 << 20;
+    p->major = 9;
+    p->minor = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaDeviceSynchronize() {
+    check_not_capturing("cudaDeviceSynchronize");
+    return cudaSuccess;
+}
+cudaError_t cudaGetLastError() { return cudaSuccess; }
+cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
+    *s = new emu_stream();
+    (*s)->capture = nullptr;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    delete s;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamSynchronize(cudaStream_t) {
+    check_not_capturing("cudaStreamSynchronize");
+    return cudaSuccess;
+}
+static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+cudaError_t cudaEventCreate(cudaEvent_t *e) {
+    *e = new emu_event();
+    (*e)->t = 0;
+    return cudaSuccess;
+}
+cudaError_t cudaEventDestroy(cudaEvent_t e) {
+    delete e;
+    return cudaSuccess;
+}
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+    e->t = now_ms();
+    return cudaSuccess;
+}
+cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
+    *ms = (float)(b->t - a->t);
+    return cudaSuccess;
+}
+
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) emu_die("%s", "cudaStreamBeginCapture on a stream already capturing");
+    st->capture = new emu_graph();
+    any_capture = true;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
+    emu_stream *st = stream_of(s);
+    if (!st->capture) emu_die("%s", "cudaStreamEndCapture without a capture");
+    *g = st->capture;
+    st->capture = nullptr;
+    any_capture = false;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
+    *e = new emu_graph(*g);
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) {
+        emu_graph *copy = e;
+        st->capture->ops.push_back([copy]() { for (auto &op : copy->ops) op(); });
+        return cudaSuccess;
+    }
+    for (auto &op : e->ops) op();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t e) {
+    delete e;
+    return cudaSuccess;
+}

@@ -1,0 +1,39 @@
+#!/bin/sh
+# gpu_session.sh OUTDIR - everything one lease of a GPU machine is used for,
+# in one command (device time is scarce): the GPU tests, compute-sanitizer
+# memcheck on the kernel test and a short comparison, and the synthetic full
+# Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
+# and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
+#   PARTS="tests san prof ncu bench"   which parts (default: all but ncu)
+set -u
+cd "$(dirname "$0")/../.."
+OUT=${1:?usage: gpu_session.sh OUTDIR}
+PARTS=${PARTS:-tests san prof bench}
+mkdir -p "$OUT"
+{ date -u; git log -1 --format=%H 2>/dev/null || cat COMMIT 2>/dev/null; nvidia-smi; nproc; } > "$OUT/machine.txt" 2>&1
+for part in $PARTS; do
+    case $part in
+    tests)
+        timeout 300 tests/cuda/run.sh build/cuda > "$OUT/tests.log" 2>&1; echo "tests: rc $?";;
+    san)
+        {
+            timeout 100 compute-sanitizer --tool memcheck --error-exitcode 3 build/cuda/test_cuda_kernels; echo "rc $?"
+            T=$(mktemp -d)
+            build/cuda/bin/ds4-mkmodel -q --recipe q2 --seed 11 -o "$T/q2.gguf"
+            timeout 150 compute-sanitizer --tool memcheck --error-exitcode 3 build/cuda/test_cuda compare "$T/q2.gguf" --loose --prompt 70 --steps 6; echo "rc $?"
+            rm -rf "$T"
+        } > "$OUT/sanitizer.log" 2>&1; echo "sanitizer: $(grep -c '^rc 0' "$OUT/sanitizer.log")/2 clean";;
+    prof)
+        DS4_CUDA_PROFILE=1 timeout 120 build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
+            --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
+    ncu)
+        timeout 100 ncu --clock-control none --kernel-name gemv_kernel --launch-skip 40 --launch-count 3 \
+            --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
+            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 64 --ctx-max 64 --gen-tokens 2 > "$OUT/ncu.log" 2>&1
+        echo "ncu: rc $?";;
+    bench)
+        timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
+            --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;
+    esac
+done
+tail -n 3 "$OUT/tests.log" 2>/dev/null; cat "$OUT/bench.log" 2>/dev/null | tail -n 8

@@ -1,0 +1,472 @@
+/*
+ * test_cuda.c - the CUDA backend against the CPU reference and against the
+ * HF transformers goldens.  Built twice from this source: for a real GPU
+ * (make cuda) and on the CPU emulation of CUDA (make test-cuda-emu, used by
+ * the default suite).  tests/cuda/run.sh drives it.
+ *
+ *   test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]
+ *                           [--no-sim] [--tol X] [--loose]
+ *       prefill of N random tokens (all logits), the same prefill in uneven
+ *       chunks of 37, N decode steps fed with the CPU's greedy tokens, DSV4
+ *       payloads moved CPU -> CUDA and CUDA -> CPU mid-sequence, and the
+ *       CUDA greedy loop (device argmax) from a restored snapshot.
+ *
+ *       Alongside runs a CPU "twin": the same model with one-ulp noise on
+ *       the norm weights of every layer.  The model contains discontinuous
+ *       functions (expert and indexer top-k selections; with the
+ *       simulations, FP8 / FP4 / f16 grids; in the quantized recipes, the
+ *       int8 quantization of every matrix input), so two correct
+ *       implementations that round differently in the last bit now and then
+ *       choose differently; the twin shows where and how much the CPU
+ *       reference itself moves under such noise.
+ *
+ *       strict (default): every row within max |d| <= tol * max |logit|
+ *       (tol 1e-3) with the same argmax, except rows where a twin also
+ *       moves by more than tol / 2 (a near-tie of the model there; a second
+ *       twin changes only one weight); greedy tokens identical.  Meant for F16 models with the simulations off,
+ *       where the reference is continuous almost everywhere.
+ *       --loose: the median row difference within 4x the twin's (or tol)
+ *       and at most 2x + 3 as many argmax changes.  For the quantized
+ *       recipes and the simulations, where the reference is chaotic: a
+ *       one-ulp change moves its logits by tens of percent within a few
+ *       hundred tokens.  The pieces behind the discontinuities are checked
+ *       bit for bit in test_cuda_kernels (activation quantization, the
+ *       simulations, the K-quant products).
+ *
+ *   test_cuda golden MODEL GOLDEN [N]
+ *       with the simulations off, prefill and token-by-token decode (of the
+ *       first N tokens; all by default) against transformers' logits,
+ *       max |d| <= 1e-4 max |logit|, same argmax (the CPU's own criterion,
+ *       tests/unit/test_cpu_golden.c).
+ *
+ * Plain C with its own checks (no test framework), so that it builds
+ * wherever the CUDA toolkit does.  Exit status 0 only if every check passed.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "format/gguf.h"
+#include "model/backend.h"
+
+static int failures;
+
+#define CHECK(cond, ...)                                  \
+    do {                                                  \
+        if (!(cond)) {                                    \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
+            printf(__VA_ARGS__);                          \
+            printf("\n");                                 \
+            failures++;                                   \
+        }                                                 \
+    } while (0)
+
+static void die(const char *what, const ds4_err *err) {
+    printf("FAIL: %s: %s\n", what, ds4_err_msg(err));
+    exit(1);
+}
+
+static uint32_t argmax(const float *x, uint32_t n) {
+    uint32_t b = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+/* Per-row comparison of n rows of v logits: the largest |got - want| of
+ * each row, whether its argmax differs, and the largest |want| overall. */
+typedef struct diff {
+    uint32_t rows, cap;
+    double *row_d;
+    bool *row_arg;
+    double amax;
+} diff;
+
+static void diff_add(diff *d, const float *got, const float *want, uint32_t rows, uint32_t v) {
+    if (d->rows + rows > d->cap) {
+        d->cap = (d->rows + rows) * 2;
+        d->row_d = realloc(d->row_d, d->cap * sizeof(double));
+        d->row_arg = realloc(d->row_arg, d->cap * sizeof(bool));
+    }
+    for (uint32_t r = 0; r < rows; r++) {
+        const float *g = got + (size_t)r * v, *w = want + (size_t)r * v;
+        double rd = 0;
+        for (uint32_t i = 0; i < v; i++) {
+            double e = fabs((double)g[i] - (double)w[i]);
+            if (!(e <= rd)) rd = e; /* NaN counts as a failure */
+            if (fabs(w[i]) > d->amax) d->amax = fabs(w[i]);
+        }
+        d->row_d[d->rows] = rd;
+        d->row_arg[d->rows] = argmax(g, v) != argmax(w, v);
+        d->rows++;
+    }
+}
+
+static void diff_free(diff *d) {
+    free(d->row_d);
+    free(d->row_arg);
+    memset(d, 0, sizeof(*d));
+}
+
+static double rel(const diff *d, uint32_t r) { return d->amax > 0 ? d->row_d[r] / d->amax : d->row_d[r]; }
+
+static double diff_max(const diff *d) {
+    double m = 0;
+    for (uint32_t r = 0; r < d->rows; r++)
+        if (!(rel(d, r) <= m)) m = rel(d, r);
+    return m;
+}
+
+static uint32_t diff_args(const diff *d) {
+    uint32_t n = 0;
+    for (uint32_t r = 0; r < d->rows; r++) n += d->row_arg[r];
+    return n;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double diff_median(const diff *d) {
+    if (!d->rows) return 0;
+    double *v = malloc(d->rows * sizeof(double));
+    for (uint32_t r = 0; r < d->rows; r++) v[r] = rel(d, r);
+    qsort(v, d->rows, sizeof(double), cmp_double);
+    double m = v[d->rows / 2];
+    free(v);
+    return m;
+}
+
+/* Plain check (both sides should compute the same thing). */
+static void diff_check(const char *what, const diff *d, double tol) {
+    printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u\n", what, diff_max(d), d->amax,
+           diff_args(d), d->rows);
+    CHECK(diff_max(d) <= tol, "%s: relative difference %.3g exceeds %.1g", what, diff_max(d), tol);
+    CHECK(diff_args(d) == 0, "%s: %u rows with a different argmax", what, diff_args(d));
+}
+
+/* Strict: every row within tol with the same argmax, except rows where the
+ * CPU reference is itself discontinuous: its twin (the same model with
+ * one-ulp weight noise) moves there by more than tol / 2 too (a near-tie
+ * of an expert or indexer selection of this model at this position). */
+static void strict_check(const char *what, const diff *cuda, const diff *twin, const diff *twin2, double tol) {
+    uint32_t excused = 0, bad = 0, first_bad = 0;
+    for (uint32_t r = 0; r < cuda->rows; r++) {
+        if (rel(cuda, r) <= tol && !cuda->row_arg[r]) continue;
+        if (rel(twin, r) > tol / 2 || twin->row_arg[r] || rel(twin2, r) > tol / 2 || twin2->row_arg[r]) excused++;
+        else if (!bad++) first_bad = r;
+    }
+    printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u", what, diff_max(cuda), cuda->amax,
+           diff_args(cuda), cuda->rows);
+    if (excused)
+        printf("; %u row(s) at the model's own near-ties (CPU twins move by up to %.3g / %.3g)", excused, diff_max(twin),
+               diff_max(twin2));
+    printf("\n");
+    CHECK(bad == 0, "%s: %u rows beyond %.1g (max %.3g, first: row %u) where the CPU is continuous", what, bad, tol,
+          diff_max(cuda), first_bad);
+}
+
+/* Loose: CUDA's distance to the CPU against the twin's, as medians over
+ * the rows (single maxima of a chaotic difference are noise). */
+static void loose_check(const char *what, const diff *cuda, const diff *twin, const diff *twin2, double tol) {
+    (void)twin2;
+    double mc = diff_median(cuda), mt = diff_median(twin);
+    uint32_t ac = diff_args(cuda), at = diff_args(twin);
+    printf("%-34s cuda: max %.3g median %.3g rel, %u/%u argmax | CPU twin: max %.3g median %.3g, %u/%u\n", what,
+           diff_max(cuda), mc, ac, cuda->rows, diff_max(twin), mt, at, twin->rows);
+    CHECK(mc <= (4 * mt > tol ? 4 * mt : tol), "%s: median %.3g relative, the twin %.3g", what, mc, mt);
+    CHECK(ac <= 2 * at + 3, "%s: %u argmax mismatches, the twin %u", what, ac, at);
+}
+
+/* The CPU's own sensitivity: the model with one-ulp changes, from a copy
+ * of the file in memory.  Twin 0: every element of every attn_norm and
+ * ffn_norm moved by one ulp (alternately up and down), noise everywhere as
+ * another implementation's rounding is; twin 1: a single element
+ * (blk.0.attn_norm[7]) one ulp up. */
+static ds4_weights *twin_weights(const char *path, const ds4_weights *w, int which, void **buf_out) {
+    ds4_err err = {0};
+    FILE *f = fopen(path, "rb");
+    if (!f) die(path, &err);
+    fseek(f, 0, SEEK_END);
+    long size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *buf = malloc((size_t)size);
+    if (!buf || fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        printf("FAIL: reading %s\n", path);
+        exit(1);
+    }
+    fclose(f);
+    for (uint32_t il = 0; il < (which ? 1 : w->cfg.n_layer); il++) {
+        const ds4_wt *t[2] = {&w->layers[il].attn_norm, &w->layers[il].ffn_norm};
+        for (int k = 0; k < (which ? 1 : 2); k++) {
+            size_t off = (size_t)((const uint8_t *)t[k]->data - w->gguf->base);
+            for (uint64_t i = which ? 7 : 0; i < (which ? 8 : t[k]->ne[0]); i++) {
+                float v;
+                memcpy(&v, buf + off + 4 * i, 4);
+                v = nextafterf(v, which || (i + il) % 2 ? INFINITY : -INFINITY);
+                memcpy(buf + off + 4 * i, &v, 4);
+            }
+        }
+    }
+    ds4_gguf *g = ds4_gguf_open_buffer(buf, (size_t)size, "twin", &err);
+    ds4_weights *n = g ? ds4_weights_from_gguf(g, &err) : NULL;
+    if (!n) die("twin", &err);
+    *buf_out = buf;
+    return n;
+}
+
+static ds4_backend *make(const char *name, const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim) {
+    ds4_err err = {0};
+    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim};
+    ds4_backend *b = ds4_backend_create(name, w, &o, &err);
+    if (!b) die(name, &err);
+    return b;
+}
+
+static float *xmalloc(size_t n) {
+    float *p = malloc(n ? n : 1);
+    if (!p) {
+        printf("FAIL: out of memory\n");
+        exit(1);
+    }
+    return p;
+}
+
+/* Move a state from one backend to another through a DSV4 file. */
+static void move_state(ds4_backend *from, ds4_backend *to, const char *path) {
+    ds4_err err = {0};
+    ds4_kv_state *s = ds4_backend_state_new(from, &err);
+    if (!s || ds4_backend_snapshot(from, s, &err) || ds4_kv_state_save_file(s, path, &err)) die("snapshot", &err);
+    ds4_kv_state *t = ds4_backend_state_new(to, &err);
+    if (!t || ds4_kv_state_load_file(t, path, &err) || ds4_backend_restore(to, t, &err)) die("restore", &err);
+    ds4_kv_state_free(s);
+    ds4_kv_state_free(t);
+    unlink(path);
+}
+
+static int cmd_compare(int argc, char **argv) {
+    if (argc < 1) return 2;
+    const char *path = argv[0];
+    uint32_t n = 300, steps = 500, chunk = 0, seed = 1;
+    bool no_sim = false, loose = false;
+    double tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) { no_sim = true; continue; }
+        if (!strcmp(argv[i], "--loose")) { loose = true; continue; }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--chunk")) chunk = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--seed")) seed = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) die(path, &err);
+    void *twin_buf = NULL, *twin2_buf = NULL;
+    ds4_weights *tw = twin_weights(path, w, 0, &twin_buf), *tw2 = twin_weights(path, w, 1, &twin2_buf);
+    uint32_t V = w->cfg.n_vocab, ctx = n + steps + 8;
+    printf("%s: %u-token prompt, %u decode steps, simulations %s, %s check, tolerance %g\n", path, n, steps,
+           no_sim ? "off" : "on", loose ? "loose" : "strict", tol);
+    uint32_t *toks = malloc((n + steps + 1) * sizeof(uint32_t));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (uint32_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)(s >> 33) % V;
+    }
+    void (*check)(const char *, const diff *, const diff *, const diff *, double) = loose ? loose_check : strict_check;
+
+    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim), *twin = make("cpu", tw, ctx, 0, no_sim);
+    ds4_backend *twin2 = make("cpu", tw2, ctx, 0, no_sim);
+    ds4_backend *gpu = make("cuda", w, ctx, chunk, no_sim);
+    float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4), *lt = xmalloc((size_t)n * V * 4);
+    float *lt2 = xmalloc((size_t)n * V * 4);
+    if (ds4_backend_prefill(cpu, toks, n, lc, &err)) die("cpu prefill", &err);
+    if (ds4_backend_prefill(twin, toks, n, lt, &err)) die("twin prefill", &err);
+    if (ds4_backend_prefill(twin2, toks, n, lt2, &err)) die("twin prefill", &err);
+    if (ds4_backend_prefill(gpu, toks, n, lg, &err)) die("cuda prefill", &err);
+    diff dg = {0}, dt = {0}, dt2 = {0};
+    diff_add(&dg, lg, lc, n, V);
+    diff_add(&dt, lt, lc, n, V);
+    diff_add(&dt2, lt2, lc, n, V);
+    check("prefill, every position", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+
+    /* the same prompt in uneven chunks of 37: the chunk boundaries must not
+     * change the result beyond rounding (against the one-chunk CUDA run) */
+    ds4_backend *gpu2 = make("cuda", w, ctx, 37, no_sim);
+    if (ds4_backend_prefill(gpu2, toks, n, NULL, &err)) die("cuda chunked prefill", &err);
+    diff_add(&dg, ds4_backend_logits(gpu2), lg + (size_t)(n - 1) * V, 1, V);
+    diff_add(&dt, lt + (size_t)(n - 1) * V, lc + (size_t)(n - 1) * V, 1, V);
+    diff_add(&dt2, lt2 + (size_t)(n - 1) * V, lc + (size_t)(n - 1) * V, 1, V);
+    check("chunks of 37 vs one chunk, last", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+
+    /* snapshot after the prompt, for the greedy run below */
+    ds4_kv_state *after_prompt = ds4_backend_state_new(gpu, &err);
+    if (!after_prompt || ds4_backend_snapshot(gpu, after_prompt, &err)) die("snapshot", &err);
+
+    /* decode: the CPU picks greedy tokens, everyone is fed them */
+    float *dc = xmalloc((size_t)steps * V * 4), *dgl = xmalloc((size_t)steps * V * 4), *dtl = xmalloc((size_t)steps * V * 4);
+    float *dtl2 = xmalloc((size_t)steps * V * 4);
+    uint32_t *greedy = toks + n;
+    uint32_t half = steps / 2;
+    const char *tmp = "test_cuda.dsv4";
+    for (uint32_t i = 0; i < steps; i++) {
+        greedy[i] = argmax(ds4_backend_logits(cpu), V);
+        if (ds4_backend_decode(cpu, greedy[i], &err)) die("cpu decode", &err);
+        if (ds4_backend_decode(gpu, greedy[i], &err)) die("cuda decode", &err);
+        if (ds4_backend_decode(twin, greedy[i], &err)) die("twin decode", &err);
+        if (ds4_backend_decode(twin2, greedy[i], &err)) die("twin decode", &err);
+        memcpy(dc + (size_t)i * V, ds4_backend_logits(cpu), V * 4);
+        memcpy(dgl + (size_t)i * V, ds4_backend_logits(gpu), V * 4);
+        memcpy(dtl + (size_t)i * V, ds4_backend_logits(twin), V * 4);
+        memcpy(dtl2 + (size_t)i * V, ds4_backend_logits(twin2), V * 4);
+        if (i + 1 == half) move_state(cpu, gpu2, tmp); /* DSV4: CPU -> CUDA mid-sequence */
+    }
+    diff_add(&dg, dgl, dc, steps, V);
+    diff_add(&dt, dtl, dc, steps, V);
+    diff_add(&dt2, dtl2, dc, steps, V);
+    check("decode, fed the CPU's tokens", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+
+    /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` */
+    for (uint32_t i = half; i < steps && i < half + 16; i++) {
+        if (ds4_backend_decode(gpu2, greedy[i], &err)) die("cuda decode after restore", &err);
+        diff_add(&dg, ds4_backend_logits(gpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
+        diff_add(&dt2, dtl2 + (size_t)i * V, dc + (size_t)i * V, 1, V);
+    }
+    check("CPU state restored on CUDA", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+
+    /* CUDA -> CPU: a fresh CPU backend continues from gpu2's state */
+    ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim);
+    move_state(gpu2, cpu2, tmp);
+    for (uint32_t i = half + 16; i < steps && i < half + 32; i++) {
+        if (ds4_backend_decode(cpu2, greedy[i], &err)) die("cpu decode after restore", &err);
+        diff_add(&dg, ds4_backend_logits(cpu2), dc + (size_t)i * V, 1, V);
+        diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
+        diff_add(&dt2, dtl2 + (size_t)i * V, dc + (size_t)i * V, 1, V);
+    }
+    check("CUDA state restored on the CPU", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+
+    /* greedy on the device from the snapshot after the prompt */
+    uint32_t *gen = malloc(steps * sizeof(uint32_t));
+    if (ds4_backend_restore(gpu, after_prompt, &err) || ds4_backend_greedy(gpu, steps, gen, &err)) die("cuda greedy", &err);
+    uint32_t first_bad = steps;
+    for (uint32_t i = 0; i < steps && first_bad == steps; i++)
+        if (gen[i] != greedy[i]) first_bad = i;
+    if (first_bad == steps) printf("%-34s identical (%u tokens)\n", "greedy tokens on the device", steps);
+    else printf("%-34s first differs at %u of %u\n", "greedy tokens on the device", first_bad, steps);
+    if (!loose) {
+        CHECK(first_bad == steps, "greedy token %u: cuda %u, cpu %u", first_bad, gen[first_bad], greedy[first_bad]);
+        if (first_bad == steps) {
+            diff_add(&dg, ds4_backend_logits(gpu), dc + (size_t)(steps - 1) * V, 1, V);
+            diff_check("logits after the greedy run", &dg, tol);
+            diff_free(&dg);
+        }
+    }
+
+    free(gen);
+    ds4_kv_state_free(after_prompt);
+    ds4_backend_free(cpu2);
+    ds4_backend_free(gpu2);
+    ds4_backend_free(gpu);
+    ds4_backend_free(twin);
+    ds4_backend_free(twin2);
+    ds4_backend_free(cpu);
+    free(dc);
+    free(dgl);
+    free(dtl);
+    free(dtl2);
+    free(lc);
+    free(lg);
+    free(lt);
+    free(lt2);
+    free(toks);
+    ds4_weights_close(tw);
+    ds4_weights_close(tw2);
+    free(twin_buf);
+    free(twin2_buf);
+    ds4_weights_close(w);
+    return 0;
+}
+
+/* tests/golden/cpu/NAME.golden: "DS4G", u32 version, count, vocab, tokens,
+ * prefill logits, decode logits. */
+static int cmd_golden(int argc, char **argv) {
+    if (argc != 2 && argc != 3) return 2;
+    FILE *f = fopen(argv[1], "rb");
+    char magic[4];
+    uint32_t h[3];
+    if (!f || fread(magic, 1, 4, f) != 4 || memcmp(magic, "DS4G", 4) || fread(h, 4, 3, f) != 3 || h[0] != 1) {
+        printf("FAIL: cannot read golden %s\n", argv[1]);
+        return 1;
+    }
+    uint32_t n = h[1], V = h[2];
+    uint32_t *toks = malloc(n * 4);
+    float *pre = xmalloc((size_t)n * V * 4), *dec = xmalloc((size_t)n * V * 4), *got = xmalloc((size_t)n * V * 4);
+    if (fread(toks, 4, n, f) != n || fread(pre, 4, (size_t)n * V, f) != (size_t)n * V ||
+        fread(dec, 4, (size_t)n * V, f) != (size_t)n * V) {
+        printf("FAIL: golden %s truncated\n", argv[1]);
+        return 1;
+    }
+    fclose(f);
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(argv[0], &err);
+    if (!w) die(argv[0], &err);
+    ds4_backend *b = make("cuda", w, 1024, 0, true);
+    if (ds4_backend_prefill(b, toks, n, got, &err)) die("prefill", &err);
+    diff d = {0};
+    diff_add(&d, got, pre, n, V);
+    diff_check("HF golden, prefill", &d, 1e-4);
+    diff_free(&d);
+    ds4_backend_reset(b);
+    uint32_t nd = argc == 3 ? (uint32_t)strtoul(argv[2], NULL, 10) : n;
+    if (nd > n) nd = n;
+    for (uint32_t i = 0; i < nd; i++) {
+        if (ds4_backend_decode(b, toks[i], &err)) die("decode", &err);
+        memcpy(got + (size_t)i * V, ds4_backend_logits(b), V * 4);
+    }
+    diff_add(&d, got, dec, nd, V);
+    diff_check("HF golden, decode", &d, 1e-4);
+    diff_free(&d);
+    ds4_backend_free(b);
+    ds4_weights_close(w);
+    free(toks);
+    free(pre);
+    free(dec);
+    free(got);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    int rc = 2;
+    if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
+    if (rc == 2) {
+        fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
+                        "                         [--tol X] [--loose]\n"
+                        "       test_cuda golden MODEL GOLDEN [N]\n");
+        return 2;
+    }
+    if (rc == 0 && failures) printf("%d check(s) failed\n", failures);
+    return rc || failures ? 1 : 0;
+}

@@ -1,0 +1,386 @@
+/*
+ * test_cuda_kernels.cu - the CUDA backend's products against the CPU
+ * definitions of src/format (quants.h), type by type: activation
+ * quantization must give the CPU's bytes, and every matrix-vector and
+ * matrix product (plain, with a row offset, with an activation offset,
+ * grouped by expert) must give the CPU's dot products to rounding
+ * (results are read after synchronising the stream the products ran on)
+ * (|d| <= 2e-6 of the row's sum of |terms|).  Random weights and inputs,
+ * fresh for each type; outputs poisoned before each run.
+ *
+ * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
+ * must give lowprec.c's bits on identical inputs, exact ties included.
+ *
+ * Built for a GPU (make cuda) and for the CPU emulation (make
+ * test-cuda-emu); run by tests/cuda/run.sh.  Exit status 0 when all pass.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <vector>
+
+#include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_lowprec.cuh"
+
+extern "C" {
+#include "model/lowprec.h"
+}
+
+static int failures;
+
+#define CHECK(cond, ...)                                \
+    do {                                                \
+        if (!(cond)) {                                  \
+            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+            printf(__VA_ARGS__);                        \
+            printf("\n");                               \
+            failures++;                                 \
+        }                                               \
+    } while (0)
+
+#define CU(call)                                                                  \
+    do {                                                                          \
+        cudaError_t e_ = (call);                                                  \
+        if (e_ != cudaSuccess) {                                                  \
+            printf("FAIL: %s: %s\n", #call, cudaGetErrorString(e_));              \
+            exit(1);                                                              \
+        }                                                                         \
+    } while (0)
+
+static uint64_t rng = 88172645463325252ull;
+static float frand() { /* N(0,1)-ish */
+    float s = 0;
+    for (int i = 0; i < 4; i++) {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        s += (float)(rng >> 40) / 16777216.0f - 0.5f;
+    }
+    return s * 1.7f;
+}
+
+template <typename T> static T *dalloc(size_t n) {
+    T *p;
+    CU(cudaMalloc(&p, n * sizeof(T) + 16));
+    return p;
+}
+
+/* A device activation of `rows` tokens of n random values, quantized on the
+ * device; the host copies of every form for the reference. */
+struct act_pair {
+    dact d;
+    std::vector<float> f;
+    std::vector<uint8_t> q8, qk;
+};
+
+static void make_act(act_pair &a, uint32_t n, uint32_t rows, cudaStream_t st) {
+    a.f.resize((size_t)n * rows);
+    for (auto &v : a.f) v = frand() * 3.0f;
+    a.f[3] = 0.0f; /* zero blocks and ties exercise the rounding rules */
+    memset(&a.d, 0, sizeof(a.d));
+    a.d.n = n;
+    a.d.fs = n;
+    a.d.q8s = cu_q8_bytes(n);
+    a.d.qks = cu_qk_bytes(n);
+    a.d.f = dalloc<float>((size_t)n * rows);
+    CU(cudaMemcpy(a.d.f, a.f.data(), a.f.size() * 4, cudaMemcpyHostToDevice));
+    if (a.d.q8s) a.d.q8 = dalloc<uint8_t>(a.d.q8s * rows);
+    if (a.d.qks) a.d.qk = dalloc<uint8_t>(a.d.qks * rows);
+    ds4_err err = {};
+    if (cu_quantize(&a.d, rows, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
+    CU(cudaStreamSynchronize(st));
+    if (a.d.q8) {
+        a.q8.resize(a.d.q8s * rows);
+        CU(cudaMemcpy(a.q8.data(), a.d.q8, a.q8.size(), cudaMemcpyDeviceToHost));
+    }
+    if (a.d.qk) {
+        a.qk.resize(a.d.qks * rows);
+        CU(cudaMemcpy(a.qk.data(), a.d.qk, a.qk.size(), cudaMemcpyDeviceToHost));
+    }
+}
+
+/* The device quantized row t, as the CPU's activation block array. */
+static std::vector<uint8_t> host_act(const act_pair &a, uint32_t type, uint32_t t, uint32_t off, uint32_t len) {
+    std::vector<uint8_t> out(ds4_act_bytes(type, len) + 64);
+    uint32_t at = ds4_act_type(type), n = a.d.n;
+    if (at == DS4_TYPE_F32) {
+        memcpy(out.data(), &a.f[(size_t)t * n + off], len * 4);
+    } else if (at == DS4_TYPE_Q8_0) {
+        const uint8_t *row = a.q8.data() + (size_t)t * a.d.q8s;
+        ds4_block_q8_0x *b = (ds4_block_q8_0x *)out.data();
+        for (uint32_t i = 0; i < len / 32; i++) {
+            memcpy(&b[i].d, row + n + 4 * ((off / 32) + i), 4);
+            memcpy(b[i].qs, row + off + 32 * i, 32);
+        }
+    } else {
+        const uint8_t *row = a.qk.data() + (size_t)t * a.d.qks;
+        ds4_block_q8_K *b = (ds4_block_q8_K *)out.data();
+        for (uint32_t i = 0; i < len / 256; i++) {
+            memcpy(&b[i].d, row + n + 4 * ((off / 256) + i), 4);
+            memcpy(b[i].qs, row + off + 256 * i, 256);
+            memcpy(b[i].bsums, row + n + n / 256 * 4 + 2 * (off / 16 + 16 * i), 32);
+        }
+    }
+    return out;
+}
+
+static void check_quantize(cudaStream_t st) {
+    for (uint32_t n : {256u, 768u, 4096u}) {
+        act_pair a;
+        make_act(a, n, 3, st);
+        int bad8 = 0, badk = 0;
+        for (uint32_t t = 0; t < 3; t++) {
+            std::vector<ds4_block_q8_0x> r8(n / 32);
+            std::vector<ds4_block_q8_K> rk(n / 256);
+            ds4_quantize_q8_0x(&a.f[(size_t)t * n], r8.data(), n);
+            ds4_quantize_q8_K(&a.f[(size_t)t * n], rk.data(), n);
+            std::vector<uint8_t> g8 = host_act(a, DS4_TYPE_Q8_0, t, 0, n), gk = host_act(a, DS4_TYPE_Q2_K, t, 0, n);
+            bad8 += memcmp(g8.data(), r8.data(), r8.size() * sizeof(r8[0])) != 0;
+            badk += memcmp(gk.data(), rk.data(), rk.size() * sizeof(rk[0])) != 0;
+        }
+        printf("quantize n=%-5u q8_0x %s, q8_K %s\n", n, bad8 ? "DIFFER" : "identical", badk ? "DIFFER" : "identical");
+        CHECK(!bad8 && !badk, "activation quantization of %u values differs from the CPU's", n);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+}
+
+/* A random weight tensor: host GGUF rows and the repacked device copy. */
+struct wt_pair {
+    dwt d;
+    std::vector<uint8_t> h;
+    size_t hrow;
+};
+
+static void make_weights(wt_pair &w, uint32_t type, uint32_t n, uint32_t rows, uint32_t mats) {
+    w.hrow = ds4_row_bytes(type, n);
+    w.h.resize(w.hrow * rows * mats);
+    std::vector<float> x(n);
+    for (size_t r = 0; r < (size_t)rows * mats; r++) {
+        for (auto &v : x) v = frand() * 0.05f;
+        ds4_quantize_row(type, x.data(), w.h.data() + r * w.hrow, n, NULL);
+    }
+    memset(&w.d, 0, sizeof(w.d));
+    w.d.type = type;
+    w.d.n = n;
+    w.d.rows = rows;
+    w.d.mats = mats;
+    w.d.row_bytes = cu_row_bytes(type, n);
+    std::vector<uint8_t> dev(w.d.row_bytes * rows * mats);
+    for (size_t r = 0; r < (size_t)rows * mats; r++)
+        cu_repack_row(type, n, w.h.data() + r * w.hrow, dev.data() + r * w.d.row_bytes, w.d.row_bytes);
+    uint8_t *p = dalloc<uint8_t>(dev.size());
+    CU(cudaMemcpy(p, dev.data(), dev.size(), cudaMemcpyHostToDevice));
+    w.d.p = p;
+}
+
+/* Reference: dot of weight row (mat, row) with token t's activation at `off`,
+ * and the scale of its terms (for the tolerance). */
+static void reference(const wt_pair &w, const act_pair &a, uint32_t mat, uint32_t row, uint32_t t, uint32_t off,
+                      double *ref, double *mag) {
+    const uint8_t *wr = w.h.data() + ((size_t)mat * w.d.rows + row) * w.hrow;
+    std::vector<uint8_t> act = host_act(a, w.d.type, t, off, w.d.n);
+    *ref = ds4_vec_dot(w.d.type, w.d.n, wr, act.data());
+    std::vector<float> wf(w.d.n);
+    ds4_dequantize_row(w.d.type, wr, wf.data(), w.d.n);
+    double m = 0;
+    for (uint32_t i = 0; i < w.d.n; i++) m += fabs(wf[i] * a.f[(size_t)t * a.d.n + off + i]);
+    *mag = m;
+}
+
+static const char *tname(uint32_t t) { return ds4_type_get(t)->name; }
+
+static void check_products(cudaStream_t st) {
+    const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+                              DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
+    ds4_err err = {};
+    for (uint32_t type : types) {
+        bool kq = type == DS4_TYPE_Q2_K || type == DS4_TYPE_Q4_K || type == DS4_TYPE_IQ2_XXS;
+        uint32_t n = kq ? 512 : 352, rows = 77, mats = 3, T = 70, off = kq ? 256 : 96, an = n + off;
+        wt_pair w;
+        make_weights(w, type, n, rows, mats);
+        act_pair a;
+        make_act(a, an, T, st);
+        float *out = dalloc<float>((size_t)T * rows);
+        std::vector<float> got((size_t)T * rows);
+        double worst = 0;
+
+        /* gemv: matrix 2, rows 5.., activation offset `off`, token 0 */
+        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w.d, 2, NULL, 0, 5, rows - 5, &a.d, off, out);
+        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
+        CU(cudaMemcpy(got.data(), out, (rows - 5) * 4, cudaMemcpyDeviceToHost));
+        for (uint32_t r = 0; r < rows - 5; r++) {
+            double ref, mag;
+            reference(w, a, 2, 5 + r, 0, off, &ref, &mag);
+            double e = fabs(got[r] - ref) / (mag + 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+        printf("gemv %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
+        CHECK(worst <= 2e-6, "gemv %s: error %.3g", tname(type), worst);
+
+        /* gemm: matrix 1, rows 3.., activation offset, T tokens, strided out */
+        worst = 0;
+        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        if (cu_gemm(&w.d, 1, 3, rows - 3, &a.d, off, T, out, rows, NULL, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        CU(cudaMemcpy(got.data(), out, (size_t)T * rows * 4, cudaMemcpyDeviceToHost));
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t r = 0; r < rows - 3; r++) {
+                double ref, mag;
+                reference(w, a, 1, 3 + r, t, off, &ref, &mag);
+                double e = fabs(got[(size_t)t * rows + r] - ref) / (mag + 1e-30);
+                if (!(e <= worst)) worst = e;
+            }
+        printf("gemm %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
+        CHECK(worst <= 2e-6, "gemm %s: error %.3g", tname(type), worst);
+
+        /* grouped gemm: entries (token*2 + slot) in expert order, two tiles */
+        std::vector<int> perm, tmat, tstart, tcount;
+        for (int e = 0; e < 3; e++) {
+            int start = (int)perm.size();
+            for (uint32_t i = 0; i < T; i++)
+                if ((i * 7 + e) % 3 == 0) perm.push_back((int)i);
+            for (int s0 = start; s0 < (int)perm.size(); s0 += 64) {
+                tmat.push_back(e);
+                tstart.push_back(s0);
+                tcount.push_back((int)perm.size() - s0 < 64 ? (int)perm.size() - s0 : 64);
+            }
+        }
+        int nt = (int)tmat.size();
+        int *dp = dalloc<int>(perm.size()), *dm = dalloc<int>(nt), *ds = dalloc<int>(nt), *dc = dalloc<int>(nt), *dn = dalloc<int>(1);
+        CU(cudaMemcpy(dp, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dm, tmat.data(), nt * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(ds, tstart.data(), nt * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dc, tcount.data(), nt * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dn, &nt, 4, cudaMemcpyHostToDevice));
+        cu_group g = {dm, ds, dc, dn, (uint32_t)nt + 2, dp, 2};
+        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, 0, out, rows, &g, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        CU(cudaMemcpy(got.data(), out, (size_t)T * rows * 4, cudaMemcpyDeviceToHost));
+        worst = 0;
+        for (int e = 0, i = 0; e < 3; e++)
+            for (uint32_t tok = 0; tok < T; tok++) {
+                if ((tok * 7 + e) % 3) continue;
+                int entry = perm[i++];
+                for (uint32_t r = 0; r < rows; r += 7) {
+                    double ref, mag;
+                    reference(w, a, (uint32_t)e, r, (uint32_t)entry / 2, 0, &ref, &mag);
+                    double v = got[(size_t)entry * rows + r];
+                    double err2 = fabs(v - ref) / (mag + 1e-30);
+                    if (!(err2 <= worst)) worst = err2;
+                }
+            }
+        printf("gemm %-8s grouped, max error %.2g\n", tname(type), worst);
+        CHECK(worst <= 2e-6, "grouped gemm %s: error %.3g", tname(type), worst);
+        cudaFree(dp);
+        cudaFree(dm);
+        cudaFree(ds);
+        cudaFree(dc);
+        cudaFree(dn);
+        cudaFree(out);
+        cudaFree((void *)w.d.p);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+}
+
+/* mode 0: FP8 round trip of 448 values; 1: QAT of 128; 2: f16 rounding. */
+static __global__ void lowprec_kernel(float *x, uint32_t n, int mode) {
+    DS4_DYN_SMEM(float, v);
+    float *row = x + (size_t)blockIdx.x * n;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = row[i];
+    __syncthreads();
+    if (mode == 0) block_fp8_roundtrip(v, n);
+    else if (mode == 1) block_qat128(v);
+    else
+        for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = dev_f16_round(v[i]);
+    __syncthreads();
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) row[i] = v[i];
+}
+
+/* Grid midpoints: a block whose amax fixes the scale at 2^-3 and whose other
+ * values sit exactly halfway between neighbouring E4M3 magnitudes. */
+static void fp8_ties(float *x, uint32_t n) {
+    float mag[127];
+    for (int i = 0; i < 127; i++) {
+        int e = i >> 3, m = i & 7;
+        mag[i] = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+    }
+    for (uint32_t b = 0; b < n / 64; b++) {
+        x[64 * b] = 448.0f / 8.0f;
+        for (int i = 1; i < 64; i++) {
+            int k = (int)((b * 64 + i) * 37 % 126);
+            float mid = 0.5f * (mag[k] + mag[k + 1]);
+            x[64 * b + i] = (i & 1 ? -mid : mid) / 8.0f;
+        }
+    }
+}
+
+static void check_lowprec(cudaStream_t st) {
+    const uint32_t rows = 64;
+    for (int mode = 0; mode < 3; mode++) {
+        uint32_t n = mode == 1 ? 128 : 448;
+        std::vector<float> h((size_t)rows * n), ref;
+        for (uint32_t r = 0; r < rows; r++) {
+            float scale = ldexpf(1.0f, (int)(r % 24) - 12);
+            for (uint32_t i = 0; i < n; i++) h[(size_t)r * n + i] = frand() * scale;
+        }
+        if (mode == 0) fp8_ties(h.data(), n);          /* row 0: exact ties */
+        if (mode == 2) h[5] = 1.0f + ldexpf(1.0f, -11); /* an f16 tie */
+        ref = h;
+        for (uint32_t r = 0; r < rows; r++) {
+            float *x = &ref[(size_t)r * n];
+            if (mode == 0) ds4_fp8_kv_roundtrip(x, n);
+            else if (mode == 1) ds4_indexer_qat_row(x);
+            else ds4_f16_round_row(x, n);
+        }
+        float *d = dalloc<float>(h.size());
+        CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        DS4_LAUNCH(lowprec_kernel, rows, 128, n * sizeof(float), st, d, n, mode);
+        CU(cudaGetLastError());
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got(h.size());
+        CU(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
+        const char *names[] = {"FP8 KV round trip", "Hadamard + FP4", "f16 rounding"};
+        printf("%-20s %zu of %zu values differ from lowprec.c\n", names[mode], bad, got.size());
+        CHECK(bad == 0, "%s differs from the CPU", names[mode]);
+        cudaFree(d);
+    }
+}
+
+int main() {
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ds4_err err = {};
+    if (cu_matmul_init(&err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        return 1;
+    }
+    check_lowprec(st);
+    check_quantize(st);
+    check_products(st);
+    CU(cudaDeviceSynchronize());
+    if (failures) printf("%d check(s) failed\n", failures);
+    else printf("cuda kernels: all passed\n");
+    return failures ? 1 : 0;
+}
