@@ -13,6 +13,8 @@
 #include <errno.h>
 #include <histedit.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,15 +45,32 @@ static const char *prompt_fn(EditLine *el) {
     return current_input->prompt;
 }
 
-/* libedit's character source.  poll() is interrupted by Ctrl+C even where
- * read() would be restarted; returning -1 makes el_gets give up the line. */
+/* Wait for input unless Ctrl+C came.  A Ctrl+C typed before the editor put
+ * the terminal in raw mode arrives as a signal while we are not waiting yet,
+ * so the flag is tested with SIGINT blocked and ppoll() unblocks it
+ * atomically: no interrupt can fall between the test and the wait. */
+static int wait_input(void) {
+    sigset_t block, old;
+    sigemptyset(&block);
+    sigaddset(&block, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &block, &old);
+    int rc = -1;
+    if (!cli_interrupted) {
+        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
+        rc = ppoll(&p, 1, NULL, &old);
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    return rc;
+}
+
+/* libedit's character source.  Returning -1 makes el_gets give up the line
+ * (Ctrl+C). */
 static int read_char(EditLine *el, wchar_t *wc) {
     (void)el;
     mbstate_t st;
     memset(&st, 0, sizeof(st));
     for (;;) {
-        struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
-        if (poll(&p, 1, -1) < 0) {
+        if (wait_input() < 0) {
             if (errno == EINTR && !cli_interrupted) continue;
             return -1;
         }
