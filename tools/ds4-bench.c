@@ -20,8 +20,12 @@
  * --synthetic q2|q4 runs the published Flash shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
  * memory (ds4_weights_synthetic), so speed is measured at the real sizes.
- * Tokens are seeded random ids (or --tokens-file: ids, as ds4-forward reads
- * them); text prompts need the tokenizer, which this tool does not link.
+ * The token sequence is, in order of preference: --prompt-file (raw text,
+ * tokenized without a chat template, as ds4's bench; I Promessi Sposi in
+ * /work/shared/data is the customary one), --chat-prompt-file (the text as
+ * one non-thinking user message of the chat template, system text from
+ * -sys), --tokens-file (ids, as ds4-forward reads them), or seeded random
+ * ids (the only choice with --synthetic, which has no tokenizer).
  *
  * Options: --backend NAME (cuda in CUDA builds, else cpu), --ctx-start N
  * (2048), --ctx-max N (32768), --ctx-alloc N (ctx-max + gen + 1), --step-mul F
@@ -36,16 +40,20 @@
 
 #include "model/backend.h"
 #include "model/weights.h"
+#include "text/chat.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 
 typedef struct opts {
-    const char *model, *synthetic, *backend, *tokens_file, *csv;
+    const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     double step_mul;
     ds4_backend_opts bo;
 } opts;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-bench [-m MODEL | --synthetic q2|q4] [--backend NAME] [--tokens-file FILE] [--seed N]\n"
+    fprintf(f, "usage: ds4-bench [-m MODEL | --synthetic q2|q4] [--backend NAME] [--seed N]\n"
+               "                 [--prompt-file FILE | --chat-prompt-file FILE [-sys TEXT] | --tokens-file FILE]\n"
                "                 [--ctx-start N] [--ctx-max N] [--ctx-alloc N] [--step-mul F] [--step-incr N]\n"
                "                 [--gen-tokens N] [--chunk N] [--no-sim] [-t N] [--csv FILE]\n");
 }
@@ -81,6 +89,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--synthetic")) { VAL(); o->synthetic = v; }
         else if (!strcmp(a, "--backend")) { VAL(); o->backend = v; }
         else if (!strcmp(a, "--tokens-file")) { VAL(); o->tokens_file = v; }
+        else if (!strcmp(a, "--prompt-file")) { VAL(); o->prompt_file = v; }
+        else if (!strcmp(a, "--chat-prompt-file")) { VAL(); o->chat_file = v; }
+        else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { VAL(); o->system = v; }
         else if (!strcmp(a, "--csv")) { VAL(); o->csv = v; }
         else if (!strcmp(a, "--ctx-start")) U32(o->ctx_start);
         else if (!strcmp(a, "--ctx-max")) U32(o->ctx_max);
@@ -102,6 +113,15 @@ static int parse_args(int argc, char **argv, opts *o) {
 #undef VAL
     }
     if (!o->model == !o->synthetic) { fprintf(stderr, "ds4-bench: give one of -m MODEL or --synthetic RECIPE\n"); return -1; }
+    if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1) {
+        fprintf(stderr, "ds4-bench: give at most one of --prompt-file, --chat-prompt-file, --tokens-file\n");
+        return -1;
+    }
+    if (o->synthetic && (o->prompt_file || o->chat_file)) {
+        fprintf(stderr, "ds4-bench: --synthetic has no tokenizer: use --tokens-file or random ids\n");
+        return -1;
+    }
+    if (o->system && !o->chat_file) { fprintf(stderr, "ds4-bench: -sys only applies to --chat-prompt-file\n"); return -1; }
     if (o->ctx_start == 0 || o->ctx_max < o->ctx_start) { fprintf(stderr, "ds4-bench: need 0 < ctx-start <= ctx-max\n"); return -1; }
     if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + 1;
     if (o->ctx_alloc <= o->ctx_max + o->gen) { fprintf(stderr, "ds4-bench: ctx-alloc must exceed ctx-max + gen-tokens\n"); return -1; }
@@ -133,9 +153,84 @@ static double bytes_per_token(const ds4_weights *w) {
     return total;
 }
 
-static uint32_t *load_tokens(const opts *o, uint32_t n, uint32_t vocab, ds4_err *err) {
+static char *read_file(const char *path, size_t *len, ds4_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ds4_err_set(err, DS4_EIO, "cannot open %s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t cap = 0, n = 0;
+    for (;;) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap = cap ? cap * 2 : 1 << 20);
+            if (!nb) {
+                free(buf);
+                fclose(f);
+                ds4_err_set(err, DS4_ENOMEM, "out of memory reading %s", path);
+                return NULL;
+            }
+            buf = nb;
+        }
+        size_t k = fread(buf + n, 1, cap - n, f);
+        n += k;
+        if (k == 0) break;
+    }
+    int bad = ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        ds4_err_set(err, DS4_EIO, "reading %s failed", path);
+        return NULL;
+    }
+    *len = n;
+    return buf;
+}
+
+/* The prompt file's tokens: raw text, or one non-thinking user message. */
+static int text_tokens(const opts *o, const ds4_weights *w, ds4_tokens *out, ds4_err *err) {
+    const char *path = o->prompt_file ? o->prompt_file : o->chat_file;
+    size_t len = 0;
+    char *text = read_file(path, &len, err);
+    if (!text) return -1;
+    ds4_vocab *v = ds4_vocab_from_gguf(w->gguf, err);
+    ds4_tokenizer *tk = v ? ds4_tokenizer_new(v, err) : NULL;
+    int rc = -1;
+    if (tk && o->prompt_file) {
+        rc = ds4_tokenize_text(tk, text, len, out, err);
+    } else if (tk) {
+        json_t *msgs = json_array();
+        if (o->system) json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "system", "content", o->system));
+        json_array_append_new(msgs, json_pack("{s:s,s:s%}", "role", "user", "content", text, len));
+        ds4_chat_opts co = {.think = DS4_THINK_OFF};
+        ds4_rendered r = {0};
+        rc = ds4_chat_render(msgs, &co, &r, err);
+        if (rc == 0) rc = ds4_tokenize_rendered(tk, &r, out, err);
+        ds4_rendered_free(&r);
+        json_decref(msgs);
+    }
+    ds4_tokenizer_free(tk);
+    ds4_vocab_free(v);
+    free(text);
+    return rc;
+}
+
+static uint32_t *load_tokens(const opts *o, const ds4_weights *w, uint32_t n, ds4_err *err) {
+    uint32_t vocab = w->cfg.n_vocab;
     uint32_t *t = malloc((size_t)n * sizeof(uint32_t));
     if (!t) { ds4_err_set(err, DS4_ENOMEM, "out of memory"); return NULL; }
+    if (o->prompt_file || o->chat_file) {
+        ds4_tokens ids = {0};
+        int rc = text_tokens(o, w, &ids, err);
+        if (rc == 0 && ids.n < n)
+            rc = ds4_err_set(err, DS4_EINVAL, "%s gives %zu tokens, ctx-max needs %u",
+                             o->prompt_file ? o->prompt_file : o->chat_file, ids.n, n);
+        if (rc == 0)
+            for (uint32_t i = 0; i < n; i++) t[i] = (uint32_t)ids.ids[i];
+        ds4_tokens_free(&ids);
+        if (rc != 0) { free(t); return NULL; }
+        return t;
+    }
     if (!o->tokens_file) {
         uint64_t s = o->seed * 0x9E3779B97F4A7C15ull + 1;
         for (uint32_t i = 0; i < n; i++) {
@@ -190,7 +285,7 @@ static int run(const opts *o, ds4_err *err) {
 #endif
     double bpt = bytes_per_token(w);
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
-    if (!(toks = load_tokens(o, o->ctx_max, w->cfg.n_vocab, err))) goto done;
+    if (!(toks = load_tokens(o, w, o->ctx_max, err))) goto done;
     if (!(gen = malloc((o->gen + 1) * sizeof(uint32_t))) || !(snap = ds4_backend_state_new(b, err))) {
         if (!snap && !gen) ds4_err_set(err, DS4_ENOMEM, "out of memory");
         goto done;

@@ -1,0 +1,56 @@
+#!/bin/sh
+# bench.sh - ds4-bench on the CPU backend with a tiny model: the CSV has the
+# header of spec/PRODUCT.md 1.5 and one row per frontier with the
+# incremental prefill sizes; text prompts go through the tokenizer (raw and
+# chat), token files and random ids work; bad options and short prompts are
+# refused with a message.  Speed itself is measured by hand (docs/PERFORMANCE.md).
+set -eu
+cd "$(dirname "$0")/../.."
+for p in ds4-bench ds4-mkmodel ds4-tokenizer; do [ -x "./$p" ] || make -s "$p"; done
+dir=build/suite/bench
+rm -rf "$dir"
+mkdir -p "$dir"
+fail() { echo "bench: FAIL: $*" >&2; exit 1; }
+
+tok=build/tokenizer.gguf
+if [ ! -f "$tok" ]; then
+    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
+    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
+fi
+M=$dir/model.gguf
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 3 -q -o "$M"
+text=/work/shared/data/promessi_sposi.txt
+[ -f "$text" ] || text=../shared/data/promessi_sposi.txt
+[ -f "$text" ] || { head -c 20000 tests/suite/bench.sh > "$dir/text.txt"; text=$dir/text.txt; }
+
+./ds4-bench -m "$M" --prompt-file "$text" --ctx-start 128 --ctx-max 384 --step-incr 128 --gen-tokens 4 \
+    --csv "$dir/raw.csv" 2> "$dir/raw.err"
+head -1 "$dir/raw.csv" | grep -qx 'ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes' \
+    || fail "csv header: $(head -1 "$dir/raw.csv")"
+[ "$(tail -n +2 "$dir/raw.csv" | cut -d, -f1,2,4 | tr '\n' ' ')" = "128,128,4 256,128,4 384,128,4 " ] \
+    || fail "frontiers: $(cat "$dir/raw.csv")"
+# The KV payload grows with the frontier.
+awk -F, 'NR > 2 && $6 <= prev { bad = 1 } NR > 1 { prev = $6 } END { exit bad }' "$dir/raw.csv" \
+    || fail "kvcache_bytes does not grow: $(cat "$dir/raw.csv")"
+
+./ds4-bench -m "$M" --chat-prompt-file "$text" -sys "Be brief." --ctx-start 64 --ctx-max 128 --step-mul 2 \
+    --gen-tokens 2 > "$dir/chat.csv" 2>/dev/null
+[ "$(tail -n +2 "$dir/chat.csv" | cut -d, -f1,2 | tr '\n' ' ')" = "64,64 128,64 " ] || fail "chat: $(cat "$dir/chat.csv")"
+
+seq 1 300 > "$dir/ids.txt"
+./ds4-bench -m "$M" --tokens-file "$dir/ids.txt" --ctx-start 100 --ctx-max 200 --step-incr 100 --gen-tokens 2 \
+    > "$dir/ids.csv" 2>/dev/null
+[ "$(wc -l < "$dir/ids.csv")" -eq 3 ] || fail "token file: $(cat "$dir/ids.csv")"
+
+expect_fail() {
+    want=$1; shift
+    if "$@" > "$dir/err.txt" 2>&1; then fail "expected failure: $*"; fi
+    grep -q "$want" "$dir/err.txt" || fail "message lacks '$want': $(cat "$dir/err.txt")"
+}
+printf 'short' > "$dir/short.txt"
+expect_fail "ctx-max needs" ./ds4-bench -m "$M" --prompt-file "$dir/short.txt" --ctx-start 64 --ctx-max 64
+expect_fail "at most one of" ./ds4-bench -m "$M" --prompt-file "$text" --tokens-file "$dir/ids.txt"
+expect_fail "ctx-start <= ctx-max" ./ds4-bench -m "$M" --ctx-start 512 --ctx-max 256
+expect_fail "unknown option" ./ds4-bench -m "$M" --frobnicate
+expect_fail "cannot open" ./ds4-bench -m "$M" --prompt-file "$dir/missing.txt"
+echo "bench: ok"
