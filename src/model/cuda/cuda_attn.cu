@@ -618,8 +618,13 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 
 /* ------------------------------------------------------------- indexer */
 
-#define IDX_ROWS 128
+#define IDX_THREADS 256
+#define IDX_GROUP 8                            /* threads per compressed row */
+#define IDX_ROWS (IDX_THREADS / IDX_GROUP)     /* rows per block */
 #define IDX_MAX_HEADS 64
+#define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
+#define IDX_MAX_DIM 128
+#define IDX_QSTRIDE (IDX_MAX_DIM + 1)          /* a head's query in shared memory: the group's 8 heads in 8 banks */
 
 typedef struct idx_args {
     const uint32_t *pos0;
@@ -630,39 +635,55 @@ typedef struct idx_args {
 } idx_args;
 
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
- * prefix (only when it holds more rows than top-k). */
-static __global__ void __launch_bounds__(IDX_ROWS) idx_score_kernel(idx_args a) {
-    __shared__ float qs[IDX_MAX_HEADS * 128];
+ * prefix (only when it holds more rows than top-k).  Thread g of a row's
+ * group takes heads g, g + 8, ...; the group's relu'd dots meet in shared
+ * memory and the first thread adds them in head order. */
+static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
+    __shared__ float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
     __shared__ float ws[IDX_MAX_HEADS];
+    __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
     if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
     const float *q = a.iq + (size_t)t * a.heads * a.ihd;
-    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i] = q[i];
+    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i / a.ihd * IDX_QSTRIDE + i % a.ihd] = q[i];
     for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
     __syncthreads();
-    uint32_t c = blockIdx.x * IDX_ROWS + threadIdx.x;
-    if (c >= nc) return;
-    const float *k = a.rows + (size_t)c * a.ihd;
-    float part[IDX_MAX_HEADS];
+    uint32_t g = threadIdx.x % IDX_GROUP, rl = threadIdx.x / IDX_GROUP, c = blockIdx.x * IDX_ROWS + rl;
+    bool on = c < nc;
+    const float *k = a.rows + (size_t)(on ? c : 0) * a.ihd;
+    float part[IDX_HPT];
 #pragma unroll
-    for (int h = 0; h < IDX_MAX_HEADS; h++) part[h] = 0.0f;
+    for (int j = 0; j < IDX_HPT; j++) part[j] = 0.0f;
     for (uint32_t c0 = 0; c0 < a.ihd; c0 += 32) {
         float kr[32];
 #pragma unroll
-        for (int i = 0; i < 32; i++) kr[i] = k[c0 + i];
+        for (int i = 0; i < 32; i += 4) {
+            float4 v = __ldg((const float4 *)(k + c0 + i));
+            kr[i] = v.x;
+            kr[i + 1] = v.y;
+            kr[i + 2] = v.z;
+            kr[i + 3] = v.w;
+        }
 #pragma unroll
-        for (int h = 0; h < IDX_MAX_HEADS; h++) {
-            if ((uint32_t)h >= a.heads) break;
+        for (int j = 0; j < IDX_HPT; j++) {
+            uint32_t h = g + IDX_GROUP * j;
+            if (h >= a.heads) break;
+            const float *qh = qs + h * IDX_QSTRIDE + c0;
             float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; i++) s += qs[h * a.ihd + c0 + i] * kr[i];
-            part[h] += s;
+            for (int i = 0; i < 32; i++) s += qh[i] * kr[i];
+            part[j] += s;
         }
     }
-    float s = 0.0f;
 #pragma unroll
-    for (int h = 0; h < IDX_MAX_HEADS; h++)
-        if ((uint32_t)h < a.heads) s += ws[h] * fmaxf(part[h], 0.0f);
+    for (int j = 0; j < IDX_HPT; j++) {
+        uint32_t h = g + IDX_GROUP * j;
+        if (h < a.heads) rp[rl][h] = fmaxf(part[j], 0.0f);
+    }
+    __syncthreads();
+    if (g != 0 || !on) return;
+    float s = 0.0f;
+    for (uint32_t h = 0; h < a.heads; h++) s += ws[h] * rp[rl][h];
     a.scores[(size_t)t * a.score_stride + c] = s;
 }
 
@@ -778,7 +799,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
         a.heads = c->idx_n_head;
         a.ihd = c->idx_head_dim;
         a.top_k = c->idx_top_k;
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_ROWS, 0, b->st, a);
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, b->st, a);
         CU_LAUNCHED();
     }
     topk_args k;
@@ -798,6 +819,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 #define ATT_WARPS 8
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 #define ATT_SPLIT_ROWS 32 /* decode: rows per split */
+#define ATT_BATCH 4       /* rows whose loads a warp issues before using any */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -868,7 +890,7 @@ static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, u
 
 /* Grid (head groups of 8, queries, splits); a warp is one head, walking its
  * share of the visible rows with an online softmax. */
-static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
+static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp, split = blockIdx.z;
     if (h >= a.n_head) return;
@@ -887,46 +909,60 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (uint32_t i = i0; i < i1; i++) {
-        const float *row = attn_row(a, t, p, pos0, first, n_raw, i) + e0;
-        float rv[ATT_MAXV];
-        if (per % 4 == 0) {
+    for (uint32_t ib = i0; ib < i1; ib += ATT_BATCH) {
+        /* the loads of ATT_BATCH rows first, then the rows in order */
+        float rv[ATT_BATCH][ATT_MAXV];
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j += 4)
-                if ((uint32_t)j < per) {
-                    float4 v = *(const float4 *)(row + j);
-                    rv[j] = v.x;
-                    rv[j + 1] = v.y;
-                    rv[j + 2] = v.z;
-                    rv[j + 3] = v.w;
-                }
-        } else {
+        for (int u = 0; u < ATT_BATCH; u++) {
+            bool on = ib + u < i1;
+            const float *row = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
+            if (per % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j += 2)
-                if ((uint32_t)j < per) {
-                    float2 v = *(const float2 *)(row + j);
-                    rv[j] = v.x;
-                    rv[j + 1] = v.y;
+                for (int j = 0; j < ATT_MAXV; j += 4) {
+                    float4 v = on && (uint32_t)j < per ? *(const float4 *)(row + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    rv[u][j] = v.x;
+                    rv[u][j + 1] = v.y;
+                    rv[u][j + 2] = v.z;
+                    rv[u][j + 3] = v.w;
                 }
+            } else {
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j += 2) {
+                    float2 v = on && (uint32_t)j < per ? *(const float2 *)(row + j) : make_float2(0.0f, 0.0f);
+                    rv[u][j] = v.x;
+                    rv[u][j + 1] = v.y;
+                }
+            }
         }
-        float s = 0.0f;
+        float sc[ATT_BATCH];
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++)
-            if ((uint32_t)j < per) s += q[j] * rv[j];
-        s = warp_sum(s) * scale;
-        if (s > m) {
-            float c = expf(m - s);
-            l = l * c + 1.0f;
+        for (int u = 0; u < ATT_BATCH; u++) {
+            float s = 0.0f;
 #pragma unroll
             for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) o[j] = o[j] * c + rv[j];
-            m = s;
-        } else {
-            float e = expf(s - m);
-            l += e;
+                if ((uint32_t)j < per) s += q[j] * rv[u][j];
+            sc[u] = s;
+        }
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) o[j] += e * rv[j];
+        for (int u = 0; u < ATT_BATCH; u++) sc[u] = warp_sum(sc[u]) * scale;
+#pragma unroll
+        for (int u = 0; u < ATT_BATCH; u++) {
+            if (ib + u >= i1) break;
+            float s = sc[u];
+            if (s > m) {
+                float c = expf(m - s);
+                l = l * c + 1.0f;
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j++)
+                    if ((uint32_t)j < per) o[j] = o[j] * c + rv[u][j];
+                m = s;
+            } else {
+                float e = expf(s - m);
+                l += e;
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j++)
+                    if ((uint32_t)j < per) o[j] += e * rv[u][j];
+            }
         }
     }
     if (a.nsplit == 1) {
