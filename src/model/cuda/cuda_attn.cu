@@ -704,6 +704,38 @@ typedef struct topk_args {
 
 #define TOPK_THREADS 1024
 
+/* By warp 0: the largest digit d whose bins d..255 hold at least `need`
+ * keys (or 0), the keys above it subtracted from `need`.  Lane l owns bins
+ * 255 - 8l .. 248 - 8l; a scan over the lanes finds the lane, which walks
+ * its eight bins. */
+static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint32_t need, int shift,
+                                     uint32_t *out_prefix, uint32_t *out_need) {
+    unsigned lane = threadIdx.x;
+    uint32_t hb[8], lsum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        hb[i] = hist[255 - 8 * lane - i];
+        lsum += hb[i];
+    }
+    uint32_t incl = lsum;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    unsigned hit = __ballot_sync(0xffffffffu, incl >= need);
+    unsigned src = hit ? (unsigned)(__ffs((int)hit) - 1) : 31;
+    if (lane != src) return;
+    uint32_t acc = incl - lsum, d = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        d = 255 - 8 * lane - i;
+        if (acc + hb[i] >= need || d == 0) break;
+        acc += hb[i];
+    }
+    *out_prefix = prefix | (d << shift);
+    *out_need = need - acc;
+}
+
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
  * first, lower index on ties) listed in ascending row order. */
 static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) {
@@ -729,15 +761,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) 
             if ((key & hmask) == (prefix & hmask)) atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t acc = 0, d = 255;
-            for (;; d--) {
-                if (acc + hist[d] >= need || d == 0) break;
-                acc += hist[d];
-            }
-            sh_prefix = prefix | (d << shift);
-            sh_need = need - acc;
-        }
+        if (threadIdx.x < 32) topk_pick_bin(hist, prefix, need, shift, &sh_prefix, &sh_need);
         __syncthreads();
         prefix = sh_prefix;
         need = sh_need;
