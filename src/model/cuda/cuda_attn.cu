@@ -67,6 +67,7 @@ static __device__ void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uin
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
     ss = block_sum(ss, red);
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll 4
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
     __syncthreads();
 }
@@ -131,19 +132,34 @@ static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
     return s + __shfl_sync(0xffffffffu, v, a + 12);
 }
 
-/* The mixer weights of one token, by warp 0: lane m reduces the partial
- * sums of output m (written by other blocks of this launch: read from the
- * L2), then pre / post, and the Sinkhorn iterations of MODEL.md 5.2 with
- * one matrix entry per lane (the arithmetic of cpu_hc.c, sums in its
- * order). */
-static __device__ void hc_weights(const hc_args &a, uint32_t t, float *pre, float *mix) {
+/* The block's sums of the partial sums of token t (written by the other
+ * blocks of this launch: read from the L2): eight threads per output, each
+ * over every eighth slice, then a fixed tree over the eight, so that all
+ * the loads are in flight at once. */
+static __device__ void hc_reduce_parts(const hc_args &a, uint32_t t, double *sums) {
+    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
+    for (uint32_t base = 0; base < (a.nmix + 1) * 8; base += blockDim.x) {
+        uint32_t i = base + threadIdx.x, m = i / 8, j = i % 8;
+        double v = 0.0;
+        if (m <= a.nmix) {
+#pragma unroll 8
+            for (uint32_t s = j; s < a.nsplit; s += 8) v += __ldcg(p + (size_t)s * (a.nmix + 1) + m);
+        }
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        if (j == 0 && m <= a.nmix) sums[m] = v;
+    }
+}
+
+/* The mixer weights of one token, by warp 0 from the reduced sums: pre /
+ * post, and the Sinkhorn iterations of MODEL.md 5.2 with one matrix entry
+ * per lane (the arithmetic of cpu_hc.c, sums in its order). */
+static __device__ void hc_weights(const hc_args &a, uint32_t t, const double *sums, float *pre, float *mix) {
     unsigned lane = threadIdx.x;
     uint32_t n = a.n_hc;
-    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
-    double v = 0.0;
-    if (lane <= a.nmix)
-        for (uint32_t s = 0; s < a.nsplit; s++) v += __ldcg(p + (size_t)s * (a.nmix + 1) + lane);
-    double ss = __shfl_sync(0xffffffffu, v, 0);
+    double v = lane <= a.nmix ? sums[lane] : 0.0;
+    double ss = sums[0];
     float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
     if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
     __syncwarp();
@@ -173,10 +189,14 @@ static __device__ void hc_weights(const hc_args &a, uint32_t t, float *pre, floa
  * shared memory). */
 static __device__ void hc_finish(const hc_args &a, uint32_t t, float *x) {
     __shared__ float pre[4], mix[HC_MAX_MIX];
+    __shared__ double sums[HC_MAX_MIX + 1];
     uint32_t n = a.n_hc, D = a.D;
-    if (threadIdx.x < 32) hc_weights(a, t, pre, mix);
+    hc_reduce_parts(a, t, sums);
+    __syncthreads();
+    if (threadIdx.x < 32) hc_weights(a, t, sums, pre, mix);
     __syncthreads();
     const float *S = a.S + (size_t)t * n * D;
+#pragma unroll 4
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
         for (uint32_t h = 0; h < n; h++) acc += pre[h] * __ldcg(S + (size_t)h * D + d);
@@ -1016,17 +1036,36 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(att
     uint32_t p = *a.pos0 + t, per = a.hd / 32, e0 = per * lane;
     const float *pp = a.part + ((size_t)t * a.n_head + h) * a.nsplit * (a.hd + 2);
     float sink = a.sinks[h], M = sink;
-    for (uint32_t s = 0; s < a.nsplit; s++) M = fmaxf(M, pp[(size_t)s * (a.hd + 2)]);
+    /* the largest split maximum, a lane per split (a maximum is exact in
+     * any order) */
+    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
+        uint32_t s = s0 + lane;
+        M = fmaxf(M, warp_max(s < a.nsplit ? pp[(size_t)s * (a.hd + 2)] : -INFINITY));
+    }
     float den = expf(sink - M), o[ATT_MAXV];
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) o[j] = 0.0f;
-    for (uint32_t s = 0; s < a.nsplit; s++) {
-        const float *ps = pp + (size_t)s * (a.hd + 2);
-        float c = expf(ps[0] - M);
-        den += ps[1] * c;
+    /* ATT_BATCH splits loaded at once, added in split order */
+    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += ATT_BATCH) {
+        float ml[ATT_BATCH][2], ov[ATT_BATCH][ATT_MAXV];
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++)
-            if ((uint32_t)j < per) o[j] += ps[2 + e0 + j] * c;
+        for (int u = 0; u < ATT_BATCH; u++) {
+            bool on = s0 + u < a.nsplit;
+            const float *ps = pp + (size_t)(on ? s0 + u : 0) * (a.hd + 2);
+            ml[u][0] = on ? ps[0] : 0.0f;
+            ml[u][1] = on ? ps[1] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++) ov[u][j] = on && (uint32_t)j < per ? ps[2 + e0 + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_BATCH; u++) {
+            if (s0 + u >= a.nsplit) break;
+            float c = expf(ml[u][0] - M);
+            den += ml[u][1] * c;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++)
+                if ((uint32_t)j < per) o[j] += ov[u][j] * c;
+        }
     }
     finish_head(a, t, h, p, o, den);
 }

@@ -59,7 +59,7 @@ static __global__ void quantize_kernel(dact a) {
 
 int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
     if (T == 0 || (!a->q8 && !a->qk)) return 0;
-    DS4_LAUNCH(quantize_kernel, T, 256, 0, st, *a);
+    DS4_LAUNCH(quantize_kernel, T, 1024, 0, st, *a); /* a decode row is one block: many warps */
     CU_LAUNCHED();
     return 0;
 }
@@ -453,7 +453,7 @@ static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
     bool kq = W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K;
     if (qbytes <= 1024) return kq ? 2 : 4;
-    if (qbytes <= 2560) return 2;
+    if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the grid first: more rows */
     return 1;
 }
 
