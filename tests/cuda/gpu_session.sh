@@ -4,7 +4,8 @@
 # memcheck on the kernel test and a short comparison, and the synthetic full
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san prof ncu bench"   which parts (default: all but ncu)
+#   PARTS="tests san prof ncu bench"   which parts, in this order (default: all but ncu)
+#   TESTS_TIME, PROF_TIME, BENCH_TIME   their time limits in seconds
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: gpu_session.sh OUTDIR}
@@ -14,7 +15,7 @@ mkdir -p "$OUT"
 for part in $PARTS; do
     case $part in
     tests)
-        timeout 300 tests/cuda/run.sh build/cuda > "$OUT/tests.log" 2>&1; echo "tests: rc $?";;
+        timeout ${TESTS_TIME:-300} tests/cuda/run.sh build/cuda > "$OUT/tests.log" 2>&1; echo "tests: rc $?";;
     san)
         {
             timeout 100 compute-sanitizer --tool memcheck --error-exitcode 3 build/cuda/test_cuda_kernels; echo "rc $?"
@@ -24,7 +25,7 @@ for part in $PARTS; do
             rm -rf "$T"
         } > "$OUT/sanitizer.log" 2>&1; echo "sanitizer: $(grep -c '^rc 0' "$OUT/sanitizer.log")/2 clean";;
     prof)
-        DS4_CUDA_PROFILE=1 timeout 120 build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
+        DS4_CUDA_PROFILE=1 timeout ${PROF_TIME:-120} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
             --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
     ncu)
         timeout 100 ncu --clock-control none --kernel-name gemv_kernel --launch-skip 40 --launch-count 3 \

@@ -23,14 +23,29 @@ static __device__ inline int8_t q8_round(float v) {
 static __device__ inline void dev_quantize_row(const float *x, uint32_t n, uint8_t *q8, uint8_t *qk) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     if (q8) {
+        /* four blocks per warp and step: lane l holds values 4 (l % 8) ..
+         * of block l / 8, the block's maximum comes from its 8 lanes (the
+         * maximum does not depend on the order) */
         float *d = (float *)(q8 + n);
-        for (uint32_t b = warp; b < n / 32; b += nw) {
-            float v = x[32 * b + lane];
-            float amax = warp_max(fabsf(v));
+        uint32_t nb = n / 32;
+        for (uint32_t b0 = 4 * warp; b0 < nb; b0 += 4 * nw) {
+            uint32_t b = b0 + lane / 8, e = 32 * b + 4 * (lane & 7);
+            bool ok = b < nb;
+            float v[4];
+            float amax = 0.0f;
+            for (int i = 0; i < 4; i++) {
+                v[i] = ok ? x[e + i] : 0.0f;
+                amax = fmaxf(amax, fabsf(v[i]));
+            }
+            for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
             float db = amax / 127.0f;
             float id = db != 0.0f ? 1.0f / db : 0.0f;
-            ((int8_t *)q8)[32 * b + lane] = q8_round(v * id);
-            if (lane == 0) d[b] = db;
+            if (ok) {
+                uint32_t packed = 0;
+                for (int i = 0; i < 4; i++) packed |= (uint32_t)(uint8_t)q8_round(v[i] * id) << (8 * i);
+                *(uint32_t *)(q8 + e) = packed;
+                if ((lane & 7) == 0) d[b] = db;
+            }
         }
     }
     if (qk) {

@@ -23,7 +23,8 @@
 
 #include "model/cuda/cuda_lowprec.cuh"
 
-#define HC_THREADS 128
+#define HC_THREADS 256
+#define HC_COLS (HC_THREADS / 4) /* columns of S per block: a thread per stream and column */
 #define HC_MAX_MIX 32
 #define SCORE_NEG_INF (-1e30f)
 
@@ -66,6 +67,7 @@ static __device__ void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uin
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
     ss = block_sum(ss, red);
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll 4
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
     __syncthreads();
 }
@@ -92,146 +94,29 @@ int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err 
 
 /* -------------------------------------------------- hyper-connections */
 
-typedef struct hc_mix_args {
+/* One launch per HC site: the HC post of the previous sublayer, the
+ * partial sums of this site's mixer (blocks over column slices), and, in
+ * the block that finishes last, the mixer weights and the input of the
+ * next sublayer. */
+typedef struct hc_args {
     float *S;
     const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
     uint32_t k;
-    const float *post, *comb;
+    float *post, *comb;           /* read by the post, rewritten by the finish */
     const uint8_t *fn;
     uint32_t fn_type, nmix, D, n_hc, nsplit;
     double *part;
-} hc_mix_args;
-
-/* Optional HC post of the previous sublayer (S <- post y + comb S), then
- * the partial sums of this site's mixer over a slice of the columns: the
- * sum of squares of S (double) and fn . S (NMIX rows).  The per-thread
- * sums are reduced through shared memory in one step (a warp per output),
- * not one block reduction per output. */
-template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_mix_args a) {
-    __shared__ float red[NMIX][HC_THREADS];
-    __shared__ double redss[HC_THREADS];
-    uint32_t t = blockIdx.y, D = a.D;
-    const uint32_t n = 4;
-    uint32_t per = (D + a.nsplit - 1) / a.nsplit, d0 = blockIdx.x * per, d1 = d0 + per < D ? d0 + per : D;
-    float *S = a.S + (size_t)t * n * D;
-    float acc[NMIX];
-#pragma unroll
-    for (int m = 0; m < NMIX; m++) acc[m] = 0.0f;
-    double ss = 0.0;
-    bool has_post = a.y || a.eout;
-    for (uint32_t d = d0 + threadIdx.x; d < d1; d += blockDim.x) {
-        float v[4];
-        for (uint32_t h = 0; h < n; h++) v[h] = S[(size_t)h * D + d];
-        if (has_post) {
-            float yd;
-            if (a.y) {
-                yd = a.y[(size_t)t * D + d];
-            } else {
-                float routed = 0.0f;
-                for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
-                yd = routed + a.sout[(size_t)t * D + d];
-            }
-            const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-            float nv[4];
-            for (uint32_t dst = 0; dst < n; dst++) {
-                float s = post[dst] * yd;
-                for (uint32_t src = 0; src < n; src++) s += comb[dst + n * src] * v[src];
-                nv[dst] = s;
-            }
-            for (uint32_t h = 0; h < n; h++) S[(size_t)h * D + d] = v[h] = nv[h];
-        }
-        for (uint32_t h = 0; h < n; h++) {
-            ss += (double)v[h] * (double)v[h];
-            size_t c = (size_t)h * D + d;
-#pragma unroll
-            for (int m = 0; m < NMIX; m++) acc[m] += fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * v[h];
-        }
-    }
-#pragma unroll
-    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = acc[m];
-    redss[threadIdx.x] = ss;
-    __syncthreads();
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
-    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
-        double v = 0.0;
-        for (unsigned i = lane; i < blockDim.x; i += 32) v += m == 0 ? redss[i] : (double)red[m - 1][i];
-        v = warp_sum_d(v);
-        if (lane == 0) out[m] = v;
-    }
-}
-
-/* HC post alone (no following mixer). */
-static __global__ void hc_post_kernel(hc_mix_args a) {
-    uint32_t t = blockIdx.y, D = a.D;
-    const uint32_t n = 4;
-    float *S = a.S + (size_t)t * n * D;
-    const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-    for (uint32_t d = blockIdx.x * blockDim.x + threadIdx.x; d < D; d += gridDim.x * blockDim.x) {
-        float v[4], yd;
-        for (uint32_t h = 0; h < n; h++) v[h] = S[(size_t)h * D + d];
-        if (a.y) {
-            yd = a.y[(size_t)t * D + d];
-        } else {
-            float routed = 0.0f;
-            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
-            yd = routed + a.sout[(size_t)t * D + d];
-        }
-        for (uint32_t dst = 0; dst < n; dst++) {
-            float s = post[dst] * yd;
-            for (uint32_t src = 0; src < n; src++) s += comb[dst + n * src] * v[src];
-            S[(size_t)dst * D + d] = s;
-        }
-    }
-}
-
-int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t T, ds4_err *err) {
-    const ds4_config *c = b->cfg;
-    hc_mix_args a;
-    memset(&a, 0, sizeof(a));
-    a.S = b->S;
-    if (post) {
-        a.y = post->y;
-        a.eout = post->eout;
-        a.sout = post->sout;
-        a.k = post->k;
-        a.post = b->post;
-        a.comb = b->comb;
-    }
-    a.D = c->n_embd;
-    a.n_hc = c->n_hc;
-    a.nsplit = b->hc_split;
-    a.part = b->hcpart;
-    if (!fn) {
-        DS4_LAUNCH(hc_post_kernel, dim3((c->n_embd + 255) / 256, T), 256, 0, b->st, a);
-        CU_LAUNCHED();
-        return 0;
-    }
-    a.fn = fn->p;
-    a.fn_type = fn->type;
-    a.nmix = fn->rows;
-    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
-    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, dim3(b->hc_split, T), HC_THREADS, 0, b->st, a);
-    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
-    CU_LAUNCHED();
-    return 0;
-}
-
-typedef struct hc_finish_args {
-    const float *S;
-    const double *part;
-    uint32_t nsplit, nmix, D, n_hc, sink_iters;
+    uint32_t *count;              /* per token: blocks done (back to 0 after each launch) */
+    /* finish */
+    uint32_t sink_iters;
     float hc_eps, rms_eps;
-    const float *scale, *base; /* F32 vectors */
+    const float *scale, *base;    /* F32 vectors */
     const uint8_t *norm;
     uint32_t norm_type;
-    bool head; /* output collapse: pre weights only */
-    float *post, *comb;
+    bool head;                    /* output collapse: pre weights only */
     dact xn;
-} hc_finish_args;
+} hc_args;
 
-/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
- * sublayer's RMSNorm and the quantized forms of the result. */
 /* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
  * in the CPU's order a = 0..3; rows: b = 0..3. */
 static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
@@ -247,18 +132,34 @@ static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
     return s + __shfl_sync(0xffffffffu, v, a + 12);
 }
 
-/* The mixer weights of one token, by warp 0: lane m reduces the partial
- * sums of output m, then pre / post, and the Sinkhorn iterations of
- * MODEL.md 5.2 with one matrix entry per lane (the arithmetic of
- * cpu_hc.c, sums in its order). */
-static __device__ void hc_weights(const hc_finish_args &a, uint32_t t, float *pre, float *mix) {
+/* The block's sums of the partial sums of token t (written by the other
+ * blocks of this launch: read from the L2): eight threads per output, each
+ * over every eighth slice, then a fixed tree over the eight, so that all
+ * the loads are in flight at once. */
+static __device__ void hc_reduce_parts(const hc_args &a, uint32_t t, double *sums) {
+    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
+    for (uint32_t base = 0; base < (a.nmix + 1) * 8; base += blockDim.x) {
+        uint32_t i = base + threadIdx.x, m = i / 8, j = i % 8;
+        double v = 0.0;
+        if (m <= a.nmix) {
+#pragma unroll 8
+            for (uint32_t s = j; s < a.nsplit; s += 8) v += __ldcg(p + (size_t)s * (a.nmix + 1) + m);
+        }
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        v += __shfl_xor_sync(0xffffffffu, v, 4);
+        if (j == 0 && m <= a.nmix) sums[m] = v;
+    }
+}
+
+/* The mixer weights of one token, by warp 0 from the reduced sums: pre /
+ * post, and the Sinkhorn iterations of MODEL.md 5.2 with one matrix entry
+ * per lane (the arithmetic of cpu_hc.c, sums in its order). */
+static __device__ void hc_weights(const hc_args &a, uint32_t t, const double *sums, float *pre, float *mix) {
     unsigned lane = threadIdx.x;
     uint32_t n = a.n_hc;
-    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
-    double v = 0.0;
-    if (lane <= a.nmix)
-        for (uint32_t s = 0; s < a.nsplit; s++) v += p[(size_t)s * (a.nmix + 1) + lane];
-    double ss = __shfl_sync(0xffffffffu, v, 0);
+    double v = lane <= a.nmix ? sums[lane] : 0.0;
+    double ss = sums[0];
     float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
     if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
     __syncwarp();
@@ -284,17 +185,21 @@ static __device__ void hc_weights(const hc_finish_args &a, uint32_t t, float *pr
 }
 
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
- * sublayer's RMSNorm and the quantized forms of the result. */
-static __global__ void hc_finish_kernel(hc_finish_args a) {
-    DS4_DYN_SMEM(float, x);
+ * sublayer's RMSNorm and the quantized forms of the result (x: D floats of
+ * shared memory). */
+static __device__ void hc_finish(const hc_args &a, uint32_t t, float *x) {
     __shared__ float pre[4], mix[HC_MAX_MIX];
-    uint32_t t = blockIdx.x, n = a.n_hc, D = a.D;
-    if (threadIdx.x < 32) hc_weights(a, t, pre, mix);
+    __shared__ double sums[HC_MAX_MIX + 1];
+    uint32_t n = a.n_hc, D = a.D;
+    hc_reduce_parts(a, t, sums);
+    __syncthreads();
+    if (threadIdx.x < 32) hc_weights(a, t, sums, pre, mix);
     __syncthreads();
     const float *S = a.S + (size_t)t * n * D;
+#pragma unroll 4
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
-        for (uint32_t h = 0; h < n; h++) acc += pre[h] * S[(size_t)h * D + d];
+        for (uint32_t h = 0; h < n; h++) acc += pre[h] * __ldcg(S + (size_t)h * D + d);
         x[d] = acc;
     }
     __syncthreads();
@@ -304,29 +209,115 @@ static __global__ void hc_finish_kernel(hc_finish_args a) {
     dev_quantize_row(x, D, a.xn.q8 ? a.xn.q8 + (size_t)t * a.xn.q8s : NULL, a.xn.qk ? a.xn.qk + (size_t)t * a.xn.qks : NULL);
 }
 
-int cu_hc_finish_to(cuda_backend *b, const dwt *fn, const dwt *scale, const dwt *base, const dwt *norm, uint32_t T,
-                    bool head, dact *out, ds4_err *err) {
+/* Block (x, t): columns HC_COLS x .. of token t, thread (h, j) on stream h
+ * of column j.  Optional HC post of the previous sublayer (S <- post y +
+ * comb S), then this block's partial sums of the mixer: the sum of squares
+ * of S (double) and fn . S (NMIX rows), reduced through shared memory in
+ * one step (a warp per output).  The last block of the token to finish
+ * computes the mixer weights and the next sublayer's input from all the
+ * partial sums (the fence and counter of the CUDA guide's "last block"
+ * reduction). */
+template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
+    DS4_DYN_SMEM(float, buf); /* the per-thread sums, then the finish's row */
+    __shared__ double redss[HC_THREADS];
+    __shared__ bool last;
+    float(*red)[HC_THREADS] = reinterpret_cast<float(*)[HC_THREADS]>(buf);
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
+    unsigned h = threadIdx.x / HC_COLS;
+    uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
+    bool on = d < D;
+    float *S = a.S + (size_t)t * n * D;
+    float v[4];
+    for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
+    float vh = h == 0 ? v[0] : h == 1 ? v[1] : h == 2 ? v[2] : v[3]; /* no indexed register array */
+    if (a.y || a.eout) {
+        float yd = 0.0f;
+        if (on && a.y) {
+            yd = a.y[(size_t)t * D + d];
+        } else if (on) {
+            float routed = 0.0f;
+            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+            yd = routed + a.sout[(size_t)t * D + d];
+        }
+        const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+        float s = post[h] * yd;
+        for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * v[src];
+        vh = s;
+        __syncthreads(); /* every stream of the column is read before any is rewritten */
+        if (on) S[(size_t)h * D + d] = vh;
+    }
+    double ss = (double)vh * (double)vh;
+    size_t c = (size_t)h * D + d;
+#pragma unroll
+    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = on ? fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * vh : 0.0f;
+    redss[threadIdx.x] = ss;
+    __syncthreads();
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
+    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
+        double sum = 0.0;
+        for (unsigned i = lane; i < blockDim.x; i += 32) sum += m == 0 ? redss[i] : (double)red[m - 1][i];
+        sum = warp_sum_d(sum);
+        if (lane == 0) out[m] = sum;
+    }
+    __threadfence(); /* this block's S and sums, visible before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
+        if (last) a.count[t] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    hc_finish(a, t, buf);
+}
+
+/* Dynamic shared memory of hc_mix_kernel<nmix> for rows of D. */
+static size_t hc_smem(uint32_t nmix, uint32_t D) {
+    size_t sums = (size_t)nmix * HC_THREADS * sizeof(float), row = (size_t)D * sizeof(float);
+    return sums > row ? sums : row;
+}
+
+int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    hc_finish_args a;
+    const dwt *fn = site->fn;
+    hc_args a;
     memset(&a, 0, sizeof(a));
     a.S = b->S;
-    a.part = b->hcpart;
-    a.nsplit = b->hc_split;
+    if (post) {
+        a.y = post->y;
+        a.eout = post->eout;
+        a.sout = post->sout;
+        a.k = post->k;
+    }
+    a.post = b->post;
+    a.comb = b->comb;
+    a.fn = fn->p;
+    a.fn_type = fn->type;
     a.nmix = fn->rows;
     a.D = c->n_embd;
     a.n_hc = c->n_hc;
+    a.nsplit = b->hc_split;
+    a.part = b->hcpart;
+    a.count = b->hc_count;
     a.sink_iters = c->hc_sinkhorn_iters;
     a.hc_eps = c->hc_eps;
     a.rms_eps = c->rms_eps;
-    a.scale = (const float *)scale->p;
-    a.base = (const float *)base->p;
-    a.norm = norm->p;
-    a.norm_type = norm->type;
-    a.head = head;
-    a.post = b->post;
-    a.comb = b->comb;
-    a.xn = *out;
-    DS4_LAUNCH(hc_finish_kernel, T, 512, c->n_embd * sizeof(float), b->st, a);
+    a.scale = (const float *)site->scale->p;
+    a.base = (const float *)site->base->p;
+    a.norm = site->norm->p;
+    a.norm_type = site->norm->type;
+    a.head = site->head;
+    a.xn = *site->out;
+    size_t smem = hc_smem(fn->rows, c->n_embd);
+    if (smem > 40 * 1024)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC rows of %u values need %zu bytes of shared memory",
+                           c->n_embd, smem);
+    dim3 grid(b->hc_split, T);
+    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, smem, b->st, a);
+    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, smem, b->st, a);
+    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     CU_LAUNCHED();
     return 0;
 }
@@ -647,8 +638,13 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 
 /* ------------------------------------------------------------- indexer */
 
-#define IDX_ROWS 128
+#define IDX_THREADS 256
+#define IDX_GROUP 8                            /* threads per compressed row */
+#define IDX_ROWS (IDX_THREADS / IDX_GROUP)     /* rows per block */
 #define IDX_MAX_HEADS 64
+#define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
+#define IDX_MAX_DIM 128
+#define IDX_QSTRIDE (IDX_MAX_DIM + 1)          /* a head's query in shared memory: the group's 8 heads in 8 banks */
 
 typedef struct idx_args {
     const uint32_t *pos0;
@@ -659,39 +655,55 @@ typedef struct idx_args {
 } idx_args;
 
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
- * prefix (only when it holds more rows than top-k). */
-static __global__ void __launch_bounds__(IDX_ROWS) idx_score_kernel(idx_args a) {
-    __shared__ float qs[IDX_MAX_HEADS * 128];
+ * prefix (only when it holds more rows than top-k).  Thread g of a row's
+ * group takes heads g, g + 8, ...; the group's relu'd dots meet in shared
+ * memory and the first thread adds them in head order. */
+static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
+    __shared__ float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
     __shared__ float ws[IDX_MAX_HEADS];
+    __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
     if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
     const float *q = a.iq + (size_t)t * a.heads * a.ihd;
-    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i] = q[i];
+    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i / a.ihd * IDX_QSTRIDE + i % a.ihd] = q[i];
     for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
     __syncthreads();
-    uint32_t c = blockIdx.x * IDX_ROWS + threadIdx.x;
-    if (c >= nc) return;
-    const float *k = a.rows + (size_t)c * a.ihd;
-    float part[IDX_MAX_HEADS];
+    uint32_t g = threadIdx.x % IDX_GROUP, rl = threadIdx.x / IDX_GROUP, c = blockIdx.x * IDX_ROWS + rl;
+    bool on = c < nc;
+    const float *k = a.rows + (size_t)(on ? c : 0) * a.ihd;
+    float part[IDX_HPT];
 #pragma unroll
-    for (int h = 0; h < IDX_MAX_HEADS; h++) part[h] = 0.0f;
+    for (int j = 0; j < IDX_HPT; j++) part[j] = 0.0f;
     for (uint32_t c0 = 0; c0 < a.ihd; c0 += 32) {
         float kr[32];
 #pragma unroll
-        for (int i = 0; i < 32; i++) kr[i] = k[c0 + i];
+        for (int i = 0; i < 32; i += 4) {
+            float4 v = __ldg((const float4 *)(k + c0 + i));
+            kr[i] = v.x;
+            kr[i + 1] = v.y;
+            kr[i + 2] = v.z;
+            kr[i + 3] = v.w;
+        }
 #pragma unroll
-        for (int h = 0; h < IDX_MAX_HEADS; h++) {
-            if ((uint32_t)h >= a.heads) break;
+        for (int j = 0; j < IDX_HPT; j++) {
+            uint32_t h = g + IDX_GROUP * j;
+            if (h >= a.heads) break;
+            const float *qh = qs + h * IDX_QSTRIDE + c0;
             float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; i++) s += qs[h * a.ihd + c0 + i] * kr[i];
-            part[h] += s;
+            for (int i = 0; i < 32; i++) s += qh[i] * kr[i];
+            part[j] += s;
         }
     }
-    float s = 0.0f;
 #pragma unroll
-    for (int h = 0; h < IDX_MAX_HEADS; h++)
-        if ((uint32_t)h < a.heads) s += ws[h] * fmaxf(part[h], 0.0f);
+    for (int j = 0; j < IDX_HPT; j++) {
+        uint32_t h = g + IDX_GROUP * j;
+        if (h < a.heads) rp[rl][h] = fmaxf(part[j], 0.0f);
+    }
+    __syncthreads();
+    if (g != 0 || !on) return;
+    float s = 0.0f;
+    for (uint32_t h = 0; h < a.heads; h++) s += ws[h] * rp[rl][h];
     a.scores[(size_t)t * a.score_stride + c] = s;
 }
 
@@ -711,6 +723,38 @@ typedef struct topk_args {
 } topk_args;
 
 #define TOPK_THREADS 1024
+
+/* By warp 0: the largest digit d whose bins d..255 hold at least `need`
+ * keys (or 0), the keys above it subtracted from `need`.  Lane l owns bins
+ * 255 - 8l .. 248 - 8l; a scan over the lanes finds the lane, which walks
+ * its eight bins. */
+static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint32_t need, int shift,
+                                     uint32_t *out_prefix, uint32_t *out_need) {
+    unsigned lane = threadIdx.x;
+    uint32_t hb[8], lsum = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        hb[i] = hist[255 - 8 * lane - i];
+        lsum += hb[i];
+    }
+    uint32_t incl = lsum;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        uint32_t v = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += v;
+    }
+    unsigned hit = __ballot_sync(0xffffffffu, incl >= need);
+    unsigned src = hit ? (unsigned)(__ffs((int)hit) - 1) : 31;
+    if (lane != src) return;
+    uint32_t acc = incl - lsum, d = 0;
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        d = 255 - 8 * lane - i;
+        if (acc + hb[i] >= need || d == 0) break;
+        acc += hb[i];
+    }
+    *out_prefix = prefix | (d << shift);
+    *out_need = need - acc;
+}
 
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
  * first, lower index on ties) listed in ascending row order. */
@@ -737,15 +781,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) 
             if ((key & hmask) == (prefix & hmask)) atomicAdd(&hist[(key >> shift) & 255], 1u);
         }
         __syncthreads();
-        if (threadIdx.x == 0) {
-            uint32_t acc = 0, d = 255;
-            for (;; d--) {
-                if (acc + hist[d] >= need || d == 0) break;
-                acc += hist[d];
-            }
-            sh_prefix = prefix | (d << shift);
-            sh_need = need - acc;
-        }
+        if (threadIdx.x < 32) topk_pick_bin(hist, prefix, need, shift, &sh_prefix, &sh_need);
         __syncthreads();
         prefix = sh_prefix;
         need = sh_need;
@@ -807,7 +843,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
         a.heads = c->idx_n_head;
         a.ihd = c->idx_head_dim;
         a.top_k = c->idx_top_k;
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_ROWS, 0, b->st, a);
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, b->st, a);
         CU_LAUNCHED();
     }
     topk_args k;
@@ -827,6 +863,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 #define ATT_WARPS 8
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 #define ATT_SPLIT_ROWS 32 /* decode: rows per split */
+#define ATT_BATCH 4       /* rows whose loads a warp issues before using any */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -897,7 +934,7 @@ static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, u
 
 /* Grid (head groups of 8, queries, splits); a warp is one head, walking its
  * share of the visible rows with an online softmax. */
-static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a) {
+static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp, split = blockIdx.z;
     if (h >= a.n_head) return;
@@ -916,46 +953,60 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_kernel(attn_args a
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (uint32_t i = i0; i < i1; i++) {
-        const float *row = attn_row(a, t, p, pos0, first, n_raw, i) + e0;
-        float rv[ATT_MAXV];
-        if (per % 4 == 0) {
+    for (uint32_t ib = i0; ib < i1; ib += ATT_BATCH) {
+        /* the loads of ATT_BATCH rows first, then the rows in order */
+        float rv[ATT_BATCH][ATT_MAXV];
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j += 4)
-                if ((uint32_t)j < per) {
-                    float4 v = *(const float4 *)(row + j);
-                    rv[j] = v.x;
-                    rv[j + 1] = v.y;
-                    rv[j + 2] = v.z;
-                    rv[j + 3] = v.w;
-                }
-        } else {
+        for (int u = 0; u < ATT_BATCH; u++) {
+            bool on = ib + u < i1;
+            const float *row = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
+            if (per % 4 == 0) {
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j += 2)
-                if ((uint32_t)j < per) {
-                    float2 v = *(const float2 *)(row + j);
-                    rv[j] = v.x;
-                    rv[j + 1] = v.y;
+                for (int j = 0; j < ATT_MAXV; j += 4) {
+                    float4 v = on && (uint32_t)j < per ? *(const float4 *)(row + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                    rv[u][j] = v.x;
+                    rv[u][j + 1] = v.y;
+                    rv[u][j + 2] = v.z;
+                    rv[u][j + 3] = v.w;
                 }
+            } else {
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j += 2) {
+                    float2 v = on && (uint32_t)j < per ? *(const float2 *)(row + j) : make_float2(0.0f, 0.0f);
+                    rv[u][j] = v.x;
+                    rv[u][j + 1] = v.y;
+                }
+            }
         }
-        float s = 0.0f;
+        float sc[ATT_BATCH];
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++)
-            if ((uint32_t)j < per) s += q[j] * rv[j];
-        s = warp_sum(s) * scale;
-        if (s > m) {
-            float c = expf(m - s);
-            l = l * c + 1.0f;
+        for (int u = 0; u < ATT_BATCH; u++) {
+            float s = 0.0f;
 #pragma unroll
             for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) o[j] = o[j] * c + rv[j];
-            m = s;
-        } else {
-            float e = expf(s - m);
-            l += e;
+                if ((uint32_t)j < per) s += q[j] * rv[u][j];
+            sc[u] = s;
+        }
 #pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) o[j] += e * rv[j];
+        for (int u = 0; u < ATT_BATCH; u++) sc[u] = warp_sum(sc[u]) * scale;
+#pragma unroll
+        for (int u = 0; u < ATT_BATCH; u++) {
+            if (ib + u >= i1) break;
+            float s = sc[u];
+            if (s > m) {
+                float c = expf(m - s);
+                l = l * c + 1.0f;
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j++)
+                    if ((uint32_t)j < per) o[j] = o[j] * c + rv[u][j];
+                m = s;
+            } else {
+                float e = expf(s - m);
+                l += e;
+#pragma unroll
+                for (int j = 0; j < ATT_MAXV; j++)
+                    if ((uint32_t)j < per) o[j] += e * rv[u][j];
+            }
         }
     }
     if (a.nsplit == 1) {
@@ -985,17 +1036,36 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(att
     uint32_t p = *a.pos0 + t, per = a.hd / 32, e0 = per * lane;
     const float *pp = a.part + ((size_t)t * a.n_head + h) * a.nsplit * (a.hd + 2);
     float sink = a.sinks[h], M = sink;
-    for (uint32_t s = 0; s < a.nsplit; s++) M = fmaxf(M, pp[(size_t)s * (a.hd + 2)]);
+    /* the largest split maximum, a lane per split (a maximum is exact in
+     * any order) */
+    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
+        uint32_t s = s0 + lane;
+        M = fmaxf(M, warp_max(s < a.nsplit ? pp[(size_t)s * (a.hd + 2)] : -INFINITY));
+    }
     float den = expf(sink - M), o[ATT_MAXV];
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) o[j] = 0.0f;
-    for (uint32_t s = 0; s < a.nsplit; s++) {
-        const float *ps = pp + (size_t)s * (a.hd + 2);
-        float c = expf(ps[0] - M);
-        den += ps[1] * c;
+    /* ATT_BATCH splits loaded at once, added in split order */
+    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += ATT_BATCH) {
+        float ml[ATT_BATCH][2], ov[ATT_BATCH][ATT_MAXV];
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++)
-            if ((uint32_t)j < per) o[j] += ps[2 + e0 + j] * c;
+        for (int u = 0; u < ATT_BATCH; u++) {
+            bool on = s0 + u < a.nsplit;
+            const float *ps = pp + (size_t)(on ? s0 + u : 0) * (a.hd + 2);
+            ml[u][0] = on ? ps[0] : 0.0f;
+            ml[u][1] = on ? ps[1] : 0.0f;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++) ov[u][j] = on && (uint32_t)j < per ? ps[2 + e0 + j] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < ATT_BATCH; u++) {
+            if (s0 + u >= a.nsplit) break;
+            float c = expf(ml[u][0] - M);
+            den += ml[u][1] * c;
+#pragma unroll
+            for (int j = 0; j < ATT_MAXV; j++)
+                if ((uint32_t)j < per) o[j] += ov[u][j] * c;
+        }
     }
     finish_head(a, t, h, p, o, den);
 }

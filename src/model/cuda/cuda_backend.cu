@@ -51,6 +51,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->post, C * c->n_hc);
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
     TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
+    TAKE(m, b->hc_count, C);
     take_act(m, &b->xn, c->n_embd, b->chunk);
     TAKE(m, b->qa_raw, C * c->q_lora_rank);
     take_act(m, &b->qr, c->q_lora_rank, b->chunk);
@@ -404,6 +405,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
+    CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     return reset_state(b, err);
 }
 
@@ -428,7 +430,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
-    b->hc_split = c->n_embd / 128 < 1 ? 1 : c->n_embd / 128 > 32 ? 32 : c->n_embd / 128;
+    b->hc_split = (c->n_embd + 63) / 64; /* cuda_attn.cu: HC_COLS columns per block */
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);

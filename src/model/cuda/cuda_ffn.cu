@@ -42,6 +42,7 @@ static __global__ void route_kernel(route_args a) {
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
     __shared__ float score[1024];
+#pragma unroll 8
     for (uint32_t e = lane; e < ne; e += 32) {
         prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
         score[e] = prob[e] + (a.bias ? a.bias[e] : 0.0f);
@@ -207,7 +208,7 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
     a.smid = b->smid;
-    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, 256, 0, b->st, a);
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, 512, 0, b->st, a);
     CU_LAUNCHED();
     return 0;
 }

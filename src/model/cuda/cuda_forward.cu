@@ -8,9 +8,10 @@
  * reach, so the captured work is valid at any position.  A prefill pass
  * sizes grids for its own positions and uses the tensor-core products.
  *
- * Every HC post is fused with the partial sums of the next HC pre (the
- * next sublayer's, or the output head's), so the residual state is read
- * and written once per sublayer.
+ * Every HC post is fused with the next HC pre (the next sublayer's, or the
+ * output head's) into one launch that also produces that sublayer's
+ * normalised input: each sublayer starts with its input ready and ends
+ * with the launch that prepares the next one.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -103,28 +104,38 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     return mm(b, &w->out_b, 0, c->n_embd, &b->low, 0, T, b->y, c->n_embd, err);
 }
 
+/* The HC sites that feed layer il's attention and the output head. */
+static hc_site attn_site(cuda_backend *b, uint32_t il) {
+    const dlayer *w = &b->W.layers[il];
+    hc_site s = {&w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, false, &b->xn};
+    return s;
+}
+static hc_site head_site(cuda_backend *b) {
+    const dweights *W = &b->W;
+    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz};
+    return s;
+}
+
 int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(c, il);
     bool idx = ratio == 4;
-    if (cu_hc_finish_to(b, &w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, T, false, &b->xn, err) ||
-        attention_projections(b, w, ratio, idx, T, decode, err) || cu_qkv_post(b, il, T, err) ||
+    if (attention_projections(b, w, ratio, idx, T, decode, err) || cu_qkv_post(b, il, T, err) ||
         query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err))
         return -1;
     if (ratio && cu_compress(b, il, T, pos0, decode, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     if (cu_attend(b, il, T, decode, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
-    return cu_hc_mix(b, &src, &w->hc_ffn_fn, T, err);
+    hc_site ffn = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn};
+    return cu_hc_step(b, &src, &ffn, T, err);
 }
 
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
-    if (cu_hc_finish_to(b, &w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, T, false, &b->xn, err))
-        return -1;
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -160,20 +171,17 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err))
             return -1;
     }
-    const dwt *next = il + 1 < c->n_layer ? &b->W.layers[il + 1].hc_attn_fn : &b->W.output_hc_fn;
     hc_post_src src = {NULL, b->eout, b->sout, k};
-    return cu_hc_mix(b, &src, next, T, err);
+    hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1) : head_site(b);
+    return cu_hc_step(b, &src, &next, T, err);
 }
 
-/* Output collapse, norm and the vocabulary product: for the last token
- * into d_logits row 0, or (host_all) for every token, copied out piece by
- * piece.  Sets b->d_last_logits. */
+/* The vocabulary product of the collapsed, normed rows (hz, from the last
+ * HC step): for the last token into d_logits row 0, or (host_all) for
+ * every token, copied out piece by piece.  Sets b->d_last_logits. */
 static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dweights *W = &b->W;
-    if (cu_hc_finish_to(b, &W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, T, true, &b->hz,
-                        err))
-        return -1;
     if (!host_all) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -197,7 +205,8 @@ static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *er
 int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
                ds4_err *err) {
     const ds4_config *c = b->cfg;
-    if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_mix(b, NULL, &b->W.layers[0].hc_attn_fn, T, err)) return -1;
+    hc_site first = attn_site(b, 0);
+    if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (cu_attention_layer(b, il, T, pos0, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err)) return -1;
     if (output_head(b, T, host_all, err)) return -1;

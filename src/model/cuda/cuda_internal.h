@@ -216,6 +216,7 @@ typedef struct cuda_backend {
     float *S, *post, *comb, *y, *q, *kvbuf, *ckv, *cgate, *ikv, *igate, *iq, *iw, *qa_raw;
     double *hcpart;
     uint32_t hc_split;
+    uint32_t *hc_count; /* per token: HC blocks done (cuda_attn.cu) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
     int *sel;
@@ -243,10 +244,18 @@ typedef struct hc_post_src {
     const float *sout;
     uint32_t k;
 } hc_post_src;
+/* An HC site: its mixer, the norm of the sublayer it feeds (or of the
+ * output head: pre weights only) and where that input goes. */
+typedef struct hc_site {
+    const dwt *fn, *scale, *base, *norm;
+    bool head;
+    dact *out;
+} hc_site;
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
-int cu_hc_mix(cuda_backend *b, const hc_post_src *post, const dwt *fn, uint32_t T, ds4_err *err);
-int cu_hc_finish_to(cuda_backend *b, const dwt *fn, const dwt *scale, const dwt *base, const dwt *norm, uint32_t T,
-                    bool head, dact *out, ds4_err *err);
+/* One launch: the HC post of `post` (NULL: none) into the residual state,
+ * then the site's mixer, pre / post / comb and its sublayer's normalised,
+ * quantized input. */
+int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);

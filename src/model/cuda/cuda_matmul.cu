@@ -11,6 +11,10 @@
  * step issued before use), dotting them with dp4a against the int8
  * activation read through the L1; several products with different shapes
  * and types run in one launch ("segments"), the block picking its segment.
+ * The kernel is compiled per set of weight types (the light Q8_0 / float
+ * types, with Q2_K or Q4_K, IQ2_XXS alone, all), so that each launch runs
+ * with the registers of its own types only and keeps three or four blocks
+ * per SM streaming.
  *
  * Prefill (gemm): 64 weight rows x 64 tokens per block of 4 warps, K in
  * chunks of 256.  Quantized weights are expanded to int8 in shared memory
@@ -55,7 +59,7 @@ static __global__ void quantize_kernel(dact a) {
 
 int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
     if (T == 0 || (!a->q8 && !a->qk)) return 0;
-    DS4_LAUNCH(quantize_kernel, T, 256, 0, st, *a);
+    DS4_LAUNCH(quantize_kernel, T, 1024, 0, st, *a); /* a decode row is one block: many warps */
     CU_LAUNCHED();
     return 0;
 }
@@ -74,19 +78,27 @@ static __device__ __forceinline__ int dot16(int4 w, int4 a) {
     return __dp4a(w.w, a.w, s);
 }
 
+/* Byte i (0..15, not known at compile time) of a 16-byte vector, without
+ * indexing a register array (which would put it in local memory). */
+static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
+    uint32_t w = i < 8 ? (i < 4 ? (uint32_t)v.x : (uint32_t)v.y) : (i < 12 ? (uint32_t)v.z : (uint32_t)v.w);
+    return (w >> (8 * (i & 3))) & 255;
+}
+
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
- * block; the partner lane (l ^ 1) holds the other half.  U steps are
- * loaded before any is used, so each lane has U * R loads in flight. */
-#define GEMV_U 4
+ * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
+ * are loaded before any is used (U R = 4: 64 bytes per lane in flight). */
 template <int R>
-static __device__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd, float *acc) {
+static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                                 float *acc) {
+    constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
-    for (uint32_t base = 0; base < n; base += 512 * GEMV_U) {
-        int4 w[GEMV_U][R], a[GEMV_U];
-        uint16_t dw[GEMV_U][R];
-        float dx[GEMV_U];
+    for (uint32_t base = 0; base < n; base += 512 * U) {
+        int4 w[U][R], a[U];
+        uint16_t dw[U][R];
+        float dx[U];
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             uint32_t c = base + 512 * u + 16 * lane;
             bool ok = c < n;
 #pragma unroll
@@ -98,7 +110,7 @@ static __device__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const i
             dx[u] = ok ? __ldg(xd + c / 32) : 0.0f;
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             bool ok = base + 512 * u + 16 * lane < n;
 #pragma unroll
             for (int r = 0; r < R; r++) {
@@ -113,8 +125,8 @@ static __device__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const i
 /* Q2_K rows: four lanes per 256-block, each with a quarter of the 64 quant
  * bytes (4 sub-blocks of 16 values). */
 template <int R>
-static __device__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                 const int16_t *bsum, float *acc) {
+static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                                 const int16_t *bsum, float *acc) {
     unsigned lane = threadIdx.x & 31, q = lane & 3, h = q >> 1, l0 = (q & 1) * 16;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
@@ -122,6 +134,7 @@ static __device__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const i
         bool ok = b < nb;
         int4 w[R], sc[R];
         uint32_t dd[R];
+#pragma unroll
         for (int r = 0; r < R; r++) {
             w[r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
             sc[r] = ok ? ld16(rows[r] + 64 * (size_t)nb + 16 * (size_t)b) : make_int4(0, 0, 0, 0);
@@ -129,22 +142,24 @@ static __device__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const i
         }
         int4 a[4];
         int bs[4];
+#pragma unroll
         for (int j = 0; j < 4; j++) {
             a[j] = ok ? ld16(x + 256 * (size_t)b + 128 * h + 32 * j + l0) : make_int4(0, 0, 0, 0);
             bs[j] = ok ? bsum[16 * b + 8 * h + 2 * j + (q & 1)] : 0;
         }
+#pragma unroll
         for (int r = 0; r < R; r++) {
             int isum = 0, msum = 0;
-            const uint8_t *scb = (const uint8_t *)&sc[r];
+#pragma unroll
             for (int j = 0; j < 4; j++) {
                 int4 wj;
                 wj.x = (w[r].x >> (2 * j)) & 0x03030303;
                 wj.y = (w[r].y >> (2 * j)) & 0x03030303;
                 wj.z = (w[r].z >> (2 * j)) & 0x03030303;
                 wj.w = (w[r].w >> (2 * j)) & 0x03030303;
-                int s = 8 * h + 2 * j + (q & 1);
-                isum += (scb[s] & 15) * dot16(wj, a[j]);
-                msum += (scb[s] >> 4) * bs[j];
+                uint32_t scb = byte16(sc[r], 8 * h + 2 * j + (q & 1));
+                isum += (int)(scb & 15) * dot16(wj, a[j]);
+                msum += (int)(scb >> 4) * bs[j];
             }
             isum += __shfl_xor_sync(0xffffffffu, isum, 1);
             isum += __shfl_xor_sync(0xffffffffu, isum, 2);
@@ -158,38 +173,43 @@ static __device__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const i
     }
 }
 
-static __device__ __forceinline__ void q4k_scale_min(const uint8_t *s, int j, int *sc, int *m) {
+/* Scale and min of Q4_K sub-block j (0..7) from the 12 scale bytes, held
+ * as three little-endian words. */
+static __device__ __forceinline__ void q4k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t j, int *sc, int *m) {
+    int4 s = make_int4((int)s0, (int)s1, (int)s2, 0);
     if (j < 4) {
-        *sc = s[j] & 63;
-        *m = s[j + 4] & 63;
+        *sc = (int)(byte16(s, j) & 63);
+        *m = (int)(byte16(s, j + 4) & 63);
     } else {
-        *sc = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-        *m = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+        *sc = (int)((byte16(s, j + 4) & 15) | ((byte16(s, j - 4) >> 6) << 4));
+        *m = (int)((byte16(s, j + 4) >> 4) | ((byte16(s, j) >> 6) << 4));
     }
 }
 
 /* Q4_K rows: eight lanes per 256-block, each with 16 of the 128 quant bytes
  * (16 values of sub-block 2p in the low nibbles, 16 of 2p+1 in the high). */
 template <int R>
-static __device__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                 const int16_t *bsum, float *acc) {
+static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
+                                                 const int16_t *bsum, float *acc) {
     unsigned lane = threadIdx.x & 31, c = lane & 7, p = c >> 1, l0 = (c & 1) * 16;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 4) {
         uint32_t b = b0 + lane / 8;
         bool ok = b < nb;
         int4 w[R];
-        uint32_t dd[R];
-        uint8_t scb[R][12];
+        uint32_t dd[R], s[R][3];
+#pragma unroll
         for (int r = 0; r < R; r++) {
             w[r] = ok ? ld16(rows[r] + 128 * (size_t)b + 16 * c) : make_int4(0, 0, 0, 0);
-            const uint8_t *sp = rows[r] + 128 * (size_t)nb + 12 * (size_t)b;
-            for (int i = 0; i < 12; i++) scb[r][i] = ok ? sp[i] : 0;
+            const uint32_t *sp = (const uint32_t *)(rows[r] + 128 * (size_t)nb + 12 * (size_t)b);
+#pragma unroll
+            for (int i = 0; i < 3; i++) s[r][i] = ok ? __ldg(sp + i) : 0;
             dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 140 * (size_t)nb) + b) : 0;
         }
         int4 alo = ok ? ld16(x + 256 * (size_t)b + 64 * p + l0) : make_int4(0, 0, 0, 0);
         int4 ahi = ok ? ld16(x + 256 * (size_t)b + 64 * p + 32 + l0) : make_int4(0, 0, 0, 0);
         int bslo = ok ? bsum[16 * b + 4 * p + (l0 / 16)] : 0, bshi = ok ? bsum[16 * b + 4 * p + 2 + (l0 / 16)] : 0;
+#pragma unroll
         for (int r = 0; r < R; r++) {
             int4 wl, wh;
             wl.x = w[r].x & 0x0f0f0f0f; wh.x = (w[r].x >> 4) & 0x0f0f0f0f;
@@ -197,10 +217,11 @@ static __device__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const i
             wl.z = w[r].z & 0x0f0f0f0f; wh.z = (w[r].z >> 4) & 0x0f0f0f0f;
             wl.w = w[r].w & 0x0f0f0f0f; wh.w = (w[r].w >> 4) & 0x0f0f0f0f;
             int sc0, m0, sc1, m1;
-            q4k_scale_min(scb[r], 2 * p, &sc0, &m0);
-            q4k_scale_min(scb[r], 2 * p + 1, &sc1, &m1);
+            q4k_scale_min(s[r][0], s[r][1], s[r][2], 2 * p, &sc0, &m0);
+            q4k_scale_min(s[r][0], s[r][1], s[r][2], 2 * p + 1, &sc1, &m1);
             int isum = sc0 * dot16(wl, alo) + sc1 * dot16(wh, ahi);
             int msum = m0 * bslo + m1 * bshi;
+#pragma unroll
             for (int o = 1; o < 8; o <<= 1) {
                 isum += __shfl_xor_sync(0xffffffffu, isum, o);
                 msum += __shfl_xor_sync(0xffffffffu, msum, o);
@@ -221,6 +242,7 @@ static __device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
  * index word g and sign/scale word s. */
 static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t g, uint32_t s, uint32_t out[8]) {
+#pragma unroll
     for (int l = 0; l < 4; l++) {
         uint64_t v = grid[(g >> (8 * l)) & 255];
         uint32_t s7 = (s >> (7 * l)) & 127;
@@ -235,8 +257,8 @@ static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t 
 /* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; two
  * steps of 8 blocks loaded at once. */
 template <int R>
-static __device__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                    const uint64_t *grid, float *acc) {
+static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x,
+                                                    const float *xd, const uint64_t *grid, float *acc) {
     unsigned lane = threadIdx.x & 31, q = lane & 3;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
@@ -257,11 +279,13 @@ static __device__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, cons
             uint32_t b = b0 + 8 * u + lane / 4;
             bool ok = b < nb;
             int4 a[4];
+#pragma unroll
             for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
 #pragma unroll
             for (int r = 0; r < R; r++) {
                 int isum = 0;
-                const uint32_t *wq = (const uint32_t *)&w[u][r];
+                uint32_t wq[4] = {(uint32_t)w[u][r].x, (uint32_t)w[u][r].y, (uint32_t)w[u][r].z, (uint32_t)w[u][r].w};
+#pragma unroll
                 for (int gi = 0; gi < 2; gi++) {
                     uint32_t v[8];
                     iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
@@ -279,43 +303,49 @@ static __device__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, cons
 }
 
 /* Float rows against f32 activations: 16 bytes of weights per lane per
- * step, U steps loaded at once. */
-template <int R> static __device__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x, float *acc) {
+ * step, U steps of R rows loaded at once (U R = 4). */
+template <int R>
+static __device__ __forceinline__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x,
+                                                  float *acc) {
+    constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
     uint32_t per = type == DS4_TYPE_F32 ? 4 : 8, esz = type == DS4_TYPE_F32 ? 4 : 2; /* elements per 16 bytes */
-    for (uint32_t base = 0; base < n; base += 32 * per * GEMV_U) {
-        int4 w[GEMV_U][R];
+    for (uint32_t base = 0; base < n; base += 32 * per * U) {
+        int4 w[U][R];
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             uint32_t e = base + 32 * per * u + per * lane;
 #pragma unroll
             for (int r = 0; r < R; r++) w[u][r] = e < n ? ld16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < GEMV_U; u++) {
+        for (int u = 0; u < U; u++) {
             uint32_t e = base + 32 * per * u + per * lane;
             if (e >= n) continue;
             float xv[8];
-            if (per == 4) {
-                float4 v = __ldg((const float4 *)(x + e));
-                xv[0] = v.x; xv[1] = v.y; xv[2] = v.z; xv[3] = v.w;
-            } else {
-                float4 v0 = __ldg((const float4 *)(x + e)), v1 = __ldg((const float4 *)(x + e + 4));
-                xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+            float4 v0 = __ldg((const float4 *)(x + e));
+            xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+            if (per == 8) {
+                float4 v1 = __ldg((const float4 *)(x + e + 4));
                 xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
+            } else {
+                xv[4] = xv[5] = xv[6] = xv[7] = 0.0f;
             }
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                const uint32_t *wv = (const uint32_t *)&w[u][r];
+                uint32_t wv[4] = {(uint32_t)w[u][r].x, (uint32_t)w[u][r].y, (uint32_t)w[u][r].z, (uint32_t)w[u][r].w};
                 float sum = 0.0f;
                 if (type == DS4_TYPE_F32) {
+#pragma unroll
                     for (int i = 0; i < 4; i++) sum += __uint_as_float(wv[i]) * xv[i];
                 } else if (type == DS4_TYPE_F16) {
+#pragma unroll
                     for (int i = 0; i < 4; i++) {
                         sum += dev_f16((uint16_t)wv[i]) * xv[2 * i];
                         sum += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
                     }
                 } else {
+#pragma unroll
                     for (int i = 0; i < 4; i++) {
                         sum += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
                         sum += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
@@ -327,35 +357,73 @@ template <int R> static __device__ void gemv_float(const uint8_t *const *rows, u
     }
 }
 
-template <int R> static __device__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid) {
+/* The weight types a gemv launch may contain, as a bit set: each launch
+ * runs the kernel compiled for the smallest listed set that covers its
+ * segments, so a launch without IQ2_XXS rows does not pay that path's
+ * registers (and occupancy). */
+enum {
+    GM_Q8_0 = 1,
+    GM_FLOAT = 2,
+    GM_Q2_K = 4,
+    GM_Q4_K = 8,
+    GM_IQ2_XXS = 16,
+    GM_LIGHT = GM_Q8_0 | GM_FLOAT,
+    GM_ALL = 31,
+};
+
+static uint32_t gemv_type_bit(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_Q8_0: return GM_Q8_0;
+    case DS4_TYPE_Q2_K: return GM_Q2_K;
+    case DS4_TYPE_Q4_K: return GM_Q4_K;
+    case DS4_TYPE_IQ2_XXS: return GM_IQ2_XXS;
+    default: return GM_FLOAT;
+    }
+}
+
+template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid) {
+    if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
+        /* K-quant rows come at most two a warp (pick_rpw); were there more,
+         * two at a time keeps their registers in bounds */
+        gemv_rows<M, 2>(sg, r0, grid);
+        gemv_rows<M, 2>(sg, r0 + 2, grid);
+        return;
+    }
     unsigned lane = threadIdx.x & 31;
     uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
     const uint8_t *rows[R];
+#pragma unroll
     for (int r = 0; r < R; r++) {
         uint32_t row = r0 + r < sg.rows ? r0 + r : sg.rows - 1; /* duplicate the last row: loads stay in bounds */
         rows[r] = sg.w + mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
     }
     float acc[R];
+#pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    switch (sg.type) {
-    case DS4_TYPE_Q8_0: gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc); break;
-    case DS4_TYPE_Q2_K: gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc); break;
-    case DS4_TYPE_Q4_K: gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc); break;
-    case DS4_TYPE_IQ2_XXS: gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, grid, acc); break;
-    default: gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc); break;
-    }
+    if ((M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc);
+    else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
+    else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
+    else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, grid, acc);
+    else if (M & GM_FLOAT) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc);
+#pragma unroll
     for (int r = 0; r < R; r++) {
         float v = warp_sum(acc[r]);
         if (lane == 0 && r0 + r < sg.rows) sg.out[r0 + r] = v;
     }
 }
 
-static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
-    __shared__ uint64_t grid[256];
+/* Blocks per SM the register budget must allow: 4 (64 registers a thread,
+ * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
+ * IQ2_XXS grid decoding. */
+#define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
+
+template <unsigned M>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
+    __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? 256 : 1];
     uint32_t s = 0;
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
-    if (sg.type == DS4_TYPE_IQ2_XXS) {
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) {
         for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
         __syncthreads();
     }
@@ -363,9 +431,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_kernel(gemv_plan 
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
-    case 1: gemv_rows<1>(sg, r0, grid); break;
-    case 2: gemv_rows<2>(sg, r0, grid); break;
-    default: gemv_rows<4>(sg, r0, grid); break;
+    case 1: gemv_rows<M, 1>(sg, r0, grid); break;
+    case 2: gemv_rows<M, 2>(sg, r0, grid); break;
+    default: gemv_rows<M, 4>(sg, r0, grid); break;
     }
 }
 
@@ -378,11 +446,14 @@ int cu_matmul_init(ds4_err *err) {
     return 0;
 }
 
-/* Rows per warp: enough bytes in flight per lane for short rows. */
+/* Rows per warp: enough bytes in flight per lane for short rows (a K-quant
+ * row also brings its scales: two rows are enough, and four would not fit
+ * the registers of four blocks per SM). */
 static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
-    if (qbytes <= 1024) return 4;
-    if (qbytes <= 2560) return 2;
+    bool kq = W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K;
+    if (qbytes <= 1024) return kq ? 2 : 4;
+    if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the grid first: more rows */
     return 1;
 }
 
@@ -415,10 +486,19 @@ static int check_float_row(uint32_t type, uint32_t n, ds4_err *err) {
 
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
-    for (uint32_t i = 0; i < p->n_seg; i++)
+    uint32_t mask = 0;
+    for (uint32_t i = 0; i < p->n_seg; i++) {
         if (check_float_row(p->seg[i].type, p->seg[i].n, err)) return -1;
+        mask |= gemv_type_bit(p->seg[i].type);
+    }
     if (cu_matmul_init(err)) return -1;
-    DS4_LAUNCH(gemv_kernel, p->n_blocks, GEMV_WARPS * 32, 0, st, *p, (const uint64_t *)d_grid);
+    const uint64_t *grid = d_grid;
+    unsigned threads = GEMV_WARPS * 32;
+    if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, grid);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, grid);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, grid);
+    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, grid);
+    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, grid);
     CU_LAUNCHED();
     return 0;
 }
@@ -528,7 +608,8 @@ static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint3
             memcpy(dst + 32 * j + l0, v, 16);
             if ((piece & 1) == 0) {
                 int sc, m;
-                q4k_scale_min(rp + 128 * (size_t)nb + 12 * (size_t)b, (int)j, &sc, &m);
+                const uint32_t *sw = (const uint32_t *)(rp + 128 * (size_t)nb + 12 * (size_t)b);
+                q4k_scale_min(sw[0], sw[1], sw[2], j, &sc, &m);
                 s.wsc[r][j] = (float)sc;
                 s.wm[r][j] = (int16_t)m;
             }

@@ -194,6 +194,7 @@ static inline float __fadd_rn(float a, float b) { return a + b; }
 static inline float __fsub_rn(float a, float b) { return a - b; }
 static inline float __fdiv_rn(float a, float b) { return a / b; }
 template <typename T> static inline T __ldg(const T *p) { return *p; }
+template <typename T> static inline T __ldcg(const T *p) { return *p; }
 static inline void __threadfence() {}
 static inline void __threadfence_block() {}
 static inline int min(int a, int b) { return a < b ? a : b; }
