@@ -75,6 +75,7 @@ static __device__ void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uin
 /* ---------------------------------------------------------- embedding */
 
 static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uint32_t D, uint32_t n_hc) {
+    dev_pdl_enter();
     uint32_t tok = tokens[blockIdx.x];
     const uint8_t *row = E.p + (size_t)tok * E.row_bytes;
     float *s = S + (size_t)blockIdx.x * n_hc * D;
@@ -218,6 +219,7 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, float *x) {
  * partial sums (the fence and counter of the CUDA guide's "last block"
  * reduction). */
 template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
+    dev_pdl_enter();
     DS4_DYN_SMEM(float, buf); /* the per-thread sums, then the finish's row */
     __shared__ double redss[HC_THREADS];
     __shared__ bool last;
@@ -343,6 +345,7 @@ typedef struct qkv_args {
 } qkv_args;
 
 static __global__ void qkv_post_kernel(qkv_args a) {
+    dev_pdl_enter();
     DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x;
     if (blockIdx.y == 0) {
@@ -405,6 +408,7 @@ typedef struct qpost_args {
 /* Per query head: unweighted RMSNorm and tail RoPE; per indexer head: tail
  * RoPE and the QAT round trip; the indexer head weights get their scale. */
 static __global__ void q_post_kernel(qpost_args a) {
+    dev_pdl_enter();
     DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x, h = blockIdx.y, pos = *a.pos0 + t;
     if (h < a.n_head) {
@@ -498,6 +502,7 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
 /* One block per (window closing in the pass, lane): pool, normalise, RoPE
  * at the window start, round trip; writes compressed row `w`. */
 static __global__ void comp_emit_kernel(comp_args a) {
+    dev_pdl_enter();
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
@@ -539,6 +544,7 @@ static __global__ void comp_emit_kernel(comp_args a) {
  * a thread owns a column, so rows can move (ratio 4: the current window
  * becoming the previous one) without races. */
 static __global__ void comp_frontier_kernel(comp_args a) {
+    dev_pdl_enter();
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
@@ -659,6 +665,7 @@ typedef struct idx_args {
  * group takes heads g, g + 8, ...; the group's relu'd dots meet in shared
  * memory and the first thread adds them in head order. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
+    dev_pdl_enter();
     __shared__ float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
     __shared__ float ws[IDX_MAX_HEADS];
     __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
@@ -759,6 +766,7 @@ static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
  * first, lower index on ties) listed in ascending row order. */
 static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) {
+    dev_pdl_enter();
     __shared__ uint32_t hist[256];
     __shared__ uint32_t sh_prefix, sh_need;
     __shared__ uint32_t warp_cnt[2][32];
@@ -935,6 +943,7 @@ static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, u
 /* Grid (head groups of 8, queries, splits); a warp is one head, walking its
  * share of the visible rows with an online softmax. */
 static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
+    dev_pdl_enter();
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp, split = blockIdx.z;
     if (h >= a.n_head) return;
@@ -1030,6 +1039,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_arg
 
 /* Merge the splits of each (query, head) with the sink. */
 static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(attn_args a) {
+    dev_pdl_enter();
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp;
     if (h >= a.n_head) return;
@@ -1073,6 +1083,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(att
 /* Raw rows of the pass into the ring (after attention has read it). */
 static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvbuf, float *ring, uint32_t T, uint32_t hd,
                                          uint32_t raw_cap) {
+    dev_pdl_enter();
     uint32_t first = T > raw_cap ? T - raw_cap : 0, t = first + blockIdx.x, pos = *pos0p + t;
     float *dst = ring + (size_t)(pos % raw_cap) * hd;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kvbuf[(size_t)t * hd + i];

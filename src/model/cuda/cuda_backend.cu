@@ -26,6 +26,11 @@ typedef struct bump {
     size_t off;
 } bump;
 
+bool ds4_pdl_on = true; /* cuda_rt.h; DS4_CUDA_PDL=0 turns it off */
+#ifndef DS4_CUDA_EMU
+thread_local cudaError_t ds4_launch_status = cudaSuccess;
+#endif
+
 static void *take(bump *m, size_t bytes) {
     size_t at = (m->off + 255) / 256 * 256;
     m->off = at + bytes;
@@ -430,6 +435,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
+    ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
     b->hc_split = (c->n_embd + 63) / 64; /* cuda_attn.cu: HC_COLS columns per block */
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;

@@ -36,6 +36,7 @@ static __device__ __forceinline__ float dev_softplus(float x) {
 
 /* One warp per token. */
 static __global__ void route_kernel(route_args a) {
+    dev_pdl_enter();
     __shared__ float prob[1024];
     __shared__ unsigned char taken[1024];
     __shared__ int chosen[CU_MAX_EXPERT_USED];
@@ -110,12 +111,14 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
 #define GROUP_TILE 64
 
 static __global__ void group_count_kernel(const int *sel, uint32_t n, int *count) {
+    dev_pdl_enter();
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[sel[i]], 1);
 }
 
 /* One thread: offsets, per-expert cursors and the list of work tiles. */
 static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, int *off, int *tile_mat, int *tile_start,
                                          int *tile_count, int *n_tiles) {
+    dev_pdl_enter();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int acc = 0, nt = 0;
     for (uint32_t e = 0; e < n_expert; e++) {
@@ -132,6 +135,7 @@ static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, in
 }
 
 static __global__ void group_scatter_kernel(const int *sel, uint32_t n, int *cursor, int *perm) {
+    dev_pdl_enter();
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         int pos = atomicAdd(&cursor[sel[i]], 1);
         perm[pos] = (int)i;
@@ -179,6 +183,7 @@ static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit
 }
 
 static __global__ void swiglu_kernel(swiglu_args a) {
+    dev_pdl_enter();
     uint32_t r = blockIdx.x;
     bool routed = r < a.n_routed;
     if (!routed) r -= a.n_routed;
@@ -218,6 +223,7 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 #define ARGMAX_BLOCKS 128
 
 static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv, uint32_t *pi) {
+    dev_pdl_enter();
     __shared__ float sv[32];
     __shared__ uint32_t si[32];
     float bv = -INFINITY;
@@ -246,6 +252,7 @@ static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv,
  * to the argmax of the new logits, advance the position by T. */
 static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t nparts, uint32_t T,
                                        uint32_t *record, uint32_t *n_rec, uint32_t rec_cap) {
+    dev_pdl_enter();
     if (threadIdx.x != 0) return;
     float bv = pv[0];
     uint32_t bi = pi[0];
@@ -267,6 +274,7 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
 }
 
 static __global__ void set_step_kernel(dstep *st, uint32_t pos, uint32_t token, int which) {
+    dev_pdl_enter();
     if (threadIdx.x != 0) return;
     if (which & 1) st->pos = pos;
     if (which & 2) st->token = token;
@@ -279,6 +287,7 @@ int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_er
 }
 
 static __global__ void fill_kernel(float *p, size_t n, float v) {
+    dev_pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
 }
 

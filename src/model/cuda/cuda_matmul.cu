@@ -53,6 +53,7 @@ void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const 
 }
 
 static __global__ void quantize_kernel(dact a) {
+    dev_pdl_enter();
     const float *x = a.f + (size_t)blockIdx.x * a.fs;
     dev_quantize_row(x, a.n, a.q8 ? a.q8 + (size_t)blockIdx.x * a.q8s : NULL, a.qk ? a.qk + (size_t)blockIdx.x * a.qks : NULL);
 }
@@ -412,6 +413,16 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
     }
 }
 
+/* The warp's rows (those of a fixed matrix) into the L2, a 128-byte line a
+ * lane at a time. */
+static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, uint32_t r0) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t n = sg.rows - r0 < sg.rpw ? sg.rows - r0 : sg.rpw;
+    const uint8_t *first = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
+    size_t bytes = (size_t)n * sg.row_bytes;
+    for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(first + off);
+}
+
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
  * IQ2_XXS grid decoding. */
@@ -419,16 +430,21 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
 
 template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
+    dev_pdl_launch_next();
     __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? 256 : 1];
     uint32_t s = 0;
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
+    unsigned warp = threadIdx.x / 32;
+    uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
+    /* weights and the grid are written by no kernel: fetch them while the
+     * kernel before this one finishes */
+    if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) {
         for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
         __syncthreads();
     }
-    unsigned warp = threadIdx.x / 32;
-    uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
+    dev_pdl_wait_prev();
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
     case 1: gemv_rows<M, 1>(sg, r0, grid); break;
@@ -660,6 +676,7 @@ static __device__ void load_x_chunk(const gemm_args &g, qsmem &s, int start, int
 
 /* Warp (wm, wn) of the 2 x 2 arrangement: rows 32 wm.., tokens 32 wn.. */
 static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const uint64_t *grid_g) {
+    dev_pdl_enter();
     __shared__ qsmem s;
     __shared__ uint64_t grid[256];
     int mat, count, start;
@@ -766,6 +783,7 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
 
 /* Float weights: 64 x 64 tile, K in steps of 32, 4 x 4 outputs a thread. */
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
+    dev_pdl_enter();
     __shared__ float ws[32][BM + 1];
     __shared__ float xs[32][BN + 1];
     int mat, count, start;

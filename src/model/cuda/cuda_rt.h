@@ -34,16 +34,73 @@ extern "C" {
     emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
 #else
-#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                    \
-    do {                                                                     \
-        if (ds4_prof_on) ds4_prof_before(stream);                            \
-        kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);            \
-        if (ds4_prof_on) ds4_prof_after(#kern, stream);                      \
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                     \
+    do {                                                                                      \
+        if (ds4_prof_on) ds4_prof_before(stream);                                             \
+        ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
+        if (ds4_prof_on) ds4_prof_after(#kern, stream);                                       \
     } while (0)
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
     type *name = reinterpret_cast<type *>(ds4_dyn_smem)
 #endif
+
+/* Programmatic dependent launch (Hopper): every kernel is launched so that
+ * it may be scheduled while the kernel before it in the stream (or graph)
+ * is still running.  Its blocks then wait in dev_pdl_enter() until that
+ * kernel has finished and its writes are visible, so the launch latency and
+ * the block ramp-up of each of the ~900 launches of a decode step overlap
+ * the tail of the previous kernel instead of following it.  The ordering is
+ * still strict: every kernel waits before it touches memory that an earlier
+ * kernel writes or reads, and a kernel completes only after its own wait,
+ * so the chain is transitive.  DS4_CUDA_PDL=0 launches them plainly. */
+extern bool ds4_pdl_on;
+#ifndef DS4_CUDA_EMU
+extern thread_local cudaError_t ds4_launch_status; /* of the last DS4_LAUNCH, read by CU_LAUNCHED */
+template <typename... P, typename... A>
+static inline cudaError_t ds4_launch_chained(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                             A &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = ds4_pdl_on ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<P>(args)...);
+}
+#endif
+
+/* At the top of every kernel: let the next kernel of the stream be
+ * scheduled, then wait for the previous one (no-ops without a programmatic
+ * dependency, and in the emulation, where launches run one after another). */
+static __device__ __forceinline__ void dev_pdl_launch_next() {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dev_pdl_wait_prev() {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dev_pdl_enter() {
+    dev_pdl_launch_next();
+    dev_pdl_wait_prev();
+}
+
+/* Ask the L2 for a line that a kernel will read soon (only data no earlier
+ * kernel writes: weights, before dev_pdl_wait_prev). */
+static __device__ __forceinline__ void dev_prefetch_l2(const void *p) {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 
 /* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
  * on, every launch outside a graph capture is bracketed by events, and the
@@ -63,7 +120,16 @@ static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *fi
         if (ds4_cuda_check((call), #call, __FILE__, __LINE__, err) != 0) return -1; \
     } while (0)
 /* After a launch: configuration errors show up here. */
+#ifdef DS4_CUDA_EMU
 #define CU_LAUNCHED() CU_TRY(cudaGetLastError())
+#else
+#define CU_LAUNCHED()                                                   \
+    do {                                                                \
+        cudaError_t launch_e = ds4_launch_status;                       \
+        ds4_launch_status = cudaSuccess;                                \
+        CU_TRY(launch_e != cudaSuccess ? launch_e : cudaGetLastError()); \
+    } while (0)
+#endif
 
 /* -------------------------------------------------- device helpers */
 
