@@ -34,56 +34,68 @@ static __device__ __forceinline__ float dev_softplus(float x) {
     return log1pf(expf(x));
 }
 
-/* One warp per token. */
-static __global__ void route_kernel(route_args a) {
+/* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
+ * in registers, so the top-k rounds are register scans and shuffles with
+ * no shared-memory round trips. */
+template <int PER> static __global__ void route_kernel(route_args a) {
     dev_pdl_enter();
-    __shared__ float prob[1024];
-    __shared__ unsigned char taken[1024];
-    __shared__ int chosen[CU_MAX_EXPERT_USED];
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
-    __shared__ float score[1024];
-#pragma unroll 8
-    for (uint32_t e = lane; e < ne; e += 32) {
-        prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
-        score[e] = prob[e] + (a.bias ? a.bias[e] : 0.0f);
-        taken[e] = 0;
+    float prob[PER], score[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        uint32_t e = lane + 32 * j;
+        float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
+        prob[j] = p;
+        score[j] = e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f;
     }
-    __syncwarp();
+    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < ne) open |= 1u << j;
+    int chosen = -1;  /* lane i < k: the i-th selected expert */
+    float cprob = 0.0f; /* and its probability */
     if (a.hash) {
-        if (lane < k) chosen[lane] = a.hash[(size_t)a.tok[t] * k + lane];
+        if (lane < k) chosen = a.hash[(size_t)a.tok[t] * k + lane];
+        /* the owner of each chosen expert hands its probability over */
+        for (uint32_t i = 0; i < k; i++) {
+            int e = __shfl_sync(0xffffffffu, chosen, i);
+            float p = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((uint32_t)e == lane + 32 * j) p = prob[j];
+            p = __shfl_sync(0xffffffffu, p, (unsigned)e & 31);
+            if (lane == i) cprob = p;
+        }
     } else {
         /* k rounds of: the best untaken expert by prob + bias, lower index
          * first on ties (the CPU's stable insertion top-k) */
         for (uint32_t i = 0; i < k; i++) {
-            float bv = -INFINITY;
+            float bv = -INFINITY, bp = 0.0f;
             int bi = 0x7fffffff;
-            for (uint32_t e = lane; e < ne; e += 32) {
-                if (taken[e]) continue;
-                float sc = score[e];
-                if (sc > bv || (sc == bv && (int)e < bi)) { bv = sc; bi = (int)e; }
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                int e = (int)(lane + 32 * j);
+                if (((open >> j) & 1) && (score[j] > bv || (score[j] == bv && e < bi))) { bv = score[j]; bi = e; bp = prob[j]; }
             }
             for (int o = 16; o > 0; o >>= 1) {
-                float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+                float v2 = __shfl_xor_sync(0xffffffffu, bv, o), p2 = __shfl_xor_sync(0xffffffffu, bp, o);
                 int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; bp = p2; }
             }
-            if (lane == 0) {
-                chosen[i] = bi;
-                taken[bi] = 1;
-            }
-            __syncwarp();
+            if (lane == i) { chosen = bi; cprob = bp; }
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((int)(lane + 32 * j) == bi) open &= ~(1u << j);
         }
     }
-    __syncwarp();
-    if (lane == 0) {
-        float w[CU_MAX_EXPERT_USED], sum = 0.0f;
-        for (uint32_t i = 0; i < k; i++) sum += (w[i] = prob[chosen[i]]);
-        float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t i = 0; i < k; i++) {
-            a.sel[(size_t)t * k + i] = chosen[i];
-            a.selw[(size_t)t * k + i] = w[i] * nrm * a.scale;
-        }
+    /* the weights, summed in selection order as the CPU does */
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < k; i++) sum += __shfl_sync(0xffffffffu, cprob, i);
+    float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+    if (lane < k) {
+        a.sel[(size_t)t * k + lane] = chosen;
+        a.selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
     }
 }
 
@@ -101,7 +113,8 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
     a.norm = c->expert_weights_norm;
     a.sel = b->sel;
     a.selw = b->selw;
-    DS4_LAUNCH(route_kernel, T, 32, 0, b->st, a);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, b->st, a);
+    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, b->st, a); /* check_config: at most 1024 */
     CU_LAUNCHED();
     return 0;
 }
