@@ -195,21 +195,39 @@ static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit
     return g * sg * u;
 }
 
-static __global__ void swiglu_kernel(swiglu_args a) {
+#define SWIGLU_THREADS 512
+#define SWIGLU_PER 8 /* values per thread: F <= 4096 */
+
+/* A block per row: every gate / up load issued before any result is
+ * stored, the row kept in shared memory for its quantization. */
+static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_args a) {
     dev_pdl_enter();
+    DS4_DYN_SMEM(float, xs);
     uint32_t r = blockIdx.x;
     bool routed = r < a.n_routed;
     if (!routed) r -= a.n_routed;
     const float *g = (routed ? a.eg : a.sg) + (size_t)r * a.F, *u = (routed ? a.eu : a.su) + (size_t)r * a.F;
     const dact &o = routed ? a.mid : a.smid;
     float w = routed ? a.selw[r] : 1.0f;
+    float gv[SWIGLU_PER], uv[SWIGLU_PER];
+#pragma unroll
+    for (int i = 0; i < SWIGLU_PER; i++) {
+        uint32_t f = threadIdx.x + i * SWIGLU_THREADS;
+        gv[i] = f < a.F ? g[f] : 0.0f;
+        uv[i] = f < a.F ? u[f] : 0.0f;
+    }
     float *x = o.f + (size_t)r * o.fs;
-    for (uint32_t f = threadIdx.x; f < a.F; f += blockDim.x) {
-        float v = dev_swiglu(g[f], u[f], a.limit);
-        x[f] = routed ? v * w : v;
+#pragma unroll
+    for (int i = 0; i < SWIGLU_PER; i++) {
+        uint32_t f = threadIdx.x + i * SWIGLU_THREADS;
+        if (f >= a.F) break;
+        float v = dev_swiglu(gv[i], uv[i], a.limit);
+        v = routed ? v * w : v;
+        xs[f] = v;
+        x[f] = v;
     }
     __syncthreads();
-    dev_quantize_row(x, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
+    dev_quantize_row(xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
@@ -226,7 +244,10 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
     a.smid = b->smid;
-    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, 512, 0, b->st, a);
+    if (a.F > SWIGLU_THREADS * SWIGLU_PER)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: expert rows of %u values (at most %u)", a.F,
+                           SWIGLU_THREADS * SWIGLU_PER);
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, SWIGLU_THREADS, a.F * sizeof(float), b->st, a);
     CU_LAUNCHED();
     return 0;
 }
