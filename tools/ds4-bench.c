@@ -38,6 +38,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 #include "text/chat.h"
@@ -275,6 +276,7 @@ static int run(const opts *o, ds4_err *err) {
     if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto done;
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
             o->synthetic ? "synthetic Flash weights" : o->model, now_s() - t0);
+    ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
     double copy_bw = 0;
 #if DS4_CUDA
     char dev[128] = "";
@@ -334,6 +336,8 @@ done:
 int main(int argc, char **argv) {
     opts o;
     if (parse_args(argc, argv, &o) != 0) return 2;
+    int lrc = ds4_startup_lock("ds4-bench");
+    if (lrc) return lrc;
     ds4_err err = {0};
     if (run(&o, &err) != 0) {
         fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));

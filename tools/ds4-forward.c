@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 
@@ -169,6 +170,7 @@ static int run(const opts *o, ds4_err *err) {
         }
     }
     if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto out;
+    ds4_startup_print_memory("ds4-forward", b->ops->name, w, b->opts.ctx_size);
     if (o->load_state) {
         if (!(st = ds4_backend_state_new(b, err)) || ds4_kv_state_load_file(st, o->load_state, err) != 0 ||
             ds4_backend_restore(b, st, err) != 0)
@@ -227,6 +229,8 @@ out:
 int main(int argc, char **argv) {
     opts o;
     if (parse_args(argc, argv, &o) != 0) return 1;
+    int lrc = ds4_startup_lock("ds4-forward");
+    if (lrc) return lrc;
     ds4_err err = {0};
     if (run(&o, &err) != 0) {
         fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));

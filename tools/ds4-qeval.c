@@ -25,6 +25,7 @@
 
 #include "format/imatrix.h"
 #include "format/quants.h"
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/layout.h"
 #include "model/weights.h"
@@ -144,6 +145,11 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     uint32_t nv = r->cfg.n_vocab;
     ds4_backend *br = ds4_backend_create("cpu", r, bo, err);
     ds4_backend *bt = br ? ds4_backend_create("cpu", t, bo, err) : NULL;
+    if (bt) {
+        /* Two sessions, one per model. */
+        ds4_startup_print_memory("ds4-qeval", "cpu", r, br->opts.ctx_size);
+        ds4_startup_print_memory("ds4-qeval", "cpu", t, bt->opts.ctx_size);
+    }
     uint32_t cap = br ? br->opts.ctx_size : 0;
     uint32_t *ids = malloc((size_t)cap * sizeof(uint32_t) + 1);
     float *lr = malloc((size_t)cap * nv * sizeof(float) + 1), *lt = malloc((size_t)cap * nv * sizeof(float) + 1);
@@ -202,6 +208,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
         return 2;
     }
+    int lrc = ds4_startup_lock("ds4-qeval");
+    if (lrc) return lrc;
     ds4_err err = {0};
     ds4_weights *r = ds4_weights_open(argv[optind], &err);
     ds4_weights *t = r ? ds4_weights_open(argv[optind + 1], &err) : NULL;

@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 
@@ -207,9 +208,12 @@ int main(int argc, char **argv) {
         }
         bo.ctx_size = (uint32_t)v;
     }
+    int lrc = ds4_startup_lock("ds4-score");
+    if (lrc) return lrc;
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(model, &err);
     ds4_backend *b = w ? ds4_backend_create("cpu", w, &bo, &err) : NULL;
+    if (b) ds4_startup_print_memory("ds4-score", b->ops->name, w, b->opts.ctx_size);
     FILE *out = b ? fopen(out_path, "w") : NULL;
     totals t = {0};
     int rc = -1;

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "engine/generate.h"
+#include "engine/startup.h"
 #include "server.h"
 
 server *SRV;
@@ -165,6 +166,8 @@ int main(int argc, char **argv) {
     int keepalive = 5000;
     bool no_ckpt = false;
     if (parse_args(argc, argv, &s.o, &keepalive, &no_ckpt) != 0) return 2;
+    int lrc = ds4_startup_lock("ds4-server");
+    if (lrc) return lrc;
     s.memory_checkpoint = !no_ckpt;
     http_set_keepalive_ms(keepalive);
     SRV = &s;
@@ -198,8 +201,9 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return 1;
     }
-    srv_log("server", "model %s (%s backend) loaded in %.2f s; context %u tokens, KV state %.1f MiB", s.o.model_path,
-            s.engine->backend_name, ds4_now() - t0, s.o.ctx, (double)ds4_engine_kv_bytes(s.engine, s.o.ctx) / 1048576.0);
+    char mem[160];
+    srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
+            ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
     if (!(s.tools = toolmem_new(s.o.tool_memory_max_ids, 512ull << 20))) {
         fprintf(stderr, "ds4-server: out of memory\n");
         return 1;

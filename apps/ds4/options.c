@@ -53,6 +53,12 @@ static void usage(FILE *f) {
             "                           32 tokens are context, up to -n tokens are scored\n"
             "  --inspect                print the model's configuration, tensors and memory, then exit\n"
             "\n"
+            "importance matrix (for ds4-quantize --imatrix; runs on the CPU backend):\n"
+            "  --imatrix-dataset FILE   prompts separated by '===== DS4_IMATRIX_PROMPT' lines\n"
+            "  --imatrix-out FILE       collect routed-expert statistics, write a legacy .dat\n"
+            "  --imatrix-max-prompts N  stop after N prompts (default: all)\n"
+            "  --imatrix-max-tokens N   stop after N prompt tokens (default: all)\n"
+            "\n"
             "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n",
             CLI_MAX_CTX, CLI_DEFAULT_CTX, CLI_DEFAULT_TOKENS, DS4_TOP_K_MAX, DS4_THINK_MAX_MIN_CTX,
 #ifdef DS4_CUDA
@@ -128,7 +134,8 @@ char *cli_read_file(const char *path, size_t *len, ds4_err *err) {
 static const char *const VALUED[] = {
     "-p", "--prompt", "--prompt-file", "-sys", "--system", "-m", "--model", "-c", "--ctx", "-n", "--tokens",
     "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--backend", "-t", "--threads", "--dump-logprobs",
-    "--logprobs-top-k", "--perplexity-file", NULL,
+    "--logprobs-top-k", "--perplexity-file", "--imatrix-dataset", "--imatrix-out", "--imatrix-max-prompts",
+    "--imatrix-max-tokens", NULL,
 };
 
 static bool takes_value(const char *name) {
@@ -141,7 +148,8 @@ static bool is(const char *a, const char *s1, const char *s2) { return !strcmp(a
 
 /* Set the mode, refusing a second diagnostic. */
 static int set_mode(cli_opts *o, cli_mode m, const char *opt) {
-    if (o->mode != CLI_CHAT && o->mode != m) return bad(opt, NULL, "only one of --dump-tokens, --dump-logprobs, --perplexity-file, --inspect");
+    if (o->mode != CLI_CHAT && o->mode != m)
+        return bad(opt, NULL, "only one of --dump-tokens, --dump-logprobs, --perplexity-file, --inspect, --imatrix-out");
     o->mode = m;
     return 0;
 }
@@ -204,6 +212,15 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "--perplexity-file", NULL)) {
         o->perplexity_file = v;
         return set_mode(o, CLI_PERPLEXITY, a);
+    } else if (is(a, "--imatrix-dataset", NULL)) {
+        o->imatrix_dataset = v;
+    } else if (is(a, "--imatrix-out", NULL)) {
+        o->imatrix_out = v;
+        return set_mode(o, CLI_IMATRIX, a);
+    } else if (is(a, "--imatrix-max-prompts", NULL)) {
+        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_prompts)) return bad(a, v, "must be a positive integer");
+    } else if (is(a, "--imatrix-max-tokens", NULL)) {
+        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_tokens)) return bad(a, v, "must be a positive integer");
     } else if (is(a, "--inspect", NULL)) {
         return set_mode(o, CLI_INSPECT, a);
     } else if (is(a, "--server", NULL)) {
@@ -226,9 +243,21 @@ static int finish(cli_opts *o, const char *prompt_file) {
     if ((o->mode == CLI_DUMP_TOKENS || o->mode == CLI_DUMP_LOGPROBS) && !o->prompt)
         return bad(o->mode == CLI_DUMP_TOKENS ? "--dump-tokens" : "--dump-logprobs", NULL,
                    "needs a prompt (-p or --prompt-file)");
-    if ((o->mode == CLI_PERPLEXITY || o->mode == CLI_INSPECT) && o->prompt)
-        return bad(o->mode == CLI_INSPECT ? "--inspect" : "--perplexity-file", NULL, "takes no prompt");
+    if ((o->mode == CLI_PERPLEXITY || o->mode == CLI_INSPECT || o->mode == CLI_IMATRIX) && o->prompt)
+        return bad(o->mode == CLI_INSPECT ? "--inspect" : o->mode == CLI_IMATRIX ? "--imatrix-out" : "--perplexity-file",
+                   NULL, "takes no prompt");
+    if (o->mode == CLI_IMATRIX && !o->imatrix_dataset) return bad("--imatrix-out", NULL, "needs --imatrix-dataset FILE");
+    if (o->mode != CLI_IMATRIX && (o->imatrix_dataset || o->imatrix_max_prompts || o->imatrix_max_tokens))
+        return bad(o->imatrix_dataset ? "--imatrix-dataset" : o->imatrix_max_prompts ? "--imatrix-max-prompts"
+                                                                                     : "--imatrix-max-tokens",
+                   NULL, "needs --imatrix-out FILE");
     if (o->backend && !strcmp(o->backend, "metal")) return bad("--backend", "metal", "Metal is not supported by this engine (use cpu or cuda)");
+    if (o->mode == CLI_IMATRIX) {
+        /* Only the CPU backend reports each routed expert's inputs. */
+        if (o->backend && strcmp(o->backend, "cpu"))
+            fprintf(stderr, "ds4: importance matrix collection runs on the CPU backend, not %s\n", o->backend);
+        o->backend = "cpu";
+    }
     return 0;
 }
 
