@@ -71,6 +71,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.mode != CLI_INSPECT) cli_print_memory(e, o.ctx);
+    if (o.warm_weights && o.mode != CLI_INSPECT && ds4_startup_warm("ds4", e->w, o.threads) != 0) {
+        ds4_engine_close(e);
+        cli_opts_free(&o);
+        return 1;
+    }
     switch (o.mode) {
     case CLI_INSPECT: rc = run_inspect(e, &o); break;
     case CLI_IMATRIX: rc = run_imatrix(e, &o); break;

@@ -7,6 +7,8 @@
  */
 #include "options.h"
 
+#include "engine/startup.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +44,11 @@ static void usage(FILE *f) {
             "runtime:\n"
             "  --backend NAME, --cpu, --cuda   compute backend (default: the build's, %s)\n"
             "  -t, --threads N          CPU threads (default: $DS4_THREADS or all CPUs)\n"
+            "  --warm-weights           read the whole model file in before generating (CPU backend:\n"
+            "                           the first tokens do not wait for the disk)\n"
+            "  --quality                accepted for ds4 compatibility: this engine's kernels have one\n"
+            "                           precision, there is no approximate fast path to turn off\n"
+
             "\n"
             "diagnostics:\n"
             "  --dump-tokens            print the prompt's token ids and pieces (special tokens\n"
@@ -58,6 +65,11 @@ static void usage(FILE *f) {
             "  --imatrix-out FILE       collect routed-expert statistics, write a legacy .dat\n"
             "  --imatrix-max-prompts N  stop after N prompts (default: all)\n"
             "  --imatrix-max-tokens N   stop after N prompt tokens (default: all)\n"
+            "\n"
+            "environment:\n"
+            "  DS4_THREADS              CPU threads when -t is not given\n"
+            "  DS4_LOCK_FILE            one model process runs per machine; this is its lock file\n"
+            "                           (default /tmp/ds4.lock): another file allows a second process\n"
             "\n"
             "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n",
             CLI_MAX_CTX, CLI_DEFAULT_CTX, CLI_DEFAULT_TOKENS, DS4_TOP_K_MAX, DS4_THINK_MAX_MIN_CTX,
@@ -201,6 +213,10 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "-t", "--threads")) {
         if (parse_u64(v, 1, 4096, &u)) return bad(a, v, "must be an integer in 1..4096");
         o->threads = (int)u;
+    } else if (is(a, "--warm-weights", NULL)) {
+        o->warm_weights = true;
+    } else if (is(a, "--quality", NULL)) {
+        o->quality = true;
     } else if (is(a, "--dump-tokens", NULL)) {
         return set_mode(o, CLI_DUMP_TOKENS, a);
     } else if (is(a, "--dump-logprobs", NULL)) {
@@ -225,6 +241,8 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
         return set_mode(o, CLI_INSPECT, a);
     } else if (is(a, "--server", NULL)) {
         return bad(a, NULL, "the server is a separate program: use ds4-server");
+    } else if (ds4_option_not_supported(a)) {
+        return bad(a, NULL, ds4_option_not_supported(a));
     } else {
         return bad(a, NULL, "unknown option");
     }
@@ -252,6 +270,8 @@ static int finish(cli_opts *o, const char *prompt_file) {
                                                                                      : "--imatrix-max-tokens",
                    NULL, "needs --imatrix-out FILE");
     if (o->backend && !strcmp(o->backend, "metal")) return bad("--backend", "metal", "Metal is not supported by this engine (use cpu or cuda)");
+    if (o->quality)
+        fprintf(stderr, "ds4: --quality: nothing to change, this engine's kernels have one precision\n");
     if (o->mode == CLI_IMATRIX) {
         /* Only the CPU backend reports each routed expert's inputs. */
         if (o->backend && strcmp(o->backend, "cpu"))
@@ -282,6 +302,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         if (eq && (size_t)(eq - a) < sizeof(name)) {
             memcpy(name, a, (size_t)(eq - a));
             name[eq - a] = 0;
+            if (ds4_option_not_supported(name)) return bad(name, NULL, ds4_option_not_supported(name));
             if (!takes_value(name)) return bad(name, NULL, "takes no value");
             a = name;
             v = eq + 1;

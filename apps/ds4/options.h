@@ -46,6 +46,8 @@ typedef struct cli_opts {
     ds4_think_mode think;
     const char *backend;       /* NULL: the build's default */
     int threads;               /* 0: $DS4_THREADS or all CPUs */
+    bool warm_weights;         /* read the whole model file before the first token */
+    bool quality;              /* accepted for ds4 compatibility: always the case here */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;

@@ -6,7 +6,6 @@
 
 #include <errno.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include "engine/startup.h"
@@ -35,21 +34,8 @@ void cli_signals_init(void) {
 
 void cli_busy(bool b) { busy = b; }
 
-int cli_model_exists(const char *path, ds4_err *err) {
-    struct stat st;
-    if (stat(path, &st) == 0) return 0;
-    return ds4_err_set(err, DS4_ENOTFOUND,
-                       "model file %s: %s.\n"
-                       "  ds4 runs the DeepSeek V4 Flash GGUF files published for the ds4 engine\n"
-                       "  (Hugging Face antirez/deepseek-v4-gguf, e.g. the q2-imatrix file, about 81 GB).\n"
-                       "  Download one and pass it with -m FILE, or link it as ./" CLI_DEFAULT_MODEL ".\n"
-                       "  To try ds4 without downloading anything, `make demo` builds a tiny random\n"
-                       "  model with the real tokenizer: ./ds4 -m build/models/demo.gguf",
-                       path, strerror(errno));
-}
-
 ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
-    if (cli_model_exists(o->model, err) != 0) return NULL;
+    if (ds4_model_file_check(o->model, err) != 0) return NULL;
     ds4_engine_opts eo = {
         .model_path = o->model,
         .backend = o->backend,

@@ -27,10 +27,6 @@ void cli_signals_init(void);
 /* Mark a stretch of model work: a second Ctrl+C inside it exits. */
 void cli_busy(bool busy);
 
-/* 0 when the model file exists; else an explanation of where models come
- * from. */
-int cli_model_exists(const char *path, ds4_err *err);
-
 /* Open the model named by the options (tokenizer required).  A missing file
  * gets an explanation of where models come from. */
 ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err);

@@ -9,13 +9,19 @@
 #     still names the dead pid), programs run again;
 #  2. the memory estimate: each program prints the same "memory: weights W +
 #     context N tokens K" line for the model and context it was given, K
-#     being what `ds4 --inspect` reports for N tokens.
+#     being what `ds4 --inspect` reports for N tokens;
+#  3. options from ds4's command lines: --warm-weights (ds4, ds4-server,
+#     ds4-bench) reads the model in, --quality is accepted, ds4-server
+#     --chdir takes relative paths from there, ds4-bench's default model is
+#     ./ds4flash.gguf; MTP, steering and Metal options are refused with
+#     their reason and status 2.
 set -eu
 cd "$(dirname "$0")/../.."
 for p in ds4 ds4-server ds4-bench ds4-forward ds4-score ds4-imatrix ds4-qeval ds4-mkmodel ds4-tokenizer; do
     [ -x "./$p" ] || make -s "$p"
 done
-dir=$PWD/build/suite/engine_startup
+root=$PWD
+dir=$root/build/suite/engine_startup
 rm -rf "$dir"
 mkdir -p "$dir"
 fail() { echo "engine_startup: FAIL: $*" >&2; exit 1; }
@@ -37,6 +43,17 @@ wait_lock() {
         kill -0 "$1" 2>/dev/null || fail "process $1 exited before taking the lock"
         i=$((i + 1))
         [ $i -lt 600 ] || fail "process $1 did not take the lock"
+        sleep 0.05
+    done
+}
+
+# Wait until the server $1 logging to $2 listens.
+wait_listen() {
+    i=0
+    until grep -q "listening on" "$2"; do
+        kill -0 "$1" 2>/dev/null || fail "ds4-server exited: $(cat "$2")"
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "ds4-server did not start: $(cat "$2")"
         sleep 0.05
     done
 }
@@ -90,6 +107,7 @@ wait $holder || fail "the REPL holding the lock failed: $(cat "$dir/repl.err")"
 ./ds4-server -m "$M" -c 512 --port 0 > "$dir/server.log" 2>&1 &
 srv=$!
 wait_lock $srv
+wait_listen $srv "$dir/server.log"
 expect_locked $srv ./ds4 -m "$M" -c 256 -n 2 -p hi
 kill -9 $srv
 wait $srv 2>/dev/null || true
@@ -115,4 +133,48 @@ grep -q "server .*loaded in .*; memory: weights .* + $want512" "$dir/server.log"
     | grep -q "^ds4-imatrix: backend cpu; memory: .* + $want512" || fail "ds4-imatrix memory line"
 ./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
     | grep -q "^ds4-score: backend cpu; memory: .* + $want512" || fail "ds4-score memory line"
+
+# --- options from ds4's command lines --------------------------------------------
+./ds4 -m "$M" -c 256 --warm-weights --quality --nothink --temp 0 -n 1 -p hi > /dev/null 2> "$dir/warm.err" \
+    || fail "ds4 --warm-weights --quality: $(cat "$dir/warm.err")"
+grep -q "^ds4: warmed .* of weights in" "$dir/warm.err" || fail "ds4 --warm-weights: $(cat "$dir/warm.err")"
+grep -q "^ds4: --quality: nothing to change" "$dir/warm.err" || fail "ds4 --quality: $(cat "$dir/warm.err")"
+./ds4-bench -m "$M" --cpu --threads 2 --warm-weights --quality --tokens-file "$dir/bench.ids" --ctx-start 64 \
+    --ctx-max 64 --gen-tokens 1 > /dev/null 2> "$dir/warm.err" || fail "ds4-bench options: $(cat "$dir/warm.err")"
+grep -q "^ds4-bench: warmed .* of weights" "$dir/warm.err" || fail "ds4-bench --warm-weights: $(cat "$dir/warm.err")"
+# ds4-bench without -m runs ./ds4flash.gguf.
+mkdir "$dir/cwd"
+ln -s "$M" "$dir/cwd/ds4flash.gguf"
+(cd "$dir/cwd" && "$root/ds4-bench" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1 \
+    > bench.csv 2> bench.err) || fail "ds4-bench with the default model: $(cat "$dir/cwd/bench.err")"
+[ "$(wc -l < "$dir/cwd/bench.csv")" -eq 2 ] || fail "default-model bench: $(cat "$dir/cwd/bench.csv")"
+# ds4-server --chdir: the model and the trace file are taken from there.
+./ds4-server --chdir "$dir/cwd" -m ds4flash.gguf --trace trace.txt -c 256 --port 0 --warm-weights \
+    > "$dir/chdir.log" 2>&1 &
+srv=$!
+wait_listen $srv "$dir/chdir.log"
+kill $srv
+wait $srv || fail "ds4-server --chdir did not stop cleanly: $(cat "$dir/chdir.log")"
+grep -q "ds4-server: warmed .* of weights" "$dir/chdir.log" || fail "ds4-server --warm-weights: $(cat "$dir/chdir.log")"
+[ -f "$dir/cwd/trace.txt" ] || fail "ds4-server --chdir: the trace file is not in the new directory"
+
+# Options of ds4 this engine does not have: refused with their reason.
+expect_refused() { # expect_refused NEEDLE PROGRAM ARGS...
+    want=$1; shift
+    set +e
+    "$@" > /dev/null 2> "$dir/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "$* exited $rc, want 2"
+    grep -q -- "$want" "$dir/err.txt" || fail "$*: message lacks '$want': $(cat "$dir/err.txt")"
+}
+for p in ./ds4 ./ds4-server ./ds4-bench; do
+    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp mtp.gguf
+    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp-draft 2
+    expect_refused "directional steering is not implemented" $p -m "$M" --dir-steering-file d.f32
+    expect_refused "Metal is not supported" $p -m "$M" --metal
+done
+expect_refused "MTP speculative decoding" ./ds4 -m "$M" --mtp-margin=3
+expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
+expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 echo "engine_startup: ok"
