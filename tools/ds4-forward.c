@@ -78,6 +78,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--chunk")) NEED_U32(o->bo.prefill_chunk);
         else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
         else if (!strcmp(a, "--backend")) { NEED_VALUE(); o->backend = v; }
+        else if (!strcmp(a, "--cpu") || !strcmp(a, "--cuda")) o->backend = a + 2;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
         else if (a[0] == '-') { fprintf(stderr, "ds4-forward: unknown option %s\n", a); return -1; }
         else if (!o->model) o->model = a;
@@ -86,6 +87,8 @@ static int parse_args(int argc, char **argv, opts *o) {
 #undef NEED_VALUE
     }
     if (!o->model) { usage(); return -1; }
+    ds4_err err = {0};
+    if (ds4_backend_check_name(o->backend, &err) != 0) { fprintf(stderr, "ds4-forward: --backend: %s\n", err.msg); return -1; }
     return 0;
 }
 
@@ -228,7 +231,7 @@ out:
 
 int main(int argc, char **argv) {
     opts o;
-    if (parse_args(argc, argv, &o) != 0) return 1;
+    if (parse_args(argc, argv, &o) != 0) return 2; /* usage errors, as in every program */
     int lrc = ds4_startup_lock("ds4-forward");
     if (lrc) return lrc;
     ds4_err err = {0};

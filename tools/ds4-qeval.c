@@ -184,6 +184,18 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     return rc;
 }
 
+/* A positive integer up to max, or a message and -1. */
+static int parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || end == s || v < 1 || v > (long)max) {
+        fprintf(stderr, "ds4-qeval: %s %s: expected an integer in 1..%u\n", opt, s, max);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     static const struct option lo[] = {{"imatrix", required_argument, 0, 'i'}, {"dataset", required_argument, 0, 'd'},
                                        {"ctx", required_argument, 0, 'c'},     {"threads", required_argument, 0, 't'},
@@ -195,8 +207,15 @@ int main(int argc, char **argv) {
         switch (c) {
         case 'i': im = optarg; break;
         case 'd': ds = optarg; break;
-        case 'c': bo.ctx_size = (uint32_t)atoi(optarg); break;
-        case 't': bo.n_threads = atoi(optarg); break;
+        case 'c':
+            if (parse_count("--ctx", optarg, 1u << 24, &bo.ctx_size)) return 2;
+            break;
+        case 't': {
+            uint32_t t;
+            if (parse_count("-t", optarg, 4096, &t)) return 2;
+            bo.n_threads = (int)t;
+            break;
+        }
         case 'h':
         default:
             fprintf(c == 'h' ? stdout : stderr,

@@ -14,7 +14,7 @@
 #     ds4-bench) reads the model in, --quality is accepted, ds4-server
 #     --chdir takes relative paths from there, ds4-bench's default model is
 #     ./ds4flash.gguf; MTP, steering and Metal options are refused with
-#     their reason and status 2.
+#     their reason and status 2, as are invalid values in every program.
 set -eu
 cd "$(dirname "$0")/../.."
 for p in ds4 ds4-server ds4-bench ds4-forward ds4-score ds4-imatrix ds4-qeval ds4-mkmodel ds4-tokenizer; do
@@ -73,7 +73,8 @@ expect_locked() {
 
 echo "===== DS4_IMATRIX_PROMPT 0
 1 2 3 4 5 6 7 8" > "$dir/ids.txt"
-printf 'p1\t%s\t%s\n' "$dir/ids.txt" "$dir/ids.txt" > "$dir/manifest.tsv"
+echo "1 2 3 4 5 6 7 8" > "$dir/plain.ids"
+printf 'p1\t%s\t%s\n' "$dir/plain.ids" "$dir/plain.ids" > "$dir/manifest.tsv"
 seq 1 200 > "$dir/bench.ids"
 
 # --- a REPL holds the lock; everything else on that file is refused ---------------
@@ -177,4 +178,17 @@ done
 expect_refused "MTP speculative decoding" ./ds4 -m "$M" --mtp-margin=3
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
+
+# Invalid values are usage errors (status 2) in every engine program.
+expect_refused "Metal is not supported" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" --backend metal
+expect_refused "expected an integer" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" -t 0
+expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" --ctx abc
+expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" -t 0
+expect_refused "bad number" ./ds4-forward "$M" --ctx abc
+expect_refused "unknown backend 'tpu'" ./ds4-forward "$M" --backend tpu
+expect_refused "expected a positive integer" ./ds4-imatrix "$M" --imatrix-dataset x --imatrix-out y --ctx 0
+expect_refused "bad number" ./ds4-bench -m "$M" --ctx-start x
+expect_refused "needs an integer" ./ds4-server -m "$M" -c 0
+[ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
+./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
 echo "engine_startup: ok"
