@@ -46,6 +46,8 @@ typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
+    bool warm_weights;
+    const char *chdir_to;
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;

@@ -66,6 +66,8 @@ def t_models(s):
     check(st == 200 and body["object"] == "list" and body["data"][0]["id"] == "deepseek-v4-flash", body)
     st, body = s.get("/v1/models/deepseek-v4-flash")
     check(st == 200 and body["context_length"] == 4096, body)
+    check(body["owned_by"] == "ds4.c" and body["created"] == 1767225600 and body["object"] == "model", body)
+    check(body["top_provider"] == {"context_length": 4096, "max_completion_tokens": 4096, "is_moderated": False}, body)
     st, body = s.get("/v1/models/nope")
     check(st == 404 and body["error"]["type"] == "not_found_error", body)
 
