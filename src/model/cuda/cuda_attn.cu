@@ -936,12 +936,15 @@ static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_
     return *n_raw + n_comp;
 }
 
-/* A lane's `per` consecutive values at v (zeros when !on), in wide loads. */
+/* A lane's `per` consecutive values at v (zeros when !on), in wide loads;
+ * CG: from the L2 (what other blocks of the same launch wrote). */
+template <bool CG = false>
 static __device__ __forceinline__ void attn_lane_load(const float *v, bool on, uint32_t per, float *out) {
     if (per % 4 == 0) {
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 4) {
-            float4 x = on && (uint32_t)j < per ? *(const float4 *)(v + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 *p4 = (const float4 *)(v + j);
+            float4 x = on && (uint32_t)j < per ? (CG ? __ldcg(p4) : *p4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             out[j] = x.x;
             out[j + 1] = x.y;
             out[j + 2] = x.z;
@@ -950,7 +953,8 @@ static __device__ __forceinline__ void attn_lane_load(const float *v, bool on, u
     } else {
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 2) {
-            float2 x = on && (uint32_t)j < per ? *(const float2 *)(v + j) : make_float2(0.0f, 0.0f);
+            const float2 *p2 = (const float2 *)(v + j);
+            float2 x = on && (uint32_t)j < per ? (CG ? __ldcg(p2) : *p2) : make_float2(0.0f, 0.0f);
             out[j] = x.x;
             out[j + 1] = x.y;
         }
@@ -1180,7 +1184,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
     float sink = on ? a.sinks[h0 + j] : 0.0f, M = sink;
     for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
         uint32_t s = s0 + lane;
-        M = fmaxf(M, warp_max(s < a.nsplit ? pg[s * pf + j] : -INFINITY));
+        M = fmaxf(M, warp_max(s < a.nsplit ? __ldcg(pg + s * pf + j) : -INFINITY));
     }
     uint32_t nh = (a.nsplit + 1) / 2, sb = hv * nh, se = attn_min(sb + nh, a.nsplit);
     float den = 0.0f, v[ATT_MAXV];
@@ -1192,9 +1196,9 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
         for (int u = 0; u < ATB_CBATCH; u++) {
             bool su = s0 + u < se;
             const float *ps = pg + (su ? s0 + u : sb) * pf;
-            ml[u][0] = su ? ps[j] : -INFINITY;
-            ml[u][1] = su ? ps[ATB_HEADS + j] : 0.0f;
-            attn_lane_load(ps + 2 * ATB_HEADS + (size_t)j * a.hd + e0, su, per, ov[u]);
+            ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
+            ml[u][1] = su ? __ldcg(ps + ATB_HEADS + j) : 0.0f;
+            attn_lane_load<true>(ps + 2 * ATB_HEADS + (size_t)j * a.hd + e0, su, per, ov[u]);
         }
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
@@ -1303,7 +1307,7 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
     return (size_t)cu_attn_groups(c) * splits * attn_part_floats(c->head_dim);
 }
 
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlstate *S = &b->L[il];
     attn_args a;

@@ -262,7 +262,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err);
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 /* The attention's scratch for one query: its head groups (a done counter
  * each), the splits of `rows` visible rows at most, and the floats of the
  * partial results of `splits` splits. */
