@@ -5,12 +5,24 @@
  * residual streams, computes the site's mixer (pre / post weights and the
  * Sinkhorn-normalised combination matrix), collapses the streams into the
  * next sublayer's input and writes its RMSNorm and quantized forms.
+ *
+ * The launch is latency-bound (a few MB of traffic, 86 per decoded
+ * token), so it is shaped to have few serial round trips: blocks of 1024
+ * threads (16 for the 4096 columns of Flash), every weight the launch
+ * needs (mixer rows, norm weights, scale and base) loaded into registers
+ * before waiting for the previous kernel, and a finish - in the block
+ * that completes last - that issues all its loads at once and keeps the
+ * row in registers from the collapse through the RMSNorm to the quantized
+ * words it stores.
  */
 #include "model/cuda/cuda_internal.h"
 
-#define HC_THREADS 256
-#define HC_COLS (HC_THREADS / 4) /* columns of S per block: a thread per stream and column */
-#define HC_MAX_MIX 32
+#define HC_THREADS 1024
+#define HC_WARPS (HC_THREADS / 32)
+#define HC_VALS 4                        /* finish: consecutive columns per thread */
+#define HC_MAX_D (HC_THREADS * HC_VALS)  /* the widest row the finish holds */
+#define HC_PART_LANES 16                 /* finish: threads per reduced partial sum */
+static_assert(HC_COLS == HC_THREADS / 4, "a mixer thread per stream and column");
 
 static __device__ __forceinline__ float dev_sigmoid(float x) {
     if (x >= 0) return 1.0f / (1.0f + expf(-x));
@@ -41,6 +53,33 @@ typedef struct hc_args {
     dact xn;
 } hc_args;
 
+/* The finish's constant inputs, loaded by every thread before the wait for
+ * the previous kernel: the norm weights of its HC_VALS columns, the scales,
+ * the pre bases, and the post / comb bases of its lane (warp 0 uses those). */
+typedef struct hc_consts {
+    float w[HC_VALS];
+    float scale[3], base_pre[4], base_post, base_comb;
+} hc_consts;
+
+static __device__ __forceinline__ hc_consts hc_load_consts(const hc_args &a) {
+    hc_consts k;
+    uint32_t e = HC_VALS * threadIdx.x, n = 4;
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++)
+        k.w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
+    k.scale[0] = a.scale[0];
+    for (uint32_t h = 0; h < n; h++) k.base_pre[h] = a.base[h];
+    k.scale[1] = k.scale[2] = k.base_post = k.base_comb = 0.0f;
+    if (!a.head) {
+        k.scale[1] = a.scale[1];
+        k.scale[2] = a.scale[2];
+        k.base_post = lane >= n && lane < 2 * n ? a.base[lane] : 0.0f;
+        k.base_comb = a.base[2 * n + (lane & 15)];
+    }
+    return k;
+}
+
 /* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
  * in the CPU's order a = 0..3; rows: b = 0..3. */
 static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
@@ -56,46 +95,23 @@ static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
     return s + __shfl_sync(0xffffffffu, v, a + 12);
 }
 
-/* The block's sums of the partial sums of token t (written by the other
- * blocks of this launch: read from the L2): eight threads per output, each
- * over every eighth slice, then a fixed tree over the eight, so that all
- * the loads are in flight at once. */
-static __device__ void hc_reduce_parts(const hc_args &a, uint32_t t, double *sums) {
-    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
-    for (uint32_t base = 0; base < (a.nmix + 1) * 8; base += blockDim.x) {
-        uint32_t i = base + threadIdx.x, m = i / 8, j = i % 8;
-        double v = 0.0;
-        if (m <= a.nmix) {
-#pragma unroll 8
-            for (uint32_t s = j; s < a.nsplit; s += 8) v += __ldcg(p + (size_t)s * (a.nmix + 1) + m);
-        }
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        if (j == 0 && m <= a.nmix) sums[m] = v;
-    }
+/* The mixer value m of the token (the reduced fn . S times the RMS scale,
+ * as cpu_hc.c's fn . RMSNorm(S)). */
+static __device__ __forceinline__ float hc_mix_value(const double *sums, uint32_t m, float rs) {
+    return (float)sums[1 + m] * rs;
 }
 
-/* The mixer weights of one token, by warp 0 from the reduced sums: pre /
- * post, and the Sinkhorn iterations of MODEL.md 5.2 with one matrix entry
- * per lane (the arithmetic of cpu_hc.c, sums in its order). */
-static __device__ void hc_weights(const hc_args &a, uint32_t t, const double *sums, float *pre, float *mix) {
+/* Post weights and the Sinkhorn iterations of MODEL.md 5.2, by warp 0 with
+ * one matrix entry per lane (the arithmetic of cpu_hc.c, sums in its
+ * order).  Runs after the rest of the finish: only the next HC launch
+ * reads post / comb. */
+static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *sums, float rs, const hc_consts &k) {
     unsigned lane = threadIdx.x;
-    uint32_t n = a.n_hc;
-    double v = lane <= a.nmix ? sums[lane] : 0.0;
-    double ss = sums[0];
-    float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
-    if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
-    __syncwarp();
-    if (a.head) {
-        if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
-        return;
-    }
+    uint32_t n = 4;
     float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-    if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
-    else if (lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(mix[lane] * a.scale[1] + a.base[lane]);
-    unsigned k = lane & 15, ra = k % 4, cb = k / 4;
-    float c = mix[2 * n + k] * a.scale[2] + a.base[2 * n + k];
+    if (lane >= n && lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(hc_mix_value(sums, lane, rs) * k.scale[1] + k.base_post);
+    unsigned e = lane & 15, ra = e % 4, cb = e / 4;
+    float c = hc_mix_value(sums, 2 * n + e, rs) * k.scale[2] + k.base_comb;
     /* softmax over a of each column, + eps */
     float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
     for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
@@ -105,53 +121,187 @@ static __device__ void hc_weights(const hc_args &a, uint32_t t, const double *su
         if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
         c /= hc_row_sum(c, ra) + a.hc_eps;
     }
-    if (lane < 16) comb[k] = c;
+    if (lane < 16) comb[e] = c;
+}
+
+/* Reduce-scatter over the warp: every lane holds v[0 .. 31]; afterwards
+ * lane l holds in v[0] the warp's sum of v[l].  Five exchanges that halve
+ * what each lane holds (31 shuffles instead of 32 x 5); every partial sum
+ * is computed by one lane, so the tree is fixed. */
+template <int O> static __device__ __forceinline__ void hc_scatter_step(double (&v)[32], unsigned lane) {
+    bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        double send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    if constexpr (O > 1) hc_scatter_step<O / 2>(v, lane);
+}
+
+/* Q8_0 of the thread's four values (lanes 8i .. 8i+7 hold the 32 values of
+ * a block), exactly as dev_quantize_row: amax / 127, round to nearest even,
+ * one packed word per thread. */
+static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *q8,
+                                                     uint32_t D) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) amax = fmaxf(amax, fabsf(y[i]));
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    if (!has) return;
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) packed |= (uint32_t)(uint8_t)q8_round(y[i] * id) << (8 * i);
+    *(uint32_t *)(q8 + e) = packed;
+    if ((threadIdx.x & 7) == 0) ((float *)(q8 + D))[e / 32] = db;
+}
+
+/* Q8_K of the row, exactly as dev_quantize_row / ds4_quantize_q8_K: a
+ * block of 256 values is the 64 threads of warps 2b and 2b+1; the signed
+ * value of the largest magnitude (first index on ties) is reduced in each
+ * warp and combined through shared memory.  Every thread must call it. */
+static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *qk,
+                                                     uint32_t D) {
+    __shared__ float wmax[HC_WARPS][2];
+    __shared__ int widx[HC_WARPS];
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) {
+        float ax = fabsf(y[i]);
+        if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+    }
+    if (lane == 0) {
+        wmax[warp][0] = amax;
+        wmax[warp][1] = mx;
+        widx[warp] = idx;
+    }
+    __syncthreads();
+    unsigned other = warp ^ 1;
+    float a2 = wmax[other][0], m2 = wmax[other][1];
+    int i2 = widx[other];
+    if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; }
+    if (!has) return;
+    uint32_t b = e / 256;
+    int s = 0;
+    uint32_t packed = 0;
+    float iscale = amax == 0.0f ? 0.0f : -127.0f / mx;
+    if (amax != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < HC_VALS; i++) {
+            int8_t q = q8_round(iscale * y[i]);
+            s += q;
+            packed |= (uint32_t)(uint8_t)q << (8 * i);
+        }
+    }
+    *(uint32_t *)(qk + e) = packed;
+    if (e % 256 == 0) ((float *)(qk + D))[b] = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    /* 16-value block sums: four threads each */
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if ((lane & 3) == 0) ((int16_t *)(qk + D + D / 256 * 4))[e / 16] = (int16_t)s;
 }
 
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
- * sublayer's RMSNorm and the quantized forms of the result (x: D floats of
- * shared memory). */
-static __device__ void hc_finish(const hc_args &a, uint32_t t, float *x) {
-    __shared__ float pre[4], mix[HC_MAX_MIX];
-    __shared__ double sums[HC_MAX_MIX + 1];
-    uint32_t n = a.n_hc, D = a.D;
-    hc_reduce_parts(a, t, sums);
-    __syncthreads();
-    if (threadIdx.x < 32) hc_weights(a, t, sums, pre, mix);
-    __syncthreads();
+ * sublayer's RMSNorm and the quantized forms of the result, by the block
+ * that finished last.  Serial steps: one round trip to the L2 (the
+ * partial sums of every slice and the thread's four columns of the four
+ * streams, loaded together), a barrier for the reduced sums, the pre
+ * weights in every thread (no barrier), the collapse in registers, a
+ * barrier for the sum of squares, the stores (a barrier inside the Q8_K
+ * amax), then the Sinkhorn iterations on warp 0. */
+template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t t, const hc_consts &k) {
+    __shared__ double sums[NMIX + 1], ssw[HC_WARPS];
+    const uint32_t n = 4;
+    uint32_t D = a.D, e = HC_VALS * threadIdx.x;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    bool has = e < D;
     const float *S = a.S + (size_t)t * n * D;
-#pragma unroll 4
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (uint32_t h = 0; h < n; h++) acc += pre[h] * __ldcg(S + (size_t)h * D + d);
-        x[d] = acc;
-    }
+    float4 s4[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++)
+        s4[h] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
+    uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
+    const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
+    double v = 0.0;
+    if (m <= (uint32_t)NMIX)
+        for (uint32_t s = j; s < a.nsplit; s += HC_PART_LANES) v += __ldcg(p + (size_t)s * (NMIX + 1) + m);
+    for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
     __syncthreads();
-    block_rmsnorm(x, D, a.norm, a.norm_type, a.rms_eps);
-    float *xo = a.xn.f + (size_t)t * a.xn.fs;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xo[d] = x[d];
-    dev_quantize_row(x, D, a.xn.q8 ? a.xn.q8 + (size_t)t * a.xn.q8s : NULL, a.xn.qk ? a.xn.qk + (size_t)t * a.xn.qks : NULL);
+    /* pre weights, in every thread (the same bits everywhere) */
+    float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
+    float pre[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
+    /* x = sum_h pre_h S_h (the pre weights are not normalised) */
+    float sv[4][HC_VALS];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) {
+        sv[h][0] = s4[h].x;
+        sv[h][1] = s4[h].y;
+        sv[h][2] = s4[h].z;
+        sv[h][3] = s4[h].w;
+    }
+    float x[HC_VALS];
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t h = 0; h < n; h++) acc += pre[h] * sv[h][i];
+        x[i] = acc;
+        ss += (double)acc * (double)acc;
+    }
+    /* RMSNorm: the block's sum of squares in one barrier */
+    ss = warp_sum_d(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    ss = warp_sum_d(ssw[lane]);
+    float scale = 1.0f / sqrtf((float)(ss / D) + a.rms_eps);
+    float y[HC_VALS];
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) y[i] = x[i] * scale * k.w[i];
+    if (has) *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e) = make_float4(y[0], y[1], y[2], y[3]);
+    if (a.xn.q8) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
+    if (a.xn.qk) hc_store_q8_k(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
+    if (warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k);
 }
 
 /* Block (x, t): columns HC_COLS x .. of token t, thread (h, j) on stream h
  * of column j.  Optional HC post of the previous sublayer (S <- post y +
  * comb S), then this block's partial sums of the mixer: the sum of squares
- * of S (double) and fn . S (NMIX rows), reduced through shared memory in
- * one step (a warp per output).  The last block of the token to finish
- * computes the mixer weights and the next sublayer's input from all the
- * partial sums (the fence and counter of the CUDA guide's "last block"
- * reduction). */
+ * of S (double) and fn . S (NMIX rows), reduce-scattered in each warp and
+ * summed over the warps through shared memory.  The last block of the
+ * token to finish computes the mixer weights and the next sublayer's input
+ * from all the partial sums (the fence and counter of the CUDA guide's
+ * "last block" reduction). */
 template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
-    dev_pdl_enter();
-    DS4_DYN_SMEM(float, buf); /* the per-thread sums, then the finish's row */
-    __shared__ double redss[HC_THREADS];
+    static_assert(NMIX + 1 <= HC_WARPS, "a warp per mixer output");
+    __shared__ double red[HC_WARPS][33];
     __shared__ bool last;
-    float(*red)[HC_THREADS] = reinterpret_cast<float(*)[HC_THREADS]>(buf);
     uint32_t t = blockIdx.y, D = a.D;
     const uint32_t n = 4;
-    unsigned h = threadIdx.x / HC_COLS;
+    unsigned h = threadIdx.x / HC_COLS, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
     bool on = d < D;
+    size_t c = (size_t)h * D + d;
+    /* the weights are written by no kernel: load them while the kernel
+     * before this one finishes */
+    dev_pdl_launch_next();
+    float f[NMIX];
+#pragma unroll
+    for (int mi = 0; mi < NMIX; mi++) f[mi] = on ? fvec(a.fn, a.fn_type, (size_t)mi * n * D + c) : 0.0f;
+    hc_consts k = hc_load_consts(a);
+    dev_pdl_wait_prev();
     float *S = a.S + (size_t)t * n * D;
     float v[4];
     for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
@@ -172,19 +322,17 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_
         __syncthreads(); /* every stream of the column is read before any is rewritten */
         if (on) S[(size_t)h * D + d] = vh;
     }
-    double ss = (double)vh * (double)vh;
-    size_t c = (size_t)h * D + d;
+    double sv[32];
+    sv[0] = (double)vh * (double)vh;
 #pragma unroll
-    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = on ? fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * vh : 0.0f;
-    redss[threadIdx.x] = ss;
+    for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? (double)(f[mi - 1] * vh) : 0.0;
+    hc_scatter_step<16>(sv, lane);
+    if (lane <= (unsigned)NMIX) red[warp][lane] = sv[0];
     __syncthreads();
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
-    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
-        double sum = 0.0;
-        for (unsigned i = lane; i < blockDim.x; i += 32) sum += m == 0 ? redss[i] : (double)red[m - 1][i];
-        sum = warp_sum_d(sum);
-        if (lane == 0) out[m] = sum;
+    if (warp <= (unsigned)NMIX) {
+        double sum = warp_sum_d(red[lane][warp]);
+        if (lane == 0) out[warp] = sum;
     }
     __threadfence(); /* this block's S and sums, visible before it counts itself done */
     __syncthreads();
@@ -195,13 +343,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_
     __syncthreads();
     if (!last) return;
     __threadfence();
-    hc_finish(a, t, buf);
-}
-
-/* Dynamic shared memory of hc_mix_kernel<nmix> for rows of D. */
-static size_t hc_smem(uint32_t nmix, uint32_t D) {
-    size_t sums = (size_t)nmix * HC_THREADS * sizeof(float), row = (size_t)D * sizeof(float);
-    return sums > row ? sums : row;
+    hc_finish<NMIX>(a, t, k);
 }
 
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
@@ -235,13 +377,15 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.norm_type = site->norm->type;
     a.head = site->head;
     a.xn = *site->out;
-    size_t smem = hc_smem(fn->rows, c->n_embd);
-    if (smem > 40 * 1024)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC rows of %u values need %zu bytes of shared memory",
-                           c->n_embd, smem);
+    uint32_t D = c->n_embd;
+    if (c->n_hc != 4 || D > HC_MAX_D || D % HC_VALS != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
+                           "a multiple of %u, of 32 / 256 for quantized inputs)",
+                           c->n_hc, D, HC_MAX_D, HC_VALS);
     dim3 grid(b->hc_split, T);
-    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, smem, b->st, a);
-    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, smem, b->st, a);
+    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, 0, b->st, a);
+    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, 0, b->st, a);
     else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     CU_LAUNCHED();
     return 0;

@@ -252,6 +252,9 @@ typedef struct hc_site {
     bool head;
     dact *out;
 } hc_site;
+/* Columns of the residual state per block of the HC launch (its part
+ * buffer holds a slice of partial sums per block). */
+#define HC_COLS 256
 /* One launch: the HC post of `post` (NULL: none) into the residual state,
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
