@@ -23,6 +23,7 @@
 #define HC_MAX_D (HC_THREADS * HC_VALS)  /* the widest row the finish holds */
 #define HC_PART_LANES 16                 /* finish: threads per reduced partial sum */
 static_assert(HC_COLS == HC_THREADS / 4, "a mixer thread per stream and column");
+static_assert(HC_WARPS == 32, "the finish sums the per-warp values with one warp reduction");
 
 static __device__ __forceinline__ float dev_sigmoid(float x) {
     if (x >= 0) return 1.0f / (1.0f + expf(-x));
@@ -163,6 +164,8 @@ static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[HC_VALS], 
  * warp and combined through shared memory.  Every thread must call it. */
 static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *qk,
                                                      uint32_t D) {
+    /* warps past the row (D a multiple of 256: whole warp pairs) only meet the barrier */
+    bool wact = e - HC_VALS * (threadIdx.x & 31) < D;
     __shared__ float wmax[HC_WARPS][2];
     __shared__ int widx[HC_WARPS];
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
@@ -173,17 +176,18 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], 
         float ax = fabsf(y[i]);
         if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
     }
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = 16; wact && o > 0; o >>= 1) {
         float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
         int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
     }
-    if (lane == 0) {
+    if (wact && lane == 0) {
         wmax[warp][0] = amax;
         wmax[warp][1] = mx;
         widx[warp] = idx;
     }
     __syncthreads();
+    if (!wact) return;
     unsigned other = warp ^ 1;
     float a2 = wmax[other][0], m2 = wmax[other][1];
     int i2 = widx[other];
@@ -231,11 +235,13 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
     /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
     const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
-    double v = 0.0;
-    if (m <= (uint32_t)NMIX)
-        for (uint32_t s = j; s < a.nsplit; s += HC_PART_LANES) v += __ldcg(p + (size_t)s * (NMIX + 1) + m);
-    for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
+    if (warp < ((NMIX + 1) * HC_PART_LANES + 31) / 32) {
+        double v = 0.0;
+        if (m <= (uint32_t)NMIX)
+            for (uint32_t s = j; s < a.nsplit; s += HC_PART_LANES) v += __ldcg(p + (size_t)s * (NMIX + 1) + m);
+        for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
+    }
     __syncthreads();
     /* pre weights, in every thread (the same bits everywhere) */
     float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
@@ -261,17 +267,19 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
         x[i] = acc;
         ss += (double)acc * (double)acc;
     }
-    /* RMSNorm: the block's sum of squares in one barrier */
-    ss = warp_sum_d(ss);
+    /* RMSNorm: the block's sum of squares in one barrier (warps past the
+     * row add zeros and skip the reductions) */
+    bool wact = HC_VALS * 32 * warp < D;
+    if (wact) ss = warp_sum_d(ss);
     if (lane == 0) ssw[warp] = ss;
     __syncthreads();
-    ss = warp_sum_d(ssw[lane]);
+    if (wact) ss = warp_sum_d(ssw[lane]);
     float scale = 1.0f / sqrtf((float)(ss / D) + a.rms_eps);
     float y[HC_VALS];
 #pragma unroll
     for (int i = 0; i < HC_VALS; i++) y[i] = x[i] * scale * k.w[i];
     if (has) *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e) = make_float4(y[0], y[1], y[2], y[3]);
-    if (a.xn.q8) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
+    if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
     if (a.xn.qk) hc_store_q8_k(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
     if (warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k);
 }
