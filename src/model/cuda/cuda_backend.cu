@@ -438,7 +438,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
-    b->hc_split = (c->n_embd + 63) / 64; /* cuda_attn.cu: HC_COLS columns per block */
+    b->hc_split = (c->n_embd + HC_COLS - 1) / HC_COLS;
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
