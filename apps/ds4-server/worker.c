@@ -3,6 +3,11 @@
  * jobs, the KV reuse ladder, prefill with disk checkpoints, generation.
  *
  * KV reuse, in order (spec/PRODUCT.md 2.9):
+ *   responses-visible, responses-tool-output, anthropic-tool-output
+ *                 live protocol continuations (continuation.c): the live
+ *                 session continues the turn the client answers, whatever
+ *                 hidden reasoning it holds; a tool-output-only request
+ *                 whose live state is gone is answered 409
  *   memory-token  the live session's tokens are a prefix of the prompt's
  *   memory-text   the live tokens decode to a byte prefix of the rendered
  *                 prompt: keep them (the model's own tokenization of what it
@@ -40,6 +45,7 @@ typedef struct counters {
     uint64_t requests, completed, failed, cancelled, rejected_full;
     uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
     uint64_t reuse_token, reuse_text, reuse_visible, reuse_checkpoint, reuse_disk, reuse_cold;
+    uint64_t reuse_resp_visible, reuse_resp_tool, reuse_anth_tool, continuation_lost;
     uint64_t disk_saves[7];
     char last_reuse[24];
     uint32_t last_cached, last_written;
@@ -236,8 +242,17 @@ static bool disk_prefix(const job *j, reuse *r) {
     return true;
 }
 
-static void choose_reuse(job *j, reuse *r) {
+/* 0, or -1 with e set when the request needs a live continuation that is
+ * gone (409). */
+static int choose_reuse(job *j, reuse *r, api_error *e) {
     memset(r, 0, sizeof(*r));
+    int c = cont_match(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), tok, &r->prompt, &r->kept, &r->source, e);
+    /* The session moves on from here: the binding it had no longer holds. */
+    cont_leave();
+    if (c != 0) {
+        vis_tokens = 0;
+        return c < 0 ? -1 : 0;
+    }
     if (live_token_prefix(j)) {
         ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
         r->kept = ds4_session_n_tokens(sess);
@@ -247,13 +262,14 @@ static void choose_reuse(job *j, reuse *r) {
     }
     vis_tokens = 0;
     if (!r->source) checkpoint_prefix(j, r);
-    if (disk_prefix(j, r)) return;
-    if (r->source) return;
+    if (disk_prefix(j, r)) return 0;
+    if (r->source) return 0;
     save_live(DS4_KVC_EVICT);
     ds4_session_reset(sess);
     frontier_done = 0;
     ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
     r->source = "cold";
+    return 0;
 }
 
 /* ------------------------------------------------------------ prefill */
@@ -303,6 +319,7 @@ typedef struct gen_ctx {
     out_ctx out;
     job *j;
     uint32_t step;
+    int32_t last;       /* the last token handed out */
 } gen_ctx;
 
 static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
@@ -312,6 +329,7 @@ static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
         save_live(DS4_KVC_CONTINUED);
         frontier_done = n;
     }
+    g->last = t;
     out_token(&g->out, t, ctl);
 }
 
@@ -363,6 +381,9 @@ static void count_result(const job *j, const char *source) {
     else if (!strcmp(source, "memory-text")) C.reuse_text++;
     else if (!strcmp(source, "thinking-visible")) C.reuse_visible++;
     else if (!strcmp(source, "memory-checkpoint")) C.reuse_checkpoint++;
+    else if (!strcmp(source, "responses-visible")) C.reuse_resp_visible++;
+    else if (!strcmp(source, "responses-tool-output")) C.reuse_resp_tool++;
+    else if (!strcmp(source, "anthropic-tool-output")) C.reuse_anth_tool++;
     else if (!strcmp(source, "disk")) C.reuse_disk++;
     else C.reuse_cold++;
     snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
@@ -417,6 +438,10 @@ static void generate(job *j, const reuse *r, double t_prefill) {
         for (size_t i = 0; i < o->n_calls && n < 64; i++) ids[n++] = o->calls[i].id;
         toolmem_put_many(S->tools, ids, n, raw, raw_n);
     }
+    /* Bind the live session to the protocol (after the replay memory: the
+     * visible transcript renders the calls as the next request will). */
+    bool pending = res.finish == DS4_FINISH_EOS || res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CALLBACK;
+    if (res.n_generated) cont_remember(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), g.last, pending);
     srv_log("generate", "%s %s: prompt %u (%s, cached %u, prefilled %u, %.1f t/s), generated %u in %.2f s (%.1f t/s), finish %s%s%s",
             j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens,
             t_prefill > 0 ? o->written_tokens / t_prefill : 0.0, res.n_generated, res.seconds,
@@ -451,7 +476,16 @@ static void run_job(job *j) {
         return;
     }
     reuse r;
-    choose_reuse(j, &r);
+    api_error ce = {0};
+    if (choose_reuse(j, &r, &ce) != 0) {
+        pthread_mutex_lock(&S->stats_mu);
+        C.continuation_lost++;
+        pthread_mutex_unlock(&S->stats_mu);
+        trace_decision(j, "continuation-lost");
+        fail_job(j, ce.status, ce.message, NULL);
+        ds4_tokens_free(&r.prompt);
+        return;
+    }
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
     trace_decision(j, r.source);
     if (r.prompt.n >= S->o.ctx) {
@@ -612,6 +646,7 @@ void worker_stop(void) {
     ds4_session_free(sess);
     ds4_strbuf_free(&vis_prompt);
     ds4_tokens_free(&ck_tokens);
+    cont_free();
     free(queue);
 }
 
@@ -630,7 +665,7 @@ json_t *worker_stats(void) {
                        (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
                        (json_int_t)c.disk_saves[4]);
     }
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+    json_t *st = json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
                      "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
                      (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
                      (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
@@ -642,4 +677,11 @@ json_t *worker_stats(void) {
                      "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
                      "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",
                      (json_int_t)rs.canonical);
+    /* The live protocol continuations (continuation.c). */
+    json_t *rz = json_object_get(st, "reuse");
+    json_object_set_new(rz, "responses-visible", json_integer((json_int_t)c.reuse_resp_visible));
+    json_object_set_new(rz, "responses-tool-output", json_integer((json_int_t)c.reuse_resp_tool));
+    json_object_set_new(rz, "anthropic-tool-output", json_integer((json_int_t)c.reuse_anth_tool));
+    json_object_set_new(st, "continuation_lost", json_integer((json_int_t)c.continuation_lost));
+    return st;
 }

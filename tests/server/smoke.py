@@ -342,6 +342,138 @@ def t_thinking_visible(s):
     check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
 
 
+def evict(s):
+    """An unrelated chat request: the live session moves on."""
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Unrelated"}], "max_tokens": 2,
+                                            "thinking": False})
+    check(st == 200 and s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+
+
+def responses_text(b):
+    return "".join(c["text"] for o in b["output"] if o["type"] == "message" for c in o["content"])
+
+
+def t_responses_continuations(s):
+    """Live protocol continuations of the Responses API: a tool-output-only
+    request appends just the tool turn, a replayed transcript keeps the live
+    state (hidden reasoning included); both give the greedy answer of a cold
+    prefill of the same conversation.  Unknown call ids are refused (400),
+    lost state is reported (409)."""
+    inp = [{"role": "user", "content": "Weather in Paris?"}]
+    base = {"instructions": SYSTEM, "tools": RESPONSES_TOOLS, "reasoning": {"effort": "none"}}
+    greedy = {"temperature": 0, "max_output_tokens": 8}
+
+    def call_turn(headers="weather_call", **kw):
+        st, b = s.post("/v1/responses", dict(base, input=inp, **kw), headers=force(headers))
+        fc = [o for o in b["output"] if o["type"] == "function_call"]
+        check(st == 200 and len(fc) == 1, b)
+        u = b["usage"]
+        return fc[0], u["input_tokens"] + u["output_tokens"] - 1  # the live tokens after it
+
+    def replay(fc):
+        return inp + [{"type": "function_call", "call_id": fc["call_id"], "name": fc["name"],
+                       "arguments": fc["arguments"]}, output(fc)]
+
+    def output(fc):
+        return {"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny, 21C"}
+
+    fc, live = call_turn()
+    st, b = s.post("/v1/responses", dict(base, input=[output(fc)], **greedy))
+    last = s.stats()["last"]
+    check(st == 200 and last["reuse"] == "responses-tool-output", (st, b, last))
+    u = b["usage"]
+    # Kept: the whole live state; prefilled: the call's last token, EOS, <｜User｜>,
+    # the tool result, <｜Assistant｜></think>.
+    check(u["input_tokens_details"]["cached_tokens"] == live and u["input_tokens_details"]["cache_write_tokens"] < 20, u)
+    # A lost state: 409; an id nobody issued: 400.
+    evict(s)
+    st, e = s.post("/v1/responses", dict(base, input=[output(fc)], **greedy))
+    check(st == 409 and "Responses continuation state is not available" in e["error"]["message"], (st, e))
+    bad = dict(output(fc), call_id="call_" + "0" * 32)
+    st, e = s.post("/v1/responses", dict(base, input=[bad], **greedy))
+    check(st == 400 and "not available for call_id call_000" in e["error"]["message"], (st, e))
+    st, e = s.post("/v1/responses", dict(base, input=inp + [bad], **greedy))
+    check(st == 400 and "replaying the full input history" in e["error"]["message"], (st, e))
+    check(s.stats()["continuation_lost"] >= 1, s.stats())
+    # The same conversation replayed in full, cold: the same prompt, the same answer.
+    st, cold = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
+    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    check(cold["usage"]["input_tokens"] == u["input_tokens"], (cold["usage"], u))
+    check(responses_text(cold) == responses_text(b) and cold["usage"]["output_tokens"] == 8, (cold, b))
+    # The replay right after the call turn: responses-visible, the same answer.
+    fc, live = call_turn()
+    st, b = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b["usage"]["input_tokens_details"]["cached_tokens"] == live and b["usage"]["input_tokens"] == u["input_tokens"],
+          b["usage"])
+    check(responses_text(b) == responses_text(cold), (b, cold))
+    # ... and after a plain answer, the next user turn too.
+    st, a = s.post("/v1/responses", dict(base, input=inp), headers=force("answer"))
+    st, b = s.post("/v1/responses", dict(base, input=inp + a["output"] + [{"role": "user", "content": "Tomorrow?"}],
+                                         **greedy))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b["usage"]["input_tokens_details"]["cached_tokens"] == a["usage"]["input_tokens"] + a["usage"]["output_tokens"] - 1,
+          (a["usage"], b["usage"]))
+    # Thinking, no summary: the client never sees the reasoning, the live
+    # state keeps it (every live token is reused).
+    think = dict(base, reasoning={"effort": "high"})
+    st, b = s.post("/v1/responses", dict(think, input=inp), headers=force("weather_call_think"))
+    check([o["type"] for o in b["output"]] == ["function_call"], b)
+    fc = b["output"][0]
+    live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
+    st, b2 = s.post("/v1/responses", dict(think, input=replay(fc), max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b2["usage"]["input_tokens_details"]["cached_tokens"] == live, (b["usage"], b2["usage"]))
+    # The hidden reasoning is in the prompt: as long as a replay that carries it.
+    st, b = s.post("/v1/responses", dict(think, input=inp, reasoning={"effort": "high", "summary": "auto"}),
+                   headers=force("weather_call_think"))
+    check([o["type"] for o in b["output"]] == ["reasoning", "function_call"], b)
+    evict(s)
+    st, full = s.post("/v1/responses", dict(think, input=inp + b["output"] + [output(b["output"][1])],
+                                            max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "cold" and full["usage"]["input_tokens"] == b2["usage"]["input_tokens"],
+          (full["usage"], b2["usage"]))
+    # Tool output only, thinking on.
+    st, b = s.post("/v1/responses", dict(think, input=inp), headers=force("weather_call_think"))
+    live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
+    st, b2 = s.post("/v1/responses", dict(think, input=[output(b["output"][0])], max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "responses-tool-output", s.stats()["last"])
+    check(b2["usage"]["input_tokens"] == full["usage"]["input_tokens"], (b2["usage"], full["usage"]))
+    check(b2["usage"]["input_tokens_details"]["cached_tokens"] == live, b2["usage"])
+
+
+def t_messages_continuations(s):
+    """anthropic-tool-output: tool_result blocks alone continue the live tool
+    call; the greedy answer is that of a cold prefill of the whole history."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    base = {"system": SYSTEM, "tools": ANTHROPIC_TOOLS, "thinking": {"type": "disabled"}}
+    st, b = s.post("/v1/messages", dict(base, messages=msgs, max_tokens=200), headers=force("two_calls"))
+    tus = [c for c in b["content"] if c["type"] == "tool_use"]
+    check(len(tus) == 2, b)
+    live = b["usage"]["cache_creation_input_tokens"] + b["usage"]["output_tokens"] - 1
+    # The results in the other order: rendered in the order of the calls.
+    results = [{"type": "tool_result", "tool_use_id": tu["id"], "content": "sunny in %s" % tu["input"]["city"]}
+               for tu in reversed(tus)]
+    greedy = {"temperature": 0, "max_tokens": 8}
+    st, b2 = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": results}], **greedy))
+    check(st == 200 and s.stats()["last"]["reuse"] == "anthropic-tool-output", (b2, s.stats()["last"]))
+    u = b2["usage"]
+    check(u["cache_read_input_tokens"] == live and u["cache_creation_input_tokens"] < 30, u)
+    # Only one of the two results: not the live call set, 409.
+    st, e = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": results[:1]}], **greedy))
+    check(st == 409 and e["type"] == "error" and "Anthropic continuation state" in e["error"]["message"], e)
+    st, e = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": [
+        dict(results[0], tool_use_id="toolu_unknown")]}], **greedy))
+    check(st == 400 and e["type"] == "error" and "tool_use_id toolu_unknown" in e["error"]["message"], e)
+    evict(s)
+    full = msgs + [{"role": "assistant", "content": b["content"]}, {"role": "user", "content": results}]
+    st, cold = s.post("/v1/messages", dict(base, messages=full, **greedy))
+    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    cu = cold["usage"]
+    check(cu["cache_creation_input_tokens"] == u["cache_read_input_tokens"] + u["cache_creation_input_tokens"], (cu, u))
+    check(cold["content"] == b2["content"] and cold["stop_reason"] == b2["stop_reason"], (cold, b2))
+
+
 def t_checkpoint_without_replay():
     """Exact replay off: the tool call comes back rendered canonically (here
     with its arguments reordered), which the live tokens do not spell; the
@@ -637,7 +769,7 @@ def main():
     with Server() as s:
         for fn in (t_models, t_count_tokens, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
                    t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_thinking_visible,
-                   t_stop_sequences,
+                   t_responses_continuations, t_messages_continuations, t_stop_sequences,
                    t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
             t0 = time.time()
             fn(s)
