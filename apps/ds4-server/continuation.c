@@ -234,24 +234,42 @@ int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds
     return 1;
 }
 
+void cont_warn_lost_reasoning(const job *j, const char *source) {
+    if (j->api->kind != API_RESPONSES || j->req.think == DS4_THINK_OFF || !strncmp(source, "responses-", 10) ||
+        !strcmp(source, "thinking-visible"))
+        return;
+    const json_t *msgs = j->req.messages;
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        const json_t *m = json_array_get(msgs, i);
+        const char *role = json_string_value(json_object_get(m, "role"));
+        if (role && !strcmp(role, "assistant") && json_array_size(json_object_get(m, "tool_calls")) &&
+            !json_object_get(m, "reasoning_content")) {
+            srv_log("warning", "responses %s: input[] replays a tool-call turn without its reasoning item and no live "
+                    "state holds it: the model continues without its reasoning (lower fidelity)", j->id);
+            return;
+        }
+    }
+}
+
 void cont_leave(void) {
     pthread_mutex_lock(&mu);
     B.live = false;
     pthread_mutex_unlock(&mu);
 }
 
-/* The request's messages plus the answer as the client replays it, then
- * an empty user turn: rendered, everything before that turn is the next
- * request's prompt up to this answer's EOS (a following user turn is what
- * decides how the answer renders, reasoning dropped or kept).  Accepted
- * only when it leaves the prompt untouched but for its final <think>
- * turning into </think>: the live tokens spell the same text with the
- * hidden reasoning in between. */
-static void visible_text(server *s, const job *j, ds4_strbuf *out) {
+/* The request's messages plus the answer as the client replays it
+ * (reasoning only when `reasoning`), then an empty user turn: rendered,
+ * everything before that turn is the next request's prompt up to this
+ * answer's EOS (a following user turn is what decides how the answer
+ * renders, reasoning dropped or kept).  Accepted only when it leaves the
+ * prompt untouched but for its final <think> turning into </think>: the
+ * live tokens spell the same text with the hidden reasoning in between.
+ * Returns the length of that text in r (0 when not accepted). */
+static size_t render_answer(server *s, const job *j, bool reasoning, ds4_rendered *r) {
     const gen_out *o = &j->out;
     json_t *msgs = json_copy(j->req.messages);
     json_t *a = json_pack("{s:s,s:s#}", "role", "assistant", "content", o->content.p ? o->content.p : "", o->content.len);
-    if (j->req.reasoning_summary && o->reasoning.len)
+    if (reasoning && o->reasoning.len)
         json_object_set_new(a, "reasoning_content", json_stringn(o->reasoning.p, o->reasoning.len));
     if (o->n_calls) {
         json_t *calls = json_array();
@@ -264,30 +282,64 @@ static void visible_text(server *s, const job *j, ds4_strbuf *out) {
     json_array_append_new(msgs, a);
     json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", ""));
     ds4_chat_opts opts = render_opts(s, j);
-    ds4_rendered r = {0};
     ds4_err err = {0};
     bool think = j->req.think != DS4_THINK_OFF;
     ds4_strbuf tail = {0};
     ds4_strbuf_puts(&tail, DS4_TOK_USER DS4_TOK_ASSISTANT);
     ds4_strbuf_puts(&tail, think ? DS4_TOK_THINK : DS4_TOK_THINK_END);
     const ds4_strbuf *p = &j->rendered.text;
-    size_t tl = strlen(DS4_TOK_THINK), el = strlen(DS4_TOK_EOS);
-    if (ds4_chat_render(msgs, &opts, &r, &err) == 0 && r.text.len >= tail.len + el &&
-        memcmp(r.text.p + r.text.len - tail.len, tail.p, tail.len) == 0) {
-        size_t n = r.text.len - tail.len;
-        const char *v = r.text.p;
-        bool ends_eos = memcmp(v + n - el, DS4_TOK_EOS, el) == 0;
-        bool same = n >= p->len && memcmp(v, p->p, p->len) == 0;
-        bool dropped = think && p->len >= tl && n >= p->len - tl + strlen(DS4_TOK_THINK_END) &&
+    size_t tl = strlen(DS4_TOK_THINK), el = strlen(DS4_TOK_EOS), n = 0;
+    if (ds4_chat_render(msgs, &opts, r, &err) == 0 && r->text.len >= tail.len + el &&
+        memcmp(r->text.p + r->text.len - tail.len, tail.p, tail.len) == 0) {
+        size_t len = r->text.len - tail.len;
+        const char *v = r->text.p;
+        bool ends_eos = memcmp(v + len - el, DS4_TOK_EOS, el) == 0;
+        bool same = len >= p->len && memcmp(v, p->p, p->len) == 0;
+        bool dropped = think && p->len >= tl && len >= p->len - tl + strlen(DS4_TOK_THINK_END) &&
                        memcmp(p->p + p->len - tl, DS4_TOK_THINK, tl) == 0 && memcmp(v, p->p, p->len - tl) == 0 &&
                        memcmp(v + p->len - tl, DS4_TOK_THINK_END, strlen(DS4_TOK_THINK_END)) == 0;
-        if (ends_eos && (same || dropped)) ds4_strbuf_append(out, v, n);
+        if (ends_eos && (same || dropped)) n = len;
     } else if (err.msg[0]) {
-        srv_log("kvcache", "responses visible transcript not rendered: %s", err.msg);
+        srv_log("kvcache", "answer transcript not rendered: %s", err.msg);
     }
     ds4_strbuf_free(&tail);
-    ds4_rendered_free(&r);
     json_decref(msgs);
+    return n;
+}
+
+/* Responses: the client replays the reasoning only as the summary it was
+ * shown. */
+static void visible_text(server *s, const job *j, ds4_strbuf *out) {
+    ds4_rendered r = {0};
+    size_t n = render_answer(s, j, j->req.reasoning_summary, &r);
+    if (n) ds4_strbuf_append(out, r.text.p, n);
+    ds4_rendered_free(&r);
+}
+
+int cont_canonical(server *s, const job *j, ds4_tokenizer *t, ds4_strbuf *text, ds4_tokens *out) {
+    ds4_rendered r = {0};
+    size_t n = render_answer(s, j, true, &r);
+    int rc = -1;
+    /* The rendering ends with EOS and the three markers of the empty user
+     * turn, one special token each. */
+    if (n && ds4_tokenize_rendered(t, &r, out, NULL) == 0 && out->n > 4 && out->ids[out->n - 4] == eos_token(s)) {
+        out->n -= 4;
+        ds4_strbuf_append(text, r.text.p, n - strlen(DS4_TOK_EOS));
+        rc = text->failed || out->failed ? -1 : 0;
+    }
+    ds4_rendered_free(&r);
+    return rc;
+}
+
+void cont_rebind(const int32_t *live, uint32_t n_live) {
+    pthread_mutex_lock(&mu);
+    if (B.live) {
+        ds4_tokens_free(&B.frontier);
+        ds4_tokens_append(&B.frontier, live, n_live);
+        B.n_live = n_live;
+        B.live = !B.frontier.failed;
+    }
+    pthread_mutex_unlock(&mu);
 }
 
 void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live, int32_t last, bool last_pending) {
@@ -297,7 +349,8 @@ void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live
     bool ended = strcmp(o->finish, "stop") == 0 && !o->stop_hit;
     if (o->error[0] || !((k == API_RESPONSES && (calls || ended)) || (k == API_MESSAGES && calls))) return;
     ds4_strbuf visible = {0};
-    if (k == API_RESPONSES) visible_text(s, j, &visible);
+    /* A tool-output-only prompt is not a transcript the client replays. */
+    if (k == API_RESPONSES && !j->cont.tool_only) visible_text(s, j, &visible);
     call_id *ids = calloc(o->n_calls ? o->n_calls : 1, sizeof(*ids));
     if (!ids || visible.failed) {
         free(ids);

@@ -283,9 +283,18 @@ void cont_req_free(cont_req *c); /* common.c, with the job */
 int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t, ds4_tokens *prompt,
                uint32_t *kept, const char **source, api_error *e);
 void cont_leave(void);
+/* Log the Responses replay of a tool-call turn whose hidden reasoning no
+ * live continuation restored. */
+void cont_warn_lost_reasoning(const job *j, const char *source);
 /* After an answer: `live`/`n_live` the session, `last` the last token
  * handed out and whether the session still lacks it. */
 void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live, int32_t last, bool last_pending);
+/* Canonicalization (chat/completions, Anthropic): the tokens and text of
+ * the prompt plus the answer as the client replays it, reasoning included,
+ * up to its EOS (excluded); -1 when it does not render as a continuation
+ * of the prompt.  cont_rebind moves a live binding to a rewritten session. */
+int cont_canonical(server *s, const job *j, ds4_tokenizer *t, ds4_strbuf *text, ds4_tokens *out);
+void cont_rebind(const int32_t *live, uint32_t n_live);
 void cont_free(void);
 
 /* worker.c */

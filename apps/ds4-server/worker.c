@@ -25,6 +25,9 @@
  *                 reason "evict", since it is about to be replaced)
  *   cold          full prefill; a cold checkpoint at the system/tools
  *                 boundary on the way (kvcache.h policy)
+ * After a chat/completions or Anthropic tool-call turn whose sampled text
+ * is not what the client will send back, the live tail is rewritten to the
+ * canonical rendering (canonicalize) so that the next turn is a token hit.
  * Continued checkpoints are written whenever the live token count crosses
  * a multiple of the continued step, in prefill and in generation (not
  * inside a tool-call block), and the live session is saved at shutdown.
@@ -45,7 +48,7 @@ typedef struct counters {
     uint64_t requests, completed, failed, cancelled, rejected_full;
     uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
     uint64_t reuse_token, reuse_text, reuse_visible, reuse_checkpoint, reuse_disk, reuse_cold;
-    uint64_t reuse_resp_visible, reuse_resp_tool, reuse_anth_tool, continuation_lost;
+    uint64_t reuse_resp_visible, reuse_resp_tool, reuse_anth_tool, continuation_lost, canonicalized;
     uint64_t disk_saves[7];
     char last_reuse[24];
     uint32_t last_cached, last_written;
@@ -394,6 +397,54 @@ static void count_result(const job *j, const char *source) {
     pthread_mutex_unlock(&S->stats_mu);
 }
 
+static int on_stop_only(void *ctx, uint32_t done, uint32_t total) {
+    (void)ctx, (void)done, (void)total;
+    return S->stopping;
+}
+
+/* Canonicalization (spec/PRODUCT.md 2.8; chat/completions and Anthropic, as
+ * Responses keeps its live state): after a tool-call turn whose sampled
+ * text is not what the client will send back (exact replay off, or its ids
+ * forgotten), rewrite the live tail to the rendering of the turn the next
+ * request will carry, while the client runs its tools; the next request is
+ * then a plain token-prefix hit.  The session goes back to the longest
+ * state it can reach (the in-memory checkpoint of the prompt, else a
+ * rebuild) and prefills the rest. */
+static void canonicalize(job *j, int32_t last, bool pending) {
+    ds4_tokens live = {0}, canon = {0};
+    ds4_strbuf text = {0}, live_text = {0};
+    ds4_tokens_append(&live, ds4_session_tokens(sess), ds4_session_n_tokens(sess));
+    if (pending && last != ds4_vocab_find_added(S->engine->vocab, DS4_TOK_EOS, strlen(DS4_TOK_EOS)))
+        ds4_tokens_push(&live, last);
+    if (cont_canonical(S, j, tok, &text, &canon) == 0 && canon.n < S->o.ctx &&
+        ds4_detokenize(S->engine->vocab, live.ids, live.n, &live_text, NULL) == 0 &&
+        (live_text.len != text.len || memcmp(live_text.p, text.p, text.len) != 0)) {
+        uint32_t common = 0;
+        while (common < live.n && common < canon.n && live.ids[common] == canon.ids[common]) common++;
+        ds4_err err = {0};
+        double t0 = ds4_now();
+        if (ds4_session_sync(sess, canon.ids, (uint32_t)canon.n, on_stop_only, NULL, &err) == 0) {
+            const ds4_session_stats *st = ds4_session_get_stats(sess);
+            srv_log("tool", "%s %s: canonicalized the live tail (%zu live tokens, %u in common, %zu canonical; %llu restored, %llu prefilled in %.2f s)",
+                    j->api->name, j->id, live.n, common, canon.n, (unsigned long long)st->restored,
+                    (unsigned long long)st->prefilled, ds4_now() - t0);
+            if (vis_tokens) vis_tokens = ds4_session_n_tokens(sess);
+            cont_rebind(ds4_session_tokens(sess), ds4_session_n_tokens(sess));
+            pthread_mutex_lock(&S->stats_mu);
+            C.canonicalized++;
+            pthread_mutex_unlock(&S->stats_mu);
+        } else {
+            srv_log("tool", "%s %s: canonicalization failed: %s", j->api->name, j->id, err.msg);
+            vis_tokens = 0;
+            cont_leave();
+        }
+    }
+    ds4_tokens_free(&live);
+    ds4_tokens_free(&canon);
+    ds4_strbuf_free(&text);
+    ds4_strbuf_free(&live_text);
+}
+
 static void generate(job *j, const reuse *r, double t_prefill) {
     gen_out *o = &j->out;
     ds4_err err = {0};
@@ -442,6 +493,7 @@ static void generate(job *j, const reuse *r, double t_prefill) {
      * visible transcript renders the calls as the next request will). */
     bool pending = res.finish == DS4_FINISH_EOS || res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CALLBACK;
     if (res.n_generated) cont_remember(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), g.last, pending);
+    bool canon = (j->api->kind == API_CHAT || j->api->kind == API_MESSAGES) && o->n_calls && !strcmp(o->finish, "tool_calls");
     srv_log("generate", "%s %s: prompt %u (%s, cached %u, prefilled %u, %.1f t/s), generated %u in %.2f s (%.1f t/s), finish %s%s%s",
             j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens,
             t_prefill > 0 ? o->written_tokens / t_prefill : 0.0, res.n_generated, res.seconds,
@@ -460,6 +512,8 @@ static void generate(job *j, const reuse *r, double t_prefill) {
     } else {
         job_finish(j, 200, j->api->final_body(j));
     }
+    /* After the answer went out: the client does not wait for it. */
+    if (canon) canonicalize(j, g.last, pending);
     ds4_sampler_free(&smp);
     out_free(&g.out);
     ds4_tokens_free(&forced);
@@ -487,6 +541,7 @@ static void run_job(job *j) {
         return;
     }
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
+    cont_warn_lost_reasoning(j, r.source);
     trace_decision(j, r.source);
     if (r.prompt.n >= S->o.ctx) {
         char msg[200];
@@ -683,5 +738,6 @@ json_t *worker_stats(void) {
     json_object_set_new(rz, "responses-tool-output", json_integer((json_int_t)c.reuse_resp_tool));
     json_object_set_new(rz, "anthropic-tool-output", json_integer((json_int_t)c.reuse_anth_tool));
     json_object_set_new(st, "continuation_lost", json_integer((json_int_t)c.continuation_lost));
+    json_object_set_new(json_object_get(st, "tool_memory"), "canonicalized", json_integer((json_int_t)c.canonicalized));
     return st;
 }

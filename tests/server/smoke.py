@@ -440,6 +440,11 @@ def t_responses_continuations(s):
     check(s.stats()["last"]["reuse"] == "responses-tool-output", s.stats()["last"])
     check(b2["usage"]["input_tokens"] == full["usage"]["input_tokens"], (b2["usage"], full["usage"]))
     check(b2["usage"]["input_tokens_details"]["cached_tokens"] == live, b2["usage"])
+    # A stateless replay that lacks the reasoning, no live state to restore it: a warning.
+    check("lower fidelity" not in s.text(), s.text()[-2000:])
+    evict(s)
+    s.post("/v1/responses", dict(think, input=replay(b["output"][0]), max_output_tokens=1))
+    check(s.text().count("lower fidelity") == 1, s.text()[-2000:])
 
 
 def t_messages_continuations(s):
@@ -474,6 +479,48 @@ def t_messages_continuations(s):
     check(cold["content"] == b2["content"] and cold["stop_reason"] == b2["stop_reason"], (cold, b2))
 
 
+def canonicalized_tail(s):
+    """A call sampled in a non-canonical spelling, exact replay off: after
+    the turn the live tail is rewritten to the canonical rendering the
+    client will send back (chat and Anthropic), so the next request is a
+    token-prefix hit with the greedy answer of a cold prefill."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
+    body = {"tools": TOOLS, "thinking": False}
+    st, b = s.post("/v1/chat/completions", dict(body, messages=msgs), headers=force("weather_call_loose"))
+    call = b["choices"][0]["message"]["tool_calls"][0]
+    check(json.loads(call["function"]["arguments"]) == WEATHER, call)
+    full = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    greedy = dict(body, messages=full, max_tokens=6, temperature=0)
+    st, b2 = s.post("/v1/chat/completions", greedy)
+    stats = s.stats()
+    check(stats["tool_memory"]["canonicalized"] == 1 and stats["last"]["reuse"] == "memory-token", stats)
+    u = b2["usage"]["prompt_tokens_details"]
+    check(u["cache_write_tokens"] < 20 and u["cached_tokens"] > b["usage"]["prompt_tokens"] + 40, b2["usage"])
+    evict(s)
+    st, cold = s.post("/v1/chat/completions", greedy)
+    check(s.stats()["last"]["reuse"] == "cold" and cold["usage"]["prompt_tokens"] == b2["usage"]["prompt_tokens"],
+          (s.stats()["last"], cold["usage"]))
+    check(cold["choices"][0]["message"] == b2["choices"][0]["message"], (cold, b2))
+    # Anthropic: the same for a tool_use block.
+    amsgs = [{"role": "user", "content": "Weather in Paris?"}]
+    abody = {"system": SYSTEM, "tools": ANTHROPIC_TOOLS, "thinking": {"type": "disabled"}}
+    st, a = s.post("/v1/messages", dict(abody, messages=amsgs, max_tokens=200), headers=force("weather_call_loose"))
+    tu = [c for c in a["content"] if c["type"] == "tool_use"][0]
+    afull = amsgs + [{"role": "assistant", "content": a["content"]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": tu["id"], "content": "sunny"}]}]
+    st, a2 = s.post("/v1/messages", dict(abody, messages=afull, max_tokens=6, temperature=0))
+    stats = s.stats()
+    check(stats["tool_memory"]["canonicalized"] == 2 and stats["last"]["reuse"] == "memory-token", stats)
+    check(a2["usage"]["cache_creation_input_tokens"] < 20, a2["usage"])
+
+
+def t_no_needless_canonicalization(s):
+    """With exact replay every tool-call turn above (thinking or not, chat
+    and Anthropic) renders back as sampled: no live tail was rewritten."""
+    check(s.stats()["tool_memory"]["canonicalized"] == 0, s.stats()["tool_memory"])
+
+
 def t_checkpoint_without_replay():
     """Exact replay off: the tool call comes back rendered canonically (here
     with its arguments reordered), which the live tokens do not spell; the
@@ -490,6 +537,8 @@ def t_checkpoint_without_replay():
         st = s.stats()
         check(st["tool_memory"]["replayed"] == 0 and st["last"]["reuse"] == "memory-checkpoint", st)
         check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"], b2["usage"])
+        check(st["tool_memory"]["canonicalized"] == 0, st)  # the sampled call was canonical already
+        canonicalized_tail(s)
     with Server("--no-memory-checkpoint") as s:
         body = {"messages": [{"role": "user", "content": "Again"}], "max_tokens": 3, "temperature": 0, "thinking": False}
         s.post("/v1/chat/completions", body)
@@ -770,7 +819,7 @@ def main():
         for fn in (t_models, t_count_tokens, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
                    t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_thinking_visible,
                    t_responses_continuations, t_messages_continuations, t_stop_sequences,
-                   t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
+                   t_malformed_dsml, t_bad_requests, t_disconnect_cancels, t_no_needless_canonicalization):
             t0 = time.time()
             fn(s)
             PASSED.append(fn.__name__)
