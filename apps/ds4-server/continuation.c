@@ -151,7 +151,9 @@ static int render_tail(server *s, job *j, api_error *e) {
     }
     c->n_ids = n;
     pthread_mutex_lock(&mu);
-    qsort(tools, n, sizeof(*tools), by_live_order); /* stable enough: live ids are distinct */
+    /* Live ids are distinct; equal keys (an id sent twice) fail the id-set
+     * check at execution anyway, so qsort's instability does not matter. */
+    qsort(tools, n, sizeof(*tools), by_live_order);
     pthread_mutex_unlock(&mu);
     for (size_t i = 0; i < n; i++) json_array_append(arr, tools[i]);
     free(tools);
@@ -205,7 +207,7 @@ static void continued_prompt(server *s, const int32_t *tail, size_t n, ds4_token
 int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t, ds4_tokens *prompt,
                uint32_t *kept, const char **source, api_error *e) {
     api_kind k = j->api->kind;
-    bool state = B.live && B.api == k && n_live == B.n_live && n_live <= B.frontier.n && eos_token(s) >= 0 &&
+    bool state = B.live && B.api == k && n_live && n_live == B.n_live && n_live <= B.frontier.n && eos_token(s) >= 0 &&
                  memcmp(live, B.frontier.ids, n_live * sizeof(int32_t)) == 0;
     if (j->cont.tool_only) {
         if (!state || !same_id_set(&j->cont)) {
