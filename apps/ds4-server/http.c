@@ -268,7 +268,7 @@ static enum MHD_Result handle_api(conn *k) {
     }
     static const char *const prefix[] = {"chatcmpl-", "cmpl-", "resp_", "msg_"};
     random_id(j->id, sizeof(j->id), prefix[api->kind], 24);
-    if (render_request(S, j, &e) != 0) return respond_error(c, api, &e);
+    if (render_request(S, j, &e) != 0 || cont_prepare(S, j, &e) != 0) return respond_error(c, api, &e);
     trace_request(j, k->body.p, k->body.len);
     ds4_strbuf_free(&k->body);
     j->t_enqueued = ds4_now();
