@@ -601,6 +601,13 @@ static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
 
 static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) { return row * KC + ((piece ^ (row & 7)) << 4); }
 
+/* Integer sums to float without the conversion unit (a quarter of the
+ * rate of the float pipes): an accumulator that starts at the bits of
+ * 1.5 * 2^23 and gains an integer s with |s| < 2^22 reads as the float
+ * 1.5 * 2^23 + s exactly, and one exact subtraction leaves (float) s. */
+#define MAGIC_BITS 0x4B400000
+static __device__ __forceinline__ float magic_to_f(int bits) { return __int_as_float(bits) - 12582912.0f; }
+
 static __device__ __forceinline__ void st_zero16(int8_t *p) { *(int4 *)p = make_int4(0, 0, 0, 0); }
 
 /* The block's first byte of weight row r (of its tile), or NULL past the end. */
@@ -824,7 +831,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 #pragma unroll
             for (int b = 0; b < 4; b++)
 #pragma unroll
-                for (int i = 0; i < 4; i++) isum[a][b][i] = 0;
+                for (int i = 0; i < 4; i++) isum[a][b][i] = TYPE == DS4_TYPE_Q2_K ? MAGIC_BITS : 0;
 #pragma unroll
         for (uint32_t kk = 0; kk < KC / 32; kk++) {
             if (32 * kk >= klen) break;
@@ -873,51 +880,56 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                 for (int a = 0; a < 2; a++)
 #pragma unroll
                     for (int b = 0; b < 4; b++) {
-                        int cc[4] = {0, 0, 0, 0};
+                        /* a sum of 32 int8 products: |s| <= 2^19 */
+                        int cc[4] = {MAGIC_BITS, MAGIC_BITS, MAGIC_BITS, MAGIC_BITS};
                         mma_s8_16x8x32(cc, af[a], bf[b]);
 #pragma unroll
                         for (int i = 0; i < 4; i++)
-                            acc[a][b][i] += (ws[a][i >> 1] * (i & 1 ? xs[b].y : xs[b].x)) * (float)cc[i];
+                            acc[a][b][i] += (ws[a][i >> 1] * (i & 1 ? xs[b].y : xs[b].x)) * magic_to_f(cc[i]);
                     }
             }
         }
 
         if (kq) { /* K-quant super-block: mins and the float step of the CPU dot */
 #pragma unroll
-            for (int b = 0; b < 4; b++)
+            for (int a = 0; a < 2; a++) {
+                unsigned r0 = 32 * wm + 16 * a + gq;
+                float2 wd[2] = {s.u.k.wd[r0], s.u.k.wd[r0 + 8]};
+                uint32_t am[2] = {0, 0};
+                if (TYPE != DS4_TYPE_IQ2_XXS) {
+                    am[0] = *(const uint32_t *)&s.u.k.wm[r0][4 * tq];
+                    am[1] = *(const uint32_t *)&s.u.k.wm[r0 + 8][4 * tq];
+                }
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    unsigned t = 32 * wn + 8 * b + 2 * tq + e;
-                    float xd = s.u.k.xd[t];
-                    uint4 x0 = make_uint4(0, 0, 0, 0), x1 = x0;
+                for (int b = 0; b < 4; b++) {
+                    float2 xd = *(const float2 *)&s.u.k.xd[32 * wn + 8 * b + 2 * tq];
+                    /* sum over the 16 sub-blocks of min x bsum as two products on
+                     * the tensor cores, bsum = 256 high byte (signed) + low byte
+                     * (unsigned); |sum| <= 16 * 63 * 2048 < 2^22 */
+                    int ml[4] = {MAGIC_BITS, MAGIC_BITS, MAGIC_BITS, MAGIC_BITS}, mh[4] = {0, 0, 0, 0};
                     if (TYPE != DS4_TYPE_IQ2_XXS) {
-                        x0 = ((const uint4 *)s.u.k.xb[t])[0];
-                        x1 = ((const uint4 *)s.u.k.xb[t])[1];
+                        uint2 v = *(const uint2 *)&s.u.k.xb[32 * wn + 8 * b + gq][4 * tq];
+                        mma_s8_16x8x16<true>(ml, am, __byte_perm(v.x, v.y, 0x6420));
+                        mma_s8_16x8x16<false>(mh, am, __byte_perm(v.x, v.y, 0x7531));
                     }
 #pragma unroll
-                    for (int a = 0; a < 2; a++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            unsigned r = 32 * wm + 16 * a + gq + 8 * h;
-                            int i = 2 * h + e, is = isum[a][b][i];
-                            float2 wd = s.u.k.wd[r];
-                            if (TYPE == DS4_TYPE_IQ2_XXS) {
-                                acc[a][b][i] += (wd.x * xd) * ((float)is * 0.125f);
-                                continue;
-                            }
-                            uint4 wmin = *(const uint4 *)s.u.k.wm[r];
-                            int ms = __dp2a_lo((int)x0.x, (int)wmin.x, 0);
-                            ms = __dp2a_hi((int)x0.y, (int)wmin.x, ms);
-                            ms = __dp2a_lo((int)x0.z, (int)wmin.y, ms);
-                            ms = __dp2a_hi((int)x0.w, (int)wmin.y, ms);
-                            ms = __dp2a_lo((int)x1.x, (int)wmin.z, ms);
-                            ms = __dp2a_hi((int)x1.y, (int)wmin.z, ms);
-                            ms = __dp2a_lo((int)x1.z, (int)wmin.w, ms);
-                            ms = __dp2a_hi((int)x1.w, (int)wmin.w, ms);
-                            float dall = wd.x * xd, dmin = wd.y * xd;
-                            acc[a][b][i] += __fsub_rn(__fmul_rn(dall, (float)is), __fmul_rn(dmin, (float)ms));
+                    for (int i = 0; i < 4; i++) {
+                        float2 w = wd[i >> 1];
+                        float x = i & 1 ? xd.y : xd.x;
+                        int is = isum[a][b][i];
+                        if (TYPE == DS4_TYPE_IQ2_XXS) {
+                            acc[a][b][i] += (w.x * x) * ((float)is * 0.125f);
+                            continue;
                         }
+                        /* Q2_K's sum (|s| <= 256 * 45 * 128 < 2^22) came out of
+                         * accumulators started at the magic bits; Q4_K's may not fit */
+                        float isf = TYPE == DS4_TYPE_Q2_K ? magic_to_f(is) : (float)is;
+                        float msf = magic_to_f(ml[i] + 256 * mh[i]);
+                        float dall = w.x * x, dmin = w.y * x;
+                        acc[a][b][i] += __fsub_rn(__fmul_rn(dall, isf), __fmul_rn(dmin, msf));
+                    }
                 }
+            }
         }
         if (more && kq) store_w_raw<TYPE>(nx, raw, grid);
         cp_async_wait_all();

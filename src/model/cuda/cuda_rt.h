@@ -297,6 +297,42 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *ro
 #endif
 }
 
+/* The same with K = 16 (PTX "Matrix Fragments for mma.m16n8k16" of the
+ * 8-bit integer types), A signed, B unsigned when B_U8:
+ *   a[0]: A row g, cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
+ *   b:    B rows 4t..4t+3, col g      c as above. */
+template <bool B_U8>
+static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a[2], uint32_t b) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[3] = {a[0], a[1], b};
+    const uint32_t *all = emu_warp_gather(mine, 3);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    int out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        int s = c[i];
+        for (unsigned k = 0; k < 16; k++) {
+            uint32_t aw = all[((row % 8) * 4 + k / 4) * 16 + (row >= 8 ? 1 : 0)];
+            uint32_t bw = all[(col * 4 + k / 4) * 16 + 2];
+            int av = (int)(int8_t)(aw >> (8 * (k % 4)));
+            int bv = B_U8 ? (int)(uint8_t)(bw >> (8 * (k % 4))) : (int)(int8_t)(bw >> (8 * (k % 4)));
+            s += av * bv;
+        }
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    if constexpr (B_U8)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+#endif
+}
+
 static __device__ __forceinline__ int imin_d(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ int imax_d(int a, int b) { return a > b ? a : b; }
 
