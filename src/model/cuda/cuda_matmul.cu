@@ -582,7 +582,7 @@ typedef struct qstage {
     int8_t x[BN * KC];
     union {
         struct {
-            uint16_t wd[QBM][8]; /* f16 weight d per 32, as stored */
+            float wd[8][QBM];    /* weight d per 32, by block of the chunk */
             float xd[8][BN];     /* activation d per 32, by block of the chunk */
         } q8;
         struct {
@@ -617,8 +617,11 @@ static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int m
     return g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + rt) * g.row_bytes;
 }
 
-/* Q8_0 weights: the int8 bytes and the f16 scales are copied verbatim. */
-static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen) {
+/* Q8_0 weights: the int8 bytes are copied verbatim; the chunk's f16 scales
+ * of row threadIdx.x (< QBM) are loaded into `sc`, to be converted once
+ * (by store_w_q8_scales) rather than in every product that uses them. */
+static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen,
+                                                       uint4 &sc) {
     for (unsigned i = threadIdx.x; i < QBM * 16; i += QTHREADS) {
         unsigned r = i / 16, piece = i % 16;
         const uint8_t *rp = w_row(g, mat, r);
@@ -626,11 +629,18 @@ static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstag
         if (!rp || piece * 16 >= klen) st_zero16(dst);
         else cp_async16(dst, rp + k0 + 16 * piece);
     }
+    sc = make_uint4(0, 0, 0, 0);
     if (threadIdx.x < QBM) {
         const uint8_t *rp = w_row(g, mat, threadIdx.x);
         /* the row's scale area is padded to 16 bytes: a whole chunk's eight fit */
-        if (rp) cp_async16(s.u.q8.wd[threadIdx.x], rp + g.n + k0 / 16);
+        if (rp) sc = __ldg((const uint4 *)(rp + g.n + k0 / 16));
     }
+}
+static __device__ __forceinline__ void store_w_q8_scales(qstage &s, uint4 sc) {
+    if (threadIdx.x >= QBM) return;
+    uint32_t w[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+    for (int k = 0; k < 8; k++) s.u.q8.wd[k][threadIdx.x] = dev_f16((uint16_t)(w[k / 2] >> (16 * (k % 2))));
 }
 
 /* K-quant weights go through registers: the raw bytes of the next chunk
@@ -802,11 +812,13 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 
     uint32_t nchunk = (g.n + KC - 1) / KC;
     wraw raw;
+    uint4 wsc;
     if (kq) {
         load_w_raw<TYPE>(g, mat, 0, raw);
         store_w_raw<TYPE>(st[0], raw, grid);
     } else {
-        load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC));
+        load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC), wsc);
+        store_w_q8_scales(st[0], wsc);
     }
     load_x_async<TYPE>(g, st[0], xoff, count, 0, imin_d((int)g.n, KC));
     cp_async_commit();
@@ -820,7 +832,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         if (more) { /* stage c + 1 was last read before the barrier that ended chunk c - 1 */
             uint32_t k1 = k0 + KC, klen1 = g.n - k1 < KC ? g.n - k1 : KC;
             if (kq) load_w_raw<TYPE>(g, mat, c + 1, raw);
-            else load_w_q8_async(g, nx, mat, k1, klen1);
+            else load_w_q8_async(g, nx, mat, k1, klen1, wsc);
             load_x_async<TYPE>(g, nx, xoff, count, k1, klen1);
             cp_async_commit();
         }
@@ -873,7 +885,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) ws[a][h] = dev_f16(s.u.q8.wd[32 * wm + 16 * a + gq + 8 * h][kk]);
+                    for (int h = 0; h < 2; h++) ws[a][h] = s.u.q8.wd[kk][32 * wm + 16 * a + gq + 8 * h];
 #pragma unroll
                 for (int b = 0; b < 4; b++) xs[b] = *(const float2 *)&s.u.q8.xd[kk][32 * wn + 8 * b + 2 * tq];
 #pragma unroll
@@ -932,6 +944,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
             }
         }
         if (more && kq) store_w_raw<TYPE>(nx, raw, grid);
+        if (more && !kq) store_w_q8_scales(nx, wsc);
         cp_async_wait_all();
         __syncthreads();
     }
