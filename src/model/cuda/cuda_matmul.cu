@@ -1010,18 +1010,19 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
 }
 
 /* The int8 kernel's two stages exceed the default 48 KiB of shared memory:
- * allow them once per weight type. */
+ * allow them once per weight type, with the whole carveout as shared
+ * memory so that two blocks (16 warps) fit an SM. */
+template <uint32_t TYPE> static int gemm_q_allow(ds4_err *err) {
+    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_q_smem(TYPE)));
+    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    return 0;
+}
 static int gemm_q_init(ds4_err *err) {
     static bool done;
     if (done) return 0;
-    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<DS4_TYPE_Q8_0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gemm_q_smem(DS4_TYPE_Q8_0)));
-    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<DS4_TYPE_Q2_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gemm_q_smem(DS4_TYPE_Q2_K)));
-    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<DS4_TYPE_Q4_K>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gemm_q_smem(DS4_TYPE_Q4_K)));
-    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<DS4_TYPE_IQ2_XXS>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                (int)gemm_q_smem(DS4_TYPE_IQ2_XXS)));
+    if (gemm_q_allow<DS4_TYPE_Q8_0>(err) || gemm_q_allow<DS4_TYPE_Q2_K>(err) || gemm_q_allow<DS4_TYPE_Q4_K>(err) ||
+        gemm_q_allow<DS4_TYPE_IQ2_XXS>(err))
+        return -1;
     done = true;
     return 0;
 }
