@@ -239,6 +239,100 @@ static __device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a
 #endif
 }
 
+/* Asynchronous copies global -> shared (cp.async, sm_80+): the copy is
+ * issued without holding registers, so a kernel can fetch its next tile
+ * while it computes on the current one.  cp_async16 goes around the L1
+ * (both addresses 16-byte aligned), cp_async4 through it (4-byte aligned).
+ * cp_async_commit closes the group of copies issued so far;
+ * cp_async_wait_all waits for all of this thread's groups (a block barrier
+ * must follow before other threads read the data).  The emulation copies
+ * at once, which the barrier discipline makes indistinguishable. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+#ifdef DS4_CUDA_EMU
+    memcpy(smem, gmem, 16);
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+#ifdef DS4_CUDA_EMU
+    memcpy(smem, gmem, 4);
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit() {
+#ifndef DS4_CUDA_EMU
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async_wait_all() {
+#ifndef DS4_CUDA_EMU
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 16-byte matrices from
+ * shared memory; lane i gives the address of row i % 8 of matrix i / 8,
+ * and register j of lane l receives bytes 4 (l % 4) .. 4 (l % 4) + 3 of
+ * row l / 4 of matrix j (so matrix j lands as an mma fragment register). */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *row) {
+#ifdef DS4_CUDA_EMU
+    uint64_t p = (uint64_t)(uintptr_t)row;
+    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
+    const uint32_t *all = emu_warp_gather(mine, 2);
+    unsigned lane = emu_lane();
+    for (unsigned j = 0; j < 4; j++) {
+        unsigned src = 8 * j + lane / 4;
+        uint64_t q = (uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32;
+        memcpy(&r[j], (const unsigned char *)(uintptr_t)q + 4 * (lane % 4), 4);
+    }
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+/* The same with K = 16 (PTX "Matrix Fragments for mma.m16n8k16" of the
+ * 8-bit integer types), A signed, B unsigned when B_U8:
+ *   a[0]: A row g, cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
+ *   b:    B rows 4t..4t+3, col g      c as above. */
+template <bool B_U8>
+static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a[2], uint32_t b) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[3] = {a[0], a[1], b};
+    const uint32_t *all = emu_warp_gather(mine, 3);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    int out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        int s = c[i];
+        for (unsigned k = 0; k < 16; k++) {
+            uint32_t aw = all[((row % 8) * 4 + k / 4) * 16 + (row >= 8 ? 1 : 0)];
+            uint32_t bw = all[(col * 4 + k / 4) * 16 + 2];
+            int av = (int)(int8_t)(aw >> (8 * (k % 4)));
+            int bv = B_U8 ? (int)(uint8_t)(bw >> (8 * (k % 4))) : (int)(int8_t)(bw >> (8 * (k % 4)));
+            s += av * bv;
+        }
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    if constexpr (B_U8)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+#endif
+}
+
 static __device__ __forceinline__ int imin_d(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ int imax_d(int a, int b) { return a > b ? a : b; }
 
