@@ -238,35 +238,32 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
     }
 }
 
-/* The IQ2_XXS decoding tables a block keeps in shared memory: the 256
- * grid points, then for each 7-bit sign field the 64-bit mask (0xFF in the
- * bytes to negate) of its eight signs, the eighth being the parity of the
- * seven.  A table lookup replaces the parity and mask arithmetic of every
- * group of eight values. */
-#define IQ2_TAB (256 + 128)
+/* The IQ2_XXS grid a block keeps in shared memory.  The lookups are
+ * random, so they are bank-conflict bound: the signs are computed, not
+ * looked up (a sign table measured no faster: it doubled the lookups). */
+#define IQ2_TAB 256
 
-static __device__ void dev_iq2_fill_tables(uint64_t *tab, const uint64_t *grid_g) {
-    for (unsigned i = threadIdx.x; i < IQ2_TAB; i += blockDim.x) {
-        if (i < 256) {
-            tab[i] = grid_g[i];
-            continue;
-        }
-        uint32_t s7 = i - 256, sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
-        uint64_t m = 0;
-        for (int j = 0; j < 8; j++)
-            if ((sb >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
-        tab[i] = m;
-    }
+static __device__ void dev_iq2_fill_grid(uint64_t *tab, const uint64_t *grid_g) {
+    for (unsigned i = threadIdx.x; i < IQ2_TAB; i += blockDim.x) tab[i] = grid_g[i];
     __syncthreads();
 }
 
+/* Bytes 0..3 of each word: 0xFF where the sign bit is set. */
+static __device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
+    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xFFu;
+}
+
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
- * index word g and sign/scale word s (tab: dev_iq2_fill_tables). */
-static __device__ __forceinline__ void iq2_group(const uint64_t *tab, uint32_t g, uint32_t s, uint32_t out[8]) {
+ * index word g and sign/scale word s (the eighth sign of each eight is the
+ * parity of the seven stored). */
+static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t g, uint32_t s, uint32_t out[8]) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        uint64_t v = tab[(g >> (8 * l)) & 255], m = tab[256 + ((s >> (7 * l)) & 127)];
-        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32), m0 = (uint32_t)m, m1 = (uint32_t)(m >> 32);
+        uint64_t v = grid[(g >> (8 * l)) & 255];
+        uint32_t s7 = (s >> (7 * l)) & 127;
+        uint32_t sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
+        uint32_t m0 = sign_mask4(sb & 15), m1 = sign_mask4(sb >> 4);
+        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32);
         out[2 * l] = __vsub4(v0 ^ m0, m0);
         out[2 * l + 1] = __vsub4(v1 ^ m1, m1);
     }
@@ -457,7 +454,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     /* weights and the grid are written by no kernel: fetch them while the
      * kernel before this one finishes */
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
-    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tables(grid, grid_g);
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g);
     dev_pdl_wait_prev();
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
@@ -802,7 +799,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     const bool kq = TYPE != DS4_TYPE_Q8_0;
     uint64_t *grid = (uint64_t *)(st + 2);
     if (threadIdx.x < BN) xoff[threadIdx.x] = (int)threadIdx.x < count ? (size_t)act_row(g, start + (int)threadIdx.x) * g.xqs : 0;
-    if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tables(grid, grid_g); /* ends with a barrier */
+    if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g); /* ends with a barrier */
     else __syncthreads();
 
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 3, wn = warp >> 2;
