@@ -289,9 +289,9 @@ static int pick_dot(uint32_t type, int avx2, dot_kernels *k) {
                                          SCALAR_KERNELS(iq2_xxs)};
     static const dot_kernels simd[] = {
         AVX2_KERNELS(f32, DS4_AVX2_WIDTH_FLOAT),  AVX2_KERNELS(f16, DS4_AVX2_WIDTH_FLOAT),
-        AVX2_KERNELS(bf16, DS4_AVX2_WIDTH_FLOAT), AVX2_KERNELS(q8_0, DS4_AVX2_WIDTH_INT),
-        AVX2_KERNELS(q2_K, DS4_AVX2_WIDTH_INT),   AVX2_KERNELS(q4_K, DS4_AVX2_WIDTH_INT),
-        AVX2_KERNELS(iq2_xxs, DS4_AVX2_WIDTH_INT)};
+        AVX2_KERNELS(bf16, DS4_AVX2_WIDTH_FLOAT), AVX2_KERNELS(q8_0, DS4_AVX2_WIDTH_Q8_0),
+        AVX2_KERNELS(q2_K, DS4_AVX2_WIDTH_256),   AVX2_KERNELS(q4_K, DS4_AVX2_WIDTH_256),
+        AVX2_KERNELS(iq2_xxs, DS4_AVX2_WIDTH_256)};
     int i;
     switch (type) {
     case DS4_TYPE_F32: i = 0; break;

@@ -33,39 +33,54 @@ AVX2 static inline float f16_scalar(uint16_t h) {
 
 /* ------------------------------------------- several activations, shared
  *
- * The integer kernels for several activations (up to DS4_AVX2_WIDTH_INT)
- * keep one integer accumulator per activation, unpack each weight block
- * into registers once, and do the per-block float step of the single
- * kernel for all activations at once in the lanes of one SSE vector (lane k
- * is activation k; the lane operations are the scalar ones, so each lane
- * has the single kernel's bits).  The bodies take the activation count as
- * a constant (forced inlining), so that the loops over activations unroll
- * and their accumulators stay in registers. */
+ * The integer kernels for several activations keep one integer accumulator
+ * per activation, unpack each weight block into registers once, and do the
+ * per-block float step of the single kernel for all activations at once in
+ * the lanes of one vector (lane k is activation k; the lane operations are
+ * the scalar ones, so each lane has the single kernel's bits).  The bodies
+ * take the activation count as a constant (forced inlining), so that the
+ * loops over activations unroll and their accumulators stay in registers;
+ * the exported kernel picks the instance. */
 #define AVX2_BODY static inline __attribute__((target("avx2,fma,f16c"), always_inline))
 
-/* [sum a, sum b, sum c, sum d] of four int32 vectors. */
-AVX2 static inline __m128i hsum_i32_x4(__m256i a, __m256i b, __m256i c, __m256i d) {
-    __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(a, b), _mm256_hadd_epi32(c, d));
-    return _mm_add_epi32(_mm256_castsi256_si128(abcd), _mm256_extracti128_si256(abcd, 1));
+/* [sum v[0], ..., sum v[7]] of eight int32 vectors. */
+AVX2 static inline __m256i hsum_i32_x8(const __m256i v[8]) {
+    __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i efgh = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(abcd, efgh, 0x20),
+                            _mm256_permute2x128_si256(abcd, efgh, 0x31));
 }
 
 /* The scales d of block b of activations 0 .. nk-1 (Q8_K), 0 elsewhere. */
-AVX2_BODY __m128 act_d_x4(const ds4_block_q8_K *const x[4], int64_t b, int nk) {
-    float d[4] = {0, 0, 0, 0};
+AVX2_BODY __m256 act_d_x8(const ds4_block_q8_K *const x[8], int64_t b, int nk) {
+    float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int k = 0; k < nk; k++) d[k] = x[k][b].d;
-    return _mm_loadu_ps(d);
+    return _mm256_loadu_ps(d);
 }
 
 /* Lanes 0 .. nk-1 of acc into out. */
-AVX2_BODY void store_x4(__m128 acc, int nk, float *out) {
-    float v[4];
-    _mm_storeu_ps(v, acc);
+AVX2_BODY void store_x8(__m256 acc, int nk, float *out) {
+    float v[8];
+    _mm256_storeu_ps(v, acc);
     for (int k = 0; k < nk; k++) out[k] = v[k];
 }
 
-/* The exported multi kernel of an integer type: the body instantiated for
- * each activation count. */
+/* The exported multi kernel of an integer type, for 2 .. 8 activations. */
 #define MULTI_INT_KERNEL(name, body)                                                                   \
+    AVX2 void name(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) { \
+        switch (nacts) {                                                                               \
+        case 2: body(n, w, act, act_stride, 2, out); break;                                            \
+        case 3: body(n, w, act, act_stride, 3, out); break;                                            \
+        case 4: body(n, w, act, act_stride, 4, out); break;                                            \
+        case 5: body(n, w, act, act_stride, 5, out); break;                                            \
+        case 6: body(n, w, act, act_stride, 6, out); break;                                            \
+        case 7: body(n, w, act, act_stride, 7, out); break;                                            \
+        default: body(n, w, act, act_stride, 8, out); break;                                           \
+        }                                                                                              \
+    }
+
+/* The same for Q8_0, whose kernel keeps more per activation: 2 .. 4. */
+#define MULTI_INT_KERNEL4(name, body)                                                                  \
     AVX2 void name(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) { \
         if (nacts == 2) body(n, w, act, act_stride, 2, out);                                           \
         else if (nacts == 3) body(n, w, act, act_stride, 3, out);                                      \
@@ -82,10 +97,36 @@ AVX2 static inline __m256d widen_hi(__m256 v) {
     return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
 }
 
+/* The reduction trees of quants_dot.c on vectors, for rows without a tail:
+ * the same additions of the same operands in the same order, without
+ * storing the lanes and reading them back.  reduce_q8_vec is
+ * ds4_reduce_q8_lanes; ds4_reduce_f32_lanes is it after adding the four
+ * vectors of 8 lanes as (c0 + c1) + (c2 + c3), and ds4_reduce_f64_lanes
+ * ends the same way on doubles.
+ *
+ * The finish functions that use them are inlined into the exported kernels
+ * (AVX2_BODY): GCC 12 puts vzeroupper before a return only in a function
+ * that itself wrote the 256-bit registers, not in one that merely received
+ * them as arguments, and a return with their upper halves dirty made every
+ * later SSE instruction of the process (the scalar kernels, the baseline
+ * code of the backend) two to four times slower on Zen 5. */
+AVX2 static inline float reduce_q8_vec(__m256 acc) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+AVX2 static inline double reduce_f64_vec(__m256d c0, __m256d c1, __m256d c2, __m256d c3) {
+    __m256d s = _mm256_add_pd(_mm256_add_pd(c0, c1), _mm256_add_pd(c2, c3));
+    __m128d t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)));
+}
+
 /* Tail (elements past the last 16) and reduction: the accumulators hold
  * lanes 0..15, the remaining elements go to lane i % 16 as in the scalar. */
-AVX2 static float finish_f32(__m256d c0, __m256d c1, __m256d c2, __m256d c3, int64_t i, int64_t n, const float *a,
-                             const float *x) {
+AVX2_BODY float finish_f32(__m256d c0, __m256d c1, __m256d c2, __m256d c3, int64_t i, int64_t n,
+                           const float *a, const float *x) {
+    if (i == n) return (float)reduce_f64_vec(c0, c1, c2, c3);
     double lanes[DS4_F64_LANES];
     _mm256_storeu_pd(lanes, c0);
     _mm256_storeu_pd(lanes + 4, c1);
@@ -157,8 +198,9 @@ AVX2 static inline __m256 load_bf16x8(const uint16_t *p) {
 
 /* Tail and reduction shared by the F16/BF16 kernels: the accumulators hold
  * lanes 0..31, the remaining elements go to lane i % 32 as in the scalar. */
-AVX2 static float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
-                             const uint16_t *a, const float *x, int bf16) {
+AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
+                           const uint16_t *a, const float *x, int bf16) {
+    if (i == n) return reduce_q8_vec(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
     float lanes[DS4_F32_LANES];
     _mm256_storeu_ps(lanes, c0);
     _mm256_storeu_ps(lanes + 8, c1);
@@ -266,8 +308,9 @@ AVX2 static inline __m256 q8_scales8(const ds4_block_q8_0 *a, const ds4_block_q8
     return _mm256_mul_ps(_mm256_cvtph_ps(d16), xd);
 }
 
-AVX2 static float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a,
-                            const ds4_block_q8_0x *x) {
+AVX2_BODY float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a,
+                          const ds4_block_q8_0x *x) {
+    if (b == nb) return reduce_q8_vec(acc);
     float lanes[DS4_Q8_LANES];
     _mm256_storeu_ps(lanes, acc);
     for (; b < nb; b++) {
@@ -344,7 +387,7 @@ AVX2_BODY void q8_0_multi(int64_t n, const void *w, const void *act, size_t act_
     for (int k = 0; k < nk; k++) out[k] = q8_finish(acc[k], b, nb, a, x[k]);
 }
 
-MULTI_INT_KERNEL(ds4_dot_q8_0_multi_avx2, q8_0_multi)
+MULTI_INT_KERNEL4(ds4_dot_q8_0_multi_avx2, q8_0_multi)
 
 /* ----------------------------------------------------------------- Q2_K */
 
@@ -395,44 +438,44 @@ AVX2 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) {
  * sub-block pair, the integer sums of ds4_dot_q2_K_avx2 per activation. */
 AVX2_BODY void q2_K_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
     const ds4_block_q2_K *a = w;
-    const ds4_block_q8_K *x[4];
+    const ds4_block_q8_K *x[8];
     for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
     const __m256i m3 = _mm256_set1_epi8(3);
     const __m128i m15 = _mm_set1_epi8(15);
-    __m128 acc = _mm_setzero_ps();
+    const __m256i ctl0 = q2_scale_ctl(0); /* + 2s in the int16 lanes: q2_scale_ctl(2s) */
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
         __m128i sc8 = _mm_loadu_si128((const __m128i *)a[b].scales);
         __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m15));
-        __m256i is[4], ms[4];
-        for (int k = 0; k < 4; k++) is[k] = ms[k] = _mm256_setzero_si256();
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; h++) {
-            __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * h));
-#pragma GCC unroll 4
-            for (int j = 0; j < 4; j++) {
-                __m256i qj = _mm256_and_si256(_mm256_srli_epi16(q, 2 * j), m3);
-                __m256i sc = _mm256_shuffle_epi8(scales, q2_scale_ctl(8 * h + 2 * j));
-#pragma GCC unroll 4
-                for (int k = 0; k < nk; k++) {
-                    __m256i y = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 128 * h + 32 * j));
-                    is[k] = _mm256_add_epi32(is[k], _mm256_madd_epi16(_mm256_maddubs_epi16(qj, y), sc));
-                }
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
+        /* A rolled loop over the 8 pairs of sub-blocks: unrolled, GCC
+         * regroups the sums of each accumulator into a tree whose partial
+         * sums no longer fit the registers. */
+        for (int s = 0; s < 8; s++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * (s / 4)));
+            __m256i qs = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (s % 4))), m3);
+            __m256i sc = _mm256_shuffle_epi8(scales, _mm256_add_epi16(ctl0, _mm256_set1_epi16((short)(2 * s))));
+#pragma GCC unroll 8
+            for (int k = 0; k < nk; k++) {
+                __m256i y = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 32 * s));
+                v[k] = _mm256_add_epi32(v[k], _mm256_madd_epi16(_mm256_maddubs_epi16(qs, y), sc));
             }
         }
+        __m256i isum = hsum_i32_x8(v);
         __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m15));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int k = 0; k < nk; k++)
-            ms[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
-        __m128i isum = hsum_i32_x4(is[0], is[1], is[2], is[3]);
-        __m128i msum = hsum_i32_x4(ms[0], ms[1], ms[2], ms[3]);
-        __m128 xd = act_d_x4(x, b, nk);
-        __m128 dall = _mm_mul_ps(_mm_set1_ps(f16_scalar(a[b].d)), xd);
-        __m128 dmin = _mm_mul_ps(_mm_set1_ps(f16_scalar(a[b].dmin)), xd);
+            v[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
+        __m256i msum = hsum_i32_x8(v);
+        __m256 xd = act_d_x8(x, b, nk);
+        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
+        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
         /* ds4_kq_step in every lane */
-        __m128 p = _mm_mul_ps(dall, _mm_cvtepi32_ps(isum)), m = _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum));
-        acc = _mm_add_ps(acc, _mm_sub_ps(p, m));
+        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
     }
-    store_x4(acc, nk, out);
+    store_x8(acc, nk, out);
 }
 
 MULTI_INT_KERNEL(ds4_dot_q2_K_multi_avx2, q2_K_multi)
@@ -490,47 +533,46 @@ AVX2 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
  * the integer sums of ds4_dot_q4_K_avx2 per activation. */
 AVX2_BODY void q4_K_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
     const ds4_block_q4_K *a = w;
-    const ds4_block_q8_K *x[4];
+    const ds4_block_q8_K *x[8];
     for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
     const __m256i m4 = _mm256_set1_epi8(15);
     const __m256i ones = _mm256_set1_epi16(1);
-    __m128 acc = _mm_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
         __m256i scv, mins;
         q4_K_scales_mins(a[b].scales, &scv, &mins);
-        __m256i is[4], ms[4];
-        for (int k = 0; k < 4; k++) is[k] = ms[k] = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int p = 0; p < 4; p++) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) { /* rolled, as in q2_K_multi */
             __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * p));
             __m256i lo = _mm256_and_si256(q, m4);
             __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
             __m256i slo = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p))));
             __m256i shi = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p + 1))));
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int k = 0; k < nk; k++) {
                 __m256i ylo = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 64 * p));
                 __m256i yhi = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 64 * p + 32));
                 __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
                 __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), shi);
-                is[k] = _mm256_add_epi32(is[k], _mm256_add_epi32(plo, phi));
+                v[k] = _mm256_add_epi32(v[k], _mm256_add_epi32(plo, phi));
             }
         }
-#pragma GCC unroll 4
+        __m256i isum = hsum_i32_x8(v);
+#pragma GCC unroll 8
         for (int k = 0; k < nk; k++) {
             __m256i pair_sums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[k][b].bsums), ones);
-            ms[k] = _mm256_mullo_epi32(pair_sums, mins);
+            v[k] = _mm256_mullo_epi32(pair_sums, mins);
         }
-        __m128i isum = hsum_i32_x4(is[0], is[1], is[2], is[3]);
-        __m128i msum = hsum_i32_x4(ms[0], ms[1], ms[2], ms[3]);
-        __m128 xd = act_d_x4(x, b, nk);
-        __m128 dall = _mm_mul_ps(_mm_set1_ps(f16_scalar(a[b].d)), xd);
-        __m128 dmin = _mm_mul_ps(_mm_set1_ps(f16_scalar(a[b].dmin)), xd);
+        __m256i msum = hsum_i32_x8(v);
+        __m256 xd = act_d_x8(x, b, nk);
+        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
+        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
         /* ds4_kq_step in every lane */
-        __m128 p = _mm_mul_ps(dall, _mm_cvtepi32_ps(isum)), m = _mm_mul_ps(dmin, _mm_cvtepi32_ps(msum));
-        acc = _mm_add_ps(acc, _mm_sub_ps(p, m));
+        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
     }
-    store_x4(acc, nk, out);
+    store_x8(acc, nk, out);
 }
 
 MULTI_INT_KERNEL(ds4_dot_q4_K_multi_avx2, q4_K_multi)
@@ -551,8 +593,6 @@ static const uint64_t iq2_sign64[128] = {
     SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
 };
 
-/* Integer dot of one group of 32 (grid bytes times signed activations),
- * as 8 int32 partials already multiplied by the group scale 2S+1. */
 /* A group of 32 unpacked: the grid bytes, the sign operand and the group
  * scale 2S+1 spread over int16 lanes. */
 typedef struct {
@@ -573,6 +613,8 @@ AVX2 static inline iq2_unpacked iq2_unpack(const uint16_t *qs) {
     return u;
 }
 
+/* Integer dot of one group of 32 (grid bytes times signed activations),
+ * as 8 int32 partials already multiplied by the group scale 2S+1. */
 AVX2 static inline __m256i iq2_dot_unpacked(iq2_unpacked u, const int8_t *y8) {
     __m256i y = _mm256_loadu_si256((const __m256i *)y8);
     __m256i p = _mm256_maddubs_epi16(u.grid, _mm256_sign_epi8(y, u.signs));
@@ -602,23 +644,23 @@ AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
 /* Several activations: the grid and sign lookups of each group once. */
 AVX2_BODY void iq2_xxs_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
     const ds4_block_iq2_xxs *a = w;
-    const ds4_block_q8_K *x[4];
+    const ds4_block_q8_K *x[8];
     for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
-    __m128 acc = _mm_setzero_ps();
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        __m256i is[4];
-        for (int k = 0; k < 4; k++) is[k] = _mm256_setzero_si256();
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
         for (int ib = 0; ib < 8; ib++) {
             iq2_unpacked u = iq2_unpack(&a[b].qs[4 * ib]);
-#pragma GCC unroll 4
-            for (int k = 0; k < nk; k++) is[k] = _mm256_add_epi32(is[k], iq2_dot_unpacked(u, x[k][b].qs + 32 * ib));
+#pragma GCC unroll 8
+            for (int k = 0; k < nk; k++) v[k] = _mm256_add_epi32(v[k], iq2_dot_unpacked(u, x[k][b].qs + 32 * ib));
         }
-        __m128i isum = hsum_i32_x4(is[0], is[1], is[2], is[3]);
-        __m128 d = _mm_mul_ps(_mm_set1_ps(f16_scalar(a[b].d)), act_d_x4(x, b, nk));
+        __m256i isum = hsum_i32_x8(v);
+        __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), act_d_x8(x, b, nk));
         /* ds4_iq2_step in every lane */
-        acc = _mm_add_ps(acc, _mm_mul_ps(d, _mm_mul_ps(_mm_cvtepi32_ps(isum), _mm_set1_ps(0.125f))));
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(0.125f))));
     }
-    store_x4(acc, nk, out);
+    store_x8(acc, nk, out);
 }
 
 MULTI_INT_KERNEL(ds4_dot_iq2_xxs_multi_avx2, iq2_xxs_multi)

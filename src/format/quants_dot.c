@@ -216,51 +216,52 @@ void ds4_dot_q8_0_multi_scalar(int64_t n, const void *w, const void *act, size_t
 }
 
 /* A K-quant or IQ2_XXS block unpacked in activation order: q[i] multiplies
- * activation element i; sub-block s (of `len` elements) has the integer
- * scale sc[s] and min m[s] (the min multiplies the activation sums over the
- * sub-block, from its 16-element bsums). */
+ * activation element i, and each group of 16 elements (the span of one
+ * activation bsum) has the integer scale sc[g] and min m[g] of the
+ * sub-block it lies in (a sub-block of 32 gives both its groups the same).
+ * Groups of a fixed 16 keep the loops below countable, so GCC vectorizes
+ * them as it does the single kernels. */
 typedef struct {
     int8_t q[DS4_QK_K];
     int32_t sc[16], m[16];
 } unpacked_block;
 
-/* isum = sum_s sc[s] * (q . x over sub-block s), msum = sum_s m[s] * (sum of
- * x over sub-block s): the integers of the single kernels. */
-static void unpacked_sums(const unpacked_block *u, int nsub, const ds4_block_q8_K *x, int32_t *isum, int32_t *msum) {
-    int len = DS4_QK_K / nsub, per = len / 16;
+/* isum = sum_g sc[g] * (q . x over group g), msum = sum_g m[g] * bsums[g]:
+ * the integers of the single kernels (exact, so the grouping changes no
+ * bit). */
+static void unpacked_sums(const unpacked_block *u, const ds4_block_q8_K *x, int32_t *isum, int32_t *msum) {
     int32_t is = 0, ms = 0;
-    for (int s = 0; s < nsub; s++) {
-        int32_t sub = 0, xs = 0;
-        for (int l = s * len; l < (s + 1) * len; l++) sub += u->q[l] * x->qs[l];
-        for (int j = s * per; j < (s + 1) * per; j++) xs += x->bsums[j];
-        is += u->sc[s] * sub;
-        ms += u->m[s] * xs;
+    for (int g = 0; g < 16; g++) {
+        int32_t sub = 0;
+        for (int l = 0; l < 16; l++) sub += u->q[16 * g + l] * x->qs[16 * g + l];
+        is += u->sc[g] * sub;
+        ms += u->m[g] * x->bsums[g];
     }
     *isum = is;
     *msum = ms;
 }
 
 static void unpack_q2_K(const ds4_block_q2_K *a, unpacked_block *u) {
-    for (int i = 0; i < DS4_QK_K; i++) {
-        int h = i / 128, j = (i % 128) / 32, l = i % 32;
-        u->q[i] = (int8_t)((a->qs[32 * h + l] >> (2 * j)) & 3);
-    }
-    for (int s = 0; s < 16; s++) {
-        u->sc[s] = a->scales[s] & 15;
-        u->m[s] = a->scales[s] >> 4;
+    for (int h = 0; h < 2; h++)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) u->q[128 * h + 32 * j + l] = (int8_t)((a->qs[32 * h + l] >> (2 * j)) & 3);
+    for (int g = 0; g < 16; g++) {
+        u->sc[g] = a->scales[g] & 15;
+        u->m[g] = a->scales[g] >> 4;
     }
 }
 
 static void unpack_q4_K(const ds4_block_q4_K *a, unpacked_block *u) {
-    for (int i = 0; i < DS4_QK_K; i++) {
-        int j = i / 32;
-        u->q[i] = (int8_t)((a->qs[32 * (j / 2) + i % 32] >> (4 * (j & 1))) & 15);
-    }
+    for (int p = 0; p < 4; p++)
+        for (int l = 0; l < 32; l++) {
+            u->q[64 * p + l] = (int8_t)(a->qs[32 * p + l] & 15);
+            u->q[64 * p + 32 + l] = (int8_t)(a->qs[32 * p + l] >> 4);
+        }
     for (int j = 0; j < 8; j++) {
         uint8_t sc, m;
         ds4_q4_K_scale_min(a->scales, j, &sc, &m);
-        u->sc[j] = sc;
-        u->m[j] = m;
+        u->sc[2 * j] = u->sc[2 * j + 1] = sc;
+        u->m[2 * j] = u->m[2 * j + 1] = m;
     }
 }
 
@@ -275,27 +276,26 @@ static void unpack_iq2_xxs(const ds4_block_iq2_xxs *a, unpacked_block *u) {
             uint8_t signs = ds4_iq2_sign_byte((s >> (7 * l)) & 127);
             for (int k = 0; k < 8; k++) u->q[32 * ib + 8 * l + k] = (int8_t)((signs >> k) & 1 ? -grid[k] : grid[k]);
         }
-        u->sc[ib] = (int32_t)(2 * (s >> 28) + 1);
-        u->m[ib] = 0;
+        u->sc[2 * ib] = u->sc[2 * ib + 1] = (int32_t)(2 * (s >> 28) + 1);
+        u->m[2 * ib] = u->m[2 * ib + 1] = 0;
     }
 }
 
-/* Unpack block b of a Q2_K, Q4_K or IQ2_XXS row; *nsub is its sub-block
- * count, *d and *dmin its f16 factors (dmin 0 for IQ2_XXS). */
-static void unpack_block(uint32_t type, const void *w, int64_t b, unpacked_block *u, int *nsub, float *d,
-                         float *dmin) {
+/* Unpack block b of a Q2_K, Q4_K or IQ2_XXS row; *d and *dmin are its f16
+ * factors (dmin 0 for IQ2_XXS). */
+static void unpack_block(uint32_t type, const void *w, int64_t b, unpacked_block *u, float *d, float *dmin) {
     if (type == DS4_TYPE_Q2_K) {
         const ds4_block_q2_K *a = (const ds4_block_q2_K *)w + b;
         unpack_q2_K(a, u);
-        *nsub = 16, *d = ds4_f16_to_f32(a->d), *dmin = ds4_f16_to_f32(a->dmin);
+        *d = ds4_f16_to_f32(a->d), *dmin = ds4_f16_to_f32(a->dmin);
     } else if (type == DS4_TYPE_Q4_K) {
         const ds4_block_q4_K *a = (const ds4_block_q4_K *)w + b;
         unpack_q4_K(a, u);
-        *nsub = 8, *d = ds4_f16_to_f32(a->d), *dmin = ds4_f16_to_f32(a->dmin);
+        *d = ds4_f16_to_f32(a->d), *dmin = ds4_f16_to_f32(a->dmin);
     } else {
         const ds4_block_iq2_xxs *a = (const ds4_block_iq2_xxs *)w + b;
         unpack_iq2_xxs(a, u);
-        *nsub = 8, *d = ds4_f16_to_f32(a->d), *dmin = 0.0f;
+        *d = ds4_f16_to_f32(a->d), *dmin = 0.0f;
     }
 }
 
@@ -306,13 +306,12 @@ static void blocks256_multi(uint32_t type, int64_t n, const void *w, const void 
     float acc[DS4_MULTI_MAX] = {0};
     unpacked_block u;
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        int nsub;
         float d, dmin;
-        unpack_block(type, w, b, &u, &nsub, &d, &dmin);
+        unpack_block(type, w, b, &u, &d, &dmin);
         for (int k = 0; k < nacts; k++) {
             const ds4_block_q8_K *x = (const ds4_block_q8_K *)ds4_act_at(act, act_stride, k) + b;
             int32_t isum, msum;
-            unpacked_sums(&u, nsub, x, &isum, &msum);
+            unpacked_sums(&u, x, &isum, &msum);
             if (type == DS4_TYPE_IQ2_XXS)
                 acc[k] = ds4_iq2_step(acc[k], d * x->d, isum);
             else

@@ -103,10 +103,11 @@ float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act);
 
-/* AVX2 multi kernels (quants_avx2.c); their widths (DS4_AVX2_WIDTH_*) are
- * what fits the 16 vector registers. */
+/* AVX2 multi kernels (quants_avx2.c); their widths are what keeps the
+ * accumulators and the unpacked block in the 16 vector registers. */
 #define DS4_AVX2_WIDTH_FLOAT 2 /* F32, F16, BF16 */
-#define DS4_AVX2_WIDTH_INT 4   /* Q8_0, Q2_K, Q4_K, IQ2_XXS */
+#define DS4_AVX2_WIDTH_Q8_0 4
+#define DS4_AVX2_WIDTH_256 8   /* Q2_K, Q4_K, IQ2_XXS */
 void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);

@@ -4,6 +4,9 @@
  *  - The AVX2 kernels return exactly the bits of the scalar definitions, for
  *    every weight type, on many random rows of many lengths (up to 65536),
  *    and ds4_vec_dot_rows equals ds4_vec_dot row by row in both modes.
+ *  - ds4_vec_dot_rows_multi (several activations per weight row, the batched
+ *    products of prefill) equals ds4_vec_dot bit for bit in both modes, for
+ *    batch sizes that fill the multi kernels' groups and leave remainders.
  *  - Every dot agrees with a double-precision dot of the dequantized weight
  *    and activation within the rounding bound of its accumulation shape.
  *  - ds4_quantize_q8_0x and ds4_quantize_q8_K follow spec/MODEL.md 3.7-3.8
@@ -218,11 +221,13 @@ static void test_rows_match_single(void **state) {
 }
 
 /* ds4_vec_dot_rows_multi against ds4_vec_dot, bit for bit, at one level:
- * every weight type, several lengths, 1..9 activations (all the group
- * widths and their remainders), rows and activations at odd byte offsets
- * and strides, outputs interleaved with a gap. */
+ * every weight type, several lengths (with and without a tail past the
+ * kernels' vector steps), batches of 1 to 19 activations (one or several
+ * whole groups of each kernel width, 2, 4 and 8, and every remainder),
+ * rows and activations at odd byte offsets and strides, outputs
+ * interleaved with a gap. */
 static void check_multi_level(ds4_simd_level level, uint64_t seed) {
-    enum { MAXA = 9, NROWS = 5, YPAD = 3 };
+    enum { MAXA = 19, NROWS = 5, YPAD = 3 };
     qt_rng r;
     qt_seed(&r, seed);
     for (size_t t = 0; t < NWTYPES; t++) {
