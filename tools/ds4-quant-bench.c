@@ -9,13 +9,14 @@
  *             4096);
  *   quantize  elements/s of ds4_quantize_row per type (with and without
  *             importance), on N(0,1) rows of 4096;
- * Timings are the best of --reps passes, so a pass slowed by other work on
- * the machine does not count.
  *   rmse      quantize-then-dequantize RMSE on N(0,1) data per type (the
  *             numbers recorded in docs/QUANTS.md).
+ * Timings are the best of --reps passes, so a pass slowed by other work on
+ * the machine does not count.
  *
  * Usage: ds4-quant-bench [--mib N] [--reps N] [--acts N] [--cols N] [--only dots|batch|quantize|rmse]
- * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)").
+ * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)";
+ * the batch mode under "CPU forward").
  */
 #include <math.h>
 #include <stdio.h>
