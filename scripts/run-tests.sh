@@ -2,6 +2,9 @@
 # run-tests.sh - the default test suite (what `make test` and CI run).
 # Runs every unit-test binary, then the suite scripts in tests/suite/*.sh
 # (end-to-end and fuzz smoke runs), and prints one summary line per item.
+# Every item gets its own instance lock file (DS4_LOCK_FILE, see
+# src/base/instance_lock.h): the programs a test runs do not collide with
+# another test suite, or a real model process, on the same machine.
 set -u
 cd "$(dirname "$0")/.."
 
@@ -9,12 +12,13 @@ pass=0
 fail=0
 failed=""
 log_dir=build/test-logs
-mkdir -p "$log_dir"
+lock_dir=$PWD/build/test-locks
+mkdir -p "$log_dir" "$lock_dir"
 
 run_one() {
     name=$1; shift
     start=$(date +%s)
-    if "$@" >"$log_dir/$name.log" 2>&1; then
+    if DS4_LOCK_FILE="$lock_dir/$name.lock" "$@" >"$log_dir/$name.log" 2>&1; then
         pass=$((pass + 1)); status=PASS
     else
         fail=$((fail + 1)); status=FAIL; failed="$failed $name"

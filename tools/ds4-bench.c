@@ -27,10 +27,15 @@
  * -sys), --tokens-file (ids, as ds4-forward reads them), or seeded random
  * ids (the only choice with --synthetic, which has no tokenizer).
  *
- * Options: --backend NAME (cuda in CUDA builds, else cpu), --ctx-start N
+ * The model is -m FILE, ds4flash.gguf when neither it nor --synthetic is
+ * given (as in ds4's bench).
+ *
+ * Options: --backend NAME, --cpu, --cuda (cuda in CUDA builds, else cpu),
+ * --warm-weights (read the model file in first), --ctx-start N
  * (2048), --ctx-max N (32768), --ctx-alloc N (ctx-max + gen + 1), --step-mul F
  * (1), --step-incr N (2048), --gen-tokens N (128), --chunk N, --seed N,
- * --no-sim, -t N, --csv FILE (default stdout).
+ * --no-sim, -t/--threads N, --csv FILE (default stdout).  --quality is
+ * accepted for ds4 compatibility (this engine has one kernel precision).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -38,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 #include "text/chat.h"
@@ -46,16 +52,19 @@
 
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
+    bool warm_weights;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     double step_mul;
     ds4_backend_opts bo;
 } opts;
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-bench [-m MODEL | --synthetic q2|q4] [--backend NAME] [--seed N]\n"
+    fprintf(f, "usage: ds4-bench [-m MODEL (default ds4flash.gguf) | --synthetic q2|q4] [--backend NAME | --cpu | --cuda]\n"
+               "                 [--seed N] [--warm-weights]\n"
                "                 [--prompt-file FILE | --chat-prompt-file FILE [-sys TEXT] | --tokens-file FILE]\n"
                "                 [--ctx-start N] [--ctx-max N] [--ctx-alloc N] [--step-mul F] [--step-incr N]\n"
-               "                 [--gen-tokens N] [--chunk N] [--no-sim] [-t N] [--csv FILE]\n");
+               "                 [--gen-tokens N] [--chunk N] [--no-sim] [-t N] [--csv FILE]\n"
+               "  DS4_LOCK_FILE: the instance lock file (default /tmp/ds4.lock)\n");
 }
 
 static int parse_u32(const char *s, uint32_t *out) {
@@ -88,6 +97,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VAL(); o->model = v; }
         else if (!strcmp(a, "--synthetic")) { VAL(); o->synthetic = v; }
         else if (!strcmp(a, "--backend")) { VAL(); o->backend = v; }
+        else if (!strcmp(a, "--cpu") || !strcmp(a, "--cuda") || !strcmp(a, "--metal")) o->backend = a + 2;
+        else if (!strcmp(a, "--warm-weights")) o->warm_weights = true;
+        else if (!strcmp(a, "--quality"))
+            fprintf(stderr, "ds4-bench: --quality: nothing to change, this engine's kernels have one precision\n");
         else if (!strcmp(a, "--tokens-file")) { VAL(); o->tokens_file = v; }
         else if (!strcmp(a, "--prompt-file")) { VAL(); o->prompt_file = v; }
         else if (!strcmp(a, "--chat-prompt-file")) { VAL(); o->chat_file = v; }
@@ -100,7 +113,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--gen-tokens") || !strcmp(a, "--tokens") || !strcmp(a, "-n")) U32(o->gen);
         else if (!strcmp(a, "--seed")) U32(o->seed);
         else if (!strcmp(a, "--chunk")) U32(o->bo.prefill_chunk);
-        else if (!strcmp(a, "-t")) { U32(u); o->bo.n_threads = (int)u; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { U32(u); o->bo.n_threads = (int)u; }
         else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
         else if (!strcmp(a, "--step-mul")) {
             VAL();
@@ -108,11 +121,15 @@ static int parse_args(int argc, char **argv, opts *o) {
             o->step_mul = strtod(v, &end);
             if (*end || !(o->step_mul >= 1.0)) { fprintf(stderr, "ds4-bench: --step-mul must be >= 1\n"); return -1; }
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
+        else if (ds4_option_not_supported(a)) { fprintf(stderr, "ds4-bench: %s: %s\n", a, ds4_option_not_supported(a)); return -1; }
         else { fprintf(stderr, "ds4-bench: unknown option %s\n", a); usage(stderr); return -1; }
 #undef U32
 #undef VAL
     }
-    if (!o->model == !o->synthetic) { fprintf(stderr, "ds4-bench: give one of -m MODEL or --synthetic RECIPE\n"); return -1; }
+    if (o->model && o->synthetic) { fprintf(stderr, "ds4-bench: give one of -m MODEL or --synthetic RECIPE\n"); return -1; }
+    if (!o->model && !o->synthetic) o->model = "ds4flash.gguf";
+    ds4_err err = {0};
+    if (ds4_backend_check_name(o->backend, &err) != 0) { fprintf(stderr, "ds4-bench: --backend: %s\n", err.msg); return -1; }
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1) {
         fprintf(stderr, "ds4-bench: give at most one of --prompt-file, --chat-prompt-file, --tokens-file\n");
         return -1;
@@ -263,10 +280,14 @@ static int run(const opts *o, ds4_err *err) {
         ds4_config c;
         ds4_config_flash(&c);
         w = ds4_weights_synthetic(&c, o->synthetic, o->seed, err);
-    } else {
+    } else if (ds4_model_file_check(o->model, err) == 0) {
         w = ds4_weights_open(o->model, err);
     }
     if (!w) return -1;
+    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads) != 0) {
+        ds4_weights_close(w);
+        return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
+    }
     ds4_backend *b = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
@@ -275,6 +296,7 @@ static int run(const opts *o, ds4_err *err) {
     if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto done;
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
             o->synthetic ? "synthetic Flash weights" : o->model, now_s() - t0);
+    ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
     double copy_bw = 0;
 #if DS4_CUDA
     char dev[128] = "";
@@ -334,6 +356,8 @@ done:
 int main(int argc, char **argv) {
     opts o;
     if (parse_args(argc, argv, &o) != 0) return 2;
+    int lrc = ds4_startup_lock("ds4-bench");
+    if (lrc) return lrc;
     ds4_err err = {0};
     if (run(&o, &err) != 0) {
         fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));

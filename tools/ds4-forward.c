@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 
@@ -77,6 +78,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--chunk")) NEED_U32(o->bo.prefill_chunk);
         else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
         else if (!strcmp(a, "--backend")) { NEED_VALUE(); o->backend = v; }
+        else if (!strcmp(a, "--cpu") || !strcmp(a, "--cuda")) o->backend = a + 2;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
         else if (a[0] == '-') { fprintf(stderr, "ds4-forward: unknown option %s\n", a); return -1; }
         else if (!o->model) o->model = a;
@@ -85,6 +87,8 @@ static int parse_args(int argc, char **argv, opts *o) {
 #undef NEED_VALUE
     }
     if (!o->model) { usage(); return -1; }
+    ds4_err err = {0};
+    if (ds4_backend_check_name(o->backend, &err) != 0) { fprintf(stderr, "ds4-forward: --backend: %s\n", err.msg); return -1; }
     return 0;
 }
 
@@ -169,6 +173,7 @@ static int run(const opts *o, ds4_err *err) {
         }
     }
     if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto out;
+    ds4_startup_print_memory("ds4-forward", b->ops->name, w, b->opts.ctx_size);
     if (o->load_state) {
         if (!(st = ds4_backend_state_new(b, err)) || ds4_kv_state_load_file(st, o->load_state, err) != 0 ||
             ds4_backend_restore(b, st, err) != 0)
@@ -226,7 +231,9 @@ out:
 
 int main(int argc, char **argv) {
     opts o;
-    if (parse_args(argc, argv, &o) != 0) return 1;
+    if (parse_args(argc, argv, &o) != 0) return 2; /* usage errors, as in every program */
+    int lrc = ds4_startup_lock("ds4-forward");
+    if (lrc) return lrc;
     ds4_err err = {0};
     if (run(&o, &err) != 0) {
         fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));

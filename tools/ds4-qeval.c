@@ -25,6 +25,7 @@
 
 #include "format/imatrix.h"
 #include "format/quants.h"
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/layout.h"
 #include "model/weights.h"
@@ -144,6 +145,11 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     uint32_t nv = r->cfg.n_vocab;
     ds4_backend *br = ds4_backend_create("cpu", r, bo, err);
     ds4_backend *bt = br ? ds4_backend_create("cpu", t, bo, err) : NULL;
+    if (bt) {
+        /* Two sessions, one per model. */
+        ds4_startup_print_memory("ds4-qeval", "cpu", r, br->opts.ctx_size);
+        ds4_startup_print_memory("ds4-qeval", "cpu", t, bt->opts.ctx_size);
+    }
     uint32_t cap = br ? br->opts.ctx_size : 0;
     uint32_t *ids = malloc((size_t)cap * sizeof(uint32_t) + 1);
     float *lr = malloc((size_t)cap * nv * sizeof(float) + 1), *lt = malloc((size_t)cap * nv * sizeof(float) + 1);
@@ -178,6 +184,18 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     return rc;
 }
 
+/* A positive integer up to max, or a message and -1. */
+static int parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*end || end == s || v < 1 || v > (long)max) {
+        fprintf(stderr, "ds4-qeval: %s %s: expected an integer in 1..%u\n", opt, s, max);
+        return -1;
+    }
+    *out = (uint32_t)v;
+    return 0;
+}
+
 int main(int argc, char **argv) {
     static const struct option lo[] = {{"imatrix", required_argument, 0, 'i'}, {"dataset", required_argument, 0, 'd'},
                                        {"ctx", required_argument, 0, 'c'},     {"threads", required_argument, 0, 't'},
@@ -189,8 +207,15 @@ int main(int argc, char **argv) {
         switch (c) {
         case 'i': im = optarg; break;
         case 'd': ds = optarg; break;
-        case 'c': bo.ctx_size = (uint32_t)atoi(optarg); break;
-        case 't': bo.n_threads = atoi(optarg); break;
+        case 'c':
+            if (parse_count("--ctx", optarg, 1u << 24, &bo.ctx_size)) return 2;
+            break;
+        case 't': {
+            uint32_t t;
+            if (parse_count("-t", optarg, 4096, &t)) return 2;
+            bo.n_threads = (int)t;
+            break;
+        }
         case 'h':
         default:
             fprintf(c == 'h' ? stdout : stderr,
@@ -202,6 +227,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
         return 2;
     }
+    int lrc = ds4_startup_lock("ds4-qeval");
+    if (lrc) return lrc;
     ds4_err err = {0};
     ds4_weights *r = ds4_weights_open(argv[optind], &err);
     ds4_weights *t = r ? ds4_weights_open(argv[optind + 1], &err) : NULL;

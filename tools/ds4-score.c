@@ -2,7 +2,7 @@
  * ds4-score - teacher-forced quality scoring of a ds4 GGUF on reference
  * continuations (spec/PRODUCT.md 1.9).
  *
- *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t N] [--no-sim]
+ *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t N] [--no-sim] [--backend NAME | --cpu | --cuda]
  *
  * MANIFEST is a tab-separated list of cases, `ID<TAB>PROMPT<TAB>TARGET`,
  * where PROMPT and TARGET are files of token ids (separated by spaces,
@@ -19,7 +19,9 @@
  *   greedy_lcp  how many leading target tokens are each the argmax
  * OUT.tsv gets one row per case (ds4's columns: id, prompt_tokens,
  * target_tokens, nll, avg_nll, first_match, greedy_lcp); stderr a summary.
- * Compare two runs with ds4-score-compare.
+ * Compare two runs with ds4-score-compare.  The backend is the build's
+ * default (cuda in CUDA builds: scoring the real model on the CPU takes
+ * hours) unless --backend says otherwise.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -29,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/engine.h"
+#include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
 
@@ -175,20 +179,36 @@ static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manife
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t THREADS] [--no-sim]\n"
+    fprintf(f, "usage: ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t THREADS] [--no-sim] [--backend NAME | --cpu | --cuda]\n"
                "  MANIFEST lines: ID<TAB>PROMPT_TOKENS_FILE<TAB>TARGET_TOKENS_FILE (token ids)\n"
-               "  CTX: context size (default 4096)\n");
+               "  CTX: context size (default 4096)\n"
+               "  backend: the build's default, %s\n", ds4_default_backend());
 }
 
 int main(int argc, char **argv) {
     static const struct option opts[] = {{"no-sim", no_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
-                                         {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+                                         {"backend", required_argument, 0, 'b'}, {"cpu", no_argument, 0, 'C'},
+                                         {"cuda", no_argument, 0, 'U'}, {"help", no_argument, 0, 'h'},
+                                         {0, 0, 0, 0}};
     ds4_backend_opts bo = {.ctx_size = 4096};
+    const char *backend = ds4_default_backend();
+    char *end;
     int c;
     while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'n': bo.no_sim = true; break;
-        case 't': bo.n_threads = atoi(optarg); break;
+        case 't': {
+            long t = strtol(optarg, &end, 10);
+            if (*end || end == optarg || t < 1 || t > 4096) {
+                fprintf(stderr, "ds4-score: -t %s: expected an integer in 1..4096\n", optarg);
+                return 2;
+            }
+            bo.n_threads = (int)t;
+            break;
+        }
+        case 'b': backend = optarg; break;
+        case 'C': backend = "cpu"; break;
+        case 'U': backend = "cuda"; break;
         case 'h': usage(stdout); return 0;
         default: usage(stderr); return 2;
         }
@@ -199,7 +219,6 @@ int main(int argc, char **argv) {
     }
     const char *model = argv[optind], *manifest = argv[optind + 1], *out_path = argv[optind + 2];
     if (argc - optind == 4) {
-        char *end;
         long v = strtol(argv[optind + 3], &end, 10);
         if (*end || v < 16 || v > (1 << 24)) {
             fprintf(stderr, "ds4-score: CTX %s: expected an integer in 16..16777216\n", argv[optind + 3]);
@@ -208,8 +227,15 @@ int main(int argc, char **argv) {
         bo.ctx_size = (uint32_t)v;
     }
     ds4_err err = {0};
+    if (ds4_backend_check_name(backend, &err) != 0) {
+        fprintf(stderr, "ds4-score: --backend: %s\n", err.msg);
+        return 2;
+    }
+    int lrc = ds4_startup_lock("ds4-score");
+    if (lrc) return lrc;
     ds4_weights *w = ds4_weights_open(model, &err);
-    ds4_backend *b = w ? ds4_backend_create("cpu", w, &bo, &err) : NULL;
+    ds4_backend *b = w ? ds4_backend_create(backend, w, &bo, &err) : NULL;
+    if (b) ds4_startup_print_memory("ds4-score", b->ops->name, w, b->opts.ctx_size);
     FILE *out = b ? fopen(out_path, "w") : NULL;
     totals t = {0};
     int rc = -1;

@@ -69,6 +69,12 @@ static void gen_out_free(gen_out *o) {
     free(o->calls);
 }
 
+void cont_req_free(cont_req *c) {
+    free(c->ids);
+    ds4_tokens_free(&c->tail);
+    memset(c, 0, sizeof(*c));
+}
+
 void job_unref(job *j) {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
@@ -78,6 +84,7 @@ void job_unref(job *j) {
     srv_request_free(&j->req);
     ds4_rendered_free(&j->rendered);
     ds4_tokens_free(&j->tokens);
+    cont_req_free(&j->cont);
     ds4_strbuf_free(&j->sse);
     json_decref(j->body);
     gen_out_free(&j->out);

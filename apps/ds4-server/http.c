@@ -95,7 +95,7 @@ static enum MHD_Result fail(struct MHD_Connection *c, const api_adapter *api, in
 static json_t *model_object(void) {
     uint32_t maxc = S->o.default_max_tokens < S->o.ctx ? S->o.default_max_tokens : S->o.ctx;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:i,s:{s:i,s:i,s:b},s:[s,s,s,s,s,s,s,s,s,s,s]}", "id", DS4_MODEL_ID, "object",
-                     "model", "created", (json_int_t)DS4_MODEL_CREATED, "owned_by", "ds4", "name", "DeepSeek V4 Flash",
+                     "model", "created", (json_int_t)DS4_MODEL_CREATED, "owned_by", "ds4.c", "name", "DeepSeek V4 Flash",
                      "context_length", (json_int_t)S->o.ctx, "top_provider", "context_length", (json_int_t)S->o.ctx,
                      "max_completion_tokens", (json_int_t)maxc, "is_moderated", 0, "supported_parameters", "tools",
                      "tool_choice", "max_tokens", "temperature", "top_p", "top_k", "min_p", "stop", "seed", "stream",
@@ -268,7 +268,7 @@ static enum MHD_Result handle_api(conn *k) {
     }
     static const char *const prefix[] = {"chatcmpl-", "cmpl-", "resp_", "msg_"};
     random_id(j->id, sizeof(j->id), prefix[api->kind], 24);
-    if (render_request(S, j, &e) != 0) return respond_error(c, api, &e);
+    if (render_request(S, j, &e) != 0 || cont_prepare(S, j, &e) != 0) return respond_error(c, api, &e);
     trace_request(j, k->body.p, k->body.len);
     ds4_strbuf_free(&k->body);
     j->t_enqueued = ds4_now();

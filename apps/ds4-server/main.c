@@ -2,6 +2,10 @@
  * main.c - ds4-server: options (spec/PRODUCT.md 1.2 plus --api-key,
  * --queue, --max-body-mb and the test hook), startup, signals, shutdown.
  *
+ * Startup (engine/startup.h): --chdir first, so every relative path (model,
+ * trace, disk cache) is taken from there; the instance lock; the model,
+ * with the memory estimate for --ctx; --warm-weights.
+ *
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
  * generation, answer the queued jobs, save the live session to the disk
  * cache ("shutdown"), close the listener.  A second signal exits at once
@@ -16,6 +20,7 @@
 #include <unistd.h>
 
 #include "engine/generate.h"
+#include "engine/startup.h"
 #include "server.h"
 
 server *SRV;
@@ -30,6 +35,10 @@ static void usage(FILE *f) {
             "  -n, --tokens N            default max output tokens (default 393216)\n"
             "  -t, --threads N           CPU threads (default: all cores)\n"
             "  --backend NAME, --cpu, --cuda\n"
+            "  --chdir DIR               change to DIR first: relative paths (model, trace, disk\n"
+            "                            cache) are taken from there\n"
+            "  --warm-weights            read the whole model file in before serving\n"
+            "  --quality                 accepted for ds4 compatibility (one kernel precision here)\n"
             "  --host HOST               bind address (default 127.0.0.1)\n"
             "  --port N                  port (default 8000; 0 picks a free one)\n"
             "  --cors                    add Access-Control-Allow-* headers\n"
@@ -112,6 +121,13 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
         STR("--backend", o->backend)
         if (!strcmp(a, "--cpu")) { o->backend = "cpu"; continue; }
         if (!strcmp(a, "--cuda")) { o->backend = "cuda"; continue; }
+        if (!strcmp(a, "--metal")) { o->backend = "metal"; continue; }
+        STR("--chdir", o->chdir_to)
+        if (!strcmp(a, "--warm-weights")) { o->warm_weights = true; continue; }
+        if (!strcmp(a, "--quality")) {
+            fprintf(stderr, "ds4-server: --quality: nothing to change, this engine's kernels have one precision\n");
+            continue;
+        }
         STR("--host", o->host)
         NUM("--port", 0, 65535, o->port)
         if (!strcmp(a, "--cors")) { o->cors = true; continue; }
@@ -136,11 +152,19 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
         if (!strcmp(a, "--no-memory-checkpoint")) { *no_ckpt = true; continue; }
 #undef NUM
 #undef STR
+        if (ds4_option_not_supported(a)) {
+            fprintf(stderr, "ds4-server: %s: %s\n", a, ds4_option_not_supported(a));
+            return -1;
+        }
         fprintf(stderr, "ds4-server: unknown option %s (see --help)\n", a);
         return -1;
     }
     o->max_body <<= 20;
     ds4_err err = {0};
+    if (ds4_backend_check_name(o->backend, &err) != 0) {
+        fprintf(stderr, "ds4-server: --backend: %s\n", err.msg);
+        return -1;
+    }
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return -1;
@@ -165,6 +189,12 @@ int main(int argc, char **argv) {
     int keepalive = 5000;
     bool no_ckpt = false;
     if (parse_args(argc, argv, &s.o, &keepalive, &no_ckpt) != 0) return 2;
+    if (s.o.chdir_to && chdir(s.o.chdir_to) != 0) {
+        fprintf(stderr, "ds4-server: --chdir %s: %s\n", s.o.chdir_to, strerror(errno));
+        return 1;
+    }
+    int lrc = ds4_startup_lock("ds4-server");
+    if (lrc) return lrc;
     s.memory_checkpoint = !no_ckpt;
     http_set_keepalive_ms(keepalive);
     SRV = &s;
@@ -194,12 +224,14 @@ int main(int argc, char **argv) {
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .need_vocab = true};
     double t0 = ds4_now();
-    if (!(s.engine = ds4_engine_open(&eo, &err))) {
+    if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return 1;
     }
-    srv_log("server", "model %s (%s backend) loaded in %.2f s; context %u tokens, KV state %.1f MiB", s.o.model_path,
-            s.engine->backend_name, ds4_now() - t0, s.o.ctx, (double)ds4_engine_kv_bytes(s.engine, s.o.ctx) / 1048576.0);
+    char mem[160];
+    srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
+            ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
+    if (s.o.warm_weights && ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads) != 0) return 1;
     if (!(s.tools = toolmem_new(s.o.tool_memory_max_ids, 512ull << 20))) {
         fprintf(stderr, "ds4-server: out of memory\n");
         return 1;

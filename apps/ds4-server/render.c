@@ -17,14 +17,14 @@ static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
 static ds4_tokenizer *pool[8]; /* each holds a BPE cache of up to ~9 MB */
 static int pool_n;
 
-static ds4_tokenizer *borrow(const ds4_vocab *v, ds4_err *err) {
+ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err) {
     pthread_mutex_lock(&pool_mu);
     ds4_tokenizer *t = pool_n ? pool[--pool_n] : NULL;
     pthread_mutex_unlock(&pool_mu);
     return t ? t : ds4_tokenizer_new(v, err);
 }
 
-static void give_back(ds4_tokenizer *t) {
+void render_tokenizer_return(ds4_tokenizer *t) {
     pthread_mutex_lock(&pool_mu);
     if (pool_n < (int)(sizeof(pool) / sizeof(pool[0]))) {
         pool[pool_n++] = t;
@@ -38,16 +38,20 @@ static const char *prompt_param(api_kind k) {
     return k == API_COMPLETIONS ? "prompt" : k == API_RESPONSES ? "input" : "messages";
 }
 
+ds4_chat_opts render_opts(server *s, const job *j) {
+    return (ds4_chat_opts){.think = j->req.think, .ctx_size = s->o.ctx, .tools = j->req.tools,
+                           .render_calls = toolmem_render_calls, .render_calls_ctx = s};
+}
+
 int render_request(server *s, job *j, api_error *e) {
-    ds4_chat_opts o = {.think = j->req.think, .ctx_size = s->o.ctx, .tools = j->req.tools,
-                       .render_calls = toolmem_render_calls, .render_calls_ctx = s};
+    ds4_chat_opts o = render_opts(s, j);
     ds4_err err = {0};
     if (ds4_chat_render(j->req.messages, &o, &j->rendered, &err) != 0)
         return api_fail(e, 400, "cannot render the conversation: %s", err.msg);
-    ds4_tokenizer *t = borrow(s->engine->vocab, &err);
+    ds4_tokenizer *t = render_tokenizer_borrow(s->engine->vocab, &err);
     if (!t) return api_fail(e, 500, "tokenizer: %s", err.msg);
     int rc = ds4_tokenize_rendered(t, &j->rendered, &j->tokens, &err);
-    give_back(t);
+    render_tokenizer_return(t);
     if (rc != 0) return api_fail(e, 400, "cannot tokenize the prompt: %s", err.msg);
     if (j->tokens.n >= s->o.ctx) {
         e->code = "context_length_exceeded";

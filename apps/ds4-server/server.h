@@ -46,6 +46,8 @@ typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
+    bool warm_weights;
+    const char *chdir_to;
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;
@@ -125,6 +127,17 @@ typedef struct gen_out {
 
 typedef struct job job;
 
+/* A Responses / Anthropic request that carries only tool outputs, for the
+ * live continuation (continuation.c): the output ids in the order of the
+ * live calls and the tokens of the turn they add (the "<｜User｜>" turn
+ * with the results and the "<｜Assistant｜>" transition). */
+typedef struct cont_req {
+    bool tool_only;
+    char (*ids)[48];
+    size_t n_ids;
+    ds4_tokens tail;
+} cont_req;
+
 typedef struct api_adapter {
     api_kind kind;
     const char *name;         /* for logs and traces */
@@ -176,7 +189,8 @@ struct job {
 
     gen_out out;
     stream_state ss;
-    char reuse[24];           /* KV source: memory-token, memory-text, disk, cold */
+    char reuse[24];           /* KV source: responses-visible, ..., memory-token, memory-text, disk, cold */
+    cont_req cont;
 };
 
 job *job_new(const api_adapter *api);
@@ -252,6 +266,36 @@ extern server *SRV;
 
 /* render.c: messages -> rendered prompt -> tokens (connection thread). */
 int render_request(server *s, job *j, api_error *e);
+ds4_chat_opts render_opts(server *s, const job *j);
+ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err);
+void render_tokenizer_return(ds4_tokenizer *t);
+
+/* continuation.c: live protocol continuations (spec/PRODUCT.md 2.8, 2.9
+ * rungs 1-3).  cont_prepare runs in the connection thread after
+ * render_request: tool outputs with unknown ids are refused (400), a
+ * tool-output-only request gets its tail tokens.  The worker asks
+ * cont_match first in its reuse ladder, calls cont_leave once the live
+ * session moves on, and cont_remember after each answer. */
+int cont_prepare(server *s, job *j, api_error *e);
+void cont_req_free(cont_req *c); /* common.c, with the job */
+/* 1 matched (prompt, kept, source set), 0 no live continuation, -1 the
+ * request needs one that is gone (e holds the 409). */
+int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t, ds4_tokens *prompt,
+               uint32_t *kept, const char **source, api_error *e);
+void cont_leave(void);
+/* Log the Responses replay of a tool-call turn whose hidden reasoning no
+ * live continuation restored. */
+void cont_warn_lost_reasoning(const job *j, const char *source);
+/* After an answer: `live`/`n_live` the session, `last` the last token
+ * handed out and whether the session still lacks it. */
+void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live, int32_t last, bool last_pending);
+/* Canonicalization (chat/completions, Anthropic): the tokens and text of
+ * the prompt plus the answer as the client replays it, reasoning included,
+ * up to its EOS (excluded); -1 when it does not render as a continuation
+ * of the prompt.  cont_rebind moves a live binding to a rewritten session. */
+int cont_canonical(server *s, const job *j, ds4_tokenizer *t, ds4_strbuf *text, ds4_tokens *out);
+void cont_rebind(const int32_t *live, uint32_t n_live);
+void cont_free(void);
 
 /* worker.c */
 int worker_start(server *s, ds4_err *err);

@@ -3,6 +3,11 @@
  * jobs, the KV reuse ladder, prefill with disk checkpoints, generation.
  *
  * KV reuse, in order (spec/PRODUCT.md 2.9):
+ *   responses-visible, responses-tool-output, anthropic-tool-output
+ *                 live protocol continuations (continuation.c): the live
+ *                 session continues the turn the client answers, whatever
+ *                 hidden reasoning it holds; a tool-output-only request
+ *                 whose live state is gone is answered 409
  *   memory-token  the live session's tokens are a prefix of the prompt's
  *   memory-text   the live tokens decode to a byte prefix of the rendered
  *                 prompt: keep them (the model's own tokenization of what it
@@ -20,6 +25,9 @@
  *                 reason "evict", since it is about to be replaced)
  *   cold          full prefill; a cold checkpoint at the system/tools
  *                 boundary on the way (kvcache.h policy)
+ * After a chat/completions or Anthropic tool-call turn whose sampled text
+ * is not what the client will send back, the live tail is rewritten to the
+ * canonical rendering (canonicalize) so that the next turn is a token hit.
  * Continued checkpoints are written whenever the live token count crosses
  * a multiple of the continued step, in prefill and in generation (not
  * inside a tool-call block), and the live session is saved at shutdown.
@@ -40,6 +48,7 @@ typedef struct counters {
     uint64_t requests, completed, failed, cancelled, rejected_full;
     uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
     uint64_t reuse_token, reuse_text, reuse_visible, reuse_checkpoint, reuse_disk, reuse_cold;
+    uint64_t reuse_resp_visible, reuse_resp_tool, reuse_anth_tool, continuation_lost, canonicalized;
     uint64_t disk_saves[7];
     char last_reuse[24];
     uint32_t last_cached, last_written;
@@ -236,8 +245,17 @@ static bool disk_prefix(const job *j, reuse *r) {
     return true;
 }
 
-static void choose_reuse(job *j, reuse *r) {
+/* 0, or -1 with e set when the request needs a live continuation that is
+ * gone (409). */
+static int choose_reuse(job *j, reuse *r, api_error *e) {
     memset(r, 0, sizeof(*r));
+    int c = cont_match(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), tok, &r->prompt, &r->kept, &r->source, e);
+    /* The session moves on from here: the binding it had no longer holds. */
+    cont_leave();
+    if (c != 0) {
+        vis_tokens = 0;
+        return c < 0 ? -1 : 0;
+    }
     if (live_token_prefix(j)) {
         ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
         r->kept = ds4_session_n_tokens(sess);
@@ -247,13 +265,14 @@ static void choose_reuse(job *j, reuse *r) {
     }
     vis_tokens = 0;
     if (!r->source) checkpoint_prefix(j, r);
-    if (disk_prefix(j, r)) return;
-    if (r->source) return;
+    if (disk_prefix(j, r)) return 0;
+    if (r->source) return 0;
     save_live(DS4_KVC_EVICT);
     ds4_session_reset(sess);
     frontier_done = 0;
     ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
     r->source = "cold";
+    return 0;
 }
 
 /* ------------------------------------------------------------ prefill */
@@ -303,6 +322,7 @@ typedef struct gen_ctx {
     out_ctx out;
     job *j;
     uint32_t step;
+    int32_t last;       /* the last token handed out */
 } gen_ctx;
 
 static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
@@ -312,6 +332,7 @@ static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
         save_live(DS4_KVC_CONTINUED);
         frontier_done = n;
     }
+    g->last = t;
     out_token(&g->out, t, ctl);
 }
 
@@ -363,6 +384,9 @@ static void count_result(const job *j, const char *source) {
     else if (!strcmp(source, "memory-text")) C.reuse_text++;
     else if (!strcmp(source, "thinking-visible")) C.reuse_visible++;
     else if (!strcmp(source, "memory-checkpoint")) C.reuse_checkpoint++;
+    else if (!strcmp(source, "responses-visible")) C.reuse_resp_visible++;
+    else if (!strcmp(source, "responses-tool-output")) C.reuse_resp_tool++;
+    else if (!strcmp(source, "anthropic-tool-output")) C.reuse_anth_tool++;
     else if (!strcmp(source, "disk")) C.reuse_disk++;
     else C.reuse_cold++;
     snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
@@ -371,6 +395,54 @@ static void count_result(const job *j, const char *source) {
     if (o->finish && !strcmp(o->finish, "error")) C.failed++;
     else C.completed++;
     pthread_mutex_unlock(&S->stats_mu);
+}
+
+static int on_stop_only(void *ctx, uint32_t done, uint32_t total) {
+    (void)ctx, (void)done, (void)total;
+    return S->stopping;
+}
+
+/* Canonicalization (spec/PRODUCT.md 2.8; chat/completions and Anthropic, as
+ * Responses keeps its live state): after a tool-call turn whose sampled
+ * text is not what the client will send back (exact replay off, or its ids
+ * forgotten), rewrite the live tail to the rendering of the turn the next
+ * request will carry, while the client runs its tools; the next request is
+ * then a plain token-prefix hit.  The session goes back to the longest
+ * state it can reach (the in-memory checkpoint of the prompt, else a
+ * rebuild) and prefills the rest. */
+static void canonicalize(job *j, int32_t last, bool pending) {
+    ds4_tokens live = {0}, canon = {0};
+    ds4_strbuf text = {0}, live_text = {0};
+    ds4_tokens_append(&live, ds4_session_tokens(sess), ds4_session_n_tokens(sess));
+    if (pending && last != ds4_vocab_find_added(S->engine->vocab, DS4_TOK_EOS, strlen(DS4_TOK_EOS)))
+        ds4_tokens_push(&live, last);
+    if (cont_canonical(S, j, tok, &text, &canon) == 0 && canon.n < S->o.ctx &&
+        ds4_detokenize(S->engine->vocab, live.ids, live.n, &live_text, NULL) == 0 &&
+        (live_text.len != text.len || memcmp(live_text.p, text.p, text.len) != 0)) {
+        uint32_t common = 0;
+        while (common < live.n && common < canon.n && live.ids[common] == canon.ids[common]) common++;
+        ds4_err err = {0};
+        double t0 = ds4_now();
+        if (ds4_session_sync(sess, canon.ids, (uint32_t)canon.n, on_stop_only, NULL, &err) == 0) {
+            const ds4_session_stats *st = ds4_session_get_stats(sess);
+            srv_log("tool", "%s %s: canonicalized the live tail (%zu live tokens, %u in common, %zu canonical; %llu restored, %llu prefilled in %.2f s)",
+                    j->api->name, j->id, live.n, common, canon.n, (unsigned long long)st->restored,
+                    (unsigned long long)st->prefilled, ds4_now() - t0);
+            if (vis_tokens) vis_tokens = ds4_session_n_tokens(sess);
+            cont_rebind(ds4_session_tokens(sess), ds4_session_n_tokens(sess));
+            pthread_mutex_lock(&S->stats_mu);
+            C.canonicalized++;
+            pthread_mutex_unlock(&S->stats_mu);
+        } else {
+            srv_log("tool", "%s %s: canonicalization failed: %s", j->api->name, j->id, err.msg);
+            vis_tokens = 0;
+            cont_leave();
+        }
+    }
+    ds4_tokens_free(&live);
+    ds4_tokens_free(&canon);
+    ds4_strbuf_free(&text);
+    ds4_strbuf_free(&live_text);
 }
 
 static void generate(job *j, const reuse *r, double t_prefill) {
@@ -417,6 +489,11 @@ static void generate(job *j, const reuse *r, double t_prefill) {
         for (size_t i = 0; i < o->n_calls && n < 64; i++) ids[n++] = o->calls[i].id;
         toolmem_put_many(S->tools, ids, n, raw, raw_n);
     }
+    /* Bind the live session to the protocol (after the replay memory: the
+     * visible transcript renders the calls as the next request will). */
+    bool pending = res.finish == DS4_FINISH_EOS || res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CALLBACK;
+    if (res.n_generated) cont_remember(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), g.last, pending);
+    bool canon = (j->api->kind == API_CHAT || j->api->kind == API_MESSAGES) && o->n_calls && !strcmp(o->finish, "tool_calls");
     srv_log("generate", "%s %s: prompt %u (%s, cached %u, prefilled %u, %.1f t/s), generated %u in %.2f s (%.1f t/s), finish %s%s%s",
             j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens,
             t_prefill > 0 ? o->written_tokens / t_prefill : 0.0, res.n_generated, res.seconds,
@@ -435,6 +512,8 @@ static void generate(job *j, const reuse *r, double t_prefill) {
     } else {
         job_finish(j, 200, j->api->final_body(j));
     }
+    /* After the answer went out: the client does not wait for it. */
+    if (canon) canonicalize(j, g.last, pending);
     ds4_sampler_free(&smp);
     out_free(&g.out);
     ds4_tokens_free(&forced);
@@ -451,8 +530,18 @@ static void run_job(job *j) {
         return;
     }
     reuse r;
-    choose_reuse(j, &r);
+    api_error ce = {0};
+    if (choose_reuse(j, &r, &ce) != 0) {
+        pthread_mutex_lock(&S->stats_mu);
+        C.continuation_lost++;
+        pthread_mutex_unlock(&S->stats_mu);
+        trace_decision(j, "continuation-lost");
+        fail_job(j, ce.status, ce.message, NULL);
+        ds4_tokens_free(&r.prompt);
+        return;
+    }
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
+    cont_warn_lost_reasoning(j, r.source);
     trace_decision(j, r.source);
     if (r.prompt.n >= S->o.ctx) {
         char msg[200];
@@ -612,6 +701,7 @@ void worker_stop(void) {
     ds4_session_free(sess);
     ds4_strbuf_free(&vis_prompt);
     ds4_tokens_free(&ck_tokens);
+    cont_free();
     free(queue);
 }
 
@@ -630,7 +720,7 @@ json_t *worker_stats(void) {
                        (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
                        (json_int_t)c.disk_saves[4]);
     }
-    return json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
+    json_t *st = json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
                      "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
                      (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
                      (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
@@ -642,4 +732,12 @@ json_t *worker_stats(void) {
                      "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
                      "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",
                      (json_int_t)rs.canonical);
+    /* The live protocol continuations (continuation.c). */
+    json_t *rz = json_object_get(st, "reuse");
+    json_object_set_new(rz, "responses-visible", json_integer((json_int_t)c.reuse_resp_visible));
+    json_object_set_new(rz, "responses-tool-output", json_integer((json_int_t)c.reuse_resp_tool));
+    json_object_set_new(rz, "anthropic-tool-output", json_integer((json_int_t)c.reuse_anth_tool));
+    json_object_set_new(st, "continuation_lost", json_integer((json_int_t)c.continuation_lost));
+    json_object_set_new(json_object_get(st, "tool_memory"), "canonicalized", json_integer((json_int_t)c.canonicalized));
+    return st;
 }

@@ -11,6 +11,7 @@
  */
 #include <stdio.h>
 
+#include "engine/startup.h"
 #include "format/gguf.h"
 #include "modes.h"
 #include "runtime.h"
@@ -41,7 +42,7 @@ static void print_piece(const char *s, size_t n) {
 
 int run_dump_tokens(const cli_opts *o) {
     ds4_err err = {0};
-    if (cli_model_exists(o->model, &err) != 0) {
+    if (ds4_model_file_check(o->model, &err) != 0) {
         fprintf(stderr, "ds4: %s\n", err.msg);
         return 1;
     }

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/startup.h"
 #include "format/quants.h"
 #include "model/layout.h"
 #include "modes.h"
@@ -72,7 +73,7 @@ static void print_tensors(const ds4_engine *e) {
     printf("tensors by class:\n  %-16s %6s %12s  %s\n", "class", "count", "bytes", "types");
     for (int k = 0; k < DS4_TC_COUNT; k++) {
         if (!sums[k].count) continue;
-        printf("  %-16s %6u %12s  ", ds4_tclass_name((ds4_tclass)k), sums[k].count, cli_fmt_bytes(sums[k].bytes, b));
+        printf("  %-16s %6u %12s  ", ds4_tclass_name((ds4_tclass)k), sums[k].count, ds4_fmt_bytes(sums[k].bytes, b));
         const char *sep = "";
         for (uint32_t t = 0; t < 64; t++) {
             if (!(sums[k].types >> t & 1)) continue;
@@ -84,7 +85,7 @@ static void print_tensors(const ds4_engine *e) {
         total += sums[k].bytes;
         count += sums[k].count;
     }
-    printf("  %-16s %6u %12s\n", "total", count, cli_fmt_bytes(total, b));
+    printf("  %-16s %6u %12s\n", "total", count, ds4_fmt_bytes(total, b));
     if (unmatched) printf("  (%u other tensors, not used: MTP)\n", unmatched);
 }
 
@@ -92,7 +93,7 @@ int run_inspect(ds4_engine *e, const cli_opts *o) {
     const ds4_gguf *g = e->w->gguf;
     char a[32], b[32], c[32];
     printf("model: %s (GGUF v%u, %s, %llu tensors, %llu metadata keys)\n", o->model, g->version,
-           cli_fmt_bytes(g->size, a), (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);
+           ds4_fmt_bytes(g->size, a), (unsigned long long)g->n_tensors, (unsigned long long)g->n_kv);
     ds4_str name;
     if (ds4_gguf_get_str(g, "general.name", &name, NULL) == 0) printf("name: %.*s\n", (int)name.len, name.ptr);
     print_config(&e->w->cfg);
@@ -100,9 +101,9 @@ int run_inspect(ds4_engine *e, const cli_opts *o) {
     printf("quant bits (recorded in KV cache files): %d\n", ds4_engine_quant_bits(e));
     printf("tokenizer: %u tokens, %u merges, bos %d, eos %d\n", ds4_vocab_size(e->vocab),
            ds4_vocab_n_merges(e->vocab), e->bos, e->eos);
-    uint64_t w = cli_weights_bytes(e), kv = ds4_engine_kv_bytes(e, o->ctx);
-    printf("memory: weights %s + KV state for %u tokens %s = %s\n", cli_fmt_bytes(w, a), o->ctx,
-           cli_fmt_bytes(kv, b), cli_fmt_bytes(w + kv, c));
+    uint64_t w = ds4_weights_bytes(e->w), kv = ds4_engine_kv_bytes(e, o->ctx);
+    printf("memory: weights %s + KV state for %u tokens %s = %s\n", ds4_fmt_bytes(w, a), o->ctx,
+           ds4_fmt_bytes(kv, b), ds4_fmt_bytes(w + kv, c));
     printf("kv_bytes: %llu\n", (unsigned long long)kv);
     return 0;
 }

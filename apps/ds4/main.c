@@ -7,16 +7,18 @@
  * opening, memory line, Ctrl+C, terminal), conversation.c (the chat over a
  * live session), printer.c (streaming output), oneshot.c and repl.c (the
  * two chat modes), dump_tokens.c, logprobs.c, perplexity.c, inspect.c (the
- * diagnostics).
+ * diagnostics), imatrix.c (importance-matrix collection).
  *
- * Exit status: 0 done, 1 an error (the message says what), 2 a usage error,
- * 130 stopped by Ctrl+C.
+ * Exit status: 0 done, 1 an error (the message says what), 2 a usage error
+ * or another ds4 process already running (the instance lock), 130 stopped
+ * by Ctrl+C.
  */
 #include <langinfo.h>
 #include <locale.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "engine/startup.h"
 #include "modes.h"
 #include "runtime.h"
 
@@ -56,6 +58,11 @@ int main(int argc, char **argv) {
         cli_opts_free(&o);
         return rc;
     }
+    /* One model process per machine; --dump-tokens above loads no weights. */
+    if ((rc = ds4_startup_lock("ds4")) != 0) {
+        cli_opts_free(&o);
+        return rc;
+    }
     ds4_err err = {0};
     ds4_engine *e = cli_engine_open(&o, &err);
     if (!e) {
@@ -64,8 +71,14 @@ int main(int argc, char **argv) {
         return 1;
     }
     if (o.mode != CLI_INSPECT) cli_print_memory(e, o.ctx);
+    if (o.warm_weights && o.mode != CLI_INSPECT && ds4_startup_warm("ds4", e->w, o.threads) != 0) {
+        ds4_engine_close(e);
+        cli_opts_free(&o);
+        return 1;
+    }
     switch (o.mode) {
     case CLI_INSPECT: rc = run_inspect(e, &o); break;
+    case CLI_IMATRIX: rc = run_imatrix(e, &o); break;
     case CLI_PERPLEXITY: rc = run_perplexity(e, &o); break;
     case CLI_DUMP_LOGPROBS: rc = run_dump_logprobs(e, &o); break;
     case CLI_CHAT: rc = run_chat(e, &o); break;

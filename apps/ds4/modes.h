@@ -19,5 +19,6 @@ int run_dump_tokens(const cli_opts *o);
 int run_dump_logprobs(ds4_engine *e, const cli_opts *o);   /* logprobs.c */
 int run_perplexity(ds4_engine *e, const cli_opts *o);      /* perplexity.c */
 int run_inspect(ds4_engine *e, const cli_opts *o);         /* inspect.c */
+int run_imatrix(ds4_engine *e, const cli_opts *o);         /* imatrix.c */
 
 #endif

@@ -7,6 +7,8 @@
  */
 #include "options.h"
 
+#include "engine/startup.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -42,6 +44,11 @@ static void usage(FILE *f) {
             "runtime:\n"
             "  --backend NAME, --cpu, --cuda   compute backend (default: the build's, %s)\n"
             "  -t, --threads N          CPU threads (default: $DS4_THREADS or all CPUs)\n"
+            "  --warm-weights           read the whole model file in before generating (CPU backend:\n"
+            "                           the first tokens do not wait for the disk)\n"
+            "  --quality                accepted for ds4 compatibility: this engine's kernels have one\n"
+            "                           precision, there is no approximate fast path to turn off\n"
+
             "\n"
             "diagnostics:\n"
             "  --dump-tokens            print the prompt's token ids and pieces (special tokens\n"
@@ -52,6 +59,17 @@ static void usage(FILE *f) {
             "  --perplexity-file FILE   teacher-forced NLL of a raw text (no chat template): the first\n"
             "                           32 tokens are context, up to -n tokens are scored\n"
             "  --inspect                print the model's configuration, tensors and memory, then exit\n"
+            "\n"
+            "importance matrix (for ds4-quantize --imatrix; runs on the CPU backend):\n"
+            "  --imatrix-dataset FILE   prompts separated by '===== DS4_IMATRIX_PROMPT' lines\n"
+            "  --imatrix-out FILE       collect routed-expert statistics, write a legacy .dat\n"
+            "  --imatrix-max-prompts N  stop after N prompts (default: all)\n"
+            "  --imatrix-max-tokens N   stop after N prompt tokens (default: all)\n"
+            "\n"
+            "environment:\n"
+            "  DS4_THREADS              CPU threads when -t is not given\n"
+            "  DS4_LOCK_FILE            one model process runs per machine; this is its lock file\n"
+            "                           (default /tmp/ds4.lock): another file allows a second process\n"
             "\n"
             "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n",
             CLI_MAX_CTX, CLI_DEFAULT_CTX, CLI_DEFAULT_TOKENS, DS4_TOP_K_MAX, DS4_THINK_MAX_MIN_CTX,
@@ -128,7 +146,8 @@ char *cli_read_file(const char *path, size_t *len, ds4_err *err) {
 static const char *const VALUED[] = {
     "-p", "--prompt", "--prompt-file", "-sys", "--system", "-m", "--model", "-c", "--ctx", "-n", "--tokens",
     "--temp", "--top-p", "--top-k", "--min-p", "--seed", "--backend", "-t", "--threads", "--dump-logprobs",
-    "--logprobs-top-k", "--perplexity-file", NULL,
+    "--logprobs-top-k", "--perplexity-file", "--imatrix-dataset", "--imatrix-out", "--imatrix-max-prompts",
+    "--imatrix-max-tokens", NULL,
 };
 
 static bool takes_value(const char *name) {
@@ -141,7 +160,8 @@ static bool is(const char *a, const char *s1, const char *s2) { return !strcmp(a
 
 /* Set the mode, refusing a second diagnostic. */
 static int set_mode(cli_opts *o, cli_mode m, const char *opt) {
-    if (o->mode != CLI_CHAT && o->mode != m) return bad(opt, NULL, "only one of --dump-tokens, --dump-logprobs, --perplexity-file, --inspect");
+    if (o->mode != CLI_CHAT && o->mode != m)
+        return bad(opt, NULL, "only one of --dump-tokens, --dump-logprobs, --perplexity-file, --inspect, --imatrix-out");
     o->mode = m;
     return 0;
 }
@@ -193,6 +213,10 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "-t", "--threads")) {
         if (parse_u64(v, 1, 4096, &u)) return bad(a, v, "must be an integer in 1..4096");
         o->threads = (int)u;
+    } else if (is(a, "--warm-weights", NULL)) {
+        o->warm_weights = true;
+    } else if (is(a, "--quality", NULL)) {
+        o->quality = true;
     } else if (is(a, "--dump-tokens", NULL)) {
         return set_mode(o, CLI_DUMP_TOKENS, a);
     } else if (is(a, "--dump-logprobs", NULL)) {
@@ -204,10 +228,21 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "--perplexity-file", NULL)) {
         o->perplexity_file = v;
         return set_mode(o, CLI_PERPLEXITY, a);
+    } else if (is(a, "--imatrix-dataset", NULL)) {
+        o->imatrix_dataset = v;
+    } else if (is(a, "--imatrix-out", NULL)) {
+        o->imatrix_out = v;
+        return set_mode(o, CLI_IMATRIX, a);
+    } else if (is(a, "--imatrix-max-prompts", NULL)) {
+        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_prompts)) return bad(a, v, "must be a positive integer");
+    } else if (is(a, "--imatrix-max-tokens", NULL)) {
+        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_tokens)) return bad(a, v, "must be a positive integer");
     } else if (is(a, "--inspect", NULL)) {
         return set_mode(o, CLI_INSPECT, a);
     } else if (is(a, "--server", NULL)) {
         return bad(a, NULL, "the server is a separate program: use ds4-server");
+    } else if (ds4_option_not_supported(a)) {
+        return bad(a, NULL, ds4_option_not_supported(a));
     } else {
         return bad(a, NULL, "unknown option");
     }
@@ -226,9 +261,23 @@ static int finish(cli_opts *o, const char *prompt_file) {
     if ((o->mode == CLI_DUMP_TOKENS || o->mode == CLI_DUMP_LOGPROBS) && !o->prompt)
         return bad(o->mode == CLI_DUMP_TOKENS ? "--dump-tokens" : "--dump-logprobs", NULL,
                    "needs a prompt (-p or --prompt-file)");
-    if ((o->mode == CLI_PERPLEXITY || o->mode == CLI_INSPECT) && o->prompt)
-        return bad(o->mode == CLI_INSPECT ? "--inspect" : "--perplexity-file", NULL, "takes no prompt");
+    if ((o->mode == CLI_PERPLEXITY || o->mode == CLI_INSPECT || o->mode == CLI_IMATRIX) && o->prompt)
+        return bad(o->mode == CLI_INSPECT ? "--inspect" : o->mode == CLI_IMATRIX ? "--imatrix-out" : "--perplexity-file",
+                   NULL, "takes no prompt");
+    if (o->mode == CLI_IMATRIX && !o->imatrix_dataset) return bad("--imatrix-out", NULL, "needs --imatrix-dataset FILE");
+    if (o->mode != CLI_IMATRIX && (o->imatrix_dataset || o->imatrix_max_prompts || o->imatrix_max_tokens))
+        return bad(o->imatrix_dataset ? "--imatrix-dataset" : o->imatrix_max_prompts ? "--imatrix-max-prompts"
+                                                                                     : "--imatrix-max-tokens",
+                   NULL, "needs --imatrix-out FILE");
     if (o->backend && !strcmp(o->backend, "metal")) return bad("--backend", "metal", "Metal is not supported by this engine (use cpu or cuda)");
+    if (o->quality)
+        fprintf(stderr, "ds4: --quality: nothing to change, this engine's kernels have one precision\n");
+    if (o->mode == CLI_IMATRIX) {
+        /* Only the CPU backend reports each routed expert's inputs. */
+        if (o->backend && strcmp(o->backend, "cpu"))
+            fprintf(stderr, "ds4: importance matrix collection runs on the CPU backend, not %s\n", o->backend);
+        o->backend = "cpu";
+    }
     return 0;
 }
 
@@ -253,6 +302,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         if (eq && (size_t)(eq - a) < sizeof(name)) {
             memcpy(name, a, (size_t)(eq - a));
             name[eq - a] = 0;
+            if (ds4_option_not_supported(name)) return bad(name, NULL, ds4_option_not_supported(name));
             if (!takes_value(name)) return bad(name, NULL, "takes no value");
             a = name;
             v = eq + 1;

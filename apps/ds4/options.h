@@ -30,6 +30,7 @@ typedef enum cli_mode {
     CLI_DUMP_LOGPROBS,   /* greedy continuation with top-k log-probabilities (JSON) */
     CLI_PERPLEXITY,      /* teacher-forced NLL over a raw text file */
     CLI_INSPECT,         /* model summary */
+    CLI_IMATRIX,         /* collect a routed-expert importance matrix over a dataset */
 } cli_mode;
 
 typedef struct cli_opts {
@@ -45,9 +46,13 @@ typedef struct cli_opts {
     ds4_think_mode think;
     const char *backend;       /* NULL: the build's default */
     int threads;               /* 0: $DS4_THREADS or all CPUs */
+    bool warm_weights;         /* read the whole model file before the first token */
+    bool quality;              /* accepted for ds4 compatibility: always the case here */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;
+    const char *imatrix_dataset, *imatrix_out;
+    uint64_t imatrix_max_prompts, imatrix_max_tokens;   /* 0: unlimited */
 } cli_opts;
 
 /* Parse argv.  Returns 0 to run, 1 when --help was printed (exit 0), 2 on

@@ -6,8 +6,9 @@
 
 #include <errno.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
+
+#include "engine/startup.h"
 
 volatile sig_atomic_t cli_interrupted;
 static volatile sig_atomic_t busy;
@@ -33,55 +34,19 @@ void cli_signals_init(void) {
 
 void cli_busy(bool b) { busy = b; }
 
-int cli_model_exists(const char *path, ds4_err *err) {
-    struct stat st;
-    if (stat(path, &st) == 0) return 0;
-    return ds4_err_set(err, DS4_ENOTFOUND,
-                       "model file %s: %s.\n"
-                       "  ds4 runs the DeepSeek V4 Flash GGUF files published for the ds4 engine\n"
-                       "  (Hugging Face antirez/deepseek-v4-gguf, e.g. the q2-imatrix file, about 81 GB).\n"
-                       "  Download one and pass it with -m FILE, or link it as ./" CLI_DEFAULT_MODEL ".\n"
-                       "  To try ds4 without downloading anything, `make demo` builds a tiny random\n"
-                       "  model with the real tokenizer: ./ds4 -m build/models/demo.gguf",
-                       path, strerror(errno));
-}
-
 ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
-    if (cli_model_exists(o->model, err) != 0) return NULL;
+    if (ds4_model_file_check(o->model, err) != 0) return NULL;
     ds4_engine_opts eo = {
         .model_path = o->model,
         .backend = o->backend,
         .n_threads = o->threads,
-        .need_vocab = true,
+        .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
     };
     return ds4_engine_open(&eo, err); /* its messages start with the path */
 }
 
-uint64_t cli_weights_bytes(const ds4_engine *e) {
-    uint64_t total = 0;
-    const ds4_gguf *g = e->w->gguf;
-    for (uint64_t i = 0; i < g->n_tensors; i++) total += g->tensors[i].nbytes;
-    return total;
-}
-
-const char *cli_fmt_bytes(uint64_t b, char buf[32]) {
-    static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
-    double v = (double)b;
-    int u = 0;
-    while (v >= 1024.0 && u < 4) {
-        v /= 1024.0;
-        u++;
-    }
-    if (u == 0) snprintf(buf, 32, "%llu bytes", (unsigned long long)b);
-    else snprintf(buf, 32, "%.1f %s", v, units[u]);
-    return buf;
-}
-
 void cli_print_memory(const ds4_engine *e, uint32_t ctx) {
-    char a[32], b[32], c[32];
-    uint64_t w = cli_weights_bytes(e), kv = ds4_engine_kv_bytes(e, ctx);
-    fprintf(stderr, "ds4: backend %s; memory: weights %s + context %u tokens %s = %s\n", e->backend_name,
-            cli_fmt_bytes(w, a), ctx, cli_fmt_bytes(kv, b), cli_fmt_bytes(w + kv, c));
+    ds4_startup_print_memory("ds4", e->backend_name, e->w, ctx);
 }
 
 cli_term cli_term_detect(void) {

@@ -27,21 +27,12 @@ void cli_signals_init(void);
 /* Mark a stretch of model work: a second Ctrl+C inside it exits. */
 void cli_busy(bool busy);
 
-/* 0 when the model file exists; else an explanation of where models come
- * from. */
-int cli_model_exists(const char *path, ds4_err *err);
-
 /* Open the model named by the options (tokenizer required).  A missing file
  * gets an explanation of where models come from. */
 ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err);
 
-/* Bytes of every tensor in the model file. */
-uint64_t cli_weights_bytes(const ds4_engine *e);
-
-/* "12.3 MiB" style. */
-const char *cli_fmt_bytes(uint64_t bytes, char buf[32]);
-
-/* The startup line: weights + KV state for ctx tokens on the backend. */
+/* The startup line: weights + KV state for ctx tokens on the backend
+ * (engine/startup.h, shared by every engine program). */
 void cli_print_memory(const ds4_engine *e, uint32_t ctx);
 
 /* Terminal facts, decided once. */

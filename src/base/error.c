@@ -65,6 +65,7 @@ const char *ds4_errcode_name(ds4_errcode code) {
     case DS4_ENOMEM: return "nomem";
     case DS4_ENOTFOUND: return "notfound";
     case DS4_EINTERRUPTED: return "interrupted";
+    case DS4_EBUSY: return "busy";
     }
     return "unknown";
 }

@@ -29,6 +29,7 @@ typedef enum ds4_errcode {
     DS4_ENOMEM,       /* allocation failed */
     DS4_ENOTFOUND,    /* missing key, tensor, file */
     DS4_EINTERRUPTED, /* cancelled by the user or a client disconnect */
+    DS4_EBUSY,        /* held by another process (the instance lock) */
 } ds4_errcode;
 
 typedef struct ds4_err {

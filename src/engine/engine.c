@@ -24,6 +24,7 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     }
     e->opts = *opts;
     e->eos = e->bos = -1;
+    if (ds4_backend_check_name(opts->backend, err) != 0) goto fail;
     e->backend_name = strdup(opts->backend ? opts->backend : ds4_default_backend());
     if (!e->backend_name) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory");

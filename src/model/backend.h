@@ -69,6 +69,11 @@ struct ds4_backend {
     ds4_backend_opts opts;
 };
 
+/* 0 when this build has the named backend (NULL: the default); else why
+ * not ("metal", "cuda" in a CPU build, unknown names).  Programs check
+ * before loading the model. */
+int ds4_backend_check_name(const char *name, ds4_err *err);
+
 /* Create the named backend ("cpu"; "cuda" in CUDA builds) over loaded
  * weights, which must outlive it. */
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);

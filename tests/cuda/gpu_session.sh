@@ -4,7 +4,7 @@
 # memcheck on the kernel test and a short comparison, and the synthetic full
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san prof ncu bench"   which parts, in this order (default: all but ncu)
+#   PARTS="tests san prof ncu ncustep bench"   which parts, in this order (default: all but ncu, ncustep)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME   their time limits in seconds
 set -u
 cd "$(dirname "$0")/../.."
@@ -32,6 +32,13 @@ for part in $PARTS; do
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section Occupancy --section LaunchStats \
             build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 64 --ctx-max 64 --gen-tokens 2 > "$OUT/ncu.log" 2>&1
         echo "ncu: rc $?";;
+    ncustep)
+        # every kernel of a short run, one at a time: tests/cuda/ncu_table.py
+        # turns the CSV into the per-kernel table of one decode step
+        timeout ${NCU_TIME:-330} ncu --csv --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
+            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 1024 --ctx-max 1024 --gen-tokens 3 > "$OUT/ncustep.csv" 2> "$OUT/ncustep.err"
+        echo "ncustep: rc $?"
+        python3 tests/cuda/ncu_table.py "$OUT/ncustep.csv" > "$OUT/ncustep.md" && gzip -f "$OUT/ncustep.csv";;
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;

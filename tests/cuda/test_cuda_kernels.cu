@@ -202,7 +202,7 @@ static void check_products(cudaStream_t st) {
     ds4_err err = {};
     for (uint32_t type : types) {
         bool kq = type == DS4_TYPE_Q2_K || type == DS4_TYPE_Q4_K || type == DS4_TYPE_IQ2_XXS;
-        uint32_t n = kq ? 512 : 352, rows = 77, mats = 3, T = 70, off = kq ? 256 : 96, an = n + off;
+        uint32_t n = kq ? 768 : 864, rows = 141, mats = 3, T = 70, off = kq ? 256 : 96, an = n + off;
         wt_pair w;
         make_weights(w, type, n, rows, mats);
         act_pair a;

@@ -24,6 +24,14 @@ MODEL = os.path.join(ROOT, "build", "models", "server-test.gguf")
 TOKENIZER = os.path.join(ROOT, "build", "tokenizer.gguf")
 FORCE = os.path.join(ROOT, "tests", "server", "force.json")
 
+# The servers these tests start take their own instance lock
+# (src/base/instance_lock.h) unless the test runner chose one: a model
+# process elsewhere on the machine does not stop them, nor they it.
+if not os.environ.get("DS4_LOCK_FILE"):
+    os.makedirs(os.path.join(ROOT, "build", "test-locks"), exist_ok=True)
+    os.environ["DS4_LOCK_FILE"] = os.path.join(
+        ROOT, "build", "test-locks", os.path.splitext(os.path.basename(sys.argv[0] or "server"))[0] + ".lock")
+
 
 def ensure_model():
     if not os.path.exists(TOKENIZER):

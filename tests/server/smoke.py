@@ -66,6 +66,8 @@ def t_models(s):
     check(st == 200 and body["object"] == "list" and body["data"][0]["id"] == "deepseek-v4-flash", body)
     st, body = s.get("/v1/models/deepseek-v4-flash")
     check(st == 200 and body["context_length"] == 4096, body)
+    check(body["owned_by"] == "ds4.c" and body["created"] == 1767225600 and body["object"] == "model", body)
+    check(body["top_provider"] == {"context_length": 4096, "max_completion_tokens": 4096, "is_moderated": False}, body)
     st, body = s.get("/v1/models/nope")
     check(st == 404 and body["error"]["type"] == "not_found_error", body)
 
@@ -340,6 +342,182 @@ def t_thinking_visible(s):
     check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
 
 
+def evict(s):
+    """An unrelated chat request: the live session moves on."""
+    st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Unrelated"}], "max_tokens": 2,
+                                            "thinking": False})
+    check(st == 200 and s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+
+
+def responses_text(b):
+    return "".join(c["text"] for o in b["output"] if o["type"] == "message" for c in o["content"])
+
+
+def t_responses_continuations(s):
+    """Live protocol continuations of the Responses API: a tool-output-only
+    request appends just the tool turn, a replayed transcript keeps the live
+    state (hidden reasoning included); both give the greedy answer of a cold
+    prefill of the same conversation.  Unknown call ids are refused (400),
+    lost state is reported (409)."""
+    inp = [{"role": "user", "content": "Weather in Paris?"}]
+    base = {"instructions": SYSTEM, "tools": RESPONSES_TOOLS, "reasoning": {"effort": "none"}}
+    greedy = {"temperature": 0, "max_output_tokens": 8}
+
+    def call_turn(headers="weather_call", **kw):
+        st, b = s.post("/v1/responses", dict(base, input=inp, **kw), headers=force(headers))
+        fc = [o for o in b["output"] if o["type"] == "function_call"]
+        check(st == 200 and len(fc) == 1, b)
+        u = b["usage"]
+        return fc[0], u["input_tokens"] + u["output_tokens"] - 1  # the live tokens after it
+
+    def replay(fc):
+        return inp + [{"type": "function_call", "call_id": fc["call_id"], "name": fc["name"],
+                       "arguments": fc["arguments"]}, output(fc)]
+
+    def output(fc):
+        return {"type": "function_call_output", "call_id": fc["call_id"], "output": "sunny, 21C"}
+
+    fc, live = call_turn()
+    st, b = s.post("/v1/responses", dict(base, input=[output(fc)], **greedy))
+    last = s.stats()["last"]
+    check(st == 200 and last["reuse"] == "responses-tool-output", (st, b, last))
+    u = b["usage"]
+    # Kept: the whole live state; prefilled: the call's last token, EOS, <｜User｜>,
+    # the tool result, <｜Assistant｜></think>.
+    check(u["input_tokens_details"]["cached_tokens"] == live and u["input_tokens_details"]["cache_write_tokens"] < 20, u)
+    # A lost state: 409; an id nobody issued: 400.
+    evict(s)
+    st, e = s.post("/v1/responses", dict(base, input=[output(fc)], **greedy))
+    check(st == 409 and "Responses continuation state is not available" in e["error"]["message"], (st, e))
+    bad = dict(output(fc), call_id="call_" + "0" * 32)
+    st, e = s.post("/v1/responses", dict(base, input=[bad], **greedy))
+    check(st == 400 and "not available for call_id call_000" in e["error"]["message"], (st, e))
+    st, e = s.post("/v1/responses", dict(base, input=inp + [bad], **greedy))
+    check(st == 400 and "replaying the full input history" in e["error"]["message"], (st, e))
+    check(s.stats()["continuation_lost"] >= 1, s.stats())
+    # The same conversation replayed in full, cold: the same prompt, the same answer.
+    st, cold = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
+    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    check(cold["usage"]["input_tokens"] == u["input_tokens"], (cold["usage"], u))
+    check(responses_text(cold) == responses_text(b) and cold["usage"]["output_tokens"] == 8, (cold, b))
+    # The replay right after the call turn: responses-visible, the same answer.
+    fc, live = call_turn()
+    st, b = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b["usage"]["input_tokens_details"]["cached_tokens"] == live and b["usage"]["input_tokens"] == u["input_tokens"],
+          b["usage"])
+    check(responses_text(b) == responses_text(cold), (b, cold))
+    # ... and after a plain answer, the next user turn too.
+    st, a = s.post("/v1/responses", dict(base, input=inp), headers=force("answer"))
+    st, b = s.post("/v1/responses", dict(base, input=inp + a["output"] + [{"role": "user", "content": "Tomorrow?"}],
+                                         **greedy))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b["usage"]["input_tokens_details"]["cached_tokens"] == a["usage"]["input_tokens"] + a["usage"]["output_tokens"] - 1,
+          (a["usage"], b["usage"]))
+    # Thinking, no summary: the client never sees the reasoning, the live
+    # state keeps it (every live token is reused).
+    think = dict(base, reasoning={"effort": "high"})
+    st, b = s.post("/v1/responses", dict(think, input=inp), headers=force("weather_call_think"))
+    check([o["type"] for o in b["output"]] == ["function_call"], b)
+    fc = b["output"][0]
+    live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
+    st, b2 = s.post("/v1/responses", dict(think, input=replay(fc), max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(b2["usage"]["input_tokens_details"]["cached_tokens"] == live, (b["usage"], b2["usage"]))
+    # Tool output only, thinking on.
+    st, b = s.post("/v1/responses", dict(think, input=inp), headers=force("weather_call_think"))
+    live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
+    st, b3 = s.post("/v1/responses", dict(think, input=[output(b["output"][0])], max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "responses-tool-output", s.stats()["last"])
+    check(b3["usage"]["input_tokens_details"]["cached_tokens"] == live, b3["usage"])
+    check(b3["usage"]["input_tokens"] == b2["usage"]["input_tokens"], (b3["usage"], b2["usage"]))
+    # The hidden reasoning is in both prompts: as long as a cold replay that carries it.
+    evict(s)
+    reasoning = {"type": "reasoning", "summary": [{"type": "summary_text",
+                                                   "text": "The user asks about the weather, so I call the tool."}]}
+    st, full = s.post("/v1/responses", dict(think, input=inp + [reasoning] + replay(fc)[1:], max_output_tokens=2))
+    check(s.stats()["last"]["reuse"] == "cold" and full["usage"]["input_tokens"] == b2["usage"]["input_tokens"],
+          (full["usage"], b2["usage"]))
+    # A stateless replay that lacks the reasoning, no live state to restore it: a warning.
+    check("lower fidelity" not in s.text(), s.text()[-2000:])
+    s.post("/v1/responses", dict(think, input=replay(fc), max_output_tokens=1))
+    check(s.stats()["last"]["reuse"] == "cold" and s.text().count("lower fidelity") == 1, s.text()[-2000:])
+
+
+def t_messages_continuations(s):
+    """anthropic-tool-output: tool_result blocks alone continue the live tool
+    call; the greedy answer is that of a cold prefill of the whole history."""
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    base = {"system": SYSTEM, "tools": ANTHROPIC_TOOLS, "thinking": {"type": "disabled"}}
+    st, b = s.post("/v1/messages", dict(base, messages=msgs, max_tokens=200), headers=force("two_calls"))
+    tus = [c for c in b["content"] if c["type"] == "tool_use"]
+    check(len(tus) == 2, b)
+    live = b["usage"]["cache_creation_input_tokens"] + b["usage"]["output_tokens"] - 1
+    # The results in the other order: rendered in the order of the calls.
+    results = [{"type": "tool_result", "tool_use_id": tu["id"], "content": "sunny in %s" % tu["input"]["city"]}
+               for tu in reversed(tus)]
+    greedy = {"temperature": 0, "max_tokens": 8}
+    st, b2 = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": results}], **greedy))
+    check(st == 200 and s.stats()["last"]["reuse"] == "anthropic-tool-output", (b2, s.stats()["last"]))
+    u = b2["usage"]
+    check(u["cache_read_input_tokens"] == live and u["cache_creation_input_tokens"] < 30, u)
+    # Only one of the two results: not the live call set, 409.
+    st, e = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": results[:1]}], **greedy))
+    check(st == 409 and e["type"] == "error" and "Anthropic continuation state" in e["error"]["message"], e)
+    st, e = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": [
+        dict(results[0], tool_use_id="toolu_unknown")]}], **greedy))
+    check(st == 400 and e["type"] == "error" and "tool_use_id toolu_unknown" in e["error"]["message"], e)
+    evict(s)
+    full = msgs + [{"role": "assistant", "content": b["content"]}, {"role": "user", "content": results}]
+    st, cold = s.post("/v1/messages", dict(base, messages=full, **greedy))
+    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    cu = cold["usage"]
+    check(cu["cache_creation_input_tokens"] == u["cache_read_input_tokens"] + u["cache_creation_input_tokens"], (cu, u))
+    check(cold["content"] == b2["content"] and cold["stop_reason"] == b2["stop_reason"], (cold, b2))
+
+
+def canonicalized_tail(s):
+    """A call sampled in a non-canonical spelling, exact replay off: after
+    the turn the live tail is rewritten to the canonical rendering the
+    client will send back (chat and Anthropic), so the next request is a
+    token-prefix hit with the greedy answer of a cold prefill."""
+    msgs = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": "Weather in Paris?"}]
+    body = {"tools": TOOLS, "thinking": False}
+    st, b = s.post("/v1/chat/completions", dict(body, messages=msgs), headers=force("weather_call_loose"))
+    call = b["choices"][0]["message"]["tool_calls"][0]
+    check(json.loads(call["function"]["arguments"]) == WEATHER, call)
+    full = msgs + [{"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
+    greedy = dict(body, messages=full, max_tokens=6, temperature=0)
+    st, b2 = s.post("/v1/chat/completions", greedy)
+    stats = s.stats()
+    check(stats["tool_memory"]["canonicalized"] == 1 and stats["last"]["reuse"] == "memory-token", stats)
+    u = b2["usage"]["prompt_tokens_details"]
+    check(u["cache_write_tokens"] < 20 and u["cached_tokens"] > b["usage"]["prompt_tokens"] + 40, b2["usage"])
+    evict(s)
+    st, cold = s.post("/v1/chat/completions", greedy)
+    check(s.stats()["last"]["reuse"] == "cold" and cold["usage"]["prompt_tokens"] == b2["usage"]["prompt_tokens"],
+          (s.stats()["last"], cold["usage"]))
+    check(cold["choices"][0]["message"] == b2["choices"][0]["message"], (cold, b2))
+    # Anthropic: the same for a tool_use block.
+    amsgs = [{"role": "user", "content": "Weather in Paris?"}]
+    abody = {"system": SYSTEM, "tools": ANTHROPIC_TOOLS, "thinking": {"type": "disabled"}}
+    st, a = s.post("/v1/messages", dict(abody, messages=amsgs, max_tokens=200), headers=force("weather_call_loose"))
+    tu = [c for c in a["content"] if c["type"] == "tool_use"][0]
+    afull = amsgs + [{"role": "assistant", "content": a["content"]}, {"role": "user", "content": [
+        {"type": "tool_result", "tool_use_id": tu["id"], "content": "sunny"}]}]
+    st, a2 = s.post("/v1/messages", dict(abody, messages=afull, max_tokens=6, temperature=0))
+    stats = s.stats()
+    check(stats["tool_memory"]["canonicalized"] == 2 and stats["last"]["reuse"] == "memory-token", stats)
+    check(a2["usage"]["cache_creation_input_tokens"] < 20, a2["usage"])
+
+
+def t_no_needless_canonicalization(s):
+    """With exact replay every tool-call turn above (thinking or not, chat
+    and Anthropic) renders back as sampled: no live tail was rewritten."""
+    check(s.stats()["tool_memory"]["canonicalized"] == 0, s.stats()["tool_memory"])
+
+
 def t_checkpoint_without_replay():
     """Exact replay off: the tool call comes back rendered canonically (here
     with its arguments reordered), which the live tokens do not spell; the
@@ -356,6 +534,8 @@ def t_checkpoint_without_replay():
         st = s.stats()
         check(st["tool_memory"]["replayed"] == 0 and st["last"]["reuse"] == "memory-checkpoint", st)
         check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"], b2["usage"])
+        check(st["tool_memory"]["canonicalized"] == 0, st)  # the sampled call was canonical already
+        canonicalized_tail(s)
     with Server("--no-memory-checkpoint") as s:
         body = {"messages": [{"role": "user", "content": "Again"}], "max_tokens": 3, "temperature": 0, "thinking": False}
         s.post("/v1/chat/completions", body)
@@ -635,8 +815,8 @@ def main():
     with Server() as s:
         for fn in (t_models, t_count_tokens, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
                    t_chat_tools, t_responses_tools, t_messages_tools, t_prefix_reuse, t_memory_text, t_thinking_visible,
-                   t_stop_sequences,
-                   t_malformed_dsml, t_bad_requests, t_disconnect_cancels):
+                   t_responses_continuations, t_messages_continuations, t_stop_sequences,
+                   t_malformed_dsml, t_bad_requests, t_disconnect_cancels, t_no_needless_canonicalization):
             t0 = time.time()
             fn(s)
             PASSED.append(fn.__name__)

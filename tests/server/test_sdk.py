@@ -187,6 +187,61 @@ def t_anthropic_tools(ac):
     check([c.type for c in final.content] == ["thinking", "tool_use"] and final.content[1].input == WEATHER, final)
 
 
+def evict(oc):
+    """An unrelated request: the live session moves on."""
+    oc.chat.completions.create(model="x", messages=[{"role": "user", "content": "Unrelated"}], max_tokens=2,
+                               extra_body={"thinking": False})
+
+
+def t_openai_responses_continuation(oc):
+    """Tool outputs sent alone continue the live call turn (every live token
+    reused); once the live state is gone the SDK sees 409 (ConflictError),
+    an id nobody issued 400."""
+    tools = [{"type": "function", "name": "get_weather", "description": "Weather for a city",
+              "parameters": TOOLS[0]["function"]["parameters"]}]
+    def call_turn():
+        r = oc.responses.create(model="x", instructions="You answer weather questions.",
+                                input=[{"role": "user", "content": "Weather in Paris?"}], tools=tools,
+                                extra_headers=force("weather_call_think"))
+        fc = [o for o in r.output if o.type == "function_call"][0]
+        return r, [{"type": "function_call_output", "call_id": fc.call_id, "output": "sunny, 21C"}]
+
+    r, out = call_turn()
+    r2 = oc.responses.create(model="x", input=out, tools=tools, extra_headers=force("answer_think"))
+    check(r2.output_text == ANSWER, r2)
+    check(r2.usage.input_tokens_details.cached_tokens == r.usage.input_tokens + r.usage.output_tokens - 1, r2.usage)
+    r, out = call_turn()
+    evict(oc)
+    try:
+        oc.responses.create(model="x", input=out, tools=tools)
+        raise AssertionError("no error")
+    except openai.ConflictError as e:
+        check("continuation state is not available" in e.message, e)
+    try:
+        oc.responses.create(model="x", input=[dict(out[0], call_id="call_nobody")], tools=tools)
+        raise AssertionError("no error")
+    except openai.BadRequestError as e:
+        check("call_id call_nobody" in e.message, e)
+
+
+def t_anthropic_tool_output(ac):
+    tools = [{"name": "get_weather", "description": "Weather for a city",
+              "input_schema": TOOLS[0]["function"]["parameters"]}]
+    m = ac.messages.create(model="x", max_tokens=300, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                           tools=tools, extra_headers=force("weather_call_think"))
+    tu = [c for c in m.content if c.type == "tool_use"][0]
+    results = [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": tu.id, "content": "sunny"}]}]
+    m2 = ac.messages.create(model="x", max_tokens=300, messages=results, tools=tools,
+                            extra_headers=force("answer_think"))
+    check(m2.content[-1].text == ANSWER, m2)
+    check(m2.usage.cache_read_input_tokens == m.usage.cache_creation_input_tokens + m.usage.output_tokens - 1, m2.usage)
+    try:
+        ac.messages.create(model="x", max_tokens=5, messages=results, tools=tools)
+        raise AssertionError("no error")
+    except anthropic.ConflictError as e:
+        check("continuation state is not available" in e.message, e)
+
+
 def t_errors(oc, ac):
     try:
         oc.chat.completions.create(model="x", messages=[{"role": "wizard", "content": "x"}])
@@ -214,8 +269,8 @@ def main():
         for fn, args in ((t_openai_chat, (oc,)), (t_openai_multi_turn_reuse, (oc,)),
                          (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
                          (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_count_tokens, (ac,)),
-                         (t_anthropic_tools, (ac,)),
-                         (t_errors, (oc, ac))):
+                         (t_anthropic_tools, (ac,)), (t_openai_responses_continuation, (oc,)),
+                         (t_anthropic_tool_output, (ac,)), (t_errors, (oc, ac))):
             t0 = time.time()
             fn(*args)
             PASSED.append(fn.__name__)

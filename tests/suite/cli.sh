@@ -4,12 +4,16 @@
 # argmax of the logits that --dump-logprobs writes, which equal ds4-forward's
 # (an independent path: one raw prefill); seeds; pre-rendered transcripts;
 # --perplexity-file against an NLL computed from ds4-forward's logits;
-# --dump-tokens against ds4-tokenizer; --inspect; usage errors exit 2;
+# --dump-tokens against ds4-tokenizer; --inspect; --imatrix-out writes the
+# same bytes as ds4-imatrix (one shared collector); usage errors exit 2;
 # a missing model explains itself; the interactive mode through a
 # pseudo-terminal (cli_repl.py).
 set -eu
 cd "$(dirname "$0")/../.."
-for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward; do [ -x "./$p" ] || make -s "$p"; done
+# Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
+mkdir -p build/test-locks
+export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cli.lock}"
+for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward ds4-imatrix; do [ -x "./$p" ] || make -s "$p"; done
 dir=build/suite/cli
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -109,6 +113,40 @@ kv4k=$(sed -n 's/^kv_bytes: //p' "$dir/inspect.txt")
 kv8k=$(./ds4 -m "$M" --inspect -c 8192 | sed -n 's/^kv_bytes: //p')
 [ "$kv8k" -gt "$kv4k" ] || fail "KV bytes do not grow with the context ($kv4k, $kv8k)"
 
+# --- importance matrix: ds4-imatrix's collection, byte for byte ------------------
+# Rendered chat text (special tokens recognised), plain text and token ids.
+{
+    echo "===== DS4_IMATRIX_PROMPT 0 chat think"
+    echo "${BOS}You are helpful.<｜User｜>Write a haiku about rain.<｜Assistant｜><think>"
+    echo
+    echo "===== DS4_IMATRIX_PROMPT 1 ids"
+    echo "5 6 7 8 9 10 11 12 13 14 15 16"
+    echo
+    echo "===== DS4_IMATRIX_PROMPT 2 prose"
+    cat "$dir/text.txt"
+} > "$dir/im.txt"
+imatrix_pair() { # imatrix_pair NAME OPTIONS...: the two programs, same bytes
+    name=$1; shift
+    ./ds4 -m "$M" -c 64 -t 2 --imatrix-dataset "$dir/im.txt" --imatrix-out "$dir/$name.cli.dat" "$@" \
+        > "$dir/im.out" 2> "$dir/im.err" || fail "ds4 --imatrix-out $*: $(cat "$dir/im.err")"
+    [ ! -s "$dir/im.out" ] || fail "ds4 --imatrix-out printed on stdout: $(cat "$dir/im.out")"
+    ./ds4-imatrix "$M" --ctx 64 -t 2 --imatrix-dataset "$dir/im.txt" --imatrix-out "$dir/$name.tool.dat" "$@" \
+        2>/dev/null || fail "ds4-imatrix $*"
+    cmp -s "$dir/$name.cli.dat" "$dir/$name.tool.dat" || fail "ds4 and ds4-imatrix wrote different files ($*)"
+}
+imatrix_pair all
+grep -q "wrote .*all.cli.dat from 3 prompts, " "$dir/im.err" || fail "imatrix summary: $(cat "$dir/im.err")"
+imatrix_pair two --imatrix-max-prompts 2
+grep -q "from 2 prompts, " "$dir/im.err" || fail "--imatrix-max-prompts: $(cat "$dir/im.err")"
+imatrix_pair t20 --imatrix-max-tokens 20
+grep -q "from 2 prompts, 20 tokens" "$dir/im.err" || fail "--imatrix-max-tokens: $(cat "$dir/im.err")"
+cmp -s "$dir/all.cli.dat" "$dir/two.cli.dat" && fail "--imatrix-max-prompts changed nothing"
+if ./ds4 -m "$M" --imatrix-dataset "$dir/none.txt" --imatrix-out "$dir/x.dat" 2> "$dir/err.txt"; then
+    fail "a missing dataset was collected"
+fi
+grep -q "none.txt: No such file" "$dir/err.txt" || fail "missing dataset message: $(cat "$dir/err.txt")"
+[ ! -e "$dir/x.dat" ] || fail "a failed collection wrote its output"
+
 # --- system prompt: the default one, a custom one, none ---------------------------
 prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^prefill: \([0-9]*\) tokens.*/\1/p'; }
 count() { ./ds4-tokenizer -t "$tok" encode --specials "$1" | wc -w; }
@@ -157,6 +195,12 @@ expect_usage "use ds4-server" --server
 expect_usage "Metal is not supported" --metal
 expect_usage "cannot open" --prompt-file /nonexistent/prompt.txt
 expect_usage "takes no value" --nothink=1
+expect_usage "needs --imatrix-dataset" --imatrix-out "$dir/x.dat"
+expect_usage "needs --imatrix-out" --imatrix-dataset "$dir/im.txt"
+expect_usage "needs --imatrix-out" --imatrix-max-tokens 5
+expect_usage "--imatrix-max-prompts 0: must be a positive" --imatrix-max-prompts 0 --imatrix-out x --imatrix-dataset y
+expect_usage "takes no prompt" --imatrix-out x --imatrix-dataset y -p hi
+expect_usage "only one of" --imatrix-out x --imatrix-dataset y --inspect
 ./ds4 --help | grep -q -- "--dump-logprobs FILE" || fail "--help"
 
 # --- a missing model explains where models come from ---------------------------

@@ -6,6 +6,9 @@
 #     end with a clear message and exit status 1.
 set -u
 cd "$(dirname "$0")/../.."
+# Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
+mkdir -p build/test-locks
+export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cpu_forward.lock}"
 BIN=./ds4-forward
 MODEL=tests/golden/cpu/tiny-a.f16.gguf
 T=build/tests/cpu_forward.$$

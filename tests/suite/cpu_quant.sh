@@ -6,6 +6,9 @@
 # alone stays within Q8_0 precision of the F32 model.
 set -u
 cd "$(dirname "$0")/../.."
+# Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
+mkdir -p build/test-locks
+export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cpu_quant.lock}"
 T=build/tests/cpu_quant.$$
 mkdir -p "$T"
 trap 'rm -rf "$T"' EXIT

@@ -6,4 +6,7 @@
 # ./ds4-tokenizer (built by `make`); makes its tiny model under build/models.
 set -eu
 cd "$(dirname "$0")/../.."
+# Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
+mkdir -p build/test-locks
+export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/server_smoke.lock}"
 exec python3 tests/server/smoke.py

@@ -52,12 +52,19 @@ static __device__ inline void dev_quantize_row(const float *x, uint32_t n, uint8
         float *d = (float *)(qk + n);
         int16_t *bs = (int16_t *)(qk + n + n / 256 * 4);
         for (uint32_t b = warp; b < n / 256; b += nw) {
+            /* the lane's eight values in registers first: stores through an
+             * int8_t pointer could alias x, which would make every later
+             * read of x a new round trip */
             const float *xb = x + 256 * b + 8 * lane;
+            float v[8];
+#pragma unroll
+            for (int i = 0; i < 8; i++) v[i] = xb[i];
             float amax = 0.0f, mx = 0.0f;
             int idx = 0x7fffffff;
+#pragma unroll
             for (int i = 0; i < 8; i++) {
-                float ax = fabsf(xb[i]);
-                if (ax > amax) { amax = ax; mx = xb[i]; idx = 8 * lane + i; }
+                float ax = fabsf(v[i]);
+                if (ax > amax) { amax = ax; mx = v[i]; idx = 8 * lane + i; }
             }
             /* the first index with the largest magnitude, as the CPU's strict > scan */
             for (int o = 16; o > 0; o >>= 1) {
@@ -65,16 +72,23 @@ static __device__ inline void dev_quantize_row(const float *x, uint32_t n, uint8
                 int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
                 if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
             }
-            int8_t *q = (int8_t *)qk + 256 * b + 8 * lane;
+            uint32_t *q = (uint32_t *)(qk + 256 * b + 8 * lane);
+            uint32_t packed[2] = {0, 0};
             int s = 0;
-            if (amax == 0.0f) {
-                for (int i = 0; i < 8; i++) q[i] = 0;
-            } else {
+            if (amax != 0.0f) {
                 float iscale = -127.0f / mx;
-                for (int i = 0; i < 8; i++) { q[i] = q8_round(iscale * xb[i]); s += q[i]; }
+#pragma unroll
+                for (int i = 0; i < 8; i++) {
+                    int8_t qi = q8_round(iscale * v[i]);
+                    s += qi;
+                    packed[i / 4] |= (uint32_t)(uint8_t)qi << (8 * (i % 4));
+                }
                 if (lane == 0) d[b] = 1.0f / iscale;
+            } else if (lane == 0) {
+                d[b] = 0.0f;
             }
-            if (amax == 0.0f && lane == 0) d[b] = 0.0f;
+            q[0] = packed[0];
+            q[1] = packed[1];
             s += __shfl_xor_sync(0xffffffffu, s, 1);
             if ((lane & 1) == 0) bs[16 * b + lane / 2] = (int16_t)s;
         }

@@ -1,7 +1,7 @@
 /*
- * cuda_attn.cu - embedding, hyper-connections and the attention sublayer
- * on the GPU (spec/MODEL.md 5, 6.1-6.3, 7), mirroring src/model/cpu/
- * cpu_hc.c and cpu_attn.c.
+ * cuda_attn.cu - embedding and the attention sublayer on the GPU
+ * (spec/MODEL.md 6.1-6.3, 7), mirroring src/model/cpu/cpu_attn.c (the
+ * hyper-connections around it are in cuda_hc.cu).
  *
  * A pass handles T tokens at positions pos0 .. pos0+T-1, with pos0 read
  * from device memory so that the same kernels serve a captured decode
@@ -23,25 +23,9 @@
 
 #include "model/cuda/cuda_lowprec.cuh"
 
-#define HC_THREADS 256
-#define HC_COLS (HC_THREADS / 4) /* columns of S per block: a thread per stream and column */
-#define HC_MAX_MIX 32
 #define SCORE_NEG_INF (-1e30f)
 
 /* ------------------------------------------------------ small helpers */
-
-static __device__ __forceinline__ float dev_sigmoid(float x) {
-    if (x >= 0) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-
-/* One element of a float tensor row (F32 / F16 / BF16). */
-static __device__ __forceinline__ float fvec(const uint8_t *p, uint32_t type, size_t i) {
-    if (type == DS4_TYPE_F32) return ((const float *)p)[i];
-    if (type == DS4_TYPE_F16) return dev_f16(((const uint16_t *)p)[i]);
-    return dev_bf16(((const uint16_t *)p)[i]);
-}
 
 /* Rotate the tail pairs of x (n values; the last 2 * rope.n_pairs) in place
  * (shared memory). */
@@ -58,23 +42,10 @@ static __device__ void block_rope(float *x, uint32_t n, const ds4_rope &rope, ui
     }
     __syncthreads();
 }
-
-/* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
- * double, as cpu_rmsnorm. */
-static __device__ void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
-    __shared__ double red[32];
-    double ss = 0.0;
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
-    ss = block_sum(ss, red);
-    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-#pragma unroll 4
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
-    __syncthreads();
-}
-
 /* ---------------------------------------------------------- embedding */
 
 static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uint32_t D, uint32_t n_hc) {
+    dev_pdl_enter();
     uint32_t tok = tokens[blockIdx.x];
     const uint8_t *row = E.p + (size_t)tok * E.row_bytes;
     float *s = S + (size_t)blockIdx.x * n_hc * D;
@@ -88,236 +59,6 @@ static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uin
 
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err) {
     DS4_LAUNCH(embed_kernel, T, 256, 0, b->st, d_tok, b->W.token_embd, b->S, b->cfg->n_embd, b->cfg->n_hc);
-    CU_LAUNCHED();
-    return 0;
-}
-
-/* -------------------------------------------------- hyper-connections */
-
-/* One launch per HC site: the HC post of the previous sublayer, the
- * partial sums of this site's mixer (blocks over column slices), and, in
- * the block that finishes last, the mixer weights and the input of the
- * next sublayer. */
-typedef struct hc_args {
-    float *S;
-    const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
-    uint32_t k;
-    float *post, *comb;           /* read by the post, rewritten by the finish */
-    const uint8_t *fn;
-    uint32_t fn_type, nmix, D, n_hc, nsplit;
-    double *part;
-    uint32_t *count;              /* per token: blocks done (back to 0 after each launch) */
-    /* finish */
-    uint32_t sink_iters;
-    float hc_eps, rms_eps;
-    const float *scale, *base;    /* F32 vectors */
-    const uint8_t *norm;
-    uint32_t norm_type;
-    bool head;                    /* output collapse: pre weights only */
-    dact xn;
-} hc_args;
-
-/* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
- * in the CPU's order a = 0..3; rows: b = 0..3. */
-static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
-    float s = __shfl_sync(0xffffffffu, v, 4 * b);
-    s += __shfl_sync(0xffffffffu, v, 4 * b + 1);
-    s += __shfl_sync(0xffffffffu, v, 4 * b + 2);
-    return s + __shfl_sync(0xffffffffu, v, 4 * b + 3);
-}
-static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
-    float s = __shfl_sync(0xffffffffu, v, a);
-    s += __shfl_sync(0xffffffffu, v, a + 4);
-    s += __shfl_sync(0xffffffffu, v, a + 8);
-    return s + __shfl_sync(0xffffffffu, v, a + 12);
-}
-
-/* The block's sums of the partial sums of token t (written by the other
- * blocks of this launch: read from the L2): eight threads per output, each
- * over every eighth slice, then a fixed tree over the eight, so that all
- * the loads are in flight at once. */
-static __device__ void hc_reduce_parts(const hc_args &a, uint32_t t, double *sums) {
-    const double *p = a.part + (size_t)t * a.nsplit * (a.nmix + 1);
-    for (uint32_t base = 0; base < (a.nmix + 1) * 8; base += blockDim.x) {
-        uint32_t i = base + threadIdx.x, m = i / 8, j = i % 8;
-        double v = 0.0;
-        if (m <= a.nmix) {
-#pragma unroll 8
-            for (uint32_t s = j; s < a.nsplit; s += 8) v += __ldcg(p + (size_t)s * (a.nmix + 1) + m);
-        }
-        v += __shfl_xor_sync(0xffffffffu, v, 1);
-        v += __shfl_xor_sync(0xffffffffu, v, 2);
-        v += __shfl_xor_sync(0xffffffffu, v, 4);
-        if (j == 0 && m <= a.nmix) sums[m] = v;
-    }
-}
-
-/* The mixer weights of one token, by warp 0 from the reduced sums: pre /
- * post, and the Sinkhorn iterations of MODEL.md 5.2 with one matrix entry
- * per lane (the arithmetic of cpu_hc.c, sums in its order). */
-static __device__ void hc_weights(const hc_args &a, uint32_t t, const double *sums, float *pre, float *mix) {
-    unsigned lane = threadIdx.x;
-    uint32_t n = a.n_hc;
-    double v = lane <= a.nmix ? sums[lane] : 0.0;
-    double ss = sums[0];
-    float rs = 1.0f / sqrtf((float)(ss / (double)(n * a.D)) + a.rms_eps);
-    if (lane >= 1 && lane <= a.nmix) mix[lane - 1] = (float)v * rs;
-    __syncwarp();
-    if (a.head) {
-        if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
-        return;
-    }
-    float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-    if (lane < n) pre[lane] = dev_sigmoid(mix[lane] * a.scale[0] + a.base[lane]) + a.hc_eps;
-    else if (lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(mix[lane] * a.scale[1] + a.base[lane]);
-    unsigned k = lane & 15, ra = k % 4, cb = k / 4;
-    float c = mix[2 * n + k] * a.scale[2] + a.base[2 * n + k];
-    /* softmax over a of each column, + eps */
-    float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
-    for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
-    c = expf(c - mx);
-    c = c / hc_col_sum(c, cb) + a.hc_eps;
-    for (uint32_t it = 0; it < a.sink_iters; it++) {
-        if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
-        c /= hc_row_sum(c, ra) + a.hc_eps;
-    }
-    if (lane < 16) comb[k] = c;
-}
-
-/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
- * sublayer's RMSNorm and the quantized forms of the result (x: D floats of
- * shared memory). */
-static __device__ void hc_finish(const hc_args &a, uint32_t t, float *x) {
-    __shared__ float pre[4], mix[HC_MAX_MIX];
-    __shared__ double sums[HC_MAX_MIX + 1];
-    uint32_t n = a.n_hc, D = a.D;
-    hc_reduce_parts(a, t, sums);
-    __syncthreads();
-    if (threadIdx.x < 32) hc_weights(a, t, sums, pre, mix);
-    __syncthreads();
-    const float *S = a.S + (size_t)t * n * D;
-#pragma unroll 4
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
-        float acc = 0.0f;
-        for (uint32_t h = 0; h < n; h++) acc += pre[h] * __ldcg(S + (size_t)h * D + d);
-        x[d] = acc;
-    }
-    __syncthreads();
-    block_rmsnorm(x, D, a.norm, a.norm_type, a.rms_eps);
-    float *xo = a.xn.f + (size_t)t * a.xn.fs;
-    for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) xo[d] = x[d];
-    dev_quantize_row(x, D, a.xn.q8 ? a.xn.q8 + (size_t)t * a.xn.q8s : NULL, a.xn.qk ? a.xn.qk + (size_t)t * a.xn.qks : NULL);
-}
-
-/* Block (x, t): columns HC_COLS x .. of token t, thread (h, j) on stream h
- * of column j.  Optional HC post of the previous sublayer (S <- post y +
- * comb S), then this block's partial sums of the mixer: the sum of squares
- * of S (double) and fn . S (NMIX rows), reduced through shared memory in
- * one step (a warp per output).  The last block of the token to finish
- * computes the mixer weights and the next sublayer's input from all the
- * partial sums (the fence and counter of the CUDA guide's "last block"
- * reduction). */
-template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
-    DS4_DYN_SMEM(float, buf); /* the per-thread sums, then the finish's row */
-    __shared__ double redss[HC_THREADS];
-    __shared__ bool last;
-    float(*red)[HC_THREADS] = reinterpret_cast<float(*)[HC_THREADS]>(buf);
-    uint32_t t = blockIdx.y, D = a.D;
-    const uint32_t n = 4;
-    unsigned h = threadIdx.x / HC_COLS;
-    uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
-    bool on = d < D;
-    float *S = a.S + (size_t)t * n * D;
-    float v[4];
-    for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
-    float vh = h == 0 ? v[0] : h == 1 ? v[1] : h == 2 ? v[2] : v[3]; /* no indexed register array */
-    if (a.y || a.eout) {
-        float yd = 0.0f;
-        if (on && a.y) {
-            yd = a.y[(size_t)t * D + d];
-        } else if (on) {
-            float routed = 0.0f;
-            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
-            yd = routed + a.sout[(size_t)t * D + d];
-        }
-        const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-        float s = post[h] * yd;
-        for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * v[src];
-        vh = s;
-        __syncthreads(); /* every stream of the column is read before any is rewritten */
-        if (on) S[(size_t)h * D + d] = vh;
-    }
-    double ss = (double)vh * (double)vh;
-    size_t c = (size_t)h * D + d;
-#pragma unroll
-    for (int m = 0; m < NMIX; m++) red[m][threadIdx.x] = on ? fvec(a.fn, a.fn_type, (size_t)m * n * D + c) * vh : 0.0f;
-    redss[threadIdx.x] = ss;
-    __syncthreads();
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
-    for (unsigned m = warp; m <= (unsigned)NMIX; m += nw) {
-        double sum = 0.0;
-        for (unsigned i = lane; i < blockDim.x; i += 32) sum += m == 0 ? redss[i] : (double)red[m - 1][i];
-        sum = warp_sum_d(sum);
-        if (lane == 0) out[m] = sum;
-    }
-    __threadfence(); /* this block's S and sums, visible before it counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
-        if (last) a.count[t] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    hc_finish(a, t, buf);
-}
-
-/* Dynamic shared memory of hc_mix_kernel<nmix> for rows of D. */
-static size_t hc_smem(uint32_t nmix, uint32_t D) {
-    size_t sums = (size_t)nmix * HC_THREADS * sizeof(float), row = (size_t)D * sizeof(float);
-    return sums > row ? sums : row;
-}
-
-int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
-    const ds4_config *c = b->cfg;
-    const dwt *fn = site->fn;
-    hc_args a;
-    memset(&a, 0, sizeof(a));
-    a.S = b->S;
-    if (post) {
-        a.y = post->y;
-        a.eout = post->eout;
-        a.sout = post->sout;
-        a.k = post->k;
-    }
-    a.post = b->post;
-    a.comb = b->comb;
-    a.fn = fn->p;
-    a.fn_type = fn->type;
-    a.nmix = fn->rows;
-    a.D = c->n_embd;
-    a.n_hc = c->n_hc;
-    a.nsplit = b->hc_split;
-    a.part = b->hcpart;
-    a.count = b->hc_count;
-    a.sink_iters = c->hc_sinkhorn_iters;
-    a.hc_eps = c->hc_eps;
-    a.rms_eps = c->rms_eps;
-    a.scale = (const float *)site->scale->p;
-    a.base = (const float *)site->base->p;
-    a.norm = site->norm->p;
-    a.norm_type = site->norm->type;
-    a.head = site->head;
-    a.xn = *site->out;
-    size_t smem = hc_smem(fn->rows, c->n_embd);
-    if (smem > 40 * 1024)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC rows of %u values need %zu bytes of shared memory",
-                           c->n_embd, smem);
-    dim3 grid(b->hc_split, T);
-    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, smem, b->st, a);
-    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, smem, b->st, a);
-    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     CU_LAUNCHED();
     return 0;
 }
@@ -343,6 +84,7 @@ typedef struct qkv_args {
 } qkv_args;
 
 static __global__ void qkv_post_kernel(qkv_args a) {
+    dev_pdl_enter();
     DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x;
     if (blockIdx.y == 0) {
@@ -405,6 +147,7 @@ typedef struct qpost_args {
 /* Per query head: unweighted RMSNorm and tail RoPE; per indexer head: tail
  * RoPE and the QAT round trip; the indexer head weights get their scale. */
 static __global__ void q_post_kernel(qpost_args a) {
+    dev_pdl_enter();
     DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x, h = blockIdx.y, pos = *a.pos0 + t;
     if (h < a.n_head) {
@@ -498,6 +241,7 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
 /* One block per (window closing in the pass, lane): pool, normalise, RoPE
  * at the window start, round trip; writes compressed row `w`. */
 static __global__ void comp_emit_kernel(comp_args a) {
+    dev_pdl_enter();
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
@@ -539,6 +283,7 @@ static __global__ void comp_emit_kernel(comp_args a) {
  * a thread owns a column, so rows can move (ratio 4: the current window
  * becoming the previous one) without races. */
 static __global__ void comp_frontier_kernel(comp_args a) {
+    dev_pdl_enter();
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
@@ -659,6 +404,7 @@ typedef struct idx_args {
  * group takes heads g, g + 8, ...; the group's relu'd dots meet in shared
  * memory and the first thread adds them in head order. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
+    dev_pdl_enter();
     __shared__ float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
     __shared__ float ws[IDX_MAX_HEADS];
     __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
@@ -759,6 +505,7 @@ static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
  * first, lower index on ties) listed in ascending row order. */
 static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) {
+    dev_pdl_enter();
     __shared__ uint32_t hist[256];
     __shared__ uint32_t sh_prefix, sh_need;
     __shared__ uint32_t warp_cnt[2][32];
@@ -860,10 +607,33 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 
 /* ----------------------------------------------------------- attention */
 
+/* All heads of a query attend over the same visible rows (one KV row per
+ * position serves every head), so the work is shaped around loading each
+ * row as few times as possible:
+ *   attn_heads_kernel  a warp carries ATB_HEADS heads, so each row it loads
+ *       serves all of them; the ATB_WARPS warps of a block take consecutive
+ *       shares of the block's rows and are merged through shared memory.
+ *       In a decode step (T = 1) the rows are also split over blocks, so
+ *       that head groups x splits ~ ATB_BLOCKS blocks fill the GPU, and the
+ *       block of a head group that finishes last merges the splits and
+ *       writes the heads (the "last block" pattern of hc_mix_kernel: no
+ *       second launch).  Short prefill passes use it with one split.
+ *   attn_kernel  a warp per head walking all rows of its query: long
+ *       prefill passes (T > b->attn_blocked_t), where T x heads fills the
+ *       GPU by itself and a block's 8 heads read the same rows together.
+ * Scores and the softmax are f32.  Order of the sums: each warp keeps an
+ * online softmax over its rows, rescaled once per batch of rows; warps,
+ * then splits, are merged in fixed order (the CPU takes the maximum over
+ * all rows first), so the result is deterministic but not the CPU's bits. */
 #define ATT_WARPS 8
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
-#define ATT_SPLIT_ROWS 32 /* decode: rows per split */
-#define ATT_BATCH 4       /* rows whose loads a warp issues before using any */
+#define ATT_BATCH 4 /* rows whose loads a warp issues before using any */
+#define ATB_HEADS 4 /* heads per warp in attn_heads_kernel */
+#define ATB_WARPS 8
+#define ATB_BATCH 4     /* rows whose loads a warp issues before using any */
+#define ATB_BLOCKS 128  /* decode: head groups x splits aimed at (about one block per SM) */
+#define ATB_MIN_ROWS 8  /* decode: rows per split at the least */
+#define ATB_CBATCH 4    /* splits whose partial results a warp loads at once */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -872,10 +642,16 @@ typedef struct attn_args {
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
     uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
-    float *part;        /* nsplit > 1: per (t, head, split): m, l, o[hd] */
-    dact heads;         /* nsplit == 1: final output */
+    float *part;        /* nsplit > 1: per (t, head group, split): m[ATB_HEADS], l[ATB_HEADS], o[ATB_HEADS][hd] */
+    uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
+    dact heads;         /* the output */
     ds4_rope rope;
 } attn_args;
+
+/* Floats of one partial result of attn_heads_kernel (16-byte aligned). */
+static __host__ __device__ __forceinline__ size_t attn_part_floats(uint32_t hd) {
+    return (size_t)ATB_HEADS * (2 + hd);
+}
 
 /* Row i of query t's visible list: raw window first, then compressed rows. */
 static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint32_t t, uint32_t p, uint32_t pos0,
@@ -889,10 +665,52 @@ static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint
     return a.comp + (size_t)c * a.hd;
 }
 
+/* The visible rows of query t: raw window from `first`, n_raw of them,
+ * then the compressed ones; returns the count. */
+static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_t t, uint32_t p, uint32_t *first,
+                                                     uint32_t *n_raw) {
+    *first = p + 1 > a.window ? p + 1 - a.window : 0;
+    *n_raw = p + 1 - *first;
+    uint32_t n_comp = a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
+    return *n_raw + n_comp;
+}
+
+/* A lane's `per` consecutive values at v (zeros when !on), in wide loads;
+ * CG: from the L2 (what other blocks of the same launch wrote). */
+template <bool CG = false>
+static __device__ __forceinline__ void attn_lane_load(const float *v, bool on, uint32_t per, float *out) {
+    if (per % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j += 4) {
+            const float4 *p4 = (const float4 *)(v + j);
+            float4 x = on && (uint32_t)j < per ? (CG ? __ldcg(p4) : *p4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            out[j] = x.x;
+            out[j + 1] = x.y;
+            out[j + 2] = x.z;
+            out[j + 3] = x.w;
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j += 2) {
+            const float2 *p2 = (const float2 *)(v + j);
+            float2 x = on && (uint32_t)j < per ? (CG ? __ldcg(p2) : *p2) : make_float2(0.0f, 0.0f);
+            out[j] = x.x;
+            out[j + 1] = x.y;
+        }
+    }
+}
+
+static __device__ __forceinline__ uint32_t attn_min(uint32_t x, uint32_t y) { return x < y ? x : y; }
+
+/* The factor that brings a sum kept against maximum m to maximum M >= m
+ * (0 for an empty sum, m = -inf, even when M is -inf too). */
+static __device__ __forceinline__ float attn_rescale(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
+
 /* Normalise, undo the key RoPE at the query position, write the head's
  * output and its Q8_0 activation blocks.  Lane l holds values
  * per*l .. per*l + per - 1. */
-static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float *o, float den) {
+static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float *o,
+                                                   float den) {
     unsigned lane = threadIdx.x & 31;
     uint32_t per = a.hd / 32, e0 = per * lane, tail0 = a.hd - a.rope_dim;
 #pragma unroll
@@ -932,51 +750,245 @@ static __device__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, u
     if ((e0 % 32) == 0) qd[e0 / 32] = d;
 }
 
-/* Grid (head groups of 8, queries, splits); a warp is one head, walking its
- * share of the visible rows with an online softmax. */
-static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
+/* Merge the sink into a head's sum (maximum m, sum l, lane values o) and
+ * finish it. */
+static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint32_t t, uint32_t h, uint32_t p,
+                                                        float *o, float m, float l) {
+    float sink = a.sinks[h], M = fmaxf(sink, m), c = attn_rescale(m, M);
+    float den = expf(sink - M) + l * c;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
+    finish_head(a, t, h, p, o, den);
+}
+
+/* Grid (head groups of ATB_HEADS, queries, splits of the rows).  A warp
+ * keeps ATB_HEADS heads' online softmax over its share of the block's rows;
+ * the warps are merged pairwise through shared memory; with one split the
+ * block finishes its heads, otherwise it stores its partial result and the
+ * last block of the head group merges them all. */
+static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(attn_args a) {
+    dev_pdl_enter();
+    __shared__ __align__(16) float xo[ATB_WARPS / 2][ATB_HEADS][ATT_MAXV * 32];
+    __shared__ float xm[ATB_WARPS / 2][ATB_HEADS], xl[ATB_WARPS / 2][ATB_HEADS];
+    __shared__ bool last;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp, split = blockIdx.z;
+    uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * ATB_HEADS;
+    uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
+    uint32_t total = attn_rows(a, t, p, &first, &n_raw), per_split = (total + a.nsplit - 1) / a.nsplit;
+    uint32_t i0 = attn_min(split * per_split, total), i1 = attn_min(i0 + per_split, total);
+    uint32_t per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
+    uint32_t w0 = attn_min(i0 + warp * per_warp, i1), w1 = attn_min(w0 + per_warp, i1);
+    uint32_t per = a.hd / 32, e0 = per * lane;
+    float scale = 1.0f / sqrtf((float)a.hd);
+    float q[ATB_HEADS][ATT_MAXV], o[ATB_HEADS][ATT_MAXV], m[ATB_HEADS], l[ATB_HEADS];
+#pragma unroll
+    for (int j = 0; j < ATB_HEADS; j++) {
+        bool on = h0 + j < a.n_head; /* a missing head of the last group: zeros, never written */
+        attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * a.hd + e0, on, per, q[j]);
+#pragma unroll
+        for (int k = 0; k < ATT_MAXV; k++) o[j][k] = 0.0f;
+        m[j] = -INFINITY;
+        l[j] = 0.0f;
+    }
+    for (uint32_t ib = w0; ib < w1; ib += ATB_BATCH) {
+        /* the loads of ATB_BATCH rows first, each row then serves every head */
+        float rv[ATB_BATCH][ATT_MAXV];
+#pragma unroll
+        for (int u = 0; u < ATB_BATCH; u++) {
+            bool on = ib + u < w1;
+            attn_lane_load(on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL, on, per, rv[u]);
+        }
+        float sc[ATB_BATCH][ATB_HEADS];
+#pragma unroll
+        for (int u = 0; u < ATB_BATCH; u++)
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++)
+                    if ((uint32_t)k < per) s += q[j][k] * rv[u][k];
+                sc[u][j] = s;
+            }
+#pragma unroll
+        for (int u = 0; u < ATB_BATCH; u++)
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) sc[u][j] = ib + u < w1 ? warp_sum(sc[u][j]) * scale : -INFINITY;
+        /* one rescale per batch: to the batch's maximum when it is larger */
+#pragma unroll
+        for (int j = 0; j < ATB_HEADS; j++) {
+            float mb = sc[0][j];
+#pragma unroll
+            for (int u = 1; u < ATB_BATCH; u++) mb = fmaxf(mb, sc[u][j]);
+            if (mb > m[j]) {
+                float c = attn_rescale(m[j], mb);
+                l[j] *= c;
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++) o[j][k] *= c;
+                m[j] = mb;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < ATB_BATCH; u++) {
+            if (ib + u >= w1) break;
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) {
+                float e = expf(sc[u][j] - m[j]);
+                l[j] += e;
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++) o[j][k] += e * rv[u][k];
+            }
+        }
+    }
+    /* warps w and w + half merged into w, half = ATB_WARPS / 2 .. 1 */
+    for (unsigned half = ATB_WARPS / 2; half > 0; half /= 2) {
+        if (warp >= half && warp < 2 * half) {
+            unsigned s = warp - half;
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) {
+                if (lane == 0) {
+                    xm[s][j] = m[j];
+                    xl[s][j] = l[j];
+                }
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++)
+                    if ((uint32_t)k < per) xo[s][j][e0 + k] = o[j][k];
+            }
+        }
+        __syncthreads();
+        if (warp < half) {
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) {
+                float m2 = xm[warp][j], M = fmaxf(m[j], m2), c1 = attn_rescale(m[j], M), c2 = attn_rescale(m2, M);
+                l[j] = l[j] * c1 + xl[warp][j] * c2;
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++)
+                    if ((uint32_t)k < per) o[j][k] = o[j][k] * c1 + xo[warp][j][e0 + k] * c2;
+                m[j] = M;
+            }
+        }
+        __syncthreads();
+    }
+    if (a.nsplit == 1) {
+        /* warp 0 holds the block's heads: a warp finishes each */
+        if (warp == 0) {
+#pragma unroll
+            for (int j = 0; j < ATB_HEADS; j++) {
+                if (lane == 0) {
+                    xm[0][j] = m[j];
+                    xl[0][j] = l[j];
+                }
+#pragma unroll
+                for (int k = 0; k < ATT_MAXV; k++)
+                    if ((uint32_t)k < per) xo[0][j][e0 + k] = o[j][k];
+            }
+        }
+        __syncthreads();
+        if (warp < ATB_HEADS && h0 + warp < a.n_head) {
+            float v[ATT_MAXV];
+#pragma unroll
+            for (int k = 0; k < ATT_MAXV; k++) v[k] = (uint32_t)k < per ? xo[0][warp][e0 + k] : 0.0f;
+            attn_sink_finish(a, t, h0 + warp, p, v, xm[0][warp], xl[0][warp]);
+        }
+        return;
+    }
+    size_t pf = attn_part_floats(a.hd), gi = (size_t)t * gridDim.x + g;
+    if (warp == 0) {
+        float *pp = a.part + (gi * a.nsplit + split) * pf;
+#pragma unroll
+        for (int j = 0; j < ATB_HEADS; j++) {
+            if (lane == 0) {
+                pp[j] = m[j];
+                pp[ATB_HEADS + j] = l[j];
+            }
+#pragma unroll
+            for (int k = 0; k < ATT_MAXV; k++)
+                if ((uint32_t)k < per) pp[2 * ATB_HEADS + (size_t)j * a.hd + e0 + k] = o[j][k];
+        }
+    }
+    __threadfence(); /* this block's partial result, visible before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.count + gi, 1u) == a.nsplit - 1;
+        if (last) a.count[gi] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    /* The last block: warp w merges head w % ATB_HEADS over one half of
+     * the splits, against the largest maximum of all of them and the sink
+     * (a maximum is exact in any order), so the halves simply add. */
+    unsigned j = warp % ATB_HEADS, hv = warp / ATB_HEADS;
+    bool on = h0 + j < a.n_head;
+    const float *pg = a.part + gi * a.nsplit * pf;
+    float sink = on ? a.sinks[h0 + j] : 0.0f, M = sink;
+    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
+        uint32_t s = s0 + lane;
+        M = fmaxf(M, warp_max(s < a.nsplit ? __ldcg(pg + s * pf + j) : -INFINITY));
+    }
+    uint32_t nh = (a.nsplit + 1) / 2, sb = hv * nh, se = attn_min(sb + nh, a.nsplit);
+    float den = 0.0f, v[ATT_MAXV];
+#pragma unroll
+    for (int k = 0; k < ATT_MAXV; k++) v[k] = 0.0f;
+    for (uint32_t s0 = sb; s0 < se; s0 += ATB_CBATCH) {
+        float ml[ATB_CBATCH][2], ov[ATB_CBATCH][ATT_MAXV];
+#pragma unroll
+        for (int u = 0; u < ATB_CBATCH; u++) {
+            bool su = s0 + u < se;
+            const float *ps = pg + (su ? s0 + u : sb) * pf;
+            ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
+            ml[u][1] = su ? __ldcg(ps + ATB_HEADS + j) : 0.0f;
+            attn_lane_load<true>(ps + 2 * ATB_HEADS + (size_t)j * a.hd + e0, su, per, ov[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < ATB_CBATCH; u++) {
+            if (s0 + u >= se) break;
+            float c = attn_rescale(ml[u][0], M);
+            den += ml[u][1] * c;
+#pragma unroll
+            for (int k = 0; k < ATT_MAXV; k++) v[k] += ov[u][k] * c;
+        }
+    }
+    if (hv == 1) {
+        if (lane == 0) xl[0][j] = den;
+#pragma unroll
+        for (int k = 0; k < ATT_MAXV; k++)
+            if ((uint32_t)k < per) xo[0][j][e0 + k] = v[k];
+    }
+    __syncthreads();
+    if (hv == 0 && on) {
+#pragma unroll
+        for (int k = 0; k < ATT_MAXV; k++)
+            if ((uint32_t)k < per) v[k] += xo[0][j][e0 + k];
+        finish_head(a, t, h0 + j, p, v, expf(sink - M) + (den + xl[0][j]));
+    }
+}
+
+/* Grid (head groups of ATT_WARPS, queries); a warp is one head, walking
+ * all of its query's visible rows with an online softmax. */
+static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
+    dev_pdl_enter();
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp;
     if (h >= a.n_head) return;
-    uint32_t pos0 = *a.pos0, p = pos0 + t;
-    uint32_t first = p + 1 > a.window ? p + 1 - a.window : 0, n_raw = p + 1 - first;
-    uint32_t n_comp = a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
-    uint32_t total = n_raw + n_comp, per_split = (total + a.nsplit - 1) / a.nsplit;
-    uint32_t i0 = split * per_split, i1 = i0 + per_split < total ? i0 + per_split : total;
+    uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
+    uint32_t total = attn_rows(a, t, p, &first, &n_raw);
     uint32_t per = a.hd / 32, e0 = per * lane;
     float q[ATT_MAXV], o[ATT_MAXV];
-    const float *qh = a.q + ((size_t)t * a.n_head + h) * a.hd;
     float scale = 1.0f / sqrtf((float)a.hd);
+    const float *qh = a.q + ((size_t)t * a.n_head + h) * a.hd;
 #pragma unroll
     for (int i = 0; i < ATT_MAXV; i++) {
         q[i] = (uint32_t)i < per ? qh[e0 + i] : 0.0f;
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    for (uint32_t ib = i0; ib < i1; ib += ATT_BATCH) {
+    for (uint32_t ib = 0; ib < total; ib += ATT_BATCH) {
         /* the loads of ATT_BATCH rows first, then the rows in order */
         float rv[ATT_BATCH][ATT_MAXV];
 #pragma unroll
         for (int u = 0; u < ATT_BATCH; u++) {
-            bool on = ib + u < i1;
-            const float *row = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
-            if (per % 4 == 0) {
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j += 4) {
-                    float4 v = on && (uint32_t)j < per ? *(const float4 *)(row + j) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                    rv[u][j] = v.x;
-                    rv[u][j + 1] = v.y;
-                    rv[u][j + 2] = v.z;
-                    rv[u][j + 3] = v.w;
-                }
-            } else {
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j += 2) {
-                    float2 v = on && (uint32_t)j < per ? *(const float2 *)(row + j) : make_float2(0.0f, 0.0f);
-                    rv[u][j] = v.x;
-                    rv[u][j + 1] = v.y;
-                }
-            }
+            bool on = ib + u < total;
+            attn_lane_load(on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL, on, per, rv[u]);
         }
         float sc[ATT_BATCH];
 #pragma unroll
@@ -991,7 +1003,7 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_arg
         for (int u = 0; u < ATT_BATCH; u++) sc[u] = warp_sum(sc[u]) * scale;
 #pragma unroll
         for (int u = 0; u < ATT_BATCH; u++) {
-            if (ib + u >= i1) break;
+            if (ib + u >= total) break;
             float s = sc[u];
             if (s > m) {
                 float c = expf(m - s);
@@ -1009,76 +1021,32 @@ static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_arg
             }
         }
     }
-    if (a.nsplit == 1) {
-        float sink = a.sinks[h], M = fmaxf(sink, m);
-        float c = expf(m - M); /* m = -inf with no rows: c = 0 */
-        float den = expf(sink - M) + l * c;
-#pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
-        finish_head(a, t, h, p, o, den);
-        return;
-    }
-    float *pp = a.part + (((size_t)t * a.n_head + h) * a.nsplit + split) * (a.hd + 2);
-    if (lane == 0) {
-        pp[0] = m;
-        pp[1] = l;
-    }
-#pragma unroll
-    for (int j = 0; j < ATT_MAXV; j++)
-        if ((uint32_t)j < per) pp[2 + e0 + j] = o[j];
-}
-
-/* Merge the splits of each (query, head) with the sink. */
-static __global__ void __launch_bounds__(ATT_WARPS * 32) attn_combine_kernel(attn_args a) {
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp;
-    if (h >= a.n_head) return;
-    uint32_t p = *a.pos0 + t, per = a.hd / 32, e0 = per * lane;
-    const float *pp = a.part + ((size_t)t * a.n_head + h) * a.nsplit * (a.hd + 2);
-    float sink = a.sinks[h], M = sink;
-    /* the largest split maximum, a lane per split (a maximum is exact in
-     * any order) */
-    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
-        uint32_t s = s0 + lane;
-        M = fmaxf(M, warp_max(s < a.nsplit ? pp[(size_t)s * (a.hd + 2)] : -INFINITY));
-    }
-    float den = expf(sink - M), o[ATT_MAXV];
-#pragma unroll
-    for (int j = 0; j < ATT_MAXV; j++) o[j] = 0.0f;
-    /* ATT_BATCH splits loaded at once, added in split order */
-    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += ATT_BATCH) {
-        float ml[ATT_BATCH][2], ov[ATT_BATCH][ATT_MAXV];
-#pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) {
-            bool on = s0 + u < a.nsplit;
-            const float *ps = pp + (size_t)(on ? s0 + u : 0) * (a.hd + 2);
-            ml[u][0] = on ? ps[0] : 0.0f;
-            ml[u][1] = on ? ps[1] : 0.0f;
-#pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++) ov[u][j] = on && (uint32_t)j < per ? ps[2 + e0 + j] : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) {
-            if (s0 + u >= a.nsplit) break;
-            float c = expf(ml[u][0] - M);
-            den += ml[u][1] * c;
-#pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) o[j] += ov[u][j] * c;
-        }
-    }
-    finish_head(a, t, h, p, o, den);
+    attn_sink_finish(a, t, h, p, o, m, l);
 }
 
 /* Raw rows of the pass into the ring (after attention has read it). */
 static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvbuf, float *ring, uint32_t T, uint32_t hd,
                                          uint32_t raw_cap) {
+    dev_pdl_enter();
     uint32_t first = T > raw_cap ? T - raw_cap : 0, t = first + blockIdx.x, pos = *pos0p + t;
     float *dst = ring + (size_t)(pos % raw_cap) * hd;
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kvbuf[(size_t)t * hd + i];
 }
 
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
+uint32_t cu_attn_groups(const ds4_config *c) { return (c->n_head + ATB_HEADS - 1) / ATB_HEADS; }
+
+uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows) {
+    uint32_t groups = cu_attn_groups(c), s = (ATB_BLOCKS + groups - 1) / groups;
+    uint32_t by_rows = (rows + ATB_MIN_ROWS - 1) / ATB_MIN_ROWS;
+    if (by_rows < s) s = by_rows;
+    return s ? s : 1;
+}
+
+size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
+    return (size_t)cu_attn_groups(c) * splits * attn_part_floats(c->head_dim);
+}
+
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlstate *S = &b->L[il];
     attn_args a;
@@ -1100,18 +1068,23 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *er
     a.rope_dim = c->rope_dim;
     a.rope = S->ratio ? b->rope_comp : b->rope_dense;
     a.part = b->attn_part;
+    a.count = b->attn_count;
     a.heads = b->heads;
-    /* decode: enough splits to fill the GPU with a handful of rows each */
-    uint32_t max_rows = c->sliding_window;
-    if (S->ratio == 4) max_rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
-    if (S->ratio == 128) max_rows += b->comp_cap128;
-    a.nsplit = decode ? (max_rows + ATT_SPLIT_ROWS - 1) / ATT_SPLIT_ROWS : 1;
-    if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
-    dim3 grid((c->n_head + ATT_WARPS - 1) / ATT_WARPS, T, a.nsplit);
-    DS4_LAUNCH(attn_kernel, grid, ATT_WARPS * 32, 0, b->st, a);
-    CU_LAUNCHED();
-    if (a.nsplit > 1) {
-        DS4_LAUNCH(attn_combine_kernel, dim3(grid.x, T), ATT_WARPS * 32, 0, b->st, a);
+    a.nsplit = 1;
+    if (T > b->attn_blocked_t) {
+        DS4_LAUNCH(attn_kernel, dim3((c->n_head + ATT_WARPS - 1) / ATT_WARPS, T), ATT_WARPS * 32, 0, b->st, a);
+        CU_LAUNCHED();
+    } else {
+        /* one query: the rows split over blocks (the scratch holds one query's partial results) */
+        if (T == 1) {
+            uint32_t rows = c->sliding_window;
+            if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
+            if (S->ratio == 128) rows += b->comp_cap128;
+            a.nsplit = cu_attn_splits(c, rows);
+            if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
+        }
+        dim3 grid(cu_attn_groups(c), T, a.nsplit);
+        DS4_LAUNCH(attn_heads_kernel, grid, ATB_WARPS * 32, 0, b->st, a);
         CU_LAUNCHED();
     }
     if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;

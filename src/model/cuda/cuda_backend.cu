@@ -26,6 +26,11 @@ typedef struct bump {
     size_t off;
 } bump;
 
+bool ds4_pdl_on = true; /* cuda_rt.h; DS4_CUDA_PDL=0 turns it off */
+#ifndef DS4_CUDA_EMU
+thread_local cudaError_t ds4_launch_status = cudaSuccess;
+#endif
+
 static void *take(bump *m, size_t bytes) {
     size_t at = (m->off + 255) / 256 * 256;
     m->off = at + bytes;
@@ -67,7 +72,8 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->vis, C * c->idx_top_k);
     TAKE(m, b->nvis, C);
     take_act(m, &b->heads, (uint32_t)qd, b->chunk);
-    TAKE(m, b->attn_part, (size_t)c->n_head * b->attn_split * (hd + 2));
+    TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
+    TAKE(m, b->attn_count, cu_attn_groups(c));
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk);
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);
@@ -406,6 +412,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.off = 0;
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
+    CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     return reset_state(b, err);
 }
 
@@ -430,12 +437,15 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
-    b->hc_split = (c->n_embd + 63) / 64; /* cuda_attn.cu: HC_COLS columns per block */
+    ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
+    b->hc_split = (c->n_embd + HC_COLS - 1) / HC_COLS;
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
     if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
-    b->attn_split = (max_rows + 31) / 32; /* cuda_attn.cu: 32 rows per split in decode */
+    b->attn_split = cu_attn_splits(c, max_rows);
+    b->attn_blocked_t = getenv("DS4_CUDA_ATTN_BLOCKED_T") ? (uint32_t)atoi(getenv("DS4_CUDA_ATTN_BLOCKED_T"))
+                                                          : CU_ATTN_BLOCKED_T;
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
     if (init(b, w, err)) {

@@ -34,55 +34,68 @@ static __device__ __forceinline__ float dev_softplus(float x) {
     return log1pf(expf(x));
 }
 
-/* One warp per token. */
-static __global__ void route_kernel(route_args a) {
-    __shared__ float prob[1024];
-    __shared__ unsigned char taken[1024];
-    __shared__ int chosen[CU_MAX_EXPERT_USED];
+/* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
+ * in registers, so the top-k rounds are register scans and shuffles with
+ * no shared-memory round trips. */
+template <int PER> static __global__ void route_kernel(route_args a) {
+    dev_pdl_enter();
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
-    __shared__ float score[1024];
-#pragma unroll 8
-    for (uint32_t e = lane; e < ne; e += 32) {
-        prob[e] = sqrtf(dev_softplus(a.logits[(size_t)t * ne + e]));
-        score[e] = prob[e] + (a.bias ? a.bias[e] : 0.0f);
-        taken[e] = 0;
+    float prob[PER], score[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        uint32_t e = lane + 32 * j;
+        float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
+        prob[j] = p;
+        score[j] = e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f;
     }
-    __syncwarp();
+    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < ne) open |= 1u << j;
+    int chosen = -1;  /* lane i < k: the i-th selected expert */
+    float cprob = 0.0f; /* and its probability */
     if (a.hash) {
-        if (lane < k) chosen[lane] = a.hash[(size_t)a.tok[t] * k + lane];
+        if (lane < k) chosen = a.hash[(size_t)a.tok[t] * k + lane];
+        /* the owner of each chosen expert hands its probability over */
+        for (uint32_t i = 0; i < k; i++) {
+            int e = __shfl_sync(0xffffffffu, chosen, i);
+            float p = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((uint32_t)e == lane + 32 * j) p = prob[j];
+            p = __shfl_sync(0xffffffffu, p, (unsigned)e & 31);
+            if (lane == i) cprob = p;
+        }
     } else {
         /* k rounds of: the best untaken expert by prob + bias, lower index
          * first on ties (the CPU's stable insertion top-k) */
         for (uint32_t i = 0; i < k; i++) {
-            float bv = -INFINITY;
+            float bv = -INFINITY, bp = 0.0f;
             int bi = 0x7fffffff;
-            for (uint32_t e = lane; e < ne; e += 32) {
-                if (taken[e]) continue;
-                float sc = score[e];
-                if (sc > bv || (sc == bv && (int)e < bi)) { bv = sc; bi = (int)e; }
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                int e = (int)(lane + 32 * j);
+                if (((open >> j) & 1) && (score[j] > bv || (score[j] == bv && e < bi))) { bv = score[j]; bi = e; bp = prob[j]; }
             }
             for (int o = 16; o > 0; o >>= 1) {
-                float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+                float v2 = __shfl_xor_sync(0xffffffffu, bv, o), p2 = __shfl_xor_sync(0xffffffffu, bp, o);
                 int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; bp = p2; }
             }
-            if (lane == 0) {
-                chosen[i] = bi;
-                taken[bi] = 1;
-            }
-            __syncwarp();
+            if (lane == i) { chosen = bi; cprob = bp; }
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((int)(lane + 32 * j) == bi) open &= ~(1u << j);
         }
     }
-    __syncwarp();
-    if (lane == 0) {
-        float w[CU_MAX_EXPERT_USED], sum = 0.0f;
-        for (uint32_t i = 0; i < k; i++) sum += (w[i] = prob[chosen[i]]);
-        float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-        for (uint32_t i = 0; i < k; i++) {
-            a.sel[(size_t)t * k + i] = chosen[i];
-            a.selw[(size_t)t * k + i] = w[i] * nrm * a.scale;
-        }
+    /* the weights, summed in selection order as the CPU does */
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < k; i++) sum += __shfl_sync(0xffffffffu, cprob, i);
+    float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+    if (lane < k) {
+        a.sel[(size_t)t * k + lane] = chosen;
+        a.selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
     }
 }
 
@@ -100,7 +113,8 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
     a.norm = c->expert_weights_norm;
     a.sel = b->sel;
     a.selw = b->selw;
-    DS4_LAUNCH(route_kernel, T, 32, 0, b->st, a);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, b->st, a);
+    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, b->st, a); /* check_config: at most 1024 */
     CU_LAUNCHED();
     return 0;
 }
@@ -110,12 +124,14 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
 #define GROUP_TILE 64
 
 static __global__ void group_count_kernel(const int *sel, uint32_t n, int *count) {
+    dev_pdl_enter();
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[sel[i]], 1);
 }
 
 /* One thread: offsets, per-expert cursors and the list of work tiles. */
 static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, int *off, int *tile_mat, int *tile_start,
                                          int *tile_count, int *n_tiles) {
+    dev_pdl_enter();
     if (threadIdx.x != 0 || blockIdx.x != 0) return;
     int acc = 0, nt = 0;
     for (uint32_t e = 0; e < n_expert; e++) {
@@ -132,6 +148,7 @@ static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, in
 }
 
 static __global__ void group_scatter_kernel(const int *sel, uint32_t n, int *cursor, int *perm) {
+    dev_pdl_enter();
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
         int pos = atomicAdd(&cursor[sel[i]], 1);
         perm[pos] = (int)i;
@@ -178,20 +195,39 @@ static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit
     return g * sg * u;
 }
 
-static __global__ void swiglu_kernel(swiglu_args a) {
+#define SWIGLU_THREADS 512
+#define SWIGLU_PER 8 /* values per thread: F <= 4096 */
+
+/* A block per row: every gate / up load issued before any result is
+ * stored, the row kept in shared memory for its quantization. */
+static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_args a) {
+    dev_pdl_enter();
+    DS4_DYN_SMEM(float, xs);
     uint32_t r = blockIdx.x;
     bool routed = r < a.n_routed;
     if (!routed) r -= a.n_routed;
     const float *g = (routed ? a.eg : a.sg) + (size_t)r * a.F, *u = (routed ? a.eu : a.su) + (size_t)r * a.F;
     const dact &o = routed ? a.mid : a.smid;
     float w = routed ? a.selw[r] : 1.0f;
+    float gv[SWIGLU_PER], uv[SWIGLU_PER];
+#pragma unroll
+    for (int i = 0; i < SWIGLU_PER; i++) {
+        uint32_t f = threadIdx.x + i * SWIGLU_THREADS;
+        gv[i] = f < a.F ? g[f] : 0.0f;
+        uv[i] = f < a.F ? u[f] : 0.0f;
+    }
     float *x = o.f + (size_t)r * o.fs;
-    for (uint32_t f = threadIdx.x; f < a.F; f += blockDim.x) {
-        float v = dev_swiglu(g[f], u[f], a.limit);
-        x[f] = routed ? v * w : v;
+#pragma unroll
+    for (int i = 0; i < SWIGLU_PER; i++) {
+        uint32_t f = threadIdx.x + i * SWIGLU_THREADS;
+        if (f >= a.F) break;
+        float v = dev_swiglu(gv[i], uv[i], a.limit);
+        v = routed ? v * w : v;
+        xs[f] = v;
+        x[f] = v;
     }
     __syncthreads();
-    dev_quantize_row(x, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
+    dev_quantize_row(xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
@@ -208,7 +244,10 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
     a.smid = b->smid;
-    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, 512, 0, b->st, a);
+    if (a.F > SWIGLU_THREADS * SWIGLU_PER)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: expert rows of %u values (at most %u)", a.F,
+                           SWIGLU_THREADS * SWIGLU_PER);
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, SWIGLU_THREADS, a.F * sizeof(float), b->st, a);
     CU_LAUNCHED();
     return 0;
 }
@@ -218,6 +257,7 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 #define ARGMAX_BLOCKS 128
 
 static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv, uint32_t *pi) {
+    dev_pdl_enter();
     __shared__ float sv[32];
     __shared__ uint32_t si[32];
     float bv = -INFINITY;
@@ -246,6 +286,7 @@ static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv,
  * to the argmax of the new logits, advance the position by T. */
 static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t nparts, uint32_t T,
                                        uint32_t *record, uint32_t *n_rec, uint32_t rec_cap) {
+    dev_pdl_enter();
     if (threadIdx.x != 0) return;
     float bv = pv[0];
     uint32_t bi = pi[0];
@@ -267,6 +308,7 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
 }
 
 static __global__ void set_step_kernel(dstep *st, uint32_t pos, uint32_t token, int which) {
+    dev_pdl_enter();
     if (threadIdx.x != 0) return;
     if (which & 1) st->pos = pos;
     if (which & 2) st->token = token;
@@ -279,6 +321,7 @@ int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_er
 }
 
 static __global__ void fill_kernel(float *p, size_t n, float v) {
+    dev_pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) p[i] = v;
 }
 

@@ -126,7 +126,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
         return -1;
     if (ratio && cu_compress(b, il, T, pos0, decode, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
-    if (cu_attend(b, il, T, decode, err) || output_projection(b, w, T, decode, err)) return -1;
+    if (cu_attend(b, il, T, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
     hc_site ffn = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn};
     return cu_hc_step(b, &src, &ffn, T, err);

@@ -24,7 +24,8 @@
  *   cuda_rt.h        runtime or emulation, device helpers
  *   cuda_weights.cu  weights to the GPU in a repacked layout; synthetic weights
  *   cuda_matmul.cu   quantized activations, matrix-vector and matrix products
- *   cuda_attn.cu     HC, norms, RoPE, compressors, indexer, attention
+ *   cuda_hc.cu       hyper-connections: HC post, mixer, collapse, sublayer input
+ *   cuda_attn.cu     embedding, norms, RoPE, compressors, indexer, attention
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
  *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
  *
@@ -216,12 +217,14 @@ typedef struct cuda_backend {
     float *S, *post, *comb, *y, *q, *kvbuf, *ckv, *cgate, *ikv, *igate, *iq, *iw, *qa_raw;
     double *hcpart;
     uint32_t hc_split;
-    uint32_t *hc_count; /* per token: HC blocks done (cuda_attn.cu) */
+    uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
     int *sel;
     uint32_t *vis, *nvis;
-    uint32_t attn_split;
+    uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
+    uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
+    uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
 
@@ -237,7 +240,7 @@ int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0
 int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
 
-/* cuda_attn.cu */
+/* cuda_hc.cu */
 typedef struct hc_post_src {
     const float *y;    /* attention output, or NULL */
     const float *eout; /* routed outputs (T x k x D), with the shared one */
@@ -251,16 +254,30 @@ typedef struct hc_site {
     bool head;
     dact *out;
 } hc_site;
-int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
+/* Columns of the residual state per block of the HC launch (its part
+ * buffer holds a slice of partial sums per block). */
+#define HC_COLS 256
 /* One launch: the HC post of `post` (NULL: none) into the residual state,
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
+
+/* cuda_attn.cu */
+int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err);
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* The attention's scratch for one query: its head groups (a done counter
+ * each), the splits of `rows` visible rows at most, and the floats of the
+ * partial results of `splits` splits. */
+uint32_t cu_attn_groups(const ds4_config *c);
+uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows);
+size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
+/* Passes of up to this many tokens attend with the head-blocked kernel
+ * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
+#define CU_ATTN_BLOCKED_T 16
 
 /* cuda_ffn.cu */
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
@@ -272,5 +289,27 @@ int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);
 
 /* cuda_matmul.cu: device tables the products need, before any capture. */
 int cu_matmul_init(ds4_err *err);
+
+/* ---------------------------- device helpers of cuda_hc.cu and cuda_attn.cu */
+
+/* One element of a float tensor row (F32 / F16 / BF16). */
+static __device__ __forceinline__ float fvec(const uint8_t *p, uint32_t type, size_t i) {
+    if (type == DS4_TYPE_F32) return ((const float *)p)[i];
+    if (type == DS4_TYPE_F16) return dev_f16(((const uint16_t *)p)[i]);
+    return dev_bf16(((const uint16_t *)p)[i]);
+}
+
+/* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
+ * double, as cpu_rmsnorm. */
+static __device__ inline void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
+    __shared__ double red[32];
+    double ss = 0.0;
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
+    ss = block_sum(ss, red);
+    float scale = 1.0f / sqrtf((float)(ss / n) + eps);
+#pragma unroll 4
+    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
+    __syncthreads();
+}
 
 #endif

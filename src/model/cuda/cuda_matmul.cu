@@ -16,13 +16,16 @@
  * with the registers of its own types only and keeps three or four blocks
  * per SM streaming.
  *
- * Prefill (gemm): 64 weight rows x 64 tokens per block of 4 warps, K in
- * chunks of 256.  Quantized weights are expanded to int8 in shared memory
- * (Q2_K pre-multiplied by its 4-bit sub-block scales, IQ2_XXS as signed
- * grid values, Q4_K nibbles) and multiplied on the int8 tensor cores
- * (mma m16n8k32) against the int8 activations; the per-32 scales are
- * applied to the int32 results as the CPU applies them to its sums.  Float
- * weights use a tiled f32 product.
+ * Prefill (gemm): 128 weight rows x 64 tokens per block of 8 warps, K in
+ * chunks of 256, compiled per weight type.  Quantized weights are expanded
+ * to int8 in shared memory (Q8_0 copied verbatim, Q2_K pre-multiplied by
+ * its 4-bit sub-block scales, IQ2_XXS as signed grid values, Q4_K nibbles)
+ * and multiplied on the int8 tensor cores (ldmatrix fragments, mma
+ * m16n8k32) against the int8 activations; the per-32 scales are applied to
+ * the int32 results as the CPU applies them to its sums.  Shared memory
+ * holds two chunks: the next one is fetched (cp.async, or for K-quants raw
+ * loads into registers expanded after the products) while the current one
+ * is multiplied.  Float weights use a tiled f32 product.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -53,6 +56,7 @@ void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const 
 }
 
 static __global__ void quantize_kernel(dact a) {
+    dev_pdl_enter();
     const float *x = a.f + (size_t)blockIdx.x * a.fs;
     dev_quantize_row(x, a.n, a.q8 ? a.q8 + (size_t)blockIdx.x * a.q8s : NULL, a.qk ? a.qk + (size_t)blockIdx.x * a.qks : NULL);
 }
@@ -234,21 +238,35 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
     }
 }
 
-/* Bytes 0..3 of each word: 0xFF where the sign bit is set. */
-static __device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
-    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xFFu;
+/* The IQ2_XXS decoding tables a block keeps in shared memory: the 256
+ * grid points, then for each 7-bit sign field the 64-bit mask (0xFF in the
+ * bytes to negate) of its eight signs, the eighth being the parity of the
+ * seven.  A table lookup replaces the parity and mask arithmetic of every
+ * group of eight values. */
+#define IQ2_TAB (256 + 128)
+
+static __device__ void dev_iq2_fill_tables(uint64_t *tab, const uint64_t *grid_g) {
+    for (unsigned i = threadIdx.x; i < IQ2_TAB; i += blockDim.x) {
+        if (i < 256) {
+            tab[i] = grid_g[i];
+            continue;
+        }
+        uint32_t s7 = i - 256, sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
+        uint64_t m = 0;
+        for (int j = 0; j < 8; j++)
+            if ((sb >> j) & 1) m |= (uint64_t)0xFF << (8 * j);
+        tab[i] = m;
+    }
+    __syncthreads();
 }
 
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
- * index word g and sign/scale word s. */
-static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t g, uint32_t s, uint32_t out[8]) {
+ * index word g and sign/scale word s (tab: dev_iq2_fill_tables). */
+static __device__ __forceinline__ void iq2_group(const uint64_t *tab, uint32_t g, uint32_t s, uint32_t out[8]) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        uint64_t v = grid[(g >> (8 * l)) & 255];
-        uint32_t s7 = (s >> (7 * l)) & 127;
-        uint32_t sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
-        uint32_t m0 = sign_mask4(sb & 15), m1 = sign_mask4(sb >> 4);
-        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32);
+        uint64_t v = tab[(g >> (8 * l)) & 255], m = tab[256 + ((s >> (7 * l)) & 127)];
+        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32), m0 = (uint32_t)m, m1 = (uint32_t)(m >> 32);
         out[2 * l] = __vsub4(v0 ^ m0, m0);
         out[2 * l + 1] = __vsub4(v1 ^ m1, m1);
     }
@@ -412,6 +430,16 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
     }
 }
 
+/* The warp's rows (those of a fixed matrix) into the L2, a 128-byte line a
+ * lane at a time. */
+static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, uint32_t r0) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t n = sg.rows - r0 < sg.rpw ? sg.rows - r0 : sg.rpw;
+    const uint8_t *first = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
+    size_t bytes = (size_t)n * sg.row_bytes;
+    for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(first + off);
+}
+
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
  * IQ2_XXS grid decoding. */
@@ -419,16 +447,18 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
 
 template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
-    __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? 256 : 1];
+    dev_pdl_launch_next();
+    __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
     uint32_t s = 0;
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
-    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) {
-        for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
-        __syncthreads();
-    }
     unsigned warp = threadIdx.x / 32;
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
+    /* weights and the grid are written by no kernel: fetch them while the
+     * kernel before this one finishes */
+    if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tables(grid, grid_g);
+    dev_pdl_wait_prev();
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
     case 1: gemv_rows<M, 1>(sg, r0, grid); break;
@@ -505,10 +535,11 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
 
 /* ------------------------------------------------------------- gemm */
 
-#define BM 64
-#define BN 64
-#define KC 256
-#define KPAD (KC + 16)
+#define BM 64      /* float kernel: weight rows per block */
+#define BN 64      /* tokens per block (both kernels; the expert grouping's tile width) */
+#define QBM 128    /* int8 kernel: weight rows per block */
+#define KC 256     /* int8 kernel: K per chunk (one K-quant super-block) */
+#define QTHREADS 256
 
 typedef struct gemm_args {
     const uint8_t *w;
@@ -551,214 +582,392 @@ static __device__ __forceinline__ int act_row(const gemm_args &g, int i) {
 }
 static __device__ __forceinline__ int out_row(const gemm_args &g, int i) { return g.grouped ? g.grp.perm[i] : i; }
 
-typedef struct qsmem {
-    int8_t w[BM][KPAD];
-    int8_t x[BN][KPAD];
-    float wsc[BM][8];   /* Q8_0: f16 d per 32; K-quants: integer sub-scale per 32 */
-    float xsc[BN][8];   /* Q8_0: activation d per 32 */
-    float wd[BM][2];    /* K-quants: d, dmin */
-    float xd[BN];       /* Q8_K d */
-    int16_t wm[BM][16]; /* K-quants: mins per 16 (Q2_K) or per 32 (Q4_K, 8 used) */
-    int16_t xb[BN][16]; /* Q8_K bsums */
-} qsmem;
+/* One stage of the int8 kernel's shared memory: a chunk of KC values of
+ * the block's weight rows and tokens as int8, rows of KC bytes whose
+ * 16-byte pieces are swizzled (piece p of row r stored at p ^ (r % 8)), so
+ * that the eight rows an ldmatrix phase reads fall on eight different
+ * groups of four banks without padding; and the chunk's scales.  Two
+ * stages: the next chunk is fetched while the current one is multiplied. */
+typedef struct qstage {
+    int8_t w[QBM * KC];
+    int8_t x[BN * KC];
+    union {
+        struct {
+            float wd[8][QBM];    /* weight d per 32, by block of the chunk */
+            float xd[8][BN];     /* activation d per 32, by block of the chunk */
+        } q8;
+        struct {
+            int8_t wsc[QBM][8]; /* integer sub-scale per 32 (Q4_K, IQ2_XXS) */
+            int8_t wm[QBM][16]; /* mins per 16 (Q2_K; Q4_K's per-32 min twice) */
+            float2 wd[QBM];     /* d, dmin */
+            float xd[BN];       /* Q8_K d */
+            int16_t xb[BN][16]; /* Q8_K bsums */
+        } k;
+    } u;
+} qstage;
 
-/* Expand chunk kb (256 values at k0) of the block's weight rows. */
-static __device__ void load_w_chunk(const gemm_args &g, qsmem &s, int mat, uint32_t k0, uint32_t klen, const uint64_t *grid) {
-    uint32_t nb = g.n / 256, b = k0 / 256;
-    for (unsigned i = threadIdx.x; i < BM * 16; i += blockDim.x) {
-        unsigned r = i / 16, piece = i % 16; /* 16 pieces of 16 values */
-        uint32_t row = g.row0 + row_tile(g) * BM + r;
-        int8_t *dst = s.w[r];
-        if (row_tile(g) * BM + r >= g.rows || piece * 16 >= klen) {
-            for (int k = 0; k < 16; k++) dst[piece * 16 + k] = 0;
-            continue;
-        }
-        const uint8_t *rp = g.w + (size_t)mat * g.mat_bytes + (size_t)row * g.row_bytes;
-        switch (g.type) {
-        case DS4_TYPE_Q8_0: {
-            int4 v = ld16(rp + k0 + 16 * piece);
-            memcpy(dst + 16 * piece, &v, 16);
-            if ((piece & 1) == 0) s.wsc[r][piece / 2] = dev_f16(((const uint16_t *)(rp + g.n))[(k0 + 16 * piece) / 32]);
-            break;
-        }
-        case DS4_TYPE_Q2_K: { /* piece = sub-block s: values 16 s .. 16 s + 15 */
-            unsigned sb = piece, h = sb / 8, j = (sb % 8) / 2, l0 = (sb & 1) * 16;
-            int4 q = ld16(rp + 64 * (size_t)b + 32 * h + l0);
-            uint8_t sc = rp[64 * (size_t)nb + 16 * b + sb];
-            /* 2-bit values times the 4-bit scale: at most 45, no carry between bytes */
-            uint32_t m = sc & 15;
-            uint32_t v[4] = {(((uint32_t)q.x >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.y >> (2 * j)) & 0x03030303u) * m,
-                             (((uint32_t)q.z >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.w >> (2 * j)) & 0x03030303u) * m};
-            memcpy(dst + 16 * sb, v, 16);
-            s.wm[r][sb] = sc >> 4;
-            if (sb < 8) s.wsc[r][sb] = 1.0f;
-            if (sb == 0) {
-                const uint16_t *dd = (const uint16_t *)(rp + 80 * (size_t)nb) + 2 * b;
-                s.wd[r][0] = dev_f16(dd[0]);
-                s.wd[r][1] = dev_f16(dd[1]);
+static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
+    return 2 * sizeof(qstage) + (type == DS4_TYPE_IQ2_XXS ? IQ2_TAB * sizeof(uint64_t) : 0);
+}
+
+static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) { return row * KC + ((piece ^ (row & 7)) << 4); }
+
+/* Integer sums to float without the conversion unit (a quarter of the
+ * rate of the float pipes): an accumulator that starts at the bits of
+ * 1.5 * 2^23 and gains an integer s with |s| < 2^22 reads as the float
+ * 1.5 * 2^23 + s exactly, and one exact subtraction leaves (float) s. */
+#define MAGIC_BITS 0x4B400000
+static __device__ __forceinline__ float magic_to_f(int bits) { return __int_as_float(bits) - 12582912.0f; }
+
+static __device__ __forceinline__ void st_zero16(int8_t *p) { *(int4 *)p = make_int4(0, 0, 0, 0); }
+
+/* The block's first byte of weight row r (of its tile), or NULL past the end. */
+static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int mat, unsigned r) {
+    uint32_t rt = row_tile(g) * QBM + r;
+    if (rt >= g.rows) return NULL;
+    return g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + rt) * g.row_bytes;
+}
+
+/* Q8_0 weights: the int8 bytes are copied verbatim; the chunk's f16 scales
+ * of row threadIdx.x (< QBM) are loaded into `sc`, to be converted once
+ * (by store_w_q8_scales) rather than in every product that uses them. */
+static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen,
+                                                       uint4 &sc) {
+    for (unsigned i = threadIdx.x; i < QBM * 16; i += QTHREADS) {
+        unsigned r = i / 16, piece = i % 16;
+        const uint8_t *rp = w_row(g, mat, r);
+        int8_t *dst = s.w + swz(r, piece);
+        if (!rp || piece * 16 >= klen) st_zero16(dst);
+        else cp_async16(dst, rp + k0 + 16 * piece);
+    }
+    sc = make_uint4(0, 0, 0, 0);
+    if (threadIdx.x < QBM) {
+        const uint8_t *rp = w_row(g, mat, threadIdx.x);
+        /* the row's scale area is padded to 16 bytes: a whole chunk's eight fit */
+        if (rp) sc = __ldg((const uint4 *)(rp + g.n + k0 / 16));
+    }
+}
+static __device__ __forceinline__ void store_w_q8_scales(qstage &s, uint4 sc) {
+    if (threadIdx.x >= QBM) return;
+    uint32_t w[4] = {sc.x, sc.y, sc.z, sc.w};
+#pragma unroll
+    for (int k = 0; k < 8; k++) s.u.q8.wd[k][threadIdx.x] = dev_f16((uint16_t)(w[k / 2] >> (16 * (k % 2))));
+}
+
+/* K-quant weights go through registers: the raw bytes of the next chunk
+ * are loaded before the current chunk's products (so their latency is
+ * hidden behind them) and expanded into shared memory after.  Thread i
+ * owns row i / 2 and half i % 2 of its super-block: 8 pieces of 16. */
+typedef struct wraw {
+    int4 q[4];
+    uint32_t s[3];
+    uint32_t d;
+    bool ok;
+} wraw;
+
+template <uint32_t TYPE>
+static __device__ __forceinline__ void load_w_raw(const gemm_args &g, int mat, uint32_t b, wraw &w) {
+    unsigned r = threadIdx.x / 2, p = threadIdx.x & 1;
+    uint32_t nb = g.n / 256;
+    const uint8_t *rp = w_row(g, mat, r);
+    w.ok = rp != NULL;
+    for (int i = 0; i < 4; i++) w.q[i] = make_int4(0, 0, 0, 0);
+    w.s[0] = w.s[1] = w.s[2] = w.d = 0;
+    if (!rp) return;
+    if (TYPE == DS4_TYPE_Q2_K) { /* half p: quant bytes 32 p.., sub-blocks 8 p..8 p + 7 */
+        w.q[0] = ld16(rp + 64 * (size_t)b + 32 * p);
+        w.q[1] = ld16(rp + 64 * (size_t)b + 32 * p + 16);
+        uint2 sc = __ldg((const uint2 *)(rp + 64 * (size_t)nb + 16 * (size_t)b + 8 * p));
+        w.s[0] = sc.x;
+        w.s[1] = sc.y;
+        w.d = __ldg((const uint32_t *)(rp + 80 * (size_t)nb + 4 * (size_t)b));
+    } else if (TYPE == DS4_TYPE_Q4_K) { /* half p: quant bytes 64 p.., sub-blocks 4 p..4 p + 3 */
+        for (int i = 0; i < 4; i++) w.q[i] = ld16(rp + 128 * (size_t)b + 64 * p + 16 * i);
+        const uint32_t *sw = (const uint32_t *)(rp + 128 * (size_t)nb + 12 * (size_t)b);
+        w.s[0] = __ldg(sw);
+        w.s[1] = __ldg(sw + 1);
+        w.s[2] = __ldg(sw + 2);
+        w.d = __ldg((const uint32_t *)(rp + 140 * (size_t)nb + 4 * (size_t)b));
+    } else { /* IQ2_XXS, half p: groups 4 p..4 p + 3 */
+        w.q[0] = ld16(rp + 64 * (size_t)b + 32 * p);
+        w.q[1] = ld16(rp + 64 * (size_t)b + 32 * p + 16);
+        w.d = __ldg((const uint16_t *)(rp + 64 * (size_t)nb) + b);
+    }
+}
+
+static __device__ __forceinline__ void st16(int8_t *p, uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+    *(uint4 *)p = make_uint4(a, b, c, d);
+}
+
+template <uint32_t TYPE>
+static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, const uint64_t *grid) {
+    unsigned r = threadIdx.x / 2, p = threadIdx.x & 1;
+    if (!w.ok) {
+        for (unsigned k = 0; k < 8; k++) st_zero16(s.w + swz(r, 8 * p + k));
+        *(uint2 *)&s.u.k.wm[r][8 * p] = make_uint2(0, 0);
+        *(uint32_t *)&s.u.k.wsc[r][4 * p] = 0;
+        if (p == 0) s.u.k.wd[r] = make_float2(0.0f, 0.0f);
+        return;
+    }
+    if (TYPE == DS4_TYPE_Q2_K) {
+        /* sub-block 8 p + 2 j + e: bits 2 j of quant half e, times its 4-bit
+         * scale (at most 45: no carry between bytes) */
+#pragma unroll
+        for (unsigned j = 0; j < 4; j++)
+#pragma unroll
+            for (unsigned e = 0; e < 2; e++) {
+                unsigned k = 2 * j + e;
+                uint32_t m = (w.s[k / 4] >> (8 * (k % 4))) & 15;
+                int4 q = w.q[e];
+                st16(s.w + swz(r, 8 * p + k), (((uint32_t)q.x >> (2 * j)) & 0x03030303u) * m,
+                     (((uint32_t)q.y >> (2 * j)) & 0x03030303u) * m, (((uint32_t)q.z >> (2 * j)) & 0x03030303u) * m,
+                     (((uint32_t)q.w >> (2 * j)) & 0x03030303u) * m);
             }
-            break;
-        }
-        case DS4_TYPE_Q4_K: { /* piece: sub-block j = piece / 2, half = piece % 2 */
-            unsigned j = piece / 2, l0 = (piece & 1) * 16;
-            int4 q = ld16(rp + 128 * (size_t)b + 32 * (j / 2) + l0);
-            int shift = 4 * (j & 1);
-            uint32_t v[4] = {((uint32_t)q.x >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu,
-                             ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu};
-            memcpy(dst + 32 * j + l0, v, 16);
-            if ((piece & 1) == 0) {
-                int sc, m;
-                const uint32_t *sw = (const uint32_t *)(rp + 128 * (size_t)nb + 12 * (size_t)b);
-                q4k_scale_min(sw[0], sw[1], sw[2], j, &sc, &m);
-                s.wsc[r][j] = (float)sc;
-                s.wm[r][j] = (int16_t)m;
+        *(uint2 *)&s.u.k.wm[r][8 * p] = make_uint2((w.s[0] >> 4) & 0x0F0F0F0Fu, (w.s[1] >> 4) & 0x0F0F0F0Fu);
+    } else if (TYPE == DS4_TYPE_Q4_K) {
+        /* sub-block j = 4 p + jj: nibble jj % 2 of the 32 bytes jj / 2 */
+        uint32_t sc4 = 0, m8[2] = {0, 0};
+#pragma unroll
+        for (unsigned jj = 0; jj < 4; jj++) {
+            unsigned j = 4 * p + jj, shift = 4 * (jj & 1);
+#pragma unroll
+            for (unsigned e = 0; e < 2; e++) {
+                int4 q = w.q[2 * (jj / 2) + e];
+                st16(s.w + swz(r, 2 * j + e), ((uint32_t)q.x >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu,
+                     ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu);
             }
-            if (piece == 0) {
-                const uint16_t *dd = (const uint16_t *)(rp + 140 * (size_t)nb) + 2 * b;
-                s.wd[r][0] = dev_f16(dd[0]);
-                s.wd[r][1] = dev_f16(dd[1]);
-            }
-            break;
+            int sc, m;
+            q4k_scale_min(w.s[0], w.s[1], w.s[2], j, &sc, &m);
+            sc4 |= (uint32_t)sc << (8 * jj);
+            m8[jj / 2] |= ((uint32_t)m | (uint32_t)m << 8) << (16 * (jj % 2));
         }
-        case DS4_TYPE_IQ2_XXS: { /* piece: group ib = piece / 2, half = piece % 2 */
-            unsigned ib = piece / 2, half = piece & 1;
-            const uint32_t *gw = (const uint32_t *)(rp + 64 * (size_t)b + 8 * ib);
+        *(uint32_t *)&s.u.k.wsc[r][4 * p] = sc4;
+        *(uint2 *)&s.u.k.wm[r][8 * p] = make_uint2(m8[0], m8[1]);
+    } else {
+        uint32_t sc4 = 0;
+#pragma unroll
+        for (unsigned k = 0; k < 4; k++) {
+            int4 q = w.q[k / 2];
+            uint32_t gw0 = (uint32_t)(k & 1 ? q.z : q.x), gw1 = (uint32_t)(k & 1 ? q.w : q.y);
             uint32_t v[8];
-            iq2_group(grid, gw[0], gw[1], v);
-            memcpy(dst + 32 * ib + 16 * half, &v[4 * half], 16);
-            if (half == 0) s.wsc[r][ib] = (float)(2 * (gw[1] >> 28) + 1);
-            if (piece == 0) s.wd[r][0] = dev_f16(((const uint16_t *)(rp + 64 * (size_t)nb))[b]);
-            break;
+            iq2_group(grid, gw0, gw1, v);
+            unsigned ib = 4 * p + k;
+            st16(s.w + swz(r, 2 * ib), v[0], v[1], v[2], v[3]);
+            st16(s.w + swz(r, 2 * ib + 1), v[4], v[5], v[6], v[7]);
+            sc4 |= (2 * (gw1 >> 28) + 1) << (8 * k);
         }
-        default: break;
-        }
+        *(uint32_t *)&s.u.k.wsc[r][4 * p] = sc4;
     }
+    if (p == 0) s.u.k.wd[r] = make_float2(dev_f16((uint16_t)w.d), dev_f16((uint16_t)(w.d >> 16)));
 }
 
-static __device__ void load_x_chunk(const gemm_args &g, qsmem &s, int start, int count, uint32_t k0, uint32_t klen) {
-    bool q8 = g.type == DS4_TYPE_Q8_0;
-    for (unsigned i = threadIdx.x; i < BN * 16; i += blockDim.x) {
+/* The chunk's activations: int8 bytes (zeros past the tile's tokens or the
+ * row's end) and scales, all by asynchronous copies.  xoff: byte offset of
+ * each of the tile's activation rows. */
+template <uint32_t TYPE>
+static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &s, const size_t *xoff, int count,
+                                                    uint32_t k0, uint32_t klen) {
+    for (unsigned i = threadIdx.x; i < BN * 16; i += QTHREADS) {
         unsigned t = i / 16, piece = i % 16;
-        int8_t *dst = s.x[t] + 16 * piece;
-        if ((int)t >= count || piece * 16 >= klen) {
-            memset(dst, 0, 16);
-            continue;
+        int8_t *dst = s.x + swz(t, piece);
+        if ((int)t >= count || piece * 16 >= klen) st_zero16(dst);
+        else cp_async16(dst, (const uint8_t *)g.xq + xoff[t] + k0 + 16 * piece);
+    }
+    if (TYPE == DS4_TYPE_Q8_0) {
+        for (unsigned i = threadIdx.x; i < BN * 8; i += QTHREADS) {
+            unsigned t = i / 8, kb = i % 8;
+            if ((int)t < count && kb * 32 < klen)
+                cp_async4(&s.u.q8.xd[kb][t], (const uint8_t *)g.xd + xoff[t] + 4 * (k0 / 32 + kb));
         }
-        size_t off = (size_t)act_row(g, start + (int)t) * g.xqs;
-        int4 v = ld16((const uint8_t *)g.xq + off + k0 + 16 * piece);
-        memcpy(dst, &v, 16);
-        const float *xd = (const float *)((const uint8_t *)g.xd + off);
-        if (q8) {
-            if ((piece & 1) == 0) s.xsc[t][piece / 2] = xd[k0 / 32 + piece / 2];
-        } else {
-            const int16_t *xb = (const int16_t *)((const uint8_t *)g.xb + off);
-            s.xb[t][piece] = xb[k0 / 16 + piece];
-            if (piece == 0) s.xd[t] = xd[k0 / 256];
+    } else {
+        for (unsigned i = threadIdx.x; i < BN * 8; i += QTHREADS) {
+            unsigned t = i / 8, h = i % 8;
+            if ((int)t < count) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xoff[t] + 2 * (k0 / 16 + 2 * h));
         }
+        if ((int)threadIdx.x < count) cp_async4(&s.u.k.xd[threadIdx.x], (const uint8_t *)g.xd + xoff[threadIdx.x] + 4 * (k0 / 256));
     }
 }
 
-/* Warp (wm, wn) of the 2 x 2 arrangement: rows 32 wm.., tokens 32 wn.. */
-static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const uint64_t *grid_g) {
-    __shared__ qsmem s;
-    __shared__ uint64_t grid[256];
+/* 128 weight rows x 64 tokens per block of 8 warps; warp (wm, wn) of the
+ * 4 x 2 arrangement owns rows 32 wm.. and tokens 32 wn.. (2 x 4 mma tiles).
+ * The integer sums per 32 (and per 256 for Q2_K) and every float step are
+ * those of the CPU dot, in its order. */
+template <uint32_t TYPE>
+static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint64_t *grid_g) {
+    dev_pdl_enter();
+    DS4_DYN_SMEM(qstage, st);
+    __shared__ size_t xoff[BN];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
-    if (g.type == DS4_TYPE_IQ2_XXS) {
-        for (unsigned i = threadIdx.x; i < 256; i += blockDim.x) grid[i] = grid_g[i];
-        __syncthreads();
-    }
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 1, wn = warp >> 1;
-    unsigned gq = lane / 4, tq = lane % 4;
-    bool kq = g.type != DS4_TYPE_Q8_0;
+    const bool kq = TYPE != DS4_TYPE_Q8_0;
+    uint64_t *grid = (uint64_t *)(st + 2);
+    if (threadIdx.x < BN) xoff[threadIdx.x] = (int)threadIdx.x < count ? (size_t)act_row(g, start + (int)threadIdx.x) * g.xqs : 0;
+    if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tables(grid, grid_g); /* ends with a barrier */
+    else __syncthreads();
+
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 3, wn = warp >> 2;
+    unsigned gq = lane / 4, tq = lane % 4, lm = lane / 8, l8 = lane % 8;
+    /* ldmatrix rows: A tiles (matrix lm: rows +8 (lm & 1), k +16 (lm >> 1)),
+     * B tile pairs (matrix lm: tokens +8 (lm >> 1), k +16 (lm & 1)) */
+    unsigned arow = 32 * wm + l8 + 8 * (lm & 1), apc = lm >> 1;
+    unsigned brow = 32 * wn + l8 + 8 * (lm >> 1), bpc = lm & 1;
+
     float acc[2][4][4];
-    #pragma unroll
+#pragma unroll
     for (int a = 0; a < 2; a++)
-        #pragma unroll
+#pragma unroll
         for (int b = 0; b < 4; b++)
-            #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; i++) acc[a][b][i] = 0.0f;
-    for (uint32_t k0 = 0; k0 < g.n; k0 += KC) {
-        uint32_t klen = g.n - k0 < KC ? g.n - k0 : KC;
-        __syncthreads();
-        load_w_chunk(g, s, mat, k0, klen, grid);
-        load_x_chunk(g, s, start, count, k0, klen);
-        __syncthreads();
-        int isum[2][4][4], c[2][4][4];
-        #pragma unroll
-        for (int a = 0; a < 2; a++)
-            #pragma unroll
-            for (int b = 0; b < 4; b++)
-                #pragma unroll
-                for (int i = 0; i < 4; i++) isum[a][b][i] = c[a][b][i] = 0;
-        for (uint32_t kk = 0; kk < klen / 32; kk++) {
-            uint32_t af[2][4], bf[4][2];
-            #pragma unroll
-            for (int a = 0; a < 2; a++) {
-                unsigned r = 32 * wm + 16 * a + gq;
-                af[a][0] = *(const uint32_t *)&s.w[r][32 * kk + 4 * tq];
-                af[a][1] = *(const uint32_t *)&s.w[r + 8][32 * kk + 4 * tq];
-                af[a][2] = *(const uint32_t *)&s.w[r][32 * kk + 16 + 4 * tq];
-                af[a][3] = *(const uint32_t *)&s.w[r + 8][32 * kk + 16 + 4 * tq];
-            }
-            #pragma unroll
-            for (int b = 0; b < 4; b++) {
-                unsigned t = 32 * wn + 8 * b + gq;
-                bf[b][0] = *(const uint32_t *)&s.x[t][32 * kk + 4 * tq];
-                bf[b][1] = *(const uint32_t *)&s.x[t][32 * kk + 16 + 4 * tq];
-            }
-            bool accumulate = g.type == DS4_TYPE_Q2_K; /* pre-scaled: sums run across the chunk */
-            #pragma unroll
-            for (int a = 0; a < 2; a++)
-                #pragma unroll
-                for (int b = 0; b < 4; b++) {
-                    if (!accumulate)
-                        #pragma unroll
-                        for (int i = 0; i < 4; i++) c[a][b][i] = 0;
-                    mma_s8_16x8x32(c[a][b], af[a], bf[b]);
-                    if (accumulate) continue;
-                    #pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
-                        unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
-                        if (kq) isum[a][b][i] += (int)s.wsc[r][kk] * c[a][b][i];
-                        else acc[a][b][i] += (s.wsc[r][kk] * s.xsc[t][kk]) * (float)c[a][b][i];
-                    }
-                }
-        }
-        if (!kq) continue;
-        /* K-quant super-block: mins and the float step of the CPU dot */
-        #pragma unroll
-        for (int a = 0; a < 2; a++)
-            #pragma unroll
-            for (int b = 0; b < 4; b++)
-                #pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
-                    unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
-                    int is = g.type == DS4_TYPE_Q2_K ? c[a][b][i] : isum[a][b][i];
-                    if (g.type == DS4_TYPE_IQ2_XXS) {
-                        acc[a][b][i] += (s.wd[r][0] * s.xd[t]) * ((float)is * 0.125f);
-                        continue;
-                    }
-                    int ms = 0;
-                    if (g.type == DS4_TYPE_Q2_K)
-                        for (int sb = 0; sb < 16; sb++) ms += s.wm[r][sb] * s.xb[t][sb];
-                    else
-                        for (int j = 0; j < 8; j++) ms += s.wm[r][j] * (s.xb[t][2 * j] + s.xb[t][2 * j + 1]);
-                    float dall = s.wd[r][0] * s.xd[t], dmin = s.wd[r][1] * s.xd[t];
-                    acc[a][b][i] += __fsub_rn(__fmul_rn(dall, (float)is), __fmul_rn(dmin, (float)ms));
-                }
+
+    uint32_t nchunk = (g.n + KC - 1) / KC;
+    wraw raw;
+    uint4 wsc;
+    if (kq) {
+        load_w_raw<TYPE>(g, mat, 0, raw);
+        store_w_raw<TYPE>(st[0], raw, grid);
+    } else {
+        load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC), wsc);
+        store_w_q8_scales(st[0], wsc);
     }
-    #pragma unroll
+    load_x_async<TYPE>(g, st[0], xoff, count, 0, imin_d((int)g.n, KC));
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+
+    for (uint32_t c = 0; c < nchunk; c++) {
+        qstage &s = st[c & 1], &nx = st[(c + 1) & 1];
+        uint32_t k0 = c * KC, klen = g.n - k0 < KC ? g.n - k0 : KC;
+        bool more = c + 1 < nchunk;
+        if (more) { /* stage c + 1 was last read before the barrier that ended chunk c - 1 */
+            uint32_t k1 = k0 + KC, klen1 = g.n - k1 < KC ? g.n - k1 : KC;
+            if (kq) load_w_raw<TYPE>(g, mat, c + 1, raw);
+            else load_w_q8_async(g, nx, mat, k1, klen1, wsc);
+            load_x_async<TYPE>(g, nx, xoff, count, k1, klen1);
+            cp_async_commit();
+        }
+
+        int isum[2][4][4];
+#pragma unroll
+        for (int a = 0; a < 2; a++)
+#pragma unroll
+            for (int b = 0; b < 4; b++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) isum[a][b][i] = TYPE == DS4_TYPE_Q2_K ? MAGIC_BITS : 0;
+#pragma unroll
+        for (uint32_t kk = 0; kk < KC / 32; kk++) {
+            if (32 * kk >= klen) break;
+            uint32_t af[2][4], bf[4][2];
+#pragma unroll
+            for (int a = 0; a < 2; a++) ldmatrix_x4(af[a], s.w + swz(arow + 16 * a, 2 * kk + apc));
+#pragma unroll
+            for (int bb = 0; bb < 2; bb++) {
+                uint32_t m4[4];
+                ldmatrix_x4(m4, s.x + swz(brow + 16 * bb, 2 * kk + bpc));
+                bf[2 * bb][0] = m4[0];
+                bf[2 * bb][1] = m4[1];
+                bf[2 * bb + 1][0] = m4[2];
+                bf[2 * bb + 1][1] = m4[3];
+            }
+            if (TYPE == DS4_TYPE_Q2_K) { /* pre-scaled: the sums run across the chunk */
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) mma_s8_16x8x32(isum[a][b], af[a], bf[b]);
+            } else if (kq) {
+                int sc[2][2];
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) sc[a][h] = s.u.k.wsc[32 * wm + 16 * a + gq + 8 * h][kk];
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        int cc[4] = {0, 0, 0, 0};
+                        mma_s8_16x8x32(cc, af[a], bf[b]);
+#pragma unroll
+                        for (int i = 0; i < 4; i++) isum[a][b][i] += sc[a][i >> 1] * cc[i];
+                    }
+            } else {
+                float ws[2][2];
+                float2 xs[4];
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) ws[a][h] = s.u.q8.wd[kk][32 * wm + 16 * a + gq + 8 * h];
+#pragma unroll
+                for (int b = 0; b < 4; b++) xs[b] = *(const float2 *)&s.u.q8.xd[kk][32 * wn + 8 * b + 2 * tq];
+#pragma unroll
+                for (int a = 0; a < 2; a++)
+#pragma unroll
+                    for (int b = 0; b < 4; b++) {
+                        /* a sum of 32 int8 products: |s| <= 2^19 */
+                        int cc[4] = {MAGIC_BITS, MAGIC_BITS, MAGIC_BITS, MAGIC_BITS};
+                        mma_s8_16x8x32(cc, af[a], bf[b]);
+#pragma unroll
+                        for (int i = 0; i < 4; i++)
+                            acc[a][b][i] += (ws[a][i >> 1] * (i & 1 ? xs[b].y : xs[b].x)) * magic_to_f(cc[i]);
+                    }
+            }
+        }
+
+        if (kq) { /* K-quant super-block: mins and the float step of the CPU dot */
+#pragma unroll
+            for (int a = 0; a < 2; a++) {
+                unsigned r0 = 32 * wm + 16 * a + gq;
+                float2 wd[2] = {s.u.k.wd[r0], s.u.k.wd[r0 + 8]};
+                uint32_t am[2] = {0, 0};
+                if (TYPE != DS4_TYPE_IQ2_XXS) {
+                    am[0] = *(const uint32_t *)&s.u.k.wm[r0][4 * tq];
+                    am[1] = *(const uint32_t *)&s.u.k.wm[r0 + 8][4 * tq];
+                }
+#pragma unroll
+                for (int b = 0; b < 4; b++) {
+                    float2 xd = *(const float2 *)&s.u.k.xd[32 * wn + 8 * b + 2 * tq];
+                    /* sum over the 16 sub-blocks of min x bsum as two products on
+                     * the tensor cores, bsum = 256 high byte (signed) + low byte
+                     * (unsigned); |sum| <= 16 * 63 * 2048 < 2^22 */
+                    int ml[4] = {MAGIC_BITS, MAGIC_BITS, MAGIC_BITS, MAGIC_BITS}, mh[4] = {0, 0, 0, 0};
+                    if (TYPE != DS4_TYPE_IQ2_XXS) {
+                        uint2 v = *(const uint2 *)&s.u.k.xb[32 * wn + 8 * b + gq][4 * tq];
+                        mma_s8_16x8x16<true>(ml, am, __byte_perm(v.x, v.y, 0x6420));
+                        mma_s8_16x8x16<false>(mh, am, __byte_perm(v.x, v.y, 0x7531));
+                    }
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float2 w = wd[i >> 1];
+                        float x = i & 1 ? xd.y : xd.x;
+                        int is = isum[a][b][i];
+                        if (TYPE == DS4_TYPE_IQ2_XXS) {
+                            acc[a][b][i] += (w.x * x) * ((float)is * 0.125f);
+                            continue;
+                        }
+                        /* Q2_K's sum (|s| <= 256 * 45 * 128 < 2^22) came out of
+                         * accumulators started at the magic bits; Q4_K's may not fit */
+                        float isf = TYPE == DS4_TYPE_Q2_K ? magic_to_f(is) : (float)is;
+                        float msf = magic_to_f(ml[i] + 256 * mh[i]);
+                        float dall = w.x * x, dmin = w.y * x;
+                        acc[a][b][i] += __fsub_rn(__fmul_rn(dall, isf), __fmul_rn(dmin, msf));
+                    }
+                }
+            }
+        }
+        if (more && kq) store_w_raw<TYPE>(nx, raw, grid);
+        if (more && !kq) store_w_q8_scales(nx, wsc);
+        cp_async_wait_all();
+        __syncthreads();
+    }
+
+#pragma unroll
     for (int a = 0; a < 2; a++)
-        #pragma unroll
+#pragma unroll
         for (int b = 0; b < 4; b++)
-            #pragma unroll
+#pragma unroll
             for (int i = 0; i < 4; i++) {
                 unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
                 unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
-                uint32_t row = row_tile(g) * BM + r;
+                uint32_t row = row_tile(g) * QBM + r;
                 if ((int)t < count && row < g.rows)
                     g.out[(size_t)out_row(g, start + (int)t) * g.out_stride + row] = acc[a][b][i];
             }
@@ -766,6 +975,7 @@ static __global__ void __launch_bounds__(128) gemm_q_kernel(gemm_args g, const u
 
 /* Float weights: 64 x 64 tile, K in steps of 32, 4 x 4 outputs a thread. */
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
+    dev_pdl_enter();
     __shared__ float ws[32][BM + 1];
     __shared__ float xs[32][BN + 1];
     int mat, count, start;
@@ -809,6 +1019,24 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
         }
 }
 
+/* The int8 kernel's two stages exceed the default 48 KiB of shared memory:
+ * allow them once per weight type, with the whole carveout as shared
+ * memory so that two blocks (16 warps) fit an SM. */
+template <uint32_t TYPE> static int gemm_q_allow(ds4_err *err) {
+    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_q_smem(TYPE)));
+    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
+    return 0;
+}
+static int gemm_q_init(ds4_err *err) {
+    static bool done;
+    if (done) return 0;
+    if (gemm_q_allow<DS4_TYPE_Q8_0>(err) || gemm_q_allow<DS4_TYPE_Q2_K>(err) || gemm_q_allow<DS4_TYPE_Q4_K>(err) ||
+        gemm_q_allow<DS4_TYPE_IQ2_XXS>(err))
+        return -1;
+    done = true;
+    return 0;
+}
+
 int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
             float *out, size_t out_stride, const cu_group *grp, cudaStream_t st, ds4_err *err) {
     if (rows == 0 || (T == 0 && !grp)) return 0;
@@ -827,19 +1055,29 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     g.out_stride = out_stride;
     g.grouped = grp != NULL;
     if (grp) g.grp = *grp;
-    uint32_t row_tiles = (rows + BM - 1) / BM;
-    dim3 grid = grp ? dim3(row_tiles, grp->max_tiles) : dim3((T + BN - 1) / BN, row_tiles);
     bool quant = W->type == DS4_TYPE_Q8_0 || W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K ||
                  W->type == DS4_TYPE_IQ2_XXS;
+    uint32_t bm = quant ? QBM : BM, row_tiles = (rows + bm - 1) / bm;
+    dim3 grid = grp ? dim3(row_tiles, grp->max_tiles) : dim3((T + BN - 1) / BN, row_tiles);
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
     g.xfs = x->fs;
-    if (quant) {
-        g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
-        if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
-        if (cu_matmul_init(err)) return -1;
-        DS4_LAUNCH(gemm_q_kernel, grid, 128, 0, st, g, (const uint64_t *)d_grid);
-    } else {
+    if (!quant) {
         DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
+        CU_LAUNCHED();
+        return 0;
+    }
+    g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
+    if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
+    if (((uintptr_t)g.xq | g.xqs | W->row_bytes | (uintptr_t)W->p) % 16)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)", rows);
+    if (cu_matmul_init(err) || gemm_q_init(err)) return -1;
+    size_t smem = gemm_q_smem(W->type);
+    const uint64_t *gr = d_grid;
+    switch (W->type) {
+    case DS4_TYPE_Q8_0: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q8_0>, grid, QTHREADS, smem, st, g, gr); break;
+    case DS4_TYPE_Q2_K: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q2_K>, grid, QTHREADS, smem, st, g, gr); break;
+    case DS4_TYPE_Q4_K: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q4_K>, grid, QTHREADS, smem, st, g, gr); break;
+    default: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_IQ2_XXS>, grid, QTHREADS, smem, st, g, gr); break;
     }
     CU_LAUNCHED();
     return 0;

@@ -34,16 +34,73 @@ extern "C" {
     emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
 #else
-#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                    \
-    do {                                                                     \
-        if (ds4_prof_on) ds4_prof_before(stream);                            \
-        kern<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__);            \
-        if (ds4_prof_on) ds4_prof_after(#kern, stream);                      \
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                     \
+    do {                                                                                      \
+        if (ds4_prof_on) ds4_prof_before(stream);                                             \
+        ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
+        if (ds4_prof_on) ds4_prof_after(#kern, stream);                                       \
     } while (0)
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
     type *name = reinterpret_cast<type *>(ds4_dyn_smem)
 #endif
+
+/* Programmatic dependent launch (Hopper): every kernel is launched so that
+ * it may be scheduled while the kernel before it in the stream (or graph)
+ * is still running.  Its blocks then wait in dev_pdl_enter() until that
+ * kernel has finished and its writes are visible, so the launch latency and
+ * the block ramp-up of each of the ~900 launches of a decode step overlap
+ * the tail of the previous kernel instead of following it.  The ordering is
+ * still strict: every kernel waits before it touches memory that an earlier
+ * kernel writes or reads, and a kernel completes only after its own wait,
+ * so the chain is transitive.  DS4_CUDA_PDL=0 launches them plainly. */
+extern bool ds4_pdl_on;
+#ifndef DS4_CUDA_EMU
+extern thread_local cudaError_t ds4_launch_status; /* of the last DS4_LAUNCH, read by CU_LAUNCHED */
+template <typename... P, typename... A>
+static inline cudaError_t ds4_launch_chained(void (*kern)(P...), dim3 grid, dim3 block, size_t smem, cudaStream_t st,
+                                             A &&...args) {
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = st;
+    cfg.attrs = attr;
+    cfg.numAttrs = ds4_pdl_on ? 1 : 0;
+    return cudaLaunchKernelEx(&cfg, kern, static_cast<P>(args)...);
+}
+#endif
+
+/* At the top of every kernel: let the next kernel of the stream be
+ * scheduled, then wait for the previous one (no-ops without a programmatic
+ * dependency, and in the emulation, where launches run one after another). */
+static __device__ __forceinline__ void dev_pdl_launch_next() {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dev_pdl_wait_prev() {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void dev_pdl_enter() {
+    dev_pdl_launch_next();
+    dev_pdl_wait_prev();
+}
+
+/* Ask the L2 for a line that a kernel will read soon (only data no earlier
+ * kernel writes: weights, before dev_pdl_wait_prev). */
+static __device__ __forceinline__ void dev_prefetch_l2(const void *p) {
+#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__)
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+#else
+    (void)p;
+#endif
+}
 
 /* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
  * on, every launch outside a graph capture is bracketed by events, and the
@@ -63,7 +120,16 @@ static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *fi
         if (ds4_cuda_check((call), #call, __FILE__, __LINE__, err) != 0) return -1; \
     } while (0)
 /* After a launch: configuration errors show up here. */
+#ifdef DS4_CUDA_EMU
 #define CU_LAUNCHED() CU_TRY(cudaGetLastError())
+#else
+#define CU_LAUNCHED()                                                   \
+    do {                                                                \
+        cudaError_t launch_e = ds4_launch_status;                       \
+        ds4_launch_status = cudaSuccess;                                \
+        CU_TRY(launch_e != cudaSuccess ? launch_e : cudaGetLastError()); \
+    } while (0)
+#endif
 
 /* -------------------------------------------------- device helpers */
 
@@ -170,6 +236,100 @@ static __device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a
                  "{%0,%1,%2,%3};\n"
                  : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
+/* Asynchronous copies global -> shared (cp.async, sm_80+): the copy is
+ * issued without holding registers, so a kernel can fetch its next tile
+ * while it computes on the current one.  cp_async16 goes around the L1
+ * (both addresses 16-byte aligned), cp_async4 through it (4-byte aligned).
+ * cp_async_commit closes the group of copies issued so far;
+ * cp_async_wait_all waits for all of this thread's groups (a block barrier
+ * must follow before other threads read the data).  The emulation copies
+ * at once, which the barrier discipline makes indistinguishable. */
+static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
+#ifdef DS4_CUDA_EMU
+    memcpy(smem, gmem, 16);
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(a), "l"(gmem) : "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
+#ifdef DS4_CUDA_EMU
+    memcpy(smem, gmem, 4);
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async_commit() {
+#ifndef DS4_CUDA_EMU
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+#endif
+}
+static __device__ __forceinline__ void cp_async_wait_all() {
+#ifndef DS4_CUDA_EMU
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
+
+/* ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 16-byte matrices from
+ * shared memory; lane i gives the address of row i % 8 of matrix i / 8,
+ * and register j of lane l receives bytes 4 (l % 4) .. 4 (l % 4) + 3 of
+ * row l / 4 of matrix j (so matrix j lands as an mma fragment register). */
+static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *row) {
+#ifdef DS4_CUDA_EMU
+    uint64_t p = (uint64_t)(uintptr_t)row;
+    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
+    const uint32_t *all = emu_warp_gather(mine, 2);
+    unsigned lane = emu_lane();
+    for (unsigned j = 0; j < 4; j++) {
+        unsigned src = 8 * j + lane / 4;
+        uint64_t q = (uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32;
+        memcpy(&r[j], (const unsigned char *)(uintptr_t)q + 4 * (lane % 4), 4);
+    }
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
+/* The same with K = 16 (PTX "Matrix Fragments for mma.m16n8k16" of the
+ * 8-bit integer types), A signed, B unsigned when B_U8:
+ *   a[0]: A row g, cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
+ *   b:    B rows 4t..4t+3, col g      c as above. */
+template <bool B_U8>
+static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a[2], uint32_t b) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[3] = {a[0], a[1], b};
+    const uint32_t *all = emu_warp_gather(mine, 3);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    int out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        int s = c[i];
+        for (unsigned k = 0; k < 16; k++) {
+            uint32_t aw = all[((row % 8) * 4 + k / 4) * 16 + (row >= 8 ? 1 : 0)];
+            uint32_t bw = all[(col * 4 + k / 4) * 16 + 2];
+            int av = (int)(int8_t)(aw >> (8 * (k % 4)));
+            int bv = B_U8 ? (int)(uint8_t)(bw >> (8 * (k % 4))) : (int)(int8_t)(bw >> (8 * (k % 4)));
+            s += av * bv;
+        }
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    if constexpr (B_U8)
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.u8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
+    else
+        asm volatile("mma.sync.aligned.m16n8k16.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};\n"
+                     : "+r"(c[0]), "+r"(c[1]), "+r"(c[2]), "+r"(c[3])
+                     : "r"(a[0]), "r"(a[1]), "r"(b));
 #endif
 }
 

@@ -183,6 +183,7 @@ static __device__ float normal_at(uint64_t seed, uint64_t i) {
 
 /* Float tensors: mean + std * N(0,1) per element. */
 static __global__ void synth_float(uint8_t *p, uint32_t type, size_t count, uint64_t seed, float mean, float std) {
+    dev_pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < count; i += (size_t)gridDim.x * blockDim.x) {
         float v = mean + std * normal_at(seed, i);
         if (type == DS4_TYPE_F32) ((float *)p)[i] = v;
@@ -195,11 +196,13 @@ static __global__ void synth_float(uint8_t *p, uint32_t type, size_t count, uint
  * the values have about the wanted standard deviation (as ds4-mkmodel's
  * --random-blocks). */
 static __global__ void synth_bytes(uint8_t *p, size_t words, uint64_t seed) {
+    dev_pdl_enter();
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < words; i += (size_t)gridDim.x * blockDim.x)
         ((uint64_t *)p)[i] = mix64(seed ^ (i * 0x9E3779B97F4A7C15ull));
 }
 
 static __global__ void synth_scales(uint8_t *p, uint32_t type, uint32_t n, size_t row_bytes, size_t rows, float std) {
+    dev_pdl_enter();
     uint32_t nb = n / 256;
     for (size_t r = blockIdx.x * (size_t)blockDim.x + threadIdx.x; r < rows; r += (size_t)gridDim.x * blockDim.x) {
         uint8_t *row = p + r * row_bytes;
@@ -228,6 +231,7 @@ static __global__ void synth_scales(uint8_t *p, uint32_t type, uint32_t n, size_
 
 /* Hash routing table: k distinct experts per token. */
 static __global__ void synth_hash(int32_t *tab, uint32_t k, uint32_t vocab, uint32_t n_expert, uint64_t seed) {
+    dev_pdl_enter();
     for (uint32_t tok = blockIdx.x * blockDim.x + threadIdx.x; tok < vocab; tok += gridDim.x * blockDim.x) {
         int32_t *row = tab + (size_t)tok * k;
         uint64_t s = seed ^ ((uint64_t)tok * 0xD1B54A32D192ED03ull);

@@ -9,11 +9,24 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 
+static void own_lock_file(void) {
+    if (getenv("DS4_LOCK_FILE") && *getenv("DS4_LOCK_FILE")) return;
+    char p[512];
+    mkdir("build", 0777);
+    mkdir("build/test-locks", 0777);
+    snprintf(p, sizeof(p), "build/test-locks/%s.lock", program_invocation_short_name);
+    setenv("DS4_LOCK_FILE", p, 1);
+}
+
 int run_capture(char *out, size_t len, const char *fmt, ...) {
+    own_lock_file();
     char cmd[8192];
     va_list ap;
     va_start(ap, fmt);

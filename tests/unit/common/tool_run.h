@@ -10,7 +10,9 @@
 
 /* Run a shell command (printf-style) with stderr merged into stdout; the
  * output goes to out (NUL-terminated, truncated to len).  Returns the exit
- * status, -1 when the command did not exit normally. */
+ * status, -1 when the command did not exit normally.  Unless the test
+ * runner chose one, the programs get an instance lock file of this test's
+ * own (build/test-locks/TEST.lock; src/base/instance_lock.h). */
 int run_capture(char *out, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Fail the current cmocka test unless msg contains part. */

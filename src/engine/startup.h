@@ -1,0 +1,63 @@
+/*
+ * startup.h - what every program that runs the model does when it starts
+ * (spec/PRODUCT.md 1, "Common conventions"): take the process-wide instance
+ * lock (base/instance_lock.h) before loading anything, explain a missing
+ * model file, tell the user what the chosen context costs in memory, and
+ * (--warm-weights) read the weights in before the first token.
+ *
+ * "Engine programs" are the ones that load weights to run them: ds4,
+ * ds4-server, ds4-bench, ds4-forward, ds4-score, ds4-imatrix, ds4-qeval.
+ * File tools (ds4-gguf, ds4-tokenizer, ds4-quantize, ds4-mkmodel, ...) take
+ * no lock.
+ */
+#ifndef DS4_ENGINE_STARTUP_H
+#define DS4_ENGINE_STARTUP_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model/weights.h"
+
+/* Exit status of a program that found the lock held by another process. */
+#define DS4_EXIT_LOCKED 2
+
+/* Take the instance lock.  On failure print "PROG: <why>" on stderr and
+ * return the status to exit with: DS4_EXIT_LOCKED when another process
+ * holds the lock, 1 when the lock file is unusable.  0 when taken. */
+int ds4_startup_lock(const char *prog);
+
+/* 0 when the model file exists; else DS4_ENOTFOUND with an explanation of
+ * where ds4 models come from (the message starts with the path). */
+int ds4_model_file_check(const char *path, ds4_err *err);
+
+/* Options of ds4's programs that this engine does not have (MTP,
+ * directional steering, ds4's Metal diagnostics): why, for a message that
+ * says more than "unknown option"; NULL for any other name. */
+const char *ds4_option_not_supported(const char *name);
+
+/* Bytes of every weight tensor (file or synthetic). */
+uint64_t ds4_weights_bytes(const ds4_weights *w);
+
+/* "12.3 MiB" style (bytes below 1 KiB as "N bytes"). */
+const char *ds4_fmt_bytes(uint64_t bytes, char buf[32]);
+
+/* "memory: weights W + context N tokens K = T": the weights plus the KV
+ * state a session of ctx tokens holds (model/session_state.h). */
+const char *ds4_memory_line(const ds4_weights *w, uint32_t ctx, char *buf, size_t len);
+
+/* "PROG: backend NAME; <memory line>" on stderr. */
+void ds4_startup_print_memory(const char *prog, const char *backend, const ds4_weights *w, uint32_t ctx);
+
+/* --warm-weights: read every page of the mapped model file (n_threads
+ * readers, <= 0: all CPUs), so that the first tokens do not wait for the
+ * disk page by page.  Matters where generation reads the mapping (the CPU
+ * backend); the CUDA backend reads the whole file once anyway when it
+ * copies the weights to the GPU.  *bytes: how much was read (0 for
+ * synthetic weights, which have no file). */
+int ds4_weights_warm(const ds4_weights *w, int n_threads, uint64_t *bytes, ds4_err *err);
+
+/* ds4_weights_warm with a line on stderr ("PROG: warmed X of weights in
+ * S s"); the error, if any, is printed too.  Returns 0 or -1. */
+int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads);
+
+#endif

@@ -1,0 +1,400 @@
+/*
+ * cuda_hc.cu - hyper-connections on the GPU (spec/MODEL.md 5), mirroring
+ * src/model/cpu/cpu_hc.c: one launch per HC site (cu_hc_step, called by
+ * cuda_forward.cu) applies the HC post of the previous sublayer to the
+ * residual streams, computes the site's mixer (pre / post weights and the
+ * Sinkhorn-normalised combination matrix), collapses the streams into the
+ * next sublayer's input and writes its RMSNorm and quantized forms.
+ *
+ * The launch is latency-bound (a few MB of traffic, 86 per decoded
+ * token), so it is shaped to have few serial round trips: blocks of 1024
+ * threads (16 for the 4096 columns of Flash), every weight the launch
+ * needs (mixer rows, norm weights, scale and base) loaded into registers
+ * before waiting for the previous kernel, and a finish - in the block
+ * that completes last - that issues all its loads at once and keeps the
+ * row in registers from the collapse through the RMSNorm to the quantized
+ * words it stores.
+ */
+#include "model/cuda/cuda_internal.h"
+
+#define HC_THREADS 1024
+#define HC_WARPS (HC_THREADS / 32)
+#define HC_VALS 4                        /* finish: consecutive columns per thread */
+#define HC_MAX_D (HC_THREADS * HC_VALS)  /* the widest row the finish holds */
+#define HC_PART_LANES 16                 /* finish: threads per reduced partial sum */
+static_assert(HC_COLS == HC_THREADS / 4, "a mixer thread per stream and column");
+static_assert(HC_WARPS == 32, "the finish sums the per-warp values with one warp reduction");
+
+static __device__ __forceinline__ float dev_sigmoid(float x) {
+    if (x >= 0) return 1.0f / (1.0f + expf(-x));
+    float e = expf(x);
+    return e / (1.0f + e);
+}
+
+/* One launch per HC site: the HC post of the previous sublayer, the
+ * partial sums of this site's mixer (blocks over column slices), and, in
+ * the block that finishes last, the mixer weights and the input of the
+ * next sublayer. */
+typedef struct hc_args {
+    float *S;
+    const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
+    uint32_t k;
+    float *post, *comb;           /* read by the post, rewritten by the finish */
+    const uint8_t *fn;
+    uint32_t fn_type, nmix, D, n_hc, nsplit;
+    double *part;
+    uint32_t *count;              /* per token: blocks done (back to 0 after each launch) */
+    /* finish */
+    uint32_t sink_iters;
+    float hc_eps, rms_eps;
+    const float *scale, *base;    /* F32 vectors */
+    const uint8_t *norm;
+    uint32_t norm_type;
+    bool head;                    /* output collapse: pre weights only */
+    dact xn;
+} hc_args;
+
+/* The finish's constant inputs, loaded by every thread before the wait for
+ * the previous kernel: the norm weights of its HC_VALS columns, the scales,
+ * the pre bases, and the post / comb bases of its lane (warp 0 uses those). */
+typedef struct hc_consts {
+    float w[HC_VALS];
+    float scale[3], base_pre[4], base_post, base_comb;
+} hc_consts;
+
+static __device__ __forceinline__ hc_consts hc_load_consts(const hc_args &a) {
+    hc_consts k;
+    uint32_t e = HC_VALS * threadIdx.x, n = 4;
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++)
+        k.w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
+    k.scale[0] = a.scale[0];
+    for (uint32_t h = 0; h < n; h++) k.base_pre[h] = a.base[h];
+    k.scale[1] = k.scale[2] = k.base_post = k.base_comb = 0.0f;
+    if (!a.head) {
+        k.scale[1] = a.scale[1];
+        k.scale[2] = a.scale[2];
+        k.base_post = lane >= n && lane < 2 * n ? a.base[lane] : 0.0f;
+        k.base_comb = a.base[2 * n + (lane & 15)];
+    }
+    return k;
+}
+
+/* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
+ * in the CPU's order a = 0..3; rows: b = 0..3. */
+static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
+    float s = __shfl_sync(0xffffffffu, v, 4 * b);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 1);
+    s += __shfl_sync(0xffffffffu, v, 4 * b + 2);
+    return s + __shfl_sync(0xffffffffu, v, 4 * b + 3);
+}
+static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
+    float s = __shfl_sync(0xffffffffu, v, a);
+    s += __shfl_sync(0xffffffffu, v, a + 4);
+    s += __shfl_sync(0xffffffffu, v, a + 8);
+    return s + __shfl_sync(0xffffffffu, v, a + 12);
+}
+
+/* The mixer value m of the token (the reduced fn . S times the RMS scale,
+ * as cpu_hc.c's fn . RMSNorm(S)). */
+static __device__ __forceinline__ float hc_mix_value(const double *sums, uint32_t m, float rs) {
+    return (float)sums[1 + m] * rs;
+}
+
+/* Post weights and the Sinkhorn iterations of MODEL.md 5.2, by warp 0 with
+ * one matrix entry per lane (the arithmetic of cpu_hc.c, sums in its
+ * order).  Runs after the rest of the finish: only the next HC launch
+ * reads post / comb. */
+static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *sums, float rs, const hc_consts &k) {
+    unsigned lane = threadIdx.x;
+    uint32_t n = 4;
+    float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+    if (lane >= n && lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(hc_mix_value(sums, lane, rs) * k.scale[1] + k.base_post);
+    unsigned e = lane & 15, ra = e % 4, cb = e / 4;
+    float c = hc_mix_value(sums, 2 * n + e, rs) * k.scale[2] + k.base_comb;
+    /* softmax over a of each column, + eps */
+    float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
+    for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
+    c = expf(c - mx);
+    c = c / hc_col_sum(c, cb) + a.hc_eps;
+    for (uint32_t it = 0; it < a.sink_iters; it++) {
+        if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
+        c /= hc_row_sum(c, ra) + a.hc_eps;
+    }
+    if (lane < 16) comb[e] = c;
+}
+
+/* Reduce-scatter over the warp: every lane holds v[0 .. 31]; afterwards
+ * lane l holds in v[0] the warp's sum of v[l].  Five exchanges that halve
+ * what each lane holds (31 shuffles instead of 32 x 5); every partial sum
+ * is computed by one lane, so the tree is fixed. */
+template <int O> static __device__ __forceinline__ void hc_scatter_step(double (&v)[32], unsigned lane) {
+    bool up = (lane & O) != 0;
+#pragma unroll
+    for (int i = 0; i < O; i++) {
+        double send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+        v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
+    }
+    if constexpr (O > 1) hc_scatter_step<O / 2>(v, lane);
+}
+
+/* Q8_0 of the thread's four values (lanes 8i .. 8i+7 hold the 32 values of
+ * a block), exactly as dev_quantize_row: amax / 127, round to nearest even,
+ * one packed word per thread. */
+static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *q8,
+                                                     uint32_t D) {
+    float amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) amax = fmaxf(amax, fabsf(y[i]));
+    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    if (!has) return;
+    uint32_t packed = 0;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) packed |= (uint32_t)(uint8_t)q8_round(y[i] * id) << (8 * i);
+    *(uint32_t *)(q8 + e) = packed;
+    if ((threadIdx.x & 7) == 0) ((float *)(q8 + D))[e / 32] = db;
+}
+
+/* Q8_K of the row, exactly as dev_quantize_row / ds4_quantize_q8_K: a
+ * block of 256 values is the 64 threads of warps 2b and 2b+1; the signed
+ * value of the largest magnitude (first index on ties) is reduced in each
+ * warp and combined through shared memory.  Every thread must call it. */
+static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *qk,
+                                                     uint32_t D) {
+    /* warps past the row (D a multiple of 256: whole warp pairs) only meet the barrier */
+    bool wact = e - HC_VALS * (threadIdx.x & 31) < D;
+    __shared__ float wmax[HC_WARPS][2];
+    __shared__ int widx[HC_WARPS];
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    float amax = 0.0f, mx = 0.0f;
+    int idx = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) {
+        float ax = fabsf(y[i]);
+        if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
+    }
+    for (int o = 16; wact && o > 0; o >>= 1) {
+        float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
+        int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
+        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+    }
+    if (wact && lane == 0) {
+        wmax[warp][0] = amax;
+        wmax[warp][1] = mx;
+        widx[warp] = idx;
+    }
+    __syncthreads();
+    if (!wact) return;
+    unsigned other = warp ^ 1;
+    float a2 = wmax[other][0], m2 = wmax[other][1];
+    int i2 = widx[other];
+    if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; }
+    if (!has) return;
+    uint32_t b = e / 256;
+    int s = 0;
+    uint32_t packed = 0;
+    float iscale = amax == 0.0f ? 0.0f : -127.0f / mx;
+    if (amax != 0.0f) {
+#pragma unroll
+        for (int i = 0; i < HC_VALS; i++) {
+            int8_t q = q8_round(iscale * y[i]);
+            s += q;
+            packed |= (uint32_t)(uint8_t)q << (8 * i);
+        }
+    }
+    *(uint32_t *)(qk + e) = packed;
+    if (e % 256 == 0) ((float *)(qk + D))[b] = amax == 0.0f ? 0.0f : 1.0f / iscale;
+    /* 16-value block sums: four threads each */
+    s += __shfl_xor_sync(0xffffffffu, s, 1);
+    s += __shfl_xor_sync(0xffffffffu, s, 2);
+    if ((lane & 3) == 0) ((int16_t *)(qk + D + D / 256 * 4))[e / 16] = (int16_t)s;
+}
+
+/* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
+ * sublayer's RMSNorm and the quantized forms of the result, by the block
+ * that finished last.  Serial steps: one round trip to the L2 (the
+ * partial sums of every slice and the thread's four columns of the four
+ * streams, loaded together), a barrier for the reduced sums, the pre
+ * weights in every thread (no barrier), the collapse in registers, a
+ * barrier for the sum of squares, the stores (a barrier inside the Q8_K
+ * amax), then the Sinkhorn iterations on warp 0. */
+template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t t, const hc_consts &k) {
+    __shared__ double sums[NMIX + 1], ssw[HC_WARPS];
+    const uint32_t n = 4;
+    uint32_t D = a.D, e = HC_VALS * threadIdx.x;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    bool has = e < D;
+    const float *S = a.S + (size_t)t * n * D;
+    float4 s4[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++)
+        s4[h] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
+    uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
+    const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
+    if (warp < ((NMIX + 1) * HC_PART_LANES + 31) / 32) {
+        double v = 0.0;
+        if (m <= (uint32_t)NMIX)
+            for (uint32_t s = j; s < a.nsplit; s += HC_PART_LANES) v += __ldcg(p + (size_t)s * (NMIX + 1) + m);
+        for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+        if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
+    }
+    __syncthreads();
+    /* pre weights, in every thread (the same bits everywhere) */
+    float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
+    float pre[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
+    /* x = sum_h pre_h S_h (the pre weights are not normalised) */
+    float sv[4][HC_VALS];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) {
+        sv[h][0] = s4[h].x;
+        sv[h][1] = s4[h].y;
+        sv[h][2] = s4[h].z;
+        sv[h][3] = s4[h].w;
+    }
+    float x[HC_VALS];
+    double ss = 0.0;
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) {
+        float acc = 0.0f;
+#pragma unroll
+        for (uint32_t h = 0; h < n; h++) acc += pre[h] * sv[h][i];
+        x[i] = acc;
+        ss += (double)acc * (double)acc;
+    }
+    /* RMSNorm: the block's sum of squares in one barrier (warps past the
+     * row add zeros and skip the reductions) */
+    bool wact = HC_VALS * 32 * warp < D;
+    if (wact) ss = warp_sum_d(ss);
+    if (lane == 0) ssw[warp] = ss;
+    __syncthreads();
+    if (wact) ss = warp_sum_d(ssw[lane]);
+    float scale = 1.0f / sqrtf((float)(ss / D) + a.rms_eps);
+    float y[HC_VALS];
+#pragma unroll
+    for (int i = 0; i < HC_VALS; i++) y[i] = x[i] * scale * k.w[i];
+    if (has) *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e) = make_float4(y[0], y[1], y[2], y[3]);
+    if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
+    if (a.xn.qk) hc_store_q8_k(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
+    if (warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k);
+}
+
+/* Block (x, t): columns HC_COLS x .. of token t, thread (h, j) on stream h
+ * of column j.  Optional HC post of the previous sublayer (S <- post y +
+ * comb S), then this block's partial sums of the mixer: the sum of squares
+ * of S (double) and fn . S (NMIX rows), reduce-scattered in each warp and
+ * summed over the warps through shared memory.  The last block of the
+ * token to finish computes the mixer weights and the next sublayer's input
+ * from all the partial sums (the fence and counter of the CUDA guide's
+ * "last block" reduction). */
+template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
+    static_assert(NMIX + 1 <= HC_WARPS, "a warp per mixer output");
+    __shared__ double red[HC_WARPS][33];
+    __shared__ bool last;
+    uint32_t t = blockIdx.y, D = a.D;
+    const uint32_t n = 4;
+    unsigned h = threadIdx.x / HC_COLS, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
+    bool on = d < D;
+    size_t c = (size_t)h * D + d;
+    /* the weights are written by no kernel: load them while the kernel
+     * before this one finishes */
+    dev_pdl_launch_next();
+    float f[NMIX];
+#pragma unroll
+    for (int mi = 0; mi < NMIX; mi++) f[mi] = on ? fvec(a.fn, a.fn_type, (size_t)mi * n * D + c) : 0.0f;
+    hc_consts k = hc_load_consts(a);
+    dev_pdl_wait_prev();
+    float *S = a.S + (size_t)t * n * D;
+    float v[4];
+    for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
+    float vh = h == 0 ? v[0] : h == 1 ? v[1] : h == 2 ? v[2] : v[3]; /* no indexed register array */
+    if (a.y || a.eout) {
+        float yd = 0.0f;
+        if (on && a.y) {
+            yd = a.y[(size_t)t * D + d];
+        } else if (on) {
+            float routed = 0.0f;
+            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+            yd = routed + a.sout[(size_t)t * D + d];
+        }
+        const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+        float s = post[h] * yd;
+        for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * v[src];
+        vh = s;
+        __syncthreads(); /* every stream of the column is read before any is rewritten */
+        if (on) S[(size_t)h * D + d] = vh;
+    }
+    double sv[32];
+    sv[0] = (double)vh * (double)vh;
+#pragma unroll
+    for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? (double)(f[mi - 1] * vh) : 0.0;
+    hc_scatter_step<16>(sv, lane);
+    if (lane <= (unsigned)NMIX) red[warp][lane] = sv[0];
+    __syncthreads();
+    double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
+    if (warp <= (unsigned)NMIX) {
+        double sum = warp_sum_d(red[lane][warp]);
+        if (lane == 0) out[warp] = sum;
+    }
+    __threadfence(); /* this block's S and sums, visible before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
+        if (last) a.count[t] = 0;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    hc_finish<NMIX>(a, t, k);
+}
+
+int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dwt *fn = site->fn;
+    hc_args a;
+    memset(&a, 0, sizeof(a));
+    a.S = b->S;
+    if (post) {
+        a.y = post->y;
+        a.eout = post->eout;
+        a.sout = post->sout;
+        a.k = post->k;
+    }
+    a.post = b->post;
+    a.comb = b->comb;
+    a.fn = fn->p;
+    a.fn_type = fn->type;
+    a.nmix = fn->rows;
+    a.D = c->n_embd;
+    a.n_hc = c->n_hc;
+    a.nsplit = b->hc_split;
+    a.part = b->hcpart;
+    a.count = b->hc_count;
+    a.sink_iters = c->hc_sinkhorn_iters;
+    a.hc_eps = c->hc_eps;
+    a.rms_eps = c->rms_eps;
+    a.scale = (const float *)site->scale->p;
+    a.base = (const float *)site->base->p;
+    a.norm = site->norm->p;
+    a.norm_type = site->norm->type;
+    a.head = site->head;
+    a.xn = *site->out;
+    uint32_t D = c->n_embd;
+    if (c->n_hc != 4 || D > HC_MAX_D || D % HC_VALS != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
+                           "a multiple of %u, of 32 / 256 for quantized inputs)",
+                           c->n_hc, D, HC_MAX_D, HC_VALS);
+    dim3 grid(b->hc_split, T);
+    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, 0, b->st, a);
+    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, 0, b->st, a);
+    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
+    CU_LAUNCHED();
+    return 0;
+}

@@ -1,0 +1,194 @@
+#!/bin/sh
+# engine_startup.sh - what every engine program does at startup
+# (spec/PRODUCT.md 1, "Common conventions"; src/engine/startup.h):
+#  1. the instance lock: while one model process runs, every engine program
+#     started on the same lock file exits with status 2 and "another ds4
+#     process is already running (pid N)" naming it; another lock file
+#     (DS4_LOCK_FILE) runs alongside; --dump-tokens (no weights) needs no
+#     lock; after the holder exits, normally or by SIGKILL (the file then
+#     still names the dead pid), programs run again;
+#  2. the memory estimate: each program prints the same "memory: weights W +
+#     context N tokens K" line for the model and context it was given, K
+#     being what `ds4 --inspect` reports for N tokens;
+#  3. options from ds4's command lines: --warm-weights (ds4, ds4-server,
+#     ds4-bench) reads the model in, --quality is accepted, ds4-server
+#     --chdir takes relative paths from there, ds4-bench's default model is
+#     ./ds4flash.gguf; MTP, steering and Metal options are refused with
+#     their reason and status 2, as are invalid values in every program.
+set -eu
+cd "$(dirname "$0")/../.."
+for p in ds4 ds4-server ds4-bench ds4-forward ds4-score ds4-imatrix ds4-qeval ds4-mkmodel ds4-tokenizer; do
+    [ -x "./$p" ] || make -s "$p"
+done
+root=$PWD
+dir=$root/build/suite/engine_startup
+rm -rf "$dir"
+mkdir -p "$dir"
+fail() { echo "engine_startup: FAIL: $*" >&2; exit 1; }
+
+tok=build/tokenizer.gguf
+if [ ! -f "$tok" ]; then
+    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
+    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
+fi
+M=$dir/model.gguf
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 5 -q -o "$M"
+LOCK=$dir/ds4.lock
+export DS4_LOCK_FILE="$LOCK"
+
+# Wait until process $1 holds the lock (its pid in the file).
+wait_lock() {
+    i=0
+    while [ "$(cat "$LOCK" 2>/dev/null)" != "$1" ]; do
+        kill -0 "$1" 2>/dev/null || fail "process $1 exited before taking the lock"
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "process $1 did not take the lock"
+        sleep 0.05
+    done
+}
+
+# Wait until the server $1 logging to $2 listens.
+wait_listen() {
+    i=0
+    until grep -q "listening on" "$2"; do
+        kill -0 "$1" 2>/dev/null || fail "ds4-server exited: $(cat "$2")"
+        i=$((i + 1))
+        [ $i -lt 600 ] || fail "ds4-server did not start: $(cat "$2")"
+        sleep 0.05
+    done
+}
+
+# expect_locked PID PROGRAM ARGS...: exit 2 and the message naming PID.
+expect_locked() {
+    pid=$1; shift
+    set +e
+    "$@" > "$dir/out.txt" 2> "$dir/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "$* exited $rc while pid $pid holds the lock: $(cat "$dir/err.txt")"
+    grep -q "another ds4 process is already running (pid $pid)" "$dir/err.txt" \
+        || fail "$*: message: $(cat "$dir/err.txt")"
+    [ ! -s "$dir/out.txt" ] || fail "$* printed output while locked out: $(cat "$dir/out.txt")"
+}
+
+echo "===== DS4_IMATRIX_PROMPT 0
+1 2 3 4 5 6 7 8" > "$dir/ids.txt"
+echo "1 2 3 4 5 6 7 8" > "$dir/plain.ids"
+printf 'p1\t%s\t%s\n' "$dir/plain.ids" "$dir/plain.ids" > "$dir/manifest.tsv"
+seq 1 200 > "$dir/bench.ids"
+
+# --- a REPL holds the lock; everything else on that file is refused ---------------
+mkfifo "$dir/repl.in"
+./ds4 -m "$M" -c 256 --nothink --temp 0 -n 2 < "$dir/repl.in" > "$dir/repl.out" 2> "$dir/repl.err" &
+holder=$!
+exec 3> "$dir/repl.in"
+wait_lock $holder
+expect_locked $holder ./ds4 -m "$M" -c 256 -n 2 -p hi
+expect_locked $holder ./ds4 -m "$M" --inspect
+expect_locked $holder ./ds4-server -m "$M" -c 256 --port 0
+expect_locked $holder ./ds4-bench -m "$M" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1
+expect_locked $holder ./ds4-forward "$M" --random 4 --top 0
+expect_locked $holder ./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 64
+expect_locked $holder ./ds4-imatrix "$M" --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat"
+expect_locked $holder ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt"
+[ ! -e "$dir/score.tsv" ] && [ ! -e "$dir/x.dat" ] || fail "a locked-out program wrote its output"
+# Another lock file is another instance; --dump-tokens takes no lock.
+DS4_LOCK_FILE=$dir/other.lock ./ds4 -m "$M" -c 256 --nothink --temp 0 -n 2 -p hi > /dev/null 2>&1 \
+    || fail "a program on another lock file was refused"
+./ds4 -m "$M" --dump-tokens -p hi > /dev/null 2>&1 || fail "--dump-tokens was refused"
+
+# The REPL answers a line, then exits at end of input: the lock is free.
+echo "Hello" >&3
+exec 3>&-
+wait $holder || fail "the REPL holding the lock failed: $(cat "$dir/repl.err")"
+./ds4 -m "$M" -c 256 --nothink --temp 0 -n 2 -p hi > /dev/null 2> "$dir/after.err" \
+    || fail "refused after the holder exited: $(cat "$dir/after.err")"
+
+# --- a server killed with SIGKILL leaves a stale file that blocks nobody -----------
+./ds4-server -m "$M" -c 512 --port 0 > "$dir/server.log" 2>&1 &
+srv=$!
+wait_lock $srv
+wait_listen $srv "$dir/server.log"
+expect_locked $srv ./ds4 -m "$M" -c 256 -n 2 -p hi
+kill -9 $srv
+wait $srv 2>/dev/null || true
+[ "$(cat "$LOCK")" = "$srv" ] || fail "the killed server's pid is not in the lock file"
+./ds4 -m "$M" -c 256 --nothink --temp 0 -n 2 -p hi > /dev/null 2> "$dir/after.err" \
+    || fail "a stale lock file blocked: $(cat "$dir/after.err")"
+
+# --- the memory estimate, the same line everywhere ----------------------------------
+kv() { ./ds4 -m "$M" --inspect -c "$1" | sed -n "s/^memory: weights .* + KV state for $1 tokens \(.*\) = .*/\1/p"; }
+kv512=$(kv 512)
+kv256=$(kv 256)
+[ -n "$kv512" ] && [ "$kv512" != "$kv256" ] || fail "--inspect memory lines: '$kv512' '$kv256'"
+want512="context 512 tokens $kv512 ="
+grep -q "server .*loaded in .*; memory: weights .* + $want512" "$dir/server.log" || fail "ds4-server: $(cat "$dir/server.log")"
+./ds4 -m "$M" -c 512 --nothink --temp 0 -n 1 -p hi 2>&1 >/dev/null | grep -q "^ds4: backend cpu; memory: weights .* + $want512" \
+    || fail "ds4 memory line"
+./ds4-forward "$M" --random 4 --top 0 --ctx 512 2>&1 | grep -q "^ds4-forward: backend cpu; memory: .* + $want512" \
+    || fail "ds4-forward memory line"
+./ds4-bench -m "$M" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1 --ctx-alloc 256 \
+    2>&1 >/dev/null | grep -q "^ds4-bench: backend cpu; memory: .* + context 256 tokens $kv256 =" \
+    || fail "ds4-bench memory line"
+./ds4-imatrix "$M" --ctx 512 --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat" 2>&1 \
+    | grep -q "^ds4-imatrix: backend cpu; memory: .* + $want512" || fail "ds4-imatrix memory line"
+./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
+    | grep -q "^ds4-score: backend cpu; memory: .* + $want512" || fail "ds4-score memory line"
+
+# --- options from ds4's command lines --------------------------------------------
+./ds4 -m "$M" -c 256 --warm-weights --quality --nothink --temp 0 -n 1 -p hi > /dev/null 2> "$dir/warm.err" \
+    || fail "ds4 --warm-weights --quality: $(cat "$dir/warm.err")"
+grep -q "^ds4: warmed .* of weights in" "$dir/warm.err" || fail "ds4 --warm-weights: $(cat "$dir/warm.err")"
+grep -q "^ds4: --quality: nothing to change" "$dir/warm.err" || fail "ds4 --quality: $(cat "$dir/warm.err")"
+./ds4-bench -m "$M" --cpu --threads 2 --warm-weights --quality --tokens-file "$dir/bench.ids" --ctx-start 64 \
+    --ctx-max 64 --gen-tokens 1 > /dev/null 2> "$dir/warm.err" || fail "ds4-bench options: $(cat "$dir/warm.err")"
+grep -q "^ds4-bench: warmed .* of weights" "$dir/warm.err" || fail "ds4-bench --warm-weights: $(cat "$dir/warm.err")"
+# ds4-bench without -m runs ./ds4flash.gguf.
+mkdir "$dir/cwd"
+ln -s "$M" "$dir/cwd/ds4flash.gguf"
+(cd "$dir/cwd" && "$root/ds4-bench" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1 \
+    > bench.csv 2> bench.err) || fail "ds4-bench with the default model: $(cat "$dir/cwd/bench.err")"
+[ "$(wc -l < "$dir/cwd/bench.csv")" -eq 2 ] || fail "default-model bench: $(cat "$dir/cwd/bench.csv")"
+# ds4-server --chdir: the model and the trace file are taken from there.
+./ds4-server --chdir "$dir/cwd" -m ds4flash.gguf --trace trace.txt -c 256 --port 0 --warm-weights \
+    > "$dir/chdir.log" 2>&1 &
+srv=$!
+wait_listen $srv "$dir/chdir.log"
+kill $srv
+wait $srv || fail "ds4-server --chdir did not stop cleanly: $(cat "$dir/chdir.log")"
+grep -q "ds4-server: warmed .* of weights" "$dir/chdir.log" || fail "ds4-server --warm-weights: $(cat "$dir/chdir.log")"
+[ -f "$dir/cwd/trace.txt" ] || fail "ds4-server --chdir: the trace file is not in the new directory"
+
+# Options of ds4 this engine does not have: refused with their reason.
+expect_refused() { # expect_refused NEEDLE PROGRAM ARGS...
+    want=$1; shift
+    set +e
+    "$@" > /dev/null 2> "$dir/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "$* exited $rc, want 2"
+    grep -q -- "$want" "$dir/err.txt" || fail "$*: message lacks '$want': $(cat "$dir/err.txt")"
+}
+for p in ./ds4 ./ds4-server ./ds4-bench; do
+    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp mtp.gguf
+    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp-draft 2
+    expect_refused "directional steering is not implemented" $p -m "$M" --dir-steering-file d.f32
+    expect_refused "Metal is not supported" $p -m "$M" --metal
+done
+expect_refused "MTP speculative decoding" ./ds4 -m "$M" --mtp-margin=3
+expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
+expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
+
+# Invalid values are usage errors (status 2) in every engine program.
+expect_refused "Metal is not supported" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" --backend metal
+expect_refused "expected an integer" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" -t 0
+expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" --ctx abc
+expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" -t 0
+expect_refused "bad number" ./ds4-forward "$M" --ctx abc
+expect_refused "unknown backend 'tpu'" ./ds4-forward "$M" --backend tpu
+expect_refused "expected a positive integer" ./ds4-imatrix "$M" --imatrix-dataset x --imatrix-out y --ctx 0
+expect_refused "bad number" ./ds4-bench -m "$M" --ctx-start x
+expect_refused "needs an integer" ./ds4-server -m "$M" -c 0
+[ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
+./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
+echo "engine_startup: ok"
