@@ -3,15 +3,20 @@
  *
  *   dots      GB/s of weight bytes for ds4_vec_dot_rows over a matrix larger
  *             than the last-level cache (every weight type, scalar and AVX2);
+ *   batch     the batched products of prefill: ns per (row, activation)
+ *             pair, one activation at a time against ds4_vec_dot_rows_multi
+ *             (--acts N activations, default 64; --cols N wide rows, default
+ *             4096);
  *   quantize  elements/s of ds4_quantize_row per type (with and without
  *             importance), on N(0,1) rows of 4096;
- * Timings are the best of --reps passes, so a pass slowed by other work on
- * the machine does not count.
  *   rmse      quantize-then-dequantize RMSE on N(0,1) data per type (the
  *             numbers recorded in docs/QUANTS.md).
+ * Timings are the best of --reps passes, so a pass slowed by other work on
+ * the machine does not count.
  *
- * Usage: ds4-quant-bench [--mib N] [--reps N] [--only dots|quantize|rmse]
- * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)").
+ * Usage: ds4-quant-bench [--mib N] [--reps N] [--acts N] [--cols N] [--only dots|batch|quantize|rmse]
+ * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)";
+ * the batch mode under "CPU forward").
  */
 #include <math.h>
 #include <stdio.h>
@@ -149,6 +154,64 @@ static void bench_dots(size_t mib, int reps) {
     free(x);
 }
 
+/* The batched product of prefill as the CPU backend runs it (cpu_ops.c):
+ * rows in tiles of about 32 KiB, each tile dotted with every activation,
+ * either one activation at a time (ds4_vec_dot_rows, what decode does) or
+ * through ds4_vec_dot_rows_multi.  A 1 MiB matrix (in the L2/L3 cache, as
+ * the tiles of a prefill chunk mostly are), best of `reps` passes. */
+static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t rb, int64_t rows,
+                         const uint8_t *acts, size_t ab, int nacts, float *y, int multi) {
+    int64_t tile = (int64_t)(32768 / rb) + 1;
+    double t0 = now();
+    for (int64_t r0 = 0; r0 < rows; r0 += tile) {
+        int64_t nr = rows - r0 < tile ? rows - r0 : tile;
+        const uint8_t *wt = w + (size_t)r0 * rb;
+        if (multi) {
+            ds4_vec_dot_rows_multi(type, cols, nr, wt, rb, acts, ab, nacts, y + r0, (size_t)rows);
+        } else {
+            for (int a = 0; a < nacts; a++)
+                ds4_vec_dot_rows(type, cols, nr, wt, rb, acts + (size_t)a * ab, y + (size_t)a * rows + r0);
+        }
+    }
+    return now() - t0;
+}
+
+static void bench_batch(int reps, int nacts, int64_t cols) {
+    rng_seed(4);
+    printf("batch: single thread, rows of %lld, 1 MiB of weights per type, %d activations, tiles of 32 KiB, "
+           "best of %d\n", (long long)cols, nacts, reps);
+    printf("%-8s %-7s %14s %14s %8s\n", "type", "kernels", "one ns/pair", "multi ns/pair", "speedup");
+    float *x = xmalloc((size_t)cols * sizeof(float));
+    for (size_t t = 0; t < NWTYPES; t++) {
+        uint32_t type = WTYPES[t];
+        size_t rb = ds4_row_bytes(type, cols), ab = ds4_act_bytes(type, cols);
+        int64_t rows = (int64_t)(1024 * 1024 / rb);
+        uint8_t *w = xmalloc(rb * (size_t)rows), *acts = xmalloc(ab * (size_t)nacts);
+        fill_weights(type, w, rb * (size_t)rows);
+        for (int a = 0; a < nacts; a++) {
+            for (int64_t i = 0; i < cols; i++) x[i] = gauss();
+            ds4_quantize_act(type, x, acts + (size_t)a * ab, cols);
+        }
+        float *y = xmalloc((size_t)rows * (size_t)nacts * sizeof(float));
+        for (int mode = 0; mode < 2; mode++) {
+            if (mode == 1 && !ds4_cpu_has_avx2_fma()) break;
+            ds4_set_simd(mode ? DS4_SIMD_AVX2 : DS4_SIMD_SCALAR);
+            double best[2] = {INFINITY, INFINITY};
+            for (int r = 0; r < reps; r++)
+                for (int multi = 0; multi < 2; multi++)
+                    best[multi] = fmin(best[multi], batch_pass(type, cols, w, rb, rows, acts, ab, nacts, y, multi));
+            double pairs = (double)rows * nacts;
+            printf("%-8s %-7s %14.1f %14.1f %8.2f\n", ds4_type_get(type)->name, mode ? "avx2" : "scalar",
+                   best[0] / pairs * 1e9, best[1] / pairs * 1e9, best[0] / best[1]);
+        }
+        ds4_set_simd(DS4_SIMD_AUTO);
+        free(w);
+        free(acts);
+        free(y);
+    }
+    free(x);
+}
+
 static void bench_quantize(int reps) {
     enum { ROWS = 32 };
     rng_seed(2);
@@ -224,22 +287,27 @@ static void bench_rmse(void) {
 int main(int argc, char **argv) {
     size_t mib = 256;
     int reps = 3;
+    int nacts = 64;
+    int64_t cols = COLS;
     const char *only = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
+        else if (!strcmp(argv[i], "--acts") && i + 1 < argc) nacts = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--cols") && i + 1 < argc) cols = atol(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--mib N] [--reps N] [--only dots|quantize|rmse]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--mib N] [--reps N] [--acts N] [--cols N] [--only dots|batch|quantize|rmse]\n", argv[0]);
             return 2;
         }
     }
-    if (mib == 0 || reps <= 0) {
-        fprintf(stderr, "ds4-quant-bench: --mib and --reps must be positive\n");
+    if (mib == 0 || reps <= 0 || nacts <= 0 || cols <= 0 || cols % 256 != 0) {
+        fprintf(stderr, "ds4-quant-bench: --mib, --reps, --acts must be positive, --cols a multiple of 256\n");
         return 2;
     }
     printf("kernels: %s\n", ds4_cpu_has_avx2_fma() ? "scalar and AVX2+FMA" : "scalar only (no AVX2+FMA)");
     if (!only || !strcmp(only, "dots")) bench_dots(mib, reps);
+    if (!only || !strcmp(only, "batch")) bench_batch(reps, nacts, cols);
     if (!only || !strcmp(only, "quantize")) bench_quantize(reps);
     if (!only || !strcmp(only, "rmse")) bench_rmse();
     return 0;

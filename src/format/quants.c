@@ -272,17 +272,39 @@ ds4_simd_level ds4_get_simd(void) {
     return DS4_SIMD_AVX2;
 }
 
-static ds4_dot_kernel pick_dot(uint32_t type, int avx2) {
+/* The kernels of one weight type at one level: the single dot, the dot
+ * against several activations and how many that one takes at most. */
+typedef struct {
+    ds4_dot_kernel one;
+    ds4_dot_multi_kernel multi;
+    int width;
+} dot_kernels;
+
+#define SCALAR_KERNELS(t) {ds4_dot_##t##_scalar, ds4_dot_##t##_multi_scalar, DS4_MULTI_MAX}
+#define AVX2_KERNELS(t, w) {ds4_dot_##t##_avx2, ds4_dot_##t##_multi_avx2, w}
+
+static int pick_dot(uint32_t type, int avx2, dot_kernels *k) {
+    static const dot_kernels scalar[] = {SCALAR_KERNELS(f32),  SCALAR_KERNELS(f16),  SCALAR_KERNELS(bf16),
+                                         SCALAR_KERNELS(q8_0), SCALAR_KERNELS(q2_K), SCALAR_KERNELS(q4_K),
+                                         SCALAR_KERNELS(iq2_xxs)};
+    static const dot_kernels simd[] = {
+        AVX2_KERNELS(f32, DS4_AVX2_WIDTH_FLOAT),  AVX2_KERNELS(f16, DS4_AVX2_WIDTH_FLOAT),
+        AVX2_KERNELS(bf16, DS4_AVX2_WIDTH_FLOAT), AVX2_KERNELS(q8_0, DS4_AVX2_WIDTH_Q8_0),
+        AVX2_KERNELS(q2_K, DS4_AVX2_WIDTH_256),   AVX2_KERNELS(q4_K, DS4_AVX2_WIDTH_256),
+        AVX2_KERNELS(iq2_xxs, DS4_AVX2_WIDTH_256)};
+    int i;
     switch (type) {
-    case DS4_TYPE_F32: return avx2 ? ds4_dot_f32_avx2 : ds4_dot_f32_scalar;
-    case DS4_TYPE_F16: return avx2 ? ds4_dot_f16_avx2 : ds4_dot_f16_scalar;
-    case DS4_TYPE_BF16: return avx2 ? ds4_dot_bf16_avx2 : ds4_dot_bf16_scalar;
-    case DS4_TYPE_Q8_0: return avx2 ? ds4_dot_q8_0_avx2 : ds4_dot_q8_0_scalar;
-    case DS4_TYPE_Q2_K: return avx2 ? ds4_dot_q2_K_avx2 : ds4_dot_q2_K_scalar;
-    case DS4_TYPE_Q4_K: return avx2 ? ds4_dot_q4_K_avx2 : ds4_dot_q4_K_scalar;
-    case DS4_TYPE_IQ2_XXS: return avx2 ? ds4_dot_iq2_xxs_avx2 : ds4_dot_iq2_xxs_scalar;
-    default: return NULL;
+    case DS4_TYPE_F32: i = 0; break;
+    case DS4_TYPE_F16: i = 1; break;
+    case DS4_TYPE_BF16: i = 2; break;
+    case DS4_TYPE_Q8_0: i = 3; break;
+    case DS4_TYPE_Q2_K: i = 4; break;
+    case DS4_TYPE_Q4_K: i = 5; break;
+    case DS4_TYPE_IQ2_XXS: i = 6; break;
+    default: return -1;
     }
+    *k = avx2 ? simd[i] : scalar[i];
+    return 0;
 }
 
 /* A weight row of `n` elements must be whole blocks of its type. */
@@ -291,19 +313,40 @@ static int dot_shape_ok(uint32_t type, int64_t n) {
 }
 
 float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void *act) {
-    ds4_dot_kernel k = pick_dot(weight_type, ds4_get_simd() == DS4_SIMD_AVX2);
-    if (!k || !dot_shape_ok(weight_type, n)) return NAN;
-    return k(n, w_row, act);
+    dot_kernels k;
+    if (pick_dot(weight_type, ds4_get_simd() == DS4_SIMD_AVX2, &k) < 0 || !dot_shape_ok(weight_type, n)) return NAN;
+    return k.one(n, w_row, act);
 }
 
-void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w,
-                      size_t row_stride, const void *act, float *y) {
-    ds4_dot_kernel k = pick_dot(weight_type, ds4_get_simd() == DS4_SIMD_AVX2);
-    if (!k || !dot_shape_ok(weight_type, n)) {
-        for (int64_t r = 0; r < nrows; r++) y[r] = NAN;
+void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride,
+                      const void *act, float *y) {
+    ds4_vec_dot_rows_multi(weight_type, n, nrows, w, row_stride, act, 0, 1, y, 0);
+}
+
+void ds4_vec_dot_rows_multi(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride,
+                            const void *acts, size_t act_stride, int64_t nacts, float *y, size_t y_stride) {
+    dot_kernels k;
+    if (pick_dot(weight_type, ds4_get_simd() == DS4_SIMD_AVX2, &k) < 0 || !dot_shape_ok(weight_type, n)) {
+        for (int64_t a = 0; a < nacts; a++)
+            for (int64_t r = 0; r < nrows; r++) y[(size_t)a * y_stride + (size_t)r] = NAN;
         return;
     }
-    /* One row at a time: interleaving two rows per pass (sharing the
-     * activation loads) measured slower on Zen 5, see docs/QUANTS.md. */
-    for (int64_t r = 0; r < nrows; r++) y[r] = k(n, (const char *)w + (size_t)r * row_stride, act);
+    /* Activations in groups of the kernel's width, each group against every
+     * row: the group stays in L1 while the rows stream past it.  A lone
+     * activation goes to the single kernel. */
+    for (int64_t a0 = 0; a0 < nacts; a0 += k.width) {
+        int na = nacts - a0 < k.width ? (int)(nacts - a0) : k.width;
+        const char *act = (const char *)acts + (size_t)a0 * act_stride;
+        float *ya = y + (size_t)a0 * y_stride;
+        for (int64_t r = 0; r < nrows; r++) {
+            const void *row = (const char *)w + (size_t)r * row_stride;
+            if (na == 1) {
+                ya[r] = k.one(n, row, act);
+                continue;
+            }
+            float out[DS4_MULTI_MAX];
+            k.multi(n, row, act, act_stride, na, out);
+            for (int j = 0; j < na; j++) ya[(size_t)j * y_stride + (size_t)r] = out[j];
+        }
+    }
 }

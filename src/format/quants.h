@@ -154,6 +154,14 @@ float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void
 void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w,
                       size_t row_stride, const void *act, float *y);
 
+/* y[a * y_stride + r] = dot(row r, activation a) for r < nrows, a < nacts;
+ * rows are `row_stride` bytes apart, activations `act_stride` bytes apart
+ * (y_stride in floats).  Dots several activations at once, unpacking each
+ * weight block once for all of them (the batched matrix products of
+ * prefill); every value has the bits ds4_vec_dot gives for its pair. */
+void ds4_vec_dot_rows_multi(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride,
+                            const void *acts, size_t act_stride, int64_t nacts, float *y, size_t y_stride);
+
 /* Kernel selection, for tests and benchmarks: DS4_SIMD_SCALAR forces the
  * portable kernels, DS4_SIMD_AUTO picks the best available. */
 typedef enum { DS4_SIMD_AUTO = 0, DS4_SIMD_SCALAR = 1, DS4_SIMD_AVX2 = 2 } ds4_simd_level;

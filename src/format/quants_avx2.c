@@ -31,6 +31,62 @@ AVX2 static inline float f16_scalar(uint16_t h) {
     return _cvtsh_ss(h);
 }
 
+/* ------------------------------------------- several activations, shared
+ *
+ * The integer kernels for several activations keep one integer accumulator
+ * per activation, unpack each weight block into registers once, and do the
+ * per-block float step of the single kernel for all activations at once in
+ * the lanes of one vector (lane k is activation k; the lane operations are
+ * the scalar ones, so each lane has the single kernel's bits).  The bodies
+ * take the activation count as a constant (forced inlining), so that the
+ * loops over activations unroll and their accumulators stay in registers;
+ * the exported kernel picks the instance. */
+#define AVX2_BODY static inline __attribute__((target("avx2,fma,f16c"), always_inline))
+
+/* [sum v[0], ..., sum v[7]] of eight int32 vectors. */
+AVX2 static inline __m256i hsum_i32_x8(const __m256i v[8]) {
+    __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
+    __m256i efgh = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(abcd, efgh, 0x20),
+                            _mm256_permute2x128_si256(abcd, efgh, 0x31));
+}
+
+/* The scales d of block b of activations 0 .. nk-1 (Q8_K), 0 elsewhere. */
+AVX2_BODY __m256 act_d_x8(const ds4_block_q8_K *const x[8], int64_t b, int nk) {
+    float d[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int k = 0; k < nk; k++) d[k] = x[k][b].d;
+    return _mm256_loadu_ps(d);
+}
+
+/* Lanes 0 .. nk-1 of acc into out. */
+AVX2_BODY void store_x8(__m256 acc, int nk, float *out) {
+    float v[8];
+    _mm256_storeu_ps(v, acc);
+    for (int k = 0; k < nk; k++) out[k] = v[k];
+}
+
+/* The exported multi kernel of an integer type, for 2 .. 8 activations. */
+#define MULTI_INT_KERNEL(name, body)                                                                   \
+    AVX2 void name(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) { \
+        switch (nacts) {                                                                               \
+        case 2: body(n, w, act, act_stride, 2, out); break;                                            \
+        case 3: body(n, w, act, act_stride, 3, out); break;                                            \
+        case 4: body(n, w, act, act_stride, 4, out); break;                                            \
+        case 5: body(n, w, act, act_stride, 5, out); break;                                            \
+        case 6: body(n, w, act, act_stride, 6, out); break;                                            \
+        case 7: body(n, w, act, act_stride, 7, out); break;                                            \
+        default: body(n, w, act, act_stride, 8, out); break;                                           \
+        }                                                                                              \
+    }
+
+/* The same for Q8_0, whose kernel keeps more per activation: 2 .. 4. */
+#define MULTI_INT_KERNEL4(name, body)                                                                  \
+    AVX2 void name(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) { \
+        if (nacts == 2) body(n, w, act, act_stride, 2, out);                                           \
+        else if (nacts == 3) body(n, w, act, act_stride, 3, out);                                      \
+        else body(n, w, act, act_stride, 4, out);                                                      \
+    }
+
 /* ------------------------------------------------------------------ F32 */
 
 AVX2 static inline __m256d widen_lo(__m256 v) {
@@ -39,6 +95,45 @@ AVX2 static inline __m256d widen_lo(__m256 v) {
 
 AVX2 static inline __m256d widen_hi(__m256 v) {
     return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
+}
+
+/* The reduction trees of quants_dot.c on vectors, for rows without a tail:
+ * the same additions of the same operands in the same order, without
+ * storing the lanes and reading them back.  reduce_q8_vec is
+ * ds4_reduce_q8_lanes; ds4_reduce_f32_lanes is it after adding the four
+ * vectors of 8 lanes as (c0 + c1) + (c2 + c3), and ds4_reduce_f64_lanes
+ * ends the same way on doubles.
+ *
+ * The finish functions that use them are inlined into the exported kernels
+ * (AVX2_BODY): GCC 12 puts vzeroupper before a return only in a function
+ * that itself wrote the 256-bit registers, not in one that merely received
+ * them as arguments, and a return with their upper halves dirty made every
+ * later SSE instruction of the process (the scalar kernels, the baseline
+ * code of the backend) two to four times slower on Zen 5. */
+AVX2 static inline float reduce_q8_vec(__m256 acc) {
+    __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_movehdup_ps(u)));
+}
+
+AVX2 static inline double reduce_f64_vec(__m256d c0, __m256d c1, __m256d c2, __m256d c3) {
+    __m256d s = _mm256_add_pd(_mm256_add_pd(c0, c1), _mm256_add_pd(c2, c3));
+    __m128d t = _mm_add_pd(_mm256_castpd256_pd128(s), _mm256_extractf128_pd(s, 1));
+    return _mm_cvtsd_f64(_mm_add_sd(t, _mm_unpackhi_pd(t, t)));
+}
+
+/* Tail (elements past the last 16) and reduction: the accumulators hold
+ * lanes 0..15, the remaining elements go to lane i % 16 as in the scalar. */
+AVX2_BODY float finish_f32(__m256d c0, __m256d c1, __m256d c2, __m256d c3, int64_t i, int64_t n,
+                           const float *a, const float *x) {
+    if (i == n) return (float)reduce_f64_vec(c0, c1, c2, c3);
+    double lanes[DS4_F64_LANES];
+    _mm256_storeu_pd(lanes, c0);
+    _mm256_storeu_pd(lanes + 4, c1);
+    _mm256_storeu_pd(lanes + 8, c2);
+    _mm256_storeu_pd(lanes + 12, c3);
+    for (; i < n; i++) lanes[i % DS4_F64_LANES] += (double)a[i] * (double)x[i];
+    return (float)ds4_reduce_f64_lanes(lanes);
 }
 
 /* Accumulators are named variables (not an array) so that they stay in
@@ -57,13 +152,37 @@ AVX2 float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act) {
         c2 = _mm256_fmadd_pd(widen_lo(w1), widen_lo(x1), c2);
         c3 = _mm256_fmadd_pd(widen_hi(w1), widen_hi(x1), c3);
     }
-    double lanes[DS4_F64_LANES];
-    _mm256_storeu_pd(lanes, c0);
-    _mm256_storeu_pd(lanes + 4, c1);
-    _mm256_storeu_pd(lanes + 8, c2);
-    _mm256_storeu_pd(lanes + 12, c3);
-    for (; i < n; i++) lanes[i % DS4_F64_LANES] += (double)a[i] * (double)x[i];
-    return (float)ds4_reduce_f64_lanes(lanes);
+    return finish_f32(c0, c1, c2, c3, i, n, a, x);
+}
+
+/* Two activations: the widened weights are shared, the accumulators of
+ * each activation are those of the single kernel. */
+AVX2 static inline void f32_multi2(int64_t n, const float *a, const float *x, const float *z, float *out) {
+    __m256d c0 = _mm256_setzero_pd(), c1 = c0, c2 = c0, c3 = c0;
+    __m256d e0 = c0, e1 = c0, e2 = c0, e3 = c0;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 w0 = _mm256_loadu_ps(a + i), w1 = _mm256_loadu_ps(a + i + 8);
+        __m256d wl0 = widen_lo(w0), wh0 = widen_hi(w0), wl1 = widen_lo(w1), wh1 = widen_hi(w1);
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        __m256 z0 = _mm256_loadu_ps(z + i), z1 = _mm256_loadu_ps(z + i + 8);
+        c0 = _mm256_fmadd_pd(wl0, widen_lo(x0), c0);
+        c1 = _mm256_fmadd_pd(wh0, widen_hi(x0), c1);
+        c2 = _mm256_fmadd_pd(wl1, widen_lo(x1), c2);
+        c3 = _mm256_fmadd_pd(wh1, widen_hi(x1), c3);
+        e0 = _mm256_fmadd_pd(wl0, widen_lo(z0), e0);
+        e1 = _mm256_fmadd_pd(wh0, widen_hi(z0), e1);
+        e2 = _mm256_fmadd_pd(wl1, widen_lo(z1), e2);
+        e3 = _mm256_fmadd_pd(wh1, widen_hi(z1), e3);
+    }
+    out[0] = finish_f32(c0, c1, c2, c3, i, n, a, x);
+    out[1] = finish_f32(e0, e1, e2, e3, i, n, a, z);
+}
+
+AVX2 void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                 float *out) {
+    (void)nacts; /* always DS4_AVX2_WIDTH_FLOAT = 2 */
+    f32_multi2(n, w, act, ds4_act_at(act, act_stride, 1), out);
 }
 
 /* ------------------------------------------------------------ F16, BF16 */
@@ -79,8 +198,9 @@ AVX2 static inline __m256 load_bf16x8(const uint16_t *p) {
 
 /* Tail and reduction shared by the F16/BF16 kernels: the accumulators hold
  * lanes 0..31, the remaining elements go to lane i % 32 as in the scalar. */
-AVX2 static float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
-                             const uint16_t *a, const float *x, int bf16) {
+AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
+                           const uint16_t *a, const float *x, int bf16) {
+    if (i == n) return reduce_q8_vec(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
     float lanes[DS4_F32_LANES];
     _mm256_storeu_ps(lanes, c0);
     _mm256_storeu_ps(lanes + 8, c1);
@@ -121,6 +241,45 @@ AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
     return finish_f16(c0, c1, c2, c3, i, n, a, x, 1);
 }
 
+/* Two activations: each weight vector converted once, then the step of
+ * F16_STEP for each activation. */
+#define F16_STEP2(load)                                                               \
+    do {                                                                              \
+        __m256 w0 = load(a + i), w1 = load(a + i + 8), w2 = load(a + i + 16), w3 = load(a + i + 24); \
+        c0 = _mm256_add_ps(c0, _mm256_mul_ps(w0, _mm256_loadu_ps(x + i)));           \
+        c1 = _mm256_add_ps(c1, _mm256_mul_ps(w1, _mm256_loadu_ps(x + i + 8)));       \
+        c2 = _mm256_add_ps(c2, _mm256_mul_ps(w2, _mm256_loadu_ps(x + i + 16)));      \
+        c3 = _mm256_add_ps(c3, _mm256_mul_ps(w3, _mm256_loadu_ps(x + i + 24)));      \
+        e0 = _mm256_add_ps(e0, _mm256_mul_ps(w0, _mm256_loadu_ps(z + i)));           \
+        e1 = _mm256_add_ps(e1, _mm256_mul_ps(w1, _mm256_loadu_ps(z + i + 8)));       \
+        e2 = _mm256_add_ps(e2, _mm256_mul_ps(w2, _mm256_loadu_ps(z + i + 16)));      \
+        e3 = _mm256_add_ps(e3, _mm256_mul_ps(w3, _mm256_loadu_ps(z + i + 24)));      \
+    } while (0)
+
+AVX2 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                 float *out) {
+    (void)nacts; /* always DS4_AVX2_WIDTH_FLOAT = 2 */
+    const uint16_t *a = w;
+    const float *x = act, *z = ds4_act_at(act, act_stride, 1);
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) F16_STEP2(load_f16x8);
+    out[0] = finish_f16(c0, c1, c2, c3, i, n, a, x, 0);
+    out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, 0);
+}
+
+AVX2 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                  float *out) {
+    (void)nacts;
+    const uint16_t *a = w;
+    const float *x = act, *z = ds4_act_at(act, act_stride, 1);
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) F16_STEP2(load_bf16x8);
+    out[0] = finish_f16(c0, c1, c2, c3, i, n, a, x, 1);
+    out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, 1);
+}
+
 /* ----------------------------------------------------------------- Q8_0 */
 
 /* 8 int32 partial sums of one block's int8 dot: |w| times w's sign applied
@@ -149,8 +308,9 @@ AVX2 static inline __m256 q8_scales8(const ds4_block_q8_0 *a, const ds4_block_q8
     return _mm256_mul_ps(_mm256_cvtph_ps(d16), xd);
 }
 
-AVX2 static float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a,
-                            const ds4_block_q8_0x *x) {
+AVX2_BODY float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a,
+                          const ds4_block_q8_0x *x) {
+    if (b == nb) return reduce_q8_vec(acc);
     float lanes[DS4_Q8_LANES];
     _mm256_storeu_ps(lanes, acc);
     for (; b < nb; b++) {
@@ -172,6 +332,62 @@ AVX2 float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act) {
     }
     return q8_finish(acc, b, nb, a, x);
 }
+
+/* Partials of one block for an activation, from the weight's absolute
+ * value (shared) and the weight itself (its signs). */
+AVX2 static inline __m256i q8_partials_abs(__m256i wabs, __m256i wq, const ds4_block_q8_0x *x) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)x->qs);
+    __m256i p = _mm256_maddubs_epi16(wabs, _mm256_sign_epi8(v, wq));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+/* Blocks b and b+1 of the weight against each activation, combined by one
+ * hadd as in q8_sums8. */
+AVX2_BODY void q8_pair(const ds4_block_q8_0 *a, const ds4_block_q8_0x *const x[4], int64_t b, int nk,
+                       __m256i h[4]) {
+    __m256i w0 = _mm256_loadu_si256((const __m256i *)a[b].qs);
+    __m256i w1 = _mm256_loadu_si256((const __m256i *)a[b + 1].qs);
+    __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
+#pragma GCC unroll 4
+    for (int k = 0; k < nk; k++)
+        h[k] = _mm256_hadd_epi32(q8_partials_abs(a0, w0, &x[k][b]), q8_partials_abs(a1, w1, &x[k][b + 1]));
+}
+
+/* Groups of 8 blocks as in ds4_dot_q8_0_avx2: the int32 sums of each
+ * activation in q8_sums8's layout, the weight scales converted once. */
+AVX2_BODY void q8_0_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
+    const ds4_block_q8_0 *a = w;
+    const ds4_block_q8_0x *x[4];
+    for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
+    int64_t nb = n / DS4_QK8_0, b = 0;
+    __m256 acc[4];
+    for (int k = 0; k < nk; k++) acc[k] = _mm256_setzero_ps();
+    for (; b + 8 <= nb; b += 8) {
+        __m256i lo[4], hi[4], h[4];
+        q8_pair(a, x, b, nk, lo);
+        q8_pair(a, x, b + 2, nk, h);
+#pragma GCC unroll 4
+        for (int k = 0; k < nk; k++) lo[k] = _mm256_hadd_epi32(lo[k], h[k]);
+        q8_pair(a, x, b + 4, nk, hi);
+        q8_pair(a, x, b + 6, nk, h);
+#pragma GCC unroll 4
+        for (int k = 0; k < nk; k++) hi[k] = _mm256_hadd_epi32(hi[k], h[k]);
+        __m128i d16 = _mm_setr_epi16((short)a[b].d, (short)a[b + 1].d, (short)a[b + 2].d, (short)a[b + 3].d,
+                                     (short)a[b + 4].d, (short)a[b + 5].d, (short)a[b + 6].d, (short)a[b + 7].d);
+        __m256 wd = _mm256_cvtph_ps(d16);
+#pragma GCC unroll 4
+        for (int k = 0; k < nk; k++) {
+            const ds4_block_q8_0x *xb = x[k] + b;
+            __m256 xd = _mm256_setr_ps(xb[0].d, xb[1].d, xb[2].d, xb[3].d, xb[4].d, xb[5].d, xb[6].d, xb[7].d);
+            __m256i sums = _mm256_add_epi32(_mm256_permute2x128_si256(lo[k], hi[k], 0x20),
+                                            _mm256_permute2x128_si256(lo[k], hi[k], 0x31));
+            acc[k] = _mm256_add_ps(acc[k], _mm256_mul_ps(_mm256_mul_ps(wd, xd), _mm256_cvtepi32_ps(sums)));
+        }
+    }
+    for (int k = 0; k < nk; k++) out[k] = q8_finish(acc[k], b, nb, a, x[k]);
+}
+
+MULTI_INT_KERNEL4(ds4_dot_q8_0_multi_avx2, q8_0_multi)
 
 /* ----------------------------------------------------------------- Q2_K */
 
@@ -218,7 +434,67 @@ AVX2 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
+/* Several activations: the 2-bit values and their spread scales once per
+ * sub-block pair, the integer sums of ds4_dot_q2_K_avx2 per activation. */
+AVX2_BODY void q2_K_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
+    const ds4_block_q2_K *a = w;
+    const ds4_block_q8_K *x[8];
+    for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m128i m15 = _mm_set1_epi8(15);
+    const __m256i ctl0 = q2_scale_ctl(0); /* + 2s in the int16 lanes: q2_scale_ctl(2s) */
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        __m128i sc8 = _mm_loadu_si128((const __m128i *)a[b].scales);
+        __m256i scales = _mm256_broadcastsi128_si256(_mm_and_si128(sc8, m15));
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
+        /* A rolled loop over the 8 pairs of sub-blocks: unrolled, GCC
+         * regroups the sums of each accumulator into a tree whose partial
+         * sums no longer fit the registers. */
+        for (int s = 0; s < 8; s++) {
+            __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * (s / 4)));
+            __m256i qs = _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (s % 4))), m3);
+            __m256i sc = _mm256_shuffle_epi8(scales, _mm256_add_epi16(ctl0, _mm256_set1_epi16((short)(2 * s))));
+#pragma GCC unroll 8
+            for (int k = 0; k < nk; k++) {
+                __m256i y = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 32 * s));
+                v[k] = _mm256_add_epi32(v[k], _mm256_madd_epi16(_mm256_maddubs_epi16(qs, y), sc));
+            }
+        }
+        __m256i isum = hsum_i32_x8(v);
+        __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m15));
+#pragma GCC unroll 8
+        for (int k = 0; k < nk; k++)
+            v[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
+        __m256i msum = hsum_i32_x8(v);
+        __m256 xd = act_d_x8(x, b, nk);
+        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
+        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
+        /* ds4_kq_step in every lane */
+        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
+    }
+    store_x8(acc, nk, out);
+}
+
+MULTI_INT_KERNEL(ds4_dot_q2_K_multi_avx2, q2_K_multi)
+
 /* ----------------------------------------------------------------- Q4_K */
+
+/* Unpack the 6-bit scales and mins four at a time (spec/MODEL.md 3.5):
+ * *scv gets the 8 scales as bytes in both 128-bit lanes (spread later by
+ * shuffles), *mins the 8 mins as int32. */
+AVX2 static inline void q4_K_scales_mins(const uint8_t *scales, __m256i *scv, __m256i *mins) {
+    uint32_t u[3], sc32[2], mn32[2];
+    memcpy(u, scales, 12);
+    sc32[0] = u[0] & 0x3f3f3f3fu;
+    mn32[0] = u[1] & 0x3f3f3f3fu;
+    sc32[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
+    mn32[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
+    *scv = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)sc32));
+    *mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn32));
+}
 
 AVX2 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
     const ds4_block_q4_K *a = w;
@@ -227,20 +503,9 @@ AVX2 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
     const __m256i ones = _mm256_set1_epi16(1);
     float acc = 0.0f;
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        /* Unpack the 6-bit scales and mins four at a time (spec/MODEL.md 3.5). */
-        uint32_t u[3], sc32[2], mn32[2];
-        memcpy(u, a[b].scales, 12);
-        sc32[0] = u[0] & 0x3f3f3f3fu;
-        mn32[0] = u[1] & 0x3f3f3f3fu;
-        sc32[1] = (u[2] & 0x0f0f0f0fu) | ((u[0] >> 6) & 0x03030303u) << 4;
-        mn32[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | ((u[1] >> 6) & 0x03030303u) << 4;
-        uint8_t mn[8];
-        memcpy(mn, mn32, 8);
-        /* the 8 scales as bytes in both 128-bit lanes, spread by shuffles */
-        __m256i scv = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)sc32));
-
+        __m256i scv, mins;
+        q4_K_scales_mins(a[b].scales, &scv, &mins);
         __m256i pair_sums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[b].bsums), ones);
-        __m256i mins = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn));
         int32_t msum = hsum_i32(_mm256_mullo_epi32(pair_sums, mins));
 
         __m256i isum = _mm256_setzero_si256();
@@ -264,6 +529,54 @@ AVX2 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
+/* Several activations: the nibbles and spread scales once per 64 values,
+ * the integer sums of ds4_dot_q4_K_avx2 per activation. */
+AVX2_BODY void q4_K_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
+    const ds4_block_q4_K *a = w;
+    const ds4_block_q8_K *x[8];
+    for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
+    const __m256i m4 = _mm256_set1_epi8(15);
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        __m256i scv, mins;
+        q4_K_scales_mins(a[b].scales, &scv, &mins);
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
+        for (int p = 0; p < 4; p++) { /* rolled, as in q2_K_multi */
+            __m256i q = _mm256_loadu_si256((const __m256i *)(a[b].qs + 32 * p));
+            __m256i lo = _mm256_and_si256(q, m4);
+            __m256i hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), m4);
+            __m256i slo = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p))));
+            __m256i shi = _mm256_shuffle_epi8(scv, _mm256_set1_epi16((short)(0xff00 | (2 * p + 1))));
+#pragma GCC unroll 8
+            for (int k = 0; k < nk; k++) {
+                __m256i ylo = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 64 * p));
+                __m256i yhi = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 64 * p + 32));
+                __m256i plo = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, ylo), slo);
+                __m256i phi = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, yhi), shi);
+                v[k] = _mm256_add_epi32(v[k], _mm256_add_epi32(plo, phi));
+            }
+        }
+        __m256i isum = hsum_i32_x8(v);
+#pragma GCC unroll 8
+        for (int k = 0; k < nk; k++) {
+            __m256i pair_sums = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)x[k][b].bsums), ones);
+            v[k] = _mm256_mullo_epi32(pair_sums, mins);
+        }
+        __m256i msum = hsum_i32_x8(v);
+        __m256 xd = act_d_x8(x, b, nk);
+        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
+        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
+        /* ds4_kq_step in every lane */
+        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
+        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
+    }
+    store_x8(acc, nk, out);
+}
+
+MULTI_INT_KERNEL(ds4_dot_q4_K_multi_avx2, q4_K_multi)
+
 /* -------------------------------------------------------------- IQ2_XXS */
 
 /* Byte k of SIGN64(s) is -1 where bit k of the sign byte of s is set, else
@@ -280,20 +593,36 @@ static const uint64_t iq2_sign64[128] = {
     SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
 };
 
-/* Integer dot of one group of 32 (grid bytes times signed activations),
- * as 8 int32 partials already multiplied by the group scale 2S+1. */
-AVX2 static inline __m256i iq2_group(const uint16_t *qs, const int8_t *y8) {
+/* A group of 32 unpacked: the grid bytes, the sign operand and the group
+ * scale 2S+1 spread over int16 lanes. */
+typedef struct {
+    __m256i grid, signs, scale;
+} iq2_unpacked;
+
+AVX2 static inline iq2_unpacked iq2_unpack(const uint16_t *qs) {
     const uint8_t *g = (const uint8_t *)qs;
     uint32_t s;
     memcpy(&s, qs + 2, 4);
     const uint64_t *grid = ds4_iq2xxs_grid;
-    __m256i gv = _mm256_set_epi64x((long long)grid[g[3]], (long long)grid[g[2]], (long long)grid[g[1]],
-                                   (long long)grid[g[0]]);
-    __m256i sv = _mm256_set_epi64x((long long)iq2_sign64[(s >> 21) & 127], (long long)iq2_sign64[(s >> 14) & 127],
-                                   (long long)iq2_sign64[(s >> 7) & 127], (long long)iq2_sign64[s & 127]);
+    iq2_unpacked u;
+    u.grid = _mm256_set_epi64x((long long)grid[g[3]], (long long)grid[g[2]], (long long)grid[g[1]],
+                               (long long)grid[g[0]]);
+    u.signs = _mm256_set_epi64x((long long)iq2_sign64[(s >> 21) & 127], (long long)iq2_sign64[(s >> 14) & 127],
+                                (long long)iq2_sign64[(s >> 7) & 127], (long long)iq2_sign64[s & 127]);
+    u.scale = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
+    return u;
+}
+
+/* Integer dot of one group of 32 (grid bytes times signed activations),
+ * as 8 int32 partials already multiplied by the group scale 2S+1. */
+AVX2 static inline __m256i iq2_dot_unpacked(iq2_unpacked u, const int8_t *y8) {
     __m256i y = _mm256_loadu_si256((const __m256i *)y8);
-    __m256i p = _mm256_maddubs_epi16(gv, _mm256_sign_epi8(y, sv));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16((short)(2 * (s >> 28) + 1)));
+    __m256i p = _mm256_maddubs_epi16(u.grid, _mm256_sign_epi8(y, u.signs));
+    return _mm256_madd_epi16(p, u.scale);
+}
+
+AVX2 static inline __m256i iq2_group(const uint16_t *qs, const int8_t *y8) {
+    return iq2_dot_unpacked(iq2_unpack(qs), y8);
 }
 
 AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
@@ -312,6 +641,30 @@ AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
     return acc;
 }
 
+/* Several activations: the grid and sign lookups of each group once. */
+AVX2_BODY void iq2_xxs_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
+    const ds4_block_iq2_xxs *a = w;
+    const ds4_block_q8_K *x[8];
+    for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
+        __m256i v[8];
+        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            iq2_unpacked u = iq2_unpack(&a[b].qs[4 * ib]);
+#pragma GCC unroll 8
+            for (int k = 0; k < nk; k++) v[k] = _mm256_add_epi32(v[k], iq2_dot_unpacked(u, x[k][b].qs + 32 * ib));
+        }
+        __m256i isum = hsum_i32_x8(v);
+        __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), act_d_x8(x, b, nk));
+        /* ds4_iq2_step in every lane */
+        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(0.125f))));
+    }
+    store_x8(acc, nk, out);
+}
+
+MULTI_INT_KERNEL(ds4_dot_iq2_xxs_multi_avx2, iq2_xxs_multi)
+
 #else /* not x86: the dispatcher never selects these (no AVX2). */
 
 float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_f32_scalar(n, w, act); }
@@ -321,5 +674,18 @@ float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act) { return ds4_
 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_q2_K_scalar(n, w, act); }
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_q4_K_scalar(n, w, act); }
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_iq2_xxs_scalar(n, w, act); }
+
+#define MULTI_FALLBACK(t)                                                                              \
+    void ds4_dot_##t##_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, \
+                                  float *out) {                                                        \
+        ds4_dot_##t##_multi_scalar(n, w, act, act_stride, nacts, out);                                 \
+    }
+MULTI_FALLBACK(f32)
+MULTI_FALLBACK(f16)
+MULTI_FALLBACK(bf16)
+MULTI_FALLBACK(q8_0)
+MULTI_FALLBACK(q2_K)
+MULTI_FALLBACK(q4_K)
+MULTI_FALLBACK(iq2_xxs)
 
 #endif

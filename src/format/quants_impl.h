@@ -68,6 +68,31 @@ float ds4_dot_q2_K_scalar(int64_t n, const void *w, const void *act);
 float ds4_dot_q4_K_scalar(int64_t n, const void *w, const void *act);
 float ds4_dot_iq2_xxs_scalar(int64_t n, const void *w, const void *act);
 
+/* Several activations at once: out[k] = dot(w, act k) for k < nacts, act k
+ * starting at (const char *)act + k * act_stride.  Each weight block is
+ * unpacked once and used for every activation; each out[k] has the bits of
+ * the single kernel of the same level.  nacts is 2 .. the kernel's width
+ * (ds4_vec_dot_rows_multi sends one activation to the single kernel). */
+typedef void (*ds4_dot_multi_kernel)(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                     float *out);
+
+/* Widest multi kernel (activations per call). */
+#define DS4_MULTI_MAX 8
+
+static inline const void *ds4_act_at(const void *act, size_t act_stride, int k) {
+    return (const char *)act + (size_t)k * act_stride;
+}
+
+/* Portable multi kernels (quants_dot.c), nacts up to DS4_MULTI_MAX. */
+void ds4_dot_f32_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_f16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_bf16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q8_0_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q2_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q4_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_iq2_xxs_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                  float *out);
+
 /* AVX2+FMA+F16C kernels (quants_avx2.c); call only when
  * ds4_cpu_has_avx2_fma(). */
 float ds4_dot_f32_avx2(int64_t n, const void *w, const void *act);
@@ -77,6 +102,20 @@ float ds4_dot_q8_0_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act);
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act);
+
+/* AVX2 multi kernels (quants_avx2.c); their widths are what keeps the
+ * accumulators and the unpacked block in the 16 vector registers. */
+#define DS4_AVX2_WIDTH_FLOAT 2 /* F32, F16, BF16 */
+#define DS4_AVX2_WIDTH_Q8_0 4
+#define DS4_AVX2_WIDTH_256 8   /* Q2_K, Q4_K, IQ2_XXS */
+void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q8_0_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q2_K_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_q4_K_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
+void ds4_dot_iq2_xxs_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
+                                float *out);
 
 /* ------------------------------------------------------------ IQ2_XXS */
 

@@ -4,6 +4,9 @@
  *  - The AVX2 kernels return exactly the bits of the scalar definitions, for
  *    every weight type, on many random rows of many lengths (up to 65536),
  *    and ds4_vec_dot_rows equals ds4_vec_dot row by row in both modes.
+ *  - ds4_vec_dot_rows_multi (several activations per weight row, the batched
+ *    products of prefill) equals ds4_vec_dot bit for bit in both modes, for
+ *    batch sizes that fill the multi kernels' groups and leave remainders.
  *  - Every dot agrees with a double-precision dot of the dequantized weight
  *    and activation within the rounding bound of its accumulation shape.
  *  - ds4_quantize_q8_0x and ds4_quantize_q8_K follow spec/MODEL.md 3.7-3.8
@@ -217,6 +220,79 @@ static void test_rows_match_single(void **state) {
     ds4_set_simd(DS4_SIMD_AUTO);
 }
 
+/* ds4_vec_dot_rows_multi against ds4_vec_dot, bit for bit, at one level:
+ * every weight type, several lengths (with and without a tail past the
+ * kernels' vector steps), batches of 1 to 19 activations (one or several
+ * whole groups of each kernel width, 2, 4 and 8, and every remainder),
+ * rows and activations at odd byte offsets and strides, outputs
+ * interleaved with a gap. */
+static void check_multi_level(ds4_simd_level level, uint64_t seed) {
+    enum { MAXA = 19, NROWS = 5, YPAD = 3 };
+    qt_rng r;
+    qt_seed(&r, seed);
+    for (size_t t = 0; t < NWTYPES; t++) {
+        uint32_t type = WTYPES[t];
+        int64_t lens[8];
+        int nl = lengths(type, lens);
+        for (int li = 0; li < nl; li++) {
+            int64_t n = lens[li];
+            if (n > 10000) continue; /* the long rows are covered by the single-kernel tests */
+            size_t rb = ds4_row_bytes(type, n), ab = ds4_act_bytes(type, n);
+            size_t row_stride = rb + 1 + (size_t)li, act_stride = ab + 3 + (size_t)li;
+            uint8_t *wbuf = malloc(row_stride * NROWS + 1), *abuf = malloc(act_stride * MAXA + 1);
+            uint8_t *w = wbuf + 1, *acts = abuf + 1; /* unaligned */
+            float *tmp = malloc((size_t)n * sizeof(float));
+            void *one_act = malloc(ab);
+            for (int i = 0; i < NROWS; i++) random_row(&r, type, n, w + (size_t)i * row_stride, tmp);
+            for (int a = 0; a < MAXA; a++) {
+                random_act(&r, type, n, one_act, tmp);
+                memcpy(acts + (size_t)a * act_stride, one_act, ab);
+            }
+            for (int nacts = 1; nacts <= MAXA; nacts++) {
+                size_t y_stride = NROWS + YPAD;
+                float y[MAXA * (NROWS + YPAD)];
+                for (size_t i = 0; i < sizeof y / sizeof y[0]; i++) y[i] = -1.0f;
+                ds4_set_simd(level);
+                ds4_vec_dot_rows_multi(type, n, NROWS, w, row_stride, acts, act_stride, nacts, y, y_stride);
+                for (int a = 0; a < MAXA; a++) {
+                    memcpy(one_act, acts + (size_t)a * act_stride, ab); /* the single kernel reads it aligned */
+                    for (int i = 0; i < (int)y_stride; i++) {
+                        float got = y[(size_t)a * y_stride + (size_t)i];
+                        if (a >= nacts || i >= NROWS) {
+                            assert_true(got == -1.0f); /* nothing written outside */
+                            continue;
+                        }
+                        float one = ds4_vec_dot(type, n, w + (size_t)i * row_stride, one_act);
+                        if (memcmp(&one, &got, sizeof one) != 0)
+                            fail_msg("%s %s n=%lld, %d activations: row %d act %d multi %a, single %a",
+                                     level == DS4_SIMD_SCALAR ? "scalar" : "avx2", ds4_type_get(type)->name,
+                                     (long long)n, nacts, i, a, (double)got, (double)one);
+                    }
+                }
+                ds4_set_simd(DS4_SIMD_AUTO);
+            }
+            free(wbuf);
+            free(abuf);
+            free(tmp);
+            free(one_act);
+        }
+    }
+}
+
+static void test_multi_matches_single_scalar(void **state) {
+    (void)state;
+    check_multi_level(DS4_SIMD_SCALAR, 5);
+}
+
+static void test_multi_matches_single_avx2(void **state) {
+    (void)state;
+    if (!ds4_cpu_has_avx2_fma()) {
+        print_message("no AVX2+FMA on this CPU: only the scalar kernels exist\n");
+        skip();
+    }
+    check_multi_level(DS4_SIMD_AVX2, 6);
+}
+
 /* --------------------------------------------------- activation quantizers */
 
 static void check_q8_0x_block(const float *x, const ds4_block_q8_0x *b) {
@@ -340,6 +416,8 @@ int main(void) {
         cmocka_unit_test(test_avx2_matches_scalar),
         cmocka_unit_test(test_dot_matches_double_reference),
         cmocka_unit_test(test_rows_match_single),
+        cmocka_unit_test(test_multi_matches_single_scalar),
+        cmocka_unit_test(test_multi_matches_single_avx2),
         cmocka_unit_test(test_activation_quantizers),
         cmocka_unit_test(test_act_formats_and_bad_input),
     };

@@ -25,7 +25,8 @@ typedef struct matmul_task {
 } matmul_task;
 
 /* Rows in tiles of about 32 KiB, each dotted with every token while it
- * is in the core's cache. */
+ * is in the core's cache; the multi-activation kernels unpack each weight
+ * block once for several tokens. */
 static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     (void)thread;
     const matmul_task *m = ctx;
@@ -33,9 +34,8 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     int64_t tile = (int64_t)(32768 / rb) + 1;
     for (int64_t a = r0; a < r1; a += tile) {
         int64_t b = a + tile < r1 ? a + tile : r1;
-        for (uint32_t t = 0; t < m->T; t++)
-            ds4_vec_dot_rows(m->W->type, (int64_t)m->W->ne[0], b - a, m->w0 + (size_t)a * rb, rb,
-                             m->act + (size_t)t * m->act_row, m->y + (size_t)t * m->y_stride + a);
+        ds4_vec_dot_rows_multi(m->W->type, (int64_t)m->W->ne[0], b - a, m->w0 + (size_t)a * rb, rb, m->act,
+                               m->act_row, m->T, m->y + a, m->y_stride);
     }
 }
 
