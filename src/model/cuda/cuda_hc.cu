@@ -8,9 +8,9 @@
  *
  * The launch is latency-bound (a few MB of traffic, 86 per decoded
  * token), so it is shaped to have few serial round trips: blocks of 1024
- * threads (16 for the 4096 columns of Flash; other shapes below), every weight the launch
- * needs (mixer rows, norm weights, scale and base) loaded into registers
- * before waiting for the previous kernel, and a finish - in the block
+ * threads (16 for the 4096 columns of Flash; other shapes below), every
+ * weight the launch needs (mixer rows, norm weights, scale and base)
+ * loaded into registers before waiting for the previous kernel, and a finish - in the block
  * that completes last - that issues all its loads at once and keeps the
  * row in registers from the collapse through the RMSNorm to the quantized
  * words it stores.
@@ -28,10 +28,12 @@
  *   1  blocks of 512 threads (twice the blocks), 8 columns per finish
  *      thread, at most 64 registers so two blocks - or one and the tail of
  *      the previous kernel - share an SM; the Q8_K block is one warp (no
- *      barrier);
+ *      barrier), the norm weights are loaded with the finish's other loads;
  *   2  as 1 plus a 17th warp that computes post / comb (Sinkhorn) while the
  *      other 16 collapse, normalise and quantize (they meet at a named
- *      barrier that leaves it out), so Sinkhorn is off the finish's path. */
+ *      barrier that leaves it out), so Sinkhorn is off the finish's path;
+ *      no register cap (at 56, the cap of two such blocks per SM, it
+ *      spills), so one block per SM with room left for other kernels. */
 template <int THREADS, bool SINK_WARP> struct hc_shape {
     static constexpr int threads = THREADS;                    /* mixer and finish threads */
     static constexpr int block = THREADS + (SINK_WARP ? 32 : 0);
