@@ -8,22 +8,59 @@
  *
  * The launch is latency-bound (a few MB of traffic, 86 per decoded
  * token), so it is shaped to have few serial round trips: blocks of 1024
- * threads (16 for the 4096 columns of Flash), every weight the launch
- * needs (mixer rows, norm weights, scale and base) loaded into registers
- * before waiting for the previous kernel, and a finish - in the block
+ * threads (16 for the 4096 columns of Flash; other shapes below), every
+ * weight the launch needs (mixer rows, norm weights, scale and base)
+ * loaded into registers before waiting for the previous kernel, and a finish - in the block
  * that completes last - that issues all its loads at once and keeps the
  * row in registers from the collapse through the RMSNorm to the quantized
  * words it stores.
  */
 #include "model/cuda/cuda_internal.h"
 
-#define HC_THREADS 1024
-#define HC_WARPS (HC_THREADS / 32)
-#define HC_VALS 4                        /* finish: consecutive columns per thread */
-#define HC_MAX_D (HC_THREADS * HC_VALS)  /* the widest row the finish holds */
-#define HC_PART_LANES 16                 /* finish: threads per reduced partial sum */
-static_assert(HC_COLS == HC_THREADS / 4, "a mixer thread per stream and column");
-static_assert(HC_WARPS == 32, "the finish sums the per-warp values with one warp reduction");
+#define HC_MAX_D 4096     /* the widest row the finish holds */
+#define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
+
+/* The launch shapes, chosen once per backend by DS4_CUDA_HC_VARIANT (for
+ * A/B measurement; the arithmetic of every value is the same, only the
+ * order of the double partial sums differs):
+ *   0  blocks of 1024 threads, 4 columns per finish thread, Sinkhorn on
+ *      warp 0 after the stores (a block fills an SM's register file);
+ *   1  blocks of 512 threads (twice the blocks), 8 columns per finish
+ *      thread, at most 64 registers so two blocks - or one and the tail of
+ *      the previous kernel - share an SM; the Q8_K block is one warp (no
+ *      barrier), the norm weights are loaded with the finish's other loads;
+ *   2  as 1 plus a 17th warp that computes post / comb (Sinkhorn) while the
+ *      other 16 collapse, normalise and quantize (they meet at a named
+ *      barrier that leaves it out), so Sinkhorn is off the finish's path;
+ *      no register cap (at 56, the cap of two such blocks per SM, it
+ *      spills), so one block per SM with room left for other kernels. */
+template <int THREADS, bool SINK_WARP> struct hc_shape {
+    static constexpr int threads = THREADS;                    /* mixer and finish threads */
+    static constexpr int block = THREADS + (SINK_WARP ? 32 : 0);
+    static constexpr int warps = THREADS / 32;
+    static constexpr int vals = HC_MAX_D / THREADS;            /* finish: consecutive columns per thread */
+    static constexpr int cols = THREADS / 4;                   /* mixer: a thread per stream and column */
+    static constexpr int min_blocks = THREADS < 1024 && !SINK_WARP ? 2 : 1; /* blocks per SM the registers allow */
+    static constexpr bool sink_warp = SINK_WARP;
+    /* the finish's norm weights: loaded before the wait (4 per thread), or
+     * with the finish's other loads (8: fewer registers through the mixer) */
+    static constexpr bool early_norm = THREADS == 1024;
+    static_assert(vals % 4 == 0 && (vals == 4 || vals == 8), "whole float4 loads; a Q8_K block of 1 or 2 warps");
+    static_assert(warps <= 32, "the finish sums the per-warp values with one warp reduction");
+    static_assert(block <= 1024, "a block of at most 1024 threads");
+};
+typedef hc_shape<1024, false> hc_shape0;
+typedef hc_shape<512, false> hc_shape1;
+typedef hc_shape<512, true> hc_shape2;
+
+uint32_t cu_hc_cols(uint32_t variant) {
+    switch (variant) {
+    case 0: return hc_shape0::cols;
+    case 1: return hc_shape1::cols;
+    case 2: return hc_shape2::cols;
+    default: return 0;
+    }
+}
 
 static __device__ __forceinline__ float dev_sigmoid(float x) {
     if (x >= 0) return 1.0f / (1.0f + expf(-x));
@@ -57,18 +94,22 @@ typedef struct hc_args {
 /* The finish's constant inputs, loaded by every thread before the wait for
  * the previous kernel: the norm weights of its HC_VALS columns, the scales,
  * the pre bases, and the post / comb bases of its lane (warp 0 uses those). */
-typedef struct hc_consts {
-    float w[HC_VALS];
+template <int VALS> struct hc_consts {
+    float w[VALS];
     float scale[3], base_pre[4], base_post, base_comb;
-} hc_consts;
+};
 
-static __device__ __forceinline__ hc_consts hc_load_consts(const hc_args &a) {
-    hc_consts k;
-    uint32_t e = HC_VALS * threadIdx.x, n = 4;
-    unsigned lane = threadIdx.x & 31;
+template <int VALS> static __device__ __forceinline__ void hc_load_norm(const hc_args &a, float (&w)[VALS]) {
+    uint32_t e = VALS * threadIdx.x;
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++)
-        k.w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
+    for (int i = 0; i < VALS; i++) w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
+}
+
+template <int VALS, bool NORM> static __device__ __forceinline__ hc_consts<VALS> hc_load_consts(const hc_args &a) {
+    hc_consts<VALS> k;
+    uint32_t n = 4;
+    unsigned lane = threadIdx.x & 31;
+    if constexpr (NORM) hc_load_norm(a, k.w);
     k.scale[0] = a.scale[0];
     for (uint32_t h = 0; h < n; h++) k.base_pre[h] = a.base[h];
     k.scale[1] = k.scale[2] = k.base_post = k.base_comb = 0.0f;
@@ -102,12 +143,13 @@ static __device__ __forceinline__ float hc_mix_value(const double *sums, uint32_
     return (float)sums[1 + m] * rs;
 }
 
-/* Post weights and the Sinkhorn iterations of MODEL.md 5.2, by warp 0 with
+/* Post weights and the Sinkhorn iterations of MODEL.md 5.2, by one warp with
  * one matrix entry per lane (the arithmetic of cpu_hc.c, sums in its
- * order).  Runs after the rest of the finish: only the next HC launch
- * reads post / comb. */
-static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *sums, float rs, const hc_consts &k) {
-    unsigned lane = threadIdx.x;
+ * order).  Off the path of the next sublayer's input: only the next HC
+ * launch reads post / comb. */
+template <int VALS>
+static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *sums, float rs,
+                                    const hc_consts<VALS> &k, unsigned lane) {
     uint32_t n = 4;
     float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
     if (lane >= n && lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(hc_mix_value(sums, lane, rs) * k.scale[1] + k.base_post);
@@ -139,40 +181,45 @@ template <int O> static __device__ __forceinline__ void hc_scatter_step(double (
     if constexpr (O > 1) hc_scatter_step<O / 2>(v, lane);
 }
 
-/* Q8_0 of the thread's four values (lanes 8i .. 8i+7 hold the 32 values of
- * a block), exactly as dev_quantize_row: amax / 127, round to nearest even,
- * one packed word per thread. */
-static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *q8,
+/* Q8_0 of the thread's VALS values (32 / VALS consecutive lanes hold the
+ * 32 values of a block), exactly as dev_quantize_row: amax / 127, round to
+ * nearest even, packed words. */
+template <int VALS>
+static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[VALS], uint32_t e, bool has, uint8_t *q8,
                                                      uint32_t D) {
+    constexpr int TPB = 32 / VALS; /* threads per block of 32 */
     float amax = 0.0f;
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++) amax = fmaxf(amax, fabsf(y[i]));
-    for (int o = 4; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    for (int i = 0; i < VALS; i++) amax = fmaxf(amax, fabsf(y[i]));
+    for (int o = TPB / 2; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
     float db = amax / 127.0f;
     float id = db != 0.0f ? 1.0f / db : 0.0f;
     if (!has) return;
-    uint32_t packed = 0;
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++) packed |= (uint32_t)(uint8_t)q8_round(y[i] * id) << (8 * i);
-    *(uint32_t *)(q8 + e) = packed;
-    if ((threadIdx.x & 7) == 0) ((float *)(q8 + D))[e / 32] = db;
+    for (int w = 0; w < VALS / 4; w++) {
+        uint32_t packed = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) packed |= (uint32_t)(uint8_t)q8_round(y[4 * w + i] * id) << (8 * i);
+        *(uint32_t *)(q8 + e + 4 * w) = packed;
+    }
+    if ((threadIdx.x & (TPB - 1)) == 0) ((float *)(q8 + D))[e / 32] = db;
 }
 
 /* Q8_K of the row, exactly as dev_quantize_row / ds4_quantize_q8_K: a
- * block of 256 values is the 64 threads of warps 2b and 2b+1; the signed
- * value of the largest magnitude (first index on ties) is reduced in each
- * warp and combined through shared memory.  Every thread must call it. */
-static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], uint32_t e, bool has, uint8_t *qk,
+ * block of 256 values is one warp (VALS 8) or the 64 threads of warps 2b
+ * and 2b+1 (VALS 4); the signed value of the largest magnitude (first
+ * index on ties) is reduced in each warp and, for two warps, combined
+ * through shared memory - then every finish thread must call it. */
+template <int VALS, int WARPS>
+static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uint32_t e, bool has, uint8_t *qk,
                                                      uint32_t D) {
-    /* warps past the row (D a multiple of 256: whole warp pairs) only meet the barrier */
-    bool wact = e - HC_VALS * (threadIdx.x & 31) < D;
-    __shared__ float wmax[HC_WARPS][2];
-    __shared__ int widx[HC_WARPS];
+    /* warps past the row (D a multiple of 256: whole warps / warp pairs) only meet the barrier */
+    bool wact = e - VALS * (threadIdx.x & 31) < D;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float amax = 0.0f, mx = 0.0f;
     int idx = 0x7fffffff;
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++) {
+    for (int i = 0; i < VALS; i++) {
         float ax = fabsf(y[i]);
         if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
     }
@@ -181,36 +228,42 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], 
         int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
     }
-    if (wact && lane == 0) {
-        wmax[warp][0] = amax;
-        wmax[warp][1] = mx;
-        widx[warp] = idx;
+    if constexpr (VALS == 4) {
+        __shared__ float wmax[WARPS][2];
+        __shared__ int widx[WARPS];
+        if (wact && lane == 0) {
+            wmax[warp][0] = amax;
+            wmax[warp][1] = mx;
+            widx[warp] = idx;
+        }
+        __syncthreads();
+        if (!wact) return;
+        unsigned other = warp ^ 1;
+        float a2 = wmax[other][0], m2 = wmax[other][1];
+        int i2 = widx[other];
+        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; }
     }
-    __syncthreads();
-    if (!wact) return;
-    unsigned other = warp ^ 1;
-    float a2 = wmax[other][0], m2 = wmax[other][1];
-    int i2 = widx[other];
-    if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; }
     if (!has) return;
     uint32_t b = e / 256;
     int s = 0;
-    uint32_t packed = 0;
     float iscale = amax == 0.0f ? 0.0f : -127.0f / mx;
-    if (amax != 0.0f) {
 #pragma unroll
-        for (int i = 0; i < HC_VALS; i++) {
-            int8_t q = q8_round(iscale * y[i]);
-            s += q;
-            packed |= (uint32_t)(uint8_t)q << (8 * i);
+    for (int w = 0; w < VALS / 4; w++) {
+        uint32_t packed = 0;
+        if (amax != 0.0f) {
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                int8_t q = q8_round(iscale * y[4 * w + i]);
+                s += q;
+                packed |= (uint32_t)(uint8_t)q << (8 * i);
+            }
         }
+        *(uint32_t *)(qk + e + 4 * w) = packed;
     }
-    *(uint32_t *)(qk + e) = packed;
     if (e % 256 == 0) ((float *)(qk + D))[b] = amax == 0.0f ? 0.0f : 1.0f / iscale;
-    /* 16-value block sums: four threads each */
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    s += __shfl_xor_sync(0xffffffffu, s, 2);
-    if ((lane & 3) == 0) ((int16_t *)(qk + D + D / 256 * 4))[e / 16] = (int16_t)s;
+    /* 16-value block sums: 16 / VALS threads each */
+    for (int o = 1; o < 16 / VALS; o <<= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if ((lane & (16 / VALS - 1)) == 0) ((int16_t *)(qk + D + D / 256 * 4))[e / 16] = (int16_t)s;
 }
 
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
@@ -220,18 +273,26 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[HC_VALS], 
  * streams, loaded together), a barrier for the reduced sums, the pre
  * weights in every thread (no barrier), the collapse in registers, a
  * barrier for the sum of squares, the stores (a barrier inside the Q8_K
- * amax), then the Sinkhorn iterations on warp 0. */
-template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t t, const hc_consts &k) {
-    __shared__ double sums[NMIX + 1], ssw[HC_WARPS];
+ * amax of 4-value threads), then the Sinkhorn iterations on warp 0 - or,
+ * with a Sinkhorn warp, on that warp from the reduced sums on, while the
+ * finish threads meet at a named barrier without it. */
+template <int NMIX, class SH>
+static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::vals> k) {
+    constexpr int VALS = SH::vals, WARPS = SH::warps;
+    __shared__ double sums[NMIX + 1], ssw[WARPS];
     const uint32_t n = 4;
-    uint32_t D = a.D, e = HC_VALS * threadIdx.x;
+    uint32_t D = a.D, e = VALS * threadIdx.x;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    bool has = e < D;
+    bool has = e < D; /* false in the Sinkhorn warp (e >= HC_MAX_D) */
     const float *S = a.S + (size_t)t * n * D;
-    float4 s4[4];
+    float4 s4[4][VALS / 4];
 #pragma unroll
     for (uint32_t h = 0; h < n; h++)
-        s4[h] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+        for (int w = 0; w < VALS / 4; w++)
+            s4[h][w] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e + 4 * w))
+                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (!SH::early_norm) hc_load_norm(a, k.w);
     /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
     const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
@@ -243,24 +304,32 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
         if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
     }
     __syncthreads();
-    /* pre weights, in every thread (the same bits everywhere) */
     float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
+    if constexpr (SH::sink_warp) {
+        if (warp == (unsigned)WARPS) {
+            if (!a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x - SH::threads);
+            return;
+        }
+    }
+    /* pre weights, in every thread (the same bits everywhere) */
     float pre[4];
 #pragma unroll
     for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
     /* x = sum_h pre_h S_h (the pre weights are not normalised) */
-    float sv[4][HC_VALS];
+    float sv[4][VALS];
 #pragma unroll
-    for (uint32_t h = 0; h < n; h++) {
-        sv[h][0] = s4[h].x;
-        sv[h][1] = s4[h].y;
-        sv[h][2] = s4[h].z;
-        sv[h][3] = s4[h].w;
-    }
-    float x[HC_VALS];
+    for (uint32_t h = 0; h < n; h++)
+#pragma unroll
+        for (int w = 0; w < VALS / 4; w++) {
+            sv[h][4 * w] = s4[h][w].x;
+            sv[h][4 * w + 1] = s4[h][w].y;
+            sv[h][4 * w + 2] = s4[h][w].z;
+            sv[h][4 * w + 3] = s4[h][w].w;
+        }
+    float x[VALS];
     double ss = 0.0;
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++) {
+    for (int i = 0; i < VALS; i++) {
         float acc = 0.0f;
 #pragma unroll
         for (uint32_t h = 0; h < n; h++) acc += pre[h] * sv[h][i];
@@ -269,38 +338,47 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
     }
     /* RMSNorm: the block's sum of squares in one barrier (warps past the
      * row add zeros and skip the reductions) */
-    bool wact = HC_VALS * 32 * warp < D;
+    bool wact = VALS * 32 * warp < D;
     if (wact) ss = warp_sum_d(ss);
     if (lane == 0) ssw[warp] = ss;
-    __syncthreads();
-    if (wact) ss = warp_sum_d(ssw[lane]);
+    if constexpr (SH::sink_warp) dev_bar_sync(1, SH::threads);
+    else __syncthreads();
+    if (wact) ss = warp_sum_d(lane < (unsigned)WARPS ? ssw[lane] : 0.0);
     float scale = 1.0f / sqrtf((float)(ss / D) + a.rms_eps);
-    float y[HC_VALS];
+    float y[VALS];
 #pragma unroll
-    for (int i = 0; i < HC_VALS; i++) y[i] = x[i] * scale * k.w[i];
-    if (has) *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e) = make_float4(y[0], y[1], y[2], y[3]);
+    for (int i = 0; i < VALS; i++) y[i] = x[i] * scale * k.w[i];
+    if (has)
+#pragma unroll
+        for (int w = 0; w < VALS / 4; w++)
+            *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e + 4 * w) =
+                make_float4(y[4 * w], y[4 * w + 1], y[4 * w + 2], y[4 * w + 3]);
     if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
-    if (a.xn.qk) hc_store_q8_k(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
-    if (warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k);
+    if (a.xn.qk) hc_store_q8_k<VALS, WARPS>(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
+    if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
-/* Block (x, t): columns HC_COLS x .. of token t, thread (h, j) on stream h
- * of column j.  Optional HC post of the previous sublayer (S <- post y +
+/* Block (x, t): columns SH::cols x .. of token t, thread (h, j) on stream h
+ * of column j (the Sinkhorn warp, if any, only meets the barriers).  Optional HC post of the previous sublayer (S <- post y +
  * comb S), then this block's partial sums of the mixer: the sum of squares
  * of S (double) and fn . S (NMIX rows), reduce-scattered in each warp and
  * summed over the warps through shared memory.  The last block of the
  * token to finish computes the mixer weights and the next sublayer's input
  * from all the partial sums (the fence and counter of the CUDA guide's
  * "last block" reduction). */
-template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_kernel(hc_args a) {
-    static_assert(NMIX + 1 <= HC_WARPS, "a warp per mixer output");
-    __shared__ double red[HC_WARPS][33];
+template <int NMIX, class SH>
+static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kernel(hc_args a) {
+    constexpr int WARPS = SH::warps;
+    static_assert(NMIX + 1 <= 32, "a lane per mixer output");
+    static_assert((NMIX + 1) * HC_PART_LANES <= SH::threads, "finish: threads for the partial sums");
+    __shared__ double red[WARPS][33];
     __shared__ bool last;
     uint32_t t = blockIdx.y, D = a.D;
     const uint32_t n = 4;
-    unsigned h = threadIdx.x / HC_COLS, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
-    bool on = d < D;
+    bool mixer = !SH::sink_warp || threadIdx.x < (unsigned)SH::threads; /* not the Sinkhorn warp */
+    unsigned h = mixer ? threadIdx.x / SH::cols : 0, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t d = blockIdx.x * SH::cols + threadIdx.x % SH::cols;
+    bool on = mixer && d < D;
     size_t c = (size_t)h * D + d;
     /* the weights are written by no kernel: load them while the kernel
      * before this one finishes */
@@ -308,7 +386,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_
     float f[NMIX];
 #pragma unroll
     for (int mi = 0; mi < NMIX; mi++) f[mi] = on ? fvec(a.fn, a.fn_type, (size_t)mi * n * D + c) : 0.0f;
-    hc_consts k = hc_load_consts(a);
+    hc_consts<SH::vals> k = hc_load_consts<SH::vals, SH::early_norm>(a);
     dev_pdl_wait_prev();
     float *S = a.S + (size_t)t * n * D;
     float v[4];
@@ -330,17 +408,24 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_
         __syncthreads(); /* every stream of the column is read before any is rewritten */
         if (on) S[(size_t)h * D + d] = vh;
     }
-    double sv[32];
-    sv[0] = (double)vh * (double)vh;
+    if (mixer) {
+        double sv[32];
+        sv[0] = (double)vh * (double)vh;
 #pragma unroll
-    for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? (double)(f[mi - 1] * vh) : 0.0;
-    hc_scatter_step<16>(sv, lane);
-    if (lane <= (unsigned)NMIX) red[warp][lane] = sv[0];
+        for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? (double)(f[mi - 1] * vh) : 0.0;
+        hc_scatter_step<16>(sv, lane);
+        if (lane <= (unsigned)NMIX) red[warp][lane] = sv[0];
+    }
     __syncthreads();
     double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
-    if (warp <= (unsigned)NMIX) {
-        double sum = warp_sum_d(red[lane][warp]);
-        if (lane == 0) out[warp] = sum;
+    /* output m summed over the warps by warp m % WARPS */
+#pragma unroll
+    for (int r = 0; r < (NMIX + WARPS) / WARPS; r++) {
+        uint32_t m = warp + r * WARPS;
+        if (mixer && m <= (uint32_t)NMIX) {
+            double sum = warp_sum_d(lane < (unsigned)WARPS ? red[lane][m] : 0.0);
+            if (lane == 0) out[m] = sum;
+        }
     }
     __threadfence(); /* this block's S and sums, visible before it counts itself done */
     __syncthreads();
@@ -351,7 +436,13 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_THREADS) hc_mix_
     __syncthreads();
     if (!last) return;
     __threadfence();
-    hc_finish<NMIX>(a, t, k);
+    hc_finish<NMIX, SH>(a, t, k);
+}
+
+template <class SH> static void hc_launch(cuda_backend *b, uint32_t rows, uint32_t T, const hc_args &a) {
+    dim3 grid(b->hc_split, T);
+    if (rows == 24) DS4_LAUNCH((hc_mix_kernel<24, SH>), grid, SH::block, 0, b->st, a);
+    else DS4_LAUNCH((hc_mix_kernel<4, SH>), grid, SH::block, 0, b->st, a);
 }
 
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
@@ -386,15 +477,17 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.head = site->head;
     a.xn = *site->out;
     uint32_t D = c->n_embd;
-    if (c->n_hc != 4 || D > HC_MAX_D || D % HC_VALS != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
+    uint32_t vals = b->hc_variant == 0 ? hc_shape0::vals : hc_shape1::vals;
+    if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
                            "a multiple of %u, of 32 / 256 for quantized inputs)",
-                           c->n_hc, D, HC_MAX_D, HC_VALS);
-    dim3 grid(b->hc_split, T);
-    if (fn->rows == 24) DS4_LAUNCH(hc_mix_kernel<24>, grid, HC_THREADS, 0, b->st, a);
-    else if (fn->rows == 4) DS4_LAUNCH(hc_mix_kernel<4>, grid, HC_THREADS, 0, b->st, a);
-    else return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
+                           c->n_hc, D, HC_MAX_D, vals);
+    if (fn->rows != 24 && fn->rows != 4)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
+    if (b->hc_variant == 0) hc_launch<hc_shape0>(b, fn->rows, T, a);
+    else if (b->hc_variant == 1) hc_launch<hc_shape1>(b, fn->rows, T, a);
+    else hc_launch<hc_shape2>(b, fn->rows, T, a);
     CU_LAUNCHED();
     return 0;
 }

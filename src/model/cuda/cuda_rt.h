@@ -87,6 +87,15 @@ static __device__ __forceinline__ void dev_pdl_wait_prev() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
+/* A barrier of `nthreads` threads of the block (whole warps), id 1..15:
+ * lets some warps go on without the others (which must not use the id). */
+static __device__ __forceinline__ void dev_bar_sync(unsigned id, unsigned nthreads) {
+#if defined(DS4_CUDA_EMU)
+    emu_bar_sync(id, nthreads);
+#else
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(nthreads) : "memory");
+#endif
+}
 static __device__ __forceinline__ void dev_pdl_enter() {
     dev_pdl_launch_next();
     dev_pdl_wait_prev();

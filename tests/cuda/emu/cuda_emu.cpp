@@ -62,6 +62,7 @@ struct emu_fiber {
     void *sp;
     char *stack;
     int bar_value; /* predicate carried into a counting block barrier */
+    unsigned bar_id, bar_need; /* the block barrier waited at: 0 = __syncthreads, else a named one of bar_need threads */
 };
 
 emu_block_ctx emu_blk;
@@ -132,6 +133,17 @@ static void *prepare_stack(char *stack) {
 /* ------------------------------------------------------------ barriers */
 
 void __syncthreads() {
+    emu_cur->bar_id = 0;
+    emu_cur->state = F_BLOCK_BAR;
+    yield_to_scheduler();
+}
+
+/* A named barrier (bar.sync id, nthreads): released when every live thread
+ * waits at it and they are exactly nthreads - the threads left out must have
+ * run on and exited, since fibers at a barrier wait for all live ones. */
+void emu_bar_sync(unsigned id, unsigned nthreads) {
+    emu_cur->bar_id = id;
+    emu_cur->bar_need = nthreads;
     emu_cur->state = F_BLOCK_BAR;
     yield_to_scheduler();
 }
@@ -236,13 +248,31 @@ static void run_block(unsigned nthreads) {
         }
         if (released) continue;
         int count = 0;
+        unsigned waiting = 0, bar_id = 0, bar_need = 0;
+        bool same_bar = true;
         for (unsigned i = 0; i < nthreads; i++) {
             if (fibers[i].state == F_DONE) continue;
             all_done = false;
-            if (fibers[i].state != F_BLOCK_BAR) all_block = false;
-            else count += fibers[i].bar_value;
+            if (fibers[i].state != F_BLOCK_BAR) {
+                all_block = false;
+                continue;
+            }
+            count += fibers[i].bar_value;
+            if (waiting++ == 0) {
+                bar_id = fibers[i].bar_id;
+                bar_need = fibers[i].bar_need;
+            } else if (fibers[i].bar_id != bar_id || (bar_id && fibers[i].bar_need != bar_need)) {
+                same_bar = false;
+            }
         }
         if (all_done) return;
+        if (all_block && (!same_bar || (bar_id != 0 && waiting != bar_need))) {
+            char where[160];
+            snprintf(where, sizeof(where), "block (%u,%u,%u), %u threads at block barrier %u (named: of %u)",
+                     emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z, waiting, bar_id, bar_need);
+            emu_die("deadlock in %s: threads wait at different block barriers, or a named barrier's count "
+                    "is not the live threads waiting at it", where);
+        }
         if (!all_block) {
             char where[64];
             snprintf(where, sizeof(where), "block (%u,%u,%u)", emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z);

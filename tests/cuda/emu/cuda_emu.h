@@ -115,6 +115,8 @@ void __syncthreads();
 void __syncwarp(unsigned mask = 0xffffffffu);
 int __syncthreads_or(int pred);
 int __syncthreads_count(int pred);
+/* bar.sync id, nthreads (id > 0): a barrier of part of the block */
+void emu_bar_sync(unsigned id, unsigned nthreads);
 /* Exchange one 64-bit word per lane of the calling warp: returns the word
  * deposited by lane `src` (an index inside the warp). */
 uint64_t emu_warp_exchange(uint64_t mine, unsigned src);
