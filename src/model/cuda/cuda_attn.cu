@@ -800,9 +800,9 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     }
     uint32_t per = a.hd / 32, e0 = per * lane;
     float scale = 1.0f / sqrtf((float)a.hd);
-    unsigned long long rnext = 0, rcur = 0; /* PREF: row addresses, as integers for the shuffle */
+    unsigned long long rnext = 0, rcur = 0; /* PREF: rows' addresses, as integers for the shuffle */
     if (PREF && lane < ATB_PREF_ROWS && w0 + lane < w1)
-        rnext = (unsigned long long)(size_t)(attn_row(a, t, p, pos0, first, n_raw, w0 + lane) + e0);
+        rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
     float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
     for (int j = 0; j < H; j++) {
@@ -818,7 +818,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             rcur = rnext;
             uint32_t n = ib + ATB_PREF_ROWS + lane;
             rnext = lane < ATB_PREF_ROWS && n < w1
-                        ? (unsigned long long)(size_t)(attn_row(a, t, p, pos0, first, n_raw, n) + e0) : 0;
+                        ? (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, n) : 0;
         }
         /* the loads of BATCH rows first, each row then serves every head */
         float rv[BATCH][ATT_MAXV];
@@ -826,7 +826,8 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         for (int u = 0; u < BATCH; u++) {
             bool on = ib + u < w1;
             const float *rp;
-            if (PREF) rp = (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS));
+            if (PREF)
+                rp = (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS)) + e0;
             else rp = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
             attn_lane_load(rp, on, per, rv[u]);
         }
