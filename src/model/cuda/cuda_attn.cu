@@ -610,11 +610,11 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 /* All heads of a query attend over the same visible rows (one KV row per
  * position serves every head), so the work is shaped around loading each
  * row as few times as possible:
- *   attn_heads_kernel  a warp carries ATB_HEADS heads, so each row it loads
+ *   attn_heads_kernel  a warp carries H (4) heads, so each row it loads
  *       serves all of them; the ATB_WARPS warps of a block take consecutive
  *       shares of the block's rows and are merged through shared memory.
  *       In a decode step (T = 1) the rows are also split over blocks, so
- *       that head groups x splits ~ ATB_BLOCKS blocks fill the GPU, and the
+ *       that head groups x splits ~ 128 blocks fill the GPU, and the
  *       block of a head group that finishes last merges the splits and
  *       writes the heads (the "last block" pattern of hc_mix_kernel: no
  *       second launch).  Short prefill passes use it with one split.
@@ -628,12 +628,9 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 #define ATT_WARPS 8
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 #define ATT_BATCH 4 /* rows whose loads a warp issues before using any */
-#define ATB_HEADS 4 /* heads per warp in attn_heads_kernel */
 #define ATB_WARPS 8
-#define ATB_BATCH 4     /* rows whose loads a warp issues before using any */
-#define ATB_BLOCKS 128  /* decode: head groups x splits aimed at (about one block per SM) */
-#define ATB_MIN_ROWS 8  /* decode: rows per split at the least */
-#define ATB_CBATCH 4    /* splits whose partial results a warp loads at once */
+#define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
+#define ATB_PREF_ROWS 32 /* PREF: row addresses a warp holds, one a lane */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -642,15 +639,16 @@ typedef struct attn_args {
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
     uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
-    float *part;        /* nsplit > 1: per (t, head group, split): m[ATB_HEADS], l[ATB_HEADS], o[ATB_HEADS][hd] */
+    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] (attn_heads_kernel) */
     uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
     dact heads;         /* the output */
     ds4_rope rope;
 } attn_args;
 
-/* Floats of one partial result of attn_heads_kernel (16-byte aligned). */
-static __host__ __device__ __forceinline__ size_t attn_part_floats(uint32_t hd) {
-    return (size_t)ATB_HEADS * (2 + hd);
+/* Floats of one partial result of attn_heads_kernel with h heads a warp
+ * (16-byte aligned: h is even and hd a multiple of 64). */
+static __host__ __device__ __forceinline__ size_t attn_part_floats(uint32_t h, uint32_t hd) {
+    return (size_t)h * (2 + hd);
 }
 
 /* Row i of query t's visible list: raw window first, then compressed rows. */
@@ -761,28 +759,53 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
     finish_head(a, t, h, p, o, den);
 }
 
-/* Grid (head groups of ATB_HEADS, queries, splits of the rows).  A warp
- * keeps ATB_HEADS heads' online softmax over its share of the block's rows;
- * the warps are merged pairwise through shared memory; with one split the
- * block finishes its heads, otherwise it stores its partial result and the
- * last block of the head group merges them all. */
-static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(attn_args a) {
+/* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
+ * heads' online softmax over its share of the block's rows.  By default the
+ * warps are merged pairwise through shared memory; with one split the block
+ * finishes its heads, otherwise it stores its partial result and the last
+ * block of the head group merges them all.  The template parameters are
+ * the configurations DS4_CUDA_ATTN_VARIANT chooses from (atb_variants):
+ *   H       heads per warp (each row a warp loads serves all of them)
+ *   MINB    blocks per SM the registers are budgeted for
+ *   BATCH   rows whose loads a warp issues before using any
+ *   WSPLIT  with several splits, every warp is a split of its own: no merge
+ *           through shared memory and no barrier before the partial result
+ *           is stored; the last block merges nsplit x ATB_WARPS of them
+ *   PREF    lane l holds the address of the warp's row ib + l of the current
+ *           ATB_PREF_ROWS and loads those of the next ones meanwhile, so the
+ *           vis[] load a ratio-4 row's address depends on never sits
+ *           between a batch and its row loads; the first addresses are
+ *           requested before the q loads, which then overlap them. */
+template <int H, int MINB, int BATCH, bool WSPLIT, bool PREF>
+static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
+    static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
     dev_pdl_enter();
-    __shared__ __align__(16) float xo[ATB_WARPS / 2][ATB_HEADS][ATT_MAXV * 32];
-    __shared__ float xm[ATB_WARPS / 2][ATB_HEADS], xl[ATB_WARPS / 2][ATB_HEADS];
+    __shared__ __align__(16) float xo[ATB_WARPS / 2][H][ATT_MAXV * 32];
+    __shared__ float xm[ATB_WARPS / 2][H], xl[ATB_WARPS / 2][H];
     __shared__ bool last;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * ATB_HEADS;
+    uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
-    uint32_t total = attn_rows(a, t, p, &first, &n_raw), per_split = (total + a.nsplit - 1) / a.nsplit;
-    uint32_t i0 = attn_min(split * per_split, total), i1 = attn_min(i0 + per_split, total);
-    uint32_t per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
-    uint32_t w0 = attn_min(i0 + warp * per_warp, i1), w1 = attn_min(w0 + per_warp, i1);
+    uint32_t total = attn_rows(a, t, p, &first, &n_raw);
+    /* the parts whose partial results are merged: the warps of every split
+     * (WSPLIT) or the splits */
+    bool wsplit = WSPLIT && a.nsplit > 1;
+    uint32_t nparts = wsplit ? a.nsplit * ATB_WARPS : a.nsplit, part = wsplit ? split * ATB_WARPS + warp : split;
+    uint32_t per_part = (total + nparts - 1) / nparts;
+    uint32_t w0 = attn_min(part * per_part, total), w1 = attn_min(w0 + per_part, total);
+    if (!wsplit) {
+        uint32_t i0 = w0, i1 = w1, per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
+        w0 = attn_min(i0 + warp * per_warp, i1);
+        w1 = attn_min(w0 + per_warp, i1);
+    }
     uint32_t per = a.hd / 32, e0 = per * lane;
     float scale = 1.0f / sqrtf((float)a.hd);
-    float q[ATB_HEADS][ATT_MAXV], o[ATB_HEADS][ATT_MAXV], m[ATB_HEADS], l[ATB_HEADS];
+    unsigned long long rnext = 0, rcur = 0; /* PREF: rows' addresses, as integers for the shuffle */
+    if (PREF && lane < ATB_PREF_ROWS && w0 + lane < w1)
+        rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
+    float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
-    for (int j = 0; j < ATB_HEADS; j++) {
+    for (int j = 0; j < H; j++) {
         bool on = h0 + j < a.n_head; /* a missing head of the last group: zeros, never written */
         attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * a.hd + e0, on, per, q[j]);
 #pragma unroll
@@ -790,19 +813,29 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
         m[j] = -INFINITY;
         l[j] = 0.0f;
     }
-    for (uint32_t ib = w0; ib < w1; ib += ATB_BATCH) {
-        /* the loads of ATB_BATCH rows first, each row then serves every head */
-        float rv[ATB_BATCH][ATT_MAXV];
-#pragma unroll
-        for (int u = 0; u < ATB_BATCH; u++) {
-            bool on = ib + u < w1;
-            attn_lane_load(on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL, on, per, rv[u]);
+    for (uint32_t ib = w0; ib < w1; ib += BATCH) {
+        if (PREF && (ib - w0) % ATB_PREF_ROWS == 0) {
+            rcur = rnext;
+            uint32_t n = ib + ATB_PREF_ROWS + lane;
+            rnext = lane < ATB_PREF_ROWS && n < w1
+                        ? (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, n) : 0;
         }
-        float sc[ATB_BATCH][ATB_HEADS];
+        /* the loads of BATCH rows first, each row then serves every head */
+        float rv[BATCH][ATT_MAXV];
 #pragma unroll
-        for (int u = 0; u < ATB_BATCH; u++)
+        for (int u = 0; u < BATCH; u++) {
+            bool on = ib + u < w1;
+            const float *rp;
+            if (PREF)
+                rp = (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS)) + e0;
+            else rp = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
+            attn_lane_load(rp, on, per, rv[u]);
+        }
+        float sc[BATCH][H];
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) {
+        for (int u = 0; u < BATCH; u++)
+#pragma unroll
+            for (int j = 0; j < H; j++) {
                 float s = 0.0f;
 #pragma unroll
                 for (int k = 0; k < ATT_MAXV; k++)
@@ -810,15 +843,15 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
                 sc[u][j] = s;
             }
 #pragma unroll
-        for (int u = 0; u < ATB_BATCH; u++)
+        for (int u = 0; u < BATCH; u++)
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) sc[u][j] = ib + u < w1 ? warp_sum(sc[u][j]) * scale : -INFINITY;
+            for (int j = 0; j < H; j++) sc[u][j] = ib + u < w1 ? warp_sum(sc[u][j]) * scale : -INFINITY;
         /* one rescale per batch: to the batch's maximum when it is larger */
 #pragma unroll
-        for (int j = 0; j < ATB_HEADS; j++) {
+        for (int j = 0; j < H; j++) {
             float mb = sc[0][j];
 #pragma unroll
-            for (int u = 1; u < ATB_BATCH; u++) mb = fmaxf(mb, sc[u][j]);
+            for (int u = 1; u < BATCH; u++) mb = fmaxf(mb, sc[u][j]);
             if (mb > m[j]) {
                 float c = attn_rescale(m[j], mb);
                 l[j] *= c;
@@ -828,10 +861,10 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
             }
         }
 #pragma unroll
-        for (int u = 0; u < ATB_BATCH; u++) {
+        for (int u = 0; u < BATCH; u++) {
             if (ib + u >= w1) break;
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) {
+            for (int j = 0; j < H; j++) {
                 float e = expf(sc[u][j] - m[j]);
                 l[j] += e;
 #pragma unroll
@@ -839,40 +872,42 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
             }
         }
     }
-    /* warps w and w + half merged into w, half = ATB_WARPS / 2 .. 1 */
-    for (unsigned half = ATB_WARPS / 2; half > 0; half /= 2) {
-        if (warp >= half && warp < 2 * half) {
-            unsigned s = warp - half;
+    if (!wsplit) {
+        /* warps w and w + half merged into w, half = ATB_WARPS / 2 .. 1 */
+        for (unsigned half = ATB_WARPS / 2; half > 0; half /= 2) {
+            if (warp >= half && warp < 2 * half) {
+                unsigned s = warp - half;
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) {
-                if (lane == 0) {
-                    xm[s][j] = m[j];
-                    xl[s][j] = l[j];
+                for (int j = 0; j < H; j++) {
+                    if (lane == 0) {
+                        xm[s][j] = m[j];
+                        xl[s][j] = l[j];
+                    }
+#pragma unroll
+                    for (int k = 0; k < ATT_MAXV; k++)
+                        if ((uint32_t)k < per) xo[s][j][e0 + k] = o[j][k];
                 }
-#pragma unroll
-                for (int k = 0; k < ATT_MAXV; k++)
-                    if ((uint32_t)k < per) xo[s][j][e0 + k] = o[j][k];
             }
-        }
-        __syncthreads();
-        if (warp < half) {
+            __syncthreads();
+            if (warp < half) {
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) {
-                float m2 = xm[warp][j], M = fmaxf(m[j], m2), c1 = attn_rescale(m[j], M), c2 = attn_rescale(m2, M);
-                l[j] = l[j] * c1 + xl[warp][j] * c2;
+                for (int j = 0; j < H; j++) {
+                    float m2 = xm[warp][j], M = fmaxf(m[j], m2), c1 = attn_rescale(m[j], M), c2 = attn_rescale(m2, M);
+                    l[j] = l[j] * c1 + xl[warp][j] * c2;
 #pragma unroll
-                for (int k = 0; k < ATT_MAXV; k++)
-                    if ((uint32_t)k < per) o[j][k] = o[j][k] * c1 + xo[warp][j][e0 + k] * c2;
-                m[j] = M;
+                    for (int k = 0; k < ATT_MAXV; k++)
+                        if ((uint32_t)k < per) o[j][k] = o[j][k] * c1 + xo[warp][j][e0 + k] * c2;
+                    m[j] = M;
+                }
             }
+            __syncthreads();
         }
-        __syncthreads();
     }
     if (a.nsplit == 1) {
         /* warp 0 holds the block's heads: a warp finishes each */
         if (warp == 0) {
 #pragma unroll
-            for (int j = 0; j < ATB_HEADS; j++) {
+            for (int j = 0; j < H; j++) {
                 if (lane == 0) {
                     xm[0][j] = m[j];
                     xl[0][j] = l[j];
@@ -883,7 +918,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
             }
         }
         __syncthreads();
-        if (warp < ATB_HEADS && h0 + warp < a.n_head) {
+        if (warp < H && h0 + warp < a.n_head) {
             float v[ATT_MAXV];
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++) v[k] = (uint32_t)k < per ? xo[0][warp][e0 + k] : 0.0f;
@@ -891,21 +926,21 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
         }
         return;
     }
-    size_t pf = attn_part_floats(a.hd), gi = (size_t)t * gridDim.x + g;
-    if (warp == 0) {
-        float *pp = a.part + (gi * a.nsplit + split) * pf;
+    size_t pf = attn_part_floats(H, a.hd), gi = (size_t)t * gridDim.x + g;
+    if (wsplit || warp == 0) {
+        float *pp = a.part + (gi * nparts + part) * pf;
 #pragma unroll
-        for (int j = 0; j < ATB_HEADS; j++) {
+        for (int j = 0; j < H; j++) {
             if (lane == 0) {
                 pp[j] = m[j];
-                pp[ATB_HEADS + j] = l[j];
+                pp[H + j] = l[j];
             }
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++)
-                if ((uint32_t)k < per) pp[2 * ATB_HEADS + (size_t)j * a.hd + e0 + k] = o[j][k];
+                if ((uint32_t)k < per) pp[2 * H + (size_t)j * a.hd + e0 + k] = o[j][k];
         }
     }
-    __threadfence(); /* this block's partial result, visible before it counts itself done */
+    __threadfence(); /* this block's partial results, visible before it counts itself done */
     __syncthreads();
     if (threadIdx.x == 0) {
         last = atomicAdd(a.count + gi, 1u) == a.nsplit - 1;
@@ -914,18 +949,19 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
     __syncthreads();
     if (!last) return;
     __threadfence();
-    /* The last block: warp w merges head w % ATB_HEADS over one half of
-     * the splits, against the largest maximum of all of them and the sink
-     * (a maximum is exact in any order), so the halves simply add. */
-    unsigned j = warp % ATB_HEADS, hv = warp / ATB_HEADS;
+    /* The last block: warp w merges head w % H over slice w / H of the
+     * parts, against the largest maximum of all of them and the sink (a
+     * maximum is exact in any order), so the slices simply add. */
+    constexpr unsigned NSL = ATB_WARPS / H;
+    unsigned j = warp % H, hv = warp / H;
     bool on = h0 + j < a.n_head;
-    const float *pg = a.part + gi * a.nsplit * pf;
+    const float *pg = a.part + gi * nparts * pf;
     float sink = on ? a.sinks[h0 + j] : 0.0f, M = sink;
-    for (uint32_t s0 = 0; s0 < a.nsplit; s0 += 32) {
+    for (uint32_t s0 = 0; s0 < nparts; s0 += 32) {
         uint32_t s = s0 + lane;
-        M = fmaxf(M, warp_max(s < a.nsplit ? __ldcg(pg + s * pf + j) : -INFINITY));
+        M = fmaxf(M, warp_max(s < nparts ? __ldcg(pg + s * pf + j) : -INFINITY));
     }
-    uint32_t nh = (a.nsplit + 1) / 2, sb = hv * nh, se = attn_min(sb + nh, a.nsplit);
+    uint32_t nh = (nparts + NSL - 1) / NSL, sb = attn_min(hv * nh, nparts), se = attn_min(sb + nh, nparts);
     float den = 0.0f, v[ATT_MAXV];
 #pragma unroll
     for (int k = 0; k < ATT_MAXV; k++) v[k] = 0.0f;
@@ -936,8 +972,8 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
             bool su = s0 + u < se;
             const float *ps = pg + (su ? s0 + u : sb) * pf;
             ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
-            ml[u][1] = su ? __ldcg(ps + ATB_HEADS + j) : 0.0f;
-            attn_lane_load<true>(ps + 2 * ATB_HEADS + (size_t)j * a.hd + e0, su, per, ov[u]);
+            ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
+            attn_lane_load<true>(ps + 2 * H + (size_t)j * a.hd + e0, su, per, ov[u]);
         }
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
@@ -948,18 +984,22 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, 1) attn_heads_kernel(at
             for (int k = 0; k < ATT_MAXV; k++) v[k] += ov[u][k] * c;
         }
     }
-    if (hv == 1) {
-        if (lane == 0) xl[0][j] = den;
+    if (hv > 0) {
+        if (lane == 0) xl[hv - 1][j] = den;
 #pragma unroll
         for (int k = 0; k < ATT_MAXV; k++)
-            if ((uint32_t)k < per) xo[0][j][e0 + k] = v[k];
+            if ((uint32_t)k < per) xo[hv - 1][j][e0 + k] = v[k];
     }
     __syncthreads();
     if (hv == 0 && on) {
 #pragma unroll
-        for (int k = 0; k < ATT_MAXV; k++)
-            if ((uint32_t)k < per) v[k] += xo[0][j][e0 + k];
-        finish_head(a, t, h0 + j, p, v, expf(sink - M) + (den + xl[0][j]));
+        for (unsigned s = 0; s + 1 < NSL; s++) {
+#pragma unroll
+            for (int k = 0; k < ATT_MAXV; k++)
+                if ((uint32_t)k < per) v[k] += xo[s][j][e0 + k];
+            den += xl[s][j];
+        }
+        finish_head(a, t, h0 + j, p, v, expf(sink - M) + den);
     }
 }
 
@@ -1033,17 +1073,62 @@ static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvb
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kvbuf[(size_t)t * hd + i];
 }
 
-uint32_t cu_attn_groups(const ds4_config *c) { return (c->n_head + ATB_HEADS - 1) / ATB_HEADS; }
+/* The configurations of attn_heads_kernel (DS4_CUDA_ATTN_VARIANT, for A/B
+ * measurements of the decode step, where a launch is latency-bound): heads
+ * a warp, rows per split (a block's) at the least, blocks aimed at; the
+ * kernel's other template parameters follow in attn_heads_launch.
+ *   0  4 heads, 1 block of 255 registers per SM, warps merged in shared
+ *      memory (the default)
+ *   1  2 heads and batches of 2 rows in 128 registers, 2 blocks per SM and
+ *      twice the splits: twice the warps to hide the load latency
+ *   2  every warp its own split: no shared-memory merge and its barriers,
+ *      the last block merges all the warps' partial results; half the
+ *      blocks (Flash: 4 splits x 8 warps = 32 parts of ~12 rows a group),
+ *      as that merge reads 8 KB a part
+ *   3  variant 0 with the row addresses fetched 32 rows ahead (the
+ *      ratio-4 rows' vis[] loads off the batch's critical path) */
+typedef struct atb_variant {
+    uint32_t heads, min_rows, blocks;
+    bool wsplit;
+} atb_variant;
+static const atb_variant atb_variants[] = {
+    {4, 8, 128, false},
+    {2, 8, 256, false},
+    {4, 8, 64, true},
+    {4, 8, 128, false},
+};
 
-uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows) {
-    uint32_t groups = cu_attn_groups(c), s = (ATB_BLOCKS + groups - 1) / groups;
-    uint32_t by_rows = (rows + ATB_MIN_ROWS - 1) / ATB_MIN_ROWS;
+uint32_t cu_attn_variants(void) { return sizeof(atb_variants) / sizeof(atb_variants[0]); }
+
+uint32_t cu_attn_groups(const ds4_config *c, uint32_t v) {
+    return (c->n_head + atb_variants[v].heads - 1) / atb_variants[v].heads;
+}
+
+uint32_t cu_attn_splits(const ds4_config *c, uint32_t v, uint32_t rows) {
+    const atb_variant *V = &atb_variants[v];
+    uint32_t groups = cu_attn_groups(c, v), s = (V->blocks + groups - 1) / groups;
+    uint32_t by_rows = (rows + V->min_rows - 1) / V->min_rows;
     if (by_rows < s) s = by_rows;
     return s ? s : 1;
 }
 
-size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
-    return (size_t)cu_attn_groups(c) * splits * attn_part_floats(c->head_dim);
+size_t cu_attn_part_floats(const ds4_config *c, uint32_t v, uint32_t splits) {
+    const atb_variant *V = &atb_variants[v];
+    return (size_t)cu_attn_groups(c, v) * splits * (V->wsplit ? ATB_WARPS : 1) * attn_part_floats(V->heads, c->head_dim);
+}
+
+/* Launches variant v of attn_heads_kernel (named apart in the profile). */
+static void attn_heads_launch(uint32_t v, dim3 grid, cudaStream_t st, const attn_args &a) {
+    void (*attn_heads_v0)(attn_args) = attn_heads_kernel<4, 1, 4, false, false>;
+    void (*attn_heads_v1)(attn_args) = attn_heads_kernel<2, 2, 2, false, false>;
+    void (*attn_heads_v2)(attn_args) = attn_heads_kernel<4, 1, 4, true, false>;
+    void (*attn_heads_v3)(attn_args) = attn_heads_kernel<4, 1, 4, false, true>;
+    switch (v) {
+    case 1: DS4_LAUNCH(attn_heads_v1, grid, ATB_WARPS * 32, 0, st, a); break;
+    case 2: DS4_LAUNCH(attn_heads_v2, grid, ATB_WARPS * 32, 0, st, a); break;
+    case 3: DS4_LAUNCH(attn_heads_v3, grid, ATB_WARPS * 32, 0, st, a); break;
+    default: DS4_LAUNCH(attn_heads_v0, grid, ATB_WARPS * 32, 0, st, a); break;
+    }
 }
 
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
@@ -1080,11 +1165,10 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
             uint32_t rows = c->sliding_window;
             if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
             if (S->ratio == 128) rows += b->comp_cap128;
-            a.nsplit = cu_attn_splits(c, rows);
+            a.nsplit = cu_attn_splits(c, b->attn_variant, rows);
             if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
         }
-        dim3 grid(cu_attn_groups(c), T, a.nsplit);
-        DS4_LAUNCH(attn_heads_kernel, grid, ATB_WARPS * 32, 0, b->st, a);
+        attn_heads_launch(b->attn_variant, dim3(cu_attn_groups(c, b->attn_variant), T, a.nsplit), b->st, a);
         CU_LAUNCHED();
     }
     if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;
