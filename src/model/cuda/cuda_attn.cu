@@ -768,15 +768,12 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
  *   H       heads per warp (each row a warp loads serves all of them)
  *   MINB    blocks per SM the registers are budgeted for
  *   BATCH   rows whose loads a warp issues before using any
- *   WSPLIT  with several splits, every warp is a split of its own: no merge
- *           through shared memory and no barrier before the partial result
- *           is stored; the last block merges nsplit x ATB_WARPS of them
  *   PREF    lane l holds the address of the warp's row ib + l of the current
  *           ATB_PREF_ROWS and loads those of the next ones meanwhile, so the
  *           vis[] load a ratio-4 row's address depends on never sits
  *           between a batch and its row loads; the first addresses are
  *           requested before the q loads, which then overlap them. */
-template <int H, int MINB, int BATCH, bool WSPLIT, bool PREF>
+template <int H, int MINB, int BATCH, bool PREF>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
     dev_pdl_enter();
@@ -787,13 +784,11 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    /* the parts whose partial results are merged: the warps of every split
-     * (WSPLIT) or the splits */
-    bool wsplit = WSPLIT && a.nsplit > 1;
-    uint32_t nparts = wsplit ? a.nsplit * ATB_WARPS : a.nsplit, part = wsplit ? split * ATB_WARPS + warp : split;
+    /* the split's rows, then the warp's share of them */
+    uint32_t nparts = a.nsplit, part = split;
     uint32_t per_part = (total + nparts - 1) / nparts;
     uint32_t w0 = attn_min(part * per_part, total), w1 = attn_min(w0 + per_part, total);
-    if (!wsplit) {
+    {
         uint32_t i0 = w0, i1 = w1, per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
         w0 = attn_min(i0 + warp * per_warp, i1);
         w1 = attn_min(w0 + per_warp, i1);
@@ -872,7 +867,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             }
         }
     }
-    if (!wsplit) {
+    {
         /* warps w and w + half merged into w, half = ATB_WARPS / 2 .. 1 */
         for (unsigned half = ATB_WARPS / 2; half > 0; half /= 2) {
             if (warp >= half && warp < 2 * half) {
@@ -927,7 +922,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         return;
     }
     size_t pf = attn_part_floats(H, a.hd), gi = (size_t)t * gridDim.x + g;
-    if (wsplit || warp == 0) {
+    if (warp == 0) {
         float *pp = a.part + (gi * nparts + part) * pf;
 #pragma unroll
         for (int j = 0; j < H; j++) {
@@ -1077,25 +1072,18 @@ static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvb
  * measurements of the decode step, where a launch is latency-bound): heads
  * a warp, rows per split (a block's) at the least, blocks aimed at; the
  * kernel's other template parameters follow in attn_heads_launch.
- *   0  4 heads, 1 block of 255 registers per SM, warps merged in shared
- *      memory (the default)
- *   1  2 heads and batches of 2 rows in 128 registers, 2 blocks per SM and
- *      twice the splits: twice the warps to hide the load latency
- *   2  every warp its own split: no shared-memory merge and its barriers,
- *      the last block merges all the warps' partial results; half the
- *      blocks (Flash: 4 splits x 8 warps = 32 parts of ~12 rows a group),
- *      as that merge reads 8 KB a part
- *   3  variant 0 with the row addresses fetched 32 rows ahead (the
- *      ratio-4 rows' vis[] loads off the batch's critical path) */
+ *   0  2 heads and batches of 2 rows in 128 registers, 2 blocks per SM,
+ *      the row addresses fetched ATB_PREF_ROWS ahead (the default)
+ *   1  the same without the address prefetch
+ * Measured on the H200 (PERFORMANCE.md, third iteration) against them and
+ * dropped: 4 heads a warp at 255 registers (1 block per SM; 3.6% slower
+ * decode), and every warp a split of its own (8% slower). */
 typedef struct atb_variant {
     uint32_t heads, min_rows, blocks;
-    bool wsplit;
 } atb_variant;
 static const atb_variant atb_variants[] = {
-    {4, 8, 128, false},
-    {2, 8, 256, false},
-    {4, 8, 64, true},
-    {4, 8, 128, false},
+    {2, 8, 256},
+    {2, 8, 256},
 };
 
 uint32_t cu_attn_variants(void) { return sizeof(atb_variants) / sizeof(atb_variants[0]); }
@@ -1114,21 +1102,15 @@ uint32_t cu_attn_splits(const ds4_config *c, uint32_t v, uint32_t rows) {
 
 size_t cu_attn_part_floats(const ds4_config *c, uint32_t v, uint32_t splits) {
     const atb_variant *V = &atb_variants[v];
-    return (size_t)cu_attn_groups(c, v) * splits * (V->wsplit ? ATB_WARPS : 1) * attn_part_floats(V->heads, c->head_dim);
+    return (size_t)cu_attn_groups(c, v) * splits * attn_part_floats(V->heads, c->head_dim);
 }
 
 /* Launches variant v of attn_heads_kernel (named apart in the profile). */
 static void attn_heads_launch(uint32_t v, dim3 grid, cudaStream_t st, const attn_args &a) {
-    void (*attn_heads_v0)(attn_args) = attn_heads_kernel<4, 1, 4, false, false>;
-    void (*attn_heads_v1)(attn_args) = attn_heads_kernel<2, 2, 2, false, false>;
-    void (*attn_heads_v2)(attn_args) = attn_heads_kernel<4, 1, 4, true, false>;
-    void (*attn_heads_v3)(attn_args) = attn_heads_kernel<4, 1, 4, false, true>;
-    switch (v) {
-    case 1: DS4_LAUNCH(attn_heads_v1, grid, ATB_WARPS * 32, 0, st, a); break;
-    case 2: DS4_LAUNCH(attn_heads_v2, grid, ATB_WARPS * 32, 0, st, a); break;
-    case 3: DS4_LAUNCH(attn_heads_v3, grid, ATB_WARPS * 32, 0, st, a); break;
-    default: DS4_LAUNCH(attn_heads_v0, grid, ATB_WARPS * 32, 0, st, a); break;
-    }
+    void (*attn_heads_v0)(attn_args) = attn_heads_kernel<2, 2, 2, true>;
+    void (*attn_heads_v1)(attn_args) = attn_heads_kernel<2, 2, 2, false>;
+    if (v == 1) DS4_LAUNCH(attn_heads_v1, grid, ATB_WARPS * 32, 0, st, a);
+    else DS4_LAUNCH(attn_heads_v0, grid, ATB_WARPS * 32, 0, st, a);
 }
 
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {

@@ -446,14 +446,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
-    b->hc_variant = getenv("DS4_CUDA_HC_VARIANT") ? (uint32_t)atoi(getenv("DS4_CUDA_HC_VARIANT")) : 0;
-    uint32_t hc_cols = cu_hc_cols(b->hc_variant);
-    if (!hc_cols) {
-        ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_HC_VARIANT=%u is not an HC launch shape (0, 1 or 2)",
-                    b->hc_variant);
-        free(b);
-        return NULL;
-    }
+    uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;
     b->logits_rows = LOGITS_ROWS;
     b->rec_cap = REC_CAP;

@@ -20,47 +20,34 @@
 #define HC_MAX_D 4096     /* the widest row the finish holds */
 #define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
 
-/* The launch shapes, chosen once per backend by DS4_CUDA_HC_VARIANT (for
- * A/B measurement; the arithmetic of every value is the same, only the
- * order of the double partial sums differs):
- *   0  blocks of 1024 threads, 4 columns per finish thread, Sinkhorn on
- *      warp 0 after the stores (a block fills an SM's register file);
- *   1  blocks of 512 threads (twice the blocks), 8 columns per finish
- *      thread, at most 64 registers so two blocks - or one and the tail of
- *      the previous kernel - share an SM; the Q8_K block is one warp (no
- *      barrier), the norm weights are loaded with the finish's other loads;
- *   2  as 1 plus a 17th warp that computes post / comb (Sinkhorn) while the
- *      other 16 collapse, normalise and quantize (they meet at a named
- *      barrier that leaves it out), so Sinkhorn is off the finish's path;
- *      no register cap (at 56, the cap of two such blocks per SM, it
- *      spills), so one block per SM with room left for other kernels. */
+/* The launch shapes (their arithmetic is the same, only the order of the
+ * double partial sums differs from that of other shapes): blocks of 512
+ * threads, 8 columns per finish thread, the Q8_K block one warp; with
+ * SINK_WARP a 17th warp computes post / comb (Sinkhorn) while the other 16
+ * collapse, normalise and quantize (they meet at a named barrier that
+ * leaves it out), so Sinkhorn is off the path of the next sublayer's
+ * input.  Measured on the H200 (PERFORMANCE.md, third iteration): the
+ * Sinkhorn warp pays in decode (109.4 against 107.3 t/s) and costs in
+ * prefill (1209 against 1365 t/s, the extra warp of every block idling
+ * through the mixer phase), so decode passes use it and prefill does not;
+ * blocks of 1024 threads measured slower in both. */
 template <int THREADS, bool SINK_WARP> struct hc_shape {
     static constexpr int threads = THREADS;                    /* mixer and finish threads */
     static constexpr int block = THREADS + (SINK_WARP ? 32 : 0);
     static constexpr int warps = THREADS / 32;
     static constexpr int vals = HC_MAX_D / THREADS;            /* finish: consecutive columns per thread */
     static constexpr int cols = THREADS / 4;                   /* mixer: a thread per stream and column */
-    static constexpr int min_blocks = THREADS < 1024 && !SINK_WARP ? 2 : 1; /* blocks per SM the registers allow */
+    static constexpr int min_blocks = SINK_WARP ? 1 : 2;       /* blocks per SM the registers allow (at 56
+                                                                * registers the Sinkhorn shape spills) */
     static constexpr bool sink_warp = SINK_WARP;
-    /* the finish's norm weights: loaded before the wait (4 per thread), or
-     * with the finish's other loads (8: fewer registers through the mixer) */
-    static constexpr bool early_norm = THREADS == 1024;
-    static_assert(vals % 4 == 0 && (vals == 4 || vals == 8), "whole float4 loads; a Q8_K block of 1 or 2 warps");
+    static_assert(vals == 8, "whole float4 loads; a Q8_K block of one warp");
     static_assert(warps <= 32, "the finish sums the per-warp values with one warp reduction");
-    static_assert(block <= 1024, "a block of at most 1024 threads");
 };
-typedef hc_shape<1024, false> hc_shape0;
-typedef hc_shape<512, false> hc_shape1;
-typedef hc_shape<512, true> hc_shape2;
+typedef hc_shape<512, false> hc_shape_prefill;
+typedef hc_shape<512, true> hc_shape_decode;
+static_assert(hc_shape_prefill::cols == hc_shape_decode::cols, "one partial-sum layout for both");
 
-uint32_t cu_hc_cols(uint32_t variant) {
-    switch (variant) {
-    case 0: return hc_shape0::cols;
-    case 1: return hc_shape1::cols;
-    case 2: return hc_shape2::cols;
-    default: return 0;
-    }
-}
+uint32_t cu_hc_cols(void) { return hc_shape_decode::cols; }
 
 static __device__ __forceinline__ float dev_sigmoid(float x) {
     if (x >= 0) return 1.0f / (1.0f + expf(-x));
@@ -91,9 +78,11 @@ typedef struct hc_args {
     dact xn;
 } hc_args;
 
-/* The finish's constant inputs, loaded by every thread before the wait for
- * the previous kernel: the norm weights of its HC_VALS columns, the scales,
- * the pre bases, and the post / comb bases of its lane (warp 0 uses those). */
+/* The finish's constant inputs: the norm weights of the thread's columns
+ * (loaded with the finish's other loads: fewer registers through the mixer
+ * phase) and, loaded by every thread before the wait for the previous
+ * kernel, the scales, the pre bases and the post / comb bases of its lane
+ * (the Sinkhorn warp uses those). */
 template <int VALS> struct hc_consts {
     float w[VALS];
     float scale[3], base_pre[4], base_post, base_comb;
@@ -105,11 +94,10 @@ template <int VALS> static __device__ __forceinline__ void hc_load_norm(const hc
     for (int i = 0; i < VALS; i++) w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
 }
 
-template <int VALS, bool NORM> static __device__ __forceinline__ hc_consts<VALS> hc_load_consts(const hc_args &a) {
+template <int VALS> static __device__ __forceinline__ hc_consts<VALS> hc_load_consts(const hc_args &a) {
     hc_consts<VALS> k;
     uint32_t n = 4;
     unsigned lane = threadIdx.x & 31;
-    if constexpr (NORM) hc_load_norm(a, k.w);
     k.scale[0] = a.scale[0];
     for (uint32_t h = 0; h < n; h++) k.base_pre[h] = a.base[h];
     k.scale[1] = k.scale[2] = k.base_post = k.base_comb = 0.0f;
@@ -206,16 +194,14 @@ static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[VALS], uin
 }
 
 /* Q8_K of the row, exactly as dev_quantize_row / ds4_quantize_q8_K: a
- * block of 256 values is one warp (VALS 8) or the 64 threads of warps 2b
- * and 2b+1 (VALS 4); the signed value of the largest magnitude (first
- * index on ties) is reduced in each warp and, for two warps, combined
- * through shared memory - then every finish thread must call it. */
-template <int VALS, int WARPS>
+ * block of 256 values is one warp (8 values a lane); the signed value of
+ * the largest magnitude (first index on ties) is reduced in the warp. */
+template <int VALS>
 static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uint32_t e, bool has, uint8_t *qk,
                                                      uint32_t D) {
-    /* warps past the row (D a multiple of 256: whole warps / warp pairs) only meet the barrier */
+    /* warps past the row (D a multiple of 256: whole warps) skip the reduction */
     bool wact = e - VALS * (threadIdx.x & 31) < D;
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    unsigned lane = threadIdx.x & 31;
     float amax = 0.0f, mx = 0.0f;
     int idx = 0x7fffffff;
 #pragma unroll
@@ -227,21 +213,6 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
         float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
         int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
-    }
-    if constexpr (VALS == 4) {
-        __shared__ float wmax[WARPS][2];
-        __shared__ int widx[WARPS];
-        if (wact && lane == 0) {
-            wmax[warp][0] = amax;
-            wmax[warp][1] = mx;
-            widx[warp] = idx;
-        }
-        __syncthreads();
-        if (!wact) return;
-        unsigned other = warp ^ 1;
-        float a2 = wmax[other][0], m2 = wmax[other][1];
-        int i2 = widx[other];
-        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; }
     }
     if (!has) return;
     uint32_t b = e / 256;
@@ -292,7 +263,7 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
         for (int w = 0; w < VALS / 4; w++)
             s4[h][w] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e + 4 * w))
                            : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if constexpr (!SH::early_norm) hc_load_norm(a, k.w);
+    hc_load_norm(a, k.w);
     /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
     const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
@@ -354,7 +325,7 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
             *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e + 4 * w) =
                 make_float4(y[4 * w], y[4 * w + 1], y[4 * w + 2], y[4 * w + 3]);
     if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
-    if (a.xn.qk) hc_store_q8_k<VALS, WARPS>(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
+    if (a.xn.qk) hc_store_q8_k<VALS>(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
     if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
@@ -386,7 +357,7 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
     float f[NMIX];
 #pragma unroll
     for (int mi = 0; mi < NMIX; mi++) f[mi] = on ? fvec(a.fn, a.fn_type, (size_t)mi * n * D + c) : 0.0f;
-    hc_consts<SH::vals> k = hc_load_consts<SH::vals, SH::early_norm>(a);
+    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
     dev_pdl_wait_prev();
     float *S = a.S + (size_t)t * n * D;
     float v[4];
@@ -477,7 +448,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.head = site->head;
     a.xn = *site->out;
     uint32_t D = c->n_embd;
-    uint32_t vals = b->hc_variant == 0 ? hc_shape0::vals : hc_shape1::vals;
+    uint32_t vals = hc_shape_decode::vals;
     if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
@@ -485,9 +456,8 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
                            c->n_hc, D, HC_MAX_D, vals);
     if (fn->rows != 24 && fn->rows != 4)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
-    if (b->hc_variant == 0) hc_launch<hc_shape0>(b, fn->rows, T, a);
-    else if (b->hc_variant == 1) hc_launch<hc_shape1>(b, fn->rows, T, a);
-    else hc_launch<hc_shape2>(b, fn->rows, T, a);
+    if (T == 1) hc_launch<hc_shape_decode>(b, fn->rows, T, a);
+    else hc_launch<hc_shape_prefill>(b, fn->rows, T, a);
     CU_LAUNCHED();
     return 0;
 }

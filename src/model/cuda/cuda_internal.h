@@ -217,7 +217,6 @@ typedef struct cuda_backend {
     float *S, *post, *comb, *y, *q, *kvbuf, *ckv, *cgate, *ikv, *igate, *iq, *iw, *qa_raw;
     double *hcpart;
     uint32_t hc_split;
-    uint32_t hc_variant; /* launch shape of the HC kernel (cuda_hc.cu), DS4_CUDA_HC_VARIANT */
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
@@ -256,10 +255,9 @@ typedef struct hc_site {
     bool head;
     dact *out;
 } hc_site;
-/* Columns of the residual state per block of the HC launch of shape
- * `variant` (DS4_CUDA_HC_VARIANT; its part buffer holds a slice of partial
- * sums per block); 0 for no such shape. */
-uint32_t cu_hc_cols(uint32_t variant);
+/* Columns of the residual state per block of the HC launch (its part
+ * buffer holds a slice of partial sums per block). */
+uint32_t cu_hc_cols(void);
 /* One launch: the HC post of `post` (NULL: none) into the residual state,
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
