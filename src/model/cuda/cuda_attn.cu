@@ -630,7 +630,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 #define ATT_BATCH 4 /* rows whose loads a warp issues before using any */
 #define ATB_WARPS 8
 #define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
-#define ATB_PREF_ROWS 32 /* PREF: row addresses a warp holds, one a lane */
+#define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
 
 typedef struct attn_args {
     const uint32_t *pos0;
@@ -760,20 +760,20 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
 }
 
 /* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
- * heads' online softmax over its share of the block's rows.  By default the
- * warps are merged pairwise through shared memory; with one split the block
- * finishes its heads, otherwise it stores its partial result and the last
- * block of the head group merges them all.  The template parameters are
- * the configurations DS4_CUDA_ATTN_VARIANT chooses from (atb_variants):
+ * heads' online softmax over its share of the block's rows.  The warps are
+ * merged pairwise through shared memory; with one split the block finishes
+ * its heads, otherwise it stores its partial result and the last block of
+ * the head group merges them all.  Template parameters (the configuration
+ * is chosen at the launch, in cu_attend):
  *   H       heads per warp (each row a warp loads serves all of them)
  *   MINB    blocks per SM the registers are budgeted for
  *   BATCH   rows whose loads a warp issues before using any
- *   PREF    lane l holds the address of the warp's row ib + l of the current
- *           ATB_PREF_ROWS and loads those of the next ones meanwhile, so the
- *           vis[] load a ratio-4 row's address depends on never sits
- *           between a batch and its row loads; the first addresses are
- *           requested before the q loads, which then overlap them. */
-template <int H, int MINB, int BATCH, bool PREF>
+ * Lane l holds the address of the warp's row ib + l of the current
+ * ATB_PREF_ROWS and loads those of the next ones meanwhile, so the vis[]
+ * load a ratio-4 row's address depends on never sits between a batch and
+ * its row loads; the first addresses are requested before the q loads,
+ * which then overlap them. */
+template <int H, int MINB, int BATCH>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
     dev_pdl_enter();
@@ -795,8 +795,8 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     }
     uint32_t per = a.hd / 32, e0 = per * lane;
     float scale = 1.0f / sqrtf((float)a.hd);
-    unsigned long long rnext = 0, rcur = 0; /* PREF: rows' addresses, as integers for the shuffle */
-    if (PREF && lane < ATB_PREF_ROWS && w0 + lane < w1)
+    unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
+    if (lane < ATB_PREF_ROWS && w0 + lane < w1)
         rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
     float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
@@ -809,7 +809,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         l[j] = 0.0f;
     }
     for (uint32_t ib = w0; ib < w1; ib += BATCH) {
-        if (PREF && (ib - w0) % ATB_PREF_ROWS == 0) {
+        if ((ib - w0) % ATB_PREF_ROWS == 0) {
             rcur = rnext;
             uint32_t n = ib + ATB_PREF_ROWS + lane;
             rnext = lane < ATB_PREF_ROWS && n < w1
@@ -820,10 +820,8 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #pragma unroll
         for (int u = 0; u < BATCH; u++) {
             bool on = ib + u < w1;
-            const float *rp;
-            if (PREF)
-                rp = (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS)) + e0;
-            else rp = on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL;
+            const float *rp =
+                (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS)) + e0;
             attn_lane_load(rp, on, per, rv[u]);
         }
         float sc[BATCH][H];
@@ -1068,49 +1066,28 @@ static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvb
     for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = kvbuf[(size_t)t * hd + i];
 }
 
-/* The configurations of attn_heads_kernel (DS4_CUDA_ATTN_VARIANT, for A/B
- * measurements of the decode step, where a launch is latency-bound): heads
- * a warp, rows per split (a block's) at the least, blocks aimed at; the
- * kernel's other template parameters follow in attn_heads_launch.
- *   0  2 heads and batches of 2 rows in 128 registers, 2 blocks per SM,
- *      the row addresses fetched ATB_PREF_ROWS ahead (the default)
- *   1  the same without the address prefetch
- * Measured on the H200 (PERFORMANCE.md, third iteration) against them and
- * dropped: 4 heads a warp at 255 registers (1 block per SM; 3.6% slower
- * decode), and every warp a split of its own (8% slower). */
-typedef struct atb_variant {
-    uint32_t heads, min_rows, blocks;
-} atb_variant;
-static const atb_variant atb_variants[] = {
-    {2, 8, 256},
-    {2, 8, 256},
-};
+/* The decode configuration of attn_heads_kernel: 2 heads a warp and
+ * batches of 2 rows in 128 registers, so 2 blocks per SM; splits sized for
+ * ATB_BLOCKS blocks, each with ATB_MIN_ROWS rows at the least.  Measured on
+ * the H200 (PERFORMANCE.md, third iteration) against 4 heads a warp at 255
+ * registers (1 block per SM: 3.5-4% slower decode), every warp a split of
+ * its own (8% slower) and the same without the address prefetch (0.3%
+ * slower). */
+#define ATB_HEADS 2
+#define ATB_MIN_ROWS 8
+#define ATB_BLOCKS 256
 
-uint32_t cu_attn_variants(void) { return sizeof(atb_variants) / sizeof(atb_variants[0]); }
+uint32_t cu_attn_groups(const ds4_config *c) { return (c->n_head + ATB_HEADS - 1) / ATB_HEADS; }
 
-uint32_t cu_attn_groups(const ds4_config *c, uint32_t v) {
-    return (c->n_head + atb_variants[v].heads - 1) / atb_variants[v].heads;
-}
-
-uint32_t cu_attn_splits(const ds4_config *c, uint32_t v, uint32_t rows) {
-    const atb_variant *V = &atb_variants[v];
-    uint32_t groups = cu_attn_groups(c, v), s = (V->blocks + groups - 1) / groups;
-    uint32_t by_rows = (rows + V->min_rows - 1) / V->min_rows;
+uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows) {
+    uint32_t groups = cu_attn_groups(c), s = (ATB_BLOCKS + groups - 1) / groups;
+    uint32_t by_rows = (rows + ATB_MIN_ROWS - 1) / ATB_MIN_ROWS;
     if (by_rows < s) s = by_rows;
     return s ? s : 1;
 }
 
-size_t cu_attn_part_floats(const ds4_config *c, uint32_t v, uint32_t splits) {
-    const atb_variant *V = &atb_variants[v];
-    return (size_t)cu_attn_groups(c, v) * splits * attn_part_floats(V->heads, c->head_dim);
-}
-
-/* Launches variant v of attn_heads_kernel (named apart in the profile). */
-static void attn_heads_launch(uint32_t v, dim3 grid, cudaStream_t st, const attn_args &a) {
-    void (*attn_heads_v0)(attn_args) = attn_heads_kernel<2, 2, 2, true>;
-    void (*attn_heads_v1)(attn_args) = attn_heads_kernel<2, 2, 2, false>;
-    if (v == 1) DS4_LAUNCH(attn_heads_v1, grid, ATB_WARPS * 32, 0, st, a);
-    else DS4_LAUNCH(attn_heads_v0, grid, ATB_WARPS * 32, 0, st, a);
+size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
+    return (size_t)cu_attn_groups(c) * splits * attn_part_floats(ATB_HEADS, c->head_dim);
 }
 
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
@@ -1147,10 +1124,10 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
             uint32_t rows = c->sliding_window;
             if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
             if (S->ratio == 128) rows += b->comp_cap128;
-            a.nsplit = cu_attn_splits(c, b->attn_variant, rows);
+            a.nsplit = cu_attn_splits(c, rows);
             if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
         }
-        attn_heads_launch(b->attn_variant, dim3(cu_attn_groups(c, b->attn_variant), T, a.nsplit), b->st, a);
+        DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2>), dim3(cu_attn_groups(c), T, a.nsplit), ATB_WARPS * 32, 0, b->st, a);
         CU_LAUNCHED();
     }
     if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;

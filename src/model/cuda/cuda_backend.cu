@@ -72,8 +72,8 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->vis, C * c->idx_top_k);
     TAKE(m, b->nvis, C);
     take_act(m, &b->heads, (uint32_t)qd, b->chunk);
-    TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_variant, b->attn_split));
-    TAKE(m, b->attn_count, cu_attn_groups(c, b->attn_variant));
+    TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
+    TAKE(m, b->attn_count, cu_attn_groups(c));
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk);
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);
@@ -412,21 +412,13 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.off = 0;
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
-    CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg, b->attn_variant) * sizeof(uint32_t)));
+    CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     return reset_state(b, err);
 }
 
 extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     const ds4_config *c = &w->cfg;
     if (check_config(c, err)) return NULL;
-    const char *variant = getenv("DS4_CUDA_ATTN_VARIANT");
-    char *end = NULL;
-    unsigned long attn_variant = variant ? strtoul(variant, &end, 10) : 0;
-    if (variant && (end == variant || *end || attn_variant >= cu_attn_variants())) {
-        ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_ATTN_VARIANT=%s, expected 0 .. %u", variant,
-                    cu_attn_variants() - 1);
-        return NULL;
-    }
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof(*b));
     if (!b) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -452,8 +444,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->rec_cap = REC_CAP;
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
     if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
-    b->attn_variant = (uint32_t)attn_variant;
-    b->attn_split = cu_attn_splits(c, b->attn_variant, max_rows);
+    b->attn_split = cu_attn_splits(c, max_rows);
     b->attn_blocked_t = getenv("DS4_CUDA_ATTN_BLOCKED_T") ? (uint32_t)atoi(getenv("DS4_CUDA_ATTN_BLOCKED_T"))
                                                           : CU_ATTN_BLOCKED_T;
     ds4_rope_init(&b->rope_dense, c, false);

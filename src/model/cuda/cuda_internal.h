@@ -225,7 +225,6 @@ typedef struct cuda_backend {
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
     uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
-    uint32_t attn_variant;    /* decode attention configuration (DS4_CUDA_ATTN_VARIANT, cu_attn_variants) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
 
@@ -270,14 +269,12 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
-/* The attention's scratch for one query, for decode kernel variant v
- * (0 .. cu_attn_variants() - 1, DS4_CUDA_ATTN_VARIANT): its head groups (a
- * done counter each), the splits of `rows` visible rows at most, and the
- * floats of the partial results of `splits` splits. */
-uint32_t cu_attn_variants(void);
-uint32_t cu_attn_groups(const ds4_config *c, uint32_t v);
-uint32_t cu_attn_splits(const ds4_config *c, uint32_t v, uint32_t rows);
-size_t cu_attn_part_floats(const ds4_config *c, uint32_t v, uint32_t splits);
+/* The decode attention's scratch for one query: its head groups (a done
+ * counter each), the splits of `rows` visible rows at most, and the floats
+ * of the partial results of `splits` splits. */
+uint32_t cu_attn_groups(const ds4_config *c);
+uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows);
+size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
 /* Passes of up to this many tokens attend with the head-blocked kernel
  * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
 #define CU_ATTN_BLOCKED_T 16
