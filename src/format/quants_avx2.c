@@ -58,6 +58,15 @@ AVX2_BODY __m256 act_d_x8(const ds4_block_q8_K *const x[8], int64_t b, int nk) {
     return _mm256_loadu_ps(d);
 }
 
+/* acc + the float step of a K-quant super-block (ds4_kq_step) in every
+ * lane: d x_d isum - dmin x_d msum, with the weight's f16 d and dmin. */
+AVX2_BODY __m256 kq_step_x8(__m256 acc, uint16_t d, uint16_t dmin, __m256 xd, __m256i isum, __m256i msum) {
+    __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(d)), xd);
+    __m256 dm = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(dmin)), xd);
+    __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dm, _mm256_cvtepi32_ps(msum));
+    return _mm256_add_ps(acc, _mm256_sub_ps(p, m));
+}
+
 /* Lanes 0 .. nk-1 of acc into out. */
 AVX2_BODY void store_x8(__m256 acc, int nk, float *out) {
     float v[8];
@@ -468,12 +477,7 @@ AVX2_BODY void q2_K_multi(int64_t n, const void *w, const void *act, size_t act_
         for (int k = 0; k < nk; k++)
             v[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
         __m256i msum = hsum_i32_x8(v);
-        __m256 xd = act_d_x8(x, b, nk);
-        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
-        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
-        /* ds4_kq_step in every lane */
-        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
-        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
+        acc = kq_step_x8(acc, a[b].d, a[b].dmin, act_d_x8(x, b, nk), isum, msum);
     }
     store_x8(acc, nk, out);
 }
@@ -565,12 +569,7 @@ AVX2_BODY void q4_K_multi(int64_t n, const void *w, const void *act, size_t act_
             v[k] = _mm256_mullo_epi32(pair_sums, mins);
         }
         __m256i msum = hsum_i32_x8(v);
-        __m256 xd = act_d_x8(x, b, nk);
-        __m256 dall = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), xd);
-        __m256 dmin = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].dmin)), xd);
-        /* ds4_kq_step in every lane */
-        __m256 p = _mm256_mul_ps(dall, _mm256_cvtepi32_ps(isum)), m = _mm256_mul_ps(dmin, _mm256_cvtepi32_ps(msum));
-        acc = _mm256_add_ps(acc, _mm256_sub_ps(p, m));
+        acc = kq_step_x8(acc, a[b].d, a[b].dmin, act_d_x8(x, b, nk), isum, msum);
     }
     store_x8(acc, nk, out);
 }
