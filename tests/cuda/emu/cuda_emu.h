@@ -168,13 +168,6 @@ static inline int __dp4a(int a, int b, int c) {
     for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
     return c;
 }
-/* two int16 of a times two int8 of b (bytes 0-1 for _lo, 2-3 for _hi) */
-static inline int __dp2a_lo(int a, int b, int c) {
-    return c + (int)(int16_t)a * (int)(int8_t)b + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 8);
-}
-static inline int __dp2a_hi(int a, int b, int c) {
-    return c + (int)(int16_t)a * (int)(int8_t)(b >> 16) + (int)(int16_t)(a >> 16) * (int)(int8_t)(b >> 24);
-}
 static inline unsigned __vsub4(unsigned a, unsigned b) {
     unsigned r = 0;
     for (int i = 0; i < 4; i++) r |= (((a >> (8 * i)) - (b >> (8 * i))) & 255u) << (8 * i);
