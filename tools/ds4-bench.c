@@ -43,6 +43,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/numparse.h"
 #include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
@@ -67,15 +68,6 @@ static void usage(FILE *f) {
                "  DS4_LOCK_FILE: the instance lock file (default /tmp/ds4.lock)\n");
 }
 
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX) return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
     o->ctx_start = 2048;
@@ -93,7 +85,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint32_t u;
 #define VAL() do { if (!v) { fprintf(stderr, "ds4-bench: %s needs a value\n", a); return -1; } i++; } while (0)
-#define U32(dst) do { VAL(); if (parse_u32(v, &u)) { fprintf(stderr, "ds4-bench: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
+#define U32(dst) do { VAL(); if (ds4_parse_u32(v, 0, UINT32_MAX, &u)) { fprintf(stderr, "ds4-bench: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VAL(); o->model = v; }
         else if (!strcmp(a, "--synthetic")) { VAL(); o->synthetic = v; }
         else if (!strcmp(a, "--backend")) { VAL(); o->backend = v; }
@@ -117,9 +109,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
         else if (!strcmp(a, "--step-mul")) {
             VAL();
-            char *end;
-            o->step_mul = strtod(v, &end);
-            if (*end || !(o->step_mul >= 1.0)) { fprintf(stderr, "ds4-bench: --step-mul must be >= 1\n"); return -1; }
+            float m;
+            if (ds4_parse_float(v, 1.0f, 1e6f, &m)) { fprintf(stderr, "ds4-bench: --step-mul must be a number >= 1\n"); return -1; }
+            o->step_mul = m;
         } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
         else if (ds4_option_not_supported(a)) { fprintf(stderr, "ds4-bench: %s: %s\n", a, ds4_option_not_supported(a)); return -1; }
         else { fprintf(stderr, "ds4-bench: unknown option %s\n", a); usage(stderr); return -1; }

@@ -25,6 +25,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/numparse.h"
 #include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
@@ -42,15 +43,6 @@ static void usage(void) {
                     "       [--bench [--gen G]] [-t N] [--ctx N] [--chunk N] [--no-sim] [--backend cpu|cuda]\n");
 }
 
-static int parse_u32(const char *s, uint32_t *out) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(s, &end, 10);
-    if (errno || end == s || *end || v > UINT32_MAX) return -1;
-    *out = (uint32_t)v;
-    return 0;
-}
-
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
     o->seed = 1;
@@ -61,7 +53,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         uint32_t u;
 #define NEED_VALUE() do { if (!v) { fprintf(stderr, "ds4-forward: %s needs a value\n", a); return -1; } i++; } while (0)
-#define NEED_U32(dst) do { NEED_VALUE(); if (parse_u32(v, &u)) { fprintf(stderr, "ds4-forward: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
+#define NEED_U32(dst) do { NEED_VALUE(); if (ds4_parse_u32(v, 0, UINT32_MAX, &u)) { fprintf(stderr, "ds4-forward: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
         if (!strcmp(a, "--tokens")) { NEED_VALUE(); o->tokens = v; }
         else if (!strcmp(a, "--random")) NEED_U32(o->n_random);
         else if (!strcmp(a, "--seed")) NEED_U32(o->seed);
@@ -114,7 +106,7 @@ static uint32_t *read_tokens(const char *spec, uint32_t *n, ds4_err *err) {
     uint32_t *toks = malloc((strlen(text) / 2 + 1) * sizeof(uint32_t));
     uint32_t m = 0;
     for (char *tok = strtok(text, ", \t\n"); tok; tok = strtok(NULL, ", \t\n")) {
-        if (parse_u32(tok, &toks[m])) {
+        if (ds4_parse_u32(tok, 0, UINT32_MAX, &toks[m])) {
             ds4_err_set(err, DS4_EINVAL, "bad token id '%s'", tok);
             free(toks); free(text);
             return NULL;

@@ -22,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/numparse.h"
 #include "engine/imatrix_run.h"
 #include "engine/startup.h"
 #include "model/backend.h"
@@ -64,10 +65,9 @@ static int collect(const opts *o, ds4_err *err) {
     return rc;
 }
 
-static long parse_count(const char *opt, const char *s) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || v < 1) {
+static uint32_t parse_count(const char *opt, const char *s) {
+    uint32_t v;
+    if (ds4_parse_u32(s, 1, UINT32_MAX, &v)) {
         fprintf(stderr, "ds4-imatrix: %s %s: expected a positive integer\n", opt, s);
         exit(2);
     }

@@ -27,6 +27,7 @@
 #include "base/error.h"
 #include "base/fp.h"
 #include "base/threads.h"
+#include "base/numparse.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 #include "model/config.h"
@@ -491,10 +492,8 @@ static int parse_class_type(const char *arg, opts *o) {
 static int parse_set(const char *arg, ds4_config *c) {
     const char *eq = strchr(arg, '=');
     if (!eq) return -1;
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(eq + 1, &end, 10);
-    if (errno || *end || end == eq + 1 || v > 100000000ul) return -1;
+    uint32_t v;
+    if (ds4_parse_u32(eq + 1, 0, 100000000u, &v)) return -1;
     size_t kl = (size_t)(eq - arg);
     static const struct { const char *k; size_t off; } keys[] = {
         {"layers", offsetof(ds4_config, n_layer)}, {"embd", offsetof(ds4_config, n_embd)},
@@ -562,7 +561,12 @@ int main(int argc, char **argv) {
                 return 2;
             }
             break;
-        case OPT_SEED: o.seed = strtoull(optarg, NULL, 10); break;
+        case OPT_SEED:
+            if (ds4_parse_u64(optarg, 0, UINT64_MAX, &o.seed)) {
+                fprintf(stderr, "ds4-mkmodel: bad --seed '%s'\n", optarg);
+                return 2;
+            }
+            break;
         case OPT_TOKENIZER: o.tokenizer = optarg; break;
         case OPT_SET:
             if (nsets == 64) { fprintf(stderr, "ds4-mkmodel: too many --set\n"); return 2; }

@@ -23,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/numparse.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
 #include "engine/startup.h"
@@ -186,14 +187,9 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
 
 /* A positive integer up to max, or a message and -1. */
 static int parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (*end || end == s || v < 1 || v > (long)max) {
-        fprintf(stderr, "ds4-qeval: %s %s: expected an integer in 1..%u\n", opt, s, max);
-        return -1;
-    }
-    *out = (uint32_t)v;
-    return 0;
+    if (ds4_parse_u32(s, 1, max, out) == 0) return 0;
+    fprintf(stderr, "ds4-qeval: %s %s: expected an integer in 1..%u\n", opt, s, max);
+    return -1;
 }
 
 int main(int argc, char **argv) {

@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/numparse.h"
 #include "engine/engine.h"
 #include "engine/startup.h"
 #include "model/backend.h"
@@ -192,14 +193,13 @@ int main(int argc, char **argv) {
                                          {0, 0, 0, 0}};
     ds4_backend_opts bo = {.ctx_size = 4096};
     const char *backend = ds4_default_backend();
-    char *end;
     int c;
     while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
         switch (c) {
         case 'n': bo.no_sim = true; break;
         case 't': {
-            long t = strtol(optarg, &end, 10);
-            if (*end || end == optarg || t < 1 || t > 4096) {
+            uint32_t t;
+            if (ds4_parse_u32(optarg, 1, 4096, &t)) {
                 fprintf(stderr, "ds4-score: -t %s: expected an integer in 1..4096\n", optarg);
                 return 2;
             }
@@ -219,12 +219,10 @@ int main(int argc, char **argv) {
     }
     const char *model = argv[optind], *manifest = argv[optind + 1], *out_path = argv[optind + 2];
     if (argc - optind == 4) {
-        long v = strtol(argv[optind + 3], &end, 10);
-        if (*end || v < 16 || v > (1 << 24)) {
+        if (ds4_parse_u32(argv[optind + 3], 16, 1u << 24, &bo.ctx_size)) {
             fprintf(stderr, "ds4-score: CTX %s: expected an integer in 16..16777216\n", argv[optind + 3]);
             return 2;
         }
-        bo.ctx_size = (uint32_t)v;
     }
     ds4_err err = {0};
     if (ds4_backend_check_name(backend, &err) != 0) {

@@ -19,6 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/numparse.h"
 #include "engine/generate.h"
 #include "engine/startup.h"
 #include "server.h"
@@ -70,10 +71,8 @@ static void usage(FILE *f) {
 
 static int parse_uint(const char *opt, const char *v, unsigned long long lo, unsigned long long hi,
                       unsigned long long *out) {
-    char *end;
-    errno = 0;
-    unsigned long long x = v ? strtoull(v, &end, 10) : 0;
-    if (!v || errno || *end || v[0] == '-' || x < lo || x > hi) {
+    uint64_t x;
+    if (ds4_parse_u64(v, lo, hi, &x)) {
         fprintf(stderr, "ds4-server: %s needs an integer in [%llu, %llu]\n", opt, lo, hi);
         return -1;
     }

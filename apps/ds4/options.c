@@ -7,10 +7,10 @@
  */
 #include "options.h"
 
+#include "base/numparse.h"
 #include "engine/startup.h"
 
 #include <errno.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -84,26 +84,6 @@ static void usage(FILE *f) {
 static int bad(const char *opt, const char *val, const char *want) {
     fprintf(stderr, "ds4: %s %s: %s (see ds4 --help)\n", opt, val ? val : "", want);
     return 2;
-}
-
-static int parse_u64(const char *s, uint64_t lo, uint64_t hi, uint64_t *out) {
-    if (!s || !*s || *s == '-' || *s == '+') return -1;
-    char *end;
-    errno = 0;
-    unsigned long long v = strtoull(s, &end, 10);
-    if (errno || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 0;
-}
-
-static int parse_float(const char *s, float lo, float hi, float *out) {
-    if (!s || !*s) return -1;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno || *end || !isfinite(v) || v < lo || v > hi) return -1;
-    *out = (float)v;
-    return 0;
 }
 
 char *cli_read_file(const char *path, size_t *len, ds4_err *err) {
@@ -181,23 +161,23 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "-m", "--model")) {
         o->model = v;
     } else if (is(a, "-c", "--ctx")) {
-        if (parse_u64(v, 1, CLI_MAX_CTX, &u)) return bad(a, v, "must be an integer in 1..1048576");
+        if (ds4_parse_u64(v, 1, CLI_MAX_CTX, &u)) return bad(a, v, "must be an integer in 1..1048576");
         o->ctx = (uint32_t)u;
     } else if (is(a, "-n", "--tokens")) {
-        if (parse_u64(v, 1, UINT32_MAX, &u)) return bad(a, v, "must be a positive integer");
+        if (ds4_parse_u64(v, 1, UINT32_MAX, &u)) return bad(a, v, "must be a positive integer");
         o->n_tokens = (uint32_t)u;
         o->n_tokens_given = true;
     } else if (is(a, "--temp", NULL)) {
-        if (parse_float(v, 0.0f, 100.0f, &o->sampling.temperature)) return bad(a, v, "must be a number in 0..100");
+        if (ds4_parse_float(v, 0.0f, 100.0f, &o->sampling.temperature)) return bad(a, v, "must be a number in 0..100");
     } else if (is(a, "--top-p", NULL)) {
-        if (parse_float(v, 0.0f, 1.0f, &o->sampling.top_p)) return bad(a, v, "must be a number in 0..1");
+        if (ds4_parse_float(v, 0.0f, 1.0f, &o->sampling.top_p)) return bad(a, v, "must be a number in 0..1");
     } else if (is(a, "--min-p", NULL)) {
-        if (parse_float(v, 0.0f, 1.0f, &o->sampling.min_p)) return bad(a, v, "must be a number in 0..1");
+        if (ds4_parse_float(v, 0.0f, 1.0f, &o->sampling.min_p)) return bad(a, v, "must be a number in 0..1");
     } else if (is(a, "--top-k", NULL)) {
-        if (parse_u64(v, 0, INT32_MAX, &u)) return bad(a, v, "must be an integer >= 0");
+        if (ds4_parse_u64(v, 0, INT32_MAX, &u)) return bad(a, v, "must be an integer >= 0");
         o->sampling.top_k = u > DS4_TOP_K_MAX ? DS4_TOP_K_MAX : (int)u;
     } else if (is(a, "--seed", NULL)) {
-        if (parse_u64(v, 1, UINT64_MAX, &u)) return bad(a, v, "must be a nonzero 64-bit integer");
+        if (ds4_parse_u64(v, 1, UINT64_MAX, &u)) return bad(a, v, "must be a nonzero 64-bit integer");
         o->sampling.seed = u;
     } else if (is(a, "--think", NULL)) {
         o->think = DS4_THINK_HIGH;
@@ -211,7 +191,7 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
     } else if (is(a, "--cpu", "--cuda") || is(a, "--metal", NULL)) {
         o->backend = a + 2;
     } else if (is(a, "-t", "--threads")) {
-        if (parse_u64(v, 1, 4096, &u)) return bad(a, v, "must be an integer in 1..4096");
+        if (ds4_parse_u64(v, 1, 4096, &u)) return bad(a, v, "must be an integer in 1..4096");
         o->threads = (int)u;
     } else if (is(a, "--warm-weights", NULL)) {
         o->warm_weights = true;
@@ -223,7 +203,7 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
         o->logprobs_out = v;
         return set_mode(o, CLI_DUMP_LOGPROBS, a);
     } else if (is(a, "--logprobs-top-k", NULL)) {
-        if (parse_u64(v, 1, UINT32_MAX, &u)) return bad(a, v, "must be a positive integer");
+        if (ds4_parse_u64(v, 1, UINT32_MAX, &u)) return bad(a, v, "must be a positive integer");
         o->logprobs_top_k = u > CLI_LOGPROBS_TOP_K_MAX ? CLI_LOGPROBS_TOP_K_MAX : (uint32_t)u;
     } else if (is(a, "--perplexity-file", NULL)) {
         o->perplexity_file = v;
@@ -234,9 +214,9 @@ static int apply(cli_opts *o, const char *a, const char *v, const char **prompt_
         o->imatrix_out = v;
         return set_mode(o, CLI_IMATRIX, a);
     } else if (is(a, "--imatrix-max-prompts", NULL)) {
-        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_prompts)) return bad(a, v, "must be a positive integer");
+        if (ds4_parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_prompts)) return bad(a, v, "must be a positive integer");
     } else if (is(a, "--imatrix-max-tokens", NULL)) {
-        if (parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_tokens)) return bad(a, v, "must be a positive integer");
+        if (ds4_parse_u64(v, 1, UINT64_MAX, &o->imatrix_max_tokens)) return bad(a, v, "must be a positive integer");
     } else if (is(a, "--inspect", NULL)) {
         return set_mode(o, CLI_INSPECT, a);
     } else if (is(a, "--server", NULL)) {

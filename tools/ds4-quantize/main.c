@@ -21,6 +21,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "base/numparse.h"
 #include "format/quants.h"
 #include "quantize.h"
 #include "text/tokjson.h"
@@ -160,9 +161,8 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         case OPT_IMATRIX: o->imatrix_path = optarg; break;
         case OPT_IMATRIX_STRICT: o->imatrix_strict = true; break;
         case OPT_THREADS: {
-            char *end;
-            long v = strtol(optarg, &end, 10);
-            if (*end || v < 1 || v > 4096) return bad_usage("--threads %s: expected an integer in 1..4096", optarg);
+            uint32_t v;
+            if (ds4_parse_u32(optarg, 1, 4096, &v)) return bad_usage("--threads %s: expected an integer in 1..4096", optarg);
             o->threads = (int)v;
             break;
         }
