@@ -109,7 +109,9 @@ $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
-cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
+$(BUILD)/cuda/pdl_probe: tests/cuda/pdl_probe.cu
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -cudart static -Xcompiler -static-libstdc++,-static-libgcc
+cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels $(BUILD)/cuda/pdl_probe
 
 test-cuda: cuda
 	@tests/cuda/run.sh $(BUILD)/cuda
