@@ -90,8 +90,10 @@ template <int VALS> struct hc_consts {
 
 template <int VALS> static __device__ __forceinline__ void hc_load_norm(const hc_args &a, float (&w)[VALS]) {
     uint32_t e = VALS * threadIdx.x;
+    if (a.norm) fvec_n(a.norm, a.norm_type, e, 1, e < a.D, w); /* D % VALS == 0: a thread's run is all in or out */
+    else
 #pragma unroll
-    for (int i = 0; i < VALS; i++) w[i] = !a.norm ? 1.0f : e + i < a.D ? fvec(a.norm, a.norm_type, e + i) : 0.0f;
+        for (int i = 0; i < VALS; i++) w[i] = 1.0f;
 }
 
 template <int VALS> static __device__ __forceinline__ hc_consts<VALS> hc_load_consts(const hc_args &a) {
@@ -355,8 +357,7 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
      * before this one finishes */
     dev_pdl_launch_next();
     float f[NMIX];
-#pragma unroll
-    for (int mi = 0; mi < NMIX; mi++) f[mi] = on ? fvec(a.fn, a.fn_type, (size_t)mi * n * D + c) : 0.0f;
+    fvec_n(a.fn, a.fn_type, c, (size_t)n * D, on, f);
     hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
     dev_pdl_wait_prev();
     float *S = a.S + (size_t)t * n * D;

@@ -299,6 +299,26 @@ static __device__ __forceinline__ float fvec(const uint8_t *p, uint32_t type, si
     return dev_bf16(((const uint16_t *)p)[i]);
 }
 
+/* N elements i0, i0 + stride, ... of a float tensor (0 where !on): the
+ * type is tested once and every load is issued before any is converted,
+ * so the N loads are one memory round trip, not N (fvec in a loop would
+ * branch per element and serialise them). */
+template <int N>
+static __device__ __forceinline__ void fvec_n(const uint8_t *p, uint32_t type, size_t i0, size_t stride, bool on,
+                                              float (&f)[N]) {
+    if (type == DS4_TYPE_F32) {
+#pragma unroll
+        for (int k = 0; k < N; k++) f[k] = on ? __ldg((const float *)p + i0 + k * stride) : 0.0f;
+        return;
+    }
+    uint16_t raw[N];
+#pragma unroll
+    for (int k = 0; k < N; k++) raw[k] = on ? __ldg((const uint16_t *)p + i0 + k * stride) : 0;
+    bool bf = type == DS4_TYPE_BF16;
+#pragma unroll
+    for (int k = 0; k < N; k++) f[k] = bf ? dev_bf16(raw[k]) : dev_f16(raw[k]);
+}
+
 /* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
  * double, as cpu_rmsnorm. */
 static __device__ inline void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
