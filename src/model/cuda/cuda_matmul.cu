@@ -25,7 +25,8 @@
  * the int32 results as the CPU applies them to its sums.  Shared memory
  * holds two chunks: the next one is fetched (cp.async, or for K-quants raw
  * loads into registers expanded after the products) while the current one
- * is multiplied.  Float weights use a tiled f32 product.
+ * is multiplied.  Float weights run on the TF32 tensor cores, each operand
+ * split into a TF32 head and tail so that the products keep f32 precision.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -1028,50 +1029,99 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
             }
 }
 
-/* Float weights: 64 x 64 tile, K in steps of 32, 4 x 4 outputs a thread. */
+/* Float weights on the TF32 tensor cores: 64 rows x 64 tokens a block, K
+ * in steps of FK, eight warps of 32 rows x 16 tokens.  TF32 keeps 10
+ * mantissa bits, so each operand is split into a TF32 head and tail (x =
+ * xh + xl to about 2^-22 of x) and a product is w xh + w xl: F16 and BF16
+ * weights are exact in TF32, F32 weights add their tail's wl xh.  That is
+ * the f32 products of the CPU to within a few units of the last place, at
+ * two or three tensor-core passes instead of the SIMT multiply-adds. */
+#define FK 32
+#define FPAD (FK + 4) /* row stride of the tiles: the fragment loads hit 32 banks */
+
+/* Thread i loads 8 consecutive K values of tile row i / 4. */
+static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, const uint8_t *wrow, const float *xrow, uint32_t k,
+                                                   float (&wv)[8], float (&xv)[8]) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        bool ok = k + i < g.n;
+        float w = 0.0f;
+        if (wrow && ok) {
+            if (g.type == DS4_TYPE_F32) w = __ldg((const float *)wrow + k + i);
+            else if (g.type == DS4_TYPE_F16) w = dev_f16(__ldg((const uint16_t *)wrow + k + i));
+            else w = dev_bf16(__ldg((const uint16_t *)wrow + k + i));
+        }
+        wv[i] = w;
+        xv[i] = xrow && ok ? xrow[k + i] : 0.0f;
+    }
+}
+
+static __device__ __forceinline__ void tf32_split(float v, uint32_t *h, uint32_t *l) {
+    *h = dev_tf32(v);
+    *l = dev_tf32(v - __uint_as_float(*h));
+}
+
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
-    __shared__ float ws[32][BM + 1];
-    __shared__ float xs[32][BN + 1];
+    __shared__ float ws[BM][FPAD];
+    __shared__ float xs[BN][FPAD];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
-    unsigned tx = threadIdx.x % 16, ty = threadIdx.x / 16; /* rows 4 tx.., tokens 4 ty.. */
-    float acc[4][4] = {};
-    for (uint32_t k0 = 0; k0 < g.n; k0 += 32) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    unsigned wm = warp / 4, wn = warp % 4; /* rows 32 wm.., tokens 16 wn.. */
+    unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
+    uint32_t wr = row_tile(g) * BM + lr;
+    const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
+    const float *xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
+    bool wtail = g.type == DS4_TYPE_F32;
+    float acc[2][2][4] = {}, tail[2][2][4] = {}; /* the head products; the tail ones, 2^-11 smaller, apart */
+    float wv[8], xv[8];
+    gemm_f_load(g, wrow, xrow, lk, wv, xv);
+    for (uint32_t k0 = 0; k0 < g.n; k0 += FK) {
+        __syncthreads(); /* the previous step's fragments are read */
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            ws[lr][lk + i] = wv[i];
+            xs[lr][lk + i] = xv[i];
+        }
         __syncthreads();
-        for (unsigned i = threadIdx.x; i < 32 * BM; i += blockDim.x) {
-            unsigned r = i / 32, k = i % 32;
-            uint32_t row = row_tile(g) * BM + r;
-            float v = 0.0f;
-            if (row < g.rows && k0 + k < g.n) {
-                const uint8_t *rp = g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
-                if (g.type == DS4_TYPE_F32) v = ((const float *)rp)[k0 + k];
-                else if (g.type == DS4_TYPE_F16) v = dev_f16(((const uint16_t *)rp)[k0 + k]);
-                else v = dev_bf16(((const uint16_t *)rp)[k0 + k]);
+        if (k0 + FK < g.n) gemm_f_load(g, wrow, xrow, k0 + FK + lk, wv, xv); /* in flight during the products */
+#pragma unroll
+        for (int kk = 0; kk < FK; kk += 8) {
+            uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                unsigned r = 32 * wm + 16 * m + gq;
+                float a[4] = {ws[r][kk + tq], ws[r + 8][kk + tq], ws[r][kk + tq + 4], ws[r + 8][kk + tq + 4]};
+#pragma unroll
+                for (int i = 0; i < 4; i++) tf32_split(a[i], &ah[m][i], &al[m][i]);
             }
-            ws[k][r] = v;
-        }
-        for (unsigned i = threadIdx.x; i < 32 * BN; i += blockDim.x) {
-            unsigned t = i / 32, k = i % 32;
-            float v = 0.0f;
-            if ((int)t < count && k0 + k < g.n) v = g.xf[(size_t)act_row(g, start + (int)t) * g.xfs + k0 + k];
-            xs[k][t] = v;
-        }
-        __syncthreads();
-        for (int k = 0; k < 32; k++) {
-            float wv[4], xv[4];
-            for (int i = 0; i < 4; i++) wv[i] = ws[k][4 * tx + i];
-            for (int j = 0; j < 4; j++) xv[j] = xs[k][4 * ty + j];
-            for (int i = 0; i < 4; i++)
-                for (int j = 0; j < 4; j++) acc[i][j] += wv[i] * xv[j];
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                unsigned t = 16 * wn + 8 * nt + gq;
+                tf32_split(xs[t][kk + tq], &bh[nt][0], &bl[nt][0]);
+                tf32_split(xs[t][kk + tq + 4], &bh[nt][1], &bl[nt][1]);
+            }
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    if (wtail) mma_tf32_16x8x8(tail[m][nt], al[m], bh[nt]);
+                    mma_tf32_16x8x8(tail[m][nt], ah[m], bl[nt]);
+                    mma_tf32_16x8x8(acc[m][nt], ah[m], bh[nt]);
+                }
         }
     }
-    for (int i = 0; i < 4; i++)
-        for (int j = 0; j < 4; j++) {
-            uint32_t row = row_tile(g) * BM + 4 * tx + i;
-            int t = 4 * (int)ty + j;
-            if (t < count && row < g.rows) g.out[(size_t)out_row(g, start + t) * g.out_stride + row] = acc[i][j];
-        }
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t row = row_tile(g) * BM + 32 * wm + 16 * m + gq + (i >= 2 ? 8 : 0);
+                int t = (int)(16 * wn + 8 * nt + 2 * tq + (i & 1));
+                if (t < count && row < g.rows) g.out[(size_t)out_row(g, start + t) * g.out_stride + row] = acc[m][nt][i] + tail[m][nt][i];
+            }
 }
 
 /* The int8 kernel's two stages exceed the default 48 KiB of shared memory:

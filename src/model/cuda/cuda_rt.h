@@ -342,6 +342,49 @@ static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a
 #endif
 }
 
+/* x rounded to TF32 (10 mantissa bits, to nearest, ties away from zero:
+ * cvt.rna), as the bits mma .tf32 reads. */
+static __device__ __forceinline__ uint32_t dev_tf32(float x) {
+#ifdef DS4_CUDA_EMU
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0x1000u) & 0xffffe000u;
+    return u;
+#else
+    uint32_t r;
+    asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+    return r;
+#endif
+}
+
+/* D = A * B + C on the TF32 tensor cores, m16n8k8 (PTX ISA "Matrix
+ * Fragments for mma.m16n8k8" of .tf32), g = lane / 4, t = lane % 4:
+ *   a[0]: A row g, col t    a[1]: A row g+8, col t
+ *   a[2]: A row g, col t+4  a[3]: A row g+8, col t+4
+ *   b[0]: B row t, col g    b[1]: B row t+4, col g    c as mma_s8_16x8x32. */
+static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const uint32_t *all = emu_warp_gather(mine, 6);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    auto F = [&](unsigned holder, unsigned reg) -> float { return __uint_as_float(all[holder * 16 + reg]); };
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float s = c[i];
+        for (unsigned k = 0; k < 8; k++)
+            s += F((row % 8) * 4 + k % 4, (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)) * F(col * 4 + k % 4, 4 + (k >= 4 ? 1 : 0));
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 static __device__ __forceinline__ int imin_d(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ int imax_d(int a, int b) { return a > b ? a : b; }
 
