@@ -618,16 +618,13 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
  *       block of a head group that finishes last merges the splits and
  *       writes the heads (the "last block" pattern of hc_mix_kernel: no
  *       second launch).  Short prefill passes use it with one split.
- *   attn_kernel  a warp per head walking all rows of its query: long
- *       prefill passes (T > b->attn_blocked_t), where T x heads fills the
- *       GPU by itself and a block's 8 heads read the same rows together.
- * Scores and the softmax are f32.  Order of the sums: each warp keeps an
- * online softmax over its rows, rescaled once per batch of rows; warps,
- * then splits, are merged in fixed order (the CPU takes the maximum over
- * all rows first), so the result is deterministic but not the CPU's bits. */
-#define ATT_WARPS 8
+ *   attn_tc_kernel  long prefill passes (T > b->attn_blocked_t): a block
+ *       per query and 64 heads, the products on the tensor cores (below).
+ * Scores and the softmax are f32 (the tensor-core products to f32
+ * precision).  Order of the sums: online softmaxes over batches of rows,
+ * merged in fixed order (the CPU takes the maximum over all rows first),
+ * so the result is deterministic but not the CPU's bits. */
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
-#define ATT_BATCH 4 /* rows whose loads a warp issues before using any */
 #define ATB_WARPS 8
 #define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
 #define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
@@ -996,65 +993,174 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     }
 }
 
-/* Grid (head groups of ATT_WARPS, queries); a warp is one head, walking
- * all of its query's visible rows with an online softmax. */
-static __global__ void __launch_bounds__(ATT_WARPS * 32, 2) attn_kernel(attn_args a) {
+/* Long prefill passes on the TF32 tensor cores, flash-attention style: a
+ * block is one query and ATC_HEADS heads (M = heads: every head of a query
+ * reads the same rows), walking the rows in chunks of ATC_ROWS.  Per chunk:
+ * the rows into shared memory, S = Q K^T (a warp one 16 x 8 tile, K = the
+ * head dimension), the online softmax (eight threads a head), O = O c + P V
+ * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
+ * operand is split into TF32 head and tail (mma_tf32_16x8x8, as in
+ * gemm_f_kernel) so the products keep f32 precision.  At the end O goes
+ * through shared memory to the per-head finish of the other kernel. */
+#define ATC_HEADS 64
+#define ATC_ROWS 32
+#define ATC_WARPS 16
+#define ATC_PAD 4 /* row stride hd + 4: the S fragment loads hit 32 banks */
+#define ATC_PLD (ATC_ROWS + ATC_PAD)
+
+static size_t attn_tc_smem(uint32_t hd) {
+    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float);
+}
+
+static __device__ __forceinline__ void atc_split(float v, uint32_t *h, uint32_t *l) {
+    *h = dev_tf32(v);
+    *l = dev_tf32(v - __uint_as_float(*h));
+}
+
+/* S tile of warp (mt, q4): heads 16 mt.., chunk rows 8 q4.., scaled; rows
+ * past the query's list are -inf. */
+static __device__ __forceinline__ void atc_scores(const float *Qs, const float *Ks, float *Ps, uint32_t hd, uint32_t ld,
+                                                  unsigned mt, unsigned q4, uint32_t valid, float scale) {
+    unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
+    const float *qa = Qs + (16 * mt + g) * ld + tq, *kb = Ks + (8 * q4 + g) * ld + tq;
+    float sh[4] = {}, st[4] = {};
+    for (uint32_t k = 0; k < hd; k += 8) {
+        uint32_t ah[4], al[4], bh[2], bl[2];
+        atc_split(qa[k], &ah[0], &al[0]);
+        atc_split(qa[8 * ld + k], &ah[1], &al[1]);
+        atc_split(qa[k + 4], &ah[2], &al[2]);
+        atc_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
+        atc_split(kb[k], &bh[0], &bl[0]);
+        atc_split(kb[k + 4], &bh[1], &bl[1]);
+        mma_tf32_16x8x8(st, al, bh);
+        mma_tf32_16x8x8(st, ah, bl);
+        mma_tf32_16x8x8(sh, ah, bh);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        unsigned h = 16 * mt + g + (i >= 2 ? 8 : 0), r = 8 * q4 + 2 * tq + (i & 1);
+        Ps[h * ATC_PLD + r] = r < valid ? (sh[i] + st[i]) * scale : -INFINITY;
+    }
+}
+
+/* Online softmax over the chunk: thread (head tid / 8, rows 4 (tid % 8)..)
+ * turns its scores into probabilities against the head's new maximum and
+ * records the factor for the head's earlier sums. */
+static __device__ __forceinline__ void atc_softmax(float *Ps, float *mh, float *lh, float *ch) {
+    unsigned h = threadIdx.x / 8, r0 = 4 * (threadIdx.x % 8);
+    float v[4], mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = Ps[h * ATC_PLD + r0 + i];
+        mx = fmaxf(mx, v[i]);
+    }
+    for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
+    float m_old = mh[h], M = fmaxf(m_old, mx), sum = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float e = v[i] == -INFINITY ? 0.0f : expf(v[i] - M);
+        Ps[h * ATC_PLD + r0 + i] = e;
+        sum += e;
+    }
+    for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    __syncwarp();
+    if (threadIdx.x % 8 == 0) {
+        float c = attn_rescale(m_old, M);
+        lh[h] = lh[h] * c + sum;
+        mh[h] = M;
+        ch[h] = c;
+    }
+}
+
+static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t t = blockIdx.y, h = blockIdx.x * ATT_WARPS + warp;
-    if (h >= a.n_head) return;
+    DS4_DYN_SMEM(float, atc_smem);
+    uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4;
+    float *Qs = atc_smem, *Ks = Qs + ATC_HEADS * ld, *Ps = Ks + ATC_ROWS * ld;
+    float *mh = Ps + ATC_HEADS * ATC_PLD, *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
+    unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32, g = lane / 4, tq = lane % 4;
+    unsigned mt = warp / 4, q4 = warp % 4;
+    uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    uint32_t per = a.hd / 32, e0 = per * lane;
-    float q[ATT_MAXV], o[ATT_MAXV];
-    float scale = 1.0f / sqrtf((float)a.hd);
-    const float *qh = a.q + ((size_t)t * a.n_head + h) * a.hd;
-#pragma unroll
-    for (int i = 0; i < ATT_MAXV; i++) {
-        q[i] = (uint32_t)i < per ? qh[e0 + i] : 0.0f;
-        o[i] = 0.0f;
+    for (uint32_t u = tid; u < ATC_HEADS * nq; u += blockDim.x) {
+        uint32_t h = u / nq, c = 4 * (u % nq);
+        float4 v = h0 + h < a.n_head ? *(const float4 *)(a.q + ((size_t)t * a.n_head + h0 + h) * hd + c)
+                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        *(float4 *)(Qs + h * ld + c) = v;
     }
-    float m = -INFINITY, l = 0.0f;
-    for (uint32_t ib = 0; ib < total; ib += ATT_BATCH) {
-        /* the loads of ATT_BATCH rows first, then the rows in order */
-        float rv[ATT_BATCH][ATT_MAXV];
-#pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) {
-            bool on = ib + u < total;
-            attn_lane_load(on ? attn_row(a, t, p, pos0, first, n_raw, ib + u) + e0 : NULL, on, per, rv[u]);
+    if (tid < ATC_HEADS) {
+        mh[tid] = -INFINITY;
+        lh[tid] = 0.0f;
+    }
+    uint32_t ncol = hd / 4, ntile = ncol / 8; /* O: a warp's columns and 8-wide tiles */
+    float o[ATT_MAXV][4] = {};
+    float scale = 1.0f / sqrtf((float)hd);
+    for (uint32_t c0 = 0; c0 < total; c0 += ATC_ROWS) {
+        __syncthreads(); /* the previous chunk's rows and probabilities are read */
+        for (uint32_t u = tid; u < ATC_ROWS * nq; u += blockDim.x) {
+            uint32_t r = u / nq, c = 4 * (u % nq);
+            float *dst = Ks + r * ld + c;
+            if (c0 + r < total) cp_async16(dst, attn_row(a, t, p, pos0, first, n_raw, c0 + r) + c);
+            else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* P is 0 there: no NaN from stale rows */
         }
-        float sc[ATT_BATCH];
+        cp_async_commit();
+        cp_async_wait_all();
+        __syncthreads();
+        atc_scores(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
+        __syncthreads();
+        if (tid < ATC_HEADS * 8) atc_softmax(Ps, mh, lh, ch);
+        __syncthreads();
+        float c_lo = ch[16 * mt + g], c_hi = ch[16 * mt + g + 8];
+        uint32_t n0 = q4 * ncol;
 #pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) {
-            float s = 0.0f;
-#pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++)
-                if ((uint32_t)j < per) s += q[j] * rv[u][j];
-            sc[u] = s;
+        for (int j = 0; j < ATT_MAXV; j++) {
+            o[j][0] *= c_lo;
+            o[j][1] *= c_lo;
+            o[j][2] *= c_hi;
+            o[j][3] *= c_hi;
         }
+        const float *pa = Ps + (16 * mt + g) * ATC_PLD + tq;
 #pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) sc[u] = warp_sum(sc[u]) * scale;
+        for (int kr = 0; kr < ATC_ROWS; kr += 8) {
+            uint32_t ah[4], al[4];
+            atc_split(pa[kr], &ah[0], &al[0]);
+            atc_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
+            atc_split(pa[kr + 4], &ah[2], &al[2]);
+            atc_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
+            const float *vb = Ks + (kr + tq) * ld + n0 + g;
 #pragma unroll
-        for (int u = 0; u < ATT_BATCH; u++) {
-            if (ib + u >= total) break;
-            float s = sc[u];
-            if (s > m) {
-                float c = expf(m - s);
-                l = l * c + 1.0f;
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j++)
-                    if ((uint32_t)j < per) o[j] = o[j] * c + rv[u][j];
-                m = s;
-            } else {
-                float e = expf(s - m);
-                l += e;
-#pragma unroll
-                for (int j = 0; j < ATT_MAXV; j++)
-                    if ((uint32_t)j < per) o[j] += e * rv[u][j];
+            for (int j = 0; j < ATT_MAXV; j++) {
+                if ((uint32_t)j >= ntile) break;
+                uint32_t bh[2], bl[2];
+                atc_split(vb[8 * j], &bh[0], &bl[0]);
+                atc_split(vb[4 * ld + 8 * j], &bh[1], &bl[1]);
+                mma_tf32_16x8x8(o[j], al, bh);
+                mma_tf32_16x8x8(o[j], ah, bl);
+                mma_tf32_16x8x8(o[j], ah, bh);
             }
         }
     }
-    attn_sink_finish(a, t, h, p, o, m, l);
+    __syncthreads(); /* Q is read: its space takes O */
+    float *Os = Qs;
+    uint32_t n0 = q4 * ncol;
+#pragma unroll
+    for (int j = 0; j < ATT_MAXV; j++) {
+        if ((uint32_t)j >= ntile) break;
+        unsigned h = 16 * mt + g, c = n0 + 8 * j + 2 * tq;
+        Os[h * ld + c] = o[j][0];
+        Os[h * ld + c + 1] = o[j][1];
+        Os[(h + 8) * ld + c] = o[j][2];
+        Os[(h + 8) * ld + c + 1] = o[j][3];
+    }
+    __syncthreads();
+    uint32_t per = hd / 32;
+    for (uint32_t h = warp; h < ATC_HEADS && h0 + h < a.n_head; h += ATC_WARPS) {
+        float v[ATT_MAXV];
+#pragma unroll
+        for (int i = 0; i < ATT_MAXV; i++) v[i] = (uint32_t)i < per ? Os[h * ld + per * lane + i] : 0.0f;
+        attn_sink_finish(a, t, h0 + h, p, v, mh[h], lh[h]);
+    }
 }
 
 /* Raw rows of the pass into the ring (after attention has read it). */
@@ -1116,7 +1222,13 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.heads = b->heads;
     a.nsplit = 1;
     if (T > b->attn_blocked_t) {
-        DS4_LAUNCH(attn_kernel, dim3((c->n_head + ATT_WARPS - 1) / ATT_WARPS, T), ATT_WARPS * 32, 0, b->st, a);
+        size_t smem = attn_tc_smem(c->head_dim);
+        static size_t allowed;
+        if (smem > allowed) {
+            CU_TRY(cudaFuncSetAttribute(attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+            allowed = smem;
+        }
+        DS4_LAUNCH(attn_tc_kernel, dim3((c->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, b->st, a);
         CU_LAUNCHED();
     } else {
         /* one query: the rows split over blocks (the scratch holds one query's partial results) */
