@@ -270,44 +270,11 @@ static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t 
     }
 }
 
-/* The decode product's IQ2_XXS tables, one copy per lane so that the
- * random lookups of a warp never collide in a shared-memory bank (the grid
- * lookups of iq2_group cost about seven bank cycles each): word (e, lane)
- * of the first 256 x 32 holds grid entry e as byte-permute selectors (two
- * bits of nibble j choose magnitude j among 8, 25, 43), word (256 + s, lane)
- * the sign pattern s (seven stored bits and their parity) as bit 2 of each
- * nibble, which moves the selection to the negated magnitudes.  48 KB a
- * block, filled from d_iq2_lane_src before the block waits for the kernel
- * it depends on. */
-#define IQ2_LANE_ENTRIES (256 + 128)
-#define IQ2_MAGS 0x002b1908u  /* bytes 0..2: the grid magnitudes */
-#define IQ2_NMAGS 0x00d5e7f8u /* bytes 4..6: their negations */
-
-static __device__ void dev_iq2_fill_lanes(uint32_t *tab, const uint32_t *src) {
-    for (unsigned i = threadIdx.x; i < IQ2_LANE_ENTRIES * 8; i += blockDim.x) {
-        uint32_t v = src[i / 8];
-        *(uint4 *)(tab + 4 * i) = make_uint4(v, v, v, v);
-    }
-    __syncthreads();
-}
-
-/* iq2_group through the lane tables: two lookups and two byte permutes per
- * eight values. */
-static __device__ __forceinline__ void iq2_group_lanes(const uint32_t *tab, unsigned lane, uint32_t g, uint32_t s,
-                                                       uint32_t out[8]) {
-#pragma unroll
-    for (int l = 0; l < 4; l++) {
-        uint32_t sel = tab[((g >> (8 * l)) & 255) * 32 + lane] | tab[(256 + ((s >> (7 * l)) & 127)) * 32 + lane];
-        out[2 * l] = __byte_perm(IQ2_MAGS, IQ2_NMAGS, sel);
-        out[2 * l + 1] = __byte_perm(IQ2_MAGS, IQ2_NMAGS, sel >> 16);
-    }
-}
-
 /* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; two
  * steps of 8 blocks loaded at once. */
 template <int R>
 static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x,
-                                                    const float *xd, const uint32_t *tab, float *acc) {
+                                                    const float *xd, const uint64_t *grid, float *acc) {
     unsigned lane = threadIdx.x & 31, q = lane & 3;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
@@ -337,7 +304,7 @@ static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, 
 #pragma unroll
                 for (int gi = 0; gi < 2; gi++) {
                     uint32_t v[8];
-                    iq2_group_lanes(tab, lane, wq[2 * gi], wq[2 * gi + 1], v);
+                    iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
                     int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
                     int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
                     int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
@@ -430,7 +397,7 @@ static uint32_t gemv_type_bit(uint32_t type) {
     }
 }
 
-template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint32_t *grid) {
+template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid) {
     if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
         /* K-quant rows come at most two a warp (pick_rpw); were there more,
          * two at a time keeps their registers in bounds */
@@ -477,9 +444,9 @@ static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, ui
 #define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
 template <unsigned M>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint32_t *lanes_g) {
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
     dev_pdl_launch_next();
-    __shared__ __align__(16) uint32_t grid[(M & GM_IQ2_XXS) ? IQ2_LANE_ENTRIES * 32 : 1];
+    __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
     uint32_t s = 0;
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
@@ -488,7 +455,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     /* weights and the grid are written by no kernel: fetch them while the
      * kernel before this one finishes */
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
-    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_lanes(grid, lanes_g);
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g);
     dev_pdl_wait_prev();
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
@@ -498,35 +465,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     }
 }
 
-static uint64_t *d_grid;        /* the IQ2_XXS grid in device memory (prefill) */
-static uint32_t *d_iq2_lane_src; /* the words of the decode lane tables, one each */
-
-/* The selector and sign words of the lane tables, from the grid. */
-static int iq2_lane_words(uint32_t *w, ds4_err *err) {
-    for (uint32_t e = 0; e < 256; e++) {
-        uint32_t sel = 0;
-        for (uint32_t j = 0; j < 8; j++) {
-            uint32_t mag = (uint32_t)(ds4_iq2xxs_grid[e] >> (8 * j)) & 255, c = 0;
-            while (c < 3 && ((IQ2_MAGS >> (8 * c)) & 255) != mag) c++;
-            if (c == 3) return ds4_err_set(err, DS4_EUNSUPPORTED, "IQ2_XXS grid entry %u has magnitude %u", e, mag);
-            sel |= c << (4 * j);
-        }
-        w[e] = sel;
-    }
-    for (uint32_t s7 = 0; s7 < 128; s7++) {
-        uint32_t sb = s7 | (uint32_t)(__builtin_popcount(s7) & 1) << 7, m = 0;
-        for (uint32_t j = 0; j < 8; j++) m |= ((sb >> j) & 1) << (4 * j + 2);
-        w[256 + s7] = m;
-    }
-    return 0;
-}
+static uint64_t *d_grid; /* the IQ2_XXS grid in device memory */
 
 int cu_matmul_init(ds4_err *err) {
     if (d_grid) return 0;
-    uint32_t words[IQ2_LANE_ENTRIES];
-    if (iq2_lane_words(words, err)) return -1;
-    CU_TRY(cudaMalloc(&d_iq2_lane_src, sizeof(words)));
-    CU_TRY(cudaMemcpy(d_iq2_lane_src, words, sizeof(words), cudaMemcpyHostToDevice));
     CU_TRY(cudaMalloc(&d_grid, sizeof(ds4_iq2xxs_grid)));
     CU_TRY(cudaMemcpy(d_grid, ds4_iq2xxs_grid, sizeof(ds4_iq2xxs_grid), cudaMemcpyHostToDevice));
     return 0;
@@ -578,7 +520,7 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         mask |= gemv_type_bit(p->seg[i].type);
     }
     if (cu_matmul_init(err)) return -1;
-    const uint32_t *grid = d_iq2_lane_src;
+    const uint64_t *grid = d_grid;
     unsigned threads = GEMV_WARPS * 32;
     if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, grid);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, grid);
@@ -1039,9 +981,37 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 #define FK 32
 #define FPAD (FK + 4) /* row stride of the tiles: the fragment loads hit 32 banks */
 
-/* Thread i loads 8 consecutive K values of tile row i / 4. */
-static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, const uint8_t *wrow, const float *xrow, uint32_t k,
-                                                   float (&wv)[8], float (&xv)[8]) {
+/* Thread i loads 8 consecutive K values of tile row i / 4: in 16-byte
+ * loads when the launch found everything aligned (vec), else one by one. */
+static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
+                                                   uint32_t k, float (&wv)[8], float (&xv)[8]) {
+    if (vec) {
+        bool ok = k < g.n; /* n % 8 == 0: the whole run or none */
+        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0, w0 = x0, w1 = x0;
+        if (xrow && ok) {
+            x0 = *(const float4 *)(xrow + k);
+            x1 = *(const float4 *)(xrow + k + 4);
+        }
+        if (wrow && ok && g.type == DS4_TYPE_F32) {
+            w0 = __ldg((const float4 *)wrow + k / 4);
+            w1 = __ldg((const float4 *)wrow + k / 4 + 1);
+        } else if (wrow && ok) {
+            uint4 r = __ldg((const uint4 *)(wrow + 2 * (size_t)k));
+            uint32_t u[4] = {r.x, r.y, r.z, r.w};
+            float f[8];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint16_t lo = (uint16_t)u[i], hi = (uint16_t)(u[i] >> 16);
+                f[2 * i] = g.type == DS4_TYPE_F16 ? dev_f16(lo) : dev_bf16(lo);
+                f[2 * i + 1] = g.type == DS4_TYPE_F16 ? dev_f16(hi) : dev_bf16(hi);
+            }
+            w0 = make_float4(f[0], f[1], f[2], f[3]);
+            w1 = make_float4(f[4], f[5], f[6], f[7]);
+        }
+        wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w, wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
+        xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
+        return;
+    }
 #pragma unroll
     for (int i = 0; i < 8; i++) {
         bool ok = k + i < g.n;
@@ -1063,8 +1033,8 @@ static __device__ __forceinline__ void tf32_split(float v, uint32_t *h, uint32_t
 
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
-    __shared__ float ws[BM][FPAD];
-    __shared__ float xs[BN][FPAD];
+    __shared__ __align__(16) float ws[BM][FPAD];
+    __shared__ __align__(16) float xs[BN][FPAD];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
@@ -1074,18 +1044,19 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
     const float *xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
     bool wtail = g.type == DS4_TYPE_F32;
+    bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
     float acc[2][2][4] = {}, tail[2][2][4] = {}; /* the head products; the tail ones, 2^-11 smaller, apart */
     float wv[8], xv[8];
-    gemm_f_load(g, wrow, xrow, lk, wv, xv);
+    gemm_f_load(g, vec, wrow, xrow, lk, wv, xv);
     for (uint32_t k0 = 0; k0 < g.n; k0 += FK) {
         __syncthreads(); /* the previous step's fragments are read */
-#pragma unroll
-        for (int i = 0; i < 8; i++) {
-            ws[lr][lk + i] = wv[i];
-            xs[lr][lk + i] = xv[i];
-        }
+        /* 16-byte stores: each quarter warp covers the 32 banks once */
+        *(float4 *)&ws[lr][lk] = make_float4(wv[0], wv[1], wv[2], wv[3]);
+        *(float4 *)&ws[lr][lk + 4] = make_float4(wv[4], wv[5], wv[6], wv[7]);
+        *(float4 *)&xs[lr][lk] = make_float4(xv[0], xv[1], xv[2], xv[3]);
+        *(float4 *)&xs[lr][lk + 4] = make_float4(xv[4], xv[5], xv[6], xv[7]);
         __syncthreads();
-        if (k0 + FK < g.n) gemm_f_load(g, wrow, xrow, k0 + FK + lk, wv, xv); /* in flight during the products */
+        if (k0 + FK < g.n) gemm_f_load(g, vec, wrow, xrow, k0 + FK + lk, wv, xv); /* in flight during the products */
 #pragma unroll
         for (int kk = 0; kk < FK; kk += 8) {
             uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
