@@ -411,7 +411,22 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
     if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
     const float *q = a.iq + (size_t)t * a.heads * a.ihd;
-    for (uint32_t i = threadIdx.x; i < a.heads * a.ihd; i += blockDim.x) qs[i / a.ihd * IDX_QSTRIDE + i % a.ihd] = q[i];
+    /* the query (at most 64 x 128 floats): every load issued, then stored */
+    constexpr int QV = IDX_MAX_HEADS * IDX_MAX_DIM / 4 / IDX_THREADS;
+    float4 qv[QV];
+#pragma unroll
+    for (int j = 0; j < QV; j++) {
+        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS);
+        qv[j] = i < a.heads * a.ihd ? __ldg((const float4 *)(q + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+#pragma unroll
+    for (int j = 0; j < QV; j++) {
+        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS);
+        if (i < a.heads * a.ihd) {
+            float *d = qs + i / a.ihd * IDX_QSTRIDE + i % a.ihd; /* ihd % 4 == 0: a vector stays in one head */
+            d[0] = qv[j].x, d[1] = qv[j].y, d[2] = qv[j].z, d[3] = qv[j].w;
+        }
+    }
     for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
     __syncthreads();
     uint32_t g = threadIdx.x % IDX_GROUP, rl = threadIdx.x / IDX_GROUP, c = blockIdx.x * IDX_ROWS + rl;
@@ -1000,8 +1015,11 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * head dimension), the online softmax (eight threads a head), O = O c + P V
  * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
  * operand is split into TF32 head and tail (mma_tf32_16x8x8, as in
- * gemm_f_kernel) so the products keep f32 precision.  At the end O goes
- * through shared memory to the per-head finish of the other kernel. */
+ * gemm_f_kernel) so the products keep f32 precision; the rows' tail
+ * products are skipped where the warp's row values are all TF32 already
+ * (the f16 raw rows and the FP8 compressed rows of the simulations).  At
+ * the end O goes through shared memory to the per-head finish of the
+ * other kernel. */
 #define ATC_HEADS 64
 #define ATC_ROWS 32
 #define ATC_WARPS 16
@@ -1033,7 +1051,7 @@ static __device__ __forceinline__ void atc_scores(const float *Qs, const float *
         atc_split(kb[k], &bh[0], &bl[0]);
         atc_split(kb[k + 4], &bh[1], &bl[1]);
         mma_tf32_16x8x8(st, al, bh);
-        mma_tf32_16x8x8(st, ah, bl);
+        if (__any_sync(0xffffffffu, bl[0] | bl[1])) mma_tf32_16x8x8(st, ah, bl);
         mma_tf32_16x8x8(sh, ah, bh);
     }
 #pragma unroll
@@ -1136,7 +1154,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
                 atc_split(vb[8 * j], &bh[0], &bl[0]);
                 atc_split(vb[4 * ld + 8 * j], &bh[1], &bl[1]);
                 mma_tf32_16x8x8(o[j], al, bh);
-                mma_tf32_16x8x8(o[j], ah, bl);
+                if (__any_sync(0xffffffffu, bl[0] | bl[1])) mma_tf32_16x8x8(o[j], ah, bl);
                 mma_tf32_16x8x8(o[j], ah, bh);
             }
         }

@@ -1,19 +1,22 @@
 /*
  * cuda_hc.cu - hyper-connections on the GPU (spec/MODEL.md 5), mirroring
- * src/model/cpu/cpu_hc.c: one launch per HC site (cu_hc_step, called by
- * cuda_forward.cu) applies the HC post of the previous sublayer to the
- * residual streams, computes the site's mixer (pre / post weights and the
- * Sinkhorn-normalised combination matrix), collapses the streams into the
- * next sublayer's input and writes its RMSNorm and quantized forms.
+ * src/model/cpu/cpu_hc.c: at each HC site (cu_hc_step, called by
+ * cuda_forward.cu) the HC post of the previous sublayer is applied to the
+ * residual streams, the site's mixer computed (pre / post weights and the
+ * Sinkhorn-normalised combination matrix), the streams collapsed into the
+ * next sublayer's input and its RMSNorm and quantized forms written.
  *
- * The launch is latency-bound (a few MB of traffic, 86 per decoded
- * token), so it is shaped to have few serial round trips: blocks of 1024
- * threads (16 for the 4096 columns of Flash; other shapes below), every
- * weight the launch needs (mixer rows, norm weights, scale and base)
- * loaded into registers before waiting for the previous kernel, and a finish - in the block
- * that completes last - that issues all its loads at once and keeps the
- * row in registers from the collapse through the RMSNorm to the quantized
- * words it stores.
+ * A decode step does that in one launch, which is latency-bound (a few MB
+ * of traffic, 86 per decoded token), so it is shaped to have few serial
+ * round trips: blocks of 512 threads over column slices (32 for the 4096
+ * columns of Flash), every weight the launch needs (mixer rows, norm
+ * weights, scale and base) loaded into registers before waiting for the
+ * previous kernel, and a finish - in the block that completes last - that
+ * issues all its loads at once and keeps the row in registers from the
+ * collapse through the RMSNorm to the quantized words it stores.  A
+ * prefill pass is bound by reading the mixer weights instead, so a block
+ * loads them once for HC_PREFILL_TOKENS tokens and a second launch (a
+ * block per token) finishes.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -67,7 +70,8 @@ typedef struct hc_args {
     const uint8_t *fn;
     uint32_t fn_type, nmix, D, n_hc, nsplit;
     double *part;
-    uint32_t *count;              /* per token: blocks done (back to 0 after each launch) */
+    uint32_t *count;              /* decode: blocks done (back to 0 after each launch) */
+    uint32_t T;                   /* tokens of the pass */
     /* finish */
     uint32_t sink_iters;
     float hc_eps, rms_eps;
@@ -331,35 +335,18 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
     if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
-/* Block (x, t): columns SH::cols x .. of token t, thread (h, j) on stream h
- * of column j (the Sinkhorn warp, if any, only meets the barriers).  Optional HC post of the previous sublayer (S <- post y +
- * comb S), then this block's partial sums of the mixer: the sum of squares
- * of S (double) and fn . S (NMIX rows), reduce-scattered in each warp and
- * summed over the warps through shared memory.  The last block of the
- * token to finish computes the mixer weights and the next sublayer's input
- * from all the partial sums (the fence and counter of the CUDA guide's
- * "last block" reduction). */
+/* Token t's part of the mixer launch, by thread (h, j) of column d (the
+ * Sinkhorn warp, if any, only meets the barriers).  Optional HC post of
+ * the previous sublayer (S <- post y + comb S), then the block's partial
+ * sums of the mixer: the sum of squares of S (double) and fn . S (NMIX
+ * rows), reduce-scattered in each warp and summed over the warps through
+ * shared memory into the token's partial-sum row of this block. */
 template <int NMIX, class SH>
-static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kernel(hc_args a) {
+static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const float (&f)[NMIX], uint32_t d,
+                                                    unsigned h, bool mixer, bool on, double (*red)[33]) {
     constexpr int WARPS = SH::warps;
-    static_assert(NMIX + 1 <= 32, "a lane per mixer output");
-    static_assert((NMIX + 1) * HC_PART_LANES <= SH::threads, "finish: threads for the partial sums");
-    __shared__ double red[WARPS][33];
-    __shared__ bool last;
-    uint32_t t = blockIdx.y, D = a.D;
-    const uint32_t n = 4;
-    bool mixer = !SH::sink_warp || threadIdx.x < (unsigned)SH::threads; /* not the Sinkhorn warp */
-    unsigned h = mixer ? threadIdx.x / SH::cols : 0, lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint32_t d = blockIdx.x * SH::cols + threadIdx.x % SH::cols;
-    bool on = mixer && d < D;
-    size_t c = (size_t)h * D + d;
-    /* the weights are written by no kernel: load them while the kernel
-     * before this one finishes */
-    dev_pdl_launch_next();
-    float f[NMIX];
-    fvec_n(a.fn, a.fn_type, c, (size_t)n * D, on, f);
-    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
-    dev_pdl_wait_prev();
+    const uint32_t n = 4, D = a.D;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float *S = a.S + (size_t)t * n * D;
     float v[4];
     for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
@@ -399,22 +386,80 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
             if (lane == 0) out[m] = sum;
         }
     }
-    __threadfence(); /* this block's S and sums, visible before it counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
-        if (last) a.count[t] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    hc_finish<NMIX, SH>(a, t, k);
+    __syncthreads(); /* red is free for the next token */
 }
 
-template <class SH> static void hc_launch(cuda_backend *b, uint32_t rows, uint32_t T, const hc_args &a) {
-    dim3 grid(b->hc_split, T);
-    if (rows == 24) DS4_LAUNCH((hc_mix_kernel<24, SH>), grid, SH::block, 0, b->st, a);
-    else DS4_LAUNCH((hc_mix_kernel<4, SH>), grid, SH::block, 0, b->st, a);
+/* Block (x, g): columns SH::cols x .. of tokens TT g .. TT g + TT - 1; the
+ * block's mixer weights are loaded once for its tokens.  A decode step (TT
+ * = 1) finishes in the same launch: the last block of the token to count
+ * itself done computes the mixer weights and the next sublayer's input
+ * from all the partial sums (the fence and counter of the CUDA guide's
+ * "last block" reduction).  Prefill passes (TT > 1) leave that to
+ * hc_finish_kernel. */
+template <int NMIX, class SH, int TT>
+static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kernel(hc_args a) {
+    static_assert(NMIX + 1 <= 32, "a lane per mixer output");
+    static_assert((NMIX + 1) * HC_PART_LANES <= SH::threads, "finish: threads for the partial sums");
+    __shared__ double red[SH::warps][33];
+    __shared__ bool last;
+    const uint32_t n = 4;
+    bool mixer = !SH::sink_warp || threadIdx.x < (unsigned)SH::threads; /* not the Sinkhorn warp */
+    unsigned h = mixer ? threadIdx.x / SH::cols : 0;
+    uint32_t d = blockIdx.x * SH::cols + threadIdx.x % SH::cols;
+    bool on = mixer && d < a.D;
+    /* the weights are written by no kernel: load them while the kernel
+     * before this one finishes */
+    dev_pdl_launch_next();
+    float f[NMIX];
+    fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
+    hc_consts<SH::vals> k;
+    if constexpr (TT == 1) k = hc_load_consts<SH::vals>(a);
+    dev_pdl_wait_prev();
+    for (uint32_t i = 0; i < (uint32_t)TT; i++) {
+        uint32_t t = blockIdx.y * TT + i;
+        if (t >= a.T) break; /* the same in the whole block */
+        hc_mix_token<NMIX, SH>(a, t, f, d, h, mixer, on, red);
+    }
+    if constexpr (TT == 1) {
+        uint32_t t = blockIdx.y;
+        __threadfence(); /* this block's S and sums, visible before it counts itself done */
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
+            if (last) a.count[t] = 0;
+        }
+        __syncthreads();
+        if (!last) return;
+        __threadfence();
+        hc_finish<NMIX, SH>(a, t, k);
+    }
+}
+
+/* Block t: the finish of token t of a prefill pass, after its mixer launch. */
+template <int NMIX, class SH> static __global__ void __launch_bounds__(SH::block) hc_finish_kernel(hc_args a) {
+    dev_pdl_launch_next();
+    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
+    dev_pdl_wait_prev();
+    hc_finish<NMIX, SH>(a, blockIdx.x, k);
+}
+
+/* Tokens a prefill mixer block takes (its weights loaded once for them). */
+#define HC_PREFILL_TOKENS 8
+
+template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
+    if (T == 1) {
+        typedef hc_shape_decode SH;
+        DS4_LAUNCH((hc_mix_kernel<NMIX, SH, 1>), dim3(b->hc_split, 1), SH::block, 0, b->st, a);
+        CU_LAUNCHED();
+        return 0;
+    }
+    typedef hc_shape_prefill SH;
+    dim3 grid(b->hc_split, (T + HC_PREFILL_TOKENS - 1) / HC_PREFILL_TOKENS);
+    DS4_LAUNCH((hc_mix_kernel<NMIX, SH, HC_PREFILL_TOKENS>), grid, SH::block, 0, b->st, a);
+    CU_LAUNCHED();
+    DS4_LAUNCH((hc_finish_kernel<NMIX, SH>), T, SH::block, 0, b->st, a);
+    CU_LAUNCHED();
+    return 0;
 }
 
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
@@ -457,8 +502,6 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
                            c->n_hc, D, HC_MAX_D, vals);
     if (fn->rows != 24 && fn->rows != 4)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
-    if (T == 1) hc_launch<hc_shape_decode>(b, fn->rows, T, a);
-    else hc_launch<hc_shape_prefill>(b, fn->rows, T, a);
-    CU_LAUNCHED();
-    return 0;
+    a.T = T;
+    return fn->rows == 24 ? hc_launch_rows<24>(b, T, a, err) : hc_launch_rows<4>(b, T, a, err);
 }
