@@ -81,6 +81,8 @@ typedef struct qkv_args {
     ds4_rope rope;
     float eps;
     bool sim;
+    float *ring; /* a decode step's row also goes into the raw ring (NULL: ring_write_kernel after attention) */
+    uint32_t raw_cap;
 } qkv_args;
 
 static __global__ void qkv_post_kernel(qkv_args a) {
@@ -104,7 +106,12 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     block_rmsnorm(x, a.hd, a.kv_norm, a.kv_norm_type, a.eps);
     block_rope(x, a.hd, a.rope, *a.pos0 + t, false);
     if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
-    for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) kv[i] = a.sim ? dev_f16_round(x[i]) : x[i];
+    float *ring = a.ring ? a.ring + (size_t)((*a.pos0 + t) % a.raw_cap) * a.hd : NULL;
+    for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) {
+        float v = a.sim ? dev_f16_round(x[i]) : x[i];
+        kv[i] = v;
+        if (ring) ring[i] = v;
+    }
 }
 
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
@@ -126,6 +133,12 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
     a.eps = c->rms_eps;
     a.sim = b->sim;
+    /* one token: the ring slot it takes holds the row that just left the
+     * window (raw_cap = the window), which its attention does not read */
+    if (T == 1) {
+        a.ring = b->L[il].raw;
+        a.raw_cap = b->raw_cap;
+    }
     size_t smem = (c->q_lora_rank > c->head_dim ? c->q_lora_rank : c->head_dim) * sizeof(float);
     DS4_LAUNCH(qkv_post_kernel, dim3(T, 2), 256, smem, b->st, a);
     CU_LAUNCHED();
@@ -1261,6 +1274,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
         CU_LAUNCHED();
     }
     if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;
+    if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
     DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
                b->raw_cap);

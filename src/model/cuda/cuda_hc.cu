@@ -335,6 +335,37 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
     if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
+/* What thread (h, j) of column d reads of token t: the column's four
+ * streams and, with an HC post, the sublayer output and the post / comb
+ * weights of stream h.  Loaded a token ahead in prefill blocks. */
+typedef struct hc_in {
+    float v[4], yd, post, comb[4];
+} hc_in;
+
+static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t t, uint32_t d, unsigned h, bool on) {
+    const uint32_t n = 4, D = a.D;
+    hc_in in;
+    const float *S = a.S + (size_t)t * n * D;
+#pragma unroll
+    for (uint32_t src = 0; src < n; src++) in.v[src] = on ? S[(size_t)src * D + d] : 0.0f;
+    in.yd = in.post = 0.0f;
+#pragma unroll
+    for (uint32_t src = 0; src < n; src++) in.comb[src] = 0.0f;
+    if (a.y || a.eout) {
+        if (on && a.y) {
+            in.yd = a.y[(size_t)t * D + d];
+        } else if (on) {
+            float routed = 0.0f;
+            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+            in.yd = routed + a.sout[(size_t)t * D + d];
+        }
+        in.post = a.post[(size_t)t * n + h];
+#pragma unroll
+        for (uint32_t src = 0; src < n; src++) in.comb[src] = a.comb[(size_t)t * n * n + h + n * src];
+    }
+    return in;
+}
+
 /* Token t's part of the mixer launch, by thread (h, j) of column d (the
  * Sinkhorn warp, if any, only meets the barriers).  Optional HC post of
  * the previous sublayer (S <- post y + comb S), then the block's partial
@@ -342,30 +373,18 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
  * rows), reduce-scattered in each warp and summed over the warps through
  * shared memory into the token's partial-sum row of this block. */
 template <int NMIX, class SH>
-static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const float (&f)[NMIX], uint32_t d,
-                                                    unsigned h, bool mixer, bool on, double (*red)[33]) {
+static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const float (&f)[NMIX],
+                                                    uint32_t d, unsigned h, bool mixer, bool on, double (*red)[33]) {
     constexpr int WARPS = SH::warps;
     const uint32_t n = 4, D = a.D;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    float *S = a.S + (size_t)t * n * D;
-    float v[4];
-    for (uint32_t src = 0; src < n; src++) v[src] = on ? S[(size_t)src * D + d] : 0.0f;
-    float vh = h == 0 ? v[0] : h == 1 ? v[1] : h == 2 ? v[2] : v[3]; /* no indexed register array */
+    float vh = h == 0 ? in.v[0] : h == 1 ? in.v[1] : h == 2 ? in.v[2] : in.v[3]; /* no indexed register array */
     if (a.y || a.eout) {
-        float yd = 0.0f;
-        if (on && a.y) {
-            yd = a.y[(size_t)t * D + d];
-        } else if (on) {
-            float routed = 0.0f;
-            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
-            yd = routed + a.sout[(size_t)t * D + d];
-        }
-        const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-        float s = post[h] * yd;
-        for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * v[src];
+        float s = in.post * in.yd;
+        for (uint32_t src = 0; src < n; src++) s += in.comb[src] * in.v[src];
         vh = s;
         __syncthreads(); /* every stream of the column is read before any is rewritten */
-        if (on) S[(size_t)h * D + d] = vh;
+        if (on) a.S[(size_t)t * n * D + (size_t)h * D + d] = vh;
     }
     if (mixer) {
         double sv[32];
@@ -415,10 +434,15 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
     hc_consts<SH::vals> k;
     if constexpr (TT == 1) k = hc_load_consts<SH::vals>(a);
     dev_pdl_wait_prev();
+    uint32_t t0 = blockIdx.y * TT;
+    hc_in in = hc_load_token(a, t0, d, h, on);
     for (uint32_t i = 0; i < (uint32_t)TT; i++) {
-        uint32_t t = blockIdx.y * TT + i;
+        uint32_t t = t0 + i;
         if (t >= a.T) break; /* the same in the whole block */
-        hc_mix_token<NMIX, SH>(a, t, f, d, h, mixer, on, red);
+        hc_in next = in;
+        if (i + 1 < (uint32_t)TT && t + 1 < a.T) next = hc_load_token(a, t + 1, d, h, on); /* in flight meanwhile */
+        hc_mix_token<NMIX, SH>(a, t, in, f, d, h, mixer, on, red);
+        in = next;
     }
     if constexpr (TT == 1) {
         uint32_t t = blockIdx.y;
