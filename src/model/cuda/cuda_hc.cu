@@ -408,20 +408,17 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
     __syncthreads(); /* red is free for the next token */
 }
 
-/* Block (x, g): columns SH::cols x .. of tokens TT g .. TT g + TT - 1; the
- * block's mixer weights are loaded once for its tokens.  A decode step (TT
- * = 1) finishes in the same launch: the last block of the token to count
- * itself done computes the mixer weights and the next sublayer's input
- * from all the partial sums (the fence and counter of the CUDA guide's
- * "last block" reduction).  Prefill passes (TT > 1) leave that to
- * hc_finish_kernel. */
-template <int NMIX, class SH, int TT>
+/* Decode: block x takes columns SH::cols x .. of the token; the last
+ * block to count itself done computes the mixer weights and the next
+ * sublayer's input from all the partial sums (the fence and counter of the
+ * CUDA guide's "last block" reduction), so the step needs one launch. */
+template <int NMIX, class SH>
 static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kernel(hc_args a) {
     static_assert(NMIX + 1 <= 32, "a lane per mixer output");
     static_assert((NMIX + 1) * HC_PART_LANES <= SH::threads, "finish: threads for the partial sums");
     __shared__ double red[SH::warps][33];
     __shared__ bool last;
-    const uint32_t n = 4;
+    const uint32_t n = 4, t = 0;
     bool mixer = !SH::sink_warp || threadIdx.x < (unsigned)SH::threads; /* not the Sinkhorn warp */
     unsigned h = mixer ? threadIdx.x / SH::cols : 0;
     uint32_t d = blockIdx.x * SH::cols + threadIdx.x % SH::cols;
@@ -431,32 +428,109 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
     dev_pdl_launch_next();
     float f[NMIX];
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
-    hc_consts<SH::vals> k;
-    if constexpr (TT == 1) k = hc_load_consts<SH::vals>(a);
+    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
     dev_pdl_wait_prev();
-    uint32_t t0 = blockIdx.y * TT;
-    hc_in in = hc_load_token(a, t0, d, h, on);
-    for (uint32_t i = 0; i < (uint32_t)TT; i++) {
-        uint32_t t = t0 + i;
-        if (t >= a.T) break; /* the same in the whole block */
-        hc_in next = in;
-        if (i + 1 < (uint32_t)TT && t + 1 < a.T) next = hc_load_token(a, t + 1, d, h, on); /* in flight meanwhile */
-        hc_mix_token<NMIX, SH>(a, t, in, f, d, h, mixer, on, red);
-        in = next;
+    hc_mix_token<NMIX, SH>(a, t, hc_load_token(a, t, d, h, on), f, d, h, mixer, on, red);
+    __threadfence(); /* this block's S and sums, visible before it counts itself done */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
+        if (last) a.count[t] = 0;
     }
-    if constexpr (TT == 1) {
-        uint32_t t = blockIdx.y;
-        __threadfence(); /* this block's S and sums, visible before it counts itself done */
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
-            if (last) a.count[t] = 0;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    hc_finish<NMIX, SH>(a, t, k);
+}
+
+/* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four
+ * streams: a K slice of 4 HCP_COLS) per block, on the FP64 tensor cores.
+ * For each chunk of HCP_CC columns the block applies the HC post (the
+ * arithmetic of hc_mix_token, written back to S), keeps the new values
+ * and the mixer weights in shared memory as doubles and multiplies them:
+ * partial[t][m] = sum_k fn[m][k] S[t][k], exact products summed in double
+ * like the decode kernel's sums; each thread also sums the squares of its
+ * values.  hc_finish_kernel then reduces the slices and finishes. */
+#define HCP_TOK 64
+#define HCP_COLS 256
+#define HCP_CC 32
+#define HCP_K (4 * HCP_CC) /* K values of a chunk, stream-major: h * HCP_CC + c */
+#define HCP_LD (HCP_K + 4) /* the fragment loads hit 32 banks (8-byte words: 4 g + t) */
+#define HCP_THREADS 256
+
+static size_t hcp_smem(void) { return (size_t)(HCP_TOK + 32) * HCP_LD * sizeof(double); }
+
+template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_prefill_mix_kernel(hc_args a) {
+    constexpr int MT = (NMIX + 7) / 8; /* m-tiles of 8 mixer rows */
+    constexpr int FPT = MT * 8 * HCP_K / HCP_THREADS; /* mixer weights a thread stages per chunk */
+    static_assert(HCP_THREADS % HCP_K == 0 && FPT * HCP_THREADS == MT * 8 * HCP_K, "staging: whole rows");
+    dev_pdl_enter();
+    DS4_DYN_SMEM(double, sm);
+    double *sS = sm, *sF = sm + HCP_TOK * HCP_LD;
+    const uint32_t n = 4, D = a.D;
+    unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32, g = lane / 4, tq = lane % 4;
+    uint32_t t0 = blockIdx.x * HCP_TOK, col0 = blockIdx.y * HCP_COLS;
+    uint32_t nsplit = (D + HCP_COLS - 1) / HCP_COLS;
+    double acc[MT][2] = {}, ssq[HCP_TOK / 8] = {};
+    for (uint32_t cc = 0; cc < HCP_COLS && col0 + cc < D; cc += HCP_CC) {
+        __syncthreads(); /* the previous chunk's fragments are read */
+        /* mixer weights: thread tid takes K value tid % HCP_K of rows tid / HCP_K + r HCP_THREADS / HCP_K */
+        {
+            uint32_t kk = tid % HCP_K, h = kk / HCP_CC, d = col0 + cc + kk % HCP_CC;
+            uint32_t m0 = tid / HCP_K, mstep = HCP_THREADS / HCP_K;
+            float fv[FPT];
+            fvec_n(a.fn, a.fn_type, (size_t)m0 * n * D + (size_t)h * D + d, (size_t)mstep * n * D, d < D, fv);
+#pragma unroll
+            for (int r = 0; r < FPT; r++) {
+                uint32_t m = m0 + r * mstep;
+                sF[m * HCP_LD + kk] = m < (uint32_t)NMIX ? (double)fv[r] : 0.0;
+            }
+        }
+        /* the tokens' new stream values: warp w takes tokens w + 8 j, lane = column */
+        uint32_t d = col0 + cc + lane;
+#pragma unroll
+        for (int j = 0; j < HCP_TOK / 8; j++) {
+            uint32_t tl = warp + 8 * j, t = t0 + tl;
+            bool on = t < a.T && d < D;
+            hc_in in = hc_load_token(a, on ? t : 0, on ? d : 0, 0, on); /* streams and y; post / comb below */
+            const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+#pragma unroll
+            for (uint32_t h = 0; h < n; h++) {
+                float v = in.v[h];
+                if (on && (a.y || a.eout)) { /* as hc_mix_token */
+                    float s = post[h] * in.yd;
+                    for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * in.v[src];
+                    v = s;
+                }
+                sS[tl * HCP_LD + h * HCP_CC + lane] = on ? (double)v : 0.0;
+                ssq[j] += on ? (double)v * (double)v : 0.0;
+                if (on && (a.y || a.eout)) a.S[(size_t)t * n * D + (size_t)h * D + d] = v;
+            }
         }
         __syncthreads();
-        if (!last) return;
-        __threadfence();
-        hc_finish<NMIX, SH>(a, t, k);
+        /* warp w: tokens 8 w .. 8 w + 7 against every m-tile */
+        const double *bs = sS + (8 * warp + g) * HCP_LD + tq;
+#pragma unroll 4
+        for (uint32_t k = 0; k < HCP_K; k += 4) {
+            double bv = bs[k];
+#pragma unroll
+            for (int mt = 0; mt < MT; mt++) mma_f64_8x8x4(acc[mt], sF[(8 * mt + g) * HCP_LD + k + tq], bv);
+        }
     }
+    /* partial sums of slice blockIdx.y: squares (summed over the warp's lanes) and the mixer rows */
+#pragma unroll
+    for (int j = 0; j < HCP_TOK / 8; j++) {
+        uint32_t t = t0 + warp + 8 * j;
+        double v = warp_sum_d(ssq[j]);
+        if (lane == 0 && t < a.T) a.part[((size_t)t * nsplit + blockIdx.y) * (NMIX + 1)] = v;
+    }
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            uint32_t m = 8 * mt + g, t = t0 + 8 * warp + 2 * tq + i;
+            if (m < (uint32_t)NMIX && t < a.T) a.part[((size_t)t * nsplit + blockIdx.y) * (NMIX + 1) + 1 + m] = acc[mt][i];
+        }
 }
 
 /* Block t: the finish of token t of a prefill pass, after its mixer launch. */
@@ -467,21 +541,25 @@ template <int NMIX, class SH> static __global__ void __launch_bounds__(SH::block
     hc_finish<NMIX, SH>(a, blockIdx.x, k);
 }
 
-/* Tokens a prefill mixer block takes (its weights loaded once for them). */
-#define HC_PREFILL_TOKENS 8
-
 template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
         typedef hc_shape_decode SH;
-        DS4_LAUNCH((hc_mix_kernel<NMIX, SH, 1>), dim3(b->hc_split, 1), SH::block, 0, b->st, a);
+        DS4_LAUNCH((hc_mix_kernel<NMIX, SH>), dim3(b->hc_split, 1), SH::block, 0, b->st, a);
         CU_LAUNCHED();
         return 0;
     }
     typedef hc_shape_prefill SH;
-    dim3 grid(b->hc_split, (T + HC_PREFILL_TOKENS - 1) / HC_PREFILL_TOKENS);
-    DS4_LAUNCH((hc_mix_kernel<NMIX, SH, HC_PREFILL_TOKENS>), grid, SH::block, 0, b->st, a);
+    static bool allowed;
+    if (!allowed) {
+        CU_TRY(cudaFuncSetAttribute(hc_prefill_mix_kernel<NMIX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hcp_smem()));
+        allowed = true;
+    }
+    hc_args p = a;
+    p.nsplit = (a.D + HCP_COLS - 1) / HCP_COLS;
+    dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);
+    DS4_LAUNCH((hc_prefill_mix_kernel<NMIX>), grid, HCP_THREADS, hcp_smem(), b->st, p);
     CU_LAUNCHED();
-    DS4_LAUNCH((hc_finish_kernel<NMIX, SH>), T, SH::block, 0, b->st, a);
+    DS4_LAUNCH((hc_finish_kernel<NMIX, SH>), T, SH::block, 0, b->st, p);
     CU_LAUNCHED();
     return 0;
 }

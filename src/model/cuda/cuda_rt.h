@@ -385,6 +385,34 @@ static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_
 #endif
 }
 
+/* D = A * B + C on the FP64 tensor cores, m8n8k4 (PTX ISA "Matrix
+ * Fragments for mma.m8n8k4" of .f64), g = lane / 4, t = lane % 4:
+ *   a: A row g, col t    b: B row t, col g    c[i]: D row g, col 2t + i. */
+static __device__ __forceinline__ void mma_f64_8x8x4(double c[2], double a, double b) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[4];
+    memcpy(mine, &a, 8);
+    memcpy(mine + 2, &b, 8);
+    const uint32_t *all = emu_warp_gather(mine, 4);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    auto D = [&](unsigned holder, unsigned reg) -> double {
+        double v;
+        memcpy(&v, all + holder * 16 + reg, 8);
+        return v;
+    };
+    for (int i = 0; i < 2; i++) {
+        unsigned col = 2 * t + i;
+        double s = c[i];
+        for (unsigned k = 0; k < 4; k++) s += D(g * 4 + k, 0) * D(col * 4 + k, 2);
+        c[i] = s;
+    }
+#else
+    asm volatile("mma.sync.aligned.m8n8k4.row.col.f64.f64.f64.f64 {%0,%1}, {%2}, {%3}, {%0,%1};\n"
+                 : "+d"(c[0]), "+d"(c[1])
+                 : "d"(a), "d"(b));
+#endif
+}
+
 static __device__ __forceinline__ int imin_d(int a, int b) { return a < b ? a : b; }
 static __device__ __forceinline__ int imax_d(int a, int b) { return a > b ? a : b; }
 
