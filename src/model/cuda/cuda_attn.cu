@@ -1028,9 +1028,9 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * head dimension), the online softmax (eight threads a head), O = O c + P V
  * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
  * operand is split into TF32 head and tail (mma_tf32_16x8x8, as in
- * gemm_f_kernel) so the products keep f32 precision; the rows' tail
- * products are skipped where the warp's row values are all TF32 already
- * (the f16 raw rows and the FP8 compressed rows of the simulations).  At
+ * gemm_f_kernel) so the products keep f32 precision; a chunk whose row
+ * values are all TF32 already (the f16 raw rows and the FP8 compressed
+ * rows of the simulations) skips the rows' tail split and products.  At
  * the end O goes through shared memory to the per-head finish of the
  * other kernel. */
 #define ATC_HEADS 64
@@ -1048,8 +1048,16 @@ static __device__ __forceinline__ void atc_split(float v, uint32_t *h, uint32_t 
     *l = dev_tf32(v - __uint_as_float(*h));
 }
 
+/* A row value as TF32 head and tail; rows the block found TF32-exact
+ * (EXACT) have no tail. */
+template <bool EXACT> static __device__ __forceinline__ void atc_row_split(float v, uint32_t *h, uint32_t *l) {
+    if (EXACT) *h = __float_as_uint(v);
+    else atc_split(v, h, l);
+}
+
 /* S tile of warp (mt, q4): heads 16 mt.., chunk rows 8 q4.., scaled; rows
  * past the query's list are -inf. */
+template <bool EXACT>
 static __device__ __forceinline__ void atc_scores(const float *Qs, const float *Ks, float *Ps, uint32_t hd, uint32_t ld,
                                                   unsigned mt, unsigned q4, uint32_t valid, float scale) {
     unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
@@ -1061,16 +1069,44 @@ static __device__ __forceinline__ void atc_scores(const float *Qs, const float *
         atc_split(qa[8 * ld + k], &ah[1], &al[1]);
         atc_split(qa[k + 4], &ah[2], &al[2]);
         atc_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
-        atc_split(kb[k], &bh[0], &bl[0]);
-        atc_split(kb[k + 4], &bh[1], &bl[1]);
+        atc_row_split<EXACT>(kb[k], &bh[0], &bl[0]);
+        atc_row_split<EXACT>(kb[k + 4], &bh[1], &bl[1]);
         mma_tf32_16x8x8(st, al, bh);
-        if (__any_sync(0xffffffffu, bl[0] | bl[1])) mma_tf32_16x8x8(st, ah, bl);
+        if (!EXACT) mma_tf32_16x8x8(st, ah, bl);
         mma_tf32_16x8x8(sh, ah, bh);
     }
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         unsigned h = 16 * mt + g + (i >= 2 ? 8 : 0), r = 8 * q4 + 2 * tq + (i & 1);
         Ps[h * ATC_PLD + r] = r < valid ? (sh[i] + st[i]) * scale : -INFINITY;
+    }
+}
+
+/* O += P V for warp (mt, q4): heads 16 mt.., columns n0.. of the quarter
+ * (ntile tiles of 8). */
+template <bool EXACT>
+static __device__ __forceinline__ void atc_values(const float *Ps, const float *Ks, uint32_t ld, unsigned mt, uint32_t n0,
+                                                  uint32_t ntile, float (&o)[ATT_MAXV][4]) {
+    unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
+    const float *pa = Ps + (16 * mt + g) * ATC_PLD + tq;
+#pragma unroll
+    for (int kr = 0; kr < ATC_ROWS; kr += 8) {
+        uint32_t ah[4], al[4];
+        atc_split(pa[kr], &ah[0], &al[0]);
+        atc_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
+        atc_split(pa[kr + 4], &ah[2], &al[2]);
+        atc_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
+        const float *vb = Ks + (kr + tq) * ld + n0 + g;
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j++) {
+            if ((uint32_t)j >= ntile) break;
+            uint32_t bh[2], bl[2];
+            atc_row_split<EXACT>(vb[8 * j], &bh[0], &bl[0]);
+            atc_row_split<EXACT>(vb[4 * ld + 8 * j], &bh[1], &bl[1]);
+            mma_tf32_16x8x8(o[j], al, bh);
+            if (!EXACT) mma_tf32_16x8x8(o[j], ah, bl);
+            mma_tf32_16x8x8(o[j], ah, bh);
+        }
     }
 }
 
@@ -1138,12 +1174,19 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
         cp_async_commit();
         cp_async_wait_all();
         __syncthreads();
-        atc_scores(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
+        /* rows already in TF32 (the simulations' f16 and FP8 rows) need no tail products */
+        bool inexact = false;
+        for (uint32_t u = tid; u < ATC_ROWS * nq; u += blockDim.x) {
+            float4 v = *(const float4 *)(Ks + u / nq * ld + 4 * (u % nq));
+            inexact |= ((__float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) | __float_as_uint(v.w)) & 0x1fffu) != 0;
+        }
+        bool exact = !__syncthreads_or(inexact);
+        if (exact) atc_scores<true>(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
+        else atc_scores<false>(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
         __syncthreads();
         if (tid < ATC_HEADS * 8) atc_softmax(Ps, mh, lh, ch);
         __syncthreads();
         float c_lo = ch[16 * mt + g], c_hi = ch[16 * mt + g + 8];
-        uint32_t n0 = q4 * ncol;
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j++) {
             o[j][0] *= c_lo;
@@ -1151,26 +1194,8 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
             o[j][2] *= c_hi;
             o[j][3] *= c_hi;
         }
-        const float *pa = Ps + (16 * mt + g) * ATC_PLD + tq;
-#pragma unroll
-        for (int kr = 0; kr < ATC_ROWS; kr += 8) {
-            uint32_t ah[4], al[4];
-            atc_split(pa[kr], &ah[0], &al[0]);
-            atc_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
-            atc_split(pa[kr + 4], &ah[2], &al[2]);
-            atc_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
-            const float *vb = Ks + (kr + tq) * ld + n0 + g;
-#pragma unroll
-            for (int j = 0; j < ATT_MAXV; j++) {
-                if ((uint32_t)j >= ntile) break;
-                uint32_t bh[2], bl[2];
-                atc_split(vb[8 * j], &bh[0], &bl[0]);
-                atc_split(vb[4 * ld + 8 * j], &bh[1], &bl[1]);
-                mma_tf32_16x8x8(o[j], al, bh);
-                if (__any_sync(0xffffffffu, bl[0] | bl[1])) mma_tf32_16x8x8(o[j], ah, bl);
-                mma_tf32_16x8x8(o[j], ah, bh);
-            }
-        }
+        if (exact) atc_values<true>(Ps, Ks, ld, mt, q4 * ncol, ntile, o);
+        else atc_values<false>(Ps, Ks, ld, mt, q4 * ncol, ntile, o);
     }
     __syncthreads(); /* Q is read: its space takes O */
     float *Os = Qs;
