@@ -74,8 +74,6 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->heads, (uint32_t)qd, b->chunk);
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
-    TAKE(m, b->route_count, 1);
-    TAKE(m, b->d_route, c->n_layer);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk);
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);
@@ -415,8 +413,6 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
-    CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
-    if (cu_route_init(b, err)) return -1;
     return reset_state(b, err);
 }
 

@@ -13,17 +13,93 @@
  *             form the down projection reads.
  */
 #include "model/cuda/cuda_internal.h"
-#include "model/cuda/cuda_route.cuh"
 
 /* ------------------------------------------------------------- routing */
 
-/* One warp per token: the routing of token t (route_warp, cuda_route.cuh). */
-template <int PER> static __global__ void route_kernel(route_args a) {
-    dev_pdl_enter();
-    route_warp<PER>(a, blockIdx.x);
+typedef struct route_args {
+    const float *logits; /* T x n_expert */
+    const float *bias;   /* F32 or NULL */
+    const int32_t *hash; /* vocab x k or NULL */
+    const uint32_t *tok;
+    uint32_t n_expert, k;
+    float scale;
+    bool norm;
+    int *sel;
+    float *selw;
+} route_args;
+
+static __device__ __forceinline__ float dev_softplus(float x) {
+    if (x > 20.0f) return x;
+    if (x < -20.0f) return expf(x);
+    return log1pf(expf(x));
 }
 
-static route_args route_args_of(cuda_backend *b, uint32_t il, const uint32_t *tok) {
+/* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
+ * in registers, so the top-k rounds are register scans and shuffles with
+ * no shared-memory round trips. */
+template <int PER> static __global__ void route_kernel(route_args a) {
+    dev_pdl_enter();
+    uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
+    unsigned lane = threadIdx.x;
+    float prob[PER], score[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) {
+        uint32_t e = lane + 32 * j;
+        float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
+        prob[j] = p;
+        score[j] = e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f;
+    }
+    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
+#pragma unroll
+    for (int j = 0; j < PER; j++)
+        if (lane + 32 * j < ne) open |= 1u << j;
+    int chosen = -1;  /* lane i < k: the i-th selected expert */
+    float cprob = 0.0f; /* and its probability */
+    if (a.hash) {
+        if (lane < k) chosen = a.hash[(size_t)a.tok[t] * k + lane];
+        /* the owner of each chosen expert hands its probability over */
+        for (uint32_t i = 0; i < k; i++) {
+            int e = __shfl_sync(0xffffffffu, chosen, i);
+            float p = 0.0f;
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((uint32_t)e == lane + 32 * j) p = prob[j];
+            p = __shfl_sync(0xffffffffu, p, (unsigned)e & 31);
+            if (lane == i) cprob = p;
+        }
+    } else {
+        /* k rounds of: the best untaken expert by prob + bias, lower index
+         * first on ties (the CPU's stable insertion top-k) */
+        for (uint32_t i = 0; i < k; i++) {
+            float bv = -INFINITY, bp = 0.0f;
+            int bi = 0x7fffffff;
+#pragma unroll
+            for (int j = 0; j < PER; j++) {
+                int e = (int)(lane + 32 * j);
+                if (((open >> j) & 1) && (score[j] > bv || (score[j] == bv && e < bi))) { bv = score[j]; bi = e; bp = prob[j]; }
+            }
+            for (int o = 16; o > 0; o >>= 1) {
+                float v2 = __shfl_xor_sync(0xffffffffu, bv, o), p2 = __shfl_xor_sync(0xffffffffu, bp, o);
+                int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; bp = p2; }
+            }
+            if (lane == i) { chosen = bi; cprob = bp; }
+#pragma unroll
+            for (int j = 0; j < PER; j++)
+                if ((int)(lane + 32 * j) == bi) open &= ~(1u << j);
+        }
+    }
+    /* the weights, summed in selection order as the CPU does */
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < k; i++) sum += __shfl_sync(0xffffffffu, cprob, i);
+    float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+    if (lane < k) {
+        a.sel[(size_t)t * k + lane] = chosen;
+        a.selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
+    }
+}
+
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     route_args a;
@@ -37,40 +113,9 @@ static route_args route_args_of(cuda_backend *b, uint32_t il, const uint32_t *to
     a.norm = c->expert_weights_norm;
     a.sel = b->sel;
     a.selw = b->selw;
-    return a;
-}
-
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
-    route_args a = route_args_of(b, il, tok);
     if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, b->st, a);
     else DS4_LAUNCH(route_kernel<32>, T, 32, 0, b->st, a); /* check_config: at most 1024 */
     CU_LAUNCHED();
-    return 0;
-}
-
-/* Only the product's kernel for the light types (Q8_0 and float rows)
- * routes, with room for 8 experts a lane (256). */
-bool cu_route_in_plan(cuda_backend *b, uint32_t il, gemv_plan *p, uint32_t seg) {
-    if (b->cfg->n_expert > 256) return false;
-    for (uint32_t i = 0; i < p->n_seg; i++) {
-        uint32_t ty = p->seg[i].type;
-        if (ty != DS4_TYPE_Q8_0 && ty != DS4_TYPE_F32 && ty != DS4_TYPE_F16 && ty != DS4_TYPE_BF16) return false;
-    }
-    p->route = b->d_route + il;
-    p->route_seg = seg;
-    p->route_blocks = (seg + 1 < p->n_seg ? p->seg[seg + 1].block0 : p->n_blocks) - p->seg[seg].block0;
-    p->route_count = b->route_count;
-    return true;
-}
-
-int cu_route_init(cuda_backend *b, ds4_err *err) {
-    uint32_t n = b->cfg->n_layer;
-    route_args *h = (route_args *)calloc(n, sizeof(route_args));
-    if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    for (uint32_t il = 0; il < n; il++) h[il] = route_args_of(b, il, &b->d_step->token);
-    cudaError_t e = cudaMemcpy(b->d_route, h, n * sizeof(route_args), cudaMemcpyHostToDevice);
-    free(h);
-    CU_TRY(e);
     return 0;
 }
 

@@ -142,8 +142,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
         cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->sg);
         cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->su);
-        bool routed = cu_route_in_plan(b, il, &p, 0);
-        if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, err))) return -1;
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);

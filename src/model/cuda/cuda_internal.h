@@ -144,29 +144,9 @@ typedef struct gemv_seg {
     uint32_t rpw;    /* rows per warp */
 } gemv_seg;
 
-/* Routing of the MoE sublayer (cuda_route.cuh): router logits to the
- * selected experts and their weights. */
-typedef struct route_args {
-    const float *logits; /* T x n_expert */
-    const float *bias;   /* F32 or NULL */
-    const int32_t *hash; /* vocab x k or NULL */
-    const uint32_t *tok;
-    uint32_t n_expert, k;
-    float scale;
-    bool norm;
-    int *sel;
-    float *selw;
-} route_args;
-
 typedef struct gemv_plan {
     gemv_seg seg[CU_MAX_SEGS];
     uint32_t n_seg, n_blocks;
-    /* decode: when route is set, the last block of segment route_seg (the
-     * router's logits, route_blocks blocks) also routes the token
-     * (cu_route_in_plan) */
-    const route_args *route; /* device memory: the layer's arguments */
-    uint32_t route_seg, route_blocks;
-    uint32_t *route_count;
 } gemv_plan;
 
 /* Add a segment to a plan (host side). */
@@ -244,8 +224,6 @@ typedef struct cuda_backend {
     uint32_t *vis, *nvis;
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
-    uint32_t *route_count;    /* router blocks done (a decode step's router product routes) */
-    route_args *d_route;      /* per layer: a decode step's routing arguments (cu_route_init) */
     uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
@@ -303,11 +281,6 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
 
 /* cuda_ffn.cu */
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
-/* Let the router product of a decode plan (segment seg) route the token
- * itself; false (nothing set) where it cannot, cu_route then follows. */
-bool cu_route_in_plan(cuda_backend *b, uint32_t il, gemv_plan *p, uint32_t seg);
-/* The decode steps' routing arguments of every layer, into d_route. */
-int cu_route_init(cuda_backend *b, ds4_err *err);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);

@@ -29,7 +29,6 @@
  * split into a TF32 head and tail so that the products keep f32 precision.
  */
 #include "model/cuda/cuda_internal.h"
-#include "model/cuda/cuda_route.cuh"
 
 /* The IQ2_XXS grid (src/format/iq2_grid.c): 8 bytes of magnitudes each. */
 extern "C" const uint64_t ds4_iq2xxs_grid[256];
@@ -444,28 +443,6 @@ static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, ui
  * IQ2_XXS grid decoding. */
 #define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
-/* The router segment's blocks count themselves done (the "last block"
- * pattern of hc_mix_kernel); the last one routes the token while the
- * launch's other segments still stream, so the routing costs no launch and
- * hides behind them. */
-/* Out of line, its arguments in device memory: its registers stay off the
- * streaming path. */
-static __device__ __noinline__ void gemv_route(const route_args *ra) { route_warp<8>(*ra, 0); }
-
-static __device__ __forceinline__ void gemv_route_last(const route_args *ra, uint32_t *count, uint32_t nblocks) {
-    __shared__ bool last;
-    __threadfence(); /* this block's logits, visible before it counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(count, 1u) == nblocks - 1;
-        if (last) *count = 0;
-    }
-    __syncthreads();
-    if (!last || threadIdx.x >= 32) return;
-    __threadfence();
-    gemv_route(ra);
-}
-
 template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
     dev_pdl_launch_next();
@@ -475,20 +452,17 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     const gemv_seg &sg = p.seg[s];
     unsigned warp = threadIdx.x / 32;
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
-    bool route = M == GM_LIGHT && p.route && s == p.route_seg; /* cu_route_in_plan: light plans only */
     /* weights and the grid are written by no kernel: fetch them while the
      * kernel before this one finishes */
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g);
     dev_pdl_wait_prev();
-    if (r0 < sg.rows) {
-        switch (sg.rpw) {
-        case 1: gemv_rows<M, 1>(sg, r0, grid); break;
-        case 2: gemv_rows<M, 2>(sg, r0, grid); break;
-        default: gemv_rows<M, 4>(sg, r0, grid); break;
-        }
+    if (r0 >= sg.rows) return;
+    switch (sg.rpw) {
+    case 1: gemv_rows<M, 1>(sg, r0, grid); break;
+    case 2: gemv_rows<M, 2>(sg, r0, grid); break;
+    default: gemv_rows<M, 4>(sg, r0, grid); break;
     }
-    if (route) gemv_route_last(p.route, p.route_count, p.route_blocks);
 }
 
 static uint64_t *d_grid; /* the IQ2_XXS grid in device memory */
