@@ -14,9 +14,10 @@
  * previous kernel, and a finish - in the block that completes last - that
  * issues all its loads at once and keeps the row in registers from the
  * collapse through the RMSNorm to the quantized words it stores.  A
- * prefill pass is bound by reading the mixer weights instead, so a block
- * loads them once for HC_PREFILL_TOKENS tokens and a second launch (a
- * block per token) finishes.
+ * prefill pass has the work to fill the GPU instead: its mixer is a
+ * product of the tokens' streams with the mixer rows on the FP64 tensor
+ * cores (hc_prefill_mix_kernel), and a second launch (a block per token)
+ * finishes.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -32,7 +33,8 @@
  * input.  Measured on the H200 (PERFORMANCE.md, third iteration): the
  * Sinkhorn warp pays in decode (109.4 against 107.3 t/s) and costs in
  * prefill (1209 against 1365 t/s, the extra warp of every block idling
- * through the mixer phase), so decode passes use it and prefill does not;
+ * through the mixer phase, when prefill used the same fused launch), so
+ * decode passes use it and the prefill finish (hc_finish_kernel) does not;
  * blocks of 1024 threads measured slower in both. */
 template <int THREADS, bool SINK_WARP> struct hc_shape {
     static constexpr int threads = THREADS;                    /* mixer and finish threads */
@@ -48,7 +50,6 @@ template <int THREADS, bool SINK_WARP> struct hc_shape {
 };
 typedef hc_shape<512, false> hc_shape_prefill;
 typedef hc_shape<512, true> hc_shape_decode;
-static_assert(hc_shape_prefill::cols == hc_shape_decode::cols, "one partial-sum layout for both");
 
 uint32_t cu_hc_cols(void) { return hc_shape_decode::cols; }
 
@@ -337,7 +338,8 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
 
 /* What thread (h, j) of column d reads of token t: the column's four
  * streams and, with an HC post, the sublayer output and the post / comb
- * weights of stream h.  Loaded a token ahead in prefill blocks. */
+ * weights of stream h (the prefill staging takes the streams and the
+ * output, and the weights of all four). */
 typedef struct hc_in {
     float v[4], yd, post, comb[4];
 } hc_in;
