@@ -1024,8 +1024,9 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 /* Long prefill passes on the TF32 tensor cores, flash-attention style: a
  * block is one query and ATC_HEADS heads (M = heads: every head of a query
  * reads the same rows), walking the rows in chunks of ATC_ROWS.  Per chunk:
- * the rows into shared memory, S = Q K^T (a warp one 16 x 8 tile, K = the
- * head dimension), the online softmax (eight threads a head), O = O c + P V
+ * the rows into shared memory, S = Q K^T (a warp 16 heads x 16 rows over
+ * half the head dimension, the halves summed through shared memory), the
+ * online softmax (eight threads a head), O = O c + P V
  * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
  * operand is split into TF32 head and tail (mma_tf32_16x8x8, as in
  * gemm_f_kernel) so the products keep f32 precision; a chunk whose row
@@ -1040,7 +1041,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #define ATC_PLD (ATC_ROWS + ATC_PAD)
 
 static size_t attn_tc_smem(uint32_t hd) {
-    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float);
+    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + 2 * (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float);
 }
 
 static __device__ __forceinline__ void atc_split(float v, uint32_t *h, uint32_t *l) {
@@ -1055,31 +1056,64 @@ template <bool EXACT> static __device__ __forceinline__ void atc_row_split(float
     else atc_split(v, h, l);
 }
 
-/* S tile of warp (mt, q4): heads 16 mt.., chunk rows 8 q4.., scaled; rows
- * past the query's list are -inf. */
+/* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
+ * tiles of 8), head dimensions of half q4 % 2; so each warp splits a
+ * quarter of the query values a chunk needs (two warps share a tile's K
+ * and meet in atc_merge_scores). */
 template <bool EXACT>
-static __device__ __forceinline__ void atc_scores(const float *Qs, const float *Ks, float *Ps, uint32_t hd, uint32_t ld,
-                                                  unsigned mt, unsigned q4, uint32_t valid, float scale) {
+static __device__ __forceinline__ void atc_scores(const float *Qs, const float *Ks, uint32_t hd, uint32_t ld, unsigned mt,
+                                                  unsigned q4, float (&sp)[2][4]) {
     unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
-    const float *qa = Qs + (16 * mt + g) * ld + tq, *kb = Ks + (8 * q4 + g) * ld + tq;
-    float sh[4] = {}, st[4] = {};
-    for (uint32_t k = 0; k < hd; k += 8) {
-        uint32_t ah[4], al[4], bh[2], bl[2];
+    uint32_t k0 = (q4 & 1) * (hd / 2), k1 = k0 + hd / 2;
+    const float *qa = Qs + (16 * mt + g) * ld + tq, *kb = Ks + (16 * (q4 >> 1) + g) * ld + tq;
+    float sh[2][4] = {}, st[2][4] = {};
+    for (uint32_t k = k0; k < k1; k += 8) {
+        uint32_t ah[4], al[4];
         atc_split(qa[k], &ah[0], &al[0]);
         atc_split(qa[8 * ld + k], &ah[1], &al[1]);
         atc_split(qa[k + 4], &ah[2], &al[2]);
         atc_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
-        atc_row_split<EXACT>(kb[k], &bh[0], &bl[0]);
-        atc_row_split<EXACT>(kb[k + 4], &bh[1], &bl[1]);
-        mma_tf32_16x8x8(st, al, bh);
-        if (!EXACT) mma_tf32_16x8x8(st, ah, bl);
-        mma_tf32_16x8x8(sh, ah, bh);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            uint32_t bh[2], bl[2];
+            atc_row_split<EXACT>(kb[8 * nt * ld + k], &bh[0], &bl[0]);
+            atc_row_split<EXACT>(kb[8 * nt * ld + k + 4], &bh[1], &bl[1]);
+            mma_tf32_16x8x8(st[nt], al, bh);
+            if (!EXACT) mma_tf32_16x8x8(st[nt], ah, bl);
+            mma_tf32_16x8x8(sh[nt], ah, bh);
+        }
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        unsigned h = 16 * mt + g + (i >= 2 ? 8 : 0), r = 8 * q4 + 2 * tq + (i & 1);
-        Ps[h * ATC_PLD + r] = r < valid ? (sh[i] + st[i]) * scale : -INFINITY;
-    }
+    for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) sp[nt][i] = sh[nt][i] + st[nt][i];
+}
+
+/* S = (first half + second half) * scale into Ps, rows past the query's
+ * list -inf: the second-half warps leave their sums in SP, the first-half
+ * ones add them (a fixed order).  Two block barriers. */
+static __device__ __forceinline__ void atc_merge_scores(const float (&sp)[2][4], float *SP, float *Ps, unsigned mt,
+                                                        unsigned q4, uint32_t valid, float scale) {
+    unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
+    bool second = q4 & 1;
+    if (second)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                unsigned h = 16 * mt + g + (i >= 2 ? 8 : 0), r = 16 * (q4 >> 1) + 8 * nt + 2 * tq + (i & 1);
+                SP[h * ATC_PLD + r] = sp[nt][i];
+            }
+    __syncthreads();
+    if (!second)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                unsigned h = 16 * mt + g + (i >= 2 ? 8 : 0), r = 16 * (q4 >> 1) + 8 * nt + 2 * tq + (i & 1);
+                Ps[h * ATC_PLD + r] = r < valid ? (sp[nt][i] + SP[h * ATC_PLD + r]) * scale : -INFINITY;
+            }
+    __syncthreads();
 }
 
 /* O += P V for warp (mt, q4): heads 16 mt.., columns n0.. of the quarter
@@ -1144,7 +1178,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
     DS4_DYN_SMEM(float, atc_smem);
     uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4;
     float *Qs = atc_smem, *Ks = Qs + ATC_HEADS * ld, *Ps = Ks + ATC_ROWS * ld;
-    float *mh = Ps + ATC_HEADS * ATC_PLD, *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
+    float *SP = Ps + ATC_HEADS * ATC_PLD, *mh = SP + ATC_HEADS * ATC_PLD, *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
     unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32, g = lane / 4, tq = lane % 4;
     unsigned mt = warp / 4, q4 = warp % 4;
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
@@ -1181,9 +1215,10 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
             inexact |= ((__float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) | __float_as_uint(v.w)) & 0x1fffu) != 0;
         }
         bool exact = !__syncthreads_or(inexact);
-        if (exact) atc_scores<true>(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
-        else atc_scores<false>(Qs, Ks, Ps, hd, ld, mt, q4, total - c0, scale);
-        __syncthreads();
+        float sp[2][4];
+        if (exact) atc_scores<true>(Qs, Ks, hd, ld, mt, q4, sp);
+        else atc_scores<false>(Qs, Ks, hd, ld, mt, q4, sp);
+        atc_merge_scores(sp, SP, Ps, mt, q4, total - c0, scale);
         if (tid < ATC_HEADS * 8) atc_softmax(Ps, mh, lh, ch);
         __syncthreads();
         float c_lo = ch[16 * mt + g], c_hi = ch[16 * mt + g + 8];
