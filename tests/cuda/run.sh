@@ -9,7 +9,8 @@
 #   kernels   activation quantization, every product, the simulations,
 #             against the CPU definitions (bit for bit where the CPU's
 #             arithmetic allows it)
-#   strict    f16 models, simulations off: prefill, 500 decode steps, chunked
+#   strict    f16 models (tiny, tiny-b; and mid, whose heads have Flash's
+#             512 values), simulations off: prefill, decode steps, chunked
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   loose     quantized recipes and simulations on: as close to the CPU as
@@ -46,8 +47,12 @@ if [ "${QUICK:-0}" = 1 ]; then
 else
     for r in f16 q8_0 q2 q4; do $MK -q --recipe $r --seed 11 -o "$T/tiny-$r.gguf"; done
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
+    $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim
+    # Flash's head size (512) in the tensor-core prefill attention and a
+    # 1024-wide HC: mid has 16 heads of 512, 300 tokens select by indexer
+    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):
