@@ -1028,7 +1028,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * half the head dimension, the halves summed through shared memory), the
  * online softmax (eight threads a head), O = O c + P V
  * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
- * operand is split into TF32 head and tail (mma_tf32_16x8x8, as in
+ * operand is split into TF32 head and tail (dev_tf32_split, as in
  * gemm_f_kernel) so the products keep f32 precision; a chunk whose row
  * values are all TF32 already (the f16 raw rows and the FP8 compressed
  * rows of the simulations) skips the rows' tail split and products.  At
@@ -1044,16 +1044,11 @@ static size_t attn_tc_smem(uint32_t hd) {
     return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + 2 * (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float);
 }
 
-static __device__ __forceinline__ void atc_split(float v, uint32_t *h, uint32_t *l) {
-    *h = dev_tf32(v);
-    *l = dev_tf32(v - __uint_as_float(*h));
-}
-
 /* A row value as TF32 head and tail; rows the block found TF32-exact
  * (EXACT) have no tail. */
 template <bool EXACT> static __device__ __forceinline__ void atc_row_split(float v, uint32_t *h, uint32_t *l) {
     if (EXACT) *h = __float_as_uint(v);
-    else atc_split(v, h, l);
+    else dev_tf32_split(v, h, l);
 }
 
 /* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
@@ -1069,10 +1064,10 @@ static __device__ __forceinline__ void atc_scores(const float *Qs, const float *
     float sh[2][4] = {}, st[2][4] = {};
     for (uint32_t k = k0; k < k1; k += 8) {
         uint32_t ah[4], al[4];
-        atc_split(qa[k], &ah[0], &al[0]);
-        atc_split(qa[8 * ld + k], &ah[1], &al[1]);
-        atc_split(qa[k + 4], &ah[2], &al[2]);
-        atc_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
+        dev_tf32_split(qa[k], &ah[0], &al[0]);
+        dev_tf32_split(qa[8 * ld + k], &ah[1], &al[1]);
+        dev_tf32_split(qa[k + 4], &ah[2], &al[2]);
+        dev_tf32_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
             uint32_t bh[2], bl[2];
@@ -1126,10 +1121,10 @@ static __device__ __forceinline__ void atc_values(const float *Ps, const float *
 #pragma unroll
     for (int kr = 0; kr < ATC_ROWS; kr += 8) {
         uint32_t ah[4], al[4];
-        atc_split(pa[kr], &ah[0], &al[0]);
-        atc_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
-        atc_split(pa[kr + 4], &ah[2], &al[2]);
-        atc_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
+        dev_tf32_split(pa[kr], &ah[0], &al[0]);
+        dev_tf32_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
+        dev_tf32_split(pa[kr + 4], &ah[2], &al[2]);
+        dev_tf32_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
         const float *vb = Ks + (kr + tq) * ld + n0 + g;
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j++) {

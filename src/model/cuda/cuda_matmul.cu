@@ -1026,11 +1026,6 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
     }
 }
 
-static __device__ __forceinline__ void tf32_split(float v, uint32_t *h, uint32_t *l) {
-    *h = dev_tf32(v);
-    *l = dev_tf32(v - __uint_as_float(*h));
-}
-
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
     __shared__ __align__(16) float ws[BM][FPAD];
@@ -1065,13 +1060,13 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
                 unsigned r = 32 * wm + 16 * m + gq;
                 float a[4] = {ws[r][kk + tq], ws[r + 8][kk + tq], ws[r][kk + tq + 4], ws[r + 8][kk + tq + 4]};
 #pragma unroll
-                for (int i = 0; i < 4; i++) tf32_split(a[i], &ah[m][i], &al[m][i]);
+                for (int i = 0; i < 4; i++) dev_tf32_split(a[i], &ah[m][i], &al[m][i]);
             }
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 unsigned t = 16 * wn + 8 * nt + gq;
-                tf32_split(xs[t][kk + tq], &bh[nt][0], &bl[nt][0]);
-                tf32_split(xs[t][kk + tq + 4], &bh[nt][1], &bl[nt][1]);
+                dev_tf32_split(xs[t][kk + tq], &bh[nt][0], &bl[nt][0]);
+                dev_tf32_split(xs[t][kk + tq + 4], &bh[nt][1], &bl[nt][1]);
             }
 #pragma unroll
             for (int m = 0; m < 2; m++)

@@ -357,6 +357,13 @@ static __device__ __forceinline__ uint32_t dev_tf32(float x) {
 #endif
 }
 
+/* v as a TF32 head and tail, v = h + l to about 2^-22 of v: products
+ * with both keep f32 precision on the TF32 tensor cores. */
+static __device__ __forceinline__ void dev_tf32_split(float v, uint32_t *h, uint32_t *l) {
+    *h = dev_tf32(v);
+    *l = dev_tf32(v - __uint_as_float(*h));
+}
+
 /* D = A * B + C on the TF32 tensor cores, m16n8k8 (PTX ISA "Matrix
  * Fragments for mma.m16n8k8" of .tf32), g = lane / 4, t = lane % 4:
  *   a[0]: A row g, col t    a[1]: A row g+8, col t
