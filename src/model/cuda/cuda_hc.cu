@@ -460,12 +460,15 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
 #define HCP_LD (HCP_K + 4) /* the fragment loads hit 32 banks (8-byte words: 4 g + t) */
 #define HCP_THREADS 256
 
-static size_t hcp_smem(void) { return (size_t)(HCP_TOK + 32) * HCP_LD * sizeof(double); }
+#define HCP_MROWS 32       /* mixer rows staged: every NMIX (<= 31) in whole m-tiles of 8 */
+
+static size_t hcp_smem(void) { return (size_t)(HCP_TOK + HCP_MROWS) * HCP_LD * sizeof(double); }
 
 template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_prefill_mix_kernel(hc_args a) {
     constexpr int MT = (NMIX + 7) / 8; /* m-tiles of 8 mixer rows */
     constexpr int FPT = MT * 8 * HCP_K / HCP_THREADS; /* mixer weights a thread stages per chunk */
     static_assert(HCP_THREADS % HCP_K == 0 && FPT * HCP_THREADS == MT * 8 * HCP_K, "staging: whole rows");
+    static_assert(MT * 8 <= HCP_MROWS, "the staged mixer rows fit");
     dev_pdl_enter();
     DS4_DYN_SMEM(double, sm);
     double *sS = sm, *sF = sm + HCP_TOK * HCP_LD;
