@@ -265,28 +265,28 @@ AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
         e3 = _mm256_add_ps(e3, _mm256_mul_ps(w3, _mm256_loadu_ps(z + i + 24)));      \
     } while (0)
 
+/* Two activations against one F16 (bf16 = 0) or BF16 row. */
+AVX2_BODY void dot_f16_pair(int64_t n, const uint16_t *a, const float *x, const float *z, int bf16, float *out) {
+    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
+    int64_t i = 0;
+    if (bf16)
+        for (; i + 32 <= n; i += 32) F16_STEP2(load_bf16x8);
+    else
+        for (; i + 32 <= n; i += 32) F16_STEP2(load_f16x8);
+    out[0] = finish_f16(c0, c1, c2, c3, i, n, a, x, bf16);
+    out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, bf16);
+}
+
 AVX2 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
                                  float *out) {
     (void)nacts; /* always DS4_AVX2_WIDTH_FLOAT = 2 */
-    const uint16_t *a = w;
-    const float *x = act, *z = ds4_act_at(act, act_stride, 1);
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) F16_STEP2(load_f16x8);
-    out[0] = finish_f16(c0, c1, c2, c3, i, n, a, x, 0);
-    out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, 0);
+    dot_f16_pair(n, w, act, ds4_act_at(act, act_stride, 1), 0, out);
 }
 
 AVX2 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
                                   float *out) {
     (void)nacts;
-    const uint16_t *a = w;
-    const float *x = act, *z = ds4_act_at(act, act_stride, 1);
-    __m256 c0 = _mm256_setzero_ps(), c1 = c0, c2 = c0, c3 = c0, e0 = c0, e1 = c0, e2 = c0, e3 = c0;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) F16_STEP2(load_bf16x8);
-    out[0] = finish_f16(c0, c1, c2, c3, i, n, a, x, 1);
-    out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, 1);
+    dot_f16_pair(n, w, act, ds4_act_at(act, act_stride, 1), 1, out);
 }
 
 /* ----------------------------------------------------------------- Q8_0 */
