@@ -336,36 +336,37 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
     if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
-/* What thread (h, j) of column d reads of token t: the column's four
- * streams and, with an HC post, the sublayer output and the post / comb
- * weights of stream h (the prefill staging takes the streams and the
- * output, and the weights of all four). */
+/* What column d of token t brings to the HC post: its four streams and,
+ * with a post source, the sublayer output. */
 typedef struct hc_in {
-    float v[4], yd, post, comb[4];
+    float v[4], yd;
 } hc_in;
 
-static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t t, uint32_t d, unsigned h, bool on) {
+static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t t, uint32_t d, bool on) {
     const uint32_t n = 4, D = a.D;
     hc_in in;
     const float *S = a.S + (size_t)t * n * D;
 #pragma unroll
     for (uint32_t src = 0; src < n; src++) in.v[src] = on ? S[(size_t)src * D + d] : 0.0f;
-    in.yd = in.post = 0.0f;
-#pragma unroll
-    for (uint32_t src = 0; src < n; src++) in.comb[src] = 0.0f;
-    if (a.y || a.eout) {
-        if (on && a.y) {
-            in.yd = a.y[(size_t)t * D + d];
-        } else if (on) {
-            float routed = 0.0f;
-            for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
-            in.yd = routed + a.sout[(size_t)t * D + d];
-        }
-        in.post = a.post[(size_t)t * n + h];
-#pragma unroll
-        for (uint32_t src = 0; src < n; src++) in.comb[src] = a.comb[(size_t)t * n * n + h + n * src];
+    in.yd = 0.0f;
+    if (on && a.y) {
+        in.yd = a.y[(size_t)t * D + d];
+    } else if (on && a.eout) {
+        float routed = 0.0f;
+        for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+        in.yd = routed + a.sout[(size_t)t * D + d];
     }
     return in;
+}
+
+/* Stream h after the HC post of the previous sublayer (MODEL.md 5.3):
+ * post_h y + sum_src comb[h][src] S_src, in cpu_hc.c's order. */
+static __device__ __forceinline__ float hc_post_value(const hc_args &a, uint32_t t, unsigned h, const hc_in &in) {
+    const uint32_t n = 4;
+    const float *comb = a.comb + (size_t)t * n * n;
+    float s = a.post[(size_t)t * n + h] * in.yd;
+    for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * in.v[src];
+    return s;
 }
 
 /* Token t's part of the mixer launch, by thread (h, j) of column d (the
@@ -382,9 +383,7 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float vh = h == 0 ? in.v[0] : h == 1 ? in.v[1] : h == 2 ? in.v[2] : in.v[3]; /* no indexed register array */
     if (a.y || a.eout) {
-        float s = in.post * in.yd;
-        for (uint32_t src = 0; src < n; src++) s += in.comb[src] * in.v[src];
-        vh = s;
+        vh = hc_post_value(a, t, h, in);
         __syncthreads(); /* every stream of the column is read before any is rewritten */
         if (on) a.S[(size_t)t * n * D + (size_t)h * D + d] = vh;
     }
@@ -432,7 +431,7 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
     hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
     dev_pdl_wait_prev();
-    hc_mix_token<NMIX, SH>(a, t, hc_load_token(a, t, d, h, on), f, d, h, mixer, on, red);
+    hc_mix_token<NMIX, SH>(a, t, hc_load_token(a, t, d, on), f, d, h, mixer, on, red);
     __threadfence(); /* this block's S and sums, visible before it counts itself done */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -497,16 +496,10 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
         for (int j = 0; j < HCP_TOK / 8; j++) {
             uint32_t tl = warp + 8 * j, t = t0 + tl;
             bool on = t < a.T && d < D;
-            hc_in in = hc_load_token(a, on ? t : 0, on ? d : 0, 0, on); /* streams and y; post / comb below */
-            const float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
+            hc_in in = hc_load_token(a, t, d, on);
 #pragma unroll
             for (uint32_t h = 0; h < n; h++) {
-                float v = in.v[h];
-                if (on && (a.y || a.eout)) { /* as hc_mix_token */
-                    float s = post[h] * in.yd;
-                    for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * in.v[src];
-                    v = s;
-                }
+                float v = on && (a.y || a.eout) ? hc_post_value(a, t, h, in) : in.v[h];
                 sS[tl * HCP_LD + h * HCP_CC + lane] = on ? (double)v : 0.0;
                 ssq[j] += on ? (double)v * (double)v : 0.0;
                 if (on && (a.y || a.eout)) a.S[(size_t)t * n * D + (size_t)h * D + d] = v;
