@@ -5,7 +5,8 @@
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
 #   PARTS="tests san prof ncu ncustep bench"   which parts, in this order (default: all but ncu, ncustep)
-#   TESTS_TIME, PROF_TIME, BENCH_TIME   their time limits in seconds
+#   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
+#   NCU_CTX   the context of the ncustep run (default 1024)
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: gpu_session.sh OUTDIR}
@@ -36,7 +37,7 @@ for part in $PARTS; do
         # every kernel of a short run, one at a time: tests/cuda/ncu_table.py
         # turns the CSV into the per-kernel table of one decode step
         timeout ${NCU_TIME:-330} ncu --csv --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
-            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 1024 --ctx-max 1024 --gen-tokens 3 > "$OUT/ncustep.csv" 2> "$OUT/ncustep.err"
+            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start ${NCU_CTX:-1024} --ctx-max ${NCU_CTX:-1024} --gen-tokens 3 > "$OUT/ncustep.csv" 2> "$OUT/ncustep.err"
         echo "ncustep: rc $?"
         python3 tests/cuda/ncu_table.py "$OUT/ncustep.csv" > "$OUT/ncustep.md" && gzip -f "$OUT/ncustep.csv";;
     bench)

@@ -51,8 +51,13 @@ else
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim
     # Flash's head size (512) in the tensor-core prefill attention and a
-    # 1024-wide HC: mid has 16 heads of 512, 300 tokens select by indexer
-    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32
+    # 1024-wide HC: mid has 16 heads of 512, 300 tokens select by indexer.
+    # Its 32 experts give near-ties that one-ulp twins do not reveal: the
+    # prompt of seed 1 has, at layer 8 token 17, a 6th and 7th expert 1.1e-5
+    # apart (relative), which the H200's rounding flips (every later row then
+    # moves by up to 0.1).  Seed 12's closest pair, in prefill and the 32
+    # greedy steps, is 2.2e-5 apart (measured on the CPU reference).
+    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):

@@ -638,7 +638,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 /* All heads of a query attend over the same visible rows (one KV row per
  * position serves every head), so the work is shaped around loading each
  * row as few times as possible:
- *   attn_heads_kernel  a warp carries H (4) heads, so each row it loads
+ *   attn_heads_kernel  a warp carries H (2) heads, so each row it loads
  *       serves all of them; the ATB_WARPS warps of a block take consecutive
  *       shares of the block's rows and are merged through shared memory.
  *       In a decode step (T = 1) the rows are also split over blocks, so
@@ -664,7 +664,7 @@ typedef struct attn_args {
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
     uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
-    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] (attn_heads_kernel) */
+    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] in slot order (attn_heads_kernel) */
     uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
     dact heads;         /* the output */
     ds4_rope rope;
@@ -698,15 +698,23 @@ static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_
     return *n_raw + n_comp;
 }
 
-/* A lane's `per` consecutive values at v (zeros when !on), in wide loads;
- * CG: from the L2 (what other blocks of the same launch wrote). */
-template <bool CG = false>
+/* A warp holds a row of hd = 32 per values (per even) as groups of VW
+ * consecutive values, VW = 4 where per allows it and 2 otherwise: group i
+ * of lane l is elements VW (32 i + l) .., so each load or store of the
+ * warp covers 32 VW consecutive floats (whole sectors).  Value k of a lane
+ * is element attn_lane_e(per, lane, k). */
+static __device__ __forceinline__ uint32_t attn_lane_e(uint32_t per, unsigned lane, int k) {
+    return per % 4 == 0 ? 4 * (32 * (k / 4) + lane) + k % 4 : 2 * (32 * (k / 2) + lane) + k % 2;
+}
+
+/* The lane's values of the row at v (zeros when !on), in wide loads. */
 static __device__ __forceinline__ void attn_lane_load(const float *v, bool on, uint32_t per, float *out) {
+    unsigned lane = threadIdx.x & 31;
     if (per % 4 == 0) {
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 4) {
-            const float4 *p4 = (const float4 *)(v + j);
-            float4 x = on && (uint32_t)j < per ? (CG ? __ldcg(p4) : *p4) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            const float4 *p4 = (const float4 *)(v + attn_lane_e(per, lane, j));
+            float4 x = on && (uint32_t)j < per ? *p4 : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
             out[j] = x.x;
             out[j + 1] = x.y;
             out[j + 2] = x.z;
@@ -715,11 +723,26 @@ static __device__ __forceinline__ void attn_lane_load(const float *v, bool on, u
     } else {
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 2) {
-            const float2 *p2 = (const float2 *)(v + j);
-            float2 x = on && (uint32_t)j < per ? (CG ? __ldcg(p2) : *p2) : make_float2(0.0f, 0.0f);
+            const float2 *p2 = (const float2 *)(v + attn_lane_e(per, lane, j));
+            float2 x = on && (uint32_t)j < per ? *p2 : make_float2(0.0f, 0.0f);
             out[j] = x.x;
             out[j + 1] = x.y;
         }
+    }
+}
+
+/* The lane's values into the row at v, in wide stores. */
+static __device__ __forceinline__ void attn_lane_store(float *v, uint32_t per, const float *in) {
+    unsigned lane = threadIdx.x & 31;
+    if (per % 4 == 0) {
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j += 4)
+            if ((uint32_t)j < per)
+                *(float4 *)(v + attn_lane_e(per, lane, j)) = make_float4(in[j], in[j + 1], in[j + 2], in[j + 3]);
+    } else {
+#pragma unroll
+        for (int j = 0; j < ATT_MAXV; j += 2)
+            if ((uint32_t)j < per) *(float2 *)(v + attn_lane_e(per, lane, j)) = make_float2(in[j], in[j + 1]);
     }
 }
 
@@ -729,19 +752,39 @@ static __device__ __forceinline__ uint32_t attn_min(uint32_t x, uint32_t y) { re
  * (0 for an empty sum, m = -inf, even when M is -inf too). */
 static __device__ __forceinline__ float attn_rescale(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
 
+/* Q8_0 of the lane's values i .. i + VW - 1 (a group, at element e): a block of 32 is the group
+ * of 32 / VW consecutive lanes (amax / 127, round to nearest even, as
+ * dev_quantize_row). */
+template <int VW>
+static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV], int i, uint32_t e, int8_t *qo, float *qd) {
+    constexpr unsigned LANES = 32 / VW;
+    float amax = 0.0f;
+#pragma unroll
+    for (int c = 0; c < VW; c++) amax = fmaxf(amax, fabsf(o[i + c]));
+#pragma unroll
+    for (unsigned span = 1; span < LANES; span *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, span));
+    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    uint32_t w = 0;
+#pragma unroll
+    for (int c = 0; c < VW; c++) w |= (uint32_t)(uint8_t)q8_round(o[i + c] * id) << (8 * c);
+    if (VW == 4) *(uint32_t *)(qo + e) = w;
+    else *(uint16_t *)(qo + e) = (uint16_t)w;
+    if ((threadIdx.x & 31) % LANES == 0) qd[e / 32] = d;
+}
+
 /* Normalise, undo the key RoPE at the query position, write the head's
- * output and its Q8_0 activation blocks.  Lane l holds values
- * per*l .. per*l + per - 1. */
-static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float *o,
+ * output and its Q8_0 activation blocks.  The lane holds its values of
+ * the attn_lane_e layout. */
+static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float (&o)[ATT_MAXV],
                                                    float den) {
     unsigned lane = threadIdx.x & 31;
-    uint32_t per = a.hd / 32, e0 = per * lane, tail0 = a.hd - a.rope_dim;
+    uint32_t per = a.hd / 32, tail0 = a.hd - a.rope_dim;
 #pragma unroll
     for (int i = 0; i < ATT_MAXV; i++)
         if ((uint32_t)i < per) o[i] /= den;
 #pragma unroll
     for (int i = 0; i < ATT_MAXV; i += 2) {
-        uint32_t e = e0 + i;
+        uint32_t e = attn_lane_e(per, lane, i); /* even: a pair never straddles two groups */
         if ((uint32_t)i < per && e >= tail0) {
             uint32_t k = (e - tail0) / 2;
             float theta = (float)p * a.rope.inv_freq[k];
@@ -751,32 +794,25 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
             o[i + 1] = x0 * s + x1 * c;
         }
     }
-    float *out = a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd;
-#pragma unroll
-    for (int i = 0; i < ATT_MAXV; i++)
-        if ((uint32_t)i < per) out[e0 + i] = o[i];
-    if (!a.heads.q8 || 32 % per) return; /* otherwise quantized by the caller */
-    /* Q8_0 blocks of 32: 32 / per lanes share one block */
-    float amax = 0.0f;
-#pragma unroll
-    for (int i = 0; i < ATT_MAXV; i++)
-        if ((uint32_t)i < per) amax = fmaxf(amax, fabsf(o[i]));
-    for (uint32_t span = per; span < 32; span *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, span / per));
-    float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    attn_lane_store(a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd, per, o);
+    if (!a.heads.q8) return;
     int8_t *qo = (int8_t *)(a.heads.q8 + (size_t)t * a.heads.q8s) + (size_t)h * a.hd;
     float *qd = (float *)(a.heads.q8 + (size_t)t * a.heads.q8s + a.heads.n) + (size_t)h * a.hd / 32;
+    if (per % 4 == 0) {
 #pragma unroll
-    for (int i = 0; i < ATT_MAXV; i++)
-        if ((uint32_t)i < per) {
-            qo[e0 + i] = q8_round(o[i] * id);
-        }
-    if ((e0 % 32) == 0) qd[e0 / 32] = d;
+        for (int i = 0; i < ATT_MAXV; i += 4)
+            if ((uint32_t)i < per) attn_q8_group<4>(o, i, attn_lane_e(per, lane, i), qo, qd);
+    } else {
+#pragma unroll
+        for (int i = 0; i < ATT_MAXV; i += 2)
+            if ((uint32_t)i < per) attn_q8_group<2>(o, i, attn_lane_e(per, lane, i), qo, qd);
+    }
 }
 
 /* Merge the sink into a head's sum (maximum m, sum l, lane values o) and
  * finish it. */
 static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint32_t t, uint32_t h, uint32_t p,
-                                                        float *o, float m, float l) {
+                                                        float (&o)[ATT_MAXV], float m, float l) {
     float sink = a.sinks[h], M = fmaxf(sink, m), c = attn_rescale(m, M);
     float den = expf(sink - M) + l * c;
 #pragma unroll
@@ -785,8 +821,10 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
 }
 
 /* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
- * heads' online softmax over its share of the block's rows.  The warps are
- * merged pairwise through shared memory; with one split the block finishes
+ * heads' online softmax over its share of the block's rows.  The warps'
+ * results meet in shared memory and the block's threads merge them value
+ * by value (one barrier, conflict-free: value k of lane l at slot
+ * 32 k + l); with one split the block finishes
  * its heads, otherwise it stores its partial result and the last block of
  * the head group merges them all.  Template parameters (the configuration
  * is chosen at the launch, in cu_attend):
@@ -802,8 +840,8 @@ template <int H, int MINB, int BATCH>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
     dev_pdl_enter();
-    __shared__ __align__(16) float xo[ATB_WARPS / 2][H][ATT_MAXV * 32];
-    __shared__ float xm[ATB_WARPS / 2][H], xl[ATB_WARPS / 2][H];
+    __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
+    __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
     __shared__ bool last;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
@@ -818,7 +856,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         w0 = attn_min(i0 + warp * per_warp, i1);
         w1 = attn_min(w0 + per_warp, i1);
     }
-    uint32_t per = a.hd / 32, e0 = per * lane;
+    uint32_t per = a.hd / 32;
     float scale = 1.0f / sqrtf((float)a.hd);
     unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
     if (lane < ATB_PREF_ROWS && w0 + lane < w1)
@@ -827,7 +865,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #pragma unroll
     for (int j = 0; j < H; j++) {
         bool on = h0 + j < a.n_head; /* a missing head of the last group: zeros, never written */
-        attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * a.hd + e0, on, per, q[j]);
+        attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * a.hd, on, per, q[j]);
 #pragma unroll
         for (int k = 0; k < ATT_MAXV; k++) o[j][k] = 0.0f;
         m[j] = -INFINITY;
@@ -846,7 +884,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         for (int u = 0; u < BATCH; u++) {
             bool on = ib + u < w1;
             const float *rp =
-                (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS)) + e0;
+                (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS));
             attn_lane_load(rp, on, per, rv[u]);
         }
         float sc[BATCH][H];
@@ -890,73 +928,61 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             }
         }
     }
-    {
-        /* warps w and w + half merged into w, half = ATB_WARPS / 2 .. 1 */
-        for (unsigned half = ATB_WARPS / 2; half > 0; half /= 2) {
-            if (warp >= half && warp < 2 * half) {
-                unsigned s = warp - half;
+    /* Every warp's (m, l, o) into shared memory and one barrier; then the
+     * block's threads merge them value by value (each head against the
+     * largest of its warps' maxima, the warps added in order), rather than
+     * in a tree of barriers. */
 #pragma unroll
-                for (int j = 0; j < H; j++) {
-                    if (lane == 0) {
-                        xm[s][j] = m[j];
-                        xl[s][j] = l[j];
-                    }
+    for (int j = 0; j < H; j++) {
+        if (lane == 0) {
+            xm[warp][j] = m[j];
+            xl[warp][j] = l[j];
+        }
 #pragma unroll
-                    for (int k = 0; k < ATT_MAXV; k++)
-                        if ((uint32_t)k < per) xo[s][j][e0 + k] = o[j][k];
-                }
+        for (int k = 0; k < ATT_MAXV; k++)
+            if ((uint32_t)k < per) xo[warp][j][32 * k + lane] = o[j][k];
+    }
+    __syncthreads();
+    size_t pf = attn_part_floats(H, a.hd), gi = (size_t)t * gridDim.x + g;
+    float *pp = a.nsplit > 1 ? a.part + (gi * nparts + part) * pf : NULL;
+    uint32_t nv = 32 * per; /* a head's values, in slot order 32 k + lane */
+#pragma unroll
+    for (int j = 0; j < H; j++) {
+        float M = -INFINITY, c[ATB_WARPS];
+#pragma unroll
+        for (int w = 0; w < ATB_WARPS; w++) M = fmaxf(M, xm[w][j]);
+#pragma unroll
+        for (int w = 0; w < ATB_WARPS; w++) c[w] = attn_rescale(xm[w][j], M);
+        if (threadIdx.x == 0) {
+            float sl = 0.0f;
+#pragma unroll
+            for (int w = 0; w < ATB_WARPS; w++) sl += xl[w][j] * c[w];
+            if (pp) {
+                pp[j] = M;
+                pp[H + j] = sl;
+            } else {
+                fm[j] = M;
+                fl[j] = sl;
             }
-            __syncthreads();
-            if (warp < half) {
+        }
+        for (uint32_t slot = threadIdx.x; slot < nv; slot += blockDim.x) {
+            float v = 0.0f;
 #pragma unroll
-                for (int j = 0; j < H; j++) {
-                    float m2 = xm[warp][j], M = fmaxf(m[j], m2), c1 = attn_rescale(m[j], M), c2 = attn_rescale(m2, M);
-                    l[j] = l[j] * c1 + xl[warp][j] * c2;
-#pragma unroll
-                    for (int k = 0; k < ATT_MAXV; k++)
-                        if ((uint32_t)k < per) o[j][k] = o[j][k] * c1 + xo[warp][j][e0 + k] * c2;
-                    m[j] = M;
-                }
-            }
-            __syncthreads();
+            for (int w = 0; w < ATB_WARPS; w++) v += xo[w][j][slot] * c[w];
+            if (pp) pp[2 * H + (size_t)j * a.hd + slot] = v;
+            else xo[0][j][slot] = v; /* this thread's own slot: read by no other */
         }
     }
-    if (a.nsplit == 1) {
-        /* warp 0 holds the block's heads: a warp finishes each */
-        if (warp == 0) {
-#pragma unroll
-            for (int j = 0; j < H; j++) {
-                if (lane == 0) {
-                    xm[0][j] = m[j];
-                    xl[0][j] = l[j];
-                }
-#pragma unroll
-                for (int k = 0; k < ATT_MAXV; k++)
-                    if ((uint32_t)k < per) xo[0][j][e0 + k] = o[j][k];
-            }
-        }
+    if (!pp) {
+        /* one split: a warp finishes each head */
         __syncthreads();
         if (warp < H && h0 + warp < a.n_head) {
             float v[ATT_MAXV];
 #pragma unroll
-            for (int k = 0; k < ATT_MAXV; k++) v[k] = (uint32_t)k < per ? xo[0][warp][e0 + k] : 0.0f;
-            attn_sink_finish(a, t, h0 + warp, p, v, xm[0][warp], xl[0][warp]);
+            for (int k = 0; k < ATT_MAXV; k++) v[k] = (uint32_t)k < per ? xo[0][warp][32 * k + lane] : 0.0f;
+            attn_sink_finish(a, t, h0 + warp, p, v, fm[warp], fl[warp]);
         }
         return;
-    }
-    size_t pf = attn_part_floats(H, a.hd), gi = (size_t)t * gridDim.x + g;
-    if (warp == 0) {
-        float *pp = a.part + (gi * nparts + part) * pf;
-#pragma unroll
-        for (int j = 0; j < H; j++) {
-            if (lane == 0) {
-                pp[j] = m[j];
-                pp[H + j] = l[j];
-            }
-#pragma unroll
-            for (int k = 0; k < ATT_MAXV; k++)
-                if ((uint32_t)k < per) pp[2 * H + (size_t)j * a.hd + e0 + k] = o[j][k];
-        }
     }
     __threadfence(); /* this block's partial results, visible before it counts itself done */
     __syncthreads();
@@ -991,7 +1017,9 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             const float *ps = pg + (su ? s0 + u : sb) * pf;
             ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
             ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
-            attn_lane_load<true>(ps + 2 * H + (size_t)j * a.hd + e0, su, per, ov[u]);
+#pragma unroll
+            for (int k = 0; k < ATT_MAXV; k++) /* slot order: one coalesced load per value */
+                ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * a.hd + 32 * k + lane) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
@@ -1006,7 +1034,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         if (lane == 0) xl[hv - 1][j] = den;
 #pragma unroll
         for (int k = 0; k < ATT_MAXV; k++)
-            if ((uint32_t)k < per) xo[hv - 1][j][e0 + k] = v[k];
+            if ((uint32_t)k < per) xo[hv - 1][j][32 * k + lane] = v[k];
     }
     __syncthreads();
     if (hv == 0 && on) {
@@ -1014,7 +1042,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         for (unsigned s = 0; s + 1 < NSL; s++) {
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++)
-                if ((uint32_t)k < per) v[k] += xo[s][j][e0 + k];
+                if ((uint32_t)k < per) v[k] += xo[s][j][32 * k + lane];
             den += xl[s][j];
         }
         finish_head(a, t, h0 + j, p, v, expf(sink - M) + den);
@@ -1244,7 +1272,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
     for (uint32_t h = warp; h < ATC_HEADS && h0 + h < a.n_head; h += ATC_WARPS) {
         float v[ATT_MAXV];
 #pragma unroll
-        for (int i = 0; i < ATT_MAXV; i++) v[i] = (uint32_t)i < per ? Os[h * ld + per * lane + i] : 0.0f;
+        for (int i = 0; i < ATT_MAXV; i++) v[i] = (uint32_t)i < per ? Os[h * ld + attn_lane_e(per, lane, i)] : 0.0f;
         attn_sink_finish(a, t, h0 + h, p, v, mh[h], lh[h]);
     }
 }
@@ -1328,7 +1356,6 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
         DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2>), dim3(cu_attn_groups(c), T, a.nsplit), ATB_WARPS * 32, 0, b->st, a);
         CU_LAUNCHED();
     }
-    if (b->heads.q8 && 32 % (c->head_dim / 32) && cu_quantize(&b->heads, T, b->st, err)) return -1;
     if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
     DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
