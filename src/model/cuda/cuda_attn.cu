@@ -251,10 +251,15 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
     *sc = L.ssc[(size_t)R * L.width + col];
 }
 
-/* Window w's pooled values into x (hd of them, the block's threads over
- * the columns): the softmax over its candidates' scores of their values. */
-static __device__ void comp_pool(const comp_lane &L, uint32_t pos0, uint32_t w, float *x) {
-    uint32_t ratio = L.ratio, hd = L.hd;
+/* One block per (window closing in the pass, lane): pool, normalise, RoPE
+ * at the window start, round trip; writes compressed row `w`. */
+static __global__ void comp_emit_kernel(comp_args a) {
+    dev_pdl_enter();
+    __shared__ float x[512];
+    const comp_lane &L = a.lane[blockIdx.y];
+    uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
+    uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
+    if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
     long long ws = (long long)w * ratio;
     for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) {
         uint32_t n_cand = ratio == 4 ? 8 : ratio;
@@ -277,14 +282,8 @@ static __device__ void comp_pool(const comp_lane &L, uint32_t pos0, uint32_t w, 
         x[j] = sum > 0.0f ? acc / sum : 0.0f;
     }
     __syncthreads();
-}
-
-/* Normalise, RoPE at the window start, round trip; x becomes compressed
- * row w. */
-static __device__ void comp_finish_row(const comp_args &a, const comp_lane &L, uint32_t w, float *x) {
-    uint32_t hd = L.hd;
     block_rmsnorm(x, hd, L.norm, L.norm_type, a.eps);
-    block_rope(x, hd, a.rope, w * L.ratio, false);
+    block_rope(x, hd, a.rope, (uint32_t)ws, false);
     if (a.sim) {
         if (L.indexer) block_qat128(x);
         else block_fp8_roundtrip(x, hd - a.rope_dim);
@@ -293,16 +292,17 @@ static __device__ void comp_finish_row(const comp_args &a, const comp_lane &L, u
     for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) out[j] = x[j];
 }
 
-/* Rebuild the frontier in canonical form (MODEL.md 6.2) after the pass,
- * columns col0, col0 + step, ...; a thread owns a column, so rows can move
- * (ratio 4: the current window becoming the previous one) without races. */
-static __device__ void comp_frontier_cols(const comp_args &a, const comp_lane &L, uint32_t pos0, uint32_t col0,
-                                          uint32_t step) {
-    uint32_t n = pos0 + a.T, ratio = L.ratio;
+/* Rebuild the frontier in canonical form (MODEL.md 6.2) after the pass;
+ * a thread owns a column, so rows can move (ratio 4: the current window
+ * becoming the previous one) without races. */
+static __global__ void comp_frontier_kernel(comp_args a) {
+    dev_pdl_enter();
+    const comp_lane &L = a.lane[blockIdx.y];
+    uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
      * (rows past the partial window are already empty) */
     bool same_window = n / ratio == pos0 / ratio;
-    for (uint32_t col = col0; col < L.width; col += step) {
+    for (uint32_t col = blockIdx.x * blockDim.x + threadIdx.x; col < L.width; col += gridDim.x * blockDim.x) {
         uint32_t kn = n / ratio, rem = n % ratio;
         if (same_window) {
             for (uint32_t p = pos0; p < n; p++) {
@@ -336,37 +336,6 @@ static __device__ void comp_frontier_cols(const comp_args &a, const comp_lane &L
             }
         }
     }
-}
-
-/* Prefill: one block per (window closing in the pass, lane) writes its
- * compressed row; comp_frontier_kernel runs after. */
-static __global__ void comp_emit_kernel(comp_args a) {
-    dev_pdl_enter();
-    __shared__ float x[512];
-    const comp_lane &L = a.lane[blockIdx.y];
-    uint32_t pos0 = *a.pos0, w = pos0 / L.ratio + blockIdx.x; /* window index */
-    if ((w + 1) * L.ratio > pos0 + a.T) return; /* does not close in this pass */
-    comp_pool(L, pos0, w, x);
-    comp_finish_row(a, L, w, x);
-}
-
-static __global__ void comp_frontier_kernel(comp_args a) {
-    dev_pdl_enter();
-    comp_frontier_cols(a, a.lane[blockIdx.y], *a.pos0, blockIdx.x * blockDim.x + threadIdx.x, gridDim.x * blockDim.x);
-}
-
-/* Decode: a block per lane does both in one launch - the pooling of the
- * window the token closes (if it does) reads the old frontier, a barrier,
- * then the frontier is rebuilt and the row finished. */
-static __global__ void comp_decode_kernel(comp_args a) {
-    dev_pdl_enter();
-    __shared__ float x[512];
-    const comp_lane &L = a.lane[blockIdx.y];
-    uint32_t pos0 = *a.pos0, w = pos0 / L.ratio;
-    bool closes = (pos0 + 1) % L.ratio == 0; /* the same in every thread */
-    if (closes) comp_pool(L, pos0, w, x);    /* ends with a barrier */
-    comp_frontier_cols(a, L, pos0, threadIdx.x, blockDim.x);
-    if (closes) comp_finish_row(a, L, w, x);
 }
 
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
@@ -413,12 +382,8 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
         L->indexer = true;
         a.n_lanes = 2;
     }
-    if (decode) { /* one launch; its grid valid at any position */
-        DS4_LAUNCH(comp_decode_kernel, dim3(1, a.n_lanes), 256, 0, b->st, a);
-        CU_LAUNCHED();
-        return 0;
-    }
-    uint32_t nwin = (pos0 + T) / ratio - pos0 / ratio; /* windows closing in the pass */
+    /* windows that can close: at most one in a decode step */
+    uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (nwin) {
         DS4_LAUNCH(comp_emit_kernel, dim3(nwin, a.n_lanes), 256, 0, b->st, a);
         CU_LAUNCHED();
