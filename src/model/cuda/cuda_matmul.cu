@@ -249,10 +249,13 @@ static __device__ void dev_iq2_fill_grid(uint64_t *tab, const uint64_t *grid_g) 
     __syncthreads();
 }
 
-/* Bytes 0..3 of each word: 0xFF where the sign bit is set. */
-static __device__ __forceinline__ uint32_t sign_mask4(uint32_t bits4) {
-    return ((bits4 * 0x00204081u) & 0x01010101u) * 0xFFu;
-}
+/* Bytes 0..3 of each word: 1 where sign bit 0..3 is set. */
+static __device__ __forceinline__ uint32_t sign_ones4(uint32_t bits4) { return (bits4 * 0x00204081u) & 0x01010101u; }
+
+/* The bytes of v (grid values, 8..43) negated where `ones` has a 1: the
+ * two's complement ~b + 1 of each such byte, which never carries into the
+ * next byte since b > 0 (three operations; __vsub4 is emulated in many). */
+static __device__ __forceinline__ uint32_t neg_bytes(uint32_t v, uint32_t ones) { return (v ^ (ones * 0xFFu)) + ones; }
 
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
  * index word g and sign/scale word s (the eighth sign of each eight is the
@@ -263,10 +266,8 @@ static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t 
         uint64_t v = grid[(g >> (8 * l)) & 255];
         uint32_t s7 = (s >> (7 * l)) & 127;
         uint32_t sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
-        uint32_t m0 = sign_mask4(sb & 15), m1 = sign_mask4(sb >> 4);
-        uint32_t v0 = (uint32_t)v, v1 = (uint32_t)(v >> 32);
-        out[2 * l] = __vsub4(v0 ^ m0, m0);
-        out[2 * l + 1] = __vsub4(v1 ^ m1, m1);
+        out[2 * l] = neg_bytes((uint32_t)v, sign_ones4(sb & 15));
+        out[2 * l + 1] = neg_bytes((uint32_t)(v >> 32), sign_ones4(sb >> 4));
     }
 }
 
