@@ -7,9 +7,11 @@
  *   test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]
  *                           [--no-sim] [--tol X] [--loose]
  *       prefill of N random tokens (all logits), the same prefill in uneven
- *       chunks of 37, N decode steps fed with the CPU's greedy tokens, DSV4
- *       payloads moved CPU -> CUDA and CUDA -> CPU mid-sequence, and the
- *       CUDA greedy loop (device argmax) from a restored snapshot.
+ *       chunks of 37, N decode steps (N >= 4) fed with the CPU's greedy
+ *       tokens, DSV4 payloads moved CPU -> CUDA at step N / 2 and back to
+ *       a fresh CPU backend after min(16, N / 4) more steps (each side then
+ *       checked over that many steps), and the CUDA greedy loop (device
+ *       argmax) from a restored snapshot.
  *
  *       Alongside runs a CPU "twin": the same model with one-ulp noise on
  *       the norm weights of every layer.  The model contains discontinuous
@@ -265,6 +267,11 @@ static int cmd_compare(int argc, char **argv) {
         else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
         else return 2;
     }
+    if (steps < 4) {
+        printf("test_cuda compare: --steps %u: at least 4 (the state hand-over checks take two of the second half)\n",
+               steps);
+        return 2;
+    }
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(path, &err);
     if (!w) die(path, &err);
@@ -341,8 +348,10 @@ static int cmd_compare(int argc, char **argv) {
     diff_free(&dt);
     diff_free(&dt2);
 
-    /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` */
-    for (uint32_t i = half; i < steps && i < half + 16; i++) {
+    /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` for `seg`
+     * steps, then a fresh CPU backend from gpu2's state for `seg` more */
+    uint32_t seg = (steps - half) / 2 < 16 ? (steps - half) / 2 : 16;
+    for (uint32_t i = half; i < half + seg; i++) {
         if (ds4_backend_decode(gpu2, greedy[i], &err)) die("cuda decode after restore", &err);
         diff_add(&dg, ds4_backend_logits(gpu2), dc + (size_t)i * V, 1, V);
         diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
@@ -356,7 +365,7 @@ static int cmd_compare(int argc, char **argv) {
     /* CUDA -> CPU: a fresh CPU backend continues from gpu2's state */
     ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim);
     move_state(gpu2, cpu2, tmp);
-    for (uint32_t i = half + 16; i < steps && i < half + 32; i++) {
+    for (uint32_t i = half + seg; i < half + 2 * seg; i++) {
         if (ds4_backend_decode(cpu2, greedy[i], &err)) die("cpu decode after restore", &err);
         diff_add(&dg, ds4_backend_logits(cpu2), dc + (size_t)i * V, 1, V);
         diff_add(&dt, dtl + (size_t)i * V, dc + (size_t)i * V, 1, V);
