@@ -1,0 +1,41 @@
+#!/bin/sh
+# ab_bench.sh OUTDIR VARIANT... - several builds and settings of ds4-bench
+# timed in one device run (device time is what a session has least of), in
+# turns, so that a drift of the machine shows in every variant alike.
+#
+#   VARIANT   NAME=BINDIR or NAME=BINDIR:VAR=VALUE,VAR=VALUE...
+#             the ds4-bench in BINDIR, run with those environment settings
+#   BENCH_ARGS   the benchmark's arguments (default: the synthetic q2 Flash
+#                at 4k context, 64 generated tokens)
+#   REPEAT       rounds (default 2)
+#
+# Example (two branches built on the development machine and carried in
+# .cudawork, the second also with a setting):
+#   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/main/bin \
+#       pf=.cudawork/pf/bin pf0=.cudawork/pf/bin:DS4_CUDA_PF_HC_MB=0
+# OUTDIR/ab.txt gets one line a run: name, round, the benchmark's result line.
+set -u
+OUT=${1:?usage: ab_bench.sh OUTDIR NAME=BINDIR[:VAR=VALUE,...]...}
+shift
+[ $# -gt 0 ] || { echo "ab_bench.sh: no variants" >&2; exit 2; }
+for v in "$@"; do
+    case $v in
+    *=*) ;;
+    *) echo "ab_bench.sh: '$v' is not NAME=BINDIR[:VAR=VALUE,...]" >&2; exit 2;;
+    esac
+    bin=${v#*=}; bin=${bin%%:*}
+    [ -x "$bin/ds4-bench" ] || { echo "ab_bench.sh: no ds4-bench in '$bin'" >&2; exit 2; }
+done
+ARGS=${BENCH_ARGS:---synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 64}
+mkdir -p "$OUT"
+round=1
+while [ "$round" -le "${REPEAT:-2}" ]; do
+    for v in "$@"; do
+        name=${v%%=*}; rest=${v#*=}; bin=${rest%%:*}; envs=""
+        [ "$rest" != "$bin" ] && envs=$(echo "${rest#*:}" | tr ',' ' ')
+        # shellcheck disable=SC2086 # the settings and arguments are word lists
+        line=$(env $envs timeout 300 "$bin/ds4-bench" $ARGS 2>&1 | grep '^ctx' | tr '\n' ' ' | sed 's/ $//')
+        echo "$name round $round: ${line:-FAILED}" | tee -a "$OUT/ab.txt"
+    done
+    round=$((round + 1))
+done

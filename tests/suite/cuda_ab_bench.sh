@@ -1,0 +1,48 @@
+#!/bin/sh
+# cuda_ab_bench.sh - tests/cuda/ab_bench.sh, the one-device-run A/B of
+# several ds4-bench builds and settings, against a stub ds4-bench that
+# prints its environment setting and arguments as a result line: the
+# variants run in turns for REPEAT rounds, each with its own binary and
+# settings (and none leaks into the next), BENCH_ARGS reach the benchmark,
+# a failing run is recorded as FAILED, bad variants are refused (status 2).
+set -eu
+cd "$(dirname "$0")/../.."
+dir=build/suite/cuda_ab_bench
+rm -rf "$dir"
+mkdir -p "$dir/a" "$dir/b"
+fail() { echo "cuda_ab_bench: FAIL: $*" >&2; exit 1; }
+
+for v in a b; do
+    cat > "$dir/$v/ds4-bench" <<EOF
+#!/bin/sh
+[ "\${STUB_FAIL:-}" = 1 ] && exit 1
+echo "noise"
+echo "ctx $v X=\${X:-unset} Y=\${Y:-unset} args=\$*"
+EOF
+    chmod +x "$dir/$v/ds4-bench"
+done
+
+REPEAT=2 BENCH_ARGS="--foo 1" sh tests/cuda/ab_bench.sh "$dir/out" one="$dir/a" two="$dir/b:X=5,Y=7" \
+    three="$dir/a:STUB_FAIL=1" > "$dir/log"
+got=$(cat "$dir/out/ab.txt")
+want="one round 1: ctx a X=unset Y=unset args=--foo 1
+two round 1: ctx b X=5 Y=7 args=--foo 1
+three round 1: FAILED
+one round 2: ctx a X=unset Y=unset args=--foo 1
+two round 2: ctx b X=5 Y=7 args=--foo 1
+three round 2: FAILED"
+[ "$got" = "$want" ] || fail "ab.txt is
+$got
+expected
+$want"
+
+status=0
+sh tests/cuda/ab_bench.sh "$dir/out2" nonsense > /dev/null 2>&1 || status=$?
+[ "$status" = 2 ] || fail "a variant without NAME=BINDIR: status $status, expected 2"
+status=0
+sh tests/cuda/ab_bench.sh "$dir/out2" x="$dir/missing" > /dev/null 2>&1 || status=$?
+[ "$status" = 2 ] || fail "a BINDIR without ds4-bench: status $status, expected 2"
+status=0
+sh tests/cuda/ab_bench.sh "$dir/out2" > /dev/null 2>&1 || status=$?
+[ "$status" = 2 ] || fail "no variants: status $status, expected 2"
+echo "ok: ab_bench.sh"
