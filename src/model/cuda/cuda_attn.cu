@@ -752,11 +752,12 @@ static __device__ __forceinline__ uint32_t attn_min(uint32_t x, uint32_t y) { re
  * (0 for an empty sum, m = -inf, even when M is -inf too). */
 static __device__ __forceinline__ float attn_rescale(float m, float M) { return m == -INFINITY ? 0.0f : expf(m - M); }
 
-/* Q8_0 of the lane's values i .. i + VW - 1 (a group, at element e): a block of 32 is the group
- * of 32 / VW consecutive lanes (amax / 127, round to nearest even, as
- * dev_quantize_row). */
+/* Q8_0 of the lane's values i .. i + VW - 1 (a group, at element e): a
+ * block of 32 is the group of 32 / VW consecutive lanes (amax / 127, round
+ * to nearest even, as dev_quantize_row). */
 template <int VW>
-static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV], int i, uint32_t e, int8_t *qo, float *qd) {
+static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV], int i, uint32_t e, int8_t *qo,
+                                                     float *qd) {
     constexpr unsigned LANES = 32 / VW;
     float amax = 0.0f;
 #pragma unroll
@@ -775,8 +776,8 @@ static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV],
 /* Normalise, undo the key RoPE at the query position, write the head's
  * output and its Q8_0 activation blocks.  The lane holds its values of
  * the attn_lane_e layout. */
-static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p, float (&o)[ATT_MAXV],
-                                                   float den) {
+static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p,
+                                                   float (&o)[ATT_MAXV], float den) {
     unsigned lane = threadIdx.x & 31;
     uint32_t per = a.hd / 32, tail0 = a.hd - a.rope_dim;
 #pragma unroll
