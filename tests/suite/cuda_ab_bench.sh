@@ -1,6 +1,6 @@
 #!/bin/sh
 # cuda_ab_bench.sh - tests/cuda/ab_bench.sh, the one-device-run A/B of
-# several ds4-bench builds and settings, against a stub ds4-bench that
+# several ds4-bench builds and settings, against a fake ds4-bench (a shell script) that
 # prints its environment setting and arguments as a result line: the
 # variants run in turns for REPEAT rounds, each with its own binary and
 # settings (and none leaks into the next), BENCH_ARGS reach the benchmark,
@@ -15,7 +15,7 @@ fail() { echo "cuda_ab_bench: FAIL: $*" >&2; exit 1; }
 for v in a b; do
     cat > "$dir/$v/ds4-bench" <<EOF
 #!/bin/sh
-[ "\${STUB_FAIL:-}" = 1 ] && exit 1
+[ "\${FAKE_FAIL:-}" = 1 ] && exit 1
 echo "noise"
 echo "ctx $v X=\${X:-unset} Y=\${Y:-unset} args=\$*"
 EOF
@@ -23,7 +23,7 @@ EOF
 done
 
 REPEAT=2 BENCH_ARGS="--foo 1" sh tests/cuda/ab_bench.sh "$dir/out" one="$dir/a" two="$dir/b:X=5,Y=7" \
-    three="$dir/a:STUB_FAIL=1" > "$dir/log"
+    three="$dir/a:FAKE_FAIL=1" > "$dir/log"
 got=$(cat "$dir/out/ab.txt")
 want="one round 1: ctx a X=unset Y=unset args=--foo 1
 two round 1: ctx b X=5 Y=7 args=--foo 1
