@@ -338,7 +338,7 @@ static __global__ void comp_frontier_kernel(comp_args a) {
     }
 }
 
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     const dlstate *S = &b->L[il];
@@ -385,11 +385,11 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     /* windows that can close: at most one in a decode step */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (nwin) {
-        DS4_LAUNCH(comp_emit_kernel, dim3(nwin, a.n_lanes), 256, 0, b->st, a);
+        DS4_LAUNCH(comp_emit_kernel, dim3(nwin, a.n_lanes), 256, 0, st, a);
         CU_LAUNCHED();
     }
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
-    DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, b->st, a);
+    DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, st, a);
     CU_LAUNCHED();
     return 0;
 }

@@ -351,6 +351,9 @@ static void cuda_free(ds4_backend *base) {
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
+    if (b->ev_join) cudaEventDestroy(b->ev_join);
+    if (b->ev_fork) cudaEventDestroy(b->ev_fork);
+    if (b->side) cudaStreamDestroy(b->side);
     if (b->st) cudaStreamDestroy(b->st);
     free(b->L);
     free(b->tokens);
@@ -385,6 +388,9 @@ static int check_config(const ds4_config *c, ds4_err *err) {
 static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
+    CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking));
+    CU_TRY(cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming));
+    CU_TRY(cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming));
     if (cu_matmul_init(err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;

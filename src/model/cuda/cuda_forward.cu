@@ -121,10 +121,19 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(c, il);
     bool idx = ratio == 4;
-    if (attention_projections(b, w, ratio, idx, T, decode, err) || cu_qkv_post(b, il, T, err) ||
-        query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err))
-        return -1;
-    if (ratio && cu_compress(b, il, T, pos0, decode, err)) return -1;
+    if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
+    /* decode: the compressor needs only the projections and its own state;
+     * it runs beside the query path and is joined before the indexer */
+    bool fork = ratio && decode;
+    if (fork) {
+        CU_TRY(cudaEventRecord(b->ev_fork, b->st));
+        CU_TRY(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
+        if (cu_compress(b, il, T, pos0, decode, b->side, err)) return -1;
+        CU_TRY(cudaEventRecord(b->ev_join, b->side));
+    }
+    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
+    if (fork) CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
+    else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     if (cu_attend(b, il, T, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};

@@ -192,6 +192,11 @@ typedef struct cuda_backend {
     uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
     ds4_rope rope_dense, rope_comp;
     cudaStream_t st;
+    /* decode: a ratio layer's compressor runs on `side`, forked from st
+     * after the projections and joined before the indexer / attention, so
+     * it overlaps the query path (qkv post, q_b, q post) in the graph */
+    cudaStream_t side;
+    cudaEvent_t ev_fork, ev_join;
 
     dweights W;
     dlstate *L;          /* per layer (device pointers) */
@@ -266,7 +271,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 /* The decode attention's scratch for one query: its head groups (a done

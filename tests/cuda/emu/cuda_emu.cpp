@@ -292,14 +292,22 @@ static void run_block(unsigned nthreads) {
 
 /* -------------------------------------------------------------- streams */
 
+struct emu_stream;
 struct emu_graph {
     std::vector<std::function<void()>> ops;
+    std::vector<emu_stream *> joined; /* streams forked into the capture (event waits) */
 };
 struct emu_stream {
     emu_graph *capture;
 };
+/* An event remembers the capture its last record was part of: a stream
+ * that waits on it joins that capture (CUDA's fork of a captured stream);
+ * launches run or are recorded in issue order, a valid order of the
+ * captured graph since every fork follows its record and every join its
+ * branch's work. */
 struct emu_event {
     double t;
+    emu_graph *capture;
 };
 
 static emu_stream default_stream;
@@ -468,14 +476,26 @@ static double now_ms() {
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
     *e = new emu_event();
     (*e)->t = 0;
+    (*e)->capture = nullptr;
     return cudaSuccess;
 }
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
 cudaError_t cudaEventDestroy(cudaEvent_t e) {
     delete e;
     return cudaSuccess;
 }
-cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t) {
+cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
     e->t = now_ms();
+    e->capture = stream_of(s)->capture;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
+    emu_stream *st = stream_of(s);
+    if (e->capture && st->capture != e->capture) {
+        if (st->capture) emu_die("%s", "cudaStreamWaitEvent joins two captures");
+        st->capture = e->capture;
+        e->capture->joined.push_back(st);
+    }
     return cudaSuccess;
 }
 cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
@@ -495,6 +515,8 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     emu_stream *st = stream_of(s);
     if (!st->capture) emu_die("%s", "cudaStreamEndCapture without a capture");
     *g = st->capture;
+    for (emu_stream *j : st->capture->joined) j->capture = nullptr;
+    st->capture->joined.clear();
     st->capture = nullptr;
     any_capture = false;
     return cudaSuccess;

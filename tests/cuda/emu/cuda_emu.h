@@ -74,6 +74,7 @@ enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeT
                              cudaStreamCaptureModeRelaxed };
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
 #define cudaStreamNonBlocking 1u
+#define cudaEventDisableTiming 2u
 
 typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
@@ -238,6 +239,8 @@ cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
+cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
+cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
