@@ -230,7 +230,7 @@ static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_ar
     dev_quantize_row(xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
-int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStream_t st, ds4_err *err) {
     const ds4_config *c = b->cfg;
     swiglu_args a;
     a.eg = b->eg;
@@ -238,8 +238,8 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.selw = b->selw;
     a.sg = b->sg;
     a.su = b->su;
-    a.n_routed = T * c->n_expert_used;
-    a.n_shared = T;
+    a.n_routed = which & SWIGLU_ROUTED ? T * c->n_expert_used : 0;
+    a.n_shared = which & SWIGLU_SHARED ? T : 0;
     a.F = c->n_ff_exp;
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
@@ -247,7 +247,8 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     if (a.F > SWIGLU_THREADS * SWIGLU_PER)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: expert rows of %u values (at most %u)", a.F,
                            SWIGLU_THREADS * SWIGLU_PER);
-    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, SWIGLU_THREADS, a.F * sizeof(float), b->st, a);
+    if (a.n_routed + a.n_shared == 0) return 0;
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, SWIGLU_THREADS, a.F * sizeof(float), st, a);
     CU_LAUNCHED();
     return 0;
 }

@@ -116,6 +116,36 @@ static hc_site head_site(cuda_backend *b) {
     return s;
 }
 
+/* A branch of decode work on the side stream: side_fork() makes it start
+ * after what st has enqueued so far, side_join() marks its end, and st
+ * waits for that mark (cudaStreamWaitEvent on ev_join) before the first
+ * launch that reads the branch's results.  Captured, the branch is a
+ * parallel path of the step's graph. */
+static int side_fork(cuda_backend *b, ds4_err *err) {
+    CU_TRY(cudaEventRecord(b->ev_fork, b->st));
+    CU_TRY(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
+    return 0;
+}
+static int side_join(cuda_backend *b, ds4_err *err) {
+    CU_TRY(cudaEventRecord(b->ev_join, b->side));
+    return 0;
+}
+
+/* The shared expert of a decode step, whole (gate / up, SwiGLU, down into
+ * sout), on the side stream: it needs only the FFN input. */
+static int shared_expert(cuda_backend *b, uint32_t il, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    gemv_plan p;
+    memset(&p, 0, sizeof(p));
+    cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->sg);
+    cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->su);
+    if (cu_gemv_run(&p, b->side, err) || cu_swiglu(b, il, 1, SWIGLU_SHARED, b->side, err)) return -1;
+    memset(&p, 0, sizeof(p));
+    cu_gemv_add(&p, &w->down_sh, 0, NULL, 0, 0, c->n_embd, &b->smid, 0, b->sout);
+    return cu_gemv_run(&p, b->side, err);
+}
+
 int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
@@ -124,15 +154,10 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
     /* decode: the compressor needs only the projections and its own state;
      * it runs beside the query path and is joined before the indexer */
-    bool fork = ratio && decode;
-    if (fork) {
-        CU_TRY(cudaEventRecord(b->ev_fork, b->st));
-        CU_TRY(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
-        if (cu_compress(b, il, T, pos0, decode, b->side, err)) return -1;
-        CU_TRY(cudaEventRecord(b->ev_join, b->side));
-    }
+    bool branch = ratio && decode;
+    if (branch && (side_fork(b, err) || cu_compress(b, il, T, pos0, decode, b->side, err) || side_join(b, err))) return -1;
     if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
-    if (fork) CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
+    if (branch) CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
     else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     if (cu_attend(b, il, T, err) || output_projection(b, w, T, decode, err)) return -1;
@@ -146,25 +171,24 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
     if (decode) {
+        if (side_fork(b, err) || shared_expert(b, il, err) || side_join(b, err)) return -1;
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
-        cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->sg);
-        cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, F, &b->xn, 0, b->su);
         if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
             cu_gemv_add(&p, &w->up_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
         }
-        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, err)) return -1;
+        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, b->st, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             dact m = act_row(&b->mid, i);
             cu_gemv_add(&p, &w->down_exps, 0, b->sel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
         }
-        cu_gemv_add(&p, &w->down_sh, 0, NULL, 0, 0, D, &b->smid, 0, b->sout);
         if (cu_gemv_run(&p, b->st, err)) return -1;
+        CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
@@ -173,7 +197,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         cu_group g;
         if (cu_group_tokens(b, T, &g, err) ||
             cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, b->st, err) ||
-            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, b->st, err) || cu_swiglu(b, il, T, err))
+            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, b->st, err) ||
+            cu_swiglu(b, il, T, SWIGLU_ALL, b->st, err))
             return -1;
         g.act_div = 1;
         if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, b->st, err) ||

@@ -192,9 +192,10 @@ typedef struct cuda_backend {
     uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
     ds4_rope rope_dense, rope_comp;
     cudaStream_t st;
-    /* decode: a ratio layer's compressor runs on `side`, forked from st
-     * after the projections and joined before the indexer / attention, so
-     * it overlaps the query path (qkv post, q_b, q post) in the graph */
+    /* decode: work that does not feed the next launch runs on `side`,
+     * forked from st and joined back (a branch of the step's graph): a
+     * ratio layer's compressor beside the query path, the shared expert
+     * beside the routing and the routed experts */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
 
@@ -287,7 +288,9 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
 /* cuda_ffn.cu */
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
-int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
+enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStream_t st, ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err);
 int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);
