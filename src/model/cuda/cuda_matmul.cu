@@ -1027,10 +1027,29 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
     }
 }
 
+/* The tile row's 8 values at column lk as TF32 heads (and tails): split
+ * once here rather than by every warp that reads them.  Values already
+ * exact in TF32 (F16 and BF16 weights) are their own head. */
+static __device__ __forceinline__ void gemm_f_store(uint32_t (*h)[FPAD], uint32_t (*l)[FPAD], unsigned r, unsigned lk,
+                                                    const float (&v)[8]) {
+    uint32_t vh[8], vl[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        if (l) dev_tf32_split(v[i], &vh[i], &vl[i]);
+        else vh[i] = __float_as_uint(v[i]);
+    }
+    /* 16-byte stores: each quarter warp covers the 32 banks once */
+    *(uint4 *)&h[r][lk] = make_uint4(vh[0], vh[1], vh[2], vh[3]);
+    *(uint4 *)&h[r][lk + 4] = make_uint4(vh[4], vh[5], vh[6], vh[7]);
+    if (l) {
+        *(uint4 *)&l[r][lk] = make_uint4(vl[0], vl[1], vl[2], vl[3]);
+        *(uint4 *)&l[r][lk + 4] = make_uint4(vl[4], vl[5], vl[6], vl[7]);
+    }
+}
+
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
-    __shared__ __align__(16) float ws[BM][FPAD];
-    __shared__ __align__(16) float xs[BN][FPAD];
+    __shared__ __align__(16) uint32_t wh[BM][FPAD], wl[BM][FPAD], xh[BN][FPAD], xl[BN][FPAD];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
@@ -1046,11 +1065,8 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     gemm_f_load(g, vec, wrow, xrow, lk, wv, xv);
     for (uint32_t k0 = 0; k0 < g.n; k0 += FK) {
         __syncthreads(); /* the previous step's fragments are read */
-        /* 16-byte stores: each quarter warp covers the 32 banks once */
-        *(float4 *)&ws[lr][lk] = make_float4(wv[0], wv[1], wv[2], wv[3]);
-        *(float4 *)&ws[lr][lk + 4] = make_float4(wv[4], wv[5], wv[6], wv[7]);
-        *(float4 *)&xs[lr][lk] = make_float4(xv[0], xv[1], xv[2], xv[3]);
-        *(float4 *)&xs[lr][lk + 4] = make_float4(xv[4], xv[5], xv[6], xv[7]);
+        gemm_f_store(wh, wtail ? wl : NULL, lr, lk, wv);
+        gemm_f_store(xh, xl, lr, lk, xv);
         __syncthreads();
         if (k0 + FK < g.n) gemm_f_load(g, vec, wrow, xrow, k0 + FK + lk, wv, xv); /* in flight during the products */
 #pragma unroll
@@ -1059,15 +1075,18 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
 #pragma unroll
             for (int m = 0; m < 2; m++) {
                 unsigned r = 32 * wm + 16 * m + gq;
-                float a[4] = {ws[r][kk + tq], ws[r + 8][kk + tq], ws[r][kk + tq + 4], ws[r + 8][kk + tq + 4]};
-#pragma unroll
-                for (int i = 0; i < 4; i++) dev_tf32_split(a[i], &ah[m][i], &al[m][i]);
+                ah[m][0] = wh[r][kk + tq], ah[m][1] = wh[r + 8][kk + tq];
+                ah[m][2] = wh[r][kk + tq + 4], ah[m][3] = wh[r + 8][kk + tq + 4];
+                if (wtail) {
+                    al[m][0] = wl[r][kk + tq], al[m][1] = wl[r + 8][kk + tq];
+                    al[m][2] = wl[r][kk + tq + 4], al[m][3] = wl[r + 8][kk + tq + 4];
+                }
             }
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 unsigned t = 16 * wn + 8 * nt + gq;
-                dev_tf32_split(xs[t][kk + tq], &bh[nt][0], &bl[nt][0]);
-                dev_tf32_split(xs[t][kk + tq + 4], &bh[nt][1], &bl[nt][1]);
+                bh[nt][0] = xh[t][kk + tq], bh[nt][1] = xh[t][kk + tq + 4];
+                bl[nt][0] = xl[t][kk + tq], bl[nt][1] = xl[t][kk + tq + 4];
             }
 #pragma unroll
             for (int m = 0; m < 2; m++)
