@@ -10,6 +10,9 @@
  *
  * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
  * must give lowprec.c's bits on identical inputs, exact ties included.
+ * The indexer's top-k must list exactly the rows a stable sort by score
+ * picks (ties to the lower row, -0 equal to +0), from a few keys to more
+ * than its threads can hold in one batch.
  *
  * Built for a GPU (make cuda) and for the CPU emulation (make
  * test-cuda-emu); run by tests/cuda/run.sh.  Exit status 0 when all pass.
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "model/cuda/cuda_internal.h"
@@ -368,6 +372,58 @@ static void check_lowprec(cudaStream_t st) {
     }
 }
 
+/* Scores with many exact ties (eighths), both zeros and large runs. */
+static float tie_score(uint32_t i) {
+    if (i % 97 == 5) return -0.0f;
+    if (i % 89 == 3) return 0.0f;
+    if (i % 1000 < 40) return 2.0f; /* a long run of equal top keys */
+    return roundf(frand() * 8.0f) / 8.0f;
+}
+
+static void check_topk(cudaStream_t st) {
+    const uint32_t T = 2;
+    const uint32_t cases[][2] = {{70, 8}, {1500, 512}, {16421, 512}, {40000, 512}, {40000, 3}};
+    for (const auto &cs : cases) {
+        uint32_t pos0 = 4 * cs[0] - 1, k = cs[1], stride = cs[0] + 1 + 7;
+        std::vector<float> h((size_t)T * stride);
+        for (float &v : h) v = 0.0f;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t i = 0; i < (pos0 + t + 1) / 4; i++) h[(size_t)t * stride + i] = tie_score(i + 31 * t);
+        float *d = dalloc<float>(h.size());
+        /* one more row of vis as a guard: nothing may be written past a query's rows */
+        uint32_t *dpos = dalloc<uint32_t>(1), *dvis = dalloc<uint32_t>((size_t)(T + 1) * k), *dn = dalloc<uint32_t>(T);
+        CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(dvis, 0xFF, (size_t)(T + 1) * k * 4));
+        ds4_err err = {};
+        if (cu_topk(dpos, d, stride, T, k, dvis, dn, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
+        std::vector<uint32_t> vis((size_t)(T + 1) * k), n(T);
+        CU(cudaMemcpy(vis.data(), dvis, vis.size() * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(n.data(), dn, n.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            uint32_t nc = (pos0 + t + 1) / 4;
+            std::vector<uint32_t> idx(nc);
+            for (uint32_t i = 0; i < nc; i++) idx[i] = i;
+            const float *sc = &h[(size_t)t * stride];
+            std::stable_sort(idx.begin(), idx.end(), [&](uint32_t x, uint32_t y) { return sc[x] > sc[y]; });
+            uint32_t want = nc < k ? nc : k;
+            idx.resize(want);
+            std::sort(idx.begin(), idx.end());
+            CHECK(n[t] == want, "top-k of %u keys, query %u: %u rows, want %u", nc, t, n[t], want);
+            for (uint32_t i = 0; i < k; i++) bad += vis[(size_t)t * k + i] != (i < want ? idx[i] : 0xFFFFFFFFu);
+        }
+        for (uint32_t i = 0; i < k; i++) bad += vis[(size_t)T * k + i] != 0xFFFFFFFFu;
+        printf("top-k %3u of %5u keys  %zu rows differ from a stable sort\n", k, (pos0 + 1) / 4, bad);
+        CHECK(bad == 0, "top-k of %u keys differs from a stable sort", (pos0 + 1) / 4);
+        cudaFree(d);
+        cudaFree(dpos);
+        cudaFree(dvis);
+        cudaFree(dn);
+    }
+}
+
 int main() {
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -379,6 +435,7 @@ int main() {
     check_lowprec(st);
     check_quantize(st);
     check_products(st);
+    check_topk(st);
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);
     else printf("cuda kernels: all passed\n");

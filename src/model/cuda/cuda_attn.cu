@@ -530,14 +530,53 @@ static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint
     *out_need = need - acc;
 }
 
+/* Thread i's keys i0 .. i0 + TOPK_BATCH - 1 of its segment (those below
+ * hi; 0 past it), every load issued before any is used. */
+#define TOPK_BATCH 8
+static __device__ __forceinline__ void topk_load(const float *sc, uint32_t i0, uint32_t hi, uint32_t (&key)[TOPK_BATCH]) {
+    float v[TOPK_BATCH];
+#pragma unroll
+    for (int u = 0; u < TOPK_BATCH; u++) v[u] = i0 + u < hi ? sc[i0 + u] : 0.0f;
+#pragma unroll
+    for (int u = 0; u < TOPK_BATCH; u++) key[u] = i0 + u < hi ? score_key(v[u]) : 0;
+}
+
+/* Exclusive prefix over the block's threads, in thread order, of a
+ * (greater, equal) count pair packed as gt << 32 | eq. */
+static __device__ uint64_t topk_scan(uint64_t v, uint64_t *warp_tot) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    uint64_t incl = v;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        uint64_t u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    if (lane == 31) warp_tot[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        uint64_t w = lane < nw ? warp_tot[lane] : 0, wi = w;
+        for (unsigned o = 1; o < 32; o <<= 1) {
+            uint64_t u = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += u;
+        }
+        if (lane < nw) warp_tot[lane] = wi - w;
+    }
+    __syncthreads();
+    return warp_tot[warp] + incl - v;
+}
+
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
- * first, lower index on ties) listed in ascending row order. */
-static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) {
+ * first, lower index on ties) listed in ascending row order.  Thread i
+ * owns the consecutive keys of segment i and reads them in batches, so a
+ * pass waits for the L2 once per batch, not once per key.  Four radix
+ * passes find the k-th largest key; one count, one scan and one walk of
+ * the segments write the selection in index order.  32 registers a
+ * thread: the block must not need a whole SM's registers, or in a graph
+ * it waits for one to drain (64 measured slower in decode). */
+static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
     dev_pdl_enter();
     __shared__ uint32_t hist[256];
     __shared__ uint32_t sh_prefix, sh_need;
-    __shared__ uint32_t warp_cnt[2][32];
-    __shared__ uint32_t base_gt, base_eq;
+    __shared__ uint64_t warp_tot[32];
     uint32_t t = blockIdx.x, nc = (*a.pos0 + t + 1) / 4, k = a.top_k;
     uint32_t *vis = a.vis + (size_t)t * k;
     if (nc <= k) {
@@ -546,14 +585,19 @@ static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) 
         return;
     }
     const float *sc = a.scores + (size_t)t * a.score_stride;
+    uint32_t seg = (nc + blockDim.x - 1) / blockDim.x;
+    uint32_t lo = threadIdx.x * seg < nc ? threadIdx.x * seg : nc, hi = lo + seg < nc ? lo + seg : nc;
+    uint32_t key[TOPK_BATCH];
     uint32_t prefix = 0, need = k;
     for (int shift = 24; shift >= 0; shift -= 8) {
         for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
         __syncthreads();
         uint32_t hmask = shift == 24 ? 0 : 0xFFFFFFFFu << (shift + 8);
-        for (uint32_t i = threadIdx.x; i < nc; i += blockDim.x) {
-            uint32_t key = score_key(sc[i]);
-            if ((key & hmask) == (prefix & hmask)) atomicAdd(&hist[(key >> shift) & 255], 1u);
+        for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
+            topk_load(sc, i0, hi, key);
+#pragma unroll
+            for (int u = 0; u < TOPK_BATCH; u++)
+                if (i0 + u < hi && (key[u] & hmask) == (prefix & hmask)) atomicAdd(&hist[(key[u] >> shift) & 255], 1u);
         }
         __syncthreads();
         if (threadIdx.x < 32) topk_pick_bin(hist, prefix, need, shift, &sh_prefix, &sh_need);
@@ -564,44 +608,46 @@ static __global__ void __launch_bounds__(TOPK_THREADS) topk_kernel(topk_args a) 
     }
     /* prefix: the k-th largest key; take every larger key and the first
      * `need` equal ones, in index order */
-    if (threadIdx.x == 0) {
-        base_gt = 0;
-        base_eq = 0;
+    uint32_t ngt = 0, neq = 0;
+    for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
+        topk_load(sc, i0, hi, key);
+#pragma unroll
+        for (int u = 0; u < TOPK_BATCH; u++) {
+            ngt += i0 + u < hi && key[u] > prefix;
+            neq += i0 + u < hi && key[u] == prefix;
+        }
     }
-    __syncthreads();
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    for (uint32_t i0 = 0; i0 < nc; i0 += blockDim.x) {
-        uint32_t i = i0 + threadIdx.x;
-        uint32_t key = i < nc ? score_key(sc[i]) : 0;
-        bool gt = i < nc && key > prefix, eq = i < nc && key == prefix;
-        unsigned bg = __ballot_sync(0xffffffffu, gt), be = __ballot_sync(0xffffffffu, eq);
-        if (lane == 0) {
-            warp_cnt[0][warp] = __popc(bg);
-            warp_cnt[1][warp] = __popc(be);
+    uint64_t before = topk_scan((uint64_t)ngt << 32 | neq, warp_tot);
+    uint32_t og = (uint32_t)(before >> 32), oe = (uint32_t)before;
+    for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
+        topk_load(sc, i0, hi, key);
+#pragma unroll
+        for (int u = 0; u < TOPK_BATCH; u++) {
+            if (i0 + u >= hi) break;
+            /* rows selected before this one: every greater key plus the
+             * equal keys taken (at most need) */
+            if (key[u] > prefix) vis[og++ + (oe < need ? oe : need)] = i0 + u;
+            else if (key[u] == prefix && oe < need) vis[og + oe++] = i0 + u;
+            else if (key[u] == prefix) oe++;
         }
-        __syncthreads();
-        uint32_t og = base_gt, oe = base_eq;
-        for (unsigned w = 0; w < warp; w++) {
-            og += warp_cnt[0][w];
-            oe += warp_cnt[1][w];
-        }
-        unsigned below = (1u << lane) - 1;
-        og += __popc(bg & below);
-        oe += __popc(be & below);
-        /* selected rows before this one: every greater key so far plus the
-         * equal keys that were taken (at most need) */
-        uint32_t eq_taken_before = oe < need ? oe : need;
-        if (gt || (eq && oe < need)) vis[og + eq_taken_before] = i;
-        __syncthreads();
-        if (threadIdx.x == 0) {
-            for (unsigned w = 0; w < nw; w++) {
-                base_gt += warp_cnt[0][w];
-                base_eq += warp_cnt[1][w];
-            }
-        }
-        __syncthreads();
     }
     if (threadIdx.x == 0) a.nvis[t] = k;
+}
+
+/* The visible rows of T queries from their scores (cu_indexer; exported
+ * for the kernel test). */
+int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
+            uint32_t *nvis, cudaStream_t st, ds4_err *err) {
+    topk_args k;
+    k.pos0 = pos0;
+    k.scores = scores;
+    k.score_stride = score_stride;
+    k.top_k = top_k;
+    k.vis = vis;
+    k.nvis = nvis;
+    DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, 0, st, k);
+    CU_LAUNCHED();
+    return 0;
 }
 
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
@@ -621,16 +667,7 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
         DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, b->st, a);
         CU_LAUNCHED();
     }
-    topk_args k;
-    k.pos0 = &b->d_step->pos;
-    k.scores = b->idx_scores;
-    k.score_stride = b->comp_cap4;
-    k.top_k = c->idx_top_k;
-    k.vis = b->vis;
-    k.nvis = b->nvis;
-    DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, 0, b->st, k);
-    CU_LAUNCHED();
-    return 0;
+    return cu_topk(&b->d_step->pos, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
 }
 
 /* ----------------------------------------------------------- attention */

@@ -274,6 +274,11 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+/* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
+ * its prefix, or the top_k of them by score (row t of scores): their
+ * indices in ascending order into vis row t, their count into nvis[t]. */
+int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
+            uint32_t *nvis, cudaStream_t st, ds4_err *err);
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 /* The decode attention's scratch for one query: its head groups (a done
  * counter each), the splits of `rows` visible rows at most, and the floats
