@@ -10,6 +10,8 @@
  *
  * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
  * must give lowprec.c's bits on identical inputs, exact ties included.
+ * The indexer's scores must be the f64 reference's to rounding (|d| <=
+ * 1e-5 of the sum of |terms|), only for the rows of each query's prefix.
  * The indexer's top-k must list exactly the rows a stable sort by score
  * picks (ties to the lower row, -0 equal to +0), from a few keys to more
  * than its threads can hold in one batch.
@@ -372,6 +374,69 @@ static void check_lowprec(cudaStream_t st) {
     }
 }
 
+static void check_idx_scores(cudaStream_t st) {
+    const uint32_t T = 3, ihd = 128;
+    /* heads, n0, top-k: query t has (4 n0 - 1 + t) / 4 rows (n0 - 1, n0, n0);
+     * the first query of the second case has 512, so it is not scored */
+    const uint32_t cases[][3] = {{64, 1500, 512}, {64, 513, 512}, {8, 70, 8}};
+    for (const auto &cs : cases) {
+        uint32_t heads = cs[0], n0 = cs[1], k = cs[2], pos0 = 4 * n0 - 2, nmax = (pos0 + T) / 4, stride = nmax + 5;
+        std::vector<float> q((size_t)T * heads * ihd), w((size_t)T * heads), rows((size_t)nmax * ihd);
+        for (float &v : q) v = frand();
+        for (float &v : w) v = frand();
+        for (float &v : rows) v = frand();
+        float *dq = dalloc<float>(q.size()), *dw = dalloc<float>(w.size()), *dr = dalloc<float>(rows.size());
+        float *ds = dalloc<float>((size_t)T * stride);
+        uint32_t *dpos = dalloc<uint32_t>(1);
+        CU(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
+        ds4_err err = {};
+        if (cu_idx_scores(dpos, dq, dw, dr, T, nmax, heads, ihd, k, ds, stride, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got((size_t)T * stride);
+        CU(cudaMemcpy(got.data(), ds, got.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0.0;
+        size_t stray = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            uint32_t nc = (pos0 + t + 1) / 4;
+            for (uint32_t c = 0; c < stride; c++) {
+                float g = got[(size_t)t * stride + c];
+                if (c >= nc || nc <= k) {
+                    stray += !std::isnan(g);
+                    continue;
+                }
+                double ref = 0.0, mag = 0.0;
+                for (uint32_t h = 0; h < heads; h++) {
+                    double dot = 0.0, dmag = 0.0;
+                    for (uint32_t d = 0; d < ihd; d++) {
+                        double p = (double)q[((size_t)t * heads + h) * ihd + d] * rows[(size_t)c * ihd + d];
+                        dot += p;
+                        dmag += fabs(p);
+                    }
+                    ref += w[(size_t)t * heads + h] * (dot > 0.0 ? dot : 0.0);
+                    mag += fabs(w[(size_t)t * heads + h]) * dmag;
+                }
+                double e = fabs(g - ref) / (mag > 0.0 ? mag : 1.0);
+                if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+            }
+        }
+        printf("idx scores %2u heads, %4u rows  max error %.2g of the terms' magnitude, %zu stray writes\n", heads, n0,
+               worst, stray);
+        CHECK(worst <= 1e-5 && stray == 0, "indexer scores, %u heads, %u rows", heads, n0);
+        cudaFree(dq);
+        cudaFree(dw);
+        cudaFree(dr);
+        cudaFree(ds);
+        cudaFree(dpos);
+    }
+}
+
 /* Scores with many exact ties (eighths), both zeros and large runs. */
 static float tie_score(uint32_t i) {
     if (i % 97 == 5) return -0.0f;
@@ -435,6 +500,7 @@ int main() {
     check_lowprec(st);
     check_quantize(st);
     check_products(st);
+    check_idx_scores(st);
     check_topk(st);
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);

@@ -650,23 +650,34 @@ int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint
     return 0;
 }
 
+int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const float *rows, uint32_t T,
+                  uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
+                  cudaStream_t st, ds4_err *err) {
+    if (heads > IDX_MAX_HEADS || ihd > IDX_MAX_DIM || ihd % 32)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
+                           heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
+    if (max_nc <= top_k) return 0;
+    idx_args a;
+    a.pos0 = pos0;
+    a.iq = iq;
+    a.iw = iw;
+    a.rows = rows;
+    a.scores = scores;
+    a.score_stride = score_stride;
+    a.heads = heads;
+    a.ihd = ihd;
+    a.top_k = top_k;
+    DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
-    if (max_nc > c->idx_top_k) {
-        idx_args a;
-        a.pos0 = &b->d_step->pos;
-        a.iq = b->iq;
-        a.iw = b->iw;
-        a.rows = b->L[il].idx;
-        a.scores = b->idx_scores;
-        a.score_stride = b->comp_cap4;
-        a.heads = c->idx_n_head;
-        a.ihd = c->idx_head_dim;
-        a.top_k = c->idx_top_k;
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, b->st, a);
-        CU_LAUNCHED();
-    }
+    if (cu_idx_scores(&b->d_step->pos, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
+                      c->idx_top_k, b->idx_scores, b->comp_cap4, b->st, err))
+        return -1;
     return cu_topk(&b->d_step->pos, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
 }
 
