@@ -12,6 +12,11 @@
  * output head's) into one launch that also produces that sublayer's
  * normalised input: each sublayer starts with its input ready and ends
  * with the launch that prepares the next one.
+ *
+ * A decode step runs the work that does not feed the next launch on a side
+ * stream, forked and joined within the sublayer (parallel branches of the
+ * step's graph): a ratio layer's compressor beside the query path, the
+ * shared expert beside the routing and the routed experts.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -117,10 +122,10 @@ static hc_site head_site(cuda_backend *b) {
 }
 
 /* A branch of decode work on the side stream: side_fork() makes it start
- * after what st has enqueued so far, side_join() marks its end, and st
- * waits for that mark (cudaStreamWaitEvent on ev_join) before the first
- * launch that reads the branch's results.  Captured, the branch is a
- * parallel path of the step's graph. */
+ * after what st has enqueued so far, side_join() marks its end, and
+ * side_wait() makes st wait for that mark before the first launch that
+ * reads the branch's results.  Captured, the branch is a parallel path of
+ * the step's graph. */
 static int side_fork(cuda_backend *b, ds4_err *err) {
     CU_TRY(cudaEventRecord(b->ev_fork, b->st));
     CU_TRY(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
@@ -128,6 +133,10 @@ static int side_fork(cuda_backend *b, ds4_err *err) {
 }
 static int side_join(cuda_backend *b, ds4_err *err) {
     CU_TRY(cudaEventRecord(b->ev_join, b->side));
+    return 0;
+}
+static int side_wait(cuda_backend *b, ds4_err *err) {
+    CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
     return 0;
 }
 
@@ -157,8 +166,11 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     bool branch = ratio && decode;
     if (branch && (side_fork(b, err) || cu_compress(b, il, T, pos0, decode, b->side, err) || side_join(b, err))) return -1;
     if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
-    if (branch) CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
-    else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, err)) return -1;
+    if (branch) {
+        if (side_wait(b, err)) return -1;
+    } else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, err)) {
+        return -1;
+    }
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     if (cu_attend(b, il, T, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
@@ -187,8 +199,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             dact m = act_row(&b->mid, i);
             cu_gemv_add(&p, &w->down_exps, 0, b->sel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
         }
-        if (cu_gemv_run(&p, b->st, err)) return -1;
-        CU_TRY(cudaStreamWaitEvent(b->st, b->ev_join, 0));
+        if (cu_gemv_run(&p, b->st, err) || side_wait(b, err)) return -1; /* the HC reads sout */
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
