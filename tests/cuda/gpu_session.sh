@@ -7,12 +7,21 @@
 #   PARTS="tests san prof ncu ncustep bench"   which parts, in this order (default: all but ncu, ncustep)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
 #   NCU_CTX   the context of the ncustep run (default 1024)
+#   BUILD_COMMIT   a file naming the commit the binaries were built from
+#             (default .cudawork/COMMIT): a build carried to the device
+#             machine need not be of the checkout's commit there
 set -u
 cd "$(dirname "$0")/../.."
 OUT=${1:?usage: gpu_session.sh OUTDIR}
 PARTS=${PARTS:-tests san prof bench}
 mkdir -p "$OUT"
-{ date -u; git log -1 --format=%H 2>/dev/null || cat COMMIT 2>/dev/null; nvidia-smi; nproc; } > "$OUT/machine.txt" 2>&1
+BC=${BUILD_COMMIT:-.cudawork/COMMIT}
+{
+    date -u
+    if [ -f "$BC" ]; then echo "binaries built from commit $(cat "$BC")"; else echo "checkout at $(git log -1 --format=%H 2>/dev/null)"; fi
+    nvidia-smi
+    nproc
+} > "$OUT/machine.txt" 2>&1
 for part in $PARTS; do
     case $part in
     tests)
