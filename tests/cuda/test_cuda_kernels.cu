@@ -376,6 +376,12 @@ static void check_lowprec(cudaStream_t st) {
 
 static void check_idx_scores(cudaStream_t st) {
     const uint32_t T = 3, ihd = 128;
+    {
+        ds4_err err = {};
+        int rc = cu_idx_scores(NULL, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, st, &err);
+        CHECK(rc != 0 && err.code == DS4_EUNSUPPORTED && strstr(ds4_err_msg(&err), "65 x 128"),
+              "65 indexer heads: rc %d, \"%s\"", rc, ds4_err_msg(&err));
+    }
     /* heads, n0, top-k: query t has (4 n0 - 1 + t) / 4 rows (n0 - 1, n0, n0);
      * the first query of the second case has 512, so it is not scored */
     const uint32_t cases[][3] = {{64, 1500, 512}, {64, 513, 512}, {8, 70, 8}};
@@ -447,7 +453,8 @@ static float tie_score(uint32_t i) {
 
 static void check_topk(cudaStream_t st) {
     const uint32_t T = 2;
-    const uint32_t cases[][2] = {{70, 8}, {1500, 512}, {16421, 512}, {40000, 512}, {40000, 3}};
+    /* keys of query 0, top-k; the first case's queries see their whole prefix */
+    const uint32_t cases[][2] = {{70, 100}, {70, 8}, {1500, 512}, {16421, 512}, {40000, 512}, {40000, 3}};
     for (const auto &cs : cases) {
         uint32_t pos0 = 4 * cs[0] - 1, k = cs[1], stride = cs[0] + 1 + 7;
         std::vector<float> h((size_t)T * stride);
