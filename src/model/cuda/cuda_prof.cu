@@ -3,7 +3,10 @@
  * the backend runs decode steps without the graph and every launch is
  * bracketed by CUDA events; ds4_prof_report() prints, per kernel name, the
  * launches, the total and the mean time, largest first.  Off by default and
- * not compiled into the CPU emulation.
+ * not compiled into the CPU emulation.  A decode step's side-stream
+ * branches (cuda_forward.cu) still run beside the main stream, so their
+ * launches and the ones they overlap are timed with each other's
+ * contention included.
  */
 #include <stdio.h>
 #include <stdlib.h>
