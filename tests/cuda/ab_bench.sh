@@ -13,7 +13,9 @@
 # .cudawork, the second also with a setting):
 #   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/main/bin \
 #       pf=.cudawork/pf/bin pf0=.cudawork/pf/bin:DS4_CUDA_PF_HC_MB=0
-# OUTDIR/ab.txt gets one line a run: name, round, the benchmark's result line.
+# OUTDIR/ab.txt (written anew) gets one line a run: name, round, the benchmark's result line;
+# OUTDIR/summary.txt one line a variant: the mean prefill and generation
+# t/s over its rounds (of the result lines that have them), and the runs.
 set -u
 OUT=${1:?usage: ab_bench.sh OUTDIR NAME=BINDIR[:VAR=VALUE,...]...}
 shift
@@ -28,6 +30,7 @@ for v in "$@"; do
 done
 ARGS=${BENCH_ARGS:---synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 64}
 mkdir -p "$OUT"
+: > "$OUT/ab.txt"
 round=1
 while [ "$round" -le "${REPEAT:-2}" ]; do
     for v in "$@"; do
@@ -39,3 +42,17 @@ while [ "$round" -le "${REPEAT:-2}" ]; do
     done
     round=$((round + 1))
 done
+# the means, per variant, in the order given
+for v in "$@"; do
+    name=${v%%=*}
+    awk -v n="$name" '
+        index($0, n " round ") == 1 {
+            runs++
+            if (match($0, /prefill +[0-9]+ tokens +[0-9.]+ t\/s/)) { f = substr($0, RSTART, RLENGTH); split(f, a, " +"); p += a[4]; np++ }
+            if (match($0, /generate +[0-9]+ tokens +[0-9.]+ t\/s/)) { f = substr($0, RSTART, RLENGTH); split(f, a, " +"); g += a[4]; ng++ }
+        }
+        END {
+            printf "%s: prefill %s t/s, generate %s t/s (%d runs, %d with numbers)\n", n,
+                np ? sprintf("%.1f", p / np) : "-", ng ? sprintf("%.2f", g / ng) : "-", runs, ng
+        }' "$OUT/ab.txt"
+done | tee "$OUT/summary.txt"
