@@ -626,9 +626,12 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
             if (i0 + u >= hi) break;
             /* rows selected before this one: every greater key plus the
              * equal keys taken (at most need) */
-            if (key[u] > prefix) vis[og++ + (oe < need ? oe : need)] = i0 + u;
-            else if (key[u] == prefix && oe < need) vis[og + oe++] = i0 + u;
-            else if (key[u] == prefix) oe++;
+            if (key[u] > prefix) {
+                vis[og++ + (oe < need ? oe : need)] = i0 + u;
+            } else if (key[u] == prefix) {
+                if (oe < need) vis[og + oe] = i0 + u;
+                oe++;
+            }
         }
     }
     if (threadIdx.x == 0) a.nvis[t] = k;
@@ -638,13 +641,7 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
  * for the kernel test). */
 int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
             uint32_t *nvis, cudaStream_t st, ds4_err *err) {
-    topk_args k;
-    k.pos0 = pos0;
-    k.scores = scores;
-    k.score_stride = score_stride;
-    k.top_k = top_k;
-    k.vis = vis;
-    k.nvis = nvis;
+    topk_args k = {pos0, scores, score_stride, top_k, vis, nvis};
     DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, 0, st, k);
     CU_LAUNCHED();
     return 0;
@@ -657,16 +654,7 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
                            heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
-    idx_args a;
-    a.pos0 = pos0;
-    a.iq = iq;
-    a.iw = iw;
-    a.rows = rows;
-    a.scores = scores;
-    a.score_stride = score_stride;
-    a.heads = heads;
-    a.ihd = ihd;
-    a.top_k = top_k;
+    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
     CU_LAUNCHED();
     return 0;
