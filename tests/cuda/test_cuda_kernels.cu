@@ -374,11 +374,11 @@ static void check_lowprec(cudaStream_t st) {
     }
 }
 
-static void check_idx_scores(cudaStream_t st) {
-    const uint32_t T = 3, ihd = 128;
+static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
+    const uint32_t ihd = 128;
     {
         ds4_err err = {};
-        int rc = cu_idx_scores(NULL, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, st, &err);
+        int rc = cu_idx_scores(NULL, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, tc, st, &err);
         CHECK(rc != 0 && err.code == DS4_EUNSUPPORTED && strstr(ds4_err_msg(&err), "65 x 128"),
               "65 indexer heads: rc %d, \"%s\"", rc, ds4_err_msg(&err));
     }
@@ -400,7 +400,7 @@ static void check_idx_scores(cudaStream_t st) {
         CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
         ds4_err err = {};
-        if (cu_idx_scores(dpos, dq, dw, dr, T, nmax, heads, ihd, k, ds, stride, st, &err)) {
+        if (cu_idx_scores(dpos, dq, dw, dr, T, nmax, heads, ihd, k, ds, stride, tc, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
@@ -432,9 +432,9 @@ static void check_idx_scores(cudaStream_t st) {
                 if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
             }
         }
-        printf("idx scores %2u heads, %4u rows  max error %.2g of the terms' magnitude, %zu stray writes\n", heads, n0,
-               worst, stray);
-        CHECK(worst <= 1e-5 && stray == 0, "indexer scores, %u heads, %u rows", heads, n0);
+        printf("idx scores %s T %u, %2u heads, %4u rows  max error %.2g of the terms' magnitude, %zu stray writes\n",
+               tc ? "tc  " : "simt", T, heads, n0, worst, stray);
+        CHECK(worst <= 1e-5 && stray == 0, "indexer scores (%s), %u heads, %u rows", tc ? "tensor cores" : "SIMT", heads, n0);
         cudaFree(dq);
         cudaFree(dw);
         cudaFree(dr);
@@ -507,7 +507,9 @@ int main() {
     check_lowprec(st);
     check_quantize(st);
     check_products(st);
-    check_idx_scores(st);
+    check_idx_scores(st, false, 3);
+    check_idx_scores(st, true, 3);
+    check_idx_scores(st, true, 1); /* a decode step's blocks */
     check_topk(st);
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);

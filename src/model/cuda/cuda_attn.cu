@@ -410,6 +410,7 @@ typedef struct idx_args {
     float *scores;
     size_t score_stride;
     uint32_t heads, ihd, top_k;
+    uint32_t block_rows; /* idx_score_tc_kernel: rows per block, a multiple of IDXC_SUB */
 } idx_args;
 
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
@@ -479,6 +480,96 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
     float s = 0.0f;
     for (uint32_t h = 0; h < a.heads; h++) s += ws[h] * rp[rl][h];
     a.scores[(size_t)t * a.score_stride + c] = s;
+}
+
+/* Prefill scores on the TF32 tensor cores: a block is one query and up to
+ * a.block_rows of its rows, in sub-tiles of 64 (a warp 16 rows x all 64
+ * heads, m16n8k8).  The query's heads are split into TF32 head and tail
+ * once, into shared memory; each sub-tile's rows are staged raw and split
+ * by the warp that multiplies them; products q k = qh kh + qh kl + ql kh
+ * (tails apart), f32 to a few units of the last place, summed in the
+ * tensor cores' order rather than the dimensions' (so not the SIMT
+ * kernel's bits).  The relu'd dots times the head weights are added over
+ * the fragment's heads and then across the lanes of a column, in a fixed
+ * order. */
+#define IDXC_WARPS 4
+#define IDXC_SUB (16 * IDXC_WARPS) /* rows per sub-tile */
+#define IDXC_ROWS 512              /* rows per block in a prefill */
+#define IDXC_ROWS_DECODE 128       /* and in a decode step: more blocks for one query */
+#define IDXC_LD (IDX_MAX_DIM + 4)  /* row stride: the fragment loads hit 32 banks */
+
+static size_t idx_tc_smem(void) { return (size_t)(2 * IDX_MAX_HEADS + IDXC_SUB) * IDXC_LD * sizeof(uint32_t); }
+
+static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(idx_args a) {
+    dev_pdl_enter();
+    DS4_DYN_SMEM(uint32_t, sm);
+    uint32_t(*qh)[IDXC_LD] = (uint32_t(*)[IDXC_LD])sm;
+    uint32_t(*ql)[IDXC_LD] = qh + IDX_MAX_HEADS;
+    float(*kr)[IDXC_LD] = (float(*)[IDXC_LD])(ql + IDX_MAX_HEADS);
+    __shared__ float ws[IDX_MAX_HEADS];
+    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4, c0 = blockIdx.x * a.block_rows;
+    if (nc <= a.top_k || c0 >= nc) return;
+    const float *q = a.iq + (size_t)t * a.heads * a.ihd;
+    for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS * IDX_MAX_DIM / 4; i += blockDim.x) {
+        uint32_t h = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
+        bool on = h < a.heads && d < a.ihd;
+        float4 v = on ? __ldg((const float4 *)(q + (size_t)h * a.ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        float f[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int j = 0; j < 4; j++) dev_tf32_split(f[j], &qh[h][d + j], &ql[h][d + j]);
+    }
+    for (uint32_t h = threadIdx.x; h < IDX_MAX_HEADS; h += blockDim.x) ws[h] = h < a.heads ? a.iw[(size_t)t * a.heads + h] : 0.0f;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, g = lane / 4, tq = lane % 4;
+    uint32_t end = nc < c0 + a.block_rows ? nc : c0 + a.block_rows;
+    for (uint32_t cb = c0; cb < end; cb += IDXC_SUB) {
+        __syncthreads(); /* the query is stored; the previous sub-tile's rows are read */
+        for (uint32_t i = threadIdx.x; i < IDXC_SUB * IDX_MAX_DIM / 4; i += blockDim.x) {
+            uint32_t r = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
+            bool on = cb + r < end && d < a.ihd;
+            *(float4 *)&kr[r][d] = on ? __ldg((const float4 *)(a.rows + (size_t)(cb + r) * a.ihd + d))
+                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+        __syncthreads();
+        float acc[4][2][4] = {}, tail[4][2][4] = {};
+        for (uint32_t k0 = 0; k0 < a.ihd; k0 += 8) {
+            uint32_t bh[2][2], bl[2][2];
+#pragma unroll
+            for (int n = 0; n < 2; n++) {
+                const float *kp = kr[16 * warp + 8 * n + g];
+                dev_tf32_split(kp[k0 + tq], &bh[n][0], &bl[n][0]);
+                dev_tf32_split(kp[k0 + tq + 4], &bh[n][1], &bl[n][1]);
+            }
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                unsigned r = 16 * m + g;
+                uint32_t ah[4] = {qh[r][k0 + tq], qh[r + 8][k0 + tq], qh[r][k0 + tq + 4], qh[r + 8][k0 + tq + 4]};
+                uint32_t al[4] = {ql[r][k0 + tq], ql[r + 8][k0 + tq], ql[r][k0 + tq + 4], ql[r + 8][k0 + tq + 4]};
+#pragma unroll
+                for (int n = 0; n < 2; n++) {
+                    mma_tf32_16x8x8(tail[m][n], al, bh[n]);
+                    mma_tf32_16x8x8(tail[m][n], ah, bl[n]);
+                    mma_tf32_16x8x8(acc[m][n], ah, bh[n]);
+                }
+            }
+        }
+        /* c[i] of (m, n): head 16 m + g (+ 8 for i >= 2), row 8 n + 2 tq + (i & 1) */
+#pragma unroll
+        for (int n = 0; n < 2; n++)
+#pragma unroll
+            for (int p = 0; p < 2; p++) {
+                float s = 0.0f;
+#pragma unroll
+                for (int m = 0; m < 4; m++) {
+                    s += ws[16 * m + g] * fmaxf(acc[m][n][p] + tail[m][n][p], 0.0f);
+                    s += ws[16 * m + g + 8] * fmaxf(acc[m][n][p + 2] + tail[m][n][p + 2], 0.0f);
+                }
+                s += __shfl_xor_sync(0xffffffffu, s, 4);
+                s += __shfl_xor_sync(0xffffffffu, s, 8);
+                s += __shfl_xor_sync(0xffffffffu, s, 16);
+                uint32_t c = cb + 16 * warp + 8 * n + 2 * tq + p;
+                if (g == 0 && c < end) a.scores[(size_t)t * a.score_stride + c] = s;
+            }
+    }
 }
 
 /* Orderable key of a score: larger score, larger key (-0 counts as +0). */
@@ -649,22 +740,40 @@ int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint
 
 int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const float *rows, uint32_t T,
                   uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
-                  cudaStream_t st, ds4_err *err) {
+                  bool tc, cudaStream_t st, ds4_err *err) {
     if (heads > IDX_MAX_HEADS || ihd > IDX_MAX_DIM || ihd % 32)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
                            heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
-    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
-    DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
+    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k,
+                  T == 1 ? (uint32_t)IDXC_ROWS_DECODE : (uint32_t)IDXC_ROWS};
+    if (tc) {
+        static size_t allowed;
+        if (idx_tc_smem() > allowed) {
+            CU_TRY(cudaFuncSetAttribute(idx_score_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)idx_tc_smem()));
+            allowed = idx_tc_smem();
+        }
+        DS4_LAUNCH(idx_score_tc_kernel, dim3((max_nc + a.block_rows - 1) / a.block_rows, T), IDXC_WARPS * 32, idx_tc_smem(),
+                   st, a);
+    } else {
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
+    }
     CU_LAUNCHED();
     return 0;
+}
+
+/* Experiment: DS4_CUDA_IDX_TC_DECODE=1 scores decode steps on the tensor
+ * cores too (an A/B of one build). */
+static bool idx_tc_decode(void) {
+    const char *e = getenv("DS4_CUDA_IDX_TC_DECODE");
+    return e && e[0] == '1';
 }
 
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
     if (cu_idx_scores(&b->d_step->pos, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
-                      c->idx_top_k, b->idx_scores, b->comp_cap4, b->st, err))
+                      c->idx_top_k, b->idx_scores, b->comp_cap4, !decode || idx_tc_decode(), b->st, err))
         return -1;
     return cu_topk(&b->d_step->pos, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
 }

@@ -277,10 +277,11 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 /* Query t's (position *pos0 + t) indexer scores of the (pos + 1) / 4
  * compressed rows of its prefix, when they are more than top_k: score[c] =
  * sum_h iw[t][h] max(0, iq[t][h] . rows[c]) into row t of scores; max_nc
- * bounds the rows of any query (cu_indexer; exported for the kernel test). */
+ * bounds the rows of any query; tc: on the tensor cores (prefill), else
+ * on the SIMT units (cu_indexer; exported for the kernel test). */
 int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const float *rows, uint32_t T,
                   uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
-                  cudaStream_t st, ds4_err *err);
+                  bool tc, cudaStream_t st, ds4_err *err);
 /* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
  * its prefix, or the top_k of them by score (row t of scores): their
  * indices in ascending order into vis row t, their count into nvis[t]. */
