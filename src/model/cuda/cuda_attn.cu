@@ -410,7 +410,6 @@ typedef struct idx_args {
     float *scores;
     size_t score_stride;
     uint32_t heads, ihd, top_k;
-    uint32_t block_rows; /* idx_score_tc_kernel: rows per block, a multiple of IDXC_SUB */
 } idx_args;
 
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
@@ -483,7 +482,7 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
 }
 
 /* Prefill scores on the TF32 tensor cores: a block is one query and up to
- * a.block_rows of its rows, in sub-tiles of 64 (a warp 16 rows x all 64
+ * IDXC_ROWS of its rows, in sub-tiles of 64 (a warp 16 rows x all 64
  * heads, m16n8k8).  The query's heads are split into TF32 head and tail
  * once, into shared memory; each sub-tile's rows are staged raw and split
  * by the warp that multiplies them; products q k = qh kh + qh kl + ql kh
@@ -494,8 +493,7 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
  * order. */
 #define IDXC_WARPS 4
 #define IDXC_SUB (16 * IDXC_WARPS) /* rows per sub-tile */
-#define IDXC_ROWS 512              /* rows per block in a prefill */
-#define IDXC_ROWS_DECODE 128       /* and in a decode step: more blocks for one query */
+#define IDXC_ROWS 512              /* rows per block */
 #define IDXC_LD (IDX_MAX_DIM + 4)  /* row stride: the fragment loads hit 32 banks */
 
 static size_t idx_tc_smem(void) { return (size_t)(2 * IDX_MAX_HEADS + IDXC_SUB) * IDXC_LD * sizeof(uint32_t); }
@@ -507,7 +505,7 @@ static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(id
     uint32_t(*ql)[IDXC_LD] = qh + IDX_MAX_HEADS;
     float(*kr)[IDXC_LD] = (float(*)[IDXC_LD])(ql + IDX_MAX_HEADS);
     __shared__ float ws[IDX_MAX_HEADS];
-    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4, c0 = blockIdx.x * a.block_rows;
+    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4, c0 = blockIdx.x * IDXC_ROWS;
     if (nc <= a.top_k || c0 >= nc) return;
     const float *q = a.iq + (size_t)t * a.heads * a.ihd;
     for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS * IDX_MAX_DIM / 4; i += blockDim.x) {
@@ -520,7 +518,7 @@ static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(id
     }
     for (uint32_t h = threadIdx.x; h < IDX_MAX_HEADS; h += blockDim.x) ws[h] = h < a.heads ? a.iw[(size_t)t * a.heads + h] : 0.0f;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, g = lane / 4, tq = lane % 4;
-    uint32_t end = nc < c0 + a.block_rows ? nc : c0 + a.block_rows;
+    uint32_t end = nc < c0 + IDXC_ROWS ? nc : c0 + IDXC_ROWS;
     for (uint32_t cb = c0; cb < end; cb += IDXC_SUB) {
         __syncthreads(); /* the query is stored; the previous sub-tile's rows are read */
         for (uint32_t i = threadIdx.x; i < IDXC_SUB * IDX_MAX_DIM / 4; i += blockDim.x) {
@@ -745,15 +743,14 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
                            heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
-    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k,
-                  T == 1 ? (uint32_t)IDXC_ROWS_DECODE : (uint32_t)IDXC_ROWS};
+    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
         static size_t allowed;
         if (idx_tc_smem() > allowed) {
             CU_TRY(cudaFuncSetAttribute(idx_score_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)idx_tc_smem()));
             allowed = idx_tc_smem();
         }
-        DS4_LAUNCH(idx_score_tc_kernel, dim3((max_nc + a.block_rows - 1) / a.block_rows, T), IDXC_WARPS * 32, idx_tc_smem(),
+        DS4_LAUNCH(idx_score_tc_kernel, dim3((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T), IDXC_WARPS * 32, idx_tc_smem(),
                    st, a);
     } else {
         DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
@@ -762,18 +759,14 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
     return 0;
 }
 
-/* Experiment: DS4_CUDA_IDX_TC_DECODE=1 scores decode steps on the tensor
- * cores too (an A/B of one build). */
-static bool idx_tc_decode(void) {
-    const char *e = getenv("DS4_CUDA_IDX_TC_DECODE");
-    return e && e[0] == '1';
-}
-
+/* A prefill pass scores on the tensor cores (61k tokens at 64k: 1719 ->
+ * 2350 t/s); a decode step keeps the SIMT kernel, which is faster for one
+ * query (135.0 vs 128.1 t/s at 4k, PERFORMANCE.md, seventh iteration). */
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
     if (cu_idx_scores(&b->d_step->pos, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
-                      c->idx_top_k, b->idx_scores, b->comp_cap4, !decode || idx_tc_decode(), b->st, err))
+                      c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
     return cu_topk(&b->d_step->pos, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
 }
