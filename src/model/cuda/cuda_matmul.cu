@@ -76,6 +76,20 @@ int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
 /* 16 bytes from global memory through the read-only path. */
 static __device__ __forceinline__ int4 ld16(const void *p) { return __ldg((const int4 *)p); }
 
+/* 16 bytes of a weight row in a decode product: read once, so kept out of
+ * the L1 (where the activation every warp of the block rereads stays). */
+static __device__ __forceinline__ int4 ldw16(const void *p) {
+#ifdef DS4_CUDA_EMU
+    return ld16(p);
+#else
+    int4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+    return v;
+#endif
+}
+
 static __device__ __forceinline__ int dot16(int4 w, int4 a) {
     int s = __dp4a(w.x, a.x, 0);
     s = __dp4a(w.y, a.y, s);
@@ -108,7 +122,7 @@ static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uin
             bool ok = c < n;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                w[u][r] = ok ? ld16(rows[r] + c) : make_int4(0, 0, 0, 0);
+                w[u][r] = ok ? ldw16(rows[r] + c) : make_int4(0, 0, 0, 0);
                 dw[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + n) + c / 32) : 0;
             }
             a[u] = ok ? ld16(x + c) : make_int4(0, 0, 0, 0);
@@ -141,8 +155,8 @@ static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uin
         uint32_t dd[R];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            w[r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
-            sc[r] = ok ? ld16(rows[r] + 64 * (size_t)nb + 16 * (size_t)b) : make_int4(0, 0, 0, 0);
+            w[r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+            sc[r] = ok ? ldw16(rows[r] + 64 * (size_t)nb + 16 * (size_t)b) : make_int4(0, 0, 0, 0);
             dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 80 * (size_t)nb) + b) : 0;
         }
         int4 a[4];
@@ -205,7 +219,7 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
         uint32_t dd[R], s[R][3];
 #pragma unroll
         for (int r = 0; r < R; r++) {
-            w[r] = ok ? ld16(rows[r] + 128 * (size_t)b + 16 * c) : make_int4(0, 0, 0, 0);
+            w[r] = ok ? ldw16(rows[r] + 128 * (size_t)b + 16 * c) : make_int4(0, 0, 0, 0);
             const uint32_t *sp = (const uint32_t *)(rows[r] + 128 * (size_t)nb + 12 * (size_t)b);
 #pragma unroll
             for (int i = 0; i < 3; i++) s[r][i] = ok ? __ldg(sp + i) : 0;
@@ -287,7 +301,7 @@ static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, 
             bool ok = b < nb;
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                w[u][r] = ok ? ld16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+                w[u][r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
                 d[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
             }
         }
@@ -333,7 +347,7 @@ static __device__ __forceinline__ void gemv_float(const uint8_t *const *rows, ui
         for (int u = 0; u < U; u++) {
             uint32_t e = base + 32 * per * u + per * lane;
 #pragma unroll
-            for (int r = 0; r < R; r++) w[u][r] = e < n ? ld16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+            for (int r = 0; r < R; r++) w[u][r] = e < n ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
         }
 #pragma unroll
         for (int u = 0; u < U; u++) {
