@@ -1061,13 +1061,64 @@ static __device__ __forceinline__ void gemm_f_store(uint32_t (*h)[FPAD], uint32_
     }
 }
 
+/* gemm_f_kernel's tiles: TF32 heads and tails of the weight rows (tails
+ * only for F32 weights) and of the tokens, one K step. */
+typedef struct gemm_f_tiles {
+    uint32_t wh[BM][FPAD], wl[BM][FPAD], xh[BN][FPAD], xl[BN][FPAD];
+} gemm_f_tiles;
+
+/* One K step at k0: the values staged in (wv, xv) into the tiles, the
+ * loads of the step two ahead into the same registers (two register sets
+ * alternate, so a load has two steps of products to arrive), then the
+ * step's products. */
+static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_tiles &s, bool vec, bool wtail,
+                                                   const uint8_t *wrow, const float *xrow, uint32_t k0, float (&wv)[8],
+                                                   float (&xv)[8], float (&acc)[2][2][4], float (&tail)[2][2][4]) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    unsigned wm = warp / 4, wn = warp % 4; /* rows 32 wm.., tokens 16 wn.. */
+    unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
+    __syncthreads(); /* the previous step's fragments are read */
+    gemm_f_store(s.wh, wtail ? s.wl : NULL, lr, lk, wv);
+    gemm_f_store(s.xh, s.xl, lr, lk, xv);
+    __syncthreads();
+    if (k0 + 2 * FK < g.n) gemm_f_load(g, vec, wrow, xrow, k0 + 2 * FK + lk, wv, xv); /* in flight for two steps */
+#pragma unroll
+    for (int kk = 0; kk < FK; kk += 8) {
+        uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            unsigned r = 32 * wm + 16 * m + gq;
+            ah[m][0] = s.wh[r][kk + tq], ah[m][1] = s.wh[r + 8][kk + tq];
+            ah[m][2] = s.wh[r][kk + tq + 4], ah[m][3] = s.wh[r + 8][kk + tq + 4];
+            if (wtail) {
+                al[m][0] = s.wl[r][kk + tq], al[m][1] = s.wl[r + 8][kk + tq];
+                al[m][2] = s.wl[r][kk + tq + 4], al[m][3] = s.wl[r + 8][kk + tq + 4];
+            }
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            unsigned t = 16 * wn + 8 * nt + gq;
+            bh[nt][0] = s.xh[t][kk + tq], bh[nt][1] = s.xh[t][kk + tq + 4];
+            bl[nt][0] = s.xl[t][kk + tq], bl[nt][1] = s.xl[t][kk + tq + 4];
+        }
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                if (wtail) mma_tf32_16x8x8(tail[m][nt], al[m], bh[nt]);
+                mma_tf32_16x8x8(tail[m][nt], ah[m], bl[nt]);
+                mma_tf32_16x8x8(acc[m][nt], ah[m], bh[nt]);
+            }
+    }
+}
+
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
-    __shared__ __align__(16) uint32_t wh[BM][FPAD], wl[BM][FPAD], xh[BN][FPAD], xl[BN][FPAD];
+    __shared__ __align__(16) gemm_f_tiles s;
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
-    unsigned wm = warp / 4, wn = warp % 4; /* rows 32 wm.., tokens 16 wn.. */
+    unsigned wm = warp / 4, wn = warp % 4;
     unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
     uint32_t wr = row_tile(g) * BM + lr;
     const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
@@ -1075,42 +1126,12 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     bool wtail = g.type == DS4_TYPE_F32;
     bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
     float acc[2][2][4] = {}, tail[2][2][4] = {}; /* the head products; the tail ones, 2^-11 smaller, apart */
-    float wv[8], xv[8];
-    gemm_f_load(g, vec, wrow, xrow, lk, wv, xv);
-    for (uint32_t k0 = 0; k0 < g.n; k0 += FK) {
-        __syncthreads(); /* the previous step's fragments are read */
-        gemm_f_store(wh, wtail ? wl : NULL, lr, lk, wv);
-        gemm_f_store(xh, xl, lr, lk, xv);
-        __syncthreads();
-        if (k0 + FK < g.n) gemm_f_load(g, vec, wrow, xrow, k0 + FK + lk, wv, xv); /* in flight during the products */
-#pragma unroll
-        for (int kk = 0; kk < FK; kk += 8) {
-            uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
-#pragma unroll
-            for (int m = 0; m < 2; m++) {
-                unsigned r = 32 * wm + 16 * m + gq;
-                ah[m][0] = wh[r][kk + tq], ah[m][1] = wh[r + 8][kk + tq];
-                ah[m][2] = wh[r][kk + tq + 4], ah[m][3] = wh[r + 8][kk + tq + 4];
-                if (wtail) {
-                    al[m][0] = wl[r][kk + tq], al[m][1] = wl[r + 8][kk + tq];
-                    al[m][2] = wl[r][kk + tq + 4], al[m][3] = wl[r + 8][kk + tq + 4];
-                }
-            }
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                unsigned t = 16 * wn + 8 * nt + gq;
-                bh[nt][0] = xh[t][kk + tq], bh[nt][1] = xh[t][kk + tq + 4];
-                bl[nt][0] = xl[t][kk + tq], bl[nt][1] = xl[t][kk + tq + 4];
-            }
-#pragma unroll
-            for (int m = 0; m < 2; m++)
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    if (wtail) mma_tf32_16x8x8(tail[m][nt], al[m], bh[nt]);
-                    mma_tf32_16x8x8(tail[m][nt], ah[m], bl[nt]);
-                    mma_tf32_16x8x8(acc[m][nt], ah[m], bh[nt]);
-                }
-        }
+    float wv0[8], xv0[8], wv1[8], xv1[8];
+    gemm_f_load(g, vec, wrow, xrow, lk, wv0, xv0);
+    gemm_f_load(g, vec, wrow, xrow, FK + lk, wv1, xv1); /* zeros past n */
+    for (uint32_t k0 = 0; k0 < g.n; k0 += 2 * FK) {
+        gemm_f_step(g, s, vec, wtail, wrow, xrow, k0, wv0, xv0, acc, tail);
+        if (k0 + FK < g.n) gemm_f_step(g, s, vec, wtail, wrow, xrow, k0 + FK, wv1, xv1, acc, tail);
     }
 #pragma unroll
     for (int m = 0; m < 2; m++)
