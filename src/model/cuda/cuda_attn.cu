@@ -1208,7 +1208,34 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #define ATC_PLD (ATC_ROWS + ATC_PAD)
 
 static size_t attn_tc_smem(uint32_t hd) {
-    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + 2 * (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float);
+    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + 2 * (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float) +
+           2 * ATC_ROWS * sizeof(const float *);
+}
+
+/* The pieces of a chunk's rows a thread copies: 16-byte piece u = tid +
+ * k blockDim of the chunk is row u / nq, column 4 (u % nq).  The same for
+ * every chunk, so the divisions are done once (rows past `rows` are not
+ * the thread's). */
+struct atc_pieces {
+    uint32_t r0, c0, rstep, cstep, n;
+};
+static __device__ __forceinline__ atc_pieces atc_pieces_of(uint32_t tid, uint32_t nq) {
+    atc_pieces p;
+    p.r0 = tid / nq;
+    p.c0 = 4 * (tid % nq);
+    p.rstep = blockDim.x / nq;
+    p.cstep = 4 * (blockDim.x % nq);
+    p.n = (ATC_ROWS * nq + blockDim.x - 1 - tid) / blockDim.x;
+    return p;
+}
+/* Piece k + 1 from piece k: the remainder carries into the row. */
+static __device__ __forceinline__ void atc_next_piece(const atc_pieces &p, uint32_t nq, uint32_t *r, uint32_t *c) {
+    *r += p.rstep;
+    *c += p.cstep;
+    if (*c >= 4 * nq) {
+        *c -= 4 * nq;
+        *r += 1;
+    }
 }
 
 /* A row value as TF32 head and tail; rows the block found TF32-exact
@@ -1341,6 +1368,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
     uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4;
     float *Qs = atc_smem, *Ks = Qs + ATC_HEADS * ld, *Ps = Ks + ATC_ROWS * ld;
     float *SP = Ps + ATC_HEADS * ATC_PLD, *mh = SP + ATC_HEADS * ATC_PLD, *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
+    const float **rowp = (const float **)(ch + ATC_HEADS); /* two tables of ATC_ROWS row addresses */
     unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32, g = lane / 4, tq = lane % 4;
     unsigned mt = warp / 4, q4 = warp % 4;
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
@@ -1359,12 +1387,17 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
     uint32_t ncol = hd / 4, ntile = ncol / 8; /* O: a warp's columns and 8-wide tiles */
     float o[ATT_MAXV][4] = {};
     float scale = 1.0f / sqrtf((float)hd);
-    for (uint32_t c0 = 0; c0 < total; c0 += ATC_ROWS) {
-        __syncthreads(); /* the previous chunk's rows and probabilities are read */
-        for (uint32_t u = tid; u < ATC_ROWS * nq; u += blockDim.x) {
-            uint32_t r = u / nq, c = 4 * (u % nq);
+    atc_pieces pc = atc_pieces_of(tid, nq);
+    for (uint32_t c0 = 0, ci = 0; c0 < total; c0 += ATC_ROWS, ci++) {
+        /* the chunk's row addresses, once a row: its table was last read two
+         * chunks ago, before the barriers of the chunk between */
+        const float **rp = rowp + (ci & 1) * ATC_ROWS;
+        if (tid < ATC_ROWS) rp[tid] = c0 + tid < total ? attn_row(a, t, p, pos0, first, n_raw, c0 + tid) : NULL;
+        __syncthreads(); /* the previous chunk's rows and probabilities are read; the table is written */
+        uint32_t r = pc.r0, c = pc.c0;
+        for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
             float *dst = Ks + r * ld + c;
-            if (c0 + r < total) cp_async16(dst, attn_row(a, t, p, pos0, first, n_raw, c0 + r) + c);
+            if (rp[r]) cp_async16(dst, rp[r] + c);
             else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* P is 0 there: no NaN from stale rows */
         }
         cp_async_commit();
@@ -1372,8 +1405,9 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
         __syncthreads();
         /* rows already in TF32 (the simulations' f16 and FP8 rows) need no tail products */
         bool inexact = false;
-        for (uint32_t u = tid; u < ATC_ROWS * nq; u += blockDim.x) {
-            float4 v = *(const float4 *)(Ks + u / nq * ld + 4 * (u % nq));
+        r = pc.r0, c = pc.c0;
+        for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
+            float4 v = *(const float4 *)(Ks + r * ld + c);
             inexact |= ((__float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) | __float_as_uint(v.w)) & 0x1fffu) != 0;
         }
         bool exact = !__syncthreads_or(inexact);
