@@ -496,6 +496,22 @@ static void check_topk(cudaStream_t st) {
     }
 }
 
+/* A device allocation that cannot be served says how much of what it
+ * wanted and what the device has; the device stays usable. */
+static void check_alloc_error(void) {
+    void *p = NULL;
+    ds4_err err = {};
+    int rc = cu_dev_alloc(&p, (size_t)1 << 62, "a test block", &err);
+    const char *m = ds4_err_msg(&err);
+    printf("allocation failure: %s\n", m);
+    CHECK(rc != 0 && p == NULL && err.code == DS4_ENOMEM, "a 4 EiB allocation did not fail as DS4_ENOMEM");
+    CHECK(strstr(m, "no room for 4294967296.00 GiB of a test block") && strstr(m, "GiB free of"),
+          "allocation error message: %s", m);
+    float *q = dalloc<float>(16);
+    CU(cudaMemset(q, 0, 16 * sizeof(float)));
+    CU(cudaFree(q));
+}
+
 int main() {
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
@@ -509,8 +525,9 @@ int main() {
     check_products(st);
     check_idx_scores(st, false, 3);
     check_idx_scores(st, true, 3);
-    check_idx_scores(st, true, 1); /* a decode step's blocks */
+    check_idx_scores(st, true, 1); /* one query */
     check_topk(st);
+    check_alloc_error();
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);
     else printf("cuda kernels: all passed\n");

@@ -403,7 +403,9 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
     layout_state(b, &m);
-    CU_TRY(cudaMalloc(&b->state_block, m.off));
+    char what[96];
+    snprintf(what, sizeof(what), "session state (context %u)", b->ctx);
+    if (cu_dev_alloc(&b->state_block, m.off, what, err)) return -1;
     m.base = (uint8_t *)b->state_block;
     m.off = 0;
     layout_state(b, &m);
@@ -411,9 +413,8 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.off = 0;
     layout_buffers(b, &m);
     size_t need = m.off;
-    if (cudaMalloc(&b->buf_block, need) != cudaSuccess)
-        return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for %.2f GB of pass buffers (chunk %u, context %u)",
-                           (double)need / 1e9, b->chunk, b->ctx);
+    snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
+    if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);

@@ -128,6 +128,24 @@ static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *fi
     do {                                                                          \
         if (ds4_cuda_check((call), #call, __FILE__, __LINE__, err) != 0) return -1; \
     } while (0)
+
+/* cudaMalloc for the backend's large blocks (weights, session state, pass
+ * buffers): when the device has no room, the error says what needed how
+ * much and how much the device has, which is what a user can act on (a
+ * smaller recipe, a shorter context, a smaller chunk). */
+static inline int cu_dev_alloc(void **p, size_t bytes, const char *what, ds4_err *err) {
+    if (cudaMalloc(p, bytes ? bytes : 256) == cudaSuccess) return 0;
+    (void)cudaGetLastError(); /* an allocation failure is not sticky: clear it */
+    *p = NULL;
+    size_t free_b = 0, total_b = 0;
+    if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+        (void)cudaGetLastError();
+        free_b = total_b = 0;
+    }
+    const double gib = 1024.0 * 1024.0 * 1024.0;
+    return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for %.2f GiB of %s on the device (%.2f GiB free of %.2f GiB)",
+                       (double)bytes / gib, what, (double)free_b / gib, (double)total_b / gib);
+}
 /* After a launch: configuration errors show up here. */
 #ifdef DS4_CUDA_EMU
 #define CU_LAUNCHED() CU_TRY(cudaGetLastError())

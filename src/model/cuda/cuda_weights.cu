@@ -110,7 +110,7 @@ static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *er
         total += align_up(d->row_bytes * d->rows * d->mats, 256);
     }
     dw->bytes = total;
-    CU_TRY(cudaMalloc(&dw->block, total ? total : 256));
+    if (cu_dev_alloc(&dw->block, total, "weights", err)) return -1;
     for (size_t i = 0; i < count; i++)
         if (offsets[i] != SIZE_MAX) dev_tensor(dw, i)->p = (const uint8_t *)dw->block + offsets[i];
     return 0;
