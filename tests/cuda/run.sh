@@ -16,6 +16,8 @@
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4
+#   allocation failure   a refused device allocation's message (never
+#             under compute-sanitizer, which counts it as an API error)
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${1:?usage: run.sh BUILD_DIR}
@@ -36,11 +38,14 @@ step() { # step NAME COMMAND...
     if (cd "$T" && $WRAP "$@"); then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
     else echo "-- $name: FAILED"; fail=1; fi
 }
+# a step never under compute-sanitizer (it provokes an API error on purpose)
+step_unwrapped() { w=$WRAP; WRAP=""; step "$@"; WRAP=$w; }
 
 if [ "${QUICK:-0}" = 1 ]; then
     $MK -q --recipe f16 --seed 11 -o "$T/tiny-f16.gguf"
     $MK -q --recipe q2 --seed 11 -o "$T/tiny-q2.gguf"
     step kernels "$PWD/$BUILD/test_cuda_kernels"
+    step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
     step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim --prompt 100 --steps 16
     step "loose tiny q2" "$TEST" compare tiny-q2.gguf --loose --prompt 60 --steps 8
     step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
@@ -49,6 +54,7 @@ else
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
     $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
     step kernels "$PWD/$BUILD/test_cuda_kernels"
+    step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
     step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim
     # Flash's head size (512) in the tensor-core prefill attention and a
     # 1024-wide HC: mid has 16 heads of 512, 300 tokens select by indexer.
