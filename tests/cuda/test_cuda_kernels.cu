@@ -206,6 +206,46 @@ static void reference(const wt_pair &w, const act_pair &a, uint32_t mat, uint32_
 
 static const char *tname(uint32_t t) { return ds4_type_get(t)->name; }
 
+/* Few long float rows: a block a row, the row split over its warps. */
+static void check_split_gemv(cudaStream_t st) {
+    const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16};
+    const uint32_t n = 1024, rows = 37;
+    for (uint32_t type : types) {
+        wt_pair w;
+        act_pair a;
+        make_weights(w, type, n, rows, 2);
+        make_act(a, n, 1, st);
+        float *out = dalloc<float>(rows + 1);
+        CU(cudaMemset(out, 0xFF, (rows + 1) * 4));
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w.d, 1, NULL, 0, 0, rows, &a.d, 0, out);
+        CHECK(p.n_blocks == rows, "split gemv %s: %u blocks for %u rows", tname(type), p.n_blocks, rows);
+        ds4_err err = {};
+        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got(rows + 1);
+        CU(cudaMemcpy(got.data(), out, (rows + 1) * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (uint32_t r = 0; r < rows; r++) {
+            double ref, mag;
+            reference(w, a, 1, r, 0, 0, &ref, &mag);
+            double e = fabs(got[r] - ref) / (mag + 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+        uint32_t guard;
+        memcpy(&guard, &got[rows], 4);
+        printf("gemv %-8s split rows, max error %.2g of the terms' magnitude\n", tname(type), worst);
+        CHECK(worst <= 2e-6, "split gemv %s: error %.3g", tname(type), worst);
+        CHECK(guard == 0xFFFFFFFFu, "split gemv %s wrote past its rows", tname(type));
+        cudaFree(out);
+        cudaFree((void *)w.d.p);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+}
+
 static void check_products(cudaStream_t st) {
     const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
                               DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
@@ -538,6 +578,7 @@ int main(int argc, char **argv) {
     check_lowprec(st);
     check_quantize(st);
     check_products(st);
+    check_split_gemv(st);
     check_idx_scores(st, false, 3);
     check_idx_scores(st, true, 3);
     check_idx_scores(st, true, 1); /* one query */

@@ -142,6 +142,7 @@ typedef struct gemv_seg {
     float *out;
     uint32_t block0; /* first block of this segment in the launch */
     uint32_t rpw;    /* rows per warp */
+    uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
 } gemv_seg;
 
 typedef struct gemv_plan {

@@ -443,6 +443,36 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
     }
 }
 
+/* A float row split over the block's warps (gemv_seg.split): warp w takes
+ * values [w n / W, (w + 1) n / W), and the partial sums meet in shared
+ * memory, added in warp order.  For products of few long rows (the
+ * router: 256 rows of 4096), which a warp a row would walk in several
+ * dependent rounds of loads; here each warp issues its part's loads at
+ * once. */
+static __device__ __forceinline__ const uint8_t *gemv_split_part(const gemv_seg &sg, uint32_t row, unsigned warp,
+                                                                 uint32_t *e0, uint32_t *len) {
+    uint32_t esz = sg.type == DS4_TYPE_F32 ? 4 : 2;
+    *len = sg.n / GEMV_WARPS;
+    *e0 = warp * *len;
+    return sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes + (size_t)*e0 * esz;
+}
+
+static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32_t row, unsigned warp) {
+    __shared__ float part[GEMV_WARPS];
+    uint32_t e0, len;
+    const uint8_t *rows[1] = {gemv_split_part(sg, row, warp, &e0, &len)};
+    float acc[1] = {0.0f};
+    gemv_float<1>(rows, sg.type, len, sg.xf + e0, acc);
+    float v = warp_sum(acc[0]);
+    if ((threadIdx.x & 31) == 0) part[warp] = v;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float s = 0.0f;
+        for (int w = 0; w < GEMV_WARPS; w++) s += part[w];
+        sg.out[row] = s;
+    }
+}
+
 /* The warp's rows (those of a fixed matrix) into the L2, a 128-byte line a
  * lane at a time. */
 static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, uint32_t r0) {
@@ -466,6 +496,15 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
     unsigned warp = threadIdx.x / 32;
+    if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
+        uint32_t row = blockIdx.x - sg.block0, e0, len;
+        const uint8_t *first = gemv_split_part(sg, row, warp, &e0, &len);
+        size_t bytes = (size_t)len * (sg.type == DS4_TYPE_F32 ? 4 : 2);
+        for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(first + off);
+        dev_pdl_wait_prev();
+        gemv_split_row(sg, row, warp);
+        return;
+    }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
     /* weights and the grid are written by no kernel: fetch them while the
      * kernel before this one finishes */
@@ -500,6 +539,16 @@ static uint32_t pick_rpw(const dwt *W) {
     return 1;
 }
 
+/* Float products of at most GEMV_SPLIT_ROWS rows (router, compressor,
+ * indexer weights) take a block a row: a warp a row would leave most SMs
+ * idle and walk each row in dependent rounds.  Rows must split into
+ * whole 16-byte loads per warp. */
+#define GEMV_SPLIT_ROWS 1024
+static bool split_rows(const dwt *W, const int *sel, uint32_t rows) {
+    bool fl = W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16;
+    return fl && !sel && rows <= GEMV_SPLIT_ROWS && W->n % (8 * GEMV_WARPS) == 0;
+}
+
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
                  uint32_t rows, const dact *x, uint32_t act_off, float *out) {
     gemv_seg *s = &p->seg[p->n_seg++];
@@ -516,8 +565,9 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
     cu_act_ptrs(x, W->type, 0, act_off, &s->xf, &s->xq, &s->xd, &s->xb);
     s->out = out;
     s->rpw = pick_rpw(W);
+    s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
     s->block0 = p->n_blocks;
-    p->n_blocks += (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
+    p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
 }
 
 /* Float rows are read 16 bytes at a time: whole vectors only. */
