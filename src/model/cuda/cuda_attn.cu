@@ -746,10 +746,7 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
     idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
         static size_t allowed;
-        if (idx_tc_smem() > allowed) {
-            CU_TRY(cudaFuncSetAttribute(idx_score_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)idx_tc_smem()));
-            allowed = idx_tc_smem();
-        }
+        if (cu_allow_smem(idx_score_tc_kernel, idx_tc_smem(), &allowed, err)) return -1;
         DS4_LAUNCH(idx_score_tc_kernel, dim3((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T), IDXC_WARPS * 32, idx_tc_smem(),
                    st, a);
     } else {
@@ -1511,10 +1508,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     if (T > b->attn_blocked_t) {
         size_t smem = attn_tc_smem(c->head_dim);
         static size_t allowed;
-        if (smem > allowed) {
-            CU_TRY(cudaFuncSetAttribute(attn_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-            allowed = smem;
-        }
+        if (cu_allow_smem(attn_tc_kernel, smem, &allowed, err)) return -1;
         DS4_LAUNCH(attn_tc_kernel, dim3((c->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, b->st, a);
         CU_LAUNCHED();
     } else {

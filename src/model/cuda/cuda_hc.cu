@@ -547,11 +547,8 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
         return 0;
     }
     typedef hc_shape_prefill SH;
-    static bool allowed;
-    if (!allowed) {
-        CU_TRY(cudaFuncSetAttribute(hc_prefill_mix_kernel<NMIX>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)hcp_smem()));
-        allowed = true;
-    }
+    static size_t allowed;
+    if (cu_allow_smem(hc_prefill_mix_kernel<NMIX>, hcp_smem(), &allowed, err)) return -1;
     hc_args p = a;
     p.nsplit = (a.D + HCP_COLS - 1) / HCP_COLS;
     dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);

@@ -449,20 +449,26 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
  * router: 256 rows of 4096), which a warp a row would walk in several
  * dependent rounds of loads; here each warp issues its part's loads at
  * once. */
-static __device__ __forceinline__ const uint8_t *gemv_split_part(const gemv_seg &sg, uint32_t row, unsigned warp,
-                                                                 uint32_t *e0, uint32_t *len) {
+struct gemv_part {
+    const uint8_t *w; /* the part's first weight byte */
+    uint32_t e0, len; /* its first value and count */
+    size_t bytes;
+};
+static __device__ __forceinline__ gemv_part gemv_part_of(const gemv_seg &sg, uint32_t row, unsigned warp) {
     uint32_t esz = sg.type == DS4_TYPE_F32 ? 4 : 2;
-    *len = sg.n / GEMV_WARPS;
-    *e0 = warp * *len;
-    return sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes + (size_t)*e0 * esz;
+    gemv_part pt;
+    pt.len = sg.n / GEMV_WARPS;
+    pt.e0 = warp * pt.len;
+    pt.bytes = (size_t)pt.len * esz;
+    pt.w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes + (size_t)pt.e0 * esz;
+    return pt;
 }
 
-static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32_t row, unsigned warp) {
+static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32_t row, unsigned warp, const gemv_part &pt) {
     __shared__ float part[GEMV_WARPS];
-    uint32_t e0, len;
-    const uint8_t *rows[1] = {gemv_split_part(sg, row, warp, &e0, &len)};
+    const uint8_t *rows[1] = {pt.w};
     float acc[1] = {0.0f};
-    gemv_float<1>(rows, sg.type, len, sg.xf + e0, acc);
+    gemv_float<1>(rows, sg.type, pt.len, sg.xf + pt.e0, acc);
     float v = warp_sum(acc[0]);
     if ((threadIdx.x & 31) == 0) part[warp] = v;
     __syncthreads();
@@ -473,14 +479,15 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
     }
 }
 
-/* The warp's rows (those of a fixed matrix) into the L2, a 128-byte line a
- * lane at a time. */
+/* `bytes` from p into the L2, a 128-byte line a lane at a time. */
+static __device__ __forceinline__ void prefetch_l2_bytes(const uint8_t *p, size_t bytes) {
+    for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(p + off);
+}
+
+/* The warp's rows (those of a fixed matrix) into the L2. */
 static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, uint32_t r0) {
-    unsigned lane = threadIdx.x & 31;
     uint32_t n = sg.rows - r0 < sg.rpw ? sg.rows - r0 : sg.rpw;
-    const uint8_t *first = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
-    size_t bytes = (size_t)n * sg.row_bytes;
-    for (size_t off = (size_t)lane * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(first + off);
+    prefetch_l2_bytes(sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes, (size_t)n * sg.row_bytes);
 }
 
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
@@ -497,12 +504,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     const gemv_seg &sg = p.seg[s];
     unsigned warp = threadIdx.x / 32;
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
-        uint32_t row = blockIdx.x - sg.block0, e0, len;
-        const uint8_t *first = gemv_split_part(sg, row, warp, &e0, &len);
-        size_t bytes = (size_t)len * (sg.type == DS4_TYPE_F32 ? 4 : 2);
-        for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(first + off);
+        uint32_t row = blockIdx.x - sg.block0;
+        gemv_part pt = gemv_part_of(sg, row, warp);
+        prefetch_l2_bytes(pt.w, pt.bytes);
         dev_pdl_wait_prev();
-        gemv_split_row(sg, row, warp);
+        gemv_split_row(sg, row, warp, pt);
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
