@@ -14,7 +14,9 @@
  * 1e-5 of the sum of |terms|), only for the rows of each query's prefix.
  * The indexer's top-k must list exactly the rows a stable sort by score
  * picks (ties to the lower row, -0 equal to +0), from a few keys to more
- * than its threads can hold in one batch.
+ * than its threads can hold in one batch.  Routing must pick the experts
+ * of a stable sort of prob + bias (or the hash table's), with their
+ * normalised weights to 1e-5.
  *
  * With the argument alloc-failure, only: a device allocation the device
  * cannot serve fails as DS4_ENOMEM with a message naming what wanted how
@@ -540,6 +542,92 @@ static void check_topk(cudaStream_t st) {
     }
 }
 
+/* Routing against a host definition of cpu_ffn.c's: probabilities
+ * sqrt(softplus(logit)), the k best of prob + bias by a stable sort
+ * (ties to the lower expert, -0 equal to +0), or the hash table's experts;
+ * weights normalised in selection order.  Logits in eighths and a few
+ * biases make many exact ties; distinct scores are far apart, so the
+ * device's expf / log1pf (not glibc's bits) cannot reorder them. */
+static float host_softplus(float x) { return x > 20.0f ? x : x < -20.0f ? expf(x) : log1pf(expf(x)); }
+
+static void check_route(cudaStream_t st) {
+    struct rcase { uint32_t n_expert, k; bool bias, hash, norm; };
+    const rcase cases[] = {{256, 6, true, false, true}, {256, 6, false, false, true}, {256, 8, true, false, false},
+                           {300, 6, true, false, true}, {1024, 8, false, false, true}, {16, 2, true, false, true},
+                           {256, 6, true, true, true}, {40, 6, false, false, true}};
+    const uint32_t T = 5, vocab = 7;
+    for (const rcase &rc : cases) {
+        uint32_t ne = rc.n_expert, k = rc.k;
+        std::vector<float> logit((size_t)T * ne), bias(ne);
+        std::vector<int32_t> hash((size_t)vocab * k);
+        std::vector<uint32_t> tok(T);
+        for (uint32_t t = 0; t < T; t++) {
+            tok[t] = (t * 3) % vocab;
+            for (uint32_t e = 0; e < ne; e++) {
+                float v = roundf(frand() * 4.0f) / 8.0f;
+                if (t == 1 && e % 5 == 0) v = 1.5f; /* a run of equal top scores */
+                if (t == 2) v = -30.0f + (float)(e % 3); /* tiny probabilities, softplus by expf */
+                if (t == 3 && e % 7 == 0) v = 25.0f; /* softplus(x) = x */
+                logit[(size_t)t * ne + e] = v;
+            }
+        }
+        for (uint32_t e = 0; e < ne; e++) bias[e] = e % 11 == 0 ? 0.25f : e % 13 == 0 ? -0.125f : 0.0f;
+        for (uint32_t v = 0; v < vocab; v++)
+            for (uint32_t i = 0; i < k; i++) hash[(size_t)v * k + i] = (int32_t)((v * 37 + i * 101) % ne);
+        float *dl = dalloc<float>(logit.size()), *db = dalloc<float>(ne), *dw = dalloc<float>((size_t)(T + 1) * k);
+        int32_t *dh = dalloc<int32_t>(hash.size());
+        int *ds = dalloc<int>((size_t)(T + 1) * k);
+        uint32_t *dt = dalloc<uint32_t>(T);
+        CU(cudaMemcpy(dl, logit.data(), logit.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(db, bias.data(), ne * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dh, hash.data(), hash.size() * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemcpy(dt, tok.data(), T * 4, cudaMemcpyHostToDevice));
+        CU(cudaMemset(ds, 0xFF, (size_t)(T + 1) * k * 4)); /* one more row: nothing is written past the tokens */
+        cu_route_in in = {dl, rc.bias ? db : NULL, rc.hash ? dh : NULL, dt, ne, k, 1.5f, rc.norm};
+        ds4_err err = {};
+        if (cu_route_tokens(&in, T, ds, dw, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
+        std::vector<int> sel((size_t)(T + 1) * k);
+        std::vector<float> w((size_t)T * k);
+        CU(cudaMemcpy(sel.data(), ds, sel.size() * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(w.data(), dw, w.size() * 4, cudaMemcpyDeviceToHost));
+        size_t bad_sel = 0;
+        double worst = 0.0;
+        for (uint32_t t = 0; t < T; t++) {
+            std::vector<float> prob(ne), score(ne);
+            std::vector<uint32_t> idx(ne);
+            for (uint32_t e = 0; e < ne; e++) {
+                prob[e] = sqrtf(host_softplus(logit[(size_t)t * ne + e]));
+                score[e] = prob[e] + (rc.bias ? bias[e] : 0.0f);
+                idx[e] = e;
+            }
+            std::stable_sort(idx.begin(), idx.end(), [&](uint32_t x, uint32_t y) { return score[x] > score[y]; });
+            float sum = 0.0f;
+            for (uint32_t i = 0; i < k; i++) {
+                uint32_t e = rc.hash ? (uint32_t)hash[(size_t)tok[t] * k + i] : idx[i];
+                bad_sel += (uint32_t)sel[(size_t)t * k + i] != e;
+                sum += prob[e];
+            }
+            float nrm = rc.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
+            for (uint32_t i = 0; i < k; i++) {
+                uint32_t e = rc.hash ? (uint32_t)hash[(size_t)tok[t] * k + i] : idx[i];
+                float want = prob[e] * nrm * 1.5f;
+                worst = fmax(worst, fabs((double)w[(size_t)t * k + i] - want) / fmax(fabs(want), 1e-30));
+            }
+        }
+        for (uint32_t i = 0; i < k; i++) bad_sel += sel[(size_t)T * k + i] != -1;
+        printf("route %u of %4u experts%s%s  %zu choices differ, weights within %.1e\n", k, ne, rc.bias ? " +bias" : "",
+               rc.hash ? " hash" : "", bad_sel, worst);
+        CHECK(bad_sel == 0 && worst <= 1e-5, "routing %u of %u experts (bias %d, hash %d)", k, ne, rc.bias, rc.hash);
+        cudaFree(dl);
+        cudaFree(db);
+        cudaFree(dw);
+        cudaFree(dh);
+        cudaFree(ds);
+        cudaFree(dt);
+    }
+}
+
 /* A device allocation that cannot be served says how much of what it
  * wanted and what the device has; the device stays usable.  Run on its
  * own (`test_cuda_kernels alloc-failure`): compute-sanitizer counts the
@@ -583,6 +671,7 @@ int main(int argc, char **argv) {
     check_idx_scores(st, true, 3);
     check_idx_scores(st, true, 1); /* one query */
     check_topk(st);
+    check_route(st);
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);
     else printf("cuda kernels: all passed\n");

@@ -34,60 +34,61 @@ static __device__ __forceinline__ float dev_softplus(float x) {
     return log1pf(expf(x));
 }
 
+/* A float's bits as an unsigned key in the same order (-0 as +0, since
+ * the CPU compares floats), so that a warp can find its largest score in
+ * one redux instruction instead of five rounds of shuffles. */
+static __device__ __forceinline__ uint32_t order_key(float f) {
+    uint32_t u = __float_as_uint(f);
+    if (u == 0x80000000u) u = 0;
+    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
+}
+
 /* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
- * in registers, so the top-k rounds are register scans and shuffles with
- * no shared-memory round trips. */
+ * in registers.  Each top-k round is a register scan and two warp
+ * reductions: the largest key, then the lowest index holding it (the
+ * CPU's stable insertion top-k).  The rounds are the serial part of the
+ * kernel, on every layer's path from the router to the experts. */
 template <int PER> static __global__ void route_kernel(route_args a) {
     dev_pdl_enter();
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
-    float prob[PER], score[PER];
+    float prob[PER];
+    uint32_t key[PER];
+    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         uint32_t e = lane + 32 * j;
         float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
         prob[j] = p;
-        score[j] = e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f;
+        key[j] = order_key(e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f);
+        if (e < ne) open |= 1u << j;
     }
-    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
-#pragma unroll
-    for (int j = 0; j < PER; j++)
-        if (lane + 32 * j < ne) open |= 1u << j;
     int chosen = -1;  /* lane i < k: the i-th selected expert */
     float cprob = 0.0f; /* and its probability */
-    if (a.hash) {
-        if (lane < k) chosen = a.hash[(size_t)a.tok[t] * k + lane];
-        /* the owner of each chosen expert hands its probability over */
-        for (uint32_t i = 0; i < k; i++) {
-            int e = __shfl_sync(0xffffffffu, chosen, i);
-            float p = 0.0f;
+    int hashed = a.hash && lane < k ? a.hash[(size_t)a.tok[t] * k + lane] : -1;
+    for (uint32_t i = 0; i < k; i++) {
+        uint32_t e;
+        if (a.hash) {
+            e = (uint32_t)__shfl_sync(0xffffffffu, hashed, i);
+        } else {
+            uint32_t bk = 0;
+            int bj = -1;
 #pragma unroll
             for (int j = 0; j < PER; j++)
-                if ((uint32_t)e == lane + 32 * j) p = prob[j];
-            p = __shfl_sync(0xffffffffu, p, (unsigned)e & 31);
-            if (lane == i) cprob = p;
+                if (((open >> j) & 1) && (bj < 0 || key[j] > bk)) { bk = key[j]; bj = j; }
+            uint32_t top = __reduce_max_sync(0xffffffffu, bk);
+            e = __reduce_min_sync(0xffffffffu, bj >= 0 && bk == top ? 32u * (uint32_t)bj + lane : 0xffffffffu);
         }
-    } else {
-        /* k rounds of: the best untaken expert by prob + bias, lower index
-         * first on ties (the CPU's stable insertion top-k) */
-        for (uint32_t i = 0; i < k; i++) {
-            float bv = -INFINITY, bp = 0.0f;
-            int bi = 0x7fffffff;
+        /* the owner of expert e hands its probability over */
+        float p = 0.0f;
 #pragma unroll
-            for (int j = 0; j < PER; j++) {
-                int e = (int)(lane + 32 * j);
-                if (((open >> j) & 1) && (score[j] > bv || (score[j] == bv && e < bi))) { bv = score[j]; bi = e; bp = prob[j]; }
+        for (int j = 0; j < PER; j++)
+            if (e == lane + 32 * j) {
+                p = prob[j];
+                open &= ~(1u << j);
             }
-            for (int o = 16; o > 0; o >>= 1) {
-                float v2 = __shfl_xor_sync(0xffffffffu, bv, o), p2 = __shfl_xor_sync(0xffffffffu, bp, o);
-                int i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-                if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; bp = p2; }
-            }
-            if (lane == i) { chosen = bi; cprob = bp; }
-#pragma unroll
-            for (int j = 0; j < PER; j++)
-                if ((int)(lane + 32 * j) == bi) open &= ~(1u << j);
-        }
+        p = __shfl_sync(0xffffffffu, p, e & 31);
+        if (lane == i) { chosen = (int)e; cprob = p; }
     }
     /* the weights, summed in selection order as the CPU does */
     float sum = 0.0f;
@@ -99,24 +100,40 @@ template <int PER> static __global__ void route_kernel(route_args a) {
     }
 }
 
+int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err) {
+    route_args a;
+    a.logits = in->logits;
+    a.bias = in->bias;
+    a.hash = in->hash;
+    a.tok = in->tok;
+    a.n_expert = in->n_expert;
+    a.k = in->k;
+    a.scale = in->scale;
+    a.norm = in->norm;
+    a.sel = sel;
+    a.selw = selw;
+    if (a.k == 0 || a.k > 32 || a.k > a.n_expert || a.n_expert > 1024)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: routing %u of %u experts (at most 32 of 1024)", a.k,
+                           a.n_expert);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, st, a);
+    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, st, a);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    route_args a;
-    a.logits = b->router;
-    a.bias = w->exp_bias.p ? (const float *)w->exp_bias.p : NULL;
-    a.hash = ds4_layer_is_hash(c, il) ? (const int32_t *)w->tid2eid.p : NULL;
-    a.tok = tok;
-    a.n_expert = c->n_expert;
-    a.k = c->n_expert_used;
-    a.scale = c->expert_weights_scale;
-    a.norm = c->expert_weights_norm;
-    a.sel = b->sel;
-    a.selw = b->selw;
-    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, b->st, a);
-    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, b->st, a); /* check_config: at most 1024 */
-    CU_LAUNCHED();
-    return 0;
+    cu_route_in in;
+    in.logits = b->router;
+    in.bias = w->exp_bias.p ? (const float *)w->exp_bias.p : NULL;
+    in.hash = ds4_layer_is_hash(c, il) ? (const int32_t *)w->tid2eid.p : NULL;
+    in.tok = tok;
+    in.n_expert = c->n_expert;
+    in.k = c->n_expert_used;
+    in.scale = c->expert_weights_scale;
+    in.norm = c->expert_weights_norm;
+    return cu_route_tokens(&in, T, b->sel, b->selw, b->st, err);
 }
 
 /* ------------------------------------------------------------ grouping */

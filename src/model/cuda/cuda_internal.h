@@ -300,6 +300,17 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
 #define CU_ATTN_BLOCKED_T 16
 
 /* cuda_ffn.cu */
+/* What routing reads: T x n_expert router logits, the F32 bias or NULL,
+ * the hash table (vocab x k) and the tokens, or NULL. */
+typedef struct cu_route_in {
+    const float *logits, *bias;
+    const int32_t *hash;
+    const uint32_t *tok;
+    uint32_t n_expert, k;
+    float scale;
+    bool norm;
+} cu_route_in;
+int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */

@@ -193,6 +193,15 @@ unsigned __ballot_sync(unsigned, int pred) {
         if (tab[l][0]) r |= 1u << l;
     return r;
 }
+static unsigned warp_reduce(unsigned v, bool want_max) {
+    uint32_t(*tab)[16] = exchange(&v, 4);
+    unsigned base = emu_cur->linear - emu_cur->lane, r = tab[0][0];
+    for (unsigned l = 1; l < 32 && base + l < cur_threads; l++)
+        r = want_max ? (tab[l][0] > r ? tab[l][0] : r) : (tab[l][0] < r ? tab[l][0] : r);
+    return r;
+}
+unsigned __reduce_max_sync(unsigned, unsigned v) { return warp_reduce(v, true); }
+unsigned __reduce_min_sync(unsigned, unsigned v) { return warp_reduce(v, false); }
 int __any_sync(unsigned mask, int pred) { return __ballot_sync(mask, pred) != 0; }
 int __all_sync(unsigned mask, int pred) {
     unsigned base = emu_cur->linear - emu_cur->lane;

@@ -161,6 +161,9 @@ template <typename T> T __shfl_up_sync(unsigned, T v, unsigned delta, int width 
 }
 unsigned __ballot_sync(unsigned mask, int pred);
 int __any_sync(unsigned mask, int pred);
+/* redux.sync: the largest / smallest value over the warp's live lanes */
+unsigned __reduce_max_sync(unsigned mask, unsigned v);
+unsigned __reduce_min_sync(unsigned mask, unsigned v);
 int __all_sync(unsigned mask, int pred);
 
 /* ----------------------------------------------------------- intrinsics */
