@@ -157,22 +157,59 @@ typedef struct qpost_args {
     bool sim;
 } qpost_args;
 
-/* Per query head: unweighted RMSNorm and tail RoPE; per indexer head: tail
- * RoPE and the QAT round trip; the indexer head weights get their scale. */
+/* A query head by one warp, in registers: lane l holds the groups of four
+ * values at 4 l + 128 j (whole 512-byte rows a load), the unweighted
+ * RMSNorm's sum of squares in double as block_rmsnorm's, then the tail
+ * RoPE's pairs, which never straddle a group (the tail starts at an even
+ * value).  Same arithmetic as the block helpers, without their barriers:
+ * this launch is on a decode step's path from the projections to the
+ * attention. */
+#define QP_HEADS 4  /* query heads a block: a warp each */
+#define QP_GROUPS 4 /* groups of four values a lane: head_dim <= 512 (check_config) */
+static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const ds4_rope &rope, uint32_t pos, float eps) {
+    unsigned lane = threadIdx.x & 31;
+    float4 v[QP_GROUPS];
+    double ss = 0.0;
+#pragma unroll
+    for (int j = 0; j < QP_GROUPS; j++) {
+        uint32_t e = 4 * lane + 128 * j;
+        v[j] = e < hd ? *(const float4 *)(q + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        ss += (double)v[j].x * v[j].x + (double)v[j].y * v[j].y + (double)v[j].z * v[j].z + (double)v[j].w * v[j].w;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    float scale = 1.0f / sqrtf((float)(ss / hd) + eps);
+    uint32_t t0 = hd - 2 * rope.n_pairs;
+#pragma unroll
+    for (int j = 0; j < QP_GROUPS; j++) {
+        uint32_t e = 4 * lane + 128 * j;
+        if (e >= hd) break;
+        float x[4] = {v[j].x * scale, v[j].y * scale, v[j].z * scale, v[j].w * scale};
+#pragma unroll
+        for (int p = 0; p < 2; p++) {
+            if (e + 2 * p < t0) continue;
+            float theta = (float)pos * rope.inv_freq[(e + 2 * p - t0) / 2];
+            float c = cosf(theta), sn = sinf(theta), x0 = x[2 * p], x1 = x[2 * p + 1];
+            x[2 * p] = x0 * c - x1 * sn;
+            x[2 * p + 1] = x0 * sn + x1 * c;
+        }
+        *(float4 *)(q + e) = make_float4(x[0], x[1], x[2], x[3]);
+    }
+}
+
+/* Blocks y < ceil(n_head / QP_HEADS): QP_HEADS query heads, a warp each
+ * (q_post_head).  The others: an indexer head each (tail RoPE and the QAT
+ * round trip through shared memory); the indexer head weights get their
+ * scale. */
 static __global__ void q_post_kernel(qpost_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, x);
-    uint32_t t = blockIdx.x, h = blockIdx.y, pos = *a.pos0 + t;
-    if (h < a.n_head) {
-        float *q = a.q + ((size_t)t * a.n_head + h) * a.hd;
-        for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) x[i] = q[i];
-        __syncthreads();
-        block_rmsnorm(x, a.hd, NULL, 0, a.eps);
-        block_rope(x, a.hd, a.rope, pos, false);
-        for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) q[i] = x[i];
+    uint32_t t = blockIdx.x, y = blockIdx.y, pos = *a.pos0 + t, nqb = (a.n_head + QP_HEADS - 1) / QP_HEADS;
+    if (y < nqb) {
+        uint32_t h = y * QP_HEADS + threadIdx.x / 32;
+        if (h < a.n_head) q_post_head(a.q + ((size_t)t * a.n_head + h) * a.hd, a.hd, a.rope, pos, a.eps);
         return;
     }
-    h -= a.n_head;
+    uint32_t h = y - nqb;
     float *q = a.iq + ((size_t)t * a.idx_heads + h) * a.ihd;
     for (uint32_t i = threadIdx.x; i < a.ihd; i += blockDim.x) x[i] = q[i];
     __syncthreads();
@@ -201,7 +238,8 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.wscale = 1.0f / sqrtf((float)c->idx_head_dim * (float)c->idx_n_head);
     a.eps = c->rms_eps;
     a.sim = b->sim;
-    DS4_LAUNCH(q_post_kernel, dim3(T, c->n_head + (idx ? c->idx_n_head : 0)), 128, c->head_dim * sizeof(float), b->st, a);
+    uint32_t nqb = (c->n_head + QP_HEADS - 1) / QP_HEADS;
+    DS4_LAUNCH(q_post_kernel, dim3(T, nqb + (idx ? c->idx_n_head : 0)), 32 * QP_HEADS, c->head_dim * sizeof(float), b->st, a);
     CU_LAUNCHED();
     return 0;
 }
