@@ -9,8 +9,9 @@
 #   kernels   activation quantization, every product, the simulations,
 #             against the CPU definitions (bit for bit where the CPU's
 #             arithmetic allows it)
-#   strict    f16 models (tiny, tiny-b; and mid, whose heads have Flash's
-#             512 values), simulations off: prefill, decode steps, chunked
+#   strict    f16 models (tiny, tiny-b; mid, whose heads have Flash's 512
+#             values; wide, Flash's 4096-wide residual streams),
+#             simulations off: prefill, decode steps, chunked
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   loose     quantized recipes and simulations on: as close to the CPU as
@@ -53,6 +54,7 @@ else
     for r in f16 q8_0 q2 q4; do $MK -q --recipe $r --seed 11 -o "$T/tiny-$r.gguf"; done
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
     $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
+    $MK -q --recipe f16 --set embd=4096 --set layers=3 --seed 14 -o "$T/wide-f16.gguf"
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
     step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim
@@ -64,6 +66,8 @@ else
     # moves by up to 0.1).  Seed 12's closest pair, in prefill and the 32
     # greedy steps, is 2.2e-5 apart (measured on the CPU reference).
     step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
+    # Flash's width (4096): the HC decode launch of 32 column slices
+    step "strict wide f16" "$TEST" compare wide-f16.gguf --no-sim --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):
