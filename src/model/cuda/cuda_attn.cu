@@ -608,13 +608,6 @@ static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(id
     }
 }
 
-/* Orderable key of a score: larger score, larger key (-0 counts as +0). */
-static __device__ __forceinline__ uint32_t score_key(float f) {
-    if (f == 0.0f) f = 0.0f;
-    uint32_t u = __float_as_uint(f);
-    return u & 0x80000000u ? ~u : u | 0x80000000u;
-}
-
 typedef struct topk_args {
     const uint32_t *pos0;
     const float *scores;
@@ -665,7 +658,7 @@ static __device__ __forceinline__ void topk_load(const float *sc, uint32_t i0, u
 #pragma unroll
     for (int u = 0; u < TOPK_BATCH; u++) v[u] = i0 + u < hi ? sc[i0 + u] : 0.0f;
 #pragma unroll
-    for (int u = 0; u < TOPK_BATCH; u++) key[u] = i0 + u < hi ? score_key(v[u]) : 0;
+    for (int u = 0; u < TOPK_BATCH; u++) key[u] = i0 + u < hi ? dev_order_key(v[u]) : 0;
 }
 
 /* Exclusive prefix over the block's threads, in thread order, of a

@@ -16,31 +16,10 @@
 
 /* ------------------------------------------------------------- routing */
 
-typedef struct route_args {
-    const float *logits; /* T x n_expert */
-    const float *bias;   /* F32 or NULL */
-    const int32_t *hash; /* vocab x k or NULL */
-    const uint32_t *tok;
-    uint32_t n_expert, k;
-    float scale;
-    bool norm;
-    int *sel;
-    float *selw;
-} route_args;
-
 static __device__ __forceinline__ float dev_softplus(float x) {
     if (x > 20.0f) return x;
     if (x < -20.0f) return expf(x);
     return log1pf(expf(x));
-}
-
-/* A float's bits as an unsigned key in the same order (-0 as +0, since
- * the CPU compares floats), so that a warp can find its largest score in
- * one redux instruction instead of five rounds of shuffles. */
-static __device__ __forceinline__ uint32_t order_key(float f) {
-    uint32_t u = __float_as_uint(f);
-    if (u == 0x80000000u) u = 0;
-    return (u & 0x80000000u) ? ~u : u | 0x80000000u;
 }
 
 /* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
@@ -48,7 +27,7 @@ static __device__ __forceinline__ uint32_t order_key(float f) {
  * reductions: the largest key, then the lowest index holding it (the
  * CPU's stable insertion top-k).  The rounds are the serial part of the
  * kernel, on every layer's path from the router to the experts. */
-template <int PER> static __global__ void route_kernel(route_args a) {
+template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
     dev_pdl_enter();
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
@@ -60,7 +39,7 @@ template <int PER> static __global__ void route_kernel(route_args a) {
         uint32_t e = lane + 32 * j;
         float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
         prob[j] = p;
-        key[j] = order_key(e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f);
+        key[j] = dev_order_key(e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f);
         if (e < ne) open |= 1u << j;
     }
     int chosen = -1;  /* lane i < k: the i-th selected expert */
@@ -95,28 +74,18 @@ template <int PER> static __global__ void route_kernel(route_args a) {
     for (uint32_t i = 0; i < k; i++) sum += __shfl_sync(0xffffffffu, cprob, i);
     float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
     if (lane < k) {
-        a.sel[(size_t)t * k + lane] = chosen;
-        a.selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
+        sel[(size_t)t * k + lane] = chosen;
+        selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
     }
 }
 
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err) {
-    route_args a;
-    a.logits = in->logits;
-    a.bias = in->bias;
-    a.hash = in->hash;
-    a.tok = in->tok;
-    a.n_expert = in->n_expert;
-    a.k = in->k;
-    a.scale = in->scale;
-    a.norm = in->norm;
-    a.sel = sel;
-    a.selw = selw;
+    const cu_route_in &a = *in;
     if (a.k == 0 || a.k > 32 || a.k > a.n_expert || a.n_expert > 1024)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: routing %u of %u experts (at most 32 of 1024)", a.k,
                            a.n_expert);
-    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, st, a);
-    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, st, a);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, st, a, sel, selw);
+    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, st, a, sel, selw);
     CU_LAUNCHED();
     return 0;
 }

@@ -352,6 +352,15 @@ static __device__ __forceinline__ void fvec_n(const uint8_t *p, uint32_t type, s
     for (int k = 0; k < N; k++) f[k] = bf ? dev_bf16(raw[k]) : dev_f16(raw[k]);
 }
 
+/* A float as an unsigned key in the same order (larger float, larger key;
+ * -0 counts as +0, since the CPU compares floats): top-k selections find
+ * their largest keys with integer radix digits or one warp reduction. */
+static __device__ __forceinline__ uint32_t dev_order_key(float f) {
+    if (f == 0.0f) f = 0.0f;
+    uint32_t u = __float_as_uint(f);
+    return u & 0x80000000u ? ~u : u | 0x80000000u;
+}
+
 /* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
  * double, as cpu_rmsnorm. */
 static __device__ inline void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
