@@ -5,7 +5,8 @@
  * matrix product (plain, with a row offset, with an activation offset,
  * grouped by expert) must give the CPU's dot products to rounding
  * (results are read after synchronising the stream the products ran on)
- * (|d| <= 2e-6 of the row's sum of |terms|).  Random weights and inputs,
+ * (|d| <= 2e-6 of the row's sum of |terms|); products that quantize
+ * their outputs must give the CPU quantizer's Q8_0 of them.  Random weights and inputs,
  * fresh for each type; outputs poisoned before each run.
  *
  * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
@@ -489,6 +490,66 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     }
 }
 
+/* Q8_0 products that also quantize their outputs (cu_gemv_add_q8): two
+ * segments into one Q8_0 row at offsets 0 and 64; the floats as any
+ * product's, the Q8_0 bytes and scales exactly the CPU quantizer's of
+ * those floats. */
+static void check_gemv_q8_out(cudaStream_t st) {
+    const uint32_t n = 512, rows0 = 64, rows1 = 32, qn = rows0 + rows1;
+    wt_pair w;
+    act_pair a;
+    make_weights(w, DS4_TYPE_Q8_0, n, rows0 + rows1, 1);
+    make_act(a, n, 1, st);
+    dact q;
+    memset(&q, 0, sizeof(q));
+    q.n = qn;
+    q.fs = qn;
+    q.q8s = cu_q8_bytes(qn);
+    q.f = dalloc<float>(qn);
+    q.q8 = dalloc<uint8_t>(q.q8s);
+    CU(cudaMemset(q.q8, 0xFF, q.q8s));
+    gemv_plan p;
+    memset(&p, 0, sizeof(p));
+    cu_gemv_add_q8(&p, &w.d, 0, rows0, &a.d, 0, q.f, &q, 0);
+    cu_gemv_add_q8(&p, &w.d, rows0, rows1, &a.d, 0, q.f + rows0, &q, rows0);
+    CHECK(p.n_blocks == qn / 32, "quantized gemv: %u blocks for %u rows", p.n_blocks, qn);
+    ds4_err err = {};
+    if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+    CU(cudaStreamSynchronize(st));
+    std::vector<float> got(qn);
+    std::vector<uint8_t> gq(q.q8s);
+    CU(cudaMemcpy(got.data(), q.f, qn * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(gq.data(), q.q8, q.q8s, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (uint32_t r = 0; r < qn; r++) {
+        double ref, mag;
+        reference(w, a, 0, r, 0, 0, &ref, &mag);
+        double e = fabs(got[r] - ref) / (mag + 1e-30);
+        if (!(e <= worst)) worst = e;
+    }
+    std::vector<ds4_block_q8_0x> want(qn / 32);
+    ds4_quantize_q8_0x(got.data(), want.data(), qn);
+    int bad = 0;
+    for (uint32_t b = 0; b < qn / 32; b++) {
+        float d;
+        memcpy(&d, gq.data() + qn + 4 * b, 4);
+        bad += memcmp(gq.data() + 32 * b, want[b].qs, 32) != 0 || memcmp(&d, &want[b].d, 4) != 0;
+    }
+    printf("gemv q8_0     quantized outputs, max error %.2g of the terms' magnitude, Q8_0 blocks %s\n", worst,
+           bad ? "DIFFER" : "identical");
+    CHECK(worst <= 2e-6 && bad == 0, "quantized gemv outputs: error %.3g, %d Q8_0 blocks differ", worst, bad);
+    gemv_plan bad_plan;
+    memset(&bad_plan, 0, sizeof(bad_plan));
+    cu_gemv_add_q8(&bad_plan, &w.d, 0, rows1, &a.d, 0, q.f, &q, rows0 + 16);
+    CHECK(cu_gemv_run(&bad_plan, st, &err) != 0 && err.code == DS4_EINVAL, "a misaligned quantized output was accepted");
+    cudaFree(q.f);
+    cudaFree(q.q8);
+    cudaFree((void *)w.d.p);
+    cudaFree(a.d.f);
+    cudaFree(a.d.q8);
+    cudaFree(a.d.qk);
+}
+
 /* Scores with many exact ties (eighths), both zeros and large runs. */
 static float tie_score(uint32_t i) {
     if (i % 97 == 5) return -0.0f;
@@ -667,6 +728,7 @@ int main(int argc, char **argv) {
     check_quantize(st);
     check_products(st);
     check_split_gemv(st);
+    check_gemv_q8_out(st);
     check_idx_scores(st, false, 3);
     check_idx_scores(st, true, 3);
     check_idx_scores(st, true, 1); /* one query */

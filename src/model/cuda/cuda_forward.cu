@@ -87,11 +87,17 @@ static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_
 static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t qd = c->n_head * c->head_dim, gin = qd / c->o_groups, olr = c->o_lora_rank;
+    /* decode: a Q8_0 attn_output_b reads the low-rank row as Q8_0, which
+     * the attn_output_a launch then makes itself, 32 rows a block */
+    bool fused = decode && w->out_a.type == DS4_TYPE_Q8_0 && w->out_b.type == DS4_TYPE_Q8_0 && b->low.q8 && olr % 32 == 0;
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
-        for (uint32_t g = 0; g < c->o_groups; g++)
-            cu_gemv_add(&p, &w->out_a, 0, NULL, 0, g * olr, olr, &b->heads, g * gin, b->low.f + (size_t)g * olr);
+        for (uint32_t g = 0; g < c->o_groups; g++) {
+            float *out = b->low.f + (size_t)g * olr;
+            if (fused) cu_gemv_add_q8(&p, &w->out_a, g * olr, olr, &b->heads, g * gin, out, &b->low, g * olr);
+            else cu_gemv_add(&p, &w->out_a, 0, NULL, 0, g * olr, olr, &b->heads, g * gin, out);
+        }
         if (cu_gemv_run(&p, b->st, err)) return -1;
     } else {
         for (uint32_t g = 0; g < c->o_groups; g++)
@@ -99,7 +105,7 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
                         b->st, err))
                 return -1;
     }
-    if (cu_quantize(&b->low, T, b->st, err)) return -1;
+    if (!fused && cu_quantize(&b->low, T, b->st, err)) return -1;
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));

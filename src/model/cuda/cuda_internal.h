@@ -140,6 +140,11 @@ typedef struct gemv_seg {
     const float *xd;   /* their block scales */
     const int16_t *xb; /* Q8_K block sums */
     float *out;
+    /* with q8 set, the outputs are also quantized as Q8_0 (the block of
+     * 32 rows that a launch block makes): output r is value q8_off + r of
+     * the Q8_0 row q8 of q8_n values (cu_gemv_add_q8) */
+    uint8_t *q8;
+    uint32_t q8_n, q8_off;
     uint32_t block0; /* first block of this segment in the launch */
     uint32_t rpw;    /* rows per warp */
     uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
@@ -153,6 +158,10 @@ typedef struct gemv_plan {
 /* Add a segment to a plan (host side). */
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
                  uint32_t rows, const dact *x, uint32_t act_off, float *out);
+/* The same, the outputs also quantized into row 0 of q's Q8_0 form from
+ * value q_off on (rows and q_off multiples of 32). */
+void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
+                    float *out, const dact *q, uint32_t q_off);
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
 
 /* Matrix product over T tokens (prefill): out[t][row0 + r] for r < rows.

@@ -400,6 +400,7 @@ enum {
     GM_IQ2_XXS = 16,
     GM_LIGHT = GM_Q8_0 | GM_FLOAT,
     GM_ALL = 31,
+    GM_Q8OUT = 32, /* Q8_0 rows whose outputs are quantized too (a launch of its own: the epilogue's registers) */
 };
 
 static uint32_t gemv_type_bit(uint32_t type) {
@@ -412,12 +413,13 @@ static uint32_t gemv_type_bit(uint32_t type) {
     }
 }
 
-template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid) {
+template <unsigned M, int R>
+static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid, float *keep) {
     if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
         /* K-quant rows come at most two a warp (pick_rpw); were there more,
          * two at a time keeps their registers in bounds */
-        gemv_rows<M, 2>(sg, r0, grid);
-        gemv_rows<M, 2>(sg, r0 + 2, grid);
+        gemv_rows<M, 2>(sg, r0, grid, keep);
+        gemv_rows<M, 2>(sg, r0 + 2, grid, keep ? keep + 2 : NULL);
         return;
     }
     unsigned lane = threadIdx.x & 31;
@@ -440,7 +442,21 @@ template <unsigned M, int R> static __device__ __forceinline__ void gemv_rows(co
     for (int r = 0; r < R; r++) {
         float v = warp_sum(acc[r]);
         if (lane == 0 && r0 + r < sg.rows) sg.out[r0 + r] = v;
+        if (keep && lane == 0) keep[r] = v;
     }
+}
+
+/* The Q8_0 form of a block's 32 outputs (kept in shared memory), by warp
+ * 0, as dev_quantize_row makes it: amax / 127, round to nearest even. */
+static __device__ __forceinline__ void gemv_q8_epilogue(const gemv_seg &sg, const float *kept) {
+    unsigned lane = threadIdx.x & 31;
+    float v = kept[lane], amax = fabsf(v);
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    float db = amax / 127.0f;
+    float id = db != 0.0f ? 1.0f / db : 0.0f;
+    uint32_t i = sg.q8_off + (blockIdx.x - sg.block0) * 32 + lane;
+    sg.q8[i] = (uint8_t)q8_round(v * id);
+    if (lane == 0) ((float *)(sg.q8 + sg.q8_n))[i / 32] = db;
 }
 
 /* A float row split over the block's warps (gemv_seg.split): warp w takes
@@ -517,11 +533,18 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g);
     dev_pdl_wait_prev();
+    if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
+        __shared__ float kept[32];
+        gemv_rows<M, 4>(sg, r0, grid, kept + 4 * warp);
+        __syncthreads();
+        if (warp == 0) gemv_q8_epilogue(sg, kept);
+        return;
+    }
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
-    case 1: gemv_rows<M, 1>(sg, r0, grid); break;
-    case 2: gemv_rows<M, 2>(sg, r0, grid); break;
-    default: gemv_rows<M, 4>(sg, r0, grid); break;
+    case 1: gemv_rows<M, 1>(sg, r0, grid, NULL); break;
+    case 2: gemv_rows<M, 2>(sg, r0, grid, NULL); break;
+    default: gemv_rows<M, 4>(sg, r0, grid, NULL); break;
     }
 }
 
@@ -576,6 +599,19 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
     p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
 }
 
+static_assert(32 % GEMV_WARPS == 0, "a block of the quantized output makes 32 rows");
+void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
+                    float *out, const dact *q, uint32_t q_off) {
+    cu_gemv_add(p, W, 0, NULL, 0, row0, rows, x, act_off, out);
+    gemv_seg *s = &p->seg[p->n_seg - 1];
+    s->q8 = q->q8;
+    s->q8_n = q->n;
+    s->q8_off = q_off;
+    s->rpw = 32 / GEMV_WARPS;
+    s->split = 1;
+    p->n_blocks = s->block0 + rows / 32;
+}
+
 /* Float rows are read 16 bytes at a time: whole vectors only. */
 static int check_float_row(uint32_t type, uint32_t n, ds4_err *err) {
     if ((type == DS4_TYPE_F32 && n % 4) || ((type == DS4_TYPE_F16 || type == DS4_TYPE_BF16) && n % 8))
@@ -587,13 +623,21 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
     uint32_t mask = 0;
     for (uint32_t i = 0; i < p->n_seg; i++) {
-        if (check_float_row(p->seg[i].type, p->seg[i].n, err)) return -1;
-        mask |= gemv_type_bit(p->seg[i].type);
+        const gemv_seg &sg = p->seg[i];
+        if (check_float_row(sg.type, sg.n, err)) return -1;
+        if (sg.q8 && (sg.type != DS4_TYPE_Q8_0 || sg.rows % 32 || sg.q8_off % 32 || sg.q8_off + sg.rows > sg.q8_n))
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a quantized product output of %u rows at %u (type %u)",
+                               sg.rows, sg.q8_off, sg.type);
+        mask |= sg.q8 ? (uint32_t)GM_Q8OUT : gemv_type_bit(sg.type);
     }
     if (cu_matmul_init(err)) return -1;
     const uint64_t *grid = d_grid;
     unsigned threads = GEMV_WARPS * 32;
-    if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, grid);
+    if (mask & GM_Q8OUT) {
+        if (mask != GM_Q8OUT)
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
+        DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, grid);
+    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, grid);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, grid);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, grid);
     else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, grid);
