@@ -1216,27 +1216,40 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     }
 }
 
-/* Long prefill passes on the TF32 tensor cores, flash-attention style: a
+/* Long prefill passes on the FP16 tensor cores, flash-attention style: a
  * block is one query and ATC_HEADS heads (M = heads: every head of a query
  * reads the same rows), walking the rows in chunks of ATC_ROWS.  Per chunk:
  * the rows into shared memory, S = Q K^T (a warp 16 heads x 16 rows over
  * half the head dimension, the halves summed through shared memory), the
- * online softmax (eight threads a head), O = O c + P V
- * (a warp 16 heads x a quarter of the head dimension, in registers).  Every
- * operand is split into TF32 head and tail (dev_tf32_split, as in
- * gemm_f_kernel) so the products keep f32 precision; a chunk whose row
- * values are all TF32 already (the f16 raw rows and the FP8 compressed
- * rows of the simulations) skips the rows' tail split and products.  At
- * the end O goes through shared memory to the per-head finish of the
- * other kernel. */
+ * online softmax (eight threads a head), O = O c + P V (a warp 16 heads x
+ * a quarter of the head dimension, in registers).  The products keep f32
+ * precision: Q and P are held as binary16 head and tail (split once: Q at
+ * the start, P by the softmax), and a row value goes in as one binary16
+ * where it is one already - the simulations' f16 raw rows and the FP8
+ * parts of compressed rows - or as head and tail otherwise (a third
+ * product), decided per chunk for the values before and after the RoPE
+ * tail.  Q and P are scaled by 2^8 (undone exactly on the scores and on
+ * O) so that their small values keep their precision above the binary16
+ * subnormals; Q is RMS-normalised (|q| <= sqrt(hd) before the scale) and
+ * P <= 1, so neither can overflow.
+ *
+ * Operands are laid out for conflict-free 32-bit fragment loads: within
+ * each 16 values of k, an mma's k 2t, 2t+1, 2t+8, 2t+9 (lane t) stand for
+ * values t, t+4, t+8, t+12, so a lane's binary16 pairs of Q and P are
+ * words of shared memory (packed that way when split) and its row values
+ * are 32-bit loads at a row stride of hd + 4 floats.  At the end O goes
+ * through shared memory to the per-head finish of the other kernel. */
 #define ATC_HEADS 64
 #define ATC_ROWS 32
 #define ATC_WARPS 16
-#define ATC_PAD 4 /* row stride hd + 4: the S fragment loads hit 32 banks */
-#define ATC_PLD (ATC_ROWS + ATC_PAD)
+#define ATC_PAD 4 /* row stride hd + 4 floats; a head's Q words hd / 2 + 4 */
+#define ATC_PLD (ATC_ROWS + ATC_PAD) /* f32 scores a head */
+#define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: the fragment loads hit 32 banks) */
+#define ATC_SCALE 256.0f             /* Q and P scale, 2^8 */
 
 static size_t attn_tc_smem(uint32_t hd) {
-    return ((size_t)(ATC_HEADS + ATC_ROWS) * (hd + ATC_PAD) + 2 * (size_t)ATC_HEADS * ATC_PLD + 3 * ATC_HEADS) * sizeof(float) +
+    return (2 * (size_t)ATC_HEADS * (hd / 2 + ATC_PAD) + (size_t)ATC_ROWS * (hd + ATC_PAD) +
+            2 * (size_t)ATC_HEADS * ATC_PLD + 2 * (size_t)ATC_HEADS * ATC_PW + 3 * ATC_HEADS) * sizeof(float) +
            2 * ATC_ROWS * sizeof(const float *);
 }
 
@@ -1266,38 +1279,49 @@ static __device__ __forceinline__ void atc_next_piece(const atc_pieces &p, uint3
     }
 }
 
-/* A row value as TF32 head and tail; rows the block found TF32-exact
- * (EXACT) have no tail. */
-template <bool EXACT> static __device__ __forceinline__ void atc_row_split(float v, uint32_t *h, uint32_t *l) {
-    if (EXACT) *h = __float_as_uint(v);
-    else dev_tf32_split(v, h, l);
+/* Whether the chunk's row values before the RoPE tail (which starts at
+ * value tail0) and in it are binary16 already. */
+struct atc_exact {
+    uint32_t tail0;
+    bool body, tail; /* true: a head and tail each */
+};
+/* Values [d0, d1) of the chunk's rows: do they need a tail? */
+static __device__ __forceinline__ bool atc_split(const atc_exact &x, uint32_t d0, uint32_t d1) {
+    return d1 <= x.tail0 ? x.body : d0 >= x.tail0 ? x.tail : (x.body || x.tail);
+}
+
+/* Row values (x, y) as a B fragment register: the binary16 pair, and with
+ * `split` the tail pair too. */
+static __device__ __forceinline__ void atc_b(float x, float y, bool split, uint32_t *h, uint32_t *l) {
+    if (split) dev_f16x2_split(x, y, h, l);
+    else *h = dev_f16x2(x, y);
 }
 
 /* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
- * tiles of 8), head dimensions of half q4 % 2; so each warp splits a
- * quarter of the query values a chunk needs (two warps share a tile's K
- * and meet in atc_merge_scores). */
-template <bool EXACT>
-static __device__ __forceinline__ void atc_scores(const float *Qs, const float *Ks, uint32_t hd, uint32_t ld, unsigned mt,
-                                                  unsigned q4, float (&sp)[2][4]) {
-    unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
-    uint32_t k0 = (q4 & 1) * (hd / 2), k1 = k0 + hd / 2;
-    const float *qa = Qs + (16 * mt + g) * ld + tq, *kb = Ks + (16 * (q4 >> 1) + g) * ld + tq;
+ * tiles of 8), the 16-value blocks of half q4 % 2 of the head dimension
+ * (two warps share a tile's rows and meet in atc_merge_scores). */
+static __device__ __forceinline__ void atc_scores(const uint32_t *Qh, const uint32_t *Ql, uint32_t qw, const float *Ks,
+                                                  uint32_t hd, uint32_t ld, const atc_exact &ex, unsigned mt, unsigned q4,
+                                                  float (&sp)[2][4]) {
+    unsigned lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32;
+    const uint32_t *qh = Qh + (16 * mt + g) * qw + t, *ql = Ql + (16 * mt + g) * qw + t;
+    const float *kb = Ks + (16 * (q4 >> 1) + g) * ld + t;
     float sh[2][4] = {}, st[2][4] = {};
-    for (uint32_t k = k0; k < k1; k += 8) {
-        uint32_t ah[4], al[4];
-        dev_tf32_split(qa[k], &ah[0], &al[0]);
-        dev_tf32_split(qa[8 * ld + k], &ah[1], &al[1]);
-        dev_tf32_split(qa[k + 4], &ah[2], &al[2]);
-        dev_tf32_split(qa[8 * ld + k + 4], &ah[3], &al[3]);
+    for (uint32_t b = kb0; b < kb1; b++) {
+        uint32_t w = 8 * b, ah[4], al[4];
+        ah[0] = qh[w], ah[1] = qh[8 * qw + w], ah[2] = qh[w + 4], ah[3] = qh[8 * qw + w + 4];
+        al[0] = ql[w], al[1] = ql[8 * qw + w], al[2] = ql[w + 4], al[3] = ql[8 * qw + w + 4];
+        bool split = atc_split(ex, 16 * b, 16 * b + 16);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
+            const float *kr = kb + 8 * nt * ld + 16 * b;
             uint32_t bh[2], bl[2];
-            atc_row_split<EXACT>(kb[8 * nt * ld + k], &bh[0], &bl[0]);
-            atc_row_split<EXACT>(kb[8 * nt * ld + k + 4], &bh[1], &bl[1]);
-            mma_tf32_16x8x8(st[nt], al, bh);
-            if (!EXACT) mma_tf32_16x8x8(st[nt], ah, bl);
-            mma_tf32_16x8x8(sh[nt], ah, bh);
+            atc_b(kr[0], kr[4], split, &bh[0], &bl[0]);
+            atc_b(kr[8], kr[12], split, &bh[1], &bl[1]);
+            if (split) mma_f16_16x8x16(st[nt], ah, bl);
+            mma_f16_16x8x16(st[nt], al, bh);
+            mma_f16_16x8x16(sh[nt], ah, bh);
         }
     }
 #pragma unroll
@@ -1333,56 +1357,61 @@ static __device__ __forceinline__ void atc_merge_scores(const float (&sp)[2][4],
     __syncthreads();
 }
 
-/* O += P V for warp (mt, q4): heads 16 mt.., columns n0.. of the quarter
- * (ntile tiles of 8). */
-template <bool EXACT>
-static __device__ __forceinline__ void atc_values(const float *Ps, const float *Ks, uint32_t ld, unsigned mt, uint32_t n0,
-                                                  uint32_t ntile, float (&o)[ATT_MAXV][4]) {
-    unsigned lane = threadIdx.x & 31, g = lane / 4, tq = lane % 4;
-    const float *pa = Ps + (16 * mt + g) * ATC_PLD + tq;
+/* O += P V for warp (mt, q4): heads 16 mt.., values n0.. of the quarter
+ * (ntile tiles of 8), the chunk's rows in two blocks of 16. */
+static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint32_t *Pl, const float *Ks, uint32_t ld,
+                                                  const atc_exact &ex, unsigned mt, uint32_t n0, uint32_t ntile,
+                                                  float (&o)[ATT_MAXV][4]) {
+    unsigned lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
+    const uint32_t *ph = Ph + (16 * mt + g) * ATC_PW + t, *pl = Pl + (16 * mt + g) * ATC_PW + t;
 #pragma unroll
-    for (int kr = 0; kr < ATC_ROWS; kr += 8) {
-        uint32_t ah[4], al[4];
-        dev_tf32_split(pa[kr], &ah[0], &al[0]);
-        dev_tf32_split(pa[8 * ATC_PLD + kr], &ah[1], &al[1]);
-        dev_tf32_split(pa[kr + 4], &ah[2], &al[2]);
-        dev_tf32_split(pa[8 * ATC_PLD + kr + 4], &ah[3], &al[3]);
-        const float *vb = Ks + (kr + tq) * ld + n0 + g;
+    for (int b = 0; b < ATC_ROWS / 16; b++) {
+        uint32_t w = 8 * b, ah[4], al[4];
+        ah[0] = ph[w], ah[1] = ph[8 * ATC_PW + w], ah[2] = ph[w + 4], ah[3] = ph[8 * ATC_PW + w + 4];
+        al[0] = pl[w], al[1] = pl[8 * ATC_PW + w], al[2] = pl[w + 4], al[3] = pl[8 * ATC_PW + w + 4];
+        const float *vb = Ks + (16 * b + t) * ld + n0 + g;
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j++) {
             if ((uint32_t)j >= ntile) break;
+            bool split = atc_split(ex, n0 + 8 * j, n0 + 8 * j + 8);
+            const float *v = vb + 8 * j;
             uint32_t bh[2], bl[2];
-            atc_row_split<EXACT>(vb[8 * j], &bh[0], &bl[0]);
-            atc_row_split<EXACT>(vb[4 * ld + 8 * j], &bh[1], &bl[1]);
-            mma_tf32_16x8x8(o[j], al, bh);
-            if (!EXACT) mma_tf32_16x8x8(o[j], ah, bl);
-            mma_tf32_16x8x8(o[j], ah, bh);
+            atc_b(v[0], v[4 * ld], split, &bh[0], &bl[0]);
+            atc_b(v[8 * ld], v[12 * ld], split, &bh[1], &bl[1]);
+            if (split) mma_f16_16x8x16(o[j], ah, bl);
+            mma_f16_16x8x16(o[j], al, bh);
+            mma_f16_16x8x16(o[j], ah, bh);
         }
     }
 }
 
-/* Online softmax over the chunk: thread (head tid / 8, rows 4 (tid % 8)..)
- * turns its scores into probabilities against the head's new maximum and
- * records the factor for the head's earlier sums. */
-static __device__ __forceinline__ void atc_softmax(float *Ps, float *mh, float *lh, float *ch) {
-    unsigned h = threadIdx.x / 8, r0 = 4 * (threadIdx.x % 8);
+/* Online softmax over the chunk: thread (head tid / 8, q = tid % 8) takes
+ * rows 16 (q / 4) + q % 4 + {0, 4, 8, 12} - the two P words of lane q % 4
+ * of block q / 4 - turns its scores into probabilities against the head's
+ * new maximum, stores them scaled, as head and tail, and records the
+ * factor for the head's earlier sums. */
+static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph, uint32_t *Pl, float *mh, float *lh,
+                                                   float *ch) {
+    unsigned h = threadIdx.x / 8, q = threadIdx.x % 8, r0 = 16 * (q / 4) + q % 4;
     float v[4], mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        v[i] = Ps[h * ATC_PLD + r0 + i];
+        v[i] = Ps[h * ATC_PLD + r0 + 4 * i];
         mx = fmaxf(mx, v[i]);
     }
     for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
     float m_old = mh[h], M = fmaxf(m_old, mx), sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        float e = v[i] == -INFINITY ? 0.0f : expf(v[i] - M);
-        Ps[h * ATC_PLD + r0 + i] = e;
-        sum += e;
+        v[i] = v[i] == -INFINITY ? 0.0f : expf(v[i] - M);
+        sum += v[i];
     }
+    uint32_t w = h * ATC_PW + 8 * (q / 4) + q % 4;
+    dev_f16x2_split(v[0] * ATC_SCALE, v[1] * ATC_SCALE, &Ph[w], &Pl[w]);
+    dev_f16x2_split(v[2] * ATC_SCALE, v[3] * ATC_SCALE, &Ph[w + 4], &Pl[w + 4]);
     for (int o = 1; o < 8; o <<= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
     __syncwarp();
-    if (threadIdx.x % 8 == 0) {
+    if (q == 0) {
         float c = attn_rescale(m_old, M);
         lh[h] = lh[h] * c + sum;
         mh[h] = M;
@@ -1390,32 +1419,50 @@ static __device__ __forceinline__ void atc_softmax(float *Ps, float *mh, float *
     }
 }
 
+/* Q of the block's heads, scaled and split into the fragment words: word
+ * 8 b + j of a head (j < 4: values 16 b + j and + 4; j >= 4: 16 b + j + 4
+ * and + 8). */
+static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t t, uint32_t h0, uint32_t *Qh, uint32_t *Ql,
+                                                  uint32_t qw) {
+    uint32_t hd = a.hd, nw = hd / 2;
+    for (uint32_t u = threadIdx.x; u < ATC_HEADS * nw; u += blockDim.x) {
+        uint32_t h = u / nw, wi = u % nw, b = wi / 8, j = wi % 8;
+        uint32_t d = 16 * b + (j < 4 ? j : j + 4);
+        float x = 0.0f, y = 0.0f;
+        if (h0 + h < a.n_head) {
+            const float *q = a.q + ((size_t)t * a.n_head + h0 + h) * hd;
+            x = q[d] * ATC_SCALE;
+            y = q[d + 4] * ATC_SCALE;
+        }
+        dev_f16x2_split(x, y, &Qh[h * qw + wi], &Ql[h * qw + wi]);
+    }
+}
+
 static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, atc_smem);
-    uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4;
-    float *Qs = atc_smem, *Ks = Qs + ATC_HEADS * ld, *Ps = Ks + ATC_ROWS * ld;
-    float *SP = Ps + ATC_HEADS * ATC_PLD, *mh = SP + ATC_HEADS * ATC_PLD, *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
+    uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4, qw = hd / 2 + ATC_PAD;
+    uint32_t *Qh = (uint32_t *)atc_smem, *Ql = Qh + ATC_HEADS * qw;
+    float *Ks = (float *)(Ql + ATC_HEADS * qw), *Ps = Ks + ATC_ROWS * ld, *SP = Ps + ATC_HEADS * ATC_PLD;
+    uint32_t *Ph = (uint32_t *)(SP + ATC_HEADS * ATC_PLD), *Pl = Ph + ATC_HEADS * ATC_PW;
+    float *mh = (float *)(Pl + ATC_HEADS * ATC_PW), *lh = mh + ATC_HEADS, *ch = lh + ATC_HEADS;
     const float **rowp = (const float **)(ch + ATC_HEADS); /* two tables of ATC_ROWS row addresses */
     unsigned tid = threadIdx.x, lane = tid & 31, warp = tid / 32, g = lane / 4, tq = lane % 4;
     unsigned mt = warp / 4, q4 = warp % 4;
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    for (uint32_t u = tid; u < ATC_HEADS * nq; u += blockDim.x) {
-        uint32_t h = u / nq, c = 4 * (u % nq);
-        float4 v = h0 + h < a.n_head ? *(const float4 *)(a.q + ((size_t)t * a.n_head + h0 + h) * hd + c)
-                                     : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        *(float4 *)(Qs + h * ld + c) = v;
-    }
+    atc_load_q(a, t, h0, Qh, Ql, qw);
     if (tid < ATC_HEADS) {
         mh[tid] = -INFINITY;
         lh[tid] = 0.0f;
     }
     uint32_t ncol = hd / 4, ntile = ncol / 8; /* O: a warp's columns and 8-wide tiles */
     float o[ATT_MAXV][4] = {};
-    float scale = 1.0f / sqrtf((float)hd);
+    float scale = 1.0f / sqrtf((float)hd) / ATC_SCALE;
     atc_pieces pc = atc_pieces_of(tid, nq);
+    atc_exact ex;
+    ex.tail0 = hd - a.rope_dim;
     for (uint32_t c0 = 0, ci = 0; c0 < total; c0 += ATC_ROWS, ci++) {
         /* the chunk's row addresses, once a row: its table was last read two
          * chunks ago, before the barriers of the chunk between */
@@ -1431,19 +1478,22 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
         cp_async_commit();
         cp_async_wait_all();
         __syncthreads();
-        /* rows already in TF32 (the simulations' f16 and FP8 rows) need no tail products */
-        bool inexact = false;
+        /* which values are binary16 already, before and in the RoPE tail */
+        bool body = false, tail = false;
         r = pc.r0, c = pc.c0;
         for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
             float4 v = *(const float4 *)(Ks + r * ld + c);
-            inexact |= ((__float_as_uint(v.x) | __float_as_uint(v.y) | __float_as_uint(v.z) | __float_as_uint(v.w)) & 0x1fffu) != 0;
+            bool off = dev_f16_round(v.x) != v.x || dev_f16_round(v.y) != v.y || dev_f16_round(v.z) != v.z ||
+                       dev_f16_round(v.w) != v.w;
+            if (c < ex.tail0) body |= off;
+            else tail |= off;
         }
-        bool exact = !__syncthreads_or(inexact);
+        ex.body = __syncthreads_or(body);
+        ex.tail = __syncthreads_or(tail);
         float sp[2][4];
-        if (exact) atc_scores<true>(Qs, Ks, hd, ld, mt, q4, sp);
-        else atc_scores<false>(Qs, Ks, hd, ld, mt, q4, sp);
+        atc_scores(Qh, Ql, qw, Ks, hd, ld, ex, mt, q4, sp);
         atc_merge_scores(sp, SP, Ps, mt, q4, total - c0, scale);
-        if (tid < ATC_HEADS * 8) atc_softmax(Ps, mh, lh, ch);
+        if (tid < ATC_HEADS * 8) atc_softmax(Ps, Ph, Pl, mh, lh, ch);
         __syncthreads();
         float c_lo = ch[16 * mt + g], c_hi = ch[16 * mt + g + 8];
 #pragma unroll
@@ -1453,20 +1503,19 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
             o[j][2] *= c_hi;
             o[j][3] *= c_hi;
         }
-        if (exact) atc_values<true>(Ps, Ks, ld, mt, q4 * ncol, ntile, o);
-        else atc_values<false>(Ps, Ks, ld, mt, q4 * ncol, ntile, o);
+        atc_values(Ph, Pl, Ks, ld, ex, mt, q4 * ncol, ntile, o);
     }
     __syncthreads(); /* Q is read: its space takes O */
-    float *Os = Qs;
+    float *Os = atc_smem;
     uint32_t n0 = q4 * ncol;
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) {
         if ((uint32_t)j >= ntile) break;
         unsigned h = 16 * mt + g, c = n0 + 8 * j + 2 * tq;
-        Os[h * ld + c] = o[j][0];
-        Os[h * ld + c + 1] = o[j][1];
-        Os[(h + 8) * ld + c] = o[j][2];
-        Os[(h + 8) * ld + c + 1] = o[j][3];
+        Os[h * ld + c] = o[j][0] / ATC_SCALE;
+        Os[h * ld + c + 1] = o[j][1] / ATC_SCALE;
+        Os[(h + 8) * ld + c] = o[j][2] / ATC_SCALE;
+        Os[(h + 8) * ld + c + 1] = o[j][3] / ATC_SCALE;
     }
     __syncthreads();
     uint32_t per = hd / 32;

@@ -419,6 +419,59 @@ static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_
 #endif
 }
 
+/* Two floats as one word of binary16 (x in the low half), each rounded
+ * to nearest even: the operand form of mma_f16_16x8x16. */
+static __device__ __forceinline__ uint32_t dev_f16x2(float x, float y) {
+#ifdef DS4_CUDA_EMU
+    return (uint32_t)ds4_f32_to_f16(x) | (uint32_t)ds4_f32_to_f16(y) << 16;
+#else
+    __half2 h = __floats2half2_rn(x, y);
+    return *(uint32_t *)&h;
+#endif
+}
+
+/* (x, y) as the binary16 head h and tail l of dev_f16x2 (x = h + l to
+ * about 2^-22 of x where neither is subnormal): products with both keep
+ * about the precision of f32 operands. */
+static __device__ __forceinline__ void dev_f16x2_split(float x, float y, uint32_t *h, uint32_t *l) {
+    *h = dev_f16x2(x, y);
+    *l = dev_f16x2(x - dev_f16((uint16_t)*h), y - dev_f16((uint16_t)(*h >> 16)));
+}
+
+/* D = A * B + C on the FP16 tensor cores with f32 sums, m16n8k16 (PTX ISA
+ * "Matrix Fragments for mma.m16n8k16" of .f16), g = lane / 4, t = lane % 4;
+ * each register holds two binary16 values, the lower k first:
+ *   a[0]: A row g, k 2t, 2t+1      a[1]: A row g+8, k 2t, 2t+1
+ *   a[2]: A row g, k 2t+8, 2t+9    a[3]: A row g+8, k 2t+8, 2t+9
+ *   b[0]: B k 2t, 2t+1, col g      b[1]: B k 2t+8, 2t+9, col g
+ *   c as mma_s8_16x8x32.  The products are exact in f32; the order of the
+ *   sums inside the instruction is the hardware's. */
+static __device__ __forceinline__ void mma_f16_16x8x16(float c[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef DS4_CUDA_EMU
+    uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
+    const uint32_t *all = emu_warp_gather(mine, 6);
+    unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
+    auto H = [&](unsigned holder, unsigned reg, unsigned k) -> float {
+        return ds4_f16_to_f32((uint16_t)(all[holder * 16 + reg] >> (16 * (k % 2))));
+    };
+    float out[4];
+    for (int i = 0; i < 4; i++) {
+        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        float s = c[i];
+        for (unsigned k = 0; k < 16; k++)
+            s += H((row % 8) * 4 + (k % 8) / 2, (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), k) *
+                 H(col * 4 + (k % 8) / 2, 4 + (k >= 8 ? 1 : 0), k);
+        out[i] = s;
+    }
+    for (int i = 0; i < 4; i++) c[i] = out[i];
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
+
 /* D = A * B + C on the FP64 tensor cores, m8n8k4 (PTX ISA "Matrix
  * Fragments for mma.m8n8k4" of .f64), g = lane / 4, t = lane % 4:
  *   a: A row g, col t    b: B row t, col g    c[i]: D row g, col 2t + i. */
