@@ -1227,11 +1227,12 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * the start, P by the softmax), and a row value goes in as one binary16
  * where it is one already - the simulations' f16 raw rows and the FP8
  * parts of compressed rows - or as head and tail otherwise (a third
- * product), decided per chunk for the values before and after the RoPE
+ * product), decided per chunk for the values before and in the RoPE
  * tail.  Q and P are scaled by 2^8 (undone exactly on the scores and on
  * O) so that their small values keep their precision above the binary16
  * subnormals; Q is RMS-normalised (|q| <= sqrt(hd) before the scale) and
- * P <= 1, so neither can overflow.
+ * P <= 1, so neither can overflow.  Rows are taken unscaled: they are
+ * RMS-normalised too (the KV and compressor norms, weighted).
  *
  * Operands are laid out for conflict-free 32-bit fragment loads: within
  * each 16 values of k, an mma's k 2t, 2t+1, 2t+8, 2t+9 (lane t) stand for
