@@ -39,6 +39,8 @@
 
 extern "C" {
 #include "model/lowprec.h"
+#include "model/rope.h"
+#include "base/fp.h"
 }
 
 static int failures;
@@ -421,6 +423,155 @@ static void check_lowprec(cudaStream_t st) {
     }
 }
 
+/* Rows of hd values, RMS-normalised like the KV rows; with `sim` as the
+ * simulations store them: raw rows through binary16, compressed rows
+ * through FP8 before the RoPE tail (and f32 in it). */
+static void attn_rows_make(std::vector<float> &v, uint32_t n, uint32_t hd, uint32_t tail0, bool sim, bool comp) {
+    v.resize((size_t)n * hd);
+    for (uint32_t r = 0; r < n; r++) {
+        float *x = &v[(size_t)r * hd];
+        double ss = 0.0;
+        for (uint32_t i = 0; i < hd; i++) {
+            x[i] = frand();
+            ss += (double)x[i] * x[i];
+        }
+        float s = (float)(1.0 / sqrt(ss / hd));
+        for (uint32_t i = 0; i < hd; i++) x[i] *= s;
+        if (sim && comp) ds4_fp8_kv_roundtrip(x, tail0);
+        if (sim && !comp)
+            for (uint32_t i = 0; i < hd; i++) x[i] = ds4_f16_round(x[i]);
+    }
+}
+
+/* One attention pass (cu_attn_run) of T queries at positions pos0.. over
+ * a raw window (rows before pos0 in the ring, the pass's own in kvbuf) and
+ * compressed rows listed per query (ratio 4), with sinks, against a
+ * double-precision softmax and the inverse key RoPE on the host: the
+ * tensor-core kernel (long prefill passes) and the warp-per-heads one,
+ * 64 heads (one tensor-core block) and 20 (a partial one), rows as the
+ * simulations store them (the tensor-core kernel's binary16 operands and,
+ * for the RoPE tail of compressed rows, head and tail) and as f32 (head
+ * and tail everywhere). */
+static void check_attention(cudaStream_t st) {
+    const uint32_t hd = 512, rope_dim = 64, tail0 = hd - rope_dim, window = 128, top_k = 64, ncomp = 90, T = 24,
+                   pos0 = 200;
+    ds4_rope rope;
+    memset(&rope, 0, sizeof(rope));
+    rope.n_pairs = rope_dim / 2;
+    for (uint32_t k = 0; k < rope.n_pairs; k++) rope.inv_freq[k] = powf(10000.0f, -2.0f * (float)k / (float)rope_dim);
+    std::vector<uint32_t> vis((size_t)T * top_k, 0), nvis(T);
+    for (uint32_t t = 0; t < T; t++) {
+        nvis[t] = 30 + (t * 7) % 34;
+        std::vector<uint32_t> all(ncomp);
+        for (uint32_t i = 0; i < ncomp; i++) all[i] = i;
+        for (uint32_t i = 0; i < ncomp; i++) std::swap(all[i], all[i + (uint32_t)(frand() * 1e6f + 5e6f) % (ncomp - i)]);
+        std::sort(all.begin(), all.begin() + nvis[t]);
+        for (uint32_t i = 0; i < nvis[t]; i++) vis[(size_t)t * top_k + i] = all[i];
+    }
+    for (uint32_t n_head : {64u, 20u})
+        for (int sim = 1; sim >= 0; sim--) {
+            std::vector<float> q((size_t)T * n_head * hd), ring, kv, comp, sinks(n_head);
+            attn_rows_make(q, T * n_head, hd, tail0, false, false); /* RMS-normalised, as q_post leaves them */
+            attn_rows_make(ring, window, hd, tail0, sim, false);
+            attn_rows_make(kv, T, hd, tail0, sim, false);
+            attn_rows_make(comp, ncomp, hd, tail0, sim, true);
+            for (float &v : sinks) v = frand();
+            attn_args a;
+            memset(&a, 0, sizeof(a));
+            uint32_t *dpos = dalloc<uint32_t>(1), *dvis = dalloc<uint32_t>(vis.size()), *dnvis = dalloc<uint32_t>(T);
+            float *dq = dalloc<float>(q.size()), *dring = dalloc<float>(ring.size()), *dkv = dalloc<float>(kv.size());
+            float *dcomp = dalloc<float>(comp.size()), *dsinks = dalloc<float>(n_head);
+            float *dout = dalloc<float>((size_t)T * n_head * hd);
+            CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dvis, vis.data(), vis.size() * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dnvis, nvis.data(), T * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dring, ring.data(), ring.size() * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dcomp, comp.data(), comp.size() * 4, cudaMemcpyHostToDevice));
+            CU(cudaMemcpy(dsinks, sinks.data(), n_head * 4, cudaMemcpyHostToDevice));
+            a.pos0 = dpos;
+            a.q = dq;
+            a.kvbuf = dkv;
+            a.ring = dring;
+            a.comp = dcomp;
+            a.vis = dvis;
+            a.nvis = dnvis;
+            a.sinks = dsinks;
+            a.n_head = n_head;
+            a.hd = hd;
+            a.window = window;
+            a.raw_cap = window;
+            a.ratio = 4;
+            a.top_k = top_k;
+            a.nsplit = 1;
+            a.rope_dim = rope_dim;
+            a.rope = rope;
+            a.heads.f = dout;
+            a.heads.fs = n_head * hd;
+            a.heads.n = n_head * hd;
+            /* the host's answer */
+            std::vector<float> want((size_t)T * n_head * hd);
+            for (uint32_t t = 0; t < T; t++) {
+                uint32_t p = pos0 + t, first = p + 1 > window ? p + 1 - window : 0;
+                std::vector<const float *> rows;
+                for (uint32_t r = first; r <= p; r++)
+                    rows.push_back(r >= pos0 ? &kv[(size_t)(r - pos0) * hd] : &ring[(size_t)(r % window) * hd]);
+                for (uint32_t i = 0; i < nvis[t]; i++) rows.push_back(&comp[(size_t)vis[(size_t)t * top_k + i] * hd]);
+                for (uint32_t h = 0; h < n_head; h++) {
+                    const float *qh = &q[((size_t)t * n_head + h) * hd];
+                    std::vector<double> s(rows.size());
+                    double M = sinks[h];
+                    for (size_t j = 0; j < rows.size(); j++) {
+                        double d = 0.0;
+                        for (uint32_t i = 0; i < hd; i++) d += (double)qh[i] * rows[j][i];
+                        s[j] = d / sqrt((double)hd);
+                        M = std::max(M, s[j]);
+                    }
+                    double den = exp(sinks[h] - M);
+                    std::vector<double> o(hd, 0.0);
+                    for (size_t j = 0; j < rows.size(); j++) {
+                        double e = exp(s[j] - M);
+                        den += e;
+                        for (uint32_t i = 0; i < hd; i++) o[i] += e * rows[j][i];
+                    }
+                    float *w = &want[((size_t)t * n_head + h) * hd];
+                    for (uint32_t i = 0; i < hd; i++) w[i] = (float)(o[i] / den);
+                    ds4_rope_apply(&rope, w + tail0, p, true);
+                }
+            }
+            for (int tc = 1; tc >= 0; tc--) {
+                CU(cudaMemset(dout, 0xFF, (size_t)T * n_head * hd * 4));
+                ds4_err err = {};
+                if (cu_attn_run(&a, T, tc, st, &err)) {
+                    printf("FAIL: %s\n", ds4_err_msg(&err));
+                    exit(1);
+                }
+                CU(cudaStreamSynchronize(st));
+                std::vector<float> got(want.size());
+                CU(cudaMemcpy(got.data(), dout, got.size() * 4, cudaMemcpyDeviceToHost));
+                double worst = 0.0;
+                for (size_t i = 0; i < got.size(); i++) {
+                    double e = fabs((double)got[i] - want[i]);
+                    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+                }
+                printf("attention %s %2u heads, rows %s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads", n_head,
+                       sim ? "as simulated" : "f32         ", worst);
+                CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows): error %.3g", tc ? "tensor cores" : "heads", n_head,
+                      sim ? "simulated" : "f32", worst);
+            }
+            cudaFree(dpos);
+            cudaFree(dvis);
+            cudaFree(dnvis);
+            cudaFree(dq);
+            cudaFree(dring);
+            cudaFree(dkv);
+            cudaFree(dcomp);
+            cudaFree(dsinks);
+            cudaFree(dout);
+        }
+}
+
 static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     const uint32_t ihd = 128;
     {
@@ -729,6 +880,7 @@ int main(int argc, char **argv) {
     check_products(st);
     check_split_gemv(st);
     check_gemv_q8_out(st);
+    check_attention(st);
     check_idx_scores(st, false, 3);
     check_idx_scores(st, true, 3);
     check_idx_scores(st, true, 1); /* one query */

@@ -823,19 +823,6 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
 #define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
 #define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
 
-typedef struct attn_args {
-    const uint32_t *pos0;
-    const float *q;
-    const float *kvbuf, *ring, *comp;
-    const uint32_t *vis, *nvis;
-    const float *sinks; /* F32 */
-    uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
-    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] in slot order (attn_heads_kernel) */
-    uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
-    dact heads;         /* the output */
-    ds4_rope rope;
-} attn_args;
-
 /* Floats of one partial result of attn_heads_kernel with h heads a warp
  * (16-byte aligned: h is even and hd a multiple of 64). */
 static __host__ __device__ __forceinline__ size_t attn_part_floats(uint32_t h, uint32_t hd) {
@@ -1561,6 +1548,20 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
     return (size_t)cu_attn_groups(c) * splits * attn_part_floats(ATB_HEADS, c->head_dim);
 }
 
+int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err) {
+    if (tc) {
+        size_t smem = attn_tc_smem(a->hd);
+        static size_t allowed;
+        if (cu_allow_smem(attn_tc_kernel, smem, &allowed, err)) return -1;
+        DS4_LAUNCH(attn_tc_kernel, dim3((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, st, *a);
+    } else {
+        dim3 grid((a->n_head + ATB_HEADS - 1) / ATB_HEADS, T, a->nsplit);
+        DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2>), grid, ATB_WARPS * 32, 0, st, *a);
+    }
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlstate *S = &b->L[il];
@@ -1586,24 +1587,15 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.count = b->attn_count;
     a.heads = b->heads;
     a.nsplit = 1;
-    if (T > b->attn_blocked_t) {
-        size_t smem = attn_tc_smem(c->head_dim);
-        static size_t allowed;
-        if (cu_allow_smem(attn_tc_kernel, smem, &allowed, err)) return -1;
-        DS4_LAUNCH(attn_tc_kernel, dim3((c->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, b->st, a);
-        CU_LAUNCHED();
-    } else {
-        /* one query: the rows split over blocks (the scratch holds one query's partial results) */
-        if (T == 1) {
-            uint32_t rows = c->sliding_window;
-            if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
-            if (S->ratio == 128) rows += b->comp_cap128;
-            a.nsplit = cu_attn_splits(c, rows);
-            if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
-        }
-        DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2>), dim3(cu_attn_groups(c), T, a.nsplit), ATB_WARPS * 32, 0, b->st, a);
-        CU_LAUNCHED();
+    bool tc = T > b->attn_blocked_t;
+    if (T == 1) { /* one query: the rows split over blocks (the scratch holds one query's partial results) */
+        uint32_t rows = c->sliding_window;
+        if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
+        if (S->ratio == 128) rows += b->comp_cap128;
+        a.nsplit = cu_attn_splits(c, rows);
+        if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
     }
+    if (cu_attn_run(&a, T, tc, b->st, err)) return -1;
     if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
     DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,

@@ -304,6 +304,28 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 uint32_t cu_attn_groups(const ds4_config *c);
 uint32_t cu_attn_splits(const ds4_config *c, uint32_t rows);
 size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
+
+/* One attention pass (cuda_attn.cu): the visible rows of query t (at
+ * position *pos0 + t) are its raw window - rows before *pos0 in the ring
+ * (row r at r % raw_cap), the pass's own in kvbuf - then its compressed
+ * rows (ratio 4: the nvis[t] listed in vis[t][..top_k], ratio 128: all
+ * complete ones).  heads gets the normalised outputs, key RoPE undone. */
+typedef struct attn_args {
+    const uint32_t *pos0;
+    const float *q;
+    const float *kvbuf, *ring, *comp;
+    const uint32_t *vis, *nvis;
+    const float *sinks; /* F32 */
+    uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
+    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] in slot order (attn_heads_kernel) */
+    uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
+    dact heads;         /* the output */
+    ds4_rope rope;
+} attn_args;
+/* The launch of a pass: on the tensor cores (tc: attn_tc_kernel, long
+ * prefill passes) or a warp per two heads (attn_heads_kernel). */
+int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err);
+
 /* Passes of up to this many tokens attend with the head-blocked kernel
  * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
 #define CU_ATTN_BLOCKED_T 16
