@@ -74,7 +74,12 @@ int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
 #define GEMV_WARPS 8
 
 /* 16 bytes from global memory through the read-only path. */
-static __device__ __forceinline__ int4 ld16(const void *p) { return __ldg((const int4 *)p); }
+static __device__ __forceinline__ int4 ld16(const void *p) {
+#ifdef DS4_CUDA_EMU
+    emu_check_aligned(p, 16, "16-byte load");
+#endif
+    return __ldg((const int4 *)p);
+}
 
 /* 16 bytes of a weight row in a decode product: read once, so kept out of
  * the L1 (where the activation every warp of the block rereads stays). */

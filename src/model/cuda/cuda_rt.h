@@ -16,6 +16,9 @@
 #include <stdint.h>
 
 #ifdef DS4_CUDA_EMU
+#include <stdio.h>
+#include <stdlib.h>
+
 #include "cuda_emu.h"
 #else
 #include <cuda_bf16.h>
@@ -283,8 +286,22 @@ static __device__ __forceinline__ void mma_s8_16x8x32(int c[4], const uint32_t a
  * cp_async_wait_all waits for all of this thread's groups (a block barrier
  * must follow before other threads read the data).  The emulation copies
  * at once, which the barrier discipline makes indistinguishable. */
+#ifdef DS4_CUDA_EMU
+/* The alignment the hardware requires of a wide access (it traps
+ * otherwise), checked by the emulation where the access goes through one
+ * of these helpers. */
+static inline void emu_check_aligned(const void *p, size_t n, const char *what) {
+    if ((uintptr_t)p % n) {
+        fprintf(stderr, "emulated CUDA: %s of %zu bytes at %p is misaligned\n", what, n, p);
+        abort();
+    }
+}
+#endif
+
 static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) {
 #ifdef DS4_CUDA_EMU
+    emu_check_aligned(smem, 16, "cp.async destination");
+    emu_check_aligned(gmem, 16, "cp.async source");
     memcpy(smem, gmem, 16);
 #else
     uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
@@ -293,6 +310,8 @@ static __device__ __forceinline__ void cp_async16(void *smem, const void *gmem) 
 }
 static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 #ifdef DS4_CUDA_EMU
+    emu_check_aligned(smem, 4, "cp.async destination");
+    emu_check_aligned(gmem, 4, "cp.async source");
     memcpy(smem, gmem, 4);
 #else
     uint32_t a = (uint32_t)__cvta_generic_to_shared(smem);
