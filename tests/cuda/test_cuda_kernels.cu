@@ -82,6 +82,14 @@ template <typename T> static T *dalloc(size_t n) {
     return p;
 }
 
+/* A device copy of host values. */
+template <typename T> static T *dcopy(const T *h, size_t n) {
+    T *p = dalloc<T>(n);
+    CU(cudaMemcpy(p, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return p;
+}
+template <typename T> static T *dcopy(const std::vector<T> &h) { return dcopy(h.data(), h.size()); }
+
 /* A device activation of `rows` tokens of n random values, quantized on the
  * device; the host copies of every form for the reference. */
 struct act_pair {
@@ -478,18 +486,9 @@ static void check_attention(cudaStream_t st) {
             for (float &v : sinks) v = frand();
             attn_args a;
             memset(&a, 0, sizeof(a));
-            uint32_t *dpos = dalloc<uint32_t>(1), *dvis = dalloc<uint32_t>(vis.size()), *dnvis = dalloc<uint32_t>(T);
-            float *dq = dalloc<float>(q.size()), *dring = dalloc<float>(ring.size()), *dkv = dalloc<float>(kv.size());
-            float *dcomp = dalloc<float>(comp.size()), *dsinks = dalloc<float>(n_head);
+            uint32_t *dpos = dcopy(&pos0, 1), *dvis = dcopy(vis), *dnvis = dcopy(nvis);
+            float *dq = dcopy(q), *dring = dcopy(ring), *dkv = dcopy(kv), *dcomp = dcopy(comp), *dsinks = dcopy(sinks);
             float *dout = dalloc<float>((size_t)T * n_head * hd);
-            CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dvis, vis.data(), vis.size() * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dnvis, nvis.data(), T * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dring, ring.data(), ring.size() * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dkv, kv.data(), kv.size() * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dcomp, comp.data(), comp.size() * 4, cudaMemcpyHostToDevice));
-            CU(cudaMemcpy(dsinks, sinks.data(), n_head * 4, cudaMemcpyHostToDevice));
             a.pos0 = dpos;
             a.q = dq;
             a.kvbuf = dkv;
@@ -589,13 +588,8 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         for (float &v : q) v = frand();
         for (float &v : w) v = frand();
         for (float &v : rows) v = frand();
-        float *dq = dalloc<float>(q.size()), *dw = dalloc<float>(w.size()), *dr = dalloc<float>(rows.size());
-        float *ds = dalloc<float>((size_t)T * stride);
-        uint32_t *dpos = dalloc<uint32_t>(1);
-        CU(cudaMemcpy(dq, q.data(), q.size() * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dw, w.data(), w.size() * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dr, rows.data(), rows.size() * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
+        float *dq = dcopy(q), *dw = dcopy(w), *dr = dcopy(rows), *ds = dalloc<float>((size_t)T * stride);
+        uint32_t *dpos = dcopy(&pos0, 1);
         CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
         ds4_err err = {};
         if (cu_idx_scores(dpos, dq, dw, dr, T, nmax, heads, ihd, k, ds, stride, tc, st, &err)) {
