@@ -3,7 +3,8 @@
  * definitions of src/format (quants.h), type by type: activation
  * quantization must give the CPU's bytes, and every matrix-vector and
  * matrix product (plain, with a row offset, with an activation offset,
- * grouped by expert) must give the CPU's dot products to rounding
+ * grouped by expert, several fused into one launch, routed ones picked by
+ * a device selection) must give the CPU's dot products to rounding
  * (results are read after synchronising the stream the products ran on)
  * (|d| <= 2e-6 of the row's sum of |terms|); products that quantize
  * their outputs must give the CPU quantizer's Q8_0 of them.  Random weights and inputs,
@@ -635,6 +636,81 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     }
 }
 
+/* Products fused into one launch as a decode step fuses them: routed
+ * matrices picked by a device selection (odd row counts, rows of two
+ * 16-block chunks), next to fixed ones of other types, each segment with
+ * its own activation.  Run as one mixed launch and as launches of the
+ * type sets that have kernels of their own (IQ2_XXS alone, the light
+ * types with Q2_K). */
+struct fused_seg {
+    uint32_t type, n, rows, mats, mat, slot;
+    bool routed;
+};
+
+static void check_fused_gemv(cudaStream_t st) {
+    const fused_seg segs[] = {
+        {DS4_TYPE_IQ2_XXS, 4352, 37, 3, 0, 0, true}, {DS4_TYPE_IQ2_XXS, 4352, 37, 3, 0, 1, true},
+        {DS4_TYPE_Q2_K, 512, 20, 2, 0, 2, true},     {DS4_TYPE_Q8_0, 864, 45, 2, 1, 0, false},
+        {DS4_TYPE_F16, 256, 9, 1, 0, 0, false},
+    };
+    const int nseg = (int)(sizeof(segs) / sizeof(segs[0]));
+    const int sel_h[3] = {2, 0, 1};
+    int *sel = dcopy(sel_h, 3);
+    wt_pair w[nseg];
+    act_pair a[nseg];
+    float *out[nseg];
+    for (int i = 0; i < nseg; i++) {
+        make_weights(w[i], segs[i].type, segs[i].n, segs[i].rows, segs[i].mats);
+        make_act(a[i], segs[i].n, 1, st);
+        out[i] = dalloc<float>(segs[i].rows + 1);
+    }
+    const char *launches[] = {"all types", "iq2_xxs alone", "q2_k, q8_0, f16"};
+    for (int l = 0; l < 3; l++) {
+        bool in[nseg];
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        for (int i = 0; i < nseg; i++) {
+            bool iq2 = segs[i].type == DS4_TYPE_IQ2_XXS;
+            in[i] = l == 0 || (l == 1) == iq2;
+            if (!in[i]) continue;
+            CU(cudaMemset(out[i], 0xFF, (segs[i].rows + 1) * 4));
+            cu_gemv_add(&p, &w[i].d, segs[i].mat, segs[i].routed ? sel : NULL, segs[i].slot, 0, segs[i].rows, &a[i].d, 0,
+                        out[i]);
+        }
+        ds4_err err = {};
+        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        CU(cudaStreamSynchronize(st));
+        double worst = 0;
+        int guards = 0;
+        for (int i = 0; i < nseg; i++) {
+            if (!in[i]) continue;
+            std::vector<float> got(segs[i].rows + 1);
+            CU(cudaMemcpy(got.data(), out[i], got.size() * 4, cudaMemcpyDeviceToHost));
+            uint32_t mat = segs[i].routed ? (uint32_t)sel_h[segs[i].slot] : segs[i].mat;
+            for (uint32_t r = 0; r < segs[i].rows; r++) {
+                double ref, mag;
+                reference(w[i], a[i], mat, r, 0, 0, &ref, &mag);
+                double e = fabs(got[r] - ref) / (mag + 1e-30);
+                if (!(e <= worst)) worst = e;
+            }
+            uint32_t guard;
+            memcpy(&guard, &got[segs[i].rows], 4);
+            guards += guard != 0xFFFFFFFFu;
+        }
+        printf("gemv fused, %-16s max error %.2g of the terms' magnitude\n", launches[l], worst);
+        CHECK(worst <= 2e-6 && guards == 0, "fused gemv (%s): error %.3g, %d segments written past their rows",
+              launches[l], worst, guards);
+    }
+    for (int i = 0; i < nseg; i++) {
+        cudaFree(out[i]);
+        cudaFree((void *)w[i].d.p);
+        cudaFree(a[i].d.f);
+        cudaFree(a[i].d.q8);
+        cudaFree(a[i].d.qk);
+    }
+    cudaFree(sel);
+}
+
 /* Q8_0 products that also quantize their outputs (cu_gemv_add_q8): two
  * segments into one Q8_0 row at offsets 0 and 64; the floats as any
  * product's, the Q8_0 bytes and scales exactly the CPU quantizer's of
@@ -873,6 +949,7 @@ int main(int argc, char **argv) {
     check_quantize(st);
     check_products(st);
     check_split_gemv(st);
+    check_fused_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);
     check_idx_scores(st, false, 3);
