@@ -3,12 +3,13 @@
  * definitions of src/format (quants.h), type by type: activation
  * quantization must give the CPU's bytes, and every matrix-vector and
  * matrix product (plain, with a row offset, with an activation offset,
- * grouped by expert, several fused into one launch, routed ones picked by
- * a device selection) must give the CPU's dot products to rounding
- * (results are read after synchronising the stream the products ran on)
- * (|d| <= 2e-6 of the row's sum of |terms|); products that quantize
- * their outputs must give the CPU quantizer's Q8_0 of them.  Random weights and inputs,
- * fresh for each type; outputs poisoned before each run.
+ * grouped by expert, split over K, several fused into one launch, routed
+ * ones picked by a device selection) must give the CPU's dot products to
+ * rounding (results are read after synchronising the stream the products
+ * ran on) (|d| <= 2e-6 of the row's sum of |terms|); products that
+ * quantize their outputs must give the CPU quantizer's Q8_0 of them.
+ * Random weights and inputs, fresh for each type; outputs poisoned before
+ * each run.
  *
  * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
  * must give lowprec.c's bits on identical inputs, exact ties included.
@@ -219,6 +220,52 @@ static void reference(const wt_pair &w, const act_pair &a, uint32_t mat, uint32_
 }
 
 static const char *tname(uint32_t t) { return ds4_type_get(t)->name; }
+
+/* Float products of few, long rows, which the launch splits over K
+ * (partial sums per split, added in split order; the last split short). */
+static void check_split_gemm(cudaStream_t st) {
+    const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16};
+    const uint32_t n = 2336, rows = 100, T = 37;
+    for (uint32_t type : types) {
+        wt_pair w;
+        act_pair a;
+        make_weights(w, type, n, rows, 1);
+        make_act(a, n, T, st);
+        float *out = dalloc<float>((size_t)T * (rows + 3));
+        CU(cudaMemset(out, 0xFF, (size_t)T * (rows + 3) * 4));
+        ds4_err err = {};
+        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, T, out, rows + 3, NULL, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got((size_t)T * (rows + 3));
+        CU(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        int guards = 0;
+        for (uint32_t t = 0; t < T; t++) {
+            for (uint32_t r = 0; r < rows; r++) {
+                double ref, mag;
+                reference(w, a, 0, r, t, 0, &ref, &mag);
+                double e = fabs(got[(size_t)t * (rows + 3) + r] - ref) / (mag + 1e-30);
+                if (!(e <= worst)) worst = e;
+            }
+            for (uint32_t r = rows; r < rows + 3; r++) {
+                uint32_t v;
+                memcpy(&v, &got[(size_t)t * (rows + 3) + r], 4);
+                guards += v != 0xFFFFFFFFu;
+            }
+        }
+        printf("gemm %-8s split over K, max error %.2g of the terms' magnitude\n", tname(type), worst);
+        CHECK(worst <= 2e-6 && guards == 0, "split gemm %s: error %.3g, %d values written outside the rows", tname(type),
+              worst, guards);
+        cudaFree(out);
+        cudaFree((void *)w.d.p);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+}
 
 /* Few long float rows: a block a row, the row split over its warps. */
 static void check_split_gemv(cudaStream_t st) {
@@ -949,6 +996,7 @@ int main(int argc, char **argv) {
     check_quantize(st);
     check_products(st);
     check_split_gemv(st);
+    check_split_gemm(st);
     check_fused_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);

@@ -26,7 +26,9 @@
  * holds two chunks: the next one is fetched (cp.async, or for K-quants raw
  * loads into registers expanded after the products) while the current one
  * is multiplied.  Float weights run on the TF32 tensor cores, each operand
- * split into a TF32 head and tail so that the products keep f32 precision.
+ * split into a TF32 head and tail so that the products keep f32 precision;
+ * a float product of few rows is also split over K, so that its grid fills
+ * the GPU, and its partial sums are added in a fixed order afterwards.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -674,6 +676,11 @@ typedef struct gemm_args {
     size_t out_stride;
     cu_group grp;
     bool grouped;
+    /* float kernel split over K (gemm_f_split): block z takes the values
+     * [z kper, (z + 1) kper) and writes its partial sums to slice z of part
+     * (split x T x rows); gemm_f_join_kernel adds them in split order */
+    uint32_t kper, split;
+    float *part;
 } gemm_args;
 
 /* Which activation rows a block works on and where its outputs go. */
@@ -1104,9 +1111,9 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 /* Thread i loads 8 consecutive K values of tile row i / 4: in 16-byte
  * loads when the launch found everything aligned (vec), else one by one. */
 static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
-                                                   uint32_t k, float (&wv)[8], float (&xv)[8]) {
+                                                   uint32_t k, uint32_t kend, float (&wv)[8], float (&xv)[8]) {
     if (vec) {
-        bool ok = k < g.n; /* n % 8 == 0: the whole run or none */
+        bool ok = k < kend; /* kend % 8 == 0: the whole run or none */
         float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0, w0 = x0, w1 = x0;
         if (xrow && ok) {
             x0 = *(const float4 *)(xrow + k);
@@ -1134,7 +1141,7 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
     }
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        bool ok = k + i < g.n;
+        bool ok = k + i < kend;
         float w = 0.0f;
         if (wrow && ok) {
             if (g.type == DS4_TYPE_F32) w = __ldg((const float *)wrow + k + i);
@@ -1177,7 +1184,8 @@ typedef struct gemm_f_tiles {
  * alternate, so a load has two steps of products to arrive), then the
  * step's products. */
 static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_tiles &s, bool vec, bool wtail,
-                                                   const uint8_t *wrow, const float *xrow, uint32_t k0, float (&wv)[8],
+                                                   const uint8_t *wrow, const float *xrow, uint32_t k0, uint32_t kend,
+                                                   float (&wv)[8],
                                                    float (&xv)[8], float (&acc)[2][2][4], float (&tail)[2][2][4]) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     unsigned wm = warp / 4, wn = warp % 4; /* rows 32 wm.., tokens 16 wn.. */
@@ -1186,7 +1194,7 @@ static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_ti
     gemm_f_store(s.wh, wtail ? s.wl : NULL, lr, lk, wv);
     gemm_f_store(s.xh, s.xl, lr, lk, xv);
     __syncthreads();
-    if (k0 + 2 * FK < g.n) gemm_f_load(g, vec, wrow, xrow, k0 + 2 * FK + lk, wv, xv); /* in flight for two steps */
+    if (k0 + 2 * FK < kend) gemm_f_load(g, vec, wrow, xrow, k0 + 2 * FK + lk, kend, wv, xv); /* in flight for two steps */
 #pragma unroll
     for (int kk = 0; kk < FK; kk += 8) {
         uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
@@ -1231,13 +1239,17 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     bool wtail = g.type == DS4_TYPE_F32;
     bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
     float acc[2][2][4] = {}, tail[2][2][4] = {}; /* the head products; the tail ones, 2^-11 smaller, apart */
+    uint32_t kb = blockIdx.z * g.kper, ke = kb + g.kper < g.n ? kb + g.kper : g.n;
     float wv0[8], xv0[8], wv1[8], xv1[8];
-    gemm_f_load(g, vec, wrow, xrow, lk, wv0, xv0);
-    gemm_f_load(g, vec, wrow, xrow, FK + lk, wv1, xv1); /* zeros past n */
-    for (uint32_t k0 = 0; k0 < g.n; k0 += 2 * FK) {
-        gemm_f_step(g, s, vec, wtail, wrow, xrow, k0, wv0, xv0, acc, tail);
-        if (k0 + FK < g.n) gemm_f_step(g, s, vec, wtail, wrow, xrow, k0 + FK, wv1, xv1, acc, tail);
+    gemm_f_load(g, vec, wrow, xrow, kb + lk, ke, wv0, xv0);
+    gemm_f_load(g, vec, wrow, xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
+    for (uint32_t k0 = kb; k0 < ke; k0 += 2 * FK) {
+        gemm_f_step(g, s, vec, wtail, wrow, xrow, k0, ke, wv0, xv0, acc, tail);
+        if (k0 + FK < ke) gemm_f_step(g, s, vec, wtail, wrow, xrow, k0 + FK, ke, wv1, xv1, acc, tail);
     }
+    /* a split's partial sums go to its slice of part, in the launch's rows */
+    float *out = g.split > 1 ? g.part + (size_t)blockIdx.z * g.T * g.rows : g.out;
+    size_t ostride = g.split > 1 ? g.rows : g.out_stride;
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -1246,8 +1258,70 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
             for (int i = 0; i < 4; i++) {
                 uint32_t row = row_tile(g) * BM + 32 * wm + 16 * m + gq + (i >= 2 ? 8 : 0);
                 int t = (int)(16 * wn + 8 * nt + 2 * tq + (i & 1));
-                if (t < count && row < g.rows) g.out[(size_t)out_row(g, start + t) * g.out_stride + row] = acc[m][nt][i] + tail[m][nt][i];
+                if (t < count && row < g.rows) out[(size_t)out_row(g, start + t) * ostride + row] = acc[m][nt][i] + tail[m][nt][i];
             }
+}
+
+/* out[t][r] = the sum of the splits' partial sums, in split order. */
+static __global__ void gemm_f_join_kernel(const float *part, uint32_t split, uint32_t T, uint32_t rows, float *out,
+                                          size_t stride) {
+    dev_pdl_enter();
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x, n = (size_t)T * rows;
+    if (i >= n) return;
+    float v = part[i];
+    for (uint32_t z = 1; z < split; z++) v += part[(size_t)z * n + i];
+    out[(i / rows) * stride + i % rows] = v;
+}
+
+/* The partial sums of split float products (grown on demand; prefill
+ * only, never inside a captured graph). */
+static float *split_buf;
+static size_t split_cap;
+
+static int split_reserve(size_t floats, cudaStream_t st, ds4_err *err) {
+    if (floats <= split_cap) return 0;
+    CU_TRY(cudaStreamSynchronize(st)); /* the old buffer may still be read */
+    cudaFree(split_buf);
+    split_buf = NULL;
+    split_cap = 0;
+    CU_TRY(cudaMalloc(&split_buf, floats * sizeof(float)));
+    split_cap = floats;
+    return 0;
+}
+
+/* Split a dense float product over K when its grid would leave SMs idle
+ * (the few-row products: router, compressor, indexer, at most 16 row
+ * tiles): enough blocks for two waves of two blocks an SM, each split of
+ * whole pairs of K steps and at least 256 values.  Sets g->split,
+ * g->kper, g->part and grid->z.  (The int8 kernel gains nothing from it:
+ * measured, its dense products split over K lost 2 % of a prefill.) */
+static int gemm_f_split(gemm_args *g, dim3 *grid, cudaStream_t st, ds4_err *err) {
+    static uint32_t sms;
+    if (!sms) {
+        cudaDeviceProp prop;
+        CU_TRY(cudaGetDeviceProperties(&prop, 0));
+        sms = (uint32_t)prop.multiProcessorCount;
+    }
+    uint32_t blocks = grid->x * grid->y, split = 1;
+    if (!g->grouped)
+        while (split < 8 && blocks * split < 4 * sms && g->n / (2 * split) >= 256) split *= 2;
+    g->kper = ((g->n + split - 1) / split + 2 * FK - 1) / (2 * FK) * (2 * FK);
+    g->split = (g->n + g->kper - 1) / g->kper;
+    if (g->split > 1) {
+        if (split_reserve((size_t)g->split * g->T * g->rows, st, err)) return -1;
+        g->part = split_buf;
+        grid->z = g->split;
+    }
+    return 0;
+}
+
+static int gemm_f_join(const gemm_args *g, cudaStream_t st, ds4_err *err) {
+    if (g->split < 2) return 0;
+    size_t n = (size_t)g->T * g->rows;
+    DS4_LAUNCH(gemm_f_join_kernel, (unsigned)((n + 255) / 256), 256, 0, st, (const float *)g->part, g->split, g->T,
+               g->rows, g->out, g->out_stride);
+    CU_LAUNCHED();
+    return 0;
 }
 
 /* The int8 kernel's two stages exceed the default 48 KiB of shared memory:
@@ -1293,9 +1367,10 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
     g.xfs = x->fs;
     if (!quant) {
+        if (gemm_f_split(&g, &grid, st, err)) return -1;
         DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
         CU_LAUNCHED();
-        return 0;
+        return gemm_f_join(&g, st, err);
     }
     g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
     if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
