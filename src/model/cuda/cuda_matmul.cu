@@ -1185,8 +1185,8 @@ typedef struct gemm_f_tiles {
  * step's products. */
 static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_tiles &s, bool vec, bool wtail,
                                                    const uint8_t *wrow, const float *xrow, uint32_t k0, uint32_t kend,
-                                                   float (&wv)[8],
-                                                   float (&xv)[8], float (&acc)[2][2][4], float (&tail)[2][2][4]) {
+                                                   float (&wv)[8], float (&xv)[8], float (&acc)[2][2][4],
+                                                   float (&tail)[2][2][4]) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
     unsigned wm = warp / 4, wn = warp % 4; /* rows 32 wm.., tokens 16 wn.. */
     unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
