@@ -556,9 +556,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
 }
 
 static uint64_t *d_grid; /* the IQ2_XXS grid in device memory */
+static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
 
 int cu_matmul_init(ds4_err *err) {
     if (d_grid) return 0;
+    cudaDeviceProp prop;
+    CU_TRY(cudaGetDeviceProperties(&prop, 0));
+    n_sms = (uint32_t)prop.multiProcessorCount;
     CU_TRY(cudaMalloc(&d_grid, sizeof(ds4_iq2xxs_grid)));
     CU_TRY(cudaMemcpy(d_grid, ds4_iq2xxs_grid, sizeof(ds4_iq2xxs_grid), cudaMemcpyHostToDevice));
     return 0;
@@ -1296,15 +1300,10 @@ static int split_reserve(size_t floats, cudaStream_t st, ds4_err *err) {
  * g->kper, g->part and grid->z.  (The int8 kernel gains nothing from it:
  * measured, its dense products split over K lost 2 % of a prefill.) */
 static int gemm_f_split(gemm_args *g, dim3 *grid, cudaStream_t st, ds4_err *err) {
-    static uint32_t sms;
-    if (!sms) {
-        cudaDeviceProp prop;
-        CU_TRY(cudaGetDeviceProperties(&prop, 0));
-        sms = (uint32_t)prop.multiProcessorCount;
-    }
+    if (cu_matmul_init(err)) return -1;
     uint32_t blocks = grid->x * grid->y, split = 1;
     if (!g->grouped)
-        while (split < 8 && blocks * split < 4 * sms && g->n / (2 * split) >= 256) split *= 2;
+        while (split < 8 && blocks * split < 4 * n_sms && g->n / (2 * split) >= 256) split *= 2;
     g->kper = ((g->n + split - 1) / split + 2 * FK - 1) / (2 * FK) * (2 * FK);
     g->split = (g->n + g->kper - 1) / g->kper;
     if (g->split > 1) {
