@@ -440,7 +440,10 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 #define IDX_MAX_HEADS 64
 #define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
 #define IDX_MAX_DIM 128
-#define IDX_QSTRIDE (IDX_MAX_DIM + 1)          /* a head's query in shared memory: the group's 8 heads in 8 banks */
+/* A head's query in shared memory, read 16 bytes at a time: the stride keeps
+ * every head 16-byte aligned and puts a group's 8 heads in 8 distinct 4-bank
+ * quads, so a warp's vector loads are conflict-free. */
+#define IDX_QSTRIDE (IDX_MAX_DIM + 4)
 
 typedef struct idx_args {
     const uint32_t *pos0;
@@ -456,7 +459,7 @@ typedef struct idx_args {
  * memory and the first thread adds them in head order. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
     dev_pdl_enter();
-    __shared__ float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
+    __shared__ __align__(16) float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
     __shared__ float ws[IDX_MAX_HEADS];
     __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
@@ -474,8 +477,8 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
     for (int j = 0; j < QV; j++) {
         uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS);
         if (i < a.heads * a.ihd) {
-            float *d = qs + i / a.ihd * IDX_QSTRIDE + i % a.ihd; /* ihd % 4 == 0: a vector stays in one head */
-            d[0] = qv[j].x, d[1] = qv[j].y, d[2] = qv[j].z, d[3] = qv[j].w;
+            /* ihd % 4 == 0: a vector stays in one head */
+            *(float4 *)(qs + i / a.ihd * IDX_QSTRIDE + i % a.ihd) = qv[j];
         }
     }
     for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
@@ -500,10 +503,16 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
         for (int j = 0; j < IDX_HPT; j++) {
             uint32_t h = g + IDX_GROUP * j;
             if (h >= a.heads) break;
-            const float *qh = qs + h * IDX_QSTRIDE + c0;
+            const float4 *qh = (const float4 *)(qs + h * IDX_QSTRIDE + c0);
             float s = 0.0f;
 #pragma unroll
-            for (int i = 0; i < 32; i++) s += qh[i] * kr[i];
+            for (int i = 0; i < 32; i += 4) {
+                float4 qv4 = qh[i / 4];
+                s += qv4.x * kr[i];
+                s += qv4.y * kr[i + 1];
+                s += qv4.z * kr[i + 2];
+                s += qv4.w * kr[i + 3];
+            }
             part[j] += s;
         }
     }
