@@ -260,35 +260,39 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
     }
 }
 
-/* The IQ2_XXS grid a block keeps in shared memory.  The lookups are
- * random, so they are bank-conflict bound: the signs are computed, not
- * looked up (a sign table measured no faster: it doubled the lookups). */
-#define IQ2_TAB 256
+/* IQ2_XXS decoding as byte selections: a value is one of 8, 25, 43 or their
+ * negatives, so the eight signed bytes of a grid vector are two byte
+ * permutes (PRMT) of the words IQ2_POS and IQ2_NEG, whose selector nibble k
+ * is the level of value k (0..2) plus 4 for a negative one.  A block keeps
+ * two tables of selector words in shared memory (cu_matmul_init makes
+ * them): the levels of grid vector i as eight nibbles (IQ2_LEVELS words),
+ * and, for each 7-bit sign index, its eight signs - the eighth the parity
+ * of the seven stored - as bit 2 of each nibble (IQ2_SIGNS words).  Two
+ * 4-byte lookups (a warp's random 4-byte lookups take half the
+ * bank-conflicted passes of its 8-byte ones), an OR and two permutes
+ * replace an 8-byte grid lookup and ten operations of sign arithmetic.
+ * Measured on the H200 (PERFORMANCE.md, eleventh iteration): decode 1 %
+ * faster, the prefill products unchanged - neither is bound by these
+ * lookups (16 conflict-free copies of the grid gained nothing either). */
+#define IQ2_LEVELS 256
+#define IQ2_SIGNS 128
+#define IQ2_TAB (IQ2_LEVELS + IQ2_SIGNS) /* words */
+#define IQ2_POS 0x002B1908u /* bytes 8, 25, 43 */
+#define IQ2_NEG 0x00D5E7F8u /* bytes -8, -25, -43 */
 
-static __device__ void dev_iq2_fill_grid(uint64_t *tab, const uint64_t *grid_g) {
-    for (unsigned i = threadIdx.x; i < IQ2_TAB; i += blockDim.x) tab[i] = grid_g[i];
+static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
+    for (unsigned i = threadIdx.x; i < IQ2_TAB; i += blockDim.x) tab[i] = tab_g[i];
     __syncthreads();
 }
 
-/* Bytes 0..3 of each word: 1 where sign bit 0..3 is set. */
-static __device__ __forceinline__ uint32_t sign_ones4(uint32_t bits4) { return (bits4 * 0x00204081u) & 0x01010101u; }
-
-/* The bytes of v (grid values, 8..43) negated where `ones` has a 1: the
- * two's complement ~b + 1 of each such byte, which never carries into the
- * next byte since b > 0 (three operations; __vsub4 is emulated in many). */
-static __device__ __forceinline__ uint32_t neg_bytes(uint32_t v, uint32_t ones) { return (v ^ (ones * 0xFFu)) + ones; }
-
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
- * index word g and sign/scale word s (the eighth sign of each eight is the
- * parity of the seven stored). */
-static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t g, uint32_t s, uint32_t out[8]) {
+ * index word g and sign/scale word s. */
+static __device__ __forceinline__ void iq2_group(const uint32_t *tab, uint32_t g, uint32_t s, uint32_t out[8]) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
-        uint64_t v = grid[(g >> (8 * l)) & 255];
-        uint32_t s7 = (s >> (7 * l)) & 127;
-        uint32_t sb = s7 | ((uint32_t)(__popc(s7) & 1) << 7);
-        out[2 * l] = neg_bytes((uint32_t)v, sign_ones4(sb & 15));
-        out[2 * l + 1] = neg_bytes((uint32_t)(v >> 32), sign_ones4(sb >> 4));
+        uint32_t sel = tab[(g >> (8 * l)) & 255] | tab[IQ2_LEVELS + ((s >> (7 * l)) & 127)];
+        out[2 * l] = __byte_perm(IQ2_POS, IQ2_NEG, sel);
+        out[2 * l + 1] = __byte_perm(IQ2_POS, IQ2_NEG, sel >> 16);
     }
 }
 
@@ -296,7 +300,7 @@ static __device__ __forceinline__ void iq2_group(const uint64_t *grid, uint32_t 
  * steps of 8 blocks loaded at once. */
 template <int R>
 static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x,
-                                                    const float *xd, const uint64_t *grid, float *acc) {
+                                                    const float *xd, const uint32_t *tab, float *acc) {
     unsigned lane = threadIdx.x & 31, q = lane & 3;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
@@ -326,7 +330,7 @@ static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, 
 #pragma unroll
                 for (int gi = 0; gi < 2; gi++) {
                     uint32_t v[8];
-                    iq2_group(grid, wq[2 * gi], wq[2 * gi + 1], v);
+                    iq2_group(tab, wq[2 * gi], wq[2 * gi + 1], v);
                     int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
                     int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
                     int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
@@ -421,12 +425,12 @@ static uint32_t gemv_type_bit(uint32_t type) {
 }
 
 template <unsigned M, int R>
-static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint64_t *grid, float *keep) {
+static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint32_t *tab, float *keep) {
     if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
         /* K-quant rows come at most two a warp (pick_rpw); were there more,
          * two at a time keeps their registers in bounds */
-        gemv_rows<M, 2>(sg, r0, grid, keep);
-        gemv_rows<M, 2>(sg, r0 + 2, grid, keep ? keep + 2 : NULL);
+        gemv_rows<M, 2>(sg, r0, tab, keep);
+        gemv_rows<M, 2>(sg, r0 + 2, tab, keep ? keep + 2 : NULL);
         return;
     }
     unsigned lane = threadIdx.x & 31;
@@ -443,7 +447,7 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     if ((M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc);
     else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
-    else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, grid, acc);
+    else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, tab, acc);
     else if (M & GM_FLOAT) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc);
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -515,13 +519,13 @@ static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, ui
 
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
- * IQ2_XXS grid decoding. */
+ * IQ2_XXS decoding. */
 #define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
 template <unsigned M>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint64_t *grid_g) {
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint32_t *tab_g) {
     dev_pdl_launch_next();
-    __shared__ uint64_t grid[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
+    __shared__ uint32_t tab[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
     uint32_t s = 0;
     while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
@@ -535,36 +539,55 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
-    /* weights and the grid are written by no kernel: fetch them while the
+    /* weights and the IQ2_XXS tables are written by no kernel: fetch them while the
      * kernel before this one finishes */
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
-    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g);
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
     dev_pdl_wait_prev();
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
         __shared__ float kept[32];
-        gemv_rows<M, 4>(sg, r0, grid, kept + 4 * warp);
+        gemv_rows<M, 4>(sg, r0, tab, kept + 4 * warp);
         __syncthreads();
         if (warp == 0) gemv_q8_epilogue(sg, kept);
         return;
     }
     if (r0 >= sg.rows) return;
     switch (sg.rpw) {
-    case 1: gemv_rows<M, 1>(sg, r0, grid, NULL); break;
-    case 2: gemv_rows<M, 2>(sg, r0, grid, NULL); break;
-    default: gemv_rows<M, 4>(sg, r0, grid, NULL); break;
+    case 1: gemv_rows<M, 1>(sg, r0, tab, NULL); break;
+    case 2: gemv_rows<M, 2>(sg, r0, tab, NULL); break;
+    default: gemv_rows<M, 4>(sg, r0, tab, NULL); break;
     }
 }
 
-static uint64_t *d_grid; /* the IQ2_XXS grid in device memory */
+static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
 static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
 
+/* The selector tables of iq2_group from the grid. */
+static void iq2_make_tab(uint32_t *tab) {
+    for (uint32_t i = 0; i < IQ2_LEVELS; i++) {
+        uint32_t w = 0;
+        for (int k = 0; k < 8; k++) {
+            uint32_t v = (uint32_t)(ds4_iq2xxs_grid[i] >> (8 * k)) & 255;
+            w |= (v == 8 ? 0u : v == 25 ? 1u : 2u) << (4 * k);
+        }
+        tab[i] = w;
+    }
+    for (uint32_t s7 = 0; s7 < IQ2_SIGNS; s7++) {
+        uint32_t sb = s7 | (uint32_t)(__builtin_popcount(s7) & 1) << 7, w = 0;
+        for (int k = 0; k < 8; k++) w |= ((sb >> k) & 1) << (4 * k + 2);
+        tab[IQ2_LEVELS + s7] = w;
+    }
+}
+
 int cu_matmul_init(ds4_err *err) {
-    if (d_grid) return 0;
+    if (d_iq2_tab) return 0;
     cudaDeviceProp prop;
     CU_TRY(cudaGetDeviceProperties(&prop, 0));
     n_sms = (uint32_t)prop.multiProcessorCount;
-    CU_TRY(cudaMalloc(&d_grid, sizeof(ds4_iq2xxs_grid)));
-    CU_TRY(cudaMemcpy(d_grid, ds4_iq2xxs_grid, sizeof(ds4_iq2xxs_grid), cudaMemcpyHostToDevice));
+    uint32_t tab[IQ2_TAB];
+    iq2_make_tab(tab);
+    CU_TRY(cudaMalloc(&d_iq2_tab, sizeof(tab)));
+    CU_TRY(cudaMemcpy(d_iq2_tab, tab, sizeof(tab), cudaMemcpyHostToDevice));
     return 0;
 }
 
@@ -575,7 +598,7 @@ static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
     bool kq = W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K;
     if (qbytes <= 1024) return kq ? 2 : 4;
-    if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the grid first: more rows */
+    if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the IQ2_XXS tables first: more rows */
     return 1;
 }
 
@@ -642,17 +665,17 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         mask |= sg.q8 ? (uint32_t)GM_Q8OUT : gemv_type_bit(sg.type);
     }
     if (cu_matmul_init(err)) return -1;
-    const uint64_t *grid = d_grid;
+    const uint32_t *tab = d_iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
     if (mask & GM_Q8OUT) {
         if (mask != GM_Q8OUT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
-        DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, grid);
-    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, grid);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, grid);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, grid);
-    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, grid);
-    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, grid);
+        DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, tab);
+    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab);
+    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, tab);
+    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, tab);
     CU_LAUNCHED();
     return 0;
 }
@@ -736,7 +759,7 @@ typedef struct qstage {
 } qstage;
 
 static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
-    return 2 * sizeof(qstage) + (type == DS4_TYPE_IQ2_XXS ? IQ2_TAB * sizeof(uint64_t) : 0);
+    return 2 * sizeof(qstage) + (type == DS4_TYPE_IQ2_XXS ? IQ2_TAB * sizeof(uint32_t) : 0);
 }
 
 static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) { return row * KC + ((piece ^ (row & 7)) << 4); }
@@ -829,7 +852,7 @@ static __device__ __forceinline__ void st16(int8_t *p, uint32_t a, uint32_t b, u
 }
 
 template <uint32_t TYPE>
-static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, const uint64_t *grid) {
+static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, const uint32_t *tab) {
     unsigned r = threadIdx.x / 2, p = threadIdx.x & 1;
     if (!w.ok) {
         for (unsigned k = 0; k < 8; k++) st_zero16(s.w + swz(r, 8 * p + k));
@@ -879,7 +902,7 @@ static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, con
             int4 q = w.q[k / 2];
             uint32_t gw0 = (uint32_t)(k & 1 ? q.z : q.x), gw1 = (uint32_t)(k & 1 ? q.w : q.y);
             uint32_t v[8];
-            iq2_group(grid, gw0, gw1, v);
+            iq2_group(tab, gw0, gw1, v);
             unsigned ib = 4 * p + k;
             st16(s.w + swz(r, 2 * ib), v[0], v[1], v[2], v[3]);
             st16(s.w + swz(r, 2 * ib + 1), v[4], v[5], v[6], v[7]);
@@ -922,16 +945,16 @@ static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &
  * The integer sums per 32 (and per 256 for Q2_K) and every float step are
  * those of the CPU dot, in its order. */
 template <uint32_t TYPE>
-static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint64_t *grid_g) {
+static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint32_t *tab_g) {
     dev_pdl_enter();
     DS4_DYN_SMEM(qstage, st);
     __shared__ size_t xoff[BN];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     const bool kq = TYPE != DS4_TYPE_Q8_0;
-    uint64_t *grid = (uint64_t *)(st + 2);
+    uint32_t *tab = (uint32_t *)(st + 2);
     if (threadIdx.x < BN) xoff[threadIdx.x] = (int)threadIdx.x < count ? (size_t)act_row(g, start + (int)threadIdx.x) * g.xqs : 0;
-    if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_grid(grid, grid_g); /* ends with a barrier */
+    if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g); /* ends with a barrier */
     else __syncthreads();
 
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 3, wn = warp >> 2;
@@ -954,7 +977,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     uint4 wsc;
     if (kq) {
         load_w_raw<TYPE>(g, mat, 0, raw);
-        store_w_raw<TYPE>(st[0], raw, grid);
+        store_w_raw<TYPE>(st[0], raw, tab);
     } else {
         load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC), wsc);
         store_w_q8_scales(st[0], wsc);
@@ -1082,7 +1105,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                 }
             }
         }
-        if (more && kq) store_w_raw<TYPE>(nx, raw, grid);
+        if (more && kq) store_w_raw<TYPE>(nx, raw, tab);
         if (more && !kq) store_w_q8_scales(nx, wsc);
         cp_async_wait_all();
         __syncthreads();
@@ -1377,7 +1400,7 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
         return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)", rows);
     if (cu_matmul_init(err) || gemm_q_init(err)) return -1;
     size_t smem = gemm_q_smem(W->type);
-    const uint64_t *gr = d_grid;
+    const uint32_t *gr = d_iq2_tab;
     switch (W->type) {
     case DS4_TYPE_Q8_0: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q8_0>, grid, QTHREADS, smem, st, g, gr); break;
     case DS4_TYPE_Q2_K: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q2_K>, grid, QTHREADS, smem, st, g, gr); break;
