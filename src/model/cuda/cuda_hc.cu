@@ -24,34 +24,26 @@
 #define HC_MAX_D 4096     /* the widest row the finish holds */
 #define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
 
-/* The launch shapes (their arithmetic is the same, only the order of the
- * double partial sums differs from that of other shapes): blocks of 512
- * threads, 8 columns per finish thread, the Q8_K block one warp; with
- * SINK_WARP a 17th warp computes post / comb (Sinkhorn) while the other 16
- * collapse, normalise and quantize (they meet at a named barrier that
- * leaves it out), so Sinkhorn is off the path of the next sublayer's
- * input.  Measured on the H200 (PERFORMANCE.md, third iteration): the
- * Sinkhorn warp pays in decode (109.4 against 107.3 t/s) and costs in
- * prefill (1209 against 1365 t/s, the extra warp of every block idling
- * through the mixer phase, when prefill used the same fused launch), so
- * decode passes use it and the prefill finish (hc_finish_kernel) does not;
- * blocks of 1024 threads measured slower in both. */
-template <int THREADS, bool SINK_WARP> struct hc_shape {
-    static constexpr int threads = THREADS;                    /* mixer and finish threads */
-    static constexpr int block = THREADS + (SINK_WARP ? 32 : 0);
-    static constexpr int warps = THREADS / 32;
-    static constexpr int vals = HC_MAX_D / THREADS;            /* finish: consecutive columns per thread */
-    static constexpr int cols = THREADS / 4;                   /* mixer: a thread per stream and column */
-    static constexpr int min_blocks = SINK_WARP ? 1 : 2;       /* blocks per SM the registers allow (at 56
-                                                                * registers the Sinkhorn shape spills) */
-    static constexpr bool sink_warp = SINK_WARP;
-    static_assert(vals == 8, "whole float4 loads; a Q8_K block of one warp");
-    static_assert(warps <= 32, "the finish sums the per-warp values with one warp reduction");
-};
-typedef hc_shape<512, false> hc_shape_prefill;
-typedef hc_shape<512, true> hc_shape_decode;
+/* The launch shape of the decode launch and of the prefill finish (one
+ * shape, so both sum in the same order): blocks of 512 threads, 8 columns
+ * per finish thread, the Q8_K block one warp, plus a 17th warp that
+ * computes post / comb (Sinkhorn) while the other 16 collapse, normalise
+ * and quantize (they meet at a named barrier that leaves it out), so
+ * Sinkhorn is off the path of the next sublayer's input.  Measured on the
+ * H200 (PERFORMANCE.md): the Sinkhorn warp pays in decode (third
+ * iteration: 109.4 against 107.3 t/s) and in the prefill finish (eleventh
+ * iteration: 158 -> 95 us a 2048-token launch with two blocks an SM, where
+ * warp 0 running Sinkhorn after the rest had held each SM's only block);
+ * blocks of 1024 threads measured slower. */
+#define HC_THREADS 512                /* mixer and finish threads */
+#define HC_BLOCK (HC_THREADS + 32)    /* and the Sinkhorn warp */
+#define HC_WARPS (HC_THREADS / 32)
+#define HC_VALS (HC_MAX_D / HC_THREADS) /* finish: consecutive columns per thread */
+#define HC_COLS (HC_THREADS / 4)      /* mixer: a thread per stream and column */
+static_assert(HC_VALS == 8, "whole float4 loads; a Q8_K block of one warp");
+static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp reduction");
 
-uint32_t cu_hc_cols(void) { return hc_shape_decode::cols; }
+uint32_t cu_hc_cols(void) { return HC_COLS; }
 
 static __device__ __forceinline__ float dev_sigmoid(float x) {
     if (x >= 0) return 1.0f / (1.0f + expf(-x));
@@ -251,12 +243,11 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
  * streams, loaded together), a barrier for the reduced sums, the pre
  * weights in every thread (no barrier), the collapse in registers, a
  * barrier for the sum of squares, the stores (a barrier inside the Q8_K
- * amax of 4-value threads), then the Sinkhorn iterations on warp 0 - or,
- * with a Sinkhorn warp, on that warp from the reduced sums on, while the
- * finish threads meet at a named barrier without it. */
-template <int NMIX, class SH>
-static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::vals> k) {
-    constexpr int VALS = SH::vals, WARPS = SH::warps;
+ * amax of 4-value threads); the Sinkhorn warp computes post / comb from
+ * the reduced sums on, while the finish threads meet at a named barrier
+ * without it. */
+template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<HC_VALS> k) {
+    constexpr int VALS = HC_VALS, WARPS = HC_WARPS;
     __shared__ double sums[NMIX + 1], ssw[WARPS];
     const uint32_t n = 4;
     uint32_t D = a.D, e = VALS * threadIdx.x;
@@ -283,11 +274,9 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
     }
     __syncthreads();
     float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
-    if constexpr (SH::sink_warp) {
-        if (warp == (unsigned)WARPS) {
-            if (!a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x - SH::threads);
-            return;
-        }
+    if (warp == (unsigned)WARPS) {
+        if (!a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x - HC_THREADS);
+        return;
     }
     /* pre weights, in every thread (the same bits everywhere) */
     float pre[4];
@@ -319,8 +308,7 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
     bool wact = VALS * 32 * warp < D;
     if (wact) ss = warp_sum_d(ss);
     if (lane == 0) ssw[warp] = ss;
-    if constexpr (SH::sink_warp) dev_bar_sync(1, SH::threads);
-    else __syncthreads();
+    dev_bar_sync(1, HC_THREADS);
     if (wact) ss = warp_sum_d(lane < (unsigned)WARPS ? ssw[lane] : 0.0);
     float scale = 1.0f / sqrtf((float)(ss / D) + a.rms_eps);
     float y[VALS];
@@ -333,7 +321,6 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<SH::val
                 make_float4(y[4 * w], y[4 * w + 1], y[4 * w + 2], y[4 * w + 3]);
     if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
     if (a.xn.qk) hc_store_q8_k<VALS>(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
-    if (!SH::sink_warp && warp == 0 && !a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x);
 }
 
 /* What column d of token t brings to the HC post: its four streams and,
@@ -375,10 +362,10 @@ static __device__ __forceinline__ float hc_post_value(const hc_args &a, uint32_t
  * sums of the mixer: the sum of squares of S (double) and fn . S (NMIX
  * rows), reduce-scattered in each warp and summed over the warps through
  * shared memory into the token's partial-sum row of this block. */
-template <int NMIX, class SH>
+template <int NMIX>
 static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const float (&f)[NMIX],
                                                     uint32_t d, unsigned h, bool mixer, bool on, double (*red)[33]) {
-    constexpr int WARPS = SH::warps;
+    constexpr int WARPS = HC_WARPS;
     const uint32_t n = 4, D = a.D;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float vh = h == 0 ? in.v[0] : h == 1 ? in.v[1] : h == 2 ? in.v[2] : in.v[3]; /* no indexed register array */
@@ -409,29 +396,28 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
     __syncthreads(); /* red is free for the next token */
 }
 
-/* Decode: block x takes columns SH::cols x .. of the token; the last
+/* Decode: block x takes columns HC_COLS x .. of the token; the last
  * block to count itself done computes the mixer weights and the next
  * sublayer's input from all the partial sums (the fence and counter of the
  * CUDA guide's "last block" reduction), so the step needs one launch. */
-template <int NMIX, class SH>
-static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kernel(hc_args a) {
+template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix_kernel(hc_args a) {
     static_assert(NMIX + 1 <= 32, "a lane per mixer output");
-    static_assert((NMIX + 1) * HC_PART_LANES <= SH::threads, "finish: threads for the partial sums");
-    __shared__ double red[SH::warps][33];
+    static_assert((NMIX + 1) * HC_PART_LANES <= HC_THREADS, "finish: threads for the partial sums");
+    __shared__ double red[HC_WARPS][33];
     __shared__ bool last;
     const uint32_t n = 4, t = 0;
-    bool mixer = !SH::sink_warp || threadIdx.x < (unsigned)SH::threads; /* not the Sinkhorn warp */
-    unsigned h = mixer ? threadIdx.x / SH::cols : 0;
-    uint32_t d = blockIdx.x * SH::cols + threadIdx.x % SH::cols;
+    bool mixer = threadIdx.x < HC_THREADS; /* not the Sinkhorn warp */
+    unsigned h = mixer ? threadIdx.x / HC_COLS : 0;
+    uint32_t d = blockIdx.x * HC_COLS + threadIdx.x % HC_COLS;
     bool on = mixer && d < a.D;
     /* the weights are written by no kernel: load them while the kernel
      * before this one finishes */
     dev_pdl_launch_next();
     float f[NMIX];
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
-    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
+    hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
     dev_pdl_wait_prev();
-    hc_mix_token<NMIX, SH>(a, t, hc_load_token(a, t, d, on), f, d, h, mixer, on, red);
+    hc_mix_token<NMIX>(a, t, hc_load_token(a, t, d, on), f, d, h, mixer, on, red);
     __threadfence(); /* this block's S and sums, visible before it counts itself done */
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -441,7 +427,7 @@ static __global__ void __launch_bounds__(SH::block, SH::min_blocks) hc_mix_kerne
     __syncthreads();
     if (!last) return;
     __threadfence();
-    hc_finish<NMIX, SH>(a, t, k);
+    hc_finish<NMIX>(a, t, k);
 }
 
 /* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four
@@ -532,21 +518,19 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
 }
 
 /* Block t: the finish of token t of a prefill pass, after its mixer launch. */
-template <int NMIX, class SH> static __global__ void __launch_bounds__(SH::block) hc_finish_kernel(hc_args a) {
+template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 2) hc_finish_kernel(hc_args a) {
     dev_pdl_launch_next();
-    hc_consts<SH::vals> k = hc_load_consts<SH::vals>(a);
+    hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
     dev_pdl_wait_prev();
-    hc_finish<NMIX, SH>(a, blockIdx.x, k);
+    hc_finish<NMIX>(a, blockIdx.x, k);
 }
 
 template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
-        typedef hc_shape_decode SH;
-        DS4_LAUNCH((hc_mix_kernel<NMIX, SH>), dim3(b->hc_split, 1), SH::block, 0, b->st, a);
+        DS4_LAUNCH((hc_mix_kernel<NMIX>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
         CU_LAUNCHED();
         return 0;
     }
-    typedef hc_shape_prefill SH;
     static size_t allowed;
     if (cu_allow_smem(hc_prefill_mix_kernel<NMIX>, hcp_smem(), &allowed, err)) return -1;
     hc_args p = a;
@@ -554,7 +538,7 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
     dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);
     DS4_LAUNCH((hc_prefill_mix_kernel<NMIX>), grid, HCP_THREADS, hcp_smem(), b->st, p);
     CU_LAUNCHED();
-    DS4_LAUNCH((hc_finish_kernel<NMIX, SH>), T, SH::block, 0, b->st, p);
+    DS4_LAUNCH((hc_finish_kernel<NMIX>), T, HC_BLOCK, 0, b->st, p);
     CU_LAUNCHED();
     return 0;
 }
@@ -591,7 +575,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.head = site->head;
     a.xn = *site->out;
     uint32_t D = c->n_embd;
-    uint32_t vals = hc_shape_decode::vals;
+    uint32_t vals = HC_VALS;
     if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
