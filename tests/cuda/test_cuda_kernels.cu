@@ -413,10 +413,19 @@ static void check_products(cudaStream_t st) {
     }
 }
 
-/* mode 0: FP8 round trip of 448 values; 1: QAT of 128; 2: f16 rounding. */
+/* mode 0: FP8 round trip of 448 values; 1: QAT of 128 (a block); 2: f16
+ * rounding; 3: QAT of 128 held by one warp, four values a lane. */
 static __global__ void lowprec_kernel(float *x, uint32_t n, int mode) {
     DS4_DYN_SMEM(float, v);
     float *row = x + (size_t)blockIdx.x * n;
+    if (mode == 3) {
+        if (threadIdx.x >= 32) return;
+        float w[4];
+        for (int i = 0; i < 4; i++) w[i] = row[4 * threadIdx.x + i];
+        warp_qat128(w);
+        for (int i = 0; i < 4; i++) row[4 * threadIdx.x + i] = w[i];
+        return;
+    }
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) v[i] = row[i];
     __syncthreads();
     if (mode == 0) block_fp8_roundtrip(v, n);
@@ -447,8 +456,8 @@ static void fp8_ties(float *x, uint32_t n) {
 
 static void check_lowprec(cudaStream_t st) {
     const uint32_t rows = 64;
-    for (int mode = 0; mode < 3; mode++) {
-        uint32_t n = mode == 1 ? 128 : 448;
+    for (int mode = 0; mode < 4; mode++) {
+        uint32_t n = mode == 1 || mode == 3 ? 128 : 448;
         std::vector<float> h((size_t)rows * n), ref;
         for (uint32_t r = 0; r < rows; r++) {
             float scale = ldexpf(1.0f, (int)(r % 24) - 12);
@@ -460,7 +469,7 @@ static void check_lowprec(cudaStream_t st) {
         for (uint32_t r = 0; r < rows; r++) {
             float *x = &ref[(size_t)r * n];
             if (mode == 0) ds4_fp8_kv_roundtrip(x, n);
-            else if (mode == 1) ds4_indexer_qat_row(x);
+            else if (mode == 1 || mode == 3) ds4_indexer_qat_row(x);
             else ds4_f16_round_row(x, n);
         }
         float *d = dalloc<float>(h.size());
@@ -472,7 +481,7 @@ static void check_lowprec(cudaStream_t st) {
         CU(cudaMemcpy(got.data(), d, got.size() * 4, cudaMemcpyDeviceToHost));
         size_t bad = 0;
         for (size_t i = 0; i < got.size(); i++) bad += memcmp(&got[i], &ref[i], 4) != 0;
-        const char *names[] = {"FP8 KV round trip", "Hadamard + FP4", "f16 rounding"};
+        const char *names[] = {"FP8 KV round trip", "Hadamard + FP4", "f16 rounding", "Hadamard + FP4, warp"};
         printf("%-20s %zu of %zu values differ from lowprec.c\n", names[mode], bad, got.size());
         CHECK(bad == 0, "%s differs from the CPU", names[mode]);
         cudaFree(d);

@@ -196,27 +196,45 @@ static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const 
     }
 }
 
+/* An indexer head (128 values: check_config) by one warp, lane l holding
+ * values 4 l .. 4 l + 3: the tail RoPE's pairs (never straddling a lane:
+ * the tail starts at an even value) and, with the simulations, the QAT
+ * round trip (warp_qat128) - block_rope's and block_qat128's arithmetic. */
+static __device__ __forceinline__ void idx_post_head(float *q, const ds4_rope &rope, uint32_t pos, bool sim) {
+    unsigned lane = threadIdx.x & 31;
+    float4 v = *(const float4 *)(q + 4 * lane);
+    float x[4] = {v.x, v.y, v.z, v.w};
+    uint32_t t0 = 128 - 2 * rope.n_pairs;
+#pragma unroll
+    for (int p = 0; p < 2; p++) {
+        uint32_t e = 4 * lane + 2 * p;
+        if (e < t0) continue;
+        float theta = (float)pos * rope.inv_freq[(e - t0) / 2];
+        float c = cosf(theta), s = sinf(theta), x0 = x[2 * p], x1 = x[2 * p + 1];
+        x[2 * p] = x0 * c - x1 * s;
+        x[2 * p + 1] = x0 * s + x1 * c;
+    }
+    if (sim) warp_qat128(x);
+    *(float4 *)(q + 4 * lane) = make_float4(x[0], x[1], x[2], x[3]);
+}
+
 /* Blocks y < ceil(n_head / QP_HEADS): QP_HEADS query heads, a warp each
- * (q_post_head).  The others: an indexer head each (tail RoPE and the QAT
- * round trip through shared memory); the indexer head weights get their
- * scale. */
+ * (q_post_head); the others QP_HEADS indexer heads, a warp each
+ * (idx_post_head), and the first of them gives the indexer head weights
+ * their scale.  (An indexer head a block of 128 threads through shared
+ * memory, as before the eleventh iteration, made 64 small blocks a token:
+ * 263 us of a 2048-token prefill launch.) */
 static __global__ void q_post_kernel(qpost_args a) {
     dev_pdl_enter();
-    DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x, y = blockIdx.y, pos = *a.pos0 + t, nqb = (a.n_head + QP_HEADS - 1) / QP_HEADS;
     if (y < nqb) {
         uint32_t h = y * QP_HEADS + threadIdx.x / 32;
         if (h < a.n_head) q_post_head(a.q + ((size_t)t * a.n_head + h) * a.hd, a.hd, a.rope, pos, a.eps);
         return;
     }
-    uint32_t h = y - nqb;
-    float *q = a.iq + ((size_t)t * a.idx_heads + h) * a.ihd;
-    for (uint32_t i = threadIdx.x; i < a.ihd; i += blockDim.x) x[i] = q[i];
-    __syncthreads();
-    block_rope(x, a.ihd, a.rope_comp, pos, false);
-    if (a.sim) block_qat128(x);
-    for (uint32_t i = threadIdx.x; i < a.ihd; i += blockDim.x) q[i] = x[i];
-    if (h == 0)
+    uint32_t h = (y - nqb) * QP_HEADS + threadIdx.x / 32;
+    if (h < a.idx_heads) idx_post_head(a.iq + ((size_t)t * a.idx_heads + h) * a.ihd, a.rope_comp, pos, a.sim);
+    if (y == nqb)
         for (uint32_t i = threadIdx.x; i < a.idx_heads; i += blockDim.x) a.iw[(size_t)t * a.idx_heads + i] *= a.wscale;
 }
 
@@ -239,7 +257,8 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.eps = c->rms_eps;
     a.sim = b->sim;
     uint32_t nqb = (c->n_head + QP_HEADS - 1) / QP_HEADS;
-    DS4_LAUNCH(q_post_kernel, dim3(T, nqb + (idx ? c->idx_n_head : 0)), 32 * QP_HEADS, c->head_dim * sizeof(float), b->st, a);
+    uint32_t nib = idx ? (c->idx_n_head + QP_HEADS - 1) / QP_HEADS : 0;
+    DS4_LAUNCH(q_post_kernel, dim3(T, nqb + nib), 32 * QP_HEADS, 0, b->st, a);
     CU_LAUNCHED();
     return 0;
 }

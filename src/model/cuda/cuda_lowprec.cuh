@@ -54,6 +54,17 @@ static __device__ void block_fp8_roundtrip(float *x, uint32_t n) {
     __syncthreads();
 }
 
+/* The FP4 round trip of a value v of a block of 32 whose largest
+ * magnitude is amax. */
+static __device__ __forceinline__ float fp4_roundtrip(float v, float amax) {
+    float scale = pow2_ceil(fmaxf(amax, 7.052966104933725e-38f) / 6.0f);
+    float a = fminf(fmaxf(v / scale, -6.0f), 6.0f);
+    float r = e2m1_round(fabsf(a));
+    return (a < 0 ? -r : r) * scale;
+}
+
+#define QAT_H 0.08838834764831845f /* 1 / sqrt(128) */
+
 /* Hadamard (128, natural order, 1/sqrt(128)) then FP4 round trip in blocks
  * of 32, in place on 128 values in shared memory. */
 static __device__ void block_qat128(float *x) {
@@ -69,14 +80,44 @@ static __device__ void block_qat128(float *x) {
     }
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (uint32_t b = warp; b < 4; b += nw) {
-        float v = x[32 * b + lane] * 0.08838834764831845f;
-        float amax = warp_max(fabsf(v));
-        float scale = pow2_ceil(fmaxf(amax, 7.052966104933725e-38f) / 6.0f);
-        float a = fminf(fmaxf(v / scale, -6.0f), 6.0f);
-        float r = e2m1_round(fabsf(a));
-        x[32 * b + lane] = (a < 0 ? -r : r) * scale;
+        float v = x[32 * b + lane] * QAT_H;
+        x[32 * b + lane] = fp4_roundtrip(v, warp_max(fabsf(v)));
     }
     __syncthreads();
+}
+
+/* block_qat128 of 128 values held by one warp, lane l holding values
+ * 4 l .. 4 l + 3: the butterflies of strides 1 and 2 in the lane, the
+ * wider ones with the lane l ^ stride / 4 (each value a + b or a - b of
+ * the same two operands as there), a block of 32 in 8 lanes. */
+static __device__ __forceinline__ void warp_qat128(float (&x)[4]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int stride = 1; stride < 4; stride *= 2)
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            if (!(i & stride)) {
+                float a = x[i], b = x[i + stride];
+                x[i] = a + b;
+                x[i + stride] = a - b;
+            }
+#pragma unroll
+    for (unsigned m = 1; m < 32; m *= 2)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            float o = __shfl_xor_sync(0xffffffffu, x[i], m);
+            x[i] = lane & m ? o - x[i] : x[i] + o;
+        }
+    float v[4], amax = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[i] = x[i] * QAT_H;
+        amax = fmaxf(amax, fabsf(v[i]));
+    }
+#pragma unroll
+    for (unsigned m = 1; m < 8; m *= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, m));
+#pragma unroll
+    for (int i = 0; i < 4; i++) x[i] = fp4_roundtrip(v[i], amax);
 }
 
 #endif
