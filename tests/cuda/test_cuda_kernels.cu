@@ -11,8 +11,9 @@
  * Random weights and inputs, fresh for each type; outputs poisoned before
  * each run.
  *
- * The low-precision simulations (FP8 KV, Hadamard + FP4, f16 rounding)
- * must give lowprec.c's bits on identical inputs, exact ties included.
+ * The low-precision simulations (FP8 KV, Hadamard + FP4 - by a block and
+ * by one warp - and f16 rounding) must give lowprec.c's bits on identical
+ * inputs, exact ties included.
  * The indexer's scores must be the f64 reference's to rounding (|d| <=
  * 1e-5 of the sum of |terms|), only for the rows of each query's prefix.
  * The indexer's top-k must list exactly the rows a stable sort by score
