@@ -4,9 +4,11 @@
 # memcheck on the kernel test and a short comparison, and the synthetic full
 # Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san prof ncu ncustep bench"   which parts, in this order (default: all but ncu, ncustep)
+#   PARTS="tests san prof ncu ncustep ncusrc bench"   which parts, in this order (default: all but the ncu ones)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
 #   NCU_CTX   the context of the ncustep run (default 1024)
+#   NCU_KERNEL, NCU_SKIP   ncusrc: the kernel (an ncu --kernel-name regex over
+#             demangled names) and how many of its launches to skip first
 #   BUILD_COMMIT   a file naming the commit the binaries were built from
 #             (default .cudawork/COMMIT): a build carried to the device
 #             machine need not be of the checkout's commit there
@@ -49,6 +51,16 @@ for part in $PARTS; do
             build/cuda/bin/ds4-bench --synthetic q2 --ctx-start ${NCU_CTX:-1024} --ctx-max ${NCU_CTX:-1024} --gen-tokens 3 > "$OUT/ncustep.csv" 2> "$OUT/ncustep.err"
         echo "ncustep: rc $?"
         python3 tests/cuda/ncu_table.py "$OUT/ncustep.csv" > "$OUT/ncustep.md" && gzip -f "$OUT/ncustep.csv";;
+    ncusrc)
+        # where one launch of one kernel waits, by instruction: tests/cuda/ncu_stalls.py
+        timeout ${NCU_TIME:-200} ncu --clock-control none --kernel-name-base demangled \
+            --kernel-name "regex:${NCU_KERNEL:-gemm_q_kernel}" --launch-skip ${NCU_SKIP:-2} --launch-count 1 \
+            --section SourceCounters --section WarpStateStats -o "$OUT/ncusrc" \
+            build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 1 > "$OUT/ncusrc.log" 2>&1
+        echo "ncusrc: rc $?"
+        ncu --import "$OUT/ncusrc.ncu-rep" --page source --csv --print-source sass > "$OUT/ncusrc.csv" 2>> "$OUT/ncusrc.log" &&
+            python3 tests/cuda/ncu_stalls.py "$OUT/ncusrc.csv" > "$OUT/ncusrc.md" && gzip -f "$OUT/ncusrc.csv"
+        rm -f "$OUT/ncusrc.ncu-rep";;
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;
