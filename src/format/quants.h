@@ -68,6 +68,15 @@ typedef struct {
     uint16_t qs[DS4_QK_K / 8];
 } ds4_block_iq2_xxs;
 
+/* IQ2_XXS decoding, shared by every decoder (CPU dots, the GPU's tables):
+ * grid(g) as 8 bytes (each 8, 25 or 43), element k in byte k (iq2_grid.c),
+ * and the sign byte of a 7-bit sign index (the index plus the even-parity
+ * bit 7). */
+extern const uint64_t ds4_iq2xxs_grid[256];
+static inline uint8_t ds4_iq2_sign_byte(uint32_t s7) {
+    return (uint8_t)(s7 | ((uint32_t)__builtin_popcount(s7 & 127) & 1) << 7);
+}
+
 /* Activation blocks (memory only). */
 typedef struct {
     float d;                    /* amax / 127 */

@@ -119,12 +119,7 @@ void ds4_dot_iq2_xxs_multi_avx2(int64_t n, const void *w, const void *act, size_
 
 /* ------------------------------------------------------------ IQ2_XXS */
 
-/* grid(g) as 8 bytes (each 8, 25 or 43), element k in byte k (iq2_grid.c). */
-extern const uint64_t ds4_iq2xxs_grid[256];
-/* Sign byte of a 7-bit sign index: the index plus the even-parity bit 7. */
-static inline uint8_t ds4_iq2_sign_byte(uint32_t s7) {
-    return (uint8_t)(s7 | ((uint32_t)__builtin_popcount(s7 & 127) & 1) << 7);
-}
+/* The codebook and the sign bytes: quants.h (the GPU decodes them too). */
 
 /* Encoders (quants_quantize.c, quants_iq2.c): n a multiple of the block. */
 void ds4_quantize_q8_0_row(const float *x, ds4_block_q8_0 *y, int64_t n);

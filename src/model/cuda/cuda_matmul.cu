@@ -32,8 +32,6 @@
  */
 #include "model/cuda/cuda_internal.h"
 
-/* The IQ2_XXS grid (src/format/iq2_grid.c): 8 bytes of magnitudes each. */
-extern "C" const uint64_t ds4_iq2xxs_grid[256];
 
 /* ------------------------------------------------------ quantization */
 
@@ -539,8 +537,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
-    /* weights and the IQ2_XXS tables are written by no kernel: fetch them while the
-     * kernel before this one finishes */
+    /* weights and the IQ2_XXS tables are written by no kernel: fetch them
+     * while the kernel before this one finishes */
     if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
     dev_pdl_wait_prev();
@@ -562,7 +560,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
 static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
 static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
 
-/* The selector tables of iq2_group from the grid. */
+/* The selector tables of iq2_group from the codebook and the sign bytes
+ * (format/quants.h). */
 static void iq2_make_tab(uint32_t *tab) {
     for (uint32_t i = 0; i < IQ2_LEVELS; i++) {
         uint32_t w = 0;
@@ -573,7 +572,7 @@ static void iq2_make_tab(uint32_t *tab) {
         tab[i] = w;
     }
     for (uint32_t s7 = 0; s7 < IQ2_SIGNS; s7++) {
-        uint32_t sb = s7 | (uint32_t)(__builtin_popcount(s7) & 1) << 7, w = 0;
+        uint32_t sb = ds4_iq2_sign_byte(s7), w = 0;
         for (int k = 0; k < 8; k++) w |= ((sb >> k) & 1) << (4 * k + 2);
         tab[IQ2_LEVELS + s7] = w;
     }
