@@ -222,50 +222,62 @@ static void reference(const wt_pair &w, const act_pair &a, uint32_t mat, uint32_
 
 static const char *tname(uint32_t t) { return ds4_type_get(t)->name; }
 
-/* Float products of few, long rows, which the launch splits over K
- * (partial sums per split, added in split order; the last split short). */
+/* The scratch cu_gemm may split float products in (one for the test). */
+static float *split_scratch(void) {
+    static float *p;
+    if (!p) p = dalloc<float>(cu_gemm_split_floats());
+    return p;
+}
+
+/* A float product of few, long rows: with a scratch the launch splits it
+ * over K (partial sums per split, added in split order; the last split
+ * short), without one it computes it unsplit. */
+static void split_gemm_case(cudaStream_t st, uint32_t type, float *scratch) {
+    const uint32_t n = 2336, rows = 100, T = 37;
+    wt_pair w;
+    act_pair a;
+    make_weights(w, type, n, rows, 1);
+    make_act(a, n, T, st);
+    float *out = dalloc<float>((size_t)T * (rows + 3));
+    CU(cudaMemset(out, 0xFF, (size_t)T * (rows + 3) * 4));
+    ds4_err err = {};
+    if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, T, out, rows + 3, NULL, scratch, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
+    CU(cudaStreamSynchronize(st));
+    std::vector<float> got((size_t)T * (rows + 3));
+    CU(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    int guards = 0;
+    for (uint32_t t = 0; t < T; t++) {
+        for (uint32_t r = 0; r < rows; r++) {
+            double ref, mag;
+            reference(w, a, 0, r, t, 0, &ref, &mag);
+            double e = fabs(got[(size_t)t * (rows + 3) + r] - ref) / (mag + 1e-30);
+            if (!(e <= worst)) worst = e;
+        }
+        for (uint32_t r = rows; r < rows + 3; r++) {
+            uint32_t v;
+            memcpy(&v, &got[(size_t)t * (rows + 3) + r], 4);
+            guards += v != 0xFFFFFFFFu;
+        }
+    }
+    const char *how = scratch ? "split over K" : "no scratch, unsplit";
+    printf("gemm %-8s %s, max error %.2g of the terms' magnitude\n", tname(type), how, worst);
+    CHECK(worst <= 2e-6 && guards == 0, "gemm %s %s: error %.3g, %d values written outside the rows", tname(type), how,
+          worst, guards);
+    cudaFree(out);
+    cudaFree((void *)w.d.p);
+    cudaFree(a.d.f);
+    cudaFree(a.d.q8);
+    cudaFree(a.d.qk);
+}
+
 static void check_split_gemm(cudaStream_t st) {
     const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16};
-    const uint32_t n = 2336, rows = 100, T = 37;
-    for (uint32_t type : types) {
-        wt_pair w;
-        act_pair a;
-        make_weights(w, type, n, rows, 1);
-        make_act(a, n, T, st);
-        float *out = dalloc<float>((size_t)T * (rows + 3));
-        CU(cudaMemset(out, 0xFF, (size_t)T * (rows + 3) * 4));
-        ds4_err err = {};
-        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, T, out, rows + 3, NULL, st, &err)) {
-            printf("FAIL: %s\n", ds4_err_msg(&err));
-            exit(1);
-        }
-        CU(cudaStreamSynchronize(st));
-        std::vector<float> got((size_t)T * (rows + 3));
-        CU(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
-        double worst = 0;
-        int guards = 0;
-        for (uint32_t t = 0; t < T; t++) {
-            for (uint32_t r = 0; r < rows; r++) {
-                double ref, mag;
-                reference(w, a, 0, r, t, 0, &ref, &mag);
-                double e = fabs(got[(size_t)t * (rows + 3) + r] - ref) / (mag + 1e-30);
-                if (!(e <= worst)) worst = e;
-            }
-            for (uint32_t r = rows; r < rows + 3; r++) {
-                uint32_t v;
-                memcpy(&v, &got[(size_t)t * (rows + 3) + r], 4);
-                guards += v != 0xFFFFFFFFu;
-            }
-        }
-        printf("gemm %-8s split over K, max error %.2g of the terms' magnitude\n", tname(type), worst);
-        CHECK(worst <= 2e-6 && guards == 0, "split gemm %s: error %.3g, %d values written outside the rows", tname(type),
-              worst, guards);
-        cudaFree(out);
-        cudaFree((void *)w.d.p);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
-    }
+    for (uint32_t type : types) split_gemm_case(st, type, split_scratch());
+    for (uint32_t type : types) split_gemm_case(st, type, NULL);
 }
 
 /* Few long float rows: a block a row, the row split over its warps. */
@@ -343,7 +355,7 @@ static void check_products(cudaStream_t st) {
         /* gemm: matrix 1, rows 3.., activation offset, T tokens, strided out */
         worst = 0;
         CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
-        if (cu_gemm(&w.d, 1, 3, rows - 3, &a.d, off, T, out, rows, NULL, st, &err)) {
+        if (cu_gemm(&w.d, 1, 3, rows - 3, &a.d, off, T, out, rows, NULL, split_scratch(), st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
@@ -380,7 +392,7 @@ static void check_products(cudaStream_t st) {
         CU(cudaMemcpy(dn, &nt, 4, cudaMemcpyHostToDevice));
         cu_group g = {dm, ds, dc, dn, (uint32_t)nt + 2, dp, 2};
         CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
-        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, 0, out, rows, &g, st, &err)) {
+        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, 0, out, rows, &g, NULL, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }

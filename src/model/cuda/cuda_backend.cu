@@ -87,6 +87,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->smid, (uint32_t)F, b->chunk);
     TAKE(m, b->eout, C * k * D);
     TAKE(m, b->sout, C * D);
+    TAKE(m, b->split, cu_gemm_split_floats());
     size_t max_tiles = C * k / 64 + c->n_expert;
     TAKE(m, b->grp_count, c->n_expert);
     TAKE(m, b->grp_off, c->n_expert);

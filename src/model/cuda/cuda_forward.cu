@@ -32,7 +32,7 @@ static dact act_row(const dact *a, uint32_t t) {
 /* out[t][r] = W[mat] row (row0 + r) . x[t] for a prefill pass. */
 static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t off, uint32_t T,
               float *out, size_t stride, ds4_err *err) {
-    return cu_gemm(W, 0, row0, rows, x, off, T, out, stride, NULL, b->st, err);
+    return cu_gemm(W, 0, row0, rows, x, off, T, out, stride, NULL, b->split, b->st, err);
 }
 
 static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, bool idx, uint32_t T, bool decode,
@@ -102,7 +102,7 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     } else {
         for (uint32_t g = 0; g < c->o_groups; g++)
             if (cu_gemm(&w->out_a, 0, g * olr, olr, &b->heads, g * gin, T, b->low.f + (size_t)g * olr, b->low.fs, NULL,
-                        b->st, err))
+                        b->split, b->st, err))
                 return -1;
     }
     if (!fused && cu_quantize(&b->low, T, b->st, err)) return -1;
@@ -213,12 +213,12 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             return -1;
         cu_group g;
         if (cu_group_tokens(b, T, &g, err) ||
-            cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, b->st, err) ||
-            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, b->st, err) ||
+            cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
+            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err) ||
             cu_swiglu(b, il, T, SWIGLU_ALL, b->st, err))
             return -1;
         g.act_div = 1;
-        if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, b->st, err) ||
+        if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err) ||
             mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err))
             return -1;
     }
@@ -244,7 +244,7 @@ static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *er
     for (uint32_t t0 = 0; t0 < T; t0 += b->logits_rows) {
         uint32_t n = T - t0 < b->logits_rows ? T - t0 : b->logits_rows;
         dact part = act_row(&b->hz, t0);
-        if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->st, err)) return -1;
+        if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->split, b->st, err)) return -1;
         CU_TRY(cudaMemcpyAsync(host_all + (size_t)t0 * c->n_vocab, b->d_logits, (size_t)n * c->n_vocab * sizeof(float),
                                cudaMemcpyDeviceToHost, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));

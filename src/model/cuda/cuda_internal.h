@@ -177,8 +177,15 @@ typedef struct cu_group {
     uint32_t act_div;      /* activation row = perm[i] / act_div */
 } cu_group;
 
+/* split: scratch of cu_gemm_split_floats() floats, owned by the caller
+ * and used by one product at a time on st, in which a float product whose
+ * grid would leave SMs idle keeps its partial sums over slices of K; NULL:
+ * such products are not split. */
 int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
-            uint32_t T, float *out, size_t out_stride, const cu_group *grp, cudaStream_t st, ds4_err *err);
+            uint32_t T, float *out, size_t out_stride, const cu_group *grp, float *split, cudaStream_t st,
+            ds4_err *err);
+/* The scratch a split float product may need (valid after cu_matmul_init). */
+size_t cu_gemm_split_floats(void);
 
 /* ------------------------------------------------------------ backend */
 
@@ -236,6 +243,7 @@ typedef struct cuda_backend {
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
+    float *split; /* cu_gemm's split scratch */
     int *sel;
     uint32_t *vis, *nvis;
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */

@@ -1299,42 +1299,34 @@ static __global__ void gemm_f_join_kernel(const float *part, uint32_t split, uin
     out[(i / rows) * stride + i % rows] = v;
 }
 
-/* The partial sums of split float products (grown on demand; prefill
- * only, never inside a captured graph). */
-static float *split_buf;
-static size_t split_cap;
-
-static int split_reserve(size_t floats, cudaStream_t st, ds4_err *err) {
-    if (floats <= split_cap) return 0;
-    CU_TRY(cudaStreamSynchronize(st)); /* the old buffer may still be read */
-    cudaFree(split_buf);
-    split_buf = NULL;
-    split_cap = 0;
-    CU_TRY(cudaMalloc(&split_buf, floats * sizeof(float)));
-    split_cap = floats;
-    return 0;
-}
-
 /* Split a dense float product over K when its grid would leave SMs idle
  * (the few-row products: router, compressor, indexer, at most 16 row
- * tiles): enough blocks for two waves of two blocks an SM, each split of
- * whole pairs of K steps and at least 256 values.  Sets g->split,
- * g->kper, g->part and grid->z.  (The int8 kernel gains nothing from it:
- * measured, its dense products split over K lost 2 % of a prefill.) */
-static int gemm_f_split(gemm_args *g, dim3 *grid, cudaStream_t st, ds4_err *err) {
+ * tiles of a 2048-token chunk): enough blocks for two waves of two blocks
+ * an SM, each split of whole pairs of K steps and at least 256 values, its
+ * partial sums in `scratch` (none: no split).  Sets g->split, g->kper,
+ * g->part and grid->z.  (The int8 kernel gains nothing from it: measured,
+ * its dense products split over K lost 2 % of a prefill.) */
+static int gemm_f_split(gemm_args *g, dim3 *grid, float *scratch, ds4_err *err) {
     if (cu_matmul_init(err)) return -1;
     uint32_t blocks = grid->x * grid->y, split = 1;
-    if (!g->grouped)
+    if (!g->grouped && scratch)
         while (split < 8 && blocks * split < 4 * n_sms && g->n / (2 * split) >= 256) split *= 2;
     g->kper = ((g->n + split - 1) / split + 2 * FK - 1) / (2 * FK) * (2 * FK);
     g->split = (g->n + g->kper - 1) / g->kper;
     if (g->split > 1) {
-        if (split_reserve((size_t)g->split * g->T * g->rows, st, err)) return -1;
-        g->part = split_buf;
+        if ((size_t)g->split * g->T * g->rows > cu_gemm_split_floats())
+            return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: %u splits of %u x %u outputs exceed the split scratch",
+                               g->split, g->T, g->rows);
+        g->part = scratch;
         grid->z = g->split;
     }
     return 0;
 }
+
+/* The loop above stops doubling once blocks x split reaches 4 SMs' worth,
+ * so a split product has blocks x split < 8 x SMs, and each block holds at
+ * most BM x BN outputs. */
+size_t cu_gemm_split_floats(void) { return (size_t)8 * n_sms * BM * BN; }
 
 static int gemm_f_join(const gemm_args *g, cudaStream_t st, ds4_err *err) {
     if (g->split < 2) return 0;
@@ -1364,7 +1356,7 @@ static int gemm_q_init(ds4_err *err) {
 }
 
 int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
-            float *out, size_t out_stride, const cu_group *grp, cudaStream_t st, ds4_err *err) {
+            float *out, size_t out_stride, const cu_group *grp, float *split, cudaStream_t st, ds4_err *err) {
     if (rows == 0 || (T == 0 && !grp)) return 0;
     gemm_args g;
     memset(&g, 0, sizeof(g));
@@ -1388,7 +1380,7 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
     g.xfs = x->fs;
     if (!quant) {
-        if (gemm_f_split(&g, &grid, st, err)) return -1;
+        if (gemm_f_split(&g, &grid, split, err)) return -1;
         DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
         CU_LAUNCHED();
         return gemm_f_join(&g, st, err);
