@@ -280,6 +280,52 @@ static void check_split_gemm(cudaStream_t st) {
     for (uint32_t type : types) split_gemm_case(st, type, NULL);
 }
 
+/* Float products of activations far from 1: token t's runs of 8 values
+ * scaled by 2^e, e from -60 to +20 by token and run (within a K step of
+ * the kernels, too), so some values
+ * exceed binary16's range and some fall below its normal numbers (the F16
+ * kernel's per-step scaling).  Only the float values are rescaled: the
+ * quantized rows stay those of make_act, which float products do not read. */
+static void check_gemm_range(cudaStream_t st) {
+    const uint32_t n = 1024, rows = 70, T = 21;
+    for (uint32_t type : {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16}) {
+        wt_pair w;
+        act_pair a;
+        make_weights(w, type, n, rows, 1);
+        make_act(a, n, T, st);
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t i = 0; i < n; i++) {
+                int e = (int)(t % 7) * 10 - 40 + (int)((i / 8) % 5) * 5 - 20;
+                a.f[(size_t)t * n + i] = ldexpf(a.f[(size_t)t * n + i], e);
+            }
+        CU(cudaMemcpy(a.d.f, a.f.data(), a.f.size() * 4, cudaMemcpyHostToDevice));
+        float *out = dalloc<float>((size_t)T * rows);
+        ds4_err err = {};
+        if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, T, out, rows, NULL, NULL, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got((size_t)T * rows);
+        CU(cudaMemcpy(got.data(), out, got.size() * 4, cudaMemcpyDeviceToHost));
+        double worst = 0;
+        for (uint32_t t = 0; t < T; t++)
+            for (uint32_t r = 0; r < rows; r++) {
+                double ref, mag;
+                reference(w, a, 0, r, t, 0, &ref, &mag);
+                double e = fabs(got[(size_t)t * rows + r] - ref) / (mag + 1e-30);
+                if (!(e <= worst)) worst = e;
+            }
+        printf("gemm %-8s magnitudes 2^-60 .. 2^22, max error %.2g of the terms' magnitude\n", tname(type), worst);
+        CHECK(worst <= 2e-6, "gemm %s of magnitudes 2^-60 .. 2^22: error %.3g", tname(type), worst);
+        cudaFree(out);
+        cudaFree((void *)w.d.p);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+}
+
 /* Few long float rows: a block a row, the row split over its warps. */
 static void check_split_gemv(cudaStream_t st) {
     const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16};
@@ -1019,6 +1065,7 @@ int main(int argc, char **argv) {
     check_products(st);
     check_split_gemv(st);
     check_split_gemm(st);
+    check_gemm_range(st);
     check_fused_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);

@@ -1124,13 +1124,14 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
             }
 }
 
-/* Float weights on the TF32 tensor cores: 64 rows x 64 tokens a block, K
- * in steps of FK, eight warps of 32 rows x 16 tokens.  TF32 keeps 10
- * mantissa bits, so each operand is split into a TF32 head and tail (x =
- * xh + xl to about 2^-22 of x) and a product is w xh + w xl: F16 and BF16
+/* F32 and BF16 weights on the TF32 tensor cores: 64 rows x 64 tokens a
+ * block, K in steps of FK, eight warps of 32 rows x 16 tokens.  TF32 keeps
+ * 10 mantissa bits, so each operand is split into a TF32 head and tail (x
+ * = xh + xl to about 2^-22 of x) and a product is w xh + w xl: BF16
  * weights are exact in TF32, F32 weights add their tail's wl xh.  That is
  * the f32 products of the CPU to within a few units of the last place, at
- * two or three tensor-core passes instead of the SIMT multiply-adds. */
+ * two or three tensor-core passes instead of the SIMT multiply-adds.  F16
+ * weights take the FP16 units instead (gemm_h_kernel, same tiles). */
 #define FK 32
 #define FPAD (FK + 4) /* row stride of the tiles: the fragment loads hit 32 banks */
 
@@ -1150,16 +1151,10 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
             w1 = __ldg((const float4 *)wrow + k / 4 + 1);
         } else if (wrow && ok) {
             uint4 r = __ldg((const uint4 *)(wrow + 2 * (size_t)k));
-            uint32_t u[4] = {r.x, r.y, r.z, r.w};
-            float f[8];
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint16_t lo = (uint16_t)u[i], hi = (uint16_t)(u[i] >> 16);
-                f[2 * i] = g.type == DS4_TYPE_F16 ? dev_f16(lo) : dev_bf16(lo);
-                f[2 * i + 1] = g.type == DS4_TYPE_F16 ? dev_f16(hi) : dev_bf16(hi);
-            }
-            w0 = make_float4(f[0], f[1], f[2], f[3]);
-            w1 = make_float4(f[4], f[5], f[6], f[7]);
+            w0 = make_float4(dev_bf16((uint16_t)r.x), dev_bf16((uint16_t)(r.x >> 16)), dev_bf16((uint16_t)r.y),
+                             dev_bf16((uint16_t)(r.y >> 16)));
+            w1 = make_float4(dev_bf16((uint16_t)r.z), dev_bf16((uint16_t)(r.z >> 16)), dev_bf16((uint16_t)r.w),
+                             dev_bf16((uint16_t)(r.w >> 16)));
         }
         wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w, wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
         xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
@@ -1171,7 +1166,6 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
         float w = 0.0f;
         if (wrow && ok) {
             if (g.type == DS4_TYPE_F32) w = __ldg((const float *)wrow + k + i);
-            else if (g.type == DS4_TYPE_F16) w = dev_f16(__ldg((const uint16_t *)wrow + k + i));
             else w = dev_bf16(__ldg((const uint16_t *)wrow + k + i));
         }
         wv[i] = w;
@@ -1251,13 +1245,31 @@ static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_ti
     }
 }
 
+/* A float kernel's results: warp (wm, wn)'s 32 rows x 16 tokens; a
+ * split's partial sums go to its slice of part, in the launch's rows. */
+static __device__ __forceinline__ void gemm_f_write(const gemm_args &g, int count, int start,
+                                                    const float (&acc)[2][2][4]) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    unsigned wm = warp / 4, wn = warp % 4;
+    float *out = g.split > 1 ? g.part + (size_t)blockIdx.z * g.T * g.rows : g.out;
+    size_t ostride = g.split > 1 ? g.rows : g.out_stride;
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t row = row_tile(g) * BM + 32 * wm + 16 * m + gq + (i >= 2 ? 8 : 0);
+                int t = (int)(16 * wn + 8 * nt + 2 * tq + (i & 1));
+                if (t < count && row < g.rows) out[(size_t)out_row(g, start + t) * ostride + row] = acc[m][nt][i];
+            }
+}
+
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     dev_pdl_enter();
     __shared__ __align__(16) gemm_f_tiles s;
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
-    unsigned wm = warp / 4, wn = warp % 4;
     unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
     uint32_t wr = row_tile(g) * BM + lr;
     const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
@@ -1273,19 +1285,137 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
         gemm_f_step(g, s, vec, wtail, wrow, xrow, k0, ke, wv0, xv0, acc, tail);
         if (k0 + FK < ke) gemm_f_step(g, s, vec, wtail, wrow, xrow, k0 + FK, ke, wv1, xv1, acc, tail);
     }
-    /* a split's partial sums go to its slice of part, in the launch's rows */
-    float *out = g.split > 1 ? g.part + (size_t)blockIdx.z * g.T * g.rows : g.out;
-    size_t ostride = g.split > 1 ? g.rows : g.out_stride;
 #pragma unroll
     for (int m = 0; m < 2; m++)
 #pragma unroll
         for (int nt = 0; nt < 2; nt++)
 #pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t row = row_tile(g) * BM + 32 * wm + 16 * m + gq + (i >= 2 ? 8 : 0);
-                int t = (int)(16 * wn + 8 * nt + 2 * tq + (i & 1));
-                if (t < count && row < g.rows) out[(size_t)out_row(g, start + t) * ostride + row] = acc[m][nt][i] + tail[m][nt][i];
+            for (int i = 0; i < 4; i++) acc[m][nt][i] += tail[m][nt][i];
+    gemm_f_write(g, count, start, acc);
+}
+
+/* F16 weights on the FP16 tensor cores (m16n8k16, f32 sums), in gemm_f's
+ * tiles and warps: the weights as stored, the tokens as binary16 head and
+ * tail.  So that neither overflows nor loses its tail to the subnormals,
+ * each token's FK values of a K step are first scaled by the power of two
+ * that puts their largest magnitude in [2^14, 2^15); the step's sums are
+ * scaled back (exactly) as they join the f32 accumulators.  Per K value,
+ * half the tensor-core passes and fragment loads of the TF32 kernel. */
+#define HPAD (FK / 2 + 4) /* words (value pairs) of a tile row: the fragment loads hit 32 banks */
+
+typedef struct gemm_h_tiles {
+    uint32_t w[BM][HPAD], xh[BN][HPAD], xl[BN][HPAD];
+    float xinv[BN]; /* the step's scale of each token, inverted */
+} gemm_h_tiles;
+
+/* gemm_f_load's rows for F16 weights: 8 weights as stored, 8 values of x. */
+static __device__ __forceinline__ void gemm_h_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
+                                                   uint32_t k, uint32_t kend, uint4 &wv, float (&xv)[8]) {
+    if (vec) {
+        bool ok = k < kend;
+        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+        if (xrow && ok) {
+            x0 = *(const float4 *)(xrow + k);
+            x1 = *(const float4 *)(xrow + k + 4);
+        }
+        wv = wrow && ok ? __ldg((const uint4 *)(wrow + 2 * (size_t)k)) : make_uint4(0, 0, 0, 0);
+        xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
+        return;
+    }
+    uint32_t h[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) {
+        bool ok = k + i < kend;
+        h[i] = wrow && ok ? __ldg((const uint16_t *)wrow + k + i) : 0;
+        xv[i] = xrow && ok ? xrow[k + i] : 0.0f;
+    }
+    wv = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
+}
+
+/* 2^e as a float, for |e| <= 126. */
+static __device__ __forceinline__ float dev_pow2(int e) { return __uint_as_float((uint32_t)(127 + e) << 23); }
+
+/* gemm_f_step for F16 weights. */
+static __device__ __forceinline__ void gemm_h_step(const gemm_args &g, gemm_h_tiles &s, bool vec, const uint8_t *wrow,
+                                                   const float *xrow, uint32_t k0, uint32_t kend, uint4 &wv,
+                                                   float (&xv)[8], float (&acc)[2][2][4]) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    unsigned wm = warp / 4, wn = warp % 4;
+    unsigned lr = threadIdx.x / 4, lw = (threadIdx.x % 4) * 4; /* tile row, first word */
+    /* the token's scale: its FK values are spread over 4 adjacent lanes */
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(xv[i]));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    int e = (int)((__float_as_uint(m) >> 23) & 0xff) - 127; /* floor(log2 m) for a normal m */
+    e = imin_d(imax_d(14 - e, -126), 126);
+    float sc = dev_pow2(e);
+    uint32_t h[4], l[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) dev_f16x2_split(xv[2 * i] * sc, xv[2 * i + 1] * sc, &h[i], &l[i]);
+    __syncthreads(); /* the previous step's fragments are read */
+    *(uint4 *)&s.w[lr][lw] = wv;
+    *(uint4 *)&s.xh[lr][lw] = make_uint4(h[0], h[1], h[2], h[3]);
+    *(uint4 *)&s.xl[lr][lw] = make_uint4(l[0], l[1], l[2], l[3]);
+    if (lw == 0) s.xinv[lr] = dev_pow2(-e);
+    __syncthreads();
+    if (k0 + 2 * FK < kend) gemm_h_load(g, vec, wrow, xrow, k0 + 2 * FK + 2 * lw, kend, wv, xv); /* in flight for two steps */
+    float p[2][2][4] = {};
+#pragma unroll
+    for (int kk = 0; kk < FK / 2; kk += 8) {
+        uint32_t a[2][4], bh[2][2], bl[2][2];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++) {
+            unsigned r = 32 * wm + 16 * mi + gq;
+            a[mi][0] = s.w[r][kk + tq], a[mi][1] = s.w[r + 8][kk + tq];
+            a[mi][2] = s.w[r][kk + tq + 4], a[mi][3] = s.w[r + 8][kk + tq + 4];
+        }
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            unsigned t = 16 * wn + 8 * nt + gq;
+            bh[nt][0] = s.xh[t][kk + tq], bh[nt][1] = s.xh[t][kk + tq + 4];
+            bl[nt][0] = s.xl[t][kk + tq], bl[nt][1] = s.xl[t][kk + tq + 4];
+        }
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                mma_f16_16x8x16(p[mi][nt], a[mi], bh[nt]);
+                mma_f16_16x8x16(p[mi][nt], a[mi], bl[nt]);
             }
+    }
+#pragma unroll
+    for (int nt = 0; nt < 2; nt++) {
+        float i0 = s.xinv[16 * wn + 8 * nt + 2 * tq], i1 = s.xinv[16 * wn + 8 * nt + 2 * tq + 1];
+#pragma unroll
+        for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[mi][nt][i] = fmaf(p[mi][nt][i], i & 1 ? i1 : i0, acc[mi][nt][i]);
+    }
+}
+
+static __global__ void __launch_bounds__(256) gemm_h_kernel(gemm_args g) {
+    dev_pdl_enter();
+    __shared__ __align__(16) gemm_h_tiles s;
+    int mat, count, start;
+    if (!tile_tokens(g, &mat, &count, &start)) return;
+    unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
+    uint32_t wr = row_tile(g) * BM + lr;
+    const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
+    const float *xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
+    bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
+    float acc[2][2][4] = {};
+    uint32_t kb = blockIdx.z * g.kper, ke = kb + g.kper < g.n ? kb + g.kper : g.n;
+    uint4 wv0, wv1;
+    float xv0[8], xv1[8];
+    gemm_h_load(g, vec, wrow, xrow, kb + lk, ke, wv0, xv0);
+    gemm_h_load(g, vec, wrow, xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
+    for (uint32_t k0 = kb; k0 < ke; k0 += 2 * FK) {
+        gemm_h_step(g, s, vec, wrow, xrow, k0, ke, wv0, xv0, acc);
+        if (k0 + FK < ke) gemm_h_step(g, s, vec, wrow, xrow, k0 + FK, ke, wv1, xv1, acc);
+    }
+    gemm_f_write(g, count, start, acc);
 }
 
 /* out[t][r] = the sum of the splits' partial sums, in split order. */
@@ -1381,7 +1511,8 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     g.xfs = x->fs;
     if (!quant) {
         if (gemm_f_split(&g, &grid, split, err)) return -1;
-        DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
+        if (W->type == DS4_TYPE_F16) DS4_LAUNCH(gemm_h_kernel, grid, 256, 0, st, g);
+        else DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
         CU_LAUNCHED();
         return gemm_f_join(&g, st, err);
     }
