@@ -14,9 +14,10 @@
  * previous kernel, and a finish - in the block that completes last - that
  * issues all its loads at once and keeps the row in registers from the
  * collapse through the RMSNorm to the quantized words it stores.  A
- * prefill pass has the work to fill the GPU instead: its mixer is a
+ * prefill pass has the work to fill the GPU instead: the HC post is a
+ * streaming launch of its own (hc_prefill_post_kernel), the mixer a
  * product of the tokens' streams with the mixer rows on the FP64 tensor
- * cores (hc_prefill_mix_kernel), and a second launch (a block per token)
+ * cores (hc_prefill_mix_kernel), and a third launch (a block per token)
  * finishes.
  */
 #include "model/cuda/cuda_internal.h"
@@ -431,10 +432,10 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
 }
 
 /* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four
- * streams: a K slice of 4 HCP_COLS) per block, on the FP64 tensor cores.
- * For each chunk of HCP_CC columns the block applies the HC post (the
- * arithmetic of hc_mix_token, written back to S), keeps the new values
- * and the mixer weights in shared memory as doubles and multiplies them:
+ * streams: a K slice of 4 HCP_COLS) per block, on the FP64 tensor cores,
+ * after hc_prefill_post_kernel has applied the previous sublayer's HC
+ * post to S.  For each chunk of HCP_CC columns the block keeps the
+ * streams and the mixer weights in shared memory as doubles and multiplies them:
  * partial[t][m] = sum_k fn[m][k] S[t][k], exact products summed in double
  * like the decode kernel's sums; each thread also sums the squares of its
  * values.  hc_finish_kernel then reduces the slices and finishes. */
@@ -485,10 +486,9 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
             hc_in in = hc_load_token(a, t, d, on);
 #pragma unroll
             for (uint32_t h = 0; h < n; h++) {
-                float v = on && (a.y || a.eout) ? hc_post_value(a, t, h, in) : in.v[h];
+                float v = in.v[h];
                 sS[tl * HCP_LD + h * HCP_CC + lane] = on ? (double)v : 0.0;
                 ssq[j] += on ? (double)v * (double)v : 0.0;
-                if (on && (a.y || a.eout)) a.S[(size_t)t * n * D + (size_t)h * D + d] = v;
             }
         }
         __syncthreads();
@@ -525,6 +525,26 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 2) hc_fin
     hc_finish<NMIX>(a, blockIdx.x, k);
 }
 
+/* Prefill: the HC post of the previous sublayer on its own, a thread per
+ * column of a token (the arithmetic of hc_post_value, so the same values),
+ * S rewritten in place.  The mixer launch after it reads S as it is: its
+ * blocks, which sum as they load, kept too few loads in flight to stream
+ * the post's sources (Nsight Compute: 41 % of its samples waiting on
+ * them), which a launch without barriers and with every SM full of
+ * threads does. */
+#define HCPOST_THREADS 256
+static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(hc_args a) {
+    dev_pdl_enter();
+    const uint32_t n = 4, D = a.D, t = blockIdx.y, d = blockIdx.x * HCPOST_THREADS + threadIdx.x;
+    if (d >= D) return;
+    hc_in in = hc_load_token(a, t, d, true);
+    float v[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) v[h] = hc_post_value(a, t, h, in);
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) a.S[(size_t)t * n * D + (size_t)h * D + d] = v[h];
+}
+
 template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
         DS4_LAUNCH((hc_mix_kernel<NMIX>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
@@ -534,6 +554,12 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
     static size_t allowed;
     if (cu_allow_smem(hc_prefill_mix_kernel<NMIX>, hcp_smem(), &allowed, err)) return -1;
     hc_args p = a;
+    if (a.y || a.eout) {
+        DS4_LAUNCH(hc_prefill_post_kernel, dim3((a.D + HCPOST_THREADS - 1) / HCPOST_THREADS, T), HCPOST_THREADS, 0,
+                   b->st, a);
+        CU_LAUNCHED();
+        p.y = p.eout = p.sout = NULL; /* the mixer reads the new S */
+    }
     p.nsplit = (a.D + HCP_COLS - 1) / HCP_COLS;
     dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);
     DS4_LAUNCH((hc_prefill_mix_kernel<NMIX>), grid, HCP_THREADS, hcp_smem(), b->st, p);
