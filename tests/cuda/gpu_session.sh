@@ -6,6 +6,7 @@
 # and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
 #   PARTS="tests san prof ncu ncustep ncusrc bench"   which parts, in this order (default: all but the ncu ones)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
+#   PROF_MODE  DS4_CUDA_PROFILE of the prof part: 1 per kernel (default), 2 per kernel and grid
 #   NCU_CTX   the context of the ncustep run (default 1024)
 #   NCU_KERNEL, NCU_SKIP   ncusrc: the kernel (an ncu --kernel-name regex over
 #             demangled names) and how many of its launches to skip first
@@ -37,7 +38,7 @@ for part in $PARTS; do
             rm -rf "$T"
         } > "$OUT/sanitizer.log" 2>&1; echo "sanitizer: $(grep -c '^rc 0' "$OUT/sanitizer.log")/2 clean";;
     prof)
-        DS4_CUDA_PROFILE=1 timeout ${PROF_TIME:-120} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
+        DS4_CUDA_PROFILE=${PROF_MODE:-1} timeout ${PROF_TIME:-120} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
             --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
     ncu)
         timeout 100 ncu --clock-control none --kernel-name gemv_kernel --launch-skip 40 --launch-count 3 \

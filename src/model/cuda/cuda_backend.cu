@@ -445,6 +445,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
+    ds4_prof_grids = ds4_prof_on && atoi(getenv("DS4_CUDA_PROFILE")) == 2;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;

@@ -15,6 +15,7 @@
 #include "model/cuda/cuda_rt.h"
 
 bool ds4_prof_on;
+bool ds4_prof_grids;
 
 #ifndef DS4_CUDA_EMU
 
@@ -22,6 +23,7 @@ bool ds4_prof_on;
 
 typedef struct prof_rec {
     const char *name;
+    dim3 grid;
     cudaEvent_t a, b;
 } prof_rec;
 
@@ -31,9 +33,12 @@ static cudaEvent_t pending;
 
 typedef struct prof_sum {
     const char *name;
+    dim3 grid; /* 0 x 0 x 0 unless ds4_prof_grids */
     double ms;
     long calls;
 } prof_sum;
+
+static bool same_grid(dim3 a, dim3 b) { return a.x == b.x && a.y == b.y && a.z == b.z; }
 
 static prof_sum sums[256];
 static int n_sums;
@@ -44,10 +49,12 @@ static void flush(void) {
         float ms = 0;
         cudaEventSynchronize(recs[i].b);
         cudaEventElapsedTime(&ms, recs[i].a, recs[i].b);
+        dim3 grid = ds4_prof_grids ? recs[i].grid : dim3(0, 0, 0);
         int k = 0;
-        while (k < n_sums && strcmp(sums[k].name, recs[i].name)) k++;
+        while (k < n_sums && (strcmp(sums[k].name, recs[i].name) || !same_grid(sums[k].grid, grid))) k++;
         if (k == n_sums && n_sums < 256) {
             sums[n_sums].name = recs[i].name;
+            sums[n_sums].grid = grid;
             sums[n_sums].ms = 0;
             sums[n_sums].calls = 0;
             n_sums++;
@@ -80,11 +87,12 @@ void ds4_prof_before(cudaStream_t st) {
     cudaEventRecord(pending, st);
 }
 
-void ds4_prof_after(const char *name, cudaStream_t st) {
+void ds4_prof_after(const char *name, dim3 grid, cudaStream_t st) {
     if (!pending) return;
     cudaEvent_t b = event();
     cudaEventRecord(b, st);
     recs[n_recs].name = name;
+    recs[n_recs].grid = grid;
     recs[n_recs].a = pending;
     recs[n_recs].b = b;
     n_recs++;
@@ -104,16 +112,22 @@ void ds4_prof_report(const char *title) {
     qsort(sums, n_sums, sizeof(sums[0]), by_time);
     fprintf(stderr, "ds4 cuda profile (%s): %.3f ms in kernels\n", title, total);
     fprintf(stderr, "  %-28s %8s %10s %9s %6s\n", "kernel", "launches", "total ms", "mean us", "share");
-    for (int i = 0; i < n_sums; i++)
-        fprintf(stderr, "  %-28s %8ld %10.3f %9.2f %5.1f%%\n", sums[i].name, sums[i].calls, sums[i].ms,
+    for (int i = 0; i < n_sums; i++) {
+        char name[160];
+        if (sums[i].grid.x)
+            snprintf(name, sizeof(name), "%s [%ux%ux%u]", sums[i].name, sums[i].grid.x, sums[i].grid.y, sums[i].grid.z);
+        else
+            snprintf(name, sizeof(name), "%s", sums[i].name);
+        fprintf(stderr, "  %-28s %8ld %10.3f %9.2f %5.1f%%\n", name, sums[i].calls, sums[i].ms,
                 1e3 * sums[i].ms / sums[i].calls, 100.0 * sums[i].ms / total);
+    }
     n_sums = 0;
 }
 
 #else
 
 void ds4_prof_before(cudaStream_t) {}
-void ds4_prof_after(const char *, cudaStream_t) {}
+void ds4_prof_after(const char *, dim3, cudaStream_t) {}
 void ds4_prof_report(const char *) {}
 
 #endif

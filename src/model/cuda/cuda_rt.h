@@ -41,7 +41,7 @@ extern "C" {
     do {                                                                                      \
         if (ds4_prof_on) ds4_prof_before(stream);                                             \
         ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
-        if (ds4_prof_on) ds4_prof_after(#kern, stream);                                       \
+        if (ds4_prof_on) ds4_prof_after(#kern, dim3(grid), stream);                           \
     } while (0)
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
@@ -116,10 +116,11 @@ static __device__ __forceinline__ void dev_prefetch_l2(const void *p) {
 
 /* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
  * on, every launch outside a graph capture is bracketed by events, and the
- * backend prints the time per kernel when it is freed. */
-extern bool ds4_prof_on;
+ * backend prints the time per kernel (with 2: per kernel and grid) when it
+ * is freed. */
+extern bool ds4_prof_on, ds4_prof_grids;
 void ds4_prof_before(cudaStream_t st);
-void ds4_prof_after(const char *name, cudaStream_t st);
+void ds4_prof_after(const char *name, dim3 grid, cudaStream_t st);
 void ds4_prof_report(const char *title);
 
 /* Turn a CUDA error into a ds4 error naming the call and the place. */
