@@ -38,14 +38,41 @@ static void *take(bump *m, size_t bytes) {
 }
 #define TAKE(m, ptr, count) ((ptr) = (decltype(ptr))take((m), (size_t)(count) * sizeof(*(ptr))))
 
-static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows) {
+/* The forms of an activation: f32 rows, Q8_0 rows, Q8_K rows. */
+enum { ACT_F = 1, ACT_Q8 = 2, ACT_QK = 4, ACT_ALL = 7 };
+
+static void take_act_forms(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms) {
     a->n = n;
     a->fs = n;
-    a->q8s = cu_q8_bytes(n);
-    a->qks = cu_qk_bytes(n);
-    a->f = (float *)take(m, (size_t)rows * n * sizeof(float));
+    a->q8s = forms & ACT_Q8 ? cu_q8_bytes(n) : 0;
+    a->qks = forms & ACT_QK ? cu_qk_bytes(n) : 0;
+    a->f = forms & ACT_F ? (float *)take(m, (size_t)rows * n * sizeof(float)) : NULL;
     a->q8 = a->q8s ? (uint8_t *)take(m, (size_t)rows * a->q8s) : NULL;
     a->qk = a->qks ? (uint8_t *)take(m, (size_t)rows * a->qks) : NULL;
+}
+static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows) { take_act_forms(m, a, n, rows, ACT_ALL); }
+
+/* The form a product with weights of this type reads (cu_act_ptrs). */
+static unsigned act_form_for(uint32_t type) {
+    switch (type) {
+    case DS4_TYPE_Q8_0: return ACT_Q8;
+    case DS4_TYPE_Q2_K:
+    case DS4_TYPE_Q4_K:
+    case DS4_TYPE_IQ2_XXS: return ACT_QK;
+    default: return ACT_F;
+    }
+}
+
+/* The SwiGLU outputs are read only by the down products, so they are made
+ * (and stored) only in the forms those read: for the q2 recipe the routed
+ * rows as Q8_K alone, a sixth of their f32 + Q8_0 + Q8_K bytes. */
+static unsigned down_forms(const cuda_backend *b, bool shared) {
+    unsigned forms = 0;
+    for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
+        const dlayer *w = &b->W.layers[il];
+        forms |= act_form_for(shared ? w->down_sh.type : w->down_exps.type);
+    }
+    return forms;
 }
 
 static void layout_buffers(cuda_backend *b, bump *m) {
@@ -81,10 +108,10 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
-    take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k));
+    take_act_forms(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), down_forms(b, false));
     TAKE(m, b->sg, C * F);
     TAKE(m, b->su, C * F);
-    take_act(m, &b->smid, (uint32_t)F, b->chunk);
+    take_act_forms(m, &b->smid, (uint32_t)F, b->chunk, down_forms(b, true));
     TAKE(m, b->eout, C * k * D);
     TAKE(m, b->sout, C * D);
     TAKE(m, b->split, cu_gemm_split_floats());

@@ -202,7 +202,7 @@ static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_ar
         gv[i] = f < a.F ? g[f] : 0.0f;
         uv[i] = f < a.F ? u[f] : 0.0f;
     }
-    float *x = o.f + (size_t)r * o.fs;
+    float *x = o.f ? o.f + (size_t)r * o.fs : NULL; /* only the forms the down products read */
 #pragma unroll
     for (int i = 0; i < SWIGLU_PER; i++) {
         uint32_t f = threadIdx.x + i * SWIGLU_THREADS;
@@ -210,7 +210,7 @@ static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_ar
         float v = dev_swiglu(gv[i], uv[i], a.limit);
         v = routed ? v * w : v;
         xs[f] = v;
-        x[f] = v;
+        if (x) x[f] = v;
     }
     __syncthreads();
     dev_quantize_row(xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);

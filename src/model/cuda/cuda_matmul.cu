@@ -40,7 +40,7 @@ size_t cu_qk_bytes(uint32_t n) { return n % 256 ? 0 : ((size_t)n + (size_t)n / 2
 
 void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const float **xf, const int8_t **xq,
                  const float **xd, const int16_t **xb) {
-    *xf = a->f + (size_t)t * a->fs + off;
+    *xf = a->f ? a->f + (size_t)t * a->fs + off : NULL;
     *xq = NULL;
     *xd = NULL;
     *xb = NULL;
@@ -658,6 +658,11 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     for (uint32_t i = 0; i < p->n_seg; i++) {
         const gemv_seg &sg = p->seg[i];
         if (check_float_row(sg.type, sg.n, err)) return -1;
+        bool fl = sg.type == DS4_TYPE_F32 || sg.type == DS4_TYPE_F16 || sg.type == DS4_TYPE_BF16;
+        if (fl ? !sg.xf : !sg.xq)
+            return ds4_err_set(err, DS4_EINVAL,
+                               "CUDA backend: a %u-row product (type %u) of an activation without the form it reads",
+                               sg.rows, sg.type);
         if (sg.q8 && (sg.type != DS4_TYPE_Q8_0 || sg.rows % 32 || sg.q8_off % 32 || sg.q8_off + sg.rows > sg.q8_n))
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a quantized product output of %u rows at %u (type %u)",
                                sg.rows, sg.q8_off, sg.type);
@@ -1510,6 +1515,7 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
     g.xfs = x->fs;
     if (!quant) {
+        if (!g.xf) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no f32 activation for a %u-row product", rows);
         if (gemm_f_split(&g, &grid, split, err)) return -1;
         if (W->type == DS4_TYPE_F16) DS4_LAUNCH(gemm_h_kernel, grid, 256, 0, st, g);
         else DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
