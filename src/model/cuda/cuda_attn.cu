@@ -295,15 +295,16 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
         *sc = SCORE_NEG_INF;
         return;
     }
-    if ((uint64_t)p >= pos0) {
-        size_t t = (size_t)(p - pos0);
+    uint32_t q = (uint32_t)p; /* positions fit 32 bits: no 64-bit divisions (they bounded the pooling) */
+    if (q >= pos0) {
+        size_t t = q - pos0;
         *kv = L.ckv[t * L.width + col];
-        *sc = L.cgate[t * L.width + col] + fvec(L.ape, L.ape_type, (size_t)(p % L.ratio) * L.width + col);
+        *sc = L.cgate[t * L.width + col] + fvec(L.ape, L.ape_type, (size_t)(q % L.ratio) * L.width + col);
         return;
     }
     uint32_t R;
-    if (L.ratio == 4) R = (uint64_t)p / 4 == pos0 / 4 ? 4 + (uint32_t)(p % 4) : (uint32_t)(p % 4);
-    else R = (uint32_t)(p % L.ratio);
+    if (L.ratio == 4) R = q / 4 == pos0 / 4 ? 4 + q % 4 : q % 4;
+    else R = q % L.ratio;
     *kv = L.skv[(size_t)R * L.width + col];
     *sc = L.ssc[(size_t)R * L.width + col];
 }
