@@ -1344,13 +1344,12 @@ static __device__ __forceinline__ float dev_pow2(int e) { return __uint_as_float
 static __device__ __forceinline__ void gemm_h_step(const gemm_args &g, gemm_h_tiles &s, bool vec, const uint8_t *wrow,
                                                    const float *xrow, uint32_t k0, uint32_t kend, uint4 &wv,
                                                    float (&xv)[8], float (&acc)[2][2][4]) {
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, tq = lane % 4;
     unsigned wm = warp / 4, wn = warp % 4;
     unsigned lr = threadIdx.x / 4, lw = (threadIdx.x % 4) * 4; /* tile row, first word */
     /* the token's scale: its FK values are spread over 4 adjacent lanes */
-    float m = 0.0f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) m = fmaxf(m, fabsf(xv[i]));
+    float m = fmaxf(fmaxf(fmaxf(fabsf(xv[0]), fabsf(xv[1])), fmaxf(fabsf(xv[2]), fabsf(xv[3]))),
+                    fmaxf(fmaxf(fabsf(xv[4]), fabsf(xv[5])), fmaxf(fabsf(xv[6]), fabsf(xv[7]))));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
     m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
     int e = (int)((__float_as_uint(m) >> 23) & 0xff) - 127; /* floor(log2 m) for a normal m */
@@ -1366,28 +1365,24 @@ static __device__ __forceinline__ void gemm_h_step(const gemm_args &g, gemm_h_ti
     if (lw == 0) s.xinv[lr] = dev_pow2(-e);
     __syncthreads();
     if (k0 + 2 * FK < kend) gemm_h_load(g, vec, wrow, xrow, k0 + 2 * FK + 2 * lw, kend, wv, xv); /* in flight for two steps */
+    /* fragments by ldmatrix: A's four 8 x 8 matrices are rows +8 (lane bit
+     * 3) and k +8 (bit 4); B's are k +8 (bit 3) and tokens +8 (bit 4) */
+    unsigned l8 = lane % 8, ar = 32 * wm + l8 + 8 * ((lane >> 3) & 1), aw = 4 * (lane >> 4);
+    unsigned bt = 16 * wn + l8 + 8 * (lane >> 4), bw = 4 * ((lane >> 3) & 1);
     float p[2][2][4] = {};
 #pragma unroll
     for (int kk = 0; kk < FK / 2; kk += 8) {
-        uint32_t a[2][4], bh[2][2], bl[2][2];
+        uint32_t a[2][4], bh[4], bl[4];
 #pragma unroll
-        for (int mi = 0; mi < 2; mi++) {
-            unsigned r = 32 * wm + 16 * mi + gq;
-            a[mi][0] = s.w[r][kk + tq], a[mi][1] = s.w[r + 8][kk + tq];
-            a[mi][2] = s.w[r][kk + tq + 4], a[mi][3] = s.w[r + 8][kk + tq + 4];
-        }
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            unsigned t = 16 * wn + 8 * nt + gq;
-            bh[nt][0] = s.xh[t][kk + tq], bh[nt][1] = s.xh[t][kk + tq + 4];
-            bl[nt][0] = s.xl[t][kk + tq], bl[nt][1] = s.xl[t][kk + tq + 4];
-        }
+        for (int mi = 0; mi < 2; mi++) ldmatrix_x4(a[mi], &s.w[ar + 16 * mi][kk + aw]);
+        ldmatrix_x4(bh, &s.xh[bt][kk + bw]);
+        ldmatrix_x4(bl, &s.xl[bt][kk + bw]);
 #pragma unroll
         for (int mi = 0; mi < 2; mi++)
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
-                mma_f16_16x8x16(p[mi][nt], a[mi], bh[nt]);
-                mma_f16_16x8x16(p[mi][nt], a[mi], bl[nt]);
+                mma_f16_16x8x16(p[mi][nt], a[mi], &bh[2 * nt]);
+                mma_f16_16x8x16(p[mi][nt], a[mi], &bl[2 * nt]);
             }
     }
 #pragma unroll
