@@ -977,7 +977,7 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
             o[i + 1] = x0 * s + x1 * c;
         }
     }
-    attn_lane_store(a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd, per, o);
+    if (a.heads.f) attn_lane_store(a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd, per, o);
     if (!a.heads.q8) return;
     int8_t *qo = (int8_t *)(a.heads.q8 + (size_t)t * a.heads.q8s) + (size_t)h * a.hd;
     float *qd = (float *)(a.heads.q8 + (size_t)t * a.heads.q8s + a.heads.n) + (size_t)h * a.hd / 32;

@@ -50,7 +50,6 @@ static void take_act_forms(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned
     a->q8 = a->q8s ? (uint8_t *)take(m, (size_t)rows * a->q8s) : NULL;
     a->qk = a->qks ? (uint8_t *)take(m, (size_t)rows * a->qks) : NULL;
 }
-static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows) { take_act_forms(m, a, n, rows, ACT_ALL); }
 
 /* The form a product with weights of this type reads (cu_act_ptrs). */
 static unsigned act_form_for(uint32_t type) {
@@ -63,14 +62,18 @@ static unsigned act_form_for(uint32_t type) {
     }
 }
 
-/* The SwiGLU outputs are read only by the down products, so they are made
- * (and stored) only in the forms those read: for the q2 recipe the routed
- * rows as Q8_K alone, a sixth of their f32 + Q8_0 + Q8_K bytes. */
-static unsigned down_forms(const cuda_backend *b, bool shared) {
+/* The forms the products with weights m1 and m2 (absent: none) of every
+ * layer read.  Activations read only by those are made (and stored) only
+ * in those forms, plus f32 where their producer needs it: the SwiGLU
+ * outputs (for the q2 recipe the routed rows as Q8_K alone, a sixth of
+ * their f32 + Q8_0 + Q8_K bytes) and the attention heads (Q8_0 alone),
+ * and no Q8_K rows for the attention projections' inputs. */
+static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::*m2) {
     unsigned forms = 0;
     for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
         const dlayer *w = &b->W.layers[il];
-        forms |= act_form_for(shared ? w->down_sh.type : w->down_exps.type);
+        if ((w->*m1).p) forms |= act_form_for((w->*m1).type);
+        if (m2 && (w->*m2).p) forms |= act_form_for((w->*m2).type);
     }
     return forms;
 }
@@ -84,9 +87,9 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
     TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
     TAKE(m, b->hc_count, C);
-    take_act(m, &b->xn, c->n_embd, b->chunk);
+    take_act_forms(m, &b->xn, c->n_embd, b->chunk, ACT_ALL); /* read by every kind of product */
     TAKE(m, b->qa_raw, C * c->q_lora_rank);
-    take_act(m, &b->qr, c->q_lora_rank, b->chunk);
+    take_act_forms(m, &b->qr, c->q_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::q_b, &dlayer::idx_q_b));
     TAKE(m, b->q, C * qd);
     TAKE(m, b->kvbuf, C * hd);
     TAKE(m, b->ckv, C * 2 * hd);
@@ -98,20 +101,20 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->idx_scores, C * b->comp_cap4);
     TAKE(m, b->vis, C * c->idx_top_k);
     TAKE(m, b->nvis, C);
-    take_act(m, &b->heads, (uint32_t)qd, b->chunk);
+    take_act_forms(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
-    take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk);
+    take_act_forms(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);
     TAKE(m, b->sel, C * k);
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
-    take_act_forms(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), down_forms(b, false));
+    take_act_forms(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), layer_forms(b, &dlayer::down_exps, NULL));
     TAKE(m, b->sg, C * F);
     TAKE(m, b->su, C * F);
-    take_act_forms(m, &b->smid, (uint32_t)F, b->chunk, down_forms(b, true));
+    take_act_forms(m, &b->smid, (uint32_t)F, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
     TAKE(m, b->eout, C * k * D);
     TAKE(m, b->sout, C * D);
     TAKE(m, b->split, cu_gemm_split_floats());
@@ -123,7 +126,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->grp_tile_start, max_tiles);
     TAKE(m, b->grp_tile_count, max_tiles);
     TAKE(m, b->grp_ntiles, 1);
-    take_act(m, &b->hz, c->n_embd, b->chunk);
+    take_act_forms(m, &b->hz, c->n_embd, b->chunk, ACT_F | act_form_for(b->W.output.type));
     TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
     TAKE(m, b->argmax_part, 128);
     TAKE(m, b->argmax_idx, 128);
