@@ -25,10 +25,12 @@
  * the int32 results as the CPU applies them to its sums.  Shared memory
  * holds two chunks: the next one is fetched (cp.async, or for K-quants raw
  * loads into registers expanded after the products) while the current one
- * is multiplied.  Float weights run on the TF32 tensor cores, each operand
- * split into a TF32 head and tail so that the products keep f32 precision;
- * a float product of few rows is also split over K, so that its grid fills
- * the GPU, and its partial sums are added in a fixed order afterwards.
+ * is multiplied.  F16 weights run on the FP16 tensor cores as stored, the
+ * tokens scaled by powers of two and split into binary16 head and tail;
+ * F32 and BF16 weights on the TF32 ones, each operand split into a TF32
+ * head and tail: either way the products keep f32 precision.  A float
+ * product of few rows is also split over K, so that its grid fills the
+ * GPU, and its partial sums are added in a fixed order afterwards.
  */
 #include "model/cuda/cuda_internal.h"
 
