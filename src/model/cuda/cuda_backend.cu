@@ -41,7 +41,7 @@ static void *take(bump *m, size_t bytes) {
 /* The forms of an activation: f32 rows, Q8_0 rows, Q8_K rows. */
 enum { ACT_F = 1, ACT_Q8 = 2, ACT_QK = 4, ACT_ALL = 7 };
 
-static void take_act_forms(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms) {
+static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms) {
     a->n = n;
     a->fs = n;
     a->q8s = forms & ACT_Q8 ? cu_q8_bytes(n) : 0;
@@ -87,9 +87,9 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
     TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
     TAKE(m, b->hc_count, C);
-    take_act_forms(m, &b->xn, c->n_embd, b->chunk, ACT_ALL); /* read by every kind of product */
+    take_act(m, &b->xn, c->n_embd, b->chunk, ACT_ALL); /* read by every kind of product */
     TAKE(m, b->qa_raw, C * c->q_lora_rank);
-    take_act_forms(m, &b->qr, c->q_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::q_b, &dlayer::idx_q_b));
+    take_act(m, &b->qr, c->q_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::q_b, &dlayer::idx_q_b));
     TAKE(m, b->q, C * qd);
     TAKE(m, b->kvbuf, C * hd);
     TAKE(m, b->ckv, C * 2 * hd);
@@ -101,20 +101,20 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->idx_scores, C * b->comp_cap4);
     TAKE(m, b->vis, C * c->idx_top_k);
     TAKE(m, b->nvis, C);
-    take_act_forms(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
+    take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
-    take_act_forms(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
+    take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);
     TAKE(m, b->sel, C * k);
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
-    take_act_forms(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), layer_forms(b, &dlayer::down_exps, NULL));
+    take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), layer_forms(b, &dlayer::down_exps, NULL));
     TAKE(m, b->sg, C * F);
     TAKE(m, b->su, C * F);
-    take_act_forms(m, &b->smid, (uint32_t)F, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
+    take_act(m, &b->smid, (uint32_t)F, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
     TAKE(m, b->eout, C * k * D);
     TAKE(m, b->sout, C * D);
     TAKE(m, b->split, cu_gemm_split_floats());
@@ -126,7 +126,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->grp_tile_start, max_tiles);
     TAKE(m, b->grp_tile_count, max_tiles);
     TAKE(m, b->grp_ntiles, 1);
-    take_act_forms(m, &b->hz, c->n_embd, b->chunk, ACT_F | act_form_for(b->W.output.type));
+    take_act(m, &b->hz, c->n_embd, b->chunk, ACT_F | act_form_for(b->W.output.type));
     TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
     TAKE(m, b->argmax_part, 128);
     TAKE(m, b->argmax_idx, 128);

@@ -435,10 +435,11 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
  * streams: a K slice of 4 HCP_COLS) per block, on the FP64 tensor cores,
  * after hc_prefill_post_kernel has applied the previous sublayer's HC
  * post to S.  For each chunk of HCP_CC columns the block keeps the
- * streams and the mixer weights in shared memory as doubles and multiplies them:
- * partial[t][m] = sum_k fn[m][k] S[t][k], exact products summed in double
- * like the decode kernel's sums; each thread also sums the squares of its
- * values.  hc_finish_kernel then reduces the slices and finishes. */
+ * streams and the mixer weights in shared memory as doubles and
+ * multiplies them: partial[t][m] = sum_k fn[m][k] S[t][k], exact products
+ * summed in double like the decode kernel's sums; each thread also sums
+ * the squares of its values.  hc_finish_kernel then reduces the slices and
+ * finishes. */
 #define HCP_TOK 64
 #define HCP_COLS 256
 #define HCP_CC 32
@@ -477,7 +478,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
                 sF[m * HCP_LD + kk] = m < (uint32_t)NMIX ? (double)fv[r] : 0.0;
             }
         }
-        /* the tokens' new stream values: warp w takes tokens w + 8 j, lane = column */
+        /* the tokens' streams: warp w takes tokens w + 8 j, lane = column */
         uint32_t d = col0 + cc + lane;
 #pragma unroll
         for (int j = 0; j < HCP_TOK / 8; j++) {
