@@ -7,7 +7,8 @@
  * ones picked by a device selection) must give the CPU's dot products to
  * rounding (results are read after synchronising the stream the products
  * ran on) (|d| <= 2e-6 of the row's sum of |terms|); products that
- * quantize their outputs must give the CPU quantizer's Q8_0 of them.
+ * quantize their outputs must give the CPU quantizer's Q8_0 of them; a
+ * product of an activation without the form its weights read is refused.
  * Random weights and inputs, fresh for each type; outputs poisoned before
  * each run.
  *
@@ -324,6 +325,48 @@ static void check_gemm_range(cudaStream_t st) {
         cudaFree(a.d.q8);
         cudaFree(a.d.qk);
     }
+}
+
+/* A product of an activation that lacks the form its weights read (the
+ * backend makes each activation only in the forms its products read) is
+ * refused with a message naming what is missing, not run on NULL rows. */
+static void check_missing_form(cudaStream_t st) {
+    wt_pair wf, wq;
+    make_weights(wf, DS4_TYPE_F16, 256, 8, 1);
+    make_weights(wq, DS4_TYPE_Q8_0, 256, 8, 1);
+    act_pair a;
+    make_act(a, 256, 2, st);
+    dact no_f = a.d, no_q = a.d;
+    no_f.f = NULL;
+    no_q.q8 = no_q.qk = NULL;
+    float *out = dalloc<float>(16);
+    struct {
+        const dwt *w;
+        const dact *x;
+        const char *want;
+    } cases[] = {{&wf.d, &no_f, "no f32 activation"}, {&wq.d, &no_q, "no quantized activation"}};
+    for (auto &c : cases) {
+        ds4_err err = {};
+        int rc = cu_gemm(c.w, 0, 0, 8, c.x, 0, 2, out, 8, NULL, NULL, st, &err);
+        printf("gemm %-8s without its form: %s\n", tname(c.w->type), ds4_err_msg(&err));
+        CHECK(rc != 0 && strstr(ds4_err_msg(&err), c.want), "gemm %s of a missing form: rc %d, '%s'", tname(c.w->type),
+              rc, ds4_err_msg(&err));
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, c.w, 0, NULL, 0, 0, 8, c.x, 0, out);
+        err = {};
+        rc = cu_gemv_run(&p, st, &err);
+        printf("gemv %-8s without its form: %s\n", tname(c.w->type), ds4_err_msg(&err));
+        CHECK(rc != 0 && strstr(ds4_err_msg(&err), "without the form it reads"), "gemv %s of a missing form: rc %d, '%s'",
+              tname(c.w->type), rc, ds4_err_msg(&err));
+    }
+    CU(cudaStreamSynchronize(st));
+    cudaFree(out);
+    cudaFree((void *)wf.d.p);
+    cudaFree((void *)wq.d.p);
+    cudaFree(a.d.f);
+    cudaFree(a.d.q8);
+    cudaFree(a.d.qk);
 }
 
 /* Few long float rows: a block a row, the row split over its warps. */
@@ -1066,6 +1109,7 @@ int main(int argc, char **argv) {
     check_split_gemv(st);
     check_split_gemm(st);
     check_gemm_range(st);
+    check_missing_form(st);
     check_fused_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);

@@ -663,8 +663,8 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         bool fl = sg.type == DS4_TYPE_F32 || sg.type == DS4_TYPE_F16 || sg.type == DS4_TYPE_BF16;
         if (fl ? !sg.xf : !sg.xq)
             return ds4_err_set(err, DS4_EINVAL,
-                               "CUDA backend: a %u-row product (type %u) of an activation without the form it reads",
-                               sg.rows, sg.type);
+                               "CUDA backend: a %u-row %s product of an activation without the form it reads",
+                               sg.rows, ds4_type_get(sg.type)->name);
         if (sg.q8 && (sg.type != DS4_TYPE_Q8_0 || sg.rows % 32 || sg.q8_off % 32 || sg.q8_off + sg.rows > sg.q8_n))
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a quantized product output of %u rows at %u (type %u)",
                                sg.rows, sg.q8_off, sg.type);
@@ -1512,7 +1512,9 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
     g.xfs = x->fs;
     if (!quant) {
-        if (!g.xf) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no f32 activation for a %u-row product", rows);
+        if (!g.xf)
+            return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no f32 activation for a %u-row %s product", rows,
+                               ds4_type_get(W->type)->name);
         if (gemm_f_split(&g, &grid, split, err)) return -1;
         if (W->type == DS4_TYPE_F16) DS4_LAUNCH(gemm_h_kernel, grid, 256, 0, st, g);
         else DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
