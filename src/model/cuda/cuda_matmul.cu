@@ -1252,6 +1252,29 @@ static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_ti
     }
 }
 
+/* A float kernel's block as thread i sees it: the weight row and token
+ * row it stages (tile row i / 4; NULL past the rows or tokens), whether
+ * every row can be read 16 bytes at a time, and the block's K range (a
+ * split's slice). */
+typedef struct gemm_f_block {
+    const uint8_t *wrow;
+    const float *xrow;
+    bool vec;
+    uint32_t kb, ke;
+} gemm_f_block;
+
+static __device__ __forceinline__ gemm_f_block gemm_f_block_of(const gemm_args &g, int mat, int count, int start) {
+    gemm_f_block b;
+    unsigned lr = threadIdx.x / 4;
+    uint32_t wr = row_tile(g) * BM + lr;
+    b.wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
+    b.xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
+    b.vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
+    b.kb = blockIdx.z * g.kper;
+    b.ke = b.kb + g.kper < g.n ? b.kb + g.kper : g.n;
+    return b;
+}
+
 /* A float kernel's results: warp (wm, wn)'s 32 rows x 16 tokens; a
  * split's partial sums go to its slice of part, in the launch's rows. */
 static __device__ __forceinline__ void gemm_f_write(const gemm_args &g, int count, int start,
@@ -1277,20 +1300,16 @@ static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
     __shared__ __align__(16) gemm_f_tiles s;
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
-    unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
-    uint32_t wr = row_tile(g) * BM + lr;
-    const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
-    const float *xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
+    gemm_f_block b = gemm_f_block_of(g, mat, count, start);
     bool wtail = g.type == DS4_TYPE_F32;
-    bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
+    uint32_t lk = (threadIdx.x % 4) * 8, kb = b.kb, ke = b.ke;
     float acc[2][2][4] = {}, tail[2][2][4] = {}; /* the head products; the tail ones, 2^-11 smaller, apart */
-    uint32_t kb = blockIdx.z * g.kper, ke = kb + g.kper < g.n ? kb + g.kper : g.n;
     float wv0[8], xv0[8], wv1[8], xv1[8];
-    gemm_f_load(g, vec, wrow, xrow, kb + lk, ke, wv0, xv0);
-    gemm_f_load(g, vec, wrow, xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
+    gemm_f_load(g, b.vec, b.wrow, b.xrow, kb + lk, ke, wv0, xv0);
+    gemm_f_load(g, b.vec, b.wrow, b.xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
     for (uint32_t k0 = kb; k0 < ke; k0 += 2 * FK) {
-        gemm_f_step(g, s, vec, wtail, wrow, xrow, k0, ke, wv0, xv0, acc, tail);
-        if (k0 + FK < ke) gemm_f_step(g, s, vec, wtail, wrow, xrow, k0 + FK, ke, wv1, xv1, acc, tail);
+        gemm_f_step(g, s, b.vec, wtail, b.wrow, b.xrow, k0, ke, wv0, xv0, acc, tail);
+        if (k0 + FK < ke) gemm_f_step(g, s, b.vec, wtail, b.wrow, b.xrow, k0 + FK, ke, wv1, xv1, acc, tail);
     }
 #pragma unroll
     for (int m = 0; m < 2; m++)
@@ -1402,20 +1421,16 @@ static __global__ void __launch_bounds__(256) gemm_h_kernel(gemm_args g) {
     __shared__ __align__(16) gemm_h_tiles s;
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
-    unsigned lr = threadIdx.x / 4, lk = (threadIdx.x % 4) * 8;
-    uint32_t wr = row_tile(g) * BM + lr;
-    const uint8_t *wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
-    const float *xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
-    bool vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
+    gemm_f_block b = gemm_f_block_of(g, mat, count, start);
+    uint32_t lk = (threadIdx.x % 4) * 8, kb = b.kb, ke = b.ke;
     float acc[2][2][4] = {};
-    uint32_t kb = blockIdx.z * g.kper, ke = kb + g.kper < g.n ? kb + g.kper : g.n;
     uint4 wv0, wv1;
     float xv0[8], xv1[8];
-    gemm_h_load(g, vec, wrow, xrow, kb + lk, ke, wv0, xv0);
-    gemm_h_load(g, vec, wrow, xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
+    gemm_h_load(g, b.vec, b.wrow, b.xrow, kb + lk, ke, wv0, xv0);
+    gemm_h_load(g, b.vec, b.wrow, b.xrow, kb + FK + lk, ke, wv1, xv1); /* zeros past ke */
     for (uint32_t k0 = kb; k0 < ke; k0 += 2 * FK) {
-        gemm_h_step(g, s, vec, wrow, xrow, k0, ke, wv0, xv0, acc);
-        if (k0 + FK < ke) gemm_h_step(g, s, vec, wrow, xrow, k0 + FK, ke, wv1, xv1, acc);
+        gemm_h_step(g, s, b.vec, b.wrow, b.xrow, k0, ke, wv0, xv0, acc);
+        if (k0 + FK < ke) gemm_h_step(g, s, b.vec, b.wrow, b.xrow, k0 + FK, ke, wv1, xv1, acc);
     }
     gemm_f_write(g, count, start, acc);
 }
