@@ -38,9 +38,6 @@ static void *take(bump *m, size_t bytes) {
 }
 #define TAKE(m, ptr, count) ((ptr) = (decltype(ptr))take((m), (size_t)(count) * sizeof(*(ptr))))
 
-/* The forms of an activation: f32 rows, Q8_0 rows, Q8_K rows. */
-enum { ACT_F = 1, ACT_Q8 = 2, ACT_QK = 4, ACT_ALL = 7 };
-
 static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms) {
     a->n = n;
     a->fs = n;
@@ -49,17 +46,6 @@ static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms
     a->f = forms & ACT_F ? (float *)take(m, (size_t)rows * n * sizeof(float)) : NULL;
     a->q8 = a->q8s ? (uint8_t *)take(m, (size_t)rows * a->q8s) : NULL;
     a->qk = a->qks ? (uint8_t *)take(m, (size_t)rows * a->qks) : NULL;
-}
-
-/* The form a product with weights of this type reads (cu_act_ptrs). */
-static unsigned act_form_for(uint32_t type) {
-    switch (type) {
-    case DS4_TYPE_Q8_0: return ACT_Q8;
-    case DS4_TYPE_Q2_K:
-    case DS4_TYPE_Q4_K:
-    case DS4_TYPE_IQ2_XXS: return ACT_QK;
-    default: return ACT_F;
-    }
 }
 
 /* The forms the products with weights m1 and m2 (absent: none) of every
@@ -72,8 +58,8 @@ static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::
     unsigned forms = 0;
     for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
         const dlayer *w = &b->W.layers[il];
-        if ((w->*m1).p) forms |= act_form_for((w->*m1).type);
-        if (m2 && (w->*m2).p) forms |= act_form_for((w->*m2).type);
+        if ((w->*m1).p) forms |= cu_act_form((w->*m1).type);
+        if (m2 && (w->*m2).p) forms |= cu_act_form((w->*m2).type);
     }
     return forms;
 }
@@ -126,7 +112,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->grp_tile_start, max_tiles);
     TAKE(m, b->grp_tile_count, max_tiles);
     TAKE(m, b->grp_ntiles, 1);
-    take_act(m, &b->hz, c->n_embd, b->chunk, ACT_F | act_form_for(b->W.output.type));
+    take_act(m, &b->hz, c->n_embd, b->chunk, ACT_F | cu_act_form(b->W.output.type));
     TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
     TAKE(m, b->argmax_part, 128);
     TAKE(m, b->argmax_idx, 128);
@@ -474,8 +460,9 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
-    ds4_prof_on = getenv("DS4_CUDA_PROFILE") && atoi(getenv("DS4_CUDA_PROFILE")) > 0;
-    ds4_prof_grids = ds4_prof_on && atoi(getenv("DS4_CUDA_PROFILE")) == 2;
+    const char *prof = getenv("DS4_CUDA_PROFILE");
+    ds4_prof_on = prof && atoi(prof) > 0;
+    ds4_prof_grids = prof && atoi(prof) == 2;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;

@@ -114,6 +114,10 @@ size_t cu_qk_bytes(uint32_t n);
 /* Pointers into token t's row of `a`, `off` values in, in the form a
  * weight of type `wtype` is multiplied with (xq/xd/xb NULL for float
  * weights or when the form is missing). */
+/* The forms of an activation: f32 rows, Q8_0 rows, Q8_K rows; and the one
+ * a product with weights of type wtype reads (float weights: f32). */
+enum { ACT_F = 1, ACT_Q8 = 2, ACT_QK = 4, ACT_ALL = 7 };
+unsigned cu_act_form(uint32_t wtype);
 void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const float **xf, const int8_t **xq,
                  const float **xd, const int16_t **xb);
 

@@ -40,17 +40,28 @@
 size_t cu_q8_bytes(uint32_t n) { return n % 32 ? 0 : ((size_t)n + (size_t)n / 32 * 4 + 15) / 16 * 16; }
 size_t cu_qk_bytes(uint32_t n) { return n % 256 ? 0 : ((size_t)n + (size_t)n / 256 * 4 + (size_t)n / 16 * 2 + 15) / 16 * 16; }
 
+unsigned cu_act_form(uint32_t wtype) {
+    switch (wtype) {
+    case DS4_TYPE_Q8_0: return ACT_Q8;
+    case DS4_TYPE_Q2_K:
+    case DS4_TYPE_Q4_K:
+    case DS4_TYPE_IQ2_XXS: return ACT_QK;
+    default: return ACT_F;
+    }
+}
+
 void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const float **xf, const int8_t **xq,
                  const float **xd, const int16_t **xb) {
     *xf = a->f ? a->f + (size_t)t * a->fs + off : NULL;
     *xq = NULL;
     *xd = NULL;
     *xb = NULL;
-    if (wtype == DS4_TYPE_Q8_0 && a->q8) {
+    unsigned form = cu_act_form(wtype);
+    if (form == ACT_Q8 && a->q8) {
         const uint8_t *row = a->q8 + (size_t)t * a->q8s;
         *xq = (const int8_t *)row + off;
         *xd = (const float *)(row + a->n) + off / 32;
-    } else if ((wtype == DS4_TYPE_Q2_K || wtype == DS4_TYPE_Q4_K || wtype == DS4_TYPE_IQ2_XXS) && a->qk) {
+    } else if (form == ACT_QK && a->qk) {
         const uint8_t *row = a->qk + (size_t)t * a->qks;
         *xq = (const int8_t *)row + off;
         *xd = (const float *)(row + a->n) + off / 256;
@@ -609,8 +620,7 @@ static uint32_t pick_rpw(const dwt *W) {
  * whole 16-byte loads per warp. */
 #define GEMV_SPLIT_ROWS 1024
 static bool split_rows(const dwt *W, const int *sel, uint32_t rows) {
-    bool fl = W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16;
-    return fl && !sel && rows <= GEMV_SPLIT_ROWS && W->n % (8 * GEMV_WARPS) == 0;
+    return cu_act_form(W->type) == ACT_F && !sel && rows <= GEMV_SPLIT_ROWS && W->n % (8 * GEMV_WARPS) == 0;
 }
 
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
@@ -660,8 +670,7 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     for (uint32_t i = 0; i < p->n_seg; i++) {
         const gemv_seg &sg = p->seg[i];
         if (check_float_row(sg.type, sg.n, err)) return -1;
-        bool fl = sg.type == DS4_TYPE_F32 || sg.type == DS4_TYPE_F16 || sg.type == DS4_TYPE_BF16;
-        if (fl ? !sg.xf : !sg.xq)
+        if (cu_act_form(sg.type) == ACT_F ? !sg.xf : !sg.xq)
             return ds4_err_set(err, DS4_EINVAL,
                                "CUDA backend: a %u-row %s product of an activation without the form it reads",
                                sg.rows, ds4_type_get(sg.type)->name);
@@ -950,6 +959,26 @@ static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &
  * 4 x 2 arrangement owns rows 32 wm.. and tokens 32 wn.. (2 x 4 mma tiles).
  * The integer sums per 32 (and per 256 for Q2_K) and every float step are
  * those of the CPU dot, in its order. */
+/* A warp's results, MA x NB mma tiles of 16 rows x 8 tokens (the c layout
+ * of mma_s8_16x8x32), to out: rows row0.. of the launch's rows, tokens
+ * t0.. of the block's tokens (count of them from entry start), those inside
+ * both. */
+template <int MA, int NB>
+static __device__ __forceinline__ void gemm_store(const gemm_args &g, float *out, size_t stride, uint32_t row0, int t0,
+                                                  int count, int start, const float (&acc)[MA][NB][4]) {
+    unsigned lane = threadIdx.x & 31, gq = lane / 4, tq = lane % 4;
+#pragma unroll
+    for (int a = 0; a < MA; a++)
+#pragma unroll
+        for (int b = 0; b < NB; b++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                uint32_t row = row0 + 16 * a + gq + (i >= 2 ? 8 : 0);
+                int t = t0 + 8 * b + 2 * (int)tq + (i & 1);
+                if (t < count && row < g.rows) out[(size_t)out_row(g, start + t) * stride + row] = acc[a][b][i];
+            }
+}
+
 template <uint32_t TYPE>
 static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint32_t *tab_g) {
     dev_pdl_enter();
@@ -1117,18 +1146,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         __syncthreads();
     }
 
-#pragma unroll
-    for (int a = 0; a < 2; a++)
-#pragma unroll
-        for (int b = 0; b < 4; b++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                unsigned r = 32 * wm + 16 * a + gq + (i >= 2 ? 8 : 0);
-                unsigned t = 32 * wn + 8 * b + 2 * tq + (i & 1);
-                uint32_t row = row_tile(g) * QBM + r;
-                if ((int)t < count && row < g.rows)
-                    g.out[(size_t)out_row(g, start + (int)t) * g.out_stride + row] = acc[a][b][i];
-            }
+    gemm_store(g, g.out, g.out_stride, row_tile(g) * QBM + 32 * wm, (int)(32 * wn), count, start, acc);
 }
 
 /* F32 and BF16 weights on the TF32 tensor cores: 64 rows x 64 tokens a
@@ -1143,16 +1161,30 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 #define FPAD (FK + 4) /* row stride of the tiles: the fragment loads hit 32 banks */
 
 /* Thread i loads 8 consecutive K values of tile row i / 4: in 16-byte
- * loads when the launch found everything aligned (vec), else one by one. */
-static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
-                                                   uint32_t k, uint32_t kend, float (&wv)[8], float (&xv)[8]) {
+ * loads when the launch found everything aligned (vec), else one by one;
+ * zeros past kend or the tokens.  These are the token row's. */
+static __device__ __forceinline__ void gemm_x_load(bool vec, const float *xrow, uint32_t k, uint32_t kend,
+                                                   float (&xv)[8]) {
     if (vec) {
-        bool ok = k < kend; /* kend % 8 == 0: the whole run or none */
-        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0, w0 = x0, w1 = x0;
-        if (xrow && ok) {
+        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+        if (xrow && k < kend) { /* kend % 8 == 0: the whole run or none */
             x0 = *(const float4 *)(xrow + k);
             x1 = *(const float4 *)(xrow + k + 4);
         }
+        xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
+        return;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; i++) xv[i] = xrow && k + i < kend ? xrow[k + i] : 0.0f;
+}
+
+/* The token row's and the (F32 or BF16) weight row's, as floats. */
+static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
+                                                   uint32_t k, uint32_t kend, float (&wv)[8], float (&xv)[8]) {
+    gemm_x_load(vec, xrow, k, kend, xv);
+    if (vec) {
+        bool ok = k < kend;
+        float4 w0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), w1 = w0;
         if (wrow && ok && g.type == DS4_TYPE_F32) {
             w0 = __ldg((const float4 *)wrow + k / 4);
             w1 = __ldg((const float4 *)wrow + k / 4 + 1);
@@ -1164,19 +1196,16 @@ static __device__ __forceinline__ void gemm_f_load(const gemm_args &g, bool vec,
                              dev_bf16((uint16_t)(r.w >> 16)));
         }
         wv[0] = w0.x, wv[1] = w0.y, wv[2] = w0.z, wv[3] = w0.w, wv[4] = w1.x, wv[5] = w1.y, wv[6] = w1.z, wv[7] = w1.w;
-        xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
         return;
     }
 #pragma unroll
     for (int i = 0; i < 8; i++) {
-        bool ok = k + i < kend;
         float w = 0.0f;
-        if (wrow && ok) {
+        if (wrow && k + i < kend) {
             if (g.type == DS4_TYPE_F32) w = __ldg((const float *)wrow + k + i);
             else w = dev_bf16(__ldg((const uint16_t *)wrow + k + i));
         }
         wv[i] = w;
-        xv[i] = xrow && ok ? xrow[k + i] : 0.0f;
     }
 }
 
@@ -1279,20 +1308,10 @@ static __device__ __forceinline__ gemm_f_block gemm_f_block_of(const gemm_args &
  * split's partial sums go to its slice of part, in the launch's rows. */
 static __device__ __forceinline__ void gemm_f_write(const gemm_args &g, int count, int start,
                                                     const float (&acc)[2][2][4]) {
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, gq = lane / 4, tq = lane % 4;
-    unsigned wm = warp / 4, wn = warp % 4;
+    unsigned warp = threadIdx.x / 32, wm = warp / 4, wn = warp % 4;
     float *out = g.split > 1 ? g.part + (size_t)blockIdx.z * g.T * g.rows : g.out;
     size_t ostride = g.split > 1 ? g.rows : g.out_stride;
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                uint32_t row = row_tile(g) * BM + 32 * wm + 16 * m + gq + (i >= 2 ? 8 : 0);
-                int t = (int)(16 * wn + 8 * nt + 2 * tq + (i & 1));
-                if (t < count && row < g.rows) out[(size_t)out_row(g, start + t) * ostride + row] = acc[m][nt][i];
-            }
+    gemm_store(g, out, ostride, row_tile(g) * BM + 32 * wm, (int)(16 * wn), count, start, acc);
 }
 
 static __global__ void __launch_bounds__(256) gemm_f_kernel(gemm_args g) {
@@ -1337,24 +1356,14 @@ typedef struct gemm_h_tiles {
 /* gemm_f_load's rows for F16 weights: 8 weights as stored, 8 values of x. */
 static __device__ __forceinline__ void gemm_h_load(const gemm_args &g, bool vec, const uint8_t *wrow, const float *xrow,
                                                    uint32_t k, uint32_t kend, uint4 &wv, float (&xv)[8]) {
+    gemm_x_load(vec, xrow, k, kend, xv);
     if (vec) {
-        bool ok = k < kend;
-        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
-        if (xrow && ok) {
-            x0 = *(const float4 *)(xrow + k);
-            x1 = *(const float4 *)(xrow + k + 4);
-        }
-        wv = wrow && ok ? __ldg((const uint4 *)(wrow + 2 * (size_t)k)) : make_uint4(0, 0, 0, 0);
-        xv[0] = x0.x, xv[1] = x0.y, xv[2] = x0.z, xv[3] = x0.w, xv[4] = x1.x, xv[5] = x1.y, xv[6] = x1.z, xv[7] = x1.w;
+        wv = wrow && k < kend ? __ldg((const uint4 *)(wrow + 2 * (size_t)k)) : make_uint4(0, 0, 0, 0);
         return;
     }
     uint32_t h[8];
 #pragma unroll
-    for (int i = 0; i < 8; i++) {
-        bool ok = k + i < kend;
-        h[i] = wrow && ok ? __ldg((const uint16_t *)wrow + k + i) : 0;
-        xv[i] = xrow && ok ? xrow[k + i] : 0.0f;
-    }
+    for (int i = 0; i < 8; i++) h[i] = wrow && k + i < kend ? __ldg((const uint16_t *)wrow + k + i) : 0;
     wv = make_uint4(h[0] | h[1] << 16, h[2] | h[3] << 16, h[4] | h[5] << 16, h[6] | h[7] << 16);
 }
 
@@ -1520,8 +1529,7 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     g.out_stride = out_stride;
     g.grouped = grp != NULL;
     if (grp) g.grp = *grp;
-    bool quant = W->type == DS4_TYPE_Q8_0 || W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K ||
-                 W->type == DS4_TYPE_IQ2_XXS;
+    bool quant = cu_act_form(W->type) != ACT_F;
     uint32_t bm = quant ? QBM : BM, row_tiles = (rows + bm - 1) / bm;
     dim3 grid = grp ? dim3(row_tiles, grp->max_tiles) : dim3((T + BN - 1) / BN, row_tiles);
     cu_act_ptrs(x, W->type, 0, act_off, &g.xf, &g.xq, &g.xd, &g.xb);
