@@ -698,7 +698,18 @@ static void check_attention(cudaStream_t st) {
                     ds4_rope_apply(&rope, w + tail0, p, true);
                 }
             }
-            for (int tc = 1; tc >= 0; tc--) {
+            /* the tensor-core kernel, then the heads kernel with one split and
+             * with the rows split over three blocks a head group (as a decode
+             * step splits them; the last block merges) */
+            const uint32_t nsplit = 3; /* scratch for head groups of any size (a group's part: its heads' values, m, l) */
+            float *dpart = dalloc<float>((size_t)T * (n_head + 1) * nsplit * (2 + hd));
+            uint32_t *dcount = dalloc<uint32_t>((size_t)T * n_head);
+            CU(cudaMemset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t)));
+            a.part = dpart;
+            a.count = dcount;
+            for (int run = 0; run < 3; run++) {
+                bool tc = run == 0;
+                a.nsplit = run == 2 ? nsplit : 1;
                 CU(cudaMemset(dout, 0xFF, (size_t)T * n_head * hd * 4));
                 ds4_err err = {};
                 if (cu_attn_run(&a, T, tc, st, &err)) {
@@ -713,11 +724,13 @@ static void check_attention(cudaStream_t st) {
                     double e = fabs((double)got[i] - want[i]);
                     if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
                 }
-                printf("attention %s %2u heads, rows %s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads", n_head,
-                       sim ? "as simulated" : "f32         ", worst);
-                CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows): error %.3g", tc ? "tensor cores" : "heads", n_head,
-                      sim ? "simulated" : "f32", worst);
+                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads",
+                       n_head, sim ? "as simulated" : "f32         ", a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
+                CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows, %u splits): error %.3g",
+                      tc ? "tensor cores" : "heads", n_head, sim ? "simulated" : "f32", a.nsplit, worst);
             }
+            cudaFree(dpart);
+            cudaFree(dcount);
             cudaFree(dpos);
             cudaFree(dvis);
             cudaFree(dnvis);

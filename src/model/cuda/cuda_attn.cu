@@ -956,12 +956,13 @@ static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV],
 }
 
 /* Normalise, undo the key RoPE at the query position, write the head's
- * output and its Q8_0 activation blocks.  The lane holds its values of
- * the attn_lane_e layout. */
-static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t t, uint32_t h, uint32_t p,
+ * output and its Q8_0 activation blocks.  The lane holds its per = hd / 32
+ * values of the attn_lane_e layout (per is a constant where the caller's
+ * is: inlined, the guards on it fold away). */
+static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t per, uint32_t t, uint32_t h, uint32_t p,
                                                    float (&o)[ATT_MAXV], float den) {
     unsigned lane = threadIdx.x & 31;
-    uint32_t per = a.hd / 32, tail0 = a.hd - a.rope_dim;
+    uint32_t hd = 32 * per, tail0 = hd - a.rope_dim;
 #pragma unroll
     for (int i = 0; i < ATT_MAXV; i++)
         if ((uint32_t)i < per) o[i] /= den;
@@ -977,10 +978,10 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
             o[i + 1] = x0 * s + x1 * c;
         }
     }
-    if (a.heads.f) attn_lane_store(a.heads.f + (size_t)t * a.heads.fs + (size_t)h * a.hd, per, o);
+    if (a.heads.f) attn_lane_store(a.heads.f + (size_t)t * a.heads.fs + (size_t)h * hd, per, o);
     if (!a.heads.q8) return;
-    int8_t *qo = (int8_t *)(a.heads.q8 + (size_t)t * a.heads.q8s) + (size_t)h * a.hd;
-    float *qd = (float *)(a.heads.q8 + (size_t)t * a.heads.q8s + a.heads.n) + (size_t)h * a.hd / 32;
+    int8_t *qo = (int8_t *)(a.heads.q8 + (size_t)t * a.heads.q8s) + (size_t)h * hd;
+    float *qd = (float *)(a.heads.q8 + (size_t)t * a.heads.q8s + a.heads.n) + (size_t)h * per;
     if (per % 4 == 0) {
 #pragma unroll
         for (int i = 0; i < ATT_MAXV; i += 4)
@@ -994,13 +995,13 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
 
 /* Merge the sink into a head's sum (maximum m, sum l, lane values o) and
  * finish it. */
-static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint32_t t, uint32_t h, uint32_t p,
-                                                        float (&o)[ATT_MAXV], float m, float l) {
+static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint32_t per, uint32_t t, uint32_t h,
+                                                        uint32_t p, float (&o)[ATT_MAXV], float m, float l) {
     float sink = a.sinks[h], M = fmaxf(sink, m), c = attn_rescale(m, M);
     float den = expf(sink - M) + l * c;
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
-    finish_head(a, t, h, p, o, den);
+    finish_head(a, per, t, h, p, o, den);
 }
 
 /* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
@@ -1014,12 +1015,15 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
  *   H       heads per warp (each row a warp loads serves all of them)
  *   MINB    blocks per SM the registers are budgeted for
  *   BATCH   rows whose loads a warp issues before using any
+ *   PER     values a lane holds (head_dim / 32), or 0 to take it from the
+ *           arguments: Flash's 16 as a constant leaves the per-value loops
+ *           without guards or the two-wide layout's branches
  * Lane l holds the address of the warp's row ib + l of the current
  * ATB_PREF_ROWS and loads those of the next ones meanwhile, so the vis[]
  * load a ratio-4 row's address depends on never sits between a batch and
  * its row loads; the first addresses are requested before the q loads,
  * which then overlap them. */
-template <int H, int MINB, int BATCH>
+template <int H, int MINB, int BATCH, int PER>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
     dev_pdl_enter();
@@ -1039,8 +1043,8 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         w0 = attn_min(i0 + warp * per_warp, i1);
         w1 = attn_min(w0 + per_warp, i1);
     }
-    uint32_t per = a.hd / 32;
-    float scale = 1.0f / sqrtf((float)a.hd);
+    const uint32_t per = PER ? (uint32_t)PER : a.hd / 32, hd = 32 * per;
+    float scale = 1.0f / sqrtf((float)hd);
     unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
     if (lane < ATB_PREF_ROWS && w0 + lane < w1)
         rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
@@ -1048,7 +1052,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #pragma unroll
     for (int j = 0; j < H; j++) {
         bool on = h0 + j < a.n_head; /* a missing head of the last group: zeros, never written */
-        attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * a.hd, on, per, q[j]);
+        attn_lane_load(a.q + ((size_t)t * a.n_head + (on ? h0 + j : 0)) * hd, on, per, q[j]);
 #pragma unroll
         for (int k = 0; k < ATT_MAXV; k++) o[j][k] = 0.0f;
         m[j] = -INFINITY;
@@ -1126,7 +1130,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             if ((uint32_t)k < per) xo[warp][j][32 * k + lane] = o[j][k];
     }
     __syncthreads();
-    size_t pf = attn_part_floats(H, a.hd), gi = (size_t)t * gridDim.x + g;
+    size_t pf = attn_part_floats(H, hd), gi = (size_t)t * gridDim.x + g;
     float *pp = a.nsplit > 1 ? a.part + (gi * nparts + part) * pf : NULL;
     uint32_t nv = 32 * per; /* a head's values, in slot order 32 k + lane */
 #pragma unroll
@@ -1152,7 +1156,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             float v = 0.0f;
 #pragma unroll
             for (int w = 0; w < ATB_WARPS; w++) v += xo[w][j][slot] * c[w];
-            if (pp) pp[2 * H + (size_t)j * a.hd + slot] = v;
+            if (pp) pp[2 * H + (size_t)j * hd + slot] = v;
             else xo[0][j][slot] = v; /* this thread's own slot: read by no other */
         }
     }
@@ -1163,7 +1167,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             float v[ATT_MAXV];
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++) v[k] = (uint32_t)k < per ? xo[0][warp][32 * k + lane] : 0.0f;
-            attn_sink_finish(a, t, h0 + warp, p, v, fm[warp], fl[warp]);
+            attn_sink_finish(a, per, t, h0 + warp, p, v, fm[warp], fl[warp]);
         }
         return;
     }
@@ -1202,7 +1206,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++) /* slot order: one coalesced load per value */
-                ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * a.hd + 32 * k + lane) : 0.0f;
+                ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * hd + 32 * k + lane) : 0.0f;
         }
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
@@ -1228,7 +1232,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
                 if ((uint32_t)k < per) v[k] += xo[s][j][32 * k + lane];
             den += xl[s][j];
         }
-        finish_head(a, t, h0 + j, p, v, expf(sink - M) + den);
+        finish_head(a, per, t, h0 + j, p, v, expf(sink - M) + den);
     }
 }
 
@@ -1540,7 +1544,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
         float v[ATT_MAXV];
 #pragma unroll
         for (int i = 0; i < ATT_MAXV; i++) v[i] = (uint32_t)i < per ? Os[h * ld + attn_lane_e(per, lane, i)] : 0.0f;
-        attn_sink_finish(a, t, h0 + h, p, v, mh[h], lh[h]);
+        attn_sink_finish(a, a.hd / 32, t, h0 + h, p, v, mh[h], lh[h]);
     }
 }
 
@@ -1585,7 +1589,8 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
         DS4_LAUNCH(attn_tc_kernel, dim3((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, st, *a);
     } else {
         dim3 grid((a->n_head + ATB_HEADS - 1) / ATB_HEADS, T, a->nsplit);
-        DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2>), grid, ATB_WARPS * 32, 0, st, *a);
+        if (a->hd == 512) DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2, 16>), grid, ATB_WARPS * 32, 0, st, *a);
+        else DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2, 0>), grid, ATB_WARPS * 32, 0, st, *a);
     }
     CU_LAUNCHED();
     return 0;
