@@ -309,9 +309,57 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
     *sc = L.ssc[(size_t)R * L.width + col];
 }
 
+/* Pooling of column j over a window of `ratio` (a multiple of CP_BATCH)
+ * positions all in the pass, from pass row t0: comp_fetch's sums in its
+ * order, but the loads of CP_BATCH candidates are issued before any is
+ * used.  Through comp_fetch, whose branches keep each candidate's loads
+ * behind the previous one's use, a ratio-128 window took a memory round
+ * trip a candidate: ~230 us a 2048-token chunk for 16 blocks
+ * (PERFORMANCE.md, thirteenth iteration). */
+#define CP_BATCH 16
+
+/* Scores of candidates r0 .. r0 + CP_BATCH - 1 (projection + positional bias). */
+static __device__ __forceinline__ void comp_batch_scores(const comp_lane &L, uint32_t t0, uint32_t r0, uint32_t j,
+                                                         float (&sc)[CP_BATCH]) {
+    float ap[CP_BATCH];
+#pragma unroll
+    for (int k = 0; k < CP_BATCH; k++) sc[k] = __ldg(L.cgate + (size_t)(t0 + r0 + k) * L.width + j);
+    fvec_n(L.ape, L.ape_type, (size_t)r0 * L.width + j, L.width, true, ap);
+#pragma unroll
+    for (int k = 0; k < CP_BATCH; k++) sc[k] += ap[k];
+}
+
+static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t j) {
+    float mx = SCORE_NEG_INF;
+    for (uint32_t r0 = 0; r0 < L.ratio; r0 += CP_BATCH) {
+        float sc[CP_BATCH];
+        comp_batch_scores(L, t0, r0, j, sc);
+#pragma unroll
+        for (int k = 0; k < CP_BATCH; k++) mx = fmaxf(mx, sc[k]);
+    }
+    float sum = 0.0f, acc = 0.0f;
+    for (uint32_t r0 = 0; r0 < L.ratio; r0 += CP_BATCH) {
+        float sc[CP_BATCH], kv[CP_BATCH];
+        comp_batch_scores(L, t0, r0, j, sc);
+#pragma unroll
+        for (int k = 0; k < CP_BATCH; k++) kv[k] = __ldg(L.ckv + (size_t)(t0 + r0 + k) * L.width + j);
+#pragma unroll
+        for (int k = 0; k < CP_BATCH; k++) {
+            float e = expf(sc[k] - mx);
+            sum += e;
+            acc += e * kv[k];
+        }
+    }
+    return sum > 0.0f ? acc / sum : 0.0f;
+}
+
 /* One block per (window closing in the pass, lane): pool, normalise, RoPE
- * at the window start, round trip; writes compressed row `w`. */
-static __global__ void comp_emit_kernel(comp_args a) {
+ * at the window start, round trip; writes compressed row `w`.  BATCHED
+ * (prefill passes of ratio-128 layers) pools windows wholly in the pass by
+ * comp_pool_pass, whose batches take 128 registers: a variant of its own,
+ * so that the ratio-4 launches (a block per window, 512 a chunk) keep
+ * their occupancy. */
+template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     dev_pdl_enter();
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
@@ -319,7 +367,12 @@ static __global__ void comp_emit_kernel(comp_args a) {
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
     if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
     long long ws = (long long)w * ratio;
+    bool in_pass = BATCHED && ratio % CP_BATCH == 0 && ws >= pos0;
     for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) {
+        if (in_pass) {
+            x[j] = comp_pool_pass(L, (uint32_t)(ws - pos0), j);
+            continue;
+        }
         uint32_t n_cand = ratio == 4 ? 8 : ratio;
         float mx = SCORE_NEG_INF;
         for (uint32_t r = 0; r < n_cand; r++) {
@@ -443,7 +496,9 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     /* windows that can close: at most one in a decode step */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (nwin) {
-        DS4_LAUNCH(comp_emit_kernel, dim3(nwin, a.n_lanes), 256, 0, st, a);
+        /* ratio 4 reads the previous window's frontier rows: no batches */
+        if (!decode && ratio != 4) DS4_LAUNCH(comp_emit_kernel<true>, dim3(nwin, a.n_lanes), 256, 0, st, a);
+        else DS4_LAUNCH(comp_emit_kernel<false>, dim3(nwin, a.n_lanes), 256, 0, st, a);
         CU_LAUNCHED();
     }
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
