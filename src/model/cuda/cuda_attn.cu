@@ -1498,9 +1498,9 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
 /* Q of the block's heads, scaled and split into the fragment words: word
  * 8 b + j of a head (j < 4: values 16 b + j and + 4; j >= 4: 16 b + j + 4
  * and + 8). */
-static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t t, uint32_t h0, uint32_t *Qh, uint32_t *Ql,
-                                                  uint32_t qw) {
-    uint32_t hd = a.hd, nw = hd / 2;
+static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t *Qh,
+                                                  uint32_t *Ql, uint32_t qw) {
+    uint32_t nw = hd / 2;
     for (uint32_t u = threadIdx.x; u < ATC_HEADS * nw; u += blockDim.x) {
         uint32_t h = u / nw, wi = u % nw, b = wi / 8, j = wi % 8;
         uint32_t d = 16 * b + (j < 4 ? j : j + 4);
@@ -1514,10 +1514,13 @@ static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t t
     }
 }
 
-static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
+/* HD: the head dimension as a constant (Flash's 512: the loops over a
+ * head's values and pieces get constant bounds), or 0 to take it from the
+ * arguments. */
+template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, atc_smem);
-    uint32_t hd = a.hd, ld = hd + ATC_PAD, nq = hd / 4, qw = hd / 2 + ATC_PAD;
+    const uint32_t hd = HD ? (uint32_t)HD : a.hd, ld = hd + ATC_PAD, nq = hd / 4, qw = hd / 2 + ATC_PAD;
     uint32_t *Qh = (uint32_t *)atc_smem, *Ql = Qh + ATC_HEADS * qw;
     float *Ks = (float *)(Ql + ATC_HEADS * qw), *Ps = Ks + ATC_ROWS * ld, *SP = Ps + ATC_HEADS * ATC_PLD;
     uint32_t *Ph = (uint32_t *)(SP + ATC_HEADS * ATC_PLD), *Pl = Ph + ATC_HEADS * ATC_PW;
@@ -1528,7 +1531,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    atc_load_q(a, t, h0, Qh, Ql, qw);
+    atc_load_q(a, hd, t, h0, Qh, Ql, qw);
     if (tid < ATC_HEADS) {
         mh[tid] = -INFINITY;
         lh[tid] = 0.0f;
@@ -1599,7 +1602,7 @@ static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_
         float v[ATT_MAXV];
 #pragma unroll
         for (int i = 0; i < ATT_MAXV; i++) v[i] = (uint32_t)i < per ? Os[h * ld + attn_lane_e(per, lane, i)] : 0.0f;
-        attn_sink_finish(a, a.hd / 32, t, h0 + h, p, v, mh[h], lh[h]);
+        attn_sink_finish(a, per, t, h0 + h, p, v, mh[h], lh[h]);
     }
 }
 
@@ -1639,9 +1642,16 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err) {
     if (tc) {
         size_t smem = attn_tc_smem(a->hd);
-        static size_t allowed;
-        if (cu_allow_smem(attn_tc_kernel, smem, &allowed, err)) return -1;
-        DS4_LAUNCH(attn_tc_kernel, dim3((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T), ATC_WARPS * 32, smem, st, *a);
+        dim3 grid((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T);
+        if (a->hd == 512) {
+            static size_t allowed;
+            if (cu_allow_smem(attn_tc_kernel<512>, smem, &allowed, err)) return -1;
+            DS4_LAUNCH(attn_tc_kernel<512>, grid, ATC_WARPS * 32, smem, st, *a);
+        } else {
+            static size_t allowed;
+            if (cu_allow_smem(attn_tc_kernel<0>, smem, &allowed, err)) return -1;
+            DS4_LAUNCH(attn_tc_kernel<0>, grid, ATC_WARPS * 32, smem, st, *a);
+        }
     } else {
         dim3 grid((a->n_head + ATB_HEADS - 1) / ATB_HEADS, T, a->nsplit);
         if (a->hd == 512) DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2, 16>), grid, ATB_WARPS * 32, 0, st, *a);
