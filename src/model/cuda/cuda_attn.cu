@@ -620,7 +620,9 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
 
 static size_t idx_tc_smem(void) { return (size_t)(2 * IDX_MAX_HEADS + IDXC_SUB) * IDXC_LD * sizeof(uint32_t); }
 
-static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(idx_args a) {
+/* IHD: the indexer head dimension as a constant (Flash's 128: the K loop
+ * gets a constant trip count), or 0 to take it from the arguments. */
+template <int IHD> static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(idx_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(uint32_t, sm);
     uint32_t(*qh)[IDXC_LD] = (uint32_t(*)[IDXC_LD])sm;
@@ -629,11 +631,12 @@ static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(id
     __shared__ float ws[IDX_MAX_HEADS];
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4, c0 = blockIdx.x * IDXC_ROWS;
     if (nc <= a.top_k || c0 >= nc) return;
-    const float *q = a.iq + (size_t)t * a.heads * a.ihd;
+    const uint32_t ihd = IHD ? (uint32_t)IHD : a.ihd;
+    const float *q = a.iq + (size_t)t * a.heads * ihd;
     for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS * IDX_MAX_DIM / 4; i += blockDim.x) {
         uint32_t h = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
-        bool on = h < a.heads && d < a.ihd;
-        float4 v = on ? __ldg((const float4 *)(q + (size_t)h * a.ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        bool on = h < a.heads && d < ihd;
+        float4 v = on ? __ldg((const float4 *)(q + (size_t)h * ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         float f[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
         for (int j = 0; j < 4; j++) dev_tf32_split(f[j], &qh[h][d + j], &ql[h][d + j]);
@@ -645,13 +648,14 @@ static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx_score_tc_kernel(id
         __syncthreads(); /* the query is stored; the previous sub-tile's rows are read */
         for (uint32_t i = threadIdx.x; i < IDXC_SUB * IDX_MAX_DIM / 4; i += blockDim.x) {
             uint32_t r = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
-            bool on = cb + r < end && d < a.ihd;
-            *(float4 *)&kr[r][d] = on ? __ldg((const float4 *)(a.rows + (size_t)(cb + r) * a.ihd + d))
+            bool on = cb + r < end && d < ihd;
+            *(float4 *)&kr[r][d] = on ? __ldg((const float4 *)(a.rows + (size_t)(cb + r) * ihd + d))
                                       : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
         __syncthreads();
         float acc[4][2][4] = {}, tail[4][2][4] = {};
-        for (uint32_t k0 = 0; k0 < a.ihd; k0 += 8) {
+#pragma unroll 4
+        for (uint32_t k0 = 0; k0 < ihd; k0 += 8) {
             uint32_t bh[2][2], bl[2][2];
 #pragma unroll
             for (int n = 0; n < 2; n++) {
@@ -860,10 +864,16 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
     if (max_nc <= top_k) return 0;
     idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
-        static size_t allowed;
-        if (cu_allow_smem(idx_score_tc_kernel, idx_tc_smem(), &allowed, err)) return -1;
-        DS4_LAUNCH(idx_score_tc_kernel, dim3((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T), IDXC_WARPS * 32, idx_tc_smem(),
-                   st, a);
+        dim3 grid((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T);
+        if (ihd == 128) {
+            static size_t allowed;
+            if (cu_allow_smem(idx_score_tc_kernel<128>, idx_tc_smem(), &allowed, err)) return -1;
+            DS4_LAUNCH(idx_score_tc_kernel<128>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
+        } else {
+            static size_t allowed;
+            if (cu_allow_smem(idx_score_tc_kernel<0>, idx_tc_smem(), &allowed, err)) return -1;
+            DS4_LAUNCH(idx_score_tc_kernel<0>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
+        }
     } else {
         DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
     }
