@@ -743,6 +743,91 @@ static void check_attention(cudaStream_t st) {
         }
 }
 
+/* The ratio-128 compressor's pooling in batches of loads (prefill) against
+ * the candidate-by-candidate pooling it replaced: the same bits, for
+ * windows wholly in the pass and for one that begins in the frontier left
+ * by an earlier pass (pos0 = 64: window 0 takes its first 64 positions
+ * from the frontier, so it pools unbatched in both runs); F32 and F16
+ * positional biases; simulations on (the FP8 round trip of the rows). */
+static void check_comp_emit(cudaStream_t st) {
+    const uint32_t ratio = 128, hd = 512, width = hd, T = 300, rope_dim = 64;
+    ds4_rope rope;
+    memset(&rope, 0, sizeof(rope));
+    rope.n_pairs = rope_dim / 2;
+    for (uint32_t k = 0; k < rope.n_pairs; k++) rope.inv_freq[k] = powf(10000.0f, -2.0f * (float)k / (float)rope_dim);
+    for (uint32_t pos0 : {0u, 64u})
+        for (uint32_t ape_type : {(uint32_t)DS4_TYPE_F32, (uint32_t)DS4_TYPE_F16}) {
+            std::vector<float> frontier((size_t)ratio * width), fscore((size_t)ratio * width), kv((size_t)T * width),
+                gate((size_t)T * width), ape((size_t)ratio * width), norm(hd);
+            for (auto &v : frontier) v = frand();
+            for (auto &v : fscore) v = frand();
+            for (auto &v : kv) v = frand();
+            for (auto &v : gate) v = frand() * 2.0f;
+            for (auto &v : ape) v = ds4_f16_round(frand()); /* exact in either type */
+            for (auto &v : norm) v = 1.0f + 0.1f * frand();
+            std::vector<uint16_t> ape16(ape.size());
+            for (size_t i = 0; i < ape.size(); i++) ape16[i] = ds4_f32_to_f16(ape[i]);
+            uint32_t nwin = (pos0 + T) / ratio - pos0 / ratio;
+            float *dskv = dcopy(frontier), *dssc = dcopy(fscore), *dkv = dcopy(kv), *dgate = dcopy(gate), *dnorm = dcopy(norm);
+            uint8_t *dape = ape_type == DS4_TYPE_F32 ? (uint8_t *)dcopy(ape) : (uint8_t *)dcopy(ape16);
+            uint32_t *dpos = dcopy(&pos0, 1);
+            float *drows = dalloc<float>((size_t)(nwin + 1) * hd);
+            comp_args a;
+            memset(&a, 0, sizeof(a));
+            comp_lane &L = a.lane[0];
+            L.skv = dskv;
+            L.ssc = dssc;
+            L.ckv = dkv;
+            L.cgate = dgate;
+            L.ape = dape;
+            L.ape_type = ape_type;
+            L.norm = (const uint8_t *)dnorm;
+            L.norm_type = DS4_TYPE_F32;
+            L.rows = drows;
+            L.hd = hd;
+            L.width = width;
+            L.ratio = ratio;
+            a.n_lanes = 1;
+            a.T = T;
+            a.rope_dim = rope_dim;
+            a.pos0 = dpos;
+            a.rope = rope;
+            a.eps = 1e-6f;
+            a.sim = true;
+            std::vector<float> got[2];
+            for (int batched = 0; batched < 2; batched++) {
+                CU(cudaMemset(drows, 0xFF, (size_t)(nwin + 1) * hd * sizeof(float)));
+                ds4_err err = {};
+                if (cu_comp_emit(&a, nwin, batched, st, &err)) {
+                    printf("FAIL: %s\n", ds4_err_msg(&err));
+                    exit(1);
+                }
+                CU(cudaStreamSynchronize(st));
+                got[batched].resize((size_t)(nwin + 1) * hd);
+                CU(cudaMemcpy(got[batched].data(), drows, got[batched].size() * sizeof(float), cudaMemcpyDeviceToHost));
+            }
+            /* rows pos0 / ratio .. of the windows that closed; the row after them untouched (NaN) */
+            uint32_t w0 = pos0 / ratio, closed = (pos0 + T) / ratio - w0, differ = 0, finite = 0;
+            for (size_t i = (size_t)w0 * hd; i < (size_t)(w0 + closed) * hd; i++) {
+                differ += memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
+                finite += std::isfinite(got[1][i]);
+            }
+            printf("compressor ratio 128, pos0 %2u, ape %s  %u windows, %u of %u values differ\n", pos0,
+                   ape_type == DS4_TYPE_F32 ? "f32" : "f16", closed, differ, closed * hd);
+            CHECK(differ == 0 && finite == closed * hd, "batched compressor pooling (pos0 %u): %u values differ, %u finite",
+                  pos0, differ, finite);
+            CHECK(std::isnan(got[1][(size_t)(w0 + closed) * hd]), "batched compressor pooling wrote past its windows");
+            cudaFree(dskv);
+            cudaFree(dssc);
+            cudaFree(dkv);
+            cudaFree(dgate);
+            cudaFree(dnorm);
+            cudaFree(dape);
+            cudaFree(dpos);
+            cudaFree(drows);
+        }
+}
+
 static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     const uint32_t ihd = 128;
     {
@@ -1126,6 +1211,7 @@ int main(int argc, char **argv) {
     check_fused_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);
+    check_comp_emit(st);
     check_idx_scores(st, false, 3);
     check_idx_scores(st, true, 3);
     check_idx_scores(st, true, 1); /* one query */

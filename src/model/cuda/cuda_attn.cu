@@ -265,27 +265,6 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 
 /* -------------------------------------------------------- compressors */
 
-typedef struct comp_lane {
-    float *skv, *ssc;         /* frontier: SR x width */
-    const float *ckv, *cgate; /* the pass's projections: T x width */
-    const uint8_t *ape;
-    uint32_t ape_type;
-    const uint8_t *norm;
-    uint32_t norm_type;
-    float *rows;              /* compressed rows, hd each */
-    uint32_t hd, width, ratio;
-    bool indexer;
-} comp_lane;
-
-typedef struct comp_args {
-    comp_lane lane[2];
-    uint32_t n_lanes, T, rope_dim;
-    const uint32_t *pos0;
-    ds4_rope rope;
-    float eps;
-    bool sim;
-} comp_args;
-
 /* Value and score of frontier position `p` in column `col`: the pass's
  * projection (score + positional bias) or the row the previous pass left. */
 static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t pos0, long long p, uint32_t col, float *kv,
@@ -449,6 +428,18 @@ static __global__ void comp_frontier_kernel(comp_args a) {
     }
 }
 
+int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t st, ds4_err *err) {
+    if (nwin == 0) return 0;
+    for (uint32_t i = 0; i < a->n_lanes; i++)
+        if (a->lane[i].hd > 512)
+            return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: compressed rows of %u values (at most 512)",
+                               a->lane[i].hd);
+    if (batched) DS4_LAUNCH(comp_emit_kernel<true>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
+    else DS4_LAUNCH(comp_emit_kernel<false>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
@@ -493,14 +484,10 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
         L->indexer = true;
         a.n_lanes = 2;
     }
-    /* windows that can close: at most one in a decode step */
+    /* windows that can close: at most one in a decode step; ratio 4 reads
+     * the previous window's frontier rows, so no batches */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
-    if (nwin) {
-        /* ratio 4 reads the previous window's frontier rows: no batches */
-        if (!decode && ratio != 4) DS4_LAUNCH(comp_emit_kernel<true>, dim3(nwin, a.n_lanes), 256, 0, st, a);
-        else DS4_LAUNCH(comp_emit_kernel<false>, dim3(nwin, a.n_lanes), 256, 0, st, a);
-        CU_LAUNCHED();
-    }
+    if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
     DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, st, a);
     CU_LAUNCHED();

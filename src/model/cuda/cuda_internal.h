@@ -295,6 +295,35 @@ int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err 
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err);
+/* A compressor lane of one pass (MODEL.md 6.2): its frontier (the rows
+ * of the current window - and for ratio 4 the previous one - that earlier
+ * passes left), the pass's projections, and where its compressed rows go. */
+typedef struct comp_lane {
+    float *skv, *ssc;         /* frontier: SR x width */
+    const float *ckv, *cgate; /* the pass's projections: T x width */
+    const uint8_t *ape;
+    uint32_t ape_type;
+    const uint8_t *norm;
+    uint32_t norm_type;
+    float *rows;              /* compressed rows, hd each */
+    uint32_t hd, width, ratio;
+    bool indexer;
+} comp_lane;
+
+typedef struct comp_args {
+    comp_lane lane[2];
+    uint32_t n_lanes, T, rope_dim;
+    const uint32_t *pos0;
+    ds4_rope rope;
+    float eps;
+    bool sim;
+} comp_args;
+/* The rows of the nwin windows that can close in the pass (a block per
+ * window and lane; those that do not close exit): pooled, normalised,
+ * RoPE'd, rounded.  batched: windows wholly inside the pass pool their
+ * candidates in batches of loads - the same sums in the same order
+ * (cu_compress; exported for the kernel test, which holds it to that). */
+int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t st, ds4_err *err);
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 /* Query t's (position *pos0 + t) indexer scores of the (pos + 1) / 4
  * compressed rows of its prefix, when they are more than top_k: score[c] =
