@@ -1,7 +1,9 @@
 #!/bin/sh
 # ab_bench.sh OUTDIR VARIANT... - several builds and settings of ds4-bench
 # timed in one device run (device time is what a session has least of), in
-# turns, so that a drift of the machine shows in every variant alike.
+# turns, so that a drift of the machine shows in every variant alike; round
+# r starts at the r-th variant (the order rotated), so that over as many
+# rounds as variants each takes every place in a round alike.
 #
 #   VARIANT   NAME=BINDIR or NAME=BINDIR:VAR=VALUE,VAR=VALUE...
 #             the ds4-bench in BINDIR, run with those environment settings
@@ -31,14 +33,25 @@ done
 ARGS=${BENCH_ARGS:---synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 64}
 mkdir -p "$OUT"
 : > "$OUT/ab.txt"
+run_variant() { # run_variant ROUND VARIANT
+    name=${2%%=*}; rest=${2#*=}; bin=${rest%%:*}; envs=""
+    [ "$rest" != "$bin" ] && envs=$(echo "${rest#*:}" | tr ',' ' ')
+    # shellcheck disable=SC2086 # the settings and arguments are word lists
+    line=$(env $envs timeout 300 "$bin/ds4-bench" $ARGS 2>&1 | grep '^ctx' | tr '\n' ' ' | sed 's/ $//')
+    echo "$name round $1: ${line:-FAILED}" | tee -a "$OUT/ab.txt"
+}
 round=1
 while [ "$round" -le "${REPEAT:-2}" ]; do
+    first=$(( (round - 1) % $# )) # this round's order: variants first.., then ..first - 1
+    i=0
     for v in "$@"; do
-        name=${v%%=*}; rest=${v#*=}; bin=${rest%%:*}; envs=""
-        [ "$rest" != "$bin" ] && envs=$(echo "${rest#*:}" | tr ',' ' ')
-        # shellcheck disable=SC2086 # the settings and arguments are word lists
-        line=$(env $envs timeout 300 "$bin/ds4-bench" $ARGS 2>&1 | grep '^ctx' | tr '\n' ' ' | sed 's/ $//')
-        echo "$name round $round: ${line:-FAILED}" | tee -a "$OUT/ab.txt"
+        [ "$i" -ge "$first" ] && run_variant "$round" "$v"
+        i=$((i + 1))
+    done
+    i=0
+    for v in "$@"; do
+        [ "$i" -lt "$first" ] && run_variant "$round" "$v"
+        i=$((i + 1))
     done
     round=$((round + 1))
 done

@@ -3,7 +3,8 @@
 # several ds4-bench builds and settings, against a fake ds4-bench (a shell script) that
 # prints its environment setting and arguments as a result line: the
 # variants run in turns for REPEAT rounds, each with its own binary and
-# settings (and none leaks into the next), BENCH_ARGS reach the benchmark,
+# settings (and none leaks into the next), each round's order rotated by
+# one, BENCH_ARGS reach the benchmark,
 # a failing run is recorded as FAILED, bad variants are refused (status 2);
 # summary.txt has each variant's mean prefill and generation t/s over its
 # rounds (a fake in the real result format, other numbers each round).
@@ -42,9 +43,9 @@ got=$(cat "$dir/out/ab.txt")
 want="one round 1: ctx a X=unset Y=unset args=--foo 1
 two round 1: ctx b X=5 Y=7 args=--foo 1
 three round 1: FAILED
-one round 2: ctx a X=unset Y=unset args=--foo 1
 two round 2: ctx b X=5 Y=7 args=--foo 1
-three round 2: FAILED"
+three round 2: FAILED
+one round 2: ctx a X=unset Y=unset args=--foo 1"
 [ "$got" = "$want" ] || fail "ab.txt is
 $got
 expected
