@@ -593,6 +593,15 @@ static void check_lowprec(cudaStream_t st) {
 /* Rows of hd values, RMS-normalised like the KV rows; with `sim` as the
  * simulations store them: raw rows through binary16, compressed rows
  * through FP8 before the RoPE tail (and f32 in it). */
+/* RoPE over the last rope_dim values of a row, base 10000. */
+static ds4_rope test_rope(uint32_t rope_dim) {
+    ds4_rope rope;
+    memset(&rope, 0, sizeof(rope));
+    rope.n_pairs = rope_dim / 2;
+    for (uint32_t k = 0; k < rope.n_pairs; k++) rope.inv_freq[k] = powf(10000.0f, -2.0f * (float)k / (float)rope_dim);
+    return rope;
+}
+
 static void attn_rows_make(std::vector<float> &v, uint32_t n, uint32_t hd, uint32_t tail0, bool sim, bool comp) {
     v.resize((size_t)n * hd);
     for (uint32_t r = 0; r < n; r++) {
@@ -622,10 +631,7 @@ static void attn_rows_make(std::vector<float> &v, uint32_t n, uint32_t hd, uint3
 static void check_attention(cudaStream_t st) {
     const uint32_t hd = 512, rope_dim = 64, tail0 = hd - rope_dim, window = 128, top_k = 64, ncomp = 90, T = 24,
                    pos0 = 200;
-    ds4_rope rope;
-    memset(&rope, 0, sizeof(rope));
-    rope.n_pairs = rope_dim / 2;
-    for (uint32_t k = 0; k < rope.n_pairs; k++) rope.inv_freq[k] = powf(10000.0f, -2.0f * (float)k / (float)rope_dim);
+    ds4_rope rope = test_rope(rope_dim);
     std::vector<uint32_t> vis((size_t)T * top_k, 0), nvis(T);
     for (uint32_t t = 0; t < T; t++) {
         nvis[t] = 30 + (t * 7) % 34;
@@ -751,10 +757,7 @@ static void check_attention(cudaStream_t st) {
  * positional biases; simulations on (the FP8 round trip of the rows). */
 static void check_comp_emit(cudaStream_t st) {
     const uint32_t ratio = 128, hd = 512, width = hd, T = 300, rope_dim = 64;
-    ds4_rope rope;
-    memset(&rope, 0, sizeof(rope));
-    rope.n_pairs = rope_dim / 2;
-    for (uint32_t k = 0; k < rope.n_pairs; k++) rope.inv_freq[k] = powf(10000.0f, -2.0f * (float)k / (float)rope_dim);
+    ds4_rope rope = test_rope(rope_dim);
     for (uint32_t pos0 : {0u, 64u})
         for (uint32_t ape_type : {(uint32_t)DS4_TYPE_F32, (uint32_t)DS4_TYPE_F16}) {
             std::vector<float> frontier((size_t)ratio * width), fscore((size_t)ratio * width), kv((size_t)T * width),

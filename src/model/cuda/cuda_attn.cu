@@ -430,10 +430,6 @@ static __global__ void comp_frontier_kernel(comp_args a) {
 
 int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t st, ds4_err *err) {
     if (nwin == 0) return 0;
-    for (uint32_t i = 0; i < a->n_lanes; i++)
-        if (a->lane[i].hd > 512)
-            return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: compressed rows of %u values (at most 512)",
-                               a->lane[i].hd);
     if (batched) DS4_LAUNCH(comp_emit_kernel<true>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
     else DS4_LAUNCH(comp_emit_kernel<false>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
     CU_LAUNCHED();
@@ -853,12 +849,10 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
     if (tc) {
         dim3 grid((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T);
         if (ihd == 128) {
-            static size_t allowed;
-            if (cu_allow_smem(idx_score_tc_kernel<128>, idx_tc_smem(), &allowed, err)) return -1;
+            if (cu_allow_smem<idx_score_tc_kernel<128>>(idx_tc_smem(), err)) return -1;
             DS4_LAUNCH(idx_score_tc_kernel<128>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
         } else {
-            static size_t allowed;
-            if (cu_allow_smem(idx_score_tc_kernel<0>, idx_tc_smem(), &allowed, err)) return -1;
+            if (cu_allow_smem<idx_score_tc_kernel<0>>(idx_tc_smem(), err)) return -1;
             DS4_LAUNCH(idx_score_tc_kernel<0>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
         }
     } else {
@@ -1641,12 +1635,10 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
         size_t smem = attn_tc_smem(a->hd);
         dim3 grid((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T);
         if (a->hd == 512) {
-            static size_t allowed;
-            if (cu_allow_smem(attn_tc_kernel<512>, smem, &allowed, err)) return -1;
+            if (cu_allow_smem<attn_tc_kernel<512>>(smem, err)) return -1;
             DS4_LAUNCH(attn_tc_kernel<512>, grid, ATC_WARPS * 32, smem, st, *a);
         } else {
-            static size_t allowed;
-            if (cu_allow_smem(attn_tc_kernel<0>, smem, &allowed, err)) return -1;
+            if (cu_allow_smem<attn_tc_kernel<0>>(smem, err)) return -1;
             DS4_LAUNCH(attn_tc_kernel<0>, grid, ATC_WARPS * 32, smem, st, *a);
         }
     } else {

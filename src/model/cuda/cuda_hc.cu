@@ -552,8 +552,7 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
         CU_LAUNCHED();
         return 0;
     }
-    static size_t allowed;
-    if (cu_allow_smem(hc_prefill_mix_kernel<NMIX>, hcp_smem(), &allowed, err)) return -1;
+    if (cu_allow_smem<hc_prefill_mix_kernel<NMIX>>(hcp_smem(), err)) return -1;
     hc_args p = a;
     if (a.y || a.eout) {
         DS4_LAUNCH(hc_prefill_post_kernel, dim3((a.D + HCPOST_THREADS - 1) / HCPOST_THREADS, T), HCPOST_THREADS, 0,

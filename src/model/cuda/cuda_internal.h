@@ -318,8 +318,9 @@ typedef struct comp_args {
     float eps;
     bool sim;
 } comp_args;
-/* The rows of the nwin windows that can close in the pass (a block per
- * window and lane; those that do not close exit): pooled, normalised,
+/* The rows (hd <= 512: check_config) of the nwin windows that can close
+ * in the pass (a block per window and lane; those that do not close exit):
+ * pooled, normalised,
  * RoPE'd, rounded.  batched: windows wholly inside the pass pool their
  * candidates in batches of loads - the same sums in the same order
  * (cu_compress; exported for the kernel test, which holds it to that). */

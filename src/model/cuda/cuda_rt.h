@@ -150,13 +150,14 @@ static inline int cu_dev_alloc(void **p, size_t bytes, const char *what, ds4_err
     return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for %.2f GiB of %s on the device (%.2f GiB free of %.2f GiB)",
                        (double)bytes / gib, what, (double)free_b / gib, (double)total_b / gib);
 }
-/* Let kernel `kern` take `bytes` of dynamic shared memory (past the
- * default 48 KiB); *allowed is the most granted so far, so the attribute
- * is set once a size, not before every launch. */
-template <typename K> static inline int cu_allow_smem(K kern, size_t bytes, size_t *allowed, ds4_err *err) {
-    if (bytes <= *allowed) return 0;
-    CU_TRY(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    *allowed = bytes;
+/* Let kernel KERN take `bytes` of dynamic shared memory (past the default
+ * 48 KiB); each kernel keeps the most granted so far, so the attribute is
+ * set once a size, not before every launch. */
+template <auto KERN> static inline int cu_allow_smem(size_t bytes, ds4_err *err) {
+    static size_t allowed;
+    if (bytes <= allowed) return 0;
+    CU_TRY(cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
+    allowed = bytes;
     return 0;
 }
 /* After a launch: configuration errors show up here. */
