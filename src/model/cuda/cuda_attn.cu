@@ -1300,16 +1300,20 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * P <= 1, so neither can overflow.  Rows are taken unscaled: they are
  * RMS-normalised too (the KV and compressor norms, weighted).
  *
- * Operands are laid out for conflict-free 32-bit fragment loads: within
- * each 16 values of k, an mma's k 2t, 2t+1, 2t+8, 2t+9 (lane t) stand for
- * values t, t+4, t+8, t+12, so a lane's binary16 pairs of Q and P are
- * words of shared memory (packed that way when split) and its row values
- * are 32-bit loads at a row stride of hd + 4 floats.  At the end O goes
- * through shared memory to the per-head finish of the other kernel. */
+ * A chunk's rows are split once, where they land: each thread copies
+ * pieces of 8 values (f32) into shared memory and rewrites each piece in
+ * place as its 8 binary16 heads followed by their 8 tails, noting whether
+ * any tail is non-zero.  The products then take their row operands with
+ * ldmatrix (K for the scores, transposed for V), so no warp converts a
+ * row value again (each had been split by each of the four warps that
+ * read it).  Q and P are binary16 pairs in k order, a lane's fragment
+ * words loaded one by one (row strides that hit 32 banks).  At the end O
+ * goes through shared memory to the per-head finish of the other kernel. */
 #define ATC_HEADS 64
 #define ATC_ROWS 32
 #define ATC_WARPS 16
-#define ATC_PAD 4 /* row stride hd + 4 floats; a head's Q words hd / 2 + 4 */
+#define ATC_PAD 4 /* row stride hd + 4 floats (ldmatrix: 8 rows on 8 bank groups); a head's Q words hd / 2 + 4 */
+#define ATC_PIECE 8 /* row values a thread copies and splits together */
 #define ATC_PLD (ATC_ROWS + ATC_PAD) /* f32 scores a head */
 #define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: the fragment loads hit 32 banks) */
 #define ATC_SCALE 256.0f             /* Q and P scale, 2^8 */
@@ -1320,8 +1324,8 @@ static size_t attn_tc_smem(uint32_t hd) {
            2 * ATC_ROWS * sizeof(const float *);
 }
 
-/* The pieces of a chunk's rows a thread copies: 16-byte piece u = tid +
- * k blockDim of the chunk is row u / nq, column 4 (u % nq).  The same for
+/* The pieces of a chunk's rows a thread copies: 32-byte piece u = tid +
+ * k blockDim of the chunk is row u / nq, column 8 (u % nq).  The same for
  * every chunk, so the divisions are done once (rows past `rows` are not
  * the thread's). */
 struct atc_pieces {
@@ -1330,9 +1334,9 @@ struct atc_pieces {
 static __device__ __forceinline__ atc_pieces atc_pieces_of(uint32_t tid, uint32_t nq) {
     atc_pieces p;
     p.r0 = tid / nq;
-    p.c0 = 4 * (tid % nq);
+    p.c0 = ATC_PIECE * (tid % nq);
     p.rstep = blockDim.x / nq;
-    p.cstep = 4 * (blockDim.x % nq);
+    p.cstep = ATC_PIECE * (blockDim.x % nq);
     p.n = (ATC_ROWS * nq + blockDim.x - 1 - tid) / blockDim.x;
     return p;
 }
@@ -1340,8 +1344,8 @@ static __device__ __forceinline__ atc_pieces atc_pieces_of(uint32_t tid, uint32_
 static __device__ __forceinline__ void atc_next_piece(const atc_pieces &p, uint32_t nq, uint32_t *r, uint32_t *c) {
     *r += p.rstep;
     *c += p.cstep;
-    if (*c >= 4 * nq) {
-        *c -= 4 * nq;
+    if (*c >= ATC_PIECE * nq) {
+        *c -= ATC_PIECE * nq;
         *r += 1;
     }
 }
@@ -1357,38 +1361,60 @@ static __device__ __forceinline__ bool atc_split(const atc_exact &x, uint32_t d0
     return d1 <= x.tail0 ? x.body : d0 >= x.tail0 ? x.tail : (x.body || x.tail);
 }
 
-/* Row values (x, y) as a B fragment register: the binary16 pair, and with
- * `split` the tail pair too. */
-static __device__ __forceinline__ void atc_b(float x, float y, bool split, uint32_t *h, uint32_t *l) {
-    if (split) dev_f16x2_split(x, y, h, l);
-    else *h = dev_f16x2(x, y);
+/* The address of the binary16 heads of values 8 j .. 8 j + 7 of chunk
+ * row r (their tails follow, 16 bytes on). */
+static __device__ __forceinline__ const uint8_t *atc_piece(const float *Ks, uint32_t ld, uint32_t r, uint32_t j) {
+    return (const uint8_t *)(Ks + r * ld + ATC_PIECE * j);
+}
+
+/* Split the thread's pieces of the chunk's rows in place (each was copied
+ * by this thread, so it needs no barrier): 8 f32 values become 8 binary16
+ * heads and 8 tails.  Returns bit 0 when a tail before the RoPE tail
+ * (value tail0) is non-zero, bit 1 when one in it is. */
+static __device__ __forceinline__ unsigned atc_split_pieces(float *Ks, uint32_t ld, const atc_pieces &pc, uint32_t nq,
+                                                            uint32_t tail0) {
+    unsigned off = 0;
+    uint32_t r = pc.r0, c = pc.c0;
+    for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
+        float4 *v = (float4 *)(Ks + r * ld + c);
+        float4 x0 = v[0], x1 = v[1];
+        uint4 h, l;
+        dev_f16x2_split(x0.x, x0.y, &h.x, &l.x);
+        dev_f16x2_split(x0.z, x0.w, &h.y, &l.y);
+        dev_f16x2_split(x1.x, x1.y, &h.z, &l.z);
+        dev_f16x2_split(x1.z, x1.w, &h.w, &l.w);
+        ((uint4 *)v)[0] = h;
+        ((uint4 *)v)[1] = l;
+        if (l.x | l.y | l.z | l.w) off |= c + ATC_PIECE <= tail0 ? 1u : c >= tail0 ? 2u : 3u;
+    }
+    return off;
 }
 
 /* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
  * tiles of 8), the 16-value blocks of half q4 % 2 of the head dimension
- * (two warps share a tile's rows and meet in atc_merge_scores). */
+ * (two warps share a tile's rows and meet in atc_merge_scores).  A block's
+ * four row fragments (two tiles, two halves of k) come from one ldmatrix:
+ * lane i points at row i % 8 of tile (i / 16), values 8 ((i / 8) % 2).. */
 static __device__ __forceinline__ void atc_scores(const uint32_t *Qh, const uint32_t *Ql, uint32_t qw, const float *Ks,
                                                   uint32_t hd, uint32_t ld, const atc_exact &ex, unsigned mt, unsigned q4,
                                                   float (&sp)[2][4]) {
     unsigned lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
     uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32;
     const uint32_t *qh = Qh + (16 * mt + g) * qw + t, *ql = Ql + (16 * mt + g) * qw + t;
-    const float *kb = Ks + (16 * (q4 >> 1) + g) * ld + t;
+    const uint8_t *kp = atc_piece(Ks, ld, 16 * (q4 >> 1) + 8 * (lane / 16) + lane % 8, (lane / 8) % 2);
     float sh[2][4] = {}, st[2][4] = {};
     for (uint32_t b = kb0; b < kb1; b++) {
-        uint32_t w = 8 * b, ah[4], al[4];
+        uint32_t w = 8 * b, ah[4], al[4], bh[4], bl[4];
         ah[0] = qh[w], ah[1] = qh[8 * qw + w], ah[2] = qh[w + 4], ah[3] = qh[8 * qw + w + 4];
         al[0] = ql[w], al[1] = ql[8 * qw + w], al[2] = ql[w + 4], al[3] = ql[8 * qw + w + 4];
         bool split = atc_split(ex, 16 * b, 16 * b + 16);
+        ldmatrix_x4(bh, kp + 64 * b);
+        if (split) ldmatrix_x4(bl, kp + 64 * b + 16);
 #pragma unroll
         for (int nt = 0; nt < 2; nt++) {
-            const float *kr = kb + 8 * nt * ld + 16 * b;
-            uint32_t bh[2], bl[2];
-            atc_b(kr[0], kr[4], split, &bh[0], &bl[0]);
-            atc_b(kr[8], kr[12], split, &bh[1], &bl[1]);
-            if (split) mma_f16_16x8x16(st[nt], ah, bl);
-            mma_f16_16x8x16(st[nt], al, bh);
-            mma_f16_16x8x16(sh[nt], ah, bh);
+            if (split) mma_f16_16x8x16(st[nt], ah, bl + 2 * nt);
+            mma_f16_16x8x16(st[nt], al, bh + 2 * nt);
+            mma_f16_16x8x16(sh[nt], ah, bh + 2 * nt);
         }
     }
 #pragma unroll
@@ -1425,7 +1451,10 @@ static __device__ __forceinline__ void atc_merge_scores(const float (&sp)[2][4],
 }
 
 /* O += P V for warp (mt, q4): heads 16 mt.., values n0.. of the quarter
- * (ntile tiles of 8), the chunk's rows in two blocks of 16. */
+ * (ntile tiles of 8, an even number), the chunk's rows in two blocks of
+ * 16.  Two tiles' row fragments come from one transposed ldmatrix: lane i
+ * points at row 8 ((i / 8) % 2) + i % 8 of the block, values of tile
+ * i / 16. */
 static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint32_t *Pl, const float *Ks, uint32_t ld,
                                                   const atc_exact &ex, unsigned mt, uint32_t n0, uint32_t ntile,
                                                   float (&o)[ATT_MAXV][4]) {
@@ -1436,34 +1465,36 @@ static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint
         uint32_t w = 8 * b, ah[4], al[4];
         ah[0] = ph[w], ah[1] = ph[8 * ATC_PW + w], ah[2] = ph[w + 4], ah[3] = ph[8 * ATC_PW + w + 4];
         al[0] = pl[w], al[1] = pl[8 * ATC_PW + w], al[2] = pl[w + 4], al[3] = pl[8 * ATC_PW + w + 4];
-        const float *vb = Ks + (16 * b + t) * ld + n0 + g;
+        const uint8_t *vp = atc_piece(Ks, ld, 16 * b + 8 * ((lane / 8) % 2) + lane % 8, n0 / 8 + lane / 16);
 #pragma unroll
-        for (int j = 0; j < ATT_MAXV; j++) {
+        for (int j = 0; j < ATT_MAXV; j += 2) {
             if ((uint32_t)j >= ntile) break;
-            bool split = atc_split(ex, n0 + 8 * j, n0 + 8 * j + 8);
-            const float *v = vb + 8 * j;
-            uint32_t bh[2], bl[2];
-            atc_b(v[0], v[4 * ld], split, &bh[0], &bl[0]);
-            atc_b(v[8 * ld], v[12 * ld], split, &bh[1], &bl[1]);
-            if (split) mma_f16_16x8x16(o[j], ah, bl);
+            bool split0 = atc_split(ex, n0 + 8 * j, n0 + 8 * j + 8), split1 = atc_split(ex, n0 + 8 * j + 8, n0 + 8 * j + 16);
+            uint32_t bh[4], bl[4];
+            ldmatrix_x4_trans(bh, vp + 32 * j);
+            if (split0 || split1) ldmatrix_x4_trans(bl, vp + 32 * j + 16);
+            if (split0) mma_f16_16x8x16(o[j], ah, bl);
             mma_f16_16x8x16(o[j], al, bh);
             mma_f16_16x8x16(o[j], ah, bh);
+            if (split1) mma_f16_16x8x16(o[j + 1], ah, bl + 2);
+            mma_f16_16x8x16(o[j + 1], al, bh + 2);
+            mma_f16_16x8x16(o[j + 1], ah, bh + 2);
         }
     }
 }
 
 /* Online softmax over the chunk: thread (head tid / 8, q = tid % 8) takes
- * rows 16 (q / 4) + q % 4 + {0, 4, 8, 12} - the two P words of lane q % 4
- * of block q / 4 - turns its scores into probabilities against the head's
- * new maximum, stores them scaled, as head and tail, and records the
- * factor for the head's earlier sums. */
+ * rows 16 (q / 4) + 2 (q % 4) + {0, 1, 8, 9} - the two P words of lane
+ * q % 4 of block q / 4 - turns its scores into probabilities against the
+ * head's new maximum, stores them scaled, as head and tail, and records
+ * the factor for the head's earlier sums. */
 static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph, uint32_t *Pl, float *mh, float *lh,
                                                    float *ch) {
-    unsigned h = threadIdx.x / 8, q = threadIdx.x % 8, r0 = 16 * (q / 4) + q % 4;
+    unsigned h = threadIdx.x / 8, q = threadIdx.x % 8, r0 = 16 * (q / 4) + 2 * (q % 4);
     float v[4], mx = -INFINITY;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        v[i] = Ps[h * ATC_PLD + r0 + 4 * i];
+        v[i] = Ps[h * ATC_PLD + r0 + (i & 1) + 8 * (i >> 1)];
         mx = fmaxf(mx, v[i]);
     }
     for (int o = 1; o < 8; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -1486,20 +1517,18 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
     }
 }
 
-/* Q of the block's heads, scaled and split into the fragment words: word
- * 8 b + j of a head (j < 4: values 16 b + j and + 4; j >= 4: 16 b + j + 4
- * and + 8). */
+/* Q of the block's heads, scaled and split into binary16 pairs: word w of
+ * a head holds values 2 w and 2 w + 1. */
 static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t *Qh,
                                                   uint32_t *Ql, uint32_t qw) {
     uint32_t nw = hd / 2;
     for (uint32_t u = threadIdx.x; u < ATC_HEADS * nw; u += blockDim.x) {
-        uint32_t h = u / nw, wi = u % nw, b = wi / 8, j = wi % 8;
-        uint32_t d = 16 * b + (j < 4 ? j : j + 4);
+        uint32_t h = u / nw, wi = u % nw, d = 2 * wi;
         float x = 0.0f, y = 0.0f;
         if (h0 + h < a.n_head) {
             const float *q = a.q + ((size_t)t * a.n_head + h0 + h) * hd;
             x = q[d] * ATC_SCALE;
-            y = q[d + 4] * ATC_SCALE;
+            y = q[d + 1] * ATC_SCALE;
         }
         dev_f16x2_split(x, y, &Qh[h * qw + wi], &Ql[h * qw + wi]);
     }
@@ -1511,7 +1540,8 @@ static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t h
 template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, atc_smem);
-    const uint32_t hd = HD ? (uint32_t)HD : a.hd, ld = hd + ATC_PAD, nq = hd / 4, qw = hd / 2 + ATC_PAD;
+    __shared__ unsigned split_flags[2]; /* atc_split_pieces bits of the chunks, by chunk parity */
+    const uint32_t hd = HD ? (uint32_t)HD : a.hd, ld = hd + ATC_PAD, nq = hd / ATC_PIECE, qw = hd / 2 + ATC_PAD;
     uint32_t *Qh = (uint32_t *)atc_smem, *Ql = Qh + ATC_HEADS * qw;
     float *Ks = (float *)(Ql + ATC_HEADS * qw), *Ps = Ks + ATC_ROWS * ld, *SP = Ps + ATC_HEADS * ATC_PLD;
     uint32_t *Ph = (uint32_t *)(SP + ATC_HEADS * ATC_PLD), *Pl = Ph + ATC_HEADS * ATC_PW;
@@ -1527,6 +1557,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
         mh[tid] = -INFINITY;
         lh[tid] = 0.0f;
     }
+    if (tid < 2) split_flags[tid] = 0;
     uint32_t ncol = hd / 4, ntile = ncol / 8; /* O: a warp's columns and 8-wide tiles */
     float o[ATT_MAXV][4] = {};
     float scale = 1.0f / sqrtf((float)hd) / ATC_SCALE;
@@ -1542,24 +1573,27 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
         uint32_t r = pc.r0, c = pc.c0;
         for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
             float *dst = Ks + r * ld + c;
-            if (rp[r]) cp_async16(dst, rp[r] + c);
-            else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f); /* P is 0 there: no NaN from stale rows */
+            if (rp[r]) {
+                cp_async16(dst, rp[r] + c);
+                cp_async16(dst + 4, rp[r] + c + 4);
+            } else { /* P is 0 there: no NaN from stale rows */
+                *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+                *(float4 *)(dst + 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            }
         }
         cp_async_commit();
         cp_async_wait_all();
+        /* which values need their tails, before and in the RoPE tail: the
+         * warps' bits meet in this chunk's flag word at the barrier; the other
+         * word, last read before this chunk's first barrier, is cleared */
+        unsigned off = atc_split_pieces(Ks, ld, pc, nq, ex.tail0);
+        off = __any_sync(0xffffffffu, off & 1) | (__any_sync(0xffffffffu, off & 2) << 1);
+        if (lane == 0 && off) atomicOr(&split_flags[ci & 1], off);
         __syncthreads();
-        /* which values are binary16 already, before and in the RoPE tail */
-        bool body = false, tail = false;
-        r = pc.r0, c = pc.c0;
-        for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
-            float4 v = *(const float4 *)(Ks + r * ld + c);
-            bool off = dev_f16_round(v.x) != v.x || dev_f16_round(v.y) != v.y || dev_f16_round(v.z) != v.z ||
-                       dev_f16_round(v.w) != v.w;
-            if (c < ex.tail0) body |= off;
-            else tail |= off;
-        }
-        ex.body = __syncthreads_or(body);
-        ex.tail = __syncthreads_or(tail);
+        unsigned flags = split_flags[ci & 1];
+        if (tid == 0) split_flags[(ci + 1) & 1] = 0;
+        ex.body = flags & 1;
+        ex.tail = (flags & 2) != 0;
         float sp[2][4];
         atc_scores(Qh, Ql, qw, Ks, hd, ld, ex, mt, q4, sp);
         atc_merge_scores(sp, SP, Ps, mt, q4, total - c0, scale);

@@ -354,6 +354,33 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *ro
 #endif
 }
 
+/* The same, transposed (.trans): register j of lane l receives the two
+ * 16-bit values of column l / 4 in rows 2 (l % 4) and 2 (l % 4) + 1 of
+ * matrix j, the lower row first - a B fragment of mma_f16_16x8x16 from a
+ * matrix stored with k along its rows. */
+static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *row) {
+#ifdef DS4_CUDA_EMU
+    uint64_t p = (uint64_t)(uintptr_t)row;
+    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
+    const uint32_t *all = emu_warp_gather(mine, 2);
+    unsigned lane = emu_lane();
+    for (unsigned j = 0; j < 4; j++) {
+        uint16_t v[2];
+        for (unsigned i = 0; i < 2; i++) {
+            unsigned src = 8 * j + 2 * (lane % 4) + i;
+            uint64_t q = (uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32;
+            memcpy(&v[i], (const unsigned char *)(uintptr_t)q + 2 * (lane / 4), 2);
+        }
+        r[j] = (uint32_t)v[0] | (uint32_t)v[1] << 16;
+    }
+#else
+    uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a));
+#endif
+}
+
 /* The same with K = 16 (PTX "Matrix Fragments for mma.m16n8k16" of the
  * 8-bit integer types), A signed, B unsigned when B_U8:
  *   a[0]: A row g, cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
