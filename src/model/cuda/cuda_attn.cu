@@ -1306,16 +1306,17 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * any tail is non-zero.  The products then take their row operands with
  * ldmatrix (K for the scores, transposed for V), so no warp converts a
  * row value again (each had been split by each of the four warps that
- * read it).  Q and P are binary16 pairs in k order, a lane's fragment
- * words loaded one by one (row strides that hit 32 banks).  At the end O
- * goes through shared memory to the per-head finish of the other kernel. */
+ * read it).  Q and P are binary16 pairs in k order, their fragments
+ * ldmatrix loads too (row strides of 1040 and 80 bytes: the eight rows of
+ * a piece on eight bank groups).  At the end O goes through shared memory
+ * to the per-head finish of the other kernel. */
 #define ATC_HEADS 64
 #define ATC_ROWS 32
 #define ATC_WARPS 16
 #define ATC_PAD 4 /* row stride hd + 4 floats (ldmatrix: 8 rows on 8 bank groups); a head's Q words hd / 2 + 4 */
 #define ATC_PIECE 8 /* row values a thread copies and splits together */
 #define ATC_PLD (ATC_ROWS + ATC_PAD) /* f32 scores a head */
-#define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: the fragment loads hit 32 banks) */
+#define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: ldmatrix rows on 8 bank groups) */
 #define ATC_SCALE 256.0f             /* Q and P scale, 2^8 */
 
 static size_t attn_tc_smem(uint32_t hd) {
@@ -1390,6 +1391,14 @@ static __device__ __forceinline__ unsigned atc_split_pieces(float *Ks, uint32_t 
     return off;
 }
 
+/* The word lane i points ldmatrix at for an A fragment of rows r0.. of a
+ * matrix of binary16 pairs in k order (stride w words), k block 0: row
+ * r0 + i % 8 + 8 ((i / 8) % 2), values 8 (i / 16).. - the fragment's four
+ * 8 x 8 pieces in mma order.  Add 8 words a k block. */
+static __device__ __forceinline__ uint32_t atc_a_word(unsigned lane, uint32_t r0, uint32_t w) {
+    return (r0 + lane % 8 + 8 * ((lane / 8) % 2)) * w + 4 * (lane / 16);
+}
+
 /* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
  * tiles of 8), the 16-value blocks of half q4 % 2 of the head dimension
  * (two warps share a tile's rows and meet in atc_merge_scores).  A block's
@@ -1398,15 +1407,14 @@ static __device__ __forceinline__ unsigned atc_split_pieces(float *Ks, uint32_t 
 static __device__ __forceinline__ void atc_scores(const uint32_t *Qh, const uint32_t *Ql, uint32_t qw, const float *Ks,
                                                   uint32_t hd, uint32_t ld, const atc_exact &ex, unsigned mt, unsigned q4,
                                                   float (&sp)[2][4]) {
-    unsigned lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
-    uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32;
-    const uint32_t *qh = Qh + (16 * mt + g) * qw + t, *ql = Ql + (16 * mt + g) * qw + t;
+    unsigned lane = threadIdx.x & 31;
+    uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32, qa = atc_a_word(lane, 16 * mt, qw);
     const uint8_t *kp = atc_piece(Ks, ld, 16 * (q4 >> 1) + 8 * (lane / 16) + lane % 8, (lane / 8) % 2);
     float sh[2][4] = {}, st[2][4] = {};
     for (uint32_t b = kb0; b < kb1; b++) {
-        uint32_t w = 8 * b, ah[4], al[4], bh[4], bl[4];
-        ah[0] = qh[w], ah[1] = qh[8 * qw + w], ah[2] = qh[w + 4], ah[3] = qh[8 * qw + w + 4];
-        al[0] = ql[w], al[1] = ql[8 * qw + w], al[2] = ql[w + 4], al[3] = ql[8 * qw + w + 4];
+        uint32_t ah[4], al[4], bh[4], bl[4];
+        ldmatrix_x4(ah, Qh + qa + 8 * b);
+        ldmatrix_x4(al, Ql + qa + 8 * b);
         bool split = atc_split(ex, 16 * b, 16 * b + 16);
         ldmatrix_x4(bh, kp + 64 * b);
         if (split) ldmatrix_x4(bl, kp + 64 * b + 16);
@@ -1458,13 +1466,13 @@ static __device__ __forceinline__ void atc_merge_scores(const float (&sp)[2][4],
 static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint32_t *Pl, const float *Ks, uint32_t ld,
                                                   const atc_exact &ex, unsigned mt, uint32_t n0, uint32_t ntile,
                                                   float (&o)[ATT_MAXV][4]) {
-    unsigned lane = threadIdx.x & 31, g = lane / 4, t = lane % 4;
-    const uint32_t *ph = Ph + (16 * mt + g) * ATC_PW + t, *pl = Pl + (16 * mt + g) * ATC_PW + t;
+    unsigned lane = threadIdx.x & 31;
+    uint32_t pa = atc_a_word(lane, 16 * mt, ATC_PW);
 #pragma unroll
     for (int b = 0; b < ATC_ROWS / 16; b++) {
-        uint32_t w = 8 * b, ah[4], al[4];
-        ah[0] = ph[w], ah[1] = ph[8 * ATC_PW + w], ah[2] = ph[w + 4], ah[3] = ph[8 * ATC_PW + w + 4];
-        al[0] = pl[w], al[1] = pl[8 * ATC_PW + w], al[2] = pl[w + 4], al[3] = pl[8 * ATC_PW + w + 4];
+        uint32_t ah[4], al[4];
+        ldmatrix_x4(ah, Ph + pa + 8 * b);
+        ldmatrix_x4(al, Pl + pa + 8 * b);
         const uint8_t *vp = atc_piece(Ks, ld, 16 * b + 8 * ((lane / 8) % 2) + lane % 8, n0 / 8 + lane / 16);
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 2) {
