@@ -597,6 +597,7 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
  * the fragment's heads and then across the lanes of a column, in a fixed
  * order. */
 #define IDXC_WARPS 4
+#define IDXC_QLOADS 8 /* query loads a thread has in flight */
 #define IDXC_SUB (16 * IDXC_WARPS) /* rows per sub-tile */
 #define IDXC_ROWS 512              /* rows per block */
 #define IDXC_LD (IDX_MAX_DIM + 4)  /* row stride: the fragment loads hit 32 banks */
@@ -616,25 +617,39 @@ template <int IHD> static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx
     if (nc <= a.top_k || c0 >= nc) return;
     const uint32_t ihd = IHD ? (uint32_t)IHD : a.ihd;
     const float *q = a.iq + (size_t)t * a.heads * ihd;
-    for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS * IDX_MAX_DIM / 4; i += blockDim.x) {
-        uint32_t h = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
-        bool on = h < a.heads && d < ihd;
-        float4 v = on ? __ldg((const float4 *)(q + (size_t)h * ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        float f[4] = {v.x, v.y, v.z, v.w};
+    /* the query, IDXC_QLOADS 16-byte pieces a thread loaded before any is
+     * used (a loop of single loads waits a round trip for each) */
+    constexpr uint32_t QPIECES = IDX_MAX_HEADS * IDX_MAX_DIM / 4;
+    for (uint32_t i0 = threadIdx.x; i0 < QPIECES; i0 += IDXC_QLOADS * blockDim.x) {
+        float4 v[IDXC_QLOADS];
 #pragma unroll
-        for (int j = 0; j < 4; j++) dev_tf32_split(f[j], &qh[h][d + j], &ql[h][d + j]);
+        for (int u = 0; u < IDXC_QLOADS; u++) {
+            uint32_t i = i0 + u * blockDim.x, h = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
+            bool on = i < QPIECES && h < a.heads && d < ihd;
+            v[u] = on ? __ldg((const float4 *)(q + (size_t)h * ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        }
+#pragma unroll
+        for (int u = 0; u < IDXC_QLOADS; u++) {
+            uint32_t i = i0 + u * blockDim.x, h = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
+            if (i >= QPIECES) break;
+            float f[4] = {v[u].x, v[u].y, v[u].z, v[u].w};
+#pragma unroll
+            for (int j = 0; j < 4; j++) dev_tf32_split(f[j], &qh[h][d + j], &ql[h][d + j]);
+        }
     }
     for (uint32_t h = threadIdx.x; h < IDX_MAX_HEADS; h += blockDim.x) ws[h] = h < a.heads ? a.iw[(size_t)t * a.heads + h] : 0.0f;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, g = lane / 4, tq = lane % 4;
     uint32_t end = nc < c0 + IDXC_ROWS ? nc : c0 + IDXC_ROWS;
     for (uint32_t cb = c0; cb < end; cb += IDXC_SUB) {
         __syncthreads(); /* the query is stored; the previous sub-tile's rows are read */
+        /* the rows by asynchronous copies, all in flight at once */
         for (uint32_t i = threadIdx.x; i < IDXC_SUB * IDX_MAX_DIM / 4; i += blockDim.x) {
             uint32_t r = i / (IDX_MAX_DIM / 4), d = 4 * (i % (IDX_MAX_DIM / 4));
-            bool on = cb + r < end && d < ihd;
-            *(float4 *)&kr[r][d] = on ? __ldg((const float4 *)(a.rows + (size_t)(cb + r) * ihd + d))
-                                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            if (cb + r < end && d < ihd) cp_async16(&kr[r][d], a.rows + (size_t)(cb + r) * ihd + d);
+            else *(float4 *)&kr[r][d] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
+        cp_async_commit();
+        cp_async_wait_all();
         __syncthreads();
         float acc[4][2][4] = {}, tail[4][2][4] = {};
 #pragma unroll 4
@@ -1526,19 +1541,33 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
 }
 
 /* Q of the block's heads, scaled and split into binary16 pairs: word w of
- * a head holds values 2 w and 2 w + 1. */
+ * a head holds values 2 w and 2 w + 1.  A thread takes 16-byte pieces,
+ * ATC_QLOADS of them loaded before any is used: one at a time, each load
+ * waited for its round trip (Nsight Compute: a fifth of the kernel's
+ * samples at 4k, where a query has ~10 chunks of rows to amortise it). */
+#define ATC_QLOADS 8
 static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t *Qh,
                                                   uint32_t *Ql, uint32_t qw) {
-    uint32_t nw = hd / 2;
-    for (uint32_t u = threadIdx.x; u < ATC_HEADS * nw; u += blockDim.x) {
-        uint32_t h = u / nw, wi = u % nw, d = 2 * wi;
-        float x = 0.0f, y = 0.0f;
-        if (h0 + h < a.n_head) {
-            const float *q = a.q + ((size_t)t * a.n_head + h0 + h) * hd;
-            x = q[d] * ATC_SCALE;
-            y = q[d + 1] * ATC_SCALE;
+    uint32_t nf = hd / 4, total = ATC_HEADS * nf;
+    for (uint32_t f0 = threadIdx.x; f0 < total; f0 += ATC_QLOADS * blockDim.x) {
+        float4 v[ATC_QLOADS];
+#pragma unroll
+        for (int k = 0; k < ATC_QLOADS; k++) {
+            uint32_t f = f0 + k * blockDim.x, h = f / nf;
+            bool on = f < total && h0 + h < a.n_head;
+            v[k] = on ? *(const float4 *)(a.q + ((size_t)t * a.n_head + h0 + h) * hd + 4 * (f % nf))
+                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         }
-        dev_f16x2_split(x, y, &Qh[h * qw + wi], &Ql[h * qw + wi]);
+#pragma unroll
+        for (int k = 0; k < ATC_QLOADS; k++) {
+            uint32_t f = f0 + k * blockDim.x, w = f / nf * qw + 2 * (f % nf);
+            if (f >= total) break;
+            uint2 hw, lw;
+            dev_f16x2_split(v[k].x * ATC_SCALE, v[k].y * ATC_SCALE, &hw.x, &lw.x);
+            dev_f16x2_split(v[k].z * ATC_SCALE, v[k].w * ATC_SCALE, &hw.y, &lw.y);
+            *(uint2 *)(Qh + w) = hw;
+            *(uint2 *)(Ql + w) = lw;
+        }
     }
 }
 
