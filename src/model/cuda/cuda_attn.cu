@@ -86,14 +86,17 @@ typedef struct qkv_args {
 } qkv_args;
 
 static __global__ void qkv_post_kernel(qkv_args a) {
-    dev_pdl_enter();
+    dev_pdl_launch_next();
     DS4_DYN_SMEM(float, x);
     uint32_t t = blockIdx.x;
-    if (blockIdx.y == 0) {
-        const float *src = a.qa_raw + (size_t)t * a.qlr;
-        for (uint32_t i = threadIdx.x; i < a.qlr; i += blockDim.x) x[i] = src[i];
+    bool qrole = blockIdx.y == 0;
+    norm_w nw = qrole ? block_norm_weights(a.qa_norm, a.qa_norm_type, a.qlr)
+                      : block_norm_weights(a.kv_norm, a.kv_norm_type, a.hd);
+    dev_pdl_wait_prev();
+    if (qrole) {
+        block_load_row(x, a.qa_raw + (size_t)t * a.qlr, a.qlr);
         __syncthreads();
-        block_rmsnorm(x, a.qlr, a.qa_norm, a.qa_norm_type, a.eps);
+        block_rmsnorm(x, a.qlr, nw, a.eps);
         float *o = a.qr.f + (size_t)t * a.qr.fs;
         for (uint32_t i = threadIdx.x; i < a.qlr; i += blockDim.x) o[i] = x[i];
         dev_quantize_row(x, a.qlr, a.qr.q8 ? a.qr.q8 + (size_t)t * a.qr.q8s : NULL,
@@ -101,9 +104,9 @@ static __global__ void qkv_post_kernel(qkv_args a) {
         return;
     }
     float *kv = a.kv + (size_t)t * a.hd;
-    for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) x[i] = kv[i];
+    block_load_row(x, kv, a.hd);
     __syncthreads();
-    block_rmsnorm(x, a.hd, a.kv_norm, a.kv_norm_type, a.eps);
+    block_rmsnorm(x, a.hd, nw, a.eps);
     block_rope(x, a.hd, a.rope, *a.pos0 + t, false);
     if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
     float *ring = a.ring ? a.ring + (size_t)((*a.pos0 + t) % a.raw_cap) * a.hd : NULL;
@@ -140,7 +143,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
         a.raw_cap = b->raw_cap;
     }
     size_t smem = (c->q_lora_rank > c->head_dim ? c->q_lora_rank : c->head_dim) * sizeof(float);
-    DS4_LAUNCH(qkv_post_kernel, dim3(T, 2), 256, smem, b->st, a);
+    DS4_LAUNCH(qkv_post_kernel, dim3(T, 2), QKV_POST_THREADS, smem, b->st, a);
     CU_LAUNCHED();
     return 0;
 }
@@ -339,9 +342,11 @@ static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t
  * so that the ratio-4 launches (a block per window, 512 a chunk) keep
  * their occupancy. */
 template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
-    dev_pdl_enter();
+    dev_pdl_launch_next();
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
+    norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
+    dev_pdl_wait_prev();
     uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
     if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
@@ -372,7 +377,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
         x[j] = sum > 0.0f ? acc / sum : 0.0f;
     }
     __syncthreads();
-    block_rmsnorm(x, hd, L.norm, L.norm_type, a.eps);
+    block_rmsnorm(x, hd, nw, a.eps);
     block_rope(x, hd, a.rope, (uint32_t)ws, false);
     if (a.sim) {
         if (L.indexer) block_qat128(x);
@@ -1090,7 +1095,6 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
-    __shared__ bool last;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
@@ -1232,15 +1236,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         }
         return;
     }
-    __threadfence(); /* this block's partial results, visible before it counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.count + gi, 1u) == a.nsplit - 1;
-        if (last) a.count[gi] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!dev_last_block(a.count + gi, a.nsplit)) return;
     /* The last block: warp w merges head w % H over slice w / H of the
      * parts, against the largest maximum of all of them and the sink (a
      * maximum is exact in any order), so the slices simply add. */

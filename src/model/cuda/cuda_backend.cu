@@ -399,6 +399,9 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     if ((c->head_dim - c->rope_dim) % 64)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u non-RoPE dims (needs FP8 blocks of 64)",
                            c->head_dim - c->rope_dim);
+    if (c->q_lora_rank > NORM_PER * QKV_POST_THREADS)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: q_lora_rank %u (needs <= %u)", c->q_lora_rank,
+                           NORM_PER * QKV_POST_THREADS);
     return 0;
 }
 

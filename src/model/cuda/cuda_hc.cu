@@ -24,6 +24,7 @@
 
 #define HC_MAX_D 4096     /* the widest row the finish holds */
 #define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
+#define HC_EXPERT_LOADS 8 /* HC post: routed experts' values loaded at once */
 
 /* The launch shape of the decode launch and of the prefill finish (one
  * shape, so both sum in the same order): blocks of 512 threads, 8 columns
@@ -43,6 +44,10 @@
 #define HC_COLS (HC_THREADS / 4)      /* mixer: a thread per stream and column */
 static_assert(HC_VALS == 8, "whole float4 loads; a Q8_K block of one warp");
 static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp reduction");
+/* The most partial sums a finish thread adds: the slices of the widest row
+ * (decode; the prefill mixer's slices are wider, so fewer) over the
+ * threads of an output. */
+#define HC_PART_LOADS ((HC_MAX_D / HC_COLS + HC_PART_LANES - 1) / HC_PART_LANES)
 
 uint32_t cu_hc_cols(void) { return HC_COLS; }
 
@@ -267,9 +272,16 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
     const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
     if (warp < ((NMIX + 1) * HC_PART_LANES + 31) / 32) {
-        double v = 0.0;
-        if (m <= (uint32_t)NMIX)
-            for (uint32_t s = j; s < a.nsplit; s += HC_PART_LANES) v += __ldcg(p + (size_t)s * (NMIX + 1) + m);
+        /* a thread's partial sums (at most HC_PART_LOADS) loaded at once */
+        double v = 0.0, pv[HC_PART_LOADS];
+#pragma unroll
+        for (int u = 0; u < HC_PART_LOADS; u++) {
+            uint32_t s = j + u * HC_PART_LANES;
+            pv[u] = m <= (uint32_t)NMIX && s < a.nsplit ? __ldcg(p + (size_t)s * (NMIX + 1) + m) : 0.0;
+        }
+#pragma unroll
+        for (int u = 0; u < HC_PART_LOADS; u++)
+            if (j + u * HC_PART_LANES < a.nsplit) v += pv[u];
         for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
     }
@@ -340,8 +352,18 @@ static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t
     if (on && a.y) {
         in.yd = a.y[(size_t)t * D + d];
     } else if (on && a.eout) {
+        /* the experts' values HC_EXPERT_LOADS at a time, all loaded before
+         * any is added (a loop of loads and adds waits a round trip each) */
         float routed = 0.0f;
-        for (uint32_t i = 0; i < a.k; i++) routed += a.eout[((size_t)t * a.k + i) * D + d];
+        for (uint32_t i0 = 0; i0 < a.k; i0 += HC_EXPERT_LOADS) {
+            float e[HC_EXPERT_LOADS];
+#pragma unroll
+            for (int u = 0; u < HC_EXPERT_LOADS; u++)
+                e[u] = i0 + u < a.k ? a.eout[((size_t)t * a.k + i0 + u) * D + d] : 0.0f;
+#pragma unroll
+            for (int u = 0; u < HC_EXPERT_LOADS; u++)
+                if (i0 + u < a.k) routed += e[u];
+        }
         in.yd = routed + a.sout[(size_t)t * D + d];
     }
     return in;
@@ -399,13 +421,12 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
 
 /* Decode: block x takes columns HC_COLS x .. of the token; the last
  * block to count itself done computes the mixer weights and the next
- * sublayer's input from all the partial sums (the fence and counter of the
- * CUDA guide's "last block" reduction), so the step needs one launch. */
+ * sublayer's input from all the partial sums (dev_last_block), so the
+ * step needs one launch. */
 template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix_kernel(hc_args a) {
     static_assert(NMIX + 1 <= 32, "a lane per mixer output");
     static_assert((NMIX + 1) * HC_PART_LANES <= HC_THREADS, "finish: threads for the partial sums");
     __shared__ double red[HC_WARPS][33];
-    __shared__ bool last;
     const uint32_t n = 4, t = 0;
     bool mixer = threadIdx.x < HC_THREADS; /* not the Sinkhorn warp */
     unsigned h = mixer ? threadIdx.x / HC_COLS : 0;
@@ -419,16 +440,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
     dev_pdl_wait_prev();
     hc_mix_token<NMIX>(a, t, hc_load_token(a, t, d, on), f, d, h, mixer, on, red);
-    __threadfence(); /* this block's S and sums, visible before it counts itself done */
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        last = atomicAdd(a.count + t, 1u) == a.nsplit - 1;
-        if (last) a.count[t] = 0;
-    }
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    hc_finish<NMIX>(a, t, k);
+    if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX>(a, t, k);
 }
 
 /* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four

@@ -434,16 +434,79 @@ static __device__ __forceinline__ uint32_t dev_order_key(float f) {
     return u & 0x80000000u ? ~u : u | 0x80000000u;
 }
 
-/* x <- x * w / rms(x) over n values (w may be NULL); sum of squares in
- * double, as cpu_rmsnorm. */
-static __device__ inline void block_rmsnorm(float *x, uint32_t n, const uint8_t *w, uint32_t wtype, float eps) {
+/* Block-wide row helpers take up to NORM_PER values a thread: value
+ * threadIdx.x + u blockDim.x is the thread's u-th.  The q / kv post
+ * normalises rows of q_lora_rank values with QKV_POST_THREADS threads
+ * (check_config holds the rank to what they take). */
+#define NORM_PER 8
+#define QKV_POST_THREADS 256
+
+/* x[0 .. n) <- src (global memory) by the block, each thread's values
+ * loaded before any is stored (a loop of single loads and stores would
+ * wait a round trip for each). */
+static __device__ __forceinline__ void block_load_row(float *x, const float *src, uint32_t n) {
+    for (uint32_t i0 = threadIdx.x; i0 < n; i0 += NORM_PER * blockDim.x) {
+        float v[NORM_PER];
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++) {
+            uint32_t i = i0 + u * blockDim.x;
+            v[u] = i < n ? src[i] : 0.0f;
+        }
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++)
+            if (i0 + u * blockDim.x < n) x[i0 + u * blockDim.x] = v[u];
+    }
+}
+
+/* The RMSNorm weights of the thread's values of an n-value row (n <=
+ * NORM_PER blockDim.x), all loaded at once; 1 without weights.  Weights
+ * are written by no kernel: a kernel loads them before dev_pdl_wait_prev,
+ * while the kernel before it finishes. */
+typedef struct norm_w {
+    float w[NORM_PER];
+} norm_w;
+
+static __device__ __forceinline__ norm_w block_norm_weights(const uint8_t *w, uint32_t type, uint32_t n) {
+    norm_w r;
+    if (!w) {
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++) r.w[u] = 1.0f;
+        return r;
+    }
+    if (type == DS4_TYPE_F32) {
+#pragma unroll
+        for (int u = 0; u < NORM_PER; u++) {
+            uint32_t i = threadIdx.x + u * blockDim.x;
+            r.w[u] = i < n ? __ldg((const float *)w + i) : 0.0f;
+        }
+        return r;
+    }
+    uint16_t raw[NORM_PER];
+#pragma unroll
+    for (int u = 0; u < NORM_PER; u++) {
+        uint32_t i = threadIdx.x + u * blockDim.x;
+        raw[u] = i < n ? __ldg((const uint16_t *)w + i) : 0;
+    }
+    bool bf = type == DS4_TYPE_BF16;
+#pragma unroll
+    for (int u = 0; u < NORM_PER; u++) r.w[u] = bf ? dev_bf16(raw[u]) : dev_f16(raw[u]);
+    return r;
+}
+
+/* x <- x * w / rms(x) over n <= NORM_PER blockDim.x values (shared
+ * memory), the weights from block_norm_weights; sum of squares in double,
+ * as cpu_rmsnorm. */
+static __device__ inline void block_rmsnorm(float *x, uint32_t n, const norm_w &nw, float eps) {
     __shared__ double red[32];
     double ss = 0.0;
     for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) ss += (double)x[i] * (double)x[i];
     ss = block_sum(ss, red);
     float scale = 1.0f / sqrtf((float)(ss / n) + eps);
-#pragma unroll 4
-    for (uint32_t i = threadIdx.x; i < n; i += blockDim.x) x[i] = w ? x[i] * scale * fvec(w, wtype, i) : x[i] * scale;
+#pragma unroll
+    for (int u = 0; u < NORM_PER; u++) {
+        uint32_t i = threadIdx.x + u * blockDim.x;
+        if (i < n) x[i] = x[i] * scale * nw.w[u];
+    }
     __syncthreads();
 }
 

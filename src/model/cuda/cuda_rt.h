@@ -104,6 +104,33 @@ static __device__ __forceinline__ void dev_pdl_enter() {
     dev_pdl_wait_prev();
 }
 
+/* The "last block" of a launch whose blocks each leave partial results
+ * for one of them to combine: every thread calls it after writing its
+ * part; it returns true in the block that counted itself done last, and
+ * resets *count to 0 for the next launch.  After the barrier, thread 0
+ * adds to the counter with release and acquire semantics at device scope:
+ * the release publishes every write the barrier ordered before it (its
+ * block's parts), the acquire makes the last block see all the others'
+ * (read them through the L2, __ldcg, not a stale L1).  One such atomic
+ * replaces a sequentially consistent fence (MEMBAR.SC) in every thread
+ * before and after the count. */
+static __device__ __forceinline__ bool dev_last_block(uint32_t *count, uint32_t nblocks) {
+    __shared__ bool last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        uint32_t old;
+#ifdef DS4_CUDA_EMU
+        old = atomicAdd(count, 1u);
+#else
+        asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], 1;" : "=r"(old) : "l"(count) : "memory");
+#endif
+        last = old == nblocks - 1;
+        if (last) *count = 0;
+    }
+    __syncthreads();
+    return last;
+}
+
 /* Ask the L2 for a line that a kernel will read soon (only data no earlier
  * kernel writes: weights, before dev_pdl_wait_prev). */
 static __device__ __forceinline__ void dev_prefetch_l2(const void *p) {
