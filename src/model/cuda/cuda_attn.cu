@@ -1488,7 +1488,8 @@ static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint
 #pragma unroll
         for (int j = 0; j < ATT_MAXV; j += 2) {
             if ((uint32_t)j >= ntile) break;
-            bool split0 = atc_split(ex, n0 + 8 * j, n0 + 8 * j + 8), split1 = atc_split(ex, n0 + 8 * j + 8, n0 + 8 * j + 16);
+            uint32_t v0 = n0 + 8 * j;
+            bool split0 = atc_split(ex, v0, v0 + 8), split1 = atc_split(ex, v0 + 8, v0 + 16);
             uint32_t bh[4], bl[4];
             ldmatrix_x4_trans(bh, vp + 32 * j);
             if (split0 || split1) ldmatrix_x4_trans(bl, vp + 32 * j + 16);

@@ -298,7 +298,10 @@ static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
     for (unsigned i0 = threadIdx.x; i0 < IQ2_TAB; i0 += IQ2_FILL * blockDim.x) {
         uint32_t v[IQ2_FILL];
 #pragma unroll
-        for (int u = 0; u < IQ2_FILL; u++) v[u] = i0 + u * blockDim.x < IQ2_TAB ? __ldg(tab_g + i0 + u * blockDim.x) : 0;
+        for (int u = 0; u < IQ2_FILL; u++) {
+            unsigned i = i0 + u * blockDim.x;
+            v[u] = i < IQ2_TAB ? __ldg(tab_g + i) : 0;
+        }
 #pragma unroll
         for (int u = 0; u < IQ2_FILL; u++)
             if (i0 + u * blockDim.x < IQ2_TAB) tab[i0 + u * blockDim.x] = v[u];
