@@ -358,21 +358,28 @@ static __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+#ifdef DS4_CUDA_EMU
+/* The emulation of ldmatrix: every lane's row address, gathered, and the
+ * row that lane src gave. */
+static inline const uint32_t *emu_ldsm_gather(const void *row) {
+    uint64_t p = (uint64_t)(uintptr_t)row;
+    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
+    return emu_warp_gather(mine, 2);
+}
+static inline const unsigned char *emu_ldsm_row(const uint32_t *all, unsigned src) {
+    return (const unsigned char *)(uintptr_t)((uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32);
+}
+#endif
+
 /* ldmatrix.sync.aligned.m8n8.x4.shared.b16: four 8 x 16-byte matrices from
  * shared memory; lane i gives the address of row i % 8 of matrix i / 8,
  * and register j of lane l receives bytes 4 (l % 4) .. 4 (l % 4) + 3 of
  * row l / 4 of matrix j (so matrix j lands as an mma fragment register). */
 static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *row) {
 #ifdef DS4_CUDA_EMU
-    uint64_t p = (uint64_t)(uintptr_t)row;
-    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
-    const uint32_t *all = emu_warp_gather(mine, 2);
+    const uint32_t *all = emu_ldsm_gather(row);
     unsigned lane = emu_lane();
-    for (unsigned j = 0; j < 4; j++) {
-        unsigned src = 8 * j + lane / 4;
-        uint64_t q = (uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32;
-        memcpy(&r[j], (const unsigned char *)(uintptr_t)q + 4 * (lane % 4), 4);
-    }
+    for (unsigned j = 0; j < 4; j++) memcpy(&r[j], emu_ldsm_row(all, 8 * j + lane / 4) + 4 * (lane % 4), 4);
 #else
     uint32_t a = (uint32_t)__cvta_generic_to_shared(row);
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
@@ -387,17 +394,11 @@ static __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void *ro
  * matrix stored with k along its rows. */
 static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void *row) {
 #ifdef DS4_CUDA_EMU
-    uint64_t p = (uint64_t)(uintptr_t)row;
-    uint32_t mine[2] = {(uint32_t)p, (uint32_t)(p >> 32)};
-    const uint32_t *all = emu_warp_gather(mine, 2);
+    const uint32_t *all = emu_ldsm_gather(row);
     unsigned lane = emu_lane();
     for (unsigned j = 0; j < 4; j++) {
         uint16_t v[2];
-        for (unsigned i = 0; i < 2; i++) {
-            unsigned src = 8 * j + 2 * (lane % 4) + i;
-            uint64_t q = (uint64_t)all[src * 16] | (uint64_t)all[src * 16 + 1] << 32;
-            memcpy(&v[i], (const unsigned char *)(uintptr_t)q + 2 * (lane / 4), 2);
-        }
+        for (unsigned i = 0; i < 2; i++) memcpy(&v[i], emu_ldsm_row(all, 8 * j + 2 * (lane % 4) + i) + 2 * (lane / 4), 2);
         r[j] = (uint32_t)v[0] | (uint32_t)v[1] << 16;
     }
 #else
