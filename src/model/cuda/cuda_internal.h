@@ -444,13 +444,13 @@ static __device__ __forceinline__ uint32_t dev_order_key(float f) {
 /* x[0 .. n) <- src (global memory) by the block, each thread's values
  * loaded before any is stored (a loop of single loads and stores would
  * wait a round trip for each). */
-static __device__ __forceinline__ void block_load_row(float *x, const float *src, uint32_t n) {
+template <typename T> static __device__ __forceinline__ void block_load_row(T *x, const T *src, uint32_t n) {
     for (uint32_t i0 = threadIdx.x; i0 < n; i0 += NORM_PER * blockDim.x) {
-        float v[NORM_PER];
+        T v[NORM_PER];
 #pragma unroll
         for (int u = 0; u < NORM_PER; u++) {
             uint32_t i = i0 + u * blockDim.x;
-            v[u] = i < n ? src[i] : 0.0f;
+            v[u] = i < n ? src[i] : (T)0;
         }
 #pragma unroll
         for (int u = 0; u < NORM_PER; u++)

@@ -291,21 +291,8 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
 #define IQ2_POS 0x002B1908u /* bytes 8, 25, 43 */
 #define IQ2_NEG 0x00D5E7F8u /* bytes -8, -25, -43 */
 
-/* The tables into shared memory: a thread's words (two for blocks of 256
- * threads) loaded before any is stored, one round trip instead of two. */
-#define IQ2_FILL 4
 static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
-    for (unsigned i0 = threadIdx.x; i0 < IQ2_TAB; i0 += IQ2_FILL * blockDim.x) {
-        uint32_t v[IQ2_FILL];
-#pragma unroll
-        for (int u = 0; u < IQ2_FILL; u++) {
-            unsigned i = i0 + u * blockDim.x;
-            v[u] = i < IQ2_TAB ? __ldg(tab_g + i) : 0;
-        }
-#pragma unroll
-        for (int u = 0; u < IQ2_FILL; u++)
-            if (i0 + u * blockDim.x < IQ2_TAB) tab[i0 + u * blockDim.x] = v[u];
-    }
+    block_load_row(tab, tab_g, IQ2_TAB);
     __syncthreads();
 }
 
