@@ -839,11 +839,15 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         CHECK(rc != 0 && err.code == DS4_EUNSUPPORTED && strstr(ds4_err_msg(&err), "65 x 128"),
               "65 indexer heads: rc %d, \"%s\"", rc, ds4_err_msg(&err));
     }
-    /* heads, n0, top-k: query t has (4 n0 - 1 + t) / 4 rows (n0 - 1, n0, n0);
-     * the first query of the second case has 512, so it is not scored */
-    const uint32_t cases[][3] = {{64, 1500, 512}, {64, 513, 512}, {8, 70, 8}};
+    /* heads, n0, top-k, spare: query t has (4 n0 - 1 + t) / 4 rows (n0 - 1,
+     * n0, n0); the first query of the second case has 512, so it is not
+     * scored.  The grid is sized for spare times the rows there are, as a
+     * decode step's for the session's last position: the SIMT kernel's
+     * blocks then take one or two rows a thread instead of four. */
+    const uint32_t cases[][4] = {{64, 1500, 512, 1}, {64, 513, 512, 1}, {8, 70, 8, 1}, {64, 1500, 512, 6}, {64, 3000, 512, 3}};
     for (const auto &cs : cases) {
         uint32_t heads = cs[0], n0 = cs[1], k = cs[2], pos0 = 4 * n0 - 2, nmax = (pos0 + T) / 4, stride = nmax + 5;
+        uint32_t grid_nc = cs[3] * nmax;
         std::vector<float> q((size_t)T * heads * ihd), w((size_t)T * heads), rows((size_t)nmax * ihd);
         for (float &v : q) v = frand();
         for (float &v : w) v = frand();
@@ -852,7 +856,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         uint32_t *dpos = dcopy(&pos0, 1);
         CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
         ds4_err err = {};
-        if (cu_idx_scores(dpos, dq, dw, dr, T, nmax, heads, ihd, k, ds, stride, tc, st, &err)) {
+        if (cu_idx_scores(dpos, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
@@ -884,8 +888,8 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
                 if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
             }
         }
-        printf("idx scores %s T %u, %2u heads, %4u rows  max error %.2g of the terms' magnitude, %zu stray writes\n",
-               tc ? "tc  " : "simt", T, heads, n0, worst, stray);
+        printf("idx scores %s T %u, %2u heads, %4u rows (grid for %5u)  max error %.2g of the terms' magnitude, %zu stray writes\n",
+               tc ? "tc  " : "simt", T, heads, n0, grid_nc, worst, stray);
         CHECK(worst <= 1e-5 && stray == 0, "indexer scores (%s), %u heads, %u rows", tc ? "tensor cores" : "SIMT", heads, n0);
         cudaFree(dq);
         cudaFree(dw);

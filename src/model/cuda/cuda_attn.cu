@@ -498,14 +498,16 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 /* ------------------------------------------------------------- indexer */
 
 #define IDX_THREADS 256
-#define IDX_GROUP 8                            /* threads per compressed row */
-#define IDX_ROWS (IDX_THREADS / IDX_GROUP)     /* rows per block */
+#define IDX_GROUP 8                            /* threads per row group */
+#define IDX_GROUPS (IDX_THREADS / IDX_GROUP)   /* row groups per block */
+#define IDX_RPT 4                              /* rows a thread, at most */
+#define IDX_TILE (IDX_GROUPS * IDX_RPT)        /* rows a block, at most */
 #define IDX_MAX_HEADS 64
 #define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
 #define IDX_MAX_DIM 128
-/* A head's query in shared memory, read 16 bytes at a time: the stride keeps
- * every head 16-byte aligned and puts a group's 8 heads in 8 distinct 4-bank
- * quads, so a warp's vector loads are conflict-free. */
+/* Query heads and rows in shared memory, read 16 bytes at a time: the
+ * stride keeps each 16-byte aligned and puts 8 consecutive ones in 8
+ * distinct 4-bank quads, so a warp's vector loads are conflict-free. */
 #define IDX_QSTRIDE (IDX_MAX_DIM + 4)
 
 typedef struct idx_args {
@@ -516,79 +518,104 @@ typedef struct idx_args {
     uint32_t heads, ihd, top_k;
 } idx_args;
 
+static size_t idx_simt_smem(void) { return (size_t)(IDX_MAX_HEADS + IDX_TILE) * IDX_QSTRIDE * sizeof(float); }
+
+/* The scores of R rows a thread: rows rl, rl + 32, .. of the block's
+ * tile, heads g, g + 8, ..; each query value read from shared memory
+ * serves R rows (one row a thread read the query once per multiply-add,
+ * and shared memory bounded the kernel at long contexts).  The relu'd dots
+ * times the head weights are added over the thread's heads, in head
+ * order, then over the group's 8 threads by a fixed shuffle tree. */
+template <int R>
+static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const float *qs, const float *ks,
+                                                       const float *ws, uint32_t r0, uint32_t r1, float *out) {
+    unsigned g = threadIdx.x % IDX_GROUP, rl = threadIdx.x / IDX_GROUP;
+    float acc[IDX_HPT][R];
+#pragma unroll
+    for (int j = 0; j < IDX_HPT; j++)
+#pragma unroll
+        for (int i = 0; i < R; i++) acc[j][i] = 0.0f;
+    for (uint32_t d = 0; d < a.ihd; d += 4) {
+        float4 kv[R];
+#pragma unroll
+        for (int i = 0; i < R; i++) kv[i] = *(const float4 *)(ks + (rl + IDX_GROUPS * i) * IDX_QSTRIDE + d);
+#pragma unroll
+        for (int j = 0; j < IDX_HPT; j++) {
+            float4 q = *(const float4 *)(qs + (g + IDX_GROUP * j) * IDX_QSTRIDE + d);
+#pragma unroll
+            for (int i = 0; i < R; i++) {
+                float s = acc[j][i];
+                s = fmaf(q.x, kv[i].x, s);
+                s = fmaf(q.y, kv[i].y, s);
+                s = fmaf(q.z, kv[i].z, s);
+                acc[j][i] = fmaf(q.w, kv[i].w, s);
+            }
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < R; i++) {
+        float s = 0.0f;
+#pragma unroll
+        for (int j = 0; j < IDX_HPT; j++) s += ws[g + IDX_GROUP * j] * fmaxf(acc[j][i], 0.0f);
+        s += __shfl_xor_sync(0xffffffffu, s, 1);
+        s += __shfl_xor_sync(0xffffffffu, s, 2);
+        s += __shfl_xor_sync(0xffffffffu, s, 4);
+        uint32_t c = r0 + rl + IDX_GROUPS * i;
+        if (g == 0 && c < r1) out[c] = s;
+    }
+}
+
 /* score[t][c] = sum_h w_h max(0, q_h . k_c) for the rows c of the query's
- * prefix (only when it holds more rows than top-k).  Thread g of a row's
- * group takes heads g, g + 8, ...; the group's relu'd dots meet in shared
- * memory and the first thread adds them in head order. */
+ * prefix (only when it holds more rows than top-k).  The grid is sized for
+ * the most rows a query can have (a decode step's graph serves every
+ * position), so each block takes an equal share of the rows there are
+ * now, in whole row groups: at most IDX_TILE, one to IDX_RPT rows a
+ * thread.  The share's rows are copied into shared memory while the query
+ * loads.  Heads past a.heads are zeros with weight 0. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
     dev_pdl_enter();
-    __shared__ __align__(16) float qs[IDX_MAX_HEADS * IDX_QSTRIDE];
+    DS4_DYN_SMEM(float, qs);
+    float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
-    __shared__ float rp[IDX_ROWS][IDX_MAX_HEADS];
     uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
-    if (nc <= a.top_k || blockIdx.x * IDX_ROWS >= nc) return;
-    const float *q = a.iq + (size_t)t * a.heads * a.ihd;
+    uint32_t per = (nc + gridDim.x - 1) / gridDim.x;
+    per = (per + IDX_GROUPS - 1) / IDX_GROUPS * IDX_GROUPS;
+    if (per > IDX_TILE) per = IDX_TILE; /* only if nc exceeds the rows the grid was sized for */
+    uint32_t r0 = blockIdx.x * per, r1 = r0 + per < nc ? r0 + per : nc;
+    if (nc <= a.top_k || r0 >= nc) return;
+    /* the share's rows, by asynchronous copies (zeros past them) */
+    uint32_t pieces = a.ihd / 4;
+    for (uint32_t i = threadIdx.x; i < per * pieces; i += IDX_THREADS) {
+        uint32_t r = i / pieces, d = 4 * (i % pieces);
+        float *dst = ks + r * IDX_QSTRIDE + d;
+        if (r0 + r < r1) cp_async16(dst, a.rows + (size_t)(r0 + r) * a.ihd + d);
+        else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+    cp_async_commit();
     /* the query (at most 64 x 128 floats): every load issued, then stored */
+    const float *q = a.iq + (size_t)t * a.heads * a.ihd;
     constexpr int QV = IDX_MAX_HEADS * IDX_MAX_DIM / 4 / IDX_THREADS;
     float4 qv[QV];
 #pragma unroll
     for (int j = 0; j < QV; j++) {
-        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS);
-        qv[j] = i < a.heads * a.ihd ? __ldg((const float4 *)(q + i)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS), h = i / IDX_MAX_DIM, d = i % IDX_MAX_DIM;
+        qv[j] = h < a.heads && d < a.ihd ? __ldg((const float4 *)(q + h * a.ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int j = 0; j < QV; j++) {
-        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS);
-        if (i < a.heads * a.ihd) {
-            /* ihd % 4 == 0: a vector stays in one head */
-            *(float4 *)(qs + i / a.ihd * IDX_QSTRIDE + i % a.ihd) = qv[j];
-        }
+        uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS), h = i / IDX_MAX_DIM, d = i % IDX_MAX_DIM;
+        *(float4 *)(qs + h * IDX_QSTRIDE + d) = qv[j];
     }
-    for (uint32_t i = threadIdx.x; i < a.heads; i += blockDim.x) ws[i] = a.iw[(size_t)t * a.heads + i];
+    for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS; i += blockDim.x) ws[i] = i < a.heads ? a.iw[(size_t)t * a.heads + i] : 0.0f;
+    cp_async_wait_all();
     __syncthreads();
-    uint32_t g = threadIdx.x % IDX_GROUP, rl = threadIdx.x / IDX_GROUP, c = blockIdx.x * IDX_ROWS + rl;
-    bool on = c < nc;
-    const float *k = a.rows + (size_t)(on ? c : 0) * a.ihd;
-    float part[IDX_HPT];
-#pragma unroll
-    for (int j = 0; j < IDX_HPT; j++) part[j] = 0.0f;
-    for (uint32_t c0 = 0; c0 < a.ihd; c0 += 32) {
-        float kr[32];
-#pragma unroll
-        for (int i = 0; i < 32; i += 4) {
-            float4 v = __ldg((const float4 *)(k + c0 + i));
-            kr[i] = v.x;
-            kr[i + 1] = v.y;
-            kr[i + 2] = v.z;
-            kr[i + 3] = v.w;
-        }
-#pragma unroll
-        for (int j = 0; j < IDX_HPT; j++) {
-            uint32_t h = g + IDX_GROUP * j;
-            if (h >= a.heads) break;
-            const float4 *qh = (const float4 *)(qs + h * IDX_QSTRIDE + c0);
-            float s = 0.0f;
-#pragma unroll
-            for (int i = 0; i < 32; i += 4) {
-                float4 qv4 = qh[i / 4];
-                s += qv4.x * kr[i];
-                s += qv4.y * kr[i + 1];
-                s += qv4.z * kr[i + 2];
-                s += qv4.w * kr[i + 3];
-            }
-            part[j] += s;
-        }
+    float *out = a.scores + (size_t)t * a.score_stride;
+    switch (per / IDX_GROUPS) { /* the same in every thread of the block */
+    case 1: idx_tile_scores<1>(a, qs, ks, ws, r0, r1, out); break;
+    case 2: idx_tile_scores<2>(a, qs, ks, ws, r0, r1, out); break;
+    case 3: idx_tile_scores<3>(a, qs, ks, ws, r0, r1, out); break;
+    default: idx_tile_scores<4>(a, qs, ks, ws, r0, r1, out); break;
     }
-#pragma unroll
-    for (int j = 0; j < IDX_HPT; j++) {
-        uint32_t h = g + IDX_GROUP * j;
-        if (h < a.heads) rp[rl][h] = fmaxf(part[j], 0.0f);
-    }
-    __syncthreads();
-    if (g != 0 || !on) return;
-    float s = 0.0f;
-    for (uint32_t h = 0; h < a.heads; h++) s += ws[h] * rp[rl][h];
-    a.scores[(size_t)t * a.score_stride + c] = s;
 }
 
 /* Prefill scores on the TF32 tensor cores: a block is one query and up to
@@ -876,7 +903,8 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
             DS4_LAUNCH(idx_score_tc_kernel<0>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
         }
     } else {
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_ROWS - 1) / IDX_ROWS, T), IDX_THREADS, 0, st, a);
+        if (cu_allow_smem<idx_score_kernel>(idx_simt_smem(), err)) return -1;
+        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_TILE - 1) / IDX_TILE, T), IDX_THREADS, idx_simt_smem(), st, a);
     }
     CU_LAUNCHED();
     return 0;
