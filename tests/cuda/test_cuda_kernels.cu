@@ -1034,24 +1034,39 @@ static void check_gemv_q8_out(cudaStream_t st) {
     cudaFree(a.d.qk);
 }
 
-/* Scores with many exact ties (eighths), both zeros and large runs. */
-static float tie_score(uint32_t i) {
-    if (i % 97 == 5) return -0.0f;
-    if (i % 89 == 3) return 0.0f;
-    if (i % 1000 < 40) return 2.0f; /* a long run of equal top keys */
-    return roundf(frand() * 8.0f) / 8.0f;
+/* Scores of three kinds:
+ *   TIES  many exact ties (eighths), both zeros and long runs: the
+ *         top-k's threshold bin holds too many keys for the linear way
+ *   FINE  a fine grid (1/4096): distinct enough for the linear way, with
+ *         a few equal keys in the threshold bin
+ *   INF   FINE with an infinity of each sign: the radix way */
+enum { TIES, FINE, INF };
+static float topk_score(int kind, uint32_t i) {
+    if (kind == TIES) {
+        if (i % 97 == 5) return -0.0f;
+        if (i % 89 == 3) return 0.0f;
+        if (i % 1000 < 40) return 2.0f; /* a long run of equal top keys */
+        return roundf(frand() * 8.0f) / 8.0f;
+    }
+    if (kind == INF && i % 1000 == 17) return i % 2000 == 17 ? INFINITY : -INFINITY;
+    return roundf(frand() * 4096.0f) / 4096.0f;
 }
 
 static void check_topk(cudaStream_t st) {
     const uint32_t T = 2;
-    /* keys of query 0, top-k; the first case's queries see their whole prefix */
-    const uint32_t cases[][2] = {{70, 100}, {70, 8}, {1500, 512}, {16421, 512}, {40000, 512}, {40000, 3}};
+    /* keys of query 0, top-k, kind; the first case's queries see their
+     * whole prefix; past TOPK_CACHE keys (40000) they are not kept in
+     * shared memory */
+    const uint32_t cases[][3] = {{70, 100, TIES},   {70, 8, TIES},     {1500, 512, TIES}, {16421, 512, TIES},
+                                 {40000, 512, TIES}, {40000, 3, TIES},  {1500, 512, FINE}, {16421, 512, FINE},
+                                 {40000, 512, FINE}, {40000, 3, FINE},  {16421, 512, INF}, {40000, 512, INF}};
     for (const auto &cs : cases) {
         uint32_t pos0 = 4 * cs[0] - 1, k = cs[1], stride = cs[0] + 1 + 7;
+        int kind = (int)cs[2];
         std::vector<float> h((size_t)T * stride);
         for (float &v : h) v = 0.0f;
         for (uint32_t t = 0; t < T; t++)
-            for (uint32_t i = 0; i < (pos0 + t + 1) / 4; i++) h[(size_t)t * stride + i] = tie_score(i + 31 * t);
+            for (uint32_t i = 0; i < (pos0 + t + 1) / 4; i++) h[(size_t)t * stride + i] = topk_score(kind, i + 31 * t);
         float *d = dalloc<float>(h.size());
         /* one more row of vis as a guard: nothing may be written past a query's rows */
         uint32_t *dpos = dalloc<uint32_t>(1), *dvis = dalloc<uint32_t>((size_t)(T + 1) * k), *dn = dalloc<uint32_t>(T);
@@ -1078,7 +1093,8 @@ static void check_topk(cudaStream_t st) {
             for (uint32_t i = 0; i < k; i++) bad += vis[(size_t)t * k + i] != (i < want ? idx[i] : 0xFFFFFFFFu);
         }
         for (uint32_t i = 0; i < k; i++) bad += vis[(size_t)T * k + i] != 0xFFFFFFFFu;
-        printf("top-k %3u of %5u keys  %zu rows differ from a stable sort\n", k, (pos0 + 1) / 4, bad);
+        printf("top-k %3u of %5u keys (%s)  %zu rows differ from a stable sort\n", k, (pos0 + 1) / 4,
+               kind == TIES ? "ties" : kind == FINE ? "fine" : "inf ", bad);
         CHECK(bad == 0, "top-k of %u keys differs from a stable sort", (pos0 + 1) / 4);
         cudaFree(d);
         cudaFree(dpos);

@@ -732,9 +732,184 @@ typedef struct topk_args {
     size_t score_stride;
     uint32_t top_k;
     uint32_t *vis, *nvis;
+    uint32_t cache; /* scores a block keeps in shared memory */
 } topk_args;
 
+/* The top-k of a query's scores (higher first, lower index on ties) in
+ * passes over them, each reading them in batches of TOPK_BATCH a thread,
+ * coalesced, loads issued before any is used.  The scores go into shared
+ * memory on the first pass when they fit (TOPK_CACHE), so the later
+ * passes read them there.  The k-th largest key is found by one of two
+ * ways, both exact:
+ *   linear  scores binned by (v - min) / (max - min) into TOPK_BINS bins
+ *           (a monotone map, so every key of a higher bin is larger); the
+ *           bin holding the k-th largest is found by a scan of the
+ *           histogram, and its keys are ranked among themselves.  One
+ *           histogram pass, whose atomics spread over many bins.
+ *   radix   four passes of 8-bit digits of the order keys; the first
+ *           digit (sign and exponent) puts most of a query's scores into
+ *           a few bins, whose atomics then wait on each other.  Taken
+ *           when the scores are not all finite and distinct in range, or
+ *           the threshold bin holds more than TOPK_CAND keys (many equal
+ *           scores).
+ * A last pass writes the selection in index order, each warp a span of
+ * the keys (ballots order the keys within a warp's step). */
 #define TOPK_THREADS 1024
+#define TOPK_WARPS (TOPK_THREADS / 32)
+#define TOPK_BATCH 8
+#define TOPK_WBATCH 4 /* the last pass's batches (its ballots need registers) */
+#define TOPK_BINS (2 * TOPK_THREADS) /* two bins a thread in the scan */
+#define TOPK_CAND 1024
+#define TOPK_CACHE 20480 /* 80 KB: the scores of a 80k-token session */
+
+typedef struct topk_shared {
+    uint32_t hist[TOPK_BINS];
+    uint32_t ckey[TOPK_CAND], cidx[TOPK_CAND];
+    uint64_t warp_tot[TOPK_WARPS];
+    float wmin[TOPK_WARPS], wmax[TOPK_WARPS];
+    uint32_t wbad[TOPK_WARPS];
+    uint32_t tb, nb, m, ncand, prefix, need;
+} topk_shared;
+
+static __device__ __forceinline__ bool topk_finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+
+/* Scores i0, i0 + TOPK_THREADS, .. (TOPK_BATCH of them; 0 past n). */
+static __device__ __forceinline__ void topk_load(const float *src, uint32_t i0, uint32_t n, float (&v)[TOPK_BATCH]) {
+#pragma unroll
+    for (int u = 0; u < TOPK_BATCH; u++) {
+        uint32_t i = i0 + u * TOPK_THREADS;
+        v[u] = i < n ? src[i] : 0.0f;
+    }
+}
+
+/* Exclusive prefix over the block's threads, in thread order, of v. */
+static __device__ uint64_t topk_scan(uint64_t v, uint64_t *warp_tot) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint64_t incl = v;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        uint64_t u = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += u;
+    }
+    if (lane == 31) warp_tot[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        uint64_t w = warp_tot[lane], wi = w;
+        for (unsigned o = 1; o < 32; o <<= 1) {
+            uint64_t u = __shfl_up_sync(0xffffffffu, wi, o);
+            if (lane >= o) wi += u;
+        }
+        warp_tot[lane] = wi - w;
+    }
+    __syncthreads();
+    uint64_t r = warp_tot[warp] + incl - v;
+    __syncthreads(); /* warp_tot is free again */
+    return r;
+}
+
+/* Pass 0: the scores into the cache (when given), and their range; false
+ * when one is not finite. */
+static __device__ bool topk_range(const float *sc, uint32_t nc, float *cache, topk_shared &sh, float *vmin, float *vmax) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    float lo = INFINITY, hi = -INFINITY;
+    bool ok = true;
+    for (uint32_t i0 = threadIdx.x; i0 < nc; i0 += TOPK_BATCH * TOPK_THREADS) {
+        float v[TOPK_BATCH];
+        topk_load(sc, i0, nc, v);
+#pragma unroll
+        for (int u = 0; u < TOPK_BATCH; u++) {
+            uint32_t i = i0 + u * TOPK_THREADS;
+            if (i >= nc) break;
+            if (cache) cache[i] = v[u];
+            lo = fminf(lo, v[u]);
+            hi = fmaxf(hi, v[u]);
+            ok = ok && topk_finite(v[u]);
+        }
+    }
+    lo = -warp_max(-lo);
+    hi = warp_max(hi);
+    bool wok = __all_sync(0xffffffffu, ok);
+    if (lane == 0) {
+        sh.wmin[warp] = lo;
+        sh.wmax[warp] = hi;
+        sh.wbad[warp] = !wok;
+    }
+    __syncthreads();
+    lo = -warp_max(-sh.wmin[lane]);
+    hi = warp_max(sh.wmax[lane]);
+    ok = !__any_sync(0xffffffffu, sh.wbad[lane] != 0);
+    __syncthreads(); /* wmin .. are read before any reuse */
+    *vmin = lo;
+    *vmax = hi;
+    return ok;
+}
+
+/* The bin of a score in [vmin, vmax]: monotone in v. */
+static __device__ __forceinline__ uint32_t topk_bin(float v, float vmin, float scale) {
+    float f = (v - vmin) * scale;
+    return f < (float)(TOPK_BINS - 1) ? (uint32_t)f : TOPK_BINS - 1;
+}
+
+/* The linear way: sets sh.prefix (the k-th largest key) and sh.need (how
+ * many keys equal to it the selection takes, first in index order), or
+ * returns false (the threshold bin holds more than TOPK_CAND keys). */
+static __device__ bool topk_linear(const float *src, uint32_t nc, uint32_t k, float vmin, float vmax, topk_shared &sh) {
+    float scale = (float)TOPK_BINS / (vmax - vmin);
+    for (uint32_t i = threadIdx.x; i < TOPK_BINS; i += TOPK_THREADS) sh.hist[i] = 0;
+    if (threadIdx.x == 0) sh.ncand = 0;
+    __syncthreads();
+    for (uint32_t i0 = threadIdx.x; i0 < nc; i0 += TOPK_BATCH * TOPK_THREADS) {
+        float v[TOPK_BATCH];
+        topk_load(src, i0, nc, v);
+#pragma unroll
+        for (int u = 0; u < TOPK_BATCH; u++)
+            if (i0 + u * TOPK_THREADS < nc) atomicAdd(&sh.hist[topk_bin(v[u], vmin, scale)], 1u);
+    }
+    __syncthreads();
+    /* thread j holds bins B - 1 - 2 j and B - 2 - 2 j: its exclusive prefix
+     * counts the keys of the higher bins */
+    uint32_t bh = TOPK_BINS - 1 - 2 * threadIdx.x, ch = sh.hist[bh], cl = sh.hist[bh - 1];
+    uint64_t above = topk_scan(ch + cl, sh.warp_tot);
+    if (above < k && above + ch + cl >= k) {
+        bool high = above + ch >= k;
+        sh.tb = high ? bh : bh - 1;
+        sh.nb = k - (uint32_t)(high ? above : above + ch);
+        sh.m = high ? ch : cl;
+    }
+    __syncthreads();
+    uint32_t tb = sh.tb, nb = sh.nb, m = sh.m;
+    if (m > TOPK_CAND) return false;
+    /* the threshold bin's keys, in any order */
+    for (uint32_t i0 = threadIdx.x; i0 < nc; i0 += TOPK_BATCH * TOPK_THREADS) {
+        float v[TOPK_BATCH];
+        topk_load(src, i0, nc, v);
+#pragma unroll
+        for (int u = 0; u < TOPK_BATCH; u++) {
+            uint32_t i = i0 + u * TOPK_THREADS;
+            if (i < nc && topk_bin(v[u], vmin, scale) == tb) {
+                uint32_t slot = atomicAdd(&sh.ncand, 1u);
+                sh.ckey[slot] = dev_order_key(v[u]);
+                sh.cidx[slot] = i;
+            }
+        }
+    }
+    __syncthreads();
+    /* rank them (key descending, index ascending): the nb-th is the k-th
+     * largest of all, and takes the equal keys up to its own index */
+    for (uint32_t c = threadIdx.x; c < m; c += TOPK_THREADS) {
+        uint32_t kc = sh.ckey[c], ic = sh.cidx[c], rank = 0, gt = 0;
+        for (uint32_t j = 0; j < m; j++) {
+            uint32_t kj = sh.ckey[j];
+            gt += kj > kc;
+            rank += kj > kc || (kj == kc && sh.cidx[j] < ic);
+        }
+        if (rank == nb - 1) {
+            sh.prefix = kc;
+            sh.need = nb - gt;
+        }
+    }
+    __syncthreads();
+    return true;
+}
 
 /* By warp 0: the largest digit d whose bins d..255 hold at least `need`
  * keys (or 0), the keys above it subtracted from `need`.  Lane l owns bins
@@ -768,53 +943,98 @@ static __device__ void topk_pick_bin(const uint32_t *hist, uint32_t prefix, uint
     *out_need = need - acc;
 }
 
-/* Thread i's keys i0 .. i0 + TOPK_BATCH - 1 of its segment (those below
- * hi; 0 past it), every load issued before any is used. */
-#define TOPK_BATCH 8
-static __device__ __forceinline__ void topk_load(const float *sc, uint32_t i0, uint32_t hi, uint32_t (&key)[TOPK_BATCH]) {
-    float v[TOPK_BATCH];
+/* The radix way: sets sh.prefix and sh.need as topk_linear does. */
+static __device__ void topk_radix(const float *src, uint32_t nc, uint32_t k, topk_shared &sh) {
+    uint32_t prefix = 0, need = k;
+    for (int shift = 24; shift >= 0; shift -= 8) {
+        for (uint32_t i = threadIdx.x; i < 256; i += TOPK_THREADS) sh.hist[i] = 0;
+        __syncthreads();
+        uint32_t hmask = shift == 24 ? 0 : 0xFFFFFFFFu << (shift + 8);
+        for (uint32_t i0 = threadIdx.x; i0 < nc; i0 += TOPK_BATCH * TOPK_THREADS) {
+            float v[TOPK_BATCH];
+            topk_load(src, i0, nc, v);
 #pragma unroll
-    for (int u = 0; u < TOPK_BATCH; u++) v[u] = i0 + u < hi ? sc[i0 + u] : 0.0f;
-#pragma unroll
-    for (int u = 0; u < TOPK_BATCH; u++) key[u] = i0 + u < hi ? dev_order_key(v[u]) : 0;
+            for (int u = 0; u < TOPK_BATCH; u++) {
+                uint32_t key = dev_order_key(v[u]);
+                if (i0 + u * TOPK_THREADS < nc && (key & hmask) == (prefix & hmask))
+                    atomicAdd(&sh.hist[(key >> shift) & 255], 1u);
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) topk_pick_bin(sh.hist, prefix, need, shift, &sh.prefix, &sh.need);
+        __syncthreads();
+        prefix = sh.prefix;
+        need = sh.need;
+        __syncthreads();
+    }
 }
 
-/* Exclusive prefix over the block's threads, in thread order, of a
- * (greater, equal) count pair packed as gt << 32 | eq. */
-static __device__ uint64_t topk_scan(uint64_t v, uint64_t *warp_tot) {
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
-    uint64_t incl = v;
-    for (unsigned o = 1; o < 32; o <<= 1) {
-        uint64_t u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
+/* Every key above prefix and the first `need` equal to it, in index
+ * order: warp w takes keys [w span, (w + 1) span), counts them, and after
+ * a scan of the warps' counts writes them, 32 at a time. */
+static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix, uint32_t need, uint32_t *vis,
+                                  topk_shared &sh) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, lt = (1u << lane) - 1;
+    uint32_t span = ((nc + TOPK_WARPS - 1) / TOPK_WARPS + 31) / 32 * 32;
+    uint32_t w0 = warp * span < nc ? warp * span : nc, w1 = w0 + span < nc ? w0 + span : nc;
+    uint32_t ngt = 0, neq = 0;
+    for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
+        uint32_t key[TOPK_WBATCH];
+#pragma unroll
+        for (int u = 0; u < TOPK_WBATCH; u++) {
+            uint32_t i = b + 32 * u + lane;
+            key[u] = i < w1 ? dev_order_key(src[i]) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPK_WBATCH; u++) {
+            bool on = b + 32 * u + lane < w1;
+            ngt += __popc(__ballot_sync(0xffffffffu, on && key[u] > prefix));
+            neq += __popc(__ballot_sync(0xffffffffu, on && key[u] == prefix));
+        }
     }
-    if (lane == 31) warp_tot[warp] = incl;
+    if (lane == 0) sh.warp_tot[warp] = (uint64_t)ngt << 32 | neq;
     __syncthreads();
     if (warp == 0) {
-        uint64_t w = lane < nw ? warp_tot[lane] : 0, wi = w;
+        uint64_t w = sh.warp_tot[lane], wi = w;
         for (unsigned o = 1; o < 32; o <<= 1) {
             uint64_t u = __shfl_up_sync(0xffffffffu, wi, o);
             if (lane >= o) wi += u;
         }
-        if (lane < nw) warp_tot[lane] = wi - w;
+        sh.warp_tot[lane] = wi - w;
     }
     __syncthreads();
-    return warp_tot[warp] + incl - v;
+    uint32_t og = (uint32_t)(sh.warp_tot[warp] >> 32), oe = (uint32_t)sh.warp_tot[warp];
+    for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
+        uint32_t key[TOPK_WBATCH];
+#pragma unroll
+        for (int u = 0; u < TOPK_WBATCH; u++) {
+            uint32_t i = b + 32 * u + lane;
+            key[u] = i < w1 ? dev_order_key(src[i]) : 0;
+        }
+#pragma unroll
+        for (int u = 0; u < TOPK_WBATCH; u++) {
+            uint32_t i = b + 32 * u + lane;
+            bool on = i < w1;
+            unsigned gtm = __ballot_sync(0xffffffffu, on && key[u] > prefix);
+            unsigned eqm = __ballot_sync(0xffffffffu, on && key[u] == prefix);
+            /* taken before this key: the greater ones and the equal ones up to need */
+            bool take = (gtm >> lane & 1) || ((eqm >> lane & 1) && oe + __popc(eqm & lt) < need);
+            unsigned tm = __ballot_sync(0xffffffffu, take);
+            if (take) vis[og + (oe < need ? oe : need) + __popc(tm & lt)] = i;
+            og += __popc(gtm);
+            oe += __popc(eqm);
+        }
+    }
 }
 
 /* Visible rows of query t: all of its prefix, or the top-k scores (higher
- * first, lower index on ties) listed in ascending row order.  Thread i
- * owns the consecutive keys of segment i and reads them in batches, so a
- * pass waits for the L2 once per batch, not once per key.  Four radix
- * passes find the k-th largest key; one count, one scan and one walk of
- * the segments write the selection in index order.  32 registers a
- * thread: the block must not need a whole SM's registers, or in a graph
+ * first, lower index on ties) listed in ascending row order.  32 registers
+ * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
     dev_pdl_enter();
-    __shared__ uint32_t hist[256];
-    __shared__ uint32_t sh_prefix, sh_need;
-    __shared__ uint64_t warp_tot[32];
+    __shared__ topk_shared sh;
+    DS4_DYN_SMEM(float, cache);
     uint32_t t = blockIdx.x, nc = (*a.pos0 + t + 1) / 4, k = a.top_k;
     uint32_t *vis = a.vis + (size_t)t * k;
     if (nc <= k) {
@@ -823,55 +1043,13 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
         return;
     }
     const float *sc = a.scores + (size_t)t * a.score_stride;
-    uint32_t seg = (nc + blockDim.x - 1) / blockDim.x;
-    uint32_t lo = threadIdx.x * seg < nc ? threadIdx.x * seg : nc, hi = lo + seg < nc ? lo + seg : nc;
-    uint32_t key[TOPK_BATCH];
-    uint32_t prefix = 0, need = k;
-    for (int shift = 24; shift >= 0; shift -= 8) {
-        for (uint32_t i = threadIdx.x; i < 256; i += blockDim.x) hist[i] = 0;
-        __syncthreads();
-        uint32_t hmask = shift == 24 ? 0 : 0xFFFFFFFFu << (shift + 8);
-        for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
-            topk_load(sc, i0, hi, key);
-#pragma unroll
-            for (int u = 0; u < TOPK_BATCH; u++)
-                if (i0 + u < hi && (key[u] & hmask) == (prefix & hmask)) atomicAdd(&hist[(key[u] >> shift) & 255], 1u);
-        }
-        __syncthreads();
-        if (threadIdx.x < 32) topk_pick_bin(hist, prefix, need, shift, &sh_prefix, &sh_need);
-        __syncthreads();
-        prefix = sh_prefix;
-        need = sh_need;
-        __syncthreads();
-    }
-    /* prefix: the k-th largest key; take every larger key and the first
-     * `need` equal ones, in index order */
-    uint32_t ngt = 0, neq = 0;
-    for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
-        topk_load(sc, i0, hi, key);
-#pragma unroll
-        for (int u = 0; u < TOPK_BATCH; u++) {
-            ngt += i0 + u < hi && key[u] > prefix;
-            neq += i0 + u < hi && key[u] == prefix;
-        }
-    }
-    uint64_t before = topk_scan((uint64_t)ngt << 32 | neq, warp_tot);
-    uint32_t og = (uint32_t)(before >> 32), oe = (uint32_t)before;
-    for (uint32_t i0 = lo; i0 < hi; i0 += TOPK_BATCH) {
-        topk_load(sc, i0, hi, key);
-#pragma unroll
-        for (int u = 0; u < TOPK_BATCH; u++) {
-            if (i0 + u >= hi) break;
-            /* rows selected before this one: every greater key plus the
-             * equal keys taken (at most need) */
-            if (key[u] > prefix) {
-                vis[og++ + (oe < need ? oe : need)] = i0 + u;
-            } else if (key[u] == prefix) {
-                if (oe < need) vis[og + oe] = i0 + u;
-                oe++;
-            }
-        }
-    }
+    bool cached = nc <= a.cache;
+    float vmin, vmax;
+    bool finite = topk_range(sc, nc, cached ? cache : NULL, sh, &vmin, &vmax);
+    const float *src = cached ? cache : sc;
+    if (!(finite && vmin < vmax && topk_finite(vmax - vmin) && topk_linear(src, nc, k, vmin, vmax, sh)))
+        topk_radix(src, nc, k, sh);
+    topk_write(src, nc, sh.prefix, sh.need, vis, sh);
     if (threadIdx.x == 0) a.nvis[t] = k;
 }
 
@@ -879,8 +1057,10 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
  * for the kernel test). */
 int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
             uint32_t *nvis, cudaStream_t st, ds4_err *err) {
-    topk_args k = {pos0, scores, score_stride, top_k, vis, nvis};
-    DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, 0, st, k);
+    uint32_t cache = score_stride < TOPK_CACHE ? (uint32_t)score_stride : TOPK_CACHE;
+    topk_args k = {pos0, scores, score_stride, top_k, vis, nvis, cache};
+    if (cu_allow_smem<topk_kernel>(cache * sizeof(float), err)) return -1;
+    DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, cache * sizeof(float), st, k);
     CU_LAUNCHED();
     return 0;
 }
