@@ -842,9 +842,11 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     /* heads, n0, top-k, spare: query t has (4 n0 - 1 + t) / 4 rows (n0 - 1,
      * n0, n0); the first query of the second case has 512, so it is not
      * scored.  The grid is sized for spare times the rows there are, as a
-     * decode step's for the session's last position: the SIMT kernel's
-     * blocks then take one or two rows a thread instead of four. */
-    const uint32_t cases[][4] = {{64, 1500, 512, 1}, {64, 513, 512, 1}, {8, 70, 8, 1}, {64, 1500, 512, 6}, {64, 3000, 512, 3}};
+     * decode step's for the session's last position.  The SIMT kernel's
+     * blocks take 1 row a thread up to 4096 rows, then 2, 3 and 4 (the last
+     * three cases). */
+    const uint32_t cases[][4] = {{64, 1500, 512, 1}, {64, 513, 512, 1},  {8, 70, 8, 1},       {64, 1500, 512, 6},
+                                 {64, 3000, 512, 3}, {8, 8000, 512, 2}, {8, 12000, 512, 1}, {8, 16400, 512, 1}};
     for (const auto &cs : cases) {
         uint32_t heads = cs[0], n0 = cs[1], k = cs[2], pos0 = 4 * n0 - 2, nmax = (pos0 + T) / 4, stride = nmax + 5;
         uint32_t grid_nc = cs[3] * nmax;

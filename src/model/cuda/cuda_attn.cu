@@ -502,6 +502,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 #define IDX_GROUPS (IDX_THREADS / IDX_GROUP)   /* row groups per block */
 #define IDX_RPT 4                              /* rows a thread, at most */
 #define IDX_TILE (IDX_GROUPS * IDX_RPT)        /* rows a block, at most */
+#define IDX_GRID 128 /* blocks a launch aims for: about one an SM of the H200 */
 #define IDX_MAX_HEADS 64
 #define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
 #define IDX_MAX_DIM 128
@@ -753,7 +754,9 @@ typedef struct topk_args {
  *           the threshold bin holds more than TOPK_CAND keys (many equal
  *           scores).
  * A last pass writes the selection in index order, each warp a span of
- * the keys (ballots order the keys within a warp's step). */
+ * the keys (ballots order the keys within a warp's step); the linear way
+ * counts each span's keys above the threshold on its way, the radix way
+ * in a pass of its own. */
 #define TOPK_THREADS 1024
 #define TOPK_WARPS (TOPK_THREADS / 32)
 #define TOPK_BATCH 8
@@ -849,10 +852,21 @@ static __device__ __forceinline__ uint32_t topk_bin(float v, float vmin, float s
     return f < (float)(TOPK_BINS - 1) ? (uint32_t)f : TOPK_BINS - 1;
 }
 
+/* Warp w's span of the keys: [w span, (w + 1) span), span a multiple of 32. */
+static __device__ __forceinline__ void topk_span(uint32_t nc, uint32_t *w0, uint32_t *w1) {
+    uint32_t span = ((nc + TOPK_WARPS - 1) / TOPK_WARPS + 31) / 32 * 32, warp = threadIdx.x / 32;
+    *w0 = warp * span < nc ? warp * span : nc;
+    *w1 = *w0 + span < nc ? *w0 + span : nc;
+}
+
 /* The linear way: sets sh.prefix (the k-th largest key) and sh.need (how
- * many keys equal to it the selection takes, first in index order), or
- * returns false (the threshold bin holds more than TOPK_CAND keys). */
-static __device__ bool topk_linear(const float *src, uint32_t nc, uint32_t k, float vmin, float vmax, topk_shared &sh) {
+ * many keys equal to it the selection takes, first in index order), and
+ * for the warp's span the keys greater than and equal to the prefix (in
+ * *ngt, *neq); or returns false (the threshold bin holds more than
+ * TOPK_CAND keys). */
+static __device__ bool topk_linear(const float *src, uint32_t nc, uint32_t k, float vmin, float vmax, topk_shared &sh,
+                                   uint32_t *ngt, uint32_t *neq) {
+    unsigned lane = threadIdx.x & 31;
     float scale = (float)TOPK_BINS / (vmax - vmin);
     for (uint32_t i = threadIdx.x; i < TOPK_BINS; i += TOPK_THREADS) sh.hist[i] = 0;
     if (threadIdx.x == 0) sh.ncand = 0;
@@ -878,18 +892,19 @@ static __device__ bool topk_linear(const float *src, uint32_t nc, uint32_t k, fl
     __syncthreads();
     uint32_t tb = sh.tb, nb = sh.nb, m = sh.m;
     if (m > TOPK_CAND) return false;
-    /* the threshold bin's keys, in any order */
-    for (uint32_t i0 = threadIdx.x; i0 < nc; i0 += TOPK_BATCH * TOPK_THREADS) {
-        float v[TOPK_BATCH];
-        topk_load(src, i0, nc, v);
-#pragma unroll
-        for (int u = 0; u < TOPK_BATCH; u++) {
-            uint32_t i = i0 + u * TOPK_THREADS;
-            if (i < nc && topk_bin(v[u], vmin, scale) == tb) {
-                uint32_t slot = atomicAdd(&sh.ncand, 1u);
-                sh.ckey[slot] = dev_order_key(v[u]);
-                sh.cidx[slot] = i;
-            }
+    /* the threshold bin's keys (in any order), and the keys of higher bins
+     * in the warp's span */
+    uint32_t w0, w1, nabove = 0;
+    topk_span(nc, &w0, &w1);
+    for (uint32_t b = w0; b < w1; b += 32) {
+        uint32_t i = b + lane;
+        float v = i < w1 ? src[i] : vmin;
+        uint32_t bin = topk_bin(v, vmin, scale);
+        nabove += __popc(__ballot_sync(0xffffffffu, i < w1 && bin > tb));
+        if (i < w1 && bin == tb) {
+            uint32_t slot = atomicAdd(&sh.ncand, 1u);
+            sh.ckey[slot] = dev_order_key(v);
+            sh.cidx[slot] = i;
         }
     }
     __syncthreads();
@@ -908,6 +923,19 @@ static __device__ bool topk_linear(const float *src, uint32_t nc, uint32_t k, fl
         }
     }
     __syncthreads();
+    /* the span's candidates above and equal to the prefix */
+    uint32_t prefix = sh.prefix, cgt = 0, ceq = 0;
+    for (uint32_t c = lane; c < m; c += 32) {
+        bool in = sh.cidx[c] >= w0 && sh.cidx[c] < w1;
+        cgt += in && sh.ckey[c] > prefix;
+        ceq += in && sh.ckey[c] == prefix;
+    }
+    for (unsigned o = 16; o > 0; o >>= 1) {
+        cgt += __shfl_xor_sync(0xffffffffu, cgt, o);
+        ceq += __shfl_xor_sync(0xffffffffu, ceq, o);
+    }
+    *ngt = nabove + cgt;
+    *neq = ceq;
     return true;
 }
 
@@ -969,15 +997,12 @@ static __device__ void topk_radix(const float *src, uint32_t nc, uint32_t k, top
     }
 }
 
-/* Every key above prefix and the first `need` equal to it, in index
- * order: warp w takes keys [w span, (w + 1) span), counts them, and after
- * a scan of the warps' counts writes them, 32 at a time. */
-static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix, uint32_t need, uint32_t *vis,
-                                  topk_shared &sh) {
-    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, lt = (1u << lane) - 1;
-    uint32_t span = ((nc + TOPK_WARPS - 1) / TOPK_WARPS + 31) / 32 * 32;
-    uint32_t w0 = warp * span < nc ? warp * span : nc, w1 = w0 + span < nc ? w0 + span : nc;
-    uint32_t ngt = 0, neq = 0;
+/* The keys of the warp's span greater than and equal to prefix (the
+ * radix way's counts; the linear way has them from its passes). */
+static __device__ void topk_count(const float *src, uint32_t nc, uint32_t prefix, uint32_t *ngt, uint32_t *neq) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t w0, w1, gt = 0, eq = 0;
+    topk_span(nc, &w0, &w1);
     for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
         uint32_t key[TOPK_WBATCH];
 #pragma unroll
@@ -988,10 +1013,20 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
 #pragma unroll
         for (int u = 0; u < TOPK_WBATCH; u++) {
             bool on = b + 32 * u + lane < w1;
-            ngt += __popc(__ballot_sync(0xffffffffu, on && key[u] > prefix));
-            neq += __popc(__ballot_sync(0xffffffffu, on && key[u] == prefix));
+            gt += __popc(__ballot_sync(0xffffffffu, on && key[u] > prefix));
+            eq += __popc(__ballot_sync(0xffffffffu, on && key[u] == prefix));
         }
     }
+    *ngt = gt;
+    *neq = eq;
+}
+
+/* Every key above prefix and the first `need` equal to it, in index
+ * order: after a scan of the warps' counts, each warp writes its span's,
+ * 32 keys a step (a ballot orders them within the step). */
+static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix, uint32_t need, uint32_t ngt,
+                                  uint32_t neq, uint32_t *vis, topk_shared &sh) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, lt = (1u << lane) - 1;
     if (lane == 0) sh.warp_tot[warp] = (uint64_t)ngt << 32 | neq;
     __syncthreads();
     if (warp == 0) {
@@ -1003,7 +1038,10 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
         sh.warp_tot[lane] = wi - w;
     }
     __syncthreads();
-    uint32_t og = (uint32_t)(sh.warp_tot[warp] >> 32), oe = (uint32_t)sh.warp_tot[warp];
+    /* oe: equal keys before the step; out: keys taken before it */
+    uint32_t oe = (uint32_t)sh.warp_tot[warp], out = (uint32_t)(sh.warp_tot[warp] >> 32) + (oe < need ? oe : need);
+    uint32_t w0, w1;
+    topk_span(nc, &w0, &w1);
     for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
         uint32_t key[TOPK_WBATCH];
 #pragma unroll
@@ -1014,15 +1052,15 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
 #pragma unroll
         for (int u = 0; u < TOPK_WBATCH; u++) {
             uint32_t i = b + 32 * u + lane;
-            bool on = i < w1;
-            unsigned gtm = __ballot_sync(0xffffffffu, on && key[u] > prefix);
+            bool on = i < w1, take = on && key[u] > prefix;
             unsigned eqm = __ballot_sync(0xffffffffu, on && key[u] == prefix);
-            /* taken before this key: the greater ones and the equal ones up to need */
-            bool take = (gtm >> lane & 1) || ((eqm >> lane & 1) && oe + __popc(eqm & lt) < need);
+            if (eqm) { /* rare: equal keys, taken while fewer than need came before */
+                take = take || ((eqm >> lane & 1) && oe + __popc(eqm & lt) < need);
+                oe += __popc(eqm);
+            }
             unsigned tm = __ballot_sync(0xffffffffu, take);
-            if (take) vis[og + (oe < need ? oe : need) + __popc(tm & lt)] = i;
-            og += __popc(gtm);
-            oe += __popc(eqm);
+            if (take) vis[out + __popc(tm & lt)] = i;
+            out += __popc(tm);
         }
     }
 }
@@ -1047,9 +1085,12 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
     float vmin, vmax;
     bool finite = topk_range(sc, nc, cached ? cache : NULL, sh, &vmin, &vmax);
     const float *src = cached ? cache : sc;
-    if (!(finite && vmin < vmax && topk_finite(vmax - vmin) && topk_linear(src, nc, k, vmin, vmax, sh)))
+    uint32_t ngt, neq;
+    if (!(finite && vmin < vmax && topk_finite(vmax - vmin) && topk_linear(src, nc, k, vmin, vmax, sh, &ngt, &neq))) {
         topk_radix(src, nc, k, sh);
-    topk_write(src, nc, sh.prefix, sh.need, vis, sh);
+        topk_count(src, nc, sh.prefix, &ngt, &neq);
+    }
+    topk_write(src, nc, sh.prefix, sh.need, ngt, neq, vis, sh);
     if (threadIdx.x == 0) a.nvis[t] = k;
 }
 
@@ -1083,8 +1124,13 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
             DS4_LAUNCH(idx_score_tc_kernel<0>, grid, IDXC_WARPS * 32, idx_tc_smem(), st, a);
         }
     } else {
+        /* at least IDX_GRID blocks where the rows allow 32 a block, and
+         * never more than IDX_TILE rows a block */
+        uint32_t blocks = (max_nc + IDX_GROUPS - 1) / IDX_GROUPS;
+        if (blocks > IDX_GRID) blocks = IDX_GRID;
+        if (blocks < (max_nc + IDX_TILE - 1) / IDX_TILE) blocks = (max_nc + IDX_TILE - 1) / IDX_TILE;
         if (cu_allow_smem<idx_score_kernel>(idx_simt_smem(), err)) return -1;
-        DS4_LAUNCH(idx_score_kernel, dim3((max_nc + IDX_TILE - 1) / IDX_TILE, T), IDX_THREADS, idx_simt_smem(), st, a);
+        DS4_LAUNCH(idx_score_kernel, dim3(blocks, T), IDX_THREADS, idx_simt_smem(), st, a);
     }
     CU_LAUNCHED();
     return 0;
