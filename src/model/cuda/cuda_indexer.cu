@@ -513,6 +513,18 @@ static __device__ void topk_radix(const float *src, uint32_t nc, uint32_t k, top
     }
 }
 
+/* The order keys b + 32 u + lane of the warp's span, every load issued
+ * before any is used (0 past w1). */
+static __device__ __forceinline__ void topk_span_keys(const float *src, uint32_t b, uint32_t w1,
+                                                      uint32_t (&key)[TOPK_WBATCH]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < TOPK_WBATCH; u++) {
+        uint32_t i = b + 32 * u + lane;
+        key[u] = i < w1 ? dev_order_key(src[i]) : 0;
+    }
+}
+
 /* The keys of the warp's span greater than and equal to prefix (the
  * radix way's counts; the linear way has them from its passes). */
 static __device__ void topk_count(const float *src, uint32_t nc, uint32_t prefix, uint32_t *ngt, uint32_t *neq) {
@@ -521,11 +533,7 @@ static __device__ void topk_count(const float *src, uint32_t nc, uint32_t prefix
     topk_span(nc, &w0, &w1);
     for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
         uint32_t key[TOPK_WBATCH];
-#pragma unroll
-        for (int u = 0; u < TOPK_WBATCH; u++) {
-            uint32_t i = b + 32 * u + lane;
-            key[u] = i < w1 ? dev_order_key(src[i]) : 0;
-        }
+        topk_span_keys(src, b, w1, key);
 #pragma unroll
         for (int u = 0; u < TOPK_WBATCH; u++) {
             bool on = b + 32 * u + lane < w1;
@@ -560,11 +568,7 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
     topk_span(nc, &w0, &w1);
     for (uint32_t b = w0; b < w1; b += 32 * TOPK_WBATCH) {
         uint32_t key[TOPK_WBATCH];
-#pragma unroll
-        for (int u = 0; u < TOPK_WBATCH; u++) {
-            uint32_t i = b + 32 * u + lane;
-            key[u] = i < w1 ? dev_order_key(src[i]) : 0;
-        }
+        topk_span_keys(src, b, w1, key);
 #pragma unroll
         for (int u = 0; u < TOPK_WBATCH; u++) {
             uint32_t i = b + 32 * u + lane;
