@@ -25,7 +25,8 @@
  *   cuda_weights.cu  weights to the GPU in a repacked layout; synthetic weights
  *   cuda_matmul.cu   quantized activations, matrix-vector and matrix products
  *   cuda_hc.cu       hyper-connections: HC post, mixer, collapse, sublayer input
- *   cuda_attn.cu     embedding, norms, RoPE, compressors, indexer, attention
+ *   cuda_attn.cu     embedding, norms, RoPE, compressors, attention
+ *   cuda_indexer.cu  indexer scores and top-k (the visible compressed rows)
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
  *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
  *
@@ -325,6 +326,8 @@ typedef struct comp_args {
  * candidates in batches of loads - the same sums in the same order
  * (cu_compress; exported for the kernel test, which holds it to that). */
 int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t st, ds4_err *err);
+
+/* cuda_indexer.cu */
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 /* Query t's (position *pos0 + t) indexer scores of the (pos + 1) / 4
  * compressed rows of its prefix, when they are more than top_k: score[c] =
@@ -339,6 +342,8 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
  * indices in ascending order into vis row t, their count into nvis[t]. */
 int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
             uint32_t *nvis, cudaStream_t st, ds4_err *err);
+
+/* cuda_attn.cu: attention */
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 /* The decode attention's scratch for one query: its head groups (a done
  * counter each), the splits of `rows` visible rows at most, and the floats
