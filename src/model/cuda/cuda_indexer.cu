@@ -301,25 +301,33 @@ static __device__ __forceinline__ void topk_load(const float *src, uint32_t i0, 
     }
 }
 
+/* Inclusive prefix of v over the warp's lanes. */
+static __device__ __forceinline__ uint64_t topk_warp_prefix(uint64_t v) {
+    unsigned lane = threadIdx.x & 31;
+    for (unsigned o = 1; o < 32; o <<= 1) {
+        uint64_t u = __shfl_up_sync(0xffffffffu, v, o);
+        if (lane >= o) v += u;
+    }
+    return v;
+}
+
+/* warp_tot[w] (one value a warp, stored by the caller) becomes the sum of
+ * the values of warps 0 .. w - 1, for every thread to read. */
+static __device__ void topk_warps_before(uint64_t *warp_tot) {
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        uint64_t w = warp_tot[threadIdx.x];
+        warp_tot[threadIdx.x] = topk_warp_prefix(w) - w;
+    }
+    __syncthreads();
+}
+
 /* Exclusive prefix over the block's threads, in thread order, of v. */
 static __device__ uint64_t topk_scan(uint64_t v, uint64_t *warp_tot) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    uint64_t incl = v;
-    for (unsigned o = 1; o < 32; o <<= 1) {
-        uint64_t u = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += u;
-    }
+    uint64_t incl = topk_warp_prefix(v);
     if (lane == 31) warp_tot[warp] = incl;
-    __syncthreads();
-    if (warp == 0) {
-        uint64_t w = warp_tot[lane], wi = w;
-        for (unsigned o = 1; o < 32; o <<= 1) {
-            uint64_t u = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += u;
-        }
-        warp_tot[lane] = wi - w;
-    }
-    __syncthreads();
+    topk_warps_before(warp_tot);
     uint64_t r = warp_tot[warp] + incl - v;
     __syncthreads(); /* warp_tot is free again */
     return r;
@@ -552,16 +560,7 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
                                   uint32_t neq, uint32_t *vis, topk_shared &sh) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, lt = (1u << lane) - 1;
     if (lane == 0) sh.warp_tot[warp] = (uint64_t)ngt << 32 | neq;
-    __syncthreads();
-    if (warp == 0) {
-        uint64_t w = sh.warp_tot[lane], wi = w;
-        for (unsigned o = 1; o < 32; o <<= 1) {
-            uint64_t u = __shfl_up_sync(0xffffffffu, wi, o);
-            if (lane >= o) wi += u;
-        }
-        sh.warp_tot[lane] = wi - w;
-    }
-    __syncthreads();
+    topk_warps_before(sh.warp_tot);
     /* oe: equal keys before the step; out: keys taken before it */
     uint32_t oe = (uint32_t)sh.warp_tot[warp], out = (uint32_t)(sh.warp_tot[warp] >> 32) + (oe < need ? oe : need);
     uint32_t w0, w1;
