@@ -90,7 +90,7 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * thread.  The share's rows are copied into shared memory while the query
  * loads.  Heads past a.heads are zeros with weight 0. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
-    dev_pdl_enter();
+    dev_pdl_enter_late(); /* no launches piling up ahead (cuda_rt.h) */
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
@@ -589,7 +589,7 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
-    dev_pdl_enter();
+    dev_pdl_enter_late();
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);
     uint32_t t = blockIdx.x, nc = (*a.pos0 + t + 1) / 4, k = a.top_k;
