@@ -522,12 +522,6 @@ static __device__ __forceinline__ void prefetch_l2_bytes(const uint8_t *p, size_
     for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(p + off);
 }
 
-/* The warp's rows (those of a fixed matrix) into the L2. */
-static __device__ __forceinline__ void gemv_prefetch_rows(const gemv_seg &sg, uint32_t r0) {
-    uint32_t n = sg.rows - r0 < sg.rpw ? sg.rows - r0 : sg.rpw;
-    prefetch_l2_bytes(sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes, (size_t)n * sg.row_bytes);
-}
-
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
  * IQ2_XXS decoding. */
@@ -550,9 +544,12 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
-    /* weights and the IQ2_XXS tables are written by no kernel: fetch them
-     * while the kernel before this one finishes */
-    if (!sg.sel && r0 < sg.rows) gemv_prefetch_rows(sg, r0);
+    /* The IQ2_XXS tables are written by no kernel: copy them while the
+     * kernel before this one finishes.  The weights are not asked of the L2
+     * here: the blocks of several products wait at once (their launches run
+     * ahead in a chain), and their rows, tens of MB, pushed one another out
+     * of the L2 before use - 5 % slower decode (PERFORMANCE.md, seventeenth
+     * iteration). */
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
     dev_pdl_wait_prev();
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
