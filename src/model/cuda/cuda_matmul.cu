@@ -490,14 +490,12 @@ static __device__ __forceinline__ void gemv_q8_epilogue(const gemv_seg &sg, cons
 struct gemv_part {
     const uint8_t *w; /* the part's first weight byte */
     uint32_t e0, len; /* its first value and count */
-    size_t bytes;
 };
 static __device__ __forceinline__ gemv_part gemv_part_of(const gemv_seg &sg, uint32_t row, unsigned warp) {
     uint32_t esz = sg.type == DS4_TYPE_F32 ? 4 : 2;
     gemv_part pt;
     pt.len = sg.n / GEMV_WARPS;
     pt.e0 = warp * pt.len;
-    pt.bytes = (size_t)pt.len * esz;
     pt.w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes + (size_t)pt.e0 * esz;
     return pt;
 }
@@ -517,11 +515,6 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
     }
 }
 
-/* `bytes` from p into the L2, a 128-byte line a lane at a time. */
-static __device__ __forceinline__ void prefetch_l2_bytes(const uint8_t *p, size_t bytes) {
-    for (size_t off = (size_t)(threadIdx.x & 31) * 128; off < bytes; off += 32 * 128) dev_prefetch_l2(p + off);
-}
-
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
  * IQ2_XXS decoding. */
@@ -538,7 +531,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
         uint32_t row = blockIdx.x - sg.block0;
         gemv_part pt = gemv_part_of(sg, row, warp);
-        prefetch_l2_bytes(pt.w, pt.bytes);
         dev_pdl_wait_prev();
         gemv_split_row(sg, row, warp, pt);
         return;
@@ -546,10 +538,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
     /* The IQ2_XXS tables are written by no kernel: copy them while the
      * kernel before this one finishes.  The weights are not asked of the L2
-     * here: the blocks of several products wait at once (their launches run
-     * ahead in a chain), and their rows, tens of MB, pushed one another out
-     * of the L2 before use - 5 % slower decode (PERFORMANCE.md, seventeenth
-     * iteration). */
+     * before the wait (as they were up to the sixteenth iteration of
+     * PERFORMANCE.md): the blocks of several products wait at once (their
+     * launches run ahead in a chain), and their rows, tens of MB, pushed
+     * one another out of the L2 before use - 5 % slower decode. */
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
     dev_pdl_wait_prev();
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */

@@ -144,15 +144,6 @@ static __device__ __forceinline__ bool dev_last_block(uint32_t *count, uint32_t 
     return last;
 }
 
-/* Ask the L2 for a line that a kernel will read soon (only data no earlier
- * kernel writes: weights, before dev_pdl_wait_prev). */
-static __device__ __forceinline__ void dev_prefetch_l2(const void *p) {
-#if !defined(DS4_CUDA_EMU) && defined(__CUDA_ARCH__)
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#else
-    (void)p;
-#endif
-}
 
 /* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
  * on, every launch outside a graph capture is bracketed by events, and the
