@@ -214,22 +214,32 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
     return 0;
 }
 
-/* One decode step on the device: the captured graph (captured at first
- * use; every kernel of it reads the position and token from d_step). */
+/* The decode step's graph, captured once when the backend is made: every
+ * kernel of it reads the position and token from d_step, so one graph serves
+ * every step of every session.  Capturing, instantiating and uploading its
+ * ~860 launches takes milliseconds that the first generated token would
+ * otherwise wait for.  With DS4_CUDA_PROFILE there is no graph: every launch
+ * is timed on its own. */
+static int capture_step(cuda_backend *b, ds4_err *err) {
+    if (ds4_prof_on) return 0;
+    cudaGraph_t g;
+    CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+    int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
+    cudaError_t e = cudaStreamEndCapture(b->st, &g);
+    if (rc) return ds4_err_prefix(err, "capturing the decode step");
+    CU_TRY(e);
+    e = cudaGraphInstantiate(&b->graph, g, 0);
+    cudaGraphDestroy(g);
+    CU_TRY(e);
+    b->graph_ready = true;
+    CU_TRY(cudaGraphUpload(b->graph, b->st));
+    CU_TRY(cudaStreamSynchronize(b->st));
+    return 0;
+}
+
+/* One decode step on the device. */
 static int run_step(cuda_backend *b, ds4_err *err) {
     if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, b->n_tokens, true, NULL, err);
-    if (!b->graph_ready) {
-        cudaGraph_t g;
-        CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
-        int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
-        cudaError_t e = cudaStreamEndCapture(b->st, &g);
-        if (rc) return ds4_err_prefix(err, "capturing the decode step");
-        CU_TRY(e);
-        e = cudaGraphInstantiate(&b->graph, g, 0);
-        cudaGraphDestroy(g);
-        CU_TRY(e);
-        b->graph_ready = true;
-    }
     CU_TRY(cudaGraphLaunch(b->graph, b->st));
     return 0;
 }
@@ -440,7 +450,8 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
-    return reset_state(b, err);
+    if (reset_state(b, err)) return -1;
+    return capture_step(b, err);
 }
 
 extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {

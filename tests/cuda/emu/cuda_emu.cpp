@@ -544,6 +544,8 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     for (auto &op : e->ops) op();
     return cudaSuccess;
 }
+/* Nothing to upload: the emulation runs a graph's operations on the host. */
+cudaError_t cudaGraphUpload(cudaGraphExec_t, cudaStream_t) { return cudaSuccess; }
 cudaError_t cudaGraphDestroy(cudaGraph_t g) {
     delete g;
     return cudaSuccess;
