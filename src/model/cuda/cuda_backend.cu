@@ -237,8 +237,11 @@ static int capture_step(cuda_backend *b, ds4_err *err) {
     return 0;
 }
 
-/* One decode step on the device. */
+/* One decode step on the device.  Its logits are d_logits' row 0; a prefill
+ * that returned every row may have left d_last_logits elsewhere, and the
+ * graph runs none of the host code that sets it. */
 static int run_step(cuda_backend *b, ds4_err *err) {
+    b->d_last_logits = b->d_logits;
     if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, b->n_tokens, true, NULL, err);
     CU_TRY(cudaGraphLaunch(b->graph, b->st));
     return 0;
