@@ -243,8 +243,12 @@ size_t toolmem_count(toolmem *m);
 /* Entries whose block occurs in text (for KVC trailers); caller frees with toolmem_entries_free. */
 ds4_kvc_tool *toolmem_entries_in(toolmem *m, const char *text, size_t n, size_t *count);
 void toolmem_entries_free(ds4_kvc_tool *t, size_t n);
-/* The chat renderer hook (ds4_chat_opts.render_calls). */
+/* The chat renderer hook (ds4_chat_opts.render_calls) for a client's
+ * conversation, counted in the replay statistics; the _quiet one for the
+ * server's own renderings of a finished answer (continuation.c), which run
+ * after the answer is sent and must not move the counters a client reads. */
 int toolmem_render_calls(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err);
+int toolmem_render_calls_quiet(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err);
 
 typedef struct replay_stats {
     uint64_t replayed, canonical;

@@ -222,10 +222,9 @@ void toolmem_entries_free(ds4_kvc_tool *t, size_t n) {
 }
 
 /* Replay when every call of the turn has an id that maps to one block
- * holding exactly that many calls. */
-int toolmem_render_calls(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err) {
-    (void)err;
-    server *s = ctx;
+ * holding exactly that many calls; `count` says whether the outcome goes
+ * into the replay statistics. */
+static int render_calls(server *s, const json_t *tool_calls, ds4_rendered *r, bool count) {
     if (!s->o.exact_replay || !json_is_array(tool_calls) || json_array_size(tool_calls) == 0) return 0;
     toolmem *m = s->tools;
     pthread_mutex_lock(&m->mu);
@@ -240,9 +239,21 @@ int toolmem_render_calls(void *ctx, const json_t *tool_calls, ds4_rendered *r, d
     ok = ok && b && b->n_calls == (int)json_array_size(tool_calls);
     if (ok) ds4_rendered_trusted(r, b->s, b->n);
     pthread_mutex_unlock(&m->mu);
-    pthread_mutex_lock(&s->stats_mu);
-    if (ok) s->replay.replayed++;
-    else s->replay.canonical++;
-    pthread_mutex_unlock(&s->stats_mu);
+    if (count) {
+        pthread_mutex_lock(&s->stats_mu);
+        if (ok) s->replay.replayed++;
+        else s->replay.canonical++;
+        pthread_mutex_unlock(&s->stats_mu);
+    }
     return ok ? 1 : 0;
+}
+
+int toolmem_render_calls(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err) {
+    (void)err;
+    return render_calls(ctx, tool_calls, r, true);
+}
+
+int toolmem_render_calls_quiet(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err) {
+    (void)err;
+    return render_calls(ctx, tool_calls, r, false);
 }
