@@ -358,6 +358,15 @@ static void test_tool_memory(void **state) {
     assert_int_equal(replays(&s, "[{}]"), 0);
     assert_int_equal(s.replay.replayed, 2);
     assert_int_equal(s.replay.canonical, 4);
+    /* The server's own renderings replay the same way, uncounted. */
+    json_t *calls = json_loads("[{\"id\":\"call_c\"}]", 0, NULL);
+    ds4_rendered r = {0};
+    assert_int_equal(toolmem_render_calls_quiet(&s, calls, &r, NULL), 1);
+    assert_memory_equal(r.text.p, BLOCK1, strlen(BLOCK1));
+    ds4_rendered_free(&r);
+    json_decref(calls);
+    assert_int_equal(s.replay.replayed, 2);
+    assert_int_equal(s.replay.canonical, 4);
     s.o.exact_replay = false;
     assert_int_equal(replays(&s, "[{\"id\":\"call_c\"}]"), 0);
     /* Ids restored one at a time (from disk) still replay a shared block. */

@@ -231,7 +231,6 @@ static int capture_step(cuda_backend *b, ds4_err *err) {
     e = cudaGraphInstantiate(&b->graph, g, 0);
     cudaGraphDestroy(g);
     CU_TRY(e);
-    b->graph_ready = true;
     CU_TRY(cudaGraphUpload(b->graph, b->st));
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
@@ -377,7 +376,7 @@ static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err)
 static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
-    if (b->graph_ready) cudaGraphExecDestroy(b->graph);
+    if (b->graph) cudaGraphExecDestroy(b->graph);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);

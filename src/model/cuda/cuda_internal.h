@@ -258,8 +258,7 @@ typedef struct cuda_backend {
     void *buf_block;
 
     /* the captured decode step */
-    cudaGraphExec_t graph;
-    bool graph_ready;
+    cudaGraphExec_t graph; /* the decode step (capture_step); NULL with DS4_CUDA_PROFILE */
 } cuda_backend;
 
 /* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position

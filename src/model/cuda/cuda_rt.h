@@ -144,7 +144,6 @@ static __device__ __forceinline__ bool dev_last_block(uint32_t *count, uint32_t 
     return last;
 }
 
-
 /* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
  * on, every launch outside a graph capture is bracketed by events, and the
  * backend prints the time per kernel (with 2: per kernel and grid) when it
