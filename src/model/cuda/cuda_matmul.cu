@@ -124,25 +124,41 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
 
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
  * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
- * are loaded before any is used (U R = 4: 64 bytes per lane in flight). */
+ * are loaded before any is used (U R = 4: 64 bytes per lane in flight).
+ * wait: the PDL wait is this function's, after the first step's weight
+ * loads (gemv_rows). */
+template <int R>
+static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, uint32_t n, uint32_t base,
+                                                   int4 (&w)[4 / R][R], uint16_t (&dw)[4 / R][R]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 4 / R; u++) {
+        uint32_t c = base + 512 * u + 16 * lane;
+        bool ok = c < n;
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            w[u][r] = ok ? ldw16(rows[r] + c) : make_int4(0, 0, 0, 0);
+            dw[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + n) + c / 32) : 0;
+        }
+    }
+}
 template <int R>
 static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                                 float *acc) {
+                                                 float *acc, bool wait) {
     constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
+    int4 w[U][R];
+    uint16_t dw[U][R];
+    q8_0_load_w<R>(rows, n, 0, w, dw);
+    if (wait) dev_pdl_wait_prev();
     for (uint32_t base = 0; base < n; base += 512 * U) {
-        int4 w[U][R], a[U];
-        uint16_t dw[U][R];
+        if (base) q8_0_load_w<R>(rows, n, base, w, dw);
+        int4 a[U];
         float dx[U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
             uint32_t c = base + 512 * u + 16 * lane;
             bool ok = c < n;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                w[u][r] = ok ? ldw16(rows[r] + c) : make_int4(0, 0, 0, 0);
-                dw[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + n) + c / 32) : 0;
-            }
             a[u] = ok ? ld16(x + c) : make_int4(0, 0, 0, 0);
             dx[u] = ok ? __ldg(xd + c / 32) : 0.0f;
         }
@@ -356,21 +372,29 @@ static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, 
 }
 
 /* Float rows against f32 activations: 16 bytes of weights per lane per
- * step, U steps of R rows loaded at once (U R = 4). */
+ * step, U steps of R rows loaded at once (U R = 4); wait as gemv_q8_0's. */
+template <int R>
+static __device__ __forceinline__ void float_load_w(const uint8_t *const *rows, uint32_t n, uint32_t per, uint32_t esz,
+                                                    uint32_t base, int4 (&w)[4 / R][R]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < 4 / R; u++) {
+        uint32_t e = base + 32 * per * u + per * lane;
+#pragma unroll
+        for (int r = 0; r < R; r++) w[u][r] = e < n ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+    }
+}
 template <int R>
 static __device__ __forceinline__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x,
-                                                  float *acc) {
+                                                  float *acc, bool wait) {
     constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
     uint32_t per = type == DS4_TYPE_F32 ? 4 : 8, esz = type == DS4_TYPE_F32 ? 4 : 2; /* elements per 16 bytes */
+    int4 w[U][R];
+    float_load_w<R>(rows, n, per, esz, 0, w);
+    if (wait) dev_pdl_wait_prev();
     for (uint32_t base = 0; base < n; base += 32 * per * U) {
-        int4 w[U][R];
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            uint32_t e = base + 32 * per * u + per * lane;
-#pragma unroll
-            for (int r = 0; r < R; r++) w[u][r] = e < n ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
-        }
+        if (base) float_load_w<R>(rows, n, per, esz, base, w);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             uint32_t e = base + 32 * per * u + per * lane;
@@ -435,13 +459,22 @@ static uint32_t gemv_type_bit(uint32_t type) {
     }
 }
 
+/* R rows of a segment from row r0, after the PDL wait (wait: it is still
+ * to come).  The Q8_0 and float loops issue their first weight loads
+ * before it: those rows are written by no kernel, and the loads overlap the
+ * end of the kernel before.  The other types, used by decode only for
+ * routed experts, wait first: their matrices are selected by the routing. */
 template <unsigned M, int R>
-static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint32_t *tab, float *keep) {
+static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint32_t *tab, float *keep,
+                                                 bool wait) {
+    bool kq = sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K || sg.type == DS4_TYPE_IQ2_XXS;
+    bool early = wait && !sg.sel && !kq;
+    if (wait && !early) dev_pdl_wait_prev();
     if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
         /* K-quant rows come at most two a warp (pick_rpw); were there more,
          * two at a time keeps their registers in bounds */
-        gemv_rows<M, 2>(sg, r0, tab, keep);
-        gemv_rows<M, 2>(sg, r0 + 2, tab, keep ? keep + 2 : NULL);
+        gemv_rows<M, 2>(sg, r0, tab, keep, false);
+        gemv_rows<M, 2>(sg, r0 + 2, tab, keep ? keep + 2 : NULL, false);
         return;
     }
     unsigned lane = threadIdx.x & 31;
@@ -455,11 +488,11 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    if ((M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc);
+    if ((M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc, early);
     else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, tab, acc);
-    else if (M & GM_FLOAT) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc);
+    else if (M & GM_FLOAT) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc, early);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float v = warp_sum(acc[r]);
@@ -504,7 +537,7 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
     __shared__ float part[GEMV_WARPS];
     const uint8_t *rows[1] = {pt.w};
     float acc[1] = {0.0f};
-    gemv_float<1>(rows, sg.type, pt.len, sg.xf + pt.e0, acc);
+    gemv_float<1>(rows, sg.type, pt.len, sg.xf + pt.e0, acc, true);
     float v = warp_sum(acc[0]);
     if ((threadIdx.x & 31) == 0) part[warp] = v;
     __syncthreads();
@@ -530,32 +563,30 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     unsigned warp = threadIdx.x / 32;
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
         uint32_t row = blockIdx.x - sg.block0;
-        gemv_part pt = gemv_part_of(sg, row, warp);
-        dev_pdl_wait_prev();
-        gemv_split_row(sg, row, warp, pt);
+        gemv_split_row(sg, row, warp, gemv_part_of(sg, row, warp));
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
-    /* The IQ2_XXS tables are written by no kernel: copy them while the
-     * kernel before this one finishes.  The weights are not asked of the L2
-     * before the wait (as they were up to the sixteenth iteration of
-     * PERFORMANCE.md): the blocks of several products wait at once (their
-     * launches run ahead in a chain), and their rows, tens of MB, pushed
-     * one another out of the L2 before use - 5 % slower decode. */
+    /* The IQ2_XXS tables and the weights are written by no kernel: the
+     * tables are copied, and each warp's first round of weight loads issued
+     * into registers (gemv_rows), while the kernel before this one
+     * finishes.  Not more: asking the L2 for a block's whole rows before
+     * the wait (as up to the sixteenth iteration of PERFORMANCE.md) let the
+     * waiting blocks of several products, whose launches run ahead in a
+     * chain, push tens of MB out of one another's way - 5 % slower. */
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
-    dev_pdl_wait_prev();
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
         __shared__ float kept[32];
-        gemv_rows<M, 4>(sg, r0, tab, kept + 4 * warp);
+        gemv_rows<M, 4>(sg, r0, tab, kept + 4 * warp, true);
         __syncthreads();
         if (warp == 0) gemv_q8_epilogue(sg, kept);
         return;
     }
-    if (r0 >= sg.rows) return;
+    if (r0 >= sg.rows) return; /* touches no memory: nothing to wait for */
     switch (sg.rpw) {
-    case 1: gemv_rows<M, 1>(sg, r0, tab, NULL); break;
-    case 2: gemv_rows<M, 2>(sg, r0, tab, NULL); break;
-    default: gemv_rows<M, 4>(sg, r0, tab, NULL); break;
+    case 1: gemv_rows<M, 1>(sg, r0, tab, NULL, true); break;
+    case 2: gemv_rows<M, 2>(sg, r0, tab, NULL, true); break;
+    default: gemv_rows<M, 4>(sg, r0, tab, NULL, true); break;
     }
 }
 
