@@ -10,7 +10,11 @@
  *   - a 20 us spinning kernel followed by a short one: how long before the
  *     spinning kernel's end the second one starts (negative: after), and
  *     how long after that end it passes griddepcontrol.wait;
- *   - a chain of 1000 tiny dependent kernels: time per kernel.
+ *   - a chain of 1000 tiny dependent kernels: time per kernel;
+ *   - chains of 1000 kernels with the grids of the decode step's launches
+ *     (1 to 1024 blocks), each block reading what the kernel before wrote
+ *     and writing for the next: time per link, i.e. the floor a launch on
+ *     the step's path costs before its own work.
  * The kernels call griddepcontrol the way every ds4 kernel does
  * (dev_pdl_enter in cuda_rt.h), written out here so that the probe does
  * not depend on the backend.
@@ -51,6 +55,13 @@ static __global__ void follow_kernel(unsigned long long *rec, int i) {
 static __global__ void tiny_kernel(float *x) {
     pdl_enter();
     x[threadIdx.x] += 1.0f;
+}
+
+/* A link of the grid chains: a value per thread from the previous link. */
+static __global__ void link_kernel(const float *in, float *out) {
+    pdl_enter();
+    unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    out[i] = in[i] * 1.0001f + 1.0f;
 }
 
 template <typename... A> static void launch(bool pdl, cudaStream_t st, void (*k)(A...), dim3 g, dim3 b, A... args) {
@@ -130,6 +141,23 @@ int main() {
                    "%d tiny dependent kernels: %.2f us each\n",
                    pdl, graph, early / (pairs - 1), wait / (pairs - 1), chain, 1000.0 * ms / chain);
         }
+    const int shapes[][2] = {{1, 32}, {32, 544}, {132, 256}, {528, 256}, {1024, 256}}; /* blocks, threads */
+    float *a, *b;
+    if (cudaMalloc(&a, 1024 * 544 * sizeof(float)) != cudaSuccess || cudaMalloc(&b, 1024 * 544 * sizeof(float)) != cudaSuccess) {
+        fprintf(stderr, "pdl_probe: out of memory\n");
+        return 1;
+    }
+    cudaMemset(a, 0, 1024 * 544 * sizeof(float));
+    for (const auto &sh : shapes) {
+        float us[2];
+        for (int pdl = 0; pdl < 2; pdl++)
+            us[pdl] = 1000.0f / chain * run(true, st, [&] {
+                for (int i = 0; i < chain; i++)
+                    launch(pdl, st, link_kernel, dim3(sh[0]), dim3(sh[1]), (const float *)(i & 1 ? b : a), i & 1 ? a : b);
+            });
+        printf("graph chain of %d kernels of %4d x %3d threads, each reading the previous one's output: "
+               "%.2f us a link with pdl, %.2f without\n", chain, sh[0], sh[1], us[1], us[0]);
+    }
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {
         fprintf(stderr, "pdl_probe: %s\n", cudaGetErrorString(e));
