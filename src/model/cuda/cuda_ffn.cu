@@ -28,18 +28,28 @@ static __device__ __forceinline__ float dev_softplus(float x) {
  * CPU's stable insertion top-k).  The rounds are the serial part of the
  * kernel, on every layer's path from the router to the experts. */
 template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
-    dev_pdl_enter();
+    dev_pdl_launch_next();
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
+    /* every load issued before any value is used: the branches of the
+     * softplus otherwise kept each logit's load behind the previous one's
+     * use, a round trip to the L2 per expert a lane (PERFORMANCE.md,
+     * eighteenth iteration); the bias, a weight, before the wait */
+    float bias[PER], logit[PER];
+#pragma unroll
+    for (int j = 0; j < PER; j++) bias[j] = a.bias && lane + 32 * j < ne ? a.bias[lane + 32 * j] : 0.0f;
+    dev_pdl_wait_prev();
+#pragma unroll
+    for (int j = 0; j < PER; j++) logit[j] = lane + 32 * j < ne ? a.logits[(size_t)t * ne + lane + 32 * j] : 0.0f;
     float prob[PER];
     uint32_t key[PER];
     uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
 #pragma unroll
     for (int j = 0; j < PER; j++) {
         uint32_t e = lane + 32 * j;
-        float p = e < ne ? sqrtf(dev_softplus(a.logits[(size_t)t * ne + e])) : 0.0f;
+        float p = e < ne ? sqrtf(dev_softplus(logit[j])) : 0.0f;
         prob[j] = p;
-        key[j] = dev_order_key(e < ne ? p + (a.bias ? a.bias[e] : 0.0f) : 0.0f);
+        key[j] = dev_order_key(e < ne ? p + bias[j] : 0.0f);
         if (e < ne) open |= 1u << j;
     }
     int chosen = -1;  /* lane i < k: the i-th selected expert */
@@ -269,16 +279,35 @@ static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv,
     }
 }
 
+#define STEP_END_LOADS (ARGMAX_BLOCKS / 32) /* the argmax parts a lane of step_end_kernel takes */
+static_assert(ARGMAX_BLOCKS % 32 == 0, "whole loads a lane");
+
 /* End of a pass: record the input token (greedy runs), set the next token
  * to the argmax of the new logits, advance the position by T. */
 static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t nparts, uint32_t T,
                                        uint32_t *record, uint32_t *n_rec, uint32_t rec_cap) {
     dev_pdl_enter();
+    /* the parts by one warp, a lane's loads issued together: one thread
+     * walking them took a round trip to the L2 a part, on every token's path */
+    float v[STEP_END_LOADS];
+    uint32_t ix[STEP_END_LOADS];
+#pragma unroll
+    for (int u = 0; u < STEP_END_LOADS; u++) {
+        uint32_t i = threadIdx.x + 32 * u;
+        v[u] = i < nparts ? pv[i] : -INFINITY;
+        ix[u] = i < nparts ? pi[i] : 0xffffffffu;
+    }
+    float bv = v[0];
+    uint32_t bi = ix[0];
+#pragma unroll
+    for (int u = 1; u < STEP_END_LOADS; u++)
+        if (v[u] > bv || (v[u] == bv && ix[u] < bi)) { bv = v[u]; bi = ix[u]; }
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+        uint32_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
+    }
     if (threadIdx.x != 0) return;
-    float bv = pv[0];
-    uint32_t bi = pi[0];
-    for (uint32_t i = 1; i < nparts; i++)
-        if (pv[i] > bv || (pv[i] == bv && pi[i] < bi)) { bv = pv[i]; bi = pi[i]; }
     if (record && *n_rec < rec_cap) record[(*n_rec)++] = st->token;
     st->token = bi == 0xffffffffu ? 0 : bi;
     st->pos += T;
