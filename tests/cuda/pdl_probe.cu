@@ -5,8 +5,8 @@
  * docs/PERFORMANCE.md; build/cuda/pdl_probe, built by `make cuda`, needs a
  * GPU to run.)
  *
- * Two measurements, each plain and with the PDL launch attribute, each on
- * a stream and in a captured graph:
+ * Three measurements, each plain and with the PDL launch attribute (the
+ * first two on a stream and in a captured graph, the third in a graph):
  *   - a 20 us spinning kernel followed by a short one: how long before the
  *     spinning kernel's end the second one starts (negative: after), and
  *     how long after that end it passes griddepcontrol.wait;

@@ -283,9 +283,10 @@ static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv,
 static_assert(ARGMAX_BLOCKS % 32 == 0, "whole loads a lane");
 
 /* End of a pass: record the input token (greedy runs), set the next token
- * to the argmax of the new logits, advance the position by T. */
-static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t nparts, uint32_t T,
-                                       uint32_t *record, uint32_t *n_rec, uint32_t rec_cap) {
+ * to the argmax of the new logits (from argmax_part_kernel's ARGMAX_BLOCKS
+ * parts), advance the position by T. */
+static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_t *pi, uint32_t T, uint32_t *record,
+                                       uint32_t *n_rec, uint32_t rec_cap) {
     dev_pdl_enter();
     /* the parts by one warp, a lane's loads issued together: one thread
      * walking them took a round trip to the L2 a part, on every token's path */
@@ -294,8 +295,8 @@ static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_
 #pragma unroll
     for (int u = 0; u < STEP_END_LOADS; u++) {
         uint32_t i = threadIdx.x + 32 * u;
-        v[u] = i < nparts ? pv[i] : -INFINITY;
-        ix[u] = i < nparts ? pi[i] : 0xffffffffu;
+        v[u] = pv[i];
+        ix[u] = pi[i];
     }
     float bv = v[0];
     uint32_t bi = ix[0];
@@ -318,7 +319,7 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
                b->argmax_part, b->argmax_idx);
     CU_LAUNCHED();
     DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->d_step, (const float *)b->argmax_part, (const uint32_t *)b->argmax_idx,
-               (uint32_t)ARGMAX_BLOCKS, T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
+               T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
     CU_LAUNCHED();
     return 0;
 }

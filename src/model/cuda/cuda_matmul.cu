@@ -125,8 +125,9 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
  * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
  * are loaded before any is used (U R = 4: 64 bytes per lane in flight).
- * wait: the PDL wait is this function's, after the first step's weight
- * loads (gemv_rows). */
+ * q8_0_load_w loads the weights of the steps from base; gemv_q8_0 with
+ * wait set makes the PDL wait itself, after the first step's weight loads
+ * (gemv_rows). */
 template <int R>
 static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, uint32_t n, uint32_t base,
                                                    int4 (&w)[4 / R][R], uint16_t (&dw)[4 / R][R]) {
@@ -460,15 +461,17 @@ static uint32_t gemv_type_bit(uint32_t type) {
 }
 
 /* R rows of a segment from row r0, after the PDL wait (wait: it is still
- * to come).  The Q8_0 and float loops issue their first weight loads
- * before it: those rows are written by no kernel, and the loads overlap the
- * end of the kernel before.  The other types, used by decode only for
- * routed experts, wait first: their matrices are selected by the routing. */
+ * to come).  The Q8_0 and float loops of fixed matrices issue their first
+ * weight loads before it and then wait themselves: those rows are written
+ * by no kernel, and the loads overlap the end of the kernel before.  Rows
+ * of selected matrices (routed experts: the routing picks them) and the
+ * other types wait first. */
 template <unsigned M, int R>
 static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0, const uint32_t *tab, float *keep,
                                                  bool wait) {
-    bool kq = sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K || sg.type == DS4_TYPE_IQ2_XXS;
-    bool early = wait && !sg.sel && !kq;
+    bool q8 = (M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0;
+    bool fl = (M & GM_FLOAT) && (sg.type == DS4_TYPE_F32 || sg.type == DS4_TYPE_F16 || sg.type == DS4_TYPE_BF16);
+    bool early = wait && !sg.sel && (q8 || fl);
     if (wait && !early) dev_pdl_wait_prev();
     if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
         /* K-quant rows come at most two a warp (pick_rpw); were there more,
@@ -488,11 +491,11 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    if ((M & GM_Q8_0) && sg.type == DS4_TYPE_Q8_0) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc, early);
+    if (q8) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc, early);
     else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, tab, acc);
-    else if (M & GM_FLOAT) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc, early);
+    else if (fl) gemv_float<R>(rows, sg.type, sg.n, sg.xf, acc, early);
 #pragma unroll
     for (int r = 0; r < R; r++) {
         float v = warp_sum(acc[r]);
@@ -568,9 +571,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
     /* The IQ2_XXS tables and the weights are written by no kernel: the
-     * tables are copied, and each warp's first round of weight loads issued
-     * into registers (gemv_rows), while the kernel before this one
-     * finishes.  Not more: asking the L2 for a block's whole rows before
+     * tables are copied, and each warp's first round of loads of Q8_0 or
+     * float rows of fixed matrices issued into registers (gemv_rows), while
+     * the kernel before this one finishes.  Not more: asking the L2 for a block's whole rows before
      * the wait (as up to the sixteenth iteration of PERFORMANCE.md) let the
      * waiting blocks of several products, whose launches run ahead in a
      * chain, push tens of MB out of one another's way - 5 % slower. */
