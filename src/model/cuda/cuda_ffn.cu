@@ -253,27 +253,34 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStre
 
 #define ARGMAX_BLOCKS 128
 
+/* The argmax order: the larger value, the lower index on ties (so any
+ * order of reduction gives the same winner). */
+static __device__ __forceinline__ void argmax_take(float v, uint32_t i, float &bv, uint32_t &bi) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
+static __device__ __forceinline__ void warp_argmax(float &bv, uint32_t &bi) {
+    for (int o = 16; o > 0; o >>= 1) {
+        float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
+        uint32_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
+        argmax_take(v2, i2, bv, bi);
+    }
+}
+
 static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv, uint32_t *pi) {
     dev_pdl_enter();
     __shared__ float sv[32];
     __shared__ uint32_t si[32];
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
-        if (x[i] > bv || (x[i] == bv && i < bi)) { bv = x[i]; bi = i; }
-    for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-        uint32_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
-    }
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) argmax_take(x[i], i, bv, bi);
+    warp_argmax(bv, bi);
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
         bv = sv[0];
         bi = si[0];
-        for (unsigned w = 1; w < blockDim.x / 32; w++)
-            if (sv[w] > bv || (sv[w] == bv && si[w] < bi)) { bv = sv[w]; bi = si[w]; }
+        for (unsigned w = 1; w < blockDim.x / 32; w++) argmax_take(sv[w], si[w], bv, bi);
         pv[blockIdx.x] = bv;
         pi[blockIdx.x] = bi;
     }
@@ -301,13 +308,8 @@ static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_
     float bv = v[0];
     uint32_t bi = ix[0];
 #pragma unroll
-    for (int u = 1; u < STEP_END_LOADS; u++)
-        if (v[u] > bv || (v[u] == bv && ix[u] < bi)) { bv = v[u]; bi = ix[u]; }
-    for (int o = 16; o > 0; o >>= 1) {
-        float v2 = __shfl_xor_sync(0xffffffffu, bv, o);
-        uint32_t i2 = __shfl_xor_sync(0xffffffffu, bi, o);
-        if (v2 > bv || (v2 == bv && i2 < bi)) { bv = v2; bi = i2; }
-    }
+    for (int u = 1; u < STEP_END_LOADS; u++) argmax_take(v[u], ix[u], bv, bi);
+    warp_argmax(bv, bi);
     if (threadIdx.x != 0) return;
     if (record && *n_rec < rec_cap) record[(*n_rec)++] = st->token;
     st->token = bi == 0xffffffffu ? 0 : bi;

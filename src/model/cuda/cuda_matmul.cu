@@ -573,10 +573,12 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     /* The IQ2_XXS tables and the weights are written by no kernel: the
      * tables are copied, and each warp's first round of loads of Q8_0 or
      * float rows of fixed matrices issued into registers (gemv_rows), while
-     * the kernel before this one finishes.  Not more: asking the L2 for a block's whole rows before
-     * the wait (as up to the sixteenth iteration of PERFORMANCE.md) let the
-     * waiting blocks of several products, whose launches run ahead in a
-     * chain, push tens of MB out of one another's way - 5 % slower. */
+     * the kernel before this one finishes.  Not more: asking the L2 for a
+     * block's whole rows before the wait (as up to the sixteenth iteration
+     * of PERFORMANCE.md) let the waiting blocks of several products, whose
+     * launches run ahead in a chain, push tens of MB out of one another's
+     * way - 5 % slower; staging 4 KB a warp in shared memory measured
+     * 5.6 % slower (eighteenth iteration). */
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
         __shared__ float kept[32];
