@@ -93,6 +93,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     norm_w nw = qrole ? block_norm_weights(a.qa_norm, a.qa_norm_type, a.qlr)
                       : block_norm_weights(a.kv_norm, a.kv_norm_type, a.hd);
     dev_pdl_wait_prev();
+    uint32_t pos = *a.pos0 + t; /* loaded with the row, not after the norm */
     if (qrole) {
         block_load_row(x, a.qa_raw + (size_t)t * a.qlr, a.qlr);
         __syncthreads();
@@ -107,9 +108,9 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     block_load_row(x, kv, a.hd);
     __syncthreads();
     block_rmsnorm(x, a.hd, nw, a.eps);
-    block_rope(x, a.hd, a.rope, *a.pos0 + t, false);
+    block_rope(x, a.hd, a.rope, pos, false);
     if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
-    float *ring = a.ring ? a.ring + (size_t)((*a.pos0 + t) % a.raw_cap) * a.hd : NULL;
+    float *ring = a.ring ? a.ring + (size_t)(pos % a.raw_cap) * a.hd : NULL;
     for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) {
         float v = a.sim ? dev_f16_round(x[i]) : x[i];
         kv[i] = v;

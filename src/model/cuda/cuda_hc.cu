@@ -342,6 +342,22 @@ typedef struct hc_in {
     float v[4], yd;
 } hc_in;
 
+/* The post weight and combination row of stream h of token t (written by
+ * the previous HC launch's Sinkhorn): loaded with the column's values, not
+ * after the experts' sum, where they would cost a round trip of their own. */
+typedef struct hc_row {
+    float post, comb[4];
+} hc_row;
+
+static __device__ __forceinline__ hc_row hc_load_row(const hc_args &a, uint32_t t, unsigned h) {
+    const uint32_t n = 4;
+    hc_row w;
+    w.post = a.post[(size_t)t * n + h];
+#pragma unroll
+    for (uint32_t src = 0; src < n; src++) w.comb[src] = a.comb[(size_t)t * n * n + h + n * src];
+    return w;
+}
+
 static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t t, uint32_t d, bool on) {
     const uint32_t n = 4, D = a.D;
     hc_in in;
@@ -371,11 +387,10 @@ static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t
 
 /* Stream h after the HC post of the previous sublayer (MODEL.md 5.3):
  * post_h y + sum_src comb[h][src] S_src, in cpu_hc.c's order. */
-static __device__ __forceinline__ float hc_post_value(const hc_args &a, uint32_t t, unsigned h, const hc_in &in) {
-    const uint32_t n = 4;
-    const float *comb = a.comb + (size_t)t * n * n;
-    float s = a.post[(size_t)t * n + h] * in.yd;
-    for (uint32_t src = 0; src < n; src++) s += comb[h + n * src] * in.v[src];
+static __device__ __forceinline__ float hc_post_value(const hc_row &w, const hc_in &in) {
+    float s = w.post * in.yd;
+#pragma unroll
+    for (uint32_t src = 0; src < 4; src++) s += w.comb[src] * in.v[src];
     return s;
 }
 
@@ -386,14 +401,15 @@ static __device__ __forceinline__ float hc_post_value(const hc_args &a, uint32_t
  * rows), reduce-scattered in each warp and summed over the warps through
  * shared memory into the token's partial-sum row of this block. */
 template <int NMIX>
-static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const float (&f)[NMIX],
-                                                    uint32_t d, unsigned h, bool mixer, bool on, double (*red)[33]) {
+static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const hc_row &w,
+                                                    const float (&f)[NMIX], uint32_t d, unsigned h, bool mixer, bool on,
+                                                    double (*red)[33]) {
     constexpr int WARPS = HC_WARPS;
     const uint32_t n = 4, D = a.D;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float vh = h == 0 ? in.v[0] : h == 1 ? in.v[1] : h == 2 ? in.v[2] : in.v[3]; /* no indexed register array */
     if (a.y || a.eout) {
-        vh = hc_post_value(a, t, h, in);
+        vh = hc_post_value(w, in);
         __syncthreads(); /* every stream of the column is read before any is rewritten */
         if (on) a.S[(size_t)t * n * D + (size_t)h * D + d] = vh;
     }
@@ -439,7 +455,10 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
     hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
     dev_pdl_wait_prev();
-    hc_mix_token<NMIX>(a, t, hc_load_token(a, t, d, on), f, d, h, mixer, on, red);
+    hc_row w = {};
+    if (a.y || a.eout) w = hc_load_row(a, t, h);
+    hc_in in = hc_load_token(a, t, d, on);
+    hc_mix_token<NMIX>(a, t, in, w, f, d, h, mixer, on, red);
     if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX>(a, t, k);
 }
 
@@ -550,10 +569,13 @@ static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(
     dev_pdl_enter();
     const uint32_t n = 4, D = a.D, t = blockIdx.y, d = blockIdx.x * HCPOST_THREADS + threadIdx.x;
     if (d >= D) return;
+    hc_row w[4];
+#pragma unroll
+    for (uint32_t h = 0; h < n; h++) w[h] = hc_load_row(a, t, h);
     hc_in in = hc_load_token(a, t, d, true);
     float v[4];
 #pragma unroll
-    for (uint32_t h = 0; h < n; h++) v[h] = hc_post_value(a, t, h, in);
+    for (uint32_t h = 0; h < n; h++) v[h] = hc_post_value(w[h], in);
 #pragma unroll
     for (uint32_t h = 0; h < n; h++) a.S[(size_t)t * n * D + (size_t)h * D + d] = v[h];
 }
