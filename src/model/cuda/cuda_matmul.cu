@@ -124,16 +124,22 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
 
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
  * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
- * are loaded before any is used (U R = 4: 64 bytes per lane in flight).
- * q8_0_load_w loads the weights of the steps from base; gemv_q8_0 with
- * wait set makes the PDL wait itself, after the first step's weight loads
- * (gemv_rows). */
-template <int R>
+ * are loaded before any is used.  q8_0_load_w loads the weights of the
+ * steps from base; gemv_q8_0 with wait set makes the PDL wait itself, after
+ * the first step's weight loads (gemv_rows).  With PIPE, the next U steps'
+ * weights are loaded before the current ones are used: two rounds in
+ * flight instead of a round trip each.  Only the quantized-output launch
+ * (attn_output_a: 32 rows a block, four a warp, eight rounds of 512 bytes
+ * a row) has the registers for two rounds, at two blocks an SM - enough
+ * for its 256 blocks: 2.5 % faster decode (PERFORMANCE.md, nineteenth
+ * iteration).  In the light launches (64 registers) it spills, and at 80
+ * registers (three blocks an SM) they measured 3.9 % slower. */
+template <int R, int U>
 static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, uint32_t n, uint32_t base,
-                                                   int4 (&w)[4 / R][R], uint16_t (&dw)[4 / R][R]) {
+                                                   int4 (&w)[U][R], uint16_t (&dw)[U][R]) {
     unsigned lane = threadIdx.x & 31;
 #pragma unroll
-    for (int u = 0; u < 4 / R; u++) {
+    for (int u = 0; u < U; u++) {
         uint32_t c = base + 512 * u + 16 * lane;
         bool ok = c < n;
 #pragma unroll
@@ -143,17 +149,20 @@ static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, u
         }
     }
 }
-template <int R>
+template <int R, int U, bool PIPE>
 static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
                                                  float *acc, bool wait) {
-    constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
     int4 w[U][R];
     uint16_t dw[U][R];
-    q8_0_load_w<R>(rows, n, 0, w, dw);
+    q8_0_load_w<R, U>(rows, n, 0, w, dw);
     if (wait) dev_pdl_wait_prev();
     for (uint32_t base = 0; base < n; base += 512 * U) {
-        if (base) q8_0_load_w<R>(rows, n, base, w, dw);
+        int4 wn[U][R];
+        uint16_t dwn[U][R];
+        bool more = base + 512 * U < n;
+        if (PIPE && more) q8_0_load_w<R, U>(rows, n, base + 512 * U, wn, dwn);
+        else if (!PIPE && base) q8_0_load_w<R, U>(rows, n, base, w, dw);
         int4 a[U];
         float dx[U];
 #pragma unroll
@@ -173,6 +182,14 @@ static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uin
                 if (ok && (lane & 1) == 0) acc[r] += (dev_f16(dw[u][r]) * dx[u]) * (float)sum;
             }
         }
+        if (PIPE && more)
+#pragma unroll
+            for (int u = 0; u < U; u++)
+#pragma unroll
+                for (int r = 0; r < R; r++) {
+                    w[u][r] = wn[u][r];
+                    dw[u][r] = dwn[u][r];
+                }
     }
 }
 
@@ -491,7 +508,7 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    if (q8) gemv_q8_0<R>(rows, sg.n, sg.xq, sg.xd, acc, early);
+    if (q8) gemv_q8_0<R, 4 / R, (M & GM_Q8OUT) != 0>(rows, sg.n, sg.xq, sg.xd, acc, early);
     else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, tab, acc);
@@ -553,8 +570,9 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
 
 /* Blocks per SM the register budget must allow: 4 (64 registers a thread,
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
- * IQ2_XXS decoding. */
-#define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
+ * IQ2_XXS decoding, 2 for the quantized output (its 256 blocks fit, with
+ * the registers of its pipelined walk). */
+#define GEMV_MIN_BLOCKS(M) ((M) & GM_Q8OUT ? 2 : (M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
 template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint32_t *tab_g) {
