@@ -476,6 +476,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
+    ds4_ablate = getenv("DS4_CUDA_ABLATE");
     const char *prof = getenv("DS4_CUDA_PROFILE");
     ds4_prof_on = prof && atoi(prof) > 0;
     ds4_prof_grids = prof && atoi(prof) == 2;

@@ -7,6 +7,11 @@
  * branches (cuda_forward.cu) still run beside the main stream, so their
  * launches and the ones they overlap are timed with each other's
  * contention included.
+ *
+ * Also the ablation switch DS4_CUDA_ABLATE (cuda_rt.h): the decode graph
+ * captured without some of its launches, so that the benchmark's step
+ * time shows what each costs on the step's path, which event timing
+ * outside the graph cannot (PERFORMANCE.md, nineteenth iteration).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -16,6 +21,7 @@
 
 bool ds4_prof_on;
 bool ds4_prof_grids;
+const char *ds4_ablate;
 
 #ifndef DS4_CUDA_EMU
 
@@ -26,6 +32,28 @@ typedef struct prof_rec {
     dim3 grid;
     cudaEvent_t a, b;
 } prof_rec;
+
+bool ds4_ablated(const char *name, dim3 grid, cudaStream_t st) {
+    cudaStreamCaptureStatus cs;
+    if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusActive) return false;
+    for (const char *p = ds4_ablate; *p;) {
+        size_t n = strcspn(p, "+");
+        char tok[128];
+        if (n && n < sizeof(tok)) {
+            memcpy(tok, p, n);
+            tok[n] = 0;
+            char *at = strchr(tok, '@');
+            unsigned gx = 0;
+            if (at) {
+                *at = 0;
+                gx = (unsigned)atoi(at + 1);
+            }
+            if (strstr(name, tok) && (!gx || gx == grid.x)) return true;
+        }
+        p += n + (p[n] ? 1 : 0);
+    }
+    return false;
+}
 
 static prof_rec recs[PROF_MAX];
 static int n_recs, n_events;

@@ -39,6 +39,7 @@ extern "C" {
 #else
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                     \
     do {                                                                                      \
+        if (ds4_ablate && ds4_ablated(#kern, dim3(grid), stream)) break;                      \
         if (ds4_prof_on) ds4_prof_before(stream);                                             \
         ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
         if (ds4_prof_on) ds4_prof_after(#kern, dim3(grid), stream);                           \
@@ -152,6 +153,14 @@ extern bool ds4_prof_on, ds4_prof_grids;
 void ds4_prof_before(cudaStream_t st);
 void ds4_prof_after(const char *name, dim3 grid, cudaStream_t st);
 void ds4_prof_report(const char *title);
+
+/* Ablation for development (DS4_CUDA_ABLATE, cuda_prof.cu): launches
+ * captured into the decode graph whose kernel name contains one of the
+ * '+'-separated tokens (NAME, or NAME@X for grid.x = X only) are left out,
+ * so that a benchmark shows what they cost the step.  The step's results
+ * are then wrong: for timing only. */
+extern const char *ds4_ablate;
+bool ds4_ablated(const char *name, dim3 grid, cudaStream_t st);
 
 /* Turn a CUDA error into a ds4 error naming the call and the place. */
 static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *file, int line, ds4_err *err) {
