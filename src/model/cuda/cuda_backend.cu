@@ -477,6 +477,9 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
     ds4_ablate = getenv("DS4_CUDA_ABLATE");
+    if (ds4_ablate && *ds4_ablate)
+        fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "
+                        "(for timing only)\n", ds4_ablate);
     const char *prof = getenv("DS4_CUDA_PROFILE");
     ds4_prof_on = prof && atoi(prof) > 0;
     ds4_prof_grids = prof && atoi(prof) == 2;
