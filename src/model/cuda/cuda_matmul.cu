@@ -124,7 +124,8 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
 
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
  * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
- * are loaded before any is used.  q8_0_load_w loads the weights of the
+ * are loaded before any is used (U R = 4: 64 bytes per lane in flight).
+ * q8_0_load_w loads the weights of the
  * steps from base; gemv_q8_0 with wait set makes the PDL wait itself, after
  * the first step's weight loads (gemv_rows).  With PIPE, the next U steps'
  * weights are loaded before the current ones are used: two rounds in
@@ -134,12 +135,12 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
  * for its 256 blocks: 2.5 % faster decode (PERFORMANCE.md, nineteenth
  * iteration).  In the light launches (64 registers) it spills, and at 80
  * registers (three blocks an SM) they measured 3.9 % slower. */
-template <int R, int U>
+template <int R>
 static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, uint32_t n, uint32_t base,
-                                                   int4 (&w)[U][R], uint16_t (&dw)[U][R]) {
+                                                   int4 (&w)[4 / R][R], uint16_t (&dw)[4 / R][R]) {
     unsigned lane = threadIdx.x & 31;
 #pragma unroll
-    for (int u = 0; u < U; u++) {
+    for (int u = 0; u < 4 / R; u++) {
         uint32_t c = base + 512 * u + 16 * lane;
         bool ok = c < n;
 #pragma unroll
@@ -149,20 +150,21 @@ static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, u
         }
     }
 }
-template <int R, int U, bool PIPE>
+template <int R, bool PIPE>
 static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
                                                  float *acc, bool wait) {
+    constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
     int4 w[U][R];
     uint16_t dw[U][R];
-    q8_0_load_w<R, U>(rows, n, 0, w, dw);
+    q8_0_load_w<R>(rows, n, 0, w, dw);
     if (wait) dev_pdl_wait_prev();
     for (uint32_t base = 0; base < n; base += 512 * U) {
         int4 wn[U][R];
         uint16_t dwn[U][R];
         bool more = base + 512 * U < n;
-        if (PIPE && more) q8_0_load_w<R, U>(rows, n, base + 512 * U, wn, dwn);
-        else if (!PIPE && base) q8_0_load_w<R, U>(rows, n, base, w, dw);
+        if (PIPE && more) q8_0_load_w<R>(rows, n, base + 512 * U, wn, dwn);
+        else if (!PIPE && base) q8_0_load_w<R>(rows, n, base, w, dw);
         int4 a[U];
         float dx[U];
 #pragma unroll
@@ -508,7 +510,7 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    if (q8) gemv_q8_0<R, 4 / R, (M & GM_Q8OUT) != 0>(rows, sg.n, sg.xq, sg.xd, acc, early);
+    if (q8) gemv_q8_0<R, (M & GM_Q8OUT) != 0>(rows, sg.n, sg.xq, sg.xd, acc, early);
     else if ((M & GM_Q2_K) && sg.type == DS4_TYPE_Q2_K) gemv_q2_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_Q4_K) && sg.type == DS4_TYPE_Q4_K) gemv_q4_K<R>(rows, sg.n, sg.xq, sg.xd, sg.xb, acc);
     else if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) gemv_iq2_xxs<R>(rows, sg.n, sg.xq, sg.xd, tab, acc);
