@@ -125,11 +125,11 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
 /* Q8_0 rows: lane l holds bytes 16l..16l+15 of each 512-byte step, half a
  * block; the partner lane (l ^ 1) holds the other half.  U steps of R rows
  * are loaded before any is used (U R = 4: 64 bytes per lane in flight).
- * q8_0_load_w loads the weights of the
- * steps from base; gemv_q8_0 with wait set makes the PDL wait itself, after
- * the first step's weight loads (gemv_rows).  With PIPE, the next U steps'
- * weights are loaded before the current ones are used: two rounds in
- * flight instead of a round trip each.  Only the quantized-output launch
+ * q8_0_load_w loads the weights of the steps from base; gemv_q8_0 with
+ * wait set makes the PDL wait itself, after the first step's weight loads
+ * (gemv_rows).  With PIPE, the next U steps' weights are loaded before the
+ * current ones are used: two rounds in flight instead of a round trip
+ * each.  Only the quantized-output launch
  * (attn_output_a: 32 rows a block, four a warp, eight rounds of 512 bytes
  * a row) has the registers for two rounds, at two blocks an SM - enough
  * for its 256 blocks: 2.5 % faster decode (PERFORMANCE.md, nineteenth
