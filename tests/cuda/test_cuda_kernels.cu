@@ -1146,7 +1146,16 @@ static void check_route(cudaStream_t st) {
         CU(cudaMemcpy(dh, hash.data(), hash.size() * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dt, tok.data(), T * 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(ds, 0xFF, (size_t)(T + 1) * k * 4)); /* one more row: nothing is written past the tokens */
-        cu_route_in in = {dl, rc.bias ? db : NULL, rc.hash ? dh : NULL, dt, ne, k, 1.5f, rc.norm};
+        cu_route_in in;
+        memset(&in, 0, sizeof(in));
+        in.logits = dl;
+        in.bias = rc.bias ? db : NULL;
+        in.hash = rc.hash ? dh : NULL;
+        in.tok = dt;
+        in.n_expert = ne;
+        in.k = k;
+        in.scale = 1.5f;
+        in.norm = rc.norm;
         ds4_err err = {};
         if (cu_route_tokens(&in, T, ds, dw, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
         CU(cudaStreamSynchronize(st));

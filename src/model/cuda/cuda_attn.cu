@@ -19,7 +19,7 @@
  * and FP4 rounding are computed in closed form (round-to-nearest-even on
  * the mantissa), which selects the same table entry as the CPU's search.
  */
-#include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_sinkhorn.cuh"
 
 #include "model/cuda/cuda_lowprec.cuh"
 
@@ -694,6 +694,11 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
 template <int H, int MINB, int BATCH, int PER>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
+    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh): one block */
+        dev_pdl_launch_next();
+        if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(a.sink);
+        return;
+    }
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
@@ -1301,6 +1306,8 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
 }
 
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err) {
+    if (tc && a->sink.sums)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention hosts no Sinkhorn");
     if (tc) {
         size_t smem = attn_tc_smem(a->hd);
         dim3 grid((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T);
@@ -1312,7 +1319,7 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
             DS4_LAUNCH(attn_tc_kernel<0>, grid, ATC_WARPS * 32, smem, st, *a);
         }
     } else {
-        dim3 grid((a->n_head + ATB_HEADS - 1) / ATB_HEADS, T, a->nsplit);
+        dim3 grid((a->n_head + ATB_HEADS - 1) / ATB_HEADS + (a->sink.sums ? 1 : 0), T, a->nsplit);
         if (a->hd == 512) DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2, 16>), grid, ATB_WARPS * 32, 0, st, *a);
         else DS4_LAUNCH((attn_heads_kernel<ATB_HEADS, 2, 2, 0>), grid, ATB_WARPS * 32, 0, st, *a);
     }
@@ -1320,7 +1327,7 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     return 0;
 }
 
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlstate *S = &b->L[il];
     attn_args a;
@@ -1344,6 +1351,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.part = b->attn_part;
     a.count = b->attn_count;
     a.heads = b->heads;
+    a.sink = cu_hc_sink_job(b, sink);
     a.nsplit = 1;
     bool tc = T > b->attn_blocked_t;
     if (T == 1) { /* one query: the rows split over blocks (the scratch holds one query's partial results) */

@@ -73,6 +73,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
     TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
     TAKE(m, b->hc_count, C);
+    TAKE(m, b->hcsums, HC_SUMS);
     take_act(m, &b->xn, c->n_embd, b->chunk, ACT_ALL); /* read by every kind of product */
     TAKE(m, b->qa_raw, C * c->q_lora_rank);
     take_act(m, &b->qr, c->q_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::q_b, &dlayer::idx_q_b));

@@ -12,7 +12,7 @@
  *             applies it before the down projection) and the quantized
  *             form the down projection reads.
  */
-#include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_sinkhorn.cuh"
 
 /* ------------------------------------------------------------- routing */
 
@@ -29,6 +29,10 @@ static __device__ __forceinline__ float dev_softplus(float x) {
  * kernel, on every layer's path from the router to the experts. */
 template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
     dev_pdl_launch_next();
+    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh): one more block */
+        hc_sink_job_run(a.sink);
+        return;
+    }
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
     /* every load issued before any value is used: the branches of the
@@ -94,13 +98,14 @@ int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cu
     if (a.k == 0 || a.k > 32 || a.k > a.n_expert || a.n_expert > 1024)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: routing %u of %u experts (at most 32 of 1024)", a.k,
                            a.n_expert);
-    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, st, a, sel, selw);
-    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, st, a, sel, selw);
+    uint32_t blocks = T + (a.sink.sums ? 1 : 0);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, blocks, 32, 0, st, a, sel, selw);
+    else DS4_LAUNCH(route_kernel<32>, blocks, 32, 0, st, a, sel, selw);
     CU_LAUNCHED();
     return 0;
 }
 
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     cu_route_in in;
@@ -112,6 +117,7 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
+    in.sink = cu_hc_sink_job(b, sink);
     return cu_route_tokens(&in, T, b->sel, b->selw, b->st, err);
 }
 

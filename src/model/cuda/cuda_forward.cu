@@ -115,15 +115,23 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     return mm(b, &w->out_b, 0, c->n_embd, &b->low, 0, T, b->y, c->n_embd, err);
 }
 
-/* The HC sites that feed layer il's attention and the output head. */
-static hc_site attn_site(cuda_backend *b, uint32_t il) {
+/* The HC sites that feed layer il's attention, its FFN and the output
+ * head.  In a decode pass a site's Sinkhorn is hosted by the sublayer it
+ * prepares (sink_later): by a block of the attention launch, of the
+ * routing launch. */
+static hc_site attn_site(cuda_backend *b, uint32_t il, bool decode) {
     const dlayer *w = &b->W.layers[il];
-    hc_site s = {&w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, false, &b->xn};
+    hc_site s = {&w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, false, &b->xn, decode};
+    return s;
+}
+static hc_site ffn_site(cuda_backend *b, uint32_t il, bool decode) {
+    const dlayer *w = &b->W.layers[il];
+    hc_site s = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn, decode};
     return s;
 }
 static hc_site head_site(cuda_backend *b) {
     const dweights *W = &b->W;
-    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz};
+    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz, false};
     return s;
 }
 
@@ -178,9 +186,10 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
         return -1;
     }
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
-    if (cu_attend(b, il, T, err) || output_projection(b, w, T, decode, err)) return -1;
+    hc_site here = attn_site(b, il, decode);
+    if (cu_attend(b, il, T, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
-    hc_site ffn = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn};
+    hc_site ffn = ffn_site(b, il, decode);
     return cu_hc_step(b, &src, &ffn, T, err);
 }
 
@@ -193,7 +202,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
-        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
+        hc_site here = ffn_site(b, il, true);
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, &here, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
@@ -209,7 +219,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
-            cu_route(b, il, tok, T, err))
+            cu_route(b, il, tok, T, NULL, err))
             return -1;
         cu_group g;
         if (cu_group_tokens(b, T, &g, err) ||
@@ -223,7 +233,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             return -1;
     }
     hc_post_src src = {NULL, b->eout, b->sout, k};
-    hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1) : head_site(b);
+    hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1, decode) : head_site(b);
     return cu_hc_step(b, &src, &next, T, err);
 }
 
@@ -256,7 +266,7 @@ static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *er
 int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
                ds4_err *err) {
     const ds4_config *c = b->cfg;
-    hc_site first = attn_site(b, 0);
+    hc_site first = attn_site(b, 0, decode);
     if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (cu_attention_layer(b, il, T, pos0, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err)) return -1;

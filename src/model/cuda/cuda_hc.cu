@@ -20,7 +20,7 @@
  * cores (hc_prefill_mix_kernel), and a third launch (a block per token)
  * finishes.
  */
-#include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_sinkhorn.cuh"
 
 #define HC_MAX_D 4096     /* the widest row the finish holds */
 #define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
@@ -51,12 +51,6 @@ static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp
 
 uint32_t cu_hc_cols(void) { return HC_COLS; }
 
-static __device__ __forceinline__ float dev_sigmoid(float x) {
-    if (x >= 0) return 1.0f / (1.0f + expf(-x));
-    float e = expf(x);
-    return e / (1.0f + e);
-}
-
 /* One launch per HC site: the HC post of the previous sublayer, the
  * partial sums of this site's mixer (blocks over column slices), and, in
  * the block that finishes last, the mixer weights and the input of the
@@ -79,6 +73,7 @@ typedef struct hc_args {
     uint32_t norm_type;
     bool head;                    /* output collapse: pre weights only */
     dact xn;
+    double *sums_out;             /* decode, Sinkhorn hosted later (hc_site.sink_later): the sums and rs go there */
 } hc_args;
 
 /* The finish's constant inputs: the norm weights of the thread's columns
@@ -115,49 +110,14 @@ template <int VALS> static __device__ __forceinline__ hc_consts<VALS> hc_load_co
     return k;
 }
 
-/* Column sum of the 4 x 4 matrix held one entry per lane (lane k = a + 4b),
- * in the CPU's order a = 0..3; rows: b = 0..3. */
-static __device__ __forceinline__ float hc_col_sum(float v, unsigned b) {
-    float s = __shfl_sync(0xffffffffu, v, 4 * b);
-    s += __shfl_sync(0xffffffffu, v, 4 * b + 1);
-    s += __shfl_sync(0xffffffffu, v, 4 * b + 2);
-    return s + __shfl_sync(0xffffffffu, v, 4 * b + 3);
-}
-static __device__ __forceinline__ float hc_row_sum(float v, unsigned a) {
-    float s = __shfl_sync(0xffffffffu, v, a);
-    s += __shfl_sync(0xffffffffu, v, a + 4);
-    s += __shfl_sync(0xffffffffu, v, a + 8);
-    return s + __shfl_sync(0xffffffffu, v, a + 12);
-}
-
-/* The mixer value m of the token (the reduced fn . S times the RMS scale,
- * as cpu_hc.c's fn . RMSNorm(S)). */
-static __device__ __forceinline__ float hc_mix_value(const double *sums, uint32_t m, float rs) {
-    return (float)sums[1 + m] * rs;
-}
-
-/* Post weights and the Sinkhorn iterations of MODEL.md 5.2, by one warp with
- * one matrix entry per lane (the arithmetic of cpu_hc.c, sums in its
- * order).  Off the path of the next sublayer's input: only the next HC
- * launch reads post / comb. */
+/* Post weights and the Sinkhorn iterations (cuda_sinkhorn.cuh) of token t,
+ * in the finish: a prefill pass's, and a decode site's without a host. */
 template <int VALS>
 static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *sums, float rs,
                                     const hc_consts<VALS> &k, unsigned lane) {
     uint32_t n = 4;
-    float *post = a.post + (size_t)t * n, *comb = a.comb + (size_t)t * n * n;
-    if (lane >= n && lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(hc_mix_value(sums, lane, rs) * k.scale[1] + k.base_post);
-    unsigned e = lane & 15, ra = e % 4, cb = e / 4;
-    float c = hc_mix_value(sums, 2 * n + e, rs) * k.scale[2] + k.base_comb;
-    /* softmax over a of each column, + eps */
-    float mx = __shfl_sync(0xffffffffu, c, 4 * cb);
-    for (unsigned i = 1; i < 4; i++) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, 4 * cb + i));
-    c = expf(c - mx);
-    c = c / hc_col_sum(c, cb) + a.hc_eps;
-    for (uint32_t it = 0; it < a.sink_iters; it++) {
-        if (it > 0) c /= hc_col_sum(c, cb) + a.hc_eps;
-        c /= hc_row_sum(c, ra) + a.hc_eps;
-    }
-    if (lane < 16) comb[e] = c;
+    hc_sinkhorn(sums, rs, k.scale[1], k.scale[2], k.base_post, k.base_comb, a.sink_iters, a.hc_eps,
+                a.post + (size_t)t * n, a.comb + (size_t)t * n * n, lane);
 }
 
 /* Reduce-scatter over the warp: every lane holds v[0 .. 31]; afterwards
@@ -288,7 +248,13 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
     __syncthreads();
     float rs = 1.0f / sqrtf((float)(sums[0] / (double)(n * D)) + a.rms_eps);
     if (warp == (unsigned)WARPS) {
-        if (!a.head) hc_post_comb(a, t, sums, rs, k, threadIdx.x - HC_THREADS);
+        unsigned l = threadIdx.x - HC_THREADS;
+        if (a.sums_out) { /* for the hosted Sinkhorn (cuda_sinkhorn.cuh) */
+            if (l <= (unsigned)NMIX) a.sums_out[l] = sums[l];
+            if (l == 0) a.sums_out[HC_SUMS_RS] = rs;
+        } else if (!a.head) {
+            hc_post_comb(a, t, sums, rs, k, l);
+        }
         return;
     }
     /* pre weights, in every thread (the same bits everywhere) */
@@ -634,6 +600,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.norm_type = site->norm->type;
     a.head = site->head;
     a.xn = *site->out;
+    a.sums_out = T == 1 && site->sink_later && !site->head ? b->hcsums : NULL;
     uint32_t D = c->n_embd;
     uint32_t vals = HC_VALS;
     if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
@@ -645,4 +612,18 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     a.T = T;
     return fn->rows == 24 ? hc_launch_rows<24>(b, T, a, err) : hc_launch_rows<4>(b, T, a, err);
+}
+
+hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site) {
+    hc_sink_job j;
+    memset(&j, 0, sizeof(j));
+    if (!site || !site->sink_later || site->head) return j;
+    j.sums = b->hcsums;
+    j.scale = (const float *)site->scale->p;
+    j.base = (const float *)site->base->p;
+    j.post = b->post;
+    j.comb = b->comb;
+    j.iters = b->cfg->hc_sinkhorn_iters;
+    j.eps = b->cfg->hc_eps;
+    return j;
 }

@@ -246,6 +246,7 @@ typedef struct cuda_backend {
     double *hcpart;
     uint32_t hc_split;
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
+    double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
     float *split; /* cu_gemm's split scratch */
@@ -275,12 +276,27 @@ typedef struct hc_post_src {
     const float *sout;
     uint32_t k;
 } hc_post_src;
+/* A decode HC site's Sinkhorn, hosted by a spare block of a later launch
+ * (cuda_sinkhorn.cuh): its sums (NULL: no job), the site's scale and base
+ * vectors, and where post / comb go. */
+typedef struct hc_sink_job {
+    const double *sums;
+    const float *scale, *base;
+    float *post, *comb;
+    uint32_t iters;
+    float eps;
+} hc_sink_job;
+
 /* An HC site: its mixer, the norm of the sublayer it feeds (or of the
  * output head: pre weights only) and where that input goes. */
 typedef struct hc_site {
     const dwt *fn, *scale, *base, *norm;
     bool head;
     dact *out;
+    /* decode: the site's post / comb (Sinkhorn) are computed by a block of
+     * a later launch (cu_hc_sink_job), from the sums the launch leaves in
+     * hcsums (cuda_sinkhorn.cuh) */
+    bool sink_later;
 } hc_site;
 /* Columns of the residual state per block of the HC launch (its part
  * buffer holds a slice of partial sums per block). */
@@ -289,6 +305,13 @@ uint32_t cu_hc_cols(void);
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
+/* hcsums: the mixer's reduced sums (sum of squares, then the rows; at
+ * most 32) and, at HC_SUMS_RS, the RMS scale as a double. */
+#define HC_SUMS_RS 32
+#define HC_SUMS (HC_SUMS_RS + 1)
+/* The job that computes a decode site's post / comb in a spare block of a
+ * later launch (NULL site: none, sums NULL). */
+hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site);
 
 /* cuda_attn.cu */
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
@@ -343,7 +366,8 @@ int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint
             uint32_t *nvis, cudaStream_t st, ds4_err *err);
 
 /* cuda_attn.cu: attention */
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* sink: the HC site whose Sinkhorn the decode attention hosts, or NULL. */
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, const hc_site *sink, ds4_err *err);
 /* The decode attention's scratch for one query: its head groups (a done
  * counter each), the splits of `rows` visible rows at most, and the floats
  * of the partial results of `splits` splits. */
@@ -367,6 +391,7 @@ typedef struct attn_args {
     uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
     dact heads;         /* the output */
     ds4_rope rope;
+    hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the attention, one more block */
 } attn_args;
 /* The launch of a pass: on the tensor cores (tc: attn_tc_kernel, long
  * prefill passes) or a warp per two heads (attn_heads_kernel). */
@@ -386,9 +411,10 @@ typedef struct cu_route_in {
     uint32_t n_expert, k;
     float scale;
     bool norm;
+    hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the FFN, one more block */
 } cu_route_in;
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, const hc_site *sink, ds4_err *err);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
 enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
