@@ -115,23 +115,32 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     return mm(b, &w->out_b, 0, c->n_embd, &b->low, 0, T, b->y, c->n_embd, err);
 }
 
+/* The form of the activation a product with W reads (none: W absent). */
+static unsigned read_form(const dwt *W) { return W->p ? cu_act_form(W->type) : 0; }
+
 /* The HC sites that feed layer il's attention, its FFN and the output
- * head.  In a decode pass a site's Sinkhorn is hosted by the sublayer it
+ * head, each with the forms of its sublayer's input the products read.
+ * In a decode pass a site's Sinkhorn is hosted by the sublayer it
  * prepares (sink_later): by a block of the attention launch, of the
  * routing launch. */
 static hc_site attn_site(cuda_backend *b, uint32_t il, bool decode) {
     const dlayer *w = &b->W.layers[il];
-    hc_site s = {&w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, false, &b->xn, decode};
+    unsigned forms = read_form(&w->q_a) | read_form(&w->kv) | read_form(&w->comp_kv) | read_form(&w->comp_gate) |
+                     read_form(&w->idx_kv) | read_form(&w->idx_gate) | read_form(&w->idx_proj);
+    hc_site s = {&w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, &w->attn_norm, false, &b->xn, decode, forms};
     return s;
 }
 static hc_site ffn_site(cuda_backend *b, uint32_t il, bool decode) {
     const dlayer *w = &b->W.layers[il];
-    hc_site s = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn, decode};
+    unsigned forms = read_form(&w->gate_inp) | read_form(&w->gate_sh) | read_form(&w->up_sh) |
+                     read_form(&w->gate_exps) | read_form(&w->up_exps);
+    hc_site s = {&w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, &w->ffn_norm, false, &b->xn, decode, forms};
     return s;
 }
 static hc_site head_site(cuda_backend *b) {
     const dweights *W = &b->W;
-    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz, false};
+    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz, false,
+                 read_form(&W->output)};
     return s;
 }
 

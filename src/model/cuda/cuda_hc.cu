@@ -600,6 +600,8 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.norm_type = site->norm->type;
     a.head = site->head;
     a.xn = *site->out;
+    if (!(site->forms & ACT_Q8)) a.xn.q8 = NULL;
+    if (!(site->forms & ACT_QK)) a.xn.qk = NULL;
     a.sums_out = T == 1 && site->sink_later && !site->head ? b->hcsums : NULL;
     uint32_t D = c->n_embd;
     uint32_t vals = HC_VALS;

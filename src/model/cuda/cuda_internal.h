@@ -297,6 +297,9 @@ typedef struct hc_site {
      * a later launch (cu_hc_sink_job), from the sums the launch leaves in
      * hcsums (cuda_sinkhorn.cuh) */
     bool sink_later;
+    /* the quantized forms of `out` (ACT_Q8, ACT_QK) the sublayer's products
+     * read: the others are not written (f32 always is) */
+    unsigned forms;
 } hc_site;
 /* Columns of the residual state per block of the HC launch (its part
  * buffer holds a slice of partial sums per block). */
