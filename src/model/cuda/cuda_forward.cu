@@ -275,6 +275,8 @@ static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *er
 int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
                ds4_err *err) {
     const ds4_config *c = b->cfg;
+    if (decode && T != 1) /* its launches are shaped for one token (the hosted Sinkhorn reads one token's sums) */
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a decode pass of %u tokens (it takes one)", T);
     hc_site first = attn_site(b, 0, decode);
     if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++)

@@ -36,7 +36,9 @@
  * iteration: 109.4 against 107.3 t/s) and in the prefill finish (eleventh
  * iteration: 158 -> 95 us a 2048-token launch with two blocks an SM, where
  * warp 0 running Sinkhorn after the rest had held each SM's only block);
- * blocks of 1024 threads measured slower. */
+ * blocks of 1024 threads measured slower.  A decode launch's 17th warp
+ * only stores the reduced sums: a block of a later launch hosts the
+ * Sinkhorn (cuda_sinkhorn.cuh; twentieth iteration). */
 #define HC_THREADS 512                /* mixer and finish threads */
 #define HC_BLOCK (HC_THREADS + 32)    /* and the Sinkhorn warp */
 #define HC_WARPS (HC_THREADS / 32)
