@@ -604,7 +604,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     a.xn = *site->out;
     if (!(site->forms & ACT_Q8)) a.xn.q8 = NULL;
     if (!(site->forms & ACT_QK)) a.xn.qk = NULL;
-    a.sums_out = T == 1 && site->sink_later && !site->head ? b->hcsums : NULL;
+    a.sums_out = site->sink_later ? b->hcsums : NULL; /* a decode pass: one token (cu_forward) */
     uint32_t D = c->n_embd;
     uint32_t vals = HC_VALS;
     if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
@@ -621,7 +621,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
 hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site) {
     hc_sink_job j;
     memset(&j, 0, sizeof(j));
-    if (!site || !site->sink_later || site->head) return j;
+    if (!site || !site->sink_later) return j;
     j.sums = b->hcsums;
     j.scale = (const float *)site->scale->p;
     j.base = (const float *)site->base->p;

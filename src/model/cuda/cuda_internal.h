@@ -293,9 +293,9 @@ typedef struct hc_site {
     const dwt *fn, *scale, *base, *norm;
     bool head;
     dact *out;
-    /* decode: the site's post / comb (Sinkhorn) are computed by a block of
-     * a later launch (cu_hc_sink_job), from the sums the launch leaves in
-     * hcsums (cuda_sinkhorn.cuh) */
+    /* decode, never the head: the site's post / comb (Sinkhorn) are
+     * computed by a block of a later launch (cu_hc_sink_job), from the sums
+     * the launch leaves in hcsums (cuda_sinkhorn.cuh) */
     bool sink_later;
     /* the quantized forms of `out` (ACT_Q8, ACT_QK) the sublayer's products
      * read: the others are not written (f32 always is) */

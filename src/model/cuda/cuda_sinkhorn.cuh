@@ -79,4 +79,15 @@ static __device__ __forceinline__ void hc_sink_job_run(const hc_sink_job &j) {
     hc_sinkhorn(j.sums, (float)j.sums[HC_SUMS_RS], s_post, s_comb, b_post, b_comb, j.iters, j.eps, j.post, j.comb, lane);
 }
 
+/* The hosting side: a launch that hosts a job has one more x of its grid;
+ * its blocks (the last x) call this first.  Block (last, 0, 0) runs the
+ * job, the others of that column return at once; true in all of them.
+ * They launch the next kernel first, as every block of the launch does. */
+static __device__ __forceinline__ bool hc_sink_host(const hc_sink_job &j) {
+    if (!j.sums || blockIdx.x != gridDim.x - 1) return false;
+    dev_pdl_launch_next();
+    if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(j);
+    return true;
+}
+
 #endif
