@@ -694,7 +694,11 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
 template <int H, int MINB, int BATCH, int PER>
 static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel(attn_args a) {
     static_assert(ATB_PREF_ROWS % BATCH == 0 && ATB_PREF_ROWS <= 32, "a batch takes its addresses from one set");
-    if (hc_sink_host(a.sink)) return; /* the hosted Sinkhorn (cuda_sinkhorn.cuh) */
+    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh): one block */
+        dev_pdl_launch_next();
+        if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(a.sink);
+        return;
+    }
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];

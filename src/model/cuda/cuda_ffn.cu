@@ -28,8 +28,11 @@ static __device__ __forceinline__ float dev_softplus(float x) {
  * CPU's stable insertion top-k).  The rounds are the serial part of the
  * kernel, on every layer's path from the router to the experts. */
 template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
-    if (hc_sink_host(a.sink)) return; /* the hosted Sinkhorn (cuda_sinkhorn.cuh) */
     dev_pdl_launch_next();
+    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh): one more block */
+        hc_sink_job_run(a.sink);
+        return;
+    }
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
     /* every load issued before any value is used: the branches of the

@@ -66,9 +66,12 @@ static __device__ __forceinline__ void hc_sinkhorn(const double *sums, float rs,
     if (lane < 16) comb[e] = c;
 }
 
-/* A hosted job, by warp 0 of the hosting block (the other threads return):
- * the scales and bases are weights, loaded before the PDL wait; the sums
- * were written by an earlier launch, complete once the wait returns. */
+/* A hosted job, by warp 0 of the hosting block (the other threads return).
+ * The hosts (attn_heads_kernel, route_kernel) test for their spare block
+ * themselves: a shared helper for that test cost the attention's generic
+ * instance a spill.  The scales and bases are weights, loaded before the
+ * PDL wait; the sums were written by an earlier launch, complete once the
+ * wait returns. */
 static __device__ __forceinline__ void hc_sink_job_run(const hc_sink_job &j) {
     if (threadIdx.x >= 32) return;
     unsigned lane = threadIdx.x;
@@ -77,17 +80,6 @@ static __device__ __forceinline__ void hc_sink_job_run(const hc_sink_job &j) {
     float b_post = lane >= n && lane < 2 * n ? j.base[lane] : 0.0f, b_comb = j.base[2 * n + (lane & 15)];
     dev_pdl_wait_prev();
     hc_sinkhorn(j.sums, (float)j.sums[HC_SUMS_RS], s_post, s_comb, b_post, b_comb, j.iters, j.eps, j.post, j.comb, lane);
-}
-
-/* The hosting side: a launch that hosts a job has one more x of its grid;
- * its blocks (the last x) call this first.  Block (last, 0, 0) runs the
- * job, the others of that column return at once; true in all of them.
- * They launch the next kernel first, as every block of the launch does. */
-static __device__ __forceinline__ bool hc_sink_host(const hc_sink_job &j) {
-    if (!j.sums || blockIdx.x != gridDim.x - 1) return false;
-    dev_pdl_launch_next();
-    if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(j);
-    return true;
 }
 
 #endif
