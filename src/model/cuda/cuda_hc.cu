@@ -126,11 +126,11 @@ static __device__ void hc_post_comb(const hc_args &a, uint32_t t, const double *
  * lane l holds in v[0] the warp's sum of v[l].  Five exchanges that halve
  * what each lane holds (31 shuffles instead of 32 x 5); every partial sum
  * is computed by one lane, so the tree is fixed. */
-template <int O> static __device__ __forceinline__ void hc_scatter_step(double (&v)[32], unsigned lane) {
+template <int O> static __device__ __forceinline__ void hc_scatter_step(float (&v)[32], unsigned lane) {
     bool up = (lane & O) != 0;
 #pragma unroll
     for (int i = 0; i < O; i++) {
-        double send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
+        float send = up ? v[i] : v[i + O], keep = up ? v[i + O] : v[i];
         v[i] = keep + __shfl_xor_sync(0xffffffffu, send, O);
     }
     if constexpr (O > 1) hc_scatter_step<O / 2>(v, lane);
@@ -365,9 +365,14 @@ static __device__ __forceinline__ float hc_post_value(const hc_row &w, const hc_
 /* Token t's part of the mixer launch, by thread (h, j) of column d (the
  * Sinkhorn warp, if any, only meets the barriers).  Optional HC post of
  * the previous sublayer (S <- post y + comb S), then the block's partial
- * sums of the mixer: the sum of squares of S (double) and fn . S (NMIX
- * rows), reduce-scattered in each warp and summed over the warps through
- * shared memory into the token's partial-sum row of this block. */
+ * sums of the mixer: the sum of squares of S and fn . S (NMIX rows),
+ * reduce-scattered in each warp in float, then summed over the warps in
+ * double through shared memory into the token's partial-sum row of this
+ * block.  A warp's sums in float (32 terms: a relative error of a few
+ * 1e-7, below that of the CPU's float product over all 4 D values) spare
+ * the shuffles of doubles and the conversions, whose throughput bounded
+ * the launch: +1.5 % decode at 4k (twenty-first iteration of
+ * PERFORMANCE.md). */
 template <int NMIX>
 static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const hc_row &w,
                                                     const float (&f)[NMIX], uint32_t d, unsigned h, bool mixer, bool on,
@@ -382,12 +387,12 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
         if (on) a.S[(size_t)t * n * D + (size_t)h * D + d] = vh;
     }
     if (mixer) {
-        double sv[32];
-        sv[0] = (double)vh * (double)vh;
+        float sv[32];
+        sv[0] = vh * vh;
 #pragma unroll
-        for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? (double)(f[mi - 1] * vh) : 0.0;
+        for (int mi = 1; mi < 32; mi++) sv[mi] = mi <= NMIX ? f[mi - 1] * vh : 0.0f;
         hc_scatter_step<16>(sv, lane);
-        if (lane <= (unsigned)NMIX) red[warp][lane] = sv[0];
+        if (lane <= (unsigned)NMIX) red[warp][lane] = (double)sv[0];
     }
     __syncthreads();
     double *out = a.part + ((size_t)t * a.nsplit + blockIdx.x) * (NMIX + 1);
@@ -436,8 +441,8 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
  * post to S.  For each chunk of HCP_CC columns the block keeps the
  * streams and the mixer weights in shared memory as doubles and
  * multiplies them: partial[t][m] = sum_k fn[m][k] S[t][k], exact products
- * summed in double like the decode kernel's sums; each thread also sums
- * the squares of its values.  hc_finish_kernel then reduces the slices and
+ * summed in double (the decode kernel sums a warp's products in float,
+ * then in double); each thread also sums the squares of its values.  hc_finish_kernel then reduces the slices and
  * finishes. */
 #define HCP_TOK 64
 #define HCP_COLS 256
