@@ -29,10 +29,6 @@ static __device__ __forceinline__ float dev_softplus(float x) {
  * kernel, on every layer's path from the router to the experts. */
 template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
     dev_pdl_launch_next();
-    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh): one more block */
-        hc_sink_job_run(a.sink);
-        return;
-    }
     uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
     unsigned lane = threadIdx.x;
     /* every load issued before any value is used: the branches of the
@@ -98,14 +94,13 @@ int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cu
     if (a.k == 0 || a.k > 32 || a.k > a.n_expert || a.n_expert > 1024)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: routing %u of %u experts (at most 32 of 1024)", a.k,
                            a.n_expert);
-    uint32_t blocks = T + (a.sink.sums ? 1 : 0);
-    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, blocks, 32, 0, st, a, sel, selw);
-    else DS4_LAUNCH(route_kernel<32>, blocks, 32, 0, st, a, sel, selw);
+    if (a.n_expert <= 256) DS4_LAUNCH(route_kernel<8>, T, 32, 0, st, a, sel, selw);
+    else DS4_LAUNCH(route_kernel<32>, T, 32, 0, st, a, sel, selw);
     CU_LAUNCHED();
     return 0;
 }
 
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, const hc_site *sink, ds4_err *err) {
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     cu_route_in in;
@@ -117,7 +112,6 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, cons
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
-    in.sink = cu_hc_sink_job(b, sink);
     return cu_route_tokens(&in, T, b->sel, b->selw, b->st, err);
 }
 
@@ -186,6 +180,7 @@ typedef struct swiglu_args {
     uint32_t n_routed, n_shared, F;
     float limit;
     dact mid, smid;
+    hc_sink_job sink; /* one more block: see cu_swiglu */
 } swiglu_args;
 
 static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit) {
@@ -203,6 +198,11 @@ static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit
 /* A block per row: every gate / up load issued before any result is
  * stored, the row kept in shared memory for its quantization. */
 static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_args a) {
+    if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh) */
+        dev_pdl_launch_next();
+        hc_sink_job_run(a.sink);
+        return;
+    }
     dev_pdl_enter();
     DS4_DYN_SMEM(float, xs);
     uint32_t r = blockIdx.x;
@@ -232,7 +232,8 @@ static __global__ void __launch_bounds__(SWIGLU_THREADS) swiglu_kernel(swiglu_ar
     dev_quantize_row(xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
-int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStream_t st, ds4_err *err) {
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
+              ds4_err *err) {
     const ds4_config *c = b->cfg;
     swiglu_args a;
     a.eg = b->eg;
@@ -246,11 +247,13 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStre
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
     a.smid = b->smid;
+    a.sink = cu_hc_sink_job(b, sink);
     if (a.F > SWIGLU_THREADS * SWIGLU_PER)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: expert rows of %u values (at most %u)", a.F,
                            SWIGLU_THREADS * SWIGLU_PER);
     if (a.n_routed + a.n_shared == 0) return 0;
-    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared, SWIGLU_THREADS, a.F * sizeof(float), st, a);
+    DS4_LAUNCH(swiglu_kernel, a.n_routed + a.n_shared + (a.sink.sums ? 1 : 0), SWIGLU_THREADS, a.F * sizeof(float),
+               st, a);
     CU_LAUNCHED();
     return 0;
 }

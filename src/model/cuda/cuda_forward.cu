@@ -122,7 +122,7 @@ static unsigned read_form(const dwt *W) { return W->p ? cu_act_form(W->type) : 0
  * head, each with the forms of its sublayer's input the products read.
  * In a decode pass a site's Sinkhorn is hosted by the sublayer it
  * prepares (sink_later): by a block of the attention launch, of the
- * routing launch. */
+ * shared expert's SwiGLU launch. */
 static hc_site attn_site(cuda_backend *b, uint32_t il, bool decode) {
     const dlayer *w = &b->W.layers[il];
     unsigned forms = read_form(&w->q_a) | read_form(&w->kv) | read_form(&w->comp_kv) | read_form(&w->comp_gate) |
@@ -164,15 +164,20 @@ static int side_wait(cuda_backend *b, ds4_err *err) {
 }
 
 /* The shared expert of a decode step, whole (gate / up, SwiGLU, down into
- * sout), on the side stream: it needs only the FFN input. */
-static int shared_expert(cuda_backend *b, uint32_t il, ds4_err *err) {
+ * sout), on the side stream: it needs only the FFN input.  Its SwiGLU
+ * launch hosts the Sinkhorn of the FFN's HC site, whose post / comb only
+ * the next HC launch reads, after the join: beside the routed experts,
+ * off their path, where the routing launch that hosted it before (one
+ * warp's work, shorter than the Sinkhorn's 20 dependent iterations) is
+ * (+0.3 % decode at 4k: twenty-first iteration of PERFORMANCE.md). */
+static int shared_expert(cuda_backend *b, uint32_t il, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     gemv_plan p;
     memset(&p, 0, sizeof(p));
     cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->sg);
     cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->su);
-    if (cu_gemv_run(&p, b->side, err) || cu_swiglu(b, il, 1, SWIGLU_SHARED, b->side, err)) return -1;
+    if (cu_gemv_run(&p, b->side, err) || cu_swiglu(b, il, 1, SWIGLU_SHARED, sink, b->side, err)) return -1;
     memset(&p, 0, sizeof(p));
     cu_gemv_add(&p, &w->down_sh, 0, NULL, 0, 0, c->n_embd, &b->smid, 0, b->sout);
     return cu_gemv_run(&p, b->side, err);
@@ -207,18 +212,18 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
     if (decode) {
-        if (side_fork(b, err) || shared_expert(b, il, err) || side_join(b, err)) return -1;
+        hc_site here = ffn_site(b, il, true);
+        if (side_fork(b, err) || shared_expert(b, il, &here, err) || side_join(b, err)) return -1;
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
-        hc_site here = ffn_site(b, il, true);
-        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, &here, err)) return -1;
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
             cu_gemv_add(&p, &w->up_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
         }
-        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, b->st, err)) return -1;
+        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             dact m = act_row(&b->mid, i);
@@ -228,13 +233,13 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
-            cu_route(b, il, tok, T, NULL, err))
+            cu_route(b, il, tok, T, err))
             return -1;
         cu_group g;
         if (cu_group_tokens(b, T, &g, err) ||
             cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
             cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err) ||
-            cu_swiglu(b, il, T, SWIGLU_ALL, b->st, err))
+            cu_swiglu(b, il, T, SWIGLU_ALL, NULL, b->st, err))
             return -1;
         g.act_div = 1;
         if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err) ||

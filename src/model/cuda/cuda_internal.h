@@ -414,14 +414,16 @@ typedef struct cu_route_in {
     uint32_t n_expert, k;
     float scale;
     bool norm;
-    hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the FFN, one more block */
 } cu_route_in;
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, const hc_site *sink, ds4_err *err);
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
 enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
-int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, cudaStream_t st, ds4_err *err);
+/* sink: the HC site whose Sinkhorn the launch hosts (one more block; the
+ * shared expert's SwiGLU of a decode step), or NULL. */
+int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
+              ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err);
 int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);

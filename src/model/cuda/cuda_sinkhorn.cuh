@@ -6,12 +6,12 @@
  * Only the next HC launch reads the result.  A prefill pass computes it in
  * the HC finish (cuda_hc.cu).  A decode step has the launch leave its sums
  * in memory (hcsums) and a spare block of a later launch of the sublayer
- * the site prepares compute it - the attention's, the routing's (an
- * hc_sink_job in their arguments) - so that its 20 iterations of
- * dependent shuffles and divisions (~5 us: PERFORMANCE.md, nineteenth
- * iteration) no longer end the HC launch that every later launch waits
- * for, and add no launch or graph branch of their own (+1.1 % decode at
- * 4k: twentieth iteration).
+ * the site prepares compute it - the attention's, the shared expert's
+ * SwiGLU beside the routed experts (an hc_sink_job in their arguments) -
+ * so that its 20 iterations of dependent shuffles and divisions (~3 us:
+ * PERFORMANCE.md, nineteenth and twenty-first iterations) no longer end a
+ * launch that every later launch waits for, and add no launch or graph
+ * branch of their own (+1.1 % decode at 4k: twentieth iteration).
  */
 #ifndef DS4_MODEL_CUDA_CUDA_SINKHORN_CUH
 #define DS4_MODEL_CUDA_CUDA_SINKHORN_CUH
@@ -67,7 +67,7 @@ static __device__ __forceinline__ void hc_sinkhorn(const double *sums, float rs,
 }
 
 /* A hosted job, by warp 0 of the hosting block (the other threads return).
- * The hosts (attn_heads_kernel, route_kernel) test for their spare block
+ * The hosts (attn_heads_kernel, swiglu_kernel) test for their spare block
  * themselves: a shared helper for that test cost the attention's generic
  * instance a spill.  The scales and bases are weights, loaded before the
  * PDL wait; the sums were written by an earlier launch, complete once the
