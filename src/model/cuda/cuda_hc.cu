@@ -206,29 +206,41 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
 
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
  * sublayer's RMSNorm and the quantized forms of the result, by the block
- * that finished last.  Serial steps: one round trip to the L2 (the
- * partial sums of every slice and the thread's four columns of the four
- * streams, loaded together), a barrier for the reduced sums, the pre
- * weights in every thread (no barrier), the collapse in registers, a
- * barrier for the sum of squares, the stores (a barrier inside the Q8_K
- * amax of 4-value threads); the Sinkhorn warp computes post / comb from
- * the reduced sums on, while the finish threads meet at a named barrier
- * without it. */
-template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<HC_VALS> k) {
+ * that finished last (decode) or a block a token (prefill).  Serial
+ * steps: one round trip to the L2 (the partial sums of every slice and
+ * the thread's four columns of the four streams, loaded together), a
+ * barrier for the reduced sums, the pre weights in every thread (no
+ * barrier), the collapse in registers, a barrier for the sum of squares,
+ * the stores (a barrier inside the Q8_K amax of 4-value threads); the
+ * Sinkhorn warp computes post / comb from the reduced sums on, while the
+ * finish threads meet at a named barrier without it.  BULK (the prefill
+ * finish): the streams come in four bulk copies into dynamic shared
+ * memory (hc_finish_smem) rather than through the threads' registers:
+ * +0.5 % prefill at 4k, while the decode launch, whose 32 blocks would
+ * each reserve the 64 KB, ran 0.6 % slower with it (twenty-first
+ * iteration of PERFORMANCE.md). */
+template <int NMIX, bool BULK> static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<HC_VALS> k) {
     constexpr int VALS = HC_VALS, WARPS = HC_WARPS;
     __shared__ double sums[NMIX + 1], ssw[WARPS];
+    __shared__ uint64_t sbar;
+    DS4_DYN_SMEM(float, sS);
     const uint32_t n = 4;
     uint32_t D = a.D, e = VALS * threadIdx.x;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     bool has = e < D; /* false in the Sinkhorn warp (e >= HC_MAX_D) */
     const float *S = a.S + (size_t)t * n * D;
     float4 s4[4][VALS / 4];
+    if (BULK && threadIdx.x == 0) { /* 16 KB a copy (Flash) */
+        bulk_begin(&sbar, n * D * sizeof(float));
+        for (uint32_t h = 0; h < n; h++) bulk_copy(sS + (size_t)h * D, S + (size_t)h * D, D * sizeof(float), &sbar);
+    }
+    if (!BULK)
 #pragma unroll
-    for (uint32_t h = 0; h < n; h++)
+        for (uint32_t h = 0; h < n; h++)
 #pragma unroll
-        for (int w = 0; w < VALS / 4; w++)
-            s4[h][w] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e + 4 * w))
-                           : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+            for (int w = 0; w < VALS / 4; w++)
+                s4[h][w] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e + 4 * w))
+                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     hc_load_norm(a, k.w);
     /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
@@ -264,6 +276,14 @@ template <int NMIX> static __device__ void hc_finish(const hc_args &a, uint32_t 
 #pragma unroll
     for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
     /* x = sum_h pre_h S_h (the pre weights are not normalised) */
+    if (BULK) {
+        bulk_wait(&sbar);
+#pragma unroll
+        for (uint32_t h = 0; h < n; h++)
+#pragma unroll
+            for (int w = 0; w < VALS / 4; w++)
+                s4[h][w] = has ? *(const float4 *)(sS + (size_t)h * D + e + 4 * w) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
     float sv[4][VALS];
 #pragma unroll
     for (uint32_t h = 0; h < n; h++)
@@ -432,7 +452,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     if (a.y || a.eout) w = hc_load_row(a, t, h);
     hc_in in = hc_load_token(a, t, d, on);
     hc_mix_token<NMIX>(a, t, in, w, f, d, h, mixer, on, red);
-    if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX>(a, t, k);
+    if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX, false>(a, t, k);
 }
 
 /* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four
@@ -527,7 +547,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 2) hc_fin
     dev_pdl_launch_next();
     hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
     dev_pdl_wait_prev();
-    hc_finish<NMIX>(a, blockIdx.x, k);
+    hc_finish<NMIX, true>(a, blockIdx.x, k);
 }
 
 /* Prefill: the HC post of the previous sublayer on its own, a thread per
@@ -553,6 +573,9 @@ static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(
     for (uint32_t h = 0; h < n; h++) a.S[(size_t)t * n * D + (size_t)h * D + d] = v[h];
 }
 
+/* The prefill finish's dynamic shared memory: the token's four streams. */
+static size_t hc_finish_smem(uint32_t D) { return (size_t)4 * D * sizeof(float); }
+
 template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
         DS4_LAUNCH((hc_mix_kernel<NMIX>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
@@ -571,7 +594,8 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
     dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);
     DS4_LAUNCH((hc_prefill_mix_kernel<NMIX>), grid, HCP_THREADS, hcp_smem(), b->st, p);
     CU_LAUNCHED();
-    DS4_LAUNCH((hc_finish_kernel<NMIX>), T, HC_BLOCK, 0, b->st, p);
+    if (cu_allow_smem<hc_finish_kernel<NMIX>>(hc_finish_smem(a.D), err)) return -1;
+    DS4_LAUNCH((hc_finish_kernel<NMIX>), T, HC_BLOCK, hc_finish_smem(a.D), b->st, p);
     CU_LAUNCHED();
     return 0;
 }

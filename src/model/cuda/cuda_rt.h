@@ -370,6 +370,53 @@ static __device__ __forceinline__ void cp_async_wait_all() {
 #endif
 }
 
+/* Bulk copies global -> shared by the tensor memory accelerator
+ * (cp.async.bulk, sm_90): one thread asks for whole runs of bytes (sizes
+ * and both addresses multiples of 16), which arrive without passing
+ * through the threads' load units and their limit on misses in flight;
+ * they complete on an mbarrier in shared memory.  One thread calls
+ * bulk_begin (the barrier's init, the byte count to expect, and a proxy
+ * fence: the bytes may have been written by ordinary stores that this
+ * thread has acquired), then bulk_copy for each run; every thread that
+ * reads the bytes calls bulk_wait, after a block barrier that orders it
+ * behind bulk_begin.  A barrier serves one round of copies (phase 0).
+ * The emulation copies at once. */
+static __device__ __forceinline__ void bulk_begin(uint64_t *bar, uint32_t bytes) {
+#ifndef DS4_CUDA_EMU
+    uint32_t b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
+                 "fence.mbarrier_init.release.cluster;\n"
+                 "fence.proxy.async.global;\n"
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+#endif
+}
+static __device__ __forceinline__ void bulk_copy(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar) {
+#ifdef DS4_CUDA_EMU
+    emu_check_aligned(smem, 16, "bulk copy destination");
+    emu_check_aligned(gmem, 16, "bulk copy source");
+    if (bytes % 16) {
+        fprintf(stderr, "emulated CUDA: a bulk copy of %u bytes (not a multiple of 16)\n", bytes);
+        abort();
+    }
+    memcpy(smem, gmem, bytes);
+#else
+    uint32_t d = (uint32_t)__cvta_generic_to_shared(smem), b = (uint32_t)__cvta_generic_to_shared(bar);
+    asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(d),
+                 "l"(gmem), "r"(bytes), "r"(b)
+                 : "memory");
+#endif
+}
+static __device__ __forceinline__ void bulk_wait(uint64_t *bar) {
+#ifndef DS4_CUDA_EMU
+    uint32_t b = (uint32_t)__cvta_generic_to_shared(bar), done = 0;
+    while (!done)
+        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(b)
+                     : "memory");
+#endif
+}
+
 #ifdef DS4_CUDA_EMU
 /* The emulation of ldmatrix: every lane's row address, gathered, and the
  * row that lane src gave. */
