@@ -388,10 +388,11 @@ static __device__ __forceinline__ float hc_post_value(const hc_row &w, const hc_
  * sums of the mixer: the sum of squares of S and fn . S (NMIX rows),
  * reduce-scattered in each warp in float, then summed over the warps in
  * double through shared memory into the token's partial-sum row of this
- * block.  A warp's sums in float (32 terms: a relative error of a few
- * 1e-7, below that of the CPU's float product over all 4 D values) spare
- * the shuffles of doubles and the conversions, whose throughput bounded
- * the launch: +1.5 % decode at 4k (twenty-first iteration of
+ * block.  A warp's sums in float add rounding at the float level (a few
+ * 1e-7 of the 32 terms; the CPU reference sums in double but multiplies
+ * float-rounded normalised streams and rounds the result to float) and
+ * spare the shuffles of doubles and the conversions, whose throughput
+ * bounded the launch: +1.5 % decode at 4k (twenty-first iteration of
  * PERFORMANCE.md). */
 template <int NMIX>
 static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const hc_row &w,
