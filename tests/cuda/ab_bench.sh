@@ -12,9 +12,9 @@
 #   REPEAT       rounds (default 2)
 #
 # Example (two branches built on the development machine and carried in
-# .cudawork, the second also with a setting):
-#   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/main/bin \
-#       pf=.cudawork/pf/bin pf0=.cudawork/pf/bin:DS4_CUDA_PF_HC_MB=0
+# .cudawork by tests/cuda/carry.sh, the second also with a setting):
+#   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/b/main/build/cuda/bin \
+#       pf=.cudawork/b/pf/build/cuda/bin pf0=.cudawork/b/pf/build/cuda/bin:DS4_CUDA_PF_HC_MB=0
 # OUTDIR/ab.txt (written anew) gets one line a run: name, round, the benchmark's result line;
 # OUTDIR/summary.txt one line a variant: the mean prefill and generation
 # t/s over its rounds (of the result lines that have them), and the runs.

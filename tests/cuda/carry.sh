@@ -1,0 +1,44 @@
+#!/bin/sh
+# carry.sh - CUDA builds made on a development machine, carried to a GPU
+# machine and run there (device time is scarce: compile where it is free).
+#
+#   sh tests/cuda/carry.sh pack NAME [TREE]
+#       the binaries of TREE's build/cuda (default: this checkout; a git
+#       worktree of another commit works too) - ds4-bench, ds4-mkmodel and
+#       the two test programs - and the commit they were built from, into
+#       .cudawork/NAME.tar.xz of this checkout (about 7 MB; .cudawork is
+#       what the device call carries)
+#   sh tests/cuda/carry.sh unpack NAME [install]
+#       on the GPU machine: into .cudawork/b/NAME/build/cuda (its bin/ is a
+#       BINDIR for ab_bench.sh); with install, also into build/cuda, and the
+#       commit into .cudawork/COMMIT, where gpu_session.sh reads it
+#
+# Example: two builds timed against each other, the second then tested:
+#   sh tests/cuda/carry.sh pack base ../wt-base; sh tests/cuda/carry.sh pack new
+#   (device) sh tests/cuda/carry.sh unpack base && sh tests/cuda/carry.sh unpack new install &&
+#       sh tests/cuda/ab_bench.sh $OUT/ab base=.cudawork/b/base/build/cuda/bin new=.cudawork/b/new/build/cuda/bin &&
+#       PARTS="tests san" sh tests/cuda/gpu_session.sh $OUT/s
+set -eu
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+case ${1:-} in
+pack)
+    NAME=${2:?usage: carry.sh pack NAME [TREE]}
+    TREE=$(cd "${3:-$ROOT}" && pwd)
+    mkdir -p "$ROOT/.cudawork"
+    git -C "$TREE" rev-parse HEAD > "$TREE/build/cuda/COMMIT"
+    tar -C "$TREE" -cJf "$ROOT/.cudawork/$NAME.tar.xz" build/cuda/COMMIT build/cuda/bin/ds4-bench \
+        build/cuda/bin/ds4-mkmodel build/cuda/test_cuda build/cuda/test_cuda_kernels
+    echo "$ROOT/.cudawork/$NAME.tar.xz: $(git -C "$TREE" log -1 --format='%h %s')";;
+unpack)
+    NAME=${2:?usage: carry.sh unpack NAME [install]}
+    mkdir -p "$ROOT/.cudawork/b/$NAME"
+    tar -C "$ROOT/.cudawork/b/$NAME" -xJf "$ROOT/.cudawork/$NAME.tar.xz"
+    if [ "${3:-}" = install ]; then
+        mkdir -p "$ROOT/build/cuda/bin"
+        cp -a "$ROOT/.cudawork/b/$NAME/build/cuda/." "$ROOT/build/cuda/"
+        cp "$ROOT/.cudawork/b/$NAME/build/cuda/COMMIT" "$ROOT/.cudawork/COMMIT"
+    fi;;
+*)
+    echo "usage: carry.sh pack NAME [TREE] | unpack NAME [install]" >&2
+    exit 2;;
+esac
