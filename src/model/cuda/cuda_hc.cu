@@ -204,6 +204,21 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
     if ((lane & (16 / VALS - 1)) == 0) ((int16_t *)(qk + D + D / 256 * 4))[e / 16] = (int16_t)s;
 }
 
+/* The thread's VALS columns from e of the four streams of row S (D
+ * values a stream): from global memory through the L2, or from shared
+ * memory; zeros for a thread past the row. */
+template <bool SHARED, int VALS>
+static __device__ __forceinline__ void hc_load_streams(const float *S, uint32_t D, uint32_t e, bool has,
+                                                       float4 (&s4)[4][VALS / 4]) {
+#pragma unroll
+    for (uint32_t h = 0; h < 4; h++)
+#pragma unroll
+        for (int w = 0; w < VALS / 4; w++) {
+            const float4 *p = (const float4 *)(S + (size_t)h * D + e + 4 * w);
+            s4[h][w] = !has ? make_float4(0.0f, 0.0f, 0.0f, 0.0f) : SHARED ? *p : __ldcg(p);
+        }
+}
+
 /* Mixer outputs -> pre / post / comb, x = sum_h pre_h S_h, then the
  * sublayer's RMSNorm and the quantized forms of the result, by the block
  * that finished last (decode) or a block a token (prefill).  Serial
@@ -234,13 +249,7 @@ template <int NMIX, bool BULK> static __device__ void hc_finish(const hc_args &a
         bulk_begin(&sbar, n * D * sizeof(float));
         for (uint32_t h = 0; h < n; h++) bulk_copy(sS + (size_t)h * D, S + (size_t)h * D, D * sizeof(float), &sbar);
     }
-    if (!BULK)
-#pragma unroll
-        for (uint32_t h = 0; h < n; h++)
-#pragma unroll
-            for (int w = 0; w < VALS / 4; w++)
-                s4[h][w] = has ? __ldcg((const float4 *)(S + (size_t)h * D + e + 4 * w))
-                               : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (!BULK) hc_load_streams<false, VALS>(S, D, e, has, s4);
     hc_load_norm(a, k.w);
     /* partial sums: HC_PART_LANES threads per output, a fixed shuffle tree */
     uint32_t m = threadIdx.x / HC_PART_LANES, j = threadIdx.x % HC_PART_LANES;
@@ -278,11 +287,7 @@ template <int NMIX, bool BULK> static __device__ void hc_finish(const hc_args &a
     /* x = sum_h pre_h S_h (the pre weights are not normalised) */
     if (BULK) {
         bulk_wait(&sbar);
-#pragma unroll
-        for (uint32_t h = 0; h < n; h++)
-#pragma unroll
-            for (int w = 0; w < VALS / 4; w++)
-                s4[h][w] = has ? *(const float4 *)(sS + (size_t)h * D + e + 4 * w) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        hc_load_streams<true, VALS>(sS, D, e, has, s4);
     }
     float sv[4][VALS];
 #pragma unroll
@@ -463,8 +468,8 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
  * streams and the mixer weights in shared memory as doubles and
  * multiplies them: partial[t][m] = sum_k fn[m][k] S[t][k], exact products
  * summed in double (the decode kernel sums a warp's products in float,
- * then in double); each thread also sums the squares of its values.  hc_finish_kernel then reduces the slices and
- * finishes. */
+ * then in double); each thread also sums the squares of its values.
+ * hc_finish_kernel then reduces the slices and finishes. */
 #define HCP_TOK 64
 #define HCP_COLS 256
 #define HCP_CC 32

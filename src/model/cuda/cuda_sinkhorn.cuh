@@ -8,8 +8,8 @@
  * in memory (hcsums) and a spare block of a later launch of the sublayer
  * the site prepares compute it - the attention's, the shared expert's
  * SwiGLU beside the routed experts (an hc_sink_job in their arguments) -
- * so that its 20 iterations of dependent shuffles and divisions (~3 us:
- * PERFORMANCE.md, nineteenth and twenty-first iterations) no longer end a
+ * so that its 20 iterations of dependent shuffles and divisions (~5 us:
+ * PERFORMANCE.md, nineteenth iteration) no longer end a
  * launch that every later launch waits for, and add no launch or graph
  * branch of their own (+1.1 % decode at 4k: twentieth iteration).
  */
