@@ -1122,12 +1122,20 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                         for (int i = 0; i < 4; i++) isum[a][b][i] += sc[a][i >> 1] * cc[i];
                     }
             } else {
-                float ws[2][2];
+                /* Two float steps per result: u = w.d s, then acc += u x.d.  The
+                 * magic number's subtraction rides in the first FMA: with f the
+                 * accumulator's float (1.5 2^23 + s), fma(f, w.d, -1.5 2^23 w.d)
+                 * rounds w.d s once, because 1.5 2^23 w.d is exact (w.d is an
+                 * f16, 11 significant bits, times 3 2^22). */
+                float ws[2][2], wc[2][2];
                 float2 xs[4];
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) ws[a][h] = s.u.q8.wd[kk][32 * wm + 16 * a + gq + 8 * h];
+                    for (int h = 0; h < 2; h++) {
+                        ws[a][h] = s.u.q8.wd[kk][32 * wm + 16 * a + gq + 8 * h];
+                        wc[a][h] = -12582912.0f * ws[a][h];
+                    }
 #pragma unroll
                 for (int b = 0; b < 4; b++) xs[b] = *(const float2 *)&s.u.q8.xd[kk][32 * wn + 8 * b + 2 * tq];
 #pragma unroll
@@ -1138,8 +1146,10 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                         int cc[4] = {MAGIC_BITS, MAGIC_BITS, MAGIC_BITS, MAGIC_BITS};
                         mma_s8_16x8x32(cc, af[a], bf[b]);
 #pragma unroll
-                        for (int i = 0; i < 4; i++)
-                            acc[a][b][i] += (ws[a][i >> 1] * (i & 1 ? xs[b].y : xs[b].x)) * magic_to_f(cc[i]);
+                        for (int i = 0; i < 4; i++) {
+                            float u = __fmaf_rn(__int_as_float(cc[i]), ws[a][i >> 1], wc[a][i >> 1]);
+                            acc[a][b][i] = __fmaf_rn(u, i & 1 ? xs[b].y : xs[b].x, acc[a][b][i]);
+                        }
                     }
             }
         }
