@@ -823,6 +823,11 @@ static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
 }
 
 static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) { return row * KC + ((piece ^ (row & 7)) << 4); }
+/* swz(row, piece + 2 kk) from off = swz(row, piece) with piece < 2: the
+ * piece's bits above the lowest are kk's, which the swizzle only flips, so
+ * one XOR moves a fragment's address to step kk (no address per step held
+ * in registers, which the K-quant kernels had spilled). */
+static __device__ __forceinline__ unsigned swz_step(unsigned off, unsigned kk) { return off ^ (kk << 5); }
 
 /* Integer sums to float without the conversion unit (a quarter of the
  * rate of the float pipes): an accumulator that starts at the bits of
@@ -845,12 +850,18 @@ static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int m
  * (by store_w_q8_scales) rather than in every product that uses them. */
 static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen,
                                                        uint4 &sc) {
-    for (unsigned i = threadIdx.x; i < QBM * 16; i += QTHREADS) {
-        unsigned r = i / 16, piece = i % 16;
-        const uint8_t *rp = w_row(g, mat, r);
-        int8_t *dst = s.w + swz(r, piece);
-        if (!rp || piece * 16 >= klen) st_zero16(dst);
-        else cp_async16(dst, rp + k0 + 16 * piece);
+    /* thread i copies piece i % 16 of rows i / 16 + 16 j: the rows' swizzle
+     * is the same (16 j is a multiple of 8), so only the row moves */
+    unsigned r = threadIdx.x / 16, piece = threadIdx.x % 16;
+    int live = (int)g.rows - (int)(row_tile(g) * QBM + r); /* rows r + 16 j with 16 j < live exist */
+    const uint8_t *src = live > 0 ? w_row(g, mat, r) + k0 + 16 * piece : NULL;
+    size_t step = 16 * (size_t)g.row_bytes;
+    int8_t *dst = s.w + swz(r, piece);
+    bool in = piece * 16 < klen;
+#pragma unroll 1
+    for (int j = 0; j < QBM / 16; j++, src += step, dst += 16 * KC) {
+        if (!in || 16 * j >= live) st_zero16(dst);
+        else cp_async16(dst, src);
     }
     sc = make_uint4(0, 0, 0, 0);
     if (threadIdx.x < QBM) {
@@ -979,21 +990,27 @@ static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, con
 template <uint32_t TYPE>
 static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &s, const size_t *xoff, int count,
                                                     uint32_t k0, uint32_t klen) {
-    for (unsigned i = threadIdx.x; i < BN * 16; i += QTHREADS) {
-        unsigned t = i / 16, piece = i % 16;
+    /* all four copies' addresses at once where the registers allow it */
+    constexpr int XU = TYPE == DS4_TYPE_Q8_0 ? BN * 16 / QTHREADS : 1;
+    (void)XU; /* read only by the pragma, which host compilers ignore */
+#pragma unroll(XU)
+    for (unsigned j = 0; j < BN * 16 / QTHREADS; j++) {
+        unsigned i = threadIdx.x + j * QTHREADS, t = i / 16, piece = i % 16;
         int8_t *dst = s.x + swz(t, piece);
         if ((int)t >= count || piece * 16 >= klen) st_zero16(dst);
         else cp_async16(dst, (const uint8_t *)g.xq + xoff[t] + k0 + 16 * piece);
     }
     if (TYPE == DS4_TYPE_Q8_0) {
-        for (unsigned i = threadIdx.x; i < BN * 8; i += QTHREADS) {
-            unsigned t = i / 8, kb = i % 8;
+#pragma unroll
+        for (unsigned j = 0; j < BN * 8 / QTHREADS; j++) {
+            unsigned i = threadIdx.x + j * QTHREADS, t = i / 8, kb = i % 8;
             if ((int)t < count && kb * 32 < klen)
                 cp_async4(&s.u.q8.xd[kb][t], (const uint8_t *)g.xd + xoff[t] + 4 * (k0 / 32 + kb));
         }
     } else {
-        for (unsigned i = threadIdx.x; i < BN * 8; i += QTHREADS) {
-            unsigned t = i / 8, h = i % 8;
+#pragma unroll 1
+        for (unsigned j = 0; j < BN * 8 / QTHREADS; j++) {
+            unsigned i = threadIdx.x + j * QTHREADS, t = i / 8, h = i % 8;
             if ((int)t < count) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xoff[t] + 2 * (k0 / 16 + 2 * h));
         }
         if ((int)threadIdx.x < count) cp_async4(&s.u.k.xd[threadIdx.x], (const uint8_t *)g.xd + xoff[threadIdx.x] + 4 * (k0 / 256));
@@ -1024,6 +1041,19 @@ static __device__ __forceinline__ void gemm_store(const gemm_args &g, float *out
             }
 }
 
+#ifndef GEMM_PF
+#define GEMM_PF(t) ((t) == DS4_TYPE_Q2_K)
+#endif
+/* The A fragments of a warp's two 16-row tiles (f[0..7]) and the B
+ * fragments of its four 8-token tiles (f[8..15], two words each) at step kk
+ * of a chunk. */
+static __device__ __forceinline__ void load_frags(const qstage &s, unsigned aoff, unsigned boff, uint32_t kk, uint32_t f[16]) {
+#pragma unroll
+    for (int a = 0; a < 2; a++) ldmatrix_x4(f + 4 * a, s.w + swz_step(aoff, kk) + 16 * KC * a);
+#pragma unroll
+    for (int bb = 0; bb < 2; bb++) ldmatrix_x4(f + 8 + 4 * bb, s.x + swz_step(boff, kk) + 16 * KC * bb);
+}
+
 template <uint32_t TYPE>
 static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint32_t *tab_g) {
     dev_pdl_enter();
@@ -1032,6 +1062,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     const bool kq = TYPE != DS4_TYPE_Q8_0;
+    constexpr bool PF = GEMM_PF(TYPE);
     uint32_t *tab = (uint32_t *)(st + 2);
     if (threadIdx.x < BN) xoff[threadIdx.x] = (int)threadIdx.x < count ? (size_t)act_row(g, start + (int)threadIdx.x) * g.xqs : 0;
     if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g); /* ends with a barrier */
@@ -1041,8 +1072,8 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     unsigned gq = lane / 4, tq = lane % 4, lm = lane / 8, l8 = lane % 8;
     /* ldmatrix rows: A tiles (matrix lm: rows +8 (lm & 1), k +16 (lm >> 1)),
      * B tile pairs (matrix lm: tokens +8 (lm >> 1), k +16 (lm & 1)) */
-    unsigned arow = 32 * wm + l8 + 8 * (lm & 1), apc = lm >> 1;
-    unsigned brow = 32 * wn + l8 + 8 * (lm >> 1), bpc = lm & 1;
+    unsigned aoff = swz(32 * wm + l8 + 8 * (lm & 1), lm >> 1);
+    unsigned boff = swz(32 * wn + l8 + 8 * (lm >> 1), lm & 1);
 
     float acc[2][4][4];
 #pragma unroll
@@ -1086,21 +1117,15 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
             for (int b = 0; b < 4; b++)
 #pragma unroll
                 for (int i = 0; i < 4; i++) isum[a][b][i] = TYPE == DS4_TYPE_Q2_K ? MAGIC_BITS : 0;
+        uint32_t fr[2][16]; /* fragments of step kk in fr[kk % 2] (with PF, step kk + 1's loaded ahead) */
+        load_frags(s, aoff, boff, 0, fr[0]);
 #pragma unroll
         for (uint32_t kk = 0; kk < KC / 32; kk++) {
             if (32 * kk >= klen) break;
-            uint32_t af[2][4], bf[4][2];
-#pragma unroll
-            for (int a = 0; a < 2; a++) ldmatrix_x4(af[a], s.w + swz(arow + 16 * a, 2 * kk + apc));
-#pragma unroll
-            for (int bb = 0; bb < 2; bb++) {
-                uint32_t m4[4];
-                ldmatrix_x4(m4, s.x + swz(brow + 16 * bb, 2 * kk + bpc));
-                bf[2 * bb][0] = m4[0];
-                bf[2 * bb][1] = m4[1];
-                bf[2 * bb + 1][0] = m4[2];
-                bf[2 * bb + 1][1] = m4[3];
-            }
+            if (!PF && kk > 0) load_frags(s, aoff, boff, kk, fr[kk & 1]);
+            if (PF && kk + 1 < KC / 32 && 32 * (kk + 1) < klen) load_frags(s, aoff, boff, kk + 1, fr[(kk + 1) & 1]);
+            const uint32_t(*af)[4] = (const uint32_t(*)[4])fr[kk & 1];
+            const uint32_t(*bf)[2] = (const uint32_t(*)[2])(fr[kk & 1] + 8);
             if (TYPE == DS4_TYPE_Q2_K) { /* pre-scaled: the sums run across the chunk */
 #pragma unroll
                 for (int a = 0; a < 2; a++)
