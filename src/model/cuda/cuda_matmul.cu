@@ -985,35 +985,34 @@ static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, con
 }
 
 /* The chunk's activations: int8 bytes (zeros past the tile's tokens or the
- * row's end) and scales, all by asynchronous copies.  xoff: byte offset of
- * each of the tile's activation rows. */
+ * row's end) and scales, all by asynchronous copies.  Thread i copies for
+ * token i / 4 of the tile, whose activation row starts xo bytes into the
+ * launch's (live: the token exists): pieces i % 4 + 4 j of 16 bytes.  One
+ * row offset a thread, held in a register, rather than an offset a copy
+ * read from shared memory. */
 template <uint32_t TYPE>
-static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &s, const size_t *xoff, int count,
-                                                    uint32_t k0, uint32_t klen) {
-    /* all four copies' addresses at once where the registers allow it */
-    constexpr int XU = TYPE == DS4_TYPE_Q8_0 ? BN * 16 / QTHREADS : 1;
-    (void)XU; /* read only by the pragma, which host compilers ignore */
-#pragma unroll(XU)
-    for (unsigned j = 0; j < BN * 16 / QTHREADS; j++) {
-        unsigned i = threadIdx.x + j * QTHREADS, t = i / 16, piece = i % 16;
-        int8_t *dst = s.x + swz(t, piece);
-        if ((int)t >= count || piece * 16 >= klen) st_zero16(dst);
-        else cp_async16(dst, (const uint8_t *)g.xq + xoff[t] + k0 + 16 * piece);
+static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &s, size_t xo, bool live, uint32_t k0,
+                                                    uint32_t klen) {
+    unsigned t = threadIdx.x / 4, q = threadIdx.x % 4;
+    static_assert(BN * 4 == QTHREADS, "four threads a token");
+    const uint8_t *src = (const uint8_t *)g.xq + xo + k0 + 16 * q;
+    /* piece q + 4 j = q | 4 j lands at (q ^ (t % 8)) ^ 4 j (swz) */
+    unsigned sw = q ^ (t & 7);
+#pragma unroll
+    for (unsigned j = 0; j < 4; j++) {
+        int8_t *dst = s.x + t * KC + ((sw ^ 4 * j) << 4);
+        if (!live || (q + 4 * j) * 16 >= klen) st_zero16(dst);
+        else cp_async16(dst, src + 64 * j);
     }
+    if (!live) return;
     if (TYPE == DS4_TYPE_Q8_0) {
 #pragma unroll
-        for (unsigned j = 0; j < BN * 8 / QTHREADS; j++) {
-            unsigned i = threadIdx.x + j * QTHREADS, t = i / 8, kb = i % 8;
-            if ((int)t < count && kb * 32 < klen)
-                cp_async4(&s.u.q8.xd[kb][t], (const uint8_t *)g.xd + xoff[t] + 4 * (k0 / 32 + kb));
-        }
+        for (unsigned kb = q; kb < 8; kb += 4)
+            if (kb * 32 < klen) cp_async4(&s.u.q8.xd[kb][t], (const uint8_t *)g.xd + xo + 4 * (k0 / 32 + kb));
     } else {
-#pragma unroll 1
-        for (unsigned j = 0; j < BN * 8 / QTHREADS; j++) {
-            unsigned i = threadIdx.x + j * QTHREADS, t = i / 8, h = i % 8;
-            if ((int)t < count) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xoff[t] + 2 * (k0 / 16 + 2 * h));
-        }
-        if ((int)threadIdx.x < count) cp_async4(&s.u.k.xd[threadIdx.x], (const uint8_t *)g.xd + xoff[threadIdx.x] + 4 * (k0 / 256));
+#pragma unroll
+        for (unsigned h = q; h < 8; h += 4) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xo + 2 * (k0 / 16 + 2 * h));
+        if (q == 0) cp_async4(&s.u.k.xd[t], (const uint8_t *)g.xd + xo + 4 * (k0 / 256));
     }
 }
 
@@ -1058,15 +1057,14 @@ template <uint32_t TYPE>
 static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g, const uint32_t *tab_g) {
     dev_pdl_enter();
     DS4_DYN_SMEM(qstage, st);
-    __shared__ size_t xoff[BN];
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     const bool kq = TYPE != DS4_TYPE_Q8_0;
     constexpr bool PF = GEMM_PF(TYPE);
     uint32_t *tab = (uint32_t *)(st + 2);
-    if (threadIdx.x < BN) xoff[threadIdx.x] = (int)threadIdx.x < count ? (size_t)act_row(g, start + (int)threadIdx.x) * g.xqs : 0;
+    bool xlive = (int)(threadIdx.x / 4) < count; /* this thread's token (load_x_async) */
+    size_t xo = xlive ? (size_t)act_row(g, start + (int)(threadIdx.x / 4)) * g.xqs : 0;
     if (TYPE == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g); /* ends with a barrier */
-    else __syncthreads();
 
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, wm = warp & 3, wn = warp >> 2;
     unsigned gq = lane / 4, tq = lane % 4, lm = lane / 8, l8 = lane % 8;
@@ -1093,7 +1091,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC), wsc);
         store_w_q8_scales(st[0], wsc);
     }
-    load_x_async<TYPE>(g, st[0], xoff, count, 0, imin_d((int)g.n, KC));
+    load_x_async<TYPE>(g, st[0], xo, xlive, 0, imin_d((int)g.n, KC));
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
@@ -1106,7 +1104,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
             uint32_t k1 = k0 + KC, klen1 = g.n - k1 < KC ? g.n - k1 : KC;
             if (kq) load_w_raw<TYPE>(g, mat, c + 1, raw);
             else load_w_q8_async(g, nx, mat, k1, klen1, wsc);
-            load_x_async<TYPE>(g, nx, xoff, count, k1, klen1);
+            load_x_async<TYPE>(g, nx, xo, xlive, k1, klen1);
             cp_async_commit();
         }
 
