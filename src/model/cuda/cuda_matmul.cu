@@ -848,8 +848,7 @@ static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int m
 /* Q8_0 weights: the int8 bytes are copied verbatim; the chunk's f16 scales
  * of row threadIdx.x (< QBM) are loaded into `sc`, to be converted once
  * (by store_w_q8_scales) rather than in every product that uses them. */
-static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen,
-                                                       uint4 &sc) {
+static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen) {
     /* thread i copies piece i % 16 of rows i / 16 + 16 j: the rows' swizzle
      * is the same (16 j is a multiple of 8), so only the row moves */
     unsigned r = threadIdx.x / 16, piece = threadIdx.x % 16;
@@ -863,12 +862,12 @@ static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstag
         if (!in || 16 * j >= live) st_zero16(dst);
         else cp_async16(dst, src);
     }
-    sc = make_uint4(0, 0, 0, 0);
-    if (threadIdx.x < QBM) {
-        const uint8_t *rp = w_row(g, mat, threadIdx.x);
-        /* the row's scale area is padded to 16 bytes: a whole chunk's eight fit */
-        if (rp) sc = __ldg((const uint4 *)(rp + g.n + k0 / 16));
-    }
+}
+static __device__ __forceinline__ uint4 load_w_q8_scales(const gemm_args &g, int mat, uint32_t k0) {
+    if (threadIdx.x >= QBM) return make_uint4(0, 0, 0, 0);
+    const uint8_t *rp = w_row(g, mat, threadIdx.x);
+    /* the row's scale area is padded to 16 bytes: a whole chunk's eight fit */
+    return rp ? __ldg((const uint4 *)(rp + g.n + k0 / 16)) : make_uint4(0, 0, 0, 0);
 }
 static __device__ __forceinline__ void store_w_q8_scales(qstage &s, uint4 sc) {
     if (threadIdx.x >= QBM) return;
@@ -1083,13 +1082,15 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 
     uint32_t nchunk = (g.n + KC - 1) / KC;
     wraw raw;
-    uint4 wsc;
+    uint4 wsc = make_uint4(0, 0, 0, 0);
     if (kq) {
         load_w_raw<TYPE>(g, mat, 0, raw);
         store_w_raw<TYPE>(st[0], raw, tab);
+        if (nchunk > 1) load_w_raw<TYPE>(g, mat, 1, raw);
     } else {
-        load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC), wsc);
-        store_w_q8_scales(st[0], wsc);
+        load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC));
+        store_w_q8_scales(st[0], load_w_q8_scales(g, mat, 0));
+        if (nchunk > 1) wsc = load_w_q8_scales(g, mat, KC);
     }
     load_x_async<TYPE>(g, st[0], xo, xlive, 0, imin_d((int)g.n, KC));
     cp_async_commit();
@@ -1100,10 +1101,10 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         qstage &s = st[c & 1], &nx = st[(c + 1) & 1];
         uint32_t k0 = c * KC, klen = g.n - k0 < KC ? g.n - k0 : KC;
         bool more = c + 1 < nchunk;
-        if (more) { /* stage c + 1 was last read before the barrier that ended chunk c - 1 */
+        if (more) { /* stage c + 1 was last read before the barrier that ended chunk c - 1;
+                     * its K-quant raw weights or Q8_0 scales are in registers already */
             uint32_t k1 = k0 + KC, klen1 = g.n - k1 < KC ? g.n - k1 : KC;
-            if (kq) load_w_raw<TYPE>(g, mat, c + 1, raw);
-            else load_w_q8_async(g, nx, mat, k1, klen1, wsc);
+            if (!kq) load_w_q8_async(g, nx, mat, k1, klen1);
             load_x_async<TYPE>(g, nx, xo, xlive, k1, klen1);
             cp_async_commit();
         }
@@ -1218,8 +1219,15 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                 }
             }
         }
-        if (more && kq) store_w_raw<TYPE>(nx, raw, tab);
-        if (more && !kq) store_w_q8_scales(nx, wsc);
+        if (more && kq) {
+            store_w_raw<TYPE>(nx, raw, tab);
+            /* the next chunk's raw weights are in flight through the barrier */
+            if (c + 2 < nchunk) load_w_raw<TYPE>(g, mat, c + 2, raw);
+        }
+        if (more && !kq) {
+            store_w_q8_scales(nx, wsc);
+            if (c + 2 < nchunk) wsc = load_w_q8_scales(g, mat, (c + 2) * KC);
+        }
         cp_async_wait_all();
         __syncthreads();
     }
