@@ -359,6 +359,15 @@ static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
     asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(a), "l"(gmem) : "memory");
 #endif
 }
+/* Asks the L2 for the line of p, nothing awaited (a later load or copy of
+ * it then waits for the L2 rather than for the DRAM). */
+static __device__ __forceinline__ void prefetch_l2(const void *p) {
+#ifdef DS4_CUDA_EMU
+    (void)p;
+#else
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+#endif
+}
 static __device__ __forceinline__ void cp_async_commit() {
 #ifndef DS4_CUDA_EMU
     asm volatile("cp.async.commit_group;\n" ::: "memory");
