@@ -1048,9 +1048,6 @@ static __device__ __forceinline__ void gemm_store(const gemm_args &g, float *out
             }
 }
 
-#ifndef GEMM_PF
-#define GEMM_PF(t) ((t) == DS4_TYPE_Q2_K)
-#endif
 /* The A fragments of a warp's two 16-row tiles (f[0..7]) and the B
  * fragments of its four 8-token tiles (f[8..15], two words each) at step kk
  * of a chunk. */
@@ -1068,7 +1065,10 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     int mat, count, start;
     if (!tile_tokens(g, &mat, &count, &start)) return;
     const bool kq = TYPE != DS4_TYPE_Q8_0;
-    constexpr bool PF = GEMM_PF(TYPE);
+    /* fragments a step ahead: only the Q2_K kernel has the registers (no
+     * per-step sub-scales); Q8_0 measured slower with them at 128
+     * registers, IQ2_XXS spills */
+    constexpr bool PF = TYPE == DS4_TYPE_Q2_K;
     uint32_t *tab = (uint32_t *)(st + 2);
     bool xlive = (int)(threadIdx.x / 4) < count; /* this thread's token (load_x_async) */
     size_t xo = xlive ? (size_t)act_row(g, start + (int)(threadIdx.x / 4)) * g.xqs : 0;
