@@ -807,8 +807,8 @@ typedef struct qstage {
     int8_t x[BN * KC];
     union {
         struct {
-            float wd[8][QBM];    /* weight d per 32, by block of the chunk */
-            float xd[8][BN];     /* activation d per 32, by block of the chunk */
+            float wd[8 * QBM]; /* weight d per 32 of the chunk's 8 blocks, at q8w_at */
+            float xd[8 * BN];  /* activation d per 32, at q8x_at */
         } q8;
         struct {
             int8_t wsc[QBM][8]; /* integer sub-scale per 32 (Q4_K, IQ2_XXS) */
@@ -819,6 +819,17 @@ typedef struct qstage {
         } k;
     } u;
 } qstage;
+
+/* Where the Q8_0 scales of block kk of weight row r and of token t go: the
+ * four rows a thread's MMA results cover (r, r + 8, r + 16, r + 24 of its
+ * warp's 32) side by side, and its eight tokens (two of each 8-token
+ * tile), so that a step reads them in one and two 16-byte loads. */
+static __device__ __forceinline__ unsigned q8w_at(unsigned kk, unsigned r) {
+    return kk * QBM + r / 32 * 32 + r % 8 * 4 + r % 32 / 8;
+}
+static __device__ __forceinline__ unsigned q8x_at(unsigned kk, unsigned t) {
+    return kk * BN + t / 32 * 32 + t % 8 / 2 * 8 + t % 32 / 8 * 2 + t % 2;
+}
 
 static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
     return 2 * sizeof(qstage) + (type == DS4_TYPE_IQ2_XXS ? IQ2_TAB * sizeof(uint32_t) : 0);
@@ -875,7 +886,7 @@ static __device__ __forceinline__ void store_w_q8_scales(qstage &s, uint4 sc) {
     if (threadIdx.x >= QBM) return;
     uint32_t w[4] = {sc.x, sc.y, sc.z, sc.w};
 #pragma unroll
-    for (int k = 0; k < 8; k++) s.u.q8.wd[k][threadIdx.x] = dev_f16((uint16_t)(w[k / 2] >> (16 * (k % 2))));
+    for (int k = 0; k < 8; k++) s.u.q8.wd[q8w_at(k, threadIdx.x)] = dev_f16((uint16_t)(w[k / 2] >> (16 * (k % 2))));
 }
 
 /* K-quant weights go through registers: the raw bytes of the next chunk
@@ -1016,7 +1027,7 @@ static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &
     if (TYPE == DS4_TYPE_Q8_0) {
 #pragma unroll
         for (unsigned kb = q; kb < 8; kb += 4)
-            if (kb * 32 < klen) cp_async4(&s.u.q8.xd[kb][t], (const uint8_t *)g.xd + xo + 4 * (k0 / 32 + kb));
+            if (kb * 32 < klen) cp_async4(&s.u.q8.xd[q8x_at(kb, t)], (const uint8_t *)g.xd + xo + 4 * (k0 / 32 + kb));
     } else {
 #pragma unroll
         for (unsigned h = q; h < 8; h += 4) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xo + 2 * (k0 / 16 + 2 * h));
@@ -1161,16 +1172,16 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
                  * rounds w.d s once, because 1.5 2^23 w.d is exact (w.d is an
                  * f16, 11 significant bits, times 3 2^22). */
                 float ws[2][2], wc[2][2];
-                float2 xs[4];
+                float4 w4 = *(const float4 *)&s.u.q8.wd[q8w_at(kk, 32 * wm + gq)];
+                ws[0][0] = w4.x, ws[0][1] = w4.y, ws[1][0] = w4.z, ws[1][1] = w4.w;
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        ws[a][h] = s.u.q8.wd[kk][32 * wm + 16 * a + gq + 8 * h];
-                        wc[a][h] = -12582912.0f * ws[a][h];
-                    }
-#pragma unroll
-                for (int b = 0; b < 4; b++) xs[b] = *(const float2 *)&s.u.q8.xd[kk][32 * wn + 8 * b + 2 * tq];
+                    for (int h = 0; h < 2; h++) wc[a][h] = -12582912.0f * ws[a][h];
+                const float4 *x4 = (const float4 *)&s.u.q8.xd[q8x_at(kk, 32 * wn + 2 * tq)];
+                float4 xa = x4[0], xb = x4[1];
+                float2 xs[4] = {make_float2(xa.x, xa.y), make_float2(xa.z, xa.w), make_float2(xb.x, xb.y),
+                                make_float2(xb.z, xb.w)};
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
