@@ -906,10 +906,9 @@ typedef struct wraw {
  * read once, gained 5 %; asking for the activations too, which the L2
  * holds already, measured slower). */
 template <uint32_t TYPE>
-static __device__ __forceinline__ void load_w_raw(const gemm_args &g, int mat, uint32_t b, wraw &w) {
-    unsigned r = threadIdx.x / 2, p = threadIdx.x & 1;
+static __device__ __forceinline__ void load_w_raw(const gemm_args &g, const uint8_t *rp, uint32_t b, wraw &w) {
+    unsigned p = threadIdx.x & 1;
     uint32_t nb = g.n / 256;
-    const uint8_t *rp = w_row(g, mat, r);
     w.ok = rp != NULL;
     for (int i = 0; i < 4; i++) w.q[i] = make_int4(0, 0, 0, 0);
     w.s[0] = w.s[1] = w.s[2] = w.d = 0;
@@ -1103,10 +1102,11 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     uint32_t nchunk = (g.n + KC - 1) / KC;
     wraw raw;
     uint4 wsc = make_uint4(0, 0, 0, 0);
+    const uint8_t *wrp = kq ? w_row(g, mat, threadIdx.x / 2) : NULL; /* K-quants: this thread's raw weight row */
     if (kq) {
-        load_w_raw<TYPE>(g, mat, 0, raw);
+        load_w_raw<TYPE>(g, wrp, 0, raw);
         store_w_raw<TYPE>(st[0], raw, tab);
-        if (nchunk > 1) load_w_raw<TYPE>(g, mat, 1, raw);
+        if (nchunk > 1) load_w_raw<TYPE>(g, wrp, 1, raw);
     } else {
         load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC));
         store_w_q8_scales(st[0], load_w_q8_scales(g, mat, 0));
@@ -1242,7 +1242,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         if (more && kq) {
             store_w_raw<TYPE>(nx, raw, tab);
             /* the next chunk's raw weights are in flight through the barrier */
-            if (c + 2 < nchunk) load_w_raw<TYPE>(g, mat, c + 2, raw);
+            if (c + 2 < nchunk) load_w_raw<TYPE>(g, wrp, c + 2, raw);
         }
         if (more && !kq) {
             store_w_q8_scales(nx, wsc);
