@@ -900,6 +900,12 @@ typedef struct wraw {
     bool ok;
 } wraw;
 
+/* The raw weight row of this thread: held in wrp, or for Q4_K recomputed. */
+template <uint32_t TYPE>
+static __device__ __forceinline__ const uint8_t *raw_row(const gemm_args &g, int mat, const uint8_t *wrp) {
+    return TYPE == DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : wrp;
+}
+
 /* With each chunk's raw loads, the L2 is asked for the quant bytes of the
  * row two chunks on, so that those loads, issued two chunks later, wait
  * for the L2 rather than the DRAM (the expert products, whose weights are
@@ -1102,11 +1108,14 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     uint32_t nchunk = (g.n + KC - 1) / KC;
     wraw raw;
     uint4 wsc = make_uint4(0, 0, 0, 0);
-    const uint8_t *wrp = kq ? w_row(g, mat, threadIdx.x / 2) : NULL; /* K-quants: this thread's raw weight row */
+    /* K-quants: this thread's raw weight row, held (Q4_K, whose raw words
+     * need more registers, recomputes it for every chunk instead: held, it
+     * spilled 68 bytes against 42) */
+    const uint8_t *wrp = kq && TYPE != DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : NULL;
     if (kq) {
-        load_w_raw<TYPE>(g, wrp, 0, raw);
+        load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), 0, raw);
         store_w_raw<TYPE>(st[0], raw, tab);
-        if (nchunk > 1) load_w_raw<TYPE>(g, wrp, 1, raw);
+        if (nchunk > 1) load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), 1, raw);
     } else {
         load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC));
         store_w_q8_scales(st[0], load_w_q8_scales(g, mat, 0));
@@ -1242,7 +1251,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         if (more && kq) {
             store_w_raw<TYPE>(nx, raw, tab);
             /* the next chunk's raw weights are in flight through the barrier */
-            if (c + 2 < nchunk) load_w_raw<TYPE>(g, wrp, c + 2, raw);
+            if (c + 2 < nchunk) load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), c + 2, raw);
         }
         if (more && !kq) {
             store_w_q8_scales(nx, wsc);
