@@ -27,12 +27,13 @@
  * product of the two scales).  Shared memory holds two chunks: the next
  * one is fetched (cp.async, or for K-quants raw loads into registers,
  * issued two chunks ahead and expanded after the products) while the
- * current one is multiplied.  F16 weights run on the FP16 tensor cores as stored, the
- * tokens scaled by powers of two and split into binary16 head and tail;
- * F32 and BF16 weights on the TF32 ones, each operand split into a TF32
- * head and tail: either way the products keep f32 precision.  A float
- * product of few rows is also split over K, so that its grid fills the
- * GPU, and its partial sums are added in a fixed order afterwards.
+ * current one is multiplied.  F16 weights run on the FP16 tensor cores
+ * as stored, the tokens scaled by powers of two and split into binary16
+ * head and tail; F32 and BF16 weights on the TF32 ones, each operand split
+ * into a TF32 head and tail: either way the products keep f32 precision.
+ * A float product of few rows is also split over K, so that its grid
+ * fills the GPU, and its partial sums are added in a fixed order
+ * afterwards.
  */
 #include "model/cuda/cuda_internal.h"
 
@@ -858,9 +859,10 @@ static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int m
     return g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + rt) * g.row_bytes;
 }
 
-/* Q8_0 weights: the int8 bytes are copied verbatim; the chunk's f16 scales
- * of row threadIdx.x (< QBM) are loaded into `sc`, to be converted once
- * (by store_w_q8_scales) rather than in every product that uses them. */
+/* Q8_0 weights: the int8 bytes are copied verbatim (load_w_q8_async); the
+ * chunk's f16 scales of row threadIdx.x (< QBM) are loaded into registers
+ * (load_w_q8_scales, a chunk ahead), to be converted once (by
+ * store_w_q8_scales) rather than in every product that uses them. */
 static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen) {
     /* thread i copies piece i % 16 of rows i / 16 + 16 j: the rows' swizzle
      * is the same (16 j is a multiple of 8), so only the row moves */
