@@ -848,7 +848,8 @@ static __device__ __forceinline__ unsigned swz_step(unsigned off, unsigned kk) {
  * 1.5 * 2^23 and gains an integer s with |s| < 2^22 reads as the float
  * 1.5 * 2^23 + s exactly, and one exact subtraction leaves (float) s. */
 #define MAGIC_BITS 0x4B400000
-static __device__ __forceinline__ float magic_to_f(int bits) { return __int_as_float(bits) - 12582912.0f; }
+#define MAGIC_F 12582912.0f /* the float of MAGIC_BITS, 1.5 * 2^23 */
+static __device__ __forceinline__ float magic_to_f(int bits) { return __int_as_float(bits) - MAGIC_F; }
 
 static __device__ __forceinline__ void st_zero16(int8_t *p) { *(int4 *)p = make_int4(0, 0, 0, 0); }
 
@@ -902,19 +903,16 @@ typedef struct wraw {
     bool ok;
 } wraw;
 
-/* The raw weight row of this thread: held in wrp, or for Q4_K recomputed. */
-template <uint32_t TYPE>
-static __device__ __forceinline__ const uint8_t *raw_row(const gemm_args &g, int mat, const uint8_t *wrp) {
-    return TYPE == DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : wrp;
-}
-
-/* With each chunk's raw loads, the L2 is asked for the quant bytes of the
- * row two chunks on, so that those loads, issued two chunks later, wait
+/* Chunk b's raw bytes of this thread's half row into w.  With them the L2
+ * is asked for the row's quant bytes two chunks on, so that those loads, issued two chunks later, wait
  * for the L2 rather than the DRAM (the expert products, whose weights are
  * read once, gained 5 %; asking for the activations too, which the L2
  * holds already, measured slower). */
 template <uint32_t TYPE>
-static __device__ __forceinline__ void load_w_raw(const gemm_args &g, const uint8_t *rp, uint32_t b, wraw &w) {
+static __device__ __forceinline__ void load_w_raw(const gemm_args &g, int mat, const uint8_t *wrp, uint32_t b, wraw &w) {
+    /* the row: held by the caller in wrp, or for Q4_K, whose raw words need
+     * more registers, recomputed (held, it spilled 68 bytes against 42) */
+    const uint8_t *rp = TYPE == DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : wrp;
     unsigned p = threadIdx.x & 1;
     uint32_t nb = g.n / 256;
     w.ok = rp != NULL;
@@ -1110,14 +1108,12 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
     uint32_t nchunk = (g.n + KC - 1) / KC;
     wraw raw;
     uint4 wsc = make_uint4(0, 0, 0, 0);
-    /* K-quants: this thread's raw weight row, held (Q4_K, whose raw words
-     * need more registers, recomputes it for every chunk instead: held, it
-     * spilled 68 bytes against 42) */
+    /* K-quants: this thread's raw weight row (see load_w_raw) */
     const uint8_t *wrp = kq && TYPE != DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : NULL;
     if (kq) {
-        load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), 0, raw);
+        load_w_raw<TYPE>(g, mat, wrp, 0, raw);
         store_w_raw<TYPE>(st[0], raw, tab);
-        if (nchunk > 1) load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), 1, raw);
+        if (nchunk > 1) load_w_raw<TYPE>(g, mat, wrp, 1, raw);
     } else {
         load_w_q8_async(g, st[0], mat, 0, imin_d((int)g.n, KC));
         store_w_q8_scales(st[0], load_w_q8_scales(g, mat, 0));
@@ -1188,7 +1184,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
 #pragma unroll
                 for (int a = 0; a < 2; a++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) wc[a][h] = -12582912.0f * ws[a][h];
+                    for (int h = 0; h < 2; h++) wc[a][h] = -MAGIC_F * ws[a][h];
                 const float4 *x4 = (const float4 *)&s.u.q8.xd[q8x_at(kk, 32 * wn + 2 * tq)];
                 float4 xa = x4[0], xb = x4[1];
                 float2 xs[4] = {make_float2(xa.x, xa.y), make_float2(xa.z, xa.w), make_float2(xb.x, xb.y),
@@ -1252,8 +1248,8 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
         }
         if (more && kq) {
             store_w_raw<TYPE>(nx, raw, tab);
-            /* the next chunk's raw weights are in flight through the barrier */
-            if (c + 2 < nchunk) load_w_raw<TYPE>(g, raw_row<TYPE>(g, mat, wrp), c + 2, raw);
+            /* chunk c + 2's raw weights are in flight through the barrier */
+            if (c + 2 < nchunk) load_w_raw<TYPE>(g, mat, wrp, c + 2, raw);
         }
         if (more && !kq) {
             store_w_q8_scales(nx, wsc);
