@@ -918,13 +918,12 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * P <= 1, so neither can overflow.  Rows are taken unscaled: they are
  * RMS-normalised too (the KV and compressor norms, weighted).
  *
- * A chunk's rows are split once, where they land: each thread copies
- * pieces of 8 values (f32) into shared memory and rewrites each piece in
- * place as its 8 binary16 heads followed by their 8 tails, noting whether
- * any tail is non-zero.  The products then take their row operands with
+ * The rows are split once a pass, before the launch (atc_prep_kernel:
+ * pieces of 8 values as their 8 binary16 heads followed by their 8 tails,
+ * a flag byte a row telling whether any tail is non-zero), and a chunk's
+ * rows are copied as they are.  The products take their row operands with
  * ldmatrix (K for the scores, transposed for V), so no warp converts a
- * row value again (each had been split by each of the four warps that
- * read it).  Q and P are binary16 pairs in k order, their fragments
+ * row value (before, every query's block split each of its rows again).  Q and P are binary16 pairs in k order, their fragments
  * ldmatrix loads too (row strides of 1040 and 80 bytes: the eight rows of
  * a piece on eight bank groups).  At the end O goes through shared memory
  * to the per-head finish of the other kernel. */
@@ -936,6 +935,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
 #define ATC_PLD (ATC_ROWS + ATC_PAD) /* f32 scores a head */
 #define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: ldmatrix rows on 8 bank groups) */
 #define ATC_SCALE 256.0f             /* Q and P scale, 2^8 */
+static_assert(ATC_ROWS == 32, "a chunk's row table is made by one warp");
 
 static size_t attn_tc_smem(uint32_t hd) {
     return (2 * (size_t)ATC_HEADS * (hd / 2 + ATC_PAD) + (size_t)ATC_ROWS * (hd + ATC_PAD) +
@@ -986,27 +986,49 @@ static __device__ __forceinline__ const uint8_t *atc_piece(const float *Ks, uint
     return (const uint8_t *)(Ks + r * ld + ATC_PIECE * j);
 }
 
-/* Split the thread's pieces of the chunk's rows in place (each was copied
- * by this thread, so it needs no barrier): 8 f32 values become 8 binary16
- * heads and 8 tails.  Returns bit 0 when a tail before the RoPE tail
- * (value tail0) is non-zero, bit 1 when one in it is. */
-static __device__ __forceinline__ unsigned atc_split_pieces(float *Ks, uint32_t ld, const atc_pieces &pc, uint32_t nq,
-                                                            uint32_t tail0) {
+/* The split rows of a pass (attn_args.tc_rows): every row a query of the
+ * pass can see, split once into binary16 heads and tails in the layout of
+ * the chunk in shared memory - piece j of 8 values at bytes 32 j.., its 8
+ * heads then their 8 tails - so that a chunk's copy is a plain copy and no
+ * query splits a row again (a raw row is seen by 128 queries).  Row s: the
+ * ring's slot s for s < raw_cap, the pass's row s - raw_cap up to
+ * tc_comp0, then compressed row s - tc_comp0.  Its flag byte: bit 0 when a
+ * tail before the RoPE tail (value tail0) is non-zero, bit 1 when one in it
+ * is.  A warp a row. */
+static __global__ void atc_prep_kernel(attn_args a) {
+    dev_pdl_enter();
+    uint32_t s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
+    if (s >= a.tc_nrows || (s < a.raw_cap && s >= *a.pos0)) return; /* or a ring slot not written yet */
+    const float *src = s < a.raw_cap ? a.ring + (size_t)s * a.hd
+                       : s < a.tc_comp0 ? a.kvbuf + (size_t)(s - a.raw_cap) * a.hd
+                                        : a.comp + (size_t)(s - a.tc_comp0) * a.hd;
+    float *dst = a.tc_rows + (size_t)s * a.hd;
+    uint32_t tail0 = a.hd - a.rope_dim;
     unsigned off = 0;
-    uint32_t r = pc.r0, c = pc.c0;
-    for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
-        float4 *v = (float4 *)(Ks + r * ld + c);
-        float4 x0 = v[0], x1 = v[1];
+    for (uint32_t c = ATC_PIECE * lane; c < a.hd; c += ATC_PIECE * 32) {
+        float4 x0 = *(const float4 *)(src + c), x1 = *(const float4 *)(src + c + 4);
         uint4 h, l;
         dev_f16x2_split(x0.x, x0.y, &h.x, &l.x);
         dev_f16x2_split(x0.z, x0.w, &h.y, &l.y);
         dev_f16x2_split(x1.x, x1.y, &h.z, &l.z);
         dev_f16x2_split(x1.z, x1.w, &h.w, &l.w);
-        ((uint4 *)v)[0] = h;
-        ((uint4 *)v)[1] = l;
+        ((uint4 *)(dst + c))[0] = h;
+        ((uint4 *)(dst + c))[1] = l;
         if (l.x | l.y | l.z | l.w) off |= c + ATC_PIECE <= tail0 ? 1u : c >= tail0 ? 2u : 3u;
     }
-    return off;
+    off = __any_sync(0xffffffffu, off & 1) | (__any_sync(0xffffffffu, off & 2) << 1);
+    if (lane == 0) a.tc_flags[s] = (uint8_t)off;
+}
+
+/* The split row of row i of query t's visible list (attn_row's order). */
+static __device__ __forceinline__ uint32_t atc_row(const attn_args &a, uint32_t t, uint32_t pos0, uint32_t first,
+                                                   uint32_t n_raw, uint32_t i) {
+    if (i < n_raw) {
+        uint32_t r = first + i;
+        return r >= pos0 ? a.raw_cap + (r - pos0) : r % a.raw_cap;
+    }
+    i -= n_raw;
+    return a.tc_comp0 + (a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i);
 }
 
 /* The word lane i points ldmatrix at for an A fragment of rows r0.. of a
@@ -1181,7 +1203,7 @@ static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t h
 template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, atc_smem);
-    __shared__ unsigned split_flags[2]; /* atc_split_pieces bits of the chunks, by chunk parity */
+    __shared__ unsigned split_flags[2]; /* the chunks' rows' flags ORed, by chunk parity */
     const uint32_t hd = HD ? (uint32_t)HD : a.hd, ld = hd + ATC_PAD, nq = hd / ATC_PIECE, qw = hd / 2 + ATC_PAD;
     uint32_t *Qh = (uint32_t *)atc_smem, *Ql = Qh + ATC_HEADS * qw;
     float *Ks = (float *)(Ql + ATC_HEADS * qw), *Ps = Ks + ATC_ROWS * ld, *SP = Ps + ATC_HEADS * ATC_PLD;
@@ -1198,7 +1220,6 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
         mh[tid] = -INFINITY;
         lh[tid] = 0.0f;
     }
-    if (tid < 2) split_flags[tid] = 0;
     uint32_t ncol = hd / 4, ntile = ncol / 8; /* O: a warp's columns and 8-wide tiles */
     float o[ATT_MAXV][4] = {};
     float scale = 1.0f / sqrtf((float)hd) / ATC_SCALE;
@@ -1206,10 +1227,18 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     atc_exact ex;
     ex.tail0 = hd - a.rope_dim;
     for (uint32_t c0 = 0, ci = 0; c0 < total; c0 += ATC_ROWS, ci++) {
-        /* the chunk's row addresses, once a row: its table was last read two
-         * chunks ago, before the barriers of the chunk between */
+        /* the chunk's row addresses and the OR of their flags, by warp 0
+         * (ATC_ROWS lanes): the table and the flag word of this parity were
+         * last read two chunks ago, before the barriers of the chunk between */
         const float **rp = rowp + (ci & 1) * ATC_ROWS;
-        if (tid < ATC_ROWS) rp[tid] = c0 + tid < total ? attn_row(a, t, p, pos0, first, n_raw, c0 + tid) : NULL;
+        if (tid < ATC_ROWS) {
+            bool on = c0 + tid < total;
+            uint32_t s = on ? atc_row(a, t, pos0, first, n_raw, c0 + tid) : 0;
+            rp[tid] = on ? a.tc_rows + (size_t)s * hd : NULL;
+            unsigned f = on ? a.tc_flags[s] : 0;
+            f = __any_sync(0xffffffffu, f & 1) | (__any_sync(0xffffffffu, f & 2) << 1);
+            if (tid == 0) split_flags[ci & 1] = f;
+        }
         __syncthreads(); /* the previous chunk's rows and probabilities are read; the table is written */
         uint32_t r = pc.r0, c = pc.c0;
         for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
@@ -1224,15 +1253,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
         }
         cp_async_commit();
         cp_async_wait_all();
-        /* which values need their tails, before and in the RoPE tail: the
-         * warps' bits meet in this chunk's flag word at the barrier; the other
-         * word, last read before this chunk's first barrier, is cleared */
-        unsigned off = atc_split_pieces(Ks, ld, pc, nq, ex.tail0);
-        off = __any_sync(0xffffffffu, off & 1) | (__any_sync(0xffffffffu, off & 2) << 1);
-        if (lane == 0 && off) atomicOr(&split_flags[ci & 1], off);
         __syncthreads();
         unsigned flags = split_flags[ci & 1];
-        if (tid == 0) split_flags[(ci + 1) & 1] = 0;
         ex.body = flags & 1;
         ex.tail = (flags & 2) != 0;
         float sp[2][4];
@@ -1309,6 +1331,8 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     if (tc && a->sink.sums)
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention hosts no Sinkhorn");
     if (tc) {
+        DS4_LAUNCH(atc_prep_kernel, (a->tc_nrows + 7) / 8, 256, 0, st, *a);
+        CU_LAUNCHED();
         size_t smem = attn_tc_smem(a->hd);
         dim3 grid((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T);
         if (a->hd == 512) {
@@ -1327,7 +1351,12 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     return 0;
 }
 
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, const hc_site *sink, ds4_err *err) {
+size_t cu_attn_tc_rows(const cuda_backend *b) {
+    if (b->chunk <= b->attn_blocked_t) return 0;
+    return (size_t)b->raw_cap + b->chunk + (b->comp_cap4 > b->comp_cap128 ? b->comp_cap4 : b->comp_cap128);
+}
+
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlstate *S = &b->L[il];
     attn_args a;
@@ -1354,6 +1383,15 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, const hc_site *sink, ds4
     a.sink = cu_hc_sink_job(b, sink);
     a.nsplit = 1;
     bool tc = T > b->attn_blocked_t;
+    if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
+        a.tc_rows = b->attn_tc_rows;
+        a.tc_flags = b->attn_tc_flags;
+        a.tc_comp0 = b->raw_cap + T;
+        a.tc_nrows = a.tc_comp0 + (S->ratio ? (pos0 + T) / S->ratio : 0);
+        if ((size_t)a.tc_nrows > cu_attn_tc_rows(b))
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: %u rows to split for the attention, room for %zu",
+                               a.tc_nrows, cu_attn_tc_rows(b));
+    }
     if (T == 1) { /* one query: the rows split over blocks (the scratch holds one query's partial results) */
         uint32_t rows = c->sliding_window;
         if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;

@@ -201,7 +201,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     }
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
-    if (cu_attend(b, il, T, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
+    if (cu_attend(b, il, T, pos0, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
     hc_site ffn = ffn_site(b, il, decode);
     return cu_hc_step(b, &src, &ffn, T, err);

@@ -254,6 +254,8 @@ typedef struct cuda_backend {
     uint32_t *vis, *nvis;
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
+    float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
+    uint8_t *attn_tc_flags;   /* and their flag bytes */
     uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
@@ -369,8 +371,9 @@ int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint
             uint32_t *nvis, cudaStream_t st, ds4_err *err);
 
 /* cuda_attn.cu: attention */
-/* sink: the HC site whose Sinkhorn the decode attention hosts, or NULL. */
-int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, const hc_site *sink, ds4_err *err);
+/* The pass at pos0 (the host's copy of d_step->pos); sink: the HC site whose
+ * Sinkhorn the decode attention hosts, or NULL. */
+int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_site *sink, ds4_err *err);
 /* The decode attention's scratch for one query: its head groups (a done
  * counter each), the splits of `rows` visible rows at most, and the floats
  * of the partial results of `splits` splits. */
@@ -395,10 +398,20 @@ typedef struct attn_args {
     dact heads;         /* the output */
     ds4_rope rope;
     hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the attention, one more block */
+    /* tc: the visible rows split into binary16 heads and tails once a pass
+     * (atc_prep_kernel): the ring's slots, the pass's rows from raw_cap, the
+     * compressed rows from tc_comp0, tc_nrows in all, and a flag byte each */
+    float *tc_rows;
+    uint8_t *tc_flags;
+    uint32_t tc_comp0, tc_nrows;
 } attn_args;
 /* The launch of a pass: on the tensor cores (tc: attn_tc_kernel, long
- * prefill passes) or a warp per two heads (attn_heads_kernel). */
+ * prefill passes, after splitting the pass's tc_nrows rows) or a
+ * warp per two heads (attn_heads_kernel). */
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err);
+/* Rows of the tensor-core attention's split scratch a session needs (0 when
+ * no pass is long enough to take that kernel). */
+size_t cu_attn_tc_rows(const cuda_backend *b);
 
 /* Passes of up to this many tokens attend with the head-blocked kernel
  * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
