@@ -674,6 +674,10 @@ static void check_attention(cudaStream_t st) {
             a.heads.f = dout;
             a.heads.fs = n_head * hd;
             a.heads.n = n_head * hd;
+            a.tc_comp0 = window + T; /* the tensor-core kernel's split rows: ring, pass, compressed */
+            a.tc_nrows = a.tc_comp0 + ncomp;
+            a.tc_rows = dalloc<float>((size_t)a.tc_nrows * hd);
+            a.tc_flags = dalloc<uint8_t>(a.tc_nrows);
             /* the host's answer */
             std::vector<float> want((size_t)T * n_head * hd);
             for (uint32_t t = 0; t < T; t++) {
@@ -737,6 +741,8 @@ static void check_attention(cudaStream_t st) {
             }
             cudaFree(dpart);
             cudaFree(dcount);
+            cudaFree(a.tc_rows);
+            cudaFree(a.tc_flags);
             cudaFree(dpos);
             cudaFree(dvis);
             cudaFree(dnvis);

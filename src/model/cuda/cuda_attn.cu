@@ -1330,6 +1330,8 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err) {
     if (tc && a->sink.sums)
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention hosts no Sinkhorn");
+    if (tc && !(a->tc_rows && a->tc_flags && a->tc_nrows))
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention has no split rows");
     if (tc) {
         DS4_LAUNCH(atc_prep_kernel, (a->tc_nrows + 7) / 8, 256, 0, st, *a);
         CU_LAUNCHED();
