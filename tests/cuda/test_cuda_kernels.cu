@@ -676,8 +676,7 @@ static void check_attention(cudaStream_t st) {
             a.heads.n = n_head * hd;
             a.tc_comp0 = window + T; /* the tensor-core kernel's split rows: ring, pass, compressed */
             a.tc_nrows = a.tc_comp0 + ncomp;
-            a.tc_rows = dalloc<float>((size_t)a.tc_nrows * hd);
-            a.tc_flags = dalloc<uint8_t>(a.tc_nrows);
+            a.tc_rows = dalloc<float>(cu_attn_tc_floats(hd, a.tc_nrows));
             /* the host's answer */
             std::vector<float> want((size_t)T * n_head * hd);
             for (uint32_t t = 0; t < T; t++) {
@@ -742,7 +741,6 @@ static void check_attention(cudaStream_t st) {
             cudaFree(dpart);
             cudaFree(dcount);
             cudaFree(a.tc_rows);
-            cudaFree(a.tc_flags);
             cudaFree(dpos);
             cudaFree(dvis);
             cudaFree(dnvis);

@@ -989,24 +989,33 @@ static __device__ __forceinline__ const uint8_t *atc_piece(const float *Ks, uint
 /* The split rows of a pass (attn_args.tc_rows): every row a query of the
  * pass can see, split once into binary16 heads and tails in the layout of
  * the chunk in shared memory - piece j of 8 values at bytes 32 j.., its 8
- * heads then their 8 tails - so that a chunk's copy is a plain copy and no
- * query splits a row again (a raw row is seen by 128 queries).  Row s: the
- * ring's slot s for s < raw_cap, the pass's row s - raw_cap up to
- * tc_comp0, then compressed row s - tc_comp0.  Its flag byte: bit 0 when a
- * tail before the RoPE tail (value tail0) is non-zero, bit 1 when one in it
- * is.  A warp a row. */
+ * heads then their 8 tails, and in the row's padding (ATC_PAD floats) a
+ * flag word: bit 0 when a tail before the RoPE tail (value tail0) is
+ * non-zero, bit 1 when one in it is - so that a chunk's copy is a plain
+ * copy that brings the flags along, and no query splits a row again (a raw
+ * row is seen by 128 queries).  Row s: the ring's slot s for s < raw_cap,
+ * the pass's row s - raw_cap up to tc_comp0, then compressed row s -
+ * tc_comp0; row tc_nrows is zeros (the rows past a query's list).  A warp
+ * a row. */
+size_t cu_attn_tc_floats(uint32_t hd, size_t rows) { return (rows + 1) * (hd + ATC_PAD); }
+
 static __global__ void atc_prep_kernel(attn_args a) {
     dev_pdl_enter();
-    uint32_t s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31;
-    if (s >= a.tc_nrows || (s < a.raw_cap && s >= *a.pos0)) return; /* or a ring slot not written yet */
-    const float *src = s < a.raw_cap ? a.ring + (size_t)s * a.hd
+    uint32_t s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31, ld = a.hd + ATC_PAD;
+    if (s > a.tc_nrows || (s < a.raw_cap && s >= *a.pos0)) return; /* or a ring slot not written yet */
+    const float *src = s == a.tc_nrows ? NULL
+                       : s < a.raw_cap ? a.ring + (size_t)s * a.hd
                        : s < a.tc_comp0 ? a.kvbuf + (size_t)(s - a.raw_cap) * a.hd
                                         : a.comp + (size_t)(s - a.tc_comp0) * a.hd;
-    float *dst = a.tc_rows + (size_t)s * a.hd;
+    float *dst = a.tc_rows + (size_t)s * ld;
     uint32_t tail0 = a.hd - a.rope_dim;
     unsigned off = 0;
     for (uint32_t c = ATC_PIECE * lane; c < a.hd; c += ATC_PIECE * 32) {
-        float4 x0 = *(const float4 *)(src + c), x1 = *(const float4 *)(src + c + 4);
+        float4 x0 = make_float4(0.0f, 0.0f, 0.0f, 0.0f), x1 = x0;
+        if (src) {
+            x0 = *(const float4 *)(src + c);
+            x1 = *(const float4 *)(src + c + 4);
+        }
         uint4 h, l;
         dev_f16x2_split(x0.x, x0.y, &h.x, &l.x);
         dev_f16x2_split(x0.z, x0.w, &h.y, &l.y);
@@ -1017,12 +1026,14 @@ static __global__ void atc_prep_kernel(attn_args a) {
         if (l.x | l.y | l.z | l.w) off |= c + ATC_PIECE <= tail0 ? 1u : c >= tail0 ? 2u : 3u;
     }
     off = __any_sync(0xffffffffu, off & 1) | (__any_sync(0xffffffffu, off & 2) << 1);
-    if (lane == 0) a.tc_flags[s] = (uint8_t)off;
+    if (lane == 0) *(uint4 *)(dst + a.hd) = make_uint4(off, 0, 0, 0);
 }
 
-/* The split row of row i of query t's visible list (attn_row's order). */
+/* The split row of row i of query t's visible list (attn_row's order), or
+ * the zero row past the list. */
 static __device__ __forceinline__ uint32_t atc_row(const attn_args &a, uint32_t t, uint32_t pos0, uint32_t first,
-                                                   uint32_t n_raw, uint32_t i) {
+                                                   uint32_t n_raw, uint32_t total, uint32_t i) {
+    if (i >= total) return a.tc_nrows;
     if (i < n_raw) {
         uint32_t r = first + i;
         return r >= pos0 ? a.raw_cap + (r - pos0) : r % a.raw_cap;
@@ -1203,7 +1214,6 @@ static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t h
 template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) attn_tc_kernel(attn_args a) {
     dev_pdl_enter();
     DS4_DYN_SMEM(float, atc_smem);
-    __shared__ unsigned split_flags[2]; /* the chunks' rows' flags ORed, by chunk parity */
     const uint32_t hd = HD ? (uint32_t)HD : a.hd, ld = hd + ATC_PAD, nq = hd / ATC_PIECE, qw = hd / 2 + ATC_PAD;
     uint32_t *Qh = (uint32_t *)atc_smem, *Ql = Qh + ATC_HEADS * qw;
     float *Ks = (float *)(Ql + ATC_HEADS * qw), *Ps = Ks + ATC_ROWS * ld, *SP = Ps + ATC_HEADS * ATC_PLD;
@@ -1224,39 +1234,35 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     float o[ATT_MAXV][4] = {};
     float scale = 1.0f / sqrtf((float)hd) / ATC_SCALE;
     atc_pieces pc = atc_pieces_of(tid, nq);
+    uint32_t row_next = tid < ATC_ROWS ? atc_row(a, t, pos0, first, n_raw, total, tid) : 0; /* warp 0: the next chunk's */
     atc_exact ex;
     ex.tail0 = hd - a.rope_dim;
     for (uint32_t c0 = 0, ci = 0; c0 < total; c0 += ATC_ROWS, ci++) {
-        /* the chunk's row addresses and the OR of their flags, by warp 0
-         * (ATC_ROWS lanes): the table and the flag word of this parity were
-         * last read two chunks ago, before the barriers of the chunk between */
+        /* the chunk's row addresses, by warp 0 (ATC_ROWS lanes) from the
+         * indices it loaded a chunk ago (their loads are off the path); the
+         * table of this parity was last read two chunks ago, before the
+         * barriers of the chunk between */
         const float **rp = rowp + (ci & 1) * ATC_ROWS;
         if (tid < ATC_ROWS) {
-            bool on = c0 + tid < total;
-            uint32_t s = on ? atc_row(a, t, pos0, first, n_raw, c0 + tid) : 0;
-            rp[tid] = on ? a.tc_rows + (size_t)s * hd : NULL;
-            unsigned f = on ? a.tc_flags[s] : 0;
-            f = __any_sync(0xffffffffu, f & 1) | (__any_sync(0xffffffffu, f & 2) << 1);
-            if (tid == 0) split_flags[ci & 1] = f;
+            rp[tid] = a.tc_rows + (size_t)row_next * ld;
+            row_next = atc_row(a, t, pos0, first, n_raw, total, c0 + ATC_ROWS + tid);
         }
         __syncthreads(); /* the previous chunk's rows and probabilities are read; the table is written */
         uint32_t r = pc.r0, c = pc.c0;
         for (uint32_t k = 0; k < pc.n; k++, atc_next_piece(pc, nq, &r, &c)) {
             float *dst = Ks + r * ld + c;
-            if (rp[r]) {
-                cp_async16(dst, rp[r] + c);
-                cp_async16(dst + 4, rp[r] + c + 4);
-            } else { /* P is 0 there: no NaN from stale rows */
-                *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-                *(float4 *)(dst + 4) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-            }
+            cp_async16(dst, rp[r] + c);
+            cp_async16(dst + 4, rp[r] + c + 4);
         }
+        if (tid < ATC_ROWS) cp_async16(Ks + tid * ld + hd, rp[tid] + hd); /* the row's flags */
         cp_async_commit();
         cp_async_wait_all();
         __syncthreads();
-        unsigned flags = split_flags[ci & 1];
-        ex.body = flags & 1;
-        ex.tail = (flags & 2) != 0;
+        /* which values need their tails, before and in the RoPE tail: the
+         * rows' flags ORed, by every warp */
+        unsigned f = *(const unsigned *)(Ks + lane * ld + hd);
+        ex.body = __any_sync(0xffffffffu, f & 1);
+        ex.tail = __any_sync(0xffffffffu, f & 2);
         float sp[2][4];
         atc_scores(Qh, Ql, qw, Ks, hd, ld, ex, mt, q4, sp);
         atc_merge_scores(sp, SP, Ps, mt, q4, total - c0, scale);
@@ -1330,10 +1336,10 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits) {
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err) {
     if (tc && a->sink.sums)
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention hosts no Sinkhorn");
-    if (tc && !(a->tc_rows && a->tc_flags && a->tc_nrows))
+    if (tc && !a->tc_rows)
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core attention has no split rows");
     if (tc) {
-        DS4_LAUNCH(atc_prep_kernel, (a->tc_nrows + 7) / 8, 256, 0, st, *a);
+        DS4_LAUNCH(atc_prep_kernel, (a->tc_nrows + 1 + 7) / 8, 256, 0, st, *a);
         CU_LAUNCHED();
         size_t smem = attn_tc_smem(a->hd);
         dim3 grid((a->n_head + ATC_HEADS - 1) / ATC_HEADS, T);
@@ -1387,7 +1393,6 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     bool tc = T > b->attn_blocked_t;
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
-        a.tc_flags = b->attn_tc_flags;
         a.tc_comp0 = b->raw_cap + T;
         a.tc_nrows = a.tc_comp0 + (S->ratio ? (pos0 + T) / S->ratio : 0);
         if ((size_t)a.tc_nrows > cu_attn_tc_rows(b))

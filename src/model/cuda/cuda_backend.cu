@@ -91,8 +91,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
-    TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) * hd);
-    TAKE(m, b->attn_tc_flags, cu_attn_tc_rows(b));
+    TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
     TAKE(m, b->router, C * c->n_expert);

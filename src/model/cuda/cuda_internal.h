@@ -255,7 +255,6 @@ typedef struct cuda_backend {
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
     float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
-    uint8_t *attn_tc_flags;   /* and their flag bytes */
     uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
@@ -400,9 +399,9 @@ typedef struct attn_args {
     hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the attention, one more block */
     /* tc: the visible rows split into binary16 heads and tails once a pass
      * (atc_prep_kernel): the ring's slots, the pass's rows from raw_cap, the
-     * compressed rows from tc_comp0, tc_nrows in all, and a flag byte each */
+     * compressed rows from tc_comp0, tc_nrows in all, then a row of zeros;
+     * cu_attn_tc_floats(hd, tc_nrows) floats */
     float *tc_rows;
-    uint8_t *tc_flags;
     uint32_t tc_comp0, tc_nrows;
 } attn_args;
 /* The launch of a pass: on the tensor cores (tc: attn_tc_kernel, long
@@ -410,8 +409,10 @@ typedef struct attn_args {
  * warp per two heads (attn_heads_kernel). */
 int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_err *err);
 /* Rows of the tensor-core attention's split scratch a session needs (0 when
- * no pass is long enough to take that kernel). */
+ * no pass is long enough to take that kernel), and the floats of a scratch
+ * of `rows` rows of hd values. */
 size_t cu_attn_tc_rows(const cuda_backend *b);
+size_t cu_attn_tc_floats(uint32_t hd, size_t rows);
 
 /* Passes of up to this many tokens attend with the head-blocked kernel
  * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
