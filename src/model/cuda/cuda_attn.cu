@@ -975,10 +975,6 @@ struct atc_exact {
     uint32_t tail0;
     bool body, tail; /* true: a head and tail each */
 };
-/* Values [d0, d1) of the chunk's rows: do they need a tail? */
-static __device__ __forceinline__ bool atc_split(const atc_exact &x, uint32_t d0, uint32_t d1) {
-    return d1 <= x.tail0 ? x.body : d0 >= x.tail0 ? x.tail : (x.body || x.tail);
-}
 
 /* The address of the binary16 heads of values 8 j .. 8 j + 7 of chunk
  * row r (their tails follow, 16 bytes on). */
@@ -1050,6 +1046,36 @@ static __device__ __forceinline__ uint32_t atc_a_word(unsigned lane, uint32_t r0
     return (r0 + lane % 8 + 8 * ((lane / 8) % 2)) * w + 4 * (lane / 16);
 }
 
+/* Which 16-value blocks of the rows need their tails: those before block
+ * bt (wholly before the RoPE tail) if body, those from bt on if tail (also
+ * if body where the RoPE tail starts inside block bt: a zero tail adds
+ * nothing to a product, so taking one where none is needed is harmless).
+ * The products then run in two stretches, each with its choice a template
+ * constant, rather than a predicate per block. */
+static __device__ __forceinline__ uint32_t atc_tail_block(const atc_exact &x) { return x.tail0 / 16; }
+static __device__ __forceinline__ bool atc_split_from(const atc_exact &x) { return x.tail || (x.tail0 % 16 && x.body); }
+
+/* Blocks [b0, b1) of a warp's scores (atc_scores), with or without the
+ * rows' tails; the same products in the same order as one loop. */
+template <bool SPLIT>
+static __device__ __forceinline__ void atc_scores_run(const uint32_t *Qh, const uint32_t *Ql, uint32_t qa,
+                                                      const uint8_t *kp, uint32_t b0, uint32_t b1, float (&sh)[2][4],
+                                                      float (&st)[2][4]) {
+    for (uint32_t b = b0; b < b1; b++) {
+        uint32_t ah[4], al[4], bh[4], bl[4];
+        ldmatrix_x4(ah, Qh + qa + 8 * b);
+        ldmatrix_x4(al, Ql + qa + 8 * b);
+        ldmatrix_x4(bh, kp + 64 * b);
+        if (SPLIT) ldmatrix_x4(bl, kp + 64 * b + 16);
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++) {
+            if (SPLIT) mma_f16_16x8x16(st[nt], ah, bl + 2 * nt);
+            mma_f16_16x8x16(st[nt], al, bh + 2 * nt);
+            mma_f16_16x8x16(sh[nt], ah, bh + 2 * nt);
+        }
+    }
+}
+
 /* Warp (mt, q4)'s part of S: heads 16 mt.., chunk rows 16 (q4 / 2).. (two
  * tiles of 8), the 16-value blocks of half q4 % 2 of the head dimension
  * (two warps share a tile's rows and meet in atc_merge_scores).  A block's
@@ -1060,22 +1086,13 @@ static __device__ __forceinline__ void atc_scores(const uint32_t *Qh, const uint
                                                   float (&sp)[2][4]) {
     unsigned lane = threadIdx.x & 31;
     uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32, qa = atc_a_word(lane, 16 * mt, qw);
+    uint32_t bm = min(max(atc_tail_block(ex), kb0), kb1);
     const uint8_t *kp = atc_piece(Ks, ld, 16 * (q4 >> 1) + 8 * (lane / 16) + lane % 8, (lane / 8) % 2);
     float sh[2][4] = {}, st[2][4] = {};
-    for (uint32_t b = kb0; b < kb1; b++) {
-        uint32_t ah[4], al[4], bh[4], bl[4];
-        ldmatrix_x4(ah, Qh + qa + 8 * b);
-        ldmatrix_x4(al, Ql + qa + 8 * b);
-        bool split = atc_split(ex, 16 * b, 16 * b + 16);
-        ldmatrix_x4(bh, kp + 64 * b);
-        if (split) ldmatrix_x4(bl, kp + 64 * b + 16);
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++) {
-            if (split) mma_f16_16x8x16(st[nt], ah, bl + 2 * nt);
-            mma_f16_16x8x16(st[nt], al, bh + 2 * nt);
-            mma_f16_16x8x16(sh[nt], ah, bh + 2 * nt);
-        }
-    }
+    if (ex.body) atc_scores_run<true>(Qh, Ql, qa, kp, kb0, bm, sh, st);
+    else atc_scores_run<false>(Qh, Ql, qa, kp, kb0, bm, sh, st);
+    if (atc_split_from(ex)) atc_scores_run<true>(Qh, Ql, qa, kp, bm, kb1, sh, st);
+    else atc_scores_run<false>(Qh, Ql, qa, kp, bm, kb1, sh, st);
 #pragma unroll
     for (int nt = 0; nt < 2; nt++)
 #pragma unroll
@@ -1109,37 +1126,51 @@ static __device__ __forceinline__ void atc_merge_scores(const float (&sp)[2][4],
     __syncthreads();
 }
 
+/* Tile pairs j (values n0 + 8 j.., 16 of them) in [j0, j1) of a warp's
+ * O += P V for one block of 16 rows (atc_values), with or without the
+ * rows' tails.  The pairs are unrolled (o stays in registers), each behind
+ * a uniform test of its place. */
+template <bool SPLIT>
+static __device__ __forceinline__ void atc_values_run(const uint32_t (&ah)[4], const uint32_t (&al)[4],
+                                                      const uint8_t *vp, uint32_t j0, uint32_t j1,
+                                                      float (&o)[ATT_MAXV][4]) {
+#pragma unroll
+    for (int j = 0; j < ATT_MAXV; j += 2) {
+        if ((uint32_t)j < j0 || (uint32_t)j >= j1) continue;
+        uint32_t bh[4], bl[4];
+        ldmatrix_x4_trans(bh, vp + 32 * j);
+        if (SPLIT) ldmatrix_x4_trans(bl, vp + 32 * j + 16);
+        if (SPLIT) mma_f16_16x8x16(o[j], ah, bl);
+        mma_f16_16x8x16(o[j], al, bh);
+        mma_f16_16x8x16(o[j], ah, bh);
+        if (SPLIT) mma_f16_16x8x16(o[j + 1], ah, bl + 2);
+        mma_f16_16x8x16(o[j + 1], al, bh + 2);
+        mma_f16_16x8x16(o[j + 1], ah, bh + 2);
+    }
+}
+
 /* O += P V for warp (mt, q4): heads 16 mt.., values n0.. of the quarter
  * (ntile tiles of 8, an even number), the chunk's rows in two blocks of
  * 16.  Two tiles' row fragments come from one transposed ldmatrix: lane i
  * points at row 8 ((i / 8) % 2) + i % 8 of the block, values of tile
- * i / 16. */
+ * i / 16.  Pairs before jm lie before the RoPE tail's block. */
 static __device__ __forceinline__ void atc_values(const uint32_t *Ph, const uint32_t *Pl, const float *Ks, uint32_t ld,
                                                   const atc_exact &ex, unsigned mt, uint32_t n0, uint32_t ntile,
                                                   float (&o)[ATT_MAXV][4]) {
     unsigned lane = threadIdx.x & 31;
-    uint32_t pa = atc_a_word(lane, 16 * mt, ATC_PW);
+    uint32_t pa = atc_a_word(lane, 16 * mt, ATC_PW), bt = 16 * atc_tail_block(ex);
+    uint32_t jm = bt <= n0 ? 0 : min((bt - n0) / 8, ntile);
+    bool split_from = atc_split_from(ex);
 #pragma unroll
     for (int b = 0; b < ATC_ROWS / 16; b++) {
         uint32_t ah[4], al[4];
         ldmatrix_x4(ah, Ph + pa + 8 * b);
         ldmatrix_x4(al, Pl + pa + 8 * b);
         const uint8_t *vp = atc_piece(Ks, ld, 16 * b + 8 * ((lane / 8) % 2) + lane % 8, n0 / 8 + lane / 16);
-#pragma unroll
-        for (int j = 0; j < ATT_MAXV; j += 2) {
-            if ((uint32_t)j >= ntile) break;
-            uint32_t v0 = n0 + 8 * j;
-            bool split0 = atc_split(ex, v0, v0 + 8), split1 = atc_split(ex, v0 + 8, v0 + 16);
-            uint32_t bh[4], bl[4];
-            ldmatrix_x4_trans(bh, vp + 32 * j);
-            if (split0 || split1) ldmatrix_x4_trans(bl, vp + 32 * j + 16);
-            if (split0) mma_f16_16x8x16(o[j], ah, bl);
-            mma_f16_16x8x16(o[j], al, bh);
-            mma_f16_16x8x16(o[j], ah, bh);
-            if (split1) mma_f16_16x8x16(o[j + 1], ah, bl + 2);
-            mma_f16_16x8x16(o[j + 1], al, bh + 2);
-            mma_f16_16x8x16(o[j + 1], ah, bh + 2);
-        }
+        if (ex.body) atc_values_run<true>(ah, al, vp, 0, jm, o);
+        else atc_values_run<false>(ah, al, vp, 0, jm, o);
+        if (split_from) atc_values_run<true>(ah, al, vp, jm, ntile, o);
+        else atc_values_run<false>(ah, al, vp, jm, ntile, o);
     }
 }
 
