@@ -1239,6 +1239,17 @@ static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t h
     }
 }
 
+/* The L2 asked for the Q of the query whose block will likely follow this
+ * one on its SM (blocks start in order, one an SM as others end): its 128 KB
+ * then come from the L2, not from DRAM while its SM does nothing else. */
+static __device__ __forceinline__ void atc_prefetch_next_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0) {
+    uint32_t tn = t + dev_sm_ids();
+    if (tn >= gridDim.y) return;
+    const char *q = (const char *)(a.q + ((size_t)tn * a.n_head + h0) * hd);
+    uint32_t bytes = (a.n_head - h0 < ATC_HEADS ? a.n_head - h0 : ATC_HEADS) * hd * (uint32_t)sizeof(float);
+    for (uint32_t off = 128 * threadIdx.x; off < bytes; off += 128 * blockDim.x) prefetch_l2(q + off);
+}
+
 /* HD: the head dimension as a constant (Flash's 512: the loops over a
  * head's values and pieces get constant bounds), or 0 to take it from the
  * arguments. */
@@ -1257,6 +1268,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
     atc_load_q(a, hd, t, h0, Qh, Ql, qw);
+    atc_prefetch_next_q(a, hd, t, h0);
     if (tid < ATC_HEADS) {
         mh[tid] = -INFINITY;
         lh[tid] = 0.0f;

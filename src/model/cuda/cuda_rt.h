@@ -368,6 +368,16 @@ static __device__ __forceinline__ void prefetch_l2(const void *p) {
     asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
 #endif
 }
+/* The number of SM ids (%nsmid: the highest id + 1, at least the SM count). */
+static __device__ __forceinline__ uint32_t dev_sm_ids() {
+#ifdef DS4_CUDA_EMU
+    return 1;
+#else
+    uint32_t n;
+    asm("mov.u32 %0, %%nsmid;" : "=r"(n));
+    return n;
+#endif
+}
 static __device__ __forceinline__ void cp_async_commit() {
 #ifndef DS4_CUDA_EMU
     asm volatile("cp.async.commit_group;\n" ::: "memory");
