@@ -1192,7 +1192,7 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
     float m_old = mh[h], M = fmaxf(m_old, mx), sum = 0.0f;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        v[i] = v[i] == -INFINITY ? 0.0f : expf(v[i] - M);
+        v[i] = expf(v[i] - M); /* 0 for the rows past the list: M is finite (row c0 is in it) */
         sum += v[i];
     }
     uint32_t w = h * ATC_PW + 8 * (q / 4) + q % 4;
