@@ -645,6 +645,16 @@ static void check_attention(cudaStream_t st) {
         for (int sim = 1; sim >= 0; sim--) {
             std::vector<float> q((size_t)T * n_head * hd), ring, kv, comp, sinks(n_head);
             attn_rows_make(q, T * n_head, hd, tail0, false, false); /* RMS-normalised, as q_post leaves them */
+            /* and as projected, for the tensor-core kernel's own q post: each
+             * head's tail RoPE undone and the head scaled, so that the RMSNorm
+             * and RoPE give q back (within a few float roundings) */
+            std::vector<float> qraw(q);
+            for (uint32_t t = 0; t < T; t++)
+                for (uint32_t h = 0; h < n_head; h++) {
+                    float *x = &qraw[((size_t)t * n_head + h) * hd], sc = 0.5f + fabsf(frand()); /* > 0: a sign would flip q */
+                    ds4_rope_apply(&rope, x + tail0, pos0 + t, true);
+                    for (uint32_t i = 0; i < hd; i++) x[i] *= sc;
+                }
             attn_rows_make(ring, window, hd, tail0, sim, false);
             attn_rows_make(kv, T, hd, tail0, sim, false);
             attn_rows_make(comp, ncomp, hd, tail0, sim, true);
@@ -652,7 +662,7 @@ static void check_attention(cudaStream_t st) {
             attn_args a;
             memset(&a, 0, sizeof(a));
             uint32_t *dpos = dcopy(&pos0, 1), *dvis = dcopy(vis), *dnvis = dcopy(nvis);
-            float *dq = dcopy(q), *dring = dcopy(ring), *dkv = dcopy(kv), *dcomp = dcopy(comp), *dsinks = dcopy(sinks);
+            float *dq = dcopy(q), *dqraw = dcopy(qraw), *dring = dcopy(ring), *dkv = dcopy(kv), *dcomp = dcopy(comp), *dsinks = dcopy(sinks);
             float *dout = dalloc<float>((size_t)T * n_head * hd);
             a.pos0 = dpos;
             a.q = dq;
@@ -716,9 +726,12 @@ static void check_attention(cudaStream_t st) {
             CU(cudaMemset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t)));
             a.part = dpart;
             a.count = dcount;
-            for (int run = 0; run < 3; run++) {
-                bool tc = run == 0;
+            for (int run = 0; run < 4; run++) {
+                bool tc = run == 0 || run == 3;
                 a.nsplit = run == 2 ? nsplit : 1;
+                a.q_post = run == 3;
+                a.q = run == 3 ? dqraw : dq;
+                a.q_eps = 1e-6f;
                 CU(cudaMemset(dout, 0xFF, (size_t)T * n_head * hd * 4));
                 ds4_err err = {};
                 if (cu_attn_run(&a, T, tc, st, &err)) {
@@ -733,8 +746,9 @@ static void check_attention(cudaStream_t st) {
                     double e = fabs((double)got[i] - want[i]);
                     if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
                 }
-                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads",
-                       n_head, sim ? "as simulated" : "f32         ", a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
+                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n",
+                       a.q_post ? "tc+qp" : tc ? "tc   " : "heads", n_head, sim ? "as simulated" : "f32         ",
+                       a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
                 CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows, %u splits): error %.3g",
                       tc ? "tensor cores" : "heads", n_head, sim ? "simulated" : "f32", a.nsplit, worst);
             }
@@ -745,6 +759,7 @@ static void check_attention(cudaStream_t st) {
             cudaFree(dvis);
             cudaFree(dnvis);
             cudaFree(dq);
+            cudaFree(dqraw);
             cudaFree(dring);
             cudaFree(dkv);
             cudaFree(dcomp);

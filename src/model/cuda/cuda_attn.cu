@@ -152,7 +152,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 typedef struct qpost_args {
     const uint32_t *pos0;
     float *q;
-    uint32_t n_head, hd;
+    uint32_t n_head, hd; /* n_head 0: the query heads are the attention's (atc_load_q_post) */
     ds4_rope rope;
     float *iq, *iw;
     uint32_t idx_heads, ihd;
@@ -167,19 +167,17 @@ typedef struct qpost_args {
  * RoPE's pairs, which never straddle a group (the tail starts at an even
  * value).  Same arithmetic as the block helpers, without their barriers:
  * this launch is on a decode step's path from the projections to the
- * attention. */
+ * attention.  A long prefill pass's attention does the same to its query's
+ * heads as it loads them (atc_load_q_post), instead of this launch. */
 #define QP_HEADS 4  /* query heads a block: a warp each */
 #define QP_GROUPS 4 /* groups of four values a lane: head_dim <= 512 (check_config) */
-static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const ds4_rope &rope, uint32_t pos, float eps) {
+static __device__ __forceinline__ void q_post_vals(float4 (&v)[QP_GROUPS], uint32_t hd, const ds4_rope &rope, uint32_t pos,
+                                                   float eps) {
     unsigned lane = threadIdx.x & 31;
-    float4 v[QP_GROUPS];
     double ss = 0.0;
 #pragma unroll
-    for (int j = 0; j < QP_GROUPS; j++) {
-        uint32_t e = 4 * lane + 128 * j;
-        v[j] = e < hd ? *(const float4 *)(q + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int j = 0; j < QP_GROUPS; j++)
         ss += (double)v[j].x * v[j].x + (double)v[j].y * v[j].y + (double)v[j].z * v[j].z + (double)v[j].w * v[j].w;
-    }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     float scale = 1.0f / sqrtf((float)(ss / hd) + eps);
     uint32_t t0 = hd - 2 * rope.n_pairs;
@@ -196,7 +194,28 @@ static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const 
             x[2 * p] = x0 * c - x1 * sn;
             x[2 * p + 1] = x0 * sn + x1 * c;
         }
-        *(float4 *)(q + e) = make_float4(x[0], x[1], x[2], x[3]);
+        v[j] = make_float4(x[0], x[1], x[2], x[3]);
+    }
+}
+/* The lane's groups of a head row (zeros past hd, or for no row). */
+static __device__ __forceinline__ void q_post_load(const float *q, uint32_t hd, float4 (&v)[QP_GROUPS]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < QP_GROUPS; j++) {
+        uint32_t e = 4 * lane + 128 * j;
+        v[j] = q && e < hd ? *(const float4 *)(q + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    }
+}
+static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const ds4_rope &rope, uint32_t pos, float eps) {
+    unsigned lane = threadIdx.x & 31;
+    float4 v[QP_GROUPS];
+    q_post_load(q, hd, v);
+    q_post_vals(v, hd, rope, pos, eps);
+#pragma unroll
+    for (int j = 0; j < QP_GROUPS; j++) {
+        uint32_t e = 4 * lane + 128 * j;
+        if (e >= hd) break;
+        *(float4 *)(q + e) = v[j];
     }
 }
 
@@ -260,8 +279,11 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.wscale = 1.0f / sqrtf((float)c->idx_head_dim * (float)c->idx_n_head);
     a.eps = c->rms_eps;
     a.sim = b->sim;
-    uint32_t nqb = (c->n_head + QP_HEADS - 1) / QP_HEADS;
+    /* the query heads of a pass on the tensor-core attention are its to do */
+    uint32_t nqb = cu_attn_tc(b, T) ? 0 : (c->n_head + QP_HEADS - 1) / QP_HEADS;
     uint32_t nib = idx ? (c->idx_n_head + QP_HEADS - 1) / QP_HEADS : 0;
+    a.n_head = nqb ? c->n_head : 0;
+    if (nqb + nib == 0) return 0;
     DS4_LAUNCH(q_post_kernel, dim3(T, nqb + nib), 32 * QP_HEADS, 0, b->st, a);
     CU_LAUNCHED();
     return 0;
@@ -1250,6 +1272,41 @@ static __device__ __forceinline__ void atc_prefetch_next_q(const attn_args &a, u
     for (uint32_t off = 128 * threadIdx.x; off < bytes; off += 128 * blockDim.x) prefetch_l2(q + off);
 }
 
+/* atc_load_q for a query not yet normalised nor RoPE'd (attn_args.q_post):
+ * q_post_head's arithmetic on each head as it is loaded, a warp a head,
+ * two heads a round so that eight 16-byte loads a lane are in flight.
+ * This replaces q_post_kernel's pass over the queries (read and written
+ * once more: 15 ms of a 4k prefill). */
+static __device__ __forceinline__ void atc_load_q_post(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0,
+                                                       uint32_t pos, uint32_t *Qh, uint32_t *Ql, uint32_t qw) {
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+    for (uint32_t h = warp; h < ATC_HEADS; h += 2 * nw) {
+        float4 v[2][QP_GROUPS];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            uint32_t hk = h + k * nw;
+            bool on = hk < ATC_HEADS && h0 + hk < a.n_head;
+            q_post_load(on ? a.q + ((size_t)t * a.n_head + h0 + hk) * hd : NULL, hd, v[k]);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            uint32_t hk = h + k * nw;
+            if (hk >= ATC_HEADS) break;
+            if (h0 + hk < a.n_head) q_post_vals(v[k], hd, a.rope, pos, a.q_eps);
+#pragma unroll
+            for (int j = 0; j < QP_GROUPS; j++) {
+                uint32_t e = 4 * lane + 128 * j, w = hk * qw + e / 2;
+                if (e >= hd) break;
+                uint2 hw, lw;
+                dev_f16x2_split(v[k][j].x * ATC_SCALE, v[k][j].y * ATC_SCALE, &hw.x, &lw.x);
+                dev_f16x2_split(v[k][j].z * ATC_SCALE, v[k][j].w * ATC_SCALE, &hw.y, &lw.y);
+                *(uint2 *)(Qh + w) = hw;
+                *(uint2 *)(Ql + w) = lw;
+            }
+        }
+    }
+}
+
 /* HD: the head dimension as a constant (Flash's 512: the loops over a
  * head's values and pieces get constant bounds), or 0 to take it from the
  * arguments. */
@@ -1267,7 +1324,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    atc_load_q(a, hd, t, h0, Qh, Ql, qw);
+    if (a.q_post) atc_load_q_post(a, hd, t, h0, p, Qh, Ql, qw);
+    else atc_load_q(a, hd, t, h0, Qh, Ql, qw);
     atc_prefetch_next_q(a, hd, t, h0);
     if (tid < ATC_HEADS) {
         mh[tid] = -INFINITY;
@@ -1402,6 +1460,8 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     return 0;
 }
 
+bool cu_attn_tc(const cuda_backend *b, uint32_t T) { return T > b->attn_blocked_t; }
+
 size_t cu_attn_tc_rows(const cuda_backend *b) {
     if (b->chunk <= b->attn_blocked_t) return 0;
     return (size_t)b->raw_cap + b->chunk + (b->comp_cap4 > b->comp_cap128 ? b->comp_cap4 : b->comp_cap128);
@@ -1433,7 +1493,9 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.heads = b->heads;
     a.sink = cu_hc_sink_job(b, sink);
     a.nsplit = 1;
-    bool tc = T > b->attn_blocked_t;
+    bool tc = cu_attn_tc(b, T);
+    a.q_post = tc;
+    a.q_eps = c->rms_eps;
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
         a.tc_comp0 = b->raw_cap + T;

@@ -387,7 +387,9 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
  * complete ones).  heads gets the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
-    const float *q;
+    const float *q;     /* as q_post_kernel leaves them, or (tc, q_post) as projected */
+    bool q_post;        /* tc: normalise and RoPE the query heads as they are loaded */
+    float q_eps;
     const float *kvbuf, *ring, *comp;
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
@@ -412,6 +414,8 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
  * no pass is long enough to take that kernel), and the floats of a scratch
  * of `rows` rows of hd values. */
 size_t cu_attn_tc_rows(const cuda_backend *b);
+/* Whether a pass of T tokens takes the tensor-core attention. */
+bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 size_t cu_attn_tc_floats(uint32_t hd, size_t rows);
 
 /* Passes of up to this many tokens attend with the head-blocked kernel
