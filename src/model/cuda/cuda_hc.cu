@@ -468,7 +468,9 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
  * streams and the mixer weights in shared memory as doubles and
  * multiplies them: partial[t][m] = sum_k fn[m][k] S[t][k], exact products
  * summed in double (the decode kernel sums a warp's products in float,
- * then in double); each thread also sums the squares of its values.
+ * then in double); each thread also sums the squares of its values.  The
+ * next chunk's streams are loaded before a chunk's products
+ * (hcp_load_streams), two blocks an SM.
  * hc_finish_kernel then reduces the slices and finishes. */
 #define HCP_TOK 64
 #define HCP_COLS 256
@@ -481,7 +483,26 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
 
 static size_t hcp_smem(void) { return (size_t)(HCP_TOK + HCP_MROWS) * HCP_LD * sizeof(double); }
 
-template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_prefill_mix_kernel(hc_args a) {
+/* The tokens' streams of one chunk of columns c0.. (HCP_CC of them): warp
+ * w takes tokens w + 8 j, lane = column (zeros past the pass).  Issued a
+ * chunk ahead of their use, so that they are in flight during the
+ * previous chunk's products. */
+static __device__ __forceinline__ void hcp_load_streams(const hc_args &a, uint32_t t0, uint32_t c0,
+                                                        float (&sv)[HCP_TOK / 8][4]) {
+    const uint32_t n = 4, D = a.D;
+    unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
+    uint32_t d = c0 + lane;
+#pragma unroll
+    for (int j = 0; j < HCP_TOK / 8; j++) {
+        uint32_t t = t0 + warp + 8 * j;
+        bool on = t < a.T && d < D;
+        const float *S = a.S + (size_t)t * n * D + d;
+#pragma unroll
+        for (uint32_t h = 0; h < n; h++) sv[j][h] = on ? S[(size_t)h * D] : 0.0f;
+    }
+}
+
+template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS, 2) hc_prefill_mix_kernel(hc_args a) {
     constexpr int MT = (NMIX + 7) / 8; /* m-tiles of 8 mixer rows */
     constexpr int FPT = MT * 8 * HCP_K / HCP_THREADS; /* mixer weights a thread stages per chunk */
     static_assert(HCP_THREADS % HCP_K == 0 && FPT * HCP_THREADS == MT * 8 * HCP_K, "staging: whole rows");
@@ -494,6 +515,8 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
     uint32_t t0 = blockIdx.x * HCP_TOK, col0 = blockIdx.y * HCP_COLS;
     uint32_t nsplit = (D + HCP_COLS - 1) / HCP_COLS;
     double acc[MT][2] = {}, ssq[HCP_TOK / 8] = {};
+    float sv[HCP_TOK / 8][4];
+    hcp_load_streams(a, t0, col0, sv);
     for (uint32_t cc = 0; cc < HCP_COLS && col0 + cc < D; cc += HCP_CC) {
         __syncthreads(); /* the previous chunk's fragments are read */
         /* mixer weights: thread tid takes K value tid % HCP_K of rows tid / HCP_K + r HCP_THREADS / HCP_K */
@@ -508,21 +531,18 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS) hc_pre
                 sF[m * HCP_LD + kk] = m < (uint32_t)NMIX ? (double)fv[r] : 0.0;
             }
         }
-        /* the tokens' streams: warp w takes tokens w + 8 j, lane = column */
-        uint32_t d = col0 + cc + lane;
 #pragma unroll
         for (int j = 0; j < HCP_TOK / 8; j++) {
-            uint32_t tl = warp + 8 * j, t = t0 + tl;
-            bool on = t < a.T && d < D;
-            hc_in in = hc_load_token(a, t, d, on);
+            uint32_t tl = warp + 8 * j;
 #pragma unroll
             for (uint32_t h = 0; h < n; h++) {
-                float v = in.v[h];
-                sS[tl * HCP_LD + h * HCP_CC + lane] = on ? (double)v : 0.0;
-                ssq[j] += on ? (double)v * (double)v : 0.0;
+                double v = (double)sv[j][h]; /* 0 past the pass: adds nothing to the squares */
+                sS[tl * HCP_LD + h * HCP_CC + lane] = v;
+                ssq[j] += v * v;
             }
         }
         __syncthreads();
+        if (cc + HCP_CC < HCP_COLS && col0 + cc + HCP_CC < D) hcp_load_streams(a, t0, col0 + cc + HCP_CC, sv);
         /* warp w: tokens 8 w .. 8 w + 7 against every m-tile */
         const double *bs = sS + (8 * warp + g) * HCP_LD + tq;
 #pragma unroll 4
