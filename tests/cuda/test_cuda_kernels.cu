@@ -623,8 +623,8 @@ static void attn_rows_make(std::vector<float> &v, uint32_t n, uint32_t hd, uint3
  * a raw window (rows before pos0 in the ring, the pass's own in kvbuf) and
  * compressed rows listed per query (ratio 4), with sinks, against a
  * double-precision softmax and the inverse key RoPE on the host: the
- * tensor-core kernel (long prefill passes) and the warp-per-heads one,
- * 64 heads (one tensor-core block) and 20 (a partial one), rows as the
+ * tensor-core kernel (long prefill passes, from the queries as projected:
+ * it normalises and RoPEs them itself) and the warp-per-heads one, 64 heads (one tensor-core block) and 20 (a partial one), rows as the
  * simulations store them (the tensor-core kernel's binary16 operands and,
  * for the RoPE tail of compressed rows, head and tail) and as f32 (head
  * and tail everywhere). */
@@ -645,9 +645,10 @@ static void check_attention(cudaStream_t st) {
         for (int sim = 1; sim >= 0; sim--) {
             std::vector<float> q((size_t)T * n_head * hd), ring, kv, comp, sinks(n_head);
             attn_rows_make(q, T * n_head, hd, tail0, false, false); /* RMS-normalised, as q_post leaves them */
-            /* and as projected, for the tensor-core kernel's own q post: each
-             * head's tail RoPE undone and the head scaled, so that the RMSNorm
-             * and RoPE give q back (within a few float roundings) */
+            /* and as projected, for the tensor-core kernel, which does the q
+             * post itself: each head's tail RoPE undone and the head scaled,
+             * so that the RMSNorm and RoPE give q back (within a few float
+             * roundings) */
             std::vector<float> qraw(q);
             for (uint32_t t = 0; t < T; t++)
                 for (uint32_t h = 0; h < n_head; h++) {
@@ -726,11 +727,10 @@ static void check_attention(cudaStream_t st) {
             CU(cudaMemset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t)));
             a.part = dpart;
             a.count = dcount;
-            for (int run = 0; run < 4; run++) {
-                bool tc = run == 0 || run == 3;
+            for (int run = 0; run < 3; run++) {
+                bool tc = run == 0;
                 a.nsplit = run == 2 ? nsplit : 1;
-                a.q_post = run == 3;
-                a.q = run == 3 ? dqraw : dq;
+                a.q = tc ? dqraw : dq; /* the tensor-core kernel does its q post */
                 a.q_eps = 1e-6f;
                 CU(cudaMemset(dout, 0xFF, (size_t)T * n_head * hd * 4));
                 ds4_err err = {};
@@ -746,9 +746,8 @@ static void check_attention(cudaStream_t st) {
                     double e = fabs((double)got[i] - want[i]);
                     if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
                 }
-                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n",
-                       a.q_post ? "tc+qp" : tc ? "tc   " : "heads", n_head, sim ? "as simulated" : "f32         ",
-                       a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
+                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads",
+                       n_head, sim ? "as simulated" : "f32         ", a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
                 CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows, %u splits): error %.3g",
                       tc ? "tensor cores" : "heads", n_head, sim ? "simulated" : "f32", a.nsplit, worst);
             }

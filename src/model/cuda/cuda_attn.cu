@@ -152,7 +152,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 typedef struct qpost_args {
     const uint32_t *pos0;
     float *q;
-    uint32_t n_head, hd; /* n_head 0: the query heads are the attention's (atc_load_q_post) */
+    uint32_t n_head, hd; /* n_head 0: the query heads are the attention's (atc_load_q) */
     ds4_rope rope;
     float *iq, *iw;
     uint32_t idx_heads, ihd;
@@ -168,7 +168,7 @@ typedef struct qpost_args {
  * value).  Same arithmetic as the block helpers, without their barriers:
  * this launch is on a decode step's path from the projections to the
  * attention.  A long prefill pass's attention does the same to its query's
- * heads as it loads them (atc_load_q_post), instead of this launch. */
+ * heads as it loads them (atc_load_q), instead of this launch. */
 #define QP_HEADS 4  /* query heads a block: a warp each */
 #define QP_GROUPS 4 /* groups of four values a lane: head_dim <= 512 (check_config) */
 static __device__ __forceinline__ void q_post_vals(float4 (&v)[QP_GROUPS], uint32_t hd, const ds4_rope &rope, uint32_t pos,
@@ -1230,55 +1230,16 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
     }
 }
 
-/* Q of the block's heads, scaled and split into binary16 pairs: word w of
- * a head holds values 2 w and 2 w + 1.  A thread takes 16-byte pieces,
- * ATC_QLOADS of them loaded before any is used: one at a time, each load
- * waited for its round trip (Nsight Compute: a fifth of the kernel's
- * samples at 4k, where a query has ~10 chunks of rows to amortise it). */
-#define ATC_QLOADS 8
-static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t *Qh,
-                                                  uint32_t *Ql, uint32_t qw) {
-    uint32_t nf = hd / 4, total = ATC_HEADS * nf;
-    for (uint32_t f0 = threadIdx.x; f0 < total; f0 += ATC_QLOADS * blockDim.x) {
-        float4 v[ATC_QLOADS];
-#pragma unroll
-        for (int k = 0; k < ATC_QLOADS; k++) {
-            uint32_t f = f0 + k * blockDim.x, h = f / nf;
-            bool on = f < total && h0 + h < a.n_head;
-            v[k] = on ? *(const float4 *)(a.q + ((size_t)t * a.n_head + h0 + h) * hd + 4 * (f % nf))
-                      : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        }
-#pragma unroll
-        for (int k = 0; k < ATC_QLOADS; k++) {
-            uint32_t f = f0 + k * blockDim.x, w = f / nf * qw + 2 * (f % nf);
-            if (f >= total) break;
-            uint2 hw, lw;
-            dev_f16x2_split(v[k].x * ATC_SCALE, v[k].y * ATC_SCALE, &hw.x, &lw.x);
-            dev_f16x2_split(v[k].z * ATC_SCALE, v[k].w * ATC_SCALE, &hw.y, &lw.y);
-            *(uint2 *)(Qh + w) = hw;
-            *(uint2 *)(Ql + w) = lw;
-        }
-    }
-}
-
-/* The L2 asked for the Q of the query whose block will likely follow this
- * one on its SM (blocks start in order, one an SM as others end): its 128 KB
- * then come from the L2, not from DRAM while its SM does nothing else. */
-static __device__ __forceinline__ void atc_prefetch_next_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0) {
-    uint32_t tn = t + dev_sm_ids();
-    if (tn >= gridDim.y) return;
-    const char *q = (const char *)(a.q + ((size_t)tn * a.n_head + h0) * hd);
-    uint32_t bytes = (a.n_head - h0 < ATC_HEADS ? a.n_head - h0 : ATC_HEADS) * hd * (uint32_t)sizeof(float);
-    for (uint32_t off = 128 * threadIdx.x; off < bytes; off += 128 * blockDim.x) prefetch_l2(q + off);
-}
-
-/* atc_load_q for a query not yet normalised nor RoPE'd (attn_args.q_post):
- * q_post_head's arithmetic on each head as it is loaded, a warp a head,
- * two heads a round so that eight 16-byte loads a lane are in flight.
- * This replaces q_post_kernel's pass over the queries (read and written
- * once more: 15 ms of a 4k prefill). */
-static __device__ __forceinline__ void atc_load_q_post(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0,
-                                                       uint32_t pos, uint32_t *Qh, uint32_t *Ql, uint32_t qw) {
+/* Q of the block's heads as projected, normalised and RoPE'd as they are
+ * loaded (q_post_head's arithmetic on registers: q_post_vals, a warp a
+ * head, two heads a round so that eight 16-byte loads a lane are in
+ * flight - loads waited for one at a time had taken a fifth of the
+ * kernel's samples at 4k), then scaled and split into binary16 pairs: word
+ * w of a head holds values 2 w and 2 w + 1.  Doing the q post here saves a
+ * long pass's q_post_kernel a read and a write of every query (15 ms of a
+ * 4k prefill). */
+static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t pos,
+                                                   uint32_t *Qh, uint32_t *Ql, uint32_t qw) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (uint32_t h = warp; h < ATC_HEADS; h += 2 * nw) {
         float4 v[2][QP_GROUPS];
@@ -1307,6 +1268,17 @@ static __device__ __forceinline__ void atc_load_q_post(const attn_args &a, uint3
     }
 }
 
+/* The L2 asked for the Q of the query whose block will likely follow this
+ * one on its SM (blocks start in order, one an SM as others end): its 128 KB
+ * then come from the L2, not from DRAM while its SM does nothing else. */
+static __device__ __forceinline__ void atc_prefetch_next_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0) {
+    uint32_t tn = t + dev_sm_ids();
+    if (tn >= gridDim.y) return;
+    const char *q = (const char *)(a.q + ((size_t)tn * a.n_head + h0) * hd);
+    uint32_t bytes = (a.n_head - h0 < ATC_HEADS ? a.n_head - h0 : ATC_HEADS) * hd * (uint32_t)sizeof(float);
+    for (uint32_t off = 128 * threadIdx.x; off < bytes; off += 128 * blockDim.x) prefetch_l2(q + off);
+}
+
 /* HD: the head dimension as a constant (Flash's 512: the loops over a
  * head's values and pieces get constant bounds), or 0 to take it from the
  * arguments. */
@@ -1324,8 +1296,7 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     uint32_t t = blockIdx.y, h0 = blockIdx.x * ATC_HEADS;
     uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
     uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    if (a.q_post) atc_load_q_post(a, hd, t, h0, p, Qh, Ql, qw);
-    else atc_load_q(a, hd, t, h0, Qh, Ql, qw);
+    atc_load_q(a, hd, t, h0, p, Qh, Ql, qw);
     atc_prefetch_next_q(a, hd, t, h0);
     if (tid < ATC_HEADS) {
         mh[tid] = -INFINITY;
@@ -1494,7 +1465,6 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.sink = cu_hc_sink_job(b, sink);
     a.nsplit = 1;
     bool tc = cu_attn_tc(b, T);
-    a.q_post = tc;
     a.q_eps = c->rms_eps;
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;

@@ -387,9 +387,8 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
  * complete ones).  heads gets the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
-    const float *q;     /* as q_post_kernel leaves them, or (tc, q_post) as projected */
-    bool q_post;        /* tc: normalise and RoPE the query heads as they are loaded */
-    float q_eps;
+    const float *q;     /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
+    float q_eps;        /* tc: the q post's RMSNorm epsilon */
     const float *kvbuf, *ring, *comp;
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
