@@ -39,20 +39,12 @@ static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t rati
                                  ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
-    if (decode) {
+    if (decode) { /* the compressors' projections are their branch's (compressor_projections) */
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->q_a, 0, NULL, 0, 0, c->q_lora_rank, &b->xn, 0, b->qa_raw);
         cu_gemv_add(&p, &w->kv, 0, NULL, 0, 0, c->head_dim, &b->xn, 0, b->kvbuf);
-        if (ratio) {
-            cu_gemv_add(&p, &w->comp_kv, 0, NULL, 0, 0, width, &b->xn, 0, b->ckv);
-            cu_gemv_add(&p, &w->comp_gate, 0, NULL, 0, 0, width, &b->xn, 0, b->cgate);
-        }
-        if (idx) {
-            cu_gemv_add(&p, &w->idx_kv, 0, NULL, 0, 0, iw2, &b->xn, 0, b->ikv);
-            cu_gemv_add(&p, &w->idx_gate, 0, NULL, 0, 0, iw2, &b->xn, 0, b->igate);
-            cu_gemv_add(&p, &w->idx_proj, 0, NULL, 0, 0, c->idx_n_head, &b->xn, 0, b->iw);
-        }
+        if (idx) cu_gemv_add(&p, &w->idx_proj, 0, NULL, 0, 0, c->idx_n_head, &b->xn, 0, b->iw);
         return cu_gemv_run(&p, b->st, err);
     }
     if (mm(b, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, T, b->qa_raw, c->q_lora_rank, err) ||
@@ -66,6 +58,25 @@ static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t rati
                 mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)))
         return -1;
     return 0;
+}
+
+/* A decode step's compressor projections (the attention's and, at a ratio-4
+ * layer, the indexer's), on the compressor's branch: the query path waits
+ * only for q_a and kv, and these stream while its latency-bound launches
+ * (qkv_post, q post) leave the DRAM idle. */
+static int compressor_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, bool idx, cudaStream_t st,
+                                  ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    gemv_plan p;
+    memset(&p, 0, sizeof(p));
+    cu_gemv_add(&p, &w->comp_kv, 0, NULL, 0, 0, width, &b->xn, 0, b->ckv);
+    cu_gemv_add(&p, &w->comp_gate, 0, NULL, 0, 0, width, &b->xn, 0, b->cgate);
+    if (idx) {
+        cu_gemv_add(&p, &w->idx_kv, 0, NULL, 0, 0, iw2, &b->xn, 0, b->ikv);
+        cu_gemv_add(&p, &w->idx_gate, 0, NULL, 0, 0, iw2, &b->xn, 0, b->igate);
+    }
+    return cu_gemv_run(&p, st, err);
 }
 
 static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_t T, bool decode, ds4_err *err) {
@@ -188,11 +199,14 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(c, il);
     bool idx = ratio == 4;
-    if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
-    /* decode: the compressor needs only the projections and its own state;
-     * it runs beside the query path and is joined before the indexer */
+    /* decode: the compressor needs only the layer's input and its own
+     * state; its projections and pooling run beside the query path and are
+     * joined before the indexer */
     bool branch = ratio && decode;
-    if (branch && (side_fork(b, err) || cu_compress(b, il, T, pos0, decode, b->side, err) || side_join(b, err))) return -1;
+    if (branch && (side_fork(b, err) || compressor_projections(b, w, ratio, idx, b->side, err) ||
+                   cu_compress(b, il, T, pos0, decode, b->side, err) || side_join(b, err)))
+        return -1;
+    if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
     if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
     if (branch) {
         if (side_wait(b, err)) return -1;
