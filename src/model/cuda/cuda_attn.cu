@@ -268,7 +268,6 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     memset(&a, 0, sizeof(a));
     a.pos0 = &b->d_step->pos;
     a.q = b->q;
-    a.n_head = c->n_head;
     a.hd = c->head_dim;
     a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
     a.iq = b->iq;
@@ -548,6 +547,12 @@ static __host__ __device__ __forceinline__ size_t attn_part_floats(uint32_t h, u
     return (size_t)h * (2 + hd);
 }
 
+/* Compressed row i of query t's list: ratio 4 the indexer's choice, ratio
+ * 128 every complete one in order. */
+static __device__ __forceinline__ uint32_t attn_comp_row(const attn_args &a, uint32_t t, uint32_t i) {
+    return a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i;
+}
+
 /* Row i of query t's visible list: raw window first, then compressed rows. */
 static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint32_t t, uint32_t p, uint32_t pos0,
                                                         uint32_t first, uint32_t n_raw, uint32_t i) {
@@ -555,9 +560,7 @@ static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint
         uint32_t r = first + i;
         return r >= pos0 ? a.kvbuf + (size_t)(r - pos0) * a.hd : a.ring + (size_t)(r % a.raw_cap) * a.hd;
     }
-    i -= n_raw;
-    uint32_t c = a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i;
-    return a.comp + (size_t)c * a.hd;
+    return a.comp + (size_t)attn_comp_row(a, t, i - n_raw) * a.hd;
 }
 
 /* The visible rows of query t: raw window from `first`, n_raw of them,
@@ -942,10 +945,11 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  *
  * The rows are split once a pass, before the launch (atc_prep_kernel:
  * pieces of 8 values as their 8 binary16 heads followed by their 8 tails,
- * a flag byte a row telling whether any tail is non-zero), and a chunk's
- * rows are copied as they are.  The products take their row operands with
- * ldmatrix (K for the scores, transposed for V), so no warp converts a
- * row value (before, every query's block split each of its rows again).  Q and P are binary16 pairs in k order, their fragments
+ * and in the row's padding a flag word telling which tails are non-zero),
+ * and a chunk's rows are copied as they are.  The products take their row
+ * operands with ldmatrix (K for the scores, transposed for V), so no warp
+ * converts a row value (before, every query's block split each of its
+ * rows again).  Q and P are binary16 pairs in k order, their fragments
  * ldmatrix loads too (row strides of 1040 and 80 bytes: the eight rows of
  * a piece on eight bank groups).  At the end O goes through shared memory
  * to the per-head finish of the other kernel. */
@@ -1056,8 +1060,7 @@ static __device__ __forceinline__ uint32_t atc_row(const attn_args &a, uint32_t 
         uint32_t r = first + i;
         return r >= pos0 ? a.raw_cap + (r - pos0) : r % a.raw_cap;
     }
-    i -= n_raw;
-    return a.tc_comp0 + (a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i);
+    return a.tc_comp0 + attn_comp_row(a, t, i - n_raw);
 }
 
 /* The word lane i points ldmatrix at for an A fragment of rows r0.. of a

@@ -489,16 +489,14 @@ static size_t hcp_smem(void) { return (size_t)(HCP_TOK + HCP_MROWS) * HCP_LD * s
  * previous chunk's products. */
 static __device__ __forceinline__ void hcp_load_streams(const hc_args &a, uint32_t t0, uint32_t c0,
                                                         float (&sv)[HCP_TOK / 8][4]) {
-    const uint32_t n = 4, D = a.D;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t d = c0 + lane;
 #pragma unroll
     for (int j = 0; j < HCP_TOK / 8; j++) {
         uint32_t t = t0 + warp + 8 * j;
-        bool on = t < a.T && d < D;
-        const float *S = a.S + (size_t)t * n * D + d;
+        hc_in in = hc_load_token(a, t, d, t < a.T && d < a.D); /* S only: the mixer's args have no post source */
 #pragma unroll
-        for (uint32_t h = 0; h < n; h++) sv[j][h] = on ? S[(size_t)h * D] : 0.0f;
+        for (int h = 0; h < 4; h++) sv[j][h] = in.v[h];
     }
 }
 

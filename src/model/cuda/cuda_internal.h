@@ -413,9 +413,9 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
  * no pass is long enough to take that kernel), and the floats of a scratch
  * of `rows` rows of hd values. */
 size_t cu_attn_tc_rows(const cuda_backend *b);
+size_t cu_attn_tc_floats(uint32_t hd, size_t rows);
 /* Whether a pass of T tokens takes the tensor-core attention. */
 bool cu_attn_tc(const cuda_backend *b, uint32_t T);
-size_t cu_attn_tc_floats(uint32_t hd, size_t rows);
 
 /* Passes of up to this many tokens attend with the head-blocked kernel
  * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
