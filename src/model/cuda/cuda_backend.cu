@@ -73,6 +73,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
     TAKE(m, b->hcpart, C * b->hc_split * (ds4_hc_mix(c) + 1));
     TAKE(m, b->hc_count, C);
+    TAKE(m, b->route_count, 1);
     TAKE(m, b->hcsums, HC_SUMS);
     take_act(m, &b->xn, c->n_embd, b->chunk, ACT_ALL); /* read by every kind of product */
     TAKE(m, b->qa_raw, C * c->q_lora_rank);
@@ -453,6 +454,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.off = 0;
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
+    CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     if (reset_state(b, err)) return -1;
     return capture_step(b, err);
@@ -486,6 +488,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     ds4_prof_on = prof && atoi(prof) > 0;
     ds4_prof_grids = prof && atoi(prof) == 2;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
+    b->route_fold = !(getenv("DS4_CUDA_ROUTE_FOLD") && atoi(getenv("DS4_CUDA_ROUTE_FOLD")) == 0);
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;
     b->logits_rows = LOGITS_ROWS;

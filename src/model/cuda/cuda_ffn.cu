@@ -12,81 +12,20 @@
  *             applies it before the down projection) and the quantized
  *             form the down projection reads.
  */
+#include "model/cuda/cuda_route.cuh"
 #include "model/cuda/cuda_sinkhorn.cuh"
 
 /* ------------------------------------------------------------- routing */
 
-static __device__ __forceinline__ float dev_softplus(float x) {
-    if (x > 20.0f) return x;
-    if (x < -20.0f) return expf(x);
-    return log1pf(expf(x));
-}
-
-/* One warp per token; lane l holds experts l, l + 32, ... (PER of them)
- * in registers.  Each top-k round is a register scan and two warp
- * reductions: the largest key, then the lowest index holding it (the
- * CPU's stable insertion top-k).  The rounds are the serial part of the
- * kernel, on every layer's path from the router to the experts. */
+/* The routing launch: a warp a token (route_token, cuda_route.cuh), the
+ * bias loaded before the wait.  A decode step's routing runs instead in
+ * the last block of the router product (cu_gemv_route). */
 template <int PER> static __global__ void route_kernel(cu_route_in a, int *sel, float *selw) {
     dev_pdl_launch_next();
-    uint32_t t = blockIdx.x, ne = a.n_expert, k = a.k;
-    unsigned lane = threadIdx.x;
-    /* every load issued before any value is used: the branches of the
-     * softplus otherwise kept each logit's load behind the previous one's
-     * use, a round trip to the L2 per expert a lane (PERFORMANCE.md,
-     * eighteenth iteration); the bias, a weight, before the wait */
-    float bias[PER], logit[PER];
-#pragma unroll
-    for (int j = 0; j < PER; j++) bias[j] = a.bias && lane + 32 * j < ne ? a.bias[lane + 32 * j] : 0.0f;
+    float bias[PER];
+    route_load_bias<PER>(a, bias);
     dev_pdl_wait_prev();
-#pragma unroll
-    for (int j = 0; j < PER; j++) logit[j] = lane + 32 * j < ne ? a.logits[(size_t)t * ne + lane + 32 * j] : 0.0f;
-    float prob[PER];
-    uint32_t key[PER];
-    uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
-#pragma unroll
-    for (int j = 0; j < PER; j++) {
-        uint32_t e = lane + 32 * j;
-        float p = e < ne ? sqrtf(dev_softplus(logit[j])) : 0.0f;
-        prob[j] = p;
-        key[j] = dev_order_key(e < ne ? p + bias[j] : 0.0f);
-        if (e < ne) open |= 1u << j;
-    }
-    int chosen = -1;  /* lane i < k: the i-th selected expert */
-    float cprob = 0.0f; /* and its probability */
-    int hashed = a.hash && lane < k ? a.hash[(size_t)a.tok[t] * k + lane] : -1;
-    for (uint32_t i = 0; i < k; i++) {
-        uint32_t e;
-        if (a.hash) {
-            e = (uint32_t)__shfl_sync(0xffffffffu, hashed, i);
-        } else {
-            uint32_t bk = 0;
-            int bj = -1;
-#pragma unroll
-            for (int j = 0; j < PER; j++)
-                if (((open >> j) & 1) && (bj < 0 || key[j] > bk)) { bk = key[j]; bj = j; }
-            uint32_t top = __reduce_max_sync(0xffffffffu, bk);
-            e = __reduce_min_sync(0xffffffffu, bj >= 0 && bk == top ? 32u * (uint32_t)bj + lane : 0xffffffffu);
-        }
-        /* the owner of expert e hands its probability over */
-        float p = 0.0f;
-#pragma unroll
-        for (int j = 0; j < PER; j++)
-            if (e == lane + 32 * j) {
-                p = prob[j];
-                open &= ~(1u << j);
-            }
-        p = __shfl_sync(0xffffffffu, p, e & 31);
-        if (lane == i) { chosen = (int)e; cprob = p; }
-    }
-    /* the weights, summed in selection order as the CPU does */
-    float sum = 0.0f;
-    for (uint32_t i = 0; i < k; i++) sum += __shfl_sync(0xffffffffu, cprob, i);
-    float nrm = a.norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;
-    if (lane < k) {
-        sel[(size_t)t * k + lane] = chosen;
-        selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
-    }
+    route_token<PER>(a, blockIdx.x, sel, selw, bias);
 }
 
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err) {
@@ -100,7 +39,7 @@ int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cu
     return 0;
 }
 
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
+static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_t *tok) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     cu_route_in in;
@@ -112,7 +51,24 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
+    return in;
+}
+
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
+    cu_route_in in = route_input(b, il, tok);
     return cu_route_tokens(&in, T, b->sel, b->selw, b->st, err);
+}
+
+/* The routing launch's work in the router product's last block: one launch
+ * boundary less on a decode step's path from the router to the experts. */
+bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p) {
+    const ds4_config *c = b->cfg;
+    if (!b->route_fold || p->n_seg != 1 || p->seg[0].split <= 1 || c->n_expert > 256 || c->n_expert_used > 32) return false;
+    p->route.in = route_input(b, il, tok);
+    p->route.sel = b->sel;
+    p->route.selw = b->selw;
+    p->route.count = b->route_count;
+    return true;
 }
 
 /* ------------------------------------------------------------ grouping */

@@ -231,7 +231,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
-        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
+        bool routed = cu_gemv_route(b, il, tok, &p);
+        if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, err))) return -1;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < k; i++) {
             cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);

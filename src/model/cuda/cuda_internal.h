@@ -155,9 +155,31 @@ typedef struct gemv_seg {
     uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
 } gemv_seg;
 
+/* A token's routing (cuda_route.cuh): the router's logits, the bias, the
+ * hash table (hash layers) and the tokens it reads, k of n_expert. */
+typedef struct cu_route_in {
+    const float *logits, *bias;
+    const int32_t *hash;
+    const uint32_t *tok;
+    uint32_t n_expert, k;
+    float scale;
+    bool norm;
+} cu_route_in;
+
+/* The routing a decode step's router product does in its last block
+ * (cu_gemv_route): where the selection goes, and the launch's count of
+ * blocks done (NULL: none). */
+typedef struct gemv_route {
+    cu_route_in in;
+    int *sel;
+    float *selw;
+    uint32_t *count;
+} gemv_route;
+
 typedef struct gemv_plan {
     gemv_seg seg[CU_MAX_SEGS];
     uint32_t n_seg, n_blocks;
+    gemv_route route;
 } gemv_plan;
 
 /* Add a segment to a plan (host side). */
@@ -246,6 +268,8 @@ typedef struct cuda_backend {
     double *hcpart;
     uint32_t hc_split;
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
+    uint32_t *route_count; /* a decode step's router product: blocks done (cu_gemv_route) */
+    bool route_fold;       /* that product routes (DS4_CUDA_ROUTE_FOLD=0: a launch of its own) */
     double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
@@ -424,16 +448,12 @@ bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 /* cuda_ffn.cu */
 /* What routing reads: T x n_expert router logits, the F32 bias or NULL,
  * the hash table (vocab x k) and the tokens, or NULL. */
-typedef struct cu_route_in {
-    const float *logits, *bias;
-    const int32_t *hash;
-    const uint32_t *tok;
-    uint32_t n_expert, k;
-    float scale;
-    bool norm;
-} cu_route_in;
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
+/* Makes the router product of plan p (a decode step's: one token) route
+ * in its last block, if it can (a block a row, at most 256 experts):
+ * true if so, and then no routing launch follows it. */
+bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p);
 int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
 enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };

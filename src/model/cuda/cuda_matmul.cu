@@ -35,7 +35,7 @@
  * fills the GPU, and its partial sums are added in a fixed order
  * afterwards.
  */
-#include "model/cuda/cuda_internal.h"
+#include "model/cuda/cuda_route.cuh"
 
 
 /* ------------------------------------------------------ quantization */
@@ -590,6 +590,13 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
         uint32_t row = blockIdx.x - sg.block0;
         gemv_split_row(sg, row, warp, gemv_part_of(sg, row, warp));
+        /* the router's (cu_gemv_route): its last block routes, the bias
+         * loaded while the count's atomic is in flight */
+        if (p.route.count && dev_last_block(p.route.count, p.n_blocks) && warp == 0) {
+            float bias[8];
+            route_load_bias<8>(p.route.in, bias);
+            route_token<8>(p.route.in, 0, p.route.sel, p.route.selw, bias);
+        }
         return;
     }
     uint32_t r0 = ((blockIdx.x - sg.block0) * GEMV_WARPS + warp) * sg.rpw;
@@ -727,6 +734,8 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
                                sg.rows, sg.q8_off, sg.type);
         mask |= sg.q8 ? (uint32_t)GM_Q8OUT : gemv_type_bit(sg.type);
     }
+    if (p->route.count && (p->n_seg != 1 || p->seg[0].split <= 1 || p->route.in.n_expert > 256 || p->route.in.k > 32))
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product that routes must be one router of a block a row");
     if (cu_matmul_init(err)) return -1;
     const uint32_t *tab = d_iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
