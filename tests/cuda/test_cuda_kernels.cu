@@ -1236,6 +1236,104 @@ static void check_alloc_error(void) {
     CU(cudaFree(q));
 }
 
+/* A router product that routes in its last block (gemv_plan.route, as a
+ * decode step's cu_gemv_route sets it): F32 router rows (a block a row),
+ * the logits, choices and weights bit for bit those of the plain product
+ * followed by the routing launch, for biased top-k and for hash routing;
+ * twice each, so the count of blocks done must be back at 0 after a
+ * launch.  A plan that routes with more than the router in it is refused. */
+static void check_gemv_route(cudaStream_t st) {
+    const uint32_t n = 512, ne = 256, k = 6, vocab = 5;
+    wt_pair w;
+    act_pair a;
+    make_weights(w, DS4_TYPE_F32, n, ne, 1);
+    make_act(a, n, 1, st);
+    std::vector<float> bias(ne);
+    for (uint32_t e = 0; e < ne; e++) bias[e] = e % 9 == 0 ? 0.05f : 0.0f;
+    std::vector<int32_t> hash((size_t)vocab * k);
+    for (size_t i = 0; i < hash.size(); i++) hash[i] = (int32_t)((i * 53 + 7) % ne);
+    float *db = dalloc<float>(ne), *lg = dalloc<float>(2 * ne), *w1 = dalloc<float>(k), *w2 = dalloc<float>(k);
+    int32_t *dh = dalloc<int32_t>(hash.size());
+    int *s1 = dalloc<int>(k), *s2 = dalloc<int>(k);
+    uint32_t *dt = dalloc<uint32_t>(1), *count = dalloc<uint32_t>(1), tok = 3;
+    CU(cudaMemcpy(db, bias.data(), ne * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dh, hash.data(), hash.size() * 4, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(dt, &tok, 4, cudaMemcpyHostToDevice));
+    CU(cudaMemset(count, 0, 4));
+    ds4_err err = {};
+    for (int hashed = 0; hashed < 2; hashed++) {
+        cu_route_in in;
+        memset(&in, 0, sizeof(in));
+        in.bias = hashed ? NULL : db;
+        in.hash = hashed ? dh : NULL;
+        in.tok = dt;
+        in.n_expert = ne;
+        in.k = k;
+        in.scale = 1.5f;
+        in.norm = true;
+        /* plain: the product into lg, then the routing launch */
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        cu_gemv_add(&p, &w.d, 0, NULL, 0, 0, ne, &a.d, 0, lg);
+        in.logits = lg;
+        if (cu_gemv_run(&p, st, &err) || cu_route_tokens(&in, 1, s1, w1, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        std::vector<int> want_s(k), got_s(k);
+        std::vector<float> want_w(k), got_w(k), want_l(ne), got_l(ne);
+        CU(cudaStreamSynchronize(st));
+        CU(cudaMemcpy(want_s.data(), s1, k * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(want_w.data(), w1, k * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(want_l.data(), lg, ne * 4, cudaMemcpyDeviceToHost));
+        for (int round = 0; round < 2; round++) {
+            memset(&p, 0, sizeof(p));
+            cu_gemv_add(&p, &w.d, 0, NULL, 0, 0, ne, &a.d, 0, lg + ne);
+            in.logits = lg + ne;
+            p.route.in = in;
+            p.route.sel = s2;
+            p.route.selw = w2;
+            p.route.count = count;
+            CU(cudaMemset(s2, 0xFF, k * 4));
+            CU(cudaMemset(w2, 0xFF, k * 4));
+            if (cu_gemv_run(&p, st, &err)) {
+                printf("FAIL: %s\n", ds4_err_msg(&err));
+                exit(1);
+            }
+            CU(cudaStreamSynchronize(st));
+            CU(cudaMemcpy(got_s.data(), s2, k * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(got_w.data(), w2, k * 4, cudaMemcpyDeviceToHost));
+            CU(cudaMemcpy(got_l.data(), lg + ne, ne * 4, cudaMemcpyDeviceToHost));
+            bool same = got_s == want_s && !memcmp(got_w.data(), want_w.data(), k * 4) &&
+                        !memcmp(got_l.data(), want_l.data(), ne * 4);
+            printf("router product routing in its last block (%s, launch %d): %s\n", hashed ? "hash" : "top-k + bias",
+                   round + 1, same ? "the routing launch's bits" : "DIFFERENT");
+            CHECK(same, "a router product routing in its last block (hash %d, launch %d)", hashed, round + 1);
+        }
+    }
+    gemv_plan bad;
+    memset(&bad, 0, sizeof(bad));
+    cu_gemv_add(&bad, &w.d, 0, NULL, 0, 0, ne, &a.d, 0, lg);
+    cu_gemv_add(&bad, &w.d, 0, NULL, 0, 0, ne, &a.d, 0, lg + ne);
+    bad.route.count = count;
+    bad.route.in.n_expert = ne;
+    bad.route.in.k = k;
+    CHECK(cu_gemv_run(&bad, st, &err) != 0 && err.code == DS4_EINVAL, "a plan routing with two products was accepted");
+    cudaFree((void *)w.d.p);
+    cudaFree(a.d.f);
+    cudaFree(a.d.q8);
+    cudaFree(a.d.qk);
+    cudaFree(db);
+    cudaFree(lg);
+    cudaFree(w1);
+    cudaFree(w2);
+    cudaFree(dh);
+    cudaFree(s1);
+    cudaFree(s2);
+    cudaFree(dt);
+    cudaFree(count);
+}
+
 int main(int argc, char **argv) {
     if (argc == 2 && !strcmp(argv[1], "alloc-failure")) {
         check_alloc_error();
@@ -1269,6 +1367,7 @@ int main(int argc, char **argv) {
     check_idx_scores(st, true, 1); /* one query */
     check_topk(st);
     check_route(st);
+    check_gemv_route(st);
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);
     else printf("cuda kernels: all passed\n");

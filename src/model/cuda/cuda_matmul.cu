@@ -590,8 +590,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
         uint32_t row = blockIdx.x - sg.block0;
         gemv_split_row(sg, row, warp, gemv_part_of(sg, row, warp));
-        /* the router's (cu_gemv_route): its last block routes, the bias
-         * loaded while the count's atomic is in flight */
+        /* the router's (cu_gemv_route): its last block loads the bias
+         * and routes, one warp, as the routing launch would */
         if (p.route.count && dev_last_block(p.route.count, p.n_blocks) && warp == 0) {
             float bias[8];
             route_load_bias<8>(p.route.in, bias);
