@@ -155,8 +155,9 @@ typedef struct gemv_seg {
     uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
 } gemv_seg;
 
-/* A token's routing (cuda_route.cuh): the router's logits, the bias, the
- * hash table (hash layers) and the tokens it reads, k of n_expert. */
+/* A token's routing (cuda_route.cuh): the router's logits, the F32 bias
+ * or NULL, the hash table (vocab x k; NULL but for hash layers) and the
+ * tokens it reads, k of n_expert. */
 typedef struct cu_route_in {
     const float *logits, *bias;
     const int32_t *hash;
@@ -181,6 +182,14 @@ typedef struct gemv_plan {
     uint32_t n_seg, n_blocks;
     gemv_route route;
 } gemv_plan;
+
+/* Whether plan p can route k of n_expert experts in its last block: it is
+ * the router alone, a block a row (the float rows' split path), and a
+ * warp holds every expert (route_token<8>: 8 a lane). */
+#define GEMV_ROUTE_MAX_EXPERTS 256
+static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint32_t k) {
+    return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS && k <= 32;
+}
 
 /* Add a segment to a plan (host side). */
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
@@ -446,8 +455,7 @@ bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 #define CU_ATTN_BLOCKED_T 16
 
 /* cuda_ffn.cu */
-/* What routing reads: T x n_expert router logits, the F32 bias or NULL,
- * the hash table (vocab x k) and the tokens, or NULL. */
+/* The routing launch of T tokens (cu_route_in: T x n_expert logits). */
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 /* Makes the router product of plan p (a decode step's: one token) route

@@ -593,9 +593,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
         /* the router's (cu_gemv_route): its last block loads the bias
          * and routes, one warp, as the routing launch would */
         if (p.route.count && dev_last_block(p.route.count, p.n_blocks) && warp == 0) {
-            float bias[8];
-            route_load_bias<8>(p.route.in, bias);
-            route_token<8>(p.route.in, 0, p.route.sel, p.route.selw, bias);
+            constexpr int PER = GEMV_ROUTE_MAX_EXPERTS / 32;
+            float bias[PER];
+            route_load_bias<PER>(p.route.in, bias);
+            route_token<PER>(p.route.in, 0, p.route.sel, p.route.selw, bias);
         }
         return;
     }
@@ -734,7 +735,7 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
                                sg.rows, sg.q8_off, sg.type);
         mask |= sg.q8 ? (uint32_t)GM_Q8OUT : gemv_type_bit(sg.type);
     }
-    if (p->route.count && (p->n_seg != 1 || p->seg[0].split <= 1 || p->route.in.n_expert > 256 || p->route.in.k > 32))
+    if (p->route.count && !cu_gemv_can_route(p, p->route.in.n_expert, p->route.in.k))
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product that routes must be one router of a block a row");
     if (cu_matmul_init(err)) return -1;
     const uint32_t *tab = d_iq2_tab;
