@@ -111,7 +111,9 @@ $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 $(BUILD)/cuda/pdl_probe: tests/cuda/pdl_probe.cu
 	$(NVCC) $(NVCCFLAGS) -o $@ $< -cudart static -Xcompiler -static-libstdc++,-static-libgcc
-cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels $(BUILD)/cuda/pdl_probe
+$(BUILD)/cuda/gemv_probe: tests/cuda/gemv_probe.cu $(BUILD)/libds4cuda.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
+cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels $(BUILD)/cuda/pdl_probe $(BUILD)/cuda/gemv_probe
 
 test-cuda: cuda
 	@tests/cuda/run.sh $(BUILD)/cuda

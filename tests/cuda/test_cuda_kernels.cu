@@ -102,6 +102,12 @@ struct act_pair {
     std::vector<uint8_t> q8, qk;
 };
 
+/* Keeps the largest error so far; a NaN (an output never written, still
+ * its poison) counts as infinite, so that no later row's error hides it. */
+static void note_err(double &worst, double e) {
+    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+}
+
 static void make_act(act_pair &a, uint32_t n, uint32_t rows, cudaStream_t st) {
     a.f.resize((size_t)n * rows);
     for (auto &v : a.f) v = frand() * 3.0f;
@@ -256,7 +262,7 @@ static void split_gemm_case(cudaStream_t st, uint32_t type, float *scratch) {
             double ref, mag;
             reference(w, a, 0, r, t, 0, &ref, &mag);
             double e = fabs(got[(size_t)t * (rows + 3) + r] - ref) / (mag + 1e-30);
-            if (!(e <= worst)) worst = e;
+            note_err(worst, e);
         }
         for (uint32_t r = rows; r < rows + 3; r++) {
             uint32_t v;
@@ -315,7 +321,7 @@ static void check_gemm_range(cudaStream_t st) {
                 double ref, mag;
                 reference(w, a, 0, r, t, 0, &ref, &mag);
                 double e = fabs(got[(size_t)t * rows + r] - ref) / (mag + 1e-30);
-                if (!(e <= worst)) worst = e;
+                note_err(worst, e);
             }
         printf("gemm %-8s magnitudes 2^-60 .. 2^22, max error %.2g of the terms' magnitude\n", tname(type), worst);
         CHECK(worst <= 2e-6, "gemm %s of magnitudes 2^-60 .. 2^22: error %.3g", tname(type), worst);
@@ -394,7 +400,7 @@ static void check_split_gemv(cudaStream_t st) {
             double ref, mag;
             reference(w, a, 1, r, 0, 0, &ref, &mag);
             double e = fabs(got[r] - ref) / (mag + 1e-30);
-            if (!(e <= worst)) worst = e;
+            note_err(worst, e);
         }
         uint32_t guard;
         memcpy(&guard, &got[rows], 4);
@@ -436,7 +442,7 @@ static void check_products(cudaStream_t st) {
             double ref, mag;
             reference(w, a, 2, 5 + r, 0, off, &ref, &mag);
             double e = fabs(got[r] - ref) / (mag + 1e-30);
-            if (!(e <= worst)) worst = e;
+            note_err(worst, e);
         }
         printf("gemv %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
         CHECK(worst <= 2e-6, "gemv %s: error %.3g", tname(type), worst);
@@ -455,7 +461,7 @@ static void check_products(cudaStream_t st) {
                 double ref, mag;
                 reference(w, a, 1, 3 + r, t, off, &ref, &mag);
                 double e = fabs(got[(size_t)t * rows + r] - ref) / (mag + 1e-30);
-                if (!(e <= worst)) worst = e;
+                note_err(worst, e);
             }
         printf("gemm %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
         CHECK(worst <= 2e-6, "gemm %s: error %.3g", tname(type), worst);
@@ -497,7 +503,7 @@ static void check_products(cudaStream_t st) {
                     reference(w, a, (uint32_t)e, r, (uint32_t)entry / 2, 0, &ref, &mag);
                     double v = got[(size_t)entry * rows + r];
                     double err2 = fabs(v - ref) / (mag + 1e-30);
-                    if (!(err2 <= worst)) worst = err2;
+                    note_err(worst, err2);
                 }
             }
         printf("gemm %-8s grouped, max error %.2g\n", tname(type), worst);
@@ -744,7 +750,7 @@ static void check_attention(cudaStream_t st) {
                 double worst = 0.0;
                 for (size_t i = 0; i < got.size(); i++) {
                     double e = fabs((double)got[i] - want[i]);
-                    if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+                    note_err(worst, e);
                 }
                 printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads",
                        n_head, sim ? "as simulated" : "f32         ", a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
@@ -905,7 +911,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
                     mag += fabs(w[(size_t)t * heads + h]) * dmag;
                 }
                 double e = fabs(g - ref) / (mag > 0.0 ? mag : 1.0);
-                if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
+                note_err(worst, e);
             }
         }
         printf("idx scores %s T %u, %2u heads, %4u rows (grid for %5u)  max error %.2g of the terms' magnitude, %zu stray writes\n",
@@ -924,7 +930,9 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
  * 16-block chunks), next to fixed ones of other types, each segment with
  * its own activation.  Run as one mixed launch and as launches of the
  * type sets that have kernels of their own (IQ2_XXS alone, the light
- * types with Q2_K). */
+ * types with Q2_K).  The IQ2_XXS launch's segments have equal block
+ * counts, so its blocks find their segment by a division; the others'
+ * walk the plan. */
 struct fused_seg {
     uint32_t type, n, rows, mats, mat, slot;
     bool routed;
@@ -960,6 +968,8 @@ static void check_fused_gemv(cudaStream_t st) {
             cu_gemv_add(&p, &w[i].d, segs[i].mat, segs[i].routed ? sel : NULL, segs[i].slot, 0, segs[i].rows, &a[i].d, 0,
                         out[i]);
         }
+        uint32_t seg_blocks = cu_gemv_seg_blocks(&p);
+        CHECK((l == 1) == (seg_blocks != 0), "fused gemv (%s): %u blocks a segment", launches[l], seg_blocks);
         ds4_err err = {};
         if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
         CU(cudaStreamSynchronize(st));
@@ -974,7 +984,7 @@ static void check_fused_gemv(cudaStream_t st) {
                 double ref, mag;
                 reference(w[i], a[i], mat, r, 0, 0, &ref, &mag);
                 double e = fabs(got[r] - ref) / (mag + 1e-30);
-                if (!(e <= worst)) worst = e;
+                note_err(worst, e);
             }
             uint32_t guard;
             memcpy(&guard, &got[segs[i].rows], 4);
@@ -1029,7 +1039,7 @@ static void check_gemv_q8_out(cudaStream_t st) {
         double ref, mag;
         reference(w, a, 0, r, 0, 0, &ref, &mag);
         double e = fabs(got[r] - ref) / (mag + 1e-30);
-        if (!(e <= worst)) worst = e;
+        note_err(worst, e);
     }
     std::vector<ds4_block_q8_0x> want(qn / 32);
     ds4_quantize_q8_0x(got.data(), want.data(), qn);

@@ -495,13 +495,6 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     bool fl = (M & GM_FLOAT) && (sg.type == DS4_TYPE_F32 || sg.type == DS4_TYPE_F16 || sg.type == DS4_TYPE_BF16);
     bool early = wait && !sg.sel && (q8 || fl);
     if (wait && !early) dev_pdl_wait_prev();
-    if (R > 2 && (sg.type == DS4_TYPE_Q2_K || sg.type == DS4_TYPE_Q4_K)) {
-        /* K-quant rows come at most two a warp (pick_rpw); were there more,
-         * two at a time keeps their registers in bounds */
-        gemv_rows<M, 2>(sg, r0, tab, keep, false);
-        gemv_rows<M, 2>(sg, r0 + 2, tab, keep ? keep + 2 : NULL, false);
-        return;
-    }
     unsigned lane = threadIdx.x & 31;
     uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
     const uint8_t *rows[R];
@@ -583,8 +576,15 @@ template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint32_t *tab_g) {
     dev_pdl_launch_next();
     __shared__ uint32_t tab[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
+    /* the block's segment: by a division where the segments are equal (the
+     * routed experts', attn_output_a's groups), else by a walk of the plan,
+     * whose dependent constant-cache loads the division spares (gemv_probe
+     * and Nsight Compute: 10 - 15 % of a routed product's samples waited
+     * on them; PERFORMANCE.md, twenty-fifth iteration) */
     uint32_t s = 0;
-    while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
+    if (p.seg_blocks) s = blockIdx.x / p.seg_blocks;
+    else
+        while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
     unsigned warp = threadIdx.x / 32;
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
@@ -659,13 +659,16 @@ int cu_matmul_init(ds4_err *err) {
     return 0;
 }
 
-/* Rows per warp: enough bytes in flight per lane for short rows (a K-quant
- * row also brings its scales: two rows are enough, and four would not fit
- * the registers of four blocks per SM). */
+/* Rows per warp: enough bytes in flight per lane for short rows.  Four
+ * short K-quant rows (the routed down product's 672-byte Q2_K rows) in one
+ * round rather than two: a warp's fixed work (its segment, selection and
+ * row addresses, the sums and stores) then serves twice the bytes, and the
+ * launch has half the blocks - 2.6 % faster decode with the segment
+ * division (PERFORMANCE.md, twenty-fifth iteration); the K-quant kernels
+ * run at three blocks an SM, whose registers hold the four rows. */
 static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
-    bool kq = W->type == DS4_TYPE_Q2_K || W->type == DS4_TYPE_Q4_K;
-    if (qbytes <= 1024) return kq ? 2 : 4;
+    if (qbytes <= 1024) return 4;
     if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the IQ2_XXS tables first: more rows */
     return 1;
 }
@@ -720,6 +723,15 @@ static int check_float_row(uint32_t type, uint32_t n, ds4_err *err) {
     return 0;
 }
 
+uint32_t cu_gemv_seg_blocks(const gemv_plan *p) {
+    if (p->n_seg == 0) return 0;
+    uint32_t per = p->n_blocks / p->n_seg;
+    if (per * p->n_seg != p->n_blocks) return 0;
+    for (uint32_t i = 0; i < p->n_seg; i++)
+        if (p->seg[i].block0 != i * per) return 0;
+    return per;
+}
+
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
     uint32_t mask = 0;
@@ -740,6 +752,9 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (cu_matmul_init(err)) return -1;
     const uint32_t *tab = d_iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
+    gemv_plan run = *p;
+    run.seg_blocks = cu_gemv_seg_blocks(p);
+    p = &run;
     if (mask & GM_Q8OUT) {
         if (mask != GM_Q8OUT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
