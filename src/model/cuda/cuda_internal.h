@@ -180,7 +180,6 @@ typedef struct gemv_route {
 typedef struct gemv_plan {
     gemv_seg seg[CU_MAX_SEGS];
     uint32_t n_seg, n_blocks;
-    uint32_t seg_blocks; /* every segment's blocks when all have as many, else 0 (cu_gemv_run sets it) */
     gemv_route route;
 } gemv_plan;
 
@@ -192,8 +191,9 @@ static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint
     return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS && k <= 32;
 }
 
-/* The blocks of each of p's segments when all have as many (a block then
- * finds its segment by a division), else 0. */
+/* The blocks of each of p's segments when all have as many, else 0:
+ * cu_gemv_run passes it to the kernel, whose blocks then find their
+ * segment by a division. */
 uint32_t cu_gemv_seg_blocks(const gemv_plan *p);
 
 /* Add a segment to a plan (host side). */

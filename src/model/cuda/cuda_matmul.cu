@@ -573,7 +573,8 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
 #define GEMV_MIN_BLOCKS(M) ((M) & GM_Q8OUT ? 2 : (M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
 template <unsigned M>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) gemv_kernel(gemv_plan p, const uint32_t *tab_g) {
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
+    gemv_kernel(gemv_plan p, const uint32_t *tab_g, uint32_t seg_blocks /* cu_gemv_seg_blocks */) {
     dev_pdl_launch_next();
     __shared__ uint32_t tab[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
     /* the block's segment: by a division where the segments are equal (the
@@ -582,7 +583,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M)) ge
      * and Nsight Compute: 10 - 15 % of a routed product's samples waited
      * on them; PERFORMANCE.md, twenty-fifth iteration) */
     uint32_t s = 0;
-    if (p.seg_blocks) s = blockIdx.x / p.seg_blocks;
+    if (seg_blocks) s = blockIdx.x / seg_blocks;
     else
         while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     const gemv_seg &sg = p.seg[s];
@@ -752,18 +753,16 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (cu_matmul_init(err)) return -1;
     const uint32_t *tab = d_iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
-    gemv_plan run = *p;
-    run.seg_blocks = cu_gemv_seg_blocks(p);
-    p = &run;
+    uint32_t seg_blocks = cu_gemv_seg_blocks(p);
     if (mask & GM_Q8OUT) {
         if (mask != GM_Q8OUT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
-        DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, tab);
-    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab);
-    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, tab);
-    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, tab);
+        DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     CU_LAUNCHED();
     return 0;
 }
