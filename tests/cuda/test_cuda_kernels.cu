@@ -970,6 +970,7 @@ static void check_fused_gemv(cudaStream_t st) {
         }
         uint32_t seg_blocks = cu_gemv_seg_blocks(&p);
         CHECK((l == 1) == (seg_blocks != 0), "fused gemv (%s): %u blocks a segment", launches[l], seg_blocks);
+        CHECK(!cu_gemv_streamed(&p), "fused gemv (%s): streamed", launches[l]);
         ds4_err err = {};
         if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
         CU(cudaStreamSynchronize(st));
@@ -1000,6 +1001,85 @@ static void check_fused_gemv(cudaStream_t st) {
         cudaFree(a[i].d.f);
         cudaFree(a[i].d.q8);
         cudaFree(a[i].d.qk);
+    }
+    cudaFree(sel);
+}
+
+/* The routed experts' products in decode shapes: the down of selected
+ * Q2_K experts (each its own activation) as streamed launches
+ * (gemv_stream_kernel), in row lengths of one stage of 8 blocks or of two
+ * with a partial last (9 blocks), run by a wave of blocks (a unit a warp)
+ * and by 1 and 3 blocks (each warp walks many units and stages, the stage
+ * buffers in turn); gate and up of selected IQ2_XXS experts (a segment
+ * each, one shared activation; 8 and 17 blocks) take the plain kernel,
+ * with its replicated tables.  The fused launches of check_fused_gemv (odd
+ * row counts) take the plain kernel, as does any plan with streaming off
+ * (grid -1). */
+static void check_stream_gemv(cudaStream_t st) {
+    const int sel_h[4] = {2, 0, 3, 1};
+    int *sel = dcopy(sel_h, 4);
+    struct shape {
+        uint32_t type, n, rows, segs;
+        bool shared_act;
+    } shapes[] = {
+        {DS4_TYPE_IQ2_XXS, 2048, 64, 4, true},
+        {DS4_TYPE_IQ2_XXS, 4352, 32, 4, true},
+        {DS4_TYPE_Q2_K, 2048, 64, 3, false},
+        {DS4_TYPE_Q2_K, 2304, 96, 2, false},
+    };
+    const int grids[] = {0, 1, 3, -1};
+    for (const shape &sh : shapes) {
+        wt_pair w;
+        make_weights(w, sh.type, sh.n, sh.rows, 4);
+        act_pair a[4];
+        float *out[4];
+        for (uint32_t i = 0; i < sh.segs; i++) {
+            if (i == 0 || !sh.shared_act) make_act(a[i], sh.n, 1, st);
+            else a[i] = a[0];
+            out[i] = dalloc<float>(sh.rows + 1);
+        }
+        for (int g : grids) {
+            cu_gemv_set_stream(g);
+            gemv_plan p;
+            memset(&p, 0, sizeof(p));
+            for (uint32_t i = 0; i < sh.segs; i++) {
+                CU(cudaMemset(out[i], 0xFF, (sh.rows + 1) * 4));
+                cu_gemv_add(&p, &w.d, 0, sel, i, 0, sh.rows, &a[i].d, 0, out[i]);
+            }
+            bool streamed = cu_gemv_streamed(&p), want = g >= 0 && sh.type == DS4_TYPE_Q2_K;
+            CHECK(streamed == want, "stream gemv: %s of %u rows %s (grid %d)", ds4_type_get(sh.type)->name, sh.rows,
+                  streamed ? "streamed" : "not streamed", g);
+            ds4_err err = {};
+            if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+            CU(cudaStreamSynchronize(st));
+            double worst = 0;
+            int guards = 0;
+            for (uint32_t i = 0; i < sh.segs; i++) {
+                std::vector<float> got(sh.rows + 1);
+                CU(cudaMemcpy(got.data(), out[i], got.size() * 4, cudaMemcpyDeviceToHost));
+                for (uint32_t r = 0; r < sh.rows; r++) {
+                    double ref, mag;
+                    reference(w, a[i], (uint32_t)sel_h[i], r, 0, 0, &ref, &mag);
+                    note_err(worst, fabs(got[r] - ref) / (mag + 1e-30));
+                }
+                uint32_t guard;
+                memcpy(&guard, &got[sh.rows], 4);
+                guards += guard != 0xFFFFFFFFu;
+            }
+            printf("gemv %-8s %-8s n %4u, %u x %3u rows, grid %2d  max error %.2g of the terms' magnitude\n",
+                   streamed ? "streamed" : "plain", ds4_type_get(sh.type)->name, sh.n, sh.segs, sh.rows, g, worst);
+            CHECK(worst <= 2e-6 && guards == 0, "stream gemv: error %.3g, %d segments written past their rows", worst,
+                  guards);
+        }
+        cu_gemv_set_stream(0);
+        for (uint32_t i = 0; i < sh.segs; i++) {
+            cudaFree(out[i]);
+            if (i > 0 && sh.shared_act) continue;
+            cudaFree(a[i].d.f);
+            cudaFree(a[i].d.q8);
+            cudaFree(a[i].d.qk);
+        }
+        cudaFree((void *)w.d.p);
     }
     cudaFree(sel);
 }
@@ -1369,6 +1449,7 @@ int main(int argc, char **argv) {
     check_gemm_range(st);
     check_missing_form(st);
     check_fused_gemv(st);
+    check_stream_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);
     check_comp_emit(st);

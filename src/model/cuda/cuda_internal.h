@@ -204,6 +204,15 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
 void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
                     float *out, const dact *q, uint32_t q_off);
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
+/* The routed experts' down product as a streamed launch
+ * (gemv_stream_kernel): blocks < 0 off (DS4_CUDA_GEMV_STREAM=0), 0 a wave
+ * of blocks (the default), else that many blocks (the kernel test: a warp
+ * then walks several units). */
+void cu_gemv_set_stream(int blocks);
+/* Whether plan p takes the streamed launch: every segment Q2_K, of one row
+ * length, four rows a warp, whole blocks of rows, one block count (and
+ * streaming on). */
+bool cu_gemv_streamed(const gemv_plan *p);
 
 /* Matrix product over T tokens (prefill): out[t][row0 + r] for r < rows.
  * In grouped mode (routed experts) `grp` lists, per expert, the rows of

@@ -14,7 +14,9 @@
  * The kernel is compiled per set of weight types (the light Q8_0 / float
  * types, with Q2_K or Q4_K, IQ2_XXS alone, all), so that each launch runs
  * with the registers of its own types only and keeps three or four blocks
- * per SM streaming.
+ * per SM streaming.  The routed experts' Q2_K down product has a launch
+ * of its own (gemv_stream_kernel): a wave of blocks whose warps each walk
+ * several units, loading one stage ahead.
  *
  * Prefill (gemm): 128 weight rows x 64 tokens per block of 8 warps, K in
  * chunks of 256, compiled per weight type.  Quantized weights are expanded
@@ -199,53 +201,72 @@ static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uin
 }
 
 /* Q2_K rows: four lanes per 256-block, each with a quarter of the 64 quant
- * bytes (4 sub-blocks of 16 values). */
+ * bytes (4 sub-blocks of 16 values) and the 8 scale bytes of its half; a
+ * stage is 8 blocks of R rows (step t: blocks 8 t ..).  Sub-block j's
+ * 2-bit values are masked in place, not shifted down: bytes 4^j v (v =
+ * 0..3, up to 192) against the activations by an unsigned x signed dp4a,
+ * whose sum is then 4^j times the sum of v x - exact, so one shift of the
+ * sum replaces a shift of each word.  Each lane keeps its own float sum
+ * (the warp's sum at the end adds them). */
+template <int R> struct q2k_stage {
+    int4 w[R];
+    uint2 sc[R];
+    uint32_t dd[R];
+};
+template <int R>
+static __device__ __forceinline__ void q2k_load(q2k_stage<R> &st, const uint8_t *const *rows, uint32_t nb, uint32_t t) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3, h = q >> 1;
+    uint32_t b = 8 * t + lane / 4;
+    bool ok = b < nb;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        st.w[r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+        st.sc[r] = ok ? __ldg((const uint2 *)(rows[r] + 64 * (size_t)nb + 16 * (size_t)b + 8 * h)) : make_uint2(0, 0);
+        st.dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 80 * (size_t)nb) + b) : 0;
+    }
+}
+template <int R>
+static __device__ __forceinline__ void q2k_dot(const q2k_stage<R> &st, const int8_t *x, const float *xd,
+                                               const int16_t *bsum, uint32_t nb, uint32_t t, float *acc) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3, h = q >> 1, l0 = (q & 1) * 16;
+    uint32_t b = 8 * t + lane / 4;
+    bool ok = b < nb;
+    int4 a[4];
+    int bs[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        a[j] = ok ? ld16(x + 256 * (size_t)b + 128 * h + 32 * j + l0) : make_int4(0, 0, 0, 0);
+        bs[j] = ok ? bsum[16 * b + 8 * h + 2 * j + (q & 1)] : 0;
+    }
+    float dx = ok ? xd[b] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        /* sub-block j's scale byte is byte 2 j + (q & 1) of the half's 8 */
+        uint32_t s01 = st.sc[r].x >> (8 * (q & 1)), s23 = st.sc[r].y >> (8 * (q & 1));
+        const uint32_t sj[4] = {s01, s01 >> 16, s23, s23 >> 16};
+        int isum = 0, msum = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            uint32_t m = 0x03030303u << (2 * j);
+            int dj = dev_dp4a_us((uint32_t)st.w[r].x & m, a[j].x, 0);
+            dj = dev_dp4a_us((uint32_t)st.w[r].y & m, a[j].y, dj);
+            dj = dev_dp4a_us((uint32_t)st.w[r].z & m, a[j].z, dj);
+            dj = dev_dp4a_us((uint32_t)st.w[r].w & m, a[j].w, dj);
+            isum += (int)(sj[j] & 15) * (dj >> (2 * j));
+            msum += (int)((sj[j] >> 4) & 15) * bs[j];
+        }
+        float dall = dev_f16((uint16_t)st.dd[r]) * dx, dmin = dev_f16((uint16_t)(st.dd[r] >> 16)) * dx;
+        acc[r] += __fsub_rn(__fmul_rn(dall, (float)isum), __fmul_rn(dmin, (float)msum));
+    }
+}
 template <int R>
 static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
                                                  const int16_t *bsum, float *acc) {
-    unsigned lane = threadIdx.x & 31, q = lane & 3, h = q >> 1, l0 = (q & 1) * 16;
     uint32_t nb = n / 256;
-    for (uint32_t b0 = 0; b0 < nb; b0 += 8) {
-        uint32_t b = b0 + lane / 4;
-        bool ok = b < nb;
-        int4 w[R], sc[R];
-        uint32_t dd[R];
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            w[r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
-            sc[r] = ok ? ldw16(rows[r] + 64 * (size_t)nb + 16 * (size_t)b) : make_int4(0, 0, 0, 0);
-            dd[r] = ok ? __ldg((const uint32_t *)(rows[r] + 80 * (size_t)nb) + b) : 0;
-        }
-        int4 a[4];
-        int bs[4];
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            a[j] = ok ? ld16(x + 256 * (size_t)b + 128 * h + 32 * j + l0) : make_int4(0, 0, 0, 0);
-            bs[j] = ok ? bsum[16 * b + 8 * h + 2 * j + (q & 1)] : 0;
-        }
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int isum = 0, msum = 0;
-#pragma unroll
-            for (int j = 0; j < 4; j++) {
-                int4 wj;
-                wj.x = (w[r].x >> (2 * j)) & 0x03030303;
-                wj.y = (w[r].y >> (2 * j)) & 0x03030303;
-                wj.z = (w[r].z >> (2 * j)) & 0x03030303;
-                wj.w = (w[r].w >> (2 * j)) & 0x03030303;
-                uint32_t scb = byte16(sc[r], 8 * h + 2 * j + (q & 1));
-                isum += (int)(scb & 15) * dot16(wj, a[j]);
-                msum += (int)(scb >> 4) * bs[j];
-            }
-            isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-            isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-            msum += __shfl_xor_sync(0xffffffffu, msum, 1);
-            msum += __shfl_xor_sync(0xffffffffu, msum, 2);
-            if (ok && q == 0) {
-                float dall = dev_f16((uint16_t)dd[r]) * xd[b], dmin = dev_f16((uint16_t)(dd[r] >> 16)) * xd[b];
-                acc[r] += __fsub_rn(__fmul_rn(dall, (float)isum), __fmul_rn(dmin, (float)msum));
-            }
-        }
+    for (uint32_t t = 0; 8 * t < nb; t++) {
+        q2k_stage<R> st;
+        q2k_load<R>(st, rows, nb, t);
+        q2k_dot<R>(st, x, xd, bsum, nb, t, acc);
     }
 }
 
@@ -322,12 +343,14 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
  * bank-conflicted passes of its 8-byte ones), an OR and two permutes
  * replace an 8-byte grid lookup and ten operations of sign arithmetic.
  * Measured on the H200 (PERFORMANCE.md, eleventh iteration): decode 1 %
- * faster, the prefill products unchanged - neither is bound by these
- * lookups (16 conflict-free copies of the grid gained nothing either). */
+ * faster, the prefill products unchanged.  The prefill's expansion reads
+ * this compact table; the decode products a copy a lane (iq2_group_rep:
+ * decode 2.6 % faster, twenty-sixth iteration - once the decode had half
+ * the instructions, the lookups' bank conflicts bound it). */
 #define IQ2_LEVELS 256
 #define IQ2_SIGNS 128
-#define IQ2_TAB (IQ2_LEVELS + IQ2_SIGNS) /* words */
 #define IQ2_POS 0x002B1908u /* bytes 8, 25, 43 */
+#define IQ2_TAB (IQ2_LEVELS + IQ2_SIGNS + 2) /* words: the last two are IQ2_POS, see iq2_pos */
 #define IQ2_NEG 0x00D5E7F8u /* bytes -8, -25, -43 */
 
 static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
@@ -335,63 +358,126 @@ static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
     __syncthreads();
 }
 
+/* IQ2_POS as a value the lanes read from two words of the table by the
+ * parity of their index: a constant, or a value read at one address, the
+ * compiler keeps in a uniform register and copies before every permute
+ * (which takes one immediate, IQ2_NEG, and no uniform register) rather
+ * than hold in a register of its own - a copy for each 8 values. */
+static __device__ __forceinline__ uint32_t iq2_pos(const uint32_t *tab) { return tab[IQ2_TAB - 2 + (threadIdx.x & 1)]; }
+
 /* The signed grid values of one IQ2_XXS group of 32 (8 words), from its
- * index word g and sign/scale word s. */
-static __device__ __forceinline__ void iq2_group(const uint32_t *tab, uint32_t g, uint32_t s, uint32_t out[8]) {
+ * index word g and sign/scale word s; pos is iq2_pos(tab). */
+static __device__ __forceinline__ void iq2_group(const uint32_t *tab, uint32_t pos, uint32_t g, uint32_t s,
+                                                 uint32_t out[8]) {
 #pragma unroll
     for (int l = 0; l < 4; l++) {
         uint32_t sel = tab[(g >> (8 * l)) & 255] | tab[IQ2_LEVELS + ((s >> (7 * l)) & 127)];
-        out[2 * l] = __byte_perm(IQ2_POS, IQ2_NEG, sel);
-        out[2 * l + 1] = __byte_perm(IQ2_POS, IQ2_NEG, sel >> 16);
+        out[2 * l] = dev_prmt(pos, IQ2_NEG, sel); /* nibbles 0..6: no sign mode */
+        out[2 * l + 1] = dev_prmt(pos, IQ2_NEG, sel >> 16);
     }
 }
 
-/* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; two
- * steps of 8 blocks loaded at once. */
+/* The decode products' copy of the tables: each word 32 times, entry e's
+ * copy for lane i at word 32 e + i, in bank i - a warp's 32 random lookups
+ * in one pass, where the compact table's bank conflicts take three on
+ * average (a warp's lookups are random over 256 or 128 words).  49 KB a
+ * block (dynamic shared memory), filled from the device's compact table
+ * (L1 hits after an SM's first block). */
+#define IQ2_REP_BYTES (IQ2_TAB * 32 * 4)
+static __device__ void dev_iq2_fill_rep(uint32_t *tab, const uint32_t *tab_g) {
+    /* 16 bytes a store, all loads first: chunk c is copies 4 (c % 8) ..
+     * 4 (c % 8) + 3 of entry c / 8 (blocks of GEMV_WARPS warps) */
+    constexpr uint32_t CHUNKS = IQ2_TAB * 8, T = GEMV_WARPS * 32, U = (CHUNKS + T - 1) / T;
+    uint32_t v[U];
+#pragma unroll
+    for (uint32_t u = 0; u < U; u++) v[u] = threadIdx.x + u * T < CHUNKS ? __ldg(tab_g + (threadIdx.x + u * T) / 8) : 0;
+#pragma unroll
+    for (uint32_t u = 0; u < U; u++)
+        if (threadIdx.x + u * T < CHUNKS) ((uint4 *)tab)[threadIdx.x + u * T] = make_uint4(v[u], v[u], v[u], v[u]);
+    __syncthreads();
+}
+static __device__ __forceinline__ uint32_t iq2_pos_rep(const uint32_t *tab) {
+    return tab[32 * (IQ2_TAB - 1) + (threadIdx.x & 31)];
+}
+/* iq2_group on the replicated tables: the byte offset of lane i's copy of
+ * entry e is 128 e + 4 i, so each field is shifted to bit 7 and masked,
+ * the lane's 4 i or-ed in (one LOP3 with the mask). */
+static __device__ __forceinline__ void iq2_group_rep(const uint32_t *tab, uint32_t pos, uint32_t g, uint32_t s,
+                                                     uint32_t out[8]) {
+    const char *tb = (const char *)tab;
+    uint32_t lane4 = 4 * (threadIdx.x & 31);
+    const uint32_t og[4] = {(g << 7) & 0x7F80u, (g >> 1) & 0x7F80u, (g >> 9) & 0x7F80u, (g >> 17) & 0x7F80u};
+    const uint32_t os[4] = {(s << 7) & 0x3F80u, s & 0x3F80u, (s >> 7) & 0x3F80u, (s >> 14) & 0x3F80u};
+#pragma unroll
+    for (int l = 0; l < 4; l++) {
+        uint32_t sel = *(const uint32_t *)(tb + (og[l] | lane4)) |
+                       *(const uint32_t *)(tb + 128 * IQ2_LEVELS + (os[l] | lane4));
+        out[2 * l] = dev_prmt(pos, IQ2_NEG, sel);
+        out[2 * l + 1] = dev_prmt(pos, IQ2_NEG, sel >> 16);
+    }
+}
+
+/* IQ2_XXS rows: four lanes per 256-block, each with two groups of 32; a
+ * stage is 8 blocks of R rows (step t: blocks 8 t ..).  Each lane keeps
+ * its own float sum of its blocks (the warp's sum at the end adds them):
+ * no shuffles a block.  The blocks' common factor 1/8 is left to the end
+ * (IQ2_SCALE: a power of two, the same bits). */
+#define IQ2_SCALE 0.125f
+template <int R> struct iq2_stage {
+    int4 w[R];
+    uint32_t d[R];
+};
+template <int R>
+static __device__ __forceinline__ void iq2_load(iq2_stage<R> &st, const uint8_t *const *rows, uint32_t nb, uint32_t t) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3;
+    uint32_t b = 8 * t + lane / 4;
+    bool ok = b < nb;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        st.w[r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
+        st.d[r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
+    }
+}
+template <int R>
+static __device__ __forceinline__ void iq2_dot(const iq2_stage<R> &st, const int8_t *x, const float *xd,
+                                               const uint32_t *tab, uint32_t pos, uint32_t nb, uint32_t t, float *acc) {
+    unsigned lane = threadIdx.x & 31, q = lane & 3;
+    uint32_t b = 8 * t + lane / 4;
+    bool ok = b < nb;
+    int4 a[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
+    float dx = ok ? xd[b] : 0.0f;
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        int isum = 0;
+        uint32_t wq[4] = {(uint32_t)st.w[r].x, (uint32_t)st.w[r].y, (uint32_t)st.w[r].z, (uint32_t)st.w[r].w};
+#pragma unroll
+        for (int gi = 0; gi < 2; gi++) {
+            uint32_t v[8];
+            iq2_group_rep(tab, pos, wq[2 * gi], wq[2 * gi + 1], v);
+            int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
+            int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
+            int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
+            isum += (int)(2 * (wq[2 * gi + 1] >> 28) + 1) * sub;
+        }
+        acc[r] += (dev_f16((uint16_t)st.d[r]) * dx) * (float)isum;
+    }
+}
+/* Two stages loaded at once. */
 template <int R>
 static __device__ __forceinline__ void gemv_iq2_xxs(const uint8_t *const *rows, uint32_t n, const int8_t *x,
                                                     const float *xd, const uint32_t *tab, float *acc) {
-    unsigned lane = threadIdx.x & 31, q = lane & 3;
-    uint32_t nb = n / 256;
-    for (uint32_t b0 = 0; b0 < nb; b0 += 16) {
-        int4 w[2][R];
-        uint16_t d[2][R];
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            uint32_t b = b0 + 8 * u + lane / 4;
-            bool ok = b < nb;
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                w[u][r] = ok ? ldw16(rows[r] + 64 * (size_t)b + 16 * q) : make_int4(0, 0, 0, 0);
-                d[u][r] = ok ? __ldg((const uint16_t *)(rows[r] + 64 * (size_t)nb) + b) : 0;
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < 2; u++) {
-            uint32_t b = b0 + 8 * u + lane / 4;
-            bool ok = b < nb;
-            int4 a[4];
-#pragma unroll
-            for (int i = 0; i < 4; i++) a[i] = ok ? ld16(x + 256 * (size_t)b + 64 * q + 16 * i) : make_int4(0, 0, 0, 0);
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                int isum = 0;
-                uint32_t wq[4] = {(uint32_t)w[u][r].x, (uint32_t)w[u][r].y, (uint32_t)w[u][r].z, (uint32_t)w[u][r].w};
-#pragma unroll
-                for (int gi = 0; gi < 2; gi++) {
-                    uint32_t v[8];
-                    iq2_group(tab, wq[2 * gi], wq[2 * gi + 1], v);
-                    int4 v0 = make_int4((int)v[0], (int)v[1], (int)v[2], (int)v[3]);
-                    int4 v1 = make_int4((int)v[4], (int)v[5], (int)v[6], (int)v[7]);
-                    int sub = dot16(v0, a[2 * gi]) + dot16(v1, a[2 * gi + 1]);
-                    isum += (int)(2 * (wq[2 * gi + 1] >> 28) + 1) * sub;
-                }
-                isum += __shfl_xor_sync(0xffffffffu, isum, 1);
-                isum += __shfl_xor_sync(0xffffffffu, isum, 2);
-                if (ok && q == 0) acc[r] += (dev_f16(d[u][r]) * xd[b]) * ((float)isum * 0.125f);
-            }
-        }
+    uint32_t nb = n / 256, pos = iq2_pos_rep(tab);
+    for (uint32_t t = 0; 8 * t < nb; t += 2) {
+        iq2_stage<R> st[2];
+        iq2_load<R>(st[0], rows, nb, t);
+        iq2_load<R>(st[1], rows, nb, t + 1);
+        iq2_dot<R>(st[0], x, xd, tab, pos, nb, t, acc);
+        iq2_dot<R>(st[1], x, xd, tab, pos, nb, t + 1, acc);
     }
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] *= IQ2_SCALE;
 }
 
 /* Float rows against f32 activations: 16 bytes of weights per lane per
@@ -576,7 +662,7 @@ template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     gemv_kernel(gemv_plan p, const uint32_t *tab_g, uint32_t seg_blocks /* cu_gemv_seg_blocks */) {
     dev_pdl_launch_next();
-    __shared__ uint32_t tab[(M & GM_IQ2_XXS) ? IQ2_TAB : 1];
+    DS4_DYN_SMEM(uint32_t, tab); /* IQ2_REP_BYTES with IQ2_XXS rows, else none */
     /* the block's segment: by a division where the segments are equal (the
      * routed experts', attn_output_a's groups), else by a walk of the plan,
      * whose dependent constant-cache loads the division spares (gemv_probe
@@ -611,7 +697,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
      * launches run ahead in a chain, push tens of MB out of one another's
      * way - 5 % slower; staging 4 KB a warp in shared memory measured
      * 5.6 % slower (eighteenth iteration). */
-    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_tab(tab, tab_g);
+    if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_rep(tab, tab_g);
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
         __shared__ float kept[32];
         gemv_rows<M, 4>(sg, r0, tab, kept + 4 * warp, true);
@@ -626,6 +712,107 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     default: gemv_rows<M, 4>(sg, r0, tab, NULL, true); break;
     }
 }
+
+/* The streamed launch of the routed experts' down product (Q2_K: plans
+ * whose segments are all Q2_K rows of one length, four rows a warp, equal
+ * and whole; cu_gemv_streamed decides).  One wave of blocks
+ * (GEMV_STREAM_PER_SM an SM), each striding over the plan's blocks; a warp
+ * walks its units (four rows) in stages of two rows and 8 of their
+ * 256-blocks and loads the next stage - of the same unit or the next -
+ * before it works on the one it holds.  A block a unit would have its
+ * warps load their rows at once and then only compute, the DRAM idle
+ * while the SMs decode.  gemv_probe: 9.38 -> 8.35 us for the six experts
+ * of a decode step; the same for IQ2_XXS gate / up measured slower (15.6
+ * against 14.1 us: its decode is bound by its instructions, which the
+ * walk adds to), so they keep a block a unit (PERFORMANCE.md,
+ * twenty-sixth iteration). */
+#define GEMV_STREAM_PER_SM 3
+#define GEMV_STREAM_R 2 /* rows a stage: four in each of two stages would not fit three blocks' registers */
+
+/* Where a warp of a streamed launch is: plan block vb (segment s, block
+ * rb of it; w0 the unit's first row), the unit's two-row part and its
+ * step of 8 blocks. */
+struct stream_pos {
+    const uint8_t *w0;
+    uint32_t vb, s, rb, part, t;
+};
+static __device__ __forceinline__ void stream_at(stream_pos &ps, const gemv_plan &p, uint32_t vb, uint32_t seg_blocks) {
+    ps.vb = vb;
+    ps.s = vb / seg_blocks;
+    ps.rb = vb - ps.s * seg_blocks;
+    ps.part = ps.t = 0;
+    const gemv_seg &sg = p.seg[ps.s];
+    uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
+    uint32_t r0 = (ps.rb * GEMV_WARPS + threadIdx.x / 32) * 4;
+    ps.w0 = sg.w + mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
+}
+/* The stage after ps; false past the warp's last. */
+static __device__ __forceinline__ bool stream_next(stream_pos &ps, const gemv_plan &p, uint32_t seg_blocks,
+                                                   uint32_t steps) {
+    if (++ps.t < steps) return true;
+    ps.t = 0;
+    if (++ps.part < 4 / GEMV_STREAM_R) return true;
+    if (ps.vb + gridDim.x >= p.n_blocks) return false;
+    stream_at(ps, p, ps.vb + gridDim.x, seg_blocks);
+    return true;
+}
+/* The first row of ps's part in its segment. */
+static __device__ __forceinline__ uint32_t stream_row0(const stream_pos &ps) {
+    return (ps.rb * GEMV_WARPS + threadIdx.x / 32) * 4 + GEMV_STREAM_R * ps.part;
+}
+static __device__ __forceinline__ void stream_load(q2k_stage<GEMV_STREAM_R> &st, const gemv_plan &p,
+                                                   const stream_pos &ps, uint32_t nb) {
+    size_t rb = p.seg[0].row_bytes; /* every segment's (cu_gemv_streamed) */
+    const uint8_t *rows[GEMV_STREAM_R];
+#pragma unroll
+    for (int r = 0; r < GEMV_STREAM_R; r++) rows[r] = ps.w0 + (GEMV_STREAM_R * ps.part + r) * rb;
+    q2k_load<GEMV_STREAM_R>(st, rows, nb, ps.t);
+}
+/* Works on ps's stage; at a part's last step, its sums go out. */
+static __device__ __forceinline__ void stream_dot(const q2k_stage<GEMV_STREAM_R> &st, const gemv_plan &p,
+                                                  const stream_pos &ps, uint32_t nb, uint32_t steps, float *acc) {
+    const gemv_seg &sg = p.seg[ps.s];
+    q2k_dot<GEMV_STREAM_R>(st, sg.xq, sg.xd, sg.xb, nb, ps.t, acc);
+    if (ps.t + 1 < steps) return;
+    uint32_t r0 = stream_row0(ps);
+#pragma unroll
+    for (int r = 0; r < GEMV_STREAM_R; r++) {
+        float v = warp_sum(acc[r]);
+        if ((threadIdx.x & 31) == 0) sg.out[r0 + r] = v;
+        acc[r] = 0.0f;
+    }
+}
+
+/* Two stage buffers in turn (no copies between them): each is loaded one
+ * stage ahead of its use. */
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_STREAM_PER_SM)
+    gemv_stream_kernel(gemv_plan p, uint32_t seg_blocks) {
+    dev_pdl_launch_next();
+    dev_pdl_wait_prev(); /* the routing picks the rows; the activations come from the launch before */
+    uint32_t nb = p.seg[0].n / 256, steps = (nb + 7) / 8;
+    stream_pos a, b;
+    stream_at(a, p, blockIdx.x, seg_blocks);
+    q2k_stage<GEMV_STREAM_R> sa, sb;
+    stream_load(sa, p, a, nb);
+    float acc[GEMV_STREAM_R];
+#pragma unroll
+    for (int r = 0; r < GEMV_STREAM_R; r++) acc[r] = 0.0f;
+    for (;;) {
+        b = a;
+        bool more = stream_next(b, p, seg_blocks, steps);
+        if (more) stream_load(sb, p, b, nb);
+        stream_dot(sa, p, a, nb, steps, acc);
+        if (!more) break;
+        a = b;
+        more = stream_next(a, p, seg_blocks, steps);
+        if (more) stream_load(sa, p, a, nb);
+        stream_dot(sb, p, b, nb, steps, acc);
+        if (!more) break;
+    }
+}
+
+static int stream_blocks; /* cu_gemv_set_stream */
+void cu_gemv_set_stream(int blocks) { stream_blocks = blocks; }
 
 static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
 static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
@@ -646,6 +833,7 @@ static void iq2_make_tab(uint32_t *tab) {
         for (int k = 0; k < 8; k++) w |= ((sb >> k) & 1) << (4 * k + 2);
         tab[IQ2_LEVELS + s7] = w;
     }
+    tab[IQ2_TAB - 2] = tab[IQ2_TAB - 1] = IQ2_POS;
 }
 
 int cu_matmul_init(ds4_err *err) {
@@ -733,6 +921,17 @@ uint32_t cu_gemv_seg_blocks(const gemv_plan *p) {
     return per;
 }
 
+bool cu_gemv_streamed(const gemv_plan *p) {
+    if (stream_blocks < 0 || p->n_seg == 0 || !cu_gemv_seg_blocks(p)) return false;
+    for (uint32_t i = 0; i < p->n_seg; i++) {
+        const gemv_seg &sg = p->seg[i];
+        if (sg.type != DS4_TYPE_Q2_K || sg.n != p->seg[0].n || sg.row_bytes != p->seg[0].row_bytes || sg.rpw != 4 ||
+            sg.split != 1 || sg.rows % (4 * GEMV_WARPS))
+            return false;
+    }
+    return true;
+}
+
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
     uint32_t mask = 0;
@@ -754,15 +953,25 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     const uint32_t *tab = d_iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
     uint32_t seg_blocks = cu_gemv_seg_blocks(p);
-    if (mask & GM_Q8OUT) {
+    if (cu_gemv_streamed(p)) {
+        uint32_t grid = stream_blocks > 0 ? (uint32_t)stream_blocks : GEMV_STREAM_PER_SM * n_sms;
+        if (grid > p->n_blocks) grid = p->n_blocks;
+        DS4_LAUNCH(gemv_stream_kernel, grid, threads, 0, st, *p, seg_blocks);
+    } else if (mask & GM_Q8OUT) {
         if (mask != GM_Q8OUT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
         DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
-    else if (mask == GM_IQ2_XXS) DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
-    else DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if (mask == GM_IQ2_XXS) {
+        if (cu_allow_smem<gemv_kernel<GM_IQ2_XXS>>(IQ2_REP_BYTES, err)) return -1;
+        DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, IQ2_REP_BYTES, st, *p, tab, seg_blocks);
+    } else {
+        size_t smem = mask & GM_IQ2_XXS ? IQ2_REP_BYTES : 0;
+        if (cu_allow_smem<gemv_kernel<GM_ALL>>(smem, err)) return -1;
+        DS4_LAUNCH(gemv_kernel<GM_ALL>, p->n_blocks, threads, smem, st, *p, tab, seg_blocks);
+    }
     CU_LAUNCHED();
     return 0;
 }
@@ -1021,7 +1230,7 @@ static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, con
             int4 q = w.q[k / 2];
             uint32_t gw0 = (uint32_t)(k & 1 ? q.z : q.x), gw1 = (uint32_t)(k & 1 ? q.w : q.y);
             uint32_t v[8];
-            iq2_group(tab, gw0, gw1, v);
+            iq2_group(tab, iq2_pos(tab), gw0, gw1, v);
             unsigned ib = 4 * p + k;
             st16(s.w + swz(r, 2 * ib), v[0], v[1], v[2], v[3]);
             st16(s.w + swz(r, 2 * ib + 1), v[4], v[5], v[6], v[7]);

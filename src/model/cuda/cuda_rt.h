@@ -240,6 +240,39 @@ static __device__ __forceinline__ uint16_t dev_to_f16(float x) {
 #endif
 }
 
+/* PTX prmt.b32 in its default mode: byte k of the result is byte
+ * (s >> 4 k) & 7 of the pair (a, b), or that byte's sign replicated when
+ * bit 3 of the nibble is set.  __byte_perm promises the plain selection
+ * for any nibble, so the compiler masks its selector first; callers whose
+ * nibbles never have bit 3 set use this and save that instruction. */
+static __device__ __forceinline__ uint32_t dev_prmt(uint32_t a, uint32_t b, uint32_t s) {
+#ifdef DS4_CUDA_EMU
+    uint32_t r = 0;
+    for (int k = 0; k < 4; k++) {
+        uint32_t nib = (s >> (4 * k)) & 15, byte = __byte_perm(a, b, nib & 7) & 255;
+        if (nib & 8) byte = (byte & 128) ? 255 : 0;
+        r |= byte << (8 * k);
+    }
+    return r;
+#else
+    uint32_t r;
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    return r;
+#endif
+}
+
+/* c + the dot product of the unsigned bytes of w and the signed bytes of x. */
+static __device__ __forceinline__ int dev_dp4a_us(uint32_t w, int x, int c) {
+#ifdef DS4_CUDA_EMU
+    for (int i = 0; i < 4; i++) c += (int)(uint8_t)(w >> (8 * i)) * (int)(int8_t)(x >> (8 * i));
+    return c;
+#else
+    int r;
+    asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(w), "r"(x), "r"(c));
+    return r;
+#endif
+}
+
 static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
