@@ -178,13 +178,7 @@ static void routed(cudaStream_t st, float *out) {
 }
 
 int main(void) {
-    /* DS4_CUDA_GEMV_STREAM as the backend reads it: 0 turns the routed
-     * products' streamed launches off, N > 1 gives them N blocks */
-    {
-        const char *e = getenv("DS4_CUDA_GEMV_STREAM"); /* 0: off; N > 1: N blocks (timing) */
-        int v = e ? atoi(e) : 1;
-        cu_gemv_set_stream(v == 0 ? -1 : v > 1 ? v : 0);
-    }
+    cu_gemv_stream_from_env(); /* as the backend reads it */
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     ds4_err err = {};

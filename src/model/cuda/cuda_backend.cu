@@ -489,11 +489,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     ds4_prof_grids = prof && atoi(prof) == 2;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
     b->route_fold = !(getenv("DS4_CUDA_ROUTE_FOLD") && atoi(getenv("DS4_CUDA_ROUTE_FOLD")) == 0);
-    {
-        const char *e = getenv("DS4_CUDA_GEMV_STREAM"); /* 0: off; N > 1: N blocks (timing) */
-        int v = e ? atoi(e) : 1;
-        cu_gemv_set_stream(v == 0 ? -1 : v > 1 ? v : 0);
-    }
+    cu_gemv_stream_from_env();
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;
     b->logits_rows = LOGITS_ROWS;

@@ -209,6 +209,9 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
  * of blocks (the default), else that many blocks (the kernel test: a warp
  * then walks several units). */
 void cu_gemv_set_stream(int blocks);
+/* cu_gemv_set_stream from DS4_CUDA_GEMV_STREAM: 0 off, N > 1 N blocks,
+ * anything else (or unset) the default. */
+void cu_gemv_stream_from_env(void);
 /* Whether plan p takes the streamed launch: every segment Q2_K, of one row
  * length, four rows a warp, whole blocks of rows, one block count (and
  * streaming on). */

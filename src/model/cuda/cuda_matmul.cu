@@ -813,6 +813,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_STREAM_PER_SM)
 
 static int stream_blocks; /* cu_gemv_set_stream */
 void cu_gemv_set_stream(int blocks) { stream_blocks = blocks; }
+void cu_gemv_stream_from_env(void) {
+    const char *e = getenv("DS4_CUDA_GEMV_STREAM");
+    int v = e ? atoi(e) : 1;
+    cu_gemv_set_stream(v == 0 ? -1 : v > 1 ? v : 0);
+}
 
 static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
 static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
