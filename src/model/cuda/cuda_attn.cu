@@ -538,7 +538,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
  * so the result is deterministic but not the CPU's bits. */
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 #define ATB_WARPS 8
-#define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
+#define ATB_CBATCH 2    /* partial results a warp of the last block loads at once */
 #define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
 
 /* Floats of one partial result of attn_heads_kernel with h heads a warp
@@ -648,12 +648,13 @@ static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV],
     if ((threadIdx.x & 31) % LANES == 0) qd[e / 32] = d;
 }
 
-/* Normalise, undo the key RoPE at the query position, write the head's
- * output and its Q8_0 activation blocks.  The lane holds its per = hd / 32
- * values of the attn_lane_e layout (per is a constant where the caller's
- * is: inlined, the guards on it fold away). */
+/* Normalise, undo the key RoPE at the query position (frequencies freq:
+ * a.rope.inv_freq or a copy in shared memory), write the head's output and
+ * its Q8_0 activation blocks.  The lane holds its per = hd / 32 values of
+ * the attn_lane_e layout (per is a constant where the caller's is:
+ * inlined, the guards on it fold away). */
 static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t per, uint32_t t, uint32_t h, uint32_t p,
-                                                   float (&o)[ATT_MAXV], float den) {
+                                                   const float *freq, float (&o)[ATT_MAXV], float den) {
     unsigned lane = threadIdx.x & 31;
     uint32_t hd = 32 * per, tail0 = hd - a.rope_dim;
 #pragma unroll
@@ -664,7 +665,7 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
         uint32_t e = attn_lane_e(per, lane, i); /* even: a pair never straddles two groups */
         if ((uint32_t)i < per && e >= tail0) {
             uint32_t k = (e - tail0) / 2;
-            float theta = (float)p * a.rope.inv_freq[k];
+            float theta = (float)p * freq[k];
             float c = cosf(theta), s = -sinf(theta);
             float x0 = o[i], x1 = o[i + 1];
             o[i] = x0 * c - x1 * s;
@@ -694,7 +695,28 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
     float den = expf(sink - M) + l * c;
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
-    finish_head(a, per, t, h, p, o, den);
+    finish_head(a, per, t, h, p, a.rope.inv_freq, o, den);
+}
+
+/* The last block's loads of parts s0 .. (ATB_CBATCH of them, to se) of a
+ * head group's nparts (part stride pf floats): head j's maximum and sum,
+ * and the lane's values in slot order (one coalesced load per value);
+ * an empty slot holds -inf and zeros. */
+template <int H>
+static __device__ __forceinline__ void attn_load_parts(const float *pg, size_t pf, unsigned j, uint32_t s0, uint32_t se,
+                                                       uint32_t per, uint32_t hd, float (&ml)[ATB_CBATCH][2],
+                                                       float (&ov)[ATB_CBATCH][ATT_MAXV]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < ATB_CBATCH; u++) {
+        bool su = s0 + u < se;
+        const float *ps = pg + (su ? s0 + u : s0) * pf;
+        ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
+        ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATT_MAXV; k++)
+            ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * hd + 32 * k + lane) : 0.0f;
+    }
 }
 
 /* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
@@ -871,41 +893,42 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     if (!dev_last_block(a.count + gi, a.nsplit)) return;
     /* The last block: warp w merges head w % H over slice w / H of the
      * parts, against the largest maximum of all of them and the sink (a
-     * maximum is exact in any order), so the slices simply add. */
+     * maximum is exact in any order), so the slices simply add.  Its loads
+     * go out in one round trip: the sink, every part's maximum, the
+     * slice's first parts and the RoPE's frequencies (cold in the L2 by
+     * then), which finish_head reads from shared memory. */
     constexpr unsigned NSL = ATB_WARPS / H;
     unsigned j = warp % H, hv = warp / H;
     bool on = h0 + j < a.n_head;
     const float *pg = a.part + gi * nparts * pf;
-    float sink = on ? a.sinks[h0 + j] : 0.0f, M = sink;
-    for (uint32_t s0 = 0; s0 < nparts; s0 += 32) {
+    uint32_t nh = (nparts + NSL - 1) / NSL, sb = attn_min(hv * nh, nparts), se = attn_min(sb + nh, nparts);
+    __shared__ float freq[ATT_MAXV * 16]; /* the RoPE's, rope_dim / 2 <= hd / 2 */
+    float fv = threadIdx.x < a.rope_dim / 2 ? a.rope.inv_freq[threadIdx.x] : 0.0f;
+    float sink = on ? a.sinks[h0 + j] : 0.0f;
+    float mx = lane < nparts ? __ldcg(pg + lane * pf + j) : -INFINITY;
+    float ml[ATB_CBATCH][2], ov[ATB_CBATCH][ATT_MAXV];
+    attn_load_parts<H>(pg, pf, j, sb, se, per, hd, ml, ov);
+    float M = fmaxf(sink, warp_max(mx));
+    for (uint32_t s0 = 32; s0 < nparts; s0 += 32) {
         uint32_t s = s0 + lane;
         M = fmaxf(M, warp_max(s < nparts ? __ldcg(pg + s * pf + j) : -INFINITY));
     }
-    uint32_t nh = (nparts + NSL - 1) / NSL, sb = attn_min(hv * nh, nparts), se = attn_min(sb + nh, nparts);
     float den = 0.0f, v[ATT_MAXV];
 #pragma unroll
     for (int k = 0; k < ATT_MAXV; k++) v[k] = 0.0f;
-    for (uint32_t s0 = sb; s0 < se; s0 += ATB_CBATCH) {
-        float ml[ATB_CBATCH][2], ov[ATB_CBATCH][ATT_MAXV];
+    for (uint32_t s0 = sb;;) { /* empty slots add zeros */
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
-            bool su = s0 + u < se;
-            const float *ps = pg + (su ? s0 + u : sb) * pf;
-            ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
-            ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < ATT_MAXV; k++) /* slot order: one coalesced load per value */
-                ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * hd + 32 * k + lane) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ATB_CBATCH; u++) {
-            if (s0 + u >= se) break;
             float c = attn_rescale(ml[u][0], M);
             den += ml[u][1] * c;
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++) v[k] += ov[u][k] * c;
         }
+        s0 += ATB_CBATCH;
+        if (s0 >= se) break;
+        attn_load_parts<H>(pg, pf, j, s0, se, per, hd, ml, ov);
     }
+    if (threadIdx.x < a.rope_dim / 2) freq[threadIdx.x] = fv;
     if (hv > 0) {
         if (lane == 0) xl[hv - 1][j] = den;
 #pragma unroll
@@ -921,7 +944,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
                 if ((uint32_t)k < per) v[k] += xo[s][j][32 * k + lane];
             den += xl[s][j];
         }
-        finish_head(a, per, t, h0 + j, p, v, expf(sink - M) + den);
+        finish_head(a, per, t, h0 + j, p, freq, v, expf(sink - M) + den);
     }
 }
 
