@@ -746,6 +746,10 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(a.sink);
         return;
     }
+    if (a.nsplit > 1) { /* what the last block reads that is cold by then: into the L2 while the launch before runs */
+        if (threadIdx.x == 0) prefetch_l2(a.sinks + blockIdx.x * H);
+        if (threadIdx.x * 32 < a.rope_dim / 2) prefetch_l2(a.rope.inv_freq + 32 * threadIdx.x);
+    }
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];

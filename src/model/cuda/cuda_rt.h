@@ -398,7 +398,7 @@ static __device__ __forceinline__ void prefetch_l2(const void *p) {
 #ifdef DS4_CUDA_EMU
     (void)p;
 #else
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
 #endif
 }
 /* The number of SM ids (%nsmid: the highest id + 1, at least the SM count). */
