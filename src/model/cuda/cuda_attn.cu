@@ -42,6 +42,12 @@ static __device__ void block_rope(float *x, uint32_t n, const ds4_rope &rope, ui
     }
     __syncthreads();
 }
+/* Asks the L2 for the RoPE table before a launch's PDL wait: the weights
+ * streamed since its last use have pushed it out, and the rotation reads it
+ * only after the launch's loads and norm, one more DRAM round trip. */
+static __device__ __forceinline__ void rope_to_l2(const ds4_rope &rope) {
+    if (threadIdx.x * 32 < rope.n_pairs) prefetch_l2(rope.inv_freq + 32 * threadIdx.x);
+}
 /* ---------------------------------------------------------- embedding */
 
 static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uint32_t D, uint32_t n_hc) {
@@ -92,6 +98,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     bool qrole = blockIdx.y == 0;
     norm_w nw = qrole ? block_norm_weights(a.qa_norm, a.qa_norm_type, a.qlr)
                       : block_norm_weights(a.kv_norm, a.kv_norm_type, a.hd);
+    if (!qrole) rope_to_l2(a.rope);
     dev_pdl_wait_prev();
     uint32_t pos = *a.pos0 + t; /* loaded with the row, not after the norm */
     if (qrole) {
@@ -368,6 +375,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
+    rope_to_l2(a.rope);
     dev_pdl_wait_prev();
     uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
@@ -748,7 +756,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     }
     if (a.nsplit > 1) { /* what the last block reads that is cold by then: into the L2 while the launch before runs */
         if (threadIdx.x == 0) prefetch_l2(a.sinks + blockIdx.x * H);
-        if (threadIdx.x * 32 < a.rope_dim / 2) prefetch_l2(a.rope.inv_freq + 32 * threadIdx.x);
+        rope_to_l2(a.rope);
     }
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
