@@ -571,14 +571,28 @@ static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint
     return a.comp + (size_t)attn_comp_row(a, t, i - n_raw) * a.hd;
 }
 
+/* The compressed rows query t (at position p) sees. */
+static __device__ __forceinline__ uint32_t attn_comp_count(const attn_args &a, uint32_t t, uint32_t p) {
+    return a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
+}
+
 /* The visible rows of query t: raw window from `first`, n_raw of them,
  * then the compressed ones; returns the count. */
 static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_t t, uint32_t p, uint32_t *first,
                                                      uint32_t *n_raw) {
     *first = p + 1 > a.window ? p + 1 - a.window : 0;
     *n_raw = p + 1 - *first;
-    uint32_t n_comp = a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
-    return *n_raw + n_comp;
+    return *n_raw + attn_comp_count(a, t, p);
+}
+
+/* The same with the most compressed rows a ratio-4 query can have listed
+ * (the top_k or every complete one), known without the list's count. */
+static __device__ __forceinline__ uint32_t attn_rows_bound(const attn_args &a, uint32_t p, uint32_t *first,
+                                                           uint32_t *n_raw) {
+    *first = p + 1 > a.window ? p + 1 - a.window : 0;
+    *n_raw = p + 1 - *first;
+    uint32_t n_comp = a.ratio == 0 ? 0 : (p + 1) / a.ratio;
+    return *n_raw + (a.ratio == 4 && n_comp > a.top_k ? a.top_k : n_comp);
 }
 
 /* A warp holds a row of hd = 32 per values (per even) as groups of VW
@@ -758,17 +772,22 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         if (threadIdx.x == 0) prefetch_l2(a.sinks + blockIdx.x * H);
         rope_to_l2(a.rope);
     }
+    uint32_t pos_pre = a.pos_early ? *a.pos0 : 0;
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
-    uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
-    uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    /* the split's rows, then the warp's share of them */
+    uint32_t pos0 = a.pos_early ? pos_pre : *a.pos0, p = pos0 + t, first, n_raw;
+    /* The split's rows, then the warp's share of them, are cut from the
+     * most rows the query can see, so that the first row addresses (a
+     * ratio-4 row's from vis[]) are asked for with the count of its
+     * compressed rows rather than after it; the rows past the count are
+     * then left out (w1). */
+    uint32_t bound = attn_rows_bound(a, p, &first, &n_raw);
     uint32_t nparts = a.nsplit, part = split;
-    uint32_t per_part = (total + nparts - 1) / nparts;
-    uint32_t w0 = attn_min(part * per_part, total), w1 = attn_min(w0 + per_part, total);
+    uint32_t per_part = (bound + nparts - 1) / nparts;
+    uint32_t w0 = attn_min(part * per_part, bound), w1 = attn_min(w0 + per_part, bound);
     {
         uint32_t i0 = w0, i1 = w1, per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
         w0 = attn_min(i0 + warp * per_warp, i1);
@@ -779,6 +798,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
     if (lane < ATB_PREF_ROWS && w0 + lane < w1)
         rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
+    w1 = attn_min(w1, n_raw + attn_comp_count(a, t, p)); /* an address past the count is never loaded from */
     float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
     for (int j = 0; j < H; j++) {
@@ -1504,6 +1524,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.nsplit = 1;
     bool tc = cu_attn_tc(b, T);
     a.q_eps = c->rms_eps;
+    a.pos_early = b->capturing && T == 1;
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
         a.tc_comp0 = b->raw_cap + T;
