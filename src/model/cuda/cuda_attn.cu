@@ -42,6 +42,12 @@ static __device__ void block_rope(float *x, uint32_t n, const ds4_rope &rope, ui
     }
     __syncthreads();
 }
+/* Asks the L2 for the RoPE table before a launch's PDL wait: the weights
+ * streamed since its last use have pushed it out, and the rotation reads it
+ * only after the launch's loads and norm, one more DRAM round trip. */
+static __device__ __forceinline__ void rope_to_l2(const ds4_rope &rope) {
+    if (threadIdx.x * 32 < rope.n_pairs) prefetch_l2(rope.inv_freq + 32 * threadIdx.x);
+}
 /* ---------------------------------------------------------- embedding */
 
 static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uint32_t D, uint32_t n_hc) {
@@ -92,6 +98,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     bool qrole = blockIdx.y == 0;
     norm_w nw = qrole ? block_norm_weights(a.qa_norm, a.qa_norm_type, a.qlr)
                       : block_norm_weights(a.kv_norm, a.kv_norm_type, a.hd);
+    if (!qrole) rope_to_l2(a.rope);
     dev_pdl_wait_prev();
     uint32_t pos = *a.pos0 + t; /* loaded with the row, not after the norm */
     if (qrole) {
@@ -368,6 +375,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
+    rope_to_l2(a.rope);
     dev_pdl_wait_prev();
     uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
@@ -538,7 +546,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
  * so the result is deterministic but not the CPU's bits. */
 #define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
 #define ATB_WARPS 8
-#define ATB_CBATCH 4    /* partial results a warp of the last block loads at once */
+#define ATB_CBATCH 2    /* partial results a warp of the last block loads at once */
 #define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
 
 /* Floats of one partial result of attn_heads_kernel with h heads a warp
@@ -563,14 +571,28 @@ static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint
     return a.comp + (size_t)attn_comp_row(a, t, i - n_raw) * a.hd;
 }
 
+/* The compressed rows query t (at position p) sees. */
+static __device__ __forceinline__ uint32_t attn_comp_count(const attn_args &a, uint32_t t, uint32_t p) {
+    return a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
+}
+
 /* The visible rows of query t: raw window from `first`, n_raw of them,
  * then the compressed ones; returns the count. */
 static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_t t, uint32_t p, uint32_t *first,
                                                      uint32_t *n_raw) {
     *first = p + 1 > a.window ? p + 1 - a.window : 0;
     *n_raw = p + 1 - *first;
-    uint32_t n_comp = a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
-    return *n_raw + n_comp;
+    return *n_raw + attn_comp_count(a, t, p);
+}
+
+/* The same with the most compressed rows a ratio-4 query can have listed
+ * (the top_k or every complete one), known without the list's count. */
+static __device__ __forceinline__ uint32_t attn_rows_bound(const attn_args &a, uint32_t p, uint32_t *first,
+                                                           uint32_t *n_raw) {
+    *first = p + 1 > a.window ? p + 1 - a.window : 0;
+    *n_raw = p + 1 - *first;
+    uint32_t n_comp = a.ratio == 0 ? 0 : (p + 1) / a.ratio;
+    return *n_raw + (a.ratio == 4 && n_comp > a.top_k ? a.top_k : n_comp);
 }
 
 /* A warp holds a row of hd = 32 per values (per even) as groups of VW
@@ -648,12 +670,13 @@ static __device__ __forceinline__ void attn_q8_group(const float (&o)[ATT_MAXV],
     if ((threadIdx.x & 31) % LANES == 0) qd[e / 32] = d;
 }
 
-/* Normalise, undo the key RoPE at the query position, write the head's
- * output and its Q8_0 activation blocks.  The lane holds its per = hd / 32
- * values of the attn_lane_e layout (per is a constant where the caller's
- * is: inlined, the guards on it fold away). */
+/* Normalise, undo the key RoPE at the query position (frequencies freq:
+ * a.rope.inv_freq or a copy in shared memory), write the head's output and
+ * its Q8_0 activation blocks.  The lane holds its per = hd / 32 values of
+ * the attn_lane_e layout (per is a constant where the caller's is:
+ * inlined, the guards on it fold away). */
 static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t per, uint32_t t, uint32_t h, uint32_t p,
-                                                   float (&o)[ATT_MAXV], float den) {
+                                                   const float *freq, float (&o)[ATT_MAXV], float den) {
     unsigned lane = threadIdx.x & 31;
     uint32_t hd = 32 * per, tail0 = hd - a.rope_dim;
 #pragma unroll
@@ -664,7 +687,7 @@ static __device__ __forceinline__ void finish_head(const attn_args &a, uint32_t 
         uint32_t e = attn_lane_e(per, lane, i); /* even: a pair never straddles two groups */
         if ((uint32_t)i < per && e >= tail0) {
             uint32_t k = (e - tail0) / 2;
-            float theta = (float)p * a.rope.inv_freq[k];
+            float theta = (float)p * freq[k];
             float c = cosf(theta), s = -sinf(theta);
             float x0 = o[i], x1 = o[i + 1];
             o[i] = x0 * c - x1 * s;
@@ -694,7 +717,28 @@ static __device__ __forceinline__ void attn_sink_finish(const attn_args &a, uint
     float den = expf(sink - M) + l * c;
 #pragma unroll
     for (int j = 0; j < ATT_MAXV; j++) o[j] *= c;
-    finish_head(a, per, t, h, p, o, den);
+    finish_head(a, per, t, h, p, a.rope.inv_freq, o, den);
+}
+
+/* The last block's loads of parts s0 .. (ATB_CBATCH of them, to se) of a
+ * head group's nparts (part stride pf floats): head j's maximum and sum,
+ * and the lane's values in slot order (one coalesced load per value);
+ * an empty slot holds -inf and zeros. */
+template <int H>
+static __device__ __forceinline__ void attn_load_parts(const float *pg, size_t pf, unsigned j, uint32_t s0, uint32_t se,
+                                                       uint32_t per, uint32_t hd, float (&ml)[ATB_CBATCH][2],
+                                                       float (&ov)[ATB_CBATCH][ATT_MAXV]) {
+    unsigned lane = threadIdx.x & 31;
+#pragma unroll
+    for (int u = 0; u < ATB_CBATCH; u++) {
+        bool su = s0 + u < se;
+        const float *ps = pg + (su ? s0 + u : s0) * pf;
+        ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
+        ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
+#pragma unroll
+        for (int k = 0; k < ATT_MAXV; k++)
+            ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * hd + 32 * k + lane) : 0.0f;
+    }
 }
 
 /* Grid (head groups of H, queries, splits of the rows).  A warp keeps H
@@ -724,17 +768,26 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         if (blockIdx.y == 0 && blockIdx.z == 0) hc_sink_job_run(a.sink);
         return;
     }
+    if (a.nsplit > 1) { /* what the last block reads that is cold by then: into the L2 while the launch before runs */
+        if (threadIdx.x == 0) prefetch_l2(a.sinks + blockIdx.x * H);
+        rope_to_l2(a.rope);
+    }
+    uint32_t pos_pre = a.pos_early ? *a.pos0 : 0;
     dev_pdl_enter();
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
-    uint32_t pos0 = *a.pos0, p = pos0 + t, first, n_raw;
-    uint32_t total = attn_rows(a, t, p, &first, &n_raw);
-    /* the split's rows, then the warp's share of them */
+    uint32_t pos0 = a.pos_early ? pos_pre : *a.pos0, p = pos0 + t, first, n_raw;
+    /* The split's rows, then the warp's share of them, are cut from the
+     * most rows the query can see, so that the first row addresses (a
+     * ratio-4 row's from vis[]) are asked for with the count of its
+     * compressed rows rather than after it; the rows past the count are
+     * then left out (w1). */
+    uint32_t bound = attn_rows_bound(a, p, &first, &n_raw);
     uint32_t nparts = a.nsplit, part = split;
-    uint32_t per_part = (total + nparts - 1) / nparts;
-    uint32_t w0 = attn_min(part * per_part, total), w1 = attn_min(w0 + per_part, total);
+    uint32_t per_part = (bound + nparts - 1) / nparts;
+    uint32_t w0 = attn_min(part * per_part, bound), w1 = attn_min(w0 + per_part, bound);
     {
         uint32_t i0 = w0, i1 = w1, per_warp = (i1 - i0 + ATB_WARPS - 1) / ATB_WARPS;
         w0 = attn_min(i0 + warp * per_warp, i1);
@@ -745,6 +798,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
     if (lane < ATB_PREF_ROWS && w0 + lane < w1)
         rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
+    w1 = attn_min(w1, n_raw + attn_comp_count(a, t, p)); /* an address past the count is never loaded from */
     float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
     for (int j = 0; j < H; j++) {
@@ -871,41 +925,42 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     if (!dev_last_block(a.count + gi, a.nsplit)) return;
     /* The last block: warp w merges head w % H over slice w / H of the
      * parts, against the largest maximum of all of them and the sink (a
-     * maximum is exact in any order), so the slices simply add. */
+     * maximum is exact in any order), so the slices simply add.  Its loads
+     * go out in one round trip: the sink, every part's maximum, the
+     * slice's first parts and the RoPE's frequencies (cold in the L2 by
+     * then), which finish_head reads from shared memory. */
     constexpr unsigned NSL = ATB_WARPS / H;
     unsigned j = warp % H, hv = warp / H;
     bool on = h0 + j < a.n_head;
     const float *pg = a.part + gi * nparts * pf;
-    float sink = on ? a.sinks[h0 + j] : 0.0f, M = sink;
-    for (uint32_t s0 = 0; s0 < nparts; s0 += 32) {
+    uint32_t nh = (nparts + NSL - 1) / NSL, sb = attn_min(hv * nh, nparts), se = attn_min(sb + nh, nparts);
+    __shared__ float freq[ATT_MAXV * 16]; /* the RoPE's, rope_dim / 2 <= hd / 2 */
+    float fv = threadIdx.x < a.rope_dim / 2 ? a.rope.inv_freq[threadIdx.x] : 0.0f;
+    float sink = on ? a.sinks[h0 + j] : 0.0f;
+    float mx = lane < nparts ? __ldcg(pg + lane * pf + j) : -INFINITY;
+    float ml[ATB_CBATCH][2], ov[ATB_CBATCH][ATT_MAXV];
+    attn_load_parts<H>(pg, pf, j, sb, se, per, hd, ml, ov);
+    float M = fmaxf(sink, warp_max(mx));
+    for (uint32_t s0 = 32; s0 < nparts; s0 += 32) {
         uint32_t s = s0 + lane;
         M = fmaxf(M, warp_max(s < nparts ? __ldcg(pg + s * pf + j) : -INFINITY));
     }
-    uint32_t nh = (nparts + NSL - 1) / NSL, sb = attn_min(hv * nh, nparts), se = attn_min(sb + nh, nparts);
     float den = 0.0f, v[ATT_MAXV];
 #pragma unroll
     for (int k = 0; k < ATT_MAXV; k++) v[k] = 0.0f;
-    for (uint32_t s0 = sb; s0 < se; s0 += ATB_CBATCH) {
-        float ml[ATB_CBATCH][2], ov[ATB_CBATCH][ATT_MAXV];
+    for (uint32_t s0 = sb;;) { /* empty slots add zeros */
 #pragma unroll
         for (int u = 0; u < ATB_CBATCH; u++) {
-            bool su = s0 + u < se;
-            const float *ps = pg + (su ? s0 + u : sb) * pf;
-            ml[u][0] = su ? __ldcg(ps + j) : -INFINITY;
-            ml[u][1] = su ? __ldcg(ps + H + j) : 0.0f;
-#pragma unroll
-            for (int k = 0; k < ATT_MAXV; k++) /* slot order: one coalesced load per value */
-                ov[u][k] = su && (uint32_t)k < per ? __ldcg(ps + 2 * H + (size_t)j * hd + 32 * k + lane) : 0.0f;
-        }
-#pragma unroll
-        for (int u = 0; u < ATB_CBATCH; u++) {
-            if (s0 + u >= se) break;
             float c = attn_rescale(ml[u][0], M);
             den += ml[u][1] * c;
 #pragma unroll
             for (int k = 0; k < ATT_MAXV; k++) v[k] += ov[u][k] * c;
         }
+        s0 += ATB_CBATCH;
+        if (s0 >= se) break;
+        attn_load_parts<H>(pg, pf, j, s0, se, per, hd, ml, ov);
     }
+    if (threadIdx.x < a.rope_dim / 2) freq[threadIdx.x] = fv;
     if (hv > 0) {
         if (lane == 0) xl[hv - 1][j] = den;
 #pragma unroll
@@ -921,7 +976,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
                 if ((uint32_t)k < per) v[k] += xo[s][j][32 * k + lane];
             den += xl[s][j];
         }
-        finish_head(a, per, t, h0 + j, p, v, expf(sink - M) + den);
+        finish_head(a, per, t, h0 + j, p, freq, v, expf(sink - M) + den);
     }
 }
 
@@ -1469,6 +1524,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.nsplit = 1;
     bool tc = cu_attn_tc(b, T);
     a.q_eps = c->rms_eps;
+    a.pos_early = b->capturing && T == 1;
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
         a.tc_comp0 = b->raw_cap + T;

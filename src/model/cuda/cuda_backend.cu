@@ -227,7 +227,9 @@ static int capture_step(cuda_backend *b, ds4_err *err) {
     if (ds4_prof_on) return 0;
     cudaGraph_t g;
     CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+    b->capturing = true;
     int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
+    b->capturing = false;
     cudaError_t e = cudaStreamEndCapture(b->st, &g);
     if (rc) return ds4_err_prefix(err, "capturing the decode step");
     CU_TRY(e);

@@ -453,6 +453,11 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     float f[NMIX];
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
     hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
+    if (a.norm) { /* the finish's norm weights, cold by then: into the L2, a share of their lines a block */
+        size_t lines = ((size_t)a.D * (a.norm_type == DS4_TYPE_F32 ? 4 : 2) + 127) / 128;
+        size_t line = blockIdx.x + (size_t)threadIdx.x * gridDim.x;
+        if (line < lines) prefetch_l2(a.norm + 128 * line);
+    }
     dev_pdl_wait_prev();
     hc_row w = {};
     if (a.y || a.eout) w = hc_load_row(a, t, h);

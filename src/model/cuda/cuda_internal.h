@@ -311,6 +311,7 @@ typedef struct cuda_backend {
 
     /* the captured decode step */
     cudaGraphExec_t graph; /* the decode step (capture_step); NULL with DS4_CUDA_PROFILE */
+    bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
 } cuda_backend;
 
 /* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position
@@ -433,10 +434,12 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
 /* One attention pass (cuda_attn.cu): the visible rows of query t (at
  * position *pos0 + t) are its raw window - rows before *pos0 in the ring
  * (row r at r % raw_cap), the pass's own in kvbuf - then its compressed
- * rows (ratio 4: the nvis[t] listed in vis[t][..top_k], ratio 128: all
- * complete ones).  heads gets the normalised outputs, key RoPE undone. */
+ * rows (ratio 4: the nvis[t] listed in vis[t][..top_k], no more than the
+ * (pos + 1) / 4 complete ones; ratio 128: all complete ones).  heads gets
+ * the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
+    bool pos_early;     /* *pos0 may be read before the PDL wait: a decode graph's (steps run one after another) */
     const float *q;     /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
     float q_eps;        /* tc: the q post's RMSNorm epsilon */
     const float *kvbuf, *ring, *comp;

@@ -393,12 +393,14 @@ static __device__ __forceinline__ void cp_async4(void *smem, const void *gmem) {
 #endif
 }
 /* Asks the L2 for the line of p, nothing awaited (a later load or copy of
- * it then waits for the L2 rather than for the DRAM). */
+ * it then waits for the L2 rather than for the DRAM).  The operand is a
+ * global address: with a generic one (which could point at the stack)
+ * ptxas kept the calling kernel's local arrays in memory around it. */
 static __device__ __forceinline__ void prefetch_l2(const void *p) {
 #ifdef DS4_CUDA_EMU
     (void)p;
 #else
-    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p));
+    asm volatile("prefetch.global.L2 [%0];\n" ::"l"(__cvta_generic_to_global(p)));
 #endif
 }
 /* The number of SM ids (%nsmid: the highest id + 1, at least the SM count). */
