@@ -476,7 +476,8 @@ int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t s
     return 0;
 }
 
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err) {
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
+                cudaEvent_t emitted, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     const dlstate *S = &b->L[il];
@@ -525,6 +526,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
      * the previous window's frontier rows, so no batches */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
+    if (emitted) CU_TRY(cudaEventRecord(emitted, st));
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
     DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, st, a);
     CU_LAUNCHED();

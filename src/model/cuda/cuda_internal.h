@@ -372,7 +372,12 @@ hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site);
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err);
+/* Layer il's compressed rows of the pass, then its frontier rebuilt, on
+ * st; emitted (not NULL): recorded on st between the two, for a decode
+ * step's query path to wait for the rows alone - no launch of the step
+ * reads the frontier, which runs on beside the attention. */
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
+                cudaEvent_t emitted, ds4_err *err);
 /* A compressor lane of one pass (MODEL.md 6.2): its frontier (the rows
  * of the current window - and for ratio 4 the previous one - that earlier
  * passes left), the pass's projections, and where its compressed rows go. */
