@@ -818,6 +818,7 @@ static void check_comp_emit(cudaStream_t st) {
             a.T = T;
             a.rope_dim = rope_dim;
             a.pos0 = dpos;
+            a.pos_early = pos0 != 0; /* read before the PDL wait, as in a decode graph */
             a.rope = rope;
             a.eps = 1e-6f;
             a.sim = true;
@@ -859,7 +860,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     const uint32_t ihd = 128;
     {
         ds4_err err = {};
-        int rc = cu_idx_scores(NULL, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, tc, st, &err);
+        int rc = cu_idx_scores(NULL, false, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, tc, st, &err);
         CHECK(rc != 0 && err.code == DS4_EUNSUPPORTED && strstr(ds4_err_msg(&err), "65 x 128"),
               "65 indexer heads: rc %d, \"%s\"", rc, ds4_err_msg(&err));
     }
@@ -882,7 +883,8 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         uint32_t *dpos = dcopy(&pos0, 1);
         CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
         ds4_err err = {};
-        if (cu_idx_scores(dpos, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
+        bool early = !tc && (&cs - cases) % 2; /* a decode graph's early position (the tc kernel is prefill's) */
+        if (cu_idx_scores(dpos, early, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
@@ -1184,7 +1186,11 @@ static void check_topk(cudaStream_t st) {
         CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
         CU(cudaMemset(dvis, 0xFF, (size_t)(T + 1) * k * 4));
         ds4_err err = {};
-        if (cu_topk(dpos, d, stride, T, k, dvis, dn, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        bool early = (&cs - cases) % 2; /* the position read before the PDL wait, as in a decode graph */
+        if (cu_topk(dpos, early, d, stride, T, k, dvis, dn, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
         CU(cudaStreamSynchronize(st));
         std::vector<uint32_t> vis((size_t)(T + 1) * k), n(T);
         CU(cudaMemcpy(vis.data(), dvis, vis.size() * 4, cudaMemcpyDeviceToHost));

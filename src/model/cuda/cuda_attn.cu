@@ -376,8 +376,10 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
     rope_to_l2(a.rope);
+    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
     dev_pdl_wait_prev();
-    uint32_t pos0 = *a.pos0, ratio = L.ratio, hd = L.hd;
+    if (!a.pos_early) pos0 = *a.pos0;
+    uint32_t ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
     if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
     long long ws = (long long)w * ratio;
@@ -421,9 +423,12 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
  * a thread owns a column, so rows can move (ratio 4: the current window
  * becoming the previous one) without races. */
 static __global__ void comp_frontier_kernel(comp_args a) {
-    dev_pdl_enter();
+    dev_pdl_launch_next();
+    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
+    dev_pdl_wait_prev();
+    if (!a.pos_early) pos0 = *a.pos0;
     const comp_lane &L = a.lane[blockIdx.y];
-    uint32_t pos0 = *a.pos0, n = pos0 + a.T, ratio = L.ratio;
+    uint32_t n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
      * (rows past the partial window are already empty) */
     bool same_window = n / ratio == pos0 / ratio;
@@ -471,7 +476,8 @@ int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t s
     return 0;
 }
 
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err) {
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
+                cudaEvent_t emitted, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     const dlstate *S = &b->L[il];
@@ -481,6 +487,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     a.T = T;
     a.rope_dim = c->rope_dim;
     a.pos0 = &b->d_step->pos;
+    a.pos_early = b->capturing && T == 1;
     a.rope = b->rope_comp;
     a.eps = c->rms_eps;
     a.sim = b->sim;
@@ -519,6 +526,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
      * the previous window's frontier rows, so no batches */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
+    if (emitted) CU_TRY(cudaEventRecord(emitted, st));
     uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
     DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, st, a);
     CU_LAUNCHED();

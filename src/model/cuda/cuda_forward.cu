@@ -159,7 +159,9 @@ static hc_site head_site(cuda_backend *b) {
  * after what st has enqueued so far, side_join() marks its end, and
  * side_wait() makes st wait for that mark before the first launch that
  * reads the branch's results.  Captured, the branch is a parallel path of
- * the step's graph. */
+ * the step's graph.  Work the side stream runs past the mark (the
+ * compressor's frontier) is joined by the next branch's mark: the side
+ * stream runs in order, and every layer's FFN forks and joins one. */
 static int side_fork(cuda_backend *b, ds4_err *err) {
     CU_TRY(cudaEventRecord(b->ev_fork, b->st));
     CU_TRY(cudaStreamWaitEvent(b->side, b->ev_fork, 0));
@@ -200,17 +202,18 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     uint32_t ratio = ds4_layer_ratio(c, il);
     bool idx = ratio == 4;
     /* decode: the compressor needs only the layer's input and its own
-     * state; its projections and pooling run beside the query path and are
-     * joined before the indexer */
+     * state; its projections and pooling run beside the query path, which
+     * waits for the emitted rows before the indexer (the join's event,
+     * recorded by cu_compress before the frontier's rebuild) */
     bool branch = ratio && decode;
     if (branch && (side_fork(b, err) || compressor_projections(b, w, ratio, idx, b->side, err) ||
-                   cu_compress(b, il, T, pos0, decode, b->side, err) || side_join(b, err)))
+                   cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
     if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
     if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
     if (branch) {
         if (side_wait(b, err)) return -1;
-    } else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, err)) {
+    } else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, NULL, err)) {
         return -1;
     }
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;

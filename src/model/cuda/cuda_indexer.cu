@@ -29,6 +29,7 @@
 
 typedef struct idx_args {
     const uint32_t *pos0;
+    bool pos_early; /* as attn_args.pos_early */
     const float *iq, *iw, *rows;
     float *scores;
     size_t score_stride;
@@ -90,11 +91,13 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * thread.  The share's rows are copied into shared memory while the query
  * loads.  Heads past a.heads are zeros with weight 0. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
+    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
     dev_pdl_enter_late(); /* no launches piling up ahead (cuda_rt.h) */
+    if (!a.pos_early) pos0 = *a.pos0;
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
-    uint32_t t = blockIdx.y, nc = (*a.pos0 + t + 1) / 4;
+    uint32_t t = blockIdx.y, nc = (pos0 + t + 1) / 4;
     uint32_t per = (nc + gridDim.x - 1) / gridDim.x;
     per = (per + IDX_GROUPS - 1) / IDX_GROUPS * IDX_GROUPS;
     if (per > IDX_TILE) per = IDX_TILE; /* only if nc exceeds the rows the grid was sized for */
@@ -245,6 +248,7 @@ template <int IHD> static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx
 
 typedef struct topk_args {
     const uint32_t *pos0;
+    bool pos_early; /* as attn_args.pos_early */
     const float *scores;
     size_t score_stride;
     uint32_t top_k;
@@ -589,10 +593,12 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
+    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
     dev_pdl_enter_late();
+    if (!a.pos_early) pos0 = *a.pos0;
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);
-    uint32_t t = blockIdx.x, nc = (*a.pos0 + t + 1) / 4, k = a.top_k;
+    uint32_t t = blockIdx.x, nc = (pos0 + t + 1) / 4, k = a.top_k;
     uint32_t *vis = a.vis + (size_t)t * k;
     if (nc <= k) {
         for (uint32_t i = threadIdx.x; i < nc; i += blockDim.x) vis[i] = i;
@@ -615,24 +621,24 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
 
 /* The visible rows of T queries from their scores (cu_indexer; exported
  * for the kernel test). */
-int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
-            uint32_t *nvis, cudaStream_t st, ds4_err *err) {
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k,
+            uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err) {
     uint32_t cache = score_stride < TOPK_CACHE ? (uint32_t)score_stride : TOPK_CACHE;
-    topk_args k = {pos0, scores, score_stride, top_k, vis, nvis, cache};
+    topk_args k = {pos0, pos_early, scores, score_stride, top_k, vis, nvis, cache};
     if (cu_allow_smem<topk_kernel>(cache * sizeof(float), err)) return -1;
     DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, cache * sizeof(float), st, k);
     CU_LAUNCHED();
     return 0;
 }
 
-int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const float *rows, uint32_t T,
+int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows, uint32_t T,
                   uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
                   bool tc, cudaStream_t st, ds4_err *err) {
     if (heads > IDX_MAX_HEADS || ihd > IDX_MAX_DIM || ihd % 32)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
                            heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
-    idx_args a = {pos0, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
+    idx_args a = {pos0, pos_early, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
         dim3 grid((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T);
         if (ihd == 128) {
@@ -661,9 +667,10 @@ int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const 
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
-    if (cu_idx_scores(&b->d_step->pos, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
+    bool early = b->capturing && T == 1;
+    if (cu_idx_scores(&b->d_step->pos, early, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
                       c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
-    return cu_topk(&b->d_step->pos, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
+    return cu_topk(&b->d_step->pos, early, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
 }
 

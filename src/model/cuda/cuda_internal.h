@@ -372,7 +372,12 @@ hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site);
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st, ds4_err *err);
+/* Layer il's compressed rows of the pass, then its frontier rebuilt, on
+ * st; emitted (not NULL): recorded on st between the two, for a decode
+ * step's query path to wait for the rows alone - no launch of the step
+ * reads the frontier, which runs on beside the attention. */
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
+                cudaEvent_t emitted, ds4_err *err);
 /* A compressor lane of one pass (MODEL.md 6.2): its frontier (the rows
  * of the current window - and for ratio 4 the previous one - that earlier
  * passes left), the pass's projections, and where its compressed rows go. */
@@ -392,6 +397,7 @@ typedef struct comp_args {
     comp_lane lane[2];
     uint32_t n_lanes, T, rope_dim;
     const uint32_t *pos0;
+    bool pos_early;     /* as attn_args.pos_early */
     ds4_rope rope;
     float eps;
     bool sim;
@@ -410,15 +416,16 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
  * compressed rows of its prefix, when they are more than top_k: score[c] =
  * sum_h iw[t][h] max(0, iq[t][h] . rows[c]) into row t of scores; max_nc
  * bounds the rows of any query; tc: on the tensor cores (prefill), else
- * on the SIMT units (cu_indexer; exported for the kernel test). */
-int cu_idx_scores(const uint32_t *pos0, const float *iq, const float *iw, const float *rows, uint32_t T,
-                  uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
-                  bool tc, cudaStream_t st, ds4_err *err);
+ * on the SIMT units (cu_indexer; exported for the kernel test).
+ * pos_early, here and in cu_topk: as attn_args.pos_early. */
+int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows,
+                  uint32_t T, uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores,
+                  size_t score_stride, bool tc, cudaStream_t st, ds4_err *err);
 /* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
  * its prefix, or the top_k of them by score (row t of scores): their
  * indices in ascending order into vis row t, their count into nvis[t]. */
-int cu_topk(const uint32_t *pos0, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k, uint32_t *vis,
-            uint32_t *nvis, cudaStream_t st, ds4_err *err);
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k,
+            uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err);
 
 /* cuda_attn.cu: attention */
 /* The pass at pos0 (the host's copy of d_step->pos); sink: the HC site whose
