@@ -48,9 +48,11 @@ if [ "${QUICK:-0}" = 1 ]; then
     # Two lanes, as the emulation runs kernels on one core: the longest step
     # beside the others, in a directory of its own (a compare writes its
     # snapshot file where it runs); its log follows the others'.
-    # 150 tokens: a ratio-128 window closes inside the one-chunk prefill
-    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" "$TEST" compare ../tiny-f16.gguf --no-sim --prompt 150 --steps 16 &&
-        [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
+    # 150 tokens: a ratio-128 window closes inside the one-chunk prefill;
+    # the decode steps start in the graph sized for 152 tokens and go on in
+    # the session's (cuda_backend.cu, capture_step)
+    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" env DS4_CUDA_GRAPH_CTX=152 "$TEST" compare ../tiny-f16.gguf \
+        --no-sim --prompt 150 --steps 16 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
     lane2=$!
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
@@ -73,7 +75,9 @@ else
     # apart (relative), which the H200's rounding flips (every later row then
     # moves by up to 0.1).  Seed 12's closest pair, in prefill and the 32
     # greedy steps, is 2.2e-5 apart (measured on the CPU reference).
-    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
+    # The decode steps start in the graph sized for 310 tokens (the indexer
+    # scoring at most 79 rows) and go on in the session's (capture_step).
+    step "strict mid f16" env DS4_CUDA_GRAPH_CTX=310 "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
     # Flash's width (4096): the HC decode launch of 32 column slices
     step "strict wide f16" "$TEST" compare wide-f16.gguf --no-sim --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one

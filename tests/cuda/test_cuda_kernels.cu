@@ -1187,7 +1187,7 @@ static void check_topk(cudaStream_t st) {
         CU(cudaMemset(dvis, 0xFF, (size_t)(T + 1) * k * 4));
         ds4_err err = {};
         bool early = (&cs - cases) % 2; /* the position read before the PDL wait, as in a decode graph */
-        if (cu_topk(dpos, early, d, stride, T, k, dvis, dn, st, &err)) {
+        if (cu_topk(dpos, early, d, stride, (pos0 + T) / 4, T, k, dvis, dn, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }

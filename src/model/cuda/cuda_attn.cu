@@ -1542,9 +1542,8 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
                                a.tc_nrows, cu_attn_tc_rows(b));
     }
     if (T == 1) { /* one query: the rows split over blocks (the scratch holds one query's partial results) */
-        uint32_t rows = c->sliding_window;
-        if (S->ratio == 4) rows += c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4;
-        if (S->ratio == 128) rows += b->comp_cap128;
+        uint32_t rows = c->sliding_window, cap = S->ratio ? cu_dec_cap(b, S->ratio) : 0;
+        rows += S->ratio == 4 && c->idx_top_k < cap ? c->idx_top_k : cap;
         a.nsplit = cu_attn_splits(c, rows);
         if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
     }

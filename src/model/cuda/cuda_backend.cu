@@ -217,37 +217,56 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
     return 0;
 }
 
-/* The decode step's graph, captured once when the backend is made: every
- * kernel of it reads the position and token from d_step, so one graph serves
- * every step of every session.  Capturing, instantiating and uploading its
- * ~860 launches takes milliseconds that the first generated token would
- * otherwise wait for.  With DS4_CUDA_PROFILE there is no graph: every launch
- * is timed on its own. */
-static int capture_step(cuda_backend *b, ds4_err *err) {
-    if (ds4_prof_on) return 0;
+/* The decode step's graphs, captured once when the backend is made: every
+ * kernel of them reads the position and token from d_step, so one graph
+ * serves every step of every session below its context size (graph_ctx).
+ * Capturing, instantiating and uploading the ~860 launches of one takes
+ * milliseconds that the first generated token would otherwise wait for.
+ * The contexts: 8k, 32k, .. (times 4) below the session's, then the
+ * session's (a 64k session: 8k, 32k, 64k; its decode at 4k was 0.4 %
+ * slower in the whole context's graph, PERFORMANCE.md, thirteenth
+ * session).  With DS4_CUDA_PROFILE there is no graph: every launch is
+ * timed on its own. */
+static int capture_one(cuda_backend *b, uint32_t ctx, ds4_err *err) {
     cudaGraph_t g;
+    b->dec_ctx = ctx;
     CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
     b->capturing = true;
     int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
     b->capturing = false;
+    b->dec_ctx = b->ctx;
     cudaError_t e = cudaStreamEndCapture(b->st, &g);
-    if (rc) return ds4_err_prefix(err, "capturing the decode step");
+    if (rc) return ds4_err_prefix(err, "capturing the decode step (context %u)", ctx);
     CU_TRY(e);
-    e = cudaGraphInstantiate(&b->graph, g, 0);
+    cudaGraphExec_t x;
+    e = cudaGraphInstantiate(&x, g, 0);
     cudaGraphDestroy(g);
     CU_TRY(e);
-    CU_TRY(cudaGraphUpload(b->graph, b->st));
+    b->graph[b->n_graphs] = x;
+    b->graph_ctx[b->n_graphs++] = ctx;
+    CU_TRY(cudaGraphUpload(x, b->st));
+    return 0;
+}
+
+static int capture_step(cuda_backend *b, ds4_err *err) {
+    if (ds4_prof_on) return 0;
+    for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
+        if (capture_one(b, (uint32_t)ctx, err)) return -1;
+    if (capture_one(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
 }
 
-/* One decode step on the device.  Its logits are d_logits' row 0; a prefill
- * that returned every row may have left d_last_logits elsewhere, and the
- * graph runs none of the host code that sets it. */
-static int run_step(cuda_backend *b, ds4_err *err) {
+/* The decode step at position pos on the device.  Its logits are
+ * d_logits' row 0; a prefill that returned every row may have left
+ * d_last_logits elsewhere, and the graph runs none of the host code that
+ * sets it. */
+static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
     b->d_last_logits = b->d_logits;
-    if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, b->n_tokens, true, NULL, err);
-    CU_TRY(cudaGraphLaunch(b->graph, b->st));
+    if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, pos, true, NULL, err);
+    uint32_t i = 0;
+    while (i + 1 < b->n_graphs && pos >= b->graph_ctx[i]) i++;
+    CU_TRY(cudaGraphLaunch(b->graph[i], b->st));
     return 0;
 }
 
@@ -256,7 +275,7 @@ static int cuda_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
     if (check_room(b, 1, err)) return -1;
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
-    if (cu_set_step(b, 2, 0, token, err) || run_step(b, err)) return -1;
+    if (cu_set_step(b, 2, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
     b->tokens[b->n_tokens++] = token;
     b->has_logits = true;
     b->logits_fresh = false;
@@ -273,7 +292,7 @@ static int cuda_greedy(ds4_backend *base, uint32_t n, uint32_t *out, ds4_err *er
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
         CU_TRY(cudaMemsetAsync(b->d_nrec, 0, sizeof(uint32_t), b->st));
         for (uint32_t i = 0; i < m; i++)
-            if (run_step(b, err)) return -1;
+            if (run_step(b, b->n_tokens + i, err)) return -1;
         CU_TRY(cudaMemcpyAsync(out + done, b->d_argmax, m * sizeof(uint32_t), cudaMemcpyDeviceToHost, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));
         memcpy(b->tokens + b->n_tokens, out + done, m * sizeof(uint32_t));
@@ -381,7 +400,7 @@ static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err)
 static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
-    if (b->graph) cudaGraphExecDestroy(b->graph);
+    for (uint32_t i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graph[i]);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
@@ -482,6 +501,9 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = b->ctx / 4 + 2;
     b->comp_cap128 = b->ctx / 128 + 2;
+    b->dec_ctx = b->ctx;
+    const char *gctx = getenv("DS4_CUDA_GRAPH_CTX");
+    b->graph_ctx0 = gctx && atoi(gctx) > 0 ? (uint32_t)atoi(gctx) : CU_GRAPH_CTX0;
     ds4_ablate = getenv("DS4_CUDA_ABLATE");
     if (ds4_ablate && *ds4_ablate)
         fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "

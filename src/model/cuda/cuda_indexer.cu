@@ -621,9 +621,9 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
 
 /* The visible rows of T queries from their scores (cu_indexer; exported
  * for the kernel test). */
-int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k,
-            uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err) {
-    uint32_t cache = score_stride < TOPK_CACHE ? (uint32_t)score_stride : TOPK_CACHE;
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t max_nc, uint32_t T,
+            uint32_t top_k, uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err) {
+    uint32_t cache = max_nc < TOPK_CACHE ? max_nc : TOPK_CACHE;
     topk_args k = {pos0, pos_early, scores, score_stride, top_k, vis, nvis, cache};
     if (cu_allow_smem<topk_kernel>(cache * sizeof(float), err)) return -1;
     DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, cache * sizeof(float), st, k);
@@ -666,11 +666,12 @@ int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const f
  * query (135.0 vs 128.1 t/s at 4k, PERFORMANCE.md, seventh iteration). */
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t max_nc = decode ? b->comp_cap4 : (pos0 + T) / 4;
+    uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;
     bool early = b->capturing && T == 1;
     if (cu_idx_scores(&b->d_step->pos, early, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
                       c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
-    return cu_topk(&b->d_step->pos, early, b->idx_scores, b->comp_cap4, T, c->idx_top_k, b->vis, b->nvis, b->st, err);
+    return cu_topk(&b->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis, b->st,
+                   err);
 }
 

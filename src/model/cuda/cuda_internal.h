@@ -255,6 +255,9 @@ typedef struct dstep {
     uint32_t token;
 } dstep;
 
+#define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
+#define CU_GRAPH_CTX0 8192  /* the smallest (DS4_CUDA_GRAPH_CTX sets another, for the tests) */
+
 typedef struct cuda_backend {
     ds4_backend base;
     const ds4_config *cfg;
@@ -309,10 +312,21 @@ typedef struct cuda_backend {
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
 
-    /* the captured decode step */
-    cudaGraphExec_t graph; /* the decode step (capture_step); NULL with DS4_CUDA_PROFILE */
+    /* The captured decode step, once for each of a few context sizes
+     * (capture_step): graph[i] serves the positions below graph_ctx[i], the
+     * last the whole context.  A step's grids, the attention's splits and
+     * the top-k's cache are sized for the most compressed rows its
+     * positions can have, so an early position of a long session does not
+     * pay for the session's end.  None with DS4_CUDA_PROFILE. */
+    cudaGraphExec_t graph[CU_GRAPHS];
+    uint32_t graph_ctx[CU_GRAPHS], n_graphs, graph_ctx0;
+    uint32_t dec_ctx;      /* the context the decode pass being made is sized for (cu_dec_cap) */
     bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
 } cuda_backend;
+
+/* The most compressed rows of a ratio layer (4 or 128) that a decode
+ * pass's positions can have (cuda_backend.dec_ctx). */
+static inline uint32_t cu_dec_cap(const cuda_backend *b, uint32_t ratio) { return b->dec_ctx / ratio + 2; }
 
 /* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position
  * pos0); host_all, when given, receives the logits of every token. */
@@ -423,9 +437,10 @@ int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const f
                   size_t score_stride, bool tc, cudaStream_t st, ds4_err *err);
 /* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
  * its prefix, or the top_k of them by score (row t of scores): their
- * indices in ascending order into vis row t, their count into nvis[t]. */
-int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t T, uint32_t top_k,
-            uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err);
+ * indices in ascending order into vis row t, their count into nvis[t].
+ * max_nc: the most rows a query of the launch has (sizes its cache). */
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t max_nc, uint32_t T,
+            uint32_t top_k, uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err);
 
 /* cuda_attn.cu: attention */
 /* The pass at pos0 (the host's copy of d_step->pos); sink: the HC site whose
