@@ -223,7 +223,7 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
  * Capturing, instantiating and uploading the ~860 launches of one takes
  * milliseconds that the first generated token would otherwise wait for.
  * The contexts: 8k, 32k, .. (times 4) below the session's, then the
- * session's (a 64k session: 8k, 32k, 64k; its decode at 4k was 0.4 %
+ * session's (a 64k session: 8k, 32k, 64k; its decode at 4k was 0.1 %
  * slower in the whole context's graph, PERFORMANCE.md, thirteenth
  * session).  With DS4_CUDA_PROFILE there is no graph: every launch is
  * timed on its own. */
