@@ -376,10 +376,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
     rope_to_l2(a.rope);
-    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
-    dev_pdl_wait_prev();
-    if (!a.pos_early) pos0 = *a.pos0;
-    uint32_t ratio = L.ratio, hd = L.hd;
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early), ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
     if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
     long long ws = (long long)w * ratio;
@@ -424,9 +421,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
  * becoming the previous one) without races. */
 static __global__ void comp_frontier_kernel(comp_args a) {
     dev_pdl_launch_next();
-    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
-    dev_pdl_wait_prev();
-    if (!a.pos_early) pos0 = *a.pos0;
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
@@ -487,7 +482,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     a.T = T;
     a.rope_dim = c->rope_dim;
     a.pos0 = &b->d_step->pos;
-    a.pos_early = b->capturing && T == 1;
+    a.pos_early = cu_pos_early(b, T);
     a.rope = b->rope_comp;
     a.eps = c->rms_eps;
     a.sim = b->sim;
@@ -584,12 +579,17 @@ static __device__ __forceinline__ uint32_t attn_comp_count(const attn_args &a, u
     return a.ratio == 0 ? 0 : a.ratio == 4 ? a.nvis[t] : (p + 1) / a.ratio;
 }
 
+/* The raw window of the query at position p: from `first`, n_raw rows. */
+static __device__ __forceinline__ void attn_raw(const attn_args &a, uint32_t p, uint32_t *first, uint32_t *n_raw) {
+    *first = p + 1 > a.window ? p + 1 - a.window : 0;
+    *n_raw = p + 1 - *first;
+}
+
 /* The visible rows of query t: raw window from `first`, n_raw of them,
  * then the compressed ones; returns the count. */
 static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_t t, uint32_t p, uint32_t *first,
                                                      uint32_t *n_raw) {
-    *first = p + 1 > a.window ? p + 1 - a.window : 0;
-    *n_raw = p + 1 - *first;
+    attn_raw(a, p, first, n_raw);
     return *n_raw + attn_comp_count(a, t, p);
 }
 
@@ -597,8 +597,7 @@ static __device__ __forceinline__ uint32_t attn_rows(const attn_args &a, uint32_
  * (the top_k or every complete one), known without the list's count. */
 static __device__ __forceinline__ uint32_t attn_rows_bound(const attn_args &a, uint32_t p, uint32_t *first,
                                                            uint32_t *n_raw) {
-    *first = p + 1 > a.window ? p + 1 - a.window : 0;
-    *n_raw = p + 1 - *first;
+    attn_raw(a, p, first, n_raw);
     uint32_t n_comp = a.ratio == 0 ? 0 : (p + 1) / a.ratio;
     return *n_raw + (a.ratio == 4 && n_comp > a.top_k ? a.top_k : n_comp);
 }
@@ -780,13 +779,13 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         if (threadIdx.x == 0) prefetch_l2(a.sinks + blockIdx.x * H);
         rope_to_l2(a.rope);
     }
-    uint32_t pos_pre = a.pos_early ? *a.pos0 : 0;
-    dev_pdl_enter();
+    dev_pdl_launch_next();
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
-    uint32_t pos0 = a.pos_early ? pos_pre : *a.pos0, p = pos0 + t, first, n_raw;
+    uint32_t p = pos0 + t, first, n_raw;
     /* The split's rows, then the warp's share of them, are cut from the
      * most rows the query can see, so that the first row addresses (a
      * ratio-4 row's from vis[]) are asked for with the count of its
@@ -1532,7 +1531,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.nsplit = 1;
     bool tc = cu_attn_tc(b, T);
     a.q_eps = c->rms_eps;
-    a.pos_early = b->capturing && T == 1;
+    a.pos_early = cu_pos_early(b, T);
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
         a.tc_comp0 = b->raw_cap + T;

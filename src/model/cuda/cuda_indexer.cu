@@ -91,9 +91,8 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * thread.  The share's rows are copied into shared memory while the query
  * loads.  Heads past a.heads are zeros with weight 0. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
-    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
-    dev_pdl_enter_late(); /* no launches piling up ahead (cuda_rt.h) */
-    if (!a.pos_early) pos0 = *a.pos0;
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
+    dev_pdl_launch_next(); /* after the wait: no launches piling up ahead (dev_pdl_enter_late) */
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
@@ -593,9 +592,8 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
-    uint32_t pos0 = a.pos_early ? *a.pos0 : 0;
-    dev_pdl_enter_late();
-    if (!a.pos_early) pos0 = *a.pos0;
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
+    dev_pdl_launch_next(); /* after the wait (dev_pdl_enter_late) */
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);
     uint32_t t = blockIdx.x, nc = (pos0 + t + 1) / 4, k = a.top_k;
@@ -667,7 +665,7 @@ int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const f
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;
-    bool early = b->capturing && T == 1;
+    bool early = cu_pos_early(b, T);
     if (cu_idx_scores(&b->d_step->pos, early, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
                       c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;

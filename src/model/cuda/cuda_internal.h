@@ -324,6 +324,11 @@ typedef struct cuda_backend {
     bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
 } cuda_backend;
 
+/* Whether a pass's launches may read the position before their PDL wait
+ * (dev_pdl_wait_pos): a decode graph's, whose steps run one after
+ * another, and whose position only its last kernel writes. */
+static inline bool cu_pos_early(const cuda_backend *b, uint32_t T) { return b->capturing && T == 1; }
+
 /* The most compressed rows of a ratio layer (4 or 128) that a decode
  * pass's positions can have (cuda_backend.dec_ctx). */
 static inline uint32_t cu_dec_cap(const cuda_backend *b, uint32_t ratio) { return b->dec_ctx / ratio + 2; }
@@ -461,7 +466,7 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
  * the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
-    bool pos_early;     /* *pos0 may be read before the PDL wait: a decode graph's (steps run one after another) */
+    bool pos_early;     /* *pos0 may be read before the PDL wait (cu_pos_early) */
     const float *q;     /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
     float q_eps;        /* tc: the q post's RMSNorm epsilon */
     const float *kvbuf, *ring, *comp;

@@ -104,6 +104,16 @@ static __device__ __forceinline__ void dev_pdl_enter() {
     dev_pdl_launch_next();
     dev_pdl_wait_prev();
 }
+/* A launch's position (*pos, the decode step's) across its PDL wait:
+ * read before the wait where `early` says that no kernel of the launch's
+ * graph writes it (cu_pos_early), so that what it addresses need not wait
+ * for a load after the wait; else after it.  Waits for the previous
+ * kernel. */
+static __device__ __forceinline__ uint32_t dev_pdl_wait_pos(const uint32_t *pos, bool early) {
+    uint32_t v = early ? *pos : 0;
+    dev_pdl_wait_prev();
+    return early ? v : *pos;
+}
 /* The same in the other order: the next kernel is launched only once this
  * one runs.  dev_pdl_enter() lets launches run ahead in a chain - each
  * kernel's blocks, placed while they wait, launch the kernel after them -
