@@ -11,6 +11,7 @@
 #include "model/cuda/cuda_internal.h"
 
 extern "C" {
+#include "base/numparse.h"
 #include "model/session_state.h"
 }
 
@@ -129,10 +130,6 @@ static size_t frontier_floats(const ds4_config *c, uint32_t ratio, bool indexer)
     return (size_t)ds4_state_frontier_rows(ratio) * ds4_state_frontier_width(c, ratio, indexer);
 }
 
-static uint32_t comp_cap(const cuda_backend *b, uint32_t ratio) {
-    return ratio == 4 ? b->comp_cap4 : ratio == 128 ? b->comp_cap128 : b->ctx / ratio + 2;
-}
-
 static void layout_state(cuda_backend *b, bump *m) {
     const ds4_config *c = b->cfg;
     for (uint32_t il = 0; il < c->n_layer; il++) {
@@ -140,7 +137,7 @@ static void layout_state(cuda_backend *b, bump *m) {
         L->ratio = ds4_layer_ratio(c, il);
         TAKE(m, L->raw, (size_t)b->raw_cap * c->head_dim);
         if (L->ratio == 0) continue;
-        TAKE(m, L->comp, (size_t)comp_cap(b, L->ratio) * c->head_dim);
+        TAKE(m, L->comp, (size_t)cu_comp_cap(b->ctx, L->ratio) * c->head_dim);
         TAKE(m, L->comp_kv, frontier_floats(c, L->ratio, false));
         TAKE(m, L->comp_score, frontier_floats(c, L->ratio, false));
         if (L->ratio != 4) continue;
@@ -499,11 +496,17 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->chunk = b->base.opts.prefill_chunk;
     b->ctx = b->base.opts.ctx_size;
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
-    b->comp_cap4 = b->ctx / 4 + 2;
-    b->comp_cap128 = b->ctx / 128 + 2;
+    b->comp_cap4 = cu_comp_cap(b->ctx, 4);
+    b->comp_cap128 = cu_comp_cap(b->ctx, 128);
     b->dec_ctx = b->ctx;
     const char *gctx = getenv("DS4_CUDA_GRAPH_CTX");
-    b->graph_ctx0 = gctx && atoi(gctx) > 0 ? (uint32_t)atoi(gctx) : CU_GRAPH_CTX0;
+    b->graph_ctx0 = CU_GRAPH_CTX0;
+    if (gctx && ds4_parse_u32(gctx, 1, UINT32_MAX / 4, &b->graph_ctx0)) {
+        ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_GRAPH_CTX=%s is not a context size (tokens, 1 or more)",
+                    gctx);
+        cuda_free(&b->base);
+        return NULL;
+    }
     ds4_ablate = getenv("DS4_CUDA_ABLATE");
     if (ds4_ablate && *ds4_ablate)
         fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "

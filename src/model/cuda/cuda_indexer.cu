@@ -90,9 +90,18 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * now, in whole row groups: at most IDX_TILE, one to IDX_RPT rows a
  * thread.  The share's rows are copied into shared memory while the query
  * loads.  Heads past a.heads are zeros with weight 0. */
+/* Both indexer kernels let the next launch be scheduled only after their
+ * PDL wait, unlike dev_pdl_enter(): there launches run ahead in a chain -
+ * each kernel's blocks, placed while they wait, launch the kernel after
+ * them - so several kernels' waiting blocks may hold the SMs' threads,
+ * registers and shared memory that the running kernel's blocks need.  The
+ * decode indexer sits in such a chain between small launches: in this
+ * order a decode step ran 4.4 % faster at 4k and 3 % at 64k
+ * (PERFORMANCE.md, sixteenth iteration), while the two kernels by
+ * themselves had not changed. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
     uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
-    dev_pdl_launch_next(); /* after the wait: no launches piling up ahead (dev_pdl_enter_late) */
+    dev_pdl_launch_next(); /* after the wait: no launches piling up ahead */
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
@@ -593,7 +602,7 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
     uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
-    dev_pdl_launch_next(); /* after the wait (dev_pdl_enter_late) */
+    dev_pdl_launch_next(); /* after the wait, as idx_score_kernel */
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);
     uint32_t t = blockIdx.x, nc = (pos0 + t + 1) / 4, k = a.top_k;

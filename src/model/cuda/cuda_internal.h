@@ -329,9 +329,13 @@ typedef struct cuda_backend {
  * another, and whose position only its last kernel writes. */
 static inline bool cu_pos_early(const cuda_backend *b, uint32_t T) { return b->capturing && T == 1; }
 
+/* Room for the compressed rows of a ratio layer in a context of ctx
+ * tokens (two rows of slack). */
+static inline uint32_t cu_comp_cap(uint32_t ctx, uint32_t ratio) { return ctx / ratio + 2; }
+
 /* The most compressed rows of a ratio layer (4 or 128) that a decode
  * pass's positions can have (cuda_backend.dec_ctx). */
-static inline uint32_t cu_dec_cap(const cuda_backend *b, uint32_t ratio) { return b->dec_ctx / ratio + 2; }
+static inline uint32_t cu_dec_cap(const cuda_backend *b, uint32_t ratio) { return cu_comp_cap(b->dec_ctx, ratio); }
 
 /* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position
  * pos0); host_all, when given, receives the logits of every token. */

@@ -114,20 +114,6 @@ static __device__ __forceinline__ uint32_t dev_pdl_wait_pos(const uint32_t *pos,
     dev_pdl_wait_prev();
     return early ? v : *pos;
 }
-/* The same in the other order: the next kernel is launched only once this
- * one runs.  dev_pdl_enter() lets launches run ahead in a chain - each
- * kernel's blocks, placed while they wait, launch the kernel after them -
- * so several kernels' waiting blocks may hold the SMs' threads, registers
- * and shared memory that the running kernel's blocks need.  The decode
- * indexer (scores, then top-k) sits in such a chain between small
- * launches: with this order a decode step ran 4.4 % faster at 4k and 3 %
- * at 64k (PERFORMANCE.md, sixteenth iteration), while the two kernels by
- * themselves had not changed. */
-static __device__ __forceinline__ void dev_pdl_enter_late() {
-    dev_pdl_wait_prev();
-    dev_pdl_launch_next();
-}
-
 /* The "last block" of a launch whose blocks each leave partial results
  * for one of them to combine: every thread calls it after writing its
  * part; it returns true in the block that counted itself done last, and
