@@ -48,11 +48,14 @@ if [ "${QUICK:-0}" = 1 ]; then
     # Two lanes, as the emulation runs kernels on one core: the longest step
     # beside the others, in a directory of its own (a compare writes its
     # snapshot file where it runs); its log follows the others'.
-    # 150 tokens: a ratio-128 window closes inside the one-chunk prefill;
-    # the decode steps start in the graph sized for 152 tokens and go on in
-    # the session's (cuda_backend.cu, capture_step)
-    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" env DS4_CUDA_GRAPH_CTX=152 "$TEST" compare ../tiny-f16.gguf \
-        --no-sim --prompt 150 --steps 16 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
+    # 246 tokens: a ratio-128 window closes inside the one-chunk prefill,
+    # the next one in a decode step (255), so the decode steps are of every
+    # kind (cuda_internal.h, CU_STEP_KINDS), first in the graphs sized for
+    # 256 tokens, then in the session's (cuda_backend.cu, capture_step); the
+    # CPU's state moves in at 254, inside both windows, so that the closing
+    # steps pool positions folded before them (cu_compress_window)
+    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" env DS4_CUDA_GRAPH_CTX=256 "$TEST" compare ../tiny-f16.gguf \
+        --no-sim --prompt 246 --steps 16 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
     lane2=$!
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
@@ -78,6 +81,9 @@ else
     # The decode steps start in the graph sized for 310 tokens (the indexer
     # scoring at most 79 rows) and go on in the session's (capture_step).
     step "strict mid f16" env DS4_CUDA_GRAPH_CTX=310 "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
+    # decode steps of every kind across two graphs, folded windows (as QUICK)
+    step "strict tiny f16, step kinds" env DS4_CUDA_GRAPH_CTX=256 "$TEST" compare tiny-f16.gguf --no-sim --prompt 246 \
+        --steps 16
     # Flash's width (4096): the HC decode launch of 32 column slices
     step "strict wide f16" "$TEST" compare wide-f16.gguf --no-sim --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one

@@ -415,6 +415,77 @@ static void check_split_gemv(cudaStream_t st) {
     }
 }
 
+/* The window products of a closing decode step (cu_win_run): each token's
+ * outputs bit for bit those of a one-token split gemv of it, rows past a
+ * segment untouched, and a plan of rows it cannot take refused. */
+static void check_window_gemv(cudaStream_t st) {
+    const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16};
+    const uint32_t n = 1024, rows = 37;
+    for (uint32_t type : types) {
+        wt_pair w;
+        act_pair a;
+        make_weights(w, type, n, rows, 1);
+        make_act(a, n, CU_WIN_T, st);
+        size_t stride = rows + 3;
+        float *win = dalloc<float>(CU_WIN_T * stride), *one = dalloc<float>(CU_WIN_T * stride);
+        CU(cudaMemset(win, 0xFF, CU_WIN_T * stride * 4));
+        CU(cudaMemset(one, 0xFF, CU_WIN_T * stride * 4));
+        cu_win_plan p;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t t = 0; t < CU_WIN_T; t++) p.x[CU_WIN_T - 1 - t] = a.d.f + (size_t)t * n; /* any rows, any order */
+        ds4_err err = {};
+        if (cu_win_add(&p, &w.d, rows, win, stride, &err) || cu_win_run(&p, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        for (uint32_t t = 0; t < CU_WIN_T; t++) {
+            dact x = a.d;
+            x.f = a.d.f + (size_t)(CU_WIN_T - 1 - t) * n;
+            gemv_plan g;
+            memset(&g, 0, sizeof(g));
+            cu_gemv_add(&g, &w.d, 0, NULL, 0, 0, rows, &x, 0, one + t * stride);
+            if (cu_gemv_run(&g, st, &err)) {
+                printf("FAIL: %s\n", ds4_err_msg(&err));
+                exit(1);
+            }
+        }
+        CU(cudaStreamSynchronize(st));
+        std::vector<float> got(CU_WIN_T * stride), want(CU_WIN_T * stride);
+        CU(cudaMemcpy(got.data(), win, got.size() * 4, cudaMemcpyDeviceToHost));
+        CU(cudaMemcpy(want.data(), one, want.size() * 4, cudaMemcpyDeviceToHost));
+        uint32_t differ = 0, untouched = 0;
+        double worst = 0;
+        for (uint32_t t = 0; t < CU_WIN_T; t++) {
+            for (uint32_t r = 0; r < rows; r++) {
+                differ += memcmp(&got[t * stride + r], &want[t * stride + r], 4) != 0;
+                double ref, mag;
+                reference(w, a, 0, r, CU_WIN_T - 1 - t, 0, &ref, &mag);
+                note_err(worst, fabs(got[t * stride + r] - ref) / (mag + 1e-30));
+            }
+            for (uint32_t r = rows; r < stride; r++) untouched += std::isnan(got[t * stride + r]);
+        }
+        printf("gemv %-8s window of %u tokens, %u of %u values differ from one-token products, error %.2g\n", tname(type),
+               CU_WIN_T, differ, CU_WIN_T * rows, worst);
+        CHECK(differ == 0 && worst <= 2e-6, "window gemv %s: %u values differ, error %.3g", tname(type), differ, worst);
+        CHECK(untouched == CU_WIN_T * (stride - rows), "window gemv %s wrote past its rows", tname(type));
+        cudaFree(win);
+        cudaFree(one);
+        cudaFree((void *)w.d.p);
+        cudaFree(a.d.f);
+        cudaFree(a.d.q8);
+        cudaFree(a.d.qk);
+    }
+    /* rows whose parts are not whole 16-byte loads: refused, not misread */
+    wt_pair w;
+    make_weights(w, DS4_TYPE_F16, 96, 4, 1);
+    cu_win_plan p;
+    memset(&p, 0, sizeof(p));
+    ds4_err err = {};
+    CHECK(cu_win_add(&p, &w.d, 4, NULL, 4, &err) != 0 && err.code == DS4_EINVAL && strstr(ds4_err_msg(&err), "window"),
+          "a window product of 96-value rows was accepted: '%s'", ds4_err_msg(&err));
+    cudaFree((void *)w.d.p);
+}
+
 static void check_products(cudaStream_t st) {
     const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
                               DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
@@ -779,11 +850,27 @@ static void check_attention(cudaStream_t st) {
  * by an earlier pass (pos0 = 64: window 0 takes its first 64 positions
  * from the frontier, so it pools unbatched in both runs); F32 and F16
  * positional biases; simulations on (the FP8 round trip of the rows). */
+/* Passes of a prefill (T tokens from pos) and windows of a deferred
+ * layer's closing decode step at pos (the pass `back` before it), whose
+ * positions below fold are the frontier's. */
+struct emit_case {
+    uint32_t pos, T, back;
+    int fold; /* < 0: none */
+};
+
 static void check_comp_emit(cudaStream_t st) {
-    const uint32_t ratio = 128, hd = 512, width = hd, T = 300, rope_dim = 64;
+    const uint32_t ratio = 128, hd = 512, width = hd, rope_dim = 64;
+    const emit_case cases[] = {{0, 300, 0, -1}, {64, 300, 0, -1}, {255, 128, 127, 128}, {255, 128, 127, 178}};
     ds4_rope rope = test_rope(rope_dim);
-    for (uint32_t pos0 : {0u, 64u})
+    std::vector<float> unfolded[2]; /* the window's rows with no position folded, by ape type */
+    uint64_t resume = 0;
+    for (const emit_case &cs : cases)
         for (uint32_t ape_type : {(uint32_t)DS4_TYPE_F32, (uint32_t)DS4_TYPE_F16}) {
+            uint32_t T = cs.T, pos0 = cs.pos - cs.back;
+            if (cs.fold >= 0) { /* the same data for every fold; the later tests' as before these cases */
+                if (!resume) resume = rng;
+                rng = 0x9E3779B97F4A7C15ull + ape_type;
+            }
             std::vector<float> frontier((size_t)ratio * width), fscore((size_t)ratio * width), kv((size_t)T * width),
                 gate((size_t)T * width), ape((size_t)ratio * width), norm(hd);
             for (auto &v : frontier) v = frand();
@@ -797,8 +884,9 @@ static void check_comp_emit(cudaStream_t st) {
             uint32_t nwin = (pos0 + T) / ratio - pos0 / ratio;
             float *dskv = dcopy(frontier), *dssc = dcopy(fscore), *dkv = dcopy(kv), *dgate = dcopy(gate), *dnorm = dcopy(norm);
             uint8_t *dape = ape_type == DS4_TYPE_F32 ? (uint8_t *)dcopy(ape) : (uint8_t *)dcopy(ape16);
-            uint32_t *dpos = dcopy(&pos0, 1);
-            float *drows = dalloc<float>((size_t)(nwin + 1) * hd);
+            uint32_t *dpos = dcopy(&cs.pos, 1), fold = cs.fold < 0 ? 0 : (uint32_t)cs.fold;
+            uint32_t *dfold = dcopy(&fold, 1);
+            float *drows = dalloc<float>((size_t)(pos0 / ratio + nwin + 1) * hd);
             comp_args a;
             memset(&a, 0, sizeof(a));
             comp_lane &L = a.lane[0];
@@ -818,20 +906,23 @@ static void check_comp_emit(cudaStream_t st) {
             a.T = T;
             a.rope_dim = rope_dim;
             a.pos0 = dpos;
-            a.pos_early = pos0 != 0; /* read before the PDL wait, as in a decode graph */
+            a.back = cs.back;
+            a.fold = cs.fold < 0 ? NULL : dfold;
+            a.pos_early = cs.pos != 0; /* read before the PDL wait, as in a decode graph */
             a.rope = rope;
             a.eps = 1e-6f;
             a.sim = true;
             std::vector<float> got[2];
+            size_t nrows = (size_t)(pos0 / ratio + nwin + 1) * hd;
             for (int batched = 0; batched < 2; batched++) {
-                CU(cudaMemset(drows, 0xFF, (size_t)(nwin + 1) * hd * sizeof(float)));
+                CU(cudaMemset(drows, 0xFF, nrows * sizeof(float)));
                 ds4_err err = {};
                 if (cu_comp_emit(&a, nwin, batched, st, &err)) {
                     printf("FAIL: %s\n", ds4_err_msg(&err));
                     exit(1);
                 }
                 CU(cudaStreamSynchronize(st));
-                got[batched].resize((size_t)(nwin + 1) * hd);
+                got[batched].resize(nrows);
                 CU(cudaMemcpy(got[batched].data(), drows, got[batched].size() * sizeof(float), cudaMemcpyDeviceToHost));
             }
             /* rows pos0 / ratio .. of the windows that closed; the row after them untouched (NaN) */
@@ -840,11 +931,18 @@ static void check_comp_emit(cudaStream_t st) {
                 differ += memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
                 finite += std::isfinite(got[1][i]);
             }
-            printf("compressor ratio 128, pos0 %2u, ape %s  %u windows, %u of %u values differ\n", pos0,
-                   ape_type == DS4_TYPE_F32 ? "f32" : "f16", closed, differ, closed * hd);
+            printf("compressor ratio 128, pass at %3u, fold %4d, ape %s  %u windows, %u of %u values differ\n", pos0,
+                   cs.fold, ape_type == DS4_TYPE_F32 ? "f32" : "f16", closed, differ, closed * hd);
             CHECK(differ == 0 && finite == closed * hd, "batched compressor pooling (pos0 %u): %u values differ, %u finite",
                   pos0, differ, finite);
             CHECK(std::isnan(got[1][(size_t)(w0 + closed) * hd]), "batched compressor pooling wrote past its windows");
+            if (cs.fold >= 0) { /* the frontier's rows must change the window's row */
+                std::vector<float> row(got[1].begin() + (size_t)w0 * hd, got[1].begin() + (size_t)(w0 + 1) * hd);
+                std::vector<float> &base = unfolded[ape_type == DS4_TYPE_F16];
+                if (cs.fold == (int)pos0) base = row;
+                else CHECK(!base.empty() && memcmp(base.data(), row.data(), hd * sizeof(float)) != 0,
+                           "a window folded up to %d pooled as one folded nowhere", cs.fold);
+            }
             cudaFree(dskv);
             cudaFree(dssc);
             cudaFree(dkv);
@@ -852,8 +950,10 @@ static void check_comp_emit(cudaStream_t st) {
             cudaFree(dnorm);
             cudaFree(dape);
             cudaFree(dpos);
+            cudaFree(dfold);
             cudaFree(drows);
         }
+    rng = resume;
 }
 
 static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
@@ -1451,6 +1551,7 @@ int main(int argc, char **argv) {
     check_quantize(st);
     check_products(st);
     check_split_gemv(st);
+    check_window_gemv(st);
     check_split_gemm(st);
     check_gemm_range(st);
     check_missing_form(st);

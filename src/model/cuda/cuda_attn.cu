@@ -166,6 +166,11 @@ typedef struct qpost_args {
     ds4_rope rope_comp;
     float wscale, eps;
     bool sim;
+    /* a decode step that closes no window of a deferred layer: its input
+     * (src, n values) into row pos % ratio of the window (NULL: none) */
+    float *keep;
+    const float *keep_src;
+    uint32_t keep_n, keep_ratio;
 } qpost_args;
 
 /* A query head by one warp, in registers: lane l holds the groups of four
@@ -257,6 +262,11 @@ static __device__ __forceinline__ void idx_post_head(float *q, const ds4_rope &r
 static __global__ void q_post_kernel(qpost_args a) {
     dev_pdl_enter();
     uint32_t t = blockIdx.x, y = blockIdx.y, pos = *a.pos0 + t, nqb = (a.n_head + QP_HEADS - 1) / QP_HEADS;
+    if (a.keep && y == gridDim.y - 1) { /* the last block: the window's row */
+        float4 *dst = (float4 *)(a.keep + (size_t)(pos % a.keep_ratio) * a.keep_n);
+        for (uint32_t i = threadIdx.x; i < a.keep_n / 4; i += blockDim.x) dst[i] = ((const float4 *)a.keep_src)[i];
+        return;
+    }
     if (y < nqb) {
         uint32_t h = y * QP_HEADS + threadIdx.x / 32;
         if (h < a.n_head) q_post_head(a.q + ((size_t)t * a.n_head + h) * a.hd, a.hd, a.rope, pos, a.eps);
@@ -268,7 +278,7 @@ static __global__ void q_post_kernel(qpost_args a) {
         for (uint32_t i = threadIdx.x; i < a.idx_heads; i += blockDim.x) a.iw[(size_t)t * a.idx_heads + i] *= a.wscale;
 }
 
-int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err) {
     const ds4_config *c = b->cfg;
     bool idx = ds4_layer_has_indexer(c, il);
     qpost_args a;
@@ -289,8 +299,15 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     uint32_t nqb = cu_attn_tc(b, T) ? 0 : (c->n_head + QP_HEADS - 1) / QP_HEADS;
     uint32_t nib = idx ? (c->idx_n_head + QP_HEADS - 1) / QP_HEADS : 0;
     a.n_head = nqb ? c->n_head : 0;
-    if (nqb + nib == 0) return 0;
-    DS4_LAUNCH(q_post_kernel, dim3(T, nqb + nib), 32 * QP_HEADS, 0, b->st, a);
+    if (keep) {
+        a.keep = b->L[il].win;
+        a.keep_src = b->xn.f;
+        a.keep_n = c->n_embd;
+        a.keep_ratio = b->L[il].ratio;
+    }
+    uint32_t blocks = nqb + nib + (keep ? 1 : 0);
+    if (blocks == 0) return 0;
+    DS4_LAUNCH(q_post_kernel, dim3(T, blocks), 32 * QP_HEADS, 0, b->st, a);
     CU_LAUNCHED();
     return 0;
 }
@@ -298,16 +315,18 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 /* -------------------------------------------------------- compressors */
 
 /* Value and score of frontier position `p` in column `col`: the pass's
- * projection (score + positional bias) or the row the previous pass left. */
-static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t pos0, long long p, uint32_t col, float *kv,
-                                                  float *sc) {
+ * projection (score + positional bias) or the row the previous pass left.
+ * The pass starts at pos0, and its rows below `first` (a deferred layer's
+ * window: comp_first) are the frontier's. */
+static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t pos0, uint32_t first, long long p,
+                                                  uint32_t col, float *kv, float *sc) {
     if (p < 0) {
         *kv = 0.0f;
         *sc = SCORE_NEG_INF;
         return;
     }
     uint32_t q = (uint32_t)p; /* positions fit 32 bits: 64-bit divisions cost the ratio-4 pooling a fifth */
-    if (q >= pos0) {
+    if (q >= first) {
         size_t t = q - pos0;
         *kv = L.ckv[t * L.width + col];
         *sc = L.cgate[t * L.width + col] + fvec(L.ape, L.ape_type, (size_t)(q % L.ratio) * L.width + col);
@@ -329,31 +348,40 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
  * (PERFORMANCE.md, thirteenth iteration). */
 #define CP_BATCH 16
 
-/* Scores of candidates r0 .. r0 + CP_BATCH - 1 (projection + positional bias). */
-static __device__ __forceinline__ void comp_batch_scores(const comp_lane &L, uint32_t t0, uint32_t r0, uint32_t j,
-                                                         float (&sc)[CP_BATCH]) {
+/* Scores of candidates r0 .. r0 + CP_BATCH - 1: projection + positional
+ * bias, or for the first nf of the window (a deferred layer's, folded
+ * before the pass: comp_first) the frontier's row (ratio 128: row r). */
+static __device__ __forceinline__ void comp_batch_scores(const comp_lane &L, uint32_t t0, uint32_t nf, uint32_t r0,
+                                                         uint32_t j, float (&sc)[CP_BATCH]) {
     float ap[CP_BATCH];
 #pragma unroll
-    for (int k = 0; k < CP_BATCH; k++) sc[k] = __ldg(L.cgate + (size_t)(t0 + r0 + k) * L.width + j);
+    for (int k = 0; k < CP_BATCH; k++) {
+        uint32_t r = r0 + k;
+        sc[k] = __ldg(r < nf ? L.ssc + (size_t)r * L.width + j : L.cgate + (size_t)(t0 + r) * L.width + j);
+    }
     fvec_n(L.ape, L.ape_type, (size_t)r0 * L.width + j, L.width, true, ap);
 #pragma unroll
-    for (int k = 0; k < CP_BATCH; k++) sc[k] += ap[k];
+    for (int k = 0; k < CP_BATCH; k++)
+        if (r0 + k >= nf) sc[k] += ap[k];
 }
 
-static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t j) {
+static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t nf, uint32_t j) {
     float mx = SCORE_NEG_INF;
     for (uint32_t r0 = 0; r0 < L.ratio; r0 += CP_BATCH) {
         float sc[CP_BATCH];
-        comp_batch_scores(L, t0, r0, j, sc);
+        comp_batch_scores(L, t0, nf, r0, j, sc);
 #pragma unroll
         for (int k = 0; k < CP_BATCH; k++) mx = fmaxf(mx, sc[k]);
     }
     float sum = 0.0f, acc = 0.0f;
     for (uint32_t r0 = 0; r0 < L.ratio; r0 += CP_BATCH) {
         float sc[CP_BATCH], kv[CP_BATCH];
-        comp_batch_scores(L, t0, r0, j, sc);
+        comp_batch_scores(L, t0, nf, r0, j, sc);
 #pragma unroll
-        for (int k = 0; k < CP_BATCH; k++) kv[k] = __ldg(L.ckv + (size_t)(t0 + r0 + k) * L.width + j);
+        for (int k = 0; k < CP_BATCH; k++) {
+            uint32_t r = r0 + k;
+            kv[k] = __ldg(r < nf ? L.skv + (size_t)r * L.width + j : L.ckv + (size_t)(t0 + r) * L.width + j);
+        }
 #pragma unroll
         for (int k = 0; k < CP_BATCH; k++) {
             float e = expf(sc[k] - mx);
@@ -370,35 +398,45 @@ static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t
  * comp_pool_pass, whose batches take 128 registers: a variant of its own,
  * so that the ratio-4 launches (a block per window, 512 a chunk) keep
  * their occupancy. */
+/* The pass's first position (back before the step's) and the first that
+ * is the pass's rather than the frontier's (comp_fetch), after the PDL
+ * wait. */
+static __device__ __forceinline__ uint32_t comp_pass_start(const comp_args &a, uint32_t *first) {
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early) - a.back, f = a.fold ? *a.fold : 0;
+    *first = f > pos0 ? f : pos0;
+    return pos0;
+}
+
 template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     dev_pdl_launch_next();
     __shared__ float x[512];
     const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
     rope_to_l2(a.rope);
-    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early), ratio = L.ratio, hd = L.hd;
+    uint32_t first, pos0 = comp_pass_start(a, &first), ratio = L.ratio, hd = L.hd;
     uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
     if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
     long long ws = (long long)w * ratio;
     bool in_pass = BATCHED && ratio % CP_BATCH == 0 && ws >= pos0;
     for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) {
         if (in_pass) {
-            x[j] = comp_pool_pass(L, (uint32_t)(ws - pos0), j);
+            uint32_t nf = first > ws ? (uint32_t)(first - ws) : 0;
+            x[j] = comp_pool_pass(L, (uint32_t)(ws - pos0), nf < ratio ? nf : ratio, j);
             continue;
         }
         uint32_t n_cand = ratio == 4 ? 8 : ratio;
         float mx = SCORE_NEG_INF;
         for (uint32_t r = 0; r < n_cand; r++) {
             float kv, sc;
-            if (ratio == 4) comp_fetch(L, pos0, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
-            else comp_fetch(L, pos0, ws + r, j, &kv, &sc);
+            if (ratio == 4) comp_fetch(L, pos0, first, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
+            else comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
             mx = fmaxf(mx, sc);
         }
         float sum = 0.0f, acc = 0.0f;
         for (uint32_t r = 0; r < n_cand; r++) {
             float kv, sc;
-            if (ratio == 4) comp_fetch(L, pos0, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
-            else comp_fetch(L, pos0, ws + r, j, &kv, &sc);
+            if (ratio == 4) comp_fetch(L, pos0, first, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
+            else comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
             float e = expf(sc - mx);
             sum += e;
             acc += e * kv;
@@ -421,7 +459,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
  * becoming the previous one) without races. */
 static __global__ void comp_frontier_kernel(comp_args a) {
     dev_pdl_launch_next();
-    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
+    uint32_t first, pos0 = comp_pass_start(a, &first);
     const comp_lane &L = a.lane[blockIdx.y];
     uint32_t n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
@@ -433,7 +471,7 @@ static __global__ void comp_frontier_kernel(comp_args a) {
             for (uint32_t p = pos0; p < n; p++) {
                 uint32_t R = ratio == 4 ? 4 + p % 4 : p % ratio;
                 float kv, sc;
-                comp_fetch(L, pos0, p, col, &kv, &sc);
+                comp_fetch(L, pos0, first, p, col, &kv, &sc);
                 L.skv[(size_t)R * L.width + col] = kv;
                 L.ssc[(size_t)R * L.width + col] = sc;
             }
@@ -444,7 +482,7 @@ static __global__ void comp_frontier_kernel(comp_args a) {
                 bool live;
                 if (R < 4) { p = (long long)kn * 4 - 4 + R; live = kn >= 1; }
                 else { p = (long long)kn * 4 + (R - 4); live = R - 4 < rem; }
-                if (live) comp_fetch(L, pos0, p, col, &kv[R], &sc[R]);
+                if (live) comp_fetch(L, pos0, first, p, col, &kv[R], &sc[R]);
                 else { kv[R] = 0.0f; sc[R] = SCORE_NEG_INF; }
             }
             for (uint32_t R = 0; R < 8; R++) {
@@ -455,7 +493,7 @@ static __global__ void comp_frontier_kernel(comp_args a) {
             for (uint32_t R = 0; R < ratio; R++) {
                 long long p = (long long)kn * ratio + R;
                 float kv = 0.0f, sc = SCORE_NEG_INF;
-                if (R < rem) comp_fetch(L, pos0, p, col, &kv, &sc); /* every position of window kn is in the pass */
+                if (R < rem) comp_fetch(L, pos0, first, p, col, &kv, &sc); /* window kn: in the pass or folded */
                 L.skv[(size_t)R * L.width + col] = kv;
                 L.ssc[(size_t)R * L.width + col] = sc;
             }
@@ -471,22 +509,24 @@ int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t s
     return 0;
 }
 
-int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
-                cudaEvent_t emitted, ds4_err *err) {
+/* The compressor lanes of layer il (the attention's; at a ratio-4 layer
+ * also the indexer's) for a pass of T tokens whose first is `back` before
+ * the step's position (decode: in a decode step). */
+static void comp_setup(cuda_backend *b, uint32_t il, uint32_t T, uint32_t back, bool decode, comp_args *a) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     const dlstate *S = &b->L[il];
     uint32_t ratio = S->ratio;
-    comp_args a;
-    memset(&a, 0, sizeof(a));
-    a.T = T;
-    a.rope_dim = c->rope_dim;
-    a.pos0 = &b->d_step->pos;
-    a.pos_early = cu_pos_early(b, T);
-    a.rope = b->rope_comp;
-    a.eps = c->rms_eps;
-    a.sim = b->sim;
-    comp_lane *L = &a.lane[0];
+    memset(a, 0, sizeof(*a));
+    a->T = T;
+    a->back = back;
+    a->rope_dim = c->rope_dim;
+    a->pos0 = &b->d_step->pos;
+    a->pos_early = cu_pos_early(b, decode ? 1 : T);
+    a->rope = b->rope_comp;
+    a->eps = c->rms_eps;
+    a->sim = b->sim;
+    comp_lane *L = &a->lane[0];
     L->skv = S->comp_kv;
     L->ssc = S->comp_score;
     L->ckv = b->ckv;
@@ -499,9 +539,9 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     L->hd = c->head_dim;
     L->width = ds4_compress_coff(ratio) * c->head_dim;
     L->ratio = ratio;
-    a.n_lanes = 1;
+    a->n_lanes = 1;
     if (ratio == 4) {
-        L = &a.lane[1];
+        L = &a->lane[1];
         L->skv = S->idx_kv;
         L->ssc = S->idx_score;
         L->ckv = b->ikv;
@@ -515,16 +555,110 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
         L->width = 2 * c->idx_head_dim;
         L->ratio = 4;
         L->indexer = true;
-        a.n_lanes = 2;
+        a->n_lanes = 2;
     }
+}
+
+static int comp_frontier(const comp_args *a, cudaStream_t st, ds4_err *err) {
+    DS4_LAUNCH(comp_frontier_kernel, dim3((a->lane[0].width + 255) / 256, a->n_lanes), 256, 0, st, *a);
+    CU_LAUNCHED();
+    return 0;
+}
+
+int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
+                cudaEvent_t emitted, ds4_err *err) {
+    uint32_t ratio = b->L[il].ratio;
+    comp_args a;
+    comp_setup(b, il, T, 0, decode, &a);
     /* windows that can close: at most one in a decode step; ratio 4 reads
      * the previous window's frontier rows, so no batches */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
     if (emitted) CU_TRY(cudaEventRecord(emitted, st));
-    uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
-    DS4_LAUNCH(comp_frontier_kernel, dim3((width + 255) / 256, a.n_lanes), 256, 0, st, a);
-    CU_LAUNCHED();
+    return comp_frontier(&a, st, err);
+}
+
+/* A deferred layer's projections of the rows [0, T) of its window (its
+ * inputs, from rows x) into the pass buffers, as a prefill pass's. */
+static int window_gemm(cuda_backend *b, uint32_t il, const float *x, uint32_t T, cudaStream_t st, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    uint32_t width = ds4_compress_coff(b->L[il].ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    dact in;
+    memset(&in, 0, sizeof(in));
+    in.f = (float *)x;
+    in.n = c->n_embd;
+    in.fs = c->n_embd;
+    if (cu_gemm(&w->comp_kv, 0, 0, width, &in, 0, T, b->ckv, width, NULL, b->split, st, err) ||
+        cu_gemm(&w->comp_gate, 0, 0, width, &in, 0, T, b->cgate, width, NULL, b->split, st, err))
+        return -1;
+    if (b->L[il].ratio == 4 &&
+        (cu_gemm(&w->idx_kv, 0, 0, iw2, &in, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
+         cu_gemm(&w->idx_gate, 0, 0, iw2, &in, 0, T, b->igate, iw2, NULL, b->split, st, err)))
+        return -1;
+    return 0;
+}
+
+/* dst <- src, n floats (a multiple of 4), by one block: a kernel rather
+ * than a copy node, so that the graph's launches chain as everywhere. */
+static __global__ void copy_row_kernel(float *dst, const float *src, uint32_t n) {
+    dev_pdl_enter();
+    for (uint32_t i = threadIdx.x; i < n / 4; i += blockDim.x) ((float4 *)dst)[i] = ((const float4 *)src)[i];
+}
+
+/* The window closing at the step: a ratio-4 one is CU_WIN_T rows, whose
+ * products read each weight row once (gemv_window_kernel: 20 MB of F16
+ * rows of Flash's, as a step's own projections); a ratio-128 one takes
+ * the tensor-core product, once in 128 steps, after the step's input
+ * joins the others in the window's last row. */
+int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_t emitted, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    const dlstate *S = &b->L[il];
+    uint32_t ratio = S->ratio, D = c->n_embd;
+    if (ratio == CU_WIN_T) {
+        uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+        cu_win_plan p;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t t = 0; t + 1 < CU_WIN_T; t++) p.x[t] = S->win + (size_t)t * D;
+        p.x[CU_WIN_T - 1] = b->xn.f;
+        if (cu_win_add(&p, &w->comp_kv, width, b->ckv, width, err) ||
+            cu_win_add(&p, &w->comp_gate, width, b->cgate, width, err) ||
+            cu_win_add(&p, &w->idx_kv, iw2, b->ikv, iw2, err) || cu_win_add(&p, &w->idx_gate, iw2, b->igate, iw2, err) ||
+            cu_win_run(&p, st, err))
+            return -1;
+    } else {
+        DS4_LAUNCH(copy_row_kernel, 1, 256, 0, st, S->win + (size_t)(ratio - 1) * D, (const float *)b->xn.f, D);
+        CU_LAUNCHED();
+        if (window_gemm(b, il, S->win, ratio, st, err)) return -1;
+    }
+    comp_args a;
+    comp_setup(b, il, ratio, ratio - 1, true, &a);
+    a.fold = &b->d_step->fold;
+    if (cu_comp_emit(&a, 1, ratio != 4, st, err)) return -1;
+    if (emitted) CU_TRY(cudaEventRecord(emitted, st));
+    return comp_frontier(&a, st, err);
+}
+
+int cu_comp_flush(cuda_backend *b, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t n = b->n_tokens;
+    if (b->fold >= n) return 0;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const dlstate *S = &b->L[il];
+        if (!S->win) continue;
+        uint32_t start = n / S->ratio * S->ratio;
+        if (start < b->fold) start = b->fold;
+        if (start >= n) continue;
+        /* positions [start, n): the window's rows from start % ratio, a
+         * pass that closes no window, so the frontier alone */
+        comp_args a;
+        if (window_gemm(b, il, S->win + (size_t)(start % S->ratio) * c->n_embd, n - start, b->st, err)) return -1;
+        comp_setup(b, il, n - start, n - start, false, &a);
+        if (comp_frontier(&a, b->st, err)) return -1;
+    }
+    if (cu_set_step(b, STEP_FOLD, n, 0, err)) return -1;
+    b->fold = n;
     return 0;
 }
 

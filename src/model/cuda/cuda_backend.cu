@@ -81,10 +81,13 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->qr, c->q_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::q_b, &dlayer::idx_q_b));
     TAKE(m, b->q, C * qd);
     TAKE(m, b->kvbuf, C * hd);
-    TAKE(m, b->ckv, C * 2 * hd);
-    TAKE(m, b->cgate, C * 2 * hd);
-    TAKE(m, b->ikv, C * 2 * ihd);
-    TAKE(m, b->igate, C * 2 * ihd);
+    /* the compressors' projections: a prefill chunk's, or a deferred
+     * layer's window in a decode step (up to 128 rows) */
+    size_t P = C > 128 ? C : 128;
+    TAKE(m, b->ckv, P * 2 * hd);
+    TAKE(m, b->cgate, P * 2 * hd);
+    TAKE(m, b->ikv, P * 2 * ihd);
+    TAKE(m, b->igate, P * 2 * ihd);
     TAKE(m, b->iq, C * ih * ihd);
     TAKE(m, b->iw, C * ih);
     TAKE(m, b->idx_scores, C * b->comp_cap4);
@@ -130,6 +133,16 @@ static size_t frontier_floats(const ds4_config *c, uint32_t ratio, bool indexer)
     return (size_t)ds4_state_frontier_rows(ratio) * ds4_state_frontier_width(c, ratio, indexer);
 }
 
+/* Whether decode steps defer layer il's compressor projections to the step
+ * that closes its window (dlstate.win): its compressor's and indexer's
+ * projections are float rows the window products take (cu_win_fits). */
+static bool layer_defers(const cuda_backend *b, uint32_t il) {
+    const dlayer *w = &b->W.layers[il];
+    uint32_t ratio = ds4_layer_ratio(b->cfg, il);
+    if (!b->defer || ratio == 0 || !cu_win_fits(&w->comp_kv) || !cu_win_fits(&w->comp_gate)) return false;
+    return ratio != 4 || (cu_win_fits(&w->idx_kv) && cu_win_fits(&w->idx_gate));
+}
+
 static void layout_state(cuda_backend *b, bump *m) {
     const ds4_config *c = b->cfg;
     for (uint32_t il = 0; il < c->n_layer; il++) {
@@ -137,6 +150,8 @@ static void layout_state(cuda_backend *b, bump *m) {
         L->ratio = ds4_layer_ratio(c, il);
         TAKE(m, L->raw, (size_t)b->raw_cap * c->head_dim);
         if (L->ratio == 0) continue;
+        if (layer_defers(b, il)) TAKE(m, L->win, (size_t)L->ratio * c->n_embd);
+        else L->win = NULL;
         TAKE(m, L->comp, (size_t)cu_comp_cap(b->ctx, L->ratio) * c->head_dim);
         TAKE(m, L->comp_kv, frontier_floats(c, L->ratio, false));
         TAKE(m, L->comp_score, frontier_floats(c, L->ratio, false));
@@ -163,9 +178,10 @@ static int reset_state(cuda_backend *b, ds4_err *err) {
         CU_TRY(cudaMemsetAsync(L->idx_kv, 0, ifr * sizeof(float), b->st));
         if (cu_fill(b, L->idx_score, ifr, DS4_SCORE_NEG_INF, err)) return -1;
     }
-    if (cu_set_step(b, 3, 0, 0, err)) return -1;
+    if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, 0, 0, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     b->n_tokens = 0;
+    b->fold = 0;
     b->has_logits = false;
     b->logits_fresh = false;
     return 0;
@@ -194,6 +210,7 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
         if (tokens[i] >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
                                c->n_vocab);
+    if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     for (uint32_t off = 0; off < n; off += b->chunk) {
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
         CU_TRY(cudaMemcpyAsync(b->d_tokens, tokens + off, T * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st));
@@ -203,6 +220,9 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
         memcpy(b->tokens + b->n_tokens, tokens + off, T * sizeof(uint32_t));
         b->n_tokens += T;
     }
+    /* the passes left every position in the frontiers */
+    if (cu_set_step(b, STEP_FOLD, b->n_tokens, 0, err)) return -1;
+    b->fold = b->n_tokens;
     CU_TRY(cudaStreamSynchronize(b->st));
     b->has_logits = true;
     b->logits_fresh = false;
@@ -224,32 +244,40 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
  * slower in the whole context's graph, PERFORMANCE.md, thirteenth
  * session).  With DS4_CUDA_PROFILE there is no graph: every launch is
  * timed on its own. */
-static int capture_one(cuda_backend *b, uint32_t ctx, ds4_err *err) {
+static int capture_one(cuda_backend *b, uint32_t ctx, uint32_t kind, ds4_err *err) {
     cudaGraph_t g;
     b->dec_ctx = ctx;
+    b->dec_kind = kind;
     CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
     b->capturing = true;
     int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
     b->capturing = false;
     b->dec_ctx = b->ctx;
     cudaError_t e = cudaStreamEndCapture(b->st, &g);
-    if (rc) return ds4_err_prefix(err, "capturing the decode step (context %u)", ctx);
+    if (rc) return ds4_err_prefix(err, "capturing the decode step (context %u, kind %u)", ctx, kind);
     CU_TRY(e);
     cudaGraphExec_t x;
     e = cudaGraphInstantiate(&x, g, 0);
     cudaGraphDestroy(g);
     CU_TRY(e);
-    b->graph[b->n_graphs] = x;
-    b->graph_ctx[b->n_graphs++] = ctx;
+    b->graph[b->n_graphs][kind] = x;
     CU_TRY(cudaGraphUpload(x, b->st));
+    return 0;
+}
+
+/* A graph of each kind of step (CU_STEP_KINDS) for each context. */
+static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
+    for (uint32_t k = 0; k < b->n_kinds; k++)
+        if (capture_one(b, ctx, k, err)) return -1;
+    b->graph_ctx[b->n_graphs++] = ctx;
     return 0;
 }
 
 static int capture_step(cuda_backend *b, ds4_err *err) {
     if (ds4_prof_on) return 0;
     for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
-        if (capture_one(b, (uint32_t)ctx, err)) return -1;
-    if (capture_one(b, b->ctx, err)) return -1;
+        if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
+    if (capture_ctx(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
 }
@@ -260,10 +288,14 @@ static int capture_step(cuda_backend *b, ds4_err *err) {
  * sets it. */
 static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
     b->d_last_logits = b->d_logits;
-    if (ds4_prof_on) return cu_forward(b, &b->d_step->token, 1, pos, true, NULL, err);
+    uint32_t kind = cu_step_kind(b, pos);
+    if (ds4_prof_on) {
+        b->dec_kind = kind;
+        return cu_forward(b, &b->d_step->token, 1, pos, true, NULL, err);
+    }
     uint32_t i = 0;
     while (i + 1 < b->n_graphs && pos >= b->graph_ctx[i]) i++;
-    CU_TRY(cudaGraphLaunch(b->graph[i], b->st));
+    CU_TRY(cudaGraphLaunch(b->graph[i][kind], b->st));
     return 0;
 }
 
@@ -272,7 +304,7 @@ static int cuda_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
     if (check_room(b, 1, err)) return -1;
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
-    if (cu_set_step(b, 2, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
+    if (cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
     b->tokens[b->n_tokens++] = token;
     b->has_logits = true;
     b->logits_fresh = false;
@@ -361,6 +393,7 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
 static int cuda_snapshot(ds4_backend *base, ds4_kv_state *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (check_state(b, out, b->n_tokens, err)) return -1;
+    if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     CU_TRY(cudaStreamSynchronize(b->st));
     if (b->has_logits && !cuda_logits(base)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
     if (copy_state(b, out, b->n_tokens, true, err)) return -1;
@@ -379,8 +412,9 @@ static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err)
     if (copy_state(b, (ds4_kv_state *)in, n, false, err)) return -1;
     memcpy(b->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
     b->n_tokens = n;
+    b->fold = n;
     b->has_logits = in->has_logits;
-    if (cu_set_step(b, 3, n, 0, err)) return -1;
+    if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, n, 0, err)) return -1;
     if (in->has_logits) {
         CU_TRY(cudaMemcpy(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyHostToDevice));
         memcpy(b->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
@@ -397,7 +431,9 @@ static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err)
 static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
-    for (uint32_t i = 0; i < b->n_graphs; i++) cudaGraphExecDestroy(b->graph[i]);
+    for (uint32_t i = 0; i < CU_GRAPHS; i++)
+        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
+            if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
@@ -471,6 +507,12 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
+    b->n_kinds = 1;
+    for (uint32_t il = 0; il < c->n_layer; il++)
+        if (b->L[il].win) {
+            b->n_kinds = CU_STEP_KINDS;
+            CU_TRY(cudaMemset(b->L[il].win, 0, (size_t)b->L[il].ratio * c->n_embd * sizeof(float)));
+        }
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
@@ -516,6 +558,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     ds4_prof_grids = prof && atoi(prof) == 2;
     ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
     b->route_fold = !(getenv("DS4_CUDA_ROUTE_FOLD") && atoi(getenv("DS4_CUDA_ROUTE_FOLD")) == 0);
+    b->defer = !(getenv("DS4_CUDA_DEFER") && atoi(getenv("DS4_CUDA_DEFER")) == 0);
     cu_gemv_stream_from_env();
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;

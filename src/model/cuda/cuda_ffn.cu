@@ -325,8 +325,9 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
 static __global__ void set_step_kernel(dstep *st, uint32_t pos, uint32_t token, int which) {
     dev_pdl_enter();
     if (threadIdx.x != 0) return;
-    if (which & 1) st->pos = pos;
-    if (which & 2) st->token = token;
+    if (which & STEP_POS) st->pos = pos;
+    if (which & STEP_TOKEN) st->token = token;
+    if (which & STEP_FOLD) st->fold = pos;
 }
 
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err) {

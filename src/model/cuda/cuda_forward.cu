@@ -204,16 +204,27 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     /* decode: the compressor needs only the layer's input and its own
      * state; its projections and pooling run beside the query path, which
      * waits for the emitted rows before the indexer (the join's event,
-     * recorded by cu_compress before the frontier's rebuild) */
-    bool branch = ratio && decode;
-    if (branch && (side_fork(b, err) || compressor_projections(b, w, ratio, idx, b->side, err) ||
-                   cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
+     * recorded by cu_compress before the frontier's rebuild).  A deferred
+     * layer (dlstate.win) does that only in the steps that close its
+     * window, for the whole window; the others keep their input in it (q
+     * post).  Its projections, 6 % of the bytes a step reads, slowed the
+     * indexer and attention they ran beside (PERFORMANCE.md, fourteenth
+     * and fifteenth sessions). */
+    bool deferred = decode && b->L[il].win, closes = deferred && cu_kind_closes(b->dec_kind, ratio);
+    bool branch = ratio && decode && (!deferred || closes);
+    if (branch && side_fork(b, err)) return -1;
+    if (closes && cu_compress_window(b, il, b->side, b->ev_join, err)) return -1;
+    if (branch && !closes &&
+        (compressor_projections(b, w, ratio, idx, b->side, err) ||
+         cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
     if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
-    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) || cu_q_post(b, il, T, err)) return -1;
+    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
+        cu_q_post(b, il, T, deferred && !closes, err))
+        return -1;
     if (branch) {
         if (side_wait(b, err)) return -1;
-    } else if (ratio && cu_compress(b, il, T, pos0, decode, b->st, NULL, err)) {
+    } else if (ratio && !decode && cu_compress(b, il, T, pos0, decode, b->st, NULL, err)) {
         return -1;
     }
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;

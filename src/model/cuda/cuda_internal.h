@@ -217,6 +217,36 @@ void cu_gemv_stream_from_env(void);
  * streaming on). */
 bool cu_gemv_streamed(const gemv_plan *p);
 
+/* The products of a decode step that closes a ratio-4 compressor window
+ * (cuda_matmul.cu, gemv_window_kernel): the activations of CU_WIN_T tokens
+ * (f32 rows of n values, x[t]) against the first `rows` rows of up to
+ * CU_WIN_SEGS float matrices, each row read once; token t's output r goes
+ * to out[t * out_stride + r].  Each token's outputs have the bits of a
+ * one-token gemv of it. */
+#define CU_WIN_T 4
+#define CU_WIN_ROWS 4 /* rows a block */
+#define CU_WIN_SEGS 4
+typedef struct cu_win_seg {
+    const uint8_t *w;
+    uint32_t type, rows;
+    size_t row_bytes;
+    float *out;
+    size_t out_stride;
+    uint32_t block0;
+} cu_win_seg;
+typedef struct cu_win_plan {
+    cu_win_seg seg[CU_WIN_SEGS];
+    uint32_t n_seg, n_blocks, n;
+    const float *x[CU_WIN_T];
+} cu_win_plan;
+/* Whether W's rows can take it: float rows that split into the gemv's 8
+ * equal parts of whole 16-byte loads. */
+static inline bool cu_win_fits(const dwt *W) {
+    return W->p && (W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16) && W->n % 64 == 0;
+}
+int cu_win_add(cu_win_plan *p, const dwt *W, uint32_t rows, float *out, size_t out_stride, ds4_err *err);
+int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err);
+
 /* Matrix product over T tokens (prefill): out[t][row0 + r] for r < rows.
  * In grouped mode (routed experts) `grp` lists, per expert, the rows of
  * the activation to use and where to write. */
@@ -245,6 +275,11 @@ size_t cu_gemm_split_floats(void);
 typedef struct dlstate {
     uint32_t ratio;
     float *raw, *comp, *comp_kv, *comp_score, *idx, *idx_kv, *idx_score;
+    /* A layer whose compressor projections decode steps defer (cu_defers):
+     * the inputs of its current window, row p % ratio for position p,
+     * kept by the steps that close no window until the one that does
+     * projects them all (NULL: not deferred). */
+    float *win;
 } dlstate;
 
 /* The device's record of the session: position of the next pass's first
@@ -253,9 +288,18 @@ typedef struct dlstate {
 typedef struct dstep {
     uint32_t pos;
     uint32_t token;
+    /* the deferred layers' frontiers hold every position below
+     * max(fold, their window's start); the window's later positions are in
+     * dlstate.win (a prefill, a restore or cu_comp_flush sets it) */
+    uint32_t fold;
 } dstep;
 
 #define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
+/* Kinds of decode step, one graph each: no compressor window closes, the
+ * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
+ * close (one in 128).  A deferred layer does its compressor's work only in
+ * the steps that close its window (cu_step_kind). */
+#define CU_STEP_KINDS 3
 #define CU_GRAPH_CTX0 8192  /* the smallest (DS4_CUDA_GRAPH_CTX sets another, for the tests) */
 
 typedef struct cuda_backend {
@@ -299,6 +343,7 @@ typedef struct cuda_backend {
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
     uint32_t *route_count; /* a decode step's router product: blocks done (cu_gemv_route) */
     bool route_fold;       /* that product routes (DS4_CUDA_ROUTE_FOLD=0: a launch of its own) */
+    bool defer;            /* decode defers the compressors' projections (layer_defers; DS4_CUDA_DEFER=0: never) */
     double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
@@ -318,11 +363,22 @@ typedef struct cuda_backend {
      * the top-k's cache are sized for the most compressed rows its
      * positions can have, so an early position of a long session does not
      * pay for the session's end.  None with DS4_CUDA_PROFILE. */
-    cudaGraphExec_t graph[CU_GRAPHS];
+    cudaGraphExec_t graph[CU_GRAPHS][CU_STEP_KINDS];
     uint32_t graph_ctx[CU_GRAPHS], n_graphs, graph_ctx0;
+    uint32_t n_kinds;      /* CU_STEP_KINDS with deferred layers, else 1 */
+    uint32_t dec_kind;     /* the kind of step the decode pass being made is for */
+    uint32_t fold;         /* host copy of dstep.fold */
     uint32_t dec_ctx;      /* the context the decode pass being made is sized for (cu_dec_cap) */
     bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
 } cuda_backend;
+
+/* The kind of the decode step at position pos (CU_STEP_KINDS), and
+ * whether a step of kind k closes the windows of a ratio layer. */
+static inline uint32_t cu_step_kind(const cuda_backend *b, uint32_t pos) {
+    if (b->n_kinds == 1) return 0;
+    return (pos + 1) % 128 == 0 ? 2 : (pos + 1) % 4 == 0 ? 1 : 0;
+}
+static inline bool cu_kind_closes(uint32_t kind, uint32_t ratio) { return ratio == 4 ? kind >= 1 : kind == 2; }
 
 /* Whether a pass's launches may read the position before their PDL wait
  * (dev_pdl_wait_pos): a decode graph's, whose steps run one after
@@ -394,13 +450,24 @@ hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site);
 /* cuda_attn.cu */
 int cu_embed_tokens(cuda_backend *b, const uint32_t *d_tok, uint32_t T, ds4_err *err);
 int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
-int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* keep: a decode step that closes no window of layer il, deferred: its
+ * input also goes into the window (dlstate.win). */
+int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err);
 /* Layer il's compressed rows of the pass, then its frontier rebuilt, on
  * st; emitted (not NULL): recorded on st between the two, for a decode
  * step's query path to wait for the rows alone - no launch of the step
  * reads the frontier, which runs on beside the attention. */
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
                 cudaEvent_t emitted, ds4_err *err);
+/* A deferred layer (dlstate.win) in a decode step that closes its window:
+ * the window's projections (its earlier inputs from win, the step's from
+ * xn) and its compressed rows, then its frontier, on st, with `emitted`
+ * as cu_compress's. */
+int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_t emitted, ds4_err *err);
+/* The positions that decode steps left in the deferred layers' windows
+ * projected and folded into their frontiers (before a prefill pass or a
+ * snapshot reads them); sets fold to the session's length. */
+int cu_comp_flush(cuda_backend *b, ds4_err *err);
 /* A compressor lane of one pass (MODEL.md 6.2): its frontier (the rows
  * of the current window - and for ratio 4 the previous one - that earlier
  * passes left), the pass's projections, and where its compressed rows go. */
@@ -420,6 +487,11 @@ typedef struct comp_args {
     comp_lane lane[2];
     uint32_t n_lanes, T, rope_dim;
     const uint32_t *pos0;
+    /* the pass's positions start `back` before *pos0; with fold set (a
+     * deferred layer's window, cu_compress), those below *fold are the
+     * frontier's, not the pass's */
+    uint32_t back;
+    const uint32_t *fold;
     bool pos_early;     /* as attn_args.pos_early */
     ds4_rope rope;
     float eps;
@@ -521,6 +593,9 @@ enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
               ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
+/* d_step's fields that cu_set_step sets (a set of them): the position,
+ * the token, the fold (to the position given). */
+enum { STEP_POS = 1, STEP_TOKEN = 2, STEP_FOLD = 4 };
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err);
 int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);
 

@@ -493,6 +493,41 @@ static __device__ __forceinline__ void float_load_w(const uint8_t *const *rows, 
         for (int r = 0; r < R; r++) w[u][r] = e < n ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
     }
 }
+/* The 8 values of a lane's 16 bytes of float weights (4 for F32; the
+ * others 0) from activation x at value e, and their products' sum in
+ * order: the arithmetic of every float product of a decode step. */
+static __device__ __forceinline__ void float_x8(const float *x, uint32_t e, uint32_t per, float (&xv)[8]) {
+    float4 v0 = __ldg((const float4 *)(x + e));
+    xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+    if (per == 8) {
+        float4 v1 = __ldg((const float4 *)(x + e + 4));
+        xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
+    } else {
+        xv[4] = xv[5] = xv[6] = xv[7] = 0.0f;
+    }
+}
+static __device__ __forceinline__ float float_dot8(int4 w, uint32_t type, const float (&xv)[8]) {
+    uint32_t wv[4] = {(uint32_t)w.x, (uint32_t)w.y, (uint32_t)w.z, (uint32_t)w.w};
+    float sum = 0.0f;
+    if (type == DS4_TYPE_F32) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) sum += __uint_as_float(wv[i]) * xv[i];
+    } else if (type == DS4_TYPE_F16) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sum += dev_f16((uint16_t)wv[i]) * xv[2 * i];
+            sum += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+        }
+    } else {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            sum += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
+            sum += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
+        }
+    }
+    return sum;
+}
+
 template <int R>
 static __device__ __forceinline__ void gemv_float(const uint8_t *const *rows, uint32_t type, uint32_t n, const float *x,
                                                   float *acc, bool wait) {
@@ -509,36 +544,9 @@ static __device__ __forceinline__ void gemv_float(const uint8_t *const *rows, ui
             uint32_t e = base + 32 * per * u + per * lane;
             if (e >= n) continue;
             float xv[8];
-            float4 v0 = __ldg((const float4 *)(x + e));
-            xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
-            if (per == 8) {
-                float4 v1 = __ldg((const float4 *)(x + e + 4));
-                xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
-            } else {
-                xv[4] = xv[5] = xv[6] = xv[7] = 0.0f;
-            }
+            float_x8(x, e, per, xv);
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                uint32_t wv[4] = {(uint32_t)w[u][r].x, (uint32_t)w[u][r].y, (uint32_t)w[u][r].z, (uint32_t)w[u][r].w};
-                float sum = 0.0f;
-                if (type == DS4_TYPE_F32) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) sum += __uint_as_float(wv[i]) * xv[i];
-                } else if (type == DS4_TYPE_F16) {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        sum += dev_f16((uint16_t)wv[i]) * xv[2 * i];
-                        sum += dev_f16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
-                    }
-                } else {
-#pragma unroll
-                    for (int i = 0; i < 4; i++) {
-                        sum += dev_bf16((uint16_t)wv[i]) * xv[2 * i];
-                        sum += dev_bf16((uint16_t)(wv[i] >> 16)) * xv[2 * i + 1];
-                    }
-                }
-                acc[r] += sum;
-            }
+            for (int r = 0; r < R; r++) acc[r] += float_dot8(w[u][r], type, xv);
         }
     }
 }
@@ -711,6 +719,97 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     case 2: gemv_rows<M, 2>(sg, r0, tab, NULL, true); break;
     default: gemv_rows<M, 4>(sg, r0, tab, NULL, true); break;
     }
+}
+
+/* The products of a decode step that closes a ratio-4 compressor window
+ * (cuda_forward.cu): the window's CU_WIN_T inputs against the float rows
+ * of the compressor's and the indexer's projections, each row read once
+ * for all of them.  The layout of a split float row of the gemv (a block
+ * per CU_WIN_ROWS rows, warp w the w-th of GEMV_WARPS equal parts of each
+ * row, the parts' sums added in warp order), so that every token's
+ * outputs have the bits a one-token product would give it.  The weights
+ * are loaded before the PDL wait, as the gemv's. */
+#define WIN_U 2 /* 16-byte chunks of a row a lane loads at once */
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_window_kernel(cu_win_plan p) {
+    dev_pdl_launch_next();
+    __shared__ float part[CU_WIN_ROWS * CU_WIN_T][GEMV_WARPS];
+    uint32_t s = 0;
+    while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
+    const cu_win_seg &sg = p.seg[s];
+    unsigned warp = threadIdx.x / 32, lane = threadIdx.x & 31;
+    uint32_t r0 = (blockIdx.x - sg.block0) * CU_WIN_ROWS, len = p.n / GEMV_WARPS, e0 = warp * len;
+    uint32_t per = sg.type == DS4_TYPE_F32 ? 4 : 8, esz = sg.type == DS4_TYPE_F32 ? 4 : 2;
+    const uint8_t *rows[CU_WIN_ROWS];
+#pragma unroll
+    for (int r = 0; r < CU_WIN_ROWS; r++) {
+        uint32_t row = r0 + r < sg.rows ? r0 + r : sg.rows - 1; /* loads stay in bounds */
+        rows[r] = sg.w + (size_t)row * sg.row_bytes + (size_t)e0 * esz;
+    }
+    float acc[CU_WIN_ROWS][CU_WIN_T];
+#pragma unroll
+    for (int r = 0; r < CU_WIN_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < CU_WIN_T; t++) acc[r][t] = 0.0f;
+    for (uint32_t base = 0; base < len; base += 32 * per * WIN_U) {
+        int4 w[WIN_U][CU_WIN_ROWS];
+#pragma unroll
+        for (int u = 0; u < WIN_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+#pragma unroll
+            for (int r = 0; r < CU_WIN_ROWS; r++) w[u][r] = e < len ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+        }
+        if (base == 0) dev_pdl_wait_prev();
+#pragma unroll
+        for (int u = 0; u < WIN_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+            if (e >= len) continue;
+#pragma unroll
+            for (int t = 0; t < CU_WIN_T; t++) {
+                float xv[8];
+                float_x8(p.x[t] + e0, e, per, xv);
+#pragma unroll
+                for (int r = 0; r < CU_WIN_ROWS; r++) acc[r][t] += float_dot8(w[u][r], sg.type, xv);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < CU_WIN_ROWS; r++)
+#pragma unroll
+        for (int t = 0; t < CU_WIN_T; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0) part[r * CU_WIN_T + t][warp] = v;
+        }
+    __syncthreads();
+    if (threadIdx.x >= CU_WIN_ROWS * CU_WIN_T) return;
+    uint32_t r = threadIdx.x / CU_WIN_T, t = threadIdx.x % CU_WIN_T;
+    if (r0 + r >= sg.rows) return;
+    float v = 0.0f;
+    for (int k = 0; k < GEMV_WARPS; k++) v += part[threadIdx.x][k];
+    sg.out[(size_t)t * sg.out_stride + r0 + r] = v;
+}
+
+int cu_win_add(cu_win_plan *p, const dwt *W, uint32_t rows, float *out, size_t out_stride, ds4_err *err) {
+    if (!cu_win_fits(W) || rows > W->rows || p->n_seg == CU_WIN_SEGS || (p->n_seg && W->n != p->n))
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a window product of %u rows of type %u, %u values", rows,
+                           W->type, W->n);
+    cu_win_seg *s = &p->seg[p->n_seg++];
+    s->w = W->p;
+    s->type = W->type;
+    s->rows = rows;
+    s->row_bytes = W->row_bytes;
+    s->out = out;
+    s->out_stride = out_stride;
+    s->block0 = p->n_blocks;
+    p->n = W->n;
+    p->n_blocks += (rows + CU_WIN_ROWS - 1) / CU_WIN_ROWS;
+    return 0;
+}
+
+int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err) {
+    if (p->n_blocks == 0) return 0;
+    DS4_LAUNCH(gemv_window_kernel, p->n_blocks, GEMV_WARPS * 32, 0, st, *p);
+    CU_LAUNCHED();
+    return 0;
 }
 
 /* The streamed launch of the routed experts' down product (Q2_K: plans
