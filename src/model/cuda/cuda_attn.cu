@@ -392,6 +392,49 @@ static __device__ float comp_pool_pass(const comp_lane &L, uint32_t t0, uint32_t
     return sum > 0.0f ? acc / sum : 0.0f;
 }
 
+/* Ratio 4's pooling of column j of the window from ws: comp_fetch's eight
+ * candidates (the previous window's first half of the row, the window's
+ * second half) and its sums in its order, but every load issued before
+ * any is used - through comp_fetch in a loop, each candidate waited for a
+ * memory round trip, twice, and a closing decode step's emit is on the
+ * query path. */
+static __device__ float comp_pool4(const comp_lane &L, uint32_t pos0, uint32_t first, long long ws, uint32_t j) {
+    float kv[8], sc[8], ap[8], lo[4], hi[4];
+    bool pass[8];
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        long long p = ws - 4 + r;
+        uint32_t q = p < 0 ? 0 : (uint32_t)p, col = r < 4 ? j : L.hd + j;
+        pass[r] = p >= 0 && q >= first;
+        uint32_t R = q / 4 == pos0 / 4 ? 4 + q % 4 : q % 4;
+        size_t at = pass[r] ? (size_t)(q - pos0) * L.width + col : (size_t)R * L.width + col;
+        kv[r] = __ldg((pass[r] ? L.ckv : L.skv) + at);
+        sc[r] = __ldg((pass[r] ? L.cgate : L.ssc) + at);
+    }
+    fvec_n(L.ape, L.ape_type, j, L.width, true, lo);
+    fvec_n(L.ape, L.ape_type, L.hd + j, L.width, true, hi);
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        ap[r] = r < 4 ? lo[r] : hi[r - 4];
+        if (pass[r]) sc[r] += ap[r];
+        if (ws - 4 + r < 0) {
+            kv[r] = 0.0f;
+            sc[r] = SCORE_NEG_INF;
+        }
+    }
+    float mx = SCORE_NEG_INF;
+#pragma unroll
+    for (int r = 0; r < 8; r++) mx = fmaxf(mx, sc[r]);
+    float sum = 0.0f, acc = 0.0f;
+#pragma unroll
+    for (int r = 0; r < 8; r++) {
+        float e = expf(sc[r] - mx);
+        sum += e;
+        acc += e * kv[r];
+    }
+    return sum > 0.0f ? acc / sum : 0.0f;
+}
+
 /* One block per (window closing in the pass, lane): pool, normalise, RoPE
  * at the window start, round trip; writes compressed row `w`.  BATCHED
  * (prefill passes of ratio-128 layers) pools windows wholly in the pass by
@@ -424,19 +467,20 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
             x[j] = comp_pool_pass(L, (uint32_t)(ws - pos0), nf < ratio ? nf : ratio, j);
             continue;
         }
-        uint32_t n_cand = ratio == 4 ? 8 : ratio;
+        if (ratio == 4) {
+            x[j] = comp_pool4(L, pos0, first, ws, j);
+            continue;
+        }
         float mx = SCORE_NEG_INF;
-        for (uint32_t r = 0; r < n_cand; r++) {
+        for (uint32_t r = 0; r < ratio; r++) {
             float kv, sc;
-            if (ratio == 4) comp_fetch(L, pos0, first, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
-            else comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
+            comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
             mx = fmaxf(mx, sc);
         }
         float sum = 0.0f, acc = 0.0f;
-        for (uint32_t r = 0; r < n_cand; r++) {
+        for (uint32_t r = 0; r < ratio; r++) {
             float kv, sc;
-            if (ratio == 4) comp_fetch(L, pos0, first, r < 4 ? ws - 4 + r : ws + r - 4, r < 4 ? j : hd + j, &kv, &sc);
-            else comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
+            comp_fetch(L, pos0, first, ws + r, j, &kv, &sc);
             float e = expf(sc - mx);
             sum += e;
             acc += e * kv;

@@ -728,9 +728,14 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
  * per CU_WIN_ROWS rows, warp w the w-th of GEMV_WARPS equal parts of each
  * row, the parts' sums added in warp order), so that every token's
  * outputs have the bits a one-token product would give it.  The weights
- * are loaded before the PDL wait, as the gemv's. */
-#define WIN_U 2 /* 16-byte chunks of a row a lane loads at once */
-static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_window_kernel(cu_win_plan p) {
+ * are loaded before the PDL wait, as the gemv's.  Of eight shapes measured
+ * (PERFORMANCE.md, fifteenth session), four rows a block, one 16-byte
+ * chunk of each a round, four blocks an SM decoded fastest: 202.92 t/s at
+ * 4k, against 202.09 with two chunks a round at 89 registers (two blocks
+ * an SM) and 202.15 with a row a block (more loads of the activations). */
+#define WIN_U 1          /* 16-byte chunks of a row a lane loads at once */
+#define WIN_MIN_BLOCKS 4 /* blocks an SM: at most 64 registers a thread */
+static __global__ void __launch_bounds__(GEMV_WARPS * 32, WIN_MIN_BLOCKS) gemv_window_kernel(cu_win_plan p) {
     dev_pdl_launch_next();
     __shared__ float part[CU_WIN_ROWS * CU_WIN_T][GEMV_WARPS];
     uint32_t s = 0;
