@@ -317,7 +317,7 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
 /* Value and score of frontier position `p` in column `col`: the pass's
  * projection (score + positional bias) or the row the previous pass left.
  * The pass starts at pos0, and its rows below `first` (a deferred layer's
- * window: comp_first) are the frontier's. */
+ * window: comp_pass_start) are the frontier's. */
 static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t pos0, uint32_t first, long long p,
                                                   uint32_t col, float *kv, float *sc) {
     if (p < 0) {
@@ -350,7 +350,7 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
 
 /* Scores of candidates r0 .. r0 + CP_BATCH - 1: projection + positional
  * bias, or for the first nf of the window (a deferred layer's, folded
- * before the pass: comp_first) the frontier's row (ratio 128: row r). */
+ * before the pass: comp_pass_start) the frontier's row (ratio 128: row r). */
 static __device__ __forceinline__ void comp_batch_scores(const comp_lane &L, uint32_t t0, uint32_t nf, uint32_t r0,
                                                          uint32_t j, float (&sc)[CP_BATCH]) {
     float ap[CP_BATCH];
@@ -435,12 +435,6 @@ static __device__ float comp_pool4(const comp_lane &L, uint32_t pos0, uint32_t f
     return sum > 0.0f ? acc / sum : 0.0f;
 }
 
-/* One block per (window closing in the pass, lane): pool, normalise, RoPE
- * at the window start, round trip; writes compressed row `w`.  BATCHED
- * (prefill passes of ratio-128 layers) pools windows wholly in the pass by
- * comp_pool_pass, whose batches take 128 registers: a variant of its own,
- * so that the ratio-4 launches (a block per window, 512 a chunk) keep
- * their occupancy. */
 /* The pass's first position (back before the step's) and the first that
  * is the pass's rather than the frontier's (comp_fetch), after the PDL
  * wait. */
@@ -450,6 +444,12 @@ static __device__ __forceinline__ uint32_t comp_pass_start(const comp_args &a, u
     return pos0;
 }
 
+/* One block per (window closing in the pass, lane): pool, normalise, RoPE
+ * at the window start, round trip; writes compressed row `w`.  BATCHED
+ * (ratio-128 windows wholly in the pass: prefill passes, a deferred
+ * layer's closing window) pools by comp_pool_pass, whose batches take 128
+ * registers: a variant of its own, so that the ratio-4 launches (a block
+ * per window, 512 a chunk; comp_pool4) keep their occupancy. */
 template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     dev_pdl_launch_next();
     __shared__ float x[512];
@@ -614,8 +614,9 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     uint32_t ratio = b->L[il].ratio;
     comp_args a;
     comp_setup(b, il, T, 0, decode, &a);
-    /* windows that can close: at most one in a decode step; ratio 4 reads
-     * the previous window's frontier rows, so no batches */
+    /* windows that can close: at most one in a decode step, whose ratio-128
+     * window is partly the frontier's (the unbatched pooling); ratio 4
+     * pools by comp_pool4 either way */
     uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
     if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
     if (emitted) CU_TRY(cudaEventRecord(emitted, st));

@@ -236,7 +236,8 @@ static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, f
 
 /* The decode step's graphs, captured once when the backend is made: every
  * kernel of them reads the position and token from d_step, so one graph
- * serves every step of every session below its context size (graph_ctx).
+ * serves every step of its kind (cu_step_kind: which compressor windows
+ * close) of every session below its context size (graph_ctx).
  * Capturing, instantiating and uploading the ~860 launches of one takes
  * milliseconds that the first generated token would otherwise wait for.
  * The contexts: 8k, 32k, .. (times 4) below the session's, then the

@@ -357,9 +357,9 @@ typedef struct cuda_backend {
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
 
-    /* The captured decode step, once for each of a few context sizes
-     * (capture_step): graph[i] serves the positions below graph_ctx[i], the
-     * last the whole context.  A step's grids, the attention's splits and
+    /* The captured decode step, once for each of a few context sizes and
+     * each kind of step (capture_step): graph[i][k] serves the steps of
+     * kind k (cu_step_kind) below graph_ctx[i], the last the whole context.  A step's grids, the attention's splits and
      * the top-k's cache are sized for the most compressed rows its
      * positions can have, so an early position of a long session does not
      * pay for the session's end.  None with DS4_CUDA_PROFILE. */
