@@ -8,7 +8,8 @@
  *                           [--no-sim] [--tol X] [--loose]
  *       prefill of N random tokens (all logits), the same prefill in uneven
  *       chunks of 37, N decode steps (N >= 4) fed with the CPU's greedy
- *       tokens, DSV4 payloads moved CPU -> CUDA at step N / 2 and back to
+ *       tokens, a prefill of 6 more tokens after them (all logits), DSV4
+ *       payloads moved CPU -> CUDA at step N / 2 and back to
  *       a fresh CPU backend after min(16, N / 4) more steps (each side then
  *       checked over that many steps), and the CUDA greedy loop (device
  *       argmax) from a restored snapshot.
@@ -347,6 +348,25 @@ static int cmd_compare(int argc, char **argv) {
     diff_free(&dg);
     diff_free(&dt);
     diff_free(&dt2);
+
+    /* a prefill after the decode steps (a conversation's next turn): the
+     * CUDA backend first folds what the steps left in its compressors'
+     * windows (cu_comp_flush), then pools the windows this pass closes */
+    enum { MORE = 6 }; /* within the context's 8 spare tokens */
+    ds4_backend *after[4] = {cpu, gpu, twin, twin2};
+    float *ml[4];
+    for (int b = 0; b < 4; b++) {
+        ml[b] = xmalloc((size_t)MORE * V * 4);
+        if (ds4_backend_prefill(after[b], toks, MORE, ml[b], &err)) die("prefill after decode", &err);
+    }
+    diff_add(&dg, ml[1], ml[0], MORE, V);
+    diff_add(&dt, ml[2], ml[0], MORE, V);
+    diff_add(&dt2, ml[3], ml[0], MORE, V);
+    check("prefill after the decode steps", &dg, &dt, &dt2, tol);
+    diff_free(&dg);
+    diff_free(&dt);
+    diff_free(&dt2);
+    for (int b = 0; b < 4; b++) free(ml[b]);
 
     /* CPU -> CUDA: gpu2 continues from the CPU's state at `half` for `seg`
      * steps, then a fresh CPU backend from gpu2's state for `seg` more */
