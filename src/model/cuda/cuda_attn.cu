@@ -623,25 +623,32 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     return comp_frontier(&a, st, err);
 }
 
-/* A deferred layer's projections of the rows [0, T) of its window (its
- * inputs, from rows x) into the pass buffers, as a prefill pass's. */
-static int window_gemm(cuda_backend *b, uint32_t il, const float *x, uint32_t T, cudaStream_t st, ds4_err *err) {
+/* The compressors' projections of layer il (the attention's; at a ratio-4
+ * layer also the indexer's) of T tokens, x's rows, into the pass buffers
+ * by the tensor-core product: a prefill pass's, a deferred layer's window. */
+int cu_comp_products(cuda_backend *b, uint32_t il, const dact *x, uint32_t T, cudaStream_t st, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t width = ds4_compress_coff(b->L[il].ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
-    dact in;
-    memset(&in, 0, sizeof(in));
-    in.f = (float *)x;
-    in.n = c->n_embd;
-    in.fs = c->n_embd;
-    if (cu_gemm(&w->comp_kv, 0, 0, width, &in, 0, T, b->ckv, width, NULL, b->split, st, err) ||
-        cu_gemm(&w->comp_gate, 0, 0, width, &in, 0, T, b->cgate, width, NULL, b->split, st, err))
+    if (cu_gemm(&w->comp_kv, 0, 0, width, x, 0, T, b->ckv, width, NULL, b->split, st, err) ||
+        cu_gemm(&w->comp_gate, 0, 0, width, x, 0, T, b->cgate, width, NULL, b->split, st, err))
         return -1;
     if (b->L[il].ratio == 4 &&
-        (cu_gemm(&w->idx_kv, 0, 0, iw2, &in, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
-         cu_gemm(&w->idx_gate, 0, 0, iw2, &in, 0, T, b->igate, iw2, NULL, b->split, st, err)))
+        (cu_gemm(&w->idx_kv, 0, 0, iw2, x, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
+         cu_gemm(&w->idx_gate, 0, 0, iw2, x, 0, T, b->igate, iw2, NULL, b->split, st, err)))
         return -1;
     return 0;
+}
+
+/* Rows of a deferred layer's window from row r as an activation (f32 alone:
+ * the compressors' weights are float rows, cu_win_fits). */
+static dact window_rows(const cuda_backend *b, const dlstate *S, uint32_t r) {
+    dact x;
+    memset(&x, 0, sizeof(x));
+    x.f = S->win + (size_t)r * b->cfg->n_embd;
+    x.n = b->cfg->n_embd;
+    x.fs = b->cfg->n_embd;
+    return x;
 }
 
 /* dst <- src, n floats (a multiple of 4), by one block: a kernel rather
@@ -675,7 +682,8 @@ int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_
     } else {
         DS4_LAUNCH(copy_row_kernel, 1, 256, 0, st, S->win + (size_t)(ratio - 1) * D, (const float *)b->xn.f, D);
         CU_LAUNCHED();
-        if (window_gemm(b, il, S->win, ratio, st, err)) return -1;
+        dact x = window_rows(b, S, 0);
+        if (cu_comp_products(b, il, &x, ratio, st, err)) return -1;
     }
     comp_args a;
     comp_setup(b, il, ratio, ratio - 1, true, &a);
@@ -698,7 +706,8 @@ int cu_comp_flush(cuda_backend *b, ds4_err *err) {
         /* positions [start, n): the window's rows from start % ratio, a
          * pass that closes no window, so the frontier alone */
         comp_args a;
-        if (window_gemm(b, il, S->win + (size_t)(start % S->ratio) * c->n_embd, n - start, b->st, err)) return -1;
+        dact x = window_rows(b, S, start % S->ratio);
+        if (cu_comp_products(b, il, &x, n - start, b->st, err)) return -1;
         comp_setup(b, il, n - start, n - start, false, &a);
         if (comp_frontier(&a, b->st, err)) return -1;
     }

@@ -35,10 +35,11 @@ static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const
     return cu_gemm(W, 0, row0, rows, x, off, T, out, stride, NULL, b->split, b->st, err);
 }
 
-static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, bool idx, uint32_t T, bool decode,
-                                 ds4_err *err) {
+static int attention_projections(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    const dlayer *w = &b->W.layers[il];
+    uint32_t ratio = ds4_layer_ratio(c, il);
+    bool idx = ratio == 4;
     if (decode) { /* the compressors' projections are their branch's (compressor_projections) */
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -50,13 +51,8 @@ static int attention_projections(cuda_backend *b, const dlayer *w, uint32_t rati
     if (mm(b, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, T, b->qa_raw, c->q_lora_rank, err) ||
         mm(b, &w->kv, 0, c->head_dim, &b->xn, 0, T, b->kvbuf, c->head_dim, err))
         return -1;
-    if (ratio && (mm(b, &w->comp_kv, 0, width, &b->xn, 0, T, b->ckv, width, err) ||
-                  mm(b, &w->comp_gate, 0, width, &b->xn, 0, T, b->cgate, width, err)))
-        return -1;
-    if (idx && (mm(b, &w->idx_kv, 0, iw2, &b->xn, 0, T, b->ikv, iw2, err) ||
-                mm(b, &w->idx_gate, 0, iw2, &b->xn, 0, T, b->igate, iw2, err) ||
-                mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)))
-        return -1;
+    if (ratio && cu_comp_products(b, il, &b->xn, T, b->st, err)) return -1;
+    if (idx && mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)) return -1;
     return 0;
 }
 
@@ -218,7 +214,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
         (compressor_projections(b, w, ratio, idx, b->side, err) ||
          cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
-    if (attention_projections(b, w, ratio, idx, T, decode, err)) return -1;
+    if (attention_projections(b, il, T, decode, err)) return -1;
     if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
         cu_q_post(b, il, T, deferred && !closes, err))
         return -1;

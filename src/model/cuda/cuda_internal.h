@@ -459,6 +459,10 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
  * reads the frontier, which runs on beside the attention. */
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
                 cudaEvent_t emitted, ds4_err *err);
+/* The compressors' projections of layer il (the attention's; at a ratio-4
+ * layer also the indexer's) of T tokens of x into the pass buffers (ckv,
+ * cgate, ikv, igate), by the tensor-core product, on st. */
+int cu_comp_products(cuda_backend *b, uint32_t il, const dact *x, uint32_t T, cudaStream_t st, ds4_err *err);
 /* A deferred layer (dlstate.win) in a decode step that closes its window:
  * the window's projections (its earlier inputs from win, the step's from
  * xn) and its compressed rows, then its frontier, on st, with `emitted`
