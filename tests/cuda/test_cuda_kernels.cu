@@ -108,6 +108,12 @@ static void note_err(double &worst, double e) {
     if (!(e <= worst)) worst = std::isnan(e) ? INFINITY : e;
 }
 
+static void free_act(act_pair &a) {
+    cudaFree(a.d.f);
+    cudaFree(a.d.q8);
+    cudaFree(a.d.qk);
+}
+
 static void make_act(act_pair &a, uint32_t n, uint32_t rows, cudaStream_t st) {
     a.f.resize((size_t)n * rows);
     for (auto &v : a.f) v = frand() * 3.0f;
@@ -178,9 +184,7 @@ static void check_quantize(cudaStream_t st) {
         }
         printf("quantize n=%-5u q8_0x %s, q8_K %s\n", n, bad8 ? "DIFFER" : "identical", badk ? "DIFFER" : "identical");
         CHECK(!bad8 && !badk, "activation quantization of %u values differs from the CPU's", n);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
+        free_act(a);
     }
 }
 
@@ -276,9 +280,7 @@ static void split_gemm_case(cudaStream_t st, uint32_t type, float *scratch) {
           worst, guards);
     cudaFree(out);
     cudaFree((void *)w.d.p);
-    cudaFree(a.d.f);
-    cudaFree(a.d.q8);
-    cudaFree(a.d.qk);
+    free_act(a);
 }
 
 static void check_split_gemm(cudaStream_t st) {
@@ -327,9 +329,7 @@ static void check_gemm_range(cudaStream_t st) {
         CHECK(worst <= 2e-6, "gemm %s of magnitudes 2^-60 .. 2^22: error %.3g", tname(type), worst);
         cudaFree(out);
         cudaFree((void *)w.d.p);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
+        free_act(a);
     }
 }
 
@@ -370,9 +370,7 @@ static void check_missing_form(cudaStream_t st) {
     cudaFree(out);
     cudaFree((void *)wf.d.p);
     cudaFree((void *)wq.d.p);
-    cudaFree(a.d.f);
-    cudaFree(a.d.q8);
-    cudaFree(a.d.qk);
+    free_act(a);
 }
 
 /* Few long float rows: a block a row, the row split over its warps. */
@@ -409,9 +407,7 @@ static void check_split_gemv(cudaStream_t st) {
         CHECK(guard == 0xFFFFFFFFu, "split gemv %s wrote past its rows", tname(type));
         cudaFree(out);
         cudaFree((void *)w.d.p);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
+        free_act(a);
     }
 }
 
@@ -471,9 +467,7 @@ static void check_window_gemv(cudaStream_t st) {
         cudaFree(win);
         cudaFree(one);
         cudaFree((void *)w.d.p);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
+        free_act(a);
     }
     /* rows whose parts are not whole 16-byte loads: refused, not misread */
     wt_pair w;
@@ -586,9 +580,7 @@ static void check_products(cudaStream_t st) {
         cudaFree(dn);
         cudaFree(out);
         cudaFree((void *)w.d.p);
-        cudaFree(a.d.f);
-        cudaFree(a.d.q8);
-        cudaFree(a.d.qk);
+        free_act(a);
     }
 }
 
@@ -1241,9 +1233,7 @@ static void check_gemv_q8_out(cudaStream_t st) {
     cudaFree(q.f);
     cudaFree(q.q8);
     cudaFree((void *)w.d.p);
-    cudaFree(a.d.f);
-    cudaFree(a.d.q8);
-    cudaFree(a.d.qk);
+    free_act(a);
 }
 
 /* Scores of three kinds:
@@ -1516,9 +1506,7 @@ static void check_gemv_route(cudaStream_t st) {
     bad.route.in.k = k;
     CHECK(cu_gemv_run(&bad, st, &err) != 0 && err.code == DS4_EINVAL, "a plan routing with two products was accepted");
     cudaFree((void *)w.d.p);
-    cudaFree(a.d.f);
-    cudaFree(a.d.q8);
-    cudaFree(a.d.qk);
+    free_act(a);
     cudaFree(db);
     cudaFree(lg);
     cudaFree(w1);
