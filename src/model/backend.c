@@ -48,13 +48,13 @@ static uint32_t argmax(const float *x, uint32_t n) {
     return best;
 }
 
-int ds4_backend_greedy(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err) {
-    if (b->ops->greedy) return b->ops->greedy(b, n, out, err);
+int ds4_seq_greedy(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err) {
+    if (b->ops->greedy) return b->ops->greedy(b, s, n, out, err);
     for (uint32_t i = 0; i < n; i++) {
-        const float *l = ds4_backend_logits(b);
+        const float *l = ds4_seq_logits(b, s);
         if (!l) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
         out[i] = argmax(l, b->w->cfg.n_vocab);
-        if (ds4_backend_decode(b, out[i], err) != 0) return -1;
+        if (ds4_seq_decode(b, s, out[i], err) != 0) return -1;
     }
     return 0;
 }

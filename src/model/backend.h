@@ -2,27 +2,39 @@
  * backend.h - the interface every compute backend implements, at the level
  * of a whole model step (DESIGN.md, "Backends").
  *
- * A backend owns the state of one sequence and runs the complete forward
- * pass of spec/MODEL.md 5-7 over it:
+ * A backend runs the complete forward pass of spec/MODEL.md 5-7 over the
+ * states of sequences (ds4_seq) it holds:
  *
- *   prefill(tokens, n)   append n tokens (batched, layer-major); optionally
- *                        return the logits of every one of them
- *   decode(token)        append one token
- *   logits()             logits for the next token (after the last one)
- *   reset()              back to zero tokens
- *   greedy(n)            append n tokens, each the argmax of the logits
+ *   step(rows)           one pass over rows (sequence, token) of any
+ *                        sequences: each appends its token; the logits and
+ *                        the final hidden state of chosen rows come back
+ *   rewind(seq, n)       take back the last rows a step appended to seq,
+ *                        exactly (rejected MTP drafts)
+ *   prefill(seq, tokens) append n tokens (chunked passes, layer-major);
+ *                        optionally return the logits of every one of them
+ *   decode(seq, token)   append one token
+ *   logits(seq)          logits for the next token (after the last one)
+ *   reset(seq)           back to zero tokens
+ *   greedy(seq, n)       append n tokens, each the argmax of the logits
  *                        before it (optional: backends that can keep the
  *                        loop on the device provide it; otherwise the
- *                        generic loop of ds4_backend_greedy runs)
- *   snapshot / restore   copy the state to / from a backend-neutral
+ *                        generic loop of ds4_seq_greedy runs)
+ *   snapshot / restore   copy a sequence's state to / from a backend-neutral
  *                        ds4_kv_state in host memory, which also
  *                        (de)serialises as a DSV4 payload (session_state.h)
  *
+ * Every backend has a main sequence, made with it, which the
+ * ds4_backend_prefill / decode / ... calls act on: programs that run one
+ * stream never see sequences.  Many tokens in flight (MTP verification,
+ * many sessions at once, prefill chunks beside decoding) are steps over
+ * rows of several sequences or several rows of one.
+ *
  * Prefill and token-by-token decode are defined to give the same logits
- * (MODEL.md 7); the CPU backend makes them bit-identical.  The low-precision
- * simulations of MODEL.md 4.3-4.4 (FP8 KV, Hadamard+FP4 indexer, f16 raw
- * rows) are on unless `no_sim` is set; with them off the forward pass is the
- * one HF transformers computes.
+ * (MODEL.md 7); the CPU backend makes them bit-identical, and a row's
+ * result there does not depend on the other rows of its step.  The
+ * low-precision simulations of MODEL.md 4.3-4.4 (FP8 KV, Hadamard+FP4
+ * indexer, f16 raw rows) are on unless `no_sim` is set; with them off the
+ * forward pass is the one HF transformers computes.
  */
 #ifndef DS4_MODEL_BACKEND_H
 #define DS4_MODEL_BACKEND_H
@@ -37,7 +49,8 @@
 typedef struct ds4_backend_opts {
     int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
-    uint32_t ctx_size;      /* tokens the session can hold; 0: 4096 */
+    uint32_t ctx_size;      /* tokens the main sequence holds, and the most any
+                             * sequence may hold; 0: 4096 */
     uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
     bool no_sim;            /* turn the low-precision simulations off */
     /* Called for every routed expert the forward pass runs: the m tokens of
@@ -51,22 +64,66 @@ typedef struct ds4_backend_opts {
 
 typedef struct ds4_backend ds4_backend;
 
+/* A sequence: one token stream's state inside a backend (its KV rows,
+ * compressor frontiers and indexer rows: the content of a ds4_kv_state,
+ * wherever the backend keeps it).  A backend makes one at creation, its
+ * main sequence, which the single-sequence calls below act on; it can
+ * make more (seq_new) and advance any number of them in one step. */
+typedef struct ds4_seq {
+    ds4_backend *owner;  /* the backend that made it; backends extend the struct */
+} ds4_seq;
+
+/* What a step returns for a row (a set of them). */
+enum {
+    DS4_ROW_LOGITS = 1, /* the logits after the row's token */
+    DS4_ROW_HIDDEN = 2, /* the residual after the last layer: n_hc x n_embd floats (the MTP block's input) */
+    DS4_ROW_REWIND = 4, /* the step keeps what ds4_backend_rewind needs to take this row back, its
+                         * logits included (every row of its sequence must say so;
+                         * DS4_REWIND_MAX rows of a sequence at most) */
+};
+
+/* Rows of one sequence a rewindable step may append. */
+#define DS4_REWIND_MAX 32
+
+/* One row of a step: the next token of a sequence. */
+typedef struct ds4_row {
+    ds4_seq *seq;
+    uint32_t token;
+    uint32_t want;      /* DS4_ROW_* */
+} ds4_row;
+
+/* Where a step writes what its rows asked for, in row order: one n_vocab
+ * row of logits for each row with DS4_ROW_LOGITS, one n_hc x n_embd row of
+ * hidden state for each with DS4_ROW_HIDDEN.  NULL when no row asks. */
+typedef struct ds4_step_out {
+    float *logits;
+    float *hidden;
+} ds4_step_out;
+
 typedef struct ds4_backend_ops {
     const char *name;
     void (*free)(ds4_backend *b);
-    int (*prefill)(ds4_backend *b, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err);
-    int (*decode)(ds4_backend *b, uint32_t token, ds4_err *err);
-    const float *(*logits)(ds4_backend *b);
-    void (*reset)(ds4_backend *b);
-    int (*snapshot)(ds4_backend *b, ds4_kv_state *out, ds4_err *err);
-    int (*restore)(ds4_backend *b, const ds4_kv_state *in, ds4_err *err);
-    int (*greedy)(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err); /* may be NULL */
+    /* a new empty sequence of ctx tokens (at most the backend's ctx_size) */
+    ds4_seq *(*seq_new)(ds4_backend *b, uint32_t ctx, ds4_err *err);
+    void (*seq_free)(ds4_backend *b, ds4_seq *s);
+    uint32_t (*seq_len)(const ds4_backend *b, const ds4_seq *s);
+    /* one pass over rows of any sequences (see ds4_backend_step) */
+    int (*step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+    int (*rewind)(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
+    int (*prefill)(ds4_backend *b, ds4_seq *s, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err);
+    int (*decode)(ds4_backend *b, ds4_seq *s, uint32_t token, ds4_err *err);
+    const float *(*logits)(ds4_backend *b, ds4_seq *s);
+    void (*reset)(ds4_backend *b, ds4_seq *s);
+    int (*snapshot)(ds4_backend *b, ds4_seq *s, ds4_kv_state *out, ds4_err *err);
+    int (*restore)(ds4_backend *b, ds4_seq *s, const ds4_kv_state *in, ds4_err *err);
+    int (*greedy)(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err); /* may be NULL */
 } ds4_backend_ops;
 
 struct ds4_backend {
     const ds4_backend_ops *ops;
     const ds4_weights *w;
     ds4_backend_opts opts;
+    ds4_seq *main;      /* the main sequence */
 };
 
 /* 0 when this build has the named backend (NULL: the default); else why
@@ -92,27 +149,80 @@ int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds
 
 static inline void ds4_backend_free(ds4_backend *b) { if (b) b->ops->free(b); }
 
+/* ------------------------------------------------------- sequences */
+
+/* A new empty sequence of ctx tokens (0: the backend's ctx_size, the
+ * most it takes); free it with ds4_seq_free before the backend. */
+static inline ds4_seq *ds4_seq_new(ds4_backend *b, uint32_t ctx, ds4_err *err) {
+    return b->ops->seq_new(b, ctx ? ctx : b->opts.ctx_size, err);
+}
+static inline void ds4_seq_free(ds4_backend *b, ds4_seq *s) { if (s) b->ops->seq_free(b, s); }
+static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { return b->ops->seq_len(b, s); }
+
+/* One pass over n rows (at most the backend's prefill_chunk): each row
+ * appends its token to its sequence, at that sequence's next position.
+ * The rows of a sequence must be adjacent and in order; any number of
+ * sequences may share a step, and the routed experts of all rows are
+ * grouped so that each expert's weights are read once.  A row's results
+ * do not depend on the other rows of its step (bit for bit on the CPU).
+ * On failure the sequences of the step are left undefined (reset them). */
+static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out,
+                                   ds4_err *err) {
+    return b->ops->step(b, rows, n, out, err);
+}
+
+/* Take back the last tokens of s, keeping n_tokens: exactly the state a
+ * sequence that never saw the others would have (KV rows, compressor
+ * frontiers, indexer rows, and its logits when the step computed them).
+ * Only the rows of s's latest step can be taken back, and only when they
+ * asked for DS4_ROW_REWIND. */
+static inline int ds4_backend_rewind(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
+    return b->ops->rewind(b, s, n_tokens, err);
+}
+
+static inline int ds4_seq_prefill(ds4_backend *b, ds4_seq *s, const uint32_t *tokens, uint32_t n, float *all_logits,
+                                  ds4_err *err) {
+    return b->ops->prefill(b, s, tokens, n, all_logits, err);
+}
+static inline int ds4_seq_decode(ds4_backend *b, ds4_seq *s, uint32_t token, ds4_err *err) {
+    return b->ops->decode(b, s, token, err);
+}
+static inline const float *ds4_seq_logits(ds4_backend *b, ds4_seq *s) { return b->ops->logits(b, s); }
+static inline void ds4_seq_reset(ds4_backend *b, ds4_seq *s) { b->ops->reset(b, s); }
+static inline int ds4_seq_snapshot(ds4_backend *b, ds4_seq *s, ds4_kv_state *out, ds4_err *err) {
+    return b->ops->snapshot(b, s, out, err);
+}
+static inline int ds4_seq_restore(ds4_backend *b, ds4_seq *s, const ds4_kv_state *in, ds4_err *err) {
+    return b->ops->restore(b, s, in, err);
+}
+/* Append n greedy tokens to s (see ds4_backend_greedy). */
+int ds4_seq_greedy(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err);
+
+/* ------------------------------------- the main sequence (one stream) */
+
 /* Append n tokens.  `all_logits` (n * n_vocab floats) may be NULL; when
  * given it receives the logits after each token. */
 static inline int ds4_backend_prefill(ds4_backend *b, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
-    return b->ops->prefill(b, tokens, n, all_logits, err);
+    return ds4_seq_prefill(b, b->main, tokens, n, all_logits, err);
 }
 static inline int ds4_backend_decode(ds4_backend *b, uint32_t token, ds4_err *err) {
-    return b->ops->decode(b, token, err);
+    return ds4_seq_decode(b, b->main, token, err);
 }
 /* n_vocab logits for the next token; NULL before the first token. */
-static inline const float *ds4_backend_logits(ds4_backend *b) { return b->ops->logits(b); }
-static inline void ds4_backend_reset(ds4_backend *b) { b->ops->reset(b); }
+static inline const float *ds4_backend_logits(ds4_backend *b) { return ds4_seq_logits(b, b->main); }
+static inline void ds4_backend_reset(ds4_backend *b) { ds4_seq_reset(b, b->main); }
 static inline int ds4_backend_snapshot(ds4_backend *b, ds4_kv_state *out, ds4_err *err) {
-    return b->ops->snapshot(b, out, err);
+    return ds4_seq_snapshot(b, b->main, out, err);
 }
 static inline int ds4_backend_restore(ds4_backend *b, const ds4_kv_state *in, ds4_err *err) {
-    return b->ops->restore(b, in, err);
+    return ds4_seq_restore(b, b->main, in, err);
 }
 
 /* Append n greedy tokens (the first is the argmax of the current logits;
  * out receives them).  Needs logits (a prefill or decode before). */
-int ds4_backend_greedy(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err);
+static inline int ds4_backend_greedy(ds4_backend *b, uint32_t n, uint32_t *out, ds4_err *err) {
+    return ds4_seq_greedy(b, b->main, n, out, err);
+}
 
 /* A state sized for this backend's session (to snapshot into). */
 ds4_kv_state *ds4_backend_state_new(const ds4_backend *b, ds4_err *err);

@@ -40,6 +40,7 @@ static void clear_layer(const ds4_kv_state *s, uint32_t il) {
 void ds4_kv_state_reset(ds4_kv_state *s) {
     s->n_tokens = 0;
     s->has_logits = false;
+    memset(s->logits, 0, (size_t)s->cfg->n_vocab * sizeof(float)); /* an empty state is canonical */
     for (uint32_t il = 0; il < s->cfg->n_layer; il++) clear_layer(s, il);
 }
 

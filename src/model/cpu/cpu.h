@@ -2,20 +2,25 @@
  * cpu.h - internals of the CPU reference backend (src/model/cpu/).
  *
  * The backend runs the forward pass of spec/MODEL.md 5-7 in f32 over the
- * mmap'ed weights.  Tokens go through the model in chunks of up to
- * `chunk` tokens, layer-major: every matrix product of a layer is done for
- * all tokens of the chunk at once (each weight row is read once per chunk),
- * while the order-dependent part of attention (KV ring, compressors,
- * indexer) walks the tokens in order.  A decode step is a chunk of one.
+ * mmap'ed weights.  A pass takes up to `chunk` rows - tokens of any
+ * sequences, each at its sequence's next position - through the model
+ * layer-major: every matrix product of a layer is done for all rows at
+ * once (each weight row is read once per pass, each routed expert once for
+ * all the rows that chose it), while the order-dependent part of attention
+ * (KV ring, compressors, indexer) walks the rows in order, each in its own
+ * sequence's state.  A decode step is a pass of one row; a prefill chunk a
+ * pass of one sequence's rows; a batched step several sequences' rows.
  * Every output value is computed by one thread with a fixed accumulation
- * order, so results do not depend on the chunking or the thread count:
- * prefill and token-by-token decode are bit-identical.
+ * order, so results depend neither on the chunking, nor on the thread
+ * count, nor on the other rows of the pass: prefill, token-by-token decode
+ * and batched steps are bit-identical.
  *
  *   cpu_ops.c      matrix products, norms, activations
  *   cpu_hc.c       hyper-connections (HC pre / post, output collapse)
  *   cpu_attn.c     attention sublayer: raw ring, compressors, indexer
  *   cpu_ffn.c      MoE sublayer: router, routed and shared experts
- *   cpu_backend.c  the ds4_backend: chunks, layers, output head
+ *   cpu_rewind.c   the journal of a rewindable pass, and the rewind
+ *   cpu_backend.c  the ds4_backend: sequences, passes, output head
  */
 #ifndef DS4_MODEL_CPU_CPU_H
 #define DS4_MODEL_CPU_CPU_H
@@ -29,16 +34,62 @@
 #include "model/rope.h"
 #include "model/session_state.h"
 
+/* What a rewindable pass keeps of one sequence (cpu_rewind.c): enough to
+ * take back any suffix of the rows it appended.  Frontiers are saved
+ * whole before the pass; the ring slots its rows overwrite keep their old
+ * rows; each row's compressor inputs are kept so that the accepted rows
+ * can be replayed into the restored frontiers. */
+typedef struct cpu_journal {
+    bool valid;
+    uint32_t n0, T;             /* length before the pass, rows it appended */
+    uint32_t cap;               /* rows the buffers hold (DS4_REWIND_MAX) */
+    float *raw;                 /* [layer][row] old ring slot, head_dim each */
+    float *front;               /* [ratio layer] frontiers (cpu_journal_front_floats) */
+    float *proj;                /* [row][ratio layer] ckv, cgate, ikv, igate */
+    float *logits;              /* [row] n_vocab (every row's); then the logits before the pass */
+    bool had_logits;
+} cpu_journal;
+
+/* The CPU backend's ds4_seq: a KV state in host memory and its journal. */
+typedef struct cpu_seq {
+    ds4_seq base;
+    ds4_kv_state *st;
+    cpu_journal j;
+} cpu_seq;
+
+static inline cpu_seq *cpu_seq_of(ds4_seq *s) { return (cpu_seq *)s; }
+
+/* One row of a pass: a token of a sequence at a position. */
+typedef struct cpu_row {
+    ds4_kv_state *st;
+    cpu_journal *j;           /* the sequence's journal when the pass is rewindable, else NULL */
+    uint32_t pos, tok;
+} cpu_row;
+
+/* The layer a sublayer function runs: the main model's layer il, or the
+ * MTP block (cpu_mtp.c), whose own state has one dense layer. */
+typedef struct cpu_layer {
+    const ds4_layer_weights *w;
+    uint32_t il;              /* the layer in each row's KV state */
+    uint32_t jl;              /* its slot in the journal (the main model's layer index) */
+    uint32_t ratio;           /* compression ratio: 0, 4 or 128 */
+    bool hash;                /* hash-routed experts */
+    float clamp;              /* SwiGLU clamp */
+} cpu_layer;
+
 typedef struct cpu_backend {
     ds4_backend base;
     const ds4_config *cfg;
     ds4_pool *pool;
     int n_threads;
-    ds4_kv_state *st;
     bool sim;                 /* low-precision simulations on */
     ds4_rope rope_dense, rope_comp;
     const ds4_rope *ratio_rope; /* the current layer's (dense or compressed) */
-    uint32_t chunk;           /* max tokens per pass */
+    uint32_t chunk;           /* max rows per pass */
+    uint32_t max_ctx;         /* largest context a sequence may have */
+
+    /* the current pass: its rows (`chunk` at most) */
+    cpu_row *rows;
 
     /* chunk buffers, `chunk` rows each */
     float *S;                 /* residual: n_hc * n_embd per token */
@@ -70,6 +121,9 @@ typedef struct cpu_backend {
     uint32_t n_visible;
 } cpu_backend;
 
+/* The main model's layer il as the sublayer functions take it. */
+cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il);
+
 /* -------------------------------------------------------------- cpu_ops */
 
 /* Multiply-adds below which a parallel loop runs on the calling thread. */
@@ -96,27 +150,51 @@ static inline const float *cpu_vec(const ds4_wt *t) { return (const float *)t->d
 
 /* --------------------------------------------------------------- cpu_hc */
 
-/* HC pre for tokens [0, T): from b->S, using the site's fn/scale/base,
+/* HC pre for rows [0, T): from b->S, using the site's fn/scale/base,
  * write b->x (the sublayer input), b->post and b->comb. */
 void cpu_hc_pre(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale, const ds4_wt *base, uint32_t T);
 
-/* HC post: S <- post * y + comb^T S, per token. */
+/* HC post: S <- post * y + comb^T S, per row. */
 void cpu_hc_post(cpu_backend *b, uint32_t T);
 
-/* Output collapse and head (MODEL.md 5.4) for the tokens of the chunk
- * marked in `want`: one row of n_vocab logits per marked token, in order,
- * `logits_stride` floats apart. */
-void cpu_output_head(cpu_backend *b, uint32_t T, const bool *want, float *logits, size_t logits_stride);
+/* Output collapse and head (MODEL.md 5.4) with the given HC head and norm
+ * (the main model's, or the MTP block's): the logits of row t go to
+ * dst[t], rows with dst[t] == NULL are skipped. */
+void cpu_output_head(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale, const ds4_wt *base, const ds4_wt *norm,
+                     uint32_t T, float *const *dst);
 
 /* ------------------------------------------------------------- cpu_attn */
 
-/* Attention sublayer of layer il for tokens at positions pos0 .. pos0+T-1
- * (MODEL.md 6.1-6.3): reads b->S, leaves the result in b->S. */
-void cpu_attention_layer(cpu_backend *b, uint32_t il, uint32_t pos0, uint32_t T);
+/* Attention sublayer of layer L for rows [0, T) of the pass (MODEL.md
+ * 6.1-6.3): reads b->S, leaves the result in b->S. */
+void cpu_attention_layer(cpu_backend *b, const cpu_layer *L, uint32_t T);
+
+/* The state update of one row (raw ring, compressors) without attention:
+ * a rewind replays the rows it keeps with it (cpu_rewind.c).  ckv/cgate
+ * and ikv/igate are the row's compressor projections. */
+void cpu_compress_row(cpu_backend *b, const cpu_layer *L, ds4_kv_state *st, const float *ckv, const float *cgate,
+                      const float *ikv, const float *igate, uint32_t p);
 
 /* -------------------------------------------------------------- cpu_ffn */
 
-/* FFN sublayer of layer il (MODEL.md 6.4) for the tokens `tok`. */
-void cpu_ffn_layer(cpu_backend *b, uint32_t il, const uint32_t *tok, uint32_t T);
+/* FFN sublayer of layer L for the rows' tokens `tok`. */
+void cpu_ffn_layer(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint32_t T);
+
+/* ----------------------------------------------------------- cpu_rewind */
+
+/* Start s's journal for a rewindable pass (saves its frontiers and
+ * logits); the pass then records each row with the hooks below. */
+int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err);
+/* Row at position p of layer slot jl overwrites ring slot `old`. */
+void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *old);
+/* Row at position p's compressor projections at layer slot jl. */
+void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
+                      const float *cgate, const float *ikv, const float *igate);
+/* Where the logits after position p are kept, and keeping them (from
+ * wherever the pass wrote them). */
+float *cpu_journal_logits_row(cpu_backend *b, cpu_seq *s, uint32_t p);
+void cpu_journal_logits(cpu_backend *b, cpu_seq *s, uint32_t p, const float *logits);
+void cpu_journal_free(cpu_journal *j);
+int cpu_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
 
 #endif

@@ -149,15 +149,15 @@ static void top_k(cpu_backend *b, const float *s, uint32_t n, uint32_t k) {
     b->n_visible = k;
 }
 
-static void select_rows(cpu_backend *b, uint32_t il, uint32_t t, uint32_t n_comp) {
+static void select_rows(cpu_backend *b, const cpu_layer *L, uint32_t t, uint32_t n_comp) {
     const ds4_config *c = b->cfg;
-    if (ds4_layer_ratio(c, il) != 4 || n_comp <= c->idx_top_k) {
+    if (L->ratio != 4 || n_comp <= c->idx_top_k) {
         for (uint32_t i = 0; i < n_comp; i++) b->visible[i] = i;
         b->n_visible = n_comp;
         return;
     }
     index_task x = {b->iq + (size_t)t * c->idx_n_head * c->idx_head_dim, b->iw + (size_t)t * c->idx_n_head,
-                    b->st->layers[il].idx, b->idx_scores, c->idx_n_head, c->idx_head_dim};
+                    b->rows[t].st->layers[L->il].idx, b->idx_scores, c->idx_n_head, c->idx_head_dim};
     uint64_t work = (uint64_t)n_comp * c->idx_n_head * c->idx_head_dim;
     ds4_pool_run(work < CPU_MIN_TASK_WORK ? NULL : b->pool, n_comp, 16, index_scores, &x);
     top_k(b, b->idx_scores, n_comp, c->idx_top_k);
@@ -171,10 +171,8 @@ typedef struct attn_task {
     float *out;
     const float *sinks;
     const ds4_layer_state *L;
-    uint32_t p;
+    uint32_t p, raw_cap;
 } attn_task;
-
-
 
 /* Sink-aware attention of heads [h0, h1) over the raw rows of positions
  * max(0, p-W+1)..p and the visible compressed rows (MODEL.md 4.6). */
@@ -182,7 +180,7 @@ static void attend_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
     const attn_task *a = ctx;
     cpu_backend *b = a->b;
     const ds4_config *c = b->cfg;
-    uint32_t hd = c->head_dim, p = a->p, raw_cap = b->st->raw_cap;
+    uint32_t hd = c->head_dim, p = a->p, raw_cap = a->raw_cap;
     uint32_t first = p + 1 > c->sliding_window ? p + 1 - c->sliding_window : 0;
     uint32_t n_raw = p + 1 - first, n_rows = n_raw + b->n_visible;
     float *scores = b->att_scratch + (size_t)thread * b->att_stride;
@@ -216,7 +214,7 @@ static void attend_heads(void *ctx, int64_t h0, int64_t h1, int thread) {
 
 /* Q path (A3): qr = RMSNorm(q_a . xn) kept for the indexer; q = q_b . qr,
  * per-head unweighted RMSNorm, tail RoPE. */
-static void project_q(cpu_backend *b, const ds4_layer_weights *w, uint32_t pos0, uint32_t T) {
+static void project_q(cpu_backend *b, const ds4_layer_weights *w, uint32_t T) {
     const ds4_config *c = b->cfg;
     uint32_t qd = c->n_head * c->head_dim;
     cpu_matmul(b, &w->q_a, 0, 0, c->q_lora_rank, b->xn, c->n_embd, T, b->qr, c->q_lora_rank);
@@ -229,26 +227,26 @@ static void project_q(cpu_backend *b, const ds4_layer_weights *w, uint32_t pos0,
         for (uint32_t h = 0; h < c->n_head; h++) {
             float *q = b->q + (size_t)t * qd + (size_t)h * c->head_dim;
             cpu_rmsnorm(q, q, NULL, c->head_dim, c->rms_eps);
-            ds4_rope_apply(b->ratio_rope, q + c->head_dim - c->rope_dim, pos0 + t, false);
+            ds4_rope_apply(b->ratio_rope, q + c->head_dim - c->rope_dim, b->rows[t].pos, false);
         }
 }
 
 /* KV path (A4): RMSNorm(kv . xn), tail RoPE, FP8 round trip of the rest. */
-static void project_kv(cpu_backend *b, const ds4_layer_weights *w, uint32_t pos0, uint32_t T) {
+static void project_kv(cpu_backend *b, const ds4_layer_weights *w, uint32_t T) {
     const ds4_config *c = b->cfg;
     uint32_t hd = c->head_dim;
     cpu_matmul(b, &w->kv, 0, 0, hd, b->xn, c->n_embd, T, b->kv, hd);
     for (uint32_t t = 0; t < T; t++) {
         float *kv = b->kv + (size_t)t * hd;
         cpu_rmsnorm(kv, kv, cpu_vec(&w->kv_norm), hd, c->rms_eps);
-        ds4_rope_apply(b->ratio_rope, kv + hd - c->rope_dim, pos0 + t, false);
+        ds4_rope_apply(b->ratio_rope, kv + hd - c->rope_dim, b->rows[t].pos, false);
         if (b->sim) ds4_fp8_kv_roundtrip(kv, hd - c->rope_dim);
     }
 }
 
 /* Indexer queries (6.3 steps 1-2): per head tail RoPE then Hadamard+FP4;
  * head weights scaled by 1/sqrt(head_dim * n_head). */
-static void project_indexer(cpu_backend *b, const ds4_layer_weights *w, uint32_t pos0, uint32_t T) {
+static void project_indexer(cpu_backend *b, const ds4_layer_weights *w, uint32_t T) {
     const ds4_config *c = b->cfg;
     uint32_t ihd = c->idx_head_dim, iqd = c->idx_n_head * ihd, iw2 = 2 * ihd;
     cpu_matmul(b, &w->idx_kv, 0, 0, iw2, b->xn, c->n_embd, T, b->ikv, iw2);
@@ -259,66 +257,80 @@ static void project_indexer(cpu_backend *b, const ds4_layer_weights *w, uint32_t
     for (uint32_t t = 0; t < T; t++) {
         for (uint32_t h = 0; h < c->idx_n_head; h++) {
             float *q = b->iq + (size_t)t * iqd + (size_t)h * ihd;
-            ds4_rope_apply(&b->rope_comp, q + ihd - c->rope_dim, pos0 + t, false);
+            ds4_rope_apply(&b->rope_comp, q + ihd - c->rope_dim, b->rows[t].pos, false);
             if (b->sim) ds4_indexer_qat_row(q);
         }
         for (uint32_t h = 0; h < c->idx_n_head; h++) b->iw[(size_t)t * c->idx_n_head + h] *= wscale;
     }
 }
 
-/* The in-order part for token t at position p: raw ring, compressors,
- * row selection, attention. */
-static void attend_token(cpu_backend *b, uint32_t il, const ds4_layer_weights *w, uint32_t t, uint32_t p) {
+void cpu_compress_row(cpu_backend *b, const cpu_layer *L, ds4_kv_state *st, const float *ckv, const float *cgate,
+                      const float *ikv, const float *igate, uint32_t p) {
     const ds4_config *c = b->cfg;
-    ds4_layer_state *L = &b->st->layers[il];
-    uint32_t hd = c->head_dim, ratio = L->ratio;
+    ds4_layer_state *S = &st->layers[L->il];
+    const ds4_layer_weights *w = L->w;
+    uint32_t hd = c->head_dim;
+    if (L->ratio != 0) {
+        compressor cp = {S->comp_kv, S->comp_score, &w->comp_ape, &w->comp_norm, L->ratio, hd};
+        float *row = S->comp + (size_t)(p / L->ratio) * hd; /* the row this window will fill */
+        if (compressor_step(b, &cp, ckv, cgate, p, row) && b->sim) ds4_fp8_kv_roundtrip(row, hd - c->rope_dim);
+    }
+    if (L->ratio == 4) {
+        uint32_t ihd = c->idx_head_dim;
+        compressor cp = {S->idx_kv, S->idx_score, &w->idx_ape, &w->idx_norm, 4, ihd};
+        float *row = S->idx + (size_t)(p / 4) * ihd;
+        if (compressor_step(b, &cp, ikv, igate, p, row) && b->sim) ds4_indexer_qat_row(row);
+    }
+}
 
-    float *raw = L->raw + (size_t)(p % b->st->raw_cap) * hd;
+/* The in-order part for row t: raw ring, compressors, row selection,
+ * attention, each in the row's own sequence state.  A rewindable pass
+ * journals what the row overwrites and its compressor inputs. */
+static void attend_token(cpu_backend *b, const cpu_layer *L, uint32_t t) {
+    const ds4_config *c = b->cfg;
+    const cpu_row *r = &b->rows[t];
+    ds4_layer_state *S = &r->st->layers[L->il];
+    uint32_t hd = c->head_dim, p = r->pos, ratio = L->ratio;
+    uint32_t cw = ratio ? ds4_compress_coff(ratio) * hd : 0, iw2 = 2 * c->idx_head_dim;
+    const float *ckv = b->ckv + (size_t)t * cw, *cgate = b->cgate + (size_t)t * cw;
+    const float *ikv = b->ikv + (size_t)t * iw2, *igate = b->igate + (size_t)t * iw2;
+
+    float *raw = S->raw + (size_t)(p % r->st->raw_cap) * hd;
+    if (r->j) {
+        cpu_journal_raw(b, r->j, L->jl, p, raw);
+        cpu_journal_proj(b, r->j, L->jl, p, ckv, cgate, ikv, igate);
+    }
     memcpy(raw, b->kv + (size_t)t * hd, hd * sizeof(float));
     if (b->sim) ds4_f16_round_row(raw, hd);
-
-    if (ratio != 0) {
-        uint32_t width = ds4_compress_coff(ratio) * hd;
-        compressor cp = {L->comp_kv, L->comp_score, &w->comp_ape, &w->comp_norm, ratio, hd};
-        float *row = L->comp + (size_t)(p / ratio) * hd; /* the row this window will fill */
-        if (compressor_step(b, &cp, b->ckv + (size_t)t * width, b->cgate + (size_t)t * width, p, row) && b->sim)
-            ds4_fp8_kv_roundtrip(row, hd - c->rope_dim);
-    }
-    if (ratio == 4) {
-        uint32_t ihd = c->idx_head_dim;
-        compressor cp = {L->idx_kv, L->idx_score, &w->idx_ape, &w->idx_norm, 4, ihd};
-        float *row = L->idx + (size_t)(p / 4) * ihd;
-        if (compressor_step(b, &cp, b->ikv + (size_t)t * 2 * ihd, b->igate + (size_t)t * 2 * ihd, p, row) && b->sim)
-            ds4_indexer_qat_row(row);
-    }
-    select_rows(b, il, t, ratio ? (p + 1) / ratio : 0);
+    cpu_compress_row(b, L, r->st, ckv, cgate, ikv, igate, p);
+    select_rows(b, L, t, ratio ? (p + 1) / ratio : 0);
 
     uint32_t qd = c->n_head * hd;
-    attn_task a = {b, b->q + (size_t)t * qd, b->heads + (size_t)t * qd, cpu_vec(&w->sinks), L, p};
+    attn_task a = {b, b->q + (size_t)t * qd, b->heads + (size_t)t * qd, cpu_vec(&L->w->sinks), S, p, r->st->raw_cap};
     uint32_t n_rows = (p + 1 < c->sliding_window ? p + 1 : c->sliding_window) + b->n_visible;
     uint64_t work = (uint64_t)2 * c->n_head * n_rows * hd;
     ds4_pool_run(work < CPU_MIN_TASK_WORK ? NULL : b->pool, c->n_head, 1, attend_heads, &a);
 }
 
-void cpu_attention_layer(cpu_backend *b, uint32_t il, uint32_t pos0, uint32_t T) {
+void cpu_attention_layer(cpu_backend *b, const cpu_layer *L, uint32_t T) {
     const ds4_config *c = b->cfg;
-    const ds4_layer_weights *w = &b->base.w->layers[il];
-    uint32_t D = c->n_embd, ratio = ds4_layer_ratio(c, il);
+    const ds4_layer_weights *w = L->w;
+    uint32_t D = c->n_embd, ratio = L->ratio;
     b->ratio_rope = ratio ? &b->rope_comp : &b->rope_dense;
 
     cpu_hc_pre(b, &w->hc_attn_fn, &w->hc_attn_scale, &w->hc_attn_base, T);
     for (uint32_t t = 0; t < T; t++)
         cpu_rmsnorm(b->xn + (size_t)t * D, b->x + (size_t)t * D, cpu_vec(&w->attn_norm), D, c->rms_eps);
-    project_q(b, w, pos0, T);
-    project_kv(b, w, pos0, T);
+    project_q(b, w, T);
+    project_kv(b, w, T);
     if (ratio != 0) {
         uint32_t width = ds4_compress_coff(ratio) * c->head_dim;
         cpu_matmul(b, &w->comp_kv, 0, 0, width, b->xn, D, T, b->ckv, width);
         cpu_matmul(b, &w->comp_gate, 0, 0, width, b->xn, D, T, b->cgate, width);
     }
-    if (ratio == 4) project_indexer(b, w, pos0, T);
+    if (ratio == 4) project_indexer(b, w, T);
 
-    for (uint32_t t = 0; t < T; t++) attend_token(b, il, w, t, pos0 + t);
+    for (uint32_t t = 0; t < T; t++) attend_token(b, L, t);
 
     /* Grouped output projection (A11): group g's heads through its own
      * o_lora_rank rows of attn_output_a, then attn_output_b. */

@@ -1,6 +1,7 @@
 /*
- * cpu_backend.c - the CPU reference backend: buffers, the chunked
- * layer-major forward pass and the ds4_backend vtable (see cpu.h).
+ * cpu_backend.c - the CPU reference backend: buffers, sequences, the
+ * layer-major pass over rows of any sequences, and the ds4_backend vtable
+ * (see cpu.h).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -16,15 +17,54 @@ static void *xcalloc(size_t n, size_t size, bool *ok) {
     return p;
 }
 
-static void cpu_free(ds4_backend *base) {
-    cpu_backend *b = (cpu_backend *)base;
-    if (!b) return;
+static void free_buffers(cpu_backend *b) {
     void *bufs[] = {b->S, b->flat, b->mix, b->post, b->comb, b->x, b->xn, b->qr, b->q, b->kv, b->heads,
                     b->low, b->y, b->ckv, b->cgate, b->ikv, b->igate, b->iq, b->iw, b->router, b->sel,
                     b->selw, b->exp_out, b->gath, b->eg, b->eu, b->gath_t, b->sg, b->su, b->act, b->ape,
-                    b->att_scratch, b->idx_scores, b->visible};
+                    b->att_scratch, b->idx_scores, b->visible, b->rows};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
-    ds4_kv_state_free(b->st);
+}
+
+/* ------------------------------------------------------------ sequences */
+
+static ds4_seq *cpu_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (ctx > b->max_ctx) {
+        ds4_err_set(err, DS4_ERANGE, "a sequence of %u tokens exceeds the backend's context of %u", ctx, b->max_ctx);
+        return NULL;
+    }
+    cpu_seq *s = calloc(1, sizeof(*s));
+    if (!s) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
+    s->base.owner = base;
+    if (!(s->st = ds4_kv_state_new(b->cfg, ctx, b->chunk, err))) {
+        free(s);
+        return NULL;
+    }
+    return &s->base;
+}
+
+static void cpu_seq_free(ds4_backend *base, ds4_seq *seq) {
+    (void)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    if (!s) return;
+    cpu_journal_free(&s->j);
+    ds4_kv_state_free(s->st);
+    free(s);
+}
+
+static uint32_t cpu_seq_len(const ds4_backend *base, const ds4_seq *s) {
+    (void)base;
+    return ((const cpu_seq *)s)->st->n_tokens;
+}
+
+static void cpu_free(ds4_backend *base) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (!b) return;
+    free_buffers(b);
+    cpu_seq_free(base, b->base.main);
     ds4_pool_free(b->pool);
     free(b);
 }
@@ -52,6 +92,7 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
     size_t C = b->chunk, D = c->n_embd, hcD = (size_t)c->n_hc * D, k = c->n_expert_used;
     size_t qd = (size_t)c->n_head * c->head_dim, F = c->n_ff_exp;
     bool ok = true;
+    b->rows = xcalloc(C, sizeof(cpu_row), &ok);
     b->S = xcalloc(C * hcD, sizeof(float), &ok);
     b->flat = xcalloc(C * hcD, sizeof(float), &ok);
     b->mix = xcalloc(C * ds4_hc_mix(c), sizeof(float), &ok);
@@ -84,8 +125,10 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
     b->act_row = act_row_bytes(c);
     b->act = xcalloc(C, b->act_row, &ok);
     b->ape = xcalloc(2 * umax(c->head_dim, c->idx_head_dim), sizeof(float), &ok);
-    size_t comp_cap = ds4_state_comp_cap(b->st, 4);
-    b->att_stride = b->st->raw_cap + comp_cap;
+    /* attention scratch for the longest sequence the backend takes */
+    size_t raw_cap = c->sliding_window < b->max_ctx ? c->sliding_window : b->max_ctx;
+    size_t comp_cap = b->max_ctx / 4 + 2;
+    b->att_stride = raw_cap + comp_cap;
     b->att_scratch = xcalloc((size_t)b->n_threads * b->att_stride, sizeof(float), &ok);
     b->idx_scores = xcalloc(comp_cap, sizeof(float), &ok);
     b->visible = xcalloc(umax(comp_cap, c->idx_top_k), sizeof(uint32_t), &ok);
@@ -93,73 +136,169 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
     return 0;
 }
 
-/* One pass of T tokens through every layer (layer-major), then the output
- * head for the tokens marked in `want`; their logits go to consecutive rows
- * of `logits`. */
-static void run_chunk(cpu_backend *b, const uint32_t *tok, uint32_t T, const bool *want, float *logits) {
+/* --------------------------------------------------------------- a pass */
+
+cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il) {
+    const ds4_config *c = b->cfg;
+    return (cpu_layer){&b->base.w->layers[il], il, il, ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
+                       c->swiglu_clamp[il]};
+}
+
+/* One pass of the T rows in b->rows through every layer (layer-major),
+ * then the output head for the rows with a logits destination; rows with
+ * a hidden destination get their final residual.  Each row's sequence
+ * grows by its token. */
+static void run_pass(cpu_backend *b, uint32_t T, float *const *logits, float *const *hidden) {
     const ds4_weights *w = b->base.w;
     const ds4_config *c = b->cfg;
-    uint32_t D = c->n_embd, pos0 = b->st->n_tokens;
+    uint32_t D = c->n_embd, hcD = c->n_hc * D;
+    uint32_t tok[T];
     for (uint32_t t = 0; t < T; t++) { /* every stream starts as the embedding (5.1) */
-        float *S = b->S + (size_t)t * c->n_hc * D;
+        float *S = b->S + (size_t)t * hcD;
+        tok[t] = b->rows[t].tok;
         ds4_dequantize_row(w->token_embd.type, ds4_wt_row(&w->token_embd, 0, tok[t]), S, D);
         for (uint32_t h = 1; h < c->n_hc; h++) memcpy(S + (size_t)h * D, S, D * sizeof(float));
     }
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        cpu_attention_layer(b, il, pos0, T);
-        cpu_ffn_layer(b, il, tok, T);
+        cpu_layer L = cpu_main_layer(b, il);
+        cpu_attention_layer(b, &L, T);
+        cpu_ffn_layer(b, &L, tok, T);
     }
-    memcpy(b->st->tokens + pos0, tok, T * sizeof(uint32_t));
-    b->st->n_tokens += T;
-    cpu_output_head(b, T, want, logits, c->n_vocab);
+    for (uint32_t t = 0; t < T; t++) {
+        ds4_kv_state *st = b->rows[t].st;
+        st->tokens[b->rows[t].pos] = tok[t];
+        st->n_tokens = b->rows[t].pos + 1;
+        if (hidden && hidden[t]) memcpy(hidden[t], b->S + (size_t)t * hcD, hcD * sizeof(float));
+    }
+    cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
 }
 
-static int cpu_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
-    cpu_backend *b = (cpu_backend *)base;
+/* Rows are valid for a pass: tokens in the vocabulary, a sequence's rows
+ * adjacent and within its context, rewindable sequences within the
+ * journal's rows. */
+static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    if (n == 0) return 0;
-    if ((uint64_t)b->st->n_tokens + n > b->st->ctx)
-        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, b->st->n_tokens,
-                           b->st->ctx);
-    for (uint32_t i = 0; i < n; i++)
-        if (tokens[i] >= c->n_vocab)
-            return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
-                               c->n_vocab);
-    bool want[b->chunk];
-    for (uint32_t off = 0; off < n; off += b->chunk) {
-        uint32_t T = n - off < b->chunk ? n - off : b->chunk;
-        bool last = off + T == n;
-        for (uint32_t t = 0; t < T; t++) want[t] = all_logits || (last && t == T - 1);
-        float *out = all_logits ? all_logits + (size_t)off * c->n_vocab : b->st->logits;
-        run_chunk(b, tokens + off, T, want, out);
-        if (all_logits && last)
-            memcpy(b->st->logits, out + (size_t)(T - 1) * c->n_vocab, c->n_vocab * sizeof(float));
+    if (n > b->chunk) return ds4_err_set(err, DS4_ERANGE, "a step of %u rows exceeds the %u a pass holds", n, b->chunk);
+    for (uint32_t i = 0; i < n;) {
+        if (!rows[i].seq || rows[i].seq->owner != &b->base)
+            return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
+        const cpu_seq *s = cpu_seq_of(rows[i].seq);
+        uint32_t m = 0;
+        while (i + m < n && rows[i + m].seq == &s->base) {
+            const ds4_row *r = &rows[i + m];
+            if (r->token >= c->n_vocab)
+                return ds4_err_set(err, DS4_EINVAL, "token %u at row %u is outside the vocabulary (%u)", r->token,
+                                   i + m, c->n_vocab);
+            if ((r->want & DS4_ROW_REWIND) != (rows[i].want & DS4_ROW_REWIND))
+                return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence are all rewindable or none is",
+                                   i + m);
+            m++;
+        }
+        for (uint32_t k = i + m; k < n; k++)
+            if (rows[k].seq == &s->base)
+                return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence must be adjacent", k);
+        if ((uint64_t)s->st->n_tokens + m > s->st->ctx)
+            return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", m,
+                               s->st->n_tokens, s->st->ctx);
+        if ((rows[i].want & DS4_ROW_REWIND) && m > DS4_REWIND_MAX)
+            return ds4_err_set(err, DS4_ERANGE, "a rewindable step of %u rows of one sequence exceeds %d", m,
+                               DS4_REWIND_MAX);
+        i += m;
     }
-    b->st->has_logits = true;
     return 0;
 }
 
-static int cpu_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
-    return cpu_prefill(base, &token, 1, NULL, err);
-}
-
-static const float *cpu_logits(ds4_backend *base) {
+static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     cpu_backend *b = (cpu_backend *)base;
-    return b->st->has_logits ? b->st->logits : NULL;
+    const ds4_config *c = b->cfg;
+    if (n == 0) return 0;
+    if (check_rows(b, rows, n, err) != 0) return -1;
+    float *logits[n], *hidden[n];
+    uint32_t nl = 0, nh = 0, k = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        cpu_seq *s = cpu_seq_of(rows[i].seq);
+        bool last = i + 1 == n || rows[i + 1].seq != rows[i].seq;
+        if (i == 0 || rows[i - 1].seq != rows[i].seq) { /* the sequence's first row */
+            k = 0;
+            s->j.valid = false;
+            if ((rows[i].want & DS4_ROW_REWIND) && cpu_journal_begin(b, s, err) != 0) return -1;
+        }
+        b->rows[i] = (cpu_row){s->st, (rows[i].want & DS4_ROW_REWIND) ? &s->j : NULL, s->st->n_tokens + k++,
+                               rows[i].token};
+        /* a rewindable row's logits are kept whether asked for or not: a
+         * rewind to it brings them back as the sequence's */
+        logits[i] = (rows[i].want & DS4_ROW_LOGITS) && out && out->logits ? out->logits + (size_t)nl++ * c->n_vocab
+                    : b->rows[i].j ? cpu_journal_logits_row(b, s, b->rows[i].pos)
+                    : last          ? s->st->logits
+                                    : NULL;
+        hidden[i] = (rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden
+                        ? out->hidden + (size_t)nh++ * c->n_hc * c->n_embd
+                        : NULL;
+    }
+    run_pass(b, n, logits, hidden);
+    for (uint32_t i = 0; i < n; i++) {
+        cpu_seq *s = cpu_seq_of(rows[i].seq);
+        if (s->j.valid && b->rows[i].j) cpu_journal_logits(b, s, b->rows[i].pos, logits[i]);
+        if (i + 1 == n || rows[i + 1].seq != rows[i].seq) { /* the sequence's last row: its logits are the next token's */
+            if (logits[i] != s->st->logits) memcpy(s->st->logits, logits[i], c->n_vocab * sizeof(float));
+            s->st->has_logits = true;
+        }
+    }
+    return 0;
 }
 
-static void cpu_reset(ds4_backend *base) { ds4_kv_state_reset(((cpu_backend *)base)->st); }
-
-static int cpu_snapshot(ds4_backend *base, ds4_kv_state *out, ds4_err *err) {
-    return ds4_kv_state_copy(out, ((cpu_backend *)base)->st, err);
+static int cpu_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, uint32_t n, float *all_logits,
+                       ds4_err *err) {
+    cpu_backend *b = (cpu_backend *)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    const ds4_config *c = b->cfg;
+    if (n == 0) return 0;
+    if ((uint64_t)s->st->n_tokens + n > s->st->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, s->st->n_tokens,
+                           s->st->ctx);
+    ds4_row rows[b->chunk];
+    for (uint32_t off = 0; off < n; off += b->chunk) {
+        uint32_t T = n - off < b->chunk ? n - off : b->chunk;
+        for (uint32_t t = 0; t < T; t++) rows[t] = (ds4_row){seq, tokens[off + t], all_logits ? DS4_ROW_LOGITS : 0};
+        ds4_step_out out = {all_logits ? all_logits + (size_t)off * c->n_vocab : NULL, NULL};
+        if (cpu_step(base, rows, T, &out, err) != 0) return -1;
+    }
+    return 0;
 }
 
-static int cpu_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err) {
-    return ds4_kv_state_copy(((cpu_backend *)base)->st, in, err);
+static int cpu_decode(ds4_backend *base, ds4_seq *s, uint32_t token, ds4_err *err) {
+    ds4_row row = {s, token, 0};
+    return cpu_step(base, &row, 1, NULL, err);
+}
+
+static const float *cpu_logits(ds4_backend *base, ds4_seq *seq) {
+    (void)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    return s->st->has_logits ? s->st->logits : NULL;
+}
+
+static void cpu_reset(ds4_backend *base, ds4_seq *seq) {
+    (void)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    s->j.valid = false;
+    ds4_kv_state_reset(s->st);
+}
+
+static int cpu_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4_err *err) {
+    (void)base;
+    return ds4_kv_state_copy(out, cpu_seq_of(seq)->st, err);
+}
+
+static int cpu_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, ds4_err *err) {
+    (void)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    s->j.valid = false;
+    return ds4_kv_state_copy(s->st, in, err);
 }
 
 static const ds4_backend_ops cpu_ops = {
-    .name = "cpu", .free = cpu_free, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
+    .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .seq_free = cpu_seq_free, .seq_len = cpu_seq_len,
+    .step = cpu_step, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
     .reset = cpu_reset, .snapshot = cpu_snapshot, .restore = cpu_restore,
 };
 
@@ -185,6 +324,7 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     b->cfg = c;
     b->sim = !b->base.opts.no_sim;
     b->chunk = b->base.opts.prefill_chunk;
+    b->max_ctx = b->base.opts.ctx_size;
     if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS) {
         ds4_err_set(err, DS4_EUNSUPPORTED, "rope.dimension_count %u exceeds %d", c->rope_dim, 2 * DS4_ROPE_MAX_PAIRS);
         goto fail;
@@ -193,7 +333,7 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     ds4_rope_init(&b->rope_comp, c, true);
     if (!(b->pool = ds4_pool_create(b->base.opts.n_threads, err))) goto fail;
     b->n_threads = b->base.opts.n_threads = ds4_pool_size(b->pool);
-    if (!(b->st = ds4_kv_state_new(c, b->base.opts.ctx_size, b->chunk, err))) goto fail;
+    if (!(b->base.main = cpu_seq_new(&b->base, b->max_ctx, err))) goto fail;
     if (alloc_buffers(b, err) != 0) goto fail;
     return &b->base;
 fail:

@@ -44,14 +44,15 @@ static void select_top_k(const float *prob, const float *bias, uint32_t n, uint3
     }
 }
 
-static void select_experts(cpu_backend *b, uint32_t il, const ds4_layer_weights *w, const uint32_t *tok, uint32_t T) {
+static void select_experts(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint32_t T) {
+    const ds4_layer_weights *w = L->w;
     const ds4_config *c = b->cfg;
     uint32_t k = c->n_expert_used;
     for (uint32_t t = 0; t < T; t++) {
         const float *prob = b->router + (size_t)t * c->n_expert;
         uint32_t *sel = b->sel + (size_t)t * k;
         float *sw = b->selw + (size_t)t * k;
-        if (ds4_layer_is_hash(c, il))
+        if (L->hash)
             memcpy(sel, (const int32_t *)w->tid2eid.data + (size_t)tok[t] * k, k * sizeof(uint32_t));
         else
             select_top_k(prob, w->exp_bias.data ? cpu_vec(&w->exp_bias) : NULL, c->n_expert, k, sel);
@@ -64,7 +65,8 @@ static void select_experts(cpu_backend *b, uint32_t il, const ds4_layer_weights 
 
 /* Expert e over the tokens that chose it: gate / up, weighted clamped
  * SwiGLU, down into exp_out[token][slot]. */
-static void run_expert(cpu_backend *b, uint32_t il, const ds4_layer_weights *w, uint32_t e, uint32_t T) {
+static void run_expert(cpu_backend *b, const cpu_layer *L, uint32_t e, uint32_t T) {
+    const ds4_layer_weights *w = L->w;
     const ds4_config *c = b->cfg;
     uint32_t k = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp, m = 0;
     for (uint32_t t = 0; t < T; t++)
@@ -76,40 +78,41 @@ static void run_expert(cpu_backend *b, uint32_t il, const ds4_layer_weights *w, 
     if (m == 0) return;
     cpu_matmul(b, &w->gate_exps, e, 0, F, b->gath, D, m, b->eg, F);
     cpu_matmul(b, &w->up_exps, e, 0, F, b->gath, D, m, b->eu, F);
-    float limit = c->swiglu_clamp[il];
+    float limit = L->clamp;
     for (uint32_t r = 0; r < m; r++) {
         float weight = b->selw[b->gath_t[r]];
         float *g = b->eg + (size_t)r * F;
         const float *u = b->eu + (size_t)r * F;
         for (uint32_t f = 0; f < F; f++) g[f] = cpu_swiglu(g[f], u[f], limit) * weight;
     }
-    if (b->base.opts.expert_observer) b->base.opts.expert_observer(b->base.opts.observer_ctx, il, e, m, b->gath, b->eg);
+    if (b->base.opts.expert_observer) b->base.opts.expert_observer(b->base.opts.observer_ctx, L->jl, e, m, b->gath, b->eg);
     cpu_matmul(b, &w->down_exps, e, 0, D, b->eg, F, m, b->gath, D);
     for (uint32_t r = 0; r < m; r++)
         memcpy(b->exp_out + (size_t)b->gath_t[r] * D, b->gath + (size_t)r * D, D * sizeof(float));
 }
 
-static void shared_expert(cpu_backend *b, uint32_t il, const ds4_layer_weights *w, uint32_t T) {
+static void shared_expert(cpu_backend *b, const cpu_layer *L, uint32_t T) {
+    const ds4_layer_weights *w = L->w;
     const ds4_config *c = b->cfg;
     uint32_t D = c->n_embd, F = c->n_ff_exp;
     cpu_matmul(b, &w->gate_sh, 0, 0, F, b->xn, D, T, b->sg, F);
     cpu_matmul(b, &w->up_sh, 0, 0, F, b->xn, D, T, b->su, F);
-    for (size_t i = 0; i < (size_t)T * F; i++) b->sg[i] = cpu_swiglu(b->sg[i], b->su[i], c->swiglu_clamp[il]);
+    for (size_t i = 0; i < (size_t)T * F; i++) b->sg[i] = cpu_swiglu(b->sg[i], b->su[i], L->clamp);
     cpu_matmul(b, &w->down_sh, 0, 0, D, b->sg, F, T, b->y, D);
 }
 
-void cpu_ffn_layer(cpu_backend *b, uint32_t il, const uint32_t *tok, uint32_t T) {
+void cpu_ffn_layer(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint32_t T) {
     const ds4_config *c = b->cfg;
-    const ds4_layer_weights *w = &b->base.w->layers[il];
+    const ds4_layer_weights *w = L->w;
     uint32_t D = c->n_embd, k = c->n_expert_used;
 
     cpu_hc_pre(b, &w->hc_ffn_fn, &w->hc_ffn_scale, &w->hc_ffn_base, T);
     for (uint32_t t = 0; t < T; t++)
         cpu_rmsnorm(b->xn + (size_t)t * D, b->x + (size_t)t * D, cpu_vec(&w->ffn_norm), D, c->rms_eps);
     route_probs(b, w, T);
-    select_experts(b, il, w, tok, T);
-    for (uint32_t e = 0; e < c->n_expert; e++) run_expert(b, il, w, e, T);
-    shared_expert(b, il, w, T);
+    select_experts(b, L, tok, T);
+    for (uint32_t e = 0; e < c->n_expert; e++) run_expert(b, L, e, T);
+    shared_expert(b, L, T);
     /* y = shared + routed, the routed outputs added in selection order. */
     for (uint32_t t = 0; t < T; t++) {
         float *y = b->y + (size_t)t * D;

@@ -90,16 +90,20 @@ void cpu_hc_post(cpu_backend *b, uint32_t T) {
     }
 }
 
-void cpu_output_head(cpu_backend *b, uint32_t T, const bool *want, float *logits, size_t logits_stride) {
+void cpu_output_head(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale_t, const ds4_wt *base_t,
+                     const ds4_wt *norm, uint32_t T, float *const *dst) {
     const ds4_weights *w = b->base.w;
     const ds4_config *c = b->cfg;
     uint32_t n = c->n_hc, D = c->n_embd;
-    const float *scale = cpu_vec(&w->output_hc_scale), *base = cpu_vec(&w->output_hc_base);
-    hc_mix(b, &w->output_hc_fn, T);
-    /* z = sum_h w_h S_h, then the output norm; gathered into b->xn. */
+    const float *scale = cpu_vec(scale_t), *base = cpu_vec(base_t);
     uint32_t m_rows = 0;
+    for (uint32_t t = 0; t < T; t++) m_rows += dst[t] != NULL;
+    if (m_rows == 0) return;
+    hc_mix(b, fn, T);
+    /* z = sum_h w_h S_h, then the output norm; gathered into b->xn. */
+    m_rows = 0;
     for (uint32_t t = 0; t < T; t++) {
-        if (!want[t]) continue;
+        if (!dst[t]) continue;
         const float *mix = b->mix + (size_t)t * n, *S = b->S + (size_t)t * n * D;
         float wh[16];
         for (uint32_t h = 0; h < n; h++) wh[h] = cpu_sigmoid(mix[h] * scale[0] + base[h]) + c->hc_eps;
@@ -109,8 +113,24 @@ void cpu_output_head(cpu_backend *b, uint32_t T, const bool *want, float *logits
             for (uint32_t h = 0; h < n; h++) acc += wh[h] * S[(size_t)h * D + d];
             z[d] = acc;
         }
-        cpu_rmsnorm(b->xn + (size_t)m_rows * D, z, cpu_vec(&w->output_norm), D, c->rms_eps);
+        cpu_rmsnorm(b->xn + (size_t)m_rows * D, z, cpu_vec(norm), D, c->rms_eps);
         m_rows++;
     }
-    cpu_matmul(b, &w->output, 0, 0, c->n_vocab, b->xn, D, m_rows, logits, logits_stride);
+    /* The head's product over runs of rows whose destinations follow each
+     * other (all of them when a prefill wants every row's logits), so that
+     * its rows are read once a run. */
+    uint32_t done = 0;
+    for (uint32_t t = 0; t < T;) {
+        if (!dst[t]) {
+            t++;
+            continue;
+        }
+        uint32_t run = 1;
+        for (uint32_t u = t + 1; u < T && dst[u]; u++, run++)
+            if (dst[u] != dst[t] + (size_t)run * c->n_vocab) break;
+        cpu_matmul(b, &w->output, 0, 0, c->n_vocab, b->xn + (size_t)done * D, D, run, dst[t], c->n_vocab);
+        done += run;
+        t += run;
+        while (t < T && !dst[t]) t++;
+    }
 }

@@ -187,7 +187,7 @@ static int reset_state(cuda_backend *b, ds4_err *err) {
     return 0;
 }
 
-static void cuda_reset(ds4_backend *base) {
+static void cuda_reset(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
     ds4_err err = {};
     if (reset_state(b, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
@@ -201,7 +201,8 @@ static int check_room(cuda_backend *b, uint32_t n, ds4_err *err) {
     return 0;
 }
 
-static int cuda_prefill(ds4_backend *base, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
+static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, uint32_t n, float *all_logits,
+                        ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     const ds4_config *c = b->cfg;
     if (n == 0) return 0;
@@ -300,7 +301,7 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
     return 0;
 }
 
-static int cuda_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
+static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (check_room(b, 1, err)) return -1;
     if (token >= b->cfg->n_vocab)
@@ -314,7 +315,7 @@ static int cuda_decode(ds4_backend *base, uint32_t token, ds4_err *err) {
 
 /* n greedy tokens: each step embeds the argmax its predecessor left in
  * d_step and records it; the host waits once, at the end. */
-static int cuda_greedy(ds4_backend *base, uint32_t n, uint32_t *out, ds4_err *err) {
+static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
     if (check_room(b, n, err)) return -1;
@@ -338,7 +339,7 @@ static int cuda_greedy(ds4_backend *base, uint32_t n, uint32_t *out, ds4_err *er
     return 0;
 }
 
-static const float *cuda_logits(ds4_backend *base) {
+static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b->has_logits) return NULL;
     if (!b->logits_fresh) {
@@ -391,12 +392,12 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
     return 0;
 }
 
-static int cuda_snapshot(ds4_backend *base, ds4_kv_state *out, ds4_err *err) {
+static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (check_state(b, out, b->n_tokens, err)) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     CU_TRY(cudaStreamSynchronize(b->st));
-    if (b->has_logits && !cuda_logits(base)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+    if (b->has_logits && !cuda_logits(base, seq)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
     if (copy_state(b, out, b->n_tokens, true, err)) return -1;
     out->n_tokens = b->n_tokens;
     out->has_logits = b->has_logits;
@@ -405,7 +406,7 @@ static int cuda_snapshot(ds4_backend *base, ds4_kv_state *out, ds4_err *err) {
     return 0;
 }
 
-static int cuda_restore(ds4_backend *base, const ds4_kv_state *in, ds4_err *err) {
+static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     uint32_t n = in->n_tokens;
     if (check_state(b, in, n, err)) return -1;
@@ -448,9 +449,47 @@ static void cuda_free(ds4_backend *base) {
     free(b);
 }
 
-static const ds4_backend_ops cuda_ops = {
-    "cuda", cuda_free, cuda_prefill, cuda_decode, cuda_logits, cuda_reset, cuda_snapshot, cuda_restore, cuda_greedy,
-};
+/* ---------------------------------------------------------- sequences */
+
+/* The backend holds the state of one sequence, its main one. */
+static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend holds one sequence (its main one)");
+    return NULL;
+}
+
+static void cuda_seq_free(ds4_backend *base, ds4_seq *s) {}
+
+static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
+    return ((const cuda_backend *)base)->n_tokens;
+}
+
+static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run batched steps yet");
+}
+
+static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
+    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not rewind yet");
+}
+
+static ds4_backend_ops make_ops() {
+    ds4_backend_ops o = {};
+    o.name = "cuda";
+    o.free = cuda_free;
+    o.seq_new = cuda_seq_new;
+    o.seq_free = cuda_seq_free;
+    o.seq_len = cuda_seq_len;
+    o.step = cuda_step;
+    o.rewind = cuda_rewind;
+    o.prefill = cuda_prefill;
+    o.decode = cuda_decode;
+    o.logits = cuda_logits;
+    o.reset = cuda_reset;
+    o.snapshot = cuda_snapshot;
+    o.restore = cuda_restore;
+    o.greedy = cuda_greedy;
+    return o;
+}
+static const ds4_backend_ops cuda_ops = make_ops();
 
 /* Shapes the kernels are written for (the published model and the test
  * presets all satisfy them). */
@@ -533,6 +572,8 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     if (o.prefill_chunk == 0) o.prefill_chunk = 2048;
     b->base.ops = &cuda_ops;
     b->base.w = w;
+    b->main_seq.owner = &b->base;
+    b->base.main = &b->main_seq;
     b->base.opts = ds4_backend_opts_resolve(&o);
     b->cfg = c;
     b->sim = !b->base.opts.no_sim;

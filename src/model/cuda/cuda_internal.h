@@ -304,6 +304,7 @@ typedef struct dstep {
 
 typedef struct cuda_backend {
     ds4_backend base;
+    ds4_seq main_seq;    /* the one sequence whose state the backend holds */
     const ds4_config *cfg;
     bool sim;
     uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
