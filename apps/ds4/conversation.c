@@ -51,12 +51,16 @@ void convo_free(convo *c) {
 
 uint32_t convo_ctx(const convo *c) { return ds4_session_ctx(c->s); }
 
+/* The old session goes first: the engine makes its backend again for the
+ * new context size only when no session holds a sequence of it. */
 int convo_set_ctx(convo *c, uint32_t ctx, ds4_err *err) {
-    ds4_session *s = ds4_session_new(c->e, ctx, err);
-    if (!s) return -1;
+    uint32_t old = ds4_session_ctx(c->s);
     ds4_session_free(c->s);
-    c->s = s;
-    return 0;
+    if ((c->s = ds4_session_new(c->e, ctx, err))) return 0;
+    ds4_err keep = *err;
+    c->s = ds4_session_new(c->e, old, err);
+    *err = keep;
+    return -1;
 }
 
 void convo_set_think(convo *c, ds4_think_mode think) { c->think = think; }

@@ -250,21 +250,25 @@ static void turn(repl *r, const char *text, size_t len) {
     ds4_tokens_free(&prompt);
 }
 
-static void cmd_ctx(repl *r, const char *arg) {
+/* Returns false when the conversation lost its session (leave). */
+static bool cmd_ctx(repl *r, const char *arg) {
     char *end;
     errno = 0;
     unsigned long v = strtoul(arg, &end, 10);
     if (!*arg || *end || errno || v < 1 || v > CLI_MAX_CTX || *arg == '-') {
         fprintf(stderr, "ds4: /ctx N: N must be an integer in 1..%u\n", CLI_MAX_CTX);
-        return;
+        return true;
     }
     ds4_err err = {0};
     if (convo_set_ctx(&r->c, (uint32_t)v, &err) != 0) {
         fprintf(stderr, "ds4: /ctx: %s\n", err.msg);
-        return;
+        if (r->c.s) return true;
+        fputs("ds4: the context of the old size could not be made again either; leaving\n", stderr);
+        return false;
     }
     cli_print_memory(r->e, (uint32_t)v);
     think_warning(&r->c);
+    return true;
 }
 
 static void cmd_read(repl *r, const char *path) {
@@ -304,7 +308,7 @@ static bool command(repl *r, const char *line) {
         fputs("ds4: thinking at maximum effort\n", stderr);
         think_warning(&r->c);
     } else if (IS("/ctx")) {
-        cmd_ctx(r, arg);
+        return cmd_ctx(r, arg);
     } else if (IS("/read")) {
         cmd_read(r, arg);
     } else {

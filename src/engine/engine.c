@@ -65,10 +65,41 @@ fail:
 
 void ds4_engine_close(ds4_engine *e) {
     if (!e) return;
+    ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
     ds4_weights_close(e->w);
     free(e->backend_name);
     free(e);
+}
+
+ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    if (e->b && ctx != e->b->opts.ctx_size && e->n_seqs == 0) {
+        ds4_backend_free(e->b);
+        e->b = NULL;
+    }
+    if (!e->b) {
+        ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim};
+        if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
+    }
+    ds4_seq *s;
+    if (!e->main_held && ctx == e->b->opts.ctx_size) {
+        s = e->b->main;
+        ds4_seq_reset(e->b, s);
+        e->main_held = true;
+    } else if (!(s = ds4_seq_new(e->b, ctx, err))) {
+        return NULL;
+    }
+    e->n_seqs++;
+    return s;
+}
+
+void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) {
+    if (!s) return;
+    e->n_seqs--;
+    if (s == e->b->main)
+        e->main_held = false;
+    else
+        ds4_seq_free(e->b, s);
 }
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {

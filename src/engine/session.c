@@ -8,7 +8,8 @@
 
 struct ds4_session {
     ds4_engine *e;
-    ds4_backend *b;
+    ds4_backend *b;           /* the engine's */
+    ds4_seq *seq;             /* this session's sequence in it */
     uint32_t ctx;
     uint32_t chunk;
     int32_t *tokens;          /* ctx entries, n live */
@@ -25,21 +26,21 @@ ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     }
     s->e = e;
     s->ctx = ctx;
-    ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim};
-    s->b = ds4_backend_create(e->backend_name, e->w, &bo, err);
+    s->seq = ds4_engine_seq_new(e, ctx, err);
     s->tokens = calloc(ctx ? ctx : 1, sizeof(int32_t));
-    if (!s->b || !s->tokens) {
-        if (s->b && !s->tokens) ds4_err_set(err, DS4_ENOMEM, "out of memory for %u tokens", ctx);
+    if (!s->seq || !s->tokens) {
+        if (s->seq && !s->tokens) ds4_err_set(err, DS4_ENOMEM, "out of memory for %u tokens", ctx);
         ds4_session_free(s);
         return NULL;
     }
+    s->b = e->b;
     s->chunk = s->b->opts.prefill_chunk;
     return s;
 }
 
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
-    ds4_backend_free(s->b);
+    ds4_engine_seq_free(s->e, s->seq);
     ds4_kv_state_free(s->checkpoint);
     free(s->tokens);
     free(s);
@@ -53,11 +54,11 @@ const ds4_session_stats *ds4_session_get_stats(const ds4_session *s) { return &s
 const char *ds4_session_backend_name(const ds4_session *s) { return s->b->ops->name; }
 
 const float *ds4_session_logits(ds4_session *s) {
-    return s->n ? ds4_backend_logits(s->b) : NULL;
+    return s->n ? ds4_seq_logits(s->b, s->seq) : NULL;
 }
 
 void ds4_session_reset(ds4_session *s) {
-    ds4_backend_reset(s->b);
+    ds4_seq_reset(s->b, s->seq);
     s->n = 0;
     s->stats.total_resets++;
 }
@@ -85,7 +86,7 @@ int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n,
         uint32_t step = s->chunk - pos % s->chunk;
         if (step > n - done) step = n - done;
         float *lg = all_logits ? all_logits + (size_t)done * s->e->w->cfg.n_vocab : NULL;
-        if (ds4_backend_prefill(s->b, (const uint32_t *)(const void *)(tokens + done), step, lg, err) != 0) {
+        if (ds4_seq_prefill(s->b, s->seq, (const uint32_t *)(const void *)(tokens + done), step, lg, err) != 0) {
             /* A failed backend step leaves its state undefined: start over. */
             ds4_session_reset(s);
             return -1;
@@ -103,7 +104,7 @@ int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n,
 
 int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err) {
     if (check_room(s, 1, err) != 0) return -1;
-    if (ds4_backend_decode(s->b, (uint32_t)token, err) != 0) {
+    if (ds4_seq_decode(s->b, s->seq, (uint32_t)token, err) != 0) {
         ds4_session_reset(s);
         return -1;
     }
@@ -151,18 +152,18 @@ int ds4_session_sync(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_prog
 }
 
 ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err) {
-    return ds4_backend_state_new(s->b, err);
+    return ds4_kv_state_new(&s->e->w->cfg, s->ctx, s->chunk, err);
 }
 
 int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err) {
-    return ds4_backend_snapshot(s->b, out, err);
+    return ds4_seq_snapshot(s->b, s->seq, out, err);
 }
 
 int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
     if (in->n_tokens >= s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens",
                            in->n_tokens, s->ctx);
-    if (ds4_backend_restore(s->b, in, err) != 0) {
+    if (ds4_seq_restore(s->b, s->seq, in, err) != 0) {
         ds4_session_reset(s);
         return -1;
     }
