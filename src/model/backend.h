@@ -8,8 +8,9 @@
  *   step(rows)           one pass over rows (sequence, token) of any
  *                        sequences: each appends its token; the logits and
  *                        the final hidden state of chosen rows come back
- *   rewind(seq, n)       take back the last rows a step appended to seq,
- *                        exactly (rejected MTP drafts)
+ *   mark(seq)            remember seq's length as a point to come back to
+ *   rewind(seq, n)       take back rows appended since the mark, exactly
+ *                        (rejected MTP drafts)
  *   prefill(seq, tokens) append n tokens (chunked passes, layer-major);
  *                        optionally return the logits of every one of them
  *   decode(seq, token)   append one token
@@ -78,11 +79,12 @@ enum {
     DS4_ROW_LOGITS = 1, /* the logits after the row's token */
     DS4_ROW_HIDDEN = 2, /* the residual after the last layer: n_hc x n_embd floats (the MTP block's input) */
     DS4_ROW_REWIND = 4, /* the step keeps what ds4_backend_rewind needs to take this row back, its
-                         * logits included (every row of its sequence must say so;
-                         * DS4_REWIND_MAX rows of a sequence at most) */
+                         * logits included: the sequence must have a mark (ds4_backend_mark) and
+                         * every one of its rows in the step must say so */
 };
 
-/* Rows of one sequence a rewindable step may append. */
+/* Rows a sequence may append after its mark (ds4_backend_mark): one MTP
+ * cycle's verification (draft + 1 <= 17 rows) or drafts (<= 15). */
 #define DS4_REWIND_MAX 32
 
 /* One row of a step: the next token of a sequence. */
@@ -109,6 +111,7 @@ typedef struct ds4_backend_ops {
     uint32_t (*seq_len)(const ds4_backend *b, const ds4_seq *s);
     /* one pass over rows of any sequences (see ds4_backend_step) */
     int (*step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+    int (*mark)(ds4_backend *b, ds4_seq *s, ds4_err *err);
     int (*rewind)(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
     int (*prefill)(ds4_backend *b, ds4_seq *s, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err);
     int (*decode)(ds4_backend *b, ds4_seq *s, uint32_t token, ds4_err *err);
@@ -171,11 +174,16 @@ static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t
     return b->ops->step(b, rows, n, out, err);
 }
 
-/* Take back the last tokens of s, keeping n_tokens: exactly the state a
- * sequence that never saw the others would have (KV rows, compressor
- * frontiers, indexer rows, and its logits when the step computed them).
- * Only the rows of s's latest step can be taken back, and only when they
- * asked for DS4_ROW_REWIND. */
+/* Remember s's current length as a point it can be taken back to: the
+ * rows of rewindable steps (DS4_ROW_REWIND) after it, DS4_REWIND_MAX at
+ * most, are journaled.  A step that appends rows to s without
+ * DS4_ROW_REWIND, a prefill, a decode, a reset or a restore drops the mark. */
+static inline int ds4_backend_mark(ds4_backend *b, ds4_seq *s, ds4_err *err) { return b->ops->mark(b, s, err); }
+
+/* Take back the last tokens of s, keeping n_tokens (at least its mark's
+ * length): exactly the state a sequence that never saw the others would
+ * have (KV rows, compressor frontiers, indexer rows, and the logits after
+ * token n_tokens - 1).  The mark stays: a later rewind may go back further. */
 static inline int ds4_backend_rewind(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
     return b->ops->rewind(b, s, n_tokens, err);
 }

@@ -34,14 +34,15 @@
 #include "model/rope.h"
 #include "model/session_state.h"
 
-/* What a rewindable pass keeps of one sequence (cpu_rewind.c): enough to
- * take back any suffix of the rows it appended.  Frontiers are saved
+/* What a sequence keeps from its mark on (cpu_rewind.c): enough to take
+ * back any suffix of the rows rewindable passes appended since.  Frontiers are saved
  * whole before the pass; the ring slots its rows overwrite keep their old
  * rows; each row's compressor inputs are kept so that the accepted rows
  * can be replayed into the restored frontiers. */
 typedef struct cpu_journal {
+    const ds4_config *cfg;      /* the sequence's (the MTP block's state has one layer) */
     bool valid;
-    uint32_t n0, T;             /* length before the pass, rows it appended */
+    uint32_t n0, T;             /* length at the mark, rows journaled since */
     uint32_t cap;               /* rows the buffers hold (DS4_REWIND_MAX) */
     float *raw;                 /* [layer][row] old ring slot, head_dim each */
     float *front;               /* [ratio layer] frontiers (cpu_journal_front_floats) */
@@ -182,8 +183,9 @@ void cpu_ffn_layer(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint
 
 /* ----------------------------------------------------------- cpu_rewind */
 
-/* Start s's journal for a rewindable pass (saves its frontiers and
- * logits); the pass then records each row with the hooks below. */
+/* Start s's journal at its current length (the mark: saves its frontiers
+ * and logits); rewindable passes then record each row with the hooks
+ * below. */
 int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err);
 /* Row at position p of layer slot jl overwrites ring slot `old`. */
 void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *old);

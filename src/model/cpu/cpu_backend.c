@@ -200,9 +200,11 @@ static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, ds4
         if ((uint64_t)s->st->n_tokens + m > s->st->ctx)
             return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", m,
                                s->st->n_tokens, s->st->ctx);
-        if ((rows[i].want & DS4_ROW_REWIND) && m > DS4_REWIND_MAX)
-            return ds4_err_set(err, DS4_ERANGE, "a rewindable step of %u rows of one sequence exceeds %d", m,
-                               DS4_REWIND_MAX);
+        if ((rows[i].want & DS4_ROW_REWIND) && !s->j.valid)
+            return ds4_err_set(err, DS4_EINVAL, "row %u: a rewindable row of a sequence without a mark", i);
+        if ((rows[i].want & DS4_ROW_REWIND) && s->st->n_tokens + m - s->j.n0 > DS4_REWIND_MAX)
+            return ds4_err_set(err, DS4_ERANGE, "%u rewindable rows after the mark exceed %d",
+                               s->st->n_tokens + m - s->j.n0, DS4_REWIND_MAX);
         i += m;
     }
     return 0;
@@ -220,8 +222,7 @@ static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds
         bool last = i + 1 == n || rows[i + 1].seq != rows[i].seq;
         if (i == 0 || rows[i - 1].seq != rows[i].seq) { /* the sequence's first row */
             k = 0;
-            s->j.valid = false;
-            if ((rows[i].want & DS4_ROW_REWIND) && cpu_journal_begin(b, s, err) != 0) return -1;
+            if (!(rows[i].want & DS4_ROW_REWIND)) s->j.valid = false; /* drops the mark */
         }
         b->rows[i] = (cpu_row){s->st, (rows[i].want & DS4_ROW_REWIND) ? &s->j : NULL, s->st->n_tokens + k++,
                                rows[i].token};
@@ -296,9 +297,13 @@ static int cpu_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, 
     return ds4_kv_state_copy(s->st, in, err);
 }
 
+static int cpu_mark(ds4_backend *base, ds4_seq *seq, ds4_err *err) {
+    return cpu_journal_begin((cpu_backend *)base, cpu_seq_of(seq), err);
+}
+
 static const ds4_backend_ops cpu_ops = {
     .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .seq_free = cpu_seq_free, .seq_len = cpu_seq_len,
-    .step = cpu_step, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
+    .step = cpu_step, .mark = cpu_mark, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
     .reset = cpu_reset, .snapshot = cpu_snapshot, .restore = cpu_restore,
 };
 

@@ -2,15 +2,16 @@
  * cpu_rewind.c - taking back the last rows of a sequence exactly (the
  * rejected drafts of MTP verification; see ds4_backend_rewind).
  *
- * A pass appends rows in order; what it destroys of the state before it is
- * small and known in advance:
+ * A mark starts a journal; the rewindable passes after it append rows in
+ * order, and what they destroy of the state at the mark is small and
+ * known in advance:
  *   - each row overwrites the raw ring slot of the position raw_cap before
  *     it, which a shorter sequence still sees;
  *   - the compressor frontiers change with every row, and a row that
  *     closes a window pools, clears and (ratio 4) shifts them.
- * So a rewindable pass journals the ring slots it overwrites, the
- * frontiers as they were before it, each row's compressor inputs (its
- * projections) and the logits of every row.  Rewinding to n restores the
+ * So the mark saves the frontiers, and each rewindable row journals the
+ * ring slot it overwrites, its compressor inputs (its projections) and its
+ * logits.  Rewinding to n restores the
  * rejected rows' ring slots, restores the frontiers, and replays the
  * compressor steps of the kept rows from their journaled inputs - the same
  * code on the same values as the pass, so the state is bit for bit the one
@@ -64,6 +65,7 @@ void cpu_journal_free(cpu_journal *j) {
 static int journal_alloc(const ds4_config *c, cpu_journal *j, ds4_err *err) {
     size_t cap = DS4_REWIND_MAX;
     j->cap = DS4_REWIND_MAX;
+    j->cfg = c;
     j->raw = malloc(cap * c->n_layer * c->head_dim * sizeof(float));
     j->front = malloc((front_off(c, c->n_layer) + 1) * sizeof(float));
     j->proj = malloc((cap * proj_off(c, c->n_layer) + 1) * sizeof(float));
@@ -94,7 +96,7 @@ static void copy_fronts(const ds4_config *c, ds4_layer_state *L, float *f, uint3
 }
 
 int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err) {
-    const ds4_config *c = b->cfg;
+    const ds4_config *c = s->st->cfg;
     cpu_journal *j = &s->j;
     if (!j->raw && journal_alloc(c, j, err) != 0) return -1;
     j->n0 = s->st->n_tokens;
@@ -107,7 +109,7 @@ int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err) {
 }
 
 void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *old) {
-    const ds4_config *c = b->cfg;
+    const ds4_config *c = j->cfg;
     uint32_t k = p - j->n0;
     memcpy(j->raw + ((size_t)jl * j->cap + k) * c->head_dim, old, c->head_dim * sizeof(float));
     if (k + 1 > j->T) j->T = k + 1;
@@ -115,7 +117,7 @@ void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, co
 
 void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
                       const float *cgate, const float *ikv, const float *igate) {
-    const ds4_config *c = b->cfg;
+    const ds4_config *c = j->cfg;
     uint32_t r = ds4_layer_ratio(c, jl);
     if (r == 0) return;
     size_t cw = (size_t)ds4_compress_coff(r) * c->head_dim, iw = 2 * (size_t)c->idx_head_dim;
@@ -128,26 +130,26 @@ void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, c
 }
 
 float *cpu_journal_logits_row(cpu_backend *b, cpu_seq *s, uint32_t p) {
-    return s->j.logits + (size_t)(p - s->j.n0) * b->cfg->n_vocab;
+    return s->j.logits + (size_t)(p - s->j.n0) * s->j.cfg->n_vocab;
 }
 
 void cpu_journal_logits(cpu_backend *b, cpu_seq *s, uint32_t p, const float *logits) {
     float *row = cpu_journal_logits_row(b, s, p);
-    if (logits != row) memcpy(row, logits, b->cfg->n_vocab * sizeof(float));
+    if (logits != row) memcpy(row, logits, s->j.cfg->n_vocab * sizeof(float));
 }
 
 int cpu_rewind(ds4_backend *base, ds4_seq *seq, uint32_t n, ds4_err *err) {
     cpu_backend *b = (cpu_backend *)base;
     cpu_seq *s = cpu_seq_of(seq);
-    const ds4_config *c = b->cfg;
     ds4_kv_state *st = s->st;
+    const ds4_config *c = st->cfg;
     cpu_journal *j = &s->j;
     uint32_t cur = st->n_tokens;
     if (n == cur) return 0;
     if (n > cur) return ds4_err_set(err, DS4_EINVAL, "rewind to %u tokens: the sequence has %u", n, cur);
     if (!j->valid || n < j->n0)
         return ds4_err_set(err, DS4_EINVAL,
-                           "rewind to %u tokens: only the rows of the sequence's last rewindable step (after %u) "
+                           "rewind to %u tokens: only rows appended since the sequence's mark (at %u) "
                            "can be taken back",
                            n, j->valid ? j->n0 : cur);
     size_t pstride = proj_off(c, c->n_layer);

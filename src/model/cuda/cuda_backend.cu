@@ -182,6 +182,7 @@ static int reset_state(cuda_backend *b, ds4_err *err) {
     CU_TRY(cudaStreamSynchronize(b->st));
     b->n_tokens = 0;
     b->fold = 0;
+    b->jr.valid = false;
     b->has_logits = false;
     b->logits_fresh = false;
     return 0;
@@ -212,6 +213,7 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
             return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
                                c->n_vocab);
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
+    b->jr.valid = false;
     for (uint32_t off = 0; off < n; off += b->chunk) {
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
         CU_TRY(cudaMemcpyAsync(b->d_tokens, tokens + off, T * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st));
@@ -306,6 +308,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
     if (check_room(b, 1, err)) return -1;
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
+    b->jr.valid = false; /* a plain step ends what a rewind can take back */
     if (cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
     b->tokens[b->n_tokens++] = token;
     b->has_logits = true;
@@ -319,6 +322,7 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
     cuda_backend *b = (cuda_backend *)base;
     if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
     if (check_room(b, n, err)) return -1;
+    b->jr.valid = false;
     for (uint32_t done = 0; done < n;) {
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
         CU_TRY(cudaMemsetAsync(b->d_nrec, 0, sizeof(uint32_t), b->st));
@@ -414,6 +418,7 @@ static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
     if (copy_state(b, (ds4_kv_state *)in, n, false, err)) return -1;
     memcpy(b->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
     b->n_tokens = n;
+    b->jr.valid = false;
     b->fold = n;
     b->has_logits = in->has_logits;
     if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, n, 0, err)) return -1;
@@ -436,6 +441,7 @@ static void cuda_free(ds4_backend *base) {
     for (uint32_t i = 0; i < CU_GRAPHS; i++)
         for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
             if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
+    cu_journal_free(&b->jr);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
@@ -463,14 +469,6 @@ static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
     return ((const cuda_backend *)base)->n_tokens;
 }
 
-static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run batched steps yet");
-}
-
-static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
-    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not rewind yet");
-}
-
 static ds4_backend_ops make_ops() {
     ds4_backend_ops o = {};
     o.name = "cuda";
@@ -478,8 +476,9 @@ static ds4_backend_ops make_ops() {
     o.seq_new = cuda_seq_new;
     o.seq_free = cuda_seq_free;
     o.seq_len = cuda_seq_len;
-    o.step = cuda_step;
-    o.rewind = cuda_rewind;
+    o.step = cu_seq_step;
+    o.mark = cu_seq_mark;
+    o.rewind = cu_seq_rewind;
     o.prefill = cuda_prefill;
     o.decode = cuda_decode;
     o.logits = cuda_logits;

@@ -51,7 +51,7 @@ static int attention_projections(cuda_backend *b, uint32_t il, uint32_t T, bool 
     if (mm(b, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, T, b->qa_raw, c->q_lora_rank, err) ||
         mm(b, &w->kv, 0, c->head_dim, &b->xn, 0, T, b->kvbuf, c->head_dim, err))
         return -1;
-    if (ratio && cu_comp_products(b, il, &b->xn, T, b->st, err)) return -1;
+    if (ratio && (cu_comp_products(b, il, &b->xn, T, b->st, err) || cu_journal_proj(b, il, T, err))) return -1;
     if (idx && mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)) return -1;
     return 0;
 }

@@ -294,6 +294,19 @@ typedef struct dstep {
     uint32_t fold;
 } dstep;
 
+/* What the sequence keeps from its mark on (cuda_seq.cu): device copies
+ * of the frontiers at the mark, of the ring slots rewindable rows
+ * overwrite and of their compressor projections; their logits in host
+ * memory. */
+typedef struct cu_journal {
+    bool valid;
+    bool on;                 /* the pass being made copies its projections in (cu_journal_proj) */
+    uint32_t n0, T, cap;     /* length at the mark, rows since, rows the buffers hold */
+    float *raw, *front, *proj;
+    float *logits;           /* host: cap rows, then the logits at the mark */
+    bool had_logits;
+} cu_journal;
+
 #define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
 /* Kinds of decode step, one graph each: no compressor window closes, the
  * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
@@ -320,6 +333,8 @@ typedef struct cuda_backend {
     dweights W;
     dlstate *L;          /* per layer (device pointers) */
     void *state_block;   /* all layer state */
+
+    cu_journal jr;       /* the last rewindable step's */
 
     /* host mirror of the session */
     uint32_t n_tokens;
@@ -400,6 +415,15 @@ int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0
                ds4_err *err);
 int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
+
+/* cuda_seq.cu: the batched step and the rewind (backend.h); the pass's
+ * hook that journals layer il's projections (nothing unless a rewindable
+ * step is being made). */
+int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err);
+int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
+int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+void cu_journal_free(cu_journal *j);
 
 /* cuda_hc.cu */
 typedef struct hc_post_src {
