@@ -3,6 +3,11 @@
 #   make            CPU build of every program (./ds4, ./ds4-server, ...)
 #   make cuda       the same programs with the CUDA backend (sm_90a + PTX), in
 #                   build/cuda/bin, plus the GPU test program
+#   make cuda-dev   a developer build of it, in build/dev/cuda/bin: the same
+#                   programs plus the profiling, ablation and graph-size
+#                   switches (DS4_CUDA_PROFILE, DS4_CUDA_ABLATE,
+#                   DS4_CUDA_GRAPH_CTX; docs/PERFORMANCE.md), which no
+#                   release binary reads
 #   make test       build and run the whole default test suite
 #   make test-cuda  the GPU tests (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the same tests on the CPU emulation of CUDA
@@ -30,6 +35,14 @@ LDFLAGS ?=
 
 CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=compute_90a
 NVCCFLAGS  ?= -O3 -std=c++17 $(CUDA_ARCH) -lineinfo -Isrc -Xcompiler -Wall,-Wextra,-Werror,-Wno-unused-parameter,-fno-strict-aliasing -Werror all-warnings
+# CUDA_DEV=1 (set by `make cuda-dev`, which builds into a folder of its own
+# so that its objects never mix with a release build's): -DDS4_CUDA_DEV.
+ifneq ($(CUDA_DEV),)
+ifeq ($(BUILD),build)
+$(error CUDA_DEV=1 builds into build/dev: use `make cuda-dev`)
+endif
+NVCCFLAGS  += -DDS4_CUDA_DEV
+endif
 # Static CUDA runtime and C++ library: the programs run on any machine with
 # the NVIDIA driver, whatever toolkit or compiler it has.
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -static-libgcc
@@ -54,7 +67,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda test test-cuda test-cuda-emu demo deps venv reference clean fuzz bench
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu demo deps venv reference clean fuzz bench
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -117,6 +130,9 @@ cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels $(BU
 
 test-cuda: cuda
 	@tests/cuda/run.sh $(BUILD)/cuda
+
+cuda-dev:
+	@$(MAKE) --no-print-directory cuda BUILD=$(BUILD)/dev CUDA_DEV=1
 
 # The same backend on the CPU emulation of CUDA (no GPU needed).
 $(BUILD)/emu/%.o: %.c

@@ -1,6 +1,6 @@
 /*
  * ds4-bench - prefill and generation throughput at growing context
- * frontiers (spec/PRODUCT.md 1.5).
+ * frontiers, with ds4's options and CSV (docs/PERFORMANCE.md).
  *
  *   ds4-bench [-m MODEL | --synthetic RECIPE] [options]
  *
@@ -21,8 +21,8 @@
  * backend fills a full-size model with seeded random valid blocks in GPU
  * memory (ds4_weights_synthetic), so speed is measured at the real sizes.
  * The token sequence is, in order of preference: --prompt-file (raw text,
- * tokenized without a chat template, as ds4's bench; I Promessi Sposi in
- * /work/shared/data is the customary one), --chat-prompt-file (the text as
+ * tokenized without a chat template, as ds4's bench; I Promessi Sposi,
+ * Project Gutenberg ebook #45334, is the customary one), --chat-prompt-file (the text as
  * one non-thinking user message of the chat template, system text from
  * -sys), --tokens-file (ids, as ds4-forward reads them), or seeded random
  * ids (the only choice with --synthetic, which has no tokenizer).

@@ -1,6 +1,6 @@
 /*
  * ds4-imatrix - collect an importance matrix for the routed experts by
- * running the model over a dataset (spec/PRODUCT.md 1.8).
+ * running the model over a dataset (docs/TOOLCHAIN.md).
  *
  *   ds4-imatrix MODEL --imatrix-dataset FILE --imatrix-out OUT.dat
  *               [--ctx N] [--imatrix-max-prompts N] [--imatrix-max-tokens N] [-t N] [--no-sim]

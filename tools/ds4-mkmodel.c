@@ -313,7 +313,7 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
     int needs_importance = type == DS4_TYPE_IQ2_XXS && !o->random_blocks;
     for (uint64_t m = 0; rc == 0 && m < nmat; m++) {
         if (needs_importance) {
-            /* Column-energy fallback (MODEL.md 2.6) over the whole matrix,
+            /* Column-energy fallback (docs/MODEL.md 2.6) over the whole matrix,
              * which is regenerated here since rows are seeded by index. */
             if (!energy) energy = calloc((size_t)ne0, sizeof(float));
             if (!energy) { rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name); break; }

@@ -1,6 +1,6 @@
 /*
- * ds4-score-compare - compare two ds4-score result files (spec/PRODUCT.md
- * 1.9, ds4's compare_scores.py).
+ * ds4-score-compare - compare two ds4-score result files
+ * (docs/TOOLCHAIN.md; as ds4's compare_scores.py).
  *
  *   ds4-score-compare OLD.tsv NEW.tsv
  *

@@ -1,6 +1,6 @@
 /*
  * ds4-score - teacher-forced quality scoring of a ds4 GGUF on reference
- * continuations (spec/PRODUCT.md 1.9).
+ * continuations (docs/TOOLCHAIN.md).
  *
  *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t N] [--no-sim] [--backend NAME | --cpu | --cuda]
  *

@@ -1,7 +1,7 @@
 /*
  * ds4-splice - mixed-precision GGUFs without requantising: copy the routed
  * expert tensors of chosen layers from a donor GGUF into a base GGUF, byte
- * for byte (spec/PRODUCT.md 1.10).
+ * for byte (docs/TOOLCHAIN.md).
  *
  *   ds4-splice --base Q2.gguf --donor Q4.gguf --out MIX.gguf --q4-layers 37-42
  *

@@ -1,6 +1,6 @@
 /*
  * anthropic_messages.c - POST /v1/messages, the Anthropic Messages API
- * (spec/PRODUCT.md 2.2, 2.6, 2.7).
+ * (as ds4 serves it).
  *
  * Request: system (a string or text blocks; "x-anthropic-" billing blocks
  * dropped), messages whose content is a string or blocks: text, thinking,

@@ -1,6 +1,6 @@
 /*
- * continuation.c - live protocol continuations (spec/PRODUCT.md 2.8 and
- * rungs 1-3 of the reuse ladder, 2.9): the Responses and Anthropic turns
+ * continuation.c - live protocol continuations (rungs 1-3 of the KV reuse
+ * ladder, worker.c): the Responses and Anthropic turns
  * the live session can continue without matching the prompt against its
  * tokens.
  *

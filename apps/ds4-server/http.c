@@ -1,6 +1,6 @@
 /*
  * http.c - HTTP on libmicrohttpd: routes, limits, auth, CORS, and moving
- * answers from the worker to the client (spec/PRODUCT.md 2.1, 2.11-2.13).
+ * answers from the worker to the client (as ds4's server does).
  *
  * Thread per connection: each client's thread reads and checks the
  * request, parses, renders and tokenizes it, enqueues the job and then

@@ -1,5 +1,5 @@
 /*
- * main.c - ds4-server: options (spec/PRODUCT.md 1.2 plus --api-key,
+ * main.c - ds4-server: options (ds4-server's, plus --api-key,
  * --queue, --max-body-mb and the test hook), startup, signals, shutdown.
  *
  * Startup (engine/startup.h): --chdir first, so every relative path (model,

@@ -1,5 +1,5 @@
 /*
- * openai_chat.c - POST /v1/chat/completions (spec/PRODUCT.md 2.2, 2.6, 2.7).
+ * openai_chat.c - POST /v1/chat/completions (as ds4 serves it).
  *
  * Request: messages (system, developer, user, assistant with
  * reasoning_content and tool_calls, tool/function results), tools,

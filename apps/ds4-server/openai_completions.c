@@ -1,5 +1,5 @@
 /*
- * openai_completions.c - POST /v1/completions (spec/PRODUCT.md 2.1, 2.2).
+ * openai_completions.c - POST /v1/completions (as ds4 serves it).
  *
  * As ds4 does, the prompt is not raw text: it becomes the user message of
  * a chat with the fixed system prompt "You are a helpful assistant", in

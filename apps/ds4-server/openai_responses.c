@@ -1,5 +1,5 @@
 /*
- * openai_responses.c - POST /v1/responses (spec/PRODUCT.md 2.2, 2.6, 2.7).
+ * openai_responses.c - POST /v1/responses (as ds4 serves it).
  *
  * Request: `instructions` (a leading system message) and `input`, a string
  * or a list of items: messages (text parts only), function_call and

@@ -1,7 +1,7 @@
 /*
  * output.c - turning generated tokens into an API answer, in the worker:
  * lossy streaming detokenization (no broken UTF-8), the DSML parser
- * (reasoning, content, tool calls, spec/PRODUCT.md 2.8), stop sequences
+ * (reasoning, content, tool calls: docs/MODEL.md 11.5), stop sequences
  * (held back while they may still match), tool-call ids, and the events
  * each adapter turns into SSE bytes.  The token callback also tells the
  * generation loop to sample greedily inside DSML markup and to stop once a

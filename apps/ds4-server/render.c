@@ -2,7 +2,7 @@
  * render.c - a parsed request to prompt tokens, in the connection thread:
  * the chat renderer (src/text/chat.h, with the tool-id memory's exact
  * replay hook) and the tokenizer, then the context check (400
- * context_length_exceeded with the counts, spec/PRODUCT.md 2.13).
+ * context_length_exceeded with the counts, as ds4 answers).
  * Tokenizers hold per-thread scratch space, so connection threads borrow
  * one from a small pool.
  */

@@ -1,8 +1,8 @@
 /*
  * request.c - request fields the four APIs share: the JSON body itself
  * (UTF-8, nesting limit), sampling parameters, token limits, stop lists,
- * the thinking/reasoning controls and model aliases (spec/PRODUCT.md
- * 2.2, 2.4, 2.5), message text.  Every wrong type or range is a 400 that
+ * the thinking/reasoning controls and model aliases (the
+ * fields ds4's server honours), message text.  Every wrong type or range is a 400 that
  * names the field.
  */
 #include <math.h>

@@ -2,7 +2,7 @@
  * server.h - ds4-server's shared types: options, the internal request every
  * API is parsed into, the job that carries it from a connection thread to
  * the worker and the answer back, and the interface of the four API
- * adapters (spec/PRODUCT.md 2).
+ * adapters (the APIs ds4's server offers).
  *
  * The pipeline:
  *   connection thread (http.c)   read the body, check auth and limits, let
@@ -274,8 +274,8 @@ ds4_chat_opts render_opts(server *s, const job *j);
 ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err);
 void render_tokenizer_return(ds4_tokenizer *t);
 
-/* continuation.c: live protocol continuations (spec/PRODUCT.md 2.8, 2.9
- * rungs 1-3).  cont_prepare runs in the connection thread after
+/* continuation.c: live protocol continuations (rungs 1-3 of the KV reuse
+ * ladder, worker.c).  cont_prepare runs in the connection thread after
  * render_request: tool outputs with unknown ids are refused (400), a
  * tool-output-only request gets its tail tokens.  The worker asks
  * cont_match first in its reuse ladder, calls cont_leave once the live

@@ -1,6 +1,6 @@
 /*
  * toolmem.c - the tool-call id memory behind exact DSML replay
- * (spec/PRODUCT.md 2.8).
+ * (as ds4 keeps it).
  *
  * When the model calls tools, the server gives each call an id and
  * remembers, for that id, the exact DSML block the model sampled (white

@@ -1,6 +1,6 @@
 /*
  * trace.c - the human-readable session trace of --trace FILE
- * (spec/PRODUCT.md 2.14): per request the header (API, model, stream,
+ * (as ds4's): per request the header (API, model, stream,
  * tools, thinking, sampling, limits), the raw request JSON, the rendered
  * prompt, the KV reuse decision, and the parsed answer (finish, token
  * counts, reasoning, content, each tool call).  Entries from different

@@ -2,7 +2,7 @@
  * worker.c - the one thread that owns the engine session: a bounded FIFO of
  * jobs, the KV reuse ladder, prefill with disk checkpoints, generation.
  *
- * KV reuse, in order (spec/PRODUCT.md 2.9):
+ * KV reuse, in order (ds4's ladder, with the rungs it lacks):
  *   responses-visible, responses-tool-output, anthropic-tool-output
  *                 live protocol continuations (continuation.c): the live
  *                 session continues the turn the client answers, whatever
@@ -154,7 +154,7 @@ static bool live_text_prefix(const job *j, reuse *r) {
     return ok;
 }
 
-/* thinking-visible (spec/PRODUCT.md 2.9, step 5): the live session holds
+/* thinking-visible (the ladder's fifth rung): the live session holds
  * P + reasoning + "</think>" + rest, P the previous prompt ending with
  * "<think>".  A replay without the reasoning renders that turn either as
  * P minus "<think>" + "</think>" + rest (reasoning dropped: no tools) or as
@@ -402,7 +402,7 @@ static int on_stop_only(void *ctx, uint32_t done, uint32_t total) {
     return S->stopping;
 }
 
-/* Canonicalization (spec/PRODUCT.md 2.8; chat/completions and Anthropic, as
+/* Canonicalization (as ds4 does it; chat/completions and Anthropic, as
  * Responses keeps its live state): after a tool-call turn whose sampled
  * text is not what the client will send back (exact replay off, or its ids
  * forgotten), rewrite the live tail to the rendering of the turn the next

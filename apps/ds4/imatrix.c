@@ -1,7 +1,8 @@
 /*
  * imatrix.c - `ds4 --imatrix-dataset FILE --imatrix-out OUT.dat`: collect a
- * routed-expert importance matrix for ds4-quantize --imatrix (spec/PRODUCT.md
- * 1.1, 1.8), with --ctx, -t, --imatrix-max-prompts and --imatrix-max-tokens.
+ * routed-expert importance matrix for ds4-quantize --imatrix (as ds4's
+ * option; docs/TOOLCHAIN.md), with --ctx, -t, --imatrix-max-prompts and
+ * --imatrix-max-tokens.
  *
  * The collection itself is engine/imatrix_run.h, the same code ds4-imatrix
  * runs, so the two programs write identical files.  This file adds what an

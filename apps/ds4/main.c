@@ -1,5 +1,5 @@
 /*
- * main.c - the ds4 program (spec/PRODUCT.md 1.1): chat with DeepSeek V4
+ * main.c - the ds4 program (ds4's CLI, README.md): chat with DeepSeek V4
  * Flash from the command line, one-shot or interactive, plus the
  * diagnostics that compare engines and model files.
  *

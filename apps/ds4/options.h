@@ -1,5 +1,5 @@
 /*
- * options.h - the ds4 command line (spec/PRODUCT.md 1.1): what was asked
+ * options.h - the ds4 command line (ds4's, README.md): what was asked
  * for and with which settings, checked once so the rest of the program can
  * trust every value.
  *

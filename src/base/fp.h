@@ -4,8 +4,8 @@
  *
  *   f16   IEEE binary16: weights, raw KV rows, block scales.
  *   bf16  bfloat16: official checkpoint tensors.
- *   fp8   E4M3FN: official dense weights and the KV round trip (MODEL.md 4.3).
- *   e8m0  power-of-two scale bytes of the official checkpoint (MODEL.md 2.6).
+ *   fp8   E4M3FN: official dense weights and the KV round trip (docs/MODEL.md 4.3).
+ *   e8m0  power-of-two scale bytes of the official checkpoint (docs/MODEL.md 2.6).
  *   fp4   E2M1: official routed experts and the indexer round trip (4.4).
  *
  * All encoders round to nearest, ties to even, unless stated otherwise.

@@ -1,6 +1,6 @@
 /*
- * instance_lock.h - the process-wide instance lock (spec/PRODUCT.md 1,
- * "Common conventions"): one model process per machine.
+ * instance_lock.h - the process-wide instance lock (as ds4
+ * has it; README.md): one model process per machine.
  *
  * A model process maps tens of gigabytes of weights and allocates the
  * context buffers; two at once on one machine usually means swapping or an

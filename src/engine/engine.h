@@ -56,7 +56,7 @@ void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s);
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
 
 /* Routed-expert quantization bits as the KVC header records them: 4 when
- * the first layer's routed gate is Q4_K, else 2 (spec/PRODUCT.md 3). */
+ * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */
 int ds4_engine_quant_bits(const ds4_engine *e);
 
 #endif

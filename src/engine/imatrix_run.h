@@ -1,6 +1,6 @@
 /*
  * imatrix_run.h - collecting a routed-expert importance matrix over a
- * prompt dataset (spec/PRODUCT.md 1.8): the loop shared by
+ * prompt dataset (docs/TOOLCHAIN.md): the loop shared by
  * `ds4 --imatrix-dataset FILE --imatrix-out OUT.dat` and `ds4-imatrix`, so
  * both write the same bytes for the same model, dataset and limits.
  *

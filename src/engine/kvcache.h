@@ -1,5 +1,5 @@
 /*
- * kvcache.h - the disk KV cache: KVC checkpoint files (spec/PRODUCT.md 3,
+ * kvcache.h - the disk KV cache: KVC checkpoint files (docs/MODEL.md 8.4,
  * byte-compatible with ds4) in one directory, with a space budget.
  *
  * A checkpoint is a session state (the DSV4 payload of session_state.h)
@@ -32,7 +32,7 @@
  * exceeds the budget.
  *
  * Save policy helpers (when the server saves: cold, continued, evict,
- * shutdown; spec/PRODUCT.md 2.10) are at the end.
+ * shutdown, as ds4's server saves) are at the end.
  */
 #ifndef DS4_ENGINE_KVCACHE_H
 #define DS4_ENGINE_KVCACHE_H

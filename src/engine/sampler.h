@@ -8,7 +8,7 @@
  * (smallest set of most likely tokens whose mass reaches top_p); then one
  * draw from the renormalised distribution with a seeded xorshift64*
  * generator, so the same seed and logits give the same tokens.
- * Defaults are those of spec/PRODUCT.md 2.5: T 1, top-p 1, min-p 0.05.
+ * Defaults are ds4's (docs/MODEL.md 13): T 1, top-p 1, min-p 0.05.
  */
 #ifndef DS4_ENGINE_SAMPLER_H
 #define DS4_ENGINE_SAMPLER_H

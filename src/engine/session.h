@@ -14,7 +14,7 @@
  *   eval(token)    append one token (decode).
  *
  * Prefill runs in chunks aligned to absolute multiples of the backend's
- * chunk size (spec/MODEL.md 7), reporting progress between chunks; the
+ * chunk size (docs/MODEL.md 7), reporting progress between chunks; the
  * progress callback can cancel, leaving the session consistent at a chunk
  * boundary.  Counters record how many tokens were reused and prefilled, so
  * tests can prove prefix reuse.
@@ -89,7 +89,7 @@ int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err);
 /* A state sized for this session. */
 ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err);
 
-/* DSV4 payload files (spec/MODEL.md 8.3). */
+/* DSV4 payload files (docs/MODEL.md 8.3). */
 int ds4_session_save_file(ds4_session *s, const char *path, ds4_err *err);
 int ds4_session_load_file(ds4_session *s, const char *path, ds4_err *err);
 

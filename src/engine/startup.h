@@ -1,6 +1,6 @@
 /*
  * startup.h - what every program that runs the model does when it starts
- * (spec/PRODUCT.md 1, "Common conventions"): take the process-wide instance
+ * (as ds4's programs do; README.md): take the process-wide instance
  * lock (base/instance_lock.h) before loading anything, explain a missing
  * model file, tell the user what the chosen context costs in memory, and
  * (--warm-weights) read the weights in before the first token.

@@ -1,6 +1,6 @@
 /*
  * gguf.h - the GGUF v3 container: a validating reader over mmap and a
- * streaming writer (spec/MODEL.md 2.1).
+ * streaming writer (docs/MODEL.md 2.1).
  *
  * Reader.  ds4_gguf_open() maps the file read-only and parses the header,
  * the metadata and the tensor table up front, checking every length, count,

@@ -1,5 +1,5 @@
 /*
- * gguf_read.c - the validating GGUF v3 reader (see gguf.h, spec/MODEL.md 2.1).
+ * gguf_read.c - the validating GGUF v3 reader (see gguf.h, docs/MODEL.md 2.1).
  *
  * The whole header, metadata and tensor table are parsed at open time by a
  * cursor that checks every read against the bytes left in the file, so no

@@ -1,7 +1,7 @@
 /*
  * iq2_grid.c - the IQ2_XXS codebook: 256 vectors of 8 magnitudes, each 8, 25
  * or 43, expanded at compile time from the compact table K of
- * spec/MODEL.md 3.6 (2 bits per element: grid(g)[k] = {8,25,43}[(K[g] >> 2k) & 3]).
+ * docs/MODEL.md 3.6 (2 bits per element: grid(g)[k] = {8,25,43}[(K[g] >> 2k) & 3]).
  * The expansion is a macro so the table is constant data, shared by the
  * decoder, the dot kernels and the encoder (quants_iq2.c).
  */

@@ -1,5 +1,5 @@
 /*
- * quants.h - numeric block formats of ds4 files (spec/MODEL.md 3):
+ * quants.h - numeric block formats of ds4 files (docs/MODEL.md 3):
  * type geometry, dequantization, quantization, and dot products of a weight
  * row against an activation vector.
  *
@@ -129,7 +129,7 @@ size_t ds4_quantize_row(uint32_t type, const float *src, void *dst, int64_t n,
                         const float *importance);
 
 /* Synthetic importance for a [rows x cols] f32 matrix when no imatrix is
- * available: out[c] = sum over rows of w[r][c]^2 (spec/MODEL.md 2.6). */
+ * available: out[c] = sum over rows of w[r][c]^2 (docs/MODEL.md 2.6). */
 void ds4_column_energy(const float *w, int64_t rows, int64_t cols, float *out);
 
 /* ------------------------------------------------ activations and dots */
@@ -147,7 +147,7 @@ size_t ds4_act_bytes(uint32_t weight_type, int64_t n);
  * F32/F16/BF16 weights this copies the floats. */
 void ds4_quantize_act(uint32_t weight_type, const float *x, void *dst, int64_t n);
 
-/* Individual activation quantizers (spec/MODEL.md 3.7, 3.8).  Their int8
+/* Individual activation quantizers (docs/MODEL.md 3.7, 3.8).  Their int8
  * values lie in [-127, 127], which the dot kernels rely on: activations
  * built by other means must keep to that range. */
 void ds4_quantize_q8_0x(const float *x, ds4_block_q8_0x *y, int64_t n);

@@ -486,7 +486,7 @@ MULTI_INT_KERNEL(ds4_dot_q2_K_multi_avx2, q2_K_multi)
 
 /* ----------------------------------------------------------------- Q4_K */
 
-/* Unpack the 6-bit scales and mins four at a time (spec/MODEL.md 3.5):
+/* Unpack the 6-bit scales and mins four at a time (docs/MODEL.md 3.5):
  * *scv gets the 8 scales as bytes in both 128-bit lanes (spread later by
  * shuffles), *mins the 8 mins as int32. */
 AVX2 static inline void q4_K_scales_mins(const uint8_t *scales, __m256i *scv, __m256i *mins) {

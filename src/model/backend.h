@@ -1,8 +1,8 @@
 /*
  * backend.h - the interface every compute backend implements, at the level
- * of a whole model step (DESIGN.md, "Backends").
+ * of a whole model step (docs/DESIGN.md 3.1).
  *
- * A backend runs the complete forward pass of spec/MODEL.md 5-7 over the
+ * A backend runs the complete forward pass of docs/MODEL.md 5-7 over the
  * states of sequences (ds4_seq) it holds:
  *
  *   step(rows)           one pass over rows (sequence, token) of any
@@ -54,6 +54,10 @@ typedef struct ds4_backend_opts {
                              * sequence may hold; 0: 4096 */
     uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
     bool no_sim;            /* turn the low-precision simulations off */
+    uint32_t cuda_graph_ctx; /* CUDA: context of the smallest captured decode
+                              * graph (0: 8192; docs/DESIGN.md 4.2); tests
+                              * set small ones so that short sequences cross
+                              * graphs.  Ignored by the CPU backend. */
     /* Called for every routed expert the forward pass runs: the m tokens of
      * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
      * normalised) and the down projection's input rows (mid: m x n_ff_exp,

@@ -52,7 +52,7 @@ void ds4_config_flash(ds4_config *c) {
 /* ------------------------------------------------------------- reading */
 
 static int get_u32(const ds4_gguf *g, const char *key, uint32_t *out, ds4_err *err) {
-    /* MODEL.md 1.1: integer keys are u32 (we also accept other integer
+    /* docs/MODEL.md 1.1: integer keys are u32 (we also accept other integer
      * types holding a value that fits, as gguf-py writers sometimes do). */
     return ds4_gguf_get_u32(g, key, out, err);
 }
@@ -224,7 +224,7 @@ int ds4_config_validate(const ds4_config *c, ds4_err *err) {
         REQUIRE(c->idx_head_dim >= c->rope_dim && c->idx_head_dim % 32 == 0,
                 "indexer.key_length %u: must be a multiple of 32 and at least rope.dimension_count %u",
                 c->idx_head_dim, c->rope_dim);
-        /* The Hadamard + FP4 simulation works on 128-wide rows (MODEL.md 4.4). */
+        /* The Hadamard + FP4 simulation works on 128-wide rows (docs/MODEL.md 4.4). */
         REQUIRE(c->idx_head_dim == 128, "indexer.key_length %u: the indexer simulation needs 128", c->idx_head_dim);
         REQUIRE(c->idx_top_k > 0, "indexer.top_k must be positive");
     }

@@ -1,7 +1,7 @@
 /*
  * config.h - the hyperparameters of a DeepSeek V4 Flash-architecture model,
  * read from and written to the `deepseek4.*` GGUF metadata
- * (spec/MODEL.md 1.1, 1.2).
+ * (docs/MODEL.md 1.1, 1.2).
  *
  * The real model has fixed shapes, but every shape here comes from the
  * metadata so that the same engine runs the tiny test models the project

@@ -4,7 +4,7 @@
  * f32 (used by tools/ds4-quantize).
  *
  * Facts about the official checkpoint this module relies on (sources:
- * spec/MODEL.md 2.6; the official inference/model.py of
+ * docs/MODEL.md 2.6; the official inference/model.py of
  * deepseek-ai/DeepSeek-V4-Flash (class Linear, Compressor, Gate, Block,
  * ParallelHead); antirez/ds4 gguf-tools/deepseek4-quantize.c (functions
  * dequant_fp8_weight, dequant_fp4_weight, i64_to_i32, tables top_map,

@@ -1,6 +1,6 @@
 /*
  * hf_names.c - GGUF tensor name -> official Hugging Face name (see hf.h and
- * spec/MODEL.md 2.6).  Keys are the part of layout.c's names after the
+ * docs/MODEL.md 2.6).  Keys are the part of layout.c's names after the
  * "blk.N." prefix; this table and layout.c are the only places that spell
  * GGUF tensor names.
  */

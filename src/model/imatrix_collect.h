@@ -1,6 +1,6 @@
 /*
  * imatrix_collect.h - accumulating an importance matrix for the routed
- * experts while the forward pass runs (spec/PRODUCT.md 1.8).
+ * experts while the forward pass runs (docs/TOOLCHAIN.md, ds4-imatrix).
  *
  * For every routed expert of every layer the collector sums, per input
  * column, x^2 over the tokens routed to that expert:

@@ -154,7 +154,7 @@ const char *ds4_tclass_name(ds4_tclass cls) {
 /* ------------------------------------------------------------ recipes */
 
 /* The published files keep everything but the routed experts at the same
- * high precision (MODEL.md 2.6); the recipes differ only in the experts. */
+ * high precision (docs/MODEL.md 2.6); the recipes differ only in the experts. */
 #define DS4_BASE_TYPES                                                          \
     [DS4_TC_TOKEN_EMBD] = DS4_TYPE_F16, [DS4_TC_OUTPUT] = DS4_TYPE_Q8_0,        \
     [DS4_TC_HC_FN] = DS4_TYPE_F16, [DS4_TC_VECTOR] = DS4_TYPE_F32,              \

@@ -1,6 +1,6 @@
 /*
  * layout.h - the tensor inventory of a DeepSeek V4 Flash-architecture GGUF
- * (spec/MODEL.md 2.3-2.4) and the quantization recipes (2.6).
+ * (docs/MODEL.md 2.3-2.4) and the quantization recipes (2.6).
  *
  * One table, derived from a ds4_config, names every tensor with its shape,
  * its class and the storage types the engine accepts for it.  The model

@@ -1,6 +1,6 @@
 /*
  * lowprec.c - FP8 / FP4 round trips and the 128-point Hadamard transform
- * (see lowprec.h; spec/MODEL.md 4.3, 4.4).
+ * (see lowprec.h; docs/MODEL.md 4.3, 4.4).
  *
  * The power-of-two block scale 2^ceil(log2(r)) is computed exactly from the
  * binary exponent of r (frexp), not through log2f, whose rounding can turn

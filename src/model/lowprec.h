@@ -1,6 +1,6 @@
 /*
  * lowprec.h - the low-precision simulations that belong to the DeepSeek V4
- * graph (spec/MODEL.md 4.3, 4.4, 12): rows are rounded through FP8 or FP4
+ * graph (docs/MODEL.md 4.3, 4.4, 12): rows are rounded through FP8 or FP4
  * and back to f32, exactly as the official inference code does, so that the
  * engine sees the values the model was trained against.
  *

@@ -1,7 +1,7 @@
 /*
  * policy.h - which storage type each tensor gets when quantizing: a recipe
  * (layout.h) as the base, ds4's per-class options on top, and exact-name or
- * prefix overrides above all (spec/PRODUCT.md 1.7).
+ * prefix overrides above all, as in ds4's quantizer (docs/TOOLCHAIN.md).
  *
  *   routed_w1/w2/w3  routed gate/down/up experts (--experts sets all three)
  *   embedding        token_embd               (else dense)

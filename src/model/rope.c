@@ -6,7 +6,7 @@
 #include <math.h>
 
 /* YaRN correction dimension: the pair index whose wavelength makes
- * `rotations` turns over the original context (MODEL.md 4.5). */
+ * `rotations` turns over the original context (docs/MODEL.md 4.5). */
 static double yarn_corr_dim(double rotations, double dim, double base, double orig_ctx) {
     return dim * log(orig_ctx / (rotations * 2.0 * M_PI)) / (2.0 * log(base));
 }

@@ -1,6 +1,6 @@
 /*
  * rope.h - tail RoPE with adjacent-pair rotation and YaRN frequency blending
- * (spec/MODEL.md 4.5).
+ * (docs/MODEL.md 4.5).
  *
  * Only the last rope_dim values of a head rotate, in pairs (2k, 2k+1).
  * Dense (ratio 0) layers use rope.freq_base without scaling; compressed

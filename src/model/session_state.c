@@ -1,6 +1,6 @@
 /*
  * session_state.c - KV state allocation, copies and the DSV4 payload
- * (see session_state.h; spec/MODEL.md 8.1, 8.3).
+ * (see session_state.h; docs/MODEL.md 8.1, 8.3).
  */
 #include "model/session_state.h"
 

@@ -1,5 +1,5 @@
 /*
- * session_state.h - the KV / session state of one sequence (spec/MODEL.md
+ * session_state.h - the KV / session state of one sequence (docs/MODEL.md
  * 8.1) in host memory, and its "DSV4" payload serialisation (8.3).
  *
  * This struct is the backend-neutral form of the state: the CPU backend

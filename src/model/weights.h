@@ -9,7 +9,7 @@
  * metadata, so the published 284B model and the tiny test models share
  * this code.
  *
- * Extra tensors: `mtp.*` tensors (the MTP block, MODEL.md 2.5, shipped in a
+ * Extra tensors: `mtp.*` tensors (the MTP block, docs/MODEL.md 2.5, shipped in a
  * separate file but harmless in the main one) are ignored; any other name
  * the inventory does not know is an error, because it means the file is not
  * the layout this engine computes (a misspelt or foreign tensor would

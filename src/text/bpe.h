@@ -1,5 +1,5 @@
 /*
- * bpe.h - byte-pair merging of one pre-tokenized piece (spec/MODEL.md 10.4),
+ * bpe.h - byte-pair merging of one pre-tokenized piece (docs/MODEL.md 10.4),
  * with a per-thread cache of piece -> ids.
  *
  * The piece's raw bytes become one symbol each (the byte-level token for

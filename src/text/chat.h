@@ -1,6 +1,6 @@
 /*
  * chat.h - the DeepSeek V4 chat prompt, byte-identical to the official
- * encoder (encoding_dsv4.py, encode_messages; spec/MODEL.md 11 and the
+ * encoder (encoding_dsv4.py, encode_messages; docs/MODEL.md 11 and the
  * fixtures in tests/golden/text/dsv4-encoding/).
  *
  * Input is the OpenAI-style message array the fixtures use (a jansson

@@ -1,7 +1,7 @@
 /*
  * dsml_parse.h - incremental parser of DeepSeek V4 model output: reasoning,
- * visible content and DSML tool calls (spec/MODEL.md 11.4-11.5, PRODUCT.md
- * 2.6 and 2.8).
+ * visible content and DSML tool calls (docs/MODEL.md 11.4-11.5), for the
+ * server's streamed events and the CLI.
  *
  * Feed decoded text piece by piece (whole UTF-8 characters, e.g. from the
  * lossy ds4_detok_stream) as the model samples it; the parser calls back

@@ -1,6 +1,6 @@
 /*
  * dsml_render.h - DSML tool calls as the official DeepSeek V4 encoder writes
- * them (encoding_dsv4.py; spec/MODEL.md 11.4):
+ * them (encoding_dsv4.py; docs/MODEL.md 11.4):
  *
  *   \n\n<｜DSML｜tool_calls>
  *   <｜DSML｜invoke name="NAME">

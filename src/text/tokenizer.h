@@ -1,5 +1,5 @@
 /*
- * tokenizer.h - text <-> token ids for DeepSeek V4 (spec/MODEL.md 10).
+ * tokenizer.h - text <-> token ids for DeepSeek V4 (docs/MODEL.md 10).
  *
  * Three ways in, one per level of trust:
  *

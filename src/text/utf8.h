@@ -7,7 +7,7 @@
  * Python and Rust accept, so our behaviour on valid text matches HF
  * `tokenizers`, which only ever sees valid strings).
  *
- * Byte-level BPE (spec/MODEL.md 10.1) stores every raw byte as one printable
+ * Byte-level BPE (docs/MODEL.md 10.1) stores every raw byte as one printable
  * code point: bytes 33-126, 161-172 and 174-255 stand for themselves, the
  * other 68 bytes map, in increasing order, to U+0100, U+0101, ...
  */

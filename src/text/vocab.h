@@ -1,5 +1,5 @@
 /*
- * vocab.h - the byte-level BPE vocabulary of DeepSeek V4 (spec/MODEL.md 10).
+ * vocab.h - the byte-level BPE vocabulary of DeepSeek V4 (docs/MODEL.md 10).
  *
  * A ds4_vocab is built from plain arrays - token strings, token types and
  * "LEFT RIGHT" merge strings, exactly the GGUF `tokenizer.ggml.*` metadata -

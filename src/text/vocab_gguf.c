@@ -1,6 +1,6 @@
 /*
  * vocab_gguf.c - the vocabulary from a GGUF file's `tokenizer.ggml.*`
- * metadata (spec/MODEL.md 2.2, 10.1): the same arrays tokjson.c reads from
+ * metadata (docs/MODEL.md 2.2, 10.1): the same arrays tokjson.c reads from
  * tokenizer.json, as ds4-tokenizer import (tokjson_gguf.c) and the
  * published ds4 files store them.
  */

@@ -1,6 +1,6 @@
 #!/bin/sh
 # ab_bench.sh OUTDIR VARIANT... - several builds and settings of ds4-bench
-# timed in one device run (device time is what a session has least of), in
+# timed in one run on the GPU machine, in
 # turns, so that a drift of the machine shows in every variant alike; round
 # r starts at the r-th variant (the order rotated), so that over as many
 # rounds as variants each takes every place in a round alike.
@@ -11,10 +11,11 @@
 #                at 4k context, 64 generated tokens)
 #   REPEAT       rounds (default 2)
 #
-# Example (two branches built on the development machine and carried in
-# .cudawork by tests/cuda/carry.sh, the second also with a setting):
+# Example (two builds made on another machine and carried in .cudawork by
+# tests/cuda/carry.sh; the third variant a developer build, `make cuda-dev`,
+# with the HC launches left out of its decode graph):
 #   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/b/main/build/cuda/bin \
-#       pf=.cudawork/b/pf/build/cuda/bin pf0=.cudawork/b/pf/build/cuda/bin:DS4_CUDA_PF_HC_MB=0
+#       new=.cudawork/b/new/build/cuda/bin abl=build/dev/cuda/bin:DS4_CUDA_ABLATE=hc_mix
 # OUTDIR/ab.txt (written anew) gets one line a run: name, round, the benchmark's result line;
 # OUTDIR/summary.txt one line a variant: the mean prefill and generation
 # t/s over its rounds (of the result lines that have them), and the runs.

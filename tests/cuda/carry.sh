@@ -1,6 +1,7 @@
 #!/bin/sh
 # carry.sh - CUDA builds made on a development machine, carried to a GPU
-# machine and run there (device time is scarce: compile where it is free).
+# machine and run there (compile where no GPU is needed, keep the GPU for
+# what needs it).
 #
 #   sh tests/cuda/carry.sh pack NAME [TREE]
 #       the binaries of TREE's build/cuda (default: this checkout; a git

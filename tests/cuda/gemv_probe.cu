@@ -178,7 +178,6 @@ static void routed(cudaStream_t st, float *out) {
 }
 
 int main(void) {
-    cu_gemv_stream_from_env(); /* as the backend reads it */
     cudaStream_t st;
     CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
     ds4_err err = {};

@@ -1,9 +1,10 @@
 #!/bin/sh
-# gpu_session.sh OUTDIR - everything one lease of a GPU machine is used for,
-# in one command (device time is scarce): the GPU tests, compute-sanitizer
-# memcheck on the kernel test and a short comparison, and the synthetic full
-# Flash benchmark.  Expects the CUDA build (make cuda) in build/cuda; logs
-# and the benchmark CSV go to OUTDIR.  Each part has its own time limit.
+# gpu_session.sh OUTDIR - what a run on a GPU machine checks and measures,
+# in one command: the GPU tests, compute-sanitizer memcheck on the kernel
+# test and a short comparison, and the synthetic full Flash benchmark.
+# Expects the CUDA build (make cuda) in build/cuda, and for the prof part
+# the developer build (make cuda-dev) in build/dev/cuda; logs and the
+# benchmark CSV go to OUTDIR.  Each part has its own time limit.
 #   PARTS="tests san prof ncu ncustep ncusrc bench"   which parts, in this order (default: all but the ncu ones)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
 #   PROF_MODE  DS4_CUDA_PROFILE of the prof part: 1 per kernel (default), 2 per kernel and grid
@@ -38,7 +39,7 @@ for part in $PARTS; do
             rm -rf "$T"
         } > "$OUT/sanitizer.log" 2>&1; echo "sanitizer: $(grep -c '^rc 0' "$OUT/sanitizer.log")/2 clean";;
     prof)
-        DS4_CUDA_PROFILE=${PROF_MODE:-1} timeout ${PROF_TIME:-120} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
+        DS4_CUDA_PROFILE=${PROF_MODE:-1} timeout ${PROF_TIME:-120} build/dev/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 \
             --gen-tokens 8 > "$OUT/profile.log" 2>&1; echo "profile: rc $?";;
     ncu)
         timeout 100 ncu --clock-control none --kernel-name gemv_kernel --launch-skip 40 --launch-count 3 \

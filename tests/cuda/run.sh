@@ -54,8 +54,8 @@ if [ "${QUICK:-0}" = 1 ]; then
     # 256 tokens, then in the session's (cuda_backend.cu, capture_step); the
     # CPU's state moves in at 254, inside both windows, so that the closing
     # steps pool positions folded before them (cu_compress_window)
-    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" env DS4_CUDA_GRAPH_CTX=256 "$TEST" compare ../tiny-f16.gguf \
-        --no-sim --prompt 246 --steps 16 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
+    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" "$TEST" compare ../tiny-f16.gguf \
+        --no-sim --prompt 246 --steps 16 --graph-ctx 256 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
     lane2=$!
     step kernels "$PWD/$BUILD/test_cuda_kernels"
     step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
@@ -80,10 +80,10 @@ else
     # greedy steps, is 2.2e-5 apart (measured on the CPU reference).
     # The decode steps start in the graph sized for 310 tokens (the indexer
     # scoring at most 79 rows) and go on in the session's (capture_step).
-    step "strict mid f16" env DS4_CUDA_GRAPH_CTX=310 "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12
+    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12 --graph-ctx 310
     # decode steps of every kind across two graphs, folded windows (as QUICK)
-    step "strict tiny f16, step kinds" env DS4_CUDA_GRAPH_CTX=256 "$TEST" compare tiny-f16.gguf --no-sim --prompt 246 \
-        --steps 16
+    step "strict tiny f16, step kinds" "$TEST" compare tiny-f16.gguf --no-sim --prompt 246 \
+        --steps 16 --graph-ctx 256
     # Flash's width (4096): the HC decode launch of 32 column slices
     step "strict wide f16" "$TEST" compare wide-f16.gguf --no-sim --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one

@@ -9,9 +9,10 @@ instructions.  Such a loop almost always loads, uses the value and goes
 round again: every iteration waits for the L2 or DRAM, where loading all of
 a thread's values first (an unrolled batch into registers, or cp.async)
 waits once.  That pattern cost the prefill attention a fifth of its time
-and the indexer scores a tenth of a 64k prefill (PERFORMANCE.md, fourteenth
-iteration).  Rarely taken loops show up too (sinf / cosf's reduction of
-large arguments is one), so each hit is a place to look, not a verdict.
+and the indexer scores a tenth of a 64k prefill (fixed by 9ae8bd9: prefill
++2.2 % at 4k, docs/PERFORMANCE.md).  Rarely taken loops show up too (sinf /
+cosf's reduction of large arguments is one), so each hit is a place to
+look, not a verdict.
 
     nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -cubin src/model/cuda/cuda_attn.cu -o /tmp/attn.cubin
     cuobjdump -sass /tmp/attn.cubin | python3 tests/cuda/sass_loops.py | c++filt

@@ -5,14 +5,17 @@
  * the default suite).  tests/cuda/run.sh drives it.
  *
  *   test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S]
- *                           [--no-sim] [--tol X] [--loose]
+ *                           [--no-sim] [--tol X] [--loose] [--graph-ctx N]
  *       prefill of N random tokens (all logits), the same prefill in uneven
  *       chunks of 37, N decode steps (N >= 4) fed with the CPU's greedy
  *       tokens, a prefill of 6 more tokens after them (all logits), DSV4
  *       payloads moved CPU -> CUDA at step N / 2 and back to
  *       a fresh CPU backend after min(16, N / 4) more steps (each side then
  *       checked over that many steps), and the CUDA greedy loop (device
- *       argmax) from a restored snapshot.
+ *       argmax) from a restored snapshot.  --graph-ctx N: the CUDA
+ *       backend's smallest decode graph serves contexts below N
+ *       (ds4_backend_opts.cuda_graph_ctx), so that a short session's decode
+ *       steps go from one captured graph into the next.
  *
  *       Alongside runs a CPU "twin": the same model with one-ulp noise on
  *       the norm weights of every layer.  The model contains discontinuous
@@ -229,9 +232,10 @@ static ds4_weights *twin_weights(const char *path, const ds4_weights *w, int whi
     return n;
 }
 
-static ds4_backend *make(const char *name, const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim) {
+static ds4_backend *make(const char *name, const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim,
+                         uint32_t graph_ctx) {
     ds4_err err = {0};
-    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim};
+    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = graph_ctx};
     ds4_backend *b = ds4_backend_create(name, w, &o, &err);
     if (!b) die(name, &err);
     return b;
@@ -261,7 +265,7 @@ static void move_state(ds4_backend *from, ds4_backend *to, const char *path) {
 static int cmd_compare(int argc, char **argv) {
     if (argc < 1) return 2;
     const char *path = argv[0];
-    uint32_t n = 300, steps = 500, chunk = 0, seed = 1;
+    uint32_t n = 300, steps = 500, chunk = 0, seed = 1, graph_ctx = 0;
     bool no_sim = false, loose = false;
     double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
@@ -274,6 +278,7 @@ static int cmd_compare(int argc, char **argv) {
         else if (!strcmp(argv[i - 1], "--chunk")) chunk = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(argv[i - 1], "--seed")) seed = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else if (!strcmp(argv[i - 1], "--graph-ctx")) graph_ctx = (uint32_t)strtoul(v, NULL, 10);
         else return 2;
     }
     if (steps < 4) {
@@ -297,9 +302,9 @@ static int cmd_compare(int argc, char **argv) {
     }
     void (*check)(const char *, const diff *, const diff *, const diff *, double) = loose ? loose_check : strict_check;
 
-    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim), *twin = make("cpu", tw, ctx, 0, no_sim);
-    ds4_backend *twin2 = make("cpu", tw2, ctx, 0, no_sim);
-    ds4_backend *gpu = make("cuda", w, ctx, chunk, no_sim);
+    ds4_backend *cpu = make("cpu", w, ctx, 0, no_sim, 0), *twin = make("cpu", tw, ctx, 0, no_sim, 0);
+    ds4_backend *twin2 = make("cpu", tw2, ctx, 0, no_sim, 0);
+    ds4_backend *gpu = make("cuda", w, ctx, chunk, no_sim, graph_ctx);
     float *lc = xmalloc((size_t)n * V * 4), *lg = xmalloc((size_t)n * V * 4), *lt = xmalloc((size_t)n * V * 4);
     float *lt2 = xmalloc((size_t)n * V * 4);
     if (ds4_backend_prefill(cpu, toks, n, lc, &err)) die("cpu prefill", &err);
@@ -317,7 +322,7 @@ static int cmd_compare(int argc, char **argv) {
 
     /* the same prompt in uneven chunks of 37: the chunk boundaries must not
      * change the result beyond rounding (against the one-chunk CUDA run) */
-    ds4_backend *gpu2 = make("cuda", w, ctx, 37, no_sim);
+    ds4_backend *gpu2 = make("cuda", w, ctx, 37, no_sim, graph_ctx);
     if (ds4_backend_prefill(gpu2, toks, n, NULL, &err)) die("cuda chunked prefill", &err);
     diff_add(&dg, ds4_backend_logits(gpu2), lg + (size_t)(n - 1) * V, 1, V);
     diff_add(&dt, lt + (size_t)(n - 1) * V, lc + (size_t)(n - 1) * V, 1, V);
@@ -391,7 +396,7 @@ static int cmd_compare(int argc, char **argv) {
     diff_free(&dt2);
 
     /* CUDA -> CPU: a fresh CPU backend continues from gpu2's state */
-    ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim);
+    ds4_backend *cpu2 = make("cpu", w, ctx, 0, no_sim, 0);
     move_state(gpu2, cpu2, tmp);
     for (uint32_t i = half + seg; i < half + 2 * seg; i++) {
         if (ds4_backend_decode(cpu2, greedy[i], &err)) die("cpu decode after restore", &err);
@@ -469,7 +474,7 @@ static int cmd_golden(int argc, char **argv) {
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(argv[0], &err);
     if (!w) die(argv[0], &err);
-    ds4_backend *b = make("cuda", w, 1024, 0, true);
+    ds4_backend *b = make("cuda", w, 1024, 0, true, 0);
     if (ds4_backend_prefill(b, toks, n, got, &err)) die("prefill", &err);
     diff d = {0};
     diff_add(&d, got, pre, n, V);
@@ -543,8 +548,8 @@ static int cmd_rewind(int argc, char **argv) {
     uint32_t *tok = malloc(N * sizeof(uint32_t));
     uint32_t s = 4242;
     for (uint32_t i = 0; i < N; i++) tok[i] = ((s = s * 1103515245u + 12345u) >> 8) % V;
-    ds4_backend *cpu = make("cpu", w, 512, 0, no_sim), *b = make("cuda", w, 512, 0, no_sim),
-                *r = make("cuda", w, 512, 0, no_sim);
+    ds4_backend *cpu = make("cpu", w, 512, 0, no_sim, 0), *b = make("cuda", w, 512, 0, no_sim, 0),
+                *r = make("cuda", w, 512, 0, no_sim, 0);
     float *want = xmalloc((size_t)N * V * 4), *lg = xmalloc((size_t)DS4_REWIND_MAX * V * 4),
           *lg2 = xmalloc((size_t)DS4_REWIND_MAX * V * 4), *dec = xmalloc((size_t)3 * V * 4);
     if (ds4_backend_prefill(cpu, tok, N, want, &err)) die("cpu prefill", &err);
@@ -602,7 +607,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
-                        "                         [--tol X] [--loose]\n"
+                        "                         [--tol X] [--loose] [--graph-ctx N]\n"
                         "       test_cuda golden MODEL GOLDEN [N]\n"
                         "       test_cuda rewind MODEL [--no-sim]\n");
         return 2;

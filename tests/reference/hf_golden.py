@@ -8,7 +8,7 @@ For each tiny config below this script
      f16-representable value, so an F16 GGUF holds exactly the same model as
      an F32 one;
   2. exports the weights to GGUF with ds4 tensor names and deepseek4.*
-     metadata (spec/MODEL.md 1.1, 2.3, 2.4) through gguf-py's GGUFWriter:
+     metadata (docs/MODEL.md 1.1, 2.3, 2.4) through gguf-py's GGUFWriter:
      NAME.f16.gguf (F16 matrices, F32 vectors; committed) and, with --f32,
      NAME.f32.gguf (every float tensor F32);
   3. runs a seeded random prompt as one prefill (logits of every position)

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """lowprec_golden.py - expected values of the low-precision simulations of
-spec/MODEL.md 4.3 (FP8 E4M3 KV round trip) and 4.4 (Hadamard + FP4 E2M1
+docs/MODEL.md 4.3 (FP8 E4M3 KV round trip) and 4.4 (Hadamard + FP4 E2M1
 indexer round trip), computed with numpy straight from their definition,
 for tests/unit/test_lowprec.c.
 

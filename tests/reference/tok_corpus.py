@@ -2,8 +2,9 @@
 """tok_corpus.py - build the tokenizer test corpus (tests/golden/text/tok_corpus.bin.xz).
 
 The corpus is license-clean by construction:
-  * Alessandro Manzoni, "I Promessi Sposi" (public domain; /work/shared/data or
-    data/promessi_sposi.txt), split into chapters;
+  * Alessandro Manzoni, "I Promessi Sposi" (public domain: Project Gutenberg
+    ebook #45334 without its header and footer, given by --manzoni), split
+    into chapters;
   * this repository's own C sources as code samples;
   * text generated here from word lists written for this script: English,
     Italian, Korean, Chinese and Japanese sentences, emoji, numbers in many
@@ -17,7 +18,7 @@ The corpus is license-clean by construction:
 Format: for each document, a header line "#doc <name> <nbytes>\\n", the raw
 bytes, then "\\n".  Deterministic (fixed seed): rerunning gives the same file.
 
-Usage: tests/reference/tok_corpus.py [--manzoni PATH] [--out PATH]
+Usage: tests/reference/tok_corpus.py --manzoni PATH [--out PATH]
 """
 import argparse
 import glob
@@ -231,10 +232,8 @@ def documents(manzoni_path):
 
 def main():
     ap = argparse.ArgumentParser()
-    default_manzoni = os.path.join(ROOT, "data", "promessi_sposi.txt")
-    if not os.path.exists(default_manzoni):
-        default_manzoni = "/work/shared/data/promessi_sposi.txt"
-    ap.add_argument("--manzoni", default=default_manzoni)
+    ap.add_argument("--manzoni", required=True,
+                    help="I Promessi Sposi as plain text (Project Gutenberg ebook #45334)")
     ap.add_argument("--out", default=os.path.join(ROOT, "tests", "golden", "text", "tok_corpus.bin.xz"))
     args = ap.parse_args()
     blob = bytearray()

@@ -1,6 +1,6 @@
 #!/bin/sh
 # bench.sh - ds4-bench on the CPU backend with a tiny model: the CSV has the
-# header of spec/PRODUCT.md 1.5 and one row per frontier with the
+# header of ds4's ds4-bench and one row per frontier with the
 # incremental prefill sizes; text prompts go through the tokenizer (raw and
 # chat), token files and random ids work; bad options and short prompts are
 # refused with a message.  Speed itself is measured by hand (docs/PERFORMANCE.md).
@@ -22,9 +22,9 @@ if [ ! -f "$tok" ]; then
 fi
 M=$dir/model.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 3 -q -o "$M"
-text=/work/shared/data/promessi_sposi.txt
-[ -f "$text" ] || text=../shared/data/promessi_sposi.txt
-[ -f "$text" ] || { head -c 20000 tests/suite/bench.sh > "$dir/text.txt"; text=$dir/text.txt; }
+# 20 KB of Italian prose (I Promessi Sposi, from the tokenizer test corpus)
+text=$dir/text.txt
+xz -dc tests/golden/text/tok_corpus.bin.xz | head -c 20000 > "$text"
 
 ./ds4-bench -m "$M" --prompt-file "$text" --ctx-start 128 --ctx-max 384 --step-incr 128 --gen-tokens 4 \
     --csv "$dir/raw.csv" 2> "$dir/raw.err"

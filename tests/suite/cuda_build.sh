@@ -1,8 +1,11 @@
 #!/bin/sh
 # cuda_build.sh - the CUDA build (`make cuda`: the library with the CUDA
-# backend, every program, the GPU test programs) compiles with warnings as
-# errors, whenever nvcc is installed; skipped otherwise.  Running the GPU
-# tests needs a GPU: `make test-cuda`.
+# backend, every program, the GPU test programs) and its developer flavour
+# (`make cuda-dev`, -DDS4_CUDA_DEV: the profiling and ablation switches)
+# compile with warnings as errors, whenever nvcc is installed; skipped
+# otherwise.  A release binary must not read the developer switches: no
+# DS4_CUDA_ variable may appear in its strings.  Running the GPU tests needs
+# a GPU: `make test-cuda`.
 set -eu
 cd "$(dirname "$0")/../.."
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
@@ -14,4 +17,11 @@ make -j2 cuda
 for p in build/cuda/bin/ds4-bench build/cuda/bin/ds4-forward build/cuda/test_cuda build/cuda/test_cuda_kernels; do
     [ -x "$p" ] || { echo "missing $p"; exit 1; }
 done
+if strings build/cuda/bin/ds4-bench build/cuda/bin/ds4 build/cuda/bin/ds4-server | grep DS4_CUDA_; then
+    echo "a release binary names a developer switch"
+    exit 1
+fi
 echo "ok: make cuda"
+make -j2 cuda-dev
+strings build/dev/cuda/bin/ds4-bench | grep -q DS4_CUDA_PROFILE || { echo "the developer build reads no DS4_CUDA_PROFILE"; exit 1; }
+echo "ok: make cuda-dev"

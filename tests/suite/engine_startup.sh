@@ -1,6 +1,6 @@
 #!/bin/sh
 # engine_startup.sh - what every engine program does at startup
-# (spec/PRODUCT.md 1, "Common conventions"; src/engine/startup.h):
+# (README.md; src/engine/startup.h):
 #  1. the instance lock: while one model process runs, every engine program
 #     started on the same lock file exits with status 2 and "another ds4
 #     process is already running (pid N)" naming it; another lock file

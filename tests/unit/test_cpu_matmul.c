@@ -4,7 +4,7 @@
  * of a 3-D (expert) tensor, several tokens at once, 1 and 3 threads.  The
  * reference is the dequantized row times the activation in double; the
  * tolerance is that of the activation format (f32 for float weights, 8-bit
- * blocks for the quantized ones, MODEL.md 3.8).  Results must not depend on
+ * blocks for the quantized ones, docs/MODEL.md 3.8).  Results must not depend on
  * the thread count or on how many tokens share the call.
  */
 #include <setjmp.h>

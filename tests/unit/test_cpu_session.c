@@ -3,7 +3,7 @@
  * prefill, token-by-token decode, any chunking, split prefill + decode and
  * any thread count give bit-identical logits; a snapshot restored in memory
  * or through a DSV4 payload file continues bit-identically; the payload has
- * the byte layout of spec/MODEL.md 8.3 and bad payloads are refused.
+ * the byte layout of docs/MODEL.md 8.3 and bad payloads are refused.
  * Model: tests/golden/cpu/tiny-a.f16.gguf.
  */
 #include <setjmp.h>

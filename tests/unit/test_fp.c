@@ -45,7 +45,7 @@ static double ref_fp8_value(uint8_t b) {
 }
 
 /* Nearest of `count` ascending magnitudes mag(0..count-1), ties to the even
- * index: the definition shared by every encoder test (spec/MODEL.md 4.3). */
+ * index: the definition shared by every encoder test (docs/MODEL.md 4.3). */
 typedef double (*mag_fn)(int);
 
 static int ref_nearest_code(double a, mag_fn mag, int count) {
@@ -292,7 +292,7 @@ static void test_fp4(void **state) {
         float f = float_of((uint32_t)u);
         if (!isnan(f)) check_fp4_encode(f);
     }
-    /* the ties of spec/MODEL.md 4.4 */
+    /* the ties of docs/MODEL.md 4.4 */
     const float ties[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.0f};
     const uint8_t want[] = {0, 2, 2, 4, 4, 6, 6};
     for (int i = 0; i < 7; i++) {

@@ -9,7 +9,7 @@
  *    edges, FP4 experts, BF16, F32, I64 tid2eid) to bytes identical to the
  *    all-F32 reference GGUF that numpy decoded independently
  *    (tests/golden/tools/tiny_ref_f32.tsv).
- *  - Names follow spec/MODEL.md 2.6 for the full Flash layout; config.json
+ *  - Names follow docs/MODEL.md 2.6 for the full Flash layout; config.json
  *    maps to the expected ds4_config and bad files are refused clearly;
  *    missing, mistyped and misshapen sources give errors naming them.
  */

@@ -1,6 +1,6 @@
 /*
  * test_kvcache.c - KVC checkpoint files and the disk store (src/engine/kvcache.h):
- * the header's byte layout (spec/PRODUCT.md 3), a write/read round trip that
+ * the header's byte layout (docs/MODEL.md 8.4), a write/read round trip that
  * restores bit-identical logits, every structural corruption and a
  * truncation at every offset rejected, the store's longest-prefix lookup,
  * hit counting, eviction order and protection under the budget, corrupt and

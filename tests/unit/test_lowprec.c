@@ -1,6 +1,6 @@
 /*
  * test_lowprec.c - the low-precision simulations (src/model/lowprec.c)
- * against their definition in spec/MODEL.md 4.3-4.4, as computed by numpy
+ * against their definition in docs/MODEL.md 4.3-4.4, as computed by numpy
  * in tests/reference/lowprec_golden.py (tests/golden/cpu/lowprec.bin):
  * FP8 E4M3 KV round trip (random rows over many scales, every tie between
  * neighbouring magnitudes, zeros), FP4 E2M1 round trip (ties included) and

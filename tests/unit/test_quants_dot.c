@@ -9,7 +9,7 @@
  *    batch sizes that fill the multi kernels' groups and leave remainders.
  *  - Every dot agrees with a double-precision dot of the dequantized weight
  *    and activation within the rounding bound of its accumulation shape.
- *  - ds4_quantize_q8_0x and ds4_quantize_q8_K follow spec/MODEL.md 3.7-3.8
+ *  - ds4_quantize_q8_0x and ds4_quantize_q8_K follow docs/MODEL.md 3.7-3.8
  *    (checked against an independent implementation with libm's lrintf).
  *  - Bad shapes and types give NaN / 0, not a crash.
  */

@@ -7,7 +7,7 @@
  * importance vector of each expert comes from the imatrix (packed
  * n_expert x n_columns or per-expert entries) or, for IQ2_XXS when none
  * exists, from the expert's own column energy, sum over rows of w^2
- * (spec/MODEL.md 2.6); Q2_K/Q4_K without a vector use their own weighting.
+ * (docs/MODEL.md 2.6); Q2_K/Q4_K without a vector use their own weighting.
  *
  * Other matrices: row chunks of about 16 MB of f32, each split across the
  * threads, written in order.  IQ2_XXS without an imatrix vector first takes

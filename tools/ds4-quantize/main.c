@@ -1,6 +1,6 @@
 /*
  * ds4-quantize - the official DeepSeek V4 Flash safetensors checkpoint ->
- * a ds4 GGUF (spec/PRODUCT.md 1.7, spec/MODEL.md 2.6).
+ * a ds4 GGUF (docs/TOOLCHAIN.md, docs/MODEL.md 2.6).
  *
  *   ds4-quantize --hf DIR --out FILE [--recipe q2|q4|q8_0|f16|f32] [options]
  *

@@ -1,7 +1,7 @@
 /*
  * cpu.h - internals of the CPU reference backend (src/model/cpu/).
  *
- * The backend runs the forward pass of spec/MODEL.md 5-7 in f32 over the
+ * The backend runs the forward pass of docs/MODEL.md 5-7 in f32 over the
  * mmap'ed weights.  A pass takes up to `chunk` rows - tokens of any
  * sequences, each at its sequence's next position - through the model
  * layer-major: every matrix product of a layer is done for all rows at

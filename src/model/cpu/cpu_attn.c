@@ -1,5 +1,5 @@
 /*
- * cpu_attn.c - the attention sublayer (spec/MODEL.md 6.1-6.3).
+ * cpu_attn.c - the attention sublayer (docs/MODEL.md 6.1-6.3).
  *
  * For a chunk of tokens: HC pre and the projections (Q low rank, per-head
  * norm, tail RoPE; the single KV row; compressor and indexer projections)

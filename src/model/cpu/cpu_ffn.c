@@ -1,5 +1,5 @@
 /*
- * cpu_ffn.c - the MoE sublayer (spec/MODEL.md 6.4): router with
+ * cpu_ffn.c - the MoE sublayer (docs/MODEL.md 6.4): router with
  * sqrt(softplus) scores, expert selection (hash table on the first layers,
  * biased top-k elsewhere), routed experts with clamped SwiGLU, the shared
  * expert, HC post.

@@ -1,5 +1,5 @@
 /*
- * cpu_hc.c - hyper-connections (spec/MODEL.md 5): the 4 residual streams
+ * cpu_hc.c - hyper-connections (docs/MODEL.md 5): the 4 residual streams
  * mixed into one sublayer input (HC pre, with a Sinkhorn-normalised
  * combination matrix), written back after the sublayer (HC post), and
  * collapsed before the output head.

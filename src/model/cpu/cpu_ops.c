@@ -2,7 +2,7 @@
  * cpu_ops.c - matrix products, norms and activations of the CPU backend.
  *
  * A matrix product first prepares each token's activation in the format
- * the weight type is multiplied with (MODEL.md 3.8: Q8_0 blocks for Q8_0
+ * the weight type is multiplied with (docs/MODEL.md 3.8: Q8_0 blocks for Q8_0
  * weights, Q8_K for the K-quants and IQ2_XXS, f32 for float weights), then
  * splits the weight rows over the worker pool; each thread reads its rows
  * once and dots them with every token.  A value depends only on its row and

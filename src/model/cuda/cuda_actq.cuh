@@ -1,5 +1,5 @@
 /*
- * cuda_actq.cuh - activation quantization on the device (spec/MODEL.md
+ * cuda_actq.cuh - activation quantization on the device (docs/MODEL.md
  * 3.7-3.8), for every kernel that produces an input of a quantized matrix
  * product: the CPU's formulas (amax / 127 per 32 for Q8_0 weights; the
  * signed largest value, -127 / max and the 16-value block sums per 256 for

@@ -1,6 +1,6 @@
 /*
  * cuda_attn.cu - embedding and the attention sublayer on the GPU
- * (spec/MODEL.md 6.1-6.3, 7), mirroring src/model/cpu/cpu_attn.c (the
+ * (docs/MODEL.md 6.1-6.3, 7), mirroring src/model/cpu/cpu_attn.c (the
  * hyper-connections around it are in cuda_hc.cu).
  *
  * A pass handles T tokens at positions pos0 .. pos0+T-1, with pos0 read
@@ -257,7 +257,7 @@ static __device__ __forceinline__ void idx_post_head(float *q, const ds4_rope &r
  * (q_post_head); the others QP_HEADS indexer heads, a warp each
  * (idx_post_head), and the first of them gives the indexer head weights
  * their scale.  (An indexer head a block of 128 threads through shared
- * memory, as before the eleventh iteration, made 64 small blocks a token:
+ * memory, as before 3e56b4a, made 64 small blocks a token:
  * 263 us of a 2048-token prefill launch.) */
 static __global__ void q_post_kernel(qpost_args a) {
     dev_pdl_enter();
@@ -344,8 +344,8 @@ static __device__ __forceinline__ void comp_fetch(const comp_lane &L, uint32_t p
  * order, but the loads of CP_BATCH candidates are issued before any is
  * used.  Through comp_fetch, whose branches keep each candidate's loads
  * behind the previous one's use, a ratio-128 window took a memory round
- * trip a candidate: ~230 us a 2048-token chunk for 16 blocks
- * (PERFORMANCE.md, thirteenth iteration). */
+ * trip a candidate: ~230 us a 2048-token chunk for 16 blocks, 37 us
+ * since (69f6bcd). */
 #define CP_BATCH 16
 
 /* Scores of candidates r0 .. r0 + CP_BATCH - 1: projection + positional
@@ -729,7 +729,7 @@ int cu_comp_flush(cuda_backend *b, ds4_err *err) {
  *       block of a head group that finishes last merges the splits and
  *       writes the heads (the "last block" pattern of hc_mix_kernel: no
  *       second launch).  Short prefill passes use it with one split.
- *   attn_tc_kernel  long prefill passes (T > b->attn_blocked_t): a block
+ *   attn_tc_kernel  long prefill passes (T > CU_ATTN_BLOCKED_T): a block
  *       per query and 64 heads, the products on the tensor cores (below).
  * Scores and the softmax are f32 (the tensor-core products to f32
  * precision).  Order of the sums: online softmaxes over batches of rows,
@@ -1637,7 +1637,7 @@ static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvb
 /* The decode configuration of attn_heads_kernel: 2 heads a warp and
  * batches of 2 rows in 128 registers, so 2 blocks per SM; splits sized for
  * ATB_BLOCKS blocks, each with ATB_MIN_ROWS rows at the least.  Measured on
- * the H200 (PERFORMANCE.md, third iteration) against 4 heads a warp at 255
+ * the H200 (662a7ef) against 4 heads a warp at 255
  * registers (1 block per SM: 3.5-4% slower decode), every warp a split of
  * its own (8% slower) and the same without the address prefetch (0.3%
  * slower). */
@@ -1684,10 +1684,10 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     return 0;
 }
 
-bool cu_attn_tc(const cuda_backend *b, uint32_t T) { return T > b->attn_blocked_t; }
+bool cu_attn_tc(const cuda_backend *b, uint32_t T) { return T > CU_ATTN_BLOCKED_T; }
 
 size_t cu_attn_tc_rows(const cuda_backend *b) {
-    if (b->chunk <= b->attn_blocked_t) return 0;
+    if (b->chunk <= CU_ATTN_BLOCKED_T) return 0;
     return (size_t)b->raw_cap + b->chunk + (b->comp_cap4 > b->comp_cap128 ? b->comp_cap4 : b->comp_cap128);
 }
 

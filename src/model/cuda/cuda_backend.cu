@@ -27,7 +27,6 @@ typedef struct bump {
     size_t off;
 } bump;
 
-bool ds4_pdl_on = true; /* cuda_rt.h; DS4_CUDA_PDL=0 turns it off */
 #ifndef DS4_CUDA_EMU
 thread_local cudaError_t ds4_launch_status = cudaSuccess;
 #endif
@@ -139,7 +138,7 @@ static size_t frontier_floats(const ds4_config *c, uint32_t ratio, bool indexer)
 static bool layer_defers(const cuda_backend *b, uint32_t il) {
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(b->cfg, il);
-    if (!b->defer || ratio == 0 || !cu_win_fits(&w->comp_kv) || !cu_win_fits(&w->comp_gate)) return false;
+    if (ratio == 0 || !cu_win_fits(&w->comp_kv) || !cu_win_fits(&w->comp_gate)) return false;
     return ratio != 4 || (cu_win_fits(&w->idx_kv) && cu_win_fits(&w->idx_gate));
 }
 
@@ -245,8 +244,8 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
  * milliseconds that the first generated token would otherwise wait for.
  * The contexts: 8k, 32k, .. (times 4) below the session's, then the
  * session's (a 64k session: 8k, 32k, 64k; its decode at 4k was 0.1 %
- * slower in the whole context's graph, PERFORMANCE.md, thirteenth
- * session).  With DS4_CUDA_PROFILE there is no graph: every launch is
+ * slower in the whole context's graph: bcd5cd7).  With DS4_CUDA_PROFILE
+ * (a developer build) there is no graph: every launch is
  * timed on its own. */
 static int capture_one(cuda_backend *b, uint32_t ctx, uint32_t kind, ds4_err *err) {
     cudaGraph_t g;
@@ -559,6 +558,30 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     return capture_step(b, err);
 }
 
+#ifdef DS4_CUDA_DEV
+/* A developer build's environment (`make cuda-dev`; docs/PERFORMANCE.md,
+ * "How it was measured"): DS4_CUDA_GRAPH_CTX, the smallest decode graph's
+ * context; DS4_CUDA_ABLATE, launches left out of the decode graph (its
+ * tokens are then wrong); DS4_CUDA_PROFILE, eager launches timed one by
+ * one (2: also by grid).  A release build reads none of them. */
+static int dev_settings(cuda_backend *b, ds4_err *err) {
+    const char *gctx = getenv("DS4_CUDA_GRAPH_CTX");
+    if (gctx && ds4_parse_u32(gctx, 1, UINT32_MAX / 4, &b->graph_ctx0))
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_GRAPH_CTX=%s is not a context size (tokens, 1 or more)",
+                           gctx);
+#ifndef DS4_CUDA_EMU
+    ds4_ablate = getenv("DS4_CUDA_ABLATE");
+    if (ds4_ablate && *ds4_ablate)
+        fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "
+                        "(for timing only)\n", ds4_ablate);
+    const char *prof = getenv("DS4_CUDA_PROFILE");
+    ds4_prof_on = prof && atoi(prof) > 0;
+    ds4_prof_grids = prof && atoi(prof) == 2;
+#endif
+    return 0;
+}
+#endif
+
 extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     const ds4_config *c = &w->cfg;
     if (check_config(c, err)) return NULL;
@@ -582,25 +605,13 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->comp_cap4 = cu_comp_cap(b->ctx, 4);
     b->comp_cap128 = cu_comp_cap(b->ctx, 128);
     b->dec_ctx = b->ctx;
-    const char *gctx = getenv("DS4_CUDA_GRAPH_CTX");
-    b->graph_ctx0 = CU_GRAPH_CTX0;
-    if (gctx && ds4_parse_u32(gctx, 1, UINT32_MAX / 4, &b->graph_ctx0)) {
-        ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_GRAPH_CTX=%s is not a context size (tokens, 1 or more)",
-                    gctx);
+    b->graph_ctx0 = b->base.opts.cuda_graph_ctx ? b->base.opts.cuda_graph_ctx : CU_GRAPH_CTX0;
+#ifdef DS4_CUDA_DEV
+    if (dev_settings(b, err)) {
         cuda_free(&b->base);
         return NULL;
     }
-    ds4_ablate = getenv("DS4_CUDA_ABLATE");
-    if (ds4_ablate && *ds4_ablate)
-        fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "
-                        "(for timing only)\n", ds4_ablate);
-    const char *prof = getenv("DS4_CUDA_PROFILE");
-    ds4_prof_on = prof && atoi(prof) > 0;
-    ds4_prof_grids = prof && atoi(prof) == 2;
-    ds4_pdl_on = !(getenv("DS4_CUDA_PDL") && atoi(getenv("DS4_CUDA_PDL")) == 0);
-    b->route_fold = !(getenv("DS4_CUDA_ROUTE_FOLD") && atoi(getenv("DS4_CUDA_ROUTE_FOLD")) == 0);
-    b->defer = !(getenv("DS4_CUDA_DEFER") && atoi(getenv("DS4_CUDA_DEFER")) == 0);
-    cu_gemv_stream_from_env();
+#endif
     uint32_t hc_cols = cu_hc_cols();
     b->hc_split = (c->n_embd + hc_cols - 1) / hc_cols;
     b->logits_rows = LOGITS_ROWS;
@@ -608,8 +619,6 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
     if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
     b->attn_split = cu_attn_splits(c, max_rows);
-    b->attn_blocked_t = getenv("DS4_CUDA_ATTN_BLOCKED_T") ? (uint32_t)atoi(getenv("DS4_CUDA_ATTN_BLOCKED_T"))
-                                                          : CU_ATTN_BLOCKED_T;
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
     if (init(b, w, err)) {
@@ -624,7 +633,8 @@ extern "C" int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t n
     cudaDeviceProp prop;
     CU_TRY(cudaGetDeviceProperties(&prop, 0));
     if (name && name_len) snprintf(name, name_len, "%s", prop.name);
-    /* 4 GiB each way: far beyond the L2, as METHOD.md asks */
+    /* 4 GiB each way: far beyond the L2 (50 MB on an H200), so the copy
+     * runs at the DRAM's rate */
     size_t bytes = (size_t)4 << 30;
 #ifdef DS4_CUDA_EMU
     bytes = (size_t)64 << 20;

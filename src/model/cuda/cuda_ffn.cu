@@ -1,5 +1,5 @@
 /*
- * cuda_ffn.cu - the MoE sublayer's small kernels (spec/MODEL.md 6.4),
+ * cuda_ffn.cu - the MoE sublayer's small kernels (docs/MODEL.md 6.4),
  * mirroring src/model/cpu/cpu_ffn.c, and the per-pass bookkeeping on the
  * device: greedy argmax and the step record (position, next token).
  *
@@ -63,7 +63,7 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
  * boundary less on a decode step's path from the router to the experts. */
 bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p) {
     const ds4_config *c = b->cfg;
-    if (!b->route_fold || !cu_gemv_can_route(p, c->n_expert, c->n_expert_used)) return false;
+    if (!cu_gemv_can_route(p, c->n_expert, c->n_expert_used)) return false;
     p->route.in = route_input(b, il, tok);
     p->route.sel = b->sel;
     p->route.selw = b->selw;

@@ -1,6 +1,6 @@
 /*
  * cuda_forward.cu - one pass of T tokens through the model on the GPU:
- * the order of MODEL.md 6 (attention sublayer, FFN sublayer, per layer;
+ * the order of docs/MODEL.md 6 (attention sublayer, FFN sublayer, per layer;
  * then the output head), as host code that only enqueues kernels on the
  * backend's stream.  A decode pass (T = 1) is what the backend captures
  * into its graph: it fuses the products that read the same activation into
@@ -90,7 +90,7 @@ static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_
     return 0;
 }
 
-/* Grouped output projection (MODEL.md 6.1 A11) and attn_output_b. */
+/* Grouped output projection (docs/MODEL.md 6.1 A11) and attn_output_b. */
 static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t qd = c->n_head * c->head_dim, gin = qd / c->o_groups, olr = c->o_lora_rank;
@@ -178,7 +178,7 @@ static int side_wait(cuda_backend *b, ds4_err *err) {
  * the next HC launch reads, after the join: beside the routed experts,
  * off their path, where the routing launch that hosted it before (one
  * warp's work, shorter than the Sinkhorn's 20 dependent iterations) is
- * (+0.3 % decode at 4k: twenty-first iteration of PERFORMANCE.md). */
+ * (9622911: +0.3 % decode at 4k, docs/PERFORMANCE.md). */
 static int shared_expert(cuda_backend *b, uint32_t il, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
@@ -204,8 +204,8 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
      * layer (dlstate.win) does that only in the steps that close its
      * window, for the whole window; the others keep their input in it (q
      * post).  Its projections, 6 % of the bytes a step reads, slowed the
-     * indexer and attention they ran beside (PERFORMANCE.md, fourteenth
-     * and fifteenth sessions). */
+     * indexer and attention they ran beside (b1c07d4, docs/DESIGN.md
+     * 4.3). */
     bool deferred = decode && b->L[il].win, closes = deferred && cu_kind_closes(b->dec_kind, ratio);
     bool branch = ratio && decode && (!deferred || closes);
     if (branch && side_fork(b, err)) return -1;

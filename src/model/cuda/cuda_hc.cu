@@ -1,5 +1,5 @@
 /*
- * cuda_hc.cu - hyper-connections on the GPU (spec/MODEL.md 5), mirroring
+ * cuda_hc.cu - hyper-connections on the GPU (docs/MODEL.md 5), mirroring
  * src/model/cpu/cpu_hc.c: at each HC site (cu_hc_step, called by
  * cuda_forward.cu) the HC post of the previous sublayer is applied to the
  * residual streams, the site's mixer computed (pre / post weights and the
@@ -32,13 +32,13 @@
  * computes post / comb (Sinkhorn) while the other 16 collapse, normalise
  * and quantize (they meet at a named barrier that leaves it out), so
  * Sinkhorn is off the path of the next sublayer's input.  Measured on the
- * H200 (PERFORMANCE.md): the Sinkhorn warp pays in decode (third
- * iteration: 109.4 against 107.3 t/s) and in the prefill finish (eleventh
- * iteration: 158 -> 95 us a 2048-token launch with two blocks an SM, where
+ * H200 (docs/PERFORMANCE.md): the Sinkhorn warp pays in decode (662a7ef:
+ * 109.4 against 107.3 t/s) and in the prefill finish (718d90e: 158 -> 95
+ * us a 2048-token launch with two blocks an SM, where
  * warp 0 running Sinkhorn after the rest had held each SM's only block);
  * blocks of 1024 threads measured slower.  A decode launch's 17th warp
  * only stores the reduced sums: a block of a later launch hosts the
- * Sinkhorn (cuda_sinkhorn.cuh; twentieth iteration). */
+ * Sinkhorn (cuda_sinkhorn.cuh; 345a7aa). */
 #define HC_THREADS 512                /* mixer and finish threads */
 #define HC_BLOCK (HC_THREADS + 32)    /* and the Sinkhorn warp */
 #define HC_WARPS (HC_THREADS / 32)
@@ -231,9 +231,8 @@ static __device__ __forceinline__ void hc_load_streams(const float *S, uint32_t 
  * finish threads meet at a named barrier without it.  BULK (the prefill
  * finish): the streams come in four bulk copies into dynamic shared
  * memory (hc_finish_smem) rather than through the threads' registers:
- * +0.5 % prefill at 4k, while the decode launch, whose 32 blocks would
- * each reserve the 64 KB, ran 0.6 % slower with it (twenty-first
- * iteration of PERFORMANCE.md). */
+ * +0.5 % prefill at 4k (338cfda), while the decode launch, whose 32
+ * blocks would each reserve the 64 KB, ran 0.6 % slower with it. */
 template <int NMIX, bool BULK> static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<HC_VALS> k) {
     constexpr int VALS = HC_VALS, WARPS = HC_WARPS;
     __shared__ double sums[NMIX + 1], ssw[WARPS];
@@ -397,8 +396,7 @@ static __device__ __forceinline__ float hc_post_value(const hc_row &w, const hc_
  * 1e-7 of the 32 terms; the CPU reference sums in double but multiplies
  * float-rounded normalised streams and rounds the result to float) and
  * spare the shuffles of doubles and the conversions, whose throughput
- * bounded the launch: +1.5 % decode at 4k (twenty-first iteration of
- * PERFORMANCE.md). */
+ * bounded the launch: +1.5 % decode at 4k (078f658). */
 template <int NMIX>
 static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t, const hc_in &in, const hc_row &w,
                                                     const float (&f)[NMIX], uint32_t d, unsigned h, bool mixer, bool on,

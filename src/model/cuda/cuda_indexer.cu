@@ -1,6 +1,6 @@
 /*
- * cuda_indexer.cu - the lightning indexer's selection on the GPU (spec/
- * MODEL.md 6.2, ratio-4 layers), mirroring select_rows in
+ * cuda_indexer.cu - the lightning indexer's selection on the GPU (docs/
+ * MODEL.md 6.3, ratio-4 layers), mirroring select_rows in
  * src/model/cpu/cpu_attn.c: every query scores the compressed rows of its
  * prefix (score = sum_h w_h relu(q_h . k)) and keeps the top-k of them,
  * listed in row order, for the attention kernels of cuda_attn.cu.
@@ -97,7 +97,7 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * registers and shared memory that the running kernel's blocks need.  The
  * decode indexer sits in such a chain between small launches: in this
  * order a decode step ran 4.4 % faster at 4k and 3 % at 64k
- * (PERFORMANCE.md, sixteenth iteration), while the two kernels by
+ * (0fb123b), while the two kernels by
  * themselves had not changed. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
     uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
@@ -670,7 +670,7 @@ int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const f
 
 /* A prefill pass scores on the tensor cores (61k tokens at 64k: 1719 ->
  * 2350 t/s); a decode step keeps the SIMT kernel, which is faster for one
- * query (135.0 vs 128.1 t/s at 4k, PERFORMANCE.md, seventh iteration). */
+ * query (135.0 vs 128.1 t/s at 4k, measured with fde0567). */
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;

@@ -2,7 +2,7 @@
  * cuda_internal.h - internals of the CUDA backend (src/model/cuda/).
  *
  * The backend keeps every weight and the whole session state in GPU
- * memory and runs the forward pass of spec/MODEL.md 5-7 as the CPU
+ * memory and runs the forward pass of docs/MODEL.md 5-7 as the CPU
  * reference does (the same activation quantization, the same low-precision
  * simulations), with different kernels for the two regimes:
  *
@@ -204,17 +204,13 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
 void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
                     float *out, const dact *q, uint32_t q_off);
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
-/* The routed experts' down product as a streamed launch
- * (gemv_stream_kernel): blocks < 0 off (DS4_CUDA_GEMV_STREAM=0), 0 a wave
- * of blocks (the default), else that many blocks (the kernel test: a warp
- * then walks several units). */
-void cu_gemv_set_stream(int blocks);
-/* cu_gemv_set_stream from DS4_CUDA_GEMV_STREAM: 0 off, N > 1 N blocks,
- * anything else (or unset) the default. */
-void cu_gemv_stream_from_env(void);
+/* The blocks of the streamed launch (gemv_stream_kernel) that the routed
+ * experts' down product takes: 0 a wave of blocks (what the backend uses),
+ * else that many (the kernel test, whose small grids make a warp walk
+ * several units). */
+void cu_gemv_set_stream(uint32_t blocks);
 /* Whether plan p takes the streamed launch: every segment Q2_K, of one row
- * length, four rows a warp, whole blocks of rows, one block count (and
- * streaming on). */
+ * length, four rows a warp, whole blocks of rows, one block count. */
 bool cu_gemv_streamed(const gemv_plan *p);
 
 /* The products of a decode step that closes a ratio-4 compressor window
@@ -313,7 +309,7 @@ typedef struct cu_journal {
  * close (one in 128).  A deferred layer does its compressor's work only in
  * the steps that close its window (cu_step_kind). */
 #define CU_STEP_KINDS 3
-#define CU_GRAPH_CTX0 8192  /* the smallest (DS4_CUDA_GRAPH_CTX sets another, for the tests) */
+#define CU_GRAPH_CTX0 8192  /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
 
 typedef struct cuda_backend {
     ds4_backend base;
@@ -358,8 +354,6 @@ typedef struct cuda_backend {
     uint32_t hc_split;
     uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
     uint32_t *route_count; /* a decode step's router product: blocks done (cu_gemv_route) */
-    bool route_fold;       /* that product routes (DS4_CUDA_ROUTE_FOLD=0: a launch of its own) */
-    bool defer;            /* decode defers the compressors' projections (layer_defers; DS4_CUDA_DEFER=0: never) */
     double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
@@ -369,7 +363,6 @@ typedef struct cuda_backend {
     uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
     float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
-    uint32_t attn_blocked_t;  /* CU_ATTN_BLOCKED_T or the environment's */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     void *buf_block;
 
@@ -378,7 +371,8 @@ typedef struct cuda_backend {
      * kind k (cu_step_kind) below graph_ctx[i], the last the whole context.  A step's grids, the attention's splits and
      * the top-k's cache are sized for the most compressed rows its
      * positions can have, so an early position of a long session does not
-     * pay for the session's end.  None with DS4_CUDA_PROFILE. */
+     * pay for the session's end.  None with DS4_CUDA_PROFILE (a
+     * developer build's eager, timed launches). */
     cudaGraphExec_t graph[CU_GRAPHS][CU_STEP_KINDS];
     uint32_t graph_ctx[CU_GRAPHS], n_graphs, graph_ctx0;
     uint32_t n_kinds;      /* CU_STEP_KINDS with deferred layers, else 1 */
@@ -602,8 +596,7 @@ size_t cu_attn_tc_floats(uint32_t hd, size_t rows);
 /* Whether a pass of T tokens takes the tensor-core attention. */
 bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 
-/* Passes of up to this many tokens attend with the head-blocked kernel
- * (DS4_CUDA_ATTN_BLOCKED_T overrides it, for measurements). */
+/* Passes of up to this many tokens attend with the head-blocked kernel. */
 #define CU_ATTN_BLOCKED_T 16
 
 /* cuda_ffn.cu */

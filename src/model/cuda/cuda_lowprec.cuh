@@ -1,5 +1,5 @@
 /*
- * cuda_lowprec.cuh - the low-precision simulations of MODEL.md 4.3-4.4 as
+ * cuda_lowprec.cuh - the low-precision simulations of docs/MODEL.md 4.3-4.4 as
  * device code (the GPU side of src/model/lowprec.c): FP8 E4M3 round trip
  * of KV rows, Hadamard + FP4 E2M1 round trip of indexer rows.
  *

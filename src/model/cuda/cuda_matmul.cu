@@ -2,7 +2,7 @@
  * cuda_matmul.cu - activation quantization and the two matrix-product
  * kernels of the CUDA backend (layouts in cuda_internal.h).
  *
- * Activations are quantized exactly as the CPU does it (MODEL.md 3.8), so
+ * Activations are quantized exactly as the CPU does it (docs/MODEL.md 3.8), so
  * the integer block sums of every quantized product are the CPU's; only
  * the float accumulation across blocks may round differently.
  *
@@ -137,8 +137,8 @@ static __device__ __forceinline__ uint32_t byte16(int4 v, uint32_t i) {
  * each.  Only the quantized-output launch
  * (attn_output_a: 32 rows a block, four a warp, eight rounds of 512 bytes
  * a row) has the registers for two rounds, at two blocks an SM - enough
- * for its 256 blocks: 2.5 % faster decode (PERFORMANCE.md, nineteenth
- * iteration).  In the light launches (64 registers) it spills, and at 80
+ * for its 256 blocks: 2.5 % faster decode (cc1ab05).  In the light
+ * launches (64 registers) it spills, and at 80
  * registers (three blocks an SM) they measured 3.9 % slower. */
 template <int R>
 static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, uint32_t n, uint32_t base,
@@ -342,10 +342,10 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
  * 4-byte lookups (a warp's random 4-byte lookups take half the
  * bank-conflicted passes of its 8-byte ones), an OR and two permutes
  * replace an 8-byte grid lookup and ten operations of sign arithmetic.
- * Measured on the H200 (PERFORMANCE.md, eleventh iteration): decode 1 %
- * faster, the prefill products unchanged.  The prefill's expansion reads
- * this compact table; the decode products a copy a lane (iq2_group_rep:
- * decode 2.6 % faster, twenty-sixth iteration - once the decode had half
+ * Measured on the H200 (1aceb1e): decode 1 % faster, the prefill
+ * products unchanged.  The prefill's expansion reads this compact table;
+ * the decode products a copy a lane (iq2_group_rep: decode 2.6 % faster,
+ * 098be36 - once the decode had half
  * the instructions, the lookups' bank conflicts bound it). */
 #define IQ2_LEVELS 256
 #define IQ2_SIGNS 128
@@ -675,7 +675,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
      * routed experts', attn_output_a's groups), else by a walk of the plan,
      * whose dependent constant-cache loads the division spares (gemv_probe
      * and Nsight Compute: 10 - 15 % of a routed product's samples waited
-     * on them; PERFORMANCE.md, twenty-fifth iteration) */
+     * on them; bc54dcb) */
     uint32_t s = 0;
     if (seg_blocks) s = blockIdx.x / seg_blocks;
     else
@@ -700,11 +700,10 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
      * tables are copied, and each warp's first round of loads of Q8_0 or
      * float rows of fixed matrices issued into registers (gemv_rows), while
      * the kernel before this one finishes.  Not more: asking the L2 for a
-     * block's whole rows before the wait (as up to the sixteenth iteration
-     * of PERFORMANCE.md) let the waiting blocks of several products, whose
-     * launches run ahead in a chain, push tens of MB out of one another's
-     * way - 5 % slower; staging 4 KB a warp in shared memory measured
-     * 5.6 % slower (eighteenth iteration). */
+     * block's whole rows before the wait (as before a1e1cce) let the
+     * waiting blocks of several products, whose launches run ahead in a
+     * chain, push tens of MB out of one another's way - 5 % slower;
+     * staging 4 KB a warp in shared memory measured 5.6 % slower. */
     if ((M & GM_IQ2_XXS) && sg.type == DS4_TYPE_IQ2_XXS) dev_iq2_fill_rep(tab, tab_g);
     if ((M & GM_Q8OUT) && sg.q8) { /* 32 rows a block, none past the segment (cu_gemv_add_q8) */
         __shared__ float kept[32];
@@ -729,7 +728,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
  * row, the parts' sums added in warp order), so that every token's
  * outputs have the bits a one-token product would give it.  The weights
  * are loaded before the PDL wait, as the gemv's.  Of eight shapes measured
- * (PERFORMANCE.md, fifteenth session), four rows a block, one 16-byte
+ * (74ad433, docs/PERFORMANCE.md), four rows a block, one 16-byte
  * chunk of each a round, four blocks an SM decoded fastest: 202.92 t/s at
  * 4k, against 202.09 with two chunks a round at 89 registers (two blocks
  * an SM) and 202.15 with a row a block (more loads of the activations). */
@@ -828,8 +827,7 @@ int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err) {
  * while the SMs decode.  gemv_probe: 9.38 -> 8.35 us for the six experts
  * of a decode step; the same for IQ2_XXS gate / up measured slower (15.6
  * against 14.1 us: its decode is bound by its instructions, which the
- * walk adds to), so they keep a block a unit (PERFORMANCE.md,
- * twenty-sixth iteration). */
+ * walk adds to), so they keep a block a unit (098be36). */
 #define GEMV_STREAM_PER_SM 3
 #define GEMV_STREAM_R 2 /* rows a stage: four in each of two stages would not fit three blocks' registers */
 
@@ -915,13 +913,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_STREAM_PER_SM)
     }
 }
 
-static int stream_blocks; /* cu_gemv_set_stream */
-void cu_gemv_set_stream(int blocks) { stream_blocks = blocks; }
-void cu_gemv_stream_from_env(void) {
-    const char *e = getenv("DS4_CUDA_GEMV_STREAM");
-    int v = e ? atoi(e) : 1;
-    cu_gemv_set_stream(v == 0 ? -1 : v > 1 ? v : 0);
-}
+static uint32_t stream_blocks; /* cu_gemv_set_stream */
+void cu_gemv_set_stream(uint32_t blocks) { stream_blocks = blocks; }
 
 static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
 static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
@@ -962,7 +955,7 @@ int cu_matmul_init(ds4_err *err) {
  * round rather than two: a warp's fixed work (its segment, selection and
  * row addresses, the sums and stores) then serves twice the bytes, and the
  * launch has half the blocks - 2.6 % faster decode with the segment
- * division (PERFORMANCE.md, twenty-fifth iteration); the K-quant kernels
+ * division (bc54dcb); the K-quant kernels
  * run at three blocks an SM, whose registers hold the four rows. */
 static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
@@ -1031,7 +1024,7 @@ uint32_t cu_gemv_seg_blocks(const gemv_plan *p) {
 }
 
 bool cu_gemv_streamed(const gemv_plan *p) {
-    if (stream_blocks < 0 || p->n_seg == 0 || !cu_gemv_seg_blocks(p)) return false;
+    if (p->n_seg == 0 || !cu_gemv_seg_blocks(p)) return false;
     for (uint32_t i = 0; i < p->n_seg; i++) {
         const gemv_seg &sg = p->seg[i];
         if (sg.type != DS4_TYPE_Q2_K || sg.n != p->seg[0].n || sg.row_bytes != p->seg[0].row_bytes || sg.rpw != 4 ||
@@ -1063,7 +1056,7 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     unsigned threads = GEMV_WARPS * 32;
     uint32_t seg_blocks = cu_gemv_seg_blocks(p);
     if (cu_gemv_streamed(p)) {
-        uint32_t grid = stream_blocks > 0 ? (uint32_t)stream_blocks : GEMV_STREAM_PER_SM * n_sms;
+        uint32_t grid = stream_blocks ? stream_blocks : GEMV_STREAM_PER_SM * n_sms;
         if (grid > p->n_blocks) grid = p->n_blocks;
         DS4_LAUNCH(gemv_stream_kernel, grid, threads, 0, st, *p, seg_blocks);
     } else if (mask & GM_Q8OUT) {

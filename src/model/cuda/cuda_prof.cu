@@ -1,17 +1,19 @@
 /*
- * cuda_prof.cu - per-kernel timing for development: with DS4_CUDA_PROFILE=1
- * the backend runs decode steps without the graph and every launch is
- * bracketed by CUDA events; ds4_prof_report() prints, per kernel name, the
- * launches, the total and the mean time, largest first.  Off by default and
- * not compiled into the CPU emulation.  A decode step's side-stream
- * branches (cuda_forward.cu) still run beside the main stream, so their
- * launches and the ones they overlap are timed with each other's
- * contention included.
+ * cuda_prof.cu - per-kernel timing and ablation for development, compiled
+ * in only by a developer build (-DDS4_CUDA_DEV: `make cuda-dev`), never
+ * into a release binary nor the CPU emulation.
  *
- * Also the ablation switch DS4_CUDA_ABLATE (cuda_rt.h): the decode graph
- * captured without some of its launches, so that the benchmark's step
- * time shows what each costs on the step's path, which event timing
- * outside the graph cannot (PERFORMANCE.md, nineteenth iteration).
+ * With DS4_CUDA_PROFILE=1 the backend runs decode steps without the graph
+ * and every launch is bracketed by CUDA events; ds4_prof_report() prints,
+ * per kernel name, the launches, the total and the mean time, largest
+ * first.  A decode step's side-stream branches (cuda_forward.cu) still run
+ * beside the main stream, so their launches and the ones they overlap are
+ * timed with each other's contention included.
+ *
+ * DS4_CUDA_ABLATE (cuda_rt.h): the decode graph captured without some of
+ * its launches, so that the benchmark's step time shows what each costs on
+ * the step's path, which event timing outside the graph cannot
+ * (docs/PERFORMANCE.md, "How it was measured").
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,11 +21,11 @@
 
 #include "model/cuda/cuda_rt.h"
 
+#if defined(DS4_CUDA_DEV) && !defined(DS4_CUDA_EMU)
+
 bool ds4_prof_on;
 bool ds4_prof_grids;
 const char *ds4_ablate;
-
-#ifndef DS4_CUDA_EMU
 
 #define PROF_MAX 8192
 
@@ -154,8 +156,6 @@ void ds4_prof_report(const char *title) {
 
 #else
 
-void ds4_prof_before(cudaStream_t) {}
-void ds4_prof_after(const char *, dim3, cudaStream_t) {}
 void ds4_prof_report(const char *) {}
 
 #endif

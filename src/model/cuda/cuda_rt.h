@@ -36,7 +36,7 @@ extern "C" {
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...) \
     emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
-#else
+#elif defined(DS4_CUDA_DEV)
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                     \
     do {                                                                                      \
         if (ds4_ablate && ds4_ablated(#kern, dim3(grid), stream)) break;                      \
@@ -44,6 +44,13 @@ extern "C" {
         ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
         if (ds4_prof_on) ds4_prof_after(#kern, dim3(grid), stream);                           \
     } while (0)
+#else
+#define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                             \
+    do {                                                                                              \
+        ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
+    } while (0)
+#endif
+#ifndef DS4_CUDA_EMU
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
     type *name = reinterpret_cast<type *>(ds4_dyn_smem)
@@ -57,8 +64,7 @@ extern "C" {
  * the tail of the previous kernel instead of following it.  The ordering is
  * still strict: every kernel waits before it touches memory that an earlier
  * kernel writes or reads, and a kernel completes only after its own wait,
- * so the chain is transitive.  DS4_CUDA_PDL=0 launches them plainly. */
-extern bool ds4_pdl_on;
+ * so the chain is transitive (docs/DESIGN.md 4.4). */
 #ifndef DS4_CUDA_EMU
 extern thread_local cudaError_t ds4_launch_status; /* of the last DS4_LAUNCH, read by CU_LAUNCHED */
 template <typename... P, typename... A>
@@ -73,7 +79,7 @@ static inline cudaError_t ds4_launch_chained(void (*kern)(P...), dim3 grid, dim3
     cfg.dynamicSmemBytes = smem;
     cfg.stream = st;
     cfg.attrs = attr;
-    cfg.numAttrs = ds4_pdl_on ? 1 : 0;
+    cfg.numAttrs = 1;
     return cudaLaunchKernelEx(&cfg, kern, static_cast<P>(args)...);
 }
 #endif
@@ -141,22 +147,29 @@ static __device__ __forceinline__ bool dev_last_block(uint32_t *count, uint32_t 
     return last;
 }
 
-/* Kernel timing for development (DS4_CUDA_PROFILE=1, cuda_prof.cu): when
- * on, every launch outside a graph capture is bracketed by events, and the
- * backend prints the time per kernel (with 2: per kernel and grid) when it
- * is freed. */
+/* Kernel timing for development (developer builds only, -DDS4_CUDA_DEV:
+ * `make cuda-dev`; DS4_CUDA_PROFILE=1, cuda_prof.cu): when on, every launch
+ * outside a graph capture is bracketed by events, and the backend prints
+ * the time per kernel (with 2: per kernel and grid) after each prefill and
+ * greedy run.  A release build has none of it: ds4_prof_on is a constant
+ * false there, and ds4_prof_report does nothing. */
+#if defined(DS4_CUDA_DEV) && !defined(DS4_CUDA_EMU)
 extern bool ds4_prof_on, ds4_prof_grids;
 void ds4_prof_before(cudaStream_t st);
 void ds4_prof_after(const char *name, dim3 grid, cudaStream_t st);
-void ds4_prof_report(const char *title);
 
-/* Ablation for development (DS4_CUDA_ABLATE, cuda_prof.cu): launches
- * captured into the decode graph whose kernel name contains one of the
- * '+'-separated tokens (NAME, or NAME@X for grid.x = X only) are left out,
- * so that a benchmark shows what they cost the step.  The step's results
- * are then wrong: for timing only. */
+/* Ablation for development (developer builds only; DS4_CUDA_ABLATE,
+ * cuda_prof.cu): launches captured into the decode graph whose kernel name
+ * contains one of the '+'-separated tokens (NAME, or NAME@X for grid.x = X
+ * only) are left out, so that a benchmark shows what they cost the step.
+ * The step's results are then wrong: for timing only, which is why no
+ * release binary can be made to do it. */
 extern const char *ds4_ablate;
 bool ds4_ablated(const char *name, dim3 grid, cudaStream_t st);
+#else
+static constexpr bool ds4_prof_on = false;
+#endif
+void ds4_prof_report(const char *title);
 
 /* Turn a CUDA error into a ds4 error naming the call and the place. */
 static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *file, int line, ds4_err *err) {

@@ -1,6 +1,6 @@
 /*
  * cuda_sinkhorn.cuh - an HC site's post weights and Sinkhorn-normalised
- * combination matrix (MODEL.md 5.2) from its mixer sums, by one warp with
+ * combination matrix (docs/MODEL.md 5.2) from its mixer sums, by one warp with
  * one matrix entry a lane: the arithmetic of cpu_hc.c, sums in its order.
  *
  * Only the next HC launch reads the result.  A prefill pass computes it in
@@ -8,10 +8,10 @@
  * in memory (hcsums) and a spare block of a later launch of the sublayer
  * the site prepares compute it - the attention's, the shared expert's
  * SwiGLU beside the routed experts (an hc_sink_job in their arguments) -
- * so that its 20 iterations of dependent shuffles and divisions (~5 us:
- * PERFORMANCE.md, nineteenth iteration) no longer end a
- * launch that every later launch waits for, and add no launch or graph
- * branch of their own (+1.1 % decode at 4k: twentieth iteration).
+ * so that its 20 iterations of dependent shuffles and divisions (~5 us by
+ * clock stamps on the H200) no longer end a launch that every later
+ * launch waits for, and add no launch or graph branch of their own
+ * (345a7aa: +1.1 % decode at 4k, docs/PERFORMANCE.md).
  */
 #ifndef DS4_MODEL_CUDA_CUDA_SINKHORN_CUH
 #define DS4_MODEL_CUDA_CUDA_SINKHORN_CUH
