@@ -28,14 +28,8 @@
  * ids (the only choice with --synthetic, which has no tokenizer).
  *
  * The model is -m FILE, ds4flash.gguf when neither it nor --synthetic is
- * given (as in ds4's bench).
- *
- * Options: --backend NAME, --cpu, --cuda (cuda in CUDA builds, else cpu),
- * --warm-weights (read the model file in first), --ctx-start N
- * (2048), --ctx-max N (32768), --ctx-alloc N (ctx-max + gen + 1), --step-mul F
- * (1), --step-incr N (2048), --gen-tokens N (128), --chunk N, --seed N,
- * --no-sim, -t/--threads N, --csv FILE (default stdout).  --quality is
- * accepted for ds4 compatibility (this engine has one kernel precision).
+ * given (as in ds4's bench).  The options are the table in parse_args
+ * (ds4-bench --help prints it).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -43,7 +37,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "base/numparse.h"
+#include "base/clock.h"
+#include "engine/cli.h"
 #include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
@@ -53,95 +48,85 @@
 
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
-    bool warm_weights;
+    bool model_given, warm_weights;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
-    double step_mul;
+    float step_mul;
     ds4_backend_opts bo;
 } opts;
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-bench [-m MODEL (default ds4flash.gguf) | --synthetic q2|q4] [--backend NAME | --cpu | --cuda]\n"
-               "                 [--seed N] [--warm-weights]\n"
-               "                 [--prompt-file FILE | --chat-prompt-file FILE [-sys TEXT] | --tokens-file FILE]\n"
-               "                 [--ctx-start N] [--ctx-max N] [--ctx-alloc N] [--step-mul F] [--step-incr N]\n"
-               "                 [--gen-tokens N] [--chunk N] [--no-sim] [-t N] [--csv FILE]\n"
-               "  DS4_LOCK_FILE: the instance lock file (default /tmp/ds4.lock)\n");
-}
+static const char ABOUT[] =
+    "Prefill and generation throughput at growing context frontiers.  The model loads once; a fixed\n"
+    "token sequence is walked frontier by frontier (ctx-start, then + step-incr or x step-mul up to\n"
+    "ctx-max): only the new interval is prefilled, the session is snapshotted, gen-tokens greedy tokens\n"
+    "are generated, the snapshot is restored.  One CSV row per frontier:\n"
+    "  ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes\n"
+    "The tokens: --prompt-file, --chat-prompt-file or --tokens-file, else seeded random ids (said so\n"
+    "on stderr; the only choice with --synthetic, which has no tokenizer).";
 
+/* Returns -1 to run, else the status to exit with. */
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
-    o->ctx_start = 2048;
-    o->ctx_max = 32768;
-    o->step_incr = 2048;
-    o->step_mul = 1.0;
-    o->gen = 128;
-    o->seed = 1;
-#if DS4_CUDA
-    o->backend = "cuda";
-#else
-    o->backend = "cpu";
-#endif
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint32_t u;
-#define VAL() do { if (!v) { fprintf(stderr, "ds4-bench: %s needs a value\n", a); return -1; } i++; } while (0)
-#define U32(dst) do { VAL(); if (ds4_parse_u32(v, 0, UINT32_MAX, &u)) { fprintf(stderr, "ds4-bench: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
-        if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VAL(); o->model = v; }
-        else if (!strcmp(a, "--synthetic")) { VAL(); o->synthetic = v; }
-        else if (!strcmp(a, "--backend")) { VAL(); o->backend = v; }
-        else if (!strcmp(a, "--cpu") || !strcmp(a, "--cuda") || !strcmp(a, "--metal")) o->backend = a + 2;
-        else if (!strcmp(a, "--warm-weights")) o->warm_weights = true;
-        else if (!strcmp(a, "--quality"))
-            fprintf(stderr, "ds4-bench: --quality: nothing to change, this engine's kernels have one precision\n");
-        else if (!strcmp(a, "--tokens-file")) { VAL(); o->tokens_file = v; }
-        else if (!strcmp(a, "--prompt-file")) { VAL(); o->prompt_file = v; }
-        else if (!strcmp(a, "--chat-prompt-file")) { VAL(); o->chat_file = v; }
-        else if (!strcmp(a, "-sys") || !strcmp(a, "--system")) { VAL(); o->system = v; }
-        else if (!strcmp(a, "--csv")) { VAL(); o->csv = v; }
-        else if (!strcmp(a, "--ctx-start")) U32(o->ctx_start);
-        else if (!strcmp(a, "--ctx-max")) U32(o->ctx_max);
-        else if (!strcmp(a, "--ctx-alloc")) U32(o->ctx_alloc);
-        else if (!strcmp(a, "--step-incr")) U32(o->step_incr);
-        else if (!strcmp(a, "--gen-tokens") || !strcmp(a, "--tokens") || !strcmp(a, "-n")) U32(o->gen);
-        else if (!strcmp(a, "--seed")) U32(o->seed);
-        else if (!strcmp(a, "--chunk")) U32(o->bo.prefill_chunk);
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { U32(u); o->bo.n_threads = (int)u; }
-        else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
-        else if (!strcmp(a, "--step-mul")) {
-            VAL();
-            float m;
-            if (ds4_parse_float(v, 1.0f, 1e6f, &m)) { fprintf(stderr, "ds4-bench: --step-mul must be a number >= 1\n"); return -1; }
-            o->step_mul = m;
-        } else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); exit(0); }
-        else if (ds4_option_not_supported(a)) { fprintf(stderr, "ds4-bench: %s: %s\n", a, ds4_option_not_supported(a)); return -1; }
-        else { fprintf(stderr, "ds4-bench: unknown option %s\n", a); usage(stderr); return -1; }
-#undef U32
-#undef VAL
-    }
-    if (o->model && o->synthetic) { fprintf(stderr, "ds4-bench: give one of -m MODEL or --synthetic RECIPE\n"); return -1; }
-    if (!o->model && !o->synthetic) o->model = "ds4flash.gguf";
-    ds4_err err = {0};
-    if (ds4_backend_check_name(o->backend, &err) != 0) { fprintf(stderr, "ds4-bench: --backend: %s\n", err.msg); return -1; }
-    if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1) {
-        fprintf(stderr, "ds4-bench: give at most one of --prompt-file, --chat-prompt-file, --tokens-file\n");
-        return -1;
-    }
-    if (o->synthetic && (o->prompt_file || o->chat_file)) {
-        fprintf(stderr, "ds4-bench: --synthetic has no tokenizer: use --tokens-file or random ids\n");
-        return -1;
-    }
-    if (o->system && !o->chat_file) { fprintf(stderr, "ds4-bench: -sys only applies to --chat-prompt-file\n"); return -1; }
-    if (o->ctx_start == 0 || o->ctx_max < o->ctx_start) { fprintf(stderr, "ds4-bench: need 0 < ctx-start <= ctx-max\n"); return -1; }
-    if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + 1;
-    if (o->ctx_alloc <= o->ctx_max + o->gen) { fprintf(stderr, "ds4-bench: ctx-alloc must exceed ctx-max + gen-tokens\n"); return -1; }
-    o->bo.ctx_size = o->ctx_alloc;
-    return 0;
-}
+    ds4_opt table[] = {
+        {DS4_OPT_SECTION("model and runtime:")},
+        DS4_CLI_MODEL(&o->model, .seen = &o->model_given),
+        {DS4_OPT_CHOICE("--synthetic", "RECIPE", &o->synthetic, "q2|q4", NULL,
+                        "instead of a file, a full-size Flash model of seeded random valid blocks built in GPU "
+                        "memory (CUDA backend)")},
+        DS4_CLI_BACKEND(&o->backend, NULL),
+        DS4_CLI_THREADS(&o->bo.n_threads),
+        DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
+        DS4_CLI_NO_SIM(&o->bo.no_sim),
+        DS4_CLI_QUALITY("ds4-bench"),
+        {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
+         .def_text = "2048"},
+        {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+        {DS4_OPT_SECTION("tokens:")},
+        {DS4_OPT_STR("--prompt-file", "FILE", &o->prompt_file, NULL,
+                     "raw text, tokenized without a chat template (as ds4's bench)"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--chat-prompt-file", "FILE", &o->chat_file, NULL,
+                     "the text as one non-thinking user message of the chat template"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("-sys, --system", "TEXT", &o->system, NULL, "system prompt of --chat-prompt-file"),
+         .def_text = "none"},
+        {DS4_OPT_STR("--tokens-file", "FILE", &o->tokens_file, NULL, "token ids (as ds4-forward reads them)"),
+         .flags = DS4_OPT_IN},
+
+        {DS4_OPT_SECTION("frontiers:")},
+        {DS4_OPT_U32("--ctx-start", "N", &o->ctx_start, 1, DS4_CTX_MAX, 2048, "first frontier")},
+        {DS4_OPT_U32("--ctx-max", "N", &o->ctx_max, 1, DS4_CTX_MAX, 32768, "last frontier")},
+        {DS4_OPT_U32("--ctx-alloc", "N", &o->ctx_alloc, 1, DS4_CTX_MAX, 0,
+                     "context allocated (must exceed ctx-max + gen-tokens)"),
+         .def_text = "ctx-max + gen-tokens + 1"},
+        {DS4_OPT_FLOAT("--step-mul", "F", &o->step_mul, 1.0, HUGE_VAL, 1.0,
+                       "multiply the frontier by F (1: add --step-incr instead)")},
+        {DS4_OPT_U32("--step-incr", "N", &o->step_incr, 1, DS4_CTX_MAX, 2048, "tokens added per frontier")},
+        {DS4_OPT_U32("-n, --tokens, --gen-tokens", "N", &o->gen, 0, DS4_CTX_MAX, 128,
+                     "greedy tokens generated at each frontier")},
+        {DS4_OPT_STR("--csv", "FILE", &o->csv, NULL, "write the CSV to FILE"), .def_text = "stdout",
+         .flags = DS4_OPT_OUT},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic q2|q4] [options]", .about = ABOUT,
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");
+    if (o->synthetic) o->model = NULL;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
+        return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
+    if (o->synthetic && (o->prompt_file || o->chat_file))
+        return ds4_cli_usage(&cli, "--synthetic has no tokenizer: use --tokens-file or random ids");
+    if (o->system && !o->chat_file) return ds4_cli_usage(&cli, "-sys only applies to --chat-prompt-file");
+    if (o->ctx_max < o->ctx_start) return ds4_cli_usage(&cli, "need ctx-start <= ctx-max (%u > %u)", o->ctx_start, o->ctx_max);
+    if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + 1;
+    if ((uint64_t)o->ctx_alloc <= (uint64_t)o->ctx_max + o->gen)
+        return ds4_cli_usage(&cli, "--ctx-alloc %u must exceed ctx-max + gen-tokens (%u + %u)", o->ctx_alloc,
+                             o->ctx_max, o->gen);
+    o->bo.ctx_size = o->ctx_alloc;
+    return -1;
 }
 
 /* Weight bytes one generated token reads: every tensor once (the embedding:
@@ -265,6 +250,14 @@ static uint32_t *load_tokens(const opts *o, const ds4_weights *w, uint32_t n, ds
     return t;
 }
 
+/* The frontier after f: x step-mul or + step-incr, at least one token
+ * more, at most ctx-max. */
+static uint32_t next_frontier(const opts *o, uint32_t f) {
+    uint64_t next = o->step_mul > 1.0f ? (uint64_t)((double)f * o->step_mul) : (uint64_t)f + o->step_incr;
+    if (next <= f) next = (uint64_t)f + 1;
+    return next > o->ctx_max ? o->ctx_max : (uint32_t)next;
+}
+
 static int run(const opts *o, ds4_err *err) {
     int rc = -1;
     ds4_weights *w = NULL;
@@ -276,7 +269,7 @@ static int run(const opts *o, ds4_err *err) {
         w = ds4_weights_open(o->model, err);
     }
     if (!w) return -1;
-    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads) != 0) {
+    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_weights_close(w);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
@@ -284,10 +277,10 @@ static int run(const opts *o, ds4_err *err) {
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
-    double t0 = now_s();
+    double t0 = ds4_now();
     if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto done;
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
-            o->synthetic ? "synthetic Flash weights" : o->model, now_s() - t0);
+            o->synthetic ? "synthetic Flash weights" : o->model, ds4_now() - t0);
     ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
     double copy_bw = 0;
 #if DS4_CUDA
@@ -299,6 +292,9 @@ static int run(const opts *o, ds4_err *err) {
 #endif
     double bpt = bytes_per_token(w);
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
+    if (!o->prompt_file && !o->chat_file && !o->tokens_file)
+        fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
+                        "token ids (seed %u)\n", o->seed);
     if (!(toks = load_tokens(o, w, o->ctx_max, err))) goto done;
     if (!(gen = malloc((o->gen + 1) * sizeof(uint32_t))) || !(snap = ds4_backend_state_new(b, err))) {
         if (!snap && !gen) ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -311,18 +307,24 @@ static int run(const opts *o, ds4_err *err) {
     }
     fprintf(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes\n");
     fflush(out);
-    uint32_t done_tok = 0;
-    for (uint32_t f = o->ctx_start;;) {
+    uint32_t done_tok = 0, n_frontiers = 0, i = 0;
+    for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
+        n_frontiers++;
+        if (f >= o->ctx_max) break;
+    }
+    for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
         uint32_t n = f - done_tok;
-        double a = now_s();
+        fprintf(stderr, "ds4-bench: frontier %u/%u: ctx %u, prefilling %u token%s, then generating %u\n", ++i,
+                n_frontiers, f, n, ds4_plural(n), o->gen);
+        double a = ds4_now();
         if (ds4_backend_prefill(b, toks + done_tok, n, NULL, err)) goto done;
-        double pre = now_s() - a;
+        double pre = ds4_now() - a;
         done_tok = f;
         if (ds4_backend_snapshot(b, snap, err)) goto done;
         uint64_t kv = ds4_kv_state_payload_bytes(snap);
-        a = now_s();
+        a = ds4_now();
         if (o->gen && ds4_backend_greedy(b, o->gen, gen, err)) goto done;
-        double g = now_s() - a;
+        double g = ds4_now() - a;
         if (ds4_backend_restore(b, snap, err)) goto done;
         double gtps = o->gen ? o->gen / g : 0;
         fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu\n", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
@@ -331,8 +333,6 @@ static int run(const opts *o, ds4_err *err) {
                 f, n, n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
         if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)\n", 100.0 * gtps * bpt / copy_bw);
         if (f >= o->ctx_max) break;
-        uint64_t next = o->step_mul > 1.0 ? (uint64_t)((double)f * o->step_mul) : (uint64_t)f + o->step_incr;
-        f = next > o->ctx_max ? o->ctx_max : (uint32_t)next;
     }
     rc = 0;
 done:
@@ -347,7 +347,8 @@ done:
 
 int main(int argc, char **argv) {
     opts o;
-    if (parse_args(argc, argv, &o) != 0) return 2;
+    int prc = parse_args(argc, argv, &o);
+    if (prc >= 0) return prc;
     int lrc = ds4_startup_lock("ds4-bench");
     if (lrc) return lrc;
     ds4_err err = {0};

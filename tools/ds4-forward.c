@@ -1,31 +1,23 @@
 /*
  * ds4-forward - run the forward pass of a ds4 GGUF on a list of token ids,
- * for tests and benchmarks.
+ * for tests and benchmarks: the logits after every token (--logits-out),
+ * the best next tokens, the session state (--save-state, --load-state), or
+ * timings (--bench).  The options are the table in parse_args (ds4-forward
+ * --help prints it).
  *
- *   ds4-forward MODEL [options]
- *     --tokens LIST      comma- or space-separated token ids ("@FILE" reads them from FILE)
- *     --random N         N random token ids (--seed S, default 1)
- *     --decode           feed the tokens one by one (default: one prefill)
- *     --split K          prefill the first K tokens, then decode the rest
- *     --logits-out FILE  write the f32 logits after every token (n x n_vocab, little-endian)
- *     --load-state FILE  start from a DSV4 session payload
- *     --save-state FILE  write the DSV4 session payload at the end
- *     --top N            print the N best next tokens (default 5)
- *     --bench            time a prefill of the tokens, then --gen G decode steps (default 16)
- *     -t N               threads (default: all CPUs)
- *     --ctx N, --chunk N context size and prefill chunk
- *     --no-sim           turn the low-precision simulations off
- *     --backend NAME     cpu (default), or cuda in CUDA builds (make cuda)
- *
- * Exit status 0 on success, 1 on any error (the message names the cause).
+ * Exit status 0 on success, 1 on any error (the message names the cause),
+ * 2 on a usage error.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/numparse.h"
+#include "base/paths.h"
+#include "base/rank.h"
+#include "engine/cli.h"
 #include "engine/startup.h"
 #include "model/backend.h"
 #include "model/weights.h"
@@ -37,51 +29,56 @@ typedef struct opts {
     ds4_backend_opts bo;
 } opts;
 
-static void usage(void) {
-    fprintf(stderr, "usage: ds4-forward MODEL [--tokens LIST|@FILE | --random N [--seed S]] [--decode | --split K]\n"
-                    "       [--logits-out FILE] [--load-state FILE] [--save-state FILE] [--top N]\n"
-                    "       [--bench [--gen G]] [-t N] [--ctx N] [--chunk N] [--no-sim] [--backend cpu|cuda]\n");
-}
-
+/* Returns -1 to run, else the status to exit with. */
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
-    o->seed = 1;
-    o->top = 5;
-    o->gen = 16;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        uint32_t u;
-#define NEED_VALUE() do { if (!v) { fprintf(stderr, "ds4-forward: %s needs a value\n", a); return -1; } i++; } while (0)
-#define NEED_U32(dst) do { NEED_VALUE(); if (ds4_parse_u32(v, 0, UINT32_MAX, &u)) { fprintf(stderr, "ds4-forward: %s: bad number '%s'\n", a, v); return -1; } dst = u; } while (0)
-        if (!strcmp(a, "--tokens")) { NEED_VALUE(); o->tokens = v; }
-        else if (!strcmp(a, "--random")) NEED_U32(o->n_random);
-        else if (!strcmp(a, "--seed")) NEED_U32(o->seed);
-        else if (!strcmp(a, "--decode")) o->decode = true;
-        else if (!strcmp(a, "--split")) { NEED_U32(o->split); o->has_split = true; }
-        else if (!strcmp(a, "--logits-out")) { NEED_VALUE(); o->logits_out = v; }
-        else if (!strcmp(a, "--load-state")) { NEED_VALUE(); o->load_state = v; }
-        else if (!strcmp(a, "--save-state")) { NEED_VALUE(); o->save_state = v; }
-        else if (!strcmp(a, "--top")) NEED_U32(o->top);
-        else if (!strcmp(a, "--bench")) o->bench = true;
-        else if (!strcmp(a, "--gen")) NEED_U32(o->gen);
-        else if (!strcmp(a, "-t")) { NEED_U32(u); o->bo.n_threads = (int)u; }
-        else if (!strcmp(a, "--ctx")) NEED_U32(o->bo.ctx_size);
-        else if (!strcmp(a, "--chunk")) NEED_U32(o->bo.prefill_chunk);
-        else if (!strcmp(a, "--no-sim")) o->bo.no_sim = true;
-        else if (!strcmp(a, "--backend")) { NEED_VALUE(); o->backend = v; }
-        else if (!strcmp(a, "--cpu") || !strcmp(a, "--cuda")) o->backend = a + 2;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(); exit(0); }
-        else if (a[0] == '-') { fprintf(stderr, "ds4-forward: unknown option %s\n", a); return -1; }
-        else if (!o->model) o->model = a;
-        else { fprintf(stderr, "ds4-forward: unexpected argument %s\n", a); return -1; }
-#undef NEED_U32
-#undef NEED_VALUE
-    }
-    if (!o->model) { usage(); return -1; }
+    ds4_opt table[] = {
+        {DS4_OPT_SECTION("input:")},
+        {DS4_OPT_STR("--tokens", "LIST", &o->tokens, NULL,
+                     "comma- or space-separated token ids; @FILE reads them from FILE")},
+        {DS4_OPT_U32("--random", "N", &o->n_random, 1, DS4_CTX_MAX, 0, "N seeded random token ids instead"),
+         .def_text = "none"},
+        {DS4_OPT_U32("--seed", "S", &o->seed, 0, UINT32_MAX, 1, "seed of --random")},
+        {DS4_OPT_STR("--load-state", "FILE", &o->load_state, NULL, "start from a DSV4 session payload"),
+         .flags = DS4_OPT_IN},
+
+        {DS4_OPT_SECTION("running:")},
+        {DS4_OPT_FLAG("--decode", &o->decode, "feed the tokens one by one (default: one prefill)")},
+        {DS4_OPT_U32("--split", "K", &o->split, 0, UINT32_MAX, 0, "prefill the first K tokens, then decode the rest"),
+         .seen = &o->has_split, .def_text = "all prefilled"},
+        DS4_CLI_CTX(&o->bo.ctx_size),
+        {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
+         .def_text = "2048"},
+        DS4_CLI_THREADS(&o->bo.n_threads),
+        DS4_CLI_NO_SIM(&o->bo.no_sim),
+        DS4_CLI_BACKEND(&o->backend, NULL),
+
+        {DS4_OPT_SECTION("output:")},
+        {DS4_OPT_STR("--logits-out", "FILE", &o->logits_out, NULL,
+                     "write the f32 logits after every token (n x n_vocab, little-endian)"),
+         .flags = DS4_OPT_OUT},
+        {DS4_OPT_STR("--save-state", "FILE", &o->save_state, NULL, "write the DSV4 session payload at the end"),
+         .flags = DS4_OPT_OUT},
+        {DS4_OPT_U32("--top", "N", &o->top, 0, UINT32_MAX, 5, "print the N best next tokens (0: none)")},
+        {DS4_OPT_FLAG("--bench", &o->bench, "time the prefill, then --gen greedy decode steps")},
+        {DS4_OPT_U32("--gen", "G", &o->gen, 0, UINT32_MAX, 16, "greedy decode steps of --bench")},
+
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_STR("MODEL", NULL, &o->model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-forward", .usage = "MODEL [--tokens LIST|@FILE | --random N] [options]",
+                   .about = "Run the forward pass of a ds4 GGUF on token ids: logits, the best next tokens, "
+                            "session states,\ntimings.",
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (o->tokens && o->n_random) return ds4_cli_usage(&cli, "give one of --tokens or --random");
     ds4_err err = {0};
-    if (ds4_backend_check_name(o->backend, &err) != 0) { fprintf(stderr, "ds4-forward: --backend: %s\n", err.msg); return -1; }
-    return 0;
+    if (o->tokens && o->tokens[0] == '@' && ds4_path_check_readable(o->tokens + 1, &err) != 0)
+        return ds4_cli_usage(&cli, "--tokens: %s", err.msg);
+    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    return -1;
 }
 
 /* Token ids from "1,2 3" or from the file named after '@'. */
@@ -118,30 +115,17 @@ static uint32_t *read_tokens(const char *spec, uint32_t *n, ds4_err *err) {
     return toks;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++) if (x[i] > x[best]) best = i;
-    return best;
-}
-
-static void print_top(const float *logits, uint32_t n_vocab, uint32_t k) {
-    bool *used = calloc(n_vocab, 1);
+/* The k best next tokens, in base/rank.h's order. */
+static int print_top(const float *logits, uint32_t n_vocab, uint32_t k, ds4_err *err) {
+    if (k > n_vocab) k = n_vocab;
+    int32_t *ids = malloc((size_t)k * sizeof(int32_t));
+    if (!ids) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int n = ds4_top_k(logits, (int)n_vocab, (int)k, ids);
     printf("next-token top %u:", k);
-    for (uint32_t j = 0; j < k && j < n_vocab; j++) {
-        uint32_t best = UINT32_MAX;
-        for (uint32_t i = 0; i < n_vocab; i++)
-            if (!used[i] && (best == UINT32_MAX || logits[i] > logits[best])) best = i;
-        used[best] = true;
-        printf(" %u (%.4f)", best, logits[best]);
-    }
+    for (int j = 0; j < n; j++) printf(" %d (%.4f)", ids[j], logits[ids[j]]);
     printf("\n");
-    free(used);
+    free(ids);
+    return 0;
 }
 
 static int run(const opts *o, ds4_err *err) {
@@ -176,25 +160,25 @@ static int run(const opts *o, ds4_err *err) {
         goto out;
     }
     uint32_t n_pre = o->decode ? 0 : o->has_split ? (o->split < n ? o->split : n) : n;
-    double t0 = now_s();
+    double t0 = ds4_now();
     if (ds4_backend_prefill(b, toks, n_pre, logits, err) != 0) goto out;
-    double t1 = now_s();
+    double t1 = ds4_now();
     for (uint32_t i = n_pre; i < n; i++) {
         if (ds4_backend_decode(b, toks[i], err) != 0) goto out;
         memcpy(logits + (size_t)i * c->n_vocab, ds4_backend_logits(b), c->n_vocab * sizeof(float));
     }
-    double t2 = now_s();
+    double t2 = ds4_now();
     if (o->bench) {
         printf("backend %s, %d threads, sims %s\n", b->ops->name, b->opts.n_threads, o->bo.no_sim ? "off" : "on");
         if (n_pre) printf("prefill: %u tokens in %.3f s = %.2f tokens/s\n", n_pre, t1 - t0, n_pre / (t1 - t0));
         if (n > n_pre) printf("decode (fed): %u tokens in %.3f s = %.2f tokens/s\n", n - n_pre, t2 - t1, (n - n_pre) / (t2 - t1));
-        uint32_t next = ds4_backend_logits(b) ? argmax(ds4_backend_logits(b), c->n_vocab) : 0;
-        double t3 = now_s();
+        uint32_t next = ds4_backend_logits(b) ? (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab) : 0;
+        double t3 = ds4_now();
         for (uint32_t g = 0; g < o->gen; g++) {
             if (ds4_backend_decode(b, next, err) != 0) goto out;
-            next = argmax(ds4_backend_logits(b), c->n_vocab);
+            next = (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab);
         }
-        double t4 = now_s();
+        double t4 = ds4_now();
         if (o->gen) printf("decode (greedy): %u tokens in %.3f s = %.2f tokens/s\n", o->gen, t4 - t3, o->gen / (t4 - t3));
     }
     if (o->logits_out && n) {
@@ -210,7 +194,7 @@ static int run(const opts *o, ds4_err *err) {
         if (!st && !(st = ds4_backend_state_new(b, err))) goto out;
         if (ds4_backend_snapshot(b, st, err) != 0 || ds4_kv_state_save_file(st, o->save_state, err) != 0) goto out;
     }
-    if (o->top && ds4_backend_logits(b)) print_top(ds4_backend_logits(b), c->n_vocab, o->top);
+    if (o->top && ds4_backend_logits(b) && print_top(ds4_backend_logits(b), c->n_vocab, o->top, err) != 0) goto out;
     rc = 0;
 out:
     ds4_kv_state_free(st);
@@ -223,7 +207,8 @@ out:
 
 int main(int argc, char **argv) {
     opts o;
-    if (parse_args(argc, argv, &o) != 0) return 2; /* usage errors, as in every program */
+    int prc = parse_args(argc, argv, &o);
+    if (prc >= 0) return prc;
     int lrc = ds4_startup_lock("ds4-forward");
     if (lrc) return lrc;
     ds4_err err = {0};

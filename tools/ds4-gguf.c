@@ -15,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/opts.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 
@@ -26,17 +27,6 @@ typedef struct opts {
     bool full;
     const char *path;
 } opts;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ds4-gguf info [--json] [--full] FILE\n"
-            "  Print the metadata and tensor table of a GGUF file.\n"
-            "  --json  one JSON object (strings that are not valid UTF-8 have their\n"
-            "          bad bytes replaced by U+FFFD)\n"
-            "  --full  every array element and whole strings (default: the first %d\n"
-            "          elements and %d bytes)\n",
-            SHOWN_ELEMS, SHOWN_STR_BYTES);
-}
 
 /* Length of the valid UTF-8 sequence at s (n bytes left), 0 if invalid. */
 static size_t utf8_seq(const uint8_t *s, uint64_t n) {
@@ -267,30 +257,30 @@ static void print_json(FILE *out, const ds4_gguf *g, const opts *o) {
     fputs("]}\n", out);
 }
 
-static int parse_args(int argc, char **argv, opts *o) {
-    for (int i = 1; i < argc; i++)
-        if (strcmp(argv[i], "-h") == 0 || strcmp(argv[i], "--help") == 0) {
-            usage(stdout);
-            exit(0);
-        }
-    if (argc < 2) return -1;
-    if (strcmp(argv[1], "info") != 0) return -1;
-    for (int i = 2; i < argc; i++) {
-        if (strcmp(argv[i], "--json") == 0) o->json = true;
-        else if (strcmp(argv[i], "--full") == 0) o->full = true;
-        else if (argv[i][0] == '-' && argv[i][1]) return -1;
-        else if (o->path) return -1;
-        else o->path = argv[i];
-    }
-    return o->path ? 0 : -1;
-}
-
 int main(int argc, char **argv) {
     opts o = {0};
-    if (parse_args(argc, argv, &o) != 0) {
-        usage(stderr);
-        return 2;
-    }
+    const char *command;
+    char full_help[160];
+    snprintf(full_help, sizeof(full_help), "every array element and whole strings (default: the first %d elements "
+                                           "and %d bytes)", SHOWN_ELEMS, SHOWN_STR_BYTES);
+    ds4_opt table[] = {
+        {DS4_OPT_FLAG("--json", &o.json,
+                      "one JSON object (strings that are not valid UTF-8 have their bad bytes replaced by U+FFFD)")},
+        {DS4_OPT_FLAG("--full", &o.full, full_help)},
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_CHOICE("COMMAND", NULL, &command, "info", NULL, "what to do: info prints the file's metadata and "
+                                                                 "tensor table"),
+         .flags = DS4_OPT_REQUIRED},
+        {DS4_OPT_STR("FILE", NULL, &o.path, NULL, "a GGUF file"), .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-gguf", .usage = "info [--json] [--full] FILE",
+                   .about = "Print the header, metadata and tensor table of a GGUF file (name, type, dims, bytes, "
+                            "offset in the\ndata section).  A file the reader rejects gives its error and exit "
+                            "status 1.",
+                   .opts = table};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     ds4_err err;
     ds4_gguf *g = ds4_gguf_open(o.path, &err);
     if (!g) {

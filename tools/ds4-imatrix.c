@@ -2,8 +2,7 @@
  * ds4-imatrix - collect an importance matrix for the routed experts by
  * running the model over a dataset (docs/TOOLCHAIN.md).
  *
- *   ds4-imatrix MODEL --imatrix-dataset FILE --imatrix-out OUT.dat
- *               [--ctx N] [--imatrix-max-prompts N] [--imatrix-max-tokens N] [-t N] [--no-sim]
+ *   ds4-imatrix MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [options]
  *
  * The dataset holds prompts separated by `===== DS4_IMATRIX_PROMPT ...`
  * lines (format/imatrix.h).  A prompt is either a list of token ids (spaces,
@@ -17,12 +16,11 @@
  * `ds4 --imatrix-dataset FILE --imatrix-out OUT.dat`: the two write the same
  * bytes.
  */
-#include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/numparse.h"
+#include "engine/cli.h"
 #include "engine/imatrix_run.h"
 #include "engine/startup.h"
 #include "model/backend.h"
@@ -34,11 +32,6 @@ typedef struct opts {
     ds4_imatrix_run_opts run;
     ds4_backend_opts bo;
 } opts;
-
-static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-imatrix MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [--ctx N]\n"
-               "                   [--imatrix-max-prompts N] [--imatrix-max-tokens N] [-t N] [--no-sim]\n");
-}
 
 static int collect(const opts *o, ds4_err *err) {
     ds4_weights *w = ds4_weights_open(o->model, err);
@@ -65,43 +58,31 @@ static int collect(const opts *o, ds4_err *err) {
     return rc;
 }
 
-static uint32_t parse_count(const char *opt, const char *s) {
-    uint32_t v;
-    if (ds4_parse_u32(s, 1, UINT32_MAX, &v)) {
-        fprintf(stderr, "ds4-imatrix: %s %s: expected a positive integer\n", opt, s);
-        exit(2);
-    }
-    return v;
-}
-
 int main(int argc, char **argv) {
-    static const struct option lo[] = {
-        {"imatrix-dataset", required_argument, 0, 'd'}, {"imatrix-out", required_argument, 0, 'o'},
-        {"ctx", required_argument, 0, 'c'},             {"imatrix-max-prompts", required_argument, 0, 'p'},
-        {"imatrix-max-tokens", required_argument, 0, 'k'}, {"threads", required_argument, 0, 't'},
-        {"no-sim", no_argument, 0, 'n'},                {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     opts o = {0};
-    int c;
-    while ((c = getopt_long(argc, argv, "t:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'd': o.run.dataset = optarg; break;
-        case 'o': o.run.out = optarg; break;
-        case 'c': o.bo.ctx_size = (uint32_t)parse_count("--ctx", optarg); break;
-        case 'p': o.run.max_prompts = (uint64_t)parse_count("--imatrix-max-prompts", optarg); break;
-        case 'k': o.run.max_tokens = (uint64_t)parse_count("--imatrix-max-tokens", optarg); break;
-        case 't': o.bo.n_threads = (int)parse_count("-t", optarg); break;
-        case 'n': o.bo.no_sim = true; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (argc - optind != 1 || !o.run.dataset || !o.run.out) {
-        usage(stderr);
-        return 2;
-    }
-    o.model = argv[optind];
+    ds4_opt table[] = {
+        {DS4_OPT_STR("--imatrix-dataset", "FILE", &o.run.dataset, NULL,
+                     "prompts separated by '===== DS4_IMATRIX_PROMPT' lines"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("--imatrix-out", "FILE", &o.run.out, NULL, "the legacy .dat to write"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_OUT},
+        DS4_CLI_CTX(&o.bo.ctx_size),
+        {DS4_OPT_U64("--imatrix-max-prompts", "N", &o.run.max_prompts, 1, UINT64_MAX, 0, "stop after N prompts"),
+         .def_text = "all"},
+        {DS4_OPT_U64("--imatrix-max-tokens", "N", &o.run.max_tokens, 1, UINT64_MAX, 0, "stop after N prompt tokens"),
+         .def_text = "all"},
+        DS4_CLI_THREADS(&o.bo.n_threads),
+        DS4_CLI_NO_SIM(&o.bo.no_sim),
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_STR("MODEL", NULL, &o.model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-imatrix", .usage = "MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [options]",
+                   .about = "Collect an importance matrix for the routed experts (for ds4-quantize --imatrix) by "
+                            "running the\nmodel over a dataset on the CPU backend.",
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     int lrc = ds4_startup_lock("ds4-imatrix");
     if (lrc) return lrc;
     ds4_err err = {0};

@@ -18,7 +18,6 @@
  * than hours (their outputs mean nothing, their bytes are realistic).
  */
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +27,7 @@
 #include "base/fp.h"
 #include "base/threads.h"
 #include "base/numparse.h"
+#include "engine/cli.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 #include "model/config.h"
@@ -444,26 +444,6 @@ static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
 
 /* ------------------------------------------------------------ options */
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ds4-mkmodel -o OUT.gguf [options]\n"
-            "  --preset NAME      tiny | small | mid | flash (default tiny)\n"
-            "  --recipe NAME      %s (default f16)\n"
-            "  --type CLASS=TYPE  override one tensor class (embedding, output, hc, attention-proj,\n"
-            "                     compressor, compressor-ape, indexer, router, shared, routed-w1,\n"
-            "                     routed-w2, routed-w3) with f32|f16|bf16|q8_0|q2_k|q4_k|iq2_xxs\n"
-            "  --seed N           random seed (default 1)\n"
-            "  --tokenizer FILE   copy tokenizer.* metadata from a GGUF (sets the vocabulary size)\n"
-            "  --set KEY=VALUE    change one shape: layers, embd, vocab, heads, head-dim, rope-dim,\n"
-            "                     q-rank, o-rank, o-groups, experts, experts-used, ff, hash-layers,\n"
-            "                     window, idx-heads, idx-top-k, hc\n"
-            "  --random-blocks    fill quantized tensors with random valid blocks (fast; for speed tests)\n"
-            "  --name TEXT        general.name (default ds4-mkmodel-PRESET)\n"
-            "  -t, --threads N    worker threads (default all cores)\n"
-            "  -q, --quiet        no progress output\n",
-            ds4_recipe_names());
-}
-
 static int parse_type(const char *s, uint32_t *out) {
     static const struct { const char *n; uint32_t t; } names[] = {
         {"f32", DS4_TYPE_F32}, {"f16", DS4_TYPE_F16}, {"bf16", DS4_TYPE_BF16}, {"q8_0", DS4_TYPE_Q8_0},
@@ -522,76 +502,76 @@ static int parse_set(const char *arg, ds4_config *c) {
     return -1;
 }
 
+/* --type CLASS=TYPE, applied as it comes. */
+static int type_option(void *ctx, const char *v, ds4_err *err) {
+    if (parse_class_type(v, ctx) != 0) return ds4_err_set(err, DS4_EINVAL, "not CLASS=TYPE with a known class and type");
+    return 0;
+}
+
+/* --set KEY=VALUE, kept until the preset is in place. */
+typedef struct set_list {
+    const char *v[64];
+    int n;
+} set_list;
+
+static int set_option(void *ctx, const char *v, ds4_err *err) {
+    set_list *l = ctx;
+    if (l->n == 64) return ds4_err_set(err, DS4_EINVAL, "too many --set (64 at most)");
+    l->v[l->n++] = v;
+    return 0;
+}
+
 int main(int argc, char **argv) {
-    opts o = {.preset = "tiny", .recipe = "f16", .seed = 1};
+    opts o = {0};
     for (int k = 0; k < DS4_TC_COUNT; k++) o.type_override[k] = UINT32_MAX;
-    enum { OPT_PRESET = 256, OPT_RECIPE, OPT_TYPE, OPT_SEED, OPT_TOKENIZER, OPT_SET, OPT_RANDOM, OPT_NAME };
-    static const struct option longopts[] = {
-        {"preset", required_argument, 0, OPT_PRESET}, {"recipe", required_argument, 0, OPT_RECIPE},
-        {"type", required_argument, 0, OPT_TYPE}, {"seed", required_argument, 0, OPT_SEED},
-        {"tokenizer", required_argument, 0, OPT_TOKENIZER}, {"set", required_argument, 0, OPT_SET},
-        {"random-blocks", no_argument, 0, OPT_RANDOM}, {"name", required_argument, 0, OPT_NAME},
-        {"threads", required_argument, 0, 't'}, {"quiet", no_argument, 0, 'q'},
-        {"output", required_argument, 0, 'o'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-
-    /* Two passes: the preset first, so --set applies on top of it whatever
-     * the order on the command line. */
-    for (int i = 1; i < argc - 1; i++)
-        if (strcmp(argv[i], "--preset") == 0) o.preset = argv[i + 1];
+    set_list sets = {0};
+    bool random_blocks, quiet;
+    char recipe_help[256];
+    snprintf(recipe_help, sizeof(recipe_help), "storage types: %s", ds4_recipe_names());
+    ds4_opt table[] = {
+        {DS4_OPT_STR("-o, --out, --output", "FILE", &o.out, NULL, "the GGUF to write"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_OUT},
+        {DS4_OPT_CHOICE("--preset", "NAME", &o.preset, "tiny|small|mid|flash", "tiny", "the shape")},
+        {DS4_OPT_STR("--recipe", "NAME", &o.recipe, "f16", recipe_help)},
+        {DS4_OPT_CALL("--type", "CLASS=TYPE", type_option, &o,
+                      "override one tensor class (embedding, output, hc, attention-proj, compressor, "
+                      "compressor-ape, indexer, router, shared, routed-w1, routed-w2, routed-w3) with f32, f16, "
+                      "bf16, q8_0, q2_k, q4_k or iq2_xxs; repeatable")},
+        {DS4_OPT_U64("--seed", "N", &o.seed, 0, UINT64_MAX, 1, "random seed")},
+        {DS4_OPT_STR("--tokenizer", "FILE", &o.tokenizer, NULL,
+                     "copy tokenizer.* metadata from a GGUF (sets the vocabulary size)"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_CALL("--set", "KEY=VALUE", set_option, &sets,
+                      "change one shape: layers, embd, vocab, heads, head-dim, rope-dim, q-rank, o-rank, "
+                      "o-groups, experts, experts-used, ff, hash-layers, window, idx-heads, idx-top-k, hc; "
+                      "repeatable, applied over the preset")},
+        {DS4_OPT_FLAG("--random-blocks", &random_blocks,
+                      "fill quantized tensors with random valid blocks (fast; for speed tests)")},
+        {DS4_OPT_STR("--name", "TEXT", &o.name, NULL, "general.name"), .def_text = "ds4-mkmodel-PRESET"},
+        DS4_CLI_THREADS(&o.threads),
+        {DS4_OPT_FLAG("-q, --quiet", &quiet, "no progress output")},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-mkmodel", .usage = "-o OUT.gguf [options]",
+                   .about = "Write a GGUF of the DeepSeek V4 Flash architecture with seeded random weights, of "
+                            "any shape and\nrecipe (tests, benchmarks, the demo).",
+                   .opts = table};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    o.random_blocks = random_blocks;
+    o.quiet = quiet;
+    if (!ds4_recipe_get(o.recipe))
+        return ds4_cli_usage(&cli, "--recipe %s: unknown recipe (known: %s)", o.recipe, ds4_recipe_names());
     ds4_config c;
-    if (apply_preset(o.preset, &c) != 0) {
-        fprintf(stderr, "ds4-mkmodel: unknown preset '%s' (tiny, small, mid, flash)\n", o.preset);
-        return 2;
-    }
-
-    int opt;
-    const char *sets[64];
-    int nsets = 0;
-    while ((opt = getopt_long(argc, argv, "o:t:qh", longopts, NULL)) != -1) {
-        switch (opt) {
-        case 'o': o.out = optarg; break;
-        case 't': o.threads = atoi(optarg); break;
-        case 'q': o.quiet = 1; break;
-        case 'h': usage(stdout); return 0;
-        case OPT_PRESET: break;
-        case OPT_RECIPE: o.recipe = optarg; break;
-        case OPT_TYPE:
-            if (parse_class_type(optarg, &o) != 0) {
-                fprintf(stderr, "ds4-mkmodel: bad --type '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_SEED:
-            if (ds4_parse_u64(optarg, 0, UINT64_MAX, &o.seed)) {
-                fprintf(stderr, "ds4-mkmodel: bad --seed '%s'\n", optarg);
-                return 2;
-            }
-            break;
-        case OPT_TOKENIZER: o.tokenizer = optarg; break;
-        case OPT_SET:
-            if (nsets == 64) { fprintf(stderr, "ds4-mkmodel: too many --set\n"); return 2; }
-            sets[nsets++] = optarg;
-            break;
-        case OPT_RANDOM: o.random_blocks = 1; break;
-        case OPT_NAME: o.name = optarg; break;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (!o.out || optind != argc) {
-        usage(stderr);
-        return 2;
-    }
+    apply_preset(o.preset, &c);
     ds4_err err = {0};
     if (o.tokenizer && tokenizer_vocab(o.tokenizer, &c.n_vocab, &err) != 0) {
         fprintf(stderr, "ds4-mkmodel: %s\n", err.msg);
         return 1;
     }
-    for (int i = 0; i < nsets; i++) {
-        if (parse_set(sets[i], &c) != 0) {
-            fprintf(stderr, "ds4-mkmodel: bad --set '%s'\n", sets[i]);
-            return 2;
-        }
-    }
+    for (int i = 0; i < sets.n; i++)
+        if (parse_set(sets.v[i], &c) != 0)
+            return ds4_cli_usage(&cli, "--set %s: not KEY=VALUE with a known key and a value in range", sets.v[i]);
     char name[64];
     if (!o.name) {
         snprintf(name, sizeof(name), "ds4-mkmodel-%s", o.preset);

@@ -2,7 +2,7 @@
  * ds4-qeval - how far a quantized GGUF is from a reference GGUF of the same
  * model, in the two measures the imatrix is meant to improve.
  *
- *   ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]
+ *   ds4-qeval REF.gguf TEST.gguf --imatrix FILE | --dataset FILE [options]
  *
  * --imatrix: importance-weighted error of the routed experts.  For every
  *   routed expert matrix, sum over rows and columns of imp[c] * (w - q)^2,
@@ -17,13 +17,13 @@
  */
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/numparse.h"
+#include "base/rank.h"
+#include "engine/cli.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
 #include "engine/startup.h"
@@ -98,12 +98,8 @@ typedef struct kl_acc {
 
 static void add_position(const float *p_logits, const float *q_logits, uint32_t nv, kl_acc *acc) {
     double mp = -INFINITY, mq = -INFINITY, zp = 0, zq = 0;
-    uint32_t ap = 0, aq = 0;
-    for (uint32_t i = 0; i < nv; i++) {
-        if (p_logits[i] > p_logits[ap]) ap = i;
-        if (q_logits[i] > q_logits[aq]) aq = i;
-        mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
-    }
+    int32_t ap = ds4_argmax(p_logits, (int)nv), aq = ds4_argmax(q_logits, (int)nv);
+    for (uint32_t i = 0; i < nv; i++) mp = fmax(mp, p_logits[i]), mq = fmax(mq, q_logits[i]);
     for (uint32_t i = 0; i < nv; i++) zp += exp(p_logits[i] - mp), zq += exp(q_logits[i] - mq);
     double kl = 0;
     for (uint32_t i = 0; i < nv; i++) {
@@ -133,6 +129,10 @@ static int parse_ids(const char *s, size_t n, uint32_t nv, uint32_t *ids, uint32
     return 0;
 }
 
+/* Positions whose logits one prefill call returns: bounds the two logits
+ * buffers (QEVAL_BATCH x vocabulary floats each) whatever the context. */
+#define QEVAL_BATCH 256
+
 static int divergence(const ds4_weights *r, const ds4_weights *t, const char *path, const ds4_backend_opts *bo,
                       ds4_err *err) {
     FILE *f = fopen(path, "rb");
@@ -153,7 +153,7 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     }
     uint32_t cap = br ? br->opts.ctx_size : 0;
     uint32_t *ids = malloc((size_t)cap * sizeof(uint32_t) + 1);
-    float *lr = malloc((size_t)cap * nv * sizeof(float) + 1), *lt = malloc((size_t)cap * nv * sizeof(float) + 1);
+    float *lr = malloc((size_t)QEVAL_BATCH * nv * sizeof(float)), *lt = malloc((size_t)QEVAL_BATCH * nv * sizeof(float));
     int rc = bt && text && ids && lr && lt ? 0 : (bt ? ds4_err_set(err, DS4_ENOMEM, "out of memory") : -1);
     kl_acc acc = {0};
     size_t pos = 0, start, plen;
@@ -166,11 +166,15 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
         if (n == 0) continue;
         ds4_backend_reset(br);
         ds4_backend_reset(bt);
-        if (ds4_backend_prefill(br, ids, n, lr, err) != 0 || ds4_backend_prefill(bt, ids, n, lt, err) != 0) {
-            rc = -1;
-            break;
+        for (uint32_t done = 0; rc == 0 && done < n;) {
+            uint32_t b = n - done < QEVAL_BATCH ? n - done : QEVAL_BATCH;
+            if (ds4_backend_prefill(br, ids + done, b, lr, err) != 0 || ds4_backend_prefill(bt, ids + done, b, lt, err) != 0) {
+                rc = -1;
+                break;
+            }
+            for (uint32_t i = 0; i < b; i++) add_position(lr + (size_t)i * nv, lt + (size_t)i * nv, nv, &acc);
+            done += b;
         }
-        for (uint32_t i = 0; i < n; i++) add_position(lr + (size_t)i * nv, lt + (size_t)i * nv, nv, &acc);
     }
     if (rc == 0 && acc.n == 0) rc = ds4_err_set(err, DS4_EINVAL, "%s: no prompts", path);
     if (rc == 0)
@@ -185,49 +189,40 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     return rc;
 }
 
-/* A positive integer up to max, or a message and -1. */
-static int parse_count(const char *opt, const char *s, uint32_t max, uint32_t *out) {
-    if (ds4_parse_u32(s, 1, max, out) == 0) return 0;
-    fprintf(stderr, "ds4-qeval: %s %s: expected an integer in 1..%u\n", opt, s, max);
-    return -1;
-}
-
 int main(int argc, char **argv) {
-    static const struct option lo[] = {{"imatrix", required_argument, 0, 'i'}, {"dataset", required_argument, 0, 'd'},
-                                       {"ctx", required_argument, 0, 'c'},     {"threads", required_argument, 0, 't'},
-                                       {"help", no_argument, 0, 'h'},          {0, 0, 0, 0}};
-    const char *im = NULL, *ds = NULL;
-    ds4_backend_opts bo = {.ctx_size = 1024};
-    int c;
-    while ((c = getopt_long(argc, argv, "t:h", lo, NULL)) != -1) {
-        switch (c) {
-        case 'i': im = optarg; break;
-        case 'd': ds = optarg; break;
-        case 'c':
-            if (parse_count("--ctx", optarg, 1u << 24, &bo.ctx_size)) return 2;
-            break;
-        case 't': {
-            uint32_t t;
-            if (parse_count("-t", optarg, 4096, &t)) return 2;
-            bo.n_threads = (int)t;
-            break;
-        }
-        case 'h':
-        default:
-            fprintf(c == 'h' ? stdout : stderr,
-                    "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
-            return c == 'h' ? 0 : 2;
-        }
-    }
-    if (argc - optind != 2 || (!im && !ds) || bo.ctx_size < 1) {
-        fprintf(stderr, "usage: ds4-qeval REF.gguf TEST.gguf [--imatrix FILE] [--dataset FILE] [--ctx N] [-t N]\n");
-        return 2;
-    }
+    const char *im, *ds, *ref, *test;
+    ds4_backend_opts bo = {0};
+    ds4_opt table[] = {
+        {DS4_OPT_STR("--imatrix", "FILE", &im, NULL,
+                     "importance-weighted error of the routed experts, with this legacy .dat imatrix"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--dataset", "FILE", &ds, NULL,
+                     "KL divergence of the next-token distributions over these token-id prompts "
+                     "(DS4_IMATRIX_PROMPT separators; each cut to --ctx tokens)"),
+         .flags = DS4_OPT_IN},
+        DS4_CLI_CTX(&bo.ctx_size),
+        DS4_CLI_THREADS(&bo.n_threads),
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_STR("REF.gguf", NULL, &ref, NULL, "the reference model"), .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("TEST.gguf", NULL, &test, NULL, "the same model quantized otherwise"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-qeval", .usage = "REF.gguf TEST.gguf --imatrix FILE | --dataset FILE [options]",
+                   .about = "How far a quantized GGUF is from a reference GGUF of the same model: the "
+                            "importance-weighted\nerror of the routed experts (--imatrix), the divergence of "
+                            "the outputs (--dataset), or both.\nRuns on the CPU backend.",
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (!im && !ds)
+        return ds4_cli_usage(&cli, "nothing to measure: give --imatrix FILE (weighted error), --dataset FILE "
+                                   "(output divergence), or both");
     int lrc = ds4_startup_lock("ds4-qeval");
     if (lrc) return lrc;
     ds4_err err = {0};
-    ds4_weights *r = ds4_weights_open(argv[optind], &err);
-    ds4_weights *t = r ? ds4_weights_open(argv[optind + 1], &err) : NULL;
+    ds4_weights *r = ds4_weights_open(ref, &err);
+    ds4_weights *t = r ? ds4_weights_open(test, &err) : NULL;
     int rc = t ? 0 : -1;
     if (rc == 0 && memcmp(&r->cfg, &t->cfg, sizeof(r->cfg)) != 0)
         rc = ds4_err_set(&err, DS4_EINVAL, "the two files describe different models");

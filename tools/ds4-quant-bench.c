@@ -15,6 +15,7 @@
  * the machine does not count.
  *
  * Usage: ds4-quant-bench [--mib N] [--reps N] [--acts N] [--cols N] [--only dots|batch|quantize|rmse]
+ * (ds4-quant-bench --help describes them).
  * Results go in docs/PERFORMANCE.md ("Block formats (CPU dot products)";
  * the batch mode under "CPU forward").
  */
@@ -22,9 +23,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
+#include "base/clock.h"
 #include "base/fp.h"
+#include "base/opts.h"
 #include "format/quants.h"
 
 enum { COLS = 4096 };
@@ -33,11 +35,6 @@ static const uint32_t WTYPES[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4
                                   DS4_TYPE_Q4_K, DS4_TYPE_Q2_K, DS4_TYPE_IQ2_XXS};
 #define NWTYPES (sizeof WTYPES / sizeof WTYPES[0])
 
-static double now(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
 
 static uint64_t rng_state;
 
@@ -134,9 +131,9 @@ static void bench_dots(size_t mib, int reps) {
             for (int r = 0; r < reps; r++) {
                 for (int64_t c = 0; c < nchunks; c++) {
                     int64_t r0 = c * chunk, nr = rows - r0 < chunk ? rows - r0 : chunk;
-                    double t0 = now();
+                    double t0 = ds4_now();
                     ds4_vec_dot_rows(type, COLS, nr, w + (size_t)r0 * rb, rb, act, y + r0);
-                    best[c] = fmin(best[c], now() - t0);
+                    best[c] = fmin(best[c], ds4_now() - t0);
                 }
             }
             double total = 0;
@@ -162,7 +159,7 @@ static void bench_dots(size_t mib, int reps) {
 static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t rb, int64_t rows,
                          const uint8_t *acts, size_t ab, int nacts, float *y, int multi) {
     int64_t tile = (int64_t)(32768 / rb) + 1;
-    double t0 = now();
+    double t0 = ds4_now();
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
         int64_t nr = rows - r0 < tile ? rows - r0 : tile;
         const uint8_t *wt = w + (size_t)r0 * rb;
@@ -173,7 +170,7 @@ static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t r
                 ds4_vec_dot_rows(type, cols, nr, wt, rb, acts + (size_t)a * ab, y + (size_t)a * rows + r0);
         }
     }
-    return now() - t0;
+    return ds4_now() - t0;
 }
 
 static void bench_batch(int reps, int nacts, int64_t cols) {
@@ -232,9 +229,9 @@ static void bench_quantize(int reps) {
             for (int r = 0; r < ROWS; r++) {
                 double best = INFINITY;
                 for (int rep = 0; rep < reps; rep++) {
-                    double t0 = now();
+                    double t0 = ds4_now();
                     ds4_quantize_row(types[t], x + (size_t)r * COLS, buf, COLS, with ? imp : NULL);
-                    best = fmin(best, now() - t0);
+                    best = fmin(best, ds4_now() - t0);
                 }
                 dt += best;
             }
@@ -285,28 +282,29 @@ static void bench_rmse(void) {
 }
 
 int main(int argc, char **argv) {
-    size_t mib = 256;
-    int reps = 3;
-    int nacts = 64;
-    int64_t cols = COLS;
-    const char *only = NULL;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--mib") && i + 1 < argc) mib = (size_t)atol(argv[++i]);
-        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--only") && i + 1 < argc) only = argv[++i];
-        else if (!strcmp(argv[i], "--acts") && i + 1 < argc) nacts = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--cols") && i + 1 < argc) cols = atol(argv[++i]);
-        else {
-            fprintf(stderr, "usage: %s [--mib N] [--reps N] [--acts N] [--cols N] [--only dots|batch|quantize|rmse]\n", argv[0]);
-            return 2;
-        }
-    }
-    if (mib == 0 || reps <= 0 || nacts <= 0 || cols <= 0 || cols % 256 != 0) {
-        fprintf(stderr, "ds4-quant-bench: --mib, --reps, --acts must be positive, --cols a multiple of 256\n");
-        return 2;
-    }
+    uint32_t mib, cols;
+    int reps, nacts;
+    const char *only;
+    ds4_opt table[] = {
+        {DS4_OPT_CHOICE("--only", "WHAT", &only, "dots|batch|quantize|rmse", NULL, "run one of the benchmarks"),
+         .def_text = "all"},
+        {DS4_OPT_U32("--mib", "N", &mib, 1, 1u << 20, 256, "MiB of weights per type in dots (more than the last-level "
+                                                        "cache)")},
+        {DS4_OPT_INT("--reps", "N", &reps, 1, 1000000, 3, "passes; the best one counts")},
+        {DS4_OPT_INT("--acts", "N", &nacts, 1, 1 << 16, 64, "activations of batch")},
+        {DS4_OPT_U32("--cols", "N", &cols, 256, 1u << 24, COLS, "row width of batch, a multiple of 256")},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-quant-bench", .usage = "[options]",
+                   .about = "Single-thread micro-benchmark of the block formats: dot products (GB/s of weight "
+                            "bytes),\nbatched products (ns per row and activation), quantization (elements/s) "
+                            "and quantization RMSE.",
+                   .opts = table};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (cols % 256 != 0) return ds4_cli_usage(&cli, "--cols %u: must be a multiple of 256", cols);
     printf("kernels: %s\n", ds4_cpu_has_avx2_fma() ? "scalar and AVX2+FMA" : "scalar only (no AVX2+FMA)");
-    if (!only || !strcmp(only, "dots")) bench_dots(mib, reps);
+    if (!only || !strcmp(only, "dots")) bench_dots((size_t)mib, reps);
     if (!only || !strcmp(only, "batch")) bench_batch(reps, nacts, cols);
     if (!only || !strcmp(only, "quantize")) bench_quantize(reps);
     if (!only || !strcmp(only, "rmse")) bench_rmse();

@@ -15,6 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/opts.h"
+
 typedef struct row {
     char id[256];
     double avg_nll;
@@ -71,12 +73,23 @@ static const row *find(const table *t, const char *id) {
 }
 
 int main(int argc, char **argv) {
-    if (argc != 3) {
-        fprintf(stderr, "usage: ds4-score-compare OLD.tsv NEW.tsv\n");
-        return 2;
-    }
+    const char *old_path, *new_path;
+    ds4_opt opts[] = {
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_STR("OLD.tsv", NULL, &old_path, NULL, "a ds4-score result file"), .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("NEW.tsv", NULL, &new_path, NULL, "another, of the same cases"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-score-compare", .usage = "OLD.tsv NEW.tsv",
+                   .about = "Compare two ds4-score result files, case by case (matched by id): mean avg_nll of "
+                            "both and the\ndelta (negative: NEW is better), wins, ties and losses, first-token "
+                            "matches and greedy LCP.",
+                   .opts = opts};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     table a = {0}, b = {0};
-    if (load(argv[1], &a) != 0 || load(argv[2], &b) != 0) return 1;
+    if (load(old_path, &a) != 0 || load(new_path, &b) != 0) return 1;
     size_t n = 0, wins = 0, ties = 0, losses = 0, fa = 0, fb = 0, only = 0;
     double sa = 0, sb = 0, la = 0, lb = 0;
     for (size_t i = 0; i < a.n; i++) {

@@ -2,7 +2,7 @@
  * ds4-score - teacher-forced quality scoring of a ds4 GGUF on reference
  * continuations (docs/TOOLCHAIN.md).
  *
- *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t N] [--no-sim] [--backend NAME | --cpu | --cuda]
+ *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [options]   (ds4-score --help lists them)
  *
  * MANIFEST is a tab-separated list of cases, `ID<TAB>PROMPT<TAB>TARGET`,
  * where PROMPT and TARGET are files of token ids (separated by spaces,
@@ -25,13 +25,12 @@
  */
 #include <ctype.h>
 #include <errno.h>
-#include <getopt.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "base/numparse.h"
+#include "engine/cli.h"
 #include "engine/engine.h"
 #include "engine/startup.h"
 #include "model/backend.h"
@@ -88,12 +87,10 @@ typedef struct score {
     uint32_t lcp;
 } score;
 
-/* -log softmax(logits)[t] in double, and whether t is the argmax (lowest
- * index first on ties). */
+/* -log softmax(logits)[t] in double, and whether t is the argmax
+ * (base/rank.h). */
 static double token_nll(const float *logits, uint32_t n, uint32_t t, bool *is_argmax) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (logits[i] > logits[best]) best = i;
+    uint32_t best = (uint32_t)ds4_argmax(logits, (int)n);
     double m = logits[best], sum = 0;
     for (uint32_t i = 0; i < n; i++) sum += exp((double)logits[i] - m);
     *is_argmax = best == t;
@@ -179,56 +176,34 @@ static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manife
     return rc;
 }
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: ds4-score MODEL MANIFEST OUT.tsv [CTX] [-t THREADS] [--no-sim] [--backend NAME | --cpu | --cuda]\n"
-               "  MANIFEST lines: ID<TAB>PROMPT_TOKENS_FILE<TAB>TARGET_TOKENS_FILE (token ids)\n"
-               "  CTX: context size (default 4096)\n"
-               "  backend: the build's default, %s\n", ds4_default_backend());
-}
-
 int main(int argc, char **argv) {
-    static const struct option opts[] = {{"no-sim", no_argument, 0, 'n'}, {"threads", required_argument, 0, 't'},
-                                         {"backend", required_argument, 0, 'b'}, {"cpu", no_argument, 0, 'C'},
-                                         {"cuda", no_argument, 0, 'U'}, {"help", no_argument, 0, 'h'},
-                                         {0, 0, 0, 0}};
-    ds4_backend_opts bo = {.ctx_size = 4096};
-    const char *backend = ds4_default_backend();
-    int c;
-    while ((c = getopt_long(argc, argv, "t:h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'n': bo.no_sim = true; break;
-        case 't': {
-            uint32_t t;
-            if (ds4_parse_u32(optarg, 1, 4096, &t)) {
-                fprintf(stderr, "ds4-score: -t %s: expected an integer in 1..4096\n", optarg);
-                return 2;
-            }
-            bo.n_threads = (int)t;
-            break;
-        }
-        case 'b': backend = optarg; break;
-        case 'C': backend = "cpu"; break;
-        case 'U': backend = "cuda"; break;
-        case 'h': usage(stdout); return 0;
-        default: usage(stderr); return 2;
-        }
-    }
-    if (argc - optind < 3 || argc - optind > 4) {
-        usage(stderr);
-        return 2;
-    }
-    const char *model = argv[optind], *manifest = argv[optind + 1], *out_path = argv[optind + 2];
-    if (argc - optind == 4) {
-        if (ds4_parse_u32(argv[optind + 3], 16, 1u << 24, &bo.ctx_size)) {
-            fprintf(stderr, "ds4-score: CTX %s: expected an integer in 16..16777216\n", argv[optind + 3]);
-            return 2;
-        }
-    }
+    ds4_backend_opts bo = {0};
+    const char *backend, *model, *manifest, *out_path;
+    ds4_opt table[] = {
+        DS4_CLI_CTX(&bo.ctx_size),
+        DS4_CLI_THREADS(&bo.n_threads),
+        DS4_CLI_NO_SIM(&bo.no_sim),
+        DS4_CLI_BACKEND(&backend, NULL),
+        {DS4_OPT_SECTION("arguments:")},
+        {DS4_OPT_STR("MODEL", NULL, &model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
+        {DS4_OPT_STR("MANIFEST", NULL, &manifest, NULL,
+                     "lines ID<TAB>PROMPT_TOKENS_FILE<TAB>TARGET_TOKENS_FILE (token ids; paths relative to the "
+                     "manifest's directory; '#' starts a comment)"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("OUT.tsv", NULL, &out_path, NULL, "one row per case"), .flags = DS4_OPT_REQUIRED | DS4_OPT_OUT},
+        {DS4_OPT_U32("CTX", NULL, &bo.ctx_size, 1, DS4_CTX_MAX, DS4_CTX_DEFAULT,
+                     "context size, as -c (ds4's position for it)")},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-score", .usage = "MODEL MANIFEST OUT.tsv [CTX] [options]",
+                   .about = "Teacher-forced quality scoring of a ds4 GGUF on reference continuations: the NLL "
+                            "of each case's\ntarget after its prompt, its first-token match and greedy "
+                            "prefix.  Compare two runs with\nds4-score-compare.",
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (ds4_cli_check_backend(&cli, backend) != 0) return 2;
     ds4_err err = {0};
-    if (ds4_backend_check_name(backend, &err) != 0) {
-        fprintf(stderr, "ds4-score: --backend: %s\n", err.msg);
-        return 2;
-    }
     int lrc = ds4_startup_lock("ds4-score");
     if (lrc) return lrc;
     ds4_weights *w = ds4_weights_open(model, &err);

@@ -13,13 +13,13 @@
  * base's bytes, and payload is streamed from the mappings through the GGUF
  * writer into a temporary file renamed into place.
  */
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
+#include "base/opts.h"
 #include "format/gguf.h"
 #include "format/quants.h"
 #include "model/config.h"
@@ -36,21 +36,6 @@ typedef struct splice {
     ds4_tensor_spec *specs;
     size_t nspecs;
 } splice;
-
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ds4-splice --base FILE --donor FILE --out FILE --q4-layers SPEC [--dry-run] [--force]\n"
-            "\n"
-            "Copy the routed-expert tensors (ffn_gate/up/down_exps) of the layers in SPEC from the donor\n"
-            "GGUF into the base GGUF without requantising; everything else comes from the base.\n"
-            "\n"
-            "  --base FILE        GGUF giving metadata and every other tensor\n"
-            "  --donor FILE       GGUF giving the routed experts of the chosen layers\n"
-            "  --out FILE         output GGUF\n"
-            "  --q4-layers SPEC   layers, e.g. 37-42 or 0-2,40-42 (alias --layers)\n"
-            "  --dry-run          print the plan and size change, write nothing\n"
-            "  --force            replace an existing --out\n");
-}
 
 /* "0-2,40-42" -> layer flags.  -1 with a message on a bad spec. */
 static int parse_layers(const char *spec, uint32_t n_layer, bool *out, ds4_err *err) {
@@ -227,32 +212,28 @@ static int run(splice *s, ds4_err *err) {
 }
 
 int main(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"base", required_argument, 0, 'b'}, {"donor", required_argument, 0, 'd'},
-        {"out", required_argument, 0, 'o'},  {"q4-layers", required_argument, 0, 'l'},
-        {"layers", required_argument, 0, 'l'}, {"dry-run", no_argument, 0, 'n'},
-        {"force", no_argument, 0, 'f'},      {"help", no_argument, 0, 'h'},
-        {0, 0, 0, 0},
-    };
     splice s = {0};
-    int c;
-    while ((c = getopt_long(argc, argv, "h", opts, NULL)) != -1) {
-        switch (c) {
-        case 'b': s.base_path = optarg; break;
-        case 'd': s.donor_path = optarg; break;
-        case 'o': s.out_path = optarg; break;
-        case 'l': s.layers_spec = optarg; break;
-        case 'n': s.dry_run = true; break;
-        case 'f': s.force = true; break;
-        case 'h': usage(stdout); return 0;
-        default: return 2;
-        }
-    }
-    if (optind < argc || !s.base_path || !s.donor_path || !s.layers_spec || (!s.out_path && !s.dry_run)) {
-        fprintf(stderr, "ds4-splice: --base, --donor, --q4-layers and --out (unless --dry-run) are required\n");
-        usage(stderr);
-        return 2;
-    }
+    ds4_opt table[] = {
+        {DS4_OPT_STR("--base", "FILE", &s.base_path, NULL, "GGUF giving the metadata and every other tensor"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("--donor", "FILE", &s.donor_path, NULL, "GGUF giving the routed experts of the chosen layers"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("-o, --out", "FILE", &s.out_path, NULL, "the GGUF to write (required unless --dry-run)"),
+         .flags = DS4_OPT_OUT},
+        {DS4_OPT_STR("--q4-layers, --layers", "SPEC", &s.layers_spec, NULL, "layers, e.g. 37-42 or 0-2,40-42"),
+         .flags = DS4_OPT_REQUIRED},
+        {DS4_OPT_FLAG("--dry-run", &s.dry_run, "print the plan and size change, write nothing")},
+        {DS4_OPT_FLAG("--force", &s.force, "replace an existing --out")},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-splice", .usage = "--base FILE --donor FILE --out FILE --q4-layers SPEC [options]",
+                   .about = "Copy the routed-expert tensors (ffn_gate/up/down_exps) of the layers in SPEC from the "
+                            "donor GGUF\ninto the base GGUF without requantising; everything else comes from the "
+                            "base.",
+                   .opts = table};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (!s.out_path && !s.dry_run) return ds4_cli_usage(&cli, "--out FILE is required (or --dry-run)");
     ds4_err err = {0};
     int rc = run(&s, &err);
     if (rc != 0) fprintf(stderr, "ds4-splice: %s\n", err.msg);

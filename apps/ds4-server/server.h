@@ -47,6 +47,7 @@ typedef struct srv_opts {
     const char *backend;
     int n_threads;
     bool warm_weights;
+    bool no_sim;                /* low-precision simulations off */
     const char *chdir_to;
     uint32_t ctx;
     uint32_t default_max_tokens;

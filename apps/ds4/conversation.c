@@ -127,11 +127,21 @@ static uint32_t to_prefill(const convo *c, const ds4_tokens *p) {
 
 int convo_prefill(convo *c, const ds4_tokens *prompt, turn_stats *st, ds4_err *err) {
     st->prompt_tokens = (uint32_t)prompt->n;
+    if (cli_interrupted) { /* Ctrl+C came before the work started */
+        convo_rollback(c);
+        st->interrupted = st->rolled_back = true;
+        return 1;
+    }
     if (prompt->n >= convo_ctx(c)) {
         convo_rollback(c);
+        if (prompt->n == convo_ctx(c))
+            return ds4_err_set(err, DS4_ERANGE,
+                               "the conversation is %zu tokens and fills the context of %u tokens: no room is "
+                               "left for an answer (a larger context: /ctx N or -c N)",
+                               prompt->n, convo_ctx(c));
         return ds4_err_set(err, DS4_ERANGE,
                            "the conversation is %zu tokens, more than the context of %u tokens holds "
-                           "(a larger one: /ctx N or -c N)",
+                           "(a larger context: /ctx N or -c N)",
                            prompt->n, convo_ctx(c));
     }
     cli_progress pr = {.show = c->term.err_tty};
@@ -234,7 +244,6 @@ static void on_token(void *ctx, int32_t tok, ds4_gen_control *ctl) {
 int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t max_tokens, turn_stats *st,
                ds4_err *err) {
     memset(st, 0, sizeof(*st));
-    cli_interrupted = 0;
     cli_busy(true);
     int rc = convo_prefill(c, prompt, st, err);
     if (rc != 0) {
@@ -249,6 +258,7 @@ int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t ma
     printer_finish(&t.pr);
     printer_free(&t.pr);
     st->interrupted = st->gen.finish == DS4_FINISH_CANCELLED;
+    st->context_full = st->gen.finish == DS4_FINISH_LENGTH && (!max_tokens || st->gen.n_generated < max_tokens);
     if (rc == 0 && t.gen.failed) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (rc == 0) {
         st->rolled_back = t.gen.n == 0;
@@ -264,9 +274,11 @@ int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t ma
 void convo_print_stats(const turn_stats *st) {
     double pre = st->prefill_s > 0 ? st->prefilled / st->prefill_s : 0.0;
     double gen = st->gen.seconds > 0 ? st->gen.n_generated / st->gen.seconds : 0.0;
-    fprintf(stderr, "prefill: %u tokens (%u reused) %.2f t/s, generation: %u tokens %.2f t/s", st->prefilled,
-            st->reused, pre, st->gen.n_generated, gen);
+    fprintf(stderr, "prefill: %u token%s (%u reused) %.2f t/s, generation: %u token%s %.2f t/s", st->prefilled,
+            ds4_plural(st->prefilled), st->reused, pre, st->gen.n_generated, ds4_plural(st->gen.n_generated), gen);
     if (st->interrupted) fprintf(stderr, ", interrupted%s", st->rolled_back ? " (turn taken back)" : "");
-    else if (st->gen.finish == DS4_FINISH_LENGTH) fputs(", stopped at the token limit", stderr);
+    else if (st->context_full) fputs(", stopped: the context is full (a larger one: -c N or /ctx N)", stderr);
+    else if (st->gen.finish == DS4_FINISH_LENGTH) fputs(", stopped at the token limit (-n)", stderr);
     fputc('\n', stderr);
+    cli_warn_nan(st->gen.nan_steps, st->gen.n_generated);
 }

@@ -53,6 +53,7 @@ typedef struct turn_stats {
     double prefill_s;
     ds4_gen_result gen;
     bool interrupted;          /* Ctrl+C (prefill or generation) */
+    bool context_full;         /* generation stopped because the context filled up */
     bool rolled_back;          /* the turn left no trace */
 } turn_stats;
 

@@ -92,9 +92,9 @@ static int write_json(const char *path, const json_t *root, const json_t *steps)
     return rc;
 }
 
-static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, json_t *root, ds4_err *err) {
+static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, json_t *root, bool *interrupted,
+                    ds4_err *err) {
     turn_stats st = {0};
-    cli_interrupted = 0;
     cli_busy(true);
     int rc = convo_prefill(c, prompt, &st, err);
     if (rc > 0) rc = ds4_err_set(err, DS4_EINTERRUPTED, "interrupted during the prompt");
@@ -108,14 +108,18 @@ static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, json_
     }
     cli_busy(false);
     if (rc == 0 && d.failed) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory building the JSON");
+    /* Stopped by Ctrl+C during generation: the steps so far are written,
+     * and the exit status says it was interrupted. */
+    if (rc == 0 && st.gen.finish == DS4_FINISH_CANCELLED) *interrupted = true;
     if (rc == 0) {
         json_object_set_new(root, "prompt_tokens", json_integer((json_int_t)prompt->n));
         json_object_set_new(root, "top_k", json_integer(d.k));
         json_object_set_new(root, "finish", json_string(ds4_finish_name(st.gen.finish)));
         if (write_json(o->logprobs_out, root, d.steps) != 0)
             rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
-        fprintf(stderr, "ds4: %u steps (%s), prefill %.2f s, generation %.2f s\n", st.gen.n_generated,
-                ds4_finish_name(st.gen.finish), st.prefill_s, st.gen.seconds);
+        fprintf(stderr, "ds4: %u step%s (%s), prefill %.2f s, generation %.2f s\n", st.gen.n_generated,
+                ds4_plural(st.gen.n_generated), ds4_finish_name(st.gen.finish), st.prefill_s, st.gen.seconds);
+        cli_warn_nan(st.gen.nan_steps, st.gen.n_generated);
     }
     json_decref(d.steps);
     free(d.ids);
@@ -136,10 +140,13 @@ int run_dump_logprobs(ds4_engine *e, const cli_opts *o) {
                  : convo_prompt(&c, o->prompt, o->prompt_len, &prompt, &err);
     json_t *root = json_pack("{s:s}", "model", o->model);
     if (rc == 0 && !root) rc = ds4_err_set(&err, DS4_ENOMEM, "out of memory");
-    if (rc == 0) rc = dump_run(&c, o, &prompt, root, &err);
+    bool interrupted = false;
+    if (rc == 0) rc = dump_run(&c, o, &prompt, root, &interrupted, &err);
     if (rc != 0) fprintf(stderr, "ds4: --dump-logprobs: %s\n", err.msg);
     json_decref(root);
     ds4_tokens_free(&prompt);
     convo_free(&c);
+    if (interrupted) return cli_report_interrupt();
+    if (rc != 0 && err.code == DS4_EINTERRUPTED) return DS4_EXIT_INTERRUPTED;
     return rc == 0 ? 0 : 1;
 }

@@ -64,17 +64,29 @@ int main(int argc, char **argv) {
         return rc;
     }
     ds4_err err = {0};
-    ds4_engine *e = cli_engine_open(&o, &err);
+    ds4_engine *e = NULL;
+    if (cli_interrupted) {
+        rc = cli_report_interrupt();
+        goto out;
+    }
+    cli_loading(true);
+    e = cli_engine_open(&o, &err);
+    cli_loading(false);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err.msg);
-        cli_opts_free(&o);
-        return 1;
+        rc = 1;
+        goto out;
     }
     if (o.mode != CLI_INSPECT) cli_print_memory(e, o.ctx);
-    if (o.warm_weights && o.mode != CLI_INSPECT && ds4_startup_warm("ds4", e->w, o.threads) != 0) {
-        ds4_engine_close(e);
-        cli_opts_free(&o);
-        return 1;
+    if (o.warm_weights && o.mode != CLI_INSPECT) {
+        cli_busy(true);
+        rc = ds4_startup_warm("ds4", e->w, o.threads, cli_stop_requested, NULL);
+        cli_busy(false);
+        if (rc != 0) goto out;
+    }
+    if (cli_interrupted && o.mode != CLI_INSPECT) {
+        rc = cli_report_interrupt();
+        goto out;
     }
     switch (o.mode) {
     case CLI_INSPECT: rc = run_inspect(e, &o); break;
@@ -84,6 +96,7 @@ int main(int argc, char **argv) {
     case CLI_CHAT: rc = run_chat(e, &o); break;
     case CLI_DUMP_TOKENS: break;
     }
+out:
     ds4_engine_close(e);
     cli_opts_free(&o);
     return rc;

@@ -3,9 +3,11 @@
  * for and with which settings, checked once so the rest of the program can
  * trust every value.
  *
- * Invalid values, unknown options and contradictory combinations are
- * usage errors: the parser prints one line naming the option and the
- * accepted range, and the program exits with status 2.
+ * The options are one table (options.c) in the form of base/opts.h, with
+ * the rows every program shares from engine/cli.h.  Invalid values,
+ * unknown options, files that cannot be read or written and contradictory
+ * combinations are usage errors: one line naming the option and what is
+ * accepted, exit status 2, before any model is loaded.
  */
 #ifndef DS4_CLI_OPTIONS_H
 #define DS4_CLI_OPTIONS_H
@@ -16,11 +18,8 @@
 #include "engine/sampler.h"
 #include "text/chat.h"
 
-#define CLI_DEFAULT_MODEL "ds4flash.gguf"
 #define CLI_DEFAULT_SYSTEM "You are a helpful assistant"
-#define CLI_DEFAULT_CTX 32768u
 #define CLI_DEFAULT_TOKENS 50000u
-#define CLI_MAX_CTX 1048576u        /* the model's trained context */
 #define CLI_LOGPROBS_TOP_K_MAX 128u
 
 /* What the run does; exactly one. */
@@ -44,15 +43,19 @@ typedef struct cli_opts {
     bool n_tokens_given;
     ds4_sampler_params sampling;
     ds4_think_mode think;
-    const char *backend;       /* NULL: the build's default */
+    const char *backend;       /* "cpu", "cuda" */
+    bool backend_given;
     int threads;               /* 0: $DS4_THREADS or all CPUs */
     bool warm_weights;         /* read the whole model file before the first token */
-    bool quality;              /* accepted for ds4 compatibility: always the case here */
+    bool no_sim;               /* low-precision simulations off */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;
     const char *imatrix_dataset, *imatrix_out;
     uint64_t imatrix_max_prompts, imatrix_max_tokens;   /* 0: unlimited */
+    /* As given, before cli_parse settles the prompt and the mode. */
+    const char *prompt_arg, *prompt_file;
+    bool dump_tokens, inspect;
 } cli_opts;
 
 /* Parse argv.  Returns 0 to run, 1 when --help was printed (exit 0), 2 on

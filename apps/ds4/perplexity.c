@@ -6,7 +6,8 @@
  * The text is tokenized as plain text (no chat template, no special-token
  * recognition) after a BOS token.  The first 32 tokens are context only;
  * every later token t is scored with -log softmax(logits after t-1)[t], up
- * to -n scored tokens (when -n is given) and as many as the context holds.
+ * to -n scored tokens (when -n is given) and as many as the context holds
+ * (a note on stderr says so when the context leaves part of the text out).
  * The model runs batched prefills that return every position's logits
  * (ds4_session_append_logits), not one decode per token.  Prints:
  *
@@ -82,14 +83,19 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
      * session holds the fed tokens, context + scored - 1 < ctx. */
     uint64_t n = tk.n - PPL_CONTEXT;
     if (o->n_tokens_given && n > o->n_tokens) n = o->n_tokens;
-    if (n > (uint64_t)o->ctx - PPL_CONTEXT) n = o->ctx > PPL_CONTEXT ? o->ctx - PPL_CONTEXT : 0;
-    if (n == 0) {
+    uint64_t fits = o->ctx > PPL_CONTEXT ? o->ctx - PPL_CONTEXT : 0;
+    if (fits == 0) {
         ds4_err_set(&err, DS4_EINVAL, "a context of %u tokens leaves nothing to score after %d context tokens",
                     o->ctx, PPL_CONTEXT);
         goto out;
     }
+    if (n > fits) {
+        fprintf(stderr, "ds4: --perplexity-file: the text has %zu tokens; a context of %u tokens scores the first "
+                        "%llu after the %d context tokens, not the other %llu (a larger context: -c N)\n",
+                tk.n, o->ctx, (unsigned long long)fits, PPL_CONTEXT, (unsigned long long)(n - fits));
+        n = fits;
+    }
     if (!(s = ds4_session_new(e, o->ctx, &err))) goto out;
-    cli_interrupted = 0;
     cli_busy(true);
     double t0 = ds4_now(), nll = 0.0;
     int rc = ds4_session_sync(s, tk.ids, PPL_CONTEXT - 1, NULL, NULL, &err);
@@ -101,10 +107,14 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     printf("tokens: %llu\nscored: %llu\nnll: %.9f\navg_nll: %.9f\nppl: %.9f\n",
            (unsigned long long)(PPL_CONTEXT + n), (unsigned long long)n, nll,
            nll / (double)n, exp(nll / (double)n));
-    fprintf(stderr, "ds4: %u tokens in %.2f s (%.2f t/s)\n", fed, secs, secs > 0 ? fed / secs : 0.0);
+    fprintf(stderr, "ds4: %u token%s in %.2f s (%.2f t/s)\n", fed, ds4_plural(fed), secs, secs > 0 ? fed / secs : 0.0);
+    if (isnan(nll))
+        fputs("ds4: warning: the log-likelihood is NaN: the model's logits held NaN (its weights hold NaN or Inf "
+              "values, or a kernel failed)\n", stderr);
     status = 0;
 out:
-    if (status) fprintf(stderr, "ds4: --perplexity-file: %s\n", err.msg);
+    if (status && err.code == DS4_EINTERRUPTED) status = cli_report_interrupt();
+    else if (status) fprintf(stderr, "ds4: --perplexity-file: %s\n", err.msg);
     ds4_session_free(s);
     ds4_tokens_free(&tk);
     return status;

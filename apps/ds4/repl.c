@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include <wchar.h>
 
+#include "base/numparse.h"
 #include "conversation.h"
 #include "modes.h"
 
@@ -252,21 +253,19 @@ static void turn(repl *r, const char *text, size_t len) {
 
 /* Returns false when the conversation lost its session (leave). */
 static bool cmd_ctx(repl *r, const char *arg) {
-    char *end;
-    errno = 0;
-    unsigned long v = strtoul(arg, &end, 10);
-    if (!*arg || *end || errno || v < 1 || v > CLI_MAX_CTX || *arg == '-') {
-        fprintf(stderr, "ds4: /ctx N: N must be an integer in 1..%u\n", CLI_MAX_CTX);
+    uint32_t v;
+    if (ds4_parse_u32(arg, 1, DS4_CTX_MAX, &v) != 0) {
+        fprintf(stderr, "ds4: /ctx N: N must be an integer in 1..%u\n", DS4_CTX_MAX);
         return true;
     }
     ds4_err err = {0};
-    if (convo_set_ctx(&r->c, (uint32_t)v, &err) != 0) {
+    if (convo_set_ctx(&r->c, v, &err) != 0) {
         fprintf(stderr, "ds4: /ctx: %s\n", err.msg);
         if (r->c.s) return true;
         fputs("ds4: the context of the old size could not be made again either; leaving\n", stderr);
         return false;
     }
-    cli_print_memory(r->e, (uint32_t)v);
+    cli_print_memory(r->e, v);
     think_warning(&r->c);
     return true;
 }

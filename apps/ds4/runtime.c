@@ -11,15 +11,25 @@
 #include "engine/startup.h"
 
 volatile sig_atomic_t cli_interrupted;
-static volatile sig_atomic_t busy;
+static volatile sig_atomic_t phase; /* enum below */
+enum { PHASE_IDLE, PHASE_BUSY, PHASE_LOADING };
+
+static void say(const char *msg, size_t n) {
+    ssize_t w = write(STDERR_FILENO, msg, n);
+    (void)w;
+}
 
 static void on_sigint(int sig) {
     (void)sig;
-    if (cli_interrupted && busy) {
+    if (phase == PHASE_LOADING) {
+        static const char msg[] = "\nds4: interrupted\n";
+        say(msg, sizeof(msg) - 1);
+        _exit(DS4_EXIT_INTERRUPTED);
+    }
+    if (cli_interrupted && phase == PHASE_BUSY) {
         static const char msg[] = "\nds4: interrupted twice, exiting\n";
-        ssize_t w = write(STDERR_FILENO, msg, sizeof(msg) - 1);
-        (void)w;
-        _exit(130);
+        say(msg, sizeof(msg) - 1);
+        _exit(DS4_EXIT_INTERRUPTED);
     }
     cli_interrupted = 1;
 }
@@ -30,9 +40,35 @@ void cli_signals_init(void) {
     sa.sa_handler = on_sigint;
     sigemptyset(&sa.sa_mask);
     sigaction(SIGINT, &sa, NULL);
+    /* A parent may have started us with SIGINT blocked: Ctrl+C must work
+     * (a press that is already pending arrives here, before any work). */
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGINT);
+    sigprocmask(SIG_UNBLOCK, &s, NULL);
 }
 
-void cli_busy(bool b) { busy = b; }
+void cli_busy(bool b) { phase = b ? PHASE_BUSY : PHASE_IDLE; }
+
+void cli_loading(bool b) { phase = b ? PHASE_LOADING : PHASE_IDLE; }
+
+bool cli_stop_requested(void *ctx) {
+    (void)ctx;
+    return cli_interrupted != 0;
+}
+
+void cli_warn_nan(uint32_t nan_steps, uint32_t steps) {
+    if (nan_steps == 0) return;
+    fprintf(stderr,
+            "ds4: warning: the logits held NaN at %u of %u step%s: the model's weights hold NaN or Inf values "
+            "(or a kernel failed), and the tokens chosen from those rows mean nothing\n",
+            nan_steps, steps, ds4_plural(steps));
+}
+
+int cli_report_interrupt(void) {
+    fputs("ds4: interrupted\n", stderr);
+    return DS4_EXIT_INTERRUPTED;
+}
 
 ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
     if (ds4_model_file_check(o->model, err) != 0) return NULL;
@@ -40,6 +76,7 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
         .model_path = o->model,
         .backend = o->backend,
         .n_threads = o->threads,
+        .no_sim = o->no_sim,
         .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
     };
     return ds4_engine_open(&eo, err); /* its messages start with the path */

@@ -6,7 +6,12 @@
  * Ctrl+C sets a flag that the prefill progress callback and the generation
  * loop poll, so work stops at the next chunk or token with the session
  * consistent; a second Ctrl+C while that work is still running exits at
- * once (status 130), for a prefill chunk that takes too long.
+ * once (status 130), for a prefill chunk that takes too long.  While the
+ * model loads there is nothing to keep: the first Ctrl+C exits at once.
+ * A Ctrl+C that comes before the work starts (during --warm-weights, the
+ * tokenizer, anything) is not forgotten: the work stops before it begins,
+ * and the one-shot modes exit with status 130.  Only the REPL clears the
+ * flag, when it reads a new line.
  */
 #ifndef DS4_CLI_RUNTIME_H
 #define DS4_CLI_RUNTIME_H
@@ -17,6 +22,7 @@
 #include <stdio.h>
 
 #include "engine/engine.h"
+#include "engine/startup.h"
 #include "options.h"
 
 /* Set by SIGINT; cleared by whoever starts new work. */
@@ -26,6 +32,14 @@ extern volatile sig_atomic_t cli_interrupted;
 void cli_signals_init(void);
 /* Mark a stretch of model work: a second Ctrl+C inside it exits. */
 void cli_busy(bool busy);
+/* Mark the model loading: a Ctrl+C inside it exits at once. */
+void cli_loading(bool loading);
+/* Whether Ctrl+C was pressed (a stop callback: ds4_startup_warm). */
+bool cli_stop_requested(void *ctx);
+/* A warning on stderr when generation chose tokens from NaN logits. */
+void cli_warn_nan(uint32_t nan_steps, uint32_t steps);
+/* "ds4: interrupted" on stderr; returns the exit status, 130. */
+int cli_report_interrupt(void);
 
 /* Open the model named by the options (tokenizer required).  A missing file
  * gets an explanation of where models come from. */

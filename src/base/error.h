@@ -54,4 +54,8 @@ const char *ds4_err_msg(const ds4_err *e);
 /* Name of an error code ("format", "io", ...). */
 const char *ds4_errcode_name(ds4_errcode code);
 
+/* The plural ending of messages that count: "%u token%s", n, ds4_plural(n)
+ * says "1 token" and "2 tokens". */
+static inline const char *ds4_plural(unsigned long long n) { return n == 1 ? "" : "s"; }
+
 #endif

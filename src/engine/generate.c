@@ -6,7 +6,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 const char *ds4_finish_name(ds4_finish f) {
     switch (f) {
@@ -18,12 +17,6 @@ const char *ds4_finish_name(ds4_finish f) {
     case DS4_FINISH_ERROR: return "error";
     }
     return "?";
-}
-
-double ds4_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int32_t pick(ds4_sampler *smp, const float *logits, int32_t eos, bool exclude_eos, bool greedy,
@@ -63,6 +56,7 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
             res->finish = DS4_FINISH_ERROR;
             break;
         }
+        if (ds4_any_nan(logits, n_vocab)) res->nan_steps++;
         int32_t tok = res->n_generated < opts->n_forced
                           ? opts->forced[res->n_generated]
                           : pick(smp, logits, e->eos, opts->exclude_eos, greedy, scratch, n_vocab);

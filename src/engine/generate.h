@@ -21,6 +21,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/clock.h" /* ds4_now, for the timing lines programs print */
 #include "base/error.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
@@ -59,6 +60,8 @@ typedef struct ds4_gen_opts {
 typedef struct ds4_gen_result {
     ds4_finish finish;
     uint32_t n_generated;       /* tokens handed to the callback */
+    uint32_t nan_steps;         /* of which were chosen from logits holding NaN
+                                 * (broken weights or kernels: programs warn) */
     double seconds;             /* wall time of the loop */
 } ds4_gen_result;
 
@@ -66,8 +69,5 @@ typedef struct ds4_gen_result {
  * smp NULL: every token is the argmax. */
 int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4_gen_token_fn fn, void *ctx,
                  ds4_gen_result *res, ds4_err *err);
-
-/* Monotonic seconds, for the timing lines programs print. */
-double ds4_now(void);
 
 #endif

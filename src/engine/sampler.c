@@ -10,16 +10,16 @@
 #include <unistd.h>
 
 void ds4_sampler_defaults(ds4_sampler_params *p) {
-    p->temperature = 1.0f;
-    p->top_p = 1.0f;
-    p->min_p = 0.05f;
+    p->temperature = DS4_TEMP_DEFAULT;
+    p->top_p = DS4_TOP_P_DEFAULT;
+    p->min_p = DS4_MIN_P_DEFAULT;
     p->top_k = 0;
     p->seed = 0;
 }
 
 int ds4_sampler_params_check(const ds4_sampler_params *p, ds4_err *err) {
-    if (!(p->temperature >= 0.0f && p->temperature <= 100.0f))
-        return ds4_err_set(err, DS4_EINVAL, "temperature %g: must be in 0..100", p->temperature);
+    if (!(p->temperature >= 0.0f && p->temperature <= DS4_TEMP_MAX))
+        return ds4_err_set(err, DS4_EINVAL, "temperature %g: must be in 0..%g", p->temperature, DS4_TEMP_MAX);
     if (!(p->top_p >= 0.0f && p->top_p <= 1.0f))
         return ds4_err_set(err, DS4_EINVAL, "top_p %g: must be in 0..1", p->top_p);
     if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
@@ -59,20 +59,6 @@ void ds4_sampler_free(ds4_sampler *s) {
     s->cand_logit = NULL;
 }
 
-int32_t ds4_argmax(const float *x, int n) {
-    int32_t best = 0;
-    float bv = -INFINITY;
-    int found = 0;
-    for (int i = 0; i < n; i++) {
-        if (x[i] > bv || (!found && x[i] == bv)) {
-            bv = x[i];
-            best = i;
-            found = 1;
-        }
-    }
-    return best;
-}
-
 /* xorshift64*: small, fast, and good enough for sampling. */
 static double next_uniform(ds4_sampler *s) {
     uint64_t x = s->state;
@@ -102,23 +88,19 @@ static void sort_candidates(int32_t *id, float *lg, int n) {
     }
 }
 
-/* Keep only the k best candidates (k << n): a bounded insertion selection. */
+/* Keep only the k best candidates, best first (base/rank.h's order: the
+ * candidates are in id order, so a lower position is a lower id). */
 static int select_top_k(int32_t *id, float *lg, int n, int k) {
     if (k <= 0 || k >= n) return n;
-    int kept = 0;
-    for (int i = 0; i < n; i++) {
-        int32_t ci = id[i];
-        float cl = lg[i];
-        if (kept == k && !(cl > lg[kept - 1] || (cl == lg[kept - 1] && ci < id[kept - 1]))) continue;
-        int j = kept < k ? kept++ : k - 1;
-        while (j > 0 && (lg[j - 1] < cl || (lg[j - 1] == cl && id[j - 1] > ci))) {
-            id[j] = id[j - 1];
-            lg[j] = lg[j - 1];
-            j--;
-        }
-        id[j] = ci;
-        lg[j] = cl;
+    int32_t pos[DS4_TOP_K_MAX], kid[DS4_TOP_K_MAX];
+    float kl[DS4_TOP_K_MAX];
+    int kept = ds4_top_k(lg, n, k, pos);
+    for (int i = 0; i < kept; i++) {
+        kid[i] = id[pos[i]];
+        kl[i] = lg[pos[i]];
     }
+    memcpy(id, kid, (size_t)kept * sizeof(*id));
+    memcpy(lg, kl, (size_t)kept * sizeof(*lg));
     return kept;
 }
 
@@ -176,26 +158,9 @@ double ds4_logprob_of(const float *logits, int n, int32_t id) {
 }
 
 int ds4_top_logprobs(const float *logits, int n, int k, int32_t *ids, float *logprobs) {
-    if (k > n) k = n;
-    if (k <= 0) return 0;
-    float max = logits[ds4_argmax(logits, n)];
-    double lse = log_sum_exp(logits, n, max);
-    float *lg = malloc((size_t)k * sizeof(float));
-    if (!lg) return 0;
-    int kept = 0;
-    for (int i = 0; i < n; i++) {
-        float cl = logits[i];
-        if (kept == k && !(cl > lg[kept - 1])) continue;
-        int j = kept < k ? kept++ : k - 1;
-        while (j > 0 && lg[j - 1] < cl) {
-            ids[j] = ids[j - 1];
-            lg[j] = lg[j - 1];
-            j--;
-        }
-        ids[j] = i;
-        lg[j] = cl;
-    }
-    for (int i = 0; i < kept; i++) logprobs[i] = (float)((double)lg[i] - lse);
-    free(lg);
+    if (k <= 0 || n <= 0) return 0;
+    double lse = log_sum_exp(logits, n, logits[ds4_argmax(logits, n)]);
+    int kept = ds4_top_k(logits, n, k, ids);
+    for (int i = 0; i < kept; i++) logprobs[i] = (float)((double)logits[ids[i]] - lse);
     return kept;
 }

@@ -9,6 +9,7 @@
  * draw from the renormalised distribution with a seeded xorshift64*
  * generator, so the same seed and logits give the same tokens.
  * Defaults are ds4's (docs/MODEL.md 13): T 1, top-p 1, min-p 0.05.
+ * ds4_argmax (base/rank.h) is the greedy choice everywhere.
  */
 #ifndef DS4_ENGINE_SAMPLER_H
 #define DS4_ENGINE_SAMPLER_H
@@ -16,8 +17,15 @@
 #include <stdint.h>
 
 #include "base/error.h"
+#include "base/rank.h"
 
-#define DS4_TOP_K_MAX 1024
+/* The parameters' bounds and defaults, for every program that takes them
+ * (engine/cli.h's rows, the server's request fields). */
+#define DS4_TEMP_MAX 100.0f      /* temperatures above are refused (ds4's bound) */
+#define DS4_TEMP_DEFAULT 1.0f
+#define DS4_TOP_P_DEFAULT 1.0f
+#define DS4_MIN_P_DEFAULT 0.05f
+#define DS4_TOP_K_MAX 1024       /* larger top-k values are taken as this */
 
 typedef struct ds4_sampler_params {
     float temperature;
@@ -47,12 +55,9 @@ void ds4_sampler_free(ds4_sampler *s);
  * chosen unless every entry is -inf, in which case 0 is returned). */
 int32_t ds4_sample(ds4_sampler *s, const float *logits);
 
-/* Index of the largest value, lowest index on ties; NaN never wins. */
-int32_t ds4_argmax(const float *x, int n);
-
 /* The k most likely tokens with their log-probabilities under the plain
- * softmax of `logits` (no temperature), most likely first.  Returns the
- * number written (min(k, n)). */
+ * softmax of `logits` (no temperature), most likely first in base/rank.h's
+ * order.  Returns the number written (min(k, n); NaN logits are left out). */
 int ds4_top_logprobs(const float *logits, int n, int k, int32_t *ids, float *logprobs);
 
 /* log softmax(logits)[id], computed stably in double. */

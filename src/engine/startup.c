@@ -9,9 +9,9 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/instance_lock.h"
 #include "base/threads.h"
 #include "model/session_state.h"
@@ -120,7 +120,12 @@ static void warm_pages(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int64_t p = begin; p < end; p++) (void)j->base[(size_t)p * j->page];
 }
 
-int ds4_weights_warm(const ds4_weights *w, int n_threads, uint64_t *bytes, ds4_err *err) {
+/* Pages read between two looks at the stop callback: a few hundred
+ * milliseconds of a fast disk, so Ctrl+C is answered at once. */
+#define WARM_SLICE_BYTES (256ull << 20)
+
+int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes,
+                     ds4_err *err) {
     *bytes = 0;
     if (w->synthetic || !w->gguf || !w->gguf->owns_map) return 0;
     const uint8_t *base = w->gguf->base;
@@ -131,30 +136,31 @@ int ds4_weights_warm(const ds4_weights *w, int n_threads, uint64_t *bytes, ds4_e
     (void)madvise((void *)base, size, MADV_WILLNEED);
     ds4_pool *pool = ds4_pool_create(n_threads, err);
     if (!pool) return ds4_err_prefix(err, "warming the weights");
-    warm_job j = {.base = base, .page = page};
-    int64_t pages = (int64_t)((size + page - 1) / page);
-    ds4_pool_run(pool, pages, 256, warm_pages, &j);
+    int64_t pages = (int64_t)((size + page - 1) / page), slice = (int64_t)(WARM_SLICE_BYTES / page);
+    int rc = 0;
+    for (int64_t first = 0; first < pages; first += slice) {
+        if (stop && stop(stop_ctx)) {
+            rc = ds4_err_set(err, DS4_EINTERRUPTED, "warming the weights: interrupted");
+            break;
+        }
+        warm_job j = {.base = base + (size_t)first * page, .page = page};
+        ds4_pool_run(pool, pages - first < slice ? pages - first : slice, 256, warm_pages, &j);
+        *bytes = (uint64_t)(first + slice) * page < size ? (uint64_t)(first + slice) * page : size;
+    }
     ds4_pool_free(pool);
-    *bytes = size;
-    return 0;
+    return rc;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads) {
+int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx) {
     ds4_err err = {0};
     uint64_t bytes;
-    double t0 = now_s();
-    if (ds4_weights_warm(w, n_threads, &bytes, &err) != 0) {
+    double t0 = ds4_now();
+    if (ds4_weights_warm(w, n_threads, stop, stop_ctx, &bytes, &err) != 0) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
-        return -1;
+        return err.code == DS4_EINTERRUPTED ? DS4_EXIT_INTERRUPTED : 1;
     }
     char b[32];
-    double dt = now_s() - t0;
+    double dt = ds4_now() - t0;
     if (bytes)
         fprintf(stderr, "%s: warmed %s of weights in %.2f s (%.2f GB/s)\n", prog, ds4_fmt_bytes(bytes, b), dt,
                 dt > 0 ? (double)bytes / dt / 1e9 : 0.0);

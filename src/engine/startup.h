@@ -13,6 +13,7 @@
 #ifndef DS4_ENGINE_STARTUP_H
 #define DS4_ENGINE_STARTUP_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -20,6 +21,9 @@
 
 /* Exit status of a program that found the lock held by another process. */
 #define DS4_EXIT_LOCKED 2
+/* Exit status of a program stopped by Ctrl+C (128 + SIGINT, as shells
+ * report it). */
+#define DS4_EXIT_INTERRUPTED 130
 
 /* Take the instance lock.  On failure print "PROG: <why>" on stderr and
  * return the status to exit with: DS4_EXIT_LOCKED when another process
@@ -53,11 +57,15 @@ void ds4_startup_print_memory(const char *prog, const char *backend, const ds4_w
  * disk page by page.  Matters where generation reads the mapping (the CPU
  * backend); the CUDA backend reads the whole file once anyway when it
  * copies the weights to the GPU.  *bytes: how much was read (0 for
- * synthetic weights, which have no file). */
-int ds4_weights_warm(const ds4_weights *w, int n_threads, uint64_t *bytes, ds4_err *err);
+ * synthetic weights, which have no file).  stop (may be NULL) is asked
+ * between slices of the file: when it says true (Ctrl+C) the reading ends
+ * with DS4_EINTERRUPTED. */
+int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes,
+                     ds4_err *err);
 
 /* ds4_weights_warm with a line on stderr ("PROG: warmed X of weights in
- * S s"); the error, if any, is printed too.  Returns 0 or -1. */
-int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads);
+ * S s"); the error, if any, is printed too.  Returns the status to go on
+ * with: 0, 1 after an error, DS4_EXIT_INTERRUPTED when stop said so. */
+int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx);
 
 #endif

@@ -5,10 +5,12 @@
 
 #include <string.h>
 
+#include "base/rank.h"
+
 ds4_backend_opts ds4_backend_opts_resolve(const ds4_backend_opts *opts) {
     ds4_backend_opts o = {0};
     if (opts) o = *opts;
-    if (o.ctx_size == 0) o.ctx_size = 4096;
+    if (o.ctx_size == 0) o.ctx_size = DS4_CTX_DEFAULT;
     if (o.prefill_chunk == 0) o.prefill_chunk = 2048; /* ds4's default, in DSV4 payloads (docs/MODEL.md 7) */
     return o;
 }
@@ -41,19 +43,12 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
     return NULL;
 }
 
-static uint32_t argmax(const float *x, uint32_t n) {
-    uint32_t best = 0;
-    for (uint32_t i = 1; i < n; i++)
-        if (x[i] > x[best]) best = i;
-    return best;
-}
-
 int ds4_seq_greedy(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err) {
     if (b->ops->greedy) return b->ops->greedy(b, s, n, out, err);
     for (uint32_t i = 0; i < n; i++) {
         const float *l = ds4_seq_logits(b, s);
         if (!l) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
-        out[i] = argmax(l, b->w->cfg.n_vocab);
+        out[i] = (uint32_t)ds4_argmax(l, (int)b->w->cfg.n_vocab);
         if (ds4_seq_decode(b, s, out[i], err) != 0) return -1;
     }
     return 0;

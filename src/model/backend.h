@@ -47,11 +47,16 @@
 #include "model/session_state.h"
 #include "model/weights.h"
 
+/* A session's size in tokens: the one default and the one bound every
+ * program's -c/--ctx and the library share (engine/cli.h). */
+#define DS4_CTX_DEFAULT 32768u  /* tokens a session holds unless told otherwise */
+#define DS4_CTX_MAX 1048576u    /* the longest context accepted: the model's trained one */
+
 typedef struct ds4_backend_opts {
     int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
     uint32_t ctx_size;      /* tokens the main sequence holds, and the most any
-                             * sequence may hold; 0: 4096 */
+                             * sequence may hold; 0: DS4_CTX_DEFAULT */
     uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
     bool no_sim;            /* turn the low-precision simulations off */
     uint32_t cuda_graph_ctx; /* CUDA: context of the smallest captured decode

@@ -12,6 +12,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "base/paths.h"
 #include "text/strbuf.h"
 
 /* The official pre_tokenizer regexes, verbatim from tokenizer.json. */
@@ -36,9 +37,11 @@ static bool ends_with(const char *s, const char *suffix) {
  * build dependency), so the compressed copy in data/ is used as is. */
 static json_t *load_json(const char *path, ds4_err *err) {
     json_error_t je;
+    if (ds4_path_check_readable(path, err) != 0) return NULL; /* before xz or jansson word it */
     if (!ends_with(path, ".xz")) {
         json_t *j = json_load_file(path, JSON_ALLOW_NUL, &je);
-        if (!j) ds4_err_set(err, DS4_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        if (!j && je.line > 0) ds4_err_set(err, DS4_EFORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        else if (!j) ds4_err_set(err, DS4_EFORMAT, "%s: %s", path, je.text);
         return j;
     }
     int fds[2];
@@ -69,10 +72,16 @@ static json_t *load_json(const char *path, ds4_err *err) {
     waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
         json_decref(j);
-        ds4_err_set(err, DS4_EIO, "%s: xz -dc failed (status %d)", path, status);
+        if (WIFEXITED(status))
+            ds4_err_set(err, DS4_EIO, "%s: xz -dc failed (exit status %d: not an xz file?)", path, WEXITSTATUS(status));
+        else
+            ds4_err_set(err, DS4_EIO, "%s: xz -dc was killed by signal %d", path, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
         return NULL;
     }
-    if (!j) ds4_err_set(err, DS4_EFORMAT, "%s (decompressed):%d:%d: %s", path, je.line, je.column, je.text);
+    if (!j && je.line > 0)
+        ds4_err_set(err, DS4_EFORMAT, "%s (decompressed):%d:%d: %s", path, je.line, je.column, je.text);
+    else if (!j)
+        ds4_err_set(err, DS4_EFORMAT, "%s (decompressed): %s", path, je.text);
     return j;
 }
 

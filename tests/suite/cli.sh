@@ -183,7 +183,7 @@ expect_usage "--temp 101: must be a number in 0..100" --temp 101
 expect_usage "--top-p 1.5" --top-p 1.5
 expect_usage "--min-p -0.1" --min-p -0.1
 expect_usage "--top-k -1" --top-k -1
-expect_usage "--seed 0: must be a nonzero" --seed 0
+expect_usage "--seed 0: must be a positive integer" --seed 0
 expect_usage "-t 0" -t 0
 expect_usage "--logprobs-top-k 0" --logprobs-top-k 0 --dump-logprobs x -p a
 expect_usage "unknown option" --bogus
@@ -199,8 +199,8 @@ expect_usage "needs --imatrix-dataset" --imatrix-out "$dir/x.dat"
 expect_usage "needs --imatrix-out" --imatrix-dataset "$dir/im.txt"
 expect_usage "needs --imatrix-out" --imatrix-max-tokens 5
 expect_usage "--imatrix-max-prompts 0: must be a positive" --imatrix-max-prompts 0 --imatrix-out x --imatrix-dataset y
-expect_usage "takes no prompt" --imatrix-out x --imatrix-dataset y -p hi
-expect_usage "only one of" --imatrix-out x --imatrix-dataset y --inspect
+expect_usage "takes no prompt" --imatrix-out x --imatrix-dataset "$dir/im.txt" -p hi
+expect_usage "only one of" --imatrix-out x --imatrix-dataset "$dir/im.txt" --inspect
 ./ds4 --help | grep -q -- "--dump-logprobs FILE" || fail "--help"
 
 # --- a missing model explains where models come from ---------------------------

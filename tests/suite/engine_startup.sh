@@ -179,16 +179,19 @@ expect_refused "MTP speculative decoding" ./ds4 -m "$M" --mtp-margin=3
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 
-# Invalid values are usage errors (status 2) in every engine program.
+# Invalid values are usage errors (status 2) in every engine program, worded
+# from the one option table (base/opts.h) with the one context range.
 expect_refused "Metal is not supported" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" --backend metal
-expect_refused "expected an integer" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" -t 0
-expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" --ctx abc
-expect_refused "expected an integer" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" -t 0
-expect_refused "bad number" ./ds4-forward "$M" --ctx abc
+expect_refused "ds4-score: -t 0: must be an integer in 1..4096" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" -t 0
+expect_refused "ds4-qeval: --ctx abc: must be an integer in 1..1048576" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" --ctx abc
+expect_refused "ds4-qeval: -t 0: must be an integer in 1..4096" ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt" -t 0
+expect_refused "ds4-forward: --ctx abc: must be an integer in 1..1048576" ./ds4-forward "$M" --ctx abc
 expect_refused "unknown backend 'tpu'" ./ds4-forward "$M" --backend tpu
-expect_refused "expected a positive integer" ./ds4-imatrix "$M" --imatrix-dataset x --imatrix-out y --ctx 0
-expect_refused "bad number" ./ds4-bench -m "$M" --ctx-start x
-expect_refused "needs an integer" ./ds4-server -m "$M" -c 0
+expect_refused "ds4-imatrix: --ctx 0: must be an integer in 1..1048576" ./ds4-imatrix "$M" --imatrix-dataset x --imatrix-out y --ctx 0
+expect_refused "ds4-bench: --ctx-start x: must be an integer in 1..1048576" ./ds4-bench -m "$M" --ctx-start x
+expect_refused "ds4-server: -c 0: must be an integer in 1..1048576" ./ds4-server -m "$M" -c 0
+expect_refused "ds4: -c 1048577: must be an integer in 1..1048576" ./ds4 -m "$M" -c 1048577
+expect_refused "ds4-score: CTX 0: must be an integer in 1..1048576" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" 0
 [ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
 ./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
 echo "engine_startup: ok"

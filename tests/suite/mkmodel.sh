@@ -31,12 +31,12 @@ if cmp -s "$dir/s5.gguf" "$dir/s6.gguf"; then echo "seed ignored"; exit 1; fi
 expect_fail() {
     want=$1; shift
     if "$@" >"$dir/err.txt" 2>&1; then echo "expected failure: $*"; exit 1; fi
-    grep -q "$want" "$dir/err.txt" || { echo "message lacks '$want':"; cat "$dir/err.txt"; exit 1; }
+    grep -q -- "$want" "$dir/err.txt" || { echo "message lacks '$want':"; cat "$dir/err.txt"; exit 1; }
 }
 expect_fail "not a multiple of the iq2_xxs block" ./ds4-mkmodel -q --recipe q2 --set embd=64 -o "$dir/x.gguf"
 expect_fail "unknown recipe" ./ds4-mkmodel -q --recipe q3 -o "$dir/x.gguf"
-expect_fail "unknown preset" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
-expect_fail "bad --set" ./ds4-mkmodel -q --set layers=0 -o "$dir/x.gguf"
+expect_fail "--preset huge: must be one of tiny, small, mid or flash" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
+expect_fail "--set layers=0: not KEY=VALUE" ./ds4-mkmodel -q --set layers=0 -o "$dir/x.gguf"
 expect_fail "must divide head_count" ./ds4-mkmodel -q --set o-groups=3 -o "$dir/x.gguf"
 [ ! -e "$dir/x.gguf" ] || { echo "a failed run left an output file"; exit 1; }
 echo "mkmodel: ok"

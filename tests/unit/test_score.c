@@ -192,7 +192,8 @@ static void test_errors(void **state) {
     expect_error("x\tpa.txt\tbad.txt\n", many, 1, "case x: 5 + 70 tokens exceed the context of 64");
     char log[1024];
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s", f32), 2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s %s out.tsv 8", f32, manifest), 2);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s %s out.tsv 0", f32, manifest), 2);
+    assert_non_null(strstr(log, "CTX 0: must be an integer in 1..1048576"));
 }
 
 int main(void) {

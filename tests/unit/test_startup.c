@@ -92,7 +92,7 @@ static void test_warm_reads_every_page(void **state) {
     size_t page = (size_t)sysconf(_SC_PAGESIZE), pages = (w->gguf->size + page - 1) / page;
     size_t before = resident(w->gguf->base, w->gguf->size);
     uint64_t warmed = 0;
-    assert_int_equal(ds4_weights_warm(w, 2, &warmed, &err), 0);
+    assert_int_equal(ds4_weights_warm(w, 2, NULL, NULL, &warmed, &err), 0);
     assert_int_equal(warmed, w->gguf->size);
     assert_int_equal(resident(w->gguf->base, w->gguf->size), pages);
     if (before == pages) print_message("page cache did not drop the file: the before state proves nothing\n");
@@ -104,11 +104,34 @@ static void test_warm_reads_every_page(void **state) {
     ds4_config_flash(&c);
     ds4_weights *s = ds4_weights_synthetic(&c, "q2", 1, &err);
     assert_non_null(s);
-    assert_int_equal(ds4_weights_warm(s, 1, &warmed, &err), 0);
+    assert_int_equal(ds4_weights_warm(s, 1, NULL, NULL, &warmed, &err), 0);
     assert_int_equal(warmed, 0);
     ds4_weights_close(s);
     st_rmdir(dir);
     free(dir);
+}
+
+static bool stop_now(void *ctx) {
+    ++*(int *)ctx;
+    return true;
+}
+
+/* Ctrl+C during --warm-weights: the stop callback is asked before the
+ * first slice of the file and ends the reading. */
+static void test_warm_stops_when_asked(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(MODEL, &err);
+    if (!w) fail_msg("%s", err.msg);
+    int asked = 0;
+    uint64_t warmed = 1;
+    assert_int_equal(ds4_weights_warm(w, 2, stop_now, &asked, &warmed, &err), -1);
+    assert_int_equal(err.code, DS4_EINTERRUPTED);
+    assert_string_equal(err.msg, "warming the weights: interrupted");
+    assert_int_equal(asked, 1);
+    assert_int_equal(warmed, 0);
+    assert_int_equal(ds4_startup_warm("test", w, 2, stop_now, &asked), DS4_EXIT_INTERRUPTED);
+    ds4_weights_close(w);
 }
 
 static void test_names_and_messages(void **state) {
@@ -143,6 +166,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_weight_bytes_and_memory_line),
         cmocka_unit_test(test_warm_reads_every_page),
+        cmocka_unit_test(test_warm_stops_when_asked),
         cmocka_unit_test(test_names_and_messages),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -13,15 +13,14 @@
  * temporary file renamed into place at the end.
  */
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <time.h>
 
-#include "base/numparse.h"
+#include "base/clock.h"
+#include "engine/cli.h"
 #include "format/quants.h"
 #include "quantize.h"
 #include "text/tokjson.h"
@@ -32,160 +31,99 @@
 #define KV_IM_ENTRIES "quantize.imatrix.entries_count"
 #define KV_IM_CHUNKS "quantize.imatrix.chunks_count"
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: ds4-quantize --hf DIR --out FILE [options]\n"
-            "\n"
-            "Convert the official DeepSeek V4 Flash safetensors checkpoint (DIR with config.json and\n"
-            "model.safetensors.index.json) into a ds4 GGUF.\n"
-            "\n"
-            "  --hf DIR                 checkpoint directory (required)\n"
-            "  --out FILE               output GGUF (required unless --dry-run)\n"
-            "  --recipe NAME            base types: %s (default q2)\n"
-            "  --tokenizer FILE         tokenizer.json (.xz too; default DIR/tokenizer.json if present)\n"
-            "  --tokenizer-config FILE  tokenizer_config.json (default DIR/tokenizer_config.json if present)\n"
-            "  --tokenizer-gguf FILE    copy tokenizer.* metadata from this GGUF instead\n"
-            "  --name TEXT              general.name (default \"DeepSeek V4 Flash\")\n"
-            "  --experts TYPE           all routed experts (alias --routed)\n"
-            "  --routed-w1 TYPE         routed gate (alias --routed-gate)\n"
-            "  --routed-w2 TYPE         routed down (alias --routed-down)\n"
-            "  --routed-w3 TYPE         routed up (alias --routed-up)\n"
-            "  --attention-proj TYPE    attention q/kv/output projections (alias --attn-proj)\n"
-            "  --attention TYPE         other attention matrices: compressor, indexer\n"
-            "  --shared TYPE            shared expert\n"
-            "  --embedding TYPE         token embedding\n"
-            "  --output TYPE            output.weight (LM head)\n"
-            "  --dense TYPE             the above non-routed matrices whose own option is unset\n"
-            "  --tensor-type PFX=TYPE   tensors whose name starts with PFX (repeatable, first wins)\n"
-            "  --imatrix FILE           legacy .dat importance matrix (experts packed per tensor)\n"
-            "  --imatrix-strict         fail when a 2/4-bit tensor has no imatrix vector\n"
-            "  --threads N              worker threads (default: all cores)\n"
-            "  --dry-run                print the plan and sizes, write nothing\n"
-            "  --overwrite              replace an existing --out\n"
-            "  --quiet                  no per-tensor progress\n"
-            "  --compare-tensor NAME    regenerate one tensor in the type it has in --compare-gguf,\n"
-            "                           compare bytes (and FNV-1a 64) with it, write nothing\n"
-            "  --compare-gguf FILE      reference GGUF for --compare-tensor\n"
-            "\n"
-            "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type);\n"
-            "case, '-' and '_' do not matter.  Without an imatrix, IQ2_XXS uses each matrix's\n"
-            "column energy (sum of w^2 over rows) as importance.\n",
-            ds4_recipe_names());
-}
-
-enum {
-    OPT_HF = 256, OPT_OUT, OPT_RECIPE, OPT_TOKENIZER, OPT_TOKENIZER_JSON, OPT_TOKENIZER_CONFIG, OPT_NAME, OPT_EXPERTS, OPT_W1, OPT_W2, OPT_W3,
-    OPT_ATTN_PROJ, OPT_ATTN, OPT_SHARED, OPT_EMBD, OPT_OUTPUT, OPT_DENSE, OPT_TENSOR_TYPE, OPT_IMATRIX,
-    OPT_IMATRIX_STRICT, OPT_THREADS, OPT_DRY_RUN, OPT_OVERWRITE, OPT_QUIET, OPT_COMPARE_TENSOR, OPT_COMPARE_GGUF,
-    OPT_HELP,
-};
-
-static const struct option long_opts[] = {
-    {"hf", required_argument, 0, OPT_HF},
-    {"out", required_argument, 0, OPT_OUT},
-    {"recipe", required_argument, 0, OPT_RECIPE},
-    {"tokenizer-gguf", required_argument, 0, OPT_TOKENIZER},
-    {"tokenizer", required_argument, 0, OPT_TOKENIZER_JSON},
-    {"tokenizer-config", required_argument, 0, OPT_TOKENIZER_CONFIG},
-    {"name", required_argument, 0, OPT_NAME},
-    {"experts", required_argument, 0, OPT_EXPERTS},
-    {"routed", required_argument, 0, OPT_EXPERTS},
-    {"routed-w1", required_argument, 0, OPT_W1},
-    {"routed-gate", required_argument, 0, OPT_W1},
-    {"routed-w2", required_argument, 0, OPT_W2},
-    {"routed-down", required_argument, 0, OPT_W2},
-    {"routed-w3", required_argument, 0, OPT_W3},
-    {"routed-up", required_argument, 0, OPT_W3},
-    {"attention-proj", required_argument, 0, OPT_ATTN_PROJ},
-    {"attn-proj", required_argument, 0, OPT_ATTN_PROJ},
-    {"attention", required_argument, 0, OPT_ATTN},
-    {"shared", required_argument, 0, OPT_SHARED},
-    {"embedding", required_argument, 0, OPT_EMBD},
-    {"output", required_argument, 0, OPT_OUTPUT},
-    {"dense", required_argument, 0, OPT_DENSE},
-    {"tensor-type", required_argument, 0, OPT_TENSOR_TYPE},
-    {"imatrix", required_argument, 0, OPT_IMATRIX},
-    {"imatrix-strict", no_argument, 0, OPT_IMATRIX_STRICT},
-    {"threads", required_argument, 0, OPT_THREADS},
-    {"dry-run", no_argument, 0, OPT_DRY_RUN},
-    {"overwrite", no_argument, 0, OPT_OVERWRITE},
-    {"quiet", no_argument, 0, OPT_QUIET},
-    {"compare-tensor", required_argument, 0, OPT_COMPARE_TENSOR},
-    {"compare-gguf", required_argument, 0, OPT_COMPARE_GGUF},
-    {"help", no_argument, 0, OPT_HELP},
-    {0, 0, 0, 0},
-};
-
 /* Class options are collected as strings first: the recipe they refine
  * may be given after them. */
 typedef struct raw_opts {
-    const char *types[9];       /* indexes as in set_class() */
+    const char *types[9];       /* indexes as in build_policy() */
     const char **overrides;
     int n_overrides;
 } raw_opts;
 
-static int bad_usage(const char *fmt, const char *arg) {
-    fprintf(stderr, "ds4-quantize: ");
-    fprintf(stderr, fmt, arg);
-    fprintf(stderr, "\n(see ds4-quantize --help)\n");
-    return 2;
+/* --experts TYPE: the three routed matrices at once. */
+static int experts_option(void *ctx, const char *v, ds4_err *err) {
+    (void)err;
+    raw_opts *raw = ctx;
+    raw->types[0] = raw->types[1] = raw->types[2] = v;
+    return 0;
 }
 
+/* --tensor-type PFX=TYPE, repeatable. */
+static int override_option(void *ctx, const char *v, ds4_err *err) {
+    (void)err;
+    raw_opts *raw = ctx;
+    raw->overrides[raw->n_overrides++] = v;
+    return 0;
+}
+
+static const char ABOUT[] =
+    "Convert the official DeepSeek V4 Flash safetensors checkpoint (DIR with config.json and\n"
+    "model.safetensors.index.json) into a ds4 GGUF.\n"
+    "\n"
+    "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type); case, '-' and '_' do\n"
+    "not matter.  Without an imatrix, IQ2_XXS uses each matrix's column energy (sum of w^2 over rows)\n"
+    "as importance.";
+
+/* Returns -1 to go on, else the status to exit with. */
 static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
     memset(o, 0, sizeof(*o));
     memset(raw, 0, sizeof(*raw));
-    o->recipe = "q2";
-    o->name = "DeepSeek V4 Flash";
-    raw->overrides = calloc((size_t)argc, sizeof(char *));
-    int c;
-    while ((c = getopt_long(argc, argv, "h", long_opts, NULL)) != -1) {
-        switch (c) {
-        case OPT_HF: o->hf_dir = optarg; break;
-        case OPT_OUT: o->out = optarg; break;
-        case OPT_RECIPE: o->recipe = optarg; break;
-        case OPT_TOKENIZER: o->tokenizer_gguf = optarg; break;
-        case OPT_TOKENIZER_JSON: o->tokenizer_json = optarg; break;
-        case OPT_TOKENIZER_CONFIG: o->tokenizer_config = optarg; break;
-        case OPT_NAME: o->name = optarg; break;
-        case OPT_EXPERTS: raw->types[0] = raw->types[1] = raw->types[2] = optarg; break;
-        case OPT_W1: raw->types[0] = optarg; break;
-        case OPT_W2: raw->types[1] = optarg; break;
-        case OPT_W3: raw->types[2] = optarg; break;
-        case OPT_ATTN_PROJ: raw->types[3] = optarg; break;
-        case OPT_ATTN: raw->types[4] = optarg; break;
-        case OPT_SHARED: raw->types[5] = optarg; break;
-        case OPT_EMBD: raw->types[6] = optarg; break;
-        case OPT_OUTPUT: raw->types[7] = optarg; break;
-        case OPT_DENSE: raw->types[8] = optarg; break;
-        case OPT_TENSOR_TYPE: raw->overrides[raw->n_overrides++] = optarg; break;
-        case OPT_IMATRIX: o->imatrix_path = optarg; break;
-        case OPT_IMATRIX_STRICT: o->imatrix_strict = true; break;
-        case OPT_THREADS: {
-            uint32_t v;
-            if (ds4_parse_u32(optarg, 1, 4096, &v)) return bad_usage("--threads %s: expected an integer in 1..4096", optarg);
-            o->threads = (int)v;
-            break;
-        }
-        case OPT_DRY_RUN: o->dry_run = true; break;
-        case OPT_OVERWRITE: o->overwrite = true; break;
-        case OPT_QUIET: o->quiet = true; break;
-        case OPT_COMPARE_TENSOR: o->compare_tensor = optarg; break;
-        case OPT_COMPARE_GGUF: o->compare_gguf = optarg; break;
-        case 'h':
-        case OPT_HELP: usage(stdout); exit(0);
-        default: return 2;
-        }
-    }
-    if (optind < argc) return bad_usage("unexpected argument %s", argv[optind]);
-    if (!o->hf_dir) return bad_usage("%s", "--hf DIR is required");
+    if (!(raw->overrides = calloc((size_t)argc, sizeof(char *)))) return 1;
+    char recipe_help[200];
+    snprintf(recipe_help, sizeof(recipe_help), "base types: %s", ds4_recipe_names());
+    ds4_opt table[] = {
+        {DS4_OPT_STR("--hf", "DIR", &o->hf_dir, NULL, "checkpoint directory"), .flags = DS4_OPT_REQUIRED},
+        {DS4_OPT_STR("-o, --out", "FILE", &o->out, NULL, "output GGUF (required unless --dry-run or --compare-tensor)"),
+         .flags = DS4_OPT_OUT},
+        {DS4_OPT_STR("--recipe", "NAME", &o->recipe, "q2", recipe_help)},
+        {DS4_OPT_STR("--tokenizer", "FILE", &o->tokenizer_json, NULL, "tokenizer.json (.xz too)"),
+         .def_text = "DIR/tokenizer.json if present", .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--tokenizer-config", "FILE", &o->tokenizer_config, NULL, "tokenizer_config.json"),
+         .def_text = "DIR/tokenizer_config.json if present", .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--tokenizer-gguf", "FILE", &o->tokenizer_gguf, NULL,
+                     "copy tokenizer.* metadata from this GGUF instead"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--name", "TEXT", &o->name, "DeepSeek V4 Flash", "general.name")},
+
+        {DS4_OPT_SECTION("storage types (TYPE below):")},
+        {DS4_OPT_CALL("--experts, --routed", "TYPE", experts_option, raw, "all routed experts")},
+        {DS4_OPT_STR("--routed-w1, --routed-gate", "TYPE", &raw->types[0], NULL, "routed gate")},
+        {DS4_OPT_STR("--routed-w2, --routed-down", "TYPE", &raw->types[1], NULL, "routed down")},
+        {DS4_OPT_STR("--routed-w3, --routed-up", "TYPE", &raw->types[2], NULL, "routed up")},
+        {DS4_OPT_STR("--attention-proj, --attn-proj", "TYPE", &raw->types[3], NULL,
+                     "attention q/kv/output projections")},
+        {DS4_OPT_STR("--attention", "TYPE", &raw->types[4], NULL, "other attention matrices: compressor, indexer")},
+        {DS4_OPT_STR("--shared", "TYPE", &raw->types[5], NULL, "shared expert")},
+        {DS4_OPT_STR("--embedding", "TYPE", &raw->types[6], NULL, "token embedding")},
+        {DS4_OPT_STR("--output", "TYPE", &raw->types[7], NULL, "output.weight (LM head)")},
+        {DS4_OPT_STR("--dense", "TYPE", &raw->types[8], NULL, "the above non-routed matrices whose own option is unset")},
+        {DS4_OPT_CALL("--tensor-type", "PFX=TYPE", override_option, raw,
+                      "tensors whose name starts with PFX (repeatable, first wins)")},
+        {DS4_OPT_STR("--imatrix", "FILE", &o->imatrix_path, NULL, "legacy .dat importance matrix (experts packed per tensor)"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_FLAG("--imatrix-strict", &o->imatrix_strict, "fail when a 2/4-bit tensor has no imatrix vector")},
+
+        {DS4_OPT_SECTION("running:")},
+        DS4_CLI_THREADS(&o->threads),
+        {DS4_OPT_FLAG("--dry-run", &o->dry_run, "print the plan and sizes, write nothing")},
+        {DS4_OPT_FLAG("--overwrite", &o->overwrite, "replace an existing --out")},
+        {DS4_OPT_FLAG("-q, --quiet", &o->quiet, "no per-tensor progress")},
+        {DS4_OPT_STR("--compare-tensor", "NAME", &o->compare_tensor, NULL,
+                     "regenerate one tensor in the type it has in --compare-gguf, compare bytes (and FNV-1a 64) "
+                     "with it, write nothing")},
+        {DS4_OPT_STR("--compare-gguf", "FILE", &o->compare_gguf, NULL, "reference GGUF for --compare-tensor"),
+         .flags = DS4_OPT_IN},
+        {0},
+    };
+    ds4_cli cli = {.prog = "ds4-quantize", .usage = "--hf DIR --out FILE [options]", .about = ABOUT, .opts = table};
+    int status;
+    if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (!o->out && !o->dry_run && !o->compare_tensor)
-        return bad_usage("%s", "--out FILE is required (or --dry-run, --compare-tensor)");
-    if (!o->compare_tensor != !o->compare_gguf)
-        return bad_usage("%s", "--compare-tensor and --compare-gguf go together");
+        return ds4_cli_usage(&cli, "--out FILE is required (or --dry-run, --compare-tensor)");
+    if (!o->compare_tensor != !o->compare_gguf) return ds4_cli_usage(&cli, "--compare-tensor and --compare-gguf go together");
     if (o->tokenizer_gguf && (o->tokenizer_json || o->tokenizer_config))
-        return bad_usage("%s", "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
-    if (o->imatrix_strict && !o->imatrix_path) return bad_usage("%s", "--imatrix-strict needs --imatrix FILE");
-    return 0;
+        return ds4_cli_usage(&cli, "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
+    if (o->imatrix_strict && !o->imatrix_path) return ds4_cli_usage(&cli, "--imatrix-strict needs --imatrix FILE");
+    return -1;
 }
 
 static int build_policy(qz_opts *o, const raw_opts *raw) {
@@ -357,11 +295,6 @@ static int write_metadata(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
     return 0;
 }
 
-static double now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 typedef struct writer_sink {
     qz_sink base;
@@ -384,11 +317,11 @@ static int write_all(qz_job *j, ds4_err *err) {
         return -1;
     }
     writer_sink sink = {.base.put = writer_put, .w = w};
-    double t0 = now();
+    double t0 = ds4_now();
     char b1[32];
     for (size_t i = 0; i < j->nitems; i++) {
         const qz_item *it = &j->items[i];
-        double ts = now();
+        double ts = ds4_now();
         if (qz_convert(j, it, &sink.base, err) != 0) {
             /* The writer holds the cause of its own failures. */
             if (sink.failed) ds4_gguf_writer_close(w, err);
@@ -397,10 +330,10 @@ static int write_all(qz_job *j, ds4_err *err) {
         }
         if (!j->o->quiet)
             fprintf(stderr, "[%4zu/%4zu] %-40s %-8s %12s %7.2fs\n", i + 1, j->nitems, it->t->name,
-                    ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)), now() - ts);
+                    ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)), ds4_now() - ts);
     }
     if (ds4_gguf_writer_close(w, err) != 0) return -1;
-    double dt = now() - t0;
+    double dt = ds4_now() - t0;
     if (dt <= 0) dt = 1e-9;
     fprintf(stderr,
             "ds4-quantize: wrote %s: %zu tensors, %" PRIu64 " bytes in %.2fs with %d threads: "
@@ -504,9 +437,16 @@ int main(int argc, char **argv) {
     qz_opts o;
     raw_opts raw;
     int rc = parse_args(argc, argv, &o, &raw);
-    if (rc == 0) rc = build_policy(&o, &raw);
+    if (rc >= 0) {
+        free(raw.overrides);
+        return rc;
+    }
+    rc = build_policy(&o, &raw);
     free(raw.overrides);
-    if (rc != 0) return rc;
+    if (rc != 0) {
+        ds4_policy_free(&o.policy);
+        return rc;
+    }
     qz_job j = {.o = &o};
     ds4_err err = {0};
     rc = run(&j, &err);

@@ -1,0 +1,23 @@
+/*
+ * cli.c - the shared options' actions (see cli.h).
+ */
+#include "engine/cli.h"
+
+#include <stdio.h>
+
+#include "model/backend.h"
+
+_Static_assert(sizeof(ds4_think_mode) == sizeof(int), "DS4_CLI_THINK stores the mode as an int");
+
+int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err) {
+    (void)value;
+    (void)err;
+    fprintf(stderr, "%s: --quality: nothing to change, this engine's kernels have one precision\n", (const char *)prog);
+    return 0;
+}
+
+int ds4_cli_check_backend(const ds4_cli *cli, const char *name) {
+    ds4_err err = {0};
+    if (ds4_backend_check_name(name, &err) == 0) return 0;
+    return ds4_cli_usage(cli, "--backend %s: %s", name ? name : "", err.msg);
+}

@@ -1,0 +1,103 @@
+/*
+ * cli.h - the vocabulary of the ds4 programs' command lines: the options
+ * several programs share, each with one spelling, one range and one
+ * default, as whole rows of the option tables of base/opts.h.  A program
+ * (and a new one: ds4-agent) puts these rows in its table and adds its own
+ * (opts.h says how); what a shared option means is decided here only.
+ *
+ *   -m, --model FILE     the GGUF model (ds4flash.gguf)
+ *   -c, --ctx N          the session's context (DS4_CTX_DEFAULT, 1..DS4_CTX_MAX)
+ *   -t, --threads N      CPU threads ($DS4_THREADS or all CPUs)
+ *   --backend NAME, --cpu, --cuda   the compute backend (the build's)
+ *   --no-sim, --warm-weights, --quality
+ *   --temp, --top-p, --top-k, --min-p, --seed     sampling (engine/sampler.h)
+ *   --think, --think-max, --nothink               thinking mode
+ *
+ * Exit status, every program: 0 done, 1 an error (the message says what),
+ * 2 a usage error or another model process holding the instance lock, 130
+ * stopped by Ctrl+C (DS4_EXIT_* in engine/startup.h).
+ */
+#ifndef DS4_ENGINE_CLI_H
+#define DS4_ENGINE_CLI_H
+
+#include <math.h>
+#include <stdbool.h>
+
+#include "base/opts.h"
+#include "engine/engine.h"
+#include "engine/sampler.h"
+#include "engine/startup.h"
+#include "text/chat.h"
+
+#define DS4_DEFAULT_MODEL "ds4flash.gguf"
+#define DS4_THREADS_MAX 4096
+
+/* The one-row macros take optional fields after dst (.seen = &given). */
+#define DS4_CLI_MODEL(dst, ...) \
+    {DS4_OPT_STR("-m, --model", "FILE", dst, DS4_DEFAULT_MODEL, "the GGUF model file"), __VA_ARGS__}
+
+#define DS4_CLI_CTX(dst, ...) \
+    {DS4_OPT_U32("-c, --ctx", "N", dst, 1, DS4_CTX_MAX, DS4_CTX_DEFAULT, "context size in tokens"), __VA_ARGS__}
+
+#define DS4_CLI_THREADS(dst, ...)                                                  \
+    {DS4_OPT_INT("-t, --threads", "N", dst, 1, DS4_THREADS_MAX, 0, "CPU threads"), \
+     .def_text = "$DS4_THREADS or all CPUs", __VA_ARGS__}
+
+/* --backend NAME and its shorthands (seen, which may be NULL, tells whether
+ * one was given); ds4_cli_check_backend() after parsing says whether this
+ * build has the backend. */
+#define DS4_CLI_BACKEND(dst, seen_)                                                                       \
+    {DS4_OPT_STR("--backend", "NAME", dst, ds4_default_backend(), "compute backend: cpu, or cuda in CUDA builds"), \
+     .seen = (seen_)},                                                                                    \
+    {DS4_OPT_SETSTR("--cpu", dst, "cpu", "the CPU backend"), .seen = (seen_)},                            \
+    {DS4_OPT_SETSTR("--cuda", dst, "cuda", "the CUDA backend (CUDA builds)"), .seen = (seen_)},           \
+    {DS4_OPT_SETSTR("--metal", dst, "metal", "ds4's Metal backend (refused: not in this engine)"),        \
+     .seen = (seen_), .flags = DS4_OPT_HIDDEN}
+
+#define DS4_CLI_NO_SIM(dst, ...)                                                                    \
+    {DS4_OPT_FLAG("--no-sim", dst,                                                                \
+                  "turn the low-precision simulations off (FP8 KV rows, FP4 indexer, f16 raw rows): " \
+                  "the forward pass of the reference transformers model"),                            \
+     __VA_ARGS__}
+
+#define DS4_CLI_WARM_WEIGHTS(dst, ...) \
+    {DS4_OPT_FLAG("--warm-weights", dst, "read the whole model file in before the first token"), __VA_ARGS__}
+
+/* Accepted for ds4 compatibility; prog names the program in its note. */
+#define DS4_CLI_QUALITY(prog)                                                                           \
+    {DS4_OPT_CALL("--quality", NULL, ds4_cli_quality_note, (void *)(prog),                              \
+                  "accepted for ds4 compatibility: this engine's kernels have one precision, there is " \
+                  "no approximate fast path to turn off")}
+
+/* Sampling, into a ds4_sampler_params. */
+#define DS4_CLI_SAMPLING(p)                                                                                    \
+    {DS4_OPT_FLOAT("--temp", "F", &(p)->temperature, 0.0, DS4_TEMP_MAX, DS4_TEMP_DEFAULT,                      \
+                   "temperature, 0 = greedy")},                                                                \
+    {DS4_OPT_FLOAT("--top-p", "F", &(p)->top_p, 0.0, 1.0, DS4_TOP_P_DEFAULT, "nucleus mass")},                 \
+    {DS4_OPT_INT("--top-k", "N", &(p)->top_k, 0, DS4_TOP_K_MAX, 0, "keep the N most likely tokens, 0 = off"), \
+     .flags = DS4_OPT_CLAMP},                                                                                  \
+    {DS4_OPT_FLOAT("--min-p", "F", &(p)->min_p, 0.0, 1.0, DS4_MIN_P_DEFAULT,                                  \
+                   "keep the tokens with p >= F x p(most likely)")},                                           \
+    {DS4_OPT_U64("--seed", "N", &(p)->seed, 1, UINT64_MAX, 0, "random seed"), .def_text = "from the time and pid"}
+
+/* Thinking mode, into a ds4_think_mode stored as int. */
+#define DS4_CLI_THINK(dst)                                                                                   \
+    {DS4_OPT_SET("--think", dst, DS4_THINK_HIGH, "reason before answering"), .flags = DS4_OPT_DEFAULT},     \
+    {DS4_OPT_SET("--think-max", dst, DS4_THINK_MAX, "maximum reasoning effort (needs --ctx >= 393216)")}, \
+    {DS4_OPT_SET("--nothink", dst, DS4_THINK_OFF, "answer directly")}
+
+/* The environment every model program reads, for a table's notes. */
+#define DS4_CLI_ENV_NOTES                                                                        \
+    "environment:\n"                                                                             \
+    "  DS4_THREADS              CPU threads when -t is not given\n"                              \
+    "  DS4_LOCK_FILE            one model process runs per machine; this is its lock file\n"     \
+    "                           (default /tmp/ds4.lock): another file allows a second process\n"
+
+/* The --quality row's action: a note on stderr that nothing changes. */
+int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err);
+
+/* 0 when this build has the backend; else prints the usage error ("--backend
+ * metal: Metal is not supported ...") and returns 2. */
+int ds4_cli_check_backend(const ds4_cli *cli, const char *name);
+
+#endif
