@@ -339,7 +339,7 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
 
 static int copy_tokenizer(ds4_gguf_writer *w, const char *path, ds4_config *c, ds4_err *err) {
     ds4_gguf *tok = ds4_gguf_open(path, err);
-    if (!tok) return ds4_err_prefix(err, "tokenizer %s", path);
+    if (!tok) return ds4_err_prefix(err, "--tokenizer");
     int rc = 0, have_tokens = 0;
     for (uint64_t i = 0; i < tok->n_kv && rc == 0; i++) {
         const ds4_gguf_kv *kv = &tok->kv[i];
@@ -360,7 +360,7 @@ static int copy_tokenizer(ds4_gguf_writer *w, const char *path, ds4_config *c, d
 /* Vocabulary size of a tokenizer GGUF, so --vocab can follow it. */
 static int tokenizer_vocab(const char *path, uint32_t *n, ds4_err *err) {
     ds4_gguf *tok = ds4_gguf_open(path, err);
-    if (!tok) return ds4_err_prefix(err, "tokenizer %s", path);
+    if (!tok) return ds4_err_prefix(err, "--tokenizer");
     const ds4_gguf_array *a;
     int rc = ds4_gguf_get_arr(tok, "tokenizer.ggml.tokens", DS4_GGUF_STRING, &a, err);
     if (rc == 0) *n = (uint32_t)a->count;

@@ -9,8 +9,8 @@
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
  * generation, answer the queued jobs, save the live session to the disk
  * cache ("shutdown"), close the listener.  A second signal exits at once
- * (status 130), and so does a signal that comes while the model loads or
- * --warm-weights reads it (nothing to save yet).
+ * (status 130), and so does a signal that comes while --warm-weights reads
+ * the model (nothing to save yet).
  */
 #include <errno.h>
 #include <signal.h>
@@ -34,7 +34,7 @@ static const char NOTES[] =
     "  DS4_API_KEY              the key clients must send, when --api-key is not given\n"
     "\n"
     "exit status: 0 after a shutdown (SIGINT, SIGTERM), 1 an error, 2 a usage error or another\n"
-    "model process running, 130 a second signal, or one during startup";
+    "model process running, 130 a second signal, or one during --warm-weights";
 
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
@@ -120,7 +120,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
 }
 
 /* Whether SIGINT or SIGTERM waits (they are blocked in the main thread):
- * the stop callback of --warm-weights, and the check after loading. */
+ * the stop callback of --warm-weights. */
 static bool stop_signal_pending(void *ctx) {
     (void)ctx;
     sigset_t p;
@@ -188,10 +188,6 @@ int main(int argc, char **argv) {
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
-    if (stop_signal_pending(NULL)) {
-        fprintf(stderr, "ds4-server: interrupted while loading the model\n");
-        return DS4_EXIT_INTERRUPTED;
-    }
     if (s.o.warm_weights) {
         int wrc = ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads, stop_signal_pending, NULL);
         if (wrc != 0) return wrc;

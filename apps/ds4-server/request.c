@@ -74,7 +74,7 @@ int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_e
     ds4_sampler_defaults(&r->sp);
     double x;
     bool set;
-    if (get_number(body, "temperature", 0, 100, &x, &set, e)) return -1;
+    if (get_number(body, "temperature", 0, DS4_TEMP_MAX, &x, &set, e)) return -1;
     if (set) r->sp.temperature = (float)x;
     if (get_number(body, "top_p", 0, 1, &x, &set, e)) return -1;
     if (set) r->sp.top_p = (float)x;

@@ -58,10 +58,10 @@ int run_dump_tokens(const cli_opts *o) {
             print_piece(b.ptr, b.len);
             putchar('\n');
         }
-        fprintf(stderr, "ds4: %zu tokens\n", ids.n);
+        fprintf(stderr, "ds4: %zu token%s\n", ids.n, ds4_plural(ids.n));
         status = 0;
     } else {
-        fprintf(stderr, "ds4: --dump-tokens: %s: %s\n", o->model, err.msg);
+        fprintf(stderr, "ds4: --dump-tokens: %s\n", err.msg); /* the message names the file */
     }
     ds4_tokens_free(&ids);
     ds4_tokenizer_free(t);

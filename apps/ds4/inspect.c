@@ -89,6 +89,18 @@ static void print_tensors(const ds4_engine *e) {
     if (unmatched) printf("  (%u other tensors, not used: MTP)\n", unmatched);
 }
 
+/* The routed experts' type and the quant bits KV cache files record for
+ * it: ds4's format knows 2 and 4 (its q2 and q4 files), so a model whose
+ * experts are neither says which number stands for it. */
+static void print_quant_bits(const ds4_engine *e) {
+    uint32_t type = e->w->layers[0].gate_exps.type;
+    const char *name = ds4_type_get(type) ? ds4_type_get(type)->name : "?";
+    int bits = ds4_engine_quant_bits(e);
+    bool native = type == DS4_TYPE_Q4_K || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS;
+    if (native) printf("routed experts: %s (quant bits %d in KV cache files)\n", name, bits);
+    else printf("routed experts: %s (KV cache files record quant bits %d: ds4's format knows only 2 and 4)\n", name, bits);
+}
+
 int run_inspect(ds4_engine *e, const cli_opts *o) {
     const ds4_gguf *g = e->w->gguf;
     char a[32], b[32], c[32];
@@ -98,7 +110,7 @@ int run_inspect(ds4_engine *e, const cli_opts *o) {
     if (ds4_gguf_get_str(g, "general.name", &name, NULL) == 0) printf("name: %.*s\n", (int)name.len, name.ptr);
     print_config(&e->w->cfg);
     print_tensors(e);
-    printf("quant bits (recorded in KV cache files): %d\n", ds4_engine_quant_bits(e));
+    print_quant_bits(e);
     printf("tokenizer: %u tokens, %u merges, bos %d, eos %d\n", ds4_vocab_size(e->vocab),
            ds4_vocab_n_merges(e->vocab), e->bos, e->eos);
     uint64_t w = ds4_weights_bytes(e->w), kv = ds4_engine_kv_bytes(e, o->ctx);

@@ -65,10 +65,6 @@ int main(int argc, char **argv) {
     }
     ds4_err err = {0};
     ds4_engine *e = NULL;
-    if (cli_interrupted) {
-        rc = cli_report_interrupt();
-        goto out;
-    }
     cli_loading(true);
     e = cli_engine_open(&o, &err);
     cli_loading(false);
@@ -84,7 +80,7 @@ int main(int argc, char **argv) {
         cli_busy(false);
         if (rc != 0) goto out;
     }
-    if (cli_interrupted && o.mode != CLI_INSPECT) {
+    if (cli_interrupted && o.mode != CLI_INSPECT) { /* pressed before the work began: kept */
         rc = cli_report_interrupt();
         goto out;
     }

@@ -44,6 +44,17 @@ int ds4_err_prefix(ds4_err *e, const char *fmt, ...) {
     return -1;
 }
 
+int ds4_err_prefix_path(ds4_err *e, const char *path, const char *what) {
+    if (!e) return -1;
+    size_t n = strlen(path);
+    if (strncmp(e->msg, path, n) == 0 && e->msg[n] == ':' && e->msg[n + 1] == ' ') {
+        char rest[sizeof(e->msg)];
+        snprintf(rest, sizeof(rest), "%s", e->msg + n + 2);
+        snprintf(e->msg, sizeof(e->msg), "%s", rest);
+    }
+    return ds4_err_prefix(e, "%s: %s", path, what);
+}
+
 void ds4_err_clear(ds4_err *e) {
     if (!e) return;
     e->code = DS4_OK;

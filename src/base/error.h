@@ -45,6 +45,11 @@ int ds4_err_set(ds4_err *e, ds4_errcode code, const char *fmt, ...)
 int ds4_err_prefix(ds4_err *e, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 
+/* "path: what: " before the message, without saying the path twice when
+ * the message already starts with "path: " (errors of a file's reader
+ * name the file).  Returns -1. */
+int ds4_err_prefix_path(ds4_err *e, const char *path, const char *what);
+
 /* Reset to DS4_OK with an empty message. */
 void ds4_err_clear(ds4_err *e);
 

@@ -317,7 +317,7 @@ static void range_and_default(const ds4_opt *r, char *buf, size_t len) {
 
 static void help_row(FILE *f, const char *left, const char *help, const char *extra) {
     int col = fprintf(f, "  %s", left);
-    if (col >= HELP_COL) {
+    if (col > HELP_COL - 2) { /* at least two blanks between the two columns */
         fprintf(f, "\n%*s", HELP_COL, "");
     } else {
         fprintf(f, "%*s", HELP_COL - col, "");

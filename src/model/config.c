@@ -7,7 +7,8 @@
 #include <stdio.h>
 #include <string.h>
 
-#define KEY(k) "deepseek4." k
+#define ARCH "deepseek4" /* general.architecture of the files ds4 runs */
+#define KEY(k) ARCH "." k
 
 void ds4_config_flash(ds4_config *c) {
     memset(c, 0, sizeof(*c));
@@ -116,8 +117,27 @@ static int check_no_expert_groups(const ds4_gguf *g, ds4_err *err) {
     return 0;
 }
 
+/* A GGUF that holds no model at all (no deepseek4.* shape): say what it is
+ * rather than which key is missing first. */
+static int check_holds_model(const ds4_gguf *g, ds4_err *err) {
+    if (ds4_gguf_find_kv(g, KEY("block_count"))) return 0;
+    ds4_str arch = {0};
+    if (ds4_gguf_find_kv(g, "general.architecture") && ds4_gguf_get_str(g, "general.architecture", &arch, err) != 0)
+        return -1;
+    if (arch.len && (arch.len != strlen(ARCH) || memcmp(arch.ptr, ARCH, arch.len) != 0))
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "%s: architecture \"%.*s\": ds4 runs %s (DeepSeek V4) models only",
+                           g->path, (int)arch.len, arch.ptr, ARCH);
+    if (!arch.len && g->n_tensors == 0 && ds4_gguf_find_kv(g, "tokenizer.ggml.tokens"))
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "%s: a tokenizer-only GGUF (tokenizer metadata, no model weights, as ds4-tokenizer import "
+                           "writes): give a model file (ds4 --dump-tokens and ds4-tokenizer -t read this one)",
+                           g->path);
+    return 0; /* the missing key is the message */
+}
+
 int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     memset(c, 0, sizeof(*c));
+    if (check_holds_model(g, err) != 0) return -1;
     struct { const char *key; uint32_t *dst; } u32s[] = {
         {KEY("block_count"), &c->n_layer},
         {KEY("embedding_length"), &c->n_embd},

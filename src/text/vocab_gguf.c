@@ -81,6 +81,6 @@ ds4_vocab *ds4_vocab_from_gguf(const ds4_gguf *g, ds4_err *err) {
     ds4_vocab *v = NULL;
     if (read_src(g, &src, &types, pre, sizeof(pre), err) == 0) v = ds4_vocab_new(&src, err);
     free(types);
-    if (!v) ds4_err_prefix(err, "%s: tokenizer", g->path);
+    if (!v) ds4_err_prefix_path(err, g->path, "tokenizer");
     return v;
 }

@@ -2,8 +2,9 @@
 # bench.sh - ds4-bench on the CPU backend with a tiny model: the CSV has the
 # header of ds4's ds4-bench and one row per frontier with the
 # incremental prefill sizes; text prompts go through the tokenizer (raw and
-# chat), token files and random ids work; bad options and short prompts are
-# refused with a message.  Speed itself is measured by hand (docs/PERFORMANCE.md).
+# chat), token files and random ids (announced) work, each frontier says when
+# it starts; bad options, files that cannot be read or written (before the
+# model loads) and short prompts are refused with a message.  Speed itself is measured by hand (docs/PERFORMANCE.md).
 set -eu
 cd "$(dirname "$0")/../.."
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
@@ -45,6 +46,20 @@ seq 1 300 > "$dir/ids.txt"
     > "$dir/ids.csv" 2>/dev/null
 [ "$(wc -l < "$dir/ids.csv")" -eq 3 ] || fail "token file: $(cat "$dir/ids.csv")"
 
+# Random ids are said to be random; each frontier says when it starts.
+./ds4-bench -m "$M" --ctx-start 64 --ctx-max 192 --step-incr 64 --gen-tokens 2 --seed 9 > "$dir/rnd.csv" 2> "$dir/rnd.err"
+grep -q "^ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random token ids (seed 9)$" \
+    "$dir/rnd.err" || fail "random ids not announced: $(cat "$dir/rnd.err")"
+for i in 1 2 3; do
+    grep -q "^ds4-bench: frontier $i/3: ctx $((64 * i)), prefilling 64 tokens, then generating 2$" "$dir/rnd.err" \
+        || fail "no progress line for frontier $i: $(cat "$dir/rnd.err")"
+done
+grep -q "benchmarking seeded random" "$dir/raw.err" && fail "a prompt file run said it uses random ids"
+# A step multiplier too small to move the frontier still moves it.
+./ds4-bench -m "$M" --tokens-file "$dir/ids.txt" --ctx-start 10 --ctx-max 12 --step-mul 1.01 --gen-tokens 0 \
+    > "$dir/mul.csv" 2>/dev/null
+[ "$(tail -n +2 "$dir/mul.csv" | cut -d, -f1 | tr '\n' ' ')" = "10 11 12 " ] || fail "--step-mul 1.01: $(cat "$dir/mul.csv")"
+
 expect_fail() {
     want=$1; shift
     if "$@" > "$dir/err.txt" 2>&1; then fail "expected failure: $*"; fi
@@ -55,5 +70,8 @@ expect_fail "ctx-max needs" ./ds4-bench -m "$M" --prompt-file "$dir/short.txt" -
 expect_fail "at most one of" ./ds4-bench -m "$M" --prompt-file "$text" --tokens-file "$dir/ids.txt"
 expect_fail "ctx-start <= ctx-max" ./ds4-bench -m "$M" --ctx-start 512 --ctx-max 256
 expect_fail "unknown option" ./ds4-bench -m "$M" --frobnicate
-expect_fail "cannot open" ./ds4-bench -m "$M" --prompt-file "$dir/missing.txt"
+# Files are checked before the model loads (none.gguf does not exist).
+expect_fail "ds4-bench: --prompt-file: cannot open $dir/missing.txt" ./ds4-bench -m "$dir/none.gguf" --prompt-file "$dir/missing.txt"
+expect_fail "ds4-bench: --csv: cannot write $dir/no/x.csv" ./ds4-bench -m "$dir/none.gguf" --csv "$dir/no/x.csv"
+expect_fail "ds4-bench: --tokens-file: cannot open" ./ds4-bench -m "$dir/none.gguf" --tokens-file "$dir/missing.ids"
 echo "bench: ok"

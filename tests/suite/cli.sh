@@ -6,8 +6,10 @@
 # --perplexity-file against an NLL computed from ds4-forward's logits;
 # --dump-tokens against ds4-tokenizer; --inspect; --imatrix-out writes the
 # same bytes as ds4-imatrix (one shared collector); usage errors exit 2;
-# a missing model explains itself; the interactive mode through a
-# pseudo-terminal (cli_repl.py).
+# a missing model explains itself; files named by options are checked before
+# the model loads; --no-sim; the messages for a full context, the token
+# limit, a tokenizer-only GGUF, a q8_0 model's quant bits and NaN weights;
+# the interactive mode through a pseudo-terminal (cli_repl.py).
 set -eu
 cd "$(dirname "$0")/../.."
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
@@ -54,6 +56,22 @@ open('$dir/chain.ids', 'w').write(' '.join(ids))
 python3 tests/suite/cli_check.py greedy "$dir/lp.json" "$dir/chain.logits" "$(wc -l < "$dir/prompt.ids")" $V \
     "$dir/g1.txt" 1
 
+# --no-sim: the same greedy chain check against ds4-forward --no-sim, and
+# logits that differ from those with the simulations on.
+./ds4 -m "$M" -c 4096 --nothink -n 16 -p Hello --no-sim --dump-logprobs "$dir/lpns.json" --logprobs-top-k 5 2>/dev/null
+python3 -c "
+import json
+d = json.load(open('$dir/lpns.json'))
+ids = open('$dir/prompt.ids').read().split() + [str(s['token']) for s in d['steps'][:-1]]
+open('$dir/chainns.ids', 'w').write(' '.join(ids))
+on = json.load(open('$dir/lp.json'))['steps'][0]['logit']
+assert d['steps'][0]['logit'] != on, 'the first logit is the same with and without the simulations'
+"
+./ds4-forward "$M" --tokens "@$dir/chainns.ids" --ctx 4096 --no-sim --logits-out "$dir/chainns.logits" --top 0 2>/dev/null
+./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 16 -p Hello --no-sim > "$dir/gns.txt" 2>/dev/null
+python3 tests/suite/cli_check.py greedy "$dir/lpns.json" "$dir/chainns.logits" "$(wc -l < "$dir/prompt.ids")" $V \
+    "$dir/gns.txt" 1
+
 # A pre-rendered transcript runs as is: the same tokens, the same answer.
 ./ds4 -m "$M" -c 4096 --temp 0 -n 16 -p "$RENDERED" > "$dir/raw.txt" 2>/dev/null
 cmp -s "$dir/g1.txt" "$dir/raw.txt" || fail "the rendered transcript answers differently from the chat prompt"
@@ -83,8 +101,13 @@ python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$
 ./ds4 -m "$M" -c 4096 -n 10 --perplexity-file "$dir/text.txt" > "$dir/ppl10.txt" 2>/dev/null
 grep -qx "scored: 10" "$dir/ppl10.txt" || fail "-n 10 did not limit the scored tokens: $(cat "$dir/ppl10.txt")"
 python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$dir/ppl10.txt"
-./ds4 -m "$M" -c 40 --perplexity-file "$dir/text.txt" > "$dir/ppl40.txt" 2>/dev/null
+./ds4 -m "$M" -c 40 --perplexity-file "$dir/text.txt" > "$dir/ppl40.txt" 2> "$dir/ppl40.err"
 grep -qx "scored: 8" "$dir/ppl40.txt" || fail "-c 40 should leave 8 scored tokens: $(cat "$dir/ppl40.txt")"
+# ... and says that the context left the rest of the text out.
+grep -q "the text has 56 tokens; a context of 40 tokens scores the first 8 after the 32 context tokens, not the other 16" \
+    "$dir/ppl40.err" || fail "-c 40 did not say it scores part of the text: $(cat "$dir/ppl40.err")"
+./ds4 -m "$M" -c 4096 --perplexity-file "$dir/text.txt" 2>&1 >/dev/null | grep -q "not the other" \
+    && fail "a text that fits the context got the note"
 echo "short" > "$dir/short.txt"
 if ./ds4 -m "$M" --perplexity-file "$dir/short.txt" 2> "$dir/err.txt"; then fail "a 2-token text was scored"; fi
 grep -q "more than 32 are needed" "$dir/err.txt" || fail "short text message: $(cat "$dir/err.txt")"
@@ -166,6 +189,68 @@ grep -q "think-max needs --ctx of at least 393216" "$dir/tm.err" || fail "no Thi
 ./ds4 -m "$M" -c 4096 --think --temp 0 -n 4 -p Hello > "$dir/think.txt" 2>/dev/null
 cmp -s "$dir/think.txt" "$dir/g1.txt" && fail "thinking and non-thinking prompts answered the same"
 
+# --- messages: a full context, the token limit, counts ------------------------------
+n=$(count "$RENDERED")
+set +e
+./ds4 -m "$M" -c "$n" --temp 0 -n 4 -p "$RENDERED" > /dev/null 2> "$dir/full.err"
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "a prompt filling the context exited $rc"
+grep -q "the conversation is $n tokens and fills the context of $n tokens: no room is left for an answer" \
+    "$dir/full.err" || fail "prompt filling the context: $(cat "$dir/full.err")"
+./ds4 -m "$M" -c $((n - 2)) --temp 0 -n 4 -p "$RENDERED" 2>&1 >/dev/null \
+    | grep -q "the conversation is $n tokens, more than the context of $((n - 2)) tokens holds" \
+    || fail "prompt beyond the context"
+./ds4 -m "$M" -c $((n + 3)) --temp 0 -n 100 -p "$RENDERED" 2>&1 >/dev/null \
+    | grep -q "generation: 3 tokens .*, stopped: the context is full" || fail "a full context read as the token limit"
+./ds4 -m "$M" -c 4096 --temp 0 -n 3 -p "$RENDERED" 2>&1 >/dev/null | grep -q ", stopped at the token limit (-n)$" \
+    || fail "the token limit"
+./ds4 -m "$M" -c 4096 --temp 0 -n 1 -p "$RENDERED" 2>&1 >/dev/null | grep -q "^prefill: $n tokens (0 reused) .* generation: 1 token [0-9]" \
+    || fail "generation of one token"
+./ds4 -m "$M" --dump-tokens -p "$BOS" 2>&1 >/dev/null | grep -qx "ds4: 1 token" || fail "--dump-tokens of one token"
+
+# --- what the model file holds -----------------------------------------------------
+./ds4 -m "$M" --inspect | grep -q "^routed experts: q8_0 (KV cache files record quant bits 2: ds4's format knows only 2 and 4)$" \
+    || fail "--inspect quant bits of a q8_0 model: $(./ds4 -m "$M" --inspect | grep -i quant)"
+if ./ds4 -m "$tok" -p hi > /dev/null 2> "$dir/err.txt"; then fail "a tokenizer-only GGUF ran"; fi
+grep -q "$tok: a tokenizer-only GGUF (tokenizer metadata, no model weights" "$dir/err.txt" \
+    || fail "tokenizer-only GGUF: $(cat "$dir/err.txt")"
+# A model whose weights are NaN runs, with a warning (every float tensor set to 0xff bytes: NaN).
+./ds4-gguf info --json "$M" > "$dir/m.json"
+python3 -c "
+import json, shutil
+d = json.load(open('$dir/m.json'))
+shutil.copy('$M', '$dir/nan.gguf')
+with open('$dir/nan.gguf', 'r+b') as f:
+    for t in d['tensors']:
+        if t['type'] in ('f32', 'f16', 'q8_0'):
+            f.seek(d['data_offset'] + t['offset'])
+            f.write(b'\xff' * t['bytes'])
+"
+./ds4 -m "$dir/nan.gguf" -c 256 --nothink --temp 0 -n 3 -p hi 2>&1 >/dev/null \
+    | grep -q "^ds4: warning: the logits held NaN at 3 of 3 steps" || fail "no warning for a NaN model"
+./ds4 -m "$M" -c 256 --nothink --temp 0 -n 3 -p hi 2>&1 >/dev/null | grep -q "warning" && fail "a warning for a sound model"
+./ds4 -m "$dir/nan.gguf" -c 256 --perplexity-file "$dir/text.txt" 2>&1 >/dev/null \
+    | grep -q "^ds4: warning: the log-likelihood is NaN" || fail "no NaN warning from --perplexity-file"
+
+# --- files are checked before the model loads (none.gguf does not exist) ----------
+expect_early() { # expect_early NEEDLE ARGS...: status 2, the file named, no model touched
+    want=$1; shift
+    set +e
+    ./ds4 -m "$dir/none.gguf" "$@" > /dev/null 2> "$dir/err.txt"
+    rc=$?
+    set -e
+    [ $rc -eq 2 ] || fail "ds4 $* exited $rc, want 2"
+    grep -q -- "$want" "$dir/err.txt" || fail "ds4 $*: $(cat "$dir/err.txt")"
+    grep -q "make demo" "$dir/err.txt" && fail "ds4 $*: the model was looked at first"
+    return 0
+}
+expect_early "--dump-logprobs: cannot write $dir/no/dir/x.json: directory $dir/no/dir: No such file" \
+    --dump-logprobs "$dir/no/dir/x.json" -p hi
+expect_early "--dump-logprobs: cannot write $dir: it is a directory" --dump-logprobs "$dir" -p hi
+expect_early "--perplexity-file: cannot open $dir/none.txt: No such file" --perplexity-file "$dir/none.txt"
+expect_early "--imatrix-out: cannot write" --imatrix-dataset "$dir/im.txt" --imatrix-out "$dir/no/x.dat"
+
 # --- usage errors: exit status 2 and a message naming the option ---------------
 expect_usage() {
     want=$1; shift
@@ -210,6 +295,9 @@ if ./ds4 -m "$dir/none.gguf" --dump-tokens -p hi > /dev/null 2> "$dir/err.txt"; 
 grep -q "make demo" "$dir/err.txt" || fail "--dump-tokens missing model message: $(cat "$dir/err.txt")"
 if ./ds4 -m tests/golden/cpu/tiny-a.f16.gguf -p hi > /dev/null 2> "$dir/err.txt"; then fail "a model without a tokenizer ran"; fi
 grep -q "tiny-a.f16.gguf: tokenizer" "$dir/err.txt" || fail "no-tokenizer message: $(cat "$dir/err.txt")"
+[ "$(grep -o "tiny-a.f16.gguf" "$dir/err.txt" | wc -l)" -eq 1 ] || fail "the path is named twice: $(cat "$dir/err.txt")"
+if ./ds4 -m tests/golden/cpu/tiny-a.f16.gguf --dump-tokens -p hi > /dev/null 2> "$dir/err.txt"; then fail "--dump-tokens without a tokenizer ran"; fi
+[ "$(grep -o "tiny-a.f16.gguf" "$dir/err.txt" | wc -l)" -eq 1 ] || fail "--dump-tokens names the path twice: $(cat "$dir/err.txt")"
 
 # --- the interactive mode through a pseudo-terminal ------------------------------
 python3 tests/suite/cli_repl.py ./ds4 "$M" ./ds4-tokenizer "$tok" "$dir/repl"

@@ -30,7 +30,7 @@ BOS, EOS = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
 USER, ASSISTANT, THINK_END = "<｜User｜>", "<｜Assistant｜>", "</think>"
 # The progress line erased, then some answer text.
 ANSWER_STARTED = rb"processing \d+ input tokens(?s:.)*?\r\x1b\[K(?s:.){40}"
-STATS = rb"prefill: (\d+) tokens \((\d+) reused\) [0-9.]+ t/s, generation: (\d+) tokens"
+STATS = rb"prefill: (\d+) tokens? \((\d+) reused\) [0-9.]+ t/s, generation: (\d+) tokens?"
 
 
 def fail(msg):

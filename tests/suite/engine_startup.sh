@@ -14,7 +14,8 @@
 #     ds4-bench) reads the model in, --quality is accepted, ds4-server
 #     --chdir takes relative paths from there, ds4-bench's default model is
 #     ./ds4flash.gguf; MTP, steering and Metal options are refused with
-#     their reason and status 2, as are invalid values in every program.
+#     their reason and status 2, as are invalid values in every program and
+#     files that cannot be read or written (checked before the model loads).
 set -eu
 cd "$(dirname "$0")/../.."
 for p in ds4 ds4-server ds4-bench ds4-forward ds4-score ds4-imatrix ds4-qeval ds4-mkmodel ds4-tokenizer; do
@@ -192,6 +193,18 @@ expect_refused "ds4-bench: --ctx-start x: must be an integer in 1..1048576" ./ds
 expect_refused "ds4-server: -c 0: must be an integer in 1..1048576" ./ds4-server -m "$M" -c 0
 expect_refused "ds4: -c 1048577: must be an integer in 1..1048576" ./ds4 -m "$M" -c 1048577
 expect_refused "ds4-score: CTX 0: must be an integer in 1..1048576" ./ds4-score "$M" "$dir/manifest.tsv" "$dir/s.tsv" 0
+# Files named on the command line are checked before the model loads
+# (none.gguf does not exist: the file, not the model, is what they name).
+N=$dir/none.gguf
+expect_refused "ds4-score: MANIFEST: cannot open $dir/none.tsv" ./ds4-score "$N" "$dir/none.tsv" "$dir/s.tsv"
+expect_refused "ds4-score: OUT.tsv: cannot write $dir/no/s.tsv" ./ds4-score "$N" "$dir/manifest.tsv" "$dir/no/s.tsv"
+expect_refused "ds4-imatrix: --imatrix-out: cannot write" ./ds4-imatrix "$N" --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/no/x.dat"
+expect_refused "ds4-imatrix: --imatrix-dataset: cannot open" ./ds4-imatrix "$N" --imatrix-dataset "$dir/no.txt" --imatrix-out "$dir/x.dat"
+expect_refused "ds4-forward: --logits-out: cannot write" ./ds4-forward "$N" --random 4 --logits-out "$dir/no/l.f32"
+expect_refused "ds4-forward: --tokens: cannot open $dir/no.ids" ./ds4-forward "$N" --tokens "@$dir/no.ids"
+expect_refused "ds4-qeval: --dataset: cannot open" ./ds4-qeval "$M" "$M" --dataset "$dir/no.txt"
+expect_refused "ds4-qeval: nothing to measure: give --imatrix FILE (weighted error), --dataset FILE" ./ds4-qeval "$M" "$M"
+expect_refused "ds4-server: --test-force-output: cannot open" ./ds4-server -m "$N" --test-force-output "$dir/no.json"
 [ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
 ./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
 echo "engine_startup: ok"

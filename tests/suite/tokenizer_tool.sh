@@ -2,7 +2,8 @@
 # tokenizer_tool.sh - ds4-tokenizer end to end: import writes the GGUF
 # tokenizer metadata (checked with ds4-gguf), encode (plain and with special
 # tokens, from tokenizer.json and from the GGUF) gives the ids HF gives,
-# decode gives the bytes back, bench runs, bad input fails with a message.
+# decode gives the bytes back, bench runs, the default tokenizer is found
+# from any directory, bad input fails with a message naming the file once.
 set -eu
 cd "$(dirname "$0")/../.."
 T=./ds4-tokenizer
@@ -51,4 +52,21 @@ if $T decode 99999999 2>"$out/err.txt"; then fail "decode accepted an id outside
 grep -q "outside a vocabulary" "$out/err.txt" || fail "decode error message: $(cat "$out/err.txt")"
 if $T -t /nonexistent/tokenizer.json encode x 2>"$out/err.txt"; then fail "missing tokenizer accepted"; fi
 grep -q "/nonexistent/tokenizer.json" "$out/err.txt" || fail "missing tokenizer message: $(cat "$out/err.txt")"
+# The default tokenizer is found next to the program, from any directory.
+root=$PWD
+got=$(cd "$out" && "$root/ds4-tokenizer" encode "Hello world 12345 ciao")
+[ "$got" = "19923 2058 223 6895 1883 274 23144" ] || fail "encode from another directory: $got"
+# Messages name the file once, with a position only when there is one.
+if $T import /nonexistent/t.json "$out/x.gguf" 2>"$out/err.txt"; then fail "import of a missing file"; fi
+grep -q "cannot open /nonexistent/t.json: No such file" "$out/err.txt" || fail "missing import: $(cat "$out/err.txt")"
+[ "$(grep -o "/nonexistent/t.json" "$out/err.txt" | wc -l)" -eq 1 ] || fail "path named twice: $(cat "$out/err.txt")"
+if $T -t "$out/in.txt" encode x 2>"$out/err.txt"; then fail "a text file taken for tokenizer.json"; fi
+grep -q "in.txt:1:4: .\[. or .{. expected" "$out/err.txt" || fail "JSON error position: $(cat "$out/err.txt")"
+printf 'not xz' > "$out/bad.json.xz"
+if $T -t "$out/bad.json.xz" encode x 2>"$out/err.txt"; then fail "a broken .xz accepted"; fi
+grep -q "bad.json.xz: xz -dc failed (exit status 1: not an xz file?)" "$out/err.txt" || fail "xz failure: $(cat "$out/err.txt")"
+grep -q "status 256\|-1:-1" "$out/err.txt" && fail "raw status or position: $(cat "$out/err.txt")"
+# Options that belong to another command are refused.
+if $T decode --specials 1 2>"$out/err.txt"; then fail "decode --specials accepted"; fi
+grep -q "ds4-tokenizer: --specials only applies to encode" "$out/err.txt" || fail "$(cat "$out/err.txt")"
 echo "tokenizer_tool: ok"
