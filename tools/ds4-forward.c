@@ -170,8 +170,10 @@ static int run(const opts *o, ds4_err *err) {
     double t2 = ds4_now();
     if (o->bench) {
         printf("backend %s, %d threads, sims %s\n", b->ops->name, b->opts.n_threads, o->bo.no_sim ? "off" : "on");
-        if (n_pre) printf("prefill: %u tokens in %.3f s = %.2f tokens/s\n", n_pre, t1 - t0, n_pre / (t1 - t0));
-        if (n > n_pre) printf("decode (fed): %u tokens in %.3f s = %.2f tokens/s\n", n - n_pre, t2 - t1, (n - n_pre) / (t2 - t1));
+        if (n_pre) printf("prefill: %u token%s in %.3f s = %.2f tokens/s\n", n_pre, ds4_plural(n_pre), t1 - t0, n_pre / (t1 - t0));
+        if (n > n_pre)
+            printf("decode (fed): %u token%s in %.3f s = %.2f tokens/s\n", n - n_pre, ds4_plural(n - n_pre), t2 - t1,
+                   (n - n_pre) / (t2 - t1));
         uint32_t next = ds4_backend_logits(b) ? (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab) : 0;
         double t3 = ds4_now();
         for (uint32_t g = 0; g < o->gen; g++) {
@@ -179,7 +181,9 @@ static int run(const opts *o, ds4_err *err) {
             next = (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab);
         }
         double t4 = ds4_now();
-        if (o->gen) printf("decode (greedy): %u tokens in %.3f s = %.2f tokens/s\n", o->gen, t4 - t3, o->gen / (t4 - t3));
+        if (o->gen)
+            printf("decode (greedy): %u token%s in %.3f s = %.2f tokens/s\n", o->gen, ds4_plural(o->gen), t4 - t3,
+                   o->gen / (t4 - t3));
     }
     if (o->logits_out && n) {
         FILE *f = fopen(o->logits_out, "wb");

@@ -49,9 +49,9 @@ static int collect(const opts *o, ds4_err *err) {
         rc = ds4_imatrix_run(w, tok, &o->bo, &o->run, &st, err);
     }
     if (rc == 0)
-        fprintf(stderr, "ds4-imatrix: wrote %s from %llu prompts, %llu tokens, %llu routed expert observations\n",
-                o->run.out, (unsigned long long)st.prompts, (unsigned long long)st.tokens,
-                (unsigned long long)st.routes);
+        fprintf(stderr, "ds4-imatrix: wrote %s from %llu prompt%s, %llu token%s, %llu routed expert observations\n",
+                o->run.out, (unsigned long long)st.prompts, ds4_plural(st.prompts), (unsigned long long)st.tokens,
+                ds4_plural(st.tokens), (unsigned long long)st.routes);
     ds4_tokenizer_free(tok);
     ds4_vocab_free(vocab);
     ds4_weights_close(w);

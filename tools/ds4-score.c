@@ -216,10 +216,10 @@ int main(int argc, char **argv) {
     if (out) rc = run_manifest(b, w, manifest, out, &t, &err);
     if (out && fclose(out) != 0 && rc == 0) rc = ds4_err_set(&err, DS4_EIO, "%s: write failed", out_path);
     if (rc == 0)
-        fprintf(stderr, "ds4-score: %d cases, %llu target tokens: avg_nll %.6f, first-token matches %d/%d, "
+        fprintf(stderr, "ds4-score: %d case%s, %llu target token%s: avg_nll %.6f, first-token matches %d/%d, "
                         "avg greedy LCP %.3f\n",
-                t.cases, (unsigned long long)t.targets, t.cases ? t.sum_avg / t.cases : 0.0, t.first, t.cases,
-                t.cases ? (double)t.lcp / t.cases : 0.0);
+                t.cases, ds4_plural((unsigned long long)t.cases), (unsigned long long)t.targets, ds4_plural(t.targets),
+                t.cases ? t.sum_avg / t.cases : 0.0, t.first, t.cases, t.cases ? (double)t.lcp / t.cases : 0.0);
     else
         fprintf(stderr, "ds4-score: %s\n", err.msg);
     ds4_backend_free(b);

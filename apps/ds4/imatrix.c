@@ -25,8 +25,8 @@ static int on_prompt(void *ctx, uint64_t prompts, uint32_t tokens) {
     progress *p = ctx;
     p->tokens += tokens;
     if (p->show) {
-        fprintf(stderr, "\rimatrix: %llu prompts, %llu tokens\033[K", (unsigned long long)prompts,
-                (unsigned long long)p->tokens);
+        fprintf(stderr, "\rimatrix: %llu prompt%s, %llu token%s\033[K", (unsigned long long)prompts, ds4_plural(prompts),
+                (unsigned long long)p->tokens, ds4_plural(p->tokens));
         fflush(stderr);
     }
     return cli_interrupted != 0;
@@ -60,7 +60,8 @@ int run_imatrix(ds4_engine *e, const cli_opts *o) {
         fprintf(stderr, "ds4: %s\n", err.msg);
         return err.code == DS4_EINTERRUPTED ? 130 : 1;
     }
-    fprintf(stderr, "ds4: wrote %s from %llu prompts, %llu tokens, %llu routed expert observations\n", o->imatrix_out,
-            (unsigned long long)st.prompts, (unsigned long long)st.tokens, (unsigned long long)st.routes);
+    fprintf(stderr, "ds4: wrote %s from %llu prompt%s, %llu token%s, %llu routed expert observations\n", o->imatrix_out,
+            (unsigned long long)st.prompts, ds4_plural(st.prompts), (unsigned long long)st.tokens, ds4_plural(st.tokens),
+            (unsigned long long)st.routes);
     return 0;
 }

@@ -75,8 +75,8 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     int status = 1;
     if (text_tokens(e, o->perplexity_file, &tk, &err) != 0) goto out;
     if (tk.n <= PPL_CONTEXT) {
-        ds4_err_set(&err, DS4_EINVAL, "%s: %zu tokens with BOS; more than %d are needed (the first %d are context)",
-                    o->perplexity_file, tk.n, PPL_CONTEXT, PPL_CONTEXT);
+        ds4_err_set(&err, DS4_EINVAL, "%s: %zu token%s with BOS; more than %d are needed (the first %d are context)",
+                    o->perplexity_file, tk.n, ds4_plural(tk.n), PPL_CONTEXT, PPL_CONTEXT);
         goto out;
     }
     /* Scored tokens: the rest of the text, at most -n, and what fits: the

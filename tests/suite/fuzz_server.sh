@@ -25,7 +25,7 @@ clang -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc -pthread \
     $srv/anthropic_messages.c $srv/toolmem.c \
     src/engine/sampler.c src/text/chat.c src/text/dsml_parse.c src/text/dsml_render.c src/text/pyjson.c \
     src/text/rendered.c src/text/strbuf.c src/text/utf8.c src/text/tokenizer.c src/text/tokens.c src/text/bpe.c \
-    src/text/pretok.c src/text/vocab.c src/base/error.c -ljansson -lpcre2-8 -lm
+    src/text/pretok.c src/text/vocab.c src/base/error.c src/base/rank.c -ljansson -lpcre2-8 -lm
 
 seconds=${FUZZ_SECONDS:-30}
 "$out/fuzz_server_request" -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -max_len=8192 \

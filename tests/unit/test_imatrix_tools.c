@@ -123,7 +123,7 @@ static void test_hash_routing_seen(void **state) {
     char out[1024], log[4096];
     in_dir(out, "avoid3.dat");
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 0);
-    assert_contains(log, "from 1 prompts, 40 tokens, 320 routed expert observations");
+    assert_contains(log, "from 1 prompt, 40 tokens, 320 routed expert observations");
     ds4_imatrix *m = ds4_imatrix_load(out, &err);
     const ds4_imatrix_entry *e = ds4_imatrix_find(m, "blk.0.ffn_gate_exps.weight");
     const ds4_imatrix_entry *dn = ds4_imatrix_find(m, "blk.0.ffn_down_exps.weight");
