@@ -5,10 +5,12 @@
  * Request: system (a string or text blocks; "x-anthropic-" billing blocks
  * dropped), messages whose content is a string or blocks: text, thinking,
  * tool_use (id, name, input object), tool_result (tool_use_id, content);
- * images and documents are refused (text only).  tools (name,
- * input_schema; server tools skipped), tool_choice {type:"none"},
- * thinking {type}, output_config.effort / reasoning_effort, sampling,
- * max_tokens, stop_sequences, stream.
+ * images and documents become a placeholder text (request.c).  tools
+ * (name, input_schema; server tools skipped), tool_choice (auto, any,
+ * tool with a name, none; disable_parallel_tool_use), output_format /
+ * output_config.format (json_schema: constrained decoding), thinking
+ * {type}, output_config.effort / reasoning_effort, sampling, max_tokens,
+ * stop_sequences, stream.
  *
  * Answer: a message with thinking (signature = the message id), text and
  * tool_use blocks, stop_reason end_turn / max_tokens / tool_use /
@@ -22,18 +24,6 @@
 #include "server.h"
 
 enum { BLOCK_NONE, BLOCK_THINKING, BLOCK_TEXT, BLOCK_TOOL };
-
-static int block_text(const json_t *content, const char *field, ds4_strbuf *out, api_error *e) {
-    if (json_is_array(content)) {
-        for (size_t k = 0; k < json_array_size(content); k++) {
-            const json_t *b = json_array_get(content, k);
-            const char *t = json_string_value(json_object_get(b, "type"));
-            if (json_is_object(b) && t && strcmp(t, "text") != 0)
-                return api_fail(e, 400, "%s[%zu]: content of type \"%s\" is not supported (text only)", field, k, t);
-        }
-    }
-    return req_text(content, field, true, out, e);
-}
 
 static void join(ds4_strbuf *b, const char *s, size_t n) {
     if (b->len) ds4_strbuf_puts(b, "\n\n");
@@ -61,7 +51,7 @@ static int parse_user(const json_t *content, size_t i, json_t *msgs, api_error *
             const char *id = json_string_value(json_object_get(b, "tool_use_id"));
             snprintf(field, sizeof(field), "messages[%zu].content[%zu].content", i, k);
             ds4_strbuf r = {0};
-            if (!id || block_text(json_object_get(b, "content"), field, &r, e)) {
+            if (!id || req_text(json_object_get(b, "content"), field, &r, e)) {
                 ds4_strbuf_free(&r);
                 ds4_strbuf_free(&text);
                 return id ? -1 : api_fail(e, 400, "messages[%zu].content[%zu].tool_use_id must be a string", i, k);
@@ -69,9 +59,19 @@ static int parse_user(const json_t *content, size_t i, json_t *msgs, api_error *
             json_array_append_new(msgs, json_pack("{s:s,s:s,s:s#}", "role", "tool", "tool_call_id", id, "content",
                                                   r.p ? r.p : "", r.len));
             ds4_strbuf_free(&r);
+        } else if (req_placeholder(type) || strcmp(type, "document") == 0) {
+            ds4_strbuf part = {0};
+            snprintf(field, sizeof(field), "messages[%zu].content", i);
+            if (req_part(b, field, k, &part, e)) {
+                ds4_strbuf_free(&part);
+                ds4_strbuf_free(&text);
+                return -1;
+            }
+            join(&text, part.p ? part.p : "", part.len);
+            ds4_strbuf_free(&part);
         } else {
             ds4_strbuf_free(&text);
-            return api_fail(e, 400, "messages[%zu].content[%zu]: content of type \"%s\" is not supported (text only)", i, k, type);
+            return api_fail(e, 400, "messages[%zu].content[%zu]: content of type \"%s\" is not supported", i, k, type);
         }
     }
     if (text.len || json_array_size(content) == 0)
@@ -108,8 +108,10 @@ static int parse_assistant(const json_t *content, size_t i, json_t *msgs, api_er
             else
                 json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:O}}", "id", id, "type", "function", "function",
                                                        "name", name, "arguments", (json_t *)input));
+        } else if (req_placeholder(type)) {
+            join(&text, req_placeholder(type), strlen(req_placeholder(type)));
         } else {
-            rc = api_fail(e, 400, "messages[%zu].content[%zu]: content of type \"%s\" is not supported (text only)", i, k, type);
+            rc = api_fail(e, 400, "messages[%zu].content[%zu]: content of type \"%s\" is not supported", i, k, type);
         }
     }
     if (rc == 0) {
@@ -169,6 +171,46 @@ static int parse_tools(const json_t *tools, srv_request *r, api_error *e) {
     return 0;
 }
 
+/* tool_choice {type: auto | any | tool (name) | none,
+ * disable_parallel_tool_use}. */
+static int parse_tool_choice(const json_t *b, srv_request *r, api_error *e) {
+    const json_t *tc = json_object_get(b, "tool_choice");
+    if (!tc || json_is_null(tc)) return 0;
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    if (!json_is_object(tc) || !type) return api_fail(e, 400, "tool_choice must be an object with a type");
+    bool serial = false;
+    if (req_bool(tc, "disable_parallel_tool_use", &serial, e)) return -1;
+    r->serial_calls = serial;
+    if (strcmp(type, "auto") == 0) return req_tool_choice(r, TOOL_AUTO, NULL, "tool_choice", e);
+    if (strcmp(type, "none") == 0) return req_tool_choice(r, TOOL_NONE, NULL, "tool_choice", e);
+    if (strcmp(type, "any") == 0) return req_tool_choice(r, TOOL_REQUIRED, NULL, "tool_choice", e);
+    const char *name = json_string_value(json_object_get(tc, "name"));
+    if (strcmp(type, "tool") == 0 && name) return req_tool_choice(r, TOOL_NAMED, name, "tool_choice", e);
+    return api_fail(e, 400, "tool_choice.type must be auto, any, none, or tool with a name");
+}
+
+/* Structured output: output_format or output_config.format
+ * {type: "json_schema", schema}. */
+static int parse_output_format(const json_t *b, srv_request *r, api_error *e) {
+    const char *field = "output_format";
+    const json_t *f = json_object_get(b, field);
+    if (!f || json_is_null(f)) {
+        f = json_object_get(json_object_get(b, "output_config"), "format");
+        field = "output_config.format";
+    }
+    if (!f || json_is_null(f)) return 0;
+    const char *type = json_string_value(json_object_get(f, "type"));
+    if (!type || strcmp(type, "json_schema") != 0) return api_fail(e, 400, "%s.type must be \"json_schema\"", field);
+    const json_t *schema = json_object_get(f, "schema");
+    char where[64];
+    snprintf(where, sizeof(where), "%s.schema", field);
+    if (!json_is_object(schema)) return api_fail(e, 400, "%s must be an object", where);
+    json_t *shown = json_pack("{s:s,s:O}", "type", "json_schema", "schema", (json_t *)schema);
+    int rc = req_json_answer(r, schema, shown, where, e);
+    json_decref(shown);
+    return rc;
+}
+
 static int parse_thinking(const json_t *b, srv_request *r, int *explicit_think, api_error *e) {
     int t;
     r->think = DS4_THINK_HIGH;
@@ -213,19 +255,13 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
         if (!json_is_array(content)) return api_fail(e, 400, "messages[%zu].content must be a string or an array of blocks", i);
         if ((user ? parse_user : parse_assistant)(content, i, r->messages, e)) return -1;
     }
-    if (parse_tools(json_object_get(b, "tools"), r, e)) return -1;
-    const json_t *tc = json_object_get(b, "tool_choice");
-    const char *tct = json_string_value(json_object_get(tc, "type"));
-    if (tct && strcmp(tct, "none") == 0) {
-        json_decref(r->tools);
-        r->tools = NULL;
-    }
     int explicit_think;
-    if (parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_max_tokens(b, max_names, r, e) ||
+    if (parse_tools(json_object_get(b, "tools"), r, e) || parse_tool_choice(b, r, e) || parse_output_format(b, r, e) ||
+        parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_max_tokens(b, max_names, r, e) ||
         req_stop(json_object_get(b, "stop_sequences"), "stop_sequences", r, e) || req_bool(b, "stream", &r->stream, e))
         return -1;
     req_model(b, r, explicit_think);
-    return 0;
+    return req_finalize(r, e);
 }
 
 /* ------------------------------------------------------------- answers */

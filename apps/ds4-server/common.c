@@ -10,7 +10,9 @@
 #include <sys/random.h>
 #include <time.h>
 
+#include "constrain.h"
 #include "server.h"
+#include "text/utf8.h"
 
 void srv_log(const char *cat, const char *fmt, ...) {
     char msg[2048];
@@ -28,10 +30,32 @@ void srv_log(const char *cat, const char *fmt, ...) {
 int api_fail(api_error *e, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(e->message, sizeof(e->message), fmt, ap);
+    int n = vsnprintf(e->message, sizeof(e->message), fmt, ap);
     va_end(ap);
+    /* A message cut short must not end inside a character. */
+    if (n >= (int)sizeof(e->message)) {
+        size_t len = strlen(e->message);
+        e->message[len - (size_t)ds4_utf8_incomplete_tail((const uint8_t *)e->message, len)] = '\0';
+    }
     e->status = status;
     return -1;
+}
+
+json_t *json_utf8(const char *s, size_t n) {
+    ds4_strbuf b = {0};
+    size_t i = 0;
+    while (i < n) {
+        size_t v = ds4_utf8_valid_prefix((const uint8_t *)s + i, n - i);
+        ds4_strbuf_append(&b, s + i, v);
+        i += v;
+        if (i < n) {
+            ds4_strbuf_puts(&b, "\xEF\xBF\xBD"); /* U+FFFD */
+            i += (size_t)ds4_utf8_invalid_len((const uint8_t *)s + i, n - i);
+        }
+    }
+    json_t *j = json_stringn(b.p ? b.p : "", b.len);
+    ds4_strbuf_free(&b);
+    return j ? j : json_string("");
 }
 
 void srv_request_free(srv_request *r) {
@@ -40,6 +64,10 @@ void srv_request_free(srv_request *r) {
     json_decref(r->tools);
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->force_name);
+    free(r->tool_name);
+    json_decref(r->response_format);
+    jschema_free(r->schema);
+    json_decref(r->tool_kinds);
     memset(r, 0, sizeof(*r));
 }
 
@@ -53,6 +81,7 @@ job *job_new(const api_adapter *api) {
     j->created = (long)time(NULL);
     j->ss.block = -1;
     j->ss.item = -1;
+    j->req.logprobs = -1;
     pthread_mutex_init(&j->mu, NULL);
     pthread_cond_init(&j->cv, NULL);
     return j;
@@ -67,6 +96,7 @@ static void gen_out_free(gen_out *o) {
         ds4_strbuf_free(&o->calls[i].args);
     }
     free(o->calls);
+    free(o->lp);
 }
 
 void cont_req_free(cont_req *c) {
@@ -144,6 +174,65 @@ void random_id(char *out, size_t cap, const char *prefix, int hex_digits) {
     out[n < cap ? n : cap - 1] = '\0';
 }
 
+/* ------------------------------------------------------------ logprobs */
+
+/* A token's text: its bytes when they are UTF-8, else "bytes:\\xNN..." as
+ * OpenAI writes a piece of a character. */
+static json_t *token_text(ds4_str t) {
+    const uint8_t *p = (const uint8_t *)t.ptr;
+    if (ds4_utf8_valid_prefix(p, t.len) == t.len) return json_stringn(t.ptr, t.len);
+    ds4_strbuf b = {0};
+    ds4_strbuf_puts(&b, "bytes:");
+    for (uint64_t i = 0; i < t.len; i++) ds4_strbuf_printf(&b, "\\x%02x", p[i]);
+    json_t *j = json_stringn(b.p ? b.p : "", b.len);
+    ds4_strbuf_free(&b);
+    return j;
+}
+
+static json_t *token_bytes(ds4_str t) {
+    json_t *a = json_array();
+    for (uint64_t i = 0; i < t.len; i++) json_array_append_new(a, json_integer((uint8_t)t.ptr[i]));
+    return a;
+}
+
+static json_t *entry(const ds4_vocab *v, int32_t id, float lp) {
+    ds4_str t = ds4_vocab_token_bytes(v, id);
+    return json_pack("{s:o,s:f,s:o}", "token", token_text(t), "logprob", (double)lp, "bytes", token_bytes(t));
+}
+
+json_t *logprobs_entries(const gen_out *o, size_t from, size_t to) {
+    json_t *a = json_array();
+    for (size_t i = from; i < to && i < o->n_lp; i++) {
+        const tok_logprob *e = &o->lp[i];
+        json_t *x = entry(o->vocab, e->id, e->logprob), *top = json_array();
+        for (int k = 0; k < e->n_top; k++) json_array_append_new(top, entry(o->vocab, e->top_id[k], e->top_lp[k]));
+        json_object_set_new(x, "top_logprobs", top);
+        json_array_append_new(a, x);
+    }
+    return a;
+}
+
+json_t *logprobs_completions(const gen_out *o, size_t from, size_t to, size_t text_offset) {
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = from; i < to && i < o->n_lp; i++) {
+        const tok_logprob *e = &o->lp[i];
+        ds4_str t = ds4_vocab_token_bytes(o->vocab, e->id);
+        json_array_append_new(tokens, token_text(t));
+        json_array_append_new(lps, json_real(e->logprob));
+        json_t *top = json_object();
+        for (int k = 0; k < e->n_top; k++) {
+            json_t *name = token_text(ds4_vocab_token_bytes(o->vocab, e->top_id[k]));
+            json_object_set_new(top, json_string_value(name), json_real(e->top_lp[k]));
+            json_decref(name);
+        }
+        json_array_append_new(tops, top);
+        json_array_append_new(offs, json_integer((json_int_t)text_offset));
+        text_offset += t.len;
+    }
+    return json_pack("{s:o,s:o,s:o,s:o}", "tokens", tokens, "token_logprobs", lps, "top_logprobs", tops, "text_offset",
+                     offs);
+}
+
 /* --------------------------------------------------------------- usage */
 
 json_t *usage_openai(const gen_out *o) {
@@ -199,14 +288,14 @@ json_t *api_error_body(const api_adapter *api, const api_error *e) {
     json_t *err = json_object();
     if (api && api->anthropic_errors) {
         json_object_set_new(err, "type", json_string(e->type ? e->type : anthropic_type(e->status)));
-        json_object_set_new(err, "message", json_string(e->message));
+        json_object_set_new(err, "message", json_utf8(e->message, strlen(e->message)));
         if (e->code && strcmp(e->code, "context_length_exceeded") == 0) {
             json_object_set_new(err, "n_prompt_tokens", json_integer(e->n_prompt));
             json_object_set_new(err, "n_ctx", json_integer(e->n_ctx));
         }
         return json_pack("{s:s,s:o}", "type", "error", "error", err);
     }
-    json_object_set_new(err, "message", json_string(e->message));
+    json_object_set_new(err, "message", json_utf8(e->message, strlen(e->message)));
     json_object_set_new(err, "type", json_string(e->type ? e->type : openai_type(e->status)));
     json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
     json_object_set_new(err, "code", e->code ? json_string(e->code) : json_null());

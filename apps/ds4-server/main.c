@@ -1,6 +1,8 @@
 /*
  * main.c - ds4-server: options (ds4-server's, plus --api-key, --queue,
- * --max-body-mb, --no-sim and the test hook), startup, signals, shutdown.
+ * --max-body-mb, the header and body deadlines, --allowed-hosts,
+ * --client-sampling-in-thinking, --no-sim and the test hook;
+ * docs/SERVER.md), startup, signals, shutdown.
  *
  * Startup (engine/startup.h): --chdir first, so every relative path (model,
  * trace, disk cache) is taken from there; the instance lock; the model,
@@ -26,7 +28,6 @@
 #include "server.h"
 
 server *SRV;
-void http_set_keepalive_ms(int ms);
 void render_pool_free(void);
 
 static const char NOTES[] =
@@ -38,7 +39,7 @@ static const char NOTES[] =
 
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
-static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *no_ckpt) {
+static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     memset(o, 0, sizeof(*o));
     ds4_kvc_policy kd;
     ds4_kvc_policy_defaults(&kd);
@@ -70,7 +71,15 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
         {DS4_OPT_U64("--max-body-mb", "N", &max_body_mb, 1, 4096, 64, "largest request body, in MiB")},
         {DS4_OPT_INT("--max-connections", "N", &o->max_connections, 1, 100000, 512, "simultaneous connections")},
         {DS4_OPT_INT("--timeout", "S", &o->connection_timeout_s, 1, 86400, 60, "idle connection timeout in seconds")},
-        {DS4_OPT_INT("--sse-keepalive-ms", "N", keepalive, 10, 3600000, 5000,
+        {DS4_OPT_INT("--header-timeout", "S", &o->header_timeout_s, 1, 86400, 10,
+                     "a request's headers must arrive within S seconds of the connection")},
+        {DS4_OPT_INT("--body-timeout", "S", &o->body_timeout_s, 1, 86400, 120,
+                     "and its body within S seconds after them")},
+        {DS4_OPT_STR("--allowed-hosts", "LIST", &o->allowed_hosts, NULL,
+                     "Host header names accepted besides localhost, loopback addresses, the --host value and "
+                     "(bound to 0.0.0.0) any IP address; comma-separated, \"*\" for any"),
+         .def_text = "none"},
+        {DS4_OPT_INT("--sse-keepalive-ms", "N", &o->sse_keepalive_ms, 10, 3600000, 5000,
                      "keepalive comment interval while streaming")},
         {DS4_OPT_STR("--trace", "FILE", &o->trace_path, NULL, "human-readable request trace")},
 
@@ -94,6 +103,11 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
                       "memory; it makes retries and replies the client replays differently prefill only the "
                       "new part)")},
 
+        {DS4_OPT_SECTION("sampling:")},
+        {DS4_OPT_FLAG("--client-sampling-in-thinking", &o->client_sampling_in_thinking,
+                      "apply the client's temperature, top_p, top_k and min_p while the model thinks too "
+                      "(default: ds4's defaults until </think>, the client's values for the answer)")},
+
         {DS4_OPT_SECTION("tool calls:")},
         {DS4_OPT_FLAG("--disable-exact-dsml-tool-replay", &no_exact_replay,
                       "render replayed tool calls from their JSON instead of the DSML the model sampled")},
@@ -113,6 +127,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, int *keepalive, bool *
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
+    if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
     if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
     ds4_err err = {0};
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) return ds4_cli_usage(&cli, "%s", err.msg);
@@ -134,16 +149,15 @@ static void *shutdown_main(void *arg) {
     srv_log("server", "shutting down");
     s->stopping = 1;
     worker_stop();
-    http_stop();
+    http_stop(s);
     shutdown_done = 1;
     return NULL;
 }
 
 int main(int argc, char **argv) {
     server s = {0};
-    int keepalive;
     bool no_ckpt;
-    int prc = parse_args(argc, argv, &s.o, &keepalive, &no_ckpt);
+    int prc = parse_args(argc, argv, &s.o, &no_ckpt);
     if (prc >= 0) return prc;
     if (s.o.chdir_to && chdir(s.o.chdir_to) != 0) {
         fprintf(stderr, "ds4-server: --chdir %s: %s\n", s.o.chdir_to, strerror(errno));
@@ -152,7 +166,6 @@ int main(int argc, char **argv) {
     int lrc = ds4_startup_lock("ds4-server");
     if (lrc) return lrc;
     s.memory_checkpoint = !no_ckpt;
-    http_set_keepalive_ms(keepalive);
     SRV = &s;
     pthread_mutex_init(&s.stats_mu, NULL);
     signal(SIGPIPE, SIG_IGN);
@@ -177,6 +190,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return 1;
     }
+    req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true};
     double t0 = ds4_now();
@@ -188,6 +202,10 @@ int main(int argc, char **argv) {
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
+    for (uint32_t id = 0; id < ds4_vocab_size(s.engine->vocab); id++) {
+        size_t n = ds4_vocab_token_bytes(s.engine->vocab, (int32_t)id).len;
+        if (n > s.max_token_bytes) s.max_token_bytes = n;
+    }
     if (s.o.warm_weights) {
         int wrc = ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads, stop_signal_pending, NULL);
         if (wrc != 0) return wrc;

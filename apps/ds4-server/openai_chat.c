@@ -3,11 +3,14 @@
  *
  * Request: messages (system, developer, user, assistant with
  * reasoning_content and tool_calls, tool/function results), tools,
- * tool_choice ("none" disables the tools), thinking / think /
- * reasoning_effort, sampling, max_tokens / max_completion_tokens, stop,
- * stream and stream_options.include_usage.  Messages are normalised to the
- * chat renderer's input: content parts become one string (non-text parts
- * dropped), tool calls keep only id, name and arguments.
+ * tool_choice (none, auto, required, a named function), parallel_tool_calls,
+ * response_format (json_object, json_schema: constrained decoding),
+ * logprobs / top_logprobs, thinking / think / reasoning_effort, sampling,
+ * max_tokens / max_completion_tokens, stop, stream and
+ * stream_options.include_usage.  Messages are normalised to the chat
+ * renderer's input: content parts become one string (images, audio and
+ * files as a placeholder text), tool calls keep only id, name and
+ * arguments.
  *
  * Answer: chat.completion with reasoning_content and tool_calls, or a
  * stream of chat.completion.chunk: the role, reasoning and content deltas,
@@ -55,7 +58,7 @@ static int parse_message(const json_t *m, size_t i, json_t *out_list, api_error 
     char field[64];
     snprintf(field, sizeof(field), "messages[%zu].content", i);
     ds4_strbuf text = {0};
-    if (req_text(json_object_get(m, "content"), field, false, &text, e)) {
+    if (req_text(json_object_get(m, "content"), field, &text, e)) {
         ds4_strbuf_free(&text);
         return -1;
     }
@@ -119,6 +122,54 @@ int chat_thinking(const json_t *b, srv_request *r, int *explicit_think, api_erro
     return 0;
 }
 
+/* tool_choice: "none", "auto", "required" or {"type": "function",
+ * "function": {"name": N}}; parallel_tool_calls. */
+static int parse_tool_choice(const json_t *b, srv_request *r, api_error *e) {
+    const json_t *tc = json_object_get(b, "tool_choice");
+    bool parallel = true;
+    if (req_bool(b, "parallel_tool_calls", &parallel, e)) return -1;
+    r->serial_calls = !parallel;
+    if (!tc || json_is_null(tc)) return req_tool_choice(r, TOOL_AUTO, NULL, "tool_choice", e);
+    const char *c = json_string_value(tc);
+    if (c && strcmp(c, "none") == 0) return req_tool_choice(r, TOOL_NONE, NULL, "tool_choice", e);
+    if (c && strcmp(c, "auto") == 0) return req_tool_choice(r, TOOL_AUTO, NULL, "tool_choice", e);
+    if (c && strcmp(c, "required") == 0) return req_tool_choice(r, TOOL_REQUIRED, NULL, "tool_choice", e);
+    const char *type = json_string_value(json_object_get(tc, "type"));
+    const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
+    if (type && strcmp(type, "function") == 0 && name) return req_tool_choice(r, TOOL_NAMED, name, "tool_choice", e);
+    return api_fail(e, 400, "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                            "\"function\": {\"name\": ...}}");
+}
+
+/* response_format: text, json_object or json_schema {name, schema, strict}. */
+static int parse_response_format(const json_t *b, srv_request *r, api_error *e) {
+    const json_t *rf = json_object_get(b, "response_format");
+    if (!rf || json_is_null(rf)) return 0;
+    const char *type = json_string_value(json_object_get(rf, "type"));
+    if (!json_is_object(rf) || !type) return api_fail(e, 400, "response_format must be an object with a type");
+    if (strcmp(type, "text") == 0) return 0;
+    if (strcmp(type, "json_object") == 0) return req_json_answer(r, NULL, rf, "response_format", e);
+    if (strcmp(type, "json_schema") != 0)
+        return api_fail(e, 400, "response_format.type \"%s\" is not supported (text, json_object, json_schema)", type);
+    const json_t *js = json_object_get(rf, "json_schema");
+    const json_t *schema = json_object_get(js, "schema");
+    if (!json_is_object(js)) return api_fail(e, 400, "response_format.json_schema must be an object");
+    if (!schema) return req_json_answer(r, NULL, rf, "response_format.json_schema.schema", e);
+    return req_json_answer(r, schema, rf, "response_format.json_schema.schema", e);
+}
+
+/* logprobs (a boolean) and top_logprobs (0..20). */
+static int parse_logprobs(const json_t *b, srv_request *r, api_error *e) {
+    bool on = false;
+    if (req_bool(b, "logprobs", &on, e)) return -1;
+    const json_t *top = json_object_get(b, "top_logprobs");
+    if (!on) {
+        if (top && !json_is_null(top)) return api_fail(e, 400, "top_logprobs needs logprobs: true");
+        return 0;
+    }
+    return req_logprobs(r, top, "top_logprobs", MAX_TOP_LOGPROBS, e);
+}
+
 int chat_common_fields(const json_t *b, srv_request *r, api_error *e) {
     static const char *const max_names[] = {"max_completion_tokens", "max_tokens", NULL};
     if (req_sampling(b, r, true, e) || req_max_tokens(b, max_names, r, e) ||
@@ -147,23 +198,32 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
     r->messages = json_array();
     for (size_t i = 0; i < json_array_size(msgs); i++)
         if (parse_message(json_array_get(msgs, i), i, r->messages, e)) return -1;
-    if (parse_tools(json_object_get(b, "tools"), r, e)) return -1;
-    const json_t *tc = json_object_get(b, "tool_choice");
-    if (json_is_string(tc) && strcmp(json_string_value(tc), "none") == 0) {
-        json_decref(r->tools);
-        r->tools = NULL;
-    }
-    return chat_common_fields(b, r, e);
+    if (parse_tools(json_object_get(b, "tools"), r, e) || parse_tool_choice(b, r, e) ||
+        parse_response_format(b, r, e) || parse_logprobs(b, r, e) || chat_common_fields(b, r, e))
+        return -1;
+    return req_finalize(r, e);
 }
 
 /* ------------------------------------------------------------- answers */
 
-static json_t *chunk(job *j, json_t *delta, const char *finish) {
-    json_t *choice = json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "delta", delta, "finish_reason",
-                               finish ? json_string(finish) : json_null(), "logprobs");
+/* The choice's logprobs: the tokens since the last ones sent. */
+static json_t *choice_logprobs(job *j, bool all) {
+    gen_out *o = &j->out;
+    if (j->req.logprobs < 0) return json_null();
+    size_t from = all ? 0 : o->lp_sent;
+    json_t *lp = json_pack("{s:o,s:n}", "content", logprobs_entries(o, from, o->n_lp), "refusal");
+    if (!all) o->lp_sent = o->n_lp;
+    return lp;
+}
+
+static json_t *chunk_lp(job *j, json_t *delta, const char *finish, json_t *logprobs) {
+    json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "finish_reason",
+                               finish ? json_string(finish) : json_null(), "logprobs", logprobs ? logprobs : json_null());
     return json_pack("{s:s,s:s,s:i,s:s,s:[o]}", "id", j->id, "object", "chat.completion.chunk", "created",
                      (json_int_t)j->created, "model", j->req.model, "choices", choice);
 }
+
+static json_t *chunk(job *j, json_t *delta, const char *finish) { return chunk_lp(j, delta, finish, NULL); }
 
 static void stream_begin(job *j, ds4_strbuf *out) {
     sse_data(out, NULL, chunk(j, json_pack("{s:s,s:s}", "role", "assistant", "content", ""), NULL));
@@ -173,7 +233,9 @@ static void stream_event(job *j, ev_kind k, int index, const char *text, size_t 
     json_t *delta = NULL;
     switch (k) {
     case EV_REASONING: delta = json_pack("{s:s#}", "reasoning_content", text, n); break;
-    case EV_CONTENT: delta = json_pack("{s:s#}", "content", text, n); break;
+    case EV_CONTENT:
+        sse_data(out, NULL, chunk_lp(j, json_pack("{s:s#}", "content", text, n), NULL, choice_logprobs(j, false)));
+        return;
     case EV_CALL_START:
         delta = json_pack("{s:[{s:i,s:s,s:s,s:{s:s#,s:s}}]}", "tool_calls", "index", index, "id", j->out.calls[index].id,
                           "type", "function", "function", "name", text, n, "arguments", "");
@@ -217,7 +279,8 @@ static json_t *final_body(job *j) {
     else json_object_set_new(msg, "content", json_null());
     if (o->reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(o->reasoning.p, o->reasoning.len));
     if (o->n_calls) json_object_set_new(msg, "tool_calls", chat_tool_calls_json(o));
-    json_t *choice = json_pack("{s:i,s:o,s:s,s:n}", "index", 0, "message", msg, "finish_reason", o->finish, "logprobs");
+    json_t *choice = json_pack("{s:i,s:o,s:s,s:o}", "index", 0, "message", msg, "finish_reason", o->finish, "logprobs",
+                               choice_logprobs(j, true));
     return json_pack("{s:s,s:s,s:i,s:s,s:[o],s:o}", "id", j->id, "object", "chat.completion", "created",
                      (json_int_t)j->created, "model", j->req.model, "choices", choice, "usage", usage_openai(o));
 }

@@ -5,6 +5,11 @@
  * context_length_exceeded with the counts, as ds4 answers).
  * Tokenizers hold per-thread scratch space, so connection threads borrow
  * one from a small pool.
+ *
+ * The context check costs little however large the prompt: a text longer
+ * than ctx times the longest token's bytes cannot fit and is refused
+ * without tokenizing it, and tokenization stops as soon as the prompt
+ * holds more tokens than the context (the error then says "at least").
  */
 #include <pthread.h>
 #include <stdlib.h>
@@ -25,6 +30,8 @@ ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err) {
 }
 
 void render_tokenizer_return(ds4_tokenizer *t) {
+    if (!t) return;
+    ds4_tokenizer_set_limit(t, 0);
     pthread_mutex_lock(&pool_mu);
     if (pool_n < (int)(sizeof(pool) / sizeof(pool[0]))) {
         pool[pool_n++] = t;
@@ -43,25 +50,42 @@ ds4_chat_opts render_opts(server *s, const job *j) {
                            .render_calls = toolmem_render_calls, .render_calls_ctx = s};
 }
 
-int render_request(server *s, job *j, api_error *e) {
+static int too_long(server *s, const job *j, size_t n_tokens, bool at_least, api_error *e) {
+    e->code = "context_length_exceeded";
+    e->param = prompt_param(j->api->kind);
+    e->n_prompt = (long)n_tokens;
+    e->n_ctx = (long)s->o.ctx;
+    return api_fail(e, 400, "Prompt has %s%zu tokens, but the configured context size is %u tokens",
+                    at_least ? "at least " : "", n_tokens, s->o.ctx);
+}
+
+/* Render, refuse a text that cannot fit by its length alone, tokenize
+ * (stopping past `limit` tokens when nonzero). */
+static int render_tokens(server *s, job *j, size_t limit, api_error *e) {
     ds4_chat_opts o = render_opts(s, j);
     ds4_err err = {0};
     if (ds4_chat_render(j->req.messages, &o, &j->rendered, &err) != 0)
         return api_fail(e, 400, "cannot render the conversation: %s", err.msg);
+    size_t mtb = s->max_token_bytes;
+    if (mtb && j->rendered.text.len / mtb >= s->o.ctx) return too_long(s, j, j->rendered.text.len / mtb, true, e);
     ds4_tokenizer *t = render_tokenizer_borrow(s->engine->vocab, &err);
     if (!t) return api_fail(e, 500, "tokenizer: %s", err.msg);
+    ds4_tokenizer_set_limit(t, limit);
     int rc = ds4_tokenize_rendered(t, &j->rendered, &j->tokens, &err);
     render_tokenizer_return(t);
+    if (rc != 0 && err.code == DS4_ERANGE) return too_long(s, j, j->tokens.n, true, e);
     if (rc != 0) return api_fail(e, 400, "cannot tokenize the prompt: %s", err.msg);
-    if (j->tokens.n >= s->o.ctx) {
-        e->code = "context_length_exceeded";
-        e->param = prompt_param(j->api->kind);
-        e->n_prompt = (long)j->tokens.n;
-        e->n_ctx = (long)s->o.ctx;
-        return api_fail(e, 400, "Prompt has %zu tokens, but the configured context size is %u tokens", j->tokens.n,
-                        s->o.ctx);
-    }
     return 0;
+}
+
+int render_request(server *s, job *j, api_error *e) {
+    if (render_tokens(s, j, s->o.ctx, e) != 0) return -1;
+    if (j->tokens.n >= s->o.ctx) return too_long(s, j, j->tokens.n, false, e);
+    return 0;
+}
+
+int render_count(server *s, job *j, api_error *e) {
+    return render_tokens(s, j, 0, e);
 }
 
 void render_pool_free(void) {

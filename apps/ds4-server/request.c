@@ -1,20 +1,43 @@
 /*
  * request.c - request fields the four APIs share: the JSON body itself
- * (UTF-8, nesting limit), sampling parameters, token limits, stop lists,
- * the thinking/reasoning controls and model aliases (the
- * fields ds4's server honours), message text.  Every wrong type or range is a 400 that
- * names the field.
+ * (UTF-8, limits), sampling parameters, token limits, stop lists, the
+ * thinking/reasoning controls and model aliases (the fields ds4's server
+ * honours), message text.  Every wrong type or range is a 400 that names
+ * the field.
+ *
+ * The body's parse is bounded before it starts, since a JSON tree costs
+ * far more memory than its text (48 MB of "[]," would be millions of
+ * arrays): nesting depth and the number of values are counted by a scan
+ * of the text, and the parse itself may hold at most a budget of memory
+ * (jansson's allocator counts, per thread, while a body is parsed).
+ *
+ * NUL characters are valid JSON ("\u0000", e.g. in a binary tool output)
+ * and accepted; the prompt shows each as the six characters \u0000, so a
+ * conversation that once carried one keeps working.  Content parts the
+ * model cannot read (images, audio, files) become a placeholder text that
+ * says so, the same in every API.
  */
+#include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "constrain.h"
 #include "server.h"
 
-/* Deepest array/object nesting of a JSON text, ignoring brackets inside
- * strings; stops counting once past `limit`. */
-static int json_depth(const char *s, size_t n, int limit) {
+/* At most this many values (containers, elements, members) in a body. */
+#define MAX_JSON_VALUES 500000
+/* Memory a body's parse may hold: this plus 3 times its size. */
+#define JSON_PARSE_BASE (64u << 20)
+
+/* ------------------------------------------------------------ limits */
+
+/* Deepest array/object nesting of a JSON text and its number of values
+ * (roughly: containers and commas), ignoring what is inside strings;
+ * stops once past the limits. */
+static void json_shape(const char *s, size_t n, int *depth_out, size_t *values_out) {
     int depth = 0, max = 0;
+    size_t values = 1;
     bool in_str = false;
     for (size_t i = 0; i < n; i++) {
         char c = s[i];
@@ -24,27 +47,71 @@ static int json_depth(const char *s, size_t n, int limit) {
             continue;
         }
         if (c == '"') in_str = true;
+        else if (c == ',') values++;
         else if (c == '[' || c == '{') {
+            values++;
             if (++depth > max) max = depth;
-            if (max > limit) return max;
+            if (max > MAX_JSON_DEPTH) break;
         } else if (c == ']' || c == '}') {
             depth--;
         }
+        if (values > MAX_JSON_VALUES) break;
     }
-    return max;
+    *depth_out = max;
+    *values_out = values;
 }
+
+/* The parse budget of this thread: 0 when no body is being parsed. */
+static __thread size_t parse_budget, parse_used;
+
+static void *counted_malloc(size_t n) {
+    void *p = malloc(n);
+    if (p && parse_budget) {
+        parse_used += malloc_usable_size(p);
+        if (parse_used > parse_budget) {
+            parse_used -= malloc_usable_size(p);
+            free(p);
+            return NULL;
+        }
+    }
+    return p;
+}
+
+static void counted_free(void *p) {
+    if (p && parse_budget) {
+        size_t n = malloc_usable_size(p);
+        parse_used = n < parse_used ? parse_used - n : 0;
+    }
+    free(p);
+}
+
+void req_json_limits_install(void) { json_set_alloc_funcs(counted_malloc, counted_free); }
 
 json_t *req_load_json(const char *body, size_t n, api_error *e) {
     if (n == 0) {
         api_fail(e, 400, "invalid JSON request: empty body");
         return NULL;
     }
-    if (json_depth(body, n, MAX_JSON_DEPTH) > MAX_JSON_DEPTH) {
+    int depth;
+    size_t values;
+    json_shape(body, n, &depth, &values);
+    if (depth > MAX_JSON_DEPTH) {
         api_fail(e, 400, "invalid JSON request: nested deeper than %d levels", MAX_JSON_DEPTH);
         return NULL;
     }
+    if (values > MAX_JSON_VALUES) {
+        api_fail(e, 413, "invalid JSON request: more than %d values", MAX_JSON_VALUES);
+        return NULL;
+    }
     json_error_t je;
-    json_t *v = json_loadb(body, n, 0, &je);
+    parse_budget = JSON_PARSE_BASE + 3 * n;
+    parse_used = 0;
+    json_t *v = json_loadb(body, n, JSON_ALLOW_NUL, &je);
+    parse_budget = 0;
+    if (!v && strstr(je.text, "out of memory")) {
+        api_fail(e, 413, "invalid JSON request: parsing it needs more than %zu MB", (JSON_PARSE_BASE + 3 * n) >> 20);
+        return NULL;
+    }
     if (!v) {
         api_fail(e, 400, "invalid JSON request: %s (at byte %d)", je.text, je.position);
         return NULL;
@@ -112,6 +179,8 @@ int req_max_tokens(const json_t *body, const char *const *names, srv_request *r,
 static int add_stop(srv_request *r, const json_t *s, const char *field, api_error *e) {
     if (!json_is_string(s)) return api_fail(e, 400, "%s must be a string or an array of strings", field);
     if (json_string_length(s) == 0) return 0;
+    if (strlen(json_string_value(s)) != json_string_length(s))
+        return api_fail(e, 400, "%s: a stop sequence must not contain NUL", field);
     if (r->n_stop >= MAX_STOP) return api_fail(e, 400, "%s: at most %d stop sequences", field, MAX_STOP);
     if (json_string_length(s) > 1024) return api_fail(e, 400, "%s: stop sequences are limited to 1024 bytes", field);
     r->stop[r->n_stop++] = strdup(json_string_value(s));
@@ -178,29 +247,196 @@ void req_model(const json_t *body, srv_request *r, int explicit_think) {
     else if (strcmp(m, "deepseek-reasoner") == 0) r->think = DS4_THINK_HIGH;
 }
 
-int req_text(const json_t *v, const char *field, bool strict, ds4_strbuf *out, api_error *e) {
+/* ------------------------------------------------------------ answers */
+
+static const json_t *tool_named(const json_t *tools, const char *name) {
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        const json_t *fn = json_object_get(json_array_get(tools, i), "function");
+        const char *n = json_string_value(json_object_get(fn, "name"));
+        if (n && strcmp(n, name) == 0) return fn;
+    }
+    return NULL;
+}
+
+int req_tool_choice(srv_request *r, tool_choice c, const char *name, const char *field, api_error *e) {
+    r->tool_choice = c;
+    if (c == TOOL_NONE) {
+        json_decref(r->tools);
+        r->tools = NULL;
+        return 0;
+    }
+    if (c == TOOL_AUTO) return 0;
+    if (!json_array_size(r->tools))
+        return api_fail(e, 400, "%s: a tool call is required but the request has no tools", field);
+    if (c == TOOL_NAMED) {
+        if (!tool_named(r->tools, name)) return api_fail(e, 400, "%s: no tool named \"%s\" in tools", field, name);
+        free(r->tool_name);
+        r->tool_name = strdup(name);
+    }
+    return 0;
+}
+
+int req_json_answer(srv_request *r, const json_t *schema, const json_t *shown, const char *field, api_error *e) {
+    char why[400];
+    jschema *js = schema ? jschema_compile(schema, why, sizeof(why)) : jschema_any_object();
+    if (!js) {
+        if (!schema) return api_fail(e, 500, "out of memory");
+        return api_fail(e, 400, "%s: %s", field, why);
+    }
+    jschema_free(r->schema);
+    r->schema = js;
+    json_decref(r->response_format);
+    r->response_format = json_incref((json_t *)shown);
+    return 0;
+}
+
+int req_logprobs(srv_request *r, const json_t *top, const char *field, int max, api_error *e) {
+    r->logprobs = 0;
+    if (!top || json_is_null(top)) return 0;
+    if (!json_is_integer(top) || json_integer_value(top) < 0 || json_integer_value(top) > max)
+        return api_fail(e, 400, "%s must be an integer from 0 to %d", field, max);
+    r->logprobs = (int)json_integer_value(top);
+    return 0;
+}
+
+int req_finalize(srv_request *r, api_error *e) {
+    req_escape_nul(r->messages);
+    req_escape_nul(r->tools);
+    if (r->response_format) {
+        /* The official template shows it in the first system message. */
+        json_t *first = json_array_get(r->messages, 0);
+        const char *role = json_string_value(json_object_get(first, "role"));
+        if (!role || strcmp(role, "system") != 0) {
+            first = json_pack("{s:s,s:s}", "role", "system", "content", "");
+            if (!first || json_array_insert_new(r->messages, 0, first) != 0) return api_fail(e, 500, "out of memory");
+        }
+        json_object_set(first, "response_format", r->response_format);
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------ content */
+
+/* What the prompt says instead of content the model cannot read. */
+static const struct {
+    const char *type;
+    const char *text;
+} UNREADABLE[] = {
+    {"image", "[image not shown: this model reads text only]"},
+    {"image_url", "[image not shown: this model reads text only]"},
+    {"input_image", "[image not shown: this model reads text only]"},
+    {"input_audio", "[audio not shown: this model reads text only]"},
+    {"audio", "[audio not shown: this model reads text only]"},
+    {"file", "[file not shown: this model reads text only]"},
+    {"input_file", "[file not shown: this model reads text only]"},
+    {"document", "[file not shown: this model reads text only]"},
+};
+
+const char *req_placeholder(const char *type) {
+    for (size_t i = 0; type && i < sizeof(UNREADABLE) / sizeof(UNREADABLE[0]); i++)
+        if (strcmp(type, UNREADABLE[i].type) == 0) return UNREADABLE[i].text;
+    return NULL;
+}
+
+/* Part types whose text is in a field of that name ("text" or "refusal"). */
+static const char *text_field(const char *type) {
+    static const char *const text[] = {"text", "input_text", "output_text", "summary_text", "reasoning_text", NULL};
+    for (int i = 0; type && text[i]; i++)
+        if (strcmp(type, text[i]) == 0) return "text";
+    return type && strcmp(type, "refusal") == 0 ? "refusal" : NULL;
+}
+
+int req_part(const json_t *p, const char *field, size_t i, ds4_strbuf *out, api_error *e) {
+    if (json_is_string(p)) {
+        ds4_strbuf_append(out, json_string_value(p), json_string_length(p));
+        return 0;
+    }
+    if (!json_is_object(p)) return api_fail(e, 400, "%s[%zu] must be an object", field, i);
+    const char *type = json_string_value(json_object_get(p, "type"));
+    const json_t *text = json_object_get(p, type ? text_field(type) : "text");
+    if (json_is_string(text) && (!type || text_field(type))) {
+        ds4_strbuf_append(out, json_string_value(text), json_string_length(text));
+        return 0;
+    }
+    const json_t *src = json_object_get(p, "source");
+    const char *st = json_string_value(json_object_get(src, "type"));
+    const json_t *data = json_object_get(src, "data");
+    if (type && strcmp(type, "document") == 0 && st && strcmp(st, "text") == 0 && json_is_string(data)) {
+        ds4_strbuf_append(out, json_string_value(data), json_string_length(data));
+        return 0;
+    }
+    const char *ph = req_placeholder(type);
+    if (ph) {
+        ds4_strbuf_puts(out, ph);
+        return 0;
+    }
+    if (type && text_field(type)) return api_fail(e, 400, "%s[%zu].%s must be a string", field, i, text_field(type));
+    return api_fail(e, 400, "%s[%zu]: content of type \"%s\" is not supported", field, i, type ? type : "?");
+}
+
+int req_text(const json_t *v, const char *field, ds4_strbuf *out, api_error *e) {
     if (!v || json_is_null(v)) return 0;
     if (json_is_string(v)) {
         ds4_strbuf_append(out, json_string_value(v), json_string_length(v));
         return 0;
     }
     if (!json_is_array(v)) return api_fail(e, 400, "%s must be a string or an array of content parts", field);
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *p = json_array_get(v, i);
-        const json_t *text = json_object_get(p, "text");
-        if (json_is_string(p)) {
-            ds4_strbuf_append(out, json_string_value(p), json_string_length(p));
-        } else if (json_is_object(p) && json_is_string(text)) {
-            ds4_strbuf_append(out, json_string_value(text), json_string_length(text));
-        } else if (!json_is_object(p)) {
-            return api_fail(e, 400, "%s[%zu] must be an object", field, i);
-        } else if (strict) {
-            const char *type = json_string_value(json_object_get(p, "type"));
-            return api_fail(e, 400, "%s[%zu]: content of type \"%s\" is not supported (text only)", field, i,
-                            type ? type : "?");
+    for (size_t i = 0; i < json_array_size(v); i++)
+        if (req_part(json_array_get(v, i), field, i, out, e)) return -1;
+    return 0;
+}
+
+/* A copy of s[0..n) with each NUL written as the six characters \u0000. */
+static json_t *nul_escaped(const char *s, size_t n) {
+    ds4_strbuf b = {0};
+    for (size_t i = 0; i < n; i++) {
+        size_t k = i;
+        while (k < n && s[k]) k++;
+        ds4_strbuf_append(&b, s + i, k - i);
+        if (k < n) ds4_strbuf_puts(&b, "\\u0000");
+        i = k;
+    }
+    json_t *v = b.failed ? NULL : json_stringn(b.p ? b.p : "", b.len);
+    ds4_strbuf_free(&b);
+    return v;
+}
+
+static bool has_nul(const json_t *v) {
+    return json_is_string(v) && strlen(json_string_value(v)) != json_string_length(v);
+}
+
+/* An `arguments` JSON text that spells a NUL ("\u0000") parses to strings
+ * with NUL, which the renderer would not take: parsed here and escaped. */
+static json_t *nul_arguments(const json_t *v) {
+    const char *s = json_string_value(v);
+    if (!s || !strstr(s, "\\u0000")) return NULL;
+    json_t *a = json_loadb(s, json_string_length(v), JSON_ALLOW_NUL, NULL);
+    if (!json_is_object(a)) {
+        json_decref(a);
+        return NULL;
+    }
+    req_escape_nul(a);
+    return a;
+}
+
+void req_escape_nul(json_t *v) {
+    if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *x = json_array_get(v, i);
+            if (has_nul(x)) json_array_set_new(v, i, nul_escaped(json_string_value(x), json_string_length(x)));
+            else req_escape_nul(x);
+        }
+    } else if (json_is_object(v)) {
+        const char *key;
+        json_t *x;
+        void *tmp;
+        json_object_foreach_safe(v, tmp, key, x) {
+            json_t *args = strcmp(key, "arguments") == 0 ? nul_arguments(x) : NULL;
+            if (args) json_object_set_new(v, key, args);
+            else if (has_nul(x)) json_object_set_new(v, key, nul_escaped(json_string_value(x), json_string_length(x)));
+            else req_escape_nul(x);
         }
     }
-    return 0;
 }
 
 json_t *req_openai_tool(const char *name, const json_t *description, const json_t *parameters) {

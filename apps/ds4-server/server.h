@@ -60,6 +60,10 @@ typedef struct srv_opts {
     uint64_t max_body;
     int max_connections;
     int connection_timeout_s;
+    int sse_keepalive_ms;
+    int header_timeout_s;     /* headers complete within this after the connection opens */
+    int body_timeout_s;       /* body complete within this after the headers */
+    const char *allowed_hosts; /* Host header allow-list, comma-separated; NULL: the default */
     /* disk KV cache */
     const char *kv_dir;
     uint64_t kv_space_mb;
@@ -68,6 +72,8 @@ typedef struct srv_opts {
     /* tool calls */
     bool exact_replay;
     uint32_t tool_memory_max_ids;
+    /* sampling */
+    bool client_sampling_in_thinking;
     /* tests */
     const char *test_force_output;
 } srv_opts;
@@ -85,6 +91,19 @@ typedef struct api_error {
 } api_error;
 
 int api_fail(api_error *e, int status, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+/* A JSON string of s[0..n), invalid UTF-8 replaced by U+FFFD. */
+json_t *json_utf8(const char *s, size_t n);
+
+/* tool_choice, the same in every API. */
+typedef enum tool_choice {
+    TOOL_AUTO = 0,
+    TOOL_NONE,       /* no tools in the prompt, no tool call in the answer */
+    TOOL_REQUIRED,   /* the answer starts with a call of one of the tools */
+    TOOL_NAMED,      /* ... of this tool */
+} tool_choice;
+
+typedef struct jschema jschema; /* constrain.h */
+typedef struct cvocab cvocab;
 
 /* What every API is parsed into. */
 typedef struct srv_request {
@@ -102,6 +121,14 @@ typedef struct srv_request {
     bool reasoning_summary;   /* Responses: emit reasoning items */
     bool raw_text;            /* completions: answer with the raw generated text */
     char *force_name;         /* test hook: X-DS4-Test-Output */
+    tool_choice tool_choice;
+    char *tool_name;          /* TOOL_NAMED: the tool's name in the prompt */
+    bool serial_calls;        /* parallel_tool_calls false: at most one call per turn */
+    json_t *response_format;  /* shown to the model in the system prompt (official "## Response Format") */
+    jschema *schema;          /* the answer is JSON of this schema (constrained decoding), NULL: free */
+    int logprobs;             /* -1: none; else how many top alternatives per token (0..20) */
+    json_t *tool_kinds;       /* Responses: prompt name -> {"type", "name", "namespace"} of custom,
+                               * namespaced and tool_search tools; NULL when none */
 } srv_request;
 
 void srv_request_free(srv_request *r);
@@ -112,18 +139,33 @@ typedef struct gen_call {
     char id[48];
     char *name;
     ds4_strbuf args;
+    bool complete;            /* its invoke closed (only complete calls are answered) */
 } gen_call;
+
+/* logprobs of one answer token: its own and the most likely ones, under
+ * the model's distribution (the logits before sampling settings). */
+#define MAX_TOP_LOGPROBS 20
+typedef struct tok_logprob {
+    int32_t id;
+    float logprob;
+    int n_top;
+    int32_t top_id[MAX_TOP_LOGPROBS];
+    float top_lp[MAX_TOP_LOGPROBS];
+} tok_logprob;
 
 /* The parsed answer, filled as generation goes. */
 typedef struct gen_out {
     ds4_strbuf reasoning, content, raw;
     gen_call *calls;
     size_t n_calls;
+    tok_logprob *lp;          /* answer (content) tokens, when the request asked */
+    size_t n_lp, lp_sent;     /* lp_sent: already streamed */
     bool think_closed;
     const char *finish;       /* "stop", "length", "tool_calls", "error" */
     const char *stop_hit;     /* the stop sequence that ended it, or NULL */
     char error[1200];
     uint32_t prompt_tokens, cached_tokens, written_tokens, completion_tokens;
+    const ds4_vocab *vocab;   /* for the logprobs' token texts */
 } gen_out;
 
 typedef struct job job;
@@ -207,6 +249,12 @@ void sse_data(ds4_strbuf *out, const char *event, json_t *data); /* steals data 
 /* Random ids: prefix + hex digits. */
 void random_id(char *out, size_t cap, const char *prefix, int hex_digits);
 
+/* logprobs as OpenAI spells them: chat and Responses entries
+ * ({token, logprob, bytes, top_logprobs}) for o->lp[from, to); the
+ * completions object for the same range. */
+json_t *logprobs_entries(const gen_out *o, size_t from, size_t to);
+json_t *logprobs_completions(const gen_out *o, size_t from, size_t to, size_t text_offset);
+
 /* Usage objects. */
 json_t *usage_openai(const gen_out *o);
 json_t *usage_responses(const gen_out *o);
@@ -218,14 +266,34 @@ int req_max_tokens(const json_t *body, const char *const *names, srv_request *r,
 int req_stop(const json_t *v, const char *field, srv_request *r, api_error *e);
 int req_bool(const json_t *body, const char *field, bool *out, api_error *e);
 int req_effort(const char *effort, const char *field, ds4_think_mode *out, api_error *e);
+/* tool_choice for the request's tools (r->tools already parsed): none
+ * drops them, required and named need them (a named tool must be one). */
+int req_tool_choice(srv_request *r, tool_choice c, const char *name, const char *field, api_error *e);
+/* A JSON answer: `schema` (NULL: any JSON object), shown to the model as
+ * `shown`; a schema this server cannot enforce is refused naming `field`. */
+int req_json_answer(srv_request *r, const json_t *schema, const json_t *shown, const char *field, api_error *e);
+/* logprobs: top alternatives per token, 0..20 (the field names the limit). */
+int req_logprobs(srv_request *r, const json_t *top, const char *field, int max, api_error *e);
+/* Last step of every adapter's parse: NUL escaping, the response format
+ * in the system prompt. */
+int req_finalize(srv_request *r, api_error *e);
 int req_thinking_field(const json_t *v, const char *field, int *out, api_error *e);
 void req_model(const json_t *body, srv_request *r, int explicit_think);
-/* Text of a content value: a string or parts with a text field (others
- * skipped when `strict` is false, refused when true). */
-int req_text(const json_t *v, const char *field, bool strict, ds4_strbuf *out, api_error *e);
+/* Text of a content value: a string, or parts whose texts are
+ * concatenated: text parts of every API, images, audio and files as a
+ * placeholder (req_placeholder), anything else refused.  req_part does one
+ * part (a string or an object; `i` is its index, for messages). */
+int req_text(const json_t *v, const char *field, ds4_strbuf *out, api_error *e);
+int req_part(const json_t *p, const char *field, size_t i, ds4_strbuf *out, api_error *e);
+const char *req_placeholder(const char *type); /* NULL: not a media type */
+/* Every string in v with a NUL gets it written as \u0000 (in place). */
+void req_escape_nul(json_t *v);
 json_t *req_openai_tool(const char *name, const json_t *description, const json_t *parameters);
-/* Body pre-checks: valid UTF-8 (jansson) and nesting depth. */
+/* The body as a JSON object, within the limits (UTF-8, nesting, values,
+ * parse memory: 400 or 413).  req_json_limits_install makes jansson count
+ * the parse's memory (once, at startup). */
 json_t *req_load_json(const char *body, size_t n, api_error *e);
+void req_json_limits_install(void);
 
 /* openai_chat.c, shared with the other OpenAI adapters. */
 int chat_thinking(const json_t *b, srv_request *r, int *explicit_think, api_error *e);
@@ -264,13 +332,19 @@ typedef struct server {
     pthread_mutex_t stats_mu;
     json_t *forced;            /* --test-force-output: name -> text */
     bool memory_checkpoint;    /* snapshot each prompt after its prefill */
+    struct http_server *http;  /* http.c */
+    size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
+    cvocab *cvocab;            /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
 } server;
 
 extern server *SRV;
 
-/* render.c: messages -> rendered prompt -> tokens (connection thread). */
+/* render.c: messages -> rendered prompt -> tokens (connection thread).
+ * render_request refuses a prompt that does not fit the context (400
+ * context_length_exceeded); render_count counts any prompt that could. */
 int render_request(server *s, job *j, api_error *e);
+int render_count(server *s, job *j, api_error *e);
 ds4_chat_opts render_opts(server *s, const job *j);
 ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err);
 void render_tokenizer_return(ds4_tokenizer *t);
@@ -312,7 +386,7 @@ int worker_queue_depth(void);
 
 /* http.c */
 int http_start(server *s, ds4_err *err);
-void http_stop(void);
+void http_stop(server *s);
 
 /* trace.c */
 int trace_open(const char *path, ds4_err *err);

@@ -40,6 +40,7 @@
 
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "constrain.h"
 #include "output.h"
 #include "server.h"
 #include "text/tokenizer.h"
@@ -328,12 +329,15 @@ typedef struct gen_ctx {
 static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
     gen_ctx *g = ctx;
     uint32_t n = ds4_session_n_tokens(sess);
+    /* The logits the token was chosen from (the session has not taken it
+     * yet), for logprobs; read before a checkpoint save. */
+    const float *logits = ds4_session_logits(sess);
     if (g->step && n % g->step == 0 && n > frontier_done && !out_in_tool_block(&g->out)) {
         save_live(DS4_KVC_CONTINUED);
         frontier_done = n;
     }
     g->last = t;
-    out_token(&g->out, t, ctl);
+    out_token(&g->out, t, logits, (int)S->engine->w->cfg.n_vocab, ctl);
 }
 
 /* The test hook's output: a string, or an array of strings tokenized one
@@ -455,17 +459,29 @@ static void generate(job *j, const reuse *r, double t_prefill) {
         fail_job(j, 400, err.msg, NULL);
         return;
     }
-    if (out_init(&g.out, j, S->engine->vocab, prompt_thinking(j), &err) != 0 ||
-        ds4_sampler_init(&smp, &j->req.sp, (int)S->engine->w->cfg.n_vocab, &err) != 0) {
+    /* While the model thinks: ds4's default sampling (the client's seed),
+     * the client's settings from </think> on (output.c). */
+    bool thinking = prompt_thinking(j);
+    ds4_sampler_params sp = j->req.sp;
+    if (thinking && !S->o.client_sampling_in_thinking) {
+        ds4_sampler_defaults(&sp);
+        sp.seed = j->req.sp.seed;
+    }
+    if (out_init(&g.out, j, S->engine->vocab, thinking, &err) != 0 || out_constrain(&g.out, S->cvocab, &err) != 0 ||
+        ds4_sampler_init(&smp, &sp, (int)S->engine->w->cfg.n_vocab, &err) != 0) {
         out_free(&g.out);
         ds4_tokens_free(&forced);
         fail_job(j, 500, err.msg, NULL);
         return;
     }
+    g.out.smp = &smp;
+    g.out.answer_sp = j->req.sp;
+    g.out.switch_sp = thinking && !S->o.client_sampling_in_thinking;
     uint32_t room = S->o.ctx - (uint32_t)r->prompt.n - 1;
     uint32_t max = j->req.max_tokens ? j->req.max_tokens : S->o.default_max_tokens;
     ds4_gen_opts go = {.max_tokens = max < room ? max : room, .cancel = &j->cancel, .forced = forced.ids,
-                       .n_forced = (uint32_t)forced.n};
+                       .n_forced = (uint32_t)forced.n, .restrict_fn = g.out.cons ? out_restrict : NULL,
+                       .restrict_ctx = &g.out};
     if (go.max_tokens == 0) go.max_tokens = 1;
     ds4_gen_result res;
     int rc = ds4_generate(sess, &smp, &go, on_token, &g, &res, &err);
@@ -625,7 +641,8 @@ static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
 
 int worker_start(server *s, ds4_err *err) {
     S = s;
-    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(tok = ds4_tokenizer_new(s->engine->vocab, err)))
+    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(tok = ds4_tokenizer_new(s->engine->vocab, err)) ||
+        !(s->cvocab = cvocab_new(s->engine->vocab, err)))
         return -1;
     user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
     assistant_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_ASSISTANT, strlen(DS4_TOK_ASSISTANT));
@@ -703,6 +720,8 @@ void worker_stop(void) {
     ds4_tokens_free(&ck_tokens);
     cont_free();
     free(queue);
+    cvocab_free(S->cvocab);
+    S->cvocab = NULL;
 }
 
 json_t *worker_stats(void) {

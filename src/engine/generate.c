@@ -19,12 +19,13 @@ const char *ds4_finish_name(ds4_finish f) {
     return "?";
 }
 
-static int32_t pick(ds4_sampler *smp, const float *logits, int32_t eos, bool exclude_eos, bool greedy,
+static int32_t pick(ds4_sampler *smp, const float *logits, const ds4_gen_opts *o, int32_t eos, bool greedy,
                     float *scratch, int n_vocab) {
     const float *l = logits;
-    if (exclude_eos && eos >= 0) {
+    if ((o->exclude_eos && eos >= 0) || o->restrict_fn) {
         memcpy(scratch, logits, (size_t)n_vocab * sizeof(float));
-        scratch[eos] = -INFINITY;
+        if (o->exclude_eos && eos >= 0) scratch[eos] = -INFINITY;
+        if (o->restrict_fn) o->restrict_fn(o->restrict_ctx, scratch, n_vocab);
         l = scratch;
     }
     return greedy || !smp ? ds4_argmax(l, n_vocab) : ds4_sample(smp, l);
@@ -39,8 +40,9 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
         res->finish = DS4_FINISH_ERROR;
         return ds4_err_set(err, DS4_EINVAL, "sampler made for %d tokens, the model has %d", smp->n_vocab, n_vocab);
     }
-    float *scratch = opts->exclude_eos ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
-    if (opts->exclude_eos && !scratch) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    bool copy = opts->exclude_eos || opts->restrict_fn;
+    float *scratch = copy ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
+    if (copy && !scratch) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     double t0 = ds4_now();
     bool greedy = false;
     int rc = 0;
@@ -59,7 +61,7 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
         if (ds4_any_nan(logits, n_vocab)) res->nan_steps++;
         int32_t tok = res->n_generated < opts->n_forced
                           ? opts->forced[res->n_generated]
-                          : pick(smp, logits, e->eos, opts->exclude_eos, greedy, scratch, n_vocab);
+                          : pick(smp, logits, opts, e->eos, greedy, scratch, n_vocab);
         ds4_gen_control ctl = {.append = true};
         res->n_generated++;
         if (fn) fn(ctx, tok, &ctl);

@@ -55,6 +55,11 @@ typedef struct ds4_gen_opts {
      * pipeline); sampling resumes after them. */
     const int32_t *forced;
     uint32_t n_forced;
+    /* Optional: restrict the next token (constrained decoding): called
+     * before each sampled (not forced) token with a copy of the logits,
+     * in which it sets what may not come next to -INFINITY. */
+    void (*restrict_fn)(void *ctx, float *logits, int n_vocab);
+    void *restrict_ctx;
 } ds4_gen_opts;
 
 typedef struct ds4_gen_result {

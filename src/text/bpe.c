@@ -102,6 +102,26 @@ static bool ensure_big(ds4_bpe *b, size_t n) {
     return true;
 }
 
+/* Scratch space grown for a very long piece is given back after it, so
+ * that one huge word does not keep megabytes per tokenizer. */
+#define SCRATCH_KEEP ((size_t)1 << 16)
+static void shrink_scratch(ds4_bpe *b) {
+    if (b->big_cap > SCRATCH_KEEP) {
+        free(b->nodes);
+        free(b->heap);
+        b->nodes = NULL;
+        b->heap = NULL;
+        b->big_cap = 0;
+    }
+    if (b->sym_cap > SCRATCH_KEEP) {
+        int32_t *p = realloc(b->sym, 256 * sizeof(int32_t));
+        if (p) {
+            b->sym = p;
+            b->sym_cap = 256;
+        }
+    }
+}
+
 /* Rank of the pair (a, b), INT32_MAX when it does not merge. */
 static inline int32_t pair_rank(const ds4_vocab *v, int32_t a, int32_t b, int32_t *merged) {
     int32_t rank;
@@ -277,5 +297,6 @@ int ds4_bpe_piece(ds4_bpe *b, const char *s, size_t n, ds4_tokens *out) {
     }
     if (n <= CACHE_MAX_PIECE) cache_put(b, s, n, hash, b->sym, m);
     ds4_tokens_append(out, b->sym, m);
+    shrink_scratch(b);
     return 0;
 }

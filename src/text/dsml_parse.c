@@ -461,16 +461,17 @@ static int step_reasoning(ds4_dsml_parser *p, const char *s, size_t n) {
     return 0;
 }
 
-/* Start of a tool-call block, "<" + spelling + "tool_calls>": YES (*len),
- * UNDECIDED or NO. */
+/* "<" + each of PREFIXES + "tool_calls>". */
+const char *const DS4_DSML_BLOCK_OPENERS[] = {"<" DS4_DSML_MARKER "tool_calls>", "<DSML｜tool_calls>",
+                                              "<|DSML|tool_calls>", "<tool_calls>", NULL};
+
+/* Start of a tool-call block: YES (*len), UNDECIDED or NO. */
 static int match_block_open(const char *s, size_t n, size_t *len) {
     int result = NO;
-    for (int k = 0; k < N_PREFIXES; k++) {
-        char lit[64];
-        int l = snprintf(lit, sizeof(lit), "<%stool_calls>", PREFIXES[k]);
-        int r = lit_match(s, n, lit);
+    for (int k = 0; DS4_DSML_BLOCK_OPENERS[k]; k++) {
+        int r = lit_match(s, n, DS4_DSML_BLOCK_OPENERS[k]);
         if (r == YES) {
-            *len = (size_t)l;
+            *len = strlen(DS4_DSML_BLOCK_OPENERS[k]);
             return YES;
         }
         if (r == UNDECIDED) result = UNDECIDED;
@@ -789,6 +790,23 @@ int ds4_dsml_finish(ds4_dsml_parser *p, ds4_err *err) {
         p->pos = p->buf.len;
         return ds4_err_set(err, DS4_EFORMAT, "%s", p->res.error);
     }
+}
+
+int ds4_dsml_finish_cut(ds4_dsml_parser *p, ds4_err *err) {
+    if (any_failed(p)) return ds4_err_set(err, DS4_ENOMEM, "DSML parser: out of memory");
+    p->final = true;
+    switch (p->st) {
+    case S_REASONING: p->res.status = DS4_DSML_UNTERMINATED_REASONING; break;
+    case S_CONTENT:
+    case S_ERROR: break;
+    default:
+        p->res.status = DS4_DSML_UNTERMINATED_CALLS;
+        p->raw_active = false;
+        break;
+    }
+    p->offset += p->buf.len - p->pos;
+    p->pos = p->buf.len;
+    return 0;
 }
 
 void ds4_dsml_result_free(ds4_dsml_result *r) {

@@ -49,6 +49,11 @@
 #include "base/error.h"
 #include "text/strbuf.h"
 
+/* The spellings of a tool-call block's opening tag the parser recognizes,
+ * the official one first; NULL-terminated.  Each has one "<", its first
+ * byte. */
+extern const char *const DS4_DSML_BLOCK_OPENERS[];
+
 typedef enum ds4_dsml_event_kind {
     DS4_DSML_REASONING,
     DS4_DSML_THINK_END,
@@ -109,6 +114,14 @@ int ds4_dsml_feed(ds4_dsml_parser *p, const char *text, size_t n, ds4_err *err);
  * message when the tool-call block is malformed or unterminated (see
  * result.status / unparsed). */
 int ds4_dsml_finish(ds4_dsml_parser *p, ds4_err *err);
+
+/* End of output that was cut short (a token limit): nothing held back is
+ * flushed, since it may be the start of markup ("<｜DSML｜tool_c", white
+ * space before a block, a partial "</think>"); an open tool-call block is
+ * abandoned: the calls it completed stay in the result, the one in
+ * progress is dropped (no CALL_END), and status says
+ * DS4_DSML_UNTERMINATED_CALLS.  Returns 0 (-1 only when out of memory). */
+int ds4_dsml_finish_cut(ds4_dsml_parser *p, ds4_err *err);
 
 const ds4_dsml_result *ds4_dsml_result_of(const ds4_dsml_parser *p);
 

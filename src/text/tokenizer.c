@@ -15,7 +15,11 @@ struct ds4_tokenizer {
     const ds4_vocab *v;
     ds4_pretok *pre;
     ds4_bpe *bpe;
+    size_t limit;        /* 0: none */
 };
+
+/* A piece callback's answer when the limit is reached. */
+#define OVER_LIMIT 2
 
 ds4_tokenizer *ds4_tokenizer_new(const ds4_vocab *v, ds4_err *err) {
     ds4_tokenizer *t = calloc(1, sizeof(*t));
@@ -42,14 +46,22 @@ void ds4_tokenizer_free(ds4_tokenizer *t) {
 
 const ds4_vocab *ds4_tokenizer_vocab(const ds4_tokenizer *t) { return t->v; }
 
+void ds4_tokenizer_set_limit(ds4_tokenizer *t, size_t max_tokens) { t->limit = max_tokens; }
+
 typedef struct piece_ctx {
     ds4_bpe *bpe;
     ds4_tokens *out;
+    size_t limit;
 } piece_ctx;
 
 static int on_piece(void *vctx, const char *s, size_t n) {
     piece_ctx *c = vctx;
-    return ds4_bpe_piece(c->bpe, s, n, c->out);
+    if (ds4_bpe_piece(c->bpe, s, n, c->out)) return -1;
+    return c->limit && c->out->n > c->limit ? OVER_LIMIT : 0;
+}
+
+static int over_limit(const ds4_tokenizer *t, ds4_err *err) {
+    return ds4_err_set(err, DS4_ERANGE, "more than %zu tokens", t->limit);
 }
 
 static int out_of_memory(ds4_tokens *out, ds4_err *err) {
@@ -59,12 +71,13 @@ static int out_of_memory(ds4_tokens *out, ds4_err *err) {
 
 /* Plain text without the final allocation check (shared by all modes). */
 static int tokenize_plain(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err) {
-    piece_ctx c = {t->bpe, out};
+    piece_ctx c = {t->bpe, out, t->limit};
     size_t pos = 0;
     while (pos < n) {
         size_t valid = ds4_utf8_valid_prefix((const uint8_t *)s + pos, n - pos);
         if (valid) {
             int rc = ds4_pretok_split(t->pre, s + pos, valid, on_piece, &c, err);
+            if (rc == OVER_LIMIT) return over_limit(t, err);
             if (rc > 0 || (rc < 0 && out->failed)) return out_of_memory(out, err);
             if (rc < 0) return ds4_err_prefix(err, "tokenizing at byte %zu", pos);
             pos += valid;
@@ -74,6 +87,7 @@ static int tokenize_plain(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens 
             uint32_t cp;
             if (ds4_utf8_decode((const uint8_t *)s + pos, n - pos, &cp)) break;
             if (ds4_bpe_piece(t->bpe, s + pos, 1, out)) return out_of_memory(out, err);
+            if (t->limit && out->n > t->limit) return over_limit(t, err);
             pos++;
         }
     }

@@ -61,6 +61,11 @@ ds4_tokenizer *ds4_tokenizer_new(const ds4_vocab *v, ds4_err *err);
 void ds4_tokenizer_free(ds4_tokenizer *t);
 const ds4_vocab *ds4_tokenizer_vocab(const ds4_tokenizer *t);
 
+/* Stop with DS4_ERANGE once `out` would hold more than max_tokens ids (0,
+ * the default: no limit), so that a text that cannot fit a context is not
+ * tokenized to its end. */
+void ds4_tokenizer_set_limit(ds4_tokenizer *t, size_t max_tokens);
+
 /* Each appends ids to `out`; 0 or -1 with a message. */
 int ds4_tokenize_text(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err);
 int ds4_tokenize_transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err);
