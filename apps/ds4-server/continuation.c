@@ -283,7 +283,8 @@ static size_t render_answer(server *s, const job *j, bool reasoning, ds4_rendere
     }
     json_array_append_new(msgs, a);
     json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", "user", "content", ""));
-    ds4_chat_opts opts = render_opts(s, j);
+    render_calls_ctx quiet = {0};
+    ds4_chat_opts opts = render_opts(s, j, &quiet);
     opts.render_calls = toolmem_render_calls_quiet;
     ds4_err err = {0};
     bool think = j->req.think != DS4_THINK_OFF;

@@ -45,9 +45,10 @@ static const char *prompt_param(api_kind k) {
     return k == API_COMPLETIONS ? "prompt" : k == API_RESPONSES ? "input" : "messages";
 }
 
-ds4_chat_opts render_opts(server *s, const job *j) {
+ds4_chat_opts render_opts(server *s, const job *j, render_calls_ctx *calls) {
+    calls->s = s;
     return (ds4_chat_opts){.think = j->req.think, .ctx_size = s->o.ctx, .tools = j->req.tools,
-                           .render_calls = toolmem_render_calls, .render_calls_ctx = s};
+                           .render_calls = toolmem_render_calls, .render_calls_ctx = calls};
 }
 
 static int too_long(server *s, const job *j, size_t n_tokens, bool at_least, api_error *e) {
@@ -62,7 +63,7 @@ static int too_long(server *s, const job *j, size_t n_tokens, bool at_least, api
 /* Render, refuse a text that cannot fit by its length alone, tokenize
  * (stopping past `limit` tokens when nonzero). */
 static int render_tokens(server *s, job *j, size_t limit, api_error *e) {
-    ds4_chat_opts o = render_opts(s, j);
+    ds4_chat_opts o = render_opts(s, j, &j->calls);
     ds4_err err = {0};
     if (ds4_chat_render(j->req.messages, &o, &j->rendered, &err) != 0)
         return api_fail(e, 400, "cannot render the conversation: %s", err.msg);

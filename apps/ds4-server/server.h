@@ -169,6 +169,13 @@ typedef struct gen_out {
 } gen_out;
 
 typedef struct job job;
+typedef struct server server;
+
+/* The renderer's tool-call hook context (toolmem_render_calls). */
+typedef struct render_calls_ctx {
+    server *s;
+    uint32_t replayed, canonical;
+} render_calls_ctx;
 
 /* A Responses / Anthropic request that carries only tool outputs, for the
  * live continuation (continuation.c): the output ids in the order of the
@@ -234,6 +241,7 @@ struct job {
     stream_state ss;
     char reuse[24];           /* KV source: responses-visible, ..., memory-token, memory-text, disk, cold */
     cont_req cont;
+    render_calls_ctx calls;   /* how its history's tool-call turns rendered */
 };
 
 job *job_new(const api_adapter *api);
@@ -312,19 +320,21 @@ size_t toolmem_count(toolmem *m);
 /* Entries whose block occurs in text (for KVC trailers); caller frees with toolmem_entries_free. */
 ds4_kvc_tool *toolmem_entries_in(toolmem *m, const char *text, size_t n, size_t *count);
 void toolmem_entries_free(ds4_kvc_tool *t, size_t n);
-/* The chat renderer hook (ds4_chat_opts.render_calls) for a client's
- * conversation, counted in the replay statistics; the _quiet one for the
- * server's own renderings of a finished answer (continuation.c), which run
- * after the answer is sent and must not move the counters a client reads. */
+/* The chat renderer hook (ds4_chat_opts.render_calls; ctx: a
+ * render_calls_ctx) for a client's conversation, counting the assistant
+ * tool-call turns rendered from the memory and canonically; the _quiet one
+ * for the server's own renderings of a finished answer (continuation.c),
+ * which count nothing. */
 int toolmem_render_calls(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err);
 int toolmem_render_calls_quiet(void *ctx, const json_t *tool_calls, ds4_rendered *r, ds4_err *err);
 
+/* Tool-call turns of the history of queued requests (/v1/ds4/stats). */
 typedef struct replay_stats {
     uint64_t replayed, canonical;
 } replay_stats;
 
 /* The running server. */
-typedef struct server {
+struct server {
     srv_opts o;
     ds4_engine *engine;
     toolmem *tools;
@@ -336,7 +346,7 @@ typedef struct server {
     size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
     cvocab *cvocab;            /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
-} server;
+};
 
 extern server *SRV;
 
@@ -345,7 +355,7 @@ extern server *SRV;
  * context_length_exceeded); render_count counts any prompt that could. */
 int render_request(server *s, job *j, api_error *e);
 int render_count(server *s, job *j, api_error *e);
-ds4_chat_opts render_opts(server *s, const job *j);
+ds4_chat_opts render_opts(server *s, const job *j, render_calls_ctx *calls);
 ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err);
 void render_tokenizer_return(ds4_tokenizer *t);
 

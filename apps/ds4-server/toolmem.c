@@ -6,11 +6,15 @@
  * remembers, for that id, the exact DSML block the model sampled (white
  * space before it included).  A later request that replays the assistant
  * turn carries those ids; if all the ids of that turn map to the same block
- * (and as many calls as the block holds), the chat renderer emits the
- * sampled bytes instead of a canonical rendering, so the prompt is exactly
- * what the model produced, whatever the client did to the arguments (key
- * order, spacing), and the live KV state stays reusable.  Ids are never
- * trusted to carry text: the bytes come from this memory only.
+ * (and as many calls as the block holds), and the turn's calls are the
+ * block's calls - the same names and arguments that are equal as JSON,
+ * call by call - the chat renderer emits the sampled bytes instead of a
+ * canonical rendering, so the prompt is exactly what the model produced
+ * whatever the client did to the spelling of the arguments (key order,
+ * spacing), and the live KV state stays reusable.  A client that changed
+ * a call (edited its arguments, renamed it) gets its own call rendered.
+ * Ids are never trusted to carry text: the bytes come from this memory
+ * only.
  *
  * A hash table by id, blocks shared by the ids of one turn, least recently
  * used entries dropped beyond max_ids or max_bytes.  Thread-safe: the
@@ -28,6 +32,7 @@ typedef struct tblock {
     size_t n;
     int refs;
     int n_calls;
+    json_t *calls;  /* [{"name", "arguments" (parsed)}] of the block */
 } tblock;
 
 typedef struct tentry {
@@ -88,6 +93,7 @@ static void push_front(toolmem *m, tentry *e) {
 static void release_block(toolmem *m, tblock *b) {
     if (--b->refs > 0) return;
     m->bytes -= b->n;
+    json_decref(b->calls);
     free(b->s);
     free(b);
 }
@@ -134,8 +140,14 @@ void toolmem_put_many(toolmem *m, const char *const *ids, int n, const char *dsm
      * time, so this cannot be taken from n). */
     ds4_dsml_result pr;
     int n_calls = ds4_dsml_parse(s, len, false, &pr, NULL) == 0 ? (int)pr.n_calls : -1;
+    json_t *calls = json_array();
+    for (int i = 0; i < n_calls; i++) {
+        json_t *a = json_loadb(pr.calls[i].arguments, pr.calls[i].arguments_len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        json_array_append_new(calls, json_pack("{s:s#,s:o}", "name", pr.calls[i].name, pr.calls[i].name_len,
+                                               "arguments", a ? a : json_null()));
+    }
     ds4_dsml_result_free(&pr);
-    *b = (tblock){s, len, 0, n_calls};
+    *b = (tblock){s, len, 0, n_calls, calls};
     pthread_mutex_lock(&m->mu);
     m->bytes += len;
     b->refs = 1; /* held while adding */
@@ -221,10 +233,28 @@ void toolmem_entries_free(ds4_kvc_tool *t, size_t n) {
     free(t);
 }
 
+/* The client's call is the block's call i: same name, arguments equal as
+ * JSON (a string is parsed first). */
+static bool same_call(const tblock *b, size_t i, const json_t *call) {
+    const json_t *fn = json_object_get(call, "function");
+    const json_t *mine = json_array_get(b->calls, i);
+    const char *name = json_string_value(json_object_get(fn, "name"));
+    const char *bname = json_string_value(json_object_get(mine, "name"));
+    if (!name || !bname || strcmp(name, bname) != 0) return false;
+    const json_t *a = json_object_get(fn, "arguments");
+    json_t *parsed = json_is_string(a) ? json_loadb(json_string_value(a), json_string_length(a),
+                                                    JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL)
+                                       : json_incref((json_t *)a);
+    bool eq = parsed && json_equal(parsed, json_object_get(mine, "arguments"));
+    json_decref(parsed);
+    return eq;
+}
+
 /* Replay when every call of the turn has an id that maps to one block
- * holding exactly that many calls; `count` says whether the outcome goes
- * into the replay statistics. */
-static int render_calls(server *s, const json_t *tool_calls, ds4_rendered *r, bool count) {
+ * holding exactly these calls, in this order; `count` says whether the
+ * outcome goes into the replay statistics. */
+static int render_calls(render_calls_ctx *c, const json_t *tool_calls, ds4_rendered *r, bool count) {
+    server *s = c->s;
     if (!s->o.exact_replay || !json_is_array(tool_calls) || json_array_size(tool_calls) == 0) return 0;
     toolmem *m = s->tools;
     pthread_mutex_lock(&m->mu);
@@ -237,13 +267,12 @@ static int render_calls(server *s, const json_t *tool_calls, ds4_rendered *r, bo
         else b = e->b;
     }
     ok = ok && b && b->n_calls == (int)json_array_size(tool_calls);
+    for (size_t i = 0; ok && i < json_array_size(tool_calls); i++) ok = same_call(b, i, json_array_get(tool_calls, i));
     if (ok) ds4_rendered_trusted(r, b->s, b->n);
     pthread_mutex_unlock(&m->mu);
     if (count) {
-        pthread_mutex_lock(&s->stats_mu);
-        if (ok) s->replay.replayed++;
-        else s->replay.canonical++;
-        pthread_mutex_unlock(&s->stats_mu);
+        if (ok) c->replayed++;
+        else c->canonical++;
     }
     return ok ? 1 : 0;
 }

@@ -45,14 +45,27 @@
 #include "server.h"
 #include "text/tokenizer.h"
 
+/* Where a prompt's KV state came from (the reuse ladder above), in order. */
+static const char *const SOURCES[] = {"responses-visible", "responses-tool-output", "anthropic-tool-output",
+                                      "memory-token",      "memory-text",           "thinking-visible",
+                                      "memory-checkpoint", "disk",                  "cold"};
+#define N_SOURCES (sizeof(SOURCES) / sizeof(SOURCES[0]))
+
+/* How a queued job ended: exactly one of these. */
+typedef enum outcome { ANSWERED, FAILED, CANCELLED, CONTINUATION_LOST } outcome;
+
+/* The /v1/ds4/stats counters (worker_stats; docs/SERVER.md): each name
+ * says what it counts. */
 typedef struct counters {
-    uint64_t requests, completed, failed, cancelled, rejected_full;
-    uint64_t prompt_tokens, cached_tokens, written_tokens, generated_tokens;
-    uint64_t reuse_token, reuse_text, reuse_visible, reuse_checkpoint, reuse_disk, reuse_cold;
-    uint64_t reuse_resp_visible, reuse_resp_tool, reuse_anth_tool, continuation_lost, canonicalized;
-    uint64_t disk_saves[7];
-    char last_reuse[24];
-    uint32_t last_cached, last_written;
+    uint64_t queued, rejected_queue_full, rejected_shutting_down;
+    uint64_t ended[4];                /* by outcome */
+    /* jobs whose prefill finished: their prompts and where their KV came from */
+    uint64_t prompt_tokens, reused_tokens, prefilled_tokens, by_source[N_SOURCES];
+    uint64_t generated_tokens;        /* of every job */
+    uint64_t disk_writes[7];          /* KVC files written, by save reason */
+    uint64_t canonicalized;           /* live tails rewritten after a tool-call turn */
+    char last_source[24];
+    uint32_t last_reused, last_prefilled;
 } counters;
 
 static server *S;
@@ -114,7 +127,7 @@ static void save_live(ds4_kvc_reason reason) {
     if (rc > 0) {
         srv_log("kvcache", "saved %u tokens (%s, %zu tool ids) in %.3f s", n, REASON_NAMES[reason], n_tools, ds4_now() - t0);
         pthread_mutex_lock(&S->stats_mu);
-        C.disk_saves[reason]++;
+        C.disk_writes[reason]++;
         pthread_mutex_unlock(&S->stats_mu);
     }
     toolmem_entries_free(tools, n_tools);
@@ -377,27 +390,25 @@ static void fail_job(job *j, int status, const char *msg, const char *code) {
     }
 }
 
-static void count_result(const job *j, const char *source) {
+/* A job's prefill finished: its prompt's tokens and KV source. */
+static void count_prefill(const job *j, const char *source) {
     const gen_out *o = &j->out;
     pthread_mutex_lock(&S->stats_mu);
     C.prompt_tokens += o->prompt_tokens;
-    C.cached_tokens += o->cached_tokens;
-    C.written_tokens += o->written_tokens;
-    C.generated_tokens += o->completion_tokens;
-    if (!strcmp(source, "memory-token")) C.reuse_token++;
-    else if (!strcmp(source, "memory-text")) C.reuse_text++;
-    else if (!strcmp(source, "thinking-visible")) C.reuse_visible++;
-    else if (!strcmp(source, "memory-checkpoint")) C.reuse_checkpoint++;
-    else if (!strcmp(source, "responses-visible")) C.reuse_resp_visible++;
-    else if (!strcmp(source, "responses-tool-output")) C.reuse_resp_tool++;
-    else if (!strcmp(source, "anthropic-tool-output")) C.reuse_anth_tool++;
-    else if (!strcmp(source, "disk")) C.reuse_disk++;
-    else C.reuse_cold++;
-    snprintf(C.last_reuse, sizeof(C.last_reuse), "%s", source);
-    C.last_cached = o->cached_tokens;
-    C.last_written = o->written_tokens;
-    if (o->finish && !strcmp(o->finish, "error")) C.failed++;
-    else C.completed++;
+    C.reused_tokens += o->cached_tokens;
+    C.prefilled_tokens += o->written_tokens;
+    for (size_t i = 0; i < N_SOURCES; i++)
+        if (strcmp(source, SOURCES[i]) == 0) C.by_source[i]++;
+    snprintf(C.last_source, sizeof(C.last_source), "%s", source);
+    C.last_reused = o->cached_tokens;
+    C.last_prefilled = o->written_tokens;
+    pthread_mutex_unlock(&S->stats_mu);
+}
+
+static void count_outcome(outcome k, uint32_t generated) {
+    pthread_mutex_lock(&S->stats_mu);
+    C.ended[k]++;
+    C.generated_tokens += generated;
     pthread_mutex_unlock(&S->stats_mu);
 }
 
@@ -449,7 +460,7 @@ static void canonicalize(job *j, int32_t last, bool pending) {
     ds4_strbuf_free(&live_text);
 }
 
-static void generate(job *j, const reuse *r, double t_prefill) {
+static outcome generate(job *j, const reuse *r, double t_prefill) {
     gen_out *o = &j->out;
     ds4_err err = {0};
     gen_ctx g = {.j = j, .step = store ? ds4_kvc_continued_step(&S->o.kv_policy) : 0};
@@ -457,7 +468,7 @@ static void generate(job *j, const reuse *r, double t_prefill) {
     ds4_tokens forced = {0};
     if (j->req.force_name && forced_tokens(j, &forced, &err) != 0) {
         fail_job(j, 400, err.msg, NULL);
-        return;
+        return FAILED;
     }
     /* While the model thinks: ds4's default sampling (the client's seed),
      * the client's settings from </think> on (output.c). */
@@ -472,7 +483,7 @@ static void generate(job *j, const reuse *r, double t_prefill) {
         out_free(&g.out);
         ds4_tokens_free(&forced);
         fail_job(j, 500, err.msg, NULL);
-        return;
+        return FAILED;
     }
     g.out.smp = &smp;
     g.out.answer_sp = j->req.sp;
@@ -510,11 +521,12 @@ static void generate(job *j, const reuse *r, double t_prefill) {
     bool pending = res.finish == DS4_FINISH_EOS || res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CALLBACK;
     if (res.n_generated) cont_remember(S, j, ds4_session_tokens(sess), ds4_session_n_tokens(sess), g.last, pending);
     bool canon = (j->api->kind == API_CHAT || j->api->kind == API_MESSAGES) && o->n_calls && !strcmp(o->finish, "tool_calls");
-    srv_log("generate", "%s %s: prompt %u (%s, cached %u, prefilled %u, %.1f t/s), generated %u in %.2f s (%.1f t/s), finish %s%s%s",
-            j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens,
-            t_prefill > 0 ? o->written_tokens / t_prefill : 0.0, res.n_generated, res.seconds,
-            res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish, o->error[0] ? ": " : "", o->error);
-    count_result(j, r->source);
+    srv_log("generate", "%s %s: prompt of %u tokens (KV from %s: %u reused, %u prefilled in %.2f s), generated %u in "
+            "%.2f s (%.1f t/s), finish %s%s%s",
+            j->api->name, j->id, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens, t_prefill,
+            res.n_generated, res.seconds, res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish,
+            o->error[0] ? ": " : "", o->error);
+    outcome k = res.finish == DS4_FINISH_CANCELLED ? CANCELLED : strcmp(o->finish, "error") == 0 ? FAILED : ANSWERED;
     trace_result(j);
     if (j->req.stream) {
         if (!strcmp(o->finish, "error") && j->api->kind != API_RESPONSES) j->api->stream_error(j, o->error, &g.out.sse);
@@ -533,28 +545,24 @@ static void generate(job *j, const reuse *r, double t_prefill) {
     ds4_sampler_free(&smp);
     out_free(&g.out);
     ds4_tokens_free(&forced);
+    return k;
 }
 
-static void run_job(job *j) {
+/* Run a job to its answer; how it ended. */
+static outcome run(job *j) {
     gen_out *o = &j->out;
     o->prompt_tokens = (uint32_t)j->tokens.n;
     if (j->cancel || S->stopping) {
-        pthread_mutex_lock(&S->stats_mu);
-        C.cancelled++;
-        pthread_mutex_unlock(&S->stats_mu);
         fail_job(j, 503, S->stopping ? "server shutting down" : "cancelled", NULL);
-        return;
+        return CANCELLED;
     }
     reuse r;
     api_error ce = {0};
     if (choose_reuse(j, &r, &ce) != 0) {
-        pthread_mutex_lock(&S->stats_mu);
-        C.continuation_lost++;
-        pthread_mutex_unlock(&S->stats_mu);
         trace_decision(j, "continuation-lost");
         fail_job(j, ce.status, ce.message, NULL);
         ds4_tokens_free(&r.prompt);
-        return;
+        return CONTINUATION_LOST;
     }
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
     cont_warn_lost_reasoning(j, r.source);
@@ -564,7 +572,7 @@ static void run_job(job *j) {
         snprintf(msg, sizeof(msg), "Prompt has %zu tokens, but the configured context size is %u tokens", r.prompt.n, S->o.ctx);
         fail_job(j, 400, msg, "context_length_exceeded");
         ds4_tokens_free(&r.prompt);
-        return;
+        return FAILED;
     }
     o->prompt_tokens = (uint32_t)r.prompt.n;
     o->cached_tokens = r.kept;
@@ -580,23 +588,25 @@ static void run_job(job *j) {
     if (prefill(j, &r, &err) != 0) {
         bool cancelled = err.code == DS4_EINTERRUPTED;
         srv_log("prefill", "%s %s: %s", j->api->name, j->id, err.msg);
-        if (cancelled) {
-            pthread_mutex_lock(&S->stats_mu);
-            C.cancelled++;
-            pthread_mutex_unlock(&S->stats_mu);
-        }
         fail_job(j, cancelled ? 503 : 500, cancelled ? (S->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
         ds4_tokens_free(&r.prompt);
-        return;
+        return cancelled ? CANCELLED : FAILED;
     }
     double t_prefill = ds4_now() - t0;
+    count_prefill(j, r.source);
     if (S->memory_checkpoint) {
         ds4_tokens_free(&ck_tokens);
         if (ds4_session_checkpoint(sess, &err) == 0) ds4_tokens_append(&ck_tokens, r.prompt.ids, r.prompt.n);
         else srv_log("kvcache", "memory checkpoint failed: %s", err.msg);
     }
-    generate(j, &r, t_prefill);
+    outcome k = generate(j, &r, t_prefill);
     ds4_tokens_free(&r.prompt);
+    return k;
+}
+
+static void run_job(job *j) {
+    outcome k = run(j);
+    count_outcome(k, j->out.completion_tokens);
 }
 
 /* ------------------------------------------------------------ queue */
@@ -680,8 +690,13 @@ int worker_enqueue(job *j) {
     }
     pthread_mutex_unlock(&qmu);
     pthread_mutex_lock(&S->stats_mu);
-    C.requests++;
-    if (rc == -1) C.rejected_full++;
+    if (rc == 0) {
+        C.queued++;
+        S->replay.replayed += j->calls.replayed;
+        S->replay.canonical += j->calls.canonical;
+    }
+    if (rc == -1) C.rejected_queue_full++;
+    if (rc == -2) C.rejected_shutting_down++;
     pthread_mutex_unlock(&S->stats_mu);
     return rc;
 }
@@ -732,31 +747,31 @@ json_t *worker_stats(void) {
     json_t *kv = json_null();
     if (store) {
         ds4_kvc_stats k = ds4_kvc_get_stats(store);
-        kv = json_pack("{s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:{s:I,s:I,s:I,s:I}}", "files", (json_int_t)k.files, "bytes",
-                       (json_int_t)k.bytes, "stores", (json_int_t)k.stores, "loads", (json_int_t)k.loads, "evictions",
-                       (json_int_t)k.evictions, "corrupt", (json_int_t)k.corrupt, "store_skips",
-                       (json_int_t)k.store_skips, "saves", "cold", (json_int_t)c.disk_saves[1], "continued",
-                       (json_int_t)c.disk_saves[2], "evict", (json_int_t)c.disk_saves[3], "shutdown",
-                       (json_int_t)c.disk_saves[4]);
+        json_t *by_reason = json_object();
+        for (int i = 1; i <= DS4_KVC_SHUTDOWN; i++)
+            json_object_set_new(by_reason, REASON_NAMES[i], json_integer((json_int_t)c.disk_writes[i]));
+        kv = json_pack("{s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I}", "files", (json_int_t)k.files, "bytes", (json_int_t)k.bytes,
+                       "files_written", (json_int_t)k.stores, "files_written_by_reason", by_reason,
+                       "writes_skipped_over_budget", (json_int_t)k.store_skips, "loads", (json_int_t)k.loads,
+                       "load_failures", (json_int_t)k.load_failures, "files_evicted", (json_int_t)k.evictions,
+                       "corrupt_files_deleted", (json_int_t)k.corrupt);
     }
-    json_t *st = json_pack("{s:I,s:I,s:I,s:I,s:I,s:i,s:i,s:{s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I,s:I,s:I},s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I}}",
-                     "requests", (json_int_t)c.requests, "completed", (json_int_t)c.completed, "failed",
-                     (json_int_t)c.failed, "cancelled", (json_int_t)c.cancelled, "rejected_queue_full",
-                     (json_int_t)c.rejected_full, "queue_depth", worker_queue_depth(), "running", worker_running(), "tokens", "prompt",
-                     (json_int_t)c.prompt_tokens, "cached", (json_int_t)c.cached_tokens, "prefilled",
-                     (json_int_t)c.written_tokens, "generated", (json_int_t)c.generated_tokens, "reuse",
-                     "memory-token", (json_int_t)c.reuse_token, "memory-text", (json_int_t)c.reuse_text, "thinking-visible", (json_int_t)c.reuse_visible,
-                     "memory-checkpoint", (json_int_t)c.reuse_checkpoint, "disk",
-                     (json_int_t)c.reuse_disk, "cold", (json_int_t)c.reuse_cold, "last", "reuse", c.last_reuse,
-                     "cached", (int)c.last_cached, "prefilled", (int)c.last_written, "kvcache", kv, "tool_memory",
-                     "ids", (json_int_t)toolmem_count(S->tools), "replayed", (json_int_t)rs.replayed, "canonical",
-                     (json_int_t)rs.canonical);
-    /* The live protocol continuations (continuation.c). */
-    json_t *rz = json_object_get(st, "reuse");
-    json_object_set_new(rz, "responses-visible", json_integer((json_int_t)c.reuse_resp_visible));
-    json_object_set_new(rz, "responses-tool-output", json_integer((json_int_t)c.reuse_resp_tool));
-    json_object_set_new(rz, "anthropic-tool-output", json_integer((json_int_t)c.reuse_anth_tool));
-    json_object_set_new(st, "continuation_lost", json_integer((json_int_t)c.continuation_lost));
-    json_object_set_new(json_object_get(st, "tool_memory"), "canonicalized", json_integer((json_int_t)c.canonicalized));
-    return st;
+    json_t *sources = json_object();
+    for (size_t i = 0; i < N_SOURCES; i++) json_object_set_new(sources, SOURCES[i], json_integer((json_int_t)c.by_source[i]));
+    return json_pack("{s:{s:I,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:o,s:{s:s,s:i,s:i},s:o,"
+                     "s:{s:I,s:I,s:I,s:I}}",
+                     "jobs", "queued", (json_int_t)c.queued, "waiting", worker_queue_depth(), "running", worker_running(),
+                     "answered", (json_int_t)c.ended[ANSWERED], "failed", (json_int_t)c.ended[FAILED], "cancelled",
+                     (json_int_t)c.ended[CANCELLED], "continuation_lost", (json_int_t)c.ended[CONTINUATION_LOST],
+                     "rejected_queue_full", (json_int_t)c.rejected_queue_full, "rejected_shutting_down",
+                     (json_int_t)c.rejected_shutting_down,
+                     "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused", (json_int_t)c.reused_tokens, "prefilled",
+                     (json_int_t)c.prefilled_tokens, "generated", (json_int_t)c.generated_tokens,
+                     "prompts_by_kv_source", sources,
+                     "last_prompt", "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled",
+                     (int)c.last_prefilled,
+                     "kvcache", kv,
+                     "tool_memory", "ids_remembered", (json_int_t)toolmem_count(S->tools), "history_turns_replayed_exact",
+                     (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
+                     "live_tails_canonicalized", (json_int_t)c.canonicalized);
 }

@@ -3,12 +3,14 @@
  */
 #include "engine/kvcache.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
 #include <openssl/evp.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -46,6 +48,7 @@ void ds4_kvc_header_encode(const ds4_kvc_header *h, uint8_t out[DS4_KVC_HEADER_B
     put32(out + 8, h->n_tokens);
     put32(out + 12, h->hits);
     put32(out + 16, h->ctx);
+    put32(out + 20, h->checksum);
     put64(out + 24, h->created);
     put64(out + 32, h->last_used);
     put64(out + 40, h->payload_bytes);
@@ -57,7 +60,7 @@ int ds4_kvc_header_decode(const uint8_t in[DS4_KVC_HEADER_BYTES], ds4_kvc_header
         return ds4_err_set(err, DS4_EUNSUPPORTED, "KVC version %u, expected %u", in[3], DS4_KVC_VERSION);
     if (in[4] != 2 && in[4] != 4) return ds4_err_set(err, DS4_EFORMAT, "KVC quant bits %u (must be 2 or 4)", in[4]);
     if (in[5] > DS4_KVC_AGENT_SESSION) return ds4_err_set(err, DS4_EFORMAT, "KVC save reason %u unknown", in[5]);
-    if (in[6] & ~0x07u) return ds4_err_set(err, DS4_EFORMAT, "KVC extension flags 0x%02x unknown", in[6]);
+    if (in[6] & ~0x0Fu) return ds4_err_set(err, DS4_EFORMAT, "KVC extension flags 0x%02x unknown", in[6]);
     memset(h, 0, sizeof(*h));
     h->quant_bits = in[4];
     h->reason = in[5];
@@ -65,6 +68,7 @@ int ds4_kvc_header_decode(const uint8_t in[DS4_KVC_HEADER_BYTES], ds4_kvc_header
     h->n_tokens = get32(in + 8);
     h->hits = get32(in + 12);
     h->ctx = get32(in + 16);
+    h->checksum = h->ext & DS4_KVC_EXT_CHECKSUM ? get32(in + 20) : 0;
     h->created = get64(in + 24);
     h->last_used = get64(in + 32);
     h->payload_bytes = get64(in + 40);
@@ -85,6 +89,93 @@ double ds4_kvc_score(const ds4_kvc_header *h, uint64_t file_size, uint64_t now) 
     double hits = (double)h->hits * pow(0.5, age / HALF_LIFE_S);
     if (hits < 0.01) hits = 0.0;
     return (hits + 1.0) * (double)h->n_tokens / (double)(file_size ? file_size : 1);
+}
+
+/* ------------------------------------------------------------ checksum */
+
+/* The payload checksum: four lanes of 8-byte words, each multiplied and
+ * shifted (bijective steps: one changed byte always changes its lane),
+ * folded with the length into 32 bits.  Fast enough to run at the speed
+ * of the reads and writes it rides on. */
+typedef struct payload_hash {
+    uint64_t lane[4];
+    uint8_t tail[32];
+    size_t ntail;
+    uint64_t total;
+} payload_hash;
+
+#define HASH_MUL 0x9E3779B97F4A7C15ull
+
+static void hash_init(payload_hash *h) {
+    memset(h, 0, sizeof(*h));
+    for (int i = 0; i < 4; i++) h->lane[i] = 0x243F6A8885A308D3ull * (uint64_t)(i + 1);
+}
+
+static void hash_block(payload_hash *h, const uint8_t *p) {
+    for (int i = 0; i < 4; i++) {
+        uint64_t w;
+        memcpy(&w, p + 8 * i, 8);
+        uint64_t x = (h->lane[i] ^ w) * HASH_MUL;
+        h->lane[i] = x ^ (x >> 29);
+    }
+}
+
+static void hash_update(payload_hash *h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    h->total += n;
+    if (h->ntail) {
+        size_t k = 32 - h->ntail < n ? 32 - h->ntail : n;
+        memcpy(h->tail + h->ntail, p, k);
+        h->ntail += k, p += k, n -= k;
+        if (h->ntail < 32) return;
+        hash_block(h, h->tail);
+        h->ntail = 0;
+    }
+    for (; n >= 32; p += 32, n -= 32) hash_block(h, p);
+    memcpy(h->tail, p, n);
+    h->ntail = n;
+}
+
+static uint32_t hash_final(payload_hash *h) {
+    memset(h->tail + h->ntail, 0, 32 - h->ntail);
+    hash_block(h, h->tail);
+    uint64_t x = h->total * HASH_MUL;
+    for (int i = 0; i < 4; i++) x = ((x ^ h->lane[i]) * HASH_MUL) ^ (x >> 31);
+    return (uint32_t)(x ^ (x >> 32));
+}
+
+/* A FILE over another that hashes what goes through it; reads stop at
+ * `left` bytes (the payload's end). */
+typedef struct hashed_io {
+    FILE *f;
+    uint64_t left;
+    payload_hash h;
+} hashed_io;
+
+static ssize_t hio_read(void *c, char *buf, size_t n) {
+    hashed_io *io = c;
+    if (n > io->left) n = (size_t)io->left;
+    size_t r = n ? fread(buf, 1, n, io->f) : 0;
+    io->left -= r;
+    hash_update(&io->h, buf, r);
+    return (ssize_t)r;
+}
+
+static ssize_t hio_write(void *c, const char *buf, size_t n) {
+    hashed_io *io = c;
+    size_t w = fwrite(buf, 1, n, io->f);
+    hash_update(&io->h, buf, w);
+    return w == n ? (ssize_t)n : -1;
+}
+
+static FILE *hio_open(hashed_io *io, FILE *f, uint64_t left, const char *mode) {
+    io->f = f;
+    io->left = left;
+    hash_init(&io->h);
+    cookie_io_functions_t fns = {.read = hio_read, .write = hio_write};
+    FILE *c = fopencookie(io, mode, fns);
+    if (c) setvbuf(c, NULL, _IOFBF, 1 << 20);
+    return c;
 }
 
 /* ------------------------------------------------------------ writing */
@@ -160,8 +251,16 @@ int ds4_kvc_write(const char *path, ds4_kvc_header *h, const char *text, size_t 
     int rc = write_all(f, head, sizeof(head), tmp, err);
     if (rc == 0) rc = write_all(f, text, text_len, tmp, err);
     off_t start = ftello(f);
-    if (rc == 0) rc = ds4_kv_state_save(st, f, err);
-    if (rc == 0) h->payload_bytes = (uint64_t)(ftello(f) - start);
+    hashed_io io;
+    FILE *hf = rc == 0 ? hio_open(&io, f, 0, "wb") : NULL;
+    if (rc == 0 && !hf) rc = ds4_err_set(err, DS4_ENOMEM, "KVC write: out of memory");
+    if (rc == 0) rc = ds4_kv_state_save(st, hf, err);
+    if (hf && fclose(hf) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s: %s", tmp, strerror(errno));
+    if (rc == 0) {
+        h->payload_bytes = (uint64_t)(ftello(f) - start);
+        h->checksum = hash_final(&io.h);
+        h->ext |= DS4_KVC_EXT_CHECKSUM;
+    }
     if (rc == 0 && (h->ext & DS4_KVC_EXT_TOOLMAP)) rc = write_trailer(f, text, text_len, tools, n_tools, tmp, err);
     if (rc == 0 && fflush(f) != 0) rc = ds4_err_set(err, DS4_EIO, "writing %s: %s", tmp, strerror(errno));
     if (rc == 0) {
@@ -261,11 +360,20 @@ static int read_file(FILE *f, uint64_t size, ds4_kv_state *st, const ds4_vocab *
         if (strcmp(name, expect_name) != 0) return ds4_err_set(err, DS4_EFORMAT, "SHA1 of the key text is not the file name");
     }
     if (st) {
-        if (ds4_kv_state_load(st, f, err)) return -1;
-        if ((uint64_t)ftello(f) != payload_at + out->h.payload_bytes)
+        hashed_io io;
+        FILE *hf = hio_open(&io, f, out->h.payload_bytes, "rb");
+        if (!hf) return ds4_err_set(err, DS4_ENOMEM, "KVC read: out of memory");
+        int lrc = ds4_kv_state_load(st, hf, err);
+        /* The load must have taken the payload to its last byte. */
+        bool short_load = lrc == 0 && fgetc(hf) != EOF;
+        fclose(hf);
+        if (lrc) return -1;
+        if (short_load || (uint64_t)ftello(f) != payload_at + out->h.payload_bytes || io.left)
             return ds4_err_set(err, DS4_EFORMAT, "payload length %llu does not match the header's %llu",
                                (unsigned long long)((uint64_t)ftello(f) - payload_at),
                                (unsigned long long)out->h.payload_bytes);
+        if ((out->h.ext & DS4_KVC_EXT_CHECKSUM) && hash_final(&io.h) != out->h.checksum)
+            return ds4_err_set(err, DS4_EFORMAT, "payload checksum mismatch (the file is damaged)");
         if (st->n_tokens != out->h.n_tokens)
             return ds4_err_set(err, DS4_EFORMAT, "payload holds %u tokens, header says %u", st->n_tokens, out->h.n_tokens);
         bool visible = out->h.ext & (DS4_KVC_EXT_RESPONSES_VISIBLE | DS4_KVC_EXT_THINKING_VISIBLE);
@@ -403,6 +511,24 @@ static void evict_to_budget(ds4_kvc_store *s, const char *protect) {
     }
 }
 
+/* The writer's pid when `name` is a temporary ds4_kvc_write makes:
+ * 40 hex digits, ".kv.tmp-", the pid, "-", a counter; else 0. */
+static int temp_pid(const char *name) {
+    for (int i = 0; i < 40; i++)
+        if (!strchr("0123456789abcdef", name[i]) || !name[i]) return 0;
+    if (strncmp(name + 40, ".kv.tmp-", 8) != 0) return 0;
+    const char *p = name + 48;
+    char *end;
+    errno = 0;
+    long pid = strtol(p, &end, 10);
+    if (errno || end == p || *end != '-' || pid <= 0 || pid > INT32_MAX || !isdigit((unsigned char)*p)) return 0;
+    p = end + 1;
+    if (!*p) return 0;
+    for (; *p; p++)
+        if (!isdigit((unsigned char)*p)) return 0;
+    return (int)pid;
+}
+
 static void scan_dir(ds4_kvc_store *s) {
     DIR *d = opendir(s->dir);
     if (!d) return;
@@ -410,7 +536,12 @@ static void scan_dir(ds4_kvc_store *s) {
     while ((de = readdir(d))) {
         char p[4200];
         path_of(s, de->d_name, p, sizeof(p));
-        if (strstr(de->d_name, ".kv.tmp-")) {
+        int pid = temp_pid(de->d_name);
+        if (pid > 0 && pid != (int)getpid() && (kill(pid, 0) == 0 || errno == EPERM)) {
+            logf_(s, "leaving %s: process %d, which may be writing it, is running", de->d_name, pid);
+            continue;
+        }
+        if (pid > 0) {
             logf_(s, "removing an unfinished write %s", de->d_name);
             unlink(p);
             continue;

@@ -16,10 +16,18 @@
  *
  * Writes are atomic: a temporary file in the directory, fsync, rename,
  * fsync of the directory, so a crash leaves either no file or a complete
- * one; a partly written temporary never has the ".kv" name.  Loads verify
- * everything (magic, version, lengths, SHA1 of the text against the name,
- * the payload layout and length, the payload tokens against the key text,
- * the trailer); a file that fails is skipped, logged and deleted.
+ * one; a partly written temporary never has the ".kv" name.  At open,
+ * only temporaries this naming scheme makes (SHA1.kv.tmp-PID-N) of a
+ * process that no longer runs are removed; any other file is left alone.
+ * Loads verify everything (magic, version, lengths, SHA1 of the text
+ * against the name, the payload layout and length, the payload checksum,
+ * the payload tokens against the key text, the trailer) before the state
+ * is used; a file that fails is skipped, logged and deleted.
+ *
+ * The payload checksum (ours, not ds4's): a 32-bit hash of the payload
+ * bytes in header bytes 20..23, which ds4 keeps reserved, flagged by
+ * extension bit 3 (ds4 ignores flags it does not know).  Files without it
+ * (written by ds4) load unverified, as ds4 loads them.
  *
  * The store keeps an index of the directory (header, text length and name
  * of every file) so lookups do not read files: the longest key that is a
@@ -65,6 +73,7 @@ typedef enum ds4_kvc_reason {
 #define DS4_KVC_EXT_TOOLMAP 0x01            /* KTM trailer present */
 #define DS4_KVC_EXT_RESPONSES_VISIBLE 0x02  /* key is a Responses-visible transcript */
 #define DS4_KVC_EXT_THINKING_VISIBLE 0x04   /* key is a thinking-visible transcript */
+#define DS4_KVC_EXT_CHECKSUM 0x08           /* header bytes 20..23: payload checksum */
 
 typedef struct ds4_kvc_header {
     uint8_t quant_bits;  /* 2 or 4 */
@@ -75,6 +84,7 @@ typedef struct ds4_kvc_header {
     uint32_t ctx;        /* context the snapshot was written for */
     uint64_t created, last_used; /* Unix seconds */
     uint64_t payload_bytes;
+    uint32_t checksum;   /* with DS4_KVC_EXT_CHECKSUM */
 } ds4_kvc_header;
 
 /* One tool-call id and the exact DSML block the model sampled for it. */

@@ -51,9 +51,9 @@ def test(fn):
 
 def wait_running(s, timeout=30):
     deadline = time.time() + timeout
-    while time.time() < deadline and not s.stats()["running"]:
+    while time.time() < deadline and not s.stats()["jobs"]["running"]:
         time.sleep(0.01)
-    check(s.stats()["running"], "the worker never started the request")
+    check(s.stats()["jobs"]["running"], "the worker never started the request")
 
 
 def force(name):
@@ -110,8 +110,8 @@ def t_greedy_is_deterministic(s):
             "thinking": False}
     a = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
     b = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
-    last = s.stats()["last"]
-    check(last["reuse"] == "memory-checkpoint" and last["prefilled"] == 0, last)  # a retry prefills nothing
+    last = s.stats()["last_prompt"]
+    check(last["kv_source"] == "memory-checkpoint" and last["prefilled"] == 0, last)  # a retry prefills nothing
     body["stream"] = True
     c = "".join(d["choices"][0]["delta"].get("content", "") for e, d in s.stream("/v1/chat/completions", body)
                 if e != ":" and d != "[DONE]" and d["choices"])
@@ -193,12 +193,12 @@ def t_chat_tools(s):
     check(b2["choices"][0]["message"]["content"] == "It is sunny in Paris, 21 degrees.", b2)
     check(b2["choices"][0]["finish_reason"] == "stop", b2)
     after = s.stats()
-    check(after["tool_memory"]["replayed"] == before["tool_memory"]["replayed"] + 1, after)
+    check(after["tool_memory"]["history_turns_replayed_exact"] == before["tool_memory"]["history_turns_replayed_exact"] + 1, after)
     # Prompt 1 and the sampled call stay in the KV state: only the tool turn is prefilled.
     u = b2["usage"]
     check(u["prompt_tokens_details"]["cached_tokens"] >= b["usage"]["prompt_tokens"] + 40, u)
     check(u["prompt_tokens_details"]["cache_write_tokens"] < 30, u)
-    check(after["last"]["reuse"] in ("memory-token", "memory-text"), after["last"])
+    check(after["last_prompt"]["kv_source"] in ("memory-token", "memory-text"), after["last_prompt"])
     # Streaming: each call once it is complete (a cut answer never carries a
     # partial call): id and name first, then its arguments.
     ev = s.stream("/v1/chat/completions", {"messages": msgs, "tools": TOOLS, "thinking": False, "stream": True},
@@ -290,7 +290,7 @@ def t_prefix_reuse(s):
             # Everything up to the previous answer is reused; only the new user turn is prefilled.
             check(u["prompt_tokens_details"]["cached_tokens"] >= prev["prompt_tokens"] + prev["completion_tokens"] - 1, (u, prev))
             check(u["prompt_tokens_details"]["cache_write_tokens"] <= 16, u)
-            check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
+            check(s.stats()["last_prompt"]["kv_source"] in ("memory-token", "memory-text"), s.stats()["last_prompt"])
         prev = u
         msgs = msgs + [{"role": "assistant", "content": b["choices"][0]["message"]["content"]},
                        {"role": "user", "content": "And then? (turn %d)" % turn}]
@@ -307,8 +307,8 @@ def t_memory_text(s):
     check(text == "The sea is blue and wide. It reflects the sky.", b)
     msgs = msgs + [{"role": "assistant", "content": text}, {"role": "user", "content": "Thanks."}]
     st, b2 = s.post("/v1/chat/completions", {"messages": msgs, "thinking": False, "max_tokens": 2})
-    last = s.stats()["last"]
-    check(last["reuse"] == "memory-text", last)
+    last = s.stats()["last_prompt"]
+    check(last["kv_source"] == "memory-text", last)
     check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] - 1,
           (b["usage"], b2["usage"]))
 
@@ -321,7 +321,7 @@ def t_thinking_visible(s):
     check(m["reasoning_content"] == "The tool said sunny." and m["content"] == "It is sunny in Paris, 21 degrees.", m)
     msgs2 = msgs + [{"role": "assistant", "content": m["content"]}, {"role": "user", "content": "Tomorrow?"}]
     st, b2 = s.post("/v1/chat/completions", {"messages": msgs2, "max_tokens": 2})
-    check(s.stats()["last"]["reuse"] == "thinking-visible", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "thinking-visible", s.stats()["last_prompt"])
     u1, u2 = b["usage"], b2["usage"]
     check(u2["prompt_tokens_details"]["cached_tokens"] == u1["prompt_tokens"] + u1["completion_tokens"] - 1, (u1, u2))
     check(u2["prompt_tokens_details"]["cache_write_tokens"] < 12, u2)
@@ -331,7 +331,7 @@ def t_thinking_visible(s):
     msgs3 = msgs + [{"role": "assistant", "content": "", "tool_calls": [call]},
                     {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
     st, b3 = s.post("/v1/chat/completions", {"messages": msgs3, "tools": TOOLS, "max_tokens": 2})
-    check(s.stats()["last"]["reuse"] == "thinking-visible", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "thinking-visible", s.stats()["last_prompt"])
     check(b3["usage"]["prompt_tokens_details"]["cache_write_tokens"] < 25, b3["usage"])
     # Sending the reasoning back is the plain text match.
     msgs4 = msgs + [{"role": "assistant", "content": "", "reasoning_content": b["choices"][0]["message"]["reasoning_content"],
@@ -341,14 +341,14 @@ def t_thinking_visible(s):
     msgs4[2]["tool_calls"] = [call]
     msgs4[3]["tool_call_id"] = call["id"]
     st, b4 = s.post("/v1/chat/completions", {"messages": msgs4, "tools": TOOLS, "max_tokens": 2})
-    check(s.stats()["last"]["reuse"] in ("memory-token", "memory-text"), s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] in ("memory-token", "memory-text"), s.stats()["last_prompt"])
 
 
 def evict(s):
     """An unrelated chat request: the live session moves on."""
     st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Unrelated"}], "max_tokens": 2,
                                             "thinking": False})
-    check(st == 200 and s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "cold", s.stats()["last_prompt"])
 
 
 def responses_text(b):
@@ -381,8 +381,8 @@ def t_responses_continuations(s):
 
     fc, live = call_turn()
     st, b = s.post("/v1/responses", dict(base, input=[output(fc)], **greedy))
-    last = s.stats()["last"]
-    check(st == 200 and last["reuse"] == "responses-tool-output", (st, b, last))
+    last = s.stats()["last_prompt"]
+    check(st == 200 and last["kv_source"] == "responses-tool-output", (st, b, last))
     u = b["usage"]
     # Kept: the whole live state; prefilled: the call's last token, EOS, <｜User｜>,
     # the tool result, <｜Assistant｜></think>.
@@ -396,16 +396,16 @@ def t_responses_continuations(s):
     check(st == 400 and "not available for call_id call_000" in e["error"]["message"], (st, e))
     st, e = s.post("/v1/responses", dict(base, input=inp + [bad], **greedy))
     check(st == 400 and "replaying the full input history" in e["error"]["message"], (st, e))
-    check(s.stats()["continuation_lost"] >= 1, s.stats())
+    check(s.stats()["jobs"]["continuation_lost"] >= 1, s.stats())
     # The same conversation replayed in full, cold: the same prompt, the same answer.
     st, cold = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
-    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "cold", s.stats()["last_prompt"])
     check(cold["usage"]["input_tokens"] == u["input_tokens"], (cold["usage"], u))
     check(responses_text(cold) == responses_text(b) and cold["usage"]["output_tokens"] == 8, (cold, b))
     # The replay right after the call turn: responses-visible, the same answer.
     fc, live = call_turn()
     st, b = s.post("/v1/responses", dict(base, input=replay(fc), **greedy))
-    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "responses-visible", s.stats()["last_prompt"])
     check(b["usage"]["input_tokens_details"]["cached_tokens"] == live and b["usage"]["input_tokens"] == u["input_tokens"],
           b["usage"])
     check(responses_text(b) == responses_text(cold), (b, cold))
@@ -413,7 +413,7 @@ def t_responses_continuations(s):
     st, a = s.post("/v1/responses", dict(base, input=inp), headers=force("answer"))
     st, b = s.post("/v1/responses", dict(base, input=inp + a["output"] + [{"role": "user", "content": "Tomorrow?"}],
                                          **greedy))
-    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "responses-visible", s.stats()["last_prompt"])
     check(b["usage"]["input_tokens_details"]["cached_tokens"] == a["usage"]["input_tokens"] + a["usage"]["output_tokens"] - 1,
           (a["usage"], b["usage"]))
     # Thinking, no summary: the client never sees the reasoning, the live
@@ -424,13 +424,13 @@ def t_responses_continuations(s):
     fc = b["output"][0]
     live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
     st, b2 = s.post("/v1/responses", dict(think, input=replay(fc), max_output_tokens=2))
-    check(s.stats()["last"]["reuse"] == "responses-visible", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "responses-visible", s.stats()["last_prompt"])
     check(b2["usage"]["input_tokens_details"]["cached_tokens"] == live, (b["usage"], b2["usage"]))
     # Tool output only, thinking on.
     st, b = s.post("/v1/responses", dict(think, input=inp), headers=force("weather_call_think"))
     live = b["usage"]["input_tokens"] + b["usage"]["output_tokens"] - 1
     st, b3 = s.post("/v1/responses", dict(think, input=[output(b["output"][0])], max_output_tokens=2))
-    check(s.stats()["last"]["reuse"] == "responses-tool-output", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "responses-tool-output", s.stats()["last_prompt"])
     check(b3["usage"]["input_tokens_details"]["cached_tokens"] == live, b3["usage"])
     check(b3["usage"]["input_tokens"] == b2["usage"]["input_tokens"], (b3["usage"], b2["usage"]))
     # The hidden reasoning is in both prompts: as long as a cold replay that carries it.
@@ -438,12 +438,12 @@ def t_responses_continuations(s):
     reasoning = {"type": "reasoning", "summary": [{"type": "summary_text",
                                                    "text": "The user asks about the weather, so I call the tool."}]}
     st, full = s.post("/v1/responses", dict(think, input=inp + [reasoning] + replay(fc)[1:], max_output_tokens=2))
-    check(s.stats()["last"]["reuse"] == "cold" and full["usage"]["input_tokens"] == b2["usage"]["input_tokens"],
+    check(s.stats()["last_prompt"]["kv_source"] == "cold" and full["usage"]["input_tokens"] == b2["usage"]["input_tokens"],
           (full["usage"], b2["usage"]))
     # A stateless replay that lacks the reasoning, no live state to restore it: a warning.
     check("lower fidelity" not in s.text(), s.text()[-2000:])
     s.post("/v1/responses", dict(think, input=replay(fc), max_output_tokens=1))
-    check(s.stats()["last"]["reuse"] == "cold" and s.text().count("lower fidelity") == 1, s.text()[-2000:])
+    check(s.stats()["last_prompt"]["kv_source"] == "cold" and s.text().count("lower fidelity") == 1, s.text()[-2000:])
 
 
 def t_messages_continuations(s):
@@ -460,7 +460,7 @@ def t_messages_continuations(s):
                for tu in reversed(tus)]
     greedy = {"temperature": 0, "max_tokens": 8}
     st, b2 = s.post("/v1/messages", dict(base, messages=[{"role": "user", "content": results}], **greedy))
-    check(st == 200 and s.stats()["last"]["reuse"] == "anthropic-tool-output", (b2, s.stats()["last"]))
+    check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "anthropic-tool-output", (b2, s.stats()["last_prompt"]))
     u = b2["usage"]
     check(u["cache_read_input_tokens"] == live and u["cache_creation_input_tokens"] < 30, u)
     # Only one of the two results: not the live call set, 409.
@@ -472,7 +472,7 @@ def t_messages_continuations(s):
     evict(s)
     full = msgs + [{"role": "assistant", "content": b["content"]}, {"role": "user", "content": results}]
     st, cold = s.post("/v1/messages", dict(base, messages=full, **greedy))
-    check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+    check(s.stats()["last_prompt"]["kv_source"] == "cold", s.stats()["last_prompt"])
     cu = cold["usage"]
     check(cu["cache_creation_input_tokens"] == u["cache_read_input_tokens"] + u["cache_creation_input_tokens"], (cu, u))
     check(cold["content"] == b2["content"] and cold["stop_reason"] == b2["stop_reason"], (cold, b2))
@@ -493,13 +493,13 @@ def canonicalized_tail(s):
     greedy = dict(body, messages=full, max_tokens=6, temperature=0)
     st, b2 = s.post("/v1/chat/completions", greedy)
     stats = s.stats()
-    check(stats["tool_memory"]["canonicalized"] == 1 and stats["last"]["reuse"] == "memory-token", stats)
+    check(stats["tool_memory"]["live_tails_canonicalized"] == 1 and stats["last_prompt"]["kv_source"] == "memory-token", stats)
     u = b2["usage"]["prompt_tokens_details"]
     check(u["cache_write_tokens"] < 20 and u["cached_tokens"] > b["usage"]["prompt_tokens"] + 40, b2["usage"])
     evict(s)
     st, cold = s.post("/v1/chat/completions", greedy)
-    check(s.stats()["last"]["reuse"] == "cold" and cold["usage"]["prompt_tokens"] == b2["usage"]["prompt_tokens"],
-          (s.stats()["last"], cold["usage"]))
+    check(s.stats()["last_prompt"]["kv_source"] == "cold" and cold["usage"]["prompt_tokens"] == b2["usage"]["prompt_tokens"],
+          (s.stats()["last_prompt"], cold["usage"]))
     check(cold["choices"][0]["message"] == b2["choices"][0]["message"], (cold, b2))
     # Anthropic: the same for a tool_use block.
     amsgs = [{"role": "user", "content": "Weather in Paris?"}]
@@ -510,14 +510,14 @@ def canonicalized_tail(s):
         {"type": "tool_result", "tool_use_id": tu["id"], "content": "sunny"}]}]
     st, a2 = s.post("/v1/messages", dict(abody, messages=afull, max_tokens=6, temperature=0))
     stats = s.stats()
-    check(stats["tool_memory"]["canonicalized"] == 2 and stats["last"]["reuse"] == "memory-token", stats)
+    check(stats["tool_memory"]["live_tails_canonicalized"] == 2 and stats["last_prompt"]["kv_source"] == "memory-token", stats)
     check(a2["usage"]["cache_creation_input_tokens"] < 20, a2["usage"])
 
 
 def t_no_needless_canonicalization(s):
     """With exact replay every tool-call turn above (thinking or not, chat
     and Anthropic) renders back as sampled: no live tail was rewritten."""
-    check(s.stats()["tool_memory"]["canonicalized"] == 0, s.stats()["tool_memory"])
+    check(s.stats()["tool_memory"]["live_tails_canonicalized"] == 0, s.stats()["tool_memory"])
 
 
 def t_checkpoint_without_replay():
@@ -534,15 +534,15 @@ def t_checkpoint_without_replay():
                         {"role": "tool", "tool_call_id": call["id"], "content": "sunny"}]
         st, b2 = s.post("/v1/chat/completions", {"messages": msgs2, "tools": TOOLS, "thinking": False, "max_tokens": 2})
         st = s.stats()
-        check(st["tool_memory"]["replayed"] == 0 and st["last"]["reuse"] == "memory-checkpoint", st)
+        check(st["tool_memory"]["history_turns_replayed_exact"] == 0 and st["last_prompt"]["kv_source"] == "memory-checkpoint", st)
         check(b2["usage"]["prompt_tokens_details"]["cached_tokens"] == b["usage"]["prompt_tokens"], b2["usage"])
-        check(st["tool_memory"]["canonicalized"] == 0, st)  # the sampled call was canonical already
+        check(st["tool_memory"]["live_tails_canonicalized"] == 0, st)  # the sampled call was canonical already
         canonicalized_tail(s)
     with Server("--no-memory-checkpoint") as s:
         body = {"messages": [{"role": "user", "content": "Again"}], "max_tokens": 3, "temperature": 0, "thinking": False}
         s.post("/v1/chat/completions", body)
         s.post("/v1/chat/completions", body)
-        check(s.stats()["last"]["reuse"] == "cold", s.stats()["last"])
+        check(s.stats()["last_prompt"]["kv_source"] == "cold", s.stats()["last_prompt"])
 
 
 def t_disk_saves():
@@ -554,11 +554,11 @@ def t_disk_saves():
             st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "word " * 40}],
                                                     "max_tokens": 40, "temperature": 0, "thinking": False})
             n = b["usage"]["prompt_tokens"] + b["usage"]["completion_tokens"] - 1
-            saves = s.stats()["kvcache"]["saves"]
+            saves = s.stats()["kvcache"]["files_written_by_reason"]
             check(saves["continued"] == n // 32 and saves["cold"] == 0, (saves, n))
             st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Something else " * 5}],
                                                     "max_tokens": 2, "temperature": 0, "thinking": False})
-            check(s.stats()["kvcache"]["saves"]["evict"] == 1, s.stats()["kvcache"])
+            check(s.stats()["kvcache"]["files_written_by_reason"]["evict"] == 1, s.stats()["kvcache"])
         names = sorted(os.listdir(kvdir))
         check(all(len(f) == 43 and f.endswith(".kv") for f in names), names)
     finally:
@@ -606,11 +606,11 @@ def t_disk_restart():
         body = {"messages": [{"role": "system", "content": long_sys}, {"role": "user", "content": "Weather?"}],
                 "max_tokens": 10, "temperature": 0, "thinking": False}
         b1, st1 = disk_run(kvdir, body)
-        check(st1["kvcache"]["saves"]["cold"] == 1 and b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, st1)
+        check(st1["kvcache"]["files_written_by_reason"]["cold"] == 1 and b1["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, st1)
         files = [f for f in os.listdir(kvdir) if f.endswith(".kv")]
         check(len(files) == 2, files)  # the cold checkpoint + the shutdown save
         b2, st2 = disk_run(kvdir, body)
-        check(st2["reuse"]["disk"] == 1 and st2["kvcache"]["loads"] == 1, st2)
+        check(st2["prompts_by_kv_source"]["disk"] == 1 and st2["kvcache"]["loads"] == 1, st2)
         cached = b2["usage"]["prompt_tokens_details"]["cached_tokens"]
         check(cached > 100 and cached < b2["usage"]["prompt_tokens"], b2["usage"])
         check(b1["choices"][0]["message"]["content"] == b2["choices"][0]["message"]["content"], (b1, b2))
@@ -621,7 +621,7 @@ def t_disk_restart():
                 fh.seek(60)
                 fh.write(b"\xff\xff\xff\xff")
         b3, st3 = disk_run(kvdir, body)
-        check(st3["kvcache"]["corrupt"] >= 1 and st3["reuse"]["cold"] == 1, st3)
+        check(st3["kvcache"]["corrupt_files_deleted"] >= 1 and st3["prompts_by_kv_source"]["cold"] == 1, st3)
         check(b3["choices"][0]["message"]["content"] == b1["choices"][0]["message"]["content"], b3)
     finally:
         shutil.rmtree(kvdir)
@@ -762,7 +762,8 @@ def t_disconnect_cancels(s):
     deadline = time.time() + 10
     while time.time() < deadline:
         st = s.stats()
-        if st["completed"] + st["failed"] + st["cancelled"] > before["completed"] + before["failed"] + before["cancelled"]:
+        if sum(st["jobs"][k] for k in ("answered", "failed", "cancelled")) > \
+                sum(before["jobs"][k] for k in ("answered", "failed", "cancelled")):
             break
         time.sleep(0.05)
     gen = s.stats()["tokens"]["generated"] - before["tokens"]["generated"]
@@ -781,10 +782,10 @@ def t_disconnect_cancels(s):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
     deadline = time.time() + 10
-    while time.time() < deadline and s.stats()["failed"] == before["failed"]:
+    while time.time() < deadline and s.stats()["jobs"]["cancelled"] == before["jobs"]["cancelled"]:
         time.sleep(0.05)
     gen = s.stats()["tokens"]["generated"] - before["tokens"]["generated"]
-    check(s.stats()["failed"] == before["failed"] + 1 and gen < 3000, "not cancelled (%d tokens)" % gen)
+    check(s.stats()["jobs"]["cancelled"] == before["jobs"]["cancelled"] + 1 and gen < 3000, "not cancelled (%d tokens)" % gen)
 
 
 def t_trace():

@@ -20,6 +20,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "engine/kvcache.h"
@@ -106,7 +107,7 @@ static void test_header_layout(void **state) {
     assert_int_equal(d.last_used, 9);
     assert_int_equal(d.payload_bytes, h.payload_bytes);
     /* Each check of the decoder. */
-    struct { int off; uint8_t val; } bad[] = {{0, 'X'}, {2, 'D'}, {3, 2}, {4, 3}, {4, 8}, {5, 7}, {6, 0x08}, {8, 0}};
+    struct { int off; uint8_t val; } bad[] = {{0, 'X'}, {2, 'D'}, {3, 2}, {4, 3}, {4, 8}, {5, 7}, {6, 0x10}, {8, 0}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint8_t c[48];
         memcpy(c, b, 48);
@@ -142,7 +143,7 @@ static void test_round_trip(void **state) {
     ds4_kvc_header h;
     char *path = write_test_file(st, text, &h);
     assert_int_equal(h.n_tokens, 40);
-    assert_int_equal(h.ext, DS4_KVC_EXT_TOOLMAP);
+    assert_int_equal(h.ext, DS4_KVC_EXT_TOOLMAP | DS4_KVC_EXT_CHECKSUM);
 
     ds4_err err = {0};
     ds4_kv_state *back = ds4_session_state_new(S, &err);
@@ -277,8 +278,25 @@ static void test_corruptions_and_truncations(void **state) {
     spit(cut, c, n + 1);
     free(c);
     assert_int_equal(read_with_state(cut, name, &err), -1);
+    /* A flipped payload byte that keeps the layout valid (a float of the
+     * state): only the checksum sees it. */
+    c = malloc(n);
+    memcpy(c, orig, n);
+    c[trailer_at - 9] ^= 0x20;
+    spit(cut, c, n);
+    err = (ds4_err){0};
+    assert_int_equal(read_with_state(cut, name, &err), -1);
+    assert_non_null(strstr(err.msg, "checksum"));
+    /* ds4's files have no checksum (bit 3 clear, bytes 20..23 reserved):
+     * they load as ds4 loads them, unverified. */
+    c[6] &= (char)~DS4_KVC_EXT_CHECKSUM;
+    memset(c + 20, 0, 4);
+    spit(cut, c, n);
+    free(c);
+    err = (ds4_err){0};
+    if (read_with_state(cut, name, &err) != 0) fail_msg("a file without a checksum: %s", err.msg);
     /* Fields a load does not depend on may change: hits, times, reserved. */
-    size_t free_fields[] = {7, 12, 20, 24, 32};
+    size_t free_fields[] = {7, 12, 24, 32};
     for (size_t i = 0; i < sizeof(free_fields) / sizeof(free_fields[0]); i++) {
         c = malloc(n);
         memcpy(c, orig, n);
@@ -369,20 +387,37 @@ static void test_store_lookup_and_load(void **state) {
     assert_int_equal(ds4_kvc_get_stats(s).files, 1);
     ds4_kvc_close(s);
 
-    /* Garbage and unfinished writes in the directory at open. */
+    /* Garbage and unfinished writes in the directory at open: only a
+     * temporary of this naming scheme whose writer is gone is removed. */
     snprintf(p, sizeof(p), "%s/%040d.kv", DIR_, 0);
     spit(p, "KVC garbage", 11);
-    char tmp[700];
-    snprintf(tmp, sizeof(tmp), "%s/%040d.kv.tmp-1-2", DIR_, 1);
+    pid_t gone = fork();
+    if (gone == 0) _exit(0);
+    waitpid(gone, NULL, 0);
+    char tmp[700], live[700], other[700], near[700];
+    snprintf(tmp, sizeof(tmp), "%s/%040d.kv.tmp-%d-2", DIR_, 1, (int)gone);
+    snprintf(live, sizeof(live), "%s/%040d.kv.tmp-%d-3", DIR_, 2, (int)getppid());
+    snprintf(other, sizeof(other), "%s/notes.kv.tmp-%d-2", DIR_, (int)gone);
+    snprintf(near, sizeof(near), "%s/%040d.kv.tmp-%d-2.bak", DIR_, 3, (int)gone);
     spit(tmp, "KVC", 3);
+    spit(live, "KVC", 3);
+    spit(other, "mine", 4);
+    spit(near, "mine", 4);
     lb.text[0] = 0;
     s = open_store(1ull << 30, &lb);
     assert_int_equal(ds4_kvc_get_stats(s).files, 1);
     assert_int_equal(ds4_kvc_get_stats(s).corrupt, 1);
     assert_non_null(strstr(lb.text, "skipping corrupt cache file"));
     assert_non_null(strstr(lb.text, "unfinished write"));
+    assert_non_null(strstr(lb.text, "which may be writing it, is running"));
     assert_int_equal(access(p, F_OK), -1);
     assert_int_equal(access(tmp, F_OK), -1);
+    assert_int_equal(access(live, F_OK), 0);
+    assert_int_equal(access(other, F_OK), 0);
+    assert_int_equal(access(near, F_OK), 0);
+    unlink(live);
+    unlink(other);
+    unlink(near);
     ds4_kvc_close(s);
 
     ds4_kv_state_free(a);

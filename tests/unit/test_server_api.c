@@ -73,7 +73,7 @@ static void test_chat_request(void **state) {
                 "\"temperature\":0.5,\"top_k\":5000,\"min_p\":0.1,\"seed\":9,\"stop\":\"END\",\"max_tokens\":7,"
                 "\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
     assert_json(j->req.messages,
-                "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"ab\"},"
+                "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a[image not shown: this model reads text only]b\"},"
                 "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"r\",\"tool_calls\":[{\"type\":\"function\","
                 "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"id\":\"call_1\"}]},"
                 "{\"role\":\"tool\",\"content\":\"ok\",\"tool_call_id\":\"call_1\"}]");
@@ -150,7 +150,11 @@ static void test_chat_refusals(void **state) {
                "\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "at most 16");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 400, "tools must be an array");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n must be 1");
-    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":[1,2]}", 400, "token ids");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":[[1,2]]}", 400, "token ids");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":[\"a\",\"b\"]}", 400, "2 prompts in one request");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs must be an integer from 0 to 5");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     api_error e;
     assert_null(parse_with(C, "{\"a\":", &e));
@@ -193,10 +197,13 @@ static void test_responses_request(void **state) {
     refused(R, "{}", 400, "missing input");
     refused(R, "{\"input\":\"x\",\"previous_response_id\":\"r\"}", 400, "replay full input");
     refused(R, "{\"input\":\"x\",\"conversation\":\"c\"}", 400, "conversation is not supported");
-    refused(R, "{\"input\":\"x\",\"tool_choice\":\"required\"}", 400, "tool_choice=required not supported");
-    refused(R, "{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}", 400, "forced tool_choice");
-    refused(R, "{\"input\":[{\"type\":\"image_generation_call\"}]}", 400, "not supported");
-    refused(R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_image\"}]}]}", 400, "text only");
+    refused(R, "{\"input\":\"x\",\"tool_choice\":\"required\"}", 400, "the request has no tools");
+    refused(R, "{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}", 400, "no tools");
+    refused(R, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"g\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+            400, "no tool named \"f\"");
+    refused(R, "{\"input\":\"x\",\"tool_choice\":{\"type\":\"web_search_preview\"}}", 400, "web_search_preview");
+    refused(R, "{\"input\":[{\"type\":\"mystery_call\"}]}", 400, "not supported");
+    refused(R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_hologram\"}]}]}", 400, "not supported");
     refused(R, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\",\"status\":\"in_progress\"}]}", 400,
             "in_progress");
 }
@@ -223,7 +230,7 @@ static void test_anthropic_request(void **state) {
     job_unref(j);
     const api_adapter *M = &API_MESSAGES_ADAPTER;
     refused(M, "{\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", 400, "user or assistant");
-    refused(M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"document\"}]}]}", 400, "text only");
+    refused(M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"hologram\"}]}]}", 400, "not supported");
     refused(M, "{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\"}]}]}",
             400, "input object");
     refused(M, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":5}", 400, "system must be");
@@ -324,6 +331,13 @@ static void test_error_shapes(void **state) {
 #define BLOCK1 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
 #define BLOCK2 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n" \
                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+#define BLOCK3 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"h\">\n<｜DSML｜parameter name=\"x\" string=\"true\">a" \
+               "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"y\" string=\"false\">1</｜DSML｜parameter>\n" \
+               "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+/* Calls as clients send them back. */
+#define CALL(id, name, args) "{\"id\":\"" id "\",\"function\":{\"name\":\"" name "\",\"arguments\":" args "}}"
+#define FA(id) CALL(id, "f", "\"{}\"")
+#define GB(id) CALL(id, "g", "{}")
 
 static int replays(server *s, const char *calls_json) {
     json_t *calls = json_loads(calls_json, 0, NULL);
@@ -340,7 +354,7 @@ static void test_tool_memory(void **state) {
     server s = {0};
     s.o.exact_replay = true;
     pthread_mutex_init(&s.stats_mu, NULL);
-    s.tools = toolmem_new(4, 1 << 20);
+    s.tools = toolmem_new(5, 1 << 20);
     const char *two[] = {"call_a", "call_b"};
     toolmem_put_many(s.tools, two, 2, BLOCK2, strlen(BLOCK2));
     toolmem_put(s.tools, "call_c", BLOCK1, strlen(BLOCK1));
@@ -349,17 +363,31 @@ static void test_tool_memory(void **state) {
     assert_int_equal(n, strlen(BLOCK2));
     assert_memory_equal(b, BLOCK2, n);
     free(b);
-    /* All ids of the turn, one block, as many calls as it holds. */
-    assert_int_equal(replays(&s, "[{\"id\":\"call_a\"},{\"id\":\"call_b\"}]"), 1);
-    assert_int_equal(replays(&s, "[{\"id\":\"call_a\"}]"), 0);                     /* one of two calls */
-    assert_int_equal(replays(&s, "[{\"id\":\"call_a\"},{\"id\":\"call_c\"}]"), 0); /* two blocks */
-    assert_int_equal(replays(&s, "[{\"id\":\"call_c\"}]"), 1);
+    /* All ids of the turn, one block, as many calls as it holds, the same
+     * calls in the same order. */
+    assert_int_equal(replays(&s, "[" FA("call_a") "," GB("call_b") "]"), 1);
+    assert_int_equal(replays(&s, "[" FA("call_a") "]"), 0);                     /* one of two calls */
+    assert_int_equal(replays(&s, "[" FA("call_a") "," FA("call_c") "]"), 0);    /* two blocks */
+    assert_int_equal(replays(&s, "[" FA("call_c") "]"), 1);
     assert_int_equal(replays(&s, "[{\"id\":\"nope\"}]"), 0);
     assert_int_equal(replays(&s, "[{}]"), 0);
     assert_int_equal(s.replay.replayed, 2);
     assert_int_equal(s.replay.canonical, 4);
+    assert_int_equal(replays(&s, "[" GB("call_b") "," FA("call_a") "]"), 0); /* reordered */
+    assert_int_equal(replays(&s, "[" CALL("call_c", "g", "\"{}\"") "]"), 0);  /* renamed */
+    /* Arguments: equal as JSON replays (any spelling), an edit does not. */
+    const char *three[] = {"call_h"};
+    toolmem_put_many(s.tools, three, 1, BLOCK3, strlen(BLOCK3));
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"a\\\", \\\"y\\\": 1}\"") "]"), 1);
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"y\\\":1,\\\"x\\\":\\\"a\\\"}\"") "]"), 1);
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "{\"y\":1,\"x\":\"a\"}") "]"), 1);
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"b\\\", \\\"y\\\": 1}\"") "]"), 0);
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "{\"x\":\"a\"}") "]"), 0);
+    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"not json\"") "]"), 0);
+    s.replay.replayed = 2;
+    s.replay.canonical = 4;
     /* The server's own renderings replay the same way, uncounted. */
-    json_t *calls = json_loads("[{\"id\":\"call_c\"}]", 0, NULL);
+    json_t *calls = json_loads("[" FA("call_c") "]", 0, NULL);
     ds4_rendered r = {0};
     assert_int_equal(toolmem_render_calls_quiet(&s, calls, &r, NULL), 1);
     assert_memory_equal(r.text.p, BLOCK1, strlen(BLOCK1));
@@ -368,14 +396,14 @@ static void test_tool_memory(void **state) {
     assert_int_equal(s.replay.replayed, 2);
     assert_int_equal(s.replay.canonical, 4);
     s.o.exact_replay = false;
-    assert_int_equal(replays(&s, "[{\"id\":\"call_c\"}]"), 0);
+    assert_int_equal(replays(&s, "[" FA("call_c") "]"), 0);
     /* Ids restored one at a time (from disk) still replay a shared block. */
     s.o.exact_replay = true;
     toolmem_put(s.tools, "call_x", BLOCK2, strlen(BLOCK2));
     toolmem_put(s.tools, "call_y", BLOCK2, strlen(BLOCK2));
-    assert_int_equal(replays(&s, "[{\"id\":\"call_x\"},{\"id\":\"call_y\"}]"), 1);
-    /* Beyond 4 ids the least recently used goes: call_b (call_a was read). */
-    assert_int_equal(toolmem_count(s.tools), 4);
+    assert_int_equal(replays(&s, "[" FA("call_x") "," GB("call_y") "]"), 1);
+    /* Beyond 5 ids the least recently used goes: call_b (call_a was read). */
+    assert_int_equal(toolmem_count(s.tools), 5);
     assert_null(toolmem_get(s.tools, "call_b", &n));
     free(toolmem_get(s.tools, "call_a", &n));
     /* Entries whose block occurs in a text (for KVC trailers). */
