@@ -11,10 +11,13 @@
 #include <string.h>
 
 #include "text/dsml_parse.h"
+#include "text/dsml_render.h"
 
 #define JMAX_DEPTH 24
 #define JMAX_WS 16
-#define JMAX_DIGITS 24
+#define JMAX_INT_DIGITS 18   /* an integer part fits in 64 bits */
+#define JMAX_FRAC_DIGITS 24
+#define JMAX_EXP_DIGITS 2    /* a double's range */
 #define MAX_PROPS 64
 #define MAX_ALTS 64
 #define N_FORBID 8
@@ -731,7 +734,7 @@ static int number_byte(jframe *f, unsigned char b) {
         if (!integer && (b == 'e' || b == 'E')) return f->sub = N_E, 1;
         return digit ? -1 : 0;
     case N_INT:
-        if (digit) return ++f->digits > JMAX_DIGITS ? -1 : 1;
+        if (digit) return ++f->digits > JMAX_INT_DIGITS ? -1 : 1;
         if (!integer && b == '.') return f->sub = N_DOT, 1;
         if (!integer && (b == 'e' || b == 'E')) return f->sub = N_E, 1;
         return 0;
@@ -741,7 +744,7 @@ static int number_byte(jframe *f, unsigned char b) {
         f->digits = 1;
         return 1;
     case N_FRAC:
-        if (digit) return ++f->digits > JMAX_DIGITS ? -1 : 1;
+        if (digit) return ++f->digits > JMAX_FRAC_DIGITS ? -1 : 1;
         if (b == 'e' || b == 'E') return f->sub = N_E, 1;
         return 0;
     case N_E:
@@ -756,7 +759,7 @@ static int number_byte(jframe *f, unsigned char b) {
         f->digits = 1;
         return 1;
     case N_EXP:
-        if (digit) return ++f->digits > 4 ? -1 : 1;
+        if (digit) return ++f->digits > JMAX_EXP_DIGITS ? -1 : 1;
         return 0;
     }
     return -1;
@@ -782,7 +785,10 @@ static bool key_byte(jframe *f, unsigned char b) {
     if (string_byte(f, b) != 1) return false;
     if (!f->other) {
         uint32_t lo = f->lo, hi = f->hi;
-        if (narrow(n->keys, n->key_lens, &lo, &hi, f->off, b)) {
+        bool unseen = false;
+        if (narrow(n->keys, n->key_lens, &lo, &hi, f->off, b))
+            for (uint32_t k = lo; k < hi && !unseen; k++) unseen = !(f->seen & (1ull << k));
+        if (unseen) {
             f->lo = lo, f->hi = hi, f->off++;
             return true;
         }
@@ -916,6 +922,23 @@ static bool json_can_end(const jstate *st) {
     return false;
 }
 
+/* The forbidden strings of tool_choice none: every opening of a tool-call
+ * block the parser knows, and the DSML marker itself (never text). */
+static const char *forbidden(int k) {
+    static const char *const marker = DS4_DSML_MARKER;
+    int n = 0;
+    while (DS4_DSML_BLOCK_OPENERS[n]) n++;
+    return k < n ? DS4_DSML_BLOCK_OPENERS[k] : k == n ? marker : NULL;
+}
+
+/* Matched length of f after p matched bytes and then b: the longest
+ * prefix of f that ends the text there. */
+static size_t match_step(const char *f, size_t p, unsigned char b) {
+    for (size_t k = p + 1; k > 0; k--)
+        if ((unsigned char)f[k - 1] == b && memcmp(f, f + p - (k - 1), k - 1) == 0) return k;
+    return 0;
+}
+
 /* ============================================================ vocabulary */
 
 typedef struct ventry {
@@ -933,7 +956,7 @@ struct cvocab {
     ventry *all, *noplain;
     size_t n_all, n_noplain;
     uint8_t *plain;       /* [id]: allowed anywhere inside a free JSON string */
-    uint8_t *opener;      /* [id]: holds a whole tool-call block opener */
+    uint8_t *opener;      /* [id]: holds a whole forbidden string (forbidden()) */
     uint8_t *special;     /* [id] */
     uint32_t *off_of;     /* [id]: its bytes */
     uint16_t *len_of;
@@ -1018,8 +1041,8 @@ cvocab *cvocab_new(const ds4_vocab *v, ds4_err *err) {
         cv->special[i] = special;
         cv->plain[i] = !special && plain_bytes((const unsigned char *)t.ptr, t.len);
         if (!cv->plain[i]) cv->noplain[cv->n_noplain++] = e;
-        for (int k = 0; DS4_DSML_BLOCK_OPENERS[k]; k++)
-            if (memmem(t.ptr, t.len, DS4_DSML_BLOCK_OPENERS[k], strlen(DS4_DSML_BLOCK_OPENERS[k]))) cv->opener[i] = 1;
+        for (int k = 0; forbidden(k); k++)
+            if (memmem(t.ptr, t.len, forbidden(k), strlen(forbidden(k)))) cv->opener[i] = 1;
         if (t.len > cv->max_len) cv->max_len = t.len;
         off += t.len;
     }
@@ -1051,6 +1074,7 @@ typedef struct cstate {
     uint8_t pre_alive;     /* the prefix alternatives can still match */
     uint8_t json_alive;    /* the JSON value can still match */
     uint8_t free;          /* a prefix matched: anything goes (but the forbidden) */
+    uint8_t closed;        /* a final prefix matched: only EOS */
     uint8_t partial[N_FORBID]; /* bytes of each forbidden string matched at the end */
     uint32_t lo, hi, off;  /* prefix candidates [lo, hi) after off bytes */
     jstate js;
@@ -1061,6 +1085,7 @@ struct constraint {
     char **alts;           /* prefix alternatives, sorted */
     size_t *alt_lens;
     size_t n_alts;
+    bool final;            /* the answer ends with the prefix */
     const jschema *schema;
     bool forbid;
     bool off;              /* a forced token broke it: nothing enforced */
@@ -1119,8 +1144,9 @@ void constraint_free(constraint *c) {
     free(c);
 }
 
-int constraint_set_prefix(constraint *c, const char *const *alts, size_t n) {
+int constraint_set_prefix(constraint *c, const char *const *alts, size_t n, bool final) {
     free_alts(c);
+    c->final = final;
     if (n > MAX_ALTS) n = MAX_ALTS;
     c->alts = calloc(n ? n : 1, sizeof(*c->alts));
     c->alt_lens = calloc(n ? n : 1, sizeof(*c->alt_lens));
@@ -1150,29 +1176,32 @@ void constraint_set_forbid_blocks(constraint *c, bool on) {
     restart(c);
 }
 
-bool constraint_idle(const constraint *c) { return c->off || c->ended || (c->cur.free && !c->forbid); }
+bool constraint_idle(const constraint *c) {
+    return c->off || c->ended || (c->cur.free && !c->cur.closed && !c->forbid);
+}
 
 bool constraint_json_done(const constraint *c) { return c->schema && c->cur.json_alive && c->cur.js.done; }
 
-/* One byte of the answer.  The forbidden strings each start with their only
- * "<", so a mismatch falls back to 1 (b is "<") or 0. */
+/* One byte of the answer. */
 static bool cfeed(const constraint *c, cstate *s, unsigned char b) {
     if (c->forbid)
-        for (int k = 0; DS4_DSML_BLOCK_OPENERS[k] && k < N_FORBID; k++) {
-            const char *f = DS4_DSML_BLOCK_OPENERS[k];
-            size_t p = s->partial[k];
-            if ((unsigned char)f[p] == b) p++;
-            else p = b == '<';
+        for (int k = 0; k < N_FORBID && forbidden(k); k++) {
+            const char *f = forbidden(k);
+            size_t p = match_step(f, s->partial[k], b);
             if (f[p] == '\0') return false;
             s->partial[k] = (uint8_t)p;
         }
+    if (s->closed) return false;
     if (s->free) return true;
     bool ok = false;
     if (s->pre_alive) {
         uint32_t lo = s->lo, hi = s->hi;
         if (narrow(c->alts, c->alt_lens, &lo, &hi, s->off, b)) {
             s->lo = lo, s->hi = hi, s->off++;
-            if (exact(c->alts, c->alt_lens, lo, hi, s->off) >= 0) s->free = 1;
+            if (exact(c->alts, c->alt_lens, lo, hi, s->off) >= 0) {
+                s->free = 1;
+                s->closed = c->final;
+            }
             ok = true;
         } else {
             s->pre_alive = 0;
@@ -1244,7 +1273,9 @@ void constraint_mask(constraint *c, float *logits, int n_vocab) {
     uint32_t n = cv->n_vocab < (uint32_t)n_vocab ? cv->n_vocab : (uint32_t)n_vocab;
     const cstate *s = &c->cur;
     bool specials = s->pre_alive || s->free;
-    if (s->free && partials_clear(s)) {
+    if (s->closed) {
+        memset(c->allowed, 0, n);
+    } else if (s->free && partials_clear(s)) {
         for (uint32_t i = 0; i < n; i++) c->allowed[i] = !cv->opener[i];
     } else if (in_free_string(s) && partials_clear(s)) {
         for (uint32_t i = 0; i < n; i++) c->allowed[i] = cv->plain[i] && !cv->opener[i];
@@ -1257,9 +1288,9 @@ void constraint_mask(constraint *c, float *logits, int n_vocab) {
     bool any = eos;
     for (uint32_t i = 0; i < n && !any; i++) any = c->allowed[i];
     if (!any) eos = true; /* nothing fits (limits): end rather than break the shape */
+    if (cv->eos >= 0 && (uint32_t)cv->eos < n) c->allowed[cv->eos] = eos;
     for (uint32_t i = 0; i < n; i++)
         if (!c->allowed[i]) logits[i] = -INFINITY;
-    if (cv->eos >= 0 && (uint32_t)cv->eos < n) logits[cv->eos] = eos ? logits[cv->eos] : -INFINITY;
     for (int i = (int)n; i < n_vocab; i++) logits[i] = -INFINITY;
 }
 

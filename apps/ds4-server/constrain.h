@@ -26,8 +26,9 @@
  * default, examples, format, $schema, $id, $comment, deprecated, readOnly,
  * writeOnly.  Anything else (pattern, minimum, ...) is refused by name:
  * a schema is enforced fully or not accepted.  Generated JSON has at most
- * 16 white-space bytes in a row, 24 digits per number part and 24 levels
- * of nesting.
+ * 16 white-space bytes in a row, 24 levels of nesting, and numbers that
+ * common parsers take: 18 integer digits, 24 fraction digits, 2 exponent
+ * digits.
  */
 #ifndef DS4_SERVER_CONSTRAIN_H
 #define DS4_SERVER_CONSTRAIN_H
@@ -57,8 +58,10 @@ typedef struct constraint constraint;
 constraint *constraint_new(const cvocab *cv, ds4_err *err);
 void constraint_free(constraint *c);
 
-/* Set the shape (each call replaces its part; the state restarts). */
-int constraint_set_prefix(constraint *c, const char *const *alts, size_t n);
+/* Set the shape (each call replaces its part; the state restarts).  With
+ * `final`, the answer ends with the prefix (only EOS may follow; the
+ * block's close after a call with parallel_tool_calls false). */
+int constraint_set_prefix(constraint *c, const char *const *alts, size_t n, bool final);
 void constraint_set_json(constraint *c, const jschema *s);
 void constraint_set_forbid_blocks(constraint *c, bool on);
 /* Nothing left to enforce (no shape, or a prefix matched and nothing is

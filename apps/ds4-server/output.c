@@ -90,11 +90,11 @@ static void answer_begins(out_ctx *g) {
 
 /* The first call is complete and only one is wanted: the block closes. */
 static void close_block_next(out_ctx *g) {
-    static const char *const close[] = {"\n</" DS4_DSML_MARKER "tool_calls>"};
+    static const char *const close[] = {"\n</" DS4_DSML_MARKER "tool_calls>", "</" DS4_DSML_MARKER "tool_calls>"};
     if (!g->cons) return;
     constraint_set_json(g->cons, NULL);
     constraint_set_forbid_blocks(g->cons, false);
-    constraint_set_prefix(g->cons, close, 1);
+    constraint_set_prefix(g->cons, close, 2, true);
     g->cons_on = true;
 }
 
@@ -197,7 +197,7 @@ static int require_call(out_ctx *g) {
         if (r->tool_choice == TOOL_NAMED && strcmp(json_string_value(name), r->tool_name) != 0) continue;
         if (!(alts[n++] = invoke_prefix(json_string_value(name), json_string_length(name)))) rc = -1;
     }
-    if (rc == 0) rc = constraint_set_prefix(g->cons, (const char *const *)alts, n);
+    if (rc == 0) rc = constraint_set_prefix(g->cons, (const char *const *)alts, n, false);
     for (size_t i = 0; i < n; i++) free(alts[i]);
     free(alts);
     return rc;
@@ -215,7 +215,7 @@ int out_constrain(out_ctx *g, const cvocab *cv, ds4_err *err) {
         return 0;
     }
     if (r->schema) constraint_set_json(g->cons, r->schema);
-    if (r->schema && tools && constraint_set_prefix(g->cons, block_start, 2) != 0)
+    if (r->schema && tools && constraint_set_prefix(g->cons, block_start, 2, false) != 0)
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (r->tool_choice == TOOL_NONE) constraint_set_forbid_blocks(g->cons, true);
     return 0;

@@ -44,7 +44,7 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
     float *scratch = copy ? malloc((size_t)n_vocab * sizeof(float)) : NULL;
     if (copy && !scratch) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     double t0 = ds4_now();
-    bool greedy = false;
+    bool greedy = false, forcing = opts->n_forced > 0;
     int rc = 0;
 
     for (;;) {
@@ -59,9 +59,18 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
             break;
         }
         if (ds4_any_nan(logits, n_vocab)) res->nan_steps++;
-        int32_t tok = res->n_generated < opts->n_forced
-                          ? opts->forced[res->n_generated]
-                          : pick(smp, logits, opts, e->eos, greedy, scratch, n_vocab);
+        forcing = forcing && res->n_generated < opts->n_forced;
+        int32_t tok;
+        if (forcing && opts->restrict_fn) {
+            /* A forced token the constraint refuses ends the forcing. */
+            memcpy(scratch, logits, (size_t)n_vocab * sizeof(float));
+            opts->restrict_fn(opts->restrict_ctx, scratch, n_vocab);
+            int32_t f = opts->forced[res->n_generated];
+            forcing = f >= 0 && f < n_vocab && scratch[f] != -INFINITY;
+            tok = forcing ? f : greedy || !smp ? ds4_argmax(scratch, n_vocab) : ds4_sample(smp, scratch);
+        } else {
+            tok = forcing ? opts->forced[res->n_generated] : pick(smp, logits, opts, e->eos, greedy, scratch, n_vocab);
+        }
         ds4_gen_control ctl = {.append = true};
         res->n_generated++;
         if (fn) fn(ctx, tok, &ctl);

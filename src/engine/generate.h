@@ -52,12 +52,14 @@ typedef struct ds4_gen_opts {
     volatile sig_atomic_t *cancel;
     /* Tokens chosen instead of sampling for the first n_forced steps (the
      * server's test hook drives a known continuation through the real
-     * pipeline); sampling resumes after them. */
+     * pipeline); sampling resumes after them, or at the first one the
+     * restrict hook does not allow (a forced continuation stands for what
+     * the model would sample, which a constraint overrides). */
     const int32_t *forced;
     uint32_t n_forced;
     /* Optional: restrict the next token (constrained decoding): called
-     * before each sampled (not forced) token with a copy of the logits,
-     * in which it sets what may not come next to -INFINITY. */
+     * before each step with a copy of the logits, in which it sets what may
+     * not come next to -INFINITY. */
     void (*restrict_fn)(void *ctx, float *logits, int n_vocab);
     void *restrict_ctx;
 } ds4_gen_opts;
