@@ -90,8 +90,7 @@ typedef struct conn {
     const api_adapter *api;
     char model_id[128];
     ds4_strbuf body;
-    size_t body_bytes;    /* received, including what was over the limit */
-    bool too_large;
+    size_t body_bytes;    /* received */
     bool answered;        /* an early answer is queued: ignore the rest */
     bool eof_probed;      /* end of input seen while streaming: probed once */
     double t_start;
@@ -512,11 +511,6 @@ static enum MHD_Result handle_count(conn *k) {
 static enum MHD_Result handle(conn *k) {
     struct MHD_Connection *c = k->c;
     server *s = k->h->s;
-    if (k->too_large) {
-        char msg[128];
-        snprintf(msg, sizeof(msg), "request body larger than %llu MB", (unsigned long long)(s->o.max_body >> 20));
-        return fail(k->h, c, k->api, 413, msg);
-    }
     if (k->route == R_API) return handle_api(k);
     if (k->route == R_COUNT) return handle_count(k);
     switch (k->route) {
@@ -602,15 +596,15 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) {
         k->body_bytes += *upload_size;
-        if (!k->too_large) {
-            if (k->body.len + *upload_size > h->s->o.max_body) {
-                k->too_large = true;
-                ds4_strbuf_free(&k->body);
-            } else {
-                ds4_strbuf_append(&k->body, upload, *upload_size);
-                if (k->body.failed) return MHD_NO;
-            }
+        if (k->body.len + *upload_size > h->s->o.max_body) {
+            /* A chunked body past the limit: refused now, not at its end. */
+            ds4_strbuf_free(&k->body);
+            *upload_size = 0;
+            return refuse_early(k, 413, "request body larger than %llu MB",
+                                (unsigned long long)(h->s->o.max_body >> 20));
         }
+        ds4_strbuf_append(&k->body, upload, *upload_size);
+        if (k->body.failed) return MHD_NO;
         *upload_size = 0;
         return MHD_YES;
     }

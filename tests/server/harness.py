@@ -50,8 +50,12 @@ def ensure_model():
 class Server:
     """A ds4-server process on a free port; use as a context manager."""
 
-    def __init__(self, *args, ctx=4096, threads=2, force=True):
+    def __init__(self, *args, ctx=4096, threads=2, force=True, second=False):
+        """second: a second server while another runs (its own instance lock)."""
         ensure_model()
+        self.env = dict(os.environ)
+        if second:
+            self.env["DS4_LOCK_FILE"] = os.environ["DS4_LOCK_FILE"] + ".second"
         binary = os.environ.get("DS4_SERVER_BIN") or os.path.join(ROOT, "ds4-server")
         self.args = [binary, "-m", MODEL, "--port", "0", "-c", str(ctx), "-t", str(threads)]
         if force:
@@ -62,7 +66,7 @@ class Server:
         self.port = None
 
     def start(self):
-        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=self.log, stderr=subprocess.STDOUT, env=self.env)
         deadline = time.time() + 60
         while time.time() < deadline:
             m = re.search(r"listening on http://[^:]+:(\d+)", self.text())

@@ -339,10 +339,10 @@ static void test_error_shapes(void **state) {
 #define FA(id) CALL(id, "f", "\"{}\"")
 #define GB(id) CALL(id, "g", "{}")
 
-static int replays(server *s, const char *calls_json) {
+static int replays(render_calls_ctx *c, const char *calls_json) {
     json_t *calls = json_loads(calls_json, 0, NULL);
     ds4_rendered r = {0};
-    int rc = toolmem_render_calls(s, calls, &r, NULL);
+    int rc = toolmem_render_calls(c, calls, &r, NULL);
     if (rc == 1) assert_true(r.text.len > 0);
     ds4_rendered_free(&r);
     json_decref(calls);
@@ -355,6 +355,7 @@ static void test_tool_memory(void **state) {
     s.o.exact_replay = true;
     pthread_mutex_init(&s.stats_mu, NULL);
     s.tools = toolmem_new(5, 1 << 20);
+    render_calls_ctx rc = {&s, 0, 0};
     const char *two[] = {"call_a", "call_b"};
     toolmem_put_many(s.tools, two, 2, BLOCK2, strlen(BLOCK2));
     toolmem_put(s.tools, "call_c", BLOCK1, strlen(BLOCK1));
@@ -365,43 +366,43 @@ static void test_tool_memory(void **state) {
     free(b);
     /* All ids of the turn, one block, as many calls as it holds, the same
      * calls in the same order. */
-    assert_int_equal(replays(&s, "[" FA("call_a") "," GB("call_b") "]"), 1);
-    assert_int_equal(replays(&s, "[" FA("call_a") "]"), 0);                     /* one of two calls */
-    assert_int_equal(replays(&s, "[" FA("call_a") "," FA("call_c") "]"), 0);    /* two blocks */
-    assert_int_equal(replays(&s, "[" FA("call_c") "]"), 1);
-    assert_int_equal(replays(&s, "[{\"id\":\"nope\"}]"), 0);
-    assert_int_equal(replays(&s, "[{}]"), 0);
-    assert_int_equal(s.replay.replayed, 2);
-    assert_int_equal(s.replay.canonical, 4);
-    assert_int_equal(replays(&s, "[" GB("call_b") "," FA("call_a") "]"), 0); /* reordered */
-    assert_int_equal(replays(&s, "[" CALL("call_c", "g", "\"{}\"") "]"), 0);  /* renamed */
+    assert_int_equal(replays(&rc, "[" FA("call_a") "," GB("call_b") "]"), 1);
+    assert_int_equal(replays(&rc, "[" FA("call_a") "]"), 0);                     /* one of two calls */
+    assert_int_equal(replays(&rc, "[" FA("call_a") "," FA("call_c") "]"), 0);    /* two blocks */
+    assert_int_equal(replays(&rc, "[" FA("call_c") "]"), 1);
+    assert_int_equal(replays(&rc, "[{\"id\":\"nope\"}]"), 0);
+    assert_int_equal(replays(&rc, "[{}]"), 0);
+    assert_int_equal(rc.replayed, 2);
+    assert_int_equal(rc.canonical, 4);
+    assert_int_equal(replays(&rc, "[" GB("call_b") "," FA("call_a") "]"), 0); /* reordered */
+    assert_int_equal(replays(&rc, "[" CALL("call_c", "g", "\"{}\"") "]"), 0);  /* renamed */
     /* Arguments: equal as JSON replays (any spelling), an edit does not. */
     const char *three[] = {"call_h"};
     toolmem_put_many(s.tools, three, 1, BLOCK3, strlen(BLOCK3));
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"a\\\", \\\"y\\\": 1}\"") "]"), 1);
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"y\\\":1,\\\"x\\\":\\\"a\\\"}\"") "]"), 1);
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "{\"y\":1,\"x\":\"a\"}") "]"), 1);
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"b\\\", \\\"y\\\": 1}\"") "]"), 0);
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "{\"x\":\"a\"}") "]"), 0);
-    assert_int_equal(replays(&s, "[" CALL("call_h", "h", "\"not json\"") "]"), 0);
-    s.replay.replayed = 2;
-    s.replay.canonical = 4;
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"a\\\", \\\"y\\\": 1}\"") "]"), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"y\\\":1,\\\"x\\\":\\\"a\\\"}\"") "]"), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"y\":1,\"x\":\"a\"}") "]"), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"b\\\", \\\"y\\\": 1}\"") "]"), 0);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"x\":\"a\"}") "]"), 0);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"not json\"") "]"), 0);
+    rc.replayed = 2;
+    rc.canonical = 4;
     /* The server's own renderings replay the same way, uncounted. */
     json_t *calls = json_loads("[" FA("call_c") "]", 0, NULL);
     ds4_rendered r = {0};
-    assert_int_equal(toolmem_render_calls_quiet(&s, calls, &r, NULL), 1);
+    assert_int_equal(toolmem_render_calls_quiet(&rc, calls, &r, NULL), 1);
     assert_memory_equal(r.text.p, BLOCK1, strlen(BLOCK1));
     ds4_rendered_free(&r);
     json_decref(calls);
-    assert_int_equal(s.replay.replayed, 2);
-    assert_int_equal(s.replay.canonical, 4);
+    assert_int_equal(rc.replayed, 2);
+    assert_int_equal(rc.canonical, 4);
     s.o.exact_replay = false;
-    assert_int_equal(replays(&s, "[" FA("call_c") "]"), 0);
+    assert_int_equal(replays(&rc, "[" FA("call_c") "]"), 0);
     /* Ids restored one at a time (from disk) still replay a shared block. */
     s.o.exact_replay = true;
     toolmem_put(s.tools, "call_x", BLOCK2, strlen(BLOCK2));
     toolmem_put(s.tools, "call_y", BLOCK2, strlen(BLOCK2));
-    assert_int_equal(replays(&s, "[" FA("call_x") "," GB("call_y") "]"), 1);
+    assert_int_equal(replays(&rc, "[" FA("call_x") "," GB("call_y") "]"), 1);
     /* Beyond 5 ids the least recently used goes: call_b (call_a was read). */
     assert_int_equal(toolmem_count(s.tools), 5);
     assert_null(toolmem_get(s.tools, "call_b", &n));
