@@ -405,7 +405,25 @@ def t_slowloris_deadline():
             t.join()
         check(ok, "/health not answered while trickling clients held every connection")
         check(all(closed), "trickling clients closed: %s" % closed)
-        check("did not arrive in time" in s.text(), s.text()[-500:])
+        check("its headers did not arrive in time" in s.text(), s.text()[-500:])
+    # A body trickled a byte at a time: closed at --body-timeout.
+    with Server("--timeout", "60", "--body-timeout", "2") as s:
+        c = socket.create_connection(("127.0.0.1", s.port))
+        c.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: 1000\r\n\r\n")
+        c.settimeout(0.3)
+        t0, gone = time.time(), False
+        while time.time() - t0 < 6 and not gone:
+            try:
+                c.sendall(b" ")
+                gone = c.recv(100) == b""
+            except socket.timeout:
+                continue
+            except OSError:
+                gone = True
+        c.close()
+        check(gone and 1.5 < time.time() - t0 < 4, "body trickle closed after %.1f s" % (time.time() - t0))
+        check("its body did not arrive in time" in s.text(), s.text()[-500:])
 
 
 def raw_status(port, req):

@@ -457,6 +457,11 @@ def t_thinking_sampling(s, tr):
     c1 = chat_text(s.post(C, dict(off, seed=1))[1])
     c2 = chat_text(s.post(C, dict(off, seed=2))[1])
     check(c1 == c2, (c1, c2))
+    # --client-sampling-in-thinking: the client's temperature 0 while thinking too.
+    with Server("--client-sampling-in-thinking", second=True) as s2:
+        r1 = s2.post(C, dict(body, seed=1))[1]["choices"][0]["message"]["reasoning_content"]
+        r2 = s2.post(C, dict(body, seed=2))[1]["choices"][0]["message"]["reasoning_content"]
+        check(r1 == r2, (r1, r2))
 
 
 def t_stats_counters():

@@ -394,6 +394,58 @@ static void test_streaming_holdback(void **state) {
     ds4_dsml_parser_free(p);
 }
 
+/* Output cut short (a token limit): held-back text that may be markup is
+ * dropped, a call in progress is dropped, the complete ones stay. */
+static void test_cut(void **state) {
+    (void)state;
+    static const struct {
+        const char *text;
+        const char *content;
+        size_t calls;
+        ds4_dsml_status status;
+    } cases[] = {
+        {"Sure.\n\n<｜DSML｜tool_c", "Sure.", 0, DS4_DSML_OK},
+        {"Sure.\n\n", "Sure.", 0, DS4_DSML_OK},
+        {"a < b, then <", "a < b, then", 0, DS4_DSML_OK},
+        {"Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">va",
+         "Sure.", 0, DS4_DSML_UNTERMINATED_CALLS},
+        {"<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n<｜DSML｜par", "", 1,
+         DS4_DSML_UNTERMINATED_CALLS},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        collected c = {0};
+        ds4_err err = {0};
+        ds4_dsml_parser *p = ds4_dsml_parser_new(false, on_event, &c, &err);
+        assert_int_equal(ds4_dsml_feed(p, cases[i].text, strlen(cases[i].text), &err), 0);
+        assert_int_equal(ds4_dsml_finish_cut(p, &err), 0);
+        const ds4_dsml_result *r = ds4_dsml_result_of(p);
+        assert_string_equal(c.content.p ? c.content.p : "", cases[i].content);
+        assert_int_equal(r->n_calls, cases[i].calls);
+        assert_int_equal(r->status, cases[i].status);
+        assert_int_equal(r->raw_calls.len, 0); /* no block closed: nothing to replay */
+        collected_free(&c);
+        ds4_dsml_parser_free(p);
+    }
+    /* Thinking cut inside "</think>": the partial tag is not reasoning. */
+    collected c = {0};
+    ds4_err err = {0};
+    ds4_dsml_parser *p = ds4_dsml_parser_new(true, on_event, &c, &err);
+    assert_int_equal(ds4_dsml_feed(p, "I think</thi", 12, &err), 0);
+    assert_int_equal(ds4_dsml_finish_cut(p, &err), 0);
+    assert_string_equal(ds4_dsml_result_of(p)->reasoning.p, "I think");
+    assert_int_equal(ds4_dsml_result_of(p)->status, DS4_DSML_UNTERMINATED_REASONING);
+    collected_free(&c);
+    ds4_dsml_parser_free(p);
+    /* The block openers the server forbids are the parser's spellings. */
+    const char *const spell[] = {"｜DSML｜", "DSML｜", "|DSML|", ""};
+    for (int k = 0; k < 4; k++) {
+        char want[64];
+        snprintf(want, sizeof(want), "<%stool_calls>", spell[k]);
+        assert_string_equal(DS4_DSML_BLOCK_OPENERS[k], want);
+    }
+    assert_null(DS4_DSML_BLOCK_OPENERS[4]);
+}
+
 static const char *const MALFORMED[] = {
     "x<｜DSML｜tool_calls>",
     "x<｜DSML｜tool_calls><｜DSML｜invoke name=\"f\">",
@@ -474,6 +526,7 @@ int main(void) {
         cmocka_unit_test(test_round_trip_random_calls),
         cmocka_unit_test(test_tolerated_variants),
         cmocka_unit_test(test_streaming_holdback),
+        cmocka_unit_test(test_cut),
         cmocka_unit_test(test_malformed_corpus),
         cmocka_unit_test(test_parse_then_render),
     };

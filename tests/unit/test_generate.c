@@ -255,6 +255,54 @@ static void test_callback_stop_and_greedy_next(void **state) {
     ds4_session_free(s);
 }
 
+/* A restrict hook that allows only even token ids. */
+static void only_even(void *ctx, float *logits, int n) {
+    (*(int *)ctx)++;
+    for (int i = 1; i < n; i += 2) logits[i] = -INFINITY;
+}
+
+static void test_restrict_and_forced(void **state) {
+    (void)state;
+    /* Greedy under the hook: the argmax of the allowed (even) tokens. */
+    ds4_session *s = primed(CTX);
+    rec r = {0};
+    int calls = 0;
+    ds4_gen_opts o = {.max_tokens = 4, .restrict_fn = only_even, .restrict_ctx = &calls};
+    run(s, NULL, &o, &r);
+    assert_int_equal(calls, 4);
+    for (uint32_t k = 0; k < r.n; k++) {
+        float *want = reference_logits(r.tok, k);
+        for (uint32_t i = 1; i < V; i += 2) want[i] = -INFINITY;
+        assert_int_equal(r.tok[k], plain_argmax(want, V, -1));
+        assert_int_equal(r.tok[k] % 2, 0);
+        free(want);
+    }
+    ds4_session_free(s);
+    /* Forced tokens the hook allows are taken; the first it does not allow
+     * ends the forcing: the allowed argmax instead, and no more forcing. */
+    int32_t forced[4] = {2, 4, 7, 8};
+    s = primed(CTX);
+    rec r2 = {0};
+    ds4_gen_opts f = {.max_tokens = 4, .forced = forced, .n_forced = 4, .restrict_fn = only_even, .restrict_ctx = &calls};
+    run(s, NULL, &f, &r2);
+    assert_int_equal(r2.tok[0], 2);
+    assert_int_equal(r2.tok[1], 4);
+    for (uint32_t k = 2; k < 4; k++) {
+        float *want = reference_logits(r2.tok, k);
+        for (uint32_t i = 1; i < V; i += 2) want[i] = -INFINITY;
+        assert_int_equal(r2.tok[k], plain_argmax(want, V, -1));
+        free(want);
+    }
+    ds4_session_free(s);
+    /* Without a hook, forced tokens are taken as they are. */
+    s = primed(CTX);
+    rec r3 = {0};
+    ds4_gen_opts g = {.max_tokens = 4, .forced = forced, .n_forced = 4};
+    run(s, NULL, &g, &r3);
+    assert_memory_equal(r3.tok, forced, sizeof(forced));
+    ds4_session_free(s);
+}
+
 static void test_no_append(void **state) {
     (void)state;
     /* append=false: the session does not move, so greedy repeats itself. */
@@ -345,6 +393,7 @@ int main(void) {
         cmocka_unit_test(test_eos_and_exclude_eos),
         cmocka_unit_test(test_context_full),
         cmocka_unit_test(test_callback_stop_and_greedy_next),
+        cmocka_unit_test(test_restrict_and_forced),
         cmocka_unit_test(test_no_append),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_same_seed_same_tokens),

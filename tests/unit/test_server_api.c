@@ -328,6 +328,103 @@ static void test_error_shapes(void **state) {
     json_decref(b);
 }
 
+static void test_new_request_fields(void **state) {
+    (void)state;
+    const api_adapter *C = &API_CHAT_ADAPTER, *R = &API_RESPONSES_ADAPTER, *M = &API_MESSAGES_ADAPTER;
+#define T2 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
+    job *j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," T2 ",\"tool_choice\":{\"type\":\"function\","
+                   "\"function\":{\"name\":\"g\"}},\"parallel_tool_calls\":false,\"logprobs\":true,\"top_logprobs\":3}");
+    assert_int_equal(j->req.tool_choice, TOOL_NAMED);
+    assert_string_equal(j->req.tool_name, "g");
+    assert_true(j->req.serial_calls);
+    assert_int_equal(j->req.logprobs, 3);
+    assert_null(j->req.schema);
+    job_unref(j);
+    j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+              "\"json_schema\":{\"name\":\"r\",\"schema\":{\"type\":\"object\"}}}}");
+    assert_non_null(j->req.schema);
+    assert_int_equal(j->req.logprobs, -1);
+    /* Shown to the model in the first system message (official template). */
+    assert_json(json_array_get(j->req.messages, 0),
+                "{\"role\":\"system\",\"content\":\"\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+                "{\"name\":\"r\",\"schema\":{\"type\":\"object\"}}}}");
+    job_unref(j);
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+               "\"json_schema\":{\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}", 400,
+            "response_format.json_schema.schema: schema: keyword \"pattern\" is not supported");
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}", 400,
+            "response_format.type \"yaml\"");
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":21,\"logprobs\":true}", 400,
+            "from 0 to 20");
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", 400, "tool_choice must be");
+    j = ok(M, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\"}],"
+              "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true}}");
+    assert_int_equal(j->req.tool_choice, TOOL_REQUIRED);
+    assert_true(j->req.serial_calls);
+    job_unref(j);
+    j = ok(M, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\"}],"
+              "\"tool_choice\":{\"type\":\"none\"}}");
+    assert_int_equal(j->req.tool_choice, TOOL_NONE);
+    assert_null(j->req.tools);
+    job_unref(j);
+    /* NUL: escaped in every string of the conversation, arguments included. */
+    j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"},{\"role\":\"assistant\",\"tool_calls\":"
+              "[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"k\\\":\\\"x\\\\u0000y\\\"}\"}}]},"
+              "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"\\u0000\"}]}");
+    assert_json(j->req.messages,
+                "[{\"role\":\"user\",\"content\":\"a\\\\u0000b\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
+                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"k\":\"x\\\\u0000y\"}},\"id\":\"c\"}]},"
+                "{\"role\":\"tool\",\"content\":\"\\\\u0000\",\"tool_call_id\":\"c\"}]");
+    job_unref(j);
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":\"a\\u0000\"}", 400, "NUL");
+    /* Responses: Codex's tools and history items. */
+    j = ok(R, "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+              "{\"type\":\"custom_tool_call\",\"call_id\":\"c1\",\"name\":\"apply_patch\",\"input\":\"P\"},"
+              "{\"type\":\"custom_tool_call_output\",\"call_id\":\"c1\",\"output\":\"ok\"},"
+              "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"read\",\"namespace\":\"ns__\",\"arguments\":\"{}\"},"
+              "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":\"r\"},"
+              "{\"type\":\"local_shell_call\",\"call_id\":\"c3\",\"action\":{\"command\":[\"ls\"]}},"
+              "{\"type\":\"local_shell_call_output\",\"call_id\":\"c3\",\"output\":\"a\"},"
+              "{\"type\":\"web_search_call\",\"id\":\"ws\",\"action\":{\"query\":\"q\"}},"
+              "{\"type\":\"image_generation_call\",\"id\":\"ig\",\"result\":\"AAAA\"}],"
+              "\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\",\"format\":{\"type\":\"grammar\",\"syntax\":\"lark\","
+              "\"definition\":\"start: x\"}},{\"type\":\"namespace\",\"name\":\"ns__\",\"tools\":[{\"type\":\"function\","
+              "\"name\":\"read\"}]},{\"type\":\"tool_search\"},{\"type\":\"web_search\"}]}");
+    assert_json(j->req.messages,
+                "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":"
+                "\"function\",\"function\":{\"name\":\"apply_patch\",\"arguments\":{\"input\":\"P\"}},\"id\":\"c1\"}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"},{\"role\":\"assistant\",\"content\":\"\","
+                "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"ns__read\",\"arguments\":\"{}\"},\"id\":\"c2\"}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r\"},{\"role\":\"assistant\",\"content\":\"\","
+                "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"local_shell\",\"arguments\":{\"command\":"
+                "[\"ls\"]}},\"id\":\"c3\"}]},{\"role\":\"tool\",\"tool_call_id\":\"c3\",\"content\":\"a\"},{\"role\":"
+                "\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":"
+                "\"web_search_call\",\"arguments\":{\"query\":\"q\"}},\"id\":\"ws\"},{\"type\":\"function\",\"function\":"
+                "{\"name\":\"image_generation_call\",\"arguments\":{}},\"id\":\"ig\"}]}]");
+    assert_int_equal(json_array_size(j->req.tools), 3);
+    assert_json(json_object_get(j->req.tool_kinds, "ns__read"), "{\"type\":\"function\",\"name\":\"read\",\"namespace\":\"ns__\"}");
+    assert_json(json_object_get(j->req.tool_kinds, "apply_patch"), "{\"type\":\"custom\",\"name\":\"apply_patch\"}");
+    const json_t *params = json_object_get(json_object_get(json_array_get(j->req.tools, 0), "function"), "parameters");
+    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(json_object_get(params, "properties"), "input"),
+                                                             "description")), "lark grammar:\nstart: x"));
+    job_unref(j);
+    /* An error message cut at its end stays UTF-8 (and keeps its field). */
+    api_error e = {0};
+    char big[3000];
+    for (int i = 0; i < 1499; i++) memcpy(big + 2 * i, "\xc3\xa9", 2);
+    big[2998] = 0;
+    api_fail(&e, 400, "x%s", big);
+    assert_true(strlen(e.message) < sizeof(e.message) && strlen(e.message) % 2 == 1);
+    json_t *b = api_error_body(&API_CHAT_ADAPTER, &e);
+    assert_non_null(json_string_value(json_object_get(json_object_get(b, "error"), "message")));
+    json_decref(b);
+    snprintf(e.message, sizeof(e.message), "bad \xff byte");
+    b = api_error_body(&API_MESSAGES_ADAPTER, &e);
+    assert_string_equal(json_string_value(json_object_get(json_object_get(b, "error"), "message")), "bad \xef\xbf\xbd byte");
+    json_decref(b);
+#undef T2
+}
+
 #define BLOCK1 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
 #define BLOCK2 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n" \
                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
@@ -494,7 +591,7 @@ int main(void) {
         cmocka_unit_test(test_chat_refusals),     cmocka_unit_test(test_responses_request),
         cmocka_unit_test(test_anthropic_request), cmocka_unit_test(test_answers),
         cmocka_unit_test(test_error_shapes),      cmocka_unit_test(test_tool_memory),
-        cmocka_unit_test(test_text_hooks),
+        cmocka_unit_test(test_text_hooks),        cmocka_unit_test(test_new_request_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

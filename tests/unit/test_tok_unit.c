@@ -366,6 +366,34 @@ static ds4_vocab *small_vocab(const char *const *toks, const int32_t *types, uin
     return ds4_vocab_new(&src, err);
 }
 
+/* A limit stops tokenization past it (DS4_ERANGE), however long the text;
+ * below it the result is the unlimited one. */
+static void test_limit(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    ds4_tokenizer *t = ds4_tokenizer_new(test_vocab(), &err);
+    size_t n = 4 << 20;
+    char *text = malloc(n + 1);
+    for (size_t i = 0; i < n; i++) text[i] = "ab cd "[i % 6];
+    text[n] = 0;
+    ds4_tokens all = {0}, some = {0};
+    assert_int_equal(ds4_tokenize_text(t, text, 6000, &all, &err), 0);
+    ds4_tokenizer_set_limit(t, all.n);
+    assert_int_equal(ds4_tokenize_text(t, text, 6000, &some, &err), 0);
+    assert_int_equal(some.n, all.n);
+    assert_memory_equal(some.ids, all.ids, all.n * sizeof(int32_t));
+    ds4_tokens_free(&some);
+    ds4_tokenizer_set_limit(t, 1000);
+    assert_int_equal(ds4_tokenize_text(t, text, n, &some, &err), -1);
+    assert_int_equal(err.code, DS4_ERANGE);
+    assert_true(some.n > 1000 && some.n < 1100); /* it stopped right there */
+    ds4_tokens_free(&some);
+    ds4_tokenizer_set_limit(t, 0);
+    ds4_tokens_free(&all);
+    free(text);
+    ds4_tokenizer_free(t);
+}
+
 static void test_vocab_errors(void **state) {
     (void)state;
     const char *toks[] = {"<s>", "</s>", "a", "b", "ab", "[PAD5]"};
@@ -481,6 +509,7 @@ int main(void) {
         cmocka_unit_test(test_cache_pressure),
         cmocka_unit_test(test_empty_and_nul),
         cmocka_unit_test(test_vocab_errors),
+        cmocka_unit_test(test_limit),
         cmocka_unit_test(test_tokjson_layout_and_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
