@@ -5,14 +5,17 @@
  * adapters (the APIs ds4's server offers).
  *
  * The pipeline:
- *   connection thread (http.c)   read the body, check auth and limits, let
- *                                the adapter parse it (request.c + one
- *                                file per API), render + tokenize it
+ *   connection thread (http.c)   check the headers (host, key, method,
+ *                                type, size), read the body, let the
+ *                                adapter parse it (request.c + one file
+ *                                per API), render + tokenize it
  *                                (render.c), enqueue a job (worker.c)
  *   worker thread (worker.c)     owns the engine session: choose the KV
  *                                reuse (live tokens, live text, disk, cold),
- *                                prefill, generate; each piece of output
- *                                goes through output.c (DSML parser, stop
+ *                                prefill, generate (constrain.c restricts
+ *                                the tokens for tool_choice and JSON
+ *                                answers); each piece of output goes
+ *                                through output.c (DSML parser, stop
  *                                sequences, tool-call ids) to the adapter,
  *                                which writes SSE bytes into the job or, at
  *                                the end, the whole JSON answer

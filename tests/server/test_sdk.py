@@ -146,6 +146,52 @@ def t_openai_responses(oc):
     check([json.loads(o.arguments) for o in fcs] == [{"city": "Paris", "days": 1}, {"city": "Rome"}], final)
 
 
+def t_openai_structured_and_logprobs(oc):
+    """The SDK's structured outputs (a Pydantic model as response_format)
+    and logprobs types, parsed from what the server answers."""
+    import typing
+
+    import pydantic
+
+    class Verdict(pydantic.BaseModel):
+        ok: bool
+        mood: typing.Literal["calm", "angry"]
+
+    r = oc.chat.completions.parse(model="x", messages=[{"role": "user", "content": "Verdict?"}], response_format=Verdict,
+                                  temperature=0, max_tokens=100, extra_body={"thinking": False},
+                                  extra_headers=force("answer"))
+    check(isinstance(r.choices[0].message.parsed, Verdict), r)
+    r = oc.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0,
+                                   logprobs=True, top_logprobs=2, extra_body={"thinking": False})
+    lp = r.choices[0].logprobs.content
+    check(len(lp) == 4 and len(lp[0].top_logprobs) == 2 and "".join(e.token for e in lp) == r.choices[0].message.content, lp)
+    r = oc.responses.parse(model="x", input="Verdict?", text_format=Verdict, temperature=0, max_output_tokens=100,
+                           reasoning={"effort": "none"}, extra_headers=force("answer"))
+    check(isinstance(r.output_parsed, Verdict), r)
+
+
+def t_openai_responses_codex(oc):
+    """Codex's custom tools and tool_search as the SDK types them; text
+    events with their logprobs field."""
+    tools = [{"type": "custom", "name": "apply_patch", "description": "Edit files",
+              "format": {"type": "grammar", "syntax": "lark", "definition": "start: /.+/"}},
+             {"type": "tool_search", "execution": "client", "description": "Find tools",
+              "parameters": {"type": "object", "properties": {"query": {"type": "string"}}}}]
+    with oc.responses.stream(model="x", input="Patch it", tools=tools, reasoning={"effort": "none"},
+                             extra_headers=force("custom_call")) as st:
+        types = [e.type for e in st]
+        final = st.get_final_response()
+    item = final.output[-1]
+    check(item.type == "custom_tool_call" and item.name == "apply_patch" and item.input.startswith("*** Begin Patch"), final)
+    check("response.custom_tool_call_input.delta" in types, types)
+    r = oc.responses.create(model="x", input="Find", tools=tools, reasoning={"effort": "none"},
+                            extra_headers=force("search_call"))
+    check(r.output[-1].type == "tool_search_call", r)
+    with oc.responses.stream(model="x", input="Hi", reasoning={"effort": "none"}, max_output_tokens=3) as st:
+        deltas = [e for e in st if e.type == "response.output_text.delta"]
+    check(deltas and all(e.logprobs == [] for e in deltas), deltas)
+
+
 def t_anthropic(ac):
     for think in ({"type": "disabled"}, {"type": "enabled", "budget_tokens": 1024}):
         m = ac.messages.create(model="x", max_tokens=5, messages=[{"role": "user", "content": "Hi"}], thinking=think)
@@ -270,7 +316,8 @@ def main():
                          (t_openai_chat_tools, (oc,)), (t_openai_completions, (oc,)),
                          (t_openai_responses, (oc,)), (t_anthropic, (ac,)), (t_anthropic_count_tokens, (ac,)),
                          (t_anthropic_tools, (ac,)), (t_openai_responses_continuation, (oc,)),
-                         (t_anthropic_tool_output, (ac,)), (t_errors, (oc, ac))):
+                         (t_anthropic_tool_output, (ac,)), (t_errors, (oc, ac)),
+                         (t_openai_structured_and_logprobs, (oc,)), (t_openai_responses_codex, (oc,))):
             t0 = time.time()
             fn(*args)
             PASSED.append(fn.__name__)
