@@ -63,7 +63,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     api_error e = {0};
     json_t *body = req_load_json((const char *)data + 1, size - 1, &e);
     if (!body) {
-        check(e.status == 400 && e.message[0], "load error");
+        check((e.status == 400 || e.status == 413) && e.message[0], "load error");
         json_decref(api_error_body(api, &e));
         return 0;
     }
@@ -77,8 +77,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     check(json_is_array(j->req.messages) && j->req.model != NULL, "parsed request");
+    render_calls_ctx calls = {&S, 0, 0};
     ds4_chat_opts o = {.think = j->req.think, .ctx_size = S.o.ctx, .tools = j->req.tools,
-                       .render_calls = toolmem_render_calls, .render_calls_ctx = &S};
+                       .render_calls = toolmem_render_calls, .render_calls_ctx = &calls};
     ds4_err err = {0};
     if (ds4_chat_render(j->req.messages, &o, &j->rendered, &err) == 0) {
         size_t end = 0;

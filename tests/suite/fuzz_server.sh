@@ -22,7 +22,7 @@ clang -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc -pthread \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_server_request" tests/fuzz/fuzz_server_request.c \
     $srv/common.c $srv/request.c $srv/openai_chat.c $srv/openai_completions.c $srv/openai_responses.c \
-    $srv/anthropic_messages.c $srv/toolmem.c \
+    $srv/anthropic_messages.c $srv/toolmem.c $srv/constrain.c \
     src/engine/sampler.c src/text/chat.c src/text/dsml_parse.c src/text/dsml_render.c src/text/pyjson.c \
     src/text/rendered.c src/text/strbuf.c src/text/utf8.c src/text/tokenizer.c src/text/tokens.c src/text/bpe.c \
     src/text/pretok.c src/text/vocab.c src/base/error.c src/base/rank.c -ljansson -lpcre2-8 -lm
