@@ -960,6 +960,7 @@ struct cvocab {
     uint8_t *special;     /* [id] */
     uint32_t *off_of;     /* [id]: its bytes */
     uint16_t *len_of;
+    size_t first[257];    /* all[first[b] .. first[b + 1]): the tokens whose first byte is b */
     size_t max_len;
 };
 
@@ -1050,6 +1051,10 @@ cvocab *cvocab_new(const ds4_vocab *v, ds4_err *err) {
     qsort_r(cv->noplain, cv->n_noplain, sizeof(ventry), by_bytes, cv->bytes);
     set_lcp(cv->bytes, cv->all, cv->n_all);
     set_lcp(cv->bytes, cv->noplain, cv->n_noplain);
+    for (size_t i = 0, b = 0; b <= 256; b++) {
+        while (i < cv->n_all && (unsigned char)cv->bytes[cv->all[i].off] < b) i++;
+        cv->first[b] = i;
+    }
     return cv;
 }
 
@@ -1275,8 +1280,20 @@ void constraint_mask(constraint *c, float *logits, int n_vocab) {
     bool specials = s->pre_alive || s->free;
     if (s->closed) {
         memset(c->allowed, 0, n);
-    } else if (s->free && partials_clear(s)) {
+    } else if (s->free) {
+        /* Only forbidden strings: a token holding one whole is out; one
+         * that may finish a string begun before it is walked - it starts
+         * with a byte that takes a partial match two bytes or more. */
         for (uint32_t i = 0; i < n; i++) c->allowed[i] = !cv->opener[i];
+        for (int b = 0; b < 256 && !partials_clear(s); b++) {
+            bool continues = false;
+            for (int k = 0; k < N_FORBID && forbidden(k) && !continues; k++)
+                continues = s->partial[k] && match_step(forbidden(k), s->partial[k], (unsigned char)b) >= 2;
+            if (continues) {
+                for (size_t i = cv->first[b]; i < cv->first[b + 1]; i++) c->allowed[cv->all[i].id] = 0;
+                walk(c, cv->all + cv->first[b], cv->first[b + 1] - cv->first[b], specials);
+            }
+        }
     } else if (in_free_string(s) && partials_clear(s)) {
         for (uint32_t i = 0; i < n; i++) c->allowed[i] = cv->plain[i] && !cv->opener[i];
         walk(c, cv->noplain, cv->n_noplain, specials);
