@@ -78,9 +78,12 @@ $(BUILD)/libds4.a: $(LIB_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
+# Libraries only some programs need: LIBS_<program>.
+LIBS_ds4-agent := -lcurl
+
 define prog_rule
-$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4.a
-	$$(CC) $$(CFLAGS) -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4.a $$(LDFLAGS) $$(DEPLIBS)
+$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c) $$(wildcard $(2)/$(1)/*.h)) $(BUILD)/libds4.a
+	$$(CC) $$(CFLAGS) -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4.a $$(LDFLAGS) $$(DEPLIBS) $$(LIBS_$(1))
 endef
 $(foreach p,$(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/))),$(eval $(call prog_rule,$(p),apps)))
 $(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(wildcard tools/*/))),$(eval $(call prog_rule,$(p),tools)))
@@ -112,9 +115,9 @@ $(BUILD)/libds4cuda.a: $(CUDA_LOBJ) $(CUDA_OBJ)
 	ar rcs $@ $^
 CUDA_PROGS := $(addprefix $(BUILD)/cuda/bin/,$(PROGS))
 define cuda_prog_rule
-$(BUILD)/cuda/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4cuda.a
+$(BUILD)/cuda/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c) $$(wildcard $(2)/$(1)/*.h)) $(BUILD)/libds4cuda.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4cuda.a $$(LDFLAGS) -Wl,--as-needed $$(DEPLIBS) $(CUDA_LIBS)
+	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4cuda.a $$(LDFLAGS) -Wl,--as-needed $$(DEPLIBS) $$(LIBS_$(1)) $(CUDA_LIBS)
 endef
 $(foreach p,$(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/))),$(eval $(call cuda_prog_rule,$(p),apps)))
 $(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(wildcard tools/*/))),$(eval $(call cuda_prog_rule,$(p),tools)))
