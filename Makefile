@@ -99,7 +99,19 @@ $(BUILD)/tests/test_server_%: tests/unit/test_server_%.c $(TEST_COMMON) $(SERVER
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-server -o $@ $< $(TEST_COMMON) $(SERVER_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
 
-test: deps all $(TESTS)
+# The agent's tests link its sources (all but main.c) and the test script
+# hook; build/tests/ds4-agent-script is the whole program with a scripted
+# model, for tests/suite/agent.sh.
+AGENT_SRC := $(filter-out apps/ds4-agent/main.c,$(wildcard apps/ds4-agent/*.c)) tests/agent/script.c
+AGENT_DEPS := $(AGENT_SRC) $(wildcard apps/ds4-agent/*.h) tests/agent/script.h
+$(BUILD)/tests/test_agent: tests/unit/test_agent.c $(TEST_COMMON) $(AGENT_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-agent -Itests/agent -o $@ $< $(TEST_COMMON) $(AGENT_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) $(LIBS_ds4-agent) -lcmocka
+$(BUILD)/tests/ds4-agent-script: tests/agent/main_script.c $(AGENT_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -o $@ $< $(AGENT_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) $(LIBS_ds4-agent)
+
+test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script
 	@scripts/run-tests.sh
 
 # CUDA build: the library compiled with DS4_CUDA plus the kernels; programs

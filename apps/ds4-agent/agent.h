@@ -235,6 +235,8 @@ typedef struct model_ops {
     json_t *(*messages)(agent_model *m, ds4_err *err);
     /* True once the transcript has a user turn. */
     bool (*has_user)(agent_model *m);
+    /* Tokens prefilled since the start (remote: 0, the server counts). */
+    uint64_t (*prefilled)(agent_model *m);
     void (*free)(agent_model *m);
 } model_ops;
 

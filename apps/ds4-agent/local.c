@@ -164,6 +164,7 @@ static int save_file(local *L, const char *text, size_t n, ds4_kvc_reason reason
 static uint32_t m_ctx(agent_model *m) { return ds4_session_ctx(L_(m)->s); }
 static uint32_t m_used(agent_model *m) { return (uint32_t)L_(m)->tx.n; }
 static bool m_has_user(agent_model *m) { return L_(m)->tx.n > L_(m)->sys.n; }
+static uint64_t m_prefilled(agent_model *m) { return ds4_session_get_stats(L_(m)->s)->total_prefilled; }
 
 static int m_add_user(agent_model *m, const char *text, ds4_err *err) {
     local *L = L_(m);
@@ -298,7 +299,11 @@ static void on_token(void *ctx, int32_t tok, ds4_gen_control *ctl) {
         if (ds4_dsml_feed(r->p, r->piece.p, r->piece.len, NULL) != 0) r->err = 1;
         scan_think(r);
         ctl->greedy_next = ds4_dsml_position_of(r->p) == DS4_DSML_AT_MARKUP;
-        if (ds4_dsml_blocks_closed(r->p) > 0 || r->think_dsml || r->err) ctl->stop = true;
+        /* a closed block ends the round (its calls run now); so does a
+         * block that cannot parse (the model gets the error at once) */
+        if (ds4_dsml_blocks_closed(r->p) > 0 || r->think_dsml || r->err ||
+            ds4_dsml_result_of(r->p)->status == DS4_DSML_MALFORMED_CALLS)
+            ctl->stop = true;
     }
     double dt = ds4_now() - r->t0;
     if (r->h && r->h->generated) r->h->generated(r->h->ctx, r->generated, dt > 0 ? r->generated / dt : 0);
@@ -750,6 +755,7 @@ static const model_ops LOCAL_OPS = {
     .load = m_load,
     .messages = m_messages,
     .has_user = m_has_user,
+    .prefilled = m_prefilled,
     .free = m_free,
 };
 

@@ -456,6 +456,10 @@ static int stream_request(remote *r, const json_t *msgs, bool think, uint32_t ma
 static uint32_t m_ctx(agent_model *m) { return R_(m)->ctx; }
 static uint32_t m_used(agent_model *m) { return R_(m)->used; }
 static bool m_has_user(agent_model *m) { return json_array_size(R_(m)->msgs) > 0; }
+static uint64_t m_prefilled(agent_model *m) {
+    (void)m;
+    return 0;
+}
 
 static uint32_t base_tokens(remote *r) {
     char *t = json_dumps(r->tools, JSON_COMPACT);
@@ -811,6 +815,7 @@ static const model_ops REMOTE_OPS = {
     .load = m_load,
     .messages = m_messages,
     .has_user = m_has_user,
+    .prefilled = m_prefilled,
     .free = m_free,
 };
 

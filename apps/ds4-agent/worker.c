@@ -20,8 +20,7 @@ struct worker {
 void worker_item(agent *a, agent_link *l, const char *item, bool *quit) {
     *quit = false;
     if (item[0] == '/' && item[1] != '/') {
-        if (!strcmp(item, "/save")) agent_request_save(a);
-        else agent_command(a, item, quit);
+        agent_command(a, item, quit);
     } else {
         agent_turn(a, item[0] == '/' ? item + 1 : item);
     }
