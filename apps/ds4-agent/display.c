@@ -221,7 +221,10 @@ static void md_byte(display *d, char c) {
         }
         return;
     }
-    if (d->md_hold_len && (c != d->md_hold[0] || d->md_hold_len == sizeof(d->md_hold))) md_flush_hold(d, c);
+    if (d->md_hold_len && (c != d->md_hold[0] || d->md_hold_len == sizeof(d->md_hold))) {
+        md_flush_hold(d, c);
+        if (d->md_fence_info && c == '\n') d->md_fence_info = false; /* a fence with no language */
+    }
     if ((c == '`' || (c == '*' && !d->md_code && !d->md_block)) && d->md_hold_len < sizeof(d->md_hold)) {
         d->md_hold[d->md_hold_len++] = c;
         return;

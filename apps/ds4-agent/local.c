@@ -138,6 +138,7 @@ static int sync_tx(local *L, ds4_err *err) {
     live = ds4_session_n_tokens(L->s);
     uint32_t total = (uint32_t)L->tx.n - (live <= L->tx.n ? live : 0);
     if (L->trace) trace_line(L->trace, "sync: transcript %zu tokens, live %u, prefill %u", L->tx.n, live, total);
+    if (total) on_prefill(L, 0, total);
     int rc = ds4_session_sync(L->s, L->tx.ids, (uint32_t)L->tx.n, on_prefill, L, err);
     link_set_ctx(L->l, (uint32_t)L->tx.n, ds4_session_ctx(L->s));
     return rc;

@@ -123,10 +123,14 @@ void sessions_print(display *d, const session_info *s, size_t n) {
     }
 }
 
-/* At most max bytes of s, cut at a character boundary, with a note. */
+/* At most max bytes and 8 lines of s, cut at a character boundary, with
+ * a note. */
 static void show_cut(display *d, out_style st, const char *s, size_t n, size_t max) {
     while (n && (s[n - 1] == '\n' || s[n - 1] == ' ')) n--;
     while (n && (*s == '\n' || *s == ' ')) s++, n--;
+    int lines = 0;
+    for (size_t i = 0; i < n && i < max; i++)
+        if (s[i] == '\n' && ++lines == 8) max = i;
     if (n <= max) {
         display_write(d, st, s, n);
         display_newline(d);
@@ -157,7 +161,7 @@ void sessions_history(display *d, const json_t *msgs, int turns) {
         if (!strcmp(role, "user")) {
             display_newline(d);
             display_write(d, OUT_ECHO, "› ", strlen("› "));
-            show_cut(d, OUT_ECHO, json_string_value(c), json_string_length(c), 2000);
+            show_cut(d, OUT_ECHO, json_string_value(c), json_string_length(c), 600);
         } else if (!strcmp(role, "assistant")) {
             const json_t *calls = json_object_get(m, "tool_calls");
             if (json_string_length(c)) show_cut(d, OUT_TEXT, json_string_value(c), json_string_length(c), 1200);

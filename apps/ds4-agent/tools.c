@@ -264,7 +264,6 @@ bool tools_permit(tool_env *env, unsigned kind, const char *what, char **denied)
     else
         *denied = tool_error("the user declined this %s; do not retry it unchanged, ask or take another way",
                              kind_name(kind));
-    display_printf(env->d, OUT_ERROR, "✗ %s not run\n", kind_name(kind));
     return false;
 }
 

@@ -363,8 +363,8 @@ static void ui_start_screen(ui *u) {
 
 static void ui_end_screen(ui *u) {
     outs("\033[?2004l\033[r");
-    outf("\033[%d;1H\033[2K\r", u->rows);
-    (void)u;
+    for (int r = u->out_bottom + 1; r <= u->rows; r++) outf("\033[%d;1H\033[2K", r);
+    outf("\033[%d;1H", u->out_bottom + 1);
 }
 
 static void on_resize(ui *u) {
@@ -378,11 +378,12 @@ static void on_resize(ui *u) {
 
 /* ------------------------------------------------------------ input */
 
-static bool have_byte(ui *u, int ms) {
-    if (u->nin) return true;
+/* More input from the terminal within ms milliseconds. */
+static bool stdin_ready(int ms) {
     struct pollfd p = {.fd = STDIN_FILENO, .events = POLLIN};
-    return poll(&p, 1, ms) > 0 && (p.revents & POLLIN);
+    return poll(&p, 1, ms) > 0 && (p.revents & (POLLIN | POLLHUP));
 }
+
 
 static void read_more(ui *u) {
     if (u->nin >= sizeof(u->in)) return;
@@ -433,7 +434,7 @@ static bool feed_paste(ui *u) {
         size_t el = strlen(PASTE_END);
         if (u->in[0] == 0x1b) {
             if (u->nin < el) {
-                if (!have_byte(u, 50)) return true;
+                if (!stdin_ready(50)) return true;
                 read_more(u);
                 if (u->nin < el) continue;
             }
@@ -499,8 +500,14 @@ static int getc_fn(EditLine *el, wchar_t *wc) {
     layout(u, false, true);
     for (;;) {
         if (u->in_paste && feed_paste(u)) {
-            if (!have_byte(u, 100)) continue;
-            read_more(u);
+            /* inside a paste: wait for the rest (a terminal that never
+             * sends the end marker gets the paste ended after 2 s) */
+            if (stdin_ready(2000)) {
+                read_more(u);
+            } else {
+                u->in_paste = false;
+                paste_done(u);
+            }
             continue;
         }
         if (link_stopped(u->l)) {
@@ -517,7 +524,7 @@ static int getc_fn(EditLine *el, wchar_t *wc) {
             }
             if (c == 0x1b) {
                 /* a bare ESC, or the start of a sequence? */
-                if (u->nin == 1 && have_byte(u, 40) == false) {
+                if (u->nin == 1 && !stdin_ready(40)) {
                     take_byte(u);
                     if (link_busy(u->l)) {
                         link_interrupt(u->l);
@@ -525,7 +532,7 @@ static int getc_fn(EditLine *el, wchar_t *wc) {
                     }
                     continue;
                 }
-                if (u->nin < strlen(PASTE_START)) read_more(u);
+                if (u->nin < strlen(PASTE_START) && stdin_ready(40)) read_more(u);
                 if (u->nin >= strlen(PASTE_START) && !memcmp(u->in, PASTE_START, strlen(PASTE_START))) {
                     memmove(u->in, u->in + strlen(PASTE_START), u->nin -= strlen(PASTE_START));
                     u->in_paste = true;
@@ -546,7 +553,7 @@ static int getc_fn(EditLine *el, wchar_t *wc) {
             memset(&st, 0, sizeof(st));
             size_t k = mbrtowc(wc, (const char *)u->in, u->nin, &st);
             if (k == (size_t)-2) {
-                if (have_byte(u, 50)) {
+                if (stdin_ready(50)) {
                     read_more(u);
                     continue;
                 }

@@ -266,15 +266,30 @@ static int add_results(agent *a, json_t *results) {
 
 /* ------------------------------------------------------------ turn */
 
+/* The prompt as sent, its first lines only when it is long (a paste). */
+static void echo(agent *a, const char *text) {
+    enum { SHOW_LINES = 6 };
+    const char *p = text;
+    int lines = 0;
+    while (lines < SHOW_LINES && (p = strchr(p, '\n'))) p++, lines++;
+    size_t shown = p && lines == SHOW_LINES ? (size_t)(p - text) : strlen(text);
+    display_newline(a->d);
+    display_write(a->d, OUT_ECHO, "› ", strlen("› "));
+    display_write(a->d, OUT_ECHO, text, shown);
+    display_newline(a->d);
+    if (shown < strlen(text)) {
+        int more = 0;
+        for (const char *q = text + shown; *q; q++) more += *q == '\n';
+        display_printf(a->d, OUT_RESULT, "  [... %d more lines, %zu bytes in all]\n", more + 1, strlen(text));
+    }
+}
+
 int agent_turn(agent *a, const char *text) {
     ds4_err err = {0};
     double t0 = ds4_now();
     uint32_t gen_total = 0;
     link_clear_interrupt(a->l);
-    display_newline(a->d);
-    display_write(a->d, OUT_ECHO, "› ", strlen("› "));
-    display_write(a->d, OUT_ECHO, text, strlen(text));
-    display_newline(a->d);
+    echo(a, text);
     if (a->trace) trace_text(a->trace, "user", text, strlen(text));
     if (should_compact(a) && compact(a, "the context is filling up") != 0) return -1;
     if (a->m->ops->add_user(a->m, text, &err) != 0) {
