@@ -403,11 +403,11 @@ static int m_round(agent_model *m, const gen_hooks *h, round_result *out, ds4_er
                  "write the tool-call block");
     } else if (ds4_dsml_blocks_closed(r.p) > 0 && prc == 0) {
         out->end = collect_calls(pr, out) == 0 ? ROUND_CALLS : ROUND_BAD_CALLS;
-    } else if (pr->status == DS4_DSML_MALFORMED_CALLS || (prc != 0 && res.finish != DS4_FINISH_LENGTH) || r.err) {
+    } else if (res.finish == DS4_FINISH_LENGTH) {
+        out->end = ROUND_LENGTH; /* a block cut by the limit is not malformed */
+    } else if (pr->status == DS4_DSML_MALFORMED_CALLS || prc != 0 || r.err) {
         out->end = ROUND_BAD_CALLS;
         snprintf(out->error, sizeof(out->error), "%.590s", perr.msg[0] ? perr.msg : "the tool-call block does not parse");
-    } else if (res.finish == DS4_FINISH_LENGTH) {
-        out->end = ROUND_LENGTH;
     } else {
         out->end = ROUND_ANSWER;
     }
@@ -596,6 +596,23 @@ static int m_list(agent_model *m, session_info **out, size_t *n_out, display *d,
     return 0;
 }
 
+/* A file another program wrote may stop inside an assistant turn (the
+ * server saves its live session as it is): close it, as a round closes. */
+static void close_loaded_turn(local *L) {
+    size_t i = L->tx.n;
+    while (i > L->sys.n) {
+        int32_t t = L->tx.ids[--i];
+        if (t == L->eos || t == L->user) return;
+        if (t == L->assistant) {
+            bool reasoning = i + 1 < L->tx.n && L->tx.ids[i + 1] == L->think;
+            for (size_t k = i + 2; reasoning && k < L->tx.n; k++)
+                if (L->tx.ids[k] == L->think_end) reasoning = false;
+            close_turn(L, reasoning);
+            return;
+        }
+    }
+}
+
 static int m_load(agent_model *m, const session_info *si, ds4_err *err) {
     local *L = L_(m);
     ds4_kv_state *st = ds4_session_state_new(L->s, err);
@@ -620,6 +637,7 @@ static int m_load(agent_model *m, const session_info *si, ds4_err *err) {
     if (rc == 0) {
         L->tx.n = 0;
         ds4_tokens_append(&L->tx, (const int32_t *)(const void *)st->tokens, st->n_tokens);
+        close_loaded_turn(L);
         link_set_ctx(L->l, (uint32_t)L->tx.n, ds4_session_ctx(L->s));
         utime(si->path, NULL); /* most recent first in /list and Tab completion */
         if (L->trace) trace_line(L->trace, "loaded %s: %u tokens, nothing prefilled", si->id, st->n_tokens);

@@ -4,6 +4,10 @@
  * table, in the official "## Tools" format).  -sys text follows the
  * built-in instructions as plain text.
  *
+ * The text is plain text to the tokenizer: it does not spell the model's
+ * control tokens (a "</think>" here would be ordinary characters, which a
+ * reader of the transcript could take for the real token).
+ *
  * Changing this text changes the system prompt's KV file name (the SHA1 of
  * the rendered prompt): the next start prefills it once and saves it again,
  * and sessions saved with the old prompt no longer match (/list hides them).
@@ -29,7 +33,7 @@ static const char INSTRUCTIONS[] =
     "- bash runs a shell command as a job. It returns when the command ends, or after refresh_sec with the output "
     "so far; then use bash_status to check it again and bash_stop to end it. Long outputs are shortened: the full "
     "output is in the file the result names.\n"
-    "- Call tools only after your reasoning is closed with </think>, never inside it.\n"
+    "- Call tools after your reasoning has ended, never inside it.\n"
     "- A tool error says what went wrong: fix the call rather than repeating it.\n"
     "- Generation and prefill run on local hardware: read what you need, not whole trees, and prefer line edits to "
     "retyping text.\n"
