@@ -142,7 +142,6 @@ typedef struct display display;
 
 display *display_new(agent_link *l, bool color);
 void display_free(display *d);
-bool display_color(const display *d);
 /* A model round starts: reset markdown, thinking and tool-view state. */
 void display_round_begin(display *d, bool thinking);
 /* What the model streams (reasoning, content, tool calls). */

@@ -137,6 +137,9 @@ int agent_app_main(int argc, char **argv, const agent_hooks *hooks) {
         if (trace) fclose(trace);
         return rc;
     }
+    if (o.think == DS4_THINK_MAX && o.ctx < DS4_THINK_MAX_MIN_CTX && !o.server)
+        fprintf(stderr, "ds4-agent: --think-max needs a context of at least %u tokens (-c %u): using normal thinking\n",
+                DS4_THINK_MAX_MIN_CTX, o.ctx);
     bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
     int sig[2] = {-1, -1};
     agent_link *l = link_new();

@@ -85,8 +85,6 @@ display *display_new(agent_link *l, bool color) {
 
 void display_free(display *d) { free(d); }
 
-bool display_color(const display *d) { return d->color; }
-
 static void raw(display *d, const char *s, size_t n) {
     if (!n) return;
     link_write(d->l, s, n);

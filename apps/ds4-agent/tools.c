@@ -22,6 +22,26 @@
 
 #include "tools.h"
 
+typedef enum param_type { P_STRING, P_INTEGER, P_BOOLEAN } param_type;
+
+typedef struct param_def {
+    const char *name;
+    param_type type;
+    bool required;
+    const char *help;
+} param_def;
+
+typedef char *(*tool_fn)(tool_env *env, const json_t *args);
+
+/* One tool: its name and description (both go into the system prompt),
+ * its parameters and what runs it. */
+typedef struct tool_def {
+    const char *name;
+    const char *help;
+    param_def params[8];
+    tool_fn run;
+} tool_def;
+
 static char *tool_read(tool_env *env, const json_t *args);
 static char *tool_more(tool_env *env, const json_t *args);
 static char *tool_write(tool_env *env, const json_t *args);
@@ -90,11 +110,6 @@ static const tool_def TOOLS[] = {
      tool_bash_stop},
 };
 #define N_TOOLS (sizeof(TOOLS) / sizeof(TOOLS[0]))
-
-const tool_def *tools_table(size_t *n) {
-    *n = N_TOOLS;
-    return TOOLS;
-}
 
 static const char *const TYPE_NAMES[] = {[P_STRING] = "string", [P_INTEGER] = "integer", [P_BOOLEAN] = "boolean"};
 

@@ -90,24 +90,7 @@ void jobs_footer(jobs *j, int id, char *buf, size_t n);
 
 /* ------------------------------------------------------------ tools */
 
-typedef enum param_type { P_STRING, P_INTEGER, P_BOOLEAN } param_type;
-
-typedef struct param_def {
-    const char *name;
-    param_type type;
-    bool required;
-    const char *help;
-} param_def;
-
 typedef struct tool_env tool_env;
-typedef char *(*tool_fn)(tool_env *env, const json_t *args);
-
-typedef struct tool_def {
-    const char *name;
-    const char *help;
-    param_def params[8];
-    tool_fn run;
-} tool_def;
 
 /* What tools share: set up by the agent, one per agent. */
 struct tool_env {
@@ -133,9 +116,6 @@ void tools_free(tool_env *env);
 /* Run one call: check the arguments against the table, ask permission
  * for side effects, run.  The result is malloc'ed text. */
 char *tools_run(tool_env *env, const char *name, const json_t *args);
-
-/* The table, for the schemas (agent_tool_schemas). */
-const tool_def *tools_table(size_t *n);
 
 /* Argument access after the check: NULL / false when absent. */
 const char *arg_str(const json_t *args, const char *name);

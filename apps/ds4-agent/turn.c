@@ -35,6 +35,7 @@ struct agent {
     display *d;
     FILE *trace;
     tool_env tools;
+    bool started;            /* the system prompt is in place */
     bool dirty;              /* changed since the last save or load */
     bool save_requested;     /* /save while busy: at the next safe point */
     pthread_mutex_t mu;      /* save_requested and dirty, read by the UI */
@@ -288,6 +289,8 @@ int agent_turn(agent *a, const char *text) {
     ds4_err err = {0};
     double t0 = ds4_now();
     uint32_t gen_total = 0;
+    /* an interrupted (or failed) start is taken up again */
+    if (!a->started && agent_start(a) != 0) return -1;
     link_clear_interrupt(a->l);
     echo(a, text);
     if (a->trace) trace_text(a->trace, "user", text, strlen(text));
@@ -355,10 +358,12 @@ int agent_turn(agent *a, const char *text) {
 
 int agent_start(agent *a) {
     ds4_err err = {0};
+    link_clear_interrupt(a->l);
     if (a->m->ops->reset(a->m, &err) != 0) {
         show_error(a, "system prompt", &err);
         return -1;
     }
+    a->started = true;
     update_ctx(a);
     link_update(a->l, ST_IDLE, 0, 0);
     return 0;

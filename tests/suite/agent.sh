@@ -77,11 +77,15 @@ mkdir -p "$dir/root"
 seed "$dir/kv"
 script "$dir/smoke.json" "call:bash:command=echo smoke-ok > smoke.txt; cat smoke.txt" free
 printf 'run the smoke test\n/save\n' | $A --script "$dir/smoke.json" -m "$M" -c 8192 -n 64 --temp 0 --nothink \
-    --allow bash --kv-dir "$dir/kv" --root "$dir/root" > "$dir/smoke.out" 2> "$dir/smoke.err" ||
+    --allow bash --kv-dir "$dir/kv" --root "$dir/root" --trace "$dir/trace.txt" > "$dir/smoke.out" 2> "$dir/smoke.err" ||
     fail "smoke run: $(cat "$dir/smoke.err")"
 [ "$(cat "$dir/root/smoke.txt")" = smoke-ok ] || fail "the bash call did not run"
 grep -q '^smoke-ok$' "$dir/smoke.out" || fail "the command's output was not shown: $(cat "$dir/smoke.out")"
 grep -q 'saved session' "$dir/smoke.out" || fail "no save: $(cat "$dir/smoke.out")"
+for want in 'sync: transcript [0-9]+ tokens, live [0-9]+, prefill [0-9]+' 'token [0-9]+: "' 'call: "bash"' \
+    'tool bash \{"command":"echo smoke-ok' 'result: "bash job=1' 'generated 64 tokens in' 'saved [0-9a-f]{40}\.kv'; do
+    grep -Eq "^\[[0-9:.]{12}\] $want" "$dir/trace.txt" || fail "--trace lacks '$want'"
+done
 S=$(kvfile "$dir/kv")
 [ -n "$S" ] || fail "no session file in $dir/kv"
 kvc text "$S" > "$dir/smoke.txt"
