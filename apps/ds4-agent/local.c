@@ -249,9 +249,8 @@ typedef struct round_state {
 static void on_event(void *ctx, const ds4_dsml_event *ev) {
     round_state *r = ctx;
     if (r->h && r->h->event) r->h->event(r->h->ctx, ev);
-    if (r->L->trace && ev->kind >= DS4_DSML_CALL_START)
-        trace_text(r->L->trace, ev->kind == DS4_DSML_CALL_START ? "call" : ev->kind == DS4_DSML_CALL_ARGS ? "args" : "call-end",
-                   ev->text, ev->len);
+    if (r->L->trace && (ev->kind == DS4_DSML_CALL_START || ev->kind == DS4_DSML_CALL_END))
+        trace_text(r->L->trace, ev->kind == DS4_DSML_CALL_START ? "call" : "call-end", ev->text, ev->len);
 }
 
 /* A tool-call block inside <think>: the parser treats it as reasoning, so
