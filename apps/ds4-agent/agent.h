@@ -143,7 +143,7 @@ typedef struct display display;
 display *display_new(agent_link *l, bool color);
 void display_free(display *d);
 /* A model round starts: reset markdown, thinking and tool-view state. */
-void display_round_begin(display *d, bool thinking);
+void display_round_begin(display *d);
 /* What the model streams (reasoning, content, tool calls). */
 void display_event(display *d, const ds4_dsml_event *ev);
 /* The round ended: flush held markdown, close the line. */

@@ -61,7 +61,6 @@ struct display {
     bool color;
     char last;             /* last byte written: '\n' at a line start */
     out_style cur;         /* style in force */
-    bool thinking;         /* the round is still in reasoning */
     bool any_reasoning, any_content;
     /* markdown */
     bool md_bold, md_italic, md_code, md_block, md_heading, md_line_start;
@@ -447,8 +446,7 @@ static void av_byte(display *d, char c) {
 
 /* ------------------------------------------------------------ events */
 
-void display_round_begin(display *d, bool thinking) {
-    d->thinking = thinking;
+void display_round_begin(display *d) {
     d->any_reasoning = d->any_content = false;
     d->md_line_start = true;
     d->md_hold_len = 0;
@@ -463,7 +461,6 @@ void display_event(display *d, const ds4_dsml_event *ev) {
         display_write(d, OUT_THINK, ev->text, ev->len);
         break;
     case DS4_DSML_THINK_END:
-        d->thinking = false;
         if (d->any_reasoning) display_newline(d);
         break;
     case DS4_DSML_CONTENT: {

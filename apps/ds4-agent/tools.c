@@ -146,13 +146,13 @@ char *tool_error(const char *fmt, ...) {
     return tool_text(&b);
 }
 
-char *tool_text(const ds4_strbuf *b) {
+char *tool_text(ds4_strbuf *b) {
     if (b->failed) return strdup("Tool error: out of memory building the result");
     char *s = malloc(b->len + 1);
     if (!s) return NULL;
     if (b->len) memcpy(s, b->p, b->len);
     s[b->len] = 0;
-    ds4_strbuf_free((ds4_strbuf *)b);
+    ds4_strbuf_free(b);
     return s;
 }
 

@@ -124,7 +124,8 @@ bool arg_bool(const json_t *args, const char *name, bool def);
 
 /* Results. */
 char *tool_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-char *tool_text(const ds4_strbuf *b);
+/* The text of b as a result (b is emptied). */
+char *tool_text(ds4_strbuf *b);
 
 /* search.c and bash (jobs.c users) */
 char *tool_search(tool_env *env, const json_t *args);

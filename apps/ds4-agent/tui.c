@@ -57,6 +57,7 @@ typedef struct ui {
     int out_bottom;          /* last row of the output region (1-based) */
     int out_col;             /* output cursor column, 0-based; cols = wrap pending */
     ds4_strbuf sgr;          /* SGR sequences in force in the output */
+    ds4_strbuf recent;       /* the last output, shown again after a resize */
     int reserve;             /* rows under the output region */
     int input_rows, queue_rows;
     char footer[600];
@@ -152,6 +153,19 @@ static void track(ui *u, const char *s, size_t n) {
     }
 }
 
+#define RECENT_MAX (64u << 10)
+
+/* Keep the last RECENT_MAX bytes of output, cut at a line start. */
+static void remember(ui *u, const char *s, size_t n) {
+    ds4_strbuf_append(&u->recent, s, n);
+    if (u->recent.len <= RECENT_MAX) return;
+    const char *from = u->recent.p + u->recent.len - RECENT_MAX / 2;
+    const char *nl = memchr(from, '\n', u->recent.p + u->recent.len - from);
+    size_t keep = nl ? (size_t)(u->recent.p + u->recent.len - nl - 1) : 0;
+    memmove(u->recent.p, u->recent.p + u->recent.len - keep, keep);
+    ds4_strbuf_truncate(&u->recent, keep);
+}
+
 /* Output bytes into the scroll region, the cursor (in the input line)
  * saved and restored around them. */
 static void show_output(ui *u, const char *s, size_t n) {
@@ -174,6 +188,7 @@ static void show_output(ui *u, const char *s, size_t n) {
     ds4_strbuf_puts(&b, "\033[0m\0338\033[?25h");
     out(b.p, b.len);
     ds4_strbuf_free(&b);
+    remember(u, s, n);
 }
 
 static void ui_message(ui *u, const char *s) { show_output(u, s, strlen(s)); }
@@ -367,13 +382,20 @@ static void ui_end_screen(ui *u) {
     outf("\033[%d;1H", u->out_bottom + 1);
 }
 
+/* A new terminal size: lay the screen out again and show the recent
+ * output (the terminal reflowed or cut what it had). */
 static void on_resize(ui *u) {
     term_size(u);
     el_resize(u->el);
     u->out_bottom = 0;
     outs("\033[r\033[2J");
     u->out_col = 0;
+    ds4_strbuf_truncate(&u->sgr, 0);
     layout(u, true, true);
+    ds4_strbuf again = u->recent;
+    u->recent = (ds4_strbuf){0};
+    if (again.len) show_output(u, again.p, again.len);
+    ds4_strbuf_free(&again);
 }
 
 /* ------------------------------------------------------------ input */
@@ -785,6 +807,7 @@ int tui_run(agent *a, agent_link *l, const agent_opts *o, display *d, const char
     for (size_t i = 0; i < u.npaste; i++) free(u.paste[i]);
     free(u.paste);
     ds4_strbuf_free(&u.sgr);
+    ds4_strbuf_free(&u.recent);
     ds4_strbuf_free(&u.pasting);
     return 0;
 }

@@ -151,6 +151,12 @@ static bool should_compact(agent *a) {
     return (uint64_t)used * 100 >= (uint64_t)ctx * AGENT_COMPACT_SOFT_PERCENT || ctx - used <= min_free;
 }
 
+/* After a failed soft compaction: whether the turn can go on anyway (not
+ * when the user interrupted it). */
+static bool room_left(agent *a) {
+    return !link_interrupted(a->l) && a->m->ops->used(a->m) + 2 * AGENT_RESULT_RESERVE < a->m->ops->ctx(a->m);
+}
+
 static int compact(agent *a, const char *reason) {
     uint32_t before = a->m->ops->used(a->m), ctx = a->m->ops->ctx(a->m);
     display_newline(a->d);
@@ -294,17 +300,17 @@ int agent_turn(agent *a, const char *text) {
     link_clear_interrupt(a->l);
     echo(a, text);
     if (a->trace) trace_text(a->trace, "user", text, strlen(text));
-    if (should_compact(a) && compact(a, "the context is filling up") != 0) return -1;
+    if (should_compact(a) && compact(a, "the context is filling up") != 0 && !room_left(a)) return -1;
     if (a->m->ops->add_user(a->m, text, &err) != 0) {
         show_error(a, "prompt", &err);
         return -1;
     }
     set_dirty(a, true);
     for (int round = 0;; round++) {
-        if (round > 0 && should_compact(a) && compact(a, "the context is filling up") != 0) return -1;
+        if (round > 0 && should_compact(a) && compact(a, "the context is filling up") != 0 && !room_left(a)) return -1;
         gen_hooks h = {.ctx = a, .event = h_event, .generated = h_generated};
         round_result rr;
-        display_round_begin(a->d, a->o->think != DS4_THINK_OFF);
+        display_round_begin(a->d);
         int rc = a->m->ops->round(a->m, &h, &rr, &err);
         display_round_end(a->d);
         gen_total += rr.generated;
