@@ -171,8 +171,8 @@ static int m_add_user(agent_model *m, const char *text, ds4_err *err) {
     local *L = L_(m);
     size_t before = L->tx.n;
     if (user_turn_open(L)) {
-        if (push_text(L, "\n\n", 2, err) != 0) return -1;
-        L->tx.n = before; /* the blank line and the text tokenize as one */
+        /* after tool results: the same turn, a blank line between (the
+         * blank line and the text tokenize as one piece) */
         ds4_strbuf b = {0};
         ds4_strbuf_puts(&b, "\n\n");
         ds4_strbuf_puts(&b, text);

@@ -30,7 +30,6 @@ void worker_item(agent *a, agent_link *l, const char *item, bool *quit) {
 
 static void *run(void *arg) {
     worker *w = arg;
-    link_set_busy(w->l, true);
     agent_start(w->a);
     link_set_busy(w->l, false);
     for (;;) {
@@ -56,7 +55,10 @@ worker *worker_start(agent *a, agent_link *l, ds4_err *err) {
     }
     w->a = a;
     w->l = l;
+    /* busy from now, so the UI does not take the start for idleness */
+    link_set_busy(l, true);
     if (pthread_create(&w->thread, NULL, run, w) != 0) {
+        link_set_busy(l, false);
         free(w);
         ds4_err_set(err, DS4_EIO, "cannot start the worker thread");
         return NULL;
