@@ -124,8 +124,7 @@ static bool want_color(void) {
 int agent_app_main(int argc, char **argv, const agent_hooks *hooks) {
     agent_opts o;
     int rc = agent_parse_options(argc, argv, &o);
-    if (rc == 1) return 0;
-    if (rc) return rc;
+    if (rc >= 0) return rc;
     static const agent_hooks none = {0};
     if (!hooks) hooks = &none;
     FILE *trace = NULL;
@@ -140,7 +139,8 @@ int agent_app_main(int argc, char **argv, const agent_hooks *hooks) {
     if (o.think == DS4_THINK_MAX && o.ctx < DS4_THINK_MAX_MIN_CTX && !o.server)
         fprintf(stderr, "ds4-agent: --think-max needs a context of at least %u tokens (-c %u): using normal thinking\n",
                 DS4_THINK_MAX_MIN_CTX, o.ctx);
-    bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+    const char *term = getenv("TERM");
+    bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO) && term && *term && strcmp(term, "dumb") != 0;
     int sig[2] = {-1, -1};
     agent_link *l = link_new();
     display *d = l ? display_new(l, want_color()) : NULL;

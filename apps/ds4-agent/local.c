@@ -35,6 +35,7 @@
 #include <utime.h>
 
 #include "agent.h"
+#include "app.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/kvcache.h"
@@ -386,7 +387,10 @@ static int m_round(agent_model *m, const gen_hooks *h, round_result *out, ds4_er
     ds4_detok_stream_finish(&r.ds, &r.piece);
     if (r.piece.len) ds4_dsml_feed(r.p, r.piece.p, r.piece.len, NULL);
     ds4_err perr = {0};
-    int prc = ds4_dsml_finish(r.p, &perr);
+    /* a round cut short (limit, interrupt) may end in held-back markup:
+     * drop it rather than show it */
+    bool cut = rc == 0 && (res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CANCELLED);
+    int prc = cut ? ds4_dsml_finish_cut(r.p, &perr) : ds4_dsml_finish(r.p, &perr);
     const ds4_dsml_result *pr = ds4_dsml_result_of(r.p);
     out->generated = r.generated;
     close_turn(L, L->thinking && !pr->think_closed);
@@ -798,6 +802,13 @@ static int render_system(local *L, ds4_err *err) {
     return rc;
 }
 
+/* --warm-weights stops at Ctrl+C (the UI is not running yet: the signal
+ * handler only counts). */
+static bool warm_stop(void *ctx) {
+    (void)ctx;
+    return app_sigint_count() > 0;
+}
+
 agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_link *l, display *d, FILE *trace,
                              ds4_err *err) {
     local *L = calloc(1, sizeof(*L));
@@ -813,11 +824,12 @@ agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_li
     L->trace = trace;
     if (!(L->dir = sessions_dir(o, err))) goto fail;
     if (ds4_model_file_check(o->model, err) != 0) goto fail;
-    ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = (int)o->threads, .need_vocab = true};
+    ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = o->threads, .no_sim = o->no_sim,
+                          .need_vocab = true};
     if (!(L->e = ds4_engine_open(&eo, err))) goto fail;
     ds4_startup_print_memory("ds4-agent", L->e->backend_name, L->e->w, o->ctx);
-    if (o->warm_weights && ds4_startup_warm("ds4-agent", L->e->w, (int)o->threads) != 0) {
-        ds4_err_set(err, DS4_EIO, "--warm-weights failed");
+    if (o->warm_weights && ds4_startup_warm("ds4-agent", L->e->w, o->threads, warm_stop, (void *)l) != 0) {
+        ds4_err_set(err, DS4_EINTERRUPTED, "--warm-weights did not finish");
         goto fail;
     }
     if (!(L->tok = ds4_tokenizer_new(L->e->vocab, err))) goto fail;

@@ -1,10 +1,10 @@
 /*
  * options.h - the ds4-agent command line (docs/AGENT.md, "Options").
  *
- * One table (options.c) names every option, its value and its range; the
- * parser and the help text both come from it.  Invalid values, unknown
- * options and contradictory combinations are usage errors: one line naming
- * the option and what it accepts, exit status 2.
+ * One table (options.c, in the form of base/opts.h) names every option,
+ * its value, range and default; the parser and --help both come from it.
+ * Invalid values, unknown options and contradictory combinations are usage
+ * errors: one line naming the option and what it accepts, exit status 2.
  */
 #ifndef DS4_AGENT_OPTIONS_H
 #define DS4_AGENT_OPTIONS_H
@@ -15,11 +15,9 @@
 #include "engine/sampler.h"
 #include "text/chat.h"
 
-#define AGENT_DEFAULT_MODEL "ds4flash.gguf"
 #define AGENT_DEFAULT_SYSTEM "You are a helpful coding assistant running inside ds4-agent."
 #define AGENT_DEFAULT_CTX 100000u
 #define AGENT_DEFAULT_TOKENS 50000u
-#define AGENT_MAX_CTX 1048576u
 
 /* Side effects that need the user's permission (--allow). */
 enum {
@@ -33,9 +31,9 @@ typedef enum agent_api { AGENT_API_OPENAI = 0, AGENT_API_ANTHROPIC = 1 } agent_a
 
 typedef struct agent_opts {
     const char *model;
-    const char *backend;        /* NULL: the build's default */
-    uint32_t threads;           /* 0: all CPUs */
-    bool warm_weights, quality;
+    const char *backend;        /* the build's default unless given */
+    int threads;                /* 0: $DS4_THREADS or all CPUs */
+    bool warm_weights, no_sim;
     uint32_t ctx;
     bool ctx_given;
     uint32_t n_tokens;
@@ -45,18 +43,16 @@ typedef struct agent_opts {
     ds4_sampler_params sampling;
     int think;                  /* ds4_think_mode */
     unsigned allow;             /* AGENT_ALLOW_* granted up front */
-    const char *allow_list;     /* --allow as typed */
     bool yolo;
     const char *root;           /* --root DIR: file tools stay inside (default ".") */
     const char *kv_dir;         /* session directory (default ~/.ds4/kvcache) */
     const char *server;         /* --server URL: a remote ds4-server instead of the engine */
     int api;                    /* agent_api */
-    const char *api_name;
     const char *api_key;        /* --api-key or $DS4_API_KEY */
 } agent_opts;
 
-/* Parse argv.  0: run; 1: --help was printed (exit 0); 2: usage error
- * (reported on stderr). */
+/* Parse argv.  -1: run; otherwise exit with the status returned (0 after
+ * --help, 2 after a usage error, reported on stderr). */
 int agent_parse_options(int argc, char **argv, agent_opts *o);
 
 #endif
