@@ -45,7 +45,7 @@
  *       max |d| <= 1e-4 max |logit|, same argmax (the CPU's own criterion,
  *       tests/unit/test_cpu_golden.c).
  *
- *   test_cuda rewind MODEL [--no-sim]
+ *   test_cuda rewind MODEL [--no-sim] [--quick]
  *       rewindable steps of 2, 5 and 17 rows before and at the window
  *       boundaries, taken back to none, one and all but one of their rows:
  *       the state does not depend on the rejected rows (byte-identical
@@ -540,7 +540,12 @@ static void step_and_rewind(ds4_backend *b, const ds4_kv_state *at, const uint32
  * after a rewind is compared with a never-rewound one through the CPU. */
 static int cmd_rewind(int argc, char **argv) {
     if (argc < 1) return 2;
-    bool no_sim = argc > 1 && !strcmp(argv[1], "--no-sim");
+    bool no_sim = false, quick = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) no_sim = true;
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else return 2;
+    }
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(argv[0], &err);
     if (!w) die(argv[0], &err);
@@ -557,14 +562,16 @@ static int cmd_rewind(int argc, char **argv) {
     if (!at) die("state", &err);
     /* before and at the ratio-4 and ratio-128 windows' ends (127, 255) */
     const uint32_t n0s[] = {5, 126, 253}, ms[] = {2, 5, 17};
-    for (size_t a = 0; a < sizeof(n0s) / sizeof(n0s[0]); a++) {
+    /* quick: a step longer than a 16-row window, across a ratio-4 window's
+     * end, taken back to its first row and to all but its last */
+    for (size_t a = quick ? 1 : 0; a < (quick ? 2 : sizeof(n0s) / sizeof(n0s[0])); a++) {
         uint32_t n0 = n0s[a];
         ds4_backend_reset(b);
         if (ds4_backend_prefill(b, tok, n0, NULL, &err) || ds4_backend_snapshot(b, at, &err)) die("prefill", &err);
-        for (size_t c = 0; c < sizeof(ms) / sizeof(ms[0]); c++) {
+        for (size_t c = quick ? 2 : 0; c < sizeof(ms) / sizeof(ms[0]); c++) {
             uint32_t m = ms[c];
             const uint32_t ks[] = {0, 1, m - 1};
-            for (size_t e = 0; e < sizeof(ks) / sizeof(ks[0]); e++) {
+            for (size_t e = quick ? 1 : 0; e < sizeof(ks) / sizeof(ks[0]); e++) {
                 uint32_t k = ks[e];
                 char what[96];
                 snprintf(what, sizeof(what), "step of %u rows after %u taken back to %u", m, n0, n0 + k);
@@ -609,7 +616,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
                         "                         [--tol X] [--loose] [--graph-ctx N]\n"
                         "       test_cuda golden MODEL GOLDEN [N]\n"
-                        "       test_cuda rewind MODEL [--no-sim]\n");
+                        "       test_cuda rewind MODEL [--no-sim] [--quick]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

@@ -20,7 +20,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "common/tool_run.h"
 #include "model/backend.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
@@ -312,6 +314,45 @@ static void test_rewind_short_ring(void **state) {
     ds4_backend_free(b);
 }
 
+/* A raw window of 8 rows, shorter than the rows since the mark: slots
+ * written twice by one step, and by two steps; every rewind length. */
+static void test_rewind_short_window(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    char out[4096], path[128];
+    snprintf(path, sizeof(path), "build/tests/cpu-batch-w8.%d.gguf", (int)getpid());
+    if (run_capture(out, sizeof(out), "./ds4-mkmodel -q --seed 5 --set window=8 --set layers=4 -o %s", path) != 0)
+        fail_msg("ds4-mkmodel: %s", out);
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) fail_msg("%s", ds4_err_msg(&err));
+    ds4_backend_opts o = {.n_threads = 2, .ctx_size = 256, .prefill_chunk = 64};
+    ds4_backend *b = ds4_backend_create("cpu", w, &o, &err), *rb = ds4_backend_create("cpu", w, &o, &err);
+    ds4_kv_state *at = ds4_backend_state_new(b, &err);
+    uint32_t nv = w->cfg.n_vocab, tok[64];
+    for (uint32_t i = 0; i < 64; i++) tok[i] = (i * 2654435761u + 7u) % nv;
+    assert_int_equal(ds4_backend_prefill(b, tok, 11, NULL, &err), 0);
+    assert_int_equal(ds4_backend_snapshot(b, at, &err), 0);
+    for (uint32_t k = 0; k <= 20; k++) {
+        assert_int_equal(ds4_backend_restore(b, at, &err), 0);
+        assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
+        ds4_row rows[20];
+        for (uint32_t i = 0; i < 20; i++) rows[i] = (ds4_row){b->main, (tok[11 + i] + (i >= k)) % nv, DS4_ROW_REWIND};
+        assert_int_equal(ds4_backend_step(b, rows, 12, NULL, &err), 0);     /* 12 rows, then 8 more */
+        assert_int_equal(ds4_backend_step(b, rows + 12, 8, NULL, &err), 0);
+        assert_int_equal(ds4_backend_rewind(b, b->main, 11 + k, &err), 0);
+        ds4_backend_reset(rb);
+        assert_int_equal(ds4_backend_prefill(rb, tok, 11 + k, NULL, &err), 0);
+        char what[64];
+        snprintf(what, sizeof(what), "window 8: rewind to %u", 11 + k);
+        assert_same_state(b, b->main, rb, rb->main, what);
+    }
+    ds4_kv_state_free(at);
+    ds4_backend_free(rb);
+    ds4_backend_free(b);
+    ds4_weights_close(w);
+    unlink(path);
+}
+
 static void expect_error(int rc, const ds4_err *err, const char *needle) {
     assert_int_equal(rc, -1);
     if (!strstr(ds4_err_msg(err), needle)) fail_msg("message '%s' lacks '%s'", ds4_err_msg(err), needle);
@@ -370,6 +411,7 @@ int main(void) {
         cmocka_unit_test(test_mixed_step),
         cmocka_unit_test(test_rewind_is_exact),
         cmocka_unit_test(test_rewind_short_ring),
+        cmocka_unit_test(test_rewind_short_window),
         cmocka_unit_test(test_bad_steps_and_rewinds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

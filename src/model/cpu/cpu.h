@@ -35,16 +35,14 @@
 #include "model/session_state.h"
 
 /* What a sequence keeps from its mark on (cpu_rewind.c): enough to take
- * back any suffix of the rows rewindable passes appended since.  Frontiers are saved
- * whole before the pass; the ring slots its rows overwrite keep their old
- * rows; each row's compressor inputs are kept so that the accepted rows
- * can be replayed into the restored frontiers. */
+ * back any suffix of the rows rewindable passes appended since. */
 typedef struct cpu_journal {
     const ds4_config *cfg;      /* the sequence's (the MTP block's state has one layer) */
     bool valid;
     uint32_t n0, T;             /* length at the mark, rows journaled since */
     uint32_t cap;               /* rows the buffers hold (DS4_REWIND_MAX) */
-    float *raw;                 /* [layer][row] old ring slot, head_dim each */
+    float *raw;                 /* [layer][row] the ring slot before the row, head_dim each */
+    float *raw_row;             /* [layer][row] the row's own ring row */
     float *front;               /* [ratio layer] frontiers (cpu_journal_front_floats) */
     float *proj;                /* [row][ratio layer] ckv, cgate, ikv, igate */
     float *logits;              /* [row] n_vocab (every row's); then the logits before the pass */
@@ -187,8 +185,9 @@ void cpu_ffn_layer(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint
  * and logits); rewindable passes then record each row with the hooks
  * below. */
 int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err);
-/* Row at position p of layer slot jl overwrites ring slot `old`. */
-void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *old);
+/* Row at position p of layer slot jl and its ring slot: the slot's
+ * content before the row writes it (!mine), then the row's own (mine). */
+void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *slot, bool mine);
 /* Row at position p's compressor projections at layer slot jl. */
 void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
                       const float *cgate, const float *ikv, const float *igate);

@@ -296,12 +296,13 @@ static void attend_token(cpu_backend *b, const cpu_layer *L, uint32_t t) {
     const float *ikv = b->ikv + (size_t)t * iw2, *igate = b->igate + (size_t)t * iw2;
 
     float *raw = S->raw + (size_t)(p % r->st->raw_cap) * hd;
-    if (r->j) {
-        cpu_journal_raw(b, r->j, L->jl, p, raw);
-        cpu_journal_proj(b, r->j, L->jl, p, ckv, cgate, ikv, igate);
-    }
+    if (r->j) cpu_journal_raw(b, r->j, L->jl, p, raw, false);
     memcpy(raw, b->kv + (size_t)t * hd, hd * sizeof(float));
     if (b->sim) ds4_f16_round_row(raw, hd);
+    if (r->j) {
+        cpu_journal_raw(b, r->j, L->jl, p, raw, true);
+        cpu_journal_proj(b, r->j, L->jl, p, ckv, cgate, ikv, igate);
+    }
     cpu_compress_row(b, L, r->st, ckv, cgate, ikv, igate, p);
     select_rows(b, L, t, ratio ? (p + 1) / ratio : 0);
 

@@ -6,16 +6,19 @@
  * order, and what they destroy of the state at the mark is small and
  * known in advance:
  *   - each row overwrites the raw ring slot of the position raw_cap before
- *     it, which a shorter sequence still sees;
+ *     it, which a shorter sequence still sees (and when the ring is
+ *     shorter than the rows since the mark, a slot may be written twice);
  *   - the compressor frontiers change with every row, and a row that
  *     closes a window pools, clears and (ratio 4) shifts them.
  * So the mark saves the frontiers, and each rewindable row journals the
- * ring slot it overwrites, its compressor inputs (its projections) and its
- * logits.  Rewinding to n restores the
- * rejected rows' ring slots, restores the frontiers, and replays the
- * compressor steps of the kept rows from their journaled inputs - the same
- * code on the same values as the pass, so the state is bit for bit the one
- * a sequence that never saw the rejected rows has.  Compressed and indexer
+ * ring slot as it was before the row, the row's own ring row, its
+ * compressor inputs (its projections) and its logits.  Rewinding to n
+ * gives each slot a rejected row wrote the row of the latest kept position
+ * of that slot (journaled, or, when it is older than the mark, the slot as
+ * the mark left it), restores the frontiers, and replays the compressor
+ * steps of the kept rows from their journaled inputs - the same code on
+ * the same values as the pass, so the state is bit for bit the one a
+ * sequence that never saw the rejected rows has.  Compressed and indexer
  * rows written by rejected rows lie beyond the live ones (floor(n/ratio)):
  * nothing reads them, and the next rows overwrite them.
  */
@@ -56,6 +59,7 @@ static size_t proj_off(const ds4_config *c, uint32_t il) {
 
 void cpu_journal_free(cpu_journal *j) {
     free(j->raw);
+    free(j->raw_row);
     free(j->front);
     free(j->proj);
     free(j->logits);
@@ -67,10 +71,11 @@ static int journal_alloc(const ds4_config *c, cpu_journal *j, ds4_err *err) {
     j->cap = DS4_REWIND_MAX;
     j->cfg = c;
     j->raw = malloc(cap * c->n_layer * c->head_dim * sizeof(float));
+    j->raw_row = malloc(cap * c->n_layer * c->head_dim * sizeof(float));
     j->front = malloc((front_off(c, c->n_layer) + 1) * sizeof(float));
     j->proj = malloc((cap * proj_off(c, c->n_layer) + 1) * sizeof(float));
     j->logits = malloc((cap + 1) * c->n_vocab * sizeof(float));
-    if (!j->raw || !j->front || !j->proj || !j->logits) {
+    if (!j->raw || !j->raw_row || !j->front || !j->proj || !j->logits) {
         cpu_journal_free(j);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the journal of a rewindable step");
     }
@@ -108,11 +113,23 @@ int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err) {
     return 0;
 }
 
-void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *old) {
+void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *slot, bool mine) {
     const ds4_config *c = j->cfg;
     uint32_t k = p - j->n0;
-    memcpy(j->raw + ((size_t)jl * j->cap + k) * c->head_dim, old, c->head_dim * sizeof(float));
+    memcpy((mine ? j->raw_row : j->raw) + ((size_t)jl * j->cap + k) * c->head_dim, slot, c->head_dim * sizeof(float));
     if (k + 1 > j->T) j->T = k + 1;
+}
+
+/* What ring slot `slot` of layer il holds once the sequence is back to n
+ * tokens: the row of the latest position < n that maps to it, journaled
+ * when it is at least the mark's, else the slot as the mark left it (the
+ * content before the first row since the mark that wrote it). */
+static const float *ring_row_at(const cpu_journal *j, const ds4_kv_state *st, uint32_t il, uint32_t slot, uint32_t n) {
+    size_t hd = j->cfg->head_dim, cap = st->raw_cap;
+    int64_t q = (int64_t)n - 1 - (int64_t)(((int64_t)n - 1 - slot) % (int64_t)cap + cap) % (int64_t)cap;
+    if (q >= (int64_t)j->n0) return j->raw_row + ((size_t)il * j->cap + (size_t)(q - j->n0)) * hd;
+    uint32_t first = j->n0 + (uint32_t)(((int64_t)slot - (int64_t)(j->n0 % cap) + (int64_t)cap) % (int64_t)cap);
+    return j->raw + ((size_t)il * j->cap + (first - j->n0)) * hd;
 }
 
 void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
@@ -155,9 +172,10 @@ int cpu_rewind(ds4_backend *base, ds4_seq *seq, uint32_t n, ds4_err *err) {
     size_t pstride = proj_off(c, c->n_layer);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         ds4_layer_state *L = &st->layers[il];
-        for (uint32_t p = n; p < cur; p++) /* the ring holds more rows than a step (raw_cap >= DS4_REWIND_MAX or the context) */
-            memcpy(L->raw + (size_t)(p % st->raw_cap) * c->head_dim,
-                   j->raw + ((size_t)il * j->cap + (p - j->n0)) * c->head_dim, c->head_dim * sizeof(float));
+        for (uint32_t p = n; p < cur; p++) {
+            uint32_t slot = p % st->raw_cap;
+            memcpy(L->raw + (size_t)slot * c->head_dim, ring_row_at(j, st, il, slot, n), c->head_dim * sizeof(float));
+        }
         if (L->ratio == 0) continue;
         copy_fronts(c, L, j->front, il, false);
         cpu_layer cl = cpu_main_layer(b, il);

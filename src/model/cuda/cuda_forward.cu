@@ -215,7 +215,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
          cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
     if (attention_projections(b, il, T, decode, err)) return -1;
-    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
+    if (cu_qkv_post(b, il, T, err) || cu_journal_rows(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
         cu_q_post(b, il, T, deferred && !closes, err))
         return -1;
     if (branch) {

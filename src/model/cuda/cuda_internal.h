@@ -298,7 +298,8 @@ typedef struct cu_journal {
     bool valid;
     bool on;                 /* the pass being made copies its projections in (cu_journal_proj) */
     uint32_t n0, T, cap;     /* length at the mark, rows since, rows the buffers hold */
-    float *raw, *front, *proj;
+    float *raw, *raw_row, *front, *proj; /* ring slots before the rows, the rows' own, frontiers, projections */
+    float **rings;           /* device: every layer's ring */
     float *logits;           /* host: cap rows, then the logits at the mark */
     bool had_logits;
 } cu_journal;
@@ -417,6 +418,9 @@ int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
 int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err);
 int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
 int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* The pass's own ring rows of layer il (kvbuf, once its q / kv post made
+ * them), likewise. */
+int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 void cu_journal_free(cu_journal *j);
 
 /* cuda_hc.cu */

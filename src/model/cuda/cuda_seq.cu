@@ -4,15 +4,18 @@
  * MTP verification) is a prefill pass.  As on the CPU (cpu_rewind.c), a
  * mark and the rewindable passes after it journal what they destroy of the
  * state at the mark:
- *   - the raw ring slots its rows overwrite (device copies);
+ *   - the raw ring slots their rows overwrite (device copies of the slot
+ *     before the pass, and of the row the pass puts there: a ring shorter
+ *     than the rows since the mark has slots written twice);
  *   - the compressor and indexer frontiers, after the deferred decode
  *     windows were folded into them (cu_comp_flush), so that they are the
  *     canonical frontiers of MODEL.md 6.2;
  *   - each row's compressor projections, copied out of the pass buffers by
  *     the pass itself (cu_journal_proj, called where they are made);
  *   - every row's logits (host memory: the step reads them anyway).
- * Rewinding to n restores the ring slots of the rejected rows and the
- * frontiers, then replays the kept rows' compressor steps from their
+ * Rewinding to n gives each ring slot a rejected row wrote the row of the
+ * latest kept position of that slot (one launch for every layer), restores
+ * the frontiers, then replays the kept rows' compressor steps from their
  * journaled projections with the pass's own kernels (cu_compress over the
  * kept rows): the state is the one a sequence that never saw the rejected
  * rows has.
@@ -52,6 +55,8 @@ static size_t proj_off(const ds4_config *c, uint32_t il, uint32_t cap) {
 
 void cu_journal_free(cu_journal *j) {
     if (j->raw) cudaFree(j->raw);
+    if (j->raw_row) cudaFree(j->raw_row);
+    if (j->rings) cudaFree(j->rings);
     if (j->front) cudaFree(j->front);
     if (j->proj) cudaFree(j->proj);
     free(j->logits);
@@ -62,8 +67,10 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
     const ds4_config *c = b->cfg;
     cu_journal *j = &b->jr;
     j->cap = DS4_REWIND_MAX;
-    if (cu_dev_alloc((void **)&j->raw, (size_t)j->cap * c->n_layer * c->head_dim * sizeof(float), "rewind journal",
-                     err) ||
+    size_t raw_bytes = (size_t)j->cap * c->n_layer * c->head_dim * sizeof(float);
+    if (cu_dev_alloc((void **)&j->raw, raw_bytes, "rewind journal", err) ||
+        cu_dev_alloc((void **)&j->raw_row, raw_bytes, "rewind journal", err) ||
+        cu_dev_alloc((void **)&j->rings, c->n_layer * sizeof(float *), "rewind journal", err) ||
         cu_dev_alloc((void **)&j->front, (front_off(c, c->n_layer) + 1) * sizeof(float), "rewind journal", err) ||
         cu_dev_alloc((void **)&j->proj, (proj_off(c, c->n_layer, j->cap) + 1) * sizeof(float), "rewind journal",
                      err)) {
@@ -74,6 +81,9 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
         cu_journal_free(j);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the rewind journal");
     }
+    float *rings[DS4_MAX_LAYERS];
+    for (uint32_t il = 0; il < c->n_layer; il++) rings[il] = b->L[il].raw;
+    CU_TRY(cudaMemcpy(j->rings, rings, c->n_layer * sizeof(float *), cudaMemcpyHostToDevice));
     return 0;
 }
 
@@ -96,20 +106,70 @@ static int copy_fronts(cuda_backend *b, uint32_t il, bool save, ds4_err *err) {
     return 0;
 }
 
-/* The raw ring slots of positions [p0, p1) (p1 - p0 <= the ring) to
- * (save) or from the journal's rows p0 - n0 .. */
-static int copy_raw(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, bool save, ds4_err *err) {
-    const ds4_config *c = b->cfg;
-    size_t hd = c->head_dim;
+/* The raw ring slots of positions [p0, p1) into the journal's rows
+ * p0 - n0 .., as the pass about to write them finds them (a pass longer
+ * than the ring finds a slot it writes twice as it was before it). */
+static int save_slots(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, ds4_err *err) {
+    size_t hd = b->cfg->head_dim;
     for (uint32_t p = p0; p < p1;) {
         uint32_t slot = p % b->raw_cap, run = b->raw_cap - slot;
         if (run > p1 - p) run = p1 - p;
-        float *ring = b->L[il].raw + (size_t)slot * hd;
-        float *jr = b->jr.raw + ((size_t)il * b->jr.cap + (p - b->jr.n0)) * hd;
-        CU_TRY(cudaMemcpyAsync(save ? jr : ring, save ? ring : jr, run * hd * sizeof(float), cudaMemcpyDeviceToDevice,
+        CU_TRY(cudaMemcpyAsync(b->jr.raw + ((size_t)il * b->jr.cap + (p - b->jr.n0)) * hd,
+                               b->L[il].raw + (size_t)slot * hd, run * hd * sizeof(float), cudaMemcpyDeviceToDevice,
                                b->st));
         p += run;
     }
+    return 0;
+}
+
+int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+    if (!b->jr.on) return 0;
+    size_t hd = b->cfg->head_dim;
+    CU_TRY(cudaMemcpyAsync(b->jr.raw_row + ((size_t)il * b->jr.cap + (b->n_tokens - b->jr.n0)) * hd, b->kvbuf,
+                           T * hd * sizeof(float), cudaMemcpyDeviceToDevice, b->st));
+    return 0;
+}
+
+/* The ring slots a rewind rewrites, and where each one's row comes from:
+ * a journaled row of the pass (own) or a slot as the mark left it. */
+typedef struct ring_fix {
+    uint32_t n;
+    uint32_t slot[DS4_REWIND_MAX];
+    uint32_t row[DS4_REWIND_MAX]; /* journal row */
+    uint8_t own[DS4_REWIND_MAX];
+} ring_fix;
+
+/* Every layer's slots (a block per slot and layer). */
+static __global__ void ring_fix_kernel(ring_fix f, float *const *rings, const float *jr_old, const float *jr_own,
+                                       uint32_t cap_rows, uint32_t hd) {
+    dev_pdl_enter();
+    uint32_t e = blockIdx.x, il = blockIdx.y;
+    const float *src = (f.own[e] ? jr_own : jr_old) + ((size_t)il * cap_rows + f.row[e]) * hd;
+    float *dst = rings[il] + (size_t)f.slot[e] * hd;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = src[i];
+}
+
+/* The slots the rows [n, cur) wrote: each gets the row of the latest
+ * position before n that maps to it - the pass's own when that position
+ * is at least the mark's, else the slot as the mark left it (what the
+ * first row after the mark to write the slot found there). */
+static int fix_ring(cuda_backend *b, uint32_t n, uint32_t cur, ds4_err *err) {
+    const cu_journal *j = &b->jr;
+    int64_t cap = b->raw_cap;
+    ring_fix f;
+    memset(&f, 0, sizeof(f));
+    for (uint32_t p = n; p < cur && p < n + (uint32_t)cap; p++) {
+        uint32_t slot = p % b->raw_cap;
+        int64_t q = (int64_t)n - 1 - ((((int64_t)n - 1 - slot) % cap) + cap) % cap;
+        f.slot[f.n] = slot;
+        f.own[f.n] = q >= (int64_t)j->n0;
+        f.row[f.n] = f.own[f.n] ? (uint32_t)(q - j->n0) : (uint32_t)((((int64_t)slot - (int64_t)(j->n0 % cap)) % cap + cap) % cap);
+        f.n++;
+    }
+    if (f.n == 0) return 0;
+    DS4_LAUNCH(ring_fix_kernel, dim3(f.n, b->cfg->n_layer), 128, 0, b->st, f, (float *const *)j->rings,
+               (const float *)j->raw, (const float *)j->raw_row, j->cap, b->cfg->head_dim);
+    CU_LAUNCHED();
     return 0;
 }
 
@@ -197,7 +257,7 @@ int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     if (!rewindable) b->jr.valid = false; /* drops the mark */
     for (uint32_t il = 0; rewindable && il < c->n_layer; il++)
-        if (copy_raw(b, il, b->n_tokens, b->n_tokens + n, true, err)) return -1;
+        if (save_slots(b, il, b->n_tokens, b->n_tokens + n, err)) return -1;
     /* every row's logits when some are asked for or kept, else the last's */
     float *all = rewindable ? b->jr.logits + (size_t)(b->n_tokens - b->jr.n0) * c->n_vocab : NULL;
     if (!all && nl && !(all = (float *)malloc((size_t)n * c->n_vocab * sizeof(float))))
@@ -268,9 +328,9 @@ int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n, ds4_err *err) {
                            "can be taken back",
                            n, j->valid ? j->n0 : cur);
     uint32_t keep = n - j->n0;
-    if (cu_set_step(b, STEP_POS | STEP_FOLD, j->n0, 0, err)) return -1;
+    if (cu_set_step(b, STEP_POS | STEP_FOLD, j->n0, 0, err) || fix_ring(b, n, cur, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        if (copy_raw(b, il, n, cur, false, err) || copy_fronts(b, il, false, err)) return -1;
+        if (copy_fronts(b, il, false, err)) return -1;
         if (b->L[il].ratio == 0 || keep == 0) continue;
         if (copy_proj(b, il, 0, keep, false, err) || cu_compress(b, il, keep, j->n0, false, b->st, NULL, err))
             return ds4_err_prefix(err, "rewind: replaying layer %u", il);
