@@ -16,7 +16,8 @@
 #   make venv       Python environment for tests/reference scripts (pinned)
 #
 # Layout (dependencies point down): apps/ tools/ -> src/engine -> src/text,
-# src/model -> src/format -> src/base.  Every .c under src/ goes into
+# src/model -> src/format -> src/base; tools/ -> src/convert (conversion
+# only) -> src/model.  Every .c under src/ goes into
 # build/libds4.a; apps/NAME.c or apps/NAME/*.c (likewise tools/) becomes ./NAME.
 
 CC      ?= cc

@@ -12,6 +12,6 @@ cp tests/fuzz/corpus/safetensors/* "$out/corpus-safetensors/"
 clang -std=gnu11 -g -O1 -D_GNU_SOURCE -Isrc -fsanitize=fuzzer,address,undefined \
     -fno-sanitize-recover=undefined \
     -o "$out/fuzz_safetensors" tests/fuzz/fuzz_safetensors.c \
-    src/format/safetensors.c src/format/gguf_index.c src/base/error.c -ljansson -lpthread
+    src/convert/safetensors.c src/format/gguf_index.c src/base/error.c -ljansson -lpthread
 "$out/fuzz_safetensors" -max_total_time="$secs" -max_len=4096 -timeout=10 \
     -dict=tests/fuzz/safetensors.dict "$out/corpus-safetensors" 2>&1 | tail -n 5

@@ -27,7 +27,7 @@
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
 #include "common/tool_run.h"
-#include "model/hf.h"
+#include "convert/hf.h"
 
 static void sha_hex(const void *data, size_t n, char out[65]) {
     unsigned char md[SHA256_DIGEST_LENGTH];

@@ -12,8 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "convert/policy.h"
 #include "format/quants.h"
-#include "model/policy.h"
 
 static ds4_tensor_spec *specs;
 static size_t nspecs;

@@ -32,11 +32,11 @@
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
 #include "common/tool_run.h"
+#include "convert/hf.h"
 #include "format/gguf.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
 #include "model/backend.h"
-#include "model/hf.h"
 #include "model/weights.h"
 
 static char *ckpt;     /* a clean checkpoint shared by the tests */

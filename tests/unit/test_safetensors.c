@@ -20,7 +20,7 @@
 
 #include "common/st_build.h"
 #include "common/tool_run.h"
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 
 static const float f32_data[6] = {1, -2, 3.5f, 0, 1e-3f, 42};
 static const uint16_t bf16_data[4] = {0x3f80, 0xc000, 0x0000, 0x7f80};

@@ -6,7 +6,7 @@
  *
  * The model shape comes from DIR/config.json, tensor names and order from
  * src/model/layout.c, storage types from the recipe plus ds4's per-class
- * options and --tensor-type overrides (src/model/policy.h).  Tokenizer
+ * options and --tensor-type overrides (src/convert/policy.h).  Tokenizer
  * metadata is copied from --tokenizer-gguf.  Every source tensor is checked
  * (present, dtype, shape) before anything is written; tensors are then
  * streamed one at a time (experts a batch of threads at a time) into a

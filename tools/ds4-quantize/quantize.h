@@ -16,12 +16,12 @@
 
 #include "base/error.h"
 #include "base/threads.h"
+#include "convert/hf.h"
+#include "convert/policy.h"
+#include "convert/safetensors.h"
 #include "format/gguf.h"
 #include "format/imatrix.h"
-#include "format/safetensors.h"
-#include "model/hf.h"
 #include "model/layout.h"
-#include "model/policy.h"
 
 typedef struct qz_opts {
     const char *hf_dir;

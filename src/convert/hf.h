@@ -36,15 +36,15 @@
  * GGUF dims are the reverse of HF shapes; routed experts are stacked over E
  * into one 3-D tensor.
  */
-#ifndef DS4_MODEL_HF_H
-#define DS4_MODEL_HF_H
+#ifndef DS4_CONVERT_HF_H
+#define DS4_CONVERT_HF_H
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "base/error.h"
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 #include "model/config.h"
 #include "model/layout.h"
 

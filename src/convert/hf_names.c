@@ -4,7 +4,7 @@
  * "blk.N." prefix; this table and layout.c are the only places that spell
  * GGUF tensor names.
  */
-#include "model/hf.h"
+#include "convert/hf.h"
 
 #include <stdio.h>
 #include <string.h>

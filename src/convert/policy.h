@@ -17,8 +17,8 @@
  * exactly must fit it.  Every choice is checked against the
  * types layout.c accepts for the tensor and against its block size.
  */
-#ifndef DS4_MODEL_POLICY_H
-#define DS4_MODEL_POLICY_H
+#ifndef DS4_CONVERT_POLICY_H
+#define DS4_CONVERT_POLICY_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -24,8 +24,8 @@
  * Shapes are kept in safetensors (row-major, PyTorch) order: shape[0] is the
  * slowest axis.  GGUF dims are the reverse.
  */
-#ifndef DS4_FORMAT_SAFETENSORS_H
-#define DS4_FORMAT_SAFETENSORS_H
+#ifndef DS4_CONVERT_SAFETENSORS_H
+#define DS4_CONVERT_SAFETENSORS_H
 
 #include <stdbool.h>
 #include <stddef.h>

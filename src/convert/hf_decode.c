@@ -12,7 +12,7 @@
 #include <string.h>
 
 #include "base/fp.h"
-#include "model/hf.h"
+#include "convert/hf.h"
 
 /* Byte -> f32 tables, built once from the scalar conversions in base/fp. */
 static float fp8_lut[256], e8m0_lut[256], fp4_lut[16];

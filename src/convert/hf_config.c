@@ -22,7 +22,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "model/hf.h"
+#include "convert/hf.h"
 
 typedef struct ctx {
     const char *path;

@@ -3,7 +3,7 @@
  * safetensors.h).  JSON is parsed with jansson; everything the JSON says
  * about sizes and offsets is checked against the file before use.
  */
-#include "format/safetensors.h"
+#include "convert/safetensors.h"
 
 #include <errno.h>
 #include <fcntl.h>

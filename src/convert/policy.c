@@ -1,7 +1,7 @@
 /*
  * policy.c - per-tensor storage types for the quantizer (see policy.h).
  */
-#include "model/policy.h"
+#include "convert/policy.h"
 
 #include <ctype.h>
 #include <stdlib.h>
