@@ -40,7 +40,7 @@
 #include "base/clock.h"
 #include "engine/cli.h"
 #include "engine/startup.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/weights.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"

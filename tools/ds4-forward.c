@@ -19,7 +19,7 @@
 #include "base/rank.h"
 #include "engine/cli.h"
 #include "engine/startup.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/weights.h"
 
 typedef struct opts {

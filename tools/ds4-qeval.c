@@ -27,7 +27,7 @@
 #include "format/imatrix.h"
 #include "format/quants.h"
 #include "engine/startup.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/layout.h"
 #include "model/weights.h"
 

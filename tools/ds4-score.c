@@ -33,7 +33,7 @@
 #include "engine/cli.h"
 #include "engine/engine.h"
 #include "engine/startup.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/weights.h"
 
 typedef struct ids {

@@ -25,6 +25,7 @@
 #include "engine/cli.h"
 #include "engine/generate.h"
 #include "engine/startup.h"
+#include "model/backends.h"
 #include "server.h"
 
 server *SRV;

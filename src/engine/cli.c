@@ -5,7 +5,7 @@
 
 #include <stdio.h>
 
-#include "model/backend.h"
+#include "model/backends.h"
 
 _Static_assert(sizeof(ds4_think_mode) == sizeof(int), "DS4_CLI_THINK stores the mode as an int");
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "format/quants.h"
+#include "model/backends.h"
 
 const char *ds4_default_backend(void) {
 #ifdef DS4_CUDA

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "format/imatrix.h"
+#include "model/backends.h"
 #include "model/imatrix_collect.h"
 
 static char *read_dataset(const char *path, size_t *n, ds4_err *err) {

@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model/backends.h"
+
 struct ds4_session {
     ds4_engine *e;
     ds4_backend *b;           /* the engine's */

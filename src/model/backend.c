@@ -1,9 +1,8 @@
 /*
- * backend.c - backend selection and option defaults (see backend.h).
+ * backend.c - what every backend shares (see backend.h): option defaults,
+ * the generic greedy loop, a state sized for a backend's session.
  */
 #include "model/backend.h"
-
-#include <string.h>
 
 #include "base/rank.h"
 
@@ -13,34 +12,6 @@ ds4_backend_opts ds4_backend_opts_resolve(const ds4_backend_opts *opts) {
     if (o.ctx_size == 0) o.ctx_size = DS4_CTX_DEFAULT;
     if (o.prefill_chunk == 0) o.prefill_chunk = 2048; /* ds4's default, in DSV4 payloads (docs/MODEL.md 7) */
     return o;
-}
-
-#if DS4_CUDA
-#define BACKEND_NAMES "cpu, cuda"
-#else
-#define BACKEND_NAMES "cpu"
-#endif
-
-int ds4_backend_check_name(const char *name, ds4_err *err) {
-    if (!name || strcmp(name, "cpu") == 0) return 0;
-#if DS4_CUDA
-    if (strcmp(name, "cuda") == 0) return 0;
-#else
-    if (strcmp(name, "cuda") == 0)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "this is a CPU build, without the CUDA backend (build it with `make cuda`)");
-#endif
-    if (strcmp(name, "metal") == 0)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "Metal is not supported by this engine (backends: %s)", BACKEND_NAMES);
-    return ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
-}
-
-ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
-    if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
-#if DS4_CUDA
-    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
-#endif
-    ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
-    return NULL;
 }
 
 int ds4_seq_greedy(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err) {

@@ -63,7 +63,7 @@
 #include <unistd.h>
 
 #include "format/gguf.h"
-#include "model/backend.h"
+#include "model/backends.h"
 
 static int failures;
 

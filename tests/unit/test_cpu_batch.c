@@ -23,7 +23,7 @@
 #include <unistd.h>
 
 #include "common/tool_run.h"
-#include "model/backend.h"
+#include "model/backends.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
 #define N 400

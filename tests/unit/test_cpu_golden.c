@@ -24,7 +24,7 @@
 #include <unistd.h>
 
 #include "common/gguf_edit.h"
-#include "model/backend.h"
+#include "model/backends.h"
 
 typedef struct golden {
     uint32_t n, vocab;

@@ -17,7 +17,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "model/backend.h"
+#include "model/backends.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
 #define N 300

@@ -36,7 +36,7 @@
 #include "format/gguf.h"
 #include "format/imatrix.h"
 #include "format/quants.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/weights.h"
 
 static char *ckpt;     /* a clean checkpoint shared by the tests */

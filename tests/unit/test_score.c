@@ -20,7 +20,7 @@
 #include "common/official_ckpt.h"
 #include "common/st_build.h"
 #include "common/tool_run.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/weights.h"
 
 static char *dir;

@@ -25,7 +25,7 @@
 #include "common/tool_run.h"
 #include "format/gguf.h"
 #include "format/quants.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/config.h"
 #include "model/weights.h"
 

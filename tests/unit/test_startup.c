@@ -24,7 +24,7 @@
 #include "common/st_build.h"
 #include "engine/startup.h"
 #include "format/gguf.h"
-#include "model/backend.h"
+#include "model/backends.h"
 #include "model/session_state.h"
 #include "model/weights.h"
 

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "format/quants.h"
+#include "model/backends.h"
 #include "model/cpu/cpu.h"
 
 #define MAX_EXPERT_USED 64

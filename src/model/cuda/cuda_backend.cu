@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "base/numparse.h"
+#include "model/backends.h"
 #include "model/session_state.h"
 }
 

@@ -1,0 +1,34 @@
+/*
+ * backends.c - backend names and creation (see backends.h).
+ */
+#include "model/backends.h"
+
+#include <string.h>
+
+#if DS4_CUDA
+#define BACKEND_NAMES "cpu, cuda"
+#else
+#define BACKEND_NAMES "cpu"
+#endif
+
+int ds4_backend_check_name(const char *name, ds4_err *err) {
+    if (!name || strcmp(name, "cpu") == 0) return 0;
+#if DS4_CUDA
+    if (strcmp(name, "cuda") == 0) return 0;
+#else
+    if (strcmp(name, "cuda") == 0)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "this is a CPU build, without the CUDA backend (build it with `make cuda`)");
+#endif
+    if (strcmp(name, "metal") == 0)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "Metal is not supported by this engine (backends: %s)", BACKEND_NAMES);
+    return ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
+}
+
+ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
+    if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
+#if DS4_CUDA
+    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
+#endif
+    ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
+    return NULL;
+}
