@@ -132,17 +132,17 @@ static int parse_args(int argc, char **argv, opts *o) {
 /* Weight bytes one generated token reads: every tensor once (the embedding:
  * one row), and n_expert_used of the routed experts' matrices per layer. */
 static double bytes_per_token(const ds4_weights *w) {
-    double total = (double)w->token_embd.row_bytes;
-    const ds4_wt *g = &w->output_hc_base;
-    for (int i = 0; i < 5; i++) total += (double)g[i].row_bytes * g[i].ne[1] * g[i].ne[2];
-    size_t nl = sizeof(ds4_layer_weights) / sizeof(ds4_wt);
-    for (uint32_t il = 0; il < w->cfg.n_layer; il++) {
-        const ds4_wt *t = (const ds4_wt *)&w->layers[il];
-        for (size_t i = 0; i < nl; i++) {
-            if (!t[i].name || &t[i] == &w->layers[il].tid2eid) continue;
-            double mats = t[i].ne[2] > 1 ? (double)w->cfg.n_expert_used : (double)t[i].ne[2];
-            total += (double)t[i].row_bytes * t[i].ne[1] * mats;
+    double total = 0;
+    for (size_t i = 0; i < ds4_weights_count(w); i++) {
+        const ds4_tensor_row *row;
+        const ds4_wt *t = ds4_weights_at(w, i, &row);
+        if (!t->name || row->cls == DS4_TC_HASH) continue;
+        if (row->cls == DS4_TC_TOKEN_EMBD) {
+            total += (double)t->row_bytes;
+            continue;
         }
+        double mats = t->ne[2] > 1 ? (double)w->cfg.n_expert_used : (double)t->ne[2];
+        total += (double)t->row_bytes * t->ne[1] * mats;
     }
     return total;
 }

@@ -4,13 +4,14 @@
  *
  * Tests, benchmarks and the README's demo need models without downloading
  * the real 284B weights.  This tool writes files with ds4's exact tensor
- * names and deepseek4.* metadata (src/model/layout.c decides both), for any
- * shape: tiny presets for tests, `flash` for the real sizes.  Weights are
- * random with scales that keep activations of order one through the layers
- * (matrices N(0, 1/in), norms near 1, hash tables of distinct experts), and
- * are stored with one of the quantization recipes.  The output is a pure
- * function of the options: every row is drawn from a generator seeded by
- * (seed, tensor name, row), so thread count does not change the bytes.
+ * names and deepseek4.* metadata (src/model/tensors.h and config.c decide
+ * both), for any shape: tiny presets for tests, `flash` for the real sizes.
+ * Weights are random with scales that keep activations of order one through
+ * the layers (matrices N(0, 1/in), norms near 1, hash tables of distinct
+ * experts; the table's init column), and are stored with one of the
+ * quantization recipes.  The output is a pure function of the options:
+ * every row is drawn from a generator seeded by (seed, tensor name, row),
+ * so thread count does not change the bytes.
  *
  * With --random-blocks, quantized tensors are filled with random but valid
  * blocks instead of quantized random floats: that is how the full-size
@@ -146,20 +147,9 @@ typedef struct dist {
 } dist;
 
 static dist tensor_dist(const ds4_tensor_spec *t) {
-    const char *n = t->name;
-    if (t->layer >= 0) n = strchr(strchr(n, '.') + 1, '.') + 1; /* skip "blk.N." */
-    float fan_in = (float)t->ne[0];
-    switch (t->cls) {
-    case DS4_TC_TOKEN_EMBD: return (dist){0.0f, 1.0f};
-    case DS4_TC_VECTOR:
-        if (strstr(n, "norm")) return (dist){1.0f, 0.1f};
-        if (strstr(n, "sinks")) return (dist){0.0f, 1.0f};
-        if (strstr(n, "scale")) return (dist){1.0f, 0.1f};
-        return (dist){0.0f, 0.5f}; /* HC bases */
-    case DS4_TC_COMPRESSOR_APE: return (dist){0.0f, 0.5f};
-    case DS4_TC_ROUTER_BIAS: return (dist){0.0f, 0.05f};
-    default: return (dist){0.0f, 1.0f / sqrtf(fan_in)};
-    }
+    dist d;
+    ds4_init_dist(t->row->init, t->ne[0], &d.mean, &d.std);
+    return d;
 }
 
 /* ----------------------------------------------------------- writing */
@@ -411,14 +401,14 @@ static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
     /* The router bias exists only on learned-routing layers, as in the
      * official checkpoint (hash layers have tid2eid instead). */
     for (size_t i = 0; i < n && rc == 0; i++) {
-        if (specs[i].cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)specs[i].layer)) continue;
+        if (!specs[i].generated) continue;
         if (ds4_gguf_w_tensor(w, specs[i].name, specs[i].ndim, specs[i].ne, types[i]) != 0)
             rc = ds4_err_set(err, DS4_EINVAL, "declaring %s failed", specs[i].name);
     }
     uint64_t total = 0;
     size_t written = 0;
     for (size_t i = 0; i < n && rc == 0; i++) {
-        if (specs[i].cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)specs[i].layer)) continue;
+        if (!specs[i].generated) continue;
         written++;
         rc = write_tensor(w, &specs[i], types[i], o, c, pool, err);
         if (rc != 0) {

@@ -48,10 +48,10 @@
 #include "model/config.h"
 #include "model/layout.h"
 
-/* HF name of a layout tensor.  For routed experts (DS4_TC_EXP_*), the
- * name of expert `expert`'s matrix ("layers.3.ffn.experts.7.w1.weight");
- * `expert` is ignored for other tensors.  -1 if the tensor has no HF
- * counterpart known here. */
+/* HF name of a layout tensor (the hf column of the tensor table).  For
+ * routed experts (DS4_TC_EXP_*), the name of expert `expert`'s matrix
+ * ("layers.3.ffn.experts.7.w1.weight"); `expert` is ignored for other
+ * tensors.  -1 when a routed tensor gets no expert id or buf is too small. */
 int ds4_hf_name(const ds4_tensor_spec *t, int expert, char *buf, size_t len, ds4_err *err);
 
 /* The `.scale` companion of an HF weight name ("x.weight" -> "x.scale"). */

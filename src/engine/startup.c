@@ -70,14 +70,7 @@ static uint64_t tensor_bytes(const ds4_wt *t) {
 
 uint64_t ds4_weights_bytes(const ds4_weights *w) {
     uint64_t total = 0;
-    const ds4_wt *top[] = {&w->token_embd,      &w->output_hc_base, &w->output_hc_fn,
-                           &w->output_hc_scale, &w->output_norm,    &w->output};
-    for (size_t i = 0; i < sizeof(top) / sizeof(top[0]); i++) total += tensor_bytes(top[i]);
-    const size_t per_layer = sizeof(ds4_layer_weights) / sizeof(ds4_wt);
-    for (uint32_t il = 0; il < w->cfg.n_layer; il++) {
-        const ds4_wt *t = (const ds4_wt *)&w->layers[il];
-        for (size_t i = 0; i < per_layer; i++) total += tensor_bytes(&t[i]);
-    }
+    for (size_t i = 0; i < ds4_weights_count(w); i++) total += tensor_bytes(ds4_weights_at(w, i, NULL));
     return total;
 }
 

@@ -2,10 +2,11 @@
  * layout.h - the tensor inventory of a DeepSeek V4 Flash-architecture GGUF
  * (docs/MODEL.md 2.3-2.4) and the quantization recipes (2.6).
  *
- * One table, derived from a ds4_config, names every tensor with its shape,
- * its class and the storage types the engine accepts for it.  The model
- * loader validates files against it; the model generator and the quantizer
- * write files from it; nothing else spells tensor names.
+ * The inventory is the tensor table (tensors.h) applied to a ds4_config:
+ * every tensor the config calls for, with its full name, its shape in
+ * numbers, its class and the storage types the engine accepts for it.  The
+ * model loader validates files against it; the model generator and the
+ * quantizer write files from it.
  */
 #ifndef DS4_MODEL_LAYOUT_H
 #define DS4_MODEL_LAYOUT_H
@@ -16,26 +17,26 @@
 
 #include "base/error.h"
 #include "model/config.h"
+#include "model/tensors.h"
 
-/* What a tensor is, for quantization policy and type checks. */
-typedef enum ds4_tclass {
-    DS4_TC_TOKEN_EMBD,   /* token_embd */
-    DS4_TC_OUTPUT,       /* output (LM head) */
-    DS4_TC_HC_FN,        /* hc_{attn,ffn}_fn, output_hc_fn: HC mixers */
-    DS4_TC_VECTOR,       /* norms, HC scale/base, sinks: always F32 in ds4 files */
-    DS4_TC_ATTN_PROJ,    /* attn_q_a, attn_q_b, attn_kv, attn_output_a, attn_output_b */
-    DS4_TC_COMPRESSOR,   /* attn_compressor_{kv,gate} */
-    DS4_TC_COMPRESSOR_APE, /* attn_compressor_ape, indexer_compressor_ape */
-    DS4_TC_INDEXER,      /* indexer.attn_q_b, indexer.proj, indexer_compressor_{kv,gate} */
-    DS4_TC_ROUTER,       /* ffn_gate_inp */
-    DS4_TC_ROUTER_BIAS,  /* exp_probs_b (optional) */
-    DS4_TC_HASH,         /* ffn_gate_tid2eid (I32) */
-    DS4_TC_EXP_GATE,     /* ffn_gate_exps (w1) */
-    DS4_TC_EXP_UP,       /* ffn_up_exps (w3) */
-    DS4_TC_EXP_DOWN,     /* ffn_down_exps (w2) */
-    DS4_TC_SHARED,       /* ffn_{gate,up,down}_shexp */
-    DS4_TC_COUNT
-} ds4_tclass;
+/* Where a list of tensors goes: the prefixes of its names and which of
+ * the optional parts (tensors.h, ds4_when) it has. */
+typedef struct ds4_block {
+    int layer;           /* the main model's layer; -1 for the globals */
+    char prefix[24];     /* of GGUF names: "blk.3.", "" */
+    char hf_prefix[24];  /* of HF names: "layers.3.", "" */
+    uint32_t ratio;      /* compression ratio; 0: dense (no compressor) */
+    bool indexer;        /* the lightning indexer */
+    bool hash;           /* hash routing (tid2eid) */
+    bool bias_required;  /* the router bias may not be absent */
+} ds4_block;
+
+/* The global tensors' block, and layer il's. */
+ds4_block ds4_block_global(void);
+ds4_block ds4_block_layer(const ds4_config *c, uint32_t il);
+
+/* Value of a shape symbol for a block of config c. */
+uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d);
 
 typedef struct ds4_tensor_spec {
     char name[64];
@@ -43,9 +44,19 @@ typedef struct ds4_tensor_spec {
     int layer;             /* -1 for global tensors */
     uint32_t ndim;
     uint64_t ne[3];        /* GGUF order: ne[0] is the row length */
-    bool optional;
+    bool optional;         /* a file may lack it */
+    bool generated;        /* ds4's generators write it (ds4-mkmodel,
+                            * synthetic weights): not the router bias of
+                            * hash layers */
     uint64_t allowed;      /* bit t set: ggml type t accepted */
+    const ds4_tensor_row *row; /* the table row it comes from */
+    char hf_prefix[24];    /* its block's HF prefix (convert/hf_names.c) */
 } ds4_tensor_spec;
+
+/* The tensors of a list (rows, n) that block b has, appended to `out` in
+ * the list's order (out NULL: only counted).  Returns how many. */
+size_t ds4_layout_block(const ds4_config *c, const ds4_tensor_row *rows, size_t n, const ds4_block *b,
+                        ds4_tensor_spec *out);
 
 /* Number of tensors of a config (upper bound for the array passed below). */
 size_t ds4_layout_count(const ds4_config *c);

@@ -3,8 +3,9 @@
  *
  * The inventory (layout.c) says which tensors a config needs; here each one
  * is looked up, checked (shape, storage type, whole blocks per row) and its
- * view stored into the field the tables below name.  Then the file's own
- * tensor list is checked for names the inventory does not know.
+ * view stored into the field its row of the tensor table (tensors.h)
+ * names.  Then the file's own tensor list is checked for names the
+ * inventory does not know.
  */
 #include "model/weights.h"
 
@@ -15,76 +16,29 @@
 #include "format/quants.h"
 #include "model/layout.h"
 
-/* Where each tensor of the inventory goes.  Names are the part after
- * "blk.N." for layer tensors. */
-typedef struct binding {
-    const char *name;
-    size_t offset;
-} binding;
-
-#define GB(n, f) {n, offsetof(ds4_weights, f)}
-static const binding global_bindings[] = {
-    GB("token_embd.weight", token_embd),
-    GB("output_hc_base.weight", output_hc_base),
-    GB("output_hc_fn.weight", output_hc_fn),
-    GB("output_hc_scale.weight", output_hc_scale),
-    GB("output_norm.weight", output_norm),
-    GB("output.weight", output),
-};
-
-#define LB(n, f) {n, offsetof(ds4_layer_weights, f)}
-static const binding layer_bindings[] = {
-    LB("hc_attn_fn.weight", hc_attn_fn),
-    LB("hc_attn_scale.weight", hc_attn_scale),
-    LB("hc_attn_base.weight", hc_attn_base),
-    LB("attn_norm.weight", attn_norm),
-    LB("attn_q_a.weight", q_a),
-    LB("attn_q_a_norm.weight", q_a_norm),
-    LB("attn_q_b.weight", q_b),
-    LB("attn_kv.weight", kv),
-    LB("attn_kv_a_norm.weight", kv_norm),
-    LB("attn_sinks.weight", sinks),
-    LB("attn_output_a.weight", out_a),
-    LB("attn_output_b.weight", out_b),
-    LB("attn_compressor_ape.weight", comp_ape),
-    LB("attn_compressor_kv.weight", comp_kv),
-    LB("attn_compressor_gate.weight", comp_gate),
-    LB("attn_compressor_norm.weight", comp_norm),
-    LB("indexer.attn_q_b.weight", idx_q_b),
-    LB("indexer.proj.weight", idx_proj),
-    LB("indexer_compressor_ape.weight", idx_ape),
-    LB("indexer_compressor_kv.weight", idx_kv),
-    LB("indexer_compressor_gate.weight", idx_gate),
-    LB("indexer_compressor_norm.weight", idx_norm),
-    LB("hc_ffn_fn.weight", hc_ffn_fn),
-    LB("hc_ffn_scale.weight", hc_ffn_scale),
-    LB("hc_ffn_base.weight", hc_ffn_base),
-    LB("ffn_norm.weight", ffn_norm),
-    LB("ffn_gate_inp.weight", gate_inp),
-    LB("exp_probs_b.bias", exp_bias),
-    LB("ffn_gate_tid2eid.weight", tid2eid),
-    LB("ffn_gate_exps.weight", gate_exps),
-    LB("ffn_up_exps.weight", up_exps),
-    LB("ffn_down_exps.weight", down_exps),
-    LB("ffn_gate_shexp.weight", gate_sh),
-    LB("ffn_up_shexp.weight", up_sh),
-    LB("ffn_down_shexp.weight", down_sh),
-};
-
+/* The field a spec binds: its row's offset in the struct of its block. */
 static ds4_wt *slot_for(ds4_weights *w, const ds4_tensor_spec *s) {
-    if (s->layer < 0) {
-        for (size_t i = 0; i < sizeof(global_bindings) / sizeof(global_bindings[0]); i++)
-            if (strcmp(global_bindings[i].name, s->name) == 0)
-                return (ds4_wt *)((char *)w + global_bindings[i].offset);
-        return NULL;
+    char *base = s->layer < 0 ? (char *)w : (char *)&w->layers[s->layer];
+    return (ds4_wt *)(base + s->row->offset);
+}
+
+size_t ds4_weights_count(const ds4_weights *w) {
+    return DS4_N_GLOBAL_TENSORS + (size_t)w->cfg.n_layer * DS4_N_LAYER_TENSORS;
+}
+
+const ds4_wt *ds4_weights_at(const ds4_weights *w, size_t i, const ds4_tensor_row **row) {
+    const ds4_tensor_row *r;
+    const char *base;
+    if (i < DS4_N_GLOBAL_TENSORS) {
+        r = &ds4_global_rows[i];
+        base = (const char *)w;
+    } else {
+        i -= DS4_N_GLOBAL_TENSORS;
+        r = &ds4_layer_rows[i % DS4_N_LAYER_TENSORS];
+        base = (const char *)&w->layers[i / DS4_N_LAYER_TENSORS];
     }
-    const char *suffix = strchr(s->name + 4, '.'); /* skip "blk.N" */
-    if (!suffix) return NULL;
-    suffix++;
-    for (size_t i = 0; i < sizeof(layer_bindings) / sizeof(layer_bindings[0]); i++)
-        if (strcmp(layer_bindings[i].name, suffix) == 0)
-            return (ds4_wt *)((char *)&w->layers[s->layer] + layer_bindings[i].offset);
-    return NULL;
+    if (row) *row = r;
+    return (const ds4_wt *)(base + r->offset);
 }
 
 static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *ne) {
@@ -148,10 +102,6 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
     for (size_t i = 0; i < n && rc == 0; i++) {
         const ds4_tensor_spec *s = &specs[i];
         ds4_wt *slot = slot_for(w, s);
-        if (!slot) {
-            rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: no binding (layout and weights disagree)", s->name);
-            break;
-        }
         const ds4_gguf_tensor *t = ds4_gguf_find_tensor(w->gguf, s->name);
         if (!t) {
             if (s->optional) continue;
@@ -246,11 +196,10 @@ ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe_name,
     ds4_layout_build(c, specs);
     for (size_t i = 0; i < n; i++) {
         const ds4_tensor_spec *s = &specs[i];
-        if (s->cls == DS4_TC_ROUTER_BIAS && ds4_layer_is_hash(c, (uint32_t)s->layer)) continue;
+        if (!s->generated) continue;
         ds4_wt *slot = slot_for(w, s);
         uint32_t type;
-        if (!slot || ds4_recipe_type_for(recipe, s, &type, err) != 0) {
-            if (!slot) ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: no binding", s->name);
+        if (ds4_recipe_type_for(recipe, s, &type, err) != 0) {
             ds4_weights_close(w);
             return NULL;
         }

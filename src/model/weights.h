@@ -25,6 +25,7 @@
 #include "base/error.h"
 #include "format/gguf.h"
 #include "model/config.h"
+#include "model/tensors.h"
 
 /* One tensor: ne[0] is the row length; ne[1] rows per matrix; ne[2]
  * matrices (experts).  data == NULL for an absent optional tensor. */
@@ -36,29 +37,23 @@ typedef struct ds4_wt {
     const char *name;      /* the GGUF name (points into the reader) */
 } ds4_wt;
 
+/* The views of one layer, one field per row of DS4_LAYER_TENSORS
+ * (tensors.h): hc_attn_fn, ..., q_a, q_b, kv, ..., gate_exps, down_sh. */
+#define DS4_WT_FIELD(field, ...) ds4_wt field;
 typedef struct ds4_layer_weights {
-    /* attention sublayer */
-    ds4_wt hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm;
-    ds4_wt q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
-    /* compressor (ratio != 0) */
-    ds4_wt comp_ape, comp_kv, comp_gate, comp_norm;
-    /* lightning indexer (ratio 4) */
-    ds4_wt idx_q_b, idx_proj, idx_ape, idx_kv, idx_gate, idx_norm;
-    /* FFN sublayer */
-    ds4_wt hc_ffn_fn, hc_ffn_scale, hc_ffn_base, ffn_norm;
-    ds4_wt gate_inp, exp_bias, tid2eid;
-    ds4_wt gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh;
+    DS4_LAYER_TENSORS(DS4_WT_FIELD)
 } ds4_layer_weights;
 
 typedef struct ds4_weights {
     ds4_config cfg;
     ds4_gguf *gguf;
-    ds4_wt token_embd, output_hc_base, output_hc_fn, output_hc_scale, output_norm, output;
+    DS4_GLOBAL_TENSORS(DS4_WT_FIELD) /* token_embd, output_hc_*, output_norm, output */
     ds4_layer_weights *layers; /* cfg.n_layer entries */
     bool synthetic;            /* shapes only: data NULL (ds4_weights_synthetic) */
     uint64_t synthetic_seed;
     void *owned;               /* names of a synthetic table */
 } ds4_weights;
+#undef DS4_WT_FIELD
 
 /* Open, validate and bind.  NULL on failure; the message starts with the
  * path and names the key or tensor at fault. */
@@ -75,6 +70,12 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err);
 ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe, uint64_t seed, ds4_err *err);
 
 void ds4_weights_close(ds4_weights *w);
+
+/* Every tensor view, in the tables' order: the globals, then each layer's
+ * (an absent tensor has name == NULL).  i < ds4_weights_count(w); `row`,
+ * when not NULL, receives the table row the view comes from. */
+size_t ds4_weights_count(const ds4_weights *w);
+const ds4_wt *ds4_weights_at(const ds4_weights *w, size_t i, const ds4_tensor_row **row);
 
 /* Pointer to row `row` of matrix `mat` (expert index) of a tensor. */
 static inline const void *ds4_wt_row(const ds4_wt *t, uint64_t mat, uint64_t row) {

@@ -5,7 +5,7 @@
  *   ds4-quantize --hf DIR --out FILE [--recipe q2|q4|q8_0|f16|f32] [options]
  *
  * The model shape comes from DIR/config.json, tensor names and order from
- * src/model/layout.c, storage types from the recipe plus ds4's per-class
+ * the tensor table (src/model/tensors.h), storage types from the recipe plus ds4's per-class
  * options and --tensor-type overrides (src/convert/policy.h).  Tokenizer
  * metadata is copied from --tokenizer-gguf.  Every source tensor is checked
  * (present, dtype, shape) before anything is written; tensors are then

@@ -70,22 +70,20 @@ typedef struct dwt {
     size_t row_bytes; /* bytes of a repacked row (16-byte multiple) */
 } dwt;
 
+/* The device copies of ds4_layer_weights and ds4_weights: the same fields
+ * (the tensor table, model/tensors.h). */
+#define DWT_FIELD(field, ...) dwt field;
 typedef struct dlayer {
-    dwt hc_attn_fn, hc_attn_scale, hc_attn_base, attn_norm;
-    dwt q_a, q_a_norm, q_b, kv, kv_norm, sinks, out_a, out_b;
-    dwt comp_ape, comp_kv, comp_gate, comp_norm;
-    dwt idx_q_b, idx_proj, idx_ape, idx_kv, idx_gate, idx_norm;
-    dwt hc_ffn_fn, hc_ffn_scale, hc_ffn_base, ffn_norm;
-    dwt gate_inp, exp_bias, tid2eid;
-    dwt gate_exps, up_exps, down_exps, gate_sh, up_sh, down_sh;
+    DS4_LAYER_TENSORS(DWT_FIELD)
 } dlayer;
 
 typedef struct dweights {
-    dwt token_embd, output_hc_base, output_hc_fn, output_hc_scale, output_norm, output;
+    DS4_GLOBAL_TENSORS(DWT_FIELD)
     dlayer *layers;
     void *block;       /* one device allocation holding every tensor */
     size_t bytes;
 } dweights;
+#undef DWT_FIELD
 
 /* Byte geometry of a repacked row; 0 for a type the GPU cannot use. */
 size_t cu_row_bytes(uint32_t type, uint32_t n);

@@ -71,29 +71,27 @@ void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, 
     }
 }
 
-/* The host and device tables walked in parallel: same fields, same order. */
-static_assert(sizeof(ds4_layer_weights) / sizeof(ds4_wt) == sizeof(dlayer) / sizeof(dwt), "layer tables differ");
-#define N_GLOBAL 6
-#define N_LAYER (sizeof(dlayer) / sizeof(dwt))
+/* Device tensor i, in the order of ds4_weights_at: offsets of the fields
+ * the tensor table gives dweights and dlayer. */
+#define DEV_OFFSET(type, field, ...) offsetof(type, field),
+#define DEV_GLOBAL(...) DEV_OFFSET(dweights, __VA_ARGS__)
+#define DEV_LAYER(...) DEV_OFFSET(dlayer, __VA_ARGS__)
+static const size_t dev_global_offsets[] = {DS4_GLOBAL_TENSORS(DEV_GLOBAL)};
+static const size_t dev_layer_offsets[] = {DS4_LAYER_TENSORS(DEV_LAYER)};
 
-static const ds4_wt *host_tensor(const ds4_weights *w, size_t i) {
-    if (i < N_GLOBAL) return &w->token_embd + i;
-    i -= N_GLOBAL;
-    return (const ds4_wt *)&w->layers[i / N_LAYER] + i % N_LAYER;
-}
 static dwt *dev_tensor(dweights *dw, size_t i) {
-    if (i < N_GLOBAL) return &dw->token_embd + i;
-    i -= N_GLOBAL;
-    return (dwt *)&dw->layers[i / N_LAYER] + i % N_LAYER;
+    if (i < DS4_N_GLOBAL_TENSORS) return (dwt *)((char *)dw + dev_global_offsets[i]);
+    i -= DS4_N_GLOBAL_TENSORS;
+    return (dwt *)((char *)&dw->layers[i / DS4_N_LAYER_TENSORS] + dev_layer_offsets[i % DS4_N_LAYER_TENSORS]);
 }
 
 /* Shapes and one device allocation for all present tensors. */
 static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *err) {
-    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER, total = 0;
+    size_t count = ds4_weights_count(w), total = 0;
     dw->layers = (dlayer *)calloc(w->cfg.n_layer, sizeof(dlayer));
     if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     for (size_t i = 0; i < count; i++) {
-        const ds4_wt *h = host_tensor(w, i);
+        const ds4_wt *h = ds4_weights_at(w, i, NULL);
         dwt *d = dev_tensor(dw, i);
         memset(d, 0, sizeof(*d));
         offsets[i] = SIZE_MAX;
@@ -117,7 +115,7 @@ static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *er
 }
 
 int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err) {
-    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER;
+    size_t count = ds4_weights_count(w);
     size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
     if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = plan(dw, w, offsets, err);
@@ -133,7 +131,7 @@ int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err
     CU_TRY(cudaEventCreate(&done[1]));
     int which = 0;
     for (size_t i = 0; i < count && rc == 0; i++) {
-        const ds4_wt *h = host_tensor(w, i);
+        const ds4_wt *h = ds4_weights_at(w, i, NULL);
         dwt *d = dev_tensor(dw, i);
         if (!d->p) continue;
         if (!h->data) {
@@ -256,33 +254,22 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
-/* The value scale ds4-mkmodel gives a tensor, from its name. */
-static void synth_dist(const char *name, uint32_t n, float *mean, float *std) {
-    *mean = 0.0f;
-    *std = 1.0f / sqrtf((float)n);
-    if (strstr(name, "token_embd")) *std = 1.0f;
-    else if (strstr(name, "_ape")) *std = 0.5f;
-    else if (strstr(name, "exp_probs_b")) *std = 0.05f;
-    else if (strstr(name, "norm") || strstr(name, "scale")) { *mean = 1.0f; *std = 0.1f; }
-    else if (strstr(name, "sinks")) *std = 1.0f;
-    else if (strstr(name, "hc_") && strstr(name, "base")) *std = 0.5f;
-}
-
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
-    size_t count = N_GLOBAL + (size_t)w->cfg.n_layer * N_LAYER;
+    size_t count = ds4_weights_count(w);
     size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
     if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = plan(dw, w, offsets, err);
     free(offsets);
     if (rc) return rc;
     for (size_t i = 0; i < count; i++) {
-        const ds4_wt *h = host_tensor(w, i);
+        const ds4_tensor_row *row;
+        const ds4_wt *h = ds4_weights_at(w, i, &row);
         dwt *d = dev_tensor(dw, i);
         if (!d->p) continue;
         uint64_t s = seed ^ name_hash(h->name);
         size_t rows = (size_t)d->rows * d->mats;
-        float mean, std;
-        synth_dist(h->name, d->n, &mean, &std);
+        float mean, std; /* the value scale ds4-mkmodel gives the tensor */
+        ds4_init_dist(row->init, d->n, &mean, &std);
         uint8_t *p = (uint8_t *)d->p;
         if (d->type == DS4_TYPE_I32) {
             DS4_LAUNCH(synth_hash, 256, 256, 0, st, (int32_t *)p, d->n, d->rows, w->cfg.n_expert, s);
