@@ -1,8 +1,8 @@
 /*
  * test_startup.c - what engine programs share at startup (engine/startup.h):
- *  - the weights' byte count is the sum of the file's tensors, and the
- *    memory line adds the KV state for the context (model/session_state.h)
- *    with the exact text programs print;
+ *  - the weights' byte count is the sum of the file's tensors, the KV
+ *    state's is MODEL.md 8.1's sizes written out by hand for the tiny
+ *    model, and the memory line is the exact text programs print;
  *  - --warm-weights leaves every page of the mapping resident (mincore),
  *    starting from a file whose pages were dropped from the page cache;
  *  - backend names and ds4 options this engine lacks get their own messages;
@@ -30,20 +30,52 @@
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
 
+/* The KV state of the tiny model (MODEL.md 8.1 spelled out for its config:
+ * 6 layers with ratios 0 0 4 128 4 128, head_dim 128, window 128, indexer
+ * rows of 128, vocabulary 256), in 4-byte values: the token list and the
+ * logits; per layer the raw ring of min(ctx, window) rows; per compressed
+ * layer ctx/ratio + 2 compressed rows and two frontiers (values and scores)
+ * of coff*ratio rows of coff*head_dim (coff = 2 for ratio 4, 1 for 128);
+ * on ratio-4 layers the same again for the indexer. */
+static uint64_t tiny_kv_bytes(uint64_t ctx) {
+    uint64_t raw = ctx < 128 ? ctx : 128;
+    uint64_t f = ctx + 256 + 6 * raw * 128;
+    f += 2 * ((ctx / 4 + 2) * 128 + 2 * 8 * 256);     /* ratio 4: attention */
+    f += 2 * ((ctx / 4 + 2) * 128 + 2 * 8 * 256);     /* ratio 4: indexer */
+    f += 2 * ((ctx / 128 + 2) * 128 + 2 * 128 * 128); /* ratio 128 */
+    return 4 * f;
+}
+
 static void test_weight_bytes_and_memory_line(void **state) {
     (void)state;
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(MODEL, &err);
     if (!w) fail_msg("%s", err.msg);
+    const ds4_config *c = &w->cfg;
+    static const uint32_t ratios[6] = {0, 0, 4, 128, 4, 128};
+    assert_int_equal(c->n_layer, 6);
+    assert_memory_equal(c->compress_ratio, ratios, sizeof(ratios));
+    assert_int_equal(c->head_dim, 128);
+    assert_int_equal(c->sliding_window, 128);
+    assert_int_equal(c->idx_head_dim, 128);
+    assert_int_equal(c->n_vocab, 256);
+
+    /* Weights: every tensor of the file, as the reader lists them. */
     uint64_t sum = 0;
     for (uint64_t i = 0; i < w->gguf->n_tensors; i++) sum += w->gguf->tensors[i].nbytes;
+    assert_int_equal(sum, 2404836);
     assert_int_equal(ds4_weights_bytes(w), sum);
-
-    char line[160], a[32], b[32], c[32], want[200];
-    uint64_t kv = ds4_kv_state_bytes(&w->cfg, 4096);
-    snprintf(want, sizeof(want), "memory: weights %s + context 4096 tokens %s = %s", ds4_fmt_bytes(sum, a),
-             ds4_fmt_bytes(kv, b), ds4_fmt_bytes(sum + kv, c));
-    assert_string_equal(ds4_memory_line(w, 4096, line, sizeof(line)), want);
+    /* Context: the formula above, inside and past the raw window. */
+    assert_int_equal(tiny_kv_bytes(4096), 2874368);
+    assert_int_equal(ds4_kv_state_bytes(c, 4096), tiny_kv_bytes(4096));
+    assert_int_equal(tiny_kv_bytes(100), 693648);
+    assert_int_equal(ds4_kv_state_bytes(c, 100), tiny_kv_bytes(100));
+    /* The line programs print, for those numbers. */
+    char line[160], a[32];
+    assert_string_equal(ds4_memory_line(w, 4096, line, sizeof(line)),
+                        "memory: weights 2.3 MiB + context 4096 tokens 2.7 MiB = 5.0 MiB");
+    assert_string_equal(ds4_memory_line(w, 100, line, sizeof(line)),
+                        "memory: weights 2.3 MiB + context 100 tokens 677.4 KiB = 3.0 MiB");
     ds4_weights_close(w);
 
     assert_string_equal(ds4_fmt_bytes(1023, a), "1023 bytes");
