@@ -436,11 +436,25 @@ static void test_new_request_fields(void **state) {
 #define FA(id) CALL(id, "f", "\"{}\"")
 #define GB(id) CALL(id, "g", "{}")
 
-static int replays(render_calls_ctx *c, const char *calls_json) {
+/* Whether the calls replay; a replay must be exactly `block`, as one
+ * trusted segment (its added-token spellings tokenize as control tokens),
+ * and a refusal must leave the prompt untouched. */
+static int replays(render_calls_ctx *c, const char *calls_json, const char *block) {
     json_t *calls = json_loads(calls_json, 0, NULL);
     ds4_rendered r = {0};
     int rc = toolmem_render_calls(c, calls, &r, NULL);
-    if (rc == 1) assert_true(r.text.len > 0);
+    if (rc == 1) {
+        if (!block) fail_msg("%s replayed, expected the canonical rendering", calls_json);
+        assert_int_equal(r.text.len, strlen(block));
+        assert_memory_equal(r.text.p, block, r.text.len);
+        assert_int_equal(r.n_segs, 1);
+        assert_int_equal(r.segs[0].kind, DS4_SEG_TRUSTED);
+        assert_int_equal(r.segs[0].off, 0);
+        assert_int_equal(r.segs[0].len, strlen(block));
+    } else {
+        assert_int_equal(r.text.len, 0);
+        assert_int_equal(r.n_segs, 0);
+    }
     ds4_rendered_free(&r);
     json_decref(calls);
     return rc;
@@ -463,43 +477,44 @@ static void test_tool_memory(void **state) {
     free(b);
     /* All ids of the turn, one block, as many calls as it holds, the same
      * calls in the same order. */
-    assert_int_equal(replays(&rc, "[" FA("call_a") "," GB("call_b") "]"), 1);
-    assert_int_equal(replays(&rc, "[" FA("call_a") "]"), 0);                     /* one of two calls */
-    assert_int_equal(replays(&rc, "[" FA("call_a") "," FA("call_c") "]"), 0);    /* two blocks */
-    assert_int_equal(replays(&rc, "[" FA("call_c") "]"), 1);
-    assert_int_equal(replays(&rc, "[{\"id\":\"nope\"}]"), 0);
-    assert_int_equal(replays(&rc, "[{}]"), 0);
+    assert_int_equal(replays(&rc, "[" FA("call_a") "," GB("call_b") "]", BLOCK2), 1);
+    assert_int_equal(replays(&rc, "[" FA("call_a") "]", NULL), 0);                     /* one of two calls */
+    assert_int_equal(replays(&rc, "[" FA("call_a") "," FA("call_c") "]", NULL), 0);    /* two blocks */
+    assert_int_equal(replays(&rc, "[" FA("call_c") "]", BLOCK1), 1);
+    assert_int_equal(replays(&rc, "[{\"id\":\"nope\"}]", NULL), 0);
+    assert_int_equal(replays(&rc, "[{}]", NULL), 0);
     assert_int_equal(rc.replayed, 2);
     assert_int_equal(rc.canonical, 4);
-    assert_int_equal(replays(&rc, "[" GB("call_b") "," FA("call_a") "]"), 0); /* reordered */
-    assert_int_equal(replays(&rc, "[" CALL("call_c", "g", "\"{}\"") "]"), 0);  /* renamed */
+    assert_int_equal(replays(&rc, "[" GB("call_b") "," FA("call_a") "]", NULL), 0); /* reordered */
+    assert_int_equal(replays(&rc, "[" CALL("call_c", "g", "\"{}\"") "]", NULL), 0);  /* renamed */
     /* Arguments: equal as JSON replays (any spelling), an edit does not. */
     const char *three[] = {"call_h"};
     toolmem_put_many(s.tools, three, 1, BLOCK3, strlen(BLOCK3));
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"a\\\", \\\"y\\\": 1}\"") "]"), 1);
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"y\\\":1,\\\"x\\\":\\\"a\\\"}\"") "]"), 1);
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"y\":1,\"x\":\"a\"}") "]"), 1);
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"b\\\", \\\"y\\\": 1}\"") "]"), 0);
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"x\":\"a\"}") "]"), 0);
-    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"not json\"") "]"), 0);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"a\\\", \\\"y\\\": 1}\"") "]", BLOCK3), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"y\\\":1,\\\"x\\\":\\\"a\\\"}\"") "]", BLOCK3), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"y\":1,\"x\":\"a\"}") "]", BLOCK3), 1);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"{\\\"x\\\": \\\"b\\\", \\\"y\\\": 1}\"") "]", NULL), 0);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "{\"x\":\"a\"}") "]", NULL), 0);
+    assert_int_equal(replays(&rc, "[" CALL("call_h", "h", "\"not json\"") "]", NULL), 0);
     rc.replayed = 2;
     rc.canonical = 4;
     /* The server's own renderings replay the same way, uncounted. */
     json_t *calls = json_loads("[" FA("call_c") "]", 0, NULL);
     ds4_rendered r = {0};
     assert_int_equal(toolmem_render_calls_quiet(&rc, calls, &r, NULL), 1);
+    assert_int_equal(r.text.len, strlen(BLOCK1));
     assert_memory_equal(r.text.p, BLOCK1, strlen(BLOCK1));
     ds4_rendered_free(&r);
     json_decref(calls);
     assert_int_equal(rc.replayed, 2);
     assert_int_equal(rc.canonical, 4);
     s.o.exact_replay = false;
-    assert_int_equal(replays(&rc, "[" FA("call_c") "]"), 0);
+    assert_int_equal(replays(&rc, "[" FA("call_c") "]", NULL), 0);
     /* Ids restored one at a time (from disk) still replay a shared block. */
     s.o.exact_replay = true;
     toolmem_put(s.tools, "call_x", BLOCK2, strlen(BLOCK2));
     toolmem_put(s.tools, "call_y", BLOCK2, strlen(BLOCK2));
-    assert_int_equal(replays(&rc, "[" FA("call_x") "," GB("call_y") "]"), 1);
+    assert_int_equal(replays(&rc, "[" FA("call_x") "," GB("call_y") "]", BLOCK2), 1);
     /* Beyond 5 ids the least recently used goes: call_b (call_a was read). */
     assert_int_equal(toolmem_count(s.tools), 5);
     assert_null(toolmem_get(s.tools, "call_b", &n));
