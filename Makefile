@@ -11,6 +11,8 @@
 #   make test       build and run the whole default test suite
 #   make test-cuda  the GPU tests (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the same tests on the CPU emulation of CUDA
+#   make perf-tools the measuring instruments of tools/perf: the GPU probes
+#                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
 #   make deps       install missing Debian packages (scripts/deps.sh)
 #   make venv       Python environment for tests/reference scripts (pinned)
@@ -59,16 +61,17 @@ CUDA_LOBJ := $(LIB_SRC:%.c=$(BUILD)/cuda/%.o)
 EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $(BUILD)/emu/tests/cuda/emu/cuda_emu.o
 CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
-# Programs: single-file apps/tools and multi-file ones (a folder of .c files).
-PROG_FILES := $(wildcard apps/*.c tools/*.c)
-PROG_DIRS  := $(patsubst %/,%,$(wildcard apps/*/ tools/*/))
-PROGS      := $(notdir $(PROG_FILES:.c=)) $(notdir $(PROG_DIRS))
+# Programs: single-file apps/tools and multi-file ones (a folder of .c
+# files); tools/perf holds measuring instruments (make perf-tools), no program.
+APP_PROGS  := $(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/)))
+TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/,$(wildcard tools/*/))))
+PROGS      := $(APP_PROGS) $(TOOL_PROGS)
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu demo deps venv reference clean fuzz bench
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -86,8 +89,8 @@ define prog_rule
 $(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c) $$(wildcard $(2)/$(1)/*.h)) $(BUILD)/libds4.a
 	$$(CC) $$(CFLAGS) -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4.a $$(LDFLAGS) $$(DEPLIBS) $$(LIBS_$(1))
 endef
-$(foreach p,$(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/))),$(eval $(call prog_rule,$(p),apps)))
-$(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(wildcard tools/*/))),$(eval $(call prog_rule,$(p),tools)))
+$(foreach p,$(APP_PROGS),$(eval $(call prog_rule,$(p),apps)))
+$(foreach p,$(TOOL_PROGS),$(eval $(call prog_rule,$(p),tools)))
 
 # Unit tests: one binary per tests/unit/test_*.c, linked with cmocka.
 $(BUILD)/tests/%: tests/unit/%.c $(TEST_COMMON) $(BUILD)/libds4.a
@@ -132,23 +135,29 @@ $(BUILD)/cuda/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $
 	@mkdir -p $$(dir $$@)
 	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4cuda.a $$(LDFLAGS) -Wl,--as-needed $$(DEPLIBS) $$(LIBS_$(1)) $(CUDA_LIBS)
 endef
-$(foreach p,$(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/))),$(eval $(call cuda_prog_rule,$(p),apps)))
-$(foreach p,$(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(wildcard tools/*/))),$(eval $(call cuda_prog_rule,$(p),tools)))
+$(foreach p,$(APP_PROGS),$(eval $(call cuda_prog_rule,$(p),apps)))
+$(foreach p,$(TOOL_PROGS),$(eval $(call cuda_prog_rule,$(p),tools)))
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
-$(BUILD)/cuda/pdl_probe: tests/cuda/pdl_probe.cu
-	$(NVCC) $(NVCCFLAGS) -o $@ $< -cudart static -Xcompiler -static-libstdc++,-static-libgcc
-$(BUILD)/cuda/gemv_probe: tests/cuda/gemv_probe.cu $(BUILD)/libds4cuda.a
-	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
-cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels $(BUILD)/cuda/pdl_probe $(BUILD)/cuda/gemv_probe
+cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
 
 test-cuda: cuda
 	@tests/cuda/run.sh $(BUILD)/cuda
 
 cuda-dev:
 	@$(MAKE) --no-print-directory cuda BUILD=$(BUILD)/dev CUDA_DEV=1
+
+# Measuring instruments (tools/perf): the GPU probes, and the scripts'
+# checks on fixtures (tools/perf/tests), kept working outside `make test`.
+$(BUILD)/cuda/pdl_probe: tools/perf/pdl_probe.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCCFLAGS) -o $@ $< -cudart static -Xcompiler -static-libstdc++,-static-libgcc
+$(BUILD)/cuda/gemv_probe: tools/perf/gemv_probe.cu $(BUILD)/libds4cuda.a
+	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
+perf-tools: $(BUILD)/cuda/pdl_probe $(BUILD)/cuda/gemv_probe
+	@for t in tools/perf/tests/*.sh; do sh $$t || exit 1; done
 
 # The same backend on the CPU emulation of CUDA (no GPU needed).
 $(BUILD)/emu/%.o: %.c

@@ -1,5 +1,5 @@
 #!/bin/sh
-# cuda_ab_bench.sh - tests/cuda/ab_bench.sh, the one-device-run A/B of
+# ab_bench.sh - a check of tools/perf/ab_bench.sh, the one-run A/B of
 # several ds4-bench builds and settings, against a fake ds4-bench (a shell script) that
 # prints its environment setting and arguments as a result line: the
 # variants run in turns for REPEAT rounds, each with its own binary and
@@ -9,11 +9,11 @@
 # summary.txt has each variant's mean prefill and generation t/s over its
 # rounds (a fake in the real result format, other numbers each round).
 set -eu
-cd "$(dirname "$0")/../.."
-dir=build/suite/cuda_ab_bench
+cd "$(dirname "$0")/../../.."
+dir=build/perf/ab_bench
 rm -rf "$dir"
 mkdir -p "$dir/a" "$dir/b"
-fail() { echo "cuda_ab_bench: FAIL: $*" >&2; exit 1; }
+fail() { echo "ab_bench check: FAIL: $*" >&2; exit 1; }
 
 for v in a b; do
     cat > "$dir/$v/ds4-bench" <<EOF
@@ -37,7 +37,7 @@ echo "ctx   4096: prefill   4096 tokens   \$((1000 + 10 * r)).0 t/s | generate  
 EOF
 chmod +x "$dir/n/ds4-bench"
 
-REPEAT=2 BENCH_ARGS="--foo 1" sh tests/cuda/ab_bench.sh "$dir/out" one="$dir/a" two="$dir/b:X=5,Y=7" \
+REPEAT=2 BENCH_ARGS="--foo 1" sh tools/perf/ab_bench.sh "$dir/out" one="$dir/a" two="$dir/b:X=5,Y=7" \
     three="$dir/a:FAKE_FAIL=1" > "$dir/log"
 got=$(cat "$dir/out/ab.txt")
 want="one round 1: ctx a X=unset Y=unset args=--foo 1
@@ -60,21 +60,21 @@ $got
 expected
 $want"
 
-REPEAT=3 sh tests/cuda/ab_bench.sh "$dir/out3" real="$dir/n" > /dev/null
+REPEAT=3 sh tools/perf/ab_bench.sh "$dir/out3" real="$dir/n" > /dev/null
 got=$(cat "$dir/out3/summary.txt")
 want="real: prefill 1020.0 t/s, generate 102.50 t/s (3 runs, 3 with numbers)"
 [ "$got" = "$want" ] || fail "summary of the real format is '$got', expected '$want'"
 [ "$(wc -l < "$dir/out3/ab.txt")" = 3 ] || fail "ab.txt not written anew"
-REPEAT=1 sh tests/cuda/ab_bench.sh "$dir/out3" real="$dir/n" > /dev/null
+REPEAT=1 sh tools/perf/ab_bench.sh "$dir/out3" real="$dir/n" > /dev/null
 [ "$(wc -l < "$dir/out3/ab.txt")" = 1 ] || fail "ab.txt kept the lines of an earlier run"
 
 status=0
-sh tests/cuda/ab_bench.sh "$dir/out2" nonsense > /dev/null 2>&1 || status=$?
+sh tools/perf/ab_bench.sh "$dir/out2" nonsense > /dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || fail "a variant without NAME=BINDIR: status $status, expected 2"
 status=0
-sh tests/cuda/ab_bench.sh "$dir/out2" x="$dir/missing" > /dev/null 2>&1 || status=$?
+sh tools/perf/ab_bench.sh "$dir/out2" x="$dir/missing" > /dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || fail "a BINDIR without ds4-bench: status $status, expected 2"
 status=0
-sh tests/cuda/ab_bench.sh "$dir/out2" > /dev/null 2>&1 || status=$?
+sh tools/perf/ab_bench.sh "$dir/out2" > /dev/null 2>&1 || status=$?
 [ "$status" = 2 ] || fail "no variants: status $status, expected 2"
 echo "ok: ab_bench.sh"

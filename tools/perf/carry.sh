@@ -3,22 +3,23 @@
 # machine and run there (compile where no GPU is needed, keep the GPU for
 # what needs it).
 #
-#   sh tests/cuda/carry.sh pack NAME [TREE]
+#   sh tools/perf/carry.sh pack NAME [TREE]
 #       the binaries of TREE's build/cuda (default: this checkout; a git
-#       worktree of another commit works too) - ds4-bench, ds4-mkmodel and
-#       the two test programs - and the commit they were built from, into
-#       .cudawork/NAME.tar.xz of this checkout (about 7 MB; .cudawork is
-#       what the device call carries)
-#   sh tests/cuda/carry.sh unpack NAME [install]
+#       worktree of another commit works too) - ds4-bench, ds4-mkmodel, the
+#       two test programs and the programs tests/cuda/apps.sh runs (ds4,
+#       ds4-server, ds4-tokenizer) - and the commit they were built from,
+#       into .cudawork/NAME.tar.xz of this checkout (.cudawork is the folder
+#       to copy to the GPU machine)
+#   sh tools/perf/carry.sh unpack NAME [install]
 #       on the GPU machine: into .cudawork/b/NAME/build/cuda (its bin/ is a
 #       BINDIR for ab_bench.sh); with install, also into build/cuda, and the
 #       commit into .cudawork/COMMIT, where gpu_session.sh reads it
 #
 # Example: two builds timed against each other, the second then tested:
-#   sh tests/cuda/carry.sh pack base ../wt-base; sh tests/cuda/carry.sh pack new
-#   (device) sh tests/cuda/carry.sh unpack base && sh tests/cuda/carry.sh unpack new install &&
-#       sh tests/cuda/ab_bench.sh $OUT/ab base=.cudawork/b/base/build/cuda/bin new=.cudawork/b/new/build/cuda/bin &&
-#       PARTS="tests san" sh tests/cuda/gpu_session.sh $OUT/s
+#   sh tools/perf/carry.sh pack base ../wt-base; sh tools/perf/carry.sh pack new
+#   (on the GPU machine) sh tools/perf/carry.sh unpack base && sh tools/perf/carry.sh unpack new install &&
+#       sh tools/perf/ab_bench.sh $OUT/ab base=.cudawork/b/base/build/cuda/bin new=.cudawork/b/new/build/cuda/bin &&
+#       PARTS="tests san" sh tools/perf/gpu_session.sh $OUT/s
 set -eu
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 case ${1:-} in
@@ -28,7 +29,8 @@ pack)
     mkdir -p "$ROOT/.cudawork"
     git -C "$TREE" rev-parse HEAD > "$TREE/build/cuda/COMMIT"
     tar -C "$TREE" -cJf "$ROOT/.cudawork/$NAME.tar.xz" build/cuda/COMMIT build/cuda/bin/ds4-bench \
-        build/cuda/bin/ds4-mkmodel build/cuda/test_cuda build/cuda/test_cuda_kernels
+        build/cuda/bin/ds4-mkmodel build/cuda/bin/ds4 build/cuda/bin/ds4-server build/cuda/bin/ds4-tokenizer \
+        build/cuda/test_cuda build/cuda/test_cuda_kernels
     echo "$ROOT/.cudawork/$NAME.tar.xz: $(git -C "$TREE" log -1 --format='%h %s')";;
 unpack)
     NAME=${2:?usage: carry.sh unpack NAME [install]}

@@ -1,8 +1,7 @@
 #!/bin/sh
 # ab_bench.sh OUTDIR VARIANT... - several builds and settings of ds4-bench
-# timed in one run on the GPU machine, in
-# turns, so that a drift of the machine shows in every variant alike; round
-# r starts at the r-th variant (the order rotated), so that over as many
+# timed in one run on the GPU machine, in turns, so that a drift of the
+# machine shows in every variant alike; round r starts at the r-th variant (the order rotated), so that over as many
 # rounds as variants each takes every place in a round alike.
 #
 #   VARIANT   NAME=BINDIR or NAME=BINDIR:VAR=VALUE,VAR=VALUE...
@@ -12,9 +11,9 @@
 #   REPEAT       rounds (default 2)
 #
 # Example (two builds made on another machine and carried in .cudawork by
-# tests/cuda/carry.sh; the third variant a developer build, `make cuda-dev`,
+# tools/perf/carry.sh; the third variant a developer build, `make cuda-dev`,
 # with the HC launches left out of its decode graph):
-#   sh tests/cuda/ab_bench.sh $OUT/ab main=.cudawork/b/main/build/cuda/bin \
+#   sh tools/perf/ab_bench.sh $OUT/ab main=.cudawork/b/main/build/cuda/bin \
 #       new=.cudawork/b/new/build/cuda/bin abl=build/dev/cuda/bin:DS4_CUDA_ABLATE=hc_mix
 # OUTDIR/ab.txt (written anew) gets one line a run: name, round, the benchmark's result line;
 # OUTDIR/summary.txt one line a variant: the mean prefill and generation

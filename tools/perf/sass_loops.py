@@ -15,7 +15,7 @@ cosf's reduction of large arguments is one), so each hit is a place to
 look, not a verdict.
 
     nvcc -O3 -std=c++17 -arch=sm_90a -Isrc -cubin src/model/cuda/cuda_attn.cu -o /tmp/attn.cubin
-    cuobjdump -sass /tmp/attn.cubin | python3 tests/cuda/sass_loops.py | c++filt
+    cuobjdump -sass /tmp/attn.cubin | python3 tools/perf/sass_loops.py | c++filt
 
 cuobjdump comes with the CUDA toolkit (PyPI: nvidia-cuda-cuobjdump==13.5.37
 where the toolkit lacks it).  Output: one line a loop, "KERNEL LO-HI

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """ncu_table.py NCU_CSV - per-kernel table of one decode step from an Nsight
-Compute CSV (tests/cuda/gpu_session.sh, part `ncustep`: every kernel of a short
+Compute CSV (tools/perf/gpu_session.sh, part `ncustep`: every kernel of a short
 ds4-bench run, metrics gpu__time_duration.sum and dram__bytes_read.sum).
 
 The decode step measured is the one between the last two launches of

@@ -5,7 +5,7 @@ Compute's warp-state sampling by instruction: the CSV that
     ncu --import REPORT --page source --csv --print-source sass
 
 writes for a report collected with `--section SourceCounters` (made by
-tests/cuda/gpu_session.sh, part `ncusrc`).  Prints three tables, each in
+tools/perf/gpu_session.sh, part `ncusrc`).  Prints three tables, each in
 percent of all samples: the stall reasons; the SASS opcodes (their first
 word, predicate and modifiers dropped) with their count and main reasons;
 and the TOP (default 20) instructions that hold the most samples.

@@ -12,7 +12,7 @@
 #   NCU_KERNEL, NCU_SKIP   ncusrc: the kernel (an ncu --kernel-name regex over
 #             demangled names) and how many of its launches to skip first
 #   BUILD_COMMIT   a file naming the commit the binaries were built from
-#             (default .cudawork/COMMIT): a build carried to the device
+#             (default .cudawork/COMMIT): a build carried to the GPU
 #             machine need not be of the checkout's commit there
 set -u
 cd "$(dirname "$0")/../.."
@@ -47,21 +47,21 @@ for part in $PARTS; do
             build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 64 --ctx-max 64 --gen-tokens 2 > "$OUT/ncu.log" 2>&1
         echo "ncu: rc $?";;
     ncustep)
-        # every kernel of a short run, one at a time: tests/cuda/ncu_table.py
+        # every kernel of a short run, one at a time: tools/perf/ncu_table.py
         # turns the CSV into the per-kernel table of one decode step
         timeout ${NCU_TIME:-330} ncu --csv --clock-control none --metrics gpu__time_duration.sum,dram__bytes_read.sum \
             build/cuda/bin/ds4-bench --synthetic q2 --ctx-start ${NCU_CTX:-1024} --ctx-max ${NCU_CTX:-1024} --gen-tokens 3 > "$OUT/ncustep.csv" 2> "$OUT/ncustep.err"
         echo "ncustep: rc $?"
-        python3 tests/cuda/ncu_table.py "$OUT/ncustep.csv" > "$OUT/ncustep.md" && gzip -f "$OUT/ncustep.csv";;
+        python3 tools/perf/ncu_table.py "$OUT/ncustep.csv" > "$OUT/ncustep.md" && gzip -f "$OUT/ncustep.csv";;
     ncusrc)
-        # where one launch of one kernel waits, by instruction: tests/cuda/ncu_stalls.py
+        # where one launch of one kernel waits, by instruction: tools/perf/ncu_stalls.py
         timeout ${NCU_TIME:-200} ncu --clock-control none --kernel-name-base demangled \
             --kernel-name "regex:${NCU_KERNEL:-gemm_q_kernel}" --launch-skip ${NCU_SKIP:-2} --launch-count 1 \
             --section SourceCounters --section WarpStateStats -o "$OUT/ncusrc" \
             build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 1 > "$OUT/ncusrc.log" 2>&1
         echo "ncusrc: rc $?"
         ncu --import "$OUT/ncusrc.ncu-rep" --page source --csv --print-source sass > "$OUT/ncusrc.csv" 2>> "$OUT/ncusrc.log" &&
-            python3 tests/cuda/ncu_stalls.py "$OUT/ncusrc.csv" > "$OUT/ncusrc.md" && gzip -f "$OUT/ncusrc.csv"
+            python3 tools/perf/ncu_stalls.py "$OUT/ncusrc.csv" > "$OUT/ncusrc.md" && gzip -f "$OUT/ncusrc.csv"
         rm -f "$OUT/ncusrc.ncu-rep";;
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \

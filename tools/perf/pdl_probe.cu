@@ -2,7 +2,7 @@
  * pdl_probe.cu - does programmatic dependent launch work inside a captured
  * CUDA graph on this GPU, and what does it save?  (The measurement behind
  * the PDL figures of docs/PERFORMANCE.md, "Why decode is fast";
- * build/cuda/pdl_probe, built by `make cuda`, needs a GPU to run.)
+ * build/cuda/pdl_probe, built by `make perf-tools`, needs a GPU to run.)
  *
  * Three measurements, each plain and with the PDL launch attribute (the
  * first two on a stream and in a captured graph, the third in a graph):

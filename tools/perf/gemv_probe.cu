@@ -1,6 +1,6 @@
 /*
  * gemv_probe.cu - how fast do the decode products stream on their own?
- * (build/cuda/gemv_probe, built by `make cuda`; needs a GPU.)
+ * (build/cuda/gemv_probe, built by `make perf-tools`; needs a GPU.)
  *
  * The decode step's products run between latency-bound launches, so the
  * step's ablations cannot tell a product's own streaming rate from the

@@ -1,5 +1,5 @@
 #!/bin/sh
-# ncu_stalls.sh - tests/cuda/ncu_stalls.py, the summary of Nsight Compute's
+# ncu_stalls.sh - tools/perf/ncu_stalls.py, the summary of Nsight Compute's
 # warp-state sampling by instruction, on a small CSV in the layout
 # `ncu --page source --csv --print-source sass` writes (a line naming the
 # kernel, the header, a row per instruction; empty cells for no samples):
@@ -8,8 +8,8 @@
 # twice, the top instructions in order; a CSV without the header, without
 # the sampling column or without samples is refused with a message.
 set -eu
-cd "$(dirname "$0")/../.."
-dir=build/suite/ncu_stalls
+cd "$(dirname "$0")/../../.."
+dir=build/perf/ncu_stalls
 rm -rf "$dir"
 mkdir -p "$dir"
 fail() { echo "ncu_stalls: FAIL: $*" >&2; exit 1; }
@@ -24,7 +24,7 @@ cat > "$dir/src.csv" <<'EOF'
 "0x40","      LDS R1, [R2]","5","","","","5",""
 "0x50","      EXIT","","","","","",""
 EOF
-$PY tests/cuda/ncu_stalls.py "$dir/src.csv" 3 > "$dir/out.md" || fail "refused a valid CSV"
+$PY tools/perf/ncu_stalls.py "$dir/src.csv" 3 > "$dir/out.md" || fail "refused a valid CSV"
 
 want='void k<16>(args): 5 instructions, 100 samples
 
@@ -53,7 +53,7 @@ $want"
 
 refused() { # file, text the message must hold
     status=0
-    $PY tests/cuda/ncu_stalls.py "$1" > "$dir/err.out" 2> "$dir/err" || status=$?
+    $PY tools/perf/ncu_stalls.py "$1" > "$dir/err.out" 2> "$dir/err" || status=$?
     [ "$status" != 0 ] || fail "$1 was not refused"
     grep -q "$2" "$dir/err" || fail "$1: message '$(cat "$dir/err")' lacks '$2'"
 }

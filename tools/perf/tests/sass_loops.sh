@@ -1,13 +1,13 @@
 #!/bin/sh
-# sass_loops.sh - tests/cuda/sass_loops.py, the finder of loops that wait a
+# sass_loops.sh - tools/perf/sass_loops.py, the finder of loops that wait a
 # memory round trip per iteration, on a small listing in the layout
 # `cuobjdump -sass` prints: a loop with one global load is reported (with
 # its kernel, address range, length and load), loops with several loads,
 # with cp.async (LDGSTS) only, longer than --max-len or branching forward
 # are not; a listing without a function is refused with a message.
 set -eu
-cd "$(dirname "$0")/../.."
-dir=build/suite/sass_loops
+cd "$(dirname "$0")/../../.."
+dir=build/perf/sass_loops
 rm -rf "$dir"
 mkdir -p "$dir"
 fail() { echo "sass_loops: FAIL: $*" >&2; exit 1; }
@@ -47,7 +47,7 @@ cat > "$dir/k.sass" <<'EOF'
         /*00e0*/                   EXIT ;                                       /* 0x000000000000794d */
 		..........
 EOF
-$PY tests/cuda/sass_loops.py "$dir/k.sass" > "$dir/out.txt" || fail "refused a valid listing"
+$PY tools/perf/sass_loops.py "$dir/k.sass" > "$dir/out.txt" || fail "refused a valid listing"
 want='_Z6serialPKfPf 0x20-0x60 5 instructions: LDG.E R2, desc[UR4][R4.64]
 _Z7batchedPKfPf 0x80-0xd0 6 instructions: LDG.E R2, desc[UR4][R4.64]'
 got=$(cat "$dir/out.txt")
@@ -57,13 +57,13 @@ expected
 $want"
 
 # --max-len drops the longer loop; standard input works as the file does
-got=$($PY tests/cuda/sass_loops.py --max-len 5 < "$dir/k.sass")
+got=$($PY tools/perf/sass_loops.py --max-len 5 < "$dir/k.sass")
 [ "$got" = '_Z6serialPKfPf 0x20-0x60 5 instructions: LDG.E R2, desc[UR4][R4.64]' ] || fail "--max-len 5 gave
 $got"
 
 refused() { # input file, text the message must hold
     status=0
-    $PY tests/cuda/sass_loops.py "$1" > "$dir/err.out" 2> "$dir/err" || status=$?
+    $PY tools/perf/sass_loops.py "$1" > "$dir/err.out" 2> "$dir/err" || status=$?
     [ "$status" = 2 ] || fail "$1: exit status $status, not 2"
     grep -q "$2" "$dir/err" || fail "$1: message '$(cat "$dir/err")' lacks '$2'"
 }
