@@ -8,7 +8,8 @@
 #                   switches (DS4_CUDA_PROFILE, DS4_CUDA_ABLATE,
 #                   DS4_CUDA_GRAPH_CTX; docs/PERFORMANCE.md), which no
 #                   release binary reads
-#   make test       build and run the whole default test suite
+#   make test       build and run the default test suite (scripts/run-tests.sh:
+#                   unit tests, tests/suite/*.sh; under 15 minutes on 2 cores)
 #   make test-cuda  the GPU tests (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the same tests on the CPU emulation of CUDA
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
@@ -115,7 +116,14 @@ $(BUILD)/tests/ds4-agent-script: tests/agent/main_script.c $(AGENT_DEPS) $(BUILD
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(AGENT_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) $(LIBS_ds4-agent)
 
-test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script
+
+# The real DeepSeek V4 tokenizer as a GGUF, which the suite's tiny models
+# carry: made once, before items that use it run side by side.
+$(BUILD)/tokenizer.gguf: data/tokenizer/deepseek-v4-tokenizer.json.xz ds4-tokenizer
+	@mkdir -p $(BUILD)
+	./ds4-tokenizer import $< $@
+
+test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script $(BUILD)/tokenizer.gguf
 	@scripts/run-tests.sh
 
 # CUDA build: the library compiled with DS4_CUDA plus the kernels; programs
@@ -157,7 +165,7 @@ $(BUILD)/cuda/pdl_probe: tools/perf/pdl_probe.cu
 $(BUILD)/cuda/gemv_probe: tools/perf/gemv_probe.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 perf-tools: $(BUILD)/cuda/pdl_probe $(BUILD)/cuda/gemv_probe
-	@for t in tools/perf/tests/*.sh; do sh $$t || exit 1; done
+	@scripts/run-tests.sh tools/perf/tests/*.sh
 
 # The same backend on the CPU emulation of CUDA (no GPU needed).
 $(BUILD)/emu/%.o: %.c

@@ -7,6 +7,7 @@
 # model loads) and short prompts are refused with a message.  Speed itself is measured by hand (docs/PERFORMANCE.md).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/bench.lock}"
@@ -16,11 +17,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 fail() { echo "bench: FAIL: $*" >&2; exit 1; }
 
-tok=build/tokenizer.gguf
-if [ ! -f "$tok" ]; then
-    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
-    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
-fi
+tok=$(suite_tokenizer)
 M=$dir/model.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 3 -q -o "$M"
 # 20 KB of Italian prose (I Promessi Sposi, from the tokenizer test corpus)

@@ -12,6 +12,7 @@
 # the interactive mode through a pseudo-terminal (cli_repl.py).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cli.lock}"
@@ -22,11 +23,7 @@ mkdir -p "$dir"
 
 fail() { echo "cli: FAIL: $*" >&2; exit 1; }
 
-tok=build/tokenizer.gguf
-if [ ! -f "$tok" ]; then
-    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
-    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
-fi
+tok=$(suite_tokenizer)
 M=$dir/model.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 11 -q -o "$M"
 V=129280

@@ -3,15 +3,15 @@
 # backend, every program, the GPU test programs) and its developer flavour
 # (`make cuda-dev`, -DDS4_CUDA_DEV: the profiling and ablation switches)
 # compile with warnings as errors, whenever nvcc is installed; skipped
-# otherwise.  A release binary must not read the developer switches: no
+# (SKIP) otherwise.  A release binary must not read the developer switches: no
 # DS4_CUDA_ variable may appear in its strings.  Running the GPU tests needs
 # a GPU: `make test-cuda`.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 NVCC=${NVCC:-${CUDA_HOME:-/usr/local/cuda}/bin/nvcc}
 if ! [ -x "$NVCC" ] && ! command -v nvcc >/dev/null 2>&1; then
-    echo "skip: no nvcc"
-    exit 0
+    skip "no nvcc (the CUDA toolkit: $NVCC, or nvcc on the PATH)"
 fi
 make -j2 cuda
 for p in build/cuda/bin/ds4-bench build/cuda/bin/ds4-forward build/cuda/test_cuda build/cuda/test_cuda_kernels; do

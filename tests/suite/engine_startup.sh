@@ -18,6 +18,7 @@
 #     files that cannot be read or written (checked before the model loads).
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 for p in ds4 ds4-server ds4-bench ds4-forward ds4-score ds4-imatrix ds4-qeval ds4-mkmodel ds4-tokenizer; do
     [ -x "./$p" ] || make -s "$p"
 done
@@ -27,11 +28,7 @@ rm -rf "$dir"
 mkdir -p "$dir"
 fail() { echo "engine_startup: FAIL: $*" >&2; exit 1; }
 
-tok=build/tokenizer.gguf
-if [ ! -f "$tok" ]; then
-    xz -dc data/tokenizer/deepseek-v4-tokenizer.json.xz > "$dir/tokenizer.json"
-    ./ds4-tokenizer import "$dir/tokenizer.json" "$tok"
-fi
+tok=$(suite_tokenizer)
 M=$dir/model.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 5 -q -o "$M"
 LOCK=$dir/ds4.lock

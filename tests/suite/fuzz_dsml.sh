@@ -7,17 +7,13 @@
 #   FUZZ_SECONDS=600 sh tests/suite/fuzz_dsml.sh     (the long run, docs/FUZZING.md)
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
+need_libfuzzer
 out=build/fuzz/dsml
 mkdir -p "$out/corpus"
 cp tests/fuzz/corpus/dsml/* "$out/corpus/"
 
-# clang and its fuzzer runtime come from scripts/deps.sh; say so if absent.
-if ! command -v clang >/dev/null 2>&1; then
-    echo "SKIP: clang not found (apt-get install clang libclang-rt-dev)"
-    exit 0
-fi
-
-clang -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc \
+"$clang" -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_dsml" tests/fuzz/fuzz_dsml.c \
     src/text/dsml_parse.c src/text/dsml_render.c src/text/pyjson.c src/text/rendered.c \

@@ -10,23 +10,12 @@
 #   FUZZ_SECONDS=600 sh tests/suite/fuzz_gguf.sh     # a longer run
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
+need_libfuzzer
 
 secs=${FUZZ_SECONDS:-60}
-clang=${CLANG:-clang}
 out=build/fuzz
 mkdir -p "$out"
-
-if ! command -v "$clang" >/dev/null 2>&1; then
-    echo "SKIP: $clang not found (apt-get install clang)"
-    exit 0
-fi
-printf 'int LLVMFuzzerTestOneInput(const unsigned char *d, unsigned long n) { (void)d; (void)n; return 0; }\n' \
-    >"$out/probe.c"
-if ! "$clang" -fsanitize=fuzzer "$out/probe.c" -o "$out/probe" 2>"$out/probe.log"; then
-    echo "SKIP: clang's libFuzzer runtime is missing (apt-get install libclang-rt-dev):"
-    cat "$out/probe.log"
-    exit 0
-fi
 
 # The reader's sources compiled directly (not the gcc-built libds4.a), so
 # all of them carry clang's coverage and sanitizer instrumentation.

@@ -8,17 +8,14 @@
 #   FUZZ_SECONDS=600 sh tests/suite/fuzz_server.sh     (the long run, docs/FUZZING.md)
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
+need_libfuzzer
 out=build/fuzz/server
 mkdir -p "$out/corpus"
 cp tests/fuzz/corpus/server/* "$out/corpus/"
 
-if ! command -v clang >/dev/null 2>&1; then
-    echo "SKIP: clang not found (apt-get install clang libclang-rt-dev)"
-    exit 0
-fi
-
 srv=apps/ds4-server
-clang -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc -pthread \
+"$clang" -g -O1 -std=gnu11 -D_GNU_SOURCE -Isrc -pthread \
     -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
     -o "$out/fuzz_server_request" tests/fuzz/fuzz_server_request.c \
     $srv/common.c $srv/request.c $srv/openai_chat.c $srv/openai_completions.c $srv/openai_responses.c \

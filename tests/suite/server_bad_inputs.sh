@@ -6,7 +6,10 @@
 # file descriptors.
 set -eu
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/server_bad_inputs.lock}"
+# the tokenizer before the Python harness would make it (a shared file)
+suite_tokenizer > /dev/null
 exec python3 tests/server/bad_inputs.py
