@@ -10,8 +10,10 @@
 #                   release binary reads
 #   make test       build and run the default test suite (scripts/run-tests.sh:
 #                   unit tests, tests/suite/*.sh; under 15 minutes on 2 cores)
-#   make test-cuda  the GPU tests (needs an NVIDIA GPU; tests/cuda/run.sh)
-#   make test-cuda-emu  the same tests on the CPU emulation of CUDA
+#   make test-cuda  the GPU tests, ds4 and ds4-server end to end included
+#                   (needs an NVIDIA GPU; tests/cuda/run.sh)
+#   make test-cuda-emu  the CUDA tests on the CPU emulation of CUDA (the
+#                   default suite runs a subset of them)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
@@ -152,7 +154,7 @@ $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
 
 test-cuda: cuda
-	@tests/cuda/run.sh $(BUILD)/cuda
+	@tests/cuda/run.sh $(BUILD)/cuda gpu
 
 cuda-dev:
 	@$(MAKE) --no-print-directory cuda BUILD=$(BUILD)/dev CUDA_DEV=1
@@ -184,11 +186,17 @@ $(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
 $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
-$(BUILD)/emu/bin/%: tools/%.c $(BUILD)/libds4emu.a
-	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $< $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
-test-cuda-emu: $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels ds4-mkmodel
-	@QUICK=1 tests/cuda/run.sh $(BUILD)/emu
+define emu_prog_rule
+$(BUILD)/emu/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4emu.a
+	@mkdir -p $$(dir $$@)
+	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4emu.a $$(LDFLAGS) $$(DEPLIBS) -lstdc++
+endef
+$(foreach p,$(APP_PROGS),$(eval $(call emu_prog_rule,$(p),apps)))
+$(foreach p,$(TOOL_PROGS),$(eval $(call emu_prog_rule,$(p),tools)))
+EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
+                 $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel)
+test-cuda-emu: $(EMU_TEST_BINS)
+	@tests/cuda/run.sh $(BUILD)/emu emu
 
 deps:
 	@scripts/deps.sh

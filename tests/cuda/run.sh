@@ -1,9 +1,26 @@
 #!/bin/sh
-# run.sh BUILD_DIR - the CUDA backend tests on the tiny models (see
-# tests/cuda/test_cuda.c and test_cuda_kernels.cu for what each checks).
-# BUILD_DIR is build/cuda (a real GPU, `make test-cuda`) or build/emu (the
-# CPU emulation of CUDA, `make test-cuda-emu`, part of the default suite).
-#   QUICK=1      a short subset (the emulation runs kernels on one core)
+# run.sh BUILD_DIR [SET] - the CUDA backend tests on tiny models (see
+# tests/cuda/test_cuda.c and test_cuda_kernels.cu for what each checks), and
+# the CUDA builds of ds4 and ds4-server end to end (tests/cuda/apps.sh).
+# BUILD_DIR is build/cuda (a real GPU) or build/emu (the CPU emulation of
+# CUDA, tests/cuda/emu, which runs the kernels on one core).  SET:
+#   gpu    (the default; `make test-cuda`) every test below
+#   emu    (`make test-cuda-emu`) what the emulation runs in minutes: the
+#          kernels, the step kinds, a quantized model with the simulations,
+#          the HF golden and the programs end to end
+#   smoke  (the default suite, tests/suite/cuda_emu.sh) a subset that
+#          still catches a kernel's or the decode machinery's regression:
+#          every kernel against its CPU definition (the direct check of each
+#          kernel's arithmetic); one strict f16 compare whose decode steps
+#          are of every kind (cuda_internal.h, CU_STEP_KINDS), in two
+#          graph sizes, with a ratio-128 window closing after a state
+#          moved in from the CPU, and both hand-overs (prefill, chunked
+#          prefill, decode, device greedy loop: what the kernels test cannot
+#          see); a q2 model with the simulations on (the quantized products
+#          and low-precision paths users run).  The HF golden and the
+#          programs end to end stay in emu: the compare already holds the
+#          CUDA backend to the CPU reference, which test_cpu_golden holds
+#          to the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
 #
 #   kernels   activation quantization, every product, the simulations,
@@ -19,58 +36,104 @@
 #   golden    HF transformers logits, simulations off, 1e-4
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
+#   programs  ds4 and ds4-server on the CUDA backend give the answers they
+#             give on the CPU backend (tests/cuda/apps.sh)
+# Each step prints "== NAME" when it starts, a line every 30 s while it
+# runs, and "-- NAME: ok (N s)" or "-- NAME: FAILED" at its end.
 set -eu
 cd "$(dirname "$0")/../.."
-BUILD=${1:?usage: run.sh BUILD_DIR}
+BUILD=${1:?usage: run.sh BUILD_DIR [gpu|emu|smoke]}
+SET=${2:-gpu}
+case $SET in gpu|emu|smoke) ;; *) echo "run.sh: unknown set '$SET' (gpu, emu or smoke)" >&2; exit 2;; esac
 TEST=$PWD/$BUILD/test_cuda
+KTEST=$PWD/$BUILD/test_cuda_kernels
 MK=$PWD/ds4-mkmodel
 [ -x "$BUILD/bin/ds4-mkmodel" ] && MK=$PWD/$BUILD/bin/ds4-mkmodel
-for b in "$TEST" "$PWD/$BUILD/test_cuda_kernels" "$MK"; do [ -x "$b" ] || { echo "$b not built"; exit 1; }; done
+for b in "$TEST" "$KTEST" "$MK"; do [ -x "$b" ] || { echo "$b not built"; exit 1; }; done
 T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 WRAP=""
 [ "${SANITIZE:-0}" = 1 ] && WRAP="compute-sanitizer --tool memcheck --error-exitcode 3"
 GOLD=$PWD/tests/golden/cpu
 fail=0
-step() { # step NAME COMMAND...
+
+# in_set SET...: whether this run's set is one of them
+in_set() { for s in "$@"; do [ "$s" = "$SET" ] && return 0; done; return 1; }
+
+# step NAME COMMAND...: run it in a folder of its own (a compare writes its
+# snapshot file where it runs; NAME is unique), a line every 30 s while it
+# runs
+step() {
     name=$1; shift
+    d=$T/step-$(echo "$name" | tr -c 'A-Za-z0-9\n' '_')
+    mkdir "$d"
     echo "== $name"
     start=$(date +%s)
-    if (cd "$T" && $WRAP "$@"); then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
+    # shellcheck disable=SC2086 # WRAP is a command line or nothing
+    (set +e; cd "$d" && $WRAP "$@"; echo $? > "$d/.rc") &
+    beat=$start
+    while [ ! -f "$d/.rc" ]; do
+        sleep 1
+        now=$(date +%s)
+        if [ $((now - beat)) -ge 30 ]; then echo "   $name: running, $((now - start)) s"; beat=$now; fi
+    done
+    wait $!
+    if [ "$(cat "$d/.rc")" = 0 ]; then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
     else echo "-- $name: FAILED"; fail=1; fi
 }
-# a step never under compute-sanitizer (it provokes an API error on purpose)
+# a step never under compute-sanitizer (it provokes an API error on
+# purpose, or runs programs rather than a GPU test)
 step_unwrapped() { w=$WRAP; WRAP=""; step "$@"; WRAP=$w; }
 
-if [ "${QUICK:-0}" = 1 ]; then
-    $MK -q --recipe f16 --seed 11 -o "$T/tiny-f16.gguf"
-    $MK -q --recipe q2 --seed 11 -o "$T/tiny-q2.gguf"
-    # Two lanes, as the emulation runs kernels on one core: the longest step
-    # beside the others, in a directory of its own (a compare writes its
-    # snapshot file where it runs); its log follows the others'.
-    # 246 tokens: a ratio-128 window closes inside the one-chunk prefill,
-    # the next one in a decode step (255), so the decode steps are of every
-    # kind (cuda_internal.h, CU_STEP_KINDS), first in the graphs sized for
-    # 256 tokens, then in the session's (cuda_backend.cu, capture_step); the
-    # CPU's state moves in at 254, inside both windows, so that the closing
-    # steps pool positions folded before them (cu_compress_window)
-    (T=$T/lane2 && mkdir "$T" && step "strict tiny f16" "$TEST" compare ../tiny-f16.gguf \
-        --no-sim --prompt 246 --steps 16 --graph-ctx 256 && [ $fail = 0 ]) > "$T/lane2.log" 2>&1 &
-    lane2=$!
-    step kernels "$PWD/$BUILD/test_cuda_kernels"
-    step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
-    step "loose tiny q2" "$TEST" compare tiny-q2.gguf --loose --prompt 60 --steps 8
-    step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
-    wait $lane2 || fail=1
-    cat "$T/lane2.log"
-else
-    for r in f16 q8_0 q2 q4; do $MK -q --recipe $r --seed 11 -o "$T/tiny-$r.gguf"; done
+# lane STEP ARGS...: the step beside the next ones, where a set runs on the
+# emulation's one core a kernel; its output follows theirs (at `join`)
+lane() {
+    (step "$@" && [ $fail = 0 ]) > "$T/lane.log" 2>&1 &
+    lane=$!
+}
+join() {
+    [ -n "${lane:-}" ] || return 0
+    wait "$lane" || fail=1
+    cat "$T/lane.log"
+    lane=
+}
+
+M=$T/tiny
+$MK -q --recipe f16 --seed 11 -o "$M-f16.gguf"
+$MK -q --recipe q2 --seed 11 -o "$M-q2.gguf"
+if in_set gpu; then
+    for r in q8_0 q4; do $MK -q --recipe $r --seed 11 -o "$M-$r.gguf"; done
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
     $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
     $MK -q --recipe f16 --set embd=4096 --set layers=3 --seed 14 -o "$T/wide-f16.gguf"
-    step kernels "$PWD/$BUILD/test_cuda_kernels"
-    step_unwrapped "allocation failure" "$PWD/$BUILD/test_cuda_kernels" alloc-failure
-    step "strict tiny f16" "$TEST" compare tiny-f16.gguf --no-sim
+fi
+
+# Decode steps of every kind across two graphs, with folded windows.
+# 246 tokens (gpu, emu): a ratio-128 window closes inside the one-chunk
+# prefill, the next one in a decode step (255), so the decode steps are of
+# every kind (cuda_internal.h, CU_STEP_KINDS), first in the graphs sized
+# for 256 tokens, then in the session's (cuda_backend.cu, capture_step);
+# the CPU's state moves in at 254, inside both windows, so that the closing
+# steps pool positions folded before them (cu_compress_window).
+# 118 tokens (smoke, half the time): the same in decode only - the state
+# moves in at 126, the window closes at 127, graphs sized for 128 tokens
+# then the session's; the prefill closes no ratio-128 window.
+if in_set smoke; then
+    lane "strict tiny f16, step kinds" "$TEST" compare "$M-f16.gguf" --no-sim --prompt 118 --steps 16 \
+        --graph-ctx 128
+else
+    lane "strict tiny f16, step kinds" "$TEST" compare "$M-f16.gguf" --no-sim --prompt 246 --steps 16 \
+        --graph-ctx 256
+fi
+in_set gpu && join
+step kernels "$KTEST"
+step_unwrapped "allocation failure" "$KTEST" alloc-failure
+in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
+in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
+in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
+join
+if in_set gpu; then
+    step "strict tiny f16" "$TEST" compare "$M-f16.gguf" --no-sim
     # Flash's head size (512) in the tensor-core prefill attention and a
     # 1024-wide HC: mid has 16 heads of 512, 300 tokens select by indexer.
     # Its 32 experts give near-ties that one-ulp twins do not reveal: the
@@ -80,22 +143,20 @@ else
     # greedy steps, is 2.2e-5 apart (measured on the CPU reference).
     # The decode steps start in the graph sized for 310 tokens (the indexer
     # scoring at most 79 rows) and go on in the session's (capture_step).
-    step "strict mid f16" "$TEST" compare mid-f16.gguf --no-sim --prompt 300 --steps 32 --seed 12 --graph-ctx 310
-    # decode steps of every kind across two graphs, folded windows (as QUICK)
-    step "strict tiny f16, step kinds" "$TEST" compare tiny-f16.gguf --no-sim --prompt 246 \
-        --steps 16 --graph-ctx 256
+    step "strict mid f16" "$TEST" compare "$T/mid-f16.gguf" --no-sim --prompt 300 --steps 32 --seed 12 \
+        --graph-ctx 310
     # Flash's width (4096): the HC decode launch of 32 column slices
-    step "strict wide f16" "$TEST" compare wide-f16.gguf --no-sim --prompt 40 --steps 16
+    step "strict wide f16" "$TEST" compare "$T/wide-f16.gguf" --no-sim --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):
     # it runs in the loose mode, with the strict check's numbers printed.
     step "tiny-a (loose)" "$TEST" compare "$GOLD/tiny-a.f16.gguf" --no-sim --seed 2 --loose
     step "strict tiny-b" "$TEST" compare "$GOLD/tiny-b.f16.gguf" --no-sim --seed 3
-    step "loose tiny f16, simulations on" "$TEST" compare tiny-f16.gguf --loose
-    for r in q8_0 q2 q4; do step "loose tiny $r" "$TEST" compare tiny-$r.gguf --loose; done
-    step "loose tiny q2, simulations off" "$TEST" compare tiny-q2.gguf --loose --no-sim
-    step "loose small q2" "$TEST" compare small-q2.gguf --loose --prompt 600 --steps 200
+    step "loose tiny f16, simulations on" "$TEST" compare "$M-f16.gguf" --loose
+    for r in q8_0 q2 q4; do step "loose tiny $r" "$TEST" compare "$M-$r.gguf" --loose; done
+    step "loose tiny q2, simulations off" "$TEST" compare "$M-q2.gguf" --loose --no-sim
+    step "loose small q2" "$TEST" compare "$T/small-q2.gguf" --loose --prompt 600 --steps 200
     for g in tiny-a tiny-b; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden"; done
 fi
 [ $fail = 0 ] && echo "cuda tests: all passed" || { echo "cuda tests: FAILED"; exit 1; }

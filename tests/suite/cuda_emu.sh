@@ -1,11 +1,13 @@
 #!/bin/sh
 # cuda_emu.sh - the CUDA backend's tests on the CPU emulation of CUDA
 # (tests/cuda/emu): the backend's .cu sources compiled as C++ run their
-# kernels on the CPU, so CI checks the GPU code's logic against the CPU
-# reference and the HF goldens without a GPU (the QUICK subset of
-# tests/cuda/run.sh; the full set runs on a GPU with `make test-cuda`).
+# kernels on the CPU, so the default suite checks the GPU code's logic
+# against the CPU reference without a GPU.  The `smoke` subset of
+# tests/cuda/run.sh (its comment says what it covers and why); the whole
+# emulation set is `make test-cuda-emu`, the GPU set `make test-cuda`.
 set -eu
 cd "$(dirname "$0")/../.."
-command -v "${CXX:-g++}" >/dev/null 2>&1 || { echo "skip: no C++ compiler"; exit 0; }
+. tests/suite/lib/suite.sh
+command -v "${CXX:-g++}" >/dev/null 2>&1 || skip "no C++ compiler (${CXX:-g++}) for the emulation"
 make -j2 build/emu/test_cuda build/emu/test_cuda_kernels ds4-mkmodel
-QUICK=1 tests/cuda/run.sh build/emu
+tests/cuda/run.sh build/emu smoke

@@ -1,0 +1,83 @@
+#!/bin/sh
+# apps.sh BINDIR - the CUDA builds of ds4 and ds4-server end to end (a step
+# of tests/cuda/run.sh): on a tiny f16 model with the real DeepSeek V4
+# tokenizer, made by BINDIR's ds4-tokenizer and ds4-mkmodel,
+#   - ds4 answers a one-shot greedy prompt on the CUDA backend, saying so,
+#     with the text the same binary answers on the CPU backend (--cpu);
+#   - ds4-server, on each backend in turn, answers a greedy chat completion
+#     (HTTP, Python's standard library) with the same message, finish
+#     reason and token count.
+# BINDIR is build/cuda/bin (a GPU) or build/emu/bin (the CPU emulation of
+# CUDA, which runs the same logic without a GPU: `make test-cuda-emu`).
+# Greedy answers of 12 tokens; the model's seed has no near-tie among them
+# (a tie that the backends' last-bit differences could flip would show here
+# as a different token, with both answers printed).
+set -eu
+BIN=$(cd "${1:?usage: apps.sh BINDIR}" && pwd)
+cd "$(dirname "$0")/../.."
+for p in ds4 ds4-server ds4-tokenizer ds4-mkmodel; do
+    [ -x "$BIN/$p" ] || { echo "apps: FAIL: $BIN/$p not built"; exit 1; }
+    # a build carried to another machine needs its libraries there
+    missing=$(ldd "$BIN/$p" 2>/dev/null | sed -n 's/^[[:space:]]*\([^ ]*\) => not found.*/\1/p' | tr '\n' ' ')
+    [ -z "$missing" ] || { echo "apps: FAIL: $p needs $missing(scripts/deps.sh installs them)"; exit 1; }
+done
+T=$(mktemp -d)
+server=""
+trap '[ -z "$server" ] || kill "$server" 2>/dev/null; rm -rf "$T"' EXIT
+fail() { echo "apps: FAIL: $*"; exit 1; }
+export DS4_LOCK_FILE="$T/ds4.lock" # programs of this test only, one at a time
+
+"$BIN/ds4-tokenizer" import data/tokenizer/deepseek-v4-tokenizer.json.xz "$T/tok.gguf" > /dev/null
+M=$T/model.gguf
+"$BIN/ds4-mkmodel" -q --preset tiny --recipe f16 --tokenizer "$T/tok.gguf" --seed 21 -o "$M"
+
+# --- ds4: one-shot greedy answer ---------------------------------------------
+oneshot() { # oneshot BACKEND: the answer into $T/BACKEND.txt
+    "$BIN/ds4" -m "$M" "--$1" -c 1024 --nothink --temp 0 -n 12 -p "Write a haiku about rain." \
+        > "$T/$1.txt" 2> "$T/$1.err" || fail "ds4 --$1 exited $?: $(cat "$T/$1.err")"
+    grep -q "^ds4: backend $1;" "$T/$1.err" || fail "ds4 --$1 does not say it runs on $1: $(cat "$T/$1.err")"
+    grep -Eq "generation: [0-9]+ tokens" "$T/$1.err" || fail "ds4 --$1 has no timing line: $(cat "$T/$1.err")"
+    [ -s "$T/$1.txt" ] || fail "ds4 --$1 printed no answer"
+}
+oneshot cuda
+oneshot cpu
+cmp -s "$T/cuda.txt" "$T/cpu.txt" ||
+    fail "ds4's answers differ: cuda $(od -An -c "$T/cuda.txt" | tr -s ' ')  cpu $(od -An -c "$T/cpu.txt" | tr -s ' ')"
+echo "apps: ds4 answered on cuda as on cpu ($(wc -c < "$T/cuda.txt") bytes)"
+
+# --- ds4-server: a chat completion -------------------------------------------
+serve() { # serve BACKEND: the completion's message, finish reason and tokens into $T/BACKEND.json
+    "$BIN/ds4-server" -m "$M" "--$1" --port 0 -c 1024 > "$T/server-$1.log" 2>&1 &
+    server=$!
+    port=""
+    start=$(date +%s)
+    while [ -z "$port" ]; do
+        kill -0 "$server" 2>/dev/null || fail "ds4-server --$1 exited: $(cat "$T/server-$1.log")"
+        [ $(( $(date +%s) - start )) -lt 180 ] || fail "ds4-server --$1 not listening after 180 s: $(cat "$T/server-$1.log")"
+        port=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9][0-9]*\).*/\1/p' "$T/server-$1.log" | head -n 1)
+        [ -n "$port" ] || sleep 0.2
+    done
+    grep -q "($1 backend)" "$T/server-$1.log" || fail "ds4-server --$1 does not say it runs on $1: $(cat "$T/server-$1.log")"
+    python3 - "$port" > "$T/$1.json" 2> "$T/$1.perr" <<'EOF' || fail "ds4-server --$1: $(cat "$T/$1.perr") $(cat "$T/server-$1.log")"
+import json, sys, urllib.request
+body = {"model": "deepseek-v4-flash", "max_tokens": 12, "temperature": 0, "thinking": False,
+        "messages": [{"role": "system", "content": "You are a helpful assistant"},
+                     {"role": "user", "content": "Write a haiku about rain."}]}
+req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
+                             {"Content-Type": "application/json"})
+with urllib.request.urlopen(req, timeout=600) as r:
+    d = json.load(r)
+c = d["choices"][0]
+if c["finish_reason"] not in ("length", "stop", "tool_calls") or not 1 <= d["usage"]["completion_tokens"] <= 12:
+    sys.exit("unexpected answer: %s" % json.dumps(d))
+print(json.dumps({"message": c["message"], "finish_reason": c["finish_reason"],
+                  "completion_tokens": d["usage"]["completion_tokens"]}, sort_keys=True))
+EOF
+    kill "$server"
+    wait "$server" || true
+    server=""
+}
+serve cuda
+serve cpu
+cmp -s "$T/cuda.json" "$T/cpu.json" || fail "ds4-server's answers differ: cuda $(cat "$T/cuda.json")  cpu $(cat "$T/cpu.json")"
+echo "apps: ds4-server answered on cuda as on cpu: $(cat "$T/cuda.json")"
