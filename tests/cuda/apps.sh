@@ -41,8 +41,9 @@ oneshot() { # oneshot BACKEND: the answer into $T/BACKEND.txt
 }
 oneshot cuda
 oneshot cpu
-cmp -s "$T/cuda.txt" "$T/cpu.txt" ||
-    fail "ds4's answers differ: cuda $(od -An -c "$T/cuda.txt" | tr -s ' ')  cpu $(od -An -c "$T/cpu.txt" | tr -s ' ')"
+cmp -s "$T/cuda.txt" "$T/cpu.txt" || fail "ds4's answers differ:
+  cuda: $(cat "$T/cuda.txt")
+  cpu:  $(cat "$T/cpu.txt")"
 echo "apps: ds4 answered on cuda as on cpu ($(wc -c < "$T/cuda.txt") bytes)"
 
 # --- ds4-server: a chat completion -------------------------------------------
@@ -79,5 +80,7 @@ EOF
 }
 serve cuda
 serve cpu
-cmp -s "$T/cuda.json" "$T/cpu.json" || fail "ds4-server's answers differ: cuda $(cat "$T/cuda.json")  cpu $(cat "$T/cpu.json")"
+cmp -s "$T/cuda.json" "$T/cpu.json" || fail "ds4-server's answers differ:
+  cuda: $(cat "$T/cuda.json")
+  cpu:  $(cat "$T/cpu.json")"
 echo "apps: ds4-server answered on cuda as on cpu: $(cat "$T/cuda.json")"
