@@ -61,8 +61,9 @@ fail=0
 in_set() { for s in "$@"; do [ "$s" = "$SET" ] && return 0; done; return 1; }
 
 # step NAME COMMAND...: run it in a folder of its own (a compare writes its
-# snapshot file where it runs; NAME is unique), a line every 30 s while it
-# runs
+# snapshot file where it runs; NAME is unique); while it runs, a line every
+# 30 s with the last line it printed, then its output whole (the programs
+# write in blocks when not on a terminal, which would split lines)
 step() {
     name=$1; shift
     d=$T/step-$(echo "$name" | tr -c 'A-Za-z0-9\n' '_')
@@ -70,14 +71,18 @@ step() {
     echo "== $name"
     start=$(date +%s)
     # shellcheck disable=SC2086 # WRAP is a command line or nothing
-    (set +e; cd "$d" && $WRAP "$@"; echo $? > "$d/.rc") &
+    (set +e; cd "$d" && $WRAP "$@" > "$d/.out" 2>&1; echo $? > "$d/.rc") &
     beat=$start
     while [ ! -f "$d/.rc" ]; do
         sleep 1
         now=$(date +%s)
-        if [ $((now - beat)) -ge 30 ]; then echo "   $name: running, $((now - start)) s"; beat=$now; fi
+        if [ $((now - beat)) -ge 30 ]; then
+            echo "   $name: running, $((now - start)) s: $(tail -n 1 "$d/.out" | cut -c1-80)"
+            beat=$now
+        fi
     done
     wait $!
+    cat "$d/.out"
     if [ "$(cat "$d/.rc")" = 0 ]; then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
     else echo "-- $name: FAILED"; fail=1; fi
 }
