@@ -1,8 +1,9 @@
 #!/bin/sh
 # ab_bench.sh OUTDIR VARIANT... - several builds and settings of ds4-bench
 # timed in one run on the GPU machine, in turns, so that a drift of the
-# machine shows in every variant alike; round r starts at the r-th variant (the order rotated), so that over as many
-# rounds as variants each takes every place in a round alike.
+# machine shows in every variant alike; round r starts at the r-th variant
+# (the order rotated), so that over as many rounds as variants each takes
+# every place in a round alike.
 #
 #   VARIANT   NAME=BINDIR or NAME=BINDIR:VAR=VALUE,VAR=VALUE...
 #             the ds4-bench in BINDIR, run with those environment settings
