@@ -120,9 +120,9 @@ fi
 # for 256 tokens, then in the session's (cuda_backend.cu, capture_step);
 # the CPU's state moves in at 254, inside both windows, so that the closing
 # steps pool positions folded before them (cu_compress_window).
-# 118 tokens (smoke, half the time): the same in decode only - the state
-# moves in at 126, the window closes at 127, graphs sized for 128 tokens
-# then the session's; the prefill closes no ratio-128 window.
+# 118 tokens (smoke, two thirds of the time): the same in decode only -
+# the state moves in at 126, the window closes at 127, graphs sized for 128
+# tokens then the session's; the prefill closes no ratio-128 window.
 if in_set smoke; then
     lane "strict tiny f16, step kinds" "$TEST" compare "$M-f16.gguf" --no-sim --prompt 118 --steps 16 \
         --graph-ctx 128
