@@ -118,7 +118,6 @@ $(BUILD)/tests/ds4-agent-script: tests/agent/main_script.c $(AGENT_DEPS) $(BUILD
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -o $@ $< $(AGENT_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) $(LIBS_ds4-agent)
 
-
 # The real DeepSeek V4 tokenizer as a GGUF, which the suite's tiny models
 # carry: made once, before items that use it run side by side.
 $(BUILD)/tokenizer.gguf: data/tokenizer/deepseek-v4-tokenizer.json.xz ds4-tokenizer
@@ -189,7 +188,7 @@ $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4e
 define emu_prog_rule
 $(BUILD)/emu/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4emu.a
 	@mkdir -p $$(dir $$@)
-	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4emu.a $$(LDFLAGS) $$(DEPLIBS) -lstdc++
+	$$(CC) $$(CFLAGS) -DDS4_CUDA=1 -o $$@ $$(filter %.c,$$^) $(BUILD)/libds4emu.a $$(LDFLAGS) $$(DEPLIBS) $$(LIBS_$(1)) -lstdc++
 endef
 $(foreach p,$(APP_PROGS),$(eval $(call emu_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call emu_prog_rule,$(p),tools)))
