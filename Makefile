@@ -119,7 +119,8 @@ $(BUILD)/tests/ds4-agent-script: tests/agent/main_script.c $(AGENT_DEPS) $(BUILD
 	$(CC) $(CFLAGS) -o $@ $< $(AGENT_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) $(LIBS_ds4-agent)
 
 # The real DeepSeek V4 tokenizer as a GGUF, which the suite's tiny models
-# carry: made once, before items that use it run side by side.
+# carry: made once, before the items that use it run side by side
+# (scripts/run-tests.sh).
 $(BUILD)/tokenizer.gguf: data/tokenizer/deepseek-v4-tokenizer.json.xz ds4-tokenizer
 	@mkdir -p $(BUILD)
 	./ds4-tokenizer import $< $@

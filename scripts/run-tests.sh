@@ -14,7 +14,8 @@
 # An item's exit status:
 #   0    PASS (a cmocka binary's skipped cases are named after it)
 #   77   SKIP: it cannot run on this machine (a tool is missing); its last
-#        output line "SKIP: REASON" says why, and without one it is a FAIL
+#        output line with "SKIP: REASON" (after a prefix such as the item's
+#        name, if any) says why, and without one it is a FAIL
 #   else FAIL, with the end of its log
 #
 # The output: a line per finished item (status, name, seconds); while items
@@ -23,7 +24,10 @@
 #   TEST_JOBS=N      items run side by side (default 2, for 2 cores).  The
 #                    longest (by the last run's times, kept in the log
 #                    folder) start first; results do not depend on the order,
-#                    as every item has its own files and lock.
+#                    as every item has its own files and lock.  A fixture that
+#                    many items share is made by `make test` before they run
+#                    (the Makefile's `test` target); items that write files
+#                    of a group's own never run side by side (`groups` below).
 #   TEST_TIMEOUT=S   an item still running after S seconds fails (default 3600:
 #                    a hang, not a busy machine)
 set -u
@@ -37,6 +41,17 @@ lock_dir=$PWD/build/test-locks
 mkdir -p "$log_dir" "$lock_dir"
 
 item_name() { n=$(basename "$1"); echo "${n%.sh}"; }
+
+# Items that write files they share (a cache, a model made on first use),
+# a line a group: the items of a group run one at a time.
+groups="agent: test_agent agent agent_tui"
+
+# The group of an item, or nothing.
+group_of() {
+    echo "$groups" | while read -r g members; do
+        for m in $members; do [ "$m" = "$1" ] && echo "${g%:}"; done
+    done
+}
 
 # The items, the longest of the last run first; items never timed first of
 # all, in the order given.
@@ -83,8 +98,8 @@ running=""
 last_line=$(date +%s)
 t0=$last_line
 
-# The reason of a skip: the last "SKIP: " line of the item's output.
-skip_reason() { sed -n 's/^SKIP: //p' "$log_dir/$1.log" | tail -n 1; }
+# The reason of a skip: what follows "SKIP: " in the last line that has it.
+skip_reason() { sed -n 's/.*SKIP: //p' "$log_dir/$1.log" | tail -n 1; }
 
 # A cmocka binary's skipped cases, by name.
 skipped_cases() {
@@ -141,11 +156,27 @@ stop() {
 }
 trap stop INT TERM
 
+# The first queued item whose group has no item running.
+next_item() {
+    for it in $queue; do
+        g=$(group_of "$(item_name "$it")")
+        if [ -n "$g" ]; then
+            for r in $running; do [ "$(group_of "$r")" = "$g" ] && continue 2; done
+        fi
+        echo "$it"
+        return
+    done
+}
+dequeue() { q=""; for it in $queue; do [ "$it" = "$1" ] || q="$q $it"; done; queue=$q; }
+
 echo "tests: $# items, $jobs at a time (logs in $log_dir)"
+queue="$*"
 while :; do
-    while [ $# -gt 0 ] && [ "$(echo $running | wc -w)" -lt "$jobs" ]; do
-        start_item "$1"
-        shift
+    while [ -n "$queue" ] && [ "$(echo $running | wc -w)" -lt "$jobs" ]; do
+        it=$(next_item)
+        [ -n "$it" ] || break
+        start_item "$it"
+        dequeue "$it"
     done
     [ -z "$running" ] && break
     sleep 1
