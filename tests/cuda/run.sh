@@ -31,6 +31,7 @@
 #             simulations off: prefill, decode steps, chunked
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
+#   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4
@@ -136,6 +137,15 @@ step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
 in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
+# Marks and rewinds (cuda_seq.cu): smoke and emu a 17-row step over the
+# 16-row window's ring across a ratio-4 window's end, taken back to its
+# first row and all but its last; gpu every length of 2, 5 and 17 rows at
+# three places, each taken back to none, one and all but one of its rows.
+if in_set gpu; then
+    step "rewind" "$TEST" rewind "$M-f16.gguf" --no-sim
+else
+    step "rewind (quick)" "$TEST" rewind "$M-f16.gguf" --no-sim --quick
+fi
 join
 if in_set gpu; then
     step "strict tiny f16" "$TEST" compare "$M-f16.gguf" --no-sim
