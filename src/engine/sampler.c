@@ -104,11 +104,14 @@ static int select_top_k(int32_t *id, float *lg, int n, int k) {
     return kept;
 }
 
-int32_t ds4_sample(ds4_sampler *s, const float *logits) {
+/* The candidates the filters keep, into cand_id / cand_logit (scaled
+ * logits, the top one 0), and the sum of their weights exp(l): their
+ * count, or 0 when the draw is the argmax (greedy, no finite logit). */
+static int candidates(ds4_sampler *s, const float *logits, double *total_out) {
     int n_vocab = s->n_vocab;
     int32_t top = ds4_argmax(logits, n_vocab);
     float max = logits[top];
-    if (s->p.temperature <= 0.0f || !isfinite(max)) return top;
+    if (s->p.temperature <= 0.0f || !isfinite(max)) return 0;
 
     /* min-p as a logit threshold: p_i >= min_p * p_max  <=>
      * (l_i - max) / T >= ln(min_p). */
@@ -138,13 +141,51 @@ int32_t ds4_sample(ds4_sampler *s, const float *logits) {
         n = keep;
         total = acc;
     }
+    *total_out = total;
+    return n;
+}
+
+int32_t ds4_sample(ds4_sampler *s, const float *logits) {
+    double total = 0.0;
+    int n = candidates(s, logits, &total);
+    if (n == 0) return ds4_argmax(logits, s->n_vocab);
     double r = next_uniform(s) * total, acc = 0.0;
     for (int i = 0; i < n; i++) {
         acc += exp((double)s->cand_logit[i]);
         if (r < acc) return s->cand_id[i];
     }
-    return n > 0 ? s->cand_id[n - 1] : top;
+    return s->cand_id[n - 1];
 }
+
+void ds4_sampler_dist(ds4_sampler *s, const float *logits, double *p) {
+    double total = 0.0;
+    int n = candidates(s, logits, &total);
+    memset(p, 0, (size_t)s->n_vocab * sizeof(double));
+    if (n == 0) {
+        p[ds4_argmax(logits, s->n_vocab)] = 1.0;
+        return;
+    }
+    for (int i = 0; i < n; i++) p[s->cand_id[i]] = exp((double)s->cand_logit[i]) / total;
+}
+
+int32_t ds4_sample_dist(ds4_sampler *s, const double *p) {
+    double total = 0.0;
+    int32_t last = -1;
+    for (int i = 0; i < s->n_vocab; i++)
+        if (p[i] > 0.0) {
+            total += p[i];
+            last = i;
+        }
+    if (last < 0) return 0;
+    double r = next_uniform(s) * total, acc = 0.0;
+    for (int i = 0; i < s->n_vocab; i++) {
+        acc += p[i];
+        if (p[i] > 0.0 && r < acc) return i;
+    }
+    return last;
+}
+
+double ds4_sampler_uniform(ds4_sampler *s) { return next_uniform(s); }
 
 static double log_sum_exp(const float *x, int n, float max) {
     double sum = 0.0;

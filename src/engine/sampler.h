@@ -55,6 +55,18 @@ void ds4_sampler_free(ds4_sampler *s);
  * chosen unless every entry is -inf, in which case 0 is returned). */
 int32_t ds4_sample(ds4_sampler *s, const float *logits);
 
+/* The distribution ds4_sample draws from for these logits, as n_vocab
+ * probabilities (0 outside the filters' kept set; greedy: 1 at the
+ * argmax). */
+void ds4_sampler_dist(ds4_sampler *s, const float *logits, double *p);
+
+/* One draw from a distribution (n_vocab weights >= 0, not necessarily
+ * summing to 1): the residual of a rejected MTP draft. */
+int32_t ds4_sample_dist(ds4_sampler *s, const double *p);
+
+/* A uniform draw in [0, 1) from the sampler's generator. */
+double ds4_sampler_uniform(ds4_sampler *s);
+
 /* The k most likely tokens with their log-probabilities under the plain
  * softmax of `logits` (no temperature), most likely first in base/rank.h's
  * order.  Returns the number written (min(k, n); NaN logits are left out). */

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/spec.h"
 #include "model/backends.h"
 
 struct ds4_session {
@@ -18,6 +19,8 @@ struct ds4_session {
     uint32_t n;
     ds4_kv_state *checkpoint; /* NULL or a snapshot */
     ds4_session_stats stats;
+    ds4_spec *spec;           /* MTP speculative decoding, or NULL */
+    uint32_t spec_n0;         /* the length before the verification in flight */
 };
 
 ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
@@ -42,6 +45,8 @@ ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
 
 void ds4_session_free(ds4_session *s) {
     if (!s) return;
+    if (s->spec) ds4_spec_free(s->spec);
+    free(s->spec);
     ds4_engine_seq_free(s->e, s->seq);
     ds4_kv_state_free(s->checkpoint);
     free(s->tokens);
@@ -62,6 +67,7 @@ const float *ds4_session_logits(ds4_session *s) {
 void ds4_session_reset(ds4_session *s) {
     ds4_seq_reset(s->b, s->seq);
     s->n = 0;
+    if (s->spec) ds4_spec_forget(s->spec, 0);
     s->stats.total_resets++;
 }
 
@@ -171,6 +177,7 @@ int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
     }
     for (uint32_t i = 0; i < in->n_tokens; i++) s->tokens[i] = (int32_t)in->tokens[i];
     s->n = in->n_tokens;
+    if (s->spec) ds4_spec_forget(s->spec, s->n); /* a snapshot has no residuals */
     return 0;
 }
 
@@ -208,4 +215,48 @@ int ds4_session_load_file(ds4_session *s, const char *path, ds4_err *err) {
     if (rc == 0) rc = ds4_session_restore(s, st, err);
     ds4_kv_state_free(st);
     return rc;
+}
+
+/* ------------------------------------------------- MTP speculation */
+
+int ds4_session_enable_mtp(ds4_session *s, uint32_t draft, float margin, ds4_err *err) {
+    if (s->spec) {
+        ds4_spec_free(s->spec);
+        free(s->spec);
+        s->spec = NULL;
+    }
+    if (draft == 0) return 0;
+    if (!s->b->opts.mtp) return ds4_err_set(err, DS4_EINVAL, "the model was loaded without an MTP block (--mtp FILE)");
+    ds4_spec *sp = calloc(1, sizeof(*sp));
+    if (!sp) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (ds4_spec_init(sp, s->b, s->seq, s->ctx, draft, margin, err) != 0) {
+        free(sp);
+        return -1;
+    }
+    s->spec = sp;
+    return 0;
+}
+
+ds4_spec *ds4_session_spec(ds4_session *s) { return s->spec; }
+
+int ds4_session_spec_verify(ds4_session *s, const int32_t *toks, uint32_t k, float *logits, ds4_err *err) {
+    if (check_room(s, k, err) != 0) return -1;
+    s->spec_n0 = s->n;
+    if (ds4_spec_verify(s->spec, toks, k, logits, err) != 0) {
+        ds4_session_reset(s);
+        return -1;
+    }
+    memcpy(s->tokens + s->n, toks, k * sizeof(int32_t));
+    s->n += k;
+    return 0;
+}
+
+int ds4_session_spec_accept(ds4_session *s, uint32_t keep, ds4_err *err) {
+    if (ds4_spec_accept(s->spec, s->spec_n0, keep, err) != 0) {
+        ds4_session_reset(s);
+        return -1;
+    }
+    s->n = s->spec_n0 + keep;
+    s->stats.total_decoded += keep;
+    return 0;
 }

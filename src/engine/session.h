@@ -89,6 +89,19 @@ int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err);
 /* A state sized for this session. */
 ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err);
 
+/* MTP speculative decoding (engine/spec.h): drafts of up to `draft`
+ * tokens (1..16; 0 turns it off), stopping where the draft's top-2 logit
+ * margin falls below `margin` (0: never).  The engine's backend must have
+ * the MTP block. */
+int ds4_session_enable_mtp(ds4_session *s, uint32_t draft, float margin, ds4_err *err);
+struct ds4_spec *ds4_session_spec(ds4_session *s); /* NULL when off */
+
+/* A speculative cycle's main-model part (the generation loop's): append
+ * toks[0..k) in one rewindable step, the logits after each into logits
+ * (k x n_vocab); then keep the first `keep` of them. */
+int ds4_session_spec_verify(ds4_session *s, const int32_t *toks, uint32_t k, float *logits, ds4_err *err);
+int ds4_session_spec_accept(ds4_session *s, uint32_t keep, ds4_err *err);
+
 /* DSV4 payload files (docs/MODEL.md 8.3). */
 int ds4_session_save_file(ds4_session *s, const char *path, ds4_err *err);
 int ds4_session_load_file(ds4_session *s, const char *path, ds4_err *err);

@@ -71,6 +71,9 @@ typedef struct ds4_backend_opts {
      * normalised) and the down projection's input rows (mid: m x n_ff_exp,
      * clamped SwiGLU times the routing weight).  For the imatrix collector
      * (model/imatrix_collect.h); NULL for none.  One call at a time. */
+    /* the MTP block (weights.h), or NULL: the backend can then run MTP
+     * sequences; it must outlive the backend */
+    const struct ds4_mtp_weights *mtp;
     void (*expert_observer)(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid);
     void *observer_ctx;
 } ds4_backend_opts;
@@ -99,12 +102,24 @@ enum {
  * cycle's verification (draft + 1 <= 17 rows) or drafts (<= 15). */
 #define DS4_REWIND_MAX 32
 
-/* One row of a step: the next token of a sequence. */
+/* One row of a step: the next token of a sequence.  A row of an MTP
+ * step (ds4_backend_mtp_step) pairs its token with a final residual the
+ * backend keeps: that of sequence hseq at position hpos (the main model's
+ * at the position before the token, or the MTP sequence's own last one
+ * for a draft after a draft).  Backends made with opts.mtp keep the final
+ * residuals of every sequence's last DS4_HIDDEN_KEEP positions. */
 typedef struct ds4_row {
     ds4_seq *seq;
     uint32_t token;
-    uint32_t want;      /* DS4_ROW_* */
+    uint32_t want;        /* DS4_ROW_* */
+    ds4_seq *hseq;        /* MTP rows */
+    uint32_t hpos;
 } ds4_row;
+
+/* Positions whose final residual a sequence keeps (backends with MTP): a
+ * row overwrites the residual of the position this many before it, which
+ * a rewind does not bring back. */
+#define DS4_HIDDEN_KEEP 128
 
 /* Where a step writes what its rows asked for, in row order: one n_vocab
  * row of logits for each row with DS4_ROW_LOGITS, one n_hc x n_embd row of
@@ -119,10 +134,13 @@ typedef struct ds4_backend_ops {
     void (*free)(ds4_backend *b);
     /* a new empty sequence of ctx tokens (at most the backend's ctx_size) */
     ds4_seq *(*seq_new)(ds4_backend *b, uint32_t ctx, ds4_err *err);
+    /* a new empty sequence of the MTP block (backends made with opts.mtp) */
+    ds4_seq *(*mtp_seq_new)(ds4_backend *b, uint32_t ctx, ds4_err *err);
     void (*seq_free)(ds4_backend *b, ds4_seq *s);
     uint32_t (*seq_len)(const ds4_backend *b, const ds4_seq *s);
     /* one pass over rows of any sequences (see ds4_backend_step) */
     int (*step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+    int (*mtp_step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
     int (*mark)(ds4_backend *b, ds4_seq *s, ds4_err *err);
     int (*rewind)(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
     int (*prefill)(ds4_backend *b, ds4_seq *s, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err);
@@ -170,6 +188,23 @@ static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t
  * most, are journaled.  A step that appends rows to s without
  * DS4_ROW_REWIND, a prefill, a decode, a reset or a restore drops the mark. */
 static inline int ds4_backend_mark(ds4_backend *b, ds4_seq *s, ds4_err *err) { return b->ops->mark(b, s, err); }
+
+/* A sequence of the MTP block (docs/MODEL.md 9): its own KV rows, one
+ * dense layer; ds4_backend_mtp_step advances it.  Backends made with
+ * opts.mtp only. */
+static inline ds4_seq *ds4_mtp_seq_new(ds4_backend *b, uint32_t ctx, ds4_err *err) {
+    return b->ops->mtp_seq_new(b, ctx ? ctx : b->opts.ctx_size, err);
+}
+
+/* One pass of the MTP block over rows of MTP sequences, as a step: each
+ * row appends its token (paired with row->hidden) to its sequence; the
+ * logits are the draft's prediction for the token after it, the hidden
+ * state what the next draft pairs with.  Marks and rewinds as for the main
+ * model's sequences. */
+static inline int ds4_backend_mtp_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out,
+                                       ds4_err *err) {
+    return b->ops->mtp_step(b, rows, n, out, err);
+}
 
 /* Take back the last tokens of s, keeping n_tokens (at least its mark's
  * length): exactly the state a sequence that never saw the others would

@@ -52,15 +52,22 @@ typedef struct cpu_journal {
 /* The CPU backend's ds4_seq: a KV state in host memory and its journal. */
 typedef struct cpu_seq {
     ds4_seq base;
+    bool mtp;                 /* the MTP block's (one dense layer) */
     ds4_kv_state *st;
     cpu_journal j;
+    float *hid;               /* with an MTP block: the final residuals of the last DS4_HIDDEN_KEEP
+                               * positions, position p at p % DS4_HIDDEN_KEEP (NULL without) */
 } cpu_seq;
 
 static inline cpu_seq *cpu_seq_of(ds4_seq *s) { return (cpu_seq *)s; }
+static inline const float *cpu_seq_hidden(const cpu_seq *s, uint32_t p) {
+    return s->hid + (size_t)(p % DS4_HIDDEN_KEEP) * s->st->cfg->n_hc * s->st->cfg->n_embd;
+}
 
 /* One row of a pass: a token of a sequence at a position. */
 typedef struct cpu_row {
-    ds4_kv_state *st;
+    cpu_seq *s;
+    ds4_kv_state *st;         /* s->st */
     cpu_journal *j;           /* the sequence's journal when the pass is rewindable, else NULL */
     uint32_t pos, tok;
 } cpu_row;
@@ -74,6 +81,7 @@ typedef struct cpu_layer {
     uint32_t ratio;           /* compression ratio: 0, 4 or 128 */
     bool hash;                /* hash-routed experts */
     float clamp;              /* SwiGLU clamp */
+    bool observe;             /* its experts go to the expert observer (the main model's) */
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -119,6 +127,11 @@ typedef struct cpu_backend {
     uint32_t *visible;        /* selected compressed rows (ascending) */
     uint32_t n_visible;
 } cpu_backend;
+
+/* After a pass: each row's sequence grows by its token; its final
+ * residual goes to the sequence's ring (with MTP) and to hidden[t] when
+ * asked for. */
+void cpu_pass_end(cpu_backend *b, uint32_t T, const uint32_t *tok, float *const *hidden);
 
 /* The main model's layer il as the sublayer functions take it. */
 cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il);
@@ -173,6 +186,12 @@ void cpu_attention_layer(cpu_backend *b, const cpu_layer *L, uint32_t T);
  * and ikv/igate are the row's compressor projections. */
 void cpu_compress_row(cpu_backend *b, const cpu_layer *L, ds4_kv_state *st, const float *ckv, const float *cgate,
                       const float *ikv, const float *igate, uint32_t p);
+
+/* -------------------------------------------------------------- cpu_mtp */
+
+/* The MTP block over the rows in b->rows (docs/MODEL.md 9): each row's
+ * token paired with rows[t].hidden; logits and hidden state as run_pass. */
+int cpu_mtp_pass(cpu_backend *b, const ds4_row *rows, uint32_t T, float *const *logits, float *const *hidden);
 
 /* -------------------------------------------------------------- cpu_ffn */
 

@@ -28,8 +28,12 @@ static void free_buffers(cpu_backend *b) {
 
 /* ------------------------------------------------------------ sequences */
 
-static ds4_seq *cpu_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
-    cpu_backend *b = (cpu_backend *)base;
+static void cpu_seq_free(ds4_backend *base, ds4_seq *seq);
+
+/* A sequence of the main model, or (mtp) of the MTP block, whose state
+ * has one dense layer; with an MTP block, a ring of its last residuals. */
+static ds4_seq *seq_new(cpu_backend *b, uint32_t ctx, bool mtp, ds4_err *err) {
+    ds4_backend *base = &b->base;
     if (ctx > b->max_ctx) {
         ds4_err_set(err, DS4_ERANGE, "a sequence of %u tokens exceeds the backend's context of %u", ctx, b->max_ctx);
         return NULL;
@@ -40,11 +44,31 @@ static ds4_seq *cpu_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
         return NULL;
     }
     s->base.owner = base;
-    if (!(s->st = ds4_kv_state_new(b->cfg, ctx, b->chunk, err))) {
+    s->mtp = mtp;
+    if (!(s->st = ds4_kv_state_new(mtp ? &b->base.opts.mtp->cfg : b->cfg, ctx, b->chunk, err))) {
         free(s);
         return NULL;
     }
+    if (b->base.opts.mtp &&
+        !(s->hid = malloc((size_t)DS4_HIDDEN_KEEP * b->cfg->n_hc * b->cfg->n_embd * sizeof(float)))) {
+        cpu_seq_free(base, &s->base);
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a sequence's residuals");
+        return NULL;
+    }
     return &s->base;
+}
+
+static ds4_seq *cpu_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    return seq_new((cpu_backend *)base, ctx, false, err);
+}
+
+static ds4_seq *cpu_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (!b->base.opts.mtp) {
+        ds4_err_set(err, DS4_EINVAL, "the backend was made without an MTP block");
+        return NULL;
+    }
+    return seq_new(b, ctx, true, err);
 }
 
 static void cpu_seq_free(ds4_backend *base, ds4_seq *seq) {
@@ -53,6 +77,7 @@ static void cpu_seq_free(ds4_backend *base, ds4_seq *seq) {
     if (!s) return;
     cpu_journal_free(&s->j);
     ds4_kv_state_free(s->st);
+    free(s->hid);
     free(s);
 }
 
@@ -142,7 +167,7 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
 cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il) {
     const ds4_config *c = b->cfg;
     return (cpu_layer){&b->base.w->layers[il], il, il, ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
-                       c->swiglu_clamp[il]};
+                       c->swiglu_clamp[il], true};
 }
 
 /* One pass of the T rows in b->rows through every layer (layer-major),
@@ -165,31 +190,58 @@ static void run_pass(cpu_backend *b, uint32_t T, float *const *logits, float *co
         cpu_attention_layer(b, &L, T);
         cpu_ffn_layer(b, &L, tok, T);
     }
-    for (uint32_t t = 0; t < T; t++) {
-        ds4_kv_state *st = b->rows[t].st;
-        st->tokens[b->rows[t].pos] = tok[t];
-        st->n_tokens = b->rows[t].pos + 1;
-        if (hidden && hidden[t]) memcpy(hidden[t], b->S + (size_t)t * hcD, hcD * sizeof(float));
-    }
+    cpu_pass_end(b, T, tok, hidden);
     cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
+}
+
+void cpu_pass_end(cpu_backend *b, uint32_t T, const uint32_t *tok, float *const *hidden) {
+    uint32_t hcD = b->cfg->n_hc * b->cfg->n_embd;
+    for (uint32_t t = 0; t < T; t++) {
+        const cpu_row *r = &b->rows[t];
+        const float *S = b->S + (size_t)t * hcD;
+        r->st->tokens[r->pos] = tok[t];
+        r->st->n_tokens = r->pos + 1;
+        if (r->s->hid) memcpy(r->s->hid + (size_t)(r->pos % DS4_HIDDEN_KEEP) * hcD, S, hcD * sizeof(float));
+        if (hidden && hidden[t]) memcpy(hidden[t], S, hcD * sizeof(float));
+    }
+}
+
+/* An MTP row's residual is one its sequence keeps: of a past position,
+ * among the last DS4_HIDDEN_KEEP (the row's own sequence's residual at the
+ * position before it is still unwritten when it is an earlier row of the
+ * same step: not allowed either). */
+static int check_hidden(const cpu_backend *b, const ds4_row *r, uint32_t i, ds4_err *err) {
+    if (!r->hseq || r->hseq->owner != &b->base)
+        return ds4_err_set(err, DS4_EINVAL, "row %u: an MTP row without the residual it pairs with", i);
+    const cpu_seq *h = cpu_seq_of(r->hseq);
+    uint32_t n = h->st->n_tokens;
+    if (r->hpos >= n || r->hpos + DS4_HIDDEN_KEEP < n)
+        return ds4_err_set(err, DS4_EINVAL, "row %u: the residual of position %u is not kept (the sequence has %u, "
+                                            "keeps the last %d)",
+                           i, r->hpos, n, DS4_HIDDEN_KEEP);
+    return 0;
 }
 
 /* Rows are valid for a pass: tokens in the vocabulary, a sequence's rows
  * adjacent and within its context, rewindable sequences within the
  * journal's rows. */
-static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, ds4_err *err) {
+static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, bool mtp, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (n > b->chunk) return ds4_err_set(err, DS4_ERANGE, "a step of %u rows exceeds the %u a pass holds", n, b->chunk);
     for (uint32_t i = 0; i < n;) {
         if (!rows[i].seq || rows[i].seq->owner != &b->base)
             return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
         const cpu_seq *s = cpu_seq_of(rows[i].seq);
+        if (s->mtp != mtp)
+            return ds4_err_set(err, DS4_EINVAL, "row %u: a sequence of the %s in a step of the %s", i,
+                               s->mtp ? "MTP block" : "main model", mtp ? "MTP block" : "main model");
         uint32_t m = 0;
         while (i + m < n && rows[i + m].seq == &s->base) {
             const ds4_row *r = &rows[i + m];
             if (r->token >= c->n_vocab)
                 return ds4_err_set(err, DS4_EINVAL, "token %u at row %u is outside the vocabulary (%u)", r->token,
                                    i + m, c->n_vocab);
+            if (mtp && check_hidden(b, r, i + m, err) != 0) return -1;
             if ((r->want & DS4_ROW_REWIND) != (rows[i].want & DS4_ROW_REWIND))
                 return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence are all rewindable or none is",
                                    i + m);
@@ -211,11 +263,13 @@ static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, ds4
     return 0;
 }
 
-static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    cpu_backend *b = (cpu_backend *)base;
+/* A step over rows of the main model's sequences, or (mtp) of the MTP
+ * block's. */
+static int step_rows(cpu_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp,
+                     ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (n == 0) return 0;
-    if (check_rows(b, rows, n, err) != 0) return -1;
+    if (check_rows(b, rows, n, mtp, err) != 0) return -1;
     float *logits[n], *hidden[n];
     uint32_t nl = 0, nh = 0, k = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -225,7 +279,7 @@ static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds
             k = 0;
             if (!(rows[i].want & DS4_ROW_REWIND)) s->j.valid = false; /* drops the mark */
         }
-        b->rows[i] = (cpu_row){s->st, (rows[i].want & DS4_ROW_REWIND) ? &s->j : NULL, s->st->n_tokens + k++,
+        b->rows[i] = (cpu_row){s, s->st, (rows[i].want & DS4_ROW_REWIND) ? &s->j : NULL, s->st->n_tokens + k++,
                                rows[i].token};
         /* a rewindable row's logits are kept whether asked for or not: a
          * rewind to it brings them back as the sequence's */
@@ -237,7 +291,10 @@ static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds
                         ? out->hidden + (size_t)nh++ * c->n_hc * c->n_embd
                         : NULL;
     }
-    run_pass(b, n, logits, hidden);
+    if (mtp)
+        cpu_mtp_pass(b, rows, n, logits, hidden);
+    else
+        run_pass(b, n, logits, hidden);
     for (uint32_t i = 0; i < n; i++) {
         cpu_seq *s = cpu_seq_of(rows[i].seq);
         if (s->j.valid && b->rows[i].j) cpu_journal_logits(b, s, b->rows[i].pos, logits[i]);
@@ -247,6 +304,16 @@ static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds
         }
     }
     return 0;
+}
+
+static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    return step_rows((cpu_backend *)base, rows, n, out, false, err);
+}
+
+static int cpu_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    cpu_backend *b = (cpu_backend *)base;
+    if (!b->base.opts.mtp) return ds4_err_set(err, DS4_EINVAL, "the backend was made without an MTP block");
+    return step_rows(b, rows, n, out, true, err);
 }
 
 static int cpu_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, uint32_t n, float *all_logits,
@@ -303,7 +370,8 @@ static int cpu_mark(ds4_backend *base, ds4_seq *seq, ds4_err *err) {
 }
 
 static const ds4_backend_ops cpu_ops = {
-    .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .seq_free = cpu_seq_free, .seq_len = cpu_seq_len,
+    .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .mtp_seq_new = cpu_mtp_seq_new,
+    .seq_free = cpu_seq_free, .seq_len = cpu_seq_len, .mtp_step = cpu_mtp_step,
     .step = cpu_step, .mark = cpu_mark, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
     .reset = cpu_reset, .snapshot = cpu_snapshot, .restore = cpu_restore,
 };
@@ -339,7 +407,7 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     ds4_rope_init(&b->rope_comp, c, true);
     if (!(b->pool = ds4_pool_create(b->base.opts.n_threads, err))) goto fail;
     b->n_threads = b->base.opts.n_threads = ds4_pool_size(b->pool);
-    if (!(b->base.main = cpu_seq_new(&b->base, b->max_ctx, err))) goto fail;
+    if (!(b->base.main = seq_new(b, b->max_ctx, false, err))) goto fail;
     if (alloc_buffers(b, err) != 0) goto fail;
     return &b->base;
 fail:
