@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "engine/batcher.h"
 #include "format/quants.h"
 #include "model/backends.h"
 
@@ -66,6 +67,7 @@ fail:
 
 void ds4_engine_close(ds4_engine *e) {
     if (!e) return;
+    ds4_batcher_free(e->batch);
     ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
     ds4_weights_close(e->w);
@@ -73,8 +75,47 @@ void ds4_engine_close(ds4_engine *e) {
     free(e);
 }
 
+/* Sequences are made and freed between steps (through the batcher when
+ * there is one), which also serialises the engine's counts. */
+typedef struct seq_alloc {
+    ds4_engine *e;
+    uint32_t ctx;
+    bool mtp;
+    ds4_seq *s;
+} seq_alloc;
+
+static int alloc_seq(void *ctx, ds4_err *err) {
+    seq_alloc *a = ctx;
+    ds4_engine *e = a->e;
+    if (a->mtp) return (a->s = ds4_mtp_seq_new(e->b, a->ctx, err)) ? 0 : -1;
+    if (!e->main_held && a->ctx == e->b->opts.ctx_size) {
+        a->s = e->b->main;
+        ds4_seq_reset(e->b, a->s);
+        e->main_held = true;
+    } else if (!(a->s = ds4_seq_new(e->b, a->ctx, err))) {
+        return -1;
+    }
+    e->n_seqs++;
+    return 0;
+}
+
+static int free_seq(void *ctx, ds4_err *err) {
+    seq_alloc *a = ctx;
+    ds4_engine *e = a->e;
+    if (a->mtp) {
+        ds4_seq_free(e->b, a->s);
+        return 0;
+    }
+    e->n_seqs--;
+    if (a->s == e->b->main)
+        e->main_held = false;
+    else
+        ds4_seq_free(e->b, a->s);
+    return 0;
+}
+
 ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
-    if (e->b && ctx != e->b->opts.ctx_size && e->n_seqs == 0) {
+    if (e->b && ctx != e->b->opts.ctx_size && e->n_seqs == 0 && !e->batch) {
         ds4_backend_free(e->b);
         e->b = NULL;
     }
@@ -82,25 +123,63 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim};
         if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
     }
-    ds4_seq *s;
-    if (!e->main_held && ctx == e->b->opts.ctx_size) {
-        s = e->b->main;
-        ds4_seq_reset(e->b, s);
-        e->main_held = true;
-    } else if (!(s = ds4_seq_new(e->b, ctx, err))) {
-        return NULL;
-    }
-    e->n_seqs++;
-    return s;
+    seq_alloc a = {e, ctx, false, NULL};
+    int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
+    return rc == 0 ? a.s : NULL;
 }
 
-void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) {
+ds4_seq *ds4_engine_mtp_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    seq_alloc a = {e, ctx, true, NULL};
+    int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
+    return rc == 0 ? a.s : NULL;
+}
+
+static void release(ds4_engine *e, ds4_seq *s, bool mtp) {
     if (!s) return;
-    e->n_seqs--;
-    if (s == e->b->main)
-        e->main_held = false;
+    seq_alloc a = {e, 0, mtp, s};
+    if (e->batch)
+        ds4_batcher_call(e->batch, free_seq, &a, NULL);
     else
-        ds4_seq_free(e->b, s);
+        free_seq(&a, NULL);
+}
+
+void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, false); }
+void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, true); }
+
+int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err) {
+    if (!e->b) return ds4_err_set(err, DS4_EINVAL, "batching needs the backend: make a session first");
+    if (e->batch) return 0;
+    return (e->batch = ds4_batcher_new(e->b, budget, err)) ? 0 : -1;
+}
+
+int ds4_engine_step(ds4_engine *e, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp, ds4_err *err) {
+    if (e->batch) return ds4_batcher_step(e->batch, rows, n, out, mtp, err);
+    return ds4_run_rows(e->b, rows, n, out, mtp, err);
+}
+
+typedef struct seq_call {
+    ds4_backend *b;
+    ds4_seq *s;
+    ds4_seq_op op;
+    uint32_t n;
+    ds4_kv_state *state;
+} seq_call;
+
+static int run_seq_call(void *ctx, ds4_err *err) {
+    seq_call *c = ctx;
+    switch (c->op) {
+    case DS4_SEQ_MARK: return ds4_backend_mark(c->b, c->s, err);
+    case DS4_SEQ_REWIND: return ds4_backend_rewind(c->b, c->s, c->n, err);
+    case DS4_SEQ_RESET: ds4_seq_reset(c->b, c->s); return 0;
+    case DS4_SEQ_SNAPSHOT: return ds4_seq_snapshot(c->b, c->s, c->state, err);
+    case DS4_SEQ_RESTORE: return ds4_seq_restore(c->b, c->s, c->state, err);
+    }
+    return ds4_err_set(err, DS4_EINVAL, "unknown sequence call");
+}
+
+int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_kv_state *state, ds4_err *err) {
+    seq_call c = {e->b, s, op, n, state};
+    return e->batch ? ds4_batcher_call(e->batch, run_seq_call, &c, err) : run_seq_call(&c, err);
 }
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {

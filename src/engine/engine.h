@@ -35,6 +35,7 @@ typedef struct ds4_engine {
     ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
     int32_t eos, bos;        /* -1 without a vocabulary */
     ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */
+    struct ds4_batcher *batch; /* NULL: sessions call the backend themselves, one thread at a time */
     uint32_t n_seqs;         /* sequences sessions hold */
     bool main_held;          /* one of them is the backend's main sequence */
 } ds4_engine;
@@ -50,6 +51,23 @@ void ds4_engine_close(ds4_engine *e);
  * again for another context size when no sequence is held. */
 ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s);
+/* A sequence of the MTP block (the backend made with one). */
+ds4_seq *ds4_engine_mtp_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
+void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s);
+
+/* Continuous batching (engine/batcher.h): from now on sessions may run in
+ * threads of their own, their rows packed into steps of up to `budget`
+ * rows (0: the backend's prefill chunk).  Needs the backend (a session made
+ * first). */
+int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err);
+
+/* The backend calls of sessions, through the batcher when there is one: a
+ * step (ds4_run_rows), and the other calls on one sequence. */
+int ds4_engine_step(ds4_engine *e, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp, ds4_err *err);
+typedef enum ds4_seq_op { DS4_SEQ_MARK, DS4_SEQ_REWIND, DS4_SEQ_RESET, DS4_SEQ_SNAPSHOT, DS4_SEQ_RESTORE } ds4_seq_op;
+/* n: the rewind's length; state: the snapshot's destination or the
+ * restore's source. */
+int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_kv_state *state, ds4_err *err);
 
 /* Bytes of KV state a session of `ctx` tokens holds (the memory estimate
  * programs print at startup). */

@@ -65,10 +65,19 @@ const float *ds4_session_logits(ds4_session *s) {
 }
 
 void ds4_session_reset(ds4_session *s) {
-    ds4_seq_reset(s->b, s->seq);
+    ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_RESET, 0, NULL, NULL);
     s->n = 0;
     if (s->spec) ds4_spec_forget(s->spec, 0);
     s->stats.total_resets++;
+}
+
+/* Append n tokens in one step through the engine (all_logits: the logits
+ * after each). */
+static int session_rows(ds4_session *s, const int32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
+    ds4_row rows[n];
+    for (uint32_t i = 0; i < n; i++) rows[i] = ds4_row_of(s->seq, (uint32_t)tokens[i], all_logits ? DS4_ROW_LOGITS : 0);
+    ds4_step_out out = {all_logits, NULL};
+    return ds4_engine_step(s->e, rows, n, all_logits ? &out : NULL, false, err);
 }
 
 static int check_room(const ds4_session *s, uint64_t more, ds4_err *err) {
@@ -94,7 +103,7 @@ int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n,
         uint32_t step = s->chunk - pos % s->chunk;
         if (step > n - done) step = n - done;
         float *lg = all_logits ? all_logits + (size_t)done * s->e->w->cfg.n_vocab : NULL;
-        if (ds4_seq_prefill(s->b, s->seq, (const uint32_t *)(const void *)(tokens + done), step, lg, err) != 0) {
+        if (session_rows(s, tokens + done, step, lg, err) != 0) {
             /* A failed backend step leaves its state undefined: start over. */
             ds4_session_reset(s);
             return -1;
@@ -112,7 +121,7 @@ int ds4_session_append_logits(ds4_session *s, const int32_t *tokens, uint32_t n,
 
 int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err) {
     if (check_room(s, 1, err) != 0) return -1;
-    if (ds4_seq_decode(s->b, s->seq, (uint32_t)token, err) != 0) {
+    if (session_rows(s, &token, 1, NULL, err) != 0) {
         ds4_session_reset(s);
         return -1;
     }
@@ -164,14 +173,14 @@ ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err) {
 }
 
 int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err) {
-    return ds4_seq_snapshot(s->b, s->seq, out, err);
+    return ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_SNAPSHOT, 0, out, err);
 }
 
 int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
     if (in->n_tokens >= s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens",
                            in->n_tokens, s->ctx);
-    if (ds4_seq_restore(s->b, s->seq, in, err) != 0) {
+    if (ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_RESTORE, 0, (ds4_kv_state *)in, err) != 0) {
         ds4_session_reset(s);
         return -1;
     }
@@ -229,7 +238,7 @@ int ds4_session_enable_mtp(ds4_session *s, uint32_t draft, float margin, ds4_err
     if (!s->b->opts.mtp) return ds4_err_set(err, DS4_EINVAL, "the model was loaded without an MTP block (--mtp FILE)");
     ds4_spec *sp = calloc(1, sizeof(*sp));
     if (!sp) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    if (ds4_spec_init(sp, s->b, s->seq, s->ctx, draft, margin, err) != 0) {
+    if (ds4_spec_init(sp, s->e, s->seq, s->ctx, draft, margin, err) != 0) {
         free(sp);
         return -1;
     }

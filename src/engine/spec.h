@@ -31,7 +31,7 @@
 #include <stdint.h>
 
 #include "base/error.h"
-#include "model/backend.h"
+#include "engine/engine.h"
 
 /* Drafts a cycle may propose at most (DS4_REWIND_MAX bounds the rows of a
  * verification: drafts + 1). */
@@ -44,6 +44,7 @@ typedef struct ds4_spec_stats {
 } ds4_spec_stats;
 
 typedef struct ds4_spec {
+    ds4_engine *e;        /* its calls go through the engine (batching) */
     ds4_backend *b;
     ds4_seq *main;        /* the session's sequence */
     ds4_seq *mseq;        /* the MTP block's: its row r pairs main position base + r */
@@ -56,7 +57,7 @@ typedef struct ds4_spec {
 } ds4_spec;
 
 /* MTP sequences of the session's backend (made with an MTP block). */
-int ds4_spec_init(ds4_spec *sp, ds4_backend *b, ds4_seq *main, uint32_t ctx, uint32_t draft, float margin,
+int ds4_spec_init(ds4_spec *sp, ds4_engine *e, ds4_seq *main, uint32_t ctx, uint32_t draft, float margin,
                   ds4_err *err);
 void ds4_spec_free(ds4_spec *sp);
 

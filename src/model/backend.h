@@ -116,6 +116,18 @@ typedef struct ds4_row {
     uint32_t hpos;
 } ds4_row;
 
+/* A row of sequence s: token, and what the step returns for it. */
+static inline ds4_row ds4_row_of(ds4_seq *s, uint32_t token, uint32_t want) {
+    ds4_row r = {s, token, want, NULL, 0};
+    return r;
+}
+
+/* A row of MTP sequence s: token paired with the residual of hseq at hpos. */
+static inline ds4_row ds4_mtp_row(ds4_seq *s, uint32_t token, uint32_t want, ds4_seq *hseq, uint32_t hpos) {
+    ds4_row r = {s, token, want, hseq, hpos};
+    return r;
+}
+
 /* Positions whose final residual a sequence keeps (backends with MTP): a
  * row overwrites the residual of the position this many before it, which
  * a rewind does not bring back. */

@@ -55,6 +55,16 @@ typedef struct ds4_weights {
 } ds4_weights;
 #undef DS4_WT_FIELD
 
+/* The MTP block (docs/MODEL.md 2.5, 9): one V4 block under "mtp.0." (a
+ * dense layer: no compressor, indexer or hash table) and its own input
+ * projections, norms and HC head; the embedding and the output matrix are
+ * the main model's. */
+typedef struct ds4_mtp_weights {
+    ds4_config cfg;            /* its state's shape: the main config with one dense layer */
+    ds4_layer_weights blk;
+    ds4_wt e_proj, h_proj, enorm, hnorm, norm, hc_head_fn, hc_head_scale, hc_head_base;
+} ds4_mtp_weights;
+
 /* Open, validate and bind.  NULL on failure; the message starts with the
  * path and names the key or tensor at fault. */
 ds4_weights *ds4_weights_open(const char *path, ds4_err *err);

@@ -522,7 +522,7 @@ static void step_and_rewind(ds4_backend *b, const ds4_kv_state *at, const uint32
     ds4_row rows[DS4_REWIND_MAX];
     if (ds4_backend_restore(b, at, &err) || ds4_backend_mark(b, b->main, &err)) die("restore", &err);
     for (uint32_t i = 0; i < m; i++)
-        rows[i] = (ds4_row){b->main, tok[n0 + i] ^ (i >= k ? wrong : 0), DS4_ROW_LOGITS | DS4_ROW_REWIND};
+        rows[i] = ds4_row_of(b->main, tok[n0 + i] ^ (i >= k ? wrong : 0), DS4_ROW_LOGITS | DS4_ROW_REWIND);
     ds4_step_out out = {lg, NULL};
     if (ds4_backend_step(b, rows, m, &out, &err)) die("step", &err);
     if (ds4_backend_rewind(b, b->main, n0 + k, &err)) die("rewind", &err);

@@ -127,7 +127,7 @@ static void test_batched_equals_alone(void **state) {
     uint32_t n = 0;
     for (int i = 0; i < NSEQ; i++)
         for (uint32_t t = 0; t < plen[i]; t++)
-            rows[n++] = (ds4_row){s[i], prompt(i)[t], t + 1 == plen[i] ? DS4_ROW_LOGITS : 0};
+            rows[n++] = ds4_row_of(s[i], prompt(i)[t], t + 1 == plen[i] ? DS4_ROW_LOGITS : 0);
     float *lg = malloc((size_t)NSEQ * V * sizeof(float));
     ds4_step_out out = {lg, NULL};
     if (ds4_backend_step(b, rows, n, &out, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
@@ -137,7 +137,7 @@ static void test_batched_equals_alone(void **state) {
             if (memcmp(lg + (size_t)i * V, want, V * sizeof(float)) != 0)
                 fail_msg("sequence %d, step %u: batched logits differ from the sequence alone", i, g);
             assert_memory_equal(ds4_seq_logits(b, s[i]), want, V * sizeof(float));
-            rows[i] = (ds4_row){s[i], argmax(want), DS4_ROW_LOGITS};
+            rows[i] = ds4_row_of(s[i], argmax(want), DS4_ROW_LOGITS);
         }
         if (g == GEN / 2)
             for (int i = 0; i < NSEQ; i++) {
@@ -173,9 +173,9 @@ static void test_mixed_step(void **state) {
     assert_int_equal(ds4_seq_prefill(b, c, tokens, 140, NULL, &err), 0);
     ds4_row rows[64];
     uint32_t n = 0;
-    rows[n++] = (ds4_row){a, tokens[99], DS4_ROW_LOGITS | DS4_ROW_HIDDEN};
-    for (uint32_t t = 0; t < 50; t++) rows[n++] = (ds4_row){b->main, tokens[t], t == 49 ? DS4_ROW_LOGITS : 0};
-    rows[n++] = (ds4_row){c, tokens[140], DS4_ROW_LOGITS};
+    rows[n++] = ds4_row_of(a, tokens[99], DS4_ROW_LOGITS | DS4_ROW_HIDDEN);
+    for (uint32_t t = 0; t < 50; t++) rows[n++] = ds4_row_of(b->main, tokens[t], t == 49 ? DS4_ROW_LOGITS : 0);
+    rows[n++] = ds4_row_of(c, tokens[140], DS4_ROW_LOGITS);
     size_t hd = (size_t)W->cfg.n_hc * W->cfg.n_embd;
     float *lg = malloc((size_t)3 * V * sizeof(float)), *hid = malloc(hd * sizeof(float));
     ds4_step_out out = {lg, hid};
@@ -188,7 +188,7 @@ static void test_mixed_step(void **state) {
     ds4_seq *d = ds4_seq_new(b, 0, &err);
     assert_int_equal(ds4_seq_prefill(b, d, tokens, 99, NULL, &err), 0);
     float *hid2 = malloc(hd * sizeof(float));
-    ds4_row one = {d, tokens[99], DS4_ROW_HIDDEN};
+    ds4_row one = ds4_row_of(d, tokens[99], DS4_ROW_HIDDEN);
     ds4_step_out out2 = {NULL, hid2};
     assert_int_equal(ds4_backend_step(b, &one, 1, &out2, &err), 0);
     assert_memory_equal(hid, hid2, hd * sizeof(float));
@@ -232,7 +232,7 @@ static void check_rewind(ds4_backend *b, const ds4_kv_state *at_n0, uint32_t n0,
     assert_int_equal(ds4_backend_restore(b, at_n0, &err), 0);
     assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
     for (uint32_t i = 0; i < m; i++)
-        rows[i] = (ds4_row){b->main, tokens[n0 + i] ^ (i >= k ? 1u : 0u), DS4_ROW_LOGITS | DS4_ROW_REWIND};
+        rows[i] = ds4_row_of(b->main, tokens[n0 + i] ^ (i >= k ? 1u : 0u), DS4_ROW_LOGITS | DS4_ROW_REWIND);
     float *lg = malloc((size_t)m * V * sizeof(float));
     ds4_step_out out = {lg, NULL};
     if (ds4_backend_step(b, rows, m, &out, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
@@ -291,7 +291,7 @@ static void test_rewind_short_ring(void **state) {
     assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
     /* three rewindable steps after the mark: 5, 1 and 10 rows */
     ds4_row rows[16];
-    for (uint32_t i = 0; i < 16; i++) rows[i] = (ds4_row){b->main, tokens[40 + i], DS4_ROW_REWIND};
+    for (uint32_t i = 0; i < 16; i++) rows[i] = ds4_row_of(b->main, tokens[40 + i], DS4_ROW_REWIND);
     assert_int_equal(ds4_backend_step(b, rows, 5, NULL, &err), 0);
     assert_int_equal(ds4_backend_step(b, rows + 5, 1, NULL, &err), 0);
     assert_int_equal(ds4_backend_step(b, rows + 6, 10, NULL, &err), 0);
@@ -367,35 +367,35 @@ static void test_bad_steps_and_rewinds(void **state) {
     ds4_row rows[70];
     /* a rewind with no mark, a rewindable row without one */
     expect_error(ds4_backend_rewind(b, b->main, 5, &err), &err, "since the sequence's mark");
-    rows[0] = (ds4_row){b->main, 1, DS4_ROW_REWIND};
+    rows[0] = ds4_row_of(b->main, 1, DS4_ROW_REWIND);
     expect_error(ds4_backend_step(b, rows, 1, NULL, &err), &err, "without a mark");
     /* forward, before the mark */
     assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
-    rows[1] = (ds4_row){b->main, 2, DS4_ROW_REWIND};
+    rows[1] = ds4_row_of(b->main, 2, DS4_ROW_REWIND);
     assert_int_equal(ds4_backend_step(b, rows, 2, NULL, &err), 0);
     expect_error(ds4_backend_rewind(b, b->main, 13, &err), &err, "has 12");
     expect_error(ds4_backend_rewind(b, b->main, 9, &err), &err, "at 10");
     assert_int_equal(ds4_backend_rewind(b, b->main, 11, &err), 0);
     /* more rows after the mark than the journal holds */
-    for (uint32_t i = 0; i < DS4_REWIND_MAX; i++) rows[i] = (ds4_row){b->main, 1, DS4_ROW_REWIND};
+    for (uint32_t i = 0; i < DS4_REWIND_MAX; i++) rows[i] = ds4_row_of(b->main, 1, DS4_ROW_REWIND);
     expect_error(ds4_backend_step(b, rows, DS4_REWIND_MAX, NULL, &err), &err, "exceed");
     /* a plain step drops the mark */
-    rows[0] = (ds4_row){b->main, 1, 0};
+    rows[0] = ds4_row_of(b->main, 1, 0);
     assert_int_equal(ds4_backend_step(b, rows, 1, NULL, &err), 0);
     expect_error(ds4_backend_rewind(b, b->main, 11, &err), &err, "since the sequence's mark");
     /* rows of a sequence apart, of another backend, mixed flags, too many */
-    rows[0] = (ds4_row){b->main, 1, 0};
-    rows[1] = (ds4_row){s, 1, 0};
-    rows[2] = (ds4_row){b->main, 1, 0};
+    rows[0] = ds4_row_of(b->main, 1, 0);
+    rows[1] = ds4_row_of(s, 1, 0);
+    rows[2] = ds4_row_of(b->main, 1, 0);
     expect_error(ds4_backend_step(b, rows, 3, NULL, &err), &err, "adjacent");
-    rows[0] = (ds4_row){other->main, 1, 0};
+    rows[0] = ds4_row_of(other->main, 1, 0);
     expect_error(ds4_backend_step(b, rows, 1, NULL, &err), &err, "not this backend's");
-    rows[0] = (ds4_row){s, 1, DS4_ROW_REWIND};
-    rows[1] = (ds4_row){s, 1, 0};
+    rows[0] = ds4_row_of(s, 1, DS4_ROW_REWIND);
+    rows[1] = ds4_row_of(s, 1, 0);
     expect_error(ds4_backend_step(b, rows, 2, NULL, &err), &err, "all rewindable or none");
-    for (uint32_t i = 0; i < 65; i++) rows[i] = (ds4_row){s, 1, 0};
+    for (uint32_t i = 0; i < 65; i++) rows[i] = ds4_row_of(s, 1, 0);
     expect_error(ds4_backend_step(b, rows, 65, NULL, &err), &err, "a pass holds");
-    rows[0] = (ds4_row){s, V, 0};
+    rows[0] = ds4_row_of(s, V, 0);
     expect_error(ds4_backend_step(b, rows, 1, NULL, &err), &err, "vocabulary");
     /* a sequence longer than the backend's context */
     assert_null(ds4_seq_new(b, CTX + 1, &err));

@@ -328,7 +328,7 @@ static int cpu_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, 
     ds4_row rows[b->chunk];
     for (uint32_t off = 0; off < n; off += b->chunk) {
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
-        for (uint32_t t = 0; t < T; t++) rows[t] = (ds4_row){seq, tokens[off + t], all_logits ? DS4_ROW_LOGITS : 0};
+        for (uint32_t t = 0; t < T; t++) rows[t] = ds4_row_of(seq, tokens[off + t], all_logits ? DS4_ROW_LOGITS : 0);
         ds4_step_out out = {all_logits ? all_logits + (size_t)off * c->n_vocab : NULL, NULL};
         if (cpu_step(base, rows, T, &out, err) != 0) return -1;
     }
@@ -336,7 +336,7 @@ static int cpu_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, 
 }
 
 static int cpu_decode(ds4_backend *base, ds4_seq *s, uint32_t token, ds4_err *err) {
-    ds4_row row = {s, token, 0};
+    ds4_row row = ds4_row_of(s, token, 0);
     return cpu_step(base, &row, 1, NULL, err);
 }
 
