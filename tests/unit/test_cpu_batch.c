@@ -336,7 +336,7 @@ static void test_rewind_short_window(void **state) {
         assert_int_equal(ds4_backend_restore(b, at, &err), 0);
         assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
         ds4_row rows[20];
-        for (uint32_t i = 0; i < 20; i++) rows[i] = (ds4_row){b->main, (tok[11 + i] + (i >= k)) % nv, DS4_ROW_REWIND};
+        for (uint32_t i = 0; i < 20; i++) rows[i] = ds4_row_of(b->main, (tok[11 + i] + (i >= k)) % nv, DS4_ROW_REWIND);
         assert_int_equal(ds4_backend_step(b, rows, 12, NULL, &err), 0);     /* 12 rows, then 8 more */
         assert_int_equal(ds4_backend_step(b, rows + 12, 8, NULL, &err), 0);
         assert_int_equal(ds4_backend_rewind(b, b->main, 11 + k, &err), 0);
