@@ -109,24 +109,16 @@ static int draft_tokens(spec_loop *L, int32_t tok, uint32_t max, int32_t *d, uin
 }
 
 /* Whether the target accepts draft d at the position whose logits are v
- * (draft distribution q when sampling); on a rejection *y is the token the
- * target puts there instead: the argmax, or a draw from the residual
- * max(0, p - q) (the speculative sampling rule, which leaves the
- * distribution of every token exactly the target's). */
+ * (draft distribution q when the draft was sampled); on a rejection *y is
+ * the token the target puts there instead. */
 static bool accept_draft(spec_loop *L, float *v, int32_t d, const double *q, int32_t *y) {
     v = usable(L, v, true);
     if (!sampling(L)) {
         *y = ds4_argmax(v, L->n_vocab);
         return *y == d;
     }
-    double *p = L->pd;
-    ds4_sampler_dist(L->smp, v, p);
-    if (q && q[d] > 0.0 && ds4_sampler_uniform(L->smp) * q[d] < p[d]) return true;
-    double left = 0.0;
-    for (int i = 0; i < L->n_vocab; i++) left += (p[i] = q ? fmax(0.0, p[i] - q[i]) : p[i]);
-    if (left <= 0.0) ds4_sampler_dist(L->smp, v, p); /* p == q: the draw is p's */
-    *y = ds4_sample_dist(L->smp, p);
-    return false;
+    ds4_sampler_dist(L->smp, v, L->pd);
+    return ds4_spec_accepts(L->smp, L->pd, q, d, y);
 }
 
 /* The loop of ds4_generate with MTP drafts.  Each turn hands out the

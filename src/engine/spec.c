@@ -106,3 +106,14 @@ bool ds4_spec_confident(const ds4_spec *sp, const float *logits, uint32_t n_voca
     }
     return a - b2 >= sp->margin;
 }
+
+bool ds4_spec_accepts(ds4_sampler *smp, double *p, const double *q, int32_t d, int32_t *y) {
+    if (q && q[d] > 0.0 && ds4_sampler_uniform(smp) * q[d] < p[d]) return true;
+    if (q) {
+        double left = 0.0;
+        for (int i = 0; i < smp->n_vocab; i++) left += (p[i] = fmax(0.0, p[i] - q[i]));
+        if (left <= 0.0) return *y = d, true; /* p == q: d was p's own draw */
+    }
+    *y = ds4_sample_dist(smp, p);
+    return false;
+}

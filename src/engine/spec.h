@@ -32,6 +32,7 @@
 
 #include "base/error.h"
 #include "engine/engine.h"
+#include "engine/sampler.h"
 
 /* Drafts a cycle may propose at most (DS4_REWIND_MAX bounds the rows of a
  * verification: drafts + 1). */
@@ -70,6 +71,14 @@ int ds4_spec_begin(ds4_spec *sp, const int32_t *tokens, uint32_t n, int32_t tok,
 int ds4_spec_draft(ds4_spec *sp, int32_t d, float *logits, ds4_err *err);
 int ds4_spec_verify(ds4_spec *sp, const int32_t *toks, uint32_t k, float *logits, ds4_err *err);
 int ds4_spec_accept(ds4_spec *sp, uint32_t n0, uint32_t keep, ds4_err *err);
+
+/* The speculative sampling rule (Leviathan et al.; Chen et al.), which
+ * leaves the distribution of every token exactly the target's: draft d,
+ * drawn from q (NULL: chosen without a distribution, e.g. greedily), is
+ * accepted with probability min(1, p(d) / q(d)); otherwise *y is drawn from
+ * the residual max(0, p - q) normalised (from p itself when q is NULL).  p
+ * (the target's distribution, n_vocab entries) is overwritten. */
+bool ds4_spec_accepts(ds4_sampler *smp, double *p, const double *q, int32_t d, int32_t *y);
 
 /* Whether a draft distribution is confident enough to draft on. */
 bool ds4_spec_confident(const ds4_spec *sp, const float *logits, uint32_t n_vocab);
