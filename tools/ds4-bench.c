@@ -64,6 +64,13 @@ static const char ABOUT[] =
     "on stderr; the only choice with --synthetic, which has no tokenizer).";
 
 /* Returns -1 to run, else the status to exit with. */
+/* ds4's options this program refuses, with the reason. */
+static const char *refused(const char *name) {
+    if (!strncmp(name, "--mtp", 5))
+        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-bench does not draft with it yet";
+    return ds4_option_not_supported(name);
+}
+
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
     ds4_opt table[] = {
@@ -109,7 +116,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {0},
     };
     ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic q2|q4] [options]", .about = ABOUT,
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");

@@ -269,6 +269,7 @@ typedef struct opts {
     int random_blocks;
     int quiet;
     uint32_t type_override[DS4_TC_COUNT]; /* UINT32_MAX = recipe's */
+    const char *mtp_out;       /* also an MTP block (NULL: none) */
 } opts;
 
 static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t type, const opts *o,
@@ -358,45 +359,33 @@ static int tokenizer_vocab(const char *path, uint32_t *n, ds4_err *err) {
     return rc;
 }
 
-static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
-    if (ds4_config_validate(c, err) != 0) return ds4_err_prefix(err, "model shape");
-    const ds4_recipe *base = ds4_recipe_get(o->recipe);
-    if (!base) return ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", o->recipe, ds4_recipe_names());
-    ds4_recipe recipe = *base;
-    for (int k = 0; k < DS4_TC_COUNT; k++)
-        if (o->type_override[k] != UINT32_MAX) recipe.type[k] = o->type_override[k];
-
-    size_t n = ds4_layout_count(c);
-    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
-    uint32_t *types = calloc(n, sizeof(*types));
-    if (!specs || !types) {
-        free(specs);
-        free(types);
-        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    }
-    ds4_layout_build(c, specs);
-
+/* A GGUF of the tensors `specs` (the model's inventory, or the MTP
+ * block's) with the config's metadata, to path. */
+static int write_file(const opts *o, const ds4_config *c, const ds4_recipe *recipe, const ds4_tensor_spec *specs,
+                      size_t n, const char *path, bool tokenizer, ds4_err *err) {
+    uint32_t *types = calloc(n ? n : 1, sizeof(*types));
+    if (!types) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) rc = ds4_recipe_type_for(&recipe, &specs[i], &types[i], err);
+    for (size_t i = 0; i < n && rc == 0; i++) rc = ds4_recipe_type_for(recipe, &specs[i], &types[i], err);
 
     ds4_pool *pool = NULL;
     ds4_gguf_writer *w = NULL;
     if (rc == 0) pool = ds4_pool_create(o->threads, err);
     if (rc == 0 && !pool) rc = -1;
-    if (rc == 0) w = ds4_gguf_writer_open(o->out, 0, err);
+    if (rc == 0) w = ds4_gguf_writer_open(path, 0, err);
     if (rc == 0 && !w) rc = -1;
 
     if (rc == 0) {
         rc |= ds4_gguf_w_str(w, "general.architecture", "deepseek4");
         rc |= ds4_gguf_w_str(w, "general.name", o->name);
         rc |= ds4_gguf_w_str(w, "general.type", "model");
-        rc |= ds4_gguf_w_str(w, "ds4.mkmodel.recipe", recipe.name);
+        rc |= ds4_gguf_w_str(w, "ds4.mkmodel.recipe", recipe->name);
         rc |= ds4_gguf_w_u64(w, "ds4.mkmodel.seed", o->seed);
         rc |= ds4_gguf_w_bool(w, "ds4.mkmodel.random_blocks", o->random_blocks != 0);
         if (rc != 0) rc = ds4_err_set(err, DS4_EIO, "writing general metadata failed");
     }
     if (rc == 0) rc = ds4_config_to_gguf(c, w, err);
-    if (rc == 0 && o->tokenizer) rc = copy_tokenizer(w, o->tokenizer, c, err);
+    if (rc == 0 && tokenizer && o->tokenizer) rc = copy_tokenizer(w, o->tokenizer, (ds4_config *)c, err);
 
     /* The router bias exists only on learned-routing layers, as in the
      * official checkpoint (hash layers have tid2eid instead). */
@@ -424,11 +413,32 @@ static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
         else ds4_gguf_writer_abort(w);
     }
     if (!o->quiet && rc == 0)
-        fprintf(stderr, "\rwrote %s: %zu tensors, %.3f GB, recipe %s, seed %llu\n", o->out, written, (double)total / 1e9,
-                recipe.name, (unsigned long long)o->seed);
+        fprintf(stderr, "\rwrote %s: %zu tensors, %.3f GB, recipe %s, seed %llu\n", path, written, (double)total / 1e9,
+                recipe->name, (unsigned long long)o->seed);
     ds4_pool_free(pool);
-    free(specs);
     free(types);
+    return rc;
+}
+
+/* The model's file, and the MTP block's when asked for. */
+static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
+    if (ds4_config_validate(c, err) != 0) return ds4_err_prefix(err, "model shape");
+    const ds4_recipe *base = ds4_recipe_get(o->recipe);
+    if (!base) return ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", o->recipe, ds4_recipe_names());
+    ds4_recipe recipe = *base;
+    for (int k = 0; k < DS4_TC_COUNT; k++)
+        if (o->type_override[k] != UINT32_MAX) recipe.type[k] = o->type_override[k];
+
+    size_t n = ds4_layout_count(c), nm = ds4_layout_mtp(c, NULL);
+    ds4_tensor_spec *specs = calloc(n > nm ? n : nm, sizeof(*specs));
+    if (!specs) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    ds4_layout_build(c, specs);
+    int rc = write_file(o, c, &recipe, specs, n, o->out, true, err);
+    if (rc == 0 && o->mtp_out) {
+        ds4_layout_mtp(c, specs);
+        rc = write_file(o, c, &recipe, specs, nm, o->mtp_out, false, err);
+    }
+    free(specs);
     return rc;
 }
 
@@ -521,6 +531,9 @@ int main(int argc, char **argv) {
     ds4_opt table[] = {
         {DS4_OPT_STR("-o, --out, --output", "FILE", &o.out, NULL, "the GGUF to write"),
          .flags = DS4_OPT_REQUIRED | DS4_OPT_OUT},
+        {DS4_OPT_STR("--mtp", "FILE", &o.mtp_out, NULL,
+                     "also write the model's MTP block (docs/MODEL.md 2.5) to FILE, same recipe and seed"),
+         .flags = DS4_OPT_OUT},
         {DS4_OPT_CHOICE("--preset", "NAME", &o.preset, "tiny|small|mid|flash", "tiny", "the shape")},
         {DS4_OPT_STR("--recipe", "NAME", &o.recipe, "f16", recipe_help)},
         {DS4_OPT_CALL("--type", "CLASS=TYPE", type_option, &o,

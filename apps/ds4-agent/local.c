@@ -825,7 +825,7 @@ agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_li
     if (!(L->dir = sessions_dir(o, err))) goto fail;
     if (ds4_model_file_check(o->model, err) != 0) goto fail;
     ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = o->threads, .no_sim = o->no_sim,
-                          .need_vocab = true};
+                          .need_vocab = true, .mtp_path = o->mtp.path};
     if (!(L->e = ds4_engine_open(&eo, err))) goto fail;
     ds4_startup_print_memory("ds4-agent", L->e->backend_name, L->e->w, o->ctx);
     if (o->warm_weights && ds4_startup_warm("ds4-agent", L->e->w, o->threads, warm_stop, (void *)l) != 0) {
@@ -834,6 +834,8 @@ agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_li
     }
     if (!(L->tok = ds4_tokenizer_new(L->e->vocab, err))) goto fail;
     if (!(L->s = ds4_session_new(L->e, o->ctx, err))) goto fail;
+    /* every round goes through ds4_generate, which drafts with the MTP block */
+    if (L->e->mtp && ds4_session_enable_mtp(L->s, o->mtp.draft, o->mtp.margin, err) != 0) goto fail;
     if (ds4_sampler_init(&L->smp, &o->sampling, (int)L->e->w->cfg.n_vocab, err) != 0) goto fail;
     L->greedy = o->sampling.temperature <= 0;
     const ds4_vocab *v = L->e->vocab;

@@ -2,7 +2,7 @@
  * options.c - the ds4-agent command line (see options.h): one table in the
  * form every ds4 program uses (base/opts.h), with the rows the programs
  * share (engine/cli.h) and the agent's own.  Options of ds4's agent this
- * engine does not have (MTP, steering) are refused with the reason.
+ * engine does not have (steering) are refused with the reason.
  */
 #include "options.h"
 
@@ -88,6 +88,7 @@ int agent_parse_options(int argc, char **argv, agent_opts *o) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-agent"),
+        DS4_CLI_MTP(&o->mtp),
         {0},
     };
     ds4_cli cli = {.prog = "ds4-agent", .usage = "[options]",

@@ -12,6 +12,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/cli.h"
 #include "engine/sampler.h"
 #include "text/chat.h"
 
@@ -34,6 +35,7 @@ typedef struct agent_opts {
     const char *backend;        /* the build's default unless given */
     int threads;                /* 0: $DS4_THREADS or all CPUs */
     bool warm_weights, no_sim;
+    ds4_cli_mtp mtp;            /* MTP speculative decoding (local mode) */
     uint32_t ctx;
     bool ctx_given;
     uint32_t n_tokens;

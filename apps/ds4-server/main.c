@@ -40,6 +40,13 @@ static const char NOTES[] =
 
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
+/* ds4's options this program refuses, with the reason. */
+static const char *refused(const char *name) {
+    if (!strncmp(name, "--mtp", 5))
+        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-server does not draft with it yet";
+    return ds4_option_not_supported(name);
+}
+
 static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     memset(o, 0, sizeof(*o));
     ds4_kvc_policy kd;
@@ -123,7 +130,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     ds4_cli cli = {.prog = "ds4-server", .usage = "[options]",
                    .about = "OpenAI (chat, completions, responses) and Anthropic (messages) API server for "
                             "DeepSeek V4 Flash.",
-                   .opts = table, .notes = NOTES, .refused = ds4_option_not_supported};
+                   .opts = table, .notes = NOTES, .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     o->max_body = max_body_mb << 20;

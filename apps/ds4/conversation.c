@@ -51,12 +51,18 @@ void convo_free(convo *c) {
 
 uint32_t convo_ctx(const convo *c) { return ds4_session_ctx(c->s); }
 
+int convo_enable_mtp(convo *c, uint32_t draft, float margin, ds4_err *err) {
+    c->mtp_draft = c->e->mtp ? draft : 0;
+    c->mtp_margin = margin;
+    return c->mtp_draft ? ds4_session_enable_mtp(c->s, c->mtp_draft, margin, err) : 0;
+}
+
 /* The old session goes first: the engine makes its backend again for the
  * new context size only when no session holds a sequence of it. */
 int convo_set_ctx(convo *c, uint32_t ctx, ds4_err *err) {
     uint32_t old = ds4_session_ctx(c->s);
     ds4_session_free(c->s);
-    if ((c->s = ds4_session_new(c->e, ctx, err))) return 0;
+    if ((c->s = ds4_session_new(c->e, ctx, err))) return convo_enable_mtp(c, c->mtp_draft, c->mtp_margin, err);
     ds4_err keep = *err;
     c->s = ds4_session_new(c->e, old, err);
     *err = keep;
@@ -253,7 +259,14 @@ int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t ma
     turn_sink t = {0};
     printer_start(&t.pr, c->e, c->think_end, convo_opens_think(c, prompt), c->term.out_tty);
     ds4_gen_opts go = {.max_tokens = max_tokens, .cancel = &cli_interrupted};
+    ds4_spec *sp = ds4_session_spec(c->s);
+    ds4_spec_stats before = sp ? sp->stats : (ds4_spec_stats){0};
     rc = ds4_generate(c->s, smp, &go, on_token, &t, &st->gen, err);
+    if (sp) {
+        st->spec.cycles = sp->stats.cycles - before.cycles;
+        st->spec.drafted = sp->stats.drafted - before.drafted;
+        st->spec.accepted = sp->stats.accepted - before.accepted;
+    }
     cli_busy(false);
     printer_finish(&t.pr);
     printer_free(&t.pr);
@@ -276,6 +289,11 @@ void convo_print_stats(const turn_stats *st) {
     double gen = st->gen.seconds > 0 ? st->gen.n_generated / st->gen.seconds : 0.0;
     fprintf(stderr, "prefill: %u token%s (%u reused) %.2f t/s, generation: %u token%s %.2f t/s", st->prefilled,
             ds4_plural(st->prefilled), st->reused, pre, st->gen.n_generated, ds4_plural(st->gen.n_generated), gen);
+    if (st->spec.cycles)
+        fprintf(stderr, ", MTP: %llu of %llu drafts accepted (%.0f%%), %.2f tokens a verification",
+                (unsigned long long)st->spec.accepted, (unsigned long long)st->spec.drafted,
+                st->spec.drafted ? 100.0 * (double)st->spec.accepted / (double)st->spec.drafted : 0.0,
+                (double)(st->spec.accepted + st->spec.cycles) / (double)st->spec.cycles);
     if (st->interrupted) fprintf(stderr, ", interrupted%s", st->rolled_back ? " (turn taken back)" : "");
     else if (st->context_full) fputs(", stopped: the context is full (a larger one: -c N or /ctx N)", stderr);
     else if (st->gen.finish == DS4_FINISH_LENGTH) fputs(", stopped at the token limit (-n)", stderr);

@@ -27,6 +27,7 @@
 
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "engine/spec.h"
 #include "runtime.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -43,6 +44,8 @@ typedef struct convo {
     ds4_strbuf pending_text;   /* text of the prompt being run, until commit */
     bool pending_raw;          /* it is a raw transcript: no messages to keep */
     cli_term term;
+    uint32_t mtp_draft;        /* MTP drafts a step (0: no speculation) */
+    float mtp_margin;
 } convo;
 
 /* What a turn did, for the timing line and the tests that read it. */
@@ -52,6 +55,7 @@ typedef struct turn_stats {
     uint32_t prefilled;        /* of which were prefilled this turn */
     double prefill_s;
     ds4_gen_result gen;
+    ds4_spec_stats spec;       /* MTP speculation during the turn */
     bool interrupted;          /* Ctrl+C (prefill or generation) */
     bool context_full;         /* generation stopped because the context filled up */
     bool rolled_back;          /* the turn left no trace */
@@ -59,6 +63,11 @@ typedef struct turn_stats {
 
 /* system: "" for none. */
 int convo_init(convo *c, ds4_engine *e, uint32_t ctx, const char *system, ds4_think_mode think, ds4_err *err);
+
+/* Speculative decoding with the engine's MTP block, drafts of up to draft
+ * tokens (the session made by /ctx too).  Nothing when the engine has no
+ * block. */
+int convo_enable_mtp(convo *c, uint32_t draft, float margin, ds4_err *err);
 void convo_free(convo *c);
 
 /* A new session of ctx tokens; the transcript is kept (the next turn

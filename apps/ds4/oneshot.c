@@ -15,8 +15,10 @@
 int run_oneshot(ds4_engine *e, const cli_opts *o, ds4_sampler *smp) {
     ds4_err err = {0};
     convo c;
-    if (convo_init(&c, e, o->ctx, o->system, o->think, &err) != 0) {
+    if (convo_init(&c, e, o->ctx, o->system, o->think, &err) != 0 ||
+        convo_enable_mtp(&c, o->mtp.draft, o->mtp.margin, &err) != 0) {
         fprintf(stderr, "ds4: %s\n", err.msg);
+        convo_free(&c); /* (a convo that failed to start is already empty) */
         return 1;
     }
     ds4_tokens prompt = {0};

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/cli.h"
 #include "engine/sampler.h"
 #include "text/chat.h"
 
@@ -48,6 +49,7 @@ typedef struct cli_opts {
     int threads;               /* 0: $DS4_THREADS or all CPUs */
     bool warm_weights;         /* read the whole model file before the first token */
     bool no_sim;               /* low-precision simulations off */
+    ds4_cli_mtp mtp;           /* MTP speculative decoding */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;

@@ -320,8 +320,10 @@ static bool command(repl *r, const char *line) {
 int run_repl(ds4_engine *e, const cli_opts *o, ds4_sampler *smp) {
     repl r = {.e = e, .o = o, .smp = smp};
     ds4_err err = {0};
-    if (convo_init(&r.c, e, o->ctx, o->system, o->think, &err) != 0) {
+    if (convo_init(&r.c, e, o->ctx, o->system, o->think, &err) != 0 ||
+        convo_enable_mtp(&r.c, o->mtp.draft, o->mtp.margin, &err) != 0) {
         fprintf(stderr, "ds4: %s\n", err.msg);
+        convo_free(&r.c); /* (a convo that failed to start is already empty) */
         return 1;
     }
     input in;

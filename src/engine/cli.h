@@ -12,6 +12,7 @@
  *   --no-sim, --warm-weights, --quality
  *   --temp, --top-p, --top-k, --min-p, --seed     sampling (engine/sampler.h)
  *   --think, --think-max, --nothink               thinking mode
+ *   --mtp FILE, --mtp-draft N, --mtp-margin F     MTP speculative decoding
  *
  * Exit status, every program: 0 done, 1 an error (the message says what),
  * 2 a usage error or another model process holding the instance lock, 130
@@ -26,6 +27,7 @@
 #include "base/opts.h"
 #include "engine/engine.h"
 #include "engine/sampler.h"
+#include "engine/spec.h"
 #include "engine/startup.h"
 #include "text/chat.h"
 
@@ -68,6 +70,29 @@
     {DS4_OPT_CALL("--quality", NULL, ds4_cli_quality_note, (void *)(prog),                              \
                   "accepted for ds4 compatibility: this engine's kernels have one precision, there is " \
                   "no approximate fast path to turn off")}
+
+/* MTP speculative decoding (engine/spec.h): the block's file, the most
+ * drafts a step verifies, and the confidence it drafts on.  ds4 counts
+ * its first draft, which the target already knows, in --mtp-draft: a
+ * draft of N here verifies what ds4's N + 1 does. */
+typedef struct ds4_cli_mtp {
+    const char *path;
+    uint32_t draft;
+    float margin;
+} ds4_cli_mtp;
+
+#define DS4_MTP_DRAFT_DEFAULT 2
+#define DS4_MTP_MARGIN_DEFAULT 3.0
+
+#define DS4_CLI_MTP(m)                                                                                          \
+    {DS4_OPT_STR("--mtp", "FILE", &(m)->path, NULL,                                                             \
+                 "the MTP block's GGUF: speculative decoding with its drafts (a model file that holds a "      \
+                 "block uses its own)"),                                                                        \
+     .flags = DS4_OPT_IN},                                                                                      \
+    {DS4_OPT_U32("--mtp-draft", "N", &(m)->draft, 1, DS4_MTP_DRAFT_MAX, DS4_MTP_DRAFT_DEFAULT,                  \
+                 "most draft tokens a step verifies")},                                                         \
+    {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
+                   "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
 
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \

@@ -35,6 +35,12 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     e->opts.backend = e->backend_name;
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
     if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
+    e->opts.mtp_path = NULL; /* not owned either */
+    if (opts->mtp_path) {
+        if (!(e->mtp = ds4_mtp_open(opts->mtp_path, e->w, err))) goto fail;
+    } else if (ds4_gguf_find_tensor(e->w->gguf, "mtp.0.e_proj.weight")) {
+        if (!(e->mtp = ds4_mtp_from_model(e->w, err))) goto fail;
+    }
 
     /* Tools that only run token ids (ds4-forward, the tests' minimal
      * models) do not need a tokenizer; chat programs do. */
@@ -70,6 +76,7 @@ void ds4_engine_close(ds4_engine *e) {
     ds4_batcher_free(e->batch);
     ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
+    ds4_mtp_close(e->mtp);
     ds4_weights_close(e->w);
     free(e->backend_name);
     free(e);
@@ -120,7 +127,8 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
         e->b = NULL;
     }
     if (!e->b) {
-        ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim};
+        ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
+                               .mtp = e->mtp};
         if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
     }
     seq_alloc a = {e, ctx, false, NULL};

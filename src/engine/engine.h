@@ -26,6 +26,7 @@ typedef struct ds4_engine_opts {
     int n_threads;           /* CPU threads; <= 0: all cores */
     bool no_sim;             /* low-precision simulations off (testing) */
     bool need_vocab;         /* fail when the GGUF has no tokenizer */
+    const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
@@ -33,6 +34,7 @@ typedef struct ds4_engine {
     char *backend_name;
     ds4_weights *w;
     ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
+    ds4_mtp_weights *mtp;    /* the MTP block, or NULL */
     int32_t eos, bos;        /* -1 without a vocabulary */
     ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */
     struct ds4_batcher *batch; /* NULL: sessions call the backend themselves, one thread at a time */

@@ -22,6 +22,10 @@ ds4_block ds4_block_layer(const ds4_config *c, uint32_t il) {
     return b;
 }
 
+ds4_block ds4_block_mtp(void) {
+    return (ds4_block){.layer = DS4_BLOCK_MTP, .prefix = "mtp.0.", .hf_prefix = "mtp.0.", .bias_required = true};
+}
+
 uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d) {
     uint64_t q_out = (uint64_t)c->n_head * c->head_dim;
     switch (d) {
@@ -100,6 +104,12 @@ static size_t build(const ds4_config *c, ds4_tensor_spec *out) {
         n += ds4_layout_block(c, ds4_layer_rows, DS4_N_LAYER_TENSORS, &b, out ? out + n : NULL);
     }
     return n;
+}
+
+size_t ds4_layout_mtp(const ds4_config *c, ds4_tensor_spec *out) {
+    ds4_block b = ds4_block_mtp();
+    size_t n = ds4_layout_block(c, ds4_mtp_rows, DS4_N_MTP_TENSORS, &b, out);
+    return n + ds4_layout_block(c, ds4_layer_rows, DS4_N_LAYER_TENSORS, &b, out ? out + n : NULL);
 }
 
 size_t ds4_layout_count(const ds4_config *c) { return build(c, NULL); }

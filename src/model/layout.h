@@ -31,9 +31,12 @@ typedef struct ds4_block {
     bool bias_required;  /* the router bias may not be absent */
 } ds4_block;
 
-/* The global tensors' block, and layer il's. */
+/* The global tensors' block, layer il's, and the MTP block's (layer
+ * DS4_BLOCK_MTP: dense, no hash table, the router bias required). */
+#define DS4_BLOCK_MTP (-2)
 ds4_block ds4_block_global(void);
 ds4_block ds4_block_layer(const ds4_config *c, uint32_t il);
+ds4_block ds4_block_mtp(void);
 
 /* Value of a shape symbol for a block of config c. */
 uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d);
@@ -41,7 +44,7 @@ uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d);
 typedef struct ds4_tensor_spec {
     char name[64];
     ds4_tclass cls;
-    int layer;             /* -1 for global tensors */
+    int layer;             /* -1 for global tensors, DS4_BLOCK_MTP for the MTP block's */
     uint32_t ndim;
     uint64_t ne[3];        /* GGUF order: ne[0] is the row length */
     bool optional;         /* a file may lack it */
@@ -57,6 +60,10 @@ typedef struct ds4_tensor_spec {
  * the list's order (out NULL: only counted).  Returns how many. */
 size_t ds4_layout_block(const ds4_config *c, const ds4_tensor_row *rows, size_t n, const ds4_block *b,
                         ds4_tensor_spec *out);
+
+/* The MTP block's tensors in file order: its own, then its layer's
+ * (out NULL: only counted).  Returns how many. */
+size_t ds4_layout_mtp(const ds4_config *c, ds4_tensor_spec *out);
 
 /* Number of tensors of a config (upper bound for the array passed below). */
 size_t ds4_layout_count(const ds4_config *c);

@@ -13,9 +13,11 @@
      {DS4_DIM_##ne0, DS4_DIM_##ne1, DS4_DIM_##ne2}, offsetof(type, field)},
 #define GLOBAL_ROW(...) ROW(ds4_weights, __VA_ARGS__)
 #define LAYER_ROW(...) ROW(ds4_layer_weights, __VA_ARGS__)
+#define MTP_ROW(...) ROW(ds4_mtp_weights, __VA_ARGS__)
 
 const ds4_tensor_row ds4_global_rows[DS4_N_GLOBAL_TENSORS] = {DS4_GLOBAL_TENSORS(GLOBAL_ROW)};
 const ds4_tensor_row ds4_layer_rows[DS4_N_LAYER_TENSORS] = {DS4_LAYER_TENSORS(LAYER_ROW)};
+const ds4_tensor_row ds4_mtp_rows[DS4_N_MTP_TENSORS] = {DS4_MTP_TENSORS(MTP_ROW)};
 
 void ds4_init_dist(ds4_init init, uint64_t n, float *mean, float *std) {
     *mean = 0.0f;

@@ -25,7 +25,8 @@
  * tensor is adding one row.
  *
  * There is one list per kind of block.  The global tensors fill ds4_weights
- * itself; the layer tensors fill one ds4_layer_weights per layer.  A
+ * itself; the layer tensors fill one ds4_layer_weights per layer; the MTP
+ * block's own fill ds4_mtp_weights, beside its ds4_layer_weights.  A
  * different kind of block reuses the layer list under its own prefix and
  * with its own ds4_block (layout.h) saying which optional parts it has, and
  * brings its own few extra tensors as a list of its own.  The MTP block of
@@ -213,11 +214,32 @@ typedef enum ds4_dim {
     X(down_sh,       "ffn_down_shexp.weight",          "ffn.shared_experts.w2.weight",                                 \
       SHARED,         MATRIX, ALWAYS,     FANIN,    FF,           EMBD,       ONE)
 
+/* The MTP block's own tensors (docs/MODEL.md 2.5, 9), beside its layer
+ * tensors (the list above under "mtp.0.", dense, router bias required). */
+#define DS4_MTP_TENSORS(X)                                                                                             \
+    X(hc_head_base,  "hc_head_base.weight",  "hc_head_base",                                                           \
+      VECTOR,    F32,    ALWAYS, HALF,     HC,      ONE,  ONE)                                                         \
+    X(hc_head_fn,    "hc_head_fn.weight",    "hc_head_fn",                                                             \
+      HC_FN,     FLOAT,  ALWAYS, FANIN,    HC_FLAT, HC,   ONE)                                                         \
+    X(hc_head_scale, "hc_head_scale.weight", "hc_head_scale",                                                          \
+      VECTOR,    F32,    ALWAYS, NEAR_ONE, ONE,     ONE,  ONE)                                                         \
+    X(e_proj,        "e_proj.weight",        "e_proj.weight",                                                          \
+      ATTN_PROJ, MATRIX, ALWAYS, FANIN,    EMBD,    EMBD, ONE)                                                         \
+    X(h_proj,        "h_proj.weight",        "h_proj.weight",                                                          \
+      ATTN_PROJ, MATRIX, ALWAYS, FANIN,    EMBD,    EMBD, ONE)                                                         \
+    X(enorm,         "enorm.weight",         "enorm.weight",                                                           \
+      VECTOR,    F32,    ALWAYS, NEAR_ONE, EMBD,    ONE,  ONE)                                                         \
+    X(hnorm,         "hnorm.weight",         "hnorm.weight",                                                           \
+      VECTOR,    F32,    ALWAYS, NEAR_ONE, EMBD,    ONE,  ONE)                                                         \
+    X(norm,          "norm.weight",          "norm.weight",                                                            \
+      VECTOR,    F32,    ALWAYS, NEAR_ONE, EMBD,    ONE,  ONE)
+
 /* Tensors per list. */
 #define DS4_TENSOR_COUNT(...) +1
 enum {
     DS4_N_GLOBAL_TENSORS = 0 DS4_GLOBAL_TENSORS(DS4_TENSOR_COUNT),
     DS4_N_LAYER_TENSORS = 0 DS4_LAYER_TENSORS(DS4_TENSOR_COUNT),
+    DS4_N_MTP_TENSORS = 0 DS4_MTP_TENSORS(DS4_TENSOR_COUNT),
 };
 
 /* One row, as data. */
@@ -236,6 +258,7 @@ typedef struct ds4_tensor_row {
  * ds4_weights for the globals, into ds4_layer_weights for the layers. */
 extern const ds4_tensor_row ds4_global_rows[DS4_N_GLOBAL_TENSORS];
 extern const ds4_tensor_row ds4_layer_rows[DS4_N_LAYER_TENSORS];
+extern const ds4_tensor_row ds4_mtp_rows[DS4_N_MTP_TENSORS]; /* offsets into ds4_mtp_weights */
 
 /* Mean and standard deviation of a tensor's random values (rows of n
  * values); ds4-mkmodel and the CUDA backend's synthetic weights agree. */

@@ -92,6 +92,22 @@ static int check_tid2eid(const ds4_weights *w, uint32_t il, ds4_err *err) {
     return 0;
 }
 
+/* Look up, check and bind one tensor of g into slot (an absent optional
+ * one stays empty). */
+static int bind_one(const ds4_gguf *g, const ds4_tensor_spec *s, ds4_wt *slot, ds4_err *err) {
+    const ds4_gguf_tensor *t = ds4_gguf_find_tensor(g, s->name);
+    if (!t) return s->optional ? 0 : ds4_err_set(err, DS4_ENOTFOUND, "tensor %s is missing", s->name);
+    if (check_tensor(s, t, err) != 0) return -1;
+    slot->data = t->data;
+    slot->type = t->type;
+    slot->ne[0] = s->ne[0];
+    slot->ne[1] = s->ne[1];
+    slot->ne[2] = s->ne[2];
+    slot->row_bytes = ds4_row_bytes(t->type, (int64_t)s->ne[0]);
+    slot->name = t->name;
+    return 0;
+}
+
 static int bind_all(ds4_weights *w, ds4_err *err) {
     const ds4_config *c = &w->cfg;
     size_t n = ds4_layout_count(c);
@@ -99,24 +115,7 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
     if (!specs) return ds4_err_set(err, DS4_ENOMEM, "out of memory for the tensor inventory");
     ds4_layout_build(c, specs);
     int rc = 0;
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        const ds4_tensor_spec *s = &specs[i];
-        ds4_wt *slot = slot_for(w, s);
-        const ds4_gguf_tensor *t = ds4_gguf_find_tensor(w->gguf, s->name);
-        if (!t) {
-            if (s->optional) continue;
-            rc = ds4_err_set(err, DS4_ENOTFOUND, "tensor %s is missing", s->name);
-            break;
-        }
-        if ((rc = check_tensor(s, t, err)) != 0) break;
-        slot->data = t->data;
-        slot->type = t->type;
-        slot->ne[0] = s->ne[0];
-        slot->ne[1] = s->ne[1];
-        slot->ne[2] = s->ne[2];
-        slot->row_bytes = ds4_row_bytes(t->type, (int64_t)s->ne[0]);
-        slot->name = t->name;
-    }
+    for (size_t i = 0; i < n && rc == 0; i++) rc = bind_one(w->gguf, &specs[i], slot_for(w, &specs[i]), err);
     /* Every tensor of the file must be one the inventory knows. */
     for (uint64_t i = 0; rc == 0 && i < w->gguf->n_tensors; i++) {
         const char *name = w->gguf->tensors[i].name;
@@ -220,4 +219,93 @@ void ds4_weights_close(ds4_weights *w) {
     if (w->gguf) ds4_gguf_close(w->gguf);
     free(w->layers);
     free(w);
+}
+
+/* ------------------------------------------------------ the MTP block */
+
+void ds4_mtp_close(ds4_mtp_weights *m) {
+    if (!m) return;
+    if (m->own_gguf) ds4_gguf_close(m->gguf);
+    free(m);
+}
+
+/* A file with the deepseek4.* keys describes a model: it must be w's
+ * shape.  (ds4's MTP files may carry no keys: their tensors are checked
+ * against w anyway.) */
+static int check_mtp_config(const ds4_gguf *g, const ds4_config *c, ds4_err *err) {
+    ds4_config f;
+    ds4_err ignored = {0};
+    if (!ds4_gguf_find_kv(g, "deepseek4.embedding_length") || ds4_config_from_gguf(g, &f, &ignored) != 0) return 0;
+    static const struct {
+        const char *key;
+        size_t off;
+    } keys[] = {
+#define K(key, field) {"deepseek4." key, offsetof(ds4_config, field)}
+        K("embedding_length", n_embd), K("vocab_size", n_vocab), K("attention.head_count", n_head),
+        K("attention.key_length", head_dim), K("rope.dimension_count", rope_dim),
+        K("attention.q_lora_rank", q_lora_rank), K("attention.output_lora_rank", o_lora_rank),
+        K("attention.output_group_count", o_groups), K("expert_count", n_expert),
+        K("expert_used_count", n_expert_used), K("expert_feed_forward_length", n_ff_exp),
+        K("attention.sliding_window", sliding_window), K("hyper_connection.count", n_hc),
+#undef K
+    };
+    for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
+        uint32_t a = *(const uint32_t *)((const char *)&f + keys[i].off);
+        uint32_t b = *(const uint32_t *)((const char *)c + keys[i].off);
+        if (a != b)
+            return ds4_err_set(err, DS4_EFORMAT, "%s is %u, the model's is %u: an MTP block of another model",
+                               keys[i].key, a, b);
+    }
+    return 0;
+}
+
+static ds4_mtp_weights *mtp_bind(ds4_gguf *g, bool own, const ds4_weights *w, ds4_err *err) {
+    const ds4_config *c = &w->cfg;
+    ds4_mtp_weights *m = calloc(1, sizeof(*m));
+    size_t n = ds4_layout_mtp(c, NULL);
+    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
+    if (!m || !specs) {
+        free(m);
+        free(specs);
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
+    m->gguf = g;
+    /* its state: one dense layer with the main model's clamp */
+    m->cfg = *c;
+    m->cfg.n_layer = 1;
+    m->cfg.compress_ratio[0] = 0;
+    m->cfg.n_hash_layer = 0;
+    m->cfg.swiglu_clamp[0] = c->swiglu_clamp[c->n_layer - 1];
+    ds4_layout_mtp(c, specs);
+    int rc = check_mtp_config(g, c, err);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        char *base = specs[i].row >= ds4_mtp_rows && specs[i].row < ds4_mtp_rows + DS4_N_MTP_TENSORS ? (char *)m
+                                                                                                    : (char *)&m->blk;
+        rc = bind_one(g, &specs[i], (ds4_wt *)(base + specs[i].row->offset), err);
+    }
+    free(specs);
+    if (rc != 0) {
+        ds4_err_prefix(err, "%s: MTP block", g->path);
+        free(m);
+        return NULL;
+    }
+    m->own_gguf = own;
+    return m;
+}
+
+ds4_mtp_weights *ds4_mtp_open(const char *path, const ds4_weights *w, ds4_err *err) {
+    ds4_gguf *g = ds4_gguf_open(path, err);
+    if (!g) return NULL;
+    ds4_mtp_weights *m = mtp_bind(g, true, w, err);
+    if (!m) ds4_gguf_close(g);
+    return m;
+}
+
+ds4_mtp_weights *ds4_mtp_from_model(const ds4_weights *w, ds4_err *err) {
+    if (!w->gguf || !ds4_gguf_find_tensor(w->gguf, "mtp.0.e_proj.weight")) {
+        ds4_err_set(err, DS4_ENOTFOUND, "%s holds no MTP block (no mtp.0.* tensors)", w->gguf ? w->gguf->path : "the model");
+        return NULL;
+    }
+    return mtp_bind(w->gguf, false, w, err);
 }

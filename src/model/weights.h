@@ -44,6 +44,18 @@ typedef struct ds4_layer_weights {
     DS4_LAYER_TENSORS(DS4_WT_FIELD)
 } ds4_layer_weights;
 
+/* The MTP block (docs/MODEL.md 2.5, 9): one V4 block under "mtp.0." (a
+ * dense layer: no compressor, indexer or hash table) and its own input
+ * projections, norms and HC head, one field per row of DS4_MTP_TENSORS;
+ * the embedding and the output matrix are the main model's. */
+typedef struct ds4_mtp_weights {
+    ds4_config cfg;            /* its state's shape: the main config with one dense layer */
+    ds4_gguf *gguf;            /* the file it is bound from */
+    bool own_gguf;             /* a file of its own (not the main model's) */
+    DS4_MTP_TENSORS(DS4_WT_FIELD) /* hc_head_*, e_proj, h_proj, enorm, hnorm, norm */
+    ds4_layer_weights blk;
+} ds4_mtp_weights;
+
 typedef struct ds4_weights {
     ds4_config cfg;
     ds4_gguf *gguf;
@@ -55,15 +67,7 @@ typedef struct ds4_weights {
 } ds4_weights;
 #undef DS4_WT_FIELD
 
-/* The MTP block (docs/MODEL.md 2.5, 9): one V4 block under "mtp.0." (a
- * dense layer: no compressor, indexer or hash table) and its own input
- * projections, norms and HC head; the embedding and the output matrix are
- * the main model's. */
-typedef struct ds4_mtp_weights {
-    ds4_config cfg;            /* its state's shape: the main config with one dense layer */
-    ds4_layer_weights blk;
-    ds4_wt e_proj, h_proj, enorm, hnorm, norm, hc_head_fn, hc_head_scale, hc_head_base;
-} ds4_mtp_weights;
+
 
 /* Open, validate and bind.  NULL on failure; the message starts with the
  * path and names the key or tensor at fault. */
@@ -80,6 +84,15 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err);
 ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe, uint64_t seed, ds4_err *err);
 
 void ds4_weights_close(ds4_weights *w);
+
+/* The MTP block of model w from its own GGUF (ds4's separate MTP file),
+ * or from w's file when it holds one (NULL when it does not: err says so).
+ * Every tensor is checked against w's shapes, so a block of another model
+ * is refused naming the first tensor that does not fit; a file with
+ * deepseek4.* metadata must also agree with w's shape keys. */
+ds4_mtp_weights *ds4_mtp_open(const char *path, const ds4_weights *w, ds4_err *err);
+ds4_mtp_weights *ds4_mtp_from_model(const ds4_weights *w, ds4_err *err);
+void ds4_mtp_close(ds4_mtp_weights *m);
 
 /* Every tensor view, in the tables' order: the globals, then each layer's
  * (an absent tensor has name == NULL).  i < ds4_weights_count(w); `row`,

@@ -59,7 +59,8 @@ usage() { # usage EXPECTED-MESSAGE ARGS...: exit status 2 with the message
     [ "$rc" = 2 ] || fail "ds4-agent $*: exit $rc, want 2"
     grep -qF -- "$want" "$dir/err.txt" || fail "ds4-agent $*: $(cat "$dir/err.txt")"
 }
-usage "MTP speculative decoding is not implemented by this engine" --mtp mtp.gguf
+usage "mtp.gguf" --mtp mtp.gguf
+usage "--mtp-draft" --mtp-draft 17
 usage "unknown option" --bogus
 usage "only with --server URL" --api anthropic
 usage "must be an integer in 1024..1048576" -c 10

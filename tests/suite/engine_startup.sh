@@ -168,12 +168,18 @@ expect_refused() { # expect_refused NEEDLE PROGRAM ARGS...
     grep -q -- "$want" "$dir/err.txt" || fail "$*: message lacks '$want': $(cat "$dir/err.txt")"
 }
 for p in ./ds4 ./ds4-server ./ds4-bench; do
-    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp mtp.gguf
-    expect_refused "MTP speculative decoding is not implemented" $p -m "$M" --mtp-draft 2
     expect_refused "directional steering is not implemented" $p -m "$M" --dir-steering-file d.f32
     expect_refused "Metal is not supported" $p -m "$M" --metal
 done
-expect_refused "MTP speculative decoding" ./ds4 -m "$M" --mtp-margin=3
+for p in ./ds4-server ./ds4-bench; do
+    expect_refused "does not draft with it yet" $p -m "$M" --mtp mtp.gguf
+    expect_refused "does not draft with it yet" $p -m "$M" --mtp-draft 2
+done
+# ds4 drafts with an MTP block: its options are checked before any loading
+expect_refused "mtp.gguf" ./ds4 -m "$M" --mtp mtp.gguf
+expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 17
+expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 0
+expect_refused "--mtp-margin" ./ds4 -m "$M" --mtp-margin=-1
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 

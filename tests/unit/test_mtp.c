@@ -23,11 +23,15 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "common/gguf_edit.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
 #include "engine/sampler.h"
 #include "engine/session.h"
 #include "engine/spec.h"
+#include "model/backends.h"
 
 #define GOLD "tests/golden/cpu/"
 
@@ -279,9 +283,21 @@ static void test_bad_files_and_options(void **state) {
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(GOLD "tiny-a.f16.gguf", &err);
     assert_non_null(w);
-    /* another model's block */
+    /* another model's block: its metadata says so */
     assert_null(ds4_mtp_open(GOLD "tiny-b.mtp.gguf", w, &err));
-    assert_non_null(strstr(ds4_err_msg(&err), "mtp.0."));
+    assert_non_null(strstr(ds4_err_msg(&err), "deepseek4.vocab_size is 200"));
+    /* the right metadata but a tensor of another shape: the tensor is named */
+    char path[128];
+    snprintf(path, sizeof(path), "build/tests/mtp-short.%d.gguf", (int)getpid());
+    gguf_edit ed = {.short_tensor = "mtp.0.attn_q_a.weight"};
+    assert_int_equal(gguf_copy_edited(GOLD "tiny-a.mtp.gguf", path, &ed, &err), 0);
+    assert_null(ds4_mtp_open(path, w, &err));
+    assert_non_null(strstr(ds4_err_msg(&err), "tensor mtp.0.attn_q_a.weight: shape"));
+    gguf_edit drop = {.drop_tensor = "mtp.0.exp_probs_b.bias"}; /* the router bias is required here */
+    assert_int_equal(gguf_copy_edited(GOLD "tiny-a.mtp.gguf", path, &drop, &err), 0);
+    assert_null(ds4_mtp_open(path, w, &err));
+    assert_non_null(strstr(ds4_err_msg(&err), "tensor mtp.0.exp_probs_b.bias is missing"));
+    unlink(path);
     /* a main model file has no block */
     assert_null(ds4_mtp_open(GOLD "tiny-a.f16.gguf", w, &err));
     assert_non_null(strstr(ds4_err_msg(&err), "mtp.0."));

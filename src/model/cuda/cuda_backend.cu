@@ -469,11 +469,23 @@ static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
     return ((const cuda_backend *)base)->n_tokens;
 }
 
+/* The MTP block does not run on the GPU yet. */
+static ds4_seq *cuda_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
+    return NULL;
+}
+
+static int cuda_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
+}
+
 static ds4_backend_ops make_ops() {
     ds4_backend_ops o = {};
     o.name = "cuda";
     o.free = cuda_free;
     o.seq_new = cuda_seq_new;
+    o.mtp_seq_new = cuda_mtp_seq_new;
+    o.mtp_step = cuda_mtp_step;
     o.seq_free = cuda_seq_free;
     o.seq_len = cuda_seq_len;
     o.step = cu_seq_step;
