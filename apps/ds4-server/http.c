@@ -338,8 +338,9 @@ static void *guard_main(void *arg) {
         for (guard *g = h->guards; g; g = g->next) {
             if (!g->deadline || g->fired || now < g->deadline) continue;
             g->fired = true;
-            shutdown(g->fd, SHUT_RDWR);
+            /* logged first: the client sees the close only after it */
             srv_log("http", "closing a connection: its %s did not arrive in time", g->what);
+            shutdown(g->fd, SHUT_RDWR);
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
