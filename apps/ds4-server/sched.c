@@ -183,6 +183,27 @@ static void dispatch(sched *q) {
     }
 }
 
+static uint64_t steps_run(const server *s) {
+    return s->engine->batch ? ds4_batcher_get_stats(s->engine->batch).steps : 0;
+}
+
+void job_cancel(server *s, job *j) {
+    if (j->cancel) return;
+    j->cancel_step = steps_run(s);
+    j->t_cancel = ds4_now();
+    j->cancel = 1;
+}
+
+/* A job that was cancelled while it ran: how many steps its session took
+ * to be free. */
+static void count_cancel(sched *q, const job *j) {
+    if (!j->cancel || !j->t_started || j->t_cancel < j->t_started) return;
+    uint64_t now = steps_run(q->s), d = now > j->cancel_step ? now - j->cancel_step : 0;
+    pthread_mutex_lock(&q->s->stats_mu);
+    if (d > q->c.cancel_free_steps_max) q->c.cancel_free_steps_max = d;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
 static void *slot_main(void *arg) {
     slot *sl = arg;
     sched *q = sl->q;
@@ -194,6 +215,7 @@ static void *slot_main(void *arg) {
         pthread_mutex_unlock(&q->mu);
         outcome k = slot_run(sl, j);
         sched_count_outcome(q, k, j->out.completion_tokens);
+        count_cancel(q, j);
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();
@@ -380,7 +402,7 @@ void worker_stop(server *s) {
     pthread_mutex_lock(&q->mu);
     q->stop = true;
     for (uint32_t i = 0; i < q->n; i++) {
-        if (q->slots[i].job) q->slots[i].job->cancel = 1;
+        if (q->slots[i].job) job_cancel(s, q->slots[i].job);
         pthread_cond_signal(&q->slots[i].cv);
     }
     pthread_mutex_unlock(&q->mu);
@@ -478,13 +500,14 @@ json_t *worker_stats(server *s) {
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
     json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running,
                                  "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
-    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
                      "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I}}",
                      "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
                      "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
                      (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
                      (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
-                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down,
+                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max",
+                     (json_int_t)c.cancel_free_steps_max,
                      "sessions", sessions, "batches", batch_stats(s),
                      "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused", (json_int_t)c.reused_tokens, "prefilled",
                      (json_int_t)c.prefilled_tokens, "generated", (json_int_t)c.generated_tokens,

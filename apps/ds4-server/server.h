@@ -254,6 +254,8 @@ struct job {
     int status;               /* non-streaming answer */
     json_t *body;
     volatile sig_atomic_t cancel;
+    uint64_t cancel_step;     /* the batched steps run when it was cancelled */
+    double t_cancel;          /* and when */
     double t_started;         /* a session took it */
 
     gen_out out;
@@ -442,6 +444,8 @@ int worker_start(server *s, ds4_err *err);
 int worker_enqueue(server *s, job *j);
 void worker_stop(server *s);    /* finish the queue, save the live sessions */
 json_t *worker_stats(server *s);
+/* A client went away: its job stops at the next step (or is skipped). */
+void job_cancel(server *s, job *j);
 
 /* http.c */
 int http_start(server *s, ds4_err *err);
