@@ -285,7 +285,8 @@ static void slot_drop(slot *sl) {
 
 /* The sessions (q->n of them made, each to be freed).  Where the memory
  * could not be measured (a default --parallel), the sessions that fit are
- * kept, less one as headroom for the batched steps' own buffers. */
+ * kept, less one as headroom for the batched steps' own buffers; a backend
+ * that holds fewer sequences than asked keeps the ones it has. */
 static int make_slots(sched *q, uint32_t want, ds4_err *err) {
     server *s = q->s;
     if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -297,13 +298,17 @@ static int make_slots(sched *q, uint32_t want, ds4_err *err) {
             if (i == 0 && ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
             continue;
         }
-        if (s->o.parallel_given || i == 0 || e.code != DS4_ENOMEM) {
+        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED)) {
             char b[32];
             return ds4_err_set(err, e.code, "session %u of %u (%s each): %s", i + 1, want,
                                ds4_fmt_bytes(session_bytes(s), b), e.msg);
         }
         slot_drop(&q->slots[i]);
         q->n = i;
+        if (e.code == DS4_EUNSUPPORTED) { /* the backend holds no more sequences */
+            srv_log("server", "%u session%s: %s", q->n, q->n == 1 ? "" : "s", e.msg);
+            return 0;
+        }
         if (i > 1) slot_drop(&q->slots[--q->n]);
         srv_log("server", "%u sessions fit the memory (a default --parallel makes at most %u)", q->n,
                 DEFAULT_PARALLEL_MAX);
