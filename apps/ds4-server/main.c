@@ -7,7 +7,7 @@
  * Startup (engine/startup.h): --chdir first, so every relative path (model,
  * trace, disk cache) is taken from there; the instance lock; the model,
  * with the memory estimate for --ctx; --warm-weights; the --parallel
- * sessions (sched.c: checked against the memory, or sized from it).
+ * sessions (scheduler.c: checked against the memory, or sized from it).
  *
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
  * generations, answer the queued jobs, save the live sessions to the disk
@@ -158,15 +158,13 @@ static bool stop_signal_pending(void *ctx) {
     return sigpending(&p) == 0 && (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
 }
 
-static volatile sig_atomic_t shutdown_done;
-
 static void *shutdown_main(void *arg) {
     server *s = arg;
     srv_log("server", "shutting down");
     s->stopping = 1;
     worker_stop(s);
     http_stop(s);
-    shutdown_done = 1;
+    s->shutdown_done = 1;
     return NULL;
 }
 
@@ -239,7 +237,7 @@ int main(int argc, char **argv) {
     if (s.o.api_key) srv_log("server", "API key required");
     pthread_t shut;
     bool shutting = false;
-    while (!shutdown_done) {
+    while (!s.shutdown_done) {
         struct timespec ts = {0, 100 * 1000000L};
         int sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig <= 0) continue;

@@ -388,6 +388,7 @@ struct server {
     size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
     cvocab *cvocab;            /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
+    volatile sig_atomic_t shutdown_done; /* the shutdown thread has finished (main.c) */
 };
 
 /* render.c: messages -> rendered prompt -> tokens (connection thread).
