@@ -41,7 +41,6 @@ typedef struct cli_opts {
     const char *system;        /* "" disables the system message */
     uint32_t ctx;
     uint32_t n_tokens;
-    bool n_tokens_given;
     ds4_sampler_params sampling;
     ds4_think_mode think;
     const char *backend;       /* "cpu", "cuda" */
