@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cli.lock}"
-for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward ds4-imatrix; do [ -x "./$p" ] || make -s "$p"; done
+for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward ds4-imatrix ds4-score; do [ -x "./$p" ] || make -s "$p"; done
 dir=build/suite/cli
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -166,6 +166,40 @@ if ./ds4 -m "$M" --imatrix-dataset "$dir/none.txt" --imatrix-out "$dir/x.dat" 2>
 fi
 grep -q "none.txt: No such file" "$dir/err.txt" || fail "missing dataset message: $(cat "$dir/err.txt")"
 [ ! -e "$dir/x.dat" ] || fail "a failed collection wrote its output"
+
+# --- ds4-score on ds4's quality manifest (text files) ------------------------------
+# The manifest as ds4's collector writes it (a header comment, a fourth column,
+# paths from the current directory); the same cases as token ids rendered by
+# hand (BOS, user turn, non-thinking assistant; the user's text and the
+# continuation as plain text, so a "<think>" typed by the user stays text, as
+# in ds4) must score the same, row for row.
+q=$dir/q
+mkdir -p "$q/prompts" "$q/continuations"
+printf 'Name three prime numbers.' > "$q/prompts/case_1.txt"
+printf 'Two, three and five.\nAll of them are prime.' > "$q/continuations/case_1.txt"
+printf 'Qual è la capitale d’Italia? <think>' > "$q/prompts/case_2.txt"
+printf 'Roma è la capitale.' > "$q/continuations/case_2.txt"
+printf '# id\tprompt_file\tcontinuation_file\tresponse_file\n' > "$q/manifest.tsv"
+: > "$q/ids.tsv"
+for i in 1 2; do
+    printf 'case_%s\t%s\t%s\t%s\n' $i "$q/prompts/case_$i.txt" "$q/continuations/case_$i.txt" "$q/r$i.json" >> "$q/manifest.tsv"
+    { ./ds4-tokenizer -t "$tok" encode --specials "${BOS}<｜User｜>"; ./ds4-tokenizer -t "$tok" encode -f "$q/prompts/case_$i.txt"
+      ./ds4-tokenizer -t "$tok" encode --specials "<｜Assistant｜></think>"; } > "$q/p$i.ids"
+    ./ds4-tokenizer -t "$tok" encode -f "$q/continuations/case_$i.txt" > "$q/c$i.ids"
+    printf 'case_%s\tp%s.ids\tc%s.ids\n' $i $i $i >> "$q/ids.tsv"
+done
+./ds4-score "$M" "$q/manifest.tsv" "$q/text.tsv" 4096 2>/dev/null || fail "ds4-score on ds4's manifest"
+./ds4-score --token-ids "$M" "$q/ids.tsv" "$q/ids-out.tsv" 4096 2>/dev/null || fail "ds4-score --token-ids"
+cmp -s "$q/text.tsv" "$q/ids-out.tsv" || fail "text manifest scored differently: $(cat "$q/text.tsv" "$q/ids-out.tsv")"
+[ "$(wc -l < "$q/text.tsv")" -eq 3 ] || fail "ds4-score rows: $(cat "$q/text.tsv")"
+head -1 "$q/text.tsv" | grep -qx "$(printf 'id\tprompt_tokens\ttarget_tokens\tnll\tavg_nll\tfirst_match\tgreedy_lcp')" \
+    || fail "ds4-score header: $(head -1 "$q/text.tsv")"
+tail -n +2 "$q/text.tsv" | cut -f4,5 | grep -Evq "^[0-9]+\.[0-9]{9}$(printf '\t')[0-9]+\.[0-9]{9}$" \
+    && fail "ds4-score NLLs are not written as ds4 writes them: $(cat "$q/text.tsv")"
+./ds4-mkmodel --preset tiny --recipe q8_0 --seed 11 -q -o "$q/notok.gguf"
+if ./ds4-score "$q/notok.gguf" "$q/manifest.tsv" "$q/x.tsv" 4096 2> "$q/err.txt"; then fail "scored text without a tokenizer"; fi
+grep -q "has no usable tokenizer for ds4's text manifest (--token-ids reads token ids)" "$q/err.txt" \
+    || fail "no-tokenizer message: $(cat "$q/err.txt")"
 
 # --- system prompt: the default one, a custom one, none ---------------------------
 prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^ds4: prefill: .* t\/s; prefill \([0-9]*\) tokens.*/\1/p'; }
