@@ -25,6 +25,12 @@ int ds4_backend_check_name(const char *name, ds4_err *err) {
 }
 
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
+    /* Every backend runs the same simulations: their shape needs are checked
+     * once, here, and only when they are on. */
+    if (!(opts && opts->no_sim) && ds4_config_check_sim(&w->cfg, err) != 0) {
+        ds4_err_prefix(err, "%s", w->gguf ? w->gguf->path : "model");
+        return NULL;
+    }
     if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
 #if DS4_CUDA
     if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
