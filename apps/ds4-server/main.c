@@ -6,10 +6,11 @@
  *
  * Startup (engine/startup.h): --chdir first, so every relative path (model,
  * trace, disk cache) is taken from there; the instance lock; the model,
- * with the memory estimate for --ctx; --warm-weights.
+ * with the memory estimate for --ctx; --warm-weights; the --parallel
+ * sessions (sched.c: checked against the memory, or sized from it).
  *
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
- * generation, answer the queued jobs, save the live session to the disk
+ * generations, answer the queued jobs, save the live sessions to the disk
  * cache ("shutdown"), close the listener.  A second signal exits at once
  * (status 130), and so does a signal that comes while --warm-weights reads
  * the model (nothing to save yet).
@@ -28,8 +29,6 @@
 #include "model/backends.h"
 #include "server.h"
 
-server *SRV;
-void render_pool_free(void);
 
 static const char NOTES[] =
     DS4_CLI_ENV_NOTES
@@ -75,7 +74,16 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         {DS4_OPT_STR("--api-key", "KEY", &o->api_key, env_key && *env_key ? env_key : NULL,
                      "require this key (Authorization: Bearer or x-api-key)"),
          .def_text = "$DS4_API_KEY, else none"},
-        {DS4_OPT_INT("--queue", "N", &o->queue_max, 1, 1000000, 256, "queued requests before answering 429")},
+        {DS4_OPT_U32("--parallel", "N", &o->parallel, 1, 4096, 0,
+                     "requests run at once, each in a session of --ctx tokens, their tokens batched into one "
+                     "forward pass per step; more than the memory holds is refused at startup"),
+         .seen = &o->parallel_given, .def_text = "as many as the memory holds, at most 16"},
+        {DS4_OPT_U32("--batch-tokens", "N", &o->batch_tokens, 1, 1u << 20, 0,
+                     "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
+                     "up to N (a long prompt is prefilled over several steps beside the decoding ones)"),
+         .def_text = "the backend's prefill chunk"},
+        {DS4_OPT_INT("--queue", "N", &o->queue_max, 1, 1000000, 256,
+                     "requests waiting for a session before answering 429")},
         {DS4_OPT_U64("--max-body-mb", "N", &max_body_mb, 1, 4096, 64, "largest request body, in MiB")},
         {DS4_OPT_INT("--max-connections", "N", &o->max_connections, 1, 100000, 512, "simultaneous connections")},
         {DS4_OPT_INT("--timeout", "S", &o->connection_timeout_s, 1, 86400, 60, "idle connection timeout in seconds")},
@@ -156,7 +164,7 @@ static void *shutdown_main(void *arg) {
     server *s = arg;
     srv_log("server", "shutting down");
     s->stopping = 1;
-    worker_stop();
+    worker_stop(s);
     http_stop(s);
     shutdown_done = 1;
     return NULL;
@@ -174,8 +182,8 @@ int main(int argc, char **argv) {
     int lrc = ds4_startup_lock("ds4-server");
     if (lrc) return lrc;
     s.memory_checkpoint = !no_ckpt;
-    SRV = &s;
     pthread_mutex_init(&s.stats_mu, NULL);
+    render_pool_init(&s);
     signal(SIGPIPE, SIG_IGN);
     /* Signals go to the main thread only (sigwait below). */
     sigset_t sigs;
@@ -194,7 +202,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (s.o.trace_path && trace_open(s.o.trace_path, &err) != 0) {
+    if (s.o.trace_path && trace_open(&s.trace, s.o.trace_path, &err) != 0) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return 1;
     }
@@ -225,7 +233,7 @@ int main(int argc, char **argv) {
     if (worker_start(&s, &err) != 0 || http_start(&s, &err) != 0) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         s.stopping = 1;
-        worker_stop();
+        worker_stop(&s);
         return 1;
     }
     if (s.o.api_key) srv_log("server", "API key required");
@@ -244,10 +252,10 @@ int main(int argc, char **argv) {
     }
     pthread_join(shut, NULL);
     toolmem_free(s.tools);
-    render_pool_free();
+    render_pool_free(&s);
     ds4_engine_close(s.engine);
     json_decref(s.forced);
-    trace_close();
+    trace_close(&s.trace);
     srv_log("server", "bye");
     return 0;
 }

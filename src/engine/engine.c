@@ -3,6 +3,7 @@
  */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -192,6 +193,22 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {
     return ds4_kv_state_bytes(&e->w->cfg, ctx);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read. */
+static uint64_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+uint64_t ds4_engine_kv_room(const ds4_engine *e) {
+    return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0;
 }
 
 int ds4_engine_quant_bits(const ds4_engine *e) {

@@ -75,6 +75,11 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
  * programs print at startup). */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
 
+/* Bytes the backend can still give to session state: on the CPU the
+ * host's available memory (MemAvailable); 0 where the backend cannot tell
+ * (its sessions then find out by allocating). */
+uint64_t ds4_engine_kv_room(const ds4_engine *e);
+
 /* Routed-expert quantization bits as the KVC header records them: 4 when
  * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */
 int ds4_engine_quant_bits(const ds4_engine *e);
