@@ -66,6 +66,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
         {DS4_OPT_STR("--host", "HOST", &o->host, "127.0.0.1", "bind address")},
@@ -144,7 +145,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     ds4_err err = {0};
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) return ds4_cli_usage(&cli, "%s", err.msg);
     return -1;
@@ -209,6 +210,7 @@ int main(int argc, char **argv) {
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true};
+    ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);

@@ -167,6 +167,25 @@ int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_e
     return 0;
 }
 
+int req_steering(const json_t *body, srv_request *r, api_error *e) {
+    const json_t *st = json_object_get(body, "dir_steering");
+    if (!st || json_is_null(st)) return 0;
+    if (!json_is_object(st)) return api_fail(e, 400, "dir_steering must be an object {\"ffn\": F, \"attn\": F}");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)st, key, v) {
+        if (strcmp(key, "ffn") && strcmp(key, "attn"))
+            return api_fail(e, 400, "dir_steering.%s: unknown field (ffn and attn are the scales)", key);
+    }
+    double x;
+    bool set;
+    if (get_number(st, "ffn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_ffn = (float)x, r->steer_ffn_set = true;
+    if (get_number(st, "attn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_attn = (float)x, r->steer_attn_set = true;
+    return 0;
+}
+
 int req_max_tokens(const json_t *body, const char *const *names, srv_request *r, api_error *e) {
     for (int i = 0; names[i]; i++) {
         const json_t *v = json_object_get(body, names[i]);

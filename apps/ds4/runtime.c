@@ -80,6 +80,7 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
         .mtp_path = o->mtp.path,
         .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
     };
+    ds4_cli_steering_opts(&o->steer, &eo);
     return ds4_engine_open(&eo, err); /* its messages start with the path */
 }
 

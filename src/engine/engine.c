@@ -10,6 +10,7 @@
 #include "engine/batcher.h"
 #include "format/quants.h"
 #include "model/backends.h"
+#include "model/steering.h"
 
 const char *ds4_default_backend(void) {
 #ifdef DS4_CUDA
@@ -37,6 +38,12 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
     if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
     e->opts.mtp_path = NULL; /* not owned either */
+    e->opts.steer_path = NULL;
+    if (opts->steer_path && !(e->steer = ds4_steering_load(opts->steer_path, &e->w->cfg, err))) goto fail;
+    if (ds4_steer_scale_check(opts->steer_ffn, "FFN steering scale", err) ||
+        ds4_steer_scale_check(opts->steer_attn, "attention steering scale", err) ||
+        ds4_engine_steering_check(e, opts->steer_ffn, opts->steer_attn, err))
+        goto fail;
     if (opts->mtp_path) {
         if (!(e->mtp = ds4_mtp_open(opts->mtp_path, e->w, err))) goto fail;
     } else if (ds4_gguf_find_tensor(e->w->gguf, "mtp.0.e_proj.weight")) {
@@ -78,6 +85,7 @@ void ds4_engine_close(ds4_engine *e) {
     ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
     ds4_mtp_close(e->mtp);
+    ds4_steering_free(e->steer);
     ds4_weights_close(e->w);
     free(e->backend_name);
     free(e);
@@ -103,6 +111,7 @@ static int alloc_seq(void *ctx, ds4_err *err) {
     } else if (!(a->s = ds4_seq_new(e->b, a->ctx, err))) {
         return -1;
     }
+    ds4_seq_set_steering(a->s, e->opts.steer_ffn, e->opts.steer_attn);
     e->n_seqs++;
     return 0;
 }
@@ -129,7 +138,7 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     }
     if (!e->b) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp};
+                               .mtp = e->mtp, .steer = e->steer};
         if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
     }
     seq_alloc a = {e, ctx, false, NULL};
@@ -154,6 +163,12 @@ static void release(ds4_engine *e, ds4_seq *s, bool mtp) {
 
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, false); }
 void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, true); }
+
+int ds4_engine_steering_check(const ds4_engine *e, float ffn, float attn, ds4_err *err) {
+    if ((ffn != 0.0f || attn != 0.0f) && !e->steer)
+        return ds4_err_set(err, DS4_EINVAL, "steering scales need a direction file (--dir-steering-file)");
+    return 0;
+}
 
 int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err) {
     if (!e->b) return ds4_err_set(err, DS4_EINVAL, "batching needs the backend: make a session first");
