@@ -29,6 +29,7 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "engine/startup.h"
+#include "model/dist/dist.h"
 #include "text/chat.h"
 
 #define DS4_DEFAULT_MODEL "ds4flash.gguf"
@@ -93,6 +94,18 @@ typedef struct ds4_cli_mtp {
                  "most draft tokens a step verifies")},                                                         \
     {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
                    "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
+
+/* A pipeline under mpirun (model/dist/dist.h, docs/DISTRIBUTED.md), into
+ * a ds4_dist_opts: this rank's layers, and (rank 0's) how residuals
+ * travel and how long a silent rank is waited for. */
+#define DS4_CLI_DIST(o)                                                                                        \
+    {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
+                 "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
+     .def_text = "split by memory"},                                                                           \
+    {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
+                    "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
+    {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \
+                   "under mpirun: a rank silent for S seconds has failed")}
 
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \
