@@ -22,7 +22,9 @@ static void say(char *msg, size_t n, const char *fmt, ...) {
     va_end(ap);
 }
 
-/* FNV-1a over the tensor table: names, types, shapes and offsets. */
+/* FNV-1a over the tensor table - names, types, shapes and offsets - and
+ * the first bytes of every tensor, so that two files of one shape with
+ * other weights differ too (a page a tensor read). */
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
     const uint8_t *b = p;
     for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 0x100000001b3ull;
@@ -38,6 +40,7 @@ static uint64_t table_hash(const ds4_weights *w) {
         h = fnv(h, &t->type, sizeof(t->type));
         h = fnv(h, t->ne, sizeof(t->ne[0]) * t->ndim);
         h = fnv(h, &t->offset, sizeof(t->offset));
+        h = fnv(h, t->data, t->nbytes < 32 ? t->nbytes : 32);
     }
     return h;
 }
