@@ -587,8 +587,10 @@ static outcome run(job *j) {
     double t0 = ds4_now();
     if (prefill(j, &r, &err) != 0) {
         bool cancelled = err.code == DS4_EINTERRUPTED;
+        bool broken = ds4_dist_failed(S->engine->opts.dist, NULL); /* the pipeline lost a rank */
         srv_log("prefill", "%s %s: %s", j->api->name, j->id, err.msg);
-        fail_job(j, cancelled ? 503 : 500, cancelled ? (S->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
+        fail_job(j, cancelled || broken ? 503 : 500,
+                 cancelled ? (S->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
         ds4_tokens_free(&r.prompt);
         return cancelled ? CANCELLED : FAILED;
     }

@@ -100,7 +100,8 @@ void ds4_dist_end(ds4_dist *d);
  * open the model, agree on the stages, serve, and return the exit status
  * (0, or 1 with the error printed prefixed with prog); on rank 0, or
  * outside mpirun (*d NULL), return -1: the program carries on and calls
- * ds4_dist_plan once it has the model open. */
+ * ds4_dist_plan once it has the model open.  model_path NULL (synthetic
+ * weights) ends the job with that error. */
 int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads,
                    const ds4_dist_opts *o, ds4_dist **d);
 

@@ -257,7 +257,11 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
         return 1;
     }
     if (!*d || (*d)->rank == 0) return -1;
-    ds4_weights *w = ds4_weights_open(model_path, &err);
+    ds4_weights *w = NULL;
+    if (!model_path)
+        ds4_err_set(&err, DS4_EUNSUPPORTED, "a pipeline runs a model file (synthetic weights have no file to split)");
+    else
+        w = ds4_weights_open(model_path, &err);
     int rc = 0;
     if (!w) {
         /* the others wait in the plan for this rank: end the job */
