@@ -60,6 +60,7 @@ typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
+    ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */

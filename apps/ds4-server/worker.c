@@ -576,8 +576,10 @@ outcome slot_run(slot *sl, job *j) {
     ds4_strbuf_truncate(&sl->prompt_text, 0);
     if (prefill(sl, &r, &err) != 0) {
         bool cancelled = err.code == DS4_EINTERRUPTED;
+        bool broken = ds4_dist_failed(sl->s->engine->opts.dist, NULL); /* the pipeline lost a rank */
         srv_log("prefill", "%s %s: %s", j->api->name, j->id, err.msg);
-        fail_job(j, cancelled ? 503 : 500, cancelled ? (sl->s->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
+        fail_job(j, cancelled || broken ? 503 : 500,
+                 cancelled ? (sl->s->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
         ds4_tokens_free(&r.prompt);
         return cancelled ? CANCELLED : FAILED;
     }

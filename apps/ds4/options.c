@@ -132,6 +132,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         {DS4_OPT_SECTION("runtime:")},
         DS4_CLI_BACKEND(&o->backend, &o->backend_given),
         DS4_CLI_THREADS(&o->threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),

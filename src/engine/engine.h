@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "model/backend.h"
+#include "model/dist/dist.h"
 #include "model/weights.h"
 #include "text/vocab.h"
 
@@ -29,6 +30,12 @@ typedef struct ds4_engine_opts {
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     const char *steer_path;  /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
+    /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
+     * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
+     * first stage with `backend`; NULL: one process. */
+    ds4_dist *dist;
+    const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
+    const char *prog;        /* names the program in the pipeline's startup lines */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
