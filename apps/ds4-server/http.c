@@ -494,6 +494,9 @@ static enum MHD_Result handle_api(conn *k) {
     trace_request(&s->trace, j, k->body.p, k->body.len);
     ds4_strbuf_free(&k->body);
     j->t_enqueued = ds4_now();
+    ds4_err de = {0};
+    if (ds4_dist_failed(s->engine->opts.dist, &de)) /* a rank of the pipeline is gone: until a restart */
+        return fail(k->h, c, api, 503, de.msg);
     int rc = worker_enqueue(s, j);
     if (rc == -1) return fail(k->h, c, api, 429, "too many requests queued; retry later");
     if (rc == -2) return fail(k->h, c, api, 503, "server shutting down");

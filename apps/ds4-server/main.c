@@ -61,11 +61,13 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
                      "max output tokens of a request that sets no limit")},
         DS4_CLI_THREADS(&o->n_threads),
         DS4_CLI_BACKEND(&o->backend, NULL),
+        DS4_CLI_DIST(&o->dist),
         {DS4_OPT_STR("--chdir", "DIR", &o->chdir_to, NULL,
                      "change to DIR first: relative paths (model, trace, disk cache) are taken from there")},
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
         {DS4_OPT_STR("--host", "HOST", &o->host, "127.0.0.1", "bind address")},
@@ -144,7 +146,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     ds4_err err = {0};
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) return ds4_cli_usage(&cli, "%s", err.msg);
     return -1;
@@ -177,8 +179,16 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ds4-server: --chdir %s: %s\n", s.o.chdir_to, strerror(errno));
         return 1;
     }
+    /* Under mpirun the ranks after the first serve their pipeline stage in
+     * here (docs/DISTRIBUTED.md); rank 0 goes on as the server. */
+    ds4_dist *d = NULL;
+    int drc = ds4_dist_start("ds4-server", s.o.model_path, s.o.backend, s.o.n_threads, &s.o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-server");
-    if (lrc) return lrc;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
+    }
     s.memory_checkpoint = !no_ckpt;
     pthread_mutex_init(&s.stats_mu, NULL);
     render_pool_init(&s);
@@ -206,10 +216,13 @@ int main(int argc, char **argv) {
     }
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
-                          .no_sim = s.o.no_sim, .need_vocab = true};
+                          .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
+                          .prog = "ds4-server"};
+    ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
+        ds4_dist_end(d);
         return 1;
     }
     char mem[160];
@@ -252,6 +265,7 @@ int main(int argc, char **argv) {
     toolmem_free(s.tools);
     render_pool_free(&s);
     ds4_engine_close(s.engine);
+    ds4_dist_end(d);
     json_decref(s.forced);
     trace_close(&s.trace);
     srv_log("server", "bye");

@@ -41,6 +41,7 @@
 #include <stdint.h>
 #include <stdio.h>
 
+#include "engine/cli.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/sampler.h"
@@ -59,8 +60,10 @@ typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
+    ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
+    ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
     uint32_t ctx;
     uint32_t default_max_tokens;
@@ -145,6 +148,8 @@ typedef struct srv_request {
     int logprobs;             /* -1: none; else how many top alternatives per token (0..20) */
     json_t *tool_kinds;       /* Responses: prompt name -> {"type", "name", "namespace"} of custom,
                                * namespaced and tool_search tools; NULL when none */
+    float steer_ffn, steer_attn; /* the dir_steering extension field's scales ... */
+    bool steer_ffn_set, steer_attn_set; /* ... where given (else the server's) */
 } srv_request;
 
 void srv_request_free(srv_request *r);
@@ -291,6 +296,9 @@ json_t *usage_anthropic(const gen_out *o);
 
 /* request.c: field parsing shared by the adapters. */
 int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_error *e);
+/* The dir_steering extension field (docs/SERVER.md): {"ffn": F, "attn": F},
+ * either optional, each in -100..100. */
+int req_steering(const json_t *body, srv_request *r, api_error *e);
 int req_max_tokens(const json_t *body, const char *const *names, srv_request *r, api_error *e);
 int req_stop(const json_t *v, const char *field, srv_request *r, api_error *e);
 int req_bool(const json_t *body, const char *field, bool *out, api_error *e);

@@ -27,7 +27,7 @@
  *                 boundary on the way (kvcache.h policy)
  * After a chat/completions or Anthropic tool-call turn whose sampled text
  * is not what the client will send back, the live tail is rewritten to the
- * canonical rendering (canonicalize) so that the next turn is a token hit.
+ * canonical rendering (canonicalize_tail) so that the next turn is a token hit.
  * Continued checkpoints are written whenever the live token count crosses
  * a multiple of the continued step, in prefill and in generation (not
  * inside a tool-call block), and the live session is saved at shutdown.
@@ -61,9 +61,18 @@ const char *const KV_REASON_NAMES[7] = {"unknown", "cold", "continued", "evict",
 
 /* ------------------------------------------------------------ disk saves */
 
+/* The disk cache, or NULL while the slot's session is steered: a
+ * checkpoint's key is its text, which does not say what steering computed
+ * its state, so steered states are neither saved nor looked up. */
+static ds4_kvc_store *disk_store(const slot *sl) {
+    float ffn, attn;
+    ds4_session_steering(sl->sess, &ffn, &attn);
+    return ffn == 0.0f && attn == 0.0f ? sl->q->store : NULL;
+}
+
 void slot_save_live(slot *sl, ds4_kvc_reason reason) {
     uint32_t n = ds4_session_n_tokens(sl->sess);
-    if (!sl->q->store || n < sl->s->o.kv_policy.min_tokens) return;
+    if (!disk_store(sl) || n < sl->s->o.kv_policy.min_tokens) return;
     ds4_strbuf text = {0};
     ds4_err err = {0};
     if (ds4_detokenize(sl->s->engine->vocab, ds4_session_tokens(sl->sess), n, &text, &err) != 0) {
@@ -193,7 +202,7 @@ static bool checkpoint_prefix(slot *sl, const job *j, reuse *r) {
 
 static bool disk_prefix(slot *sl, const job *j, reuse *r) {
     ds4_kvc_match m;
-    ds4_kvc_store *store = sl->q->store;
+    ds4_kvc_store *store = disk_store(sl);
     if (!store || !ds4_kvc_lookup(store, j->rendered.text.p, j->rendered.text.len, &m) || m.n_tokens <= r->kept)
         return false;
     /* The live session is about to be replaced. */
@@ -283,11 +292,11 @@ static int prefill(slot *sl, const reuse *r, ds4_err *err) {
     uint32_t n = (uint32_t)r->prompt.n, at = ds4_session_n_tokens(sl->sess);
     save_point pts[66];
     uint32_t np = 0;
-    if (sl->q->store && strcmp(r->source, "cold") == 0) {
+    if (disk_store(sl) && strcmp(r->source, "cold") == 0) {
         uint32_t b = ds4_kvc_cold_boundary(&sl->s->o.kv_policy, r->prompt.ids, n, sl->q->user_tok, sl->q->assistant_tok);
         if (b > at) pts[np++] = (save_point){b, true};
     }
-    uint32_t step = sl->q->store ? ds4_kvc_continued_step(&sl->s->o.kv_policy) : 0;
+    uint32_t step = disk_store(sl) ? ds4_kvc_continued_step(&sl->s->o.kv_policy) : 0;
     for (uint32_t f = step ? (at / step + 1) * step : 0; step && f <= n && np < 64; f += step)
         pts[np++] = (save_point){f, false};
     qsort(pts, np, sizeof(pts[0]), by_pos);
@@ -377,7 +386,7 @@ static int on_stop_only(void *ctx, uint32_t done, uint32_t total) {
  * then a plain token-prefix hit.  The session goes back to the longest
  * state it can reach (the in-memory checkpoint of the prompt, else a
  * rebuild) and prefills the rest. */
-static void canonicalize(slot *sl, job *j, int32_t last, bool pending) {
+static void canonicalize_tail(slot *sl, job *j, int32_t last, bool pending) {
     ds4_tokens live = {0}, canon = {0};
     ds4_strbuf text = {0}, live_text = {0};
     ds4_tokens_append(&live, ds4_session_tokens(sl->sess), ds4_session_n_tokens(sl->sess));
@@ -415,7 +424,7 @@ static void canonicalize(slot *sl, job *j, int32_t last, bool pending) {
 static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
     gen_out *o = &j->out;
     ds4_err err = {0};
-    gen_ctx g = {.sl = sl, .j = j, .step = sl->q->store ? ds4_kvc_continued_step(&sl->s->o.kv_policy) : 0};
+    gen_ctx g = {.sl = sl, .j = j, .step = disk_store(sl) ? ds4_kvc_continued_step(&sl->s->o.kv_policy) : 0};
     ds4_sampler smp;
     ds4_tokens forced = {0};
     if (j->req.force_name && forced_tokens(sl, j, &forced, &err) != 0) {
@@ -493,11 +502,37 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
         job_finish(j, 200, j->api->final_body(j));
     }
     /* After the answer went out: the client does not wait for it. */
-    if (canon) canonicalize(sl, j, g.last, pending);
+    if (canon) canonicalize_tail(sl, j, g.last, pending);
     ds4_sampler_free(&smp);
     out_free(&g.out);
     ds4_tokens_free(&forced);
     return k;
+}
+
+/* The request's steering scales (the server's where it gives none).  A
+ * change makes the slot's live state and memory checkpoint useless (they
+ * were computed with other scales): the live one goes to the disk cache
+ * first when it was unsteered, then the session starts over. */
+static int apply_steering(slot *sl, job *j) {
+    float ffn = j->req.steer_ffn_set ? j->req.steer_ffn : sl->s->o.steer.ffn;
+    float attn = j->req.steer_attn_set ? j->req.steer_attn : sl->s->o.steer.attn;
+    float cur_ffn, cur_attn;
+    ds4_session_steering(sl->sess, &cur_ffn, &cur_attn);
+    if (ffn == cur_ffn && attn == cur_attn) return 0;
+    ds4_err err = {0};
+    if (ds4_engine_steering_check(sl->s->engine, ffn, attn, &err) != 0) {
+        fail_job(j, 400, "dir_steering: the server has no direction file (start it with --dir-steering-file)", NULL);
+        return -1;
+    }
+    slot_save_live(sl, DS4_KVC_EVICT);
+    if (ds4_session_set_steering(sl->sess, ffn, attn, &err) != 0) {
+        fail_job(j, 400, err.msg, NULL);
+        return -1;
+    }
+    ds4_tokens_free(&sl->ck_tokens);
+    sl->frontier_done = 0;
+    srv_log("steering", "scales ffn %g, attn %g: the session starts over", ffn, attn);
+    return 0;
 }
 
 /* Run a job to its answer; how it ended. */
@@ -508,6 +543,7 @@ outcome slot_run(slot *sl, job *j) {
         fail_job(j, 503, sl->s->stopping ? "server shutting down" : "cancelled", NULL);
         return CANCELLED;
     }
+    if (apply_steering(sl, j) != 0) return FAILED;
     reuse r;
     api_error ce = {0};
     if (choose_reuse(sl, j, &r, &ce) != 0) {
@@ -540,8 +576,10 @@ outcome slot_run(slot *sl, job *j) {
     ds4_strbuf_truncate(&sl->prompt_text, 0);
     if (prefill(sl, &r, &err) != 0) {
         bool cancelled = err.code == DS4_EINTERRUPTED;
+        bool broken = ds4_dist_failed(sl->s->engine->opts.dist, NULL); /* the pipeline lost a rank */
         srv_log("prefill", "%s %s: %s", j->api->name, j->id, err.msg);
-        fail_job(j, cancelled ? 503 : 500, cancelled ? (sl->s->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
+        fail_job(j, cancelled || broken ? 503 : 500,
+                 cancelled ? (sl->s->stopping ? "server shutting down" : "cancelled") : err.msg, NULL);
         ds4_tokens_free(&r.prompt);
         return cancelled ? CANCELLED : FAILED;
     }
