@@ -11,6 +11,8 @@ only (part of the default suite through tests/suite/server_parallel.sh).
     others; an idle session given to another conversation goes to the disk
     cache and its conversation comes back from there;
   - /v1/ds4/stats: sessions, batches, queue, tokens per second;
+  - shutdown with sessions running and requests queued: errors and 503s,
+    every session saved to the disk cache;
   - startup: --parallel 0 is a usage error, more sessions than the memory
     holds a startup error naming the memory needed.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
@@ -280,6 +282,49 @@ def t_stats_while_running():
         check(s.stats()["jobs"]["answered"] >= 1, s.stats()["jobs"])
 
 
+def t_shutdown_with_sessions_running():
+    """SIGTERM with three sessions generating and two requests queued: the
+    streams end with an error event, the queued requests get 503, every
+    session's state is saved ("shutdown"), the process exits 0."""
+    kvdir = tempfile.mkdtemp(prefix="ds4-par-kv-")
+    try:
+        s = Server("--parallel", "3", "--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16").start()
+        out = {}
+
+        def stream(i):
+            out[i] = s.stream("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Long story number %d about %s" % (i, "the sea " * 8)}],
+                "max_tokens": 3500,
+                "stream": True, "thinking": False})
+
+        def queued(i):
+            out[i] = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Queued %d" % i}],
+                                                     "max_tokens": 2})
+        th = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for t in th:
+            t.start()
+        wait_for(lambda: s.stats()["jobs"]["running"] == 3, "three running sessions")
+        th += [threading.Thread(target=queued, args=(i,)) for i in (3, 4)]
+        for t in th[3:]:
+            t.start()
+        wait_for(lambda: s.stats()["jobs"]["waiting"] == 2, "two queued requests")
+        time.sleep(0.3)  # generating
+        rc = s.stop()
+        for t in th:
+            t.join()
+        check(rc == 0, "exit status %s: %s" % (rc, s.text()[-800:]))
+        for i in range(3):
+            errs = [d for e, d in out[i] if e == "error"]
+            check(errs and errs[0]["error"]["message"] == "shutdown requested", out[i][-3:])
+        for i in (3, 4):
+            check(out[i][0] == 503 and "shutting down" in out[i][1]["error"]["message"], out[i])
+        check(s.text().count("(shutdown,") == 3, s.text()[-1500:])
+        check(len([f for f in os.listdir(kvdir) if f.endswith(".kv")]) == 3, os.listdir(kvdir))
+        os.unlink(s.log.name)
+    finally:
+        shutil.rmtree(kvdir, ignore_errors=True)
+
+
 def run_server(*args):
     ensure_model()
     p = subprocess.run([os.path.join(ROOT, "ds4-server"), "-m", MODEL, "--port", "0"] + list(args),
@@ -297,7 +342,8 @@ def t_startup_errors():
 
 def main():
     for fn in (t_startup_errors, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
-               t_conversations_find_their_session, t_eviction_to_disk_and_back, t_stats_while_running):
+               t_conversations_find_their_session, t_eviction_to_disk_and_back, t_stats_while_running,
+               t_shutdown_with_sessions_running):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)
