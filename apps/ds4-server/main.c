@@ -16,6 +16,7 @@
  * the model (nothing to save yet).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -190,6 +191,12 @@ int main(int argc, char **argv) {
         return lrc;
     }
     s.memory_checkpoint = !no_ckpt;
+    /* glibc gives threads arenas of their own (up to 8 a core); what a
+     * connection thread frees after a large body stays in its arena, out of
+     * malloc_trim's reach, and with a thread per session and per connection
+     * the process keeps growing by it.  Two arenas keep the memory handed
+     * back (docs/SERVER.md, JSON). */
+    mallopt(M_ARENA_MAX, 2);
     pthread_mutex_init(&s.stats_mu, NULL);
     render_pool_init(&s);
     signal(SIGPIPE, SIG_IGN);
