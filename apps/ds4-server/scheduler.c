@@ -123,8 +123,20 @@ static bool continues(const slot *sl, const job *j) {
     return n > 0 && t->len >= n && memcmp(p->p, t->p, n) == 0;
 }
 
+/* The session's steering scales are the ones the job runs with (worker.c:
+ * apply_steering starts a session over for others). */
+static bool same_steering(const server *s, const slot *sl, const job *j) {
+    float ffn = j->req.steer_ffn_set ? j->req.steer_ffn : s->o.steer.ffn;
+    float attn = j->req.steer_attn_set ? j->req.steer_attn : s->o.steer.attn;
+    float cur_ffn, cur_attn;
+    ds4_session_steering(sl->sess, &cur_ffn, &cur_attn);
+    return ffn == cur_ffn && attn == cur_attn;
+}
+
 static fit slot_fit(sched *q, const slot *sl, const job *j) {
     uint32_t n = ds4_session_n_tokens(sl->sess);
+    /* a session steered otherwise keeps nothing for the job */
+    if (!same_steering(q->s, sl, j)) return (fit){n == 0 ? 2 : 1, 0};
     const int32_t *live = ds4_session_tokens(sl->sess);
     uint32_t common = common_prefix(live, n, j->tokens.ids, j->tokens.n);
     /* the checkpoint of the last prompt (a retried request) */
