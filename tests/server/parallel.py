@@ -7,8 +7,8 @@ only (part of the default suite through tests/suite/server_parallel.sh).
   - a client that goes away mid-stream frees its session within one
     batched step, and the request waiting for it then runs;
   - the queue: 429 beyond --queue while the sessions are busy;
-  - the scheduler: a conversation's next turn finds its own session among
-    others; an idle session given to another conversation goes to the disk
+  - the scheduler: a conversation's next turn, and tool outputs sent alone,
+    find their own session among others; an idle session given to another conversation goes to the disk
     cache and its conversation comes back from there;
   - /v1/ds4/stats: sessions, batches, queue, tokens per second;
   - shutdown with sessions running and requests queued: errors and 503s,
@@ -259,6 +259,46 @@ def t_eviction_to_disk_and_back():
         shutil.rmtree(kvdir, ignore_errors=True)
 
 
+TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+               "required": ["city"]}
+
+
+def t_tool_outputs_find_their_session():
+    """Anthropic and Responses tool calls in two conversations, other
+    requests in between on other sessions: the tool outputs sent alone go
+    to the session that holds their calls (anthropic-tool-output,
+    responses-tool-output, every live token kept), whichever came last."""
+    with Server("--parallel", "3") as s:
+        a_base = {"system": "Weather bot.", "thinking": {"type": "disabled"},
+                  "tools": [{"name": "get_weather", "description": "Weather", "input_schema": TOOL_PARAMS}]}
+        st, a = s.post("/v1/messages", dict(a_base, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                            max_tokens=200), headers={"X-DS4-Test-Output": "weather_call"})
+        tu = [c for c in a["content"] if c["type"] == "tool_use"]
+        check(st == 200 and len(tu) == 1, a)
+        a_live = a["usage"]["cache_creation_input_tokens"] + a["usage"]["output_tokens"] - 1
+        r_base = {"instructions": "Weather bot.", "reasoning": {"effort": "none"},
+                  "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                             "parameters": TOOL_PARAMS}]}
+        st, r = s.post("/v1/responses", dict(r_base, input=[{"role": "user", "content": "Weather in Rome?"}]),
+                       headers={"X-DS4-Test-Output": "weather_call"})
+        fc = [o for o in r["output"] if o["type"] == "function_call"]
+        check(st == 200 and len(fc) == 1, r)
+        r_live = r["usage"]["input_tokens"] + r["usage"]["output_tokens"] - 1
+        for i in range(2):  # unrelated requests: the third session, then the least recently used one
+            st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Other %d" % i}],
+                                                    "max_tokens": 2, "thinking": False})
+            check(st == 200, b)
+        st, r2 = s.post("/v1/responses", dict(r_base, input=[{"type": "function_call_output", "call_id":
+                                                               fc[0]["call_id"], "output": "sunny"}],
+                                              max_output_tokens=4))
+        check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "responses-tool-output", (r2, s.stats()))
+        check(r2["usage"]["input_tokens_details"]["cached_tokens"] == r_live, (r2["usage"], r_live))
+        results = [{"type": "tool_result", "tool_use_id": tu[0]["id"], "content": "sunny"}]
+        st, a2 = s.post("/v1/messages", dict(a_base, messages=[{"role": "user", "content": results}], max_tokens=4))
+        check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "anthropic-tool-output", (a2, s.stats()))
+        check(a2["usage"]["cache_read_input_tokens"] == a_live, (a2["usage"], a_live))
+
+
 def t_stats_while_running():
     """/v1/ds4/stats while two long generations run: both sessions run,
     steps carry both, tokens per second is measured, the queue is seen."""
@@ -346,7 +386,8 @@ def t_startup_errors():
 
 def main():
     for fn in (t_startup_errors, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
-               t_conversations_find_their_session, t_eviction_to_disk_and_back, t_stats_while_running,
+               t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
+               t_stats_while_running,
                t_shutdown_with_sessions_running):
         t0 = time.time()
         fn()
