@@ -377,10 +377,11 @@ int worker_start(server *s, ds4_err *err) {
             return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
         q->slots[i].started = true;
     }
-    char a[32], b[32];
+    char a[32], b[32], why[96] = "";
+    if (!s->o.parallel_given)
+        snprintf(why, sizeof(why), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
     srv_log("server", "%u session%s of %u tokens (%s each, %s in all)%s", q->n, q->n == 1 ? "" : "s", s->o.ctx,
-            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b),
-            s->o.parallel_given ? "" : "; sized from the memory (--parallel)");
+            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b), why);
     return 0;
 }
 
