@@ -17,8 +17,9 @@
 #          moved in from the CPU, and both hand-overs (prefill, chunked
 #          prefill, decode, device greedy loop: what the kernels test cannot
 #          see); a q2 model with the simulations on (the quantized products
-#          and low-precision paths users run).  The HF golden and the
-#          programs end to end stay in emu: the compare already holds the
+#          and low-precision paths users run); the Pro-pattern HF golden
+#          (pro-a).  The other HF goldens and the programs end to end stay
+#          in emu: the compare already holds the
 #          CUDA backend to the CPU reference, which test_cpu_golden holds
 #          to the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
@@ -34,7 +35,9 @@
 #   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
-#   golden    HF transformers logits, simulations off, 1e-4
+#   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
+#             odd-a, odd-b: shapes no published model has; pro-a: Pro's
+#             pattern scaled down)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -136,6 +139,16 @@ step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
+# Pro's pattern (ratio 128 from layer 0, 16 output groups, top-k above the
+# compressed rows) against transformers in every set; the shapes no
+# published model has (width 80, output rank 16; width 112, heads of 192)
+# in emu and gpu.
+if in_set gpu; then
+    for g in odd-a odd-b pro-a; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden"; done
+else
+    step "golden pro-a" "$TEST" golden "$GOLD/pro-a.f16.gguf" "$GOLD/pro-a.golden" 16
+    in_set emu && for g in odd-a odd-b; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden" 24; done
+fi
 in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
 # Marks and rewinds (cuda_seq.cu): smoke and emu a 17-row step over the
 # 16-row window's ring across a ratio-4 window's end, taken back to its

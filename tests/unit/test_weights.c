@@ -121,6 +121,29 @@ static void test_truncated_file(void **state) {
     assert_non_null(strstr(ds4_err_msg(&err), path));
 }
 
+/* The simulations' widths are asked for only when they run: a shape the
+ * FP8 KV blocks or the 128-wide indexer rows cannot take is valid, runs
+ * with the simulations off, and is refused with them on, saying why. */
+static void test_sim_shapes(void **state) {
+    (void)state;
+    ds4_config c;
+    ds4_config_flash(&c);
+    ds4_err err = {0};
+    assert_int_equal(ds4_config_check_sim(&c, &err), 0);
+    c.head_dim = 160; /* 96 non-RoPE values: not whole FP8 blocks of 64 */
+    assert_int_equal(ds4_config_validate(&c, &err), 0);
+    assert_int_equal(ds4_config_check_sim(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "FP8 KV"));
+    ds4_config_flash(&c);
+    c.idx_head_dim = 96;
+    assert_int_equal(ds4_config_validate(&c, &err), 0);
+    assert_int_equal(ds4_config_check_sim(&c, &err), -1);
+    assert_non_null(strstr(err.msg, "indexer.key_length 96"));
+    for (uint32_t il = 0; il < c.n_layer; il++) c.compress_ratio[il] = il % 2 ? 128 : 0; /* no indexer */
+    assert_int_equal(ds4_config_check_sim(&c, &err), 0);
+
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_good_model_binds_every_tensor),
@@ -128,6 +151,7 @@ int main(void) {
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_truncated_file),
         cmocka_unit_test(test_ratio_list_with_mtp_entry),
+        cmocka_unit_test(test_sim_shapes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
