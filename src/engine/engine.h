@@ -27,6 +27,8 @@ typedef struct ds4_engine_opts {
     bool no_sim;             /* low-precision simulations off (testing) */
     bool need_vocab;         /* fail when the GGUF has no tokenizer */
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
+    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+                              * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {

@@ -35,7 +35,7 @@ expect_fail() {
 }
 expect_fail "not a multiple of the iq2_xxs block" ./ds4-mkmodel -q --recipe q2 --set embd=64 -o "$dir/x.gguf"
 expect_fail "unknown recipe" ./ds4-mkmodel -q --recipe q3 -o "$dir/x.gguf"
-expect_fail "--preset huge: must be one of tiny, small, mid or flash" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
+expect_fail "--preset huge: must be one of tiny, small, mid, flash or pro" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
 expect_fail "--set layers=0: not KEY=VALUE" ./ds4-mkmodel -q --set layers=0 -o "$dir/x.gguf"
 expect_fail "must divide head_count" ./ds4-mkmodel -q --set o-groups=3 -o "$dir/x.gguf"
 [ ! -e "$dir/x.gguf" ] || { echo "a failed run left an output file"; exit 1; }
