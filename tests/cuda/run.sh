@@ -115,6 +115,9 @@ if in_set gpu; then
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
     $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
     $MK -q --recipe f16 --set embd=4096 --set layers=3 --seed 14 -o "$T/wide-f16.gguf"
+    # Pro's width (7168: the HC finish's 16 columns a thread)
+    $MK -q --recipe f16 --set embd=7168 --set layers=3 --seed 16 -o "$T/prowide-f16.gguf"
+    $MK -q --recipe q2 --set embd=7168 --set layers=3 --seed 16 -o "$T/prowide-q2.gguf"
 fi
 
 # Decode steps of every kind across two graphs, with folded windows.
@@ -175,6 +178,9 @@ if in_set gpu; then
         --graph-ctx 310
     # Flash's width (4096): the HC decode launch of 32 column slices
     step "strict wide f16" "$TEST" compare "$T/wide-f16.gguf" --no-sim --prompt 40 --steps 16
+    # Pro's width (7168), the HC launches of 16 columns a thread, f16 and q2
+    step "strict pro-wide f16" "$TEST" compare "$T/prowide-f16.gguf" --no-sim --prompt 40 --steps 16
+    step "loose pro-wide q2" "$TEST" compare "$T/prowide-q2.gguf" --loose --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):
