@@ -36,7 +36,9 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     }
     e->opts.backend = e->backend_name;
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
-    if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
+    if (!(e->w = opts->header_only ? ds4_weights_open_header(opts->model_path, err)
+                                   : ds4_weights_open(opts->model_path, err)))
+        goto fail;
     e->opts.mtp_path = NULL; /* not owned either */
     e->opts.steer_path = NULL;
     if (opts->steer_path && !(e->steer = ds4_steering_load(opts->steer_path, &e->w->cfg, err))) goto fail;

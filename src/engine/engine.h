@@ -36,6 +36,8 @@ typedef struct ds4_engine_opts {
     ds4_dist *dist;
     const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
     const char *prog;        /* names the program in the pipeline's startup lines */
+    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+                              * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
