@@ -14,6 +14,9 @@
 #                   (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the CUDA tests on the CPU emulation of CUDA (the
 #                   default suite runs a subset of them)
+#   make test-server-parallel  ds4-server with 32 sessions and 32 clients of
+#                   the official SDKs at once, then 1,000 requests with its
+#                   memory watched (needs PyPI for the SDKs; a few minutes)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
@@ -79,7 +82,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean imatrix-dataset
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel perf-tools demo deps venv reference clean imatrix-dataset
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -202,6 +205,9 @@ EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
                  $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel)
 test-cuda-emu: $(EMU_TEST_BINS)
 	@tests/cuda/run.sh $(BUILD)/emu emu
+
+test-server-parallel: all $(BUILD)/tokenizer.gguf
+	@tests/server/run.sh test_sdk_parallel.py
 
 deps:
 	@scripts/deps.sh

@@ -307,7 +307,10 @@ int req_thinking_field(const json_t *v, const char *field, int *out, api_error *
 }
 
 void req_model(const json_t *body, srv_request *r, int explicit_think) {
-    const char *m = json_string_value(json_object_get(body, "model"));
+    const json_t *v = json_object_get(body, "model");
+    /* a number beyond 64 bits is read as a marked string (text/pyjson.h):
+     * not a name */
+    const char *m = ds4_pyjson_big_number(v) ? NULL : json_string_value(v);
     r->model = strdup(m && *m ? m : DS4_MODEL_ID);
     if (explicit_think || !m) return;
     if (strcmp(m, "deepseek-chat") == 0) r->think = DS4_THINK_OFF;
