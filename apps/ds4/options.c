@@ -121,8 +121,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_MODEL(&o->model),
         DS4_CLI_CTX(&o->ctx),
         {DS4_OPT_U32("-n, --tokens", "N", &o->n_tokens, 1, UINT32_MAX, CLI_DEFAULT_TOKENS,
-                     "max generated tokens per turn (and scored tokens of --perplexity-file)"),
-         .seen = &o->n_tokens_given},
+                     "max generated tokens per turn (and scored tokens of --perplexity-file)")},
 
         {DS4_OPT_SECTION("sampling:")},
         DS4_CLI_SAMPLING(&o->sampling),
@@ -133,6 +132,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         {DS4_OPT_SECTION("runtime:")},
         DS4_CLI_BACKEND(&o->backend, &o->backend_given),
         DS4_CLI_THREADS(&o->threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),

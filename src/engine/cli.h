@@ -32,6 +32,7 @@
 #include "engine/spec.h"
 #include "engine/startup.h"
 #include "model/steering.h"
+#include "model/dist/dist.h"
 #include "text/chat.h"
 
 #define DS4_DEFAULT_MODEL "ds4flash.gguf"
@@ -117,6 +118,18 @@ typedef struct ds4_cli_steer {
      .def_text = "1 with a file, else 0", .seen = &(st)->ffn_given},                                           \
     {DS4_OPT_FLOAT("--dir-steering-attn", "F", &(st)->attn, -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, 0.0,    \
                    "steering scale after each attention output")}
+
+/* A pipeline under mpirun (model/dist/dist.h, docs/DISTRIBUTED.md), into
+ * a ds4_dist_opts: this rank's layers, and (rank 0's) how residuals
+ * travel and how long a silent rank is waited for. */
+#define DS4_CLI_DIST(o)                                                                                        \
+    {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
+                 "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
+     .def_text = "split by memory"},                                                                           \
+    {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
+                    "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
+    {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \
+                   "under mpirun: a rank silent for S seconds has failed")}
 
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \

@@ -3,6 +3,7 @@
  */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -43,7 +44,17 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
         ds4_steer_scale_check(opts->steer_attn, "attention steering scale", err) ||
         ds4_engine_steering_check(e, opts->steer_ffn, opts->steer_attn, err))
         goto fail;
-    if (opts->mtp_path) {
+    e->opts.dist_opts = NULL;
+    e->opts.prog = NULL;
+    if (opts->dist) {
+        /* a pipeline: the stages agreed on, no MTP block (it needs the
+         * final residuals in one process) */
+        if (opts->mtp_path) {
+            ds4_err_set(err, DS4_EUNSUPPORTED, "--mtp: speculative decoding runs in one process, not in a pipeline");
+            goto fail;
+        }
+        if (ds4_dist_plan(opts->dist, opts->prog ? opts->prog : "ds4", e->w, opts->dist_opts, err) != 0) goto fail;
+    } else if (opts->mtp_path) {
         if (!(e->mtp = ds4_mtp_open(opts->mtp_path, e->w, err))) goto fail;
     } else if (ds4_gguf_find_tensor(e->w->gguf, "mtp.0.e_proj.weight")) {
         if (!(e->mtp = ds4_mtp_from_model(e->w, err))) goto fail;
@@ -139,7 +150,9 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
                                .mtp = e->mtp, .steer = e->steer,
                                .act_observer = e->opts.act_observer, .act_ctx = e->opts.act_ctx};
-        if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
+        e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
+                            : ds4_backend_create(e->backend_name, e->w, &bo, err);
+        if (!e->b) return NULL;
     }
     seq_alloc a = {e, ctx, false, NULL};
     int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
@@ -208,6 +221,22 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {
     return ds4_kv_state_bytes(&e->w->cfg, ctx);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read. */
+static uint64_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+uint64_t ds4_engine_kv_room(const ds4_engine *e) {
+    return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0;
 }
 
 int ds4_engine_quant_bits(const ds4_engine *e) {

@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "model/backend.h"
+#include "model/dist/dist.h"
 #include "model/weights.h"
 #include "text/vocab.h"
 
@@ -32,6 +33,12 @@ typedef struct ds4_engine_opts {
     /* the backend's activation observer (model/backend.h), or NULL */
     void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
     void *act_ctx;
+    /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
+     * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
+     * first stage with `backend`; NULL: one process. */
+    ds4_dist *dist;
+    const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
+    const char *prog;        /* names the program in the pipeline's startup lines */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
@@ -84,6 +91,11 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 /* Bytes of KV state a session of `ctx` tokens holds (the memory estimate
  * programs print at startup). */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
+
+/* Bytes the backend can still give to session state: on the CPU the
+ * host's available memory (MemAvailable); 0 where the backend cannot tell
+ * (its sessions then find out by allocating). */
+uint64_t ds4_engine_kv_room(const ds4_engine *e);
 
 /* Routed-expert quantization bits as the KVC header records them: 4 when
  * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */

@@ -88,7 +88,7 @@ expect_locked $holder ./ds4 -m "$M" --inspect
 expect_locked $holder ./ds4-server -m "$M" -c 256 --port 0
 expect_locked $holder ./ds4-bench -m "$M" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1
 expect_locked $holder ./ds4-forward "$M" --random 4 --top 0
-expect_locked $holder ./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 64
+expect_locked $holder ./ds4-score --token-ids "$M" "$dir/manifest.tsv" "$dir/score.tsv" 64
 expect_locked $holder ./ds4-imatrix "$M" --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat"
 expect_locked $holder ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt"
 [ ! -e "$dir/score.tsv" ] && [ ! -e "$dir/x.dat" ] || fail "a locked-out program wrote its output"
@@ -132,7 +132,7 @@ grep -q "server .*loaded in .*; memory: weights .* + $want512" "$dir/server.log"
     || fail "ds4-bench memory line"
 ./ds4-imatrix "$M" --ctx 512 --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat" 2>&1 \
     | grep -q "^ds4-imatrix: backend cpu; memory: .* + $want512" || fail "ds4-imatrix memory line"
-./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
+./ds4-score --token-ids "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
     | grep -q "^ds4-score: backend cpu; memory: .* + $want512" || fail "ds4-score memory line"
 
 # --- options from ds4's command lines --------------------------------------------
@@ -225,5 +225,5 @@ expect_refused "ds4-qeval: --dataset: cannot open" ./ds4-qeval "$M" "$M" --datas
 expect_refused "ds4-qeval: nothing to measure: give --imatrix FILE (weighted error), --dataset FILE" ./ds4-qeval "$M" "$M"
 expect_refused "ds4-server: --test-force-output: cannot open" ./ds4-server -m "$N" --test-force-output "$dir/no.json"
 [ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
-./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
+./ds4-score --token-ids --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
 echo "engine_startup: ok"

@@ -95,6 +95,7 @@ typedef struct cpu_backend {
     const ds4_rope *ratio_rope; /* the current layer's (dense or compressed) */
     uint32_t chunk;           /* max rows per pass */
     uint32_t max_ctx;         /* largest context a sequence may have */
+    uint32_t layer_first, layer_end; /* the layers it runs (a pipeline stage: not all) */
 
     /* the current pass: its rows (`chunk` at most) */
     cpu_row *rows;
