@@ -51,9 +51,10 @@ int eval_plain(eval_runner *r, const eval_opts *o, const eval_set *s, eval_resul
 typedef struct tui {
     const eval_set *s;
     eval_result *res;
-    size_t *order;            /* the run order: order[done..n) still to run */
-    size_t done, current, selected;
+    size_t *order;            /* the run order: order[next..n) not started yet */
+    size_t next, current, selected;
     bool paused, quit;
+    int esc;                  /* where an arrow key's escape sequence is: 0 none, 1 after ESC, 2 after ESC [ */
     char *txt;                /* the current reply's last bytes */
     uint8_t *thk;             /* whether each was thinking */
     size_t n;
@@ -92,9 +93,10 @@ static void draw(tui *t) {
     ds4_strbuf b = {0};
     uint32_t n[EVAL_STOPPED + 1] = {0};
     for (size_t i = 0; i < t->s->n; i++) n[t->res[i].status]++;
-    ds4_strbuf_printf(&b, "\033[H\033[2J\033[1mds4-eval\033[0m  %zu/%zu run, \033[32m%u passed\033[0m, "
+    uint32_t done = n[EVAL_PASSED] + n[EVAL_FAILED] + n[EVAL_SKIPPED] + n[EVAL_STOPPED];
+    ds4_strbuf_printf(&b, "\033[H\033[2J\033[1mds4-eval\033[0m  %u/%zu run, \033[32m%u passed\033[0m, "
                           "\033[31m%u failed\033[0m%s   p pause  q quit  Up/Down  Enter run next\r\n",
-                      t->done, t->s->n, n[EVAL_PASSED], n[EVAL_FAILED], t->paused ? "  \033[7m PAUSED \033[0m" : "");
+                      done, t->s->n, n[EVAL_PASSED], n[EVAL_FAILED], t->paused ? "  \033[7m PAUSED \033[0m" : "");
     int body = t->rows - 2;
     /* the list scrolls to keep the selection in view */
     size_t first = t->selected >= (size_t)body ? t->selected - (size_t)body + 1 : 0;
@@ -151,12 +153,12 @@ static void draw(tui *t) {
     t->last_draw = ds4_now();
 }
 
-/* Run the selected question next, if it has not run. */
+/* Run the selected question next, if it has not started. */
 static void run_selected_next(tui *t) {
-    for (size_t k = t->done; k < t->s->n; k++)
+    for (size_t k = t->next; k < t->s->n; k++)
         if (t->order[k] == t->selected) {
-            memmove(t->order + t->done + 1, t->order + t->done, (k - t->done) * sizeof(size_t));
-            t->order[t->done] = t->selected;
+            memmove(t->order + t->next + 1, t->order + t->next, (k - t->next) * sizeof(size_t));
+            t->order[t->next] = t->selected;
             return;
         }
 }
@@ -170,16 +172,24 @@ static void keys(tui *t, int wait_ms) {
         int timeout = t->paused && !t->quit ? 100 : left > 0 ? (int)(left * 1000) + 1 : 0;
         struct pollfd p = {STDIN_FILENO, POLLIN, 0};
         if (poll(&p, 1, timeout) > 0) {
-            char k[8];
+            char k[64];
             ssize_t n = read(STDIN_FILENO, k, sizeof(k));
             for (ssize_t i = 0; i < n; i++) {
-                if (k[i] == 'p' || k[i] == 'P') t->paused = !t->paused;
-                else if (k[i] == 'q' || k[i] == 'Q') t->quit = true, t->paused = false;
-                else if (k[i] == '\r' || k[i] == '\n') run_selected_next(t);
-                else if (k[i] == 27 && i + 2 < n && k[i + 1] == '[') {
-                    if (k[i + 2] == 'A' && t->selected > 0) t->selected--;
-                    if (k[i + 2] == 'B' && t->selected + 1 < t->s->n) t->selected++;
-                    i += 2;
+                if (t->esc == 1) {
+                    t->esc = k[i] == '[' ? 2 : 0;
+                } else if (t->esc == 2) {
+                    if (k[i] == 'A' && t->selected > 0) t->selected--;
+                    if (k[i] == 'B' && t->selected + 1 < t->s->n) t->selected++;
+                    t->esc = 0;
+                } else if (k[i] == 27) {
+                    t->esc = 1;
+                } else if (k[i] == 'p' || k[i] == 'P') {
+                    t->paused = !t->paused;
+                } else if (k[i] == 'q' || k[i] == 'Q') {
+                    t->quit = true;
+                    t->paused = false;
+                } else if (k[i] == '\r' || k[i] == '\n') {
+                    run_selected_next(t);
                 }
             }
             draw(t);
@@ -242,10 +252,10 @@ int eval_tui(eval_runner *r, const eval_opts *o, const eval_set *s, eval_result 
     eval_sink sink = {on_status, on_text, on_stop, &t};
     int rc = 0;
     ds4_err err = {0};
-    for (t.done = 0; t.done < s->n && !t.quit; t.done++) {
+    while (t.next < s->n && !t.quit) {
         keys(&t, 0);
         if (t.quit) break;
-        t.current = t.order[t.done];
+        t.current = t.order[t.next++];
         t.n = 0;
         if (eval_run_question(r, &s->q[t.current], &res[t.current], &sink, trace, &err)) {
             rc = 1;
