@@ -5,8 +5,8 @@
  *
  * The UI: the left pane lists the questions with their status, the right
  * pane streams the current reply (the thinking in grey).  Keys, read
- * between tokens: p pauses and resumes, q stops the current question and
- * ends the run (the report follows), Up/Down select a question, Enter runs
+ * between tokens: p pauses and resumes, q (or Ctrl+C) stops the current
+ * question and ends the run (the report follows), Up/Down select a question, Enter runs
  * the selected pending question next.  It draws on the alternate screen and
  * restores the terminal on every way out.
  */
@@ -185,7 +185,7 @@ static void keys(tui *t, int wait_ms) {
                     t->esc = 1;
                 } else if (k[i] == 'p' || k[i] == 'P') {
                     t->paused = !t->paused;
-                } else if (k[i] == 'q' || k[i] == 'Q') {
+                } else if (k[i] == 'q' || k[i] == 'Q' || k[i] == 3) {
                     t->quit = true;
                     t->paused = false;
                 } else if (k[i] == '\r' || k[i] == '\n') {
@@ -244,7 +244,9 @@ int eval_tui(eval_runner *r, const eval_opts *o, const eval_set *s, eval_result 
     for (size_t i = 0; i < s->n; i++) t.order[i] = i;
     tcgetattr(STDIN_FILENO, &t.saved);
     struct termios raw = t.saved;
-    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO);
+    /* Ctrl+C arrives as a key (3) and ends the run as q does, so that the
+     * terminal is always restored and the report printed */
+    raw.c_lflag &= ~(tcflag_t)(ICANON | ECHO | ISIG);
     raw.c_cc[VMIN] = 0;
     raw.c_cc[VTIME] = 0;
     tcsetattr(STDIN_FILENO, TCSANOW, &raw);
