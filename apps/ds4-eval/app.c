@@ -65,6 +65,7 @@ static int parse_args(int argc, char **argv, eval_opts *o, const char **set_path
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->threads),
         DS4_CLI_NO_SIM(&o->no_sim),
+        DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_QUALITY("ds4-eval"),
         DS4_CLI_STEERING(&o->steer),
 

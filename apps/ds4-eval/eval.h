@@ -118,7 +118,7 @@ typedef struct eval_result {
 typedef struct eval_opts {
     const char *model, *backend, *system;
     int threads;
-    bool no_sim, plain;
+    bool no_sim, plain, warm_weights;
     uint32_t ctx;             /* 0: the largest prompt plus --tokens */
     uint32_t max_tokens;      /* per question */
     uint32_t n_questions;     /* 0: all */

@@ -64,6 +64,10 @@ eval_runner *eval_runner_new(const eval_opts *o, const eval_hooks *h, const eval
     if (ds4_model_file_check(o->model, err) || !(r->e = ds4_engine_open(&eo, err)) ||
         !(r->tk = ds4_tokenizer_new(r->e->vocab, err)))
         goto fail;
+    if (o->warm_weights && ds4_startup_warm("ds4-eval", r->e->w, o->threads, NULL, NULL) != 0) {
+        ds4_err_set(err, DS4_EIO, "--warm-weights did not finish");
+        goto fail;
+    }
     r->think_end = ds4_vocab_find_added(r->e->vocab, DS4_TOK_THINK_END, strlen(DS4_TOK_THINK_END));
     r->eos = r->e->eos;
     r->ctx = o->ctx;
