@@ -7,7 +7,7 @@
  * Startup (engine/startup.h): --chdir first, so every relative path (model,
  * trace, disk cache) is taken from there; the instance lock; the model,
  * with the memory estimate for --ctx; --warm-weights; the --parallel
- * sessions (sched.c: checked against the memory, or sized from it).
+ * sessions (scheduler.c: checked against the memory, or sized from it).
  *
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
  * generations, answer the queued jobs, save the live sessions to the disk

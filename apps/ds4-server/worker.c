@@ -1,5 +1,5 @@
 /*
- * worker.c - what a session's thread does with a job (sched.h): the KV
+ * worker.c - what a session's thread does with a job (scheduler.h): the KV
  * reuse ladder over its session, prefill with disk checkpoints, generation.
  *
  * KV reuse, in order (ds4's ladder, with the rungs it lacks):
@@ -36,7 +36,7 @@
  * turn, its checkpoint, its continuation binding; the disk cache is shared
  * (saves and loads one at a time, through one scratch state).  Live and
  * checkpoint rungs only see the slot's own session: the scheduler sends a
- * job to the session that holds the most of it (sched.c).
+ * job to the session that holds the most of it (scheduler.c).
  *
  * Cancellation: the connection thread sets job->cancel when its client goes
  * away; prefill checks it between chunks, the generation loop every token,
@@ -49,7 +49,7 @@
 #include "engine/session.h"
 #include "constrain.h"
 #include "output.h"
-#include "sched.h"
+#include "scheduler.h"
 #include "text/tokenizer.h"
 
 const char *const KV_SOURCES[N_SOURCES] = {"responses-visible", "responses-tool-output", "anthropic-tool-output",

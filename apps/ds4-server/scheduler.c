@@ -1,5 +1,5 @@
 /*
- * sched.c - ds4-server's sessions and the scheduler (sched.h): how many
+ * scheduler.c - ds4-server's sessions and the scheduler (scheduler.h): how many
  * sessions the memory holds, one thread each, the bounded queue of jobs,
  * which session a job goes to, shutdown, and /v1/ds4/stats.
  *
@@ -35,7 +35,7 @@
 #include "engine/batcher.h"
 #include "engine/generate.h"
 #include "engine/startup.h"
-#include "sched.h"
+#include "scheduler.h"
 
 /* The most sessions a default --parallel makes. */
 #define DEFAULT_PARALLEL_MAX 16

@@ -1,6 +1,6 @@
 /*
- * sched.h - ds4-server's sessions and the scheduler that hands them jobs
- * (sched.c), and what a session's thread does with a job (worker.c).
+ * scheduler.h - ds4-server's sessions and the scheduler that hands them jobs
+ * (scheduler.c), and what a session's thread does with a job (worker.c).
  *
  * The server holds --parallel sessions of the engine, each with its own
  * thread (a slot).  Their backend calls go through the engine's batcher
@@ -12,7 +12,7 @@
  * A slot keeps its session after a job: the next job of the same
  * conversation finds its KV state there (the reuse ladder of worker.c runs
  * per slot).  The scheduler gives the oldest queued job to the idle slot
- * that holds the most of it (sched.c: pick_slot).
+ * that holds the most of it (scheduler.c: pick_slot).
  */
 #ifndef DS4_SERVER_SCHED_H
 #define DS4_SERVER_SCHED_H
@@ -100,7 +100,7 @@ outcome slot_run(slot *sl, job *j);
 void slot_save_live(slot *sl, ds4_kvc_reason reason);
 void slot_free_state(slot *sl);
 
-/* sched.c: counters. */
+/* scheduler.c: counters. */
 void sched_count_generated(sched *q, uint32_t n);
 void sched_count_prefill(sched *q, const job *j, const char *source);
 void sched_count_outcome(sched *q, outcome k, uint32_t generated);
