@@ -11,6 +11,7 @@
  * restores the terminal on every way out.
  */
 #include <poll.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -24,13 +25,34 @@
 
 /* ------------------------------------------------------------ --plain */
 
+/* Ctrl+C in the plain mode: the question running stops and the report
+ * follows.  A signal handler can only reach a flag of the file. */
+static volatile sig_atomic_t plain_interrupted;
+
+static void on_sigint(int sig) {
+    (void)sig;
+    plain_interrupted = 1;
+}
+
+static bool plain_stop(void *ctx) {
+    (void)ctx;
+    return plain_interrupted != 0;
+}
+
 int eval_plain(eval_runner *r, const eval_opts *o, const eval_set *s, eval_result *res, FILE *trace) {
     (void)o;
-    for (size_t i = 0; i < s->n; i++) {
+    struct sigaction sa, old;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigint;
+    sigaction(SIGINT, &sa, &old);
+    eval_sink sink = {NULL, NULL, plain_stop, NULL};
+    int rc = 0;
+    for (size_t i = 0; i < s->n && !plain_interrupted; i++) {
         ds4_err err = {0};
-        if (eval_run_question(r, &s->q[i], &res[i], NULL, trace, &err)) {
+        if (eval_run_question(r, &s->q[i], &res[i], &sink, trace, &err)) {
             fprintf(stderr, "ds4-eval: %s: %s\n", s->q[i].id, err.msg);
-            return 1;
+            rc = 1;
+            break;
         }
         const eval_result *x = &res[i];
         if (x->status == EVAL_SKIPPED)
@@ -41,7 +63,12 @@ int eval_plain(eval_runner *r, const eval_opts *o, const eval_set *s, eval_resul
                    x->gen_tokens, x->seconds);
         fflush(stdout);
     }
-    return 0;
+    sigaction(SIGINT, &old, NULL);
+    if (plain_interrupted && rc == 0) {
+        fprintf(stderr, "ds4-eval: interrupted\n");
+        rc = 130;
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------ the UI */

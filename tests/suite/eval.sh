@@ -8,6 +8,7 @@
 #     counts; thousands separators);
 #   - the hard reply budget closes a long thinking with </think> so that the
 #     answer still comes; without it the thinking runs to the token limit;
+#   - Ctrl+C in the plain mode stops the question and prints the report;
 #   - a question larger than the context is skipped with the reason, the
 #     others run;
 #   - a malformed question file names the line and the field;
@@ -88,6 +89,21 @@ grep -q "reply (4[4-9] tokens)\|reply ([5-9][0-9] tokens)" "$dir/tb.txt" && ! gr
 "$E" "$dir/b.json" -m "$M" --plain -n 60 --hard-limit-reply-budget 0 --soft-limit-reply-budget 0 \
     "$dir/b.jsonl" > "$dir/out.txt" 2> "$dir/err.txt" || fail "no budget: $(cat "$dir/err.txt")"
 grep -q "b1 failed: answer (no Answer: line)" "$dir/out.txt" || fail "without a budget: $(cat "$dir/out.txt")"
+
+# --- Ctrl+C in the plain mode: the question stops, the report follows (status 130)
+python3 -c 'import json, sys; json.dump({"b1": "<think>" + " ".join(["step"] * 4000) + "</think>Answer: 4"}, open(sys.argv[1], "w"))' "$dir/long.json"
+"$E" "$dir/long.json" -m "$M" --plain -n 6000 --hard-limit-reply-budget 16 --json "$dir/ri.json" "$dir/b.jsonl" \
+    > "$dir/out.txt" 2> "$dir/err.txt" &
+pid=$!
+sleep 3
+kill -INT $pid
+set +e
+wait $pid
+rc=$?
+set -e
+[ $rc -eq 130 ] || fail "Ctrl+C: status $rc: $(cat "$dir/err.txt")"
+grep -q "total: 0/1 passed .*1 stopped" "$dir/out.txt" || fail "Ctrl+C report: $(cat "$dir/out.txt")"
+grep -q '"result": "stopped"' "$dir/ri.json" || fail "Ctrl+C JSON"
 
 # --- a question larger than the context --------------------------------------------
 big=$(python3 -c 'print(" ".join(["word"] * 400))')
