@@ -5,14 +5,14 @@
 # both kinds: adding the direction (scale -2) makes the code continuations
 # relatively more likely than at scale 0 (nll_bad - nll_good grows), and
 # removing it past zero (scale 2) makes them relatively less likely.
-# A random model has no such structure: this needs a trained one, named by
-# DS4_TRAINED_MODEL (a GGUF this engine runs); without it the item skips.
+# A random model has no such structure: this needs a trained one, the
+# shipped small model data/models/ds4-small.gguf (docs/SMALL_MODEL.md) or
+# DS4_TRAINED_MODEL (a GGUF this engine runs); without one the item skips.
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
-M=${DS4_TRAINED_MODEL:-}
-[ -n "$M" ] || skip "no trained model (set DS4_TRAINED_MODEL to a small trained GGUF)"
-[ -f "$M" ] || skip "DS4_TRAINED_MODEL=$M: no such file"
+M=${DS4_TRAINED_MODEL:-data/models/ds4-small.gguf}
+[ -f "$M" ] || skip "no trained model: $M is not in the tree (or set DS4_TRAINED_MODEL to a trained GGUF)"
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/steering_trained.lock}"
 [ -x ./ds4-direction ] || make -s ds4-direction
