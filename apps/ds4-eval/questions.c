@@ -1,7 +1,8 @@
 /*
  * questions.c - question files (eval.h): JSON lines in ds4-eval's schema,
  * or in the field names of the public sets ds4 uses (GPQA Diamond's
- * columns, SuperGPQA's, AIME's), which users download themselves.
+ * columns, SuperGPQA's, AIME's), which users download themselves; a .csv
+ * file (GPQA's own form) is read by its header row.
  * docs/EVAL.md has the schema; a malformed line is refused naming the
  * file, the line and the field.
  */
@@ -10,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "eval.h"
 #include "text/strbuf.h"
@@ -209,38 +211,119 @@ static int load_question(json_t *o, eval_question *q, size_t index, const where 
     return (q->answer_text = strdup(buf)) ? 0 : ds4_err_set(w->err, DS4_ENOMEM, "out of memory");
 }
 
-int eval_set_load(eval_set *s, const char *path, ds4_err *err) {
-    FILE *f = fopen(path, "r");
-    if (!f) return ds4_err_set(err, DS4_EIO, "%s: %s", path, strerror(errno));
+/* Append the question of one JSON object (the line's, or a CSV record's). */
+static int add_question(eval_set *s, json_t *o, const where *w) {
+    eval_question *nq = realloc(s->q, (s->n + 1) * sizeof(*nq));
+    if (!nq) return ds4_err_set(w->err, DS4_ENOMEM, "out of memory");
+    s->q = nq;
+    memset(&s->q[s->n], 0, sizeof(eval_question));
+    if (load_question(o, &s->q[s->n], s->n, w)) {
+        question_free(&s->q[s->n]);
+        return -1;
+    }
+    s->n++;
+    return 0;
+}
+
+static int load_jsonl(eval_set *s, FILE *f, where *w) {
     char *line = NULL;
     size_t cap = 0;
     ssize_t n;
-    where w = {path, 0, err};
     int rc = 0;
     while (rc == 0 && (n = getline(&line, &cap, f)) >= 0) {
-        w.line++;
+        w->line++;
         size_t a = 0;
         while (a < (size_t)n && (line[a] == ' ' || line[a] == '\t' || line[a] == '\n' || line[a] == '\r')) a++;
         if (a == (size_t)n || line[a] == '#') continue;
         json_error_t je;
         json_t *o = json_loadb(line, (size_t)n, 0, &je);
-        if (!json_is_object(o)) {
-            rc = ds4_err_set(err, DS4_EFORMAT, "%s:%zu: %s", path, w.line, o ? "not a JSON object" : je.text);
-            json_decref(o);
-            break;
-        }
-        eval_question *nq = realloc(s->q, (s->n + 1) * sizeof(*nq));
-        if (!nq) {
-            rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
-        } else {
-            s->q = nq;
-            memset(&s->q[s->n], 0, sizeof(eval_question));
-            if ((rc = load_question(o, &s->q[s->n], s->n, &w)) == 0) s->n++;
-            else question_free(&s->q[s->n]);
-        }
+        if (!json_is_object(o))
+            rc = ds4_err_set(w->err, DS4_EFORMAT, "%s:%zu: %s", w->path, w->line, o ? "not a JSON object" : je.text);
+        else
+            rc = add_question(s, o, w);
         json_decref(o);
     }
     free(line);
+    return rc;
+}
+
+/* One CSV record (RFC 4180: quoted fields may hold commas, quotes as "",
+ * and newlines) into fields; *line advances over its lines.  0 at the end
+ * of the file, 1 for a record, -1 on an unterminated quote. */
+static int csv_record(FILE *f, json_t *fields, size_t *line) {
+    ds4_strbuf cur = {0};
+    bool quoted = false, any = false;
+    int c;
+    json_array_clear(fields);
+    while ((c = fgetc(f)) != EOF) {
+        any = true;
+        if (quoted) {
+            if (c == '"') {
+                int d = fgetc(f);
+                if (d == '"') ds4_strbuf_putc(&cur, '"');
+                else {
+                    quoted = false;
+                    if (d != EOF) ungetc(d, f);
+                }
+            } else {
+                if (c == '\n') (*line)++;
+                ds4_strbuf_putc(&cur, (char)c);
+            }
+        } else if (c == '"') {
+            quoted = true;
+        } else if (c == ',') {
+            json_array_append_new(fields, json_stringn(cur.p ? cur.p : "", cur.len));
+            ds4_strbuf_truncate(&cur, 0);
+        } else if (c == '\n') {
+            (*line)++;
+            break;
+        } else if (c != '\r') {
+            ds4_strbuf_putc(&cur, (char)c);
+        }
+    }
+    if (any) json_array_append_new(fields, json_stringn(cur.p ? cur.p : "", cur.len));
+    ds4_strbuf_free(&cur);
+    if (quoted) return -1;
+    return any ? 1 : 0;
+}
+
+/* A CSV file with a header row (GPQA's): each record an object of the
+ * header's names. */
+static int load_csv(eval_set *s, FILE *f, where *w) {
+    json_t *head = json_array(), *rec = json_array();
+    size_t next = 1;
+    int rc = csv_record(f, head, &next) == 1 ? 0 : ds4_err_set(w->err, DS4_EFORMAT, "%s: no header row", w->path);
+    while (rc == 0) {
+        w->line = next;
+        int r = csv_record(f, rec, &next);
+        if (r == 0) break;
+        if (r < 0) {
+            rc = ds4_err_set(w->err, DS4_EFORMAT, "%s:%zu: a quoted field is not closed", w->path, w->line);
+            break;
+        }
+        if (json_array_size(rec) == 1 && !*json_string_value(json_array_get(rec, 0))) continue; /* a blank line */
+        if (json_array_size(rec) != json_array_size(head)) {
+            rc = ds4_err_set(w->err, DS4_EFORMAT, "%s:%zu: %zu fields, the header has %zu", w->path, w->line,
+                             json_array_size(rec), json_array_size(head));
+            break;
+        }
+        json_t *o = json_object();
+        for (size_t i = 0; i < json_array_size(head); i++)
+            json_object_set(o, json_string_value(json_array_get(head, i)), json_array_get(rec, i));
+        rc = add_question(s, o, w);
+        json_decref(o);
+    }
+    json_decref(head);
+    json_decref(rec);
+    return rc;
+}
+
+int eval_set_load(eval_set *s, const char *path, ds4_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) return ds4_err_set(err, DS4_EIO, "%s: %s", path, strerror(errno));
+    where w = {path, 0, err};
+    size_t n = strlen(path);
+    int rc = n > 4 && !strcasecmp(path + n - 4, ".csv") ? load_csv(s, f, &w) : load_jsonl(s, f, &w);
     fclose(f);
     if (rc == 0 && s->n == 0) rc = ds4_err_set(err, DS4_EFORMAT, "%s: no questions", path);
     return rc;

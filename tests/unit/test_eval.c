@@ -7,7 +7,8 @@
  *     LaTeX boxes, ranges (hyphen, en dash, "to"), "0" for none, accepted
  *     equivalent sets, garbage refused;
  *   - question files: each schema (ds4-eval's, GPQA's columns, SuperGPQA's,
- *     AIME's) loads; malformed lines name the file, the line and the field.
+ *     AIME's) loads, GPQA's CSV too (quoted fields with commas, quotes and
+ *     newlines); malformed lines name the file, the line and the field.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -134,16 +135,18 @@ static void test_lines(void **state) {
     assert_int_equal(eval_parse_lines("", 0, &l), -1);
 }
 
-/* A question set in a temporary file. */
-static char *write_set(const char *text) {
+/* A question set in a temporary file (suffix: ".csv" or ""). */
+static char *write_set_as(const char *text, const char *suffix) {
     static char path[64];
-    snprintf(path, sizeof(path), "/tmp/ds4-eval-XXXXXX");
-    int fd = mkstemp(path);
+    snprintf(path, sizeof(path), "/tmp/ds4-eval-XXXXXX%s", suffix);
+    int fd = mkstemps(path, (int)strlen(suffix));
     assert_true(fd >= 0);
     assert_int_equal(write(fd, text, strlen(text)), (ssize_t)strlen(text));
     close(fd);
     return path;
 }
+
+static char *write_set(const char *text) { return write_set_as(text, ""); }
 
 static void test_grade(void **state) {
     (void)state;
@@ -208,6 +211,36 @@ static void test_public_schemas(void **state) {
     eval_set_free(&s);
 }
 
+static void test_gpqa_csv(void **state) {
+    (void)state;
+    const char *csv = "Pre-Revision Question,Question,Correct Answer,Incorrect Answer 1,Incorrect Answer 2,"
+                      "Incorrect Answer 3,Record ID\r\n"
+                      "x,\"Which is right?\nIt has \"\"quotes\"\", commas\",right,w1,w2,w3,recA\r\n"
+                      "\r\n"
+                      "y,Second?,r2,a,b,c,recB\r\n";
+    char *path = write_set_as(csv, ".csv");
+    eval_set s = {0};
+    ds4_err err = {0};
+    if (eval_set_load(&s, path, &err)) fail_msg("%s", err.msg);
+    unlink(path);
+    assert_int_equal(s.n, 2);
+    assert_string_equal(s.q[0].id, "recA");
+    assert_string_equal(s.q[0].text, "Which is right?\nIt has \"quotes\", commas");
+    assert_string_equal(s.q[0].choices[s.q[0].answer_letter - 'A'], "right");
+    assert_string_equal(s.q[1].choices[s.q[1].answer_letter - 'A'], "r2");
+    eval_set_free(&s);
+    path = write_set_as("Question,Correct Answer\nq,\"open\n", ".csv");
+    assert_int_equal(eval_set_load(&s, path, &err), -1);
+    assert_non_null(strstr(err.msg, ":2: a quoted field is not closed"));
+    eval_set_free(&s);
+    unlink(path);
+    path = write_set_as("Question,Correct Answer\nq,a,extra\n", ".csv");
+    assert_int_equal(eval_set_load(&s, path, &err), -1);
+    assert_non_null(strstr(err.msg, ":2: 3 fields, the header has 2"));
+    eval_set_free(&s);
+    unlink(path);
+}
+
 static void bad_set(const char *text, const char *want) {
     char *path = write_set(text);
     eval_set s = {0};
@@ -242,7 +275,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_extract),   cmocka_unit_test(test_letters),        cmocka_unit_test(test_integers),
         cmocka_unit_test(test_lines),     cmocka_unit_test(test_grade),          cmocka_unit_test(test_public_schemas),
-        cmocka_unit_test(test_malformed),
+        cmocka_unit_test(test_malformed), cmocka_unit_test(test_gpqa_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
