@@ -10,7 +10,7 @@
 #     model (the same numbers as a sweep of a zero direction file);
 #   - ds4 --dir-steering-file with --dir-steering-ffn 0 answers exactly as
 #     without a file; with scales it answers otherwise, and --perplexity-file
-#     scores otherwise;
+#     scores otherwise; the interactive /steer command;
 #   - ds4-server: the dir_steering request field (tests/server/steering.py).
 # That a direction moves the NLL of its own two sets the expected way needs
 # a trained model: tests/suite/steering_trained.sh.
@@ -118,6 +118,18 @@ done > "$dir/text.txt"
 p() { ./ds4 -m "$M" -c 512 --perplexity-file "$dir/text.txt" "$@" 2>&1 | grep avg_nll || fail "perplexity $*"; }
 [ "$(p)" != "$(p --dir-steering-file "$dir/dir.f32")" ] || fail "steering did not change the perplexity"
 [ "$(p)" = "$(p --dir-steering-file "$dir/dir.f32" --dir-steering-ffn 0)" ] || fail "scale 0 changed the perplexity"
+
+# the interactive /steer: shows the scales, sets them (the next turn prefills
+# the whole conversation again), refuses bad values
+printf 'Hello\n/steer\n/steer 2 0.5\nagain\n/steer x\n/steer 200\n' |
+    ./ds4 -m "$M" -c 512 --dir-steering-file "$dir/dir.f32" --nothink --temp 0 -n 4 > "$dir/repl.txt" 2>&1 ||
+    fail "repl: $(cat "$dir/repl.txt")"
+grep -q "steering scales: ffn 1, attn 0" "$dir/repl.txt" && grep -q "steering scales: ffn 2, attn 0.5" "$dir/repl.txt" &&
+    grep -q "/steer F \[A\]: the scales are numbers" "$dir/repl.txt" && grep -q "/steer: 200 is outside" "$dir/repl.txt" ||
+    fail "/steer: $(cat "$dir/repl.txt")"
+n1=$(grep -o "prefill [0-9]* tokens (0 reused)" "$dir/repl.txt" | sed -n 1p | cut -d' ' -f2)
+n2=$(grep -o "prefill [0-9]* tokens (0 reused)" "$dir/repl.txt" | sed -n 2p | cut -d' ' -f2)
+[ -n "$n2" ] && [ "$n2" -gt "$n1" ] || fail "/steer: the second turn did not prefill the conversation again: $(cat "$dir/repl.txt")"
 
 # --- ds4-server ------------------------------------------------------------------
 STEERING_DIR="$dir" "$PY" tests/server/steering.py || fail "server"
