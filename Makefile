@@ -114,6 +114,17 @@ $(BUILD)/tests/test_server_%: tests/unit/test_server_%.c $(TEST_COMMON) $(SERVER
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-server -o $@ $< $(TEST_COMMON) $(SERVER_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
 
+# ds4-eval's tests link its sources (all but main.c); build/tests/ds4-eval-script
+# is the whole program with scripted answers, for tests/suite/eval.sh.
+EVAL_SRC := $(filter-out apps/ds4-eval/main.c,$(wildcard apps/ds4-eval/*.c))
+EVAL_DEPS := $(EVAL_SRC) $(wildcard apps/ds4-eval/*.h)
+$(BUILD)/tests/test_eval: tests/unit/test_eval.c $(TEST_COMMON) $(EVAL_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-eval -o $@ $< $(TEST_COMMON) $(EVAL_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
+$(BUILD)/tests/ds4-eval-script: tests/eval/main_script.c $(EVAL_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iapps/ds4-eval -o $@ $< $(EVAL_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS)
+
 # The agent's tests link its sources (all but main.c) and the test script
 # hook; build/tests/ds4-agent-script is the whole program with a scripted
 # model, for tests/suite/agent.sh.
@@ -133,7 +144,7 @@ $(BUILD)/tokenizer.gguf: data/tokenizer/deepseek-v4-tokenizer.json.xz ds4-tokeni
 	@mkdir -p $(BUILD)
 	./ds4-tokenizer import $< $@
 
-test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script $(BUILD)/tokenizer.gguf
+test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script $(BUILD)/tests/ds4-eval-script $(BUILD)/tokenizer.gguf
 	@scripts/run-tests.sh
 
 # CUDA build: the library compiled with DS4_CUDA plus the kernels; programs

@@ -150,7 +150,8 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     }
     if (!e->b) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp, .steer = e->steer};
+                               .mtp = e->mtp, .steer = e->steer,
+                               .act_observer = e->opts.act_observer, .act_ctx = e->opts.act_ctx};
         e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
                             : ds4_backend_create(e->backend_name, e->w, &bo, err);
         if (!e->b) return NULL;

@@ -30,6 +30,9 @@ typedef struct ds4_engine_opts {
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     const char *steer_path;  /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
+    /* the backend's activation observer (model/backend.h), or NULL */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
     /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
      * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
      * first stage with `backend`; NULL: one process. */
