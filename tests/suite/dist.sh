@@ -11,10 +11,13 @@
 #     pipeline's heartbeats find it);
 #  4. a rank started with another model file (another shape; the same
 #     shape with other weights) and bad --layers are refused at start,
-#     naming the difference.
+#     naming the difference;
+#  5. ds4 under mpirun writes what one process writes; ds4-server under
+#     mpirun answers, and answers 503 naming the rank once one is killed.
 # SKIP when mpirun is absent.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/dist.lock}"
 BIN=./ds4-forward
@@ -23,7 +26,7 @@ OTHER=tests/golden/cpu/tiny-b.f16.gguf
 T=build/tests/dist.$$
 fail() { echo "FAIL: $*"; exit 1; }
 
-command -v mpirun > /dev/null 2>&1 || { echo "dist: SKIP: mpirun is not installed (make deps installs openmpi-bin)"; exit 77; }
+command -v mpirun > /dev/null 2>&1 || skip "mpirun is not installed (make deps installs openmpi-bin)"
 [ -x "$BIN" ] || fail "$BIN not built"
 mkdir -p "$T"
 trap 'rm -rf "$T"' EXIT
@@ -141,4 +144,51 @@ refused "has --layers 4:5, but the stage before it ends at layer 2" \
 refused "rank 1 .* has no --layers" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL
 refused "the last rank's layers end at 4" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:4
 refused "--layers 3:9: not a range" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:9
+
+# the programs: ds4's text, ds4-server's answers and its 503
+CHAT=$T/chat.gguf
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$(suite_tokenizer)" --seed 11 -q -o "$CHAT" || fail "mkmodel"
+export NO_COLOR=1
+./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-1.txt" 2>/dev/null || fail "ds4 alone"
+$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
+    fail "ds4 under mpirun: $(cat "$T/ds4-3.err")"
+cmp "$T/ds4-1.txt" "$T/ds4-3.txt" || fail "ds4 on 3 ranks writes another text: $(cat "$T/ds4-1.txt" "$T/ds4-3.txt")"
+echo "ok: ds4 on 3 ranks writes one process's text"
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+$MPIRUN --enable-recovery -np 2 ./ds4-server -m "$CHAT" --port "$port" -t 1 -c 4096 > "$T/srv.out" 2>&1 &
+job=$!
+post() { # post: the status and body of a completion
+    python3 - "$port" <<'PY'
+import json, sys, urllib.request, urllib.error
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[1],
+                             data=json.dumps({"prompt": "hello", "max_tokens": 5, "temperature": 0}).encode(),
+                             headers={"content-type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except OSError as e:
+    print(0, e)
+PY
+}
+i=0
+while ! grep -q "listening on" "$T/srv.out"; do
+    i=$((i + 1)); [ $i -lt 300 ] || { kill $job; fail "ds4-server did not start: $(cat "$T/srv.out")"; }; sleep 0.1
+done
+ans=$(post)
+[ "${ans%% *}" = 200 ] || { kill $job; fail "ds4-server on 2 ranks: $ans"; }
+echo "ok: ds4-server on 2 ranks answers: $(echo "$ans" | cut -c1-120)"
+kill -9 "$(sed -n 's/.*stage 1: .*(pid \([0-9]*\) on.*/\1/p' "$T/srv.out")"
+i=0
+while :; do
+    ans=$(post)
+    [ "${ans%% *}" = 503 ] && break
+    i=$((i + 1)); [ $i -lt 40 ] || { kill $job; fail "no 503 10 s after rank 1 died: $ans"; }; sleep 0.25
+done
+kill $job
+wait $job
+echo "$ans" | grep -q "rank 1 .*sent nothing" || fail "the 503 does not name rank 1: $ans"
+echo "ok: after rank 1 died: $ans"
 exit 0
