@@ -62,7 +62,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_STR("--save-state", "FILE", &o->save_state, NULL, "write the DSV4 session payload at the end"),
          .flags = DS4_OPT_OUT},
         {DS4_OPT_U32("--top", "N", &o->top, 0, UINT32_MAX, 5, "print the N best next tokens (0: none)")},
-        {DS4_OPT_FLAG("--bench", &o->bench, "time the prefill, then --gen greedy decode steps")},
+        {DS4_OPT_FLAG("--bench", &o->bench, "time the prefill, then --gen greedy decode steps (their tokens printed)")},
         {DS4_OPT_U32("--gen", "G", &o->gen, 0, UINT32_MAX, 16, "greedy decode steps of --bench")},
 
         {DS4_OPT_SECTION("arguments:")},
@@ -183,16 +183,25 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         if (n > n_pre)
             printf("decode (fed): %u token%s in %.3f s = %.2f tokens/s\n", n - n_pre, ds4_plural(n - n_pre), t2 - t1,
                    (n - n_pre) / (t2 - t1));
-        uint32_t next = ds4_backend_logits(b) ? (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab) : 0;
+        uint32_t *gen = o->gen ? malloc(o->gen * sizeof(uint32_t)) : NULL;
+        if (o->gen && !gen) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            goto out;
+        }
         double t3 = ds4_now();
-        for (uint32_t g = 0; g < o->gen; g++) {
-            if (ds4_backend_decode(b, next, err) != 0) goto out;
-            next = (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab);
+        if (o->gen && ds4_backend_greedy(b, o->gen, gen, err) != 0) {
+            free(gen);
+            goto out;
         }
         double t4 = ds4_now();
-        if (o->gen)
+        if (o->gen) {
             printf("decode (greedy): %u token%s in %.3f s = %.2f tokens/s\n", o->gen, ds4_plural(o->gen), t4 - t3,
                    o->gen / (t4 - t3));
+            printf("greedy tokens:");
+            for (uint32_t g = 0; g < o->gen; g++) printf(" %u", gen[g]);
+            printf("\n");
+        }
+        free(gen);
     }
     if (o->logits_out && n) {
         FILE *f = fopen(o->logits_out, "wb");

@@ -69,6 +69,13 @@ pipeline 3-ratio4 0:1 2:3 4:output
 pipeline 3-auto - - -
 grep -q "pipeline stage 2: layers .*output head" "$T/3-auto.out" || fail "the split by memory: $(cat "$T/3-auto.out")"
 
+# greedy decoding with the argmax taken on the last rank (4 bytes back a token)
+$BIN $MODEL --random 50 --bench --gen 24 --top 2 -t 1 2>/dev/null | grep -E "greedy tokens|top" > "$T/g1.txt" || fail "greedy alone"
+$MPIRUN -np 3 $BIN $MODEL --random 50 --bench --gen 24 --top 2 -t 1 2>/dev/null | grep -E "greedy tokens|top" > "$T/g3.txt" ||
+    fail "greedy on 3 ranks"
+cmp "$T/g1.txt" "$T/g3.txt" || fail "greedy on 3 ranks: $(cat "$T/g1.txt" "$T/g3.txt")"
+echo "ok: greedy decoding on 3 ranks (argmax on the last rank): one process's tokens and final logits"
+
 # bf16 residuals: not exact, but the same model (the best next token agrees)
 $MPIRUN -np 2 $BIN $MODEL --tokens @"$T/all.txt" --top 1 -t 1 --pipe-dtype bf16 > "$T/bf16.out" 2>&1 ||
     fail "bf16 residuals: $(cat "$T/bf16.out")"

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rank.h"
 #include "model/backends.h"
 #include "model/dist/dist_internal.h"
 
@@ -123,20 +124,35 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
                   err) != 0)
         return -1;
     dist_resid_unpack(d, s->in_raw, s->in, floats);
-    uint32_t nret = 0;
+    uint32_t nl = 0;
     for (uint32_t i = 0; i < n; i++) {
         ds4_seq *q = seq_of(s, s->rows[i].seq, err);
         if (!q) return -1;
-        s->lrows[i] = ds4_row_of(q, s->rows[i].token, s->last && s->rows[i].ret ? DS4_ROW_LOGITS : 0);
-        nret += s->rows[i].ret != 0;
+        bool ret = s->rows[i].ret != RET_NONE;
+        s->lrows[i] = ds4_row_of(q, s->rows[i].token, s->last && ret ? DS4_ROW_LOGITS : 0);
+        nl += ret;
     }
     uint32_t k = s->next_out;
     s->next_out = (k + 1) % DS4_DIST_IN_FLIGHT;
     if (s->out_req[k] != MPI_REQUEST_NULL && dist_wait(d, &s->out_req[k], err) != 0) return -1;
     if (s->last) {
-        ds4_step_out out = {s->out[k], NULL};
+        ds4_step_out out = {s->out_f32, NULL};
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, NULL, &out, err) != 0) return -1;
-        if (nret) MPI_Isend(s->out[k], (int)(nret * s->n_vocab), MPI_FLOAT, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
+        /* the rows' logits, or their argmax, in row order */
+        float *o = s->out[k];
+        const float *l = s->out_f32;
+        for (uint32_t i = 0; i < n; i++) {
+            if (s->rows[i].ret == RET_NONE) continue;
+            if (s->rows[i].ret == RET_ARGMAX) {
+                uint32_t a = (uint32_t)ds4_argmax(l, (int)s->n_vocab);
+                memcpy(o++, &a, sizeof(a));
+            } else {
+                memcpy(o, l, s->n_vocab * sizeof(float));
+                o += s->n_vocab;
+            }
+            l += s->n_vocab;
+        }
+        if (nl) MPI_Isend(s->out[k], (int)(o - (float *)s->out[k]), MPI_FLOAT, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
     } else {
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, s->out_f32, NULL, err) != 0) return -1;
         dist_resid_pack(d, s->out_f32, s->out[k], floats);
