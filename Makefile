@@ -14,6 +14,9 @@
 #                   (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the CUDA tests on the CPU emulation of CUDA (the
 #                   default suite runs a subset of them)
+#   make test-dist-link  the pipeline across two network namespaces joined by
+#                   a veth pair (tc netem delays, a 1 Gb/s rate): tokens/s
+#                   against the cost model (needs root; tests/link/run.sh)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
@@ -79,7 +82,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-dist-link perf-tools demo deps venv reference clean
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -202,6 +205,9 @@ EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
                  $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel)
 test-cuda-emu: $(EMU_TEST_BINS)
 	@tests/cuda/run.sh $(BUILD)/emu emu
+
+test-dist-link: deps all
+	@scripts/run-tests.sh tests/link/run.sh
 
 deps:
 	@scripts/deps.sh
