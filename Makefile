@@ -82,7 +82,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-dist-link perf-tools demo deps venv reference clean
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-dist-link perf-tools demo deps venv reference clean imatrix-dataset
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -214,6 +214,12 @@ deps:
 
 venv:
 	@scripts/venv.sh
+
+# The default imatrix calibration set (docs/TOOLCHAIN.md): the project's
+# conversations plus its own code and documentation, all MIT.
+imatrix-dataset: ds4-imatrix-dataset
+	./ds4-imatrix-dataset -o $(BUILD)/imatrix-dataset --license MIT data/imatrix/conversations.jsonl \
+		$(sort $(wildcard src/*/*.c src/*/*/*.c src/*/*/*.cu apps/*/*.c tools/*.c)) docs/*.md
 
 demo: deps all
 	@scripts/demo.sh

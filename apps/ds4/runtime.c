@@ -83,6 +83,7 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err) {
         .dist_opts = &o->dist,
         .prog = "ds4",
     };
+    ds4_cli_steering_opts(&o->steer, &eo);
     return ds4_engine_open(&eo, err); /* its messages start with the path */
 }
 

@@ -79,8 +79,18 @@ typedef struct ds4_backend_opts {
     /* the MTP block (weights.h), or NULL: the backend can then run MTP
      * sequences; it must outlive the backend */
     const struct ds4_mtp_weights *mtp;
+    /* directional steering (model/steering.h): the directions, or NULL;
+     * the scales are each sequence's (ds4_seq_set_steering).  It must
+     * outlive the backend. */
+    const struct ds4_steering *steer;
     void (*expert_observer)(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid);
     void *observer_ctx;
+    /* Called with the sublayer outputs of main-model layer il at the
+     * steering points (after steering, before the HC post): the attention
+     * output (ffn false) and the FFN output (ffn true) of the pass's T rows,
+     * T x n_embd floats.  For ds4-direction; NULL for none. */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
 } ds4_backend_opts;
 
 typedef struct ds4_backend ds4_backend;
@@ -92,7 +102,18 @@ typedef struct ds4_backend ds4_backend;
  * make more (seq_new) and advance any number of them in one step. */
 typedef struct ds4_seq {
     ds4_backend *owner;  /* the backend that made it; backends extend the struct */
+    /* steering scales after the FFN and the attention output (0: off),
+     * used when the backend has directions (ds4_backend_opts.steer) */
+    float steer_ffn, steer_attn;
 } ds4_seq;
+
+/* The steering scales of s's next rows (model/steering.h).  What s holds
+ * was computed with the scales of its time: a caller that changes them
+ * keeps or drops that state as it sees fit (engine/session.h drops it). */
+static inline void ds4_seq_set_steering(ds4_seq *s, float ffn, float attn) {
+    s->steer_ffn = ffn;
+    s->steer_attn = attn;
+}
 
 /* What a step returns for a row (a set of them). */
 enum {

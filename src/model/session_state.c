@@ -256,6 +256,13 @@ static int rd(FILE *f, void *p, size_t n, const char *what, ds4_err *err) {
     return 0;
 }
 
+/* The prefill chunk a payload records: ds4 records the chunk its graph was
+ * sized for, min(ctx, chunk), and refuses a payload whose value differs
+ * from its own (docs/MODEL.md 8.3). */
+static uint32_t ds4_payload_chunk(const ds4_kv_state *s) {
+    return s->prefill_chunk < s->ctx ? s->prefill_chunk : s->ctx;
+}
+
 enum { H_MAGIC, H_VERSION, H_CTX, H_CHUNK, H_RAW_CAP, H_RAW_WINDOW, H_COMP_CAP, H_N, H_LAYERS,
        H_HEAD_DIM, H_IDX_HEAD_DIM, H_VOCAB, H_LIVE_RAW, H_COUNT };
 
@@ -271,7 +278,7 @@ int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err) {
     uint32_t n = s->n_tokens, L = live_raw(s);
     uint32_t h[H_COUNT] = {
         [H_MAGIC] = DS4_DSV4_MAGIC, [H_VERSION] = DS4_DSV4_VERSION, [H_CTX] = s->ctx,
-        [H_CHUNK] = s->prefill_chunk, [H_RAW_CAP] = s->raw_cap, [H_RAW_WINDOW] = c->sliding_window,
+        [H_CHUNK] = ds4_payload_chunk(s), [H_RAW_CAP] = s->raw_cap, [H_RAW_WINDOW] = s->raw_cap,
         [H_COMP_CAP] = ds4_state_comp_cap(s, 4), [H_N] = n, [H_LAYERS] = c->n_layer,
         [H_HEAD_DIM] = c->head_dim, [H_IDX_HEAD_DIM] = c->idx_head_dim, [H_VOCAB] = c->n_vocab,
         [H_LIVE_RAW] = L,
@@ -326,13 +333,20 @@ static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) 
     struct { int idx; uint32_t want; const char *what; } same[] = {
         {H_LAYERS, c->n_layer, "layer count"}, {H_HEAD_DIM, c->head_dim, "head dim"},
         {H_IDX_HEAD_DIM, c->idx_head_dim, "indexer head dim"}, {H_VOCAB, c->n_vocab, "vocabulary"},
-        {H_RAW_WINDOW, c->sliding_window, "raw window"},
     };
     for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)
         if (h[same[i].idx] != same[i].want)
             return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload: %s %u, this model has %u", same[i].what,
                                h[same[i].idx], same[i].want);
+    /* The raw window as ds4 writes it, min(window, ctx of the writer); the
+     * whole window as this engine wrote it before it matched ds4. */
+    uint32_t win = c->sliding_window < h[H_CTX] ? c->sliding_window : h[H_CTX];
+    if (h[H_RAW_WINDOW] != win && h[H_RAW_WINDOW] != c->sliding_window)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload: raw window %u, this model's is %u (at ctx %u: %u)",
+                           h[H_RAW_WINDOW], c->sliding_window, h[H_CTX], win);
     uint32_t n = h[H_N];
+    if (n > h[H_CTX])
+        return ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: %u tokens exceed its own context size %u", n, h[H_CTX]);
     if (n > s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "DSV4 payload: %u tokens exceed the context size %u", n, s->ctx);
     uint32_t want_L = c->sliding_window < n ? c->sliding_window : n;

@@ -169,7 +169,7 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
 cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il) {
     const ds4_config *c = b->cfg;
     return (cpu_layer){&b->base.w->layers[il], il, il, ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
-                       c->swiglu_clamp[il], true};
+                       c->swiglu_clamp[il], true, true};
 }
 
 /* One pass of the T rows in b->rows through the backend's layers
