@@ -291,9 +291,10 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
         for (int r = 0; r < d->size; r++) {
             uint64_t b = 0;
             for (uint32_t il = d->first[r]; il < d->end[r]; il++) b += bytes[il];
-            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f GiB of weights), %s\n", prog, r,
+            bool gib = b >= (1u << 30);
+            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f %s of weights), %s\n", prog, r,
                     d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
-                    (double)b / (1u << 30), dist_peer_name(d, r, name, sizeof(name)));
+                    (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB", dist_peer_name(d, r, name, sizeof(name)));
         }
         fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
                 dtype_name(d->dtype), d->timeout_s);
