@@ -21,7 +21,8 @@
 #
 # Needs root (namespaces, tc), ip, tc, mpirun and python3: SKIP otherwise.
 # A kernel without the netem qdisc (sch_netem) runs the bare link and the
-# rate-limited one (tbf) and ends with SKIP for the delays.
+# rate-limited one (tbf) and ends with SKIP for the delays.  Last, the
+# link is cut mid-decode: every rank must end inside 10 s, naming the cause.
 set -u
 cd "$(dirname "$0")/../.."
 
@@ -150,6 +151,29 @@ measure() { # measure NAME SHAPE...: the link, one process, the pipeline, the mo
     }' | tee -a "$RES"
 }
 measure "veth" none
+
+# a link that breaks mid-decode: every rank ends inside 10 s, the cause named
+shape none
+# shellcheck disable=SC2086
+timeout 120 ip netns exec "$A" mpirun --oversubscribe --bind-to none --mca btl self,tcp \
+    --mca btl_tcp_if_include $IPA/24 -np 1 ./ds4-forward "$M" --random 16 --bench --gen 100000 --top 0 -t 1 \
+    -c 120000 --layers 0:1 : -np 1 ip netns exec "$B" "$OUT/in_b.sh" ./ds4-forward "$M" -t 1 --layers 2:output \
+    > "$OUT/cut.txt" 2>&1 &
+job=$!
+i=0; while ! grep -q "pipeline stage 1" "$OUT/cut.txt" 2> /dev/null; do i=$((i + 1)); [ $i -lt 600 ] || fail "cut: no start"; sleep 0.1; done
+sleep 3
+t0=$(date +%s%N)
+ip -n "$A" link set "$VA" down
+i=0
+while kill -0 $job 2> /dev/null; do
+    i=$((i + 1)); [ $i -lt 200 ] || { kill $job; fail "the job still runs 20 s after the link broke"; }; sleep 0.1
+done
+wait $job
+ms=$((($(date +%s%N) - t0) / 1000000))
+ip -n "$A" link set "$VA" up
+[ $ms -lt 10000 ] || fail "the ranks took $ms ms to stop after the link broke"
+grep -q "rank 1 .*sent nothing" "$OUT/cut.txt" || fail "the link's break is not named: $(tail -5 "$OUT/cut.txt")"
+echo "ok: the link broke mid-decode, every rank ended in $ms ms: $(grep -m1 'pipeline failed' "$OUT/cut.txt")"
 if [ $netem -eq 1 ]; then
     for d in 0.05 1 10 50; do measure "+${d} ms" delay $d; done
 fi
