@@ -24,7 +24,7 @@
 
 typedef struct opts {
     const char *model, *tokens, *logits_out, *load_state, *save_state, *backend;
-    uint32_t n_random, seed, split, top, gen;
+    uint32_t n_random, seed, split, top, gen, seqs;
     bool decode, bench, has_split;
     ds4_backend_opts bo;
     ds4_dist_opts dist;
@@ -45,6 +45,9 @@ static int parse_args(int argc, char **argv, opts *o) {
 
         {DS4_OPT_SECTION("running:")},
         {DS4_OPT_FLAG("--decode", &o->decode, "feed the tokens one by one (default: one prefill)")},
+        {DS4_OPT_U32("--seqs", "K", &o->seqs, 1, 64, 1,
+                     "decode K sequences of the same tokens side by side, one batched step a token (their logits "
+                     "must agree)")},
         {DS4_OPT_U32("--split", "K", &o->split, 0, UINT32_MAX, 0, "prefill the first K tokens, then decode the rest"),
          .seen = &o->has_split, .def_text = "all prefilled"},
         DS4_CLI_CTX(&o->bo.ctx_size),
@@ -130,6 +133,37 @@ static int print_top(const float *logits, uint32_t n_vocab, uint32_t k, ds4_err 
     return 0;
 }
 
+/* Tokens [from, n) decoded by k sequences side by side - the main one
+ * (after its prefill of toks[0, from)) and k - 1 more brought to the same
+ * point (st: a loaded state, or the same prefill) - one step of k rows a
+ * token; every sequence's logits must be the main one's, which go to
+ * logits. */
+static int batched_decode(ds4_backend *b, uint32_t k, const ds4_kv_state *st, const uint32_t *toks, uint32_t from,
+                          uint32_t n, float *logits, ds4_err *err) {
+    uint32_t V = b->w->cfg.n_vocab;
+    ds4_seq *seqs[64] = {b->main};
+    float *lg = malloc((size_t)k * V * sizeof(float));
+    int rc = lg ? 0 : ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t j = 1; rc == 0 && j < k; j++) {
+        if (!(seqs[j] = ds4_seq_new(b, 0, err))) rc = -1;
+        else if (st && ds4_seq_restore(b, seqs[j], st, err) != 0) rc = -1;
+        else if (ds4_seq_prefill(b, seqs[j], toks, from, NULL, err) != 0) rc = -1;
+    }
+    for (uint32_t i = from; rc == 0 && i < n; i++) {
+        ds4_row rows[64];
+        for (uint32_t j = 0; j < k; j++) rows[j] = ds4_row_of(seqs[j], toks[i], DS4_ROW_LOGITS);
+        ds4_step_out out = {lg, NULL};
+        if ((rc = ds4_backend_step(b, rows, k, &out, err)) != 0) break;
+        for (uint32_t j = 1; rc == 0 && j < k; j++)
+            if (memcmp(lg, lg + (size_t)j * V, V * sizeof(float)) != 0)
+                rc = ds4_err_set(err, DS4_EINVAL, "token %u: sequence %u's logits differ from sequence 0's", i, j);
+        memcpy(logits + (size_t)i * V, lg, V * sizeof(float));
+    }
+    for (uint32_t j = 1; j < k; j++) ds4_seq_free(b, seqs[j]);
+    free(lg);
+    return rc;
+}
+
 /* The backend: the pipeline's under mpirun (d), else the named one. */
 static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, ds4_err *err) {
     if (!d) return ds4_backend_create(o->backend, w, &o->bo, err);
@@ -172,9 +206,13 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     double t0 = ds4_now();
     if (ds4_backend_prefill(b, toks, n_pre, logits, err) != 0) goto out;
     double t1 = ds4_now();
-    for (uint32_t i = n_pre; i < n; i++) {
-        if (ds4_backend_decode(b, toks[i], err) != 0) goto out;
-        memcpy(logits + (size_t)i * c->n_vocab, ds4_backend_logits(b), c->n_vocab * sizeof(float));
+    if (o->seqs > 1) {
+        if (batched_decode(b, o->seqs, st, toks, n_pre, n, logits, err) != 0) goto out;
+    } else {
+        for (uint32_t i = n_pre; i < n; i++) {
+            if (ds4_backend_decode(b, toks[i], err) != 0) goto out;
+            memcpy(logits + (size_t)i * c->n_vocab, ds4_backend_logits(b), c->n_vocab * sizeof(float));
+        }
     }
     double t2 = ds4_now();
     if (o->bench) {

@@ -3,7 +3,8 @@
 # tiny model (6 layers, ratios 0,0,4,128,4,128), ds4-forward under mpirun:
 #  1. 2- and 3-rank pipelines give logits bit-identical to one process, in
 #     prefill (chunks of 16: several in flight) and in decode, for even and
-#     uneven splits and splits before a ratio-4 and a ratio-128 layer;
+#     uneven splits and splits before a ratio-4 and a ratio-128 layer, and
+#     with 5 sequences decoded side by side (micro-steps in flight);
 #  2. a snapshot saved by a 3-rank run is byte for byte the 1-rank one, and
 #     each resumes in the other with the uninterrupted run's logits;
 #  3. a rank killed mid-decode ends the others inside 10 s with a message
@@ -68,6 +69,12 @@ pipeline 3-ratio128 0:0 1:2 3:output
 pipeline 3-ratio4 0:1 2:3 4:output
 pipeline 3-auto - - -
 grep -q "pipeline stage 2: layers .*output head" "$T/3-auto.out" || fail "the split by memory: $(cat "$T/3-auto.out")"
+
+# sessions batched: 5 sequences decoded side by side, each step split into
+# micro-steps that keep every stage busy; every sequence's logits agree
+RUN="$RUN --seqs 5"
+pipeline 3-batched 0:1 2:3 4:output
+RUN=${RUN% --seqs 5}
 
 # greedy decoding with the argmax taken on the last rank (4 bytes back a token)
 $BIN $MODEL --random 50 --bench --gen 24 --top 2 -t 1 2>/dev/null | grep -E "greedy tokens|top" > "$T/g1.txt" || fail "greedy alone"

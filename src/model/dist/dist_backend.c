@@ -239,10 +239,30 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     return 0;
 }
 
+/* A step over several sequences (sessions batched together) goes as up to
+ * one micro-step a stage, each a run of whole sequences: while the last
+ * stage runs the first micro-step, the ones before it run the next ones,
+ * so every stage works.  A row's result does not depend on the other rows
+ * of its step, so the split changes no bit. */
 static int dist_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     dist_backend *b = (dist_backend *)base;
     if (n == 0) return 0;
-    if (issue(b, rows, n, out, NULL, err) != 0) return -1;
+    uint32_t runs = 1;
+    for (uint32_t i = 1; i < n; i++) runs += rows[i].seq != rows[i - 1].seq;
+    uint32_t parts = runs < (uint32_t)b->d->size ? runs : (uint32_t)b->d->size;
+    uint32_t start = 0, nl = 0;
+    for (uint32_t p = 0; p < parts; p++) {
+        uint32_t end = start + 1, target = p + 1 == parts ? n : (uint32_t)((uint64_t)n * (p + 1) / parts);
+        while (end < n && (end < target || rows[end].seq == rows[end - 1].seq)) end++;
+        ds4_step_out o = {out && out->logits ? out->logits + (size_t)nl * b->n_vocab : NULL, NULL};
+        if (issue(b, rows + start, end - start, &o, NULL, err) != 0) {
+            complete_all(b, NULL);
+            return -1;
+        }
+        for (uint32_t i = start; i < end; i++) nl += (rows[i].want & DS4_ROW_LOGITS) != 0;
+        start = end;
+        if (start == n) break;
+    }
     return complete_all(b, err);
 }
 
