@@ -36,6 +36,7 @@ typedef struct dist_slot {
     dist_row *rows;           /* chunk entries */
     void *resid;              /* the residuals sent to rank 1 */
     float *ret;               /* the logits (and argmaxes) received */
+    size_t ret_cap;           /* its bytes (grown to the largest answer) */
     uint32_t *argmax;         /* where a RET_ARGMAX row's token goes */
     MPI_Request req[2 * DIST_MAX_RANKS + 2];
     int nreq;
@@ -219,6 +220,7 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     }
     sl->nret = dist_ret_floats(sl->rows, n, b->n_vocab);
     sl->argmax = argmax;
+    if (dist_grow((void **)&sl->ret, &sl->ret_cap, sl->nret * sizeof(float), err) != 0) return -1;
     /* the first stage: on failure nothing was sent, the pipeline is intact */
     if (ds4_backend_stage_step(b->local, local, n, NULL, b->resid_f32, NULL, err) != 0) return -1;
     for (uint32_t i = 0; i < n; i++)
@@ -441,10 +443,9 @@ static int alloc_slots(dist_backend *b, ds4_err *err) {
         dist_slot *sl = &b->slots[i];
         sl->rows = calloc(C, sizeof(dist_row));
         sl->resid = malloc(C * b->hcD * sizeof(float));
-        sl->ret = malloc(C * b->n_vocab * sizeof(float)); /* every row's logits, at most */
         sl->dst = calloc(C, sizeof(float *));
         sl->seq_of = calloc(C, sizeof(dist_seq *));
-        if (!sl->rows || !sl->resid || !sl->ret || !sl->dst || !sl->seq_of)
+        if (!sl->rows || !sl->resid || !sl->dst || !sl->seq_of)
             return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers (%zu-token chunks)", C);
     }
     b->resid_f32 = malloc(C * b->hcD * sizeof(float));

@@ -110,6 +110,15 @@ const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n) {
     return buf;
 }
 
+int dist_grow(void **p, size_t *cap, size_t need, ds4_err *err) {
+    if (need <= *cap) return 0;
+    void *q = realloc(*p, need);
+    if (!q) return ds4_err_set(err, DS4_ENOMEM, "out of memory for %zu bytes of the pipeline's buffers", need);
+    *p = q;
+    *cap = need;
+    return 0;
+}
+
 /* ------------------------------------------------------------ failure */
 
 static void send_text(ds4_dist *d, int to, int tag, const char *text) {

@@ -110,6 +110,9 @@ struct ds4_dist {
     const char *prog;        /* names the program in a worker's last words */
 };
 
+/* *p holds at least `need` bytes (grown as needed; *cap its size). */
+int dist_grow(void **p, size_t *cap, size_t need, ds4_err *err);
+
 /* A peer's name in messages: "rank 2 (pid 123 on host)". */
 const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n);
 
