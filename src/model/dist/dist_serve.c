@@ -256,7 +256,7 @@ static int serve(server *s, ds4_err *err) {
         default: rc = ds4_err_set(&e, DS4_EINVAL, "unknown command %u from rank 0", c.op);
         }
         if (rc != 0) {
-            if (!ds4_dist_failed(s->d, NULL)) dist_fail(s->d, "rank %d: %s", s->d->rank, ds4_err_msg(&e));
+            if (!ds4_dist_failed(s->d, NULL)) dist_fail(s->d, "%s", ds4_err_msg(&e)); /* rank 0 names this rank */
             return dist_failure(s->d, err);
         }
     }
