@@ -17,6 +17,9 @@
 #   make test-server-parallel  ds4-server with 32 sessions and 32 clients of
 #                   the official SDKs at once, then 1,000 requests with its
 #                   memory watched (needs PyPI for the SDKs; a few minutes)
+#   make test-dist-link  the pipeline across two network namespaces joined by
+#                   a veth pair (tc netem delays, a 1 Gb/s rate): tokens/s
+#                   against the cost model (needs root; tests/link/run.sh)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
@@ -82,7 +85,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel perf-tools demo deps venv reference clean imatrix-dataset
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel test-dist-link perf-tools demo deps venv reference clean imatrix-dataset
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -219,6 +222,9 @@ test-cuda-emu: $(EMU_TEST_BINS)
 
 test-server-parallel: all $(BUILD)/tokenizer.gguf
 	@tests/server/run.sh test_sdk_parallel.py
+
+test-dist-link: deps all
+	@scripts/run-tests.sh tests/link/run.sh
 
 deps:
 	@scripts/deps.sh
