@@ -67,6 +67,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
 
         {DS4_OPT_SECTION("HTTP:")},
         {DS4_OPT_STR("--host", "HOST", &o->host, "127.0.0.1", "bind address")},
@@ -200,7 +201,8 @@ int main(int argc, char **argv) {
     }
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
-                          .no_sim = s.o.no_sim, .need_vocab = true};
+                          .no_sim = s.o.no_sim, .need_vocab = true, .gpu_mem = s.o.gpu_mem,
+                          .expert_profile = s.o.expert_profile};
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);

@@ -51,6 +51,8 @@ typedef struct srv_opts {
     int n_threads;
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
+    uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
     const char *chdir_to;
     uint32_t ctx;
     uint32_t default_max_tokens;

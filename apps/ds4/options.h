@@ -50,6 +50,8 @@ typedef struct cli_opts {
     bool warm_weights;         /* read the whole model file before the first token */
     bool no_sim;               /* low-precision simulations off */
     ds4_cli_mtp mtp;           /* MTP speculative decoding */
+    uint64_t gpu_mem;          /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;

@@ -78,6 +78,8 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
         .n_threads = o->threads,
         .no_sim = o->no_sim,
         .mtp_path = o->mtp.path,
+        .gpu_mem = o->gpu_mem,
+        .expert_profile = o->expert_profile,
         .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
     };
     return ds4_engine_open(&eo, err); /* its messages start with the path */

@@ -13,6 +13,8 @@
  *   --temp, --top-p, --top-k, --min-p, --seed     sampling (engine/sampler.h)
  *   --think, --think-max, --nothink               thinking mode
  *   --mtp FILE, --mtp-draft N, --mtp-margin F     MTP speculative decoding
+ *   --gpu-mem SIZE, --expert-profile FILE         routed experts beyond the GPU
+ *                                                 in host RAM (CUDA builds)
  *
  * Exit status, every program: 0 done, 1 an error (the message says what),
  * 2 a usage error or another model process holding the instance lock, 130
@@ -93,6 +95,24 @@ typedef struct ds4_cli_mtp {
                  "most draft tokens a step verifies")},                                                         \
     {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
                    "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
+
+/* The GPU's budget and the expert profile (ds4_backend_opts.gpu_mem,
+ * model/placement.h): the routed experts that do not fit stay in host RAM,
+ * computed by the CPU (docs/DESIGN.md 3.5). */
+/* --gpu-mem's action: a size ("24G") into the uint64_t at ctx. */
+int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
+
+/* gpu_mem: a uint64_t (0: the GPU's free memory less a reserve); profile:
+ * a const char * (NULL: whole layers from the first). */
+#define DS4_CLI_OFFLOAD(gpu_mem, profile)                                                                          \
+    {DS4_OPT_CALL("--gpu-mem", "SIZE", ds4_cli_parse_gpu_mem, (gpu_mem),                                        \
+                  "GPU memory the model may use (24G, 81000M, bytes): the routed experts that do not fit stay in "  \
+                  "host RAM, computed by the CPU (CUDA)"),                                                          \
+     .def_text = "the GPU's free memory less 1 GiB"},                                                               \
+    {DS4_OPT_STR("--expert-profile", "FILE", (profile), NULL,                                                    \
+                 "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
+                 "or an imatrix; without it, whole layers from the first"),                                          \
+     .flags = DS4_OPT_IN}
 
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \

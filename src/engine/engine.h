@@ -27,6 +27,8 @@ typedef struct ds4_engine_opts {
     bool no_sim;             /* low-precision simulations off (testing) */
     bool need_vocab;         /* fail when the GGUF has no tokenizer */
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
+    uint64_t gpu_mem;        /* ds4_backend_opts.gpu_mem */
+    const char *expert_profile; /* a profile file (model/placement.h), or NULL */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
@@ -35,6 +37,7 @@ typedef struct ds4_engine {
     ds4_weights *w;
     ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
     ds4_mtp_weights *mtp;    /* the MTP block, or NULL */
+    struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
     int32_t eos, bos;        /* -1 without a vocabulary */
     ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */
     struct ds4_batcher *batch; /* NULL: sessions call the backend themselves, one thread at a time */

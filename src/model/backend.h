@@ -66,6 +66,17 @@ typedef struct ds4_backend_opts {
                               * graph (0: 8192; docs/DESIGN.md 4.2); tests
                               * set small ones so that short sequences cross
                               * graphs.  Ignored by the CPU backend. */
+    /* CUDA: bytes the backend may allocate on the GPU (0: the device's free
+     * memory less a reserve for the runtime).  What does not fit of the
+     * routed experts stays in host RAM, computed there (docs/DESIGN.md
+     * 3.5); expert_profile, when given, decides which experts go on the
+     * GPU first (model/placement.h; NULL: whole layers from the first).
+     * Ignored by the CPU backend. */
+    uint64_t gpu_mem;
+    const struct ds4_expert_profile *expert_profile;
+    /* CUDA: count every pass's routed-expert selections, for an expert
+     * profile (ds4_cuda_expert_counts).  Ignored by the CPU backend. */
+    bool count_experts;
     /* Called for every routed expert the forward pass runs: the m tokens of
      * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
      * normalised) and the down projection's input rows (mid: m x n_ff_exp,
