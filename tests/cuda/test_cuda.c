@@ -50,13 +50,14 @@
  *       (ds4_backend_opts.gpu_mem, docs/DESIGN.md 3.5) against the
  *       all-resident CUDA run: none on the GPU, whole layers (half the
  *       experts' bytes), random thirds by a random expert profile, in one
- *       chunk and in chunks of 5.  Each: the device bytes allocated are
+ *       chunk and in chunks of 5; prefill's host experts streamed to the
+ *       GPU, computed by the CPU, and as the measured costs choose.  Each: the device bytes allocated are
  *       those the placement printed and within the budget; prefill logits
  *       (every position), decode steps fed the reference's greedy tokens
  *       and a prefill after them within max |d| <= tol * max |logit| (1e-3)
  *       with the same argmax; the device greedy loop gives the reference's
  *       tokens.  A budget one byte below the least is refused, naming it.
- *       --quick: none on the GPU and the chunks of 5 only.
+ *       --quick: none on the GPU (streamed) and the chunks of 5 (CPU) only.
  *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
  *       rewindable steps of 2, 5 and 17 rows before and at the window
@@ -778,9 +779,9 @@ static int cmd_steer(int argc, char **argv) {
 
 /* A backend with routed experts split by a GPU budget and a profile. */
 static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
-                               const ds4_expert_profile *prof, ds4_err *err) {
+                               const ds4_expert_profile *prof, int how, ds4_err *err) {
     ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64,
-                          .gpu_mem = gpu_mem, .expert_profile = prof};
+                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how};
     return ds4_backend_create("cuda", w, &o, err);
 }
 
@@ -837,7 +838,7 @@ static int cmd_split(int argc, char **argv) {
     uint64_t fixed5 = ri5.dev_fixed;
 
     /* a budget below the least is refused, naming the least */
-    ds4_backend *bad = make_split(w, ctx, 0, no_sim, fixed - 1, NULL, &err);
+    ds4_backend *bad = make_split(w, ctx, 0, no_sim, fixed - 1, NULL, DS4_HOST_AUTO, &err);
     char want[64];
     snprintf(want, sizeof(want), "(%llu bytes", (unsigned long long)fixed);
     CHECK(!bad && strstr(ds4_err_msg(&err), want) && strstr(ds4_err_msg(&err), "at least"),
@@ -856,16 +857,18 @@ static int cmd_split(int argc, char **argv) {
         uint64_t budget;
         const ds4_expert_profile *prof;
         uint32_t chunk;
+        int how;
     } splits[] = {
-        {"none on the GPU", fixed, NULL, 0},
-        {"whole layers, half", fixed + routed / 2, NULL, 0},
-        {"random third", fixed + routed / 3, prof, 0},
-        {"random two thirds, chunks of 5", fixed5 + 2 * routed / 3, prof, 5},
+        {"none on the GPU, prefill streamed", fixed, NULL, 0, DS4_HOST_STREAM},
+        {"whole layers, half, prefill on the CPU", fixed + routed / 2, NULL, 0, DS4_HOST_CPU},
+        {"random third, prefill by cost", fixed + routed / 3, prof, 0, DS4_HOST_AUTO},
+        {"random two thirds, chunks of 5 on the CPU", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU},
     };
     for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
         if (quick && k != 0 && k != 3) continue;
         printf("-- %s\n", splits[k].name);
-        ds4_backend *b = make_split(w, ctx, splits[k].chunk, no_sim, splits[k].budget, splits[k].prof, &err);
+        ds4_backend *b = make_split(w, ctx, splits[k].chunk, no_sim, splits[k].budget, splits[k].prof, splits[k].how,
+                                    &err);
         if (!b) die(splits[k].name, &err);
         ds4_offload_info bi;
         CHECK(ds4_cuda_offload_info(b, &bi) == 0 && bi.on, "%s: some experts on the host", splits[k].name);

@@ -581,7 +581,7 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     size_t bufs = (m.off + 255) / 256 * 256, routed = 0, all = cu_weights_bytes(&b->W, c, &routed);
     uint64_t budget;
     if (gpu_budget(b, &budget, err)) return -1;
-    b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(c);
+    b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
     if ((uint64_t)all + state + bufs > budget &&
         cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err))
         return -1;

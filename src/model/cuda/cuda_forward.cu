@@ -240,7 +240,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
-    bool host = cu_offload_host(b->off, il), gpu = cu_offload_gpu(b->off, il);
+    bool host = cu_offload_host(b->off, il), gpu = cu_offload_gpu(b->off, il), stream = false;
     const int *esel = host ? b->msel : b->sel;
     if (decode) {
         hc_site here = ffn_site(b, il, true);
@@ -271,7 +271,10 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
             cu_route(b, il, tok, T, err))
             return -1;
-        if (host && cu_offload_branch(b, il, T, err)) return -1;
+        /* the host experts by the CPU, or streamed when the chunk uses them
+         * enough (cuda_offload.h) */
+        if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
+        if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
         cu_group g;
         if (gpu && (cu_group_tokens(b, esel, T, &g, err) ||
                     cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
@@ -281,9 +284,11 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         g.act_div = 1;
         if (gpu && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
         if (mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err)) return -1;
+        if (stream && cu_offload_stream(b, il, T, err)) return -1;
     }
-    if (host && cu_offload_join(b, err)) return -1;
-    hc_post_src src = {NULL, b->eout, b->sout, k, host ? b->msel : NULL, host ? b->off->h_out : NULL};
+    bool cpu = host && !stream;
+    if (cpu && cu_offload_join(b, err)) return -1;
+    hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
     if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
     hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1, decode) : head_site(b);
     return cu_hc_step(b, &src, &next, T, err);

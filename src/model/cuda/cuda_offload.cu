@@ -20,6 +20,7 @@
 #include "model/cuda/cuda_internal.h"
 
 extern "C" {
+#include "base/clock.h"
 #include "base/fp.h"
 #include "format/quants.h"
 }
@@ -27,9 +28,11 @@ extern "C" {
 #define HOST_TILE 32   /* weight rows a CPU task takes */
 #define DEV_RESERVE ((uint64_t)1 << 30) /* the default budget leaves this much of the free memory to the runtime */
 
-size_t cu_offload_dev_bytes(const ds4_config *c) { return ((size_t)c->n_layer * c->n_expert * sizeof(int32_t) + 255) / 256 * 256; }
+#define STAGE_CAP ((size_t)256 << 20) /* bytes of a stage's experts at most */
+#define STAGE_MAX 64                   /* experts of a stage at most */
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
+static size_t r256(size_t x) { return (x + 255) / 256 * 256; }
 
 /* The three routed tensors of a layer. */
 static const ds4_wt *routed_wt(const ds4_weights *w, uint32_t il, int t) {
@@ -39,6 +42,41 @@ static const ds4_wt *routed_wt(const ds4_weights *w, uint32_t il, int t) {
 static const dwt *routed_dwt(const dweights *W, uint32_t il, int t) {
     const dlayer *L = &W->layers[il];
     return t == 0 ? &L->gate_exps : t == 1 ? &L->up_exps : &L->down_exps;
+}
+
+/* A stage: S experts' gate, up and down matrices, each part sized for the
+ * largest layer's; S a quarter of a layer's experts (so that a chunk
+ * that uses them all streams in several batches, each copied while the
+ * one before is multiplied), at most STAGE_CAP bytes. */
+static uint32_t stage_geometry(const cuda_backend *b, size_t part[3]) {
+    const ds4_config *c = b->cfg;
+    size_t expert = 0;
+    part[0] = part[1] = part[2] = 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        size_t e = 0;
+        for (int t = 0; t < 3; t++) {
+            const dwt *d = routed_dwt(&b->W, l, t);
+            size_t m = d->row_bytes * d->rows;
+            if (m > part[t]) part[t] = m;
+            e += m;
+        }
+        if (e > expert) expert = e;
+    }
+    uint32_t S = (c->n_expert + 3) / 4;
+    if (S > STAGE_MAX) S = STAGE_MAX;
+    size_t cap = expert ? STAGE_CAP / expert : S;
+    if (cap < 1) cap = 1;
+    if (S > cap) S = (uint32_t)cap;
+    for (int t = 0; t < 3; t++) part[t] = r256(part[t] * S);
+    return S;
+}
+
+size_t cu_offload_dev_bytes(const cuda_backend *b) {
+    const ds4_config *c = b->cfg;
+    size_t part[3];
+    stage_geometry(b, part);
+    return r256((size_t)c->n_layer * c->n_expert * sizeof(int32_t)) + r256(2 * (part[0] + part[1] + part[2])) +
+           r256(2 * (size_t)b->chunk * c->n_expert_used * sizeof(int));
 }
 
 /* Bytes of RAM the machine has (all of it: file pages), or that are
@@ -250,6 +288,8 @@ static int synth_host(cu_offload *o, const ds4_weights *w, ds4_err *err) {
 
 /* --------------------------------------------------------------- create */
 
+static int calibrate(cu_offload *o, ds4_err *err);
+
 int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t L = c->n_layer, E = c->n_expert, k = c->n_expert_used, D = c->n_embd, F = c->n_ff_exp;
@@ -261,16 +301,18 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
     o->hwt = (const ds4_wt **)calloc((size_t)L * 3, sizeof(ds4_wt *));
     o->clamp = (float *)calloc(L, sizeof(float));
     o->jobs = (cu_host_job *)calloc(L, sizeof(cu_host_job));
+    o->gjobs = (cu_host_job *)calloc(L, sizeof(cu_host_job));
     o->ent = (uint32_t *)malloc(NE * sizeof(uint32_t));
     o->ent_off = (uint32_t *)malloc((E + 1) * sizeof(uint32_t));
     o->used = (uint32_t *)malloc(E * sizeof(uint32_t));
-    if (!o->hmat || !o->hwt || !o->clamp || !o->jobs || !o->ent || !o->ent_off || !o->used)
+    if (!o->hmat || !o->hwt || !o->clamp || !o->jobs || !o->gjobs || !o->ent || !o->ent_off || !o->used)
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     size_t xg = 0, xu = 0, mr = 0;
     for (uint32_t l = 0; l < L; l++) {
         o->clamp[l] = c->swiglu_clamp[l];
-        o->jobs[l].o = o;
-        o->jobs[l].il = l;
+        o->jobs[l].o = o->gjobs[l].o = o;
+        o->jobs[l].il = o->gjobs[l].il = l;
+        o->gjobs[l].T = 1;
         for (int t = 0; t < 3; t++) {
             const ds4_wt *h = routed_wt(w, l, t);
             o->hwt[(size_t)l * 3 + t] = h;
@@ -303,16 +345,44 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
     CU_TRY(cudaStreamCreateWithFlags(&o->hs, cudaStreamNonBlocking));
     CU_TRY(cudaEventCreateWithFlags(&o->ev_route, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&o->ev_host, cudaEventDisableTiming));
-    size_t sb = cu_offload_dev_bytes(c);
+    size_t sb = r256((size_t)L * E * sizeof(int32_t));
     if (cu_dev_alloc((void **)&o->d_slot, sb, "expert slots", err)) return -1;
     b->dev_bytes += sb;
     CU_TRY(cudaMemcpy(o->d_slot, o->slot, (size_t)L * E * sizeof(int32_t), cudaMemcpyHostToDevice));
-    return 0;
+    /* the prefill stages */
+    o->S = stage_geometry(b, o->stage_part);
+    o->stage_bytes = o->stage_part[0] + o->stage_part[1] + o->stage_part[2];
+    if (cu_dev_alloc((void **)&o->stage_d, 2 * o->stage_bytes, "expert stages", err)) return -1;
+    b->dev_bytes += r256(2 * o->stage_bytes);
+    if (cu_dev_alloc((void **)&o->ssel_d, 2 * NE * sizeof(int), "expert stage selections", err)) return -1;
+    b->dev_bytes += r256(2 * NE * sizeof(int));
+    o->batch_slot = (int32_t *)malloc(E * sizeof(int32_t));
+    if (!o->batch_slot) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t e = 0; e < E; e++) o->batch_slot[e] = -1;
+    CU_TRY(cudaStreamCreateWithFlags(&o->cs, cudaStreamNonBlocking));
+    for (int h = 0; h < 2; h++) {
+        CU_TRY(cudaMallocHost(&o->stage_h[h], o->stage_bytes));
+        CU_TRY(cudaMallocHost(&o->ssel_h[h], NE * sizeof(int)));
+        CU_TRY(cudaEventCreateWithFlags(&o->ev_copied[h], cudaEventDisableTiming));
+        CU_TRY(cudaEventCreateWithFlags(&o->ev_free[h], cudaEventDisableTiming));
+    }
+    return calibrate(o, err);
 }
 
 void cu_offload_free(cu_offload *o) {
     if (!o) return;
     if (o->hs) cudaStreamSynchronize(o->hs);
+    if (o->cs) cudaStreamSynchronize(o->cs);
+    for (int h = 0; h < 2; h++) {
+        if (o->stage_h[h]) cudaFreeHost(o->stage_h[h]);
+        if (o->ssel_h[h]) cudaFreeHost(o->ssel_h[h]);
+        if (o->ev_copied[h]) cudaEventDestroy(o->ev_copied[h]);
+        if (o->ev_free[h]) cudaEventDestroy(o->ev_free[h]);
+    }
+    if (o->cs) cudaStreamDestroy(o->cs);
+    if (o->stage_d) cudaFree(o->stage_d);
+    if (o->ssel_d) cudaFree(o->ssel_d);
+    free(o->batch_slot);
     if (o->ev_route) cudaEventDestroy(o->ev_route);
     if (o->ev_host) cudaEventDestroy(o->ev_host);
     if (o->hs) cudaStreamDestroy(o->hs);
@@ -329,6 +399,7 @@ void cu_offload_free(cu_offload *o) {
     free(o->synth);
     free(o->clamp);
     free(o->jobs);
+    free(o->gjobs);
     free(o->ent);
     free(o->ent_off);
     free(o->used);
@@ -452,6 +523,7 @@ static void host_experts(cu_offload *o, uint32_t il, uint32_t T) {
     }
     uint32_t n = off[E];
     if (n == 0) return;
+    double t0 = ds4_now();
     for (uint32_t i = 0; i < T * k; i++) { /* entries in (token, slot) order within each expert */
         int e = o->h_sel[i];
         if (slot[e] < 0) o->ent[off[e]++] = i;
@@ -464,6 +536,9 @@ static void host_experts(cu_offload *o, uint32_t il, uint32_t T) {
     ds4_pool_run(n > 1 ? o->pool : NULL, n, 1, swiglu_entries, &hp);
     ds4_pool_run(o->pool, (int64_t)hp.n_used * dtiles, 1, down_rows, &hp);
     if (n > hp.n_used) ds4_pool_run(o->pool, hp.n_used, 1, scatter_outputs, &hp);
+    /* the measured cost of a (token, expert), for cu_offload_pick_stream */
+    double per = (ds4_now() - t0) / n;
+    o->sec_per_entry = o->sec_per_entry > 0 ? 0.75 * o->sec_per_entry + 0.25 * per : per;
 }
 
 static void CUDART_CB host_job(void *arg) {
@@ -489,21 +564,190 @@ static __global__ void handoff_kernel(const float *x, size_t xs, const int *sel,
 int cu_offload_branch(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     cu_offload *o = b->off;
     const ds4_config *c = b->cfg;
-    /* an eager pass may enqueue the next chunk's layers before this one's
-     * host work ran: the job (its T) is reused only once the last is done */
-    if (!b->capturing) CU_TRY(cudaStreamSynchronize(o->hs));
-    o->jobs[il].T = T;
+    /* a captured step's host function runs at every replay, with T = 1; an
+     * eager pass may enqueue the next chunk's layers before this one's host
+     * work ran: the job (its T) is reused only once the last is done */
+    cu_host_job *job = &o->gjobs[il];
+    if (!b->capturing) {
+        CU_TRY(cudaStreamSynchronize(o->hs));
+        job = &o->jobs[il];
+        job->T = T;
+    } else if (T != 1) {
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a captured pass of %u tokens with host experts", T);
+    }
     CU_TRY(cudaEventRecord(o->ev_route, b->st));
     CU_TRY(cudaStreamWaitEvent(o->hs, o->ev_route, 0));
     DS4_LAUNCH(handoff_kernel, T, 256, 0, o->hs, (const float *)b->xn.f, b->xn.fs, (const int *)b->sel,
                (const float *)b->selw, T, c->n_embd, c->n_expert_used, o->h_x, o->h_sel, o->h_selw);
     CU_LAUNCHED();
-    CU_TRY(cudaLaunchHostFunc(o->hs, host_job, &o->jobs[il]));
+    CU_TRY(cudaLaunchHostFunc(o->hs, host_job, job));
     CU_TRY(cudaEventRecord(o->ev_host, o->hs));
     return 0;
 }
 
 int cu_offload_join(cuda_backend *b, ds4_err *err) {
     CU_TRY(cudaStreamWaitEvent(b->st, b->off->ev_host, 0));
+    return 0;
+}
+
+/* ---------------------------------------------------- prefill streaming */
+
+/* The measurements the choice between the CPU and streaming starts from:
+ * a stage copied in, and one token through the host experts of the first
+ * layer that has them. */
+static int calibrate(cu_offload *o, ds4_err *err) {
+    const ds4_config *c = o->cfg;
+    uint32_t E = c->n_expert, k = c->n_expert_used;
+    memset(o->stage_h[0], 0, o->stage_bytes);
+    double t0 = ds4_now();
+    CU_TRY(cudaMemcpy(o->stage_d, o->stage_h[0], o->stage_bytes, cudaMemcpyHostToDevice));
+    double dt = ds4_now() - t0;
+    o->pcie_bw = (double)o->stage_bytes / (dt > 1e-9 ? dt : 1e-9);
+    uint32_t l = 0;
+    while (o->place.n_gpu[l] == E) l++; /* the offload has host experts */
+    memset(o->h_x, 0, (size_t)c->n_embd * sizeof(float));
+    uint32_t i = 0;
+    for (uint32_t e = 0; e < E && i < k; e++)
+        if (o->slot[(size_t)l * E + e] < 0) o->h_sel[i++] = (int)e;
+    for (uint32_t e = 0; e < E && i < k; e++)
+        if (o->slot[(size_t)l * E + e] >= 0) o->h_sel[i++] = (int)e; /* a layer with fewer than k on the host */
+    for (i = 0; i < k; i++) o->h_selw[i] = 1.0f;
+    o->sec_per_entry = 0;
+    host_experts(o, l, 1);
+    size_t expert = 0;
+    for (int t = 0; t < 3; t++) {
+        const ds4_wt *h = o->hwt[(size_t)l * 3 + t];
+        expert += h->row_bytes * h->ne[1];
+    }
+    fprintf(stderr,
+            "ds4: host experts: %d CPU threads, %.0f us a (token, expert); PCIe %.1f GB/s, %.0f us an expert: a "
+            "prefill chunk streams a layer's host experts to the GPU when they serve about %.1f tokens each\n",
+            ds4_pool_size(o->pool), o->sec_per_entry * 1e6, o->pcie_bw / 1e9, (double)expert / o->pcie_bw * 1e6,
+            (double)expert / o->pcie_bw / (o->sec_per_entry > 0 ? o->sec_per_entry : 1e-9));
+    return 0;
+}
+
+int cu_offload_pick_stream(cuda_backend *b, uint32_t il, uint32_t T, bool *stream, ds4_err *err) {
+    cu_offload *o = b->off;
+    const ds4_config *c = b->cfg;
+    uint32_t E = c->n_expert, k = c->n_expert_used, n = T * k;
+    CU_TRY(cudaMemcpyAsync(o->h_sel, b->sel, n * sizeof(int), cudaMemcpyDeviceToHost, b->st));
+    CU_TRY(cudaStreamSynchronize(b->st));
+    const int32_t *slot = o->slot + (size_t)il * E;
+    uint32_t *seen = o->ent_off; /* scratch: E + 1 */
+    memset(seen, 0, (E + 1) * sizeof(uint32_t));
+    uint32_t entries = 0, used = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        int e = o->h_sel[i];
+        if (slot[e] >= 0) continue;
+        entries++;
+        if (!seen[e]++) used++;
+    }
+    size_t expert = 0;
+    for (int t = 0; t < 3; t++) expert += routed_dwt(&b->W, il, t)->row_bytes * routed_dwt(&b->W, il, t)->rows;
+    double stream_s = (double)used * (double)expert / o->pcie_bw, cpu_s = entries * o->sec_per_entry;
+    int how = b->base.opts.host_experts;
+    *stream = used > 0 && (how == DS4_HOST_STREAM || (how == DS4_HOST_AUTO && stream_s < cpu_s));
+    return 0;
+}
+
+typedef struct repack_task {
+    const cu_offload *o;
+    const ds4_wt *hw[3];
+    const dwt *dw[3];
+    const uint8_t *src[3][STAGE_MAX];
+    uint8_t *dst;
+    uint32_t nb;
+} repack_task;
+
+/* Task j: expert j / 3, matrix j % 3, into the stage in the device's
+ * row layout. */
+static void repack_matrices(void *ctx, int64_t a, int64_t z, int thread) {
+    const repack_task *r = (const repack_task *)ctx;
+    const cu_offload *o = r->o;
+    for (int64_t j = a; j < z; j++) {
+        uint32_t x = (uint32_t)(j / 3), t = (uint32_t)(j % 3);
+        const dwt *d = r->dw[t];
+        const ds4_wt *h = r->hw[t];
+        size_t mat = d->row_bytes * d->rows, off = 0;
+        for (uint32_t u = 0; u < t; u++) off += o->stage_part[u];
+        uint8_t *dst = r->dst + off + (size_t)x * mat;
+        for (uint32_t row = 0; row < d->rows; row++)
+            cu_repack_row(d->type, d->n, r->src[t][x] + (size_t)row * h->row_bytes, dst + (size_t)row * d->row_bytes,
+                          d->row_bytes);
+    }
+}
+
+/* A stage's matrices as device tensors of S experts. */
+static dwt stage_view(const cu_offload *o, const dwt *d, int t, int h) {
+    dwt v = *d;
+    size_t off = 0;
+    for (int u = 0; u < t; u++) off += o->stage_part[u];
+    v.p = o->stage_d + (size_t)h * o->stage_bytes + off;
+    v.mats = o->S;
+    return v;
+}
+
+int cu_offload_stream(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+    cu_offload *o = b->off;
+    const ds4_config *c = b->cfg;
+    uint32_t E = c->n_expert, k = c->n_expert_used, n = T * k, F = c->n_ff_exp, D = c->n_embd;
+    const int32_t *slot = o->slot + (size_t)il * E;
+    repack_task r;
+    r.o = o;
+    for (int t = 0; t < 3; t++) {
+        r.hw[t] = o->hwt[(size_t)il * 3 + t];
+        r.dw[t] = routed_dwt(&b->W, il, t);
+    }
+    /* the used host experts in expert order (h_sel holds the selections:
+     * cu_offload_pick_stream) */
+    uint32_t *list = o->used, n_used = 0;
+    uint32_t *seen = o->ent_off;
+    memset(seen, 0, (E + 1) * sizeof(uint32_t));
+    for (uint32_t i = 0; i < n; i++)
+        if (slot[o->h_sel[i]] < 0) seen[o->h_sel[i]] = 1;
+    for (uint32_t e = 0; e < E; e++)
+        if (seen[e]) list[n_used++] = e;
+    uint32_t S = o->S;
+    for (uint32_t b0 = 0, bi = 0; b0 < n_used; b0 += S, bi++) {
+        int h = (int)(bi & 1);
+        uint32_t nb = n_used - b0 < S ? n_used - b0 : S;
+        /* the pinned stage is free once its last copy is done */
+        CU_TRY(cudaEventSynchronize(o->ev_copied[h]));
+        for (uint32_t x = 0; x < nb; x++) {
+            uint32_t e = list[b0 + x];
+            o->batch_slot[e] = (int32_t)x;
+            for (int t = 0; t < 3; t++) r.src[t][x] = o->hmat[((size_t)il * 3 + t) * E + e];
+        }
+        r.dst = o->stage_h[h];
+        r.nb = nb;
+        ds4_pool_run(o->pool, (int64_t)nb * 3, 1, repack_matrices, &r);
+        int *ss = o->ssel_h[h];
+        for (uint32_t i = 0; i < n; i++) ss[i] = o->batch_slot[o->h_sel[i]];
+        for (uint32_t x = 0; x < nb; x++) o->batch_slot[list[b0 + x]] = -1;
+        /* copy in once the GPU is done with the device stage's last batch */
+        int *sd = o->ssel_d + (size_t)h * o->chunk * k;
+        CU_TRY(cudaStreamWaitEvent(o->cs, o->ev_free[h], 0));
+        for (int t = 0; t < 3; t++) {
+            dwt v = stage_view(o, r.dw[t], t, h);
+            size_t off = 0;
+            for (int u = 0; u < t; u++) off += o->stage_part[u];
+            CU_TRY(cudaMemcpyAsync((void *)v.p, o->stage_h[h] + off, (size_t)nb * v.row_bytes * v.rows,
+                                   cudaMemcpyHostToDevice, o->cs));
+        }
+        CU_TRY(cudaMemcpyAsync(sd, ss, n * sizeof(int), cudaMemcpyHostToDevice, o->cs));
+        CU_TRY(cudaEventRecord(o->ev_copied[h], o->cs));
+        /* the GPU's products of the batch, as of its own experts */
+        CU_TRY(cudaStreamWaitEvent(b->st, o->ev_copied[h], 0));
+        dwt vg = stage_view(o, r.dw[0], 0, h), vu = stage_view(o, r.dw[1], 1, h), vd = stage_view(o, r.dw[2], 2, h);
+        cu_group g;
+        if (cu_group_tokens(b, sd, T, &g, err) || cu_gemm(&vg, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
+            cu_gemm(&vu, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err) ||
+            cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err) || cu_group_tokens(b, sd, T, &g, err))
+            return -1;
+        g.act_div = 1;
+        if (cu_gemm(&vd, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
+        CU_TRY(cudaEventRecord(o->ev_free[h], b->st));
+    }
     return 0;
 }

@@ -23,6 +23,15 @@
  *
  * One hand-off a layer, no device synchronisation: the decode graph
  * captures the host branch (kernel, host function) with the rest.
+ *
+ * A prefill chunk whose host experts serve many tokens each streams them
+ * instead (cu_offload_stream): their weights go over PCIe, repacked by
+ * the CPU into pinned stages and copied into device stages, two of each in
+ * turn (the next batch is repacked and copied while the GPU multiplies
+ * the last), and the GPU computes them as it does its own.  Which of the
+ * two a chunk takes is decided by the measured costs: the PCIe bandwidth
+ * (measured at creation) against the CPU's time per (token, expert)
+ * (measured at creation and on every host job since).
  */
 #ifndef DS4_MODEL_CUDA_CUDA_OFFLOAD_H
 #define DS4_MODEL_CUDA_CUDA_OFFLOAD_H
@@ -70,7 +79,20 @@ typedef struct cu_offload {
     float *eg, *eu, *dout;    /* gate, up (entries x F), down outputs (entries x D) */
     cudaStream_t hs;
     cudaEvent_t ev_route, ev_host;
-    cu_host_job *jobs;        /* per layer */
+    cu_host_job *jobs;        /* per layer: eager passes' (T set as each is enqueued) */
+    cu_host_job *gjobs;       /* per layer: the decode graphs' (T = 1 always) */
+    /* prefill streaming: S experts a stage; a stage holds the gate, up and
+     * down matrices of S experts, each part sized for the largest layer */
+    uint32_t S;
+    size_t stage_part[3], stage_bytes;
+    uint8_t *stage_h[2];      /* pinned */
+    uint8_t *stage_d;         /* device: two stages */
+    int *ssel_h[2], *ssel_d;  /* an entry's slot in a stage (-1: not in it); device: two of chunk x k */
+    int32_t *batch_slot;      /* per expert: its slot in the stage being filled, or -1 */
+    cudaStream_t cs;          /* the copies */
+    cudaEvent_t ev_copied[2], ev_free[2];
+    double pcie_bw;           /* bytes/s, pinned host to device */
+    double sec_per_entry;     /* the CPU's seconds per (token, expert) */
 } cu_offload;
 
 /* Placement for backend b (its weights' shapes known, fixed: the bytes it
@@ -89,8 +111,17 @@ static inline bool cu_offload_host(const cu_offload *o, uint32_t il) {
     return o && o->place.n_gpu[il] < o->place.n_expert;
 }
 static inline bool cu_offload_gpu(const cu_offload *o, uint32_t il) { return !o || o->place.n_gpu[il] > 0; }
-/* Device bytes the offload allocates (the slot table). */
-size_t cu_offload_dev_bytes(const ds4_config *c);
+/* Device bytes the offload allocates: the slot table, the two stages and
+ * their selections (b's weights shaped with every expert). */
+size_t cu_offload_dev_bytes(const struct cuda_backend *b);
+
+/* Whether layer il's host experts of a prefill pass of T tokens (after the
+ * routing) are cheaper streamed than computed by the CPU: waits for the
+ * routing, reads the selections. */
+int cu_offload_pick_stream(struct cuda_backend *b, uint32_t il, uint32_t T, bool *stream, ds4_err *err);
+/* Layer il's host experts of the pass, streamed and computed on the GPU
+ * into the routed outputs (after the resident experts' products). */
+int cu_offload_stream(struct cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 
 /* The host branch of layer il's FFN for a pass of T tokens: forked from
  * st after the routing, ends with ev_host recorded (cu_offload_join). */
