@@ -33,6 +33,11 @@
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
+#   split     routed experts split between the GPU and host RAM (none on
+#             the GPU, whole layers, random subsets by a profile, chunked
+#             prefill) against the all-resident run, 1e-3, identical greedy
+#             tokens, exact device memory accounting (test_cuda.c, cmd_split;
+#             smoke: two splits, a short prompt)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
@@ -142,6 +147,12 @@ in_set gpu && join
 step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
+if in_set smoke; then
+    step "split tiny f16 (quick)" "$TEST" split "$M-f16.gguf" --no-sim --quick --prompt 16 --steps 4
+else
+    step "split tiny f16" "$TEST" split "$M-f16.gguf" --no-sim
+fi
+in_set gpu && step "split mid f16" "$TEST" split "$T/mid-f16.gguf" --no-sim --prompt 300 --steps 32 --seed 12
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
 # Directional steering against the CPU: two pairs of scales (the decode
 # graphs captured again for the second), the observed activations, and
