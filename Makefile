@@ -65,9 +65,10 @@ EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $
 CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
 # Programs: single-file apps/tools and multi-file ones (a folder of .c
-# files); tools/perf holds measuring instruments (make perf-tools), no program.
+# files); tools/perf holds measuring instruments (make perf-tools) and
+# tools/train the small model's training scripts (Python), no program.
 APP_PROGS  := $(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/)))
-TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/,$(wildcard tools/*/))))
+TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/ tools/train/,$(wildcard tools/*/))))
 PROGS      := $(APP_PROGS) $(TOOL_PROGS)
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
