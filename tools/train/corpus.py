@@ -77,11 +77,13 @@ def topics(root):
 
 def qa_pairs(text):
     """(question, answer) from the functions of a module's source: the first
-    docstring line and the function's dedented code."""
+    docstring line and the function's dedented code (whole lines, from the
+    def line, decorators left out, to the end of the body)."""
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError):
         return []
+    lines = text.splitlines(keepends=True)
     out = []
     for node in ast.walk(tree):
         if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -92,12 +94,11 @@ def qa_pairs(text):
         first = doc.strip().split("\n")[0].strip()
         if not (CHAT_MIN <= len(first) <= CHAT_MAX):
             continue
-        code = ast.get_source_segment(text, node)
-        if not code or len(code) > CHAT_CODE_MAX:
+        if node.end_lineno - node.lineno > 60:
             continue
-        # get_source_segment drops the indentation of the first line only
-        indent = text.splitlines()[node.lineno - 1][: node.col_offset]
-        out.append((first, textwrap.dedent(indent + code)))
+        code = textwrap.dedent("".join(lines[node.lineno - 1:node.end_lineno])).rstrip() + "\n"
+        if len(code) <= CHAT_CODE_MAX:
+            out.append((first, code))
     return out
 
 
