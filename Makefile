@@ -19,6 +19,10 @@
 #   make demo       build, generate a tiny model, run ds4 on it
 #   make deps       install missing Debian packages (scripts/deps.sh)
 #   make venv       Python environment for tests/reference scripts (pinned)
+#   make train-check  the small model's training pipeline on the CPU: a few
+#                   steps of tools/train/train.py, then tools/train/check.sh
+#                   (engine NLL = torch NLL; needs torch, transformers and
+#                   tokenizers: TRAIN_PYTHON, default .venv/bin/python)
 #
 # Layout (dependencies point down): apps/ tools/ -> src/engine -> src/text,
 # src/model -> src/format -> src/base; tools/ -> src/convert (conversion
@@ -75,7 +79,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference train-check clean
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -204,6 +208,15 @@ deps:
 
 venv:
 	@scripts/venv.sh
+
+# The training pipeline end to end on a model of the small one's
+# architecture with every dimension small (docs/TRAINING.md).
+TRAIN_PYTHON ?= .venv/bin/python
+train-check: ds4
+	@rm -rf $(BUILD)/train-check
+	$(TRAIN_PYTHON) tools/train/train.py $(BUILD)/train-check --preset check --steps 4 --seq 160 --batch 2 \
+	    --eval-every 4 --corpus-files 120 --device cpu
+	sh tools/train/check.sh $(BUILD)/train-check
 
 demo: deps all
 	@scripts/demo.sh

@@ -102,14 +102,19 @@ def qa_pairs(text):
     return out
 
 
-def build(seed):
+def build(seed, max_files=0):
     """{"train": [doc], "held_out": [doc], "info": {...}}; a doc is a str
-    (plain text) or a list of ("text", str) / ("special", name) parts."""
+    (plain text) or a list of ("text", str) / ("special", name) parts.
+    max_files > 0 keeps every k-th source file, about max_files of them
+    (the pipeline check's small corpus)."""
     root = stdlib_dir()
     train, held, pairs = [], [], []
     h = hashlib.sha256()
     n_files = 0
-    for rel in source_files(root):
+    files = source_files(root)
+    if max_files and len(files) > max_files:
+        files = files[::len(files) // max_files]
+    for rel in files:
         text = read_text(os.path.join(root, rel))
         if not text or not text.strip():
             continue

@@ -186,6 +186,8 @@ def main():
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--max-minutes", type=float, default=0,
                     help="stop training early after this many minutes (0: never; the run is then not reproducible)")
+    ap.add_argument("--corpus-files", type=int, default=0,
+                    help="use about this many of the stdlib's source files (0: all; the pipeline check)")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--threads", type=int, default=0)
     a = ap.parse_args()
@@ -203,7 +205,7 @@ def main():
         f"{' (' + torch.cuda.get_device_name(device) + ')' if device.type == 'cuda' else ''}, "
         f"preset {a.preset}, seed {a.seed}")
 
-    data = corpus.build(a.seed)
+    data = corpus.build(a.seed, a.corpus_files)
     info = data["info"]
     log(f"corpus: {info['files']} files of {info['stdlib']} + {info['topics']} topics, "
         f"{info['chat_turns']} chat turns; {len(data['train'])} training / {len(data['held_out'])} held-out "
