@@ -84,6 +84,8 @@ class Small(torch.nn.Module):
         self.main.model.layers[0].register_forward_pre_hook(self._grab_kwargs, with_kwargs=True)
         self.main.model.hc_head.register_forward_pre_hook(self._grab_residual)
         self._cap = {}
+        self.indexers = [IndexerDistill(layer.self_attn, self._cap) for layer, r in
+                         zip(self.main.model.layers, c["ratios"]) if r == 4]
         init_mtp(self.mtp)
         with torch.no_grad():   # hash routing: n_used distinct experts per token id
             for layer in self.main.model.layers[: c["n_hash"]]:
@@ -98,11 +100,15 @@ class Small(torch.nn.Module):
         self._cap["h"] = args[0]
 
     def forward(self, ids):
-        """Logits of the main model for ids[:, :-1] and of the MTP block for
-        its pairing (residual at i, token i + 1 -> token i + 2)."""
+        """Logits of the main model for ids[:, :-1], of the MTP block for
+        its pairing (residual at i, token i + 1 -> token i + 2), and the
+        indexers' distillation loss (IndexerDistill)."""
         x = ids[:, :-1]
+        self._cap["idx_losses"] = []
         logits = self.main(input_ids=x, use_cache=False).logits
         h, kw = self._cap.pop("h"), self._cap.pop("kw")
+        idx = self._cap.pop("idx_losses")
+        idx_loss = torch.stack(idx).mean() if idx else logits.new_zeros(())
         m = self.mtp
         nxt = ids[:, 1:]
         e = m.e_proj(m.enorm(self.main.model.embed_tokens(nxt))).unsqueeze(2)
@@ -110,7 +116,60 @@ class Small(torch.nn.Module):
                     position_ids=kw["position_ids"], attention_mask=kw["attention_mask"], input_ids=nxt,
                     past_key_values=None)
         mtp_logits = self.main.lm_head(m.norm(m.hc_head(y)))
-        return logits, mtp_logits
+        return logits, mtp_logits, idx_loss
+
+
+class IndexerDistill:
+    """The lightning indexer's training signal.  Its top-k selection has no
+    gradient, so, as DeepSeek trains it, its scores learn from the main
+    attention: the loss is KL(p || softmax(index scores)) over the visible
+    compressed rows, p the attention's softmax over those rows (queries
+    after RoPE against the compressed KV, averaged over heads, no gradient).
+    The indexer sees its inputs detached, so this loss trains the indexer
+    alone, and the language-model loss never reaches it."""
+
+    def __init__(self, attn, cap):
+        self.attn, self.cap, self.q = attn, cap, None
+        comp = attn.compressor
+        self.ratio = comp.compress_rate
+        attn.q_b_norm.register_forward_hook(self._grab_q)
+        comp.indexer.register_forward_pre_hook(self._detach_inputs)
+        comp.indexer.scorer.register_forward_hook(self._grab_scores)
+        comp.register_forward_hook(self._loss)
+
+    def _grab_q(self, mod, args, out):
+        self.q = out                                  # [B, H, S, D] before RoPE
+
+    @staticmethod
+    def _detach_inputs(mod, args):
+        return tuple(a.detach() if torch.is_tensor(a) and a.is_floating_point() else a for a in args)
+
+    def _grab_scores(self, mod, args, out):
+        self.scores = out                             # [B, S, T]
+
+    def _loss(self, mod, args, out):
+        if "idx_losses" not in self.cap or "kw" not in self.cap:
+            return
+        ckv = out[0].detach()[:, 0].float()            # [B, T, D]
+        t = ckv.shape[1]
+        if t == 0:
+            return
+        cos, sin = self.cap["kw"]["position_embeddings"]["compress"]
+        pos = args[2]                                 # position_ids [1 or B, S]
+        with torch.no_grad():
+            q = hf_v4.apply_rotary_pos_emb(self.q.detach(), cos, sin).float()
+            logits = torch.einsum("bhsd,btd->bhst", q, ckv) * self.attn.scaling
+            future = torch.arange(t, device=ckv.device)[None, :] >= ((pos + 1) // self.ratio)[..., None]  # [.,S,T]
+            logits = logits.masked_fill(future[:, None], float("-inf"))
+            seen = ~future.all(-1)                    # queries with a visible row
+            p = torch.softmax(logits, dim=-1).nan_to_num(0.0).mean(1)       # [B, S, T]
+        # a finite fill: a query with no visible row gets a uniform (unused)
+        # distribution instead of NaN gradients
+        logq = torch.log_softmax(self.scores.float().masked_fill(future, -1e9), dim=-1)
+        kl = (p * (torch.log(p.clamp_min(1e-20)) - logq.masked_fill(future, 0.0))).sum(-1)  # [B, S]
+        seen = seen.expand_as(kl)
+        self.cap["idx_losses"].append(kl[seen].mean())
+        self.q = self.scores = None
 
 
 def init_mtp(m):

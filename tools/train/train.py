@@ -8,7 +8,8 @@ Steps, all from the seed: the corpus (corpus.py: the running Python's
 standard library), a byte-level BPE tokenizer on its training split
 (bpe.py), the model (model.py: transformers' DeepseekV4ForCausalLM plus the
 MTP block) trained with AdamW on random windows of the token stream, the
-main loss plus MTP_WEIGHT times the MTP block's, the learned routers' biases
+main loss plus MTP_WEIGHT times the MTP block's plus the lightning
+indexers' distillation loss (model.IndexerDistill), the learned routers' biases
 balanced without an auxiliary loss (bias += BIAS_RATE * sign(mean load -
 load) after each step); then the held-out evaluation and the export.
 
@@ -127,24 +128,25 @@ class LoadCounter:
 
 
 def losses(model, ids):
-    logits, mtp_logits = model(ids)
+    """(main LM loss, MTP loss, indexer distillation loss)."""
+    logits, mtp_logits, idx = model(ids)
     v = logits.shape[-1]
     main = F.cross_entropy(logits.float().reshape(-1, v), ids[:, 1:].reshape(-1))
     mtp = F.cross_entropy(mtp_logits[:, :-1].float().reshape(-1, v), ids[:, 2:].reshape(-1))
-    return main, mtp
+    return main, mtp, idx
 
 
 @torch.no_grad()
 def evaluate(model, stream, seq, n_batches, bsz, device, amp):
-    """Mean held-out losses (main, MTP) over fixed windows."""
+    """Mean held-out losses (main, MTP, indexer) over fixed windows."""
     model.eval()
     rng = np.random.default_rng(12345)
-    tot = np.zeros(2)
+    tot = np.zeros(3)
     for _ in range(n_batches):
         ids = torch.from_numpy(batch(stream, rng, bsz, seq + 2)).long().to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            m, t = losses(model, ids)
-        tot += [m.item(), t.item()]
+            m, t, i = losses(model, ids)
+        tot += [m.item(), t.item(), i.item()]
     model.train()
     return tot / n_batches
 
@@ -241,8 +243,8 @@ def main():
             gr["lr"] = lr_at(step, a.steps, a.lr, a.warmup)
         ids_b = torch.from_numpy(batch(train_stream, rng, a.batch, a.seq + 2)).long().to(device)
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=amp):
-            main_loss, mtp_loss = losses(model, ids_b)
-        loss = main_loss + MTP_WEIGHT * mtp_loss
+            main_loss, mtp_loss, idx_loss = losses(model, ids_b)
+        loss = main_loss + MTP_WEIGHT * mtp_loss + idx_loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -251,13 +253,15 @@ def main():
         if step % 50 == 0 or step == a.steps - 1:
             el = time.time() - t0
             log(f"step {step:5d}  loss {main_loss.item():.4f}  mtp {mtp_loss.item():.4f}  "
+                f"indexer KL {idx_loss.item():.4f}  "
                 f"lr {opt.param_groups[0]['lr']:.2e}  {el:.0f}s  "
                 f"{(step + 1) * a.batch * (a.seq + 1) / max(el, 1e-9):.0f} tok/s")
         if (step + 1) % a.eval_every == 0 or step == a.steps - 1:
             ev = evaluate(model, held_stream, a.seq, 8, a.batch, device, amp)
-            history.append({"step": step + 1, "held_out_loss": ev[0], "held_out_mtp_loss": ev[1]})
+            history.append({"step": step + 1, "held_out_loss": ev[0], "held_out_mtp_loss": ev[1],
+                            "held_out_indexer_kl": ev[2]})
             log(f"eval step {step + 1}: held-out loss {ev[0]:.4f} ({ev[0] / math.log(2) * len(held_stream) / held_bytes:.4f} "
-                f"bits/byte), MTP {ev[1]:.4f}")
+                f"bits/byte), MTP {ev[1]:.4f}, indexer KL {ev[2]:.4f}")
     train_secs = time.time() - t0
     log(f"trained {step + 1} steps in {train_secs:.0f} s")
 
@@ -295,7 +299,7 @@ def main():
         "python": platform.python_version(), "torch": torch.__version__, "corpus": info,
         "train_tokens": int(len(train_stream)), "held_out_tokens": int(len(held_stream)),
         "held_out_bytes": held_bytes, "parameters": n_params, "mtp_parameters": n_mtp,
-        "held_out_loss": ev[0], "held_out_mtp_loss": ev[1],
+        "held_out_loss": ev[0], "held_out_mtp_loss": ev[1], "held_out_indexer_kl": ev[2],
         "held_out_bits_per_byte": ev[0] / math.log(2) * len(held_stream) / held_bytes,
         "held_out_text": nll, "history": history, "files": files,
     }
