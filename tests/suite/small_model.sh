@@ -1,7 +1,9 @@
 #!/bin/sh
 # small_model.sh - the shipped small trained model (data/models/ds4-small.gguf,
 # docs/SMALL_MODEL.md), where trained behaviour matters:
-#  1. its NLL on the committed held-out text (Q8_0, simulations on, as ds4
+#  1. the engine's tokenizer, read from the model file, gives the held-out
+#     text the token ids HF tokenizers gave it in training (the summary's
+#     ids), and its NLL on the committed held-out text (Q8_0, simulations on, as ds4
 #     runs) is within 2 % of the NLL torch computed on the F32 weights at the
 #     end of training (data/models/ds4-small.json): the trained forward pass
 #     survives export, quantization and the low-precision simulations;
@@ -33,7 +35,17 @@ trap 'rm -rf "$T"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 for f in "$MTP" "$SUMMARY" "$TEXT" "$GOLDEN"; do [ -f "$f" ] || fail "$f missing (it belongs with $M)"; done
 
-# 1. NLL against torch's
+# 1. tokens and NLL against the training framework's
+./ds4-tokenizer -t "$M" encode -f "$TEXT" > "$T/ids.txt" || fail "ds4-tokenizer encode"
+python3 - "$SUMMARY" "$T/ids.txt" <<'EOF' || exit 1
+import json, sys
+want = json.load(open(sys.argv[1]))["held_out_text"]["ids"]
+got = [int(x) for x in open(sys.argv[2]).read().split()]
+if got != want:
+    i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+    sys.exit(f"FAIL: the engine's tokens differ from tokenizers' at index {i} ({len(got)} vs {len(want)} ids)")
+print(f"tokenizer: the engine's {len(got)} ids of the held-out text equal tokenizers'")
+EOF
 ./ds4 -m "$M" -c 8192 -t 2 --perplexity-file "$TEXT" > "$T/ppl.txt" 2>"$T/ppl.err" || fail "perplexity: $(cat "$T/ppl.err")"
 python3 - "$SUMMARY" "$T/ppl.txt" <<'EOF' || exit 1
 import json, sys

@@ -152,20 +152,27 @@ def evaluate(model, stream, seq, n_batches, bsz, device, amp):
 
 
 @torch.no_grad()
-def text_nll(model, tok, text, ids):
+def text_nll(model, tok, text, ids, device):
     """The NLL ds4 --perplexity-file reports: BOS + the text's tokens, the
-    first PPL_CONTEXT tokens context, every later one scored; float32 on the
-    CPU, whatever device trained."""
+    first PPL_CONTEXT tokens context, every later one scored (float32)."""
     toks = [ids["bos"]] + tok.encode(text, add_special_tokens=False).ids
-    x = torch.tensor([toks])
-    logits = model.main(input_ids=x, use_cache=False).logits[0].double()
+    x = torch.tensor([toks], device=device)
+    logits = model.main(input_ids=x, use_cache=False).logits[0].double().cpu()
     lp = torch.log_softmax(logits, dim=-1)
     tgt = torch.tensor(toks[PPL_CONTEXT:])
     nll = -lp[PPL_CONTEXT - 1:-1].gather(1, tgt[:, None]).sum().item()
     scored_bytes = len(tok.decode(toks[PPL_CONTEXT:], skip_special_tokens=False).encode("utf-8"))
     return {"tokens": len(toks), "scored": len(toks) - PPL_CONTEXT, "nll": nll,
             "avg_nll": nll / (len(toks) - PPL_CONTEXT), "scored_bytes": scored_bytes,
-            "bits_per_byte": nll / math.log(2) / scored_bytes}
+            "bits_per_byte": nll / math.log(2) / scored_bytes, "ids": toks[1:]}
+
+
+def set_experts_path(model, name):
+    """transformers' implementation of the routed experts (grouped_mm by
+    default: bf16 kernels on the GPU; eager: one matmul per expert)."""
+    for m in model.modules():
+        if hasattr(getattr(m, "config", None), "_experts_implementation"):
+            m.config._experts_implementation = name
 
 
 def held_out_text(docs):
@@ -224,6 +231,8 @@ def main():
         f"held-out {len(held_stream)} tokens ({held_bytes / len(held_stream):.3f} bytes/token)")
 
     model = Small(c, a.seed).to(device)
+    if device.type == "cpu":     # grouped_mm has no fast CPU kernel
+        set_experts_path(model, "eager")
     n_params = sum(p.numel() for p in model.main.parameters())
     n_mtp = sum(p.numel() for p in model.mtp.parameters())
     log(f"model: {n_params / 1e6:.2f} M parameters + MTP block {n_mtp / 1e6:.2f} M; config {json.dumps(c)}")
@@ -265,17 +274,22 @@ def main():
     train_secs = time.time() - t0
     log(f"trained {step + 1} steps in {train_secs:.0f} s")
 
-    # Held-out figures, on the CPU in float32 (the export's exact weights).
-    model = model.float().cpu().eval()
-    ev = evaluate(model, held_stream, a.seq, 4, 8, torch.device("cpu"), False)
+    # Held-out figures in float32 (the export's exact weights): no TF32, and
+    # the experts through transformers' plain per-expert path.
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    set_experts_path(model, "eager")
+    model = model.float().eval()
+    ev = evaluate(model, held_stream, a.seq, 4, 8, device, False)
     text = held_out_text(data["held_out"])
     with open(os.path.join(a.outdir, "held_out.txt"), "w") as f:
         f.write(text)
-    nll = text_nll(model, tok, text, ids)
-    log(f"held-out (CPU, f32): loss {ev[0]:.4f} nats/token = {ev[0] / math.log(2) * len(held_stream) / held_bytes:.4f} "
+    nll = text_nll(model, tok, text, ids, device)
+    log(f"held-out (f32): loss {ev[0]:.4f} nats/token = {ev[0] / math.log(2) * len(held_stream) / held_bytes:.4f} "
         f"bits/byte, MTP {ev[1]:.4f}; held_out.txt: {nll['scored']} tokens scored, avg NLL {nll['avg_nll']:.6f}, "
         f"{nll['bits_per_byte']:.4f} bits/byte")
 
+    model = model.cpu()
     sd_main = {k: v.detach().float().numpy() for k, v in model.main.state_dict().items()}
     sd_mtp = {k: v.detach().float().numpy() for k, v in model.mtp.state_dict().items()}
     tensors, mtensors = export.main_tensors(sd_main, c), export.mtp_tensors(sd_mtp, c)
