@@ -50,7 +50,7 @@ EOF
 python3 - "$SUMMARY" "$T/ppl.txt" <<'EOF' || exit 1
 import json, sys
 want = json.load(open(sys.argv[1]))["held_out_text"]
-got = dict(l.split(": ", 1) for l in open(sys.argv[2]).read().splitlines())
+got = dict(kv.split("=", 1) for kv in open(sys.argv[2]).read().split())
 n, avg = int(got["scored"]), float(got["avg_nll"])
 rel = abs(avg - want["avg_nll"]) / want["avg_nll"]
 print(f"held-out NLL: engine (Q8_0) {avg:.5f} nats/token, torch (F32) {want['avg_nll']:.5f}; relative {rel:.2e}")

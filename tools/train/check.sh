@@ -31,9 +31,10 @@ ntok=$(field tokens)
 torch_nll=$(field nll)
 ctx=$((ntok + 64))
 
-ppl() { # ppl MODEL [flags]: the nll line of ds4 --perplexity-file
+ppl() { # ppl MODEL [flags]: nll=X of the line of ds4 --perplexity-file
     m=$1; shift
-    "$DS4" -m "$m" -c "$ctx" --perplexity-file "$out/held_out.txt" "$@" 2>/dev/null | awk '$1 == "nll:" { print $2 }'
+    "$DS4" -m "$m" -c "$ctx" --perplexity-file "$out/held_out.txt" "$@" 2>/dev/null |
+        tr ' ' '\n' | sed -n 's/^nll=//p'
 }
 f32_nll=$(ppl "$out/ds4-small-f32.gguf" --no-sim)
 [ -n "$f32_nll" ] || fail "ds4 --perplexity-file on the F32 export gave no NLL"
@@ -41,7 +42,8 @@ python3 - "$torch_nll" "$f32_nll" "$ntok" <<'EOF' || exit 1
 import sys
 t, e, n = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 rel = abs(e - t) / abs(t)
-print(f"F32, simulations off: engine NLL {e:.6f}, torch {t:.6f} over {n - 32} scored tokens: relative difference {rel:.2e}")
+print(f"F32, simulations off: engine NLL {e:.6f}, torch {t:.6f} over {n - 32} scored tokens: "
+      f"relative difference {rel:.2e}")
 if not rel <= 1e-3:
     print("FAIL: the engine's NLL differs from the training framework's by more than 1e-3")
     sys.exit(1)

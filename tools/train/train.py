@@ -152,10 +152,11 @@ def evaluate(model, stream, seq, n_batches, bsz, device, amp):
 
 
 @torch.no_grad()
-def text_nll(model, tok, text, ids, device):
-    """The NLL ds4 --perplexity-file reports: BOS + the text's tokens, the
-    first PPL_CONTEXT tokens context, every later one scored (float32)."""
-    toks = [ids["bos"]] + tok.encode(text, add_special_tokens=False).ids
+def text_nll(model, tok, text, device):
+    """The NLL ds4 --perplexity-file reports: the text's tokens (plain text,
+    no BOS, as ds4 scores), the first PPL_CONTEXT tokens context, every
+    later one scored (float32)."""
+    toks = tok.encode(text, add_special_tokens=False).ids
     x = torch.tensor([toks], device=device)
     logits = model.main(input_ids=x, use_cache=False).logits[0].double().cpu()
     lp = torch.log_softmax(logits, dim=-1)
@@ -164,7 +165,7 @@ def text_nll(model, tok, text, ids, device):
     scored_bytes = len(tok.decode(toks[PPL_CONTEXT:], skip_special_tokens=False).encode("utf-8"))
     return {"tokens": len(toks), "scored": len(toks) - PPL_CONTEXT, "nll": nll,
             "avg_nll": nll / (len(toks) - PPL_CONTEXT), "scored_bytes": scored_bytes,
-            "bits_per_byte": nll / math.log(2) / scored_bytes, "ids": toks[1:]}
+            "bits_per_byte": nll / math.log(2) / scored_bytes, "ids": toks}
 
 
 def set_experts_path(model, name):
@@ -284,7 +285,7 @@ def main():
     text = held_out_text(data["held_out"])
     with open(os.path.join(a.outdir, "held_out.txt"), "w") as f:
         f.write(text)
-    nll = text_nll(model, tok, text, ids, device)
+    nll = text_nll(model, tok, text, device)
     log(f"held-out (f32): loss {ev[0]:.4f} nats/token = {ev[0] / math.log(2) * len(held_stream) / held_bytes:.4f} "
         f"bits/byte, MTP {ev[1]:.4f}; held_out.txt: {nll['scored']} tokens scored, avg NLL {nll['avg_nll']:.6f}, "
         f"{nll['bits_per_byte']:.4f} bits/byte")
