@@ -68,6 +68,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
         DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
@@ -224,7 +225,7 @@ int main(int argc, char **argv) {
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
-                          .prog = "ds4-server"};
+                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile};
     ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {

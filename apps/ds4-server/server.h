@@ -63,6 +63,8 @@ typedef struct srv_opts {
     ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
+    uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
     uint32_t ctx;
