@@ -25,6 +25,10 @@
 #   make demo       build, generate a tiny model, run ds4 on it
 #   make deps       install missing Debian packages (scripts/deps.sh)
 #   make venv       Python environment for tests/reference scripts (pinned)
+#   make train-check  the small model's training pipeline on the CPU: a few
+#                   steps of tools/train/train.py, then tools/train/check.sh
+#                   (engine NLL = torch NLL; needs torch, transformers and
+#                   tokenizers: TRAIN_PYTHON, default .venv/bin/python)
 #
 # Layout (dependencies point down): apps/ tools/ -> src/engine -> src/text,
 # src/model -> src/format -> src/base; tools/ -> src/convert (conversion
@@ -76,16 +80,18 @@ EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $
 CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
 # Programs: single-file apps/tools and multi-file ones (a folder of .c
-# files); tools/perf holds measuring instruments (make perf-tools), no program.
+# files); tools/perf holds measuring instruments (make perf-tools) and
+# tools/train the small model's training scripts (Python), no program.
 APP_PROGS  := $(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/)))
-TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/,$(wildcard tools/*/))))
+TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/ tools/train/,$(wildcard tools/*/))))
 PROGS      := $(APP_PROGS) $(TOOL_PROGS)
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel test-dist-link perf-tools demo deps venv reference clean imatrix-dataset
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel test-dist-link perf-tools demo deps venv reference clean imatrix-dataset \
+        train-check
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -231,6 +237,15 @@ deps:
 
 venv:
 	@scripts/venv.sh
+
+# The training pipeline end to end on a model of the small one's
+# architecture with every dimension small (docs/TRAINING.md).
+TRAIN_PYTHON ?= .venv/bin/python
+train-check: ds4
+	@rm -rf $(BUILD)/train-check
+	$(TRAIN_PYTHON) tools/train/train.py $(BUILD)/train-check --preset check --steps 4 --seq 160 --batch 2 \
+	    --eval-every 4 --corpus-files 120 --device cpu
+	sh tools/train/check.sh $(BUILD)/train-check
 
 # The default imatrix calibration set (docs/TOOLCHAIN.md): the project's
 # conversations plus its own code and documentation, all MIT.
