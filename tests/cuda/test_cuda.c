@@ -62,8 +62,9 @@
  *       of 1, 2 and 4 tokens (verified in one batched step, rejected rows
  *       rewound) hands out the tokens plain decoding does, for prompts
  *       whose generation crosses the prefill / decode boundary and the
- *       ratio-4 and ratio-128 window ends.  --quick: fewer lengths, one
- *       prompt, drafts of 2.
+ *       ratio-4 and ratio-128 window ends.  --quick: the longest prefill,
+ *       drafts of 2 for 8 tokens after 122 (across a ratio-4 window's end
+ *       and the ratio-128 one's at 127).
  *
  * Plain C with its own checks (no test framework), so that it builds
  * wherever the CUDA toolkit does.  Exit status 0 only if every check passed.
@@ -652,8 +653,8 @@ static void mtp_golden(const char *model, const char *mtp, const char *golden, b
     if (!b) die("cuda", &err);
     uint32_t W = w->cfg.sliding_window;
     float *got = xmalloc((size_t)DS4_HIDDEN_KEEP * V * 4);
-    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {130, n - 1};
-    const uint32_t *ns = quick ? few : all, nn = quick ? 2 : 5;
+    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {n - 1};
+    const uint32_t *ns = quick ? few : all, nn = quick ? 1 : 5;
     double worst = 0;
     for (uint32_t a = 0; a < nn; a++) {
         uint32_t len = ns[a], lo = len > DS4_HIDDEN_KEEP ? len - DS4_HIDDEN_KEEP : 0, half = lo + (len - lo) / 2;
@@ -732,15 +733,15 @@ static void mtp_identity(const char *model, const char *mtp, bool quick) {
     uint32_t V = plain->w->cfg.n_vocab;
     int32_t prompt[300];
     for (uint32_t i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 2654435761u + 11u) % V);
-    const uint32_t all_np[] = {1, 118, 250}, all_draft[] = {1, 2, 4}, q_np[] = {118}, q_draft[] = {2};
+    const uint32_t all_np[] = {1, 118, 250}, all_draft[] = {1, 2, 4}, q_np[] = {122}, q_draft[] = {2};
     const uint32_t *np = quick ? q_np : all_np, *draft = quick ? q_draft : all_draft, nn = quick ? 1 : 3,
-                   nd = quick ? 1 : 3;
+                   nd = quick ? 1 : 3, ng = quick ? 8 : 20;
     for (uint32_t a = 0; a < nn; a++) {
         tokrec want, got;
         ds4_spec_stats st;
-        generate_on(plain, prompt, np[a], 20, 0, &want, &st);
+        generate_on(plain, prompt, np[a], ng, 0, &want, &st);
         for (uint32_t d = 0; d < nd; d++) {
-            generate_on(spec, prompt, np[a], 20, draft[d], &got, &st);
+            generate_on(spec, prompt, np[a], ng, draft[d], &got, &st);
             CHECK(got.n == want.n && !memcmp(got.tok, want.tok, want.n * sizeof(int32_t)),
                   "prompt of %u, drafts of %u: the tokens differ from plain decoding", np[a], draft[d]);
             CHECK(st.cycles > 0, "prompt of %u, drafts of %u: no verification step", np[a], draft[d]);

@@ -380,9 +380,8 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
     m->cfg.compress_ratio[c->n_layer] = 0;
     m->cfg.swiglu_clamp[c->n_layer] = mw->cfg.swiglu_clamp[0];
     b->cfg = &m->cfg;
-    bool synth = b->base.w->synthetic;
-    if (cu_mtp_weights_load(&m->W, &b->W.layers[c->n_layer], mw, synth, b->base.w->synthetic_seed ^ 0x4d5450ull, b->st,
-                            err))
+    if (cu_mtp_weights_load(&m->W, &b->W.layers[c->n_layer], mw, mw->synthetic, b->base.w->synthetic_seed ^ 0x4d5450ull,
+                            b->st, err))
         return ds4_err_prefix(err, "the MTP block");
     size_t hcD = (size_t)c->n_hc * c->n_embd, hd = c->head_dim, V = c->n_vocab;
     size_t sizes[] = {DS4_HIDDEN_KEEP * hcD * sizeof(float), DS4_HIDDEN_KEEP * hcD * sizeof(float),
