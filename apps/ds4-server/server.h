@@ -32,6 +32,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "engine/cli.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/sampler.h"
@@ -52,6 +53,7 @@ typedef struct srv_opts {
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
     const char *chdir_to;
+    ds4_cli_mtp mtp;            /* MTP speculative decoding: on whenever the model has a block */
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;

@@ -40,6 +40,7 @@
 
 #include "engine/generate.h"
 #include "engine/session.h"
+#include "engine/spec.h"
 #include "constrain.h"
 #include "output.h"
 #include "server.h"
@@ -64,6 +65,7 @@ typedef struct counters {
     uint64_t generated_tokens;        /* of every job */
     uint64_t disk_writes[7];          /* KVC files written, by save reason */
     uint64_t canonicalized;           /* live tails rewritten after a tool-call turn */
+    ds4_spec_stats mtp;               /* MTP speculation of every job (the session's totals) */
     char last_source[24];
     uint32_t last_reused, last_prefilled;
 } counters;
@@ -406,9 +408,11 @@ static void count_prefill(const job *j, const char *source) {
 }
 
 static void count_outcome(outcome k, uint32_t generated) {
+    const ds4_spec *sp = ds4_session_spec(sess);
     pthread_mutex_lock(&S->stats_mu);
     C.ended[k]++;
     C.generated_tokens += generated;
+    if (sp) C.mtp = sp->stats;
     pthread_mutex_unlock(&S->stats_mu);
 }
 
@@ -425,7 +429,7 @@ static int on_stop_only(void *ctx, uint32_t done, uint32_t total) {
  * then a plain token-prefix hit.  The session goes back to the longest
  * state it can reach (the in-memory checkpoint of the prompt, else a
  * rebuild) and prefills the rest. */
-static void canonicalize(job *j, int32_t last, bool pending) {
+static void canonicalize_tail(job *j, int32_t last, bool pending) {
     ds4_tokens live = {0}, canon = {0};
     ds4_strbuf text = {0}, live_text = {0};
     ds4_tokens_append(&live, ds4_session_tokens(sess), ds4_session_n_tokens(sess));
@@ -541,7 +545,7 @@ static outcome generate(job *j, const reuse *r, double t_prefill) {
         job_finish(j, 200, j->api->final_body(j));
     }
     /* After the answer went out: the client does not wait for it. */
-    if (canon) canonicalize(j, g.last, pending);
+    if (canon) canonicalize_tail(j, g.last, pending);
     ds4_sampler_free(&smp);
     out_free(&g.out);
     ds4_tokens_free(&forced);
@@ -651,7 +655,9 @@ static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
 
 int worker_start(server *s, ds4_err *err) {
     S = s;
-    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) || !(tok = ds4_tokenizer_new(s->engine->vocab, err)) ||
+    if (!(sess = ds4_session_new(s->engine, s->o.ctx, err)) ||
+        (s->engine->mtp && ds4_session_enable_mtp(sess, s->o.mtp.draft, s->o.mtp.margin, err)) ||
+        !(tok = ds4_tokenizer_new(s->engine->vocab, err)) ||
         !(s->cvocab = cvocab_new(s->engine->vocab, err)))
         return -1;
     user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
@@ -758,8 +764,16 @@ json_t *worker_stats(void) {
     }
     json_t *sources = json_object();
     for (size_t i = 0; i < N_SOURCES; i++) json_object_set_new(sources, SOURCES[i], json_integer((json_int_t)c.by_source[i]));
+    json_t *mtp = json_null();
+    if (S->engine->mtp) {
+        const ds4_spec_stats *m = &c.mtp;
+        mtp = json_pack("{s:i,s:I,s:I,s:I,s:f,s:f}", "draft", (int)S->o.mtp.draft, "verifications", (json_int_t)m->cycles,
+                        "drafted", (json_int_t)m->drafted, "accepted", (json_int_t)m->accepted, "acceptance_rate",
+                        m->drafted ? (double)m->accepted / (double)m->drafted : 0.0, "tokens_per_verification",
+                        m->cycles ? (double)(m->accepted + m->cycles) / (double)m->cycles : 0.0);
+    }
     return json_pack("{s:{s:I,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I},s:{s:I,s:I,s:I,s:I},s:o,s:{s:s,s:i,s:i},s:o,"
-                     "s:{s:I,s:I,s:I,s:I}}",
+                     "s:{s:I,s:I,s:I,s:I},s:o}",
                      "jobs", "queued", (json_int_t)c.queued, "waiting", worker_queue_depth(), "running", worker_running(),
                      "answered", (json_int_t)c.ended[ANSWERED], "failed", (json_int_t)c.ended[FAILED], "cancelled",
                      (json_int_t)c.ended[CANCELLED], "continuation_lost", (json_int_t)c.ended[CONTINUATION_LOST],
@@ -773,5 +787,5 @@ json_t *worker_stats(void) {
                      "kvcache", kv,
                      "tool_memory", "ids_remembered", (json_int_t)toolmem_count(S->tools), "history_turns_replayed_exact",
                      (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
-                     "live_tails_canonicalized", (json_int_t)c.canonicalized);
+                     "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp);
 }
