@@ -171,13 +171,15 @@ for p in ./ds4 ./ds4-server ./ds4-bench; do
     expect_refused "directional steering is not implemented" $p -m "$M" --dir-steering-file d.f32
     expect_refused "Metal is not supported" $p -m "$M" --metal
 done
-expect_refused "does not draft with it yet" ./ds4-server -m "$M" --mtp mtp.gguf
-expect_refused "does not draft with it yet" ./ds4-server -m "$M" --mtp-draft 2
-# ds4 drafts with an MTP block: its options are checked before any loading
-expect_refused "mtp.gguf" ./ds4 -m "$M" --mtp mtp.gguf
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 17
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 0
+# ds4, ds4-server and ds4-bench draft with an MTP block: their options are
+# checked before any loading
+for p in ./ds4 ./ds4-server ./ds4-bench; do
+    expect_refused "mtp.gguf" $p -m "$M" --mtp mtp.gguf
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 17
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 0
+done
 expect_refused "--mtp-margin" ./ds4 -m "$M" --mtp-margin=-1
+expect_refused "--mtp-margin" ./ds4-server -m "$M" --mtp-margin=-1
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 
