@@ -36,7 +36,12 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 OPT     ?= -O2
 CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) -g $(WARN) -fno-strict-aliasing -D_GNU_SOURCE -Isrc -pthread
-DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread
+# MPI (Debian's Open MPI, scripts/deps.sh): the pipeline across processes
+# and hosts (src/model/dist, docs/DISTRIBUTED.md).
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+CFLAGS  += $(MPI_CFLAGS)
+DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread $(MPI_LIBS)
 LDFLAGS ?=
 
 CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=compute_90a
@@ -74,7 +79,7 @@ TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean imatrix-dataset
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -148,7 +153,7 @@ endef
 $(foreach p,$(APP_PROGS),$(eval $(call cuda_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call cuda_prog_rule,$(p),tools)))
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(MPI_LIBS) $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
@@ -183,7 +188,7 @@ $(BUILD)/libds4emu.a: $(EMU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 $(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread $(MPI_LIBS) -lstdc++
 $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
 define emu_prog_rule
@@ -203,6 +208,12 @@ deps:
 
 venv:
 	@scripts/venv.sh
+
+# The default imatrix calibration set (docs/TOOLCHAIN.md): the project's
+# conversations plus its own code and documentation, all MIT.
+imatrix-dataset: ds4-imatrix-dataset
+	./ds4-imatrix-dataset -o $(BUILD)/imatrix-dataset --license MIT data/imatrix/conversations.jsonl \
+		$(sort $(wildcard src/*/*.c src/*/*/*.c src/*/*/*.cu apps/*/*.c tools/*.c)) docs/*.md
 
 demo: deps all
 	@scripts/demo.sh

@@ -76,6 +76,8 @@ typedef struct opts {
     bool draft_given, forced; /* forced: every draft accepted (an upper bound) */
     float step_mul;
     ds4_backend_opts bo;
+    ds4_cli_steer steer;
+    ds4_dist_opts dist;
 } opts;
 
 static const char ABOUT[] =
@@ -105,9 +107,11 @@ static int parse_args(int argc, char **argv, opts *o) {
                         "memory (CUDA backend)")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
+        DS4_CLI_STEERING(&o->steer),
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
@@ -155,7 +159,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");
     if (o->synthetic) o->model = NULL;
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
         return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
     if (o->synthetic && (o->prompt_file || o->chat_file))
@@ -415,7 +419,15 @@ static void mtp_report(FILE *out, const opts *o, const mtp_res *r, double step_s
             step_ms > 0 ? verify_ms / step_ms : 0.0, step_ms, draft_ms, tps, tpv, 100.0 * acc, proj);
 }
 
-static int run(const opts *o, ds4_err *err) {
+/* The backend: the pipeline's under mpirun (d), else the named one. */
+static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, const ds4_backend_opts *bo,
+                                 ds4_err *err) {
+    if (!d) return ds4_backend_create(o->backend, w, bo, err);
+    if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    return ds4_dist_backend_create(d, o->backend, w, bo, err);
+}
+
+static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     int rc = -1;
     ds4_weights *w = NULL;
     if (o->synthetic) {
@@ -442,11 +454,14 @@ static int run(const opts *o, ds4_err *err) {
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
-    if (!(b = ds4_backend_create(o->backend, w, &bo, err))) goto done;
+    if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (!(b = make_backend(o, d, w, &bo, err))) goto done;
+    ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
             o->synthetic ? "synthetic Flash weights" : o->model, ds4_now() - t0);
     ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
@@ -518,6 +533,7 @@ done:
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
     ds4_mtp_close(mtp);
+    ds4_steering_free(steer);
     ds4_weights_close(w);
     free(toks);
     free(gen);
@@ -528,12 +544,20 @@ int main(int argc, char **argv) {
     opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
+    ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");
-    if (lrc) return lrc;
-    ds4_err err = {0};
-    if (run(&o, &err) != 0) {
-        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
-        return 1;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
     }
-    return 0;
+    ds4_err err = {0};
+    int rc = 0;
+    if (run(&o, d, &err) != 0) {
+        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
+        rc = 1;
+    }
+    ds4_dist_end(d);
+    return rc;
 }

@@ -27,6 +27,7 @@ typedef struct opts {
     uint32_t n_random, seed, split, top, gen;
     bool decode, bench, has_split;
     ds4_backend_opts bo;
+    ds4_dist_opts dist;
 } opts;
 
 /* Returns -1 to run, else the status to exit with. */
@@ -52,6 +53,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_THREADS(&o->bo.n_threads),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_BACKEND(&o->backend, NULL),
+        DS4_CLI_DIST(&o->dist),
 
         {DS4_OPT_SECTION("output:")},
         {DS4_OPT_STR("--logits-out", "FILE", &o->logits_out, NULL,
@@ -128,7 +130,14 @@ static int print_top(const float *logits, uint32_t n_vocab, uint32_t k, ds4_err 
     return 0;
 }
 
-static int run(const opts *o, ds4_err *err) {
+/* The backend: the pipeline's under mpirun (d), else the named one. */
+static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, ds4_err *err) {
+    if (!d) return ds4_backend_create(o->backend, w, &o->bo, err);
+    if (ds4_dist_plan(d, "ds4-forward", w, &o->dist, err) != 0) return NULL;
+    return ds4_dist_backend_create(d, o->backend, w, &o->bo, err);
+}
+
+static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     int rc = -1;
     uint32_t n = 0, *toks = NULL;
     float *logits = NULL;
@@ -148,7 +157,7 @@ static int run(const opts *o, ds4_err *err) {
             toks[i] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 33) % c->n_vocab;
         }
     }
-    if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto out;
+    if (!(b = make_backend(o, d, w, err))) goto out;
     ds4_startup_print_memory("ds4-forward", b->ops->name, w, b->opts.ctx_size);
     if (o->load_state) {
         if (!(st = ds4_backend_state_new(b, err)) || ds4_kv_state_load_file(st, o->load_state, err) != 0 ||
@@ -213,12 +222,20 @@ int main(int argc, char **argv) {
     opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
+    ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    int drc = ds4_dist_start("ds4-forward", o.model, o.backend, o.bo.n_threads, &o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-forward");
-    if (lrc) return lrc;
-    ds4_err err = {0};
-    if (run(&o, &err) != 0) {
-        fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));
-        return 1;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
     }
-    return 0;
+    ds4_err err = {0};
+    int rc = 0;
+    if (run(&o, d, &err) != 0) {
+        fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));
+        rc = 1;
+    }
+    ds4_dist_end(d);
+    return rc;
 }

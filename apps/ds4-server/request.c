@@ -24,6 +24,7 @@
 
 #include "constrain.h"
 #include "server.h"
+#include "text/pyjson.h"
 
 /* At most this many values (containers, elements, members) in a body. */
 #define MAX_JSON_VALUES 500000
@@ -103,17 +104,20 @@ json_t *req_load_json(const char *body, size_t n, api_error *e) {
         api_fail(e, 413, "invalid JSON request: more than %d values", MAX_JSON_VALUES);
         return NULL;
     }
-    json_error_t je;
+    /* Read as the official encoder's json.loads reads it: integers beyond
+     * 64 bits and numbers like 1e400 in tool schemas and arguments are
+     * numbers, written back exactly (text/pyjson.h). */
+    ds4_err je = {0};
     parse_budget = JSON_PARSE_BASE + 3 * n;
     parse_used = 0;
-    json_t *v = json_loadb(body, n, JSON_ALLOW_NUL, &je);
+    json_t *v = ds4_pyjson_load(body, n, &je);
     parse_budget = 0;
-    if (!v && strstr(je.text, "out of memory")) {
+    if (!v && je.code == DS4_ENOMEM) {
         api_fail(e, 413, "invalid JSON request: parsing it needs more than %zu MB", (JSON_PARSE_BASE + 3 * n) >> 20);
         return NULL;
     }
     if (!v) {
-        api_fail(e, 400, "invalid JSON request: %s (at byte %d)", je.text, je.position);
+        api_fail(e, 400, "invalid JSON request: %s", je.msg);
         return NULL;
     }
     if (!json_is_object(v)) {
@@ -160,6 +164,25 @@ int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_e
         r->sp.seed = (uint64_t)json_integer_value(seed);
         if (r->sp.seed == 0) r->sp.seed = 1; /* 0 means "random" to the sampler */
     }
+    return 0;
+}
+
+int req_steering(const json_t *body, srv_request *r, api_error *e) {
+    const json_t *st = json_object_get(body, "dir_steering");
+    if (!st || json_is_null(st)) return 0;
+    if (!json_is_object(st)) return api_fail(e, 400, "dir_steering must be an object {\"ffn\": F, \"attn\": F}");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)st, key, v) {
+        if (strcmp(key, "ffn") && strcmp(key, "attn"))
+            return api_fail(e, 400, "dir_steering.%s: unknown field (ffn and attn are the scales)", key);
+    }
+    double x;
+    bool set;
+    if (get_number(st, "ffn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_ffn = (float)x, r->steer_ffn_set = true;
+    if (get_number(st, "attn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_attn = (float)x, r->steer_attn_set = true;
     return 0;
 }
 

@@ -21,3 +21,16 @@ int ds4_cli_check_backend(const ds4_cli *cli, const char *name) {
     if (ds4_backend_check_name(name, &err) == 0) return 0;
     return ds4_cli_usage(cli, "--backend %s: %s", name ? name : "", err.msg);
 }
+
+int ds4_cli_steering_check(const ds4_cli *cli, ds4_cli_steer *st) {
+    if (!st->ffn_given && st->path) st->ffn = 1.0f;
+    if (!st->path && (st->ffn != 0.0f || st->attn != 0.0f))
+        return ds4_cli_usage(cli, "--dir-steering-%s needs --dir-steering-file", st->ffn != 0.0f ? "ffn" : "attn");
+    return 0;
+}
+
+void ds4_cli_steering_opts(const ds4_cli_steer *st, ds4_engine_opts *eo) {
+    eo->steer_path = st->path;
+    eo->steer_ffn = st->ffn;
+    eo->steer_attn = st->attn;
+}

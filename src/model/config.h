@@ -67,8 +67,19 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err);
 /* Write every deepseek4.* key. */
 int ds4_config_to_gguf(const ds4_config *c, ds4_gguf_writer *w, ds4_err *err);
 
-/* Internal consistency: divisibility, ranges, ratios in {0,4,128}, ... */
+/* Internal consistency: ranges, divisors (heads by output groups), ratios
+ * in {0,4,128}, ...  No width needs a particular divisibility here: block
+ * sizes come with the storage types (checked per tensor by the loader) and
+ * with the simulations (below). */
 int ds4_config_validate(const ds4_config *c, ds4_err *err);
+
+/* What the low-precision simulations (lowprec.h) need of the shapes: FP8
+ * KV blocks of 64 non-RoPE values, 128-wide indexer rows.  A backend
+ * checks it when it runs them. */
+int ds4_config_check_sim(const ds4_config *c, ds4_err *err);
+
+/* Whether any layer has ratio 4 (and so an indexer). */
+bool ds4_config_has_indexer(const ds4_config *c);
 
 /* True when every shape equals the published model's. */
 bool ds4_config_is_flash(const ds4_config *c);

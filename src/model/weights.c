@@ -64,6 +64,15 @@ static int check_tensor(const ds4_tensor_spec *s, const ds4_gguf_tensor *t, ds4_
         char got_s[128], want_s[128];
         shape_str(got_s, sizeof(got_s), t->ndim, t->ne);
         shape_str(want_s, sizeof(want_s), s->ndim, want);
+        /* Name the metadata the expected shape comes from: a file whose
+         * keys describe one model and whose tensors another (a Pro header
+         * over Flash tensors) is told apart from a damaged tensor. */
+        const char *keys = NULL;
+        for (uint32_t i = 0; i < 3 && !keys; i++)
+            if (s->row && (i < t->ndim ? t->ne[i] : 1) != want[i]) keys = ds4_dim_keys(s->row->ne[i]);
+        if (keys)
+            return ds4_err_set(err, DS4_EFORMAT, "tensor %s: shape %s, expected %s by the metadata (%s)", s->name,
+                               got_s, want_s, keys);
         return ds4_err_set(err, DS4_EFORMAT, "tensor %s: shape %s, expected %s", s->name, got_s, want_s);
     }
     const ds4_type_info *ti = ds4_type_get(t->type);

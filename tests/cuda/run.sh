@@ -38,6 +38,7 @@
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4
+#   steering  directional steering against the CPU (test_cuda.c, cmd_steer)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -139,6 +140,11 @@ step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
+# Directional steering against the CPU: two pairs of scales (the decode
+# graphs captured again for the second), the observed activations, and
+# scales of 0 bit-identical to no directions.
+in_set emu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 24 --steps 6
+in_set gpu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 300 --steps 64
 in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
 # Marks and rewinds (cuda_seq.cu): smoke and emu a 17-row step over the
 # 16-row window's ring across a ratio-4 window's end, taken back to its

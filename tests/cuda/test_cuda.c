@@ -65,6 +65,8 @@
  *       ratio-4 and ratio-128 window ends.  --quick: the longest prefill,
  *       drafts of 2 for 8 tokens after 122 (across a ratio-4 window's end
  *       and the ratio-128 one's at 127).
+ *   test_cuda steer MODEL [--prompt N] [--steps N]
+ *       directional steering against the CPU's (cmd_steer), simulations off.
  *
  * Plain C with its own checks (no test framework), so that it builds
  * wherever the CUDA toolkit does.  Exit status 0 only if every check passed.
@@ -81,6 +83,7 @@
 #include "engine/spec.h"
 #include "format/gguf.h"
 #include "model/backends.h"
+#include "model/steering.h"
 
 static int failures;
 
@@ -763,18 +766,171 @@ static int cmd_mtp(int argc, char **argv) {
     return 0;
 }
 
+/* ------------------------------------------------------------ steering */
+
+/* What an activation observer saw: every row of every call, in order. */
+typedef struct obs_log {
+    uint32_t D;
+    float *rows;
+    size_t n, cap; /* rows */
+} obs_log;
+
+static void obs_record(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y) {
+    (void)il, (void)ffn;
+    obs_log *o = ctx;
+    if (o->n + T > o->cap) {
+        o->cap = (o->n + T) * 2;
+        o->rows = realloc(o->rows, o->cap * o->D * sizeof(float));
+    }
+    memcpy(o->rows + o->n * o->D, y, (size_t)T * o->D * sizeof(float));
+    o->n += T;
+}
+
+/* Unit rows of a seeded Gaussian, layer 1 left zero (a layer steering
+ * leaves alone). */
+static float *steer_dirs(uint32_t L, uint32_t D) {
+    float *v = xmalloc((size_t)L * D * sizeof(float));
+    uint64_t s = 12345;
+    for (uint32_t il = 0; il < L; il++) {
+        double norm = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            v[(size_t)il * D + d] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+            norm += (double)v[(size_t)il * D + d] * v[(size_t)il * D + d];
+        }
+        for (uint32_t d = 0; d < D; d++) v[(size_t)il * D + d] = il == 1 ? 0.0f : (float)(v[(size_t)il * D + d] / sqrt(norm));
+    }
+    return v;
+}
+
+/* A prefill of n tokens (every logits row) then `steps` decode steps fed
+ * with the CPU's greedy tokens, on CPU and CUDA with the same directions
+ * and scales; rows into d. */
+static void steer_run(ds4_backend *cpu, ds4_backend *gpu, const uint32_t *toks, uint32_t n, uint32_t steps, diff *d) {
+    ds4_err err = {0};
+    uint32_t V = cpu->w->cfg.n_vocab;
+    float *a = xmalloc((size_t)n * V * sizeof(float)), *b = xmalloc((size_t)n * V * sizeof(float));
+    if (ds4_backend_prefill(cpu, toks, n, a, &err)) die("cpu prefill", &err);
+    if (ds4_backend_prefill(gpu, toks, n, b, &err)) die("cuda prefill", &err);
+    diff_add(d, b, a, n, V);
+    for (uint32_t i = 0; i < steps; i++) {
+        uint32_t t = argmax(ds4_backend_logits(cpu), V);
+        if (ds4_backend_decode(cpu, t, &err)) die("cpu decode", &err);
+        if (ds4_backend_decode(gpu, t, &err)) die("cuda decode", &err);
+        diff_add(d, ds4_backend_logits(gpu), ds4_backend_logits(cpu), 1, V);
+    }
+    free(a);
+    free(b);
+}
+
+/* test_cuda steer MODEL [--prompt N] [--steps N]: directional steering
+ * (model/steering.h) on the CUDA backend against the CPU's, simulations
+ * off (an F16 model): scales (1, 0.5), then (-1.5, 0) in the same backends
+ * after a reset (the decode graphs captured again), each within 1e-3 of
+ * max |logit| with the same argmax; the activations at the steering points
+ * (observer) in a prefill within 1e-4 of their largest value; and scales of
+ * 0 with directions bit-identical to a backend without them. */
+static int cmd_steer(int argc, char **argv) {
+    if (argc < 1) return 2;
+    const char *path = argv[0];
+    uint32_t n = 40, steps = 12;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--prompt")) n = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--steps")) steps = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) die(path, &err);
+    uint32_t L = w->cfg.n_layer, D = w->cfg.n_embd, V = w->cfg.n_vocab, ctx = n + steps + 8;
+    float *dirs = steer_dirs(L, D);
+    ds4_steering *st = ds4_steering_from(dirs, L, D, &err);
+    if (!st) die("directions", &err);
+    uint32_t *toks = malloc(n * sizeof(uint32_t));
+    uint64_t s = 77;
+    for (uint32_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)((s >> 33) % V);
+    }
+    obs_log oc = {.D = D}, og = {.D = D};
+    ds4_backend_opts o = {.ctx_size = ctx, .no_sim = true, .steer = st, .act_observer = obs_record, .act_ctx = &oc};
+    ds4_backend *cpu = ds4_backend_create("cpu", w, &o, &err);
+    if (!cpu) die("cpu", &err);
+    o.act_ctx = &og;
+    ds4_backend *gpu = ds4_backend_create("cuda", w, &o, &err);
+    if (!gpu) die("cuda", &err);
+    const float scales[2][2] = {{1.0f, 0.5f}, {-1.5f, 0.0f}};
+    for (int k = 0; k < 2; k++) {
+        ds4_backend_reset(cpu);
+        ds4_backend_reset(gpu);
+        ds4_seq_set_steering(cpu->main, scales[k][0], scales[k][1]);
+        ds4_seq_set_steering(gpu->main, scales[k][0], scales[k][1]);
+        oc.n = og.n = 0;
+        diff d = {0};
+        steer_run(cpu, gpu, toks, n, steps, &d);
+        char what[64];
+        snprintf(what, sizeof(what), "steered ffn %g attn %g", scales[k][0], scales[k][1]);
+        diff_check(what, &d, 1e-3);
+        diff_free(&d);
+        /* the prefill's rows: 2 L calls of n rows (decode passes are not observed on CUDA) */
+        CHECK(og.n == (size_t)2 * L * n && oc.n >= og.n, "observer rows: cuda %zu (want %zu), cpu %zu", og.n,
+              (size_t)2 * L * n, oc.n);
+        double amax = 0, dmax = 0;
+        for (size_t i = 0; i < og.n * D && i < oc.n * D; i++) {
+            if (fabs(oc.rows[i]) > amax) amax = fabs(oc.rows[i]);
+            double e = fabs((double)oc.rows[i] - og.rows[i]);
+            if (!(e <= dmax)) dmax = e;
+        }
+        printf("%-34s max|d| = %.3g of max|y| %.3f\n", "  activations at the steering points", dmax, amax);
+        CHECK(dmax <= 1e-4 * amax, "activations: %.3g of %.3g", dmax, amax);
+    }
+    ds4_backend_free(cpu);
+    ds4_backend_free(gpu);
+
+    /* scales 0: the unchanged path */
+    ds4_backend_opts p = {.ctx_size = ctx, .no_sim = true};
+    ds4_backend *plain = ds4_backend_create("cuda", w, &p, &err);
+    if (!plain) die("cuda", &err);
+    p.steer = st;
+    ds4_backend *zero = ds4_backend_create("cuda", w, &p, &err);
+    if (!zero) die("cuda", &err);
+    float *a = xmalloc((size_t)n * V * sizeof(float)), *b = xmalloc((size_t)n * V * sizeof(float));
+    if (ds4_backend_prefill(plain, toks, n, a, &err) || ds4_backend_prefill(zero, toks, n, b, &err)) die("prefill", &err);
+    bool same = !memcmp(a, b, (size_t)n * V * sizeof(float));
+    for (uint32_t i = 0; i < steps && same; i++) {
+        uint32_t t = argmax(ds4_backend_logits(plain), V);
+        if (ds4_backend_decode(plain, t, &err) || ds4_backend_decode(zero, t, &err)) die("decode", &err);
+        same = !memcmp(ds4_backend_logits(plain), ds4_backend_logits(zero), V * sizeof(float));
+    }
+    printf("%-34s %s\n", "scales 0 vs no directions", same ? "bit-identical" : "DIFFERENT");
+    CHECK(same, "scales of 0 changed the logits");
+    ds4_backend_free(plain);
+    ds4_backend_free(zero);
+    free(a);
+    free(b);
+    free(oc.rows);
+    free(og.rows);
+    free(toks);
+    free(dirs);
+    ds4_steering_free(st);
+    ds4_weights_close(w);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rc = 2;
     if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "rewind")) rc = cmd_rewind(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
                         "                         [--tol X] [--loose] [--graph-ctx N]\n"
                         "       test_cuda golden MODEL GOLDEN [N]\n"
                         "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
-                        "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n");
+                        "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
+                        "       test_cuda steer MODEL [--prompt N] [--steps N]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

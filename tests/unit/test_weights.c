@@ -76,8 +76,36 @@ static void test_bad_metadata(void **state) {
     expect_failure(&(gguf_edit){.ratio_key = "deepseek4.attention.compress_ratios"}, "compress_ratios[2] = 3");
     /* a consistent but different shape: every tensor then disagrees */
     expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.head_count", .u32_value = 8}, "blk.0.attn_q_b.weight: shape");
-    expect_failure(&(gguf_edit){.u32_key = "deepseek4.block_count", .u32_value = 5}, "tensor blk.5.");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.block_count", .u32_value = 5},
+                   "compress_ratios: 6 entries for deepseek4.block_count = 5");
     expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.output_group_count", .u32_value = 3}, "output_group_count 3");
+    /* A ratio list of the wrong length names the key (6 layers: 6 entries,
+     * or 7 with the MTP layer's 0, are right). */
+    expect_failure(&(gguf_edit){.resize_key = "deepseek4.attention.compress_ratios", .resize_count = 5},
+                   "deepseek4.attention.compress_ratios: 5 entries for deepseek4.block_count = 6");
+    expect_failure(&(gguf_edit){.resize_key = "deepseek4.attention.compress_ratios", .resize_count = 8},
+                   "deepseek4.attention.compress_ratios: 8 entries");
+    /* Metadata of one model over tensors of another: the shape error names
+     * the key the expected shape comes from. */
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.expert_count", .u32_value = 12},
+                   "expected [64, 12] by the metadata (deepseek4.expert_count)");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.embedding_length", .u32_value = 112},
+                   "token_embd.weight: shape [64, 256], expected [112, 256] by the metadata (deepseek4.embedding_length)");
+}
+
+/* The MTP layer's trailing 0 in the ratio list (as the official config
+ * writes it) is accepted. */
+static void test_ratio_list_with_mtp_entry(void **state) {
+    (void)state;
+    char path[96];
+    snprintf(path, sizeof(path), "build/tests/mtp-ratios.%d.gguf", (int)getpid());
+    ds4_err err = {0};
+    gguf_edit e = {.resize_key = "deepseek4.attention.compress_ratios", .resize_count = 7};
+    if (gguf_copy_edited(MODEL, path, &e, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
+    ds4_weights *w = ds4_weights_open(path, &err);
+    unlink(path);
+    if (!w) fail_msg("%s", ds4_err_msg(&err));
+    ds4_weights_close(w);
 }
 
 static void test_truncated_file(void **state) {
@@ -99,6 +127,7 @@ int main(void) {
         cmocka_unit_test(test_bad_tensors),
         cmocka_unit_test(test_bad_metadata),
         cmocka_unit_test(test_truncated_file),
+        cmocka_unit_test(test_ratio_list_with_mtp_entry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

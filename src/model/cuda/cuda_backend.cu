@@ -14,6 +14,7 @@ extern "C" {
 #include "base/numparse.h"
 #include "model/backends.h"
 #include "model/session_state.h"
+#include "model/steering.h"
 }
 
 #define REC_CAP 4096
@@ -99,6 +100,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
+    if (b->base.opts.steer) TAKE(m, b->d_steer, (size_t)c->n_layer * D);
     TAKE(m, b->router, C * c->n_expert);
     TAKE(m, b->sel, C * k);
     TAKE(m, b->selw, C * k);
@@ -279,12 +281,31 @@ static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
 }
 
 static int capture_step(cuda_backend *b, ds4_err *err) {
+    b->graph_steer[0] = b->main_seq.steer_ffn;
+    b->graph_steer[1] = b->main_seq.steer_attn;
     if (ds4_prof_on) return 0;
     for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
         if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
     if (capture_ctx(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
+}
+
+/* The decode graphs again when the main sequence's steering scales are not
+ * the ones they were captured with (a scale is a kernel argument of the
+ * graph; with none the graph has no steering launch at all).  Between
+ * steps, with nothing in flight. */
+static int steer_recapture(cuda_backend *b, ds4_err *err) {
+    if (!cu_steer_changed(b)) return 0;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    for (uint32_t i = 0; i < CU_GRAPHS; i++)
+        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
+            if (b->graph[i][k]) {
+                cudaGraphExecDestroy(b->graph[i][k]);
+                b->graph[i][k] = NULL;
+            }
+    b->n_graphs = 0;
+    return capture_step(b, err);
 }
 
 /* The decode step at position pos on the device.  Its logits are
@@ -310,7 +331,8 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
     b->jr.valid = false; /* a plain step ends what a rewind can take back */
-    if (cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
+    if (steer_recapture(b, err) || cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err))
+        return -1;
     b->tokens[b->n_tokens++] = token;
     b->has_logits = true;
     b->logits_fresh = false;
@@ -322,7 +344,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
-    if (check_room(b, n, err)) return -1;
+    if (check_room(b, n, err) || steer_recapture(b, err)) return -1;
     b->jr.valid = false;
     for (uint32_t done = 0; done < n;) {
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
@@ -455,6 +477,7 @@ static void cuda_free(ds4_backend *base) {
     free(b->L);
     free(b->tokens);
     free(b->logits_h);
+    free(b->obs_h);
     free(b);
 }
 
@@ -550,6 +573,8 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     b->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
     if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
+    if (b->base.opts.act_observer && !(b->obs_h = (float *)malloc((size_t)b->chunk * c->n_embd * sizeof(float))))
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
     layout_state(b, &m);
     char what[96];
@@ -576,6 +601,9 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    if (b->d_steer)
+        CU_TRY(cudaMemcpy(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float),
+                          cudaMemcpyHostToDevice));
     if (reset_state(b, err)) return -1;
     return capture_step(b, err);
 }

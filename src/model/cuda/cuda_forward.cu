@@ -234,6 +234,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     hc_site here = attn_site(b, il, decode);
     if (cu_attend(b, il, T, pos0, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0};
+    if (cu_steer(b, il, T, false, decode, &src, err)) return -1;
     hc_site ffn = ffn_site(b, il, decode);
     return cu_hc_step(b, &src, &ffn, T, err);
 }
@@ -279,6 +280,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             return -1;
     }
     hc_post_src src = {NULL, b->eout, b->sout, k};
+    if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
     hc_site next = il + 1 < c->n_layer    ? attn_site(b, il + 1, decode)
                    : il + 1 == c->n_layer ? head_site(b)
                                           : mtp_head_site(b); /* the MTP block's layer, n_layer */

@@ -349,6 +349,12 @@ typedef struct cuda_backend {
     uint32_t n_tokens;
     uint32_t *tokens;
     float *logits_h;
+    /* directional steering (model/steering.h): the directions on the
+     * device (NULL without), the scales the decode graphs were captured
+     * with, and the activation observer's host rows (chunk x n_embd) */
+    float *d_steer;
+    float graph_steer[2];
+    float *obs_h;
     bool has_logits, logits_fresh;
 
     dstep *d_step;
@@ -503,6 +509,18 @@ uint32_t cu_hc_cols(void);
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
+
+/* cuda_steer.cu: the sublayer output of layer il at a steering point with
+ * the main sequence's scale, and to the activation observer (not in decode
+ * passes).  The attention's is b->y; the FFN's (post, routed + shared) is
+ * first summed into b->y when steered or observed, and post then reads
+ * b->y.  Nothing at all when neither applies. */
+int cu_steer(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, bool decode, hc_post_src *post, ds4_err *err);
+/* The scales a decode step of the main sequence runs with now. */
+static inline bool cu_steer_changed(const cuda_backend *b) {
+    return b->d_steer &&
+           (b->main_seq.steer_ffn != b->graph_steer[0] || b->main_seq.steer_attn != b->graph_steer[1]);
+}
 /* hcsums: the mixer's reduced sums (sum of squares, then the rows; at
  * most 32) and, at HC_SUMS_RS, the RMS scale as a double. */
 #define HC_SUMS_RS 32
