@@ -399,9 +399,10 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
         total += (sizes[i] + 255) / 256 * 256;
     }
     CU_TRY(cudaMemset(m->block, 0, total));
-    m->logits_h = (float *)calloc(V, sizeof(float));
-    m->jlogits = (float *)calloc((DS4_REWIND_MAX + 1) * V, sizeof(float));
-    if (!m->logits_h || !m->jlogits) return ds4_err_set(err, DS4_ENOMEM, "out of memory for the MTP sequence's logits");
+    /* pinned: every draft's logits come back to the host */
+    if (cudaMallocHost((void **)&m->logits_h, V * sizeof(float)) != cudaSuccess ||
+        cudaMallocHost((void **)&m->jlogits, (DS4_REWIND_MAX + 1) * V * sizeof(float)) != cudaSuccess)
+        return ds4_err_set(err, DS4_ENOMEM, "out of pinned memory for the MTP sequence's logits");
     dlstate *L = &b->L[c->n_layer];
     memset(L, 0, sizeof(*L));
     L->raw = m->raw;
@@ -413,8 +414,8 @@ void cu_mtp_free(cuda_backend *b) {
     if (!m) return;
     if (m->W.block) cudaFree(m->W.block);
     if (m->block) cudaFree(m->block);
-    free(m->logits_h);
-    free(m->jlogits);
+    if (m->logits_h) cudaFreeHost(m->logits_h);
+    if (m->jlogits) cudaFreeHost(m->jlogits);
     free(m);
     b->mtp = NULL;
 }
