@@ -62,10 +62,11 @@
  *       of 1, 2 and 4 tokens (verified in one batched step, rejected rows
  *       rewound) hands out the tokens plain decoding does, for prompts
  *       whose generation crosses the prefill / decode boundary and the
- *       ratio-4 and ratio-128 window ends.  --quick: the longest prefill's
- *       last 8 rows (4 in one step, 4 one at a time), drafts of 2 for 8
- *       tokens after 122 (across a ratio-4 window's end and the ratio-128
- *       one's at 127).
+ *       ratio-4 and ratio-128 window ends.  --quick: a prefill of 24 and
+ *       its 24 rows (12 in one step, 12 one at a time; the last, whose
+ *       window the block holds whole, compares), drafts of 2 for 8 tokens
+ *       after 122 (across a ratio-4 window's end and the ratio-128 one's
+ *       at 127).
  *   test_cuda steer MODEL [--prompt N] [--steps N]
  *       directional steering against the CPU's (cmd_steer), simulations off.
  *
@@ -657,13 +658,11 @@ static void mtp_golden(const char *model, const char *mtp, const char *golden, b
     if (!b) die("cuda", &err);
     uint32_t W = w->cfg.sliding_window;
     float *got = xmalloc((size_t)DS4_HIDDEN_KEEP * V * 4);
-    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {n - 1};
+    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {24};
     const uint32_t *ns = quick ? few : all, nn = quick ? 1 : 5;
     double worst = 0;
     for (uint32_t a = 0; a < nn; a++) {
-        /* quick: the last 8 positions' rows (the last one compares) */
-        uint32_t len = ns[a], keep = quick ? 8 : DS4_HIDDEN_KEEP, lo = len > keep ? len - keep : 0,
-                 half = lo + (len - lo) / 2;
+        uint32_t len = ns[a], lo = len > DS4_HIDDEN_KEEP ? len - DS4_HIDDEN_KEEP : 0, half = lo + (len - lo) / 2;
         ds4_backend_reset(b);
         if (ds4_backend_prefill(b, tok, len, NULL, &err)) die("prefill", &err);
         ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
