@@ -697,6 +697,70 @@ static void mtp_golden(const char *model, const char *mtp, const char *golden, b
     free(got);
 }
 
+/* The MTP sequence's rewind (cuda_mtp.cu): after 127 rows and a mark, three
+ * draft rows taken back (two of them overwrite ring slots the next row's
+ * window reads) leave no trace - the next row's logits are those of a
+ * sequence that never drafted, bit for bit (the same kernels), whatever the
+ * drafts - and a rewind that keeps the first draft is the sequence that
+ * appended that row alone. */
+static void mtp_rewind(const char *model, const char *mtp) {
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) die(model, &err);
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) die(mtp, &err);
+    ds4_backend_opts o = {.ctx_size = 256, .no_sim = true, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die("cuda", &err);
+    if (w->cfg.sliding_window > DS4_HIDDEN_KEEP) { /* the drafts' slots must be in the next row's window */
+        printf("FAIL: the MTP rewind check needs a window of at most %d rows\n", DS4_HIDDEN_KEEP);
+        exit(1);
+    }
+    uint32_t V = w->cfg.n_vocab, n = 140, lo = n - DS4_HIDDEN_KEEP, tok[141];
+    for (uint32_t i = 0; i < 141; i++) tok[i] = (i * 37u + 5u) % V;
+    if (ds4_backend_prefill(b, tok, n, NULL, &err)) die("prefill", &err);
+    float *lg = xmalloc((size_t)5 * V * 4);
+    ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+    if (!ms) die("MTP sequence", &err);
+    ds4_row rows[DS4_HIDDEN_KEEP];
+    ds4_step_out out = {NULL, NULL};
+    /* runs: 0 no drafts; 1, 2 drafts taken back; 3 the first draft kept; 4 it appended plainly */
+    for (int run = 0; run < 5; run++) {
+        ds4_seq_reset(b, ms);
+        for (uint32_t i = lo; i < n - 1; i++) rows[i - lo] = ds4_mtp_row(ms, tok[i + 1], 0, b->main, i);
+        out.logits = NULL;
+        if (ds4_backend_mtp_step(b, rows, n - 1 - lo, &out, &err) || ds4_backend_mark(b, ms, &err))
+            die("MTP rows", &err);
+        uint32_t base = ds4_seq_len(b, ms);
+        if (run >= 1 && run <= 3)
+            for (uint32_t k = 0; k < 3; k++) {
+                rows[0] = ds4_mtp_row(ms, (tok[k] + 7u * (uint32_t)run) % V, DS4_ROW_REWIND, ms, base - 1 + k);
+                if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+            }
+        if (run == 4) {
+            rows[0] = ds4_mtp_row(ms, (tok[0] + 21u) % V, 0, ms, base - 1);
+            if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+        }
+        if ((run >= 1 && run <= 3) && ds4_backend_rewind(b, ms, base + (run == 3), &err)) die("rewind", &err);
+        CHECK(ds4_seq_len(b, ms) == base + (run >= 3), "run %d: MTP sequence of %u rows after the rewind", run,
+              ds4_seq_len(b, ms));
+        /* the next row: the main model's last residual, or (3, 4) the kept draft's */
+        rows[0] = run >= 3 ? ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, ms, base)
+                           : ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, b->main, n - 1);
+        out.logits = lg + (size_t)run * V;
+        if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("row", &err);
+    }
+    CHECK(!memcmp(lg + V, lg, V * 4) && !memcmp(lg + 2 * (size_t)V, lg, V * 4),
+          "MTP rewind: rejected drafts left a trace in the next row's logits");
+    CHECK(!memcmp(lg + 3 * (size_t)V, lg + 4 * (size_t)V, V * 4),
+          "MTP rewind: a kept draft differs from the row appended plainly");
+    ds4_seq_free(b, ms);
+    free(lg);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+}
+
 typedef struct tokrec {
     int32_t tok[64];
     uint32_t n;
@@ -764,6 +828,7 @@ static int cmd_mtp(int argc, char **argv) {
     bool quick = argc == 4 && !strcmp(argv[3], "--quick");
     if (argc == 4 && !quick) return 2;
     mtp_golden(argv[0], argv[1], argv[2], quick);
+    mtp_rewind(argv[0], argv[1]);
     mtp_identity(argv[0], argv[1], quick);
     return 0;
 }
