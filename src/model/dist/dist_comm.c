@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/instance_lock.h"
 #include "base/fp.h"
 #include "model/dist/dist_internal.h"
 
@@ -38,9 +39,8 @@ static bool launched_by_mpirun(void) {
  * the first one's lock. */
 static void own_lock_file(int rank) {
     if (rank == 0) return;
-    const char *base = getenv("DS4_LOCK_FILE");
     char path[4096];
-    snprintf(path, sizeof(path), "%s.rank%d", base && *base ? base : "/tmp/ds4.lock", rank);
+    snprintf(path, sizeof(path), "%s.rank%d", ds4_instance_lock_path(), rank);
     setenv("DS4_LOCK_FILE", path, 1);
 }
 
