@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/instance_lock.h"
 #include "base/rank.h"
 #include "model/backends.h"
 #include "model/dist/dist_internal.h"
@@ -283,9 +284,10 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
     }
     if (!*d || (*d)->rank == 0) return -1;
     ds4_weights *w = NULL;
-    if (!model_path)
+    bool locked = ds4_instance_lock(&err) == 0; /* this rank's own lock file (dist_comm.c) */
+    if (locked && !model_path)
         ds4_err_set(&err, DS4_EUNSUPPORTED, "a pipeline runs a model file (synthetic weights have no file to split)");
-    else
+    else if (locked)
         w = ds4_weights_open(model_path, &err);
     int rc = 0;
     if (!w) {
