@@ -39,6 +39,8 @@ int ds4_model_file_check(const char *path, ds4_err *err) {
 const char *ds4_option_not_supported(const char *name) {
     static const char DIAG[] = "a diagnostic of ds4's Metal build; this engine compares backends with "
                                "ds4-forward and tests/cuda (see README.md)";
+    static const char PIPE[] = "ds4's own TCP pipeline; here mpirun starts the ranks: mpirun -np N ./ds4 ... with "
+                               "--layers A:B per rank (docs/DISTRIBUTED.md)";
     static const struct {
         const char *name, *why;
     } table[] = {
@@ -48,6 +50,11 @@ const char *ds4_option_not_supported(const char *name) {
         {"--metal-graph-full-test", DIAG},
         {"--metal-graph-prompt-test", DIAG},
         {"--metal-graph-generate", "removed from ds4 itself"},
+        {"--role", PIPE},
+        {"--coordinator", PIPE},
+        {"--listen", PIPE},
+        {"--gpus", "a pipeline over several GPUs is not built yet; CPU ranks run one under mpirun "
+                   "(docs/DISTRIBUTED.md)"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         if (!strcmp(name, table[i].name)) return table[i].why;
