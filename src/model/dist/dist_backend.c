@@ -471,6 +471,12 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not observe experts (the imatrix runs in one process)");
         return NULL;
     }
+    if (opts && (opts->steer || opts->act_observer)) {
+        ds4_err_set(err, DS4_EUNSUPPORTED,
+                    "a pipeline does not steer or observe activations (--dir-steering-file and ds4-direction need "
+                    "one process)");
+        return NULL;
+    }
     dist_backend *b = calloc(1, sizeof(*b));
     if (!b) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory");
