@@ -166,10 +166,13 @@ CHAT=$T/chat.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$(suite_tokenizer)" --seed 11 -q -o "$CHAT" || fail "mkmodel"
 export NO_COLOR=1
 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-1.txt" 2>/dev/null || fail "ds4 alone"
-$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
+$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 --warm-weights > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
     fail "ds4 under mpirun: $(cat "$T/ds4-3.err")"
 cmp "$T/ds4-1.txt" "$T/ds4-3.txt" || fail "ds4 on 3 ranks writes another text: $(cat "$T/ds4-1.txt" "$T/ds4-3.txt")"
 echo "ok: ds4 on 3 ranks writes one process's text"
+# --warm-weights: each rank reads its own stage in, together the whole model's tensors
+[ "$(grep -c "ds4: warmed" "$T/ds4-3.err")" = 3 ] || fail "not every rank warmed its stage: $(cat "$T/ds4-3.err")"
+echo "ok: --warm-weights on 3 ranks: $(grep "ds4: warmed" "$T/ds4-3.err" | sed 's/ in .*//; s/ds4: warmed //' | tr '\n' ' ')"
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 $MPIRUN --enable-recovery -np 2 ./ds4-server -m "$CHAT" --port "$port" -t 1 -c 4096 > "$T/srv.out" 2>&1 &

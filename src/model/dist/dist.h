@@ -55,6 +55,11 @@ typedef struct ds4_dist_opts {
     const char *layers;     /* this rank's layers "A:B" (inclusive) or "A:output"; NULL: split by memory */
     const char *dtype;      /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
     float timeout_s;        /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
+    /* --warm-weights on a rank after the first: read its stage's tensors
+     * in before serving (the program's reader, engine/startup.h:
+     * ds4_startup_warm_stage); NULL: no. 0 on success. */
+    int (*warm)(void *ctx, const ds4_weights *w, uint32_t first, uint32_t end);
+    void *warm_ctx;
 } ds4_dist_opts;
 
 typedef struct ds4_dist ds4_dist;

@@ -297,7 +297,12 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
         (*d)->mpi.Abort((*d)->mpi.comm_world, 1);
         return 1;
     }
-    if (ds4_dist_plan(*d, prog, w, o, &err) != 0 || ds4_dist_serve(*d, local, w, n_threads, &err) != 0) {
+    uint32_t first, end;
+    if (ds4_dist_plan(*d, prog, w, o, &err) == 0 && o && o->warm) {
+        ds4_dist_layers(*d, &first, &end);
+        if (o->warm(o->warm_ctx, w, first, end) != 0) dist_fail(*d, "reading the weights in failed (--warm-weights)");
+    }
+    if (!(*d)->planned || ds4_dist_serve(*d, local, w, n_threads, &err) != 0) {
         /* rank 0 says the plan's refusal; a failure names its rank */
         if ((*d)->planned) fprintf(stderr, "%s: rank %d: %s\n", prog, (*d)->rank, ds4_err_msg(&err));
         rc = 1;
