@@ -9,6 +9,7 @@
  * slot is needed again, so DS4_DIST_IN_FLIGHT chunks move down the
  * pipeline together while rank 0 computes the next.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -507,6 +508,13 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         return NULL;
     }
     b->base.opts.n_threads = b->local->opts.n_threads;
+    char line[512];
+    size_t o = (size_t)snprintf(line, sizeof(line), "pipeline: a sequence of %u tokens keeps", lo.ctx_size);
+    for (int r = 0; r < d->size && o < sizeof(line); r++)
+        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s %.1f MiB on rank %d", r ? "," : "",
+                              (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) /
+                                  (1u << 20), r);
+    fprintf(stderr, "%s: %s\n", d->prog ? d->prog : "ds4", line);
     if (!(b->base.main = seq_make(b, b->base.opts.ctx_size, true, err))) {
         dist_free(&b->base);
         return NULL;
