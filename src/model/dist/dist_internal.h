@@ -2,6 +2,7 @@
  * dist_internal.h - the pipeline's internals (see dist.h): the job, the
  * messages between ranks, and the waits that end when a rank fails.
  *
+ *   dist_mpi.c      Open MPI loaded at run time
  *   dist_comm.c     joining the job, heartbeats and failures, waits
  *   dist_plan.c     model comparison and the split into stages
  *   dist_backend.c  rank 0's ds4_backend: the pipeline driven
