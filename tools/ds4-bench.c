@@ -33,7 +33,12 @@
  * model's output).
  * A summary on stderr gives, for generation, the weight bytes a token
  * streams and the effective bandwidth, against the device copy bandwidth
- * measured in the same run (CUDA).
+ * measured in the same run (CUDA).  When routed experts stay in host RAM
+ * (--gpu-mem, docs/DESIGN.md 3.5) it also gives the host's measured read
+ * bandwidth, the routed bytes the CPU reads a token, and generation
+ * against the rate that bandwidth allows for them.  --expert-profile-out
+ * writes the experts' use over the run (model/placement.h), for a later
+ * --expert-profile.
  *
  * --synthetic q2|q4 runs the published Flash shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
@@ -61,7 +66,9 @@
 #include "engine/cli.h"
 #include "engine/spec.h"
 #include "engine/startup.h"
+#include "base/threads.h"
 #include "model/backends.h"
+#include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -69,6 +76,7 @@
 
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
+    const char *profile, *profile_out;
     bool model_given, warm_weights;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     const char *mtp;          /* the MTP block's file */
@@ -111,6 +119,11 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
+        DS4_CLI_OFFLOAD(&o->bo.gpu_mem, &o->profile),
+        {DS4_OPT_STR("--expert-profile-out", "FILE", &o->profile_out, NULL,
+                     "write how often each routed expert was chosen over the run: an expert profile for "
+                     "--expert-profile (CUDA)"),
+         .flags = DS4_OPT_OUT},
         DS4_CLI_STEERING(&o->steer),
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
@@ -179,6 +192,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         return ds4_cli_usage(&cli, "--ctx-alloc %u must exceed ctx-max + gen-tokens + mtp-draft (%u + %u + %u)",
                              o->ctx_alloc, o->ctx_max, o->gen, over);
     o->bo.ctx_size = o->ctx_alloc;
+    o->bo.count_experts = o->profile_out != NULL;
+    if (o->profile_out && o->backend && strcmp(o->backend, "cuda") != 0)
+        return ds4_cli_usage(&cli, "--expert-profile-out counts on the CUDA backend");
     return -1;
 }
 
@@ -199,6 +215,57 @@ static double bytes_per_token(const ds4_weights *w) {
     }
     return total;
 }
+
+#if DS4_CUDA
+/* The host's read bandwidth: `threads` threads each summing its part of a
+ * buffer far beyond the caches, best of three passes. */
+typedef struct bw_task {
+    const uint64_t *p;
+    size_t words;
+    uint64_t *sums;
+} bw_task;
+
+static void bw_read(void *ctx, int64_t a, int64_t z, int thread) {
+    const bw_task *t = ctx;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = (size_t)a * 4096; i < (size_t)z * 4096 && i < t->words; i += 4) {
+        s0 += t->p[i];
+        s1 += t->p[i + 1];
+        s2 += t->p[i + 2];
+        s3 += t->p[i + 3];
+    }
+    t->sums[thread] += s0 ^ s1 ^ s2 ^ s3;
+}
+
+static double host_bandwidth(int threads, ds4_err *err) {
+    size_t bytes = (size_t)4 << 30, words = bytes / 8;
+    uint64_t *p = malloc(bytes);
+    ds4_pool *pool = ds4_pool_create(threads, err);
+    uint64_t *sums = pool ? calloc((size_t)ds4_pool_size(pool), sizeof(uint64_t)) : NULL;
+    if (!p || !pool || !sums) {
+        free(p);
+        free(sums);
+        ds4_pool_free(pool);
+        if (!err->msg[0]) ds4_err_set(err, DS4_ENOMEM, "no room for the host bandwidth probe");
+        return -1;
+    }
+    for (size_t i = 0; i < words; i++) p[i] = i * 0x9E3779B97F4A7C15ull;
+    bw_task t = {p, words, sums};
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double a = ds4_now();
+        ds4_pool_run(pool, (int64_t)(words / 4096), 64, bw_read, &t);
+        double s = ds4_now() - a;
+        if (s < best) best = s;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < ds4_pool_size(pool); i++) x ^= sums[i];
+    free(p);
+    free(sums);
+    ds4_pool_free(pool);
+    return x == 1 ? 0 : (double)bytes / best; /* x keeps the sums alive */
+}
+#endif
 
 static char *read_file(const char *path, size_t *len, ds4_err *err) {
     FILE *f = fopen(path, "rb");
@@ -438,11 +505,18 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         w = ds4_weights_open(o->model, err);
     }
     if (!w) return -1;
-    ds4_mtp_weights *mtp = NULL;
+    ds4_expert_profile *prof = NULL;
+    if (o->profile && !(prof = ds4_expert_profile_load(o->profile, w->cfg.n_layer, w->cfg.n_expert, err))) {
+        ds4_weights_close(w);
+        return -1;
+    }
     ds4_backend_opts bo = o->bo;
+    bo.expert_profile = prof;
+    ds4_mtp_weights *mtp = NULL;
     if (mtp_on(o)) {
         mtp = o->mtp ? ds4_mtp_open(o->mtp, w, err) : ds4_mtp_synthetic(w, o->synthetic, err);
         if (!mtp) {
+            ds4_expert_profile_free(prof);
             ds4_weights_close(w);
             return -1;
         }
@@ -451,6 +525,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_mtp_close(mtp);
         ds4_weights_close(w);
+        ds4_expert_profile_free(prof);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
@@ -473,8 +548,20 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         fprintf(stderr, "ds4-bench: %s, device copy bandwidth %.0f GB/s (read + write)\n", dev, copy_bw / 1e9);
     }
 #endif
-    double bpt = bytes_per_token(w);
+    double bpt = bytes_per_token(w), host_bw = 0, tok_host = 0;
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
+#if DS4_CUDA
+    ds4_offload_info oi;
+    if (!strcmp(b->ops->name, "cuda") && ds4_cuda_offload_info(b, &oi) == 0 && oi.on) {
+        if ((host_bw = host_bandwidth(o->bo.n_threads, err)) < 0) goto done;
+        tok_host = oi.tok_host;
+        bpt -= tok_host; /* what the GPU reads */
+        fprintf(stderr,
+                "ds4-bench: %u of %u routed experts in host RAM; a token reads %.2f GB of them on the host "
+                "(%.2f GB on the GPU); host read bandwidth %.1f GB/s: at most %.1f tokens/s\n",
+                oi.host_experts, oi.total_experts, tok_host / 1e9, bpt / 1e9, host_bw / 1e9, host_bw / tok_host);
+    }
+#endif
     if (!o->prompt_file && !o->chat_file && !o->tokens_file)
         fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
                         "token ids (seed %u)\n", o->seed);
@@ -520,18 +607,32 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
         fprintf(stderr, "ctx %6u: prefill %6u tokens %8.1f t/s | generate %4u tokens %7.2f t/s = %.0f GB/s of weights%s",
                 f, n, n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
-        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)\n", 100.0 * gtps * bpt / copy_bw);
+        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
+                                 tok_host > 0 ? "" : "\n");
+        if (tok_host > 0)
+            fprintf(stderr, "; host experts %.1f GB/s = %.0f%% of the host bandwidth's %.1f tokens/s\n",
+                    gtps * tok_host / 1e9, 100.0 * gtps * tok_host / host_bw, host_bw / tok_host);
         if (mtp && o->gen) mtp_report(out, o, &mr, g / o->gen);
         else if (mtp) fprintf(out, ",%u,%d,,,,,,,,", o->draft, o->forced);
         fprintf(out, "\n");
         fflush(out);
         if (f >= o->ctx_max) break;
     }
+#if DS4_CUDA
+    if (o->profile_out) {
+        ds4_expert_profile *p = ds4_expert_profile_new(w->cfg.n_layer, w->cfg.n_expert, err);
+        int prc = !p || ds4_cuda_expert_counts(b, p, err) || ds4_expert_profile_save(p, o->profile_out, err);
+        ds4_expert_profile_free(p);
+        if (prc) goto done;
+        fprintf(stderr, "ds4-bench: expert profile written to %s\n", o->profile_out);
+    }
+#endif
     rc = 0;
 done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_expert_profile_free(prof);
     ds4_mtp_close(mtp);
     ds4_steering_free(steer);
     ds4_weights_close(w);

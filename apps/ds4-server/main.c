@@ -16,6 +16,7 @@
  * the model (nothing to save yet).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -63,6 +64,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
         DS4_CLI_MTP(&o->mtp),
         DS4_CLI_STEERING(&o->steer),
 
@@ -157,15 +159,13 @@ static bool stop_signal_pending(void *ctx) {
     return sigpending(&p) == 0 && (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
 }
 
-static volatile sig_atomic_t shutdown_done;
-
 static void *shutdown_main(void *arg) {
     server *s = arg;
     srv_log("server", "shutting down");
     s->stopping = 1;
     worker_stop(s);
     http_stop(s);
-    shutdown_done = 1;
+    s->shutdown_done = 1;
     return NULL;
 }
 
@@ -189,6 +189,12 @@ int main(int argc, char **argv) {
         return lrc;
     }
     s.memory_checkpoint = !no_ckpt;
+    /* glibc gives threads arenas of their own (up to 8 a core); what a
+     * connection thread frees after a large body stays in its arena, out of
+     * malloc_trim's reach, and with a thread per session and per connection
+     * the process keeps growing by it.  Two arenas keep the memory handed
+     * back (docs/SERVER.md, JSON). */
+    mallopt(M_ARENA_MAX, 2);
     pthread_mutex_init(&s.stats_mu, NULL);
     render_pool_init(&s);
     signal(SIGPIPE, SIG_IGN);
@@ -216,7 +222,8 @@ int main(int argc, char **argv) {
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
-                          .prog = "ds4-server", .mtp_path = s.o.mtp.path};
+                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile,
+                          .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
@@ -252,7 +259,7 @@ int main(int argc, char **argv) {
     if (s.o.api_key) srv_log("server", "API key required");
     pthread_t shut;
     bool shutting = false;
-    while (!shutdown_done) {
+    while (!s.shutdown_done) {
         struct timespec ts = {0, 100 * 1000000L};
         int sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig <= 0) continue;

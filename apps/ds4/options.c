@@ -18,7 +18,7 @@ static const char USAGE[] = "[options]              interactive chat (no prompt 
                             "-p TEXT [options]      one-shot: answer TEXT and exit";
 
 static const char NOTES[] = DS4_CLI_ENV_NOTES "\n"
-                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n"
+                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /steer [F [A]] /quit\n"
                             "exit status: 0 done, 1 an error, 2 a usage error or another model process running,\n"
                             "130 stopped by Ctrl+C";
 
@@ -137,6 +137,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),
         DS4_CLI_MTP(&o->mtp),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
         DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("diagnostics:")},

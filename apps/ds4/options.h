@@ -49,6 +49,8 @@ typedef struct cli_opts {
     bool warm_weights;         /* read the whole model file before the first token */
     bool no_sim;               /* low-precision simulations off */
     ds4_cli_mtp mtp;           /* MTP speculative decoding */
+    uint64_t gpu_mem;          /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;       /* directional steering */
     ds4_dist_opts dist;        /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     const char *logprobs_out;

@@ -13,6 +13,8 @@
  *   --temp, --top-p, --top-k, --min-p, --seed     sampling (engine/sampler.h)
  *   --think, --think-max, --nothink               thinking mode
  *   --mtp FILE, --mtp-draft N, --mtp-margin F     MTP speculative decoding
+ *   --gpu-mem SIZE, --expert-profile FILE         routed experts beyond the GPU
+ *                                                 in host RAM (CUDA builds)
  *   --dir-steering-file FILE, --dir-steering-ffn F, --dir-steering-attn F
  *                                                 directional steering
  *
@@ -98,6 +100,23 @@ typedef struct ds4_cli_mtp {
     {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
                    "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
 
+/* The GPU's budget and the expert profile (ds4_backend_opts.gpu_mem,
+ * model/placement.h): the routed experts that do not fit stay in host RAM,
+ * computed by the CPU (docs/DESIGN.md 3.5). */
+/* --gpu-mem's action: a size ("24G") into the uint64_t at ctx. */
+int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
+
+/* gpu_mem: a uint64_t (0: the GPU's free memory less a reserve); profile:
+ * a const char * (NULL: whole layers from the first). */
+#define DS4_CLI_OFFLOAD(gpu_mem, profile)                                                                          \
+    {DS4_OPT_CALL("--gpu-mem", "SIZE", ds4_cli_parse_gpu_mem, (gpu_mem),                                        \
+                  "GPU memory the model may use (24G, 81000M, bytes): the routed experts that do not fit stay in "  \
+                  "host RAM, computed by the CPU (CUDA)"),                                                          \
+     .def_text = "the GPU's free memory less 1 GiB"},                                                               \
+    {DS4_OPT_STR("--expert-profile", "FILE", (profile), NULL,                                                    \
+                 "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
+                 "or an imatrix; without it, whole layers from the first"),                                          \
+     .flags = DS4_OPT_IN}
 /* Directional steering (model/steering.h): the direction file and the two
  * scales.  After parsing, ds4_cli_steering_check() settles the FFN scale
  * (1 when a file is given without one) and ds4_cli_steering_opts() puts

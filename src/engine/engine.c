@@ -10,6 +10,7 @@
 #include "engine/batcher.h"
 #include "format/quants.h"
 #include "model/backends.h"
+#include "model/placement.h"
 #include "model/steering.h"
 
 const char *ds4_default_backend(void) {
@@ -36,7 +37,9 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     }
     e->opts.backend = e->backend_name;
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
-    if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
+    if (!(e->w = opts->header_only ? ds4_weights_open_header(opts->model_path, err)
+                                   : ds4_weights_open(opts->model_path, err)))
+        goto fail;
     e->opts.mtp_path = NULL; /* not owned either */
     e->opts.steer_path = NULL;
     if (opts->steer_path && !(e->steer = ds4_steering_load(opts->steer_path, &e->w->cfg, err))) goto fail;
@@ -59,6 +62,10 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     } else if (ds4_gguf_find_tensor(e->w->gguf, "mtp.0.e_proj.weight")) {
         if (!(e->mtp = ds4_mtp_from_model(e->w, err))) goto fail;
     }
+    e->opts.expert_profile = NULL; /* not owned: the profile is read now */
+    if (opts->expert_profile &&
+        !(e->profile = ds4_expert_profile_load(opts->expert_profile, e->w->cfg.n_layer, e->w->cfg.n_expert, err)))
+        goto fail;
 
     /* Tools that only run token ids (ds4-forward, the tests' minimal
      * models) do not need a tokenizer; chat programs do. */
@@ -95,6 +102,7 @@ void ds4_engine_close(ds4_engine *e) {
     ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
     ds4_mtp_close(e->mtp);
+    ds4_expert_profile_free(e->profile);
     ds4_steering_free(e->steer);
     ds4_weights_close(e->w);
     free(e->backend_name);
@@ -148,7 +156,9 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     }
     if (!e->b) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp, .steer = e->steer};
+                               .mtp = e->mtp, .steer = e->steer, .gpu_mem = e->opts.gpu_mem,
+                               .expert_profile = e->profile, .act_observer = e->opts.act_observer,
+                               .act_ctx = e->opts.act_ctx};
         e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
                             : ds4_backend_create(e->backend_name, e->w, &bo, err);
         if (!e->b) return NULL;

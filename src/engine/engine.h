@@ -28,14 +28,21 @@ typedef struct ds4_engine_opts {
     bool no_sim;             /* low-precision simulations off (testing) */
     bool need_vocab;         /* fail when the GGUF has no tokenizer */
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
+    uint64_t gpu_mem;        /* ds4_backend_opts.gpu_mem */
+    const char *expert_profile; /* a profile file (model/placement.h), or NULL */
     const char *steer_path;  /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
+    /* the backend's activation observer (model/backend.h), or NULL */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
     /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
      * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
      * first stage with `backend`; NULL: one process. */
     ds4_dist *dist;
     const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
     const char *prog;        /* names the program in the pipeline's startup lines */
+    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+                              * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
@@ -44,6 +51,7 @@ typedef struct ds4_engine {
     ds4_weights *w;
     ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
     ds4_mtp_weights *mtp;    /* the MTP block, or NULL */
+    struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
     struct ds4_steering *steer; /* the directions of opts.steer_path, or NULL */
     int32_t eos, bos;        /* -1 without a vocabulary */
     ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */

@@ -55,6 +55,9 @@
 #define DS4_CTX_DEFAULT 32768u  /* tokens a session holds unless told otherwise */
 #define DS4_CTX_MAX 1048576u    /* the longest context accepted: the model's trained one */
 
+/* ds4_backend_opts.host_experts */
+enum { DS4_HOST_AUTO = 0, DS4_HOST_CPU = 1, DS4_HOST_STREAM = 2 };
+
 typedef struct ds4_backend_opts {
     int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
@@ -66,6 +69,20 @@ typedef struct ds4_backend_opts {
                               * graph (0: 8192; docs/DESIGN.md 4.2); tests
                               * set small ones so that short sequences cross
                               * graphs.  Ignored by the CPU backend. */
+    /* CUDA: bytes the backend may allocate on the GPU (0: the device's free
+     * memory less a reserve for the runtime).  What does not fit of the
+     * routed experts stays in host RAM, computed there (docs/DESIGN.md
+     * 3.5); expert_profile, when given, decides which experts go on the
+     * GPU first (model/placement.h; NULL: whole layers from the first).
+     * Ignored by the CPU backend. */
+    uint64_t gpu_mem;
+    const struct ds4_expert_profile *expert_profile;
+    /* CUDA: count every pass's routed-expert selections, for an expert
+     * profile (ds4_cuda_expert_counts).  Ignored by the CPU backend. */
+    bool count_experts;
+    /* CUDA, for the tests that check both ways: how a prefill pass computes
+     * the host experts (DS4_HOST_*; 0: the cheaper by the measured costs) */
+    int host_experts;
     /* Called for every routed expert the forward pass runs: the m tokens of
      * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
      * normalised) and the down projection's input rows (mid: m x n_ff_exp,

@@ -135,7 +135,7 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
             rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s is not part of a %u-layer ds4 model", name, c->n_layer);
     }
     free(specs);
-    for (uint32_t il = 0; rc == 0 && il < c->n_layer; il++)
+    for (uint32_t il = 0; rc == 0 && il < c->n_layer && !w->gguf->header_only; il++)
         if (ds4_layer_is_hash(c, il)) rc = check_tid2eid(w, il, err);
     return rc;
 }
@@ -169,6 +169,18 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
         ds4_weights_close(w);
         return NULL;
     }
+    return w;
+}
+
+ds4_weights *ds4_weights_open_header(const char *path, ds4_err *err) {
+    ds4_gguf *g = ds4_gguf_open_header(path, err);
+    if (!g) return NULL;
+    if (g->size > g->data_offset) { /* a file with data gets every check */
+        ds4_gguf_close(g);
+        return ds4_weights_open(path, err);
+    }
+    ds4_weights *w = ds4_weights_from_gguf(g, err);
+    if (!w) ds4_gguf_close(g);
     return w;
 }
 

@@ -75,6 +75,12 @@ typedef struct ds4_weights {
  * path and names the key or tensor at fault. */
 ds4_weights *ds4_weights_open(const char *path, ds4_err *err);
 
+/* A header-only file (ds4-mkmodel --header-only) with the same checks on its
+ * metadata and tensor table (every tensor's data NULL, the hash tables'
+ * entries unchecked): what a model of its shapes would hold, e.g. Pro's.
+ * A file with data is opened as ds4_weights_open opens it. */
+ds4_weights *ds4_weights_open_header(const char *path, ds4_err *err);
+
 /* Same over an already opened reader; on success the weights own it. */
 ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err);
 

@@ -54,8 +54,15 @@ expect_fail() {
 }
 expect_fail "not a multiple of the iq2_xxs block" ./ds4-mkmodel -q --recipe q2 --set embd=64 -o "$dir/x.gguf"
 expect_fail "unknown recipe" ./ds4-mkmodel -q --recipe q3 -o "$dir/x.gguf"
-expect_fail "--preset huge: must be one of tiny, small, mid or flash" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
+expect_fail "--preset huge: must be one of tiny, small, mid, flash or pro" ./ds4-mkmodel -q --preset huge -o "$dir/x.gguf"
 expect_fail "--set layers=0: not KEY=VALUE" ./ds4-mkmodel -q --set layers=0 -o "$dir/x.gguf"
 expect_fail "must divide head_count" ./ds4-mkmodel -q --set o-groups=3 -o "$dir/x.gguf"
 [ ! -e "$dir/x.gguf" ] || { echo "a failed run left an output file"; exit 1; }
+
+# A shape only the simulations cannot take (96 non-RoPE values: not whole
+# FP8 KV blocks of 64) is written and runs with them off; with them on the
+# backend refuses it, saying why.
+./ds4-mkmodel -q --recipe f16 --set head-dim=160 --set embd=80 --set o-rank=16 -o "$dir/odd.gguf"
+./ds4-forward "$dir/odd.gguf" --random 8 --top 0 --no-sim > "$dir/odd.txt" 2>&1 || { cat "$dir/odd.txt"; exit 1; }
+expect_fail "FP8 KV simulation" ./ds4-forward "$dir/odd.gguf" --random 8 --top 0
 echo "mkmodel: ok"

@@ -15,9 +15,10 @@ extern "C" {
 #define STEER_THREADS 256
 
 /* One block per row t.  eout (T x k x D) and sout (T x D), when given, are
- * summed into y first; s == 0 only sums. */
-static __global__ void steer_kernel(float *y, const float *eout, const float *sout, uint32_t k, const float *v, float s,
-                                    uint32_t D) {
+ * summed into y first (a slot with hsel < 0 from hout: an expert on the
+ * host, cuda_offload.h); s == 0 only sums. */
+static __global__ void steer_kernel(float *y, const float *eout, const float *sout, uint32_t k, const int *hsel,
+                                    const float *hout, const float *v, float s, uint32_t D) {
     dev_pdl_enter();
     __shared__ double part[STEER_THREADS];
     uint32_t t = blockIdx.x;
@@ -27,7 +28,10 @@ static __global__ void steer_kernel(float *y, const float *eout, const float *so
         float yd;
         if (eout) {
             float routed = 0.0f;
-            for (uint32_t i = 0; i < k; i++) routed += eout[((size_t)t * k + i) * D + d];
+            for (uint32_t i = 0; i < k; i++) {
+                size_t at = ((size_t)t * k + i) * D + d;
+                routed += hsel && hsel[(size_t)t * k + i] < 0 ? hout[at] : eout[at];
+            }
             yd = routed + sout[(size_t)t * D + d];
             row[d] = yd;
         } else {
@@ -65,11 +69,14 @@ int cu_steer(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, bool decode, hc
     uint32_t D = b->cfg->n_embd;
     if (s != 0.0f || post->eout) {
         const float *v = b->d_steer ? b->d_steer + (size_t)il * D : NULL;
-        DS4_LAUNCH(steer_kernel, T, STEER_THREADS, 0, b->st, b->y, post->eout, post->sout, post->k, v, s, D);
+        DS4_LAUNCH(steer_kernel, T, STEER_THREADS, 0, b->st, b->y, post->eout, post->sout, post->k, post->hsel,
+                   post->hout, v, s, D);
         CU_LAUNCHED();
         post->y = b->y;
         post->eout = post->sout = NULL;
         post->k = 0;
+        post->hsel = NULL;
+        post->hout = NULL;
     }
     return obs ? observe(b, il, T, ffn, err) : 0;
 }
