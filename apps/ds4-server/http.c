@@ -402,7 +402,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (j->sse_pos < j->sse.len || j->done) break;
         int peer = peer_state(k->c);
         if (peer == PEER_GONE) {
-            j->cancel = 1;
+            job_cancel(k->h->s, j);
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -447,7 +447,7 @@ static enum MHD_Result wait_and_answer(conn *k) {
         deadline_in(&ts, 100);
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
         if (!j->done && peer_state(k->c) == PEER_GONE) {
-            j->cancel = 1;
+            job_cancel(k->h->s, j);
             pthread_mutex_unlock(&j->mu);
             return MHD_NO;
         }
@@ -626,7 +626,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
      * request's headers. */
     guard_set(h, c, h->s->o.connection_timeout_s + h->s->o.header_timeout_s, "headers");
     if (k->j) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) k->j->cancel = 1;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) job_cancel(h->s, k->j);
         job_unref(k->j);
     }
     ds4_strbuf_free(&k->body);

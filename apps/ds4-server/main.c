@@ -16,6 +16,7 @@
  * the model (nothing to save yet).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,11 +41,7 @@ static const char NOTES[] =
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
 /* ds4's options this program refuses, with the reason. */
-static const char *refused(const char *name) {
-    if (!strncmp(name, "--mtp", 5))
-        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-server does not draft with it yet";
-    return ds4_option_not_supported(name);
-}
+static const char *refused(const char *name) { return ds4_option_not_supported(name); }
 
 static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     memset(o, 0, sizeof(*o));
@@ -68,6 +65,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
         DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_MTP(&o->mtp),
         DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
@@ -161,15 +159,13 @@ static bool stop_signal_pending(void *ctx) {
     return sigpending(&p) == 0 && (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
 }
 
-static volatile sig_atomic_t shutdown_done;
-
 static void *shutdown_main(void *arg) {
     server *s = arg;
     srv_log("server", "shutting down");
     s->stopping = 1;
     worker_stop(s);
     http_stop(s);
-    shutdown_done = 1;
+    s->shutdown_done = 1;
     return NULL;
 }
 
@@ -193,6 +189,12 @@ int main(int argc, char **argv) {
         return lrc;
     }
     s.memory_checkpoint = !no_ckpt;
+    /* glibc gives threads arenas of their own (up to 8 a core); what a
+     * connection thread frees after a large body stays in its arena, out of
+     * malloc_trim's reach, and with a thread per session and per connection
+     * the process keeps growing by it.  Two arenas keep the memory handed
+     * back (docs/SERVER.md, JSON). */
+    mallopt(M_ARENA_MAX, 2);
     pthread_mutex_init(&s.stats_mu, NULL);
     render_pool_init(&s);
     signal(SIGPIPE, SIG_IGN);
@@ -220,7 +222,8 @@ int main(int argc, char **argv) {
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
-                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile};
+                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile,
+                          .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
@@ -231,6 +234,9 @@ int main(int argc, char **argv) {
     char mem[160];
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
+    if (s.engine->mtp)
+        srv_log("server", "MTP speculative decoding: up to %u drafts a step, drafting while the block's top two "
+                          "logits are %.2f apart", s.o.mtp.draft, s.o.mtp.margin);
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
     for (uint32_t id = 0; id < ds4_vocab_size(s.engine->vocab); id++) {
         size_t n = ds4_vocab_token_bytes(s.engine->vocab, (int32_t)id).len;
@@ -253,7 +259,7 @@ int main(int argc, char **argv) {
     if (s.o.api_key) srv_log("server", "API key required");
     pthread_t shut;
     bool shutting = false;
-    while (!shutdown_done) {
+    while (!s.shutdown_done) {
         struct timespec ts = {0, 100 * 1000000L};
         int sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig <= 0) continue;

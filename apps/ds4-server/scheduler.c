@@ -88,6 +88,26 @@ void sched_count_outcome(sched *q, outcome k, uint32_t generated) {
     pthread_mutex_unlock(&q->s->stats_mu);
 }
 
+/* The MTP speculation session s did since its counts were `before`. */
+static void count_mtp(sched *q, ds4_session *s, const ds4_spec_stats *before) {
+    const ds4_spec *sp = ds4_session_spec(s);
+    if (!sp) return;
+    pthread_mutex_lock(&q->s->stats_mu);
+    q->c.mtp.cycles += sp->stats.cycles - before->cycles;
+    q->c.mtp.drafted += sp->stats.drafted - before->drafted;
+    q->c.mtp.accepted += sp->stats.accepted - before->accepted;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+/* The MTP counters of /v1/ds4/stats (null without a block). */
+static json_t *mtp_stats(const server *s, const ds4_spec_stats *m) {
+    if (!s->engine->mtp) return json_null();
+    return json_pack("{s:i,s:I,s:I,s:I,s:f,s:f}", "draft", (int)s->o.mtp.draft, "verifications", (json_int_t)m->cycles,
+                     "drafted", (json_int_t)m->drafted, "accepted", (json_int_t)m->accepted, "acceptance_rate",
+                     m->drafted ? (double)m->accepted / (double)m->drafted : 0.0, "tokens_per_verification",
+                     m->cycles ? (double)(m->accepted + m->cycles) / (double)m->cycles : 0.0);
+}
+
 /* ------------------------------------------------------------ dispatch */
 
 static bool job_done(job *j) {
@@ -123,8 +143,20 @@ static bool continues(const slot *sl, const job *j) {
     return n > 0 && t->len >= n && memcmp(p->p, t->p, n) == 0;
 }
 
+/* The session's steering scales are the ones the job runs with (worker.c:
+ * apply_steering starts a session over for others). */
+static bool same_steering(const server *s, const slot *sl, const job *j) {
+    float ffn = j->req.steer_ffn_set ? j->req.steer_ffn : s->o.steer.ffn;
+    float attn = j->req.steer_attn_set ? j->req.steer_attn : s->o.steer.attn;
+    float cur_ffn, cur_attn;
+    ds4_session_steering(sl->sess, &cur_ffn, &cur_attn);
+    return ffn == cur_ffn && attn == cur_attn;
+}
+
 static fit slot_fit(sched *q, const slot *sl, const job *j) {
     uint32_t n = ds4_session_n_tokens(sl->sess);
+    /* a session steered otherwise keeps nothing for the job */
+    if (!same_steering(q->s, sl, j)) return (fit){n == 0 ? 2 : 1, 0};
     const int32_t *live = ds4_session_tokens(sl->sess);
     uint32_t common = common_prefix(live, n, j->tokens.ids, j->tokens.n);
     /* the checkpoint of the last prompt (a retried request) */
@@ -183,6 +215,27 @@ static void dispatch(sched *q) {
     }
 }
 
+static uint64_t steps_run(const server *s) {
+    return s->engine->batch ? ds4_batcher_get_stats(s->engine->batch).steps : 0;
+}
+
+void job_cancel(server *s, job *j) {
+    if (j->cancel) return;
+    j->cancel_step = steps_run(s);
+    j->t_cancel = ds4_now();
+    j->cancel = 1;
+}
+
+/* A job that was cancelled while it ran: how many steps its session took
+ * to be free. */
+static void count_cancel(sched *q, const job *j) {
+    if (!j->cancel || !j->t_started || j->t_cancel < j->t_started) return;
+    uint64_t now = steps_run(q->s), d = now > j->cancel_step ? now - j->cancel_step : 0;
+    pthread_mutex_lock(&q->s->stats_mu);
+    if (d > q->c.cancel_free_steps_max) q->c.cancel_free_steps_max = d;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
 static void *slot_main(void *arg) {
     slot *sl = arg;
     sched *q = sl->q;
@@ -192,8 +245,12 @@ static void *slot_main(void *arg) {
         if (!sl->job) break;
         job *j = sl->job;
         pthread_mutex_unlock(&q->mu);
+        const ds4_spec *sp = ds4_session_spec(sl->sess);
+        ds4_spec_stats before = sp ? sp->stats : (ds4_spec_stats){0};
         outcome k = slot_run(sl, j);
         sched_count_outcome(q, k, j->out.completion_tokens);
+        count_cancel(q, j);
+        count_mtp(q, sl->sess, &before);
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();
@@ -252,6 +309,7 @@ static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     sl->cont = cont_binding_at(s, i);
     pthread_cond_init(&sl->cv, NULL);
     if (!(sl->sess = ds4_session_new(s->engine, s->o.ctx, err))) return -1;
+    if (s->engine->mtp && ds4_session_enable_mtp(sl->sess, s->o.mtp.draft, s->o.mtp.margin, err)) return -1;
     if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
     return 0;
 }
@@ -263,7 +321,8 @@ static void slot_drop(slot *sl) {
 
 /* The sessions (q->n of them made, each to be freed).  Where the memory
  * could not be measured (a default --parallel), the sessions that fit are
- * kept, less one as headroom for the batched steps' own buffers. */
+ * kept, less one as headroom for the batched steps' own buffers; a backend
+ * that holds fewer sequences than asked keeps the ones it has. */
 static int make_slots(sched *q, uint32_t want, ds4_err *err) {
     server *s = q->s;
     if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -275,13 +334,17 @@ static int make_slots(sched *q, uint32_t want, ds4_err *err) {
             if (i == 0 && ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
             continue;
         }
-        if (s->o.parallel_given || i == 0 || e.code != DS4_ENOMEM) {
+        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED)) {
             char b[32];
             return ds4_err_set(err, e.code, "session %u of %u (%s each): %s", i + 1, want,
                                ds4_fmt_bytes(session_bytes(s), b), e.msg);
         }
         slot_drop(&q->slots[i]);
         q->n = i;
+        if (e.code == DS4_EUNSUPPORTED) { /* the backend holds no more sequences */
+            srv_log("server", "%u session%s: %s", q->n, q->n == 1 ? "" : "s", e.msg);
+            return 0;
+        }
         if (i > 1) slot_drop(&q->slots[--q->n]);
         srv_log("server", "%u sessions fit the memory (a default --parallel makes at most %u)", q->n,
                 DEFAULT_PARALLEL_MAX);
@@ -338,10 +401,11 @@ int worker_start(server *s, ds4_err *err) {
             return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
         q->slots[i].started = true;
     }
-    char a[32], b[32];
+    char a[32], b[32], why[96] = "";
+    if (!s->o.parallel_given)
+        snprintf(why, sizeof(why), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
     srv_log("server", "%u session%s of %u tokens (%s each, %s in all)%s", q->n, q->n == 1 ? "" : "s", s->o.ctx,
-            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b),
-            s->o.parallel_given ? "" : "; sized from the memory (--parallel)");
+            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b), why);
     return 0;
 }
 
@@ -380,7 +444,7 @@ void worker_stop(server *s) {
     pthread_mutex_lock(&q->mu);
     q->stop = true;
     for (uint32_t i = 0; i < q->n; i++) {
-        if (q->slots[i].job) q->slots[i].job->cancel = 1;
+        if (q->slots[i].job) job_cancel(s, q->slots[i].job);
         pthread_cond_signal(&q->slots[i].cv);
     }
     pthread_mutex_unlock(&q->mu);
@@ -478,13 +542,14 @@ json_t *worker_stats(server *s) {
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
     json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running,
                                  "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
-    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
-                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I}}",
+    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
                      "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
                      "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
                      (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
                      (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
-                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down,
+                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max",
+                     (json_int_t)c.cancel_free_steps_max,
                      "sessions", sessions, "batches", batch_stats(s),
                      "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused", (json_int_t)c.reused_tokens, "prefilled",
                      (json_int_t)c.prefilled_tokens, "generated", (json_int_t)c.generated_tokens,
@@ -495,5 +560,5 @@ json_t *worker_stats(server *s) {
                      "kvcache", kv_stats(q, &c),
                      "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact",
                      (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
-                     "live_tails_canonicalized", (json_int_t)c.canonicalized);
+                     "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
 }

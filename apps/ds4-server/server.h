@@ -67,6 +67,7 @@ typedef struct srv_opts {
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
+    ds4_cli_mtp mtp;            /* MTP speculative decoding: on whenever the model has a block */
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;
@@ -261,6 +262,8 @@ struct job {
     int status;               /* non-streaming answer */
     json_t *body;
     volatile sig_atomic_t cancel;
+    uint64_t cancel_step;     /* the batched steps run when it was cancelled */
+    double t_cancel;          /* and when */
     double t_started;         /* a session took it */
 
     gen_out out;
@@ -396,6 +399,7 @@ struct server {
     size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
     cvocab *cvocab;            /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
+    volatile sig_atomic_t shutdown_done; /* the shutdown thread has finished (main.c) */
 };
 
 /* render.c: messages -> rendered prompt -> tokens (connection thread).
@@ -452,6 +456,8 @@ int worker_start(server *s, ds4_err *err);
 int worker_enqueue(server *s, job *j);
 void worker_stop(server *s);    /* finish the queue, save the live sessions */
 json_t *worker_stats(server *s);
+/* A client went away: its job stops at the next step (or is skipped). */
+void job_cancel(server *s, job *j);
 
 /* http.c */
 int http_start(server *s, ds4_err *err);

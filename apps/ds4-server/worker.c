@@ -538,6 +538,8 @@ static int apply_steering(slot *sl, job *j) {
 /* Run a job to its answer; how it ended. */
 outcome slot_run(slot *sl, job *j) {
     gen_out *o = &j->out;
+    /* set again once the prompt is prefilled (the scheduler reads it) */
+    ds4_strbuf_truncate(&sl->prompt_text, 0);
     o->prompt_tokens = (uint32_t)j->tokens.n;
     if (j->cancel || sl->s->stopping) {
         fail_job(j, 503, sl->s->stopping ? "server shutting down" : "cancelled", NULL);
@@ -573,7 +575,6 @@ outcome slot_run(slot *sl, job *j) {
     }
     ds4_err err = {0};
     double t0 = ds4_now();
-    ds4_strbuf_truncate(&sl->prompt_text, 0);
     if (prefill(sl, &r, &err) != 0) {
         bool cancelled = err.code == DS4_EINTERRUPTED;
         bool broken = ds4_dist_failed(sl->s->engine->opts.dist, NULL); /* the pipeline lost a rank */

@@ -18,7 +18,7 @@ static const char USAGE[] = "[options]              interactive chat (no prompt 
                             "-p TEXT [options]      one-shot: answer TEXT and exit";
 
 static const char NOTES[] = DS4_CLI_ENV_NOTES "\n"
-                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n"
+                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /steer [F [A]] /quit\n"
                             "exit status: 0 done, 1 an error, 2 a usage error or another model process running,\n"
                             "130 stopped by Ctrl+C";
 

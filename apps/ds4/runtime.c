@@ -78,9 +78,11 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err) {
         .n_threads = o->threads,
         .no_sim = o->no_sim,
         .mtp_path = o->mtp.path,
+        /* token-id datasets need no tokenizer, nor does inspecting a file */
+        .need_vocab = o->mode != CLI_IMATRIX && o->mode != CLI_INSPECT,
+        .header_only = o->mode == CLI_INSPECT, /* a header-only file's shapes and memory */
         .gpu_mem = o->gpu_mem,
         .expert_profile = o->expert_profile,
-        .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
         .dist = d,
         .dist_opts = &o->dist,
         .prog = "ds4",

@@ -37,7 +37,9 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     }
     e->opts.backend = e->backend_name;
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
-    if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
+    if (!(e->w = opts->header_only ? ds4_weights_open_header(opts->model_path, err)
+                                   : ds4_weights_open(opts->model_path, err)))
+        goto fail;
     e->opts.mtp_path = NULL; /* not owned either */
     e->opts.steer_path = NULL;
     if (opts->steer_path && !(e->steer = ds4_steering_load(opts->steer_path, &e->w->cfg, err))) goto fail;
@@ -155,7 +157,8 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     if (!e->b) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
                                .mtp = e->mtp, .steer = e->steer, .gpu_mem = e->opts.gpu_mem,
-                               .expert_profile = e->profile};
+                               .expert_profile = e->profile, .act_observer = e->opts.act_observer,
+                               .act_ctx = e->opts.act_ctx};
         e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
                             : ds4_backend_create(e->backend_name, e->w, &bo, err);
         if (!e->b) return NULL;

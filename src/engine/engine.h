@@ -32,12 +32,17 @@ typedef struct ds4_engine_opts {
     const char *expert_profile; /* a profile file (model/placement.h), or NULL */
     const char *steer_path;  /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
+    /* the backend's activation observer (model/backend.h), or NULL */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
     /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
      * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
      * first stage with `backend`; NULL: one process. */
     ds4_dist *dist;
     const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
     const char *prog;        /* names the program in the pipeline's startup lines */
+    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+                              * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {

@@ -6,7 +6,8 @@
  * (--warm-weights) read the weights in before the first token.
  *
  * "Engine programs" are the ones that load weights to run them: ds4,
- * ds4-server, ds4-bench, ds4-forward, ds4-score, ds4-imatrix, ds4-qeval.
+ * ds4-server, ds4-bench, ds4-forward, ds4-score, ds4-imatrix, ds4-qeval,
+ * ds4-eval, ds4-direction.
  * File tools (ds4-gguf, ds4-tokenizer, ds4-quantize, ds4-mkmodel, ...) take
  * no lock.
  */

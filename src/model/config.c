@@ -10,27 +10,27 @@
 #define ARCH "deepseek4" /* general.architecture of the files ds4 runs */
 #define KEY(k) ARCH "." k
 
-void ds4_config_flash(ds4_config *c) {
+void ds4_config_schedule(ds4_config *c, uint32_t first_ratio) {
+    for (uint32_t il = 0; il < DS4_MAX_LAYERS; il++) {
+        c->compress_ratio[il] = il >= c->n_layer ? 0 : il < 2 ? first_ratio : (il % 2 == 0 ? 4 : 128);
+        c->swiglu_clamp[il] = il >= c->n_layer ? 0.0f : 10.0f;
+    }
+}
+
+/* What Flash and Pro share (docs/MODEL.md 1.1, 1.3). */
+static void common_shapes(ds4_config *c) {
     memset(c, 0, sizeof(*c));
-    c->n_layer = 43;
-    c->n_embd = 4096;
     c->n_vocab = 129280;
-    c->n_head = 64;
     c->n_head_kv = 1;
     c->head_dim = 512;
     c->rope_dim = 64;
-    c->q_lora_rank = 1024;
     c->o_lora_rank = 1024;
-    c->o_groups = 8;
-    c->n_expert = 256;
     c->n_expert_used = 6;
     c->n_expert_shared = 1;
-    c->n_ff_exp = 2048;
     c->n_hash_layer = 3;
     c->sliding_window = 128;
     c->idx_n_head = 64;
     c->idx_head_dim = 128;
-    c->idx_top_k = 512;
     c->n_hc = 4;
     c->hc_sinkhorn_iters = 20;
     c->hc_eps = 1e-6f;
@@ -41,13 +41,36 @@ void ds4_config_flash(ds4_config *c) {
     c->yarn_orig_ctx = 65536;
     c->yarn_beta_fast = 32.0f;
     c->yarn_beta_slow = 1.0f;
-    c->expert_weights_scale = 1.5f;
     c->expert_weights_norm = true;
     c->context_length = 1048576;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
-        c->swiglu_clamp[il] = 10.0f;
-    }
+}
+
+void ds4_config_flash(ds4_config *c) {
+    common_shapes(c);
+    c->n_layer = 43;
+    c->n_embd = 4096;
+    c->n_head = 64;
+    c->q_lora_rank = 1024;
+    c->o_groups = 8;
+    c->n_expert = 256;
+    c->n_ff_exp = 2048;
+    c->idx_top_k = 512;
+    c->expert_weights_scale = 1.5f;
+    ds4_config_schedule(c, 0);
+}
+
+void ds4_config_pro(ds4_config *c) {
+    common_shapes(c);
+    c->n_layer = 61;
+    c->n_embd = 7168;
+    c->n_head = 128;
+    c->q_lora_rank = 1536;
+    c->o_groups = 16;
+    c->n_expert = 384;
+    c->n_ff_exp = 3072;
+    c->idx_top_k = 1024;
+    c->expert_weights_scale = 2.5f;
+    ds4_config_schedule(c, 128);
 }
 
 /* ------------------------------------------------------------- reading */
@@ -274,26 +297,40 @@ int ds4_config_check_sim(const ds4_config *c, ds4_err *err) {
 
 static bool feq(float a, float b) { return fabsf(a - b) <= 1e-6f * fmaxf(fabsf(a), fabsf(b)); }
 
+static bool same_shapes(const ds4_config *c, const ds4_config *f) {
+    if (c->n_layer != f->n_layer || c->n_embd != f->n_embd || c->n_vocab != f->n_vocab || c->n_head != f->n_head ||
+        c->n_head_kv != f->n_head_kv || c->head_dim != f->head_dim || c->rope_dim != f->rope_dim ||
+        c->q_lora_rank != f->q_lora_rank || c->o_lora_rank != f->o_lora_rank || c->o_groups != f->o_groups ||
+        c->n_expert != f->n_expert || c->n_expert_used != f->n_expert_used || c->n_ff_exp != f->n_ff_exp ||
+        c->n_hash_layer != f->n_hash_layer || c->sliding_window != f->sliding_window ||
+        c->idx_n_head != f->idx_n_head || c->idx_head_dim != f->idx_head_dim || c->idx_top_k != f->idx_top_k ||
+        c->n_hc != f->n_hc || c->hc_sinkhorn_iters != f->hc_sinkhorn_iters || c->yarn_orig_ctx != f->yarn_orig_ctx ||
+        c->expert_weights_norm != f->expert_weights_norm)
+        return false;
+    if (!feq(c->hc_eps, f->hc_eps) || !feq(c->rms_eps, f->rms_eps) || !feq(c->rope_base, f->rope_base) ||
+        !feq(c->compress_rope_base, f->compress_rope_base) || !feq(c->yarn_factor, f->yarn_factor) ||
+        !feq(c->yarn_beta_fast, f->yarn_beta_fast) || !feq(c->yarn_beta_slow, f->yarn_beta_slow) ||
+        !feq(c->expert_weights_scale, f->expert_weights_scale))
+        return false;
+    for (uint32_t il = 0; il < f->n_layer; il++)
+        if (c->compress_ratio[il] != f->compress_ratio[il] || !feq(c->swiglu_clamp[il], f->swiglu_clamp[il])) return false;
+    return true;
+}
+
 bool ds4_config_is_flash(const ds4_config *c) {
     ds4_config f;
     ds4_config_flash(&f);
-    if (c->n_layer != f.n_layer || c->n_embd != f.n_embd || c->n_vocab != f.n_vocab || c->n_head != f.n_head ||
-        c->n_head_kv != f.n_head_kv || c->head_dim != f.head_dim || c->rope_dim != f.rope_dim ||
-        c->q_lora_rank != f.q_lora_rank || c->o_lora_rank != f.o_lora_rank || c->o_groups != f.o_groups ||
-        c->n_expert != f.n_expert || c->n_expert_used != f.n_expert_used || c->n_ff_exp != f.n_ff_exp ||
-        c->n_hash_layer != f.n_hash_layer || c->sliding_window != f.sliding_window ||
-        c->idx_n_head != f.idx_n_head || c->idx_head_dim != f.idx_head_dim || c->idx_top_k != f.idx_top_k ||
-        c->n_hc != f.n_hc || c->hc_sinkhorn_iters != f.hc_sinkhorn_iters || c->yarn_orig_ctx != f.yarn_orig_ctx ||
-        c->expert_weights_norm != f.expert_weights_norm)
-        return false;
-    if (!feq(c->hc_eps, f.hc_eps) || !feq(c->rms_eps, f.rms_eps) || !feq(c->rope_base, f.rope_base) ||
-        !feq(c->compress_rope_base, f.compress_rope_base) || !feq(c->yarn_factor, f.yarn_factor) ||
-        !feq(c->yarn_beta_fast, f.yarn_beta_fast) || !feq(c->yarn_beta_slow, f.yarn_beta_slow) ||
-        !feq(c->expert_weights_scale, f.expert_weights_scale))
-        return false;
-    for (uint32_t il = 0; il < f.n_layer; il++)
-        if (c->compress_ratio[il] != f.compress_ratio[il] || !feq(c->swiglu_clamp[il], f.swiglu_clamp[il])) return false;
-    return true;
+    return same_shapes(c, &f);
+}
+
+bool ds4_config_is_pro(const ds4_config *c) {
+    ds4_config f;
+    ds4_config_pro(&f);
+    return same_shapes(c, &f);
+}
+
+const char *ds4_config_name(const ds4_config *c) {
+    return ds4_config_is_flash(c) ? "DeepSeek V4 Flash" : ds4_config_is_pro(c) ? "DeepSeek V4 Pro" : NULL;
 }
 
 /* ------------------------------------------------------------- writing */

@@ -3,7 +3,8 @@
 # tiny model (6 layers, ratios 0,0,4,128,4,128), ds4-forward under mpirun:
 #  1. 2- and 3-rank pipelines give logits bit-identical to one process, in
 #     prefill (chunks of 16: several in flight) and in decode, for even and
-#     uneven splits and splits before a ratio-4 and a ratio-128 layer;
+#     uneven splits and splits before a ratio-4 and a ratio-128 layer, and
+#     with 5 sequences decoded side by side (micro-steps in flight);
 #  2. a snapshot saved by a 3-rank run is byte for byte the 1-rank one, and
 #     each resumes in the other with the uninterrupted run's logits;
 #  3. a rank killed mid-decode ends the others inside 10 s with a message
@@ -11,10 +12,13 @@
 #     pipeline's heartbeats find it);
 #  4. a rank started with another model file (another shape; the same
 #     shape with other weights) and bad --layers are refused at start,
-#     naming the difference.
+#     naming the difference;
+#  5. ds4 under mpirun writes what one process writes; ds4-server under
+#     mpirun answers, and answers 503 naming the rank once one is killed.
 # SKIP when mpirun is absent.
 set -u
 cd "$(dirname "$0")/../.."
+. tests/suite/lib/suite.sh
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/dist.lock}"
 BIN=./ds4-forward
@@ -23,7 +27,7 @@ OTHER=tests/golden/cpu/tiny-b.f16.gguf
 T=build/tests/dist.$$
 fail() { echo "FAIL: $*"; exit 1; }
 
-command -v mpirun > /dev/null 2>&1 || { echo "dist: SKIP: mpirun is not installed (make deps installs openmpi-bin)"; exit 77; }
+command -v mpirun > /dev/null 2>&1 || skip "mpirun is not installed (make deps installs openmpi-bin)"
 [ -x "$BIN" ] || fail "$BIN not built"
 mkdir -p "$T"
 trap 'rm -rf "$T"' EXIT
@@ -65,6 +69,19 @@ pipeline 3-ratio128 0:0 1:2 3:output
 pipeline 3-ratio4 0:1 2:3 4:output
 pipeline 3-auto - - -
 grep -q "pipeline stage 2: layers .*output head" "$T/3-auto.out" || fail "the split by memory: $(cat "$T/3-auto.out")"
+
+# sessions batched: 5 sequences decoded side by side, each step split into
+# micro-steps that keep every stage busy; every sequence's logits agree
+RUN="$RUN --seqs 5"
+pipeline 3-batched 0:1 2:3 4:output
+RUN=${RUN% --seqs 5}
+
+# greedy decoding with the argmax taken on the last rank (4 bytes back a token)
+$BIN $MODEL --random 50 --bench --gen 24 --top 2 -t 1 2>/dev/null | grep -E "greedy tokens|top" > "$T/g1.txt" || fail "greedy alone"
+$MPIRUN -np 3 $BIN $MODEL --random 50 --bench --gen 24 --top 2 -t 1 2>/dev/null | grep -E "greedy tokens|top" > "$T/g3.txt" ||
+    fail "greedy on 3 ranks"
+cmp "$T/g1.txt" "$T/g3.txt" || fail "greedy on 3 ranks: $(cat "$T/g1.txt" "$T/g3.txt")"
+echo "ok: greedy decoding on 3 ranks (argmax on the last rank): one process's tokens and final logits"
 
 # bf16 residuals: not exact, but the same model (the best next token agrees)
 $MPIRUN -np 2 $BIN $MODEL --tokens @"$T/all.txt" --top 1 -t 1 --pipe-dtype bf16 > "$T/bf16.out" 2>&1 ||
@@ -141,4 +158,51 @@ refused "has --layers 4:5, but the stage before it ends at layer 2" \
 refused "rank 1 .* has no --layers" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL
 refused "the last rank's layers end at 4" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:4
 refused "--layers 3:9: not a range" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:9
+
+# the programs: ds4's text, ds4-server's answers and its 503
+CHAT=$T/chat.gguf
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$(suite_tokenizer)" --seed 11 -q -o "$CHAT" || fail "mkmodel"
+export NO_COLOR=1
+./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-1.txt" 2>/dev/null || fail "ds4 alone"
+$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
+    fail "ds4 under mpirun: $(cat "$T/ds4-3.err")"
+cmp "$T/ds4-1.txt" "$T/ds4-3.txt" || fail "ds4 on 3 ranks writes another text: $(cat "$T/ds4-1.txt" "$T/ds4-3.txt")"
+echo "ok: ds4 on 3 ranks writes one process's text"
+
+port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+$MPIRUN --enable-recovery -np 2 ./ds4-server -m "$CHAT" --port "$port" -t 1 -c 4096 > "$T/srv.out" 2>&1 &
+job=$!
+post() { # post: the status and body of a completion
+    python3 - "$port" <<'PY'
+import json, sys, urllib.request, urllib.error
+req = urllib.request.Request("http://127.0.0.1:%s/v1/completions" % sys.argv[1],
+                             data=json.dumps({"prompt": "hello", "max_tokens": 5, "temperature": 0}).encode(),
+                             headers={"content-type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=30) as r:
+        print(r.status, r.read().decode())
+except urllib.error.HTTPError as e:
+    print(e.code, e.read().decode())
+except OSError as e:
+    print(0, e)
+PY
+}
+i=0
+while ! grep -q "listening on" "$T/srv.out"; do
+    i=$((i + 1)); [ $i -lt 300 ] || { kill $job; fail "ds4-server did not start: $(cat "$T/srv.out")"; }; sleep 0.1
+done
+ans=$(post)
+[ "${ans%% *}" = 200 ] || { kill $job; fail "ds4-server on 2 ranks: $ans"; }
+echo "ok: ds4-server on 2 ranks answers: $(echo "$ans" | cut -c1-120)"
+kill -9 "$(sed -n 's/.*stage 1: .*(pid \([0-9]*\) on.*/\1/p' "$T/srv.out")"
+i=0
+while :; do
+    ans=$(post)
+    [ "${ans%% *}" = 503 ] && break
+    i=$((i + 1)); [ $i -lt 40 ] || { kill $job; fail "no 503 10 s after rank 1 died: $ans"; }; sleep 0.25
+done
+kill $job
+wait $job
+echo "$ans" | grep -q "rank 1 .*sent nothing" || fail "the 503 does not name rank 1: $ans"
+echo "ok: after rank 1 died: $ans"
 exit 0

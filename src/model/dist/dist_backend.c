@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rank.h"
 #include "model/backends.h"
 #include "model/dist/dist_internal.h"
 
@@ -29,11 +30,14 @@ typedef struct dist_seq {
 /* One issued step. */
 typedef struct dist_slot {
     bool busy;
-    uint32_t n, nret;
+    uint32_t n;
+    size_t nret;              /* floats the last rank returns */
     dist_cmd cmd;             /* the step's command */
     dist_row *rows;           /* chunk entries */
     void *resid;              /* the residuals sent to rank 1 */
-    float *ret;               /* nret x n_vocab logits received */
+    float *ret;               /* the logits (and argmaxes) received */
+    size_t ret_cap;           /* its bytes (grown to the largest answer) */
+    uint32_t *argmax;         /* where a RET_ARGMAX row's token goes */
     MPI_Request req[2 * DIST_MAX_RANKS + 2];
     int nreq;
     MPI_Request ret_req;
@@ -156,12 +160,18 @@ static int complete(dist_backend *b, dist_slot *sl, ds4_err *err) {
     if (dist_wait_all(b->d, sl->req, sl->nreq, err) != 0) return -1;
     if (sl->nret && dist_wait(b->d, &sl->ret_req, err) != 0) return -1;
     size_t V = b->n_vocab;
-    for (uint32_t i = 0, k = 0; i < sl->n; i++) {
-        if (!sl->rows[i].ret) continue;
-        const float *l = sl->ret + (size_t)k++ * V;
-        if (sl->dst[i]) memcpy(sl->dst[i], l, V * sizeof(float));
+    const float *l = sl->ret;
+    for (uint32_t i = 0; i < sl->n; i++) {
+        if (sl->rows[i].ret == RET_ARGMAX) {
+            memcpy(sl->argmax, l++, sizeof(uint32_t));
+            if (sl->seq_of[i]) sl->seq_of[i]->has_logits = false; /* only their argmax came */
+            continue;
+        }
+        if (sl->rows[i].ret != RET_LOGITS) continue;
+        l += V;
+        if (sl->dst[i]) memcpy(sl->dst[i], l - V, V * sizeof(float));
         if (sl->seq_of[i]) {
-            memcpy(sl->seq_of[i]->logits, l, V * sizeof(float));
+            memcpy(sl->seq_of[i]->logits, l - V, V * sizeof(float));
             sl->seq_of[i]->has_logits = true;
         }
     }
@@ -181,8 +191,10 @@ static int complete_all(dist_backend *b, ds4_err *err) {
 
 /* Run the first stage over rows and send the step on; the logits come
  * back into out->logits (rows asking) and each sequence's own when the
- * slot completes. */
-static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+ * slot completes.  argmax (a one-row step): only the argmax of the row's
+ * logits comes back, into *argmax. */
+static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, uint32_t *argmax,
+                 ds4_err *err) {
     ds4_dist *d = b->d;
     if (ds4_dist_failed(d, err)) return -1;
     if (n > b->chunk) return ds4_err_set(err, DS4_ERANGE, "a step of %u rows exceeds the %u a pass holds", n, b->chunk);
@@ -191,7 +203,6 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     if (complete(b, sl, err) != 0) return -1;
     ds4_row local[n];
     uint32_t nl = 0;
-    sl->nret = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (!rows[i].seq || rows[i].seq->owner != &b->base)
             return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
@@ -202,11 +213,14 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
         bool last = i + 1 == n || rows[i + 1].seq != rows[i].seq;
         bool asks = (rows[i].want & DS4_ROW_LOGITS) && out && out->logits;
         local[i] = ds4_row_of(s->local, rows[i].token, 0);
-        sl->rows[i] = (dist_row){s->id, rows[i].token, asks || last};
+        uint32_t ret = argmax ? RET_ARGMAX : asks || last ? RET_LOGITS : RET_NONE;
+        sl->rows[i] = (dist_row){s->id, rows[i].token, ret};
         sl->dst[i] = asks ? out->logits + (size_t)nl++ * b->n_vocab : NULL;
         sl->seq_of[i] = last ? s : NULL;
-        sl->nret += asks || last;
     }
+    sl->nret = dist_ret_floats(sl->rows, n, b->n_vocab);
+    sl->argmax = argmax;
+    if (dist_grow((void **)&sl->ret, &sl->ret_cap, sl->nret * sizeof(float), err) != 0) return -1;
     /* the first stage: on failure nothing was sent, the pipeline is intact */
     if (ds4_backend_stage_step(b->local, local, n, NULL, b->resid_f32, NULL, err) != 0) return -1;
     for (uint32_t i = 0; i < n; i++)
@@ -223,16 +237,52 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     dist_resid_pack(d, b->resid_f32, sl->resid, floats);
     MPI_Isend(sl->resid, (int)dist_resid_row_bytes(d, (uint32_t)floats), MPI_BYTE, 1, TAG_RESID, d->comm,
               &sl->req[sl->nreq++]);
-    if (sl->nret)
-        MPI_Irecv(sl->ret, (int)(sl->nret * b->n_vocab), MPI_FLOAT, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
+    if (sl->nret) MPI_Irecv(sl->ret, (int)sl->nret, MPI_FLOAT, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
     return 0;
 }
 
+/* A step over several sequences (sessions batched together) goes as up to
+ * one micro-step a stage, each a run of whole sequences: while the last
+ * stage runs the first micro-step, the ones before it run the next ones,
+ * so every stage works.  A row's result does not depend on the other rows
+ * of its step, so the split changes no bit. */
 static int dist_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     dist_backend *b = (dist_backend *)base;
     if (n == 0) return 0;
-    if (issue(b, rows, n, out, err) != 0) return -1;
+    uint32_t runs = 1;
+    for (uint32_t i = 1; i < n; i++) runs += rows[i].seq != rows[i - 1].seq;
+    uint32_t parts = runs < (uint32_t)b->d->size ? runs : (uint32_t)b->d->size;
+    uint32_t start = 0, nl = 0;
+    for (uint32_t p = 0; p < parts; p++) {
+        uint32_t end = start + 1, target = p + 1 == parts ? n : (uint32_t)((uint64_t)n * (p + 1) / parts);
+        while (end < n && (end < target || rows[end].seq == rows[end - 1].seq)) end++;
+        ds4_step_out o = {out && out->logits ? out->logits + (size_t)nl * b->n_vocab : NULL, NULL};
+        if (issue(b, rows + start, end - start, &o, NULL, err) != 0) {
+            complete_all(b, NULL);
+            return -1;
+        }
+        for (uint32_t i = start; i < end; i++) nl += (rows[i].want & DS4_ROW_LOGITS) != 0;
+        start = end;
+        if (start == n) break;
+    }
     return complete_all(b, err);
+}
+
+/* Greedy decoding with the argmax taken on the last rank: 4 bytes come
+ * back a token instead of the logits, which only the last step returns
+ * (the sequence's logits after the last token, as the contract wants). */
+static int dist_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
+    dist_backend *b = (dist_backend *)base;
+    dist_seq *s = dseq(seq);
+    if (n == 0) return 0;
+    if (!s->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
+    uint32_t tok = (uint32_t)ds4_argmax(s->logits, (int)b->n_vocab);
+    for (uint32_t i = 0; i < n; i++) {
+        out[i] = tok;
+        ds4_row row = ds4_row_of(seq, tok, 0);
+        if (issue(b, &row, 1, NULL, i + 1 < n ? &tok : NULL, err) != 0 || complete_all(b, err) != 0) return -1;
+    }
+    return 0;
 }
 
 static int dist_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
@@ -254,7 +304,7 @@ static int dist_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
         for (uint32_t t = 0; t < T; t++) rows[t] = ds4_row_of(seq, tokens[off + t], all_logits ? DS4_ROW_LOGITS : 0);
         ds4_step_out out = {all_logits ? all_logits + (size_t)off * b->n_vocab : NULL, NULL};
-        if (issue(b, rows, T, &out, err) != 0) {
+        if (issue(b, rows, T, &out, NULL, err) != 0) {
             complete_all(b, NULL);
             return -1;
         }
@@ -384,6 +434,7 @@ static const ds4_backend_ops dist_ops = {
     .seq_free = dist_seq_free, .seq_len = dist_seq_len, .step = dist_step, .mtp_step = dist_mtp_step,
     .mark = dist_mark, .rewind = dist_rewind, .prefill = dist_prefill, .decode = dist_decode,
     .logits = dist_logits, .reset = dist_reset, .snapshot = dist_snapshot, .restore = dist_restore,
+    .greedy = dist_greedy,
 };
 
 static int alloc_slots(dist_backend *b, ds4_err *err) {
@@ -392,10 +443,9 @@ static int alloc_slots(dist_backend *b, ds4_err *err) {
         dist_slot *sl = &b->slots[i];
         sl->rows = calloc(C, sizeof(dist_row));
         sl->resid = malloc(C * b->hcD * sizeof(float));
-        sl->ret = malloc(C * b->n_vocab * sizeof(float));
         sl->dst = calloc(C, sizeof(float *));
         sl->seq_of = calloc(C, sizeof(dist_seq *));
-        if (!sl->rows || !sl->resid || !sl->ret || !sl->dst || !sl->seq_of)
+        if (!sl->rows || !sl->resid || !sl->dst || !sl->seq_of)
             return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers (%zu-token chunks)", C);
     }
     b->resid_f32 = malloc(C * b->hcD * sizeof(float));
@@ -415,6 +465,12 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     }
     if (opts && opts->expert_observer) {
         ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not observe experts (the imatrix runs in one process)");
+        return NULL;
+    }
+    if (opts && (opts->steer || opts->act_observer)) {
+        ds4_err_set(err, DS4_EUNSUPPORTED,
+                    "a pipeline does not steer or observe activations (--dir-steering-file and ds4-direction need "
+                    "one process)");
         return NULL;
     }
     dist_backend *b = calloc(1, sizeof(*b));

@@ -55,11 +55,22 @@ typedef struct dist_cmd {
     uint32_t arg[4];
 } dist_cmd;
 
-/* A step's row as it travels: sequence id, token, and whether the last
- * rank returns its logits. */
+/* What the last rank returns for a row: nothing, its logits, or only
+ * their argmax (greedy decoding: 4 bytes instead of n_vocab floats). */
+enum { RET_NONE = 0, RET_LOGITS = 1, RET_ARGMAX = 2 };
+
+/* A step's row as it travels: sequence id, token, what comes back. */
 typedef struct dist_row {
     uint32_t seq, token, ret;
 } dist_row;
+
+/* Floats of the last rank's answer for rows (a row's argmax travels as
+ * the bits of one float). */
+static inline size_t dist_ret_floats(const dist_row *rows, uint32_t n, uint32_t n_vocab) {
+    size_t f = 0;
+    for (uint32_t i = 0; i < n; i++) f += rows[i].ret == RET_LOGITS ? n_vocab : rows[i].ret == RET_ARGMAX ? 1 : 0;
+    return f;
+}
 
 typedef struct dist_ack {
     int32_t ok;
@@ -98,6 +109,9 @@ struct ds4_dist {
     char why[1024];
     const char *prog;        /* names the program in a worker's last words */
 };
+
+/* *p holds at least `need` bytes (grown as needed; *cap its size). */
+int dist_grow(void **p, size_t *cap, size_t need, ds4_err *err);
 
 /* A peer's name in messages: "rank 2 (pid 123 on host)". */
 const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n);

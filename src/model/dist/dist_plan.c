@@ -286,10 +286,16 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
     free(dec);
     if (d->rank == 0) {
         char name[128];
-        for (int r = 0; r < d->size; r++)
-            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s, %s\n", prog, r, d->first[r], d->end[r] - 1,
-                    r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
-                    dist_peer_name(d, r, name, sizeof(name)));
+        uint64_t bytes[DS4_MAX_LAYERS];
+        layer_bytes(w, bytes);
+        for (int r = 0; r < d->size; r++) {
+            uint64_t b = 0;
+            for (uint32_t il = d->first[r]; il < d->end[r]; il++) b += bytes[il];
+            bool gib = b >= (1u << 30);
+            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f %s of weights), %s\n", prog, r,
+                    d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
+                    (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB", dist_peer_name(d, r, name, sizeof(name)));
+        }
         fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
                 dtype_name(d->dtype), d->timeout_s);
     }

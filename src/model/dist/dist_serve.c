@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/rank.h"
 #include "model/backends.h"
 #include "model/dist/dist_internal.h"
 
@@ -28,8 +29,10 @@ typedef struct server {
     dist_row *rows;
     ds4_row *lrows;
     void *in_raw;
-    float *in, *out_f32;
-    void *out[DS4_DIST_IN_FLIGHT];
+    float *in, *out_f32;      /* the residuals in; this stage's output (residuals, or the logits asked for) */
+    size_t out_f32_cap;
+    void *out[DS4_DIST_IN_FLIGHT]; /* what is sent: residuals, or logits and argmaxes */
+    size_t out_cap[DS4_DIST_IN_FLIGHT];
     MPI_Request out_req[DS4_DIST_IN_FLIGHT];
     uint32_t next_out;
 } server;
@@ -63,8 +66,8 @@ static void free_stage(server *s) {
     free(s->ctx);
     s->seqs = NULL, s->ctx = NULL, s->n_seqs = 0;
     free(s->rows), free(s->lrows), free(s->in_raw), free(s->in), free(s->out_f32);
-    s->rows = NULL, s->lrows = NULL, s->in_raw = NULL, s->in = NULL, s->out_f32 = NULL;
-    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) free(s->out[i]), s->out[i] = NULL;
+    s->rows = NULL, s->lrows = NULL, s->in_raw = NULL, s->in = NULL, s->out_f32 = NULL, s->out_f32_cap = 0;
+    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) free(s->out[i]), s->out[i] = NULL, s->out_cap[i] = 0;
 }
 
 static int make_stage(server *s, const dist_cmd *c, ds4_err *err) {
@@ -77,10 +80,13 @@ static int make_stage(server *s, const dist_cmd *c, ds4_err *err) {
     bool ok = (s->seqs = calloc(1, sizeof(ds4_seq *))) && (s->ctx = calloc(1, sizeof(uint32_t)));
     ok = ok && (s->rows = calloc(C, sizeof(dist_row))) && (s->lrows = calloc(C, sizeof(ds4_row)));
     ok = ok && (s->in_raw = malloc(C * s->hcD * 4)) && (s->in = malloc(C * s->hcD * 4));
-    ok = ok && (s->out_f32 = malloc(C * (s->last ? s->n_vocab : s->hcD) * 4));
-    for (uint32_t i = 0; ok && i < DS4_DIST_IN_FLIGHT; i++)
-        ok = (s->out[i] = malloc(C * (s->last ? s->n_vocab : s->hcD) * 4)) != NULL;
     if (!ok) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a stage's buffers");
+    /* a middle stage's residuals out: chunk rows; the last stage's logits
+     * grow to what steps ask for (all of a chunk's only when asked) */
+    size_t out_bytes = s->last ? 0 : C * s->hcD * 4;
+    if (dist_grow((void **)&s->out_f32, &s->out_f32_cap, out_bytes, err) != 0) return -1;
+    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++)
+        if (dist_grow(&s->out[i], &s->out_cap[i], out_bytes, err) != 0) return -1;
     s->seqs[0] = s->b->main;
     s->ctx[0] = s->b->opts.ctx_size;
     s->n_seqs = 1;
@@ -123,20 +129,39 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
                   err) != 0)
         return -1;
     dist_resid_unpack(d, s->in_raw, s->in, floats);
-    uint32_t nret = 0;
+    uint32_t nl = 0;
     for (uint32_t i = 0; i < n; i++) {
         ds4_seq *q = seq_of(s, s->rows[i].seq, err);
         if (!q) return -1;
-        s->lrows[i] = ds4_row_of(q, s->rows[i].token, s->last && s->rows[i].ret ? DS4_ROW_LOGITS : 0);
-        nret += s->rows[i].ret != 0;
+        bool ret = s->rows[i].ret != RET_NONE;
+        s->lrows[i] = ds4_row_of(q, s->rows[i].token, s->last && ret ? DS4_ROW_LOGITS : 0);
+        nl += ret;
     }
     uint32_t k = s->next_out;
     s->next_out = (k + 1) % DS4_DIST_IN_FLIGHT;
     if (s->out_req[k] != MPI_REQUEST_NULL && dist_wait(d, &s->out_req[k], err) != 0) return -1;
     if (s->last) {
-        ds4_step_out out = {s->out[k], NULL};
+        size_t ret_floats = dist_ret_floats(s->rows, n, s->n_vocab);
+        if (dist_grow((void **)&s->out_f32, &s->out_f32_cap, (size_t)nl * s->n_vocab * 4, err) != 0 ||
+            dist_grow(&s->out[k], &s->out_cap[k], ret_floats * 4, err) != 0)
+            return -1;
+        ds4_step_out out = {s->out_f32, NULL};
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, NULL, &out, err) != 0) return -1;
-        if (nret) MPI_Isend(s->out[k], (int)(nret * s->n_vocab), MPI_FLOAT, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
+        /* the rows' logits, or their argmax, in row order */
+        float *o = s->out[k];
+        const float *l = s->out_f32;
+        for (uint32_t i = 0; i < n; i++) {
+            if (s->rows[i].ret == RET_NONE) continue;
+            if (s->rows[i].ret == RET_ARGMAX) {
+                uint32_t a = (uint32_t)ds4_argmax(l, (int)s->n_vocab);
+                memcpy(o++, &a, sizeof(a));
+            } else {
+                memcpy(o, l, s->n_vocab * sizeof(float));
+                o += s->n_vocab;
+            }
+            l += s->n_vocab;
+        }
+        if (nl) MPI_Isend(s->out[k], (int)(o - (float *)s->out[k]), MPI_FLOAT, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
     } else {
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, s->out_f32, NULL, err) != 0) return -1;
         dist_resid_pack(d, s->out_f32, s->out[k], floats);
@@ -231,7 +256,7 @@ static int serve(server *s, ds4_err *err) {
         default: rc = ds4_err_set(&e, DS4_EINVAL, "unknown command %u from rank 0", c.op);
         }
         if (rc != 0) {
-            if (!ds4_dist_failed(s->d, NULL)) dist_fail(s->d, "rank %d: %s", s->d->rank, ds4_err_msg(&e));
+            if (!ds4_dist_failed(s->d, NULL)) dist_fail(s->d, "%s", ds4_err_msg(&e)); /* rank 0 names this rank */
             return dist_failure(s->d, err);
         }
     }
