@@ -15,7 +15,12 @@
  * (kvcache_bytes: the DSV4 payload size of the snapshot at that frontier).
  * A summary on stderr gives, for generation, the weight bytes a token
  * streams and the effective bandwidth, against the device copy bandwidth
- * measured in the same run (CUDA).
+ * measured in the same run (CUDA).  When routed experts stay in host RAM
+ * (--gpu-mem, docs/DESIGN.md 3.5) it also gives the host's measured read
+ * bandwidth, the routed bytes the CPU reads a token, and generation
+ * against the rate that bandwidth allows for them.  --expert-profile-out
+ * writes the experts' use over the run (model/placement.h), for a later
+ * --expert-profile.
  *
  * --synthetic SHAPE-RECIPE (flash-q2, flash-q4, pro-q2, pro-q4; q2 and q4
  * mean Flash's) runs a published model's shapes without a file: the CUDA
@@ -49,7 +54,9 @@
 #include "base/clock.h"
 #include "engine/cli.h"
 #include "engine/startup.h"
+#include "base/threads.h"
 #include "model/backends.h"
+#include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -57,11 +64,14 @@
 
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv, *layers;
+    const char *profile, *profile_out;
     bool model_given, warm_weights;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     float step_mul;
     float gpu_gib, host_gbps, link_gbps, hop_us; /* the projection's assumptions */
     ds4_backend_opts bo;
+    ds4_cli_steer steer;
+    ds4_dist_opts dist;
     /* derived */
     ds4_config full;       /* the synthetic model's whole shape */
     const char *recipe;    /* its recipe */
@@ -108,9 +118,16 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_FLOAT("--hop-us", "US", &o->hop_us, 0.0, 1e6, 10.0, "fixed latency of a pipeline hop")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
+        DS4_CLI_OFFLOAD(&o->bo.gpu_mem, &o->profile),
+        {DS4_OPT_STR("--expert-profile-out", "FILE", &o->profile_out, NULL,
+                     "write how often each routed expert was chosen over the run: an expert profile for "
+                     "--expert-profile (CUDA)"),
+         .flags = DS4_OPT_OUT},
+        DS4_CLI_STEERING(&o->steer),
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
@@ -172,7 +189,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->layer0 = (uint32_t)a;
         o->layer1 = (uint32_t)b;
     }
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
         return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
     if (o->synthetic && (o->prompt_file || o->chat_file))
@@ -184,6 +201,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         return ds4_cli_usage(&cli, "--ctx-alloc %u must exceed ctx-max + gen-tokens (%u + %u)", o->ctx_alloc,
                              o->ctx_max, o->gen);
     o->bo.ctx_size = o->ctx_alloc;
+    o->bo.count_experts = o->profile_out != NULL;
+    if (o->profile_out && o->backend && strcmp(o->backend, "cuda") != 0)
+        return ds4_cli_usage(&cli, "--expert-profile-out counts on the CUDA backend");
     return -1;
 }
 
@@ -303,6 +323,57 @@ static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, dou
     ds4_weights_close(whole);
 }
 
+#if DS4_CUDA
+/* The host's read bandwidth: `threads` threads each summing its part of a
+ * buffer far beyond the caches, best of three passes. */
+typedef struct bw_task {
+    const uint64_t *p;
+    size_t words;
+    uint64_t *sums;
+} bw_task;
+
+static void bw_read(void *ctx, int64_t a, int64_t z, int thread) {
+    const bw_task *t = ctx;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = (size_t)a * 4096; i < (size_t)z * 4096 && i < t->words; i += 4) {
+        s0 += t->p[i];
+        s1 += t->p[i + 1];
+        s2 += t->p[i + 2];
+        s3 += t->p[i + 3];
+    }
+    t->sums[thread] += s0 ^ s1 ^ s2 ^ s3;
+}
+
+static double host_bandwidth(int threads, ds4_err *err) {
+    size_t bytes = (size_t)4 << 30, words = bytes / 8;
+    uint64_t *p = malloc(bytes);
+    ds4_pool *pool = ds4_pool_create(threads, err);
+    uint64_t *sums = pool ? calloc((size_t)ds4_pool_size(pool), sizeof(uint64_t)) : NULL;
+    if (!p || !pool || !sums) {
+        free(p);
+        free(sums);
+        ds4_pool_free(pool);
+        if (!err->msg[0]) ds4_err_set(err, DS4_ENOMEM, "no room for the host bandwidth probe");
+        return -1;
+    }
+    for (size_t i = 0; i < words; i++) p[i] = i * 0x9E3779B97F4A7C15ull;
+    bw_task t = {p, words, sums};
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double a = ds4_now();
+        ds4_pool_run(pool, (int64_t)(words / 4096), 64, bw_read, &t);
+        double s = ds4_now() - a;
+        if (s < best) best = s;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < ds4_pool_size(pool); i++) x ^= sums[i];
+    free(p);
+    free(sums);
+    ds4_pool_free(pool);
+    return x == 1 ? 0 : (double)bytes / best; /* x keeps the sums alive */
+}
+#endif
+
 static char *read_file(const char *path, size_t *len, ds4_err *err) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -414,7 +485,15 @@ static uint32_t next_frontier(const opts *o, uint32_t f) {
     return next > o->ctx_max ? o->ctx_max : (uint32_t)next;
 }
 
-static int run(const opts *o, ds4_err *err) {
+/* The backend: the pipeline's under mpirun (d), else the named one. */
+static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, const ds4_backend_opts *bo,
+                                 ds4_err *err) {
+    if (!d) return ds4_backend_create(o->backend, w, bo, err);
+    if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    return ds4_dist_backend_create(d, o->backend, w, bo, err);
+}
+
+static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     int rc = -1;
     ds4_weights *w = NULL;
     if (o->synthetic) {
@@ -425,16 +504,27 @@ static int run(const opts *o, ds4_err *err) {
         w = ds4_weights_open(o->model, err);
     }
     if (!w) return -1;
+    ds4_expert_profile *prof = NULL;
+    if (o->profile && !(prof = ds4_expert_profile_load(o->profile, w->cfg.n_layer, w->cfg.n_expert, err))) {
+        ds4_weights_close(w);
+        return -1;
+    }
+    ds4_backend_opts bo = o->bo;
+    bo.expert_profile = prof;
     if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_weights_close(w);
+        ds4_expert_profile_free(prof);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
-    if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto done;
+    if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (!(b = make_backend(o, d, w, &bo, err))) goto done;
+    ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     char what[96];
     if (o->synthetic)
         snprintf(what, sizeof(what), "synthetic %s %s weights, layers %u..%u of %u", ds4_config_name(&o->full),
@@ -450,8 +540,20 @@ static int run(const opts *o, ds4_err *err) {
         fprintf(stderr, "ds4-bench: %s, device copy bandwidth %.0f GB/s (read + write)\n", dev, copy_bw / 1e9);
     }
 #endif
-    double bpt = bytes_per_token(w);
+    double bpt = bytes_per_token(w), host_bw = 0, tok_host = 0;
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
+#if DS4_CUDA
+    ds4_offload_info oi;
+    if (!strcmp(b->ops->name, "cuda") && ds4_cuda_offload_info(b, &oi) == 0 && oi.on) {
+        if ((host_bw = host_bandwidth(o->bo.n_threads, err)) < 0) goto done;
+        tok_host = oi.tok_host;
+        bpt -= tok_host; /* what the GPU reads */
+        fprintf(stderr,
+                "ds4-bench: %u of %u routed experts in host RAM; a token reads %.2f GB of them on the host "
+                "(%.2f GB on the GPU); host read bandwidth %.1f GB/s: at most %.1f tokens/s\n",
+                oi.host_experts, oi.total_experts, tok_host / 1e9, bpt / 1e9, host_bw / 1e9, host_bw / tok_host);
+    }
+#endif
     if (!o->prompt_file && !o->chat_file && !o->tokens_file)
         fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
                         "token ids (seed %u)\n", o->seed);
@@ -491,15 +593,30 @@ static int run(const opts *o, ds4_err *err) {
         fflush(out);
         fprintf(stderr, "ctx %6u: prefill %6u tokens %8.1f t/s | generate %4u tokens %7.2f t/s = %.0f GB/s of weights%s",
                 f, n, n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
-        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)\n", 100.0 * gtps * bpt / copy_bw);
+        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
+                                 tok_host > 0 ? "" : "\n");
+        if (tok_host > 0)
+            fprintf(stderr, "; host experts %.1f GB/s = %.0f%% of the host bandwidth's %.1f tokens/s\n",
+                    gtps * tok_host / 1e9, 100.0 * gtps * tok_host / host_bw, host_bw / tok_host);
         if (o->layers && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
         if (f >= o->ctx_max) break;
     }
+#if DS4_CUDA
+    if (o->profile_out) {
+        ds4_expert_profile *p = ds4_expert_profile_new(w->cfg.n_layer, w->cfg.n_expert, err);
+        int prc = !p || ds4_cuda_expert_counts(b, p, err) || ds4_expert_profile_save(p, o->profile_out, err);
+        ds4_expert_profile_free(p);
+        if (prc) goto done;
+        fprintf(stderr, "ds4-bench: expert profile written to %s\n", o->profile_out);
+    }
+#endif
     rc = 0;
 done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_expert_profile_free(prof);
+    ds4_steering_free(steer);
     ds4_weights_close(w);
     free(toks);
     free(gen);
@@ -510,12 +627,20 @@ int main(int argc, char **argv) {
     opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
+    ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");
-    if (lrc) return lrc;
-    ds4_err err = {0};
-    if (run(&o, &err) != 0) {
-        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
-        return 1;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
     }
-    return 0;
+    ds4_err err = {0};
+    int rc = 0;
+    if (run(&o, d, &err) != 0) {
+        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
+        rc = 1;
+    }
+    ds4_dist_end(d);
+    return rc;
 }

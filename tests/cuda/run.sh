@@ -33,11 +33,17 @@
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
+#   split     routed experts split between the GPU and host RAM (none on
+#             the GPU, whole layers, random subsets by a profile, chunked
+#             prefill) against the all-resident run, 1e-3, identical greedy
+#             tokens, exact device memory accounting (test_cuda.c, cmd_split;
+#             smoke: two splits, a short prompt)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
 #             odd-a, odd-b: shapes no published model has; pro-a: Pro's
 #             pattern scaled down)
+#   steering  directional steering against the CPU (test_cuda.c, cmd_steer)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -141,7 +147,18 @@ in_set gpu && join
 step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
+if in_set smoke; then
+    step "split tiny f16 (quick)" "$TEST" split "$M-f16.gguf" --no-sim --quick --prompt 16 --steps 4
+else
+    step "split tiny f16" "$TEST" split "$M-f16.gguf" --no-sim
+fi
+in_set gpu && step "split mid f16" "$TEST" split "$T/mid-f16.gguf" --no-sim --prompt 300 --steps 32 --seed 12
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
+# Directional steering against the CPU: two pairs of scales (the decode
+# graphs captured again for the second), the observed activations, and
+# scales of 0 bit-identical to no directions.
+in_set emu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 24 --steps 6
+in_set gpu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 300 --steps 64
 # Pro's pattern (ratio 128 from layer 0, 16 output groups, top-k above the
 # compressed rows) against transformers in every set; the shapes no
 # published model has (width 80, output rank 16; width 112, heads of 192)

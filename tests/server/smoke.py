@@ -8,6 +8,10 @@ prefix reuse proven by the counters; disk KV cache reuse after a restart
 with identical greedy output; stop sequences; malformed DSML; error shapes
 and statuses for bad requests; auth, CORS, body limits; client disconnects
 cancel the work; keepalive comments while a request waits.
+
+Every server here runs one session (--parallel 1): these cases pin down the
+reuse ladder of a session and the queue in front of it, which a server of
+many sessions runs per session (parallel.py covers many sessions at once).
 """
 import json
 import os
@@ -20,7 +24,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Server, parse_sse  # noqa: E402
+from harness import Server as AnyServer, parse_sse  # noqa: E402
+
+
+def Server(*args, **kw):
+    """A ds4-server of one session (see above)."""
+    return AnyServer("--parallel", "1", *args, **kw)
+
 
 PASSED = []
 

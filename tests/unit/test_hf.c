@@ -357,7 +357,7 @@ static void test_pro_layout(void **state) {
     f = fopen(out, "w");
     fprintf(f, "case1\tp.txt\tt.txt\n");
     fclose(f);
-    if (run_capture(log, sizeof(log), "./ds4-score %s %s %s/scores.tsv 512 -t 2", spliced, out, dir) != 0)
+    if (run_capture(log, sizeof(log), "./ds4-score %s %s %s/scores.tsv 512 -t 2 --token-ids", spliced, out, dir) != 0)
         fail_msg("ds4-score: %s", log);
     st_rmdir(dir);
     free(dir);

@@ -22,8 +22,6 @@
 #include "text/tokenizer.h"
 #include "text_testdata.h"
 
-server *SRV;
-
 /* Parse `json` with an adapter; returns the job (request in j->req) or
  * NULL with *e filled. */
 static job *parse_with(const api_adapter *api, const char *json, api_error *e) {

@@ -14,6 +14,7 @@ extern "C" {
 #include "base/numparse.h"
 #include "model/backends.h"
 #include "model/session_state.h"
+#include "model/steering.h"
 }
 
 #define REC_CAP 4096
@@ -59,8 +60,8 @@ static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::
     unsigned forms = 0;
     for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
         const dlayer *w = &b->W.layers[il];
-        if ((w->*m1).p) forms |= cu_act_form((w->*m1).type);
-        if (m2 && (w->*m2).p) forms |= cu_act_form((w->*m2).type);
+        if (dwt_present(&(w->*m1))) forms |= cu_act_form((w->*m1).type);
+        if (m2 && dwt_present(&(w->*m2))) forms |= cu_act_form((w->*m2).type);
     }
     return forms;
 }
@@ -99,8 +100,12 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
+    if (b->base.opts.steer) TAKE(m, b->d_steer, (size_t)c->n_layer * D);
     TAKE(m, b->router, C * c->n_expert);
     TAKE(m, b->sel, C * k);
+    TAKE(m, b->msel, C * k);
+    TAKE(m, b->expert_count, b->base.opts.count_experts ? (size_t)c->n_layer * c->n_expert : 0);
+    if (!b->base.opts.count_experts) b->expert_count = NULL;
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
@@ -278,12 +283,31 @@ static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
 }
 
 static int capture_step(cuda_backend *b, ds4_err *err) {
+    b->graph_steer[0] = b->main_seq.steer_ffn;
+    b->graph_steer[1] = b->main_seq.steer_attn;
     if (ds4_prof_on) return 0;
     for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
         if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
     if (capture_ctx(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
+}
+
+/* The decode graphs again when the main sequence's steering scales are not
+ * the ones they were captured with (a scale is a kernel argument of the
+ * graph; with none the graph has no steering launch at all).  Between
+ * steps, with nothing in flight. */
+static int steer_recapture(cuda_backend *b, ds4_err *err) {
+    if (!cu_steer_changed(b)) return 0;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    for (uint32_t i = 0; i < CU_GRAPHS; i++)
+        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
+            if (b->graph[i][k]) {
+                cudaGraphExecDestroy(b->graph[i][k]);
+                b->graph[i][k] = NULL;
+            }
+    b->n_graphs = 0;
+    return capture_step(b, err);
 }
 
 /* The decode step at position pos on the device.  Its logits are
@@ -309,7 +333,8 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
     b->jr.valid = false; /* a plain step ends what a rewind can take back */
-    if (cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err)) return -1;
+    if (steer_recapture(b, err) || cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err))
+        return -1;
     b->tokens[b->n_tokens++] = token;
     b->has_logits = true;
     b->logits_fresh = false;
@@ -321,7 +346,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
-    if (check_room(b, n, err)) return -1;
+    if (check_room(b, n, err) || steer_recapture(b, err)) return -1;
     b->jr.valid = false;
     for (uint32_t done = 0; done < n;) {
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
@@ -442,6 +467,7 @@ static void cuda_free(ds4_backend *base) {
         for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
             if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
     cu_journal_free(&b->jr);
+    cu_offload_free(b->off);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
@@ -452,6 +478,7 @@ static void cuda_free(ds4_backend *base) {
     free(b->L);
     free(b->tokens);
     free(b->logits_h);
+    free(b->obs_h);
     free(b);
 }
 
@@ -525,6 +552,49 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     return 0;
 }
 
+/* The GPU budget: the caller's, or the device's free memory less a
+ * reserve for the runtime (graphs, the rewind journal). */
+static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
+    if (b->base.opts.gpu_mem) {
+        *budget = b->base.opts.gpu_mem;
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t reserve = (uint64_t)1 << 30;
+    *budget = free_b > reserve ? free_b - reserve : 0;
+    return 0;
+}
+
+/* Weights, state and buffers in GPU memory: every tensor but the routed
+ * experts, then as many of those as the budget holds (cuda_offload.h). */
+static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    if (cu_weights_shape(&b->W, w, NULL, err)) return -1;
+    b->L = (dlstate *)calloc(c->n_layer, sizeof(dlstate));
+    if (!b->L) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    bump m = {NULL, 0};
+    layout_state(b, &m);
+    size_t state = (m.off + 255) / 256 * 256;
+    m.off = 0;
+    layout_buffers(b, &m);
+    size_t bufs = (m.off + 255) / 256 * 256, routed = 0, all = cu_weights_bytes(&b->W, c, &routed);
+    uint64_t budget;
+    if (gpu_budget(b, &budget, err)) return -1;
+    b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
+    if ((uint64_t)all + state + bufs > budget &&
+        cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err))
+        return -1;
+    if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, err)) return -1;
+    if (w->synthetic) {
+        if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
+    } else if (cu_weights_load(&b->W, w, b->off ? b->off->slot : NULL, b->st, err)) {
+        return -1;
+    }
+    b->dev_bytes = b->W.bytes;
+    return b->off ? cu_offload_init(b, b->off, w, err) : 0;
+}
+
 static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
@@ -532,20 +602,18 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming));
     if (cu_matmul_init(err)) return -1;
-    if (w->synthetic) {
-        if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
-    } else if (cu_weights_load(&b->W, w, b->st, err)) {
-        return -1;
-    }
-    b->L = (dlstate *)calloc(c->n_layer, sizeof(dlstate));
+    if (place_and_load(b, w, err)) return -1;
     b->tokens = (uint32_t *)calloc(b->ctx, sizeof(uint32_t));
     b->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
     if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (b->base.opts.act_observer && !(b->obs_h = (float *)malloc((size_t)b->chunk * c->n_embd * sizeof(float))))
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
     layout_state(b, &m);
     char what[96];
     snprintf(what, sizeof(what), "session state (context %u)", b->ctx);
     if (cu_dev_alloc(&b->state_block, m.off, what, err)) return -1;
+    b->dev_bytes += (m.off + 255) / 256 * 256;
     m.base = (uint8_t *)b->state_block;
     m.off = 0;
     layout_state(b, &m);
@@ -555,6 +623,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     size_t need = m.off;
     snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
     if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
+    b->dev_bytes += (need + 255) / 256 * 256;
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
@@ -566,7 +635,11 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         }
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
+    if (b->expert_count) CU_TRY(cudaMemset(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    if (b->d_steer)
+        CU_TRY(cudaMemcpy(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float),
+                          cudaMemcpyHostToDevice));
     if (reset_state(b, err)) return -1;
     return capture_step(b, err);
 }
@@ -677,5 +750,51 @@ extern "C" int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t n
     cudaFree(a);
     cudaFree(b);
     *bytes_per_s = 2.0 * (double)bytes / (best * 1e-3);
+    return 0;
+}
+
+extern "C" int ds4_cuda_offload_info(const ds4_backend *base, ds4_offload_info *out) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    memset(out, 0, sizeof(*out));
+    if (!base || strcmp(base->ops->name, "cuda") != 0) return -1;
+    out->dev_allocated = b->dev_bytes;
+    out->dev_fixed = b->dev_fixed;
+    out->total_experts = b->cfg->n_layer * b->cfg->n_expert;
+    if (!b->off) {
+        out->dev_total = b->dev_bytes;
+        return 0;
+    }
+    const ds4_placement *p = &b->off->place;
+    out->on = true;
+    out->host_experts = p->host_experts;
+    out->dev_total = p->dev_total;
+    out->host_bytes = p->host_bytes;
+    out->tok_dev = p->tok_dev;
+    out->tok_host = p->tok_host;
+    return 0;
+}
+
+extern "C" int ds4_cuda_expert_counts(ds4_backend *base, ds4_expert_profile *p, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    const ds4_config *c = b->cfg;
+    if (!b->expert_count)
+        return ds4_err_set(err, DS4_EINVAL, "the CUDA backend was made without counting experts (count_experts)");
+    if (p->n_layer != c->n_layer || p->n_expert != c->n_expert)
+        return ds4_err_set(err, DS4_EINVAL, "a profile of %u x %u experts for a model of %u x %u", p->n_layer, p->n_expert,
+                           c->n_layer, c->n_expert);
+    size_t n = (size_t)c->n_layer * c->n_expert;
+    uint32_t *h = (uint32_t *)malloc(n * sizeof(uint32_t));
+    if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    cudaError_t e = cudaStreamSynchronize(b->st);
+    if (e == cudaSuccess) e = cudaMemcpy(h, b->expert_count, n * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(h);
+        return ds4_err_set(err, DS4_EIO, "CUDA: reading the expert counts: %s", cudaGetErrorString(e));
+    }
+    uint64_t sel = 0;
+    for (size_t i = 0; i < n; i++) p->use[i] = h[i];
+    for (uint32_t e0 = 0; e0 < c->n_expert; e0++) sel += h[e0];
+    p->tokens = sel / c->n_expert_used; /* layer 0's selections: k a token */
+    free(h);
     return 0;
 }

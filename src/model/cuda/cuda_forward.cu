@@ -226,15 +226,22 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
     if (cu_attend(b, il, T, pos0, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
-    hc_post_src src = {b->y, NULL, NULL, 0};
+    hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
+    if (cu_steer(b, il, T, false, decode, &src, err)) return -1;
     hc_site ffn = ffn_site(b, il, decode);
     return cu_hc_step(b, &src, &ffn, T, err);
 }
 
+/* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
+ * GPU's products read the selected experts' device slots (msel; a host
+ * expert's -1 is skipped) while the host branch computes the others, and
+ * the HC post takes each slot's output from its side. */
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    bool host = cu_offload_host(b->off, il), gpu = cu_offload_gpu(b->off, il), stream = false;
+    const int *esel = host ? b->msel : b->sel;
     if (decode) {
         hc_site here = ffn_site(b, il, true);
         if (side_fork(b, err) || shared_expert(b, il, &here, err) || side_join(b, err)) return -1;
@@ -243,35 +250,46 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
         bool routed = cu_gemv_route(b, il, tok, &p);
         if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, err))) return -1;
-        memset(&p, 0, sizeof(p));
-        for (uint32_t i = 0; i < k; i++) {
-            cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
-            cu_gemv_add(&p, &w->up_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+        if (host && cu_offload_branch(b, il, T, err)) return -1;
+        if (gpu) {
+            memset(&p, 0, sizeof(p));
+            for (uint32_t i = 0; i < k; i++) {
+                cu_gemv_add(&p, &w->gate_exps, 0, esel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
+                cu_gemv_add(&p, &w->up_exps, 0, esel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+            }
+            if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
+            memset(&p, 0, sizeof(p));
+            for (uint32_t i = 0; i < k; i++) {
+                dact m = act_row(&b->mid, i);
+                cu_gemv_add(&p, &w->down_exps, 0, esel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
+            }
+            if (cu_gemv_run(&p, b->st, err)) return -1;
         }
-        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
-        memset(&p, 0, sizeof(p));
-        for (uint32_t i = 0; i < k; i++) {
-            dact m = act_row(&b->mid, i);
-            cu_gemv_add(&p, &w->down_exps, 0, b->sel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
-        }
-        if (cu_gemv_run(&p, b->st, err) || side_wait(b, err)) return -1; /* the HC reads sout */
+        if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
             cu_route(b, il, tok, T, err))
             return -1;
+        /* the host experts by the CPU, or streamed when the chunk uses them
+         * enough (cuda_offload.h) */
+        if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
+        if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
         cu_group g;
-        if (cu_group_tokens(b, T, &g, err) ||
-            cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
-            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err) ||
-            cu_swiglu(b, il, T, SWIGLU_ALL, NULL, b->st, err))
+        if (gpu && (cu_group_tokens(b, esel, T, &g, err) ||
+                    cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
+                    cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err)))
             return -1;
+        if (cu_swiglu(b, il, T, gpu ? SWIGLU_ALL : SWIGLU_SHARED, NULL, b->st, err)) return -1;
         g.act_div = 1;
-        if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err) ||
-            mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err))
-            return -1;
+        if (gpu && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
+        if (mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err)) return -1;
+        if (stream && cu_offload_stream(b, il, T, err)) return -1;
     }
-    hc_post_src src = {NULL, b->eout, b->sout, k};
+    bool cpu = host && !stream;
+    if (cpu && cu_offload_join(b, err)) return -1;
+    hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
+    if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
     hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1, decode) : head_site(b);
     return cu_hc_step(b, &src, &next, T, err);
 }

@@ -65,6 +65,8 @@ typedef struct hc_args {
     float *S;
     const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
     uint32_t k;
+    const int *hsel;              /* hc_post_src's */
+    const float *hout;
     float *post, *comb;           /* read by the post, rewritten by the finish */
     const uint8_t *fn;
     uint32_t fn_type, nmix, D, n_hc, nsplit;
@@ -375,6 +377,11 @@ static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t
 #pragma unroll
             for (int u = 0; u < HC_EXPERT_LOADS; u++)
                 e[u] = i0 + u < a.k ? a.eout[((size_t)t * a.k + i0 + u) * D + d] : 0.0f;
+            if (a.hsel) /* experts on the host: their outputs are the host's */
+#pragma unroll
+                for (int u = 0; u < HC_EXPERT_LOADS; u++)
+                    if (i0 + u < a.k && a.hsel[(size_t)t * a.k + i0 + u] < 0)
+                        e[u] = a.hout[((size_t)t * a.k + i0 + u) * D + d];
 #pragma unroll
             for (int u = 0; u < HC_EXPERT_LOADS; u++)
                 if (i0 + u < a.k) routed += e[u];
@@ -646,6 +653,8 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
         a.eout = post->eout;
         a.sout = post->sout;
         a.k = post->k;
+        a.hsel = post->hsel;
+        a.hout = post->hout;
     }
     a.post = b->post;
     a.comb = b->comb;

@@ -85,41 +85,75 @@ static dwt *dev_tensor(dweights *dw, size_t i) {
     return (dwt *)((char *)&dw->layers[i / DS4_N_LAYER_TENSORS] + dev_layer_offsets[i % DS4_N_LAYER_TENSORS]);
 }
 
-/* Shapes and one device allocation for all present tensors. */
-static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *err) {
-    size_t count = ds4_weights_count(w), total = 0;
+/* Which routed tensor device tensor i is (0 gate, 1 up, 2 down), or -1;
+ * and its layer. */
+static int routed_of(size_t i, uint32_t *il) {
+    if (i < DS4_N_GLOBAL_TENSORS) return -1;
+    i -= DS4_N_GLOBAL_TENSORS;
+    *il = (uint32_t)(i / DS4_N_LAYER_TENSORS);
+    size_t off = dev_layer_offsets[i % DS4_N_LAYER_TENSORS];
+    return off == offsetof(dlayer, gate_exps) ? 0 : off == offsetof(dlayer, up_exps) ? 1 : off == offsetof(dlayer, down_exps) ? 2 : -1;
+}
+
+/* Bytes of one tensor's allocation. */
+static size_t tensor_bytes(const dwt *d) { return align_up(d->row_bytes * d->rows * d->mats, 256); }
+
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, ds4_err *err) {
+    size_t count = ds4_weights_count(w);
+    free(dw->layers);
     dw->layers = (dlayer *)calloc(w->cfg.n_layer, sizeof(dlayer));
     if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     for (size_t i = 0; i < count; i++) {
         const ds4_wt *h = ds4_weights_at(w, i, NULL);
         dwt *d = dev_tensor(dw, i);
         memset(d, 0, sizeof(*d));
-        offsets[i] = SIZE_MAX;
         if (!h->name) continue; /* absent optional tensor */
         d->type = h->type;
         d->n = (uint32_t)h->ne[0];
         d->rows = (uint32_t)h->ne[1];
         d->mats = (uint32_t)h->ne[2];
+        uint32_t il;
+        if (n_gpu && routed_of(i, &il) >= 0) d->mats = n_gpu[il];
         d->row_bytes = cu_row_bytes(h->type, d->n);
         if (!d->row_bytes)
             return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %u with rows of %u is not supported on CUDA",
                                h->name, h->type, d->n);
-        offsets[i] = total;
-        total += align_up(d->row_bytes * d->rows * d->mats, 256);
     }
-    dw->bytes = total;
-    if (cu_dev_alloc(&dw->block, total, "weights", err)) return -1;
-    for (size_t i = 0; i < count; i++)
-        if (offsets[i] != SIZE_MAX) dev_tensor(dw, i)->p = (const uint8_t *)dw->block + offsets[i];
     return 0;
 }
 
-int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err) {
+size_t cu_weights_bytes(const dweights *dw, const ds4_config *c, size_t *routed) {
+    size_t total = 0, r = 0, count = DS4_N_GLOBAL_TENSORS + (size_t)c->n_layer * DS4_N_LAYER_TENSORS;
+    for (size_t i = 0; i < count; i++) {
+        const dwt *d = dev_tensor((dweights *)dw, i);
+        uint32_t il;
+        if (routed_of(i, &il) >= 0) r += tensor_bytes(d);
+        else total += tensor_bytes(d);
+    }
+    if (routed) *routed = r;
+    return total + r;
+}
+
+/* One device allocation for every shaped tensor (an empty one - a routed
+ * tensor with no expert on the GPU - keeps p NULL). */
+static int plan(dweights *dw, const ds4_weights *w, ds4_err *err) {
+    size_t count = ds4_weights_count(w), total = 0;
+    for (size_t i = 0; i < count; i++) total += tensor_bytes(dev_tensor(dw, i));
+    dw->bytes = total;
+    if (cu_dev_alloc(&dw->block, total, "weights", err)) return -1;
+    size_t off = 0;
+    for (size_t i = 0; i < count; i++) {
+        dwt *d = dev_tensor(dw, i);
+        size_t b = tensor_bytes(d);
+        if (b) d->p = (const uint8_t *)dw->block + off;
+        off += b;
+    }
+    return 0;
+}
+
+int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err) {
     size_t count = ds4_weights_count(w);
-    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
-    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    int rc = plan(dw, w, offsets, err);
-    free(offsets);
+    int rc = plan(dw, w, err);
     if (rc) return rc;
     /* Repack through a pinned staging buffer, 64 MiB at a time. */
     const size_t STAGE = (size_t)64 << 20;
@@ -130,6 +164,7 @@ int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err
     CU_TRY(cudaEventCreate(&done[0]));
     CU_TRY(cudaEventCreate(&done[1]));
     int which = 0;
+    uint32_t E = w->cfg.n_expert;
     for (size_t i = 0; i < count && rc == 0; i++) {
         const ds4_wt *h = ds4_weights_at(w, i, NULL);
         dwt *d = dev_tensor(dw, i);
@@ -138,22 +173,33 @@ int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err
             rc = ds4_err_set(err, DS4_EINVAL, "tensor %s has no data (synthetic weights need the synthetic loader)", h->name);
             break;
         }
-        size_t rows = (size_t)d->rows * d->mats, per = STAGE / d->row_bytes;
+        size_t per = STAGE / d->row_bytes;
         if (per == 0) {
             rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: a row of %zu bytes exceeds the staging buffer", h->name, d->row_bytes);
             break;
         }
-        for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
-            size_t nr = rows - r0 < per ? rows - r0 : per;
-            if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
-            for (size_t r = 0; r < nr; r++)
-                cu_repack_row(d->type, d->n, (const uint8_t *)h->data + (r0 + r) * h->row_bytes, stage[which] + r * d->row_bytes,
-                           d->row_bytes);
-            if (ds4_cuda_check(cudaMemcpyAsync((uint8_t *)d->p + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
-                                               cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
-                ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
-                rc = -1;
-            which ^= 1;
+        /* matrix by matrix: a routed tensor's resident experts into their slots */
+        uint32_t il = 0;
+        bool routed = slot && routed_of(i, &il) >= 0;
+        uint32_t n_src = routed ? E : 1;
+        for (uint32_t e = 0; e < n_src && rc == 0; e++) {
+            int32_t to = routed ? slot[(size_t)il * E + e] : 0;
+            if (to < 0) continue;
+            size_t rows = routed ? d->rows : (size_t)d->rows * d->mats;
+            const uint8_t *src = (const uint8_t *)h->data + (size_t)e * d->rows * h->row_bytes;
+            uint8_t *dst = (uint8_t *)d->p + (size_t)to * d->rows * d->row_bytes;
+            for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
+                size_t nr = rows - r0 < per ? rows - r0 : per;
+                if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
+                for (size_t r = 0; r < nr; r++)
+                    cu_repack_row(d->type, d->n, src + (r0 + r) * h->row_bytes, stage[which] + r * d->row_bytes,
+                                  d->row_bytes);
+                if (ds4_cuda_check(cudaMemcpyAsync(dst + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
+                                                   cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
+                    ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
+                    rc = -1;
+                which ^= 1;
+            }
         }
     }
     if (rc == 0) rc = ds4_cuda_check(cudaStreamSynchronize(st), "upload", __FILE__, __LINE__, err);
@@ -256,11 +302,7 @@ static uint64_t name_hash(const char *s) {
 
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
     size_t count = ds4_weights_count(w);
-    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
-    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    int rc = plan(dw, w, offsets, err);
-    free(offsets);
-    if (rc) return rc;
+    if (plan(dw, w, err)) return -1;
     for (size_t i = 0; i < count; i++) {
         const ds4_tensor_row *row;
         const ds4_wt *h = ds4_weights_at(w, i, &row);
