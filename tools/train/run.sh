@@ -13,4 +13,4 @@ set -eu
 out=$1
 shift
 mkdir -p "$out"
-exec python3 "$(dirname "$0")/train.py" "$out" --steps 1500 --batch 64 --seq 512 --max-minutes 10 "$@"
+exec python3 "$(dirname "$0")/train.py" "$out" --steps 1500 --batch 64 --seq 512 --max-minutes 7 "$@"
