@@ -5,9 +5,9 @@
 #   sh tools/train/run.sh OUTDIR [train.py options]
 #
 # Needs python3 with torch, transformers, tokenizers and numpy (no network:
-# the corpus is the running Python's standard library).  The defaults take
-# about 8 minutes on one H100; --max-minutes stops a slower machine early
-# (the log says so, and such a run is not reproducible).
+# the corpus is the running Python's standard library).  The defaults are
+# sized for one H100 in under 10 minutes; training stops after 7 minutes at
+# the latest (the log says so, and such a run is not reproducible).
 set -eu
 [ $# -ge 1 ] || { echo "usage: sh tools/train/run.sh OUTDIR [train.py options]" >&2; exit 2; }
 out=$1
