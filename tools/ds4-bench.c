@@ -491,6 +491,12 @@ static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *
                                  ds4_err *err) {
     if (!d) return ds4_backend_create(o->backend, w, bo, err);
     if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    uint32_t first, end;
+    ds4_dist_layers(d, &first, &end);
+    if (o->warm_weights && ds4_startup_warm_layers("ds4-bench", w, first, end, o->bo.n_threads, NULL, NULL) != 0) {
+        ds4_err_set(err, DS4_EIO, "--warm-weights failed");
+        return NULL;
+    }
     return ds4_dist_backend_create(d, o->backend, w, bo, err);
 }
 
@@ -522,7 +528,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         }
         bo.mtp = mtp;
     }
-    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
+    if (o->warm_weights && !d && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_mtp_close(mtp);
         ds4_weights_close(w);
         ds4_expert_profile_free(prof);
@@ -646,6 +652,8 @@ int main(int argc, char **argv) {
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
     ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    ds4_warm_ctx warm = {"ds4-bench", o.bo.n_threads};
+    if (o.warm_weights) o.dist.warm = ds4_startup_warm_stage, o.dist.warm_ctx = &warm;
     int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
     if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");
