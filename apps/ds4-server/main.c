@@ -41,11 +41,7 @@ static const char NOTES[] =
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
 /* ds4's options this program refuses, with the reason. */
-static const char *refused(const char *name) {
-    if (!strncmp(name, "--mtp", 5))
-        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-server does not draft with it yet";
-    return ds4_option_not_supported(name);
-}
+static const char *refused(const char *name) { return ds4_option_not_supported(name); }
 
 static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     memset(o, 0, sizeof(*o));
@@ -69,6 +65,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
         DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_MTP(&o->mtp),
         DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
@@ -225,7 +222,8 @@ int main(int argc, char **argv) {
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
                           .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
-                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile};
+                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile,
+                          .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
@@ -236,6 +234,9 @@ int main(int argc, char **argv) {
     char mem[160];
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
+    if (s.engine->mtp)
+        srv_log("server", "MTP speculative decoding: up to %u drafts a step, drafting while the block's top two "
+                          "logits are %.2f apart", s.o.mtp.draft, s.o.mtp.margin);
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
     for (uint32_t id = 0; id < ds4_vocab_size(s.engine->vocab); id++) {
         size_t n = ds4_vocab_token_bytes(s.engine->vocab, (int32_t)id).len;

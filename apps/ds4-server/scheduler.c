@@ -88,6 +88,26 @@ void sched_count_outcome(sched *q, outcome k, uint32_t generated) {
     pthread_mutex_unlock(&q->s->stats_mu);
 }
 
+/* The MTP speculation session s did since its counts were `before`. */
+static void count_mtp(sched *q, ds4_session *s, const ds4_spec_stats *before) {
+    const ds4_spec *sp = ds4_session_spec(s);
+    if (!sp) return;
+    pthread_mutex_lock(&q->s->stats_mu);
+    q->c.mtp.cycles += sp->stats.cycles - before->cycles;
+    q->c.mtp.drafted += sp->stats.drafted - before->drafted;
+    q->c.mtp.accepted += sp->stats.accepted - before->accepted;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+/* The MTP counters of /v1/ds4/stats (null without a block). */
+static json_t *mtp_stats(const server *s, const ds4_spec_stats *m) {
+    if (!s->engine->mtp) return json_null();
+    return json_pack("{s:i,s:I,s:I,s:I,s:f,s:f}", "draft", (int)s->o.mtp.draft, "verifications", (json_int_t)m->cycles,
+                     "drafted", (json_int_t)m->drafted, "accepted", (json_int_t)m->accepted, "acceptance_rate",
+                     m->drafted ? (double)m->accepted / (double)m->drafted : 0.0, "tokens_per_verification",
+                     m->cycles ? (double)(m->accepted + m->cycles) / (double)m->cycles : 0.0);
+}
+
 /* ------------------------------------------------------------ dispatch */
 
 static bool job_done(job *j) {
@@ -225,9 +245,12 @@ static void *slot_main(void *arg) {
         if (!sl->job) break;
         job *j = sl->job;
         pthread_mutex_unlock(&q->mu);
+        const ds4_spec *sp = ds4_session_spec(sl->sess);
+        ds4_spec_stats before = sp ? sp->stats : (ds4_spec_stats){0};
         outcome k = slot_run(sl, j);
         sched_count_outcome(q, k, j->out.completion_tokens);
         count_cancel(q, j);
+        count_mtp(q, sl->sess, &before);
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();
@@ -286,6 +309,7 @@ static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     sl->cont = cont_binding_at(s, i);
     pthread_cond_init(&sl->cv, NULL);
     if (!(sl->sess = ds4_session_new(s->engine, s->o.ctx, err))) return -1;
+    if (s->engine->mtp && ds4_session_enable_mtp(sl->sess, s->o.mtp.draft, s->o.mtp.margin, err)) return -1;
     if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
     return 0;
 }
@@ -377,10 +401,11 @@ int worker_start(server *s, ds4_err *err) {
             return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
         q->slots[i].started = true;
     }
-    char a[32], b[32];
+    char a[32], b[32], why[96] = "";
+    if (!s->o.parallel_given)
+        snprintf(why, sizeof(why), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
     srv_log("server", "%u session%s of %u tokens (%s each, %s in all)%s", q->n, q->n == 1 ? "" : "s", s->o.ctx,
-            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b),
-            s->o.parallel_given ? "" : "; sized from the memory (--parallel)");
+            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b), why);
     return 0;
 }
 
@@ -518,7 +543,7 @@ json_t *worker_stats(server *s) {
     json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running,
                                  "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
     return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
-                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I}}",
+                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
                      "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
                      "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
                      (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
@@ -535,5 +560,5 @@ json_t *worker_stats(server *s) {
                      "kvcache", kv_stats(q, &c),
                      "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact",
                      (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
-                     "live_tails_canonicalized", (json_int_t)c.canonicalized);
+                     "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
 }

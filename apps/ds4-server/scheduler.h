@@ -18,6 +18,7 @@
 #define DS4_SERVER_SCHEDULER_H
 
 #include "engine/session.h"
+#include "engine/spec.h"
 #include "server.h"
 
 /* Where a prompt's KV state came from (the reuse ladder of worker.c), in
@@ -43,6 +44,7 @@ typedef struct counters {
     uint64_t slots_evicted;           /* idle sessions given to an unrelated conversation */
     uint64_t cancel_free_steps_max;   /* the most batched steps from a client's going away to its
                                        * session being free (of jobs running then) */
+    ds4_spec_stats mtp;               /* MTP speculation, summed over the jobs of every session */
     char last_source[24];
     uint32_t last_reused, last_prefilled;
 } counters;

@@ -67,6 +67,7 @@ typedef struct srv_opts {
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
+    ds4_cli_mtp mtp;            /* MTP speculative decoding: on whenever the model has a block */
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;

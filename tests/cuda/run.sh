@@ -38,6 +38,9 @@
 #             prefill) against the all-resident run, 1e-3, identical greedy
 #             tokens, exact device memory accounting (test_cuda.c, cmd_split;
 #             smoke: two splits, a short prompt)
+#   mtp       the MTP block against transformers' MTPBlock (1e-4), and
+#             greedy generation with drafts of 1, 2 and 4 identical to plain
+#             decoding (test_cuda.c, cmd_mtp; smoke: --quick)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
@@ -190,6 +193,18 @@ if in_set gpu; then
     step "rewind" "$TEST" rewind "$M-f16.gguf" --no-sim
 else
     step "rewind (quick)" "$TEST" rewind "$M-f16.gguf" --no-sim --quick
+fi
+# The MTP block (cuda_mtp.cu) and speculative decoding through the engine:
+# smoke the longest prefill's last rows and drafts of 2 across window ends;
+# emu every length and drafts of 1, 2 and 4 on tiny-a; gpu that on both
+# golden models.
+if in_set smoke; then
+    step "mtp (quick)" "$TEST" mtp "$GOLD/tiny-a.f16.gguf" "$GOLD/tiny-a.mtp.gguf" "$GOLD/tiny-a.mtp.golden" --quick
+else
+    for g in tiny-a tiny-b; do
+        [ $g = tiny-b ] && ! in_set gpu && continue
+        step "mtp $g" "$TEST" mtp "$GOLD/$g.f16.gguf" "$GOLD/$g.mtp.gguf" "$GOLD/$g.mtp.golden"
+    done
 fi
 join
 if in_set gpu; then

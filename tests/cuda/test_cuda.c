@@ -67,6 +67,20 @@
  *       logits and three decode steps after the rewind are the CPU's
  *       within 1e-3 of max |logit|.
  *
+ *   test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]
+ *       the MTP block (cuda_mtp.cu), simulations off, against transformers'
+ *       MTPBlock logits (tests/reference/mtp_golden.py) within 1e-4 of max
+ *       |logit| after prefills of several lengths (rows paired with the
+ *       main model's residuals, in one step of many rows and one row at a
+ *       time); then greedy generation through the engine with MTP drafts
+ *       of 1, 2 and 4 tokens (verified in one batched step, rejected rows
+ *       rewound) hands out the tokens plain decoding does, for prompts
+ *       whose generation crosses the prefill / decode boundary and the
+ *       ratio-4 and ratio-128 window ends.  --quick: a prefill of 24 and
+ *       its 24 rows (12 in one step, 12 one at a time; the last, whose
+ *       window the block holds whole, compares), drafts of 2 for 8 tokens
+ *       after 122 (across a ratio-4 window's end and the ratio-128 one's
+ *       at 127).
  *   test_cuda steer MODEL [--prompt N] [--steps N]
  *       directional steering against the CPU's (cmd_steer), simulations off.
  *
@@ -88,6 +102,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "engine/spec.h"
 #include "format/gguf.h"
 #include "format/imatrix.h"
 #include "model/backends.h"
@@ -637,6 +655,210 @@ static int cmd_rewind(int argc, char **argv) {
     return 0;
 }
 
+/* The MTP block's logits against the transformers golden (the CPU test's
+ * file, tests/unit/test_mtp.c): rows of the last DS4_HIDDEN_KEEP positions
+ * after prefills of several lengths, the first half of them in one step. */
+static void mtp_golden(const char *model, const char *mtp, const char *golden, bool quick) {
+    FILE *f = fopen(golden, "rb");
+    char magic[4];
+    uint32_t h[3];
+    if (!f || fread(magic, 1, 4, f) != 4 || memcmp(magic, "DS4M", 4) || fread(h, 4, 3, f) != 3) {
+        printf("FAIL: cannot read MTP golden %s\n", golden);
+        exit(1);
+    }
+    uint32_t n = h[1], V = h[2];
+    uint32_t *tok = malloc(n * 4);
+    float *want = xmalloc((size_t)(n - 1) * V * 4);
+    if (fread(tok, 4, n, f) != n || fread(want, 4, (size_t)(n - 1) * V, f) != (size_t)(n - 1) * V) {
+        printf("FAIL: MTP golden %s truncated\n", golden);
+        exit(1);
+    }
+    fclose(f);
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) die(model, &err);
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) die(mtp, &err);
+    ds4_backend_opts o = {.ctx_size = 512, .no_sim = true, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die("cuda", &err);
+    uint32_t W = w->cfg.sliding_window;
+    float *got = xmalloc((size_t)DS4_HIDDEN_KEEP * V * 4);
+    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {24};
+    const uint32_t *ns = quick ? few : all, nn = quick ? 1 : 5;
+    double worst = 0;
+    for (uint32_t a = 0; a < nn; a++) {
+        uint32_t len = ns[a], lo = len > DS4_HIDDEN_KEEP ? len - DS4_HIDDEN_KEEP : 0, half = lo + (len - lo) / 2;
+        ds4_backend_reset(b);
+        if (ds4_backend_prefill(b, tok, len, NULL, &err)) die("prefill", &err);
+        ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+        if (!ms) die("MTP sequence", &err);
+        ds4_row rows[DS4_HIDDEN_KEEP];
+        for (uint32_t i = lo; i < half; i++) rows[i - lo] = ds4_mtp_row(ms, tok[i + 1], DS4_ROW_LOGITS, b->main, i);
+        ds4_step_out out = {got, NULL};
+        if (half > lo && ds4_backend_mtp_step(b, rows, half - lo, &out, &err)) die("MTP step", &err);
+        for (uint32_t i = half; i < len; i++) {
+            rows[0] = ds4_mtp_row(ms, tok[i + 1], DS4_ROW_LOGITS, b->main, i);
+            out.logits = got + (size_t)(i - lo) * V;
+            if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("MTP step", &err);
+        }
+        for (uint32_t i = lo; i < len; i++) {
+            if (i + 1 < lo + W && i + 1 != len) continue; /* its window reaches before the MTP rows */
+            diff d = {0};
+            diff_add(&d, got + (size_t)(i - lo) * V, want + (size_t)i * V, 1, V);
+            double r = rel(&d, 0);
+            CHECK(r <= 1e-4 && !d.row_arg[0], "MTP row at %u after %u tokens: max|d| / max|logit| %.3g%s", i, len, r,
+                  d.row_arg[0] ? ", argmax differs" : "");
+            if (r > worst) worst = r;
+            diff_free(&d);
+        }
+        ds4_seq_free(b, ms);
+    }
+    printf("MTP block against transformers (%s): worst row max|d| / max|logit| = %.3g\n", model, worst);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+    free(tok);
+    free(want);
+    free(got);
+}
+
+/* The MTP sequence's rewind (cuda_mtp.cu): after 127 rows and a mark, three
+ * draft rows taken back (two of them overwrite ring slots the next row's
+ * window reads) leave no trace - the next row's logits are those of a
+ * sequence that never drafted, bit for bit (the same kernels), whatever the
+ * drafts - and a rewind that keeps the first draft is the sequence that
+ * appended that row alone. */
+static void mtp_rewind(const char *model, const char *mtp) {
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) die(model, &err);
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) die(mtp, &err);
+    ds4_backend_opts o = {.ctx_size = 256, .no_sim = true, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die("cuda", &err);
+    if (w->cfg.sliding_window > DS4_HIDDEN_KEEP) { /* the drafts' slots must be in the next row's window */
+        printf("FAIL: the MTP rewind check needs a window of at most %d rows\n", DS4_HIDDEN_KEEP);
+        exit(1);
+    }
+    uint32_t V = w->cfg.n_vocab, n = 140, lo = n - DS4_HIDDEN_KEEP, tok[141];
+    for (uint32_t i = 0; i < 141; i++) tok[i] = (i * 37u + 5u) % V;
+    if (ds4_backend_prefill(b, tok, n, NULL, &err)) die("prefill", &err);
+    float *lg = xmalloc((size_t)5 * V * 4);
+    ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+    if (!ms) die("MTP sequence", &err);
+    ds4_row rows[DS4_HIDDEN_KEEP];
+    ds4_step_out out = {NULL, NULL};
+    /* runs: 0 no drafts; 1, 2 drafts taken back; 3 the first draft kept; 4 it appended plainly */
+    for (int run = 0; run < 5; run++) {
+        ds4_seq_reset(b, ms);
+        for (uint32_t i = lo; i < n - 1; i++) rows[i - lo] = ds4_mtp_row(ms, tok[i + 1], 0, b->main, i);
+        out.logits = NULL;
+        if (ds4_backend_mtp_step(b, rows, n - 1 - lo, &out, &err) || ds4_backend_mark(b, ms, &err))
+            die("MTP rows", &err);
+        uint32_t base = ds4_seq_len(b, ms);
+        if (run >= 1 && run <= 3)
+            for (uint32_t k = 0; k < 3; k++) {
+                rows[0] = ds4_mtp_row(ms, (tok[k] + 7u * (uint32_t)run) % V, DS4_ROW_REWIND, ms, base - 1 + k);
+                if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+            }
+        if (run == 4) {
+            rows[0] = ds4_mtp_row(ms, (tok[0] + 21u) % V, 0, ms, base - 1);
+            if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+        }
+        if ((run >= 1 && run <= 3) && ds4_backend_rewind(b, ms, base + (run == 3), &err)) die("rewind", &err);
+        CHECK(ds4_seq_len(b, ms) == base + (run >= 3), "run %d: MTP sequence of %u rows after the rewind", run,
+              ds4_seq_len(b, ms));
+        /* the next row: the main model's last residual, or (3, 4) the kept draft's */
+        rows[0] = run >= 3 ? ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, ms, base)
+                           : ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, b->main, n - 1);
+        out.logits = lg + (size_t)run * V;
+        if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("row", &err);
+    }
+    CHECK(!memcmp(lg + V, lg, V * 4) && !memcmp(lg + 2 * (size_t)V, lg, V * 4),
+          "MTP rewind: rejected drafts left a trace in the next row's logits");
+    CHECK(!memcmp(lg + 3 * (size_t)V, lg + 4 * (size_t)V, V * 4),
+          "MTP rewind: a kept draft differs from the row appended plainly");
+    ds4_seq_free(b, ms);
+    free(lg);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+}
+
+typedef struct tokrec {
+    int32_t tok[64];
+    uint32_t n;
+} tokrec;
+
+static void record_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
+    (void)ctl;
+    tokrec *r = ctx;
+    if (r->n < 64) r->tok[r->n++] = t;
+}
+
+/* n greedy tokens after prompt p through an engine (draft 0: no MTP);
+ * the session's verification steps into *st. */
+static void generate_on(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft, tokrec *r,
+                        ds4_spec_stats *st) {
+    ds4_err err = {0};
+    ds4_session *s = ds4_session_new(e, 512, &err);
+    if (!s) die("session", &err);
+    if (draft && ds4_session_enable_mtp(s, draft, 0.0f, &err)) die("MTP", &err);
+    if (ds4_session_sync(s, p, np, NULL, NULL, &err)) die("prompt", &err);
+    ds4_gen_opts o = {.max_tokens = n};
+    ds4_gen_result res;
+    memset(r, 0, sizeof(*r));
+    if (ds4_generate(s, NULL, &o, record_token, r, &res, &err)) die("generate", &err);
+    *st = ds4_session_spec(s) ? ds4_session_spec(s)->stats : (ds4_spec_stats){0};
+    ds4_session_free(s);
+}
+
+/* Greedy generation with drafts of 1, 2 and 4 tokens hands out plain
+ * decoding's tokens.  Prompts of 1 token (the first verification right
+ * after the prefill), 118 (the 20 tokens cross the ratio-4 window ends and
+ * the ratio-128 one at 127) and 250 (the ratio-128 one at 255). */
+static void mtp_identity(const char *model, const char *mtp, bool quick) {
+    ds4_err err = {0};
+    ds4_engine_opts po = {.model_path = model, .backend = "cuda"}, so = po;
+    so.mtp_path = mtp;
+    ds4_engine *plain = ds4_engine_open(&po, &err), *spec = plain ? ds4_engine_open(&so, &err) : NULL;
+    if (!plain || !spec) die("engine", &err);
+    uint32_t V = plain->w->cfg.n_vocab;
+    int32_t prompt[300];
+    for (uint32_t i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 2654435761u + 11u) % V);
+    const uint32_t all_np[] = {1, 118, 250}, all_draft[] = {1, 2, 4}, q_np[] = {122}, q_draft[] = {2};
+    const uint32_t *np = quick ? q_np : all_np, *draft = quick ? q_draft : all_draft, nn = quick ? 1 : 3,
+                   nd = quick ? 1 : 3, ng = quick ? 8 : 20;
+    for (uint32_t a = 0; a < nn; a++) {
+        tokrec want, got;
+        ds4_spec_stats st;
+        generate_on(plain, prompt, np[a], ng, 0, &want, &st);
+        for (uint32_t d = 0; d < nd; d++) {
+            generate_on(spec, prompt, np[a], ng, draft[d], &got, &st);
+            CHECK(got.n == want.n && !memcmp(got.tok, want.tok, want.n * sizeof(int32_t)),
+                  "prompt of %u, drafts of %u: the tokens differ from plain decoding", np[a], draft[d]);
+            CHECK(st.cycles > 0, "prompt of %u, drafts of %u: no verification step", np[a], draft[d]);
+            printf("prompt of %u, drafts of %u: %u tokens in %llu verification steps, %llu of %llu drafts accepted\n",
+                   np[a], draft[d], got.n, (unsigned long long)st.cycles, (unsigned long long)st.accepted,
+                   (unsigned long long)st.drafted);
+        }
+    }
+    ds4_engine_close(spec);
+    ds4_engine_close(plain);
+}
+
+static int cmd_mtp(int argc, char **argv) {
+    if (argc != 3 && argc != 4) return 2;
+    bool quick = argc == 4 && !strcmp(argv[3], "--quick");
+    if (argc == 4 && !quick) return 2;
+    mtp_golden(argv[0], argv[1], argv[2], quick);
+    mtp_rewind(argv[0], argv[1]);
+    mtp_identity(argv[0], argv[1], quick);
+    return 0;
+}
+
 /* ------------------------------------------------------------ steering */
 
 /* What an activation observer saw: every row of every call, in order. */
@@ -1056,6 +1278,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "rewind")) rc = cmd_rewind(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "split")) rc = cmd_split(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
     if (rc == 2) {
@@ -1065,6 +1288,7 @@ int main(int argc, char **argv) {
                         "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
                         "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
                         "                       [--quick]\n"
+                        "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
                         "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
                         "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n");
         return 2;

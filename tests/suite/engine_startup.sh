@@ -187,15 +187,15 @@ rc=$?
 set -e
 [ $rc -eq 1 ] || fail "ds4 with a 16-byte direction file exited $rc, want 1"
 grep -q "16 bytes" "$dir/err.txt" || fail "direction file message: $(cat "$dir/err.txt")"
-for p in ./ds4-server ./ds4-bench; do
-    expect_refused "does not draft with it yet" $p -m "$M" --mtp mtp.gguf
-    expect_refused "does not draft with it yet" $p -m "$M" --mtp-draft 2
+# ds4, ds4-server and ds4-bench draft with an MTP block: their options are
+# checked before any loading
+for p in ./ds4 ./ds4-server ./ds4-bench; do
+    expect_refused "mtp.gguf" $p -m "$M" --mtp mtp.gguf
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 17
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 0
 done
-# ds4 drafts with an MTP block: its options are checked before any loading
-expect_refused "mtp.gguf" ./ds4 -m "$M" --mtp mtp.gguf
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 17
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 0
 expect_refused "--mtp-margin" ./ds4 -m "$M" --mtp-margin=-1
+expect_refused "--mtp-margin" ./ds4-server -m "$M" --mtp-margin=-1
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 

@@ -58,7 +58,7 @@ static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms
  * and no Q8_K rows for the attention projections' inputs. */
 static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::*m2) {
     unsigned forms = 0;
-    for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
+    for (uint32_t il = 0; il <= b->cfg->n_layer; il++) { /* the MTP block's layer too (absent: no forms) */
         const dlayer *w = &b->W.layers[il];
         if (dwt_present(&(w->*m1))) forms |= cu_act_form((w->*m1).type);
         if (m2 && dwt_present(&(w->*m2))) forms |= cu_act_form((w->*m2).type);
@@ -203,6 +203,7 @@ static int reset_state(cuda_backend *b, ds4_err *err) {
 
 static void cuda_reset(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, seq)) return cu_mtp_reset(b);
     ds4_err err = {};
     if (reset_state(b, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
 }
@@ -378,6 +379,7 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 
 static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, seq)) return cu_mtp_logits(b);
     if (!b->has_logits) return NULL;
     if (!b->logits_fresh) {
         if (cudaMemcpyAsync(b->logits_h, b->d_last_logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
@@ -476,6 +478,7 @@ static void cuda_free(ds4_backend *base) {
             if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
     cu_journal_free(&b->jr);
     cu_offload_free(b->off);
+    cu_mtp_free(b);
     if (b->buf_block) cudaFree(b->buf_block);
     if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
@@ -498,20 +501,25 @@ static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
     return NULL;
 }
 
-static void cuda_seq_free(ds4_backend *base, ds4_seq *s) {}
+static void cuda_seq_free(ds4_backend *base, ds4_seq *s) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, s)) cu_mtp_seq_free(b);
+}
 
 static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
-    return ((const cuda_backend *)base)->n_tokens;
+    const cuda_backend *b = (const cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_len(b) : b->n_tokens;
 }
 
-/* The MTP block does not run on the GPU yet. */
-static ds4_seq *cuda_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
-    ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
-    return NULL;
+/* Marks and rewinds of the main sequence (cuda_seq.cu) or the MTP one. */
+static int cuda_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_mark(b, err) : cu_seq_mark(base, s, err);
 }
 
-static int cuda_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
+static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_rewind(b, n_tokens, err) : cu_seq_rewind(base, s, n_tokens, err);
 }
 
 static ds4_backend_ops make_ops() {
@@ -519,13 +527,13 @@ static ds4_backend_ops make_ops() {
     o.name = "cuda";
     o.free = cuda_free;
     o.seq_new = cuda_seq_new;
-    o.mtp_seq_new = cuda_mtp_seq_new;
-    o.mtp_step = cuda_mtp_step;
+    o.mtp_seq_new = cu_mtp_seq_new;
+    o.mtp_step = cu_mtp_step;
     o.seq_free = cuda_seq_free;
     o.seq_len = cuda_seq_len;
     o.step = cu_seq_step;
-    o.mark = cu_seq_mark;
-    o.rewind = cu_seq_rewind;
+    o.mark = cuda_mark;
+    o.rewind = cuda_rewind;
     o.prefill = cuda_prefill;
     o.decode = cuda_decode;
     o.logits = cuda_logits;
@@ -579,7 +587,7 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
 static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (cu_weights_shape(&b->W, w, NULL, err)) return -1;
-    b->L = (dlstate *)calloc(c->n_layer, sizeof(dlstate));
+    b->L = (dlstate *)calloc(c->n_layer + 1, sizeof(dlstate)); /* and the MTP block's layer */
     if (!b->L) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
     layout_state(b, &m);
@@ -614,6 +622,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     b->tokens = (uint32_t *)calloc(b->ctx, sizeof(uint32_t));
     b->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
     if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     if (b->base.opts.act_observer && !(b->obs_h = (float *)malloc((size_t)b->chunk * c->n_embd * sizeof(float))))
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};

@@ -150,6 +150,13 @@ static hc_site head_site(cuda_backend *b) {
                  read_form(&W->output)};
     return s;
 }
+/* The MTP block's head: its own HC head and norm, the model's output matrix. */
+static hc_site mtp_head_site(cuda_backend *b) {
+    const dmtp *M = cu_mtp_dev(b);
+    hc_site s = {&M->hc_head_fn, &M->hc_head_scale, &M->hc_head_base, &M->norm, true, &b->hz, false,
+                 read_form(&b->W.output)};
+    return s;
+}
 
 /* A branch of decode work on the side stream: side_fork() makes it start
  * after what st has enqueued so far, side_join() marks its end, and
@@ -291,7 +298,9 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     if (cpu && cu_offload_join(b, err)) return -1;
     hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
     if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
-    hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1, decode) : head_site(b);
+    hc_site next = il + 1 < c->n_layer    ? attn_site(b, il + 1, decode)
+                   : il + 1 == c->n_layer ? head_site(b)
+                                          : mtp_head_site(b); /* the MTP block's layer, n_layer */
     return cu_hc_step(b, &src, &next, T, err);
 }
 
@@ -330,6 +339,18 @@ int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0
     if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (cu_attention_layer(b, il, T, pos0, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err)) return -1;
+    if (b->mtp && cu_mtp_keep_hidden(b, T, false, err)) return -1;
     if (output_head(b, T, host_all, err)) return -1;
     return cu_step_end(b, T, decode, err);
+}
+
+int cu_forward_mtp(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+                   ds4_err *err) {
+    uint32_t il = b->cfg->n_layer;
+    hc_site first = attn_site(b, il, decode);
+    if (cu_hc_step(b, NULL, &first, T, err) || cu_attention_layer(b, il, T, pos0, decode, err) ||
+        cu_ffn_layer(b, il, d_tok, T, decode, err) || cu_mtp_keep_hidden(b, T, true, err) ||
+        output_head(b, T, host_all, err))
+        return -1;
+    return cu_step_end(b, T, false, err);
 }

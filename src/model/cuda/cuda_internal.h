@@ -80,10 +80,17 @@ typedef struct dlayer {
 
 typedef struct dweights {
     DS4_GLOBAL_TENSORS(DWT_FIELD)
-    dlayer *layers;
+    dlayer *layers;    /* n_layer + 1: the last is the MTP block's layer (absent without one) */
     void *block;       /* one device allocation holding every tensor */
     size_t bytes;
 } dweights;
+
+/* The MTP block's own tensors (its layer is dweights.layers[n_layer]). */
+typedef struct dmtp {
+    DS4_MTP_TENSORS(DWT_FIELD)
+    void *block;       /* its tensors and its layer's */
+    size_t bytes;
+} dmtp;
 #undef DWT_FIELD
 
 /* Byte geometry of a repacked row; 0 for a type the GPU cannot use. */
@@ -107,6 +114,10 @@ size_t cu_weights_bytes(const dweights *dw, const ds4_config *c, size_t *routed)
 int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err);
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err);
 void cu_weights_free(dweights *dw);
+/* The MTP block's tensors into dm and its layer's into dl, uploaded from
+ * m, or (synth) seeded random values of m's shapes. */
+int cu_mtp_weights_load(dmtp *dm, dlayer *dl, const struct ds4_mtp_weights *m, bool synth, uint64_t seed,
+                        cudaStream_t st, ds4_err *err);
 
 /* ------------------------------------------------------- activations */
 
@@ -327,6 +338,8 @@ typedef struct cu_journal {
 #define CU_STEP_KINDS 3
 #define CU_GRAPH_CTX0 8192  /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
 
+struct cu_mtp;
+
 typedef struct cuda_backend {
     ds4_backend base;
     ds4_seq main_seq;    /* the one sequence whose state the backend holds */
@@ -347,6 +360,7 @@ typedef struct cuda_backend {
     void *state_block;   /* all layer state */
 
     cu_journal jr;       /* the last rewindable step's */
+    struct cu_mtp *mtp;  /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
 
     /* host mirror of the session */
     uint32_t n_tokens;
@@ -441,6 +455,34 @@ int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0
 int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
 
+/* The MTP block's pass (its input S made by cuda_mtp.cu, position and
+ * logits those of the MTP sequence): its layer (n_layer), its HC head and
+ * norm, the model's output matrix. */
+int cu_forward_mtp(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+                   ds4_err *err);
+
+/* cuda_mtp.cu: the MTP block (docs/MODEL.md 9) and its one sequence.
+ * init: after the weights, before the decode graphs are captured (they
+ * keep the main sequence's final residuals); cfg then points at the
+ * block's copy of the config, whose layer n_layer is the block's. */
+int cu_mtp_init(cuda_backend *b, ds4_err *err);
+void cu_mtp_free(cuda_backend *b);
+/* The final residuals (S) of the pass's T rows into the ring of the
+ * sequence being advanced (the main one, or in cu_forward_mtp the MTP
+ * sequence's), at slots of their positions (d_step->pos on). */
+int cu_mtp_keep_hidden(cuda_backend *b, uint32_t T, bool mtp_pass, ds4_err *err);
+/* The device copy of the MTP block's own tensors. */
+const dmtp *cu_mtp_dev(const cuda_backend *b);
+/* The backend's calls on the MTP sequence (s its sequence: cu_mtp_seq). */
+bool cu_mtp_seq(const cuda_backend *b, const ds4_seq *s);
+ds4_seq *cu_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err);
+void cu_mtp_seq_free(cuda_backend *b);
+int cu_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+int cu_mtp_mark(cuda_backend *b, ds4_err *err);
+int cu_mtp_rewind(cuda_backend *b, uint32_t n_tokens, ds4_err *err);
+void cu_mtp_reset(cuda_backend *b);
+uint32_t cu_mtp_len(const cuda_backend *b);
+const float *cu_mtp_logits(cuda_backend *b);
 
 /* cuda_seq.cu: the batched step and the rewind (backend.h); the pass's
  * hook that journals layer il's projections (nothing unless a rewindable

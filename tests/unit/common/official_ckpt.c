@@ -94,6 +94,10 @@ static void add(gen *g, int shard, const char *name, const char *dtype, int ndim
     uint64_t rows = ndim == 1 ? 1 : d0, cols = ndim == 1 ? d0 : d1;
     uint8_t *data;
     size_t nbytes = fill(g->k++, dtype, rows, cols, kd, g->sh->ne, &data);
+    if (g->opts && g->opts->drop && strcmp(g->opts->drop, name) == 0) { /* left out; the others keep their bytes */
+        free(data);
+        return;
+    }
     g->blobs[g->nblobs++] = data;
     st_spec *s = &g->specs[shard - 1][g->n[shard - 1]++];
     s->name = strdup(name);
@@ -131,54 +135,72 @@ static void fp4(gen *g, int shard, const char *base, uint64_t o, uint64_t i) {
 
 #define NM(...) (snprintf(nm, sizeof(nm), __VA_ARGS__), nm)
 
-static void layer(gen *g, int il) {
+/* A block's tensors under prefix p ("layers.N.", "mtp.0."), in shard s. */
+static void block(gen *g, int s, const char *p, int ratio, bool hash) {
     char nm[160];
-    int s = il == 0 ? 1 : il < 3 ? 2 : 3, ratio = g->sh->ratios[il], mixhc = (2 + HC) * HC;
-    int og = g->sh->og, ne = g->sh->ne;
+    int mixhc = (2 + HC) * HC, og = g->sh->og, ne = g->sh->ne;
     const char *subs[2] = {"attn", "ffn"};
     for (int j = 0; j < 2; j++) {
-        add(g, s, NM("layers.%d.hc_%s_fn", il, subs[j]), "F32", 2, mixhc, HC * D, K_W);
-        add1(g, s, NM("layers.%d.hc_%s_base", il, subs[j]), "F32", mixhc, K_W);
-        add1(g, s, NM("layers.%d.hc_%s_scale", il, subs[j]), "F32", 3, K_W);
+        add(g, s, NM("%shc_%s_fn", p, subs[j]), "F32", 2, mixhc, HC * D, K_W);
+        add1(g, s, NM("%shc_%s_base", p, subs[j]), "F32", mixhc, K_W);
+        add1(g, s, NM("%shc_%s_scale", p, subs[j]), "F32", 3, K_W);
     }
-    add1(g, s, NM("layers.%d.attn_norm.weight", il), "BF16", D, K_NORM);
-    add1(g, s, NM("layers.%d.ffn_norm.weight", il), "BF16", D, K_NORM);
-    add1(g, s, NM("layers.%d.attn.attn_sink", il), "F32", NH, K_W);
-    fp8(g, s, NM("layers.%d.attn.wq_a", il), QL, D);
-    add1(g, s, NM("layers.%d.attn.q_norm.weight", il), "BF16", QL, K_NORM);
-    fp8(g, s, NM("layers.%d.attn.wq_b", il), NH * HD, QL);
-    fp8(g, s, NM("layers.%d.attn.wkv", il), HD, D);
-    add1(g, s, NM("layers.%d.attn.kv_norm.weight", il), "BF16", HD, K_NORM);
-    fp8(g, s, NM("layers.%d.attn.wo_a", il), og * OL, NH * HD / og);
-    fp8(g, s, NM("layers.%d.attn.wo_b", il), D, og * OL);
+    add1(g, s, NM("%sattn_norm.weight", p), "BF16", D, K_NORM);
+    add1(g, s, NM("%sffn_norm.weight", p), "BF16", D, K_NORM);
+    add1(g, s, NM("%sattn.attn_sink", p), "F32", NH, K_W);
+    fp8(g, s, NM("%sattn.wq_a", p), QL, D);
+    add1(g, s, NM("%sattn.q_norm.weight", p), "BF16", QL, K_NORM);
+    fp8(g, s, NM("%sattn.wq_b", p), NH * HD, QL);
+    fp8(g, s, NM("%sattn.wkv", p), HD, D);
+    add1(g, s, NM("%sattn.kv_norm.weight", p), "BF16", HD, K_NORM);
+    fp8(g, s, NM("%sattn.wo_a", p), og * OL, NH * HD / og);
+    fp8(g, s, NM("%sattn.wo_b", p), D, og * OL);
     if (ratio) {
         int coff = ratio == 4 ? 2 : 1;
-        add(g, s, NM("layers.%d.attn.compressor.ape", il), "F32", 2, ratio, coff * HD, K_W);
-        add(g, s, NM("layers.%d.attn.compressor.wkv.weight", il), "BF16", 2, coff * HD, D, K_W);
-        add(g, s, NM("layers.%d.attn.compressor.wgate.weight", il), "BF16", 2, coff * HD, D, K_W);
-        add1(g, s, NM("layers.%d.attn.compressor.norm.weight", il), "BF16", HD, K_NORM);
+        add(g, s, NM("%sattn.compressor.ape", p), "F32", 2, ratio, coff * HD, K_W);
+        add(g, s, NM("%sattn.compressor.wkv.weight", p), "BF16", 2, coff * HD, D, K_W);
+        add(g, s, NM("%sattn.compressor.wgate.weight", p), "BF16", 2, coff * HD, D, K_W);
+        add1(g, s, NM("%sattn.compressor.norm.weight", p), "BF16", HD, K_NORM);
     }
     if (ratio == 4) {
-        fp8(g, s, NM("layers.%d.attn.indexer.wq_b", il), INH * IHD, QL);
-        add(g, s, NM("layers.%d.attn.indexer.weights_proj.weight", il), "BF16", 2, INH, D, K_W);
-        add(g, s, NM("layers.%d.attn.indexer.compressor.ape", il), "F32", 2, 4, 2 * IHD, K_W);
-        add(g, s, NM("layers.%d.attn.indexer.compressor.wkv.weight", il), "BF16", 2, 2 * IHD, D, K_W);
-        add(g, s, NM("layers.%d.attn.indexer.compressor.wgate.weight", il), "BF16", 2, 2 * IHD, D, K_W);
-        add1(g, s, NM("layers.%d.attn.indexer.compressor.norm.weight", il), "BF16", IHD, K_NORM);
+        fp8(g, s, NM("%sattn.indexer.wq_b", p), INH * IHD, QL);
+        add(g, s, NM("%sattn.indexer.weights_proj.weight", p), "BF16", 2, INH, D, K_W);
+        add(g, s, NM("%sattn.indexer.compressor.ape", p), "F32", 2, 4, 2 * IHD, K_W);
+        add(g, s, NM("%sattn.indexer.compressor.wkv.weight", p), "BF16", 2, 2 * IHD, D, K_W);
+        add(g, s, NM("%sattn.indexer.compressor.wgate.weight", p), "BF16", 2, 2 * IHD, D, K_W);
+        add1(g, s, NM("%sattn.indexer.compressor.norm.weight", p), "BF16", IHD, K_NORM);
     }
-    add(g, s, NM("layers.%d.ffn.gate.weight", il), "BF16", 2, ne, D, K_W);
-    if (il < NHASH)
-        add(g, s, NM("layers.%d.ffn.gate.tid2eid", il), "I64", 2, V, NU, K_TID);
+    add(g, s, NM("%sffn.gate.weight", p), "BF16", 2, ne, D, K_W);
+    if (hash)
+        add(g, s, NM("%sffn.gate.tid2eid", p), "I64", 2, V, NU, K_TID);
     else
-        add1(g, s, NM("layers.%d.ffn.gate.bias", il), "F32", ne, K_W);
+        add1(g, s, NM("%sffn.gate.bias", p), "F32", ne, K_W);
     for (int e = 0; e < ne; e++) {
-        fp4(g, s, NM("layers.%d.ffn.experts.%d.w1", il, e), FF, D);
-        fp4(g, s, NM("layers.%d.ffn.experts.%d.w2", il, e), D, FF);
-        fp4(g, s, NM("layers.%d.ffn.experts.%d.w3", il, e), FF, D);
+        fp4(g, s, NM("%sffn.experts.%d.w1", p, e), FF, D);
+        fp4(g, s, NM("%sffn.experts.%d.w2", p, e), D, FF);
+        fp4(g, s, NM("%sffn.experts.%d.w3", p, e), FF, D);
     }
-    fp8(g, s, NM("layers.%d.ffn.shared_experts.w1", il), FF, D);
-    fp8(g, s, NM("layers.%d.ffn.shared_experts.w2", il), D, FF);
-    fp8(g, s, NM("layers.%d.ffn.shared_experts.w3", il), FF, D);
+    fp8(g, s, NM("%sffn.shared_experts.w1", p), FF, D);
+    fp8(g, s, NM("%sffn.shared_experts.w2", p), D, FF);
+    fp8(g, s, NM("%sffn.shared_experts.w3", p), FF, D);
+}
+
+static void layer(gen *g, int il) {
+    char p[32];
+    snprintf(p, sizeof(p), "layers.%d.", il);
+    block(g, il == 0 ? 1 : il < 3 ? 2 : 3, p, g->sh->ratios[il], il < NHASH);
+}
+
+/* The MTP block's own tensors and its dense layer (after mtp.0.enorm). */
+static void mtp_block(gen *g) {
+    add1(g, 3, "mtp.0.hnorm.weight", "BF16", D, K_NORM);
+    add1(g, 3, "mtp.0.norm.weight", "BF16", D, K_NORM);
+    fp8(g, 3, "mtp.0.e_proj", D, D);
+    fp8(g, 3, "mtp.0.h_proj", D, D);
+    add(g, 3, "mtp.0.hc_head_fn", "F32", 2, HC, HC * D, K_W);
+    add1(g, 3, "mtp.0.hc_head_base", "F32", HC, K_W);
+    add1(g, 3, "mtp.0.hc_head_scale", "F32", 1, K_W);
+    block(g, 3, "mtp.0.", 0, false);
 }
 
 /* %s: the ratios; %d: o_groups, n_routed_experts; %s: routed_scaling_factor */
@@ -228,6 +250,7 @@ void official_ckpt_write(const char *dir, const official_ckpt_opts *opts) {
     add1(g, 1, "hc_head_scale", "F32", 1, K_W);
     for (int il = 0; il < L; il++) layer(g, il);
     add1(g, 3, "mtp.0.enorm.weight", "BF16", D, K_NORM);
+    if (opts && opts->mtp_block) mtp_block(g);
 
     char path[1024];
     for (int sh = 0; sh < 3; sh++) {
