@@ -31,6 +31,7 @@ extern "C" {
 #define IMX_THREADS 256
 #define IMX_PER 4                          /* columns a thread */
 #define IMX_COLS (IMX_THREADS * IMX_PER)   /* columns a block */
+#define IMX_ROWS 4                         /* entries loaded together */
 
 typedef struct imx_args {
     const int *count, *end; /* per expert: entries, and the end of its run of perm (the scatter's cursor) */
@@ -56,17 +57,28 @@ static __global__ void __launch_bounds__(IMX_THREADS) imx_sum_kernel(imx_args a)
     double acc[IMX_PER];
 #pragma unroll
     for (int j = 0; j < IMX_PER; j++) acc[j] = 0.0;
-    for (int i = 0; i < n; i++) {
-        int ent = a.perm[start + i];
-        const float *row = is_x ? a.x + (size_t)(ent / (int)a.k) * a.xs : a.mid + (size_t)ent * a.ms;
-        float v[IMX_PER];
+    /* IMX_ROWS entries at a time, every load issued before any is used: a
+     * much-chosen expert's many entries would otherwise wait a memory round
+     * trip each */
+    for (int i = 0; i < n; i += IMX_ROWS) {
+        float v[IMX_ROWS][IMX_PER];
 #pragma unroll
-        for (int j = 0; j < IMX_PER; j++) {
-            uint32_t c = c0 + j * IMX_THREADS;
-            v[j] = c < width ? row[c] : 0.0f;
+        for (int r = 0; r < IMX_ROWS; r++) {
+            const float *row = NULL;
+            if (i + r < n) {
+                int ent = a.perm[start + i + r];
+                row = is_x ? a.x + (size_t)(ent / (int)a.k) * a.xs : a.mid + (size_t)ent * a.ms;
+            }
+#pragma unroll
+            for (int j = 0; j < IMX_PER; j++) {
+                uint32_t c = c0 + j * IMX_THREADS;
+                v[r][j] = row && c < width ? row[c] : 0.0f;
+            }
         }
 #pragma unroll
-        for (int j = 0; j < IMX_PER; j++) acc[j] += (double)v[j] * (double)v[j];
+        for (int r = 0; r < IMX_ROWS; r++)
+#pragma unroll
+            for (int j = 0; j < IMX_PER; j++) acc[j] += (double)v[r][j] * (double)v[r][j];
     }
     double *sums = (is_x ? a.in : a.dmid) + (size_t)e * width;
 #pragma unroll
