@@ -18,7 +18,7 @@
 #          prefill, decode, device greedy loop: what the kernels test cannot
 #          see); a q2 model with the simulations on (the quantized products
 #          and low-precision paths users run); the Pro-pattern HF golden
-#          (pro-a).  The other HF goldens and the programs end to end stay
+#          (pro-a); the imatrix collection against the CPU's.  The other HF goldens and the programs end to end stay
 #          in emu: the compare already holds the
 #          CUDA backend to the CPU reference, which test_cpu_golden holds
 #          to the golden.
