@@ -122,7 +122,7 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
 #define DS4_CLI_IMATRIX_RESUME(save_every, resume)                                                           \
     {DS4_OPT_U64("--imatrix-save-every", "N", (save_every), 1, UINT64_MAX, 0,                                \
                  "save the progress to OUT.partial every N prompts (and when stopped)"),                    \
-     .def_text = "64"},                                                                                       \
+     .def_text = "256"},                                                                                      \
     {DS4_OPT_FLAG("--resume", (resume), "continue the collection from OUT.partial (a stopped or limited run)")}
 
 /* Directional steering (model/steering.h): the direction file and the two
