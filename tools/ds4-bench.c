@@ -77,6 +77,7 @@
 #include "engine/startup.h"
 #include "base/threads.h"
 #include "model/backends.h"
+#include "model/imatrix_collect.h"
 #include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
@@ -86,7 +87,7 @@
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv, *layers;
     const char *profile, *profile_out;
-    bool model_given, warm_weights;
+    bool model_given, warm_weights, imatrix;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     const char *mtp;          /* the MTP block's file */
     uint32_t draft;           /* drafts a cycle; with an MTP block, speculative generation too */
@@ -155,6 +156,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
+        {DS4_OPT_FLAG("--imatrix", &o->imatrix,
+                      "collect an importance matrix in the prefills (as ds4-imatrix), to time what it costs")},
 
         {DS4_OPT_SECTION("tokens:")},
         {DS4_OPT_STR("--prompt-file", "FILE", &o->prompt_file, NULL,
@@ -684,12 +687,14 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_imcol *col = NULL;
     ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
     if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (o->imatrix && !(bo.imatrix = col = ds4_imcol_new(&w->cfg, err))) goto done;
     if (!(b = make_backend(o, d, w, &bo, err))) goto done;
     ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     char what[96];
@@ -740,6 +745,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
                 : "");
     fflush(out);
     uint32_t done_tok = 0, n_frontiers = 0, i = 0;
+    double pre_all = 0;
     for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
         n_frontiers++;
         if (f >= o->ctx_max) break;
@@ -751,6 +757,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         double a = ds4_now();
         if (ds4_backend_prefill(b, toks + done_tok, n, NULL, err)) goto done;
         double pre = ds4_now() - a;
+        pre_all += pre;
         done_tok = f;
         if (ds4_backend_snapshot(b, snap, err)) goto done;
         uint64_t kv = ds4_kv_state_payload_bytes(snap);
@@ -778,6 +785,15 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         if (o->layers && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
         if (f >= o->ctx_max) break;
     }
+    fprintf(stderr, "ds4-bench: prefill of all %u tokens: %.1f t/s%s\n", done_tok, done_tok / pre_all,
+            o->imatrix ? ", collecting an importance matrix" : "");
+    if (o->imatrix) {
+        double a = ds4_now();
+        if (ds4_backend_imatrix_flush(b, err)) goto done;
+        double h = 2.9e6 / (done_tok / pre_all) / 3600.0;
+        fprintf(stderr, "ds4-bench: imatrix: %llu routed (token, expert) pairs summed, read back in %.2f s; 2.9 M "
+                "tokens at this rate: %.2f h\n", (unsigned long long)ds4_imcol_routes(col), ds4_now() - a, h);
+    }
 #if DS4_CUDA
     if (o->profile_out) {
         ds4_expert_profile *p = ds4_expert_profile_new(w->cfg.n_layer, w->cfg.n_expert, err);
@@ -792,6 +808,7 @@ done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_imcol_free(col);
     ds4_expert_profile_free(prof);
     ds4_mtp_close(mtp);
     ds4_steering_free(steer);

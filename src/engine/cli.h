@@ -117,6 +117,14 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
                  "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
                  "or an imatrix; without it, whole layers from the first"),                                          \
      .flags = DS4_OPT_IN}
+/* Importance-matrix checkpoints (engine/imatrix_run.h): save_every a
+ * uint64_t (0: DS4_IMATRIX_SAVE_EVERY), resume a bool. */
+#define DS4_CLI_IMATRIX_RESUME(save_every, resume)                                                           \
+    {DS4_OPT_U64("--imatrix-save-every", "N", (save_every), 1, UINT64_MAX, 0,                                \
+                 "save the progress to OUT.partial every N prompts (and when stopped)"),                    \
+     .def_text = "256"},                                                                                      \
+    {DS4_OPT_FLAG("--resume", (resume), "continue the collection from OUT.partial (a stopped or limited run)")}
+
 /* Directional steering (model/steering.h): the direction file and the two
  * scales.  After parsing, ds4_cli_steering_check() settles the FFN scale
  * (1 when a file is given without one) and ds4_cli_steering_opts() puts

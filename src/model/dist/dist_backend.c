@@ -464,8 +464,8 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not run the MTP block (--mtp needs one process)");
         return NULL;
     }
-    if (opts && opts->expert_observer) {
-        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not observe experts (the imatrix runs in one process)");
+    if (opts && opts->imatrix) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not collect an importance matrix (the imatrix runs in one process)");
         return NULL;
     }
     if (opts && (opts->steer || opts->act_observer)) {
