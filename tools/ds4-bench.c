@@ -44,7 +44,7 @@
  * mean Flash's) runs a published model's shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
  * memory (ds4_weights_synthetic), so speed is measured at the real sizes.
- * --layers A:B keeps layers A..B-1 of it (their ratios and hash routing as
+ * --layers A:B keeps layers A..B (inclusive, ds4's spelling) of it (their ratios and hash routing as
  * in the whole model, with the embedding and output head): a model too large
  * for one GPU (Pro: 61 layers, 433 GiB at q2) is measured a slice at a time
  * at its real width, and the whole model's speed is projected from the
@@ -129,9 +129,10 @@ static int parse_args(int argc, char **argv, opts *o) {
                         "instead of a file, a full-size model of the published shapes (q2, q4: Flash's) of seeded "
                         "random valid blocks built in GPU memory (CUDA backend)")},
         {DS4_OPT_STR("--layers", "A:B", &o->layers, NULL,
-                     "with --synthetic: only layers A..B-1 (with the embedding and output head), and the whole "
-                     "model's speed projected from their per-layer cost"),
-         .def_text = "all"},
+                     "layers A..B, inclusive (ds4's spelling): under mpirun this rank's stage (A:output ends "
+                     "with the output head); else, with --synthetic, a slice of the model (with the embedding "
+                     "and output head) whose per-layer cost projects the whole model's speed"),
+         .def_text = "all; under mpirun split by memory"},
 
         {DS4_OPT_SECTION("projection (with --layers):")},
         {DS4_OPT_FLOAT("--gpu-gib", "GIB", &o->gpu_gib, 1.0, 1e6, 141.0,
@@ -143,7 +144,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_FLOAT("--hop-us", "US", &o->hop_us, 0.0, 1e6, 10.0, "fixed latency of a pipeline hop")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
-        DS4_CLI_DIST(&o->dist),
+        DS4_CLI_DIST_PIPE(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
@@ -211,20 +212,19 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->layer0 = 0;
         o->layer1 = o->full.n_layer;
     }
-    if (o->layers) {
-        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model)");
-        char *end;
+    if (o->layers && ds4_dist_launched()) {
+        o->dist.layers = o->layers; /* this rank's stage */
+    } else if (o->layers) {
+        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
+        char *end, *e2 = NULL;
         unsigned long a = strtoul(o->layers, &end, 10), b = 0;
-        if (end != o->layers && *end == ':') {
-            char *e2;
-            b = strtoul(end + 1, &e2, 10);
-            if (e2 == end + 1 || *e2) b = 0;
-        }
-        if (b <= a || b > o->full.n_layer)
-            return ds4_cli_usage(&cli, "--layers %s: need A:B with 0 <= A < B <= %u (the model's layers)", o->layers,
-                                 o->full.n_layer);
+        bool parsed = end != o->layers && *end == ':' && end[1] >= '0' && end[1] <= '9';
+        if (parsed) b = strtoul(end + 1, &e2, 10);
+        if (!parsed || *e2 || b < a || b >= o->full.n_layer)
+            return ds4_cli_usage(&cli, "--layers %s: need A:B with 0 <= A <= B < %u (the model's layers, inclusive)",
+                                 o->layers, o->full.n_layer);
         o->layer0 = (uint32_t)a;
-        o->layer1 = (uint32_t)b;
+        o->layer1 = (uint32_t)b + 1;
     }
     if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)

@@ -153,6 +153,10 @@ typedef struct ds4_cli_steer {
     {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
                  "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
      .def_text = "split by memory"},                                                                           \
+    DS4_CLI_DIST_PIPE(o)
+
+/* The pipeline's rows but --layers (ds4-bench gives --layers a second use). */
+#define DS4_CLI_DIST_PIPE(o)                                                                                   \
     {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
                     "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
     {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \

@@ -100,6 +100,10 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
  * and the cause (the server answers 503 with it). */
 bool ds4_dist_failed(const ds4_dist *d, ds4_err *err);
 
+/* Whether mpirun started this process (its launcher's variables are in the
+ * environment): a program's --layers then names this rank's stage. */
+bool ds4_dist_launched(void);
+
 /* Leave the job: rank 0 tells the others to end.  After a failure the
  * ranks that are left are stopped instead of waited for. */
 void ds4_dist_end(ds4_dist *d);

@@ -26,7 +26,7 @@
 
 /* mpirun (Open MPI, MPICH, PMIx launchers) leaves these in each rank's
  * environment; a process started by hand has none and runs alone. */
-static bool launched_by_mpirun(void) {
+bool ds4_dist_launched(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
         if (getenv(vars[i])) return true;
@@ -56,7 +56,7 @@ static void tcp_buffers(void) {
 
 int ds4_dist_init(ds4_dist **out, ds4_err *err) {
     *out = NULL;
-    if (!launched_by_mpirun()) return 0;
+    if (!ds4_dist_launched()) return 0;
     dist_mpi m;
     if (dist_mpi_load(&m, err) != 0) return -1;
     tcp_buffers();
