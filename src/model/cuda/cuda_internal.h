@@ -29,6 +29,7 @@
  *   cuda_indexer.cu  indexer scores and top-k (the visible compressed rows)
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
  *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
+ *   cuda_offload.cu  routed experts in host RAM: placement, the host branch (cuda_offload.h)
  *
  * Repacked weight rows (same bytes as the GGUF block formats, regrouped so
  * that the quant bytes of a row are contiguous and 16-byte aligned):
