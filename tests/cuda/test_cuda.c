@@ -56,7 +56,9 @@
  *       (every position), decode steps fed the reference's greedy tokens
  *       and a prefill after them within max |d| <= tol * max |logit| (1e-3)
  *       with the same argmax; the device greedy loop gives the reference's
- *       tokens.  A budget one byte below the least is refused, naming it.
+ *       tokens.  A budget one byte below the least is refused, naming it;
+ *       the reference's expert selection counts (ds4_cuda_expert_counts,
+ *       the profile ds4-bench writes) add up to k a token in every layer.
  *       --quick: none on the GPU (streamed) and the chunks of 5 (CPU) only.
  *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
@@ -1014,7 +1016,8 @@ static int cmd_steer(int argc, char **argv) {
 static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
                                const ds4_expert_profile *prof, int how, ds4_err *err) {
     ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64,
-                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how};
+                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how,
+                          .count_experts = true}; /* as the reference, whose least budget they are given */
     return ds4_backend_create("cuda", w, &o, err);
 }
 
@@ -1048,8 +1051,10 @@ static int cmd_split(int argc, char **argv) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (uint32_t)(s >> 33) % V;
     }
-    /* the reference: every expert on the GPU */
-    ds4_backend *ref = make("cuda", w, ctx, 0, no_sim, 64);
+    /* the reference: every expert on the GPU, its selections counted */
+    ds4_backend_opts ro = {.ctx_size = ctx, .no_sim = no_sim, .cuda_graph_ctx = 64, .count_experts = true};
+    ds4_backend *ref = ds4_backend_create("cuda", w, &ro, &err);
+    if (!ref) die("reference", &err);
     ds4_offload_info ri;
     CHECK(ds4_cuda_offload_info(ref, &ri) == 0 && !ri.on, "the reference has every expert on the GPU");
     float *lr = xmalloc((size_t)n * V * 4), *dr = xmalloc((size_t)steps * V * 4), *mr = xmalloc((size_t)more * V * 4);
@@ -1061,6 +1066,20 @@ static int cmd_split(int argc, char **argv) {
         memcpy(dr + (size_t)i * V, ds4_backend_logits(ref), V * 4);
     }
     if (ds4_backend_prefill(ref, toks + n, more, mr, &err)) die("reference prefill after decode", &err);
+    /* every token of every pass chose k experts in every layer */
+    ds4_expert_profile *counted = ds4_expert_profile_new(c->n_layer, c->n_expert, &err);
+    if (!counted || ds4_cuda_expert_counts(ref, counted, &err)) die("expert counts", &err);
+    uint32_t bad_layers = 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        double sum = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++) sum += counted->use[(size_t)l * c->n_expert + e];
+        bad_layers += sum != (double)(n + steps + more) * c->n_expert_used;
+    }
+    printf("%-34s %u tokens counted, %u layer(s) off\n", "expert selections counted", (unsigned)counted->tokens,
+           bad_layers);
+    CHECK(bad_layers == 0 && counted->tokens == n + steps + more, "expert counts: %u layers off, %u tokens",
+          bad_layers, (unsigned)counted->tokens);
+    ds4_expert_profile_free(counted);
     ds4_backend_free(ref);
     uint64_t fixed = ri.dev_fixed, routed = ri.dev_allocated + 4096 - fixed;
     /* chunks of 5: smaller pass buffers, so less to keep */

@@ -211,10 +211,12 @@ typedef struct gemv_plan {
 
 /* Whether plan p can route k of n_expert experts in its last block: it is
  * the router alone, a block a row (the float rows' split path), and a
- * warp holds every expert (route_token<8>: 8 a lane). */
+ * warp holds every expert (route_token<8>: 8 a lane, Flash's 256; a launch
+ * of its own, route_token<16>, up to 512: Pro's 384). */
 #define GEMV_ROUTE_MAX_EXPERTS 256
+#define GEMV_ROUTE_MAX_EXPERTS_WIDE 512
 static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint32_t k) {
-    return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS && k <= 32;
+    return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS_WIDE && k <= 32;
 }
 
 /* The blocks of each of p's segments when all have as many, else 0:
@@ -697,7 +699,7 @@ bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 /* Makes the router product of plan p (a decode step's: one token) route
- * in its last block, if it can (a block a row, at most 256 experts):
+ * in its last block, if it can (a block a row, at most 512 experts):
  * true if so, and then no routing launch follows it. */
 bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p);
 /* The T tokens' entries grouped by sel (expert, or device slot: negative
