@@ -16,8 +16,10 @@
  * `ds4-quantize --imatrix`.  The loop is engine/imatrix_run.h, shared with
  * `ds4 --imatrix-dataset FILE --imatrix-out OUT.dat`: the two write the same
  * bytes.  Progress goes to stderr; OUT.partial holds a checkpoint every
- * --imatrix-save-every prompts, which --resume continues from.
+ * --imatrix-save-every prompts and after Ctrl+C (which stops after the
+ * current prompt), which --resume continues from.
  */
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +41,19 @@ typedef struct opts {
     ds4_backend_opts bo;
 } opts;
 
+/* Ctrl+C: the run stops after the current prompt, saving its progress for
+ * --resume; a second one ends the program at once (SA_RESETHAND).  A
+ * signal handler reaches only a file-scope flag. */
+static volatile sig_atomic_t interrupted;
+static void on_sigint(int sig) {
+    (void)sig;
+    interrupted = 1;
+}
+static int stop_requested(void *ctx) {
+    (void)ctx;
+    return interrupted != 0;
+}
+
 static int collect(const opts *o, ds4_err *err) {
     ds4_weights *w = ds4_weights_open(o->model, err);
     if (!w) return -1;
@@ -52,6 +67,7 @@ static int collect(const opts *o, ds4_err *err) {
     ds4_imatrix_run_opts run = o->run;
     run.backend = o->backend;
     run.show_progress = true;
+    run.stop = stop_requested;
     /* The tokenizer is optional: token-id datasets need none. */
     ds4_vocab *vocab = NULL;
     ds4_tokenizer *tok = NULL;
@@ -104,12 +120,18 @@ int main(int argc, char **argv) {
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (ds4_cli_check_backend(&cli, o.backend) != 0) return 2;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof(sa));
+    sa.sa_handler = on_sigint;
+    sa.sa_flags = SA_RESETHAND;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
     int lrc = ds4_startup_lock("ds4-imatrix");
     if (lrc) return lrc;
     ds4_err err = {0};
     if (collect(&o, &err) != 0) {
         fprintf(stderr, "ds4-imatrix: %s\n", err.msg);
-        return 1;
+        return err.code == DS4_EINTERRUPTED ? 130 : 1;
     }
     return 0;
 }

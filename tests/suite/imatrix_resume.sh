@@ -3,7 +3,7 @@
 # a collection stopped by --imatrix-max-prompts and continued with --resume
 # writes the bytes of the uninterrupted run (checkpoints every 2 prompts and
 # at the stop; ds4 and ds4-imatrix); a prompt cut by --imatrix-max-tokens
-# counts as done;
+# counts as done; Ctrl+C stops ds4-imatrix with the progress saved;
 # the finished run removes OUT.partial; a checkpoint of another dataset, a
 # missing one and a damaged one are refused; a bad prompt names its line.
 # On the CPU backend, a tiny model, token-id prompts.
@@ -57,6 +57,33 @@ cmp -s "$dir/c.dat" "$dir/all.dat" || fail "ds4 in two legs: not the uninterrupt
 imx --imatrix-out "$dir/t.dat" --imatrix-max-tokens 40 || fail "40 tokens: $(cat "$dir/err.txt")"
 imx --imatrix-out "$dir/t.dat" --resume || fail "resume after 40 tokens: $(cat "$dir/err.txt")"
 grep -q "from 7 prompts, 90 tokens" "$dir/err.txt" || fail "resumed after a cut prompt: $(cat "$dir/err.txt")"
+
+# Ctrl+C (ds4-imatrix, once its first checkpoint is written): stops after
+# the current prompt, exit 130, the progress saved; resumed, the
+# uninterrupted run's bytes
+i=0
+while [ $i -lt 80 ]; do
+    echo "===== DS4_IMATRIX_PROMPT $i ids"
+    seq $((i + 3)) $((i + 40)) | tr '\n' ' '
+    echo
+    i=$((i + 1))
+done > "$dir/long.txt"
+long() { ./ds4-imatrix "$M" --backend cpu --ctx 64 -t 2 --imatrix-dataset "$dir/long.txt" "$@"; }
+long --imatrix-out "$dir/long.dat" 2> "$dir/err.txt" || fail "long run: $(cat "$dir/err.txt")"
+./ds4-imatrix "$M" --backend cpu --ctx 64 -t 2 --imatrix-dataset "$dir/long.txt" --imatrix-out "$dir/int.dat" \
+    --imatrix-save-every 5 2> "$dir/err.txt" &
+pid=$!
+n=0
+while [ ! -e "$dir/int.dat.partial" ] && [ $n -lt 600 ]; do sleep 0.1; n=$((n + 1)); done
+kill -INT $pid
+rc=0
+wait $pid || rc=$?
+[ $rc = 130 ] || fail "Ctrl+C: exit $rc, want 130: $(cat "$dir/err.txt")"
+grep -q "interrupted after .* prompts; .*int.dat not written, .*int.dat.partial holds the progress" "$dir/err.txt" \
+    || fail "Ctrl+C: $(cat "$dir/err.txt")"
+[ -s "$dir/int.dat.partial" ] && [ ! -e "$dir/int.dat" ] || fail "Ctrl+C: no checkpoint, or the .dat written"
+long --imatrix-out "$dir/int.dat" --resume 2> "$dir/err.txt" || fail "resume after Ctrl+C: $(cat "$dir/err.txt")"
+cmp -s "$dir/int.dat" "$dir/long.dat" || fail "interrupted by Ctrl+C and resumed: not the uninterrupted run's bytes"
 
 # refusals
 rm -f "$dir/none.dat.partial"
