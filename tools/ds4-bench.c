@@ -44,7 +44,7 @@
  * mean Flash's) runs a published model's shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
  * memory (ds4_weights_synthetic), so speed is measured at the real sizes.
- * --layers A:B keeps layers A..B-1 of it (their ratios and hash routing as
+ * --layers A:B keeps layers A..B (inclusive, ds4's spelling) of it (their ratios and hash routing as
  * in the whole model, with the embedding and output head): a model too large
  * for one GPU (Pro: 61 layers, 433 GiB at q2) is measured a slice at a time
  * at its real width, and the whole model's speed is projected from the
@@ -77,6 +77,7 @@
 #include "engine/startup.h"
 #include "base/threads.h"
 #include "model/backends.h"
+#include "model/imatrix_collect.h"
 #include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
@@ -86,7 +87,7 @@
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv, *layers;
     const char *profile, *profile_out;
-    bool model_given, warm_weights;
+    bool model_given, warm_weights, imatrix;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     const char *mtp;          /* the MTP block's file */
     uint32_t draft;           /* drafts a cycle; with an MTP block, speculative generation too */
@@ -128,9 +129,10 @@ static int parse_args(int argc, char **argv, opts *o) {
                         "instead of a file, a full-size model of the published shapes (q2, q4: Flash's) of seeded "
                         "random valid blocks built in GPU memory (CUDA backend)")},
         {DS4_OPT_STR("--layers", "A:B", &o->layers, NULL,
-                     "with --synthetic: only layers A..B-1 (with the embedding and output head), and the whole "
-                     "model's speed projected from their per-layer cost"),
-         .def_text = "all"},
+                     "layers A..B, inclusive (ds4's spelling): under mpirun this rank's stage (A:output ends "
+                     "with the output head); else, with --synthetic, a slice of the model (with the embedding "
+                     "and output head) whose per-layer cost projects the whole model's speed"),
+         .def_text = "all; under mpirun split by memory"},
 
         {DS4_OPT_SECTION("projection (with --layers):")},
         {DS4_OPT_FLOAT("--gpu-gib", "GIB", &o->gpu_gib, 1.0, 1e6, 141.0,
@@ -142,7 +144,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_FLOAT("--hop-us", "US", &o->hop_us, 0.0, 1e6, 10.0, "fixed latency of a pipeline hop")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
-        DS4_CLI_DIST(&o->dist),
+        DS4_CLI_DIST_PIPE(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
@@ -155,6 +157,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
+        {DS4_OPT_FLAG("--imatrix", &o->imatrix,
+                      "collect an importance matrix in the prefills (as ds4-imatrix), to time what it costs")},
 
         {DS4_OPT_SECTION("tokens:")},
         {DS4_OPT_STR("--prompt-file", "FILE", &o->prompt_file, NULL,
@@ -208,20 +212,19 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->layer0 = 0;
         o->layer1 = o->full.n_layer;
     }
-    if (o->layers) {
-        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model)");
-        char *end;
+    if (o->layers && ds4_dist_launched()) {
+        o->dist.layers = o->layers; /* this rank's stage */
+    } else if (o->layers) {
+        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
+        char *end, *e2 = NULL;
         unsigned long a = strtoul(o->layers, &end, 10), b = 0;
-        if (end != o->layers && *end == ':') {
-            char *e2;
-            b = strtoul(end + 1, &e2, 10);
-            if (e2 == end + 1 || *e2) b = 0;
-        }
-        if (b <= a || b > o->full.n_layer)
-            return ds4_cli_usage(&cli, "--layers %s: need A:B with 0 <= A < B <= %u (the model's layers)", o->layers,
-                                 o->full.n_layer);
+        bool parsed = end != o->layers && *end == ':' && end[1] >= '0' && end[1] <= '9';
+        if (parsed) b = strtoul(end + 1, &e2, 10);
+        if (!parsed || *e2 || b < a || b >= o->full.n_layer)
+            return ds4_cli_usage(&cli, "--layers %s: need A:B with 0 <= A <= B < %u (the model's layers, inclusive)",
+                                 o->layers, o->full.n_layer);
         o->layer0 = (uint32_t)a;
-        o->layer1 = (uint32_t)b;
+        o->layer1 = (uint32_t)b + 1;
     }
     if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
@@ -640,6 +643,12 @@ static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *
                                  ds4_err *err) {
     if (!d) return ds4_backend_create(o->backend, w, bo, err);
     if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    uint32_t first, end;
+    ds4_dist_layers(d, &first, &end);
+    if (o->warm_weights && ds4_startup_warm_layers("ds4-bench", w, first, end, o->bo.n_threads, NULL, NULL) != 0) {
+        ds4_err_set(err, DS4_EIO, "--warm-weights failed");
+        return NULL;
+    }
     return ds4_dist_backend_create(d, o->backend, w, bo, err);
 }
 
@@ -671,19 +680,21 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         }
         bo.mtp = mtp;
     }
-    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
+    if (o->warm_weights && !d && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_mtp_close(mtp);
         ds4_weights_close(w);
         ds4_expert_profile_free(prof);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_imcol *col = NULL;
     ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
     if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (o->imatrix && !(bo.imatrix = col = ds4_imcol_new(&w->cfg, err))) goto done;
     if (!(b = make_backend(o, d, w, &bo, err))) goto done;
     ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     char what[96];
@@ -734,6 +745,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
                 : "");
     fflush(out);
     uint32_t done_tok = 0, n_frontiers = 0, i = 0;
+    double pre_all = 0;
     for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
         n_frontiers++;
         if (f >= o->ctx_max) break;
@@ -745,6 +757,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         double a = ds4_now();
         if (ds4_backend_prefill(b, toks + done_tok, n, NULL, err)) goto done;
         double pre = ds4_now() - a;
+        pre_all += pre;
         done_tok = f;
         if (ds4_backend_snapshot(b, snap, err)) goto done;
         uint64_t kv = ds4_kv_state_payload_bytes(snap);
@@ -772,6 +785,15 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         if (o->layers && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
         if (f >= o->ctx_max) break;
     }
+    fprintf(stderr, "ds4-bench: prefill of all %u tokens: %.1f t/s%s\n", done_tok, done_tok / pre_all,
+            o->imatrix ? ", collecting an importance matrix" : "");
+    if (o->imatrix) {
+        double a = ds4_now();
+        if (ds4_backend_imatrix_flush(b, err)) goto done;
+        double h = 2.9e6 / (done_tok / pre_all) / 3600.0;
+        fprintf(stderr, "ds4-bench: imatrix: %llu routed (token, expert) pairs summed, read back in %.2f s; 2.9 M "
+                "tokens at this rate: %.2f h\n", (unsigned long long)ds4_imcol_routes(col), ds4_now() - a, h);
+    }
 #if DS4_CUDA
     if (o->profile_out) {
         ds4_expert_profile *p = ds4_expert_profile_new(w->cfg.n_layer, w->cfg.n_expert, err);
@@ -786,6 +808,7 @@ done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_imcol_free(col);
     ds4_expert_profile_free(prof);
     ds4_mtp_close(mtp);
     ds4_steering_free(steer);
@@ -800,6 +823,8 @@ int main(int argc, char **argv) {
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
     ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    ds4_warm_ctx warm = {"ds4-bench", o.bo.n_threads};
+    if (o.warm_weights) o.dist.warm = ds4_startup_warm_stage, o.dist.warm_ctx = &warm;
     int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
     if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");

@@ -75,9 +75,10 @@ expect_fail "unknown option" ./ds4-bench -m "$M" --frobnicate
 expect_fail "ds4-bench: --prompt-file: cannot open $dir/missing.txt" ./ds4-bench -m "$dir/none.gguf" --prompt-file "$dir/missing.txt"
 expect_fail "ds4-bench: --csv: cannot write $dir/no/x.csv" ./ds4-bench -m "$dir/none.gguf" --csv "$dir/no/x.csv"
 expect_fail "ds4-bench: --tokens-file: cannot open" ./ds4-bench -m "$dir/none.gguf" --tokens-file "$dir/missing.ids"
-expect_fail "--layers needs --synthetic" ./ds4-bench -m "$M" --layers 0:4
-expect_fail "--layers 8:70: need A:B with 0 <= A < B <= 61" ./ds4-bench --synthetic pro-q2 --layers 8:70
-expect_fail "--layers 4:4: need A:B" ./ds4-bench --synthetic flash-q2 --layers 4:4
+expect_fail "--layers needs --synthetic (a slice of a synthetic model) or mpirun" ./ds4-bench -m "$M" --layers 0:4
+expect_fail "--layers 8:61: need A:B with 0 <= A <= B < 61 (the model's layers, inclusive)" ./ds4-bench --synthetic pro-q2 --layers 8:61
+expect_fail "--layers 5:4: need A:B" ./ds4-bench --synthetic flash-q2 --layers 5:4
+expect_fail "--layers 4: need A:B" ./ds4-bench --synthetic flash-q2 --layers 4
 expect_fail "only the cuda backend fills them" ./ds4-bench --synthetic pro-q2 --layers 0:2 --backend cpu
 # MTP: the header's speculative columns, forced acceptance's exact counts
 mtp_cols=mtp_draft,mtp_forced,step_ms,verify_ms,verify_ratio,draft_ms,mtp_tps,tokens_per_verify,accept_rate,proj_tps_a08

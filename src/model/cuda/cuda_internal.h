@@ -29,6 +29,7 @@
  *   cuda_indexer.cu  indexer scores and top-k (the visible compressed rows)
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
  *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
+ *   cuda_offload.cu  routed experts in host RAM: placement, the host branch (cuda_offload.h)
  *
  * Repacked weight rows (same bytes as the GGUF block formats, regrouped so
  * that the quant bytes of a row are contiguous and 16-byte aligned):
@@ -407,6 +408,10 @@ typedef struct cuda_backend {
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
     float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
+    /* the importance-matrix sums (ds4_backend_opts.imatrix; cuda_imatrix.cu),
+     * NULL without: n_layer x n_expert x n_embd, x n_ff_exp, routed entries */
+    double *imx_in, *imx_mid;
+    uint64_t *imx_routes;
     void *buf_block;
 
     /* The captured decode step, once for each of a few context sizes and
@@ -708,6 +713,13 @@ enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
               ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
+
+/* cuda_imatrix.cu: layer il's routed-expert inputs of a prefill pass of T
+ * tokens added to the device sums (after its routed products; nothing
+ * without a collector), and the sizes of those sums (in doubles; mid and
+ * the routed entries' counters through the pointers). */
+int cu_imatrix_sum(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+size_t cu_imatrix_floats(const ds4_config *c, size_t *mid, size_t *routes);
 /* d_step's fields that cu_set_step sets (a set of them): the position,
  * the token, the fold (to the position given). */
 enum { STEP_POS = 1, STEP_TOKEN = 2, STEP_FOLD = 4 };
