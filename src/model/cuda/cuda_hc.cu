@@ -51,9 +51,10 @@
 static_assert(HC_VALS_WIDE * HC_THREADS == HC_MAX_D, "the widest row fills the finish");
 static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp reduction");
 /* The most partial sums a finish thread adds: the slices of the widest row
- * (decode; the prefill mixer's slices are wider, so fewer) over the
- * threads of an output. */
-#define HC_PART_LOADS ((HC_MAX_D / HC_COLS + HC_PART_LANES - 1) / HC_PART_LANES)
+ * a finish of VALS columns a thread holds (decode; the prefill mixer's
+ * slices are wider, so fewer) over the threads of an output (2 for
+ * Flash's finish, 4 for Pro's). */
+#define HC_PART_LOADS(VALS) (((VALS) * HC_THREADS / HC_COLS + HC_PART_LANES - 1) / HC_PART_LANES)
 
 uint32_t cu_hc_cols(void) { return HC_COLS; }
 
@@ -264,14 +265,14 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<VALS> k
     const double *p = a.part + (size_t)t * a.nsplit * (NMIX + 1);
     if (warp < ((NMIX + 1) * HC_PART_LANES + 31) / 32) {
         /* a thread's partial sums (at most HC_PART_LOADS) loaded at once */
-        double v = 0.0, pv[HC_PART_LOADS];
+        double v = 0.0, pv[HC_PART_LOADS(VALS)];
 #pragma unroll
-        for (int u = 0; u < HC_PART_LOADS; u++) {
+        for (int u = 0; u < HC_PART_LOADS(VALS); u++) {
             uint32_t s = j + u * HC_PART_LANES;
             pv[u] = m <= (uint32_t)NMIX && s < a.nsplit ? __ldcg(p + (size_t)s * (NMIX + 1) + m) : 0.0;
         }
 #pragma unroll
-        for (int u = 0; u < HC_PART_LOADS; u++)
+        for (int u = 0; u < HC_PART_LOADS(VALS); u++)
             if (j + u * HC_PART_LANES < a.nsplit) v += pv[u];
         for (int o = HC_PART_LANES / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
         if (j == 0 && m <= (uint32_t)NMIX) sums[m] = v;
