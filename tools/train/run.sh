@@ -5,12 +5,14 @@
 #   sh tools/train/run.sh OUTDIR [train.py options]
 #
 # Needs python3 with torch, transformers, tokenizers and numpy (no network:
-# the corpus is the running Python's standard library).  The defaults are
-# sized for one H100 in under 10 minutes; training stops after 7 minutes at
-# the latest (the log says so, and such a run is not reproducible).
+# the corpus is the running Python's standard library).  500 steps are
+# about 4.5 passes over the corpus of a Python without its test suite and
+# about 3 minutes of training on one H100 (docs/TRAINING.md 1); training
+# stops after 7 minutes at the latest (the log says so, and such a run is
+# not reproducible).
 set -eu
 [ $# -ge 1 ] || { echo "usage: sh tools/train/run.sh OUTDIR [train.py options]" >&2; exit 2; }
 out=$1
 shift
 mkdir -p "$out"
-exec python3 "$(dirname "$0")/train.py" "$out" --steps 1500 --batch 64 --seq 512 --max-minutes 7 "$@"
+exec python3 "$(dirname "$0")/train.py" "$out" --steps 500 --batch 64 --seq 512 --max-minutes 7 "$@"
