@@ -21,11 +21,15 @@
  * a value within f32 noise of an FP8 edge rounds one way in one program and
  * the other way in the other, and the difference then reaches every later
  * position (transformers' own prefill and decode part this way from
- * position 17 of tiny-a).  So: the first 32 positions of the prefill (before
+ * position 17 of tiny-a).  So: the first 16 positions of the prefill (before
  * any such flip) to 1e-4 of max |logit|; over every position, prefill and
  * decode, the mean of the per-position max |d| within 5e-3 of max |logit|
  * and >= 98% of argmaxes the same (measured: 1.7e-3 / 1.2e-3 and >= 99.2%;
- * the engine with the simulations off is 2.1e-2 / 4.3e-2 and 96% / 91%).
+ * the engine with the simulations off is 2.1e-2 / 4.3e-2 and 96% / 91%;
+ * against the reference without its FP8 round trip or its f16 rounding the
+ * first 32 positions differ by 1.8e-1 / 2e-3 of max |logit|, and without its
+ * indexer round trip, which acts only once the rows outnumber the top-k,
+ * the mean is 1.4e-2 / 3.5e-2 and 98% / 93% of the argmaxes the same).
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -115,8 +119,8 @@ static void compare_sim(const char *what, const float *got, const float *want, u
         same += argmax(got + (size_t)p * vocab, vocab) == argmax(want + (size_t)p * vocab, vocab);
     }
     double mean = dsum / n / amax;
-    printf("%s: first %u positions max|d| %.3g of max|logit| %.3f; all %u: mean max|d| %.3g of it, argmax same %u\n",
-           what, prefix, dprefix / amax, amax, n, mean, same);
+    if (prefix) printf("%s: first %u positions max|d| %.3g of max|logit| %.3f\n", what, prefix, dprefix / amax, amax);
+    printf("%s: all %u positions: mean max|d| %.3g of max|logit| %.3f, argmax same %u\n", what, n, mean, amax, same);
     assert_true(dprefix <= 1e-4f * amax);
     assert_true(mean <= 5e-3);
     assert_true(same * 100 >= n * 98);
@@ -132,7 +136,7 @@ static void check_model(const char *gguf_path, const golden *g, bool decode_too,
     assert_non_null(b);
     float *got = malloc((size_t)g->n * g->vocab * sizeof(float));
     assert_int_equal(ds4_backend_prefill(b, g->tokens, g->n, got, &err), 0);
-    if (sim) compare_sim("prefill", got, g->prefill, g->n, g->vocab, 32);
+    if (sim) compare_sim("prefill", got, g->prefill, g->n, g->vocab, 16);
     else compare("prefill", got, g->prefill, g->n, g->vocab);
     if (decode_too) {
         ds4_backend_reset(b);
