@@ -285,6 +285,26 @@ def write_gguf(path, c, tensors, matrix_dtype):
     w.close()
 
 
+def build_model(c):
+    """The config's model with its seeded weights, and its seeded prompt."""
+    rng = np.random.default_rng(c["seed"])
+    torch.manual_seed(c["seed"])
+    model = DeepseekV4ForCausalLM(hf_config(c)).float().eval()
+    model.load_state_dict(random_weights(model, c, rng), strict=True)
+    tokens = [int(t) for t in rng.integers(0, c["n_vocab"], c["n_tokens"])]
+    return model, tokens
+
+
+def write_golden(path, tokens, prefill, decode):
+    """NAME.golden's layout (module docstring)."""
+    with open(path, "wb") as f:
+        f.write(b"DS4G")
+        f.write(struct.pack("<3I", 1, len(tokens), prefill.shape[1]))
+        f.write(np.asarray(tokens, dtype="<u4").tobytes())
+        f.write(prefill.astype("<f4").tobytes())
+        f.write(decode.astype("<f4").tobytes())
+
+
 @torch.no_grad()
 def run(model, tokens):
     ids = torch.tensor([tokens], dtype=torch.long)
@@ -311,12 +331,7 @@ def main():
     for name, c in CONFIGS.items():
         if args.only and name != args.only:
             continue
-        rng = np.random.default_rng(c["seed"])
-        torch.manual_seed(c["seed"])
-        model = DeepseekV4ForCausalLM(hf_config(c)).float().eval()
-        sd = random_weights(model, c, rng)
-        missing, unexpected = model.load_state_dict(sd, strict=True), None
-        tokens = [int(t) for t in rng.integers(0, c["n_vocab"], c["n_tokens"])]
+        model, tokens = build_model(c)
 
         tensors = gguf_tensors(model.state_dict(), c)
         write_gguf(os.path.join(args.outdir, f"{name}.f16.gguf"), c, tensors, np.float16)
@@ -327,12 +342,7 @@ def main():
         d = np.abs(prefill - decode).max()
         print(f"{name}: {len(tokens)} tokens, max|logit| {np.abs(prefill).max():.3f}, "
               f"HF prefill vs decode max|d| {d:.3g}", file=sys.stderr)
-        with open(os.path.join(args.outdir, f"{name}.golden"), "wb") as f:
-            f.write(b"DS4G")
-            f.write(struct.pack("<3I", 1, len(tokens), c["n_vocab"]))
-            f.write(np.asarray(tokens, dtype="<u4").tobytes())
-            f.write(prefill.astype("<f4").tobytes())
-            f.write(decode.astype("<f4").tobytes())
+        write_golden(os.path.join(args.outdir, f"{name}.golden"), tokens, prefill, decode)
 
 
 if __name__ == "__main__":
