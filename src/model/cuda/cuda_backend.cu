@@ -97,6 +97,14 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        float *part;
+        uint32_t *count;
+        TAKE(m, part, cu_attn_part_floats(c, b->attn_split));
+        TAKE(m, count, cu_attn_groups(c));
+        b->lane_attn_part[i] = part;
+        b->lane_attn_count[i] = count;
+    }
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
@@ -540,6 +548,10 @@ static void cuda_free(ds4_backend *base) {
     seq_release(&b->main_seq);
     if (b->buf_block) cudaFree(b->buf_block);
     cu_weights_free(&b->W);
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        if (b->lane_ev[i]) cudaEventDestroy(b->lane_ev[i]);
+        if (b->lane[i]) cudaStreamDestroy(b->lane[i]);
+    }
     if (b->ev_join) cudaEventDestroy(b->ev_join);
     if (b->ev_fork) cudaEventDestroy(b->ev_fork);
     if (b->side) cudaStreamDestroy(b->side);
@@ -648,6 +660,10 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking));
     CU_TRY(cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming));
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        CU_TRY(cudaStreamCreateWithFlags(&b->lane[i], cudaStreamNonBlocking));
+        CU_TRY(cudaEventCreateWithFlags(&b->lane_ev[i], cudaEventDisableTiming));
+    }
     if (cu_matmul_init(err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
@@ -666,6 +682,8 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    for (uint32_t i = 0; i < CU_LANES; i++)
+        CU_TRY(cudaMemset(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     if (seq_alloc(b, &b->main_seq, b->ctx, true, err)) return -1;
     b->n_kinds = 1;
     for (uint32_t il = 0; il < c->n_layer; il++)

@@ -222,33 +222,67 @@ static cuda_backend part_view(const cuda_backend *b, const cu_part *p, uint32_t 
     return v;
 }
 
+/* The view of part i of a pass of n_parts on its lane (a pass of one part:
+ * the backend's own stream and scratch).  Parts on the tensor-core
+ * attention share its split rows (attn_tc_rows): they all take lane 0. */
+static cuda_backend lane_view(const cuda_backend *b, const cu_part *parts, uint32_t n_parts, uint32_t i, uint32_t il) {
+    cuda_backend v = part_view(b, &parts[i], il);
+    if (n_parts > 1) {
+        uint32_t l = cu_attn_tc(b, parts[i].n) ? 0 : i % CU_LANES;
+        v.st = b->lane[l];
+        v.attn_part = b->lane_attn_part[l];
+        v.attn_count = b->lane_attn_count[l];
+    }
+    return v;
+}
+
+/* The lanes of a pass of n_parts start after what st has enqueued (fork),
+ * or st waits for them (join). */
+static int lanes_fork(cuda_backend *b, uint32_t n_parts, ds4_err *err) {
+    if (n_parts < 2) return 0;
+    CU_TRY(cudaEventRecord(b->ev_fork, b->st));
+    for (uint32_t l = 0; l < CU_LANES && l < n_parts; l++) CU_TRY(cudaStreamWaitEvent(b->lane[l], b->ev_fork, 0));
+    return 0;
+}
+static int lanes_join(cuda_backend *b, uint32_t n_parts, ds4_err *err) {
+    if (n_parts < 2) return 0;
+    for (uint32_t l = 0; l < CU_LANES && l < n_parts; l++) {
+        CU_TRY(cudaEventRecord(b->lane_ev[l], b->lane[l]));
+        CU_TRY(cudaStreamWaitEvent(b->st, b->lane_ev[l], 0));
+    }
+    return 0;
+}
+
 /* A prefill pass's attention up to the heads: the q / kv post of each
  * part (its positions, its ring) and the journal's copies, the query
  * products of every row, then each part's compressor, indexer and
- * attention over its own state. */
+ * attention over its own state; the parts' own work on the lanes. */
 static int attention_parts(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T,
                            ds4_err *err) {
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(b->cfg, il);
+    if (lanes_fork(b, n_parts, err)) return -1;
     for (uint32_t i = 0; i < n_parts; i++) {
-        cuda_backend v = part_view(b, &parts[i], il);
+        cuda_backend v = lane_view(b, parts, n_parts, i, il);
         uint32_t n = parts[i].n;
         if (cu_qkv_post(&v, il, n, err) || cu_journal_rows(&v, il, n, err) || cu_journal_proj(&v, il, n, err))
             return -1;
     }
-    if (query_projections(b, w, ratio == 4, T, false, err)) return -1;
+    if (lanes_join(b, n_parts, err) || query_projections(b, w, ratio == 4, T, false, err) ||
+        lanes_fork(b, n_parts, err))
+        return -1;
     /* a captured step's parts (one row each) are sized for any position,
      * as a decode step is: their compressors pool with the frontiers, their
      * indexer and attention grids cover the whole context */
     bool any_pos = b->capturing;
     for (uint32_t i = 0; i < n_parts; i++) {
-        cuda_backend v = part_view(b, &parts[i], il);
+        cuda_backend v = lane_view(b, parts, n_parts, i, il);
         uint32_t n = parts[i].n, pos0 = parts[i].pos0;
         if (cu_q_post(&v, il, n, false, err) || (ratio && cu_compress(&v, il, n, pos0, any_pos, v.st, NULL, err)) ||
             (ratio == 4 && cu_indexer(&v, il, n, pos0, any_pos, err)) || cu_attend(&v, il, n, pos0, NULL, err))
             return -1;
     }
-    return 0;
+    return lanes_join(b, n_parts, err);
 }
 
 int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T, bool decode,

@@ -303,6 +303,7 @@ typedef struct cu_journal {
     bool had_logits;
 } cu_journal;
 
+#define CU_LANES 8          /* streams the parts of a pass run their own work on */
 #define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
 /* Kinds of decode step, one graph each: no compressor window closes, the
  * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
@@ -353,6 +354,15 @@ typedef struct cuda_backend {
      * beside the routing and the routed experts */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    /* a pass of several parts: the parts' own work (q / kv post,
+     * compressor, indexer, attention) on CU_LANES streams, part i on lane
+     * i % CU_LANES, forked from st and joined back, each lane with its own
+     * attention scratch (captured: parallel branches of the batched decode
+     * graph, whose parts' small launches then overlap) */
+    cudaStream_t lane[CU_LANES];
+    cudaEvent_t lane_ev[CU_LANES];
+    float *lane_attn_part[CU_LANES];
+    uint32_t *lane_attn_count[CU_LANES];
 
     dweights W;
     uint32_t *d_tokens;      /* the chunk's token ids */
