@@ -14,11 +14,21 @@
 #                   (needs an NVIDIA GPU; tests/cuda/run.sh)
 #   make test-cuda-emu  the CUDA tests on the CPU emulation of CUDA (the
 #                   default suite runs a subset of them)
+#   make test-server-parallel  ds4-server with 32 sessions and 32 clients of
+#                   the official SDKs at once, then 1,000 requests with its
+#                   memory watched (needs PyPI for the SDKs; a few minutes)
+#   make test-dist-link  the pipeline across two network namespaces joined by
+#                   a veth pair (tc netem delays, a 1 Gb/s rate): tokens/s
+#                   against the cost model (needs root; tests/link/run.sh)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it
 #   make deps       install missing Debian packages (scripts/deps.sh)
 #   make venv       Python environment for tests/reference scripts (pinned)
+#   make train-check  the small model's training pipeline on the CPU: a few
+#                   steps of tools/train/train.py, then tools/train/check.sh
+#                   (engine NLL = torch NLL; needs torch, transformers and
+#                   tokenizers: TRAIN_PYTHON, default .venv/bin/python)
 #
 # Layout (dependencies point down): apps/ tools/ -> src/engine -> src/text,
 # src/model -> src/format -> src/base; tools/ -> src/convert (conversion
@@ -36,7 +46,12 @@ WARN    := -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter
 OPT     ?= -O2
 CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) -g $(WARN) -fno-strict-aliasing -D_GNU_SOURCE -Isrc -pthread
-DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread
+# MPI (Debian's Open MPI, scripts/deps.sh): the pipeline across processes
+# and hosts (src/model/dist, docs/DISTRIBUTED.md).
+MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
+MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
+CFLAGS  += $(MPI_CFLAGS)
+DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread $(MPI_LIBS)
 LDFLAGS ?=
 
 CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=compute_90a
@@ -65,16 +80,18 @@ EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $
 CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
 # Programs: single-file apps/tools and multi-file ones (a folder of .c
-# files); tools/perf holds measuring instruments (make perf-tools), no program.
+# files); tools/perf holds measuring instruments (make perf-tools) and
+# tools/train the small model's training scripts (Python), no program.
 APP_PROGS  := $(notdir $(basename $(wildcard apps/*.c))) $(notdir $(patsubst %/,%,$(wildcard apps/*/)))
-TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/,$(wildcard tools/*/))))
+TOOL_PROGS := $(notdir $(basename $(wildcard tools/*.c))) $(notdir $(patsubst %/,%,$(filter-out tools/perf/ tools/train/,$(wildcard tools/*/))))
 PROGS      := $(APP_PROGS) $(TOOL_PROGS)
 
 TEST_SRC  := $(wildcard tests/unit/test_*.c)
 TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
-.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu perf-tools demo deps venv reference clean
+.PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel test-dist-link perf-tools demo deps venv reference clean imatrix-dataset \
+        train-check
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -106,6 +123,17 @@ $(BUILD)/tests/test_server_%: tests/unit/test_server_%.c $(TEST_COMMON) $(SERVER
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-server -o $@ $< $(TEST_COMMON) $(SERVER_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
 
+# ds4-eval's tests link its sources (all but main.c); build/tests/ds4-eval-script
+# is the whole program with scripted answers, for tests/suite/eval.sh.
+EVAL_SRC := $(filter-out apps/ds4-eval/main.c,$(wildcard apps/ds4-eval/*.c))
+EVAL_DEPS := $(EVAL_SRC) $(wildcard apps/ds4-eval/*.h)
+$(BUILD)/tests/test_eval: tests/unit/test_eval.c $(TEST_COMMON) $(EVAL_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Itests/unit -Iapps/ds4-eval -o $@ $< $(TEST_COMMON) $(EVAL_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS) -lcmocka
+$(BUILD)/tests/ds4-eval-script: tests/eval/main_script.c $(EVAL_DEPS) $(BUILD)/libds4.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -Iapps/ds4-eval -o $@ $< $(EVAL_SRC) $(BUILD)/libds4.a $(LDFLAGS) $(DEPLIBS)
+
 # The agent's tests link its sources (all but main.c) and the test script
 # hook; build/tests/ds4-agent-script is the whole program with a scripted
 # model, for tests/suite/agent.sh.
@@ -125,7 +153,7 @@ $(BUILD)/tokenizer.gguf: data/tokenizer/deepseek-v4-tokenizer.json.xz ds4-tokeni
 	@mkdir -p $(BUILD)
 	./ds4-tokenizer import $< $@
 
-test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script $(BUILD)/tokenizer.gguf
+test: deps all $(TESTS) $(BUILD)/tests/ds4-agent-script $(BUILD)/tests/ds4-eval-script $(BUILD)/tokenizer.gguf
 	@scripts/run-tests.sh
 
 # CUDA build: the library compiled with DS4_CUDA plus the kernels; programs
@@ -148,7 +176,7 @@ endef
 $(foreach p,$(APP_PROGS),$(eval $(call cuda_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call cuda_prog_rule,$(p),tools)))
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(MPI_LIBS) $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
@@ -183,7 +211,7 @@ $(BUILD)/libds4emu.a: $(EMU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 $(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread $(MPI_LIBS) -lstdc++
 $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
 define emu_prog_rule
@@ -198,11 +226,32 @@ EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
 test-cuda-emu: $(EMU_TEST_BINS)
 	@tests/cuda/run.sh $(BUILD)/emu emu
 
+test-server-parallel: all $(BUILD)/tokenizer.gguf
+	@tests/server/run.sh test_sdk_parallel.py
+
+test-dist-link: deps all
+	@scripts/run-tests.sh tests/link/run.sh
+
 deps:
 	@scripts/deps.sh
 
 venv:
 	@scripts/venv.sh
+
+# The training pipeline end to end on a model of the small one's
+# architecture with every dimension small (docs/TRAINING.md).
+TRAIN_PYTHON ?= .venv/bin/python
+train-check: ds4
+	@rm -rf $(BUILD)/train-check
+	$(TRAIN_PYTHON) tools/train/train.py $(BUILD)/train-check --preset check --steps 4 --seq 160 --batch 2 \
+	    --eval-every 4 --corpus-files 120 --device cpu
+	sh tools/train/check.sh $(BUILD)/train-check
+
+# The default imatrix calibration set (docs/TOOLCHAIN.md): the project's
+# conversations plus its own code and documentation, all MIT.
+imatrix-dataset: ds4-imatrix-dataset
+	./ds4-imatrix-dataset -o $(BUILD)/imatrix-dataset --license MIT data/imatrix/conversations.jsonl \
+		$(sort $(wildcard src/*/*.c src/*/*/*.c src/*/*/*.cu apps/*/*.c tools/*.c)) docs/*.md
 
 demo: deps all
 	@scripts/demo.sh

@@ -6,7 +6,8 @@ set -eu
 
 PKGS="build-essential pkg-config xz-utils python3 python3-venv
 libpcre2-dev libjansson-dev libmicrohttpd-dev libedit-dev libssl-dev libcurl4-openssl-dev libcmocka-dev
-clang libclang-rt-dev tmux"
+clang libclang-rt-dev tmux
+libopenmpi-dev openmpi-bin"
 
 missing=""
 for p in $PKGS; do

@@ -26,9 +26,32 @@
  * token while it goes in, against theirs before it came.
  *
  *   mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms
+ *
+ * With an MTP block (--mtp FILE, or --mtp-draft N with --synthetic: a
+ * synthetic block of the same recipe) each frontier also runs speculative
+ * generation of gen-tokens tokens with N drafts a cycle, drafts verified in
+ * one batched step of N + 1 rows, and the row gains
+ *
+ *   mtp_draft,mtp_forced,step_ms,verify_ms,verify_ratio,draft_ms,
+ *   mtp_tps,tokens_per_verify,accept_rate,proj_tps_a08
+ *
+ * step_ms: a plain decode step (the generation above); verify_ms: the
+ * verification step, verify_ratio its cost in 1-row steps; draft_ms: the
+ * MTP block's passes of a cycle (N drafts, the rows that catch up with the
+ * accepted tokens); mtp_tps: tokens committed a second; proj_tps_a08: the
+ * rate the measured cycle gives at a per-draft acceptance of 0.8
+ * ((1 - 0.8^(N+1)) / 0.2 tokens a cycle).  Greedy verification accepts the
+ * longest prefix of drafts the target agrees with; --mtp-forced accepts
+ * every draft (a benchmark-only mode: its rate is an upper bound, never a
+ * model's output).
  * A summary on stderr gives, for generation, the weight bytes a token
  * streams and the effective bandwidth, against the device copy bandwidth
- * measured in the same run (CUDA).
+ * measured in the same run (CUDA).  When routed experts stay in host RAM
+ * (--gpu-mem, docs/DESIGN.md 3.5) it also gives the host's measured read
+ * bandwidth, the routed bytes the CPU reads a token, and generation
+ * against the rate that bandwidth allows for them.  --expert-profile-out
+ * writes the experts' use over the run (model/placement.h), for a later
+ * --expert-profile.
  *
  * --synthetic q2|q4 runs the published Flash shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
@@ -50,12 +73,17 @@
 #include <string.h>
 #include <time.h>
 
+#include <math.h>
+
 #include "base/clock.h"
 #include "base/numparse.h"
 #include "base/rank.h"
 #include "engine/cli.h"
+#include "engine/spec.h"
 #include "engine/startup.h"
+#include "base/threads.h"
 #include "model/backends.h"
+#include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
 #include "text/tokenizer.h"
@@ -63,14 +91,20 @@
 
 typedef struct opts {
     const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
+    const char *profile, *profile_out;
     bool model_given, warm_weights;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
+    const char *mtp;          /* the MTP block's file */
+    uint32_t draft;           /* drafts a cycle; with an MTP block, speculative generation too */
+    bool draft_given, forced; /* forced: every draft accepted (an upper bound) */
     float step_mul;
     bool ctx_alloc_given;
     /* --parallel: the session counts, each session's context, the prompt
      * arriving among the decoders, their number, the rows a step holds */
     uint32_t par[16], n_par, sess_ctx, arrive, among, step_rows;
     ds4_backend_opts bo;
+    ds4_cli_steer steer;
+    ds4_dist_opts dist;
 } opts;
 
 static const char ABOUT[] =
@@ -82,11 +116,10 @@ static const char ABOUT[] =
     "The tokens: --prompt-file, --chat-prompt-file or --tokens-file, else seeded random ids (said so\n"
     "on stderr; the only choice with --synthetic, which has no tokenizer).";
 
-/* Returns -1 to run, else the status to exit with. */
 /* ds4's options this program refuses, with the reason. */
 static const char *refused(const char *name) {
-    if (!strncmp(name, "--mtp", 5))
-        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-bench does not draft with it yet";
+    if (!strcmp(name, "--mtp-margin"))
+        return "ds4-bench drafts --mtp-draft tokens every cycle, whatever the block's confidence";
     return ds4_option_not_supported(name);
 }
 
@@ -117,6 +150,7 @@ static int parse_parallel(void *ctx, const char *value, ds4_err *err) {
     }
 }
 
+/* Returns -1 to run, else the status to exit with. */
 static int parse_args(int argc, char **argv, opts *o) {
     memset(o, 0, sizeof(*o));
     ds4_opt table[] = {
@@ -127,9 +161,16 @@ static int parse_args(int argc, char **argv, opts *o) {
                         "memory (CUDA backend)")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
+        DS4_CLI_OFFLOAD(&o->bo.gpu_mem, &o->profile),
+        {DS4_OPT_STR("--expert-profile-out", "FILE", &o->profile_out, NULL,
+                     "write how often each routed expert was chosen over the run: an expert profile for "
+                     "--expert-profile (CUDA)"),
+         .flags = DS4_OPT_OUT},
+        DS4_CLI_STEERING(&o->steer),
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
@@ -151,7 +192,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--ctx-max", "N", &o->ctx_max, 1, DS4_CTX_MAX, 32768, "last frontier")},
         {DS4_OPT_U32("--ctx-alloc", "N", &o->ctx_alloc, 1, DS4_CTX_MAX, 0,
                      "context allocated (must exceed ctx-max + gen-tokens)"),
-         .def_text = "ctx-max + gen-tokens + 1", .seen = &o->ctx_alloc_given},
+         .def_text = "ctx-max + gen-tokens (+ mtp-draft) + 1", .seen = &o->ctx_alloc_given},
         {DS4_OPT_FLOAT("--step-mul", "F", &o->step_mul, 1.0, HUGE_VAL, 1.0,
                        "multiply the frontier by F (1: add --step-incr instead)")},
         {DS4_OPT_U32("--step-incr", "N", &o->step_incr, 1, DS4_CTX_MAX, 2048, "tokens added per frontier")},
@@ -159,6 +200,16 @@ static int parse_args(int argc, char **argv, opts *o) {
                      "greedy tokens generated at each frontier")},
         {DS4_OPT_STR("--csv", "FILE", &o->csv, NULL, "write the CSV to FILE"), .def_text = "stdout",
          .flags = DS4_OPT_OUT},
+
+        {DS4_OPT_SECTION("MTP speculative decoding:")},
+        {DS4_OPT_STR("--mtp", "FILE", &o->mtp, NULL,
+                     "the MTP block's GGUF: each frontier also generates speculatively (with --synthetic, "
+                     "--mtp-draft alone makes a synthetic block)"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_U32("--mtp-draft", "N", &o->draft, 1, DS4_MTP_DRAFT_MAX, 2, "drafts a cycle verifies"),
+         .seen = &o->draft_given},
+        {DS4_OPT_FLAG("--mtp-forced", &o->forced,
+                      "accept every draft: the rate a perfect draft would give (an upper bound, for benchmarks only)")},
 
         {DS4_OPT_SECTION("many sessions at once (instead of frontiers):")},
         {DS4_OPT_CALL("--parallel", "LIST", parse_parallel, o,
@@ -178,12 +229,20 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");
     if (o->synthetic) o->model = NULL;
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
         return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
     if (o->synthetic && (o->prompt_file || o->chat_file))
         return ds4_cli_usage(&cli, "--synthetic has no tokenizer: use --tokens-file or random ids");
     if (o->system && !o->chat_file) return ds4_cli_usage(&cli, "-sys only applies to --chat-prompt-file");
+    if (o->mtp && o->synthetic)
+        return ds4_cli_usage(&cli, "--synthetic makes its MTP block itself: give --mtp-draft N without --mtp");
+    if ((o->draft_given || o->forced) && !o->mtp && !o->synthetic)
+        return ds4_cli_usage(&cli, "--mtp-draft and --mtp-forced need an MTP block (--mtp FILE, or --synthetic)");
+    if (o->forced && !o->draft_given && !o->mtp)
+        return ds4_cli_usage(&cli, "--mtp-forced with --synthetic needs --mtp-draft N");
+    if (o->n_par && (o->mtp || o->draft_given || o->forced))
+        return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
     if (o->n_par) {
         if (o->arrive && o->step_rows <= o->among)
             return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows, o->among);
@@ -197,11 +256,16 @@ static int parse_args(int argc, char **argv, opts *o) {
         return -1;
     }
     if (o->ctx_max < o->ctx_start) return ds4_cli_usage(&cli, "need ctx-start <= ctx-max (%u > %u)", o->ctx_start, o->ctx_max);
-    if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + 1;
-    if ((uint64_t)o->ctx_alloc <= (uint64_t)o->ctx_max + o->gen)
-        return ds4_cli_usage(&cli, "--ctx-alloc %u must exceed ctx-max + gen-tokens (%u + %u)", o->ctx_alloc,
-                             o->ctx_max, o->gen);
+    /* speculative generation's last verification may reach N tokens past gen-tokens */
+    uint32_t over = o->mtp || (o->synthetic && o->draft_given) ? o->draft : 0;
+    if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + over + 1;
+    if ((uint64_t)o->ctx_alloc <= (uint64_t)o->ctx_max + o->gen + over)
+        return ds4_cli_usage(&cli, "--ctx-alloc %u must exceed ctx-max + gen-tokens + mtp-draft (%u + %u + %u)",
+                             o->ctx_alloc, o->ctx_max, o->gen, over);
     o->bo.ctx_size = o->ctx_alloc;
+    o->bo.count_experts = o->profile_out != NULL;
+    if (o->profile_out && o->backend && strcmp(o->backend, "cuda") != 0)
+        return ds4_cli_usage(&cli, "--expert-profile-out counts on the CUDA backend");
     return -1;
 }
 
@@ -222,6 +286,57 @@ static double bytes_per_token(const ds4_weights *w) {
     }
     return total;
 }
+
+#if DS4_CUDA
+/* The host's read bandwidth: `threads` threads each summing its part of a
+ * buffer far beyond the caches, best of three passes. */
+typedef struct bw_task {
+    const uint64_t *p;
+    size_t words;
+    uint64_t *sums;
+} bw_task;
+
+static void bw_read(void *ctx, int64_t a, int64_t z, int thread) {
+    const bw_task *t = ctx;
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (size_t i = (size_t)a * 4096; i < (size_t)z * 4096 && i < t->words; i += 4) {
+        s0 += t->p[i];
+        s1 += t->p[i + 1];
+        s2 += t->p[i + 2];
+        s3 += t->p[i + 3];
+    }
+    t->sums[thread] += s0 ^ s1 ^ s2 ^ s3;
+}
+
+static double host_bandwidth(int threads, ds4_err *err) {
+    size_t bytes = (size_t)4 << 30, words = bytes / 8;
+    uint64_t *p = malloc(bytes);
+    ds4_pool *pool = ds4_pool_create(threads, err);
+    uint64_t *sums = pool ? calloc((size_t)ds4_pool_size(pool), sizeof(uint64_t)) : NULL;
+    if (!p || !pool || !sums) {
+        free(p);
+        free(sums);
+        ds4_pool_free(pool);
+        if (!err->msg[0]) ds4_err_set(err, DS4_ENOMEM, "no room for the host bandwidth probe");
+        return -1;
+    }
+    for (size_t i = 0; i < words; i++) p[i] = i * 0x9E3779B97F4A7C15ull;
+    bw_task t = {p, words, sums};
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double a = ds4_now();
+        ds4_pool_run(pool, (int64_t)(words / 4096), 64, bw_read, &t);
+        double s = ds4_now() - a;
+        if (s < best) best = s;
+    }
+    uint64_t x = 0;
+    for (int i = 0; i < ds4_pool_size(pool); i++) x ^= sums[i];
+    free(p);
+    free(sums);
+    ds4_pool_free(pool);
+    return x == 1 ? 0 : (double)bytes / best; /* x keeps the sums alive */
+}
+#endif
 
 static char *read_file(const char *path, size_t *len, ds4_err *err) {
     FILE *f = fopen(path, "rb");
@@ -472,6 +587,8 @@ static int run_parallel(const opts *o, ds4_backend *b, const uint32_t *toks, FIL
         if (!(r.seq[k] = ds4_seq_new(b, seq_ctx, err))) {
             ds4_err_prefix(err, "session %u of %u", k + 1, most);
             goto done;
+        } else {
+            ds4_seq_set_steering(r.seq[k], b->main->steer_ffn, b->main->steer_attn); /* as the main one (--dir-steering-*) */
         }
     fprintf(out, "mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms\n");
     fflush(out);
@@ -493,7 +610,123 @@ done:
     return rc;
 }
 
-static int run(const opts *o, ds4_err *err) {
+/* Whether the frontiers run speculative generation too. */
+static bool mtp_on(const opts *o) { return o->mtp || (o->synthetic && o->draft_given); }
+
+static uint32_t argmax_of(const float *x, uint32_t n) {
+    uint32_t best = 0;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+/* One frontier's speculative generation: what the CSV row reports. */
+typedef struct mtp_res {
+    double verify_s, draft_s, total_s;
+    uint64_t cycles, committed, drafted, accepted;
+} mtp_res;
+
+/* An MTP step of one row (timed into *t): token paired with hseq's
+ * residual at hpos; its logits into lg. */
+static int mtp_row(ds4_backend *b, ds4_seq *ms, uint32_t token, uint32_t want, ds4_seq *hseq, uint32_t hpos, float *lg,
+                   double *t, ds4_err *err) {
+    ds4_row r = ds4_mtp_row(ms, token, want, hseq, hpos);
+    ds4_step_out out = {lg, NULL};
+    double a = ds4_now();
+    int rc = ds4_backend_mtp_step(b, &r, 1, &out, err);
+    *t += ds4_now() - a;
+    return rc;
+}
+
+/* gen tokens after the main sequence's n (its logits the next token's),
+ * N drafts a cycle: the drafts (greedy on the block's logits), their
+ * verification in one rewindable step of N + 1 rows, the longest agreeing
+ * prefix kept (every draft with forced) and the rest rewound, the MTP
+ * sequence's drafts dropped and its rows for the kept tokens made.  The
+ * caller restores the main sequence. */
+static int mtp_generate(ds4_backend *b, const opts *o, mtp_res *r, ds4_err *err) {
+    uint32_t N = o->draft, V = b->w->cfg.n_vocab, n = ds4_seq_len(b, b->main);
+    memset(r, 0, sizeof(*r));
+    const float *cur = ds4_backend_logits(b);
+    if (!cur) return ds4_err_set(err, DS4_EINVAL, "MTP generation needs the logits of a prefill");
+    float *lg = malloc((size_t)(N + 1) * V * sizeof(float)), *ml = malloc((size_t)V * sizeof(float));
+    ds4_seq *ms = ds4_mtp_seq_new(b, 0, err);
+    uint32_t tok = argmax_of(cur, V), d[DS4_MTP_DRAFT_MAX + 1];
+    ds4_row rows[DS4_MTP_DRAFT_MAX + 1];
+    int rc = -1;
+    if (!lg || !ml) ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    /* the block's first row: the last position's residual with the chosen token */
+    if (!lg || !ml || !ms || mtp_row(b, ms, tok, DS4_ROW_LOGITS, b->main, n - 1, ml, &r->draft_s, err)) goto done;
+    double t0 = ds4_now();
+    while (r->committed < o->gen) {
+        d[0] = argmax_of(ml, V);
+        if (ds4_backend_mark(b, ms, err)) goto done;
+        uint32_t mlen = ds4_seq_len(b, ms);
+        for (uint32_t k = 1; k < N; k++) {
+            if (mtp_row(b, ms, d[k - 1], DS4_ROW_LOGITS | DS4_ROW_REWIND, ms, mlen + k - 2, ml, &r->draft_s, err))
+                goto done;
+            d[k] = argmax_of(ml, V);
+        }
+        if (ds4_backend_mark(b, b->main, err)) goto done;
+        rows[0] = ds4_row_of(b->main, tok, DS4_ROW_LOGITS | DS4_ROW_REWIND);
+        for (uint32_t k = 0; k < N; k++) rows[k + 1] = ds4_row_of(b->main, d[k], DS4_ROW_LOGITS | DS4_ROW_REWIND);
+        ds4_step_out out = {lg, NULL};
+        double a = ds4_now();
+        if (ds4_backend_step(b, rows, N + 1, &out, err)) goto done;
+        r->verify_s += ds4_now() - a;
+        uint32_t keep = 1; /* rows kept: tok and the drafts the target agrees with */
+        while (keep <= N && (o->forced || argmax_of(lg + (size_t)(keep - 1) * V, V) == d[keep - 1])) keep++;
+        uint32_t next = argmax_of(lg + (size_t)(keep - 1) * V, V);
+        a = ds4_now();
+        if ((keep <= N && ds4_backend_rewind(b, b->main, n + keep, err)) || ds4_backend_rewind(b, ms, mlen, err))
+            goto done;
+        /* the block's rows for the kept positions, each residual with the token after it */
+        for (uint32_t i = 0; i < keep; i++)
+            rows[i] = ds4_mtp_row(ms, i + 1 < keep ? d[i] : next, i + 1 == keep ? DS4_ROW_LOGITS : 0, b->main, n + i);
+        out.logits = ml;
+        if (ds4_backend_mtp_step(b, rows, keep, &out, err)) goto done;
+        r->draft_s += ds4_now() - a;
+        n += keep;
+        r->committed += keep;
+        r->accepted += keep - 1;
+        r->drafted += N;
+        r->cycles++;
+        tok = next;
+    }
+    r->total_s = ds4_now() - t0;
+    rc = 0;
+done:
+    if (ms) ds4_seq_free(b, ms);
+    free(lg);
+    free(ml);
+    return rc;
+}
+
+/* The MTP columns of a frontier's row, and its summary line. */
+static void mtp_report(FILE *out, const opts *o, const mtp_res *r, double step_s) {
+    double cyc = r->cycles ? (double)r->cycles : 1.0, tps = r->committed / r->total_s;
+    double verify_ms = 1e3 * r->verify_s / cyc, draft_ms = 1e3 * r->draft_s / cyc, step_ms = 1e3 * step_s;
+    double a = 0.8, per_cycle = (1.0 - pow(a, o->draft + 1)) / (1.0 - a), proj = per_cycle / (r->total_s / cyc);
+    double acc = r->drafted ? (double)r->accepted / (double)r->drafted : 0.0, tpv = r->committed / cyc;
+    fprintf(out, ",%u,%d,%.3f,%.3f,%.3f,%.3f,%.2f,%.3f,%.4f,%.2f", o->draft, o->forced, step_ms, verify_ms,
+            step_ms > 0 ? verify_ms / step_ms : 0.0, draft_ms, tps, tpv, acc, proj);
+    fprintf(stderr,
+            "          MTP, %u drafts a cycle%s: verifying %u rows %.2f ms = %.2fx a 1-row step (%.2f ms), drafting "
+            "%.2f ms a cycle; %.1f t/s committed, %.2f tokens a verification, %.0f%% of drafts accepted; at "
+            "acceptance 0.8: %.1f t/s\n",
+            o->draft, o->forced ? " (forced acceptance: an upper bound)" : "", o->draft + 1, verify_ms,
+            step_ms > 0 ? verify_ms / step_ms : 0.0, step_ms, draft_ms, tps, tpv, 100.0 * acc, proj);
+}
+
+/* The backend: the pipeline's under mpirun (d), else the named one. */
+static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, const ds4_backend_opts *bo,
+                                 ds4_err *err) {
+    if (!d) return ds4_backend_create(o->backend, w, bo, err);
+    if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    return ds4_dist_backend_create(d, o->backend, w, bo, err);
+}
+
+static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     int rc = -1;
     ds4_weights *w = NULL;
     if (o->synthetic) {
@@ -504,16 +737,38 @@ static int run(const opts *o, ds4_err *err) {
         w = ds4_weights_open(o->model, err);
     }
     if (!w) return -1;
-    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
+    ds4_expert_profile *prof = NULL;
+    if (o->profile && !(prof = ds4_expert_profile_load(o->profile, w->cfg.n_layer, w->cfg.n_expert, err))) {
         ds4_weights_close(w);
+        return -1;
+    }
+    ds4_backend_opts bo = o->bo;
+    bo.expert_profile = prof;
+    ds4_mtp_weights *mtp = NULL;
+    if (mtp_on(o)) {
+        mtp = o->mtp ? ds4_mtp_open(o->mtp, w, err) : ds4_mtp_synthetic(w, o->synthetic, err);
+        if (!mtp) {
+            ds4_expert_profile_free(prof);
+            ds4_weights_close(w);
+            return -1;
+        }
+        bo.mtp = mtp;
+    }
+    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
+        ds4_mtp_close(mtp);
+        ds4_weights_close(w);
+        ds4_expert_profile_free(prof);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
-    if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto done;
+    if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (!(b = make_backend(o, d, w, &bo, err))) goto done;
+    ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
             o->synthetic ? "synthetic Flash weights" : o->model, ds4_now() - t0);
     ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
@@ -525,8 +780,20 @@ static int run(const opts *o, ds4_err *err) {
         fprintf(stderr, "ds4-bench: %s, device copy bandwidth %.0f GB/s (read + write)\n", dev, copy_bw / 1e9);
     }
 #endif
-    double bpt = bytes_per_token(w);
+    double bpt = bytes_per_token(w), host_bw = 0, tok_host = 0;
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
+#if DS4_CUDA
+    ds4_offload_info oi;
+    if (!strcmp(b->ops->name, "cuda") && ds4_cuda_offload_info(b, &oi) == 0 && oi.on) {
+        if ((host_bw = host_bandwidth(o->bo.n_threads, err)) < 0) goto done;
+        tok_host = oi.tok_host;
+        bpt -= tok_host; /* what the GPU reads */
+        fprintf(stderr,
+                "ds4-bench: %u of %u routed experts in host RAM; a token reads %.2f GB of them on the host "
+                "(%.2f GB on the GPU); host read bandwidth %.1f GB/s: at most %.1f tokens/s\n",
+                oi.host_experts, oi.total_experts, tok_host / 1e9, bpt / 1e9, host_bw / 1e9, host_bw / tok_host);
+    }
+#endif
     if (!o->prompt_file && !o->chat_file && !o->tokens_file)
         fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
                         "token ids (seed %u)\n", o->seed);
@@ -544,7 +811,10 @@ static int run(const opts *o, ds4_err *err) {
         if (!snap && !gen) ds4_err_set(err, DS4_ENOMEM, "out of memory");
         goto done;
     }
-    fprintf(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes\n");
+    fprintf(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes%s\n",
+            mtp ? ",mtp_draft,mtp_forced,step_ms,verify_ms,verify_ratio,draft_ms,mtp_tps,tokens_per_verify,accept_rate,"
+                  "proj_tps_a08"
+                : "");
     fflush(out);
     uint32_t done_tok = 0, n_frontiers = 0, i = 0;
     for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
@@ -561,23 +831,46 @@ static int run(const opts *o, ds4_err *err) {
         done_tok = f;
         if (ds4_backend_snapshot(b, snap, err)) goto done;
         uint64_t kv = ds4_kv_state_payload_bytes(snap);
+        /* speculative first: the prefill's final residuals are the ones its
+         * first MTP row pairs with */
+        mtp_res mr;
+        if (mtp && o->gen && (mtp_generate(b, o, &mr, err) || ds4_backend_restore(b, snap, err))) goto done;
         a = ds4_now();
         if (o->gen && ds4_backend_greedy(b, o->gen, gen, err)) goto done;
         double g = ds4_now() - a;
         if (ds4_backend_restore(b, snap, err)) goto done;
         double gtps = o->gen ? o->gen / g : 0;
-        fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu\n", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
-        fflush(out);
+        fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
         fprintf(stderr, "ctx %6u: prefill %6u tokens %8.1f t/s | generate %4u tokens %7.2f t/s = %.0f GB/s of weights%s",
                 f, n, n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
-        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)\n", 100.0 * gtps * bpt / copy_bw);
+        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
+                                 tok_host > 0 ? "" : "\n");
+        if (tok_host > 0)
+            fprintf(stderr, "; host experts %.1f GB/s = %.0f%% of the host bandwidth's %.1f tokens/s\n",
+                    gtps * tok_host / 1e9, 100.0 * gtps * tok_host / host_bw, host_bw / tok_host);
+        if (mtp && o->gen) mtp_report(out, o, &mr, g / o->gen);
+        else if (mtp) fprintf(out, ",%u,%d,,,,,,,,", o->draft, o->forced);
+        fprintf(out, "\n");
+        fflush(out);
         if (f >= o->ctx_max) break;
     }
+#if DS4_CUDA
+    if (o->profile_out) {
+        ds4_expert_profile *p = ds4_expert_profile_new(w->cfg.n_layer, w->cfg.n_expert, err);
+        int prc = !p || ds4_cuda_expert_counts(b, p, err) || ds4_expert_profile_save(p, o->profile_out, err);
+        ds4_expert_profile_free(p);
+        if (prc) goto done;
+        fprintf(stderr, "ds4-bench: expert profile written to %s\n", o->profile_out);
+    }
+#endif
     rc = 0;
 done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_expert_profile_free(prof);
+    ds4_mtp_close(mtp);
+    ds4_steering_free(steer);
     ds4_weights_close(w);
     free(toks);
     free(gen);
@@ -588,12 +881,20 @@ int main(int argc, char **argv) {
     opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
+    ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");
-    if (lrc) return lrc;
-    ds4_err err = {0};
-    if (run(&o, &err) != 0) {
-        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
-        return 1;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
     }
-    return 0;
+    ds4_err err = {0};
+    int rc = 0;
+    if (run(&o, d, &err) != 0) {
+        fprintf(stderr, "ds4-bench: %s\n", ds4_err_msg(&err));
+        rc = 1;
+    }
+    ds4_dist_end(d);
+    return rc;
 }

@@ -24,9 +24,10 @@
 
 typedef struct opts {
     const char *model, *tokens, *logits_out, *load_state, *save_state, *backend;
-    uint32_t n_random, seed, split, top, gen;
+    uint32_t n_random, seed, split, top, gen, seqs;
     bool decode, bench, has_split;
     ds4_backend_opts bo;
+    ds4_dist_opts dist;
 } opts;
 
 /* Returns -1 to run, else the status to exit with. */
@@ -44,6 +45,9 @@ static int parse_args(int argc, char **argv, opts *o) {
 
         {DS4_OPT_SECTION("running:")},
         {DS4_OPT_FLAG("--decode", &o->decode, "feed the tokens one by one (default: one prefill)")},
+        {DS4_OPT_U32("--seqs", "K", &o->seqs, 1, 64, 1,
+                     "decode K sequences of the same tokens side by side, one batched step a token (their logits "
+                     "must agree)")},
         {DS4_OPT_U32("--split", "K", &o->split, 0, UINT32_MAX, 0, "prefill the first K tokens, then decode the rest"),
          .seen = &o->has_split, .def_text = "all prefilled"},
         DS4_CLI_CTX(&o->bo.ctx_size),
@@ -52,6 +56,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_THREADS(&o->bo.n_threads),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_BACKEND(&o->backend, NULL),
+        DS4_CLI_DIST(&o->dist),
 
         {DS4_OPT_SECTION("output:")},
         {DS4_OPT_STR("--logits-out", "FILE", &o->logits_out, NULL,
@@ -60,7 +65,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_STR("--save-state", "FILE", &o->save_state, NULL, "write the DSV4 session payload at the end"),
          .flags = DS4_OPT_OUT},
         {DS4_OPT_U32("--top", "N", &o->top, 0, UINT32_MAX, 5, "print the N best next tokens (0: none)")},
-        {DS4_OPT_FLAG("--bench", &o->bench, "time the prefill, then --gen greedy decode steps")},
+        {DS4_OPT_FLAG("--bench", &o->bench, "time the prefill, then --gen greedy decode steps (their tokens printed)")},
         {DS4_OPT_U32("--gen", "G", &o->gen, 0, UINT32_MAX, 16, "greedy decode steps of --bench")},
 
         {DS4_OPT_SECTION("arguments:")},
@@ -128,7 +133,45 @@ static int print_top(const float *logits, uint32_t n_vocab, uint32_t k, ds4_err 
     return 0;
 }
 
-static int run(const opts *o, ds4_err *err) {
+/* Tokens [from, n) decoded by k sequences side by side - the main one
+ * (after its prefill of toks[0, from)) and k - 1 more brought to the same
+ * point (st: a loaded state, or the same prefill) - one step of k rows a
+ * token; every sequence's logits must be the main one's, which go to
+ * logits. */
+static int batched_decode(ds4_backend *b, uint32_t k, const ds4_kv_state *st, const uint32_t *toks, uint32_t from,
+                          uint32_t n, float *logits, ds4_err *err) {
+    uint32_t V = b->w->cfg.n_vocab;
+    ds4_seq *seqs[64] = {b->main};
+    float *lg = malloc((size_t)k * V * sizeof(float));
+    int rc = lg ? 0 : ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t j = 1; rc == 0 && j < k; j++) {
+        if (!(seqs[j] = ds4_seq_new(b, 0, err))) rc = -1;
+        else if (st && ds4_seq_restore(b, seqs[j], st, err) != 0) rc = -1;
+        else if (ds4_seq_prefill(b, seqs[j], toks, from, NULL, err) != 0) rc = -1;
+    }
+    for (uint32_t i = from; rc == 0 && i < n; i++) {
+        ds4_row rows[64];
+        for (uint32_t j = 0; j < k; j++) rows[j] = ds4_row_of(seqs[j], toks[i], DS4_ROW_LOGITS);
+        ds4_step_out out = {lg, NULL};
+        if ((rc = ds4_backend_step(b, rows, k, &out, err)) != 0) break;
+        for (uint32_t j = 1; rc == 0 && j < k; j++)
+            if (memcmp(lg, lg + (size_t)j * V, V * sizeof(float)) != 0)
+                rc = ds4_err_set(err, DS4_EINVAL, "token %u: sequence %u's logits differ from sequence 0's", i, j);
+        memcpy(logits + (size_t)i * V, lg, V * sizeof(float));
+    }
+    for (uint32_t j = 1; j < k; j++) ds4_seq_free(b, seqs[j]);
+    free(lg);
+    return rc;
+}
+
+/* The backend: the pipeline's under mpirun (d), else the named one. */
+static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *w, ds4_err *err) {
+    if (!d) return ds4_backend_create(o->backend, w, &o->bo, err);
+    if (ds4_dist_plan(d, "ds4-forward", w, &o->dist, err) != 0) return NULL;
+    return ds4_dist_backend_create(d, o->backend, w, &o->bo, err);
+}
+
+static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     int rc = -1;
     uint32_t n = 0, *toks = NULL;
     float *logits = NULL;
@@ -148,7 +191,7 @@ static int run(const opts *o, ds4_err *err) {
             toks[i] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 33) % c->n_vocab;
         }
     }
-    if (!(b = ds4_backend_create(o->backend, w, &o->bo, err))) goto out;
+    if (!(b = make_backend(o, d, w, err))) goto out;
     ds4_startup_print_memory("ds4-forward", b->ops->name, w, b->opts.ctx_size);
     if (o->load_state) {
         if (!(st = ds4_backend_state_new(b, err)) || ds4_kv_state_load_file(st, o->load_state, err) != 0 ||
@@ -163,9 +206,13 @@ static int run(const opts *o, ds4_err *err) {
     double t0 = ds4_now();
     if (ds4_backend_prefill(b, toks, n_pre, logits, err) != 0) goto out;
     double t1 = ds4_now();
-    for (uint32_t i = n_pre; i < n; i++) {
-        if (ds4_backend_decode(b, toks[i], err) != 0) goto out;
-        memcpy(logits + (size_t)i * c->n_vocab, ds4_backend_logits(b), c->n_vocab * sizeof(float));
+    if (o->seqs > 1) {
+        if (batched_decode(b, o->seqs, st, toks, n_pre, n, logits, err) != 0) goto out;
+    } else {
+        for (uint32_t i = n_pre; i < n; i++) {
+            if (ds4_backend_decode(b, toks[i], err) != 0) goto out;
+            memcpy(logits + (size_t)i * c->n_vocab, ds4_backend_logits(b), c->n_vocab * sizeof(float));
+        }
     }
     double t2 = ds4_now();
     if (o->bench) {
@@ -174,16 +221,25 @@ static int run(const opts *o, ds4_err *err) {
         if (n > n_pre)
             printf("decode (fed): %u token%s in %.3f s = %.2f tokens/s\n", n - n_pre, ds4_plural(n - n_pre), t2 - t1,
                    (n - n_pre) / (t2 - t1));
-        uint32_t next = ds4_backend_logits(b) ? (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab) : 0;
+        uint32_t *gen = o->gen ? malloc(o->gen * sizeof(uint32_t)) : NULL;
+        if (o->gen && !gen) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            goto out;
+        }
         double t3 = ds4_now();
-        for (uint32_t g = 0; g < o->gen; g++) {
-            if (ds4_backend_decode(b, next, err) != 0) goto out;
-            next = (uint32_t)ds4_argmax(ds4_backend_logits(b), (int)c->n_vocab);
+        if (o->gen && ds4_backend_greedy(b, o->gen, gen, err) != 0) {
+            free(gen);
+            goto out;
         }
         double t4 = ds4_now();
-        if (o->gen)
+        if (o->gen) {
             printf("decode (greedy): %u token%s in %.3f s = %.2f tokens/s\n", o->gen, ds4_plural(o->gen), t4 - t3,
                    o->gen / (t4 - t3));
+            printf("greedy tokens:");
+            for (uint32_t g = 0; g < o->gen; g++) printf(" %u", gen[g]);
+            printf("\n");
+        }
+        free(gen);
     }
     if (o->logits_out && n) {
         FILE *f = fopen(o->logits_out, "wb");
@@ -213,12 +269,20 @@ int main(int argc, char **argv) {
     opts o;
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
+    ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    int drc = ds4_dist_start("ds4-forward", o.model, o.backend, o.bo.n_threads, &o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-forward");
-    if (lrc) return lrc;
-    ds4_err err = {0};
-    if (run(&o, &err) != 0) {
-        fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));
-        return 1;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
     }
-    return 0;
+    ds4_err err = {0};
+    int rc = 0;
+    if (run(&o, d, &err) != 0) {
+        fprintf(stderr, "ds4-forward: %s\n", ds4_err_msg(&err));
+        rc = 1;
+    }
+    ds4_dist_end(d);
+    return rc;
 }

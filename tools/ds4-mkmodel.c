@@ -93,12 +93,11 @@ static int apply_preset(const char *name, ds4_config *c) {
     else if (strcmp(name, "small") == 0) preset_small(c);
     else if (strcmp(name, "mid") == 0) preset_mid(c);
     else if (strcmp(name, "flash") == 0) ds4_config_flash(c);
+    else if (strcmp(name, "pro") == 0) ds4_config_pro(c);
     else return -1;
-    /* Ratios follow the Flash schedule for however many layers there are. */
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
-        c->swiglu_clamp[il] = 10.0f;
-    }
+    /* Ratios follow the published schedule (Flash's for the test presets)
+     * for however many layers there are. */
+    ds4_config_schedule(c, strcmp(name, "pro") == 0 ? 128 : 0);
     return 0;
 }
 
@@ -268,6 +267,7 @@ typedef struct opts {
     int threads;
     int random_blocks;
     int quiet;
+    bool header_only;          /* metadata and tensor table, no data */
     uint32_t type_override[DS4_TC_COUNT]; /* UINT32_MAX = recipe's */
     const char *mtp_out;       /* also an MTP block (NULL: none) */
 } opts;
@@ -399,6 +399,10 @@ static int write_file(const opts *o, const ds4_config *c, const ds4_recipe *reci
     for (size_t i = 0; i < n && rc == 0; i++) {
         if (!specs[i].generated) continue;
         written++;
+        if (o->header_only) { /* declared above; its bytes counted, none written */
+            total += ds4_row_bytes(types[i], (int64_t)specs[i].ne[0]) * specs[i].ne[1] * specs[i].ne[2];
+            continue;
+        }
         rc = write_tensor(w, &specs[i], types[i], o, c, pool, err);
         if (rc != 0) {
             ds4_err_prefix(err, "tensor %s", specs[i].name);
@@ -409,12 +413,13 @@ static int write_file(const opts *o, const ds4_config *c, const ds4_recipe *reci
             fprintf(stderr, "\r  %zu/%zu tensors, %.2f GB", i + 1, n, (double)total / 1e9);
     }
     if (w) {
-        if (rc == 0) rc = ds4_gguf_writer_close(w, err);
+        if (rc == 0) rc = o->header_only ? ds4_gguf_writer_close_header(w, err) : ds4_gguf_writer_close(w, err);
         else ds4_gguf_writer_abort(w);
     }
     if (!o->quiet && rc == 0)
-        fprintf(stderr, "\rwrote %s: %zu tensors, %.3f GB, recipe %s, seed %llu\n", path, written, (double)total / 1e9,
-                recipe->name, (unsigned long long)o->seed);
+        fprintf(stderr, "\rwrote %s: %zu tensors, %.3f GB%s, recipe %s, seed %llu\n", path, written,
+                (double)total / 1e9, o->header_only ? " (header only: no data)" : "", recipe->name,
+                (unsigned long long)o->seed);
     ds4_pool_free(pool);
     free(types);
     return rc;
@@ -491,10 +496,7 @@ static int parse_set(const char *arg, ds4_config *c) {
             *(uint32_t *)(void *)((char *)c + keys[i].off) = (uint32_t)v;
             if (strcmp(keys[i].k, "layers") == 0) {
                 if (v < 1 || v > DS4_MAX_LAYERS) return -1;
-                for (uint32_t il = 0; il < c->n_layer; il++) {
-                    c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
-                    c->swiglu_clamp[il] = 10.0f;
-                }
+                ds4_config_schedule(c, c->compress_ratio[0]); /* the preset's schedule, so many layers */
             }
             return 0;
         }
@@ -525,7 +527,7 @@ int main(int argc, char **argv) {
     opts o = {0};
     for (int k = 0; k < DS4_TC_COUNT; k++) o.type_override[k] = UINT32_MAX;
     set_list sets = {0};
-    bool random_blocks, quiet;
+    bool random_blocks, quiet, header_only;
     char recipe_help[256];
     snprintf(recipe_help, sizeof(recipe_help), "storage types: %s", ds4_recipe_names());
     ds4_opt table[] = {
@@ -534,7 +536,8 @@ int main(int argc, char **argv) {
         {DS4_OPT_STR("--mtp", "FILE", &o.mtp_out, NULL,
                      "also write the model's MTP block (docs/MODEL.md 2.5) to FILE, same recipe and seed"),
          .flags = DS4_OPT_OUT},
-        {DS4_OPT_CHOICE("--preset", "NAME", &o.preset, "tiny|small|mid|flash", "tiny", "the shape")},
+        {DS4_OPT_CHOICE("--preset", "NAME", &o.preset, "tiny|small|mid|flash|pro", "tiny",
+                        "the shape (flash, pro: the published DeepSeek V4 models)")},
         {DS4_OPT_STR("--recipe", "NAME", &o.recipe, "f16", recipe_help)},
         {DS4_OPT_CALL("--type", "CLASS=TYPE", type_option, &o,
                       "override one tensor class (embedding, output, hc, attention-proj, compressor, "
@@ -548,6 +551,9 @@ int main(int argc, char **argv) {
                       "change one shape: layers, embd, vocab, heads, head-dim, rope-dim, q-rank, o-rank, "
                       "o-groups, experts, experts-used, ff, hash-layers, window, idx-heads, idx-top-k, hc; "
                       "repeatable, applied over the preset")},
+        {DS4_OPT_FLAG("--header-only", &header_only,
+                      "write the metadata and the tensor table without any data: a file of the model's shapes "
+                      "(e.g. Pro's 1.6T) that ds4 --inspect reads for its memory estimate")},
         {DS4_OPT_FLAG("--random-blocks", &random_blocks,
                       "fill quantized tensors with random valid blocks (fast; for speed tests)")},
         {DS4_OPT_STR("--name", "TEXT", &o.name, NULL, "general.name"), .def_text = "ds4-mkmodel-PRESET"},
@@ -563,6 +569,7 @@ int main(int argc, char **argv) {
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     o.random_blocks = random_blocks;
     o.quiet = quiet;
+    o.header_only = header_only;
     if (!ds4_recipe_get(o.recipe))
         return ds4_cli_usage(&cli, "--recipe %s: unknown recipe (known: %s)", o.recipe, ds4_recipe_names());
     ds4_config c;

@@ -4,12 +4,17 @@
  *
  *   ds4-score MODEL MANIFEST OUT.tsv [CTX] [options]   (ds4-score --help lists them)
  *
- * MANIFEST is a tab-separated list of cases, `ID<TAB>PROMPT<TAB>TARGET`,
- * where PROMPT and TARGET are files of token ids (separated by spaces,
- * commas or newlines; relative paths are taken from the manifest's
- * directory; '#' starts a comment line).  Prompts are token ids so that any
- * rendering (chat template, raw text) can be scored; the official
- * continuations of ds4's quality set are the intended targets.
+ * MANIFEST is ds4's quality manifest: tab-separated lines
+ * `ID<TAB>PROMPT<TAB>TARGET[<TAB>...]` ('#' starts a comment line; further
+ * columns, such as the response file ds4's collector records, are
+ * ignored).  As in ds4, PROMPT is a text file holding a user message,
+ * rendered as a non-thinking chat turn without a system prompt
+ * (BOS <｜User｜> text <｜Assistant｜> </think>), and TARGET a text file
+ * tokenized as plain text.  With --token-ids both are files of token ids
+ * instead (separated by spaces, commas or newlines), so that any rendering
+ * can be scored.  A relative path is taken from the manifest's directory
+ * when the file is there, else from the current directory (ds4's collector
+ * writes paths as seen from where it ran).
  *
  * For each case the prompt is prefilled, then the target is fed one token
  * at a time; before each target token the model's distribution gives
@@ -17,11 +22,11 @@
  *   avg_nll     nll / target tokens
  *   first_match 1 when the argmax before the first target token is it
  *   greedy_lcp  how many leading target tokens are each the argmax
- * OUT.tsv gets one row per case (ds4's columns: id, prompt_tokens,
- * target_tokens, nll, avg_nll, first_match, greedy_lcp); stderr a summary.
- * Compare two runs with ds4-score-compare.  The backend is the build's
- * default (cuda in CUDA builds: scoring the real model on the CPU takes
- * hours) unless --backend says otherwise.
+ * OUT.tsv gets one row per case in ds4's layout (columns id, prompt_tokens,
+ * target_tokens, nll, avg_nll, first_match, greedy_lcp; NLLs with 9
+ * decimals); stderr a summary.  Compare two runs with ds4-score-compare.
+ * The backend is the build's default (cuda in CUDA builds: scoring the real
+ * model on the CPU takes hours) unless --backend says otherwise.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -35,6 +40,10 @@
 #include "engine/startup.h"
 #include "model/backends.h"
 #include "model/weights.h"
+#include "text/chat.h"
+#include "text/rendered.h"
+#include "text/tokenizer.h"
+#include "text/vocab.h"
 
 typedef struct ids {
     uint32_t *v;
@@ -81,6 +90,70 @@ static int read_ids(const char *path, uint32_t n_vocab, ids *out, ds4_err *err) 
     return rc;
 }
 
+/* The whole of a text file, NUL-terminated. */
+static char *read_text(const char *path, size_t *len, ds4_err *err) {
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        ds4_err_set(err, DS4_ENOTFOUND, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    ds4_strbuf b = {0};
+    char chunk[65536];
+    size_t n;
+    while ((n = fread(chunk, 1, sizeof(chunk), f)) > 0) ds4_strbuf_append(&b, chunk, n);
+    ds4_strbuf_putc(&b, '\0');
+    int rc = ferror(f) ? ds4_err_set(err, DS4_EIO, "%s: read failed", path) : ds4_strbuf_check(&b, path, err);
+    fclose(f);
+    if (rc != 0) {
+        ds4_strbuf_free(&b);
+        return NULL;
+    }
+    *len = b.len - 1;
+    return b.p;
+}
+
+static int take_tokens(ids *out, const ds4_tokens *t, ds4_err *err) {
+    for (size_t i = 0; i < t->n; i++)
+        if (push(out, (uint32_t)t->ids[i]) != 0) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    return 0;
+}
+
+/* A prompt file as ds4 renders it: one user message, no system prompt,
+ * thinking off. */
+static int read_prompt_text(ds4_tokenizer *tk, const char *path, ids *out, ds4_err *err) {
+    size_t len;
+    char *text = read_text(path, &len, err);
+    if (!text) return -1;
+    json_t *msgs = json_pack("[{s:s, s:s%}]", "role", "user", "content", text, len);
+    free(text);
+    if (!msgs) return ds4_err_set(err, DS4_EFORMAT, "%s: not valid UTF-8 text", path);
+    ds4_chat_opts co = {.think = DS4_THINK_OFF};
+    ds4_rendered r = {0};
+    ds4_tokens t = {0};
+    int rc = ds4_chat_render(msgs, &co, &r, err);
+    if (rc == 0) rc = ds4_tokenize_rendered(tk, &r, &t, err);
+    if (rc == 0) rc = take_tokens(out, &t, err);
+    if (rc != 0) ds4_err_prefix(err, "%s", path);
+    ds4_tokens_free(&t);
+    ds4_rendered_free(&r);
+    json_decref(msgs);
+    return rc;
+}
+
+/* A target file as plain text (no special tokens). */
+static int read_target_text(ds4_tokenizer *tk, const char *path, ids *out, ds4_err *err) {
+    size_t len;
+    char *text = read_text(path, &len, err);
+    if (!text) return -1;
+    ds4_tokens t = {0};
+    int rc = ds4_tokenize_text(tk, text, len, &t, err);
+    if (rc == 0) rc = take_tokens(out, &t, err);
+    else ds4_err_prefix(err, "%s", path);
+    ds4_tokens_free(&t);
+    free(text);
+    return rc;
+}
+
 typedef struct score {
     double nll;
     int first_match;
@@ -114,11 +187,30 @@ static int score_case(ds4_backend *b, uint32_t n_vocab, const ids *prompt, const
     return 0;
 }
 
-/* Path of a manifest entry: relative to the manifest's directory. */
+/* Path of a manifest entry: relative to the manifest's directory when the
+ * file is there, else as given (from the current directory). */
 static void resolve(const char *manifest, const char *p, char *out, size_t len) {
     const char *slash = strrchr(manifest, '/');
-    if (p[0] == '/' || !slash) snprintf(out, len, "%s", p);
-    else snprintf(out, len, "%.*s/%s", (int)(slash - manifest), manifest, p);
+    if (p[0] == '/' || !slash) {
+        snprintf(out, len, "%s", p);
+        return;
+    }
+    snprintf(out, len, "%.*s/%s", (int)(slash - manifest), manifest, p);
+    FILE *f = fopen(out, "rb");
+    if (f) fclose(f);
+    else snprintf(out, len, "%s", p);
+}
+
+/* How the manifest's files are read: ds4's text files (a tokenizer), or
+ * token-id lists (tk NULL). */
+typedef struct reader {
+    ds4_tokenizer *tk;
+    uint32_t n_vocab;
+} reader;
+
+static int read_case(const reader *rd, const char *path, bool is_prompt, ids *out, ds4_err *err) {
+    if (!rd->tk) return read_ids(path, rd->n_vocab, out, err);
+    return is_prompt ? read_prompt_text(rd->tk, path, out, err) : read_target_text(rd->tk, path, out, err);
 }
 
 typedef struct totals {
@@ -127,8 +219,8 @@ typedef struct totals {
     uint64_t targets, lcp;
 } totals;
 
-static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manifest, FILE *out, totals *t,
-                        ds4_err *err) {
+static int run_manifest(ds4_backend *b, const ds4_weights *w, const reader *rd, const char *manifest, FILE *out,
+                        totals *t, ds4_err *err) {
     FILE *mf = fopen(manifest, "r");
     if (!mf) return ds4_err_set(err, DS4_ENOTFOUND, "%s: %s", manifest, strerror(errno));
     char line[8192];
@@ -147,9 +239,9 @@ static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manife
         char path[4096];
         ids prompt = {0}, target = {0};
         resolve(manifest, pp, path, sizeof(path));
-        rc = read_ids(path, w->cfg.n_vocab, &prompt, err);
+        rc = read_case(rd, path, true, &prompt, err);
         resolve(manifest, tp, path, sizeof(path));
-        if (rc == 0) rc = read_ids(path, w->cfg.n_vocab, &target, err);
+        if (rc == 0) rc = read_case(rd, path, false, &target, err);
         if (rc == 0 && (prompt.n == 0 || target.n == 0))
             rc = ds4_err_set(err, DS4_EFORMAT, "case %s: empty prompt or target", id);
         if (rc == 0 && (uint64_t)prompt.n + target.n > ctx)
@@ -161,7 +253,7 @@ static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manife
             rc = -1;
         }
         if (rc == 0) {
-            fprintf(out, "%s\t%u\t%u\t%.6f\t%.6f\t%d\t%u\n", id, prompt.n, target.n, s.nll, s.nll / target.n,
+            fprintf(out, "%s\t%u\t%u\t%.9f\t%.9f\t%d\t%u\n", id, prompt.n, target.n, s.nll, s.nll / target.n,
                     s.first_match, s.lcp);
             t->cases++;
             t->first += s.first_match;
@@ -179,16 +271,21 @@ static int run_manifest(ds4_backend *b, const ds4_weights *w, const char *manife
 int main(int argc, char **argv) {
     ds4_backend_opts bo = {0};
     const char *backend, *model, *manifest, *out_path;
+    bool token_ids = false;
     ds4_opt table[] = {
         DS4_CLI_CTX(&bo.ctx_size),
+        {DS4_OPT_FLAG("--token-ids", &token_ids,
+                      "the manifest's files are token ids, not ds4's text files (prompt: a user message, "
+                      "target: plain text)")},
         DS4_CLI_THREADS(&bo.n_threads),
         DS4_CLI_NO_SIM(&bo.no_sim),
         DS4_CLI_BACKEND(&backend, NULL),
         {DS4_OPT_SECTION("arguments:")},
         {DS4_OPT_STR("MODEL", NULL, &model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
         {DS4_OPT_STR("MANIFEST", NULL, &manifest, NULL,
-                     "lines ID<TAB>PROMPT_TOKENS_FILE<TAB>TARGET_TOKENS_FILE (token ids; paths relative to the "
-                     "manifest's directory; '#' starts a comment)"),
+                     "ds4's quality manifest: lines ID<TAB>PROMPT_FILE<TAB>TARGET_FILE (text files, or token "
+                     "ids with --token-ids; paths relative to the manifest's directory, else to the current "
+                     "one; '#' starts a comment)"),
          .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
         {DS4_OPT_STR("OUT.tsv", NULL, &out_path, NULL, "one row per case"), .flags = DS4_OPT_REQUIRED | DS4_OPT_OUT},
         {DS4_OPT_U32("CTX", NULL, &bo.ctx_size, 1, DS4_CTX_MAX, DS4_CTX_DEFAULT,
@@ -209,11 +306,21 @@ int main(int argc, char **argv) {
     ds4_weights *w = ds4_weights_open(model, &err);
     ds4_backend *b = w ? ds4_backend_create(backend, w, &bo, &err) : NULL;
     if (b) ds4_startup_print_memory("ds4-score", b->ops->name, w, b->opts.ctx_size);
-    FILE *out = b ? fopen(out_path, "w") : NULL;
+    reader rd = {.n_vocab = w ? w->cfg.n_vocab : 0};
+    ds4_vocab *vocab = NULL;
+    bool ready = b != NULL;
+    if (ready && !token_ids) {
+        if (!(vocab = ds4_vocab_from_gguf(w->gguf, &err)) || !(rd.tk = ds4_tokenizer_new(vocab, &err))) {
+            ds4_err_prefix(&err, "%s has no usable tokenizer for ds4's text manifest (--token-ids reads token ids)",
+                           model);
+            ready = false;
+        }
+    }
+    FILE *out = ready ? fopen(out_path, "w") : NULL;
     totals t = {0};
     int rc = -1;
-    if (b && !out) ds4_err_set(&err, DS4_EIO, "%s: %s", out_path, strerror(errno));
-    if (out) rc = run_manifest(b, w, manifest, out, &t, &err);
+    if (ready && !out) ds4_err_set(&err, DS4_EIO, "%s: %s", out_path, strerror(errno));
+    if (out) rc = run_manifest(b, w, &rd, manifest, out, &t, &err);
     if (out && fclose(out) != 0 && rc == 0) rc = ds4_err_set(&err, DS4_EIO, "%s: write failed", out_path);
     if (rc == 0)
         fprintf(stderr, "ds4-score: %d case%s, %llu target token%s: avg_nll %.6f, first-token matches %d/%d, "
@@ -222,6 +329,8 @@ int main(int argc, char **argv) {
                 t.cases ? t.sum_avg / t.cases : 0.0, t.first, t.cases, t.cases ? (double)t.lcp / t.cases : 0.0);
     else
         fprintf(stderr, "ds4-score: %s\n", err.msg);
+    ds4_tokenizer_free(rd.tk);
+    ds4_vocab_free(vocab);
     ds4_backend_free(b);
     ds4_weights_close(w);
     return rc == 0 ? 0 : 1;

@@ -826,6 +826,7 @@ agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_li
     if (ds4_model_file_check(o->model, err) != 0) goto fail;
     ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = o->threads, .no_sim = o->no_sim,
                           .need_vocab = true, .mtp_path = o->mtp.path};
+    ds4_cli_steering_opts(&o->steer, &eo);
     if (!(L->e = ds4_engine_open(&eo, err))) goto fail;
     ds4_startup_print_memory("ds4-agent", L->e->backend_name, L->e->w, o->ctx);
     if (o->warm_weights && ds4_startup_warm("ds4-agent", L->e->w, o->threads, warm_stop, (void *)l) != 0) {

@@ -2,7 +2,8 @@
  * options.c - the ds4-agent command line (see options.h): one table in the
  * form every ds4 program uses (base/opts.h), with the rows the programs
  * share (engine/cli.h) and the agent's own.  Options of ds4's agent this
- * engine does not have (steering) are refused with the reason.
+ * engine does not have (ds4's Metal diagnostics) are refused with the
+ * reason.
  */
 #include "options.h"
 
@@ -89,6 +90,7 @@ int agent_parse_options(int argc, char **argv, agent_opts *o) {
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-agent"),
         DS4_CLI_MTP(&o->mtp),
+        DS4_CLI_STEERING(&o->steer),
         {0},
     };
     ds4_cli cli = {.prog = "ds4-agent", .usage = "[options]",
@@ -103,10 +105,11 @@ int agent_parse_options(int argc, char **argv, agent_opts *o) {
         return ds4_cli_usage(&cli, "%s: only with --server URL", api_given ? "--api" : "--api-key");
     if (o->server && strncmp(o->server, "http://", 7) && strncmp(o->server, "https://", 8))
         return ds4_cli_usage(&cli, "--server %s: must be an http:// or https:// URL", o->server);
-    if (o->server && (backend_given || threads_given || o->warm_weights || o->no_sim))
-        return ds4_cli_usage(&cli, "--server runs no local model: --backend, --threads, --warm-weights and --no-sim "
-                                   "do not apply");
+    if (o->server && (backend_given || threads_given || o->warm_weights || o->no_sim || o->steer.path))
+        return ds4_cli_usage(&cli, "--server runs no local model: --backend, --threads, --warm-weights, --no-sim "
+                                   "and --dir-steering-file do not apply");
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
     if (!o->server && ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     return -1;
 }

@@ -36,6 +36,7 @@ typedef struct agent_opts {
     int threads;                /* 0: $DS4_THREADS or all CPUs */
     bool warm_weights, no_sim;
     ds4_cli_mtp mtp;            /* MTP speculative decoding (local mode) */
+    ds4_cli_steer steer;        /* directional steering (local mode) */
     uint32_t ctx;
     bool ctx_given;
     uint32_t n_tokens;

@@ -257,7 +257,7 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
     }
     int explicit_think;
     if (parse_tools(json_object_get(b, "tools"), r, e) || parse_tool_choice(b, r, e) || parse_output_format(b, r, e) ||
-        parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_max_tokens(b, max_names, r, e) ||
+        parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) ||
         req_stop(json_object_get(b, "stop_sequences"), "stop_sequences", r, e) || req_bool(b, "stream", &r->stream, e))
         return -1;
     req_model(b, r, explicit_think);

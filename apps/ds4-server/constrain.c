@@ -12,6 +12,7 @@
 
 #include "text/dsml_parse.h"
 #include "text/dsml_render.h"
+#include "text/pyjson.h"
 
 #define JMAX_DEPTH 24
 #define JMAX_WS 16
@@ -122,7 +123,12 @@ static int cmp_bytes(const char *a, size_t na, const char *b, size_t nb) {
 
 /* Add a literal (compact JSON text of v), keeping them sorted and unique. */
 static int add_literal(jschema *s, jnode *n, const json_t *v) {
-    char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    /* An integer beyond 64 bits is its digits; NaN and infinities have no
+     * JSON spelling an answer could use. */
+    const char *big = ds4_pyjson_big_number(v);
+    if (big && !(big[0] == '-' || (big[0] >= '0' && big[0] <= '9')))
+        return why(s, "", "enum/const value %s has no JSON spelling", big);
+    char *t = big ? strdup(big) : json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
     if (!t) return s->oom = true, -1;
     size_t len = strlen(t), at = 0;
     while (at < n->n_lits && cmp_bytes(n->lits[at], n->lit_lens[at], t, len) < 0) at++;

@@ -34,8 +34,10 @@
  * request learns the state is gone (409, cont_match) rather than that its
  * ids are unknown.
  *
- * The worker owns the binding; connection threads read its ids under the
- * mutex.
+ * Each session has its binding (s->bindings[i]), which its thread owns;
+ * connection threads and the scheduler read them under s->cont_mu.  A tool
+ * output is known when any session's binding holds its id, and a
+ * tool-output-only request is sent to that session (cont_affinity).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -44,8 +46,7 @@
 
 typedef char call_id[48];
 
-static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
+struct cont_binding {
     api_kind api;          /* API_RESPONSES or API_MESSAGES when bound */
     bool live;             /* the session still holds the frontier */
     uint32_t n_live;       /* session tokens when bound */
@@ -53,7 +54,32 @@ static struct {
     ds4_strbuf visible;    /* Responses; empty when not known */
     call_id *ids;
     size_t n_ids;
-} B;
+};
+
+int cont_bindings_new(server *s, uint32_t n, ds4_err *err) {
+    pthread_mutex_init(&s->cont_mu, NULL);
+    if (!(s->bindings = calloc(n, sizeof(*s->bindings)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    s->n_bindings = n;
+    return 0;
+}
+
+cont_binding *cont_binding_at(server *s, uint32_t i) {
+    return &s->bindings[i];
+}
+
+void cont_bindings_free(server *s) {
+    if (!s->bindings) return;
+    for (uint32_t i = 0; i < s->n_bindings; i++) {
+        cont_binding *b = &s->bindings[i];
+        free(b->ids);
+        ds4_tokens_free(&b->frontier);
+        ds4_strbuf_free(&b->visible);
+    }
+    free(s->bindings);
+    s->bindings = NULL;
+    s->n_bindings = 0;
+    pthread_mutex_destroy(&s->cont_mu);
+}
 
 static const char *api_word(api_kind k) {
     return k == API_RESPONSES ? "Responses" : "Anthropic";
@@ -69,11 +95,18 @@ static bool has_id(const call_id *ids, size_t n, const char *id) {
     return false;
 }
 
-/* Index of id in the live calls (n_ids when not there). */
-static size_t live_index(const char *id) {
+/* Index of id in a binding's calls (n_ids when not there). */
+static size_t live_index(const cont_binding *b, const char *id) {
     size_t i = 0;
-    while (i < B.n_ids && strcmp(B.ids[i], id) != 0) i++;
+    while (i < b->n_ids && strcmp(b->ids[i], id) != 0) i++;
     return i;
+}
+
+/* The binding whose calls hold id, NULL when none (under cont_mu). */
+static const cont_binding *binding_of(const server *s, const char *id) {
+    for (uint32_t i = 0; i < s->n_bindings; i++)
+        if (live_index(&s->bindings[i], id) < s->bindings[i].n_ids) return &s->bindings[i];
+    return NULL;
 }
 
 /* ------------------------------------------------- connection thread */
@@ -93,15 +126,15 @@ static bool earlier_call(const json_t *msgs, size_t before, const char *id) {
 }
 
 /* Every tool output answers a call of the same request or a live one. */
-static int check_ids(const json_t *msgs, api_kind k, api_error *e) {
+static int check_ids(server *s, const json_t *msgs, api_kind k, api_error *e) {
     for (size_t i = 0; i < json_array_size(msgs); i++) {
         const json_t *m = json_array_get(msgs, i);
         const char *role = json_string_value(json_object_get(m, "role"));
         const char *id = json_string_value(json_object_get(m, "tool_call_id"));
         if (!role || strcmp(role, "tool") != 0 || !id || earlier_call(msgs, i, id)) continue;
-        pthread_mutex_lock(&mu);
-        bool live = live_index(id) < B.n_ids;
-        pthread_mutex_unlock(&mu);
+        pthread_mutex_lock(&s->cont_mu);
+        bool live = binding_of(s, id) != NULL;
+        pthread_mutex_unlock(&s->cont_mu);
         if (!live)
             return api_fail(e, 400,
                             "%s continuation state is not available for %s %s; retry by replaying the full %s history",
@@ -121,10 +154,11 @@ static bool tool_only(const json_t *msgs) {
     return tools > 0;
 }
 
-static int by_live_order(const void *a, const void *b) {
+static int by_live_order(const void *a, const void *b, void *ctx) {
+    const cont_binding *bd = ctx;
     const char *x = json_string_value(json_object_get(*(json_t *const *)a, "tool_call_id"));
     const char *y = json_string_value(json_object_get(*(json_t *const *)b, "tool_call_id"));
-    size_t i = live_index(x), k = live_index(y);
+    size_t i = bd ? live_index(bd, x) : 0, k = bd ? live_index(bd, y) : 0;
     return i < k ? -1 : i > k;
 }
 
@@ -150,11 +184,13 @@ static int render_tail(server *s, job *j, api_error *e) {
         snprintf(c->ids[n++], sizeof(call_id), "%s", json_string_value(json_object_get(m, "tool_call_id")));
     }
     c->n_ids = n;
-    pthread_mutex_lock(&mu);
+    pthread_mutex_lock(&s->cont_mu);
     /* Live ids are distinct; equal keys (an id sent twice) fail the id-set
-     * check at execution anyway, so qsort's instability does not matter. */
-    qsort(tools, n, sizeof(*tools), by_live_order);
-    pthread_mutex_unlock(&mu);
+     * check at execution anyway, so qsort's instability does not matter.
+     * The order is the one of the binding that holds the first id (the
+     * ids of the others then fail the check too). */
+    qsort_r(tools, n, sizeof(*tools), by_live_order, n ? (void *)binding_of(s, c->ids[0]) : NULL);
+    pthread_mutex_unlock(&s->cont_mu);
     for (size_t i = 0; i < n; i++) json_array_append(arr, tools[i]);
     free(tools);
     /* No BOS, no tools block (both are in the live prompt); Think Max's
@@ -168,9 +204,9 @@ static int render_tail(server *s, job *j, api_error *e) {
         ds4_rendered_free(&r);
         return api_fail(e, 400, "cannot render the tool outputs: %s", err.msg);
     }
-    ds4_tokenizer *t = render_tokenizer_borrow(s->engine->vocab, &err);
+    ds4_tokenizer *t = render_tokenizer_borrow(s, &err);
     rc = t ? ds4_tokenize_rendered(t, &r, &c->tail, &err) : -1;
-    if (t) render_tokenizer_return(t);
+    if (t) render_tokenizer_return(s, t);
     ds4_rendered_free(&r);
     if (rc != 0) return api_fail(e, 500, "cannot tokenize the tool outputs: %s", err.msg);
     c->tool_only = true;
@@ -180,16 +216,16 @@ static int render_tail(server *s, job *j, api_error *e) {
 int cont_prepare(server *s, job *j, api_error *e) {
     api_kind k = j->api->kind;
     if (k != API_RESPONSES && k != API_MESSAGES) return 0;
-    if (check_ids(j->req.messages, k, e)) return -1;
+    if (check_ids(s, j->req.messages, k, e)) return -1;
     return tool_only(j->req.messages) ? render_tail(s, j, e) : 0;
 }
 
 /* ------------------------------------------------------------ worker */
 
-static bool same_id_set(const cont_req *c) {
-    if (c->n_ids != B.n_ids) return false;
+static bool same_id_set(const cont_binding *b, const cont_req *c) {
+    if (c->n_ids != b->n_ids) return false;
     for (size_t i = 0; i < c->n_ids; i++)
-        if (!has_id(B.ids, B.n_ids, c->ids[i]) || !has_id((const call_id *)c->ids, c->n_ids, B.ids[i])) return false;
+        if (!has_id(b->ids, b->n_ids, c->ids[i]) || !has_id((const call_id *)c->ids, c->n_ids, b->ids[i])) return false;
     return true;
 }
 
@@ -198,38 +234,55 @@ static int eos_token(server *s) {
 }
 
 /* frontier + EOS + tail */
-static void continued_prompt(server *s, const int32_t *tail, size_t n, ds4_tokens *prompt) {
-    ds4_tokens_append(prompt, B.frontier.ids, B.frontier.n);
+static void continued_prompt(server *s, const cont_binding *b, const int32_t *tail, size_t n, ds4_tokens *prompt) {
+    ds4_tokens_append(prompt, b->frontier.ids, b->frontier.n);
     ds4_tokens_push(prompt, eos_token(s));
     ds4_tokens_append(prompt, tail, n);
 }
 
-int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t, ds4_tokens *prompt,
-               uint32_t *kept, const char **source, api_error *e) {
+int cont_affinity(server *s, const cont_binding *b, const job *j) {
     api_kind k = j->api->kind;
-    bool state = B.live && B.api == k && n_live && n_live == B.n_live && n_live <= B.frontier.n && eos_token(s) >= 0 &&
-                 memcmp(live, B.frontier.ids, n_live * sizeof(int32_t)) == 0;
+    int a = 0;
+    pthread_mutex_lock(&s->cont_mu);
+    if (b->live && b->api == k) {
+        const ds4_strbuf *text = &j->rendered.text;
+        if (j->cont.tool_only) a = same_id_set(b, &j->cont) ? 2 : 0;
+        else if (k == API_RESPONSES && b->visible.len && text->len >= b->visible.len &&
+                 memcmp(text->p, b->visible.p, b->visible.len) == 0)
+            a = 1;
+    }
+    pthread_mutex_unlock(&s->cont_mu);
+    return a;
+}
+
+/* The session's thread owns its binding: reading it needs no lock, changing
+ * it takes cont_mu (connection threads read the ids). */
+int cont_match(server *s, cont_binding *b, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t,
+               ds4_tokens *prompt, uint32_t *kept, const char **source, api_error *e) {
+    api_kind k = j->api->kind;
+    bool state = b->live && b->api == k && n_live && n_live == b->n_live && n_live <= b->frontier.n &&
+                 eos_token(s) >= 0 && memcmp(live, b->frontier.ids, n_live * sizeof(int32_t)) == 0;
     if (j->cont.tool_only) {
-        if (!state || !same_id_set(&j->cont)) {
+        if (!state || !same_id_set(b, &j->cont)) {
             srv_log("kvcache", "%s tool outputs: live continuation state is gone", api_word(k));
             return api_fail(e, 409, "%s continuation state is not available; retry by replaying the full %s history",
                             api_word(k), history_word(k));
         }
-        continued_prompt(s, j->cont.tail.ids, j->cont.tail.n, prompt);
+        continued_prompt(s, b, j->cont.tail.ids, j->cont.tail.n, prompt);
         *kept = n_live;
         *source = k == API_RESPONSES ? "responses-tool-output" : "anthropic-tool-output";
         return 1;
     }
     const ds4_strbuf *text = &j->rendered.text;
-    if (k != API_RESPONSES || !state || !B.visible.len || text->len < B.visible.len ||
-        memcmp(text->p, B.visible.p, B.visible.len) != 0)
+    if (k != API_RESPONSES || !state || !b->visible.len || text->len < b->visible.len ||
+        memcmp(text->p, b->visible.p, b->visible.len) != 0)
         return 0;
     ds4_tokens rest = {0};
-    if (ds4_tokenize_rendered_from(t, &j->rendered, B.visible.len, &rest, NULL) != 0) {
+    if (ds4_tokenize_rendered_from(t, &j->rendered, b->visible.len, &rest, NULL) != 0) {
         ds4_tokens_free(&rest);
         return 0;
     }
-    continued_prompt(s, rest.ids, rest.n, prompt);
+    continued_prompt(s, b, rest.ids, rest.n, prompt);
     ds4_tokens_free(&rest);
     *kept = n_live;
     *source = "responses-visible";
@@ -253,10 +306,10 @@ void cont_warn_lost_reasoning(const job *j, const char *source) {
     }
 }
 
-void cont_leave(void) {
-    pthread_mutex_lock(&mu);
-    B.live = false;
-    pthread_mutex_unlock(&mu);
+void cont_leave(server *s, cont_binding *b) {
+    pthread_mutex_lock(&s->cont_mu);
+    b->live = false;
+    pthread_mutex_unlock(&s->cont_mu);
 }
 
 /* The request's messages plus the answer as the client replays it
@@ -335,18 +388,19 @@ int cont_canonical(server *s, const job *j, ds4_tokenizer *t, ds4_strbuf *text, 
     return rc;
 }
 
-void cont_rebind(const int32_t *live, uint32_t n_live) {
-    pthread_mutex_lock(&mu);
-    if (B.live) {
-        ds4_tokens_free(&B.frontier);
-        ds4_tokens_append(&B.frontier, live, n_live);
-        B.n_live = n_live;
-        B.live = !B.frontier.failed;
+void cont_rebind(server *s, cont_binding *b, const int32_t *live, uint32_t n_live) {
+    pthread_mutex_lock(&s->cont_mu);
+    if (b->live) {
+        ds4_tokens_free(&b->frontier);
+        ds4_tokens_append(&b->frontier, live, n_live);
+        b->n_live = n_live;
+        b->live = !b->frontier.failed;
     }
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_unlock(&s->cont_mu);
 }
 
-void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live, int32_t last, bool last_pending) {
+void cont_remember(server *s, cont_binding *b, const job *j, const int32_t *live, uint32_t n_live, int32_t last,
+                   bool last_pending) {
     const gen_out *o = &j->out;
     api_kind k = j->api->kind;
     bool calls = o->n_calls && strcmp(o->finish, "tool_calls") == 0;
@@ -362,28 +416,20 @@ void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live
         return;
     }
     for (size_t i = 0; i < o->n_calls; i++) snprintf(ids[i], sizeof(call_id), "%s", o->calls[i].id);
-    pthread_mutex_lock(&mu);
-    free(B.ids);
-    B.ids = ids;
-    B.n_ids = calls ? o->n_calls : 0;
-    B.api = k;
-    B.n_live = n_live;
-    ds4_tokens_free(&B.frontier);
-    ds4_tokens_append(&B.frontier, live, n_live);
-    if (last_pending && last != eos_token(s)) ds4_tokens_push(&B.frontier, last);
-    ds4_strbuf_free(&B.visible);
-    B.visible = visible;
-    B.live = !B.frontier.failed;
-    pthread_mutex_unlock(&mu);
-    srv_log("kvcache", "%s live continuation: %zu tokens, %zu call ids, visible transcript %zu bytes", api_word(k),
-            B.frontier.n, B.n_ids, B.visible.len);
-}
-
-void cont_free(void) {
-    pthread_mutex_lock(&mu);
-    free(B.ids);
-    ds4_tokens_free(&B.frontier);
-    ds4_strbuf_free(&B.visible);
-    memset(&B, 0, sizeof(B));
-    pthread_mutex_unlock(&mu);
+    pthread_mutex_lock(&s->cont_mu);
+    free(b->ids);
+    b->ids = ids;
+    b->n_ids = calls ? o->n_calls : 0;
+    b->api = k;
+    b->n_live = n_live;
+    ds4_tokens_free(&b->frontier);
+    ds4_tokens_append(&b->frontier, live, n_live);
+    if (last_pending && last != eos_token(s)) ds4_tokens_push(&b->frontier, last);
+    ds4_strbuf_free(&b->visible);
+    b->visible = visible;
+    b->live = !b->frontier.failed;
+    size_t nf = b->frontier.n, ni = b->n_ids, nv = b->visible.len;
+    pthread_mutex_unlock(&s->cont_mu);
+    srv_log("kvcache", "%s live continuation: %zu tokens, %zu call ids, visible transcript %zu bytes", api_word(k), nf,
+            ni, nv);
 }

@@ -338,8 +338,9 @@ static void *guard_main(void *arg) {
         for (guard *g = h->guards; g; g = g->next) {
             if (!g->deadline || g->fired || now < g->deadline) continue;
             g->fired = true;
-            shutdown(g->fd, SHUT_RDWR);
+            /* logged first: the client sees the close only after it */
             srv_log("http", "closing a connection: its %s did not arrive in time", g->what);
+            shutdown(g->fd, SHUT_RDWR);
         }
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
@@ -401,7 +402,7 @@ static ssize_t sse_reader(void *cls, uint64_t pos, char *buf, size_t max) {
         if (j->sse_pos < j->sse.len || j->done) break;
         int peer = peer_state(k->c);
         if (peer == PEER_GONE) {
-            j->cancel = 1;
+            job_cancel(k->h->s, j);
             pthread_mutex_unlock(&j->mu);
             return MHD_CONTENT_READER_END_WITH_ERROR;
         }
@@ -446,7 +447,7 @@ static enum MHD_Result wait_and_answer(conn *k) {
         deadline_in(&ts, 100);
         pthread_cond_timedwait(&j->cv, &j->mu, &ts);
         if (!j->done && peer_state(k->c) == PEER_GONE) {
-            j->cancel = 1;
+            job_cancel(k->h->s, j);
             pthread_mutex_unlock(&j->mu);
             return MHD_NO;
         }
@@ -490,10 +491,13 @@ static enum MHD_Result handle_api(conn *k) {
     static const char *const prefix[] = {"chatcmpl-", "cmpl-", "resp_", "msg_"};
     random_id(j->id, sizeof(j->id), prefix[api->kind], 24);
     if (render_request(s, j, &e) != 0 || cont_prepare(s, j, &e) != 0) return respond_error(k->h, c, api, &e);
-    trace_request(j, k->body.p, k->body.len);
+    trace_request(&s->trace, j, k->body.p, k->body.len);
     ds4_strbuf_free(&k->body);
     j->t_enqueued = ds4_now();
-    int rc = worker_enqueue(j);
+    ds4_err de = {0};
+    if (ds4_dist_failed(s->engine->opts.dist, &de)) /* a rank of the pipeline is gone: until a restart */
+        return fail(k->h, c, api, 503, de.msg);
+    int rc = worker_enqueue(s, j);
     if (rc == -1) return fail(k->h, c, api, 429, "too many requests queued; retry later");
     if (rc == -2) return fail(k->h, c, api, 503, "server shutting down");
     return j->req.stream ? start_stream(k) : wait_and_answer(k);
@@ -519,7 +523,7 @@ static enum MHD_Result handle(conn *k) {
     case R_MODEL:
         if (strcmp(k->model_id, DS4_MODEL_ID) != 0) return fail(k->h, c, NULL, 404, "unknown model");
         return respond_json(k->h, c, 200, model_object(s));
-    case R_STATS: return respond_json(k->h, c, 200, worker_stats());
+    case R_STATS: return respond_json(k->h, c, 200, worker_stats(s));
     default: return fail(k->h, c, NULL, 404, "unknown endpoint");
     }
 }
@@ -622,7 +626,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
      * request's headers. */
     guard_set(h, c, h->s->o.connection_timeout_s + h->s->o.header_timeout_s, "headers");
     if (k->j) {
-        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) k->j->cancel = 1;
+        if (toe != MHD_REQUEST_TERMINATED_COMPLETED_OK) job_cancel(h->s, k->j);
         job_unref(k->j);
     }
     ds4_strbuf_free(&k->body);

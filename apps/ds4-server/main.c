@@ -6,15 +6,17 @@
  *
  * Startup (engine/startup.h): --chdir first, so every relative path (model,
  * trace, disk cache) is taken from there; the instance lock; the model,
- * with the memory estimate for --ctx; --warm-weights.
+ * with the memory estimate for --ctx; --warm-weights; the --parallel
+ * sessions (scheduler.c: checked against the memory, or sized from it).
  *
  * Shutdown on SIGINT/SIGTERM: stop taking jobs (503), cancel the running
- * generation, answer the queued jobs, save the live session to the disk
+ * generations, answer the queued jobs, save the live sessions to the disk
  * cache ("shutdown"), close the listener.  A second signal exits at once
  * (status 130), and so does a signal that comes while --warm-weights reads
  * the model (nothing to save yet).
  */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,8 +30,6 @@
 #include "model/backends.h"
 #include "server.h"
 
-server *SRV;
-void render_pool_free(void);
 
 static const char NOTES[] =
     DS4_CLI_ENV_NOTES
@@ -41,11 +41,7 @@ static const char NOTES[] =
 /* The command line (base/opts.h): srv_opts plus what main keeps apart.
  * Returns -1 to go on, else the status to exit with (0 after --help). */
 /* ds4's options this program refuses, with the reason. */
-static const char *refused(const char *name) {
-    if (!strncmp(name, "--mtp", 5))
-        return "MTP speculative decoding is in ds4 and ds4-agent; ds4-server does not draft with it yet";
-    return ds4_option_not_supported(name);
-}
+static const char *refused(const char *name) { return ds4_option_not_supported(name); }
 
 static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     memset(o, 0, sizeof(*o));
@@ -62,11 +58,15 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
                      "max output tokens of a request that sets no limit")},
         DS4_CLI_THREADS(&o->n_threads),
         DS4_CLI_BACKEND(&o->backend, NULL),
+        DS4_CLI_DIST(&o->dist),
         {DS4_OPT_STR("--chdir", "DIR", &o->chdir_to, NULL,
                      "change to DIR first: relative paths (model, trace, disk cache) are taken from there")},
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_MTP(&o->mtp),
+        DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("HTTP:")},
         {DS4_OPT_STR("--host", "HOST", &o->host, "127.0.0.1", "bind address")},
@@ -75,7 +75,16 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         {DS4_OPT_STR("--api-key", "KEY", &o->api_key, env_key && *env_key ? env_key : NULL,
                      "require this key (Authorization: Bearer or x-api-key)"),
          .def_text = "$DS4_API_KEY, else none"},
-        {DS4_OPT_INT("--queue", "N", &o->queue_max, 1, 1000000, 256, "queued requests before answering 429")},
+        {DS4_OPT_U32("--parallel", "N", &o->parallel, 1, 4096, 0,
+                     "requests run at once, each in a session of --ctx tokens, their tokens batched into one "
+                     "forward pass per step; more than the memory holds is refused at startup"),
+         .seen = &o->parallel_given, .def_text = "as many as the memory holds, at most 16"},
+        {DS4_OPT_U32("--batch-tokens", "N", &o->batch_tokens, 1, 1u << 20, 0,
+                     "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
+                     "up to N (a long prompt is prefilled over several steps beside the decoding ones)"),
+         .def_text = "the backend's prefill chunk"},
+        {DS4_OPT_INT("--queue", "N", &o->queue_max, 1, 1000000, 256,
+                     "requests waiting for a session before answering 429")},
         {DS4_OPT_U64("--max-body-mb", "N", &max_body_mb, 1, 4096, 64, "largest request body, in MiB")},
         {DS4_OPT_INT("--max-connections", "N", &o->max_connections, 1, 100000, 512, "simultaneous connections")},
         {DS4_OPT_INT("--timeout", "S", &o->connection_timeout_s, 1, 86400, 60, "idle connection timeout in seconds")},
@@ -136,7 +145,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     ds4_err err = {0};
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) return ds4_cli_usage(&cli, "%s", err.msg);
     return -1;
@@ -150,15 +159,13 @@ static bool stop_signal_pending(void *ctx) {
     return sigpending(&p) == 0 && (sigismember(&p, SIGINT) == 1 || sigismember(&p, SIGTERM) == 1);
 }
 
-static volatile sig_atomic_t shutdown_done;
-
 static void *shutdown_main(void *arg) {
     server *s = arg;
     srv_log("server", "shutting down");
     s->stopping = 1;
-    worker_stop();
+    worker_stop(s);
     http_stop(s);
-    shutdown_done = 1;
+    s->shutdown_done = 1;
     return NULL;
 }
 
@@ -171,11 +178,25 @@ int main(int argc, char **argv) {
         fprintf(stderr, "ds4-server: --chdir %s: %s\n", s.o.chdir_to, strerror(errno));
         return 1;
     }
+    /* Under mpirun the ranks after the first serve their pipeline stage in
+     * here (docs/DISTRIBUTED.md); rank 0 goes on as the server. */
+    ds4_dist *d = NULL;
+    int drc = ds4_dist_start("ds4-server", s.o.model_path, s.o.backend, s.o.n_threads, &s.o.dist, &d);
+    if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-server");
-    if (lrc) return lrc;
+    if (lrc) {
+        ds4_dist_end(d);
+        return lrc;
+    }
     s.memory_checkpoint = !no_ckpt;
-    SRV = &s;
+    /* glibc gives threads arenas of their own (up to 8 a core); what a
+     * connection thread frees after a large body stays in its arena, out of
+     * malloc_trim's reach, and with a thread per session and per connection
+     * the process keeps growing by it.  Two arenas keep the memory handed
+     * back (docs/SERVER.md, JSON). */
+    mallopt(M_ARENA_MAX, 2);
     pthread_mutex_init(&s.stats_mu, NULL);
+    render_pool_init(&s);
     signal(SIGPIPE, SIG_IGN);
     /* Signals go to the main thread only (sigwait below). */
     sigset_t sigs;
@@ -194,21 +215,28 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (s.o.trace_path && trace_open(s.o.trace_path, &err) != 0) {
+    if (s.o.trace_path && trace_open(&s.trace, s.o.trace_path, &err) != 0) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         return 1;
     }
     req_json_limits_install();
     ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
-                          .no_sim = s.o.no_sim, .need_vocab = true};
+                          .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
+                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile,
+                          .mtp_path = s.o.mtp.path};
+    ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
     if (ds4_model_file_check(s.o.model_path, &err) != 0 || !(s.engine = ds4_engine_open(&eo, &err))) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
+        ds4_dist_end(d);
         return 1;
     }
     char mem[160];
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
+    if (s.engine->mtp)
+        srv_log("server", "MTP speculative decoding: up to %u drafts a step, drafting while the block's top two "
+                          "logits are %.2f apart", s.o.mtp.draft, s.o.mtp.margin);
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
     for (uint32_t id = 0; id < ds4_vocab_size(s.engine->vocab); id++) {
         size_t n = ds4_vocab_token_bytes(s.engine->vocab, (int32_t)id).len;
@@ -225,13 +253,13 @@ int main(int argc, char **argv) {
     if (worker_start(&s, &err) != 0 || http_start(&s, &err) != 0) {
         fprintf(stderr, "ds4-server: %s\n", err.msg);
         s.stopping = 1;
-        worker_stop();
+        worker_stop(&s);
         return 1;
     }
     if (s.o.api_key) srv_log("server", "API key required");
     pthread_t shut;
     bool shutting = false;
-    while (!shutdown_done) {
+    while (!s.shutdown_done) {
         struct timespec ts = {0, 100 * 1000000L};
         int sig = sigtimedwait(&sigs, NULL, &ts);
         if (sig <= 0) continue;
@@ -244,10 +272,11 @@ int main(int argc, char **argv) {
     }
     pthread_join(shut, NULL);
     toolmem_free(s.tools);
-    render_pool_free();
+    render_pool_free(&s);
     ds4_engine_close(s.engine);
+    ds4_dist_end(d);
     json_decref(s.forced);
-    trace_close();
+    trace_close(&s.trace);
     srv_log("server", "bye");
     return 0;
 }

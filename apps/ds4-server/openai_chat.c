@@ -172,7 +172,7 @@ static int parse_logprobs(const json_t *b, srv_request *r, api_error *e) {
 
 int chat_common_fields(const json_t *b, srv_request *r, api_error *e) {
     static const char *const max_names[] = {"max_completion_tokens", "max_tokens", NULL};
-    if (req_sampling(b, r, true, e) || req_max_tokens(b, max_names, r, e) ||
+    if (req_sampling(b, r, true, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) ||
         req_stop(json_object_get(b, "stop"), "stop", r, e) || req_bool(b, "stream", &r->stream, e))
         return -1;
     const json_t *so = json_object_get(b, "stream_options");

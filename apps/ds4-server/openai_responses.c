@@ -467,7 +467,7 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
         const char *sum = json_string_value(json_object_get(rs, "summary"));
         r->reasoning_summary = sum && (!strcmp(sum, "auto") || !strcmp(sum, "concise") || !strcmp(sum, "detailed"));
     }
-    if (req_sampling(b, r, false, e) || req_max_tokens(b, max_names, r, e) || req_bool(b, "stream", &r->stream, e))
+    if (req_sampling(b, r, false, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) || req_bool(b, "stream", &r->stream, e))
         return -1;
     req_model(b, r, explicit_think);
     return req_finalize(r, e);

@@ -18,26 +18,28 @@
 #include "server.h"
 #include "text/tokenizer.h"
 
-static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
-static ds4_tokenizer *pool[8]; /* each holds a BPE cache of up to ~9 MB */
-static int pool_n;
-
-ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err) {
-    pthread_mutex_lock(&pool_mu);
-    ds4_tokenizer *t = pool_n ? pool[--pool_n] : NULL;
-    pthread_mutex_unlock(&pool_mu);
-    return t ? t : ds4_tokenizer_new(v, err);
+void render_pool_init(server *s) {
+    pthread_mutex_init(&s->tokenizers.mu, NULL);
 }
 
-void render_tokenizer_return(ds4_tokenizer *t) {
+ds4_tokenizer *render_tokenizer_borrow(server *s, ds4_err *err) {
+    render_pool *p = &s->tokenizers;
+    pthread_mutex_lock(&p->mu);
+    ds4_tokenizer *t = p->n ? p->t[--p->n] : NULL;
+    pthread_mutex_unlock(&p->mu);
+    return t ? t : ds4_tokenizer_new(s->engine->vocab, err);
+}
+
+void render_tokenizer_return(server *s, ds4_tokenizer *t) {
     if (!t) return;
+    render_pool *p = &s->tokenizers;
     ds4_tokenizer_set_limit(t, 0);
-    pthread_mutex_lock(&pool_mu);
-    if (pool_n < (int)(sizeof(pool) / sizeof(pool[0]))) {
-        pool[pool_n++] = t;
+    pthread_mutex_lock(&p->mu);
+    if (p->n < (int)(sizeof(p->t) / sizeof(p->t[0]))) {
+        p->t[p->n++] = t;
         t = NULL;
     }
-    pthread_mutex_unlock(&pool_mu);
+    pthread_mutex_unlock(&p->mu);
     ds4_tokenizer_free(t);
 }
 
@@ -69,11 +71,11 @@ static int render_tokens(server *s, job *j, size_t limit, api_error *e) {
         return api_fail(e, 400, "cannot render the conversation: %s", err.msg);
     size_t mtb = s->max_token_bytes;
     if (mtb && j->rendered.text.len / mtb >= s->o.ctx) return too_long(s, j, j->rendered.text.len / mtb, true, e);
-    ds4_tokenizer *t = render_tokenizer_borrow(s->engine->vocab, &err);
+    ds4_tokenizer *t = render_tokenizer_borrow(s, &err);
     if (!t) return api_fail(e, 500, "tokenizer: %s", err.msg);
     ds4_tokenizer_set_limit(t, limit);
     int rc = ds4_tokenize_rendered(t, &j->rendered, &j->tokens, &err);
-    render_tokenizer_return(t);
+    render_tokenizer_return(s, t);
     if (rc != 0 && err.code == DS4_ERANGE) return too_long(s, j, j->tokens.n, true, e);
     if (rc != 0) return api_fail(e, 400, "cannot tokenize the prompt: %s", err.msg);
     return 0;
@@ -89,8 +91,8 @@ int render_count(server *s, job *j, api_error *e) {
     return render_tokens(s, j, 0, e);
 }
 
-void render_pool_free(void) {
-    pthread_mutex_lock(&pool_mu);
-    while (pool_n) ds4_tokenizer_free(pool[--pool_n]);
-    pthread_mutex_unlock(&pool_mu);
+void render_pool_free(server *s) {
+    render_pool *p = &s->tokenizers;
+    while (p->n) ds4_tokenizer_free(p->t[--p->n]);
+    pthread_mutex_destroy(&p->mu);
 }

@@ -17,6 +17,7 @@
  * model cannot read (images, audio, files) become a placeholder text that
  * says so, the same in every API.
  */
+#include <float.h>
 #include <malloc.h>
 #include <math.h>
 #include <stdlib.h>
@@ -24,6 +25,7 @@
 
 #include "constrain.h"
 #include "server.h"
+#include "text/pyjson.h"
 
 /* At most this many values (containers, elements, members) in a body. */
 #define MAX_JSON_VALUES 500000
@@ -87,6 +89,48 @@ static void counted_free(void *p) {
 
 void req_json_limits_install(void) { json_set_alloc_funcs(counted_malloc, counted_free); }
 
+/* Keys under which a big number (text/pyjson.h) stays one: the values the
+ * prompt writes back with json.dumps (a tool's parameter schema, a response
+ * format's schema, a tool call's arguments).  "input" counts below the top level only (an Anthropic
+ * tool_use block's arguments; the top-level "input" of a Responses request
+ * is the conversation). */
+static bool keeps_big_numbers(const char *key, int depth) {
+    static const char *const keys[] = {"parameters", "input_schema", "schema", "arguments", NULL};
+    for (int i = 0; keys[i]; i++)
+        if (strcmp(key, keys[i]) == 0) return true;
+    return depth > 0 && strcmp(key, "input") == 0;
+}
+
+/* Elsewhere a big number is held as a jansson string (pyjson.h), which a
+ * field expecting text would take for one: it becomes the nearest number
+ * jansson holds (+-DBL_MAX, and DBL_MAX for NaN, which has none), so the
+ * field's own checks refuse it as they refuse any other number. */
+static json_t *demoted(const json_t *v) {
+    const char *t = ds4_pyjson_big_number(v);
+    if (!t) return NULL;
+    return json_real(t[0] == '-' ? -DBL_MAX : DBL_MAX);
+}
+
+static void demote_big_numbers(json_t *v, int depth) {
+    if (json_is_object(v)) {
+        const char *key;
+        json_t *child;
+        void *tmp;
+        json_object_foreach_safe(v, tmp, key, child) {
+            if (keeps_big_numbers(key, depth)) continue;
+            json_t *d = demoted(child);
+            if (d) json_object_set_new(v, key, d);
+            else demote_big_numbers(child, depth + 1);
+        }
+    } else if (json_is_array(v)) {
+        for (size_t i = 0; i < json_array_size(v); i++) {
+            json_t *d = demoted(json_array_get(v, i));
+            if (d) json_array_set_new(v, i, d);
+            else demote_big_numbers(json_array_get(v, i), depth + 1);
+        }
+    }
+}
+
 json_t *req_load_json(const char *body, size_t n, api_error *e) {
     if (n == 0) {
         api_fail(e, 400, "invalid JSON request: empty body");
@@ -103,17 +147,20 @@ json_t *req_load_json(const char *body, size_t n, api_error *e) {
         api_fail(e, 413, "invalid JSON request: more than %d values", MAX_JSON_VALUES);
         return NULL;
     }
-    json_error_t je;
+    /* Read as the official encoder's json.loads reads it: integers beyond
+     * 64 bits and numbers like 1e400 in tool schemas and arguments are
+     * numbers, written back exactly (text/pyjson.h). */
+    ds4_err je = {0};
     parse_budget = JSON_PARSE_BASE + 3 * n;
     parse_used = 0;
-    json_t *v = json_loadb(body, n, JSON_ALLOW_NUL, &je);
+    json_t *v = ds4_pyjson_load(body, n, &je);
     parse_budget = 0;
-    if (!v && strstr(je.text, "out of memory")) {
+    if (!v && je.code == DS4_ENOMEM) {
         api_fail(e, 413, "invalid JSON request: parsing it needs more than %zu MB", (JSON_PARSE_BASE + 3 * n) >> 20);
         return NULL;
     }
     if (!v) {
-        api_fail(e, 400, "invalid JSON request: %s (at byte %d)", je.text, je.position);
+        api_fail(e, 400, "invalid JSON request: %s", je.msg);
         return NULL;
     }
     if (!json_is_object(v)) {
@@ -121,6 +168,7 @@ json_t *req_load_json(const char *body, size_t n, api_error *e) {
         api_fail(e, 400, "invalid JSON request: the body must be a JSON object");
         return NULL;
     }
+    demote_big_numbers(v, 0);
     return v;
 }
 
@@ -160,6 +208,25 @@ int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_e
         r->sp.seed = (uint64_t)json_integer_value(seed);
         if (r->sp.seed == 0) r->sp.seed = 1; /* 0 means "random" to the sampler */
     }
+    return 0;
+}
+
+int req_steering(const json_t *body, srv_request *r, api_error *e) {
+    const json_t *st = json_object_get(body, "dir_steering");
+    if (!st || json_is_null(st)) return 0;
+    if (!json_is_object(st)) return api_fail(e, 400, "dir_steering must be an object {\"ffn\": F, \"attn\": F}");
+    const char *key;
+    const json_t *v;
+    json_object_foreach((json_t *)st, key, v) {
+        if (strcmp(key, "ffn") && strcmp(key, "attn"))
+            return api_fail(e, 400, "dir_steering.%s: unknown field (ffn and attn are the scales)", key);
+    }
+    double x;
+    bool set;
+    if (get_number(st, "ffn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_ffn = (float)x, r->steer_ffn_set = true;
+    if (get_number(st, "attn", -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, &x, &set, e)) return -1;
+    if (set) r->steer_attn = (float)x, r->steer_attn_set = true;
     return 0;
 }
 
@@ -240,7 +307,10 @@ int req_thinking_field(const json_t *v, const char *field, int *out, api_error *
 }
 
 void req_model(const json_t *body, srv_request *r, int explicit_think) {
-    const char *m = json_string_value(json_object_get(body, "model"));
+    const json_t *v = json_object_get(body, "model");
+    /* a number beyond 64 bits is read as a marked string (text/pyjson.h):
+     * not a name */
+    const char *m = ds4_pyjson_big_number(v) ? NULL : json_string_value(v);
     r->model = strdup(m && *m ? m : DS4_MODEL_ID);
     if (explicit_think || !m) return;
     if (strcmp(m, "deepseek-chat") == 0) r->think = DS4_THINK_OFF;

@@ -10,9 +10,17 @@
  *                                adapter parse it (request.c + one file
  *                                per API), render + tokenize it
  *                                (render.c), enqueue a job (worker.c)
- *   worker thread (worker.c)     owns the engine session: choose the KV
- *                                reuse (live tokens, live text, disk, cold),
- *                                prefill, generate (constrain.c restricts
+ *   scheduler (worker.c)         --parallel sessions, one thread each, whose
+ *                                backend rows run together in the engine
+ *                                batcher's steps (engine/batcher.h); a
+ *                                queued job goes to the free session that
+ *                                holds the most of its prompt (its own
+ *                                conversation, else an empty one, else the
+ *                                least recently used, whose state goes to
+ *                                the disk cache first)
+ *   session thread (worker.c)    choose the KV reuse for its session (live
+ *                                tokens, live text, disk, cold), prefill,
+ *                                generate (constrain.c restricts
  *                                the tokens for tool_choice and JSON
  *                                answers); each piece of output goes
  *                                through output.c (DSML parser, stop
@@ -31,13 +39,16 @@
 #include <signal.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdio.h>
 
+#include "engine/cli.h"
 #include "engine/engine.h"
 #include "engine/kvcache.h"
 #include "engine/sampler.h"
 #include "text/chat.h"
 #include "text/rendered.h"
 #include "text/strbuf.h"
+#include "text/tokenizer.h"
 #include "text/tokens.h"
 
 #define DS4_MODEL_ID "deepseek-v4-flash"
@@ -49,9 +60,14 @@ typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
+    ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
+    uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
+    ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
+    ds4_cli_mtp mtp;            /* MTP speculative decoding: on whenever the model has a block */
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;
@@ -60,6 +76,9 @@ typedef struct srv_opts {
     const char *trace_path;
     const char *api_key;
     int queue_max;
+    uint32_t parallel;        /* sessions at once */
+    bool parallel_given;      /* else sized from the memory */
+    uint32_t batch_tokens;    /* rows a batched step may run; 0: the backend's prefill chunk */
     uint64_t max_body;
     int max_connections;
     int connection_timeout_s;
@@ -132,6 +151,8 @@ typedef struct srv_request {
     int logprobs;             /* -1: none; else how many top alternatives per token (0..20) */
     json_t *tool_kinds;       /* Responses: prompt name -> {"type", "name", "namespace"} of custom,
                                * namespaced and tool_search tools; NULL when none */
+    float steer_ffn, steer_attn; /* the dir_steering extension field's scales ... */
+    bool steer_ffn_set, steer_attn_set; /* ... where given (else the server's) */
 } srv_request;
 
 void srv_request_free(srv_request *r);
@@ -173,6 +194,8 @@ typedef struct gen_out {
 
 typedef struct job job;
 typedef struct server server;
+typedef struct sched sched;               /* worker.c */
+typedef struct cont_binding cont_binding; /* continuation.c */
 
 /* The renderer's tool-call hook context (toolmem_render_calls). */
 typedef struct render_calls_ctx {
@@ -239,6 +262,9 @@ struct job {
     int status;               /* non-streaming answer */
     json_t *body;
     volatile sig_atomic_t cancel;
+    uint64_t cancel_step;     /* the batched steps run when it was cancelled */
+    double t_cancel;          /* and when */
+    double t_started;         /* a session took it */
 
     gen_out out;
     stream_state ss;
@@ -273,6 +299,9 @@ json_t *usage_anthropic(const gen_out *o);
 
 /* request.c: field parsing shared by the adapters. */
 int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_error *e);
+/* The dir_steering extension field (docs/SERVER.md): {"ffn": F, "attn": F},
+ * either optional, each in -100..100. */
+int req_steering(const json_t *body, srv_request *r, api_error *e);
 int req_max_tokens(const json_t *body, const char *const *names, srv_request *r, api_error *e);
 int req_stop(const json_t *v, const char *field, srv_request *r, api_error *e);
 int req_bool(const json_t *body, const char *field, bool *out, api_error *e);
@@ -336,7 +365,21 @@ typedef struct replay_stats {
     uint64_t replayed, canonical;
 } replay_stats;
 
-/* The running server. */
+/* Tokenizers for the connection threads (render.c): each holds per-thread
+ * scratch space, so a thread borrows one. */
+typedef struct render_pool {
+    pthread_mutex_t mu;
+    ds4_tokenizer *t[8];       /* each holds a BPE cache of up to ~9 MB */
+    int n;
+} render_pool;
+
+/* --trace FILE (trace.c): entries from different threads written whole. */
+typedef struct trace_log {
+    FILE *f;
+    pthread_mutex_t mu;
+} trace_log;
+
+/* The running server: everything its threads share, passed explicitly. */
 struct server {
     srv_opts o;
     ds4_engine *engine;
@@ -346,12 +389,18 @@ struct server {
     json_t *forced;            /* --test-force-output: name -> text */
     bool memory_checkpoint;    /* snapshot each prompt after its prefill */
     struct http_server *http;  /* http.c */
+    sched *sched;              /* worker.c */
+    render_pool tokenizers;    /* render.c */
+    trace_log trace;           /* trace.c */
+    /* the live continuation of each session (continuation.c), under cont_mu */
+    cont_binding *bindings;
+    uint32_t n_bindings;
+    pthread_mutex_t cont_mu;
     size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
     cvocab *cvocab;            /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
+    volatile sig_atomic_t shutdown_done; /* the shutdown thread has finished (main.c) */
 };
-
-extern server *SRV;
 
 /* render.c: messages -> rendered prompt -> tokens (connection thread).
  * render_request refuses a prompt that does not fit the context (400
@@ -359,54 +408,67 @@ extern server *SRV;
 int render_request(server *s, job *j, api_error *e);
 int render_count(server *s, job *j, api_error *e);
 ds4_chat_opts render_opts(server *s, const job *j, render_calls_ctx *calls);
-ds4_tokenizer *render_tokenizer_borrow(const ds4_vocab *v, ds4_err *err);
-void render_tokenizer_return(ds4_tokenizer *t);
+ds4_tokenizer *render_tokenizer_borrow(server *s, ds4_err *err);
+void render_tokenizer_return(server *s, ds4_tokenizer *t);
+void render_pool_init(server *s);
+void render_pool_free(server *s);
 
 /* continuation.c: live protocol continuations (rungs 1-3 of the KV reuse
- * ladder, worker.c).  cont_prepare runs in the connection thread after
- * render_request: tool outputs with unknown ids are refused (400), a
- * tool-output-only request gets its tail tokens.  The worker asks
- * cont_match first in its reuse ladder, calls cont_leave once the live
- * session moves on, and cont_remember after each answer. */
+ * ladder, worker.c), one binding per session (s->bindings, under
+ * s->cont_mu).  cont_prepare runs in the connection thread after
+ * render_request: tool outputs with ids no binding knows are refused (400),
+ * a tool-output-only request gets its tail tokens.  The scheduler asks
+ * cont_affinity which session a job continues; the session's thread asks
+ * cont_match first in its reuse ladder, calls cont_leave once the session
+ * moves on, and cont_remember after each answer. */
 int cont_prepare(server *s, job *j, api_error *e);
 void cont_req_free(cont_req *c); /* common.c, with the job */
+int cont_bindings_new(server *s, uint32_t n, ds4_err *err);
+void cont_bindings_free(server *s);
+cont_binding *cont_binding_at(server *s, uint32_t i);
+/* 2: the job is a tool-output-only request for exactly this binding's
+ * calls, 1: a Responses request that replays its visible transcript, 0:
+ * neither. */
+int cont_affinity(server *s, const cont_binding *b, const job *j);
 /* 1 matched (prompt, kept, source set), 0 no live continuation, -1 the
  * request needs one that is gone (e holds the 409). */
-int cont_match(server *s, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t, ds4_tokens *prompt,
-               uint32_t *kept, const char **source, api_error *e);
-void cont_leave(void);
+int cont_match(server *s, cont_binding *b, const job *j, const int32_t *live, uint32_t n_live, ds4_tokenizer *t,
+               ds4_tokens *prompt, uint32_t *kept, const char **source, api_error *e);
+void cont_leave(server *s, cont_binding *b);
 /* Log the Responses replay of a tool-call turn whose hidden reasoning no
  * live continuation restored. */
 void cont_warn_lost_reasoning(const job *j, const char *source);
 /* After an answer: `live`/`n_live` the session, `last` the last token
  * handed out and whether the session still lacks it. */
-void cont_remember(server *s, const job *j, const int32_t *live, uint32_t n_live, int32_t last, bool last_pending);
+void cont_remember(server *s, cont_binding *b, const job *j, const int32_t *live, uint32_t n_live, int32_t last,
+                   bool last_pending);
 /* Canonicalization (chat/completions, Anthropic): the tokens and text of
  * the prompt plus the answer as the client replays it, reasoning included,
  * up to its EOS (excluded); -1 when it does not render as a continuation
  * of the prompt.  cont_rebind moves a live binding to a rewritten session. */
 int cont_canonical(server *s, const job *j, ds4_tokenizer *t, ds4_strbuf *text, ds4_tokens *out);
-void cont_rebind(const int32_t *live, uint32_t n_live);
-void cont_free(void);
+void cont_rebind(server *s, cont_binding *b, const int32_t *live, uint32_t n_live);
 
-/* worker.c */
+/* worker.c: the sessions (--parallel, checked against the memory) and
+ * their threads, the queue, the scheduler. */
 int worker_start(server *s, ds4_err *err);
 /* 0 queued; -1 queue full (429); -2 shutting down (503). */
-int worker_enqueue(job *j);
-void worker_stop(void);         /* finish the queue, save the live session */
-json_t *worker_stats(void);
-int worker_queue_depth(void);
+int worker_enqueue(server *s, job *j);
+void worker_stop(server *s);    /* finish the queue, save the live sessions */
+json_t *worker_stats(server *s);
+/* A client went away: its job stops at the next step (or is skipped). */
+void job_cancel(server *s, job *j);
 
 /* http.c */
 int http_start(server *s, ds4_err *err);
 void http_stop(server *s);
 
 /* trace.c */
-int trace_open(const char *path, ds4_err *err);
-void trace_close(void);
-void trace_request(const job *j, const char *raw_body, size_t n);
-void trace_decision(const job *j, const char *what);
-void trace_result(const job *j);
+int trace_open(trace_log *t, const char *path, ds4_err *err);
+void trace_close(trace_log *t);
+void trace_request(trace_log *t, const job *j, const char *raw_body, size_t n);
+void trace_decision(trace_log *t, const job *j, const char *what);
+void trace_result(trace_log *t, const job *j);
 
 /* Logging to stderr with a timestamp and a category. */
 void srv_log(const char *cat, const char *fmt, ...) __attribute__((format(printf, 2, 3)));

@@ -287,8 +287,10 @@ int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t ma
 void convo_print_stats(const turn_stats *st) {
     double pre = st->prefill_s > 0 ? st->prefilled / st->prefill_s : 0.0;
     double gen = st->gen.seconds > 0 ? st->gen.n_generated / st->gen.seconds : 0.0;
-    fprintf(stderr, "prefill: %u token%s (%u reused) %.2f t/s, generation: %u token%s %.2f t/s", st->prefilled,
-            ds4_plural(st->prefilled), st->reused, pre, st->gen.n_generated, ds4_plural(st->gen.n_generated), gen);
+    /* ds4's line first (scripts read it), then what it leaves out. */
+    fprintf(stderr, "ds4: prefill: %.2f t/s, generation: %.2f t/s; prefill %u token%s (%u reused), generation %u token%s",
+            pre, gen, st->prefilled, ds4_plural(st->prefilled), st->reused, st->gen.n_generated,
+            ds4_plural(st->gen.n_generated));
     if (st->spec.cycles)
         fprintf(stderr, ", MTP: %llu of %llu drafts accepted (%.0f%%), %.2f tokens a verification",
                 (unsigned long long)st->spec.accepted, (unsigned long long)st->spec.drafted,

@@ -22,7 +22,8 @@ typedef struct class_sum {
 } class_sum;
 
 static void print_config(const ds4_config *c) {
-    printf("config%s:\n", ds4_config_is_flash(c) ? " (DeepSeek V4 Flash)" : " (not the published Flash shapes)");
+    const char *name = ds4_config_name(c);
+    printf("config (%s):\n", name ? name : "not a published model's shapes");
     printf("  layers %u, embedding %u, vocabulary %u\n", c->n_layer, c->n_embd, c->n_vocab);
     printf("  attention: %u heads x %u (rope %u), kv heads %u, q_lora_rank %u, output %u groups x rank %u\n",
            c->n_head, c->head_dim, c->rope_dim, c->n_head_kv, c->q_lora_rank, c->o_groups, c->o_lora_rank);
@@ -111,11 +112,16 @@ int run_inspect(ds4_engine *e, const cli_opts *o) {
     print_config(&e->w->cfg);
     print_tensors(e);
     print_quant_bits(e);
-    printf("tokenizer: %u tokens, %u merges, bos %d, eos %d\n", ds4_vocab_size(e->vocab),
-           ds4_vocab_n_merges(e->vocab), e->bos, e->eos);
+    if (e->vocab)
+        printf("tokenizer: %u tokens, %u merges, bos %d, eos %d\n", ds4_vocab_size(e->vocab),
+               ds4_vocab_n_merges(e->vocab), e->bos, e->eos);
+    else
+        printf("tokenizer: none (the file runs token ids only)\n");
+    if (g->header_only) printf("data: none (a header-only file: shapes and memory only)\n");
     uint64_t w = ds4_weights_bytes(e->w), kv = ds4_engine_kv_bytes(e, o->ctx);
     printf("memory: weights %s + KV state for %u tokens %s = %s\n", ds4_fmt_bytes(w, a), o->ctx,
            ds4_fmt_bytes(kv, b), ds4_fmt_bytes(w + kv, c));
+    printf("weights_bytes: %llu\n", (unsigned long long)w);
     printf("kv_bytes: %llu\n", (unsigned long long)kv);
     return 0;
 }

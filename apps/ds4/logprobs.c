@@ -5,16 +5,26 @@
  * (e.g. against official API log-probabilities).
  *
  * The prompt is rendered as a one-shot run would render it; generation is
- * greedy (argmax, lowest id on ties) and stops at EOS or -n tokens.  Each
- * step records the logits the choice was made from:
+ * greedy (argmax, lowest id on ties) and stops at EOS (the EOS step is
+ * written) or -n tokens.  The file has ds4's layout, byte for byte, so the
+ * scripts that read ds4's dumps read these:
  *
- *   {"model": ..., "prompt_tokens": N, "top_k": K, "finish": "stop"|"length"|...,
- *    "steps": [{"token": ID, "text": "...", "bytes": [..], "logit": L, "logprob": P,
- *               "top": [{"token", "text", "bytes", "logit", "logprob"}, ... K entries]}]}
+ *   {
+ *     "source":"ds4",
+ *     "prompt_tokens":N,
+ *     "ctx":C,
+ *     "top_k":K,
+ *     "steps":[
+ *       {"step":0,"selected":TOKEN,"top_logprobs":[{"token":TOKEN,"logit":L,"logprob":P}, ...]},
+ *       ...
+ *     ]
+ *   }
  *
- * logprob is the log-softmax of the raw logits (no temperature); text is
- * the token's bytes as UTF-8 with U+FFFD for bytes that are not valid on
- * their own, bytes the exact ones.  Nothing is printed on stdout.
+ * with TOKEN = {"id":ID,"text":"...","bytes":[...]}: text is the token's
+ * bytes as a JSON string (when they are not valid UTF-8 on their own, each
+ * byte >= 0x80 is written as \u00XX: the bytes array is the exact one),
+ * logprob the log-softmax of the raw logits (no temperature) rounded to
+ * float, both printed with 9 significant digits.  Nothing goes to stdout.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -22,30 +32,43 @@
 
 #include "conversation.h"
 #include "modes.h"
+#include "text/utf8.h"
 
 typedef struct dump {
     convo *c;
+    FILE *f;
     uint32_t k;
+    uint32_t steps;
     int32_t *ids;
     float *lps;
-    json_t *steps;
-    bool failed;
 } dump;
 
-/* {"token", "text", "bytes", "logit", "logprob"} for one token. */
-static json_t *token_entry(const ds4_vocab *v, int32_t id, float logit, double logprob) {
+/* A JSON string as ds4 writes one: quote, backslash, \n, \r, \t and
+ * other control bytes escaped; bytes >= 0x80 raw when the whole piece is
+ * valid UTF-8, else escaped one by one. */
+static void write_json_string(FILE *f, const char *s, size_t n) {
+    bool utf8 = ds4_utf8_valid_prefix((const uint8_t *)s, n) == n;
+    fputc('"', f);
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c == '\n') fputs("\\n", f);
+        else if (c == '\r') fputs("\\r", f);
+        else if (c == '\t') fputs("\\t", f);
+        else if (c < 0x20 || (c >= 0x80 && !utf8)) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+/* {"id":ID,"text":"...","bytes":[...]} */
+static void write_token(FILE *f, const ds4_vocab *v, int32_t id) {
     ds4_str b = ds4_vocab_token_bytes(v, id);
-    ds4_detok_stream ds;
-    ds4_strbuf text = {0};
-    ds4_detok_stream_init(&ds, v, true);
-    ds4_detok_stream_bytes(&ds, b.ptr, b.len, &text);
-    ds4_detok_stream_finish(&ds, &text);
-    json_t *bytes = json_array();
-    for (uint64_t i = 0; bytes && i < b.len; i++) json_array_append_new(bytes, json_integer((unsigned char)b.ptr[i]));
-    json_t *o = json_pack("{s:i, s:s%, s:o, s:f, s:f}", "token", (json_int_t)id, "text", text.p ? text.p : "",
-                          text.len, "bytes", bytes, "logit", (double)logit, "logprob", logprob);
-    ds4_strbuf_free(&text);
-    return o;
+    fprintf(f, "{\"id\":%d,\"text\":", id);
+    write_json_string(f, b.ptr, b.len);
+    fputs(",\"bytes\":[", f);
+    for (uint64_t i = 0; i < b.len; i++) fprintf(f, i ? ",%u" : "%u", (unsigned char)b.ptr[i]);
+    fputs("]}", f);
 }
 
 static void on_token(void *ctx, int32_t tok, ds4_gen_control *ctl) {
@@ -57,71 +80,47 @@ static void on_token(void *ctx, int32_t tok, ds4_gen_control *ctl) {
      * logits are the ones it was chosen from. */
     const float *logits = ds4_session_logits(d->c->s);
     int n = ds4_top_logprobs(logits, n_vocab, (int)d->k, d->ids, d->lps);
-    /* One log-sum-exp (in double) for every entry, so the chosen token and
-     * its copy among the alternatives carry the same number. */
-    double lse = (double)logits[tok] - ds4_logprob_of(logits, n_vocab, tok);
-    json_t *top = json_array();
-    for (int i = 0; top && i < n; i++) {
-        float l = logits[d->ids[i]];
-        if (json_array_append_new(top, token_entry(e->vocab, d->ids[i], l, (double)l - lse)) != 0) d->failed = true;
+    fprintf(d->f, "%s    {\"step\":%u,\"selected\":", d->steps ? ",\n" : "", d->steps);
+    write_token(d->f, e->vocab, tok);
+    fputs(",\"top_logprobs\":[", d->f);
+    for (int i = 0; i < n; i++) {
+        fputs(i ? ",{\"token\":" : "{\"token\":", d->f);
+        write_token(d->f, e->vocab, d->ids[i]);
+        fprintf(d->f, ",\"logit\":%.9g,\"logprob\":%.9g}", (double)logits[d->ids[i]], (double)d->lps[i]);
     }
-    json_t *step = token_entry(e->vocab, tok, logits[tok], (double)logits[tok] - lse);
-    if (!top || !step || json_object_set_new(step, "top", top) != 0 || json_array_append_new(d->steps, step) != 0)
-        d->failed = true;
+    fputs("]}", d->f);
+    d->steps++;
 }
 
-/* The header keys, then one compact line per step. */
-static int write_json(const char *path, const json_t *root, const json_t *steps) {
-    FILE *f = fopen(path, "w");
-    if (!f) return -1;
-    char *head = json_dumps(root, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    int rc = head ? 0 : -1;
-    if (rc == 0) {
-        size_t n = strlen(head);
-        fwrite(head, 1, n - 1, f); /* without the closing brace */
-        fputs(json_object_size(root) ? ",\n\"steps\":[" : "\"steps\":[", f);
-        for (size_t i = 0; i < json_array_size(steps) && rc == 0; i++) {
-            fputs(i ? ",\n" : "\n", f);
-            rc = json_dumpf(json_array_get(steps, i), f, JSON_COMPACT | JSON_PRESERVE_ORDER);
-        }
-        fputs("\n]}\n", f);
-    }
-    free(head);
-    if (ferror(f)) rc = -1;
-    if (fclose(f) != 0) rc = -1;
-    return rc;
-}
-
-static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, json_t *root, bool *interrupted,
-                    ds4_err *err) {
+static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, bool *interrupted, ds4_err *err) {
     turn_stats st = {0};
-    cli_busy(true);
-    int rc = convo_prefill(c, prompt, &st, err);
-    if (rc > 0) rc = ds4_err_set(err, DS4_EINTERRUPTED, "interrupted during the prompt");
-    dump d = {.c = c, .k = o->logprobs_top_k, .steps = json_array()};
+    dump d = {.c = c, .k = o->logprobs_top_k};
     d.ids = malloc(d.k * sizeof(int32_t));
     d.lps = malloc(d.k * sizeof(float));
-    if (rc == 0 && (!d.ids || !d.lps || !d.steps)) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = d.ids && d.lps ? 0 : ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    cli_busy(true);
+    if (rc == 0 && (rc = convo_prefill(c, prompt, &st, err)) > 0)
+        rc = ds4_err_set(err, DS4_EINTERRUPTED, "interrupted during the prompt");
+    if (rc == 0 && !(d.f = fopen(o->logprobs_out, "w")))
+        rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
     if (rc == 0) {
+        fprintf(d.f, "{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":%zu,\n  \"ctx\":%u,\n  \"top_k\":%u,\n  \"steps\":[\n",
+                prompt->n, o->ctx, d.k);
         ds4_gen_opts go = {.max_tokens = o->n_tokens, .cancel = &cli_interrupted};
         rc = ds4_generate(c->s, NULL, &go, on_token, &d, &st.gen, err);
+        fputs("\n  ]\n}\n", d.f);
+        if (ferror(d.f) && rc == 0) rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
     }
+    if (d.f && fclose(d.f) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
     cli_busy(false);
-    if (rc == 0 && d.failed) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory building the JSON");
     /* Stopped by Ctrl+C during generation: the steps so far are written,
      * and the exit status says it was interrupted. */
     if (rc == 0 && st.gen.finish == DS4_FINISH_CANCELLED) *interrupted = true;
     if (rc == 0) {
-        json_object_set_new(root, "prompt_tokens", json_integer((json_int_t)prompt->n));
-        json_object_set_new(root, "top_k", json_integer(d.k));
-        json_object_set_new(root, "finish", json_string(ds4_finish_name(st.gen.finish)));
-        if (write_json(o->logprobs_out, root, d.steps) != 0)
-            rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
         fprintf(stderr, "ds4: %u step%s (%s), prefill %.2f s, generation %.2f s\n", st.gen.n_generated,
                 ds4_plural(st.gen.n_generated), ds4_finish_name(st.gen.finish), st.prefill_s, st.gen.seconds);
         cli_warn_nan(st.gen.nan_steps, st.gen.n_generated);
     }
-    json_decref(d.steps);
     free(d.ids);
     free(d.lps);
     return rc;
@@ -138,12 +137,9 @@ int run_dump_logprobs(ds4_engine *e, const cli_opts *o) {
     bool raw = strncmp(o->prompt, DS4_TOK_BOS, strlen(DS4_TOK_BOS)) == 0;
     int rc = raw ? convo_prompt_raw(&c, o->prompt, o->prompt_len, &prompt, &err)
                  : convo_prompt(&c, o->prompt, o->prompt_len, &prompt, &err);
-    json_t *root = json_pack("{s:s}", "model", o->model);
-    if (rc == 0 && !root) rc = ds4_err_set(&err, DS4_ENOMEM, "out of memory");
     bool interrupted = false;
-    if (rc == 0) rc = dump_run(&c, o, &prompt, root, &interrupted, &err);
+    if (rc == 0) rc = dump_run(&c, o, &prompt, &interrupted, &err);
     if (rc != 0) fprintf(stderr, "ds4: --dump-logprobs: %s\n", err.msg);
-    json_decref(root);
     ds4_tokens_free(&prompt);
     convo_free(&c);
     if (interrupted) return cli_report_interrupt();

@@ -58,15 +58,23 @@ int main(int argc, char **argv) {
         cli_opts_free(&o);
         return rc;
     }
+    /* Under mpirun the ranks after the first serve their pipeline stage in
+     * here (docs/DISTRIBUTED.md); rank 0 goes on as the CLI. */
+    ds4_dist *d = NULL;
+    if ((rc = ds4_dist_start("ds4", o.model, o.backend, o.threads, &o.dist, &d)) >= 0) {
+        cli_opts_free(&o);
+        return rc;
+    }
     /* One model process per machine; --dump-tokens above loads no weights. */
     if ((rc = ds4_startup_lock("ds4")) != 0) {
+        ds4_dist_end(d);
         cli_opts_free(&o);
         return rc;
     }
     ds4_err err = {0};
     ds4_engine *e = NULL;
     cli_loading(true);
-    e = cli_engine_open(&o, &err);
+    e = cli_engine_open(&o, d, &err);
     cli_loading(false);
     if (!e) {
         fprintf(stderr, "ds4: %s\n", err.msg);
@@ -94,6 +102,7 @@ int main(int argc, char **argv) {
     }
 out:
     ds4_engine_close(e);
+    ds4_dist_end(d);
     cli_opts_free(&o);
     return rc;
 }

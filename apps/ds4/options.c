@@ -18,7 +18,7 @@ static const char USAGE[] = "[options]              interactive chat (no prompt 
                             "-p TEXT [options]      one-shot: answer TEXT and exit";
 
 static const char NOTES[] = DS4_CLI_ENV_NOTES "\n"
-                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /quit\n"
+                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /steer [F [A]] /quit\n"
                             "exit status: 0 done, 1 an error, 2 a usage error or another model process running,\n"
                             "130 stopped by Ctrl+C";
 
@@ -92,7 +92,7 @@ static int finish(const ds4_cli *cli, cli_opts *o) {
                              o->imatrix_dataset       ? "--imatrix-dataset"
                              : o->imatrix_max_prompts ? "--imatrix-max-prompts"
                                                       : "--imatrix-max-tokens");
-    if (ds4_cli_check_backend(cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(cli, o->backend) != 0 || ds4_cli_steering_check(cli, &o->steer) != 0) return 2;
     if (o->mode == CLI_IMATRIX) {
         /* Only the CPU backend reports each routed expert's inputs. */
         if (o->backend_given && strcmp(o->backend, "cpu"))
@@ -121,8 +121,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_MODEL(&o->model),
         DS4_CLI_CTX(&o->ctx),
         {DS4_OPT_U32("-n, --tokens", "N", &o->n_tokens, 1, UINT32_MAX, CLI_DEFAULT_TOKENS,
-                     "max generated tokens per turn (and scored tokens of --perplexity-file)"),
-         .seen = &o->n_tokens_given},
+                     "max generated tokens per turn (and scored tokens of --perplexity-file)")},
 
         {DS4_OPT_SECTION("sampling:")},
         DS4_CLI_SAMPLING(&o->sampling),
@@ -133,10 +132,13 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         {DS4_OPT_SECTION("runtime:")},
         DS4_CLI_BACKEND(&o->backend, &o->backend_given),
         DS4_CLI_THREADS(&o->threads),
+        DS4_CLI_DIST(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),
         DS4_CLI_MTP(&o->mtp),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("diagnostics:")},
         {DS4_OPT_FLAG("--dump-tokens", &o->dump_tokens,

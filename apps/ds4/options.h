@@ -41,7 +41,6 @@ typedef struct cli_opts {
     const char *system;        /* "" disables the system message */
     uint32_t ctx;
     uint32_t n_tokens;
-    bool n_tokens_given;
     ds4_sampler_params sampling;
     ds4_think_mode think;
     const char *backend;       /* "cpu", "cuda" */
@@ -50,6 +49,10 @@ typedef struct cli_opts {
     bool warm_weights;         /* read the whole model file before the first token */
     bool no_sim;               /* low-precision simulations off */
     ds4_cli_mtp mtp;           /* MTP speculative decoding */
+    uint64_t gpu_mem;          /* --gpu-mem (0: the GPU's free memory) */
+    const char *expert_profile; /* --expert-profile */
+    ds4_cli_steer steer;       /* directional steering */
+    ds4_dist_opts dist;        /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;

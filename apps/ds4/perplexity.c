@@ -3,19 +3,20 @@
  * log-likelihood of a raw text under the model, the number to compare
  * quantizations and backends with.
  *
- * The text is tokenized as plain text (no chat template, no special-token
- * recognition) after a BOS token.  The first 32 tokens are context only;
- * every later token t is scored with -log softmax(logits after t-1)[t], up
- * to -n scored tokens (when -n is given) and as many as the context holds
- * (a note on stderr says so when the context leaves part of the text out).
- * The model runs batched prefills that return every position's logits
- * (ds4_session_append_logits), not one decode per token.  Prints:
+ * The text is tokenized as plain text (no BOS, no chat template, no
+ * special-token recognition), as ds4 does, so the numbers compare with
+ * its.  The first 32 tokens are context only; every later token t is
+ * scored with -log softmax(logits after t-1)[t], up to -n scored tokens
+ * (default 50000) and as many as the context holds (a note on stderr says
+ * so when the context leaves part of the text out).  The model runs
+ * batched prefills that return every position's logits
+ * (ds4_session_append_logits), not one decode per token.  Prints ds4's
+ * line:
  *
- *   tokens: N      tokens of the text taken into account (BOS, context, scored)
- *   scored: S
- *   nll: X         sum over the scored tokens, natural log
- *   avg_nll: X/S
- *   ppl: exp(avg_nll)
+ *   tokens=N scored=S nll=X avg_nll=X/S ppl=exp(avg_nll)
+ *
+ * N: the text's tokens; S: those scored; nll: the sum over the scored
+ * tokens, natural log.
  */
 #include <math.h>
 #include <stdio.h>
@@ -30,17 +31,14 @@
 #define PPL_CONTEXT 32
 #define PPL_BATCH 256 /* positions per batched prefill (bounds the logits buffer) */
 
-/* BOS + the text's tokens. */
+/* The text's tokens. */
 static int text_tokens(ds4_engine *e, const char *path, ds4_tokens *out, ds4_err *err) {
     size_t len;
     char *text = cli_read_file(path, &len, err);
     if (!text) return -1;
     ds4_tokenizer *t = ds4_tokenizer_new(e->vocab, err);
     int rc = -1;
-    if (t) {
-        ds4_tokens_push(out, e->bos);
-        rc = ds4_tokenize_text(t, text, len, out, err);
-    }
+    if (t) rc = ds4_tokenize_text(t, text, len, out, err);
     ds4_tokenizer_free(t);
     free(text);
     return rc;
@@ -75,14 +73,14 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     int status = 1;
     if (text_tokens(e, o->perplexity_file, &tk, &err) != 0) goto out;
     if (tk.n <= PPL_CONTEXT) {
-        ds4_err_set(&err, DS4_EINVAL, "%s: %zu token%s with BOS; more than %d are needed (the first %d are context)",
+        ds4_err_set(&err, DS4_EINVAL, "%s: %zu token%s; more than %d are needed (the first %d are context)",
                     o->perplexity_file, tk.n, ds4_plural(tk.n), PPL_CONTEXT, PPL_CONTEXT);
         goto out;
     }
     /* Scored tokens: the rest of the text, at most -n, and what fits: the
      * session holds the fed tokens, context + scored - 1 < ctx. */
     uint64_t n = tk.n - PPL_CONTEXT;
-    if (o->n_tokens_given && n > o->n_tokens) n = o->n_tokens;
+    if (n > o->n_tokens) n = o->n_tokens;
     uint64_t fits = o->ctx > PPL_CONTEXT ? o->ctx - PPL_CONTEXT : 0;
     if (fits == 0) {
         ds4_err_set(&err, DS4_EINVAL, "a context of %u tokens leaves nothing to score after %d context tokens",
@@ -104,8 +102,7 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     if (rc != 0) goto out;
     double secs = ds4_now() - t0;
     uint32_t fed = ds4_session_n_tokens(s);
-    printf("tokens: %llu\nscored: %llu\nnll: %.9f\navg_nll: %.9f\nppl: %.9f\n",
-           (unsigned long long)(PPL_CONTEXT + n), (unsigned long long)n, nll,
+    printf("tokens=%zu scored=%llu nll=%.9f avg_nll=%.9f ppl=%.9f\n", tk.n, (unsigned long long)n, nll,
            nll / (double)n, exp(nll / (double)n));
     fprintf(stderr, "ds4: %u token%s in %.2f s (%.2f t/s)\n", fed, ds4_plural(fed), secs, secs > 0 ? fed / secs : 0.0);
     if (isnan(nll))

@@ -23,6 +23,8 @@
 
 #include "base/numparse.h"
 #include "conversation.h"
+#include "engine/session.h"
+#include "model/steering.h"
 #include "modes.h"
 
 #define HISTORY_FILE ".ds4_history"
@@ -218,6 +220,7 @@ typedef struct repl {
     ds4_engine *e;
     const cli_opts *o;
     ds4_sampler *smp;
+    float steer_ffn, steer_attn; /* the steering scales (/steer), kept across /ctx */
 } repl;
 
 static void help(void) {
@@ -227,6 +230,8 @@ static void help(void) {
           "  /think-max     maximum reasoning effort (needs a context of at least 393216 tokens)\n"
           "  /nothink       answer directly\n"
           "  /ctx N         new context of N tokens (the conversation is prefilled again)\n"
+          "  /steer [F [A]] show or set the steering scales after the FFN (F) and attention (A)\n"
+          "                 outputs (needs --dir-steering-file; the conversation is prefilled again)\n"
           "  /read FILE     send the contents of FILE as the next message\n"
           "  /quit, /exit   leave (also Ctrl+D)\n"
           "a line ending in \\ continues on the next line; Ctrl+C stops a generation.\n"
@@ -267,7 +272,38 @@ static bool cmd_ctx(repl *r, const char *arg) {
     }
     cli_print_memory(r->e, v);
     think_warning(&r->c);
+    if (ds4_session_set_steering(r->c.s, r->steer_ffn, r->steer_attn, &err) != 0)
+        fprintf(stderr, "ds4: /ctx: %s\n", err.msg);
     return true;
+}
+
+/* /steer: the scales now, or new ones (the FFN's, then optionally the
+ * attention's; the latter stays when only one is given). */
+static void cmd_steer(repl *r, const char *arg) {
+    if (!*arg) {
+        fprintf(stderr, "ds4: steering scales: ffn %g, attn %g%s\n", r->steer_ffn, r->steer_attn,
+                r->e->steer ? "" : " (no --dir-steering-file)");
+        return;
+    }
+    char *end;
+    double f = strtod(arg, &end), a = r->steer_attn;
+    bool ok = end != arg;
+    if (ok && *end) {
+        const char *p = end + strspn(end, " ");
+        a = strtod(p, &end);
+        ok = end != p && !*(end + strspn(end, " "));
+    }
+    ds4_err err = {0};
+    if (!ok) {
+        fputs("ds4: /steer F [A]: the scales are numbers\n", stderr);
+    } else if (ds4_steer_scale_check(f, "/steer", &err) || ds4_steer_scale_check(a, "/steer", &err) ||
+               ds4_session_set_steering(r->c.s, (float)f, (float)a, &err)) {
+        fprintf(stderr, "ds4: %s\n", err.msg);
+    } else {
+        r->steer_ffn = (float)f;
+        r->steer_attn = (float)a;
+        fprintf(stderr, "ds4: steering scales: ffn %g, attn %g\n", f, a);
+    }
 }
 
 static void cmd_read(repl *r, const char *path) {
@@ -310,6 +346,8 @@ static bool command(repl *r, const char *line) {
         return cmd_ctx(r, arg);
     } else if (IS("/read")) {
         cmd_read(r, arg);
+    } else if (IS("/steer")) {
+        cmd_steer(r, arg);
     } else {
         fprintf(stderr, "ds4: unknown command %.*s (see /help)\n", (int)n, line);
     }
@@ -318,7 +356,7 @@ static bool command(repl *r, const char *line) {
 }
 
 int run_repl(ds4_engine *e, const cli_opts *o, ds4_sampler *smp) {
-    repl r = {.e = e, .o = o, .smp = smp};
+    repl r = {.e = e, .o = o, .smp = smp, .steer_ffn = o->steer.ffn, .steer_attn = o->steer.attn};
     ds4_err err = {0};
     if (convo_init(&r.c, e, o->ctx, o->system, o->think, &err) != 0 ||
         convo_enable_mtp(&r.c, o->mtp.draft, o->mtp.margin, &err) != 0) {

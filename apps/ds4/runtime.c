@@ -70,7 +70,7 @@ int cli_report_interrupt(void) {
     return DS4_EXIT_INTERRUPTED;
 }
 
-ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
+ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err) {
     if (ds4_model_file_check(o->model, err) != 0) return NULL;
     ds4_engine_opts eo = {
         .model_path = o->model,
@@ -78,8 +78,16 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err) {
         .n_threads = o->threads,
         .no_sim = o->no_sim,
         .mtp_path = o->mtp.path,
-        .need_vocab = o->mode != CLI_IMATRIX, /* token-id datasets need no tokenizer */
+        /* token-id datasets need no tokenizer, nor does inspecting a file */
+        .need_vocab = o->mode != CLI_IMATRIX && o->mode != CLI_INSPECT,
+        .header_only = o->mode == CLI_INSPECT, /* a header-only file's shapes and memory */
+        .gpu_mem = o->gpu_mem,
+        .expert_profile = o->expert_profile,
+        .dist = d,
+        .dist_opts = &o->dist,
+        .prog = "ds4",
     };
+    ds4_cli_steering_opts(&o->steer, &eo);
     return ds4_engine_open(&eo, err); /* its messages start with the path */
 }
 

@@ -43,7 +43,7 @@ int cli_report_interrupt(void);
 
 /* Open the model named by the options (tokenizer required).  A missing file
  * gets an explanation of where models come from. */
-ds4_engine *cli_engine_open(const cli_opts *o, ds4_err *err);
+ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err);
 
 /* The startup line: weights + KV state for ctx tokens on the backend
  * (engine/startup.h, shared by every engine program). */

@@ -18,4 +18,9 @@ int ds4_parse_u32(const char *s, uint32_t lo, uint32_t hi, uint32_t *out);
  * [lo, hi]: 0 and *out set, else -1. */
 int ds4_parse_float(const char *s, float lo, float hi, float *out);
 
+/* A size in bytes: "24G", "24GiB", "512M", "1.5T" (K, M, G, T: powers of
+ * 1024, optionally followed by "iB" or "B") or a whole number of bytes.
+ * 0 and *out set, else -1. */
+int ds4_parse_size(const char *s, uint64_t *out);
+
 #endif

@@ -13,8 +13,8 @@
  *   original_max_position_embeddings, beta_fast, beta_slow},
  *   routed_scaling_factor -> expert_weights_scale, norm_topk_prob ->
  *   expert_weights_norm, max_position_embeddings -> context_length,
- *   compress_ratios (first n_layer entries; the release lists one more for
- *   the MTP layer), swiglu_limit -> swiglu_clamp of every layer.
+ *   compress_ratios (n_layer entries; the release lists one more, the MTP
+ *   layer's 0), swiglu_limit -> swiglu_clamp of every layer.
  * scoring_func must be "sqrtsoftplus" (the only routing ds4 implements).
  */
 #include <jansson.h>
@@ -57,9 +57,13 @@ static int get_f32(ctx *c, const json_t *obj, const char *key, float *out) {
 static int read_ratios(ctx *c, ds4_config *cfg) {
     const json_t *a = need(c, c->root, "compress_ratios");
     if (!a) return -1;
-    if (!json_is_array(a) || json_array_size(a) < cfg->n_layer)
-        return ds4_err_set(c->err, DS4_EFORMAT, "%s: \"compress_ratios\" must be an array of at least %u integers",
-                           c->path, cfg->n_layer);
+    /* One per layer, then (in the releases) the MTP layer's 0. */
+    if (!json_is_array(a) || (json_array_size(a) != cfg->n_layer &&
+                              !(json_array_size(a) == cfg->n_layer + 1 && json_is_integer(json_array_get(a, cfg->n_layer)) &&
+                                json_integer_value(json_array_get(a, cfg->n_layer)) == 0)))
+        return ds4_err_set(c->err, DS4_EFORMAT,
+                           "%s: \"compress_ratios\" must be an array of %u integers (num_hidden_layers), or %u ending "
+                           "in the MTP layer's 0", c->path, cfg->n_layer, cfg->n_layer + 1);
     for (uint32_t il = 0; il < cfg->n_layer; il++) {
         const json_t *v = json_array_get(a, il);
         if (!json_is_integer(v))

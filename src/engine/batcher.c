@@ -168,20 +168,22 @@ static int run_step(ds4_batcher *bt, uint32_t n_req, uint32_t n_rows, bool mtp, 
     return rc;
 }
 
-/* Pack the pending step requests of the first one's kind (main or MTP) in
- * queue order, up to the budget; returns the rows, *n_req the requests. */
+/* Pack the pending step requests of the first one's kind (main or MTP) up
+ * to the budget, the short ones first (batcher.h), each group in queue
+ * order; returns the rows, *n_req the requests. */
 static uint32_t pack(ds4_batcher *bt, uint32_t *n_req, bool *mtp) {
     uint32_t rows = 0, q = 0;
     int kind = -1;
-    for (req *r = bt->head; r && rows < bt->budget; r = r->next) {
-        if (r->fn) continue;
-        if (kind < 0) kind = r->mtp;
-        if ((int)r->mtp != kind) continue;
-        uint32_t m = r->n - r->done;
-        if (m > bt->budget - rows) m = bt->budget - rows;
-        bt->pack[q++] = r;
-        rows += m;
-    }
+    for (const req *r = bt->head; r && kind < 0; r = r->next)
+        if (!r->fn) kind = r->mtp;
+    for (int pass = 0; pass < 2; pass++)
+        for (req *r = bt->head; r && rows < bt->budget; r = r->next) {
+            uint32_t m = r->n - r->done;
+            if (r->fn || (int)r->mtp != kind || (pass == 0) != (m <= DS4_BATCH_SHORT_ROWS)) continue;
+            if (m > bt->budget - rows) m = bt->budget - rows;
+            bt->pack[q++] = r;
+            rows += m;
+        }
     *n_req = q;
     *mtp = kind == 1;
     return rows;
@@ -218,6 +220,7 @@ static void *stepper(void *arg) {
         bt->st.steps++;
         bt->st.rows += n_rows;
         if (n_rows > bt->st.max_rows) bt->st.max_rows = n_rows;
+        bt->st.seqs += n_req;
         if (n_req > bt->st.max_seqs) bt->st.max_seqs = n_req;
         bt->n_back = 0;
         uint32_t left = n_rows;

@@ -8,10 +8,12 @@
  * chunk, an MTP verification, an MTP draft) are packed into one step of up
  * to `budget` rows - so the routed experts' weights are read once for all
  * of them - and each session wakes with its own results; other calls
- * (snapshots, restores, marks, rewinds) run alone between steps.  A prefill
- * chunk larger than what is left of a step's budget goes in pieces over
- * several steps, so a long prompt never stalls the sessions decoding beside
- * it for more than one step.
+ * (snapshots, restores, marks, rewinds) run alone between steps.  A step
+ * takes the short requests first (decode tokens, MTP verifications and
+ * drafts: at most DS4_BATCH_SHORT_ROWS rows), then the longer ones (prefill
+ * chunks) in arrival order with what is left of the budget; a prefill chunk
+ * larger than that goes in pieces over several steps, so a long prompt
+ * never stalls the sessions decoding beside it.
  *
  * After a step the stepper waits a little for the sessions whose rows it
  * just ran to come back with their next rows (each picks its next token in
@@ -30,10 +32,14 @@
 
 typedef struct ds4_batcher ds4_batcher;
 
+/* Requests of at most this many rows go into a step before longer ones. */
+#define DS4_BATCH_SHORT_ROWS 16
+
 typedef struct ds4_batcher_stats {
     uint64_t steps;          /* batched steps run */
     uint64_t rows;           /* rows they ran */
     uint64_t max_rows;       /* the most rows one step ran */
+    uint64_t seqs;           /* sequences they advanced (summed over steps) */
     uint64_t max_seqs;       /* the most sequences one step advanced */
     uint64_t calls;          /* other backend calls run between steps */
 } ds4_batcher_stats;

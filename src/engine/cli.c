@@ -5,6 +5,8 @@
 
 #include <stdio.h>
 
+#include "base/numparse.h"
+
 #include "model/backends.h"
 
 _Static_assert(sizeof(ds4_think_mode) == sizeof(int), "DS4_CLI_THINK stores the mode as an int");
@@ -20,4 +22,24 @@ int ds4_cli_check_backend(const ds4_cli *cli, const char *name) {
     ds4_err err = {0};
     if (ds4_backend_check_name(name, &err) == 0) return 0;
     return ds4_cli_usage(cli, "--backend %s: %s", name ? name : "", err.msg);
+}
+
+int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err) {
+    uint64_t v;
+    if (ds4_parse_size(value, &v) || v == 0)
+        return ds4_err_set(err, DS4_EINVAL, "a size in bytes, or with K, M, G or T (24G), above 0");
+    *(uint64_t *)ctx = v;
+    return 0;
+}
+int ds4_cli_steering_check(const ds4_cli *cli, ds4_cli_steer *st) {
+    if (!st->ffn_given && st->path) st->ffn = 1.0f;
+    if (!st->path && (st->ffn != 0.0f || st->attn != 0.0f))
+        return ds4_cli_usage(cli, "--dir-steering-%s needs --dir-steering-file", st->ffn != 0.0f ? "ffn" : "attn");
+    return 0;
+}
+
+void ds4_cli_steering_opts(const ds4_cli_steer *st, ds4_engine_opts *eo) {
+    eo->steer_path = st->path;
+    eo->steer_ffn = st->ffn;
+    eo->steer_attn = st->attn;
 }

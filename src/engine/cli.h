@@ -13,6 +13,10 @@
  *   --temp, --top-p, --top-k, --min-p, --seed     sampling (engine/sampler.h)
  *   --think, --think-max, --nothink               thinking mode
  *   --mtp FILE, --mtp-draft N, --mtp-margin F     MTP speculative decoding
+ *   --gpu-mem SIZE, --expert-profile FILE         routed experts beyond the GPU
+ *                                                 in host RAM (CUDA builds)
+ *   --dir-steering-file FILE, --dir-steering-ffn F, --dir-steering-attn F
+ *                                                 directional steering
  *
  * Exit status, every program: 0 done, 1 an error (the message says what),
  * 2 a usage error or another model process holding the instance lock, 130
@@ -29,6 +33,8 @@
 #include "engine/sampler.h"
 #include "engine/spec.h"
 #include "engine/startup.h"
+#include "model/steering.h"
+#include "model/dist/dist.h"
 #include "text/chat.h"
 
 #define DS4_DEFAULT_MODEL "ds4flash.gguf"
@@ -94,6 +100,56 @@ typedef struct ds4_cli_mtp {
     {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
                    "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
 
+/* The GPU's budget and the expert profile (ds4_backend_opts.gpu_mem,
+ * model/placement.h): the routed experts that do not fit stay in host RAM,
+ * computed by the CPU (docs/DESIGN.md 3.5). */
+/* --gpu-mem's action: a size ("24G") into the uint64_t at ctx. */
+int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
+
+/* gpu_mem: a uint64_t (0: the GPU's free memory less a reserve); profile:
+ * a const char * (NULL: whole layers from the first). */
+#define DS4_CLI_OFFLOAD(gpu_mem, profile)                                                                          \
+    {DS4_OPT_CALL("--gpu-mem", "SIZE", ds4_cli_parse_gpu_mem, (gpu_mem),                                        \
+                  "GPU memory the model may use (24G, 81000M, bytes): the routed experts that do not fit stay in "  \
+                  "host RAM, computed by the CPU (CUDA)"),                                                          \
+     .def_text = "the GPU's free memory less 1 GiB"},                                                               \
+    {DS4_OPT_STR("--expert-profile", "FILE", (profile), NULL,                                                    \
+                 "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
+                 "or an imatrix; without it, whole layers from the first"),                                          \
+     .flags = DS4_OPT_IN}
+/* Directional steering (model/steering.h): the direction file and the two
+ * scales.  After parsing, ds4_cli_steering_check() settles the FFN scale
+ * (1 when a file is given without one) and ds4_cli_steering_opts() puts
+ * them into the engine's options. */
+typedef struct ds4_cli_steer {
+    const char *path;
+    float ffn, attn;
+    bool ffn_given;
+} ds4_cli_steer;
+
+#define DS4_CLI_STEERING(st)                                                                                   \
+    {DS4_OPT_STR("--dir-steering-file", "FILE", &(st)->path, NULL,                                             \
+                 "directional steering: n_layer x n_embd f32 directions, one unit vector per layer "           \
+                 "(ds4-direction builds them)"),                                                                \
+     .flags = DS4_OPT_IN},                                                                                     \
+    {DS4_OPT_FLOAT("--dir-steering-ffn", "F", &(st)->ffn, -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, 0.0,      \
+                   "steering scale after each FFN output: y - F v (v.y); > 0 removes the direction, < 0 adds it"), \
+     .def_text = "1 with a file, else 0", .seen = &(st)->ffn_given},                                           \
+    {DS4_OPT_FLOAT("--dir-steering-attn", "F", &(st)->attn, -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, 0.0,    \
+                   "steering scale after each attention output")}
+
+/* A pipeline under mpirun (model/dist/dist.h, docs/DISTRIBUTED.md), into
+ * a ds4_dist_opts: this rank's layers, and (rank 0's) how residuals
+ * travel and how long a silent rank is waited for. */
+#define DS4_CLI_DIST(o)                                                                                        \
+    {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
+                 "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
+     .def_text = "split by memory"},                                                                           \
+    {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
+                    "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
+    {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \
+                   "under mpirun: a rank silent for S seconds has failed")}
+
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \
     {DS4_OPT_FLOAT("--temp", "F", &(p)->temperature, 0.0, DS4_TEMP_MAX, DS4_TEMP_DEFAULT,                      \
@@ -120,6 +176,11 @@ typedef struct ds4_cli_mtp {
 
 /* The --quality row's action: a note on stderr that nothing changes. */
 int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err);
+
+/* The default FFN scale; a usage error (returned: 2) for scales without a
+ * file. */
+int ds4_cli_steering_check(const ds4_cli *cli, ds4_cli_steer *st);
+void ds4_cli_steering_opts(const ds4_cli_steer *st, ds4_engine_opts *eo);
 
 /* 0 when this build has the backend; else prints the usage error ("--backend
  * metal: Metal is not supported ...") and returns 2. */

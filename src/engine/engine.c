@@ -3,12 +3,15 @@
  */
 #include "engine/engine.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine/batcher.h"
 #include "format/quants.h"
 #include "model/backends.h"
+#include "model/placement.h"
+#include "model/steering.h"
 
 const char *ds4_default_backend(void) {
 #ifdef DS4_CUDA
@@ -34,13 +37,35 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     }
     e->opts.backend = e->backend_name;
     e->opts.model_path = NULL; /* not owned; callers keep theirs */
-    if (!(e->w = ds4_weights_open(opts->model_path, err))) goto fail;
+    if (!(e->w = opts->header_only ? ds4_weights_open_header(opts->model_path, err)
+                                   : ds4_weights_open(opts->model_path, err)))
+        goto fail;
     e->opts.mtp_path = NULL; /* not owned either */
-    if (opts->mtp_path) {
+    e->opts.steer_path = NULL;
+    if (opts->steer_path && !(e->steer = ds4_steering_load(opts->steer_path, &e->w->cfg, err))) goto fail;
+    if (ds4_steer_scale_check(opts->steer_ffn, "FFN steering scale", err) ||
+        ds4_steer_scale_check(opts->steer_attn, "attention steering scale", err) ||
+        ds4_engine_steering_check(e, opts->steer_ffn, opts->steer_attn, err))
+        goto fail;
+    e->opts.dist_opts = NULL;
+    e->opts.prog = NULL;
+    if (opts->dist) {
+        /* a pipeline: the stages agreed on, no MTP block (it needs the
+         * final residuals in one process) */
+        if (opts->mtp_path) {
+            ds4_err_set(err, DS4_EUNSUPPORTED, "--mtp: speculative decoding runs in one process, not in a pipeline");
+            goto fail;
+        }
+        if (ds4_dist_plan(opts->dist, opts->prog ? opts->prog : "ds4", e->w, opts->dist_opts, err) != 0) goto fail;
+    } else if (opts->mtp_path) {
         if (!(e->mtp = ds4_mtp_open(opts->mtp_path, e->w, err))) goto fail;
     } else if (ds4_gguf_find_tensor(e->w->gguf, "mtp.0.e_proj.weight")) {
         if (!(e->mtp = ds4_mtp_from_model(e->w, err))) goto fail;
     }
+    e->opts.expert_profile = NULL; /* not owned: the profile is read now */
+    if (opts->expert_profile &&
+        !(e->profile = ds4_expert_profile_load(opts->expert_profile, e->w->cfg.n_layer, e->w->cfg.n_expert, err)))
+        goto fail;
 
     /* Tools that only run token ids (ds4-forward, the tests' minimal
      * models) do not need a tokenizer; chat programs do. */
@@ -77,6 +102,8 @@ void ds4_engine_close(ds4_engine *e) {
     ds4_backend_free(e->b);
     ds4_vocab_free(e->vocab);
     ds4_mtp_close(e->mtp);
+    ds4_expert_profile_free(e->profile);
+    ds4_steering_free(e->steer);
     ds4_weights_close(e->w);
     free(e->backend_name);
     free(e);
@@ -102,6 +129,7 @@ static int alloc_seq(void *ctx, ds4_err *err) {
     } else if (!(a->s = ds4_seq_new(e->b, a->ctx, err))) {
         return -1;
     }
+    ds4_seq_set_steering(a->s, e->opts.steer_ffn, e->opts.steer_attn);
     e->n_seqs++;
     return 0;
 }
@@ -128,8 +156,12 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     }
     if (!e->b) {
         ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp};
-        if (!(e->b = ds4_backend_create(e->backend_name, e->w, &bo, err))) return NULL;
+                               .mtp = e->mtp, .steer = e->steer, .gpu_mem = e->opts.gpu_mem,
+                               .expert_profile = e->profile, .act_observer = e->opts.act_observer,
+                               .act_ctx = e->opts.act_ctx};
+        e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
+                            : ds4_backend_create(e->backend_name, e->w, &bo, err);
+        if (!e->b) return NULL;
     }
     seq_alloc a = {e, ctx, false, NULL};
     int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
@@ -153,6 +185,12 @@ static void release(ds4_engine *e, ds4_seq *s, bool mtp) {
 
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, false); }
 void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, true); }
+
+int ds4_engine_steering_check(const ds4_engine *e, float ffn, float attn, ds4_err *err) {
+    if ((ffn != 0.0f || attn != 0.0f) && !e->steer)
+        return ds4_err_set(err, DS4_EINVAL, "steering scales need a direction file (--dir-steering-file)");
+    return 0;
+}
 
 int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err) {
     if (!e->b) return ds4_err_set(err, DS4_EINVAL, "batching needs the backend: make a session first");
@@ -192,6 +230,22 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {
     return ds4_kv_state_bytes(&e->w->cfg, ctx);
+}
+
+/* MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read. */
+static uint64_t host_available(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kb = 0;
+    while (fgets(line, sizeof(line), f))
+        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
+    fclose(f);
+    return (uint64_t)kb * 1024;
+}
+
+uint64_t ds4_engine_kv_room(const ds4_engine *e) {
+    return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0;
 }
 
 int ds4_engine_quant_bits(const ds4_engine *e) {

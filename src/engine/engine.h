@@ -17,6 +17,7 @@
 
 #include "base/error.h"
 #include "model/backend.h"
+#include "model/dist/dist.h"
 #include "model/weights.h"
 #include "text/vocab.h"
 
@@ -27,6 +28,21 @@ typedef struct ds4_engine_opts {
     bool no_sim;             /* low-precision simulations off (testing) */
     bool need_vocab;         /* fail when the GGUF has no tokenizer */
     const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
+    uint64_t gpu_mem;        /* ds4_backend_opts.gpu_mem */
+    const char *expert_profile; /* a profile file (model/placement.h), or NULL */
+    const char *steer_path;  /* a direction file (model/steering.h), or NULL */
+    float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
+    /* the backend's activation observer (model/backend.h), or NULL */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
+    /* Under mpirun, rank 0's job (ds4_dist_start): the model runs as a
+     * pipeline of the job's ranks (docs/DISTRIBUTED.md), this process the
+     * first stage with `backend`; NULL: one process. */
+    ds4_dist *dist;
+    const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
+    const char *prog;        /* names the program in the pipeline's startup lines */
+    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+                              * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
 typedef struct ds4_engine {
@@ -35,6 +51,8 @@ typedef struct ds4_engine {
     ds4_weights *w;
     ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
     ds4_mtp_weights *mtp;    /* the MTP block, or NULL */
+    struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
+    struct ds4_steering *steer; /* the directions of opts.steer_path, or NULL */
     int32_t eos, bos;        /* -1 without a vocabulary */
     ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */
     struct ds4_batcher *batch; /* NULL: sessions call the backend themselves, one thread at a time */
@@ -57,6 +75,10 @@ void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s);
 ds4_seq *ds4_engine_mtp_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
 void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s);
 
+/* Whether scales (ffn, attn) can be used: 0 when both are 0 or the engine
+ * has directions; else an error saying that a direction file is needed. */
+int ds4_engine_steering_check(const ds4_engine *e, float ffn, float attn, ds4_err *err);
+
 /* Continuous batching (engine/batcher.h): from now on sessions may run in
  * threads of their own, their rows packed into steps of up to `budget`
  * rows (0: the backend's prefill chunk).  Needs the backend (a session made
@@ -74,6 +96,11 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 /* Bytes of KV state a session of `ctx` tokens holds (the memory estimate
  * programs print at startup). */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
+
+/* Bytes the backend can still give to session state: on the CPU the
+ * host's available memory (MemAvailable); 0 where the backend cannot tell
+ * (its sessions then find out by allocating). */
+uint64_t ds4_engine_kv_room(const ds4_engine *e);
 
 /* Routed-expert quantization bits as the KVC header records them: 4 when
  * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */

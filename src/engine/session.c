@@ -8,6 +8,7 @@
 
 #include "engine/spec.h"
 #include "model/backends.h"
+#include "model/steering.h"
 
 struct ds4_session {
     ds4_engine *e;
@@ -201,6 +202,23 @@ int ds4_session_checkpoint(ds4_session *s, ds4_err *err) {
 
 uint32_t ds4_session_checkpoint_tokens(const ds4_session *s) {
     return s->checkpoint ? s->checkpoint->n_tokens : 0;
+}
+
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, ds4_err *err) {
+    if (ds4_steer_scale_check(ffn, "FFN steering scale", err) ||
+        ds4_steer_scale_check(attn, "attention steering scale", err) ||
+        ds4_engine_steering_check(s->e, ffn, attn, err))
+        return -1;
+    if (ffn == s->seq->steer_ffn && attn == s->seq->steer_attn) return 0;
+    ds4_session_reset(s);
+    ds4_session_drop_checkpoint(s);
+    ds4_seq_set_steering(s->seq, ffn, attn);
+    return 0;
+}
+
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn) {
+    *ffn = s->seq->steer_ffn;
+    *attn = s->seq->steer_attn;
 }
 
 void ds4_session_drop_checkpoint(ds4_session *s) {

@@ -77,6 +77,14 @@ int ds4_session_eval(ds4_session *s, int32_t token, ds4_err *err);
 /* Back to zero tokens (the checkpoint is kept). */
 void ds4_session_reset(ds4_session *s);
 
+/* Directional steering scales for what the session computes from now on
+ * (model/steering.h; the engine's defaults at first).  A change drops the
+ * live state and the checkpoint, which were computed with other scales:
+ * the next sync prefills everything.  Scales other than 0 need the
+ * engine's directions. */
+int ds4_session_set_steering(ds4_session *s, float ffn, float attn, ds4_err *err);
+void ds4_session_steering(const ds4_session *s, float *ffn, float *attn);
+
 /* Remember the current state in memory; sync() falls back to it.  Replaces
  * the previous checkpoint. */
 int ds4_session_checkpoint(ds4_session *s, ds4_err *err);

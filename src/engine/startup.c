@@ -37,15 +37,11 @@ int ds4_model_file_check(const char *path, ds4_err *err) {
 }
 
 const char *ds4_option_not_supported(const char *name) {
-    static const char STEER[] = "directional steering is not implemented by this engine";
     static const char DIAG[] = "a diagnostic of ds4's Metal build; this engine compares backends with "
                                "ds4-forward and tests/cuda (see README.md)";
     static const struct {
         const char *name, *why;
     } table[] = {
-        {"--dir-steering-file", STEER},
-        {"--dir-steering-ffn", STEER},
-        {"--dir-steering-attn", STEER},
         {"--head-test", DIAG},
         {"--first-token-test", DIAG},
         {"--metal-graph-test", DIAG},

@@ -6,7 +6,8 @@
  * (--warm-weights) read the weights in before the first token.
  *
  * "Engine programs" are the ones that load weights to run them: ds4,
- * ds4-server, ds4-bench, ds4-forward, ds4-score, ds4-imatrix, ds4-qeval.
+ * ds4-server, ds4-bench, ds4-forward, ds4-score, ds4-imatrix, ds4-qeval,
+ * ds4-eval, ds4-direction.
  * File tools (ds4-gguf, ds4-tokenizer, ds4-quantize, ds4-mkmodel, ...) take
  * no lock.
  */
@@ -34,8 +35,8 @@ int ds4_startup_lock(const char *prog);
  * where ds4 models come from (the message starts with the path). */
 int ds4_model_file_check(const char *path, ds4_err *err);
 
-/* Options of ds4's programs that this engine does not have (MTP,
- * directional steering, ds4's Metal diagnostics): why, for a message that
+/* Options of ds4's programs that this engine does not have (ds4's Metal
+ * diagnostics): why, for a message that
  * says more than "unknown option"; NULL for any other name. */
 const char *ds4_option_not_supported(const char *name);
 

@@ -110,11 +110,18 @@ typedef struct ds4_gguf {
     uint64_t n_tensors;
     ds4_gguf_tensor *tensors;
     void *index;           /* private: name -> tensor/kv hash tables */
+    bool header_only;      /* opened by ds4_gguf_open_header: tensors have no data */
 } ds4_gguf;
 
 /* Open and validate a file.  NULL on failure with a message naming the
  * problem and the file offset where it was found. */
 ds4_gguf *ds4_gguf_open(const char *path, ds4_err *err);
+
+/* The metadata and tensor table alone, tensor data not looked for (every
+ * tensor's data NULL): a header-only file (ds4_gguf_writer_close_header),
+ * or any file read for its shapes.  Offsets must still be aligned and
+ * disjoint. */
+ds4_gguf *ds4_gguf_open_header(const char *path, ds4_err *err);
 
 /* Same over a caller-owned buffer that must outlive the result (fuzzing,
  * tests).  `name` is used in messages. */
@@ -201,6 +208,12 @@ int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes);
  * renames the temporary file into place.  Frees the writer in all cases.
  * Errors from earlier calls are reported here too. */
 int ds4_gguf_writer_close(ds4_gguf_writer *w, ds4_err *err);
+
+/* Finish a header-only file: the metadata and the tensor table (with the
+ * offsets the data would have), no tensor data; no data may have been
+ * written.  For shape and memory checks of models too large to write
+ * (ds4-mkmodel --header-only; read with ds4_gguf_open_header). */
+int ds4_gguf_writer_close_header(ds4_gguf_writer *w, ds4_err *err);
 
 /* Abandon a file: removes the temporary file and frees the writer. */
 void ds4_gguf_writer_abort(ds4_gguf_writer *w);

@@ -45,6 +45,7 @@ typedef struct parser {
     uint64_t pos;
     char ctx[200];      /* "key 'x'" or "tensor 'y'" while parsing one, else "" */
     ds4_err *err;
+    bool header_only;   /* ds4_gguf_open_header: no data expected */
 } parser;
 
 /* Quote a name for a message: printable ASCII as is, other bytes as \xNN,
@@ -335,6 +336,14 @@ static int place_tensors(parser *p) {
         if (t->offset % g->alignment != 0)
             return fail(p, at, DS4_EFORMAT, "data offset %llu is not a multiple of the alignment %u",
                         (unsigned long long)t->offset, g->alignment);
+        if (p->header_only) {
+            t->data = NULL;
+            continue;
+        }
+        if (data_bytes == 0 && t->nbytes > 0)
+            return fail(p, at, DS4_ERANGE,
+                        "the file holds no tensor data: a header-only file (ds4-mkmodel --header-only), which only "
+                        "ds4 --inspect reads");
         if (t->offset > data_bytes || t->nbytes > data_bytes - t->offset)
             return fail(p, at, DS4_ERANGE,
                         "data at file offset %llu + %llu bytes ends past the end of the file (%llu bytes)",
@@ -436,8 +445,9 @@ static ds4_gguf *new_reader(const char *name, ds4_err *err) {
     return g;
 }
 
-static ds4_gguf *parse_or_close(ds4_gguf *g, ds4_err *err) {
-    parser p = {.g = g, .err = err};
+static ds4_gguf *parse_or_close(ds4_gguf *g, bool header_only, ds4_err *err) {
+    parser p = {.g = g, .err = err, .header_only = header_only};
+    g->header_only = header_only;
     if (parse(&p) != 0) {
         ds4_gguf_close(g);
         return NULL;
@@ -455,10 +465,10 @@ ds4_gguf *ds4_gguf_open_buffer(const void *buf, size_t size, const char *name, d
     if (!g) return NULL;
     g->base = buf;
     g->size = size;
-    return parse_or_close(g, err);
+    return parse_or_close(g, false, err);
 }
 
-ds4_gguf *ds4_gguf_open(const char *path, ds4_err *err) {
+static ds4_gguf *open_file(const char *path, bool header_only, ds4_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         ds4_err_set(err, errno == ENOENT ? DS4_ENOTFOUND : DS4_EIO, "%s: cannot open: %s", path,
@@ -495,8 +505,12 @@ ds4_gguf *ds4_gguf_open(const char *path, ds4_err *err) {
         g->owns_map = 1;
     }
     close(fd);
-    return parse_or_close(g, err);
+    return parse_or_close(g, header_only, err);
 }
+
+ds4_gguf *ds4_gguf_open(const char *path, ds4_err *err) { return open_file(path, false, err); }
+
+ds4_gguf *ds4_gguf_open_header(const char *path, ds4_err *err) { return open_file(path, true, err); }
 
 void ds4_gguf_close(ds4_gguf *g) {
     if (!g) return;

@@ -568,10 +568,12 @@ static int sync_parent_dir(ds4_gguf_writer *w) {
     return 0;
 }
 
-static int finish(ds4_gguf_writer *w) {
+static int finish(ds4_gguf_writer *w, bool header_only) {
     if (w->failed) return -1;
+    if (header_only && w->header_done)
+        return wfail(w, DS4_EINVAL, "a header-only file got tensor data");
     if (!w->header_done && write_header(w) != 0) return -1;
-    if (w->cur < w->n_tensors) {
+    if (!header_only && w->cur < w->n_tensors) {
         const wtensor *t = &w->tensors[w->cur];
         return wfail(w, DS4_EINVAL, "tensor '%s' got %llu of its %llu bytes (%llu of %llu tensors complete)",
                      t->name, (unsigned long long)w->cur_written, (unsigned long long)t->nbytes,
@@ -593,9 +595,9 @@ static int finish(ds4_gguf_writer *w) {
     return sync_parent_dir(w);
 }
 
-int ds4_gguf_writer_close(ds4_gguf_writer *w, ds4_err *err) {
+static int close_writer(ds4_gguf_writer *w, bool header_only, ds4_err *err) {
     if (!w) return ds4_err_set(err, DS4_EINVAL, "GGUF writer: close of a writer that failed to open");
-    if (finish(w) != 0) {
+    if (finish(w, header_only) != 0) {
         if (err) *err = w->err;
         ds4_gguf_writer_abort(w);
         return -1;
@@ -603,3 +605,7 @@ int ds4_gguf_writer_close(ds4_gguf_writer *w, ds4_err *err) {
     free_writer(w);
     return 0;
 }
+
+int ds4_gguf_writer_close(ds4_gguf_writer *w, ds4_err *err) { return close_writer(w, false, err); }
+
+int ds4_gguf_writer_close_header(ds4_gguf_writer *w, ds4_err *err) { return close_writer(w, true, err); }

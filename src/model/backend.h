@@ -55,6 +55,9 @@
 #define DS4_CTX_DEFAULT 32768u  /* tokens a session holds unless told otherwise */
 #define DS4_CTX_MAX 1048576u    /* the longest context accepted: the model's trained one */
 
+/* ds4_backend_opts.host_experts */
+enum { DS4_HOST_AUTO = 0, DS4_HOST_CPU = 1, DS4_HOST_STREAM = 2 };
+
 typedef struct ds4_backend_opts {
     int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
@@ -66,16 +69,45 @@ typedef struct ds4_backend_opts {
                               * graph (0: 8192; docs/DESIGN.md 4.2); tests
                               * set small ones so that short sequences cross
                               * graphs.  Ignored by the CPU backend. */
+    /* CUDA: bytes the backend may allocate on the GPU (0: the device's free
+     * memory less a reserve for the runtime).  What does not fit of the
+     * routed experts stays in host RAM, computed there (docs/DESIGN.md
+     * 3.5); expert_profile, when given, decides which experts go on the
+     * GPU first (model/placement.h; NULL: whole layers from the first).
+     * Ignored by the CPU backend. */
+    uint64_t gpu_mem;
+    const struct ds4_expert_profile *expert_profile;
+    /* CUDA: count every pass's routed-expert selections, for an expert
+     * profile (ds4_cuda_expert_counts).  Ignored by the CPU backend. */
+    bool count_experts;
+    /* CUDA, for the tests that check both ways: how a prefill pass computes
+     * the host experts (DS4_HOST_*; 0: the cheaper by the measured costs) */
+    int host_experts;
     /* Called for every routed expert the forward pass runs: the m tokens of
      * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
      * normalised) and the down projection's input rows (mid: m x n_ff_exp,
      * clamped SwiGLU times the routing weight).  For the imatrix collector
      * (model/imatrix_collect.h); NULL for none.  One call at a time. */
+    /* A pipeline stage (docs/DISTRIBUTED.md): the backend runs layers
+     * [layer_first, layer_end) only and keeps only their state, and is
+     * advanced by ds4_backend_stage_step.  Both 0: the whole model.  The
+     * CPU backend runs stages; the others refuse them. */
+    uint32_t layer_first, layer_end;
     /* the MTP block (weights.h), or NULL: the backend can then run MTP
      * sequences; it must outlive the backend */
     const struct ds4_mtp_weights *mtp;
+    /* directional steering (model/steering.h): the directions, or NULL;
+     * the scales are each sequence's (ds4_seq_set_steering).  It must
+     * outlive the backend. */
+    const struct ds4_steering *steer;
     void (*expert_observer)(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid);
     void *observer_ctx;
+    /* Called with the sublayer outputs of main-model layer il at the
+     * steering points (after steering, before the HC post): the attention
+     * output (ffn false) and the FFN output (ffn true) of the pass's T rows,
+     * T x n_embd floats.  For ds4-direction; NULL for none. */
+    void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
+    void *act_ctx;
 } ds4_backend_opts;
 
 typedef struct ds4_backend ds4_backend;
@@ -87,7 +119,18 @@ typedef struct ds4_backend ds4_backend;
  * make more (seq_new) and advance any number of them in one step. */
 typedef struct ds4_seq {
     ds4_backend *owner;  /* the backend that made it; backends extend the struct */
+    /* steering scales after the FFN and the attention output (0: off),
+     * used when the backend has directions (ds4_backend_opts.steer) */
+    float steer_ffn, steer_attn;
 } ds4_seq;
+
+/* The steering scales of s's next rows (model/steering.h).  What s holds
+ * was computed with the scales of its time: a caller that changes them
+ * keeps or drops that state as it sees fit (engine/session.h drops it). */
+static inline void ds4_seq_set_steering(ds4_seq *s, float ffn, float attn) {
+    s->steer_ffn = ffn;
+    s->steer_attn = attn;
+}
 
 /* What a step returns for a row (a set of them). */
 enum {
@@ -153,6 +196,9 @@ typedef struct ds4_backend_ops {
     /* one pass over rows of any sequences (see ds4_backend_step) */
     int (*step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
     int (*mtp_step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+    /* a pipeline stage's step (see ds4_backend_stage_step); NULL: the backend runs no stages */
+    int (*stage_step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                      const ds4_step_out *out, ds4_err *err);
     int (*mark)(ds4_backend *b, ds4_seq *s, ds4_err *err);
     int (*rewind)(ds4_backend *b, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
     int (*prefill)(ds4_backend *b, ds4_seq *s, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err);
@@ -193,6 +239,17 @@ static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { ret
 static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out,
                                    ds4_err *err) {
     return b->ops->step(b, rows, n, out, err);
+}
+
+/* A step of a pipeline stage (ds4_backend_opts.layer_first/layer_end): as
+ * ds4_backend_step, but a stage after the first starts from every row's
+ * entering residual `in` (n_hc x n_embd floats a row, in row order)
+ * instead of the embedding, and a stage before the last leaves every
+ * row's residual after its last layer in `resid` and has no logits. */
+static inline int ds4_backend_stage_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const float *in,
+                                         float *resid, const ds4_step_out *out, ds4_err *err) {
+    if (!b->ops->stage_step) return ds4_err_set(err, DS4_EUNSUPPORTED, "the %s backend runs no pipeline stage", b->ops->name);
+    return b->ops->stage_step(b, rows, n, in, resid, out, err);
 }
 
 /* Remember s's current length as a point it can be taken back to: the

@@ -2,6 +2,7 @@
  * backends.c - backend names and creation (see backends.h).
  */
 #include "model/backends.h"
+#include "model/steering.h"
 
 #include <string.h>
 
@@ -25,9 +26,29 @@ int ds4_backend_check_name(const char *name, ds4_err *err) {
 }
 
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
+    /* Every backend runs the same simulations: their shape needs are checked
+     * once, here, and only when they are on. */
+    if (!(opts && opts->no_sim) && ds4_config_check_sim(&w->cfg, err) != 0) {
+        ds4_err_prefix(err, "%s", w->gguf ? w->gguf->path : "model");
+        return NULL;
+    }
+    const ds4_steering *st = opts ? opts->steer : NULL;
+    if (st && (st->n_layer != w->cfg.n_layer || st->n_embd != w->cfg.n_embd)) {
+        ds4_err_set(err, DS4_EINVAL, "steering directions of %u x %u for a model of %u layers x %u", st->n_layer,
+                    st->n_embd, w->cfg.n_layer, w->cfg.n_embd);
+        return NULL;
+    }
     if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
 #if DS4_CUDA
-    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
+    if (strcmp(name, "cuda") == 0) {
+        if (opts && (opts->layer_first || opts->layer_end)) {
+            ds4_err_set(err, DS4_EUNSUPPORTED, "the cuda backend runs the whole model only: a pipeline stage of "
+                                               "layers %u..%u needs the cpu backend", opts->layer_first,
+                        opts->layer_end - 1);
+            return NULL;
+        }
+        return ds4_cuda_backend_create(w, opts, err);
+    }
 #endif
     ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
     return NULL;

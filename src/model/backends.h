@@ -9,6 +9,7 @@
 #ifndef DS4_MODEL_BACKENDS_H
 #define DS4_MODEL_BACKENDS_H
 
+#include <stdbool.h>
 #include <stddef.h>
 
 #include "base/error.h"
@@ -34,5 +35,23 @@ ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opt
 /* CUDA builds: the device's copy bandwidth (bytes read + written per second,
  * a large device-to-device copy, best of several), and its name. */
 int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds4_err *err);
+
+/* CUDA builds: where a backend made by ds4_cuda_backend_create keeps the
+ * routed experts (docs/DESIGN.md 3.5).  -1 for another backend. */
+typedef struct ds4_offload_info {
+    bool on;                  /* some experts are in host RAM */
+    uint32_t host_experts, total_experts;
+    uint64_t dev_total;       /* device bytes the placement counted */
+    uint64_t dev_fixed;       /* of which every placement needs (all but the routed experts): the least --gpu-mem */
+    uint64_t dev_allocated;   /* device bytes the backend allocated (weights, state, buffers, slot table) */
+    uint64_t host_bytes;      /* file bytes of the host experts */
+    double tok_dev, tok_host; /* expected routed bytes a token reads on each side */
+} ds4_offload_info;
+int ds4_cuda_offload_info(const ds4_backend *b, ds4_offload_info *out);
+
+/* CUDA builds: the routed-expert selections a backend made with
+ * opts.count_experts has counted so far, into p (model/placement.h). */
+struct ds4_expert_profile;
+int ds4_cuda_expert_counts(ds4_backend *b, struct ds4_expert_profile *p, ds4_err *err);
 
 #endif

@@ -10,27 +10,27 @@
 #define ARCH "deepseek4" /* general.architecture of the files ds4 runs */
 #define KEY(k) ARCH "." k
 
-void ds4_config_flash(ds4_config *c) {
+void ds4_config_schedule(ds4_config *c, uint32_t first_ratio) {
+    for (uint32_t il = 0; il < DS4_MAX_LAYERS; il++) {
+        c->compress_ratio[il] = il >= c->n_layer ? 0 : il < 2 ? first_ratio : (il % 2 == 0 ? 4 : 128);
+        c->swiglu_clamp[il] = il >= c->n_layer ? 0.0f : 10.0f;
+    }
+}
+
+/* What Flash and Pro share (docs/MODEL.md 1.1, 1.3). */
+static void common_shapes(ds4_config *c) {
     memset(c, 0, sizeof(*c));
-    c->n_layer = 43;
-    c->n_embd = 4096;
     c->n_vocab = 129280;
-    c->n_head = 64;
     c->n_head_kv = 1;
     c->head_dim = 512;
     c->rope_dim = 64;
-    c->q_lora_rank = 1024;
     c->o_lora_rank = 1024;
-    c->o_groups = 8;
-    c->n_expert = 256;
     c->n_expert_used = 6;
     c->n_expert_shared = 1;
-    c->n_ff_exp = 2048;
     c->n_hash_layer = 3;
     c->sliding_window = 128;
     c->idx_n_head = 64;
     c->idx_head_dim = 128;
-    c->idx_top_k = 512;
     c->n_hc = 4;
     c->hc_sinkhorn_iters = 20;
     c->hc_eps = 1e-6f;
@@ -41,13 +41,36 @@ void ds4_config_flash(ds4_config *c) {
     c->yarn_orig_ctx = 65536;
     c->yarn_beta_fast = 32.0f;
     c->yarn_beta_slow = 1.0f;
-    c->expert_weights_scale = 1.5f;
     c->expert_weights_norm = true;
     c->context_length = 1048576;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
-        c->compress_ratio[il] = il < 2 ? 0 : (il % 2 == 0 ? 4 : 128);
-        c->swiglu_clamp[il] = 10.0f;
-    }
+}
+
+void ds4_config_flash(ds4_config *c) {
+    common_shapes(c);
+    c->n_layer = 43;
+    c->n_embd = 4096;
+    c->n_head = 64;
+    c->q_lora_rank = 1024;
+    c->o_groups = 8;
+    c->n_expert = 256;
+    c->n_ff_exp = 2048;
+    c->idx_top_k = 512;
+    c->expert_weights_scale = 1.5f;
+    ds4_config_schedule(c, 0);
+}
+
+void ds4_config_pro(ds4_config *c) {
+    common_shapes(c);
+    c->n_layer = 61;
+    c->n_embd = 7168;
+    c->n_head = 128;
+    c->q_lora_rank = 1536;
+    c->o_groups = 16;
+    c->n_expert = 384;
+    c->n_ff_exp = 3072;
+    c->idx_top_k = 1024;
+    c->expert_weights_scale = 2.5f;
+    ds4_config_schedule(c, 128);
 }
 
 /* ------------------------------------------------------------- reading */
@@ -72,9 +95,12 @@ static int read_ratios(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     if (a->type != DS4_GGUF_U32 && a->type != DS4_GGUF_I32)
         return ds4_err_set(err, DS4_EFORMAT, "metadata %s: array of %s, expected u32 or i32",
                            KEY("attention.compress_ratios"), ds4_gguf_vtype_name(a->type));
-    if (a->count < c->n_layer)
-        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: %llu entries, need at least %u (one per layer)",
-                           KEY("attention.compress_ratios"), (unsigned long long)a->count, c->n_layer);
+    /* One per layer, and possibly the MTP layer's 0 after them (the
+     * official config lists it). */
+    if (a->count != c->n_layer && !(a->count == c->n_layer + 1 && ds4_gguf_arr_i64(a, c->n_layer) == 0))
+        return ds4_err_set(err, DS4_EFORMAT,
+                           "metadata %s: %llu entries for %s = %u (one per layer, optionally then the MTP layer's 0)",
+                           KEY("attention.compress_ratios"), (unsigned long long)a->count, KEY("block_count"), c->n_layer);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         int64_t r = ds4_gguf_arr_i64(a, il);
         if (r != 0 && r != 4 && r != 128)
@@ -91,9 +117,10 @@ static int read_clamps(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     if (a->type != DS4_GGUF_F32 && a->type != DS4_GGUF_F64)
         return ds4_err_set(err, DS4_EFORMAT, "metadata %s: array of %s, expected f32",
                            KEY("swiglu_clamp_exp"), ds4_gguf_vtype_name(a->type));
-    if (a->count < c->n_layer)
-        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: %llu entries, need at least %u (one per layer)",
-                           KEY("swiglu_clamp_exp"), (unsigned long long)a->count, c->n_layer);
+    if (a->count != c->n_layer && a->count != c->n_layer + 1)
+        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: %llu entries for %s = %u (one per layer, optionally then "
+                           "the MTP layer's)", KEY("swiglu_clamp_exp"), (unsigned long long)a->count, KEY("block_count"),
+                           c->n_layer);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         double v = ds4_gguf_arr_f64(a, il);
         if (!(v >= 0.0) || !isfinite(v))
@@ -205,23 +232,27 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
         if (!(cond)) return ds4_err_set(err, DS4_EUNSUPPORTED, __VA_ARGS__);   \
     } while (0)
 
+/* What the forward pass itself needs.  Widths need no particular
+ * divisibility: the quantized types a file uses bring their block sizes,
+ * which the loader checks per tensor (weights.c), and the simulations
+ * bring theirs (ds4_config_check_sim), checked only where they run. */
 int ds4_config_validate(const ds4_config *c, ds4_err *err) {
     REQUIRE(c->n_layer >= 1 && c->n_layer <= DS4_MAX_LAYERS, "block_count %u: must be 1..%d", c->n_layer, DS4_MAX_LAYERS);
-    REQUIRE(c->n_embd > 0 && c->n_embd % 32 == 0, "embedding_length %u: must be a positive multiple of 32", c->n_embd);
+    REQUIRE(c->n_embd > 0, "embedding_length must be positive");
     REQUIRE(c->n_vocab > 0, "vocab_size must be positive");
     REQUIRE(c->n_head > 0 && c->n_head_kv == 1, "attention: %u heads, %u KV heads: ds4 implements MQA with one KV head",
             c->n_head, c->n_head_kv);
-    REQUIRE(c->head_dim > 0 && c->head_dim % 32 == 0, "key_length %u: must be a positive multiple of 32", c->head_dim);
+    REQUIRE(c->head_dim > 0, "key_length must be positive");
     REQUIRE(c->rope_dim > 0 && c->rope_dim % 2 == 0 && c->rope_dim <= c->head_dim,
             "rope.dimension_count %u: must be even and at most key_length %u", c->rope_dim, c->head_dim);
-    REQUIRE(c->q_lora_rank > 0 && c->q_lora_rank % 32 == 0, "q_lora_rank %u: must be a positive multiple of 32", c->q_lora_rank);
+    REQUIRE(c->q_lora_rank > 0, "q_lora_rank must be positive");
     REQUIRE(c->o_groups > 0 && c->n_head % c->o_groups == 0,
             "output_group_count %u: must divide head_count %u", c->o_groups, c->n_head);
-    REQUIRE(c->o_lora_rank > 0 && c->o_lora_rank % 32 == 0, "output_lora_rank %u: must be a positive multiple of 32", c->o_lora_rank);
+    REQUIRE(c->o_lora_rank > 0, "output_lora_rank must be positive");
     REQUIRE(c->n_expert > 0 && c->n_expert_used > 0 && c->n_expert_used <= c->n_expert,
             "expert_used_count %u of expert_count %u: must be 1..expert_count", c->n_expert_used, c->n_expert);
     REQUIRE(c->n_expert_shared == 1, "expert_shared_count %u: ds4 implements exactly one shared expert", c->n_expert_shared);
-    REQUIRE(c->n_ff_exp > 0 && c->n_ff_exp % 32 == 0, "expert_feed_forward_length %u: must be a positive multiple of 32", c->n_ff_exp);
+    REQUIRE(c->n_ff_exp > 0, "expert_feed_forward_length must be positive");
     REQUIRE(c->n_hash_layer <= c->n_layer, "hash_layer_count %u exceeds block_count %u", c->n_hash_layer, c->n_layer);
     REQUIRE(c->sliding_window > 0, "sliding_window must be positive");
     REQUIRE(c->n_hc >= 1 && c->n_hc <= 16, "hyper_connection.count %u: must be 1..16", c->n_hc);
@@ -233,50 +264,73 @@ int ds4_config_validate(const ds4_config *c, ds4_err *err) {
             (unsigned long long)c->yarn_orig_ctx, c->yarn_beta_fast, c->yarn_beta_slow);
     REQUIRE(c->expert_weights_scale > 0, "expert_weights_scale must be positive");
 
-    bool any_indexer = false;
     for (uint32_t il = 0; il < c->n_layer; il++) {
         uint32_t r = c->compress_ratio[il];
         REQUIRE(r == 0 || r == 4 || r == 128, "compress_ratios[%u] = %u: only 0, 4 and 128 are supported", il, r);
-        if (r == 4) any_indexer = true;
     }
-    if (any_indexer) {
+    if (ds4_config_has_indexer(c)) {
         REQUIRE(c->idx_n_head > 0, "indexer.head_count must be positive when ratio-4 layers exist");
-        REQUIRE(c->idx_head_dim >= c->rope_dim && c->idx_head_dim % 32 == 0,
-                "indexer.key_length %u: must be a multiple of 32 and at least rope.dimension_count %u",
+        REQUIRE(c->idx_head_dim >= c->rope_dim, "indexer.key_length %u: must be at least rope.dimension_count %u",
                 c->idx_head_dim, c->rope_dim);
-        /* The Hadamard + FP4 simulation works on 128-wide rows (docs/MODEL.md 4.4). */
-        REQUIRE(c->idx_head_dim == 128, "indexer.key_length %u: the indexer simulation needs 128", c->idx_head_dim);
         REQUIRE(c->idx_top_k > 0, "indexer.top_k must be positive");
     }
-    /* The FP8 KV simulation works on 64-wide blocks of the non-RoPE part. */
+    return 0;
+}
+
+bool ds4_config_has_indexer(const ds4_config *c) {
+    for (uint32_t il = 0; il < c->n_layer; il++)
+        if (c->compress_ratio[il] == 4) return true;
+    return false;
+}
+
+int ds4_config_check_sim(const ds4_config *c, ds4_err *err) {
+    /* The FP8 KV simulation rounds the non-RoPE part in blocks of 64. */
     REQUIRE((c->head_dim - c->rope_dim) % 64 == 0,
-            "key_length %u minus rope.dimension_count %u must be a multiple of 64 (FP8 KV blocks)",
-            c->head_dim, c->rope_dim);
+            "key_length %u minus rope.dimension_count %u is not a multiple of 64: the FP8 KV simulation rounds "
+            "blocks of 64 (run with the simulations off)", c->head_dim, c->rope_dim);
+    /* The Hadamard + FP4 simulation works on 128-wide rows (docs/MODEL.md 4.4). */
+    REQUIRE(!ds4_config_has_indexer(c) || c->idx_head_dim == 128,
+            "indexer.key_length %u: the indexer simulation (Hadamard + FP4) needs 128 (run with the simulations off)",
+            c->idx_head_dim);
     return 0;
 }
 
 static bool feq(float a, float b) { return fabsf(a - b) <= 1e-6f * fmaxf(fabsf(a), fabsf(b)); }
 
+static bool same_shapes(const ds4_config *c, const ds4_config *f) {
+    if (c->n_layer != f->n_layer || c->n_embd != f->n_embd || c->n_vocab != f->n_vocab || c->n_head != f->n_head ||
+        c->n_head_kv != f->n_head_kv || c->head_dim != f->head_dim || c->rope_dim != f->rope_dim ||
+        c->q_lora_rank != f->q_lora_rank || c->o_lora_rank != f->o_lora_rank || c->o_groups != f->o_groups ||
+        c->n_expert != f->n_expert || c->n_expert_used != f->n_expert_used || c->n_ff_exp != f->n_ff_exp ||
+        c->n_hash_layer != f->n_hash_layer || c->sliding_window != f->sliding_window ||
+        c->idx_n_head != f->idx_n_head || c->idx_head_dim != f->idx_head_dim || c->idx_top_k != f->idx_top_k ||
+        c->n_hc != f->n_hc || c->hc_sinkhorn_iters != f->hc_sinkhorn_iters || c->yarn_orig_ctx != f->yarn_orig_ctx ||
+        c->expert_weights_norm != f->expert_weights_norm)
+        return false;
+    if (!feq(c->hc_eps, f->hc_eps) || !feq(c->rms_eps, f->rms_eps) || !feq(c->rope_base, f->rope_base) ||
+        !feq(c->compress_rope_base, f->compress_rope_base) || !feq(c->yarn_factor, f->yarn_factor) ||
+        !feq(c->yarn_beta_fast, f->yarn_beta_fast) || !feq(c->yarn_beta_slow, f->yarn_beta_slow) ||
+        !feq(c->expert_weights_scale, f->expert_weights_scale))
+        return false;
+    for (uint32_t il = 0; il < f->n_layer; il++)
+        if (c->compress_ratio[il] != f->compress_ratio[il] || !feq(c->swiglu_clamp[il], f->swiglu_clamp[il])) return false;
+    return true;
+}
+
 bool ds4_config_is_flash(const ds4_config *c) {
     ds4_config f;
     ds4_config_flash(&f);
-    if (c->n_layer != f.n_layer || c->n_embd != f.n_embd || c->n_vocab != f.n_vocab || c->n_head != f.n_head ||
-        c->n_head_kv != f.n_head_kv || c->head_dim != f.head_dim || c->rope_dim != f.rope_dim ||
-        c->q_lora_rank != f.q_lora_rank || c->o_lora_rank != f.o_lora_rank || c->o_groups != f.o_groups ||
-        c->n_expert != f.n_expert || c->n_expert_used != f.n_expert_used || c->n_ff_exp != f.n_ff_exp ||
-        c->n_hash_layer != f.n_hash_layer || c->sliding_window != f.sliding_window ||
-        c->idx_n_head != f.idx_n_head || c->idx_head_dim != f.idx_head_dim || c->idx_top_k != f.idx_top_k ||
-        c->n_hc != f.n_hc || c->hc_sinkhorn_iters != f.hc_sinkhorn_iters || c->yarn_orig_ctx != f.yarn_orig_ctx ||
-        c->expert_weights_norm != f.expert_weights_norm)
-        return false;
-    if (!feq(c->hc_eps, f.hc_eps) || !feq(c->rms_eps, f.rms_eps) || !feq(c->rope_base, f.rope_base) ||
-        !feq(c->compress_rope_base, f.compress_rope_base) || !feq(c->yarn_factor, f.yarn_factor) ||
-        !feq(c->yarn_beta_fast, f.yarn_beta_fast) || !feq(c->yarn_beta_slow, f.yarn_beta_slow) ||
-        !feq(c->expert_weights_scale, f.expert_weights_scale))
-        return false;
-    for (uint32_t il = 0; il < f.n_layer; il++)
-        if (c->compress_ratio[il] != f.compress_ratio[il] || !feq(c->swiglu_clamp[il], f.swiglu_clamp[il])) return false;
-    return true;
+    return same_shapes(c, &f);
+}
+
+bool ds4_config_is_pro(const ds4_config *c) {
+    ds4_config f;
+    ds4_config_pro(&f);
+    return same_shapes(c, &f);
+}
+
+const char *ds4_config_name(const ds4_config *c) {
+    return ds4_config_is_flash(c) ? "DeepSeek V4 Flash" : ds4_config_is_pro(c) ? "DeepSeek V4 Pro" : NULL;
 }
 
 /* ------------------------------------------------------------- writing */

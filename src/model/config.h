@@ -6,8 +6,8 @@
  * The real model has fixed shapes, but every shape here comes from the
  * metadata so that the same engine runs the tiny test models the project
  * generates.  ds4_config_validate() checks internal consistency (the forward
- * pass relies on it); ds4_config_is_flash() tells whether a config is the
- * published 284B model.
+ * pass relies on it); ds4_config_is_flash() / _is_pro() tell whether a
+ * config is one of the published models.
  */
 #ifndef DS4_MODEL_CONFIG_H
 #define DS4_MODEL_CONFIG_H
@@ -57,8 +57,15 @@ typedef struct ds4_config {
     float swiglu_clamp[DS4_MAX_LAYERS];      /* swiglu_clamp_exp */
 } ds4_config;
 
-/* The published DeepSeek V4 Flash shapes. */
+/* The published shapes: DeepSeek V4 Flash (284B) and Pro (1.6T; docs/MODEL.md
+ * 1.3, as PyPI nano-deepseek-v4 0.2.0's DeepSeekV4Config.pro() has them). */
 void ds4_config_flash(ds4_config *c);
+void ds4_config_pro(ds4_config *c);
+
+/* The compress-ratio schedule of both for c->n_layer layers: layers 0-1
+ * first_ratio (Flash 0, Pro 128), then 4 on even and 128 on odd layers;
+ * SwiGLU clamp 10 everywhere. */
+void ds4_config_schedule(ds4_config *c, uint32_t first_ratio);
 
 /* Read every deepseek4.* key (MODEL.md 1.1) and validate.  Errors name the
  * key and what was wrong with it. */
@@ -67,11 +74,25 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err);
 /* Write every deepseek4.* key. */
 int ds4_config_to_gguf(const ds4_config *c, ds4_gguf_writer *w, ds4_err *err);
 
-/* Internal consistency: divisibility, ranges, ratios in {0,4,128}, ... */
+/* Internal consistency: ranges, divisors (heads by output groups), ratios
+ * in {0,4,128}, ...  No width needs a particular divisibility here: block
+ * sizes come with the storage types (checked per tensor by the loader) and
+ * with the simulations (below). */
 int ds4_config_validate(const ds4_config *c, ds4_err *err);
+
+/* What the low-precision simulations (lowprec.h) need of the shapes: FP8
+ * KV blocks of 64 non-RoPE values, 128-wide indexer rows.  A backend
+ * checks it when it runs them. */
+int ds4_config_check_sim(const ds4_config *c, ds4_err *err);
+
+/* Whether any layer has ratio 4 (and so an indexer). */
+bool ds4_config_has_indexer(const ds4_config *c);
 
 /* True when every shape equals the published model's. */
 bool ds4_config_is_flash(const ds4_config *c);
+bool ds4_config_is_pro(const ds4_config *c);
+/* "DeepSeek V4 Flash", "DeepSeek V4 Pro", or NULL for any other shape. */
+const char *ds4_config_name(const ds4_config *c);
 
 /* Derived quantities used everywhere. */
 static inline bool ds4_layer_is_hash(const ds4_config *c, uint32_t il) { return il < c->n_hash_layer; }

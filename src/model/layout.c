@@ -55,6 +55,33 @@ uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d) {
     return 0;
 }
 
+const char *ds4_dim_keys(ds4_dim d) {
+    switch (d) {
+    case DS4_DIM_ONE: case DS4_DIM_HC_SCALES: return NULL;
+    case DS4_DIM_EMBD: return "deepseek4.embedding_length";
+    case DS4_DIM_VOCAB: return "deepseek4.vocab_size";
+    case DS4_DIM_HC: case DS4_DIM_HC_MIX: return "deepseek4.hyper_connection.count";
+    case DS4_DIM_HC_FLAT: return "deepseek4.hyper_connection.count x deepseek4.embedding_length";
+    case DS4_DIM_Q_RANK: return "deepseek4.attention.q_lora_rank";
+    case DS4_DIM_Q_OUT: return "deepseek4.attention.head_count x deepseek4.attention.key_length";
+    case DS4_DIM_HEAD_DIM: return "deepseek4.attention.key_length";
+    case DS4_DIM_N_HEAD: return "deepseek4.attention.head_count";
+    case DS4_DIM_O_GROUP_IN:
+        return "deepseek4.attention.head_count x deepseek4.attention.key_length / deepseek4.attention.output_group_count";
+    case DS4_DIM_O_LOW: return "deepseek4.attention.output_group_count x deepseek4.attention.output_lora_rank";
+    case DS4_DIM_RATIO: return "deepseek4.attention.compress_ratios";
+    case DS4_DIM_COMP_WIDTH: return "deepseek4.attention.compress_ratios and deepseek4.attention.key_length";
+    case DS4_DIM_IDX_Q_OUT: return "deepseek4.attention.indexer.head_count x deepseek4.attention.indexer.key_length";
+    case DS4_DIM_IDX_N_HEAD: return "deepseek4.attention.indexer.head_count";
+    case DS4_DIM_IDX_WIDTH: return "deepseek4.attention.indexer.key_length";
+    case DS4_DIM_IDX_HEAD_DIM: return "deepseek4.attention.indexer.key_length";
+    case DS4_DIM_EXPERTS: return "deepseek4.expert_count";
+    case DS4_DIM_EXPERTS_USED: return "deepseek4.expert_used_count";
+    case DS4_DIM_FF: return "deepseek4.expert_feed_forward_length";
+    }
+    return NULL;
+}
+
 static bool block_has(const ds4_block *b, ds4_when when) {
     switch (when) {
     case DS4_WHEN_ALWAYS:

@@ -56,6 +56,10 @@ typedef struct ds4_tensor_spec {
     char hf_prefix[24];    /* its block's HF prefix (convert/hf_names.c) */
 } ds4_tensor_spec;
 
+/* The metadata key(s) a dimension comes from ("deepseek4.expert_count"),
+ * for messages; NULL for the fixed ones. */
+const char *ds4_dim_keys(ds4_dim d);
+
 /* The tensors of a list (rows, n) that block b has, appended to `out` in
  * the list's order (out NULL: only counted).  Returns how many. */
 size_t ds4_layout_block(const ds4_config *c, const ds4_tensor_row *rows, size_t n, const ds4_block *b,

@@ -41,7 +41,7 @@ void ds4_kv_state_reset(ds4_kv_state *s) {
     s->n_tokens = 0;
     s->has_logits = false;
     memset(s->logits, 0, (size_t)s->cfg->n_vocab * sizeof(float)); /* an empty state is canonical */
-    for (uint32_t il = 0; il < s->cfg->n_layer; il++) clear_layer(s, il);
+    for (uint32_t il = s->layer_first; il < s->layer_end; il++) clear_layer(s, il);
 }
 
 void ds4_kv_state_free(ds4_kv_state *s) {
@@ -87,6 +87,15 @@ uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx) {
 }
 
 ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, ds4_err *err) {
+    return ds4_kv_state_new_layers(cfg, ctx, prefill_chunk, 0, cfg->n_layer, err);
+}
+
+ds4_kv_state *ds4_kv_state_new_layers(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, uint32_t first,
+                                      uint32_t end, ds4_err *err) {
+    if (first >= end || end > cfg->n_layer) {
+        ds4_err_set(err, DS4_EINVAL, "a KV state of layers %u..%u of a %u-layer model", first, end, cfg->n_layer);
+        return NULL;
+    }
     if (ctx == 0) {
         ds4_err_set(err, DS4_EINVAL, "context size must be positive");
         return NULL;
@@ -94,6 +103,8 @@ ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t pre
     ds4_kv_state *s = calloc(1, sizeof(*s));
     if (!s) goto oom;
     s->cfg = cfg;
+    s->layer_first = first;
+    s->layer_end = end;
     s->ctx = ctx;
     s->prefill_chunk = prefill_chunk;
     s->raw_cap = cfg->sliding_window < ctx ? cfg->sliding_window : ctx;
@@ -105,6 +116,7 @@ ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t pre
     for (uint32_t il = 0; il < cfg->n_layer; il++) {
         ds4_layer_state *L = &s->layers[il];
         uint32_t r = L->ratio = ds4_layer_ratio(cfg, il);
+        if (il < first || il >= end) continue;
         L->raw = alloc_f32((size_t)s->raw_cap * cfg->head_dim, &ok);
         if (r == 0) continue;
         size_t fr = (size_t)ds4_state_frontier_rows(r) * ds4_state_frontier_width(cfg, r, false);
@@ -151,7 +163,9 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     dst->has_logits = src->has_logits;
     memcpy(dst->tokens, src->tokens, (size_t)n * sizeof(uint32_t));
     memcpy(dst->logits, src->logits, (size_t)c->n_vocab * sizeof(float));
-    for (uint32_t il = 0; il < c->n_layer; il++) {
+    uint32_t first = src->layer_first > dst->layer_first ? src->layer_first : dst->layer_first;
+    uint32_t end = src->layer_end < dst->layer_end ? src->layer_end : dst->layer_end;
+    for (uint32_t il = first; il < end; il++) {
         const ds4_layer_state *S = &src->layers[il];
         ds4_layer_state *D = &dst->layers[il];
         memcpy(D->raw, S->raw, (size_t)src->raw_cap * c->head_dim * sizeof(float));
@@ -169,6 +183,64 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     return 0;
 }
 
+/* ------------------------------------------------------- layer slices */
+
+/* The arrays of layer il a slice carries, with their float counts for n
+ * tokens, in slice order. */
+static uint32_t slice_parts(const ds4_kv_state *s, uint32_t il, uint32_t n, float **ptr, size_t *cnt) {
+    const ds4_config *c = s->cfg;
+    ds4_layer_state *L = &s->layers[il];
+    uint32_t k = 0;
+    ptr[k] = L->raw, cnt[k++] = (size_t)s->raw_cap * c->head_dim;
+    if (L->ratio == 0) return k;
+    size_t fr = (size_t)ds4_state_frontier_rows(L->ratio) * ds4_state_frontier_width(c, L->ratio, false);
+    ptr[k] = L->comp, cnt[k++] = (size_t)(n / L->ratio) * c->head_dim;
+    ptr[k] = L->comp_kv, cnt[k++] = fr;
+    ptr[k] = L->comp_score, cnt[k++] = fr;
+    if (L->ratio != 4) return k;
+    size_t ifr = (size_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true);
+    ptr[k] = L->idx, cnt[k++] = (size_t)(n / 4) * c->idx_head_dim;
+    ptr[k] = L->idx_kv, cnt[k++] = ifr;
+    ptr[k] = L->idx_score, cnt[k++] = ifr;
+    return k;
+}
+
+uint64_t ds4_kv_state_slice_bytes(const ds4_kv_state *s, uint32_t n, uint32_t first, uint32_t end) {
+    uint64_t floats = 0;
+    float *ptr[7];
+    size_t cnt[7];
+    for (uint32_t il = first; il < end; il++) {
+        uint32_t k = slice_parts(s, il, n, ptr, cnt);
+        for (uint32_t i = 0; i < k; i++) floats += cnt[i];
+    }
+    return floats * sizeof(float);
+}
+
+void ds4_kv_state_pack_layers(const ds4_kv_state *s, uint32_t first, uint32_t end, void *buf) {
+    float *o = buf, *ptr[7];
+    size_t cnt[7];
+    for (uint32_t il = first; il < end; il++) {
+        uint32_t k = slice_parts(s, il, s->n_tokens, ptr, cnt);
+        for (uint32_t i = 0; i < k; i++) {
+            memcpy(o, ptr[i], cnt[i] * sizeof(float));
+            o += cnt[i];
+        }
+    }
+}
+
+void ds4_kv_state_unpack_layers(ds4_kv_state *s, uint32_t n, uint32_t first, uint32_t end, const void *buf) {
+    const float *o = buf;
+    float *ptr[7];
+    size_t cnt[7];
+    for (uint32_t il = first; il < end; il++) {
+        uint32_t k = slice_parts(s, il, n, ptr, cnt);
+        for (uint32_t i = 0; i < k; i++) {
+            memcpy(ptr[i], o, cnt[i] * sizeof(float));
+            o += cnt[i];
+        }
+    }
+}
+
 /* ------------------------------------------------------- DSV4 payload */
 
 /* The engine runs on little-endian hosts only (x86-64, aarch64), so the
@@ -184,15 +256,29 @@ static int rd(FILE *f, void *p, size_t n, const char *what, ds4_err *err) {
     return 0;
 }
 
+/* The prefill chunk a payload records: ds4 records the chunk its graph was
+ * sized for, min(ctx, chunk), and refuses a payload whose value differs
+ * from its own (docs/MODEL.md 8.3). */
+static uint32_t ds4_payload_chunk(const ds4_kv_state *s) {
+    return s->prefill_chunk < s->ctx ? s->prefill_chunk : s->ctx;
+}
+
 enum { H_MAGIC, H_VERSION, H_CTX, H_CHUNK, H_RAW_CAP, H_RAW_WINDOW, H_COMP_CAP, H_N, H_LAYERS,
        H_HEAD_DIM, H_IDX_HEAD_DIM, H_VOCAB, H_LIVE_RAW, H_COUNT };
 
+static int check_whole(const ds4_kv_state *s, ds4_err *err) {
+    if (s->layer_first == 0 && s->layer_end == s->cfg->n_layer) return 0;
+    return ds4_err_set(err, DS4_EINVAL, "a session payload holds every layer, this state only %u..%u",
+                       s->layer_first, s->layer_end - 1);
+}
+
 int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err) {
     const ds4_config *c = s->cfg;
+    if (check_whole(s, err) != 0) return -1;
     uint32_t n = s->n_tokens, L = live_raw(s);
     uint32_t h[H_COUNT] = {
         [H_MAGIC] = DS4_DSV4_MAGIC, [H_VERSION] = DS4_DSV4_VERSION, [H_CTX] = s->ctx,
-        [H_CHUNK] = s->prefill_chunk, [H_RAW_CAP] = s->raw_cap, [H_RAW_WINDOW] = c->sliding_window,
+        [H_CHUNK] = ds4_payload_chunk(s), [H_RAW_CAP] = s->raw_cap, [H_RAW_WINDOW] = s->raw_cap,
         [H_COMP_CAP] = ds4_state_comp_cap(s, 4), [H_N] = n, [H_LAYERS] = c->n_layer,
         [H_HEAD_DIM] = c->head_dim, [H_IDX_HEAD_DIM] = c->idx_head_dim, [H_VOCAB] = c->n_vocab,
         [H_LIVE_RAW] = L,
@@ -247,13 +333,20 @@ static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) 
     struct { int idx; uint32_t want; const char *what; } same[] = {
         {H_LAYERS, c->n_layer, "layer count"}, {H_HEAD_DIM, c->head_dim, "head dim"},
         {H_IDX_HEAD_DIM, c->idx_head_dim, "indexer head dim"}, {H_VOCAB, c->n_vocab, "vocabulary"},
-        {H_RAW_WINDOW, c->sliding_window, "raw window"},
     };
     for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)
         if (h[same[i].idx] != same[i].want)
             return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload: %s %u, this model has %u", same[i].what,
                                h[same[i].idx], same[i].want);
+    /* The raw window as ds4 writes it, min(window, ctx of the writer); the
+     * whole window as this engine wrote it before it matched ds4. */
+    uint32_t win = c->sliding_window < h[H_CTX] ? c->sliding_window : h[H_CTX];
+    if (h[H_RAW_WINDOW] != win && h[H_RAW_WINDOW] != c->sliding_window)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload: raw window %u, this model's is %u (at ctx %u: %u)",
+                           h[H_RAW_WINDOW], c->sliding_window, h[H_CTX], win);
     uint32_t n = h[H_N];
+    if (n > h[H_CTX])
+        return ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: %u tokens exceed its own context size %u", n, h[H_CTX]);
     if (n > s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "DSV4 payload: %u tokens exceed the context size %u", n, s->ctx);
     uint32_t want_L = c->sliding_window < n ? c->sliding_window : n;
@@ -266,7 +359,7 @@ static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) 
 int ds4_kv_state_load(ds4_kv_state *s, FILE *f, ds4_err *err) {
     const ds4_config *c = s->cfg;
     uint32_t h[H_COUNT];
-    if (rd(f, h, sizeof(h), "the header", err) || check_header(s, h, err)) return -1;
+    if (check_whole(s, err) || rd(f, h, sizeof(h), "the header", err) || check_header(s, h, err)) return -1;
     uint32_t n = h[H_N], L = h[H_LIVE_RAW];
     ds4_kv_state_reset(s);
     if (rd(f, s->tokens, (size_t)n * 4, "the tokens", err) || rd(f, s->logits, (size_t)c->n_vocab * 4, "the logits", err))

@@ -42,6 +42,8 @@ typedef struct ds4_layer_state {
 
 typedef struct ds4_kv_state {
     const ds4_config *cfg;
+    uint32_t layer_first;   /* the layers whose state it holds: [layer_first, */
+    uint32_t layer_end;     /* layer_end); all of them but in a pipeline stage */
     uint32_t ctx;           /* capacity in tokens */
     uint32_t prefill_chunk; /* recorded in payloads (MODEL.md 8.3) */
     uint32_t raw_cap;
@@ -54,6 +56,22 @@ typedef struct ds4_kv_state {
 
 /* Allocate an empty state for `ctx` tokens. */
 ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, ds4_err *err);
+
+/* The state of layers [first, end) only (a pipeline stage's, docs/
+ * DISTRIBUTED.md): the other layers' entries are empty (NULL arrays).
+ * Such a state copies to and from a whole one (the layers both hold) but
+ * is not saved as a payload. */
+ds4_kv_state *ds4_kv_state_new_layers(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, uint32_t first,
+                                      uint32_t end, ds4_err *err);
+
+/* Bytes of the layer slice [first, end) of a state of n tokens, as
+ * ds4_kv_state_pack_layers writes it: per layer the whole raw ring, the
+ * live compressed and indexer rows and the frontiers. */
+uint64_t ds4_kv_state_slice_bytes(const ds4_kv_state *s, uint32_t n, uint32_t first, uint32_t end);
+/* Write layers [first, end) of s (which holds them) to buf; read them back
+ * into a state holding them, whose n_tokens is n (the slice's). */
+void ds4_kv_state_pack_layers(const ds4_kv_state *s, uint32_t first, uint32_t end, void *buf);
+void ds4_kv_state_unpack_layers(ds4_kv_state *s, uint32_t n, uint32_t first, uint32_t end, const void *buf);
 void ds4_kv_state_free(ds4_kv_state *s);
 
 /* Host bytes a state of `ctx` tokens occupies (memory estimates). */
@@ -63,7 +81,7 @@ uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx);
 void ds4_kv_state_reset(ds4_kv_state *s);
 
 /* Copy the live part of `src` into `dst` (same config; dst->ctx must hold
- * src's tokens). */
+ * src's tokens): the tokens, the logits and the layers both states hold. */
 int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err);
 
 /* Geometry helpers. */
@@ -77,7 +95,8 @@ void ds4_frontier_clear(float *kv, float *score, uint32_t width, uint32_t r0, ui
 /* Bytes ds4_kv_state_save writes for this state. */
 uint64_t ds4_kv_state_payload_bytes(const ds4_kv_state *s);
 
-/* DSV4 payload v1, byte layout of MODEL.md 8.3 (little-endian). */
+/* DSV4 payload v1, byte layout of MODEL.md 8.3 (little-endian).  Whole
+ * states only. */
 int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err);
 int ds4_kv_state_load(ds4_kv_state *s, FILE *f, ds4_err *err);
 int ds4_kv_state_save_file(const ds4_kv_state *s, const char *path, ds4_err *err);

@@ -64,6 +64,15 @@ static int check_tensor(const ds4_tensor_spec *s, const ds4_gguf_tensor *t, ds4_
         char got_s[128], want_s[128];
         shape_str(got_s, sizeof(got_s), t->ndim, t->ne);
         shape_str(want_s, sizeof(want_s), s->ndim, want);
+        /* Name the metadata the expected shape comes from: a file whose
+         * keys describe one model and whose tensors another (a Pro header
+         * over Flash tensors) is told apart from a damaged tensor. */
+        const char *keys = NULL;
+        for (uint32_t i = 0; i < 3 && !keys; i++)
+            if (s->row && (i < t->ndim ? t->ne[i] : 1) != want[i]) keys = ds4_dim_keys(s->row->ne[i]);
+        if (keys)
+            return ds4_err_set(err, DS4_EFORMAT, "tensor %s: shape %s, expected %s by the metadata (%s)", s->name,
+                               got_s, want_s, keys);
         return ds4_err_set(err, DS4_EFORMAT, "tensor %s: shape %s, expected %s", s->name, got_s, want_s);
     }
     const ds4_type_info *ti = ds4_type_get(t->type);
@@ -126,7 +135,7 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
             rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s is not part of a %u-layer ds4 model", name, c->n_layer);
     }
     free(specs);
-    for (uint32_t il = 0; rc == 0 && il < c->n_layer; il++)
+    for (uint32_t il = 0; rc == 0 && il < c->n_layer && !w->gguf->header_only; il++)
         if (ds4_layer_is_hash(c, il)) rc = check_tid2eid(w, il, err);
     return rc;
 }
@@ -160,6 +169,18 @@ ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err) {
         ds4_weights_close(w);
         return NULL;
     }
+    return w;
+}
+
+ds4_weights *ds4_weights_open_header(const char *path, ds4_err *err) {
+    ds4_gguf *g = ds4_gguf_open_header(path, err);
+    if (!g) return NULL;
+    if (g->size > g->data_offset) { /* a file with data gets every check */
+        ds4_gguf_close(g);
+        return ds4_weights_open(path, err);
+    }
+    ds4_weights *w = ds4_weights_from_gguf(g, err);
+    if (!w) ds4_gguf_close(g);
     return w;
 }
 
@@ -226,7 +247,62 @@ void ds4_weights_close(ds4_weights *w) {
 void ds4_mtp_close(ds4_mtp_weights *m) {
     if (!m) return;
     if (m->own_gguf) ds4_gguf_close(m->gguf);
+    free(m->owned);
     free(m);
+}
+
+/* The block's state: one dense layer with the main model's last clamp. */
+static void mtp_config(ds4_mtp_weights *m, const ds4_config *c) {
+    m->cfg = *c;
+    m->cfg.n_layer = 1;
+    m->cfg.compress_ratio[0] = 0;
+    m->cfg.n_hash_layer = 0;
+    m->cfg.swiglu_clamp[0] = c->swiglu_clamp[c->n_layer - 1];
+}
+
+/* Where the spec's tensor goes: the block's own fields or its layer's. */
+static ds4_wt *mtp_slot(ds4_mtp_weights *m, const ds4_tensor_spec *s) {
+    char *base = s->row >= ds4_mtp_rows && s->row < ds4_mtp_rows + DS4_N_MTP_TENSORS ? (char *)m : (char *)&m->blk;
+    return (ds4_wt *)(base + s->row->offset);
+}
+
+ds4_mtp_weights *ds4_mtp_synthetic(const ds4_weights *w, const char *recipe_name, ds4_err *err) {
+    const ds4_recipe *recipe = ds4_recipe_get(recipe_name);
+    if (!recipe) {
+        ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", recipe_name, ds4_recipe_names());
+        return NULL;
+    }
+    size_t n = ds4_layout_mtp(&w->cfg, NULL);
+    ds4_mtp_weights *m = calloc(1, sizeof(*m));
+    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
+    if (!m || !specs) {
+        free(m);
+        free(specs);
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
+    mtp_config(m, &w->cfg);
+    m->synthetic = true;
+    m->owned = specs;
+    ds4_layout_mtp(&w->cfg, specs);
+    for (size_t i = 0; i < n; i++) {
+        const ds4_tensor_spec *s = &specs[i];
+        if (!s->generated) continue;
+        ds4_wt *slot = mtp_slot(m, s);
+        uint32_t type;
+        if (ds4_recipe_type_for(recipe, s, &type, err) != 0) {
+            ds4_mtp_close(m);
+            return NULL;
+        }
+        slot->data = NULL;
+        slot->type = type;
+        slot->ne[0] = s->ne[0];
+        slot->ne[1] = s->ne[1];
+        slot->ne[2] = s->ne[2];
+        slot->row_bytes = ds4_row_bytes(type, (int64_t)s->ne[0]);
+        slot->name = s->name;
+    }
+    return m;
 }
 
 /* A file with the deepseek4.* keys describes a model: it must be w's
@@ -271,19 +347,10 @@ static ds4_mtp_weights *mtp_bind(ds4_gguf *g, bool own, const ds4_weights *w, ds
         return NULL;
     }
     m->gguf = g;
-    /* its state: one dense layer with the main model's clamp */
-    m->cfg = *c;
-    m->cfg.n_layer = 1;
-    m->cfg.compress_ratio[0] = 0;
-    m->cfg.n_hash_layer = 0;
-    m->cfg.swiglu_clamp[0] = c->swiglu_clamp[c->n_layer - 1];
+    mtp_config(m, c);
     ds4_layout_mtp(c, specs);
     int rc = check_mtp_config(g, c, err);
-    for (size_t i = 0; i < n && rc == 0; i++) {
-        char *base = specs[i].row >= ds4_mtp_rows && specs[i].row < ds4_mtp_rows + DS4_N_MTP_TENSORS ? (char *)m
-                                                                                                    : (char *)&m->blk;
-        rc = bind_one(g, &specs[i], (ds4_wt *)(base + specs[i].row->offset), err);
-    }
+    for (size_t i = 0; i < n && rc == 0; i++) rc = bind_one(g, &specs[i], mtp_slot(m, &specs[i]), err);
     free(specs);
     if (rc != 0) {
         ds4_err_prefix(err, "%s: MTP block", g->path);

@@ -52,6 +52,8 @@ typedef struct ds4_mtp_weights {
     ds4_config cfg;            /* its state's shape: the main config with one dense layer */
     ds4_gguf *gguf;            /* the file it is bound from */
     bool own_gguf;             /* a file of its own (not the main model's) */
+    bool synthetic;            /* shapes only, data NULL (ds4_mtp_synthetic) */
+    void *owned;               /* names of a synthetic table */
     DS4_MTP_TENSORS(DS4_WT_FIELD) /* hc_head_*, e_proj, h_proj, enorm, hnorm, norm */
     ds4_layer_weights blk;
 } ds4_mtp_weights;
@@ -73,6 +75,12 @@ typedef struct ds4_weights {
  * path and names the key or tensor at fault. */
 ds4_weights *ds4_weights_open(const char *path, ds4_err *err);
 
+/* A header-only file (ds4-mkmodel --header-only) with the same checks on its
+ * metadata and tensor table (every tensor's data NULL, the hash tables'
+ * entries unchecked): what a model of its shapes would hold, e.g. Pro's.
+ * A file with data is opened as ds4_weights_open opens it. */
+ds4_weights *ds4_weights_open_header(const char *path, ds4_err *err);
+
 /* Same over an already opened reader; on success the weights own it. */
 ds4_weights *ds4_weights_from_gguf(ds4_gguf *g, ds4_err *err);
 
@@ -92,6 +100,10 @@ void ds4_weights_close(ds4_weights *w);
  * deepseek4.* metadata must also agree with w's shape keys. */
 ds4_mtp_weights *ds4_mtp_open(const char *path, const ds4_weights *w, ds4_err *err);
 ds4_mtp_weights *ds4_mtp_from_model(const ds4_weights *w, ds4_err *err);
+/* Shapes without data for w's block, the recipe's types (as
+ * ds4_weights_synthetic: the CUDA backend fills them with seeded random
+ * values). */
+ds4_mtp_weights *ds4_mtp_synthetic(const ds4_weights *w, const char *recipe, ds4_err *err);
 void ds4_mtp_close(ds4_mtp_weights *m);
 
 /* Every tensor view, in the tables' order: the globals, then each layer's

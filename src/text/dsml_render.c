@@ -73,7 +73,7 @@ static void render_name(ds4_rendered *r, const char *s, size_t n) {
 }
 
 static void render_param(ds4_rendered *r, const char *key, size_t key_len, const json_t *v) {
-    int is_str = json_is_string(v);
+    int is_str = json_is_string(v) && !ds4_pyjson_big_number(v);
     open_tag(r, "<", "parameter name=\"");
     render_name(r, key, key_len);
     ds4_rendered_puts(r, is_str ? "\" string=\"true\">" : "\" string=\"false\">");
@@ -104,8 +104,9 @@ int ds4_dsml_render_invoke(ds4_rendered *r, const char *name, size_t name_len, c
     json_t *parsed = NULL, *wrapped = NULL;
     const json_t *args = arguments;
     if (json_is_string(arguments)) {
-        parsed = json_loadb(json_string_value(arguments), json_string_length(arguments),
-                            JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        /* As json.loads reads it: big integers and 1e400 stay numbers. */
+        ds4_err ignored = {0};
+        parsed = ds4_pyjson_load(json_string_value(arguments), json_string_length(arguments), &ignored);
         if (json_is_object(parsed)) {
             args = parsed;
         } else {

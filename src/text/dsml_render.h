@@ -13,8 +13,10 @@
  * order; non-string values are json.dumps()ed (", " and ": " separators).
  * "｜DSML｜" is one special token; everything else is plain text.
  *
- * Arguments: an OpenAI `arguments` JSON string is parsed; a string that is
- * not a JSON object becomes one string parameter named "arguments" (the
+ * Arguments: an OpenAI `arguments` JSON string is parsed (as json.loads
+ * reads it: integers beyond 64 bits and 1e400 stay numbers, pyjson.h); a
+ * string that is not a JSON object becomes one string parameter named
+ * "arguments" (the
  * official encoder would crash on a non-object, ds4 does this); a value that
  * is not a string (null, a number, an array) becomes one non-string
  * parameter "arguments", as the official encoder does; a raw JSON object is

@@ -3,6 +3,7 @@
  */
 #include "text/pyjson.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -125,7 +126,10 @@ void ds4_pyjson_dump(ds4_strbuf *b, const json_t *v) {
         break;
     }
     case JSON_STRING:
-        ds4_pyjson_string(b, json_string_value(v), json_string_length(v));
+        if (ds4_pyjson_big_number(v))
+            ds4_strbuf_append(b, json_string_value(v) + 1, json_string_length(v) - 1);
+        else
+            ds4_pyjson_string(b, json_string_value(v), json_string_length(v));
         break;
     case JSON_INTEGER:
         ds4_strbuf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
@@ -143,4 +147,220 @@ void ds4_pyjson_dump(ds4_strbuf *b, const json_t *v) {
         ds4_strbuf_puts(b, "null");
         break;
     }
+}
+
+/* ------------------------------------------------------------- loading */
+
+#define BIG_MARK '\xff'
+#define MAX_DEPTH 2048      /* jansson's own nesting limit */
+#define MAX_INT_DIGITS 4300 /* Python's int <-> str conversion limit */
+
+typedef struct loader {
+    const char *s;
+    size_t n, i;
+    ds4_err *err;
+} loader;
+
+static json_t *fail_at(loader *L, ds4_errcode code, const char *what) {
+    ds4_err_set(L->err, code, "JSON: %s at byte %zu", what, L->i);
+    return NULL;
+}
+
+static void skip_ws(loader *L) {
+    while (L->i < L->n && (L->s[L->i] == ' ' || L->s[L->i] == '\t' || L->s[L->i] == '\n' || L->s[L->i] == '\r'))
+        L->i++;
+}
+
+static bool take(loader *L, const char *lit) {
+    size_t l = strlen(lit);
+    if (L->n - L->i < l || memcmp(L->s + L->i, lit, l) != 0) return false;
+    L->i += l;
+    return true;
+}
+
+static json_t *big_number(loader *L, const char *text, size_t len) {
+    char buf[MAX_INT_DIGITS + 8];
+    buf[0] = BIG_MARK;
+    memcpy(buf + 1, text, len);
+    json_t *v = json_stringn_nocheck(buf, len + 1);
+    return v ? v : fail_at(L, DS4_ENOMEM, "out of memory");
+}
+
+static size_t digits(loader *L) {
+    size_t k = 0;
+    while (L->i < L->n && L->s[L->i] >= '0' && L->s[L->i] <= '9') L->i++, k++;
+    return k;
+}
+
+/* A number by JSON's grammar (Python's NUMBER_RE); what jansson cannot hold
+ * becomes a big number with the text json.dumps writes for it. */
+static json_t *load_number(loader *L) {
+    size_t start = L->i;
+    bool neg = L->s[L->i] == '-';
+    if (neg) L->i++;
+    if (L->i < L->n && L->s[L->i] == '0') L->i++;
+    else if (digits(L) == 0) return fail_at(L, DS4_EFORMAT, "invalid number");
+    bool real = false;
+    if (L->i + 1 < L->n && L->s[L->i] == '.' && L->s[L->i + 1] >= '0' && L->s[L->i + 1] <= '9') {
+        L->i++;
+        digits(L);
+        real = true;
+    }
+    if (L->i < L->n && (L->s[L->i] == 'e' || L->s[L->i] == 'E')) {
+        size_t save = L->i++;
+        if (L->i < L->n && (L->s[L->i] == '+' || L->s[L->i] == '-')) L->i++;
+        if (digits(L) == 0) L->i = save; /* Python stops before a bare "e" */
+        else real = true;
+    }
+    const char *t = L->s + start;
+    size_t len = L->i - start;
+    char buf[64];
+    if (!real) {
+        if (len - neg > MAX_INT_DIGITS) {
+            L->i = start;
+            return fail_at(L, DS4_ERANGE, "integer of more than 4300 digits");
+        }
+        /* Within int64 an integer as jansson holds it; beyond, exact digits. */
+        if (len < sizeof(buf)) {
+            memcpy(buf, t, len);
+            buf[len] = '\0';
+            errno = 0;
+            long long x = strtoll(buf, NULL, 10);
+            if (errno == 0) {
+                json_t *v = json_integer(x);
+                return v ? v : fail_at(L, DS4_ENOMEM, "out of memory");
+            }
+        }
+        return big_number(L, t, len);
+    }
+    char *tmp = malloc(len + 1);
+    if (!tmp) return fail_at(L, DS4_ENOMEM, "out of memory");
+    memcpy(tmp, t, len);
+    tmp[len] = '\0';
+    double x = strtod(tmp, NULL);
+    free(tmp);
+    if (isinf(x)) return big_number(L, neg ? "-Infinity" : "Infinity", neg ? 9 : 8);
+    json_t *v = json_real(x);
+    return v ? v : fail_at(L, DS4_ENOMEM, "out of memory");
+}
+
+/* A string literal: its extent found here, its decoding (escapes,
+ * surrogates, UTF-8 validity) left to jansson. */
+static json_t *load_string(loader *L) {
+    size_t start = L->i++;
+    while (L->i < L->n && L->s[L->i] != '"') L->i += L->s[L->i] == '\\' ? 2 : 1;
+    if (L->i >= L->n) {
+        L->i = start;
+        return fail_at(L, DS4_EFORMAT, "unterminated string");
+    }
+    L->i++;
+    json_error_t je;
+    json_t *v = json_loadb(L->s + start, L->i - start, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    if (!v) {
+        L->i = start + (je.position > 0 ? (size_t)je.position - 1 : 0);
+        return fail_at(L, strstr(je.text, "out of memory") ? DS4_ENOMEM : DS4_EFORMAT, je.text);
+    }
+    return v;
+}
+
+static json_t *load_value(loader *L, int depth);
+
+static json_t *load_object(loader *L, int depth) {
+    json_t *o = json_object();
+    if (!o) return fail_at(L, DS4_ENOMEM, "out of memory");
+    L->i++;
+    skip_ws(L);
+    if (take(L, "}")) return o;
+    for (;;) {
+        skip_ws(L);
+        if (L->i >= L->n || L->s[L->i] != '"') goto bad_key;
+        json_t *k = load_string(L);
+        if (!k) goto fail;
+        skip_ws(L);
+        if (!take(L, ":")) {
+            json_decref(k);
+            fail_at(L, DS4_EFORMAT, "':' expected");
+            goto fail;
+        }
+        json_t *v = load_value(L, depth + 1);
+        int rc = v ? json_object_setn_new_nocheck(o, json_string_value(k), json_string_length(k), v) : -1;
+        json_decref(k);
+        if (!v) goto fail;
+        if (rc) {
+            fail_at(L, DS4_ENOMEM, "out of memory");
+            goto fail;
+        }
+        skip_ws(L);
+        if (take(L, "}")) return o;
+        if (!take(L, ",")) {
+            fail_at(L, DS4_EFORMAT, "',' or '}' expected");
+            goto fail;
+        }
+    }
+bad_key:
+    fail_at(L, DS4_EFORMAT, "string key expected");
+fail:
+    json_decref(o);
+    return NULL;
+}
+
+static json_t *load_array(loader *L, int depth) {
+    json_t *a = json_array();
+    if (!a) return fail_at(L, DS4_ENOMEM, "out of memory");
+    L->i++;
+    skip_ws(L);
+    if (take(L, "]")) return a;
+    for (;;) {
+        json_t *v = load_value(L, depth + 1);
+        if (!v) break;
+        if (json_array_append_new(a, v)) {
+            fail_at(L, DS4_ENOMEM, "out of memory");
+            break;
+        }
+        skip_ws(L);
+        if (take(L, "]")) return a;
+        if (!take(L, ",")) {
+            fail_at(L, DS4_EFORMAT, "',' or ']' expected");
+            break;
+        }
+    }
+    json_decref(a);
+    return NULL;
+}
+
+static json_t *load_value(loader *L, int depth) {
+    if (depth > MAX_DEPTH) return fail_at(L, DS4_EFORMAT, "nested too deeply");
+    skip_ws(L);
+    if (L->i >= L->n) return fail_at(L, DS4_EFORMAT, "value expected");
+    char c = L->s[L->i];
+    json_t *v = NULL;
+    if (c == '{') return load_object(L, depth);
+    if (c == '[') return load_array(L, depth);
+    if (c == '"') return load_string(L);
+    if (take(L, "true")) v = json_true();
+    else if (take(L, "false")) v = json_false();
+    else if (take(L, "null")) v = json_null();
+    else if (take(L, "NaN")) return big_number(L, "NaN", 3);
+    else if (take(L, "Infinity")) return big_number(L, "Infinity", 8);
+    else if (take(L, "-Infinity")) return big_number(L, "-Infinity", 9);
+    else if (c == '-' || (c >= '0' && c <= '9')) return load_number(L);
+    else return fail_at(L, DS4_EFORMAT, "value expected");
+    return v;
+}
+
+json_t *ds4_pyjson_load(const char *s, size_t n, ds4_err *err) {
+    loader L = {s, n, 0, err};
+    json_t *v = load_value(&L, 1);
+    if (!v) return NULL;
+    skip_ws(&L);
+    if (L.i < n) {
+        json_decref(v);
+        return fail_at(&L, DS4_EFORMAT, "extra data");
+    }
+    return v;
+}
+
+const char *ds4_pyjson_big_number(const json_t *v) {
+    const char *s = json_string_value(v);
+    return s && s[0] == BIG_MARK ? s + 1 : NULL;
 }

@@ -9,6 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "text/chat.h"
+#include "text/dsml_render.h"
+
 #define KEY_MODEL "tokenizer.ggml.model"
 #define KEY_PRE "tokenizer.ggml.pre"
 #define KEY_TOKENS "tokenizer.ggml.tokens"
@@ -16,6 +19,31 @@
 #define KEY_MERGES "tokenizer.ggml.merges"
 #define KEY_BOS "tokenizer.ggml.bos_token_id"
 #define KEY_EOS "tokenizer.ggml.eos_token_id"
+
+/* The control tokens of DeepSeek V4 (docs/MODEL.md 10.2): the markers the
+ * chat renderer places.  A file without token types (the original ds4
+ * finds these by spelling and ignores the types) still gets them as added
+ * tokens; every other token is NORMAL. */
+static const char *const CONTROL_SPELLINGS[] = {
+    DS4_TOK_BOS, DS4_TOK_EOS,   DS4_TOK_USER,      DS4_TOK_ASSISTANT, DS4_TOK_LATEST_REMINDER,
+    DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_DSML_MARKER,
+};
+
+static bool is_control_spelling(ds4_str s) {
+    for (size_t k = 0; k < sizeof(CONTROL_SPELLINGS) / sizeof(CONTROL_SPELLINGS[0]); k++)
+        if (ds4_str_eq(s, CONTROL_SPELLINGS[k])) return true;
+    return false;
+}
+
+/* Types for a file that stores none: NORMAL, CONTROL for the spellings
+ * above. */
+static int default_types(const ds4_gguf_array *tokens, int32_t **types, ds4_err *err) {
+    *types = malloc(sizeof(int32_t) * (tokens->count + 1));
+    if (!*types) return ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", KEY_TYPES);
+    for (uint64_t i = 0; i < tokens->count; i++)
+        (*types)[i] = is_control_spelling(tokens->strs[i]) ? DS4_TOKEN_CONTROL : DS4_TOKEN_NORMAL;
+    return 0;
+}
 
 /* An optional token id: -1 when the key is absent. */
 static int optional_id(const ds4_gguf *g, const char *key, int32_t *id, ds4_err *err) {
@@ -64,6 +92,8 @@ static int read_src(const ds4_gguf *g, ds4_vocab_src *src, int32_t **types, char
             int64_t t = ds4_gguf_arr_i64(ttypes, i);
             (*types)[i] = t < 0 || t > 255 ? -1 : (int32_t)t; /* vocab_new rejects -1 */
         }
+    } else if (default_types(tokens, types, err)) {
+        return -1;
     }
     src->n_tokens = (uint32_t)tokens->count;
     src->tokens = tokens->strs;

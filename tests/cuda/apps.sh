@@ -36,7 +36,7 @@ oneshot() { # oneshot BACKEND: the answer into $T/BACKEND.txt
     "$BIN/ds4" -m "$M" "--$1" -c 1024 --nothink --temp 0 -n 12 -p "Write a haiku about rain." \
         > "$T/$1.txt" 2> "$T/$1.err" || fail "ds4 --$1 exited $?: $(cat "$T/$1.err")"
     grep -q "^ds4: backend $1;" "$T/$1.err" || fail "ds4 --$1 does not say it runs on $1: $(cat "$T/$1.err")"
-    grep -Eq "generation: [0-9]+ tokens" "$T/$1.err" || fail "ds4 --$1 has no timing line: $(cat "$T/$1.err")"
+    grep -Eq "^ds4: prefill: [0-9.]+ t/s, generation: [0-9.]+ t/s; .*generation [0-9]+ tokens" "$T/$1.err" || fail "ds4 --$1 has no timing line: $(cat "$T/$1.err")"
     [ -s "$T/$1.txt" ] || fail "ds4 --$1 printed no answer"
 }
 oneshot cuda

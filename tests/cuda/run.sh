@@ -17,8 +17,9 @@
 #          moved in from the CPU, and both hand-overs (prefill, chunked
 #          prefill, decode, device greedy loop: what the kernels test cannot
 #          see); a q2 model with the simulations on (the quantized products
-#          and low-precision paths users run).  The HF golden and the
-#          programs end to end stay in emu: the compare already holds the
+#          and low-precision paths users run); the Pro-pattern HF golden
+#          (pro-a).  The other HF goldens and the programs end to end stay
+#          in emu: the compare already holds the
 #          CUDA backend to the CPU reference, which test_cpu_golden holds
 #          to the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
@@ -32,10 +33,21 @@
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
+#   split     routed experts split between the GPU and host RAM (none on
+#             the GPU, whole layers, random subsets by a profile, chunked
+#             prefill) against the all-resident run, 1e-3, identical greedy
+#             tokens, exact device memory accounting (test_cuda.c, cmd_split;
+#             smoke: two splits, a short prompt)
+#   mtp       the MTP block against transformers' MTPBlock (1e-4), and
+#             greedy generation with drafts of 1, 2 and 4 identical to plain
+#             decoding (test_cuda.c, cmd_mtp; smoke: --quick)
 #   batch     many sessions in shared steps against each alone (cmd_batch)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
-#   golden    HF transformers logits, simulations off, 1e-4
+#   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
+#             odd-a, odd-b: shapes no published model has; pro-a: Pro's
+#             pattern scaled down)
+#   steering  directional steering against the CPU (test_cuda.c, cmd_steer)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -113,6 +125,9 @@ if in_set gpu; then
     $MK -q --preset small --recipe q2 --seed 12 -o "$T/small-q2.gguf"
     $MK -q --preset mid --recipe f16 --seed 13 -o "$T/mid-f16.gguf"
     $MK -q --recipe f16 --set embd=4096 --set layers=3 --seed 14 -o "$T/wide-f16.gguf"
+    # Pro's width (7168: the HC finish's 16 columns a thread)
+    $MK -q --recipe f16 --set embd=7168 --set layers=3 --seed 16 -o "$T/prowide-f16.gguf"
+    $MK -q --recipe q2 --set embd=7168 --set layers=3 --seed 16 -o "$T/prowide-q2.gguf"
 fi
 
 # Decode steps of every kind across two graphs, with folded windows.
@@ -136,7 +151,28 @@ in_set gpu && join
 step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu smoke && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
+if in_set smoke; then
+    step "split tiny f16 (quick)" "$TEST" split "$M-f16.gguf" --no-sim --quick --prompt 16 --steps 4
+else
+    step "split tiny f16" "$TEST" split "$M-f16.gguf" --no-sim
+fi
+in_set gpu && step "split mid f16" "$TEST" split "$T/mid-f16.gguf" --no-sim --prompt 300 --steps 32 --seed 12
 in_set emu && step "golden tiny-b" "$TEST" golden "$GOLD/tiny-b.f16.gguf" "$GOLD/tiny-b.golden" 48
+# Directional steering against the CPU: two pairs of scales (the decode
+# graphs captured again for the second), the observed activations, and
+# scales of 0 bit-identical to no directions.
+in_set emu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 24 --steps 6
+in_set gpu && step "steering" "$TEST" steer "$M-f16.gguf" --prompt 300 --steps 64
+# Pro's pattern (ratio 128 from layer 0, 16 output groups, top-k above the
+# compressed rows) against transformers in every set; the shapes no
+# published model has (width 80, output rank 16; width 112, heads of 192)
+# in emu and gpu.
+if in_set gpu; then
+    for g in odd-a odd-b pro-a; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden"; done
+else
+    step "golden pro-a" "$TEST" golden "$GOLD/pro-a.f16.gguf" "$GOLD/pro-a.golden" 16
+    in_set emu && for g in odd-a odd-b; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden" 24; done
+fi
 in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
 # Marks and rewinds (cuda_seq.cu): smoke and emu a 17-row step over the
 # 16-row window's ring across a ratio-4 window's end, taken back to its
@@ -160,6 +196,18 @@ elif in_set emu; then
 else
     step "batch 32 x 64" "$TEST" batch "$M-f16.gguf" --no-sim --sessions 32 --steps 64 --prompt-max 200
 fi
+# The MTP block (cuda_mtp.cu) and speculative decoding through the engine:
+# smoke the longest prefill's last rows and drafts of 2 across window ends;
+# emu every length and drafts of 1, 2 and 4 on tiny-a; gpu that on both
+# golden models.
+if in_set smoke; then
+    step "mtp (quick)" "$TEST" mtp "$GOLD/tiny-a.f16.gguf" "$GOLD/tiny-a.mtp.gguf" "$GOLD/tiny-a.mtp.golden" --quick
+else
+    for g in tiny-a tiny-b; do
+        [ $g = tiny-b ] && ! in_set gpu && continue
+        step "mtp $g" "$TEST" mtp "$GOLD/$g.f16.gguf" "$GOLD/$g.mtp.gguf" "$GOLD/$g.mtp.golden"
+    done
+fi
 join
 if in_set gpu; then
     step "strict tiny f16" "$TEST" compare "$M-f16.gguf" --no-sim
@@ -176,6 +224,9 @@ if in_set gpu; then
         --graph-ctx 310
     # Flash's width (4096): the HC decode launch of 32 column slices
     step "strict wide f16" "$TEST" compare "$T/wide-f16.gguf" --no-sim --prompt 40 --steps 16
+    # Pro's width (7168), the HC launches of 16 columns a thread, f16 and q2
+    step "strict pro-wide f16" "$TEST" compare "$T/prowide-f16.gguf" --no-sim --prompt 40 --steps 16
+    step "loose pro-wide q2" "$TEST" compare "$T/prowide-q2.gguf" --loose --prompt 40 --steps 16
     # tiny-a (64-wide, indexer top-16 of 32 heads) has, for this prompt, one
     # decode step where the GPU's last-bit differences flip a selection that
     # neither CPU twin flips (one row moves by 0.126, all others < 1e-6):

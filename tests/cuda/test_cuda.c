@@ -45,6 +45,20 @@
  *       max |d| <= 1e-4 max |logit|, same argmax (the CPU's own criterion,
  *       tests/unit/test_cpu_golden.c).
  *
+ *   test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X] [--quick]
+ *       routed experts split between the GPU and host RAM
+ *       (ds4_backend_opts.gpu_mem, docs/DESIGN.md 3.5) against the
+ *       all-resident CUDA run: none on the GPU, whole layers (half the
+ *       experts' bytes), random thirds by a random expert profile, in one
+ *       chunk and in chunks of 5; prefill's host experts streamed to the
+ *       GPU, computed by the CPU, and as the measured costs choose.  Each: the device bytes allocated are
+ *       those the placement printed and within the budget; prefill logits
+ *       (every position), decode steps fed the reference's greedy tokens
+ *       and a prefill after them within max |d| <= tol * max |logit| (1e-3)
+ *       with the same argmax; the device greedy loop gives the reference's
+ *       tokens.  A budget one byte below the least is refused, naming it.
+ *       --quick: none on the GPU (streamed) and the chunks of 5 (CPU) only.
+ *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
  *       rewindable steps of 2, 5 and 17 rows before and at the window
  *       boundaries, taken back to none, one and all but one of their rows:
@@ -53,6 +67,22 @@
  *       logits and three decode steps after the rewind are the CPU's
  *       within 1e-3 of max |logit|.
  *
+ *   test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]
+ *       the MTP block (cuda_mtp.cu), simulations off, against transformers'
+ *       MTPBlock logits (tests/reference/mtp_golden.py) within 1e-4 of max
+ *       |logit| after prefills of several lengths (rows paired with the
+ *       main model's residuals, in one step of many rows and one row at a
+ *       time); then greedy generation through the engine with MTP drafts
+ *       of 1, 2 and 4 tokens (verified in one batched step, rejected rows
+ *       rewound) hands out the tokens plain decoding does, for prompts
+ *       whose generation crosses the prefill / decode boundary and the
+ *       ratio-4 and ratio-128 window ends.  --quick: a prefill of 24 and
+ *       its 24 rows (12 in one step, 12 one at a time; the last, whose
+ *       window the block holds whole, compares), drafts of 2 for 8 tokens
+ *       after 122 (across a ratio-4 window's end and the ratio-128 one's
+ *       at 127).
+ *   test_cuda steer MODEL [--prompt N] [--steps N]
+ *       directional steering against the CPU's (cmd_steer), simulations off.
  *   test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N]
  *                         [--prompt-max N]
  *       N sessions (8 by default) with prompts of different lengths (3 to
@@ -83,8 +113,14 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/engine.h"
+#include "engine/generate.h"
+#include "engine/session.h"
+#include "engine/spec.h"
 #include "format/gguf.h"
 #include "model/backends.h"
+#include "model/placement.h"
+#include "model/steering.h"
 
 static int failures;
 
@@ -819,18 +855,525 @@ static int cmd_batch(int argc, char **argv) {
     return 0;
 }
 
+/* The MTP block's logits against the transformers golden (the CPU test's
+ * file, tests/unit/test_mtp.c): rows of the last DS4_HIDDEN_KEEP positions
+ * after prefills of several lengths, the first half of them in one step. */
+static void mtp_golden(const char *model, const char *mtp, const char *golden, bool quick) {
+    FILE *f = fopen(golden, "rb");
+    char magic[4];
+    uint32_t h[3];
+    if (!f || fread(magic, 1, 4, f) != 4 || memcmp(magic, "DS4M", 4) || fread(h, 4, 3, f) != 3) {
+        printf("FAIL: cannot read MTP golden %s\n", golden);
+        exit(1);
+    }
+    uint32_t n = h[1], V = h[2];
+    uint32_t *tok = malloc(n * 4);
+    float *want = xmalloc((size_t)(n - 1) * V * 4);
+    if (fread(tok, 4, n, f) != n || fread(want, 4, (size_t)(n - 1) * V, f) != (size_t)(n - 1) * V) {
+        printf("FAIL: MTP golden %s truncated\n", golden);
+        exit(1);
+    }
+    fclose(f);
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) die(model, &err);
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) die(mtp, &err);
+    ds4_backend_opts o = {.ctx_size = 512, .no_sim = true, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die("cuda", &err);
+    uint32_t W = w->cfg.sliding_window;
+    float *got = xmalloc((size_t)DS4_HIDDEN_KEEP * V * 4);
+    const uint32_t all[] = {2, 60, 130, 257, n - 1}, few[] = {24};
+    const uint32_t *ns = quick ? few : all, nn = quick ? 1 : 5;
+    double worst = 0;
+    for (uint32_t a = 0; a < nn; a++) {
+        uint32_t len = ns[a], lo = len > DS4_HIDDEN_KEEP ? len - DS4_HIDDEN_KEEP : 0, half = lo + (len - lo) / 2;
+        ds4_backend_reset(b);
+        if (ds4_backend_prefill(b, tok, len, NULL, &err)) die("prefill", &err);
+        ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+        if (!ms) die("MTP sequence", &err);
+        ds4_row rows[DS4_HIDDEN_KEEP];
+        for (uint32_t i = lo; i < half; i++) rows[i - lo] = ds4_mtp_row(ms, tok[i + 1], DS4_ROW_LOGITS, b->main, i);
+        ds4_step_out out = {got, NULL};
+        if (half > lo && ds4_backend_mtp_step(b, rows, half - lo, &out, &err)) die("MTP step", &err);
+        for (uint32_t i = half; i < len; i++) {
+            rows[0] = ds4_mtp_row(ms, tok[i + 1], DS4_ROW_LOGITS, b->main, i);
+            out.logits = got + (size_t)(i - lo) * V;
+            if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("MTP step", &err);
+        }
+        for (uint32_t i = lo; i < len; i++) {
+            if (i + 1 < lo + W && i + 1 != len) continue; /* its window reaches before the MTP rows */
+            diff d = {0};
+            diff_add(&d, got + (size_t)(i - lo) * V, want + (size_t)i * V, 1, V);
+            double r = rel(&d, 0);
+            CHECK(r <= 1e-4 && !d.row_arg[0], "MTP row at %u after %u tokens: max|d| / max|logit| %.3g%s", i, len, r,
+                  d.row_arg[0] ? ", argmax differs" : "");
+            if (r > worst) worst = r;
+            diff_free(&d);
+        }
+        ds4_seq_free(b, ms);
+    }
+    printf("MTP block against transformers (%s): worst row max|d| / max|logit| = %.3g\n", model, worst);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+    free(tok);
+    free(want);
+    free(got);
+}
+
+/* The MTP sequence's rewind (cuda_mtp.cu): after 127 rows and a mark, three
+ * draft rows taken back (two of them overwrite ring slots the next row's
+ * window reads) leave no trace - the next row's logits are those of a
+ * sequence that never drafted, bit for bit (the same kernels), whatever the
+ * drafts - and a rewind that keeps the first draft is the sequence that
+ * appended that row alone. */
+static void mtp_rewind(const char *model, const char *mtp) {
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(model, &err);
+    if (!w) die(model, &err);
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) die(mtp, &err);
+    ds4_backend_opts o = {.ctx_size = 256, .no_sim = true, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die("cuda", &err);
+    if (w->cfg.sliding_window > DS4_HIDDEN_KEEP) { /* the drafts' slots must be in the next row's window */
+        printf("FAIL: the MTP rewind check needs a window of at most %d rows\n", DS4_HIDDEN_KEEP);
+        exit(1);
+    }
+    uint32_t V = w->cfg.n_vocab, n = 140, lo = n - DS4_HIDDEN_KEEP, tok[141];
+    for (uint32_t i = 0; i < 141; i++) tok[i] = (i * 37u + 5u) % V;
+    if (ds4_backend_prefill(b, tok, n, NULL, &err)) die("prefill", &err);
+    float *lg = xmalloc((size_t)5 * V * 4);
+    ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+    if (!ms) die("MTP sequence", &err);
+    ds4_row rows[DS4_HIDDEN_KEEP];
+    ds4_step_out out = {NULL, NULL};
+    /* runs: 0 no drafts; 1, 2 drafts taken back; 3 the first draft kept; 4 it appended plainly */
+    for (int run = 0; run < 5; run++) {
+        ds4_seq_reset(b, ms);
+        for (uint32_t i = lo; i < n - 1; i++) rows[i - lo] = ds4_mtp_row(ms, tok[i + 1], 0, b->main, i);
+        out.logits = NULL;
+        if (ds4_backend_mtp_step(b, rows, n - 1 - lo, &out, &err) || ds4_backend_mark(b, ms, &err))
+            die("MTP rows", &err);
+        uint32_t base = ds4_seq_len(b, ms);
+        if (run >= 1 && run <= 3)
+            for (uint32_t k = 0; k < 3; k++) {
+                rows[0] = ds4_mtp_row(ms, (tok[k] + 7u * (uint32_t)run) % V, DS4_ROW_REWIND, ms, base - 1 + k);
+                if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+            }
+        if (run == 4) {
+            rows[0] = ds4_mtp_row(ms, (tok[0] + 21u) % V, 0, ms, base - 1);
+            if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("draft", &err);
+        }
+        if ((run >= 1 && run <= 3) && ds4_backend_rewind(b, ms, base + (run == 3), &err)) die("rewind", &err);
+        CHECK(ds4_seq_len(b, ms) == base + (run >= 3), "run %d: MTP sequence of %u rows after the rewind", run,
+              ds4_seq_len(b, ms));
+        /* the next row: the main model's last residual, or (3, 4) the kept draft's */
+        rows[0] = run >= 3 ? ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, ms, base)
+                           : ds4_mtp_row(ms, tok[n], DS4_ROW_LOGITS, b->main, n - 1);
+        out.logits = lg + (size_t)run * V;
+        if (ds4_backend_mtp_step(b, rows, 1, &out, &err)) die("row", &err);
+    }
+    CHECK(!memcmp(lg + V, lg, V * 4) && !memcmp(lg + 2 * (size_t)V, lg, V * 4),
+          "MTP rewind: rejected drafts left a trace in the next row's logits");
+    CHECK(!memcmp(lg + 3 * (size_t)V, lg + 4 * (size_t)V, V * 4),
+          "MTP rewind: a kept draft differs from the row appended plainly");
+    ds4_seq_free(b, ms);
+    free(lg);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+}
+
+typedef struct tokrec {
+    int32_t tok[64];
+    uint32_t n;
+} tokrec;
+
+static void record_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
+    (void)ctl;
+    tokrec *r = ctx;
+    if (r->n < 64) r->tok[r->n++] = t;
+}
+
+/* n greedy tokens after prompt p through an engine (draft 0: no MTP);
+ * the session's verification steps into *st. */
+static void generate_on(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft, tokrec *r,
+                        ds4_spec_stats *st) {
+    ds4_err err = {0};
+    ds4_session *s = ds4_session_new(e, 512, &err);
+    if (!s) die("session", &err);
+    if (draft && ds4_session_enable_mtp(s, draft, 0.0f, &err)) die("MTP", &err);
+    if (ds4_session_sync(s, p, np, NULL, NULL, &err)) die("prompt", &err);
+    ds4_gen_opts o = {.max_tokens = n};
+    ds4_gen_result res;
+    memset(r, 0, sizeof(*r));
+    if (ds4_generate(s, NULL, &o, record_token, r, &res, &err)) die("generate", &err);
+    *st = ds4_session_spec(s) ? ds4_session_spec(s)->stats : (ds4_spec_stats){0};
+    ds4_session_free(s);
+}
+
+/* Greedy generation with drafts of 1, 2 and 4 tokens hands out plain
+ * decoding's tokens.  Prompts of 1 token (the first verification right
+ * after the prefill), 118 (the 20 tokens cross the ratio-4 window ends and
+ * the ratio-128 one at 127) and 250 (the ratio-128 one at 255). */
+static void mtp_identity(const char *model, const char *mtp, bool quick) {
+    ds4_err err = {0};
+    ds4_engine_opts po = {.model_path = model, .backend = "cuda"}, so = po;
+    so.mtp_path = mtp;
+    ds4_engine *plain = ds4_engine_open(&po, &err), *spec = plain ? ds4_engine_open(&so, &err) : NULL;
+    if (!plain || !spec) die("engine", &err);
+    uint32_t V = plain->w->cfg.n_vocab;
+    int32_t prompt[300];
+    for (uint32_t i = 0; i < 300; i++) prompt[i] = (int32_t)((i * 2654435761u + 11u) % V);
+    const uint32_t all_np[] = {1, 118, 250}, all_draft[] = {1, 2, 4}, q_np[] = {122}, q_draft[] = {2};
+    const uint32_t *np = quick ? q_np : all_np, *draft = quick ? q_draft : all_draft, nn = quick ? 1 : 3,
+                   nd = quick ? 1 : 3, ng = quick ? 8 : 20;
+    for (uint32_t a = 0; a < nn; a++) {
+        tokrec want, got;
+        ds4_spec_stats st;
+        generate_on(plain, prompt, np[a], ng, 0, &want, &st);
+        for (uint32_t d = 0; d < nd; d++) {
+            generate_on(spec, prompt, np[a], ng, draft[d], &got, &st);
+            CHECK(got.n == want.n && !memcmp(got.tok, want.tok, want.n * sizeof(int32_t)),
+                  "prompt of %u, drafts of %u: the tokens differ from plain decoding", np[a], draft[d]);
+            CHECK(st.cycles > 0, "prompt of %u, drafts of %u: no verification step", np[a], draft[d]);
+            printf("prompt of %u, drafts of %u: %u tokens in %llu verification steps, %llu of %llu drafts accepted\n",
+                   np[a], draft[d], got.n, (unsigned long long)st.cycles, (unsigned long long)st.accepted,
+                   (unsigned long long)st.drafted);
+        }
+    }
+    ds4_engine_close(spec);
+    ds4_engine_close(plain);
+}
+
+static int cmd_mtp(int argc, char **argv) {
+    if (argc != 3 && argc != 4) return 2;
+    bool quick = argc == 4 && !strcmp(argv[3], "--quick");
+    if (argc == 4 && !quick) return 2;
+    mtp_golden(argv[0], argv[1], argv[2], quick);
+    mtp_rewind(argv[0], argv[1]);
+    mtp_identity(argv[0], argv[1], quick);
+    return 0;
+}
+
+/* ------------------------------------------------------------ steering */
+
+/* What an activation observer saw: every row of every call, in order. */
+typedef struct obs_log {
+    uint32_t D;
+    float *rows;
+    size_t n, cap; /* rows */
+} obs_log;
+
+static void obs_record(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y) {
+    (void)il, (void)ffn;
+    obs_log *o = ctx;
+    if (o->n + T > o->cap) {
+        o->cap = (o->n + T) * 2;
+        o->rows = realloc(o->rows, o->cap * o->D * sizeof(float));
+    }
+    memcpy(o->rows + o->n * o->D, y, (size_t)T * o->D * sizeof(float));
+    o->n += T;
+}
+
+/* Unit rows of a seeded Gaussian, layer 1 left zero (a layer steering
+ * leaves alone). */
+static float *steer_dirs(uint32_t L, uint32_t D) {
+    float *v = xmalloc((size_t)L * D * sizeof(float));
+    uint64_t s = 12345;
+    for (uint32_t il = 0; il < L; il++) {
+        double norm = 0;
+        for (uint32_t d = 0; d < D; d++) {
+            s = s * 6364136223846793005ull + 1442695040888963407ull;
+            v[(size_t)il * D + d] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
+            norm += (double)v[(size_t)il * D + d] * v[(size_t)il * D + d];
+        }
+        for (uint32_t d = 0; d < D; d++) v[(size_t)il * D + d] = il == 1 ? 0.0f : (float)(v[(size_t)il * D + d] / sqrt(norm));
+    }
+    return v;
+}
+
+/* A prefill of n tokens (every logits row) then `steps` decode steps fed
+ * with the CPU's greedy tokens, on CPU and CUDA with the same directions
+ * and scales; rows into d. */
+static void steer_run(ds4_backend *cpu, ds4_backend *gpu, const uint32_t *toks, uint32_t n, uint32_t steps, diff *d) {
+    ds4_err err = {0};
+    uint32_t V = cpu->w->cfg.n_vocab;
+    float *a = xmalloc((size_t)n * V * sizeof(float)), *b = xmalloc((size_t)n * V * sizeof(float));
+    if (ds4_backend_prefill(cpu, toks, n, a, &err)) die("cpu prefill", &err);
+    if (ds4_backend_prefill(gpu, toks, n, b, &err)) die("cuda prefill", &err);
+    diff_add(d, b, a, n, V);
+    for (uint32_t i = 0; i < steps; i++) {
+        uint32_t t = argmax(ds4_backend_logits(cpu), V);
+        if (ds4_backend_decode(cpu, t, &err)) die("cpu decode", &err);
+        if (ds4_backend_decode(gpu, t, &err)) die("cuda decode", &err);
+        diff_add(d, ds4_backend_logits(gpu), ds4_backend_logits(cpu), 1, V);
+    }
+    free(a);
+    free(b);
+}
+
+/* test_cuda steer MODEL [--prompt N] [--steps N]: directional steering
+ * (model/steering.h) on the CUDA backend against the CPU's, simulations
+ * off (an F16 model): scales (1, 0.5), then (-1.5, 0) in the same backends
+ * after a reset (the decode graphs captured again), each within 1e-3 of
+ * max |logit| with the same argmax; the activations at the steering points
+ * (observer) in a prefill within 1e-4 of their largest value; and scales of
+ * 0 with directions bit-identical to a backend without them. */
+static int cmd_steer(int argc, char **argv) {
+    if (argc < 1) return 2;
+    const char *path = argv[0];
+    uint32_t n = 40, steps = 12;
+    for (int i = 1; i + 1 < argc; i += 2) {
+        if (!strcmp(argv[i], "--prompt")) n = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else if (!strcmp(argv[i], "--steps")) steps = (uint32_t)strtoul(argv[i + 1], NULL, 10);
+        else return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) die(path, &err);
+    uint32_t L = w->cfg.n_layer, D = w->cfg.n_embd, V = w->cfg.n_vocab, ctx = n + steps + 8;
+    float *dirs = steer_dirs(L, D);
+    ds4_steering *st = ds4_steering_from(dirs, L, D, &err);
+    if (!st) die("directions", &err);
+    uint32_t *toks = malloc(n * sizeof(uint32_t));
+    uint64_t s = 77;
+    for (uint32_t i = 0; i < n; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)((s >> 33) % V);
+    }
+    obs_log oc = {.D = D}, og = {.D = D};
+    ds4_backend_opts o = {.ctx_size = ctx, .no_sim = true, .steer = st, .act_observer = obs_record, .act_ctx = &oc};
+    ds4_backend *cpu = ds4_backend_create("cpu", w, &o, &err);
+    if (!cpu) die("cpu", &err);
+    o.act_ctx = &og;
+    ds4_backend *gpu = ds4_backend_create("cuda", w, &o, &err);
+    if (!gpu) die("cuda", &err);
+    const float scales[2][2] = {{1.0f, 0.5f}, {-1.5f, 0.0f}};
+    for (int k = 0; k < 2; k++) {
+        ds4_backend_reset(cpu);
+        ds4_backend_reset(gpu);
+        ds4_seq_set_steering(cpu->main, scales[k][0], scales[k][1]);
+        ds4_seq_set_steering(gpu->main, scales[k][0], scales[k][1]);
+        oc.n = og.n = 0;
+        diff d = {0};
+        steer_run(cpu, gpu, toks, n, steps, &d);
+        char what[64];
+        snprintf(what, sizeof(what), "steered ffn %g attn %g", scales[k][0], scales[k][1]);
+        diff_check(what, &d, 1e-3);
+        diff_free(&d);
+        /* the prefill's rows: 2 L calls of n rows (decode passes are not observed on CUDA) */
+        CHECK(og.n == (size_t)2 * L * n && oc.n >= og.n, "observer rows: cuda %zu (want %zu), cpu %zu", og.n,
+              (size_t)2 * L * n, oc.n);
+        double amax = 0, dmax = 0;
+        for (size_t i = 0; i < og.n * D && i < oc.n * D; i++) {
+            if (fabs(oc.rows[i]) > amax) amax = fabs(oc.rows[i]);
+            double e = fabs((double)oc.rows[i] - og.rows[i]);
+            if (!(e <= dmax)) dmax = e;
+        }
+        printf("%-34s max|d| = %.3g of max|y| %.3f\n", "  activations at the steering points", dmax, amax);
+        CHECK(dmax <= 1e-4 * amax, "activations: %.3g of %.3g", dmax, amax);
+    }
+    ds4_backend_free(cpu);
+    ds4_backend_free(gpu);
+
+    /* scales 0: the unchanged path */
+    ds4_backend_opts p = {.ctx_size = ctx, .no_sim = true};
+    ds4_backend *plain = ds4_backend_create("cuda", w, &p, &err);
+    if (!plain) die("cuda", &err);
+    p.steer = st;
+    ds4_backend *zero = ds4_backend_create("cuda", w, &p, &err);
+    if (!zero) die("cuda", &err);
+    float *a = xmalloc((size_t)n * V * sizeof(float)), *b = xmalloc((size_t)n * V * sizeof(float));
+    if (ds4_backend_prefill(plain, toks, n, a, &err) || ds4_backend_prefill(zero, toks, n, b, &err)) die("prefill", &err);
+    bool same = !memcmp(a, b, (size_t)n * V * sizeof(float));
+    for (uint32_t i = 0; i < steps && same; i++) {
+        uint32_t t = argmax(ds4_backend_logits(plain), V);
+        if (ds4_backend_decode(plain, t, &err) || ds4_backend_decode(zero, t, &err)) die("decode", &err);
+        same = !memcmp(ds4_backend_logits(plain), ds4_backend_logits(zero), V * sizeof(float));
+    }
+    printf("%-34s %s\n", "scales 0 vs no directions", same ? "bit-identical" : "DIFFERENT");
+    CHECK(same, "scales of 0 changed the logits");
+    ds4_backend_free(plain);
+    ds4_backend_free(zero);
+    free(a);
+    free(b);
+    free(oc.rows);
+    free(og.rows);
+    free(toks);
+    free(dirs);
+    ds4_steering_free(st);
+    ds4_weights_close(w);
+    return 0;
+}
+
+/* A backend with routed experts split by a GPU budget and a profile. */
+static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
+                               const ds4_expert_profile *prof, int how, ds4_err *err) {
+    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64,
+                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how};
+    return ds4_backend_create("cuda", w, &o, err);
+}
+
+static int cmd_split(int argc, char **argv) {
+    if (argc < 1) return 2;
+    const char *path = argv[0];
+    uint32_t n = 40, steps = 12, seed = 1;
+    bool no_sim = false, quick = false;
+    double tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) { no_sim = true; continue; }
+        if (!strcmp(argv[i], "--quick")) { quick = true; continue; }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--seed")) seed = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) die(path, &err);
+    const ds4_config *c = &w->cfg;
+    uint32_t V = c->n_vocab, ctx = n + steps + 8, more = 5;
+    printf("%s: routed experts split between GPU and host, %u-token prompt, %u steps, simulations %s, tolerance %g\n",
+           path, n, steps, no_sim ? "off" : "on", tol);
+    uint32_t *toks = malloc((n + steps + more) * sizeof(uint32_t));
+    uint64_t s = seed * 0x9E3779B97F4A7C15ull + 7;
+    for (uint32_t i = 0; i < n + more; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)(s >> 33) % V;
+    }
+    /* the reference: every expert on the GPU */
+    ds4_backend *ref = make("cuda", w, ctx, 0, no_sim, 64);
+    ds4_offload_info ri;
+    CHECK(ds4_cuda_offload_info(ref, &ri) == 0 && !ri.on, "the reference has every expert on the GPU");
+    float *lr = xmalloc((size_t)n * V * 4), *dr = xmalloc((size_t)steps * V * 4), *mr = xmalloc((size_t)more * V * 4);
+    uint32_t *gref = malloc(steps * sizeof(uint32_t)), *gen = malloc(steps * sizeof(uint32_t));
+    if (ds4_backend_prefill(ref, toks, n, lr, &err)) die("reference prefill", &err);
+    for (uint32_t i = 0; i < steps; i++) {
+        gref[i] = argmax(ds4_backend_logits(ref), V);
+        if (ds4_backend_decode(ref, gref[i], &err)) die("reference decode", &err);
+        memcpy(dr + (size_t)i * V, ds4_backend_logits(ref), V * 4);
+    }
+    if (ds4_backend_prefill(ref, toks + n, more, mr, &err)) die("reference prefill after decode", &err);
+    ds4_backend_free(ref);
+    uint64_t fixed = ri.dev_fixed, routed = ri.dev_allocated + 4096 - fixed;
+    /* chunks of 5: smaller pass buffers, so less to keep */
+    ds4_backend *ref5 = make("cuda", w, ctx, 5, no_sim, 64);
+    ds4_offload_info ri5;
+    CHECK(ds4_cuda_offload_info(ref5, &ri5) == 0 && !ri5.on, "the reference has every expert on the GPU");
+    ds4_backend_free(ref5);
+    uint64_t fixed5 = ri5.dev_fixed;
+
+    /* a budget below the least is refused, naming the least */
+    ds4_backend *bad = make_split(w, ctx, 0, no_sim, fixed - 1, NULL, DS4_HOST_AUTO, &err);
+    char want[64];
+    snprintf(want, sizeof(want), "(%llu bytes", (unsigned long long)fixed);
+    CHECK(!bad && strstr(ds4_err_msg(&err), want) && strstr(ds4_err_msg(&err), "at least"),
+          "a budget below the least: %s", bad ? "accepted" : ds4_err_msg(&err));
+    printf("%-34s %s\n", "budget one byte too small", bad ? "accepted" : ds4_err_msg(&err));
+    ds4_backend_free(bad);
+
+    ds4_expert_profile *prof = ds4_expert_profile_new(c->n_layer, c->n_expert, &err);
+    if (!prof) die("profile", &err);
+    for (size_t i = 0; i < (size_t)c->n_layer * c->n_expert; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        prof->use[i] = (double)(s >> 44);
+    }
+    struct {
+        const char *name;
+        uint64_t budget;
+        const ds4_expert_profile *prof;
+        uint32_t chunk;
+        int how;
+    } splits[] = {
+        {"none on the GPU, prefill streamed", fixed, NULL, 0, DS4_HOST_STREAM},
+        {"whole layers, half, prefill on the CPU", fixed + routed / 2, NULL, 0, DS4_HOST_CPU},
+        {"random third, prefill by cost", fixed + routed / 3, prof, 0, DS4_HOST_AUTO},
+        {"random two thirds, chunks of 5 on the CPU", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU},
+    };
+    for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
+        if (quick && k != 0 && k != 3) continue;
+        printf("-- %s\n", splits[k].name);
+        ds4_backend *b = make_split(w, ctx, splits[k].chunk, no_sim, splits[k].budget, splits[k].prof, splits[k].how,
+                                    &err);
+        if (!b) die(splits[k].name, &err);
+        ds4_offload_info bi;
+        CHECK(ds4_cuda_offload_info(b, &bi) == 0 && bi.on, "%s: some experts on the host", splits[k].name);
+        printf("%-34s %u of %u experts on the host; %llu bytes on the GPU (budget %llu)\n", "placement", bi.host_experts,
+               bi.total_experts, (unsigned long long)bi.dev_allocated, (unsigned long long)splits[k].budget);
+        CHECK(bi.dev_allocated == bi.dev_total, "%s: allocated %llu bytes, the placement counted %llu", splits[k].name,
+              (unsigned long long)bi.dev_allocated, (unsigned long long)bi.dev_total);
+        CHECK(bi.dev_total <= splits[k].budget, "%s: %llu bytes over a budget of %llu", splits[k].name,
+              (unsigned long long)bi.dev_total, (unsigned long long)splits[k].budget);
+        CHECK(k != 0 || bi.host_experts == bi.total_experts, "none on the GPU: %u of %u on the host", bi.host_experts,
+              bi.total_experts);
+        CHECK(k == 0 || bi.host_experts < bi.total_experts, "%s: every expert on the host", splits[k].name);
+        float *lb = xmalloc((size_t)n * V * 4), *mb = xmalloc((size_t)more * V * 4);
+        diff d = {0};
+        if (ds4_backend_prefill(b, toks, n, lb, &err)) die("split prefill", &err);
+        diff_add(&d, lb, lr, n, V);
+        diff_check("prefill, every position", &d, tol);
+        diff_free(&d);
+        ds4_kv_state *after = ds4_backend_state_new(b, &err);
+        if (!after || ds4_backend_snapshot(b, after, &err)) die("snapshot", &err);
+        for (uint32_t i = 0; i < steps; i++) {
+            if (ds4_backend_decode(b, gref[i], &err)) die("split decode", &err);
+            diff_add(&d, ds4_backend_logits(b), dr + (size_t)i * V, 1, V);
+        }
+        diff_check("decode steps", &d, tol);
+        diff_free(&d);
+        if (ds4_backend_prefill(b, toks + n, more, mb, &err)) die("split prefill after decode", &err);
+        diff_add(&d, mb, mr, more, V);
+        diff_check("prefill after the decode steps", &d, tol);
+        diff_free(&d);
+        if (ds4_backend_restore(b, after, &err) || ds4_backend_greedy(b, steps, gen, &err)) die("split greedy", &err);
+        uint32_t first_bad = steps;
+        for (uint32_t i = 0; i < steps && first_bad == steps; i++)
+            if (gen[i] != gref[i]) first_bad = i;
+        printf("%-34s %s\n", "greedy tokens on the device", first_bad == steps ? "identical" : "differ");
+        CHECK(first_bad == steps, "%s: greedy token %u: %u, reference %u", splits[k].name, first_bad,
+              gen[first_bad < steps ? first_bad : 0], gref[first_bad < steps ? first_bad : 0]);
+        ds4_kv_state_free(after);
+        ds4_backend_free(b);
+        free(lb);
+        free(mb);
+    }
+    ds4_expert_profile_free(prof);
+    free(lr);
+    free(dr);
+    free(mr);
+    free(gref);
+    free(gen);
+    free(toks);
+    ds4_weights_close(w);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rc = 2;
     if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "rewind")) rc = cmd_rewind(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "batch")) rc = cmd_batch(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "split")) rc = cmd_split(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
                         "                         [--tol X] [--loose] [--graph-ctx N]\n"
                         "       test_cuda golden MODEL GOLDEN [N]\n"
                         "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
-                        "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N]\n");
+                        "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N]\n"
+                        "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
+                        "                       [--quick]\n"
+                        "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
+                        "       test_cuda steer MODEL [--prompt N] [--steps N]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

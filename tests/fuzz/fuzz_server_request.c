@@ -17,7 +17,6 @@
 
 #include "../../apps/ds4-server/server.h"
 
-server *SRV;
 static server S;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -30,7 +29,6 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
                                 "string=\"true\">x</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>";
     toolmem_put(S.tools, "call_1", block, sizeof(block) - 1);
     toolmem_put(S.tools, "toolu_1", block, sizeof(block) - 1);
-    SRV = &S;
     return 0;
 }
 

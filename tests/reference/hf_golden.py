@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""hf_golden.py - golden logits of tiny DeepSeek V4 Flash-shaped models from
+"""hf_golden.py - golden logits of tiny DeepSeek V4 models (Flash-shaped, Pro-patterned
+and of shapes no published model has) from
 HF transformers' DeepseekV4ForCausalLM, for the ds4 CPU reference forward pass.
 
 For each tiny config below this script
@@ -58,6 +59,35 @@ CONFIGS = {
         q_lora=32, o_groups=4, o_lora=32,
         n_expert=6, n_used=2, n_ff=32,
         window=40, idx_heads=32, idx_dim=128, top_k=8, n_hc=4),
+    # Shapes no published model has, that the kernels must still run exactly:
+    # a width of 80, output rank 16 in 3 groups, q rank 48, experts 40 wide.
+    "odd-a": dict(
+        seed=7, n_tokens=200,
+        n_layer=5, ratios=[0, 0, 4, 128, 4], n_hash=2,
+        n_embd=80, n_vocab=160, n_head=6, head_dim=128, rope_dim=64,
+        q_lora=48, o_groups=3, o_lora=16,
+        n_expert=10, n_used=3, n_ff=40,
+        window=24, idx_heads=8, idx_dim=128, top_k=12, n_hc=4),
+    # Width 112, two heads of 192 in one output group of rank 24, 16 indexer
+    # heads choosing 7, a window of 17, experts 24 wide.
+    "odd-b": dict(
+        seed=8, n_tokens=180,
+        n_layer=4, ratios=[0, 4, 128, 4], n_hash=1,
+        n_embd=112, n_vocab=144, n_head=2, head_dim=192, rope_dim=64,
+        q_lora=40, o_groups=1, o_lora=24,
+        n_expert=5, n_used=2, n_ff=24,
+        window=17, idx_heads=16, idx_dim=128, top_k=7, n_hc=4),
+    # DeepSeek V4 Pro's pattern, scaled down: ratio 128 from layer 0 (no
+    # raw-only layers), 16 output groups (one head each), 384 experts / 16
+    # choosing 6, routed scale 2.5, and an indexer top-k (96) above the
+    # number of ratio-4 rows the prompt makes (300 tokens -> 75).
+    "pro-a": dict(
+        seed=52, n_tokens=300,
+        n_layer=5, ratios=[128, 128, 4, 128, 4], n_hash=3,
+        n_embd=48, n_vocab=128, n_head=16, head_dim=128, rope_dim=64,
+        q_lora=32, o_groups=16, o_lora=16,
+        n_expert=24, n_used=6, n_ff=24,
+        window=32, idx_heads=16, idx_dim=128, top_k=96, n_hc=4, route_scale=2.5),
 }
 
 ROPE_BASE, COMPRESS_ROPE_BASE = 10000.0, 160000.0
@@ -72,7 +102,7 @@ def hf_config(c):
         num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"], num_key_value_heads=1,
         head_dim=c["head_dim"], q_lora_rank=c["q_lora"], num_experts_per_tok=c["n_used"],
         n_routed_experts=c["n_expert"], n_shared_experts=1, scoring_func="sqrtsoftplus",
-        norm_topk_prob=True, routed_scaling_factor=ROUTE_SCALE, rope_theta=ROPE_BASE,
+        norm_topk_prob=True, routed_scaling_factor=c.get("route_scale", ROUTE_SCALE), rope_theta=ROPE_BASE,
         compress_rope_theta=COMPRESS_ROPE_BASE,
         layer_types=[LAYER_TYPE[r] for r in c["ratios"]],
         mlp_layer_types=["hash_moe"] * c["n_hash"] + ["moe"] * (c["n_layer"] - c["n_hash"]),
@@ -229,7 +259,8 @@ def write_gguf(path, c, tensors, matrix_dtype):
         "hyper_connection.epsilon": EPS, "attention.layer_norm_rms_epsilon": EPS,
         "rope.freq_base": ROPE_BASE, "attention.compress_rope_freq_base": COMPRESS_ROPE_BASE,
         "rope.scaling.factor": YARN["factor"], "rope.scaling.yarn_beta_fast": YARN["beta_fast"],
-        "rope.scaling.yarn_beta_slow": YARN["beta_slow"], "expert_weights_scale": ROUTE_SCALE,
+        "rope.scaling.yarn_beta_slow": YARN["beta_slow"],
+        "expert_weights_scale": c.get("route_scale", ROUTE_SCALE),
     }
     for k, v in f32.items():
         w.add_float32(K(k), v)

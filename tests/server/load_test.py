@@ -1,6 +1,6 @@
 """load_test.py - many concurrent clients against ds4-server (stdlib only).
 
-    python3 tests/server/load_test.py [--clients 64] [--requests 20] [--rounds 2] [--queue N]
+    python3 tests/server/load_test.py [--clients 64] [--requests 20] [--rounds 2] [--queue N] [--parallel N]
 
 Each client thread keeps one HTTP/1.1 connection and sends its requests in
 turn, cycling through the four APIs, streaming and not, some with forced
@@ -142,8 +142,9 @@ def main():
     ap.add_argument("--requests", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--queue", type=int, default=0, help="server --queue (0: its default)")
+    ap.add_argument("--parallel", type=int, default=0, help="server --parallel (0: its default)")
     a = ap.parse_args()
-    extra = ["--queue", str(a.queue)] if a.queue else []
+    extra = (["--queue", str(a.queue)] if a.queue else []) + (["--parallel", str(a.parallel)] if a.parallel else [])
     bad = 0
     with Server(*extra) as s:
         pid = s.proc.pid
@@ -162,6 +163,7 @@ def main():
         st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "still there?"}],
                                                 "max_tokens": 2})
         print("after: status %d, jobs %s" % (st, json.dumps(s.stats()["jobs"])))
+        print("after: sessions %s, batches %s" % (json.dumps(s.stats()["sessions"]), json.dumps(s.stats()["batches"])))
         if st != 200:
             bad += 1
     print("%s: %d wrong answers" % ("PASS" if bad == 0 else "FAIL", bad))

@@ -1,7 +1,9 @@
 #!/bin/sh
-# run.sh - the SDK-driven server tests: create build/venv-server with the
-# pinned official clients (tests/server/requirements.txt) when missing, then
-# run tests/server/test_sdk.py against a ds4-server on a tiny model.
+# run.sh [SCRIPT] - the SDK-driven server tests: create build/venv-server
+# with the pinned official clients (tests/server/requirements.txt) when
+# missing, then run tests/server/SCRIPT (test_sdk.py unless named; `make
+# test-server-parallel` runs test_sdk_parallel.py) against a ds4-server on a
+# tiny model.
 # Not part of the default suite (it needs PyPI); see docs in README.md.
 set -eu
 cd "$(dirname "$0")/../.."
@@ -12,4 +14,6 @@ if [ ! -x "$venv/bin/python" ] || ! cmp -s tests/server/requirements.txt "$venv/
     "$venv/bin/pip" install -q -r tests/server/requirements.txt
     cp tests/server/requirements.txt "$venv/requirements.txt"
 fi
-exec "$venv/bin/python" tests/server/test_sdk.py "$@"
+script=test_sdk.py
+case "${1:-}" in test_sdk*.py) script=$1; shift ;; esac
+exec "$venv/bin/python" "tests/server/$script" "$@"

@@ -8,10 +8,15 @@ prefix reuse proven by the counters; disk KV cache reuse after a restart
 with identical greedy output; stop sequences; malformed DSML; error shapes
 and statuses for bad requests; auth, CORS, body limits; client disconnects
 cancel the work; keepalive comments while a request waits.
+
+Every server here runs one session (--parallel 1): these cases pin down the
+reuse ladder of a session and the queue in front of it, which a server of
+many sessions runs per session (parallel.py covers many sessions at once).
 """
 import json
 import os
 import shutil
+import subprocess
 import socket
 import struct
 import sys
@@ -20,7 +25,13 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))
-from harness import Server, parse_sse  # noqa: E402
+from harness import ROOT, TOKENIZER, Server as AnyServer, parse_sse  # noqa: E402
+
+
+def Server(*args, **kw):
+    """A ds4-server of one session (see above)."""
+    return AnyServer("--parallel", "1", *args, **kw)
+
 
 PASSED = []
 
@@ -821,6 +832,33 @@ def t_keepalive():
         check(ev[-1][1] == "[DONE]", ev[-1])
 
 
+def t_mtp():
+    """--mtp FILE turns speculative decoding on: greedy answers are the plain
+    server's token for token, sampling answers, /v1/ds4/stats counts the
+    verifications (null without a block)."""
+    mtp = os.path.join(ROOT, "build", "models", "server-test.mtp.gguf")
+    if not os.path.exists(mtp):
+        scratch = mtp + ".model.gguf"
+        os.makedirs(os.path.dirname(mtp), exist_ok=True)
+        subprocess.run([os.path.join(ROOT, "ds4-mkmodel"), "--preset", "tiny", "--recipe", "q8_0", "--tokenizer", TOKENIZER, "--seed",
+                        "7", "-q", "-o", scratch, "--mtp", mtp], check=True)
+        os.unlink(scratch)
+    body = {"messages": [{"role": "user", "content": "Tell me a long story"}], "max_tokens": 24, "temperature": 0,
+            "thinking": False}
+    with Server(force=False) as s:
+        plain = s.post("/v1/chat/completions", body)[1]["choices"][0]["message"]["content"]
+        check(s.stats()["mtp"] is None, s.stats()["mtp"])
+    with Server("--mtp", mtp, "--mtp-draft", "3", "--mtp-margin", "0", force=False) as s:
+        st, b = s.post("/v1/chat/completions", body)
+        check(st == 200 and b["choices"][0]["message"]["content"] == plain, (plain, b))
+        m = s.stats()["mtp"]
+        check(m["draft"] == 3 and 0 < m["verifications"] and m["drafted"] <= 3 * m["verifications"], m)
+        check(0 <= m["accepted"] <= m["drafted"] and 1 <= m["tokens_per_verification"] <= 4, m)
+        st, b = s.post("/v1/chat/completions", dict(body, temperature=1.0, seed=5))
+        check(st == 200 and b["usage"]["completion_tokens"] > 0, b)
+        check(s.stats()["mtp"]["verifications"] > m["verifications"], s.stats()["mtp"])
+
+
 def main():
     with Server() as s:
         for fn in (t_models, t_count_tokens, t_chat_plain, t_greedy_is_deterministic, t_completions, t_responses, t_messages,
@@ -831,7 +869,7 @@ def main():
             fn(s)
             PASSED.append(fn.__name__)
             print("ok %-32s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
-    for fn in (t_disk_restart, t_checkpoint_without_replay, t_disk_saves, t_shutdown, t_limits_auth_cors, t_trace, t_keepalive):
+    for fn in (t_mtp, t_disk_restart, t_checkpoint_without_replay, t_disk_saves, t_shutdown, t_limits_auth_cors, t_trace, t_keepalive):
         t0 = time.time()
         fn()
         PASSED.append(fn.__name__)

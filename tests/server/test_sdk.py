@@ -8,7 +8,9 @@ accumulating helpers), thinking on and off, and a whole tool round trip
 output is forced through the test hook, so the server's real DSML parser
 and API mapping produce what the SDK parses.  Prefix reuse is read from the
 usage counters.  The server runs with --api-key, so the SDKs' own auth
-headers (Bearer, x-api-key) are exercised too.
+headers (Bearer, x-api-key) are exercised too, and with one session
+(--parallel 1), whose reuse ladder the cases pin down; many clients at once
+are test_sdk_parallel.py.
 """
 import json
 import os
@@ -309,7 +311,7 @@ def t_errors(oc, ac):
 
 
 def main():
-    with Server("--api-key", KEY) as s:
+    with Server("--api-key", KEY, "--parallel", "1") as s:
         oc = openai.OpenAI(base_url=s.url + "/v1", api_key=KEY, max_retries=0)
         ac = anthropic.Anthropic(base_url=s.url, api_key=KEY, max_retries=0)
         for fn, args in ((t_openai_chat, (oc,)), (t_openai_multi_turn_reuse, (oc,)),

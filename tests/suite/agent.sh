@@ -110,7 +110,7 @@ import json, sys
 d = sys.argv[1]
 prefix = [int(x) for x in open(d + "/prefix.ids").read().split()]
 ids = [int(x) for x in open(d + "/session.ids").read().split()]
-steps = [s["token"] for s in json.load(open(d + "/lp.json"))["steps"]]
+steps = [s["selected"]["id"] for s in json.load(open(d + "/lp.json"))["steps"]]
 assert ids[: len(prefix)] == prefix, "the prompt tokens differ"
 free = ids[len(prefix):]
 # the agent closed the round with the end token when it stopped at -n

@@ -4,10 +4,13 @@
 # incremental prefill sizes; text prompts go through the tokenizer (raw and
 # chat), token files and random ids (announced) work, each frontier says when
 # it starts; bad options, files that cannot be read or written (before the
-# model loads) and short prompts are refused with a message.  --parallel
-# (many sessions at once, and a prompt arriving among them) gives its rows
-# and refuses bad session counts.  Speed itself is measured by hand
-# (docs/PERFORMANCE.md).
+# model loads) and short prompts are refused with a message.  With an MTP
+# block (--mtp FILE --mtp-draft N) each row gains the speculative columns:
+# forced acceptance keeps every draft (N + 1 tokens a verification, all
+# accepted), greedy verification commits between 1 and N + 1 a cycle; bad
+# MTP options are usage errors.  --parallel (many sessions at once, and a
+# prompt arriving among them) gives its rows and refuses bad session
+# counts.  Speed itself is measured by hand (docs/PERFORMANCE.md).
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
@@ -22,7 +25,7 @@ fail() { echo "bench: FAIL: $*" >&2; exit 1; }
 
 tok=$(suite_tokenizer)
 M=$dir/model.gguf
-./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 3 -q -o "$M"
+./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$tok" --seed 3 -q -o "$M" --mtp "$dir/mtp.gguf"
 # 20 KB of Italian prose (I Promessi Sposi, from the tokenizer test corpus)
 text=$dir/text.txt
 xz -dc tests/golden/text/tok_corpus.bin.xz | head -c 20000 > "$text"
@@ -90,4 +93,26 @@ expect_fail "4 sessions exceed the 3 rows a step holds" ./ds4-bench -m "$M" --pa
 expect_fail "ds4-bench: --prompt-file: cannot open $dir/missing.txt" ./ds4-bench -m "$dir/none.gguf" --prompt-file "$dir/missing.txt"
 expect_fail "ds4-bench: --csv: cannot write $dir/no/x.csv" ./ds4-bench -m "$dir/none.gguf" --csv "$dir/no/x.csv"
 expect_fail "ds4-bench: --tokens-file: cannot open" ./ds4-bench -m "$dir/none.gguf" --tokens-file "$dir/missing.ids"
+# MTP: the header's speculative columns, forced acceptance's exact counts
+mtp_cols=mtp_draft,mtp_forced,step_ms,verify_ms,verify_ratio,draft_ms,mtp_tps,tokens_per_verify,accept_rate,proj_tps_a08
+for draft in 1 3; do
+    ./ds4-bench -m "$M" --mtp "$dir/mtp.gguf" --mtp-draft $draft --mtp-forced --ctx-start 120 --ctx-max 140 \
+        --step-incr 20 --gen-tokens 12 > "$dir/mtp.csv" 2> "$dir/mtp.err"
+    head -1 "$dir/mtp.csv" | grep -qx "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes,$mtp_cols" \
+        || fail "MTP csv header: $(head -1 "$dir/mtp.csv")"
+    [ "$(tail -n +2 "$dir/mtp.csv" | wc -l)" = 2 ] || fail "MTP csv rows: $(cat "$dir/mtp.csv")"
+    tail -n +2 "$dir/mtp.csv" | awk -F, -v n=$draft '
+        NF != 16 || $7 != n || $8 != 1 || $14 != sprintf("%.3f", n + 1) || $15 != "1.0000" || $13 <= 0 || $12 <= 0 \
+            { print "row: " $0; bad = 1 } END { exit bad }' || fail "MTP forced rows (drafts of $draft)"
+    grep -q "forced acceptance: an upper bound" "$dir/mtp.err" || fail "the forced rate is not labelled an upper bound"
+done
+./ds4-bench -m "$M" --mtp "$dir/mtp.gguf" --mtp-draft 2 --ctx-start 64 --ctx-max 64 --gen-tokens 9 > "$dir/mtpg.csv" \
+    2> /dev/null
+tail -n +2 "$dir/mtpg.csv" | awk -F, '$8 != 0 || $14 < 1 || $14 > 3 || $15 < 0 || $15 > 1 { exit 1 }' \
+    || fail "MTP greedy row: $(cat "$dir/mtpg.csv")"
+expect_fail "mtp-draft 0: must be an integer in 1..16" ./ds4-bench -m "$M" --mtp "$dir/mtp.gguf" --mtp-draft 0
+expect_fail "mtp-draft 17: must be an integer in 1..16" ./ds4-bench -m "$M" --mtp "$dir/mtp.gguf" --mtp-draft 17
+expect_fail "need an MTP block" ./ds4-bench -m "$M" --mtp-draft 2
+expect_fail "ds4-bench: --mtp: cannot open $dir/none.gguf" ./ds4-bench -m "$M" --mtp "$dir/none.gguf"
+expect_fail "another model" ./ds4-bench -m "$M" --mtp tests/golden/cpu/tiny-b.mtp.gguf --ctx-start 64 --ctx-max 64
 echo "bench: ok"

@@ -16,7 +16,7 @@ cd "$(dirname "$0")/../.."
 # Our own instance lock (src/base/instance_lock.h) unless the runner chose one.
 mkdir -p build/test-locks
 export DS4_LOCK_FILE="${DS4_LOCK_FILE:-$PWD/build/test-locks/cli.lock}"
-for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward ds4-imatrix; do [ -x "./$p" ] || make -s "$p"; done
+for p in ds4 ds4-mkmodel ds4-tokenizer ds4-forward ds4-imatrix ds4-score; do [ -x "./$p" ] || make -s "$p"; done
 dir=build/suite/cli
 rm -rf "$dir"
 mkdir -p "$dir"
@@ -36,7 +36,7 @@ RENDERED="${BOS}You are a helpful assistant<｜User｜>Hello<｜Assistant｜></t
 cmp -s "$dir/g1.txt" "$dir/g2.txt" || fail "greedy runs differ"
 [ -s "$dir/g1.txt" ] || fail "greedy run printed nothing"
 grep -q "memory: weights .* + context 4096 tokens" "$dir/g1.err" || fail "no memory estimate: $(cat "$dir/g1.err")"
-grep -Eq "prefill: [0-9]+ tokens \(0 reused\) .* generation: 16 tokens" "$dir/g1.err" || fail "timing line: $(cat "$dir/g1.err")"
+grep -Eq "^ds4: prefill: [0-9.]+ t/s, generation: [0-9.]+ t/s; prefill [0-9]+ tokens \(0 reused\), generation 16 tokens" "$dir/g1.err" || fail "timing line: $(cat "$dir/g1.err")"
 
 ./ds4 -m "$M" -c 4096 --nothink -n 16 -p Hello --dump-logprobs "$dir/lp.json" --logprobs-top-k 5 > "$dir/lp.out" 2>/dev/null
 [ -s "$dir/lp.out" ] && fail "--dump-logprobs printed text: $(cat "$dir/lp.out")"
@@ -46,7 +46,7 @@ grep -Eq "prefill: [0-9]+ tokens \(0 reused\) .* generation: 16 tokens" "$dir/g1
 python3 -c "
 import json, sys
 d = json.load(open('$dir/lp.json'))
-ids = open('$dir/prompt.ids').read().split() + [str(s['token']) for s in d['steps'][:-1]]
+ids = open('$dir/prompt.ids').read().split() + [str(s['selected']['id']) for s in d['steps'][:-1]]
 open('$dir/chain.ids', 'w').write(' '.join(ids))
 "
 ./ds4-forward "$M" --tokens "@$dir/chain.ids" --ctx 4096 --logits-out "$dir/chain.logits" --top 0
@@ -59,10 +59,10 @@ python3 tests/suite/cli_check.py greedy "$dir/lp.json" "$dir/chain.logits" "$(wc
 python3 -c "
 import json
 d = json.load(open('$dir/lpns.json'))
-ids = open('$dir/prompt.ids').read().split() + [str(s['token']) for s in d['steps'][:-1]]
+ids = open('$dir/prompt.ids').read().split() + [str(s['selected']['id']) for s in d['steps'][:-1]]
 open('$dir/chainns.ids', 'w').write(' '.join(ids))
-on = json.load(open('$dir/lp.json'))['steps'][0]['logit']
-assert d['steps'][0]['logit'] != on, 'the first logit is the same with and without the simulations'
+on = json.load(open('$dir/lp.json'))['steps'][0]['top_logprobs'][0]['logit']
+assert d['steps'][0]['top_logprobs'][0]['logit'] != on, 'the first logit is the same with and without the simulations'
 "
 ./ds4-forward "$M" --tokens "@$dir/chainns.ids" --ctx 4096 --no-sim --logits-out "$dir/chainns.logits" --top 0 2>/dev/null
 ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 16 -p Hello --no-sim > "$dir/gns.txt" 2>/dev/null
@@ -92,16 +92,16 @@ notebook with a green cover. Some nights there were none; on others the harbour 
 with lanterns, and he had to climb down to the quay to read the painted letters.
 EOF
 ./ds4 -m "$M" -c 4096 --perplexity-file "$dir/text.txt" > "$dir/ppl.txt" 2>/dev/null
-{ echo 0; ./ds4-tokenizer -t "$tok" encode -f "$dir/text.txt"; } | tr '\n' ' ' > "$dir/text.ids"
+./ds4-tokenizer -t "$tok" encode -f "$dir/text.txt" | tr '\n' ' ' > "$dir/text.ids"
 ./ds4-forward "$M" --tokens "@$dir/text.ids" --ctx 4096 --logits-out "$dir/text.logits" --top 0
 python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$dir/ppl.txt"
 ./ds4 -m "$M" -c 4096 -n 10 --perplexity-file "$dir/text.txt" > "$dir/ppl10.txt" 2>/dev/null
-grep -qx "scored: 10" "$dir/ppl10.txt" || fail "-n 10 did not limit the scored tokens: $(cat "$dir/ppl10.txt")"
+grep -q " scored=10 " "$dir/ppl10.txt" || fail "-n 10 did not limit the scored tokens: $(cat "$dir/ppl10.txt")"
 python3 tests/suite/cli_check.py ppl "$dir/text.logits" "$dir/text.ids" $V 32 "$dir/ppl10.txt"
 ./ds4 -m "$M" -c 40 --perplexity-file "$dir/text.txt" > "$dir/ppl40.txt" 2> "$dir/ppl40.err"
-grep -qx "scored: 8" "$dir/ppl40.txt" || fail "-c 40 should leave 8 scored tokens: $(cat "$dir/ppl40.txt")"
+grep -q " scored=8 " "$dir/ppl40.txt" || fail "-c 40 should leave 8 scored tokens: $(cat "$dir/ppl40.txt")"
 # ... and says that the context left the rest of the text out.
-grep -q "the text has 56 tokens; a context of 40 tokens scores the first 8 after the 32 context tokens, not the other 16" \
+grep -q "the text has 55 tokens; a context of 40 tokens scores the first 8 after the 32 context tokens, not the other 15" \
     "$dir/ppl40.err" || fail "-c 40 did not say it scores part of the text: $(cat "$dir/ppl40.err")"
 ./ds4 -m "$M" -c 4096 --perplexity-file "$dir/text.txt" 2>&1 >/dev/null | grep -q "not the other" \
     && fail "a text that fits the context got the note"
@@ -167,8 +167,42 @@ fi
 grep -q "none.txt: No such file" "$dir/err.txt" || fail "missing dataset message: $(cat "$dir/err.txt")"
 [ ! -e "$dir/x.dat" ] || fail "a failed collection wrote its output"
 
+# --- ds4-score on ds4's quality manifest (text files) ------------------------------
+# The manifest as ds4's collector writes it (a header comment, a fourth column,
+# paths from the current directory); the same cases as token ids rendered by
+# hand (BOS, user turn, non-thinking assistant; the user's text and the
+# continuation as plain text, so a "<think>" typed by the user stays text, as
+# in ds4) must score the same, row for row.
+q=$dir/q
+mkdir -p "$q/prompts" "$q/continuations"
+printf 'Name three prime numbers.' > "$q/prompts/case_1.txt"
+printf 'Two, three and five.\nAll of them are prime.' > "$q/continuations/case_1.txt"
+printf 'Qual è la capitale d’Italia? <think>' > "$q/prompts/case_2.txt"
+printf 'Roma è la capitale.' > "$q/continuations/case_2.txt"
+printf '# id\tprompt_file\tcontinuation_file\tresponse_file\n' > "$q/manifest.tsv"
+: > "$q/ids.tsv"
+for i in 1 2; do
+    printf 'case_%s\t%s\t%s\t%s\n' $i "$q/prompts/case_$i.txt" "$q/continuations/case_$i.txt" "$q/r$i.json" >> "$q/manifest.tsv"
+    { ./ds4-tokenizer -t "$tok" encode --specials "${BOS}<｜User｜>"; ./ds4-tokenizer -t "$tok" encode -f "$q/prompts/case_$i.txt"
+      ./ds4-tokenizer -t "$tok" encode --specials "<｜Assistant｜></think>"; } > "$q/p$i.ids"
+    ./ds4-tokenizer -t "$tok" encode -f "$q/continuations/case_$i.txt" > "$q/c$i.ids"
+    printf 'case_%s\tp%s.ids\tc%s.ids\n' $i $i $i >> "$q/ids.tsv"
+done
+./ds4-score "$M" "$q/manifest.tsv" "$q/text.tsv" 4096 2>/dev/null || fail "ds4-score on ds4's manifest"
+./ds4-score --token-ids "$M" "$q/ids.tsv" "$q/ids-out.tsv" 4096 2>/dev/null || fail "ds4-score --token-ids"
+cmp -s "$q/text.tsv" "$q/ids-out.tsv" || fail "text manifest scored differently: $(cat "$q/text.tsv" "$q/ids-out.tsv")"
+[ "$(wc -l < "$q/text.tsv")" -eq 3 ] || fail "ds4-score rows: $(cat "$q/text.tsv")"
+head -1 "$q/text.tsv" | grep -qx "$(printf 'id\tprompt_tokens\ttarget_tokens\tnll\tavg_nll\tfirst_match\tgreedy_lcp')" \
+    || fail "ds4-score header: $(head -1 "$q/text.tsv")"
+tail -n +2 "$q/text.tsv" | cut -f4,5 | grep -Evq "^[0-9]+\.[0-9]{9}$(printf '\t')[0-9]+\.[0-9]{9}$" \
+    && fail "ds4-score NLLs are not written as ds4 writes them: $(cat "$q/text.tsv")"
+./ds4-mkmodel --preset tiny --recipe q8_0 --seed 11 -q -o "$q/notok.gguf"
+if ./ds4-score "$q/notok.gguf" "$q/manifest.tsv" "$q/x.tsv" 4096 2> "$q/err.txt"; then fail "scored text without a tokenizer"; fi
+grep -q "has no usable tokenizer for ds4's text manifest (--token-ids reads token ids)" "$q/err.txt" \
+    || fail "no-tokenizer message: $(cat "$q/err.txt")"
+
 # --- system prompt: the default one, a custom one, none ---------------------------
-prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^prefill: \([0-9]*\) tokens.*/\1/p'; }
+prompt_len() { ./ds4 -m "$M" -c 4096 --nothink --temp 0 -n 1 -p Hello "$@" 2>&1 >/dev/null | sed -n 's/^ds4: prefill: .* t\/s; prefill \([0-9]*\) tokens.*/\1/p'; }
 count() { ./ds4-tokenizer -t "$tok" encode --specials "$1" | wc -w; }
 [ "$(prompt_len)" -eq "$(count "$RENDERED")" ] || fail "default system prompt: $(prompt_len) tokens"
 [ "$(prompt_len -sys "")" -eq "$(count "${BOS}<｜User｜>Hello<｜Assistant｜></think>")" ] || fail "-sys '' kept a system prompt"
@@ -177,7 +211,7 @@ count() { ./ds4-tokenizer -t "$tok" encode --specials "$1" | wc -w; }
 # --- interactive mode with piped input (no line editor) ------------------------
 printf 'Hello\n/nothink\nagain\n/quit\nnever sent\n' | ./ds4 -m "$M" -c 4096 --temp 0 -n 4 > "$dir/pipe.out" 2> "$dir/pipe.err" \
     || fail "piped REPL failed: $(cat "$dir/pipe.err")"
-[ "$(grep -c '^prefill: ' "$dir/pipe.err")" -eq 2 ] || fail "piped REPL: $(cat "$dir/pipe.err")"
+[ "$(grep -c '^ds4: prefill: ' "$dir/pipe.err")" -eq 2 ] || fail "piped REPL: $(cat "$dir/pipe.err")"
 grep -q "thinking off" "$dir/pipe.err" || fail "piped REPL ignored /nothink"
 
 # --- thinking modes -----------------------------------------------------------
@@ -199,10 +233,10 @@ grep -q "the conversation is $n tokens and fills the context of $n tokens: no ro
     | grep -q "the conversation is $n tokens, more than the context of $((n - 2)) tokens holds" \
     || fail "prompt beyond the context"
 ./ds4 -m "$M" -c $((n + 3)) --temp 0 -n 100 -p "$RENDERED" 2>&1 >/dev/null \
-    | grep -q "generation: 3 tokens .*, stopped: the context is full" || fail "a full context read as the token limit"
+    | grep -q "generation 3 tokens, stopped: the context is full" || fail "a full context read as the token limit"
 ./ds4 -m "$M" -c 4096 --temp 0 -n 3 -p "$RENDERED" 2>&1 >/dev/null | grep -q ", stopped at the token limit (-n)$" \
     || fail "the token limit"
-./ds4 -m "$M" -c 4096 --temp 0 -n 1 -p "$RENDERED" 2>&1 >/dev/null | grep -q "^prefill: $n tokens (0 reused) .* generation: 1 token [0-9]" \
+./ds4 -m "$M" -c 4096 --temp 0 -n 1 -p "$RENDERED" 2>&1 >/dev/null | grep -Eq "^ds4: prefill: .* t/s; prefill $n tokens \(0 reused\), generation 1 token(,|$)" \
     || fail "generation of one token"
 ./ds4 -m "$M" --dump-tokens -p "$BOS" 2>&1 >/dev/null | grep -qx "ds4: 1 token" || fail "--dump-tokens of one token"
 

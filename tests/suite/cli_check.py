@@ -8,7 +8,8 @@ logits written by ds4-forward (stdlib only; called by cli.sh).
         token is the argmax, logits are the same float32 values, log-probs
         are log-softmax (to 1e-9), the alternatives are the top-k in order;
         the one-shot greedy text (TEXT_FILE, with its final newline) is the
-        steps' bytes.
+        steps' bytes; the layout is ds4's (key order, token objects, the
+        spelling of bytes that are not UTF-8).
 
     cli_check.py ppl LOGITS.bin IDS_FILE N_VOCAB CONTEXT PPL_OUTPUT
         `ds4 --perplexity-file` output against the NLL computed here from
@@ -18,6 +19,7 @@ import array
 import heapq
 import json
 import math
+import re
 import sys
 
 
@@ -40,6 +42,18 @@ def log_sum_exp(row):
     return m + math.log(math.fsum(math.exp(x - m) for x in row))
 
 
+def check_text(i, tok):
+    """ds4's rule: the token's bytes as text when they are valid UTF-8, else
+    every byte >= 0x80 escaped on its own (read back as U+0080..U+00FF)."""
+    b = bytes(tok["bytes"])
+    try:
+        want = b.decode("utf-8")
+    except UnicodeDecodeError:
+        want = "".join(chr(c) for c in b)
+    if tok["text"] != want:
+        fail("step %d: text %r is not ds4's spelling of the bytes %r" % (i, tok["text"], b))
+
+
 def check_greedy(lp_path, logits_path, n_prompt, n_vocab, text_path, eos):
     with open(lp_path) as f:
         d = json.load(f)
@@ -50,25 +64,30 @@ def check_greedy(lp_path, logits_path, n_prompt, n_vocab, text_path, eos):
     if len(lg) != n_prompt + len(steps) - 1:
         fail("ds4-forward wrote %d rows for %d prompt tokens and %d steps" % (len(lg), n_prompt, len(steps)))
     k = d["top_k"]
+    if d["source"] != "ds4" or list(d) != ["source", "prompt_tokens", "ctx", "top_k", "steps"]:
+        fail("the header is not ds4's: %r" % list(d))
     text = b""
     for i, s in enumerate(steps):
         row = lg[n_prompt - 1 + i]
         best = max(range(n_vocab), key=lambda j: (row[j], -j))
-        if s["token"] != best:
-            fail("step %d: token %d, argmax of the logits is %d" % (i, s["token"], best))
+        tok = s["selected"]
+        if s["step"] != i or tok["id"] != best:
+            fail("step %d: token %d, argmax of the logits is %d" % (i, tok["id"], best))
         lse = log_sum_exp(row)
-        for e in [s] + s["top"]:
-            if e["logit"] != row[e["token"]]:
-                fail("step %d: token %d logit %r, ds4-forward %r" % (i, e["token"], e["logit"], row[e["token"]]))
-            if abs(e["logprob"] - (row[e["token"]] - lse)) > 1e-9:
-                fail("step %d: token %d logprob %r, want %r" % (i, e["token"], e["logprob"], row[e["token"]] - lse))
-            if bytes(e["bytes"]).decode("utf-8", "replace") != e["text"]:
-                fail("step %d: text %r is not the bytes %r" % (i, e["text"], e["bytes"]))
+        check_text(i, tok)
+        for e in s["top_logprobs"]:
+            t = e["token"]["id"]
+            check_text(i, e["token"])
+            if array.array("f", [e["logit"]])[0] != row[t]:  # 9 digits: the float exactly
+                fail("step %d: token %d logit %r, ds4-forward %r" % (i, t, e["logit"], row[t]))
+            want = array.array("f", [row[t] - lse])[0]  # ds4 rounds log-probs to float
+            if abs(e["logprob"] - want) > 1e-7 * max(1.0, abs(want)):
+                fail("step %d: token %d logprob %r, want %r" % (i, t, e["logprob"], want))
         want = heapq.nsmallest(k, range(n_vocab), key=lambda j: (-row[j], j))
-        if [e["token"] for e in s["top"]] != want:
-            fail("step %d: alternatives %r, want %r" % (i, [e["token"] for e in s["top"]], want))
-        if s["token"] != eos:
-            text += bytes(s["bytes"])
+        if [e["token"]["id"] for e in s["top_logprobs"]] != want:
+            fail("step %d: alternatives %r, want %r" % (i, [e["token"]["id"] for e in s["top_logprobs"]], want))
+        if tok["id"] != eos:
+            text += bytes(tok["bytes"])
     with open(text_path, "rb") as f:
         printed = f.read()
     if not text.endswith(b"\n"):
@@ -82,14 +101,14 @@ def check_ppl(logits_path, ids_path, n_vocab, context, out_path):
     with open(ids_path) as f:
         ids = [int(x) for x in f.read().replace(",", " ").split()]
     lg = rows(logits_path, n_vocab)
-    got = {}
     with open(out_path) as f:
-        for line in f:
-            key, _, val = line.partition(":")
-            got[key.strip()] = float(val)
+        line = f.read()
+    if not re.fullmatch(r"tokens=\d+ scored=\d+ nll=[-0-9.]+ avg_nll=[-0-9.]+ ppl=[0-9.]+\n", line):
+        fail("not ds4's perplexity line: %r" % line)
+    got = {k: float(v) for k, v in (kv.split("=") for kv in line.split())}
     scored = int(got["scored"])
-    if int(got["tokens"]) != context + scored or len(lg) < context + scored - 1:
-        fail("tokens %d scored %d with %d logit rows" % (got["tokens"], scored, len(lg)))
+    if int(got["tokens"]) != len(ids) or len(lg) < context + scored - 1:
+        fail("tokens %d scored %d with %d ids and %d logit rows" % (got["tokens"], scored, len(ids), len(lg)))
     nll = 0.0
     for t in range(context, context + scored):
         row = lg[t - 1]

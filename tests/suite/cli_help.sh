@@ -8,7 +8,7 @@
 set -eu
 cd "$(dirname "$0")/../.."
 progs="ds4 ds4-server ds4-agent ds4-bench ds4-forward ds4-gguf ds4-imatrix ds4-mkmodel ds4-qeval ds4-quant-bench ds4-score
-       ds4-score-compare ds4-splice ds4-tokenizer ds4-quantize"
+       ds4-score-compare ds4-splice ds4-tokenizer ds4-quantize ds4-direction ds4-eval"
 for p in $progs; do [ -x "./$p" ] || make -s "$p"; done
 root=$PWD
 dir=$root/build/suite/cli_help

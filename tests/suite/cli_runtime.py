@@ -85,14 +85,15 @@ def test_ctrl_c(model, text):
     ppl = [DS4, "-m", model, "-c", "4096", "--perplexity-file", text]
     expect("Ctrl+C before --perplexity-file", run_with_pending_sigint(ppl), 130, "ds4: interrupted")
     out, _ = expect("Ctrl+C during --perplexity-file", run_interrupted_after_load(ppl), 130, "ds4: interrupted")
-    if "ppl:" in out:
+    if "ppl=" in out:
         fail("an interrupted --perplexity-file printed a result: %s" % out)
     lp = os.path.join(os.path.dirname(text), "interrupted.json")
     dump = [DS4, "-m", model, "-c", "4096", "-n", "100000", "-p", "Hello", "--dump-logprobs", lp]
     expect("Ctrl+C during --dump-logprobs", run_interrupted_after_load(dump), 130, "ds4: interrupted")
-    with open(lp) as f:  # the steps made so far are kept
-        if json.load(f)["finish"] != "cancelled":
-            fail("an interrupted --dump-logprobs does not say so in its file")
+    with open(lp) as f:  # the steps made so far are kept, as valid JSON
+        steps = json.load(f)["steps"]
+    if not 0 < len(steps) < 100000:
+        fail("an interrupted --dump-logprobs kept %d steps" % len(steps))
     # ds4-server: a signal while --warm-weights reads the model ends it (130).
     srv = [SERVER, "-m", model, "-c", "256", "--port", "0", "--warm-weights"]
     _, err = expect("ds4-server: SIGINT during --warm-weights", run_with_pending_sigint(srv), 130,

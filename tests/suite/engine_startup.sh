@@ -13,9 +13,11 @@
 #  3. options from ds4's command lines: --warm-weights (ds4, ds4-server,
 #     ds4-bench) reads the model in, --quality is accepted, ds4-server
 #     --chdir takes relative paths from there, ds4-bench's default model is
-#     ./ds4flash.gguf; MTP, steering and Metal options are refused with
-#     their reason and status 2, as are invalid values in every program and
-#     files that cannot be read or written (checked before the model loads).
+#     ./ds4flash.gguf; MTP and Metal options are refused with their reason
+#     and status 2, as are invalid values in every program and files that
+#     cannot be read or written (checked before the model loads); steering
+#     scales without a direction file, out of range, and a direction file
+#     of the wrong shape are refused (docs/STEERING.md).
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
@@ -86,7 +88,7 @@ expect_locked $holder ./ds4 -m "$M" --inspect
 expect_locked $holder ./ds4-server -m "$M" -c 256 --port 0
 expect_locked $holder ./ds4-bench -m "$M" --tokens-file "$dir/bench.ids" --ctx-start 64 --ctx-max 64 --gen-tokens 1
 expect_locked $holder ./ds4-forward "$M" --random 4 --top 0
-expect_locked $holder ./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 64
+expect_locked $holder ./ds4-score --token-ids "$M" "$dir/manifest.tsv" "$dir/score.tsv" 64
 expect_locked $holder ./ds4-imatrix "$M" --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat"
 expect_locked $holder ./ds4-qeval "$M" "$M" --dataset "$dir/ids.txt"
 [ ! -e "$dir/score.tsv" ] && [ ! -e "$dir/x.dat" ] || fail "a locked-out program wrote its output"
@@ -130,7 +132,7 @@ grep -q "server .*loaded in .*; memory: weights .* + $want512" "$dir/server.log"
     || fail "ds4-bench memory line"
 ./ds4-imatrix "$M" --ctx 512 --imatrix-dataset "$dir/ids.txt" --imatrix-out "$dir/x.dat" 2>&1 \
     | grep -q "^ds4-imatrix: backend cpu; memory: .* + $want512" || fail "ds4-imatrix memory line"
-./ds4-score "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
+./ds4-score --token-ids "$M" "$dir/manifest.tsv" "$dir/score.tsv" 512 2>&1 \
     | grep -q "^ds4-score: backend cpu; memory: .* + $want512" || fail "ds4-score memory line"
 
 # --- options from ds4's command lines --------------------------------------------
@@ -168,18 +170,32 @@ expect_refused() { # expect_refused NEEDLE PROGRAM ARGS...
     grep -q -- "$want" "$dir/err.txt" || fail "$*: message lacks '$want': $(cat "$dir/err.txt")"
 }
 for p in ./ds4 ./ds4-server ./ds4-bench; do
-    expect_refused "directional steering is not implemented" $p -m "$M" --dir-steering-file d.f32
     expect_refused "Metal is not supported" $p -m "$M" --metal
 done
-for p in ./ds4-server ./ds4-bench; do
-    expect_refused "does not draft with it yet" $p -m "$M" --mtp mtp.gguf
-    expect_refused "does not draft with it yet" $p -m "$M" --mtp-draft 2
+# Steering: checked before loading (status 2), the file's shape at loading
+# (status 1, both sizes named).
+head -c 16 /dev/zero > "$dir/short.f32"
+for p in ./ds4 ./ds4-server ./ds4-bench ./ds4-agent; do
+    expect_refused "no-such.f32" $p -m "$M" --dir-steering-file no-such.f32
+    expect_refused "needs --dir-steering-file" $p -m "$M" --dir-steering-ffn 0.5
+    expect_refused "needs --dir-steering-file" $p -m "$M" --dir-steering-attn -1
+    expect_refused "dir-steering-ffn" $p -m "$M" --dir-steering-file "$dir/short.f32" --dir-steering-ffn 101
 done
-# ds4 drafts with an MTP block: its options are checked before any loading
-expect_refused "mtp.gguf" ./ds4 -m "$M" --mtp mtp.gguf
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 17
-expect_refused "--mtp-draft" ./ds4 -m "$M" --mtp-draft 0
+set +e
+./ds4 -m "$M" --dir-steering-file "$dir/short.f32" -p hi -n 1 > /dev/null 2> "$dir/err.txt"
+rc=$?
+set -e
+[ $rc -eq 1 ] || fail "ds4 with a 16-byte direction file exited $rc, want 1"
+grep -q "16 bytes" "$dir/err.txt" || fail "direction file message: $(cat "$dir/err.txt")"
+# ds4, ds4-server and ds4-bench draft with an MTP block: their options are
+# checked before any loading
+for p in ./ds4 ./ds4-server ./ds4-bench; do
+    expect_refused "mtp.gguf" $p -m "$M" --mtp mtp.gguf
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 17
+    expect_refused "--mtp-draft" $p -m "$M" --mtp-draft 0
+done
 expect_refused "--mtp-margin" ./ds4 -m "$M" --mtp-margin=-1
+expect_refused "--mtp-margin" ./ds4-server -m "$M" --mtp-margin=-1
 expect_refused "Metal build" ./ds4 -m "$M" --metal-graph-test
 expect_refused "unknown backend 'tpu'" ./ds4-server -m "$M" --backend tpu
 
@@ -209,5 +225,5 @@ expect_refused "ds4-qeval: --dataset: cannot open" ./ds4-qeval "$M" "$M" --datas
 expect_refused "ds4-qeval: nothing to measure: give --imatrix FILE (weighted error), --dataset FILE" ./ds4-qeval "$M" "$M"
 expect_refused "ds4-server: --test-force-output: cannot open" ./ds4-server -m "$N" --test-force-output "$dir/no.json"
 [ ! -e "$dir/s.tsv" ] || fail "a refused ds4-score wrote its output"
-./ds4-score --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
+./ds4-score --token-ids --cpu "$M" "$dir/manifest.tsv" "$dir/s.tsv" 64 2>/dev/null || fail "ds4-score --cpu"
 echo "engine_startup: ok"

@@ -4,7 +4,9 @@
  * different lengths and generate greedily at the same time; every session
  * gets the tokens, logits and DSV4 payload it gets alone, and the steps
  * really were shared (more than one sequence a step, prefill chunks split
- * by the budget).  Model: tests/golden/cpu/tiny-a.f16.gguf.
+ * by the budget).  And a prefill larger than the step budget does not hold
+ * a decoding session back: it gets a row into every step the prefill takes
+ * (the short requests go first).  Model: tests/golden/cpu/tiny-a.f16.gguf.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -133,9 +135,66 @@ static void test_sessions_batched_as_alone(void **state) {
     ds4_engine_close(e1);
 }
 
+/* A session decoding one token at a time until told to stop, counting
+ * its steps. */
+typedef struct decoder {
+    ds4_session *s;
+    volatile int steps, stop, rc;
+} decoder;
+
+static void *decode_thread(void *arg) {
+    decoder *d = arg;
+    ds4_err err = {0};
+    for (int32_t t = 1; !d->stop && d->rc == 0; t++) {
+        d->rc = ds4_session_eval(d->s, t % 100 + 1, &err);
+        __atomic_add_fetch(&d->steps, 1, __ATOMIC_SEQ_CST);
+    }
+    return NULL;
+}
+
+static void test_decode_beside_long_prefill(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    ds4_engine *e = open_engine();
+    ds4_session *a = ds4_session_new(e, CTX, &err), *b = ds4_session_new(e, CTX, &err);
+    assert_non_null(a);
+    assert_non_null(b);
+    const uint32_t budget = 32, n = 320;
+    assert_int_equal(ds4_engine_enable_batching(e, budget, &err), 0);
+    int32_t tok[1] = {5};
+    assert_int_equal(ds4_session_sync(a, tok, 1, NULL, NULL, &err), 0);
+    decoder d = {.s = a};
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, decode_thread, &d), 0);
+    while (__atomic_load_n(&d.steps, __ATOMIC_SEQ_CST) < 2) ;
+    int32_t prompt[320];
+    for (uint32_t t = 0; t < n; t++) prompt[t] = (int32_t)(t % 200 + 3);
+    int before = __atomic_load_n(&d.steps, __ATOMIC_SEQ_CST);
+    ds4_batcher_stats s0 = ds4_batcher_get_stats(e->batch);
+    assert_int_equal(ds4_session_sync(b, prompt, n, NULL, NULL, &err), 0);
+    int during = __atomic_load_n(&d.steps, __ATOMIC_SEQ_CST) - before;
+    ds4_batcher_stats s1 = ds4_batcher_get_stats(e->batch);
+    d.stop = 1;
+    pthread_join(th, NULL);
+    assert_int_equal(d.rc, 0);
+    /* the prefill took at least n / budget steps; the decoder is in every
+     * step it comes back to in time (the stepper waits a little for it; a
+     * loaded machine may run it late for some): more than one of them
+     * (first come first served gave it one, the first) */
+    fprintf(stderr, "prefill of %u rows in %llu steps of %u; the decoder ran %d steps meanwhile\n", n,
+            (unsigned long long)(s1.steps - s0.steps), budget, during);
+    assert_true(s1.steps - s0.steps >= n / budget);
+    assert_true(during >= 3);
+    assert_true(s1.max_rows <= budget);
+    ds4_session_free(a);
+    ds4_session_free(b);
+    ds4_engine_close(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_sessions_batched_as_alone),
+        cmocka_unit_test(test_decode_beside_long_prefill),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

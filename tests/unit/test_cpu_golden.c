@@ -3,7 +3,9 @@
  *
  * tests/golden/cpu/NAME.f16.gguf are two tiny Flash-shaped models (ratios
  * 0,0,4,128,4,...; hash layers; YaRN; 32 indexer heads with a top-k far
- * below the 100 ratio-4 rows of the prompt; >= 3 ratio-128 rows) and
+ * below the 100 ratio-4 rows of the prompt; >= 3 ratio-128 rows), two of
+ * shapes no published model has (odd-a, odd-b) and one of Pro's pattern
+ * (pro-a; tests/golden/cpu/README.md), and
  * NAME.golden their logits from transformers' DeepseekV4ForCausalLM for
  * every position, as one prefill and token by token through its cache
  * (tests/reference/hf_golden.py).  With the simulations off the engine must
@@ -126,11 +128,21 @@ static void run_config(const char *name) {
 
 static void test_tiny_a(void **state) { (void)state; run_config("tiny-a"); }
 static void test_tiny_b(void **state) { (void)state; run_config("tiny-b"); }
+/* Shapes no published model has (width 80 and output rank 16; width 112,
+ * heads of 192, rank 24) and Pro's pattern scaled down (ratio 128 from
+ * layer 0, 16 output groups, 24 experts choosing 6, routed scale 2.5, an
+ * indexer top-k above the compressed rows). */
+static void test_odd_a(void **state) { (void)state; run_config("odd-a"); }
+static void test_odd_b(void **state) { (void)state; run_config("odd-b"); }
+static void test_pro_a(void **state) { (void)state; run_config("pro-a"); }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_tiny_a),
         cmocka_unit_test(test_tiny_b),
+        cmocka_unit_test(test_odd_a),
+        cmocka_unit_test(test_odd_b),
+        cmocka_unit_test(test_pro_a),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -220,6 +220,57 @@ static void test_dsv4_payload(void **state) {
     ds4_backend_free(b);
 }
 
+/* The header fields at contexts below the prefill chunk and the raw window
+ * are the ones the original ds4 writes and requires (docs/MODEL.md 8.3:
+ * chunk min(ctx, 2048), raw cap and raw window min(128, ctx)), so that it
+ * reads our files; a payload as ds4 writes it loads here, and so does one
+ * with the whole window recorded (this engine's older files). */
+static void test_dsv4_header_small_contexts(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    const uint32_t ctxs[] = {64, 100, 256, 1024, 2048, 4096};
+    for (size_t i = 0; i < sizeof(ctxs) / sizeof(ctxs[0]); i++) {
+        uint32_t ctx = ctxs[i], n = ctx < 90 ? ctx - 4 : 90;
+        char p[64];
+        snprintf(p, sizeof(p), "build/tests/session-h.%d.dsv4", (int)getpid());
+        ds4_backend *b = make_ctx(2, 0, false, ctx);
+        free(run_prefill(b, n));
+        ds4_kv_state *st = ds4_backend_state_new(b, &err);
+        assert_int_equal(ds4_backend_snapshot(b, st, &err), 0);
+        assert_int_equal(ds4_kv_state_save_file(st, p, &err), 0);
+        uint32_t h[13];
+        FILE *f = fopen(p, "r+b");
+        assert_non_null(f);
+        assert_int_equal(fread(h, 4, 13, f), 13);
+        uint32_t win = ctx < 128 ? ctx : 128, want[13] = {0x34565344u, 1, ctx, ctx < 2048 ? ctx : 2048, win, win,
+                                                          ctx / 4 + 2, n, W->cfg.n_layer, W->cfg.head_dim,
+                                                          W->cfg.idx_head_dim, V, n < win ? n : win};
+        for (int k = 0; k < 13; k++)
+            if (h[k] != want[k]) fail_msg("ctx %u: header field %d is %u, ds4 writes %u", ctx, k, h[k], want[k]);
+        ds4_backend *fresh = make_ctx(2, 0, false, ctx);
+        ds4_kv_state *loaded = ds4_backend_state_new(fresh, &err);
+        if (ds4_kv_state_load_file(loaded, p, &err) != 0) fail_msg("ctx %u: %s", ctx, ds4_err_msg(&err));
+        /* The whole window recorded, as before: still read. */
+        h[5] = 128;
+        assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+        assert_int_equal(fwrite(h, 4, 13, f), 13);
+        fflush(f);
+        if (ds4_kv_state_load_file(loaded, p, &err) != 0) fail_msg("ctx %u, window 128: %s", ctx, ds4_err_msg(&err));
+        /* Any other window is another model's. */
+        h[5] = 96;
+        assert_int_equal(fseek(f, 0, SEEK_SET), 0);
+        assert_int_equal(fwrite(h, 4, 13, f), 13);
+        fclose(f);
+        assert_int_equal(ds4_kv_state_load_file(loaded, p, &err), -1);
+        assert_non_null(strstr(ds4_err_msg(&err), "raw window 96"));
+        unlink(p);
+        ds4_kv_state_free(loaded);
+        ds4_kv_state_free(st);
+        ds4_backend_free(fresh);
+        ds4_backend_free(b);
+    }
+}
+
 /* A context shorter than the sliding window (a raw ring of ctx rows) gives
  * the same logits as a long one. */
 static void test_short_context(void **state) {
@@ -253,6 +304,7 @@ int main(void) {
         cmocka_unit_test(test_simulations_change_the_result),
         cmocka_unit_test(test_snapshot_restore),
         cmocka_unit_test(test_dsv4_payload),
+        cmocka_unit_test(test_dsv4_header_small_contexts),
         cmocka_unit_test(test_short_context),
         cmocka_unit_test(test_context_and_token_errors),
     };

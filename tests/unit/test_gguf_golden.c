@@ -7,9 +7,10 @@
  *    the content below describes, with tensor offsets that agree with the
  *    ds4 type geometry, and the ds4 writer fed the same content must
  *    reproduce each file byte for byte.
- *  - tests/golden/gguf/ds4writer.gguf was written by the ds4 writer and
- *    verified with GGUFReader; the writer must still produce it byte for
- *    byte.  `test_gguf_golden --write-golden PATH` writes it.
+ *  - tests/golden/gguf/ds4writer.gguf is a regression golden: written by
+ *    the ds4 writer itself, then read back by gguf-py's GGUFReader
+ *    (gguf_compat.py check), which is what makes it more than a record of
+ *    our own output; the writer must still produce it byte for byte.  `test_gguf_golden --write-golden PATH` writes it.
  *
  * The content here mirrors gguf_compat.py; the two change together.
  * Run from the repository root (as the test suite does).

@@ -9,6 +9,11 @@
  *    edges, FP4 experts, BF16, F32, I64 tid2eid) to bytes identical to the
  *    all-F32 reference GGUF that numpy decoded independently
  *    (tests/golden/tools/tiny_ref_f32.tsv).
+ *  - DeepSeek V4 Pro's layout: its names (61 layers, 384 experts, a
+ *    compressor on layer 0), and a tiny checkpoint of its pattern (ratio
+ *    128 on layers 0-1, one head an output group, routed scale 2.5)
+ *    converted by ds4-quantize into a model that loads with those shapes
+ *    and runs.
  *  - Names follow docs/MODEL.md 2.6 for the full Flash layout; config.json
  *    maps to the expected ds4_config and bad files are refused clearly;
  *    missing, mistyped and misshapen sources give errors naming them.
@@ -19,7 +24,9 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <math.h>
 #include <openssl/sha.h>
+#include <sys/stat.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +35,8 @@
 #include "common/st_build.h"
 #include "common/tool_run.h"
 #include "convert/hf.h"
+#include "model/backends.h"
+#include "model/weights.h"
 
 static void sha_hex(const void *data, size_t n, char out[65]) {
     unsigned char md[SHA256_DIGEST_LENGTH];
@@ -262,6 +271,70 @@ static void test_bad_sources(void **state) {
     expect_resolve_error(&o, "blk.2.attn_norm.weight", "dtype I16 cannot hold blk.2.attn_norm.weight", "float");
 }
 
+static void test_pro_layout(void **state) {
+    (void)state;
+    ds4_config c;
+    ds4_config_pro(&c);
+    size_t n = ds4_layout_count(&c);
+    ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
+    ds4_layout_build(&c, specs);
+    ds4_err err = {0};
+    static const struct { const char *gguf, *hf; int expert; } want[] = {
+        {"blk.0.attn_compressor_ape.weight", "layers.0.attn.compressor.ape", 0},
+        {"blk.1.attn_compressor_kv.weight", "layers.1.attn.compressor.wkv.weight", 0},
+        {"blk.60.indexer.attn_q_b.weight", "layers.60.attn.indexer.wq_b.weight", 0},
+        {"blk.60.ffn_down_exps.weight", "layers.60.ffn.experts.383.w2.weight", 383},
+        {"blk.59.attn_output_a.weight", "layers.59.attn.wo_a.weight", 0},
+    };
+    char buf[160];
+    for (size_t w = 0; w < sizeof(want) / sizeof(want[0]); w++) {
+        size_t i = 0;
+        while (i < n && strcmp(specs[i].name, want[w].gguf) != 0) i++;
+        if (i == n) fail_msg("%s is not in Pro's layout", want[w].gguf);
+        assert_int_equal(ds4_hf_name(&specs[i], want[w].expert, buf, sizeof(buf), &err), 0);
+        assert_string_equal(buf, want[w].hf);
+    }
+    free(specs);
+
+    /* A checkpoint of Pro's pattern, converted and run. */
+    struct stat st;
+    if (stat("./ds4-quantize", &st) != 0) {
+        printf("SKIP: ./ds4-quantize is not built\n");
+        skip();
+    }
+    char *dir = tiny_dir(&(official_ckpt_opts){.pro = true});
+    ds4_hf_config hc;
+    char path[1024], log[4096];
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    if (ds4_hf_config_load(path, &hc, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(hc.cfg.compress_ratio[0], 128);
+    assert_int_equal(hc.cfg.compress_ratio[1], 128);
+    assert_int_equal(hc.cfg.o_groups, 4);
+    assert_int_equal(hc.cfg.n_expert, 8);
+    assert_true(hc.cfg.expert_weights_scale == 2.5f);
+    snprintf(path, sizeof(path), "%s/pro.gguf", dir);
+    if (run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q8_0 --quiet", dir, path) != 0)
+        fail_msg("ds4-quantize: %s", log);
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) fail_msg("%s", err.msg);
+    assert_int_equal(w->cfg.compress_ratio[0], 128);
+    assert_non_null(w->layers[0].comp_kv.data);
+    assert_true(w->cfg.expert_weights_scale == 2.5f);
+    ds4_backend_opts o = {.n_threads = 2, .ctx_size = 256};
+    ds4_backend *b = ds4_backend_create("cpu", w, &o, &err);
+    if (!b) fail_msg("%s", err.msg);
+    uint32_t toks[140];
+    for (uint32_t i = 0; i < 140; i++) toks[i] = (i * 37 + 11) % 512; /* a ratio-128 row closes */
+    assert_int_equal(ds4_backend_prefill(b, toks, 140, NULL, &err), 0);
+    const float *lg = ds4_backend_logits(b);
+    for (uint32_t v = 0; v < 512; v++)
+        if (!isfinite(lg[v])) fail_msg("logit %u is %g", v, lg[v]);
+    ds4_backend_free(b);
+    ds4_weights_close(w);
+    st_rmdir(dir);
+    free(dir);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_generator_matches_python),
@@ -270,6 +343,7 @@ int main(void) {
         cmocka_unit_test(test_names_of_flash_layout),
         cmocka_unit_test(test_config_json),
         cmocka_unit_test(test_bad_sources),
+        cmocka_unit_test(test_pro_layout),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

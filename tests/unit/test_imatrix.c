@@ -16,10 +16,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/st_build.h"
 #include "common/tool_run.h"
 #include "format/imatrix.h"
+#include "model/config.h"
 #include "model/imatrix_collect.h"
 
 typedef struct bytes {
@@ -252,6 +254,46 @@ static void test_lookup(void **state) {
     ds4_imatrix_free(im);
 }
 
+/* Pro's expert entries (61 layers x 384 experts of 7168 inputs, 3072 for
+ * the down projection) saved, loaded and looked up at the last expert of
+ * the last layer. */
+static void test_pro_sized(void **state) {
+    (void)state;
+    ds4_config c;
+    ds4_config_pro(&c);
+    ds4_err err = {0};
+    ds4_imatrix *im = ds4_imatrix_new(&err);
+    char name[64];
+    uint32_t last = c.n_layer - 1, ne = c.n_expert;
+    snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", last);
+    ds4_imatrix_entry *g = ds4_imatrix_entry_get(im, name, ne * c.n_embd, &err);
+    assert_non_null(g);
+    for (uint32_t i = 0; i < ne * c.n_embd; i++) g->values[i] = (float)(i % 9973);
+    g->ncall = 2;
+    snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.weight", last);
+    ds4_imatrix_entry *d = ds4_imatrix_entry_get(im, name, ne * c.n_ff_exp, &err);
+    assert_non_null(d);
+    for (uint32_t i = 0; i < ne * c.n_ff_exp; i++) d->values[i] = 1.0f;
+    d->ncall = 1;
+    char path[96];
+    snprintf(path, sizeof(path), "build/tests/pro-imatrix.%d.dat", (int)getpid());
+    assert_int_equal(ds4_imatrix_save(im, path, &err), 0);
+    ds4_imatrix_free(im);
+    im = ds4_imatrix_load(path, &err);
+    unlink(path);
+    if (!im) fail_msg("%s", err.msg);
+    float *out = malloc(c.n_embd * sizeof(float));
+    snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", last);
+    assert_int_equal(ds4_imatrix_lookup(im, name, c.n_embd, (int)ne - 1, (int)ne, out, &err), 1);
+    for (uint32_t k = 0; k < c.n_embd; k++)
+        assert_true(out[k] == (float)(((ne - 1) * c.n_embd + k) % 9973) / 2.0f);
+    snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.weight", last);
+    assert_int_equal(ds4_imatrix_lookup(im, name, c.n_ff_exp, 383, (int)ne, out, &err), 1);
+    assert_true(out[c.n_ff_exp - 1] == 1.0f);
+    free(out);
+    ds4_imatrix_free(im);
+}
+
 static int split(const char *text, char out[][64], int max) {
     size_t pos = 0, start, len;
     int n = 0;
@@ -338,6 +380,7 @@ int main(void) {
         cmocka_unit_test(test_every_truncation_is_refused),
         cmocka_unit_test(test_malformed_files),
         cmocka_unit_test(test_lookup),
+        cmocka_unit_test(test_pro_sized),
         cmocka_unit_test(test_dataset_split),
         cmocka_unit_test(test_collector),
     };

@@ -152,8 +152,12 @@ static float *forward_logits(const char *model, const uint32_t *tokens, uint32_t
 
 static const uint32_t logit_tokens[8] = {1, 5, 9, 200, 33, 7, 100, 511};
 
-/* The engine's logits on our f32 output equal its logits on the gguf-py
- * reference (tests/golden/tools/tiny_ref_logits.f32) to 1e-4 relative. */
+/* The engine's logits on our f32 output equal its logits on the reference
+ * GGUF (decoded from the checkpoint independently, in numpy, and written by
+ * gguf-py) to 1e-4 relative.  tests/golden/tools/tiny_ref_logits.f32 is a
+ * regression golden written by this engine (./ds4-forward on that reference
+ * file, make_official_ckpt.py): it pins the conversion, not the forward
+ * pass, whose independent references are the transformers goldens. */
 static void test_f32_logits_match_reference(void **state) {
     (void)state;
     char *out = path_in(scratch, "f32.gguf");
@@ -428,6 +432,82 @@ static void test_corrupt_inputs(void **state) {
     expect_failure(&o, NULL, "layers.0.attn.wq_b.scale: dtype ", "expected F8_E8M0 or U8");
 }
 
+/* --mtp-out: the checkpoint's MTP block in a file of its own, with the
+ * policy's types (the recipe, --experts, --tensor-type), that the loader
+ * binds to the main file and the CPU backend drafts with; a checkpoint
+ * missing one of its tensors is refused naming it, before anything is
+ * written. */
+static void test_mtp_block(void **state) {
+    (void)state;
+    char *dir = st_tempdir(), *dir2 = st_tempdir();
+    official_ckpt_opts mo = {.mtp_block = true};
+    official_ckpt_write(dir, &mo);
+    static char log[1 << 16];
+    char out[1024], mtp[1024];
+    snprintf(out, sizeof(out), "%s", path_in(scratch, "mtp-main.gguf"));
+    snprintf(mtp, sizeof(mtp), "%s", path_in(scratch, "mtp-block.gguf"));
+    unlink(out);
+    unlink(mtp);
+    int rc = run_capture(log, sizeof(log),
+                         "./ds4-quantize --hf %s --out %s --mtp-out %s --quiet --recipe q2 --experts q4_k "
+                         "--tensor-type mtp.0.e_proj.weight=f16",
+                         dir, out, mtp);
+    if (rc != 0) fail_msg("ds4-quantize --mtp-out failed (%d): %s", rc, log);
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(out, &err);
+    if (!w) fail_msg("%s", err.msg);
+    assert_null(ds4_gguf_find_tensor(w->gguf, "mtp.0.e_proj.weight")); /* the main file has no block */
+    ds4_mtp_weights *m = ds4_mtp_open(mtp, w, &err);
+    if (!m) fail_msg("%s", err.msg);
+    assert_int_equal(m->blk.gate_exps.type, DS4_TYPE_Q4_K);
+    assert_int_equal(m->blk.down_exps.type, DS4_TYPE_Q4_K);
+    assert_int_equal(m->e_proj.type, DS4_TYPE_F16);
+    assert_int_equal(m->h_proj.type, w->layers[0].q_a.type); /* the recipe's attention projections */
+    assert_int_equal(m->blk.q_a.type, w->layers[0].q_a.type);
+    assert_int_equal(m->enorm.type, DS4_TYPE_F32);
+    /* the CPU backend drafts with it: finite logits */
+    ds4_backend_opts bo = {.n_threads = 1, .ctx_size = 64, .mtp = m};
+    ds4_backend *b = ds4_backend_create("cpu", w, &bo, &err);
+    if (!b) fail_msg("%s", err.msg);
+    uint32_t toks[3] = {1, 2, 3};
+    assert_int_equal(ds4_backend_prefill(b, toks, 3, NULL, &err), 0);
+    ds4_seq *ms = ds4_mtp_seq_new(b, 0, &err);
+    assert_non_null(ms);
+    float *lg = malloc(w->cfg.n_vocab * sizeof(float));
+    ds4_row r = ds4_mtp_row(ms, 4, DS4_ROW_LOGITS, b->main, 2);
+    ds4_step_out so = {lg, NULL};
+    assert_int_equal(ds4_backend_mtp_step(b, &r, 1, &so, &err), 0);
+    for (uint32_t v = 0; v < w->cfg.n_vocab; v++) assert_true(isfinite(lg[v]));
+    free(lg);
+    ds4_seq_free(b, ms);
+    ds4_backend_free(b);
+    ds4_mtp_close(m);
+    ds4_weights_close(w);
+    /* the plan of both files */
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --dry-run --mtp-out %s", dir, mtp), 0);
+    assert_contains(log, "MTP block (");
+    assert_contains(log, "mtp.0.ffn_gate_exps.weight");
+    /* a checkpoint without h_proj: refused naming it, nothing written */
+    official_ckpt_opts drop = {.mtp_block = true, .drop = "mtp.0.h_proj.weight"};
+    official_ckpt_write(dir2, &drop);
+    unlink(out);
+    unlink(mtp);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --mtp-out %s --quiet", dir2, out,
+                                 mtp),
+                     1);
+    assert_contains(log, "the MTP block");
+    assert_contains(log, "mtp.0.h_proj.weight");
+    assert_false(exists(out));
+    assert_false(exists(mtp));
+    /* the default checkpoint has no block to convert */
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --mtp-out %s --quiet", ckpt, mtp), 1);
+    assert_contains(log, "mtp.0.");
+    st_rmdir(dir);
+    st_rmdir(dir2);
+    free(dir);
+    free(dir2);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_f32_matches_numpy_reference),
@@ -438,6 +518,7 @@ int main(void) {
         cmocka_unit_test(test_cli),
         cmocka_unit_test(test_compare_tensor),
         cmocka_unit_test(test_corrupt_inputs),
+        cmocka_unit_test(test_mtp_block),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

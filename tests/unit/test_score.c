@@ -133,7 +133,7 @@ static void test_scores(void **state) {
     (void)state;
     char log[8192], out[1100], tsv[8192];
     snprintf(out, sizeof(out), "%s/f32.tsv", dir);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s %s %s 64 -t 2", f32, manifest, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score --token-ids %s %s %s 64 -t 2", f32, manifest, out), 0);
     assert_contains(log, "2 cases, 6 target tokens");
     FILE *f = fopen(out, "r");
     size_t n = fread(tsv, 1, sizeof(tsv) - 1, f);
@@ -154,7 +154,7 @@ static void test_scores(void **state) {
 
     char q2out[1100];
     snprintf(q2out, sizeof(q2out), "%s/q2.tsv", dir);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s %s %s 64", q2, manifest, q2out), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score --token-ids %s %s %s 64", q2, manifest, q2out), 0);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-score-compare %s %s", out, out), 0);
     assert_contains(log, "delta +0.000000");
     assert_contains(log, "new better 0, tied 2, old better 0");
@@ -176,7 +176,7 @@ static void expect_error(const char *manifest_text, const char *ids_text, int rc
         st_write_file(p, ids_text, strlen(ids_text));
     }
     snprintf(out, sizeof(out), "%s/bad.tsv", dir);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score %s %s %s 64", f32, m, out), rc_want);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-score --token-ids %s %s %s 64", f32, m, out), rc_want);
     assert_contains(log, want);
 }
 

@@ -22,8 +22,6 @@
 #include "text/tokenizer.h"
 #include "text_testdata.h"
 
-server *SRV;
-
 /* Parse `json` with an adapter; returns the job (request in j->req) or
  * NULL with *e filled. */
 static job *parse_with(const api_adapter *api, const char *json, api_error *e) {
@@ -547,6 +545,38 @@ static int fake_replay(void *ctx, const json_t *calls, ds4_rendered *r, ds4_err 
     return 1;
 }
 
+/* Integers beyond 64 bits and numbers like 1e400 in a tool schema and in
+ * tool-call arguments: the request is accepted, and the prompt has them as
+ * the official encoder's json.loads/json.dumps write them (one parameter
+ * per key, the integer's digits exact, 1e400 as Infinity). */
+static void test_big_numbers(void **state) {
+    (void)state;
+    job *j = ok(&API_CHAT_ADAPTER,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+                "{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"id\":\"c\",\"type\":\"function\","
+                "\"function\":{\"name\":\"f\",\"arguments\":"
+                "\"{\\\"id\\\": 123456789012345678901234567890, \\\"x\\\": 1e400, \\\"s\\\": \\\"t\\\"}\"}}]},"
+                "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}],"
+                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\","
+                "\"properties\":{\"id\":{\"type\":\"integer\",\"maximum\":-98765432109876543210987654321}}}}}]}");
+    ds4_chat_opts o = {.think = DS4_THINK_OFF, .tools = j->req.tools};
+    ds4_rendered r = {0};
+    ds4_err err = {0};
+    if (ds4_chat_render(j->req.messages, &o, &r, &err) != 0) fail_msg("%s", err.msg);
+    static const char *const want[] = {
+        "\"maximum\": -98765432109876543210987654321}",
+        "<｜DSML｜parameter name=\"id\" string=\"false\">123456789012345678901234567890</｜DSML｜parameter>\n"
+        "<｜DSML｜parameter name=\"x\" string=\"false\">Infinity</｜DSML｜parameter>\n"
+        "<｜DSML｜parameter name=\"s\" string=\"true\">t</｜DSML｜parameter>\n",
+    };
+    for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+        if (!strstr(r.text.p, want[i])) fail_msg("lacks %s:\n%s", want[i], r.text.p);
+    ds4_rendered_free(&r);
+    job_unref(j);
+    /* What json.loads refuses is still a 400 naming the byte. */
+    refused(&API_CHAT_ADAPTER, "{\"messages\": 01}", 400, "at byte 14");
+}
+
 static void test_text_hooks(void **state) {
     (void)state;
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\","
@@ -606,7 +636,7 @@ int main(void) {
         cmocka_unit_test(test_chat_refusals),     cmocka_unit_test(test_responses_request),
         cmocka_unit_test(test_anthropic_request), cmocka_unit_test(test_answers),
         cmocka_unit_test(test_error_shapes),      cmocka_unit_test(test_tool_memory),
-        cmocka_unit_test(test_text_hooks),        cmocka_unit_test(test_new_request_fields),
+        cmocka_unit_test(test_text_hooks),        cmocka_unit_test(test_big_numbers),        cmocka_unit_test(test_new_request_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -22,8 +22,6 @@
 #include "text/tokenizer.h"
 #include "text_testdata.h"
 
-server *SRV;
-
 static cvocab *CV;
 static ds4_tokenizer *TOK;
 static float *LOGITS;

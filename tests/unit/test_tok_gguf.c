@@ -14,6 +14,9 @@
 #include <unistd.h>
 
 #include "format/gguf.h"
+#include "text/chat.h"
+#include "text/dsml_render.h"
+#include "text/rendered.h"
 #include "text/tokenizer.h"
 #include "text_testdata.h"
 
@@ -132,6 +135,58 @@ static void test_bad_metadata(void **state) {
     unlink(path);
 }
 
+/* Without tokenizer.ggml.token_type the DeepSeek V4 control tokens are
+ * found by spelling (as the original ds4 does) and the rendered chat
+ * markers become their ids; everything else is NORMAL. */
+static void test_types_absent(void **state) {
+    (void)state;
+    char path[256];
+    path_in_tmp(path, sizeof(path), "untyped.gguf");
+    ds4_err err = {0};
+    ds4_gguf_writer *w = ds4_gguf_writer_open(path, 0, &err);
+    assert_non_null(w);
+    const char *tokens[] = {DS4_TOK_BOS, DS4_TOK_EOS, "a", "b", "ab", DS4_TOK_USER, DS4_TOK_ASSISTANT,
+                            DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_DSML_MARKER, DS4_TOK_LATEST_REMINDER,
+                            "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"};
+    enum { N = sizeof(tokens) / sizeof(tokens[0]) };
+    const char *merges[] = {"a b"};
+    ds4_gguf_w_str(w, "tokenizer.ggml.model", "gpt2");
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.tokens", tokens, NULL, N);
+    ds4_gguf_w_arr_str(w, "tokenizer.ggml.merges", merges, NULL, 1);
+    assert_int_equal(ds4_gguf_writer_close(w, &err), 0);
+
+    ds4_gguf *g = ds4_gguf_open(path, &err);
+    assert_non_null(g);
+    ds4_vocab *v = ds4_vocab_from_gguf(g, &err);
+    if (!v) fail_msg("%s", err.msg);
+    for (int32_t i = 0; i < N; i++) {
+        bool control = i < 2 || (i >= 5 && i <= 10);
+        assert_int_equal(ds4_vocab_type(v, i), control ? DS4_TOKEN_CONTROL : DS4_TOKEN_NORMAL);
+        assert_int_equal(ds4_vocab_find_added(v, tokens[i], strlen(tokens[i])), control ? i : -1);
+    }
+    /* A rendered special segment (what failed with "is not a special token
+     * of this vocabulary") now tokenizes to its id. */
+    ds4_tokenizer *t = ds4_tokenizer_new(v, &err);
+    assert_non_null(t);
+    ds4_rendered r = {0};
+    ds4_rendered_special(&r, DS4_TOK_BOS);
+    ds4_rendered_puts(&r, "ab");
+    ds4_rendered_special(&r, DS4_TOK_USER);
+    assert_int_equal(ds4_rendered_check(&r, &err), 0);
+    ds4_tokens ids = {0};
+    if (ds4_tokenize_segments(t, r.text.p, r.segs, r.n_segs, &ids, &err) != 0) fail_msg("%s", err.msg);
+    assert_int_equal(ids.n, 3);
+    assert_int_equal(ids.ids[0], 0);
+    assert_int_equal(ids.ids[1], 4);
+    assert_int_equal(ids.ids[2], 5);
+    ds4_tokens_free(&ids);
+    ds4_rendered_free(&r);
+    ds4_tokenizer_free(t);
+    ds4_vocab_free(v);
+    ds4_gguf_close(g);
+    unlink(path);
+}
+
 static int setup(void **state) {
     (void)state;
     return mkdtemp(tmpdir) ? 0 : -1;
@@ -146,6 +201,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_import_round_trip),
         cmocka_unit_test(test_bad_metadata),
+        cmocka_unit_test(test_types_absent),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

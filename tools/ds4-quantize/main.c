@@ -10,7 +10,9 @@
  * metadata is copied from --tokenizer-gguf.  Every source tensor is checked
  * (present, dtype, shape) before anything is written; tensors are then
  * streamed one at a time (experts a batch of threads at a time) into a
- * temporary file renamed into place at the end.
+ * temporary file renamed into place at the end.  --mtp-out FILE converts
+ * the checkpoint's MTP block (its `mtp.0.*` tensors, docs/MODEL.md 2.5)
+ * into a file of its own, with the same storage types and checks.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -74,6 +76,9 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         {DS4_OPT_STR("--hf", "DIR", &o->hf_dir, NULL, "checkpoint directory"), .flags = DS4_OPT_REQUIRED},
         {DS4_OPT_STR("-o, --out", "FILE", &o->out, NULL, "output GGUF (required unless --dry-run or --compare-tensor)"),
          .flags = DS4_OPT_OUT},
+        {DS4_OPT_STR("--mtp-out", "FILE", &o->mtp_out, NULL,
+                     "also convert the MTP block (mtp.0.* tensors) into FILE, with the same storage types"),
+         .flags = DS4_OPT_OUT},
         {DS4_OPT_STR("--recipe", "NAME", &o->recipe, "q2", recipe_help)},
         {DS4_OPT_STR("--tokenizer", "FILE", &o->tokenizer_json, NULL, "tokenizer.json (.xz too)"),
          .def_text = "DIR/tokenizer.json if present", .flags = DS4_OPT_IN},
@@ -117,8 +122,9 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
     ds4_cli cli = {.prog = "ds4-quantize", .usage = "--hf DIR --out FILE [options]", .about = ABOUT, .opts = table};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
-    if (!o->out && !o->dry_run && !o->compare_tensor)
-        return ds4_cli_usage(&cli, "--out FILE is required (or --dry-run, --compare-tensor)");
+    if (!o->out && !o->mtp_out && !o->dry_run && !o->compare_tensor)
+        return ds4_cli_usage(&cli, "--out FILE is required (or --mtp-out, --dry-run, --compare-tensor)");
+    if (o->mtp_out && o->compare_tensor) return ds4_cli_usage(&cli, "--mtp-out and --compare-tensor exclude each other");
     if (!o->compare_tensor != !o->compare_gguf) return ds4_cli_usage(&cli, "--compare-tensor and --compare-gguf go together");
     if (o->tokenizer_gguf && (o->tokenizer_json || o->tokenizer_config))
         return ds4_cli_usage(&cli, "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
@@ -152,12 +158,17 @@ static int build_policy(qz_opts *o, const raw_opts *raw) {
 
 /* ------------------------------------------------------------- planning */
 
-static int plan(qz_job *j, ds4_err *err) {
-    j->nspecs = ds4_layout_count(&j->hc.cfg);
+/* The tensors of the main model, or (mtp) of the MTP block. */
+static int plan(qz_job *j, bool mtp, ds4_err *err) {
+    free(j->specs);
+    free(j->items);
+    j->nitems = 0;
+    j->nspecs = mtp ? ds4_layout_mtp(&j->hc.cfg, NULL) : ds4_layout_count(&j->hc.cfg);
     j->specs = calloc(j->nspecs, sizeof(*j->specs));
     j->items = calloc(j->nspecs, sizeof(*j->items));
     if (!j->specs || !j->items) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    ds4_layout_build(&j->hc.cfg, j->specs);
+    if (mtp) ds4_layout_mtp(&j->hc.cfg, j->specs);
+    else ds4_layout_build(&j->hc.cfg, j->specs);
     for (size_t i = 0; i < j->nspecs; i++) {
         const ds4_tensor_spec *t = &j->specs[i];
         char hf[160];
@@ -273,13 +284,17 @@ static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
     return import_tokenizer(json, file_exists(config) || o->tokenizer_config ? config : NULL, j->hc.cfg.n_vocab, w, err);
 }
 
-static int write_metadata(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
+/* The main file's metadata, or (mtp) the MTP block's: its model's shape
+ * keys (what the loader checks it against), no tokenizer. */
+static int write_metadata(qz_job *j, ds4_gguf_writer *w, bool mtp, ds4_err *err) {
+    char name[300];
+    snprintf(name, sizeof(name), "%s%s", j->o->name, mtp ? " MTP" : "");
     int rc = ds4_gguf_w_str(w, "general.architecture", "deepseek4");
-    rc |= ds4_gguf_w_str(w, "general.name", j->o->name);
+    rc |= ds4_gguf_w_str(w, "general.name", name);
     rc |= ds4_gguf_w_u32(w, "general.quantization_version", 2);
     if (rc != 0) return ds4_err_set(err, DS4_EIO, "writing general.* metadata failed");
     if (ds4_config_to_gguf(&j->hc.cfg, w, err) != 0) return -1;
-    if (write_tokenizer(j, w, err) != 0) return -1;
+    if (!mtp && write_tokenizer(j, w, err) != 0) return -1;
     if (j->im) {
         rc = ds4_gguf_w_str(w, KV_IM_FILE, j->o->imatrix_path);
         rc |= ds4_gguf_w_u64(w, KV_IM_ENTRIES, j->im->n_entries);
@@ -309,10 +324,10 @@ static int writer_put(qz_sink *s, const void *data, uint64_t n, ds4_err *err) {
     return ds4_err_set(err, DS4_EIO, "writing tensor data failed");
 }
 
-static int write_all(qz_job *j, ds4_err *err) {
-    ds4_gguf_writer *w = ds4_gguf_writer_open(j->o->out, 0, err);
+static int write_all(qz_job *j, const char *out, bool mtp, ds4_err *err) {
+    ds4_gguf_writer *w = ds4_gguf_writer_open(out, 0, err);
     if (!w) return -1;
-    if (write_metadata(j, w, err) != 0) {
+    if (write_metadata(j, w, mtp, err) != 0) {
         ds4_gguf_writer_abort(w);
         return -1;
     }
@@ -338,7 +353,7 @@ static int write_all(qz_job *j, ds4_err *err) {
     fprintf(stderr,
             "ds4-quantize: wrote %s: %zu tensors, %" PRIu64 " bytes in %.2fs with %d threads: "
             "%.3g elements/s, %.1f MB/s out\n",
-            j->o->out, j->nitems, j->bytes_done, dt, ds4_pool_size(j->pool), (double)j->elements_done / dt,
+            out, j->nitems, j->bytes_done, dt, ds4_pool_size(j->pool), (double)j->elements_done / dt,
             (double)j->bytes_done / dt / 1e6);
     if (j->im || j->synthetic_used)
         fprintf(stderr, "ds4-quantize: importance: %" PRIu64 " matrices from the imatrix, %" PRIu64
@@ -417,20 +432,33 @@ static int run(qz_job *j, ds4_err *err) {
     if (ds4_hf_config_load(path, &j->hc, err) != 0) return -1;
     if (!(j->ck = ds4_st_ckpt_open(j->o->hf_dir, err))) return -1;
     if (j->o->imatrix_path && !(j->im = ds4_imatrix_load(j->o->imatrix_path, err))) return -1;
-    if (plan(j, err) != 0) return -1;
     if (j->o->dry_run) {
+        if (plan(j, false, err) != 0) return -1;
+        print_plan(j);
+        if (!j->o->mtp_out) return 0;
+        if (plan(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+        printf("MTP block (%s):\n", j->o->mtp_out);
         print_plan(j);
         return 0;
     }
+    /* every source of both files checked before anything is written */
+    if (j->o->mtp_out && plan(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+    if (plan(j, false, err) != 0) return -1;
     if (j->o->compare_tensor) {
         if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
         return compare_tensor(j, err);
     }
     struct stat st;
-    if (!j->o->overwrite && stat(j->o->out, &st) == 0)
-        return ds4_err_set(err, DS4_EINVAL, "%s exists (use --overwrite to replace it)", j->o->out);
+    const char *outs[2] = {j->o->out, j->o->mtp_out};
+    for (int i = 0; i < 2; i++)
+        if (outs[i] && !j->o->overwrite && stat(outs[i], &st) == 0)
+            return ds4_err_set(err, DS4_EINVAL, "%s exists (use --overwrite to replace it)", outs[i]);
     if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
-    return write_all(j, err);
+    if (j->o->out && write_all(j, j->o->out, false, err) != 0) return -1;
+    if (!j->o->mtp_out) return 0;
+    j->bytes_done = j->elements_done = 0;
+    if (plan(j, true, err) != 0 || write_all(j, j->o->mtp_out, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+    return 0;
 }
 
 int main(int argc, char **argv) {

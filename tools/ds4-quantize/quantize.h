@@ -26,6 +26,7 @@
 typedef struct qz_opts {
     const char *hf_dir;
     const char *out;
+    const char *mtp_out;      /* the MTP block's file (mtp.0.* tensors), or NULL */
     const char *imatrix_path;
     const char *tokenizer_gguf;
     const char *tokenizer_json;

@@ -6,8 +6,9 @@
 #   sh tools/perf/carry.sh pack NAME [TREE]
 #       the binaries of TREE's build/cuda (default: this checkout; a git
 #       worktree of another commit works too) - ds4-bench, ds4-mkmodel, the
-#       two test programs and the programs tests/cuda/apps.sh runs (ds4,
-#       ds4-server, ds4-tokenizer) - and the commit they were built from,
+#       two test programs, the programs tests/cuda/apps.sh runs (ds4,
+#       ds4-server, ds4-tokenizer), ds4-direction and ds4-eval - and the
+#       commit they were built from,
 #       into .cudawork/NAME.tar.xz of this checkout (.cudawork is the folder
 #       to copy to the GPU machine)
 #   sh tools/perf/carry.sh unpack NAME [install]
@@ -30,7 +31,7 @@ pack)
     git -C "$TREE" rev-parse HEAD > "$TREE/build/cuda/COMMIT"
     tar -C "$TREE" -cJf "$ROOT/.cudawork/$NAME.tar.xz" build/cuda/COMMIT build/cuda/bin/ds4-bench \
         build/cuda/bin/ds4-mkmodel build/cuda/bin/ds4 build/cuda/bin/ds4-server build/cuda/bin/ds4-tokenizer \
-        build/cuda/test_cuda build/cuda/test_cuda_kernels
+        build/cuda/bin/ds4-direction build/cuda/bin/ds4-eval build/cuda/test_cuda build/cuda/test_cuda_kernels
     echo "$ROOT/.cudawork/$NAME.tar.xz: $(git -C "$TREE" log -1 --format='%h %s')";;
 unpack)
     NAME=${2:?usage: carry.sh unpack NAME [install]}

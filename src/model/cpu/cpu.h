@@ -82,6 +82,7 @@ typedef struct cpu_layer {
     bool hash;                /* hash-routed experts */
     float clamp;              /* SwiGLU clamp */
     bool observe;             /* its experts go to the expert observer (the main model's) */
+    bool steer;               /* directional steering applies (the main model's layers) */
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -94,6 +95,7 @@ typedef struct cpu_backend {
     const ds4_rope *ratio_rope; /* the current layer's (dense or compressed) */
     uint32_t chunk;           /* max rows per pass */
     uint32_t max_ctx;         /* largest context a sequence may have */
+    uint32_t layer_first, layer_end; /* the layers it runs (a pipeline stage: not all) */
 
     /* the current pass: its rows (`chunk` at most) */
     cpu_row *rows;
@@ -165,6 +167,12 @@ static inline const float *cpu_vec(const ds4_wt *t) { return (const float *)t->d
 /* HC pre for rows [0, T): from b->S, using the site's fn/scale/base,
  * write b->x (the sublayer input), b->post and b->comb. */
 void cpu_hc_pre(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale, const ds4_wt *base, uint32_t T);
+
+/* Directional steering of the sublayer output b->y of layer L (ffn: after
+ * the FFN, else after the attention), each row with its sequence's scale
+ * (model/steering.h), when the backend has directions; then the result to
+ * the activation observer, if any. */
+void cpu_steer(cpu_backend *b, const cpu_layer *L, uint32_t T, bool ffn);
 
 /* HC post: S <- post * y + comb^T S, per row. */
 void cpu_hc_post(cpu_backend *b, uint32_t T);

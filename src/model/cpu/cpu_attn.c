@@ -340,5 +340,6 @@ void cpu_attention_layer(cpu_backend *b, const cpu_layer *L, uint32_t T) {
         cpu_matmul(b, &w->out_a, 0, (uint64_t)g * c->o_lora_rank, c->o_lora_rank, b->heads + (size_t)g * gin, qd, T,
                    b->low + (size_t)g * c->o_lora_rank, low);
     cpu_matmul(b, &w->out_b, 0, 0, D, b->low, low, T, b->y, D);
+    cpu_steer(b, L, T, false);
     cpu_hc_post(b, T);
 }

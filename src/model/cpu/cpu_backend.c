@@ -45,7 +45,9 @@ static ds4_seq *seq_new(cpu_backend *b, uint32_t ctx, bool mtp, ds4_err *err) {
     }
     s->base.owner = base;
     s->mtp = mtp;
-    if (!(s->st = ds4_kv_state_new(mtp ? &b->base.opts.mtp->cfg : b->cfg, ctx, b->chunk, err))) {
+    s->st = mtp ? ds4_kv_state_new(&b->base.opts.mtp->cfg, ctx, b->chunk, err)
+                : ds4_kv_state_new_layers(b->cfg, ctx, b->chunk, b->layer_first, b->layer_end, err);
+    if (!s->st) {
         free(s);
         return NULL;
     }
@@ -167,31 +169,41 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
 cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il) {
     const ds4_config *c = b->cfg;
     return (cpu_layer){&b->base.w->layers[il], il, il, ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
-                       c->swiglu_clamp[il], true};
+                       c->swiglu_clamp[il], true, true};
 }
 
-/* One pass of the T rows in b->rows through every layer (layer-major),
- * then the output head for the rows with a logits destination; rows with
- * a hidden destination get their final residual.  Each row's sequence
- * grows by its token. */
-static void run_pass(cpu_backend *b, uint32_t T, float *const *logits, float *const *hidden) {
+/* One pass of the T rows in b->rows through the backend's layers
+ * (layer-major; all of them but in a pipeline stage), then the output head
+ * for the rows with a logits destination; rows with a hidden destination
+ * get their final residual.  A stage after the first starts from the
+ * residuals `in`; one before the last leaves every row's in stage_out.
+ * Each row's sequence grows by its token. */
+static void run_pass(cpu_backend *b, uint32_t T, float *const *logits, float *const *hidden, const float *in,
+                     float *stage_out) {
     const ds4_weights *w = b->base.w;
     const ds4_config *c = b->cfg;
     uint32_t D = c->n_embd, hcD = c->n_hc * D;
     uint32_t tok[T];
-    for (uint32_t t = 0; t < T; t++) { /* every stream starts as the embedding (5.1) */
-        float *S = b->S + (size_t)t * hcD;
-        tok[t] = b->rows[t].tok;
-        ds4_dequantize_row(w->token_embd.type, ds4_wt_row(&w->token_embd, 0, tok[t]), S, D);
-        for (uint32_t h = 1; h < c->n_hc; h++) memcpy(S + (size_t)h * D, S, D * sizeof(float));
+    for (uint32_t t = 0; t < T; t++) tok[t] = b->rows[t].tok;
+    if (b->layer_first > 0) {
+        memcpy(b->S, in, (size_t)T * hcD * sizeof(float));
+    } else {
+        for (uint32_t t = 0; t < T; t++) { /* every stream starts as the embedding (5.1) */
+            float *S = b->S + (size_t)t * hcD;
+            ds4_dequantize_row(w->token_embd.type, ds4_wt_row(&w->token_embd, 0, tok[t]), S, D);
+            for (uint32_t h = 1; h < c->n_hc; h++) memcpy(S + (size_t)h * D, S, D * sizeof(float));
+        }
     }
-    for (uint32_t il = 0; il < c->n_layer; il++) {
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++) {
         cpu_layer L = cpu_main_layer(b, il);
         cpu_attention_layer(b, &L, T);
         cpu_ffn_layer(b, &L, tok, T);
     }
     cpu_pass_end(b, T, tok, hidden);
-    cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
+    if (b->layer_end < c->n_layer)
+        memcpy(stage_out, b->S, (size_t)T * hcD * sizeof(float));
+    else
+        cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
 }
 
 void cpu_pass_end(cpu_backend *b, uint32_t T, const uint32_t *tok, float *const *hidden) {
@@ -266,10 +278,15 @@ static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, boo
 /* A step over rows of the main model's sequences, or (mtp) of the MTP
  * block's. */
 static int step_rows(cpu_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp,
-                     ds4_err *err) {
+                     const float *in, float *resid, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (n == 0) return 0;
     if (check_rows(b, rows, n, mtp, err) != 0) return -1;
+    if (b->layer_first > 0 && !in)
+        return ds4_err_set(err, DS4_EINVAL, "a pipeline stage from layer %u needs its rows' residuals", b->layer_first);
+    if (b->layer_end < c->n_layer && !resid)
+        return ds4_err_set(err, DS4_EINVAL, "a pipeline stage to layer %u needs room for its rows' residuals",
+                           b->layer_end - 1);
     float *logits[n], *hidden[n];
     uint32_t nl = 0, nh = 0, k = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -287,17 +304,18 @@ static int step_rows(cpu_backend *b, const ds4_row *rows, uint32_t n, const ds4_
                     : b->rows[i].j ? cpu_journal_logits_row(b, s, b->rows[i].pos)
                     : last          ? s->st->logits
                                     : NULL;
-        hidden[i] = (rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden
+        hidden[i] = (rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden && b->layer_end == c->n_layer
                         ? out->hidden + (size_t)nh++ * c->n_hc * c->n_embd
                         : NULL;
     }
     if (mtp)
         cpu_mtp_pass(b, rows, n, logits, hidden);
     else
-        run_pass(b, n, logits, hidden);
+        run_pass(b, n, logits, hidden, in, resid);
     for (uint32_t i = 0; i < n; i++) {
         cpu_seq *s = cpu_seq_of(rows[i].seq);
         if (s->j.valid && b->rows[i].j) cpu_journal_logits(b, s, b->rows[i].pos, logits[i]);
+        if (b->layer_end < c->n_layer) continue; /* a stage before the head has none */
         if (i + 1 == n || rows[i + 1].seq != rows[i].seq) { /* the sequence's last row: its logits are the next token's */
             if (logits[i] != s->st->logits) memcpy(s->st->logits, logits[i], c->n_vocab * sizeof(float));
             s->st->has_logits = true;
@@ -307,13 +325,18 @@ static int step_rows(cpu_backend *b, const ds4_row *rows, uint32_t n, const ds4_
 }
 
 static int cpu_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    return step_rows((cpu_backend *)base, rows, n, out, false, err);
+    return step_rows((cpu_backend *)base, rows, n, out, false, NULL, NULL, err);
+}
+
+static int cpu_stage_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                          const ds4_step_out *out, ds4_err *err) {
+    return step_rows((cpu_backend *)base, rows, n, out, false, in, resid, err);
 }
 
 static int cpu_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     cpu_backend *b = (cpu_backend *)base;
     if (!b->base.opts.mtp) return ds4_err_set(err, DS4_EINVAL, "the backend was made without an MTP block");
-    return step_rows(b, rows, n, out, true, err);
+    return step_rows(b, rows, n, out, true, NULL, NULL, err);
 }
 
 static int cpu_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, uint32_t n, float *all_logits,
@@ -366,12 +389,15 @@ static int cpu_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, 
 }
 
 static int cpu_mark(ds4_backend *base, ds4_seq *seq, ds4_err *err) {
-    return cpu_journal_begin((cpu_backend *)base, cpu_seq_of(seq), err);
+    cpu_backend *b = (cpu_backend *)base;
+    if (b->layer_first > 0 || b->layer_end < b->cfg->n_layer)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline stage does not journal rows for a rewind");
+    return cpu_journal_begin(b, cpu_seq_of(seq), err);
 }
 
 static const ds4_backend_ops cpu_ops = {
     .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .mtp_seq_new = cpu_mtp_seq_new,
-    .seq_free = cpu_seq_free, .seq_len = cpu_seq_len, .mtp_step = cpu_mtp_step,
+    .seq_free = cpu_seq_free, .seq_len = cpu_seq_len, .mtp_step = cpu_mtp_step, .stage_step = cpu_stage_step,
     .step = cpu_step, .mark = cpu_mark, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
     .reset = cpu_reset, .snapshot = cpu_snapshot, .restore = cpu_restore,
 };
@@ -399,6 +425,17 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     b->sim = !b->base.opts.no_sim;
     b->chunk = b->base.opts.prefill_chunk;
     b->max_ctx = b->base.opts.ctx_size;
+    b->layer_first = b->base.opts.layer_first;
+    b->layer_end = b->base.opts.layer_end ? b->base.opts.layer_end : c->n_layer;
+    if (b->layer_first >= b->layer_end || b->layer_end > c->n_layer) {
+        ds4_err_set(err, DS4_EINVAL, "layers %u..%u are not a range of the model's %u", b->layer_first,
+                    b->layer_end - 1, c->n_layer);
+        goto fail;
+    }
+    if (b->base.opts.mtp && (b->layer_first > 0 || b->layer_end < c->n_layer)) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline stage does not run the MTP block");
+        goto fail;
+    }
     if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS) {
         ds4_err_set(err, DS4_EUNSUPPORTED, "rope.dimension_count %u exceeds %d", c->rope_dim, 2 * DS4_ROPE_MAX_PAIRS);
         goto fail;

@@ -122,5 +122,6 @@ void cpu_ffn_layer(cpu_backend *b, const cpu_layer *L, const uint32_t *tok, uint
             y[d] = routed + y[d];
         }
     }
+    cpu_steer(b, L, T, true);
     cpu_hc_post(b, T);
 }

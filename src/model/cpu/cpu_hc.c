@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "model/cpu/cpu.h"
+#include "model/steering.h"
 
 /* f = RMSNorm(flatten(S)) for every token, then m = fn . f. */
 static void hc_mix(cpu_backend *b, const ds4_wt *fn, uint32_t T) {
@@ -70,6 +71,21 @@ void cpu_hc_pre(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale_t, const d
             x[d] = acc;
         }
     }
+}
+
+void cpu_steer(cpu_backend *b, const cpu_layer *L, uint32_t T, bool ffn) {
+    const ds4_backend_opts *o = &b->base.opts;
+    if (!L->steer) return;
+    uint32_t D = b->cfg->n_embd;
+    if (o->steer) {
+        const float *v = o->steer->dir + (size_t)L->il * D;
+        for (uint32_t t = 0; t < T; t++) {
+            const ds4_seq *s = &b->rows[t].s->base;
+            float scale = ffn ? s->steer_ffn : s->steer_attn;
+            if (scale != 0.0f) ds4_steer_rows(v, scale, b->y + (size_t)t * D, D, 1, D);
+        }
+    }
+    if (o->act_observer) o->act_observer(o->act_ctx, L->il, ffn, T, b->y);
 }
 
 void cpu_hc_post(cpu_backend *b, uint32_t T) {

@@ -28,7 +28,7 @@
 
 /* The MTP block as the sublayer functions take it. */
 static cpu_layer mtp_layer(const ds4_mtp_weights *m) {
-    return (cpu_layer){&m->blk, 0, 0, 0, false, m->cfg.swiglu_clamp[0], false};
+    return (cpu_layer){&m->blk, 0, 0, 0, false, m->cfg.swiglu_clamp[0], false, false};
 }
 
 /* S for each row: e_proj(enorm(embed(t))) + h_proj(hnorm(H_h)) per stream. */

@@ -15,6 +15,7 @@ extern "C" {
 #include "base/rank.h"
 #include "model/backends.h"
 #include "model/session_state.h"
+#include "model/steering.h"
 }
 
 #define REC_CAP 4096
@@ -58,10 +59,10 @@ static void take_act(bump *m, dact *a, uint32_t n, uint32_t rows, unsigned forms
  * and no Q8_K rows for the attention projections' inputs. */
 static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::*m2) {
     unsigned forms = 0;
-    for (uint32_t il = 0; il < b->cfg->n_layer; il++) {
+    for (uint32_t il = 0; il <= b->cfg->n_layer; il++) { /* the MTP block's layer too (absent: no forms) */
         const dlayer *w = &b->W.layers[il];
-        if ((w->*m1).p) forms |= cu_act_form((w->*m1).type);
-        if (m2 && (w->*m2).p) forms |= cu_act_form((w->*m2).type);
+        if (dwt_present(&(w->*m1))) forms |= cu_act_form((w->*m1).type);
+        if (m2 && dwt_present(&(w->*m2))) forms |= cu_act_form((w->*m2).type);
     }
     return forms;
 }
@@ -108,8 +109,12 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
+    if (b->base.opts.steer) TAKE(m, b->d_steer, (size_t)c->n_layer * D);
     TAKE(m, b->router, C * c->n_expert);
     TAKE(m, b->sel, C * k);
+    TAKE(m, b->msel, C * k);
+    TAKE(m, b->expert_count, b->base.opts.count_experts ? (size_t)c->n_layer * c->n_expert : 0);
+    if (!b->base.opts.count_experts) b->expert_count = NULL;
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
@@ -205,6 +210,7 @@ static int reset_state(cuda_backend *b, cu_seq *s, ds4_err *err) {
 
 static void cuda_reset(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, seq)) return cu_mtp_reset(b);
     ds4_err err = {};
     if (reset_state(b, (cu_seq *)seq, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
 }
@@ -238,6 +244,12 @@ int cu_use(cuda_backend *b, cu_seq *s, ds4_err *err) {
 
 /* ------------------------------------------------------- the passes */
 
+/* The MTP block's sequence takes MTP steps and its own calls alone. */
+static int not_mtp(const cuda_backend *b, const ds4_seq *seq, const char *what, ds4_err *err) {
+    if (cu_mtp_seq(b, seq)) return ds4_err_set(err, DS4_EINVAL, "%s: the MTP block's sequence advances by MTP steps", what);
+    return 0;
+}
+
 static int check_room(const cu_seq *s, uint32_t n, ds4_err *err) {
     if ((uint64_t)s->n_tokens + n > s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, s->n_tokens, s->ctx);
@@ -250,7 +262,7 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
     const ds4_config *c = b->cfg;
     cu_seq *s = (cu_seq *)seq;
     if (n == 0) return 0;
-    if (check_room(s, n, err) || cu_use(b, s, err)) return -1;
+    if (not_mtp(b, seq, "prefill", err) || check_room(s, n, err) || cu_use(b, s, err)) return -1;
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
@@ -322,12 +334,31 @@ static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
 }
 
 static int capture_step(cuda_backend *b, ds4_err *err) {
+    b->graph_steer[0] = b->main_seq.base.steer_ffn;
+    b->graph_steer[1] = b->main_seq.base.steer_attn;
     if (ds4_prof_on) return 0;
     for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
         if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
     if (capture_ctx(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
+}
+
+/* The decode graphs again when the main sequence's steering scales are not
+ * the ones they were captured with (a scale is a kernel argument of the
+ * graph; with none the graph has no steering launch at all).  Between
+ * steps, with nothing in flight. */
+static int steer_recapture(cuda_backend *b, ds4_err *err) {
+    if (!cu_steer_changed(b)) return 0;
+    CU_TRY(cudaStreamSynchronize(b->st));
+    for (uint32_t i = 0; i < CU_GRAPHS; i++)
+        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
+            if (b->graph[i][k]) {
+                cudaGraphExecDestroy(b->graph[i][k]);
+                b->graph[i][k] = NULL;
+            }
+    b->n_graphs = 0;
+    return capture_step(b, err);
 }
 
 /* The decode step at position pos on the device.  Its logits are
@@ -352,6 +383,7 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
 static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *s = (cu_seq *)seq;
+    if (not_mtp(b, seq, "decode", err)) return -1;
     if (s != &b->main_seq) {
         ds4_row r = ds4_row_of(seq, token, 0);
         return cu_seq_step(base, &r, 1, NULL, err);
@@ -360,7 +392,8 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
     s->jr.valid = false; /* a plain step ends what a rewind can take back */
-    if (cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, s->n_tokens, err)) return -1;
+    if (steer_recapture(b, err) || cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, s->n_tokens, err))
+        return -1;
     s->tokens[s->n_tokens++] = token;
     s->has_logits = true;
     s->logits_fresh = false;
@@ -374,6 +407,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *s = (cu_seq *)seq;
+    if (not_mtp(b, seq, "greedy generation", err)) return -1;
     if (!s->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
     if (check_room(s, n, err)) return -1;
     if (s != &b->main_seq) {
@@ -385,7 +419,7 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
         }
         return 0;
     }
-    if (cu_use(b, s, err)) return -1;
+    if (cu_use(b, s, err) || steer_recapture(b, err)) return -1;
     s->jr.valid = false;
     for (uint32_t done = 0; done < n;) {
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
@@ -409,7 +443,9 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 }
 
 static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
-    return cu_seq_logits((cuda_backend *)base, (cu_seq *)seq);
+    cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, seq)) return cu_mtp_logits(b);
+    return cu_seq_logits(b, (cu_seq *)seq);
 }
 
 /* ---------------------------------------------------- snapshot/restore */
@@ -453,7 +489,7 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
 static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *q = (cu_seq *)seq;
-    if (check_state(b, q, out, q->n_tokens, err) || cu_use(b, q, err)) return -1;
+    if (not_mtp(b, seq, "snapshot", err) || check_state(b, q, out, q->n_tokens, err) || cu_use(b, q, err)) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     CU_TRY(cudaStreamSynchronize(b->st));
     if (b->sq->has_logits && !cuda_logits(base, seq)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
@@ -469,7 +505,7 @@ static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *q = (cu_seq *)seq;
     uint32_t n = in->n_tokens;
-    if (check_state(b, q, in, n, err) || cu_use(b, q, err)) return -1;
+    if (not_mtp(b, seq, "restore", err) || check_state(b, q, in, n, err) || cu_use(b, q, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     if (copy_state(b, (ds4_kv_state *)in, n, false, err)) return -1;
     memcpy(b->sq->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
@@ -521,7 +557,7 @@ static int seq_alloc(cuda_backend *b, cu_seq *s, uint32_t ctx, bool defer, ds4_e
     const ds4_config *c = b->cfg;
     s->base.owner = &b->base;
     s->ctx = ctx;
-    s->L = (dlstate *)calloc(c->n_layer, sizeof(dlstate));
+    s->L = (dlstate *)calloc(c->n_layer + 1, sizeof(dlstate)); /* the main one's: and the MTP block's layer */
     s->tokens = (uint32_t *)calloc(ctx, sizeof(uint32_t));
     s->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
     if (!s->L || !s->tokens || !s->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a sequence");
@@ -529,6 +565,8 @@ static int seq_alloc(cuda_backend *b, cu_seq *s, uint32_t ctx, bool defer, ds4_e
     snprintf(what, sizeof(what), "the state of a sequence of %u tokens", ctx);
     bump m = {NULL, seq_bytes(b, ctx, defer)};
     if (cu_dev_alloc(&s->state_block, m.off, what, err)) return -1;
+    s->bytes = m.off;
+    b->dev_bytes += (s->bytes + 255) / 256 * 256;
     m.base = (uint8_t *)s->state_block;
     m.off = 0;
     layout_state(b, s, defer, &m);
@@ -545,6 +583,8 @@ static void cuda_free(ds4_backend *base) {
             if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
     cu_batch_graph_drop(b, NULL);
     free(b->bg_seq);
+    cu_offload_free(b->off);
+    cu_mtp_free(b);
     seq_release(&b->main_seq);
     if (b->buf_block) cudaFree(b->buf_block);
     cu_weights_free(&b->W);
@@ -556,6 +596,7 @@ static void cuda_free(ds4_backend *base) {
     if (b->ev_fork) cudaEventDestroy(b->ev_fork);
     if (b->side) cudaStreamDestroy(b->side);
     if (b->st) cudaStreamDestroy(b->st);
+    free(b->obs_h);
     free(b);
 }
 
@@ -584,28 +625,32 @@ static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
 
 static void cuda_seq_free(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    if (cu_mtp_seq(b, seq)) return cu_mtp_seq_free(b);
     cu_seq *s = (cu_seq *)seq;
     if (s == &b->main_seq) return; /* the backend's own */
     if (cudaStreamSynchronize(b->st) != cudaSuccess) (void)cudaGetLastError();
     if (b->lg_owner == s) b->lg_owner = NULL;
     if (b->sq == s) b->sq = &b->main_seq;
     cu_batch_graph_drop(b, s);
+    b->dev_bytes -= (s->bytes + 255) / 256 * 256;
     seq_release(s);
     free(s);
 }
 
 static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
-    return ((const cu_seq *)s)->n_tokens;
+    const cuda_backend *b = (const cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_len(b) : ((const cu_seq *)s)->n_tokens;
 }
 
-/* The MTP block does not run on the GPU yet. */
-static ds4_seq *cuda_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
-    ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
-    return NULL;
+/* Marks and rewinds of the main sequence (cuda_seq.cu) or the MTP one. */
+static int cuda_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_mark(b, err) : cu_seq_mark(base, s, err);
 }
 
-static int cuda_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    return ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend does not run the MTP block yet");
+static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    return cu_mtp_seq(b, s) ? cu_mtp_rewind(b, n_tokens, err) : cu_seq_rewind(base, s, n_tokens, err);
 }
 
 static ds4_backend_ops make_ops() {
@@ -613,13 +658,13 @@ static ds4_backend_ops make_ops() {
     o.name = "cuda";
     o.free = cuda_free;
     o.seq_new = cuda_seq_new;
-    o.mtp_seq_new = cuda_mtp_seq_new;
-    o.mtp_step = cuda_mtp_step;
+    o.mtp_seq_new = cu_mtp_seq_new;
+    o.mtp_step = cu_mtp_step;
     o.seq_free = cuda_seq_free;
     o.seq_len = cuda_seq_len;
     o.step = cu_seq_step;
-    o.mark = cu_seq_mark;
-    o.rewind = cu_seq_rewind;
+    o.mark = cuda_mark;
+    o.rewind = cuda_rewind;
     o.prefill = cuda_prefill;
     o.decode = cuda_decode;
     o.logits = cuda_logits;
@@ -654,6 +699,45 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     return 0;
 }
 
+/* The GPU budget: the caller's, or the device's free memory less a
+ * reserve for the runtime (graphs, the rewind journal). */
+static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
+    if (b->base.opts.gpu_mem) {
+        *budget = b->base.opts.gpu_mem;
+        return 0;
+    }
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t reserve = (uint64_t)1 << 30;
+    *budget = free_b > reserve ? free_b - reserve : 0;
+    return 0;
+}
+
+/* Weights, state and buffers in GPU memory: every tensor but the routed
+ * experts, then as many of those as the budget holds (cuda_offload.h). */
+static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    if (cu_weights_shape(&b->W, w, NULL, err)) return -1;
+    size_t state = (seq_bytes(b, b->ctx, true) + 255) / 256 * 256; /* the main sequence's */
+    bump m = {NULL, 0};
+    layout_buffers(b, &m);
+    size_t bufs = (m.off + 255) / 256 * 256, routed = 0, all = cu_weights_bytes(&b->W, c, &routed);
+    uint64_t budget;
+    if (gpu_budget(b, &budget, err)) return -1;
+    b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
+    if ((uint64_t)all + state + bufs > budget &&
+        cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err))
+        return -1;
+    if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, err)) return -1;
+    if (w->synthetic) {
+        if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
+    } else if (cu_weights_load(&b->W, w, b->off ? b->off->slot : NULL, b->st, err)) {
+        return -1;
+    }
+    b->dev_bytes = b->W.bytes;
+    return b->off ? cu_offload_init(b, b->off, w, err) : 0;
+}
+
 static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     CU_TRY(cudaStreamCreateWithFlags(&b->st, cudaStreamNonBlocking));
@@ -665,26 +749,30 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaEventCreateWithFlags(&b->lane_ev[i], cudaEventDisableTiming));
     }
     if (cu_matmul_init(err)) return -1;
-    if (w->synthetic) {
-        if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
-    } else if (cu_weights_load(&b->W, w, b->st, err)) {
-        return -1;
-    }
+    if (place_and_load(b, w, err)) return -1;
+    if (b->base.opts.act_observer && !(b->obs_h = (float *)malloc((size_t)b->chunk * c->n_embd * sizeof(float))))
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
     layout_buffers(b, &m);
     char what[96];
     size_t need = m.off;
     snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
     if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
+    b->dev_bytes += (need + 255) / 256 * 256;
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
+    if (b->expert_count) CU_TRY(cudaMemset(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     for (uint32_t i = 0; i < CU_LANES; i++)
         CU_TRY(cudaMemset(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    if (b->d_steer)
+        CU_TRY(cudaMemcpy(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float),
+                          cudaMemcpyHostToDevice));
     if (seq_alloc(b, &b->main_seq, b->ctx, true, err)) return -1;
+    if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     b->n_kinds = 1;
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (b->main_seq.L[il].win) b->n_kinds = CU_STEP_KINDS;
@@ -798,5 +886,51 @@ extern "C" int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t n
     cudaFree(a);
     cudaFree(b);
     *bytes_per_s = 2.0 * (double)bytes / (best * 1e-3);
+    return 0;
+}
+
+extern "C" int ds4_cuda_offload_info(const ds4_backend *base, ds4_offload_info *out) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    memset(out, 0, sizeof(*out));
+    if (!base || strcmp(base->ops->name, "cuda") != 0) return -1;
+    out->dev_allocated = b->dev_bytes;
+    out->dev_fixed = b->dev_fixed;
+    out->total_experts = b->cfg->n_layer * b->cfg->n_expert;
+    if (!b->off) {
+        out->dev_total = b->dev_bytes;
+        return 0;
+    }
+    const ds4_placement *p = &b->off->place;
+    out->on = true;
+    out->host_experts = p->host_experts;
+    out->dev_total = p->dev_total;
+    out->host_bytes = p->host_bytes;
+    out->tok_dev = p->tok_dev;
+    out->tok_host = p->tok_host;
+    return 0;
+}
+
+extern "C" int ds4_cuda_expert_counts(ds4_backend *base, ds4_expert_profile *p, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    const ds4_config *c = b->cfg;
+    if (!b->expert_count)
+        return ds4_err_set(err, DS4_EINVAL, "the CUDA backend was made without counting experts (count_experts)");
+    if (p->n_layer != c->n_layer || p->n_expert != c->n_expert)
+        return ds4_err_set(err, DS4_EINVAL, "a profile of %u x %u experts for a model of %u x %u", p->n_layer, p->n_expert,
+                           c->n_layer, c->n_expert);
+    size_t n = (size_t)c->n_layer * c->n_expert;
+    uint32_t *h = (uint32_t *)malloc(n * sizeof(uint32_t));
+    if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    cudaError_t e = cudaStreamSynchronize(b->st);
+    if (e == cudaSuccess) e = cudaMemcpy(h, b->expert_count, n * sizeof(uint32_t), cudaMemcpyDeviceToHost);
+    if (e != cudaSuccess) {
+        free(h);
+        return ds4_err_set(err, DS4_EIO, "CUDA: reading the expert counts: %s", cudaGetErrorString(e));
+    }
+    uint64_t sel = 0;
+    for (size_t i = 0; i < n; i++) p->use[i] = h[i];
+    for (uint32_t e0 = 0; e0 < c->n_expert; e0++) sel += h[e0];
+    p->tokens = sel / c->n_expert_used; /* layer 0's selections: k a token */
+    free(h);
     return 0;
 }

@@ -51,6 +51,10 @@ static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
+    bool host = cu_offload_host(b->off, il);
+    in.slot = host ? b->off->d_slot + (size_t)il * c->n_expert : NULL;
+    in.msel = host ? b->msel : NULL;
+    in.count = b->expert_count ? b->expert_count + (size_t)il * c->n_expert : NULL;
     return in;
 }
 
@@ -75,9 +79,12 @@ bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan 
 
 #define GROUP_TILE 64
 
+/* Entries whose selection is negative (an expert on the host,
+ * cuda_offload.h) are left out. */
 static __global__ void group_count_kernel(const int *sel, uint32_t n, int *count) {
     dev_pdl_enter();
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) atomicAdd(&count[sel[i]], 1);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        if (sel[i] >= 0) atomicAdd(&count[sel[i]], 1);
 }
 
 /* One warp: offsets, per-expert cursors and the list of work tiles, in
@@ -126,21 +133,22 @@ static __global__ void group_plan_kernel(const int *count, uint32_t n_expert, in
 static __global__ void group_scatter_kernel(const int *sel, uint32_t n, int *cursor, int *perm) {
     dev_pdl_enter();
     for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+        if (sel[i] < 0) continue;
         int pos = atomicAdd(&cursor[sel[i]], 1);
         perm[pos] = (int)i;
     }
 }
 
-int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err) {
+int cu_group_tokens(cuda_backend *b, const int *sel, uint32_t T, cu_group *g, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t n = T * c->n_expert_used;
     CU_TRY(cudaMemsetAsync(b->grp_count, 0, c->n_expert * sizeof(int), b->st));
-    DS4_LAUNCH(group_count_kernel, (n + 255) / 256, 256, 0, b->st, (const int *)b->sel, n, b->grp_count);
+    DS4_LAUNCH(group_count_kernel, (n + 255) / 256, 256, 0, b->st, sel, n, b->grp_count);
     CU_LAUNCHED();
     DS4_LAUNCH(group_plan_kernel, 1, 32, 0, b->st, (const int *)b->grp_count, c->n_expert, b->grp_off, b->grp_tile_mat,
                b->grp_tile_start, b->grp_tile_count, b->grp_ntiles);
     CU_LAUNCHED();
-    DS4_LAUNCH(group_scatter_kernel, (n + 255) / 256, 256, 0, b->st, (const int *)b->sel, n, b->grp_off, b->grp_perm);
+    DS4_LAUNCH(group_scatter_kernel, (n + 255) / 256, 256, 0, b->st, sel, n, b->grp_off, b->grp_perm);
     CU_LAUNCHED();
     g->tile_mat = b->grp_tile_mat;
     g->tile_start = b->grp_tile_start;

@@ -150,6 +150,13 @@ static hc_site head_site(cuda_backend *b) {
                  read_form(&W->output)};
     return s;
 }
+/* The MTP block's head: its own HC head and norm, the model's output matrix. */
+static hc_site mtp_head_site(cuda_backend *b) {
+    const dmtp *M = cu_mtp_dev(b);
+    hc_site s = {&M->hc_head_fn, &M->hc_head_scale, &M->hc_head_base, &M->norm, true, &b->hz, false,
+                 read_form(&b->W.output)};
+    return s;
+}
 
 /* A branch of decode work on the side stream: side_fork() makes it start
  * after what st has enqueued so far, side_join() marks its end, and
@@ -295,7 +302,8 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
         if (attention_projections(b, il, T, false, err) || attention_parts(b, il, parts, n_parts, T, err) ||
             output_projection(b, w, T, false, err))
             return -1;
-        hc_post_src src = {b->y, NULL, NULL, 0};
+        hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
+        if (cu_steer(b, il, T, false, false, &src, err)) return -1;
         hc_site ffn = ffn_site(b, il, false);
         return cu_hc_step(b, &src, &ffn, T, err);
     }
@@ -324,15 +332,22 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
     if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, w, T, decode, err)) return -1;
-    hc_post_src src = {b->y, NULL, NULL, 0};
+    hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
+    if (cu_steer(b, il, T, false, decode, &src, err)) return -1;
     hc_site ffn = ffn_site(b, il, decode);
     return cu_hc_step(b, &src, &ffn, T, err);
 }
 
+/* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
+ * GPU's products read the selected experts' device slots (msel; a host
+ * expert's -1 is skipped) while the host branch computes the others, and
+ * the HC post takes each slot's output from its side. */
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    bool host = cu_offload_host(b->off, il), gpu = cu_offload_gpu(b->off, il), stream = false;
+    const int *esel = host ? b->msel : b->sel;
     if (decode) {
         hc_site here = ffn_site(b, il, true);
         if (side_fork(b, err) || shared_expert(b, il, &here, err) || side_join(b, err)) return -1;
@@ -341,36 +356,49 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
         bool routed = cu_gemv_route(b, il, tok, &p);
         if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, err))) return -1;
-        memset(&p, 0, sizeof(p));
-        for (uint32_t i = 0; i < k; i++) {
-            cu_gemv_add(&p, &w->gate_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
-            cu_gemv_add(&p, &w->up_exps, 0, b->sel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+        if (host && cu_offload_branch(b, il, T, err)) return -1;
+        if (gpu) {
+            memset(&p, 0, sizeof(p));
+            for (uint32_t i = 0; i < k; i++) {
+                cu_gemv_add(&p, &w->gate_exps, 0, esel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
+                cu_gemv_add(&p, &w->up_exps, 0, esel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+            }
+            if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
+            memset(&p, 0, sizeof(p));
+            for (uint32_t i = 0; i < k; i++) {
+                dact m = act_row(&b->mid, i);
+                cu_gemv_add(&p, &w->down_exps, 0, esel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
+            }
+            if (cu_gemv_run(&p, b->st, err)) return -1;
         }
-        if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
-        memset(&p, 0, sizeof(p));
-        for (uint32_t i = 0; i < k; i++) {
-            dact m = act_row(&b->mid, i);
-            cu_gemv_add(&p, &w->down_exps, 0, b->sel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
-        }
-        if (cu_gemv_run(&p, b->st, err) || side_wait(b, err)) return -1; /* the HC reads sout */
+        if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
             cu_route(b, il, tok, T, err))
             return -1;
+        /* the host experts by the CPU, or streamed when the chunk uses them
+         * enough (cuda_offload.h) */
+        if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
+        if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
         cu_group g;
-        if (cu_group_tokens(b, T, &g, err) ||
-            cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
-            cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err) ||
-            cu_swiglu(b, il, T, SWIGLU_ALL, NULL, b->st, err))
+        if (gpu && (cu_group_tokens(b, esel, T, &g, err) ||
+                    cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
+                    cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err)))
             return -1;
+        if (cu_swiglu(b, il, T, gpu ? SWIGLU_ALL : SWIGLU_SHARED, NULL, b->st, err)) return -1;
         g.act_div = 1;
-        if (cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err) ||
-            mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err))
-            return -1;
+        if (gpu && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
+        if (mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err)) return -1;
+        if (stream && cu_offload_stream(b, il, T, err)) return -1;
     }
-    hc_post_src src = {NULL, b->eout, b->sout, k};
-    hc_site next = il + 1 < c->n_layer ? attn_site(b, il + 1, decode) : head_site(b);
+    bool cpu = host && !stream;
+    if (cpu && cu_offload_join(b, err)) return -1;
+    hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
+    if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
+    hc_site next = il + 1 < c->n_layer    ? attn_site(b, il + 1, decode)
+                   : il + 1 == c->n_layer ? head_site(b)
+                                          : mtp_head_site(b); /* the MTP block's layer, n_layer */
     return cu_hc_step(b, &src, &next, T, err);
 }
 
@@ -407,6 +435,20 @@ static int output_head(cuda_backend *b, uint32_t T, const bool *need, float *hos
     return 0;
 }
 
+/* The final residuals the MTP block pairs with (cu_mtp_keep_hidden): the
+ * main sequence's rows of the pass (the block pairs with it alone). */
+static int keep_hidden_parts(cuda_backend *b, const cu_part *parts, uint32_t n_parts, ds4_err *err) {
+    size_t hcd = (size_t)b->cfg->n_hc * b->cfg->n_embd;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        if (parts[i].s != &b->main_seq) continue;
+        cuda_backend v = *b;
+        v.sq = parts[i].s;
+        v.S = b->S + parts[i].r0 * hcd;
+        if (cu_mtp_keep_hidden(&v, parts[i].n, false, err)) return -1;
+    }
+    return 0;
+}
+
 int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *parts, uint32_t n_parts, uint32_t T,
                      bool decode, const bool *need, float *host, ds4_err *err) {
     const ds4_config *c = b->cfg;
@@ -420,6 +462,7 @@ int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *part
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (cu_attention_layer(b, il, parts, n_parts, T, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err))
             return -1;
+    if (b->mtp && keep_hidden_parts(b, parts, n_parts, err)) return -1;
     if (n_parts > 1 && b->capturing) { /* a captured batched step: every row's logits, its positions advanced */
         if (cu_gemm(&b->W.output, 0, 0, c->n_vocab, &b->hz, 0, T, b->d_logits, c->n_vocab, NULL, b->split, b->st, err))
             return -1;
@@ -438,4 +481,16 @@ int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0
                ds4_err *err) {
     cu_part p = {b->sq, 0, T, pos0};
     return cu_forward_parts(b, d_tok, &p, 1, T, decode, NULL, host_all, err);
+}
+
+int cu_forward_mtp(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+                   ds4_err *err) {
+    uint32_t il = b->cfg->n_layer;
+    hc_site first = attn_site(b, il, decode);
+    cu_part p = {b->sq, 0, T, pos0};
+    if (cu_hc_step(b, NULL, &first, T, err) || cu_attention_layer(b, il, &p, 1, T, decode, err) ||
+        cu_ffn_layer(b, il, d_tok, T, decode, err) || cu_mtp_keep_hidden(b, T, true, err) ||
+        output_head(b, T, NULL, host_all, err))
+        return -1;
+    return cu_step_end(b, T, false, err);
 }

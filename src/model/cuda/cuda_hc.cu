@@ -22,7 +22,7 @@
  */
 #include "model/cuda/cuda_sinkhorn.cuh"
 
-#define HC_MAX_D 4096     /* the widest row the finish holds */
+#define HC_MAX_D 8192     /* the widest row the finish holds (16 values a thread) */
 #define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
 #define HC_EXPERT_LOADS 8 /* HC post: routed experts' values loaded at once */
 
@@ -42,9 +42,13 @@
 #define HC_THREADS 512                /* mixer and finish threads */
 #define HC_BLOCK (HC_THREADS + 32)    /* and the Sinkhorn warp */
 #define HC_WARPS (HC_THREADS / 32)
-#define HC_VALS (HC_MAX_D / HC_THREADS) /* finish: consecutive columns per thread */
+/* Finish: consecutive columns per thread, 8 for rows of up to 4096 values
+ * (Flash; a Q8_K block is one warp), 16 for wider ones (Pro's 7168; a
+ * Q8_K block is half a warp).  Whole float4 loads either way. */
+#define HC_VALS_NARROW 8
+#define HC_VALS_WIDE 16
 #define HC_COLS (HC_THREADS / 4)      /* mixer: a thread per stream and column */
-static_assert(HC_VALS == 8, "whole float4 loads; a Q8_K block of one warp");
+static_assert(HC_VALS_WIDE * HC_THREADS == HC_MAX_D, "the widest row fills the finish");
 static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp reduction");
 /* The most partial sums a finish thread adds: the slices of the widest row
  * (decode; the prefill mixer's slices are wider, so fewer) over the
@@ -61,6 +65,8 @@ typedef struct hc_args {
     float *S;
     const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
     uint32_t k;
+    const int *hsel;              /* hc_post_src's */
+    const float *hout;
     float *post, *comb;           /* read by the post, rewritten by the finish */
     const uint8_t *fn;
     uint32_t fn_type, nmix, D, n_hc, nsplit;
@@ -161,12 +167,14 @@ static __device__ __forceinline__ void hc_store_q8_0(const float (&y)[VALS], uin
 }
 
 /* Q8_K of the row, exactly as dev_quantize_row / ds4_quantize_q8_K: a
- * block of 256 values is one warp (8 values a lane); the signed value of
+ * block of 256 values is 256 / VALS lanes of a warp; the signed value of
  * the largest magnitude (first index on ties) is reduced in the warp. */
 template <int VALS>
 static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uint32_t e, bool has, uint8_t *qk,
                                                      uint32_t D) {
-    /* warps past the row (D a multiple of 256: whole warps) skip the reduction */
+    /* a block of 256 values is 256 / VALS lanes; warps past the row (D a
+     * multiple of 256: whole blocks) skip the reduction */
+    constexpr int LANES = 256 / VALS;
     bool wact = e - VALS * (threadIdx.x & 31) < D;
     unsigned lane = threadIdx.x & 31;
     float amax = 0.0f, mx = 0.0f;
@@ -176,7 +184,7 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
         float ax = fabsf(y[i]);
         if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
     }
-    for (int o = 16; wact && o > 0; o >>= 1) {
+    for (int o = LANES / 2; wact && o > 0; o >>= 1) {
         float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
         int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
         if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
@@ -233,8 +241,9 @@ static __device__ __forceinline__ void hc_load_streams(const float *S, uint32_t 
  * memory (hc_finish_smem) rather than through the threads' registers:
  * +0.5 % prefill at 4k (338cfda), while the decode launch, whose 32
  * blocks would each reserve the 64 KB, ran 0.6 % slower with it. */
-template <int NMIX, bool BULK> static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<HC_VALS> k) {
-    constexpr int VALS = HC_VALS, WARPS = HC_WARPS;
+template <int NMIX, bool BULK, int VALS>
+static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<VALS> k) {
+    constexpr int WARPS = HC_WARPS;
     __shared__ double sums[NMIX + 1], ssw[WARPS];
     __shared__ uint64_t sbar;
     DS4_DYN_SMEM(float, sS);
@@ -368,6 +377,11 @@ static __device__ __forceinline__ hc_in hc_load_token(const hc_args &a, uint32_t
 #pragma unroll
             for (int u = 0; u < HC_EXPERT_LOADS; u++)
                 e[u] = i0 + u < a.k ? a.eout[((size_t)t * a.k + i0 + u) * D + d] : 0.0f;
+            if (a.hsel) /* experts on the host: their outputs are the host's */
+#pragma unroll
+                for (int u = 0; u < HC_EXPERT_LOADS; u++)
+                    if (i0 + u < a.k && a.hsel[(size_t)t * a.k + i0 + u] < 0)
+                        e[u] = a.hout[((size_t)t * a.k + i0 + u) * D + d];
 #pragma unroll
             for (int u = 0; u < HC_EXPERT_LOADS; u++)
                 if (i0 + u < a.k) routed += e[u];
@@ -436,7 +450,7 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
  * block to count itself done computes the mixer weights and the next
  * sublayer's input from all the partial sums (dev_last_block), so the
  * step needs one launch. */
-template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix_kernel(hc_args a) {
+template <int NMIX, int VALS> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix_kernel(hc_args a) {
     static_assert(NMIX + 1 <= 32, "a lane per mixer output");
     static_assert((NMIX + 1) * HC_PART_LANES <= HC_THREADS, "finish: threads for the partial sums");
     __shared__ double red[HC_WARPS][33];
@@ -450,7 +464,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     dev_pdl_launch_next();
     float f[NMIX];
     fvec_n(a.fn, a.fn_type, (size_t)h * a.D + d, (size_t)n * a.D, on, f);
-    hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
+    hc_consts<VALS> k = hc_load_consts<VALS>(a);
     if (a.norm) { /* the finish's norm weights, cold by then: into the L2, a share of their lines a block */
         size_t lines = ((size_t)a.D * (a.norm_type == DS4_TYPE_F32 ? 4 : 2) + 127) / 128;
         size_t line = blockIdx.x + (size_t)threadIdx.x * gridDim.x;
@@ -461,7 +475,7 @@ template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 1) hc_mix
     if (a.y || a.eout) w = hc_load_row(a, t, h);
     hc_in in = hc_load_token(a, t, d, on);
     hc_mix_token<NMIX>(a, t, in, w, f, d, h, mixer, on, red);
-    if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX, false>(a, t, k);
+    if (dev_last_block(a.count + t, a.nsplit)) hc_finish<NMIX, false, VALS>(a, t, k);
 }
 
 /* Prefill: the mixer of HCP_TOK tokens x HCP_COLS columns (all four
@@ -570,11 +584,11 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS, 2) hc_
 }
 
 /* Block t: the finish of token t of a prefill pass, after its mixer launch. */
-template <int NMIX> static __global__ void __launch_bounds__(HC_BLOCK, 2) hc_finish_kernel(hc_args a) {
+template <int NMIX, int VALS> static __global__ void __launch_bounds__(HC_BLOCK, 2) hc_finish_kernel(hc_args a) {
     dev_pdl_launch_next();
-    hc_consts<HC_VALS> k = hc_load_consts<HC_VALS>(a);
+    hc_consts<VALS> k = hc_load_consts<VALS>(a);
     dev_pdl_wait_prev();
-    hc_finish<NMIX, true>(a, blockIdx.x, k);
+    hc_finish<NMIX, true, VALS>(a, blockIdx.x, k);
 }
 
 /* Prefill: the HC post of the previous sublayer on its own, a thread per
@@ -603,9 +617,10 @@ static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(
 /* The prefill finish's dynamic shared memory: the token's four streams. */
 static size_t hc_finish_smem(uint32_t D) { return (size_t)4 * D * sizeof(float); }
 
-template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
+template <int NMIX, int VALS>
+static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
-        DS4_LAUNCH((hc_mix_kernel<NMIX>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
+        DS4_LAUNCH((hc_mix_kernel<NMIX, VALS>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
         CU_LAUNCHED();
         return 0;
     }
@@ -621,8 +636,8 @@ template <int NMIX> static int hc_launch_rows(cuda_backend *b, uint32_t T, const
     dim3 grid((T + HCP_TOK - 1) / HCP_TOK, p.nsplit);
     DS4_LAUNCH((hc_prefill_mix_kernel<NMIX>), grid, HCP_THREADS, hcp_smem(), b->st, p);
     CU_LAUNCHED();
-    if (cu_allow_smem<hc_finish_kernel<NMIX>>(hc_finish_smem(a.D), err)) return -1;
-    DS4_LAUNCH((hc_finish_kernel<NMIX>), T, HC_BLOCK, hc_finish_smem(a.D), b->st, p);
+    if (cu_allow_smem<hc_finish_kernel<NMIX, VALS>>(hc_finish_smem(a.D), err)) return -1;
+    DS4_LAUNCH((hc_finish_kernel<NMIX, VALS>), T, HC_BLOCK, hc_finish_smem(a.D), b->st, p);
     CU_LAUNCHED();
     return 0;
 }
@@ -638,6 +653,8 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
         a.eout = post->eout;
         a.sout = post->sout;
         a.k = post->k;
+        a.hsel = post->hsel;
+        a.hout = post->hout;
     }
     a.post = b->post;
     a.comb = b->comb;
@@ -662,7 +679,7 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     if (!(site->forms & ACT_QK)) a.xn.qk = NULL;
     a.sums_out = site->sink_later ? b->hcsums : NULL; /* a decode pass: one token (cu_forward) */
     uint32_t D = c->n_embd;
-    uint32_t vals = HC_VALS;
+    uint32_t vals = D <= HC_VALS_NARROW * HC_THREADS ? HC_VALS_NARROW : HC_VALS_WIDE;
     if (c->n_hc != 4 || D > HC_MAX_D || D % vals != 0 || (a.xn.q8 && D % 32 != 0) || (a.xn.qk && D % 256 != 0))
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: HC of %u streams of %u values (needs 4 streams, at most %u values, "
@@ -671,7 +688,9 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     if (fn->rows != 24 && fn->rows != 4)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     a.T = T;
-    return fn->rows == 24 ? hc_launch_rows<24>(b, T, a, err) : hc_launch_rows<4>(b, T, a, err);
+    if (vals == HC_VALS_NARROW)
+        return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_NARROW>(b, T, a, err) : hc_launch_rows<4, HC_VALS_NARROW>(b, T, a, err);
+    return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_WIDE>(b, T, a, err) : hc_launch_rows<4, HC_VALS_WIDE>(b, T, a, err);
 }
 
 hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site) {

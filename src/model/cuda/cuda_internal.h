@@ -50,6 +50,7 @@
 
 #include "model/cuda/cuda_actq.cuh"
 #include "model/cuda/cuda_rt.h"
+#include "model/cuda/cuda_offload.h"
 
 extern "C" {
 #include "format/quants.h"
@@ -80,10 +81,17 @@ typedef struct dlayer {
 
 typedef struct dweights {
     DS4_GLOBAL_TENSORS(DWT_FIELD)
-    dlayer *layers;
+    dlayer *layers;    /* n_layer + 1: the last is the MTP block's layer (absent without one) */
     void *block;       /* one device allocation holding every tensor */
     size_t bytes;
 } dweights;
+
+/* The MTP block's own tensors (its layer is dweights.layers[n_layer]). */
+typedef struct dmtp {
+    DS4_MTP_TENSORS(DWT_FIELD)
+    void *block;       /* its tensors and its layer's */
+    size_t bytes;
+} dmtp;
 #undef DWT_FIELD
 
 /* Byte geometry of a repacked row; 0 for a type the GPU cannot use. */
@@ -92,10 +100,25 @@ size_t cu_row_bytes(uint32_t type, uint32_t n);
 /* One GGUF row (n values of `type`) into the device layout, row_bytes long. */
 void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, size_t row_bytes);
 
-/* Upload (repacking) or synthesise every tensor of `w`. */
-int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err);
+/* The device shapes of every tensor of `w` (nothing allocated): a routed
+ * tensor of layer l holds n_gpu[l] matrices (NULL: all of them). */
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, ds4_err *err);
+/* Whether a device tensor is part of the model (its shape is known before
+ * its memory is: an all-host routed tensor has none). */
+static inline bool dwt_present(const dwt *W) { return W->row_bytes != 0; }
+/* Device bytes of the shaped tensors: all, or those that are no routed
+ * expert (routed: the routed tensors' bytes, separately). */
+size_t cu_weights_bytes(const dweights *dw, const ds4_config *c, size_t *routed);
+/* Upload (repacking) or synthesise every tensor of `w` after
+ * cu_weights_shape; slot (NULL: every expert) places routed expert e of
+ * layer l in matrix slot[l * n_expert + e], or nowhere when -1. */
+int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err);
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err);
 void cu_weights_free(dweights *dw);
+/* The MTP block's tensors into dm and its layer's into dl, uploaded from
+ * m, or (synth) seeded random values of m's shapes. */
+int cu_mtp_weights_load(dmtp *dm, dlayer *dl, const struct ds4_mtp_weights *m, bool synth, uint64_t seed,
+                        cudaStream_t st, ds4_err *err);
 
 /* ------------------------------------------------------- activations */
 
@@ -164,6 +187,11 @@ typedef struct cu_route_in {
     uint32_t n_expert, k;
     float scale;
     bool norm;
+    /* with routed experts on the host (cuda_offload.h): each expert's
+     * device slot (-1: on the host), and where the selected ones' go */
+    const int32_t *slot;
+    int *msel;
+    uint32_t *count; /* per expert: selections (NULL: not counted) */
 } cu_route_in;
 
 /* The routing a decode step's router product does in its last block
@@ -237,7 +265,7 @@ typedef struct cu_win_plan {
 /* Whether W's rows can take it: float rows that split into the gemv's 8
  * equal parts of whole 16-byte loads. */
 static inline bool cu_win_fits(const dwt *W) {
-    return W->p && (W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16) && W->n % 64 == 0;
+    return dwt_present(W) && (W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16) && W->n % 64 == 0;
 }
 int cu_win_add(cu_win_plan *p, const dwt *W, uint32_t rows, float *out, size_t out_stride, ds4_err *err);
 int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err);
@@ -312,6 +340,8 @@ typedef struct cu_journal {
 #define CU_STEP_KINDS 3
 #define CU_GRAPH_CTX0 8192  /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
 
+struct cu_mtp;
+
 /* A sequence (backend.h): one token stream's state in GPU memory - its
  * layers' rings, compressed rows, frontiers and indexer rows, sized from
  * its context - with the device record of its position (dstep) and the
@@ -324,6 +354,7 @@ typedef struct cu_seq {
     uint32_t ctx;        /* tokens it holds */
     dlstate *L;          /* per layer (device pointers) */
     void *state_block;   /* all layer state, and d_step */
+    size_t bytes;        /* its size (cuda_backend.dev_bytes counts it) */
     dstep *d_step;
     cu_journal jr;       /* from its mark on */
     uint32_t n_tokens;
@@ -365,6 +396,13 @@ typedef struct cuda_backend {
     uint32_t *lane_attn_count[CU_LANES];
 
     dweights W;
+    struct cu_mtp *mtp;  /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
+    /* directional steering (model/steering.h): the directions on the
+     * device (NULL without), the scales the decode graphs were captured
+     * with, and the activation observer's host rows (chunk x n_embd) */
+    float *d_steer;
+    float graph_steer[2];
+    float *obs_h;
     uint32_t *d_tokens;      /* the chunk's token ids */
     float *d_logits;         /* logits_rows x n_vocab */
     float *d_last_logits;    /* row of the last pass's last token */
@@ -382,6 +420,11 @@ typedef struct cuda_backend {
     uint32_t *route_count; /* a decode step's router product: blocks done (cu_gemv_route) */
     double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
+    int *msel;    /* the selected experts' device slots (-1: on the host; cuda_offload.h) */
+    uint32_t *expert_count; /* n_layer x n_expert selections (ds4_backend_opts.count_experts), or NULL */
+    struct cu_offload *off; /* routed experts on the host, or NULL */
+    size_t dev_bytes;       /* device bytes of the weights, state and buffers (the placement's accounting) */
+    size_t dev_fixed;       /* of which any placement needs: all but the routed experts, with the slot table */
     float *router, *selw, *eg, *eu, *eout, *sg, *su, *sout, *idx_scores, *attn_part;
     float *split; /* cu_gemm's split scratch */
     int *sel;
@@ -412,6 +455,7 @@ typedef struct cuda_backend {
     cudaGraphExec_t bg;
     cu_seq **bg_seq;
     uint32_t bg_n;
+    float bg_steer[2];     /* the steering scales it was captured with */
 } cuda_backend;
 
 /* Make s the sequence the next passes act on (cuda_backend.sq), first
@@ -468,6 +512,35 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
                        ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
 
+/* The MTP block's pass (its input S made by cuda_mtp.cu, position and
+ * logits those of the MTP sequence): its layer (n_layer), its HC head and
+ * norm, the model's output matrix. */
+int cu_forward_mtp(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+                   ds4_err *err);
+
+/* cuda_mtp.cu: the MTP block (docs/MODEL.md 9) and its one sequence.
+ * init: after the weights, before the decode graphs are captured (they
+ * keep the main sequence's final residuals); cfg then points at the
+ * block's copy of the config, whose layer n_layer is the block's. */
+int cu_mtp_init(cuda_backend *b, ds4_err *err);
+void cu_mtp_free(cuda_backend *b);
+/* The final residuals (S) of the pass's T rows into the ring of the
+ * sequence being advanced (the main one, or in cu_forward_mtp the MTP
+ * sequence's), at slots of their positions (d_step->pos on). */
+int cu_mtp_keep_hidden(cuda_backend *b, uint32_t T, bool mtp_pass, ds4_err *err);
+/* The device copy of the MTP block's own tensors. */
+const dmtp *cu_mtp_dev(const cuda_backend *b);
+/* The backend's calls on the MTP sequence (s its sequence: cu_mtp_seq). */
+bool cu_mtp_seq(const cuda_backend *b, const ds4_seq *s);
+ds4_seq *cu_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err);
+void cu_mtp_seq_free(cuda_backend *b);
+int cu_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+int cu_mtp_mark(cuda_backend *b, ds4_err *err);
+int cu_mtp_rewind(cuda_backend *b, uint32_t n_tokens, ds4_err *err);
+void cu_mtp_reset(cuda_backend *b);
+uint32_t cu_mtp_len(const cuda_backend *b);
+const float *cu_mtp_logits(cuda_backend *b);
+
 /* cuda_seq.cu: the batched step and the rewind (backend.h); the pass's
  * hook that journals layer il's projections (nothing unless a rewindable
  * step is being made). */
@@ -489,6 +562,10 @@ typedef struct hc_post_src {
     const float *eout; /* routed outputs (T x k x D), with the shared one */
     const float *sout;
     uint32_t k;
+    /* routed experts on the host: slot i of token t is hout's where
+     * hsel[t k + i] < 0, else eout's (NULL: all eout's) */
+    const int *hsel;
+    const float *hout;
 } hc_post_src;
 /* A decode HC site's Sinkhorn, hosted by a spare block of a later launch
  * (cuda_sinkhorn.cuh): its sums (NULL: no job), the site's scale and base
@@ -522,6 +599,19 @@ uint32_t cu_hc_cols(void);
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
  * quantized input. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
+
+/* cuda_steer.cu: the sublayer output of layer il at a steering point with
+ * the scale of the pass's sequence (b->sq; the parts of a pass of several
+ * all have the same, cu_seq_step), and to the activation observer (not in
+ * decode passes).  The attention's is b->y; the FFN's (post, routed + shared) is
+ * first summed into b->y when steered or observed, and post then reads
+ * b->y.  Nothing at all when neither applies. */
+int cu_steer(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, bool decode, hc_post_src *post, ds4_err *err);
+/* The scales a decode step of the main sequence runs with now. */
+static inline bool cu_steer_changed(const cuda_backend *b) {
+    return b->d_steer &&
+           (b->main_seq.base.steer_ffn != b->graph_steer[0] || b->main_seq.base.steer_attn != b->graph_steer[1]);
+}
 /* hcsums: the mixer's reduced sums (sum of squares, then the rows; at
  * most 32) and, at HC_SUMS_RS, the RMS scale as a double. */
 #define HC_SUMS_RS 32
@@ -671,7 +761,9 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
  * in its last block, if it can (a block a row, at most 256 experts):
  * true if so, and then no routing launch follows it. */
 bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p);
-int cu_group_tokens(cuda_backend *b, uint32_t T, cu_group *g, ds4_err *err);
+/* The T tokens' entries grouped by sel (expert, or device slot: negative
+ * entries are left out). */
+int cu_group_tokens(cuda_backend *b, const int *sel, uint32_t T, cu_group *g, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
 enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
 /* sink: the HC site whose Sinkhorn the launch hosts (one more block; the

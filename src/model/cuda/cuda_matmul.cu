@@ -590,6 +590,7 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     bool early = wait && !sg.sel && (q8 || fl);
     if (wait && !early) dev_pdl_wait_prev();
     unsigned lane = threadIdx.x & 31;
+    if (sg.sel && sg.sel[sg.sel_slot] < 0) return; /* an expert on the host (cuda_offload.h) */
     uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
     const uint8_t *rows[R];
 #pragma unroll
@@ -837,6 +838,7 @@ int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err) {
 struct stream_pos {
     const uint8_t *w0;
     uint32_t vb, s, rb, part, t;
+    bool host; /* the segment's expert is on the host (cuda_offload.h): slot 0 is walked, nothing written */
 };
 static __device__ __forceinline__ void stream_at(stream_pos &ps, const gemv_plan &p, uint32_t vb, uint32_t seg_blocks) {
     ps.vb = vb;
@@ -844,7 +846,9 @@ static __device__ __forceinline__ void stream_at(stream_pos &ps, const gemv_plan
     ps.rb = vb - ps.s * seg_blocks;
     ps.part = ps.t = 0;
     const gemv_seg &sg = p.seg[ps.s];
-    uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
+    int m = sg.sel ? sg.sel[sg.sel_slot] : (int)sg.mat;
+    ps.host = m < 0;
+    uint32_t mat = ps.host ? 0 : (uint32_t)m;
     uint32_t r0 = (ps.rb * GEMV_WARPS + threadIdx.x / 32) * 4;
     ps.w0 = sg.w + mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
 }
@@ -880,7 +884,7 @@ static __device__ __forceinline__ void stream_dot(const q2k_stage<GEMV_STREAM_R>
 #pragma unroll
     for (int r = 0; r < GEMV_STREAM_R; r++) {
         float v = warp_sum(acc[r]);
-        if ((threadIdx.x & 31) == 0) sg.out[r0 + r] = v;
+        if ((threadIdx.x & 31) == 0 && !ps.host) sg.out[r0 + r] = v;
         acc[r] = 0.0f;
     }
 }

@@ -90,6 +90,8 @@ static __device__ __forceinline__ void route_token(const cu_route_in &a, uint32_
     if (lane < k) {
         sel[(size_t)t * k + lane] = chosen;
         selw[(size_t)t * k + lane] = cprob * nrm * a.scale;
+        if (a.slot) a.msel[(size_t)t * k + lane] = a.slot[chosen];
+        if (a.count) atomicAdd(&a.count[chosen], 1u);
     }
 }
 

@@ -240,6 +240,8 @@ static int step_parts(cuda_backend *b, const ds4_row *rows, uint32_t n, cu_part 
     for (uint32_t i = 0; i < n; i++) {
         if (!rows[i].seq || rows[i].seq->owner != &b->base)
             return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
+        if (cu_mtp_seq(b, rows[i].seq))
+            return ds4_err_set(err, DS4_EINVAL, "row %u: the MTP block's sequence in a step of the main model", i);
         if (rows[i].token >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at row %u is outside the vocabulary (%u)", rows[i].token, i,
                                c->n_vocab);
@@ -348,7 +350,9 @@ void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s) {
 /* Whether a step is a batched decode step the captured graph can run: one
  * plain row of each of several sequences, whose logits fit d_logits. */
 static bool graph_step(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np) {
-    if (np < 2 || np > b->logits_rows || ds4_prof_on) return false;
+    /* host experts (cuda_offload.h) and the activation observer run host
+     * code within a pass: eager passes only */
+    if (np < 2 || np > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer) return false;
     for (uint32_t k = 0; k < np; k++)
         if (parts[k].n != 1 || (rows[k].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN))) return false;
     return true;
@@ -358,7 +362,8 @@ static bool graph_step(const cuda_backend *b, const ds4_row *rows, const cu_part
  * graph held is theirs: each part's work sized for the longest context
  * among them (cu_dec_cap), read from their dsteps. */
 static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, ds4_err *err) {
-    bool same = b->bg && b->bg_n == np;
+    const ds4_seq *q = &parts[0].s->base; /* the pass's steering scales (step_groups) */
+    bool same = b->bg && b->bg_n == np && b->bg_steer[0] == q->steer_ffn && b->bg_steer[1] == q->steer_attn;
     for (uint32_t k = 0; same && k < np; k++) same = b->bg_seq[k] == parts[k].s;
     if (same) return 0;
     cu_batch_graph_drop(b, NULL);
@@ -386,6 +391,8 @@ static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, ds4_err
     CU_TRY(e);
     b->bg = x;
     b->bg_n = np;
+    b->bg_steer[0] = q->steer_ffn;
+    b->bg_steer[1] = q->steer_attn;
     return 0;
 }
 
@@ -486,79 +493,107 @@ out:
     return rc;
 }
 
-/* Whether a step's plain one-row parts (decoding sequences) go through the
- * batched decode graph and its other parts (prefill chunks, drafts) in a
- * pass of their own: two or more of the first beside some of the second.
- * The graph saves the host the decoders' per-part launches, which cost
- * more than reading their experts' weights a second time. */
-static bool split_step(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np) {
+/* A step runs as passes over groups of its parts: a pass takes parts of one
+ * steering scale (a kernel argument of the pass's steering launch), and
+ * the plain one-row parts (decoding sequences), two or more beside other
+ * parts (prefill chunks, drafts), go through the batched decode graph in
+ * a pass of their own - the graph saves the host the decoders' per-part
+ * launches, which cost more than reading their experts' weights a second
+ * time.  group[k]: part k's pass, in the order they run; returns how many.
+ * key, kind: room for np groups' first sequence and kind. */
+static uint32_t step_groups(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np,
+                            uint32_t *group, const ds4_seq **key, bool *kind) {
     uint32_t nd = 0;
     for (uint32_t k = 0; k < np; k++)
         nd += parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
-    return nd >= 2 && nd < np && nd <= b->logits_rows && !ds4_prof_on;
+    bool split = nd >= 2 && nd < np && nd <= b->logits_rows && !ds4_prof_on;
+    uint32_t ng = 0;
+    for (uint32_t k = 0; k < np; k++) {
+        const ds4_seq *q = &parts[k].s->base;
+        bool dec = split && parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
+        uint32_t g = 0;
+        for (; g < ng; g++)
+            if (kind[g] == dec && (!b->d_steer || (key[g]->steer_ffn == q->steer_ffn && key[g]->steer_attn == q->steer_attn)))
+                break;
+        if (g == ng) {
+            key[ng] = q;
+            kind[ng++] = dec;
+        }
+        group[k] = g;
+    }
+    return ng;
 }
 
 int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (n == 0) return 0;
-    cu_part *parts = (cu_part *)malloc(n * sizeof(cu_part));
-    if (!parts) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
-    uint32_t np = 0;
-    if (step_parts(b, rows, n, parts, &np, err)) {
-        free(parts);
-        return -1;
-    }
-    if (!split_step(b, rows, parts, np)) {
-        free(parts);
-        return run_pass(b, rows, n, out, err);
-    }
-    /* the decoders' rows (set 0) and the others' (set 1), each in order,
-     * their outputs into scratch, then to out in the step's row order */
     const ds4_config *c = b->cfg;
     size_t V = c->n_vocab, H = (size_t)c->n_hc * c->n_embd;
+    cu_part *parts = (cu_part *)malloc(n * sizeof(cu_part));
+    uint32_t *group = (uint32_t *)malloc(n * sizeof(uint32_t)), *set = (uint32_t *)malloc(n * sizeof(uint32_t));
     ds4_row *sub = (ds4_row *)malloc(n * sizeof(ds4_row));
-    uint8_t *set = (uint8_t *)malloc(n);
-    float *lg = out && out->logits ? (float *)malloc((size_t)n * V * sizeof(float)) : NULL;
-    float *hd = out && out->hidden ? (float *)malloc((size_t)n * H * sizeof(float)) : NULL;
+    const ds4_seq **key = (const ds4_seq **)malloc(n * sizeof(ds4_seq *));
+    bool *kind = (bool *)malloc(n * sizeof(bool));
+    float *lg = NULL, *hd = NULL;
+    uint32_t np = 0, ng = 0;
     int rc = -1;
-    if (!sub || !set || (out && out->logits && !lg) || (out && out->hidden && !hd)) {
+    if (!parts || !group || !set || !sub || !key || !kind) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
         goto done;
     }
-    for (uint32_t k = 0; k < np; k++) {
-        const cu_part *p = &parts[k];
-        bool dec = p->n == 1 && !(rows[p->r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
-        memset(set + p->r0, dec ? 0 : 1, p->n);
+    if (step_parts(b, rows, n, parts, &np, err)) goto done;
+    if ((ng = step_groups(b, rows, parts, np, group, key, kind)) == 1) {
+        rc = run_pass(b, rows, n, out, err);
+        goto done;
     }
+    /* each group's rows in order, its outputs into scratch after the
+     * earlier groups', then to out in the step's row order */
+    if ((out && out->logits && !(lg = (float *)malloc((size_t)n * V * sizeof(float)))) ||
+        (out && out->hidden && !(hd = (float *)malloc((size_t)n * H * sizeof(float))))) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
+        goto done;
+    }
+    for (uint32_t k = 0; k < np; k++)
+        for (uint32_t i = 0; i < parts[k].n; i++) set[parts[k].r0 + i] = group[k];
     {
-        uint32_t nl[2] = {0, 0}, nh[2] = {0, 0};
-        for (int t = 0; t < 2; t++) {
-            uint32_t k = 0;
+        uint32_t *l0 = (uint32_t *)calloc(2 * (size_t)ng, sizeof(uint32_t)), *h0 = l0 ? l0 + ng : NULL;
+        if (!l0) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            goto done;
+        }
+        uint32_t nl = 0, nh = 0;
+        for (uint32_t g = 0; g < ng; g++) {
+            uint32_t m = 0;
             for (uint32_t i = 0; i < n; i++)
-                if (set[i] == t) sub[k++] = rows[i];
-            /* set 1's outputs after set 0's in the scratch */
-            ds4_step_out o = {lg ? lg + (size_t)nl[0] * V : NULL, hd ? hd + (size_t)nh[0] * H : NULL};
-            if (run_pass(b, sub, k, &o, err)) goto done;
-            for (uint32_t i = 0; i < k; i++) {
-                nl[t] += (sub[i].want & DS4_ROW_LOGITS) != 0;
-                nh[t] += (sub[i].want & DS4_ROW_HIDDEN) != 0;
+                if (set[i] == g) sub[m++] = rows[i];
+            l0[g] = nl;
+            h0[g] = nh;
+            ds4_step_out o = {lg ? lg + (size_t)nl * V : NULL, hd ? hd + (size_t)nh * H : NULL};
+            if (run_pass(b, sub, m, &o, err)) {
+                free(l0);
+                goto done;
+            }
+            for (uint32_t i = 0; i < m; i++) {
+                nl += (sub[i].want & DS4_ROW_LOGITS) != 0;
+                nh += (sub[i].want & DS4_ROW_HIDDEN) != 0;
             }
         }
-        /* to out in row order: the i-th asking row of set t is scratch row
-         * (t ? nl[0] : 0) + i */
-        uint32_t at[2] = {0, nl[0]}, ht[2] = {0, nh[0]}, kl = 0, kh = 0;
-        for (uint32_t i = 0; i < n; i++) {
+        for (uint32_t i = 0, kl = 0, kh = 0; i < n; i++) {
             if (lg && (rows[i].want & DS4_ROW_LOGITS))
-                memcpy(out->logits + (size_t)kl++ * V, lg + (size_t)at[set[i]]++ * V, V * sizeof(float));
+                memcpy(out->logits + (size_t)kl++ * V, lg + (size_t)l0[set[i]]++ * V, V * sizeof(float));
             if (hd && (rows[i].want & DS4_ROW_HIDDEN))
-                memcpy(out->hidden + (size_t)kh++ * H, hd + (size_t)ht[set[i]]++ * H, H * sizeof(float));
+                memcpy(out->hidden + (size_t)kh++ * H, hd + (size_t)h0[set[i]]++ * H, H * sizeof(float));
         }
+        free(l0);
     }
     rc = 0;
 done:
     free(parts);
-    free(sub);
+    free(group);
     free(set);
+    free(sub);
+    free(key);
+    free(kind);
     free(lg);
     free(hd);
     return rc;

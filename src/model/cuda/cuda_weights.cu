@@ -72,12 +72,14 @@ void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, 
 }
 
 /* Device tensor i, in the order of ds4_weights_at: offsets of the fields
- * the tensor table gives dweights and dlayer. */
+ * the tensor table gives dweights and dlayer (and dmtp, the MTP block's). */
 #define DEV_OFFSET(type, field, ...) offsetof(type, field),
 #define DEV_GLOBAL(...) DEV_OFFSET(dweights, __VA_ARGS__)
 #define DEV_LAYER(...) DEV_OFFSET(dlayer, __VA_ARGS__)
+#define DEV_MTP(...) DEV_OFFSET(dmtp, __VA_ARGS__)
 static const size_t dev_global_offsets[] = {DS4_GLOBAL_TENSORS(DEV_GLOBAL)};
 static const size_t dev_layer_offsets[] = {DS4_LAYER_TENSORS(DEV_LAYER)};
+static const size_t dev_mtp_offsets[] = {DS4_MTP_TENSORS(DEV_MTP)};
 
 static dwt *dev_tensor(dweights *dw, size_t i) {
     if (i < DS4_N_GLOBAL_TENSORS) return (dwt *)((char *)dw + dev_global_offsets[i]);
@@ -85,43 +87,109 @@ static dwt *dev_tensor(dweights *dw, size_t i) {
     return (dwt *)((char *)&dw->layers[i / DS4_N_LAYER_TENSORS] + dev_layer_offsets[i % DS4_N_LAYER_TENSORS]);
 }
 
-/* Shapes and one device allocation for all present tensors. */
-static int plan(dweights *dw, const ds4_weights *w, size_t *offsets, ds4_err *err) {
-    size_t count = ds4_weights_count(w), total = 0;
-    dw->layers = (dlayer *)calloc(w->cfg.n_layer, sizeof(dlayer));
-    if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+/* Which routed tensor device tensor i is (0 gate, 1 up, 2 down), or -1;
+ * and its layer. */
+static int routed_of(size_t i, uint32_t *il) {
+    if (i < DS4_N_GLOBAL_TENSORS) return -1;
+    i -= DS4_N_GLOBAL_TENSORS;
+    *il = (uint32_t)(i / DS4_N_LAYER_TENSORS);
+    size_t off = dev_layer_offsets[i % DS4_N_LAYER_TENSORS];
+    return off == offsetof(dlayer, gate_exps) ? 0 : off == offsetof(dlayer, up_exps) ? 1 : off == offsetof(dlayer, down_exps) ? 2 : -1;
+}
+
+/* Bytes of one tensor's allocation. */
+static size_t tensor_bytes(const dwt *d) { return align_up(d->row_bytes * d->rows * d->mats, 256); }
+
+/* A host tensor, its table row, its device copy, and for a routed tensor
+ * its layer (slots of resident experts), else -1. */
+typedef struct tref {
+    const ds4_wt *h;
+    const ds4_tensor_row *row;
+    dwt *d;
+    int il;
+} tref;
+
+/* Every tensor of w (in the order of ds4_weights_at); NULL without memory. */
+static tref *model_refs(dweights *dw, const ds4_weights *w, size_t *n) {
+    *n = ds4_weights_count(w);
+    tref *r = (tref *)calloc(*n, sizeof(tref));
+    if (!r) return NULL;
+    for (size_t i = 0; i < *n; i++) {
+        uint32_t il;
+        r[i].h = ds4_weights_at(w, i, &r[i].row);
+        r[i].d = dev_tensor(dw, i);
+        r[i].il = routed_of(i, &il) >= 0 ? (int)il : -1;
+    }
+    return r;
+}
+
+/* Device shapes from the host tensors; a routed tensor keeps n_gpu[layer]
+ * experts when n_gpu is given. */
+static int shape(const tref *r, size_t count, const uint32_t *n_gpu, ds4_err *err) {
     for (size_t i = 0; i < count; i++) {
-        const ds4_wt *h = ds4_weights_at(w, i, NULL);
-        dwt *d = dev_tensor(dw, i);
+        const ds4_wt *h = r[i].h;
+        dwt *d = r[i].d;
         memset(d, 0, sizeof(*d));
-        offsets[i] = SIZE_MAX;
         if (!h->name) continue; /* absent optional tensor */
         d->type = h->type;
         d->n = (uint32_t)h->ne[0];
         d->rows = (uint32_t)h->ne[1];
         d->mats = (uint32_t)h->ne[2];
+        if (n_gpu && r[i].il >= 0) d->mats = n_gpu[r[i].il];
         d->row_bytes = cu_row_bytes(h->type, d->n);
         if (!d->row_bytes)
             return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %u with rows of %u is not supported on CUDA",
                                h->name, h->type, d->n);
-        offsets[i] = total;
-        total += align_up(d->row_bytes * d->rows * d->mats, 256);
     }
-    dw->bytes = total;
-    if (cu_dev_alloc(&dw->block, total, "weights", err)) return -1;
-    for (size_t i = 0; i < count; i++)
-        if (offsets[i] != SIZE_MAX) dev_tensor(dw, i)->p = (const uint8_t *)dw->block + offsets[i];
     return 0;
 }
 
-int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err *err) {
-    size_t count = ds4_weights_count(w);
-    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
-    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    int rc = plan(dw, w, offsets, err);
-    free(offsets);
-    if (rc) return rc;
-    /* Repack through a pinned staging buffer, 64 MiB at a time. */
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, ds4_err *err) {
+    free(dw->layers);
+    /* the model's layers, and one more for the MTP block's (cu_mtp_weights_load) */
+    dw->layers = (dlayer *)calloc(w->cfg.n_layer + 1, sizeof(dlayer));
+    if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    size_t n;
+    tref *r = model_refs(dw, w, &n);
+    if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = shape(r, n, n_gpu, err);
+    free(r);
+    return rc;
+}
+
+size_t cu_weights_bytes(const dweights *dw, const ds4_config *c, size_t *routed) {
+    size_t total = 0, r = 0, count = DS4_N_GLOBAL_TENSORS + (size_t)c->n_layer * DS4_N_LAYER_TENSORS;
+    for (size_t i = 0; i < count; i++) {
+        const dwt *d = dev_tensor((dweights *)dw, i);
+        uint32_t il;
+        if (routed_of(i, &il) >= 0) r += tensor_bytes(d);
+        else total += tensor_bytes(d);
+    }
+    if (routed) *routed = r;
+    return total + r;
+}
+
+/* One device allocation (*block, *bytes) for every shaped tensor (an empty
+ * one - a routed tensor with no expert on the GPU - keeps p NULL). */
+static int plan(const tref *r, size_t count, void **block, size_t *bytes, ds4_err *err) {
+    size_t total = 0;
+    for (size_t i = 0; i < count; i++) total += tensor_bytes(r[i].d);
+    *bytes = total;
+    if (cu_dev_alloc(block, total, "weights", err)) return -1;
+    size_t off = 0;
+    for (size_t i = 0; i < count; i++) {
+        size_t b = tensor_bytes(r[i].d);
+        if (b) r[i].d->p = (const uint8_t *)*block + off;
+        off += b;
+    }
+    return 0;
+}
+
+/* Repack every planned tensor's rows through a pinned staging buffer, 64 MiB
+ * at a time; a routed tensor's resident experts into their slots when slot
+ * (n_expert per layer, -1: on the host) is given. */
+static int upload(const tref *r, size_t count, const int32_t *slot, uint32_t E, cudaStream_t st, ds4_err *err) {
+    int rc = 0;
     const size_t STAGE = (size_t)64 << 20;
     uint8_t *stage[2] = {NULL, NULL};
     cudaEvent_t done[2] = {NULL, NULL};
@@ -131,29 +199,40 @@ int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err
     CU_TRY(cudaEventCreate(&done[1]));
     int which = 0;
     for (size_t i = 0; i < count && rc == 0; i++) {
-        const ds4_wt *h = ds4_weights_at(w, i, NULL);
-        dwt *d = dev_tensor(dw, i);
+        const ds4_wt *h = r[i].h;
+        dwt *d = r[i].d;
         if (!d->p) continue;
         if (!h->data) {
             rc = ds4_err_set(err, DS4_EINVAL, "tensor %s has no data (synthetic weights need the synthetic loader)", h->name);
             break;
         }
-        size_t rows = (size_t)d->rows * d->mats, per = STAGE / d->row_bytes;
+        size_t per = STAGE / d->row_bytes;
         if (per == 0) {
             rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: a row of %zu bytes exceeds the staging buffer", h->name, d->row_bytes);
             break;
         }
-        for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
-            size_t nr = rows - r0 < per ? rows - r0 : per;
-            if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
-            for (size_t r = 0; r < nr; r++)
-                cu_repack_row(d->type, d->n, (const uint8_t *)h->data + (r0 + r) * h->row_bytes, stage[which] + r * d->row_bytes,
-                           d->row_bytes);
-            if (ds4_cuda_check(cudaMemcpyAsync((uint8_t *)d->p + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
-                                               cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
-                ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
-                rc = -1;
-            which ^= 1;
+        /* matrix by matrix: a routed tensor's resident experts into their slots */
+        uint32_t il = r[i].il >= 0 ? (uint32_t)r[i].il : 0;
+        bool routed = slot && r[i].il >= 0;
+        uint32_t n_src = routed ? E : 1;
+        for (uint32_t e = 0; e < n_src && rc == 0; e++) {
+            int32_t to = routed ? slot[(size_t)il * E + e] : 0;
+            if (to < 0) continue;
+            size_t rows = routed ? d->rows : (size_t)d->rows * d->mats;
+            const uint8_t *src = (const uint8_t *)h->data + (size_t)e * d->rows * h->row_bytes;
+            uint8_t *dst = (uint8_t *)d->p + (size_t)to * d->rows * d->row_bytes;
+            for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
+                size_t nr = rows - r0 < per ? rows - r0 : per;
+                if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
+                for (size_t q = 0; q < nr; q++)
+                    cu_repack_row(d->type, d->n, src + (r0 + q) * h->row_bytes, stage[which] + q * d->row_bytes,
+                                  d->row_bytes);
+                if (ds4_cuda_check(cudaMemcpyAsync(dst + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
+                                                   cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
+                    ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
+                    rc = -1;
+                which ^= 1;
+            }
         }
     }
     if (rc == 0) rc = ds4_cuda_check(cudaStreamSynchronize(st), "upload", __FILE__, __LINE__, err);
@@ -161,6 +240,16 @@ int cu_weights_load(dweights *dw, const ds4_weights *w, cudaStream_t st, ds4_err
     cudaEventDestroy(done[1]);
     cudaFreeHost(stage[0]);
     cudaFreeHost(stage[1]);
+    return rc;
+}
+
+int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err) {
+    size_t n;
+    tref *r = model_refs(dw, w, &n);
+    if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = plan(r, n, &dw->block, &dw->bytes, err);
+    if (rc == 0) rc = upload(r, n, slot, w->cfg.n_expert, st, err);
+    free(r);
     return rc;
 }
 
@@ -254,17 +343,12 @@ static uint64_t name_hash(const char *s) {
     return h;
 }
 
-int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
-    size_t count = ds4_weights_count(w);
-    size_t *offsets = (size_t *)calloc(count, sizeof(size_t));
-    if (!offsets) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    int rc = plan(dw, w, offsets, err);
-    free(offsets);
-    if (rc) return rc;
+/* Seeded random values in every planned tensor, at the scales ds4-mkmodel uses. */
+static int synthesise(const tref *r, size_t count, uint32_t n_expert, uint64_t seed, cudaStream_t st, ds4_err *err) {
     for (size_t i = 0; i < count; i++) {
-        const ds4_tensor_row *row;
-        const ds4_wt *h = ds4_weights_at(w, i, &row);
-        dwt *d = dev_tensor(dw, i);
+        const ds4_tensor_row *row = r[i].row;
+        const ds4_wt *h = r[i].h;
+        dwt *d = r[i].d;
         if (!d->p) continue;
         uint64_t s = seed ^ name_hash(h->name);
         size_t rows = (size_t)d->rows * d->mats;
@@ -272,7 +356,7 @@ int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStre
         ds4_init_dist(row->init, d->n, &mean, &std);
         uint8_t *p = (uint8_t *)d->p;
         if (d->type == DS4_TYPE_I32) {
-            DS4_LAUNCH(synth_hash, 256, 256, 0, st, (int32_t *)p, d->n, d->rows, w->cfg.n_expert, s);
+            DS4_LAUNCH(synth_hash, 256, 256, 0, st, (int32_t *)p, d->n, d->rows, n_expert, s);
         } else if (d->type == DS4_TYPE_F32 || d->type == DS4_TYPE_F16 || d->type == DS4_TYPE_BF16) {
             size_t cnt = rows * d->row_bytes / (d->type == DS4_TYPE_F32 ? 4 : 2);
             DS4_LAUNCH(synth_float, 4096, 256, 0, st, p, d->type, cnt, s, mean, std);
@@ -285,6 +369,30 @@ int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStre
     }
     CU_TRY(cudaStreamSynchronize(st));
     return 0;
+}
+
+int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
+    size_t n;
+    tref *r = model_refs(dw, w, &n);
+    if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = plan(r, n, &dw->block, &dw->bytes, err);
+    if (rc == 0) rc = synthesise(r, n, w->cfg.n_expert, seed, st, err);
+    free(r);
+    return rc;
+}
+
+int cu_mtp_weights_load(dmtp *dm, dlayer *dl, const ds4_mtp_weights *m, bool synth, uint64_t seed, cudaStream_t st,
+                        ds4_err *err) {
+    tref r[DS4_N_MTP_TENSORS + DS4_N_LAYER_TENSORS];
+    size_t n = 0;
+    for (size_t i = 0; i < DS4_N_MTP_TENSORS; i++, n++)
+        r[n] = (tref){(const ds4_wt *)((const char *)m + ds4_mtp_rows[i].offset), &ds4_mtp_rows[i],
+                      (dwt *)((char *)dm + dev_mtp_offsets[i]), -1};
+    for (size_t i = 0; i < DS4_N_LAYER_TENSORS; i++, n++)
+        r[n] = (tref){(const ds4_wt *)((const char *)&m->blk + ds4_layer_rows[i].offset), &ds4_layer_rows[i],
+                      (dwt *)((char *)dl + dev_layer_offsets[i]), -1};
+    if (shape(r, n, NULL, err) || plan(r, n, &dm->block, &dm->bytes, err)) return -1;
+    return synth ? synthesise(r, n, m->cfg.n_expert, seed, st, err) : upload(r, n, NULL, m->cfg.n_expert, st, err);
 }
 
 void cu_weights_free(dweights *dw) {

@@ -416,6 +416,15 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
     memmove(dst, src, n);
     return cudaSuccess;
 }
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) {
+        st->capture->ops.push_back([fn, data]() { fn(data); });
+        return cudaSuccess;
+    }
+    fn(data);
+    return cudaSuccess;
+}
 cudaError_t cudaMemset(void *dst, int v, size_t n) {
     check_not_capturing("cudaMemset");
     memset(dst, v, n);

@@ -80,6 +80,8 @@ typedef struct emu_stream *cudaStream_t;
 typedef struct emu_event *cudaEvent_t;
 typedef struct emu_graph *cudaGraph_t;
 typedef struct emu_graph *cudaGraphExec_t;
+typedef void (*cudaHostFn_t)(void *userData);
+#define CUDART_CB
 
 struct cudaDeviceProp {
     char name[256];
@@ -249,6 +251,9 @@ cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
+/* A host function in stream order (run in place, or recorded while the
+ * stream is captured). */
+cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data);
 cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode);
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long flags = 0);

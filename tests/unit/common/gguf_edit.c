@@ -16,12 +16,13 @@ static bool is(const char *a, const char *b) { return a && b && strcmp(a, b) == 
 static int copy_kv(ds4_gguf_writer *w, const ds4_gguf_kv *kv, const gguf_edit *e) {
     if (is(kv->key, "general.alignment") || is(kv->key, e->drop_key)) return 0;
     if (is(kv->key, e->u32_key)) return ds4_gguf_w_u32(w, kv->key, e->u32_value);
-    if (is(kv->key, e->ratio_key)) {
+    if (is(kv->key, e->ratio_key) || is(kv->key, e->resize_key)) {
         const ds4_gguf_array *a = &kv->value.a;
-        uint32_t *v = calloc(a->count, sizeof(uint32_t));
-        for (uint64_t i = 0; i < a->count; i++) v[i] = (uint32_t)ds4_gguf_arr_i64(a, i);
-        if (a->count > 2) v[2] = 3;
-        int rc = ds4_gguf_w_arr(w, kv->key, DS4_GGUF_U32, v, a->count);
+        uint64_t n = is(kv->key, e->resize_key) ? e->resize_count : a->count;
+        uint32_t *v = calloc(n + 1, sizeof(uint32_t));
+        for (uint64_t i = 0; i < a->count && i < n; i++) v[i] = (uint32_t)ds4_gguf_arr_i64(a, i);
+        if (is(kv->key, e->ratio_key) && n > 2) v[2] = 3;
+        int rc = ds4_gguf_w_arr(w, kv->key, DS4_GGUF_U32, v, n);
         free(v);
         return rc;
     }

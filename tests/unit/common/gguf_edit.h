@@ -23,6 +23,8 @@ typedef struct gguf_edit {
     const char *u32_key;       /* set this (u32) key to u32_value */
     uint32_t u32_value;
     const char *ratio_key;     /* set element 2 of this u32 array to 3 */
+    const char *resize_key;    /* write this u32 array with resize_count entries (zeros added) */
+    uint32_t resize_count;
 } gguf_edit;
 
 /* Copy src to dst applying `e`.  0 or -1 with a message. */

@@ -1,0 +1,564 @@
+/*
+ * scheduler.c - ds4-server's sessions and the scheduler (scheduler.h): how many
+ * sessions the memory holds, one thread each, the bounded queue of jobs,
+ * which session a job goes to, shutdown, and /v1/ds4/stats.
+ *
+ * Admission: a job waits in the queue (at most --queue jobs; 429 beyond)
+ * until a session is free; the sessions are made at startup, so a job never
+ * needs memory that is not there (--parallel is checked against it).  The
+ * oldest job goes first; it gets the free session that holds the most of
+ * its prompt, in this order:
+ *   1. the session whose live protocol continuation it answers (tool
+ *      outputs for its calls, a Responses transcript that replays it);
+ *   2. a session whose last prompt it continues (the conversation's own:
+ *      its live tokens cover that prompt), the longest match first;
+ *   3. an empty session;
+ *   4. the least recently used one among those that share the longest
+ *      prefix with it: its conversation goes to the disk cache (reason
+ *      evict, with --kv-disk-dir) and comes back from there when its next
+ *      turn arrives (the disk rung of the ladder, in whatever session).
+ * While a session finishes an answer that is already out (the tool-call
+ * canonicalization of worker.c), no job is handed out: its conversation's
+ * next turn may be what comes next.
+ *
+ * Fairness: every running session has one request in each batched step
+ * (decode rows first, then prefill chunks up to --batch-tokens, the
+ * batcher's rule), so N conversations advance together and a long prompt
+ * is prefilled in pieces beside them.  A client that goes away cancels its
+ * job: the session stops after the step in flight and takes the next job.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "constrain.h"
+#include "engine/batcher.h"
+#include "engine/generate.h"
+#include "engine/startup.h"
+#include "scheduler.h"
+
+/* The most sessions a default --parallel makes. */
+#define DEFAULT_PARALLEL_MAX 16
+
+/* ------------------------------------------------------------ counters */
+
+/* Generated tokens in the bucket of the current second. */
+void sched_count_generated(sched *q, uint32_t n) {
+    int64_t now = (int64_t)ds4_now();
+    rate_ring *r = &q->rate;
+    size_t i = (size_t)(now % (RATE_SECONDS + 1));
+    pthread_mutex_lock(&q->s->stats_mu);
+    if (r->second[i] != now) {
+        r->second[i] = now;
+        r->tokens[i] = 0;
+    }
+    r->tokens[i] += n;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+/* Tokens per second over the last RATE_SECONDS whole seconds (under
+ * stats_mu). */
+static double rate_now(const rate_ring *r) {
+    int64_t now = (int64_t)ds4_now();
+    uint64_t sum = 0;
+    for (size_t i = 0; i <= RATE_SECONDS; i++)
+        if (r->second[i] < now && r->second[i] >= now - RATE_SECONDS) sum += r->tokens[i];
+    return (double)sum / RATE_SECONDS;
+}
+
+void sched_count_prefill(sched *q, const job *j, const char *source) {
+    const gen_out *o = &j->out;
+    counters *c = &q->c;
+    pthread_mutex_lock(&q->s->stats_mu);
+    c->prompt_tokens += o->prompt_tokens;
+    c->reused_tokens += o->cached_tokens;
+    c->prefilled_tokens += o->written_tokens;
+    for (size_t i = 0; i < N_SOURCES; i++)
+        if (strcmp(source, KV_SOURCES[i]) == 0) c->by_source[i]++;
+    snprintf(c->last_source, sizeof(c->last_source), "%s", source);
+    c->last_reused = o->cached_tokens;
+    c->last_prefilled = o->written_tokens;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+void sched_count_outcome(sched *q, outcome k, uint32_t generated) {
+    pthread_mutex_lock(&q->s->stats_mu);
+    q->c.ended[k]++;
+    q->c.generated_tokens += generated;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+/* The MTP speculation session s did since its counts were `before`. */
+static void count_mtp(sched *q, ds4_session *s, const ds4_spec_stats *before) {
+    const ds4_spec *sp = ds4_session_spec(s);
+    if (!sp) return;
+    pthread_mutex_lock(&q->s->stats_mu);
+    q->c.mtp.cycles += sp->stats.cycles - before->cycles;
+    q->c.mtp.drafted += sp->stats.drafted - before->drafted;
+    q->c.mtp.accepted += sp->stats.accepted - before->accepted;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+/* The MTP counters of /v1/ds4/stats (null without a block). */
+static json_t *mtp_stats(const server *s, const ds4_spec_stats *m) {
+    if (!s->engine->mtp) return json_null();
+    return json_pack("{s:i,s:I,s:I,s:I,s:f,s:f}", "draft", (int)s->o.mtp.draft, "verifications", (json_int_t)m->cycles,
+                     "drafted", (json_int_t)m->drafted, "accepted", (json_int_t)m->accepted, "acceptance_rate",
+                     m->drafted ? (double)m->accepted / (double)m->drafted : 0.0, "tokens_per_verification",
+                     m->cycles ? (double)(m->accepted + m->cycles) / (double)m->cycles : 0.0);
+}
+
+/* ------------------------------------------------------------ dispatch */
+
+static bool job_done(job *j) {
+    pthread_mutex_lock(&j->mu);
+    bool d = j->done;
+    pthread_mutex_unlock(&j->mu);
+    return d;
+}
+
+static uint32_t common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t nb) {
+    size_t n = na < nb ? na : nb, i = 0;
+    while (i < n && a[i] == b[i]) i++;
+    return (uint32_t)i;
+}
+
+/* How well an idle slot suits a job: the rank of the order in the file's
+ * comment (higher is better) and, within it, the tokens it holds of the
+ * job's prompt. */
+typedef struct fit {
+    int rank;
+    uint32_t tokens;
+} fit;
+
+/* The job's prompt continues the slot's last one: its rendered text starts
+ * with that prompt's (but for a final "<think>", which a replay without the
+ * reasoning turns into "</think>").  Text, not tokens: the live tokens are
+ * the model's own tokenization of what it sampled, which a re-rendered
+ * history need not repeat (the memory-text rung takes care of that). */
+static bool continues(const slot *sl, const job *j) {
+    const ds4_strbuf *p = &sl->prompt_text, *t = &j->rendered.text;
+    size_t n = p->len, tl = strlen(DS4_TOK_THINK);
+    if (n >= tl && memcmp(p->p + n - tl, DS4_TOK_THINK, tl) == 0) n -= tl;
+    return n > 0 && t->len >= n && memcmp(p->p, t->p, n) == 0;
+}
+
+/* The session's steering scales are the ones the job runs with (worker.c:
+ * apply_steering starts a session over for others). */
+static bool same_steering(const server *s, const slot *sl, const job *j) {
+    float ffn = j->req.steer_ffn_set ? j->req.steer_ffn : s->o.steer.ffn;
+    float attn = j->req.steer_attn_set ? j->req.steer_attn : s->o.steer.attn;
+    float cur_ffn, cur_attn;
+    ds4_session_steering(sl->sess, &cur_ffn, &cur_attn);
+    return ffn == cur_ffn && attn == cur_attn;
+}
+
+static fit slot_fit(sched *q, const slot *sl, const job *j) {
+    uint32_t n = ds4_session_n_tokens(sl->sess);
+    /* a session steered otherwise keeps nothing for the job */
+    if (!same_steering(q->s, sl, j)) return (fit){n == 0 ? 2 : 1, 0};
+    const int32_t *live = ds4_session_tokens(sl->sess);
+    uint32_t common = common_prefix(live, n, j->tokens.ids, j->tokens.n);
+    /* the checkpoint of the last prompt (a retried request) */
+    uint32_t ck = (uint32_t)sl->ck_tokens.n;
+    if (ck && ck <= j->tokens.n && common_prefix(sl->ck_tokens.ids, ck, j->tokens.ids, j->tokens.n) == ck &&
+        ck > common)
+        common = ck;
+    int a = cont_affinity(q->s, sl->cont, j);
+    if (a) return (fit){4 + a, common};
+    if (continues(sl, j)) return (fit){3, common};
+    if (n == 0) return (fit){2, 0};
+    return (fit){1, common};
+}
+
+static bool better(fit a, double used_a, fit b, double used_b) {
+    if (a.rank != b.rank) return a.rank > b.rank;
+    if (a.tokens != b.tokens) return a.tokens > b.tokens;
+    return used_a < used_b; /* least recently used */
+}
+
+/* The slot for job j, or -1 to wait (under q->mu). */
+static int pick_slot(sched *q, const job *j) {
+    int best = -1;
+    fit bf = {0, 0};
+    for (uint32_t i = 0; i < q->n; i++) {
+        slot *sl = &q->slots[i];
+        if (sl->job) {
+            if (job_done(sl->job)) return -1; /* finishing: its next turn may be this one */
+            continue;
+        }
+        fit f = slot_fit(q, sl, j);
+        if (best < 0 || better(f, sl->last_used, bf, q->slots[best].last_used)) {
+            best = (int)i;
+            bf = f;
+        }
+    }
+    return best;
+}
+
+/* Hand queued jobs to free slots, oldest first (under q->mu); none once
+ * stopping (worker_stop answers them). */
+static void dispatch(sched *q) {
+    while (q->qn > 0 && !q->stop) {
+        job *j = q->queue[q->qhead];
+        int i = pick_slot(q, j);
+        if (i < 0) return;
+        q->qhead = (q->qhead + 1) % q->qcap;
+        q->qn--;
+        slot *sl = &q->slots[i];
+        sl->job = j;
+        pthread_mutex_lock(&j->mu);
+        j->started = true;
+        j->t_started = ds4_now();
+        pthread_mutex_unlock(&j->mu);
+        pthread_cond_signal(&sl->cv);
+    }
+}
+
+static uint64_t steps_run(const server *s) {
+    return s->engine->batch ? ds4_batcher_get_stats(s->engine->batch).steps : 0;
+}
+
+void job_cancel(server *s, job *j) {
+    if (j->cancel) return;
+    j->cancel_step = steps_run(s);
+    j->t_cancel = ds4_now();
+    j->cancel = 1;
+}
+
+/* A job that was cancelled while it ran: how many steps its session took
+ * to be free. */
+static void count_cancel(sched *q, const job *j) {
+    if (!j->cancel || !j->t_started || j->t_cancel < j->t_started) return;
+    uint64_t now = steps_run(q->s), d = now > j->cancel_step ? now - j->cancel_step : 0;
+    pthread_mutex_lock(&q->s->stats_mu);
+    if (d > q->c.cancel_free_steps_max) q->c.cancel_free_steps_max = d;
+    pthread_mutex_unlock(&q->s->stats_mu);
+}
+
+static void *slot_main(void *arg) {
+    slot *sl = arg;
+    sched *q = sl->q;
+    pthread_mutex_lock(&q->mu);
+    for (;;) {
+        while (!sl->job && !q->stop) pthread_cond_wait(&sl->cv, &q->mu);
+        if (!sl->job) break;
+        job *j = sl->job;
+        pthread_mutex_unlock(&q->mu);
+        const ds4_spec *sp = ds4_session_spec(sl->sess);
+        ds4_spec_stats before = sp ? sp->stats : (ds4_spec_stats){0};
+        outcome k = slot_run(sl, j);
+        sched_count_outcome(q, k, j->out.completion_tokens);
+        count_cancel(q, j);
+        count_mtp(q, sl->sess, &before);
+        pthread_mutex_lock(&q->mu);
+        sl->job = NULL;
+        sl->last_used = ds4_now();
+        dispatch(q);
+        pthread_mutex_unlock(&q->mu);
+        job_unref(j);
+        pthread_mutex_lock(&q->mu);
+    }
+    pthread_mutex_unlock(&q->mu);
+    return NULL;
+}
+
+/* ------------------------------------------------------------ sessions */
+
+/* Bytes one session takes: its KV state, and the same again for the
+ * in-memory checkpoint of its last prompt. */
+static uint64_t session_bytes(const server *s) {
+    uint64_t kv = ds4_engine_kv_bytes(s->engine, s->o.ctx);
+    return s->memory_checkpoint ? 2 * kv : kv;
+}
+
+/* How many sessions to make: --parallel checked against the memory the
+ * backend can give, or sized from it (at most DEFAULT_PARALLEL_MAX; where
+ * the backend cannot tell, that many are tried and the ones that fit
+ * kept). */
+static int size_parallel(server *s, uint32_t *n, ds4_err *err) {
+    uint64_t per = session_bytes(s), room = ds4_engine_kv_room(s->engine);
+    char a[32], b[32], c[32];
+    if (s->o.parallel_given) {
+        *n = s->o.parallel;
+        if (room && (uint64_t)*n * per > room)
+            return ds4_err_set(err, DS4_ENOMEM,
+                               "--parallel %u: %u sessions of %u tokens need %s of memory (%s each%s), but %s is "
+                               "available; lower --parallel or --ctx",
+                               *n, *n, s->o.ctx, ds4_fmt_bytes((uint64_t)*n * per, a), ds4_fmt_bytes(per, b),
+                               s->memory_checkpoint ? ", with its memory checkpoint" : "", ds4_fmt_bytes(room, c));
+        return 0;
+    }
+    *n = DEFAULT_PARALLEL_MAX;
+    if (room) {
+        /* weights mapped from a file count as available (page cache): keep
+         * them resident, and a quarter of the rest for everything else */
+        uint64_t wb = ds4_weights_bytes(s->engine->w);
+        uint64_t usable = room > wb ? (room - wb) / 4 * 3 : 0;
+        uint64_t fits = usable / (per ? per : 1);
+        *n = fits < 1 ? 1 : fits < DEFAULT_PARALLEL_MAX ? (uint32_t)fits : DEFAULT_PARALLEL_MAX;
+    }
+    return 0;
+}
+
+static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
+    server *s = q->s;
+    sl->q = q;
+    sl->s = s;
+    sl->index = i;
+    sl->cont = cont_binding_at(s, i);
+    pthread_cond_init(&sl->cv, NULL);
+    if (!(sl->sess = ds4_session_new(s->engine, s->o.ctx, err))) return -1;
+    if (s->engine->mtp && ds4_session_enable_mtp(sl->sess, s->o.mtp.draft, s->o.mtp.margin, err)) return -1;
+    if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
+    return 0;
+}
+
+static void slot_drop(slot *sl) {
+    slot_free_state(sl);
+    pthread_cond_destroy(&sl->cv);
+}
+
+/* The sessions (q->n of them made, each to be freed).  Where the memory
+ * could not be measured (a default --parallel), the sessions that fit are
+ * kept, less one as headroom for the batched steps' own buffers; a backend
+ * that holds fewer sequences than asked keeps the ones it has. */
+static int make_slots(sched *q, uint32_t want, ds4_err *err) {
+    server *s = q->s;
+    if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < want; i++) {
+        ds4_err e = {0};
+        q->n = i + 1;
+        if (slot_init(q, &q->slots[i], i, &e) == 0) {
+            /* Batching needs the backend, which the first session makes. */
+            if (i == 0 && ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
+            continue;
+        }
+        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED)) {
+            char b[32];
+            return ds4_err_set(err, e.code, "session %u of %u (%s each): %s", i + 1, want,
+                               ds4_fmt_bytes(session_bytes(s), b), e.msg);
+        }
+        slot_drop(&q->slots[i]);
+        q->n = i;
+        if (e.code == DS4_EUNSUPPORTED) { /* the backend holds no more sequences */
+            srv_log("server", "%u session%s: %s", q->n, q->n == 1 ? "" : "s", e.msg);
+            return 0;
+        }
+        if (i > 1) slot_drop(&q->slots[--q->n]);
+        srv_log("server", "%u sessions fit the memory (a default --parallel makes at most %u)", q->n,
+                DEFAULT_PARALLEL_MAX);
+        return 0;
+    }
+    return 0;
+}
+
+static void log_kvc(void *ctx, const char *msg) {
+    (void)ctx;
+    srv_log("kvcache", "%s", msg);
+}
+
+static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
+    server *s = ctx;
+    char id[DS4_KVC_MAX_ID + 1];
+    snprintf(id, sizeof(id), "%.*s", (int)t->id_len, t->id);
+    toolmem_put(s->tools, id, t->dsml, t->dsml_len);
+}
+
+static int open_store(sched *q, ds4_err *err) {
+    server *s = q->s;
+    ds4_kvc_opts ko = {.dir = s->o.kv_dir, .budget_bytes = s->o.kv_space_mb << 20,
+                       .min_tokens = s->o.kv_policy.min_tokens, .quant_bits = ds4_engine_quant_bits(s->engine),
+                       .reject_different_quant = s->o.kv_reject_different_quant, .ctx = s->o.ctx,
+                       .max_tools = 4 * (size_t)s->o.tool_memory_max_ids, .vocab = s->engine->vocab,
+                       .log = log_kvc};
+    if (!(q->store = ds4_kvc_open(&ko, err)) || !(q->scratch = ds4_session_state_new(q->slots[0].sess, err))) return -1;
+    ds4_kvc_stats st = ds4_kvc_get_stats(q->store);
+    srv_log("kvcache", "%s: %llu files, %llu MB of %llu MB", s->o.kv_dir, (unsigned long long)st.files,
+            (unsigned long long)(st.bytes >> 20), (unsigned long long)s->o.kv_space_mb);
+    if (s->o.exact_replay) ds4_kvc_each_tool(q->store, restore_tool, s);
+    return 0;
+}
+
+int worker_start(server *s, ds4_err *err) {
+    sched *q = calloc(1, sizeof(*q));
+    if (!q) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    s->sched = q;
+    q->s = s;
+    pthread_mutex_init(&q->mu, NULL);
+    pthread_mutex_init(&q->store_mu, NULL);
+    uint32_t want;
+    if (size_parallel(s, &want, err) != 0) return -1;
+    if (cont_bindings_new(s, want, err) != 0 || make_slots(q, want, err) != 0) return -1;
+    if (!(s->cvocab = cvocab_new(s->engine->vocab, err))) return -1;
+    q->user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
+    q->assistant_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_ASSISTANT, strlen(DS4_TOK_ASSISTANT));
+    if (s->o.kv_dir && open_store(q, err) != 0) return -1;
+    q->qcap = s->o.queue_max;
+    if (!(q->queue = calloc((size_t)q->qcap, sizeof(*q->queue)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < q->n; i++) {
+        if (pthread_create(&q->slots[i].thread, NULL, slot_main, &q->slots[i]) != 0)
+            return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
+        q->slots[i].started = true;
+    }
+    char a[32], b[32], why[96] = "";
+    if (!s->o.parallel_given)
+        snprintf(why, sizeof(why), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
+    srv_log("server", "%u session%s of %u tokens (%s each, %s in all)%s", q->n, q->n == 1 ? "" : "s", s->o.ctx,
+            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b), why);
+    return 0;
+}
+
+int worker_enqueue(server *s, job *j) {
+    sched *q = s->sched;
+    pthread_mutex_lock(&q->mu);
+    int rc = 0;
+    if (q->stop || s->stopping) rc = -2;
+    else if (q->qn >= q->qcap) rc = -1;
+    if (rc == 0) {
+        pthread_mutex_lock(&j->mu);
+        j->refs++;
+        pthread_mutex_unlock(&j->mu);
+        q->queue[(q->qhead + q->qn) % q->qcap] = j;
+        q->qn++;
+        dispatch(q);
+    }
+    pthread_mutex_unlock(&q->mu);
+    pthread_mutex_lock(&s->stats_mu);
+    if (rc == 0) {
+        q->c.queued++;
+        s->replay.replayed += j->calls.replayed;
+        s->replay.canonical += j->calls.canonical;
+    }
+    if (rc == -1) q->c.rejected_queue_full++;
+    if (rc == -2) q->c.rejected_shutting_down++;
+    pthread_mutex_unlock(&s->stats_mu);
+    return rc;
+}
+
+void worker_stop(server *s) {
+    sched *q = s->sched;
+    if (!q) return;
+    /* Running jobs are cancelled, the sessions' threads end, and the
+     * queued jobs are answered 503. */
+    pthread_mutex_lock(&q->mu);
+    q->stop = true;
+    for (uint32_t i = 0; i < q->n; i++) {
+        if (q->slots[i].job) job_cancel(s, q->slots[i].job);
+        pthread_cond_signal(&q->slots[i].cv);
+    }
+    pthread_mutex_unlock(&q->mu);
+    for (uint32_t i = 0; i < q->n; i++)
+        if (q->slots[i].started) pthread_join(q->slots[i].thread, NULL);
+    for (; q->qn > 0; q->qn--, q->qhead = (q->qhead + 1) % q->qcap) {
+        job *j = q->queue[q->qhead];
+        api_error e = {0};
+        api_fail(&e, 503, "server shutting down");
+        if (j->req.stream) {
+            ds4_strbuf b = {0};
+            j->api->stream_error(j, e.message, &b);
+            job_push(j, &b);
+            ds4_strbuf_free(&b);
+            job_finish(j, 200, NULL);
+        } else {
+            job_finish(j, 503, api_error_body(j->api, &e));
+        }
+        job_unref(j);
+    }
+    for (uint32_t i = 0; i < q->n; i++) {
+        slot *sl = &q->slots[i];
+        if (sl->sess) slot_save_live(sl, DS4_KVC_SHUTDOWN);
+        slot_free_state(sl);
+        pthread_cond_destroy(&sl->cv);
+    }
+    ds4_kvc_close(q->store);
+    ds4_kv_state_free(q->scratch);
+    free(q->queue);
+    free(q->slots);
+    cont_bindings_free(s);
+    cvocab_free(s->cvocab);
+    s->cvocab = NULL;
+    pthread_mutex_destroy(&q->mu);
+    pthread_mutex_destroy(&q->store_mu);
+    free(q);
+    s->sched = NULL;
+}
+
+/* ------------------------------------------------------------ stats */
+
+typedef struct live_view {
+    int waiting, running, live, n;
+    double oldest_wait;
+} live_view;
+
+static live_view look(sched *q) {
+    live_view v = {0};
+    double now = ds4_now();
+    pthread_mutex_lock(&q->mu);
+    v.waiting = q->qn;
+    v.n = (int)q->n;
+    for (uint32_t i = 0; i < q->n; i++) {
+        v.running += q->slots[i].job != NULL;
+        /* an idle session's tokens do not change while the lock is held */
+        v.live += q->slots[i].job != NULL || ds4_session_n_tokens(q->slots[i].sess) > 0;
+    }
+    if (q->qn) v.oldest_wait = now - q->queue[q->qhead]->t_enqueued;
+    pthread_mutex_unlock(&q->mu);
+    return v;
+}
+
+static json_t *kv_stats(sched *q, const counters *c) {
+    if (!q->store) return json_null();
+    ds4_kvc_stats k = ds4_kvc_get_stats(q->store);
+    json_t *by_reason = json_object();
+    for (int i = 1; i <= DS4_KVC_SHUTDOWN; i++)
+        json_object_set_new(by_reason, KV_REASON_NAMES[i], json_integer((json_int_t)c->disk_writes[i]));
+    return json_pack("{s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I}", "files", (json_int_t)k.files, "bytes", (json_int_t)k.bytes,
+                     "files_written", (json_int_t)k.stores, "files_written_by_reason", by_reason,
+                     "writes_skipped_over_budget", (json_int_t)k.store_skips, "loads", (json_int_t)k.loads,
+                     "load_failures", (json_int_t)k.load_failures, "files_evicted", (json_int_t)k.evictions,
+                     "corrupt_files_deleted", (json_int_t)k.corrupt);
+}
+
+static json_t *batch_stats(const server *s) {
+    if (!s->engine->batch) return json_null();
+    ds4_batcher_stats b = ds4_batcher_get_stats(s->engine->batch);
+    return json_pack("{s:I,s:I,s:f,s:f,s:I,s:I}", "steps", (json_int_t)b.steps, "rows", (json_int_t)b.rows,
+                     "mean_rows", b.steps ? (double)b.rows / b.steps : 0.0,
+                     "mean_sessions", b.steps ? (double)b.seqs / b.steps : 0.0, "max_rows", (json_int_t)b.max_rows,
+                     "max_sessions", (json_int_t)b.max_seqs);
+}
+
+json_t *worker_stats(server *s) {
+    sched *q = s->sched;
+    live_view v = look(q);
+    pthread_mutex_lock(&s->stats_mu);
+    counters c = q->c;
+    replay_stats rs = s->replay;
+    double tps = rate_now(&q->rate);
+    pthread_mutex_unlock(&s->stats_mu);
+    json_t *sources = json_object();
+    for (size_t i = 0; i < N_SOURCES; i++)
+        json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
+    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running,
+                                 "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
+    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
+                     "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
+                     "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
+                     (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
+                     (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
+                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max",
+                     (json_int_t)c.cancel_free_steps_max,
+                     "sessions", sessions, "batches", batch_stats(s),
+                     "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused", (json_int_t)c.reused_tokens, "prefilled",
+                     (json_int_t)c.prefilled_tokens, "generated", (json_int_t)c.generated_tokens,
+                     "generated_per_second", tps,
+                     "prompts_by_kv_source", sources,
+                     "last_prompt", "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled",
+                     (int)c.last_prefilled,
+                     "kvcache", kv_stats(q, &c),
+                     "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact",
+                     (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
+                     "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
+}

@@ -1,0 +1,384 @@
+/*
+ * dist_comm.c - joining the MPI job, the heartbeats that find a failed
+ * rank, and the waits that give up when one has (see dist_internal.h).
+ *
+ * MPI alone does not bound the wait for a rank that died or whose link
+ * broke: a receive from it may never complete, and a send to it may
+ * succeed into a buffer.  So nothing here blocks inside MPI: every wait
+ * polls its request and the pipeline's failure flag, and a thread on every
+ * rank exchanges a heartbeat with rank 0 every DIST_BEAT_S seconds on a
+ * communicator of its own.  A rank silent for the timeout has failed.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "base/clock.h"
+#include "base/fp.h"
+#include "model/dist/dist_internal.h"
+
+#define DIST_BEAT_S 0.25   /* between two heartbeats */
+#define DIST_TICK_US 20000 /* the heartbeat thread's look at its messages */
+
+/* mpirun (Open MPI, MPICH, PMIx launchers) leaves these in each rank's
+ * environment; a process started by hand has none and runs alone. */
+static bool launched_by_mpirun(void) {
+    const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
+        if (getenv(vars[i])) return true;
+    return false;
+}
+
+/* Ranks on one machine each hold the instance lock (base/instance_lock.h)
+ * of their own: rank r > 0 appends ".rank<r>" to the lock file's name, so
+ * that a pipeline's ranks share a machine while a second job still finds
+ * the first one's lock. */
+static void own_lock_file(int rank) {
+    if (rank == 0) return;
+    const char *base = getenv("DS4_LOCK_FILE");
+    char path[4096];
+    snprintf(path, sizeof(path), "%s.rank%d", base && *base ? base : "/tmp/ds4.lock", rank);
+    setenv("DS4_LOCK_FILE", path, 1);
+}
+
+/* Open MPI's TCP transport with the kernel's default socket buffers
+ * stalls a residual of 64 KiB on a shaped link (measured: a third of the
+ * decode rate lost on 1 Gb/s, docs/PERFORMANCE.md); 4 MiB buffers keep
+ * it at the link's rate.  Set unless the user set them (environment or
+ * mpirun --mca, which reaches the ranks as the same variables). */
+static void tcp_buffers(void) {
+    setenv("OMPI_MCA_btl_tcp_sndbuf", "4194304", 0);
+    setenv("OMPI_MCA_btl_tcp_rcvbuf", "4194304", 0);
+}
+
+int ds4_dist_init(ds4_dist **out, ds4_err *err) {
+    *out = NULL;
+    if (!launched_by_mpirun()) return 0;
+    tcp_buffers();
+    int provided = 0, inited = 0;
+    MPI_Initialized(&inited);
+    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+        return ds4_err_set(err, DS4_EIO, "MPI_Init_thread failed");
+    if (inited) MPI_Query_thread(&provided);
+    int size = 1, rank = 0;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    if (size == 1) { /* one rank: an ordinary process */
+        MPI_Finalize();
+        return 0;
+    }
+    if (provided < MPI_THREAD_MULTIPLE) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "this MPI library lacks MPI_THREAD_MULTIPLE (the heartbeat thread needs it)");
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return -1;
+    }
+    if (size > DIST_MAX_RANKS) {
+        ds4_err_set(err, DS4_ERANGE, "%d ranks: a pipeline has at most %d", size, DIST_MAX_RANKS);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return -1;
+    }
+    ds4_dist *d = calloc(1, sizeof(*d));
+    if (!d) {
+        MPI_Abort(MPI_COMM_WORLD, 1);
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    }
+    d->rank = rank;
+    d->size = size;
+    d->timeout_s = DS4_DIST_TIMEOUT_DEFAULT;
+    pthread_mutex_init(&d->mu, NULL);
+    MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
+    MPI_Comm_dup(MPI_COMM_WORLD, &d->hb);
+    /* errors come back as codes (the failure flag says what happened) */
+    MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_set_errhandler(d->hb, MPI_ERRORS_RETURN);
+    own_lock_file(rank);
+    *out = d;
+    return 0;
+}
+
+int ds4_dist_rank(const ds4_dist *d) { return d ? d->rank : 0; }
+int ds4_dist_size(const ds4_dist *d) { return d ? d->size : 1; }
+
+const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n) {
+    if (d->peers)
+        snprintf(buf, n, "rank %d (pid %d on %s)", r, (int)d->peers[r].pid, d->peers[r].host);
+    else
+        snprintf(buf, n, "rank %d", r);
+    return buf;
+}
+
+int dist_grow(void **p, size_t *cap, size_t need, ds4_err *err) {
+    if (need <= *cap) return 0;
+    void *q = realloc(*p, need);
+    if (!q) return ds4_err_set(err, DS4_ENOMEM, "out of memory for %zu bytes of the pipeline's buffers", need);
+    *p = q;
+    *cap = need;
+    return 0;
+}
+
+/* ------------------------------------------------------------ failure */
+
+static void send_text(ds4_dist *d, int to, int tag, const char *text) {
+    char msg[DIST_MSG] = {0};
+    snprintf(msg, sizeof(msg), "%s", text);
+    MPI_Request r;
+    /* a notice to a rank that may be dead: sent and left (it is small) */
+    if (MPI_Isend(msg, DIST_MSG, MPI_CHAR, to, tag, d->hb, &r) == MPI_SUCCESS) {
+        double t0 = ds4_now();
+        int done = 0;
+        while (!done && ds4_now() - t0 < 0.5 && MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
+            if (!done) usleep(1000);
+        if (!done) MPI_Request_free(&r);
+    }
+}
+
+/* Record the cause; true for the first one. */
+static bool set_failed(ds4_dist *d, const char *why) {
+    pthread_mutex_lock(&d->mu);
+    bool first = !atomic_load(&d->failed);
+    if (first) {
+        snprintf(d->why, sizeof(d->why), "%s", why);
+        atomic_store(&d->failed, true);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return first;
+}
+
+/* A worker's end after a failure: its last words, and out.  Nothing of
+ * the process needs releasing (the kernel takes the mapping back), and its
+ * main thread may be in the middle of a pass. */
+static void worker_exit(ds4_dist *d) {
+    char why[1024];
+    pthread_mutex_lock(&d->mu);
+    snprintf(why, sizeof(why), "%s", d->why);
+    pthread_mutex_unlock(&d->mu);
+    fprintf(stderr, "%s: rank %d: stopping: %s\n", d->prog ? d->prog : "ds4", d->rank, why);
+    fflush(stderr);
+    _exit(1);
+}
+
+/* The failure becomes known to every rank: rank 0 tells the workers (but
+ * the failed one), a worker tells rank 0 and stops. */
+static void spread_failure(ds4_dist *d, int culprit) {
+    char why[1024];
+    pthread_mutex_lock(&d->mu);
+    snprintf(why, sizeof(why), "%s", d->why);
+    pthread_mutex_unlock(&d->mu);
+    if (d->rank == 0) {
+        for (int r = 1; r < d->size; r++)
+            if (r != culprit) send_text(d, r, TAG_STOP, why);
+    } else {
+        if (culprit != 0) send_text(d, 0, TAG_FAIL, why);
+        worker_exit(d);
+    }
+}
+
+void dist_fail(ds4_dist *d, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    if (set_failed(d, why)) spread_failure(d, -1);
+}
+
+bool ds4_dist_failed(const ds4_dist *d, ds4_err *err) {
+    if (!d || !atomic_load(&d->failed)) return false;
+    ds4_dist *m = (ds4_dist *)d; /* the lock only */
+    pthread_mutex_lock(&m->mu);
+    ds4_err_set(err, DS4_EIO, "pipeline failed: %s", m->why);
+    pthread_mutex_unlock(&m->mu);
+    return true;
+}
+
+int dist_failure(ds4_dist *d, ds4_err *err) {
+    ds4_dist_failed(d, err);
+    return -1;
+}
+
+/* ---------------------------------------------------------- heartbeats */
+
+typedef struct beat_state {
+    double *last_seen;       /* per rank */
+    double last_sent;
+    MPI_Request *sends;      /* one heartbeat in flight a peer */
+    MPI_Request rx;          /* the posted receive */
+    char rx_buf[DIST_MSG];
+} beat_state;
+
+static void post_rx(ds4_dist *d, beat_state *s) {
+    MPI_Irecv(s->rx_buf, DIST_MSG, MPI_CHAR, MPI_ANY_SOURCE, MPI_ANY_TAG, d->hb, &s->rx);
+}
+
+/* What came in: a heartbeat, a worker's failure, rank 0's stop. */
+static void receive(ds4_dist *d, beat_state *s, double now) {
+    for (;;) {
+        int done = 0;
+        MPI_Status st;
+        if (MPI_Test(&s->rx, &done, &st) != MPI_SUCCESS || !done) return;
+        int from = st.MPI_SOURCE;
+        char name[128], why[1024];
+        s->last_seen[from] = now;
+        if (st.MPI_TAG == TAG_FAIL) {
+            s->rx_buf[DIST_MSG - 1] = 0;
+            snprintf(why, sizeof(why), "%s failed: %s", dist_peer_name(d, from, name, sizeof(name)), s->rx_buf);
+            if (set_failed(d, why)) spread_failure(d, from);
+        } else if (st.MPI_TAG == TAG_STOP) {
+            s->rx_buf[DIST_MSG - 1] = 0;
+            if (set_failed(d, s->rx_buf)) spread_failure(d, 0);
+        }
+        post_rx(d, s);
+    }
+}
+
+/* A peer silent for the timeout has failed. */
+static void check_silence(ds4_dist *d, beat_state *s, double now) {
+    for (int r = 0; r < d->size; r++) {
+        if (r == d->rank || (d->rank != 0 && r != 0)) continue;
+        if (now - s->last_seen[r] <= d->timeout_s) continue;
+        char name[128], why[1024];
+        snprintf(why, sizeof(why), "%s sent nothing for %.1f s: the process died or the link to it broke",
+                 dist_peer_name(d, r, name, sizeof(name)), now - s->last_seen[r]);
+        if (set_failed(d, why)) spread_failure(d, r);
+    }
+}
+
+static void *beat_thread(void *arg) {
+    ds4_dist *d = arg;
+    beat_state s = {0};
+    s.last_seen = calloc((size_t)d->size, sizeof(double));
+    s.sends = malloc((size_t)d->size * sizeof(MPI_Request));
+    char *out = calloc(1, DIST_MSG);
+    if (!s.last_seen || !s.sends || !out) {
+        dist_fail(d, "rank %d: out of memory for heartbeats", d->rank);
+        free(s.last_seen);
+        free(s.sends);
+        free(out);
+        return NULL;
+    }
+    double now = ds4_now();
+    for (int r = 0; r < d->size; r++) s.last_seen[r] = now, s.sends[r] = MPI_REQUEST_NULL;
+    post_rx(d, &s);
+    while (!atomic_load(&d->quit)) {
+        now = ds4_now();
+        /* heartbeats to the peers (rank 0: every worker; a worker: rank
+         * 0), each sent when the one before it went; they carry DIST_MSG
+         * bytes like the notices, so one posted receive takes either */
+        if (now - s.last_sent >= DIST_BEAT_S) {
+            s.last_sent = now;
+            for (int r = 0; r < d->size; r++) {
+                if (r == d->rank || (d->rank != 0 && r != 0)) continue;
+                int done = 1;
+                if (s.sends[r] != MPI_REQUEST_NULL) MPI_Test(&s.sends[r], &done, MPI_STATUS_IGNORE);
+                if (done) MPI_Isend(out, DIST_MSG, MPI_CHAR, r, TAG_BEAT, d->hb, &s.sends[r]);
+            }
+        }
+        receive(d, &s, now);
+        if (!atomic_load(&d->failed)) check_silence(d, &s, now);
+        usleep(DIST_TICK_US);
+    }
+    /* the end of the job: nothing more is expected */
+    MPI_Cancel(&s.rx);
+    MPI_Request_free(&s.rx);
+    for (int r = 0; r < d->size; r++)
+        if (s.sends[r] != MPI_REQUEST_NULL) MPI_Request_free(&s.sends[r]);
+    free(s.last_seen);
+    free(s.sends);
+    free(out);
+    return NULL;
+}
+
+int dist_beat_start(ds4_dist *d, ds4_err *err) {
+    if (d->thread_on) return 0;
+    if (pthread_create(&d->thread, NULL, beat_thread, d) != 0)
+        return ds4_err_set(err, DS4_ENOMEM, "cannot start the heartbeat thread");
+    d->thread_on = true;
+    return 0;
+}
+
+void dist_beat_stop(ds4_dist *d) {
+    if (!d->thread_on) return;
+    atomic_store(&d->quit, true);
+    pthread_join(d->thread, NULL);
+    d->thread_on = false;
+}
+
+/* -------------------------------------------------------------- waits */
+
+/* Polls: spins for the first tens of microseconds (a decode hop on a fast
+ * link), then sleeps in growing steps up to a millisecond. */
+int dist_wait_all(ds4_dist *d, MPI_Request *r, int n, ds4_err *err) {
+    uint32_t spins = 0;
+    for (;;) {
+        int done = 0;
+        if (MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+            dist_fail(d, "rank %d: a transfer failed in MPI", d->rank);
+            return dist_failure(d, err);
+        }
+        if (done) return 0;
+        if (atomic_load(&d->failed)) return dist_failure(d, err);
+        if (++spins > 2000) usleep(spins > 20000 ? 1000 : 20);
+    }
+}
+
+int dist_wait(ds4_dist *d, MPI_Request *r, ds4_err *err) { return dist_wait_all(d, r, 1, err); }
+
+/* ----------------------------------------------------------- residuals */
+
+size_t dist_resid_row_bytes(const ds4_dist *d, uint32_t floats) {
+    return (size_t)floats * (d->dtype == DS4_DIST_F32 ? 4 : 2);
+}
+
+void dist_resid_pack(const ds4_dist *d, const float *src, void *dst, size_t floats) {
+    if (d->dtype == DS4_DIST_F32) {
+        memcpy(dst, src, floats * sizeof(float));
+    } else if (d->dtype == DS4_DIST_F16) {
+        ds4_f32_to_f16_row(src, dst, (int64_t)floats);
+    } else {
+        uint16_t *o = dst;
+        for (size_t i = 0; i < floats; i++) o[i] = ds4_f32_to_bf16(src[i]);
+    }
+}
+
+void dist_resid_unpack(const ds4_dist *d, const void *src, float *dst, size_t floats) {
+    if (d->dtype == DS4_DIST_F32) {
+        memcpy(dst, src, floats * sizeof(float));
+    } else if (d->dtype == DS4_DIST_F16) {
+        ds4_f16_to_f32_row(src, dst, (int64_t)floats);
+    } else {
+        const uint16_t *o = src;
+        for (size_t i = 0; i < floats; i++) dst[i] = ds4_bf16_to_f32(o[i]);
+    }
+}
+
+/* ---------------------------------------------------------------- end */
+
+void ds4_dist_end(ds4_dist *d) {
+    if (!d) return;
+    bool failed = atomic_load(&d->failed);
+    if (d->rank == 0 && d->planned && !failed) {
+        dist_cmd c = {.op = CMD_END};
+        MPI_Request rq[DIST_MAX_RANKS];
+        for (int r = 1; r < d->size; r++) MPI_Isend(&c, sizeof(c), MPI_BYTE, r, TAG_CMD, d->comm, &rq[r - 1]);
+        failed = dist_wait_all(d, rq, d->size - 1, NULL) != 0;
+    }
+    dist_beat_stop(d);
+    if (d->rank == 0 && !d->plan_tried) failed = true; /* the others wait for a plan that never comes */
+    if (failed) {
+        /* the ranks that are left are not waited for: MPI_Finalize would */
+        fflush(stderr);
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    } else {
+        MPI_Comm_free(&d->comm);
+        MPI_Comm_free(&d->hb);
+        MPI_Finalize();
+    }
+    pthread_mutex_destroy(&d->mu);
+    free(d->peers);
+    free(d->first);
+    free(d->end);
+    free(d);
+}

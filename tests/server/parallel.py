@@ -1,0 +1,400 @@
+"""parallel.py - ds4-server with many sessions at once (--parallel), stdlib
+only (part of the default suite through tests/suite/server_parallel.sh).
+
+  - concurrent requests of the four APIs, streaming and not, give the very
+    answers (greedy: text, finish, token counts) a one-session server gives
+    them one at a time, and their steps really were shared;
+  - a client that goes away mid-stream frees its session within one
+    batched step, and the request waiting for it then runs;
+  - the queue: 429 beyond --queue while the sessions are busy;
+  - the scheduler: a conversation's next turn, and tool outputs sent alone,
+    find their own session among others; an idle session given to another conversation goes to the disk
+    cache and its conversation comes back from there;
+  - /v1/ds4/stats: sessions, batches, queue, tokens per second;
+  - shutdown with sessions running and requests queued: errors and 503s,
+    every session saved to the disk cache;
+  - startup: --parallel 0 is a usage error, more sessions than the memory
+    holds a startup error naming the memory needed.
+The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
+are tests/server/test_sdk_parallel.py (make test-server-parallel).
+"""
+import http.client
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+sys.path.insert(0, os.path.dirname(__file__))
+from harness import MODEL, ROOT, Server, ensure_model, parse_sse  # noqa: E402
+
+PASSED = []
+
+
+def check(cond, msg):
+    if not cond:
+        raise AssertionError(msg)
+
+
+def request_for(i, stream):
+    """(path, body) of client i: the four APIs in turn, prompts of different
+    lengths, greedy."""
+    words = "client %d: %s" % (i, " ".join(["tell me about the sea"] * (1 + i % 5)))
+    kind = i % 4
+    if kind == 0:
+        return "/v1/chat/completions", {"messages": [{"role": "user", "content": words}], "max_tokens": 12,
+                                        "temperature": 0, "stream": stream, "thinking": False}
+    if kind == 1:
+        return "/v1/completions", {"prompt": words, "max_tokens": 12, "temperature": 0, "stream": stream,
+                                   "thinking": False}
+    if kind == 2:
+        return "/v1/responses", {"input": words, "max_output_tokens": 12, "temperature": 0, "stream": stream,
+                                 "reasoning": {"effort": "none"}}
+    return "/v1/messages", {"messages": [{"role": "user", "content": words}], "max_tokens": 12, "temperature": 0,
+                            "stream": stream, "thinking": {"type": "disabled"}}
+
+
+def answer_of(path, stream, data):
+    """What must be equal between runs: the text and the token counts."""
+    if not stream:
+        b = json.loads(data)
+        if path == "/v1/chat/completions":
+            return b["choices"][0]["message"]["content"], b["choices"][0]["finish_reason"], \
+                b["usage"]["completion_tokens"], b["usage"]["prompt_tokens"]
+        if path == "/v1/completions":
+            return b["choices"][0]["text"], b["choices"][0]["finish_reason"], b["usage"]["completion_tokens"], \
+                b["usage"]["prompt_tokens"]
+        if path == "/v1/responses":
+            text = "".join(c["text"] for o in b["output"] if o["type"] == "message" for c in o["content"])
+            return text, b["status"], b["usage"]["output_tokens"], b["usage"]["input_tokens"]
+        u = b["usage"]
+        return "".join(c.get("text", "") for c in b["content"]), b["stop_reason"], u["output_tokens"], \
+            u["input_tokens"] + u["cache_read_input_tokens"] + u["cache_creation_input_tokens"]
+    ev = parse_sse(data.decode("utf-8"))
+    if path == "/v1/chat/completions":
+        text = "".join(d["choices"][0]["delta"].get("content") or "" for e, d in ev
+                       if e != ":" and d != "[DONE]" and d.get("choices"))
+        fin = [d["choices"][0]["finish_reason"] for e, d in ev if e != ":" and d != "[DONE]" and d.get("choices")
+               and d["choices"][0].get("finish_reason")]
+        check(ev[-1][1] == "[DONE]", ev[-2:])
+        return text, fin[-1], None, None
+    if path == "/v1/completions":
+        text = "".join(d["choices"][0]["text"] for e, d in ev if e != ":" and d != "[DONE]" and d.get("choices"))
+        fin = [d["choices"][0]["finish_reason"] for e, d in ev if e != ":" and d != "[DONE]" and d.get("choices")
+               and d["choices"][0].get("finish_reason")]
+        check(ev[-1][1] == "[DONE]", ev[-2:])
+        return text, fin[-1], None, None
+    if path == "/v1/responses":
+        done = [d for e, d in ev if isinstance(d, dict) and d.get("type") in ("response.completed",
+                                                                                "response.incomplete")]
+        check(done, ev[-2:])
+        b = done[0]["response"]
+        text = "".join(c["text"] for o in b["output"] if o["type"] == "message" for c in o["content"])
+        return text, b["status"], b["usage"]["output_tokens"], b["usage"]["input_tokens"]
+    text = "".join(d["delta"].get("text", "") for e, d in ev if e == "content_block_delta")
+    md = [d for e, d in ev if e == "message_delta"]
+    check(md and ev[-1][0] == "message_stop", ev[-2:])
+    return text, md[0]["delta"]["stop_reason"], md[0]["usage"]["output_tokens"], None
+
+
+def run_one(s, i, stream):
+    path, body = request_for(i, stream)
+    st, hdrs, data = s.request("POST", path, body)
+    check(st == 200, (i, st, data[:300]))
+    return answer_of(path, stream, data)
+
+
+def run_all(s, n, stream_of, concurrent):
+    out = [None] * n
+    errors = []
+
+    def go(i):
+        try:
+            out[i] = run_one(s, i, stream_of(i))
+        except Exception as e:  # noqa: BLE001 - reported below with the client's number
+            errors.append((i, repr(e)))
+    if not concurrent:
+        for i in range(n):
+            go(i)
+    else:
+        th = [threading.Thread(target=go, args=(i,)) for i in range(n)]
+        for t in th:
+            t.start()
+        for t in th:
+            t.join()
+    check(not errors, errors)
+    return out
+
+
+def t_concurrent_equals_solo():
+    """8 clients at once on 8 sessions: each answer is the one a one-session
+    server gives the same request alone, streaming or not."""
+    n = 8
+    with Server("--parallel", "1") as solo:
+        want = run_all(solo, n, lambda i: False, False)
+    with Server("--parallel", str(n), "--batch-tokens", "48") as s:
+        got = run_all(s, n, lambda i: i % 3 == 1, True)
+        st = s.stats()
+    for i in range(n):
+        w, g = want[i], got[i]
+        check(g[0] == w[0] and g[1] == w[1], (i, "batched", g, "solo", w))
+        check(g[2] is None or g[2] == w[2], (i, g, w))
+        check(g[3] is None or g[3] == w[3], (i, g, w))
+    check(st["sessions"]["parallel"] == n and st["jobs"]["answered"] == n, st)
+    check(st["batches"]["max_sessions"] > 1 and st["batches"]["max_rows"] <= 48, st["batches"])
+
+
+def open_stream(port, body):
+    c = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    c.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+    r = c.getresponse()
+    check(r.status == 200, r.status)
+    return c, r
+
+
+def wait_for(fn, what, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        v = fn()
+        if v:
+            return v
+        time.sleep(0.02)
+    raise AssertionError("timed out waiting for " + what)
+
+
+def t_disconnect_frees_session():
+    """One session: a stream whose client goes away frees it within one
+    batched step, and the request queued behind it runs."""
+    with Server("--parallel", "1") as s:
+        long = {"messages": [{"role": "user", "content": "Write a long essay."}], "max_tokens": 3000,
+                "stream": True, "thinking": False}
+        c, r = open_stream(s.port, long)
+        r.read1(200)  # the stream has started
+        result = {}
+
+        def queued():
+            result["got"] = run_one(s, 0, False)
+        t = threading.Thread(target=queued)
+        t.start()
+        wait_for(lambda: s.stats()["jobs"]["waiting"] == 1, "the second request to queue")
+        c.sock.close()
+        c.close()
+        t.join(timeout=60)
+        check("got" in result, "the queued request did not run")
+        st = s.stats()
+        check(st["jobs"]["cancelled"] == 1 and st["tokens"]["generated"] < 3000, st["jobs"])
+        check(st["jobs"]["cancel_free_steps_max"] <= 1, st["jobs"])
+
+
+def t_queue_full():
+    """--queue 1 with the one session busy: the second request waits, the
+    third is refused 429."""
+    with Server("--parallel", "1", "--queue", "1") as s:
+        c, r = open_stream(s.port, {"messages": [{"role": "user", "content": "Write a long essay."}],
+                                    "max_tokens": 3000, "stream": True, "thinking": False})
+        r.read1(200)
+        result = {}
+        t = threading.Thread(target=lambda: result.update(got=run_one(s, 1, False)))
+        t.start()
+        wait_for(lambda: s.stats()["jobs"]["waiting"] == 1, "the second request to queue")
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        check(st == 429 and "too many requests queued" in b["error"]["message"], (st, b))
+        c.sock.close()
+        c.close()
+        t.join(timeout=60)
+        check("got" in result, "the queued request did not run")
+        check(s.stats()["jobs"]["rejected_queue_full"] == 1, s.stats()["jobs"])
+
+
+def chat_turns(s, conv, turns):
+    """Run the conversation's next turn; returns (usage, kv source)."""
+    st, b = s.post("/v1/chat/completions", {"messages": conv, "max_tokens": 6, "temperature": 0, "thinking": False})
+    check(st == 200, b)
+    conv.append({"role": "assistant", "content": b["choices"][0]["message"]["content"]})
+    conv.append({"role": "user", "content": "And then? (%d)" % turns})
+    return b["usage"], s.stats()["last_prompt"]["kv_source"]
+
+
+def t_conversations_find_their_session():
+    """Three conversations on three sessions, turns interleaved: every turn
+    after the first continues its own session (its live state or the
+    checkpoint of its last prompt), reusing at least its previous prompt."""
+    with Server("--parallel", "3") as s:
+        convs = [[{"role": "system", "content": "You are terse."},
+                  {"role": "user", "content": "Topic %d: %s" % (i, "the sea " * (i + 1))}] for i in range(3)]
+        prev = [None] * 3
+        for turn in range(3):
+            for i in range(3):
+                u, src = chat_turns(s, convs[i], turn)
+                if turn:
+                    check(src in ("memory-token", "memory-text", "memory-checkpoint"), (i, turn, src))
+                    check(u["prompt_tokens_details"]["cached_tokens"] >= prev[i]["prompt_tokens"], (i, u, prev[i]))
+                prev[i] = u
+        st = s.stats()
+        check(st["sessions"]["live"] == 3 and st["sessions"]["evicted"] == 0, st["sessions"])
+
+
+def t_eviction_to_disk_and_back():
+    """Two sessions, three conversations: the third takes the least
+    recently used session, whose conversation goes to the disk cache
+    (evict) and comes back from it at its next turn."""
+    kvdir = tempfile.mkdtemp(prefix="ds4-par-kv-")
+    try:
+        with Server("--parallel", "2", "--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16",
+                    "--kv-cache-boundary-align-tokens", "16") as s:
+            convs = [[{"role": "user", "content": "Conversation %d: %s" % (i, "waves and tides " * 8)}]
+                     for i in range(3)]
+            chat_turns(s, convs[0], 0)
+            chat_turns(s, convs[1], 0)
+            chat_turns(s, convs[2], 0)  # evicts conversation 0's session
+            st = s.stats()
+            check(st["sessions"]["evicted"] == 1, st["sessions"])
+            check(st["kvcache"]["files_written_by_reason"]["evict"] >= 1, st["kvcache"])
+            u, src = chat_turns(s, convs[0], 1)  # back from the disk (evicting conversation 1's session)
+            check(src == "disk" and u["prompt_tokens_details"]["cached_tokens"] > 0, (src, u))
+    finally:
+        shutil.rmtree(kvdir, ignore_errors=True)
+
+
+TOOL_PARAMS = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+               "required": ["city"]}
+
+
+def t_tool_outputs_find_their_session():
+    """Anthropic and Responses tool calls in two conversations, other
+    requests in between on other sessions: the tool outputs sent alone go
+    to the session that holds their calls (anthropic-tool-output,
+    responses-tool-output, every live token kept), whichever came last."""
+    with Server("--parallel", "3") as s:
+        a_base = {"system": "Weather bot.", "thinking": {"type": "disabled"},
+                  "tools": [{"name": "get_weather", "description": "Weather", "input_schema": TOOL_PARAMS}]}
+        st, a = s.post("/v1/messages", dict(a_base, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                            max_tokens=200), headers={"X-DS4-Test-Output": "weather_call"})
+        tu = [c for c in a["content"] if c["type"] == "tool_use"]
+        check(st == 200 and len(tu) == 1, a)
+        a_live = a["usage"]["cache_creation_input_tokens"] + a["usage"]["output_tokens"] - 1
+        r_base = {"instructions": "Weather bot.", "reasoning": {"effort": "none"},
+                  "tools": [{"type": "function", "name": "get_weather", "description": "Weather",
+                             "parameters": TOOL_PARAMS}]}
+        st, r = s.post("/v1/responses", dict(r_base, input=[{"role": "user", "content": "Weather in Rome?"}]),
+                       headers={"X-DS4-Test-Output": "weather_call"})
+        fc = [o for o in r["output"] if o["type"] == "function_call"]
+        check(st == 200 and len(fc) == 1, r)
+        r_live = r["usage"]["input_tokens"] + r["usage"]["output_tokens"] - 1
+        for i in range(2):  # unrelated requests: the third session, then the least recently used one
+            st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Other %d" % i}],
+                                                    "max_tokens": 2, "thinking": False})
+            check(st == 200, b)
+        st, r2 = s.post("/v1/responses", dict(r_base, input=[{"type": "function_call_output", "call_id":
+                                                               fc[0]["call_id"], "output": "sunny"}],
+                                              max_output_tokens=4))
+        check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "responses-tool-output", (r2, s.stats()))
+        check(r2["usage"]["input_tokens_details"]["cached_tokens"] == r_live, (r2["usage"], r_live))
+        results = [{"type": "tool_result", "tool_use_id": tu[0]["id"], "content": "sunny"}]
+        st, a2 = s.post("/v1/messages", dict(a_base, messages=[{"role": "user", "content": results}], max_tokens=4))
+        check(st == 200 and s.stats()["last_prompt"]["kv_source"] == "anthropic-tool-output", (a2, s.stats()))
+        check(a2["usage"]["cache_read_input_tokens"] == a_live, (a2["usage"], a_live))
+
+
+def t_stats_while_running():
+    """/v1/ds4/stats while two long generations run: both sessions run,
+    steps carry both, tokens per second is measured, the queue is seen."""
+    with Server("--parallel", "2") as s:
+        streams = [open_stream(s.port, {"messages": [{"role": "user", "content": "Essay %d please." % i}],
+                                        "max_tokens": 3000, "stream": True, "thinking": False}) for i in range(2)]
+        for c, r in streams:
+            r.read1(200)
+        queued = threading.Thread(target=lambda: s.post("/v1/chat/completions", {
+            "messages": [{"role": "user", "content": "x"}], "max_tokens": 2}))
+        queued.start()
+        st = wait_for(lambda: (lambda v: v if v["jobs"]["waiting"] == 1 and v["tokens"]["generated_per_second"] > 0
+                               else None)(s.stats()), "a queued job and a token rate", timeout=40)
+        check(st["sessions"]["running"] == 2 and st["jobs"]["running"] == 2, st["sessions"])
+        check(st["batches"]["max_sessions"] >= 2 and st["batches"]["mean_sessions"] > 1, st["batches"])
+        check(st["jobs"]["oldest_wait_seconds"] >= 0, st["jobs"])
+        for c, r in streams:
+            c.sock.close()
+            c.close()
+        queued.join(timeout=60)
+        check(s.stats()["jobs"]["answered"] >= 1, s.stats()["jobs"])
+
+
+def t_shutdown_with_sessions_running():
+    """SIGTERM with three sessions generating and two requests queued: the
+    streams end with an error event, the queued requests get 503, every
+    session's state is saved ("shutdown"), the process exits 0."""
+    kvdir = tempfile.mkdtemp(prefix="ds4-par-kv-")
+    try:
+        s = Server("--parallel", "3", "--kv-disk-dir", kvdir, "--kv-cache-min-tokens", "16").start()
+        out = {}
+
+        def stream(i):
+            out[i] = s.stream("/v1/chat/completions", {
+                "messages": [{"role": "user", "content": "Long story number %d about %s" % (i, "the sea " * 8)}],
+                "max_tokens": 3500,
+                "stream": True, "thinking": False})
+
+        def queued(i):
+            out[i] = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Queued %d" % i}],
+                                                     "max_tokens": 2})
+        th = [threading.Thread(target=stream, args=(i,)) for i in range(3)]
+        for t in th:
+            t.start()
+        wait_for(lambda: s.stats()["jobs"]["running"] == 3, "three running sessions")
+        th += [threading.Thread(target=queued, args=(i,)) for i in (3, 4)]
+        for t in th[3:]:
+            t.start()
+        wait_for(lambda: s.stats()["jobs"]["waiting"] == 2, "two queued requests")
+        time.sleep(0.3)  # generating
+        rc = s.stop()
+        for t in th:
+            t.join()
+        check(rc == 0, "exit status %s: %s" % (rc, s.text()[-800:]))
+        for i in range(3):
+            errs = [d for e, d in out[i] if e == "error"]
+            check(errs and errs[0]["error"]["message"] == "shutdown requested", out[i][-3:])
+        for i in (3, 4):
+            check(out[i][0] == 503 and "shutting down" in out[i][1]["error"]["message"], out[i])
+        check(s.text().count("(shutdown,") == 3, s.text()[-1500:])
+        check(len([f for f in os.listdir(kvdir) if f.endswith(".kv")]) == 3, os.listdir(kvdir))
+        os.unlink(s.log.name)
+    finally:
+        shutil.rmtree(kvdir, ignore_errors=True)
+
+
+def run_server(*args):
+    ensure_model()
+    binary = os.environ.get("DS4_SERVER_BIN") or os.path.join(ROOT, "ds4-server")
+    p = subprocess.run([binary, "-m", MODEL, "--port", "0"] + list(args), capture_output=True, text=True,
+                       timeout=600)
+    return p.returncode, p.stderr
+
+
+def t_startup_errors():
+    rc, err = run_server("--parallel", "0")
+    check(rc == 2 and "--parallel" in err, (rc, err))
+    rc, err = run_server("--parallel", "4096", "-c", "1048576")
+    if "(cpu backend)" in err:  # the memory is known before the sessions are made
+        check(rc == 1 and "--parallel 4096: 4096 sessions of 1048576 tokens need" in err and "available" in err,
+              (rc, err))
+    else:  # the backend says so when a session finds no room (CUDA)
+        check(rc == 1 and "of 4096 (" in err and "each):" in err, (rc, err))
+
+
+def main():
+    for fn in (t_startup_errors, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
+               t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
+               t_stats_while_running,
+               t_shutdown_with_sessions_running):
+        t0 = time.time()
+        fn()
+        PASSED.append(fn.__name__)
+        print("ok %-36s %.2fs" % (fn.__name__, time.time() - t0), flush=True)
+    print("%d passed, 0 failed" % len(PASSED))
+
+
+if __name__ == "__main__":
+    main()
