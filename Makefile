@@ -47,11 +47,12 @@ OPT     ?= -O2
 CFLAGS  ?=
 CFLAGS  += -std=gnu11 $(OPT) -g $(WARN) -fno-strict-aliasing -D_GNU_SOURCE -Isrc -pthread
 # MPI (Debian's Open MPI, scripts/deps.sh): the pipeline across processes
-# and hosts (src/model/dist, docs/DISTRIBUTED.md).
+# and hosts (src/model/dist, docs/DISTRIBUTED.md).  Its header only: the
+# programs load libmpi when mpirun starts them (dist_mpi.c), so they run
+# on machines without it.
 MPI_CFLAGS := $(shell pkg-config --cflags ompi-c 2>/dev/null)
-MPI_LIBS   := $(shell pkg-config --libs ompi-c 2>/dev/null)
 CFLAGS  += $(MPI_CFLAGS)
-DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread $(MPI_LIBS)
+DEPLIBS := -lpcre2-8 -ljansson -lmicrohttpd -ledit -lcrypto -lm -lpthread
 LDFLAGS ?=
 
 CUDA_ARCH  ?= -gencode arch=compute_90a,code=sm_90a -gencode arch=compute_90a,code=compute_90a
@@ -176,7 +177,7 @@ endef
 $(foreach p,$(APP_PROGS),$(eval $(call cuda_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call cuda_prog_rule,$(p),tools)))
 $(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(MPI_LIBS) $(CUDA_LIBS)
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
 $(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
@@ -211,7 +212,7 @@ $(BUILD)/libds4emu.a: $(EMU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 $(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
-	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread $(MPI_LIBS) -lstdc++
+	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
 $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
 define emu_prog_rule

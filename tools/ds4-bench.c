@@ -53,9 +53,17 @@
  * writes the experts' use over the run (model/placement.h), for a later
  * --expert-profile.
  *
- * --synthetic q2|q4 runs the published Flash shapes without a file: the CUDA
+ * --synthetic SHAPE-RECIPE (flash-q2, flash-q4, pro-q2, pro-q4; q2 and q4
+ * mean Flash's) runs a published model's shapes without a file: the CUDA
  * backend fills a full-size model with seeded random valid blocks in GPU
  * memory (ds4_weights_synthetic), so speed is measured at the real sizes.
+ * --layers A:B keeps layers A..B (inclusive, ds4's spelling) of it (their ratios and hash routing as
+ * in the whole model, with the embedding and output head): a model too large
+ * for one GPU (Pro: 61 layers, 433 GiB at q2) is measured a slice at a time
+ * at its real width, and the whole model's speed is projected from the
+ * slice's per-layer cost for one GPU with the experts that do not fit read
+ * from host memory, and for pipelines over 4 and 8 GPUs (project_whole: the
+ * assumptions are printed with the numbers).
  * The token sequence is, in order of preference: --prompt-file (raw text,
  * tokenized without a chat template, as ds4's bench; I Promessi Sposi,
  * Project Gutenberg ebook #45334, is the customary one), --chat-prompt-file (the text as
@@ -68,6 +76,7 @@
  * (ds4-bench --help prints it).
  */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -83,6 +92,7 @@
 #include "engine/startup.h"
 #include "base/threads.h"
 #include "model/backends.h"
+#include "model/imatrix_collect.h"
 #include "model/placement.h"
 #include "model/weights.h"
 #include "text/chat.h"
@@ -90,9 +100,9 @@
 #include "text/vocab.h"
 
 typedef struct opts {
-    const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv;
+    const char *model, *synthetic, *backend, *tokens_file, *prompt_file, *chat_file, *system, *csv, *layers;
     const char *profile, *profile_out;
-    bool model_given, warm_weights;
+    bool model_given, warm_weights, imatrix;
     uint32_t ctx_start, ctx_max, ctx_alloc, step_incr, gen, seed;
     const char *mtp;          /* the MTP block's file */
     uint32_t draft;           /* drafts a cycle; with an MTP block, speculative generation too */
@@ -102,9 +112,14 @@ typedef struct opts {
     /* --parallel: the session counts, each session's context, the prompt
      * arriving among the decoders, their number, the rows a step holds */
     uint32_t par[16], n_par, sess_ctx, arrive, among, step_rows;
+    float gpu_gib, host_gbps, link_gbps, hop_us; /* the projection's assumptions */
     ds4_backend_opts bo;
     ds4_cli_steer steer;
     ds4_dist_opts dist;
+    /* derived */
+    ds4_config full;       /* the synthetic model's whole shape */
+    const char *recipe;    /* its recipe */
+    uint32_t layer0, layer1; /* --layers: the slice [layer0, layer1) */
 } opts;
 
 static const char ABOUT[] =
@@ -156,12 +171,26 @@ static int parse_args(int argc, char **argv, opts *o) {
     ds4_opt table[] = {
         {DS4_OPT_SECTION("model and runtime:")},
         DS4_CLI_MODEL(&o->model, .seen = &o->model_given),
-        {DS4_OPT_CHOICE("--synthetic", "RECIPE", &o->synthetic, "q2|q4", NULL,
-                        "instead of a file, a full-size Flash model of seeded random valid blocks built in GPU "
-                        "memory (CUDA backend)")},
+        {DS4_OPT_CHOICE("--synthetic", "SHAPE-RECIPE", &o->synthetic, "flash-q2|flash-q4|pro-q2|pro-q4|q2|q4", NULL,
+                        "instead of a file, a full-size model of the published shapes (q2, q4: Flash's) of seeded "
+                        "random valid blocks built in GPU memory (CUDA backend)")},
+        {DS4_OPT_STR("--layers", "A:B", &o->layers, NULL,
+                     "layers A..B, inclusive (ds4's spelling): under mpirun this rank's stage (A:output ends "
+                     "with the output head); else, with --synthetic, a slice of the model (with the embedding "
+                     "and output head) whose per-layer cost projects the whole model's speed"),
+         .def_text = "all; under mpirun split by memory"},
+
+        {DS4_OPT_SECTION("projection (with --layers):")},
+        {DS4_OPT_FLOAT("--gpu-gib", "GIB", &o->gpu_gib, 1.0, 1e6, 141.0,
+                       "memory of one GPU of the projection (141: an H200)")},
+        {DS4_OPT_FLOAT("--host-gbps", "GB/S", &o->host_gbps, 0.1, 1e6, 50.0,
+                       "host to GPU bandwidth for experts that do not fit one GPU (50: PCIe 5 x16 in practice)")},
+        {DS4_OPT_FLOAT("--link-gbps", "GB/S", &o->link_gbps, 0.1, 1e6, 400.0,
+                       "GPU to GPU bandwidth of a pipeline hop (400: NVLink 4 one way)")},
+        {DS4_OPT_FLOAT("--hop-us", "US", &o->hop_us, 0.0, 1e6, 10.0, "fixed latency of a pipeline hop")},
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
-        DS4_CLI_DIST(&o->dist),
+        DS4_CLI_DIST_PIPE(&o->dist),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
@@ -174,6 +203,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--chunk", "N", &o->bo.prefill_chunk, 1, DS4_CTX_MAX, 0, "tokens per batched prefill pass"),
          .def_text = "2048"},
         {DS4_OPT_U32("--seed", "N", &o->seed, 0, UINT32_MAX, 1, "seed of the random ids and synthetic weights")},
+        {DS4_OPT_FLAG("--imatrix", &o->imatrix,
+                      "collect an importance matrix in the prefills (as ds4-imatrix), to time what it costs")},
 
         {DS4_OPT_SECTION("tokens:")},
         {DS4_OPT_STR("--prompt-file", "FILE", &o->prompt_file, NULL,
@@ -223,12 +254,35 @@ static int parse_args(int argc, char **argv, opts *o) {
                      "rows a step holds while the prompt goes in (its decoders' and a piece of it)")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic q2|q4] [options]", .about = ABOUT,
+    ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic SHAPE-RECIPE [--layers A:B]] [options]",
+                   .about = ABOUT,
                    .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");
-    if (o->synthetic) o->model = NULL;
+    if (o->synthetic) {
+        o->model = NULL;
+        const char *dash = strchr(o->synthetic, '-');
+        o->recipe = dash ? dash + 1 : o->synthetic;
+        if (dash && !strncmp(o->synthetic, "pro", 3)) ds4_config_pro(&o->full);
+        else ds4_config_flash(&o->full);
+        o->layer0 = 0;
+        o->layer1 = o->full.n_layer;
+    }
+    if (o->layers && ds4_dist_launched()) {
+        o->dist.layers = o->layers; /* this rank's stage */
+    } else if (o->layers) {
+        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
+        char *end, *e2 = NULL;
+        unsigned long a = strtoul(o->layers, &end, 10), b = 0;
+        bool parsed = end != o->layers && *end == ':' && end[1] >= '0' && end[1] <= '9';
+        if (parsed) b = strtoul(end + 1, &e2, 10);
+        if (!parsed || *e2 || b < a || b >= o->full.n_layer)
+            return ds4_cli_usage(&cli, "--layers %s: need A:B with 0 <= A <= B < %u (the model's layers, inclusive)",
+                                 o->layers, o->full.n_layer);
+        o->layer0 = (uint32_t)a;
+        o->layer1 = (uint32_t)b + 1;
+    }
     if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
         return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
@@ -285,6 +339,104 @@ static double bytes_per_token(const ds4_weights *w) {
         total += (double)t->row_bytes * t->ne[1] * mats;
     }
     return total;
+}
+
+/* ------------------------------------------------- slices and projection */
+
+/* Layers [layer0, layer1) of the whole shape as a model of their own: their
+ * ratios, and hash routing where the whole model has it (its first layers). */
+static void slice_config(const opts *o, ds4_config *c) {
+    *c = o->full;
+    uint32_t n = o->layer1 - o->layer0;
+    c->n_layer = n;
+    for (uint32_t il = 0; il < DS4_MAX_LAYERS; il++) {
+        c->compress_ratio[il] = il < n ? o->full.compress_ratio[o->layer0 + il] : 0;
+        c->swiglu_clamp[il] = il < n ? o->full.swiglu_clamp[o->layer0 + il] : 0.0f;
+    }
+    uint32_t hash_end = o->full.n_hash_layer < o->layer1 ? o->full.n_hash_layer : o->layer1;
+    c->n_hash_layer = hash_end > o->layer0 ? hash_end - o->layer0 : 0;
+}
+
+/* Bytes of the tensors of a class set (routed experts, or all but them). */
+static double class_bytes(const ds4_weights *w, bool experts) {
+    double total = 0;
+    for (size_t i = 0; i < ds4_weights_count(w); i++) {
+        const ds4_tensor_row *row;
+        const ds4_wt *t = ds4_weights_at(w, i, &row);
+        if (!t->name) continue;
+        bool is_exp = row->cls == DS4_TC_EXP_GATE || row->cls == DS4_TC_EXP_UP || row->cls == DS4_TC_EXP_DOWN;
+        if (is_exp == experts) total += (double)t->row_bytes * t->ne[1] * (t->ne[2] ? t->ne[2] : 1);
+    }
+    return total;
+}
+
+/* What a generated token reads outside the layers: one embedding row, the
+ * output HC and head. */
+static double head_bytes_per_token(const ds4_weights *w) {
+    double total = 0;
+    for (size_t i = 0; i < DS4_N_GLOBAL_TENSORS; i++) { /* the globals come first */
+        const ds4_tensor_row *row;
+        const ds4_wt *t = ds4_weights_at(w, i, &row);
+        if (!t->name) continue;
+        total += row->cls == DS4_TC_TOKEN_EMBD ? (double)t->row_bytes : (double)t->row_bytes * t->ne[1];
+    }
+    return total;
+}
+
+/* The whole model's speed from the slice's (docs/PERFORMANCE.md, "Pro"):
+ *  - per layer: decode, the slice's step time less the head's share of the
+ *    bytes a token reads, over its layers (decode streams weights); prefill,
+ *    the slice's time a token over its layers (the head runs once a chunk);
+ *    the slice's mix of ratio-4 and ratio-128 layers stands for the model's;
+ *  - 1 GPU: the dense weights, the KV state and 4 GiB of workspace resident,
+ *    as many experts as fit the rest; each token reads the active experts
+ *    that do not fit from host memory (uniform routing, no caching), a
+ *    prefill chunk every non-resident expert once;
+ *  - G GPUs: a pipeline of whole layers (the slowest stage holds
+ *    ceil(N/G)); one stream decodes through every stage in turn plus G-1
+ *    hops of the n_hc x n_embd residual; prefill keeps every stage busy
+ *    (a long prompt's chunks in flight), its rate the slowest stage's. */
+static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, double pre_s_per_tok, double dec_s_per_tok) {
+    const ds4_config *f = &o->full;
+    ds4_err err = {0};
+    ds4_weights *whole = ds4_weights_synthetic(f, o->recipe, o->seed, &err); /* shapes only */
+    if (!whole) {
+        fprintf(stderr, "ds4-bench: projection: %s\n", ds4_err_msg(&err));
+        return;
+    }
+    double L = (double)(o->layer1 - o->layer0), N = (double)f->n_layer;
+    double bpt = bytes_per_token(w), head = head_bytes_per_token(w);
+    double t_head = dec_s_per_tok * head / bpt, t_layer = (dec_s_per_tok - t_head) / L, p_layer = pre_s_per_tok / L;
+    double experts = class_bytes(whole, true), dense = class_bytes(whole, false);
+    double kv = (double)ds4_kv_state_bytes(f, ctx), gpu = (double)o->gpu_gib * 1073741824.0, work = 4.0 * 1073741824.0;
+    double per_expert = experts / (N * f->n_expert), active = N * f->n_expert_used * per_expert;
+    double chunk = o->bo.prefill_chunk ? o->bo.prefill_chunk : 2048;
+    fprintf(stderr,
+            "ds4-bench: projection of the whole model (%u layers, %.1f GiB) from layers %u..%u at ctx %u: decode "
+            "%.3f ms a layer + %.3f ms head, prefill %.1f us a token a layer\n",
+            f->n_layer, (experts + dense) / 1073741824.0, o->layer0, o->layer1 - 1, ctx, t_layer * 1e3, t_head * 1e3,
+            p_layer * 1e6);
+    double budget = gpu - dense - kv - work;
+    double resident = budget <= 0 ? 0 : budget >= experts ? 1 : budget / experts;
+    if (budget <= 0) {
+        fprintf(stderr, "  1 GPU  (%.0f GiB): the dense weights and KV state alone do not fit\n", o->gpu_gib);
+    } else {
+        double dec = t_head + N * t_layer + (1 - resident) * active / (o->host_gbps * 1e9);
+        double pre = N * p_layer + (1 - resident) * experts / chunk / (o->host_gbps * 1e9);
+        fprintf(stderr, "  1 GPU  (%.0f GiB): %3.0f%% of the experts resident, the rest from host at %.0f GB/s: decode "
+                        "%.2f t/s, prefill %.0f t/s\n", o->gpu_gib, 100 * resident, o->host_gbps, 1 / dec, 1 / pre);
+    }
+    for (int g = 4; g <= 8; g += 4) {
+        double stage_layers = ceil(N / g), per_gpu = (experts + dense + kv) / g;
+        double hop = o->hop_us * 1e-6 + (double)f->n_hc * f->n_embd * 4 / (o->link_gbps * 1e9);
+        double dec = t_head + N * t_layer + (g - 1) * hop, pre = stage_layers * p_layer;
+        fprintf(stderr, "  %d GPUs (pipeline, %.0f GiB each of %.0f): decode %.2f t/s, prefill %.0f t/s%s\n", g,
+                per_gpu / 1073741824.0, o->gpu_gib, 1 / dec, 1 / pre,
+                per_gpu + work > gpu ? " (does not fit: more GPUs needed)" : "");
+    }
+    fprintf(stderr, "  assumptions: hops %.0f us + residual at %.0f GB/s; 4 GiB workspace a GPU; uniform routing; the "
+                    "slice's layer mix stands for the model's\n", o->hop_us, o->link_gbps);
+    ds4_weights_close(whole);
 }
 
 #if DS4_CUDA
@@ -723,6 +875,12 @@ static ds4_backend *make_backend(const opts *o, ds4_dist *d, const ds4_weights *
                                  ds4_err *err) {
     if (!d) return ds4_backend_create(o->backend, w, bo, err);
     if (ds4_dist_plan(d, "ds4-bench", w, &o->dist, err) != 0) return NULL;
+    uint32_t first, end;
+    ds4_dist_layers(d, &first, &end);
+    if (o->warm_weights && ds4_startup_warm_layers("ds4-bench", w, first, end, o->bo.n_threads, NULL, NULL) != 0) {
+        ds4_err_set(err, DS4_EIO, "--warm-weights failed");
+        return NULL;
+    }
     return ds4_dist_backend_create(d, o->backend, w, bo, err);
 }
 
@@ -731,8 +889,8 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     ds4_weights *w = NULL;
     if (o->synthetic) {
         ds4_config c;
-        ds4_config_flash(&c);
-        w = ds4_weights_synthetic(&c, o->synthetic, o->seed, err);
+        slice_config(o, &c);
+        w = ds4_weights_synthetic(&c, o->recipe, o->seed, err);
     } else if (ds4_model_file_check(o->model, err) == 0) {
         w = ds4_weights_open(o->model, err);
     }
@@ -754,23 +912,29 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         }
         bo.mtp = mtp;
     }
-    if (o->warm_weights && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
+    if (o->warm_weights && !d && ds4_startup_warm("ds4-bench", w, o->bo.n_threads, NULL, NULL) != 0) {
         ds4_mtp_close(mtp);
         ds4_weights_close(w);
         ds4_expert_profile_free(prof);
         return ds4_err_set(err, DS4_EIO, "--warm-weights failed");
     }
     ds4_backend *b = NULL;
+    ds4_imcol *col = NULL;
     ds4_steering *steer = NULL;
     ds4_kv_state *snap = NULL;
     uint32_t *toks = NULL, *gen = NULL;
     FILE *out = stdout;
     double t0 = ds4_now();
     if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
+    if (o->imatrix && !(bo.imatrix = col = ds4_imcol_new(&w->cfg, err))) goto done;
     if (!(b = make_backend(o, d, w, &bo, err))) goto done;
     ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
-    fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name,
-            o->synthetic ? "synthetic Flash weights" : o->model, ds4_now() - t0);
+    char what[96];
+    if (o->synthetic)
+        snprintf(what, sizeof(what), "synthetic %s %s weights, layers %u..%u of %u", ds4_config_name(&o->full),
+                 o->recipe, o->layer0, o->layer1 - 1, o->full.n_layer);
+    fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name, o->synthetic ? what : o->model,
+            ds4_now() - t0);
     ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
     double copy_bw = 0;
 #if DS4_CUDA
@@ -817,6 +981,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
                 : "");
     fflush(out);
     uint32_t done_tok = 0, n_frontiers = 0, i = 0;
+    double pre_all = 0;
     for (uint32_t f = o->ctx_start;; f = next_frontier(o, f)) {
         n_frontiers++;
         if (f >= o->ctx_max) break;
@@ -828,6 +993,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         double a = ds4_now();
         if (ds4_backend_prefill(b, toks + done_tok, n, NULL, err)) goto done;
         double pre = ds4_now() - a;
+        pre_all += pre;
         done_tok = f;
         if (ds4_backend_snapshot(b, snap, err)) goto done;
         uint64_t kv = ds4_kv_state_payload_bytes(snap);
@@ -852,7 +1018,17 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         else if (mtp) fprintf(out, ",%u,%d,,,,,,,,", o->draft, o->forced);
         fprintf(out, "\n");
         fflush(out);
+        if (o->layers && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
         if (f >= o->ctx_max) break;
+    }
+    fprintf(stderr, "ds4-bench: prefill of all %u tokens: %.1f t/s%s\n", done_tok, done_tok / pre_all,
+            o->imatrix ? ", collecting an importance matrix" : "");
+    if (o->imatrix) {
+        double a = ds4_now();
+        if (ds4_backend_imatrix_flush(b, err)) goto done;
+        double h = 2.9e6 / (done_tok / pre_all) / 3600.0;
+        fprintf(stderr, "ds4-bench: imatrix: %llu routed (token, expert) pairs summed, read back in %.2f s; 2.9 M "
+                "tokens at this rate: %.2f h\n", (unsigned long long)ds4_imcol_routes(col), ds4_now() - a, h);
     }
 #if DS4_CUDA
     if (o->profile_out) {
@@ -868,6 +1044,7 @@ done:
     if (out != stdout && fclose(out) != 0 && rc == 0) rc = ds4_err_set(err, DS4_EIO, "writing %s failed", o->csv);
     ds4_kv_state_free(snap);
     ds4_backend_free(b);
+    ds4_imcol_free(col);
     ds4_expert_profile_free(prof);
     ds4_mtp_close(mtp);
     ds4_steering_free(steer);
@@ -882,6 +1059,8 @@ int main(int argc, char **argv) {
     int prc = parse_args(argc, argv, &o);
     if (prc >= 0) return prc;
     ds4_dist *d = NULL; /* under mpirun: the ranks after the first serve their stage in here */
+    ds4_warm_ctx warm = {"ds4-bench", o.bo.n_threads};
+    if (o.warm_weights) o.dist.warm = ds4_startup_warm_stage, o.dist.warm_ctx = &warm;
     int drc = ds4_dist_start("ds4-bench", o.synthetic ? NULL : o.model, o.backend, o.bo.n_threads, &o.dist, &d);
     if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-bench");

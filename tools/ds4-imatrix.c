@@ -9,12 +9,14 @@
  * commas or newlines between them) or rendered text, tokenized with the
  * model's own tokenizer metadata with every special token recognised
  * (text/tokenizer.h, ds4_tokenize_transcript).  Every prompt is
- * prefilled from an empty context (cut to --ctx tokens); the forward pass
- * reports each routed expert's inputs to the collector
+ * prefilled from an empty context (cut to --ctx tokens) on --backend (the
+ * build's default: cuda in CUDA builds, which sums on the GPU); the
+ * forward pass adds each routed expert's inputs to the collector
  * (model/imatrix_collect.h), which writes ds4's legacy .dat for
  * `ds4-quantize --imatrix`.  The loop is engine/imatrix_run.h, shared with
  * `ds4 --imatrix-dataset FILE --imatrix-out OUT.dat`: the two write the same
- * bytes.
+ * bytes.  Progress goes to stderr; OUT.partial holds a checkpoint every
+ * --imatrix-save-every prompts, which --resume continues from.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,11 +26,15 @@
 #include "engine/imatrix_run.h"
 #include "engine/startup.h"
 #include "model/backend.h"
+#include "model/backends.h"
+#include "model/placement.h"
 #include "model/weights.h"
 #include "text/tokenizer.h"
 
 typedef struct opts {
     const char *model;
+    const char *backend;
+    const char *profile;
     ds4_imatrix_run_opts run;
     ds4_backend_opts bo;
 } opts;
@@ -36,6 +42,16 @@ typedef struct opts {
 static int collect(const opts *o, ds4_err *err) {
     ds4_weights *w = ds4_weights_open(o->model, err);
     if (!w) return -1;
+    ds4_expert_profile *prof = NULL;
+    if (o->profile && !(prof = ds4_expert_profile_load(o->profile, w->cfg.n_layer, w->cfg.n_expert, err))) {
+        ds4_weights_close(w);
+        return -1;
+    }
+    ds4_backend_opts bo = o->bo;
+    bo.expert_profile = prof;
+    ds4_imatrix_run_opts run = o->run;
+    run.backend = o->backend;
+    run.show_progress = true;
     /* The tokenizer is optional: token-id datasets need none. */
     ds4_vocab *vocab = NULL;
     ds4_tokenizer *tok = NULL;
@@ -45,8 +61,8 @@ static int collect(const opts *o, ds4_err *err) {
         rc = ds4_err_prefix(err, "%s: tokenizer", o->model);
     ds4_imatrix_run_stats st;
     if (rc == 0) {
-        ds4_startup_print_memory("ds4-imatrix", "cpu", w, ds4_backend_opts_resolve(&o->bo).ctx_size);
-        rc = ds4_imatrix_run(w, tok, &o->bo, &o->run, &st, err);
+        ds4_startup_print_memory("ds4-imatrix", o->backend, w, ds4_backend_opts_resolve(&bo).ctx_size);
+        rc = ds4_imatrix_run(w, tok, &bo, &run, &st, err);
     }
     if (rc == 0)
         fprintf(stderr, "ds4-imatrix: wrote %s from %llu prompt%s, %llu token%s, %llu routed expert observations\n",
@@ -54,6 +70,7 @@ static int collect(const opts *o, ds4_err *err) {
                 ds4_plural(st.tokens), (unsigned long long)st.routes);
     ds4_tokenizer_free(tok);
     ds4_vocab_free(vocab);
+    ds4_expert_profile_free(prof);
     ds4_weights_close(w);
     return rc;
 }
@@ -71,6 +88,9 @@ int main(int argc, char **argv) {
          .def_text = "all"},
         {DS4_OPT_U64("--imatrix-max-tokens", "N", &o.run.max_tokens, 1, UINT64_MAX, 0, "stop after N prompt tokens"),
          .def_text = "all"},
+        DS4_CLI_IMATRIX_RESUME(&o.run.save_every, &o.run.resume),
+        DS4_CLI_BACKEND(&o.backend, NULL),
+        DS4_CLI_OFFLOAD(&o.bo.gpu_mem, &o.profile),
         DS4_CLI_THREADS(&o.bo.n_threads),
         DS4_CLI_NO_SIM(&o.bo.no_sim),
         {DS4_OPT_SECTION("arguments:")},
@@ -79,10 +99,11 @@ int main(int argc, char **argv) {
     };
     ds4_cli cli = {.prog = "ds4-imatrix", .usage = "MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [options]",
                    .about = "Collect an importance matrix for the routed experts (for ds4-quantize --imatrix) by "
-                            "running the\nmodel over a dataset on the CPU backend.",
+                            "running the\nmodel over a dataset.",
                    .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (ds4_cli_check_backend(&cli, o.backend) != 0) return 2;
     int lrc = ds4_startup_lock("ds4-imatrix");
     if (lrc) return lrc;
     ds4_err err = {0};

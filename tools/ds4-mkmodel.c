@@ -1,11 +1,13 @@
 /*
- * ds4-mkmodel - write a GGUF of the DeepSeek V4 Flash architecture with
- * seeded random weights.
+ * ds4-mkmodel - write a GGUF of the DeepSeek V4 architecture (Flash, Pro,
+ * any consistent shape) with seeded random weights, or its header alone.
  *
  * Tests, benchmarks and the README's demo need models without downloading
  * the real 284B weights.  This tool writes files with ds4's exact tensor
  * names and deepseek4.* metadata (src/model/tensors.h and config.c decide
- * both), for any shape: tiny presets for tests, `flash` for the real sizes.
+ * both), for any shape: tiny presets for tests, `flash` and `pro` for the
+ * real sizes (--header-only: the metadata and tensor table without data,
+ * for the shapes and memory of a model too large to write).
  * Weights are random with scales that keep activations of order one through
  * the layers (matrices N(0, 1/in), norms near 1, hash tables of distinct
  * experts; the table's init column), and are stored with one of the
@@ -562,7 +564,7 @@ int main(int argc, char **argv) {
         {0},
     };
     ds4_cli cli = {.prog = "ds4-mkmodel", .usage = "-o OUT.gguf [options]",
-                   .about = "Write a GGUF of the DeepSeek V4 Flash architecture with seeded random weights, of "
+                   .about = "Write a GGUF of the DeepSeek V4 architecture with seeded random weights, of "
                             "any shape and\nrecipe (tests, benchmarks, the demo).",
                    .opts = table};
     int status;

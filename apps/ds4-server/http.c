@@ -159,9 +159,11 @@ static enum MHD_Result refuse_early(conn *k, int status, const char *fmt, ...) {
 
 static json_t *model_object(const server *s) {
     uint32_t maxc = s->o.default_max_tokens < s->o.ctx ? s->o.default_max_tokens : s->o.ctx;
+    /* The id stays ds4's (clients name it); the name says which model runs. */
+    const char *name = s->engine && s->engine->w ? ds4_config_name(&s->engine->w->cfg) : NULL;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:i,s:{s:i,s:i,s:b},s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s,s]}", "id", DS4_MODEL_ID,
                      "object", "model", "created", (json_int_t)DS4_MODEL_CREATED, "owned_by", "ds4.c", "name",
-                     "DeepSeek V4 Flash", "context_length", (json_int_t)s->o.ctx, "top_provider", "context_length",
+                     name ? name : "DeepSeek V4", "context_length", (json_int_t)s->o.ctx, "top_provider", "context_length",
                      (json_int_t)s->o.ctx, "max_completion_tokens", (json_int_t)maxc, "is_moderated", 0,
                      "supported_parameters", "tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k",
                      "min_p", "stop", "seed", "stream", "reasoning_effort", "response_format", "logprobs",

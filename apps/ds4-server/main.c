@@ -181,6 +181,8 @@ int main(int argc, char **argv) {
     /* Under mpirun the ranks after the first serve their pipeline stage in
      * here (docs/DISTRIBUTED.md); rank 0 goes on as the server. */
     ds4_dist *d = NULL;
+    ds4_warm_ctx warm = {"ds4-server", s.o.n_threads};
+    if (s.o.warm_weights) s.o.dist.warm = ds4_startup_warm_stage, s.o.dist.warm_ctx = &warm;
     int drc = ds4_dist_start("ds4-server", s.o.model_path, s.o.backend, s.o.n_threads, &s.o.dist, &d);
     if (drc >= 0) return drc;
     int lrc = ds4_startup_lock("ds4-server");
@@ -243,7 +245,11 @@ int main(int argc, char **argv) {
         if (n > s.max_token_bytes) s.max_token_bytes = n;
     }
     if (s.o.warm_weights) {
-        int wrc = ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads, stop_signal_pending, NULL);
+        uint32_t first = 0, end = s.engine->w->cfg.n_layer;
+        if (d) ds4_dist_layers(d, &first, &end); /* a pipeline: this rank's stage */
+        int wrc = d ? ds4_startup_warm_layers("ds4-server", s.engine->w, first, end, s.o.n_threads,
+                                              stop_signal_pending, NULL)
+                    : ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads, stop_signal_pending, NULL);
         if (wrc != 0) return wrc;
     }
     if (!(s.tools = toolmem_new(s.o.tool_memory_max_ids, 512ull << 20))) {

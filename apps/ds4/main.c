@@ -61,6 +61,8 @@ int main(int argc, char **argv) {
     /* Under mpirun the ranks after the first serve their pipeline stage in
      * here (docs/DISTRIBUTED.md); rank 0 goes on as the CLI. */
     ds4_dist *d = NULL;
+    ds4_warm_ctx warm = {"ds4", o.threads};
+    if (o.warm_weights) o.dist.warm = ds4_startup_warm_stage, o.dist.warm_ctx = &warm;
     if ((rc = ds4_dist_start("ds4", o.model, o.backend, o.threads, &o.dist, &d)) >= 0) {
         cli_opts_free(&o);
         return rc;
@@ -84,7 +86,10 @@ int main(int argc, char **argv) {
     if (o.mode != CLI_INSPECT) cli_print_memory(e, o.ctx);
     if (o.warm_weights && o.mode != CLI_INSPECT) {
         cli_busy(true);
-        rc = ds4_startup_warm("ds4", e->w, o.threads, cli_stop_requested, NULL);
+        uint32_t first = 0, end = e->w->cfg.n_layer;
+        if (d) ds4_dist_layers(d, &first, &end); /* a pipeline: this rank's stage */
+        rc = d ? ds4_startup_warm_layers("ds4", e->w, first, end, o.threads, cli_stop_requested, NULL)
+               : ds4_startup_warm("ds4", e->w, o.threads, cli_stop_requested, NULL);
         cli_busy(false);
         if (rc != 0) goto out;
     }

@@ -87,18 +87,15 @@ static int finish(const ds4_cli *cli, cli_opts *o) {
                              : o->mode == CLI_IMATRIX ? "--imatrix-out"
                                                       : "--perplexity-file");
     if (o->mode == CLI_IMATRIX && !o->imatrix_dataset) return ds4_cli_usage(cli, "--imatrix-out: needs --imatrix-dataset FILE");
-    if (o->mode != CLI_IMATRIX && (o->imatrix_dataset || o->imatrix_max_prompts || o->imatrix_max_tokens))
+    if (o->mode != CLI_IMATRIX && (o->imatrix_dataset || o->imatrix_max_prompts || o->imatrix_max_tokens ||
+                                   o->imatrix_save_every || o->imatrix_resume))
         return ds4_cli_usage(cli, "%s: needs --imatrix-out FILE",
                              o->imatrix_dataset       ? "--imatrix-dataset"
                              : o->imatrix_max_prompts ? "--imatrix-max-prompts"
-                                                      : "--imatrix-max-tokens");
+                             : o->imatrix_max_tokens  ? "--imatrix-max-tokens"
+                             : o->imatrix_save_every  ? "--imatrix-save-every"
+                                                      : "--resume");
     if (ds4_cli_check_backend(cli, o->backend) != 0 || ds4_cli_steering_check(cli, &o->steer) != 0) return 2;
-    if (o->mode == CLI_IMATRIX) {
-        /* Only the CPU backend reports each routed expert's inputs. */
-        if (o->backend_given && strcmp(o->backend, "cpu"))
-            fprintf(stderr, "ds4: importance matrix collection runs on the CPU backend, not %s\n", o->backend);
-        o->backend = "cpu";
-    }
     if (o->prompt_file) {
         ds4_err err = {0};
         if (!(o->prompt = cli_read_file(o->prompt_file, &o->prompt_len, &err)))
@@ -157,7 +154,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
          .flags = DS4_OPT_IN},
         {DS4_OPT_FLAG("--inspect", &o->inspect, "print the model's configuration, tensors and memory, then exit")},
 
-        {DS4_OPT_SECTION("importance matrix (for ds4-quantize --imatrix; runs on the CPU backend):")},
+        {DS4_OPT_SECTION("importance matrix (for ds4-quantize --imatrix; on --backend):")},
         {DS4_OPT_STR("--imatrix-dataset", "FILE", &o->imatrix_dataset, NULL,
                      "prompts separated by '===== DS4_IMATRIX_PROMPT' lines"),
          .flags = DS4_OPT_IN},
@@ -169,6 +166,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         {DS4_OPT_U64("--imatrix-max-tokens", "N", &o->imatrix_max_tokens, 1, UINT64_MAX, 0,
                      "stop after N prompt tokens"),
          .def_text = "all"},
+        DS4_CLI_IMATRIX_RESUME(&o->imatrix_save_every, &o->imatrix_resume),
         {0},
     };
     ds4_cli cli = {.prog = "ds4", .usage = USAGE,

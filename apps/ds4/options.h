@@ -58,6 +58,8 @@ typedef struct cli_opts {
     const char *perplexity_file;
     const char *imatrix_dataset, *imatrix_out;
     uint64_t imatrix_max_prompts, imatrix_max_tokens;   /* 0: unlimited */
+    uint64_t imatrix_save_every;                        /* 0: the default */
+    bool imatrix_resume;
     /* As given, before cli_parse settles the prompt and the mode. */
     const char *prompt_arg, *prompt_file;
     bool dump_tokens, inspect;

@@ -117,6 +117,14 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
                  "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
                  "or an imatrix; without it, whole layers from the first"),                                          \
      .flags = DS4_OPT_IN}
+/* Importance-matrix checkpoints (engine/imatrix_run.h): save_every a
+ * uint64_t (0: DS4_IMATRIX_SAVE_EVERY), resume a bool. */
+#define DS4_CLI_IMATRIX_RESUME(save_every, resume)                                                           \
+    {DS4_OPT_U64("--imatrix-save-every", "N", (save_every), 1, UINT64_MAX, 0,                                \
+                 "save the progress to OUT.partial every N prompts (and when stopped)"),                    \
+     .def_text = "256"},                                                                                      \
+    {DS4_OPT_FLAG("--resume", (resume), "continue the collection from OUT.partial (a stopped or limited run)")}
+
 /* Directional steering (model/steering.h): the direction file and the two
  * scales.  After parsing, ds4_cli_steering_check() settles the FFN scale
  * (1 when a file is given without one) and ds4_cli_steering_opts() puts
@@ -145,6 +153,10 @@ typedef struct ds4_cli_steer {
     {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
                  "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
      .def_text = "split by memory"},                                                                           \
+    DS4_CLI_DIST_PIPE(o)
+
+/* The pipeline's rows but --layers (ds4-bench gives --layers a second use). */
+#define DS4_CLI_DIST_PIPE(o)                                                                                   \
     {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
                     "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
     {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \

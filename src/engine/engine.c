@@ -51,9 +51,14 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
     e->opts.prog = NULL;
     if (opts->dist) {
         /* a pipeline: the stages agreed on, no MTP block (it needs the
-         * final residuals in one process) */
+         * final residuals in one process), no steering (the other ranks'
+         * layers would run without it) */
         if (opts->mtp_path) {
             ds4_err_set(err, DS4_EUNSUPPORTED, "--mtp: speculative decoding runs in one process, not in a pipeline");
+            goto fail;
+        }
+        if (e->steer) {
+            ds4_err_set(err, DS4_EUNSUPPORTED, "--dir-steering-file: steering runs in one process, not in a pipeline");
             goto fail;
         }
         if (ds4_dist_plan(opts->dist, opts->prog ? opts->prog : "ds4", e->w, opts->dist_opts, err) != 0) goto fail;

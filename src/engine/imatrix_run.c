@@ -9,7 +9,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "base/clock.h"
+#include "engine/engine.h"
 #include "format/imatrix.h"
 #include "model/backends.h"
 #include "model/imatrix_collect.h"
@@ -92,64 +95,214 @@ static int parse_ids(const char *s, size_t n, uint32_t n_vocab, uint32_t **out, 
     return 0;
 }
 
-static void observe(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid) {
-    ds4_imcol_expert(ctx, il, e, m, x, mid);
+/* ------------------------------------------------------------ progress */
+
+typedef struct meter {
+    bool on, tty;
+    double t0, last;        /* start, last line printed */
+    uint64_t prompts0, tokens0; /* counts at the start (a resumed run's) */
+    uint64_t total_prompts; /* of the run, limits applied */
+    uint64_t max_tokens;
+} meter;
+
+static void fmt_time(char *buf, size_t n, double s) {
+    if (s < 0 || s > 1e9) snprintf(buf, n, "?");
+    else if (s >= 3600) snprintf(buf, n, "%dh%02dm", (int)(s / 3600), (int)(s / 60) % 60);
+    else snprintf(buf, n, "%dm%02ds", (int)(s / 60), (int)s % 60);
 }
 
-/* Prefill every prompt (within the limits) into the collector. */
-static int run_prompts(ds4_backend *b, ds4_imcol *col, ds4_tokenizer *tok, const char *text, size_t len,
-                       const ds4_imatrix_run_opts *o, ds4_imatrix_run_stats *st, ds4_err *err) {
-    size_t pos = 0, start, plen;
-    uint64_t index = 0;
-    while (ds4_imatrix_dataset_next(text, len, &pos, &start, &plen)) {
-        index++;
-        uint32_t *ids = NULL, n = 0;
-        int prc = is_id_list(text + start, plen) ? parse_ids(text + start, plen, b->w->cfg.n_vocab, &ids, &n, err)
-                                                 : tokenize(tok, text + start, plen, &ids, &n, err);
-        if (prc != 0) return ds4_err_prefix(err, "%s: prompt %llu", o->dataset, (unsigned long long)index);
-        if (n > b->opts.ctx_size) n = b->opts.ctx_size;
-        if (o->max_tokens > 0 && n > o->max_tokens - st->tokens) n = (uint32_t)(o->max_tokens - st->tokens);
-        if (n > 0) {
-            ds4_backend_reset(b);
-            int rc = ds4_backend_prefill(b, ids, n, NULL, err);
-            free(ids);
-            if (rc != 0) return ds4_err_prefix(err, "prompt %llu", (unsigned long long)index);
-            ds4_imcol_end_prompt(col);
-            st->prompts++;
-            st->tokens += n;
-            if (o->progress && o->progress(o->progress_ctx, st->prompts, n))
-                return ds4_err_set(err, DS4_EINTERRUPTED, "interrupted after %llu prompts; %s not written",
-                                   (unsigned long long)st->prompts, o->out);
-        } else {
-            free(ids);
-        }
-        if ((o->max_prompts > 0 && st->prompts >= o->max_prompts) || (o->max_tokens > 0 && st->tokens >= o->max_tokens))
-            break;
+/* The fraction done: of the prompts, or of --imatrix-max-tokens when that
+ * ends the run sooner. */
+static double meter_fraction(const meter *m, const ds4_imatrix_run_stats *st) {
+    double f = m->total_prompts ? (double)st->prompts / (double)m->total_prompts : 0;
+    if (m->max_tokens) {
+        double ft = (double)st->tokens / (double)m->max_tokens;
+        if (ft > f) f = ft;
     }
-    if (st->prompts == 0) return ds4_err_set(err, DS4_EINVAL, "%s: no prompts", o->dataset);
+    return f > 1 ? 1 : f;
+}
+
+static void meter_show(meter *m, const ds4_imatrix_run_stats *st, bool final) {
+    if (!m->on) return;
+    double now = ds4_now();
+    if (!m->tty && !final && now - m->last < 10.0) return;
+    m->last = now;
+    double el = now - m->t0, tps = el > 0 ? (double)(st->tokens - m->tokens0) / el : 0;
+    double f = meter_fraction(m, st), f0 = meter_fraction(m, &(ds4_imatrix_run_stats){m->prompts0, m->tokens0, 0});
+    char eta[32], spent[32];
+    fmt_time(eta, sizeof(eta), f > f0 ? el * (1 - f) / (f - f0) : -1);
+    fmt_time(spent, sizeof(spent), el);
+    if (m->tty) {
+        char bar[31];
+        int fill = (int)(f * 30);
+        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        bar[30] = 0;
+        fprintf(stderr, "\rimatrix [%s] %3.0f%% %llu/%llu prompts, %llu tokens, %.1f tok/s, %s, ETA %s\033[K", bar,
+                f * 100, (unsigned long long)st->prompts, (unsigned long long)m->total_prompts,
+                (unsigned long long)st->tokens, tps, spent, eta);
+        if (final) fputs("\r\033[K", stderr);
+    } else {
+        fprintf(stderr, "imatrix: %llu/%llu prompts, %llu tokens, %.1f tok/s, %s, ETA %s\n",
+                (unsigned long long)st->prompts, (unsigned long long)m->total_prompts, (unsigned long long)st->tokens,
+                tps, spent, eta);
+    }
+    fflush(stderr);
+}
+
+/* ------------------------------------------------------------- the run */
+
+typedef struct run {
+    const ds4_imatrix_run_opts *o;
+    ds4_backend *b;
+    ds4_imcol *col;
+    ds4_tokenizer *tok;
+    const char *text;
+    size_t len;
+    char *partial;          /* OUT.partial */
+    ds4_imcol_progress pg;  /* consumed, tokens, dataset size, ctx */
+    ds4_imatrix_run_stats st;
+    uint64_t n_all;         /* the dataset's prompts */
+    meter m;
+} run;
+
+static uint32_t line_of(const char *text, size_t at) {
+    uint32_t line = 1;
+    for (size_t i = 0; i < at; i++) line += text[i] == '\n';
+    return line;
+}
+
+static int checkpoint(run *r, ds4_err *err) {
+    r->pg.tokens = r->st.tokens;
+    if (ds4_backend_imatrix_flush(r->b, err) != 0) return -1;
+    return ds4_imcol_save_state(r->col, r->partial, &r->pg, err);
+}
+
+/* One prompt (dataset prompt number `index`, at byte `start`): prefilled
+ * into the collector, or skipped when nothing of it is left to run. */
+static int run_prompt(run *r, uint64_t index, size_t start, size_t plen, ds4_err *err) {
+    const ds4_imatrix_run_opts *o = r->o;
+    ds4_backend *b = r->b;
+    uint32_t *ids = NULL, n = 0;
+    int prc = is_id_list(r->text + start, plen) ? parse_ids(r->text + start, plen, b->w->cfg.n_vocab, &ids, &n, err)
+                                                : tokenize(r->tok, r->text + start, plen, &ids, &n, err);
+    if (prc != 0)
+        return ds4_err_prefix(err, "%s:%u: prompt %llu", o->dataset, line_of(r->text, start), (unsigned long long)index);
+    if (n > b->opts.ctx_size) n = b->opts.ctx_size;
+    if (o->max_tokens > 0 && n > o->max_tokens - r->st.tokens) n = (uint32_t)(o->max_tokens - r->st.tokens);
+    int rc = 0;
+    if (n > 0) {
+        ds4_backend_reset(b);
+        rc = ds4_backend_prefill(b, ids, n, NULL, err);
+        if (rc != 0) {
+            ds4_err_prefix(err, "%s:%u: prompt %llu", o->dataset, line_of(r->text, start), (unsigned long long)index);
+        } else {
+            ds4_imcol_end_prompt(r->col);
+            r->st.prompts++;
+            r->st.tokens += n;
+        }
+    }
+    free(ids);
+    return rc;
+}
+
+static bool at_limit(const run *r) {
+    const ds4_imatrix_run_opts *o = r->o;
+    return (o->max_prompts > 0 && r->st.prompts >= o->max_prompts) ||
+           (o->max_tokens > 0 && r->st.tokens >= o->max_tokens);
+}
+
+/* Prefill every prompt (within the limits) into the collector, from where
+ * a checkpoint left off. */
+static int run_prompts(run *r, ds4_err *err) {
+    const ds4_imatrix_run_opts *o = r->o;
+    uint64_t every = o->save_every ? o->save_every : DS4_IMATRIX_SAVE_EVERY, index = 0;
+    size_t pos = 0, start, plen;
+    while (!at_limit(r) && ds4_imatrix_dataset_next(r->text, r->len, &pos, &start, &plen)) {
+        if (++index <= r->pg.consumed) continue;
+        uint64_t before = r->st.prompts;
+        if (run_prompt(r, index, start, plen, err) != 0) return -1;
+        r->pg.consumed = index;
+        meter_show(&r->m, &r->st, false);
+        if (r->st.prompts != before && r->st.prompts % every == 0 && checkpoint(r, err) != 0) return -1;
+        if (o->stop && o->stop(o->stop_ctx)) {
+            meter_show(&r->m, &r->st, true);
+            if (checkpoint(r, err) != 0) return -1;
+            return ds4_err_set(err, DS4_EINTERRUPTED, "interrupted after %llu prompts; %s not written, %s holds the "
+                               "progress (--resume continues)", (unsigned long long)r->st.prompts, o->out, r->partial);
+        }
+    }
+    meter_show(&r->m, &r->st, true);
+    if (r->st.prompts == 0) return ds4_err_set(err, DS4_EINVAL, "%s: no prompts", o->dataset);
+    /* a limit ended the run before the dataset's end: keep the state, so
+     * that --resume with larger limits goes on */
+    if (r->pg.consumed < r->n_all) return checkpoint(r, err);
+    if (ds4_backend_imatrix_flush(r->b, err) != 0) return -1;
+    if (unlink(r->partial) != 0 && errno != ENOENT)
+        return ds4_err_set(err, DS4_EIO, "%s: %s", r->partial, strerror(errno));
+    return 0;
+}
+
+static uint64_t count_prompts(const char *text, size_t len) {
+    size_t pos = 0, start, plen;
+    uint64_t n = 0;
+    while (ds4_imatrix_dataset_next(text, len, &pos, &start, &plen)) n++;
+    return n;
+}
+
+static int resume(run *r, ds4_err *err) {
+    ds4_imcol_progress pg;
+    if (ds4_imcol_load_state(r->col, r->partial, &pg, err) != 0) return ds4_err_prefix(err, "--resume");
+    if (pg.dataset_bytes != r->pg.dataset_bytes || pg.ctx != r->pg.ctx)
+        return ds4_err_set(err, DS4_EINVAL, "--resume: %s is of another run (a dataset of %llu bytes, context %u; now "
+                           "%llu bytes, context %u)", r->partial, (unsigned long long)pg.dataset_bytes, pg.ctx,
+                           (unsigned long long)r->pg.dataset_bytes, r->pg.ctx);
+    r->pg = pg;
+    r->st.prompts = (uint64_t)ds4_imcol_prompts(r->col);
+    r->st.tokens = pg.tokens;
     return 0;
 }
 
 int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_opts *bo,
                     const ds4_imatrix_run_opts *o, ds4_imatrix_run_stats *stats, ds4_err *err) {
-    ds4_imatrix_run_stats st = {0};
-    size_t len = 0;
-    char *text = read_dataset(o->dataset, &len, err);
+    run r = {.o = o, .tok = tok};
+    char *text = read_dataset(o->dataset, &r.len, err);
     if (!text) return -1;
-    ds4_imcol *col = ds4_imcol_new(&w->cfg, err);
-    ds4_backend_opts opts = *bo;
-    opts.expert_observer = observe;
-    opts.observer_ctx = col;
-    ds4_backend *b = col ? ds4_backend_create("cpu", w, &opts, err) : NULL;
-    int rc = b ? run_prompts(b, col, tok, text, len, o, &st, err) : -1;
+    r.text = text;
+    size_t plen = strlen(o->out);
+    r.partial = malloc(plen + 9);
+    r.col = r.partial ? ds4_imcol_new(&w->cfg, err) : NULL;
+    if (!r.partial) ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    int rc = -1;
+    if (r.col) {
+        snprintf(r.partial, plen + 9, "%s.partial", o->out);
+        ds4_backend_opts opts = *bo;
+        opts.imatrix = r.col;
+        r.b = ds4_backend_create(o->backend ? o->backend : ds4_default_backend(), w, &opts, err);
+    }
+    if (r.b) {
+        r.pg.dataset_bytes = r.len;
+        r.pg.ctx = r.b->opts.ctx_size;
+        rc = o->resume ? resume(&r, err) : 0;
+    }
+    if (rc == 0) {
+        r.m = (meter){.on = o->show_progress, .tty = isatty(2) != 0, .t0 = ds4_now(), .prompts0 = r.st.prompts,
+                      .tokens0 = r.st.tokens, .max_tokens = o->max_tokens};
+        r.m.last = r.m.t0;
+        /* the prompts of the run: the dataset's, fewer by the limit */
+        r.n_all = count_prompts(text, r.len);
+        r.m.total_prompts = r.n_all - r.pg.consumed + r.st.prompts;
+        if (o->max_prompts && r.m.total_prompts > o->max_prompts) r.m.total_prompts = o->max_prompts;
+        rc = run_prompts(&r, err);
+    }
     if (rc == 0) {
         const char *slash = strrchr(o->dataset, '/');
-        rc = ds4_imcol_save(col, o->out, slash ? slash + 1 : o->dataset, err);
+        rc = ds4_imcol_save(r.col, o->out, slash ? slash + 1 : o->dataset, err);
     }
-    st.routes = col ? ds4_imcol_routes(col) : 0;
-    if (stats) *stats = st;
-    ds4_backend_free(b);
-    ds4_imcol_free(col);
+    r.st.routes = r.col ? ds4_imcol_routes(r.col) : 0;
+    if (stats) *stats = r.st;
+    ds4_backend_free(r.b);
+    ds4_imcol_free(r.col);
+    free(r.partial);
     free(text);
     return rc;
 }

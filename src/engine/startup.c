@@ -39,6 +39,8 @@ int ds4_model_file_check(const char *path, ds4_err *err) {
 const char *ds4_option_not_supported(const char *name) {
     static const char DIAG[] = "a diagnostic of ds4's Metal build; this engine compares backends with "
                                "ds4-forward and tests/cuda (see README.md)";
+    static const char PIPE[] = "ds4's own TCP pipeline; here mpirun starts the ranks: mpirun -np N ./ds4 ... with "
+                               "--layers A:B per rank (docs/DISTRIBUTED.md)";
     static const struct {
         const char *name, *why;
     } table[] = {
@@ -48,6 +50,11 @@ const char *ds4_option_not_supported(const char *name) {
         {"--metal-graph-full-test", DIAG},
         {"--metal-graph-prompt-test", DIAG},
         {"--metal-graph-generate", "removed from ds4 itself"},
+        {"--role", PIPE},
+        {"--coordinator", PIPE},
+        {"--listen", PIPE},
+        {"--gpus", "a pipeline over several GPUs is not built yet; CPU ranks run one under mpirun "
+                   "(docs/DISTRIBUTED.md)"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         if (!strcmp(name, table[i].name)) return table[i].why;
@@ -109,40 +116,64 @@ static void warm_pages(void *ctx, int64_t begin, int64_t end, int thread) {
  * milliseconds of a fast disk, so Ctrl+C is answered at once. */
 #define WARM_SLICE_BYTES (256ull << 20)
 
+/* Read the pages of [span, span + size) with the pool, a slice at a time
+ * between looks at stop; *bytes grows by what was read. */
+static int warm_span(ds4_pool *pool, const uint8_t *span, size_t size, bool (*stop)(void *ctx), void *stop_ctx,
+                     uint64_t *bytes, ds4_err *err) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    const uint8_t *base = (const uint8_t *)((uintptr_t)span & ~(uintptr_t)(page - 1));
+    size += (size_t)(span - base);
+    /* Start the kernel's read-ahead over the span, then fault every page
+     * in from several threads (one thread waiting on one page at a time
+     * leaves a fast disk idle). */
+    (void)madvise((void *)base, size, MADV_WILLNEED);
+    int64_t pages = (int64_t)((size + page - 1) / page), slice = (int64_t)(WARM_SLICE_BYTES / page);
+    for (int64_t first = 0; first < pages; first += slice) {
+        if (stop && stop(stop_ctx)) return ds4_err_set(err, DS4_EINTERRUPTED, "warming the weights: interrupted");
+        int64_t n = pages - first < slice ? pages - first : slice;
+        warm_job j = {.base = base + (size_t)first * page, .page = page};
+        ds4_pool_run(pool, n, 256, warm_pages, &j);
+        uint64_t done = (uint64_t)n * page;
+        *bytes += (uint64_t)first * page + done <= size ? done : size - (uint64_t)first * page;
+    }
+    return 0;
+}
+
 int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes,
                      ds4_err *err) {
     *bytes = 0;
     if (w->synthetic || !w->gguf || !w->gguf->owns_map) return 0;
-    const uint8_t *base = w->gguf->base;
-    size_t size = (size_t)w->gguf->size, page = (size_t)sysconf(_SC_PAGESIZE);
-    /* Start the kernel's read-ahead over the whole file, then fault every
-     * page in from several threads (one thread waiting on one page at a
-     * time leaves a fast disk idle). */
-    (void)madvise((void *)base, size, MADV_WILLNEED);
     ds4_pool *pool = ds4_pool_create(n_threads, err);
     if (!pool) return ds4_err_prefix(err, "warming the weights");
-    int64_t pages = (int64_t)((size + page - 1) / page), slice = (int64_t)(WARM_SLICE_BYTES / page);
+    int rc = warm_span(pool, w->gguf->base, (size_t)w->gguf->size, stop, stop_ctx, bytes, err);
+    ds4_pool_free(pool);
+    return rc;
+}
+
+int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
+                            bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes, ds4_err *err) {
+    *bytes = 0;
+    if (w->synthetic || !w->gguf || !w->gguf->owns_map) return 0;
+    ds4_pool *pool = ds4_pool_create(n_threads, err);
+    if (!pool) return ds4_err_prefix(err, "warming the weights");
     int rc = 0;
-    for (int64_t first = 0; first < pages; first += slice) {
-        if (stop && stop(stop_ctx)) {
-            rc = ds4_err_set(err, DS4_EINTERRUPTED, "warming the weights: interrupted");
-            break;
-        }
-        warm_job j = {.base = base + (size_t)first * page, .page = page};
-        ds4_pool_run(pool, pages - first < slice ? pages - first : slice, 256, warm_pages, &j);
-        *bytes = (uint64_t)(first + slice) * page < size ? (uint64_t)(first + slice) * page : size;
+    for (size_t i = 0; rc == 0 && i < ds4_weights_count(w); i++) {
+        const ds4_wt *t = ds4_weights_at(w, i, NULL);
+        bool mine = i < DS4_N_GLOBAL_TENSORS
+                        ? (t == &w->token_embd ? first == 0 : end == w->cfg.n_layer) /* embedding, head */
+                        : (i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS >= first &&
+                              (i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS < end;
+        if (mine && t->data) rc = warm_span(pool, t->data, tensor_bytes(t), stop, stop_ctx, bytes, err);
     }
     ds4_pool_free(pool);
     return rc;
 }
 
-int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx) {
-    ds4_err err = {0};
-    uint64_t bytes;
-    double t0 = ds4_now();
-    if (ds4_weights_warm(w, n_threads, stop, stop_ctx, &bytes, &err) != 0) {
-        fprintf(stderr, "%s: %s\n", prog, err.msg);
-        return err.code == DS4_EINTERRUPTED ? DS4_EXIT_INTERRUPTED : 1;
+/* What a warming read, on stderr; the status to go on with. */
+static int warm_report(const char *prog, int rc, const ds4_err *err, uint64_t bytes, double t0) {
+    if (rc != 0) {
+        fprintf(stderr, "%s: %s\n", prog, err->msg);
+        return err->code == DS4_EINTERRUPTED ? DS4_EXIT_INTERRUPTED : 1;
     }
     char b[32];
     double dt = ds4_now() - t0;
@@ -152,4 +183,26 @@ int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool
     else
         fprintf(stderr, "%s: --warm-weights: synthetic weights have no file to read\n", prog);
     return 0;
+}
+
+int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx) {
+    ds4_err err = {0};
+    uint64_t bytes;
+    double t0 = ds4_now();
+    int rc = ds4_weights_warm(w, n_threads, stop, stop_ctx, &bytes, &err);
+    return warm_report(prog, rc, &err, bytes, t0);
+}
+
+int ds4_startup_warm_layers(const char *prog, const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
+                            bool (*stop)(void *ctx), void *stop_ctx) {
+    ds4_err err = {0};
+    uint64_t bytes;
+    double t0 = ds4_now();
+    int rc = ds4_weights_warm_layers(w, first, end, n_threads, stop, stop_ctx, &bytes, &err);
+    return warm_report(prog, rc, &err, bytes, t0);
+}
+
+int ds4_startup_warm_stage(void *ctx, const ds4_weights *w, uint32_t first, uint32_t end) {
+    const ds4_warm_ctx *c = ctx;
+    return ds4_startup_warm_layers(c->prog, w, first, end, c->n_threads, NULL, NULL);
 }

@@ -64,9 +64,26 @@ void ds4_startup_print_memory(const char *prog, const char *backend, const ds4_w
 int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes,
                      ds4_err *err);
 
+/* The same for the tensors of layers [first, end) only, with the embedding
+ * when first is 0 and the output head when end is the last: a pipeline
+ * stage's (docs/DISTRIBUTED.md). */
+int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
+                            bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes, ds4_err *err);
+
 /* ds4_weights_warm with a line on stderr ("PROG: warmed X of weights in
  * S s"); the error, if any, is printed too.  Returns the status to go on
  * with: 0, 1 after an error, DS4_EXIT_INTERRUPTED when stop said so. */
 int ds4_startup_warm(const char *prog, const ds4_weights *w, int n_threads, bool (*stop)(void *ctx), void *stop_ctx);
+/* ds4_weights_warm_layers with the same line. */
+int ds4_startup_warm_layers(const char *prog, const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
+                            bool (*stop)(void *ctx), void *stop_ctx);
+
+/* A pipeline rank's --warm-weights (ds4_dist_opts.warm): ctx is a
+ * ds4_warm_ctx naming the program and its threads. */
+typedef struct ds4_warm_ctx {
+    const char *prog;
+    int n_threads;
+} ds4_warm_ctx;
+int ds4_startup_warm_stage(void *ctx, const ds4_weights *w, uint32_t first, uint32_t end);
 
 #endif

@@ -342,8 +342,8 @@ static int place_tensors(parser *p) {
         }
         if (data_bytes == 0 && t->nbytes > 0)
             return fail(p, at, DS4_ERANGE,
-                        "the file holds no tensor data: a header-only file (ds4-mkmodel --header-only), which only "
-                        "ds4 --inspect reads");
+                        "the file holds no tensor data: a header-only file (ds4-mkmodel --header-only), which ds4 "
+                        "--inspect and ds4-gguf info read");
         if (t->offset > data_bytes || t->nbytes > data_bytes - t->offset)
             return fail(p, at, DS4_ERANGE,
                         "data at file offset %llu + %llu bytes ends past the end of the file (%llu bytes)",

@@ -83,11 +83,6 @@ typedef struct ds4_backend_opts {
     /* CUDA, for the tests that check both ways: how a prefill pass computes
      * the host experts (DS4_HOST_*; 0: the cheaper by the measured costs) */
     int host_experts;
-    /* Called for every routed expert the forward pass runs: the m tokens of
-     * layer il routed to expert e, with their FFN input rows (x: m x n_embd,
-     * normalised) and the down projection's input rows (mid: m x n_ff_exp,
-     * clamped SwiGLU times the routing weight).  For the imatrix collector
-     * (model/imatrix_collect.h); NULL for none.  One call at a time. */
     /* A pipeline stage (docs/DISTRIBUTED.md): the backend runs layers
      * [layer_first, layer_end) only and keeps only their state, and is
      * advanced by ds4_backend_stage_step.  Both 0: the whole model.  The
@@ -100,8 +95,16 @@ typedef struct ds4_backend_opts {
      * the scales are each sequence's (ds4_seq_set_steering).  It must
      * outlive the backend. */
     const struct ds4_steering *steer;
-    void (*expert_observer)(void *ctx, uint32_t il, uint32_t e, uint32_t m, const float *x, const float *mid);
-    void *observer_ctx;
+    /* The importance-matrix collector (model/imatrix_collect.h) that the
+     * routed experts' inputs of every main-model layer are summed into: the
+     * FFN input rows (normalised) and the down projection's input rows
+     * (clamped SwiGLU times the routing weight) of the tokens routed to
+     * each expert; NULL for none.  The CPU backend adds each expert's rows
+     * as it runs it (prefill and decode).  The CUDA backend sums its
+     * prefill passes on the device (decode steps are not summed) and adds
+     * them to the collector at ds4_backend_imatrix_flush (model/backends.h);
+     * with routed experts in host RAM its prefill streams them to the GPU. */
+    struct ds4_imcol *imatrix;
     /* Called with the sublayer outputs of main-model layer il at the
      * steering points (after steering, before the HC post): the attention
      * output (ffn false) and the FFN output (ffn true) of the pass's T rows,

@@ -53,3 +53,13 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
     ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
     return NULL;
 }
+
+int ds4_backend_imatrix_flush(ds4_backend *b, ds4_err *err) {
+#if DS4_CUDA
+    if (b->opts.imatrix && strcmp(b->ops->name, "cuda") == 0) return ds4_cuda_imatrix_flush(b, err);
+#else
+    (void)b;
+    (void)err;
+#endif
+    return 0;
+}

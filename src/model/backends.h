@@ -24,6 +24,13 @@ int ds4_backend_check_name(const char *name, ds4_err *err);
  * weights, which must outlive it. */
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
+/* Brings what backend b has summed for its imatrix collector
+ * (ds4_backend_opts.imatrix) into the collector: the CUDA backend's device
+ * sums since the last flush (one read-back of them all); nothing to do for
+ * the CPU backend, which adds as it runs.  Call it before reading or saving
+ * the collector. */
+int ds4_backend_imatrix_flush(ds4_backend *b, ds4_err *err);
+
 /* The CPU reference backend (src/model/cpu/). */
 ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
@@ -53,5 +60,8 @@ int ds4_cuda_offload_info(const ds4_backend *b, ds4_offload_info *out);
  * opts.count_experts has counted so far, into p (model/placement.h). */
 struct ds4_expert_profile;
 int ds4_cuda_expert_counts(ds4_backend *b, struct ds4_expert_profile *p, ds4_err *err);
+
+/* CUDA builds: ds4_backend_imatrix_flush for a CUDA backend. */
+int ds4_cuda_imatrix_flush(ds4_backend *b, ds4_err *err);
 
 #endif

@@ -5,8 +5,11 @@
  */
 #include "model/imatrix_collect.h"
 
+#include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "format/imatrix.h"
 #include "model/layout.h"
@@ -60,7 +63,19 @@ void ds4_imcol_expert(ds4_imcol *col, uint32_t il, uint32_t e, uint32_t m, const
     col->routes += m;
 }
 
+void ds4_imcol_add_sums(ds4_imcol *col, uint32_t il, const double *in, const double *mid, uint64_t routes) {
+    const ds4_config *c = &col->cfg;
+    if (il >= c->n_layer) return;
+    size_t slot = (size_t)il * c->n_expert;
+    double *a = col->in + slot * c->n_embd, *b = col->mid + slot * c->n_ff_exp;
+    for (size_t i = 0; i < (size_t)c->n_expert * c->n_embd; i++) a[i] += in[i];
+    for (size_t i = 0; i < (size_t)c->n_expert * c->n_ff_exp; i++) b[i] += mid[i];
+    col->routes += routes;
+}
+
 void ds4_imcol_end_prompt(ds4_imcol *col) { col->prompts++; }
+
+int32_t ds4_imcol_prompts(const ds4_imcol *col) { return col->prompts; }
 
 uint64_t ds4_imcol_routes(const ds4_imcol *col) { return col->routes; }
 
@@ -101,5 +116,90 @@ int ds4_imcol_save(const ds4_imcol *col, const char *path, const char *dataset, 
 done:
     ds4_imatrix_free(im);
     free(specs);
+    return rc;
+}
+
+/* ---------------------------------------------------------- checkpoints */
+
+/* Layout (the writing machine's byte order: a checkpoint resumes a run on
+ * the machine that made it): magic, u32 n_layer n_expert n_embd n_ff_exp
+ * ctx, i32 prompts, u64 consumed tokens dataset_bytes routes, then the
+ * double sums of the gate/up inputs and of the down inputs. */
+#define CKPT_MAGIC "DS4IMCK1"
+
+typedef struct ckpt_head {
+    char magic[8];
+    uint32_t n_layer, n_expert, n_embd, n_ff_exp, ctx;
+    int32_t prompts;
+    uint64_t consumed, tokens, dataset_bytes, routes;
+} ckpt_head;
+
+static size_t in_count(const ds4_config *c) { return (size_t)c->n_layer * c->n_expert * c->n_embd; }
+static size_t mid_count(const ds4_config *c) { return (size_t)c->n_layer * c->n_expert * c->n_ff_exp; }
+
+int ds4_imcol_save_state(const ds4_imcol *col, const char *path, const ds4_imcol_progress *p, ds4_err *err) {
+    const ds4_config *c = &col->cfg;
+    ckpt_head h;
+    memset(&h, 0, sizeof(h));
+    memcpy(h.magic, CKPT_MAGIC, 8);
+    h.n_layer = c->n_layer;
+    h.n_expert = c->n_expert;
+    h.n_embd = c->n_embd;
+    h.n_ff_exp = c->n_ff_exp;
+    h.ctx = p->ctx;
+    h.prompts = col->prompts;
+    h.consumed = p->consumed;
+    h.tokens = p->tokens;
+    h.dataset_bytes = p->dataset_bytes;
+    h.routes = col->routes;
+    size_t plen = strlen(path);
+    char *tmp = malloc(plen + 8);
+    if (!tmp) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    snprintf(tmp, plen + 8, "%s.tmp", path);
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        ds4_err_set(err, DS4_EIO, "%s: %s", tmp, strerror(errno));
+        free(tmp);
+        return -1;
+    }
+    bool bad = fwrite(&h, sizeof(h), 1, f) != 1 || fwrite(col->in, sizeof(double), in_count(c), f) != in_count(c) ||
+               fwrite(col->mid, sizeof(double), mid_count(c), f) != mid_count(c);
+    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
+    bad |= fclose(f) != 0;
+    if (bad || rename(tmp, path) != 0) {
+        ds4_err_set(err, DS4_EIO, "%s: write failed: %s", path, strerror(errno));
+        unlink(tmp);
+        free(tmp);
+        return -1;
+    }
+    free(tmp);
+    return 0;
+}
+
+int ds4_imcol_load_state(ds4_imcol *col, const char *path, ds4_imcol_progress *p, ds4_err *err) {
+    const ds4_config *c = &col->cfg;
+    FILE *f = fopen(path, "rb");
+    if (!f) return ds4_err_set(err, errno == ENOENT ? DS4_ENOTFOUND : DS4_EIO, "%s: %s", path, strerror(errno));
+    ckpt_head h;
+    int rc = -1;
+    if (fread(&h, sizeof(h), 1, f) != 1 || memcmp(h.magic, CKPT_MAGIC, 8) != 0) {
+        ds4_err_set(err, DS4_EFORMAT, "%s: not an imatrix checkpoint", path);
+    } else if (h.n_layer != c->n_layer || h.n_expert != c->n_expert || h.n_embd != c->n_embd ||
+               h.n_ff_exp != c->n_ff_exp) {
+        ds4_err_set(err, DS4_EINVAL, "%s: a checkpoint of %u layers x %u experts (%u, %u wide), not this model's %u x %u (%u, %u)",
+                    path, h.n_layer, h.n_expert, h.n_embd, h.n_ff_exp, c->n_layer, c->n_expert, c->n_embd, c->n_ff_exp);
+    } else if (h.prompts < 0 || fread(col->in, sizeof(double), in_count(c), f) != in_count(c) ||
+               fread(col->mid, sizeof(double), mid_count(c), f) != mid_count(c) || fgetc(f) != EOF) {
+        ds4_err_set(err, DS4_EFORMAT, "%s: a checkpoint of the wrong size (truncated?)", path);
+    } else {
+        col->prompts = h.prompts;
+        col->routes = h.routes;
+        p->consumed = h.consumed;
+        p->tokens = h.tokens;
+        p->dataset_bytes = h.dataset_bytes;
+        p->ctx = h.ctx;
+        rc = 0;
+    }
+    fclose(f);
     return rc;
 }

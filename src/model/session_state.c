@@ -70,10 +70,10 @@ static float *alloc_f32(size_t n, bool *ok) {
     return p;
 }
 
-uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx) {
+uint64_t ds4_kv_state_bytes_layers(const ds4_config *cfg, uint32_t ctx, uint32_t first, uint32_t end) {
     uint64_t raw_cap = cfg->sliding_window < ctx ? cfg->sliding_window : ctx;
     uint64_t floats = (uint64_t)ctx + cfg->n_vocab; /* tokens (u32) and logits */
-    for (uint32_t il = 0; il < cfg->n_layer; il++) {
+    for (uint32_t il = first; il < end; il++) {
         uint32_t r = ds4_layer_ratio(cfg, il);
         floats += raw_cap * cfg->head_dim;
         if (r == 0) continue;
@@ -84,6 +84,10 @@ uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx) {
         floats += 2ull * ds4_state_frontier_rows(4) * ds4_state_frontier_width(cfg, 4, true);
     }
     return floats * 4;
+}
+
+uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx) {
+    return ds4_kv_state_bytes_layers(cfg, ctx, 0, cfg->n_layer);
 }
 
 ds4_kv_state *ds4_kv_state_new(const ds4_config *cfg, uint32_t ctx, uint32_t prefill_chunk, ds4_err *err) {

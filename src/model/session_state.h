@@ -74,8 +74,10 @@ void ds4_kv_state_pack_layers(const ds4_kv_state *s, uint32_t first, uint32_t en
 void ds4_kv_state_unpack_layers(ds4_kv_state *s, uint32_t n, uint32_t first, uint32_t end, const void *buf);
 void ds4_kv_state_free(ds4_kv_state *s);
 
-/* Host bytes a state of `ctx` tokens occupies (memory estimates). */
+/* Host bytes a state of `ctx` tokens occupies (memory estimates); of
+ * layers [first, end) only: a pipeline stage's. */
 uint64_t ds4_kv_state_bytes(const ds4_config *cfg, uint32_t ctx);
+uint64_t ds4_kv_state_bytes_layers(const ds4_config *cfg, uint32_t ctx, uint32_t first, uint32_t end);
 
 /* Back to zero tokens: empty rows, frontiers 0 / -inf. */
 void ds4_kv_state_reset(ds4_kv_state *s);

@@ -18,7 +18,7 @@
 #          prefill, decode, device greedy loop: what the kernels test cannot
 #          see); a q2 model with the simulations on (the quantized products
 #          and low-precision paths users run); the Pro-pattern HF golden
-#          (pro-a).  The other HF goldens and the programs end to end stay
+#          (pro-a); the imatrix collection against the CPU's.  The other HF goldens and the programs end to end stay
 #          in emu: the compare already holds the
 #          CUDA backend to the CPU reference, which test_cpu_golden holds
 #          to the golden.
@@ -48,6 +48,8 @@
 #             odd-a, odd-b: shapes no published model has; pro-a: Pro's
 #             pattern scaled down)
 #   steering  directional steering against the CPU (test_cuda.c, cmd_steer)
+#   imatrix   importance-matrix collection against the CPU's (cmd_imatrix;
+#             smoke: no experts in host RAM, a short prompt)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -174,6 +176,16 @@ else
     in_set emu && for g in odd-a odd-b; do step "golden $g" "$TEST" golden "$GOLD/$g.f16.gguf" "$GOLD/$g.golden" 24; done
 fi
 in_set emu gpu && step_unwrapped "programs" sh "$PWD/tests/cuda/apps.sh" "$PWD/$BUILD/bin"
+# Importance-matrix collection (cuda_imatrix.cu) against the CPU's: the
+# same routed pairs, every .dat entry within 2e-4; emu and gpu also with
+# half the routed experts streamed from host RAM.
+if in_set smoke; then
+    step "imatrix tiny f16 (quick)" "$TEST" imatrix "$M-f16.gguf" --prompt 20 --chunk 8 --no-split
+elif in_set emu; then
+    step "imatrix tiny f16" "$TEST" imatrix "$M-f16.gguf"
+else
+    step "imatrix tiny f16" "$TEST" imatrix "$M-f16.gguf" --prompt 120 --chunk 32
+fi
 # Marks and rewinds (cuda_seq.cu): smoke and emu a 17-row step over the
 # 16-row window's ring across a ratio-4 window's end, taken back to its
 # first row and all but its last; gpu every length of 2, 5 and 17 rows at

@@ -56,7 +56,9 @@
  *       (every position), decode steps fed the reference's greedy tokens
  *       and a prefill after them within max |d| <= tol * max |logit| (1e-3)
  *       with the same argmax; the device greedy loop gives the reference's
- *       tokens.  A budget one byte below the least is refused, naming it.
+ *       tokens.  A budget one byte below the least is refused, naming it;
+ *       the reference's expert selection counts (ds4_cuda_expert_counts,
+ *       the profile ds4-bench writes) add up to k a token in every layer.
  *       --quick: none on the GPU (streamed) and the chunks of 5 (CPU) only.
  *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
@@ -104,6 +106,15 @@
  *       draft of one session beside the others' rows (the decoders through
  *       the graph, the draft in a pass of its own), taken back.
  *
+ *   test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]
+ *       importance-matrix collection (ds4_backend_opts.imatrix) on the GPU
+ *       against the CPU's: two prompts (N and N / 2 + 3 random tokens, a
+ *       reset between them) prefilled in chunks of --chunk, the sums read
+ *       back once at the end; the same routed (token, expert) count, and
+ *       every entry of the written .dat within 2e-4 of its largest value
+ *       with the same ncall.  Also with half the routed experts in host RAM
+ *       (streamed to the GPU in prefill) unless --no-split.  Simulations off.
+ *
  * Plain C with its own checks (no test framework), so that it builds
  * wherever the CUDA toolkit does.  Exit status 0 only if every check passed.
  */
@@ -118,7 +129,9 @@
 #include "engine/session.h"
 #include "engine/spec.h"
 #include "format/gguf.h"
+#include "format/imatrix.h"
 #include "model/backends.h"
+#include "model/imatrix_collect.h"
 #include "model/placement.h"
 #include "model/steering.h"
 
@@ -1214,7 +1227,8 @@ static int cmd_steer(int argc, char **argv) {
 static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
                                const ds4_expert_profile *prof, int how, ds4_err *err) {
     ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64,
-                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how};
+                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how,
+                          .count_experts = true}; /* as the reference, whose least budget they are given */
     return ds4_backend_create("cuda", w, &o, err);
 }
 
@@ -1248,8 +1262,10 @@ static int cmd_split(int argc, char **argv) {
         s = s * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (uint32_t)(s >> 33) % V;
     }
-    /* the reference: every expert on the GPU */
-    ds4_backend *ref = make("cuda", w, ctx, 0, no_sim, 64);
+    /* the reference: every expert on the GPU, its selections counted */
+    ds4_backend_opts ro = {.ctx_size = ctx, .no_sim = no_sim, .cuda_graph_ctx = 64, .count_experts = true};
+    ds4_backend *ref = ds4_backend_create("cuda", w, &ro, &err);
+    if (!ref) die("reference", &err);
     ds4_offload_info ri;
     CHECK(ds4_cuda_offload_info(ref, &ri) == 0 && !ri.on, "the reference has every expert on the GPU");
     float *lr = xmalloc((size_t)n * V * 4), *dr = xmalloc((size_t)steps * V * 4), *mr = xmalloc((size_t)more * V * 4);
@@ -1261,6 +1277,20 @@ static int cmd_split(int argc, char **argv) {
         memcpy(dr + (size_t)i * V, ds4_backend_logits(ref), V * 4);
     }
     if (ds4_backend_prefill(ref, toks + n, more, mr, &err)) die("reference prefill after decode", &err);
+    /* every token of every pass chose k experts in every layer */
+    ds4_expert_profile *counted = ds4_expert_profile_new(c->n_layer, c->n_expert, &err);
+    if (!counted || ds4_cuda_expert_counts(ref, counted, &err)) die("expert counts", &err);
+    uint32_t bad_layers = 0;
+    for (uint32_t l = 0; l < c->n_layer; l++) {
+        double sum = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++) sum += counted->use[(size_t)l * c->n_expert + e];
+        bad_layers += sum != (double)(n + steps + more) * c->n_expert_used;
+    }
+    printf("%-34s %u tokens counted, %u layer(s) off\n", "expert selections counted", (unsigned)counted->tokens,
+           bad_layers);
+    CHECK(bad_layers == 0 && counted->tokens == n + steps + more, "expert counts: %u layers off, %u tokens",
+          bad_layers, (unsigned)counted->tokens);
+    ds4_expert_profile_free(counted);
     ds4_backend_free(ref);
     uint64_t fixed = ri.dev_fixed, routed = ri.dev_allocated + 4096 - fixed;
     /* chunks of 5: smaller pass buffers, so less to keep */
@@ -1355,6 +1385,123 @@ static int cmd_split(int argc, char **argv) {
     return 0;
 }
 
+/* The two prompts of cmd_imatrix through a backend collecting into a new
+ * collector, written to path; returns the routed pairs observed. */
+static uint64_t imatrix_collect(const char *name, const ds4_weights *w, const uint32_t *toks, uint32_t n, uint32_t chunk,
+                                uint64_t gpu_mem, const char *path) {
+    ds4_err err = {0};
+    ds4_imcol *col = ds4_imcol_new(&w->cfg, &err);
+    if (!col) die("collector", &err);
+    ds4_backend_opts o = {.ctx_size = n + 8, .prefill_chunk = chunk, .no_sim = true, .cuda_graph_ctx = 64,
+                          .gpu_mem = gpu_mem, .imatrix = col};
+    ds4_backend *b = ds4_backend_create(name, w, &o, &err);
+    if (!b) die(name, &err);
+    if (gpu_mem) {
+        ds4_offload_info bi;
+        CHECK(ds4_cuda_offload_info(b, &bi) == 0 && bi.on && bi.host_experts < bi.total_experts,
+              "the split backend has some experts on each side");
+        printf("%-34s %u of %u experts on the host\n", "placement", bi.host_experts, bi.total_experts);
+    }
+    uint32_t lens[2] = {n, n / 2 + 3};
+    for (int p = 0; p < 2; p++) {
+        ds4_backend_reset(b);
+        if (ds4_backend_prefill(b, toks + (p ? n : 0), lens[p], NULL, &err)) die("imatrix prefill", &err);
+        ds4_imcol_end_prompt(col);
+    }
+    if (ds4_backend_imatrix_flush(b, &err) || ds4_backend_imatrix_flush(b, &err)) die("flush", &err);
+    uint64_t routes = ds4_imcol_routes(col);
+    if (ds4_imcol_save(col, path, "test", &err)) die(path, &err);
+    ds4_backend_free(b);
+    ds4_imcol_free(col);
+    return routes;
+}
+
+/* Every entry of got within tol of want's largest value, same ncall. */
+static void imatrix_compare(const char *what, const char *got_path, const char *want_path, double tol) {
+    ds4_err err = {0};
+    ds4_imatrix *got = ds4_imatrix_load(got_path, &err), *want = got ? ds4_imatrix_load(want_path, &err) : NULL;
+    if (!got || !want) die("imatrix load", &err);
+    CHECK(got->n_entries == want->n_entries && got->n_entries > 0, "%s: %u entries, want %u", what, got->n_entries,
+          want->n_entries);
+    double worst = 0;
+    uint32_t nonzero = 0;
+    for (uint32_t i = 0; i < want->n_entries; i++) {
+        const ds4_imatrix_entry *w = &want->entries[i], *g = ds4_imatrix_find(got, w->name);
+        CHECK(g && g->nval == w->nval && g->ncall == w->ncall, "%s: entry %s missing or of another shape", what, w->name);
+        if (!g || g->nval != w->nval) continue;
+        double amax = 0, dmax = 0;
+        for (uint32_t j = 0; j < w->nval; j++) {
+            if (w->values[j] > amax) amax = w->values[j];
+            double d = fabs((double)g->values[j] - (double)w->values[j]);
+            if (!(d <= dmax)) dmax = d;
+            nonzero += w->values[j] > 0;
+        }
+        double r = amax > 0 ? dmax / amax : dmax;
+        if (!(r <= worst)) worst = r;
+        CHECK(r <= tol, "%s: %s differs by %.3g of its largest value %.3g", what, w->name, r, amax);
+    }
+    printf("%-34s %u entries, %u nonzero values; max |d| = %.3g of an entry's largest\n", what, want->n_entries, nonzero,
+           worst);
+    CHECK(nonzero > 0, "%s: every value is 0", what);
+    ds4_imatrix_free(got);
+    ds4_imatrix_free(want);
+}
+
+static int cmd_imatrix(int argc, char **argv) {
+    if (argc < 1) return 2;
+    const char *path = argv[0];
+    uint32_t n = 40, chunk = 16;
+    bool split = true;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-split")) { split = false; continue; }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--chunk")) chunk = (uint32_t)strtoul(v, NULL, 10);
+        else return 2;
+    }
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(path, &err);
+    if (!w) die(path, &err);
+    uint32_t V = w->cfg.n_vocab, total = n + n / 2 + 3;
+    uint32_t *toks = malloc(total * sizeof(uint32_t));
+    uint64_t s = 4242;
+    for (uint32_t i = 0; i < total; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)((s >> 33) % V);
+    }
+    printf("%s: imatrix collection, prompts of %u and %u tokens, chunks of %u\n", path, n, n / 2 + 3, chunk);
+    uint64_t rc = imatrix_collect("cpu", w, toks, n, chunk, 0, "imx-cpu.dat");
+    uint64_t rg = imatrix_collect("cuda", w, toks, n, chunk, 0, "imx-cuda.dat");
+    printf("%-34s cpu %llu, cuda %llu (want %llu)\n", "routed (token, expert) pairs", (unsigned long long)rc,
+           (unsigned long long)rg, (unsigned long long)total * w->cfg.n_expert_used * w->cfg.n_layer);
+    CHECK(rc == rg && rc == (uint64_t)total * w->cfg.n_expert_used * w->cfg.n_layer, "routed pairs: cpu %llu, cuda %llu",
+          (unsigned long long)rc, (unsigned long long)rg);
+    imatrix_compare("cuda against cpu", "imx-cuda.dat", "imx-cpu.dat", 2e-4);
+    if (split) {
+        /* half the routed bytes on the GPU: the rest streamed in prefill */
+        ds4_imcol *probe = ds4_imcol_new(&w->cfg, &err);
+        ds4_backend_opts o = {.ctx_size = n + 8, .prefill_chunk = chunk, .no_sim = true, .cuda_graph_ctx = 64,
+                              .imatrix = probe};
+        ds4_backend *ref = probe ? ds4_backend_create("cuda", w, &o, &err) : NULL;
+        if (!ref) die("cuda", &err);
+        ds4_offload_info ri;
+        CHECK(ds4_cuda_offload_info(ref, &ri) == 0 && !ri.on, "every expert on the GPU");
+        uint64_t budget = ri.dev_fixed + (ri.dev_allocated - ri.dev_fixed) / 2;
+        ds4_backend_free(ref);
+        ds4_imcol_free(probe);
+        uint64_t rs = imatrix_collect("cuda", w, toks, n, chunk, budget, "imx-split.dat");
+        CHECK(rs == rc, "split: routed pairs %llu, cpu %llu", (unsigned long long)rs, (unsigned long long)rc);
+        imatrix_compare("cuda, half the experts streamed", "imx-split.dat", "imx-cpu.dat", 2e-4);
+    }
+    unlink("imx-cpu.dat");
+    unlink("imx-cuda.dat");
+    unlink("imx-split.dat");
+    free(toks);
+    ds4_weights_close(w);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int rc = 2;
     if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
@@ -1364,6 +1511,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "split")) rc = cmd_split(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
                         "                         [--tol X] [--loose] [--graph-ctx N]\n"
@@ -1373,7 +1521,8 @@ int main(int argc, char **argv) {
                         "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
                         "                       [--quick]\n"
                         "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
-                        "       test_cuda steer MODEL [--prompt N] [--steps N]\n");
+                        "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
+                        "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

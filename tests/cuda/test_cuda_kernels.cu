@@ -1427,8 +1427,8 @@ static void check_alloc_error(void) {
  * followed by the routing launch, for biased top-k and for hash routing;
  * twice each, so the count of blocks done must be back at 0 after a
  * launch.  A plan that routes with more than the router in it is refused. */
-static void check_gemv_route(cudaStream_t st) {
-    const uint32_t n = 512, ne = 256, k = 6, vocab = 5;
+static void check_gemv_route(cudaStream_t st, uint32_t ne) {
+    const uint32_t n = 512, k = 6, vocab = 5;
     wt_pair w;
     act_pair a;
     make_weights(w, DS4_TYPE_F32, n, ne, 1);
@@ -1491,8 +1491,8 @@ static void check_gemv_route(cudaStream_t st) {
             CU(cudaMemcpy(got_l.data(), lg + ne, ne * 4, cudaMemcpyDeviceToHost));
             bool same = got_s == want_s && !memcmp(got_w.data(), want_w.data(), k * 4) &&
                         !memcmp(got_l.data(), want_l.data(), ne * 4);
-            printf("router product routing in its last block (%s, launch %d): %s\n", hashed ? "hash" : "top-k + bias",
-                   round + 1, same ? "the routing launch's bits" : "DIFFERENT");
+            printf("router product of %u experts routing in its last block (%s, launch %d): %s\n", ne,
+                   hashed ? "hash" : "top-k + bias", round + 1, same ? "the routing launch's bits" : "DIFFERENT");
             CHECK(same, "a router product routing in its last block (hash %d, launch %d)", hashed, round + 1);
         }
     }
@@ -1552,7 +1552,8 @@ int main(int argc, char **argv) {
     check_idx_scores(st, true, 1); /* one query */
     check_topk(st);
     check_route(st);
-    check_gemv_route(st);
+    check_gemv_route(st, 256); /* Flash's experts */
+    check_gemv_route(st, 384); /* Pro's: the wide launch */
     CU(cudaDeviceSynchronize());
     if (failures) printf("%d check(s) failed\n", failures);
     else printf("cuda kernels: all passed\n");

@@ -78,7 +78,7 @@ grep -q "a 60-token prompt went in beside 2 decoding sessions" "$dir/par.err" ||
 expect_fail() {
     want=$1; shift
     if "$@" > "$dir/err.txt" 2>&1; then fail "expected failure: $*"; fi
-    grep -q "$want" "$dir/err.txt" || fail "message lacks '$want': $(cat "$dir/err.txt")"
+    grep -q -- "$want" "$dir/err.txt" || fail "message lacks '$want': $(cat "$dir/err.txt")"
 }
 printf 'short' > "$dir/short.txt"
 expect_fail "ctx-max needs" ./ds4-bench -m "$M" --prompt-file "$dir/short.txt" --ctx-start 64 --ctx-max 64
@@ -93,6 +93,11 @@ expect_fail "4 sessions exceed the 3 rows a step holds" ./ds4-bench -m "$M" --pa
 expect_fail "ds4-bench: --prompt-file: cannot open $dir/missing.txt" ./ds4-bench -m "$dir/none.gguf" --prompt-file "$dir/missing.txt"
 expect_fail "ds4-bench: --csv: cannot write $dir/no/x.csv" ./ds4-bench -m "$dir/none.gguf" --csv "$dir/no/x.csv"
 expect_fail "ds4-bench: --tokens-file: cannot open" ./ds4-bench -m "$dir/none.gguf" --tokens-file "$dir/missing.ids"
+expect_fail "--layers needs --synthetic (a slice of a synthetic model) or mpirun" ./ds4-bench -m "$M" --layers 0:4
+expect_fail "--layers 8:61: need A:B with 0 <= A <= B < 61 (the model's layers, inclusive)" ./ds4-bench --synthetic pro-q2 --layers 8:61
+expect_fail "--layers 5:4: need A:B" ./ds4-bench --synthetic flash-q2 --layers 5:4
+expect_fail "--layers 4: need A:B" ./ds4-bench --synthetic flash-q2 --layers 4
+expect_fail "only the cuda backend fills them" ./ds4-bench --synthetic pro-q2 --layers 0:2 --backend cpu
 # MTP: the header's speculative columns, forced acceptance's exact counts
 mtp_cols=mtp_draft,mtp_forced,step_ms,verify_ms,verify_ratio,draft_ms,mtp_tps,tokens_per_verify,accept_rate,proj_tps_a08
 for draft in 1 3; do

@@ -9,7 +9,7 @@
 #     each resumes in the other with the uninterrupted run's logits;
 #  3. a rank killed mid-decode ends the others inside 10 s with a message
 #     naming it (mpirun's default, and --enable-recovery, where the
-#     pipeline's heartbeats find it);
+#     pipeline's heartbeats find it: a worker, or rank 0);
 #  4. a rank started with another model file (another shape; the same
 #     shape with other weights) and bad --layers are refused at start,
 #     naming the difference;
@@ -110,34 +110,36 @@ cmp "$T/want.f32" "$T/r0.f32" || fail "a 3-rank snapshot resumed by one process 
 echo "ok: snapshots resume across 1, 2 and 3 ranks with the uninterrupted run's logits"
 
 # a rank killed mid-decode: the others end inside 10 s, the rank named
-kill_test() { # kill_test MODE [MPIRUN-OPTION]
-    mode=$1; shift
+kill_test() { # kill_test MODE RANK [MPIRUN-OPTION]
+    mode=$1; victim=$2; shift 2
     # shellcheck disable=SC2086
     $MPIRUN "$@" -np 3 $BIN $MODEL --random 30000 -c 30001 --decode --top 0 -t 1 > "$T/kill.out" 2>&1 &
     job=$!
     i=0
-    while ! grep -q "pipeline stage 1" "$T/kill.out" 2>/dev/null; do
+    while ! grep -q "pipeline stage 2" "$T/kill.out" 2>/dev/null; do
         i=$((i + 1)); [ $i -lt 300 ] || fail "$mode: the pipeline did not start: $(cat "$T/kill.out")"; sleep 0.1
     done
     sleep 1
-    pid=$(sed -n 's/.*stage 1: .*(pid \([0-9]*\) on.*/\1/p' "$T/kill.out")
-    [ -n "$pid" ] || fail "$mode: no pid for rank 1: $(cat "$T/kill.out")"
+    pid=$(sed -n "s/.*stage $victim: .*(pid \([0-9]*\) on.*/\1/p" "$T/kill.out")
+    [ -n "$pid" ] || fail "$mode: no pid for rank $victim: $(cat "$T/kill.out")"
     t0=$(date +%s%N)
     kill -9 "$pid"
     i=0
     while kill -0 $job 2>/dev/null; do
-        i=$((i + 1)); [ $i -lt 150 ] || { kill $job; fail "$mode: the job still runs 15 s after rank 1 died"; }
+        i=$((i + 1)); [ $i -lt 150 ] || { kill $job; fail "$mode: the job still runs 15 s after rank $victim died"; }
         sleep 0.1
     done
     wait $job
     ms=$((($(date +%s%N) - t0) / 1000000))
     [ $ms -lt 10000 ] || fail "$mode: the others took $ms ms to stop"
-    grep -q "rank 1" "$T/kill.out" || fail "$mode: no message names rank 1: $(cat "$T/kill.out")"
-    echo "ok: $mode: rank 1 killed mid-decode, every rank ended in $ms ms: $(grep -m1 -E "rank 1 .*(signal|sent nothing)" "$T/kill.out")"
+    grep -q "rank $victim" "$T/kill.out" || fail "$mode: no message names rank $victim: $(cat "$T/kill.out")"
+    echo "ok: $mode: rank $victim killed mid-decode, every rank ended in $ms ms: $(grep -m1 -E "rank $victim .*(signal|sent nothing)" "$T/kill.out")"
 }
-kill_test "mpirun's default"
-kill_test "--enable-recovery" --enable-recovery
+kill_test "mpirun's default" 1
+kill_test "--enable-recovery" 1 --enable-recovery
 grep -q "rank 2: stopping: rank 1 .* sent nothing" "$T/kill.out" || fail "rank 2 did not say why it stopped: $(cat "$T/kill.out")"
+kill_test "--enable-recovery, rank 0" 0 --enable-recovery
+grep -q "rank [12]: stopping: rank 0 .* sent nothing" "$T/kill.out" || fail "the workers did not say why they stopped: $(cat "$T/kill.out")"
 
 # refusals at start
 refused() { # refused NEEDLE MPIRUN-ARGS...
@@ -164,10 +166,13 @@ CHAT=$T/chat.gguf
 ./ds4-mkmodel --preset tiny --recipe q8_0 --tokenizer "$(suite_tokenizer)" --seed 11 -q -o "$CHAT" || fail "mkmodel"
 export NO_COLOR=1
 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-1.txt" 2>/dev/null || fail "ds4 alone"
-$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
+$MPIRUN -np 3 ./ds4 -m "$CHAT" -p "hello there" -n 12 --temp 0 -t 1 --warm-weights > "$T/ds4-3.txt" 2> "$T/ds4-3.err" ||
     fail "ds4 under mpirun: $(cat "$T/ds4-3.err")"
 cmp "$T/ds4-1.txt" "$T/ds4-3.txt" || fail "ds4 on 3 ranks writes another text: $(cat "$T/ds4-1.txt" "$T/ds4-3.txt")"
 echo "ok: ds4 on 3 ranks writes one process's text"
+# --warm-weights: each rank reads its own stage in, together the whole model's tensors
+[ "$(grep -c "ds4: warmed" "$T/ds4-3.err")" = 3 ] || fail "not every rank warmed its stage: $(cat "$T/ds4-3.err")"
+echo "ok: --warm-weights on 3 ranks: $(grep "ds4: warmed" "$T/ds4-3.err" | sed 's/ in .*//; s/ds4: warmed //' | tr '\n' ' ')"
 
 port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
 $MPIRUN --enable-recovery -np 2 ./ds4-server -m "$CHAT" --port "$port" -t 1 -c 4096 > "$T/srv.out" 2>&1 &

@@ -13,7 +13,7 @@
  *    compressor on layer 0), and a tiny checkpoint of its pattern (ratio
  *    128 on layers 0-1, one head an output group, routed scale 2.5)
  *    converted by ds4-quantize into a model that loads with those shapes
- *    and runs.
+ *    and runs, spliced (ds4-splice) and scored (ds4-score).
  *  - Names follow docs/MODEL.md 2.6 for the full Flash layout; config.json
  *    maps to the expected ds4_config and bad files are refused clearly;
  *    missing, mistyped and misshapen sources give errors naming them.
@@ -331,6 +331,34 @@ static void test_pro_layout(void **state) {
         if (!isfinite(lg[v])) fail_msg("logit %u is %g", v, lg[v]);
     ds4_backend_free(b);
     ds4_weights_close(w);
+
+    /* The splicer and the scorer on it: layers 0-1's experts from a q2
+     * conversion, then scored on a case of token ids. */
+    char q2[1100], spliced[1100], out[1100];
+    snprintf(q2, sizeof(q2), "%s/pro-q2.gguf", dir);
+    snprintf(spliced, sizeof(spliced), "%s/pro-spliced.gguf", dir);
+    if (run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --quiet", dir, q2) != 0 ||
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", path, q2, spliced) != 0)
+        fail_msg("%s", log);
+    w = ds4_weights_open(spliced, &err);
+    if (!w) fail_msg("%s", err.msg);
+    assert_int_equal(w->layers[0].gate_exps.type, DS4_TYPE_IQ2_XXS);
+    assert_int_equal(w->layers[2].gate_exps.type, DS4_TYPE_Q8_0);
+    ds4_weights_close(w);
+    snprintf(out, sizeof(out), "%s/p.txt", dir);
+    FILE *f = fopen(out, "w");
+    for (uint32_t i = 0; i < 140; i++) fprintf(f, "%u ", toks[i]);
+    fclose(f);
+    snprintf(out, sizeof(out), "%s/t.txt", dir);
+    f = fopen(out, "w");
+    fprintf(f, "5 9 200\n");
+    fclose(f);
+    snprintf(out, sizeof(out), "%s/manifest.tsv", dir);
+    f = fopen(out, "w");
+    fprintf(f, "case1\tp.txt\tt.txt\n");
+    fclose(f);
+    if (run_capture(log, sizeof(log), "./ds4-score %s %s %s/scores.tsv 512 -t 2 --token-ids", spliced, out, dir) != 0)
+        fail_msg("ds4-score: %s", log);
     st_rmdir(dir);
     free(dir);
 }

@@ -143,7 +143,7 @@ static void test_cli_errors(void **state) {
     in_dir(out, "err.dat");
     st_write_file(in_dir(path, "text.txt"), "===== DS4_IMATRIX_PROMPT 1\nhello world\n", 39);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
-    assert_contains(log, "text.txt: prompt 1: prompt is text, but the model has no tokenizer metadata");
+    assert_contains(log, "text.txt:2: prompt 1: prompt is text, but the model has no tokenizer metadata");
     st_write_file(path, "===== DS4_IMATRIX_PROMPT 1\n1 2 900\n", 35);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
     assert_contains(log, "token id outside the vocabulary (512)");

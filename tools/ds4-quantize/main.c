@@ -58,7 +58,7 @@ static int override_option(void *ctx, const char *v, ds4_err *err) {
 }
 
 static const char ABOUT[] =
-    "Convert the official DeepSeek V4 Flash safetensors checkpoint (DIR with config.json and\n"
+    "Convert an official DeepSeek V4 safetensors checkpoint, Flash or Pro (DIR with config.json and\n"
     "model.safetensors.index.json) into a ds4 GGUF.\n"
     "\n"
     "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type); case, '-' and '_' do\n"
@@ -87,7 +87,8 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         {DS4_OPT_STR("--tokenizer-gguf", "FILE", &o->tokenizer_gguf, NULL,
                      "copy tokenizer.* metadata from this GGUF instead"),
          .flags = DS4_OPT_IN},
-        {DS4_OPT_STR("--name", "TEXT", &o->name, "DeepSeek V4 Flash", "general.name")},
+        {DS4_OPT_STR("--name", "TEXT", &o->name, NULL, "general.name"),
+         .def_text = "the published model's name (DeepSeek V4 Flash / Pro), else DeepSeek V4"},
 
         {DS4_OPT_SECTION("storage types (TYPE below):")},
         {DS4_OPT_CALL("--experts, --routed", "TYPE", experts_option, raw, "all routed experts")},
@@ -287,8 +288,9 @@ static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
 /* The main file's metadata, or (mtp) the MTP block's: its model's shape
  * keys (what the loader checks it against), no tokenizer. */
 static int write_metadata(qz_job *j, ds4_gguf_writer *w, bool mtp, ds4_err *err) {
+    const char *known = ds4_config_name(&j->hc.cfg);
     char name[300];
-    snprintf(name, sizeof(name), "%s%s", j->o->name, mtp ? " MTP" : "");
+    snprintf(name, sizeof(name), "%s%s", j->o->name ? j->o->name : known ? known : "DeepSeek V4", mtp ? " MTP" : "");
     int rc = ds4_gguf_w_str(w, "general.architecture", "deepseek4");
     rc |= ds4_gguf_w_str(w, "general.name", name);
     rc |= ds4_gguf_w_u32(w, "general.quantization_version", 2);

@@ -81,7 +81,7 @@ typedef struct cpu_layer {
     uint32_t ratio;           /* compression ratio: 0, 4 or 128 */
     bool hash;                /* hash-routed experts */
     float clamp;              /* SwiGLU clamp */
-    bool observe;             /* its experts go to the expert observer (the main model's) */
+    bool observe;             /* its experts go to the imatrix collector (the main model's) */
     bool steer;               /* directional steering applies (the main model's layers) */
 } cpu_layer;
 

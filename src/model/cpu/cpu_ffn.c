@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "model/cpu/cpu.h"
+#include "model/imatrix_collect.h"
 
 /* prob_e = sqrt(softplus(router_e . xn)) for every token. */
 static void route_probs(cpu_backend *b, const ds4_layer_weights *w, uint32_t T) {
@@ -85,7 +86,7 @@ static void run_expert(cpu_backend *b, const cpu_layer *L, uint32_t e, uint32_t 
         const float *u = b->eu + (size_t)r * F;
         for (uint32_t f = 0; f < F; f++) g[f] = cpu_swiglu(g[f], u[f], limit) * weight;
     }
-    if (L->observe && b->base.opts.expert_observer) b->base.opts.expert_observer(b->base.opts.observer_ctx, L->jl, e, m, b->gath, b->eg);
+    if (L->observe && b->base.opts.imatrix) ds4_imcol_expert(b->base.opts.imatrix, L->jl, e, m, b->gath, b->eg);
     cpu_matmul(b, &w->down_exps, e, 0, D, b->eg, F, m, b->gath, D);
     for (uint32_t r = 0; r < m; r++)
         memcpy(b->exp_out + (size_t)b->gath_t[r] * D, b->gath + (size_t)r * D, D * sizeof(float));

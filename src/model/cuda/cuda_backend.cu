@@ -118,7 +118,9 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->selw, C * k);
     TAKE(m, b->eg, C * k * F);
     TAKE(m, b->eu, C * k * F);
-    take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k), layer_forms(b, &dlayer::down_exps, NULL));
+    /* collecting an imatrix: also the f32 rows (cuda_imatrix.cu reads them) */
+    take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k),
+             layer_forms(b, &dlayer::down_exps, NULL) | (b->base.opts.imatrix ? ACT_F : 0));
     TAKE(m, b->sg, C * F);
     TAKE(m, b->su, C * F);
     take_act(m, &b->smid, (uint32_t)F, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
@@ -133,6 +135,12 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->grp_tile_start, max_tiles);
     TAKE(m, b->grp_tile_count, max_tiles);
     TAKE(m, b->grp_ntiles, 1);
+    if (b->base.opts.imatrix) {
+        size_t mid_n, routes_n, in_n = cu_imatrix_floats(c, &mid_n, &routes_n);
+        TAKE(m, b->imx_in, in_n);
+        TAKE(m, b->imx_mid, mid_n);
+        TAKE(m, b->imx_routes, routes_n);
+    }
     take_act(m, &b->hz, c->n_embd, b->chunk, ACT_F | cu_act_form(b->W.output.type));
     TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
     TAKE(m, b->argmax_part, 128);
@@ -765,6 +773,12 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     if (b->expert_count) CU_TRY(cudaMemset(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t)));
+    if (b->imx_in) {
+        size_t mid_n, routes_n, in_n = cu_imatrix_floats(c, &mid_n, &routes_n);
+        CU_TRY(cudaMemset(b->imx_in, 0, in_n * sizeof(double)));
+        CU_TRY(cudaMemset(b->imx_mid, 0, mid_n * sizeof(double)));
+        CU_TRY(cudaMemset(b->imx_routes, 0, routes_n * sizeof(uint64_t)));
+    }
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     for (uint32_t i = 0; i < CU_LANES; i++)
         CU_TRY(cudaMemset(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
@@ -813,6 +827,8 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     }
     ds4_backend_opts o = opts ? *opts : ds4_backend_opts{};
     if (o.prefill_chunk == 0) o.prefill_chunk = 2048;
+    /* an imatrix needs every routed row on the GPU: host experts are streamed */
+    if (o.imatrix) o.host_experts = DS4_HOST_STREAM;
     b->base.ops = &cuda_ops;
     b->base.w = w;
     b->main_seq.base.owner = &b->base;

@@ -391,6 +391,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (gpu && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
         if (mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err)) return -1;
         if (stream && cu_offload_stream(b, il, T, err)) return -1;
+        if (cu_imatrix_sum(b, il, T, err)) return -1;
     }
     bool cpu = host && !stream;
     if (cpu && cu_offload_join(b, err)) return -1;

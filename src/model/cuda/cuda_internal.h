@@ -30,6 +30,7 @@
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
  *   cuda_backend.cu  the ds4_backend: sequences' state, chunks, graphs, snapshots
  *   cuda_seq.cu      steps over rows of several sequences, marks and rewinds
+ *   cuda_offload.cu  routed experts in host RAM: placement, the host branch (cuda_offload.h)
  *
  * Repacked weight rows (same bytes as the GGUF block formats, regrouped so
  * that the quant bytes of a row are contiguous and 16-byte aligned):
@@ -212,10 +213,12 @@ typedef struct gemv_plan {
 
 /* Whether plan p can route k of n_expert experts in its last block: it is
  * the router alone, a block a row (the float rows' split path), and a
- * warp holds every expert (route_token<8>: 8 a lane). */
+ * warp holds every expert (route_token<8>: 8 a lane, Flash's 256; a launch
+ * of its own, route_token<16>, up to 512: Pro's 384). */
 #define GEMV_ROUTE_MAX_EXPERTS 256
+#define GEMV_ROUTE_MAX_EXPERTS_WIDE 512
 static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint32_t k) {
-    return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS && k <= 32;
+    return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS_WIDE && k <= 32;
 }
 
 /* The blocks of each of p's segments when all have as many, else 0:
@@ -433,6 +436,10 @@ typedef struct cuda_backend {
     uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
     float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
+    /* the importance-matrix sums (ds4_backend_opts.imatrix; cuda_imatrix.cu),
+     * NULL without: n_layer x n_expert x n_embd, x n_ff_exp, routed entries */
+    double *imx_in, *imx_mid;
+    uint64_t *imx_routes;
     void *buf_block;
 
     /* The captured decode step, once for each of a few context sizes and
@@ -758,7 +765,7 @@ bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
 int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
 /* Makes the router product of plan p (a decode step's: one token) route
- * in its last block, if it can (a block a row, at most 256 experts):
+ * in its last block, if it can (a block a row, at most 512 experts):
  * true if so, and then no routing launch follows it. */
 bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p);
 /* The T tokens' entries grouped by sel (expert, or device slot: negative
@@ -771,6 +778,13 @@ enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
               ds4_err *err);
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
+
+/* cuda_imatrix.cu: layer il's routed-expert inputs of a prefill pass of T
+ * tokens added to the device sums (after its routed products; nothing
+ * without a collector), and the sizes of those sums (in doubles; mid and
+ * the routed entries' counters through the pointers). */
+int cu_imatrix_sum(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+size_t cu_imatrix_floats(const ds4_config *c, size_t *mid, size_t *routes);
 /* d_step's fields that cu_set_step sets (a set of them): the position,
  * the token, the fold (to the position given). */
 enum { STEP_POS = 1, STEP_TOKEN = 2, STEP_FOLD = 4 };

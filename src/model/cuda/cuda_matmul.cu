@@ -564,6 +564,8 @@ enum {
     GM_LIGHT = GM_Q8_0 | GM_FLOAT,
     GM_ALL = 31,
     GM_Q8OUT = 32, /* Q8_0 rows whose outputs are quantized too (a launch of its own: the epilogue's registers) */
+    GM_ROUTE_WIDE = 64, /* a router product of more than 256 experts routing in its last block (a launch of
+                         * its own: the 16 experts a lane take registers the others need not reserve) */
 };
 
 static uint32_t gemv_type_bit(uint32_t type) {
@@ -665,7 +667,7 @@ static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32
  * half the warps of an SM) for the light types and Q2_K / Q4_K, 3 with the
  * IQ2_XXS decoding, 2 for the quantized output (its 256 blocks fit, with
  * the registers of its pipelined walk). */
-#define GEMV_MIN_BLOCKS(M) ((M) & GM_Q8OUT ? 2 : (M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
+#define GEMV_MIN_BLOCKS(M) ((M) & (GM_Q8OUT | GM_ROUTE_WIDE) ? 2 : (M) & (GM_Q2_K | GM_Q4_K | GM_IQ2_XXS) ? 3 : 4)
 
 template <unsigned M>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
@@ -689,7 +691,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
         /* the router's (cu_gemv_route): its last block loads the bias
          * and routes, one warp, as the routing launch would */
         if (p.route.count && dev_last_block(p.route.count, p.n_blocks) && warp == 0) {
-            constexpr int PER = GEMV_ROUTE_MAX_EXPERTS / 32;
+            constexpr int PER = ((M & GM_ROUTE_WIDE) ? GEMV_ROUTE_MAX_EXPERTS_WIDE : GEMV_ROUTE_MAX_EXPERTS) / 32;
             float bias[PER];
             route_load_bias<PER>(p.route.in, bias);
             route_token<PER>(p.route.in, 0, p.route.sel, p.route.selw, bias);
@@ -1067,6 +1069,10 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         if (mask != GM_Q8OUT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product quantizing its outputs mixed with others");
         DS4_LAUNCH(gemv_kernel<GM_Q8OUT | GM_Q8_0>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    } else if (p->route.count && p->route.in.n_expert > GEMV_ROUTE_MAX_EXPERTS) {
+        if ((mask | GM_LIGHT) != GM_LIGHT)
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a routing router product of quantized rows");
+        DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_ROUTE_WIDE>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);

@@ -338,10 +338,13 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
     if (!o->xact_g || !o->xact_u || !o->mact || !o->eg || !o->eu || !o->dout)
         return ds4_err_set(err, DS4_ENOMEM, "out of memory (host scratch of the host experts)");
     if (w->synthetic && synth_host(o, w, err)) return -1;
-    CU_TRY(cudaMallocHost(&o->h_x, C * D * sizeof(float)));
-    CU_TRY(cudaMallocHost(&o->h_sel, NE * sizeof(int)));
-    CU_TRY(cudaMallocHost(&o->h_selw, NE * sizeof(float)));
-    CU_TRY(cudaMallocHost(&o->h_out, NE * D * sizeof(float)));
+    /* mapped: the hand-off launch writes the first three and the HC post
+     * reads the last where they are (the same address on the device) */
+    const unsigned mapped = cudaHostAllocMapped | cudaHostAllocPortable;
+    CU_TRY(cudaHostAlloc(&o->h_x, C * D * sizeof(float), mapped));
+    CU_TRY(cudaHostAlloc(&o->h_sel, NE * sizeof(int), mapped));
+    CU_TRY(cudaHostAlloc(&o->h_selw, NE * sizeof(float), mapped));
+    CU_TRY(cudaHostAlloc(&o->h_out, NE * D * sizeof(float), mapped));
     CU_TRY(cudaStreamCreateWithFlags(&o->hs, cudaStreamNonBlocking));
     CU_TRY(cudaEventCreateWithFlags(&o->ev_route, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&o->ev_host, cudaEventDisableTiming));
@@ -621,7 +624,7 @@ static int calibrate(cu_offload *o, ds4_err *err) {
     }
     fprintf(stderr,
             "ds4: host experts: %d CPU threads, %.0f us a (token, expert); PCIe %.1f GB/s, %.0f us an expert: a "
-            "prefill chunk streams a layer's host experts to the GPU when they serve about %.1f tokens each\n",
+            "prefill chunk streams a layer's host experts to the GPU when they serve more than %.2f tokens each\n",
             ds4_pool_size(o->pool), o->sec_per_entry * 1e6, o->pcie_bw / 1e9, (double)expert / o->pcie_bw * 1e6,
             (double)expert / o->pcie_bw / (o->sec_per_entry > 0 ? o->sec_per_entry : 1e-9));
     return 0;

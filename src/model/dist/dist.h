@@ -20,11 +20,14 @@
  *   rank r -> rank r + 1   a step's residuals: n_hc x n_embd per row (the
  *                          mHC streams), f32, or f16 / bf16 (--pipe-dtype)
  *   last rank -> rank 0    the logits of the rows that need them (the
- *                          rows asking, and each sequence's last row)
+ *                          rows asking, and each sequence's last row), or
+ *                          only their argmax in greedy decoding
  *   rank r -> rank 0       a snapshot's layer slice; rank 0 -> r a restore's
  * A prefill goes in chunks with several in flight, so the stages work on
- * consecutive chunks at once; a decode step is one hop a stage and the
- * logits' way back.
+ * consecutive chunks at once; a step of several sequences goes as one
+ * micro-step a stage; a decode step is one hop a stage and the logits'
+ * way back.  The programs do not link MPI: Open MPI's library is loaded
+ * when mpirun starts them (dist_mpi.c).
  *
  * Faults: a thread on every rank exchanges heartbeats with rank 0 (a
  * second communicator).  A rank silent for the timeout (--pipe-timeout,
@@ -55,6 +58,11 @@ typedef struct ds4_dist_opts {
     const char *layers;     /* this rank's layers "A:B" (inclusive) or "A:output"; NULL: split by memory */
     const char *dtype;      /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
     float timeout_s;        /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
+    /* --warm-weights on a rank after the first: read its stage's tensors
+     * in before serving (the program's reader, engine/startup.h:
+     * ds4_startup_warm_stage); NULL: no. 0 on success. */
+    int (*warm)(void *ctx, const ds4_weights *w, uint32_t first, uint32_t end);
+    void *warm_ctx;
 } ds4_dist_opts;
 
 typedef struct ds4_dist ds4_dist;
@@ -91,6 +99,10 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
 /* The pipeline's failure, when it has one: the message naming the rank
  * and the cause (the server answers 503 with it). */
 bool ds4_dist_failed(const ds4_dist *d, ds4_err *err);
+
+/* Whether mpirun started this process (its launcher's variables are in the
+ * environment): a program's --layers then names this rank's stage. */
+bool ds4_dist_launched(void);
 
 /* Leave the job: rank 0 tells the others to end.  After a failure the
  * ranks that are left are stopped instead of waited for. */

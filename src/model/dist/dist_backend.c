@@ -9,6 +9,7 @@
  * slot is needed again, so DS4_DIST_IN_FLIGHT chunks move down the
  * pipeline together while rank 0 computes the next.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -70,12 +71,12 @@ static int send_cmd(dist_backend *b, const dist_cmd *c, bool ack, ds4_err *err) 
     ds4_dist *d = b->d;
     if (ds4_dist_failed(d, err)) return -1;
     MPI_Request rq[DIST_MAX_RANKS];
-    for (int r = 1; r < d->size; r++) MPI_Isend(c, sizeof(*c), MPI_BYTE, r, TAG_CMD, d->comm, &rq[r - 1]);
+    for (int r = 1; r < d->size; r++) d->mpi.Isend(c, sizeof(*c), d->mpi.byte, r, TAG_CMD, d->comm, &rq[r - 1]);
     if (dist_wait_all(d, rq, d->size - 1, err) != 0) return -1;
     if (!ack) return 0;
     dist_ack *acks = calloc((size_t)d->size, sizeof(dist_ack));
     if (!acks) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    for (int r = 1; r < d->size; r++) MPI_Irecv(&acks[r], sizeof(dist_ack), MPI_BYTE, r, TAG_ACK, d->comm, &rq[r - 1]);
+    for (int r = 1; r < d->size; r++) d->mpi.Irecv(&acks[r], sizeof(dist_ack), d->mpi.byte, r, TAG_ACK, d->comm, &rq[r - 1]);
     int rc = dist_wait_all(d, rq, d->size - 1, err);
     for (int r = 1; rc == 0 && r < d->size; r++)
         if (!acks[r].ok) {
@@ -230,14 +231,14 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     sl->nreq = 0;
     sl->cmd = (dist_cmd){.op = CMD_STEP, .n = n};
     for (int r = 1; r < d->size; r++) { /* the slot's buffers stay until it completes */
-        MPI_Isend(&sl->cmd, sizeof(sl->cmd), MPI_BYTE, r, TAG_CMD, d->comm, &sl->req[sl->nreq++]);
-        MPI_Isend(sl->rows, (int)(n * sizeof(dist_row)), MPI_BYTE, r, TAG_ROWS, d->comm, &sl->req[sl->nreq++]);
+        d->mpi.Isend(&sl->cmd, sizeof(sl->cmd), d->mpi.byte, r, TAG_CMD, d->comm, &sl->req[sl->nreq++]);
+        d->mpi.Isend(sl->rows, (int)(n * sizeof(dist_row)), d->mpi.byte, r, TAG_ROWS, d->comm, &sl->req[sl->nreq++]);
     }
     size_t floats = (size_t)n * b->hcD;
     dist_resid_pack(d, b->resid_f32, sl->resid, floats);
-    MPI_Isend(sl->resid, (int)dist_resid_row_bytes(d, (uint32_t)floats), MPI_BYTE, 1, TAG_RESID, d->comm,
+    d->mpi.Isend(sl->resid, (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, 1, TAG_RESID, d->comm,
               &sl->req[sl->nreq++]);
-    if (sl->nret) MPI_Irecv(sl->ret, (int)sl->nret, MPI_FLOAT, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
+    if (sl->nret) d->mpi.Irecv(sl->ret, (int)sl->nret, d->mpi.flt, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
     return 0;
 }
 
@@ -363,7 +364,7 @@ static int dist_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4
         void *buf = malloc(bytes ? bytes : 1);
         if (!buf) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a snapshot's slice");
         MPI_Request q;
-        MPI_Irecv(buf, (int)(bytes / 4), MPI_FLOAT, r, TAG_SLICE, d->comm, &q);
+        d->mpi.Irecv(buf, (int)(bytes / 4), d->mpi.flt, r, TAG_SLICE, d->comm, &q);
         int rc = dist_wait(d, &q, err);
         if (rc == 0) ds4_kv_state_unpack_layers(out, n, d->first[r], d->end[r], buf);
         free(buf);
@@ -389,8 +390,8 @@ static int dist_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
         if (!buf) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a restore's slice");
         ds4_kv_state_pack_layers(in, d->first[r], d->end[r], buf);
         MPI_Request q[2];
-        MPI_Isend(in->tokens, (int)n, MPI_UINT32_T, r, TAG_TOKENS, d->comm, &q[0]);
-        MPI_Isend(buf, (int)(bytes / 4), MPI_FLOAT, r, TAG_SLICE, d->comm, &q[1]);
+        d->mpi.Isend(in->tokens, (int)n, d->mpi.u32, r, TAG_TOKENS, d->comm, &q[0]);
+        d->mpi.Isend(buf, (int)(bytes / 4), d->mpi.flt, r, TAG_SLICE, d->comm, &q[1]);
         int rc = dist_wait_all(d, q, 2, err);
         free(buf);
         if (rc != 0) return -1;
@@ -463,8 +464,8 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not run the MTP block (--mtp needs one process)");
         return NULL;
     }
-    if (opts && opts->expert_observer) {
-        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not observe experts (the imatrix runs in one process)");
+    if (opts && opts->imatrix) {
+        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not collect an importance matrix (the imatrix runs in one process)");
         return NULL;
     }
     if (opts && (opts->steer || opts->act_observer)) {
@@ -507,6 +508,13 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         return NULL;
     }
     b->base.opts.n_threads = b->local->opts.n_threads;
+    char line[512];
+    size_t o = (size_t)snprintf(line, sizeof(line), "pipeline: a sequence of %u tokens keeps", lo.ctx_size);
+    for (int r = 0; r < d->size && o < sizeof(line); r++)
+        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s %.1f MiB on rank %d", r ? "," : "",
+                              (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) /
+                                  (1u << 20), r);
+    fprintf(stderr, "%s: %s\n", d->prog ? d->prog : "ds4", line);
     if (!(b->base.main = seq_make(b, b->base.opts.ctx_size, true, err))) {
         dist_free(&b->base);
         return NULL;

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "base/clock.h"
+#include "base/instance_lock.h"
 #include "base/fp.h"
 #include "model/dist/dist_internal.h"
 
@@ -25,7 +26,7 @@
 
 /* mpirun (Open MPI, MPICH, PMIx launchers) leaves these in each rank's
  * environment; a process started by hand has none and runs alone. */
-static bool launched_by_mpirun(void) {
+bool ds4_dist_launched(void) {
     const char *vars[] = {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK"};
     for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++)
         if (getenv(vars[i])) return true;
@@ -38,9 +39,8 @@ static bool launched_by_mpirun(void) {
  * the first one's lock. */
 static void own_lock_file(int rank) {
     if (rank == 0) return;
-    const char *base = getenv("DS4_LOCK_FILE");
     char path[4096];
-    snprintf(path, sizeof(path), "%s.rank%d", base && *base ? base : "/tmp/ds4.lock", rank);
+    snprintf(path, sizeof(path), "%s.rank%d", ds4_instance_lock_path(), rank);
     setenv("DS4_LOCK_FILE", path, 1);
 }
 
@@ -56,44 +56,43 @@ static void tcp_buffers(void) {
 
 int ds4_dist_init(ds4_dist **out, ds4_err *err) {
     *out = NULL;
-    if (!launched_by_mpirun()) return 0;
+    if (!ds4_dist_launched()) return 0;
+    dist_mpi m;
+    if (dist_mpi_load(&m, err) != 0) return -1;
     tcp_buffers();
     int provided = 0, inited = 0;
-    MPI_Initialized(&inited);
-    if (!inited && MPI_Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
+    m.Initialized(&inited);
+    if (!inited && m.Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
         return ds4_err_set(err, DS4_EIO, "MPI_Init_thread failed");
-    if (inited) MPI_Query_thread(&provided);
+    if (inited) m.Query_thread(&provided);
     int size = 1, rank = 0;
-    MPI_Comm_size(MPI_COMM_WORLD, &size);
-    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    m.Comm_size(m.comm_world, &size);
+    m.Comm_rank(m.comm_world, &rank);
     if (size == 1) { /* one rank: an ordinary process */
-        MPI_Finalize();
+        m.Finalize();
         return 0;
     }
-    if (provided < MPI_THREAD_MULTIPLE) {
+    ds4_dist *d = NULL;
+    if (provided < MPI_THREAD_MULTIPLE)
         ds4_err_set(err, DS4_EUNSUPPORTED, "this MPI library lacks MPI_THREAD_MULTIPLE (the heartbeat thread needs it)");
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return -1;
-    }
-    if (size > DIST_MAX_RANKS) {
+    else if (size > DIST_MAX_RANKS)
         ds4_err_set(err, DS4_ERANGE, "%d ranks: a pipeline has at most %d", size, DIST_MAX_RANKS);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+    else if (!(d = calloc(1, sizeof(*d))))
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (!d) { /* the other ranks fail alike, or wait: end the job */
+        m.Abort(m.comm_world, 1);
         return -1;
     }
-    ds4_dist *d = calloc(1, sizeof(*d));
-    if (!d) {
-        MPI_Abort(MPI_COMM_WORLD, 1);
-        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    }
+    d->mpi = m;
     d->rank = rank;
     d->size = size;
     d->timeout_s = DS4_DIST_TIMEOUT_DEFAULT;
     pthread_mutex_init(&d->mu, NULL);
-    MPI_Comm_dup(MPI_COMM_WORLD, &d->comm);
-    MPI_Comm_dup(MPI_COMM_WORLD, &d->hb);
+    m.Comm_dup(m.comm_world, &d->comm);
+    m.Comm_dup(m.comm_world, &d->hb);
     /* errors come back as codes (the failure flag says what happened) */
-    MPI_Comm_set_errhandler(d->comm, MPI_ERRORS_RETURN);
-    MPI_Comm_set_errhandler(d->hb, MPI_ERRORS_RETURN);
+    m.Comm_set_errhandler(d->comm, m.errors_return);
+    m.Comm_set_errhandler(d->hb, m.errors_return);
     own_lock_file(rank);
     *out = d;
     return 0;
@@ -126,12 +125,12 @@ static void send_text(ds4_dist *d, int to, int tag, const char *text) {
     snprintf(msg, sizeof(msg), "%s", text);
     MPI_Request r;
     /* a notice to a rank that may be dead: sent and left (it is small) */
-    if (MPI_Isend(msg, DIST_MSG, MPI_CHAR, to, tag, d->hb, &r) == MPI_SUCCESS) {
+    if (d->mpi.Isend(msg, DIST_MSG, d->mpi.chr, to, tag, d->hb, &r) == MPI_SUCCESS) {
         double t0 = ds4_now();
         int done = 0;
-        while (!done && ds4_now() - t0 < 0.5 && MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
+        while (!done && ds4_now() - t0 < 0.5 && d->mpi.Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS)
             if (!done) usleep(1000);
-        if (!done) MPI_Request_free(&r);
+        if (!done) d->mpi.Request_free(&r);
     }
 }
 
@@ -210,7 +209,7 @@ typedef struct beat_state {
 } beat_state;
 
 static void post_rx(ds4_dist *d, beat_state *s) {
-    MPI_Irecv(s->rx_buf, DIST_MSG, MPI_CHAR, MPI_ANY_SOURCE, MPI_ANY_TAG, d->hb, &s->rx);
+    d->mpi.Irecv(s->rx_buf, DIST_MSG, d->mpi.chr, MPI_ANY_SOURCE, MPI_ANY_TAG, d->hb, &s->rx);
 }
 
 /* What came in: a heartbeat, a worker's failure, rank 0's stop. */
@@ -218,7 +217,7 @@ static void receive(ds4_dist *d, beat_state *s, double now) {
     for (;;) {
         int done = 0;
         MPI_Status st;
-        if (MPI_Test(&s->rx, &done, &st) != MPI_SUCCESS || !done) return;
+        if (d->mpi.Test(&s->rx, &done, &st) != MPI_SUCCESS || !done) return;
         int from = st.MPI_SOURCE;
         char name[128], why[1024];
         s->last_seen[from] = now;
@@ -260,7 +259,7 @@ static void *beat_thread(void *arg) {
         return NULL;
     }
     double now = ds4_now();
-    for (int r = 0; r < d->size; r++) s.last_seen[r] = now, s.sends[r] = MPI_REQUEST_NULL;
+    for (int r = 0; r < d->size; r++) s.last_seen[r] = now, s.sends[r] = d->mpi.request_null;
     post_rx(d, &s);
     while (!atomic_load(&d->quit)) {
         now = ds4_now();
@@ -272,8 +271,8 @@ static void *beat_thread(void *arg) {
             for (int r = 0; r < d->size; r++) {
                 if (r == d->rank || (d->rank != 0 && r != 0)) continue;
                 int done = 1;
-                if (s.sends[r] != MPI_REQUEST_NULL) MPI_Test(&s.sends[r], &done, MPI_STATUS_IGNORE);
-                if (done) MPI_Isend(out, DIST_MSG, MPI_CHAR, r, TAG_BEAT, d->hb, &s.sends[r]);
+                if (s.sends[r] != d->mpi.request_null) d->mpi.Test(&s.sends[r], &done, MPI_STATUS_IGNORE);
+                if (done) d->mpi.Isend(out, DIST_MSG, d->mpi.chr, r, TAG_BEAT, d->hb, &s.sends[r]);
             }
         }
         receive(d, &s, now);
@@ -281,10 +280,10 @@ static void *beat_thread(void *arg) {
         usleep(DIST_TICK_US);
     }
     /* the end of the job: nothing more is expected */
-    MPI_Cancel(&s.rx);
-    MPI_Request_free(&s.rx);
+    d->mpi.Cancel(&s.rx);
+    d->mpi.Request_free(&s.rx);
     for (int r = 0; r < d->size; r++)
-        if (s.sends[r] != MPI_REQUEST_NULL) MPI_Request_free(&s.sends[r]);
+        if (s.sends[r] != d->mpi.request_null) d->mpi.Request_free(&s.sends[r]);
     free(s.last_seen);
     free(s.sends);
     free(out);
@@ -314,7 +313,7 @@ int dist_wait_all(ds4_dist *d, MPI_Request *r, int n, ds4_err *err) {
     uint32_t spins = 0;
     for (;;) {
         int done = 0;
-        if (MPI_Testall(n, r, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+        if (d->mpi.Testall(n, r, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
             dist_fail(d, "rank %d: a transfer failed in MPI", d->rank);
             return dist_failure(d, err);
         }
@@ -362,7 +361,7 @@ void ds4_dist_end(ds4_dist *d) {
     if (d->rank == 0 && d->planned && !failed) {
         dist_cmd c = {.op = CMD_END};
         MPI_Request rq[DIST_MAX_RANKS];
-        for (int r = 1; r < d->size; r++) MPI_Isend(&c, sizeof(c), MPI_BYTE, r, TAG_CMD, d->comm, &rq[r - 1]);
+        for (int r = 1; r < d->size; r++) d->mpi.Isend(&c, sizeof(c), d->mpi.byte, r, TAG_CMD, d->comm, &rq[r - 1]);
         failed = dist_wait_all(d, rq, d->size - 1, NULL) != 0;
     }
     dist_beat_stop(d);
@@ -370,11 +369,11 @@ void ds4_dist_end(ds4_dist *d) {
     if (failed) {
         /* the ranks that are left are not waited for: MPI_Finalize would */
         fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        d->mpi.Abort(d->mpi.comm_world, 1);
     } else {
-        MPI_Comm_free(&d->comm);
-        MPI_Comm_free(&d->hb);
-        MPI_Finalize();
+        d->mpi.Comm_free(&d->comm);
+        d->mpi.Comm_free(&d->hb);
+        d->mpi.Finalize();
     }
     pthread_mutex_destroy(&d->mu);
     free(d->peers);

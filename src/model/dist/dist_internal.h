@@ -2,6 +2,7 @@
  * dist_internal.h - the pipeline's internals (see dist.h): the job, the
  * messages between ranks, and the waits that end when a rank fails.
  *
+ *   dist_mpi.c      Open MPI loaded at run time
  *   dist_comm.c     joining the job, heartbeats and failures, waits
  *   dist_plan.c     model comparison and the split into stages
  *   dist_backend.c  rank 0's ds4_backend: the pipeline driven
@@ -89,7 +90,39 @@ typedef struct dist_peer {
     uint64_t mem_bytes;      /* memory available to it */
 } dist_peer;
 
+/* Open MPI's entry points and predefined handles, loaded at run time
+ * (dist_mpi.c): the programs do not link libmpi. */
+typedef struct dist_mpi {
+    void *lib;
+    int (*Init_thread)(int *, char ***, int, int *);
+    int (*Initialized)(int *);
+    int (*Query_thread)(int *);
+    int (*Finalize)(void);
+    int (*Abort)(MPI_Comm, int);
+    int (*Comm_size)(MPI_Comm, int *);
+    int (*Comm_rank)(MPI_Comm, int *);
+    int (*Comm_dup)(MPI_Comm, MPI_Comm *);
+    int (*Comm_free)(MPI_Comm *);
+    int (*Comm_set_errhandler)(MPI_Comm, MPI_Errhandler);
+    int (*Isend)(const void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
+    int (*Irecv)(void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
+    int (*Test)(MPI_Request *, int *, MPI_Status *);
+    int (*Testall)(int, MPI_Request *, int *, MPI_Status *);
+    int (*Cancel)(MPI_Request *);
+    int (*Request_free)(MPI_Request *);
+    int (*Allgather)(const void *, int, MPI_Datatype, void *, int, MPI_Datatype, MPI_Comm);
+    int (*Bcast)(void *, int, MPI_Datatype, int, MPI_Comm);
+    MPI_Comm comm_world;
+    MPI_Datatype byte, chr, flt, u32;
+    MPI_Request request_null;
+    MPI_Errhandler errors_return;
+} dist_mpi;
+
+/* Load Open MPI's libmpi.so.40 (an error says why it cannot be). */
+int dist_mpi_load(dist_mpi *m, ds4_err *err);
+
 struct ds4_dist {
+    dist_mpi mpi;
     int rank, size;
     MPI_Comm comm;           /* commands and data */
     MPI_Comm hb;             /* heartbeats and failures */

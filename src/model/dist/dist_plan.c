@@ -272,9 +272,9 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
     describe_self(w, o, &me);
     /* the start is collective and blocking: every rank is there, or mpirun
      * ends the job when one does not start */
-    MPI_Allgather(&me, sizeof(me), MPI_BYTE, d->peers, sizeof(me), MPI_BYTE, d->comm);
+    d->mpi.Allgather(&me, sizeof(me), d->mpi.byte, d->peers, sizeof(me), d->mpi.byte, d->comm);
     if (d->rank == 0) decide(d, w, o, dec);
-    MPI_Bcast(dec, sizeof(*dec), MPI_BYTE, 0, d->comm);
+    d->mpi.Bcast(dec, sizeof(*dec), d->mpi.byte, 0, d->comm);
     if (!dec->ok) {
         ds4_err_set(err, DS4_EINVAL, "pipeline: %s", dec->msg);
         free(dec);

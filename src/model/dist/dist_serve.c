@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/instance_lock.h"
 #include "base/rank.h"
 #include "model/backends.h"
 #include "model/dist/dist_internal.h"
@@ -39,7 +40,7 @@ typedef struct server {
 
 static int recv_from(server *s, void *buf, int count, MPI_Datatype t, int from, int tag, ds4_err *err) {
     MPI_Request q;
-    MPI_Irecv(buf, count, t, from, tag, s->d->comm, &q);
+    s->d->mpi.Irecv(buf, count, t, from, tag, s->d->comm, &q);
     return dist_wait(s->d, &q, err);
 }
 
@@ -47,13 +48,13 @@ static int send_ack(server *s, const ds4_err *failure) {
     dist_ack a = {.ok = failure == NULL};
     if (failure) snprintf(a.msg, sizeof(a.msg), "%s", ds4_err_msg(failure));
     MPI_Request q;
-    MPI_Isend(&a, sizeof(a), MPI_BYTE, 0, TAG_ACK, s->d->comm, &q);
+    s->d->mpi.Isend(&a, sizeof(a), s->d->mpi.byte, 0, TAG_ACK, s->d->comm, &q);
     return dist_wait(s->d, &q, NULL);
 }
 
 static int wait_outputs(server *s, ds4_err *err) {
     for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++)
-        if (s->out_req[i] != MPI_REQUEST_NULL && dist_wait(s->d, &s->out_req[i], err) != 0) return -1;
+        if (s->out_req[i] != s->d->mpi.request_null && dist_wait(s->d, &s->out_req[i], err) != 0) return -1;
     return 0;
 }
 
@@ -123,9 +124,9 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
     ds4_dist *d = s->d;
     uint32_t n = c->n;
     if (!s->b || n == 0 || n > s->chunk) return ds4_err_set(err, DS4_EINVAL, "a step of %u rows", n);
-    if (recv_from(s, s->rows, (int)(n * sizeof(dist_row)), MPI_BYTE, 0, TAG_ROWS, err) != 0) return -1;
+    if (recv_from(s, s->rows, (int)(n * sizeof(dist_row)), d->mpi.byte, 0, TAG_ROWS, err) != 0) return -1;
     size_t floats = (size_t)n * s->hcD;
-    if (recv_from(s, s->in_raw, (int)dist_resid_row_bytes(d, (uint32_t)floats), MPI_BYTE, d->rank - 1, TAG_RESID,
+    if (recv_from(s, s->in_raw, (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, d->rank - 1, TAG_RESID,
                   err) != 0)
         return -1;
     dist_resid_unpack(d, s->in_raw, s->in, floats);
@@ -139,7 +140,7 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
     }
     uint32_t k = s->next_out;
     s->next_out = (k + 1) % DS4_DIST_IN_FLIGHT;
-    if (s->out_req[k] != MPI_REQUEST_NULL && dist_wait(d, &s->out_req[k], err) != 0) return -1;
+    if (s->out_req[k] != d->mpi.request_null && dist_wait(d, &s->out_req[k], err) != 0) return -1;
     if (s->last) {
         size_t ret_floats = dist_ret_floats(s->rows, n, s->n_vocab);
         if (dist_grow((void **)&s->out_f32, &s->out_f32_cap, (size_t)nl * s->n_vocab * 4, err) != 0 ||
@@ -161,11 +162,11 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
             }
             l += s->n_vocab;
         }
-        if (nl) MPI_Isend(s->out[k], (int)(o - (float *)s->out[k]), MPI_FLOAT, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
+        if (nl) d->mpi.Isend(s->out[k], (int)(o - (float *)s->out[k]), d->mpi.flt, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
     } else {
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, s->out_f32, NULL, err) != 0) return -1;
         dist_resid_pack(d, s->out_f32, s->out[k], floats);
-        MPI_Isend(s->out[k], (int)dist_resid_row_bytes(d, (uint32_t)floats), MPI_BYTE, d->rank + 1, TAG_RESID,
+        d->mpi.Isend(s->out[k], (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, d->rank + 1, TAG_RESID,
                   d->comm, &s->out_req[k]);
     }
     return 0;
@@ -184,7 +185,7 @@ static int snapshot(server *s, const dist_cmd *c, ds4_err *err) {
     if (rc == 0) {
         ds4_kv_state_pack_layers(st, s->first, s->end, buf);
         MPI_Request r;
-        MPI_Isend(buf, (int)(bytes / 4), MPI_FLOAT, 0, TAG_SLICE, s->d->comm, &r);
+        s->d->mpi.Isend(buf, (int)(bytes / 4), s->d->mpi.flt, 0, TAG_SLICE, s->d->comm, &r);
         rc = dist_wait(s->d, &r, err);
     }
     free(buf);
@@ -205,8 +206,8 @@ static int restore(server *s, const dist_cmd *c, ds4_err *err) {
     void *buf = rc == 0 ? malloc(bytes ? bytes : 1) : NULL;
     if (rc == 0 && !buf) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory for a restore's slice");
     if (rc == 0)
-        rc = recv_from(s, st->tokens, (int)n, MPI_UINT32_T, 0, TAG_TOKENS, err) ||
-             recv_from(s, buf, (int)(bytes / 4), MPI_FLOAT, 0, TAG_SLICE, err);
+        rc = recv_from(s, st->tokens, (int)n, s->d->mpi.u32, 0, TAG_TOKENS, err) ||
+             recv_from(s, buf, (int)(bytes / 4), s->d->mpi.flt, 0, TAG_SLICE, err);
     if (rc == 0) {
         ds4_kv_state_unpack_layers(st, n, s->first, s->end, buf);
         st->n_tokens = n;
@@ -223,7 +224,7 @@ static int restore(server *s, const dist_cmd *c, ds4_err *err) {
 static int serve(server *s, ds4_err *err) {
     for (;;) {
         dist_cmd c;
-        if (recv_from(s, &c, sizeof(c), MPI_BYTE, 0, TAG_CMD, err) != 0) return -1;
+        if (recv_from(s, &c, sizeof(c), s->d->mpi.byte, 0, TAG_CMD, err) != 0) return -1;
         ds4_err e = {0};
         int rc = 0;
         switch (c.op) {
@@ -268,7 +269,7 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
     s.last = d->rank == d->size - 1;
     s.hcD = w->cfg.n_hc * w->cfg.n_embd;
     s.n_vocab = w->cfg.n_vocab;
-    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) s.out_req[i] = MPI_REQUEST_NULL;
+    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) s.out_req[i] = d->mpi.request_null;
     int rc = serve(&s, err);
     free_stage(&s);
     return rc;
@@ -283,19 +284,25 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
     }
     if (!*d || (*d)->rank == 0) return -1;
     ds4_weights *w = NULL;
-    if (!model_path)
+    bool locked = ds4_instance_lock(&err) == 0; /* this rank's own lock file (dist_comm.c) */
+    if (locked && !model_path)
         ds4_err_set(&err, DS4_EUNSUPPORTED, "a pipeline runs a model file (synthetic weights have no file to split)");
-    else
+    else if (locked)
         w = ds4_weights_open(model_path, &err);
     int rc = 0;
     if (!w) {
         /* the others wait in the plan for this rank: end the job */
         fprintf(stderr, "%s: rank %d: %s\n", prog, (*d)->rank, ds4_err_msg(&err));
         fflush(stderr);
-        MPI_Abort(MPI_COMM_WORLD, 1);
+        (*d)->mpi.Abort((*d)->mpi.comm_world, 1);
         return 1;
     }
-    if (ds4_dist_plan(*d, prog, w, o, &err) != 0 || ds4_dist_serve(*d, local, w, n_threads, &err) != 0) {
+    uint32_t first, end;
+    if (ds4_dist_plan(*d, prog, w, o, &err) == 0 && o && o->warm) {
+        ds4_dist_layers(*d, &first, &end);
+        if (o->warm(o->warm_ctx, w, first, end) != 0) dist_fail(*d, "reading the weights in failed (--warm-weights)");
+    }
+    if (!(*d)->planned || ds4_dist_serve(*d, local, w, n_threads, &err) != 0) {
         /* rank 0 says the plan's refusal; a failure names its rank */
         if ((*d)->planned) fprintf(stderr, "%s: rank %d: %s\n", prog, (*d)->rank, ds4_err_msg(&err));
         rc = 1;

@@ -398,6 +398,7 @@ cudaError_t cudaMallocHost(void **p, size_t n) {
     *p = malloc(n ? n : 1);
     return *p ? cudaSuccess : cudaErrorMemoryAllocation;
 }
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned) { return cudaMallocHost(p, n); }
 cudaError_t cudaFreeHost(void *p) {
     free(p);
     return cudaSuccess;

@@ -227,6 +227,10 @@ template <typename T> cudaError_t cudaMalloc(T **p, size_t n) { return cudaMallo
 cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t n);
 template <typename T> cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMallocHost((void **)p, n); }
+#define cudaHostAllocPortable 1u
+#define cudaHostAllocMapped 2u
+cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
+template <typename T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags) { return cudaHostAlloc((void **)p, n, flags); }
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s = 0);
