@@ -14,6 +14,19 @@
  *
  * (kvcache_bytes: the DSV4 payload size of the snapshot at that frontier).
  *
+ * --parallel 1,4,8,16,32,64 measures many sessions at once instead: a
+ * context of --session-ctx tokens is prefilled once and restored into each
+ * of N sessions (sequences of one backend), which then generate
+ * --gen-tokens greedy tokens together, one token each per batched step.
+ * For each N one CSV row gives the aggregate tokens/s and the median and
+ * 99th-percentile time per output token (a session's time between two of
+ * its tokens: a step's).  Then --arrive tokens of a new prompt arrive
+ * among --arrive-among decoding sessions and are prefilled in pieces
+ * beside their rows, --step-rows rows a step: the decoders' times per
+ * token while it goes in, against theirs before it came.
+ *
+ *   mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms
+ *
  * With an MTP block (--mtp FILE, or --mtp-draft N with --synthetic: a
  * synthetic block of the same recipe) each frontier also runs speculative
  * generation of gen-tokens tokens with N drafts a cycle, drafts verified in
@@ -72,6 +85,8 @@
 #include <math.h>
 
 #include "base/clock.h"
+#include "base/numparse.h"
+#include "base/rank.h"
 #include "engine/cli.h"
 #include "engine/spec.h"
 #include "engine/startup.h"
@@ -93,6 +108,10 @@ typedef struct opts {
     uint32_t draft;           /* drafts a cycle; with an MTP block, speculative generation too */
     bool draft_given, forced; /* forced: every draft accepted (an upper bound) */
     float step_mul;
+    bool ctx_alloc_given;
+    /* --parallel: the session counts, each session's context, the prompt
+     * arriving among the decoders, their number, the rows a step holds */
+    uint32_t par[16], n_par, sess_ctx, arrive, among, step_rows;
     float gpu_gib, host_gbps, link_gbps, hop_us; /* the projection's assumptions */
     ds4_backend_opts bo;
     ds4_cli_steer steer;
@@ -117,6 +136,33 @@ static const char *refused(const char *name) {
     if (!strcmp(name, "--mtp-margin"))
         return "ds4-bench drafts --mtp-draft tokens every cycle, whatever the block's confidence";
     return ds4_option_not_supported(name);
+}
+
+/* Steps the arriving prompt takes, a piece beside the decoders' rows. */
+static uint32_t par_arrive_steps(const opts *o) {
+    if (!o->arrive) return 0;
+    uint32_t piece = o->step_rows - o->among;
+    return (o->arrive + piece - 1) / piece;
+}
+
+/* --parallel LIST: session counts, 1 to 1024 each, comma-separated. */
+static int parse_parallel(void *ctx, const char *value, ds4_err *err) {
+    opts *o = ctx;
+    o->n_par = 0;
+    for (const char *p = value;;) {
+        char item[16];
+        size_t n = strcspn(p, ",");
+        if (n == 0 || n >= sizeof(item))
+            return ds4_err_set(err, DS4_EINVAL, "'%s' is not a list of session counts (like 1,4,8)", value);
+        memcpy(item, p, n);
+        item[n] = 0;
+        if (o->n_par == sizeof(o->par) / sizeof(o->par[0]))
+            return ds4_err_set(err, DS4_EINVAL, "at most %zu session counts", sizeof(o->par) / sizeof(o->par[0]));
+        if (ds4_parse_u32(item, 1, 1024, &o->par[o->n_par++]))
+            return ds4_err_set(err, DS4_EINVAL, "session count '%s': need 1 to 1024", item);
+        if (!p[n]) return 0;
+        p += n + 1;
+    }
 }
 
 /* Returns -1 to run, else the status to exit with. */
@@ -177,7 +223,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--ctx-max", "N", &o->ctx_max, 1, DS4_CTX_MAX, 32768, "last frontier")},
         {DS4_OPT_U32("--ctx-alloc", "N", &o->ctx_alloc, 1, DS4_CTX_MAX, 0,
                      "context allocated (must exceed ctx-max + gen-tokens)"),
-         .def_text = "ctx-max + gen-tokens (+ mtp-draft) + 1"},
+         .def_text = "ctx-max + gen-tokens (+ mtp-draft) + 1", .seen = &o->ctx_alloc_given},
         {DS4_OPT_FLOAT("--step-mul", "F", &o->step_mul, 1.0, HUGE_VAL, 1.0,
                        "multiply the frontier by F (1: add --step-incr instead)")},
         {DS4_OPT_U32("--step-incr", "N", &o->step_incr, 1, DS4_CTX_MAX, 2048, "tokens added per frontier")},
@@ -195,6 +241,17 @@ static int parse_args(int argc, char **argv, opts *o) {
          .seen = &o->draft_given},
         {DS4_OPT_FLAG("--mtp-forced", &o->forced,
                       "accept every draft: the rate a perfect draft would give (an upper bound, for benchmarks only)")},
+
+        {DS4_OPT_SECTION("many sessions at once (instead of frontiers):")},
+        {DS4_OPT_CALL("--parallel", "LIST", parse_parallel, o,
+                      "session counts to measure, comma-separated (1,4,8,16,32,64): each generates gen-tokens "
+                      "tokens beside the others")},
+        {DS4_OPT_U32("--session-ctx", "N", &o->sess_ctx, 1, DS4_CTX_MAX, 4096, "tokens of context each session starts with")},
+        {DS4_OPT_U32("--arrive", "N", &o->arrive, 0, DS4_CTX_MAX, 32768,
+                     "then a prompt of N tokens arriving among decoding sessions (0: none)")},
+        {DS4_OPT_U32("--arrive-among", "N", &o->among, 1, 1024, 16, "the decoding sessions it arrives among")},
+        {DS4_OPT_U32("--step-rows", "N", &o->step_rows, 2, DS4_CTX_MAX, 512,
+                     "rows a step holds while the prompt goes in (its decoders' and a piece of it)")},
         {0},
     };
     ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic SHAPE-RECIPE [--layers A:B]] [options]",
@@ -238,6 +295,20 @@ static int parse_args(int argc, char **argv, opts *o) {
         return ds4_cli_usage(&cli, "--mtp-draft and --mtp-forced need an MTP block (--mtp FILE, or --synthetic)");
     if (o->forced && !o->draft_given && !o->mtp)
         return ds4_cli_usage(&cli, "--mtp-forced with --synthetic needs --mtp-draft N");
+    if (o->n_par && (o->mtp || o->draft_given || o->forced))
+        return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
+    if (o->n_par) {
+        if (o->arrive && o->step_rows <= o->among)
+            return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows, o->among);
+        if (!o->ctx_alloc_given) {
+            uint32_t longest = o->sess_ctx > o->arrive ? o->sess_ctx : o->arrive;
+            o->ctx_alloc = longest + o->gen + par_arrive_steps(o) + 1;
+        }
+        o->ctx_max = o->sess_ctx > o->arrive ? o->sess_ctx : o->arrive; /* the tokens it reads */
+        if (o->ctx_start > o->ctx_max) o->ctx_start = o->ctx_max;
+        o->bo.ctx_size = o->ctx_alloc;
+        return -1;
+    }
     if (o->ctx_max < o->ctx_start) return ds4_cli_usage(&cli, "need ctx-start <= ctx-max (%u > %u)", o->ctx_start, o->ctx_max);
     /* speculative generation's last verification may reach N tokens past gen-tokens */
     uint32_t over = o->mtp || (o->synthetic && o->draft_given) ? o->draft : 0;
@@ -530,6 +601,167 @@ static uint32_t next_frontier(const opts *o, uint32_t f) {
     return next > o->ctx_max ? o->ctx_max : (uint32_t)next;
 }
 
+/* ------------------------------------------------ many sessions at once */
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The q-quantile of n times (sorted in place), nearest rank. */
+static double quantile(double *t, uint32_t n, double q) {
+    qsort(t, n, sizeof(double), cmp_double);
+    uint32_t i = (uint32_t)(q * n + 0.999999);
+    return t[i ? i - 1 : 0];
+}
+
+/* The sessions of a measurement: sequences, the token each appends next. */
+typedef struct par_run {
+    ds4_backend *b;
+    ds4_seq **seq;
+    uint32_t *next;
+    ds4_row *rows;
+    float *logits;
+} par_run;
+
+/* Every session of the n first back to the snapshot, its next token the
+ * argmax of the snapshot's logits. */
+static int par_restore(par_run *r, uint32_t n, const ds4_kv_state *snap, ds4_err *err) {
+    for (uint32_t k = 0; k < n; k++) {
+        if (ds4_seq_restore(r->b, r->seq[k], snap, err)) return -1;
+        r->next[k] = (uint32_t)ds4_argmax(snap->logits, (int)r->b->w->cfg.n_vocab);
+    }
+    return 0;
+}
+
+/* One step: a token for each of the n first sessions (a lone session: its
+ * decode, through the backend's single-stream path), then `extra` rows
+ * of sequence xs (tokens xt; their last one's logits asked for when last). */
+static int par_step(par_run *r, uint32_t n, ds4_seq *xs, const uint32_t *xt, uint32_t extra, bool last,
+                    ds4_err *err) {
+    size_t V = r->b->w->cfg.n_vocab;
+    if (n == 1 && extra == 0) return ds4_seq_greedy(r->b, r->seq[0], 1, &r->next[0], err);
+    for (uint32_t k = 0; k < n; k++) r->rows[k] = ds4_row_of(r->seq[k], r->next[k], DS4_ROW_LOGITS);
+    for (uint32_t i = 0; i < extra; i++)
+        r->rows[n + i] = ds4_row_of(xs, xt[i], last && i + 1 == extra ? DS4_ROW_LOGITS : 0);
+    ds4_step_out out = {r->logits, NULL};
+    if (ds4_backend_step(r->b, r->rows, n + extra, &out, err)) return -1;
+    for (uint32_t k = 0; k < n; k++) r->next[k] = (uint32_t)ds4_argmax(r->logits + k * V, (int)V);
+    return 0;
+}
+
+/* gen steps of the n first sessions: their times into t. */
+static int par_decode(par_run *r, uint32_t n, uint32_t gen, double *t, ds4_err *err) {
+    for (uint32_t i = 0; i < gen; i++) {
+        double a = ds4_now();
+        if (par_step(r, n, NULL, NULL, 0, false, err)) return -1;
+        t[i] = ds4_now() - a;
+    }
+    return 0;
+}
+
+static void par_row(FILE *out, const char *mode, uint32_t n, uint32_t ctx, double *t, uint32_t steps) {
+    double sum = 0;
+    for (uint32_t i = 0; i < steps; i++) sum += t[i];
+    double agg = steps ? n * steps / sum : 0, p50 = steps ? quantile(t, steps, 0.5) * 1e3 : 0,
+           p99 = steps ? quantile(t, steps, 0.99) * 1e3 : 0;
+    fprintf(out, "%s,%u,%u,%u,%.2f,%.3f,%.3f\n", mode, n, ctx, steps, agg, p50, p99);
+    fflush(out);
+    fprintf(stderr, "ds4-bench: %-14s %3u sessions at %u: %8.1f tokens/s in all, per token p50 %.2f ms, p99 %.2f ms\n",
+            mode, n, ctx, agg, p50, p99);
+}
+
+/* The prompt of o->arrive tokens goes in beside o->among decoders, a piece
+ * of step_rows - among rows a step; their times per token before (gen
+ * steps) and while it goes in. */
+static int par_arrival(const opts *o, par_run *r, const ds4_kv_state *snap, const uint32_t *prompt, FILE *out,
+                       ds4_err *err) {
+    uint32_t n = o->among, steps = par_arrive_steps(o), piece = o->step_rows - n;
+    double *t = malloc((size_t)(o->gen + steps + 1) * sizeof(double));
+    ds4_seq *a = NULL;
+    int rc = -1;
+    if (!t) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (!(a = ds4_seq_new(r->b, o->arrive + 1, err)) || par_restore(r, n, snap, err) ||
+        par_decode(r, n, o->gen, t, err))
+        goto done;
+    double steady = quantile(t, o->gen, 0.99);
+    double a0 = ds4_now();
+    for (uint32_t i = 0, done_tok = 0; i < steps; i++) {
+        uint32_t m = o->arrive - done_tok < piece ? o->arrive - done_tok : piece;
+        double s0 = ds4_now();
+        if (par_step(r, n, a, prompt + done_tok, m, done_tok + m == o->arrive, err)) goto done;
+        t[i] = ds4_now() - s0;
+        done_tok += m;
+    }
+    double took = ds4_now() - a0;
+    par_row(out, "prefill+decode", n, o->sess_ctx, t, steps);
+    double during = quantile(t, steps, 0.99);
+    fprintf(stderr, "ds4-bench: a %u-token prompt went in beside %u decoding sessions in %.2f s (%.0f tokens/s); "
+                    "their p99 per token %.2f ms, %.2fx their steady %.2f ms\n",
+            o->arrive, n, took, o->arrive / took, during * 1e3, during / steady, steady * 1e3);
+    rc = 0;
+done:
+    ds4_seq_free(r->b, a);
+    free(t);
+    return rc;
+}
+
+/* --parallel: the session context prefilled once (the main sequence),
+ * snapshotted, restored into every session of each measurement. */
+static int run_parallel(const opts *o, ds4_backend *b, const uint32_t *toks, FILE *out, ds4_err *err) {
+    size_t V = b->w->cfg.n_vocab;
+    uint32_t most = o->arrive ? o->among : 1;
+    for (uint32_t i = 0; i < o->n_par; i++)
+        if (o->par[i] > most) most = o->par[i];
+    uint32_t seq_ctx = o->sess_ctx + o->gen + par_arrive_steps(o) + 1;
+    if (most > b->opts.prefill_chunk)
+        return ds4_err_set(err, DS4_EINVAL, "%u sessions exceed the %u rows a step holds (--chunk)", most,
+                           b->opts.prefill_chunk);
+    if (o->arrive && o->step_rows > b->opts.prefill_chunk)
+        return ds4_err_set(err, DS4_EINVAL, "--step-rows %u exceeds the %u rows a step holds (--chunk)", o->step_rows,
+                           b->opts.prefill_chunk);
+    par_run r = {b, calloc(most, sizeof(ds4_seq *)), calloc(most, sizeof(uint32_t)),
+                 calloc(most + o->step_rows, sizeof(ds4_row)), malloc((size_t)most * V * sizeof(float))};
+    double *t = malloc((size_t)(o->gen + 1) * sizeof(double));
+    ds4_kv_state *snap = ds4_backend_state_new(b, err);
+    int rc = -1;
+    if (!r.seq || !r.next || !r.rows || !r.logits || !t) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        goto done;
+    }
+    if (!snap) goto done;
+    fprintf(stderr, "ds4-bench: prefilling the sessions' context of %u tokens\n", o->sess_ctx);
+    double a = ds4_now();
+    if (ds4_backend_prefill(b, toks, o->sess_ctx, NULL, err) || ds4_backend_snapshot(b, snap, err)) goto done;
+    fprintf(stderr, "ds4-bench: %u tokens prefilled at %.1f tokens/s\n", o->sess_ctx, o->sess_ctx / (ds4_now() - a));
+    r.seq[0] = b->main;
+    for (uint32_t k = 1; k < most; k++)
+        if (!(r.seq[k] = ds4_seq_new(b, seq_ctx, err))) {
+            ds4_err_prefix(err, "session %u of %u", k + 1, most);
+            goto done;
+        } else {
+            ds4_seq_set_steering(r.seq[k], b->main->steer_ffn, b->main->steer_attn); /* as the main one (--dir-steering-*) */
+        }
+    fprintf(out, "mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms\n");
+    fflush(out);
+    for (uint32_t i = 0; i < o->n_par; i++) {
+        uint32_t n = o->par[i];
+        if (par_restore(&r, n, snap, err) || par_decode(&r, n, o->gen, t, err)) goto done;
+        par_row(out, "decode", n, o->sess_ctx, t, o->gen);
+    }
+    if (o->arrive && par_arrival(o, &r, snap, toks, out, err)) goto done;
+    rc = 0;
+done:
+    for (uint32_t k = 1; r.seq && k < most; k++) ds4_seq_free(b, r.seq[k]);
+    ds4_kv_state_free(snap);
+    free(r.seq);
+    free(r.next);
+    free(r.rows);
+    free(r.logits);
+    free(t);
+    return rc;
+}
+
 /* Whether the frontiers run speculative generation too. */
 static bool mtp_on(const opts *o) { return o->mtp || (o->synthetic && o->draft_given); }
 
@@ -730,13 +962,17 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
                         "token ids (seed %u)\n", o->seed);
     if (!(toks = load_tokens(o, w, o->ctx_max, err))) goto done;
-    if (!(gen = malloc((o->gen + 1) * sizeof(uint32_t))) || !(snap = ds4_backend_state_new(b, err))) {
-        if (!snap && !gen) ds4_err_set(err, DS4_ENOMEM, "out of memory");
-        goto done;
-    }
     if (o->csv && !(out = fopen(o->csv, "w"))) {
         ds4_err_set(err, DS4_EIO, "cannot create %s: %s", o->csv, strerror(errno));
         out = stdout;
+        goto done;
+    }
+    if (o->n_par) {
+        rc = run_parallel(o, b, toks, out, err);
+        goto done;
+    }
+    if (!(gen = malloc((o->gen + 1) * sizeof(uint32_t))) || !(snap = ds4_backend_state_new(b, err))) {
+        if (!snap && !gen) ds4_err_set(err, DS4_ENOMEM, "out of memory");
         goto done;
     }
     fprintf(out, "ctx_tokens,prefill_tokens,prefill_tps,gen_tokens,gen_tps,kvcache_bytes%s\n",

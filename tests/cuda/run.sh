@@ -41,6 +41,7 @@
 #   mtp       the MTP block against transformers' MTPBlock (1e-4), and
 #             greedy generation with drafts of 1, 2 and 4 identical to plain
 #             decoding (test_cuda.c, cmd_mtp; smoke: --quick)
+#   batch     many sessions in shared steps against each alone (cmd_batch)
 #   loose     quantized recipes and simulations on: as close to the CPU as
 #             the CPU is to itself after a one-ulp weight change (test_cuda.c)
 #   golden    HF transformers logits, simulations off, 1e-4 (tiny-a, tiny-b;
@@ -193,6 +194,19 @@ if in_set gpu; then
     step "rewind" "$TEST" rewind "$M-f16.gguf" --no-sim
 else
     step "rewind (quick)" "$TEST" rewind "$M-f16.gguf" --no-sim --quick
+fi
+# Many sequences (cuda_seq.cu, test_cuda.c cmd_batch): sessions of different
+# lengths batched against each alone (same greedy tokens, logits within 1e-3
+# of the largest), a snapshot taken mid-batch, a draft beside other rows
+# taken back.  smoke 8 sessions of prompts up to 16 tokens, 3 steps; emu up
+# to 63 tokens, 8 steps; gpu 32 sessions x 64 tokens, prompts up to 200
+# (ratio-128 windows close in the prompts' step and in the batched steps).
+if in_set smoke; then
+    step "batch (quick)" "$TEST" batch "$M-f16.gguf" --no-sim --steps 3 --prompt-max 16
+elif in_set emu; then
+    step "batch" "$TEST" batch "$M-f16.gguf" --no-sim
+else
+    step "batch 32 x 64" "$TEST" batch "$M-f16.gguf" --no-sim --sessions 32 --steps 64 --prompt-max 200
 fi
 # The MTP block (cuda_mtp.cu) and speculative decoding through the engine:
 # smoke the longest prefill's last rows and drafts of 2 across window ends;

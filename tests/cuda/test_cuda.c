@@ -85,6 +85,26 @@
  *       at 127).
  *   test_cuda steer MODEL [--prompt N] [--steps N]
  *       directional steering against the CPU's (cmd_steer), simulations off.
+ *   test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N]
+ *                         [--prompt-max N]
+ *       N sessions (8 by default) with prompts of different lengths (3 to
+ *       --prompt-max, 63 by default) and tokens, as sequences of one
+ *       backend: one step takes every prompt
+ *       (rows of every sequence: a prefill of each), then --steps steps
+ *       of one row per session (each at its own position); the main
+ *       sequence is one of them.  Against each session run alone (the
+ *       main sequence of another backend: prefill, then the decode graph):
+ *       the same greedy token at every step (the first batched decode
+ *       step a pass of one-row parts, the others the captured batched
+ *       decode graph), and every logit within
+ *       max |d| <= 1e-3 max |logit| (the CUDA products round a row
+ *       differently in a pass of more rows: docs/DESIGN.md 7).  At step
+ *       --snap-at (half the steps by default) one session's snapshot,
+ *       taken mid-batch, is its solo snapshot's (tokens, logits, every
+ *       live row of the state within the same bound), and restored alone
+ *       it goes on as the solo run does.  Then a step with a rewindable
+ *       draft of one session beside the others' rows (the decoders through
+ *       the graph, the draft in a pass of its own), taken back.
  *
  *   test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]
  *       importance-matrix collection (ds4_backend_opts.imatrix) on the GPU
@@ -654,6 +674,197 @@ static int cmd_rewind(int argc, char **argv) {
     free(lg);
     free(lg2);
     free(dec);
+    return 0;
+}
+
+/* Largest |a - b| of n floats relative to the largest |b| (the empty
+ * frontier slots, DS4_SCORE_NEG_INF, must be empty in both). */
+static double state_rel(const float *a, const float *b, size_t n, bool *slots_differ) {
+    double d = 0, m = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        bool ea = a[i] <= -1e29f, eb = b[i] <= -1e29f;
+        if (ea != eb) *slots_differ = true;
+        if (ea || eb) continue;
+        double x = fabs((double)a[i] - b[i]);
+        if (x > d) d = x;
+        if (fabs(b[i]) > m) m = fabs(b[i]);
+    }
+    return d / m;
+}
+
+/* A snapshot against another: tokens and logits, and every live row of
+ * every layer's state within tol (relative to the array's largest value). */
+static void state_check(const char *what, const ds4_kv_state *got, const ds4_kv_state *want, double tol) {
+    const ds4_config *c = want->cfg;
+    CHECK(got->n_tokens == want->n_tokens, "%s: %u tokens, want %u", what, got->n_tokens, want->n_tokens);
+    if (got->n_tokens != want->n_tokens) return;
+    uint32_t n = want->n_tokens;
+    CHECK(!memcmp(got->tokens, want->tokens, n * sizeof(uint32_t)), "%s: tokens differ", what);
+    CHECK(got->has_logits == want->has_logits, "%s: logits present in one only", what);
+    double worst = 0;
+    bool slots = false;
+    if (want->has_logits) worst = state_rel(got->logits, want->logits, c->n_vocab, &slots);
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const ds4_layer_state *g = &got->layers[il], *w = &want->layers[il];
+        uint32_t live = n < want->raw_cap ? n : want->raw_cap; /* ring slots written */
+        double r = state_rel(g->raw, w->raw, (size_t)live * c->head_dim, &slots);
+        if (r > worst) worst = r;
+        if (!w->ratio) continue;
+        size_t fr = (size_t)ds4_state_frontier_rows(w->ratio) * ds4_state_frontier_width(c, w->ratio, false);
+        double parts[4] = {state_rel(g->comp, w->comp, (size_t)(n / w->ratio) * c->head_dim, &slots),
+                           state_rel(g->comp_kv, w->comp_kv, fr, &slots), state_rel(g->comp_score, w->comp_score, fr, &slots),
+                           0};
+        if (w->ratio == 4) {
+            size_t ifr = (size_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true);
+            double i1 = state_rel(g->idx, w->idx, (size_t)(n / 4) * c->idx_head_dim, &slots);
+            double i2 = state_rel(g->idx_kv, w->idx_kv, ifr, &slots), i3 = state_rel(g->idx_score, w->idx_score, ifr, &slots);
+            parts[3] = i1 > i2 ? (i1 > i3 ? i1 : i3) : (i2 > i3 ? i2 : i3);
+        }
+        for (int k = 0; k < 4; k++)
+            if (parts[k] > worst) worst = parts[k];
+    }
+    printf("%s: max relative |d| %.2e over the live state\n", what, worst);
+    CHECK(!slots, "%s: empty frontier slots differ", what);
+    CHECK(worst <= tol, "%s: the state differs by %.2e (tolerance %.0e)", what, worst, tol);
+}
+
+/* test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N] */
+static int cmd_batch(int argc, char **argv) {
+    if (argc < 1) return 2;
+    bool no_sim = false;
+    uint32_t N = 8, S = 8, snap_at = UINT32_MAX, pmax = 63;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) no_sim = true;
+        else if (!strcmp(argv[i], "--sessions") && i + 1 < argc) N = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && i + 1 < argc) S = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--snap-at") && i + 1 < argc) snap_at = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--prompt-max") && i + 1 < argc) pmax = (uint32_t)atoi(argv[++i]);
+        else return 2;
+    }
+    if (N < 2 || S < 2 || pmax < 4) return 2;
+    if (snap_at > S) snap_at = S / 2;
+    const double tol = 1e-3;
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(argv[0], &err);
+    if (!w) die(argv[0], &err);
+    uint32_t V = w->cfg.n_vocab;
+    /* prompts of 3 + 11 k mod (pmax - 2) tokens, of their own tokens */
+    uint32_t *plen = calloc(N, sizeof(uint32_t)), total = 0, maxlen = 0;
+    uint32_t **tok = calloc(N, sizeof(uint32_t *));
+    uint32_t rs = 777;
+    for (uint32_t k = 0; k < N; k++) {
+        plen[k] = 3 + (11 * k) % (pmax - 2);
+        tok[k] = malloc((plen[k] + S + 1) * sizeof(uint32_t));
+        for (uint32_t i = 0; i < plen[k]; i++) tok[k][i] = ((rs = rs * 1103515245u + 12345u) >> 8) % V;
+        total += plen[k];
+        if (plen[k] > maxlen) maxlen = plen[k];
+    }
+    uint32_t ctx = maxlen + S + 8, chunk = total > N ? total : N;
+    /* alone: each session the main sequence of its own run; its logits
+     * after the prompt and after each of S greedy tokens */
+    ds4_backend *solo = make("cuda", w, ctx, chunk, no_sim, 0);
+    float *want = xmalloc((size_t)N * (S + 1) * V * 4);
+    ds4_kv_state *solo_snap = ds4_backend_state_new(solo, &err), *bat_snap = ds4_backend_state_new(solo, &err);
+    if (!solo_snap || !bat_snap) die("state", &err);
+    uint32_t snap_k = N / 2 - 1 + (N > 2); /* a sequence other than the main one */
+    for (uint32_t k = 0; k < N; k++) {
+        ds4_backend_reset(solo);
+        if (ds4_backend_prefill(solo, tok[k], plen[k], NULL, &err)) die("solo prefill", &err);
+        for (uint32_t t = 0;; t++) {
+            const float *l = ds4_backend_logits(solo);
+            if (!l) die("solo logits", &err);
+            memcpy(want + ((size_t)k * (S + 1) + t) * V, l, V * 4);
+            if (k == snap_k && t == snap_at && ds4_backend_snapshot(solo, solo_snap, &err)) die("solo snapshot", &err);
+            if (t == S) break;
+            tok[k][plen[k] + t] = argmax(l, V);
+            if (ds4_backend_decode(solo, tok[k][plen[k] + t], &err)) die("solo decode", &err);
+        }
+    }
+    /* batched: session 0 is the main sequence, the others new ones */
+    ds4_backend *b = make("cuda", w, ctx, chunk, no_sim, 0);
+    ds4_seq **seq = calloc(N, sizeof(ds4_seq *));
+    seq[0] = b->main;
+    for (uint32_t k = 1; k < N; k++)
+        if (!(seq[k] = ds4_seq_new(b, ctx, &err))) die("seq_new", &err);
+    ds4_row *rows = calloc(total, sizeof(ds4_row));
+    float *got = xmalloc((size_t)N * V * 4), *hid = xmalloc((size_t)N * w->cfg.n_hc * w->cfg.n_embd * 4);
+    diff d = {0};
+    uint32_t wrong = 0;
+    for (uint32_t t = 0; t <= S; t++) {
+        uint32_t n = 0;
+        for (uint32_t k = 0; k < N; k++) {
+            if (t == 0)
+                for (uint32_t i = 0; i < plen[k]; i++) rows[n++] = ds4_row_of(seq[k], tok[k][i], i + 1 == plen[k] ? DS4_ROW_LOGITS : 0);
+            else /* step 1 also asks for the hidden states: a pass of one-row parts, not the graph */
+                rows[n++] = ds4_row_of(seq[k], tok[k][plen[k] + t - 1], DS4_ROW_LOGITS | (t == 1 ? DS4_ROW_HIDDEN : 0));
+        }
+        ds4_step_out out = {got, t == 1 ? hid : NULL};
+        if (ds4_backend_step(b, rows, n, &out, &err)) die("batched step", &err);
+        for (uint32_t k = 0; k < N; k++) {
+            const float *wl = want + ((size_t)k * (S + 1) + t) * V;
+            diff_add(&d, got + (size_t)k * V, wl, 1, V);
+            /* the sequence's own logits are the step's row */
+            const float *sl = ds4_seq_logits(b, seq[k]);
+            CHECK(sl && !memcmp(sl, got + (size_t)k * V, V * 4), "session %u, step %u: ds4_seq_logits is not the row's", k, t);
+            if (argmax(got + (size_t)k * V, V) != argmax(wl, V)) wrong++;
+        }
+        if (t == snap_at) {
+            char what[96];
+            snprintf(what, sizeof(what), "session %u's snapshot after step %u (mid-batch)", snap_k, t);
+            if (ds4_seq_snapshot(b, seq[snap_k], bat_snap, &err)) die("batched snapshot", &err);
+            state_check(what, bat_snap, solo_snap, tol);
+        }
+    }
+    printf("%u sessions (prompts of 3 to %u tokens), %u batched steps: ", N, maxlen, S);
+    diff_check("batched against alone", &d, tol);
+    CHECK(wrong == 0, "%u greedy tokens differ from the sessions' alone", wrong);
+    diff_free(&d);
+    /* the mid-batch snapshot restored alone goes on as the solo run */
+    {
+        diff r = {0};
+        ds4_backend_reset(solo);
+        if (ds4_backend_restore(solo, bat_snap, &err)) die("restore", &err);
+        for (uint32_t t = snap_at; t < S; t++) {
+            if (ds4_backend_decode(solo, tok[snap_k][plen[snap_k] + t], &err)) die("decode", &err);
+            diff_add(&r, ds4_backend_logits(solo), want + ((size_t)snap_k * (S + 1) + t + 1) * V, 1, V);
+        }
+        if (r.rows) diff_check("the mid-batch snapshot restored alone", &r, tol);
+        diff_free(&r);
+    }
+    /* a rewindable draft of 3 rows of session 1 beside one row of each
+     * other, taken back to its first: session 1 then goes on as before */
+    {
+        ds4_seq *q = seq[1];
+        uint32_t n0 = ds4_seq_len(b, q), n = 0;
+        if (ds4_backend_mark(b, q, &err)) die("mark", &err);
+        for (uint32_t k = 0; k < N; k++) {
+            if (k == 1)
+                for (uint32_t i = 0; i < 3; i++) rows[n++] = ds4_row_of(q, (17 + 5 * i) % V, DS4_ROW_LOGITS | DS4_ROW_REWIND);
+            else rows[n++] = ds4_row_of(seq[k], 3 + k, 0);
+        }
+        if (ds4_backend_step(b, rows, n, &(ds4_step_out){got, NULL}, &err)) die("step with a draft", &err);
+        if (ds4_backend_rewind(b, q, n0, &err)) die("rewind", &err);
+        CHECK(ds4_seq_len(b, q) == n0, "rewind: %u tokens, want %u", ds4_seq_len(b, q), n0);
+        const float *l = ds4_seq_logits(b, q);
+        diff r = {0};
+        diff_add(&r, l, want + ((size_t)1 * (S + 1) + S) * V, 1, V);
+        diff_check("a draft beside other sessions' rows, taken back", &r, tol);
+        diff_free(&r);
+    }
+    for (uint32_t k = 1; k < N; k++) ds4_seq_free(b, seq[k]);
+    for (uint32_t k = 0; k < N; k++) free(tok[k]);
+    ds4_kv_state_free(solo_snap);
+    ds4_kv_state_free(bat_snap);
+    ds4_backend_free(b);
+    ds4_backend_free(solo);
+    ds4_weights_close(w);
+    free(tok);
+    free(plen);
+    free(seq);
+    free(rows);
+    free(got);
+    free(hid);
+    free(want);
     return 0;
 }
 
@@ -1296,6 +1507,7 @@ int main(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "compare")) rc = cmd_compare(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "rewind")) rc = cmd_rewind(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "golden")) rc = cmd_golden(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "batch")) rc = cmd_batch(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "split")) rc = cmd_split(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
@@ -1305,6 +1517,7 @@ int main(int argc, char **argv) {
                         "                         [--tol X] [--loose] [--graph-ctx N]\n"
                         "       test_cuda golden MODEL GOLDEN [N]\n"
                         "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
+                        "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N]\n"
                         "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
                         "                       [--quick]\n"
                         "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"

@@ -8,7 +8,9 @@
 # block (--mtp FILE --mtp-draft N) each row gains the speculative columns:
 # forced acceptance keeps every draft (N + 1 tokens a verification, all
 # accepted), greedy verification commits between 1 and N + 1 a cycle; bad
-# MTP options are usage errors.  Speed itself is measured by hand (docs/PERFORMANCE.md).
+# MTP options are usage errors.  --parallel (many sessions at once, and a
+# prompt arriving among them) gives its rows and refuses bad session
+# counts.  Speed itself is measured by hand (docs/PERFORMANCE.md).
 set -eu
 cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
@@ -61,6 +63,18 @@ grep -q "benchmarking seeded random" "$dir/raw.err" && fail "a prompt file run s
     > "$dir/mul.csv" 2>/dev/null
 [ "$(tail -n +2 "$dir/mul.csv" | cut -d, -f1 | tr '\n' ' ')" = "10 11 12 " ] || fail "--step-mul 1.01: $(cat "$dir/mul.csv")"
 
+# --parallel: a CSV row per session count, then the arriving prompt's; each
+# row's steps and a positive rate; the times per token ordered (p50 <= p99).
+./ds4-bench -m "$M" --parallel 1,3 --session-ctx 48 --gen-tokens 4 --arrive 60 --arrive-among 2 --step-rows 22 \
+    --csv "$dir/par.csv" 2> "$dir/par.err"
+head -1 "$dir/par.csv" | grep -qx 'mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms' \
+    || fail "parallel csv header: $(head -1 "$dir/par.csv")"
+[ "$(tail -n +2 "$dir/par.csv" | cut -d, -f1-4 | tr '\n' ' ')" = "decode,1,48,4 decode,3,48,4 prefill+decode,2,48,3 " ] \
+    || fail "parallel rows: $(cat "$dir/par.csv")"
+awk -F, 'NR > 1 && !($5 > 0 && $6 > 0 && $6 <= $7) { bad = 1 } END { exit bad }' "$dir/par.csv" \
+    || fail "parallel rates or times: $(cat "$dir/par.csv")"
+grep -q "a 60-token prompt went in beside 2 decoding sessions" "$dir/par.err" || fail "no arrival line: $(cat "$dir/par.err")"
+
 expect_fail() {
     want=$1; shift
     if "$@" > "$dir/err.txt" 2>&1; then fail "expected failure: $*"; fi
@@ -71,6 +85,10 @@ expect_fail "ctx-max needs" ./ds4-bench -m "$M" --prompt-file "$dir/short.txt" -
 expect_fail "at most one of" ./ds4-bench -m "$M" --prompt-file "$text" --tokens-file "$dir/ids.txt"
 expect_fail "ctx-start <= ctx-max" ./ds4-bench -m "$M" --ctx-start 512 --ctx-max 256
 expect_fail "unknown option" ./ds4-bench -m "$M" --frobnicate
+expect_fail "session count '0': need 1 to 1024" ./ds4-bench -m "$M" --parallel 0
+expect_fail "session count 'x'" ./ds4-bench -m "$M" --parallel 2,x
+expect_fail "leaves no room beside 16 decoding sessions" ./ds4-bench -m "$M" --parallel 2 --step-rows 16
+expect_fail "4 sessions exceed the 3 rows a step holds" ./ds4-bench -m "$M" --parallel 4 --chunk 3 --arrive 0 --session-ctx 8
 # Files are checked before the model loads (none.gguf does not exist).
 expect_fail "ds4-bench: --prompt-file: cannot open $dir/missing.txt" ./ds4-bench -m "$dir/none.gguf" --prompt-file "$dir/missing.txt"
 expect_fail "ds4-bench: --csv: cannot write $dir/no/x.csv" ./ds4-bench -m "$dir/none.gguf" --csv "$dir/no/x.csv"

@@ -130,7 +130,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     const dlayer *w = &b->W.layers[il];
     qkv_args a;
     memset(&a, 0, sizeof(a));
-    a.pos0 = &b->d_step->pos;
+    a.pos0 = &b->sq->d_step->pos;
     a.qa_raw = b->qa_raw;
     a.qlr = c->q_lora_rank;
     a.qa_norm = w->q_a_norm.p;
@@ -147,7 +147,7 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     /* one token: the ring slot it takes holds the row that just left the
      * window (raw_cap = the window), which its attention does not read */
     if (T == 1) {
-        a.ring = b->L[il].raw;
+        a.ring = b->sq->L[il].raw;
         a.raw_cap = b->raw_cap;
     }
     size_t smem = (c->q_lora_rank > c->head_dim ? c->q_lora_rank : c->head_dim) * sizeof(float);
@@ -283,7 +283,7 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
     bool idx = ds4_layer_has_indexer(c, il);
     qpost_args a;
     memset(&a, 0, sizeof(a));
-    a.pos0 = &b->d_step->pos;
+    a.pos0 = &b->sq->d_step->pos;
     a.q = b->q;
     a.hd = c->head_dim;
     a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
@@ -300,10 +300,10 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
     uint32_t nib = idx ? (c->idx_n_head + QP_HEADS - 1) / QP_HEADS : 0;
     a.n_head = nqb ? c->n_head : 0;
     if (keep) {
-        a.keep = b->L[il].win;
+        a.keep = b->sq->L[il].win;
         a.keep_src = b->xn.f;
         a.keep_n = c->n_embd;
-        a.keep_ratio = b->L[il].ratio;
+        a.keep_ratio = b->sq->L[il].ratio;
     }
     uint32_t blocks = nqb + nib + (keep ? 1 : 0);
     if (blocks == 0) return 0;
@@ -559,13 +559,13 @@ int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t s
 static void comp_setup(cuda_backend *b, uint32_t il, uint32_t T, uint32_t back, bool decode, comp_args *a) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    const dlstate *S = &b->L[il];
+    const dlstate *S = &b->sq->L[il];
     uint32_t ratio = S->ratio;
     memset(a, 0, sizeof(*a));
     a->T = T;
     a->back = back;
     a->rope_dim = c->rope_dim;
-    a->pos0 = &b->d_step->pos;
+    a->pos0 = &b->sq->d_step->pos;
     a->pos_early = cu_pos_early(b, decode ? 1 : T);
     a->rope = b->rope_comp;
     a->eps = c->rms_eps;
@@ -611,7 +611,7 @@ static int comp_frontier(const comp_args *a, cudaStream_t st, ds4_err *err) {
 
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
                 cudaEvent_t emitted, ds4_err *err) {
-    uint32_t ratio = b->L[il].ratio;
+    uint32_t ratio = b->sq->L[il].ratio;
     comp_args a;
     comp_setup(b, il, T, 0, decode, &a);
     /* windows that can close: at most one in a decode step, whose ratio-128
@@ -629,11 +629,11 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
 int cu_comp_products(cuda_backend *b, uint32_t il, const dact *x, uint32_t T, cudaStream_t st, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    uint32_t width = ds4_compress_coff(b->L[il].ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    uint32_t width = ds4_compress_coff(b->sq->L[il].ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
     if (cu_gemm(&w->comp_kv, 0, 0, width, x, 0, T, b->ckv, width, NULL, b->split, st, err) ||
         cu_gemm(&w->comp_gate, 0, 0, width, x, 0, T, b->cgate, width, NULL, b->split, st, err))
         return -1;
-    if (b->L[il].ratio == 4 &&
+    if (b->sq->L[il].ratio == 4 &&
         (cu_gemm(&w->idx_kv, 0, 0, iw2, x, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
          cu_gemm(&w->idx_gate, 0, 0, iw2, x, 0, T, b->igate, iw2, NULL, b->split, st, err)))
         return -1;
@@ -666,7 +666,7 @@ static __global__ void copy_row_kernel(float *dst, const float *src, uint32_t n)
 int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_t emitted, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    const dlstate *S = &b->L[il];
+    const dlstate *S = &b->sq->L[il];
     uint32_t ratio = S->ratio, D = c->n_embd;
     if (ratio == CU_WIN_T) {
         uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
@@ -687,7 +687,7 @@ int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_
     }
     comp_args a;
     comp_setup(b, il, ratio, ratio - 1, true, &a);
-    a.fold = &b->d_step->fold;
+    a.fold = &b->sq->d_step->fold;
     if (cu_comp_emit(&a, 1, ratio != 4, st, err)) return -1;
     if (emitted) CU_TRY(cudaEventRecord(emitted, st));
     return comp_frontier(&a, st, err);
@@ -695,13 +695,13 @@ int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_
 
 int cu_comp_flush(cuda_backend *b, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t n = b->n_tokens;
-    if (b->fold >= n) return 0;
+    uint32_t n = b->sq->n_tokens;
+    if (b->sq->fold >= n) return 0;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const dlstate *S = &b->L[il];
+        const dlstate *S = &b->sq->L[il];
         if (!S->win) continue;
         uint32_t start = n / S->ratio * S->ratio;
-        if (start < b->fold) start = b->fold;
+        if (start < b->sq->fold) start = b->sq->fold;
         if (start >= n) continue;
         /* positions [start, n): the window's rows from start % ratio, a
          * pass that closes no window, so the frontier alone */
@@ -712,7 +712,7 @@ int cu_comp_flush(cuda_backend *b, ds4_err *err) {
         if (comp_frontier(&a, b->st, err)) return -1;
     }
     if (cu_set_step(b, STEP_FOLD, n, 0, err)) return -1;
-    b->fold = n;
+    b->sq->fold = n;
     return 0;
 }
 
@@ -1693,10 +1693,10 @@ size_t cu_attn_tc_rows(const cuda_backend *b) {
 
 int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_site *sink, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    const dlstate *S = &b->L[il];
+    const dlstate *S = &b->sq->L[il];
     attn_args a;
     memset(&a, 0, sizeof(a));
-    a.pos0 = &b->d_step->pos;
+    a.pos0 = &b->sq->d_step->pos;
     a.q = b->q;
     a.kvbuf = b->kvbuf;
     a.ring = S->raw;
@@ -1737,7 +1737,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     if (cu_attn_run(&a, T, tc, b->st, err)) return -1;
     if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
-    DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
+    DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->sq->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
                b->raw_cap);
     CU_LAUNCHED();
     return 0;

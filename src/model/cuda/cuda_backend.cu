@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "base/numparse.h"
+#include "base/rank.h"
 #include "model/backends.h"
 #include "model/session_state.h"
 #include "model/steering.h"
@@ -97,6 +98,14 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
     TAKE(m, b->attn_count, cu_attn_groups(c));
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        float *part;
+        uint32_t *count;
+        TAKE(m, part, cu_attn_part_floats(c, b->attn_split));
+        TAKE(m, count, cu_attn_groups(c));
+        b->lane_attn_part[i] = part;
+        b->lane_attn_count[i] = count;
+    }
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
     take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
@@ -136,7 +145,6 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->d_logits, (size_t)b->logits_rows * c->n_vocab);
     TAKE(m, b->argmax_part, 128);
     TAKE(m, b->argmax_idx, 128);
-    TAKE(m, b->d_step, 1);
     TAKE(m, b->d_tokens, C);
     TAKE(m, b->d_argmax, b->rec_cap);
     TAKE(m, b->d_nrec, 1);
@@ -156,32 +164,39 @@ static bool layer_defers(const cuda_backend *b, uint32_t il) {
     return ratio != 4 || (cu_win_fits(&w->idx_kv) && cu_win_fits(&w->idx_gate));
 }
 
-static void layout_state(cuda_backend *b, bump *m) {
+/* A sequence's state: every layer's ring, compressed rows, frontiers and
+ * indexer rows, sized for s->ctx tokens, and its dstep.  defer: the
+ * deferred layers' windows too (dlstate.win: the main sequence's, whose
+ * decode graphs keep them). */
+static void layout_state(const cuda_backend *b, cu_seq *s, bool defer, bump *m) {
     const ds4_config *c = b->cfg;
+    uint32_t cap4 = cu_comp_cap(s->ctx, 4);
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        dlstate *L = &b->L[il];
+        dlstate *L = &s->L[il];
         L->ratio = ds4_layer_ratio(c, il);
         TAKE(m, L->raw, (size_t)b->raw_cap * c->head_dim);
         if (L->ratio == 0) continue;
-        if (layer_defers(b, il)) TAKE(m, L->win, (size_t)L->ratio * c->n_embd);
+        if (defer && layer_defers(b, il)) TAKE(m, L->win, (size_t)L->ratio * c->n_embd);
         else L->win = NULL;
-        TAKE(m, L->comp, (size_t)cu_comp_cap(b->ctx, L->ratio) * c->head_dim);
+        TAKE(m, L->comp, (size_t)cu_comp_cap(s->ctx, L->ratio) * c->head_dim);
         TAKE(m, L->comp_kv, frontier_floats(c, L->ratio, false));
         TAKE(m, L->comp_score, frontier_floats(c, L->ratio, false));
         if (L->ratio != 4) continue;
-        TAKE(m, L->idx, (size_t)b->comp_cap4 * c->idx_head_dim);
+        TAKE(m, L->idx, (size_t)cap4 * c->idx_head_dim);
         TAKE(m, L->idx_kv, frontier_floats(c, 4, true));
         TAKE(m, L->idx_score, frontier_floats(c, 4, true));
     }
+    TAKE(m, s->d_step, 1);
 }
 
 /* --------------------------------------------------------------- state */
 
-/* Empty session: frontiers 0 / -inf, position 0. */
-static int reset_state(cuda_backend *b, ds4_err *err) {
+/* Empty sequence: frontiers 0 / -inf, position 0. */
+static int reset_state(cuda_backend *b, cu_seq *s, ds4_err *err) {
     const ds4_config *c = b->cfg;
+    if (cu_use(b, s, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const dlstate *L = &b->L[il];
+        const dlstate *L = &s->L[il];
         if (L->ratio == 0) continue;
         size_t fr = frontier_floats(c, L->ratio, false);
         CU_TRY(cudaMemsetAsync(L->comp_kv, 0, fr * sizeof(float), b->st));
@@ -193,11 +208,11 @@ static int reset_state(cuda_backend *b, ds4_err *err) {
     }
     if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, 0, 0, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
-    b->n_tokens = 0;
-    b->fold = 0;
-    b->jr.valid = false;
-    b->has_logits = false;
-    b->logits_fresh = false;
+    s->n_tokens = 0;
+    s->fold = 0;
+    s->jr.valid = false;
+    s->has_logits = false;
+    s->logits_fresh = false;
     return 0;
 }
 
@@ -205,14 +220,47 @@ static void cuda_reset(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
     if (cu_mtp_seq(b, seq)) return cu_mtp_reset(b);
     ds4_err err = {};
-    if (reset_state(b, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
+    if (reset_state(b, (cu_seq *)seq, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
+}
+
+/* The host copy of s's logits, from d_last_logits where a pass left them. */
+const float *cu_seq_logits(cuda_backend *b, cu_seq *s) {
+    if (!s->has_logits) return NULL;
+    if (!s->logits_fresh) {
+        if (cudaMemcpyAsync(s->logits_h, b->d_last_logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                            b->st) != cudaSuccess ||
+            cudaStreamSynchronize(b->st) != cudaSuccess) {
+            fprintf(stderr, "ds4 cuda: reading the logits failed: %s\n", cudaGetErrorString(cudaGetLastError()));
+            return NULL;
+        }
+        s->logits_fresh = true;
+        if (b->lg_owner == s) b->lg_owner = NULL;
+    }
+    return s->logits_h;
+}
+
+int cu_use(cuda_backend *b, cu_seq *s, ds4_err *err) {
+    cu_seq *o = b->lg_owner;
+    if (o && o != s) {
+        if (o->has_logits && !o->logits_fresh && !cu_seq_logits(b, o))
+            return ds4_err_set(err, DS4_EIO, "CUDA: reading a sequence's logits failed");
+        b->lg_owner = NULL;
+    }
+    b->sq = s;
+    return 0;
 }
 
 /* ------------------------------------------------------- the passes */
 
-static int check_room(cuda_backend *b, uint32_t n, ds4_err *err) {
-    if ((uint64_t)b->n_tokens + n > b->ctx)
-        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, b->n_tokens, b->ctx);
+/* The MTP block's sequence takes MTP steps and its own calls alone. */
+static int not_mtp(const cuda_backend *b, const ds4_seq *seq, const char *what, ds4_err *err) {
+    if (cu_mtp_seq(b, seq)) return ds4_err_set(err, DS4_EINVAL, "%s: the MTP block's sequence advances by MTP steps", what);
+    return 0;
+}
+
+static int check_room(const cu_seq *s, uint32_t n, ds4_err *err) {
+    if ((uint64_t)s->n_tokens + n > s->ctx)
+        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, s->n_tokens, s->ctx);
     return 0;
 }
 
@@ -220,29 +268,31 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
                         ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     const ds4_config *c = b->cfg;
+    cu_seq *s = (cu_seq *)seq;
     if (n == 0) return 0;
-    if (check_room(b, n, err)) return -1;
+    if (not_mtp(b, seq, "prefill", err) || check_room(s, n, err) || cu_use(b, s, err)) return -1;
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
                                c->n_vocab);
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
-    b->jr.valid = false;
+    b->sq->jr.valid = false;
     for (uint32_t off = 0; off < n; off += b->chunk) {
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
         CU_TRY(cudaMemcpyAsync(b->d_tokens, tokens + off, T * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st));
-        if (cu_forward(b, b->d_tokens, T, b->n_tokens, false, all_logits ? all_logits + (size_t)off * c->n_vocab : NULL,
+        if (cu_forward(b, b->d_tokens, T, b->sq->n_tokens, false, all_logits ? all_logits + (size_t)off * c->n_vocab : NULL,
                        err))
-            return ds4_err_prefix(err, "prefill of tokens %u..%u", b->n_tokens, b->n_tokens + T - 1);
-        memcpy(b->tokens + b->n_tokens, tokens + off, T * sizeof(uint32_t));
-        b->n_tokens += T;
+            return ds4_err_prefix(err, "prefill of tokens %u..%u", b->sq->n_tokens, b->sq->n_tokens + T - 1);
+        memcpy(b->sq->tokens + b->sq->n_tokens, tokens + off, T * sizeof(uint32_t));
+        b->sq->n_tokens += T;
     }
     /* the passes left every position in the frontiers */
-    if (cu_set_step(b, STEP_FOLD, b->n_tokens, 0, err)) return -1;
-    b->fold = b->n_tokens;
+    if (cu_set_step(b, STEP_FOLD, b->sq->n_tokens, 0, err)) return -1;
+    b->sq->fold = b->sq->n_tokens;
     CU_TRY(cudaStreamSynchronize(b->st));
-    b->has_logits = true;
-    b->logits_fresh = false;
+    s->has_logits = true;
+    s->logits_fresh = false;
+    b->lg_owner = s;
     if (ds4_prof_on) {
         char title[64];
         snprintf(title, sizeof(title), "prefill of %u tokens", n);
@@ -268,7 +318,7 @@ static int capture_one(cuda_backend *b, uint32_t ctx, uint32_t kind, ds4_err *er
     b->dec_kind = kind;
     CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
     b->capturing = true;
-    int rc = cu_forward(b, &b->d_step->token, 1, 0, true, NULL, err);
+    int rc = cu_forward(b, &b->sq->d_step->token, 1, 0, true, NULL, err);
     b->capturing = false;
     b->dec_ctx = b->ctx;
     cudaError_t e = cudaStreamEndCapture(b->st, &g);
@@ -292,8 +342,8 @@ static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
 }
 
 static int capture_step(cuda_backend *b, ds4_err *err) {
-    b->graph_steer[0] = b->main_seq.steer_ffn;
-    b->graph_steer[1] = b->main_seq.steer_attn;
+    b->graph_steer[0] = b->main_seq.base.steer_ffn;
+    b->graph_steer[1] = b->main_seq.base.steer_attn;
     if (ds4_prof_on) return 0;
     for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
         if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
@@ -328,7 +378,7 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
     uint32_t kind = cu_step_kind(b, pos);
     if (ds4_prof_on) {
         b->dec_kind = kind;
-        return cu_forward(b, &b->d_step->token, 1, pos, true, NULL, err);
+        return cu_forward(b, &b->sq->d_step->token, 1, pos, true, NULL, err);
     }
     uint32_t i = 0;
     while (i + 1 < b->n_graphs && pos >= b->graph_ctx[i]) i++;
@@ -336,42 +386,65 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
     return 0;
 }
 
+/* A token of the main sequence is one launch of its decode graph; of
+ * another, a step of one row (the graphs hold the main sequence's state). */
 static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
-    if (check_room(b, 1, err)) return -1;
+    cu_seq *s = (cu_seq *)seq;
+    if (not_mtp(b, seq, "decode", err)) return -1;
+    if (s != &b->main_seq) {
+        ds4_row r = ds4_row_of(seq, token, 0);
+        return cu_seq_step(base, &r, 1, NULL, err);
+    }
+    if (check_room(s, 1, err) || cu_use(b, s, err)) return -1;
     if (token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", token, b->cfg->n_vocab);
-    b->jr.valid = false; /* a plain step ends what a rewind can take back */
-    if (steer_recapture(b, err) || cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, b->n_tokens, err))
+    s->jr.valid = false; /* a plain step ends what a rewind can take back */
+    if (steer_recapture(b, err) || cu_set_step(b, STEP_TOKEN, 0, token, err) || run_step(b, s->n_tokens, err))
         return -1;
-    b->tokens[b->n_tokens++] = token;
-    b->has_logits = true;
-    b->logits_fresh = false;
+    s->tokens[s->n_tokens++] = token;
+    s->has_logits = true;
+    s->logits_fresh = false;
+    b->lg_owner = s;
     return 0;
 }
 
 /* n greedy tokens: each step embeds the argmax its predecessor left in
- * d_step and records it; the host waits once, at the end. */
+ * d_step and records it; the host waits once, at the end.  Another
+ * sequence than the main one: token by token, its argmax on the host. */
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
-    if (!b->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
-    if (check_room(b, n, err) || steer_recapture(b, err)) return -1;
-    b->jr.valid = false;
+    cu_seq *s = (cu_seq *)seq;
+    if (not_mtp(b, seq, "greedy generation", err)) return -1;
+    if (!s->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
+    if (check_room(s, n, err)) return -1;
+    if (s != &b->main_seq) {
+        for (uint32_t i = 0; i < n; i++) {
+            const float *l = cu_seq_logits(b, s);
+            if (!l) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+            out[i] = (uint32_t)ds4_argmax(l, (int)b->cfg->n_vocab);
+            if (cuda_decode(base, seq, out[i], err)) return -1;
+        }
+        return 0;
+    }
+    if (cu_use(b, s, err) || steer_recapture(b, err)) return -1;
+    s->jr.valid = false;
     for (uint32_t done = 0; done < n;) {
         uint32_t m = n - done < b->rec_cap ? n - done : b->rec_cap;
         CU_TRY(cudaMemsetAsync(b->d_nrec, 0, sizeof(uint32_t), b->st));
         for (uint32_t i = 0; i < m; i++)
-            if (run_step(b, b->n_tokens + i, err)) return -1;
+            if (run_step(b, s->n_tokens + i, err)) return -1;
         CU_TRY(cudaMemcpyAsync(out + done, b->d_argmax, m * sizeof(uint32_t), cudaMemcpyDeviceToHost, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));
-        memcpy(b->tokens + b->n_tokens, out + done, m * sizeof(uint32_t));
-        b->n_tokens += m;
+        memcpy(s->tokens + s->n_tokens, out + done, m * sizeof(uint32_t));
+        s->n_tokens += m;
         done += m;
     }
-    b->logits_fresh = false;
+    s->logits_fresh = false;
+    b->lg_owner = s;
     if (ds4_prof_on) {
         char title[64];
-        snprintf(title, sizeof(title), "%u decode steps at %u tokens", n, b->n_tokens - n);
+        snprintf(title, sizeof(title), "%u decode steps at %u tokens", n, s->n_tokens - n);
         ds4_prof_report(title);
     }
     return 0;
@@ -380,28 +453,18 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
     if (cu_mtp_seq(b, seq)) return cu_mtp_logits(b);
-    if (!b->has_logits) return NULL;
-    if (!b->logits_fresh) {
-        if (cudaMemcpyAsync(b->logits_h, b->d_last_logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
-                            b->st) != cudaSuccess ||
-            cudaStreamSynchronize(b->st) != cudaSuccess) {
-            fprintf(stderr, "ds4 cuda: reading the logits failed: %s\n", cudaGetErrorString(cudaGetLastError()));
-            return NULL;
-        }
-        b->logits_fresh = true;
-    }
-    return b->logits_h;
+    return cu_seq_logits(b, (cu_seq *)seq);
 }
 
 /* ---------------------------------------------------- snapshot/restore */
 
-static int check_state(const cuda_backend *b, const ds4_kv_state *s, uint32_t n, ds4_err *err) {
+static int check_state(const cuda_backend *b, const cu_seq *q, const ds4_kv_state *s, uint32_t n, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (s->cfg->n_layer != c->n_layer || s->cfg->head_dim != c->head_dim || s->cfg->n_vocab != c->n_vocab ||
         s->cfg->idx_head_dim != c->idx_head_dim)
         return ds4_err_set(err, DS4_EINVAL, "KV state of a different model");
-    if (n > s->ctx || n > b->ctx)
-        return ds4_err_set(err, DS4_EINVAL, "KV state: %u tokens do not fit contexts of %u / %u", n, s->ctx, b->ctx);
+    if (n > s->ctx || n > q->ctx)
+        return ds4_err_set(err, DS4_EINVAL, "KV state: %u tokens do not fit contexts of %u / %u", n, s->ctx, q->ctx);
     if (s->raw_cap != b->raw_cap)
         return ds4_err_set(err, DS4_EINVAL, "KV state: raw rings of %u and %u rows", s->raw_cap, b->raw_cap);
     return 0;
@@ -415,7 +478,7 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
     CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), kind)                       \
                    : cudaMemcpy((dev), (host), (size_t)(count) * sizeof(float), kind))
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        const dlstate *D = &b->L[il];
+        const dlstate *D = &b->sq->L[il];
         ds4_layer_state *H = &s->layers[il];
         COPY(D->raw, H->raw, (size_t)b->raw_cap * c->head_dim);
         if (D->ratio == 0) continue;
@@ -433,35 +496,37 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
 
 static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
-    if (check_state(b, out, b->n_tokens, err)) return -1;
+    cu_seq *q = (cu_seq *)seq;
+    if (not_mtp(b, seq, "snapshot", err) || check_state(b, q, out, q->n_tokens, err) || cu_use(b, q, err)) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     CU_TRY(cudaStreamSynchronize(b->st));
-    if (b->has_logits && !cuda_logits(base, seq)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
-    if (copy_state(b, out, b->n_tokens, true, err)) return -1;
-    out->n_tokens = b->n_tokens;
-    out->has_logits = b->has_logits;
-    memcpy(out->tokens, b->tokens, (size_t)b->n_tokens * sizeof(uint32_t));
-    if (b->has_logits) memcpy(out->logits, b->logits_h, b->cfg->n_vocab * sizeof(float));
+    if (b->sq->has_logits && !cuda_logits(base, seq)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+    if (copy_state(b, out, b->sq->n_tokens, true, err)) return -1;
+    out->n_tokens = b->sq->n_tokens;
+    out->has_logits = b->sq->has_logits;
+    memcpy(out->tokens, b->sq->tokens, (size_t)b->sq->n_tokens * sizeof(uint32_t));
+    if (b->sq->has_logits) memcpy(out->logits, b->sq->logits_h, b->cfg->n_vocab * sizeof(float));
     return 0;
 }
 
 static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    cu_seq *q = (cu_seq *)seq;
     uint32_t n = in->n_tokens;
-    if (check_state(b, in, n, err)) return -1;
+    if (not_mtp(b, seq, "restore", err) || check_state(b, q, in, n, err) || cu_use(b, q, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     if (copy_state(b, (ds4_kv_state *)in, n, false, err)) return -1;
-    memcpy(b->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
-    b->n_tokens = n;
-    b->jr.valid = false;
-    b->fold = n;
-    b->has_logits = in->has_logits;
+    memcpy(b->sq->tokens, in->tokens, (size_t)n * sizeof(uint32_t));
+    b->sq->n_tokens = n;
+    b->sq->jr.valid = false;
+    b->sq->fold = n;
+    b->sq->has_logits = in->has_logits;
     if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, n, 0, err)) return -1;
     if (in->has_logits) {
         CU_TRY(cudaMemcpy(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyHostToDevice));
-        memcpy(b->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
+        memcpy(b->sq->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
         b->d_last_logits = b->d_logits;
-        b->logits_fresh = true;
+        b->sq->logits_fresh = true;
         if (cu_step_end(b, 0, false, err)) return -1; /* the next greedy token */
     }
     CU_TRY(cudaStreamSynchronize(b->st));
@@ -470,45 +535,119 @@ static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
 
 /* ------------------------------------------------------------ create */
 
+/* A sequence's memory (its state block, journal and host mirror). */
+static void seq_release(cu_seq *s) {
+    cu_journal_free(&s->jr);
+    if (s->state_block) cudaFree(s->state_block);
+    free(s->L);
+    free(s->tokens);
+    free(s->logits_h);
+    s->state_block = NULL;
+    s->L = NULL;
+    s->tokens = NULL;
+    s->logits_h = NULL;
+}
+
+/* Bytes of device memory a sequence of ctx tokens takes (its state block;
+ * a mark adds its journal). */
+static size_t seq_bytes(const cuda_backend *b, uint32_t ctx, bool defer) {
+    cu_seq probe = {};
+    dlstate L[DS4_MAX_LAYERS];
+    probe.ctx = ctx;
+    probe.L = L;
+    bump m = {NULL, 0};
+    layout_state(b, &probe, defer, &m);
+    return m.off;
+}
+
+/* s's memory for ctx tokens, empty; defer: the main sequence's windows. */
+static int seq_alloc(cuda_backend *b, cu_seq *s, uint32_t ctx, bool defer, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    s->base.owner = &b->base;
+    s->ctx = ctx;
+    s->L = (dlstate *)calloc(c->n_layer + 1, sizeof(dlstate)); /* the main one's: and the MTP block's layer */
+    s->tokens = (uint32_t *)calloc(ctx, sizeof(uint32_t));
+    s->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
+    if (!s->L || !s->tokens || !s->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a sequence");
+    char what[96];
+    snprintf(what, sizeof(what), "the state of a sequence of %u tokens", ctx);
+    bump m = {NULL, seq_bytes(b, ctx, defer)};
+    if (cu_dev_alloc(&s->state_block, m.off, what, err)) return -1;
+    s->bytes = m.off;
+    b->dev_bytes += (s->bytes + 255) / 256 * 256;
+    m.base = (uint8_t *)s->state_block;
+    m.off = 0;
+    layout_state(b, s, defer, &m);
+    for (uint32_t il = 0; il < c->n_layer; il++)
+        if (s->L[il].win) CU_TRY(cudaMemset(s->L[il].win, 0, (size_t)s->L[il].ratio * c->n_embd * sizeof(float)));
+    return reset_state(b, s, err);
+}
+
 static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
     for (uint32_t i = 0; i < CU_GRAPHS; i++)
         for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
             if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
-    cu_journal_free(&b->jr);
+    cu_batch_graph_drop(b, NULL);
+    free(b->bg_seq);
     cu_offload_free(b->off);
     cu_mtp_free(b);
+    seq_release(&b->main_seq);
     if (b->buf_block) cudaFree(b->buf_block);
-    if (b->state_block) cudaFree(b->state_block);
     cu_weights_free(&b->W);
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        if (b->lane_ev[i]) cudaEventDestroy(b->lane_ev[i]);
+        if (b->lane[i]) cudaStreamDestroy(b->lane[i]);
+    }
     if (b->ev_join) cudaEventDestroy(b->ev_join);
     if (b->ev_fork) cudaEventDestroy(b->ev_fork);
     if (b->side) cudaStreamDestroy(b->side);
     if (b->st) cudaStreamDestroy(b->st);
-    free(b->L);
-    free(b->tokens);
-    free(b->logits_h);
     free(b->obs_h);
     free(b);
 }
 
 /* ---------------------------------------------------------- sequences */
 
-/* The backend holds the state of one sequence, its main one. */
+/* A sequence beside the main one: its own state in device memory, which
+ * steps (cu_seq_step) advance alone or with others. */
 static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
-    ds4_err_set(err, DS4_EUNSUPPORTED, "the CUDA backend holds one sequence (its main one)");
-    return NULL;
+    cuda_backend *b = (cuda_backend *)base;
+    if (ctx == 0 || ctx > b->ctx) {
+        ds4_err_set(err, DS4_EINVAL, "a sequence of %u tokens: the backend's sequences hold 1 to %u", ctx, b->ctx);
+        return NULL;
+    }
+    cu_seq *s = (cu_seq *)calloc(1, sizeof(*s));
+    if (!s) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a sequence");
+        return NULL;
+    }
+    if (seq_alloc(b, s, ctx, false, err)) {
+        seq_release(s);
+        free(s);
+        return NULL;
+    }
+    return &s->base;
 }
 
-static void cuda_seq_free(ds4_backend *base, ds4_seq *s) {
+static void cuda_seq_free(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
-    if (cu_mtp_seq(b, s)) cu_mtp_seq_free(b);
+    if (cu_mtp_seq(b, seq)) return cu_mtp_seq_free(b);
+    cu_seq *s = (cu_seq *)seq;
+    if (s == &b->main_seq) return; /* the backend's own */
+    if (cudaStreamSynchronize(b->st) != cudaSuccess) (void)cudaGetLastError();
+    if (b->lg_owner == s) b->lg_owner = NULL;
+    if (b->sq == s) b->sq = &b->main_seq;
+    cu_batch_graph_drop(b, s);
+    b->dev_bytes -= (s->bytes + 255) / 256 * 256;
+    seq_release(s);
+    free(s);
 }
 
 static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
     const cuda_backend *b = (const cuda_backend *)base;
-    return cu_mtp_seq(b, s) ? cu_mtp_len(b) : b->n_tokens;
+    return cu_mtp_seq(b, s) ? cu_mtp_len(b) : ((const cu_seq *)s)->n_tokens;
 }
 
 /* Marks and rewinds of the main sequence (cuda_seq.cu) or the MTP one. */
@@ -587,12 +726,8 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
 static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (cu_weights_shape(&b->W, w, NULL, err)) return -1;
-    b->L = (dlstate *)calloc(c->n_layer + 1, sizeof(dlstate)); /* and the MTP block's layer */
-    if (!b->L) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    size_t state = (seq_bytes(b, b->ctx, true) + 255) / 256 * 256; /* the main sequence's */
     bump m = {NULL, 0};
-    layout_state(b, &m);
-    size_t state = (m.off + 255) / 256 * 256;
-    m.off = 0;
     layout_buffers(b, &m);
     size_t bufs = (m.off + 255) / 256 * 256, routed = 0, all = cu_weights_bytes(&b->W, c, &routed);
     uint64_t budget;
@@ -617,26 +752,17 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     CU_TRY(cudaStreamCreateWithFlags(&b->side, cudaStreamNonBlocking));
     CU_TRY(cudaEventCreateWithFlags(&b->ev_fork, cudaEventDisableTiming));
     CU_TRY(cudaEventCreateWithFlags(&b->ev_join, cudaEventDisableTiming));
+    for (uint32_t i = 0; i < CU_LANES; i++) {
+        CU_TRY(cudaStreamCreateWithFlags(&b->lane[i], cudaStreamNonBlocking));
+        CU_TRY(cudaEventCreateWithFlags(&b->lane_ev[i], cudaEventDisableTiming));
+    }
     if (cu_matmul_init(err)) return -1;
     if (place_and_load(b, w, err)) return -1;
-    b->tokens = (uint32_t *)calloc(b->ctx, sizeof(uint32_t));
-    b->logits_h = (float *)calloc(c->n_vocab, sizeof(float));
-    if (!b->L || !b->tokens || !b->logits_h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     if (b->base.opts.act_observer && !(b->obs_h = (float *)malloc((size_t)b->chunk * c->n_embd * sizeof(float))))
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     bump m = {NULL, 0};
-    layout_state(b, &m);
-    char what[96];
-    snprintf(what, sizeof(what), "session state (context %u)", b->ctx);
-    if (cu_dev_alloc(&b->state_block, m.off, what, err)) return -1;
-    b->dev_bytes += (m.off + 255) / 256 * 256;
-    m.base = (uint8_t *)b->state_block;
-    m.off = 0;
-    layout_state(b, &m);
-    m.base = NULL;
-    m.off = 0;
     layout_buffers(b, &m);
+    char what[96];
     size_t need = m.off;
     snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
     if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
@@ -644,12 +770,6 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
-    b->n_kinds = 1;
-    for (uint32_t il = 0; il < c->n_layer; il++)
-        if (b->L[il].win) {
-            b->n_kinds = CU_STEP_KINDS;
-            CU_TRY(cudaMemset(b->L[il].win, 0, (size_t)b->L[il].ratio * c->n_embd * sizeof(float)));
-        }
     CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
     CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
     if (b->expert_count) CU_TRY(cudaMemset(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t)));
@@ -660,10 +780,16 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaMemset(b->imx_routes, 0, routes_n * sizeof(uint64_t)));
     }
     CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    for (uint32_t i = 0; i < CU_LANES; i++)
+        CU_TRY(cudaMemset(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
     if (b->d_steer)
         CU_TRY(cudaMemcpy(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float),
                           cudaMemcpyHostToDevice));
-    if (reset_state(b, err)) return -1;
+    if (seq_alloc(b, &b->main_seq, b->ctx, true, err)) return -1;
+    if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
+    b->n_kinds = 1;
+    for (uint32_t il = 0; il < c->n_layer; il++)
+        if (b->main_seq.L[il].win) b->n_kinds = CU_STEP_KINDS;
     return capture_step(b, err);
 }
 
@@ -705,8 +831,9 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     if (o.imatrix) o.host_experts = DS4_HOST_STREAM;
     b->base.ops = &cuda_ops;
     b->base.w = w;
-    b->main_seq.owner = &b->base;
-    b->base.main = &b->main_seq;
+    b->main_seq.base.owner = &b->base;
+    b->base.main = &b->main_seq.base;
+    b->sq = &b->main_seq;
     b->base.opts = ds4_backend_opts_resolve(&o);
     b->cfg = c;
     b->sim = !b->base.opts.no_sim;

@@ -324,7 +324,7 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
     DS4_LAUNCH(argmax_part_kernel, ARGMAX_BLOCKS, 256, 0, b->st, (const float *)b->d_last_logits, b->cfg->n_vocab,
                b->argmax_part, b->argmax_idx);
     CU_LAUNCHED();
-    DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->d_step, (const float *)b->argmax_part, (const uint32_t *)b->argmax_idx,
+    DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->sq->d_step, (const float *)b->argmax_part, (const uint32_t *)b->argmax_idx,
                T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
     CU_LAUNCHED();
     return 0;
@@ -339,7 +339,20 @@ static __global__ void set_step_kernel(dstep *st, uint32_t pos, uint32_t token, 
 }
 
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err) {
-    DS4_LAUNCH(set_step_kernel, 1, 32, 0, b->st, b->d_step, pos, token, which);
+    DS4_LAUNCH(set_step_kernel, 1, 32, 0, b->st, b->sq->d_step, pos, token, which);
+    CU_LAUNCHED();
+    return 0;
+}
+
+static __global__ void advance_kernel(dstep *st) {
+    dev_pdl_enter();
+    if (threadIdx.x != 0) return;
+    st->pos += 1;
+    st->fold = st->pos;
+}
+
+int cu_advance(cuda_backend *b, ds4_err *err) {
+    DS4_LAUNCH(advance_kernel, 1, 32, 0, b->st, b->sq->d_step);
     CU_LAUNCHED();
     return 0;
 }

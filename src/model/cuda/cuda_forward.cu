@@ -51,7 +51,7 @@ static int attention_projections(cuda_backend *b, uint32_t il, uint32_t T, bool 
     if (mm(b, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, T, b->qa_raw, c->q_lora_rank, err) ||
         mm(b, &w->kv, 0, c->head_dim, &b->xn, 0, T, b->kvbuf, c->head_dim, err))
         return -1;
-    if (ratio && (cu_comp_products(b, il, &b->xn, T, b->st, err) || cu_journal_proj(b, il, T, err))) return -1;
+    if (ratio && cu_comp_products(b, il, &b->xn, T, b->st, err)) return -1;
     if (idx && mm(b, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, T, b->iw, c->idx_n_head, err)) return -1;
     return 0;
 }
@@ -199,11 +199,114 @@ static int shared_expert(cuda_backend *b, uint32_t il, const hc_site *sink, ds4_
     return cu_gemv_run(&p, b->side, err);
 }
 
-int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
+/* The backend as the pass of part p alone sees it at layer il: its
+ * sequence, and the pass buffers that the sequence's own work (q / kv
+ * post, compressor, indexer, attention) reads and writes from the part's
+ * first row on.  That work of a pass of several parts runs part by part,
+ * each as a pass of its rows alone would run it; the products around it
+ * take every row of the pass at once. */
+static cuda_backend part_view(const cuda_backend *b, const cu_part *p, uint32_t il) {
+    const ds4_config *c = b->cfg;
+    size_t r = p->r0, hd = c->head_dim, ihd = c->idx_head_dim, ih = c->idx_n_head;
+    cuda_backend v = *b;
+    v.sq = p->s;
+    v.qa_raw = b->qa_raw + r * c->q_lora_rank;
+    v.qr = act_row(&b->qr, p->r0);
+    v.kvbuf = b->kvbuf + r * hd;
+    v.q = b->q + r * c->n_head * hd;
+    v.iq = b->iq + r * ih * ihd;
+    v.iw = b->iw + r * ih;
+    size_t cw = (size_t)ds4_compress_coff(ds4_layer_ratio(c, il)) * hd;
+    v.ckv = b->ckv + r * cw;
+    v.cgate = b->cgate + r * cw;
+    v.ikv = b->ikv + r * 2 * ihd;
+    v.igate = b->igate + r * 2 * ihd;
+    v.idx_scores = b->idx_scores + r * b->comp_cap4;
+    v.vis = b->vis + r * c->idx_top_k;
+    v.nvis = b->nvis + r;
+    v.heads = act_row(&b->heads, p->r0);
+    v.xn = act_row(&b->xn, p->r0);
+    return v;
+}
+
+/* The view of part i of a pass of n_parts on its lane (a pass of one part:
+ * the backend's own stream and scratch).  Parts on the tensor-core
+ * attention share its split rows (attn_tc_rows): they all take lane 0. */
+static cuda_backend lane_view(const cuda_backend *b, const cu_part *parts, uint32_t n_parts, uint32_t i, uint32_t il) {
+    cuda_backend v = part_view(b, &parts[i], il);
+    if (n_parts > 1) {
+        uint32_t l = cu_attn_tc(b, parts[i].n) ? 0 : i % CU_LANES;
+        v.st = b->lane[l];
+        v.attn_part = b->lane_attn_part[l];
+        v.attn_count = b->lane_attn_count[l];
+    }
+    return v;
+}
+
+/* The lanes of a pass of n_parts start after what st has enqueued (fork),
+ * or st waits for them (join). */
+static int lanes_fork(cuda_backend *b, uint32_t n_parts, ds4_err *err) {
+    if (n_parts < 2) return 0;
+    CU_TRY(cudaEventRecord(b->ev_fork, b->st));
+    for (uint32_t l = 0; l < CU_LANES && l < n_parts; l++) CU_TRY(cudaStreamWaitEvent(b->lane[l], b->ev_fork, 0));
+    return 0;
+}
+static int lanes_join(cuda_backend *b, uint32_t n_parts, ds4_err *err) {
+    if (n_parts < 2) return 0;
+    for (uint32_t l = 0; l < CU_LANES && l < n_parts; l++) {
+        CU_TRY(cudaEventRecord(b->lane_ev[l], b->lane[l]));
+        CU_TRY(cudaStreamWaitEvent(b->st, b->lane_ev[l], 0));
+    }
+    return 0;
+}
+
+/* A prefill pass's attention up to the heads: the q / kv post of each
+ * part (its positions, its ring) and the journal's copies, the query
+ * products of every row, then each part's compressor, indexer and
+ * attention over its own state; the parts' own work on the lanes. */
+static int attention_parts(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T,
+                           ds4_err *err) {
+    const dlayer *w = &b->W.layers[il];
+    uint32_t ratio = ds4_layer_ratio(b->cfg, il);
+    if (lanes_fork(b, n_parts, err)) return -1;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        cuda_backend v = lane_view(b, parts, n_parts, i, il);
+        uint32_t n = parts[i].n;
+        if (cu_qkv_post(&v, il, n, err) || cu_journal_rows(&v, il, n, err) || cu_journal_proj(&v, il, n, err))
+            return -1;
+    }
+    if (lanes_join(b, n_parts, err) || query_projections(b, w, ratio == 4, T, false, err) ||
+        lanes_fork(b, n_parts, err))
+        return -1;
+    /* a captured step's parts (one row each) are sized for any position,
+     * as a decode step is: their compressors pool with the frontiers, their
+     * indexer and attention grids cover the whole context */
+    bool any_pos = b->capturing;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        cuda_backend v = lane_view(b, parts, n_parts, i, il);
+        uint32_t n = parts[i].n, pos0 = parts[i].pos0;
+        if (cu_q_post(&v, il, n, false, err) || (ratio && cu_compress(&v, il, n, pos0, any_pos, v.st, NULL, err)) ||
+            (ratio == 4 && cu_indexer(&v, il, n, pos0, any_pos, err)) || cu_attend(&v, il, n, pos0, NULL, err))
+            return -1;
+    }
+    return lanes_join(b, n_parts, err);
+}
+
+int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T, bool decode,
+                       ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    uint32_t ratio = ds4_layer_ratio(c, il);
+    uint32_t ratio = ds4_layer_ratio(c, il), pos0 = parts[0].pos0;
     bool idx = ratio == 4;
+    if (!decode) {
+        if (attention_projections(b, il, T, false, err) || attention_parts(b, il, parts, n_parts, T, err) ||
+            output_projection(b, w, T, false, err))
+            return -1;
+        hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
+        if (cu_steer(b, il, T, false, false, &src, err)) return -1;
+        hc_site ffn = ffn_site(b, il, false);
+        return cu_hc_step(b, &src, &ffn, T, err);
+    }
     /* decode: the compressor needs only the layer's input and its own
      * state; its projections and pooling run beside the query path, which
      * waits for the emitted rows before the indexer (the join's event,
@@ -213,8 +316,8 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
      * post).  Its projections, 6 % of the bytes a step reads, slowed the
      * indexer and attention they ran beside (b1c07d4, docs/DESIGN.md
      * 4.3). */
-    bool deferred = decode && b->L[il].win, closes = deferred && cu_kind_closes(b->dec_kind, ratio);
-    bool branch = ratio && decode && (!deferred || closes);
+    bool deferred = b->sq->L[il].win, closes = deferred && cu_kind_closes(b->dec_kind, ratio);
+    bool branch = ratio && (!deferred || closes);
     if (branch && side_fork(b, err)) return -1;
     if (closes && cu_compress_window(b, il, b->side, b->ev_join, err)) return -1;
     if (branch && !closes &&
@@ -222,17 +325,13 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, 
          cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
     if (attention_projections(b, il, T, decode, err)) return -1;
-    if (cu_qkv_post(b, il, T, err) || cu_journal_rows(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
+    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
         cu_q_post(b, il, T, deferred && !closes, err))
         return -1;
-    if (branch) {
-        if (side_wait(b, err)) return -1;
-    } else if (ratio && !decode && cu_compress(b, il, T, pos0, decode, b->st, NULL, err)) {
-        return -1;
-    }
+    if (branch && side_wait(b, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
-    if (cu_attend(b, il, T, pos0, decode ? &here : NULL, err) || output_projection(b, w, T, decode, err)) return -1;
+    if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, w, T, decode, err)) return -1;
     hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
     if (cu_steer(b, il, T, false, decode, &src, err)) return -1;
     hc_site ffn = ffn_site(b, il, decode);
@@ -305,12 +404,13 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
 }
 
 /* The vocabulary product of the collapsed, normed rows (hz, from the last
- * HC step): for the last token into d_logits row 0, or (host_all) for
- * every token, copied out piece by piece.  Sets b->d_last_logits. */
-static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) {
+ * HC step): for the last row into d_logits row 0, or (host) for the rows
+ * `need` marks (NULL: every row), copied out in order, a run of adjacent
+ * rows a product at a time.  Sets b->d_last_logits (to the last row made). */
+static int output_head(cuda_backend *b, uint32_t T, const bool *need, float *host, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dweights *W = &b->W;
-    if (!host_all) {
+    if (!host) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         dact last = act_row(&b->hz, T - 1);
@@ -318,39 +418,80 @@ static int output_head(cuda_backend *b, uint32_t T, float *host_all, ds4_err *er
         b->d_last_logits = b->d_logits;
         return cu_gemv_run(&p, b->st, err);
     }
-    for (uint32_t t0 = 0; t0 < T; t0 += b->logits_rows) {
-        uint32_t n = T - t0 < b->logits_rows ? T - t0 : b->logits_rows;
+    for (uint32_t t0 = 0; t0 < T;) {
+        if (need && !need[t0]) {
+            t0++;
+            continue;
+        }
+        uint32_t n = 1;
+        while (t0 + n < T && n < b->logits_rows && (!need || need[t0 + n])) n++;
         dact part = act_row(&b->hz, t0);
         if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->split, b->st, err)) return -1;
-        CU_TRY(cudaMemcpyAsync(host_all + (size_t)t0 * c->n_vocab, b->d_logits, (size_t)n * c->n_vocab * sizeof(float),
-                               cudaMemcpyDeviceToHost, b->st));
+        CU_TRY(cudaMemcpyAsync(host, b->d_logits, (size_t)n * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));
         b->d_last_logits = b->d_logits + (size_t)(n - 1) * c->n_vocab;
+        host += (size_t)n * c->n_vocab;
+        t0 += n;
     }
     return 0;
 }
 
-int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
-               ds4_err *err) {
+/* The final residuals the MTP block pairs with (cu_mtp_keep_hidden): the
+ * main sequence's rows of the pass (the block pairs with it alone). */
+static int keep_hidden_parts(cuda_backend *b, const cu_part *parts, uint32_t n_parts, ds4_err *err) {
+    size_t hcd = (size_t)b->cfg->n_hc * b->cfg->n_embd;
+    for (uint32_t i = 0; i < n_parts; i++) {
+        if (parts[i].s != &b->main_seq) continue;
+        cuda_backend v = *b;
+        v.sq = parts[i].s;
+        v.S = b->S + parts[i].r0 * hcd;
+        if (cu_mtp_keep_hidden(&v, parts[i].n, false, err)) return -1;
+    }
+    return 0;
+}
+
+int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *parts, uint32_t n_parts, uint32_t T,
+                     bool decode, const bool *need, float *host, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    if (decode && T != 1) /* its launches are shaped for one token (the hosted Sinkhorn reads one token's sums) */
+    /* a decode pass's launches are shaped for one token (the hosted
+     * Sinkhorn reads one token's sums) */
+    if (decode && (T != 1 || n_parts != 1))
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a decode pass of %u tokens (it takes one)", T);
+    b->sq = parts[0].s;
     hc_site first = attn_site(b, 0, decode);
     if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++)
-        if (cu_attention_layer(b, il, T, pos0, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err)) return -1;
-    if (b->mtp && cu_mtp_keep_hidden(b, T, false, err)) return -1;
-    if (output_head(b, T, host_all, err)) return -1;
-    return cu_step_end(b, T, decode, err);
+        if (cu_attention_layer(b, il, parts, n_parts, T, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err))
+            return -1;
+    if (b->mtp && keep_hidden_parts(b, parts, n_parts, err)) return -1;
+    if (n_parts > 1 && b->capturing) { /* a captured batched step: every row's logits, its positions advanced */
+        if (cu_gemm(&b->W.output, 0, 0, c->n_vocab, &b->hz, 0, T, b->d_logits, c->n_vocab, NULL, b->split, b->st, err))
+            return -1;
+        for (uint32_t i = 0; i < n_parts; i++) {
+            b->sq = parts[i].s;
+            if (cu_advance(b, err)) return -1;
+        }
+        return 0;
+    }
+    if (output_head(b, T, need, host, err)) return -1;
+    /* a pass of several parts: the caller sets each one's position */
+    return n_parts == 1 ? cu_step_end(b, T, decode, err) : 0;
+}
+
+int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
+               ds4_err *err) {
+    cu_part p = {b->sq, 0, T, pos0};
+    return cu_forward_parts(b, d_tok, &p, 1, T, decode, NULL, host_all, err);
 }
 
 int cu_forward_mtp(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
                    ds4_err *err) {
     uint32_t il = b->cfg->n_layer;
     hc_site first = attn_site(b, il, decode);
-    if (cu_hc_step(b, NULL, &first, T, err) || cu_attention_layer(b, il, T, pos0, decode, err) ||
+    cu_part p = {b->sq, 0, T, pos0};
+    if (cu_hc_step(b, NULL, &first, T, err) || cu_attention_layer(b, il, &p, 1, T, decode, err) ||
         cu_ffn_layer(b, il, d_tok, T, decode, err) || cu_mtp_keep_hidden(b, T, true, err) ||
-        output_head(b, T, host_all, err))
+        output_head(b, T, NULL, host_all, err))
         return -1;
     return cu_step_end(b, T, false, err);
 }

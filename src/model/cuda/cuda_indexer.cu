@@ -675,10 +675,10 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;
     bool early = cu_pos_early(b, T);
-    if (cu_idx_scores(&b->d_step->pos, early, b->iq, b->iw, b->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
+    if (cu_idx_scores(&b->sq->d_step->pos, early, b->iq, b->iw, b->sq->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
                       c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
-    return cu_topk(&b->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis, b->st,
+    return cu_topk(&b->sq->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis, b->st,
                    err);
 }
 

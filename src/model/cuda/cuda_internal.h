@@ -28,7 +28,8 @@
  *   cuda_attn.cu     embedding, norms, RoPE, compressors, attention
  *   cuda_indexer.cu  indexer scores and top-k (the visible compressed rows)
  *   cuda_ffn.cu      router, experts, shared expert, output head, argmax
- *   cuda_backend.cu  the ds4_backend: state, chunks, graphs, snapshots
+ *   cuda_backend.cu  the ds4_backend: sequences' state, chunks, graphs, snapshots
+ *   cuda_seq.cu      steps over rows of several sequences, marks and rewinds
  *   cuda_offload.cu  routed experts in host RAM: placement, the host branch (cuda_offload.h)
  *
  * Repacked weight rows (same bytes as the GGUF block formats, regrouped so
@@ -333,6 +334,7 @@ typedef struct cu_journal {
     bool had_logits;
 } cu_journal;
 
+#define CU_LANES 8          /* streams the parts of a pass run their own work on */
 #define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
 /* Kinds of decode step, one graph each: no compressor window closes, the
  * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
@@ -343,9 +345,38 @@ typedef struct cu_journal {
 
 struct cu_mtp;
 
+/* A sequence (backend.h): one token stream's state in GPU memory - its
+ * layers' rings, compressed rows, frontiers and indexer rows, sized from
+ * its context - with the device record of its position (dstep) and the
+ * host mirror of its tokens and logits.  The main sequence alone is what
+ * the decode graphs were captured for (they hold its pointers); every
+ * other one advances by steps (cu_seq_step), whose passes act on the
+ * sequence cuda_backend.sq names while they are made. */
+typedef struct cu_seq {
+    ds4_seq base;
+    uint32_t ctx;        /* tokens it holds */
+    dlstate *L;          /* per layer (device pointers) */
+    void *state_block;   /* all layer state, and d_step */
+    size_t bytes;        /* its size (cuda_backend.dev_bytes counts it) */
+    dstep *d_step;
+    cu_journal jr;       /* from its mark on */
+    uint32_t n_tokens;
+    uint32_t *tokens;
+    float *logits_h;     /* the logits after its last token (host) */
+    bool has_logits;
+    /* logits_h holds them; else (the main sequence after a decode step)
+     * they are the pass's d_last_logits, until a pass of another sequence */
+    bool logits_fresh;
+    uint32_t fold;       /* host copy of dstep.fold */
+} cu_seq;
+
 typedef struct cuda_backend {
     ds4_backend base;
-    ds4_seq main_seq;    /* the one sequence whose state the backend holds */
+    cu_seq main_seq;     /* the decode graphs' sequence */
+    cu_seq *sq;          /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
+    /* the sequence whose logits are d_last_logits and not yet in its
+     * logits_h (cu_use copies them out before another one's pass) */
+    cu_seq *lg_owner;
     const ds4_config *cfg;
     bool sim;
     uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
@@ -357,27 +388,24 @@ typedef struct cuda_backend {
      * beside the routing and the routed experts */
     cudaStream_t side;
     cudaEvent_t ev_fork, ev_join;
+    /* a pass of several parts: the parts' own work (q / kv post,
+     * compressor, indexer, attention) on CU_LANES streams, part i on lane
+     * i % CU_LANES, forked from st and joined back, each lane with its own
+     * attention scratch (captured: parallel branches of the batched decode
+     * graph, whose parts' small launches then overlap) */
+    cudaStream_t lane[CU_LANES];
+    cudaEvent_t lane_ev[CU_LANES];
+    float *lane_attn_part[CU_LANES];
+    uint32_t *lane_attn_count[CU_LANES];
 
     dweights W;
-    dlstate *L;          /* per layer (device pointers) */
-    void *state_block;   /* all layer state */
-
-    cu_journal jr;       /* the last rewindable step's */
     struct cu_mtp *mtp;  /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
-
-    /* host mirror of the session */
-    uint32_t n_tokens;
-    uint32_t *tokens;
-    float *logits_h;
     /* directional steering (model/steering.h): the directions on the
      * device (NULL without), the scales the decode graphs were captured
      * with, and the activation observer's host rows (chunk x n_embd) */
     float *d_steer;
     float graph_steer[2];
     float *obs_h;
-    bool has_logits, logits_fresh;
-
-    dstep *d_step;
     uint32_t *d_tokens;      /* the chunk's token ids */
     float *d_logits;         /* logits_rows x n_vocab */
     float *d_last_logits;    /* row of the last pass's last token */
@@ -425,10 +453,25 @@ typedef struct cuda_backend {
     uint32_t graph_ctx[CU_GRAPHS], n_graphs, graph_ctx0;
     uint32_t n_kinds;      /* CU_STEP_KINDS with deferred layers, else 1 */
     uint32_t dec_kind;     /* the kind of step the decode pass being made is for */
-    uint32_t fold;         /* host copy of dstep.fold */
     uint32_t dec_ctx;      /* the context the decode pass being made is sized for (cu_dec_cap) */
     bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
+    /* The captured batched decode step (cuda_seq.cu): one row of each of
+     * bg_n sequences, bg_seq in row order, each part's work sized for any
+     * position of its sequence, the positions advanced by the graph; it
+     * serves every step of those sequences in that order.  NULL: none. */
+    cudaGraphExec_t bg;
+    cu_seq **bg_seq;
+    uint32_t bg_n;
+    float bg_steer[2];     /* the steering scales it was captured with */
 } cuda_backend;
+
+/* Make s the sequence the next passes act on (cuda_backend.sq), first
+ * copying the logits another sequence left on the device to its host
+ * mirror (cuda_backend.lg_owner). */
+int cu_use(cuda_backend *b, cu_seq *s, ds4_err *err);
+/* The logits after s's last token, on the host (NULL: none, or a read
+ * failed). */
+const float *cu_seq_logits(cuda_backend *b, cu_seq *s);
 
 /* The kind of the decode step at position pos (CU_STEP_KINDS), and
  * whether a step of kind k closes the windows of a ratio layer. */
@@ -451,11 +494,29 @@ static inline uint32_t cu_comp_cap(uint32_t ctx, uint32_t ratio) { return ctx / 
  * pass's positions can have (cuda_backend.dec_ctx). */
 static inline uint32_t cu_dec_cap(const cuda_backend *b, uint32_t ratio) { return cu_comp_cap(b->dec_ctx, ratio); }
 
-/* cuda_forward.cu: one pass of T tokens (ids at d_tok, first position
- * pos0); host_all, when given, receives the logits of every token. */
+/* A part of a pass: its rows [r0, r0 + n) are the next n tokens of
+ * sequence s, whose length is pos0. */
+typedef struct cu_part {
+    cu_seq *s;
+    uint32_t r0, n, pos0;
+} cu_part;
+
+/* cuda_forward.cu: one pass of T tokens (ids at d_tok) of the sequence
+ * b->sq, the first at position pos0; host_all, when given, receives the
+ * logits of every token. */
 int cu_forward(cuda_backend *b, const uint32_t *d_tok, uint32_t T, uint32_t pos0, bool decode, float *host_all,
                ds4_err *err);
-int cu_attention_layer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err);
+/* One pass of T rows in parts of several sequences (a decode pass: one
+ * part of one row): the products of all rows at once - the routed experts
+ * grouped over them, each expert's weights read once - and each part's
+ * attention over its own state.  host: the logits of the rows `need`
+ * marks (NULL: all), in row order; none: the last row's into d_logits.
+ * One part: its position advanced and next greedy token set, as
+ * cu_step_end; several: the caller sets their positions. */
+int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *parts, uint32_t n_parts, uint32_t T,
+                     bool decode, const bool *need, float *host, ds4_err *err);
+int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T, bool decode,
+                       ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
 
 /* The MTP block's pass (its input S made by cuda_mtp.cu, position and
@@ -498,6 +559,9 @@ int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
  * them), likewise. */
 int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 void cu_journal_free(cu_journal *j);
+/* Drop the captured batched decode step if it holds s (s is being freed;
+ * NULL: drop it whatever it holds). */
+void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s);
 
 /* cuda_hc.cu */
 typedef struct hc_post_src {
@@ -544,15 +608,16 @@ uint32_t cu_hc_cols(void);
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
 
 /* cuda_steer.cu: the sublayer output of layer il at a steering point with
- * the main sequence's scale, and to the activation observer (not in decode
- * passes).  The attention's is b->y; the FFN's (post, routed + shared) is
+ * the scale of the pass's sequence (b->sq; the parts of a pass of several
+ * all have the same, cu_seq_step), and to the activation observer (not in
+ * decode passes).  The attention's is b->y; the FFN's (post, routed + shared) is
  * first summed into b->y when steered or observed, and post then reads
  * b->y.  Nothing at all when neither applies. */
 int cu_steer(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, bool decode, hc_post_src *post, ds4_err *err);
 /* The scales a decode step of the main sequence runs with now. */
 static inline bool cu_steer_changed(const cuda_backend *b) {
     return b->d_steer &&
-           (b->main_seq.steer_ffn != b->graph_steer[0] || b->main_seq.steer_attn != b->graph_steer[1]);
+           (b->main_seq.base.steer_ffn != b->graph_steer[0] || b->main_seq.base.steer_attn != b->graph_steer[1]);
 }
 /* hcsums: the mixer's reduced sums (sum of squares, then the rows; at
  * most 32) and, at HC_SUMS_RS, the RMS scale as a double. */
@@ -724,6 +789,9 @@ size_t cu_imatrix_floats(const ds4_config *c, size_t *mid, size_t *routes);
  * the token, the fold (to the position given). */
 enum { STEP_POS = 1, STEP_TOKEN = 2, STEP_FOLD = 4 };
 int cu_set_step(cuda_backend *b, int which, uint32_t pos, uint32_t token, ds4_err *err);
+/* b->sq's position one further, its frontiers holding every position
+ * (fold): a captured batched step's end, for each of its sequences. */
+int cu_advance(cuda_backend *b, ds4_err *err);
 int cu_fill(cuda_backend *b, float *p, size_t n, float v, ds4_err *err);
 
 /* cuda_matmul.cu: device tables the products need, before any capture. */

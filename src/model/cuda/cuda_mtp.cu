@@ -37,7 +37,7 @@ struct cu_mtp {
     bool held;
     float *hid_main;      /* DS4_HIDDEN_KEEP final residuals (n_hc x n_embd) of the main sequence */
     float *hid_mtp;       /* ... of the MTP sequence */
-    float *raw;           /* the MTP sequence's raw ring: b->L[n_layer].raw */
+    float *raw;           /* the MTP sequence's raw ring: b->main_seq.L[n_layer].raw */
     dstep *d_step;        /* its position and token */
     float *d_logits;      /* logits_rows x n_vocab (the pass's output head) */
     const float **d_hsrc; /* chunk entries: the residual each row of a pass pairs with */
@@ -117,7 +117,7 @@ static __global__ void mtp_add_kernel(float *S, const float *y, uint32_t n_hc, u
 
 int cu_mtp_keep_hidden(cuda_backend *b, uint32_t T, bool mtp_pass, ds4_err *err) {
     uint32_t n = T < DS4_HIDDEN_KEEP ? T : DS4_HIDDEN_KEEP, hcD = b->cfg->n_hc * b->cfg->n_embd;
-    DS4_LAUNCH(keep_hidden_kernel, n, 256, 0, b->st, (const dstep *)b->d_step, (const float *)b->S,
+    DS4_LAUNCH(keep_hidden_kernel, n, 256, 0, b->st, (const dstep *)b->sq->d_step, (const float *)b->S,
                mtp_pass ? b->mtp->hid_mtp : b->mtp->hid_main, T, n, hcD);
     CU_LAUNCHED();
     return 0;
@@ -160,13 +160,14 @@ static int mtp_input(cuda_backend *b, uint32_t T, ds4_err *err) {
  * The MTP sequence's dstep and logits rows stand in for the main one's. */
 static int mtp_pass(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) {
     cu_mtp *m = b->mtp;
-    dstep *main_step = b->d_step;
+    b->sq = &b->main_seq; /* whose final residuals the block pairs with, and whose layer n_layer is the block's */
+    dstep *main_step = b->sq->d_step;
     float *main_logits = b->d_logits, *main_last = b->d_last_logits;
-    b->d_step = m->d_step;
+    b->sq->d_step = m->d_step;
     b->d_logits = m->d_logits;
     int rc = mtp_input(b, T, err);
     if (rc == 0) rc = cu_forward_mtp(b, b->d_tokens, T, m->n_tokens, T == 1, host_all, err);
-    b->d_step = main_step;
+    b->sq->d_step = main_step;
     b->d_logits = main_logits;
     b->d_last_logits = main_last;
     return rc;
@@ -174,10 +175,11 @@ static int mtp_pass(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) 
 
 /* The position of the MTP sequence's dstep. */
 static int mtp_set_pos(cuda_backend *b, uint32_t pos, ds4_err *err) {
-    dstep *main_step = b->d_step;
-    b->d_step = b->mtp->d_step;
+    b->sq = &b->main_seq;
+    dstep *main_step = b->sq->d_step;
+    b->sq->d_step = b->mtp->d_step;
     int rc = cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, pos, 0, err);
-    b->d_step = main_step;
+    b->sq->d_step = main_step;
     return rc;
 }
 
@@ -188,7 +190,7 @@ static int hidden_src(const cuda_backend *b, const ds4_row *r, uint32_t i, const
     if (!r->hseq || r->hseq->owner != &b->base || (r->hseq != b->base.main && r->hseq != &m->seq))
         return ds4_err_set(err, DS4_EINVAL, "row %u: an MTP row without the residual it pairs with", i);
     bool own = r->hseq == &m->seq;
-    uint32_t n = own ? m->n_tokens : b->n_tokens;
+    uint32_t n = own ? m->n_tokens : b->main_seq.n_tokens;
     if (r->hpos >= n || r->hpos + DS4_HIDDEN_KEEP < n)
         return ds4_err_set(err, DS4_EINVAL, "row %u: the residual of position %u is not kept (the sequence has %u, "
                                             "keeps the last %d)",
@@ -403,7 +405,7 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
     if (cudaMallocHost((void **)&m->logits_h, V * sizeof(float)) != cudaSuccess ||
         cudaMallocHost((void **)&m->jlogits, (DS4_REWIND_MAX + 1) * V * sizeof(float)) != cudaSuccess)
         return ds4_err_set(err, DS4_ENOMEM, "out of pinned memory for the MTP sequence's logits");
-    dlstate *L = &b->L[c->n_layer];
+    dlstate *L = &b->main_seq.L[c->n_layer];
     memset(L, 0, sizeof(*L));
     L->raw = m->raw;
     return 0;

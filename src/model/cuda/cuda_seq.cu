@@ -1,9 +1,15 @@
 /*
  * cuda_seq.cu - the batched step and the rewind on the GPU (backend.h,
- * "sequences"), for the backend's one sequence: a step of several rows (an
- * MTP verification) is a prefill pass.  As on the CPU (cpu_rewind.c), a
- * mark and the rewindable passes after it journal what they destroy of the
- * state at the mark:
+ * "sequences").  A step is one prefill pass over its rows, in parts of one
+ * sequence each (cu_forward_parts): every product takes all rows at once -
+ * the routed experts grouped over them, so that each expert's weights are
+ * read once a step however many sequences it advances - and each part's
+ * attention, compressors and indexer run over its own sequence's state.
+ * A row's logits depend on the other rows of its step only by the
+ * rounding of the products over more rows (docs/DESIGN.md 7).
+ *
+ * As on the CPU (cpu_rewind.c), a mark and the rewindable passes after it
+ * journal, per sequence, what they destroy of its state at the mark:
  *   - the raw ring slots their rows overwrite (device copies of the slot
  *     before the pass, and of the row the pass puts there: a ring shorter
  *     than the rows since the mark has slots written twice);
@@ -65,7 +71,7 @@ void cu_journal_free(cu_journal *j) {
 
 static int journal_alloc(cuda_backend *b, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    cu_journal *j = &b->jr;
+    cu_journal *j = &b->sq->jr;
     j->cap = DS4_REWIND_MAX;
     size_t raw_bytes = (size_t)j->cap * c->n_layer * c->head_dim * sizeof(float);
     if (cu_dev_alloc((void **)&j->raw, raw_bytes, "rewind journal", err) ||
@@ -82,7 +88,7 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the rewind journal");
     }
     float *rings[DS4_MAX_LAYERS];
-    for (uint32_t il = 0; il < c->n_layer; il++) rings[il] = b->L[il].raw;
+    for (uint32_t il = 0; il < c->n_layer; il++) rings[il] = b->sq->L[il].raw;
     CU_TRY(cudaMemcpy(j->rings, rings, c->n_layer * sizeof(float *), cudaMemcpyHostToDevice));
     return 0;
 }
@@ -90,13 +96,13 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
 /* Copy layer il's frontiers to (save) or from the journal, on st. */
 static int copy_fronts(cuda_backend *b, uint32_t il, bool save, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    const dlstate *L = &b->L[il];
+    const dlstate *L = &b->sq->L[il];
     if (L->ratio == 0) return 0;
     size_t cn = (size_t)ds4_state_frontier_rows(L->ratio) * ds4_state_frontier_width(c, L->ratio, false);
     size_t in = L->ratio == 4 ? (size_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) : 0;
     float *parts[4] = {L->comp_kv, L->comp_score, L->idx_kv, L->idx_score};
     size_t sizes[4] = {cn, cn, in, in};
-    float *f = b->jr.front + front_off(c, il);
+    float *f = b->sq->jr.front + front_off(c, il);
     for (int i = 0; i < 4; i++) {
         if (sizes[i] == 0) continue;
         CU_TRY(cudaMemcpyAsync(save ? f : parts[i], save ? parts[i] : f, sizes[i] * sizeof(float),
@@ -114,8 +120,8 @@ static int save_slots(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, ds
     for (uint32_t p = p0; p < p1;) {
         uint32_t slot = p % b->raw_cap, run = b->raw_cap - slot;
         if (run > p1 - p) run = p1 - p;
-        CU_TRY(cudaMemcpyAsync(b->jr.raw + ((size_t)il * b->jr.cap + (p - b->jr.n0)) * hd,
-                               b->L[il].raw + (size_t)slot * hd, run * hd * sizeof(float), cudaMemcpyDeviceToDevice,
+        CU_TRY(cudaMemcpyAsync(b->sq->jr.raw + ((size_t)il * b->sq->jr.cap + (p - b->sq->jr.n0)) * hd,
+                               b->sq->L[il].raw + (size_t)slot * hd, run * hd * sizeof(float), cudaMemcpyDeviceToDevice,
                                b->st));
         p += run;
     }
@@ -123,9 +129,9 @@ static int save_slots(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, ds
 }
 
 int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
-    if (!b->jr.on) return 0;
+    if (!b->sq->jr.on) return 0;
     size_t hd = b->cfg->head_dim;
-    CU_TRY(cudaMemcpyAsync(b->jr.raw_row + ((size_t)il * b->jr.cap + (b->n_tokens - b->jr.n0)) * hd, b->kvbuf,
+    CU_TRY(cudaMemcpyAsync(b->sq->jr.raw_row + ((size_t)il * b->sq->jr.cap + (b->sq->n_tokens - b->sq->jr.n0)) * hd, b->kvbuf,
                            T * hd * sizeof(float), cudaMemcpyDeviceToDevice, b->st));
     return 0;
 }
@@ -154,7 +160,7 @@ static __global__ void ring_fix_kernel(ring_fix f, float *const *rings, const fl
  * is at least the mark's, else the slot as the mark left it (what the
  * first row after the mark to write the slot found there). */
 static int fix_ring(cuda_backend *b, uint32_t n, uint32_t cur, ds4_err *err) {
-    const cu_journal *j = &b->jr;
+    const cu_journal *j = &b->sq->jr;
     int64_t cap = b->raw_cap;
     ring_fix f;
     memset(&f, 0, sizeof(f));
@@ -177,24 +183,24 @@ static int fix_ring(cuda_backend *b, uint32_t n, uint32_t cur, ds4_err *err) {
  * from the journal's rows r0 .. r0 + T. */
 static int copy_proj(cuda_backend *b, uint32_t il, uint32_t r0, uint32_t T, bool save, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t ratio = b->L[il].ratio;
+    uint32_t ratio = b->sq->L[il].ratio;
     size_t cw = (size_t)ds4_compress_coff(ratio) * c->head_dim, iw = 2 * (size_t)c->idx_head_dim;
     float *bufs[4] = {b->ckv, b->cgate, b->ikv, b->igate};
     size_t widths[4] = {cw, cw, ratio == 4 ? iw : 0, ratio == 4 ? iw : 0};
-    float *f = b->jr.proj + proj_off(c, il, b->jr.cap);
+    float *f = b->sq->jr.proj + proj_off(c, il, b->sq->jr.cap);
     for (int i = 0; i < 4; i++) {
         if (widths[i] == 0) continue;
         float *jr = f + (size_t)r0 * widths[i];
         CU_TRY(cudaMemcpyAsync(save ? jr : bufs[i], save ? bufs[i] : jr, T * widths[i] * sizeof(float),
                                cudaMemcpyDeviceToDevice, b->st));
-        f += (size_t)b->jr.cap * widths[i];
+        f += (size_t)b->sq->jr.cap * widths[i];
     }
     return 0;
 }
 
 int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
-    if (!b->jr.on || b->L[il].ratio == 0) return 0;
-    return copy_proj(b, il, b->n_tokens - b->jr.n0, T, true, err); /* the pass's rows start at n_tokens */
+    if (!b->sq->jr.on || b->sq->L[il].ratio == 0) return 0;
+    return copy_proj(b, il, b->sq->n_tokens - b->sq->jr.n0, T, true, err); /* the pass's rows start at n_tokens */
 }
 
 /* The mark: the frontiers (the decode windows folded into them first) and
@@ -202,18 +208,19 @@ int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
 int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     const ds4_config *c = b->cfg;
-    cu_journal *j = &b->jr;
-    if (s != &b->main_seq) return ds4_err_set(err, DS4_EINVAL, "mark: the sequence is not this backend's");
-    if (!j->raw && journal_alloc(b, err)) return -1;
+    cu_seq *q = (cu_seq *)s;
+    cu_journal *j = &q->jr;
+    if (!s || s->owner != base) return ds4_err_set(err, DS4_EINVAL, "mark: the sequence is not this backend's");
+    if (cu_use(b, q, err) || (!j->raw && journal_alloc(b, err))) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     j->valid = false;
-    j->n0 = b->n_tokens;
+    j->n0 = b->sq->n_tokens;
     j->T = 0;
     for (uint32_t il = 0; il < c->n_layer; il++)
         if (copy_fronts(b, il, true, err)) return -1;
-    j->had_logits = b->has_logits;
-    if (b->has_logits) {
-        const float *l = b->base.ops->logits(&b->base, &b->main_seq);
+    j->had_logits = b->sq->has_logits;
+    if (b->sq->has_logits) {
+        const float *l = cu_seq_logits(b, q);
         if (!l) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
         memcpy(j->logits + (size_t)j->cap * c->n_vocab, l, c->n_vocab * sizeof(float));
     }
@@ -222,62 +229,235 @@ int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
     return 0;
 }
 
-static int check_rows(const cuda_backend *b, const ds4_row *rows, uint32_t n, ds4_err *err) {
+/* The parts of a step (runs of rows of one sequence), its rows checked:
+ * a sequence's rows adjacent, all rewindable or none, within its context
+ * and its journal. */
+static int step_parts(cuda_backend *b, const ds4_row *rows, uint32_t n, cu_part *parts, uint32_t *n_parts,
+                      ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (n > b->chunk) return ds4_err_set(err, DS4_ERANGE, "a step of %u rows exceeds the %u a pass holds", n, b->chunk);
+    uint32_t np = 0;
     for (uint32_t i = 0; i < n; i++) {
         if (!rows[i].seq || rows[i].seq->owner != &b->base)
             return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
-        if (rows[i].seq != &b->main_seq)
-            return ds4_err_set(err, DS4_EUNSUPPORTED, "row %u: the CUDA backend holds one sequence", i);
+        if (cu_mtp_seq(b, rows[i].seq))
+            return ds4_err_set(err, DS4_EINVAL, "row %u: the MTP block's sequence in a step of the main model", i);
         if (rows[i].token >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at row %u is outside the vocabulary (%u)", rows[i].token, i,
                                c->n_vocab);
-        if ((rows[i].want & DS4_ROW_REWIND) != (rows[0].want & DS4_ROW_REWIND))
-            return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence are all rewindable or none is", i);
+        cu_seq *s = (cu_seq *)rows[i].seq;
+        if (i > 0 && rows[i - 1].seq == rows[i].seq) {
+            if ((rows[i].want & DS4_ROW_REWIND) != (rows[i - 1].want & DS4_ROW_REWIND))
+                return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence are all rewindable or none is", i);
+            parts[np - 1].n++;
+            continue;
+        }
+        for (uint32_t k = 0; k < np; k++)
+            if (parts[k].s == s) return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence must be adjacent", i);
+        if ((rows[i].want & DS4_ROW_REWIND) && !s->jr.valid)
+            return ds4_err_set(err, DS4_EINVAL, "row %u: a rewindable row of a sequence without a mark", i);
+        parts[np].s = s;
+        parts[np].r0 = i;
+        parts[np].n = 1;
+        parts[np].pos0 = s->n_tokens;
+        np++;
     }
-    if ((rows[0].want & DS4_ROW_REWIND) && !b->jr.valid)
-        return ds4_err_set(err, DS4_EINVAL, "row 0: a rewindable row of a sequence without a mark");
-    if ((rows[0].want & DS4_ROW_REWIND) && b->n_tokens + n - b->jr.n0 > DS4_REWIND_MAX)
-        return ds4_err_set(err, DS4_ERANGE, "%u rewindable rows after the mark exceed %d", b->n_tokens + n - b->jr.n0,
-                           DS4_REWIND_MAX);
-    if ((uint64_t)b->n_tokens + n > b->ctx)
-        return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, b->n_tokens, b->ctx);
+    for (uint32_t k = 0; k < np; k++) {
+        const cu_part *p = &parts[k];
+        if ((rows[p->r0].want & DS4_ROW_REWIND) && p->pos0 + p->n - p->s->jr.n0 > DS4_REWIND_MAX)
+            return ds4_err_set(err, DS4_ERANGE, "row %u: %u rewindable rows after the mark exceed %d", p->r0,
+                               p->pos0 + p->n - p->s->jr.n0, DS4_REWIND_MAX);
+        if ((uint64_t)p->pos0 + p->n > p->s->ctx)
+            return ds4_err_set(err, DS4_ERANGE, "row %u: %u tokens after %u do not fit the context of %u", p->r0, p->n,
+                               p->pos0, p->s->ctx);
+    }
+    *n_parts = np;
     return 0;
 }
 
-int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
-    cuda_backend *b = (cuda_backend *)base;
+/* Before the pass: each part's sequence with its decode windows folded
+ * (the pass extends the canonical frontiers), its mark dropped by plain
+ * rows or its ring slots journaled for rewindable ones. */
+static int parts_prepare(cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np, ds4_err *err) {
+    for (uint32_t k = 0; k < np; k++) {
+        const cu_part *p = &parts[k];
+        if (cu_use(b, p->s, err)) return -1;
+        if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
+        if (!(rows[p->r0].want & DS4_ROW_REWIND)) {
+            p->s->jr.valid = false; /* drops the mark */
+            continue;
+        }
+        for (uint32_t il = 0; il < b->cfg->n_layer; il++)
+            if (save_slots(b, il, p->pos0, p->pos0 + p->n, err)) return -1;
+    }
+    return 0;
+}
+
+/* After the pass: each part's sequence advanced (tokens, position, fold,
+ * journal), with its logits - those of its last row (host, in the rows
+ * `need` marks; NULL: on the device, d_last_logits), every row's into the
+ * journal for rewindable rows.  The main sequence's next greedy token is
+ * set from them when the pass had several parts (a one-part pass sets it
+ * itself: cu_step_end).  advanced: the pass (a captured one) advanced the
+ * positions on the device. */
+static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np, const bool *need,
+                        const float *host, bool advanced, ds4_err *err) {
     const ds4_config *c = b->cfg;
+    size_t V = c->n_vocab;
+    uint32_t h = 0; /* host rows before the part's */
+    for (uint32_t k = 0; k < np; k++) {
+        const cu_part *p = &parts[k];
+        cu_seq *s = p->s;
+        b->sq = s;
+        bool rewindable = rows[p->r0].want & DS4_ROW_REWIND;
+        for (uint32_t i = 0; i < p->n; i++) s->tokens[p->pos0 + i] = rows[p->r0 + i].token;
+        if (rewindable) /* every row's logits were made (need) */
+            memcpy(s->jr.logits + (size_t)(p->pos0 - s->jr.n0) * V, host + (size_t)h * V, (size_t)p->n * V * sizeof(float));
+        s->n_tokens = s->fold = p->pos0 + p->n; /* the pass left every position in the frontiers */
+        if (rewindable) s->jr.T = s->n_tokens - s->jr.n0;
+        s->has_logits = true;
+        if (!need) {
+            s->logits_fresh = false;
+            b->lg_owner = s;
+        } else {
+            for (uint32_t i = 0; i < p->n; i++) h += need[p->r0 + i];
+            memcpy(s->logits_h, host + (size_t)(h - 1) * V, V * sizeof(float));
+            s->logits_fresh = true;
+        }
+        if (np == 1) {
+            if (cu_set_step(b, STEP_FOLD, s->n_tokens, 0, err)) return -1;
+            continue;
+        }
+        if (!advanced && cu_set_step(b, STEP_POS | STEP_FOLD, s->n_tokens, 0, err)) return -1;
+        if (s == &b->main_seq) { /* its next greedy token (cuda_greedy's graphs embed it) */
+            CU_TRY(cudaMemcpyAsync(b->d_logits, s->logits_h, V * sizeof(float), cudaMemcpyHostToDevice, b->st));
+            b->d_last_logits = b->d_logits;
+            if (cu_step_end(b, 0, false, err)) return -1;
+        }
+    }
+    return 0;
+}
+
+void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s) {
+    bool held = !s;
+    for (uint32_t k = 0; k < b->bg_n && !held; k++) held = b->bg_seq[k] == s;
+    if (!held || !b->bg) return;
+    cudaGraphExecDestroy(b->bg);
+    b->bg = NULL;
+    b->bg_n = 0;
+}
+
+/* Whether a step is a batched decode step the captured graph can run: one
+ * plain row of each of several sequences, whose logits fit d_logits. */
+static bool graph_step(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np) {
+    /* host experts (cuda_offload.h) and the activation observer run host
+     * code within a pass: eager passes only */
+    if (np < 2 || np > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer) return false;
+    for (uint32_t k = 0; k < np; k++)
+        if (parts[k].n != 1 || (rows[k].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN))) return false;
+    return true;
+}
+
+/* The batched decode step of these parts' sequences, captured unless the
+ * graph held is theirs: each part's work sized for the longest context
+ * among them (cu_dec_cap), read from their dsteps. */
+static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, ds4_err *err) {
+    const ds4_seq *q = &parts[0].s->base; /* the pass's steering scales (step_groups) */
+    bool same = b->bg && b->bg_n == np && b->bg_steer[0] == q->steer_ffn && b->bg_steer[1] == q->steer_attn;
+    for (uint32_t k = 0; same && k < np; k++) same = b->bg_seq[k] == parts[k].s;
+    if (same) return 0;
+    cu_batch_graph_drop(b, NULL);
+    cu_seq **list = (cu_seq **)realloc(b->bg_seq, np * sizeof(cu_seq *));
+    if (!list) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    b->bg_seq = list;
+    uint32_t ctx = 0;
+    for (uint32_t k = 0; k < np; k++) {
+        list[k] = parts[k].s;
+        if (parts[k].s->ctx > ctx) ctx = parts[k].s->ctx;
+    }
+    cudaGraph_t g;
+    b->dec_ctx = ctx;
+    CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+    b->capturing = true;
+    int rc = cu_forward_parts(b, b->d_tokens, parts, np, np, false, NULL, NULL, err);
+    b->capturing = false;
+    b->dec_ctx = b->ctx;
+    cudaError_t e = cudaStreamEndCapture(b->st, &g);
+    if (rc) return ds4_err_prefix(err, "capturing the batched decode step of %u sequences", np);
+    CU_TRY(e);
+    cudaGraphExec_t x;
+    e = cudaGraphInstantiate(&x, g, 0);
+    cudaGraphDestroy(g);
+    CU_TRY(e);
+    b->bg = x;
+    b->bg_n = np;
+    b->bg_steer[0] = q->steer_ffn;
+    b->bg_steer[1] = q->steer_attn;
+    return 0;
+}
+
+/* A batched decode step through the graph: every row's logits to host. */
+static int graph_run(cuda_backend *b, const cu_part *parts, uint32_t np, float *host, ds4_err *err) {
+    if (graph_for(b, parts, np, err)) return -1;
+    CU_TRY(cudaGraphLaunch(b->bg, b->st));
+    CU_TRY(cudaMemcpyAsync(host, b->d_logits, (size_t)np * b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+                           b->st));
+    CU_TRY(cudaStreamSynchronize(b->st));
+    b->d_last_logits = b->d_logits + (size_t)(np - 1) * b->cfg->n_vocab;
+    return 0;
+}
+
+/* One pass over the rows (or the batched decode graph, graph_step). */
+static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    size_t V = c->n_vocab;
     if (n == 0) return 0;
-    if (check_rows(b, rows, n, err)) return -1;
-    bool rewindable = rows[0].want & DS4_ROW_REWIND;
-    uint32_t nl = 0;
-    for (uint32_t i = 0; i < n; i++) nl += (rows[i].want & DS4_ROW_LOGITS) && out && out->logits;
-    if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
-    if (!rewindable) b->jr.valid = false; /* drops the mark */
-    for (uint32_t il = 0; rewindable && il < c->n_layer; il++)
-        if (save_slots(b, il, b->n_tokens, b->n_tokens + n, err)) return -1;
-    /* every row's logits when some are asked for or kept, else the last's */
-    float *all = rewindable ? b->jr.logits + (size_t)(b->n_tokens - b->jr.n0) * c->n_vocab : NULL;
-    if (!all && nl && !(all = (float *)malloc((size_t)n * c->n_vocab * sizeof(float))))
-        return ds4_err_set(err, DS4_ENOMEM, "out of memory for %u rows of logits", n);
-    uint32_t tok[DS4_REWIND_MAX], *ids = n <= DS4_REWIND_MAX ? tok : (uint32_t *)malloc(n * sizeof(uint32_t));
+    cu_part *parts = (cu_part *)malloc(n * sizeof(cu_part));
+    bool *need = (bool *)calloc(n, sizeof(bool));
+    uint32_t *ids = (uint32_t *)malloc(n * sizeof(uint32_t));
+    float *host = NULL;
+    uint32_t np = 0;
     int rc = -1;
-    if (!ids) {
-        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    bool graph = false;
+    if (!parts || !need || !ids) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
         goto out;
     }
+    if (step_parts(b, rows, n, parts, &np, err)) goto out;
+    {
+        /* the logits made: the rows that ask, every row of a rewindable
+         * part, each part's last row; none (the last row's, left on the
+         * device) for one plain part that asks for none */
+        bool any = np > 1;
+        uint32_t nh = 0;
+        for (uint32_t k = 0; k < np; k++) {
+            const cu_part *p = &parts[k];
+            bool rw = rows[p->r0].want & DS4_ROW_REWIND;
+            any = any || rw;
+            for (uint32_t i = p->r0; i < p->r0 + p->n; i++) {
+                need[i] = rw || i + 1 == p->r0 + p->n || ((rows[i].want & DS4_ROW_LOGITS) && out && out->logits);
+                any = any || ((rows[i].want & DS4_ROW_LOGITS) && out && out->logits);
+                nh += need[i];
+            }
+        }
+        if (any && !(host = (float *)malloc((size_t)nh * V * sizeof(float)))) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory for %u rows of logits", nh);
+            goto out;
+        }
+    }
+    if (parts_prepare(b, rows, parts, np, err)) goto out;
     for (uint32_t i = 0; i < n; i++) ids[i] = rows[i].token;
     if (cudaMemcpyAsync(b->d_tokens, ids, n * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st) != cudaSuccess) {
         ds4_err_set(err, DS4_EIO, "CUDA: copying the step's tokens failed");
         goto out;
     }
-    b->jr.on = rewindable;
-    rc = cu_forward(b, b->d_tokens, n, b->n_tokens, false, all, err);
-    b->jr.on = false;
+    graph = graph_step(b, rows, parts, np);
+    for (uint32_t k = 0; k < np; k++) parts[k].s->jr.on = rows[parts[k].r0].want & DS4_ROW_REWIND;
+    rc = graph ? graph_run(b, parts, np, host, err)
+               : cu_forward_parts(b, b->d_tokens, parts, np, n, false, host ? need : NULL, host, err);
+    for (uint32_t k = 0; k < np; k++) parts[k].s->jr.on = false;
     if (rc) {
-        ds4_err_prefix(err, "step of %u rows at %u", n, b->n_tokens);
+        ds4_err_prefix(err, "step of %u rows of %u sequence%s", n, np, np == 1 ? "" : "s");
         goto out;
     }
     rc = -1;
@@ -292,34 +472,141 @@ int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
                 goto out;
             }
     }
-    memcpy(b->tokens + b->n_tokens, ids, n * sizeof(uint32_t));
-    b->n_tokens += n;
-    if (rewindable) b->jr.T = b->n_tokens - b->jr.n0;
-    b->fold = b->n_tokens; /* the pass left every position in the frontiers */
-    if (cu_set_step(b, STEP_FOLD, b->n_tokens, 0, err)) goto out;
+    if (parts_finish(b, rows, parts, np, host ? need : NULL, host, graph, err)) goto out;
     if (cudaStreamSynchronize(b->st) != cudaSuccess) {
         ds4_err_set(err, DS4_EIO, "CUDA: the step failed: %s", cudaGetErrorString(cudaGetLastError()));
         goto out;
     }
-    b->has_logits = true;
-    b->logits_fresh = false;
-    for (uint32_t i = 0, k = 0; i < n; i++)
+    for (uint32_t i = 0, k = 0, hrow = 0; i < n; i++) {
         if ((rows[i].want & DS4_ROW_LOGITS) && out && out->logits)
-            memcpy(out->logits + (size_t)k++ * c->n_vocab, all + (size_t)i * c->n_vocab, c->n_vocab * sizeof(float));
+            memcpy(out->logits + (size_t)k++ * V, host + (size_t)hrow * V, V * sizeof(float));
+        hrow += need[i];
+    }
     rc = 0;
 out:
-    if (ids != tok) free(ids);
-    if (all && !rewindable) free(all);
-    if (rc) b->jr.valid = false; /* the sequence is undefined: the caller resets it */
+    if (rc) /* the sequences are undefined: the caller resets them */
+        for (uint32_t k = 0; k < np; k++) parts[k].s->jr.valid = false;
+    free(parts);
+    free(need);
+    free(ids);
+    free(host);
+    return rc;
+}
+
+/* A step runs as passes over groups of its parts: a pass takes parts of one
+ * steering scale (a kernel argument of the pass's steering launch), and
+ * the plain one-row parts (decoding sequences), two or more beside other
+ * parts (prefill chunks, drafts), go through the batched decode graph in
+ * a pass of their own - the graph saves the host the decoders' per-part
+ * launches, which cost more than reading their experts' weights a second
+ * time.  group[k]: part k's pass, in the order they run; returns how many.
+ * key, kind: room for np groups' first sequence and kind. */
+static uint32_t step_groups(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np,
+                            uint32_t *group, const ds4_seq **key, bool *kind) {
+    uint32_t nd = 0;
+    for (uint32_t k = 0; k < np; k++)
+        nd += parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
+    bool split = nd >= 2 && nd < np && nd <= b->logits_rows && !ds4_prof_on;
+    uint32_t ng = 0;
+    for (uint32_t k = 0; k < np; k++) {
+        const ds4_seq *q = &parts[k].s->base;
+        bool dec = split && parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
+        uint32_t g = 0;
+        for (; g < ng; g++)
+            if (kind[g] == dec && (!b->d_steer || (key[g]->steer_ffn == q->steer_ffn && key[g]->steer_attn == q->steer_attn)))
+                break;
+        if (g == ng) {
+            key[ng] = q;
+            kind[ng++] = dec;
+        }
+        group[k] = g;
+    }
+    return ng;
+}
+
+int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (n == 0) return 0;
+    const ds4_config *c = b->cfg;
+    size_t V = c->n_vocab, H = (size_t)c->n_hc * c->n_embd;
+    cu_part *parts = (cu_part *)malloc(n * sizeof(cu_part));
+    uint32_t *group = (uint32_t *)malloc(n * sizeof(uint32_t)), *set = (uint32_t *)malloc(n * sizeof(uint32_t));
+    ds4_row *sub = (ds4_row *)malloc(n * sizeof(ds4_row));
+    const ds4_seq **key = (const ds4_seq **)malloc(n * sizeof(ds4_seq *));
+    bool *kind = (bool *)malloc(n * sizeof(bool));
+    float *lg = NULL, *hd = NULL;
+    uint32_t np = 0, ng = 0;
+    int rc = -1;
+    if (!parts || !group || !set || !sub || !key || !kind) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
+        goto done;
+    }
+    if (step_parts(b, rows, n, parts, &np, err)) goto done;
+    if ((ng = step_groups(b, rows, parts, np, group, key, kind)) == 1) {
+        rc = run_pass(b, rows, n, out, err);
+        goto done;
+    }
+    /* each group's rows in order, its outputs into scratch after the
+     * earlier groups', then to out in the step's row order */
+    if ((out && out->logits && !(lg = (float *)malloc((size_t)n * V * sizeof(float)))) ||
+        (out && out->hidden && !(hd = (float *)malloc((size_t)n * H * sizeof(float))))) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u rows", n);
+        goto done;
+    }
+    for (uint32_t k = 0; k < np; k++)
+        for (uint32_t i = 0; i < parts[k].n; i++) set[parts[k].r0 + i] = group[k];
+    {
+        uint32_t *l0 = (uint32_t *)calloc(2 * (size_t)ng, sizeof(uint32_t)), *h0 = l0 ? l0 + ng : NULL;
+        if (!l0) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            goto done;
+        }
+        uint32_t nl = 0, nh = 0;
+        for (uint32_t g = 0; g < ng; g++) {
+            uint32_t m = 0;
+            for (uint32_t i = 0; i < n; i++)
+                if (set[i] == g) sub[m++] = rows[i];
+            l0[g] = nl;
+            h0[g] = nh;
+            ds4_step_out o = {lg ? lg + (size_t)nl * V : NULL, hd ? hd + (size_t)nh * H : NULL};
+            if (run_pass(b, sub, m, &o, err)) {
+                free(l0);
+                goto done;
+            }
+            for (uint32_t i = 0; i < m; i++) {
+                nl += (sub[i].want & DS4_ROW_LOGITS) != 0;
+                nh += (sub[i].want & DS4_ROW_HIDDEN) != 0;
+            }
+        }
+        for (uint32_t i = 0, kl = 0, kh = 0; i < n; i++) {
+            if (lg && (rows[i].want & DS4_ROW_LOGITS))
+                memcpy(out->logits + (size_t)kl++ * V, lg + (size_t)l0[set[i]]++ * V, V * sizeof(float));
+            if (hd && (rows[i].want & DS4_ROW_HIDDEN))
+                memcpy(out->hidden + (size_t)kh++ * H, hd + (size_t)h0[set[i]]++ * H, H * sizeof(float));
+        }
+        free(l0);
+    }
+    rc = 0;
+done:
+    free(parts);
+    free(group);
+    free(set);
+    free(sub);
+    free(key);
+    free(kind);
+    free(lg);
+    free(hd);
     return rc;
 }
 
 int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     const ds4_config *c = b->cfg;
-    cu_journal *j = &b->jr;
-    uint32_t cur = b->n_tokens;
-    if (s != &b->main_seq) return ds4_err_set(err, DS4_EINVAL, "rewind: the sequence is not this backend's");
+    if (!s || s->owner != base) return ds4_err_set(err, DS4_EINVAL, "rewind: the sequence is not this backend's");
+    cu_seq *q = (cu_seq *)s;
+    cu_journal *j = &q->jr;
+    uint32_t cur = q->n_tokens;
+    if (cu_use(b, q, err)) return -1;
     if (n == cur) return 0;
     if (n > cur) return ds4_err_set(err, DS4_EINVAL, "rewind to %u tokens: the sequence has %u", n, cur);
     if (!j->valid || n < j->n0)
@@ -331,21 +618,21 @@ int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n, ds4_err *err) {
     if (cu_set_step(b, STEP_POS | STEP_FOLD, j->n0, 0, err) || fix_ring(b, n, cur, err)) return -1;
     for (uint32_t il = 0; il < c->n_layer; il++) {
         if (copy_fronts(b, il, false, err)) return -1;
-        if (b->L[il].ratio == 0 || keep == 0) continue;
+        if (b->sq->L[il].ratio == 0 || keep == 0) continue;
         if (copy_proj(b, il, 0, keep, false, err) || cu_compress(b, il, keep, j->n0, false, b->st, NULL, err))
             return ds4_err_prefix(err, "rewind: replaying layer %u", il);
     }
-    b->n_tokens = b->fold = n;
+    b->sq->n_tokens = b->sq->fold = n;
     j->T = keep;
     if (cu_set_step(b, STEP_POS | STEP_FOLD, n, 0, err)) return -1;
     /* the logits after token n - 1 (before the step when none is kept) */
-    b->has_logits = keep ? true : j->had_logits;
-    if (b->has_logits) {
+    b->sq->has_logits = keep ? true : j->had_logits;
+    if (b->sq->has_logits) {
         const float *l = j->logits + (size_t)(keep ? keep - 1 : j->cap) * c->n_vocab;
         CU_TRY(cudaMemcpyAsync(b->d_logits, l, c->n_vocab * sizeof(float), cudaMemcpyHostToDevice, b->st));
-        memcpy(b->logits_h, l, c->n_vocab * sizeof(float));
+        memcpy(b->sq->logits_h, l, c->n_vocab * sizeof(float));
         b->d_last_logits = b->d_logits;
-        b->logits_fresh = true;
+        b->sq->logits_fresh = true;
         if (cu_step_end(b, 0, false, err)) return -1; /* the next greedy token */
     }
     CU_TRY(cudaStreamSynchronize(b->st));

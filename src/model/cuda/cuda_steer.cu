@@ -63,7 +63,7 @@ static int observe(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, ds4_err *
 int cu_steer(cuda_backend *b, uint32_t il, uint32_t T, bool ffn, bool decode, hc_post_src *post, ds4_err *err) {
     const ds4_backend_opts *o = &b->base.opts;
     if (il >= b->cfg->n_layer) return 0; /* the MTP block's layer: neither steered nor observed */
-    float s = !b->d_steer ? 0.0f : ffn ? b->main_seq.steer_ffn : b->main_seq.steer_attn;
+    float s = !b->d_steer ? 0.0f : ffn ? b->sq->base.steer_ffn : b->sq->base.steer_attn;
     bool obs = o->act_observer && !decode;
     if (s == 0.0f && !obs) return 0;
     uint32_t D = b->cfg->n_embd;
