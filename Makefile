@@ -92,7 +92,7 @@ TESTS     := $(TEST_SRC:tests/unit/%.c=$(BUILD)/tests/%)
 TEST_COMMON := $(wildcard tests/unit/common/*.c)
 
 .PHONY: all cuda cuda-dev test test-cuda test-cuda-emu test-server-parallel test-dist-link perf-tools demo deps venv reference clean imatrix-dataset \
-        train-check
+        train-check format
 all: $(PROGS)
 
 $(BUILD)/obj/%.o: %.c
@@ -247,6 +247,11 @@ train-check: ds4
 	$(TRAIN_PYTHON) tools/train/train.py $(BUILD)/train-check --preset check --steps 4 --seq 160 --batch 2 \
 	    --eval-every 4 --corpus-files 120 --device cpu
 	sh tools/train/check.sh $(BUILD)/train-check
+
+# The sources formatted by .clang-format (scripts/format.py; --check to list
+# what would change).
+format:
+	@scripts/format.py
 
 # The default imatrix calibration set (docs/TOOLCHAIN.md): the project's
 # conversations plus its own code and documentation, all MIT.

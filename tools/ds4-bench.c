@@ -117,8 +117,8 @@ typedef struct opts {
     ds4_cli_steer steer;
     ds4_dist_opts dist;
     /* derived */
-    ds4_config full;       /* the synthetic model's whole shape */
-    const char *recipe;    /* its recipe */
+    ds4_config full;         /* the synthetic model's whole shape */
+    const char *recipe;      /* its recipe */
     uint32_t layer0, layer1; /* --layers: the slice [layer0, layer1) */
 } opts;
 
@@ -246,7 +246,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_CALL("--parallel", "LIST", parse_parallel, o,
                       "session counts to measure, comma-separated (1,4,8,16,32,64): each generates gen-tokens "
                       "tokens beside the others")},
-        {DS4_OPT_U32("--session-ctx", "N", &o->sess_ctx, 1, DS4_CTX_MAX, 4096, "tokens of context each session starts with")},
+        {DS4_OPT_U32("--session-ctx", "N", &o->sess_ctx, 1, DS4_CTX_MAX, 4096,
+                     "tokens of context each session starts with")},
         {DS4_OPT_U32("--arrive", "N", &o->arrive, 0, DS4_CTX_MAX, 32768,
                      "then a prompt of N tokens arriving among decoding sessions (0: none)")},
         {DS4_OPT_U32("--arrive-among", "N", &o->among, 1, 1024, 16, "the decoding sessions it arrives among")},
@@ -254,9 +255,12 @@ static int parse_args(int argc, char **argv, opts *o) {
                      "rows a step holds while the prompt goes in (its decoders' and a piece of it)")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-bench", .usage = "[-m MODEL | --synthetic SHAPE-RECIPE [--layers A:B]] [options]",
+    ds4_cli cli = {.prog = "ds4-bench",
+                   .usage = "[-m MODEL | --synthetic SHAPE-RECIPE [--layers A:B]] [options]",
                    .about = ABOUT,
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = refused};
+                   .opts = table,
+                   .notes = DS4_CLI_ENV_NOTES,
+                   .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->model_given && o->synthetic) return ds4_cli_usage(&cli, "give one of -m MODEL or --synthetic RECIPE");
@@ -272,7 +276,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->layers && ds4_dist_launched()) {
         o->dist.layers = o->layers; /* this rank's stage */
     } else if (o->layers) {
-        if (!o->synthetic) return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
+        if (!o->synthetic)
+            return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
         char *end, *e2 = NULL;
         unsigned long a = strtoul(o->layers, &end, 10), b = 0;
         bool parsed = end != o->layers && *end == ':' && end[1] >= '0' && end[1] <= '9';
@@ -299,7 +304,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
     if (o->n_par) {
         if (o->arrive && o->step_rows <= o->among)
-            return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows, o->among);
+            return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows,
+                                 o->among);
         if (!o->ctx_alloc_given) {
             uint32_t longest = o->sess_ctx > o->arrive ? o->sess_ctx : o->arrive;
             o->ctx_alloc = longest + o->gen + par_arrive_steps(o) + 1;
@@ -309,7 +315,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->bo.ctx_size = o->ctx_alloc;
         return -1;
     }
-    if (o->ctx_max < o->ctx_start) return ds4_cli_usage(&cli, "need ctx-start <= ctx-max (%u > %u)", o->ctx_start, o->ctx_max);
+    if (o->ctx_max < o->ctx_start)
+        return ds4_cli_usage(&cli, "need ctx-start <= ctx-max (%u > %u)", o->ctx_start, o->ctx_max);
     /* speculative generation's last verification may reach N tokens past gen-tokens */
     uint32_t over = o->mtp || (o->synthetic && o->draft_given) ? o->draft : 0;
     if (!o->ctx_alloc) o->ctx_alloc = o->ctx_max + o->gen + over + 1;
@@ -396,7 +403,8 @@ static double head_bytes_per_token(const ds4_weights *w) {
  *    ceil(N/G)); one stream decodes through every stage in turn plus G-1
  *    hops of the n_hc x n_embd residual; prefill keeps every stage busy
  *    (a long prompt's chunks in flight), its rate the slowest stage's. */
-static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, double pre_s_per_tok, double dec_s_per_tok) {
+static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, double pre_s_per_tok,
+                          double dec_s_per_tok) {
     const ds4_config *f = &o->full;
     ds4_err err = {0};
     ds4_weights *whole = ds4_weights_synthetic(f, o->recipe, o->seed, &err); /* shapes only */
@@ -423,8 +431,10 @@ static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, dou
     } else {
         double dec = t_head + N * t_layer + (1 - resident) * active / (o->host_gbps * 1e9);
         double pre = N * p_layer + (1 - resident) * experts / chunk / (o->host_gbps * 1e9);
-        fprintf(stderr, "  1 GPU  (%.0f GiB): %3.0f%% of the experts resident, the rest from host at %.0f GB/s: decode "
-                        "%.2f t/s, prefill %.0f t/s\n", o->gpu_gib, 100 * resident, o->host_gbps, 1 / dec, 1 / pre);
+        fprintf(stderr,
+                "  1 GPU  (%.0f GiB): %3.0f%% of the experts resident, the rest from host at %.0f GB/s: decode "
+                "%.2f t/s, prefill %.0f t/s\n",
+                o->gpu_gib, 100 * resident, o->host_gbps, 1 / dec, 1 / pre);
     }
     for (int g = 4; g <= 8; g += 4) {
         double stage_layers = ceil(N / g), per_gpu = (experts + dense + kv) / g;
@@ -434,8 +444,10 @@ static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, dou
                 per_gpu / 1073741824.0, o->gpu_gib, 1 / dec, 1 / pre,
                 per_gpu + work > gpu ? " (does not fit: more GPUs needed)" : "");
     }
-    fprintf(stderr, "  assumptions: hops %.0f us + residual at %.0f GB/s; 4 GiB workspace a GPU; uniform routing; the "
-                    "slice's layer mix stands for the model's\n", o->hop_us, o->link_gbps);
+    fprintf(stderr,
+            "  assumptions: hops %.0f us + residual at %.0f GB/s; 4 GiB workspace a GPU; uniform routing; the "
+            "slice's layer mix stands for the model's\n",
+            o->hop_us, o->link_gbps);
     ds4_weights_close(whole);
 }
 
@@ -555,7 +567,10 @@ static int text_tokens(const opts *o, const ds4_weights *w, ds4_tokens *out, ds4
 static uint32_t *load_tokens(const opts *o, const ds4_weights *w, uint32_t n, ds4_err *err) {
     uint32_t vocab = w->cfg.n_vocab;
     uint32_t *t = malloc((size_t)n * sizeof(uint32_t));
-    if (!t) { ds4_err_set(err, DS4_ENOMEM, "out of memory"); return NULL; }
+    if (!t) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        return NULL;
+    }
     if (o->prompt_file || o->chat_file) {
         ds4_tokens ids = {0};
         int rc = text_tokens(o, w, &ids, err);
@@ -565,28 +580,41 @@ static uint32_t *load_tokens(const opts *o, const ds4_weights *w, uint32_t n, ds
         if (rc == 0)
             for (uint32_t i = 0; i < n; i++) t[i] = (uint32_t)ids.ids[i];
         ds4_tokens_free(&ids);
-        if (rc != 0) { free(t); return NULL; }
+        if (rc != 0) {
+            free(t);
+            return NULL;
+        }
         return t;
     }
     if (!o->tokens_file) {
         uint64_t s = o->seed * 0x9E3779B97F4A7C15ull + 1;
         for (uint32_t i = 0; i < n; i++) {
-            s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
             t[i] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 33) % vocab;
         }
         return t;
     }
     FILE *f = fopen(o->tokens_file, "r");
-    if (!f) { ds4_err_set(err, DS4_EIO, "cannot open %s: %s", o->tokens_file, strerror(errno)); free(t); return NULL; }
+    if (!f) {
+        ds4_err_set(err, DS4_EIO, "cannot open %s: %s", o->tokens_file, strerror(errno));
+        free(t);
+        return NULL;
+    }
     uint32_t m = 0;
     unsigned long v;
     while (m < n && fscanf(f, " %lu%*[, \t\n]", &v) == 1) {
-        if (v >= vocab) { ds4_err_set(err, DS4_EINVAL, "%s: token %lu outside the vocabulary", o->tokens_file, v); break; }
+        if (v >= vocab) {
+            ds4_err_set(err, DS4_EINVAL, "%s: token %lu outside the vocabulary", o->tokens_file, v);
+            break;
+        }
         t[m++] = (uint32_t)v;
     }
     fclose(f);
     if (m < n) {
-        if (!err || !err->msg[0]) ds4_err_set(err, DS4_EINVAL, "%s holds %u tokens, ctx-max needs %u", o->tokens_file, m, n);
+        if (!err || !err->msg[0])
+            ds4_err_set(err, DS4_EINVAL, "%s holds %u tokens, ctx-max needs %u", o->tokens_file, m, n);
         free(t);
         return NULL;
     }
@@ -637,8 +665,7 @@ static int par_restore(par_run *r, uint32_t n, const ds4_kv_state *snap, ds4_err
 /* One step: a token for each of the n first sessions (a lone session: its
  * decode, through the backend's single-stream path), then `extra` rows
  * of sequence xs (tokens xt; their last one's logits asked for when last). */
-static int par_step(par_run *r, uint32_t n, ds4_seq *xs, const uint32_t *xt, uint32_t extra, bool last,
-                    ds4_err *err) {
+static int par_step(par_run *r, uint32_t n, ds4_seq *xs, const uint32_t *xt, uint32_t extra, bool last, ds4_err *err) {
     size_t V = r->b->w->cfg.n_vocab;
     if (n == 1 && extra == 0) return ds4_seq_greedy(r->b, r->seq[0], 1, &r->next[0], err);
     for (uint32_t k = 0; k < n; k++) r->rows[k] = ds4_row_of(r->seq[k], r->next[k], DS4_ROW_LOGITS);
@@ -696,8 +723,9 @@ static int par_arrival(const opts *o, par_run *r, const ds4_kv_state *snap, cons
     double took = ds4_now() - a0;
     par_row(out, "prefill+decode", n, o->sess_ctx, t, steps);
     double during = quantile(t, steps, 0.99);
-    fprintf(stderr, "ds4-bench: a %u-token prompt went in beside %u decoding sessions in %.2f s (%.0f tokens/s); "
-                    "their p99 per token %.2f ms, %.2fx their steady %.2f ms\n",
+    fprintf(stderr,
+            "ds4-bench: a %u-token prompt went in beside %u decoding sessions in %.2f s (%.0f tokens/s); "
+            "their p99 per token %.2f ms, %.2fx their steady %.2f ms\n",
             o->arrive, n, took, o->arrive / took, during * 1e3, during / steady, steady * 1e3);
     rc = 0;
 done:
@@ -740,7 +768,8 @@ static int run_parallel(const opts *o, ds4_backend *b, const uint32_t *toks, FIL
             ds4_err_prefix(err, "session %u of %u", k + 1, most);
             goto done;
         } else {
-            ds4_seq_set_steering(r.seq[k], b->main->steer_ffn, b->main->steer_attn); /* as the main one (--dir-steering-*) */
+            ds4_seq_set_steering(r.seq[k], b->main->steer_ffn,
+                                 b->main->steer_attn); /* as the main one (--dir-steering-*) */
         }
     fprintf(out, "mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms\n");
     fflush(out);
@@ -959,8 +988,10 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     }
 #endif
     if (!o->prompt_file && !o->chat_file && !o->tokens_file)
-        fprintf(stderr, "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
-                        "token ids (seed %u)\n", o->seed);
+        fprintf(stderr,
+                "ds4-bench: no --prompt-file, --chat-prompt-file or --tokens-file: benchmarking seeded random "
+                "token ids (seed %u)\n",
+                o->seed);
     if (!(toks = load_tokens(o, w, o->ctx_max, err))) goto done;
     if (o->csv && !(out = fopen(o->csv, "w"))) {
         ds4_err_set(err, DS4_EIO, "cannot create %s: %s", o->csv, strerror(errno));
@@ -1007,10 +1038,12 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         if (ds4_backend_restore(b, snap, err)) goto done;
         double gtps = o->gen ? o->gen / g : 0;
         fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
-        fprintf(stderr, "ctx %6u: prefill %6u tokens %8.1f t/s | generate %4u tokens %7.2f t/s = %.0f GB/s of weights%s",
-                f, n, n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
-        if (copy_bw > 0) fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
-                                 tok_host > 0 ? "" : "\n");
+        fprintf(stderr,
+                "ctx %6u: prefill %6u tokens %8.1f t/s | generate %4u tokens %7.2f t/s = %.0f GB/s of weights%s", f, n,
+                n / pre, o->gen, gtps, gtps * bpt / 1e9, copy_bw > 0 ? "" : "\n");
+        if (copy_bw > 0)
+            fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
+                    tok_host > 0 ? "" : "\n");
         if (tok_host > 0)
             fprintf(stderr, "; host experts %.1f GB/s = %.0f%% of the host bandwidth's %.1f tokens/s\n",
                     gtps * tok_host / 1e9, 100.0 * gtps * tok_host / host_bw, host_bw / tok_host);
@@ -1027,8 +1060,10 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         double a = ds4_now();
         if (ds4_backend_imatrix_flush(b, err)) goto done;
         double h = 2.9e6 / (done_tok / pre_all) / 3600.0;
-        fprintf(stderr, "ds4-bench: imatrix: %llu routed (token, expert) pairs summed, read back in %.2f s; 2.9 M "
-                "tokens at this rate: %.2f h\n", (unsigned long long)ds4_imcol_routes(col), ds4_now() - a, h);
+        fprintf(stderr,
+                "ds4-bench: imatrix: %llu routed (token, expert) pairs summed, read back in %.2f s; 2.9 M "
+                "tokens at this rate: %.2f h\n",
+                (unsigned long long)ds4_imcol_routes(col), ds4_now() - a, h);
     }
 #if DS4_CUDA
     if (o->profile_out) {

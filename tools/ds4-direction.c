@@ -43,7 +43,7 @@
 #include "text/tokenizer.h"
 
 #define DEFAULT_SCALES "-2,-1,-0.5,0,0.5,1,2"
-#define MAX_SCALES 64
+#define MAX_SCALES     64
 
 typedef struct opts {
     const char *model, *backend, *system;
@@ -175,9 +175,9 @@ typedef struct run {
     ds4_session *s;
     ds4_tokenizer *tk;
     uint32_t L, D;
-    bool ffn;          /* the component */
-    bool recording;    /* the observer adds what it sees to acc */
-    double *acc;       /* L x D: the last token's activations */
+    bool ffn;       /* the component */
+    bool recording; /* the observer adds what it sees to acc */
+    double *acc;    /* L x D: the last token's activations */
 } run;
 
 static void observe(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y) {
@@ -275,14 +275,16 @@ static int write_metadata(const run *r, const char *f32, const prompts *g, const
     size_t stem = n > 4 && !strcmp(f32 + n - 4, ".f32") ? n - 4 : n;
     snprintf(path, n + 6, "%.*s.json", (int)stem, f32);
     const opts *o = r->o;
-    json_t *j = json_pack("{s:s,s:[i,i],s:s,s:s,s:s,s:s,s:s?,s:i,s:i,s:i,s:b,s:s?}", "format",
-                          "ds4-directional-steering-v1", "shape", (int)r->L, (int)r->D, "component",
-                          r->ffn ? "ffn_out" : "attn_out", "thinking",
-                          o->raw ? "raw" : o->think ? "think" : "nothink", "good_file",
-                          o->good, "bad_file", o->bad, "control_file", o->control, "good_prompts", (int)g->n,
-                          "bad_prompts", (int)b->n, "control_prompts", c ? (int)c->n : 0, "pair_normalize",
-                          o->pair_normalize, "system", o->system);
-    json_object_set_new(j, "flags", json_string(r->ffn ? "--dir-steering-ffn 1" : "--dir-steering-ffn 0 --dir-steering-attn 1"));
+    json_t *j = json_pack(
+        "{s:s,s:[i,i],s:s,s:s,s:s,s:s,s:s?,s:i,s:i,s:i,s:b,s:s?}", "format", "ds4-directional-steering-v1", "shape",
+        (int)r->L, (int)r->D, "component", r->ffn ? "ffn_out" : "attn_out", "thinking",
+        o->raw     ? "raw"
+        : o->think ? "think"
+                   : "nothink",
+        "good_file", o->good, "bad_file", o->bad, "control_file", o->control, "good_prompts", (int)g->n, "bad_prompts",
+        (int)b->n, "control_prompts", c ? (int)c->n : 0, "pair_normalize", o->pair_normalize, "system", o->system);
+    json_object_set_new(j, "flags",
+                        json_string(r->ffn ? "--dir-steering-ffn 1" : "--dir-steering-ffn 0 --dir-steering-attn 1"));
     char *text = json_dumps(j, JSON_INDENT(2));
     FILE *f = text ? fopen(path, "w") : NULL;
     bool ok = f && fprintf(f, "%s\n", text) > 0;
@@ -302,7 +304,8 @@ static int build(run *r, ds4_err *err) {
     double *mg = NULL, *mb = NULL, *mc = NULL, *pg = NULL, *pb = NULL;
     float *out = NULL;
     int rc = -1;
-    if (read_prompts(o->good, &g, err) || read_prompts(o->bad, &b, err) || (o->control && read_prompts(o->control, &c, err)))
+    if (read_prompts(o->good, &g, err) || read_prompts(o->bad, &b, err) ||
+        (o->control && read_prompts(o->control, &c, err)))
         goto done;
     if (o->pair_normalize && g.n != b.n) {
         ds4_err_set(err, DS4_EINVAL, "--pair-normalize pairs the prompts: %s has %zu, %s %zu", o->good, g.n, o->bad,
@@ -391,8 +394,7 @@ static int continuation_nll(run *r, const char *prompt, const char *cont, double
     if (rc == 0) {
         /* the row before token i: the logits after the prompt, then after c[i - 1] */
         memcpy(lg, ds4_session_logits(r->s), V * sizeof(float));
-        if (c.n > 1)
-            rc = ds4_session_append_logits(r->s, c.ids, (uint32_t)c.n - 1, lg + V, NULL, NULL, err);
+        if (c.n > 1) rc = ds4_session_append_logits(r->s, c.ids, (uint32_t)c.n - 1, lg + V, NULL, NULL, err);
     }
     if (rc == 0) {
         double sum = 0;
@@ -520,14 +522,19 @@ static int parse_args(int argc, char **argv, opts *o, float *scales, int *n_scal
         {DS4_OPT_STR("--scales", "LIST", &o->scales, DEFAULT_SCALES, "comma-separated scales")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-direction", .usage = "-m MODEL --good-file G --bad-file B -o OUT.f32 | --sweep ...",
-                   .about = ABOUT, .opts = table, .notes = NOTES, .refused = ds4_option_not_supported};
+    ds4_cli cli = {.prog = "ds4-direction",
+                   .usage = "-m MODEL --good-file G --bad-file B -o OUT.f32 | --sweep ...",
+                   .about = ABOUT,
+                   .opts = table,
+                   .notes = NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
     if (o->raw && o->think) return ds4_cli_usage(&cli, "--think renders a chat turn: not with --raw");
     if (o->sweep) {
-        if (!o->direction || !o->eval) return ds4_cli_usage(&cli, "--sweep needs --direction FILE and --eval-file FILE");
+        if (!o->direction || !o->eval)
+            return ds4_cli_usage(&cli, "--sweep needs --direction FILE and --eval-file FILE");
         if (o->good || o->bad || o->control || o->out || o->pair_normalize)
             return ds4_cli_usage(&cli, "--sweep takes no building options (--good-file, --bad-file, --control-file, "
                                        "--pair-normalize, -o)");
@@ -550,8 +557,12 @@ int main(int argc, char **argv) {
     if (lrc) return lrc;
     ds4_err err = {0};
     run r = {.o = &o, .ffn = !strcmp(o.component, "ffn")};
-    ds4_engine_opts eo = {.model_path = o.model, .backend = o.backend, .n_threads = o.threads, .no_sim = o.no_sim,
-                          .need_vocab = true, .steer_path = o.sweep ? o.direction : NULL};
+    ds4_engine_opts eo = {.model_path = o.model,
+                          .backend = o.backend,
+                          .n_threads = o.threads,
+                          .no_sim = o.no_sim,
+                          .need_vocab = true,
+                          .steer_path = o.sweep ? o.direction : NULL};
     if (!o.sweep) {
         eo.act_observer = observe;
         eo.act_ctx = &r;

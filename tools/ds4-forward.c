@@ -72,10 +72,13 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_STR("MODEL", NULL, &o->model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-forward", .usage = "MODEL [--tokens LIST|@FILE | --random N] [options]",
+    ds4_cli cli = {.prog = "ds4-forward",
+                   .usage = "MODEL [--tokens LIST|@FILE | --random N] [options]",
                    .about = "Run the forward pass of a ds4 GGUF on token ids: logits, the best next tokens, "
                             "session states,\ntimings.",
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+                   .opts = table,
+                   .notes = DS4_CLI_ENV_NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->tokens && o->n_random) return ds4_cli_usage(&cli, "give one of --tokens or --random");
@@ -91,16 +94,27 @@ static uint32_t *read_tokens(const char *spec, uint32_t *n, ds4_err *err) {
     char *text = NULL;
     if (spec[0] == '@') {
         FILE *f = fopen(spec + 1, "rb");
-        if (!f) { ds4_err_set(err, DS4_EIO, "cannot open %s: %s", spec + 1, strerror(errno)); return NULL; }
+        if (!f) {
+            ds4_err_set(err, DS4_EIO, "cannot open %s: %s", spec + 1, strerror(errno));
+            return NULL;
+        }
         size_t cap = 0, len = 0;
         for (;;) {
-            if (len + 4096 + 1 > cap) { cap = 2 * cap + 8192; char *t = realloc(text, cap); if (!t) break; text = t; }
+            if (len + 4096 + 1 > cap) {
+                cap = 2 * cap + 8192;
+                char *t = realloc(text, cap);
+                if (!t) break;
+                text = t;
+            }
             size_t r = fread(text + len, 1, 4096, f);
             len += r;
             if (r == 0) break;
         }
         fclose(f);
-        if (!text) { ds4_err_set(err, DS4_ENOMEM, "out of memory"); return NULL; }
+        if (!text) {
+            ds4_err_set(err, DS4_ENOMEM, "out of memory");
+            return NULL;
+        }
         text[len] = 0;
     } else {
         text = strdup(spec);
@@ -110,7 +124,8 @@ static uint32_t *read_tokens(const char *spec, uint32_t *n, ds4_err *err) {
     for (char *tok = strtok(text, ", \t\n"); tok; tok = strtok(NULL, ", \t\n")) {
         if (ds4_parse_u32(tok, 0, UINT32_MAX, &toks[m])) {
             ds4_err_set(err, DS4_EINVAL, "bad token id '%s'", tok);
-            free(toks); free(text);
+            free(toks);
+            free(text);
             return NULL;
         }
         m++;
@@ -187,7 +202,9 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         toks = malloc(n * sizeof(uint32_t));
         uint64_t s = o->seed * 0x9E3779B97F4A7C15ull + 1;
         for (uint32_t i = 0; i < n; i++) { /* xorshift64* */
-            s ^= s >> 12; s ^= s << 25; s ^= s >> 27;
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
             toks[i] = (uint32_t)((s * 0x2545F4914F6CDD1Dull) >> 33) % c->n_vocab;
         }
     }
@@ -217,7 +234,9 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     double t2 = ds4_now();
     if (o->bench) {
         printf("backend %s, %d threads, sims %s\n", b->ops->name, b->opts.n_threads, o->bo.no_sim ? "off" : "on");
-        if (n_pre) printf("prefill: %u token%s in %.3f s = %.2f tokens/s\n", n_pre, ds4_plural(n_pre), t1 - t0, n_pre / (t1 - t0));
+        if (n_pre)
+            printf("prefill: %u token%s in %.3f s = %.2f tokens/s\n", n_pre, ds4_plural(n_pre), t1 - t0,
+                   n_pre / (t1 - t0));
         if (n > n_pre)
             printf("decode (fed): %u token%s in %.3f s = %.2f tokens/s\n", n - n_pre, ds4_plural(n - n_pre), t2 - t1,
                    (n - n_pre) / (t2 - t1));
@@ -248,7 +267,10 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
             ds4_err_set(err, DS4_EIO, "writing %s failed", o->logits_out);
             goto out;
         }
-        if (fclose(f) != 0) { ds4_err_set(err, DS4_EIO, "writing %s failed", o->logits_out); goto out; }
+        if (fclose(f) != 0) {
+            ds4_err_set(err, DS4_EIO, "writing %s failed", o->logits_out);
+            goto out;
+        }
     }
     if (o->save_state) {
         if (!st && !(st = ds4_backend_state_new(b, err))) goto out;

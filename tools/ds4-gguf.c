@@ -19,8 +19,8 @@
 #include "format/gguf.h"
 #include "format/quants.h"
 
-#define SHOWN_ELEMS 8          /* array elements shown without --full */
-#define SHOWN_STR_BYTES 160    /* bytes of a string shown without --full */
+#define SHOWN_ELEMS     8   /* array elements shown without --full */
+#define SHOWN_STR_BYTES 160 /* bytes of a string shown without --full */
 
 typedef struct opts {
     bool json;
@@ -34,10 +34,19 @@ static size_t utf8_seq(const uint8_t *s, uint64_t n) {
     size_t len;
     uint32_t min;
     if (c < 0x80) return 1;
-    if ((c & 0xE0) == 0xC0) { len = 2; min = 0x80; c &= 0x1F; }
-    else if ((c & 0xF0) == 0xE0) { len = 3; min = 0x800; c &= 0x0F; }
-    else if ((c & 0xF8) == 0xF0) { len = 4; min = 0x10000; c &= 0x07; }
-    else return 0;
+    if ((c & 0xE0) == 0xC0) {
+        len = 2;
+        min = 0x80;
+        c &= 0x1F;
+    } else if ((c & 0xF0) == 0xE0) {
+        len = 3;
+        min = 0x800;
+        c &= 0x0F;
+    } else if ((c & 0xF8) == 0xF0) {
+        len = 4;
+        min = 0x10000;
+        c &= 0x07;
+    } else return 0;
     if (n < len) return 0;
     for (size_t i = 1; i < len; i++) {
         if ((s[i] & 0xC0) != 0x80) return 0;
@@ -60,7 +69,10 @@ static void print_text_str(FILE *out, const char *p, uint64_t len, bool full) {
         else if (k == 1 && s[i] == '\t') fputs("\\t", out);
         else if (k == 1 && (s[i] == '"' || s[i] == '\\')) fprintf(out, "\\%c", s[i]);
         else if (k > 1) fwrite(s + i, 1, k, out);
-        else { fprintf(out, "\\x%02x", s[i]); k = 1; }
+        else {
+            fprintf(out, "\\x%02x", s[i]);
+            k = 1;
+        }
         i += k;
     }
     fputc('"', out);
@@ -73,8 +85,10 @@ static void print_json_str(FILE *out, const char *p, uint64_t len) {
     fputc('"', out);
     for (uint64_t i = 0; i < len;) {
         size_t k = utf8_seq(s + i, len - i);
-        if (k == 0) { fputs("\\ufffd", out); k = 1; }
-        else if (k > 1) fwrite(s + i, 1, k, out);
+        if (k == 0) {
+            fputs("\\ufffd", out);
+            k = 1;
+        } else if (k > 1) fwrite(s + i, 1, k, out);
         else if (s[i] == '"' || s[i] == '\\') fprintf(out, "\\%c", s[i]);
         else if (s[i] == '\n') fputs("\\n", out);
         else if (s[i] == '\t') fputs("\\t", out);
@@ -114,36 +128,30 @@ static void print_array_elem(FILE *out, const ds4_gguf_array *a, uint64_t i, con
         if (o->json) print_json_str(out, a->strs[i].ptr, a->strs[i].len);
         else print_text_str(out, a->strs[i].ptr, a->strs[i].len, o->full);
         break;
-    case DS4_GGUF_F32: case DS4_GGUF_F64:
-        print_float(out, ds4_gguf_arr_f64(a, i), a->type == DS4_GGUF_F32, o->json);
-        break;
-    case DS4_GGUF_BOOL:
-        fputs(ds4_gguf_arr_i64(a, i) ? "true" : "false", out);
-        break;
+    case DS4_GGUF_F32:
+    case DS4_GGUF_F64: print_float(out, ds4_gguf_arr_f64(a, i), a->type == DS4_GGUF_F32, o->json); break;
+    case DS4_GGUF_BOOL: fputs(ds4_gguf_arr_i64(a, i) ? "true" : "false", out); break;
     case DS4_GGUF_U64:
         memcpy(&u, a->data + 8 * i, 8);
         fprintf(out, "%" PRIu64, u);
         break;
-    default:
-        fprintf(out, "%" PRId64, ds4_gguf_arr_i64(a, i));
-        break;
+    default: fprintf(out, "%" PRId64, ds4_gguf_arr_i64(a, i)); break;
     }
 }
 
 static void print_value(FILE *out, const ds4_gguf_value *v, const opts *o) {
     switch (v->type) {
-    case DS4_GGUF_U8: case DS4_GGUF_U16: case DS4_GGUF_U32: case DS4_GGUF_U64:
-        fprintf(out, "%" PRIu64, v->u);
-        break;
-    case DS4_GGUF_I8: case DS4_GGUF_I16: case DS4_GGUF_I32: case DS4_GGUF_I64:
-        fprintf(out, "%" PRId64, v->i);
-        break;
-    case DS4_GGUF_F32: case DS4_GGUF_F64:
-        print_float(out, v->f, v->type == DS4_GGUF_F32, o->json);
-        break;
-    case DS4_GGUF_BOOL:
-        fputs(v->b ? "true" : "false", out);
-        break;
+    case DS4_GGUF_U8:
+    case DS4_GGUF_U16:
+    case DS4_GGUF_U32:
+    case DS4_GGUF_U64: fprintf(out, "%" PRIu64, v->u); break;
+    case DS4_GGUF_I8:
+    case DS4_GGUF_I16:
+    case DS4_GGUF_I32:
+    case DS4_GGUF_I64: fprintf(out, "%" PRId64, v->i); break;
+    case DS4_GGUF_F32:
+    case DS4_GGUF_F64: print_float(out, v->f, v->type == DS4_GGUF_F32, o->json); break;
+    case DS4_GGUF_BOOL: fputs(v->b ? "true" : "false", out); break;
     case DS4_GGUF_STRING:
         if (o->json) print_json_str(out, v->s.ptr, v->s.len);
         else print_text_str(out, v->s.ptr, v->s.len, o->full);
@@ -166,8 +174,7 @@ static void print_value(FILE *out, const ds4_gguf_value *v, const opts *o) {
 /* A key or tensor name for a terminal: control bytes shown as '?'. */
 static const char *printable(const char *name, char *buf, size_t cap) {
     size_t i = 0;
-    for (; name[i] && i + 1 < cap; i++)
-        buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
+    for (; name[i] && i + 1 < cap; i++) buf[i] = (unsigned char)name[i] < 0x20 || name[i] == 0x7f ? '?' : name[i];
     buf[i] = '\0';
     return buf;
 }
@@ -184,8 +191,8 @@ static void print_dims(FILE *out, const ds4_gguf_tensor *t) {
 }
 
 static void print_text(FILE *out, const ds4_gguf *g, const opts *o) {
-    fprintf(out, "%s: GGUF v%u, %" PRIu64 " bytes, alignment %u, data section at offset %" PRIu64 "\n",
-            g->path, g->version, g->size, g->alignment, g->data_offset);
+    fprintf(out, "%s: GGUF v%u, %" PRIu64 " bytes, alignment %u, data section at offset %" PRIu64 "\n", g->path,
+            g->version, g->size, g->alignment, g->data_offset);
     size_t width = 0;
     for (uint64_t i = 0; i < g->n_kv; i++)
         if (strlen(g->kv[i].key) > width) width = strlen(g->kv[i].key);
@@ -196,8 +203,7 @@ static void print_text(FILE *out, const ds4_gguf *g, const opts *o) {
         char type[32];
         if (kv->value.type == DS4_GGUF_ARRAY)
             snprintf(type, sizeof(type), "%s[%" PRIu64 "]", ds4_gguf_vtype_name(kv->value.a.type), kv->value.a.count);
-        else
-            snprintf(type, sizeof(type), "%s", ds4_gguf_vtype_name(kv->value.type));
+        else snprintf(type, sizeof(type), "%s", ds4_gguf_vtype_name(kv->value.type));
         char name[512];
         fprintf(out, "  %-*s  %-12s ", (int)width, printable(kv->key, name, sizeof(name)), type);
         print_value(out, &kv->value, o);
@@ -226,8 +232,9 @@ static void print_text(FILE *out, const ds4_gguf *g, const opts *o) {
 static void print_json(FILE *out, const ds4_gguf *g, const opts *o) {
     fputs("{\"file\": ", out);
     print_cstr(out, g->path, true);
-    fprintf(out, ", \"version\": %u, \"size\": %" PRIu64 ", \"alignment\": %u, \"data_offset\": %" PRIu64
-                 ",\n \"metadata\": [",
+    fprintf(out,
+            ", \"version\": %u, \"size\": %" PRIu64 ", \"alignment\": %u, \"data_offset\": %" PRIu64
+            ",\n \"metadata\": [",
             g->version, g->size, g->alignment, g->data_offset);
     for (uint64_t i = 0; i < g->n_kv; i++) {
         const ds4_gguf_kv *kv = &g->kv[i];
@@ -237,8 +244,7 @@ static void print_json(FILE *out, const ds4_gguf *g, const opts *o) {
         if (kv->value.type == DS4_GGUF_ARRAY) {
             const ds4_gguf_array *a = &kv->value.a;
             fprintf(out, ", \"elem_type\": \"%s\", \"count\": %" PRIu64 ", \"truncated\": %s",
-                    ds4_gguf_vtype_name(a->type), a->count,
-                    !o->full && a->count > SHOWN_ELEMS ? "true" : "false");
+                    ds4_gguf_vtype_name(a->type), a->count, !o->full && a->count > SHOWN_ELEMS ? "true" : "false");
         }
         fputs(", \"value\": ", out);
         print_value(out, &kv->value, o);
@@ -251,8 +257,8 @@ static void print_json(FILE *out, const ds4_gguf *g, const opts *o) {
         print_cstr(out, t->name, true);
         fprintf(out, ", \"type\": \"%s\", \"type_id\": %u, \"dims\": ", type_name(t->type), t->type);
         print_dims(out, t);
-        fprintf(out, ", \"elements\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"offset\": %" PRIu64 "}",
-                t->nelements, t->nbytes, t->offset);
+        fprintf(out, ", \"elements\": %" PRIu64 ", \"bytes\": %" PRIu64 ", \"offset\": %" PRIu64 "}", t->nelements,
+                t->nbytes, t->offset);
     }
     fputs("]}\n", out);
 }
@@ -261,20 +267,24 @@ int main(int argc, char **argv) {
     opts o = {0};
     const char *command;
     char full_help[160];
-    snprintf(full_help, sizeof(full_help), "every array element and whole strings (default: the first %d elements "
-                                           "and %d bytes)", SHOWN_ELEMS, SHOWN_STR_BYTES);
+    snprintf(full_help, sizeof(full_help),
+             "every array element and whole strings (default: the first %d elements "
+             "and %d bytes)",
+             SHOWN_ELEMS, SHOWN_STR_BYTES);
     ds4_opt table[] = {
         {DS4_OPT_FLAG("--json", &o.json,
                       "one JSON object (strings that are not valid UTF-8 have their bad bytes replaced by U+FFFD)")},
         {DS4_OPT_FLAG("--full", &o.full, full_help)},
         {DS4_OPT_SECTION("arguments:")},
-        {DS4_OPT_CHOICE("COMMAND", NULL, &command, "info", NULL, "what to do: info prints the file's metadata and "
-                                                                 "tensor table"),
+        {DS4_OPT_CHOICE("COMMAND", NULL, &command, "info", NULL,
+                        "what to do: info prints the file's metadata and "
+                        "tensor table"),
          .flags = DS4_OPT_REQUIRED},
         {DS4_OPT_STR("FILE", NULL, &o.path, NULL, "a GGUF file"), .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-gguf", .usage = "info [--json] [--full] FILE",
+    ds4_cli cli = {.prog = "ds4-gguf",
+                   .usage = "info [--json] [--full] FILE",
                    .about = "Print the header, metadata and tensor table of a GGUF file (name, type, dims, bytes, "
                             "offset in the\ndata section), a header-only file's too.  A file the reader rejects gives "
                             "its error and exit\nstatus 1.",

@@ -50,10 +50,10 @@
 
 typedef struct opts {
     const char *out_dir;
-    const char *modes;       /* "both", "think", "nothink" */
-    const char *license;     /* of the file inputs (JSONL records carry theirs) */
-    const char *system;      /* system message of the file prompts; "" for none */
-    uint32_t chunk;          /* bytes of a code or text chunk */
+    const char *modes;   /* "both", "think", "nothink" */
+    const char *license; /* of the file inputs (JSONL records carry theirs) */
+    const char *system;  /* system message of the file prompts; "" for none */
+    uint32_t chunk;      /* bytes of a code or text chunk */
     const char **inputs;
     size_t n_inputs;
 } opts;
@@ -70,7 +70,7 @@ typedef struct dataset {
     record *v;
     size_t n, cap;
     size_t duplicates;
-    json_t *sources;         /* [{"source", "category", "license"}] */
+    json_t *sources; /* [{"source", "category", "license"}] */
 } dataset;
 
 static int add_input(void *ctx, const char *value, ds4_err *err) {
@@ -132,8 +132,12 @@ static int add_render(dataset *d, const json_t *messages, const json_t *tools, b
     record *rec = &d->v[d->n++];
     char id[24];
     snprintf(id, sizeof(id), "%016llx", (unsigned long long)h);
-    *rec = (record){.id = strdup(id), .category = field(category), .mode = strdup(think ? "think" : "nothink"),
-                    .source = field(source), .len = r.text.len, .hash = h};
+    *rec = (record){.id = strdup(id),
+                    .category = field(category),
+                    .mode = strdup(think ? "think" : "nothink"),
+                    .source = field(source),
+                    .len = r.text.len,
+                    .hash = h};
     size_t len;
     rec->text = ds4_strbuf_take(&r.text, &len);
     ds4_rendered_free(&r);
@@ -195,9 +199,9 @@ static int add_jsonl(dataset *d, const opts *o, const char *path, ds4_err *err) 
 
 /* ------------------------------------------------------------ code and text */
 
-static const char *const CODE_EXT[] = {".c", ".h", ".cc", ".cpp", ".hpp", ".cu", ".cuh", ".m", ".py", ".go", ".rs",
-                                       ".js", ".ts", ".java", ".kt", ".sh", ".rb", ".lua", ".zig", ".swift", ".metal",
-                                       ".sql", NULL};
+static const char *const CODE_EXT[] = {".c",  ".h",   ".cc",  ".cpp",   ".hpp",   ".cu",   ".cuh", ".m",
+                                       ".py", ".go",  ".rs",  ".js",    ".ts",    ".java", ".kt",  ".sh",
+                                       ".rb", ".lua", ".zig", ".swift", ".metal", ".sql",  NULL};
 
 static const char *const CODE_TASKS[] = {
     "Explain what this code does, function by function, and how the pieces fit together.",
@@ -290,7 +294,8 @@ static int make_dirs(const char *dir, ds4_err *err) {
         char c = *s;
         if (c != '/' && c != '\0') continue;
         *s = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST) return ds4_err_set(err, DS4_EIO, "cannot make %s: %s", p, strerror(errno));
+        if (mkdir(p, 0777) != 0 && errno != EEXIST)
+            return ds4_err_set(err, DS4_EIO, "cannot make %s: %s", p, strerror(errno));
         *s = c;
         if (c == '\0') return 0;
     }
@@ -329,9 +334,9 @@ static int write_manifest(const dataset *d, const char *dir, ds4_err *err) {
                           "DeepSeek V4 imatrix calibration prompts", "record_count", (json_int_t)d->n,
                           "duplicates_dropped", (json_int_t)d->duplicates, "rendered_utf8_bytes", total,
                           "rough_token_estimate_bytes_div_4", total / 4, "categories", cats, "modes", modes,
-                          "bytes_by_category", bytes, "files", "all_rendered", "rendered_prompts.txt",
-                          "think_rendered", "rendered_prompts_think.txt", "nothink_rendered",
-                          "rendered_prompts_nothink.txt", "sources", d->sources);
+                          "bytes_by_category", bytes, "files", "all_rendered", "rendered_prompts.txt", "think_rendered",
+                          "rendered_prompts_think.txt", "nothink_rendered", "rendered_prompts_nothink.txt", "sources",
+                          d->sources);
     char path[4096];
     snprintf(path, sizeof(path), "%s/manifest.json", dir);
     int rc = m && json_dump_file(m, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER) == 0
@@ -367,12 +372,12 @@ int main(int argc, char **argv) {
         {DS4_OPT_STR("--system", "TEXT", &o.system, "You are a helpful assistant",
                      "system message of the code and text prompts; \"\" for none")},
         {DS4_OPT_SECTION("arguments:")},
-        {DS4_OPT_CALL("INPUT", NULL, add_input, &o,
-                      "conversations (*.jsonl), code files (by extension) or text files"),
+        {DS4_OPT_CALL("INPUT", NULL, add_input, &o, "conversations (*.jsonl), code files (by extension) or text files"),
          .flags = DS4_OPT_MANY | DS4_OPT_REQUIRED},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-imatrix-dataset", .usage = "-o DIR [options] INPUT...",
+    ds4_cli cli = {.prog = "ds4-imatrix-dataset",
+                   .usage = "-o DIR [options] INPUT...",
                    .about = "Build an imatrix calibration set: conversations, code and text rendered through the "
                             "chat template\nin thinking and non-thinking mode, in the format ds4-imatrix reads.",
                    .opts = table};
@@ -395,8 +400,7 @@ int main(int argc, char **argv) {
     if (rc == 0)
         fprintf(stderr, "ds4-imatrix-dataset: %zu prompt%s from %zu input%s (%zu duplicate%s dropped) in %s\n", d.n,
                 ds4_plural(d.n), o.n_inputs, ds4_plural(o.n_inputs), d.duplicates, ds4_plural(d.duplicates), o.out_dir);
-    else
-        fprintf(stderr, "ds4-imatrix-dataset: %s\n", err.msg);
+    else fprintf(stderr, "ds4-imatrix-dataset: %s\n", err.msg);
     dataset_free(&d);
     free(o.inputs);
     return rc == 0 ? 0 : 1;

@@ -113,10 +113,13 @@ int main(int argc, char **argv) {
         {DS4_OPT_STR("MODEL", NULL, &o.model, NULL, "the GGUF model file"), .flags = DS4_OPT_REQUIRED},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-imatrix", .usage = "MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [options]",
+    ds4_cli cli = {.prog = "ds4-imatrix",
+                   .usage = "MODEL --imatrix-dataset FILE --imatrix-out OUT.dat [options]",
                    .about = "Collect an importance matrix for the routed experts (for ds4-quantize --imatrix) by "
                             "running the\nmodel over a dataset.",
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+                   .opts = table,
+                   .notes = DS4_CLI_ENV_NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (ds4_cli_check_backend(&cli, o.backend) != 0) return 2;

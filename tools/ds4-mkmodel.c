@@ -105,7 +105,9 @@ static int apply_preset(const char *name, ds4_config *c) {
 
 /* ------------------------------------------------------------- random */
 
-typedef struct rng { uint64_t s[4]; } rng;
+typedef struct rng {
+    uint64_t s[4];
+} rng;
 
 static uint64_t splitmix64(uint64_t *x) {
     uint64_t z = (*x += 0x9E3779B97F4A7C15ull);
@@ -122,7 +124,12 @@ static uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
 
 static uint64_t rng_u64(rng *r) { /* xoshiro256** */
     uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
-    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
     return out;
 }
 
@@ -158,12 +165,12 @@ static dist tensor_dist(const ds4_tensor_spec *t) {
 typedef struct gen_ctx {
     const ds4_tensor_spec *t;
     uint32_t type;
-    uint64_t seed;        /* tensor seed */
-    uint64_t row0;        /* first row of the current slab */
+    uint64_t seed; /* tensor seed */
+    uint64_t row0; /* first row of the current slab */
     const float *importance;
     int random_blocks;
-    float *f32;           /* slab rows as floats, per row */
-    uint8_t *out;         /* slab rows encoded */
+    float *f32;   /* slab rows as floats, per row */
+    uint8_t *out; /* slab rows encoded */
     size_t row_bytes;
     int64_t ne0;
 } gen_ctx;
@@ -253,7 +260,10 @@ static void gen_tid2eid(const ds4_tensor_spec *t, uint32_t n_expert, uint64_t se
                 int32_t e = (int32_t)(rng_u64(&r) % n_expert);
                 uint32_t m = 0;
                 while (m < j && row[m] != e) m++;
-                if (m == j) { row[j] = e; break; }
+                if (m == j) {
+                    row[j] = e;
+                    break;
+                }
             }
         }
     }
@@ -269,13 +279,13 @@ typedef struct opts {
     int threads;
     int random_blocks;
     int quiet;
-    bool header_only;          /* metadata and tensor table, no data */
+    bool header_only;                     /* metadata and tensor table, no data */
     uint32_t type_override[DS4_TC_COUNT]; /* UINT32_MAX = recipe's */
-    const char *mtp_out;       /* also an MTP block (NULL: none) */
+    const char *mtp_out;                  /* also an MTP block (NULL: none) */
 } opts;
 
-static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t type, const opts *o,
-                        const ds4_config *c, ds4_pool *pool, ds4_err *err) {
+static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t type, const opts *o, const ds4_config *c,
+                        ds4_pool *pool, ds4_err *err) {
     uint64_t seed = o->seed ^ name_hash(t->name);
     if (t->cls == DS4_TC_HASH) {
         size_t n = (size_t)(t->ne[0] * t->ne[1]);
@@ -295,8 +305,8 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
     uint64_t slab = rows_per_mat;
     while (slab > 1 && slab * (uint64_t)ne0 * 4 > (64u << 20)) slab = (slab + 1) / 2;
 
-    gen_ctx g = {.t = t, .type = type, .seed = seed, .random_blocks = o->random_blocks,
-                 .row_bytes = row_bytes, .ne0 = ne0};
+    gen_ctx g = {
+        .t = t, .type = type, .seed = seed, .random_blocks = o->random_blocks, .row_bytes = row_bytes, .ne0 = ne0};
     g.f32 = malloc((size_t)slab * (size_t)ne0 * sizeof(float));
     g.out = malloc((size_t)slab * row_bytes);
     float *energy = NULL;
@@ -309,7 +319,10 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
             /* Column-energy fallback (docs/MODEL.md 2.6) over the whole matrix,
              * which is regenerated here since rows are seeded by index. */
             if (!energy) energy = calloc((size_t)ne0, sizeof(float));
-            if (!energy) { rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name); break; }
+            if (!energy) {
+                rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
+                break;
+            }
             memset(energy, 0, (size_t)ne0 * sizeof(float));
             for (uint64_t r0 = 0; r0 < rows_per_mat; r0++) {
                 draw_row(&g, m * rows_per_mat + r0, g.f32);
@@ -340,8 +353,8 @@ static int copy_tokenizer(ds4_gguf_writer *w, const char *path, ds4_config *c, d
         if (strcmp(kv->key, "tokenizer.ggml.tokens") == 0) {
             have_tokens = 1;
             if (kv->value.type != DS4_GGUF_ARRAY || kv->value.a.count != c->n_vocab)
-                rc = ds4_err_set(err, DS4_EINVAL, "tokenizer %s has %llu tokens but the model vocabulary is %u",
-                                 path, (unsigned long long)kv->value.a.count, c->n_vocab);
+                rc = ds4_err_set(err, DS4_EINVAL, "tokenizer %s has %llu tokens but the model vocabulary is %u", path,
+                                 (unsigned long long)kv->value.a.count, c->n_vocab);
         }
         if (rc == 0 && ds4_gguf_w_copy_kv(w, kv) != 0) rc = ds4_err_set(err, DS4_EIO, "copying %s failed", kv->key);
     }
@@ -452,11 +465,17 @@ static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
 /* ------------------------------------------------------------ options */
 
 static int parse_type(const char *s, uint32_t *out) {
-    static const struct { const char *n; uint32_t t; } names[] = {
-        {"f32", DS4_TYPE_F32}, {"f16", DS4_TYPE_F16}, {"bf16", DS4_TYPE_BF16}, {"q8_0", DS4_TYPE_Q8_0},
-        {"q2_k", DS4_TYPE_Q2_K}, {"q4_k", DS4_TYPE_Q4_K}, {"iq2_xxs", DS4_TYPE_IQ2_XXS}};
+    static const struct {
+        const char *n;
+        uint32_t t;
+    } names[] = {{"f32", DS4_TYPE_F32},        {"f16", DS4_TYPE_F16},   {"bf16", DS4_TYPE_BF16},
+                 {"q8_0", DS4_TYPE_Q8_0},      {"q2_k", DS4_TYPE_Q2_K}, {"q4_k", DS4_TYPE_Q4_K},
+                 {"iq2_xxs", DS4_TYPE_IQ2_XXS}};
     for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
-        if (strcasecmp(s, names[i].n) == 0) { *out = names[i].t; return 0; }
+        if (strcasecmp(s, names[i].n) == 0) {
+            *out = names[i].t;
+            return 0;
+        }
     return -1;
 }
 
@@ -482,15 +501,26 @@ static int parse_set(const char *arg, ds4_config *c) {
     uint32_t v;
     if (ds4_parse_u32(eq + 1, 0, 100000000u, &v)) return -1;
     size_t kl = (size_t)(eq - arg);
-    static const struct { const char *k; size_t off; } keys[] = {
-        {"layers", offsetof(ds4_config, n_layer)}, {"embd", offsetof(ds4_config, n_embd)},
-        {"vocab", offsetof(ds4_config, n_vocab)}, {"heads", offsetof(ds4_config, n_head)},
-        {"head-dim", offsetof(ds4_config, head_dim)}, {"rope-dim", offsetof(ds4_config, rope_dim)},
-        {"q-rank", offsetof(ds4_config, q_lora_rank)}, {"o-rank", offsetof(ds4_config, o_lora_rank)},
-        {"o-groups", offsetof(ds4_config, o_groups)}, {"experts", offsetof(ds4_config, n_expert)},
-        {"experts-used", offsetof(ds4_config, n_expert_used)}, {"ff", offsetof(ds4_config, n_ff_exp)},
-        {"hash-layers", offsetof(ds4_config, n_hash_layer)}, {"window", offsetof(ds4_config, sliding_window)},
-        {"idx-heads", offsetof(ds4_config, idx_n_head)}, {"idx-top-k", offsetof(ds4_config, idx_top_k)},
+    static const struct {
+        const char *k;
+        size_t off;
+    } keys[] = {
+        {"layers", offsetof(ds4_config, n_layer)},
+        {"embd", offsetof(ds4_config, n_embd)},
+        {"vocab", offsetof(ds4_config, n_vocab)},
+        {"heads", offsetof(ds4_config, n_head)},
+        {"head-dim", offsetof(ds4_config, head_dim)},
+        {"rope-dim", offsetof(ds4_config, rope_dim)},
+        {"q-rank", offsetof(ds4_config, q_lora_rank)},
+        {"o-rank", offsetof(ds4_config, o_lora_rank)},
+        {"o-groups", offsetof(ds4_config, o_groups)},
+        {"experts", offsetof(ds4_config, n_expert)},
+        {"experts-used", offsetof(ds4_config, n_expert_used)},
+        {"ff", offsetof(ds4_config, n_ff_exp)},
+        {"hash-layers", offsetof(ds4_config, n_hash_layer)},
+        {"window", offsetof(ds4_config, sliding_window)},
+        {"idx-heads", offsetof(ds4_config, idx_n_head)},
+        {"idx-top-k", offsetof(ds4_config, idx_top_k)},
         {"hc", offsetof(ds4_config, n_hc)},
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -508,7 +538,8 @@ static int parse_set(const char *arg, ds4_config *c) {
 
 /* --type CLASS=TYPE, applied as it comes. */
 static int type_option(void *ctx, const char *v, ds4_err *err) {
-    if (parse_class_type(v, ctx) != 0) return ds4_err_set(err, DS4_EINVAL, "not CLASS=TYPE with a known class and type");
+    if (parse_class_type(v, ctx) != 0)
+        return ds4_err_set(err, DS4_EINVAL, "not CLASS=TYPE with a known class and type");
     return 0;
 }
 
@@ -563,7 +594,8 @@ int main(int argc, char **argv) {
         {DS4_OPT_FLAG("-q, --quiet", &quiet, "no progress output")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-mkmodel", .usage = "-o OUT.gguf [options]",
+    ds4_cli cli = {.prog = "ds4-mkmodel",
+                   .usage = "-o OUT.gguf [options]",
                    .about = "Write a GGUF of the DeepSeek V4 architecture with seeded random weights, of "
                             "any shape and\nrecipe (tests, benchmarks, the demo).",
                    .opts = table};

@@ -70,8 +70,8 @@ static int weighted_error(const ds4_weights *r, const ds4_weights *t, const char
     uint32_t ne = r->cfg.n_expert;
     for (uint32_t il = 0; il < r->cfg.n_layer && rc == 0; il++) {
         const ds4_layer_weights *a = &r->layers[il], *b = &t->layers[il];
-        const ds4_wt *pairs[3][2] = {{&a->gate_exps, &b->gate_exps}, {&a->up_exps, &b->up_exps},
-                                     {&a->down_exps, &b->down_exps}};
+        const ds4_wt *pairs[3][2] = {
+            {&a->gate_exps, &b->gate_exps}, {&a->up_exps, &b->up_exps}, {&a->down_exps, &b->down_exps}};
         for (int k = 0; k < 3 && rc == 0; k++)
             for (uint32_t e = 0; e < ne && rc == 0; e++)
                 rc = matrix_error(pairs[k][0], pairs[k][1], im, e, ne, &kinds[k], err);
@@ -153,7 +153,8 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
     }
     uint32_t cap = br ? br->opts.ctx_size : 0;
     uint32_t *ids = malloc((size_t)cap * sizeof(uint32_t) + 1);
-    float *lr = malloc((size_t)QEVAL_BATCH * nv * sizeof(float)), *lt = malloc((size_t)QEVAL_BATCH * nv * sizeof(float));
+    float *lr = malloc((size_t)QEVAL_BATCH * nv * sizeof(float)),
+          *lt = malloc((size_t)QEVAL_BATCH * nv * sizeof(float));
     int rc = bt && text && ids && lr && lt ? 0 : (bt ? ds4_err_set(err, DS4_ENOMEM, "out of memory") : -1);
     kl_acc acc = {0};
     size_t pos = 0, start, plen;
@@ -168,7 +169,8 @@ static int divergence(const ds4_weights *r, const ds4_weights *t, const char *pa
         ds4_backend_reset(bt);
         for (uint32_t done = 0; rc == 0 && done < n;) {
             uint32_t b = n - done < QEVAL_BATCH ? n - done : QEVAL_BATCH;
-            if (ds4_backend_prefill(br, ids + done, b, lr, err) != 0 || ds4_backend_prefill(bt, ids + done, b, lt, err) != 0) {
+            if (ds4_backend_prefill(br, ids + done, b, lr, err) != 0 ||
+                ds4_backend_prefill(bt, ids + done, b, lt, err) != 0) {
                 rc = -1;
                 break;
             }
@@ -208,11 +210,14 @@ int main(int argc, char **argv) {
          .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-qeval", .usage = "REF.gguf TEST.gguf --imatrix FILE | --dataset FILE [options]",
+    ds4_cli cli = {.prog = "ds4-qeval",
+                   .usage = "REF.gguf TEST.gguf --imatrix FILE | --dataset FILE [options]",
                    .about = "How far a quantized GGUF is from a reference GGUF of the same model: the "
                             "importance-weighted\nerror of the routed experts (--imatrix), the divergence of "
                             "the outputs (--dataset), or both.\nRuns on the CPU backend.",
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+                   .opts = table,
+                   .notes = DS4_CLI_ENV_NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (!im && !ds)

@@ -31,7 +31,7 @@
 
 enum { COLS = 4096 };
 
-static const uint32_t WTYPES[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+static const uint32_t WTYPES[] = {DS4_TYPE_F32,  DS4_TYPE_F16,  DS4_TYPE_BF16,   DS4_TYPE_Q8_0,
                                   DS4_TYPE_Q4_K, DS4_TYPE_Q2_K, DS4_TYPE_IQ2_XXS};
 #define NWTYPES (sizeof WTYPES / sizeof WTYPES[0])
 
@@ -39,9 +39,7 @@ static const uint32_t WTYPES[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4
 static uint64_t rng_state;
 
 /* Each section reseeds, so its data does not depend on which ran before. */
-static void rng_seed(uint64_t seed) {
-    rng_state = seed;
-}
+static void rng_seed(uint64_t seed) { rng_state = seed; }
 
 static uint64_t rng_next(void) {
     rng_state ^= rng_state << 13;
@@ -101,8 +99,8 @@ static void fill_weights(uint32_t type, uint8_t *w, size_t bytes) {
 
 static void bench_dots(size_t mib, int reps) {
     rng_seed(1);
-    printf("dots: single thread, rows of %d, %zu MiB of weights per type, best of %d per 1 MiB chunk\n", COLS,
-           mib, reps);
+    printf("dots: single thread, rows of %d, %zu MiB of weights per type, best of %d per 1 MiB chunk\n", COLS, mib,
+           reps);
     printf("%-8s %12s %12s %10s\n", "type", "scalar GB/s", "avx2 GB/s", "avx2 ns/row");
     float *x = xmalloc(COLS * sizeof(float));
     for (int i = 0; i < COLS; i++) x[i] = gauss();
@@ -156,8 +154,8 @@ static void bench_dots(size_t mib, int reps) {
  * either one activation at a time (ds4_vec_dot_rows, what decode does) or
  * through ds4_vec_dot_rows_multi.  A 1 MiB matrix (in the L2/L3 cache, as
  * the tiles of a prefill chunk mostly are), best of `reps` passes. */
-static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t rb, int64_t rows,
-                         const uint8_t *acts, size_t ab, int nacts, float *y, int multi) {
+static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t rb, int64_t rows, const uint8_t *acts,
+                         size_t ab, int nacts, float *y, int multi) {
     int64_t tile = (int64_t)(32768 / rb) + 1;
     double t0 = ds4_now();
     for (int64_t r0 = 0; r0 < rows; r0 += tile) {
@@ -176,7 +174,8 @@ static double batch_pass(uint32_t type, int64_t cols, const uint8_t *w, size_t r
 static void bench_batch(int reps, int nacts, int64_t cols) {
     rng_seed(4);
     printf("batch: single thread, rows of %lld, 1 MiB of weights per type, %d activations, tiles of 32 KiB, "
-           "best of %d\n", (long long)cols, nacts, reps);
+           "best of %d\n",
+           (long long)cols, nacts, reps);
     printf("%-8s %-7s %14s %14s %8s\n", "type", "kernels", "one ns/pair", "multi ns/pair", "speedup");
     float *x = xmalloc((size_t)cols * sizeof(float));
     for (size_t t = 0; t < NWTYPES; t++) {
@@ -236,7 +235,9 @@ static void bench_quantize(int reps) {
                 dt += best;
             }
             printf("%-8s %-12s %12.2f\n", ds4_type_get(types[t])->name,
-                   with ? "imatrix" : types[t] == DS4_TYPE_IQ2_XXS ? "none (x^2)" : "none",
+                   with                           ? "imatrix"
+                   : types[t] == DS4_TYPE_IQ2_XXS ? "none (x^2)"
+                                                  : "none",
                    ROWS * COLS / dt / 1e6);
         }
     }
@@ -259,9 +260,12 @@ static void bench_rmse(void) {
         const float *imp;
         const char *note;
     } cases[] = {
-        {DS4_TYPE_F16, NULL, ""},           {DS4_TYPE_BF16, NULL, ""},
-        {DS4_TYPE_Q8_0, NULL, ""},          {DS4_TYPE_Q4_K, NULL, ""},
-        {DS4_TYPE_Q2_K, NULL, ""},          {DS4_TYPE_IQ2_XXS, ones, "uniform importance"},
+        {DS4_TYPE_F16, NULL, ""},
+        {DS4_TYPE_BF16, NULL, ""},
+        {DS4_TYPE_Q8_0, NULL, ""},
+        {DS4_TYPE_Q4_K, NULL, ""},
+        {DS4_TYPE_Q2_K, NULL, ""},
+        {DS4_TYPE_IQ2_XXS, ones, "uniform importance"},
         {DS4_TYPE_IQ2_XXS, NULL, "no importance (x^2 fallback)"},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -288,14 +292,16 @@ int main(int argc, char **argv) {
     ds4_opt table[] = {
         {DS4_OPT_CHOICE("--only", "WHAT", &only, "dots|batch|quantize|rmse", NULL, "run one of the benchmarks"),
          .def_text = "all"},
-        {DS4_OPT_U32("--mib", "N", &mib, 1, 1u << 20, 256, "MiB of weights per type in dots (more than the last-level "
-                                                        "cache)")},
+        {DS4_OPT_U32("--mib", "N", &mib, 1, 1u << 20, 256,
+                     "MiB of weights per type in dots (more than the last-level "
+                     "cache)")},
         {DS4_OPT_INT("--reps", "N", &reps, 1, 1000000, 3, "passes; the best one counts")},
         {DS4_OPT_INT("--acts", "N", &nacts, 1, 1 << 16, 64, "activations of batch")},
         {DS4_OPT_U32("--cols", "N", &cols, 256, 1u << 24, COLS, "row width of batch, a multiple of 256")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-quant-bench", .usage = "[options]",
+    ds4_cli cli = {.prog = "ds4-quant-bench",
+                   .usage = "[options]",
                    .about = "Single-thread micro-benchmark of the block formats: dot products (GB/s of weight "
                             "bytes),\nbatched products (ns per row and activation), quantization (elements/s) "
                             "and quantization RMSE.",

@@ -46,7 +46,8 @@ static int load(const char *path, table *t) {
         unsigned pt, tt;
         double nll;
         if (sscanf(line, "%255[^\t]\t%u\t%u\t%lf\t%lf\t%d\t%u", r.id, &pt, &tt, &nll, &r.avg_nll, &r.first_match,
-                   &r.lcp) != 7 || !isfinite(r.avg_nll)) {
+                   &r.lcp) != 7 ||
+            !isfinite(r.avg_nll)) {
             fprintf(stderr, "ds4-score-compare: %s:%d: not a ds4-score row\n", path, lineno);
             fclose(f);
             return -1;
@@ -76,12 +77,14 @@ int main(int argc, char **argv) {
     const char *old_path, *new_path;
     ds4_opt opts[] = {
         {DS4_OPT_SECTION("arguments:")},
-        {DS4_OPT_STR("OLD.tsv", NULL, &old_path, NULL, "a ds4-score result file"), .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
+        {DS4_OPT_STR("OLD.tsv", NULL, &old_path, NULL, "a ds4-score result file"),
+         .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
         {DS4_OPT_STR("NEW.tsv", NULL, &new_path, NULL, "another, of the same cases"),
          .flags = DS4_OPT_REQUIRED | DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-score-compare", .usage = "OLD.tsv NEW.tsv",
+    ds4_cli cli = {.prog = "ds4-score-compare",
+                   .usage = "OLD.tsv NEW.tsv",
                    .about = "Compare two ds4-score result files, case by case (matched by id): mean avg_nll of "
                             "both and the\ndelta (negative: NEW is better), wins, ties and losses, first-token "
                             "matches and greedy LCP.",
@@ -113,8 +116,8 @@ int main(int argc, char **argv) {
         return 1;
     }
     printf("cases: %zu (%zu only in one file)\n", n, only);
-    printf("avg_nll: old %.6f new %.6f delta %+.6f (%+.2f%%; negative = new better)\n", sa / n, sb / n,
-           (sb - sa) / n, sa != 0 ? 100.0 * (sb - sa) / sa : 0.0);
+    printf("avg_nll: old %.6f new %.6f delta %+.6f (%+.2f%%; negative = new better)\n", sa / n, sb / n, (sb - sa) / n,
+           sa != 0 ? 100.0 * (sb - sa) / sa : 0.0);
     printf("cases: new better %zu, tied %zu, old better %zu\n", wins, ties, losses);
     printf("first-token matches: old %zu new %zu\n", fa, fb);
     printf("avg greedy LCP: old %.3f new %.3f\n", la / n, lb / n);

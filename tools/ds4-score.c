@@ -74,7 +74,9 @@ static int read_ids(const char *path, uint32_t n_vocab, ids *out, ds4_err *err) 
         c = fgetc(f);
         if (c != EOF && isdigit(c)) {
             v = v * 10 + (unsigned)(c - '0');
-            if (v >= n_vocab) rc = ds4_err_set(err, DS4_ERANGE, "%s: byte %ld: token id outside the vocabulary (%u)", path, pos, n_vocab);
+            if (v >= n_vocab)
+                rc = ds4_err_set(err, DS4_ERANGE, "%s: byte %ld: token id outside the vocabulary (%u)", path, pos,
+                                 n_vocab);
             in_num = true;
         } else {
             if (in_num && push(out, (uint32_t)v) != 0) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -82,7 +84,8 @@ static int read_ids(const char *path, uint32_t n_vocab, ids *out, ds4_err *err) 
             v = 0;
             if (c == EOF) break;
             if (!isspace(c) && c != ',')
-                rc = ds4_err_set(err, DS4_EFORMAT, "%s: byte %ld: unexpected character '%c' in a token list", path, pos, c);
+                rc = ds4_err_set(err, DS4_EFORMAT, "%s: byte %ld: unexpected character '%c' in a token list", path, pos,
+                                 c);
         }
         pos++;
     }
@@ -170,8 +173,7 @@ static double token_nll(const float *logits, uint32_t n, uint32_t t, bool *is_ar
     return log(sum) - ((double)logits[t] - m);
 }
 
-static int score_case(ds4_backend *b, uint32_t n_vocab, const ids *prompt, const ids *target, score *s,
-                      ds4_err *err) {
+static int score_case(ds4_backend *b, uint32_t n_vocab, const ids *prompt, const ids *target, score *s, ds4_err *err) {
     ds4_backend_reset(b);
     memset(s, 0, sizeof(*s));
     if (ds4_backend_prefill(b, prompt->v, prompt->n, NULL, err) != 0) return -1;
@@ -292,11 +294,14 @@ int main(int argc, char **argv) {
                      "context size, as -c (ds4's position for it)")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-score", .usage = "MODEL MANIFEST OUT.tsv [CTX] [options]",
+    ds4_cli cli = {.prog = "ds4-score",
+                   .usage = "MODEL MANIFEST OUT.tsv [CTX] [options]",
                    .about = "Teacher-forced quality scoring of a ds4 GGUF on reference continuations: the NLL "
                             "of each case's\ntarget after its prompt, its first-token match and greedy "
                             "prefix.  Compare two runs with\nds4-score-compare.",
-                   .opts = table, .notes = DS4_CLI_ENV_NOTES, .refused = ds4_option_not_supported};
+                   .opts = table,
+                   .notes = DS4_CLI_ENV_NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (ds4_cli_check_backend(&cli, backend) != 0) return 2;
@@ -323,12 +328,12 @@ int main(int argc, char **argv) {
     if (out) rc = run_manifest(b, w, &rd, manifest, out, &t, &err);
     if (out && fclose(out) != 0 && rc == 0) rc = ds4_err_set(&err, DS4_EIO, "%s: write failed", out_path);
     if (rc == 0)
-        fprintf(stderr, "ds4-score: %d case%s, %llu target token%s: avg_nll %.6f, first-token matches %d/%d, "
-                        "avg greedy LCP %.3f\n",
+        fprintf(stderr,
+                "ds4-score: %d case%s, %llu target token%s: avg_nll %.6f, first-token matches %d/%d, "
+                "avg greedy LCP %.3f\n",
                 t.cases, ds4_plural((unsigned long long)t.cases), (unsigned long long)t.targets, ds4_plural(t.targets),
                 t.cases ? t.sum_avg / t.cases : 0.0, t.first, t.cases, t.cases ? (double)t.lcp / t.cases : 0.0);
-    else
-        fprintf(stderr, "ds4-score: %s\n", err.msg);
+    else fprintf(stderr, "ds4-score: %s\n", err.msg);
     ds4_tokenizer_free(rd.tk);
     ds4_vocab_free(vocab);
     ds4_backend_free(b);

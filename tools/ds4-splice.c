@@ -89,8 +89,9 @@ static int check_arch(const splice *s, ds4_err *err) {
         return ds4_err_prefix(err, "%s", s->donor_path);
     }
     if (a.len != b.len || memcmp(a.ptr, b.ptr, a.len) != 0 || !ds4_str_eq(a, "deepseek4"))
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "architectures differ or are not deepseek4: %.*s (base) vs %.*s (donor)",
-                           (int)a.len, a.ptr, (int)b.len, b.ptr);
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "architectures differ or are not deepseek4: %.*s (base) vs %.*s (donor)", (int)a.len, a.ptr,
+                           (int)b.len, b.ptr);
     return 0;
 }
 
@@ -226,7 +227,8 @@ int main(int argc, char **argv) {
         {DS4_OPT_FLAG("--force", &s.force, "replace an existing --out")},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-splice", .usage = "--base FILE --donor FILE --out FILE --q4-layers SPEC [options]",
+    ds4_cli cli = {.prog = "ds4-splice",
+                   .usage = "--base FILE --donor FILE --out FILE --q4-layers SPEC [options]",
                    .about = "Copy the routed-expert tensors (ffn_gate/up/down_exps) of the layers in SPEC from the "
                             "donor GGUF\ninto the base GGUF without requantising; everything else comes from the "
                             "base.",

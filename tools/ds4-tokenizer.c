@@ -104,9 +104,9 @@ static int cmd_encode(const ds4_vocab *v, const tok_opts *o) {
     ds4_err err = {0};
     ds4_tokenizer *t = ds4_tokenizer_new(v, &err);
     ds4_tokens ids = {0};
-    int rc = !t ? -1
-                : specials ? ds4_tokenize_transcript(t, text, len, &ids, &err)
-                           : ds4_tokenize_text(t, text, len, &ids, &err);
+    int rc = !t         ? -1
+             : specials ? ds4_tokenize_transcript(t, text, len, &ids, &err)
+                        : ds4_tokenize_text(t, text, len, &ids, &err);
     if (rc == 0) {
         for (size_t i = 0; i < ids.n; i++) printf(i ? " %d" : "%d", ids.ids[i]);
         printf("\n");
@@ -142,7 +142,8 @@ static int cmd_decode(const ds4_vocab *v, const tok_opts *o) {
     }
     ds4_strbuf out = {0};
     ds4_err err = {0};
-    int rc = ids.failed ? ds4_err_set(&err, DS4_ENOMEM, "out of memory") : ds4_detokenize(v, ids.ids, ids.n, &out, &err);
+    int rc = ids.failed ? ds4_err_set(&err, DS4_ENOMEM, "out of memory")
+                        : ds4_detokenize(v, ids.ids, ids.n, &out, &err);
     if (rc == 0) fwrite(out.p ? out.p : "", 1, out.len, stdout);
     else fprintf(stderr, "ds4-tokenizer: %s\n", err.msg);
     ds4_strbuf_free(&out);
@@ -309,7 +310,7 @@ int main(int argc, char **argv) {
         const char *path = o.tokenizer ? o.tokenizer : default_tokenizer(buf, sizeof(buf), &err);
         ds4_vocab *v = path ? load_vocab(path) : NULL;
         if (!path) fprintf(stderr, "ds4-tokenizer: %s\n", err.msg);
-        rc = !v                              ? 1
+        rc = !v                             ? 1
              : !strcmp(o.command, "encode") ? cmd_encode(v, &o)
              : !strcmp(o.command, "decode") ? cmd_decode(v, &o)
                                             : cmd_bench(v, &o);

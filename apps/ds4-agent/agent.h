@@ -33,11 +33,11 @@
 #include "text/strbuf.h"
 
 /* Limits of docs/AGENT.md. */
-#define AGENT_RESULT_RESERVE 1024u        /* tokens kept free after a tool result */
+#define AGENT_RESULT_RESERVE       1024u /* tokens kept free after a tool result */
 #define AGENT_COMPACT_SOFT_PERCENT 85u
-#define AGENT_COMPACT_MIN_FREE 8192u
-#define AGENT_COMPACT_SUMMARY_MAX 4096u
-#define AGENT_COMPACT_TAIL_CAP 50000u     /* verbatim tail: ctx / 10, at most this */
+#define AGENT_COMPACT_MIN_FREE     8192u
+#define AGENT_COMPACT_SUMMARY_MAX  4096u
+#define AGENT_COMPACT_TAIL_CAP     50000u /* verbatim tail: ctx / 10, at most this */
 
 /* ------------------------------------------------------------ status */
 
@@ -56,10 +56,10 @@ typedef enum agent_state {
 typedef struct agent_status {
     agent_state state;
     uint32_t ctx_used, ctx_size;
-    uint32_t done, total;       /* prefill progress */
+    uint32_t done, total; /* prefill progress */
     uint32_t generated;
     double tps;
-    char detail[300];           /* error text, running tool */
+    char detail[300]; /* error text, running tool */
 } agent_status;
 
 /* ------------------------------------------------------------ link */
@@ -126,16 +126,16 @@ void link_set_no_ui(agent_link *l, bool no_ui);
 
 typedef enum out_style {
     OUT_TEXT,
-    OUT_THINK,     /* reasoning: grey */
-    OUT_TOOL,      /* a tool call header */
-    OUT_ARG,       /* a tool argument being streamed (the bash command) */
-    OUT_RESULT,    /* tool output shown to the user: dim */
-    OUT_DEL,       /* diff: removed lines */
-    OUT_ADD,       /* diff: added lines */
+    OUT_THINK,  /* reasoning: grey */
+    OUT_TOOL,   /* a tool call header */
+    OUT_ARG,    /* a tool argument being streamed (the bash command) */
+    OUT_RESULT, /* tool output shown to the user: dim */
+    OUT_DEL,    /* diff: removed lines */
+    OUT_ADD,    /* diff: added lines */
     OUT_ERROR,
-    OUT_INFO,      /* agent messages */
-    OUT_ECHO,      /* the submitted prompt */
-    OUT_COMPACT,   /* COMPACTING marker */
+    OUT_INFO,    /* agent messages */
+    OUT_ECHO,    /* the submitted prompt */
+    OUT_COMPACT, /* COMPACTING marker */
 } out_style;
 
 typedef struct display display;
@@ -179,29 +179,29 @@ typedef struct gen_hooks {
 } gen_hooks;
 
 typedef enum round_end {
-    ROUND_ANSWER,       /* a plain answer (end of turn) */
-    ROUND_CALLS,        /* a complete tool-call block */
-    ROUND_BAD_CALLS,    /* malformed DSML, DSML inside <think>: error holds why */
-    ROUND_LENGTH,       /* -n tokens or a full context */
+    ROUND_ANSWER,    /* a plain answer (end of turn) */
+    ROUND_CALLS,     /* a complete tool-call block */
+    ROUND_BAD_CALLS, /* malformed DSML, DSML inside <think>: error holds why */
+    ROUND_LENGTH,    /* -n tokens or a full context */
     ROUND_INTERRUPTED,
 } round_end;
 
 typedef struct round_result {
     round_end end;
-    json_t *calls;      /* ROUND_CALLS: [{"name", "arguments": object, "id"?}] */
+    json_t *calls; /* ROUND_CALLS: [{"name", "arguments": object, "id"?}] */
     char error[600];
     uint32_t generated;
 } round_result;
 
 /* A saved session, for /list and /switch. */
 typedef struct session_info {
-    char id[41];            /* hex SHA1: the file name without extension */
+    char id[41]; /* hex SHA1: the file name without extension */
     char path[1280];
-    uint64_t mtime;         /* last used, Unix seconds */
+    uint64_t mtime; /* last used, Unix seconds */
     uint32_t tokens;
     uint64_t bytes;
-    char kind[24];          /* "session", or who wrote it ("server cold", ...) */
-    char title[80];         /* first user message */
+    char kind[24];  /* "session", or who wrote it ("server cold", ...) */
+    char title[80]; /* first user message */
 } session_info;
 
 typedef struct model_ops {
@@ -222,8 +222,8 @@ typedef struct model_ops {
      * tool-call block.  The transcript holds the round afterwards. */
     int (*round)(agent_model *m, const gen_hooks *h, round_result *out, ds4_err *err);
     /* Compaction: ask for a summary without changing the transcript ... */
-    int (*summarize)(agent_model *m, const char *request, uint32_t max_tokens, const gen_hooks *h,
-                     ds4_strbuf *summary, ds4_err *err);
+    int (*summarize)(agent_model *m, const char *request, uint32_t max_tokens, const gen_hooks *h, ds4_strbuf *summary,
+                     ds4_err *err);
     /* ... and rebuild it as system prompt + summary + recent tail. */
     int (*rebuild)(agent_model *m, const char *summary, uint32_t tail_budget, uint32_t *tail_tokens, ds4_err *err);
     /* Sessions. */

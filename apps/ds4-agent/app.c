@@ -71,8 +71,7 @@ static int line_mode(agent_link *l, int sigfd) {
         poll(p, 3, 200);
         if (p[1].revents) {
             char b[16];
-            while (read(sigfd, b, sizeof(b)) > 0) {
-            }
+            while (read(sigfd, b, sizeof(b)) > 0) {}
         }
         if (app_sigint_count() != seen_int) {
             int now = app_sigint_count();

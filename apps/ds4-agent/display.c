@@ -21,36 +21,40 @@
 #define ESC_RESET "\033[0m"
 
 static const char *const STYLE_ON[] = {
-    [OUT_TEXT] = "",
-    [OUT_THINK] = "\033[38;5;245m",
-    [OUT_TOOL] = "\033[1;36m",
-    [OUT_ARG] = "\033[33m",
-    [OUT_RESULT] = "\033[38;5;244m",
-    [OUT_DEL] = "\033[31m",
-    [OUT_ADD] = "\033[32m",
-    [OUT_ERROR] = "\033[1;31m",
-    [OUT_INFO] = "\033[36m",
-    [OUT_ECHO] = "\033[1m",
-    [OUT_COMPACT] = "\033[1;95m",
+    [OUT_TEXT] = "",        [OUT_THINK] = "\033[38;5;245m",  [OUT_TOOL] = "\033[1;36m",
+    [OUT_ARG] = "\033[33m", [OUT_RESULT] = "\033[38;5;244m", [OUT_DEL] = "\033[31m",
+    [OUT_ADD] = "\033[32m", [OUT_ERROR] = "\033[1;31m",      [OUT_INFO] = "\033[36m",
+    [OUT_ECHO] = "\033[1m", [OUT_COMPACT] = "\033[1;95m",
 };
 
 /* Streaming view of one tool call's arguments: the JSON object text the
  * DSML parser builds, decoded key by key as it arrives. */
-typedef enum av_state { AV_START, AV_KEY_WAIT, AV_KEY, AV_COLON, AV_VALUE_WAIT, AV_STR, AV_ESC, AV_UHEX, AV_RAW, AV_DONE } av_state;
+typedef enum av_state {
+    AV_START,
+    AV_KEY_WAIT,
+    AV_KEY,
+    AV_COLON,
+    AV_VALUE_WAIT,
+    AV_STR,
+    AV_ESC,
+    AV_UHEX,
+    AV_RAW,
+    AV_DONE
+} av_state;
 
 typedef struct argview {
     av_state s;
     char key[64];
     size_t key_len;
-    bool str;               /* the value is a JSON string */
-    int depth;              /* AV_RAW: nesting */
+    bool str;  /* the value is a JSON string */
+    int depth; /* AV_RAW: nesting */
     bool raw_in_str, raw_esc;
     unsigned uval, uhex, hi_surrogate;
     /* the value of the key being streamed, for short arguments */
     char val[256];
     size_t val_len;
     size_t val_bytes, val_lines;
-    int mode;               /* how this value is shown (VIEW_*) */
+    int mode; /* how this value is shown (VIEW_*) */
     bool at_line_start;
 } argview;
 
@@ -59,18 +63,18 @@ enum { VIEW_SHORT, VIEW_COMMAND, VIEW_DEL, VIEW_ADD, VIEW_SIZE };
 struct display {
     agent_link *l;
     bool color;
-    char last;             /* last byte written: '\n' at a line start */
-    out_style cur;         /* style in force */
+    char last;     /* last byte written: '\n' at a line start */
+    out_style cur; /* style in force */
     bool any_reasoning, any_content;
     /* markdown */
     bool md_bold, md_italic, md_code, md_block, md_heading, md_line_start;
-    char md_hold[8];       /* backticks or stars not yet decided */
+    char md_hold[8]; /* backticks or stars not yet decided */
     size_t md_hold_len;
-    bool md_fence_info;    /* rest of an opening fence line */
+    bool md_fence_info; /* rest of an opening fence line */
     /* tool view */
     char tool[64];
     argview av;
-    bool header_open;      /* the tool header line is still being written */
+    bool header_open; /* the tool header line is still being written */
 };
 
 display *display_new(agent_link *l, bool color) {
@@ -278,9 +282,7 @@ static void value_bytes(display *d, const char *s, size_t n) {
         for (size_t i = 0; i < n && a->val_len + 1 < sizeof(a->val); i++)
             a->val[a->val_len++] = s[i] == '\n' ? ' ' : s[i];
         break;
-    case VIEW_COMMAND:
-        display_write(d, OUT_ARG, s, n);
-        break;
+    case VIEW_COMMAND: display_write(d, OUT_ARG, s, n); break;
     case VIEW_DEL:
     case VIEW_ADD: {
         out_style st = a->mode == VIEW_DEL ? OUT_DEL : OUT_ADD;
@@ -312,13 +314,12 @@ static void value_end(display *d) {
             display_write(d, OUT_TOOL, "  ", 2);
             d->header_open = true;
         }
-        display_printf(d, OUT_TOOL, " %s=%.*s%s", a->key, (int)a->val_len, a->val, a->val_bytes > a->val_len ? "…" : "");
+        display_printf(d, OUT_TOOL, " %s=%.*s%s", a->key, (int)a->val_len, a->val,
+                       a->val_bytes > a->val_len ? "…" : "");
         break;
     case VIEW_COMMAND:
     case VIEW_DEL:
-    case VIEW_ADD:
-        display_newline(d);
-        break;
+    case VIEW_ADD: display_newline(d); break;
     case VIEW_SIZE:
         display_printf(d, OUT_RESULT, "(%zu bytes, %zu lines)\n", a->val_bytes, a->val_lines + (a->val_bytes > 0));
         break;
@@ -398,7 +399,10 @@ static void av_byte(display *d, char c) {
         break;
     }
     case AV_UHEX: {
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+        int v = c >= '0' && c <= '9'   ? c - '0'
+                : c >= 'a' && c <= 'f' ? c - 'a' + 10
+                : c >= 'A' && c <= 'F' ? c - 'A' + 10
+                                       : -1;
         if (v < 0) {
             a->s = AV_STR;
             break;
@@ -439,8 +443,7 @@ static void av_byte(display *d, char c) {
         }
         value_bytes(d, &c, 1);
         break;
-    case AV_DONE:
-        break;
+    case AV_DONE: break;
     }
 }
 

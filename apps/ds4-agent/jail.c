@@ -101,10 +101,9 @@ char *jail_resolve(const jail *j, const char *path, ds4_err *err) {
     }
     if (!inside(j, cur)) {
         if (strcmp(cur, path) != 0 && path[0] != '/' && strncmp(path, "..", 2) != 0)
-            ds4_err_set(err, DS4_EINVAL, "%s resolves to %s, outside the working root %s (symlinks are followed)",
-                        path, cur, j->root);
-        else
-            ds4_err_set(err, DS4_EINVAL, "%s is outside the working root %s", path, j->root);
+            ds4_err_set(err, DS4_EINVAL, "%s resolves to %s, outside the working root %s (symlinks are followed)", path,
+                        cur, j->root);
+        else ds4_err_set(err, DS4_EINVAL, "%s is outside the working root %s", path, j->root);
         return NULL;
     }
     return strdup(cur);

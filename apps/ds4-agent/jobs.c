@@ -29,29 +29,29 @@
 #include "engine/generate.h"
 #include "tools.h"
 
-#define JOB_FILE_MAX (16u << 20)
-#define JOB_TAIL (32u << 10)
-#define JOB_HEAD_LINES 100
-#define JOB_HEAD_BYTES 8192
-#define JOB_RUNNING_LINES 4
-#define JOB_FINAL_LINES 20
+#define JOB_FILE_MAX        (16u << 20)
+#define JOB_TAIL            (32u << 10)
+#define JOB_HEAD_LINES      100
+#define JOB_HEAD_BYTES      8192
+#define JOB_RUNNING_LINES   4
+#define JOB_FINAL_LINES     20
 #define JOB_TIMEOUT_DEFAULT 3600
-#define JOB_TIMEOUT_MAX 86400
+#define JOB_TIMEOUT_MAX     86400
 #define JOB_REFRESH_DEFAULT 60
-#define JOB_REFRESH_MAX 3600
+#define JOB_REFRESH_MAX     3600
 
 typedef struct job {
     int id;
     pid_t pid;
-    int fd;                  /* pipe, -1 once closed */
-    int file;                /* output file, -1 when none */
+    int fd;   /* pipe, -1 once closed */
+    int file; /* output file, -1 when none */
     char path[128];
     char *cmd;
     double start, timeout, term_at, end;
     uint64_t bytes, lines;
-    char last;               /* last output byte */
-    char tail[JOB_TAIL];     /* ring of the last output bytes */
-    size_t tail_pos;         /* next write position */
+    char last;           /* last output byte */
+    char tail[JOB_TAIL]; /* ring of the last output bytes */
+    size_t tail_pos;     /* next write position */
     bool running, timed_out, stopping;
     int status;              /* exit code, or 128 + signal */
     bool observed;           /* seen at least once */
@@ -61,13 +61,13 @@ typedef struct job {
 
 struct jobs {
     pthread_mutex_t mu;
-    pthread_cond_t cv;       /* a job ended */
+    pthread_cond_t cv; /* a job ended */
     pthread_t thread;
     bool thread_on, quit;
-    int ctl[2];              /* wakes the pump (new job, quit) */
+    int ctl[2]; /* wakes the pump (new job, quit) */
     job *head;
     int next_id;
-    char **kept;             /* output files of forgotten jobs, deleted at the end */
+    char **kept; /* output files of forgotten jobs, deleted at the end */
     size_t n_kept;
 };
 
@@ -210,8 +210,7 @@ static void *pump(void *arg) {
         poll(fds, (nfds_t)n, 100);
         pthread_mutex_lock(&j->mu);
         if (fds[0].revents) {
-            while (read(j->ctl[0], buf, sizeof(buf)) > 0) {
-            }
+            while (read(j->ctl[0], buf, sizeof(buf)) > 0) {}
         }
         for (int i = 1; i < n; i++) {
             if (!fds[i].revents) continue;
@@ -480,7 +479,8 @@ char *jobs_observe(jobs *j, int id, char **shown, bool *failed) {
         }
     }
     if (x->running)
-        ds4_strbuf_printf(&b, "The job is still running: bash_status job=%d to look again, bash_stop job=%d to end it.\n",
+        ds4_strbuf_printf(&b,
+                          "The job is still running: bash_status job=%d to look again, bash_stop job=%d to end it.\n",
                           x->id, x->id);
     x->observed = true;
     x->observed_bytes = x->bytes;

@@ -17,7 +17,7 @@
 
 struct agent_link {
     pthread_mutex_t mu;
-    pthread_cond_t cv;        /* queue items, answers */
+    pthread_cond_t cv; /* queue items, answers */
     int wake[2];
     bool wake_pending;
     ds4_strbuf out;
@@ -27,7 +27,7 @@ struct agent_link {
     bool stop, busy, no_ui;
     volatile sig_atomic_t cancel;
     char *question, *choices;
-    int answer;               /* -1 while waiting */
+    int answer; /* -1 while waiting */
 };
 
 agent_link *link_new(void) {
@@ -73,8 +73,7 @@ int link_wake_fd(const agent_link *l) { return l->wake[0]; }
 void link_drain_wake(agent_link *l) {
     pthread_mutex_lock(&l->mu);
     char buf[16];
-    while (read(l->wake[0], buf, sizeof(buf)) > 0) {
-    }
+    while (read(l->wake[0], buf, sizeof(buf)) > 0) {}
     l->wake_pending = false;
     pthread_mutex_unlock(&l->mu);
 }

@@ -58,12 +58,12 @@ typedef struct local {
     ds4_session *s;
     ds4_tokenizer *tok;
     ds4_sampler smp;
-    bool greedy;               /* --temp 0 */
+    bool greedy; /* --temp 0 */
     int32_t user, assistant, think, think_end, eos, dsml;
-    bool thinking;             /* the effective mode opens <think> */
-    ds4_tokens tx;             /* the transcript */
-    ds4_tokens sys;            /* the system prompt's tokens (a prefix of tx) */
-    char *sys_text;            /* and its text, the KV key */
+    bool thinking;  /* the effective mode opens <think> */
+    ds4_tokens tx;  /* the transcript */
+    ds4_tokens sys; /* the system prompt's tokens (a prefix of tx) */
+    char *sys_text; /* and its text, the KV key */
     size_t sys_len;
     char sys_name[48];
     char *dir;
@@ -110,7 +110,8 @@ static int load_sys(local *L, ds4_err *err) {
     ds4_err e2 = {0};
     int rc = ds4_kvc_read(path, st, L->e->vocab, L->sys_name, 400000, &f, &e2);
     if (rc == 0 && f.h.quant_bits != L->quant_bits)
-        rc = ds4_err_set(&e2, DS4_EUNSUPPORTED, "written by a %u-bit model, this one is %d-bit", f.h.quant_bits, L->quant_bits);
+        rc = ds4_err_set(&e2, DS4_EUNSUPPORTED, "written by a %u-bit model, this one is %d-bit", f.h.quant_bits,
+                         L->quant_bits);
     if (rc == 0 && (f.text_len != L->sys_len || memcmp(f.text, L->sys_text, f.text_len) != 0))
         rc = ds4_err_set(&e2, DS4_EFORMAT, "its text is not this system prompt");
     if (rc == 0) rc = ds4_session_restore(L->s, st, &e2);
@@ -153,8 +154,11 @@ static int save_file(local *L, const char *text, size_t n, ds4_kvc_reason reason
     if (!st) return -1;
     int rc = ds4_session_snapshot(L->s, st, err);
     uint64_t now = (uint64_t)time(NULL);
-    ds4_kvc_header h = {.quant_bits = (uint8_t)L->quant_bits, .reason = (uint8_t)reason, .ctx = ds4_session_ctx(L->s),
-                        .created = now, .last_used = now};
+    ds4_kvc_header h = {.quant_bits = (uint8_t)L->quant_bits,
+                        .reason = (uint8_t)reason,
+                        .ctx = ds4_session_ctx(L->s),
+                        .created = now,
+                        .last_used = now};
     if (rc == 0) rc = ds4_kvc_write(path, &h, text, n, st, NULL, 0, err);
     ds4_kv_state_free(st);
     if (L->trace && rc == 0) trace_line(L->trace, "saved %s (%u tokens, reason %d)", name, h.n_tokens, reason);
@@ -239,11 +243,11 @@ typedef struct round_state {
     ds4_strbuf piece;
     uint32_t generated;
     double t0;
-    bool think_dsml;           /* a tool-call block inside the reasoning */
-    size_t think_scan;         /* reasoning bytes already scanned */
+    bool think_dsml;   /* a tool-call block inside the reasoning */
+    size_t think_scan; /* reasoning bytes already scanned */
     bool in_think_block;
-    bool summary;              /* compaction: plain text, stop at markup */
-    ds4_strbuf *text;          /* summary text */
+    bool summary;     /* compaction: plain text, stop at markup */
+    ds4_strbuf *text; /* summary text */
     int err;
 } round_state;
 
@@ -321,7 +325,9 @@ static int script_tokens(local *L, ds4_tokens *out, ds4_err *err) {
 static int decode_round(local *L, round_state *r, uint32_t max_tokens, bool greedy, ds4_gen_result *res, ds4_err *err) {
     ds4_tokens forced = {0};
     if (script_tokens(L, &forced, err) != 0) return -1;
-    ds4_gen_opts go = {.max_tokens = max_tokens, .cancel = link_cancel_flag(L->l), .forced = forced.ids,
+    ds4_gen_opts go = {.max_tokens = max_tokens,
+                       .cancel = link_cancel_flag(L->l),
+                       .forced = forced.ids,
                        .n_forced = (uint32_t)forced.n};
     r->t0 = ds4_now();
     int rc = ds4_generate(L->s, greedy || L->greedy ? NULL : &L->smp, &go, on_token, r, res, err);
@@ -410,7 +416,8 @@ static int m_round(agent_model *m, const gen_hooks *h, round_result *out, ds4_er
         out->end = ROUND_LENGTH; /* a block cut by the limit is not malformed */
     } else if (pr->status == DS4_DSML_MALFORMED_CALLS || prc != 0 || r.err) {
         out->end = ROUND_BAD_CALLS;
-        snprintf(out->error, sizeof(out->error), "%.590s", perr.msg[0] ? perr.msg : "the tool-call block does not parse");
+        snprintf(out->error, sizeof(out->error), "%.590s",
+                 perr.msg[0] ? perr.msg : "the tool-call block does not parse");
     } else {
         out->end = ROUND_ANSWER;
     }
@@ -444,7 +451,8 @@ static int m_summarize(agent_model *m, const char *request, uint32_t max_tokens,
     ds4_detok_stream_finish(&r.ds, &r.piece);
     ds4_strbuf_append(summary, r.piece.p, r.piece.len);
     ds4_strbuf_free(&r.piece);
-    if (rc == 0 && res.finish == DS4_FINISH_CANCELLED) rc = ds4_err_set(err, DS4_EINTERRUPTED, "compaction interrupted");
+    if (rc == 0 && res.finish == DS4_FINISH_CANCELLED)
+        rc = ds4_err_set(err, DS4_EINTERRUPTED, "compaction interrupted");
     return rc;
 }
 
@@ -493,7 +501,8 @@ static int m_rebuild(agent_model *m, const char *summary, uint32_t tail_budget, 
         if (L->tx.failed) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory");
     }
     if (rc == 0 && L->tx.n + AGENT_RESULT_RESERVE >= ds4_session_ctx(L->s))
-        rc = ds4_err_set(err, DS4_ERANGE, "the compacted conversation (%zu tokens) still does not fit the context", L->tx.n);
+        rc = ds4_err_set(err, DS4_ERANGE, "the compacted conversation (%zu tokens) still does not fit the context",
+                         L->tx.n);
     if (rc != 0) {
         ds4_tokens_free(&L->tx);
         L->tx = old;
@@ -538,8 +547,8 @@ static int m_save(agent_model *m, char id[41], uint32_t *tokens, ds4_err *err) {
     return rc;
 }
 
-static const char *const REASONS[] = {"unknown", "server cold", "server continued", "server evict", "server shutdown",
-                                      "system prompt", "session"};
+static const char *const REASONS[] = {"unknown",         "server cold",   "server continued", "server evict",
+                                      "server shutdown", "system prompt", "session"};
 
 static int m_list(agent_model *m, session_info **out, size_t *n_out, display *d, ds4_err *err) {
     local *L = L_(m);
@@ -628,8 +637,7 @@ static int m_load(agent_model *m, const session_info *si, ds4_err *err) {
         if (f.h.quant_bits != L->quant_bits)
             rc = ds4_err_set(err, DS4_EUNSUPPORTED, "%.8s was written by a %u-bit model, this one is %d-bit", si->id,
                              f.h.quant_bits, L->quant_bits);
-        else if (st->n_tokens < L->sys.n ||
-                 memcmp(st->tokens, L->sys.ids, L->sys.n * sizeof(int32_t)) != 0)
+        else if (st->n_tokens < L->sys.n || memcmp(st->tokens, L->sys.ids, L->sys.n * sizeof(int32_t)) != 0)
             rc = ds4_err_set(err, DS4_EINVAL, "%.8s does not start with this agent's system prompt", si->id);
         else if (st->n_tokens + AGENT_RESULT_RESERVE >= ds4_session_ctx(L->s))
             rc = ds4_err_set(err, DS4_ERANGE, "%.8s holds %u tokens, too many for a context of %u", si->id,
@@ -752,7 +760,8 @@ static int m_reset(agent_model *m, ds4_err *err) {
         ds4_session_reset(L->s);
         int rc = load_sys(L, err);
         if (rc < 0) return -1;
-        if (rc == 0) display_printf(L->d, OUT_INFO, "system prompt: %zu tokens from the cache, nothing prefilled\n", L->sys.n);
+        if (rc == 0)
+            display_printf(L->d, OUT_INFO, "system prompt: %zu tokens from the cache, nothing prefilled\n", L->sys.n);
         else if (prefill_sys(L, err) != 0) return -1;
     }
     L->tx.n = 0;
@@ -785,7 +794,9 @@ static const model_ops LOCAL_OPS = {
  * rendered as the official encoder renders a system message with tools. */
 static int render_system(local *L, ds4_err *err) {
     char *text = agent_system_text(L->o);
-    json_t *msgs = text ? json_pack("[{s:s, s:s, s:o}]", "role", "system", "content", text, "tools", agent_tool_schemas()) : NULL;
+    json_t *msgs = text ? json_pack("[{s:s, s:s, s:o}]", "role", "system", "content", text, "tools",
+                                    agent_tool_schemas())
+                        : NULL;
     free(text);
     if (!msgs) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     ds4_chat_opts co = {.think = (ds4_think_mode)L->o->think, .ctx_size = L->o->ctx};
@@ -824,8 +835,12 @@ agent_model *local_model_new(const agent_opts *o, const agent_hooks *h, agent_li
     L->trace = trace;
     if (!(L->dir = sessions_dir(o, err))) goto fail;
     if (ds4_model_file_check(o->model, err) != 0) goto fail;
-    ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = o->threads, .no_sim = o->no_sim,
-                          .need_vocab = true, .mtp_path = o->mtp.path};
+    ds4_engine_opts eo = {.model_path = o->model,
+                          .backend = o->backend,
+                          .n_threads = o->threads,
+                          .no_sim = o->no_sim,
+                          .need_vocab = true,
+                          .mtp_path = o->mtp.path};
     ds4_cli_steering_opts(&o->steer, &eo);
     if (!(L->e = ds4_engine_open(&eo, err))) goto fail;
     ds4_startup_print_memory("ds4-agent", L->e->backend_name, L->e->w, o->ctx);

@@ -16,8 +16,7 @@ static const char NOTES[] =
     "commands: /help /save /list /switch ID /history [N] /new /quit (docs/AGENT.md)\n"
     "keys: Enter while busy queues the prompt, ESC interrupts and sends it, Ctrl+X takes it back,\n"
     "Ctrl+C interrupts or clears the line, Ctrl+D on an empty line leaves.\n"
-    "\n" DS4_CLI_ENV_NOTES
-    "  DS4_API_KEY              the key for --server, when --api-key is not given\n"
+    "\n" DS4_CLI_ENV_NOTES "  DS4_API_KEY              the key for --server, when --api-key is not given\n"
     "  NO_COLOR, TERM=dumb      no colours (TERM=dumb: line mode, as without a terminal)\n"
     "\n"
     "exit status: 0 done, 1 an error, 2 a usage error or another model process running";
@@ -27,7 +26,8 @@ static int parse_allow(void *ctx, const char *v, ds4_err *err) {
     static const struct {
         const char *name;
         unsigned bit;
-    } names[] = {{"bash", AGENT_ALLOW_BASH}, {"write", AGENT_ALLOW_WRITE}, {"edit", AGENT_ALLOW_EDIT}, {"all", AGENT_ALLOW_ALL}};
+    } names[] = {
+        {"bash", AGENT_ALLOW_BASH}, {"write", AGENT_ALLOW_WRITE}, {"edit", AGENT_ALLOW_EDIT}, {"all", AGENT_ALLOW_ALL}};
     unsigned *allow = ctx, bits = 0;
     for (const char *p = v; *p;) {
         size_t n = strcspn(p, ",");
@@ -76,11 +76,13 @@ int agent_parse_options(int argc, char **argv, agent_opts *o) {
          .def_text = "~/.ds4/kvcache"},
 
         {DS4_OPT_SECTION("remote model:")},
-        {DS4_OPT_STR("--server", "URL", &o->server, NULL, "use a ds4-server (http://host:port) instead of a local model")},
+        {DS4_OPT_STR("--server", "URL", &o->server, NULL,
+                     "use a ds4-server (http://host:port) instead of a local model")},
         {DS4_OPT_CHOICE("--api", "NAME", &api, "openai|anthropic", "openai",
                         "with --server: Chat Completions (openai) or Messages (anthropic)"),
          .seen = &api_given},
-        {DS4_OPT_STR("--api-key", "KEY", &o->api_key, env_key && *env_key ? env_key : NULL, "with --server: the server's key"),
+        {DS4_OPT_STR("--api-key", "KEY", &o->api_key, env_key && *env_key ? env_key : NULL,
+                     "with --server: the server's key"),
          .def_text = "$DS4_API_KEY", .seen = &key_given},
 
         {DS4_OPT_SECTION("runtime:")},
@@ -93,10 +95,13 @@ int agent_parse_options(int argc, char **argv, agent_opts *o) {
         DS4_CLI_STEERING(&o->steer),
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-agent", .usage = "[options]",
+    ds4_cli cli = {.prog = "ds4-agent",
+                   .usage = "[options]",
                    .about = "A coding agent in the terminal: the model reads, searches and edits files and runs\n"
                             "commands through tools; sessions are saved as KV files (docs/AGENT.md).",
-                   .opts = table, .notes = NOTES, .refused = ds4_option_not_supported};
+                   .opts = table,
+                   .notes = NOTES,
+                   .refused = ds4_option_not_supported};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->yolo) o->allow = AGENT_ALLOW_ALL;

@@ -17,7 +17,7 @@
 #include "text/chat.h"
 
 #define AGENT_DEFAULT_SYSTEM "You are a helpful coding assistant running inside ds4-agent."
-#define AGENT_DEFAULT_CTX 100000u
+#define AGENT_DEFAULT_CTX    100000u
 #define AGENT_DEFAULT_TOKENS 50000u
 
 /* Side effects that need the user's permission (--allow). */
@@ -32,26 +32,26 @@ typedef enum agent_api { AGENT_API_OPENAI = 0, AGENT_API_ANTHROPIC = 1 } agent_a
 
 typedef struct agent_opts {
     const char *model;
-    const char *backend;        /* the build's default unless given */
-    int threads;                /* 0: $DS4_THREADS or all CPUs */
+    const char *backend; /* the build's default unless given */
+    int threads;         /* 0: $DS4_THREADS or all CPUs */
     bool warm_weights, no_sim;
-    ds4_cli_mtp mtp;            /* MTP speculative decoding (local mode) */
-    ds4_cli_steer steer;        /* directional steering (local mode) */
+    ds4_cli_mtp mtp;     /* MTP speculative decoding (local mode) */
+    ds4_cli_steer steer; /* directional steering (local mode) */
     uint32_t ctx;
     bool ctx_given;
     uint32_t n_tokens;
-    const char *prompt;         /* -p: submitted after startup */
-    const char *system;         /* -sys: appended to the built-in instructions; "" for none */
-    const char *trace;          /* --trace FILE */
+    const char *prompt; /* -p: submitted after startup */
+    const char *system; /* -sys: appended to the built-in instructions; "" for none */
+    const char *trace;  /* --trace FILE */
     ds4_sampler_params sampling;
-    int think;                  /* ds4_think_mode */
-    unsigned allow;             /* AGENT_ALLOW_* granted up front */
+    int think;      /* ds4_think_mode */
+    unsigned allow; /* AGENT_ALLOW_* granted up front */
     bool yolo;
-    const char *root;           /* --root DIR: file tools stay inside (default ".") */
-    const char *kv_dir;         /* session directory (default ~/.ds4/kvcache) */
-    const char *server;         /* --server URL: a remote ds4-server instead of the engine */
-    int api;                    /* agent_api */
-    const char *api_key;        /* --api-key or $DS4_API_KEY */
+    const char *root;    /* --root DIR: file tools stay inside (default ".") */
+    const char *kv_dir;  /* session directory (default ~/.ds4/kvcache) */
+    const char *server;  /* --server URL: a remote ds4-server instead of the engine */
+    int api;             /* agent_api */
+    const char *api_key; /* --api-key or $DS4_API_KEY */
 } agent_opts;
 
 /* Parse argv.  -1: run; otherwise exit with the status returned (0 after

@@ -35,7 +35,7 @@
 #include "engine/kvcache.h"
 
 #define BYTES_PER_TOKEN 3
-#define SESSION_FORMAT "ds4-agent-remote-session"
+#define SESSION_FORMAT  "ds4-agent-remote-session"
 
 typedef struct remote {
     agent_model base;
@@ -44,13 +44,13 @@ typedef struct remote {
     agent_link *l;
     display *d;
     FILE *trace;
-    char *url;              /* base, no trailing slash */
-    char *system;           /* the instructions */
-    json_t *tools;          /* OpenAI function tools */
-    json_t *msgs;           /* the conversation, OpenAI-style, system excluded */
-    char *summary;          /* compaction summary, appended to the system text */
+    char *url;     /* base, no trailing slash */
+    char *system;  /* the instructions */
+    json_t *tools; /* OpenAI function tools */
+    json_t *msgs;  /* the conversation, OpenAI-style, system excluded */
+    char *summary; /* compaction summary, appended to the system text */
     uint32_t ctx;
-    uint32_t used;          /* last reported, plus estimates since */
+    uint32_t used; /* last reported, plus estimates since */
     char *dir;
     CURL *curl;
 } remote;
@@ -63,9 +63,9 @@ static uint32_t estimate(size_t bytes) { return (uint32_t)(bytes / BYTES_PER_TOK
 
 typedef struct http_call {
     remote *r;
-    ds4_strbuf body;        /* non-streaming answer, or an error body */
-    ds4_strbuf line;        /* SSE: the line being assembled */
-    char event[64];         /* SSE: the current event name */
+    ds4_strbuf body; /* non-streaming answer, or an error body */
+    ds4_strbuf line; /* SSE: the line being assembled */
+    char event[64];  /* SSE: the current event name */
     bool stream;
     bool status_known;
     long status;
@@ -168,7 +168,8 @@ static int http(remote *r, const char *path, const json_t *body, bool stream, ht
     curl_easy_setopt(h, CURLOPT_XFERINFODATA, c);
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT, 30L);
     curl_easy_setopt(h, CURLOPT_NOSIGNAL, 1L);
-    if (r->trace) trace_line(r->trace, "http %s %s (%zu bytes)", payload ? "POST" : "GET", url, payload ? strlen(payload) : 0);
+    if (r->trace)
+        trace_line(r->trace, "http %s %s (%zu bytes)", payload ? "POST" : "GET", url, payload ? strlen(payload) : 0);
     CURLcode rc = curl_easy_perform(h);
     curl_easy_getinfo(h, CURLINFO_RESPONSE_CODE, &c->status);
     curl_slist_free_all(hdr);
@@ -215,16 +216,20 @@ static json_t *anthropic_messages(const json_t *msgs) {
             json_t *blocks = json_array();
             const json_t *rc = json_object_get(m, "reasoning_content");
             if (json_string_length(rc))
-                json_array_append_new(blocks, json_pack("{s:s,s:O,s:s}", "type", "thinking", "thinking", rc, "signature", ""));
-            if (json_string_length(content)) json_array_append_new(blocks, json_pack("{s:s,s:O}", "type", "text", "text", content));
+                json_array_append_new(blocks,
+                                      json_pack("{s:s,s:O,s:s}", "type", "thinking", "thinking", rc, "signature", ""));
+            if (json_string_length(content))
+                json_array_append_new(blocks, json_pack("{s:s,s:O}", "type", "text", "text", content));
             const json_t *calls = json_object_get(m, "tool_calls");
             for (size_t k = 0; k < json_array_size(calls); k++) {
                 const json_t *c = json_array_get(calls, k), *fn = json_object_get(c, "function");
                 json_t *input = json_loads(json_string_value(json_object_get(fn, "arguments")), 0, NULL);
-                json_array_append_new(blocks, json_pack("{s:s,s:O,s:O,s:o}", "type", "tool_use", "id", json_object_get(c, "id"),
-                                                        "name", json_object_get(fn, "name"), "input", input ? input : json_object()));
+                json_array_append_new(blocks, json_pack("{s:s,s:O,s:O,s:o}", "type", "tool_use", "id",
+                                                        json_object_get(c, "id"), "name", json_object_get(fn, "name"),
+                                                        "input", input ? input : json_object()));
             }
-            if (!json_array_size(blocks)) json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", ""));
+            if (!json_array_size(blocks))
+                json_array_append_new(blocks, json_pack("{s:s,s:s}", "type", "text", "text", ""));
             json_array_append_new(out, json_pack("{s:s,s:o}", "role", "assistant", "content", blocks));
             continue;
         }
@@ -236,8 +241,7 @@ static json_t *anthropic_messages(const json_t *msgs) {
         if (!strcmp(role, "tool"))
             json_array_append_new(blocks, json_pack("{s:s,s:O,s:O}", "type", "tool_result", "tool_use_id",
                                                     json_object_get(m, "tool_call_id"), "content", content));
-        else
-            json_array_append_new(blocks, json_pack("{s:s,s:O}", "type", "text", "text", content));
+        else json_array_append_new(blocks, json_pack("{s:s,s:O}", "type", "text", "text", content));
     }
     return out;
 }
@@ -262,7 +266,8 @@ static json_t *request(remote *r, const json_t *msgs, bool think, uint32_t max_t
                       anthropic_messages(msgs), "tools", anthropic_tools(r->tools), "stream", 1, "max_tokens",
                       (json_int_t)max_tokens);
         json_object_set_new(b, "thinking", json_pack("{s:s}", "type", think ? "enabled" : "disabled"));
-        if (think && r->o->think == DS4_THINK_MAX) json_object_set_new(b, "output_config", json_pack("{s:s}", "effort", "max"));
+        if (think && r->o->think == DS4_THINK_MAX)
+            json_object_set_new(b, "output_config", json_pack("{s:s}", "effort", "max"));
     } else {
         json_t *all = json_array();
         json_array_append_new(all, json_pack("{s:s,s:s}", "role", "system", "content", sys ? sys : ""));
@@ -289,17 +294,17 @@ typedef struct stream_state {
     remote *r;
     const gen_hooks *h;
     ds4_strbuf reasoning, content;
-    json_t *calls;            /* [{"id","name","args" strbuf as string}] built as they come */
+    json_t *calls; /* [{"id","name","args" strbuf as string}] built as they come */
     ds4_strbuf args[64];
     char ids[64][64], names[64][64];
     int n_calls;
     bool think_done, any;
-    const char *finish;       /* "stop", "length", "tool_calls" */
+    const char *finish; /* "stop", "length", "tool_calls" */
     char error[300];
     uint32_t prompt, completion;
     uint32_t generated;
     double t0;
-    int block_kind[128];      /* anthropic: what each content block is */
+    int block_kind[128]; /* anthropic: what each content block is */
     int block_call[128];
 } stream_state;
 
@@ -359,7 +364,9 @@ static void on_openai(void *ctx, const char *event, json_t *d) {
     (void)event;
     stream_state *s = ctx;
     const json_t *err = json_object_get(d, "error");
-    if (err) snprintf(s->error, sizeof(s->error), "%s", json_string_value(json_object_get(err, "message")) ?: "server error");
+    if (err)
+        snprintf(s->error, sizeof(s->error), "%s",
+                 json_string_value(json_object_get(err, "message")) ?: "server error");
     const json_t *usage = json_object_get(d, "usage");
     if (json_is_object(usage)) {
         s->prompt = (uint32_t)json_integer_value(json_object_get(usage, "prompt_tokens"));
@@ -375,7 +382,8 @@ static void on_openai(void *ctx, const char *event, json_t *d) {
     for (size_t k = 0; k < json_array_size(calls); k++) {
         const json_t *tc = json_array_get(calls, k), *fn = json_object_get(tc, "function");
         int index = (int)json_integer_value(json_object_get(tc, "index"));
-        if (got_call(s, index, json_string_value(json_object_get(tc, "id")), json_string_value(json_object_get(fn, "name"))))
+        if (got_call(s, index, json_string_value(json_object_get(tc, "id")),
+                     json_string_value(json_object_get(fn, "name"))))
             continue;
         const json_t *a = json_object_get(fn, "arguments");
         if (json_is_string(a)) got_args(s, index, json_string_value(a), json_string_length(a));
@@ -404,7 +412,8 @@ static void on_anthropic(void *ctx, const char *event, json_t *d) {
         s->block_kind[bi] = !strcmp(bt, "thinking") ? BK_THINK : !strcmp(bt, "tool_use") ? BK_TOOL : BK_TEXT;
         if (s->block_kind[bi] == BK_TOOL) {
             s->block_call[bi] = s->n_calls;
-            got_call(s, s->n_calls, json_string_value(json_object_get(cb, "id")), json_string_value(json_object_get(cb, "name")));
+            got_call(s, s->n_calls, json_string_value(json_object_get(cb, "id")),
+                     json_string_value(json_object_get(cb, "name")));
         }
     } else if (!strcmp(type, "content_block_delta")) {
         int bi = (int)json_integer_value(json_object_get(d, "index"));
@@ -416,7 +425,8 @@ static void on_anthropic(void *ctx, const char *event, json_t *d) {
             got_reasoning(s, json_string_value(v), json_string_length(v));
         else if (!strcmp(dt, "text_delta") && (v = json_object_get(dl, "text")))
             got_content(s, json_string_value(v), json_string_length(v));
-        else if (!strcmp(dt, "input_json_delta") && (v = json_object_get(dl, "partial_json")) && s->block_kind[bi] == BK_TOOL)
+        else if (!strcmp(dt, "input_json_delta") && (v = json_object_get(dl, "partial_json")) &&
+                 s->block_kind[bi] == BK_TOOL)
             got_args(s, s->block_call[bi], json_string_value(v), json_string_length(v));
     } else if (!strcmp(type, "message_delta")) {
         const char *sr = json_string_value(json_object_get(json_object_get(d, "delta"), "stop_reason"));
@@ -432,11 +442,13 @@ static void stream_free(stream_state *s) {
     for (int i = 0; i < 64; i++) ds4_strbuf_free(&s->args[i]);
 }
 
-static const char *api_path(const remote *r) { return r->o->api == AGENT_API_ANTHROPIC ? "/v1/messages" : "/v1/chat/completions"; }
+static const char *api_path(const remote *r) {
+    return r->o->api == AGENT_API_ANTHROPIC ? "/v1/messages" : "/v1/chat/completions";
+}
 
 /* One streamed request for msgs; the state holds what came back. */
-static int stream_request(remote *r, const json_t *msgs, bool think, uint32_t max_tokens, bool greedy, const gen_hooks *h,
-                          stream_state *s, ds4_err *err) {
+static int stream_request(remote *r, const json_t *msgs, bool think, uint32_t max_tokens, bool greedy,
+                          const gen_hooks *h, stream_state *s, ds4_err *err) {
     memset(s, 0, sizeof(*s));
     s->r = r;
     s->h = h;
@@ -492,7 +504,8 @@ static int m_add_user(agent_model *m, const char *text, ds4_err *err) {
 static const json_t *last_calls(remote *r) {
     for (size_t i = json_array_size(r->msgs); i > 0; i--) {
         const json_t *m = json_array_get(r->msgs, i - 1);
-        if (!strcmp(json_string_value(json_object_get(m, "role")), "assistant")) return json_object_get(m, "tool_calls");
+        if (!strcmp(json_string_value(json_object_get(m, "role")), "assistant"))
+            return json_object_get(m, "tool_calls");
     }
     return NULL;
 }
@@ -517,7 +530,8 @@ static int m_add_results(agent_model *m, const json_t *results, ds4_err *err) {
 static int m_cost(agent_model *m, const json_t *results, uint32_t *tokens, ds4_err *err) {
     (void)m, (void)err;
     uint32_t t = 0;
-    for (size_t i = 0; i < json_array_size(results); i++) t += estimate(json_string_length(json_array_get(results, i))) + 8;
+    for (size_t i = 0; i < json_array_size(results); i++)
+        t += estimate(json_string_length(json_array_get(results, i))) + 8;
     *tokens = t;
     return 0;
 }
@@ -536,7 +550,8 @@ static int m_round(agent_model *m, const gen_hooks *h, round_result *out, ds4_er
         return -1;
     }
     /* the assistant message, whatever came of it */
-    json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", s.content.p ? s.content.p : "", s.content.len);
+    json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", s.content.p ? s.content.p : "",
+                            s.content.len);
     if (s.reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(s.reasoning.p, s.reasoning.len));
     bool calls_ok = !intr && s.n_calls > 0;
     if (calls_ok) {
@@ -553,7 +568,9 @@ static int m_round(agent_model *m, const gen_hooks *h, round_result *out, ds4_er
             }
             json_array_append_new(tc, json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", s.ids[i][0] ? s.ids[i] : "call", "type",
                                                 "function", "function", "name", s.names[i], "arguments", a));
-            if (args) json_array_append_new(calls, json_pack("{s:s,s:o,s:s}", "name", s.names[i], "arguments", args, "id", s.ids[i]));
+            if (args)
+                json_array_append_new(
+                    calls, json_pack("{s:s,s:o,s:s}", "name", s.names[i], "arguments", args, "id", s.ids[i]));
         }
         json_object_set_new(msg, "tool_calls", tc);
         if (calls_ok) out->calls = calls;
@@ -665,7 +682,8 @@ static int m_save(agent_model *m, char id[41], uint32_t *tokens, ds4_err *err) {
         DIR *d = opendir(r->dir);
         struct dirent *de;
         while (d && (de = readdir(d))) {
-            if (strlen(de->d_name) != 45 || strcmp(de->d_name + 40, ".json") || !strncmp(de->d_name, name, 40)) continue;
+            if (strlen(de->d_name) != 45 || strcmp(de->d_name + 40, ".json") || !strncmp(de->d_name, name, 40))
+                continue;
             char p2[1200];
             snprintf(p2, sizeof(p2), "%s/%s", r->dir, de->d_name);
             json_t *o = json_load_file(p2, 0, NULL);
@@ -695,7 +713,8 @@ static int m_list(agent_model *m, session_info **out, size_t *n_out, display *d,
     size_t n = 0, cap = 0;
     struct dirent *de;
     while ((de = readdir(dir))) {
-        if (strlen(de->d_name) != 45 || strcmp(de->d_name + 40, ".json") || strspn(de->d_name, "0123456789abcdef") != 40)
+        if (strlen(de->d_name) != 45 || strcmp(de->d_name + 40, ".json") ||
+            strspn(de->d_name, "0123456789abcdef") != 40)
             continue;
         char path[1200];
         snprintf(path, sizeof(path), "%s/%s", r->dir, de->d_name);
@@ -703,7 +722,9 @@ static int m_list(agent_model *m, session_info **out, size_t *n_out, display *d,
         json_t *o = json_load_file(path, 0, &je);
         const char *fmt = json_string_value(json_object_get(o, "format"));
         if (!o || !fmt || strcmp(fmt, SESSION_FORMAT) || !json_is_array(json_object_get(o, "messages"))) {
-            if (d) display_printf(d, OUT_ERROR, "skipping %.8s: %s\n", de->d_name, o ? "not a ds4-agent session" : je.text);
+            if (d)
+                display_printf(d, OUT_ERROR, "skipping %.8s: %s\n", de->d_name,
+                               o ? "not a ds4-agent session" : je.text);
             json_decref(o);
             continue;
         }
@@ -857,7 +878,8 @@ agent_model *remote_model_new(const agent_opts *o, const agent_hooks *h, agent_l
     }
     json_t *j = json_loadb(c.body.p ? c.body.p : "", c.body.len, 0, NULL);
     call_free(&c);
-    json_int_t sctx = json_integer_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "context_length"));
+    json_int_t sctx = json_integer_value(
+        json_object_get(json_array_get(json_object_get(j, "data"), 0), "context_length"));
     json_decref(j);
     r->ctx = sctx > 0 ? (uint32_t)sctx : o->ctx;
     if (o->ctx_given && o->ctx < r->ctx) r->ctx = o->ctx;

@@ -23,8 +23,8 @@
 #include "tools.h"
 
 #define SEARCH_DEFAULT_RESULTS 50
-#define SEARCH_MAX_RESULTS 500
-#define SEARCH_LINE_MAX 400
+#define SEARCH_MAX_RESULTS     500
+#define SEARCH_LINE_MAX        400
 
 typedef struct search {
     tool_env *env;
@@ -33,10 +33,10 @@ typedef struct search {
     bool regex, icase;
     regex_t re;
     const char *glob;
-    const char *base;      /* the search root (absolute), for glob paths */
+    const char *base; /* the search root (absolute), for glob paths */
     int context;
     long long max;
-    long long found;       /* matches, shown or not */
+    long long found; /* matches, shown or not */
     long long files_with, files_seen, skipped_binary, skipped_big;
     ds4_strbuf out;
 } search;
@@ -152,7 +152,8 @@ char *tool_search(tool_env *env, const json_t *args) {
     const char *mode = arg_str(args, "mode");
     s.glob = arg_str(args, "glob");
     long long ctx = 0;
-    if (arg_int(args, "context", &ctx) && (ctx < 0 || ctx > 5)) return tool_error("search: context must be 0 to 5, not %lld", ctx);
+    if (arg_int(args, "context", &ctx) && (ctx < 0 || ctx > 5))
+        return tool_error("search: context must be 0 to 5, not %lld", ctx);
     s.context = (int)ctx;
     if (arg_int(args, "max_results", &s.max) && (s.max < 1 || s.max > SEARCH_MAX_RESULTS))
         return tool_error("search: max_results must be 1 to %d, not %lld", SEARCH_MAX_RESULTS, s.max);
@@ -192,9 +193,11 @@ char *tool_search(tool_env *env, const json_t *args) {
         ds4_strbuf head = {0};
         ds4_strbuf_printf(&head, "%lld match%s in %lld file%s (%lld searched)", s.found, s.found == 1 ? "" : "es",
                           s.files_with, s.files_with == 1 ? "" : "s", s.files_seen);
-        if (s.found > s.max) ds4_strbuf_printf(&head, "; showing the first %lld: narrow the search or raise max_results", s.max);
+        if (s.found > s.max)
+            ds4_strbuf_printf(&head, "; showing the first %lld: narrow the search or raise max_results", s.max);
         if (s.skipped_binary) ds4_strbuf_printf(&head, "; %lld binary files skipped", s.skipped_binary);
-        if (s.skipped_big) ds4_strbuf_printf(&head, "; %lld files over %u MiB skipped", s.skipped_big, TOOL_FILE_MAX >> 20);
+        if (s.skipped_big)
+            ds4_strbuf_printf(&head, "; %lld files over %u MiB skipped", s.skipped_big, TOOL_FILE_MAX >> 20);
         ds4_strbuf_puts(&head, "\n");
         display_printf(env->d, OUT_RESULT, "  search: %s", head.p);
         ds4_strbuf_append(&head, s.out.p, s.out.len);

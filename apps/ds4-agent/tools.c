@@ -87,10 +87,7 @@ static const tool_def TOOLS[] = {
       {"max_results", P_INTEGER, false, "matches to show, default 50, at most 500"},
       {"case_sensitive", P_BOOLEAN, false, "default true"}},
      tool_search},
-    {"list",
-     "List one directory.",
-     {{"path", P_STRING, false, "directory (default .)"}},
-     tool_list},
+    {"list", "List one directory.", {{"path", P_STRING, false, "directory (default .)"}}, tool_list},
     {"bash",
      "Run a shell command (sh -c) as a job. Returns when it ends or after refresh_sec seconds with the output so "
      "far; a job still running keeps going: check it with bash_status, end it with bash_stop.",
@@ -225,12 +222,15 @@ static char *check_type(const tool_def *t, const param_def *p, const json_t *v) 
         break;
     }
     return tool_error("%s: argument '%s' must be %s (string=\"%s\"), got %s", t->name, p->name,
-                      p->type == P_STRING ? "a string" : p->type == P_INTEGER ? "an integer" : "a boolean",
+                      p->type == P_STRING    ? "a string"
+                      : p->type == P_INTEGER ? "an integer"
+                                             : "a boolean",
                       p->type == P_STRING ? "true" : "false", json_kind(v));
 }
 
 static char *check_args(const tool_def *t, const json_t *args) {
-    if (!json_is_object(args)) return tool_error("%s: the arguments are %s, not named parameters", t->name, json_kind(args));
+    if (!json_is_object(args))
+        return tool_error("%s: the arguments are %s, not named parameters", t->name, json_kind(args));
     const char *key;
     const json_t *v;
     json_object_foreach((json_t *)args, key, v) {
@@ -238,7 +238,8 @@ static char *check_args(const tool_def *t, const json_t *args) {
         while (p->name && strcmp(p->name, key)) p++;
         if (!p->name) {
             ds4_strbuf names = {0};
-            for (const param_def *q = t->params; q->name; q++) ds4_strbuf_printf(&names, "%s%s", q == t->params ? "" : ", ", q->name);
+            for (const param_def *q = t->params; q->name; q++)
+                ds4_strbuf_printf(&names, "%s%s", q == t->params ? "" : ", ", q->name);
             char *e = tool_error("%s: unknown argument '%.60s' (%s takes: %s)", t->name, key, t->name,
                                  names.p ? names.p : "no arguments");
             ds4_strbuf_free(&names);
@@ -380,7 +381,8 @@ int file_load(const char *path, file_lines *f, ds4_err *err) {
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return ds4_err_set(err, DS4_EINVAL, S_ISDIR(st.st_mode) ? "it is a directory (use list)" : "not a regular file");
+        return ds4_err_set(err, DS4_EINVAL,
+                           S_ISDIR(st.st_mode) ? "it is a directory (use list)" : "not a regular file");
     }
     if ((uint64_t)st.st_size > TOOL_FILE_MAX) {
         close(fd);
@@ -403,7 +405,8 @@ int file_load(const char *path, file_lines *f, ds4_err *err) {
     f->len = got;
     f->data[got] = 0;
     if (looks_binary(f->data, f->len)) {
-        int rc = ds4_err_set(err, DS4_EUNSUPPORTED, "it is a binary file (%zu bytes); the file tools handle text", f->len);
+        int rc = ds4_err_set(err, DS4_EUNSUPPORTED, "it is a binary file (%zu bytes); the file tools handle text",
+                             f->len);
         file_lines_free(f);
         return rc;
     }
@@ -586,8 +589,8 @@ static char *tool_write(tool_env *env, const json_t *args) {
     if (n && content[n - 1] != '\n') lines++;
     see_all(env, abs);
     ds4_strbuf b = {0};
-    ds4_strbuf_printf(&b, "%s %s: %zu bytes, %zu lines\n", existed ? "Overwrote" : "Created", jail_show(&env->jail, abs),
-                      n, lines);
+    ds4_strbuf_printf(&b, "%s %s: %zu bytes, %zu lines\n", existed ? "Overwrote" : "Created",
+                      jail_show(&env->jail, abs), n, lines);
     display_printf(env->d, OUT_RESULT, "  %s", b.p);
     free(abs);
     return tool_text(&b);
@@ -618,7 +621,8 @@ static int count_lines(const char *s, size_t n) {
 static char *edit_result(tool_env *env, const char *abs, const char *how, int first, int last, int n_new) {
     file_lines f;
     ds4_err err = {0};
-    if (file_load(abs, &f, &err) != 0) return tool_error("edit %s: reading it back: %s", jail_show(&env->jail, abs), err.msg);
+    if (file_load(abs, &f, &err) != 0)
+        return tool_error("edit %s: reading it back: %s", jail_show(&env->jail, abs), err.msg);
     views_edited(&env->views, abs, first, last, n_new, f.line, f.len_of, f.n);
     int total = f.n;
     file_lines_free(&f);
@@ -627,8 +631,9 @@ static char *edit_result(tool_env *env, const char *abs, const char *how, int fi
     ds4_strbuf_printf(&b, "Edited %s (%s): lines %d-%d replaced by %d line%s; the file has %d lines.\n",
                       jail_show(&env->jail, abs), how, first, last, n_new, n_new == 1 ? "" : "s", total);
     if (delta)
-        ds4_strbuf_printf(&b, "Lines after %d moved by %+d (old line %d is now %d): read them again before editing "
-                              "them by number.\n",
+        ds4_strbuf_printf(&b,
+                          "Lines after %d moved by %+d (old line %d is now %d): read them again before editing "
+                          "them by number.\n",
                           last, delta, last + 1, last + 1 + delta);
     int z = first + (n_new > 0 ? n_new - 1 : 0);
     ds4_strbuf_puts(&b, "Post-edit context:\n");
@@ -745,7 +750,8 @@ static char *tool_edit(tool_env *env, const json_t *args) {
     int modes = has_line + has_se + (range != NULL) + has_old;
     if (modes == 0) return tool_error("edit %s: say what to replace: line, start_line/end_line, range, or old", path);
     if (modes > 1)
-        return tool_error("edit %s: give only one of line, start_line/end_line, range, old (got %d of them)", path, modes);
+        return tool_error("edit %s: give only one of line, start_line/end_line, range, old (got %d of them)", path,
+                          modes);
     ds4_err err = {0};
     char *abs = jail_resolve(&env->jail, path, &err);
     if (!abs) return tool_error("edit %s: %s", path, err.msg);
@@ -764,7 +770,8 @@ static char *tool_edit(tool_env *env, const json_t *args) {
         if (!res) {
             see_all(env, abs);
             ds4_strbuf r = {0};
-            ds4_strbuf_printf(&r, "Rewrote %s: %zu bytes, %d lines.\n", jail_show(&env->jail, abs), nn, count_lines(nw, nn));
+            ds4_strbuf_printf(&r, "Rewrote %s: %zu bytes, %d lines.\n", jail_show(&env->jail, abs), nn,
+                              count_lines(nw, nn));
             display_printf(env->d, OUT_RESULT, "  %s", r.p);
             res = tool_text(&r);
         }
@@ -773,7 +780,8 @@ static char *tool_edit(tool_env *env, const json_t *args) {
     }
     file_lines f;
     if (file_load(abs, &f, &err) != 0) {
-        res = tool_error("edit %s: %s%s", path, err.msg, err.code == DS4_ENOTFOUND ? " (use write to create a file)" : "");
+        res = tool_error("edit %s: %s%s", path, err.msg,
+                         err.code == DS4_ENOTFOUND ? " (use write to create a file)" : "");
         free(abs);
         return res;
     }
@@ -875,7 +883,8 @@ static char *tool_list(tool_env *env, const json_t *args) {
         }
         free(names[i]);
     }
-    if (n > LIST_MAX) ds4_strbuf_printf(&b, "... and %zu more entries (list a subdirectory, or search)\n", n - LIST_MAX);
+    if (n > LIST_MAX)
+        ds4_strbuf_printf(&b, "... and %zu more entries (list a subdirectory, or search)\n", n - LIST_MAX);
     free(names);
     display_printf(env->d, OUT_RESULT, "  list %s: %zu entries\n", jail_show(&env->jail, abs), n);
     free(abs);

@@ -22,14 +22,14 @@
 
 #include "agent.h"
 
-#define TOOL_FILE_MAX (16u << 20)      /* read/edit/search: larger files are refused */
-#define TOOL_READ_LINES 500
+#define TOOL_FILE_MAX     (16u << 20) /* read/edit/search: larger files are refused */
+#define TOOL_READ_LINES   500
 #define TOOL_SEARCH_DEPTH 24
 
 /* ------------------------------------------------------------ jail */
 
 typedef struct jail {
-    char *root;        /* real path, no trailing slash (except "/") */
+    char *root; /* real path, no trailing slash (except "/") */
     size_t root_len;
 } jail;
 
@@ -97,7 +97,7 @@ struct tool_env {
     jail jail;
     views views;
     jobs *jobs;
-    unsigned allow;             /* AGENT_ALLOW_* granted (grows with "always") */
+    unsigned allow; /* AGENT_ALLOW_* granted (grows with "always") */
     agent_link *link;
     display *d;
     FILE *trace;
@@ -137,11 +137,11 @@ char *tool_bash_stop(tool_env *env, const json_t *args);
 typedef struct file_lines {
     char *data;
     size_t len;
-    const char **line;   /* start of each line */
-    size_t *len_of;      /* length without the newline */
+    const char **line; /* start of each line */
+    size_t *len_of;    /* length without the newline */
     int n;
     bool final_newline;
-    bool crlf;           /* lines end in \r\n */
+    bool crlf; /* lines end in \r\n */
 } file_lines;
 int file_load(const char *path, file_lines *f, ds4_err *err);
 void file_lines_free(file_lines *f);

@@ -35,13 +35,13 @@
 #include "app.h"
 #include "engine/generate.h"
 
-#define PROMPT "› "
-#define PROMPT_COLS 2
-#define HISTORY_FILE ".ds4_agent_history"
-#define FOOTER_PERIOD 0.2
+#define PROMPT         "› "
+#define PROMPT_COLS    2
+#define HISTORY_FILE   ".ds4_agent_history"
+#define FOOTER_PERIOD  0.2
 #define MAX_QUEUE_ROWS 3
-#define PASTE_START "\033[200~"
-#define PASTE_END "\033[201~"
+#define PASTE_START    "\033[200~"
+#define PASTE_END      "\033[201~"
 
 typedef struct ui {
     agent *a;
@@ -54,22 +54,22 @@ typedef struct ui {
     History *hist;
     char *hist_path;
     int rows, cols;
-    int out_bottom;          /* last row of the output region (1-based) */
-    int out_col;             /* output cursor column, 0-based; cols = wrap pending */
-    ds4_strbuf sgr;          /* SGR sequences in force in the output */
-    ds4_strbuf recent;       /* the last output, shown again after a resize */
-    int reserve;             /* rows under the output region */
+    int out_bottom;    /* last row of the output region (1-based) */
+    int out_col;       /* output cursor column, 0-based; cols = wrap pending */
+    ds4_strbuf sgr;    /* SGR sequences in force in the output */
+    ds4_strbuf recent; /* the last output, shown again after a resize */
+    int reserve;       /* rows under the output region */
     int input_rows, queue_rows;
     char footer[600];
     agent_state footer_state;
     double footer_at;
-    bool question;           /* a question is on the footer */
+    bool question; /* a question is on the footer */
     char qtext[600], qchoices[16];
-    unsigned char in[256];   /* bytes read ahead, not yet given to libedit */
+    unsigned char in[256]; /* bytes read ahead, not yet given to libedit */
     size_t nin;
-    ds4_strbuf pasting;      /* inside a bracketed paste */
+    ds4_strbuf pasting; /* inside a bracketed paste */
     bool in_paste;
-    char **paste;            /* pasted blocks of the line being edited */
+    char **paste; /* pasted blocks of the line being edited */
     size_t npaste;
     int seen_sigint;
     bool quit;
@@ -206,7 +206,8 @@ static void progress_bar(uint32_t done, uint32_t total, char *buf, size_t len) {
     int filled = total ? (int)((uint64_t)done * width / total) : 0;
     size_t o = 0;
     o += (size_t)snprintf(buf + o, len - o, "[");
-    for (int i = 0; i < width && o + 4 < len; i++) o += (size_t)snprintf(buf + o, len - o, "%s", i < filled ? "▶" : "·");
+    for (int i = 0; i < width && o + 4 < len; i++)
+        o += (size_t)snprintf(buf + o, len - o, "%s", i < filled ? "▶" : "·");
     snprintf(buf + o, len - o, "]");
 }
 
@@ -226,9 +227,7 @@ static void status_text(ui *u, const agent_status *st, char *buf, size_t len) {
     case ST_GENERATING:
         snprintf(buf + o, len - (size_t)o, "generation %u tokens %.1f t/s", st->generated, st->tps);
         break;
-    case ST_TOOL:
-        snprintf(buf + o, len - (size_t)o, "%s", st->detail[0] ? st->detail : "running a tool");
-        break;
+    case ST_TOOL: snprintf(buf + o, len - (size_t)o, "%s", st->detail[0] ? st->detail : "running a tool"); break;
     case ST_COMPACTING:
         if (st->total && st->done < st->total) {
             progress_bar(st->done, st->total, bar, sizeof(bar));
@@ -476,7 +475,11 @@ static void answer(ui *u, int c) {
     link_answer(u->l, c);
     u->question = false;
     char msg[700];
-    snprintf(msg, sizeof(msg), "%s -> %s\n", u->qtext, c == 'y' ? "yes" : c == 'a' ? "always" : c == 'n' ? "no" : "cancelled");
+    snprintf(msg, sizeof(msg), "%s -> %s\n", u->qtext,
+             c == 'y'   ? "yes"
+             : c == 'a' ? "always"
+             : c == 'n' ? "no"
+                        : "cancelled");
     ui_message(u, msg);
     u->footer[0] = 0;
     draw_footer(u, true);
@@ -726,7 +729,9 @@ static void banner(ui *u) {
              "\033[38;5;244mbash/write/edit: %s. /help for commands; Enter while busy queues, ESC interrupts, "
              "Ctrl+D leaves.\033[0m\n",
              u->o->server ? "server " : "model ", u->o->server ? u->o->server : u->o->model, u->o->ctx, u->o->root,
-             u->o->allow == AGENT_ALLOW_ALL ? "allowed (--yolo)" : u->o->allow ? "some allowed (--allow), others ask" : "ask first");
+             u->o->allow == AGENT_ALLOW_ALL ? "allowed (--yolo)"
+             : u->o->allow                  ? "some allowed (--allow), others ask"
+                                            : "ask first");
     ui_message(u, b);
 }
 

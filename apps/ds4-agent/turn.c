@@ -35,10 +35,10 @@ struct agent {
     display *d;
     FILE *trace;
     tool_env tools;
-    bool started;            /* the system prompt is in place */
-    bool dirty;              /* changed since the last save or load */
-    bool save_requested;     /* /save while busy: at the next safe point */
-    pthread_mutex_t mu;      /* save_requested and dirty, read by the UI */
+    bool started;        /* the system prompt is in place */
+    bool dirty;          /* changed since the last save or load */
+    bool save_requested; /* /save while busy: at the next safe point */
+    pthread_mutex_t mu;  /* save_requested and dirty, read by the UI */
 };
 
 static const char COMPACT_REQUEST[] =
@@ -253,7 +253,8 @@ static int add_results(agent *a, json_t *results) {
             json_t *r = too_large(a, results, cost);
             json_decref(results);
             results = r;
-            display_printf(a->d, OUT_ERROR, "tool result too large (%u tokens): the model gets an error instead\n", cost);
+            display_printf(a->d, OUT_ERROR, "tool result too large (%u tokens): the model gets an error instead\n",
+                           cost);
             if (!fits(a, results, &cost)) {
                 json_decref(results);
                 ds4_err err;
@@ -323,7 +324,8 @@ int agent_turn(agent *a, const char *text) {
         if (a->trace) trace_line(a->trace, "round %d: end %d, %u tokens", round, rr.end, rr.generated);
         if (rr.end == ROUND_ANSWER || rr.end == ROUND_LENGTH || rr.end == ROUND_INTERRUPTED) {
             if (rr.end == ROUND_LENGTH)
-                display_printf(a->d, OUT_ERROR, "stopped: the round reached the token limit (-n %u) or the context is full\n",
+                display_printf(a->d, OUT_ERROR,
+                               "stopped: the round reached the token limit (-n %u) or the context is full\n",
                                a->o->n_tokens);
             if (rr.end == ROUND_INTERRUPTED) display_printf(a->d, OUT_INFO, "interrupted\n");
             json_decref(rr.calls);
@@ -334,7 +336,8 @@ int agent_turn(agent *a, const char *text) {
         bool stop_after = false;
         if (link_prompt_waiting(a->l)) {
             results = not_run(n_calls, "Tool call not run: the user sent a new message, which follows.");
-            display_printf(a->d, OUT_INFO, "tool call%s not run: a queued prompt goes first\n", n_calls == 1 ? "" : "s");
+            display_printf(a->d, OUT_INFO, "tool call%s not run: a queued prompt goes first\n",
+                           n_calls == 1 ? "" : "s");
             stop_after = true;
         } else if (rr.end == ROUND_BAD_CALLS) {
             char msg[800];

@@ -75,15 +75,18 @@ static int parse_args(int argc, char **argv, eval_opts *o, const char **set_path
         {DS4_OPT_U32("--pause-ms", "N", &o->pause_ms, 0, 60000, 350, "pause after each result in the UI")},
         {DS4_OPT_STR("--trace", "FILE", &o->trace, NULL, "questions, replies and grading decisions"),
          .flags = DS4_OPT_OUT},
-        {DS4_OPT_STR("--json", "FILE", &o->json_out, NULL, "the report as JSON (for --compare)"),
-         .flags = DS4_OPT_OUT},
+        {DS4_OPT_STR("--json", "FILE", &o->json_out, NULL, "the report as JSON (for --compare)"), .flags = DS4_OPT_OUT},
         {DS4_OPT_STR("--compare", "A.json", &o->compare, NULL,
                      "compare report A with report B (the FILE argument): which questions flipped"),
          .flags = DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-eval", .usage = "[options] QUESTIONS.jsonl | --compare A.json B.json", .about = ABOUT,
-                   .opts = table, .notes = NOTES, .refused = refused};
+    ds4_cli cli = {.prog = "ds4-eval",
+                   .usage = "[options] QUESTIONS.jsonl | --compare A.json B.json",
+                   .about = ABOUT,
+                   .opts = table,
+                   .notes = NOTES,
+                   .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (o->compare) return -1;

@@ -28,13 +28,13 @@
 /* ------------------------------------------------------------ questions */
 
 typedef enum eval_kind {
-    EVAL_CHOICE,   /* multiple choice: a letter A.. */
-    EVAL_INTEGER,  /* an integer */
-    EVAL_LINES,    /* a set of line numbers (0: none, the code is safe) */
+    EVAL_CHOICE,  /* multiple choice: a letter A.. */
+    EVAL_INTEGER, /* an integer */
+    EVAL_LINES,   /* a set of line numbers (0: none, the code is safe) */
 } eval_kind;
 
 #define EVAL_MAX_CHOICES 26
-#define EVAL_MAX_LINES 64   /* line numbers in one answer or accepted set */
+#define EVAL_MAX_LINES   64 /* line numbers in one answer or accepted set */
 
 /* A set of line numbers, ascending, without repeats. */
 typedef struct eval_lines {
@@ -45,16 +45,16 @@ typedef struct eval_lines {
 typedef struct eval_question {
     char *id;
     eval_kind kind;
-    char *text;               /* the question */
-    char *code;               /* EVAL_LINES: the code, shown with line numbers (may be NULL) */
+    char *text; /* the question */
+    char *code; /* EVAL_LINES: the code, shown with line numbers (may be NULL) */
     char *choices[EVAL_MAX_CHOICES];
     uint32_t n_choices;
-    char answer_letter;       /* EVAL_CHOICE */
-    long long answer_int;     /* EVAL_INTEGER */
-    eval_lines *accept;       /* EVAL_LINES: the accepted sets (the answer first) */
+    char answer_letter;   /* EVAL_CHOICE */
+    long long answer_int; /* EVAL_INTEGER */
+    eval_lines *accept;   /* EVAL_LINES: the accepted sets (the answer first) */
     uint32_t n_accept;
-    char *source;             /* where the question comes from (may be NULL) */
-    char *answer_text;        /* the correct answer as the report shows it */
+    char *source;      /* where the question comes from (may be NULL) */
+    char *answer_text; /* the correct answer as the report shows it */
 } eval_question;
 
 typedef struct eval_set {
@@ -108,8 +108,8 @@ const char *eval_status_name(eval_status s);
 typedef struct eval_result {
     eval_status status;
     uint32_t prompt_tokens, gen_tokens;
-    char got[128];            /* the model's answer, normalised */
-    char why[256];            /* the grading decision, or why it was skipped */
+    char got[128]; /* the model's answer, normalised */
+    char why[256]; /* the grading decision, or why it was skipped */
     double seconds;
 } eval_result;
 
@@ -119,15 +119,15 @@ typedef struct eval_opts {
     const char *model, *backend, *system;
     int threads;
     bool no_sim, plain, warm_weights;
-    uint32_t ctx;             /* 0: the largest prompt plus --tokens */
-    uint32_t max_tokens;      /* per question */
-    uint32_t n_questions;     /* 0: all */
+    uint32_t ctx;         /* 0: the largest prompt plus --tokens */
+    uint32_t max_tokens;  /* per question */
+    uint32_t n_questions; /* 0: all */
     ds4_sampler_params sp;
-    int think;                /* ds4_think_mode */
+    int think; /* ds4_think_mode */
     uint32_t soft_budget, hard_budget, close_rank;
     uint32_t pause_ms;
     const char *trace, *json_out;
-    const char *compare;      /* --compare A.json (B is the positional) */
+    const char *compare; /* --compare A.json (B is the positional) */
     ds4_cli_steer steer;
 } eval_opts;
 
@@ -143,7 +143,7 @@ typedef struct eval_hooks {
 typedef struct eval_sink {
     void (*status)(void *ctx, eval_status s);
     void (*text)(void *ctx, const char *s, size_t n, bool thinking);
-    bool (*stop)(void *ctx);  /* asked between tokens: true ends the question as stopped */
+    bool (*stop)(void *ctx); /* asked between tokens: true ends the question as stopped */
     void *ctx;
 } eval_sink;
 

@@ -80,7 +80,8 @@ static void fold(const char *s, size_t n, char *out, size_t cap) {
         if (c >= 0 && c < 0x80) a = (char)c;
         else if (dig >= 0) a = (char)('0' + dig);
         else if (c == 0x2212 || (c >= 0x2010 && c <= 0x2015) || c == 0xFE63 || c == 0xFF0D) a = '-';
-        else if (c == 0x00A0 || c == 0x2009 || c == 0x202F || c == 0x2007 || c == 0x3000 || (c >= 0x2000 && c <= 0x200A))
+        else if (c == 0x00A0 || c == 0x2009 || c == 0x202F || c == 0x2007 || c == 0x3000 ||
+                 (c >= 0x2000 && c <= 0x200A))
             a = ' ';
         else if (c == 0xFF0C || c == 0x3001) a = ',';
         else a = '?';
@@ -293,7 +294,9 @@ bool eval_grade(const eval_question *q, const char *reply, char *got, size_t got
     }
     snprintf(got, got_len, "(unreadable: %.*s)", (int)(n > 60 ? 60 : n), a);
     snprintf(why, why_len, "\"Answer: %.*s\" is not a %s", (int)(n > 60 ? 60 : n), a,
-             q->kind == EVAL_CHOICE ? "choice letter" : q->kind == EVAL_INTEGER ? "integer" : "set of line numbers");
+             q->kind == EVAL_CHOICE    ? "choice letter"
+             : q->kind == EVAL_INTEGER ? "integer"
+                                       : "set of line numbers");
     return false;
 }
 

@@ -128,7 +128,8 @@ static int lines_value(json_t *v, eval_lines *out, const char *field, const wher
         if (eval_parse_lines(s, strlen(s), out)) return bad(w, field, "is not a list of line numbers (\"3, 7-9\")");
         return 0;
     }
-    if (!json_is_array(v) || json_array_size(v) == 0) return bad(w, field, "must be line numbers (an array or \"3, 7-9\")");
+    if (!json_is_array(v) || json_array_size(v) == 0)
+        return bad(w, field, "must be line numbers (an array or \"3, 7-9\")");
     char buf[512];
     size_t o = 0;
     for (size_t i = 0; i < json_array_size(v); i++) {
@@ -182,7 +183,7 @@ static int load_question(json_t *o, eval_question *q, size_t index, const where 
     if (kind && !json_is_string(kind)) return bad(w, "kind", "must be \"choice\", \"integer\" or \"lines\"");
     const char *k = kind ? json_string_value(kind)
                     : json_object_get(o, "choices") || json_object_get(o, "options") ||
-                              json_object_get(o, "Correct Answer")
+                            json_object_get(o, "Correct Answer")
                         ? "choice"
                         : "integer";
     char buf[160];
@@ -239,8 +240,7 @@ static int load_jsonl(eval_set *s, FILE *f, where *w) {
         json_t *o = json_loadb(line, (size_t)n, 0, &je);
         if (!json_is_object(o))
             rc = ds4_err_set(w->err, DS4_EFORMAT, "%s:%zu: %s", w->path, w->line, o ? "not a JSON object" : je.text);
-        else
-            rc = add_question(s, o, w);
+        else rc = add_question(s, o, w);
         json_decref(o);
     }
     free(line);
@@ -343,7 +343,7 @@ char *eval_prompt(const eval_question *q) {
         ds4_strbuf_append(&b, "\n", 1);
         for (uint32_t i = 0; i < q->n_choices; i++) ds4_strbuf_printf(&b, "%c) %s\n", 'A' + i, q->choices[i]);
         ds4_strbuf_printf(&b, "\nGive your final answer on its own line as \"Answer: X\", where X is the letter of "
-                               "the correct choice.");
+                              "the correct choice.");
         break;
     case EVAL_INTEGER:
         ds4_strbuf_printf(&b, "\nGive your final answer on its own line as \"Answer: N\", where N is an integer.");
@@ -361,7 +361,7 @@ char *eval_prompt(const eval_question *q) {
             ds4_strbuf_printf(&b, "```\n");
         }
         ds4_strbuf_printf(&b, "\nGive your final answer on its own line as \"Answer: L\", where L lists the line "
-                               "numbers (for example \"Answer: 12, 15-17\"), or \"Answer: 0\" when there is none.");
+                              "numbers (for example \"Answer: 12, 15-17\"), or \"Answer: 0\" when there is none.");
         break;
     }
     char *out = ds4_strbuf_take(&b, NULL);

@@ -56,19 +56,19 @@ int eval_report_json(const char *path, const eval_set *s, const eval_result *r, 
     json_t *qs = json_array();
     for (size_t i = 0; i < s->n; i++) {
         const eval_question *q = &s->q[i];
-        json_array_append_new(qs, json_pack("{s:s,s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f}", "id", q->id, "kind",
-                                            kind_name(q->kind), "result", eval_status_name(r[i].status),
-                                            "prompt_tokens", (int)r[i].prompt_tokens, "gen_tokens",
-                                            (int)r[i].gen_tokens, "answer", r[i].got, "correct", q->answer_text,
-                                            "why", r[i].why, "seconds", r[i].seconds));
+        json_array_append_new(qs,
+                              json_pack("{s:s,s:s,s:s,s:i,s:i,s:s,s:s,s:s,s:f}", "id", q->id, "kind",
+                                        kind_name(q->kind), "result", eval_status_name(r[i].status), "prompt_tokens",
+                                        (int)r[i].prompt_tokens, "gen_tokens", (int)r[i].gen_tokens, "answer", r[i].got,
+                                        "correct", q->answer_text, "why", r[i].why, "seconds", r[i].seconds));
     }
     totals t = count(s, r);
     json_t *tot = json_pack("{s:i,s:i,s:i,s:i,s:i,s:I,s:I}", "questions", (int)s->n, "passed", (int)t.n[EVAL_PASSED],
                             "failed", (int)t.n[EVAL_FAILED], "skipped", (int)t.n[EVAL_SKIPPED], "stopped",
                             (int)t.n[EVAL_STOPPED], "prompt_tokens", (json_int_t)t.prompt_tokens, "gen_tokens",
                             (json_int_t)t.gen_tokens);
-    json_t *j = json_pack("{s:s,s:s,s:o,s:o}", "format", "ds4-eval-report-v1", "model", model ? model : "",
-                          "questions", qs, "totals", tot);
+    json_t *j = json_pack("{s:s,s:s,s:o,s:o}", "format", "ds4-eval-report-v1", "model", model ? model : "", "questions",
+                          qs, "totals", tot);
     int rc = json_dump_file(j, path, JSON_INDENT(1)) == 0 ? 0 : ds4_err_set(err, DS4_EIO, "cannot write %s", path);
     json_decref(j);
     return rc;

@@ -58,7 +58,10 @@ eval_runner *eval_runner_new(const eval_opts *o, const eval_hooks *h, const eval
     }
     r->o = o;
     r->h = h;
-    ds4_engine_opts eo = {.model_path = o->model, .backend = o->backend, .n_threads = o->threads, .no_sim = o->no_sim,
+    ds4_engine_opts eo = {.model_path = o->model,
+                          .backend = o->backend,
+                          .n_threads = o->threads,
+                          .no_sim = o->no_sim,
                           .need_vocab = true};
     ds4_cli_steering_opts(&o->steer, &eo);
     if (ds4_model_file_check(o->model, err) || !(r->e = ds4_engine_open(&eo, err)) ||
@@ -192,8 +195,8 @@ done:
     if (trace && rc == 0) {
         char *user = eval_prompt(q);
         fprintf(trace, "=== %s (%s)\n--- question\n%s\n--- reply (%u tokens)\n%s\n--- %s: %s\n\n", q->id,
-                q->source ? q->source : "", user, res->gen_tokens, reply.p ? reply.p : "", eval_status_name(res->status),
-                res->why);
+                q->source ? q->source : "", user, res->gen_tokens, reply.p ? reply.p : "",
+                eval_status_name(res->status), res->why);
         fflush(trace);
         free(user);
     }

@@ -55,8 +55,7 @@ int eval_plain(eval_runner *r, const eval_opts *o, const eval_set *s, eval_resul
             break;
         }
         const eval_result *x = &res[i];
-        if (x->status == EVAL_SKIPPED)
-            printf("[%zu/%zu] %s skipped: %s\n", i + 1, s->n, s->q[i].id, x->why);
+        if (x->status == EVAL_SKIPPED) printf("[%zu/%zu] %s skipped: %s\n", i + 1, s->n, s->q[i].id, x->why);
         else
             printf("[%zu/%zu] %s %s: answer %s, correct %s (%u prompt + %u generated tokens, %.1f s)\n", i + 1, s->n,
                    s->q[i].id, eval_status_name(x->status), x->got, s->q[i].answer_text, x->prompt_tokens,
@@ -78,12 +77,12 @@ int eval_plain(eval_runner *r, const eval_opts *o, const eval_set *s, eval_resul
 typedef struct tui {
     const eval_set *s;
     eval_result *res;
-    size_t *order;            /* the run order: order[next..n) not started yet */
+    size_t *order; /* the run order: order[next..n) not started yet */
     size_t next, current, selected;
     bool paused, quit;
-    int esc;                  /* where an arrow key's escape sequence is: 0 none, 1 after ESC, 2 after ESC [ */
-    char *txt;                /* the current reply's last bytes */
-    uint8_t *thk;             /* whether each was thinking */
+    int esc;      /* where an arrow key's escape sequence is: 0 none, 1 after ESC, 2 after ESC [ */
+    char *txt;    /* the current reply's last bytes */
+    uint8_t *thk; /* whether each was thinking */
     size_t n;
     double last_draw;
     struct termios saved;
@@ -121,8 +120,9 @@ static void draw(tui *t) {
     uint32_t n[EVAL_STOPPED + 1] = {0};
     for (size_t i = 0; i < t->s->n; i++) n[t->res[i].status]++;
     uint32_t done = n[EVAL_PASSED] + n[EVAL_FAILED] + n[EVAL_SKIPPED] + n[EVAL_STOPPED];
-    ds4_strbuf_printf(&b, "\033[H\033[2J\033[1mds4-eval\033[0m  %u/%zu run, \033[32m%u passed\033[0m, "
-                          "\033[31m%u failed\033[0m%s   p pause  q quit  Up/Down  Enter run next\r\n",
+    ds4_strbuf_printf(&b,
+                      "\033[H\033[2J\033[1mds4-eval\033[0m  %u/%zu run, \033[32m%u passed\033[0m, "
+                      "\033[31m%u failed\033[0m%s   p pause  q quit  Up/Down  Enter run next\r\n",
                       done, t->s->n, n[EVAL_PASSED], n[EVAL_FAILED], t->paused ? "  \033[7m PAUSED \033[0m" : "");
     int body = t->rows - 2;
     /* the list scrolls to keep the selection in view */
@@ -157,7 +157,8 @@ static void draw(tui *t) {
         }
         ds4_strbuf_puts(&b, " \033[90m|\033[0m ");
         if (row == 0 && cq) {
-            ds4_strbuf_printf(&b, "\033[1m%.*s\033[0m (%s)", rw - 16, cq->id, eval_status_name(t->res[t->current].status));
+            ds4_strbuf_printf(&b, "\033[1m%.*s\033[0m (%s)", rw - 16, cq->id,
+                              eval_status_name(t->res[t->current].status));
         } else if (row > 0 && from + (size_t)row - 1 < ns) {
             size_t a = starts[from + (size_t)row - 1], e = from + (size_t)row < ns ? starts[from + (size_t)row] : t->n;
             bool grey = false;

@@ -104,10 +104,11 @@ static int parse_assistant(const json_t *content, size_t i, json_t *msgs, api_er
             const char *name = json_string_value(json_object_get(b, "name"));
             const json_t *input = json_object_get(b, "input");
             if (!id || !name || !json_is_object(input))
-                rc = api_fail(e, 400, "messages[%zu].content[%zu]: tool_use needs an id, a name and an input object", i, k);
+                rc = api_fail(e, 400, "messages[%zu].content[%zu]: tool_use needs an id, a name and an input object", i,
+                              k);
             else
-                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:O}}", "id", id, "type", "function", "function",
-                                                       "name", name, "arguments", (json_t *)input));
+                json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:s,s:O}}", "id", id, "type", "function",
+                                                       "function", "name", name, "arguments", (json_t *)input));
         } else if (req_placeholder(type)) {
             join(&text, req_placeholder(type), strlen(req_placeholder(type)));
         } else {
@@ -247,18 +248,21 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
         const json_t *content = json_object_get(m, "content");
         if (!json_is_object(m) || !role) return api_fail(e, 400, "messages[%zu] needs a role", i);
         bool user = strcmp(role, "user") == 0;
-        if (!user && strcmp(role, "assistant") != 0) return api_fail(e, 400, "messages[%zu].role must be user or assistant", i);
+        if (!user && strcmp(role, "assistant") != 0)
+            return api_fail(e, 400, "messages[%zu].role must be user or assistant", i);
         if (json_is_string(content)) {
             json_array_append_new(r->messages, json_pack("{s:s,s:O}", "role", role, "content", (json_t *)content));
             continue;
         }
-        if (!json_is_array(content)) return api_fail(e, 400, "messages[%zu].content must be a string or an array of blocks", i);
+        if (!json_is_array(content))
+            return api_fail(e, 400, "messages[%zu].content must be a string or an array of blocks", i);
         if ((user ? parse_user : parse_assistant)(content, i, r->messages, e)) return -1;
     }
     int explicit_think;
     if (parse_tools(json_object_get(b, "tools"), r, e) || parse_tool_choice(b, r, e) || parse_output_format(b, r, e) ||
-        parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) ||
-        req_stop(json_object_get(b, "stop_sequences"), "stop_sequences", r, e) || req_bool(b, "stream", &r->stream, e))
+        parse_thinking(b, r, &explicit_think, e) || req_sampling(b, r, false, e) || req_steering(b, r, e) ||
+        req_max_tokens(b, max_names, r, e) || req_stop(json_object_get(b, "stop_sequences"), "stop_sequences", r, e) ||
+        req_bool(b, "stream", &r->stream, e))
         return -1;
     req_model(b, r, explicit_think);
     return req_finalize(r, e);
@@ -297,8 +301,8 @@ static json_t *final_body(job *j) {
         json_array_append_new(content, json_pack("{s:s,s:s#,s:s}", "type", "thinking", "thinking", o->reasoning.p,
                                                  o->reasoning.len, "signature", j->id));
     if (o->content.len || !o->n_calls)
-        json_array_append_new(content, json_pack("{s:s,s:s#}", "type", "text", "text", o->content.p ? o->content.p : "",
-                                                 o->content.len));
+        json_array_append_new(
+            content, json_pack("{s:s,s:s#}", "type", "text", "text", o->content.p ? o->content.p : "", o->content.len));
     for (size_t i = 0; i < o->n_calls; i++)
         json_array_append_new(content, json_pack("{s:s,s:s,s:s,s:o}", "type", "tool_use", "id", o->calls[i].id, "name",
                                                  o->calls[i].name, "input", tool_input(&o->calls[i])));
@@ -316,8 +320,8 @@ static void close_block(job *j, ds4_strbuf *out) {
     stream_state *ss = &j->ss;
     if (ss->block < 0) return;
     if (ss->block_kind == BLOCK_THINKING)
-        ev(out, "content_block_delta", json_pack("{s:i,s:{s:s,s:s}}", "index", ss->block, "delta", "type",
-                                                 "signature_delta", "signature", j->id));
+        ev(out, "content_block_delta",
+           json_pack("{s:i,s:{s:s,s:s}}", "index", ss->block, "delta", "type", "signature_delta", "signature", j->id));
     ev(out, "content_block_stop", json_pack("{s:i}", "index", ss->block));
     ss->block = -1;
     ss->block_kind = BLOCK_NONE;
@@ -345,26 +349,27 @@ static void stream_event(job *j, ev_kind k, int index, const char *text, size_t 
     switch (k) {
     case EV_REASONING:
         if (ss->block_kind != BLOCK_THINKING)
-            open_block(j, out, BLOCK_THINKING, json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", "", "signature", ""));
+            open_block(j, out, BLOCK_THINKING,
+                       json_pack("{s:s,s:s,s:s}", "type", "thinking", "thinking", "", "signature", ""));
         delta(j, out, json_pack("{s:s,s:s#}", "type", "thinking_delta", "thinking", text, n));
         return;
     case EV_THINK_END:
         if (ss->block_kind == BLOCK_THINKING) close_block(j, out);
         return;
     case EV_CONTENT:
-        if (ss->block_kind != BLOCK_TEXT) open_block(j, out, BLOCK_TEXT, json_pack("{s:s,s:s}", "type", "text", "text", ""));
+        if (ss->block_kind != BLOCK_TEXT)
+            open_block(j, out, BLOCK_TEXT, json_pack("{s:s,s:s}", "type", "text", "text", ""));
         delta(j, out, json_pack("{s:s,s:s#}", "type", "text_delta", "text", text, n));
         return;
     case EV_CALL_START:
-        open_block(j, out, BLOCK_TOOL, json_pack("{s:s,s:s,s:s#,s:{}}", "type", "tool_use", "id", j->out.calls[index].id,
-                                                 "name", text, n, "input"));
+        open_block(j, out, BLOCK_TOOL,
+                   json_pack("{s:s,s:s,s:s#,s:{}}", "type", "tool_use", "id", j->out.calls[index].id, "name", text, n,
+                             "input"));
         return;
     case EV_CALL_ARGS:
         delta(j, out, json_pack("{s:s,s:s#}", "type", "input_json_delta", "partial_json", text, n));
         return;
-    case EV_CALL_END:
-        close_block(j, out);
-        return;
+    case EV_CALL_END: close_block(j, out); return;
     }
 }
 
@@ -376,14 +381,16 @@ static void stream_end(job *j, ds4_strbuf *out) {
     }
     const gen_out *o = &j->out;
     json_t *usage = usage_anthropic(o);
-    ev(out, "message_delta", json_pack("{s:{s:s,s:o},s:o}", "delta", "stop_reason", stop_reason(o), "stop_sequence",
-                                       o->stop_hit ? json_string(o->stop_hit) : json_null(), "usage", usage));
+    ev(out, "message_delta",
+       json_pack("{s:{s:s,s:o},s:o}", "delta", "stop_reason", stop_reason(o), "stop_sequence",
+                 o->stop_hit ? json_string(o->stop_hit) : json_null(), "usage", usage));
     ev(out, "message_stop", json_object());
 }
 
 static void stream_error(job *j, const char *msg, ds4_strbuf *out) {
     (void)j;
-    sse_data(out, "error", json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type", "api_error", "message", msg));
+    sse_data(out, "error",
+             json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type", "api_error", "message", msg));
 }
 
 const api_adapter API_MESSAGES_ADAPTER = {

@@ -166,7 +166,8 @@ void random_id(char *out, size_t cap, const char *prefix, int hex_digits) {
         /* getrandom on Linux does not fail for <= 256 bytes once seeded;
          * keep ids unique anyway. */
         static unsigned long counter;
-        for (int i = 0; i < nb; i++) b[i] = (unsigned char)((unsigned long)time(NULL) * 31 + ++counter * 131 + (unsigned)i);
+        for (int i = 0; i < nb; i++)
+            b[i] = (unsigned char)((unsigned long)time(NULL) * 31 + ++counter * 131 + (unsigned)i);
     }
     size_t n = (size_t)snprintf(out, cap, "%s", prefix);
     for (int i = 0; i < hex_digits && n + 1 < cap; i++, n++)

@@ -14,14 +14,14 @@
 #include "text/dsml_render.h"
 #include "text/pyjson.h"
 
-#define JMAX_DEPTH 24
-#define JMAX_WS 16
-#define JMAX_INT_DIGITS 18   /* an integer part fits in 64 bits */
+#define JMAX_DEPTH       24
+#define JMAX_WS          16
+#define JMAX_INT_DIGITS  18 /* an integer part fits in 64 bits */
 #define JMAX_FRAC_DIGITS 24
-#define JMAX_EXP_DIGITS 2    /* a double's range */
-#define MAX_PROPS 64
-#define MAX_ALTS 64
-#define N_FORBID 8
+#define JMAX_EXP_DIGITS  2 /* a double's range */
+#define MAX_PROPS        64
+#define MAX_ALTS         64
+#define N_FORBID         8
 
 /* ============================================================ schemas */
 
@@ -32,14 +32,14 @@ enum { C_OBJ, C_ARR, C_STR, C_NUM, C_TRUE, C_FALSE, C_NULL, N_CLASSES };
 
 typedef struct jnode {
     jkind kind;
-    bool ready;                  /* compiled (a $ref target may be in progress) */
+    bool ready; /* compiled (a $ref target may be in progress) */
     /* J_OBJECT: keys as they are spelled in JSON (escaped, no quotes), sorted */
     size_t n_props;
     char **keys;
     size_t *key_lens;
     struct jnode **props;
-    uint64_t required;           /* bit i: keys[i] */
-    struct jnode *additional;    /* NULL: no other keys */
+    uint64_t required;        /* bit i: keys[i] */
+    struct jnode *additional; /* NULL: no other keys */
     /* J_ARRAY */
     struct jnode *items;
     uint32_t min_items, max_items;
@@ -51,7 +51,7 @@ typedef struct jnode {
     size_t *lit_lens;
     /* J_UNION: the alternative for each way a value starts */
     struct jnode *alt[N_CLASSES];
-    struct jnode *next;          /* all nodes of a schema, for freeing */
+    struct jnode *next; /* all nodes of a schema, for freeing */
 } jnode;
 
 typedef struct ref_memo {
@@ -213,7 +213,8 @@ static int union_add(jschema *s, jnode *u, jnode *a, const char *path) {
         if (a->kind == J_UNION) part = a->alt[c];
         else if (a->kind == J_LITERALS && (m & ~(1u << c))) part = literals_of_class(s, a, c);
         else if (a->kind == J_ANY) {
-            jnode *any[N_CLASSES] = {s->any_obj, s->any_arr, s->any_str, s->any_num, s->lit_true, s->lit_false, s->lit_null};
+            jnode *any[N_CLASSES] = {s->any_obj,  s->any_arr,   s->any_str, s->any_num,
+                                     s->lit_true, s->lit_false, s->lit_null};
             part = any[c];
         }
         if (!part) return -1;
@@ -226,7 +227,8 @@ static int union_add(jschema *s, jnode *u, jnode *a, const char *path) {
                 if (rc) return -1;
             }
         } else if (have && have != part) {
-            static const char *const names[] = {"an object", "an array", "a string", "a number", "true", "false", "null"};
+            static const char *const names[] = {"an object", "an array", "a string", "a number",
+                                                "true",      "false",    "null"};
             return why(s, path, "alternatives that both can be %s are not supported", names[c]);
         } else {
             u->alt[c] = part;
@@ -240,8 +242,9 @@ static jnode *resolve_ref(jschema *s, const char *ref, const char *path);
 
 /* Keywords that only describe. */
 static bool annotation(const char *k) {
-    static const char *const ann[] = {"description", "title", "default", "examples", "format", "$schema", "$id",
-                                      "$comment", "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
+    static const char *const ann[] = {"description", "title", "default",     "examples",   "format",
+                                      "$schema",     "$id",   "$comment",    "deprecated", "readOnly",
+                                      "writeOnly",   "$defs", "definitions", NULL};
     for (int i = 0; ann[i]; i++)
         if (strcmp(k, ann[i]) == 0) return true;
     return false;
@@ -264,7 +267,8 @@ static jnode *compile(jschema *s, const json_t *sc, const char *path) {
     const json_t *all = json_object_get(sc, "allOf");
     if (ref) {
         if (!json_is_string(ref)) return why(s, path, "%s must be a string", "$ref"), NULL;
-        if (!sole_keyword(sc, "$ref")) return why(s, path, "%s", "$ref next to other constraints is not supported"), NULL;
+        if (!sole_keyword(sc, "$ref"))
+            return why(s, path, "%s", "$ref next to other constraints is not supported"), NULL;
         n = resolve_ref(s, json_string_value(ref), path);
     } else if (all) {
         if (!json_is_array(all) || json_array_size(all) != 1 || !sole_keyword(sc, "allOf"))
@@ -316,11 +320,14 @@ static jnode *resolve_ref(jschema *s, const char *ref, const char *path) {
 }
 
 static bool keyword_known(const char *k) {
-    static const char *const ok[] = {
-        "type", "properties", "required", "additionalProperties", "items", "minItems", "maxItems", "minLength",
-        "maxLength", "enum", "const", "anyOf", "oneOf", "allOf", "nullable", "$ref", "$defs", "definitions",
-        "description", "title", "default", "examples", "format", "$schema", "$id", "$comment", "deprecated",
-        "readOnly", "writeOnly", NULL};
+    static const char *const ok[] = {"type",      "properties",  "required",    "additionalProperties",
+                                     "items",     "minItems",    "maxItems",    "minLength",
+                                     "maxLength", "enum",        "const",       "anyOf",
+                                     "oneOf",     "allOf",       "nullable",    "$ref",
+                                     "$defs",     "definitions", "description", "title",
+                                     "default",   "examples",    "format",      "$schema",
+                                     "$id",       "$comment",    "deprecated",  "readOnly",
+                                     "writeOnly", NULL};
     for (int i = 0; ok[i]; i++)
         if (strcmp(k, ok[i]) == 0) return true;
     return false;
@@ -377,7 +384,9 @@ static int compile_object(jschema *s, jnode *n, const json_t *sc, const char *pa
         json_decref(ks);
         if (!enc) return s->oom = true, -1;
         size_t k = 0;
-        while (k < n->n_props && !(n->key_lens[k] == strlen(enc) - 2 && memcmp(n->keys[k], enc + 1, n->key_lens[k]) == 0)) k++;
+        while (k < n->n_props &&
+               !(n->key_lens[k] == strlen(enc) - 2 && memcmp(n->keys[k], enc + 1, n->key_lens[k]) == 0))
+            k++;
         free(enc);
         if (k == n->n_props) return why(s, path, "required property \"%s\" is not among the properties", r);
         n->required |= 1ull << k;
@@ -405,13 +414,15 @@ static int compile_type(jschema *s, jnode *n, const char *type, const json_t *sc
         if (!items) n->items = s->any;
         else if (!json_is_object(items) && !json_is_boolean(items)) return why(s, path, "%s must be a schema", "items");
         else if (!(n->items = compile(s, items, sub))) return -1;
-        if (get_count(s, sc, "minItems", &n->min_items, path) || get_count(s, sc, "maxItems", &n->max_items, path)) return -1;
+        if (get_count(s, sc, "minItems", &n->min_items, path) || get_count(s, sc, "maxItems", &n->max_items, path))
+            return -1;
         if (n->min_items > n->max_items) return why(s, path, "%s", "minItems is above maxItems");
         return 0;
     }
     if (strcmp(type, "string") == 0) {
         n->kind = J_STRING;
-        if (get_count(s, sc, "minLength", &n->min_len, path) || get_count(s, sc, "maxLength", &n->max_len, path)) return -1;
+        if (get_count(s, sc, "minLength", &n->min_len, path) || get_count(s, sc, "maxLength", &n->max_len, path))
+            return -1;
         if (n->min_len > n->max_len) return why(s, path, "%s", "minLength is above maxLength");
         return 0;
     }
@@ -463,12 +474,14 @@ static int compile_body(jschema *s, jnode *n, const json_t *sc, const char *path
         return why(s, path, "%s", "$ref and allOf are supported alone only");
     if (en || cst) {
         n->kind = J_LITERALS;
-        if (en && (!json_is_array(en) || json_array_size(en) == 0)) return why(s, path, "%s must be a non-empty array", "enum");
+        if (en && (!json_is_array(en) || json_array_size(en) == 0))
+            return why(s, path, "%s must be a non-empty array", "enum");
         if (cst && add_literal(s, n, cst)) return -1;
         for (size_t i = 0; i < json_array_size(en); i++)
             if (add_literal(s, n, json_array_get(en, i))) return -1;
     } else if (any) {
-        if (!json_is_array(any) || json_array_size(any) == 0) return why(s, path, "%s must be a non-empty array", "anyOf");
+        if (!json_is_array(any) || json_array_size(any) == 0)
+            return why(s, path, "%s must be a non-empty array", "anyOf");
         n->kind = J_UNION;
         for (size_t i = 0; i < json_array_size(any); i++) {
             snprintf(sub, sizeof(sub), "%s.anyOf[%zu]", path, i);
@@ -565,18 +578,18 @@ jschema *jschema_any_object(void) {
 /* ============================================================ matcher */
 
 enum phase {
-    P_VALUE,        /* before a value */
-    P_OBJ_OPEN,     /* after "{" */
-    P_KEY,          /* inside a key */
-    P_COLON,        /* after a key */
-    P_OBJ_NEXT,     /* after a member's value */
-    P_OBJ_COMMA,    /* after "," in an object */
-    P_ARR_OPEN,     /* after "[" */
-    P_ARR_NEXT,     /* after an element */
-    P_ARR_COMMA,    /* after "," in an array */
-    P_STR,          /* inside a string value */
-    P_NUM,          /* inside a number */
-    P_LIT,          /* inside a literal */
+    P_VALUE,     /* before a value */
+    P_OBJ_OPEN,  /* after "{" */
+    P_KEY,       /* inside a key */
+    P_COLON,     /* after a key */
+    P_OBJ_NEXT,  /* after a member's value */
+    P_OBJ_COMMA, /* after "," in an object */
+    P_ARR_OPEN,  /* after "[" */
+    P_ARR_NEXT,  /* after an element */
+    P_ARR_COMMA, /* after "," in an array */
+    P_STR,       /* inside a string value */
+    P_NUM,       /* inside a number */
+    P_LIT,       /* inside a literal */
 };
 
 /* Number states. */
@@ -585,22 +598,22 @@ enum { N_MINUS, N_ZERO, N_INT, N_DOT, N_FRAC, N_E, N_ESIGN, N_EXP };
 typedef struct jframe {
     const jnode *n;
     uint8_t phase;
-    uint8_t sub;      /* string: 0, 1 after "\", 2..5 hex digits left + 1; number: N_* */
-    uint8_t utf8;     /* continuation bytes still due */
-    uint8_t other;    /* object: the key being read is not a known property */
-    uint8_t ws;       /* white space bytes in a row */
-    uint8_t digits;   /* number: digits of the current part */
+    uint8_t sub;    /* string: 0, 1 after "\", 2..5 hex digits left + 1; number: N_* */
+    uint8_t utf8;   /* continuation bytes still due */
+    uint8_t other;  /* object: the key being read is not a known property */
+    uint8_t ws;     /* white space bytes in a row */
+    uint8_t digits; /* number: digits of the current part */
     uint16_t pad;
-    uint32_t count;   /* string: code points; array: elements */
+    uint32_t count;       /* string: code points; array: elements */
     uint32_t lo, hi, off; /* key or literal candidates [lo, hi) after off bytes */
-    int32_t prop;     /* object: the key just read (-1: another key) */
-    uint64_t seen;    /* object: keys seen */
+    int32_t prop;         /* object: the key just read (-1: another key) */
+    uint64_t seen;        /* object: keys seen */
 } jframe;
 
 typedef struct jstate {
     uint8_t depth;
-    uint8_t done;     /* the top-level value is complete */
-    uint8_t ws;       /* white space after it */
+    uint8_t done; /* the top-level value is complete */
+    uint8_t ws;   /* white space after it */
     uint8_t pad;
     jframe f[JMAX_DEPTH];
 } jstate;
@@ -949,10 +962,10 @@ static size_t match_step(const char *f, size_t p, unsigned char b) {
 
 typedef struct ventry {
     int32_t id;
-    uint32_t off;     /* into bytes */
+    uint32_t off; /* into bytes */
     uint16_t len;
-    uint16_t lcp;     /* common prefix with the previous entry of its list */
-    uint8_t special;  /* an added token (control, user-defined) */
+    uint16_t lcp;    /* common prefix with the previous entry of its list */
+    uint8_t special; /* an added token (control, user-defined) */
 } ventry;
 
 struct cvocab {
@@ -961,12 +974,12 @@ struct cvocab {
     char *bytes;
     ventry *all, *noplain;
     size_t n_all, n_noplain;
-    uint8_t *plain;       /* [id]: allowed anywhere inside a free JSON string */
-    uint8_t *opener;      /* [id]: holds a whole forbidden string (forbidden()) */
-    uint8_t *special;     /* [id] */
-    uint32_t *off_of;     /* [id]: its bytes */
+    uint8_t *plain;   /* [id]: allowed anywhere inside a free JSON string */
+    uint8_t *opener;  /* [id]: holds a whole forbidden string (forbidden()) */
+    uint8_t *special; /* [id] */
+    uint32_t *off_of; /* [id]: its bytes */
     uint16_t *len_of;
-    size_t first[257];    /* all[first[b] .. first[b + 1]): the tokens whose first byte is b */
+    size_t first[257]; /* all[first[b] .. first[b + 1]): the tokens whose first byte is b */
     size_t max_len;
 };
 
@@ -1082,28 +1095,28 @@ void cvocab_free(cvocab *cv) {
 /* The state over the answer's bytes (copied per byte in the mask walk:
  * only the used JSON frames are copied). */
 typedef struct cstate {
-    uint8_t pre_alive;     /* the prefix alternatives can still match */
-    uint8_t json_alive;    /* the JSON value can still match */
-    uint8_t free;          /* a prefix matched: anything goes (but the forbidden) */
-    uint8_t closed;        /* a final prefix matched: only EOS */
+    uint8_t pre_alive;         /* the prefix alternatives can still match */
+    uint8_t json_alive;        /* the JSON value can still match */
+    uint8_t free;              /* a prefix matched: anything goes (but the forbidden) */
+    uint8_t closed;            /* a final prefix matched: only EOS */
     uint8_t partial[N_FORBID]; /* bytes of each forbidden string matched at the end */
-    uint32_t lo, hi, off;  /* prefix candidates [lo, hi) after off bytes */
+    uint32_t lo, hi, off;      /* prefix candidates [lo, hi) after off bytes */
     jstate js;
 } cstate;
 
 struct constraint {
     const cvocab *cv;
-    char **alts;           /* prefix alternatives, sorted */
+    char **alts; /* prefix alternatives, sorted */
     size_t *alt_lens;
     size_t n_alts;
-    bool final;            /* the answer ends with the prefix */
+    bool final; /* the answer ends with the prefix */
     const jschema *schema;
     bool forbid;
-    bool off;              /* a forced token broke it: nothing enforced */
-    bool ended;            /* EOS was chosen */
+    bool off;   /* a forced token broke it: nothing enforced */
+    bool ended; /* EOS was chosen */
     cstate cur;
-    cstate *stack;         /* per byte depth, for the walk */
-    uint8_t *allowed;      /* [n_vocab] */
+    cstate *stack;    /* per byte depth, for the walk */
+    uint8_t *allowed; /* [n_vocab] */
 };
 
 static size_t cstate_bytes(const cstate *s) { return offsetof(cstate, js.f) + s->js.depth * sizeof(jframe); }
@@ -1238,8 +1251,8 @@ static void walk(constraint *c, const ventry *list, size_t n, bool specials) {
     const char *bytes = c->cv->bytes;
     cstate *st = c->stack;
     cstate_copy(&st[0], &c->cur);
-    size_t valid = 0;   /* st[0..valid] hold the states after that many bytes of the previous token */
-    long dead = -1;     /* the previous token died at this byte */
+    size_t valid = 0; /* st[0..valid] hold the states after that many bytes of the previous token */
+    long dead = -1;   /* the previous token died at this byte */
     for (size_t i = 0; i < n; i++) {
         const ventry *e = &list[i];
         size_t l = e->lcp;

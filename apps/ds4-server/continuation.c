@@ -47,11 +47,11 @@
 typedef char call_id[48];
 
 struct cont_binding {
-    api_kind api;          /* API_RESPONSES or API_MESSAGES when bound */
-    bool live;             /* the session still holds the frontier */
-    uint32_t n_live;       /* session tokens when bound */
+    api_kind api;    /* API_RESPONSES or API_MESSAGES when bound */
+    bool live;       /* the session still holds the frontier */
+    uint32_t n_live; /* session tokens when bound */
     ds4_tokens frontier;
-    ds4_strbuf visible;    /* Responses; empty when not known */
+    ds4_strbuf visible; /* Responses; empty when not known */
     call_id *ids;
     size_t n_ids;
 };
@@ -63,9 +63,7 @@ int cont_bindings_new(server *s, uint32_t n, ds4_err *err) {
     return 0;
 }
 
-cont_binding *cont_binding_at(server *s, uint32_t i) {
-    return &s->bindings[i];
-}
+cont_binding *cont_binding_at(server *s, uint32_t i) { return &s->bindings[i]; }
 
 void cont_bindings_free(server *s) {
     if (!s->bindings) return;
@@ -81,13 +79,9 @@ void cont_bindings_free(server *s) {
     pthread_mutex_destroy(&s->cont_mu);
 }
 
-static const char *api_word(api_kind k) {
-    return k == API_RESPONSES ? "Responses" : "Anthropic";
-}
+static const char *api_word(api_kind k) { return k == API_RESPONSES ? "Responses" : "Anthropic"; }
 
-static const char *history_word(api_kind k) {
-    return k == API_RESPONSES ? "input" : "messages";
-}
+static const char *history_word(api_kind k) { return k == API_RESPONSES ? "input" : "messages"; }
 
 static bool has_id(const call_id *ids, size_t n, const char *id) {
     for (size_t i = 0; i < n; i++)
@@ -229,9 +223,7 @@ static bool same_id_set(const cont_binding *b, const cont_req *c) {
     return true;
 }
 
-static int eos_token(server *s) {
-    return ds4_vocab_find_added(s->engine->vocab, DS4_TOK_EOS, strlen(DS4_TOK_EOS));
-}
+static int eos_token(server *s) { return ds4_vocab_find_added(s->engine->vocab, DS4_TOK_EOS, strlen(DS4_TOK_EOS)); }
 
 /* frontier + EOS + tail */
 static void continued_prompt(server *s, const cont_binding *b, const int32_t *tail, size_t n, ds4_tokens *prompt) {
@@ -299,8 +291,10 @@ void cont_warn_lost_reasoning(const job *j, const char *source) {
         const char *role = json_string_value(json_object_get(m, "role"));
         if (role && !strcmp(role, "assistant") && json_array_size(json_object_get(m, "tool_calls")) &&
             !json_object_get(m, "reasoning_content")) {
-            srv_log("warning", "responses %s: input[] replays a tool-call turn without its reasoning item and no live "
-                    "state holds it: the model continues without its reasoning (lower fidelity)", j->id);
+            srv_log("warning",
+                    "responses %s: input[] replays a tool-call turn without its reasoning item and no live "
+                    "state holds it: the model continues without its reasoning (lower fidelity)",
+                    j->id);
             return;
         }
     }
@@ -323,7 +317,8 @@ void cont_leave(server *s, cont_binding *b) {
 static size_t render_answer(server *s, const job *j, bool reasoning, ds4_rendered *r) {
     const gen_out *o = &j->out;
     json_t *msgs = json_copy(j->req.messages);
-    json_t *a = json_pack("{s:s,s:s#}", "role", "assistant", "content", o->content.p ? o->content.p : "", o->content.len);
+    json_t *a = json_pack("{s:s,s:s#}", "role", "assistant", "content", o->content.p ? o->content.p : "",
+                          o->content.len);
     if (reasoning && o->reasoning.len)
         json_object_set_new(a, "reasoning_content", json_stringn(o->reasoning.p, o->reasoning.len));
     if (o->n_calls) {

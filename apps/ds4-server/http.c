@@ -64,8 +64,8 @@ enum route { R_NONE, R_OPTIONS, R_MODELS, R_MODEL, R_STATS, R_HEALTH, R_API, R_C
 /* A connection's deadline, watched by the guard thread. */
 typedef struct guard {
     int fd;
-    double deadline;      /* 0: none */
-    const char *what;     /* what has not arrived: "headers", "body" */
+    double deadline;  /* 0: none */
+    const char *what; /* what has not arrived: "headers", "body" */
     bool fired;
     struct guard *prev, *next;
 } guard;
@@ -73,10 +73,10 @@ typedef struct guard {
 typedef struct http_server {
     server *s;
     struct MHD_Daemon *daemon;
-    char **hosts;         /* extra allowed Host names (--allowed-hosts) */
+    char **hosts; /* extra allowed Host names (--allowed-hosts) */
     size_t n_hosts;
     bool any_host, any_ip;
-    pthread_mutex_t mu;   /* the guard list */
+    pthread_mutex_t mu; /* the guard list */
     pthread_cond_t cv;
     guard *guards;
     bool stop;
@@ -90,9 +90,9 @@ typedef struct conn {
     const api_adapter *api;
     char model_id[128];
     ds4_strbuf body;
-    size_t body_bytes;    /* received */
-    bool answered;        /* an early answer is queued: ignore the rest */
-    bool eof_probed;      /* end of input seen while streaming: probed once */
+    size_t body_bytes; /* received */
+    bool answered;     /* an early answer is queued: ignore the rest */
+    bool eof_probed;   /* end of input seen while streaming: probed once */
     double t_start;
     job *j;
     struct MHD_Connection *c;
@@ -163,9 +163,9 @@ static json_t *model_object(const server *s) {
     const char *name = s->engine && s->engine->w ? ds4_config_name(&s->engine->w->cfg) : NULL;
     return json_pack("{s:s,s:s,s:i,s:s,s:s,s:i,s:{s:i,s:i,s:b},s:[s,s,s,s,s,s,s,s,s,s,s,s,s,s,s]}", "id", DS4_MODEL_ID,
                      "object", "model", "created", (json_int_t)DS4_MODEL_CREATED, "owned_by", "ds4.c", "name",
-                     name ? name : "DeepSeek V4", "context_length", (json_int_t)s->o.ctx, "top_provider", "context_length",
-                     (json_int_t)s->o.ctx, "max_completion_tokens", (json_int_t)maxc, "is_moderated", 0,
-                     "supported_parameters", "tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k",
+                     name ? name : "DeepSeek V4", "context_length", (json_int_t)s->o.ctx, "top_provider",
+                     "context_length", (json_int_t)s->o.ctx, "max_completion_tokens", (json_int_t)maxc, "is_moderated",
+                     0, "supported_parameters", "tools", "tool_choice", "max_tokens", "temperature", "top_p", "top_k",
                      "min_p", "stop", "seed", "stream", "reasoning_effort", "response_format", "logprobs",
                      "top_logprobs", "parallel_tool_calls");
 }
@@ -173,7 +173,10 @@ static json_t *model_object(const server *s) {
 /* ------------------------------------------------------------ routing */
 
 static void route(conn *k, const char *url, const char *method) {
-    static const struct { const char *path; const api_adapter *api; } apis[] = {
+    static const struct {
+        const char *path;
+        const api_adapter *api;
+    } apis[] = {
         {"/v1/chat/completions", &API_CHAT_ADAPTER},
         {"/v1/completions", &API_COMPLETIONS_ADAPTER},
         {"/v1/responses", &API_RESPONSES_ADAPTER},
@@ -521,7 +524,8 @@ static enum MHD_Result handle(conn *k) {
     if (k->route == R_API) return handle_api(k);
     if (k->route == R_COUNT) return handle_count(k);
     switch (k->route) {
-    case R_MODELS: return respond_json(k->h, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(s)));
+    case R_MODELS:
+        return respond_json(k->h, c, 200, json_pack("{s:s,s:[o]}", "object", "list", "data", model_object(s)));
     case R_MODEL:
         if (strcmp(k->model_id, DS4_MODEL_ID) != 0) return fail(k->h, c, NULL, 404, "unknown model");
         return respond_json(k->h, c, 200, model_object(s));
@@ -546,7 +550,8 @@ static enum MHD_Result check_headers(conn *k, const char *method) {
     server *s = k->h->s;
     const char *host = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Host");
     if (!host_allowed(k->h, host))
-        return refuse_early(k, 403, "Host \"%.200s\" is not allowed (DNS rebinding protection; see --allowed-hosts)", host);
+        return refuse_early(k, 403, "Host \"%.200s\" is not allowed (DNS rebinding protection; see --allowed-hosts)",
+                            host);
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
     if (cl && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Transfer-Encoding"))
         return refuse_early(k, 400, "Content-Length and Transfer-Encoding together are refused");
@@ -684,14 +689,12 @@ int http_start(server *s, ds4_err *err) {
         return ds4_err_set(err, DS4_EIO, "cannot start the connection guard thread");
     h->thread_started = true;
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ERROR_LOG;
-    h->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL,
-                                 MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-                                 MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.connection_timeout_s,
-                                 MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(128 * 1024), MHD_OPTION_NOTIFY_COMPLETED,
-                                 on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection, h,
-                                 MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u,
-                                 MHD_OPTION_END);
+    h->daemon = MHD_start_daemon(
+        flags, 0, NULL, NULL, on_request, h, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, MHD_OPTION_SOCK_ADDR,
+        (struct sockaddr *)&addr, MHD_OPTION_CONNECTION_LIMIT, (unsigned)s->o.max_connections,
+        MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.connection_timeout_s, MHD_OPTION_CONNECTION_MEMORY_LIMIT,
+        (size_t)(128 * 1024), MHD_OPTION_NOTIFY_COMPLETED, on_completed, h, MHD_OPTION_NOTIFY_CONNECTION, on_connection,
+        h, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
     if (!h->daemon) return ds4_err_set(err, DS4_EIO, "cannot listen on %s:%d (in use?)", s->o.host, s->o.port);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
     srv_log("http", "listening on http://%s:%u", host, di ? di->port : (unsigned)s->o.port);

@@ -31,8 +31,7 @@
 #include "server.h"
 
 
-static const char NOTES[] =
-    DS4_CLI_ENV_NOTES
+static const char NOTES[] = DS4_CLI_ENV_NOTES
     "  DS4_API_KEY              the key clients must send, when --api-key is not given\n"
     "\n"
     "exit status: 0 after a shutdown (SIGINT, SIGTERM), 1 an error, 2 a usage error or another\n"
@@ -136,10 +135,13 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
          .flags = DS4_OPT_HIDDEN | DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-server", .usage = "[options]",
+    ds4_cli cli = {.prog = "ds4-server",
+                   .usage = "[options]",
                    .about = "OpenAI (chat, completions, responses) and Anthropic (messages) API server for "
                             "DeepSeek V4 Flash.",
-                   .opts = table, .notes = NOTES, .refused = refused};
+                   .opts = table,
+                   .notes = NOTES,
+                   .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     o->max_body = max_body_mb << 20;
@@ -222,9 +224,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     req_json_limits_install();
-    ds4_engine_opts eo = {.model_path = s.o.model_path, .backend = s.o.backend, .n_threads = s.o.n_threads,
-                          .no_sim = s.o.no_sim, .need_vocab = true, .dist = d, .dist_opts = &s.o.dist,
-                          .prog = "ds4-server", .gpu_mem = s.o.gpu_mem, .expert_profile = s.o.expert_profile,
+    ds4_engine_opts eo = {.model_path = s.o.model_path,
+                          .backend = s.o.backend,
+                          .n_threads = s.o.n_threads,
+                          .no_sim = s.o.no_sim,
+                          .need_vocab = true,
+                          .dist = d,
+                          .dist_opts = &s.o.dist,
+                          .prog = "ds4-server",
+                          .gpu_mem = s.o.gpu_mem,
+                          .expert_profile = s.o.expert_profile,
                           .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);
     double t0 = ds4_now();
@@ -237,8 +246,10 @@ int main(int argc, char **argv) {
     srv_log("server", "model %s (%s backend) loaded in %.2f s; %s", s.o.model_path, s.engine->backend_name,
             ds4_now() - t0, ds4_memory_line(s.engine->w, s.o.ctx, mem, sizeof(mem)));
     if (s.engine->mtp)
-        srv_log("server", "MTP speculative decoding: up to %u drafts a step, drafting while the block's top two "
-                          "logits are %.2f apart", s.o.mtp.draft, s.o.mtp.margin);
+        srv_log("server",
+                "MTP speculative decoding: up to %u drafts a step, drafting while the block's top two "
+                "logits are %.2f apart",
+                s.o.mtp.draft, s.o.mtp.margin);
     if (s.o.no_sim) srv_log("server", "low-precision simulations off (--no-sim)");
     for (uint32_t id = 0; id < ds4_vocab_size(s.engine->vocab); id++) {
         size_t n = ds4_vocab_token_bytes(s.engine->vocab, (int32_t)id).len;
@@ -247,8 +258,8 @@ int main(int argc, char **argv) {
     if (s.o.warm_weights) {
         uint32_t first = 0, end = s.engine->w->cfg.n_layer;
         if (d) ds4_dist_layers(d, &first, &end); /* a pipeline: this rank's stage */
-        int wrc = d ? ds4_startup_warm_layers("ds4-server", s.engine->w, first, end, s.o.n_threads,
-                                              stop_signal_pending, NULL)
+        int wrc = d ? ds4_startup_warm_layers("ds4-server", s.engine->w, first, end, s.o.n_threads, stop_signal_pending,
+                                              NULL)
                     : ds4_startup_warm("ds4-server", s.engine->w, s.o.n_threads, stop_signal_pending, NULL);
         if (wrc != 0) return wrc;
     }

@@ -69,7 +69,8 @@ static int parse_message(const json_t *m, size_t i, json_t *out_list, api_error 
     if (strcmp(role, "assistant") == 0) {
         const json_t *rc = json_object_get(m, "reasoning_content");
         if (json_is_string(rc)) json_object_set(out, "reasoning_content", (json_t *)rc);
-        else if (rc && !json_is_null(rc)) return api_fail(e, 400, "messages[%zu].reasoning_content must be a string", i);
+        else if (rc && !json_is_null(rc))
+            return api_fail(e, 400, "messages[%zu].reasoning_content must be a string", i);
         const json_t *calls = json_object_get(m, "tool_calls");
         if (calls && !json_is_null(calls) && parse_tool_calls(calls, i, out, e)) return -1;
     }
@@ -137,8 +138,9 @@ static int parse_tool_choice(const json_t *b, srv_request *r, api_error *e) {
     const char *type = json_string_value(json_object_get(tc, "type"));
     const char *name = json_string_value(json_object_get(json_object_get(tc, "function"), "name"));
     if (type && strcmp(type, "function") == 0 && name) return req_tool_choice(r, TOOL_NAMED, name, "tool_choice", e);
-    return api_fail(e, 400, "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
-                            "\"function\": {\"name\": ...}}");
+    return api_fail(e, 400,
+                    "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+                    "\"function\": {\"name\": ...}}");
 }
 
 /* response_format: text, json_object or json_schema {name, schema, strict}. */
@@ -218,7 +220,8 @@ static json_t *choice_logprobs(job *j, bool all) {
 
 static json_t *chunk_lp(job *j, json_t *delta, const char *finish, json_t *logprobs) {
     json_t *choice = json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "finish_reason",
-                               finish ? json_string(finish) : json_null(), "logprobs", logprobs ? logprobs : json_null());
+                               finish ? json_string(finish) : json_null(), "logprobs",
+                               logprobs ? logprobs : json_null());
     return json_pack("{s:s,s:s,s:i,s:s,s:[o]}", "id", j->id, "object", "chat.completion.chunk", "created",
                      (json_int_t)j->created, "model", j->req.model, "choices", choice);
 }
@@ -237,8 +240,8 @@ static void stream_event(job *j, ev_kind k, int index, const char *text, size_t 
         sse_data(out, NULL, chunk_lp(j, json_pack("{s:s#}", "content", text, n), NULL, choice_logprobs(j, false)));
         return;
     case EV_CALL_START:
-        delta = json_pack("{s:[{s:i,s:s,s:s,s:{s:s#,s:s}}]}", "tool_calls", "index", index, "id", j->out.calls[index].id,
-                          "type", "function", "function", "name", text, n, "arguments", "");
+        delta = json_pack("{s:[{s:i,s:s,s:s,s:{s:s#,s:s}}]}", "tool_calls", "index", index, "id",
+                          j->out.calls[index].id, "type", "function", "function", "name", text, n, "arguments", "");
         break;
     case EV_CALL_ARGS:
         delta = json_pack("{s:[{s:i,s:{s:s#}}]}", "tool_calls", "index", index, "function", "arguments", text, n);
@@ -275,7 +278,8 @@ json_t *chat_tool_calls_json(const gen_out *o) {
 static json_t *final_body(job *j) {
     const gen_out *o = &j->out;
     json_t *msg = json_pack("{s:s}", "role", "assistant");
-    if (o->content.len || !o->n_calls) json_object_set_new(msg, "content", json_stringn(o->content.p ? o->content.p : "", o->content.len));
+    if (o->content.len || !o->n_calls)
+        json_object_set_new(msg, "content", json_stringn(o->content.p ? o->content.p : "", o->content.len));
     else json_object_set_new(msg, "content", json_null());
     if (o->reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(o->reasoning.p, o->reasoning.len));
     if (o->n_calls) json_object_set_new(msg, "tool_calls", chat_tool_calls_json(o));

@@ -25,7 +25,8 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
             return api_fail(e, 400, "prompt: %zu prompts in one request are not supported; send one request per prompt",
                             json_array_size(p));
         p = json_array_get(p, 0);
-        if (!json_is_string(p)) return api_fail(e, 400, "prompt must be a string or an array of strings (token ids are not supported)");
+        if (!json_is_string(p))
+            return api_fail(e, 400, "prompt must be a string or an array of strings (token ids are not supported)");
     }
     if (!json_is_string(p)) return api_fail(e, 400, "prompt must be a string or an array of strings");
     r->messages = json_pack("[{s:s,s:s},{s:s,s:O}]", "role", "system", "content", "You are a helpful assistant", "role",
@@ -58,12 +59,15 @@ static json_t *choice_logprobs(job *j, bool all) {
 
 static json_t *chunk_lp(job *j, const char *text, size_t n, const char *finish, json_t *logprobs) {
     json_t *choice = json_pack("{s:s#,s:i,s:o,s:o}", "text", text, n, "index", 0, "logprobs",
-                               logprobs ? logprobs : json_null(), "finish_reason", finish ? json_string(finish) : json_null());
+                               logprobs ? logprobs : json_null(), "finish_reason",
+                               finish ? json_string(finish) : json_null());
     return json_pack("{s:s,s:s,s:i,s:s,s:[o]}", "id", j->id, "object", "text_completion", "created",
                      (json_int_t)j->created, "model", j->req.model, "choices", choice);
 }
 
-static json_t *chunk(job *j, const char *text, size_t n, const char *finish) { return chunk_lp(j, text, n, finish, NULL); }
+static json_t *chunk(job *j, const char *text, size_t n, const char *finish) {
+    return chunk_lp(j, text, n, finish, NULL);
+}
 
 static void stream_begin(job *j, ds4_strbuf *out) { (void)j, (void)out; }
 

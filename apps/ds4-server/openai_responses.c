@@ -93,8 +93,8 @@ static json_t *custom_tool(const char *name, const json_t *description, const js
         ds4_strbuf_printf(&d, " It must follow this %s grammar:\n", syntax ? syntax : "");
         ds4_strbuf_append(&d, json_string_value(def), json_string_length(def));
     }
-    json_t *params = json_pack("{s:s,s:{s:{s:s,s:s#}},s:[s]}", "type", "object", "properties", "input", "type", "string",
-                               "description", d.p ? d.p : "", d.len, "required", "input");
+    json_t *params = json_pack("{s:s,s:{s:{s:s,s:s#}},s:[s]}", "type", "object", "properties", "input", "type",
+                               "string", "description", d.p ? d.p : "", d.len, "required", "input");
     ds4_strbuf_free(&d);
     json_t *t = req_openai_tool(name, description, params);
     json_decref(params);
@@ -191,9 +191,9 @@ static const char *hosted_call_name(const char *type) {
 }
 
 static bool is_call_output(const char *type) {
-    static const char *const outs[] = {"function_call_output", "custom_tool_call_output", "local_shell_call_output",
-                                       "web_search_call_output", "tool_search_output", "tool_search_call_output",
-                                       "image_generation_call_output", NULL};
+    static const char *const outs[] = {
+        "function_call_output", "custom_tool_call_output", "local_shell_call_output",      "web_search_call_output",
+        "tool_search_output",   "tool_search_call_output", "image_generation_call_output", NULL};
     for (int i = 0; outs[i]; i++)
         if (strcmp(type, outs[i]) == 0) return true;
     return false;
@@ -234,8 +234,7 @@ static int parse_call(const json_t *it, const char *type, size_t i, json_t *msgs
     return 0;
 }
 
-static int parse_call_output(const json_t *it, const char *type, size_t i, json_t *msgs, srv_request *r,
-                             api_error *e) {
+static int parse_call_output(const json_t *it, const char *type, size_t i, json_t *msgs, srv_request *r, api_error *e) {
     const char *call_id = json_string_value(json_object_get(it, "call_id"));
     if (!call_id) call_id = json_string_value(json_object_get(it, "id"));
     if (!call_id) return api_fail(e, 400, "input[%zu].call_id must be a string", i);
@@ -280,7 +279,8 @@ static int parse_item(const json_t *it, size_t i, srv_request *r, json_t **pendi
     const char *role = json_string_value(json_object_get(it, "role"));
     const json_t *status = json_object_get(it, "status");
     if (json_is_string(status) && strcmp(json_string_value(status), "completed") != 0)
-        return api_fail(e, 400, "input[%zu]: items with status \"%s\" cannot be replayed", i, json_string_value(status));
+        return api_fail(e, 400, "input[%zu]: items with status \"%s\" cannot be replayed", i,
+                        json_string_value(status));
     char field[64];
     snprintf(field, sizeof(field), "input[%zu].content", i);
     if (!type || strcmp(type, "message") == 0) {
@@ -381,11 +381,14 @@ static int parse_tool_choice(const json_t *b, srv_request *r, api_error *e) {
     if (!json_is_object(tc) || !type) return api_fail(e, 400, "tool_choice must be a string or an object with a type");
     if (strcmp(type, "allowed_tools") == 0) return allowed_tools(tc, r, e);
     if ((strcmp(type, "function") == 0 || strcmp(type, "custom") == 0) && name)
-        return req_tool_choice(r, TOOL_NAMED, prompt_name_of(r, name, json_string_value(json_object_get(tc, "namespace"))),
+        return req_tool_choice(r, TOOL_NAMED,
+                               prompt_name_of(r, name, json_string_value(json_object_get(tc, "namespace"))),
                                "tool_choice", e);
     if (strcmp(type, "tool_search") == 0) return req_tool_choice(r, TOOL_NAMED, "tool_search", "tool_choice", e);
-    return api_fail(e, 400, "tool_choice of type \"%s\" is not supported (a function or custom tool by name, "
-                            "allowed_tools)", type);
+    return api_fail(e, 400,
+                    "tool_choice of type \"%s\" is not supported (a function or custom tool by name, "
+                    "allowed_tools)",
+                    type);
 }
 
 /* text.format: text, json_object, json_schema {name, schema, strict}. */
@@ -434,7 +437,8 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
     /* Tools first: a tool_search_output in the input adds to them. */
     if (parse_tools(json_object_get(b, "tools"), r, e)) return -1;
     const json_t *instr = json_object_get(b, "instructions");
-    if (json_is_string(instr)) json_array_append_new(r->messages, json_pack("{s:s,s:O}", "role", "system", "content", (json_t *)instr));
+    if (json_is_string(instr))
+        json_array_append_new(r->messages, json_pack("{s:s,s:O}", "role", "system", "content", (json_t *)instr));
     else if (instr && !json_is_null(instr)) return api_fail(e, 400, "instructions must be a string");
     if (json_is_string(input)) {
         json_array_append_new(r->messages, json_pack("{s:s,s:O}", "role", "user", "content", (json_t *)input));
@@ -467,7 +471,8 @@ static int parse(const json_t *b, srv_request *r, api_error *e) {
         const char *sum = json_string_value(json_object_get(rs, "summary"));
         r->reasoning_summary = sum && (!strcmp(sum, "auto") || !strcmp(sum, "concise") || !strcmp(sum, "detailed"));
     }
-    if (req_sampling(b, r, false, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) || req_bool(b, "stream", &r->stream, e))
+    if (req_sampling(b, r, false, e) || req_steering(b, r, e) || req_max_tokens(b, max_names, r, e) ||
+        req_bool(b, "stream", &r->stream, e))
         return -1;
     req_model(b, r, explicit_think);
     return req_finalize(r, e);
@@ -494,8 +499,9 @@ static void fc_id(const gen_call *c, char *out, size_t n) {
 static json_t *custom_input(const gen_call *c) {
     json_t *a = json_loadb(c->args.p ? c->args.p : "{}", c->args.p ? c->args.len : 2, JSON_ALLOW_NUL, NULL);
     json_t *in = json_object_get(a, "input");
-    json_t *out = json_is_string(in) && json_object_size(a) == 1 ? json_incref(in)
-                                                                  : json_stringn(c->args.p ? c->args.p : "", c->args.len);
+    json_t *out = json_is_string(in) && json_object_size(a) == 1
+                      ? json_incref(in)
+                      : json_stringn(c->args.p ? c->args.p : "", c->args.len);
     json_decref(a);
     return out;
 }
@@ -503,7 +509,9 @@ static json_t *custom_input(const gen_call *c) {
 static json_t *reasoning_item(const char *id, const gen_out *o, bool done) {
     return json_pack("{s:s,s:s,s:[{s:s,s:s#}],s:s}", "type", "reasoning", "id", id, "summary", "type", "summary_text",
                      "text", o->reasoning.p ? o->reasoning.p : "", o->reasoning.len, "status",
-                     done && o->think_closed ? "completed" : done ? "incomplete" : "in_progress");
+                     done && o->think_closed ? "completed"
+                     : done                  ? "incomplete"
+                                             : "in_progress");
 }
 
 static json_t *message_item(const job *j, const char *id, const char *text, size_t n, const char *status) {
@@ -524,7 +532,8 @@ static json_t *call_item(const job *j, const gen_call *c, const char *status, bo
     const char *args = with_args && c->args.p ? c->args.p : "";
     size_t n = with_args ? c->args.len : 0;
     if (kind_is(k, "tool_search")) {
-        json_t *a = json_loadb(with_args && c->args.p ? c->args.p : "{}", with_args && c->args.p ? c->args.len : 2, 0, NULL);
+        json_t *a = json_loadb(with_args && c->args.p ? c->args.p : "{}", with_args && c->args.p ? c->args.len : 2, 0,
+                               NULL);
         if (!json_is_object(a)) {
             json_decref(a);
             a = json_object();
@@ -537,8 +546,8 @@ static json_t *call_item(const job *j, const gen_call *c, const char *status, bo
                          json_string_value(json_object_get(k, "name")), "input",
                          with_args ? custom_input(c) : json_string(""), "status", status);
     json_t *item = json_pack("{s:s,s:s,s:s,s:s,s:s#,s:s}", "type", "function_call", "id", id, "call_id", c->id, "name",
-                             k ? json_string_value(json_object_get(k, "name")) : c->name, "arguments", args, n, "status",
-                             status);
+                             k ? json_string_value(json_object_get(k, "name")) : c->name, "arguments", args, n,
+                             "status", status);
     const json_t *ns = json_object_get(k, "namespace");
     if (ns) json_object_set(item, "namespace", (json_t *)ns);
     return item;
@@ -551,15 +560,18 @@ static json_t *response_object(job *j, const char *status, json_t *output) {
                              "error", "incomplete_details", "instructions", "model", r->model, "output", output,
                              "parallel_tool_calls", !r->serial_calls, "previous_response_id", "temperature",
                              (double)r->sp.temperature, "top_p", (double)r->sp.top_p, "tool_choice",
-                             r->tool_choice == TOOL_NONE       ? "none"
-                             : r->tool_choice == TOOL_AUTO     ? "auto"
-                                                               : "required",
+                             r->tool_choice == TOOL_NONE   ? "none"
+                             : r->tool_choice == TOOL_AUTO ? "auto"
+                                                           : "required",
                              "tools", json_array(), "truncation", "disabled", "text", "format", "type",
                              r->schema ? "json_schema" : "text", "user", "metadata");
     if (r->response_format) json_object_set(json_object_get(resp, "text"), "format", r->response_format);
-    json_object_set_new(resp, "reasoning", json_pack("{s:s,s:n}", "effort",
-                                                     r->think == DS4_THINK_OFF ? "none" : r->think == DS4_THINK_MAX ? "max" : "high",
-                                                     "summary"));
+    json_object_set_new(resp, "reasoning",
+                        json_pack("{s:s,s:n}", "effort",
+                                  r->think == DS4_THINK_OFF   ? "none"
+                                  : r->think == DS4_THINK_MAX ? "max"
+                                                              : "high",
+                                  "summary"));
     if (r->max_tokens) json_object_set_new(resp, "max_output_tokens", json_integer(r->max_tokens));
     if (r->logprobs >= 0) json_object_set_new(resp, "top_logprobs", json_integer(r->logprobs));
     return resp;
@@ -580,18 +592,20 @@ static json_t *full_response(job *j) {
     }
     if (o->content.len || !o->n_calls) {
         if (!j->ss.msg_item_id[0]) random_id(j->ss.msg_item_id, sizeof(j->ss.msg_item_id), "msg_", 24);
-        json_array_append_new(output, message_item(j, j->ss.msg_item_id, o->content.p ? o->content.p : "", o->content.len,
-                                                   "completed"));
+        json_array_append_new(
+            output, message_item(j, j->ss.msg_item_id, o->content.p ? o->content.p : "", o->content.len, "completed"));
     }
-    for (size_t i = 0; i < o->n_calls; i++) json_array_append_new(output, call_item(j, &o->calls[i], "completed", true));
+    for (size_t i = 0; i < o->n_calls; i++)
+        json_array_append_new(output, call_item(j, &o->calls[i], "completed", true));
     const char *status = final_status(o);
     json_t *resp = response_object(j, status, output);
     json_object_set_new(resp, "usage", usage_responses(o));
     if (strcmp(status, "incomplete") == 0)
         json_object_set_new(resp, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     if (strcmp(status, "failed") == 0)
-        json_object_set_new(resp, "error", json_pack("{s:s,s:o}", "code", "server_error", "message",
-                                                     json_utf8(o->error, strlen(o->error))));
+        json_object_set_new(
+            resp, "error",
+            json_pack("{s:s,s:o}", "code", "server_error", "message", json_utf8(o->error, strlen(o->error))));
     return resp;
 }
 
@@ -608,13 +622,15 @@ static void close_reasoning(job *j, ds4_strbuf *out) {
     if (ss->block_kind != ITEM_REASONING) return;
     const gen_out *o = &j->out;
     const char *id = ss->rs_item_id;
-    json_t *part = json_pack("{s:s,s:s#}", "type", "summary_text", "text", o->reasoning.p ? o->reasoning.p : "", o->reasoning.len);
+    json_t *part = json_pack("{s:s,s:s#}", "type", "summary_text", "text", o->reasoning.p ? o->reasoning.p : "",
+                             o->reasoning.len);
     event(j, out, "response.reasoning_summary_text.done",
           json_pack("{s:s,s:i,s:i,s:s#}", "item_id", id, "output_index", ss->item, "summary_index", 0, "text",
                     o->reasoning.p ? o->reasoning.p : "", o->reasoning.len));
     event(j, out, "response.reasoning_summary_part.done",
           json_pack("{s:s,s:i,s:i,s:o}", "item_id", id, "output_index", ss->item, "summary_index", 0, "part", part));
-    event(j, out, "response.output_item.done", json_pack("{s:i,s:o}", "output_index", ss->item, "item", reasoning_item(id, o, true)));
+    event(j, out, "response.output_item.done",
+          json_pack("{s:i,s:o}", "output_index", ss->item, "item", reasoning_item(id, o, true)));
     ss->block_kind = ITEM_NONE;
 }
 
@@ -626,7 +642,8 @@ static void open_message(job *j, ds4_strbuf *out) {
     ss->item = ss->next_item++;
     ss->block_kind = ITEM_MESSAGE;
     event(j, out, "response.output_item.added",
-          json_pack("{s:i,s:o}", "output_index", ss->item, "item", message_item(j, ss->msg_item_id, "", 0, "in_progress")));
+          json_pack("{s:i,s:o}", "output_index", ss->item, "item",
+                    message_item(j, ss->msg_item_id, "", 0, "in_progress")));
     event(j, out, "response.content_part.added",
           json_pack("{s:s,s:i,s:i,s:{s:s,s:s,s:[]}}", "item_id", ss->msg_item_id, "output_index", ss->item,
                     "content_index", 0, "part", "type", "output_text", "text", "", "annotations"));
@@ -652,8 +669,8 @@ static void close_message(job *j, ds4_strbuf *out) {
     json_t *part = json_pack("{s:s,s:s#,s:[]}", "type", "output_text", "text", text, o->content.len, "annotations");
     if (j->req.logprobs >= 0) json_object_set_new(part, "logprobs", text_logprobs(j, true));
     event(j, out, "response.content_part.done",
-          json_pack("{s:s,s:i,s:i,s:o}", "item_id", ss->msg_item_id, "output_index", ss->item, "content_index", 0, "part",
-                    part));
+          json_pack("{s:s,s:i,s:i,s:o}", "item_id", ss->msg_item_id, "output_index", ss->item, "content_index", 0,
+                    "part", part));
     event(j, out, "response.output_item.done",
           json_pack("{s:i,s:o}", "output_index", ss->item, "item",
                     message_item(j, ss->msg_item_id, text, o->content.len, "completed")));
@@ -663,7 +680,8 @@ static void close_message(job *j, ds4_strbuf *out) {
 
 static void stream_begin(job *j, ds4_strbuf *out) {
     event(j, out, "response.created", json_pack("{s:o}", "response", response_object(j, "in_progress", json_array())));
-    event(j, out, "response.in_progress", json_pack("{s:o}", "response", response_object(j, "in_progress", json_array())));
+    event(j, out, "response.in_progress",
+          json_pack("{s:o}", "response", response_object(j, "in_progress", json_array())));
 }
 
 /* A complete call (output.c answers calls whole): added, its arguments or
@@ -691,7 +709,8 @@ static void stream_call(job *j, int index, ds4_strbuf *out) {
         event(j, out, "response.function_call_arguments.delta",
               json_pack("{s:s,s:i,s:s#}", "item_id", id, "output_index", oi, "delta", a, c->args.len));
         json_t *done = json_pack("{s:s,s:i,s:s,s:s#}", "item_id", id, "output_index", oi, "name",
-                                 k ? json_string_value(json_object_get(k, "name")) : c->name, "arguments", a, c->args.len);
+                                 k ? json_string_value(json_object_get(k, "name")) : c->name, "arguments", a,
+                                 c->args.len);
         if (json_object_get(k, "namespace")) json_object_set(done, "namespace", json_object_get(k, "namespace"));
         event(j, out, "response.function_call_arguments.done", done);
     }

@@ -103,7 +103,8 @@ static void call_end(out_ctx *g) {
     if (!o->n_calls) return;
     gen_call *c = &o->calls[o->n_calls - 1];
     if (g->j->req.serial_calls && o->n_calls > 1) {
-        srv_log("tool", "%s: dropped tool call \"%s\" after the first (parallel_tool_calls is false)", g->j->id, c->name);
+        srv_log("tool", "%s: dropped tool call \"%s\" after the first (parallel_tool_calls is false)", g->j->id,
+                c->name);
         free(c->name);
         ds4_strbuf_free(&c->args);
         o->n_calls--;
@@ -208,7 +209,8 @@ int out_constrain(out_ctx *g, const cvocab *cv, ds4_err *err) {
     const srv_request *r = &g->j->req;
     bool tools = json_array_size(r->tools) > 0;
     bool forced = tools && (r->tool_choice == TOOL_REQUIRED || r->tool_choice == TOOL_NAMED);
-    if (!cv || !g->parser || !(r->schema || r->tool_choice == TOOL_NONE || forced || (tools && r->serial_calls))) return 0;
+    if (!cv || !g->parser || !(r->schema || r->tool_choice == TOOL_NONE || forced || (tools && r->serial_calls)))
+        return 0;
     if (!(g->cons = constraint_new(cv, err))) return -1;
     if (forced) {
         if (require_call(g) != 0) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -287,9 +289,7 @@ void out_token(out_ctx *g, int32_t tok, const float *logits, int n_vocab, ds4_ge
     out_flush(g);
 }
 
-bool out_in_tool_block(const out_ctx *g) {
-    return g->parser && ds4_dsml_position_of(g->parser) != DS4_DSML_AT_TEXT;
-}
+bool out_in_tool_block(const out_ctx *g) { return g->parser && ds4_dsml_position_of(g->parser) != DS4_DSML_AT_TEXT; }
 
 /* Calls whose invoke never closed were never answered: gone. */
 static void drop_incomplete_calls(gen_out *o) {

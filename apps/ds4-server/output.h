@@ -14,18 +14,18 @@ typedef struct out_ctx {
     job *j;
     int32_t eos;
     ds4_detok_stream detok;
-    ds4_dsml_parser *parser;  /* NULL for raw text (completions) */
-    ds4_strbuf piece;         /* decoded text of the current token */
-    ds4_strbuf pending;       /* visible text held back for stop sequences */
-    ds4_strbuf sse;           /* streaming bytes not yet pushed to the job */
-    bool stopped;             /* a stop sequence matched */
-    bool tool_stop;           /* a tool-call block closed */
+    ds4_dsml_parser *parser; /* NULL for raw text (completions) */
+    ds4_strbuf piece;        /* decoded text of the current token */
+    ds4_strbuf pending;      /* visible text held back for stop sequences */
+    ds4_strbuf sse;          /* streaming bytes not yet pushed to the job */
+    bool stopped;            /* a stop sequence matched */
+    bool tool_stop;          /* a tool-call block closed */
     /* The answer after </think> (from the start without thinking): the
      * sampler switches to these settings and the constraint starts. */
     ds4_sampler *smp;
     ds4_sampler_params answer_sp;
     bool switch_sp;
-    constraint *cons;         /* NULL: none */
+    constraint *cons; /* NULL: none */
     bool cons_on;
     bool in_reasoning;
     size_t lp_cap;

@@ -18,9 +18,7 @@
 #include "server.h"
 #include "text/tokenizer.h"
 
-void render_pool_init(server *s) {
-    pthread_mutex_init(&s->tokenizers.mu, NULL);
-}
+void render_pool_init(server *s) { pthread_mutex_init(&s->tokenizers.mu, NULL); }
 
 ds4_tokenizer *render_tokenizer_borrow(server *s, ds4_err *err) {
     render_pool *p = &s->tokenizers;
@@ -49,8 +47,11 @@ static const char *prompt_param(api_kind k) {
 
 ds4_chat_opts render_opts(server *s, const job *j, render_calls_ctx *calls) {
     calls->s = s;
-    return (ds4_chat_opts){.think = j->req.think, .ctx_size = s->o.ctx, .tools = j->req.tools,
-                           .render_calls = toolmem_render_calls, .render_calls_ctx = calls};
+    return (ds4_chat_opts){.think = j->req.think,
+                           .ctx_size = s->o.ctx,
+                           .tools = j->req.tools,
+                           .render_calls = toolmem_render_calls,
+                           .render_calls_ctx = calls};
 }
 
 static int too_long(server *s, const job *j, size_t n_tokens, bool at_least, api_error *e) {
@@ -87,9 +88,7 @@ int render_request(server *s, job *j, api_error *e) {
     return 0;
 }
 
-int render_count(server *s, job *j, api_error *e) {
-    return render_tokens(s, j, 0, e);
-}
+int render_count(server *s, job *j, api_error *e) { return render_tokens(s, j, 0, e); }
 
 void render_pool_free(server *s) {
     render_pool *p = &s->tokenizers;

@@ -195,7 +195,8 @@ int req_sampling(const json_t *body, srv_request *r, bool with_min_p_seed, api_e
     if (set) r->sp.top_p = (float)x;
     const json_t *k = json_object_get(body, "top_k");
     if (k && !json_is_null(k)) {
-        if (!json_is_integer(k) || json_integer_value(k) < 0) return api_fail(e, 400, "top_k must be a non-negative integer");
+        if (!json_is_integer(k) || json_integer_value(k) < 0)
+            return api_fail(e, 400, "top_k must be a non-negative integer");
         json_int_t v = json_integer_value(k);
         r->sp.top_k = v > DS4_TOP_K_MAX ? DS4_TOP_K_MAX : (int)v;
     }
@@ -286,8 +287,8 @@ int req_effort(const char *effort, const char *field, ds4_think_mode *out, api_e
             *out = DS4_THINK_HIGH;
             return 0;
         }
-    return api_fail(e, 400, "%s: unknown reasoning effort \"%s\" (none, minimal, low, medium, high, xhigh, max)",
-                    field, effort);
+    return api_fail(e, 400, "%s: unknown reasoning effort \"%s\" (none, minimal, low, medium, high, xhigh, max)", field,
+                    effort);
 }
 
 int req_thinking_field(const json_t *v, const char *field, int *out, api_error *e) {

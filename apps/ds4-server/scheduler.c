@@ -367,10 +367,14 @@ static void restore_tool(void *ctx, const ds4_kvc_tool *t) {
 
 static int open_store(sched *q, ds4_err *err) {
     server *s = q->s;
-    ds4_kvc_opts ko = {.dir = s->o.kv_dir, .budget_bytes = s->o.kv_space_mb << 20,
-                       .min_tokens = s->o.kv_policy.min_tokens, .quant_bits = ds4_engine_quant_bits(s->engine),
-                       .reject_different_quant = s->o.kv_reject_different_quant, .ctx = s->o.ctx,
-                       .max_tools = 4 * (size_t)s->o.tool_memory_max_ids, .vocab = s->engine->vocab,
+    ds4_kvc_opts ko = {.dir = s->o.kv_dir,
+                       .budget_bytes = s->o.kv_space_mb << 20,
+                       .min_tokens = s->o.kv_policy.min_tokens,
+                       .quant_bits = ds4_engine_quant_bits(s->engine),
+                       .reject_different_quant = s->o.kv_reject_different_quant,
+                       .ctx = s->o.ctx,
+                       .max_tools = 4 * (size_t)s->o.tool_memory_max_ids,
+                       .vocab = s->engine->vocab,
                        .log = log_kvc};
     if (!(q->store = ds4_kvc_open(&ko, err)) || !(q->scratch = ds4_session_state_new(q->slots[0].sess, err))) return -1;
     ds4_kvc_stats st = ds4_kvc_get_stats(q->store);
@@ -513,8 +517,8 @@ static json_t *kv_stats(sched *q, const counters *c) {
     json_t *by_reason = json_object();
     for (int i = 1; i <= DS4_KVC_SHUTDOWN; i++)
         json_object_set_new(by_reason, KV_REASON_NAMES[i], json_integer((json_int_t)c->disk_writes[i]));
-    return json_pack("{s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I}", "files", (json_int_t)k.files, "bytes", (json_int_t)k.bytes,
-                     "files_written", (json_int_t)k.stores, "files_written_by_reason", by_reason,
+    return json_pack("{s:I,s:I,s:I,s:o,s:I,s:I,s:I,s:I,s:I}", "files", (json_int_t)k.files, "bytes",
+                     (json_int_t)k.bytes, "files_written", (json_int_t)k.stores, "files_written_by_reason", by_reason,
                      "writes_skipped_over_budget", (json_int_t)k.store_skips, "loads", (json_int_t)k.loads,
                      "load_failures", (json_int_t)k.load_failures, "files_evicted", (json_int_t)k.evictions,
                      "corrupt_files_deleted", (json_int_t)k.corrupt);
@@ -523,10 +527,10 @@ static json_t *kv_stats(sched *q, const counters *c) {
 static json_t *batch_stats(const server *s) {
     if (!s->engine->batch) return json_null();
     ds4_batcher_stats b = ds4_batcher_get_stats(s->engine->batch);
-    return json_pack("{s:I,s:I,s:f,s:f,s:I,s:I}", "steps", (json_int_t)b.steps, "rows", (json_int_t)b.rows,
-                     "mean_rows", b.steps ? (double)b.rows / b.steps : 0.0,
-                     "mean_sessions", b.steps ? (double)b.seqs / b.steps : 0.0, "max_rows", (json_int_t)b.max_rows,
-                     "max_sessions", (json_int_t)b.max_seqs);
+    return json_pack("{s:I,s:I,s:f,s:f,s:I,s:I}", "steps", (json_int_t)b.steps, "rows", (json_int_t)b.rows, "mean_rows",
+                     b.steps ? (double)b.rows / b.steps : 0.0, "mean_sessions",
+                     b.steps ? (double)b.seqs / b.steps : 0.0, "max_rows", (json_int_t)b.max_rows, "max_sessions",
+                     (json_int_t)b.max_seqs);
 }
 
 json_t *worker_stats(server *s) {
@@ -540,25 +544,21 @@ json_t *worker_stats(server *s) {
     json_t *sources = json_object();
     for (size_t i = 0; i < N_SOURCES; i++)
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
-    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running,
-                                 "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
-    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
-                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
-                     "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
-                     "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
-                     (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
-                     (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
-                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max",
-                     (json_int_t)c.cancel_free_steps_max,
-                     "sessions", sessions, "batches", batch_stats(s),
-                     "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused", (json_int_t)c.reused_tokens, "prefilled",
-                     (json_int_t)c.prefilled_tokens, "generated", (json_int_t)c.generated_tokens,
-                     "generated_per_second", tps,
-                     "prompts_by_kv_source", sources,
-                     "last_prompt", "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled",
-                     (int)c.last_prefilled,
-                     "kvcache", kv_stats(q, &c),
-                     "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact",
-                     (json_int_t)rs.replayed, "history_turns_rendered_canonical", (json_int_t)rs.canonical,
-                     "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
+    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running, "ctx",
+                                 (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
+    return json_pack(
+        "{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+        "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
+        "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running, "oldest_wait_seconds",
+        v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed", (json_int_t)c.ended[FAILED], "cancelled",
+        (json_int_t)c.ended[CANCELLED], "continuation_lost", (json_int_t)c.ended[CONTINUATION_LOST],
+        "rejected_queue_full", (json_int_t)c.rejected_queue_full, "rejected_shutting_down",
+        (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max", (json_int_t)c.cancel_free_steps_max, "sessions",
+        sessions, "batches", batch_stats(s), "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused",
+        (json_int_t)c.reused_tokens, "prefilled", (json_int_t)c.prefilled_tokens, "generated",
+        (json_int_t)c.generated_tokens, "generated_per_second", tps, "prompts_by_kv_source", sources, "last_prompt",
+        "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled", (int)c.last_prefilled, "kvcache",
+        kv_stats(q, &c), "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools),
+        "history_turns_replayed_exact", (json_int_t)rs.replayed, "history_turns_rendered_canonical",
+        (json_int_t)rs.canonical, "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
 }

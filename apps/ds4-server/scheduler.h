@@ -35,16 +35,16 @@ typedef enum outcome { ANSWERED, FAILED, CANCELLED, CONTINUATION_LOST } outcome;
  * server's stats_mu: each name says what it counts. */
 typedef struct counters {
     uint64_t queued, rejected_queue_full, rejected_shutting_down;
-    uint64_t ended[4];                /* by outcome */
+    uint64_t ended[4]; /* by outcome */
     /* jobs whose prefill finished: their prompts and where their KV came from */
     uint64_t prompt_tokens, reused_tokens, prefilled_tokens, by_source[N_SOURCES];
-    uint64_t generated_tokens;        /* of every job */
-    uint64_t disk_writes[7];          /* KVC files written, by save reason */
-    uint64_t canonicalized;           /* live tails rewritten after a tool-call turn */
-    uint64_t slots_evicted;           /* idle sessions given to an unrelated conversation */
-    uint64_t cancel_free_steps_max;   /* the most batched steps from a client's going away to its
+    uint64_t generated_tokens;      /* of every job */
+    uint64_t disk_writes[7];        /* KVC files written, by save reason */
+    uint64_t canonicalized;         /* live tails rewritten after a tool-call turn */
+    uint64_t slots_evicted;         /* idle sessions given to an unrelated conversation */
+    uint64_t cancel_free_steps_max; /* the most batched steps from a client's going away to its
                                        * session being free (of jobs running then) */
-    ds4_spec_stats mtp;               /* MTP speculation, summed over the jobs of every session */
+    ds4_spec_stats mtp;             /* MTP speculation, summed over the jobs of every session */
     char last_source[24];
     uint32_t last_reused, last_prefilled;
 } counters;
@@ -62,34 +62,34 @@ typedef struct slot {
     server *s;
     uint32_t index;
     ds4_session *sess;
-    ds4_tokenizer *tok;         /* the thread's own */
-    cont_binding *cont;         /* its live protocol continuation */
-    uint32_t frontier_done;     /* last continued frontier saved */
+    ds4_tokenizer *tok;     /* the thread's own */
+    cont_binding *cont;     /* its live protocol continuation */
+    uint32_t frontier_done; /* last continued frontier saved */
     /* After a thinking-mode answer: its prompt (ending with "<think>") and
      * how many tokens the session held then (worker.c: visible_prefix). */
     ds4_strbuf vis_prompt;
     uint32_t vis_tokens;
     /* The tokens of the in-memory checkpoint of the last prompt. */
     ds4_tokens ck_tokens;
-    ds4_strbuf prompt_text;     /* the rendered text of the last prompt it ran */
+    ds4_strbuf prompt_text; /* the rendered text of the last prompt it ran */
     /* under q->mu */
-    job *job;                   /* the job it runs, NULL when idle */
+    job *job; /* the job it runs, NULL when idle */
     double last_used;
     pthread_t thread;
     bool started;
-    pthread_cond_t cv;          /* a job was given, or stop */
+    pthread_cond_t cv; /* a job was given, or stop */
 } slot;
 
 struct sched {
     server *s;
     slot *slots;
     uint32_t n;
-    pthread_mutex_t mu;         /* the queue and the slots' job fields */
+    pthread_mutex_t mu; /* the queue and the slots' job fields */
     job **queue;
     int qcap, qhead, qn;
     bool stop;
-    counters c;                 /* under s->stats_mu */
-    rate_ring rate;             /* under s->stats_mu */
+    counters c;     /* under s->stats_mu */
+    rate_ring rate; /* under s->stats_mu */
     /* the disk KV cache: the store and the state its saves and loads go
      * through (as large as a session's: one, shared under store_mu) */
     ds4_kvc_store *store;

@@ -51,23 +51,23 @@
 #include "text/tokenizer.h"
 #include "text/tokens.h"
 
-#define DS4_MODEL_ID "deepseek-v4-flash"
+#define DS4_MODEL_ID      "deepseek-v4-flash"
 #define DS4_MODEL_CREATED 1767225600
-#define MAX_STOP 16
-#define MAX_JSON_DEPTH 256
+#define MAX_STOP          16
+#define MAX_JSON_DEPTH    256
 
 typedef struct srv_opts {
     const char *model_path;
     const char *backend;
     int n_threads;
-    ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
+    ds4_dist_opts dist; /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
     uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;
-    ds4_cli_mtp mtp;            /* MTP speculative decoding: on whenever the model has a block */
+    ds4_cli_mtp mtp; /* MTP speculative decoding: on whenever the model has a block */
     uint32_t ctx;
     uint32_t default_max_tokens;
     const char *host;
@@ -76,15 +76,15 @@ typedef struct srv_opts {
     const char *trace_path;
     const char *api_key;
     int queue_max;
-    uint32_t parallel;        /* sessions at once */
-    bool parallel_given;      /* else sized from the memory */
-    uint32_t batch_tokens;    /* rows a batched step may run; 0: the backend's prefill chunk */
+    uint32_t parallel;     /* sessions at once */
+    bool parallel_given;   /* else sized from the memory */
+    uint32_t batch_tokens; /* rows a batched step may run; 0: the backend's prefill chunk */
     uint64_t max_body;
     int max_connections;
     int connection_timeout_s;
     int sse_keepalive_ms;
-    int header_timeout_s;     /* headers complete within this after the connection opens */
-    int body_timeout_s;       /* body complete within this after the headers */
+    int header_timeout_s;      /* headers complete within this after the connection opens */
+    int body_timeout_s;        /* body complete within this after the headers */
     const char *allowed_hosts; /* Host header allow-list, comma-separated; NULL: the default */
     /* disk KV cache */
     const char *kv_dir;
@@ -105,7 +105,7 @@ typedef enum api_kind { API_CHAT, API_COMPLETIONS, API_RESPONSES, API_MESSAGES }
 /* An error answer: HTTP status and the fields of the API's error shape. */
 typedef struct api_error {
     int status;
-    const char *type;    /* NULL: chosen from the status */
+    const char *type; /* NULL: chosen from the status */
     const char *param;
     const char *code;
     char message[1300];
@@ -119,9 +119,9 @@ json_t *json_utf8(const char *s, size_t n);
 /* tool_choice, the same in every API. */
 typedef enum tool_choice {
     TOOL_AUTO = 0,
-    TOOL_NONE,       /* no tools in the prompt, no tool call in the answer */
-    TOOL_REQUIRED,   /* the answer starts with a call of one of the tools */
-    TOOL_NAMED,      /* ... of this tool */
+    TOOL_NONE,     /* no tools in the prompt, no tool call in the answer */
+    TOOL_REQUIRED, /* the answer starts with a call of one of the tools */
+    TOOL_NAMED,    /* ... of this tool */
 } tool_choice;
 
 typedef struct jschema jschema; /* constrain.h */
@@ -130,28 +130,28 @@ typedef struct cvocab cvocab;
 /* What every API is parsed into. */
 typedef struct srv_request {
     api_kind api;
-    char *model;              /* echoed back */
-    json_t *messages;         /* OpenAI-style messages for the chat renderer */
-    json_t *tools;            /* OpenAI-style tool list, NULL when none (or tool_choice none) */
+    char *model;      /* echoed back */
+    json_t *messages; /* OpenAI-style messages for the chat renderer */
+    json_t *tools;    /* OpenAI-style tool list, NULL when none (or tool_choice none) */
     ds4_think_mode think;
     ds4_sampler_params sp;
-    uint32_t max_tokens;      /* 0: the server default */
+    uint32_t max_tokens; /* 0: the server default */
     char *stop[MAX_STOP];
     int n_stop;
     bool stream;
-    bool include_usage;       /* OpenAI stream_options.include_usage */
-    bool reasoning_summary;   /* Responses: emit reasoning items */
-    bool raw_text;            /* completions: answer with the raw generated text */
-    char *force_name;         /* test hook: X-DS4-Test-Output */
+    bool include_usage;     /* OpenAI stream_options.include_usage */
+    bool reasoning_summary; /* Responses: emit reasoning items */
+    bool raw_text;          /* completions: answer with the raw generated text */
+    char *force_name;       /* test hook: X-DS4-Test-Output */
     tool_choice tool_choice;
-    char *tool_name;          /* TOOL_NAMED: the tool's name in the prompt */
-    bool serial_calls;        /* parallel_tool_calls false: at most one call per turn */
-    json_t *response_format;  /* shown to the model in the system prompt (official "## Response Format") */
-    jschema *schema;          /* the answer is JSON of this schema (constrained decoding), NULL: free */
-    int logprobs;             /* -1: none; else how many top alternatives per token (0..20) */
-    json_t *tool_kinds;       /* Responses: prompt name -> {"type", "name", "namespace"} of custom,
+    char *tool_name;                    /* TOOL_NAMED: the tool's name in the prompt */
+    bool serial_calls;                  /* parallel_tool_calls false: at most one call per turn */
+    json_t *response_format;            /* shown to the model in the system prompt (official "## Response Format") */
+    jschema *schema;                    /* the answer is JSON of this schema (constrained decoding), NULL: free */
+    int logprobs;                       /* -1: none; else how many top alternatives per token (0..20) */
+    json_t *tool_kinds;                 /* Responses: prompt name -> {"type", "name", "namespace"} of custom,
                                * namespaced and tool_search tools; NULL when none */
-    float steer_ffn, steer_attn; /* the dir_steering extension field's scales ... */
+    float steer_ffn, steer_attn;        /* the dir_steering extension field's scales ... */
     bool steer_ffn_set, steer_attn_set; /* ... where given (else the server's) */
 } srv_request;
 
@@ -163,7 +163,7 @@ typedef struct gen_call {
     char id[48];
     char *name;
     ds4_strbuf args;
-    bool complete;            /* its invoke closed (only complete calls are answered) */
+    bool complete; /* its invoke closed (only complete calls are answered) */
 } gen_call;
 
 /* logprobs of one answer token: its own and the most likely ones, under
@@ -182,14 +182,14 @@ typedef struct gen_out {
     ds4_strbuf reasoning, content, raw;
     gen_call *calls;
     size_t n_calls;
-    tok_logprob *lp;          /* answer (content) tokens, when the request asked */
-    size_t n_lp, lp_sent;     /* lp_sent: already streamed */
+    tok_logprob *lp;      /* answer (content) tokens, when the request asked */
+    size_t n_lp, lp_sent; /* lp_sent: already streamed */
     bool think_closed;
-    const char *finish;       /* "stop", "length", "tool_calls", "error" */
-    const char *stop_hit;     /* the stop sequence that ended it, or NULL */
+    const char *finish;   /* "stop", "length", "tool_calls", "error" */
+    const char *stop_hit; /* the stop sequence that ended it, or NULL */
     char error[1200];
     uint32_t prompt_tokens, cached_tokens, written_tokens, completion_tokens;
-    const ds4_vocab *vocab;   /* for the logprobs' token texts */
+    const ds4_vocab *vocab; /* for the logprobs' token texts */
 } gen_out;
 
 typedef struct job job;
@@ -216,8 +216,8 @@ typedef struct cont_req {
 
 typedef struct api_adapter {
     api_kind kind;
-    const char *name;         /* for logs and traces */
-    bool anthropic_errors;    /* error shape */
+    const char *name;      /* for logs and traces */
+    bool anthropic_errors; /* error shape */
     int (*parse)(const json_t *body, srv_request *req, api_error *e);
     /* Streaming: bytes appended to out. */
     void (*stream_begin)(job *j, ds4_strbuf *out);
@@ -232,45 +232,45 @@ extern const api_adapter API_CHAT_ADAPTER, API_COMPLETIONS_ADAPTER, API_RESPONSE
 
 /* Per-API streaming state, kept in the job. */
 typedef struct stream_state {
-    int seq;                  /* Responses sequence_number */
-    int block;                /* Anthropic: index of the open block, -1 none */
+    int seq;   /* Responses sequence_number */
+    int block; /* Anthropic: index of the open block, -1 none */
     int next_block;
-    int block_kind;           /* what the open block/item holds */
-    int item;                 /* Responses output_index of the open item */
+    int block_kind; /* what the open block/item holds */
+    int item;       /* Responses output_index of the open item */
     int next_item;
     bool text_started, role_sent, any_call_streamed;
     char msg_item_id[40], rs_item_id[40];
-    int call_item[64];        /* Responses output index of each call */
+    int call_item[64]; /* Responses output index of each call */
 } stream_state;
 
 struct job {
     const api_adapter *api;
     srv_request req;
     ds4_rendered rendered;
-    ds4_tokens tokens;        /* the rendered prompt, tokenized */
-    char id[48];              /* chatcmpl-..., resp_..., msg_... */
+    ds4_tokens tokens; /* the rendered prompt, tokenized */
+    char id[48];       /* chatcmpl-..., resp_..., msg_... */
     long created;
     double t_enqueued;
 
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs;
-    ds4_strbuf sse;           /* streaming bytes not yet sent */
+    ds4_strbuf sse; /* streaming bytes not yet sent */
     size_t sse_pos;
-    bool started;             /* the worker took it */
+    bool started; /* the worker took it */
     bool done;
-    int status;               /* non-streaming answer */
+    int status; /* non-streaming answer */
     json_t *body;
     volatile sig_atomic_t cancel;
-    uint64_t cancel_step;     /* the batched steps run when it was cancelled */
-    double t_cancel;          /* and when */
-    double t_started;         /* a session took it */
+    uint64_t cancel_step; /* the batched steps run when it was cancelled */
+    double t_cancel;      /* and when */
+    double t_started;     /* a session took it */
 
     gen_out out;
     stream_state ss;
-    char reuse[24];           /* KV source: responses-visible, ..., memory-token, memory-text, disk, cold */
+    char reuse[24]; /* KV source: responses-visible, ..., memory-token, memory-text, disk, cold */
     cont_req cont;
-    render_calls_ctx calls;   /* how its history's tool-call turns rendered */
+    render_calls_ctx calls; /* how its history's tool-call turns rendered */
 };
 
 job *job_new(const api_adapter *api);
@@ -369,7 +369,7 @@ typedef struct replay_stats {
  * scratch space, so a thread borrows one. */
 typedef struct render_pool {
     pthread_mutex_t mu;
-    ds4_tokenizer *t[8];       /* each holds a BPE cache of up to ~9 MB */
+    ds4_tokenizer *t[8]; /* each holds a BPE cache of up to ~9 MB */
     int n;
 } render_pool;
 
@@ -386,18 +386,18 @@ struct server {
     toolmem *tools;
     replay_stats replay;
     pthread_mutex_t stats_mu;
-    json_t *forced;            /* --test-force-output: name -> text */
-    bool memory_checkpoint;    /* snapshot each prompt after its prefill */
-    struct http_server *http;  /* http.c */
-    sched *sched;              /* worker.c */
-    render_pool tokenizers;    /* render.c */
-    trace_log trace;           /* trace.c */
+    json_t *forced;           /* --test-force-output: name -> text */
+    bool memory_checkpoint;   /* snapshot each prompt after its prefill */
+    struct http_server *http; /* http.c */
+    sched *sched;             /* worker.c */
+    render_pool tokenizers;   /* render.c */
+    trace_log trace;          /* trace.c */
     /* the live continuation of each session (continuation.c), under cont_mu */
     cont_binding *bindings;
     uint32_t n_bindings;
     pthread_mutex_t cont_mu;
-    size_t max_token_bytes;    /* the vocabulary's longest token, for the cheap context bound */
-    cvocab *cvocab;            /* the vocabulary for constrained decoding */
+    size_t max_token_bytes; /* the vocabulary's longest token, for the cheap context bound */
+    cvocab *cvocab;         /* the vocabulary for constrained decoding */
     volatile sig_atomic_t stopping;
     volatile sig_atomic_t shutdown_done; /* the shutdown thread has finished (main.c) */
 };
@@ -454,7 +454,7 @@ void cont_rebind(server *s, cont_binding *b, const int32_t *live, uint32_t n_liv
 int worker_start(server *s, ds4_err *err);
 /* 0 queued; -1 queue full (429); -2 shutting down (503). */
 int worker_enqueue(server *s, job *j);
-void worker_stop(server *s);    /* finish the queue, save the live sessions */
+void worker_stop(server *s); /* finish the queue, save the live sessions */
 json_t *worker_stats(server *s);
 /* A client went away: its job stops at the next step (or is skipped). */
 void job_cancel(server *s, job *j);

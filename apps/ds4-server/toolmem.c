@@ -32,7 +32,7 @@ typedef struct tblock {
     size_t n;
     int refs;
     int n_calls;
-    json_t *calls;  /* [{"name", "arguments" (parsed)}] of the block */
+    json_t *calls; /* [{"name", "arguments" (parsed)}] of the block */
 } tblock;
 
 typedef struct tentry {
@@ -142,7 +142,8 @@ void toolmem_put_many(toolmem *m, const char *const *ids, int n, const char *dsm
     int n_calls = ds4_dsml_parse(s, len, false, &pr, NULL) == 0 ? (int)pr.n_calls : -1;
     json_t *calls = json_array();
     for (int i = 0; i < n_calls; i++) {
-        json_t *a = json_loadb(pr.calls[i].arguments, pr.calls[i].arguments_len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
+        json_t *a = json_loadb(pr.calls[i].arguments, pr.calls[i].arguments_len, JSON_DECODE_ANY | JSON_ALLOW_NUL,
+                               NULL);
         json_array_append_new(calls, json_pack("{s:s#,s:o}", "name", pr.calls[i].name, pr.calls[i].name_len,
                                                "arguments", a ? a : json_null()));
     }
@@ -173,9 +174,7 @@ void toolmem_put_many(toolmem *m, const char *const *ids, int n, const char *dsm
     pthread_mutex_unlock(&m->mu);
 }
 
-void toolmem_put(toolmem *m, const char *id, const char *dsml, size_t n) {
-    toolmem_put_many(m, &id, 1, dsml, n);
-}
+void toolmem_put(toolmem *m, const char *id, const char *dsml, size_t n) { toolmem_put_many(m, &id, 1, dsml, n); }
 
 char *toolmem_get(toolmem *m, const char *id, size_t *n) {
     pthread_mutex_lock(&m->mu);

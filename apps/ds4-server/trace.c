@@ -36,7 +36,9 @@ static void stamp(FILE *tf) {
     fprintf(tf, "[%s] ", b);
 }
 
-static const char *think_name(ds4_think_mode m) { return m == DS4_THINK_OFF ? "off" : m == DS4_THINK_MAX ? "max" : "high"; }
+static const char *think_name(ds4_think_mode m) {
+    return m == DS4_THINK_OFF ? "off" : m == DS4_THINK_MAX ? "max" : "high";
+}
 
 void trace_request(trace_log *t, const job *j, const char *raw, size_t n) {
     FILE *tf = t->f;
@@ -44,8 +46,9 @@ void trace_request(trace_log *t, const job *j, const char *raw, size_t n) {
     const srv_request *r = &j->req;
     pthread_mutex_lock(&t->mu);
     stamp(tf);
-    fprintf(tf, "=== request %s (%s) model=%s stream=%d tools=%zu think=%s temperature=%g top_p=%g top_k=%d min_p=%g "
-                "seed=%llu max_tokens=%u stop=%d include_usage=%d prompt_tokens=%zu\n",
+    fprintf(tf,
+            "=== request %s (%s) model=%s stream=%d tools=%zu think=%s temperature=%g top_p=%g top_k=%d min_p=%g "
+            "seed=%llu max_tokens=%u stop=%d include_usage=%d prompt_tokens=%zu\n",
             j->id, j->api->name, r->model, r->stream, r->tools ? json_array_size(r->tools) : 0, think_name(r->think),
             (double)r->sp.temperature, (double)r->sp.top_p, r->sp.top_k, (double)r->sp.min_p,
             (unsigned long long)r->sp.seed, r->max_tokens, r->n_stop, r->include_usage, j->tokens.n);

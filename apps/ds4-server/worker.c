@@ -52,12 +52,18 @@
 #include "scheduler.h"
 #include "text/tokenizer.h"
 
-const char *const KV_SOURCES[N_SOURCES] = {"responses-visible", "responses-tool-output", "anthropic-tool-output",
-                                           "memory-token",      "memory-text",           "thinking-visible",
-                                           "memory-checkpoint", "disk",                  "cold"};
+const char *const KV_SOURCES[N_SOURCES] = {"responses-visible",
+                                           "responses-tool-output",
+                                           "anthropic-tool-output",
+                                           "memory-token",
+                                           "memory-text",
+                                           "thinking-visible",
+                                           "memory-checkpoint",
+                                           "disk",
+                                           "cold"};
 
-const char *const KV_REASON_NAMES[7] = {"unknown", "cold", "continued", "evict", "shutdown", "agent-system",
-                                        "agent-session"};
+const char *const KV_REASON_NAMES[7] = {"unknown",  "cold",         "continued",    "evict",
+                                        "shutdown", "agent-system", "agent-session"};
 
 /* ------------------------------------------------------------ disk saves */
 
@@ -93,7 +99,8 @@ void slot_save_live(slot *sl, ds4_kvc_reason reason) {
     pthread_mutex_unlock(&sl->q->store_mu);
     if (rc < 0) srv_log("kvcache", "%s save of %u tokens failed: %s", KV_REASON_NAMES[reason], n, err.msg);
     if (rc > 0) {
-        srv_log("kvcache", "saved %u tokens (%s, %zu tool ids) in %.3f s", n, KV_REASON_NAMES[reason], n_tools, ds4_now() - t0);
+        srv_log("kvcache", "saved %u tokens (%s, %zu tool ids) in %.3f s", n, KV_REASON_NAMES[reason], n_tools,
+                ds4_now() - t0);
         pthread_mutex_lock(&sl->s->stats_mu);
         sl->q->c.disk_writes[reason]++;
         pthread_mutex_unlock(&sl->s->stats_mu);
@@ -105,8 +112,8 @@ void slot_save_live(slot *sl, ds4_kvc_reason reason) {
 /* ------------------------------------------------------------ reuse */
 
 typedef struct reuse {
-    ds4_tokens prompt;  /* what the session will hold before generation */
-    uint32_t kept;      /* tokens not prefilled */
+    ds4_tokens prompt; /* what the session will hold before generation */
+    uint32_t kept;     /* tokens not prefilled */
     const char *source;
 } reuse;
 
@@ -187,7 +194,8 @@ static bool checkpoint_prefix(slot *sl, const job *j, reuse *r) {
         return false;
     slot_save_live(sl, DS4_KVC_EVICT);
     ds4_err err = {0};
-    if (ds4_session_sync(sl->sess, sl->ck_tokens.ids, ck, NULL, NULL, &err) != 0 || ds4_session_n_tokens(sl->sess) != ck) {
+    if (ds4_session_sync(sl->sess, sl->ck_tokens.ids, ck, NULL, NULL, &err) != 0 ||
+        ds4_session_n_tokens(sl->sess) != ck) {
         srv_log("kvcache", "memory checkpoint not usable: %s", err.msg);
         ds4_session_reset(sl->sess);
         return false;
@@ -220,7 +228,8 @@ static bool disk_prefix(slot *sl, const job *j, reuse *r) {
         return false;
     }
     srv_log("kvcache", "disk hit %s: %u tokens", m.name, m.n_tokens);
-    if (sl->s->o.kv_policy.cold_max_tokens && m.n_tokens > sl->s->o.kv_policy.cold_max_tokens) ds4_kvc_remove(store, m.name);
+    if (sl->s->o.kv_policy.cold_max_tokens && m.n_tokens > sl->s->o.kv_policy.cold_max_tokens)
+        ds4_kvc_remove(store, m.name);
     ds4_tokens_free(&r->prompt);
     ds4_tokens_append(&r->prompt, ds4_session_tokens(sl->sess), ds4_session_n_tokens(sl->sess));
     ds4_tokens_append(&r->prompt, suffix.ids, suffix.n);
@@ -248,7 +257,8 @@ static int choose_reuse(slot *sl, job *j, reuse *r, api_error *e) {
         r->kept = ds4_session_n_tokens(sl->sess);
         r->source = "memory-token";
     } else if (!live_text_prefix(sl, j, r) && !visible_prefix(sl, j, r)) {
-        if (ds4_session_n_tokens(sl->sess)) srv_log("kvcache", "live kv cache miss (%u live tokens)", ds4_session_n_tokens(sl->sess));
+        if (ds4_session_n_tokens(sl->sess))
+            srv_log("kvcache", "live kv cache miss (%u live tokens)", ds4_session_n_tokens(sl->sess));
     }
     sl->vis_tokens = 0;
     if (!r->source) checkpoint_prefix(sl, j, r);
@@ -293,7 +303,8 @@ static int prefill(slot *sl, const reuse *r, ds4_err *err) {
     save_point pts[66];
     uint32_t np = 0;
     if (disk_store(sl) && strcmp(r->source, "cold") == 0) {
-        uint32_t b = ds4_kvc_cold_boundary(&sl->s->o.kv_policy, r->prompt.ids, n, sl->q->user_tok, sl->q->assistant_tok);
+        uint32_t b = ds4_kvc_cold_boundary(&sl->s->o.kv_policy, r->prompt.ids, n, sl->q->user_tok,
+                                           sl->q->assistant_tok);
         if (b > at) pts[np++] = (save_point){b, true};
     }
     uint32_t step = disk_store(sl) ? ds4_kvc_continued_step(&sl->s->o.kv_policy) : 0;
@@ -316,7 +327,7 @@ typedef struct gen_ctx {
     slot *sl;
     job *j;
     uint32_t step;
-    int32_t last;       /* the last token handed out */
+    int32_t last; /* the last token handed out */
 } gen_ctx;
 
 static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
@@ -344,7 +355,8 @@ static int forced_tokens(slot *sl, const job *j, ds4_tokens *out, ds4_err *err) 
         const json_t *p = json_array_get(t, i);
         if (!json_is_string(p) ||
             ds4_tokenize_transcript(sl->tok, json_string_value(p), json_string_length(p), out, err) != 0)
-            return ds4_err_set(err, DS4_EINVAL, "test output \"%s\": element %zu is not a string", j->req.force_name, i);
+            return ds4_err_set(err, DS4_EINVAL, "test output \"%s\": element %zu is not a string", j->req.force_name,
+                               i);
     }
     if (json_is_array(t)) return 0;
     if (!json_is_string(t)) return ds4_err_set(err, DS4_ENOTFOUND, "no test output named \"%s\"", j->req.force_name);
@@ -401,9 +413,11 @@ static void canonicalize_tail(slot *sl, job *j, int32_t last, bool pending) {
         double t0 = ds4_now();
         if (ds4_session_sync(sl->sess, canon.ids, (uint32_t)canon.n, on_stop_only, sl->s, &err) == 0) {
             const ds4_session_stats *st = ds4_session_get_stats(sl->sess);
-            srv_log("tool", "%s %s: canonicalized the live tail (%zu live tokens, %u in common, %zu canonical; %llu restored, %llu prefilled in %.2f s)",
-                    j->api->name, j->id, live.n, common, canon.n, (unsigned long long)st->restored,
-                    (unsigned long long)st->prefilled, ds4_now() - t0);
+            srv_log(
+                "tool",
+                "%s %s: canonicalized the live tail (%zu live tokens, %u in common, %zu canonical; %llu restored, %llu prefilled in %.2f s)",
+                j->api->name, j->id, live.n, common, canon.n, (unsigned long long)st->restored,
+                (unsigned long long)st->prefilled, ds4_now() - t0);
             if (sl->vis_tokens) sl->vis_tokens = ds4_session_n_tokens(sl->sess);
             cont_rebind(sl->s, sl->cont, ds4_session_tokens(sl->sess), ds4_session_n_tokens(sl->sess));
             pthread_mutex_lock(&sl->s->stats_mu);
@@ -439,7 +453,8 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
         ds4_sampler_defaults(&sp);
         sp.seed = j->req.sp.seed;
     }
-    if (out_init(&g.out, j, sl->s->engine->vocab, thinking, &err) != 0 || out_constrain(&g.out, sl->s->cvocab, &err) != 0 ||
+    if (out_init(&g.out, j, sl->s->engine->vocab, thinking, &err) != 0 ||
+        out_constrain(&g.out, sl->s->cvocab, &err) != 0 ||
         ds4_sampler_init(&smp, &sp, (int)sl->s->engine->w->cfg.n_vocab, &err) != 0) {
         out_free(&g.out);
         ds4_tokens_free(&forced);
@@ -451,8 +466,11 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
     g.out.switch_sp = thinking && !sl->s->o.client_sampling_in_thinking;
     uint32_t room = sl->s->o.ctx - (uint32_t)r->prompt.n - 1;
     uint32_t max = j->req.max_tokens ? j->req.max_tokens : sl->s->o.default_max_tokens;
-    ds4_gen_opts go = {.max_tokens = max < room ? max : room, .cancel = &j->cancel, .forced = forced.ids,
-                       .n_forced = (uint32_t)forced.n, .restrict_fn = g.out.cons ? out_restrict : NULL,
+    ds4_gen_opts go = {.max_tokens = max < room ? max : room,
+                       .cancel = &j->cancel,
+                       .forced = forced.ids,
+                       .n_forced = (uint32_t)forced.n,
+                       .restrict_fn = g.out.cons ? out_restrict : NULL,
                        .restrict_ctx = &g.out};
     if (go.max_tokens == 0) go.max_tokens = 1;
     ds4_gen_result res;
@@ -480,9 +498,13 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
     /* Bind the live session to the protocol (after the replay memory: the
      * visible transcript renders the calls as the next request will). */
     bool pending = res.finish == DS4_FINISH_EOS || res.finish == DS4_FINISH_LENGTH || res.finish == DS4_FINISH_CALLBACK;
-    if (res.n_generated) cont_remember(sl->s, sl->cont, j, ds4_session_tokens(sl->sess), ds4_session_n_tokens(sl->sess), g.last, pending);
-    bool canon = (j->api->kind == API_CHAT || j->api->kind == API_MESSAGES) && o->n_calls && !strcmp(o->finish, "tool_calls");
-    srv_log("generate", "%s %s (session %u): prompt of %u tokens (KV from %s: %u reused, %u prefilled in %.2f s), generated %u in "
+    if (res.n_generated)
+        cont_remember(sl->s, sl->cont, j, ds4_session_tokens(sl->sess), ds4_session_n_tokens(sl->sess), g.last,
+                      pending);
+    bool canon = (j->api->kind == API_CHAT || j->api->kind == API_MESSAGES) && o->n_calls &&
+                 !strcmp(o->finish, "tool_calls");
+    srv_log("generate",
+            "%s %s (session %u): prompt of %u tokens (KV from %s: %u reused, %u prefilled in %.2f s), generated %u in "
             "%.2f s (%.1f t/s), finish %s%s%s",
             j->api->name, j->id, sl->index, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens, t_prefill,
             res.n_generated, res.seconds, res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish,
@@ -559,7 +581,8 @@ outcome slot_run(slot *sl, job *j) {
     trace_decision(&sl->s->trace, j, r.source);
     if (r.prompt.n >= sl->s->o.ctx) {
         char msg[200];
-        snprintf(msg, sizeof(msg), "Prompt has %zu tokens, but the configured context size is %u tokens", r.prompt.n, sl->s->o.ctx);
+        snprintf(msg, sizeof(msg), "Prompt has %zu tokens, but the configured context size is %u tokens", r.prompt.n,
+                 sl->s->o.ctx);
         fail_job(j, 400, msg, "context_length_exceeded");
         ds4_tokens_free(&r.prompt);
         return FAILED;

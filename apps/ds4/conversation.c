@@ -171,8 +171,7 @@ int convo_prefill(convo *c, const ds4_tokens *prompt, turn_stats *st, ds4_err *e
 }
 
 /* Bytes of gen[a..b). */
-static int detok_range(const ds4_vocab *v, const int32_t *gen, uint32_t a, uint32_t b, ds4_strbuf *out,
-                       ds4_err *err) {
+static int detok_range(const ds4_vocab *v, const int32_t *gen, uint32_t a, uint32_t b, ds4_strbuf *out, ds4_err *err) {
     ds4_strbuf_truncate(out, 0);
     return b > a ? ds4_detokenize(v, gen + a, b - a, out, err) : 0;
 }
@@ -288,8 +287,9 @@ void convo_print_stats(const turn_stats *st) {
     double pre = st->prefill_s > 0 ? st->prefilled / st->prefill_s : 0.0;
     double gen = st->gen.seconds > 0 ? st->gen.n_generated / st->gen.seconds : 0.0;
     /* ds4's line first (scripts read it), then what it leaves out. */
-    fprintf(stderr, "ds4: prefill: %.2f t/s, generation: %.2f t/s; prefill %u token%s (%u reused), generation %u token%s",
-            pre, gen, st->prefilled, ds4_plural(st->prefilled), st->reused, st->gen.n_generated,
+    fprintf(stderr,
+            "ds4: prefill: %.2f t/s, generation: %.2f t/s; prefill %u token%s (%u reused), generation %u token%s", pre,
+            gen, st->prefilled, ds4_plural(st->prefilled), st->reused, st->gen.n_generated,
             ds4_plural(st->gen.n_generated));
     if (st->spec.cycles)
         fprintf(stderr, ", MTP: %llu of %llu drafts accepted (%.0f%%), %.2f tokens a verification",

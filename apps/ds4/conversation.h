@@ -36,29 +36,29 @@ typedef struct convo {
     ds4_engine *e;
     ds4_session *s;
     ds4_tokenizer *tok;
-    json_t *messages;          /* the transcript, OpenAI-style */
+    json_t *messages; /* the transcript, OpenAI-style */
     ds4_think_mode think;
-    int32_t think_end;         /* id of "</think>" */
-    ds4_tokens known;          /* tokens of the last prompt plus its generated tokens */
-    ds4_strbuf known_text;     /* their exact text */
-    ds4_strbuf pending_text;   /* text of the prompt being run, until commit */
-    bool pending_raw;          /* it is a raw transcript: no messages to keep */
+    int32_t think_end;       /* id of "</think>" */
+    ds4_tokens known;        /* tokens of the last prompt plus its generated tokens */
+    ds4_strbuf known_text;   /* their exact text */
+    ds4_strbuf pending_text; /* text of the prompt being run, until commit */
+    bool pending_raw;        /* it is a raw transcript: no messages to keep */
     cli_term term;
-    uint32_t mtp_draft;        /* MTP drafts a step (0: no speculation) */
+    uint32_t mtp_draft; /* MTP drafts a step (0: no speculation) */
     float mtp_margin;
 } convo;
 
 /* What a turn did, for the timing line and the tests that read it. */
 typedef struct turn_stats {
-    uint32_t prompt_tokens;    /* the whole prompt */
-    uint32_t reused;           /* of which the session already held */
-    uint32_t prefilled;        /* of which were prefilled this turn */
+    uint32_t prompt_tokens; /* the whole prompt */
+    uint32_t reused;        /* of which the session already held */
+    uint32_t prefilled;     /* of which were prefilled this turn */
     double prefill_s;
     ds4_gen_result gen;
-    ds4_spec_stats spec;       /* MTP speculation during the turn */
-    bool interrupted;          /* Ctrl+C (prefill or generation) */
-    bool context_full;         /* generation stopped because the context filled up */
-    bool rolled_back;          /* the turn left no trace */
+    ds4_spec_stats spec; /* MTP speculation during the turn */
+    bool interrupted;    /* Ctrl+C (prefill or generation) */
+    bool context_full;   /* generation stopped because the context filled up */
+    bool rolled_back;    /* the turn left no trace */
 } turn_stats;
 
 /* system: "" for none. */
@@ -102,8 +102,7 @@ void convo_rollback(convo *c);
 /* One whole turn printed to stdout: prompt (from convo_prompt/_raw),
  * prefill, generation with the sampler (NULL: greedy) up to max_tokens,
  * commit.  Returns 0 (see st for an interruption) or -1. */
-int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t max_tokens, turn_stats *st,
-               ds4_err *err);
+int convo_turn(convo *c, const ds4_tokens *prompt, ds4_sampler *smp, uint32_t max_tokens, turn_stats *st, ds4_err *err);
 
 /* "prefill: ... t/s, generation: ... t/s" on stderr. */
 void convo_print_stats(const turn_stats *st);

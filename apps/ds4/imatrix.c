@@ -39,8 +39,8 @@ int run_imatrix(ds4_engine *e, const cli_opts *o) {
         .show_progress = true,
         .stop = stop_requested,
     };
-    ds4_backend_opts bo = {.n_threads = o->threads, .ctx_size = o->ctx, .gpu_mem = o->gpu_mem,
-                           .expert_profile = e->profile};
+    ds4_backend_opts bo = {
+        .n_threads = o->threads, .ctx_size = o->ctx, .gpu_mem = o->gpu_mem, .expert_profile = e->profile};
     ds4_imatrix_run_stats st;
     cli_interrupted = 0;
     cli_busy(true);
@@ -52,7 +52,7 @@ int run_imatrix(ds4_engine *e, const cli_opts *o) {
         return err.code == DS4_EINTERRUPTED ? 130 : 1;
     }
     fprintf(stderr, "ds4: wrote %s from %llu prompt%s, %llu token%s, %llu routed expert observations\n", o->imatrix_out,
-            (unsigned long long)st.prompts, ds4_plural(st.prompts), (unsigned long long)st.tokens, ds4_plural(st.tokens),
-            (unsigned long long)st.routes);
+            (unsigned long long)st.prompts, ds4_plural(st.prompts), (unsigned long long)st.tokens,
+            ds4_plural(st.tokens), (unsigned long long)st.routes);
     return 0;
 }

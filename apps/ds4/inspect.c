@@ -25,10 +25,10 @@ static void print_config(const ds4_config *c) {
     const char *name = ds4_config_name(c);
     printf("config (%s):\n", name ? name : "not a published model's shapes");
     printf("  layers %u, embedding %u, vocabulary %u\n", c->n_layer, c->n_embd, c->n_vocab);
-    printf("  attention: %u heads x %u (rope %u), kv heads %u, q_lora_rank %u, output %u groups x rank %u\n",
-           c->n_head, c->head_dim, c->rope_dim, c->n_head_kv, c->q_lora_rank, c->o_groups, c->o_lora_rank);
-    printf("  sliding window %u; indexer %u heads x %u, top-k %u\n", c->sliding_window, c->idx_n_head,
-           c->idx_head_dim, c->idx_top_k);
+    printf("  attention: %u heads x %u (rope %u), kv heads %u, q_lora_rank %u, output %u groups x rank %u\n", c->n_head,
+           c->head_dim, c->rope_dim, c->n_head_kv, c->q_lora_rank, c->o_groups, c->o_lora_rank);
+    printf("  sliding window %u; indexer %u heads x %u, top-k %u\n", c->sliding_window, c->idx_n_head, c->idx_head_dim,
+           c->idx_top_k);
     printf("  compress ratios:");
     for (uint32_t i = 0; i < c->n_layer; i++) printf(" %u", c->compress_ratio[i]);
     printf("\n  experts: %u routed (%u used) + %u shared, ffn %u; hash-routed layers %u; weights scale %g%s\n",
@@ -99,7 +99,9 @@ static void print_quant_bits(const ds4_engine *e) {
     int bits = ds4_engine_quant_bits(e);
     bool native = type == DS4_TYPE_Q4_K || type == DS4_TYPE_Q2_K || type == DS4_TYPE_IQ2_XXS;
     if (native) printf("routed experts: %s (quant bits %d in KV cache files)\n", name, bits);
-    else printf("routed experts: %s (KV cache files record quant bits %d: ds4's format knows only 2 and 4)\n", name, bits);
+    else
+        printf("routed experts: %s (KV cache files record quant bits %d: ds4's format knows only 2 and 4)\n", name,
+               bits);
 }
 
 int run_inspect(ds4_engine *e, const cli_opts *o) {
@@ -115,12 +117,11 @@ int run_inspect(ds4_engine *e, const cli_opts *o) {
     if (e->vocab)
         printf("tokenizer: %u tokens, %u merges, bos %d, eos %d\n", ds4_vocab_size(e->vocab),
                ds4_vocab_n_merges(e->vocab), e->bos, e->eos);
-    else
-        printf("tokenizer: none (the file runs token ids only)\n");
+    else printf("tokenizer: none (the file runs token ids only)\n");
     if (g->header_only) printf("data: none (a header-only file: shapes and memory only)\n");
     uint64_t w = ds4_weights_bytes(e->w), kv = ds4_engine_kv_bytes(e, o->ctx);
-    printf("memory: weights %s + KV state for %u tokens %s = %s\n", ds4_fmt_bytes(w, a), o->ctx,
-           ds4_fmt_bytes(kv, b), ds4_fmt_bytes(w + kv, c));
+    printf("memory: weights %s + KV state for %u tokens %s = %s\n", ds4_fmt_bytes(w, a), o->ctx, ds4_fmt_bytes(kv, b),
+           ds4_fmt_bytes(w + kv, c));
     printf("weights_bytes: %llu\n", (unsigned long long)w);
     printf("kv_bytes: %llu\n", (unsigned long long)kv);
     return 0;

@@ -104,7 +104,8 @@ static int dump_run(convo *c, const cli_opts *o, const ds4_tokens *prompt, bool 
     if (rc == 0 && !(d.f = fopen(o->logprobs_out, "w")))
         rc = ds4_err_set(err, DS4_EIO, "cannot write %s", o->logprobs_out);
     if (rc == 0) {
-        fprintf(d.f, "{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":%zu,\n  \"ctx\":%u,\n  \"top_k\":%u,\n  \"steps\":[\n",
+        fprintf(d.f,
+                "{\n  \"source\":\"ds4\",\n  \"prompt_tokens\":%zu,\n  \"ctx\":%u,\n  \"top_k\":%u,\n  \"steps\":[\n",
                 prompt->n, o->ctx, d.k);
         ds4_gen_opts go = {.max_tokens = o->n_tokens, .cancel = &cli_interrupted};
         rc = ds4_generate(c->s, NULL, &go, on_token, &d, &st.gen, err);

@@ -17,10 +17,11 @@
 static const char USAGE[] = "[options]              interactive chat (no prompt given)\n"
                             "-p TEXT [options]      one-shot: answer TEXT and exit";
 
-static const char NOTES[] = DS4_CLI_ENV_NOTES "\n"
-                            "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /steer [F [A]] /quit\n"
-                            "exit status: 0 done, 1 an error, 2 a usage error or another model process running,\n"
-                            "130 stopped by Ctrl+C";
+static const char NOTES[] = DS4_CLI_ENV_NOTES
+    "\n"
+    "interactive commands: /help /think /think-max /nothink /ctx N /read FILE /steer [F [A]] /quit\n"
+    "exit status: 0 done, 1 an error, 2 a usage error or another model process running,\n"
+    "130 stopped by Ctrl+C";
 
 /* ds4's options this program refuses, with the reason. */
 static const char *refused(const char *name) {
@@ -86,7 +87,8 @@ static int finish(const ds4_cli *cli, cli_opts *o) {
                              o->mode == CLI_INSPECT   ? "--inspect"
                              : o->mode == CLI_IMATRIX ? "--imatrix-out"
                                                       : "--perplexity-file");
-    if (o->mode == CLI_IMATRIX && !o->imatrix_dataset) return ds4_cli_usage(cli, "--imatrix-out: needs --imatrix-dataset FILE");
+    if (o->mode == CLI_IMATRIX && !o->imatrix_dataset)
+        return ds4_cli_usage(cli, "--imatrix-out: needs --imatrix-dataset FILE");
     if (o->mode != CLI_IMATRIX && (o->imatrix_dataset || o->imatrix_max_prompts || o->imatrix_max_tokens ||
                                    o->imatrix_save_every || o->imatrix_resume))
         return ds4_cli_usage(cli, "%s: needs --imatrix-out FILE",
@@ -169,10 +171,14 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_IMATRIX_RESUME(&o->imatrix_save_every, &o->imatrix_resume),
         {0},
     };
-    ds4_cli cli = {.prog = "ds4", .usage = USAGE,
+    ds4_cli cli = {.prog = "ds4",
+                   .usage = USAGE,
                    .about = "Chat with DeepSeek V4 Flash from the command line, or run one of the diagnostics "
                             "that compare\nengines and model files.",
-                   .opts = table, .notes = NOTES, .stray = "(the prompt goes after -p)", .refused = refused};
+                   .opts = table,
+                   .notes = NOTES,
+                   .stray = "(the prompt goes after -p)",
+                   .refused = refused};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status == 0 ? 1 : 2;
     return finish(&cli, o);

@@ -29,7 +29,7 @@
 #include "text/tokenizer.h"
 
 #define PPL_CONTEXT 32
-#define PPL_BATCH 256 /* positions per batched prefill (bounds the logits buffer) */
+#define PPL_BATCH   256 /* positions per batched prefill (bounds the logits buffer) */
 
 /* The text's tokens. */
 static int text_tokens(ds4_engine *e, const char *path, ds4_tokens *out, ds4_err *err) {
@@ -83,13 +83,14 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     if (n > o->n_tokens) n = o->n_tokens;
     uint64_t fits = o->ctx > PPL_CONTEXT ? o->ctx - PPL_CONTEXT : 0;
     if (fits == 0) {
-        ds4_err_set(&err, DS4_EINVAL, "a context of %u tokens leaves nothing to score after %d context tokens",
-                    o->ctx, PPL_CONTEXT);
+        ds4_err_set(&err, DS4_EINVAL, "a context of %u tokens leaves nothing to score after %d context tokens", o->ctx,
+                    PPL_CONTEXT);
         goto out;
     }
     if (n > fits) {
-        fprintf(stderr, "ds4: --perplexity-file: the text has %zu tokens; a context of %u tokens scores the first "
-                        "%llu after the %d context tokens, not the other %llu (a larger context: -c N)\n",
+        fprintf(stderr,
+                "ds4: --perplexity-file: the text has %zu tokens; a context of %u tokens scores the first "
+                "%llu after the %d context tokens, not the other %llu (a larger context: -c N)\n",
                 tk.n, o->ctx, (unsigned long long)fits, PPL_CONTEXT, (unsigned long long)(n - fits));
         n = fits;
     }
@@ -102,12 +103,13 @@ int run_perplexity(ds4_engine *e, const cli_opts *o) {
     if (rc != 0) goto out;
     double secs = ds4_now() - t0;
     uint32_t fed = ds4_session_n_tokens(s);
-    printf("tokens=%zu scored=%llu nll=%.9f avg_nll=%.9f ppl=%.9f\n", tk.n, (unsigned long long)n, nll,
-           nll / (double)n, exp(nll / (double)n));
+    printf("tokens=%zu scored=%llu nll=%.9f avg_nll=%.9f ppl=%.9f\n", tk.n, (unsigned long long)n, nll, nll / (double)n,
+           exp(nll / (double)n));
     fprintf(stderr, "ds4: %u token%s in %.2f s (%.2f t/s)\n", fed, ds4_plural(fed), secs, secs > 0 ? fed / secs : 0.0);
     if (isnan(nll))
         fputs("ds4: warning: the log-likelihood is NaN: the model's logits held NaN (its weights hold NaN or Inf "
-              "values, or a kernel failed)\n", stderr);
+              "values, or a kernel failed)\n",
+              stderr);
     status = 0;
 out:
     if (status && err.code == DS4_EINTERRUPTED) status = cli_report_interrupt();

@@ -5,11 +5,15 @@
 
 #include <stdio.h>
 
-#define DIM "\033[90m"
+#define DIM   "\033[90m"
 #define RESET "\033[0m"
 
 void printer_start(printer *p, const ds4_engine *e, int32_t think_end, bool thinking, bool color) {
-    *p = (printer){.v = e->vocab, .eos = e->eos, .think_end = think_end, .color = color, .thinking = thinking,
+    *p = (printer){.v = e->vocab,
+                   .eos = e->eos,
+                   .think_end = think_end,
+                   .color = color,
+                   .thinking = thinking,
                    .at_line_start = true};
     ds4_detok_stream_init(&p->ds, e->vocab, false);
     if (p->thinking && p->color) fputs(DIM, stdout);

@@ -24,8 +24,8 @@ typedef struct printer {
     ds4_detok_stream ds;
     ds4_strbuf buf;
     int32_t eos, think_end;
-    bool color;        /* a terminal: colour the reasoning */
-    bool thinking;     /* inside the reasoning */
+    bool color;    /* a terminal: colour the reasoning */
+    bool thinking; /* inside the reasoning */
     bool at_line_start;
 } printer;
 

@@ -33,11 +33,11 @@
 /* ------------------------------------------------------------ input */
 
 typedef struct input {
-    EditLine *el;           /* NULL: not a terminal */
+    EditLine *el; /* NULL: not a terminal */
     History *hist;
     char *hist_path;
     const char *prompt;
-    char *line;             /* getline buffer (no terminal) */
+    char *line; /* getline buffer (no terminal) */
     size_t line_cap;
 } input;
 

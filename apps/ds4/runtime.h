@@ -51,8 +51,8 @@ void cli_print_memory(const ds4_engine *e, uint32_t ctx);
 
 /* Terminal facts, decided once. */
 typedef struct cli_term {
-    bool out_tty;   /* stdout: colours for thinking text */
-    bool err_tty;   /* stderr: prefill progress line */
+    bool out_tty; /* stdout: colours for thinking text */
+    bool err_tty; /* stderr: prefill progress line */
 } cli_term;
 cli_term cli_term_detect(void);
 

@@ -61,9 +61,7 @@ void ds4_err_clear(ds4_err *e) {
     e->msg[0] = '\0';
 }
 
-const char *ds4_err_msg(const ds4_err *e) {
-    return e ? e->msg : "";
-}
+const char *ds4_err_msg(const ds4_err *e) { return e ? e->msg : ""; }
 
 const char *ds4_errcode_name(ds4_errcode code) {
     switch (code) {

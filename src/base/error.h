@@ -38,12 +38,10 @@ typedef struct ds4_err {
 } ds4_err;
 
 /* Set code and message; returns -1 so callers can `return ds4_err_set(...)`. */
-int ds4_err_set(ds4_err *e, ds4_errcode code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+int ds4_err_set(ds4_err *e, ds4_errcode code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Prepend "context: " to the current message; returns -1. */
-int ds4_err_prefix(ds4_err *e, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+int ds4_err_prefix(ds4_err *e, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* "path: what: " before the message, without saying the path twice when
  * the message already starts with "path: " (errors of a file's reader

@@ -55,8 +55,8 @@ uint16_t ds4_f32_to_f16(float f) {
     uint32_t ax = x & 0x7fffffffu;
     if (ax > 0x7f800000u) return sign | 0x7e00 | (uint16_t)((ax >> 13) & 0x3ff);
     if (ax >= 0x477ff000u) return sign | 0x7c00; /* >= 65520 rounds to inf */
-    if (ax >= 0x38800000u) {                      /* normal f16 range */
-        uint32_t r = shift_right_rne(ax, 13);     /* carries into the exponent */
+    if (ax >= 0x38800000u) {                     /* normal f16 range */
+        uint32_t r = shift_right_rne(ax, 13);    /* carries into the exponent */
         return sign | (uint16_t)(r - (112u << 10));
     }
     if (ax <= 0x33000000u) return sign; /* <= 2^-25: ties to the even zero */
@@ -66,13 +66,9 @@ uint16_t ds4_f32_to_f16(float f) {
     return sign | (uint16_t)shift_right_rne(mant, (int)(126 - e));
 }
 
-float ds4_f16_round(float f) {
-    return ds4_f16_to_f32(ds4_f32_to_f16(f));
-}
+float ds4_f16_round(float f) { return ds4_f16_to_f32(ds4_f32_to_f16(f)); }
 
-float ds4_bf16_to_f32(uint16_t b) {
-    return f32_from_bits((uint32_t)b << 16);
-}
+float ds4_bf16_to_f32(uint16_t b) { return f32_from_bits((uint32_t)b << 16); }
 
 uint16_t ds4_f32_to_bf16(float f) {
     uint32_t x = f32_bits(f);
@@ -86,8 +82,7 @@ float ds4_fp8_e4m3_to_f32(uint8_t b) {
     uint32_t mant = b & 7;
     /* mant * 2^-9 for subnormals, (8 + mant) * 2^(exp-10) otherwise; both
      * products of a small integer and a power of two, hence exact. */
-    float mag = exp == 0 ? (float)mant * 0x1p-9f
-                         : (float)(8 + mant) * f32_from_bits((exp + 117) << 23);
+    float mag = exp == 0 ? (float)mant * 0x1p-9f : (float)(8 + mant) * f32_from_bits((exp + 117) << 23);
     return (b & 0x80) ? -mag : mag;
 }
 
@@ -95,10 +90,10 @@ uint8_t ds4_f32_to_fp8_e4m3(float f) {
     uint32_t x = f32_bits(f);
     uint8_t sign = (uint8_t)((x >> 24) & 0x80);
     uint32_t ax = x & 0x7fffffffu;
-    if (ax > 0x7f800000u) return 0x7f;           /* NaN: the NaN code */
-    if (ax >= 0x43e00000u) return sign | 0x7e;   /* >= 448: saturate */
-    if (ax >= 0x3c800000u) {                     /* >= 2^-6: normal */
-        uint32_t r = shift_right_rne(ax, 20);    /* exponent:3-bit mantissa */
+    if (ax > 0x7f800000u) return 0x7f;         /* NaN: the NaN code */
+    if (ax >= 0x43e00000u) return sign | 0x7e; /* >= 448: saturate */
+    if (ax >= 0x3c800000u) {                   /* >= 2^-6: normal */
+        uint32_t r = shift_right_rne(ax, 20);  /* exponent:3-bit mantissa */
         return sign | (uint8_t)(r - (120u << 3));
     }
     /* Subnormal range: code = round(|f| * 2^9), an integer 0..8 (8 is the

@@ -85,19 +85,21 @@ int ds4_instance_lock(ds4_err *err) {
     int fd = open_lock_file(path, &writable, err);
     if (fd < 0) return -1;
     int rc;
-    while ((rc = flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {
-    }
+    while ((rc = flock(fd, LOCK_EX | LOCK_NB)) != 0 && errno == EINTR) {}
     if (rc != 0) {
         int e = errno;
         long pid = e == EWOULDBLOCK ? holder_pid(fd) : 0;
         close(fd);
-        if (e != EWOULDBLOCK)
-            return ds4_err_set(err, DS4_EIO, "instance lock file %s: %s", path, strerror(e));
+        if (e != EWOULDBLOCK) return ds4_err_set(err, DS4_EIO, "instance lock file %s: %s", path, strerror(e));
         if (pid > 0)
-            return ds4_err_set(err, DS4_EBUSY, "another ds4 process is already running (pid %ld); refusing to start "
-                               "(lock file %s)", pid, path);
-        return ds4_err_set(err, DS4_EBUSY, "another ds4 process is already running (pid unknown); refusing to start "
-                           "(lock file %s)", path);
+            return ds4_err_set(err, DS4_EBUSY,
+                               "another ds4 process is already running (pid %ld); refusing to start "
+                               "(lock file %s)",
+                               pid, path);
+        return ds4_err_set(err, DS4_EBUSY,
+                           "another ds4 process is already running (pid unknown); refusing to start "
+                           "(lock file %s)",
+                           path);
     }
     if (writable && write_pid(fd, err) != 0) {
         close(fd);

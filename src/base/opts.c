@@ -12,7 +12,7 @@
 #include "base/numparse.h"
 #include "base/paths.h"
 
-#define HELP_COL 27   /* where help text starts */
+#define HELP_COL   27 /* where help text starts */
 #define HELP_WIDTH 96 /* where it wraps */
 
 static bool is_positional(const ds4_opt *r) {

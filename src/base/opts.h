@@ -70,51 +70,52 @@
 #include "base/error.h"
 
 typedef enum ds4_opt_kind {
-    DS4_OPT_KIND_END = 0,  /* the zero row that ends a table */
-    DS4_OPT_KIND_SECTION,  /* a heading in --help (names: its title) */
-    DS4_OPT_KIND_FLAG,     /* bool: true when given */
-    DS4_OPT_KIND_SET,      /* int: set to .set (several rows, one field: --think, --nothink) */
-    DS4_OPT_KIND_SETSTR,   /* const char *: set to .str (--cpu, --cuda) */
-    DS4_OPT_KIND_STR,      /* const char *: the argument itself */
-    DS4_OPT_KIND_CHOICE,   /* const char *: one of .choices ("a|b|c") */
-    DS4_OPT_KIND_INT,      /* int in [lo, hi] */
-    DS4_OPT_KIND_U32,      /* uint32_t in [lo, hi] */
-    DS4_OPT_KIND_U64,      /* uint64_t in [lo, hi] */
-    DS4_OPT_KIND_FLOAT,    /* float in [flo, fhi] */
-    DS4_OPT_KIND_CALL,     /* .fn(.ctx, value, err) each time it is given */
+    DS4_OPT_KIND_END = 0, /* the zero row that ends a table */
+    DS4_OPT_KIND_SECTION, /* a heading in --help (names: its title) */
+    DS4_OPT_KIND_FLAG,    /* bool: true when given */
+    DS4_OPT_KIND_SET,     /* int: set to .set (several rows, one field: --think, --nothink) */
+    DS4_OPT_KIND_SETSTR,  /* const char *: set to .str (--cpu, --cuda) */
+    DS4_OPT_KIND_STR,     /* const char *: the argument itself */
+    DS4_OPT_KIND_CHOICE,  /* const char *: one of .choices ("a|b|c") */
+    DS4_OPT_KIND_INT,     /* int in [lo, hi] */
+    DS4_OPT_KIND_U32,     /* uint32_t in [lo, hi] */
+    DS4_OPT_KIND_U64,     /* uint64_t in [lo, hi] */
+    DS4_OPT_KIND_FLOAT,   /* float in [flo, fhi] */
+    DS4_OPT_KIND_CALL,    /* .fn(.ctx, value, err) each time it is given */
 } ds4_opt_kind;
 
 /* Row flags. */
 #define DS4_OPT_REQUIRED 0x01u /* must be given */
-#define DS4_OPT_HIDDEN 0x02u   /* accepted, not listed by --help (test hooks) */
-#define DS4_OPT_CLAMP 0x04u    /* an integer above hi is taken as hi */
-#define DS4_OPT_DEFAULT 0x08u  /* SET, SETSTR: this row's value is the default */
-#define DS4_OPT_IN 0x10u       /* a file to read: must exist and be readable */
-#define DS4_OPT_OUT 0x20u      /* a file to write: its directory must exist and be writable */
-#define DS4_OPT_MANY 0x40u     /* positional CALL row: takes every remaining positional */
+#define DS4_OPT_HIDDEN   0x02u /* accepted, not listed by --help (test hooks) */
+#define DS4_OPT_CLAMP    0x04u /* an integer above hi is taken as hi */
+#define DS4_OPT_DEFAULT  0x08u /* SET, SETSTR: this row's value is the default */
+#define DS4_OPT_IN       0x10u /* a file to read: must exist and be readable */
+#define DS4_OPT_OUT      0x20u /* a file to write: its directory must exist and be writable */
+#define DS4_OPT_MANY     0x40u /* positional CALL row: takes every remaining positional */
 
 typedef struct ds4_opt {
     ds4_opt_kind kind;
-    const char *names;     /* "-c, --ctx"; "MODEL" for a positional */
-    const char *arg;       /* the value in --help ("N", "FILE"); NULL: takes none */
+    const char *names; /* "-c, --ctx"; "MODEL" for a positional */
+    const char *arg;   /* the value in --help ("N", "FILE"); NULL: takes none */
     void *dst;
     const char *help;
-    uint64_t lo, hi, def;  /* INT, U32, U64 */
-    double flo, fhi, fdef; /* FLOAT; fhi HUGE_VAL: no upper bound */
-    const char *str;       /* STR, CHOICE: the default; SETSTR: the value set */
-    const char *choices;   /* CHOICE: the accepted values, '|' between them */
-    int set;               /* SET: the value set */
+    uint64_t lo, hi, def;                                  /* INT, U32, U64 */
+    double flo, fhi, fdef;                                 /* FLOAT; fhi HUGE_VAL: no upper bound */
+    const char *str;                                       /* STR, CHOICE: the default; SETSTR: the value set */
+    const char *choices;                                   /* CHOICE: the accepted values, '|' between them */
+    int set;                                               /* SET: the value set */
     int (*fn)(void *ctx, const char *value, ds4_err *err); /* CALL: -1 and a reason to refuse */
     void *ctx;
     /* Optional, after the row macro: */
-    const char *def_text;  /* the default in words, where it is computed or automatic */
-    bool *seen;            /* set to whether the option was given */
-    unsigned flags;        /* DS4_OPT_* above */
+    const char *def_text; /* the default in words, where it is computed or automatic */
+    bool *seen;           /* set to whether the option was given */
+    unsigned flags;       /* DS4_OPT_* above */
 } ds4_opt;
 
 /* Row macros: the fields of one row, to be written inside braces. */
-#define DS4_OPT_SECTION(title) .kind = DS4_OPT_KIND_SECTION, .names = (title)
+#define DS4_OPT_SECTION(title)            .kind = DS4_OPT_KIND_SECTION, .names = (title)
 #define DS4_OPT_FLAG(names_, dst_, help_) .kind = DS4_OPT_KIND_FLAG, .names = (names_), .dst = (dst_), .help = (help_)
+/* clang-format off */
 #define DS4_OPT_SET(names_, dst_, value, help_) \
     .kind = DS4_OPT_KIND_SET, .names = (names_), .dst = (dst_), .set = (value), .help = (help_)
 #define DS4_OPT_SETSTR(names_, dst_, value, help_) \
@@ -138,15 +139,16 @@ typedef struct ds4_opt {
     .fdef = (def_), .help = (help_)
 #define DS4_OPT_CALL(names_, arg_, fn_, ctx_, help_) \
     .kind = DS4_OPT_KIND_CALL, .names = (names_), .arg = (arg_), .fn = (fn_), .ctx = (ctx_), .help = (help_)
+/* clang-format on */
 
 /* A program's command line. */
 typedef struct ds4_cli {
-    const char *prog;   /* "ds4-bench" */
-    const char *usage;  /* synopsis after the program name; '\n' between alternatives */
-    const char *about;  /* what the program does (pre-wrapped text) */
-    ds4_opt *opts;      /* the table, ended by a zero row */
-    const char *notes;  /* after the options: environment, exit status (pre-wrapped) */
-    const char *stray;  /* added to "unexpected argument" (a hint), or NULL */
+    const char *prog;  /* "ds4-bench" */
+    const char *usage; /* synopsis after the program name; '\n' between alternatives */
+    const char *about; /* what the program does (pre-wrapped text) */
+    ds4_opt *opts;     /* the table, ended by a zero row */
+    const char *notes; /* after the options: environment, exit status (pre-wrapped) */
+    const char *stray; /* added to "unexpected argument" (a hint), or NULL */
     /* Why a spelling this program does not have is refused (options of
      * the original ds4 not implemented here), or NULL: "unknown option". */
     const char *(*refused)(const char *name);

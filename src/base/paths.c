@@ -31,7 +31,8 @@ int ds4_path_check_writable(const char *path, ds4_err *err) {
     if (!copy) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     const char *dir = dirname(copy); /* "." for a bare name */
     int rc = 0;
-    if (stat(dir, &st) != 0) rc = ds4_err_set(err, DS4_EIO, "cannot write %s: directory %s: %s", path, dir, strerror(errno));
+    if (stat(dir, &st) != 0)
+        rc = ds4_err_set(err, DS4_EIO, "cannot write %s: directory %s: %s", path, dir, strerror(errno));
     else if (!S_ISDIR(st.st_mode)) rc = ds4_err_set(err, DS4_EIO, "cannot write %s: %s is not a directory", path, dir);
     else if (access(dir, W_OK | X_OK) != 0)
         rc = ds4_err_set(err, DS4_EIO, "cannot write %s: directory %s: %s", path, dir, strerror(errno));

@@ -15,13 +15,13 @@
 #include <unistd.h>
 
 struct ds4_pool {
-    int nthreads;             /* including the calling thread */
-    pthread_t *workers;       /* nthreads - 1 */
+    int nthreads;       /* including the calling thread */
+    pthread_t *workers; /* nthreads - 1 */
     pthread_mutex_t mu;
-    pthread_cond_t wake;      /* a new job or shutdown */
-    pthread_cond_t done;      /* a worker finished its part */
-    uint64_t generation;      /* incremented per job */
-    int finished;             /* workers done with the current generation */
+    pthread_cond_t wake; /* a new job or shutdown */
+    pthread_cond_t done; /* a worker finished its part */
+    uint64_t generation; /* incremented per job */
+    int finished;        /* workers done with the current generation */
     int shutdown;
 
     /* The current job. */
@@ -138,9 +138,7 @@ void ds4_pool_free(ds4_pool *p) {
     free(p);
 }
 
-int ds4_pool_size(const ds4_pool *p) {
-    return p ? p->nthreads : 1;
-}
+int ds4_pool_size(const ds4_pool *p) { return p ? p->nthreads : 1; }
 
 void ds4_pool_run(ds4_pool *p, int64_t n, int64_t grain, ds4_task_fn fn, void *ctx) {
     if (n <= 0) return;

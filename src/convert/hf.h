@@ -71,18 +71,18 @@ int ds4_hf_config_load(const char *path, ds4_hf_config *out, ds4_err *err);
 /* ------------------------------------------------------------ decoding */
 
 typedef enum ds4_hf_enc {
-    DS4_HF_ENC_FLOAT,  /* F32, F16 or BF16 values as they are */
-    DS4_HF_ENC_FP8,    /* F8_E4M3 + E8M0 scale per block_out x block_in */
-    DS4_HF_ENC_FP4,    /* packed E2M1 + E8M0 scale per 32 inputs */
-    DS4_HF_ENC_INT,    /* I64 or I32 integers (tid2eid) */
+    DS4_HF_ENC_FLOAT, /* F32, F16 or BF16 values as they are */
+    DS4_HF_ENC_FP8,   /* F8_E4M3 + E8M0 scale per block_out x block_in */
+    DS4_HF_ENC_FP4,   /* packed E2M1 + E8M0 scale per 32 inputs */
+    DS4_HF_ENC_INT,   /* I64 or I32 integers (tid2eid) */
 } ds4_hf_enc;
 
 /* One matrix (or vector) of the checkpoint, resolved and checked. */
 typedef struct ds4_hf_source {
     ds4_hf_enc enc;
     const ds4_st_tensor *w;
-    const ds4_st_tensor *scale;  /* FP8/FP4 only */
-    int64_t rows, cols;          /* logical [rows, cols] */
+    const ds4_st_tensor *scale; /* FP8/FP4 only */
+    int64_t rows, cols;         /* logical [rows, cols] */
     uint32_t block_out, block_in;
 } ds4_hf_source;
 
@@ -90,8 +90,8 @@ typedef struct ds4_hf_source {
  * experts), choose the decoding from the dtypes and check every shape
  * against the layout: a missing tensor or scale, a dtype that fits no
  * encoding and a shape mismatch are errors naming the HF and GGUF tensors. */
-int ds4_hf_resolve(ds4_st_ckpt *ck, const ds4_hf_config *hc, const ds4_tensor_spec *t, int expert,
-                   ds4_hf_source *src, ds4_err *err);
+int ds4_hf_resolve(ds4_st_ckpt *ck, const ds4_hf_config *hc, const ds4_tensor_spec *t, int expert, ds4_hf_source *src,
+                   ds4_err *err);
 
 /* Decode rows [row0, row0 + nrows) to f32 (cols values per row).  Values
  * that decode to inf or NaN are an error naming the tensor and position. */

@@ -58,20 +58,22 @@ static int read_ratios(ctx *c, ds4_config *cfg) {
     const json_t *a = need(c, c->root, "compress_ratios");
     if (!a) return -1;
     /* One per layer, then (in the releases) the MTP layer's 0. */
-    if (!json_is_array(a) || (json_array_size(a) != cfg->n_layer &&
-                              !(json_array_size(a) == cfg->n_layer + 1 && json_is_integer(json_array_get(a, cfg->n_layer)) &&
-                                json_integer_value(json_array_get(a, cfg->n_layer)) == 0)))
+    if (!json_is_array(a) ||
+        (json_array_size(a) != cfg->n_layer &&
+         !(json_array_size(a) == cfg->n_layer + 1 && json_is_integer(json_array_get(a, cfg->n_layer)) &&
+           json_integer_value(json_array_get(a, cfg->n_layer)) == 0)))
         return ds4_err_set(c->err, DS4_EFORMAT,
                            "%s: \"compress_ratios\" must be an array of %u integers (num_hidden_layers), or %u ending "
-                           "in the MTP layer's 0", c->path, cfg->n_layer, cfg->n_layer + 1);
+                           "in the MTP layer's 0",
+                           c->path, cfg->n_layer, cfg->n_layer + 1);
     for (uint32_t il = 0; il < cfg->n_layer; il++) {
         const json_t *v = json_array_get(a, il);
         if (!json_is_integer(v))
             return ds4_err_set(c->err, DS4_EFORMAT, "%s: compress_ratios[%u] is not an integer", c->path, il);
         json_int_t r = json_integer_value(v);
         if (r != 0 && r != 4 && r != 128)
-            return ds4_err_set(c->err, DS4_EUNSUPPORTED, "%s: compress_ratios[%u] = %lld: only 0, 4 and 128",
-                               c->path, il, (long long)r);
+            return ds4_err_set(c->err, DS4_EUNSUPPORTED, "%s: compress_ratios[%u] = %lld: only 0, 4 and 128", c->path,
+                               il, (long long)r);
         cfg->compress_ratio[il] = (uint32_t)r;
     }
     return 0;
@@ -93,8 +95,7 @@ static int read_block_size(ctx *c, ds4_hf_config *out) {
         !json_is_integer(json_array_get(b, 1)) || json_integer_value(json_array_get(b, 0)) <= 0 ||
         json_integer_value(json_array_get(b, 1)) <= 0 || json_integer_value(json_array_get(b, 0)) > 65536 ||
         json_integer_value(json_array_get(b, 1)) > 65536)
-        return ds4_err_set(c->err, DS4_EFORMAT, "%s: quantization_config.weight_block_size must be [out, in]",
-                           c->path);
+        return ds4_err_set(c->err, DS4_EFORMAT, "%s: quantization_config.weight_block_size must be [out, in]", c->path);
     out->fp8_block_out = (uint32_t)json_integer_value(json_array_get(b, 0));
     out->fp8_block_in = (uint32_t)json_integer_value(json_array_get(b, 1));
     return 0;
@@ -103,22 +104,43 @@ static int read_block_size(ctx *c, ds4_hf_config *out) {
 static int read_all(ctx *c, ds4_hf_config *out) {
     ds4_config *cfg = &out->cfg;
     const json_t *r = c->root;
-    struct { const char *key; uint32_t *dst; } u32s[] = {
-        {"num_hidden_layers", &cfg->n_layer}, {"hidden_size", &cfg->n_embd}, {"vocab_size", &cfg->n_vocab},
-        {"num_attention_heads", &cfg->n_head}, {"num_key_value_heads", &cfg->n_head_kv},
-        {"head_dim", &cfg->head_dim}, {"qk_rope_head_dim", &cfg->rope_dim}, {"q_lora_rank", &cfg->q_lora_rank},
-        {"o_lora_rank", &cfg->o_lora_rank}, {"o_groups", &cfg->o_groups}, {"n_routed_experts", &cfg->n_expert},
-        {"num_experts_per_tok", &cfg->n_expert_used}, {"n_shared_experts", &cfg->n_expert_shared},
-        {"moe_intermediate_size", &cfg->n_ff_exp}, {"num_hash_layers", &cfg->n_hash_layer},
-        {"sliding_window", &cfg->sliding_window}, {"index_n_heads", &cfg->idx_n_head},
-        {"index_head_dim", &cfg->idx_head_dim}, {"index_topk", &cfg->idx_top_k}, {"hc_mult", &cfg->n_hc},
+    struct {
+        const char *key;
+        uint32_t *dst;
+    } u32s[] = {
+        {"num_hidden_layers", &cfg->n_layer},
+        {"hidden_size", &cfg->n_embd},
+        {"vocab_size", &cfg->n_vocab},
+        {"num_attention_heads", &cfg->n_head},
+        {"num_key_value_heads", &cfg->n_head_kv},
+        {"head_dim", &cfg->head_dim},
+        {"qk_rope_head_dim", &cfg->rope_dim},
+        {"q_lora_rank", &cfg->q_lora_rank},
+        {"o_lora_rank", &cfg->o_lora_rank},
+        {"o_groups", &cfg->o_groups},
+        {"n_routed_experts", &cfg->n_expert},
+        {"num_experts_per_tok", &cfg->n_expert_used},
+        {"n_shared_experts", &cfg->n_expert_shared},
+        {"moe_intermediate_size", &cfg->n_ff_exp},
+        {"num_hash_layers", &cfg->n_hash_layer},
+        {"sliding_window", &cfg->sliding_window},
+        {"index_n_heads", &cfg->idx_n_head},
+        {"index_head_dim", &cfg->idx_head_dim},
+        {"index_topk", &cfg->idx_top_k},
+        {"hc_mult", &cfg->n_hc},
         {"hc_sinkhorn_iters", &cfg->hc_sinkhorn_iters},
     };
     for (size_t i = 0; i < sizeof(u32s) / sizeof(u32s[0]); i++)
         if (get_u32(c, r, u32s[i].key, u32s[i].dst) != 0) return -1;
-    struct { const char *key; float *dst; } f32s[] = {
-        {"hc_eps", &cfg->hc_eps}, {"rms_norm_eps", &cfg->rms_eps}, {"rope_theta", &cfg->rope_base},
-        {"compress_rope_theta", &cfg->compress_rope_base}, {"routed_scaling_factor", &cfg->expert_weights_scale},
+    struct {
+        const char *key;
+        float *dst;
+    } f32s[] = {
+        {"hc_eps", &cfg->hc_eps},
+        {"rms_norm_eps", &cfg->rms_eps},
+        {"rope_theta", &cfg->rope_base},
+        {"compress_rope_theta", &cfg->compress_rope_base},
+        {"routed_scaling_factor", &cfg->expert_weights_scale},
     };
     for (size_t i = 0; i < sizeof(f32s) / sizeof(f32s[0]); i++)
         if (get_f32(c, r, f32s[i].key, f32s[i].dst) != 0) return -1;
@@ -134,7 +156,8 @@ static int read_all(ctx *c, ds4_hf_config *out) {
 
     const json_t *norm = need(c, r, "norm_topk_prob");
     if (!norm) return -1;
-    if (!json_is_boolean(norm)) return ds4_err_set(c->err, DS4_EFORMAT, "%s: \"norm_topk_prob\" must be a boolean", c->path);
+    if (!json_is_boolean(norm))
+        return ds4_err_set(c->err, DS4_EFORMAT, "%s: \"norm_topk_prob\" must be a boolean", c->path);
     cfg->expert_weights_norm = json_is_true(norm);
     uint32_t ctx_len = 0;
     if (json_object_get(r, "max_position_embeddings") && get_u32(c, r, "max_position_embeddings", &ctx_len) != 0)
@@ -145,8 +168,8 @@ static int read_all(ctx *c, ds4_hf_config *out) {
     if (sf && (!json_is_string(sf) || strcmp(json_string_value(sf), "sqrtsoftplus") != 0))
         return ds4_err_set(c->err, DS4_EUNSUPPORTED, "%s: scoring_func must be \"sqrtsoftplus\"", c->path);
     if (cfg->n_layer == 0 || cfg->n_layer > DS4_MAX_LAYERS)
-        return ds4_err_set(c->err, DS4_EUNSUPPORTED, "%s: num_hidden_layers %u is not in 1..%d", c->path,
-                           cfg->n_layer, DS4_MAX_LAYERS);
+        return ds4_err_set(c->err, DS4_EUNSUPPORTED, "%s: num_hidden_layers %u is not in 1..%d", c->path, cfg->n_layer,
+                           DS4_MAX_LAYERS);
     float clamp;
     if (get_f32(c, r, "swiglu_limit", &clamp) != 0) return -1;
     for (uint32_t il = 0; il < cfg->n_layer; il++) cfg->swiglu_clamp[il] = clamp;
@@ -161,8 +184,7 @@ int ds4_hf_config_load(const char *path, ds4_hf_config *out, ds4_err *err) {
     json_t *root = json_load_file(path, 0, &jerr);
     if (!root) return ds4_err_set(err, DS4_EFORMAT, "%s: line %d: %s", path, jerr.line, jerr.text);
     ctx c = {.path = path, .root = root, .err = err};
-    int rc = json_is_object(root) ? read_all(&c, out)
-                                  : ds4_err_set(err, DS4_EFORMAT, "%s: not a JSON object", path);
+    int rc = json_is_object(root) ? read_all(&c, out) : ds4_err_set(err, DS4_EFORMAT, "%s: not a JSON object", path);
     json_decref(root);
     return rc;
 }

@@ -89,17 +89,17 @@ static int choose_encoding(ds4_st_ckpt *ck, const ds4_hf_config *hc, const ds4_t
         if (check_shape(w, t->name, 2, packed, err) != 0) return -1;
         return resolve_scale(ck, src, t->name, rows, cols / 32, err);
     }
-    default:
-        break;
+    default: break;
     }
     return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: dtype %s cannot hold %s (%s)", w->file, w->name,
                        ds4_st_dtype_name(w->dtype), t->name,
-                       hash ? "expected I64 or I32" : is_routed(t->cls) ? "expected I8 FP4 or a float type"
-                                                                          : "expected F8_E4M3 or a float type");
+                       hash                ? "expected I64 or I32"
+                       : is_routed(t->cls) ? "expected I8 FP4 or a float type"
+                                           : "expected F8_E4M3 or a float type");
 }
 
-int ds4_hf_resolve(ds4_st_ckpt *ck, const ds4_hf_config *hc, const ds4_tensor_spec *t, int expert,
-                   ds4_hf_source *src, ds4_err *err) {
+int ds4_hf_resolve(ds4_st_ckpt *ck, const ds4_hf_config *hc, const ds4_tensor_spec *t, int expert, ds4_hf_source *src,
+                   ds4_err *err) {
     pthread_once(&lut_once, build_luts);
     memset(src, 0, sizeof(*src));
     char name[160];
@@ -144,7 +144,7 @@ static void fp4_row(const ds4_hf_source *s, int64_t r, float *out) {
         float d = e8m0_lut[sc[b]];
         for (int j = 0; j < 16; j++) {
             uint8_t q = w[b * 16 + j];
-            out[b * 32 + 2 * j] = fp4_lut[q & 15] * d;      /* low nibble first */
+            out[b * 32 + 2 * j] = fp4_lut[q & 15] * d; /* low nibble first */
             out[b * 32 + 2 * j + 1] = fp4_lut[q >> 4] * d;
         }
     }
@@ -161,13 +161,11 @@ int ds4_hf_decode_rows(const ds4_hf_source *src, int64_t row0, int64_t nrows, fl
         case DS4_HF_ENC_FLOAT: float_row(src->w, r, src->cols, o); break;
         case DS4_HF_ENC_FP8: fp8_row(src, r, o); break;
         case DS4_HF_ENC_FP4: fp4_row(src, r, o); break;
-        case DS4_HF_ENC_INT:
-            return ds4_err_set(err, DS4_EINVAL, "%s: integer tensor decoded as floats", src->w->name);
+        case DS4_HF_ENC_INT: return ds4_err_set(err, DS4_EINVAL, "%s: integer tensor decoded as floats", src->w->name);
         }
         for (int64_t c = 0; c < src->cols; c++)
             if (!isfinite(o[c]))
-                return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: row %" PRId64 ", column %" PRId64
-                                   " decodes to %g",
+                return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: row %" PRId64 ", column %" PRId64 " decodes to %g",
                                    src->w->file, src->w->name, r, c, o[c]);
     }
     return 0;
@@ -184,7 +182,8 @@ int ds4_hf_decode_i32(const ds4_hf_source *src, int64_t limit, int32_t *out, ds4
         for (size_t b = 0; b < es; b++) u |= (uint64_t)p[b] << (8 * b);
         int64_t v = es == 8 ? (int64_t)u : (int64_t)(int32_t)(uint32_t)u;
         if (v < INT32_MIN || v > INT32_MAX || (limit > 0 && (v < 0 || v >= limit)))
-            return ds4_err_set(err, DS4_ERANGE, "%s: tensor %s: element %" PRIu64 " = %" PRId64 " is outside [0, %" PRId64 ")",
+            return ds4_err_set(err, DS4_ERANGE,
+                               "%s: tensor %s: element %" PRIu64 " = %" PRId64 " is outside [0, %" PRId64 ")",
                                src->w->file, src->w->name, i, v, limit > 0 ? limit : (int64_t)INT32_MAX);
         out[i] = (int32_t)v;
     }

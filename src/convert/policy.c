@@ -32,7 +32,7 @@ static void squash(const char *s, char *out, size_t len) {
     out[n] = '\0';
 }
 
-static const uint32_t writable[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+static const uint32_t writable[] = {DS4_TYPE_F32,  DS4_TYPE_F16,  DS4_TYPE_BF16,   DS4_TYPE_Q8_0,
                                     DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
 
 bool ds4_policy_writable(uint32_t type) {

@@ -24,23 +24,17 @@ static const struct {
     const char *name;
     size_t size;
 } dtypes[DS4_ST_DTYPE_COUNT] = {
-    [DS4_ST_BOOL] = {"BOOL", 1},    [DS4_ST_U8] = {"U8", 1},
-    [DS4_ST_I8] = {"I8", 1},        [DS4_ST_F8_E4M3] = {"F8_E4M3", 1},
-    [DS4_ST_F8_E5M2] = {"F8_E5M2", 1}, [DS4_ST_F8_E8M0] = {"F8_E8M0", 1},
-    [DS4_ST_U16] = {"U16", 2},      [DS4_ST_I16] = {"I16", 2},
-    [DS4_ST_F16] = {"F16", 2},      [DS4_ST_BF16] = {"BF16", 2},
-    [DS4_ST_U32] = {"U32", 4},      [DS4_ST_I32] = {"I32", 4},
-    [DS4_ST_F32] = {"F32", 4},      [DS4_ST_U64] = {"U64", 8},
-    [DS4_ST_I64] = {"I64", 8},      [DS4_ST_F64] = {"F64", 8},
+    [DS4_ST_BOOL] = {"BOOL", 1},       [DS4_ST_U8] = {"U8", 1},           [DS4_ST_I8] = {"I8", 1},
+    [DS4_ST_F8_E4M3] = {"F8_E4M3", 1}, [DS4_ST_F8_E5M2] = {"F8_E5M2", 1}, [DS4_ST_F8_E8M0] = {"F8_E8M0", 1},
+    [DS4_ST_U16] = {"U16", 2},         [DS4_ST_I16] = {"I16", 2},         [DS4_ST_F16] = {"F16", 2},
+    [DS4_ST_BF16] = {"BF16", 2},       [DS4_ST_U32] = {"U32", 4},         [DS4_ST_I32] = {"I32", 4},
+    [DS4_ST_F32] = {"F32", 4},         [DS4_ST_U64] = {"U64", 8},         [DS4_ST_I64] = {"I64", 8},
+    [DS4_ST_F64] = {"F64", 8},
 };
 
-const char *ds4_st_dtype_name(ds4_st_dtype t) {
-    return (unsigned)t < DS4_ST_DTYPE_COUNT ? dtypes[t].name : "?";
-}
+const char *ds4_st_dtype_name(ds4_st_dtype t) { return (unsigned)t < DS4_ST_DTYPE_COUNT ? dtypes[t].name : "?"; }
 
-size_t ds4_st_dtype_size(ds4_st_dtype t) {
-    return (unsigned)t < DS4_ST_DTYPE_COUNT ? dtypes[t].size : 0;
-}
+size_t ds4_st_dtype_size(ds4_st_dtype t) { return (unsigned)t < DS4_ST_DTYPE_COUNT ? dtypes[t].size : 0; }
 
 int ds4_st_dtype_parse(const char *s, ds4_st_dtype *out) {
     for (int i = 0; i < DS4_ST_DTYPE_COUNT; i++) {
@@ -93,20 +87,19 @@ static int json_u64(const json_t *v, uint64_t *out) {
     return 0;
 }
 
-static int parse_shape(ds4_st_file *f, const char *name, const json_t *shape, ds4_st_tensor *t,
-                       ds4_err *err) {
+static int parse_shape(ds4_st_file *f, const char *name, const json_t *shape, ds4_st_tensor *t, ds4_err *err) {
     if (!json_is_array(shape))
         return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: \"shape\" is not an array", f->path, name);
     size_t nd = json_array_size(shape);
     if (nd > DS4_ST_MAX_DIMS)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "%s: tensor %s: %zu dims, at most %d are supported", f->path,
-                           name, nd, DS4_ST_MAX_DIMS);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "%s: tensor %s: %zu dims, at most %d are supported", f->path, name,
+                           nd, DS4_ST_MAX_DIMS);
     t->ndim = (uint32_t)nd;
     t->nelements = 1;
     for (size_t i = 0; i < nd; i++) {
         if (json_u64(json_array_get(shape, i), &t->shape[i]) != 0)
-            return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: shape[%zu] is not a non-negative integer",
-                               f->path, name, i);
+            return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: shape[%zu] is not a non-negative integer", f->path,
+                               name, i);
         if (t->shape[i] != 0 && t->nelements > UINT64_MAX / t->shape[i])
             return ds4_err_set(err, DS4_ERANGE, "%s: tensor %s: element count overflows 64 bits", f->path, name);
         t->nelements *= t->shape[i];
@@ -114,13 +107,12 @@ static int parse_shape(ds4_st_file *f, const char *name, const json_t *shape, ds
     return 0;
 }
 
-static int parse_offsets(ds4_st_file *f, const char *name, const json_t *offs, ds4_st_tensor *t,
-                         ds4_err *err) {
+static int parse_offsets(ds4_st_file *f, const char *name, const json_t *offs, ds4_st_tensor *t, ds4_err *err) {
     uint64_t begin, end;
     if (!json_is_array(offs) || json_array_size(offs) != 2 || json_u64(json_array_get(offs, 0), &begin) != 0 ||
         json_u64(json_array_get(offs, 1), &end) != 0)
-        return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: \"data_offsets\" must be [begin, end] integers",
-                           f->path, name);
+        return ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s: \"data_offsets\" must be [begin, end] integers", f->path,
+                           name);
     uint64_t data_size = f->size - f->data_offset;
     if (begin > end || end > data_size)
         return ds4_err_set(err, DS4_ERANGE,
@@ -175,8 +167,8 @@ static int check_no_overlap(ds4_st_file *f, ds4_err *err) {
     for (size_t i = 1; i < f->n_tensors; i++) {
         const ds4_st_tensor *a = order[i - 1], *b = order[i];
         if (a->offset + a->nbytes > b->offset) {
-            rc = ds4_err_set(err, DS4_EFORMAT, "%s: tensors %s and %s overlap in the data section", f->path,
-                             a->name, b->name);
+            rc = ds4_err_set(err, DS4_EFORMAT, "%s: tensors %s and %s overlap in the data section", f->path, a->name,
+                             b->name);
             break;
         }
     }
@@ -214,14 +206,12 @@ static int parse_header(ds4_st_file *f, ds4_err *err) {
                            "%s: header length %" PRIu64 " runs past the end of the %" PRIu64 "-byte file (truncated?)",
                            f->path, hlen, f->size);
     f->data_offset = 8 + hlen;
-    if (f->base[8] != '{')
-        return ds4_err_set(err, DS4_EFORMAT, "%s: header does not start with '{'", f->path);
+    if (f->base[8] != '{') return ds4_err_set(err, DS4_EFORMAT, "%s: header does not start with '{'", f->path);
 
     json_error_t jerr;
     json_t *root = json_loadb((const char *)f->base + 8, (size_t)hlen, JSON_REJECT_DUPLICATES, &jerr);
     if (!root)
-        return ds4_err_set(err, DS4_EFORMAT, "%s: header JSON, byte %d: %s", f->path, jerr.position + 8,
-                           jerr.text);
+        return ds4_err_set(err, DS4_EFORMAT, "%s: header JSON, byte %d: %s", f->path, jerr.position + 8, jerr.text);
     int rc = 0;
     if (!json_is_object(root)) {
         rc = ds4_err_set(err, DS4_EFORMAT, "%s: header is not a JSON object", f->path);
@@ -312,8 +302,8 @@ const ds4_st_tensor *ds4_st_find(const ds4_st_file *f, const char *name) {
     return ds4_name_index_get(f->index, name, &i) ? &f->tensors[i] : NULL;
 }
 
-int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *want, size_t nwant, uint32_t ndim,
-                  const uint64_t *shape, ds4_err *err) {
+int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *want, size_t nwant, uint32_t ndim, const uint64_t *shape,
+                  ds4_err *err) {
     bool ok = nwant == 0;
     for (size_t i = 0; i < nwant; i++) ok |= t->dtype == want[i];
     if (!ok) {
@@ -340,14 +330,14 @@ int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *want, size_t nwant
 /* ---------------------------------------------------------- checkpoints */
 
 typedef struct shard {
-    char *file;       /* as written in the index */
-    char *path;       /* dir/file */
-    ds4_st_file *st;  /* NULL until first use */
+    char *file;      /* as written in the index */
+    char *path;      /* dir/file */
+    ds4_st_file *st; /* NULL until first use */
 } shard;
 
 struct ds4_st_ckpt {
     char *dir;
-    size_t n;          /* tensors in the weight map */
+    size_t n; /* tensors in the weight map */
     char **names;
     size_t *shard_of;
     ds4_name_index names_ix;
@@ -440,8 +430,7 @@ static int alloc_weights(ds4_st_ckpt *c, size_t n, ds4_err *err) {
 static int load_index(ds4_st_ckpt *c, const char *index_path, ds4_err *err) {
     json_error_t jerr;
     json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return ds4_err_set(err, DS4_EFORMAT, "%s: line %d: %s", index_path, jerr.line, jerr.text);
+    if (!root) return ds4_err_set(err, DS4_EFORMAT, "%s: line %d: %s", index_path, jerr.line, jerr.text);
     int rc = 0;
     const json_t *map = json_object_get(root, "weight_map");
     if (!json_is_object(map)) {

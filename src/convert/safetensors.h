@@ -33,7 +33,7 @@
 
 #include "base/error.h"
 
-#define DS4_ST_MAX_DIMS 8
+#define DS4_ST_MAX_DIMS   8
 /* Headers above this are rejected (the safetensors library's own limit). */
 #define DS4_ST_MAX_HEADER 100000000ull
 
@@ -41,9 +41,9 @@ typedef enum ds4_st_dtype {
     DS4_ST_BOOL,
     DS4_ST_U8,
     DS4_ST_I8,
-    DS4_ST_F8_E4M3,  /* "F8_E4M3": float8_e4m3fn */
+    DS4_ST_F8_E4M3, /* "F8_E4M3": float8_e4m3fn */
     DS4_ST_F8_E5M2,
-    DS4_ST_F8_E8M0,  /* "F8_E8M0": power-of-two scale bytes */
+    DS4_ST_F8_E8M0, /* "F8_E8M0": power-of-two scale bytes */
     DS4_ST_U16,
     DS4_ST_I16,
     DS4_ST_F16,
@@ -67,24 +67,24 @@ int ds4_st_dtype_parse(const char *s, ds4_st_dtype *out);
 typedef struct ds4_st_tensor {
     char *name;
     ds4_st_dtype dtype;
-    uint32_t ndim;              /* 0 for a scalar */
+    uint32_t ndim; /* 0 for a scalar */
     uint64_t shape[DS4_ST_MAX_DIMS];
     uint64_t nelements;
     uint64_t nbytes;
-    uint64_t offset;            /* absolute file offset of the first byte */
-    const uint8_t *data;        /* inside the mapping */
-    const char *file;           /* the owning file's path, for messages */
+    uint64_t offset;     /* absolute file offset of the first byte */
+    const uint8_t *data; /* inside the mapping */
+    const char *file;    /* the owning file's path, for messages */
 } ds4_st_tensor;
 
 typedef struct ds4_st_file {
-    char *path;                 /* for messages ("<memory>" name for buffers) */
+    char *path; /* for messages ("<memory>" name for buffers) */
     const uint8_t *base;
     uint64_t size;
     int owns_map;
-    uint64_t data_offset;       /* 8 + header length */
+    uint64_t data_offset; /* 8 + header length */
     size_t n_tensors;
-    ds4_st_tensor *tensors;     /* in header order */
-    void *index;                /* private: name -> tensor */
+    ds4_st_tensor *tensors; /* in header order */
+    void *index;            /* private: name -> tensor */
 } ds4_st_file;
 
 ds4_st_file *ds4_st_open(const char *path, ds4_err *err);
@@ -99,8 +99,8 @@ const ds4_st_tensor *ds4_st_find(const ds4_st_file *f, const char *name);
  * `ndtypes` given, and (when `shape` is not NULL) it must have `ndim` dims
  * equal to `shape`.  The message names the file, the tensor, what it is and
  * what was expected. */
-int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *dtypes, size_t ndtypes,
-                  uint32_t ndim, const uint64_t *shape, ds4_err *err);
+int ds4_st_expect(const ds4_st_tensor *t, const ds4_st_dtype *dtypes, size_t ndtypes, uint32_t ndim,
+                  const uint64_t *shape, ds4_err *err);
 
 /* "[a, b, c]" into buf (always NUL-terminated); returns buf. */
 const char *ds4_st_shape_str(const ds4_st_tensor *t, char *buf, size_t len);

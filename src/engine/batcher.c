@@ -15,7 +15,7 @@
 /* A request: rows for a step (fn NULL), or a call to run alone. */
 typedef struct req {
     const ds4_row *rows;
-    uint32_t n, done;          /* rows, rows run so far (a prefill may take several steps) */
+    uint32_t n, done; /* rows, rows run so far (a prefill may take several steps) */
     const ds4_step_out *out;
     bool mtp;
     int (*fn)(void *ctx, ds4_err *err);
@@ -38,12 +38,12 @@ struct ds4_batcher {
      * little for them to come back before the next step */
     ds4_seq **back;
     uint32_t n_back;
-    double last_step;          /* seconds the last step took */
+    double last_step; /* seconds the last step took */
     ds4_batcher_stats st;
     /* the step being assembled */
     req **pack;
     ds4_row *rows;
-    float **lrow, **hrow;      /* where each row's logits / hidden state go */
+    float **lrow, **hrow; /* where each row's logits / hidden state go */
 };
 
 static void enqueue(ds4_batcher *bt, req *r) {
@@ -158,7 +158,8 @@ static int run_step(ds4_batcher *bt, uint32_t n_req, uint32_t n_rows, bool mtp, 
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for a step's outputs");
     }
     ds4_step_out out = {lg, hd};
-    int rc = mtp ? ds4_backend_mtp_step(b, bt->rows, n_rows, &out, err) : ds4_backend_step(b, bt->rows, n_rows, &out, err);
+    int rc = mtp ? ds4_backend_mtp_step(b, bt->rows, n_rows, &out, err)
+                 : ds4_backend_step(b, bt->rows, n_rows, &out, err);
     for (uint32_t i = 0, a = 0, c = 0; rc == 0 && i < n_rows; i++) {
         if (bt->lrow[i]) memcpy(bt->lrow[i], lg + a++ * V, V * sizeof(float));
         if (bt->hrow[i]) memcpy(bt->hrow[i], hd + c++ * H, H * sizeof(float));

@@ -36,12 +36,12 @@ typedef struct ds4_batcher ds4_batcher;
 #define DS4_BATCH_SHORT_ROWS 16
 
 typedef struct ds4_batcher_stats {
-    uint64_t steps;          /* batched steps run */
-    uint64_t rows;           /* rows they ran */
-    uint64_t max_rows;       /* the most rows one step ran */
-    uint64_t seqs;           /* sequences they advanced (summed over steps) */
-    uint64_t max_seqs;       /* the most sequences one step advanced */
-    uint64_t calls;          /* other backend calls run between steps */
+    uint64_t steps;    /* batched steps run */
+    uint64_t rows;     /* rows they ran */
+    uint64_t max_rows; /* the most rows one step ran */
+    uint64_t seqs;     /* sequences they advanced (summed over steps) */
+    uint64_t max_seqs; /* the most sequences one step advanced */
+    uint64_t calls;    /* other backend calls run between steps */
 } ds4_batcher_stats;
 
 /* budget: rows a step may run (at most the backend's prefill chunk). */
@@ -50,8 +50,7 @@ void ds4_batcher_free(ds4_batcher *bt);
 
 /* Run rows as part of the next step (mtp: an MTP step), waiting for their
  * results: ds4_backend_step's contract, from any thread. */
-int ds4_batcher_step(ds4_batcher *bt, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp,
-                     ds4_err *err);
+int ds4_batcher_step(ds4_batcher *bt, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp, ds4_err *err);
 
 /* Run fn(ctx, err) on the backend between steps, waiting for it. */
 int ds4_batcher_call(ds4_batcher *bt, int (*fn)(void *ctx, ds4_err *err), void *ctx, ds4_err *err);

@@ -38,9 +38,10 @@
 #include "text/chat.h"
 
 #define DS4_DEFAULT_MODEL "ds4flash.gguf"
-#define DS4_THREADS_MAX 4096
+#define DS4_THREADS_MAX   4096
 
 /* The one-row macros take optional fields after dst (.seen = &given). */
+/* clang-format off */
 #define DS4_CLI_MODEL(dst, ...) \
     {DS4_OPT_STR("-m, --model", "FILE", dst, DS4_DEFAULT_MODEL, "the GGUF model file"), __VA_ARGS__}
 
@@ -76,6 +77,7 @@
     {DS4_OPT_CALL("--quality", NULL, ds4_cli_quality_note, (void *)(prog),                              \
                   "accepted for ds4 compatibility: this engine's kernels have one precision, there is " \
                   "no approximate fast path to turn off")}
+/* clang-format on */
 
 /* MTP speculative decoding (engine/spec.h): the block's file, the most
  * drafts a step verifies, and the confidence it drafts on.  ds4 counts
@@ -87,9 +89,10 @@ typedef struct ds4_cli_mtp {
     float margin;
 } ds4_cli_mtp;
 
-#define DS4_MTP_DRAFT_DEFAULT 2
+#define DS4_MTP_DRAFT_DEFAULT  2
 #define DS4_MTP_MARGIN_DEFAULT 3.0
 
+/* clang-format off */
 #define DS4_CLI_MTP(m)                                                                                          \
     {DS4_OPT_STR("--mtp", "FILE", &(m)->path, NULL,                                                             \
                  "the MTP block's GGUF: speculative decoding with its drafts (a model file that holds a "      \
@@ -99,6 +102,7 @@ typedef struct ds4_cli_mtp {
                  "most draft tokens a step verifies")},                                                         \
     {DS4_OPT_FLOAT("--mtp-margin", "F", &(m)->margin, 0.0, 1000.0, DS4_MTP_MARGIN_DEFAULT,                      \
                    "draft on only while the MTP block's two best logits are at least F apart (0: always)")}
+/* clang-format on */
 
 /* The GPU's budget and the expert profile (ds4_backend_opts.gpu_mem,
  * model/placement.h): the routed experts that do not fit stay in host RAM,
@@ -108,6 +112,7 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
 
 /* gpu_mem: a uint64_t (0: the GPU's free memory less a reserve); profile:
  * a const char * (NULL: whole layers from the first). */
+/* clang-format off */
 #define DS4_CLI_OFFLOAD(gpu_mem, profile)                                                                          \
     {DS4_OPT_CALL("--gpu-mem", "SIZE", ds4_cli_parse_gpu_mem, (gpu_mem),                                        \
                   "GPU memory the model may use (24G, 81000M, bytes): the routed experts that do not fit stay in "  \
@@ -124,6 +129,7 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
                  "save the progress to OUT.partial every N prompts (and when stopped)"),                    \
      .def_text = "256"},                                                                                      \
     {DS4_OPT_FLAG("--resume", (resume), "continue the collection from OUT.partial (a stopped or limited run)")}
+/* clang-format on */
 
 /* Directional steering (model/steering.h): the direction file and the two
  * scales.  After parsing, ds4_cli_steering_check() settles the FFN scale
@@ -135,6 +141,7 @@ typedef struct ds4_cli_steer {
     bool ffn_given;
 } ds4_cli_steer;
 
+/* clang-format off */
 #define DS4_CLI_STEERING(st)                                                                                   \
     {DS4_OPT_STR("--dir-steering-file", "FILE", &(st)->path, NULL,                                             \
                  "directional steering: n_layer x n_embd f32 directions, one unit vector per layer "           \
@@ -185,6 +192,7 @@ typedef struct ds4_cli_steer {
     "  DS4_THREADS              CPU threads when -t is not given\n"                              \
     "  DS4_LOCK_FILE            one model process runs per machine; this is its lock file\n"     \
     "                           (default /tmp/ds4.lock): another file allows a second process\n"
+/* clang-format on */
 
 /* The --quality row's action: a note on stderr that nothing changes. */
 int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err);

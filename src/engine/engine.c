@@ -82,8 +82,7 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err) {
             goto fail;
         }
     } else if (opts->need_vocab) {
-        ds4_err_set(err, DS4_ENOTFOUND, "%s: the model has no tokenizer (tokenizer.ggml.* metadata)",
-                    opts->model_path);
+        ds4_err_set(err, DS4_ENOTFOUND, "%s: the model has no tokenizer (tokenizer.ggml.* metadata)", opts->model_path);
         goto fail;
     }
     if (e->vocab) {
@@ -147,10 +146,8 @@ static int free_seq(void *ctx, ds4_err *err) {
         return 0;
     }
     e->n_seqs--;
-    if (a->s == e->b->main)
-        e->main_held = false;
-    else
-        ds4_seq_free(e->b, a->s);
+    if (a->s == e->b->main) e->main_held = false;
+    else ds4_seq_free(e->b, a->s);
     return 0;
 }
 
@@ -160,9 +157,14 @@ ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
         e->b = NULL;
     }
     if (!e->b) {
-        ds4_backend_opts bo = {.n_threads = e->opts.n_threads, .ctx_size = ctx, .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp, .steer = e->steer, .gpu_mem = e->opts.gpu_mem,
-                               .expert_profile = e->profile, .act_observer = e->opts.act_observer,
+        ds4_backend_opts bo = {.n_threads = e->opts.n_threads,
+                               .ctx_size = ctx,
+                               .no_sim = e->opts.no_sim,
+                               .mtp = e->mtp,
+                               .steer = e->steer,
+                               .gpu_mem = e->opts.gpu_mem,
+                               .expert_profile = e->profile,
+                               .act_observer = e->opts.act_observer,
                                .act_ctx = e->opts.act_ctx};
         e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
                             : ds4_backend_create(e->backend_name, e->w, &bo, err);
@@ -182,10 +184,8 @@ ds4_seq *ds4_engine_mtp_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
 static void release(ds4_engine *e, ds4_seq *s, bool mtp) {
     if (!s) return;
     seq_alloc a = {e, 0, mtp, s};
-    if (e->batch)
-        ds4_batcher_call(e->batch, free_seq, &a, NULL);
-    else
-        free_seq(&a, NULL);
+    if (e->batch) ds4_batcher_call(e->batch, free_seq, &a, NULL);
+    else free_seq(&a, NULL);
 }
 
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s) { release(e, s, false); }
@@ -233,9 +233,7 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
     return e->batch ? ds4_batcher_call(e->batch, run_seq_call, &c, err) : run_seq_call(&c, err);
 }
 
-uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) {
-    return ds4_kv_state_bytes(&e->w->cfg, ctx);
-}
+uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) { return ds4_kv_state_bytes(&e->w->cfg, ctx); }
 
 /* MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read. */
 static uint64_t host_available(void) {
@@ -249,10 +247,6 @@ static uint64_t host_available(void) {
     return (uint64_t)kb * 1024;
 }
 
-uint64_t ds4_engine_kv_room(const ds4_engine *e) {
-    return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0;
-}
+uint64_t ds4_engine_kv_room(const ds4_engine *e) { return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0; }
 
-int ds4_engine_quant_bits(const ds4_engine *e) {
-    return e->w->layers[0].gate_exps.type == DS4_TYPE_Q4_K ? 4 : 2;
-}
+int ds4_engine_quant_bits(const ds4_engine *e) { return e->w->layers[0].gate_exps.type == DS4_TYPE_Q4_K ? 4 : 2; }

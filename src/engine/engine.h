@@ -22,15 +22,15 @@
 #include "text/vocab.h"
 
 typedef struct ds4_engine_opts {
-    const char *model_path;  /* GGUF file */
-    const char *backend;     /* "cpu", "cuda"; NULL: the build's default */
-    int n_threads;           /* CPU threads; <= 0: all cores */
-    bool no_sim;             /* low-precision simulations off (testing) */
-    bool need_vocab;         /* fail when the GGUF has no tokenizer */
-    const char *mtp_path;    /* the MTP block's GGUF (NULL: the model file's own block, if any) */
-    uint64_t gpu_mem;        /* ds4_backend_opts.gpu_mem */
-    const char *expert_profile; /* a profile file (model/placement.h), or NULL */
-    const char *steer_path;  /* a direction file (model/steering.h), or NULL */
+    const char *model_path;      /* GGUF file */
+    const char *backend;         /* "cpu", "cuda"; NULL: the build's default */
+    int n_threads;               /* CPU threads; <= 0: all cores */
+    bool no_sim;                 /* low-precision simulations off (testing) */
+    bool need_vocab;             /* fail when the GGUF has no tokenizer */
+    const char *mtp_path;        /* the MTP block's GGUF (NULL: the model file's own block, if any) */
+    uint64_t gpu_mem;            /* ds4_backend_opts.gpu_mem */
+    const char *expert_profile;  /* a profile file (model/placement.h), or NULL */
+    const char *steer_path;      /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
     /* the backend's activation observer (model/backend.h), or NULL */
     void (*act_observer)(void *ctx, uint32_t il, bool ffn, uint32_t T, const float *y);
@@ -40,8 +40,8 @@ typedef struct ds4_engine_opts {
      * first stage with `backend`; NULL: one process. */
     ds4_dist *dist;
     const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
-    const char *prog;        /* names the program in the pipeline's startup lines */
-    bool header_only;        /* read the shapes alone (ds4_weights_open_header): for
+    const char *prog;               /* names the program in the pipeline's startup lines */
+    bool header_only;               /* read the shapes alone (ds4_weights_open_header): for
                               * inspecting; such an engine runs nothing */
 } ds4_engine_opts;
 
@@ -49,15 +49,15 @@ typedef struct ds4_engine {
     ds4_engine_opts opts;
     char *backend_name;
     ds4_weights *w;
-    ds4_vocab *vocab;        /* NULL when the model has no tokenizer */
-    ds4_mtp_weights *mtp;    /* the MTP block, or NULL */
+    ds4_vocab *vocab;                   /* NULL when the model has no tokenizer */
+    ds4_mtp_weights *mtp;               /* the MTP block, or NULL */
     struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
-    struct ds4_steering *steer; /* the directions of opts.steer_path, or NULL */
-    int32_t eos, bos;        /* -1 without a vocabulary */
-    ds4_backend *b;          /* made by the first session (ds4_engine_seq_new) */
-    struct ds4_batcher *batch; /* NULL: sessions call the backend themselves, one thread at a time */
-    uint32_t n_seqs;         /* sequences sessions hold */
-    bool main_held;          /* one of them is the backend's main sequence */
+    struct ds4_steering *steer;         /* the directions of opts.steer_path, or NULL */
+    int32_t eos, bos;                   /* -1 without a vocabulary */
+    ds4_backend *b;                     /* made by the first session (ds4_engine_seq_new) */
+    struct ds4_batcher *batch;          /* NULL: sessions call the backend themselves, one thread at a time */
+    uint32_t n_seqs;                    /* sequences sessions hold */
+    bool main_held;                     /* one of them is the backend's main sequence */
 } ds4_engine;
 
 /* The backend a build uses when none is named: "cuda" in CUDA builds. */

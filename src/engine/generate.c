@@ -47,12 +47,12 @@ typedef struct spec_loop {
     ds4_gen_result *res;
     int n_vocab;
     int32_t eos;
-    bool greedy;          /* the callback asked for the argmax next */
-    bool q_valid;         /* qd holds this cycle's draft distributions */
-    float *ql;            /* draft logits, one row a draft */
-    float *vl;            /* verification logits, one row a verified token */
-    double *qd;           /* sampling: the draft distributions, one row a draft */
-    double *pd;           /* sampling: a target distribution */
+    bool greedy;  /* the callback asked for the argmax next */
+    bool q_valid; /* qd holds this cycle's draft distributions */
+    float *ql;    /* draft logits, one row a draft */
+    float *vl;    /* verification logits, one row a verified token */
+    double *qd;   /* sampling: the draft distributions, one row a draft */
+    double *pd;   /* sampling: a target distribution */
 } spec_loop;
 
 /* Logits as the loop sees them: with EOS excluded when asked; a target's
@@ -64,9 +64,7 @@ static float *usable(const spec_loop *L, float *row, bool target) {
     return row;
 }
 
-static bool sampling(const spec_loop *L) {
-    return !L->greedy && L->smp && L->smp->p.temperature > 0.0f;
-}
+static bool sampling(const spec_loop *L) { return !L->greedy && L->smp && L->smp->p.temperature > 0.0f; }
 
 /* Hand one token to the caller, the session holding `held` tokens before
  * it; true when generation ends with it (the token is then not appended,
@@ -195,8 +193,21 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
     ds4_spec *sp = ds4_session_spec(s);
     if (sp && opts->n_forced == 0) { /* (the forced tokens of the server's test hook take the plain loop) */
         size_t V = (size_t)n_vocab, D = sp->draft;
-        spec_loop L = {s, sp, smp, opts, fn, ctx, res, n_vocab, e->eos, false, false, malloc(D * V * sizeof(float)),
-                       malloc((D + 1) * V * sizeof(float)), NULL, NULL};
+        spec_loop L = {s,
+                       sp,
+                       smp,
+                       opts,
+                       fn,
+                       ctx,
+                       res,
+                       n_vocab,
+                       e->eos,
+                       false,
+                       false,
+                       malloc(D * V * sizeof(float)),
+                       malloc((D + 1) * V * sizeof(float)),
+                       NULL,
+                       NULL};
         bool sampled = smp && smp->p.temperature > 0.0f;
         if (sampled) {
             L.qd = malloc(D * V * sizeof(double));

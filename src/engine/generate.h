@@ -39,16 +39,16 @@ const char *ds4_finish_name(ds4_finish f);
 
 /* What the callback can ask for the next step. */
 typedef struct ds4_gen_control {
-    bool stop;           /* end generation after this token */
-    bool greedy_next;    /* choose the next token by argmax */
-    bool append;         /* append this token to the session (default true) */
+    bool stop;        /* end generation after this token */
+    bool greedy_next; /* choose the next token by argmax */
+    bool append;      /* append this token to the session (default true) */
 } ds4_gen_control;
 
 typedef void (*ds4_gen_token_fn)(void *ctx, int32_t token, ds4_gen_control *ctl);
 
 typedef struct ds4_gen_opts {
-    uint32_t max_tokens;        /* 0: until the context is full */
-    bool exclude_eos;           /* never sample EOS (benchmarks) */
+    uint32_t max_tokens; /* 0: until the context is full */
+    bool exclude_eos;    /* never sample EOS (benchmarks) */
     volatile sig_atomic_t *cancel;
     /* Tokens chosen instead of sampling for the first n_forced steps (the
      * server's test hook drives a known continuation through the real
@@ -66,10 +66,10 @@ typedef struct ds4_gen_opts {
 
 typedef struct ds4_gen_result {
     ds4_finish finish;
-    uint32_t n_generated;       /* tokens handed to the callback */
-    uint32_t nan_steps;         /* of which were chosen from logits holding NaN
+    uint32_t n_generated; /* tokens handed to the callback */
+    uint32_t nan_steps;   /* of which were chosen from logits holding NaN
                                  * (broken weights or kernels: programs warn) */
-    double seconds;             /* wall time of the loop */
+    double seconds;       /* wall time of the loop */
 } ds4_gen_result;
 
 /* Returns 0 (see res->finish) or -1 on a backend error (finish ERROR).

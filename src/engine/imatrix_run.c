@@ -99,9 +99,9 @@ static int parse_ids(const char *s, size_t n, uint32_t n_vocab, uint32_t **out, 
 
 typedef struct meter {
     bool on, tty;
-    double t0, last;        /* start, last line printed */
+    double t0, last;            /* start, last line printed */
     uint64_t prompts0, tokens0; /* counts at the start (a resumed run's) */
-    uint64_t total_prompts; /* of the run, limits applied */
+    uint64_t total_prompts;     /* of the run, limits applied */
     uint64_t max_tokens;
 } meter;
 
@@ -158,10 +158,10 @@ typedef struct run {
     ds4_tokenizer *tok;
     const char *text;
     size_t len;
-    char *partial;          /* OUT.partial */
-    ds4_imcol_progress pg;  /* consumed, tokens, dataset size, ctx */
+    char *partial;         /* OUT.partial */
+    ds4_imcol_progress pg; /* consumed, tokens, dataset size, ctx */
     ds4_imatrix_run_stats st;
-    uint64_t n_all;         /* the dataset's prompts */
+    uint64_t n_all; /* the dataset's prompts */
     meter m;
 } run;
 
@@ -186,7 +186,8 @@ static int run_prompt(run *r, uint64_t index, size_t start, size_t plen, ds4_err
     int prc = is_id_list(r->text + start, plen) ? parse_ids(r->text + start, plen, b->w->cfg.n_vocab, &ids, &n, err)
                                                 : tokenize(r->tok, r->text + start, plen, &ids, &n, err);
     if (prc != 0)
-        return ds4_err_prefix(err, "%s:%u: prompt %llu", o->dataset, line_of(r->text, start), (unsigned long long)index);
+        return ds4_err_prefix(err, "%s:%u: prompt %llu", o->dataset, line_of(r->text, start),
+                              (unsigned long long)index);
     if (n > b->opts.ctx_size) n = b->opts.ctx_size;
     if (o->max_tokens > 0 && n > o->max_tokens - r->st.tokens) n = (uint32_t)(o->max_tokens - r->st.tokens);
     int rc = 0;
@@ -227,8 +228,10 @@ static int run_prompts(run *r, ds4_err *err) {
         if (o->stop && o->stop(o->stop_ctx)) {
             meter_show(&r->m, &r->st, true);
             if (checkpoint(r, err) != 0) return -1;
-            return ds4_err_set(err, DS4_EINTERRUPTED, "interrupted after %llu prompts; %s not written, %s holds the "
-                               "progress (--resume continues)", (unsigned long long)r->st.prompts, o->out, r->partial);
+            return ds4_err_set(err, DS4_EINTERRUPTED,
+                               "interrupted after %llu prompts; %s not written, %s holds the "
+                               "progress (--resume continues)",
+                               (unsigned long long)r->st.prompts, o->out, r->partial);
         }
     }
     meter_show(&r->m, &r->st, true);
@@ -253,8 +256,10 @@ static int resume(run *r, ds4_err *err) {
     ds4_imcol_progress pg;
     if (ds4_imcol_load_state(r->col, r->partial, &pg, err) != 0) return ds4_err_prefix(err, "--resume");
     if (pg.dataset_bytes != r->pg.dataset_bytes || pg.ctx != r->pg.ctx)
-        return ds4_err_set(err, DS4_EINVAL, "--resume: %s is of another run (a dataset of %llu bytes, context %u; now "
-                           "%llu bytes, context %u)", r->partial, (unsigned long long)pg.dataset_bytes, pg.ctx,
+        return ds4_err_set(err, DS4_EINVAL,
+                           "--resume: %s is of another run (a dataset of %llu bytes, context %u; now "
+                           "%llu bytes, context %u)",
+                           r->partial, (unsigned long long)pg.dataset_bytes, pg.ctx,
                            (unsigned long long)r->pg.dataset_bytes, r->pg.ctx);
     r->pg = pg;
     r->st.prompts = (uint64_t)ds4_imcol_prompts(r->col);
@@ -262,8 +267,8 @@ static int resume(run *r, ds4_err *err) {
     return 0;
 }
 
-int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_opts *bo,
-                    const ds4_imatrix_run_opts *o, ds4_imatrix_run_stats *stats, ds4_err *err) {
+int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_opts *bo, const ds4_imatrix_run_opts *o,
+                    ds4_imatrix_run_stats *stats, ds4_err *err) {
     run r = {.o = o, .tok = tok};
     char *text = read_dataset(o->dataset, &r.len, err);
     if (!text) return -1;
@@ -285,8 +290,12 @@ int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_
         rc = o->resume ? resume(&r, err) : 0;
     }
     if (rc == 0) {
-        r.m = (meter){.on = o->show_progress, .tty = isatty(2) != 0, .t0 = ds4_now(), .prompts0 = r.st.prompts,
-                      .tokens0 = r.st.tokens, .max_tokens = o->max_tokens};
+        r.m = (meter){.on = o->show_progress,
+                      .tty = isatty(2) != 0,
+                      .t0 = ds4_now(),
+                      .prompts0 = r.st.prompts,
+                      .tokens0 = r.st.tokens,
+                      .max_tokens = o->max_tokens};
         r.m.last = r.m.t0;
         /* the prompts of the run: the dataset's, fewer by the limit */
         r.n_all = count_prompts(text, r.len);

@@ -42,14 +42,14 @@
 #include "text/tokenizer.h"
 
 typedef struct ds4_imatrix_run_opts {
-    const char *backend;   /* backend name (NULL: the build's default) */
-    const char *dataset;   /* prompts file */
-    const char *out;       /* .dat to write; its checkpoint is OUT.partial */
-    uint64_t max_prompts;  /* stop after this many prompts; 0: all */
-    uint64_t max_tokens;   /* stop after this many prompt tokens; 0: all */
-    uint64_t save_every;   /* prompts between checkpoints (0: DS4_IMATRIX_SAVE_EVERY) */
-    bool resume;           /* continue from OUT.partial */
-    bool show_progress;    /* the progress bar or lines on stderr */
+    const char *backend;  /* backend name (NULL: the build's default) */
+    const char *dataset;  /* prompts file */
+    const char *out;      /* .dat to write; its checkpoint is OUT.partial */
+    uint64_t max_prompts; /* stop after this many prompts; 0: all */
+    uint64_t max_tokens;  /* stop after this many prompt tokens; 0: all */
+    uint64_t save_every;  /* prompts between checkpoints (0: DS4_IMATRIX_SAVE_EVERY) */
+    bool resume;          /* continue from OUT.partial */
+    bool show_progress;   /* the progress bar or lines on stderr */
     /* Called after each prompt; nonzero stops the run (DS4_EINTERRUPTED,
      * after a checkpoint; the .dat is not written).  NULL: never. */
     int (*stop)(void *ctx);
@@ -63,7 +63,7 @@ typedef struct ds4_imatrix_run_opts {
 
 typedef struct ds4_imatrix_run_stats {
     uint64_t prompts, tokens;
-    uint64_t routes;       /* routed (token, expert) pairs observed */
+    uint64_t routes; /* routed (token, expert) pairs observed */
 } ds4_imatrix_run_stats;
 
 /* Run the dataset through a backend over w (bo: context size, threads,
@@ -71,7 +71,7 @@ typedef struct ds4_imatrix_run_stats {
  * .dat.  stats count the whole run (resumed parts too).  tok
  * may be NULL when the model has no tokenizer: then only token-id prompts
  * work.  stats may be NULL. */
-int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_opts *bo,
-                    const ds4_imatrix_run_opts *o, ds4_imatrix_run_stats *stats, ds4_err *err);
+int ds4_imatrix_run(const ds4_weights *w, ds4_tokenizer *tok, const ds4_backend_opts *bo, const ds4_imatrix_run_opts *o,
+                    ds4_imatrix_run_stats *stats, ds4_err *err);
 
 #endif

@@ -22,7 +22,7 @@
 #include "text/strbuf.h"
 #include "text/tokenizer.h"
 
-#define IO_BUFFER (8u << 20) /* streamed writes and reads, as ds4 */
+#define IO_BUFFER   (8u << 20) /* streamed writes and reads, as ds4 */
 #define HALF_LIFE_S (6.0 * 3600.0)
 
 /* ------------------------------------------------------------ header */
@@ -298,12 +298,15 @@ static int read_exact(FILE *f, void *p, size_t n, const char *what, ds4_err *err
 
 static int read_trailer(FILE *f, uint64_t remaining, size_t max_tools, ds4_kvc_file *out, ds4_err *err) {
     uint8_t head[8];
-    if (remaining < 8 || read_exact(f, head, 8, "the tool-id trailer", err)) return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer truncated");
+    if (remaining < 8 || read_exact(f, head, 8, "the tool-id trailer", err))
+        return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer truncated");
     remaining -= 8;
     if (memcmp(head, "KTM", 3) != 0 || head[3] != 1) return ds4_err_set(err, DS4_EFORMAT, "bad tool-id trailer magic");
     uint32_t count = get32(head + 4);
-    if (count > max_tools) return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer: %u entries (limit %zu)", count, max_tools);
-    if ((uint64_t)count * 8 > remaining) return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer: %u entries do not fit", count);
+    if (count > max_tools)
+        return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer: %u entries (limit %zu)", count, max_tools);
+    if ((uint64_t)count * 8 > remaining)
+        return ds4_err_set(err, DS4_EFORMAT, "tool-id trailer: %u entries do not fit", count);
     out->tools = calloc(count ? count : 1, sizeof(*out->tools));
     if (!out->tools) return ds4_err_set(err, DS4_ENOMEM, "tool-id trailer: out of memory");
     for (uint32_t i = 0; i < count; i++) {
@@ -325,7 +328,8 @@ static int read_trailer(FILE *f, uint64_t remaining, size_t max_tools, ds4_kvc_f
         id[il] = dsml[dl] = '\0';
         remaining -= (uint64_t)il + dl;
     }
-    if (remaining != 0) return ds4_err_set(err, DS4_EFORMAT, "%llu bytes after the tool-id trailer", (unsigned long long)remaining);
+    if (remaining != 0)
+        return ds4_err_set(err, DS4_EFORMAT, "%llu bytes after the tool-id trailer", (unsigned long long)remaining);
     return 0;
 }
 
@@ -342,13 +346,15 @@ static int check_key_text(const ds4_kv_state *st, const ds4_vocab *vocab, const 
 static int read_file(FILE *f, uint64_t size, ds4_kv_state *st, const ds4_vocab *vocab, const char *expect_name,
                      size_t max_tools, ds4_kvc_file *out, ds4_err *err) {
     uint8_t head[DS4_KVC_HEADER_BYTES + 4];
-    if (size < sizeof(head)) return ds4_err_set(err, DS4_EFORMAT, "%llu bytes, shorter than a KVC header", (unsigned long long)size);
+    if (size < sizeof(head))
+        return ds4_err_set(err, DS4_EFORMAT, "%llu bytes, shorter than a KVC header", (unsigned long long)size);
     if (read_exact(f, head, sizeof(head), "the header", err) || ds4_kvc_header_decode(head, &out->h, err)) return -1;
     uint64_t text_len = get32(head + DS4_KVC_HEADER_BYTES);
     uint64_t payload_at = sizeof(head) + text_len;
     if (payload_at > size || out->h.payload_bytes > size - payload_at)
         return ds4_err_set(err, DS4_EFORMAT, "text of %llu bytes and payload of %llu bytes exceed the file size %llu",
-                           (unsigned long long)text_len, (unsigned long long)out->h.payload_bytes, (unsigned long long)size);
+                           (unsigned long long)text_len, (unsigned long long)out->h.payload_bytes,
+                           (unsigned long long)size);
     out->text = malloc(text_len + 1);
     if (!out->text) return ds4_err_set(err, DS4_ENOMEM, "KVC read: out of memory");
     if (read_exact(f, out->text, text_len, "the key text", err)) return -1;
@@ -357,7 +363,8 @@ static int read_file(FILE *f, uint64_t size, ds4_kv_state *st, const ds4_vocab *
     if (expect_name) {
         char name[48];
         ds4_kvc_name(out->text, out->text_len, name);
-        if (strcmp(name, expect_name) != 0) return ds4_err_set(err, DS4_EFORMAT, "SHA1 of the key text is not the file name");
+        if (strcmp(name, expect_name) != 0)
+            return ds4_err_set(err, DS4_EFORMAT, "SHA1 of the key text is not the file name");
     }
     if (st) {
         hashed_io io;
@@ -375,7 +382,8 @@ static int read_file(FILE *f, uint64_t size, ds4_kv_state *st, const ds4_vocab *
         if ((out->h.ext & DS4_KVC_EXT_CHECKSUM) && hash_final(&io.h) != out->h.checksum)
             return ds4_err_set(err, DS4_EFORMAT, "payload checksum mismatch (the file is damaged)");
         if (st->n_tokens != out->h.n_tokens)
-            return ds4_err_set(err, DS4_EFORMAT, "payload holds %u tokens, header says %u", st->n_tokens, out->h.n_tokens);
+            return ds4_err_set(err, DS4_EFORMAT, "payload holds %u tokens, header says %u", st->n_tokens,
+                               out->h.n_tokens);
         bool visible = out->h.ext & (DS4_KVC_EXT_RESPONSES_VISIBLE | DS4_KVC_EXT_THINKING_VISIBLE);
         if (vocab && !visible && check_key_text(st, vocab, out, err)) return -1;
     } else if (fseeko(f, (off_t)(payload_at + out->h.payload_bytes), SEEK_SET) != 0) {
@@ -387,8 +395,8 @@ static int read_file(FILE *f, uint64_t size, ds4_kv_state *st, const ds4_vocab *
     return 0;
 }
 
-int ds4_kvc_read(const char *path, ds4_kv_state *st, const ds4_vocab *vocab, const char *expect_name,
-                 size_t max_tools, ds4_kvc_file *out, ds4_err *err) {
+int ds4_kvc_read(const char *path, ds4_kv_state *st, const ds4_vocab *vocab, const char *expect_name, size_t max_tools,
+                 ds4_kvc_file *out, ds4_err *err) {
     memset(out, 0, sizeof(*out));
     FILE *f = fopen(path, "rbe");
     if (!f) return ds4_err_set(err, DS4_EIO, "cannot open %s: %s", path, strerror(errno));
@@ -709,8 +717,12 @@ int ds4_kvc_save(ds4_kvc_store *s, ds4_kvc_reason reason, uint8_t ext, const cha
     int rc = 0;
     if (find_entry(s, name) >= 0) goto out;
     uint64_t now = (uint64_t)time(NULL);
-    ds4_kvc_header h = {.quant_bits = (uint8_t)s->o.quant_bits, .reason = (uint8_t)reason, .ext = ext,
-                        .ctx = st->ctx, .created = now, .last_used = now};
+    ds4_kvc_header h = {.quant_bits = (uint8_t)s->o.quant_bits,
+                        .reason = (uint8_t)reason,
+                        .ext = ext,
+                        .ctx = st->ctx,
+                        .created = now,
+                        .last_used = now};
     if (ds4_kvc_write(p, &h, text, n, st, tools, n_tools, err) != 0) {
         rc = -1;
         goto out;
@@ -765,14 +777,18 @@ void ds4_kvc_each_tool(ds4_kvc_store *s, void (*fn)(void *ctx, const ds4_kvc_too
 /* ------------------------------------------------------------ policy */
 
 void ds4_kvc_policy_defaults(ds4_kvc_policy *p) {
-    *p = (ds4_kvc_policy){.min_tokens = 512, .cold_max_tokens = 30000, .continued_interval = 10000,
-                          .boundary_trim = 32, .boundary_align = 2048};
+    *p = (ds4_kvc_policy){.min_tokens = 512,
+                          .cold_max_tokens = 30000,
+                          .continued_interval = 10000,
+                          .boundary_trim = 32,
+                          .boundary_align = 2048};
 }
 
 int ds4_kvc_policy_check(const ds4_kvc_policy *p, ds4_err *err) {
     if (p->min_tokens == 0) return ds4_err_set(err, DS4_EINVAL, "--kv-cache-min-tokens must be positive");
     if (p->cold_max_tokens != 0 && p->cold_max_tokens < p->min_tokens)
-        return ds4_err_set(err, DS4_EINVAL, "--kv-cache-cold-max-tokens must be 0 or at least --kv-cache-min-tokens (%u)",
+        return ds4_err_set(err, DS4_EINVAL,
+                           "--kv-cache-cold-max-tokens must be 0 or at least --kv-cache-min-tokens (%u)",
                            p->min_tokens);
     return 0;
 }

@@ -55,9 +55,9 @@
 #include "text/vocab.h"
 
 #define DS4_KVC_HEADER_BYTES 48
-#define DS4_KVC_VERSION 1
-#define DS4_KVC_MAX_ID 256                        /* tool id bytes */
-#define DS4_KVC_MAX_DSML ((uint32_t)512 << 20)    /* tool block bytes */
+#define DS4_KVC_VERSION      1
+#define DS4_KVC_MAX_ID       256                   /* tool id bytes */
+#define DS4_KVC_MAX_DSML     ((uint32_t)512 << 20) /* tool block bytes */
 
 typedef enum ds4_kvc_reason {
     DS4_KVC_UNKNOWN = 0,
@@ -70,21 +70,21 @@ typedef enum ds4_kvc_reason {
 } ds4_kvc_reason;
 
 /* Extension flags (header byte 6). */
-#define DS4_KVC_EXT_TOOLMAP 0x01            /* KTM trailer present */
-#define DS4_KVC_EXT_RESPONSES_VISIBLE 0x02  /* key is a Responses-visible transcript */
-#define DS4_KVC_EXT_THINKING_VISIBLE 0x04   /* key is a thinking-visible transcript */
-#define DS4_KVC_EXT_CHECKSUM 0x08           /* header bytes 20..23: payload checksum */
+#define DS4_KVC_EXT_TOOLMAP           0x01 /* KTM trailer present */
+#define DS4_KVC_EXT_RESPONSES_VISIBLE 0x02 /* key is a Responses-visible transcript */
+#define DS4_KVC_EXT_THINKING_VISIBLE  0x04 /* key is a thinking-visible transcript */
+#define DS4_KVC_EXT_CHECKSUM          0x08 /* header bytes 20..23: payload checksum */
 
 typedef struct ds4_kvc_header {
-    uint8_t quant_bits;  /* 2 or 4 */
-    uint8_t reason;      /* ds4_kvc_reason */
-    uint8_t ext;         /* DS4_KVC_EXT_* */
-    uint32_t n_tokens;   /* nonzero */
+    uint8_t quant_bits; /* 2 or 4 */
+    uint8_t reason;     /* ds4_kvc_reason */
+    uint8_t ext;        /* DS4_KVC_EXT_* */
+    uint32_t n_tokens;  /* nonzero */
     uint32_t hits;
-    uint32_t ctx;        /* context the snapshot was written for */
+    uint32_t ctx;                /* context the snapshot was written for */
     uint64_t created, last_used; /* Unix seconds */
     uint64_t payload_bytes;
-    uint32_t checksum;   /* with DS4_KVC_EXT_CHECKSUM */
+    uint32_t checksum; /* with DS4_KVC_EXT_CHECKSUM */
 } ds4_kvc_header;
 
 /* One tool-call id and the exact DSML block the model sampled for it. */
@@ -125,8 +125,8 @@ typedef struct ds4_kvc_file {
  * key is not a visible transcript, the text must equal the payload tokens
  * decoded.  `expect_name`, when given, must be SHA1(text) (the file name).
  * At most max_tools tool entries are accepted. */
-int ds4_kvc_read(const char *path, ds4_kv_state *st, const ds4_vocab *vocab, const char *expect_name,
-                 size_t max_tools, ds4_kvc_file *out, ds4_err *err);
+int ds4_kvc_read(const char *path, ds4_kv_state *st, const ds4_vocab *vocab, const char *expect_name, size_t max_tools,
+                 ds4_kvc_file *out, ds4_err *err);
 void ds4_kvc_file_free(ds4_kvc_file *f);
 
 /* Eviction score of a file at time `now` (see above). */
@@ -137,15 +137,15 @@ double ds4_kvc_score(const ds4_kvc_header *h, uint64_t file_size, uint64_t now);
 typedef void (*ds4_kvc_log_fn)(void *ctx, const char *msg);
 
 typedef struct ds4_kvc_opts {
-    const char *dir;            /* created (mode 0700) when missing */
+    const char *dir; /* created (mode 0700) when missing */
     uint64_t budget_bytes;
-    uint32_t min_tokens;        /* entries shorter than this are neither saved nor loaded */
-    int quant_bits;             /* this model's routed-expert bits (2 or 4) */
+    uint32_t min_tokens; /* entries shorter than this are neither saved nor loaded */
+    int quant_bits;      /* this model's routed-expert bits (2 or 4) */
     bool reject_different_quant;
-    uint32_t ctx;               /* this process's context: larger snapshots do not load */
-    size_t max_tools;           /* per file (0: 4 * 100000) */
-    const ds4_vocab *vocab;     /* for the key/payload check; may be NULL */
-    ds4_kvc_log_fn log;         /* NULL: stderr */
+    uint32_t ctx;           /* this process's context: larger snapshots do not load */
+    size_t max_tools;       /* per file (0: 4 * 100000) */
+    const ds4_vocab *vocab; /* for the key/payload check; may be NULL */
+    ds4_kvc_log_fn log;     /* NULL: stderr */
     void *log_ctx;
 } ds4_kvc_opts;
 
@@ -194,11 +194,11 @@ void ds4_kvc_each_tool(ds4_kvc_store *s, void (*fn)(void *ctx, const ds4_kvc_too
 /* ----------------------------------------------------------- policy */
 
 typedef struct ds4_kvc_policy {
-    uint32_t min_tokens;          /* 512 */
-    uint32_t cold_max_tokens;     /* 30000; 0 disables cold saves */
-    uint32_t continued_interval;  /* 10000; 0 disables continued saves */
-    uint32_t boundary_trim;       /* 32 */
-    uint32_t boundary_align;      /* 2048; 0 disables alignment */
+    uint32_t min_tokens;         /* 512 */
+    uint32_t cold_max_tokens;    /* 30000; 0 disables cold saves */
+    uint32_t continued_interval; /* 10000; 0 disables continued saves */
+    uint32_t boundary_trim;      /* 32 */
+    uint32_t boundary_align;     /* 2048; 0 disables alignment */
 } ds4_kvc_policy;
 
 void ds4_kvc_policy_defaults(ds4_kvc_policy *p);

@@ -21,11 +21,11 @@
 
 /* The parameters' bounds and defaults, for every program that takes them
  * (engine/cli.h's rows, the server's request fields). */
-#define DS4_TEMP_MAX 100.0f      /* temperatures above are refused (ds4's bound) */
-#define DS4_TEMP_DEFAULT 1.0f
+#define DS4_TEMP_MAX      100.0f /* temperatures above are refused (ds4's bound) */
+#define DS4_TEMP_DEFAULT  1.0f
 #define DS4_TOP_P_DEFAULT 1.0f
 #define DS4_MIN_P_DEFAULT 0.05f
-#define DS4_TOP_K_MAX 1024       /* larger top-k values are taken as this */
+#define DS4_TOP_K_MAX     1024 /* larger top-k values are taken as this */
 
 typedef struct ds4_sampler_params {
     float temperature;
@@ -37,9 +37,9 @@ typedef struct ds4_sampler_params {
 
 typedef struct ds4_sampler {
     ds4_sampler_params p;
-    uint64_t state;      /* xorshift64* state, never 0 */
+    uint64_t state; /* xorshift64* state, never 0 */
     int n_vocab;
-    int32_t *cand_id;    /* scratch, n_vocab entries */
+    int32_t *cand_id; /* scratch, n_vocab entries */
     float *cand_logit;
 } ds4_sampler;
 

@@ -12,16 +12,16 @@
 
 struct ds4_session {
     ds4_engine *e;
-    ds4_backend *b;           /* the engine's */
-    ds4_seq *seq;             /* this session's sequence in it */
+    ds4_backend *b; /* the engine's */
+    ds4_seq *seq;   /* this session's sequence in it */
     uint32_t ctx;
     uint32_t chunk;
-    int32_t *tokens;          /* ctx entries, n live */
+    int32_t *tokens; /* ctx entries, n live */
     uint32_t n;
     ds4_kv_state *checkpoint; /* NULL or a snapshot */
     ds4_session_stats stats;
-    ds4_spec *spec;           /* MTP speculative decoding, or NULL */
-    uint32_t spec_n0;         /* the length before the verification in flight */
+    ds4_spec *spec;   /* MTP speculative decoding, or NULL */
+    uint32_t spec_n0; /* the length before the verification in flight */
 };
 
 ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
@@ -61,9 +61,7 @@ const int32_t *ds4_session_tokens(const ds4_session *s) { return s->tokens; }
 const ds4_session_stats *ds4_session_get_stats(const ds4_session *s) { return &s->stats; }
 const char *ds4_session_backend_name(const ds4_session *s) { return s->b->ops->name; }
 
-const float *ds4_session_logits(ds4_session *s) {
-    return s->n ? ds4_seq_logits(s->b, s->seq) : NULL;
-}
+const float *ds4_session_logits(ds4_session *s) { return s->n ? ds4_seq_logits(s->b, s->seq) : NULL; }
 
 void ds4_session_reset(ds4_session *s) {
     ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_RESET, 0, NULL, NULL);
@@ -179,8 +177,8 @@ int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err) {
 
 int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
     if (in->n_tokens >= s->ctx)
-        return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens",
-                           in->n_tokens, s->ctx);
+        return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens", in->n_tokens,
+                           s->ctx);
     if (ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_RESTORE, 0, (ds4_kv_state *)in, err) != 0) {
         ds4_session_reset(s);
         return -1;
@@ -200,14 +198,11 @@ int ds4_session_checkpoint(ds4_session *s, ds4_err *err) {
     return 0;
 }
 
-uint32_t ds4_session_checkpoint_tokens(const ds4_session *s) {
-    return s->checkpoint ? s->checkpoint->n_tokens : 0;
-}
+uint32_t ds4_session_checkpoint_tokens(const ds4_session *s) { return s->checkpoint ? s->checkpoint->n_tokens : 0; }
 
 int ds4_session_set_steering(ds4_session *s, float ffn, float attn, ds4_err *err) {
     if (ds4_steer_scale_check(ffn, "FFN steering scale", err) ||
-        ds4_steer_scale_check(attn, "attention steering scale", err) ||
-        ds4_engine_steering_check(s->e, ffn, attn, err))
+        ds4_steer_scale_check(attn, "attention steering scale", err) || ds4_engine_steering_check(s->e, ffn, attn, err))
         return -1;
     if (ffn == s->seq->steer_ffn && attn == s->seq->steer_attn) return 0;
     ds4_session_reset(s);

@@ -32,9 +32,9 @@
 typedef struct ds4_session ds4_session;
 
 typedef struct ds4_session_stats {
-    uint64_t reused;     /* tokens kept from the live state by the last sync */
-    uint64_t restored;   /* tokens taken from the checkpoint by the last sync */
-    uint64_t prefilled;  /* tokens prefilled by the last sync */
+    uint64_t reused;    /* tokens kept from the live state by the last sync */
+    uint64_t restored;  /* tokens taken from the checkpoint by the last sync */
+    uint64_t prefilled; /* tokens prefilled by the last sync */
     uint64_t total_prefilled, total_decoded, total_resets;
 } ds4_session_stats;
 

@@ -54,8 +54,8 @@ int ds4_spec_begin(ds4_spec *sp, const int32_t *tokens, uint32_t n, int32_t tok,
         uint32_t m = 0;
         while (i + m < n && m < chunk && m < DS4_HIDDEN_KEEP + 1) {
             uint32_t p = i + m;
-            rows[m] = ds4_mtp_row(sp->mseq, (uint32_t)(p + 1 < n ? tokens[p + 1] : tok), p + 1 == n ? DS4_ROW_LOGITS : 0,
-                                  sp->main, p);
+            rows[m] = ds4_mtp_row(sp->mseq, (uint32_t)(p + 1 < n ? tokens[p + 1] : tok),
+                                  p + 1 == n ? DS4_ROW_LOGITS : 0, sp->main, p);
             m++;
         }
         ds4_step_out out = {logits, NULL};

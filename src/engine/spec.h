@@ -39,27 +39,26 @@
 #define DS4_MTP_DRAFT_MAX 16
 
 typedef struct ds4_spec_stats {
-    uint64_t cycles;      /* verification steps */
-    uint64_t drafted;     /* draft tokens verified */
-    uint64_t accepted;    /* draft tokens the target agreed with */
+    uint64_t cycles;   /* verification steps */
+    uint64_t drafted;  /* draft tokens verified */
+    uint64_t accepted; /* draft tokens the target agreed with */
 } ds4_spec_stats;
 
 typedef struct ds4_spec {
-    ds4_engine *e;        /* its calls go through the engine (batching) */
+    ds4_engine *e; /* its calls go through the engine (batching) */
     ds4_backend *b;
-    ds4_seq *main;        /* the session's sequence */
-    ds4_seq *mseq;        /* the MTP block's: its row r pairs main position base + r */
+    ds4_seq *main; /* the session's sequence */
+    ds4_seq *mseq; /* the MTP block's: its row r pairs main position base + r */
     uint32_t base;
-    uint32_t hid_lo;      /* main positions >= hid_lo have their residual in main's ring */
-    uint32_t mlen_begin;  /* the MTP sequence's length after begin() */
-    uint32_t draft;       /* most drafts a cycle */
-    float margin;         /* stop drafting when the draft's top-2 logit margin is below (0: never) */
+    uint32_t hid_lo;     /* main positions >= hid_lo have their residual in main's ring */
+    uint32_t mlen_begin; /* the MTP sequence's length after begin() */
+    uint32_t draft;      /* most drafts a cycle */
+    float margin;        /* stop drafting when the draft's top-2 logit margin is below (0: never) */
     ds4_spec_stats stats;
 } ds4_spec;
 
 /* MTP sequences of the session's backend (made with an MTP block). */
-int ds4_spec_init(ds4_spec *sp, ds4_engine *e, ds4_seq *main, uint32_t ctx, uint32_t draft, float margin,
-                  ds4_err *err);
+int ds4_spec_init(ds4_spec *sp, ds4_engine *e, ds4_seq *main, uint32_t ctx, uint32_t draft, float margin, ds4_err *err);
 void ds4_spec_free(ds4_spec *sp);
 
 /* The main sequence's state was replaced (reset, restore): it holds n

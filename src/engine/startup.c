@@ -150,8 +150,8 @@ int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx
     return rc;
 }
 
-int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
-                            bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes, ds4_err *err) {
+int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads, bool (*stop)(void *ctx),
+                            void *stop_ctx, uint64_t *bytes, ds4_err *err) {
     *bytes = 0;
     if (w->synthetic || !w->gguf || !w->gguf->owns_map) return 0;
     ds4_pool *pool = ds4_pool_create(n_threads, err);
@@ -180,8 +180,7 @@ static int warm_report(const char *prog, int rc, const ds4_err *err, uint64_t by
     if (bytes)
         fprintf(stderr, "%s: warmed %s of weights in %.2f s (%.2f GB/s)\n", prog, ds4_fmt_bytes(bytes, b), dt,
                 dt > 0 ? (double)bytes / dt / 1e9 : 0.0);
-    else
-        fprintf(stderr, "%s: --warm-weights: synthetic weights have no file to read\n", prog);
+    else fprintf(stderr, "%s: --warm-weights: synthetic weights have no file to read\n", prog);
     return 0;
 }
 

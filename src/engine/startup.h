@@ -21,7 +21,7 @@
 #include "model/weights.h"
 
 /* Exit status of a program that found the lock held by another process. */
-#define DS4_EXIT_LOCKED 2
+#define DS4_EXIT_LOCKED      2
 /* Exit status of a program stopped by Ctrl+C (128 + SIGINT, as shells
  * report it). */
 #define DS4_EXIT_INTERRUPTED 130
@@ -67,8 +67,8 @@ int ds4_weights_warm(const ds4_weights *w, int n_threads, bool (*stop)(void *ctx
 /* The same for the tensors of layers [first, end) only, with the embedding
  * when first is 0 and the output head when end is the last: a pipeline
  * stage's (docs/DISTRIBUTED.md). */
-int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads,
-                            bool (*stop)(void *ctx), void *stop_ctx, uint64_t *bytes, ds4_err *err);
+int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, int n_threads, bool (*stop)(void *ctx),
+                            void *stop_ctx, uint64_t *bytes, ds4_err *err);
 
 /* ds4_weights_warm with a line on stderr ("PROG: warmed X of weights in
  * S s"); the error, if any, is printed too.  Returns the status to go on

@@ -24,10 +24,10 @@
 
 #include "base/error.h"
 
-#define DS4_GGUF_MAGIC 0x46554747u /* "GGUF" little-endian */
-#define DS4_GGUF_VERSION 3u
+#define DS4_GGUF_MAGIC             0x46554747u /* "GGUF" little-endian */
+#define DS4_GGUF_VERSION           3u
 #define DS4_GGUF_DEFAULT_ALIGNMENT 32u
-#define DS4_GGUF_MAX_DIMS 8
+#define DS4_GGUF_MAX_DIMS          8
 
 /* Metadata value types (GGUF spec numbering). */
 typedef enum ds4_gguf_vtype {
@@ -66,51 +66,51 @@ typedef struct ds4_gguf_array {
 typedef struct ds4_gguf_value {
     ds4_gguf_vtype type;
     union {
-        uint64_t u;        /* U8, U16, U32, U64 */
-        int64_t i;         /* I8, I16, I32, I64 */
-        double f;          /* F32, F64 */
-        bool b;            /* BOOL */
-        ds4_str s;         /* STRING */
-        ds4_gguf_array a;  /* ARRAY */
+        uint64_t u;       /* U8, U16, U32, U64 */
+        int64_t i;        /* I8, I16, I32, I64 */
+        double f;         /* F32, F64 */
+        bool b;           /* BOOL */
+        ds4_str s;        /* STRING */
+        ds4_gguf_array a; /* ARRAY */
     };
 } ds4_gguf_value;
 
 typedef struct ds4_gguf_kv {
-    char *key;             /* NUL-terminated copy */
+    char *key; /* NUL-terminated copy */
     ds4_gguf_value value;
-    uint64_t file_offset;  /* where the entry starts, for messages */
-    const uint8_t *raw;    /* the value as stored (after its type field), in the
+    uint64_t file_offset; /* where the entry starts, for messages */
+    const uint8_t *raw;   /* the value as stored (after its type field), in the
                             * mapping; lets copies keep exact bits (e.g. NaN
                             * payloads that a float -> double -> float trip
                             * would change).  NULL in hand-made entries. */
 } ds4_gguf_kv;
 
 typedef struct ds4_gguf_tensor {
-    char *name;            /* NUL-terminated copy */
+    char *name; /* NUL-terminated copy */
     uint32_t ndim;
     uint64_t ne[DS4_GGUF_MAX_DIMS]; /* ne[0] fastest; unused dims are 1 */
-    uint32_t type;         /* ggml type id, see format/quants.h */
-    uint64_t offset;       /* relative to the data section */
-    uint64_t nbytes;       /* from the type's block geometry */
+    uint32_t type;                  /* ggml type id, see format/quants.h */
+    uint64_t offset;                /* relative to the data section */
+    uint64_t nbytes;                /* from the type's block geometry */
     uint64_t nelements;
-    const void *data;      /* inside the mapping */
-    uint64_t file_offset;  /* where the tensor info starts, for messages */
+    const void *data;     /* inside the mapping */
+    uint64_t file_offset; /* where the tensor info starts, for messages */
 } ds4_gguf_tensor;
 
 typedef struct ds4_gguf {
-    char *path;            /* for messages ("<memory>" for buffers) */
-    const uint8_t *base;   /* mapping or caller buffer */
+    char *path;          /* for messages ("<memory>" for buffers) */
+    const uint8_t *base; /* mapping or caller buffer */
     uint64_t size;
     int owns_map;
     uint32_t version;
     uint32_t alignment;
-    uint64_t data_offset;  /* absolute offset of the data section */
+    uint64_t data_offset; /* absolute offset of the data section */
     uint64_t n_kv;
     ds4_gguf_kv *kv;
     uint64_t n_tensors;
     ds4_gguf_tensor *tensors;
-    void *index;           /* private: name -> tensor/kv hash tables */
-    bool header_only;      /* opened by ds4_gguf_open_header: tensors have no data */
+    void *index;      /* private: name -> tensor/kv hash tables */
+    bool header_only; /* opened by ds4_gguf_open_header: tensors have no data */
 } ds4_gguf;
 
 /* Open and validate a file.  NULL on failure with a message naming the
@@ -145,8 +145,7 @@ int ds4_gguf_get_f64(const ds4_gguf *g, const char *key, double *out, ds4_err *e
 int ds4_gguf_get_bool(const ds4_gguf *g, const char *key, bool *out, ds4_err *err);
 int ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_str *out, ds4_err *err);
 /* Array of the given element type (any type if `elem` is DS4_GGUF_VTYPE_COUNT). */
-int ds4_gguf_get_arr(const ds4_gguf *g, const char *key, ds4_gguf_vtype elem,
-                     const ds4_gguf_array **out, ds4_err *err);
+int ds4_gguf_get_arr(const ds4_gguf *g, const char *key, ds4_gguf_vtype elem, const ds4_gguf_array **out, ds4_err *err);
 
 /* Element i of an integer or float array as int64/double (no bounds check
  * beyond an assert: callers loop to a->count). */
@@ -187,17 +186,15 @@ int ds4_gguf_w_bool(ds4_gguf_writer *w, const char *key, bool v);
 int ds4_gguf_w_str(ds4_gguf_writer *w, const char *key, const char *s);
 int ds4_gguf_w_strn(ds4_gguf_writer *w, const char *key, const char *s, uint64_t len);
 /* Array of fixed-size elements, `data` holds count little-endian elements. */
-int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem,
-                   const void *data, uint64_t count);
+int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem, const void *data, uint64_t count);
 /* Array of strings; `lens` may be NULL for NUL-terminated strings. */
-int ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *key, const char *const *strs,
-                       const uint64_t *lens, uint64_t count);
+int ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens,
+                       uint64_t count);
 /* Copy a metadata entry from a reader (used by the quantizer and splicer). */
 int ds4_gguf_w_copy_kv(ds4_gguf_writer *w, const ds4_gguf_kv *kv);
 
 /* Declare a tensor; data must later be written in declaration order. */
-int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim,
-                      const uint64_t *ne, uint32_t type);
+int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim, const uint64_t *ne, uint32_t type);
 
 /* Append bytes of the current tensor (the first not yet complete).  May be
  * called several times per tensor; the total must equal its size.  The

@@ -36,12 +36,10 @@ static ds4_name_slot *find_slot(ds4_name_slot *slots, uint64_t cap, uint64_t h, 
 
 static int resize(ds4_name_index *ix, uint64_t cap, ds4_err *err) {
     if (cap == 0 || cap > SIZE_MAX / sizeof(ds4_name_slot))
-        return ds4_err_set(err, DS4_ENOMEM, "name index: %llu entries is too many",
-                           (unsigned long long)ix->count);
+        return ds4_err_set(err, DS4_ENOMEM, "name index: %llu entries is too many", (unsigned long long)ix->count);
     ds4_name_slot *slots = calloc((size_t)cap, sizeof(*slots));
     if (!slots)
-        return ds4_err_set(err, DS4_ENOMEM, "name index: out of memory for %llu slots",
-                           (unsigned long long)cap);
+        return ds4_err_set(err, DS4_ENOMEM, "name index: out of memory for %llu slots", (unsigned long long)cap);
     for (uint64_t i = 0; i < ix->cap; i++) {
         const ds4_name_slot *old = &ix->slots[i];
         if (old->name) *find_slot(slots, cap, old->hash, old->name) = *old;
@@ -57,8 +55,7 @@ int ds4_name_index_init(ds4_name_index *ix, uint64_t expected, ds4_err *err) {
     return resize(ix, capacity_for(expected), err);
 }
 
-int ds4_name_index_put(ds4_name_index *ix, const char *name, uint64_t value,
-                       uint64_t *existing, ds4_err *err) {
+int ds4_name_index_put(ds4_name_index *ix, const char *name, uint64_t value, uint64_t *existing, ds4_err *err) {
     if (ix->cap == 0 || ix->count + 1 > ix->cap / 2) {
         if (resize(ix, capacity_for(ix->count + 1), err) != 0) return -1;
     }

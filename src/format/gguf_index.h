@@ -15,13 +15,13 @@
 
 typedef struct ds4_name_slot {
     uint64_t hash;
-    const char *name;     /* NULL: empty slot */
+    const char *name; /* NULL: empty slot */
     uint64_t value;
 } ds4_name_slot;
 
 typedef struct ds4_name_index {
     ds4_name_slot *slots;
-    uint64_t cap;         /* power of two, or 0 before the first insert */
+    uint64_t cap; /* power of two, or 0 before the first insert */
     uint64_t count;
 } ds4_name_index;
 
@@ -31,8 +31,7 @@ int ds4_name_index_init(ds4_name_index *ix, uint64_t expected, ds4_err *err);
 /* Insert name -> value.  Returns 1 when inserted, 0 when the name is
  * already present (its value is stored in *existing and nothing changes),
  * -1 when growing the table fails. */
-int ds4_name_index_put(ds4_name_index *ix, const char *name, uint64_t value,
-                       uint64_t *existing, ds4_err *err);
+int ds4_name_index_put(ds4_name_index *ix, const char *name, uint64_t value, uint64_t *existing, ds4_err *err);
 
 bool ds4_name_index_get(const ds4_name_index *ix, const char *name, uint64_t *value);
 

@@ -32,7 +32,7 @@
  * a kv entry is a key length (8), a value type (4) and a value (>= 1);
  * a tensor info is a name length (8), ndim (4), one dim (8), a type (4)
  * and an offset (8). */
-#define MIN_KV_BYTES 13u
+#define MIN_KV_BYTES          13u
 #define MIN_TENSOR_INFO_BYTES 32u
 
 typedef struct gguf_index {
@@ -43,9 +43,9 @@ typedef struct gguf_index {
 typedef struct parser {
     ds4_gguf *g;
     uint64_t pos;
-    char ctx[200];      /* "key 'x'" or "tensor 'y'" while parsing one, else "" */
+    char ctx[200]; /* "key 'x'" or "tensor 'y'" while parsing one, else "" */
     ds4_err *err;
-    bool header_only;   /* ds4_gguf_open_header: no data expected */
+    bool header_only; /* ds4_gguf_open_header: no data expected */
 } parser;
 
 /* Quote a name for a message: printable ASCII as is, other bytes as \xNN,
@@ -67,8 +67,7 @@ static void quote_name(char *out, size_t cap, const char *s, uint64_t len) {
     out[o] = '\0';
 }
 
-static int fail(parser *p, uint64_t at, ds4_errcode code, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
+static int fail(parser *p, uint64_t at, ds4_errcode code, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 
 static int fail(parser *p, uint64_t at, ds4_errcode code, const char *fmt, ...) {
     char detail[600];
@@ -76,18 +75,16 @@ static int fail(parser *p, uint64_t at, ds4_errcode code, const char *fmt, ...) 
     va_start(ap, fmt);
     vsnprintf(detail, sizeof(detail), fmt, ap);
     va_end(ap);
-    return ds4_err_set(p->err, code, "%s: offset %llu: %s%s%s", p->g->path,
-                       (unsigned long long)at, p->ctx, p->ctx[0] ? ": " : "", detail);
+    return ds4_err_set(p->err, code, "%s: offset %llu: %s%s%s", p->g->path, (unsigned long long)at, p->ctx,
+                       p->ctx[0] ? ": " : "", detail);
 }
 
-static uint64_t left(const parser *p) {
-    return p->g->size - p->pos;
-}
+static uint64_t left(const parser *p) { return p->g->size - p->pos; }
 
 static int need(parser *p, uint64_t n, const char *what) {
     if (n <= left(p)) return 0;
-    return fail(p, p->pos, DS4_EFORMAT, "truncated %s: needs %llu bytes, %llu left in the file",
-                what, (unsigned long long)n, (unsigned long long)left(p));
+    return fail(p, p->pos, DS4_EFORMAT, "truncated %s: needs %llu bytes, %llu left in the file", what,
+                (unsigned long long)n, (unsigned long long)left(p));
 }
 
 static int read_u32(parser *p, const char *what, uint32_t *out) {
@@ -111,8 +108,8 @@ static int read_str(parser *p, const char *what, ds4_str *out) {
     uint64_t len;
     if (read_u64(p, what, &len) != 0) return -1;
     if (len > left(p))
-        return fail(p, at, DS4_ERANGE, "%s length %llu exceeds the %llu bytes left in the file",
-                    what, (unsigned long long)len, (unsigned long long)left(p));
+        return fail(p, at, DS4_ERANGE, "%s length %llu exceeds the %llu bytes left in the file", what,
+                    (unsigned long long)len, (unsigned long long)left(p));
     out->ptr = (const char *)p->g->base + p->pos;
     out->len = len;
     p->pos += len;
@@ -125,12 +122,9 @@ static int read_name(parser *p, const char *what, char **out) {
     uint64_t at = p->pos;
     ds4_str s;
     if (read_str(p, what, &s) != 0) return -1;
-    if (s.len && memchr(s.ptr, '\0', s.len))
-        return fail(p, at, DS4_EFORMAT, "%s contains a NUL byte", what);
+    if (s.len && memchr(s.ptr, '\0', s.len)) return fail(p, at, DS4_EFORMAT, "%s contains a NUL byte", what);
     char *copy = malloc(s.len + 1);
-    if (!copy)
-        return fail(p, at, DS4_ENOMEM, "out of memory copying a %llu-byte %s",
-                    (unsigned long long)s.len, what);
+    if (!copy) return fail(p, at, DS4_ENOMEM, "out of memory copying a %llu-byte %s", (unsigned long long)s.len, what);
     if (s.len) memcpy(copy, s.ptr, s.len);
     copy[s.len] = '\0';
     *out = copy;
@@ -142,16 +136,42 @@ static int read_scalar(parser *p, ds4_gguf_vtype t, ds4_gguf_value *v) {
     const char *what = ds4_gguf_vtype_name(t);
     if (need(p, sz, what) != 0) return -1;
     const uint8_t *b = p->g->base + p->pos;
-    uint8_t u8; int8_t i8; uint16_t u16; int16_t i16; uint32_t u32; int32_t i32;
+    uint8_t u8;
+    int8_t i8;
+    uint16_t u16;
+    int16_t i16;
+    uint32_t u32;
+    int32_t i32;
     float f32;
     switch (t) {
-    case DS4_GGUF_U8: memcpy(&u8, b, 1); v->u = u8; break;
-    case DS4_GGUF_I8: memcpy(&i8, b, 1); v->i = i8; break;
-    case DS4_GGUF_U16: memcpy(&u16, b, 2); v->u = u16; break;
-    case DS4_GGUF_I16: memcpy(&i16, b, 2); v->i = i16; break;
-    case DS4_GGUF_U32: memcpy(&u32, b, 4); v->u = u32; break;
-    case DS4_GGUF_I32: memcpy(&i32, b, 4); v->i = i32; break;
-    case DS4_GGUF_F32: memcpy(&f32, b, 4); v->f = f32; break;
+    case DS4_GGUF_U8:
+        memcpy(&u8, b, 1);
+        v->u = u8;
+        break;
+    case DS4_GGUF_I8:
+        memcpy(&i8, b, 1);
+        v->i = i8;
+        break;
+    case DS4_GGUF_U16:
+        memcpy(&u16, b, 2);
+        v->u = u16;
+        break;
+    case DS4_GGUF_I16:
+        memcpy(&i16, b, 2);
+        v->i = i16;
+        break;
+    case DS4_GGUF_U32:
+        memcpy(&u32, b, 4);
+        v->u = u32;
+        break;
+    case DS4_GGUF_I32:
+        memcpy(&i32, b, 4);
+        v->i = i32;
+        break;
+    case DS4_GGUF_F32:
+        memcpy(&f32, b, 4);
+        v->f = f32;
+        break;
     case DS4_GGUF_U64: memcpy(&v->u, b, 8); break;
     case DS4_GGUF_I64: memcpy(&v->i, b, 8); break;
     case DS4_GGUF_F64: memcpy(&v->f, b, 8); break;
@@ -159,8 +179,7 @@ static int read_scalar(parser *p, ds4_gguf_vtype t, ds4_gguf_value *v) {
         if (b[0] > 1) return fail(p, p->pos, DS4_EFORMAT, "bool value %u is neither 0 nor 1", b[0]);
         v->b = b[0] != 0;
         break;
-    default:
-        return fail(p, p->pos, DS4_EFORMAT, "internal: %u is not a scalar type", (unsigned)t);
+    default: return fail(p, p->pos, DS4_EFORMAT, "internal: %u is not a scalar type", (unsigned)t);
     }
     p->pos += sz;
     return 0;
@@ -172,10 +191,8 @@ static int read_array(parser *p, ds4_gguf_array *a) {
     uint64_t type_at = p->pos;
     uint32_t et;
     if (read_u32(p, "array element type", &et) != 0) return -1;
-    if (et >= DS4_GGUF_VTYPE_COUNT)
-        return fail(p, type_at, DS4_EFORMAT, "unknown array element type %u", et);
-    if (et == DS4_GGUF_ARRAY)
-        return fail(p, type_at, DS4_EUNSUPPORTED, "nested arrays are not supported");
+    if (et >= DS4_GGUF_VTYPE_COUNT) return fail(p, type_at, DS4_EFORMAT, "unknown array element type %u", et);
+    if (et == DS4_GGUF_ARRAY) return fail(p, type_at, DS4_EUNSUPPORTED, "nested arrays are not supported");
     a->type = (ds4_gguf_vtype)et;
 
     uint64_t count_at = p->pos;
@@ -203,8 +220,7 @@ static int read_array(parser *p, ds4_gguf_array *a) {
     if (count == 0) return 0;
     /* count <= bytes left / 8, so this allocation is bounded by the file size. */
     a->strs = malloc((size_t)count * sizeof(ds4_str));
-    if (!a->strs)
-        return fail(p, count_at, DS4_ENOMEM, "out of memory for %llu strings", (unsigned long long)count);
+    if (!a->strs) return fail(p, count_at, DS4_ENOMEM, "out of memory for %llu strings", (unsigned long long)count);
     for (uint64_t i = 0; i < count; i++)
         if (read_str(p, "array string", &a->strs[i]) != 0) return -1;
     return 0;
@@ -264,8 +280,8 @@ static int read_tensor_shape(parser *p, ds4_gguf_tensor *t) {
     int ok;
     t->nbytes = ds4_type_nbytes_checked(t->type, t->nelements, &ok);
     if (!ok)
-        return fail(p, at, DS4_ERANGE, "byte size of %llu %s elements overflows",
-                    (unsigned long long)t->nelements, ti->name);
+        return fail(p, at, DS4_ERANGE, "byte size of %llu %s elements overflows", (unsigned long long)t->nelements,
+                    ti->name);
     return 0;
 }
 
@@ -302,12 +318,10 @@ static int read_alignment(parser *p) {
     if (!kv) return 0;
     snprintf(p->ctx, sizeof(p->ctx), "key 'general.alignment'");
     if (kv->value.type != DS4_GGUF_U32)
-        return fail(p, kv->file_offset, DS4_EFORMAT, "type is %s, expected u32",
-                    ds4_gguf_vtype_name(kv->value.type));
+        return fail(p, kv->file_offset, DS4_EFORMAT, "type is %s, expected u32", ds4_gguf_vtype_name(kv->value.type));
     uint64_t a = kv->value.u;
     if (a == 0 || (a & (a - 1)) != 0)
-        return fail(p, kv->file_offset, DS4_EFORMAT, "value %llu is not a nonzero power of two",
-                    (unsigned long long)a);
+        return fail(p, kv->file_offset, DS4_EFORMAT, "value %llu is not a nonzero power of two", (unsigned long long)a);
     p->g->alignment = (uint32_t)a;
     p->ctx[0] = '\0';
     return 0;
@@ -379,8 +393,7 @@ static int read_header(parser *p) {
     ds4_gguf *g = p->g;
     uint32_t magic;
     if (read_u32(p, "magic", &magic) != 0) return -1;
-    if (magic != DS4_GGUF_MAGIC)
-        return fail(p, 0, DS4_EFORMAT, "bad magic 0x%08x, not a GGUF file", magic);
+    if (magic != DS4_GGUF_MAGIC) return fail(p, 0, DS4_EFORMAT, "bad magic 0x%08x, not a GGUF file", magic);
     if (read_u32(p, "version", &g->version) != 0) return -1;
     if (g->version != DS4_GGUF_VERSION)
         return fail(p, 4, DS4_EUNSUPPORTED, "GGUF version %u, only version 3 is supported", g->version);
@@ -402,8 +415,8 @@ static int read_header(parser *p) {
     g->kv = calloc(n_kv ? (size_t)n_kv : 1, sizeof(*g->kv));
     g->tensors = calloc(n_tensors ? (size_t)n_tensors : 1, sizeof(*g->tensors));
     if (!g->kv || !g->tensors)
-        return fail(p, 8, DS4_ENOMEM, "out of memory for %llu entries and %llu tensors",
-                    (unsigned long long)n_kv, (unsigned long long)n_tensors);
+        return fail(p, 8, DS4_ENOMEM, "out of memory for %llu entries and %llu tensors", (unsigned long long)n_kv,
+                    (unsigned long long)n_tensors);
     /* n_kv and n_tensors count the allocated entries so close() frees them. */
     g->n_kv = n_kv;
     g->n_tensors = n_tensors;
@@ -471,8 +484,7 @@ ds4_gguf *ds4_gguf_open_buffer(const void *buf, size_t size, const char *name, d
 static ds4_gguf *open_file(const char *path, bool header_only, ds4_err *err) {
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        ds4_err_set(err, errno == ENOENT ? DS4_ENOTFOUND : DS4_EIO, "%s: cannot open: %s", path,
-                    strerror(errno));
+        ds4_err_set(err, errno == ENOENT ? DS4_ENOTFOUND : DS4_EIO, "%s: cannot open: %s", path, strerror(errno));
         return NULL;
     }
     struct stat st;
@@ -495,8 +507,8 @@ static ds4_gguf *open_file(const char *path, bool header_only, ds4_err *err) {
     if (g->size > 0) {
         void *m = mmap(NULL, (size_t)g->size, PROT_READ, MAP_PRIVATE, fd, 0);
         if (m == MAP_FAILED) {
-            ds4_err_set(err, DS4_EIO, "%s: mmap of %llu bytes failed: %s", path,
-                        (unsigned long long)g->size, strerror(errno));
+            ds4_err_set(err, DS4_EIO, "%s: mmap of %llu bytes failed: %s", path, (unsigned long long)g->size,
+                        strerror(errno));
             close(fd);
             ds4_gguf_close(g);
             return NULL;
@@ -570,15 +582,15 @@ static int wrong_type(const ds4_gguf *g, const ds4_gguf_kv *kv, const char *want
 
 static int out_of_range(const ds4_gguf *g, const ds4_gguf_kv *kv, const char *want, ds4_err *err) {
     if (is_signed(kv->value.type))
-        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %llu: key '%s' value %lld does not fit in %s",
-                           g->path, (unsigned long long)kv->file_offset, kv->key, (long long)kv->value.i, want);
+        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %llu: key '%s' value %lld does not fit in %s", g->path,
+                           (unsigned long long)kv->file_offset, kv->key, (long long)kv->value.i, want);
     return ds4_err_set(err, DS4_EFORMAT, "%s: offset %llu: key '%s' value %llu does not fit in %s", g->path,
                        (unsigned long long)kv->file_offset, kv->key, (unsigned long long)kv->value.u, want);
 }
 
 /* Whether an integer value lies in [min, max]; non-integers are a type error. */
-static int integer_in_range(const ds4_gguf *g, const ds4_gguf_kv *kv, int64_t min, uint64_t max,
-                            const char *want, ds4_err *err) {
+static int integer_in_range(const ds4_gguf *g, const ds4_gguf_kv *kv, int64_t min, uint64_t max, const char *want,
+                            ds4_err *err) {
     ds4_gguf_vtype t = kv->value.type;
     if (is_unsigned(t)) {
         if (kv->value.u > max) return out_of_range(g, kv, want, err);
@@ -643,15 +655,15 @@ int ds4_gguf_get_str(const ds4_gguf *g, const char *key, ds4_str *out, ds4_err *
     return 0;
 }
 
-int ds4_gguf_get_arr(const ds4_gguf *g, const char *key, ds4_gguf_vtype elem,
-                     const ds4_gguf_array **out, ds4_err *err) {
+int ds4_gguf_get_arr(const ds4_gguf *g, const char *key, ds4_gguf_vtype elem, const ds4_gguf_array **out,
+                     ds4_err *err) {
     const ds4_gguf_kv *kv = need_kv(g, key, err);
     if (!kv) return -1;
     if (kv->value.type != DS4_GGUF_ARRAY) return wrong_type(g, kv, "arr", err);
     if (elem != DS4_GGUF_VTYPE_COUNT && kv->value.a.type != elem)
-        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %llu: key '%s' is an array of %s, expected %s",
-                           g->path, (unsigned long long)kv->file_offset, kv->key,
-                           ds4_gguf_vtype_name(kv->value.a.type), ds4_gguf_vtype_name(elem));
+        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %llu: key '%s' is an array of %s, expected %s", g->path,
+                           (unsigned long long)kv->file_offset, kv->key, ds4_gguf_vtype_name(kv->value.a.type),
+                           ds4_gguf_vtype_name(elem));
     *out = &kv->value.a;
     return 0;
 }

@@ -10,11 +10,20 @@
 
 size_t ds4_gguf_vtype_size(ds4_gguf_vtype t) {
     switch (t) {
-    case DS4_GGUF_U8: case DS4_GGUF_I8: case DS4_GGUF_BOOL: return 1;
-    case DS4_GGUF_U16: case DS4_GGUF_I16: return 2;
-    case DS4_GGUF_U32: case DS4_GGUF_I32: case DS4_GGUF_F32: return 4;
-    case DS4_GGUF_U64: case DS4_GGUF_I64: case DS4_GGUF_F64: return 8;
-    case DS4_GGUF_STRING: case DS4_GGUF_ARRAY: case DS4_GGUF_VTYPE_COUNT: return 0;
+    case DS4_GGUF_U8:
+    case DS4_GGUF_I8:
+    case DS4_GGUF_BOOL: return 1;
+    case DS4_GGUF_U16:
+    case DS4_GGUF_I16: return 2;
+    case DS4_GGUF_U32:
+    case DS4_GGUF_I32:
+    case DS4_GGUF_F32: return 4;
+    case DS4_GGUF_U64:
+    case DS4_GGUF_I64:
+    case DS4_GGUF_F64: return 8;
+    case DS4_GGUF_STRING:
+    case DS4_GGUF_ARRAY:
+    case DS4_GGUF_VTYPE_COUNT: return 0;
     }
     return 0;
 }
@@ -46,7 +55,14 @@ bool ds4_str_eq(ds4_str s, const char *cstr) {
 
 /* Elements are little-endian and possibly unaligned inside the mapping, so
  * they are read with memcpy (the build targets little-endian hosts only). */
-#define LOAD(T, p) ({ T v_; memcpy(&v_, (p), sizeof(T)); v_; })
+/* clang-format off */
+#define LOAD(T, p)                   \
+    ({                               \
+        T v_;                        \
+        memcpy(&v_, (p), sizeof(T)); \
+        v_;                          \
+    })
+/* clang-format on */
 
 int64_t ds4_gguf_arr_i64(const ds4_gguf_array *a, uint64_t i) {
     assert(i < a->count);

@@ -40,7 +40,7 @@ typedef struct wtensor {
     uint64_t ne[DS4_GGUF_MAX_DIMS];
     uint32_t type;
     uint64_t nbytes;
-    uint64_t offset;       /* in the data section */
+    uint64_t offset; /* in the data section */
 } wtensor;
 
 struct ds4_gguf_writer {
@@ -48,24 +48,24 @@ struct ds4_gguf_writer {
     char *tmp_path;
     int fd;
     uint32_t alignment;
-    bool alignment_given;  /* nonzero at open: store general.alignment */
-    bool alignment_kv;     /* the caller wrote general.alignment itself */
+    bool alignment_given; /* nonzero at open: store general.alignment */
+    bool alignment_kv;    /* the caller wrote general.alignment itself */
 
-    uint8_t *meta;         /* serialized kv entries */
+    uint8_t *meta; /* serialized kv entries */
     size_t meta_len, meta_cap;
     uint64_t n_kv;
-    ds4_name_index keys;   /* names owned by key_names */
+    ds4_name_index keys; /* names owned by key_names */
     char **key_names;
     uint64_t keys_cap;
 
     wtensor *tensors;
     uint64_t n_tensors, tensors_cap;
-    ds4_name_index names;  /* points at tensors[i].name */
+    ds4_name_index names; /* points at tensors[i].name */
 
     bool header_done;
-    uint64_t cur;          /* tensor receiving data */
-    uint64_t cur_written;  /* its bytes so far */
-    uint64_t file_pos;     /* bytes handed to the file (buffered or not) */
+    uint64_t cur;         /* tensor receiving data */
+    uint64_t cur_written; /* its bytes so far */
+    uint64_t file_pos;    /* bytes handed to the file (buffered or not) */
     uint8_t *buf;
     size_t buf_len;
 
@@ -73,8 +73,7 @@ struct ds4_gguf_writer {
     ds4_err err;
 };
 
-static int wfail(ds4_gguf_writer *w, ds4_errcode code, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+static int wfail(ds4_gguf_writer *w, ds4_errcode code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 /* Record the first error (later ones are consequences) and return -1. */
 static int wfail(ds4_gguf_writer *w, ds4_errcode code, const char *fmt, ...) {
@@ -88,9 +87,7 @@ static int wfail(ds4_gguf_writer *w, ds4_errcode code, const char *fmt, ...) {
     return ds4_err_set(&w->err, code, "%s: %s", w->path, detail);
 }
 
-static uint64_t align_up(uint64_t x, uint64_t a) {
-    return (x + a - 1) / a * a;
-}
+static uint64_t align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
 
 /* ----------------------------------------------------------- file output */
 
@@ -101,8 +98,8 @@ static int write_all(ds4_gguf_writer *w, const void *data, size_t n) {
         ssize_t r = write(w->fd, p, n);
         if (r < 0 && errno == EINTR) continue;
         if (r <= 0)
-            return wfail(w, DS4_EIO, "write to %s at offset %llu failed: %s", w->tmp_path,
-                         (unsigned long long)at, r < 0 ? strerror(errno) : "no progress");
+            return wfail(w, DS4_EIO, "write to %s at offset %llu failed: %s", w->tmp_path, (unsigned long long)at,
+                         r < 0 ? strerror(errno) : "no progress");
         p += r;
         n -= (size_t)r;
         at += (uint64_t)r;
@@ -165,13 +162,9 @@ static int meta_put(ds4_gguf_writer *w, const void *data, uint64_t n) {
     return 0;
 }
 
-static int meta_u32(ds4_gguf_writer *w, uint32_t v) {
-    return meta_put(w, &v, 4);
-}
+static int meta_u32(ds4_gguf_writer *w, uint32_t v) { return meta_put(w, &v, 4); }
 
-static int meta_u64(ds4_gguf_writer *w, uint64_t v) {
-    return meta_put(w, &v, 8);
-}
+static int meta_u64(ds4_gguf_writer *w, uint64_t v) { return meta_put(w, &v, 8); }
 
 static int meta_str(ds4_gguf_writer *w, const char *s, uint64_t len) {
     if (meta_u64(w, len) != 0) return -1;
@@ -199,8 +192,7 @@ static int check_alignment_kv(ds4_gguf_writer *w, ds4_gguf_vtype type, uint64_t 
 static int begin_kv(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype type, uint64_t scalar) {
     if (w->failed) return -1;
     if (!key) return wfail(w, DS4_EINVAL, "metadata key is NULL");
-    if (w->header_done)
-        return wfail(w, DS4_EINVAL, "key '%s' added after tensor data started", key);
+    if (w->header_done) return wfail(w, DS4_EINVAL, "key '%s' added after tensor data started", key);
     if (strcmp(key, "general.alignment") == 0 && check_alignment_kv(w, type, scalar) != 0) return -1;
     char *copy = strdup(key);
     if (!copy) return wfail(w, DS4_ENOMEM, "out of memory for key '%s'", key);
@@ -229,42 +221,21 @@ static int reserve_key(ds4_gguf_writer *w) {
     return 0;
 }
 
-static int add_scalar(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype type, const void *v,
-                      uint64_t as_u64) {
+static int add_scalar(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype type, const void *v, uint64_t as_u64) {
     if (reserve_key(w) != 0 || begin_kv(w, key, type, as_u64) != 0) return -1;
     return meta_put(w, v, ds4_gguf_vtype_size(type));
 }
 
-int ds4_gguf_w_u8(ds4_gguf_writer *w, const char *key, uint8_t v) {
-    return add_scalar(w, key, DS4_GGUF_U8, &v, v);
-}
-int ds4_gguf_w_i8(ds4_gguf_writer *w, const char *key, int8_t v) {
-    return add_scalar(w, key, DS4_GGUF_I8, &v, 0);
-}
-int ds4_gguf_w_u16(ds4_gguf_writer *w, const char *key, uint16_t v) {
-    return add_scalar(w, key, DS4_GGUF_U16, &v, v);
-}
-int ds4_gguf_w_i16(ds4_gguf_writer *w, const char *key, int16_t v) {
-    return add_scalar(w, key, DS4_GGUF_I16, &v, 0);
-}
-int ds4_gguf_w_u32(ds4_gguf_writer *w, const char *key, uint32_t v) {
-    return add_scalar(w, key, DS4_GGUF_U32, &v, v);
-}
-int ds4_gguf_w_i32(ds4_gguf_writer *w, const char *key, int32_t v) {
-    return add_scalar(w, key, DS4_GGUF_I32, &v, 0);
-}
-int ds4_gguf_w_u64(ds4_gguf_writer *w, const char *key, uint64_t v) {
-    return add_scalar(w, key, DS4_GGUF_U64, &v, v);
-}
-int ds4_gguf_w_i64(ds4_gguf_writer *w, const char *key, int64_t v) {
-    return add_scalar(w, key, DS4_GGUF_I64, &v, 0);
-}
-int ds4_gguf_w_f32(ds4_gguf_writer *w, const char *key, float v) {
-    return add_scalar(w, key, DS4_GGUF_F32, &v, 0);
-}
-int ds4_gguf_w_f64(ds4_gguf_writer *w, const char *key, double v) {
-    return add_scalar(w, key, DS4_GGUF_F64, &v, 0);
-}
+int ds4_gguf_w_u8(ds4_gguf_writer *w, const char *key, uint8_t v) { return add_scalar(w, key, DS4_GGUF_U8, &v, v); }
+int ds4_gguf_w_i8(ds4_gguf_writer *w, const char *key, int8_t v) { return add_scalar(w, key, DS4_GGUF_I8, &v, 0); }
+int ds4_gguf_w_u16(ds4_gguf_writer *w, const char *key, uint16_t v) { return add_scalar(w, key, DS4_GGUF_U16, &v, v); }
+int ds4_gguf_w_i16(ds4_gguf_writer *w, const char *key, int16_t v) { return add_scalar(w, key, DS4_GGUF_I16, &v, 0); }
+int ds4_gguf_w_u32(ds4_gguf_writer *w, const char *key, uint32_t v) { return add_scalar(w, key, DS4_GGUF_U32, &v, v); }
+int ds4_gguf_w_i32(ds4_gguf_writer *w, const char *key, int32_t v) { return add_scalar(w, key, DS4_GGUF_I32, &v, 0); }
+int ds4_gguf_w_u64(ds4_gguf_writer *w, const char *key, uint64_t v) { return add_scalar(w, key, DS4_GGUF_U64, &v, v); }
+int ds4_gguf_w_i64(ds4_gguf_writer *w, const char *key, int64_t v) { return add_scalar(w, key, DS4_GGUF_I64, &v, 0); }
+int ds4_gguf_w_f32(ds4_gguf_writer *w, const char *key, float v) { return add_scalar(w, key, DS4_GGUF_F32, &v, 0); }
+int ds4_gguf_w_f64(ds4_gguf_writer *w, const char *key, double v) { return add_scalar(w, key, DS4_GGUF_F64, &v, 0); }
 int ds4_gguf_w_bool(ds4_gguf_writer *w, const char *key, bool v) {
     uint8_t b = v ? 1 : 0;
     return add_scalar(w, key, DS4_GGUF_BOOL, &b, 0);
@@ -272,8 +243,9 @@ int ds4_gguf_w_bool(ds4_gguf_writer *w, const char *key, bool v) {
 
 int ds4_gguf_w_strn(ds4_gguf_writer *w, const char *key, const char *s, uint64_t len) {
     if (!w) return -1;
-    if (!s && len) return wfail(w, DS4_EINVAL, "key '%s': NULL string of %llu bytes", key ? key : "(null)",
-                                (unsigned long long)len);
+    if (!s && len)
+        return wfail(w, DS4_EINVAL, "key '%s': NULL string of %llu bytes", key ? key : "(null)",
+                     (unsigned long long)len);
     if (reserve_key(w) != 0 || begin_kv(w, key, DS4_GGUF_STRING, 0) != 0) return -1;
     return meta_str(w, s, len);
 }
@@ -284,13 +256,12 @@ int ds4_gguf_w_str(ds4_gguf_writer *w, const char *key, const char *s) {
     return ds4_gguf_w_strn(w, key, s, strlen(s));
 }
 
-int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem,
-                   const void *data, uint64_t count) {
+int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem, const void *data, uint64_t count) {
     if (!w) return -1;
     size_t esize = elem < DS4_GGUF_VTYPE_COUNT ? ds4_gguf_vtype_size(elem) : 0;
     if (esize == 0)
-        return wfail(w, DS4_EINVAL, "key '%s': %s is not a fixed-size array element type",
-                     key ? key : "(null)", ds4_gguf_vtype_name(elem));
+        return wfail(w, DS4_EINVAL, "key '%s': %s is not a fixed-size array element type", key ? key : "(null)",
+                     ds4_gguf_vtype_name(elem));
     if (count > SIZE_MAX / esize || (!data && count))
         return wfail(w, DS4_EINVAL, "key '%s': bad array of %llu elements", key ? key : "(null)",
                      (unsigned long long)count);
@@ -304,16 +275,15 @@ int ds4_gguf_w_arr(ds4_gguf_writer *w, const char *key, ds4_gguf_vtype elem,
     return meta_put(w, data, count * esize);
 }
 
-int ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *key, const char *const *strs,
-                       const uint64_t *lens, uint64_t count) {
+int ds4_gguf_w_arr_str(ds4_gguf_writer *w, const char *key, const char *const *strs, const uint64_t *lens,
+                       uint64_t count) {
     if (!w) return -1;
     if (!strs && count)
         return wfail(w, DS4_EINVAL, "key '%s': NULL string array of %llu elements", key ? key : "(null)",
                      (unsigned long long)count);
     for (uint64_t i = 0; i < count; i++)
         if (!strs[i] && (!lens || lens[i]))
-            return wfail(w, DS4_EINVAL, "key '%s': string %llu is NULL", key ? key : "(null)",
-                         (unsigned long long)i);
+            return wfail(w, DS4_EINVAL, "key '%s': string %llu is NULL", key ? key : "(null)", (unsigned long long)i);
     if (reserve_key(w) != 0 || begin_kv(w, key, DS4_GGUF_ARRAY, 0) != 0) return -1;
     if (meta_u32(w, DS4_GGUF_STRING) != 0 || meta_u64(w, count) != 0) return -1;
     for (uint64_t i = 0; i < count; i++)
@@ -359,8 +329,8 @@ int ds4_gguf_w_copy_kv(ds4_gguf_writer *w, const ds4_gguf_kv *kv) {
 
 /* -------------------------------------------------------------- tensors */
 
-static int check_shape(ds4_gguf_writer *w, const char *name, uint32_t ndim, const uint64_t *ne,
-                       uint32_t type, uint64_t *nbytes) {
+static int check_shape(ds4_gguf_writer *w, const char *name, uint32_t ndim, const uint64_t *ne, uint32_t type,
+                       uint64_t *nbytes) {
     if (ndim == 0 || ndim > DS4_GGUF_MAX_DIMS || !ne)
         return wfail(w, DS4_EINVAL, "tensor '%s': ndim %u is not in 1..%d", name, ndim, DS4_GGUF_MAX_DIMS);
     const ds4_type_info *ti = ds4_type_get(type);
@@ -368,8 +338,7 @@ static int check_shape(ds4_gguf_writer *w, const char *name, uint32_t ndim, cons
     uint64_t n = 1;
     for (uint32_t d = 0; d < ndim; d++) {
         if (ne[d] == 0) return wfail(w, DS4_EINVAL, "tensor '%s': dimension %u is zero", name, d);
-        if (ne[d] > (uint64_t)INT64_MAX / n)
-            return wfail(w, DS4_ERANGE, "tensor '%s': element count overflows", name);
+        if (ne[d] > (uint64_t)INT64_MAX / n) return wfail(w, DS4_ERANGE, "tensor '%s': element count overflows", name);
         n *= ne[d];
     }
     if (ne[0] % (uint64_t)ti->block_elems != 0)
@@ -381,8 +350,7 @@ static int check_shape(ds4_gguf_writer *w, const char *name, uint32_t ndim, cons
     return 0;
 }
 
-int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim,
-                      const uint64_t *ne, uint32_t type) {
+int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim, const uint64_t *ne, uint32_t type) {
     if (!w || w->failed) return -1;
     if (!name) return wfail(w, DS4_EINVAL, "tensor name is NULL");
     if (w->header_done) return wfail(w, DS4_EINVAL, "tensor '%s' declared after tensor data started", name);
@@ -418,13 +386,9 @@ int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim,
 
 /* --------------------------------------------------------------- output */
 
-static int emit_u32(ds4_gguf_writer *w, uint32_t v) {
-    return emit(w, &v, 4);
-}
+static int emit_u32(ds4_gguf_writer *w, uint32_t v) { return emit(w, &v, 4); }
 
-static int emit_u64(ds4_gguf_writer *w, uint64_t v) {
-    return emit(w, &v, 8);
-}
+static int emit_u64(ds4_gguf_writer *w, uint64_t v) { return emit(w, &v, 8); }
 
 /* Header, metadata and tensor table, then padding up to the data section.
  * Offsets are assigned here, once the alignment is final. */
@@ -472,8 +436,8 @@ int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
                      (unsigned long long)nbytes, (unsigned long long)w->n_tensors);
     wtensor *t = &w->tensors[w->cur];
     if (nbytes > t->nbytes - w->cur_written)
-        return wfail(w, DS4_EINVAL, "tensor '%s': %llu bytes of data given, its size is %llu",
-                     t->name, (unsigned long long)(w->cur_written + nbytes), (unsigned long long)t->nbytes);
+        return wfail(w, DS4_EINVAL, "tensor '%s': %llu bytes of data given, its size is %llu", t->name,
+                     (unsigned long long)(w->cur_written + nbytes), (unsigned long long)t->nbytes);
     if (emit(w, data, nbytes) != 0) return -1;
     w->cur_written += nbytes;
     if (w->cur_written == t->nbytes) {
@@ -506,8 +470,8 @@ ds4_gguf_writer *ds4_gguf_writer_open(const char *path, uint32_t alignment, ds4_
     w->path = strdup(path);
     w->tmp_path = malloc(strlen(path) + 64);
     w->buf = malloc(WRITE_BUF_BYTES);
-    if (!w->path || !w->tmp_path || !w->buf ||
-        ds4_name_index_init(&w->keys, 0, err) != 0 || ds4_name_index_init(&w->names, 0, err) != 0) {
+    if (!w->path || !w->tmp_path || !w->buf || ds4_name_index_init(&w->keys, 0, err) != 0 ||
+        ds4_name_index_init(&w->names, 0, err) != 0) {
         ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", path);
         ds4_gguf_writer_abort(w);
         return NULL;
@@ -516,8 +480,7 @@ ds4_gguf_writer *ds4_gguf_writer_open(const char *path, uint32_t alignment, ds4_
      * crashed run never collide; mode 0666 lets the umask apply. */
     static unsigned counter;
     for (int attempt = 0; attempt < 100 && w->fd < 0; attempt++) {
-        sprintf(w->tmp_path, "%s.tmp.%ld.%u", path, (long)getpid(),
-                __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+        sprintf(w->tmp_path, "%s.tmp.%ld.%u", path, (long)getpid(), __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
         w->fd = open(w->tmp_path, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (w->fd < 0 && errno != EEXIST) break;
     }
@@ -570,14 +533,13 @@ static int sync_parent_dir(ds4_gguf_writer *w) {
 
 static int finish(ds4_gguf_writer *w, bool header_only) {
     if (w->failed) return -1;
-    if (header_only && w->header_done)
-        return wfail(w, DS4_EINVAL, "a header-only file got tensor data");
+    if (header_only && w->header_done) return wfail(w, DS4_EINVAL, "a header-only file got tensor data");
     if (!w->header_done && write_header(w) != 0) return -1;
     if (!header_only && w->cur < w->n_tensors) {
         const wtensor *t = &w->tensors[w->cur];
-        return wfail(w, DS4_EINVAL, "tensor '%s' got %llu of its %llu bytes (%llu of %llu tensors complete)",
-                     t->name, (unsigned long long)w->cur_written, (unsigned long long)t->nbytes,
-                     (unsigned long long)w->cur, (unsigned long long)w->n_tensors);
+        return wfail(w, DS4_EINVAL, "tensor '%s' got %llu of its %llu bytes (%llu of %llu tensors complete)", t->name,
+                     (unsigned long long)w->cur_written, (unsigned long long)t->nbytes, (unsigned long long)w->cur,
+                     (unsigned long long)w->n_tensors);
     }
     if (flush_buf(w) != 0) return -1;
     if (fsync(w->fd) != 0) return wfail(w, DS4_EIO, "fsync of %s failed: %s", w->tmp_path, strerror(errno));

@@ -136,8 +136,8 @@ static int read_values(reader *r, const char *name, uint32_t nval, float **out, 
                         (uint32_t)raw[4 * j + 3] << 24;
         memcpy(&v[j], &bits, 4);
         if (!isfinite(v[j]) || v[j] < 0) {
-            ds4_err_set(err, DS4_EFORMAT, "%s: entry %s: value %u is %g (must be finite and >= 0)", r->path, name,
-                        j, v[j]);
+            ds4_err_set(err, DS4_EFORMAT, "%s: entry %s: value %u is %g (must be finite and >= 0)", r->path, name, j,
+                        v[j]);
             free(v);
             return -1;
         }
@@ -162,8 +162,8 @@ static int read_entry(reader *r, ds4_imatrix *im, uint32_t i, ds4_err *err) {
     name[len] = '\0';
     if (strlen(name) != (size_t)len) {
         free(name);
-        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %" PRIu64 ": entry %u: name contains a NUL byte", r->path,
-                           at, i);
+        return ds4_err_set(err, DS4_EFORMAT, "%s: offset %" PRIu64 ": entry %u: name contains a NUL byte", r->path, at,
+                           i);
     }
     if (read_i32(r, &ncall, "a call count", err) != 0 || read_i32(r, &nval, "a value count", err) != 0) {
         free(name);
@@ -247,7 +247,8 @@ done:
 /* ------------------------------------------------------------- writing */
 
 static int write_i32(FILE *fp, int32_t v) {
-    uint8_t b[4] = {(uint8_t)v, (uint8_t)((uint32_t)v >> 8), (uint8_t)((uint32_t)v >> 16), (uint8_t)((uint32_t)v >> 24)};
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)((uint32_t)v >> 8), (uint8_t)((uint32_t)v >> 16),
+                    (uint8_t)((uint32_t)v >> 24)};
     return fwrite(b, 1, 4, fp) == 4 ? 0 : -1;
 }
 
@@ -301,8 +302,8 @@ static void copy_mean(const ds4_imatrix_entry *e, uint64_t first, int64_t ncols,
     for (int64_t c = 0; c < ncols; c++) out[c] = e->values[first + (uint64_t)c] * scale;
 }
 
-int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, int expert, int n_expert,
-                       float *out, ds4_err *err) {
+int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, int expert, int n_expert, float *out,
+                       ds4_err *err) {
     if (expert >= 0) {
         /* Per-expert entries first, in the two spellings collectors use. */
         static const char *const fmts[] = {"%s.expert.%d", "%s.expert_%d"};
@@ -312,8 +313,8 @@ int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, i
             const ds4_imatrix_entry *e = ds4_imatrix_find(im, buf);
             if (!e) continue;
             if ((int64_t)e->nval != ncols)
-                return ds4_err_set(err, DS4_EFORMAT, "imatrix entry %s has %u values, expected %" PRId64, buf,
-                                   e->nval, ncols);
+                return ds4_err_set(err, DS4_EFORMAT, "imatrix entry %s has %u values, expected %" PRId64, buf, e->nval,
+                                   ncols);
             copy_mean(e, 0, ncols, out);
             return 1;
         }
@@ -328,8 +329,8 @@ int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, i
         copy_mean(e, (uint64_t)expert * (uint64_t)ncols, ncols, out);
         return 1;
     }
-    return ds4_err_set(err, DS4_EFORMAT, "imatrix entry %s has %u values, expected %" PRId64 " or %d x %" PRId64,
-                       name, e->nval, ncols, n_expert, ncols);
+    return ds4_err_set(err, DS4_EFORMAT, "imatrix entry %s has %u values, expected %" PRId64 " or %d x %" PRId64, name,
+                       e->nval, ncols, n_expert, ncols);
 }
 
 /* ------------------------------------------------------------ datasets */

@@ -33,16 +33,16 @@ typedef struct ds4_imatrix_entry {
     char *name;
     int32_t ncall;
     uint32_t nval;
-    float *values;   /* sums of squares (not yet divided by ncall) */
+    float *values; /* sums of squares (not yet divided by ncall) */
 } ds4_imatrix_entry;
 
 typedef struct ds4_imatrix {
-    char *path;      /* file it was read from, NULL for a new one */
+    char *path; /* file it was read from, NULL for a new one */
     uint32_t n_entries;
     ds4_imatrix_entry *entries;
-    int32_t chunks;  /* trailer; -1 when absent */
-    char *dataset;   /* trailer; NULL when absent */
-    void *index;     /* private: name -> entry */
+    int32_t chunks; /* trailer; -1 when absent */
+    char *dataset;  /* trailer; NULL when absent */
+    void *index;    /* private: name -> entry */
 } ds4_imatrix;
 
 /* Read and validate a file: counts, lengths, duplicate names, finite
@@ -71,8 +71,8 @@ int ds4_imatrix_save(const ds4_imatrix *im, const char *path, ds4_err *err);
  * values / ncall.  Returns 1 when found, 0 when no entry matches, -1 when
  * an entry matches the name but has a length that fits neither ncols nor
  * n_expert x ncols. */
-int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, int expert, int n_expert,
-                       float *out, ds4_err *err);
+int ds4_imatrix_lookup(const ds4_imatrix *im, const char *name, int64_t ncols, int expert, int n_expert, float *out,
+                       ds4_err *err);
 
 /* ------------------------------------------------------------ datasets */
 

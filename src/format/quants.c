@@ -112,8 +112,7 @@ void ds4_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
 
 /* -------------------------------------------------------- quantization */
 
-size_t ds4_quantize_row(uint32_t type, const float *src, void *dst, int64_t n,
-                        const float *importance) {
+size_t ds4_quantize_row(uint32_t type, const float *src, void *dst, int64_t n, const float *importance) {
     size_t bytes = ds4_row_bytes(type, n);
     if (bytes == 0) return 0;
     switch (type) {
@@ -157,9 +156,7 @@ static inline int32_t round_even(float v) {
     return (bits & 0x7fffff) - 0x400000;
 }
 
-static inline int8_t clamp_i8(int32_t v) {
-    return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
-}
+static inline int8_t clamp_i8(int32_t v) { return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v); }
 
 void ds4_quantize_q8_0x(const float *x, ds4_block_q8_0x *y, int64_t n) {
     for (int64_t i = 0; i < n / DS4_QK8_0; i++) {
@@ -224,10 +221,8 @@ size_t ds4_act_bytes(uint32_t weight_type, int64_t n) {
     if (n < 0) return 0;
     switch (ds4_act_type(weight_type)) {
     case DS4_TYPE_F32: return (size_t)n * sizeof(float);
-    case DS4_TYPE_Q8_0:
-        return n % DS4_QK8_0 ? 0 : (size_t)(n / DS4_QK8_0) * sizeof(ds4_block_q8_0x);
-    case DS4_TYPE_Q8_K:
-        return n % DS4_QK_K ? 0 : (size_t)(n / DS4_QK_K) * sizeof(ds4_block_q8_K);
+    case DS4_TYPE_Q8_0: return n % DS4_QK8_0 ? 0 : (size_t)(n / DS4_QK8_0) * sizeof(ds4_block_q8_0x);
+    case DS4_TYPE_Q8_K: return n % DS4_QK_K ? 0 : (size_t)(n / DS4_QK_K) * sizeof(ds4_block_q8_K);
     default: return 0;
     }
 }
@@ -262,9 +257,7 @@ int ds4_cpu_has_avx2_fma(void) {
     return v;
 }
 
-void ds4_set_simd(ds4_simd_level level) {
-    atomic_store(&simd_request, (int)level);
-}
+void ds4_set_simd(ds4_simd_level level) { atomic_store(&simd_request, (int)level); }
 
 ds4_simd_level ds4_get_simd(void) {
     int req = atomic_load(&simd_request);
@@ -280,12 +273,16 @@ typedef struct {
     int width;
 } dot_kernels;
 
-#define SCALAR_KERNELS(t) {ds4_dot_##t##_scalar, ds4_dot_##t##_multi_scalar, DS4_MULTI_MAX}
-#define AVX2_KERNELS(t, w) {ds4_dot_##t##_avx2, ds4_dot_##t##_multi_avx2, w}
+/* clang-format off */
+#define SCALAR_KERNELS(t) \
+    { ds4_dot_##t##_scalar, ds4_dot_##t##_multi_scalar, DS4_MULTI_MAX }
+#define AVX2_KERNELS(t, w) \
+    { ds4_dot_##t##_avx2, ds4_dot_##t##_multi_avx2, w }
+/* clang-format on */
 
 static int pick_dot(uint32_t type, int avx2, dot_kernels *k) {
-    static const dot_kernels scalar[] = {SCALAR_KERNELS(f32),  SCALAR_KERNELS(f16),  SCALAR_KERNELS(bf16),
-                                         SCALAR_KERNELS(q8_0), SCALAR_KERNELS(q2_K), SCALAR_KERNELS(q4_K),
+    static const dot_kernels scalar[] = {SCALAR_KERNELS(f32),    SCALAR_KERNELS(f16),  SCALAR_KERNELS(bf16),
+                                         SCALAR_KERNELS(q8_0),   SCALAR_KERNELS(q2_K), SCALAR_KERNELS(q4_K),
                                          SCALAR_KERNELS(iq2_xxs)};
     static const dot_kernels simd[] = {
         AVX2_KERNELS(f32, DS4_AVX2_WIDTH_FLOAT),  AVX2_KERNELS(f16, DS4_AVX2_WIDTH_FLOAT),
@@ -308,9 +305,7 @@ static int pick_dot(uint32_t type, int avx2, dot_kernels *k) {
 }
 
 /* A weight row of `n` elements must be whole blocks of its type. */
-static int dot_shape_ok(uint32_t type, int64_t n) {
-    return n >= 0 && (n == 0 || ds4_row_bytes(type, n) != 0);
-}
+static int dot_shape_ok(uint32_t type, int64_t n) { return n >= 0 && (n == 0 || ds4_row_bytes(type, n) != 0); }
 
 float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void *act) {
     dot_kernels k;
@@ -318,8 +313,8 @@ float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void
     return k.one(n, w_row, act);
 }
 
-void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride,
-                      const void *act, float *y) {
+void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride, const void *act,
+                      float *y) {
     ds4_vec_dot_rows_multi(weight_type, n, nrows, w, row_stride, act, 0, 1, y, 0);
 }
 

@@ -41,30 +41,30 @@ typedef enum ds4_type {
 } ds4_type;
 
 #define DS4_QK8_0 32
-#define DS4_QK_K 256
+#define DS4_QK_K  256
 
 /* Stored block layouts (little-endian, packed as in GGML). */
 typedef struct {
-    uint16_t d;                 /* f16 */
+    uint16_t d; /* f16 */
     int8_t qs[DS4_QK8_0];
 } ds4_block_q8_0;
 
 typedef struct {
     uint8_t scales[DS4_QK_K / 16]; /* low nibble scale, high nibble min */
     uint8_t qs[DS4_QK_K / 4];
-    uint16_t d;                 /* f16 */
-    uint16_t dmin;              /* f16 */
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
 } ds4_block_q2_K;
 
 typedef struct {
-    uint16_t d;                 /* f16 */
-    uint16_t dmin;              /* f16 */
+    uint16_t d;    /* f16 */
+    uint16_t dmin; /* f16 */
     uint8_t scales[12];
     uint8_t qs[DS4_QK_K / 2];
 } ds4_block_q4_K;
 
 typedef struct {
-    uint16_t d;                 /* f16 */
+    uint16_t d; /* f16 */
     uint16_t qs[DS4_QK_K / 8];
 } ds4_block_iq2_xxs;
 
@@ -79,7 +79,7 @@ static inline uint8_t ds4_iq2_sign_byte(uint32_t s7) {
 
 /* Activation blocks (memory only). */
 typedef struct {
-    float d;                    /* amax / 127 */
+    float d; /* amax / 127 */
     int8_t qs[DS4_QK8_0];
 } ds4_block_q8_0x;
 
@@ -90,10 +90,10 @@ typedef struct {
 } ds4_block_q8_K;
 
 typedef struct ds4_type_info {
-    const char *name;           /* "q8_0", ... as gguf-py names them */
+    const char *name; /* "q8_0", ... as gguf-py names them */
     int64_t block_elems;
     size_t block_bytes;
-    int supported;              /* ds4 can dequantize it */
+    int supported; /* ds4 can dequantize it */
 } ds4_type_info;
 
 /* Geometry of a GGML type id; NULL for an id no GGML version defines. */
@@ -125,8 +125,7 @@ void ds4_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
  * importance uses the column-energy fallback given by the caller through
  * ds4_column_energy(); passing NULL uses x^2 of the row itself.
  * Returns the number of bytes written. */
-size_t ds4_quantize_row(uint32_t type, const float *src, void *dst, int64_t n,
-                        const float *importance);
+size_t ds4_quantize_row(uint32_t type, const float *src, void *dst, int64_t n, const float *importance);
 
 /* Synthetic importance for a [rows x cols] f32 matrix when no imatrix is
  * available: out[c] = sum over rows of w[r][c]^2 (docs/MODEL.md 2.6). */
@@ -160,8 +159,8 @@ void ds4_quantize_q8_K(const float *x, ds4_block_q8_K *y, int64_t n);
 float ds4_vec_dot(uint32_t weight_type, int64_t n, const void *w_row, const void *act);
 
 /* y[r] = dot(row r, act) for r in [0, nrows); rows are `row_stride` bytes apart. */
-void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w,
-                      size_t row_stride, const void *act, float *y);
+void ds4_vec_dot_rows(uint32_t weight_type, int64_t n, int64_t nrows, const void *w, size_t row_stride, const void *act,
+                      float *y);
 
 /* y[a * y_stride + r] = dot(row r, activation a) for r < nrows, a < nacts;
  * rows are `row_stride` bytes apart, activations `act_stride` bytes apart

@@ -27,9 +27,7 @@ AVX2 static inline int32_t hsum_i32(__m256i v) {
     return _mm_cvtsi128_si32(s);
 }
 
-AVX2 static inline float f16_scalar(uint16_t h) {
-    return _cvtsh_ss(h);
-}
+AVX2 static inline float f16_scalar(uint16_t h) { return _cvtsh_ss(h); }
 
 /* ------------------------------------------- several activations, shared
  *
@@ -47,8 +45,7 @@ AVX2 static inline float f16_scalar(uint16_t h) {
 AVX2 static inline __m256i hsum_i32_x8(const __m256i v[8]) {
     __m256i abcd = _mm256_hadd_epi32(_mm256_hadd_epi32(v[0], v[1]), _mm256_hadd_epi32(v[2], v[3]));
     __m256i efgh = _mm256_hadd_epi32(_mm256_hadd_epi32(v[4], v[5]), _mm256_hadd_epi32(v[6], v[7]));
-    return _mm256_add_epi32(_mm256_permute2x128_si256(abcd, efgh, 0x20),
-                            _mm256_permute2x128_si256(abcd, efgh, 0x31));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(abcd, efgh, 0x20), _mm256_permute2x128_si256(abcd, efgh, 0x31));
 }
 
 /* The scales d of block b of activations 0 .. nk-1 (Q8_K), 0 elsewhere. */
@@ -75,6 +72,7 @@ AVX2_BODY void store_x8(__m256 acc, int nk, float *out) {
 }
 
 /* The exported multi kernel of an integer type, for 2 .. 8 activations. */
+/* clang-format off */
 #define MULTI_INT_KERNEL(name, body)                                                                   \
     AVX2 void name(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) { \
         switch (nacts) {                                                                               \
@@ -95,16 +93,13 @@ AVX2_BODY void store_x8(__m256 acc, int nk, float *out) {
         else if (nacts == 3) body(n, w, act, act_stride, 3, out);                                      \
         else body(n, w, act, act_stride, 4, out);                                                      \
     }
+/* clang-format on */
 
 /* ------------------------------------------------------------------ F32 */
 
-AVX2 static inline __m256d widen_lo(__m256 v) {
-    return _mm256_cvtps_pd(_mm256_castps256_ps128(v));
-}
+AVX2 static inline __m256d widen_lo(__m256 v) { return _mm256_cvtps_pd(_mm256_castps256_ps128(v)); }
 
-AVX2 static inline __m256d widen_hi(__m256 v) {
-    return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1));
-}
+AVX2 static inline __m256d widen_hi(__m256 v) { return _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)); }
 
 /* The reduction trees of quants_dot.c on vectors, for rows without a tail:
  * the same additions of the same operands in the same order, without
@@ -133,8 +128,8 @@ AVX2 static inline double reduce_f64_vec(__m256d c0, __m256d c1, __m256d c2, __m
 
 /* Tail (elements past the last 16) and reduction: the accumulators hold
  * lanes 0..15, the remaining elements go to lane i % 16 as in the scalar. */
-AVX2_BODY float finish_f32(__m256d c0, __m256d c1, __m256d c2, __m256d c3, int64_t i, int64_t n,
-                           const float *a, const float *x) {
+AVX2_BODY float finish_f32(__m256d c0, __m256d c1, __m256d c2, __m256d c3, int64_t i, int64_t n, const float *a,
+                           const float *x) {
     if (i == n) return (float)reduce_f64_vec(c0, c1, c2, c3);
     double lanes[DS4_F64_LANES];
     _mm256_storeu_pd(lanes, c0);
@@ -188,17 +183,14 @@ AVX2 static inline void f32_multi2(int64_t n, const float *a, const float *x, co
     out[1] = finish_f32(e0, e1, e2, e3, i, n, a, z);
 }
 
-AVX2 void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                 float *out) {
+AVX2 void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     (void)nacts; /* always DS4_AVX2_WIDTH_FLOAT = 2 */
     f32_multi2(n, w, act, ds4_act_at(act, act_stride, 1), out);
 }
 
 /* ------------------------------------------------------------ F16, BF16 */
 
-AVX2 static inline __m256 load_f16x8(const uint16_t *p) {
-    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
-}
+AVX2 static inline __m256 load_f16x8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
 
 AVX2 static inline __m256 load_bf16x8(const uint16_t *p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
@@ -207,8 +199,8 @@ AVX2 static inline __m256 load_bf16x8(const uint16_t *p) {
 
 /* Tail and reduction shared by the F16/BF16 kernels: the accumulators hold
  * lanes 0..31, the remaining elements go to lane i % 32 as in the scalar. */
-AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n,
-                           const uint16_t *a, const float *x, int bf16) {
+AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i, int64_t n, const uint16_t *a,
+                           const float *x, int bf16) {
     if (i == n) return reduce_q8_vec(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)));
     float lanes[DS4_F32_LANES];
     _mm256_storeu_ps(lanes, c0);
@@ -224,6 +216,7 @@ AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i
 
 /* One step of 32 elements: multiply, then add (no FMA: the f16 x f32
  * product is inexact, and the scalar definition rounds it). */
+/* clang-format off */
 #define F16_STEP(load)                                                                  \
     do {                                                                                \
         c0 = _mm256_add_ps(c0, _mm256_mul_ps(load(a + i), _mm256_loadu_ps(x + i)));           \
@@ -231,6 +224,7 @@ AVX2_BODY float finish_f16(__m256 c0, __m256 c1, __m256 c2, __m256 c3, int64_t i
         c2 = _mm256_add_ps(c2, _mm256_mul_ps(load(a + i + 16), _mm256_loadu_ps(x + i + 16))); \
         c3 = _mm256_add_ps(c3, _mm256_mul_ps(load(a + i + 24), _mm256_loadu_ps(x + i + 24))); \
     } while (0)
+/* clang-format on */
 
 AVX2 float ds4_dot_f16_avx2(int64_t n, const void *w, const void *act) {
     const uint16_t *a = w;
@@ -252,6 +246,7 @@ AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
 
 /* Two activations: each weight vector converted once, then the step of
  * F16_STEP for each activation. */
+/* clang-format off */
 #define F16_STEP2(load)                                                               \
     do {                                                                              \
         __m256 w0 = load(a + i), w1 = load(a + i + 8), w2 = load(a + i + 16), w3 = load(a + i + 24); \
@@ -264,6 +259,7 @@ AVX2 float ds4_dot_bf16_avx2(int64_t n, const void *w, const void *act) {
         e2 = _mm256_add_ps(e2, _mm256_mul_ps(w2, _mm256_loadu_ps(z + i + 16)));      \
         e3 = _mm256_add_ps(e3, _mm256_mul_ps(w3, _mm256_loadu_ps(z + i + 24)));      \
     } while (0)
+/* clang-format on */
 
 /* Two activations against one F16 (bf16 = 0) or BF16 row. */
 AVX2_BODY void dot_f16_pair(int64_t n, const uint16_t *a, const float *x, const float *z, int bf16, float *out) {
@@ -277,14 +273,12 @@ AVX2_BODY void dot_f16_pair(int64_t n, const uint16_t *a, const float *x, const 
     out[1] = finish_f16(e0, e1, e2, e3, i, n, a, z, bf16);
 }
 
-AVX2 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                 float *out) {
+AVX2 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     (void)nacts; /* always DS4_AVX2_WIDTH_FLOAT = 2 */
     dot_f16_pair(n, w, act, ds4_act_at(act, act_stride, 1), 0, out);
 }
 
-AVX2 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                  float *out) {
+AVX2 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     (void)nacts;
     dot_f16_pair(n, w, act, ds4_act_at(act, act_stride, 1), 1, out);
 }
@@ -311,14 +305,13 @@ AVX2 static inline __m256i q8_sums8(const ds4_block_q8_0 *a, const ds4_block_q8_
 }
 
 AVX2 static inline __m256 q8_scales8(const ds4_block_q8_0 *a, const ds4_block_q8_0x *x) {
-    __m128i d16 = _mm_setr_epi16((short)a[0].d, (short)a[1].d, (short)a[2].d, (short)a[3].d,
-                                 (short)a[4].d, (short)a[5].d, (short)a[6].d, (short)a[7].d);
+    __m128i d16 = _mm_setr_epi16((short)a[0].d, (short)a[1].d, (short)a[2].d, (short)a[3].d, (short)a[4].d,
+                                 (short)a[5].d, (short)a[6].d, (short)a[7].d);
     __m256 xd = _mm256_setr_ps(x[0].d, x[1].d, x[2].d, x[3].d, x[4].d, x[5].d, x[6].d, x[7].d);
     return _mm256_mul_ps(_mm256_cvtph_ps(d16), xd);
 }
 
-AVX2_BODY float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a,
-                          const ds4_block_q8_0x *x) {
+AVX2_BODY float q8_finish(__m256 acc, int64_t b, int64_t nb, const ds4_block_q8_0 *a, const ds4_block_q8_0x *x) {
     if (b == nb) return reduce_q8_vec(acc);
     float lanes[DS4_Q8_LANES];
     _mm256_storeu_ps(lanes, acc);
@@ -352,8 +345,7 @@ AVX2 static inline __m256i q8_partials_abs(__m256i wabs, __m256i wq, const ds4_b
 
 /* Blocks b and b+1 of the weight against each activation, combined by one
  * hadd as in q8_sums8. */
-AVX2_BODY void q8_pair(const ds4_block_q8_0 *a, const ds4_block_q8_0x *const x[4], int64_t b, int nk,
-                       __m256i h[4]) {
+AVX2_BODY void q8_pair(const ds4_block_q8_0 *a, const ds4_block_q8_0x *const x[4], int64_t b, int nk, __m256i h[4]) {
     __m256i w0 = _mm256_loadu_si256((const __m256i *)a[b].qs);
     __m256i w1 = _mm256_loadu_si256((const __m256i *)a[b + 1].qs);
     __m256i a0 = _mm256_sign_epi8(w0, w0), a1 = _mm256_sign_epi8(w1, w1);
@@ -403,10 +395,9 @@ MULTI_INT_KERNEL4(ds4_dot_q8_0_multi_avx2, q8_0_multi)
 /* Shuffle controls that spread the scale of sub-blocks s (low 128 bits) and
  * s+1 (high 128 bits) over int16 lanes, for s = 0, 2, ..., 14. */
 AVX2 static inline __m256i q2_scale_ctl(int s) {
-    return _mm256_setr_epi8((char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1,
-                            (char)s, -1, (char)s, -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1),
-                            -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1,
-                            (char)(s + 1), -1);
+    return _mm256_setr_epi8((char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1, (char)s, -1,
+                            (char)s, -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1,
+                            (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1, (char)(s + 1), -1);
 }
 
 AVX2 float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) {
@@ -474,8 +465,7 @@ AVX2_BODY void q2_K_multi(int64_t n, const void *w, const void *act, size_t act_
         __m256i isum = hsum_i32_x8(v);
         __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc8, 4), m15));
 #pragma GCC unroll 8
-        for (int k = 0; k < nk; k++)
-            v[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
+        for (int k = 0; k < nk; k++) v[k] = _mm256_madd_epi16(mins, _mm256_loadu_si256((const __m256i *)x[k][b].bsums));
         __m256i msum = hsum_i32_x8(v);
         acc = kq_step_x8(acc, a[b].d, a[b].dmin, act_d_x8(x, b, nk), isum, msum);
     }
@@ -580,16 +570,17 @@ MULTI_INT_KERNEL(ds4_dot_q4_K_multi_avx2, q4_K_multi)
 
 /* Byte k of SIGN64(s) is -1 where bit k of the sign byte of s is set, else
  * +1: the second operand of _mm256_sign_epi8. */
-#define SB(s) ((s) | ((((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1) << 7))
+#define SB(s)       ((s) | ((((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1) << 7))
 #define SBYTE(s, k) ((uint64_t)((SB(s) >> (k)) & 1 ? 0xff : 0x01) << (8 * (k)))
+/* clang-format off */
 #define SIGN64(s) (SBYTE(s, 0) | SBYTE(s, 1) | SBYTE(s, 2) | SBYTE(s, 3) | SBYTE(s, 4) | SBYTE(s, 5) | \
                    SBYTE(s, 6) | SBYTE(s, 7))
 #define SIGN64_8(s) SIGN64(s), SIGN64(s + 1), SIGN64(s + 2), SIGN64(s + 3), SIGN64(s + 4), \
                     SIGN64(s + 5), SIGN64(s + 6), SIGN64(s + 7)
+/* clang-format on */
 static const uint64_t iq2_sign64[128] = {
-    SIGN64_8(0),  SIGN64_8(8),  SIGN64_8(16), SIGN64_8(24), SIGN64_8(32),  SIGN64_8(40),
-    SIGN64_8(48), SIGN64_8(56), SIGN64_8(64), SIGN64_8(72), SIGN64_8(80),  SIGN64_8(88),
-    SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
+    SIGN64_8(0),  SIGN64_8(8),  SIGN64_8(16), SIGN64_8(24), SIGN64_8(32), SIGN64_8(40),  SIGN64_8(48),  SIGN64_8(56),
+    SIGN64_8(64), SIGN64_8(72), SIGN64_8(80), SIGN64_8(88), SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
 };
 
 /* A group of 32 unpacked: the grid bytes, the sign operand and the group
@@ -674,11 +665,13 @@ float ds4_dot_q2_K_avx2(int64_t n, const void *w, const void *act) { return ds4_
 float ds4_dot_q4_K_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_q4_K_scalar(n, w, act); }
 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) { return ds4_dot_iq2_xxs_scalar(n, w, act); }
 
+/* clang-format off */
 #define MULTI_FALLBACK(t)                                                                              \
     void ds4_dot_##t##_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, \
                                   float *out) {                                                        \
         ds4_dot_##t##_multi_scalar(n, w, act, act_stride, nacts, out);                                 \
     }
+/* clang-format on */
 MULTI_FALLBACK(f32)
 MULTI_FALLBACK(f16)
 MULTI_FALLBACK(bf16)

@@ -159,8 +159,7 @@ float ds4_dot_iq2_xxs_scalar(int64_t n, const void *w, const void *act) {
  * activation takes it through the float expression and lane of its single
  * kernel above.  Integer sums are exact, so unpacking changes no bit. */
 
-void ds4_dot_f32_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                              float *out) {
+void ds4_dot_f32_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     const float *a = w;
     double acc[DS4_MULTI_MAX][DS4_F64_LANES] = {{0}};
     for (int64_t i = 0; i < n; i++) {
@@ -188,18 +187,15 @@ static void dot_f16_multi(int64_t n, const uint16_t *a, int bf16, const void *ac
     for (int k = 0; k < nacts; k++) out[k] = ds4_reduce_f32_lanes(acc[k]);
 }
 
-void ds4_dot_f16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                              float *out) {
+void ds4_dot_f16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     dot_f16_multi(n, w, 0, act, act_stride, nacts, out);
 }
 
-void ds4_dot_bf16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                               float *out) {
+void ds4_dot_bf16_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     dot_f16_multi(n, w, 1, act, act_stride, nacts, out);
 }
 
-void ds4_dot_q8_0_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                               float *out) {
+void ds4_dot_q8_0_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     const ds4_block_q8_0 *a = w;
     float acc[DS4_MULTI_MAX][DS4_Q8_LANES] = {{0}};
     for (int64_t b = 0; b < n / DS4_QK8_0; b++) {
@@ -312,26 +308,21 @@ static void blocks256_multi(uint32_t type, int64_t n, const void *w, const void 
             const ds4_block_q8_K *x = (const ds4_block_q8_K *)ds4_act_at(act, act_stride, k) + b;
             int32_t isum, msum;
             unpacked_sums(&u, x, &isum, &msum);
-            if (type == DS4_TYPE_IQ2_XXS)
-                acc[k] = ds4_iq2_step(acc[k], d * x->d, isum);
-            else
-                acc[k] = ds4_kq_step(acc[k], d * x->d, dmin * x->d, isum, msum);
+            if (type == DS4_TYPE_IQ2_XXS) acc[k] = ds4_iq2_step(acc[k], d * x->d, isum);
+            else acc[k] = ds4_kq_step(acc[k], d * x->d, dmin * x->d, isum, msum);
         }
     }
     for (int k = 0; k < nacts; k++) out[k] = acc[k];
 }
 
-void ds4_dot_q2_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                               float *out) {
+void ds4_dot_q2_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     blocks256_multi(DS4_TYPE_Q2_K, n, w, act, act_stride, nacts, out);
 }
 
-void ds4_dot_q4_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                               float *out) {
+void ds4_dot_q4_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     blocks256_multi(DS4_TYPE_Q4_K, n, w, act, act_stride, nacts, out);
 }
 
-void ds4_dot_iq2_xxs_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                  float *out) {
+void ds4_dot_iq2_xxs_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out) {
     blocks256_multi(DS4_TYPE_IQ2_XXS, n, w, act, act_stride, nacts, out);
 }

@@ -34,7 +34,7 @@
 /* F16/BF16 rows: 32 float lanes, element i goes to lane i % 32. */
 #define DS4_F32_LANES 32
 /* Q8_0 rows: 8 float lanes, block b goes to lane b % 8. */
-#define DS4_Q8_LANES 8
+#define DS4_Q8_LANES  8
 
 /* The fixed reduction trees that end those dots (quants_dot.c). */
 double ds4_reduce_f64_lanes(const double acc[DS4_F64_LANES]);
@@ -52,9 +52,7 @@ static inline float ds4_kq_step(float acc, float dall, float dmin, int32_t isum,
 
 /* IQ2_XXS: isum = sum over groups of (2S+1) * integer dot; the value of a
  * grid entry is d * (2S+1)/8 * grid. */
-static inline float ds4_iq2_step(float acc, float d, int32_t isum) {
-    return acc + d * ((float)isum * 0.125f);
-}
+static inline float ds4_iq2_step(float acc, float d, int32_t isum) { return acc + d * ((float)isum * 0.125f); }
 
 /* ------------------------------------------------------------- kernels */
 
@@ -90,8 +88,7 @@ void ds4_dot_bf16_multi_scalar(int64_t n, const void *w, const void *act, size_t
 void ds4_dot_q8_0_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_q2_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_q4_K_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
-void ds4_dot_iq2_xxs_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                  float *out);
+void ds4_dot_iq2_xxs_multi_scalar(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 
 /* AVX2+FMA+F16C kernels (quants_avx2.c); call only when
  * ds4_cpu_has_avx2_fma(). */
@@ -106,16 +103,15 @@ float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act);
 /* AVX2 multi kernels (quants_avx2.c); their widths are what keeps the
  * accumulators and the unpacked block in the 16 vector registers. */
 #define DS4_AVX2_WIDTH_FLOAT 2 /* F32, F16, BF16 */
-#define DS4_AVX2_WIDTH_Q8_0 4
-#define DS4_AVX2_WIDTH_256 8   /* Q2_K, Q4_K, IQ2_XXS */
+#define DS4_AVX2_WIDTH_Q8_0  4
+#define DS4_AVX2_WIDTH_256   8 /* Q2_K, Q4_K, IQ2_XXS */
 void ds4_dot_f32_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_f16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_bf16_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_q8_0_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_q2_K_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 void ds4_dot_q4_K_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
-void ds4_dot_iq2_xxs_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts,
-                                float *out);
+void ds4_dot_iq2_xxs_multi_avx2(int64_t n, const void *w, const void *act, size_t act_stride, int nacts, float *out);
 
 /* ------------------------------------------------------------ IQ2_XXS */
 

@@ -33,16 +33,12 @@
 #include <math.h>
 #include <pthread.h>
 
-static inline float max_f(float a, float b) {
-    return b > a ? b : a;
-}
+static inline float max_f(float a, float b) { return b > a ? b : a; }
 
-static inline float min_f(float a, float b) {
-    return b < a ? b : a;
-}
+static inline float min_f(float a, float b) { return b < a ? b : a; }
 
 #define NPATTERN 6561 /* 3^8 */
-#define NCAND 12      /* grid vectors listed per pattern */
+#define NCAND    12   /* grid vectors listed per pattern */
 
 static const float LEVEL[3] = {8.0f, 25.0f, 43.0f};
 
@@ -239,9 +235,7 @@ static void prepare_group(const float *x, const float *w, iq2_sub sub[4]) {
 }
 
 /* Decoder multiplier of group scale S under the f16 super-block scale d. */
-static inline float iq2_dl(float d, int S) {
-    return d * (0.5f + (float)S) * 0.25f;
-}
+static inline float iq2_dl(float d, int S) { return d * (0.5f + (float)S) * 0.25f; }
 
 /* For a given f16 d, the best S per group; returns the total error. */
 static float iq2_choose_scales(const iq2_sub sub[8][4], const float ideal[8], float d, int S[8]) {

@@ -60,9 +60,7 @@ typedef struct {
 static const kq_shape Q2K_SHAPE = {16, 16, 3, 15};
 static const kq_shape Q4K_SHAPE = {32, 8, 15, 63};
 
-static inline int clamp_int(int v, int lo, int hi) {
-    return v < lo ? lo : v > hi ? hi : v;
-}
+static inline int clamp_int(int v, int lo, int hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 /* Nearest integer, ties to even (the 1.5 * 2^23 trick, exact for
  * |v| < 2^22); larger values, infinities and NaN (from inf/NaN input) are
@@ -75,13 +73,9 @@ static inline int nearest_int(float v) {
     return (bits & 0x7fffff) - 0x400000;
 }
 
-static inline float min_f(float a, float b) {
-    return b < a ? b : a;
-}
+static inline float min_f(float a, float b) { return b < a ? b : a; }
 
-static inline float max_f(float a, float b) {
-    return b > a ? b : a;
-}
+static inline float max_f(float a, float b) { return b > a ? b : a; }
 
 /* Weighted error of x ~ a q + b for the levels in q. */
 static double kq_error(int n, const float *x, const float *w, const uint8_t *q, float a, float b) {
@@ -174,8 +168,8 @@ static void kq_fit_sub(int n, int nmax, const float *x, const float *w, float *p
 
 /* Levels under integer scales: value = (d*sc) q - (dmin*m), with the f32
  * products the decoder forms.  Returns the weighted error. */
-static double kq_assign_block(const kq_shape *s, const float *x, const float *w, float d, float dmin,
-                              const uint8_t *sc, const uint8_t *mn, uint8_t *q) {
+static double kq_assign_block(const kq_shape *s, const float *x, const float *w, float d, float dmin, const uint8_t *sc,
+                              const uint8_t *mn, uint8_t *q) {
     double e = 0;
     for (int j = 0; j < s->nsub; j++) {
         float dl = d * (float)sc[j], ml = dmin * (float)mn[j];
@@ -192,8 +186,8 @@ static double kq_assign_block(const kq_shape *s, const float *x, const float *w,
 }
 
 /* Step 3: least squares of x ~ d (sc q) - dmin m over the super-block. */
-static void kq_refit_block(const kq_shape *s, const float *x, const float *w, const uint8_t *sc,
-                           const uint8_t *mn, const uint8_t *q, float *pd, float *pdmin) {
+static void kq_refit_block(const kq_shape *s, const float *x, const float *w, const uint8_t *sc, const uint8_t *mn,
+                           const uint8_t *q, float *pd, float *pdmin) {
     double suu = 0, suv = 0, svv = 0, sux = 0, svx = 0;
     for (int i = 0; i < DS4_QK_K; i++) {
         int j = i / s->sub;
@@ -215,8 +209,8 @@ static void kq_refit_block(const kq_shape *s, const float *x, const float *w, co
 
 /* Quantize one super-block: levels q[256], integer scales and mins, f16 d and
  * dmin. */
-static void kq_block(const kq_shape *s, const float *x, const float *imp, uint8_t *q, uint8_t *sc,
-                     uint8_t *mn, uint16_t *d16, uint16_t *dmin16) {
+static void kq_block(const kq_shape *s, const float *x, const float *imp, uint8_t *q, uint8_t *sc, uint8_t *mn,
+                     uint16_t *d16, uint16_t *dmin16) {
     float w[DS4_QK_K];
     for (int i = 0; i < DS4_QK_K; i++) {
         float v = imp ? imp[i] : 1.0f;
@@ -264,8 +258,7 @@ static void kq_block(const kq_shape *s, const float *x, const float *imp, uint8_
 void ds4_quantize_q2_K_row(const float *x, ds4_block_q2_K *y, int64_t n, const float *imp) {
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
         uint8_t q[DS4_QK_K], sc[16], mn[16];
-        kq_block(&Q2K_SHAPE, x + b * DS4_QK_K, imp ? imp + b * DS4_QK_K : NULL, q, sc, mn, &y[b].d,
-                 &y[b].dmin);
+        kq_block(&Q2K_SHAPE, x + b * DS4_QK_K, imp ? imp + b * DS4_QK_K : NULL, q, sc, mn, &y[b].d, &y[b].dmin);
         for (int j = 0; j < 16; j++) y[b].scales[j] = (uint8_t)(sc[j] | mn[j] << 4);
         memset(y[b].qs, 0, sizeof y[b].qs);
         for (int i = 0; i < DS4_QK_K; i++) {
@@ -278,8 +271,7 @@ void ds4_quantize_q2_K_row(const float *x, ds4_block_q2_K *y, int64_t n, const f
 void ds4_quantize_q4_K_row(const float *x, ds4_block_q4_K *y, int64_t n, const float *imp) {
     for (int64_t b = 0; b < n / DS4_QK_K; b++) {
         uint8_t q[DS4_QK_K], sc[8], mn[8];
-        kq_block(&Q4K_SHAPE, x + b * DS4_QK_K, imp ? imp + b * DS4_QK_K : NULL, q, sc, mn, &y[b].d,
-                 &y[b].dmin);
+        kq_block(&Q4K_SHAPE, x + b * DS4_QK_K, imp ? imp + b * DS4_QK_K : NULL, q, sc, mn, &y[b].d, &y[b].dmin);
         uint8_t *s = y[b].scales;
         for (int j = 0; j < 4; j++) {
             s[j] = (uint8_t)((sc[j] & 63) | (sc[j + 4] >> 4) << 6);

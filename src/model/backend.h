@@ -52,19 +52,19 @@
 
 /* A session's size in tokens: the one default and the one bound every
  * program's -c/--ctx and the library share (engine/cli.h). */
-#define DS4_CTX_DEFAULT 32768u  /* tokens a session holds unless told otherwise */
-#define DS4_CTX_MAX 1048576u    /* the longest context accepted: the model's trained one */
+#define DS4_CTX_DEFAULT 32768u   /* tokens a session holds unless told otherwise */
+#define DS4_CTX_MAX     1048576u /* the longest context accepted: the model's trained one */
 
 /* ds4_backend_opts.host_experts */
 enum { DS4_HOST_AUTO = 0, DS4_HOST_CPU = 1, DS4_HOST_STREAM = 2 };
 
 typedef struct ds4_backend_opts {
-    int n_threads;          /* <= 0: all online CPUs (or $DS4_THREADS); the
+    int n_threads;           /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
-    uint32_t ctx_size;      /* tokens the main sequence holds, and the most any
+    uint32_t ctx_size;       /* tokens the main sequence holds, and the most any
                              * sequence may hold; 0: DS4_CTX_DEFAULT */
-    uint32_t prefill_chunk; /* tokens per batched pass; 0: 2048 */
-    bool no_sim;            /* turn the low-precision simulations off */
+    uint32_t prefill_chunk;  /* tokens per batched pass; 0: 2048 */
+    bool no_sim;             /* turn the low-precision simulations off */
     uint32_t cuda_graph_ctx; /* CUDA: context of the smallest captured decode
                               * graph (0: 8192; docs/DESIGN.md 4.2); tests
                               * set small ones so that short sequences cross
@@ -121,7 +121,7 @@ typedef struct ds4_backend ds4_backend;
  * main sequence, which the single-sequence calls below act on; it can
  * make more (seq_new) and advance any number of them in one step. */
 typedef struct ds4_seq {
-    ds4_backend *owner;  /* the backend that made it; backends extend the struct */
+    ds4_backend *owner; /* the backend that made it; backends extend the struct */
     /* steering scales after the FFN and the attention output (0: off),
      * used when the backend has directions (ds4_backend_opts.steer) */
     float steer_ffn, steer_attn;
@@ -157,8 +157,8 @@ enum {
 typedef struct ds4_row {
     ds4_seq *seq;
     uint32_t token;
-    uint32_t want;        /* DS4_ROW_* */
-    ds4_seq *hseq;        /* MTP rows */
+    uint32_t want; /* DS4_ROW_* */
+    ds4_seq *hseq; /* MTP rows */
     uint32_t hpos;
 } ds4_row;
 
@@ -217,10 +217,12 @@ struct ds4_backend {
     const ds4_backend_ops *ops;
     const ds4_weights *w;
     ds4_backend_opts opts;
-    ds4_seq *main;      /* the main sequence */
+    ds4_seq *main; /* the main sequence */
 };
 
-static inline void ds4_backend_free(ds4_backend *b) { if (b) b->ops->free(b); }
+static inline void ds4_backend_free(ds4_backend *b) {
+    if (b) b->ops->free(b);
+}
 
 /* ------------------------------------------------------- sequences */
 
@@ -229,7 +231,9 @@ static inline void ds4_backend_free(ds4_backend *b) { if (b) b->ops->free(b); }
 static inline ds4_seq *ds4_seq_new(ds4_backend *b, uint32_t ctx, ds4_err *err) {
     return b->ops->seq_new(b, ctx ? ctx : b->opts.ctx_size, err);
 }
-static inline void ds4_seq_free(ds4_backend *b, ds4_seq *s) { if (s) b->ops->seq_free(b, s); }
+static inline void ds4_seq_free(ds4_backend *b, ds4_seq *s) {
+    if (s) b->ops->seq_free(b, s);
+}
 static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { return b->ops->seq_len(b, s); }
 
 /* One pass over n rows (at most the backend's prefill_chunk): each row
@@ -249,9 +253,10 @@ static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t
  * entering residual `in` (n_hc x n_embd floats a row, in row order)
  * instead of the embedding, and a stage before the last leaves every
  * row's residual after its last layer in `resid` and has no logits. */
-static inline int ds4_backend_stage_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const float *in,
-                                         float *resid, const ds4_step_out *out, ds4_err *err) {
-    if (!b->ops->stage_step) return ds4_err_set(err, DS4_EUNSUPPORTED, "the %s backend runs no pipeline stage", b->ops->name);
+static inline int ds4_backend_stage_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                                         const ds4_step_out *out, ds4_err *err) {
+    if (!b->ops->stage_step)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "the %s backend runs no pipeline stage", b->ops->name);
     return b->ops->stage_step(b, rows, n, in, resid, out, err);
 }
 
@@ -308,7 +313,8 @@ int ds4_seq_greedy(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_er
 
 /* Append n tokens.  `all_logits` (n * n_vocab floats) may be NULL; when
  * given it receives the logits after each token. */
-static inline int ds4_backend_prefill(ds4_backend *b, const uint32_t *tokens, uint32_t n, float *all_logits, ds4_err *err) {
+static inline int ds4_backend_prefill(ds4_backend *b, const uint32_t *tokens, uint32_t n, float *all_logits,
+                                      ds4_err *err) {
     return ds4_seq_prefill(b, b->main, tokens, n, all_logits, err);
 }
 static inline int ds4_backend_decode(ds4_backend *b, uint32_t token, ds4_err *err) {

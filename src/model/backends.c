@@ -18,10 +18,12 @@ int ds4_backend_check_name(const char *name, ds4_err *err) {
     if (strcmp(name, "cuda") == 0) return 0;
 #else
     if (strcmp(name, "cuda") == 0)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "this is a CPU build, without the CUDA backend (build it with `make cuda`)");
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "this is a CPU build, without the CUDA backend (build it with `make cuda`)");
 #endif
     if (strcmp(name, "metal") == 0)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "Metal is not supported by this engine (backends: %s)", BACKEND_NAMES);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "Metal is not supported by this engine (backends: %s)",
+                           BACKEND_NAMES);
     return ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
 }
 
@@ -42,9 +44,10 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
 #if DS4_CUDA
     if (strcmp(name, "cuda") == 0) {
         if (opts && (opts->layer_first || opts->layer_end)) {
-            ds4_err_set(err, DS4_EUNSUPPORTED, "the cuda backend runs the whole model only: a pipeline stage of "
-                                               "layers %u..%u needs the cpu backend", opts->layer_first,
-                        opts->layer_end - 1);
+            ds4_err_set(err, DS4_EUNSUPPORTED,
+                        "the cuda backend runs the whole model only: a pipeline stage of "
+                        "layers %u..%u needs the cpu backend",
+                        opts->layer_first, opts->layer_end - 1);
             return NULL;
         }
         return ds4_cuda_backend_create(w, opts, err);

@@ -46,7 +46,7 @@ int ds4_cuda_copy_bandwidth(double *bytes_per_s, char *name, size_t name_len, ds
 /* CUDA builds: where a backend made by ds4_cuda_backend_create keeps the
  * routed experts (docs/DESIGN.md 3.5).  -1 for another backend. */
 typedef struct ds4_offload_info {
-    bool on;                  /* some experts are in host RAM */
+    bool on; /* some experts are in host RAM */
     uint32_t host_experts, total_experts;
     uint64_t dev_total;       /* device bytes the placement counted */
     uint64_t dev_fixed;       /* of which every placement needs (all but the routed experts): the least --gpu-mem */

@@ -7,7 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#define ARCH "deepseek4" /* general.architecture of the files ds4 runs */
+#define ARCH   "deepseek4" /* general.architecture of the files ds4 runs */
 #define KEY(k) ARCH "." k
 
 void ds4_config_schedule(ds4_config *c, uint32_t first_ratio) {
@@ -100,7 +100,8 @@ static int read_ratios(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     if (a->count != c->n_layer && !(a->count == c->n_layer + 1 && ds4_gguf_arr_i64(a, c->n_layer) == 0))
         return ds4_err_set(err, DS4_EFORMAT,
                            "metadata %s: %llu entries for %s = %u (one per layer, optionally then the MTP layer's 0)",
-                           KEY("attention.compress_ratios"), (unsigned long long)a->count, KEY("block_count"), c->n_layer);
+                           KEY("attention.compress_ratios"), (unsigned long long)a->count, KEY("block_count"),
+                           c->n_layer);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         int64_t r = ds4_gguf_arr_i64(a, il);
         if (r != 0 && r != 4 && r != 128)
@@ -115,12 +116,13 @@ static int read_clamps(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     const ds4_gguf_array *a;
     if (ds4_gguf_get_arr(g, KEY("swiglu_clamp_exp"), DS4_GGUF_VTYPE_COUNT, &a, err) != 0) return -1;
     if (a->type != DS4_GGUF_F32 && a->type != DS4_GGUF_F64)
-        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: array of %s, expected f32",
-                           KEY("swiglu_clamp_exp"), ds4_gguf_vtype_name(a->type));
+        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: array of %s, expected f32", KEY("swiglu_clamp_exp"),
+                           ds4_gguf_vtype_name(a->type));
     if (a->count != c->n_layer && a->count != c->n_layer + 1)
-        return ds4_err_set(err, DS4_EFORMAT, "metadata %s: %llu entries for %s = %u (one per layer, optionally then "
-                           "the MTP layer's)", KEY("swiglu_clamp_exp"), (unsigned long long)a->count, KEY("block_count"),
-                           c->n_layer);
+        return ds4_err_set(err, DS4_EFORMAT,
+                           "metadata %s: %llu entries for %s = %u (one per layer, optionally then "
+                           "the MTP layer's)",
+                           KEY("swiglu_clamp_exp"), (unsigned long long)a->count, KEY("block_count"), c->n_layer);
     for (uint32_t il = 0; il < c->n_layer; il++) {
         double v = ds4_gguf_arr_f64(a, il);
         if (!(v >= 0.0) || !isfinite(v))
@@ -139,7 +141,8 @@ static int check_no_expert_groups(const ds4_gguf *g, ds4_err *err) {
         if (!ds4_gguf_find_kv(g, keys[i])) continue;
         uint32_t v;
         if (get_u32(g, keys[i], &v, err) != 0) return -1;
-        if (v != 0) return ds4_err_set(err, DS4_EUNSUPPORTED, "metadata %s = %u: expert groups are not supported", keys[i], v);
+        if (v != 0)
+            return ds4_err_set(err, DS4_EUNSUPPORTED, "metadata %s = %u: expert groups are not supported", keys[i], v);
     }
     return 0;
 }
@@ -165,7 +168,10 @@ static int check_holds_model(const ds4_gguf *g, ds4_err *err) {
 int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     memset(c, 0, sizeof(*c));
     if (check_holds_model(g, err) != 0) return -1;
-    struct { const char *key; uint32_t *dst; } u32s[] = {
+    struct {
+        const char *key;
+        uint32_t *dst;
+    } u32s[] = {
         {KEY("block_count"), &c->n_layer},
         {KEY("embedding_length"), &c->n_embd},
         {KEY("vocab_size"), &c->n_vocab},
@@ -197,7 +203,10 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
         return ds4_err_set(err, DS4_EUNSUPPORTED, "metadata %s = %u differs from %s = %u: K and V share one row",
                            KEY("attention.value_length"), value_length, KEY("attention.key_length"), c->head_dim);
 
-    struct { const char *key; float *dst; } f32s[] = {
+    struct {
+        const char *key;
+        float *dst;
+    } f32s[] = {
         {KEY("hyper_connection.epsilon"), &c->hc_eps},
         {KEY("attention.layer_norm_rms_epsilon"), &c->rms_eps},
         {KEY("rope.freq_base"), &c->rope_base},
@@ -218,8 +227,8 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
     if (check_no_expert_groups(g, err) != 0) return -1;
 
     if (c->n_layer == 0 || c->n_layer > DS4_MAX_LAYERS)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "metadata %s = %u: must be 1..%d",
-                           KEY("block_count"), c->n_layer, DS4_MAX_LAYERS);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "metadata %s = %u: must be 1..%d", KEY("block_count"), c->n_layer,
+                           DS4_MAX_LAYERS);
     if (read_ratios(g, c, err) != 0) return -1;
     if (read_clamps(g, c, err) != 0) return -1;
     return ds4_config_validate(c, err);
@@ -227,17 +236,20 @@ int ds4_config_from_gguf(const ds4_gguf *g, ds4_config *c, ds4_err *err) {
 
 /* ---------------------------------------------------------- validation */
 
+/* clang-format off */
 #define REQUIRE(cond, ...)                                                     \
     do {                                                                       \
         if (!(cond)) return ds4_err_set(err, DS4_EUNSUPPORTED, __VA_ARGS__);   \
     } while (0)
+/* clang-format on */
 
 /* What the forward pass itself needs.  Widths need no particular
  * divisibility: the quantized types a file uses bring their block sizes,
  * which the loader checks per tensor (weights.c), and the simulations
  * bring theirs (ds4_config_check_sim), checked only where they run. */
 int ds4_config_validate(const ds4_config *c, ds4_err *err) {
-    REQUIRE(c->n_layer >= 1 && c->n_layer <= DS4_MAX_LAYERS, "block_count %u: must be 1..%d", c->n_layer, DS4_MAX_LAYERS);
+    REQUIRE(c->n_layer >= 1 && c->n_layer <= DS4_MAX_LAYERS, "block_count %u: must be 1..%d", c->n_layer,
+            DS4_MAX_LAYERS);
     REQUIRE(c->n_embd > 0, "embedding_length must be positive");
     REQUIRE(c->n_vocab > 0, "vocab_size must be positive");
     REQUIRE(c->n_head > 0 && c->n_head_kv == 1, "attention: %u heads, %u KV heads: ds4 implements MQA with one KV head",
@@ -246,12 +258,13 @@ int ds4_config_validate(const ds4_config *c, ds4_err *err) {
     REQUIRE(c->rope_dim > 0 && c->rope_dim % 2 == 0 && c->rope_dim <= c->head_dim,
             "rope.dimension_count %u: must be even and at most key_length %u", c->rope_dim, c->head_dim);
     REQUIRE(c->q_lora_rank > 0, "q_lora_rank must be positive");
-    REQUIRE(c->o_groups > 0 && c->n_head % c->o_groups == 0,
-            "output_group_count %u: must divide head_count %u", c->o_groups, c->n_head);
+    REQUIRE(c->o_groups > 0 && c->n_head % c->o_groups == 0, "output_group_count %u: must divide head_count %u",
+            c->o_groups, c->n_head);
     REQUIRE(c->o_lora_rank > 0, "output_lora_rank must be positive");
     REQUIRE(c->n_expert > 0 && c->n_expert_used > 0 && c->n_expert_used <= c->n_expert,
             "expert_used_count %u of expert_count %u: must be 1..expert_count", c->n_expert_used, c->n_expert);
-    REQUIRE(c->n_expert_shared == 1, "expert_shared_count %u: ds4 implements exactly one shared expert", c->n_expert_shared);
+    REQUIRE(c->n_expert_shared == 1, "expert_shared_count %u: ds4 implements exactly one shared expert",
+            c->n_expert_shared);
     REQUIRE(c->n_ff_exp > 0, "expert_feed_forward_length must be positive");
     REQUIRE(c->n_hash_layer <= c->n_layer, "hash_layer_count %u exceeds block_count %u", c->n_hash_layer, c->n_layer);
     REQUIRE(c->sliding_window > 0, "sliding_window must be positive");
@@ -287,7 +300,8 @@ int ds4_config_check_sim(const ds4_config *c, ds4_err *err) {
     /* The FP8 KV simulation rounds the non-RoPE part in blocks of 64. */
     REQUIRE((c->head_dim - c->rope_dim) % 64 == 0,
             "key_length %u minus rope.dimension_count %u is not a multiple of 64: the FP8 KV simulation rounds "
-            "blocks of 64 (run with the simulations off)", c->head_dim, c->rope_dim);
+            "blocks of 64 (run with the simulations off)",
+            c->head_dim, c->rope_dim);
     /* The Hadamard + FP4 simulation works on 128-wide rows (docs/MODEL.md 4.4). */
     REQUIRE(!ds4_config_has_indexer(c) || c->idx_head_dim == 128,
             "indexer.key_length %u: the indexer simulation (Hadamard + FP4) needs 128 (run with the simulations off)",
@@ -313,7 +327,8 @@ static bool same_shapes(const ds4_config *c, const ds4_config *f) {
         !feq(c->expert_weights_scale, f->expert_weights_scale))
         return false;
     for (uint32_t il = 0; il < f->n_layer; il++)
-        if (c->compress_ratio[il] != f->compress_ratio[il] || !feq(c->swiglu_clamp[il], f->swiglu_clamp[il])) return false;
+        if (c->compress_ratio[il] != f->compress_ratio[il] || !feq(c->swiglu_clamp[il], f->swiglu_clamp[il]))
+            return false;
     return true;
 }
 

@@ -21,38 +21,38 @@
 #define DS4_MAX_LAYERS 128
 
 typedef struct ds4_config {
-    uint32_t n_layer;          /* block_count */
-    uint32_t n_embd;           /* embedding_length */
-    uint32_t n_vocab;          /* vocab_size */
-    uint32_t n_head;           /* attention.head_count */
-    uint32_t n_head_kv;        /* attention.head_count_kv (1: MQA) */
-    uint32_t head_dim;         /* attention.key_length == value_length */
-    uint32_t rope_dim;         /* rope.dimension_count: RoPE'd tail of a head */
-    uint32_t q_lora_rank;      /* attention.q_lora_rank */
-    uint32_t o_lora_rank;      /* attention.output_lora_rank (per group) */
-    uint32_t o_groups;         /* attention.output_group_count */
-    uint32_t n_expert;         /* expert_count */
-    uint32_t n_expert_used;    /* expert_used_count */
-    uint32_t n_expert_shared;  /* expert_shared_count (1) */
-    uint32_t n_ff_exp;         /* expert_feed_forward_length */
-    uint32_t n_hash_layer;     /* hash_layer_count */
-    uint32_t sliding_window;   /* attention.sliding_window */
-    uint32_t idx_n_head;       /* attention.indexer.head_count */
-    uint32_t idx_head_dim;     /* attention.indexer.key_length */
-    uint32_t idx_top_k;        /* attention.indexer.top_k */
-    uint32_t n_hc;             /* hyper_connection.count */
-    uint32_t hc_sinkhorn_iters;/* hyper_connection.sinkhorn_iterations */
-    float hc_eps;              /* hyper_connection.epsilon */
-    float rms_eps;             /* attention.layer_norm_rms_epsilon */
-    float rope_base;           /* rope.freq_base (dense layers) */
-    float compress_rope_base;  /* attention.compress_rope_freq_base */
-    float yarn_factor;         /* rope.scaling.factor */
-    uint64_t yarn_orig_ctx;    /* rope.scaling.original_context_length */
-    float yarn_beta_fast;      /* rope.scaling.yarn_beta_fast */
-    float yarn_beta_slow;      /* rope.scaling.yarn_beta_slow */
-    float expert_weights_scale;/* expert_weights_scale */
-    bool expert_weights_norm;  /* expert_weights_norm */
-    uint64_t context_length;   /* context_length (informational, 0 if absent) */
+    uint32_t n_layer;                        /* block_count */
+    uint32_t n_embd;                         /* embedding_length */
+    uint32_t n_vocab;                        /* vocab_size */
+    uint32_t n_head;                         /* attention.head_count */
+    uint32_t n_head_kv;                      /* attention.head_count_kv (1: MQA) */
+    uint32_t head_dim;                       /* attention.key_length == value_length */
+    uint32_t rope_dim;                       /* rope.dimension_count: RoPE'd tail of a head */
+    uint32_t q_lora_rank;                    /* attention.q_lora_rank */
+    uint32_t o_lora_rank;                    /* attention.output_lora_rank (per group) */
+    uint32_t o_groups;                       /* attention.output_group_count */
+    uint32_t n_expert;                       /* expert_count */
+    uint32_t n_expert_used;                  /* expert_used_count */
+    uint32_t n_expert_shared;                /* expert_shared_count (1) */
+    uint32_t n_ff_exp;                       /* expert_feed_forward_length */
+    uint32_t n_hash_layer;                   /* hash_layer_count */
+    uint32_t sliding_window;                 /* attention.sliding_window */
+    uint32_t idx_n_head;                     /* attention.indexer.head_count */
+    uint32_t idx_head_dim;                   /* attention.indexer.key_length */
+    uint32_t idx_top_k;                      /* attention.indexer.top_k */
+    uint32_t n_hc;                           /* hyper_connection.count */
+    uint32_t hc_sinkhorn_iters;              /* hyper_connection.sinkhorn_iterations */
+    float hc_eps;                            /* hyper_connection.epsilon */
+    float rms_eps;                           /* attention.layer_norm_rms_epsilon */
+    float rope_base;                         /* rope.freq_base (dense layers) */
+    float compress_rope_base;                /* attention.compress_rope_freq_base */
+    float yarn_factor;                       /* rope.scaling.factor */
+    uint64_t yarn_orig_ctx;                  /* rope.scaling.original_context_length */
+    float yarn_beta_fast;                    /* rope.scaling.yarn_beta_fast */
+    float yarn_beta_slow;                    /* rope.scaling.yarn_beta_slow */
+    float expert_weights_scale;              /* expert_weights_scale */
+    bool expert_weights_norm;                /* expert_weights_norm */
+    uint64_t context_length;                 /* context_length (informational, 0 if absent) */
     uint32_t compress_ratio[DS4_MAX_LAYERS]; /* attention.compress_ratios: 0, 4 or 128 */
     float swiglu_clamp[DS4_MAX_LAYERS];      /* swiglu_clamp_exp */
 } ds4_config;

@@ -16,8 +16,8 @@
 
 struct ds4_imcol {
     ds4_config cfg;
-    double *in;    /* [n_layer][n_expert][n_embd] */
-    double *mid;   /* [n_layer][n_expert][n_ff_exp] */
+    double *in;  /* [n_layer][n_expert][n_embd] */
+    double *mid; /* [n_layer][n_expert][n_ff_exp] */
     int32_t prompts;
     uint64_t routes;
 };
@@ -186,8 +186,9 @@ int ds4_imcol_load_state(ds4_imcol *col, const char *path, ds4_imcol_progress *p
         ds4_err_set(err, DS4_EFORMAT, "%s: not an imatrix checkpoint", path);
     } else if (h.n_layer != c->n_layer || h.n_expert != c->n_expert || h.n_embd != c->n_embd ||
                h.n_ff_exp != c->n_ff_exp) {
-        ds4_err_set(err, DS4_EINVAL, "%s: a checkpoint of %u layers x %u experts (%u, %u wide), not this model's %u x %u (%u, %u)",
-                    path, h.n_layer, h.n_expert, h.n_embd, h.n_ff_exp, c->n_layer, c->n_expert, c->n_embd, c->n_ff_exp);
+        ds4_err_set(err, DS4_EINVAL,
+                    "%s: a checkpoint of %u layers x %u experts (%u, %u wide), not this model's %u x %u (%u, %u)", path,
+                    h.n_layer, h.n_expert, h.n_embd, h.n_ff_exp, c->n_layer, c->n_expert, c->n_embd, c->n_ff_exp);
     } else if (h.prompts < 0 || fread(col->in, sizeof(double), in_count(c), f) != in_count(c) ||
                fread(col->mid, sizeof(double), mid_count(c), f) != mid_count(c) || fgetc(f) != EOF) {
         ds4_err_set(err, DS4_EFORMAT, "%s: a checkpoint of the wrong size (truncated?)", path);

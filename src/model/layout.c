@@ -57,10 +57,12 @@ uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d) {
 
 const char *ds4_dim_keys(ds4_dim d) {
     switch (d) {
-    case DS4_DIM_ONE: case DS4_DIM_HC_SCALES: return NULL;
+    case DS4_DIM_ONE:
+    case DS4_DIM_HC_SCALES: return NULL;
     case DS4_DIM_EMBD: return "deepseek4.embedding_length";
     case DS4_DIM_VOCAB: return "deepseek4.vocab_size";
-    case DS4_DIM_HC: case DS4_DIM_HC_MIX: return "deepseek4.hyper_connection.count";
+    case DS4_DIM_HC:
+    case DS4_DIM_HC_MIX: return "deepseek4.hyper_connection.count";
     case DS4_DIM_HC_FLAT: return "deepseek4.hyper_connection.count x deepseek4.embedding_length";
     case DS4_DIM_Q_RANK: return "deepseek4.attention.q_lora_rank";
     case DS4_DIM_Q_OUT: return "deepseek4.attention.head_count x deepseek4.attention.key_length";
@@ -144,13 +146,20 @@ size_t ds4_layout_build(const ds4_config *c, ds4_tensor_spec *out) { return buil
 
 const char *ds4_tclass_name(ds4_tclass cls) {
     static const char *names[DS4_TC_COUNT] = {
-        [DS4_TC_TOKEN_EMBD] = "embedding", [DS4_TC_OUTPUT] = "output",
-        [DS4_TC_HC_FN] = "hc", [DS4_TC_VECTOR] = "vector",
-        [DS4_TC_ATTN_PROJ] = "attention-proj", [DS4_TC_COMPRESSOR] = "compressor",
-        [DS4_TC_COMPRESSOR_APE] = "compressor-ape", [DS4_TC_INDEXER] = "indexer",
-        [DS4_TC_ROUTER] = "router", [DS4_TC_ROUTER_BIAS] = "router-bias",
-        [DS4_TC_HASH] = "hash", [DS4_TC_EXP_GATE] = "routed-w1",
-        [DS4_TC_EXP_UP] = "routed-w3", [DS4_TC_EXP_DOWN] = "routed-w2",
+        [DS4_TC_TOKEN_EMBD] = "embedding",
+        [DS4_TC_OUTPUT] = "output",
+        [DS4_TC_HC_FN] = "hc",
+        [DS4_TC_VECTOR] = "vector",
+        [DS4_TC_ATTN_PROJ] = "attention-proj",
+        [DS4_TC_COMPRESSOR] = "compressor",
+        [DS4_TC_COMPRESSOR_APE] = "compressor-ape",
+        [DS4_TC_INDEXER] = "indexer",
+        [DS4_TC_ROUTER] = "router",
+        [DS4_TC_ROUTER_BIAS] = "router-bias",
+        [DS4_TC_HASH] = "hash",
+        [DS4_TC_EXP_GATE] = "routed-w1",
+        [DS4_TC_EXP_UP] = "routed-w3",
+        [DS4_TC_EXP_DOWN] = "routed-w2",
         [DS4_TC_SHARED] = "shared",
     };
     return (unsigned)cls < DS4_TC_COUNT ? names[cls] : "?";
@@ -160,6 +169,7 @@ const char *ds4_tclass_name(ds4_tclass cls) {
 
 /* The published files keep everything but the routed experts at the same
  * high precision (docs/MODEL.md 2.6); the recipes differ only in the experts. */
+/* clang-format off */
 #define DS4_BASE_TYPES                                                          \
     [DS4_TC_TOKEN_EMBD] = DS4_TYPE_F16, [DS4_TC_OUTPUT] = DS4_TYPE_Q8_0,        \
     [DS4_TC_HC_FN] = DS4_TYPE_F16, [DS4_TC_VECTOR] = DS4_TYPE_F32,              \
@@ -176,16 +186,20 @@ const char *ds4_tclass_name(ds4_tclass cls) {
     [DS4_TC_ROUTER_BIAS] = vec, [DS4_TC_HASH] = DS4_TYPE_I32,                   \
     [DS4_TC_EXP_GATE] = ty, [DS4_TC_EXP_UP] = ty, [DS4_TC_EXP_DOWN] = ty,       \
     [DS4_TC_SHARED] = ty
+/* clang-format on */
 
 static const ds4_recipe recipes[] = {
     {"f32", {DS4_UNIFORM_TYPES(DS4_TYPE_F32, DS4_TYPE_F32)}},
     {"f16", {DS4_UNIFORM_TYPES(DS4_TYPE_F16, DS4_TYPE_F32)}},
-    {"q8_0", {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_Q8_0, [DS4_TC_EXP_UP] = DS4_TYPE_Q8_0,
-              [DS4_TC_EXP_DOWN] = DS4_TYPE_Q8_0}},
-    {"q2", {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_IQ2_XXS, [DS4_TC_EXP_UP] = DS4_TYPE_IQ2_XXS,
-            [DS4_TC_EXP_DOWN] = DS4_TYPE_Q2_K}},
-    {"q4", {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_Q4_K, [DS4_TC_EXP_UP] = DS4_TYPE_Q4_K,
-            [DS4_TC_EXP_DOWN] = DS4_TYPE_Q4_K}},
+    {"q8_0",
+     {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_Q8_0, [DS4_TC_EXP_UP] = DS4_TYPE_Q8_0,
+      [DS4_TC_EXP_DOWN] = DS4_TYPE_Q8_0}},
+    {"q2",
+     {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_IQ2_XXS, [DS4_TC_EXP_UP] = DS4_TYPE_IQ2_XXS,
+      [DS4_TC_EXP_DOWN] = DS4_TYPE_Q2_K}},
+    {"q4",
+     {DS4_BASE_TYPES, [DS4_TC_EXP_GATE] = DS4_TYPE_Q4_K, [DS4_TC_EXP_UP] = DS4_TYPE_Q4_K,
+      [DS4_TC_EXP_DOWN] = DS4_TYPE_Q4_K}},
 };
 
 const ds4_recipe *ds4_recipe_get(const char *name) {
@@ -200,12 +214,12 @@ int ds4_recipe_type_for(const ds4_recipe *r, const ds4_tensor_spec *t, uint32_t 
     uint32_t ty = r->type[t->cls];
     const ds4_type_info *info = ds4_type_get(ty);
     if (!info || !(t->allowed & DS4_TYPE_BIT(ty)))
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "recipe %s: type %s is not accepted for %s",
-                           r->name, info ? info->name : "?", t->name);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "recipe %s: type %s is not accepted for %s", r->name,
+                           info ? info->name : "?", t->name);
     if (t->ne[0] % (uint64_t)info->block_elems != 0)
         return ds4_err_set(err, DS4_EUNSUPPORTED,
-                           "recipe %s: %s has rows of %llu values, not a multiple of the %s block (%lld)",
-                           r->name, t->name, (unsigned long long)t->ne[0], info->name, (long long)info->block_elems);
+                           "recipe %s: %s has rows of %llu values, not a multiple of the %s block (%lld)", r->name,
+                           t->name, (unsigned long long)t->ne[0], info->name, (long long)info->block_elems);
     *type = ty;
     return 0;
 }

@@ -22,13 +22,13 @@
 /* Where a list of tensors goes: the prefixes of its names and which of
  * the optional parts (tensors.h, ds4_when) it has. */
 typedef struct ds4_block {
-    int layer;           /* the main model's layer; -1 for the globals */
-    char prefix[24];     /* of GGUF names: "blk.3.", "" */
-    char hf_prefix[24];  /* of HF names: "layers.3.", "" */
-    uint32_t ratio;      /* compression ratio; 0: dense (no compressor) */
-    bool indexer;        /* the lightning indexer */
-    bool hash;           /* hash routing (tid2eid) */
-    bool bias_required;  /* the router bias may not be absent */
+    int layer;          /* the main model's layer; -1 for the globals */
+    char prefix[24];    /* of GGUF names: "blk.3.", "" */
+    char hf_prefix[24]; /* of HF names: "layers.3.", "" */
+    uint32_t ratio;     /* compression ratio; 0: dense (no compressor) */
+    bool indexer;       /* the lightning indexer */
+    bool hash;          /* hash routing (tid2eid) */
+    bool bias_required; /* the router bias may not be absent */
 } ds4_block;
 
 /* The global tensors' block, layer il's, and the MTP block's (layer
@@ -44,16 +44,16 @@ uint64_t ds4_dim_value(const ds4_config *c, const ds4_block *b, ds4_dim d);
 typedef struct ds4_tensor_spec {
     char name[64];
     ds4_tclass cls;
-    int layer;             /* -1 for global tensors, DS4_BLOCK_MTP for the MTP block's */
+    int layer; /* -1 for global tensors, DS4_BLOCK_MTP for the MTP block's */
     uint32_t ndim;
-    uint64_t ne[3];        /* GGUF order: ne[0] is the row length */
-    bool optional;         /* a file may lack it */
-    bool generated;        /* ds4's generators write it (ds4-mkmodel,
+    uint64_t ne[3];            /* GGUF order: ne[0] is the row length */
+    bool optional;             /* a file may lack it */
+    bool generated;            /* ds4's generators write it (ds4-mkmodel,
                             * synthetic weights): not the router bias of
                             * hash layers */
-    uint64_t allowed;      /* bit t set: ggml type t accepted */
+    uint64_t allowed;          /* bit t set: ggml type t accepted */
     const ds4_tensor_row *row; /* the table row it comes from */
-    char hf_prefix[24];    /* its block's HF prefix (convert/hf_names.c) */
+    char hf_prefix[24];        /* its block's HF prefix (convert/hf_names.c) */
 } ds4_tensor_spec;
 
 /* The metadata key(s) a dimension comes from ("deepseek4.expert_count"),

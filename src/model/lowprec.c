@@ -25,7 +25,8 @@ static float round_to_table(const float *mag, int n, float v) {
     int lo = 0, hi = n - 1; /* largest index with mag <= v */
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
-        if (mag[mid] <= v) lo = mid; else hi = mid - 1;
+        if (mag[mid] <= v) lo = mid;
+        else hi = mid - 1;
     }
     if (lo == n - 1) return mag[lo];
     float dlo = v - mag[lo], dhi = mag[lo + 1] - v;

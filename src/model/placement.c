@@ -37,7 +37,8 @@ static ds4_expert_profile *load_text(FILE *fp, const char *path, uint32_t n_laye
     unsigned ver, L, E;
     unsigned long long tokens;
     if (fscanf(fp, " ds4-expert-profile %u layers %u experts %u tokens %llu", &ver, &L, &E, &tokens) != 4 || ver != 1) {
-        ds4_err_set(err, DS4_EINVAL, "%s: not an expert profile (expected \"ds4-expert-profile 1\" and its header)", path);
+        ds4_err_set(err, DS4_EINVAL, "%s: not an expert profile (expected \"ds4-expert-profile 1\" and its header)",
+                    path);
         return NULL;
     }
     if (L != n_layer || E != n_expert) {
@@ -51,8 +52,8 @@ static ds4_expert_profile *load_text(FILE *fp, const char *path, uint32_t n_laye
     for (size_t i = 0; i < (size_t)L * E; i++) {
         double v;
         if (fscanf(fp, "%lf", &v) != 1 || !isfinite(v) || v < 0) {
-            ds4_err_set(err, DS4_EINVAL, "%s: count %zu (layer %zu, expert %zu) is missing or not a count >= 0", path, i,
-                        i / E, i % E);
+            ds4_err_set(err, DS4_EINVAL, "%s: count %zu (layer %zu, expert %zu) is missing or not a count >= 0", path,
+                        i, i / E, i % E);
             ds4_expert_profile_free(p);
             return NULL;
         }
@@ -85,7 +86,8 @@ static ds4_expert_profile *load_imatrix(const char *path, uint32_t n_layer, uint
         const ds4_imatrix_entry *e = ds4_imatrix_find(im, name);
         if (!e) continue;
         if (e->nval % n_expert) {
-            ds4_err_set(err, DS4_EINVAL, "%s: %s holds %u values, not %u experts' vectors", path, name, e->nval, n_expert);
+            ds4_err_set(err, DS4_EINVAL, "%s: %s holds %u values, not %u experts' vectors", path, name, e->nval,
+                        n_expert);
             ds4_imatrix_free(im);
             ds4_expert_profile_free(p);
             return NULL;
@@ -159,7 +161,8 @@ static uint64_t round_up(uint64_t x, uint64_t a) { return a > 1 ? (x + a - 1) / 
 
 uint64_t ds4_place_layer_bytes(const ds4_place_in *in, uint32_t l, uint32_t n) {
     uint64_t b = 0;
-    for (int t = 0; t < DS4_PLACE_TENSORS; t++) b += round_up(in->dev_mat[(size_t)l * DS4_PLACE_TENSORS + t] * n, in->align);
+    for (int t = 0; t < DS4_PLACE_TENSORS; t++)
+        b += round_up(in->dev_mat[(size_t)l * DS4_PLACE_TENSORS + t] * n, in->align);
     return b;
 }
 

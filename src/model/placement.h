@@ -43,7 +43,7 @@
  * quantity proportional to) the selections of expert e in layer l. */
 typedef struct ds4_expert_profile {
     uint32_t n_layer, n_expert;
-    uint64_t tokens;  /* tokens counted (0 when unknown: an imatrix) */
+    uint64_t tokens; /* tokens counted (0 when unknown: an imatrix) */
     double *use;
 } ds4_expert_profile;
 
@@ -60,24 +60,24 @@ int ds4_expert_profile_save(const ds4_expert_profile *p, const char *path, ds4_e
 #define DS4_PLACE_TENSORS 3
 
 typedef struct ds4_place_in {
-    uint32_t n_layer, n_expert, k;       /* k: experts a token uses */
-    uint64_t budget;                     /* bytes the backend may allocate on the device */
-    uint64_t fixed;                      /* bytes it allocates whatever the placement */
+    uint32_t n_layer, n_expert, k; /* k: experts a token uses */
+    uint64_t budget;               /* bytes the backend may allocate on the device */
+    uint64_t fixed;                /* bytes it allocates whatever the placement */
     /* per layer and routed tensor: device bytes of one expert's matrix */
-    const uint64_t *dev_mat;             /* n_layer x DS4_PLACE_TENSORS */
-    const uint64_t *host_expert;         /* per layer: file bytes of one expert (all three) */
-    uint64_t align;                      /* each routed tensor's allocation rounds up to this */
-    const ds4_expert_profile *profile;   /* NULL: whole layers */
+    const uint64_t *dev_mat;           /* n_layer x DS4_PLACE_TENSORS */
+    const uint64_t *host_expert;       /* per layer: file bytes of one expert (all three) */
+    uint64_t align;                    /* each routed tensor's allocation rounds up to this */
+    const ds4_expert_profile *profile; /* NULL: whole layers */
 } ds4_place_in;
 
 typedef struct ds4_placement {
     uint32_t n_layer, n_expert;
-    uint8_t *on_gpu;        /* n_layer x n_expert */
-    uint32_t *n_gpu;        /* per layer: experts on the device */
-    uint64_t dev_routed;    /* device bytes of the resident experts (allocations, aligned) */
-    uint64_t dev_total;     /* fixed + dev_routed: what the backend allocates */
-    uint64_t host_bytes;    /* file bytes of the experts left on the host */
-    uint32_t host_experts;  /* their count */
+    uint8_t *on_gpu;       /* n_layer x n_expert */
+    uint32_t *n_gpu;       /* per layer: experts on the device */
+    uint64_t dev_routed;   /* device bytes of the resident experts (allocations, aligned) */
+    uint64_t dev_total;    /* fixed + dev_routed: what the backend allocates */
+    uint64_t host_bytes;   /* file bytes of the experts left on the host */
+    uint32_t host_experts; /* their count */
     /* expected routed bytes a token reads on each side (the profile's
      * frequencies, else every expert equally likely) */
     double tok_dev, tok_host;

@@ -20,8 +20,8 @@
 #define DS4_ROPE_MAX_PAIRS 128
 
 typedef struct ds4_rope {
-    uint32_t n_pairs;                     /* rope_dim / 2 */
-    float inv_freq[DS4_ROPE_MAX_PAIRS];   /* angle of pair k at position p: p * inv_freq[k] */
+    uint32_t n_pairs;                   /* rope_dim / 2 */
+    float inv_freq[DS4_ROPE_MAX_PAIRS]; /* angle of pair k at position p: p * inv_freq[k] */
 } ds4_rope;
 
 /* Table for dense layers (compressed = false) or compressed layers. */

@@ -16,9 +16,7 @@ uint32_t ds4_state_frontier_width(const ds4_config *c, uint32_t ratio, bool inde
 
 /* Rows a compressed list can hold: one per `ratio` tokens of the context
  * (plus slack, as MODEL.md 8.1 sizes it). */
-uint32_t ds4_state_comp_cap(const ds4_kv_state *s, uint32_t ratio) {
-    return ratio ? s->ctx / ratio + 2 : 0;
-}
+uint32_t ds4_state_comp_cap(const ds4_kv_state *s, uint32_t ratio) { return ratio ? s->ctx / ratio + 2 : 0; }
 
 void ds4_frontier_clear(float *kv, float *score, uint32_t width, uint32_t r0, uint32_t r1) {
     for (uint32_t r = r0; r < r1; r++)
@@ -157,8 +155,8 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     if (dst->cfg->n_layer != c->n_layer || dst->cfg->head_dim != c->head_dim || dst->cfg->n_vocab != c->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "KV state copy between different models");
     if (src->n_tokens > dst->ctx)
-        return ds4_err_set(err, DS4_EINVAL, "KV state copy: %u tokens do not fit a context of %u",
-                           src->n_tokens, dst->ctx);
+        return ds4_err_set(err, DS4_EINVAL, "KV state copy: %u tokens do not fit a context of %u", src->n_tokens,
+                           dst->ctx);
     if (dst->raw_cap != src->raw_cap)
         return ds4_err_set(err, DS4_EINVAL, "KV state copy: raw rings of %u and %u rows (contexts %u and %u)",
                            src->raw_cap, dst->raw_cap, src->ctx, dst->ctx);
@@ -267,13 +265,27 @@ static uint32_t ds4_payload_chunk(const ds4_kv_state *s) {
     return s->prefill_chunk < s->ctx ? s->prefill_chunk : s->ctx;
 }
 
-enum { H_MAGIC, H_VERSION, H_CTX, H_CHUNK, H_RAW_CAP, H_RAW_WINDOW, H_COMP_CAP, H_N, H_LAYERS,
-       H_HEAD_DIM, H_IDX_HEAD_DIM, H_VOCAB, H_LIVE_RAW, H_COUNT };
+enum {
+    H_MAGIC,
+    H_VERSION,
+    H_CTX,
+    H_CHUNK,
+    H_RAW_CAP,
+    H_RAW_WINDOW,
+    H_COMP_CAP,
+    H_N,
+    H_LAYERS,
+    H_HEAD_DIM,
+    H_IDX_HEAD_DIM,
+    H_VOCAB,
+    H_LIVE_RAW,
+    H_COUNT
+};
 
 static int check_whole(const ds4_kv_state *s, ds4_err *err) {
     if (s->layer_first == 0 && s->layer_end == s->cfg->n_layer) return 0;
-    return ds4_err_set(err, DS4_EINVAL, "a session payload holds every layer, this state only %u..%u",
-                       s->layer_first, s->layer_end - 1);
+    return ds4_err_set(err, DS4_EINVAL, "a session payload holds every layer, this state only %u..%u", s->layer_first,
+                       s->layer_end - 1);
 }
 
 int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err) {
@@ -281,10 +293,18 @@ int ds4_kv_state_save(const ds4_kv_state *s, FILE *f, ds4_err *err) {
     if (check_whole(s, err) != 0) return -1;
     uint32_t n = s->n_tokens, L = live_raw(s);
     uint32_t h[H_COUNT] = {
-        [H_MAGIC] = DS4_DSV4_MAGIC, [H_VERSION] = DS4_DSV4_VERSION, [H_CTX] = s->ctx,
-        [H_CHUNK] = ds4_payload_chunk(s), [H_RAW_CAP] = s->raw_cap, [H_RAW_WINDOW] = s->raw_cap,
-        [H_COMP_CAP] = ds4_state_comp_cap(s, 4), [H_N] = n, [H_LAYERS] = c->n_layer,
-        [H_HEAD_DIM] = c->head_dim, [H_IDX_HEAD_DIM] = c->idx_head_dim, [H_VOCAB] = c->n_vocab,
+        [H_MAGIC] = DS4_DSV4_MAGIC,
+        [H_VERSION] = DS4_DSV4_VERSION,
+        [H_CTX] = s->ctx,
+        [H_CHUNK] = ds4_payload_chunk(s),
+        [H_RAW_CAP] = s->raw_cap,
+        [H_RAW_WINDOW] = s->raw_cap,
+        [H_COMP_CAP] = ds4_state_comp_cap(s, 4),
+        [H_N] = n,
+        [H_LAYERS] = c->n_layer,
+        [H_HEAD_DIM] = c->head_dim,
+        [H_IDX_HEAD_DIM] = c->idx_head_dim,
+        [H_VOCAB] = c->n_vocab,
         [H_LIVE_RAW] = L,
     };
     if (wr(f, h, sizeof(h), err) || wr(f, s->tokens, (size_t)n * 4, err) ||
@@ -322,9 +342,11 @@ uint64_t ds4_kv_state_payload_bytes(const ds4_kv_state *s) {
         uint32_t r = s->layers[il].ratio;
         bytes += (uint64_t)live_raw(s) * c->head_dim * 4;
         if (r == 0) continue;
-        bytes += (n / r) * c->head_dim * 4 + 2 * (uint64_t)ds4_state_frontier_rows(r) * ds4_state_frontier_width(c, r, false) * 4;
+        bytes += (n / r) * c->head_dim * 4 +
+                 2 * (uint64_t)ds4_state_frontier_rows(r) * ds4_state_frontier_width(c, r, false) * 4;
         if (r != 4) continue;
-        bytes += (n / 4) * c->idx_head_dim * 4 + 2 * (uint64_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) * 4;
+        bytes += (n / 4) * c->idx_head_dim * 4 +
+                 2 * (uint64_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) * 4;
     }
     return bytes;
 }
@@ -333,10 +355,17 @@ static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) 
     const ds4_config *c = s->cfg;
     if (h[H_MAGIC] != DS4_DSV4_MAGIC) return ds4_err_set(err, DS4_EFORMAT, "not a DSV4 session payload (bad magic)");
     if (h[H_VERSION] != DS4_DSV4_VERSION)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload version %u, expected %u", h[H_VERSION], DS4_DSV4_VERSION);
-    struct { int idx; uint32_t want; const char *what; } same[] = {
-        {H_LAYERS, c->n_layer, "layer count"}, {H_HEAD_DIM, c->head_dim, "head dim"},
-        {H_IDX_HEAD_DIM, c->idx_head_dim, "indexer head dim"}, {H_VOCAB, c->n_vocab, "vocabulary"},
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "DSV4 payload version %u, expected %u", h[H_VERSION],
+                           DS4_DSV4_VERSION);
+    struct {
+        int idx;
+        uint32_t want;
+        const char *what;
+    } same[] = {
+        {H_LAYERS, c->n_layer, "layer count"},
+        {H_HEAD_DIM, c->head_dim, "head dim"},
+        {H_IDX_HEAD_DIM, c->idx_head_dim, "indexer head dim"},
+        {H_VOCAB, c->n_vocab, "vocabulary"},
     };
     for (size_t i = 0; i < sizeof(same) / sizeof(same[0]); i++)
         if (h[same[i].idx] != same[i].want)
@@ -355,8 +384,8 @@ static int check_header(const ds4_kv_state *s, const uint32_t *h, ds4_err *err) 
         return ds4_err_set(err, DS4_ERANGE, "DSV4 payload: %u tokens exceed the context size %u", n, s->ctx);
     uint32_t want_L = c->sliding_window < n ? c->sliding_window : n;
     if (h[H_LIVE_RAW] != want_L || h[H_RAW_CAP] < want_L)
-        return ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: %u live raw rows (raw cap %u), expected %u",
-                           h[H_LIVE_RAW], h[H_RAW_CAP], want_L);
+        return ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: %u live raw rows (raw cap %u), expected %u", h[H_LIVE_RAW],
+                           h[H_RAW_CAP], want_L);
     return 0;
 }
 
@@ -366,11 +395,13 @@ int ds4_kv_state_load(ds4_kv_state *s, FILE *f, ds4_err *err) {
     if (check_whole(s, err) || rd(f, h, sizeof(h), "the header", err) || check_header(s, h, err)) return -1;
     uint32_t n = h[H_N], L = h[H_LIVE_RAW];
     ds4_kv_state_reset(s);
-    if (rd(f, s->tokens, (size_t)n * 4, "the tokens", err) || rd(f, s->logits, (size_t)c->n_vocab * 4, "the logits", err))
+    if (rd(f, s->tokens, (size_t)n * 4, "the tokens", err) ||
+        rd(f, s->logits, (size_t)c->n_vocab * 4, "the logits", err))
         goto fail;
     for (uint32_t i = 0; i < n; i++)
         if (s->tokens[i] >= c->n_vocab) {
-            ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: token %u at position %u is outside the vocabulary", s->tokens[i], i);
+            ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: token %u at position %u is outside the vocabulary",
+                        s->tokens[i], i);
             goto fail;
         }
     uint32_t counts[2 * DS4_MAX_LAYERS];
@@ -378,9 +409,10 @@ int ds4_kv_state_load(ds4_kv_state *s, FILE *f, ds4_err *err) {
     for (uint32_t il = 0; il < c->n_layer; il++) {
         uint32_t r = s->layers[il].ratio;
         if (counts[il] != (r ? n / r : 0) || counts[c->n_layer + il] != (r == 4 ? n / 4 : 0)) {
-            ds4_err_set(err, DS4_EFORMAT, "DSV4 payload: layer %u holds %u compressed / %u indexer rows, "
-                        "expected %u / %u for %u tokens", il, counts[il], counts[c->n_layer + il],
-                        r ? n / r : 0, r == 4 ? n / 4 : 0, n);
+            ds4_err_set(err, DS4_EFORMAT,
+                        "DSV4 payload: layer %u holds %u compressed / %u indexer rows, "
+                        "expected %u / %u for %u tokens",
+                        il, counts[il], counts[c->n_layer + il], r ? n / r : 0, r == 4 ? n / 4 : 0, n);
             goto fail;
         }
     }

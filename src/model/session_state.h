@@ -29,8 +29,8 @@
 #include "base/error.h"
 #include "model/config.h"
 
-#define DS4_DSV4_MAGIC 0x34565344u /* "DSV4" */
-#define DS4_DSV4_VERSION 1u
+#define DS4_DSV4_MAGIC    0x34565344u /* "DSV4" */
+#define DS4_DSV4_VERSION  1u
 #define DS4_SCORE_NEG_INF (-1e30f) /* empty compressor slot (MODEL.md 6.2) */
 
 typedef struct ds4_layer_state {
@@ -47,9 +47,9 @@ typedef struct ds4_kv_state {
     uint32_t ctx;           /* capacity in tokens */
     uint32_t prefill_chunk; /* recorded in payloads (MODEL.md 8.3) */
     uint32_t raw_cap;
-    uint32_t n_tokens;      /* tokens processed */
-    uint32_t *tokens;       /* ctx entries */
-    float *logits;          /* n_vocab: logits for the next token */
+    uint32_t n_tokens; /* tokens processed */
+    uint32_t *tokens;  /* ctx entries */
+    float *logits;     /* n_vocab: logits for the next token */
     bool has_logits;
     ds4_layer_state *layers;
 } ds4_kv_state;
@@ -88,7 +88,7 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err);
 
 /* Geometry helpers. */
 uint32_t ds4_state_comp_cap(const ds4_kv_state *s, uint32_t ratio);
-uint32_t ds4_state_frontier_rows(uint32_t ratio);       /* SR */
+uint32_t ds4_state_frontier_rows(uint32_t ratio); /* SR */
 uint32_t ds4_state_frontier_width(const ds4_config *c, uint32_t ratio, bool indexer);
 
 /* Set frontier rows [r0, r1) to the empty slot: value 0, score -inf. */

@@ -63,14 +63,13 @@ static float *read_dir_file(const char *path, const ds4_config *cfg, ds4_err *er
     } else if ((uint64_t)st.st_size != want) {
         if (st.st_size % sizeof(float) == 0 && cfg->n_embd && (uint64_t)st.st_size % ((uint64_t)cfg->n_embd * 4) == 0)
             ds4_err_set(err, DS4_EFORMAT,
-                        "%s: %llu bytes = %llu x %u f32, but the model has %u layers x %u (%zu bytes expected)",
-                        path, (unsigned long long)st.st_size,
-                        (unsigned long long)st.st_size / ((uint64_t)cfg->n_embd * 4), cfg->n_embd, cfg->n_layer,
-                        cfg->n_embd, want);
+                        "%s: %llu bytes = %llu x %u f32, but the model has %u layers x %u (%zu bytes expected)", path,
+                        (unsigned long long)st.st_size, (unsigned long long)st.st_size / ((uint64_t)cfg->n_embd * 4),
+                        cfg->n_embd, cfg->n_layer, cfg->n_embd, want);
         else
             ds4_err_set(err, DS4_EFORMAT,
-                        "%s: %llu bytes, but a direction file for this model is %u layers x %u f32 = %zu bytes",
-                        path, (unsigned long long)st.st_size, cfg->n_layer, cfg->n_embd, want);
+                        "%s: %llu bytes, but a direction file for this model is %u layers x %u f32 = %zu bytes", path,
+                        (unsigned long long)st.st_size, cfg->n_layer, cfg->n_embd, want);
     } else if (!(dir = malloc(want))) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory for %s", path);
     } else if (fread(dir, 1, want, f) != want) {

@@ -30,7 +30,7 @@
 
 typedef struct ds4_steering {
     uint32_t n_layer, n_embd;
-    float *dir;      /* n_layer x n_embd: unit rows, or zero rows */
+    float *dir; /* n_layer x n_embd: unit rows, or zero rows */
 } ds4_steering;
 
 /* The directions of the file at path, checked against the model's shape

@@ -44,34 +44,36 @@
 
 /* What a tensor is, for quantization policy and type checks. */
 typedef enum ds4_tclass {
-    DS4_TC_TOKEN_EMBD,   /* token_embd */
-    DS4_TC_OUTPUT,       /* output (LM head) */
-    DS4_TC_HC_FN,        /* hc_{attn,ffn}_fn, output_hc_fn: HC mixers */
-    DS4_TC_VECTOR,       /* norms, HC scale/base, sinks: always F32 in ds4 files */
-    DS4_TC_ATTN_PROJ,    /* attn_q_a, attn_q_b, attn_kv, attn_output_a, attn_output_b */
-    DS4_TC_COMPRESSOR,   /* attn_compressor_{kv,gate} */
+    DS4_TC_TOKEN_EMBD,     /* token_embd */
+    DS4_TC_OUTPUT,         /* output (LM head) */
+    DS4_TC_HC_FN,          /* hc_{attn,ffn}_fn, output_hc_fn: HC mixers */
+    DS4_TC_VECTOR,         /* norms, HC scale/base, sinks: always F32 in ds4 files */
+    DS4_TC_ATTN_PROJ,      /* attn_q_a, attn_q_b, attn_kv, attn_output_a, attn_output_b */
+    DS4_TC_COMPRESSOR,     /* attn_compressor_{kv,gate} */
     DS4_TC_COMPRESSOR_APE, /* attn_compressor_ape, indexer_compressor_ape */
-    DS4_TC_INDEXER,      /* indexer.attn_q_b, indexer.proj, indexer_compressor_{kv,gate} */
-    DS4_TC_ROUTER,       /* ffn_gate_inp */
-    DS4_TC_ROUTER_BIAS,  /* exp_probs_b */
-    DS4_TC_HASH,         /* ffn_gate_tid2eid (I32) */
-    DS4_TC_EXP_GATE,     /* ffn_gate_exps (w1) */
-    DS4_TC_EXP_UP,       /* ffn_up_exps (w3) */
-    DS4_TC_EXP_DOWN,     /* ffn_down_exps (w2) */
-    DS4_TC_SHARED,       /* ffn_{gate,up,down}_shexp */
+    DS4_TC_INDEXER,        /* indexer.attn_q_b, indexer.proj, indexer_compressor_{kv,gate} */
+    DS4_TC_ROUTER,         /* ffn_gate_inp */
+    DS4_TC_ROUTER_BIAS,    /* exp_probs_b */
+    DS4_TC_HASH,           /* ffn_gate_tid2eid (I32) */
+    DS4_TC_EXP_GATE,       /* ffn_gate_exps (w1) */
+    DS4_TC_EXP_UP,         /* ffn_up_exps (w3) */
+    DS4_TC_EXP_DOWN,       /* ffn_down_exps (w2) */
+    DS4_TC_SHARED,         /* ffn_{gate,up,down}_shexp */
     DS4_TC_COUNT
 } ds4_tclass;
 
 /* Storage types accepted (bit t: ggml type t).  Matrices may be any float
  * type or Q8_0; routed experts also the 2/4-bit K-quants of the published
  * files. */
-#define DS4_TYPE_BIT(t) (1ull << (t))
-#define DS4_TYPES_F32 DS4_TYPE_BIT(DS4_TYPE_F32)
-#define DS4_TYPES_I32 DS4_TYPE_BIT(DS4_TYPE_I32)
-#define DS4_TYPES_FLOAT (DS4_TYPE_BIT(DS4_TYPE_F32) | DS4_TYPE_BIT(DS4_TYPE_F16) | DS4_TYPE_BIT(DS4_TYPE_BF16))
+#define DS4_TYPE_BIT(t)  (1ull << (t))
+#define DS4_TYPES_F32    DS4_TYPE_BIT(DS4_TYPE_F32)
+#define DS4_TYPES_I32    DS4_TYPE_BIT(DS4_TYPE_I32)
+#define DS4_TYPES_FLOAT  (DS4_TYPE_BIT(DS4_TYPE_F32) | DS4_TYPE_BIT(DS4_TYPE_F16) | DS4_TYPE_BIT(DS4_TYPE_BF16))
 #define DS4_TYPES_MATRIX (DS4_TYPES_FLOAT | DS4_TYPE_BIT(DS4_TYPE_Q8_0))
+/* clang-format off */
 #define DS4_TYPES_EXPERT \
     (DS4_TYPES_MATRIX | DS4_TYPE_BIT(DS4_TYPE_Q2_K) | DS4_TYPE_BIT(DS4_TYPE_Q4_K) | DS4_TYPE_BIT(DS4_TYPE_IQ2_XXS))
+/* clang-format on */
 
 /* Which blocks have a tensor. */
 typedef enum ds4_when {
@@ -123,6 +125,7 @@ typedef enum ds4_dim {
 } ds4_dim;
 
 /* X(field, gguf, hf, cls, types, when, init, ne0, ne1, ne2) */
+/* clang-format off */
 #define DS4_GLOBAL_TENSORS(X)                                                                                          \
     X(token_embd,      "token_embd.weight",      "embed.weight",                                                       \
       TOKEN_EMBD, MATRIX, ALWAYS, UNIT,     EMBD,    VOCAB, ONE)                                                       \
@@ -233,6 +236,7 @@ typedef enum ds4_dim {
       VECTOR,    F32,    ALWAYS, NEAR_ONE, EMBD,    ONE,  ONE)                                                         \
     X(norm,          "norm.weight",          "norm.weight",                                                            \
       VECTOR,    F32,    ALWAYS, NEAR_ONE, EMBD,    ONE,  ONE)
+/* clang-format on */
 
 /* Tensors per list. */
 #define DS4_TENSOR_COUNT(...) +1
@@ -244,14 +248,14 @@ enum {
 
 /* One row, as data. */
 typedef struct ds4_tensor_row {
-    const char *name;   /* GGUF name after the block prefix */
-    const char *hf;     /* HF name after the block's HF prefix; %d = expert */
+    const char *name; /* GGUF name after the block prefix */
+    const char *hf;   /* HF name after the block's HF prefix; %d = expert */
     ds4_tclass cls;
-    uint64_t types;     /* accepted storage types */
+    uint64_t types; /* accepted storage types */
     ds4_when when;
     ds4_init init;
     ds4_dim ne[3];
-    size_t offset;      /* of the ds4_wt in the struct the list fills */
+    size_t offset; /* of the ds4_wt in the struct the list fills */
 } ds4_tensor_row;
 
 /* The lists as data, in file order (tensors.c).  Offsets are into

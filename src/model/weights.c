@@ -58,8 +58,7 @@ static uint32_t effective_ndim(uint32_t ndim, const uint64_t *ne) {
 static int check_tensor(const ds4_tensor_spec *s, const ds4_gguf_tensor *t, ds4_err *err) {
     uint64_t want[DS4_GGUF_MAX_DIMS] = {s->ne[0], s->ne[1], s->ne[2], 1, 1, 1, 1, 1};
     bool same = effective_ndim(t->ndim, t->ne) == effective_ndim(s->ndim, want);
-    for (uint32_t i = 0; same && i < DS4_GGUF_MAX_DIMS; i++)
-        same = (i < t->ndim ? t->ne[i] : 1) == want[i];
+    for (uint32_t i = 0; same && i < DS4_GGUF_MAX_DIMS; i++) same = (i < t->ndim ? t->ne[i] : 1) == want[i];
     if (!same) {
         char got_s[128], want_s[128];
         shape_str(got_s, sizeof(got_s), t->ndim, t->ne);
@@ -77,11 +76,11 @@ static int check_tensor(const ds4_tensor_spec *s, const ds4_gguf_tensor *t, ds4_
     }
     const ds4_type_info *ti = ds4_type_get(t->type);
     if (!ti || t->type >= 64 || !(s->allowed & (1ull << t->type)) || !ti->supported)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %s is not accepted for a %s tensor",
-                           s->name, ti ? ti->name : "unknown", ds4_tclass_name(s->cls));
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %s is not accepted for a %s tensor", s->name,
+                           ti ? ti->name : "unknown", ds4_tclass_name(s->cls));
     if (s->ne[0] % (uint64_t)ti->block_elems != 0)
-        return ds4_err_set(err, DS4_EFORMAT, "tensor %s: rows of %llu values are not whole %s blocks of %lld",
-                           s->name, (unsigned long long)s->ne[0], ti->name, (long long)ti->block_elems);
+        return ds4_err_set(err, DS4_EFORMAT, "tensor %s: rows of %llu values are not whole %s blocks of %lld", s->name,
+                           (unsigned long long)s->ne[0], ti->name, (long long)ti->block_elems);
     return 0;
 }
 
@@ -95,8 +94,8 @@ static int check_tid2eid(const ds4_weights *w, uint32_t il, ds4_err *err) {
         int32_t e;
         memcpy(&e, p + 4 * i, 4);
         if (e < 0 || (uint32_t)e >= w->cfg.n_expert)
-            return ds4_err_set(err, DS4_EFORMAT, "tensor %s: token %llu maps to expert %d, outside 0..%u",
-                               t->name, (unsigned long long)(i / t->ne[0]), e, w->cfg.n_expert - 1);
+            return ds4_err_set(err, DS4_EFORMAT, "tensor %s: token %llu maps to expert %d, outside 0..%u", t->name,
+                               (unsigned long long)(i / t->ne[0]), e, w->cfg.n_expert - 1);
     }
     return 0;
 }
@@ -317,12 +316,19 @@ static int check_mtp_config(const ds4_gguf *g, const ds4_config *c, ds4_err *err
         size_t off;
     } keys[] = {
 #define K(key, field) {"deepseek4." key, offsetof(ds4_config, field)}
-        K("embedding_length", n_embd), K("vocab_size", n_vocab), K("attention.head_count", n_head),
-        K("attention.key_length", head_dim), K("rope.dimension_count", rope_dim),
-        K("attention.q_lora_rank", q_lora_rank), K("attention.output_lora_rank", o_lora_rank),
-        K("attention.output_group_count", o_groups), K("expert_count", n_expert),
-        K("expert_used_count", n_expert_used), K("expert_feed_forward_length", n_ff_exp),
-        K("attention.sliding_window", sliding_window), K("hyper_connection.count", n_hc),
+        K("embedding_length", n_embd),
+        K("vocab_size", n_vocab),
+        K("attention.head_count", n_head),
+        K("attention.key_length", head_dim),
+        K("rope.dimension_count", rope_dim),
+        K("attention.q_lora_rank", q_lora_rank),
+        K("attention.output_lora_rank", o_lora_rank),
+        K("attention.output_group_count", o_groups),
+        K("expert_count", n_expert),
+        K("expert_used_count", n_expert_used),
+        K("expert_feed_forward_length", n_ff_exp),
+        K("attention.sliding_window", sliding_window),
+        K("hyper_connection.count", n_hc),
 #undef K
     };
     for (size_t i = 0; i < sizeof(keys) / sizeof(keys[0]); i++) {
@@ -371,7 +377,8 @@ ds4_mtp_weights *ds4_mtp_open(const char *path, const ds4_weights *w, ds4_err *e
 
 ds4_mtp_weights *ds4_mtp_from_model(const ds4_weights *w, ds4_err *err) {
     if (!w->gguf || !ds4_gguf_find_tensor(w->gguf, "mtp.0.e_proj.weight")) {
-        ds4_err_set(err, DS4_ENOTFOUND, "%s holds no MTP block (no mtp.0.* tensors)", w->gguf ? w->gguf->path : "the model");
+        ds4_err_set(err, DS4_ENOTFOUND, "%s holds no MTP block (no mtp.0.* tensors)",
+                    w->gguf ? w->gguf->path : "the model");
         return NULL;
     }
     return mtp_bind(w->gguf, false, w, err);

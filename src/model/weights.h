@@ -33,8 +33,8 @@ typedef struct ds4_wt {
     const void *data;
     uint32_t type;
     uint64_t ne[3];
-    size_t row_bytes;      /* bytes of one row of ne[0] elements */
-    const char *name;      /* the GGUF name (points into the reader) */
+    size_t row_bytes; /* bytes of one row of ne[0] elements */
+    const char *name; /* the GGUF name (points into the reader) */
 } ds4_wt;
 
 /* The views of one layer, one field per row of DS4_LAYER_TENSORS
@@ -49,11 +49,11 @@ typedef struct ds4_layer_weights {
  * projections, norms and HC head, one field per row of DS4_MTP_TENSORS;
  * the embedding and the output matrix are the main model's. */
 typedef struct ds4_mtp_weights {
-    ds4_config cfg;            /* its state's shape: the main config with one dense layer */
-    ds4_gguf *gguf;            /* the file it is bound from */
-    bool own_gguf;             /* a file of its own (not the main model's) */
-    bool synthetic;            /* shapes only, data NULL (ds4_mtp_synthetic) */
-    void *owned;               /* names of a synthetic table */
+    ds4_config cfg;               /* its state's shape: the main config with one dense layer */
+    ds4_gguf *gguf;               /* the file it is bound from */
+    bool own_gguf;                /* a file of its own (not the main model's) */
+    bool synthetic;               /* shapes only, data NULL (ds4_mtp_synthetic) */
+    void *owned;                  /* names of a synthetic table */
     DS4_MTP_TENSORS(DS4_WT_FIELD) /* hc_head_*, e_proj, h_proj, enorm, hnorm, norm */
     ds4_layer_weights blk;
 } ds4_mtp_weights;
@@ -62,13 +62,12 @@ typedef struct ds4_weights {
     ds4_config cfg;
     ds4_gguf *gguf;
     DS4_GLOBAL_TENSORS(DS4_WT_FIELD) /* token_embd, output_hc_*, output_norm, output */
-    ds4_layer_weights *layers; /* cfg.n_layer entries */
-    bool synthetic;            /* shapes only: data NULL (ds4_weights_synthetic) */
+    ds4_layer_weights *layers;       /* cfg.n_layer entries */
+    bool synthetic;                  /* shapes only: data NULL (ds4_weights_synthetic) */
     uint64_t synthetic_seed;
-    void *owned;               /* names of a synthetic table */
+    void *owned; /* names of a synthetic table */
 } ds4_weights;
 #undef DS4_WT_FIELD
-
 
 
 /* Open, validate and bind.  NULL on failure; the message starts with the

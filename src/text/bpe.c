@@ -8,23 +8,23 @@
 
 #include "text/hash.h"
 
-#define SMALL_MAX 48            /* symbols merged by linear scan */
-#define CACHE_MAX_PIECE 64      /* longest cached piece, bytes */
-#define CACHE_SLOTS (1u << 17)
+#define SMALL_MAX         48 /* symbols merged by linear scan */
+#define CACHE_MAX_PIECE   64 /* longest cached piece, bytes */
+#define CACHE_SLOTS       (1u << 17)
 #define CACHE_MAX_ENTRIES (CACHE_SLOTS / 2)
-#define CACHE_ARENA (6u << 20)
+#define CACHE_ARENA       (6u << 20)
 
 typedef struct cache_slot {
-    uint64_t hash;   /* 0 = empty (real hashes have the low bit set) */
-    uint32_t off;    /* arena offset: key bytes, then the ids (4-aligned) */
+    uint64_t hash; /* 0 = empty (real hashes have the low bit set) */
+    uint32_t off;  /* arena offset: key bytes, then the ids (4-aligned) */
     uint16_t klen;
     uint16_t nids;
 } cache_slot;
 
 typedef struct heap_entry {
-    uint64_t key;    /* (rank << 32) | position of the left symbol */
-    uint32_t ver;    /* the left symbol's version when pushed */
-    int32_t merged;  /* the pair's merge */
+    uint64_t key;   /* (rank << 32) | position of the left symbol */
+    uint32_t ver;   /* the left symbol's version when pushed */
+    int32_t merged; /* the pair's merge */
 } heap_entry;
 
 /* A symbol of a long piece.  `ver` changes whenever the pair starting at
@@ -32,7 +32,7 @@ typedef struct heap_entry {
  * absorbed), so a heap entry is current exactly when its version is. */
 typedef struct node {
     int32_t id;
-    int32_t prev, next;  /* -1 at the ends */
+    int32_t prev, next; /* -1 at the ends */
     uint32_t ver;
 } node;
 
@@ -43,11 +43,11 @@ struct ds4_bpe {
     uint8_t *arena;
     size_t arena_used;
 
-    int32_t *sym;        /* symbols of the current piece */
+    int32_t *sym; /* symbols of the current piece */
     size_t sym_cap;
-    node *nodes;         /* long pieces */
+    node *nodes; /* long pieces */
     heap_entry *heap;
-    size_t big_cap;      /* nodes: big_cap, heap: 3 * big_cap */
+    size_t big_cap; /* nodes: big_cap, heap: 3 * big_cap */
 };
 
 void ds4_bpe_free(ds4_bpe *b) {

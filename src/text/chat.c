@@ -53,7 +53,7 @@ static const char *const TEMPLATE_SPECIALS[] = {DS4_DSML_MARKER, DS4_TOK_THINK, 
 
 static const char *const TASKS[][2] = {
     {"action", "<｜action｜>"}, {"query", "<｜query｜>"}, {"authority", "<｜authority｜>"},
-    {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"},  {"read_url", "<｜read_url｜>"},
+    {"domain", "<｜domain｜>"}, {"title", "<｜title｜>"}, {"read_url", "<｜read_url｜>"},
 };
 
 typedef enum role {
@@ -74,12 +74,12 @@ typedef struct block {
 
 typedef struct cmsg {
     role role;
-    size_t index;          /* in the caller's array, for messages; SIZE_MAX if made up */
-    const json_t *src;     /* the message object (NULL for a made-up system message) */
-    const json_t *tools;   /* non-empty tool array, or NULL */
-    block *blocks;         /* user turns */
+    size_t index;        /* in the caller's array, for messages; SIZE_MAX if made up */
+    const json_t *src;   /* the message object (NULL for a made-up system message) */
+    const json_t *tools; /* non-empty tool array, or NULL */
+    block *blocks;       /* user turns */
     size_t n_blocks;
-    const char *task;      /* special token of the quick-instruction task, or NULL */
+    const char *task; /* special token of the quick-instruction task, or NULL */
     int wo_eos;
     int drop_reasoning;
 } cmsg;
@@ -93,8 +93,7 @@ typedef struct conv {
 } conv;
 
 ds4_think_mode ds4_chat_effective_think(const ds4_chat_opts *opts) {
-    if (opts->think == DS4_THINK_MAX && opts->ctx_size && opts->ctx_size < DS4_THINK_MAX_MIN_CTX)
-        return DS4_THINK_HIGH;
+    if (opts->think == DS4_THINK_MAX && opts->ctx_size && opts->ctx_size < DS4_THINK_MAX_MIN_CTX) return DS4_THINK_HIGH;
     return opts->think;
 }
 
@@ -138,10 +137,17 @@ static int push_block(cmsg *m, block b, ds4_err *err) {
 }
 
 static int parse_role(const json_t *msg, size_t i, role *out, ds4_err *err) {
-    static const struct { const char *name; role r; } roles[] = {
-        {"system", ROLE_SYSTEM},       {"developer", ROLE_DEVELOPER}, {"user", ROLE_USER},
-        {"assistant", ROLE_ASSISTANT}, {"latest_reminder", ROLE_LATEST_REMINDER},
-        {"tool", ROLE_TOOL},           {"function", ROLE_TOOL},
+    static const struct {
+        const char *name;
+        role r;
+    } roles[] = {
+        {"system", ROLE_SYSTEM},
+        {"developer", ROLE_DEVELOPER},
+        {"user", ROLE_USER},
+        {"assistant", ROLE_ASSISTANT},
+        {"latest_reminder", ROLE_LATEST_REMINDER},
+        {"tool", ROLE_TOOL},
+        {"function", ROLE_TOOL},
     };
     const char *name = json_string_value(json_object_get(msg, "role"));
     if (!json_is_object(msg) || !name) return ds4_err_set(err, DS4_EINVAL, "messages[%zu]: no role", i);
@@ -164,8 +170,10 @@ static int parse_task(const json_t *msg, size_t i, const char **task, ds4_err *e
             return 0;
         }
     }
-    return ds4_err_set(err, DS4_EINVAL, "messages[%zu]: invalid task (valid: action, query, authority, domain, "
-                                        "title, read_url)", i);
+    return ds4_err_set(err, DS4_EINVAL,
+                       "messages[%zu]: invalid task (valid: action, query, authority, domain, "
+                       "title, read_url)",
+                       i);
 }
 
 static int parse_tools(const json_t *tools, size_t i, const json_t **out, ds4_err *err) {
@@ -408,7 +416,8 @@ static int render_assistant(ds4_rendered *r, const conv *c, size_t i, size_t las
     const cmsg *m = &c->m[i];
     int prev_has_task = i > 0 && c->m[i - 1].task;
     if (c->thinking && !prev_has_task && (!c->drop || (last_user == SIZE_MAX || i > last_user))) {
-        if (!m->drop_reasoning && render_content(r, m, "reasoning_content", json_object_get(m->src, "reasoning_content"), err))
+        if (!m->drop_reasoning &&
+            render_content(r, m, "reasoning_content", json_object_get(m->src, "reasoning_content"), err))
             return -1;
         ds4_rendered_special(r, DS4_TOK_THINK_END);
     }
@@ -469,8 +478,7 @@ static int render_message(ds4_rendered *r, const conv *c, size_t i, size_t last_
     case ROLE_ASSISTANT:
         if (render_assistant(r, c, i, last_user, err)) return -1;
         break;
-    case ROLE_TOOL: /* merged away */
-        break;
+    case ROLE_TOOL: /* merged away */ break;
     }
     render_transition(r, c, i, last_user);
     return 0;

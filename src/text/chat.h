@@ -42,13 +42,13 @@
 #include "base/error.h"
 #include "text/rendered.h"
 
-#define DS4_TOK_BOS "<｜begin▁of▁sentence｜>"
-#define DS4_TOK_EOS "<｜end▁of▁sentence｜>"
-#define DS4_TOK_USER "<｜User｜>"
-#define DS4_TOK_ASSISTANT "<｜Assistant｜>"
+#define DS4_TOK_BOS             "<｜begin▁of▁sentence｜>"
+#define DS4_TOK_EOS             "<｜end▁of▁sentence｜>"
+#define DS4_TOK_USER            "<｜User｜>"
+#define DS4_TOK_ASSISTANT       "<｜Assistant｜>"
 #define DS4_TOK_LATEST_REMINDER "<｜latest_reminder｜>"
-#define DS4_TOK_THINK "<think>"
-#define DS4_TOK_THINK_END "</think>"
+#define DS4_TOK_THINK           "<think>"
+#define DS4_TOK_THINK_END       "</think>"
 
 /* Think Max only with at least 384K tokens of context (ds4's rule). */
 #define DS4_THINK_MAX_MIN_CTX 393216u
@@ -61,10 +61,10 @@ typedef enum ds4_think_mode {
 
 typedef struct ds4_chat_opts {
     ds4_think_mode think;
-    uint64_t ctx_size;     /* for the Think Max rule; 0 means "do not check" */
-    bool keep_reasoning;   /* official drop_thinking=False */
-    bool no_bos;           /* official add_default_bos_token=False */
-    const json_t *tools;   /* optional OpenAI tool list for the first system
+    uint64_t ctx_size;   /* for the Think Max rule; 0 means "do not check" */
+    bool keep_reasoning; /* official drop_thinking=False */
+    bool no_bos;         /* official add_default_bos_token=False */
+    const json_t *tools; /* optional OpenAI tool list for the first system
                             * message (an empty one is put first if there is
                             * none), as the official tests attach them */
     /* Optional: render an assistant turn's tool calls another way (the

@@ -17,16 +17,16 @@
 #include "text/dsml_render.h"
 #include "text/pyjson.h"
 
-#define THINK_OPEN "<think>"
+#define THINK_OPEN  "<think>"
 #define THINK_CLOSE "</think>"
-#define EOS_TEXT "<｜end▁of▁sentence｜>"
-#define MAX_TAG 4096       /* an opening tag longer than this is malformed */
-#define MAX_NESTING 32     /* nested parameter objects */
+#define EOS_TEXT    "<｜end▁of▁sentence｜>"
+#define MAX_TAG     4096 /* an opening tag longer than this is malformed */
+#define MAX_NESTING 32   /* nested parameter objects */
 
 /* Tag spellings: the official marker first; "" is plain XML. */
 static const char *const PREFIXES[] = {DS4_DSML_MARKER, "DSML｜", "|DSML|", ""};
 #define N_PREFIXES 4
-#define CANONICAL 0
+#define CANONICAL  0
 
 enum { NO = 0, YES = 1, UNDECIDED = -1 };
 
@@ -45,22 +45,22 @@ struct ds4_dsml_parser {
     state st;
     bool thinking;
     bool final;
-    bool after_block;     /* skip white space after </tool_calls> */
-    bool think_checked;   /* a leading <think> was looked for */
+    bool after_block;   /* skip white space after </tool_calls> */
+    bool think_checked; /* a leading <think> was looked for */
     ds4_dsml_event_fn fn;
     void *ctx;
-    ds4_strbuf buf;       /* pending text is buf.p[pos .. buf.len) */
+    ds4_strbuf buf; /* pending text is buf.p[pos .. buf.len) */
     size_t pos;
-    size_t offset;        /* output offset of buf.p[pos] */
-    size_t scan;          /* pending bytes known to hold no closing tag start */
-    int depth;            /* S_PARAM_RAW nesting */
+    size_t offset; /* output offset of buf.p[pos] */
+    size_t scan;   /* pending bytes known to hold no closing tag start */
+    int depth;     /* S_PARAM_RAW nesting */
 
     int blocks_closed;
-    bool raw_active;      /* inside a tool-call block: consumed text goes to raw */
+    bool raw_active; /* inside a tool-call block: consumed text goes to raw */
     ds4_strbuf raw;
     size_t block_offset;
 
-    int prefix;           /* spelling of the current parameter's opening tag */
+    int prefix; /* spelling of the current parameter's opening tag */
     int n_params;
     ds4_strbuf name;
     ds4_strbuf args;
@@ -104,8 +104,7 @@ static size_t partial_suffix(const char *s, size_t n, const char *lit) {
  * opening tag's name must be followed by white space, '>' or '/'.  Only
  * spelling `only` and the canonical one are tried when only >= 0.  On YES,
  * *len covers the tag up to the name (opening) or to '>' (closing). */
-static int match_tag(const char *s, size_t n, bool closing, const char *name, int only, size_t *len,
-                     int *prefix) {
+static int match_tag(const char *s, size_t n, bool closing, const char *name, int only, size_t *len, int *prefix) {
     int result = NO;
     for (int k = 0; k < N_PREFIXES; k++) {
         if (only >= 0 && k != only && k != CANONICAL) continue;
@@ -128,8 +127,8 @@ static int match_tag(const char *s, size_t n, bool closing, const char *name, in
 
 /* Decode &amp; &lt; &gt; &quot; &apos; (attribute values). */
 static void entity_decode(ds4_strbuf *out, const char *s, size_t n) {
-    static const char *const ent[][2] = {{"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""},
-                                         {"&apos;", "'"}};
+    static const char *const ent[][2] = {
+        {"&amp;", "&"}, {"&lt;", "<"}, {"&gt;", ">"}, {"&quot;", "\""}, {"&apos;", "'"}};
     for (size_t i = 0; i < n;) {
         int done = 0;
         if (s[i] == '&') {
@@ -149,7 +148,7 @@ static void entity_decode(ds4_strbuf *out, const char *s, size_t n) {
 typedef struct attrs {
     ds4_strbuf name;
     bool has_name;
-    int string;  /* 1 true, 0 false, -1 absent */
+    int string; /* 1 true, 0 false, -1 absent */
 } attrs;
 
 /* Attributes up to and including '>': YES (*len set), UNDECIDED, or NO. */
@@ -671,8 +670,9 @@ static int finish_value(ds4_dsml_parser *p, const char *s, size_t end, size_t cl
     const char *t = s;
     size_t tn = end;
     trim(&t, &tn);
-    json_t *valid = string_kind == 0 ? json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL)
-                                     : NULL;
+    json_t *valid = string_kind == 0
+                        ? json_loadb(t, tn, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL, NULL)
+                        : NULL;
     ds4_strbuf out = {0};
     if (valid) {
         ds4_strbuf_append(&out, t, tn); /* the model's own JSON text */
@@ -749,8 +749,8 @@ ds4_dsml_parser *ds4_dsml_parser_new(bool thinking, ds4_dsml_event_fn fn, void *
 }
 
 static bool any_failed(const ds4_dsml_parser *p) {
-    return p->oom || p->buf.failed || p->raw.failed || p->name.failed || p->args.failed ||
-           p->res.reasoning.failed || p->res.content.failed || p->res.raw_calls.failed || p->res.unparsed.failed;
+    return p->oom || p->buf.failed || p->raw.failed || p->name.failed || p->args.failed || p->res.reasoning.failed ||
+           p->res.content.failed || p->res.raw_calls.failed || p->res.unparsed.failed;
 }
 
 int ds4_dsml_feed(ds4_dsml_parser *p, const char *text, size_t n, ds4_err *err) {
@@ -773,13 +773,9 @@ int ds4_dsml_finish(ds4_dsml_parser *p, ds4_err *err) {
     }
     if (any_failed(p)) return ds4_err_set(err, DS4_ENOMEM, "DSML parser: out of memory");
     switch (p->st) {
-    case S_REASONING:
-        p->res.status = DS4_DSML_UNTERMINATED_REASONING;
-        return 0;
-    case S_CONTENT:
-        return 0;
-    case S_ERROR:
-        return ds4_err_set(err, DS4_EFORMAT, "%s", p->res.error);
+    case S_REASONING: p->res.status = DS4_DSML_UNTERMINATED_REASONING; return 0;
+    case S_CONTENT: return 0;
+    case S_ERROR: return ds4_err_set(err, DS4_EFORMAT, "%s", p->res.error);
     default:
         p->res.status = DS4_DSML_UNTERMINATED_CALLS;
         p->res.error_offset = p->offset;

@@ -65,8 +65,8 @@ typedef enum ds4_dsml_event_kind {
 
 typedef struct ds4_dsml_event {
     ds4_dsml_event_kind kind;
-    int index;          /* tool call index (CALL_*), counting from 0 */
-    const char *text;   /* delta, call name, argument fragment or arguments */
+    int index;        /* tool call index (CALL_*), counting from 0 */
+    const char *text; /* delta, call name, argument fragment or arguments */
     size_t len;
 } ds4_dsml_event;
 
@@ -82,7 +82,7 @@ typedef enum ds4_dsml_status {
 typedef struct ds4_dsml_call {
     char *name;
     size_t name_len;
-    char *arguments;   /* JSON object text, as streamed */
+    char *arguments; /* JSON object text, as streamed */
     size_t arguments_len;
 } ds4_dsml_call;
 
@@ -92,11 +92,11 @@ typedef struct ds4_dsml_result {
     ds4_strbuf content;
     ds4_dsml_call *calls;
     size_t n_calls;
-    ds4_strbuf raw_calls;  /* exact text of the tool-call block(s), leading white space included: for replay */
+    ds4_strbuf raw_calls; /* exact text of the tool-call block(s), leading white space included: for replay */
     bool think_closed;
     ds4_dsml_status status;
-    ds4_strbuf unparsed;   /* malformed or unterminated block text, from its start */
-    size_t error_offset;   /* byte offset in the whole output */
+    ds4_strbuf unparsed; /* malformed or unterminated block text, from its start */
+    size_t error_offset; /* byte offset in the whole output */
     char error[256];
 } ds4_dsml_result;
 

@@ -7,7 +7,7 @@
 
 #include "text/pyjson.h"
 
-#define CLOSE_PARAM "</" DS4_DSML_MARKER "parameter>"
+#define CLOSE_PARAM  "</" DS4_DSML_MARKER "parameter>"
 #define ESCAPED_TAIL "lt;/" DS4_DSML_MARKER "parameter>"
 
 static int starts_with(const char *s, size_t n, const char *lit) {
@@ -85,10 +85,8 @@ static void render_param(ds4_rendered *r, const char *key, size_t key_len, const
         ds4_pyjson_dump(&j, v);
         /* The closing tag can only occur inside a JSON string there. */
         for (size_t i = 0; i < j.len; i++) {
-            if (j.p[i] == '<' && starts_with(j.p + i, j.len - i, CLOSE_PARAM))
-                ds4_strbuf_puts(&b, "\\u003c");
-            else
-                ds4_strbuf_putc(&b, j.p[i]);
+            if (j.p[i] == '<' && starts_with(j.p + i, j.len - i, CLOSE_PARAM)) ds4_strbuf_puts(&b, "\\u003c");
+            else ds4_strbuf_putc(&b, j.p[i]);
         }
         if (j.failed) b.failed = true;
         ds4_strbuf_free(&j);
@@ -99,8 +97,7 @@ static void render_param(ds4_rendered *r, const char *key, size_t key_len, const
     open_tag(r, "</", "parameter>");
 }
 
-int ds4_dsml_render_invoke(ds4_rendered *r, const char *name, size_t name_len, const json_t *arguments,
-                           ds4_err *err) {
+int ds4_dsml_render_invoke(ds4_rendered *r, const char *name, size_t name_len, const json_t *arguments, ds4_err *err) {
     json_t *parsed = NULL, *wrapped = NULL;
     const json_t *args = arguments;
     if (json_is_string(arguments)) {

@@ -50,8 +50,7 @@ int ds4_dsml_render_calls(ds4_rendered *r, const json_t *tool_calls, ds4_err *er
 
 /* Append one invoke element (no surrounding block) for a name and an
  * `arguments` value as described above. */
-int ds4_dsml_render_invoke(ds4_rendered *r, const char *name, size_t name_len, const json_t *arguments,
-                           ds4_err *err);
+int ds4_dsml_render_invoke(ds4_rendered *r, const char *name, size_t name_len, const json_t *arguments, ds4_err *err);
 
 /* Escapers, exposed for the parser's tests. */
 void ds4_dsml_escape_string_value(ds4_strbuf *b, const char *s, size_t n);

@@ -20,6 +20,7 @@
  * text gives PCRE2's own classes (fast) and the classes widened to Unicode
  * 16.0 (unicode_delta.h; used only for text containing such a code point,
  * since PCRE2's JIT checks explicit ranges for every character). */
+/* clang-format off */
 #define STEPS(L, M, N, P, S, Z)                                                   \
     {                                                                             \
         "[" N "]{1,3}",                                                           \
@@ -31,6 +32,7 @@
         "|[" WS Z "]+(?![^" WS Z "])"                                               \
         "|[" WS Z "]+",                                                           \
     }
+/* clang-format on */
 
 #define N_STEPS 3
 
@@ -83,8 +85,8 @@ ds4_pretok *ds4_pretok_new(ds4_err *err) {
         for (int i = 0; i < N_STEPS; i++) {
             int ec;
             PCRE2_SIZE eo;
-            p->code[set][i] = pcre2_compile((PCRE2_SPTR)PATTERNS[set][i], PCRE2_ZERO_TERMINATED,
-                                            PCRE2_UTF | PCRE2_UCP, &ec, &eo, NULL);
+            p->code[set][i] = pcre2_compile((PCRE2_SPTR)PATTERNS[set][i], PCRE2_ZERO_TERMINATED, PCRE2_UTF | PCRE2_UCP,
+                                            &ec, &eo, NULL);
             if (!p->code[set][i]) {
                 PCRE2_UCHAR msg[256];
                 pcre2_get_error_message(ec, msg, sizeof(msg));
@@ -115,10 +117,8 @@ ds4_pretok *ds4_pretok_new(ds4_err *err) {
 static int find_next(ds4_pretok *p, int set, int step, const char *s, size_t n, size_t start, size_t *ms, size_t *me,
                      ds4_err *err) {
     int rc;
-    if (p->jit[set][step])
-        rc = pcre2_jit_match(p->code[set][step], (PCRE2_SPTR)s, n, start, 0, p->md, p->mctx);
-    else
-        rc = pcre2_match(p->code[set][step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, p->md, p->mctx);
+    if (p->jit[set][step]) rc = pcre2_jit_match(p->code[set][step], (PCRE2_SPTR)s, n, start, 0, p->md, p->mctx);
+    else rc = pcre2_match(p->code[set][step], (PCRE2_SPTR)s, n, start, PCRE2_NO_UTF_CHECK, p->md, p->mctx);
     if (rc == PCRE2_ERROR_NOMATCH) return 0;
     if (rc < 0) {
         PCRE2_UCHAR msg[256];

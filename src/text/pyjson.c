@@ -91,10 +91,8 @@ void ds4_pyjson_float(ds4_strbuf *b, double x) {
         /* Integer part: digits 0..e (padded with zeros), then the rest or ".0". */
         for (int i = 0; i <= e; i++) ds4_strbuf_putc(b, i < nd ? d[i] : '0');
         ds4_strbuf_putc(b, '.');
-        if (nd > e + 1)
-            ds4_strbuf_append(b, d + e + 1, (size_t)(nd - e - 1));
-        else
-            ds4_strbuf_putc(b, '0');
+        if (nd > e + 1) ds4_strbuf_append(b, d + e + 1, (size_t)(nd - e - 1));
+        else ds4_strbuf_putc(b, '0');
     }
 }
 
@@ -126,33 +124,21 @@ void ds4_pyjson_dump(ds4_strbuf *b, const json_t *v) {
         break;
     }
     case JSON_STRING:
-        if (ds4_pyjson_big_number(v))
-            ds4_strbuf_append(b, json_string_value(v) + 1, json_string_length(v) - 1);
-        else
-            ds4_pyjson_string(b, json_string_value(v), json_string_length(v));
+        if (ds4_pyjson_big_number(v)) ds4_strbuf_append(b, json_string_value(v) + 1, json_string_length(v) - 1);
+        else ds4_pyjson_string(b, json_string_value(v), json_string_length(v));
         break;
-    case JSON_INTEGER:
-        ds4_strbuf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
-        break;
-    case JSON_REAL:
-        ds4_pyjson_float(b, json_real_value(v));
-        break;
-    case JSON_TRUE:
-        ds4_strbuf_puts(b, "true");
-        break;
-    case JSON_FALSE:
-        ds4_strbuf_puts(b, "false");
-        break;
-    case JSON_NULL:
-        ds4_strbuf_puts(b, "null");
-        break;
+    case JSON_INTEGER: ds4_strbuf_printf(b, "%" JSON_INTEGER_FORMAT, json_integer_value(v)); break;
+    case JSON_REAL: ds4_pyjson_float(b, json_real_value(v)); break;
+    case JSON_TRUE: ds4_strbuf_puts(b, "true"); break;
+    case JSON_FALSE: ds4_strbuf_puts(b, "false"); break;
+    case JSON_NULL: ds4_strbuf_puts(b, "null"); break;
     }
 }
 
 /* ------------------------------------------------------------- loading */
 
-#define BIG_MARK '\xff'
-#define MAX_DEPTH 2048      /* jansson's own nesting limit */
+#define BIG_MARK       '\xff'
+#define MAX_DEPTH      2048 /* jansson's own nesting limit */
 #define MAX_INT_DIGITS 4300 /* Python's int <-> str conversion limit */
 
 typedef struct loader {
@@ -167,8 +153,7 @@ static json_t *fail_at(loader *L, ds4_errcode code, const char *what) {
 }
 
 static void skip_ws(loader *L) {
-    while (L->i < L->n && (L->s[L->i] == ' ' || L->s[L->i] == '\t' || L->s[L->i] == '\n' || L->s[L->i] == '\r'))
-        L->i++;
+    while (L->i < L->n && (L->s[L->i] == ' ' || L->s[L->i] == '\t' || L->s[L->i] == '\n' || L->s[L->i] == '\r')) L->i++;
 }
 
 static bool take(loader *L, const char *lit) {

@@ -79,7 +79,8 @@ int ds4_tokenize_rendered(ds4_tokenizer *t, const ds4_rendered *r, ds4_tokens *o
 
 int ds4_tokenize_rendered_from(ds4_tokenizer *t, const ds4_rendered *r, size_t off, ds4_tokens *out, ds4_err *err) {
     if (ds4_rendered_check(r, err)) return -1;
-    if (off > r->text.len) return ds4_err_set(err, DS4_EINVAL, "offset %zu is past the rendered text (%zu bytes)", off, r->text.len);
+    if (off > r->text.len)
+        return ds4_err_set(err, DS4_EINVAL, "offset %zu is past the rendered text (%zu bytes)", off, r->text.len);
     size_t first = 0;
     while (first < r->n_segs && r->segs[first].off + r->segs[first].len <= off) first++;
     if (first == r->n_segs) return 0;

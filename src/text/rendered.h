@@ -24,7 +24,7 @@ typedef struct ds4_rendered {
     ds4_segment *segs;
     size_t n_segs;
     size_t cap;
-    bool failed;     /* an allocation failed (see ds4_rendered_check) */
+    bool failed; /* an allocation failed (see ds4_rendered_check) */
 } ds4_rendered;
 
 /* Plain text: tokenized without special-token recognition. */

@@ -42,13 +42,9 @@ void ds4_strbuf_append(ds4_strbuf *b, const void *s, size_t n) {
     b->p[b->len] = '\0';
 }
 
-void ds4_strbuf_puts(ds4_strbuf *b, const char *s) {
-    ds4_strbuf_append(b, s, strlen(s));
-}
+void ds4_strbuf_puts(ds4_strbuf *b, const char *s) { ds4_strbuf_append(b, s, strlen(s)); }
 
-void ds4_strbuf_putc(ds4_strbuf *b, char c) {
-    ds4_strbuf_append(b, &c, 1);
-}
+void ds4_strbuf_putc(ds4_strbuf *b, char c) { ds4_strbuf_append(b, &c, 1); }
 
 void ds4_strbuf_printf(ds4_strbuf *b, const char *fmt, ...) {
     char small[256];

@@ -17,10 +17,10 @@
 #include "base/error.h"
 
 typedef struct ds4_strbuf {
-    char *p;      /* NULL until the first append */
+    char *p; /* NULL until the first append */
     size_t len;
     size_t cap;
-    bool failed;  /* an allocation failed; contents are incomplete */
+    bool failed; /* an allocation failed; contents are incomplete */
 } ds4_strbuf;
 
 void ds4_strbuf_append(ds4_strbuf *b, const void *s, size_t n);

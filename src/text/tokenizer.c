@@ -15,7 +15,7 @@ struct ds4_tokenizer {
     const ds4_vocab *v;
     ds4_pretok *pre;
     ds4_bpe *bpe;
-    size_t limit;        /* 0: none */
+    size_t limit; /* 0: none */
 };
 
 /* A piece callback's answer when the limit is reached. */
@@ -104,8 +104,7 @@ int ds4_tokenize_text(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out
  * starts at `*run` (a pointer into the same buffer), flushed before each
  * added token.  Plain text across segment boundaries thus tokenizes as one
  * piece of text, exactly as if the whole prompt were one string. */
-static int trusted_range(ds4_tokenizer *t, const char *s, size_t n, const char **run, ds4_tokens *out,
-                         ds4_err *err) {
+static int trusted_range(ds4_tokenizer *t, const char *s, size_t n, const char **run, ds4_tokens *out, ds4_err *err) {
     for (size_t i = 0; i < n; i++) {
         if (!ds4_vocab_added_first_byte(t->v, (uint8_t)s[i])) continue;
         size_t len;
@@ -121,40 +120,39 @@ static int trusted_range(ds4_tokenizer *t, const char *s, size_t n, const char *
 
 int ds4_tokenize_transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err) {
     const char *run = s;
-    if (trusted_range(t, s, n, &run, out, err) || tokenize_plain(t, run, (size_t)(s + n - run), out, err))
-        return -1;
+    if (trusted_range(t, s, n, &run, out, err) || tokenize_plain(t, run, (size_t)(s + n - run), out, err)) return -1;
     return out->failed ? out_of_memory(out, err) : 0;
 }
 
-int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs,
-                          ds4_tokens *out, ds4_err *err) {
+int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs, ds4_tokens *out,
+                          ds4_err *err) {
     size_t end = n_segs ? segs[0].off : 0;
     const char *run = text + end;
     for (size_t i = 0; i < n_segs; i++) {
         const char *s = text + segs[i].off;
         size_t n = segs[i].len;
         if (segs[i].off != end)
-            return ds4_err_set(err, DS4_EINVAL, "segment %zu starts at byte %zu, expected %zu (segments must be contiguous)",
-                               i, segs[i].off, end);
+            return ds4_err_set(err, DS4_EINVAL,
+                               "segment %zu starts at byte %zu, expected %zu (segments must be contiguous)", i,
+                               segs[i].off, end);
         end += n;
         switch (segs[i].kind) {
-        case DS4_SEG_TEXT:
-            break;
+        case DS4_SEG_TEXT: break;
         case DS4_SEG_TRUSTED:
             if (trusted_range(t, s, n, &run, out, err)) return -1;
             break;
         case DS4_SEG_SPECIAL: {
             int32_t id = ds4_vocab_find_added(t->v, s, n);
             if (id < 0)
-                return ds4_err_set(err, DS4_ENOTFOUND, "segment %zu: \"%.*s\" is not a special token of this vocabulary",
-                                   i, (int)(n > 80 ? 80 : n), s);
+                return ds4_err_set(err, DS4_ENOTFOUND,
+                                   "segment %zu: \"%.*s\" is not a special token of this vocabulary", i,
+                                   (int)(n > 80 ? 80 : n), s);
             if (tokenize_plain(t, run, (size_t)(s - run), out, err)) return -1;
             ds4_tokens_push(out, id);
             run = s + n;
             break;
         }
-        default:
-            return ds4_err_set(err, DS4_EINVAL, "segment %zu: unknown kind %d", i, (int)segs[i].kind);
+        default: return ds4_err_set(err, DS4_EINVAL, "segment %zu: unknown kind %d", i, (int)segs[i].kind);
         }
     }
     if (tokenize_plain(t, run, (size_t)(text + end - run), out, err)) return -1;
@@ -186,10 +184,8 @@ static const char REPLACEMENT[3] = {(char)0xEF, (char)0xBF, (char)0xBD};
 
 /* Emit p[0..n) where the first k bytes are an ill-formed subpart. */
 static void emit_invalid(ds4_detok_stream *s, const uint8_t *p, size_t k, ds4_strbuf *out) {
-    if (s->lossy)
-        ds4_strbuf_append(out, REPLACEMENT, sizeof(REPLACEMENT));
-    else
-        ds4_strbuf_append(out, p, k);
+    if (s->lossy) ds4_strbuf_append(out, REPLACEMENT, sizeof(REPLACEMENT));
+    else ds4_strbuf_append(out, p, k);
 }
 
 /* Emit the whole characters of p[0..n), invalid subparts as configured;

@@ -71,8 +71,8 @@ int ds4_tokenize_text(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out
 int ds4_tokenize_transcript(ds4_tokenizer *t, const char *s, size_t n, ds4_tokens *out, ds4_err *err);
 /* Fails (DS4_ENOTFOUND) when a SPECIAL segment names no added token, and
  * (DS4_EINVAL) when the segments are not contiguous and in order. */
-int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs,
-                          ds4_tokens *out, ds4_err *err);
+int ds4_tokenize_segments(ds4_tokenizer *t, const char *text, const ds4_segment *segs, size_t n_segs, ds4_tokens *out,
+                          ds4_err *err);
 
 /* Bytes of a token sequence, exactly (no replacement of invalid UTF-8).
  * Fails on an id outside the vocabulary. */

@@ -75,19 +75,17 @@ static json_t *load_json(const char *path, ds4_err *err) {
         if (WIFEXITED(status))
             ds4_err_set(err, DS4_EIO, "%s: xz -dc failed (exit status %d: not an xz file?)", path, WEXITSTATUS(status));
         else
-            ds4_err_set(err, DS4_EIO, "%s: xz -dc was killed by signal %d", path, WIFSIGNALED(status) ? WTERMSIG(status) : 0);
+            ds4_err_set(err, DS4_EIO, "%s: xz -dc was killed by signal %d", path,
+                        WIFSIGNALED(status) ? WTERMSIG(status) : 0);
         return NULL;
     }
     if (!j && je.line > 0)
         ds4_err_set(err, DS4_EFORMAT, "%s (decompressed):%d:%d: %s", path, je.line, je.column, je.text);
-    else if (!j)
-        ds4_err_set(err, DS4_EFORMAT, "%s (decompressed): %s", path, je.text);
+    else if (!j) ds4_err_set(err, DS4_EFORMAT, "%s (decompressed): %s", path, je.text);
     return j;
 }
 
-static bool str_is(json_t *j, const char *s) {
-    return json_is_string(j) && strcmp(json_string_value(j), s) == 0;
-}
+static bool str_is(json_t *j, const char *s) { return json_is_string(j) && strcmp(json_string_value(j), s) == 0; }
 
 static int check_pre_tokenizer(json_t *root, const char *path, ds4_err *err) {
     json_t *pre = json_object_get(root, "pre_tokenizer");
@@ -101,7 +99,8 @@ static int check_pre_tokenizer(json_t *root, const char *path, ds4_err *err) {
         if (!str_is(json_object_get(s, "type"), "Split") || !str_is(rx, OFFICIAL_SPLITS[i]) ||
             !str_is(json_object_get(s, "behavior"), "Isolated") || json_is_true(json_object_get(s, "invert")))
             return ds4_err_set(err, DS4_EUNSUPPORTED,
-                               "%s: pre_tokenizer step %zu differs from the DeepSeek V4 (joyai-llm) split", path, i + 1);
+                               "%s: pre_tokenizer step %zu differs from the DeepSeek V4 (joyai-llm) split", path,
+                               i + 1);
     }
     json_t *bl = json_array_get(seq, 3);
     if (!str_is(json_object_get(bl, "type"), "ByteLevel") || json_is_true(json_object_get(bl, "use_regex")) ||
@@ -116,7 +115,7 @@ static bool looks_special(const char *s, size_t n) {
     for (size_t i = 0; i < sizeof(exact) / sizeof(exact[0]); i++)
         if (n == strlen(exact[i]) && memcmp(s, exact[i], n) == 0) return true;
 #define STARTS(p) (n >= sizeof(p) - 1 && memcmp(s, p, sizeof(p) - 1) == 0)
-#define ENDS(p) (n >= sizeof(p) - 1 && memcmp(s + n - (sizeof(p) - 1), p, sizeof(p) - 1) == 0)
+#define ENDS(p)   (n >= sizeof(p) - 1 && memcmp(s + n - (sizeof(p) - 1), p, sizeof(p) - 1) == 0)
     if (STARTS("<|") && ENDS("|>")) return true;
     if (STARTS("<｜") && ENDS("｜>")) return true;
     if (STARTS("<unused") && ENDS(">")) return true;
@@ -127,7 +126,7 @@ static bool looks_special(const char *s, size_t n) {
 
 typedef struct builder {
     ds4_strbuf bytes;
-    size_t *off;  /* per token: offset in bytes, or SIZE_MAX when unset */
+    size_t *off; /* per token: offset in bytes, or SIZE_MAX when unset */
     size_t *len;
 } builder;
 
@@ -154,8 +153,7 @@ static void put_user_defined(builder *b, ds4_tokjson *t, uint32_t id, const char
     t->types[id] = DS4_TOKEN_USER_DEFINED;
 }
 
-static int vocab_extent(json_t *vocab, json_t *added, uint32_t min_vocab, uint32_t *n, const char *path,
-                        ds4_err *err) {
+static int vocab_extent(json_t *vocab, json_t *added, uint32_t min_vocab, uint32_t *n, const char *path, ds4_err *err) {
     json_int_t max_id = -1;
     const char *key;
     json_t *val;
@@ -178,8 +176,7 @@ static int vocab_extent(json_t *vocab, json_t *added, uint32_t min_vocab, uint32
     return 0;
 }
 
-static int fill_tokens(json_t *vocab, json_t *added, builder *b, ds4_tokjson *t, const char *path,
-                       ds4_err *err) {
+static int fill_tokens(json_t *vocab, json_t *added, builder *b, ds4_tokjson *t, const char *path, ds4_err *err) {
     const char *key;
     json_t *val;
     json_object_foreach(vocab, key, val) {
@@ -194,8 +191,7 @@ static int fill_tokens(json_t *vocab, json_t *added, builder *b, ds4_tokjson *t,
         size_t n = json_string_length(c);
         if (json_is_true(json_object_get(a, "special")) || looks_special(s, n))
             put_token(b, t, id, s, n, DS4_TOKEN_CONTROL);
-        else
-            put_user_defined(b, t, id, s, n);
+        else put_user_defined(b, t, id, s, n);
     }
     char pad[32];
     for (uint32_t id = 0; id < t->n_tokens; id++) {
@@ -206,8 +202,7 @@ static int fill_tokens(json_t *vocab, json_t *added, builder *b, ds4_tokjson *t,
     return ds4_strbuf_check(&b->bytes, path, err);
 }
 
-static int fill_merges(json_t *merges, ds4_strbuf *bytes, size_t *moff, size_t *mlen, const char *path,
-                       ds4_err *err) {
+static int fill_merges(json_t *merges, ds4_strbuf *bytes, size_t *moff, size_t *mlen, const char *path, ds4_err *err) {
     size_t i;
     json_t *m;
     json_array_foreach(merges, i, m) {
@@ -266,8 +261,8 @@ static int read_config(const char *config_path, ds4_tokjson *t, ds4_err *err) {
     return rc;
 }
 
-static int load_root(json_t *root, const char *path, const char *config_path, uint32_t min_vocab,
-                     ds4_tokjson *t, ds4_err *err) {
+static int load_root(json_t *root, const char *path, const char *config_path, uint32_t min_vocab, ds4_tokjson *t,
+                     ds4_err *err) {
     json_t *model = json_object_get(root, "model");
     json_t *vocab = json_object_get(model, "vocab");
     json_t *merges = json_object_get(model, "merges");

@@ -39,7 +39,7 @@ typedef struct ds4_tokjson {
     ds4_str *merges;
     int32_t bos_id, eos_id, pad_id; /* -1 when not configured */
     bool add_bos, add_eos;
-    char *arena;                    /* owns every string above */
+    char *arena; /* owns every string above */
 } ds4_tokjson;
 
 /* Load tokenizer.json (a path ending in ".xz" is decompressed with xz).  `config_path` (tokenizer_config.json) may be NULL:

@@ -13,11 +13,17 @@ int ds4_utf8_decode(const uint8_t *s, size_t n, uint32_t *cp) {
     int len;
     uint32_t c, min;
     if (b0 >= 0xC2 && b0 <= 0xDF) {
-        len = 2; c = b0 & 0x1F; min = 0x80;
+        len = 2;
+        c = b0 & 0x1F;
+        min = 0x80;
     } else if (b0 >= 0xE0 && b0 <= 0xEF) {
-        len = 3; c = b0 & 0x0F; min = 0x800;
+        len = 3;
+        c = b0 & 0x0F;
+        min = 0x800;
     } else if (b0 >= 0xF0 && b0 <= 0xF4) {
-        len = 4; c = b0 & 0x07; min = 0x10000;
+        len = 4;
+        c = b0 & 0x07;
+        min = 0x10000;
     } else {
         return 0;
     }
@@ -115,9 +121,9 @@ uint32_t ds4_bytelevel_cp(uint8_t b) {
     if (bytelevel_is_printable(b)) return b;
     /* Rank of b among the non-printable bytes, in increasing order. */
     uint32_t rank;
-    if (b <= 32) rank = b;                  /* 0..32   -> 0..32  */
+    if (b <= 32) rank = b;                    /* 0..32   -> 0..32  */
     else if (b <= 160) rank = 33 + (b - 127); /* 127..160 -> 33..66 */
-    else rank = 67;                         /* 173 */
+    else rank = 67;                           /* 173 */
     return 256 + rank;
 }
 

@@ -17,21 +17,21 @@
 #include "text/utf8.h"
 
 typedef struct merge_slot {
-    uint64_t key;   /* (left << 32) | right; UINT64_MAX = empty */
+    uint64_t key; /* (left << 32) | right; UINT64_MAX = empty */
     int32_t rank;
     int32_t merged;
 } merge_slot;
 
 struct ds4_vocab {
     uint32_t n;
-    char *arena;          /* token strings then decoded bytes, NUL-separated */
-    uint64_t *str_off;    /* stored string of token i */
+    char *arena;       /* token strings then decoded bytes, NUL-separated */
+    uint64_t *str_off; /* stored string of token i */
     uint32_t *str_len;
-    uint64_t *dec_off;    /* decoded bytes of token i */
+    uint64_t *dec_off; /* decoded bytes of token i */
     uint32_t *dec_len;
     uint8_t *type;
 
-    int32_t *str_slots;   /* string -> id, -1 = empty */
+    int32_t *str_slots; /* string -> id, -1 = empty */
     uint64_t str_mask;
 
     merge_slot *merge_slots;
@@ -57,13 +57,9 @@ uint32_t ds4_vocab_n_merges(const ds4_vocab *v) { return v->n_merges; }
 int32_t ds4_vocab_bos(const ds4_vocab *v) { return v->bos; }
 int32_t ds4_vocab_eos(const ds4_vocab *v) { return v->eos; }
 
-ds4_str ds4_vocab_token(const ds4_vocab *v, int32_t id) {
-    return (ds4_str){v->arena + v->str_off[id], v->str_len[id]};
-}
+ds4_str ds4_vocab_token(const ds4_vocab *v, int32_t id) { return (ds4_str){v->arena + v->str_off[id], v->str_len[id]}; }
 
-ds4_token_type ds4_vocab_type(const ds4_vocab *v, int32_t id) {
-    return (ds4_token_type)v->type[id];
-}
+ds4_token_type ds4_vocab_type(const ds4_vocab *v, int32_t id) { return (ds4_token_type)v->type[id]; }
 
 ds4_str ds4_vocab_token_bytes(const ds4_vocab *v, int32_t id) {
     return (ds4_str){v->arena + v->dec_off[id], v->dec_len[id]};
@@ -81,9 +77,7 @@ int32_t ds4_vocab_find(const ds4_vocab *v, const char *s, size_t n) {
     }
 }
 
-static bool is_added_type(uint8_t t) {
-    return t == DS4_TOKEN_CONTROL || t == DS4_TOKEN_USER_DEFINED;
-}
+static bool is_added_type(uint8_t t) { return t == DS4_TOKEN_CONTROL || t == DS4_TOKEN_USER_DEFINED; }
 
 int32_t ds4_vocab_find_added(const ds4_vocab *v, const char *s, size_t n) {
     if (n == 0) return -1;
@@ -124,9 +118,7 @@ int32_t ds4_vocab_match_added(const ds4_vocab *v, const char *s, size_t n, size_
     return -1;
 }
 
-bool ds4_vocab_added_first_byte(const ds4_vocab *v, uint8_t c) {
-    return v->added_start[c] != v->added_start[c + 1];
-}
+bool ds4_vocab_added_first_byte(const ds4_vocab *v, uint8_t c) { return v->added_start[c] != v->added_start[c + 1]; }
 
 void ds4_vocab_free(ds4_vocab *v) {
     if (!v) return;
@@ -260,7 +252,9 @@ static int index_merges(ds4_vocab *v, const ds4_vocab_src *src, ds4_err *err) {
             free(joined);
             return ds4_err_set(err, DS4_EFORMAT, "merge %u \"%.*s\": %s is not in the vocabulary", r,
                                (int)(n > 64 ? 64 : n), m,
-                               a < 0 ? "left side" : b < 0 ? "right side" : "merged token");
+                               a < 0   ? "left side"
+                               : b < 0 ? "right side"
+                                       : "merged token");
         }
         merge_put(v, ((uint64_t)(uint32_t)a << 32) | (uint32_t)b, (int32_t)r, ab);
     }

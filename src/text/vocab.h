@@ -38,18 +38,18 @@ typedef enum ds4_token_type {
 
 /* The pre-tokenizer names ds4 accepts for `tokenizer.ggml.pre`.  Both name
  * the same three-regex sequence (pretok.h); ds4's files say "joyai-llm". */
-#define DS4_PRE_JOYAI "joyai-llm"
+#define DS4_PRE_JOYAI       "joyai-llm"
 #define DS4_PRE_DEEPSEEK_V3 "deepseek-v3"
 
 typedef struct ds4_vocab_src {
     uint32_t n_tokens;
-    const ds4_str *tokens;   /* n_tokens strings */
-    const int32_t *types;    /* n_tokens ds4_token_type values; NULL: all NORMAL */
+    const ds4_str *tokens; /* n_tokens strings */
+    const int32_t *types;  /* n_tokens ds4_token_type values; NULL: all NORMAL */
     uint32_t n_merges;
-    const ds4_str *merges;   /* "LEFT RIGHT", rank = index */
-    int32_t bos_id;          /* -1: unknown */
-    int32_t eos_id;          /* -1: unknown */
-    const char *pre;         /* pre-tokenizer name; NULL means DS4_PRE_JOYAI */
+    const ds4_str *merges; /* "LEFT RIGHT", rank = index */
+    int32_t bos_id;        /* -1: unknown */
+    int32_t eos_id;        /* -1: unknown */
+    const char *pre;       /* pre-tokenizer name; NULL means DS4_PRE_JOYAI */
 } ds4_vocab_src;
 
 typedef struct ds4_vocab ds4_vocab;

@@ -12,20 +12,20 @@
 #include "text/chat.h"
 #include "text/dsml_render.h"
 
-#define KEY_MODEL "tokenizer.ggml.model"
-#define KEY_PRE "tokenizer.ggml.pre"
+#define KEY_MODEL  "tokenizer.ggml.model"
+#define KEY_PRE    "tokenizer.ggml.pre"
 #define KEY_TOKENS "tokenizer.ggml.tokens"
-#define KEY_TYPES "tokenizer.ggml.token_type"
+#define KEY_TYPES  "tokenizer.ggml.token_type"
 #define KEY_MERGES "tokenizer.ggml.merges"
-#define KEY_BOS "tokenizer.ggml.bos_token_id"
-#define KEY_EOS "tokenizer.ggml.eos_token_id"
+#define KEY_BOS    "tokenizer.ggml.bos_token_id"
+#define KEY_EOS    "tokenizer.ggml.eos_token_id"
 
 /* The control tokens of DeepSeek V4 (docs/MODEL.md 10.2): the markers the
  * chat renderer places.  A file without token types (the original ds4
  * finds these by spelling and ignores the types) still gets them as added
  * tokens; every other token is NORMAL. */
 static const char *const CONTROL_SPELLINGS[] = {
-    DS4_TOK_BOS, DS4_TOK_EOS,   DS4_TOK_USER,      DS4_TOK_ASSISTANT, DS4_TOK_LATEST_REMINDER,
+    DS4_TOK_BOS,   DS4_TOK_EOS,       DS4_TOK_USER,    DS4_TOK_ASSISTANT, DS4_TOK_LATEST_REMINDER,
     DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_DSML_MARKER,
 };
 
@@ -56,8 +56,7 @@ static int optional_id(const ds4_gguf *g, const char *key, int32_t *id, ds4_err 
     return 0;
 }
 
-static int read_src(const ds4_gguf *g, ds4_vocab_src *src, int32_t **types, char *pre, size_t pre_cap,
-                    ds4_err *err) {
+static int read_src(const ds4_gguf *g, ds4_vocab_src *src, int32_t **types, char *pre, size_t pre_cap, ds4_err *err) {
     ds4_str model;
     if (ds4_gguf_get_str(g, KEY_MODEL, &model, err)) return -1;
     if (!ds4_str_eq(model, "gpt2"))

@@ -18,7 +18,7 @@
 #include "base/error.h"
 
 typedef struct agent_script {
-    char **items;        /* NULL entries: sample */
+    char **items; /* NULL entries: sample */
     size_t n, next;
     /* called as each item is taken (index), e.g. to queue a prompt or
      * interrupt at a known point */

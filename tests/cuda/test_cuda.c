@@ -137,6 +137,7 @@
 
 static int failures;
 
+/* clang-format off */
 #define CHECK(cond, ...)                                  \
     do {                                                  \
         if (!(cond)) {                                    \
@@ -146,6 +147,7 @@ static int failures;
             failures++;                                   \
         }                                                 \
     } while (0)
+/* clang-format on */
 
 static void die(const char *what, const ds4_err *err) {
     printf("FAIL: %s: %s\n", what, ds4_err_msg(err));
@@ -246,8 +248,8 @@ static void strict_check(const char *what, const diff *cuda, const diff *twin, c
     printf("%-34s max|d| = %.3g of max|logit| %.3f; argmax mismatches %u of %u", what, diff_max(cuda), cuda->amax,
            diff_args(cuda), cuda->rows);
     if (excused)
-        printf("; %u row(s) at the model's own near-ties (CPU twins move by up to %.3g / %.3g)", excused, diff_max(twin),
-               diff_max(twin2));
+        printf("; %u row(s) at the model's own near-ties (CPU twins move by up to %.3g / %.3g)", excused,
+               diff_max(twin), diff_max(twin2));
     printf("\n");
     CHECK(bad == 0, "%s: %u rows beyond %.1g (max %.3g, first: row %u) where the CPU is continuous", what, bad, tol,
           diff_max(cuda), first_bad);
@@ -339,8 +341,14 @@ static int cmd_compare(int argc, char **argv) {
     bool no_sim = false, loose = false;
     double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-sim")) { no_sim = true; continue; }
-        if (!strcmp(argv[i], "--loose")) { loose = true; continue; }
+        if (!strcmp(argv[i], "--no-sim")) {
+            no_sim = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--loose")) {
+            loose = true;
+            continue;
+        }
         if (i + 1 >= argc) return 2;
         const char *v = argv[++i];
         if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
@@ -407,7 +415,8 @@ static int cmd_compare(int argc, char **argv) {
     if (!after_prompt || ds4_backend_snapshot(gpu, after_prompt, &err)) die("snapshot", &err);
 
     /* decode: the CPU picks greedy tokens, everyone is fed them */
-    float *dc = xmalloc((size_t)steps * V * 4), *dgl = xmalloc((size_t)steps * V * 4), *dtl = xmalloc((size_t)steps * V * 4);
+    float *dc = xmalloc((size_t)steps * V * 4), *dgl = xmalloc((size_t)steps * V * 4),
+          *dtl = xmalloc((size_t)steps * V * 4);
     float *dtl2 = xmalloc((size_t)steps * V * 4);
     uint32_t *greedy = toks + n;
     uint32_t half = steps / 2;
@@ -481,7 +490,8 @@ static int cmd_compare(int argc, char **argv) {
 
     /* greedy on the device from the snapshot after the prompt */
     uint32_t *gen = malloc(steps * sizeof(uint32_t));
-    if (ds4_backend_restore(gpu, after_prompt, &err) || ds4_backend_greedy(gpu, steps, gen, &err)) die("cuda greedy", &err);
+    if (ds4_backend_restore(gpu, after_prompt, &err) || ds4_backend_greedy(gpu, steps, gen, &err))
+        die("cuda greedy", &err);
     uint32_t first_bad = steps;
     for (uint32_t i = 0; i < steps && first_bad == steps; i++)
         if (gen[i] != greedy[i]) first_bad = i;
@@ -712,12 +722,13 @@ static void state_check(const char *what, const ds4_kv_state *got, const ds4_kv_
         if (!w->ratio) continue;
         size_t fr = (size_t)ds4_state_frontier_rows(w->ratio) * ds4_state_frontier_width(c, w->ratio, false);
         double parts[4] = {state_rel(g->comp, w->comp, (size_t)(n / w->ratio) * c->head_dim, &slots),
-                           state_rel(g->comp_kv, w->comp_kv, fr, &slots), state_rel(g->comp_score, w->comp_score, fr, &slots),
-                           0};
+                           state_rel(g->comp_kv, w->comp_kv, fr, &slots),
+                           state_rel(g->comp_score, w->comp_score, fr, &slots), 0};
         if (w->ratio == 4) {
             size_t ifr = (size_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true);
             double i1 = state_rel(g->idx, w->idx, (size_t)(n / 4) * c->idx_head_dim, &slots);
-            double i2 = state_rel(g->idx_kv, w->idx_kv, ifr, &slots), i3 = state_rel(g->idx_score, w->idx_score, ifr, &slots);
+            double i2 = state_rel(g->idx_kv, w->idx_kv, ifr, &slots),
+                   i3 = state_rel(g->idx_score, w->idx_score, ifr, &slots);
             parts[3] = i1 > i2 ? (i1 > i3 ? i1 : i3) : (i2 > i3 ? i2 : i3);
         }
         for (int k = 0; k < 4; k++)
@@ -794,7 +805,8 @@ static int cmd_batch(int argc, char **argv) {
         uint32_t n = 0;
         for (uint32_t k = 0; k < N; k++) {
             if (t == 0)
-                for (uint32_t i = 0; i < plen[k]; i++) rows[n++] = ds4_row_of(seq[k], tok[k][i], i + 1 == plen[k] ? DS4_ROW_LOGITS : 0);
+                for (uint32_t i = 0; i < plen[k]; i++)
+                    rows[n++] = ds4_row_of(seq[k], tok[k][i], i + 1 == plen[k] ? DS4_ROW_LOGITS : 0);
             else /* step 1 also asks for the hidden states: a pass of one-row parts, not the graph */
                 rows[n++] = ds4_row_of(seq[k], tok[k][plen[k] + t - 1], DS4_ROW_LOGITS | (t == 1 ? DS4_ROW_HIDDEN : 0));
         }
@@ -805,7 +817,8 @@ static int cmd_batch(int argc, char **argv) {
             diff_add(&d, got + (size_t)k * V, wl, 1, V);
             /* the sequence's own logits are the step's row */
             const float *sl = ds4_seq_logits(b, seq[k]);
-            CHECK(sl && !memcmp(sl, got + (size_t)k * V, V * 4), "session %u, step %u: ds4_seq_logits is not the row's", k, t);
+            CHECK(sl && !memcmp(sl, got + (size_t)k * V, V * 4), "session %u, step %u: ds4_seq_logits is not the row's",
+                  k, t);
             if (argmax(got + (size_t)k * V, V) != argmax(wl, V)) wrong++;
         }
         if (t == snap_at) {
@@ -839,7 +852,8 @@ static int cmd_batch(int argc, char **argv) {
         if (ds4_backend_mark(b, q, &err)) die("mark", &err);
         for (uint32_t k = 0; k < N; k++) {
             if (k == 1)
-                for (uint32_t i = 0; i < 3; i++) rows[n++] = ds4_row_of(q, (17 + 5 * i) % V, DS4_ROW_LOGITS | DS4_ROW_REWIND);
+                for (uint32_t i = 0; i < 3; i++)
+                    rows[n++] = ds4_row_of(q, (17 + 5 * i) % V, DS4_ROW_LOGITS | DS4_ROW_REWIND);
             else rows[n++] = ds4_row_of(seq[k], 3 + k, 0);
         }
         if (ds4_backend_step(b, rows, n, &(ds4_step_out){got, NULL}, &err)) die("step with a draft", &err);
@@ -1104,7 +1118,8 @@ static float *steer_dirs(uint32_t L, uint32_t D) {
             v[(size_t)il * D + d] = (float)((double)(s >> 11) / 9007199254740992.0 - 0.5);
             norm += (double)v[(size_t)il * D + d] * v[(size_t)il * D + d];
         }
-        for (uint32_t d = 0; d < D; d++) v[(size_t)il * D + d] = il == 1 ? 0.0f : (float)(v[(size_t)il * D + d] / sqrt(norm));
+        for (uint32_t d = 0; d < D; d++)
+            v[(size_t)il * D + d] = il == 1 ? 0.0f : (float)(v[(size_t)il * D + d] / sqrt(norm));
     }
     return v;
 }
@@ -1201,7 +1216,8 @@ static int cmd_steer(int argc, char **argv) {
     ds4_backend *zero = ds4_backend_create("cuda", w, &p, &err);
     if (!zero) die("cuda", &err);
     float *a = xmalloc((size_t)n * V * sizeof(float)), *b = xmalloc((size_t)n * V * sizeof(float));
-    if (ds4_backend_prefill(plain, toks, n, a, &err) || ds4_backend_prefill(zero, toks, n, b, &err)) die("prefill", &err);
+    if (ds4_backend_prefill(plain, toks, n, a, &err) || ds4_backend_prefill(zero, toks, n, b, &err))
+        die("prefill", &err);
     bool same = !memcmp(a, b, (size_t)n * V * sizeof(float));
     for (uint32_t i = 0; i < steps && same; i++) {
         uint32_t t = argmax(ds4_backend_logits(plain), V);
@@ -1226,8 +1242,13 @@ static int cmd_steer(int argc, char **argv) {
 /* A backend with routed experts split by a GPU budget and a profile. */
 static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
                                const ds4_expert_profile *prof, int how, ds4_err *err) {
-    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64,
-                          .gpu_mem = gpu_mem, .expert_profile = prof, .host_experts = how,
+    ds4_backend_opts o = {.ctx_size = ctx,
+                          .prefill_chunk = chunk,
+                          .no_sim = no_sim,
+                          .cuda_graph_ctx = 64,
+                          .gpu_mem = gpu_mem,
+                          .expert_profile = prof,
+                          .host_experts = how,
                           .count_experts = true}; /* as the reference, whose least budget they are given */
     return ds4_backend_create("cuda", w, &o, err);
 }
@@ -1239,8 +1260,14 @@ static int cmd_split(int argc, char **argv) {
     bool no_sim = false, quick = false;
     double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-sim")) { no_sim = true; continue; }
-        if (!strcmp(argv[i], "--quick")) { quick = true; continue; }
+        if (!strcmp(argv[i], "--no-sim")) {
+            no_sim = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--quick")) {
+            quick = true;
+            continue;
+        }
         if (i + 1 >= argc) return 2;
         const char *v = argv[++i];
         if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
@@ -1288,8 +1315,8 @@ static int cmd_split(int argc, char **argv) {
     }
     printf("%-34s %u tokens counted, %u layer(s) off\n", "expert selections counted", (unsigned)counted->tokens,
            bad_layers);
-    CHECK(bad_layers == 0 && counted->tokens == n + steps + more, "expert counts: %u layers off, %u tokens",
-          bad_layers, (unsigned)counted->tokens);
+    CHECK(bad_layers == 0 && counted->tokens == n + steps + more, "expert counts: %u layers off, %u tokens", bad_layers,
+          (unsigned)counted->tokens);
     ds4_expert_profile_free(counted);
     ds4_backend_free(ref);
     uint64_t fixed = ri.dev_fixed, routed = ri.dev_allocated + 4096 - fixed;
@@ -1335,8 +1362,9 @@ static int cmd_split(int argc, char **argv) {
         if (!b) die(splits[k].name, &err);
         ds4_offload_info bi;
         CHECK(ds4_cuda_offload_info(b, &bi) == 0 && bi.on, "%s: some experts on the host", splits[k].name);
-        printf("%-34s %u of %u experts on the host; %llu bytes on the GPU (budget %llu)\n", "placement", bi.host_experts,
-               bi.total_experts, (unsigned long long)bi.dev_allocated, (unsigned long long)splits[k].budget);
+        printf("%-34s %u of %u experts on the host; %llu bytes on the GPU (budget %llu)\n", "placement",
+               bi.host_experts, bi.total_experts, (unsigned long long)bi.dev_allocated,
+               (unsigned long long)splits[k].budget);
         CHECK(bi.dev_allocated == bi.dev_total, "%s: allocated %llu bytes, the placement counted %llu", splits[k].name,
               (unsigned long long)bi.dev_allocated, (unsigned long long)bi.dev_total);
         CHECK(bi.dev_total <= splits[k].budget, "%s: %llu bytes over a budget of %llu", splits[k].name,
@@ -1387,13 +1415,17 @@ static int cmd_split(int argc, char **argv) {
 
 /* The two prompts of cmd_imatrix through a backend collecting into a new
  * collector, written to path; returns the routed pairs observed. */
-static uint64_t imatrix_collect(const char *name, const ds4_weights *w, const uint32_t *toks, uint32_t n, uint32_t chunk,
-                                uint64_t gpu_mem, const char *path) {
+static uint64_t imatrix_collect(const char *name, const ds4_weights *w, const uint32_t *toks, uint32_t n,
+                                uint32_t chunk, uint64_t gpu_mem, const char *path) {
     ds4_err err = {0};
     ds4_imcol *col = ds4_imcol_new(&w->cfg, &err);
     if (!col) die("collector", &err);
-    ds4_backend_opts o = {.ctx_size = n + 8, .prefill_chunk = chunk, .no_sim = true, .cuda_graph_ctx = 64,
-                          .gpu_mem = gpu_mem, .imatrix = col};
+    ds4_backend_opts o = {.ctx_size = n + 8,
+                          .prefill_chunk = chunk,
+                          .no_sim = true,
+                          .cuda_graph_ctx = 64,
+                          .gpu_mem = gpu_mem,
+                          .imatrix = col};
     ds4_backend *b = ds4_backend_create(name, w, &o, &err);
     if (!b) die(name, &err);
     if (gpu_mem) {
@@ -1427,7 +1459,8 @@ static void imatrix_compare(const char *what, const char *got_path, const char *
     uint32_t nonzero = 0;
     for (uint32_t i = 0; i < want->n_entries; i++) {
         const ds4_imatrix_entry *w = &want->entries[i], *g = ds4_imatrix_find(got, w->name);
-        CHECK(g && g->nval == w->nval && g->ncall == w->ncall, "%s: entry %s missing or of another shape", what, w->name);
+        CHECK(g && g->nval == w->nval && g->ncall == w->ncall, "%s: entry %s missing or of another shape", what,
+              w->name);
         if (!g || g->nval != w->nval) continue;
         double amax = 0, dmax = 0;
         for (uint32_t j = 0; j < w->nval; j++) {
@@ -1440,8 +1473,8 @@ static void imatrix_compare(const char *what, const char *got_path, const char *
         if (!(r <= worst)) worst = r;
         CHECK(r <= tol, "%s: %s differs by %.3g of its largest value %.3g", what, w->name, r, amax);
     }
-    printf("%-34s %u entries, %u nonzero values; max |d| = %.3g of an entry's largest\n", what, want->n_entries, nonzero,
-           worst);
+    printf("%-34s %u entries, %u nonzero values; max |d| = %.3g of an entry's largest\n", what, want->n_entries,
+           nonzero, worst);
     CHECK(nonzero > 0, "%s: every value is 0", what);
     ds4_imatrix_free(got);
     ds4_imatrix_free(want);
@@ -1453,7 +1486,10 @@ static int cmd_imatrix(int argc, char **argv) {
     uint32_t n = 40, chunk = 16;
     bool split = true;
     for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--no-split")) { split = false; continue; }
+        if (!strcmp(argv[i], "--no-split")) {
+            split = false;
+            continue;
+        }
         if (i + 1 >= argc) return 2;
         const char *v = argv[++i];
         if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
@@ -1475,14 +1511,14 @@ static int cmd_imatrix(int argc, char **argv) {
     uint64_t rg = imatrix_collect("cuda", w, toks, n, chunk, 0, "imx-cuda.dat");
     printf("%-34s cpu %llu, cuda %llu (want %llu)\n", "routed (token, expert) pairs", (unsigned long long)rc,
            (unsigned long long)rg, (unsigned long long)total * w->cfg.n_expert_used * w->cfg.n_layer);
-    CHECK(rc == rg && rc == (uint64_t)total * w->cfg.n_expert_used * w->cfg.n_layer, "routed pairs: cpu %llu, cuda %llu",
-          (unsigned long long)rc, (unsigned long long)rg);
+    CHECK(rc == rg && rc == (uint64_t)total * w->cfg.n_expert_used * w->cfg.n_layer,
+          "routed pairs: cpu %llu, cuda %llu", (unsigned long long)rc, (unsigned long long)rg);
     imatrix_compare("cuda against cpu", "imx-cuda.dat", "imx-cpu.dat", 2e-4);
     if (split) {
         /* half the routed bytes on the GPU: the rest streamed in prefill */
         ds4_imcol *probe = ds4_imcol_new(&w->cfg, &err);
-        ds4_backend_opts o = {.ctx_size = n + 8, .prefill_chunk = chunk, .no_sim = true, .cuda_graph_ctx = 64,
-                              .imatrix = probe};
+        ds4_backend_opts o = {
+            .ctx_size = n + 8, .prefill_chunk = chunk, .no_sim = true, .cuda_graph_ctx = 64, .imatrix = probe};
         ds4_backend *ref = probe ? ds4_backend_create("cuda", w, &o, &err) : NULL;
         if (!ref) die("cuda", &err);
         ds4_offload_info ri;
@@ -1513,16 +1549,17 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
     if (rc == 2) {
-        fprintf(stderr, "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
-                        "                         [--tol X] [--loose] [--graph-ctx N]\n"
-                        "       test_cuda golden MODEL GOLDEN [N]\n"
-                        "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
-                        "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N]\n"
-                        "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
-                        "                       [--quick]\n"
-                        "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
-                        "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
-                        "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n");
+        fprintf(stderr,
+                "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
+                "                         [--tol X] [--loose] [--graph-ctx N]\n"
+                "       test_cuda golden MODEL GOLDEN [N]\n"
+                "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
+                "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N]\n"
+                "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
+                "                       [--quick]\n"
+                "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
+                "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
+                "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

@@ -49,6 +49,7 @@ extern "C" {
 
 static int failures;
 
+/* clang-format off */
 #define CHECK(cond, ...)                                \
     do {                                                \
         if (!(cond)) {                                  \
@@ -67,6 +68,7 @@ static int failures;
             exit(1);                                                              \
         }                                                                         \
     } while (0)
+/* clang-format on */
 
 static uint64_t rng = 88172645463325252ull;
 static float frand() { /* N(0,1)-ish */
@@ -363,8 +365,8 @@ static void check_missing_form(cudaStream_t st) {
         err = {};
         rc = cu_gemv_run(&p, st, &err);
         printf("gemv %-8s without its form: %s\n", tname(c.w->type), ds4_err_msg(&err));
-        CHECK(rc != 0 && strstr(ds4_err_msg(&err), "without the form it reads"), "gemv %s of a missing form: rc %d, '%s'",
-              tname(c.w->type), rc, ds4_err_msg(&err));
+        CHECK(rc != 0 && strstr(ds4_err_msg(&err), "without the form it reads"),
+              "gemv %s of a missing form: rc %d, '%s'", tname(c.w->type), rc, ds4_err_msg(&err));
     }
     CU(cudaStreamSynchronize(st));
     cudaFree(out);
@@ -389,7 +391,10 @@ static void check_split_gemv(cudaStream_t st) {
         cu_gemv_add(&p, &w.d, 1, NULL, 0, 0, rows, &a.d, 0, out);
         CHECK(p.n_blocks == rows, "split gemv %s: %u blocks for %u rows", tname(type), p.n_blocks, rows);
         ds4_err err = {};
-        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_gemv_run(&p, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
         CU(cudaStreamSynchronize(st));
         std::vector<float> got(rows + 1);
         CU(cudaMemcpy(got.data(), out, (rows + 1) * 4, cudaMemcpyDeviceToHost));
@@ -460,8 +465,8 @@ static void check_window_gemv(cudaStream_t st) {
             }
             for (uint32_t r = rows; r < stride; r++) untouched += std::isnan(got[t * stride + r]);
         }
-        printf("gemv %-8s window of %u tokens, %u of %u values differ from one-token products, error %.2g\n", tname(type),
-               CU_WIN_T, differ, CU_WIN_T * rows, worst);
+        printf("gemv %-8s window of %u tokens, %u of %u values differ from one-token products, error %.2g\n",
+               tname(type), CU_WIN_T, differ, CU_WIN_T * rows, worst);
         CHECK(differ == 0 && worst <= 2e-6, "window gemv %s: %u values differ, error %.3g", tname(type), differ, worst);
         CHECK(untouched == CU_WIN_T * (stride - rows), "window gemv %s wrote past its rows", tname(type));
         cudaFree(win);
@@ -481,7 +486,7 @@ static void check_window_gemv(cudaStream_t st) {
 }
 
 static void check_products(cudaStream_t st) {
-    const uint32_t types[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+    const uint32_t types[] = {DS4_TYPE_F32,  DS4_TYPE_F16,  DS4_TYPE_BF16,   DS4_TYPE_Q8_0,
                               DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
     ds4_err err = {};
     for (uint32_t type : types) {
@@ -500,7 +505,10 @@ static void check_products(cudaStream_t st) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w.d, 2, NULL, 0, 5, rows - 5, &a.d, off, out);
-        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_gemv_run(&p, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
         CU(cudaStreamSynchronize(st));
         CU(cudaMemcpy(got.data(), out, (rows - 5) * 4, cudaMemcpyDeviceToHost));
         for (uint32_t r = 0; r < rows - 5; r++) {
@@ -544,7 +552,8 @@ static void check_products(cudaStream_t st) {
             }
         }
         int nt = (int)tmat.size();
-        int *dp = dalloc<int>(perm.size()), *dm = dalloc<int>(nt), *ds = dalloc<int>(nt), *dc = dalloc<int>(nt), *dn = dalloc<int>(1);
+        int *dp = dalloc<int>(perm.size()), *dm = dalloc<int>(nt), *ds = dalloc<int>(nt), *dc = dalloc<int>(nt),
+            *dn = dalloc<int>(1);
         CU(cudaMemcpy(dp, perm.data(), perm.size() * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dm, tmat.data(), nt * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(ds, tstart.data(), nt * 4, cudaMemcpyHostToDevice));
@@ -634,7 +643,7 @@ static void check_lowprec(cudaStream_t st) {
             float scale = ldexpf(1.0f, (int)(r % 24) - 12);
             for (uint32_t i = 0; i < n; i++) h[(size_t)r * n + i] = frand() * scale;
         }
-        if (mode == 0) fp8_ties(h.data(), n);          /* row 0: exact ties */
+        if (mode == 0) fp8_ties(h.data(), n);           /* row 0: exact ties */
         if (mode == 2) h[5] = 1.0f + ldexpf(1.0f, -11); /* an f16 tie */
         ref = h;
         for (uint32_t r = 0; r < rows; r++) {
@@ -706,7 +715,8 @@ static void check_attention(cudaStream_t st) {
         nvis[t] = std::min(30 + (t * 7) % 34, (pos0 + t + 1) / 4); /* no more than its complete windows */
         std::vector<uint32_t> all(ncomp);
         for (uint32_t i = 0; i < ncomp; i++) all[i] = i;
-        for (uint32_t i = 0; i < ncomp; i++) std::swap(all[i], all[i + (uint32_t)(frand() * 1e6f + 5e6f) % (ncomp - i)]);
+        for (uint32_t i = 0; i < ncomp; i++)
+            std::swap(all[i], all[i + (uint32_t)(frand() * 1e6f + 5e6f) % (ncomp - i)]);
         std::sort(all.begin(), all.begin() + nvis[t]);
         for (uint32_t i = 0; i < nvis[t]; i++) vis[(size_t)t * top_k + i] = all[i];
     }
@@ -721,7 +731,8 @@ static void check_attention(cudaStream_t st) {
             std::vector<float> qraw(q);
             for (uint32_t t = 0; t < T; t++)
                 for (uint32_t h = 0; h < n_head; h++) {
-                    float *x = &qraw[((size_t)t * n_head + h) * hd], sc = 0.5f + fabsf(frand()); /* > 0: a sign would flip q */
+                    float *x = &qraw[((size_t)t * n_head + h) * hd],
+                          sc = 0.5f + fabsf(frand()); /* > 0: a sign would flip q */
                     ds4_rope_apply(&rope, x + tail0, pos0 + t, true);
                     for (uint32_t i = 0; i < hd; i++) x[i] *= sc;
                 }
@@ -732,7 +743,8 @@ static void check_attention(cudaStream_t st) {
             attn_args a;
             memset(&a, 0, sizeof(a));
             uint32_t *dpos = dcopy(&pos0, 1), *dvis = dcopy(vis), *dnvis = dcopy(nvis);
-            float *dq = dcopy(q), *dqraw = dcopy(qraw), *dring = dcopy(ring), *dkv = dcopy(kv), *dcomp = dcopy(comp), *dsinks = dcopy(sinks);
+            float *dq = dcopy(q), *dqraw = dcopy(qraw), *dring = dcopy(ring), *dkv = dcopy(kv), *dcomp = dcopy(comp),
+                  *dsinks = dcopy(sinks);
             float *dout = dalloc<float>((size_t)T * n_head * hd);
             a.pos0 = dpos;
             a.q = dq;
@@ -790,7 +802,8 @@ static void check_attention(cudaStream_t st) {
             /* the tensor-core kernel, then the heads kernel with one split and
              * with the rows split over three blocks a head group (as a decode
              * step splits them; the last block merges) */
-            const uint32_t nsplit = 3; /* scratch for head groups of any size (a group's part: its heads' values, m, l) */
+            const uint32_t nsplit =
+                3; /* scratch for head groups of any size (a group's part: its heads' values, m, l) */
             float *dpart = dalloc<float>((size_t)T * (n_head + 1) * nsplit * (2 + hd));
             uint32_t *dcount = dalloc<uint32_t>((size_t)T * n_head);
             CU(cudaMemset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t)));
@@ -815,8 +828,9 @@ static void check_attention(cudaStream_t st) {
                     double e = fabs((double)got[i] - want[i]);
                     note_err(worst, e);
                 }
-                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n", tc ? "tc   " : "heads",
-                       n_head, sim ? "as simulated" : "f32         ", a.nsplit, a.nsplit > 1 ? "s" : " ", worst);
+                printf("attention %s %2u heads, rows %s, %u split%s  max error %.2g (values ~1)\n",
+                       tc ? "tc   " : "heads", n_head, sim ? "as simulated" : "f32         ", a.nsplit,
+                       a.nsplit > 1 ? "s" : " ", worst);
                 CHECK(worst <= 1e-5, "attention (%s, %u heads, %s rows, %u splits): error %.3g",
                       tc ? "tensor cores" : "heads", n_head, sim ? "simulated" : "f32", a.nsplit, worst);
             }
@@ -874,7 +888,8 @@ static void check_comp_emit(cudaStream_t st) {
             std::vector<uint16_t> ape16(ape.size());
             for (size_t i = 0; i < ape.size(); i++) ape16[i] = ds4_f32_to_f16(ape[i]);
             uint32_t nwin = (pos0 + T) / ratio - pos0 / ratio;
-            float *dskv = dcopy(frontier), *dssc = dcopy(fscore), *dkv = dcopy(kv), *dgate = dcopy(gate), *dnorm = dcopy(norm);
+            float *dskv = dcopy(frontier), *dssc = dcopy(fscore), *dkv = dcopy(kv), *dgate = dcopy(gate),
+                  *dnorm = dcopy(norm);
             uint8_t *dape = ape_type == DS4_TYPE_F32 ? (uint8_t *)dcopy(ape) : (uint8_t *)dcopy(ape16);
             uint32_t *dpos = dcopy(&cs.pos, 1), fold = cs.fold < 0 ? 0 : (uint32_t)cs.fold;
             uint32_t *dfold = dcopy(&fold, 1);
@@ -925,15 +940,16 @@ static void check_comp_emit(cudaStream_t st) {
             }
             printf("compressor ratio 128, pass at %3u, fold %4d, ape %s  %u windows, %u of %u values differ\n", pos0,
                    cs.fold, ape_type == DS4_TYPE_F32 ? "f32" : "f16", closed, differ, closed * hd);
-            CHECK(differ == 0 && finite == closed * hd, "batched compressor pooling (pos0 %u): %u values differ, %u finite",
-                  pos0, differ, finite);
+            CHECK(differ == 0 && finite == closed * hd,
+                  "batched compressor pooling (pos0 %u): %u values differ, %u finite", pos0, differ, finite);
             CHECK(std::isnan(got[1][(size_t)(w0 + closed) * hd]), "batched compressor pooling wrote past its windows");
             if (cs.fold >= 0) { /* the frontier's rows must change the window's row */
                 std::vector<float> row(got[1].begin() + (size_t)w0 * hd, got[1].begin() + (size_t)(w0 + 1) * hd);
                 std::vector<float> &base = unfolded[ape_type == DS4_TYPE_F16];
                 if (cs.fold == (int)pos0) base = row;
-                else CHECK(!base.empty() && memcmp(base.data(), row.data(), hd * sizeof(float)) != 0,
-                           "a window folded up to %d pooled as one folded nowhere", cs.fold);
+                else
+                    CHECK(!base.empty() && memcmp(base.data(), row.data(), hd * sizeof(float)) != 0,
+                          "a window folded up to %d pooled as one folded nowhere", cs.fold);
             }
             cudaFree(dskv);
             cudaFree(dssc);
@@ -962,7 +978,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
      * decode step's for the session's last position.  The SIMT kernel's
      * blocks take 1 row a thread up to 4096 rows, then 2, 3 and 4 (the last
      * three cases). */
-    const uint32_t cases[][4] = {{64, 1500, 512, 1}, {64, 513, 512, 1},  {8, 70, 8, 1},       {64, 1500, 512, 6},
+    const uint32_t cases[][4] = {{64, 1500, 512, 1}, {64, 513, 512, 1}, {8, 70, 8, 1},      {64, 1500, 512, 6},
                                  {64, 3000, 512, 3}, {8, 8000, 512, 2}, {8, 12000, 512, 1}, {8, 16400, 512, 1}};
     for (const auto &cs : cases) {
         uint32_t heads = cs[0], n0 = cs[1], k = cs[2], pos0 = 4 * n0 - 2, nmax = (pos0 + T) / 4, stride = nmax + 5;
@@ -1008,9 +1024,11 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
                 note_err(worst, e);
             }
         }
-        printf("idx scores %s T %u, %2u heads, %4u rows (grid for %5u)  max error %.2g of the terms' magnitude, %zu stray writes\n",
-               tc ? "tc  " : "simt", T, heads, n0, grid_nc, worst, stray);
-        CHECK(worst <= 1e-5 && stray == 0, "indexer scores (%s), %u heads, %u rows", tc ? "tensor cores" : "SIMT", heads, n0);
+        printf(
+            "idx scores %s T %u, %2u heads, %4u rows (grid for %5u)  max error %.2g of the terms' magnitude, %zu stray writes\n",
+            tc ? "tc  " : "simt", T, heads, n0, grid_nc, worst, stray);
+        CHECK(worst <= 1e-5 && stray == 0, "indexer scores (%s), %u heads, %u rows", tc ? "tensor cores" : "SIMT",
+              heads, n0);
         cudaFree(dq);
         cudaFree(dw);
         cudaFree(dr);
@@ -1059,14 +1077,17 @@ static void check_fused_gemv(cudaStream_t st) {
             in[i] = l == 0 || (l == 1) == iq2;
             if (!in[i]) continue;
             CU(cudaMemset(out[i], 0xFF, (segs[i].rows + 1) * 4));
-            cu_gemv_add(&p, &w[i].d, segs[i].mat, segs[i].routed ? sel : NULL, segs[i].slot, 0, segs[i].rows, &a[i].d, 0,
-                        out[i]);
+            cu_gemv_add(&p, &w[i].d, segs[i].mat, segs[i].routed ? sel : NULL, segs[i].slot, 0, segs[i].rows, &a[i].d,
+                        0, out[i]);
         }
         uint32_t seg_blocks = cu_gemv_seg_blocks(&p);
         CHECK((l == 1) == (seg_blocks != 0), "fused gemv (%s): %u blocks a segment", launches[l], seg_blocks);
         CHECK(!cu_gemv_streamed(&p), "fused gemv (%s): streamed", launches[l]);
         ds4_err err = {};
-        if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_gemv_run(&p, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
         CU(cudaStreamSynchronize(st));
         double worst = 0;
         int guards = 0;
@@ -1143,7 +1164,10 @@ static void check_stream_gemv(cudaStream_t st) {
             CHECK(streamed == want, "stream gemv: %s of %u rows %s (grid %d)", ds4_type_get(sh.type)->name, sh.rows,
                   streamed ? "streamed" : "not streamed", g);
             ds4_err err = {};
-            if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+            if (cu_gemv_run(&p, st, &err)) {
+                printf("FAIL: %s\n", ds4_err_msg(&err));
+                exit(1);
+            }
             CU(cudaStreamSynchronize(st));
             double worst = 0;
             int guards = 0;
@@ -1201,7 +1225,10 @@ static void check_gemv_q8_out(cudaStream_t st) {
     cu_gemv_add_q8(&p, &w.d, rows0, rows1, &a.d, 0, q.f + rows0, &q, rows0);
     CHECK(p.n_blocks == qn / 32, "quantized gemv: %u blocks for %u rows", p.n_blocks, qn);
     ds4_err err = {};
-    if (cu_gemv_run(&p, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+    if (cu_gemv_run(&p, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
     CU(cudaStreamSynchronize(st));
     std::vector<float> got(qn);
     std::vector<uint8_t> gq(q.q8s);
@@ -1228,7 +1255,8 @@ static void check_gemv_q8_out(cudaStream_t st) {
     gemv_plan bad_plan;
     memset(&bad_plan, 0, sizeof(bad_plan));
     cu_gemv_add_q8(&bad_plan, &w.d, 0, rows1, &a.d, 0, q.f, &q, rows0 + 16);
-    CHECK(cu_gemv_run(&bad_plan, st, &err) != 0 && err.code == DS4_EINVAL, "a misaligned quantized output was accepted");
+    CHECK(cu_gemv_run(&bad_plan, st, &err) != 0 && err.code == DS4_EINVAL,
+          "a misaligned quantized output was accepted");
     cudaFree(q.f);
     cudaFree(q.q8);
     cudaFree((void *)w.d.p);
@@ -1258,9 +1286,9 @@ static void check_topk(cudaStream_t st) {
     /* keys of query 0, top-k, kind; the first case's queries see their
      * whole prefix; past TOPK_CACHE keys (40000) they are not kept in
      * shared memory */
-    const uint32_t cases[][3] = {{70, 100, TIES},   {70, 8, TIES},     {1500, 512, TIES}, {16421, 512, TIES},
-                                 {40000, 512, TIES}, {40000, 3, TIES},  {1500, 512, FINE}, {16421, 512, FINE},
-                                 {40000, 512, FINE}, {40000, 3, FINE},  {16421, 512, INF}, {40000, 512, INF}};
+    const uint32_t cases[][3] = {{70, 100, TIES},    {70, 8, TIES},    {1500, 512, TIES}, {16421, 512, TIES},
+                                 {40000, 512, TIES}, {40000, 3, TIES}, {1500, 512, FINE}, {16421, 512, FINE},
+                                 {40000, 512, FINE}, {40000, 3, FINE}, {16421, 512, INF}, {40000, 512, INF}};
     for (const auto &cs : cases) {
         uint32_t pos0 = 4 * cs[0] - 1, k = cs[1], stride = cs[0] + 1 + 7;
         int kind = (int)cs[2];
@@ -1299,7 +1327,10 @@ static void check_topk(cudaStream_t st) {
         }
         for (uint32_t i = 0; i < k; i++) bad += vis[(size_t)T * k + i] != 0xFFFFFFFFu;
         printf("top-k %3u of %5u keys (%s)  %zu rows differ from a stable sort\n", k, (pos0 + 1) / 4,
-               kind == TIES ? "ties" : kind == FINE ? "fine" : "inf ", bad);
+               kind == TIES   ? "ties"
+               : kind == FINE ? "fine"
+                              : "inf ",
+               bad);
         CHECK(bad == 0, "top-k of %u keys differs from a stable sort", (pos0 + 1) / 4);
         cudaFree(d);
         cudaFree(dpos);
@@ -1317,10 +1348,13 @@ static void check_topk(cudaStream_t st) {
 static float host_softplus(float x) { return x > 20.0f ? x : x < -20.0f ? expf(x) : log1pf(expf(x)); }
 
 static void check_route(cudaStream_t st) {
-    struct rcase { uint32_t n_expert, k; bool bias, hash, norm; };
-    const rcase cases[] = {{256, 6, true, false, true}, {256, 6, false, false, true}, {256, 8, true, false, false},
+    struct rcase {
+        uint32_t n_expert, k;
+        bool bias, hash, norm;
+    };
+    const rcase cases[] = {{256, 6, true, false, true}, {256, 6, false, false, true},  {256, 8, true, false, false},
                            {300, 6, true, false, true}, {1024, 8, false, false, true}, {16, 2, true, false, true},
-                           {256, 6, true, true, true}, {40, 6, false, false, true}};
+                           {256, 6, true, true, true},  {40, 6, false, false, true}};
     const uint32_t T = 5, vocab = 7;
     for (const rcase &rc : cases) {
         uint32_t ne = rc.n_expert, k = rc.k;
@@ -1331,9 +1365,9 @@ static void check_route(cudaStream_t st) {
             tok[t] = (t * 3) % vocab;
             for (uint32_t e = 0; e < ne; e++) {
                 float v = roundf(frand() * 4.0f) / 8.0f;
-                if (t == 1 && e % 5 == 0) v = 1.5f; /* a run of equal top scores */
+                if (t == 1 && e % 5 == 0) v = 1.5f;      /* a run of equal top scores */
                 if (t == 2) v = -30.0f + (float)(e % 3); /* tiny probabilities, softplus by expf */
-                if (t == 3 && e % 7 == 0) v = 25.0f; /* softplus(x) = x */
+                if (t == 3 && e % 7 == 0) v = 25.0f;     /* softplus(x) = x */
                 logit[(size_t)t * ne + e] = v;
             }
         }
@@ -1360,7 +1394,10 @@ static void check_route(cudaStream_t st) {
         in.scale = 1.5f;
         in.norm = rc.norm;
         ds4_err err = {};
-        if (cu_route_tokens(&in, T, ds, dw, st, &err)) { printf("FAIL: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_route_tokens(&in, T, ds, dw, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
         CU(cudaStreamSynchronize(st));
         std::vector<int> sel((size_t)(T + 1) * k);
         std::vector<float> w((size_t)T * k);

@@ -24,6 +24,7 @@
 #include "text/dsml_render.h"
 #include "text/utf8.h"
 
+/* clang-format off */
 #define CHECK(cond)                                                                   \
     do {                                                                              \
         if (!(cond)) {                                                                \
@@ -31,6 +32,7 @@
             abort();                                                                  \
         }                                                                             \
     } while (0)
+/* clang-format on */
 
 typedef struct events {
     ds4_strbuf reasoning, content, args;

@@ -22,6 +22,7 @@
 #include "format/gguf.h"
 #include "format/quants.h"
 
+/* clang-format off */
 #define CHECK(cond)                                                          \
     do {                                                                     \
         if (!(cond)) {                                                       \
@@ -30,6 +31,7 @@
             abort();                                                         \
         }                                                                    \
     } while (0)
+/* clang-format on */
 
 static const uint8_t *lo, *hi;
 static volatile uint64_t sink;
@@ -77,8 +79,7 @@ static void walk_getters(const ds4_gguf *g, const ds4_gguf_kv *kv) {
     sink += (uint64_t)ds4_gguf_get_f64(g, kv->key, &f, &err);
     CHECK((ds4_gguf_get_bool(g, kv->key, &b, &err) == 0) == (kv->value.type == DS4_GGUF_BOOL));
     CHECK((ds4_gguf_get_str(g, kv->key, &s, &err) == 0) == (kv->value.type == DS4_GGUF_STRING));
-    CHECK((ds4_gguf_get_arr(g, kv->key, DS4_GGUF_VTYPE_COUNT, &a, &err) == 0) ==
-          (kv->value.type == DS4_GGUF_ARRAY));
+    CHECK((ds4_gguf_get_arr(g, kv->key, DS4_GGUF_VTYPE_COUNT, &a, &err) == 0) == (kv->value.type == DS4_GGUF_ARRAY));
 }
 
 static void walk(const ds4_gguf *g) {
@@ -165,7 +166,8 @@ static void round_trip(const ds4_gguf *g) {
         const ds4_gguf_tensor *t = &g->tensors[i];
         CHECK(ds4_gguf_w_tensor(w, t->name, t->ndim, t->ne, t->type) == 0);
     }
-    for (uint64_t i = 0; i < g->n_tensors; i++) CHECK(ds4_gguf_w_data(w, g->tensors[i].data, g->tensors[i].nbytes) == 0);
+    for (uint64_t i = 0; i < g->n_tensors; i++)
+        CHECK(ds4_gguf_w_data(w, g->tensors[i].data, g->tensors[i].nbytes) == 0);
     int rc = ds4_gguf_writer_close(w, &err);
     if (rc != 0) fprintf(stderr, "fuzz_gguf: %s\n", err.msg);
     CHECK(rc == 0);

@@ -76,8 +76,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     }
     check(json_is_array(j->req.messages) && j->req.model != NULL, "parsed request");
     render_calls_ctx calls = {&S, 0, 0};
-    ds4_chat_opts o = {.think = j->req.think, .ctx_size = S.o.ctx, .tools = j->req.tools,
-                       .render_calls = toolmem_render_calls, .render_calls_ctx = &calls};
+    ds4_chat_opts o = {.think = j->req.think,
+                       .ctx_size = S.o.ctx,
+                       .tools = j->req.tools,
+                       .render_calls = toolmem_render_calls,
+                       .render_calls_ctx = &calls};
     ds4_err err = {0};
     if (ds4_chat_render(j->req.messages, &o, &j->rendered, &err) == 0) {
         size_t end = 0;

@@ -32,8 +32,8 @@
 #include "script.h"
 #include "tools.h"
 
-#define EOS "<｜end▁of▁sentence｜>"
-#define DIR_BASE "build/agent-test"
+#define EOS       "<｜end▁of▁sentence｜>"
+#define DIR_BASE  "build/agent-test"
 #define SYS_CACHE DIR_BASE "/syscache"
 
 static char MODEL[512];
@@ -101,8 +101,9 @@ static char *block(char *buf, size_t n, const char *pre, ...) {
         while ((k = va_arg(ap, const char *))) {
             const char *v = va_arg(ap, const char *);
             bool raw = v[0] == '#';
-            o += (size_t)snprintf(buf + o, n - o, "<｜DSML｜parameter name=\"%s\" string=\"%s\">%s</｜DSML｜parameter>\n",
-                                  k, raw ? "false" : "true", raw ? v + 1 : v);
+            o += (size_t)snprintf(buf + o, n - o,
+                                  "<｜DSML｜parameter name=\"%s\" string=\"%s\">%s</｜DSML｜parameter>\n", k,
+                                  raw ? "false" : "true", raw ? v + 1 : v);
         }
         o += (size_t)snprintf(buf + o, n - o, "</｜DSML｜invoke>\n");
     }
@@ -115,11 +116,13 @@ static void say(harness *t, const char *text) { agent_script_add(&t->s, text); }
 
 /* One round calling the tools listed: CALLS(t, "read", "path", "a", END, "list", END) */
 #define END NULL
+/* clang-format off */
 #define CALLS(t, ...)                                                      \
     do {                                                                   \
         char b_[16384];                                                    \
         say(t, block(b_, sizeof(b_), "Working on it.", __VA_ARGS__, NULL)); \
     } while (0)
+/* clang-format on */
 
 static void *responder(void *arg) {
     harness *t = arg;
@@ -142,8 +145,16 @@ static void open_h(harness *t, uint32_t ctx, int think, unsigned allow, const ch
     assert_non_null(mkdtemp(t->kv));
     /* the system prompt's KV, prefilled once for all the tests */
     sh("mkdir -p " SYS_CACHE " && for f in " SYS_CACHE "/*.kv; do [ -f \"$f\" ] && cp \"$f\" %s/; done; true", t->kv);
-    t->o = (agent_opts){.model = MODEL, .ctx = ctx, .n_tokens = 2000, .system = AGENT_DEFAULT_SYSTEM, .think = think,
-                        .root = t->root, .kv_dir = t->kv, .allow = allow, .backend = "cpu", .threads = 2};
+    t->o = (agent_opts){.model = MODEL,
+                        .ctx = ctx,
+                        .n_tokens = 2000,
+                        .system = AGENT_DEFAULT_SYSTEM,
+                        .think = think,
+                        .root = t->root,
+                        .kv_dir = t->kv,
+                        .allow = allow,
+                        .backend = "cpu",
+                        .threads = 2};
     ds4_sampler_defaults(&t->o.sampling);
     t->o.sampling.temperature = 0; /* what is not scripted is greedy: reproducible */
     t->hooks = (agent_hooks){.script_next = agent_script_next, .script_ctx = &t->s};
@@ -153,7 +164,8 @@ static void open_h(harness *t, uint32_t ctx, int think, unsigned allow, const ch
     if (answers) pthread_create(&t->resp, NULL, responder, t);
     else link_set_no_ui(t->l, true);
     ds4_err err = {0};
-    t->m = local_model_new(&t->o, &t->hooks, t->l, t->d, getenv("AGENT_TRACE") ? fopen(getenv("AGENT_TRACE"), "a") : NULL, &err);
+    t->m = local_model_new(&t->o, &t->hooks, t->l, t->d,
+                           getenv("AGENT_TRACE") ? fopen(getenv("AGENT_TRACE"), "a") : NULL, &err);
     if (!t->m) fail_msg("%s", err.msg);
     t->a = agent_new(&t->o, t->m, t->l, t->d, NULL, &err);
     if (!t->a) fail_msg("%s", err.msg);
@@ -226,11 +238,9 @@ static void test_read_edit_lines(void **state) {
     harness t;
     open_h(&t, 8192, DS4_THINK_OFF, AGENT_ALLOW_ALL, NULL);
     put(&t, "f.c", "one\ntwo\nthree\nfour\nfive\n");
-    CALLS(&t, "read", "path", "f.c", END,
-          "edit", "path", "f.c", "line", "#2", "new", "TWO", END,
-          "edit", "path", "f.c", "range", "4:5", "new", "4\n5\n6", END,
-          "edit", "path", "f.c", "old", "three", "new", "3", END,
-          "edit", "path", "f.c", "start_line", "#6", "end_line", "#6", "new", "", END);
+    CALLS(&t, "read", "path", "f.c", END, "edit", "path", "f.c", "line", "#2", "new", "TWO", END, "edit", "path", "f.c",
+          "range", "4:5", "new", "4\n5\n6", END, "edit", "path", "f.c", "old", "three", "new", "3", END, "edit", "path",
+          "f.c", "start_line", "#6", "end_line", "#6", "new", "", END);
     say(&t, "All done." EOS);
     turn(&t, "fix f.c");
     assert_string_equal(get(&t, "f.c"), "one\nTWO\n3\n4\n5\n");
@@ -239,7 +249,7 @@ static void test_read_edit_lines(void **state) {
     has(result(&t, 2), "lines 4-5 replaced by 3 lines; the file has 6 lines.\nLines after 5 moved by +1");
     has(result(&t, 3), "Edited f.c (old/new): lines 3-3 replaced by 1 line");
     has(result(&t, 4), "(deleted): lines 6-6 replaced by 0 lines; the file has 5 lines.");
-    has(t.out.p, "- two");     /* the diff shown to the user */
+    has(t.out.p, "- two"); /* the diff shown to the user */
     has(t.out.p, "+ TWO");
     has(t.out.p, "All done.");
     close_h(&t);
@@ -260,18 +270,17 @@ static void test_edit_refusals(void **state) {
     t.s.ctx = &t;
     put(&t, "g.txt", "alpha\nbeta\ngamma\nalpha\n");
     put(&t, "h.txt", "1\n2\n3\n4\n5\n6\n7\n8\n9\n10\n");
-    CALLS(&t, "edit", "path", "g.txt", "line", "#1", "new", "x", END,       /* never read */
-          "read", "path", "g.txt", "max_lines", "#3", END);             /* the file changes after this */
-    CALLS(&t, "edit", "path", "g.txt", "line", "#2", "new", "x", END,       /* changed on disk */
-          "edit", "path", "g.txt", "line", "#4", "new", "x", END,           /* line 4 never shown */
-          "edit", "path", "g.txt", "old", "alpha", "new", "x", END,         /* twice */
-          "edit", "path", "g.txt", "old", "delta", "new", "x", END,         /* absent */
-          "edit", "path", "g.txt", "line", "#9", "new", "x", END,           /* past the end */
+    CALLS(&t, "edit", "path", "g.txt", "line", "#1", "new", "x", END,         /* never read */
+          "read", "path", "g.txt", "max_lines", "#3", END);                   /* the file changes after this */
+    CALLS(&t, "edit", "path", "g.txt", "line", "#2", "new", "x", END,         /* changed on disk */
+          "edit", "path", "g.txt", "line", "#4", "new", "x", END,             /* line 4 never shown */
+          "edit", "path", "g.txt", "old", "alpha", "new", "x", END,           /* twice */
+          "edit", "path", "g.txt", "old", "delta", "new", "x", END,           /* absent */
+          "edit", "path", "g.txt", "line", "#9", "new", "x", END,             /* past the end */
           "edit", "path", "g.txt", "line", "#1", "old", "a", "new", "x", END, /* two modes */
-          "edit", "path", "missing.txt", "old", "a", "new", "b", END,
-          "read", "path", "h.txt", END,
-          "edit", "path", "h.txt", "range", "1:1", "new", "a1\na2", END,   /* lines below move */
-          "edit", "path", "h.txt", "line", "#9", "new", "x", END);          /* shifted: read again */
+          "edit", "path", "missing.txt", "old", "a", "new", "b", END, "read", "path", "h.txt", END, "edit", "path",
+          "h.txt", "range", "1:1", "new", "a1\na2", END,           /* lines below move */
+          "edit", "path", "h.txt", "line", "#9", "new", "x", END); /* shifted: read again */
     say(&t, "Stopping." EOS);
     turn(&t, "edit g.txt");
     has(result(&t, 0), "Tool error: edit g.txt: lines 1-1 were never shown to you");
@@ -294,22 +303,18 @@ static void test_paths_binary_search_list(void **state) {
     (void)state;
     harness t;
     open_h(&t, 8192, DS4_THINK_OFF, AGENT_ALLOW_ALL, NULL);
-    sh("mkdir -p %s/sub %s/.git && ln -s /etc %s/etc-link && printf 'a\\0b' > %s/bin.dat", t.root, t.root, t.root, t.root);
+    sh("mkdir -p %s/sub %s/.git && ln -s /etc %s/etc-link && printf 'a\\0b' > %s/bin.dat", t.root, t.root, t.root,
+       t.root);
     put(&t, "a.txt", "first\nthe needle here\nlast\n");
     put(&t, "sub/b.c", "int needle;\nint neeedle;\n");
     put(&t, ".git/c", "needle in git\n");
-    CALLS(&t, "read", "path", "etc-link/passwd", END,
-          "read", "path", "../outside.txt", END,
-          "write", "path", "/tmp/ds4-agent-test-outside", "content", "x", END,
-          "read", "path", "bin.dat", END,
-          "search", "query", "needle", END,
-          "search", "query", "needle", "glob", "*.c", END,
-          "search", "query", "ne+dle", "mode", "regex", "path", "sub", END,
-          "search", "query", "NEEDLE", "case_sensitive", "#false", "context", "#1", "path", "a.txt", END,
-          "search", "query", "(", "mode", "regex", END,
-          "list", "path", ".", END,
-          "write", "path", "new/dir/x.txt", "content", "hello\n", END,
-          "edit", "path", "sub/b.c", "line", "#2", "new", "int needle2;", END); /* shown by search */
+    CALLS(&t, "read", "path", "etc-link/passwd", END, "read", "path", "../outside.txt", END, "write", "path",
+          "/tmp/ds4-agent-test-outside", "content", "x", END, "read", "path", "bin.dat", END, "search", "query",
+          "needle", END, "search", "query", "needle", "glob", "*.c", END, "search", "query", "ne+dle", "mode", "regex",
+          "path", "sub", END, "search", "query", "NEEDLE", "case_sensitive", "#false", "context", "#1", "path", "a.txt",
+          END, "search", "query", "(", "mode", "regex", END, "list", "path", ".", END, "write", "path", "new/dir/x.txt",
+          "content", "hello\n", END, "edit", "path", "sub/b.c", "line", "#2", "new", "int needle2;",
+          END); /* shown by search */
     say(&t, "Done." EOS);
     turn(&t, "look around");
     has(result(&t, 0), "etc-link/passwd resolves to /etc/passwd, outside the working root");
@@ -349,22 +354,18 @@ static void test_tool_arguments(void **state) {
     harness t;
     open_h(&t, 8192, DS4_THINK_OFF, AGENT_ALLOW_ALL, NULL);
     put(&t, "a.txt", "1\n2\n3\n4\n5\n");
-    CALLS(&t, "frobnicate", "x", "1", END,
-          "read", "path", "a.txt", "foo", "1", END,
-          "read", "start_line", "#1", END,
-          "read", "path", "a.txt", "start_line", "abc", END,
-          "read", "path", "a.txt", "whole", "maybe", END,
-          "read", "path", "#12", END,
-          "bash", "command", "true", "timeout_sec", "#0", END,
-          "search", "query", "x", "context", "#9", END,
-          "read", "path", "a.txt", "max_lines", "#2", END, /* string="false" numbers are fine */
-          "more", "count", "2", END,                      /* and so are numbers in strings */
-          "more", END,
-          "more", END);
+    CALLS(&t, "frobnicate", "x", "1", END, "read", "path", "a.txt", "foo", "1", END, "read", "start_line", "#1", END,
+          "read", "path", "a.txt", "start_line", "abc", END, "read", "path", "a.txt", "whole", "maybe", END, "read",
+          "path", "#12", END, "bash", "command", "true", "timeout_sec", "#0", END, "search", "query", "x", "context",
+          "#9", END, "read", "path", "a.txt", "max_lines", "#2", END, /* string="false" numbers are fine */
+          "more", "count", "2", END,                                  /* and so are numbers in strings */
+          "more", END, "more", END);
     say(&t, "ok" EOS);
     turn(&t, "args");
-    has(result(&t, 0), "Tool error: unknown tool 'frobnicate' (the tools are: read, more, write, edit, search, list, bash");
-    has(result(&t, 1), "Tool error: read: unknown argument 'foo' (read takes: path, start_line, max_lines, whole, raw)");
+    has(result(&t, 0),
+        "Tool error: unknown tool 'frobnicate' (the tools are: read, more, write, edit, search, list, bash");
+    has(result(&t, 1),
+        "Tool error: read: unknown argument 'foo' (read takes: path, start_line, max_lines, whole, raw)");
     has(result(&t, 2), "Tool error: read: missing required argument 'path'");
     has(result(&t, 3), "Tool error: read: argument 'start_line' must be an integer, got the string \"abc\"");
     has(result(&t, 4), "Tool error: read: argument 'whole' must be true or false, got the string \"maybe\"");
@@ -386,7 +387,8 @@ static void test_bad_dsml(void **state) {
     /* a tool call written inside the reasoning */
     say(&t, block(b, sizeof(b), "Let me think.", "list", "path", ".", END, NULL));
     /* an invoke without a name */
-    say(&t, "Done thinking.</think>Calling.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
+    say(&t,
+        "Done thinking.</think>Calling.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>");
     /* a correct one, after the reasoning */
     say(&t, block(b, sizeof(b), "Fine.</think>Now properly.", "list", "path", ".", END, NULL));
     say(&t, "Good.</think>Listed." EOS);
@@ -411,11 +413,9 @@ static void test_permissions(void **state) {
     /* answers: no to the bash, yes to the write, always to the edits */
     open_h(&t, 8192, DS4_THINK_OFF, 0, "nya");
     put(&t, "a.txt", "x\n");
-    CALLS(&t, "bash", "command", "touch ran", END,
-          "write", "path", "w.txt", "content", "w", END,
-          "read", "path", "a.txt", END,
-          "edit", "path", "a.txt", "line", "#1", "new", "y", END,
-          "edit", "path", "a.txt", "line", "#1", "new", "z", END); /* no question: always */
+    CALLS(&t, "bash", "command", "touch ran", END, "write", "path", "w.txt", "content", "w", END, "read", "path",
+          "a.txt", END, "edit", "path", "a.txt", "line", "#1", "new", "y", END, "edit", "path", "a.txt", "line", "#1",
+          "new", "z", END); /* no question: always */
     say(&t, "ok" EOS);
     turn(&t, "go");
     has(result(&t, 0), "Tool error: the user declined this bash");
@@ -442,16 +442,12 @@ static void test_bash_jobs(void **state) {
     (void)state;
     harness t;
     open_h(&t, 16384, DS4_THINK_OFF, AGENT_ALLOW_ALL, NULL);
-    CALLS(&t, "bash", "command", "echo hi; echo err >&2; exit 3", END,
-          "bash", "command", "sleep 1.5; echo late", "refresh_sec", "#1", END,
-          "bash_status", "job", "#2", "refresh_sec", "#10", END,
-          "bash", "command", "sleep 60 & sleep 60; echo never", "refresh_sec", "#1", END,
-          "bash_stop", "job", "#3", END,
-          "bash", "command", "sleep 30", "timeout_sec", "#1", "refresh_sec", "#10", END,
-          "bash", "command", "yes 0123456789abcdef | head -c 20000000", END,
-          "bash_status", "job", "#99", END,
-          "bash_status", "job", "#1", END,
-          "bash", "command", "pwd", END);
+    CALLS(&t, "bash", "command", "echo hi; echo err >&2; exit 3", END, "bash", "command", "sleep 1.5; echo late",
+          "refresh_sec", "#1", END, "bash_status", "job", "#2", "refresh_sec", "#10", END, "bash", "command",
+          "sleep 60 & sleep 60; echo never", "refresh_sec", "#1", END, "bash_stop", "job", "#3", END, "bash", "command",
+          "sleep 30", "timeout_sec", "#1", "refresh_sec", "#10", END, "bash", "command",
+          "yes 0123456789abcdef | head -c 20000000", END, "bash_status", "job", "#99", END, "bash_status", "job", "#1",
+          END, "bash", "command", "pwd", END);
     say(&t, "ok" EOS);
     turn(&t, "run things");
     const char *r = result(&t, 0);
@@ -650,7 +646,8 @@ static void test_sessions(void **state) {
     assert_int_equal(f.h.reason, DS4_KVC_AGENT_SESSION);
     assert_int_equal(f.h.n_tokens, saved);
     has(f.text, "<｜User｜>first question<｜Assistant｜><think>Think.</think>First answer.<｜end▁of▁sentence｜>");
-    has(f.text, "<｜User｜>second question<｜Assistant｜><think>Think more.</think>Second answer.<｜end▁of▁sentence｜>");
+    has(f.text,
+        "<｜User｜>second question<｜Assistant｜><think>Think more.</think>Second answer.<｜end▁of▁sentence｜>");
     ds4_kvc_file_free(&f);
     /* a corrupt file and a foreign one are skipped */
     sh("printf 'KVC garbage' > %s/0000000000000000000000000000000000000000.kv", t.kv);

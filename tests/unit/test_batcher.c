@@ -26,8 +26,8 @@
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
 #define NSESS 8
-#define GEN 24
-#define CTX 1024
+#define GEN   24
+#define CTX   1024
 
 static const uint32_t plen[NSESS] = {3, 40, 127, 128, 200, 257, 300, 64};
 
@@ -84,7 +84,8 @@ static void fill(run *r, ds4_engine *e, int i) {
     memset(r, 0, sizeof(*r));
     r->e = e;
     r->i = i;
-    for (uint32_t t = 0; t < plen[i]; t++) r->prompt[t] = (int32_t)((t * 2654435761u + 31u * i + 7u) % e->w->cfg.n_vocab);
+    for (uint32_t t = 0; t < plen[i]; t++)
+        r->prompt[t] = (int32_t)((t * 2654435761u + 31u * i + 7u) % e->w->cfg.n_vocab);
 }
 
 static void test_sessions_batched_as_alone(void **state) {
@@ -122,7 +123,7 @@ static void test_sessions_batched_as_alone(void **state) {
     fprintf(stderr, "batched: %llu steps, %llu rows, at most %llu rows and %llu sequences a step\n",
             (unsigned long long)st.steps, (unsigned long long)st.rows, (unsigned long long)st.max_rows,
             (unsigned long long)st.max_seqs);
-    assert_true(st.max_seqs > 1);  /* steps were shared */
+    assert_true(st.max_seqs > 1);   /* steps were shared */
     assert_true(st.max_rows <= 96); /* and within the budget */
     for (int i = 0; i < NSESS; i++) {
         free(alone[i].payload);
@@ -166,7 +167,8 @@ static void test_decode_beside_long_prefill(void **state) {
     decoder d = {.s = a};
     pthread_t th;
     assert_int_equal(pthread_create(&th, NULL, decode_thread, &d), 0);
-    while (__atomic_load_n(&d.steps, __ATOMIC_SEQ_CST) < 2) ;
+    while (__atomic_load_n(&d.steps, __ATOMIC_SEQ_CST) < 2)
+        ;
     int32_t prompt[320];
     for (uint32_t t = 0; t < n; t++) prompt[t] = (int32_t)(t % 200 + 3);
     int before = __atomic_load_n(&d.steps, __ATOMIC_SEQ_CST);

@@ -71,8 +71,9 @@ static void test_matches_python(void **state) {
  * the same digits. */
 static void test_load_strictness(void **state) {
     (void)state;
-    static const char *const bad[] = {"01", "1.", "-", "[1,]", "{\"a\" 1}", "\"\\x\"", "{\"a\":1,}", "1e",
-                                      "[1] x", "tru", "-Infinityx", "\"a\nb\"", "", "[", "{\"a\":", "\"abc"};
+    static const char *const bad[] = {"01",         "1.", "-",       "[1,]", "{\"a\" 1}",  "\"\\x\"",
+                                      "{\"a\":1,}", "1e", "[1] x",   "tru",  "-Infinityx", "\"a\nb\"",
+                                      "",           "[",  "{\"a\":", "\"abc"};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         ds4_err err = {0};
         json_t *v = ds4_pyjson_load(bad[i], strlen(bad[i]), &err);

@@ -26,10 +26,10 @@
 #include "model/backends.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define N 400
-#define CTX 512
-#define NSEQ 8
-#define GEN 10
+#define N     400
+#define CTX   512
+#define NSEQ  8
+#define GEN   10
 
 static ds4_weights *W;
 static uint32_t tokens[N];
@@ -246,7 +246,8 @@ static void check_rewind(ds4_backend *b, const ds4_kv_state *at_n0, uint32_t n0,
     if (len != ref_len[n0 + k] || memcmp(p, ref_payload[n0 + k], len) != 0)
         fail_msg("rewind of %u rows after %u to %u: the payload differs from the reference", m, n0, n0 + k);
     free(p);
-    if (n0 + k > 0) assert_memory_equal(ds4_backend_logits(b), ref_logits + (size_t)(n0 + k - 1) * V, V * sizeof(float));
+    if (n0 + k > 0)
+        assert_memory_equal(ds4_backend_logits(b), ref_logits + (size_t)(n0 + k - 1) * V, V * sizeof(float));
     for (uint32_t q = n0 + k; q < n0 + k + 4 && q < N; q++) {
         assert_int_equal(ds4_backend_decode(b, tokens[q], &err), 0);
         if (memcmp(ds4_backend_logits(b), ref_logits + (size_t)q * V, V * sizeof(float)) != 0)
@@ -337,7 +338,7 @@ static void test_rewind_short_window(void **state) {
         assert_int_equal(ds4_backend_mark(b, b->main, &err), 0);
         ds4_row rows[20];
         for (uint32_t i = 0; i < 20; i++) rows[i] = ds4_row_of(b->main, (tok[11 + i] + (i >= k)) % nv, DS4_ROW_REWIND);
-        assert_int_equal(ds4_backend_step(b, rows, 12, NULL, &err), 0);     /* 12 rows, then 8 more */
+        assert_int_equal(ds4_backend_step(b, rows, 12, NULL, &err), 0); /* 12 rows, then 8 more */
         assert_int_equal(ds4_backend_step(b, rows + 12, 8, NULL, &err), 0);
         assert_int_equal(ds4_backend_rewind(b, b->main, 11 + k, &err), 0);
         ds4_backend_reset(rb);
@@ -407,12 +408,9 @@ static void test_bad_steps_and_rewinds(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batched_equals_alone),
-        cmocka_unit_test(test_mixed_step),
-        cmocka_unit_test(test_rewind_is_exact),
-        cmocka_unit_test(test_rewind_short_ring),
-        cmocka_unit_test(test_rewind_short_window),
-        cmocka_unit_test(test_bad_steps_and_rewinds),
+        cmocka_unit_test(test_batched_equals_alone), cmocka_unit_test(test_mixed_step),
+        cmocka_unit_test(test_rewind_is_exact),      cmocka_unit_test(test_rewind_short_ring),
+        cmocka_unit_test(test_rewind_short_window),  cmocka_unit_test(test_bad_steps_and_rewinds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

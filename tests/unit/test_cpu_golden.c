@@ -81,7 +81,8 @@ static void free_golden(golden *g) {
 
 static uint32_t argmax(const float *x, uint32_t n) {
     uint32_t b = 0;
-    for (uint32_t i = 1; i < n; i++) if (x[i] > x[b]) b = i;
+    for (uint32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
     return b;
 }
 
@@ -183,26 +184,43 @@ static void run_sim_config(const char *name) {
     free_golden(&g);
 }
 
-static void test_tiny_a(void **state) { (void)state; run_config("tiny-a"); }
-static void test_tiny_b(void **state) { (void)state; run_config("tiny-b"); }
+static void test_tiny_a(void **state) {
+    (void)state;
+    run_config("tiny-a");
+}
+static void test_tiny_b(void **state) {
+    (void)state;
+    run_config("tiny-b");
+}
 /* Shapes no published model has (width 80 and output rank 16; width 112,
  * heads of 192, rank 24) and Pro's pattern scaled down (ratio 128 from
  * layer 0, 16 output groups, 24 experts choosing 6, routed scale 2.5, an
  * indexer top-k above the compressed rows). */
-static void test_odd_a(void **state) { (void)state; run_config("odd-a"); }
-static void test_odd_b(void **state) { (void)state; run_config("odd-b"); }
-static void test_pro_a(void **state) { (void)state; run_config("pro-a"); }
-static void test_tiny_a_sim(void **state) { (void)state; run_sim_config("tiny-a"); }
-static void test_tiny_b_sim(void **state) { (void)state; run_sim_config("tiny-b"); }
+static void test_odd_a(void **state) {
+    (void)state;
+    run_config("odd-a");
+}
+static void test_odd_b(void **state) {
+    (void)state;
+    run_config("odd-b");
+}
+static void test_pro_a(void **state) {
+    (void)state;
+    run_config("pro-a");
+}
+static void test_tiny_a_sim(void **state) {
+    (void)state;
+    run_sim_config("tiny-a");
+}
+static void test_tiny_b_sim(void **state) {
+    (void)state;
+    run_sim_config("tiny-b");
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_tiny_a),
-        cmocka_unit_test(test_tiny_b),
-        cmocka_unit_test(test_odd_a),
-        cmocka_unit_test(test_odd_b),
-        cmocka_unit_test(test_pro_a),
-        cmocka_unit_test(test_tiny_a_sim),
+        cmocka_unit_test(test_tiny_a),     cmocka_unit_test(test_tiny_b), cmocka_unit_test(test_odd_a),
+        cmocka_unit_test(test_odd_b),      cmocka_unit_test(test_pro_a),  cmocka_unit_test(test_tiny_a_sim),
         cmocka_unit_test(test_tiny_b_sim),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -33,8 +33,8 @@ static float frand(uint64_t *s) {
 }
 
 static void check_type(uint32_t type, float tol) {
-    assert_true((uint64_t)NR * N_IN >= CPU_MIN_TASK_WORK);     /* one token uses the pool */
-    assert_true(NR > CPU_MIN_TASK_WORK / (N_IN * T) + 1);       /* in more than one task */
+    assert_true((uint64_t)NR * N_IN >= CPU_MIN_TASK_WORK); /* one token uses the pool */
+    assert_true(NR > CPU_MIN_TASK_WORK / (N_IN * T) + 1);  /* in more than one task */
     uint64_t seed = 42 + type;
     size_t rb = ds4_row_bytes(type, N_IN);
     uint8_t *wbytes = malloc(rb * ROWS * MATS);
@@ -90,18 +90,39 @@ static void check_type(uint32_t type, float tol) {
     free(wf);
 }
 
-static void test_f32(void **s) { (void)s; check_type(DS4_TYPE_F32, 1e-6f); }
-static void test_f16(void **s) { (void)s; check_type(DS4_TYPE_F16, 1e-6f); }
-static void test_bf16(void **s) { (void)s; check_type(DS4_TYPE_BF16, 1e-6f); }
-static void test_q8_0(void **s) { (void)s; check_type(DS4_TYPE_Q8_0, 1e-2f); }
-static void test_q2_k(void **s) { (void)s; check_type(DS4_TYPE_Q2_K, 1e-2f); }
-static void test_q4_k(void **s) { (void)s; check_type(DS4_TYPE_Q4_K, 1e-2f); }
-static void test_iq2_xxs(void **s) { (void)s; check_type(DS4_TYPE_IQ2_XXS, 1e-2f); }
+static void test_f32(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_F32, 1e-6f);
+}
+static void test_f16(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_F16, 1e-6f);
+}
+static void test_bf16(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_BF16, 1e-6f);
+}
+static void test_q8_0(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_Q8_0, 1e-2f);
+}
+static void test_q2_k(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_Q2_K, 1e-2f);
+}
+static void test_q4_k(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_Q4_K, 1e-2f);
+}
+static void test_iq2_xxs(void **s) {
+    (void)s;
+    check_type(DS4_TYPE_IQ2_XXS, 1e-2f);
+}
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_f32), cmocka_unit_test(test_f16), cmocka_unit_test(test_bf16),
-        cmocka_unit_test(test_q8_0), cmocka_unit_test(test_q2_k), cmocka_unit_test(test_q4_k),
+        cmocka_unit_test(test_f32),     cmocka_unit_test(test_f16),  cmocka_unit_test(test_bf16),
+        cmocka_unit_test(test_q8_0),    cmocka_unit_test(test_q2_k), cmocka_unit_test(test_q4_k),
         cmocka_unit_test(test_iq2_xxs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -20,11 +20,11 @@
 #include "model/backends.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define N 300
+#define N     300
 
 static ds4_weights *W;
 static uint32_t tokens[N];
-static float *ref;       /* prefill logits, simulations on, 2 threads */
+static float *ref; /* prefill logits, simulations on, 2 threads */
 static uint32_t V;
 
 static ds4_backend *make_ctx(int threads, uint32_t chunk, bool no_sim, uint32_t ctx) {
@@ -86,7 +86,10 @@ static void test_decode_equals_prefill(void **state) {
 
 static void test_chunks_and_threads(void **state) {
     (void)state;
-    const struct { int threads; uint32_t chunk; } cases[] = {{1, 512}, {1, 7}, {2, 64}, {3, 129}};
+    const struct {
+        int threads;
+        uint32_t chunk;
+    } cases[] = {{1, 512}, {1, 7}, {2, 64}, {3, 129}};
     for (size_t c = 0; c < sizeof(cases) / sizeof(cases[0]); c++) {
         ds4_backend *b = make(cases[c].threads, cases[c].chunk, false);
         float *got = run_prefill(b, N);
@@ -125,7 +128,7 @@ static void test_snapshot_restore(void **state) {
     ds4_kv_state *snap = ds4_backend_state_new(b, &err);
     assert_int_equal(ds4_backend_snapshot(b, snap, &err), 0);
     decode_and_check(b, 170, 220);
-    assert_int_equal(ds4_backend_restore(b, snap, &err), 0);  /* rewind */
+    assert_int_equal(ds4_backend_restore(b, snap, &err), 0); /* rewind */
     assert_memory_equal(ds4_backend_logits(b), ref + (size_t)169 * V, V * sizeof(float));
     decode_and_check(b, 170, N);
     ds4_backend *fresh = make(1, 0, false);
@@ -242,9 +245,19 @@ static void test_dsv4_header_small_contexts(void **state) {
         FILE *f = fopen(p, "r+b");
         assert_non_null(f);
         assert_int_equal(fread(h, 4, 13, f), 13);
-        uint32_t win = ctx < 128 ? ctx : 128, want[13] = {0x34565344u, 1, ctx, ctx < 2048 ? ctx : 2048, win, win,
-                                                          ctx / 4 + 2, n, W->cfg.n_layer, W->cfg.head_dim,
-                                                          W->cfg.idx_head_dim, V, n < win ? n : win};
+        uint32_t win = ctx < 128 ? ctx : 128, want[13] = {0x34565344u,
+                                                          1,
+                                                          ctx,
+                                                          ctx < 2048 ? ctx : 2048,
+                                                          win,
+                                                          win,
+                                                          ctx / 4 + 2,
+                                                          n,
+                                                          W->cfg.n_layer,
+                                                          W->cfg.head_dim,
+                                                          W->cfg.idx_head_dim,
+                                                          V,
+                                                          n < win ? n : win};
         for (int k = 0; k < 13; k++)
             if (h[k] != want[k]) fail_msg("ctx %u: header field %d is %u, ds4 writes %u", ctx, k, h[k], want[k]);
         ds4_backend *fresh = make_ctx(2, 0, false, ctx);
@@ -298,14 +311,10 @@ static void test_context_and_token_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_decode_equals_prefill),
-        cmocka_unit_test(test_chunks_and_threads),
-        cmocka_unit_test(test_split_prefill_then_decode),
-        cmocka_unit_test(test_simulations_change_the_result),
-        cmocka_unit_test(test_snapshot_restore),
-        cmocka_unit_test(test_dsv4_payload),
-        cmocka_unit_test(test_dsv4_header_small_contexts),
-        cmocka_unit_test(test_short_context),
+        cmocka_unit_test(test_decode_equals_prefill),      cmocka_unit_test(test_chunks_and_threads),
+        cmocka_unit_test(test_split_prefill_then_decode),  cmocka_unit_test(test_simulations_change_the_result),
+        cmocka_unit_test(test_snapshot_restore),           cmocka_unit_test(test_dsv4_payload),
+        cmocka_unit_test(test_dsv4_header_small_contexts), cmocka_unit_test(test_short_context),
         cmocka_unit_test(test_context_and_token_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

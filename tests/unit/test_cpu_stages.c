@@ -21,9 +21,9 @@
 #include "model/backends.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define N 150
+#define N     150
 #define CHUNK 16
-#define CTX 256
+#define CTX   256
 
 static ds4_weights *W;
 static uint32_t tokens[N];
@@ -32,8 +32,8 @@ static uint32_t V, HCD;
 
 static ds4_backend *make(uint32_t first, uint32_t end) {
     ds4_err err = {0};
-    ds4_backend_opts o = {.n_threads = 2, .ctx_size = CTX, .prefill_chunk = CHUNK, .layer_first = first,
-                          .layer_end = end};
+    ds4_backend_opts o = {
+        .n_threads = 2, .ctx_size = CTX, .prefill_chunk = CHUNK, .layer_first = first, .layer_end = end};
     ds4_backend *b = ds4_backend_create("cpu", W, &o, &err);
     if (!b) fail_msg("%s", ds4_err_msg(&err));
     return b;

@@ -71,8 +71,7 @@ static uint32_t rnd(void) {
 
 /* Feed `text` in random pieces (never splitting a UTF-8 character, as the
  * streaming detokenizer guarantees); returns finish()'s value. */
-static int parse_pieces(const char *text, size_t n, bool thinking, collected *c, ds4_dsml_parser **out,
-                        int max_piece) {
+static int parse_pieces(const char *text, size_t n, bool thinking, collected *c, ds4_dsml_parser **out, int max_piece) {
     ds4_err err = {0};
     ds4_dsml_parser *p = ds4_dsml_parser_new(thinking, on_event, c, &err);
     assert_non_null(p);
@@ -91,13 +90,14 @@ static int parse_pieces(const char *text, size_t n, bool thinking, collected *c,
 
 static void test_render_official_format(void **state) {
     (void)state;
-    json_t *calls = json_loads("[{\"function\":{\"name\":\"get_weather\",\"arguments\":"
-                               "\"{\\\"location\\\": \\\"Beijing\\\", \\\"n\\\": 3, \\\"deep\\\": {\\\"a\\\": [1.5, true, null]}}\"}},"
-                               "{\"function\":{\"name\":\"noargs\",\"arguments\":\"{}\"}},"
-                               "{\"function\":{\"name\":\"bad\",\"arguments\":\"not json\"}},"
-                               "{\"function\":{\"name\":\"arr\",\"arguments\":[1]}},"
-                               "{\"function\":{\"name\":\"nul\"}}]",
-                               0, NULL);
+    json_t *calls = json_loads(
+        "[{\"function\":{\"name\":\"get_weather\",\"arguments\":"
+        "\"{\\\"location\\\": \\\"Beijing\\\", \\\"n\\\": 3, \\\"deep\\\": {\\\"a\\\": [1.5, true, null]}}\"}},"
+        "{\"function\":{\"name\":\"noargs\",\"arguments\":\"{}\"}},"
+        "{\"function\":{\"name\":\"bad\",\"arguments\":\"not json\"}},"
+        "{\"function\":{\"name\":\"arr\",\"arguments\":[1]}},"
+        "{\"function\":{\"name\":\"nul\"}}]",
+        0, NULL);
     assert_non_null(calls);
     ds4_rendered r = {0};
     ds4_err err = {0};
@@ -142,16 +142,16 @@ static void test_render_official_format(void **state) {
 /* The official test parses the fixture's assistant turns back. */
 static void test_parse_official_turns(void **state) {
     (void)state;
-    const char *turn =
-        "The user wants to know the weather in Beijing. I should use the get_weather tool.</think>\n\n"
-        "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
-        "<｜DSML｜parameter name=\"location\" string=\"true\">Beijing</｜DSML｜parameter>\n"
-        "<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n"
-        "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
+    const char *turn = "The user wants to know the weather in Beijing. I should use the get_weather tool.</think>\n\n"
+                       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"get_weather\">\n"
+                       "<｜DSML｜parameter name=\"location\" string=\"true\">Beijing</｜DSML｜parameter>\n"
+                       "<｜DSML｜parameter name=\"unit\" string=\"true\">celsius</｜DSML｜parameter>\n"
+                       "</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜>";
     ds4_dsml_result r;
     ds4_err err = {0};
     assert_int_equal(ds4_dsml_parse(turn, strlen(turn), true, &r, &err), 0);
-    assert_string_equal(r.reasoning.p, "The user wants to know the weather in Beijing. I should use the get_weather tool.");
+    assert_string_equal(r.reasoning.p,
+                        "The user wants to know the weather in Beijing. I should use the get_weather tool.");
     assert_int_equal(r.content.len, 0);
     assert_true(r.think_closed);
     assert_int_equal(r.n_calls, 1);
@@ -171,10 +171,44 @@ static void test_parse_official_turns(void **state) {
 /* ---- random tool calls ---- */
 
 static const char *const PIECES[] = {
-    "a", "Z", " ", "\n", "\t", "\"", "'", "\\", "&", "&amp;", "&lt;", "<", ">", "&&", "/", "{", "}", "é", "中文",
-    "😀", "👨‍👩‍👧", "\u0301", "</｜DSML｜parameter>", "&lt;/｜DSML｜parameter>", "&amp;lt;/｜DSML｜parameter>",
-    "</｜DSML｜invoke>", "</｜DSML｜tool_calls>", "<｜DSML｜parameter name=\"x\">", "｜DSML｜", "</think>",
-    "<tool_calls>", "</parameter>", "\r\n", "0", "-1.5e3", "null", "\x01", "\x7f",
+    "a",
+    "Z",
+    " ",
+    "\n",
+    "\t",
+    "\"",
+    "'",
+    "\\",
+    "&",
+    "&amp;",
+    "&lt;",
+    "<",
+    ">",
+    "&&",
+    "/",
+    "{",
+    "}",
+    "é",
+    "中文",
+    "😀",
+    "👨‍👩‍👧",
+    "\u0301",
+    "</｜DSML｜parameter>",
+    "&lt;/｜DSML｜parameter>",
+    "&amp;lt;/｜DSML｜parameter>",
+    "</｜DSML｜invoke>",
+    "</｜DSML｜tool_calls>",
+    "<｜DSML｜parameter name=\"x\">",
+    "｜DSML｜",
+    "</think>",
+    "<tool_calls>",
+    "</parameter>",
+    "\r\n",
+    "0",
+    "-1.5e3",
+    "null",
+    "\x01",
+    "\x7f",
 };
 
 /* Random text from PIECES; `content` leaves out block openers, which
@@ -288,8 +322,9 @@ static void test_round_trip_random_calls(void **state) {
             assert_int_equal(c.ends[k].len, res->calls[k].arguments_len);
             json_error_t je;
             json_t *got = json_loadb(res->calls[k].arguments, res->calls[k].arguments_len, JSON_ALLOW_NUL, &je);
-            if (!got) fail_msg("iteration %d call %d: arguments do not parse (%s): %s", iter, k, je.text,
-                               res->calls[k].arguments);
+            if (!got)
+                fail_msg("iteration %d call %d: arguments do not parse (%s): %s", iter, k, je.text,
+                         res->calls[k].arguments);
             if (!json_equal(got, json_array_get(args_list, (size_t)k))) {
                 char *want = json_dumps(json_array_get(args_list, (size_t)k), JSON_ENCODE_ANY | JSON_PRESERVE_ORDER);
                 fail_msg("iteration %d call %d:\n got %s\nwant %s", iter, k, res->calls[k].arguments, want);
@@ -345,9 +380,10 @@ static void test_tolerated_variants(void **state) {
                  false, "", 1, names2, bad_json);
     /* A string value keeps entities and markup-like text verbatim. */
     const char *verb[] = {"{\"s\": \"&amp; <b> </parameter> \\\"q\\\"\"}"};
-    expect_calls("x\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"s\" string=\"true\">"
-                 "&amp; <b> </parameter> \"q\"</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
-                 false, "x", 1, names, verb);
+    expect_calls(
+        "x\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"s\" string=\"true\">"
+        "&amp; <b> </parameter> \"q\"</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+        false, "x", 1, names, verb);
     /* Chat mode that opens with <think>; text after the block is content. */
     ds4_dsml_result r;
     ds4_err err = {0};
@@ -409,8 +445,8 @@ static void test_cut(void **state) {
         {"a < b, then <", "a < b, then", 0, DS4_DSML_OK},
         {"Sure.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"a\" string=\"true\">va",
          "Sure.", 0, DS4_DSML_UNTERMINATED_CALLS},
-        {"<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n<｜DSML｜par", "", 1,
-         DS4_DSML_UNTERMINATED_CALLS},
+        {"<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n<｜DSML｜par",
+         "", 1, DS4_DSML_UNTERMINATED_CALLS},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         collected c = {0};
@@ -509,7 +545,8 @@ static void test_parse_then_render(void **state) {
     ds4_err err = {0};
     assert_int_equal(ds4_dsml_parse(t, strlen(t), false, &res, &err), 0);
     assert_int_equal(res.n_calls, 1);
-    json_t *calls = json_pack("[{s{ssss}}]", "function", "name", res.calls[0].name, "arguments", res.calls[0].arguments);
+    json_t *calls = json_pack("[{s{ssss}}]", "function", "name", res.calls[0].name, "arguments",
+                              res.calls[0].arguments);
     ds4_rendered r = {0};
     assert_int_equal(ds4_dsml_render_calls(&r, calls, &err), 0);
     assert_string_equal(r.text.p, t);
@@ -521,14 +558,10 @@ static void test_parse_then_render(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_render_official_format),
-        cmocka_unit_test(test_parse_official_turns),
-        cmocka_unit_test(test_round_trip_random_calls),
-        cmocka_unit_test(test_tolerated_variants),
-        cmocka_unit_test(test_streaming_holdback),
-        cmocka_unit_test(test_cut),
-        cmocka_unit_test(test_malformed_corpus),
-        cmocka_unit_test(test_parse_then_render),
+        cmocka_unit_test(test_render_official_format),  cmocka_unit_test(test_parse_official_turns),
+        cmocka_unit_test(test_round_trip_random_calls), cmocka_unit_test(test_tolerated_variants),
+        cmocka_unit_test(test_streaming_holdback),      cmocka_unit_test(test_cut),
+        cmocka_unit_test(test_malformed_corpus),        cmocka_unit_test(test_parse_then_render),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

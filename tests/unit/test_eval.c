@@ -47,11 +47,13 @@ static void test_extract(void **state) {
 static void test_letters(void **state) {
     (void)state;
     char c;
+/* clang-format off */
 #define L(s, want)                                                          \
     do {                                                                    \
         assert_int_equal(eval_parse_letter(s, strlen(s), 4, &c), 0);       \
         assert_int_equal(c, want);                                          \
     } while (0)
+/* clang-format on */
 #define NOT_L(s) assert_int_equal(eval_parse_letter(s, strlen(s), 4, &c), -1)
     L("B", 'B');
     L("(C)", 'C');
@@ -62,8 +64,8 @@ static void test_letters(void **state) {
     L("\\boxed{A}", 'A');
     L("**B**", 'B');
     L("[D]", 'D');
-    NOT_L("E");            /* only four choices */
-    NOT_L("Both");         /* a word, not a letter */
+    NOT_L("E");             /* only four choices */
+    NOT_L("Both");          /* a word, not a letter */
     NOT_L("a bit of both"); /* a lowercase article */
     NOT_L("");
     NOT_L("42");
@@ -74,35 +76,41 @@ static void test_letters(void **state) {
 static void test_integers(void **state) {
     (void)state;
     long long v;
+/* clang-format off */
 #define I(s, want)                                                     \
     do {                                                               \
         assert_int_equal(eval_parse_integer(s, strlen(s), &v), 0);    \
         assert_int_equal(v, want);                                     \
     } while (0)
+/* clang-format on */
 #define NOT_I(s) assert_int_equal(eval_parse_integer(s, strlen(s), &v), -1)
     I("42", 42);
     I("042", 42);
     I(" 42. ", 42);
     I("-17", -17);
-    I("\xe2\x88\x92" "17", -17);              /* U+2212 minus sign */
+    I("\xe2\x88\x92"
+      "17",
+      -17); /* U+2212 minus sign */
     I("1,234", 1234);
     I("1 234 567", 1234567);
-    I("1\xe2\x80\xaf" "234", 1234);           /* narrow no-break space */
+    I("1\xe2\x80\xaf"
+      "234",
+      1234); /* narrow no-break space */
     I("\\boxed{204}", 204);
     I("$204$", 204);
     I("42.0", 42);
-    I("\xef\xbc\x94\xef\xbc\x92", 42);         /* fullwidth ４２ */
-    I("\xd9\xa4\xd9\xa2", 42);                 /* Arabic-Indic ٤٢ */
-    I("\xe0\xa5\xaa\xe0\xa5\xa8", 42);         /* Devanagari ४२ */
+    I("\xef\xbc\x94\xef\xbc\x92", 42); /* fullwidth ４２ */
+    I("\xd9\xa4\xd9\xa2", 42);         /* Arabic-Indic ٤٢ */
+    I("\xe0\xa5\xaa\xe0\xa5\xa8", 42); /* Devanagari ४२ */
     I("**73**", 73);
     NOT_I("42.5");
     NOT_I("4/3");
-    NOT_I("12,34");                            /* not a thousands group */
+    NOT_I("12,34"); /* not a thousands group */
     NOT_I("42 or 43");
     NOT_I("forty-two");
     NOT_I("");
     NOT_I("-");
-    NOT_I("4\xe2\x82\x82");                    /* a subscript is no digit here */
+    NOT_I("4\xe2\x82\x82"); /* a subscript is no digit here */
 #undef I
 #undef NOT_I
 }
@@ -122,14 +130,16 @@ static void test_lines(void **state) {
     lines_is("lines 3 and 5", "3, 5");
     lines_is("line 7 to 9", "7-9");
     lines_is("L4, L6", "4, 6");
-    lines_is("8\xe2\x80\x93" "10", "8-10");    /* en dash */
+    lines_is("8\xe2\x80\x93"
+             "10",
+             "8-10"); /* en dash */
     lines_is("3, 3, 4", "3-4");
     lines_is("0", "0");
     lines_is("\xef\xbc\x91\xef\xbc\x92", "12");
     lines_is("12.", "12");
     eval_lines l;
-    assert_int_equal(eval_parse_lines("10-5", 5, &l), -1);       /* backwards */
-    assert_int_equal(eval_parse_lines("1-1000", 6, &l), -1);     /* too many */
+    assert_int_equal(eval_parse_lines("10-5", 5, &l), -1);   /* backwards */
+    assert_int_equal(eval_parse_lines("1-1000", 6, &l), -1); /* too many */
     assert_int_equal(eval_parse_lines("none", 4, &l), -1);
     assert_int_equal(eval_parse_lines("12 because", 10, &l), -1);
     assert_int_equal(eval_parse_lines("", 0, &l), -1);
@@ -273,8 +283,8 @@ static void test_malformed(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_extract),   cmocka_unit_test(test_letters),        cmocka_unit_test(test_integers),
-        cmocka_unit_test(test_lines),     cmocka_unit_test(test_grade),          cmocka_unit_test(test_public_schemas),
+        cmocka_unit_test(test_extract),   cmocka_unit_test(test_letters),  cmocka_unit_test(test_integers),
+        cmocka_unit_test(test_lines),     cmocka_unit_test(test_grade),    cmocka_unit_test(test_public_schemas),
         cmocka_unit_test(test_malformed), cmocka_unit_test(test_gpqa_csv),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

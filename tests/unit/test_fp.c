@@ -132,8 +132,7 @@ static void test_f16_encode_midpoints_and_sample(void **state) {
     (void)state;
     /* Every midpoint between neighbouring f16 codes and its float neighbours. */
     for (int c = 0; c < 0x7c00; c++) {
-        double mid = (ref_f16_value((uint16_t)c) +
-                      (c + 1 < 0x7c00 ? ref_f16_value((uint16_t)(c + 1)) : 65536.0)) / 2;
+        double mid = (ref_f16_value((uint16_t)c) + (c + 1 < 0x7c00 ? ref_f16_value((uint16_t)(c + 1)) : 65536.0)) / 2;
         float m = (float)mid;
         assert_true((double)m == mid); /* f16 midpoints are exact in f32 */
         float probes[] = {m, nextafterf(m, 0), nextafterf(m, INFINITY), (float)ref_f16_value((uint16_t)c)};
@@ -175,9 +174,7 @@ static void test_f16_rows(void **state) {
 
 static void test_bf16(void **state) {
     (void)state;
-    for (uint32_t b = 0; b < 65536; b++) {
-        assert_int_equal(bits_of(ds4_bf16_to_f32((uint16_t)b)), b << 16);
-    }
+    for (uint32_t b = 0; b < 65536; b++) { assert_int_equal(bits_of(ds4_bf16_to_f32((uint16_t)b)), b << 16); }
     float row[4];
     uint16_t src[4] = {0x3f80, 0xbf80, 0x7f80, 0x0001};
     ds4_bf16_to_f32_row(src, row, 4);
@@ -238,11 +235,11 @@ static void test_fp8_encode(void **state) {
         if (!isnan(f)) check_fp8_encode(f);
     }
     /* ties to the even code, saturation and specials */
-    assert_int_equal(ds4_f32_to_fp8_e4m3(0x1p-10f), 0x00);             /* 0 vs 2^-9 */
-    assert_int_equal(ds4_f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02);         /* 1 vs 2 */
-    assert_int_equal(ds4_f32_to_fp8_e4m3(1.0625f), 0x38);              /* 1 vs 1.125 */
-    assert_int_equal(ds4_f32_to_fp8_e4m3(1.1875f), 0x3a);              /* 1.125 vs 1.25 */
-    assert_int_equal(ds4_f32_to_fp8_e4m3(432.0f), 0x7e);               /* 416 vs 448 */
+    assert_int_equal(ds4_f32_to_fp8_e4m3(0x1p-10f), 0x00);     /* 0 vs 2^-9 */
+    assert_int_equal(ds4_f32_to_fp8_e4m3(3 * 0x1p-10f), 0x02); /* 1 vs 2 */
+    assert_int_equal(ds4_f32_to_fp8_e4m3(1.0625f), 0x38);      /* 1 vs 1.125 */
+    assert_int_equal(ds4_f32_to_fp8_e4m3(1.1875f), 0x3a);      /* 1.125 vs 1.25 */
+    assert_int_equal(ds4_f32_to_fp8_e4m3(432.0f), 0x7e);       /* 416 vs 448 */
     assert_int_equal(ds4_f32_to_fp8_e4m3(1e30f), 0x7e);
     assert_int_equal(ds4_f32_to_fp8_e4m3(-INFINITY), 0xfe);
     assert_int_equal(ds4_f32_to_fp8_e4m3(NAN), 0x7f);

@@ -21,10 +21,10 @@
 
 #include "engine/generate.h"
 
-#define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define CTX 96
+#define MODEL   "tests/golden/cpu/tiny-a.f16.gguf"
+#define CTX     96
 #define NPROMPT 12
-#define MAXGEN 64
+#define MAXGEN  64
 
 static ds4_engine *E;
 static uint32_t V;
@@ -62,8 +62,8 @@ static ds4_session *primed(uint32_t ctx) {
 typedef struct rec {
     int32_t tok[MAXGEN];
     uint32_t n;
-    uint32_t stop_after;       /* 0: never */
-    uint32_t cancel_after;     /* 0: never */
+    uint32_t stop_after;   /* 0: never */
+    uint32_t cancel_after; /* 0: never */
     bool greedy_next, no_append;
     volatile sig_atomic_t *cancel;
 } rec;
@@ -283,7 +283,8 @@ static void test_restrict_and_forced(void **state) {
     int32_t forced[4] = {2, 4, 7, 8};
     s = primed(CTX);
     rec r2 = {0};
-    ds4_gen_opts f = {.max_tokens = 4, .forced = forced, .n_forced = 4, .restrict_fn = only_even, .restrict_ctx = &calls};
+    ds4_gen_opts f = {
+        .max_tokens = 4, .forced = forced, .n_forced = 4, .restrict_fn = only_even, .restrict_ctx = &calls};
     run(s, NULL, &f, &r2);
     assert_int_equal(r2.tok[0], 2);
     assert_int_equal(r2.tok[1], 4);

@@ -35,7 +35,7 @@
 
 typedef struct spec_kv {
     const char *key;
-    ds4_gguf_vtype type;     /* element type for arrays */
+    ds4_gguf_vtype type; /* element type for arrays */
     bool is_array;
     const void *data;        /* stored bytes: scalar, string bytes or fixed elements */
     uint64_t n;              /* string length, or array count */
@@ -67,16 +67,26 @@ static const uint32_t a_u32[] = {0, 4294967295u, 7};
 static const int32_t a_i32[] = {INT32_MIN, INT32_MAX, -1};
 static const float a_f32[] = {1.0f, -0.5f, 3.4028234663852886e38f, 0.1f};
 static const uint8_t a_bool[] = {1, 0, 1};
-static const char *const a_str[] = {"a", "", "\xc3\xbcn\xc3\xaf" "c\xc3\xb6" "d\xc3\xa9", "tab\tnl\n"};
+static const char *const a_str[] = {"a", "",
+                                    "\xc3\xbcn\xc3\xaf"
+                                    "c\xc3\xb6"
+                                    "d\xc3\xa9",
+                                    "tab\tnl\n"};
 static const uint64_t a_str_lens[] = {1, 0, 11, 7};
 static const uint64_t a_u64[] = {0, UINT64_MAX};
 static const int64_t a_i64[] = {INT64_MIN, INT64_MAX, 42};
 static const double a_f64[] = {3.141592653589793, -1e300, 5e-324};
 
-#define SCALAR(k, t, v) {k, t, false, &(v), 0, NULL, NULL}
-#define STRING(k, s, len) {k, DS4_GGUF_STRING, false, s, len, NULL, NULL}
-#define ARRAY(k, t, a) {k, t, true, a, sizeof(a) / sizeof(a[0]), NULL, NULL}
-#define EMPTY(k, t) {k, t, true, NULL, 0, NULL, NULL}
+/* clang-format off */
+#define SCALAR(k, t, v) \
+    { k, t, false, &(v), 0, NULL, NULL }
+#define STRING(k, s, len) \
+    { k, DS4_GGUF_STRING, false, s, len, NULL, NULL }
+#define ARRAY(k, t, a) \
+    { k, t, true, a, sizeof(a) / sizeof(a[0]), NULL, NULL }
+#define EMPTY(k, t) \
+    { k, t, true, NULL, 0, NULL, NULL }
+/* clang-format on */
 
 static const spec_kv arch_kv[] = {STRING("general.architecture", arch, 7)};
 
@@ -113,12 +123,12 @@ static const spec_kv content_kvs[] = {
 
 /* EMPTY_ARRAYS of gguf_compat.py (ds4-written file only). */
 static const spec_kv empty_kvs[] = {
-    EMPTY("test.empty.u8", DS4_GGUF_U8), EMPTY("test.empty.i8", DS4_GGUF_I8),
-    EMPTY("test.empty.u16", DS4_GGUF_U16), EMPTY("test.empty.i16", DS4_GGUF_I16),
-    EMPTY("test.empty.u32", DS4_GGUF_U32), EMPTY("test.empty.i32", DS4_GGUF_I32),
-    EMPTY("test.empty.f32", DS4_GGUF_F32), EMPTY("test.empty.bool", DS4_GGUF_BOOL),
+    EMPTY("test.empty.u8", DS4_GGUF_U8),      EMPTY("test.empty.i8", DS4_GGUF_I8),
+    EMPTY("test.empty.u16", DS4_GGUF_U16),    EMPTY("test.empty.i16", DS4_GGUF_I16),
+    EMPTY("test.empty.u32", DS4_GGUF_U32),    EMPTY("test.empty.i32", DS4_GGUF_I32),
+    EMPTY("test.empty.f32", DS4_GGUF_F32),    EMPTY("test.empty.bool", DS4_GGUF_BOOL),
     EMPTY("test.empty.str", DS4_GGUF_STRING), EMPTY("test.empty.u64", DS4_GGUF_U64),
-    EMPTY("test.empty.i64", DS4_GGUF_I64), EMPTY("test.empty.f64", DS4_GGUF_F64),
+    EMPTY("test.empty.i64", DS4_GGUF_I64),    EMPTY("test.empty.f64", DS4_GGUF_F64),
 };
 
 static const spec_kv small_kvs[2][2] = {
@@ -127,12 +137,12 @@ static const spec_kv small_kvs[2][2] = {
 };
 
 /* Every id of the geometry table but q8_1 (see test_geometry_matches_gguf_py). */
-static const uint32_t all_types[] = {0, 1, 2, 3, 6, 7, 8, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22,
-                                     23, 24, 25, 26, 27, 28, 29, 30, 34, 35, 39};
+static const uint32_t all_types[] = {0,  1,  2,  3,  6,  7,  8,  10, 11, 12, 13, 14, 15, 16, 17, 18,
+                                     19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 34, 35, 39};
 static const uint32_t a1_types[] = {0, 8, 24};
 static const uint32_t a256_types[] = {1, 12, 26};
 static const uint32_t ds4_types[] = {0, 1, 8, 10, 12, 16, 26, 30};
-#define MAXDIMS_SEED 100
+#define MAXDIMS_SEED  100
 #define DS4_ALIGNMENT 64
 
 typedef struct spec_tensor {
@@ -142,9 +152,7 @@ typedef struct spec_tensor {
     uint64_t seed, nbytes;
 } spec_tensor;
 
-static uint8_t tensor_byte(uint64_t seed, uint64_t j) {
-    return (uint8_t)((seed * 37 + j * 11 + 3) & 0xFF);
-}
+static uint8_t tensor_byte(uint64_t seed, uint64_t j) { return (uint8_t)((seed * 37 + j * 11 + 3) & 0xFF); }
 
 /* tensor_shape() of gguf_compat.py. */
 static spec_tensor type_tensor(uint32_t id) {
@@ -172,7 +180,7 @@ static spec_tensor maxdims_tensor(void) {
 /* A file's full content: kv lists in order and tensors. */
 typedef struct spec_file {
     const char *name;
-    uint32_t alignment;              /* as found in the file (0: no key, default 32) */
+    uint32_t alignment; /* as found in the file (0: no key, default 32) */
     const spec_kv *kvs[4];
     size_t nkvs[4];
     spec_tensor tensors[40];
@@ -228,8 +236,12 @@ static spec_file ds4_file(void) {
 
 /* A decoded scalar back in its stored width. */
 static void encode_scalar(const ds4_gguf_value *v, uint8_t out[8]) {
-    uint8_t u8 = (uint8_t)v->u; int8_t i8 = (int8_t)v->i; uint16_t u16 = (uint16_t)v->u;
-    int16_t i16 = (int16_t)v->i; uint32_t u32 = (uint32_t)v->u; int32_t i32 = (int32_t)v->i;
+    uint8_t u8 = (uint8_t)v->u;
+    int8_t i8 = (int8_t)v->i;
+    uint16_t u16 = (uint16_t)v->u;
+    int16_t i16 = (int16_t)v->i;
+    uint32_t u32 = (uint32_t)v->u;
+    int32_t i32 = (int32_t)v->i;
     float f32 = (float)v->f;
     switch (v->type) {
     case DS4_GGUF_U8: memcpy(out, &u8, 1); break;
@@ -293,7 +305,8 @@ static void check_file(const ds4_gguf *g, const spec_file *f) {
     for (int i = 0; i < f->ntensors; i++) {
         const spec_tensor *s = &f->tensors[i];
         const ds4_gguf_tensor *t = &g->tensors[i];
-        if (strcmp(t->name, s->name) != 0) fail_msg("%s: tensor %d is '%s', expected '%s'", f->name, i, t->name, s->name);
+        if (strcmp(t->name, s->name) != 0)
+            fail_msg("%s: tensor %d is '%s', expected '%s'", f->name, i, t->name, s->name);
         assert_int_equal(t->type, s->type);
         assert_int_equal(t->ndim, s->ndim);
         for (uint32_t d = 0; d < s->ndim; d++) assert_int_equal(t->ne[d], s->ne[d]);
@@ -301,11 +314,12 @@ static void check_file(const ds4_gguf *g, const spec_file *f) {
          * means our geometry of this type agrees with the writer's. */
         if (t->offset != expect_offset || t->nbytes != s->nbytes)
             fail_msg("%s: tensor %s at %llu with %llu bytes, expected %llu with %llu", f->name, s->name,
-                     (unsigned long long)t->offset, (unsigned long long)t->nbytes,
-                     (unsigned long long)expect_offset, (unsigned long long)s->nbytes);
+                     (unsigned long long)t->offset, (unsigned long long)t->nbytes, (unsigned long long)expect_offset,
+                     (unsigned long long)s->nbytes);
         const uint8_t *d = t->data;
         for (uint64_t j = 0; j < s->nbytes; j++)
-            if (d[j] != tensor_byte(s->seed, j)) fail_msg("%s: tensor %s byte %llu differs", f->name, s->name, (unsigned long long)j);
+            if (d[j] != tensor_byte(s->seed, j))
+                fail_msg("%s: tensor %s byte %llu differs", f->name, s->name, (unsigned long long)j);
         expect_offset = (expect_offset + t->nbytes + align - 1) / align * align;
     }
     assert_int_equal(g->size, g->data_offset + expect_offset);
@@ -336,11 +350,36 @@ static void write_kv(ds4_gguf_writer *w, const spec_kv *s) {
         switch (s->type) {
         case DS4_GGUF_U8: kv.value.u = b[0]; break;
         case DS4_GGUF_I8: kv.value.i = (int8_t)b[0]; break;
-        case DS4_GGUF_U16: { uint16_t x; memcpy(&x, b, 2); kv.value.u = x; break; }
-        case DS4_GGUF_I16: { int16_t x; memcpy(&x, b, 2); kv.value.i = x; break; }
-        case DS4_GGUF_U32: { uint32_t x; memcpy(&x, b, 4); kv.value.u = x; break; }
-        case DS4_GGUF_I32: { int32_t x; memcpy(&x, b, 4); kv.value.i = x; break; }
-        case DS4_GGUF_F32: { float x; memcpy(&x, b, 4); kv.value.f = x; break; }
+        case DS4_GGUF_U16: {
+            uint16_t x;
+            memcpy(&x, b, 2);
+            kv.value.u = x;
+            break;
+        }
+        case DS4_GGUF_I16: {
+            int16_t x;
+            memcpy(&x, b, 2);
+            kv.value.i = x;
+            break;
+        }
+        case DS4_GGUF_U32: {
+            uint32_t x;
+            memcpy(&x, b, 4);
+            kv.value.u = x;
+            break;
+        }
+        case DS4_GGUF_I32: {
+            int32_t x;
+            memcpy(&x, b, 4);
+            kv.value.i = x;
+            break;
+        }
+        case DS4_GGUF_F32: {
+            float x;
+            memcpy(&x, b, 4);
+            kv.value.f = x;
+            break;
+        }
         case DS4_GGUF_BOOL: kv.value.b = b[0] != 0; break;
         case DS4_GGUF_U64: memcpy(&kv.value.u, b, 8); break;
         case DS4_GGUF_I64: memcpy(&kv.value.i, b, 8); break;

@@ -119,8 +119,8 @@ static void test_every_truncation_fails_cleanly(void **state) {
 /* ------------------------------------------------------------ corruption */
 
 /* Patch one field of the small file, open it, and check the error. */
-static void expect_corrupt(const char *label, uint64_t at, int width, uint64_t value,
-                           ds4_errcode code, uint64_t err_at, const char *needle) {
+static void expect_corrupt(const char *label, uint64_t at, int width, uint64_t value, ds4_errcode code, uint64_t err_at,
+                           const char *needle) {
     small_layout lay;
     size_t size;
     uint8_t *buf = build_small(&size, &lay);
@@ -178,7 +178,8 @@ static void test_metadata_corruption(void **state) {
     expect_corrupt("alignment 48", l.kv_value[5], 4, 48, DS4_EFORMAT, l.kv[5], "power of two");
     expect_corrupt("alignment as i32", l.kv_type[5], 4, DS4_GGUF_I32, DS4_EFORMAT, l.kv[5], "expected u32");
     /* "k.s2" -> "k.s1": a duplicate key, reported where the second starts. */
-    expect_corrupt("duplicate key", l.kv[1] + 8 + 3, 1, '1', DS4_EFORMAT, l.kv[1], "duplicate key (first at offset 24)");
+    expect_corrupt("duplicate key", l.kv[1] + 8 + 3, 1, '1', DS4_EFORMAT, l.kv[1],
+                   "duplicate key (first at offset 24)");
     expect_corrupt("NUL in key", l.kv[1] + 8 + 1, 1, 0, DS4_EFORMAT, l.kv[1], "NUL byte");
 }
 
@@ -218,7 +219,8 @@ static void test_tensor_info_corruption(void **state) {
     expect_corrupt("unknown type 4", l.t_type[0], 4, 4, DS4_EFORMAT, l.t_type[0], "unknown tensor type 4");
     expect_corrupt("unknown type 99", l.t_type[0], 4, 99, DS4_EFORMAT, l.t_type[0], "unknown tensor type 99");
     expect_corrupt("partial block", l.t_dims[1], 8, 16, DS4_EFORMAT, l.t_type[1], "not a whole number of q8_0 blocks");
-    expect_corrupt("misaligned data", l.t_offset[1], 8, 36, DS4_EFORMAT, l.t_offset[1], "not a multiple of the alignment 32");
+    expect_corrupt("misaligned data", l.t_offset[1], 8, 36, DS4_EFORMAT, l.t_offset[1],
+                   "not a multiple of the alignment 32");
     expect_corrupt("data past the end", l.t_offset[1], 8, 64, DS4_ERANGE, l.t_offset[1], "past the end");
     expect_corrupt("data far past the end", l.t_offset[1], 8, 1ull << 62, DS4_ERANGE, l.t_offset[1], "past the end");
     expect_corrupt("max data offset", l.t_offset[1], 8, UINT64_MAX - 31, DS4_ERANGE, l.t_offset[1], "past the end");
@@ -363,15 +365,36 @@ static ds4_gguf *getter_file(bbuf *b) {
     bb_u32(b, 3);
     bb_u64(b, 0);
     bb_u64(b, 9);
-    bb_str(b, "u8"); bb_u32(b, DS4_GGUF_U8); bb_u8(b, 250);
-    bb_str(b, "neg"); bb_u32(b, DS4_GGUF_I16); int16_t n = -5; bb_put(b, &n, 2);
-    bb_str(b, "big"); bb_u32(b, DS4_GGUF_U64); bb_u64(b, 1ull << 40);
-    bb_str(b, "huge"); bb_u32(b, DS4_GGUF_U64); bb_u64(b, UINT64_MAX);
-    bb_str(b, "f32"); bb_u32(b, DS4_GGUF_F32); float f = 0.25f; bb_put(b, &f, 4);
-    bb_str(b, "str"); bb_u32(b, DS4_GGUF_STRING); bb_str(b, "s");
-    bb_str(b, "bool"); bb_u32(b, DS4_GGUF_BOOL); bb_u8(b, 0);
-    bb_str(b, "i64"); bb_u32(b, DS4_GGUF_I64); bb_u64(b, (uint64_t)INT64_MIN);
-    bb_str(b, "arr"); bb_u32(b, DS4_GGUF_ARRAY); bb_u32(b, DS4_GGUF_F32); bb_u64(b, 2);
+    bb_str(b, "u8");
+    bb_u32(b, DS4_GGUF_U8);
+    bb_u8(b, 250);
+    bb_str(b, "neg");
+    bb_u32(b, DS4_GGUF_I16);
+    int16_t n = -5;
+    bb_put(b, &n, 2);
+    bb_str(b, "big");
+    bb_u32(b, DS4_GGUF_U64);
+    bb_u64(b, 1ull << 40);
+    bb_str(b, "huge");
+    bb_u32(b, DS4_GGUF_U64);
+    bb_u64(b, UINT64_MAX);
+    bb_str(b, "f32");
+    bb_u32(b, DS4_GGUF_F32);
+    float f = 0.25f;
+    bb_put(b, &f, 4);
+    bb_str(b, "str");
+    bb_u32(b, DS4_GGUF_STRING);
+    bb_str(b, "s");
+    bb_str(b, "bool");
+    bb_u32(b, DS4_GGUF_BOOL);
+    bb_u8(b, 0);
+    bb_str(b, "i64");
+    bb_u32(b, DS4_GGUF_I64);
+    bb_u64(b, (uint64_t)INT64_MIN);
+    bb_str(b, "arr");
+    bb_u32(b, DS4_GGUF_ARRAY);
+    bb_u32(b, DS4_GGUF_F32);
+    bb_u64(b, 2);
     float fs[2] = {1.5f, -2.75f};
     bb_put(b, fs, 8);
     ds4_err err;

@@ -64,27 +64,25 @@ static inline void patch_u64(uint8_t *buf, uint64_t at, uint64_t v) { memcpy(buf
  * then padding to 32 and the data (66 bytes, then padding to 32 again).
  */
 #define SMALL_NKV 6
-#define SMALL_NT 2
+#define SMALL_NT  2
 
 typedef struct small_layout {
-    uint64_t kv[SMALL_NKV];        /* entry start (key length) */
-    uint64_t kv_type[SMALL_NKV];   /* value type field */
-    uint64_t kv_value[SMALL_NKV];  /* value (strings: length field) */
-    uint64_t arr_count;            /* k.s2 count field */
-    uint64_t sarr_count;           /* k.s3 count field */
-    uint64_t sarr_elem1;           /* k.s3 second string's length field */
-    uint64_t t[SMALL_NT];          /* tensor info start */
+    uint64_t kv[SMALL_NKV];       /* entry start (key length) */
+    uint64_t kv_type[SMALL_NKV];  /* value type field */
+    uint64_t kv_value[SMALL_NKV]; /* value (strings: length field) */
+    uint64_t arr_count;           /* k.s2 count field */
+    uint64_t sarr_count;          /* k.s3 count field */
+    uint64_t sarr_elem1;          /* k.s3 second string's length field */
+    uint64_t t[SMALL_NT];         /* tensor info start */
     uint64_t t_ndim[SMALL_NT];
     uint64_t t_dims[SMALL_NT];
     uint64_t t_type[SMALL_NT];
     uint64_t t_offset[SMALL_NT];
     uint64_t data_offset;
-    uint64_t data_end;             /* end of the last tensor's bytes */
+    uint64_t data_end; /* end of the last tensor's bytes */
 } small_layout;
 
-static inline uint8_t small_data_byte(uint64_t j) {
-    return (uint8_t)(j * 7 + 1);
-}
+static inline uint8_t small_data_byte(uint64_t j) { return (uint8_t)(j * 7 + 1); }
 
 /* Returns a malloc'd file; *size and *lay describe it. */
 static inline uint8_t *build_small(size_t *size, small_layout *lay) {
@@ -94,28 +92,55 @@ static inline uint8_t *build_small(size_t *size, small_layout *lay) {
     bb_u64(&b, SMALL_NT);
     bb_u64(&b, SMALL_NKV);
 
-    lay->kv[0] = b.n; bb_str(&b, "k.s1"); lay->kv_type[0] = b.n; bb_u32(&b, DS4_GGUF_STRING);
-    lay->kv_value[0] = b.n; bb_str(&b, "hello");
+    lay->kv[0] = b.n;
+    bb_str(&b, "k.s1");
+    lay->kv_type[0] = b.n;
+    bb_u32(&b, DS4_GGUF_STRING);
+    lay->kv_value[0] = b.n;
+    bb_str(&b, "hello");
 
-    lay->kv[1] = b.n; bb_str(&b, "k.s2"); lay->kv_type[1] = b.n; bb_u32(&b, DS4_GGUF_ARRAY);
-    lay->kv_value[1] = b.n; bb_u32(&b, DS4_GGUF_U16);
-    lay->arr_count = b.n; bb_u64(&b, 3);
+    lay->kv[1] = b.n;
+    bb_str(&b, "k.s2");
+    lay->kv_type[1] = b.n;
+    bb_u32(&b, DS4_GGUF_ARRAY);
+    lay->kv_value[1] = b.n;
+    bb_u32(&b, DS4_GGUF_U16);
+    lay->arr_count = b.n;
+    bb_u64(&b, 3);
     for (uint16_t v = 1; v <= 3; v++) bb_put(&b, &v, 2);
 
-    lay->kv[2] = b.n; bb_str(&b, "k.s3"); lay->kv_type[2] = b.n; bb_u32(&b, DS4_GGUF_ARRAY);
-    lay->kv_value[2] = b.n; bb_u32(&b, DS4_GGUF_STRING);
-    lay->sarr_count = b.n; bb_u64(&b, 2);
+    lay->kv[2] = b.n;
+    bb_str(&b, "k.s3");
+    lay->kv_type[2] = b.n;
+    bb_u32(&b, DS4_GGUF_ARRAY);
+    lay->kv_value[2] = b.n;
+    bb_u32(&b, DS4_GGUF_STRING);
+    lay->sarr_count = b.n;
+    bb_u64(&b, 2);
     bb_str(&b, "x");
-    lay->sarr_elem1 = b.n; bb_str(&b, "yz");
+    lay->sarr_elem1 = b.n;
+    bb_str(&b, "yz");
 
-    lay->kv[3] = b.n; bb_str(&b, "k.s4"); lay->kv_type[3] = b.n; bb_u32(&b, DS4_GGUF_BOOL);
-    lay->kv_value[3] = b.n; bb_u8(&b, 1);
+    lay->kv[3] = b.n;
+    bb_str(&b, "k.s4");
+    lay->kv_type[3] = b.n;
+    bb_u32(&b, DS4_GGUF_BOOL);
+    lay->kv_value[3] = b.n;
+    bb_u8(&b, 1);
 
-    lay->kv[4] = b.n; bb_str(&b, "k.s5"); lay->kv_type[4] = b.n; bb_u32(&b, DS4_GGUF_I32);
-    lay->kv_value[4] = b.n; bb_u32(&b, (uint32_t)-7);
+    lay->kv[4] = b.n;
+    bb_str(&b, "k.s5");
+    lay->kv_type[4] = b.n;
+    bb_u32(&b, DS4_GGUF_I32);
+    lay->kv_value[4] = b.n;
+    bb_u32(&b, (uint32_t)-7);
 
-    lay->kv[5] = b.n; bb_str(&b, "general.alignment"); lay->kv_type[5] = b.n; bb_u32(&b, DS4_GGUF_U32);
-    lay->kv_value[5] = b.n; bb_u32(&b, 32);
+    lay->kv[5] = b.n;
+    bb_str(&b, "general.alignment");
+    lay->kv_type[5] = b.n;
+    bb_u32(&b, DS4_GGUF_U32);
+    lay->kv_value[5] = b.n;
+    bb_u32(&b, 32);
 
     const char *names[SMALL_NT] = {"t1", "t2"};
     const uint32_t ndims[SMALL_NT] = {2, 1};
@@ -123,12 +148,16 @@ static inline uint8_t *build_small(size_t *size, small_layout *lay) {
     const uint32_t types[SMALL_NT] = {0, 8};
     const uint64_t offsets[SMALL_NT] = {0, 32};
     for (int i = 0; i < SMALL_NT; i++) {
-        lay->t[i] = b.n; bb_str(&b, names[i]);
-        lay->t_ndim[i] = b.n; bb_u32(&b, ndims[i]);
+        lay->t[i] = b.n;
+        bb_str(&b, names[i]);
+        lay->t_ndim[i] = b.n;
+        bb_u32(&b, ndims[i]);
         lay->t_dims[i] = b.n;
         for (uint32_t d = 0; d < ndims[i]; d++) bb_u64(&b, dims[i][d]);
-        lay->t_type[i] = b.n; bb_u32(&b, types[i]);
-        lay->t_offset[i] = b.n; bb_u64(&b, offsets[i]);
+        lay->t_type[i] = b.n;
+        bb_u32(&b, types[i]);
+        lay->t_offset[i] = b.n;
+        bb_u64(&b, offsets[i]);
     }
     bb_pad(&b, 32);
     lay->data_offset = b.n;
@@ -162,9 +191,7 @@ static inline int count_entries(const char *dir, const char *prefix) {
     int n = 0;
     struct dirent *e;
     while ((e = readdir(d)))
-        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") &&
-            strncmp(e->d_name, prefix, strlen(prefix)) == 0)
-            n++;
+        if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..") && strncmp(e->d_name, prefix, strlen(prefix)) == 0) n++;
     closedir(d);
     return n;
 }

@@ -49,9 +49,7 @@ static void close_ok(ds4_gguf_writer *w) {
     if (ds4_gguf_writer_close(w, &err) != 0) fail_msg("writer close: %s", err.msg);
 }
 
-static uint8_t pattern(uint64_t seed, uint64_t j) {
-    return (uint8_t)(seed * 131 + j * 29 + (j >> 7));
-}
+static uint8_t pattern(uint64_t seed, uint64_t j) { return (uint8_t)(seed * 131 + j * 29 + (j >> 7)); }
 
 /* ------------------------------------------------------------ metadata */
 
@@ -75,12 +73,10 @@ typedef struct fixed_arr {
 } fixed_arr;
 
 static const fixed_arr fixed_arrays[] = {
-    {"a.u8", DS4_GGUF_U8, arr_u8, 3}, {"a.i8", DS4_GGUF_I8, arr_i8, 3},
-    {"a.u16", DS4_GGUF_U16, arr_u16, 2}, {"a.i16", DS4_GGUF_I16, arr_i16, 3},
-    {"a.u32", DS4_GGUF_U32, arr_u32, 2}, {"a.i32", DS4_GGUF_I32, arr_i32, 3},
-    {"a.f32", DS4_GGUF_F32, arr_f32, 3}, {"a.bool", DS4_GGUF_BOOL, arr_bool, 4},
-    {"a.u64", DS4_GGUF_U64, arr_u64, 3}, {"a.i64", DS4_GGUF_I64, arr_i64, 2},
-    {"a.f64", DS4_GGUF_F64, arr_f64, 3},
+    {"a.u8", DS4_GGUF_U8, arr_u8, 3},    {"a.i8", DS4_GGUF_I8, arr_i8, 3},       {"a.u16", DS4_GGUF_U16, arr_u16, 2},
+    {"a.i16", DS4_GGUF_I16, arr_i16, 3}, {"a.u32", DS4_GGUF_U32, arr_u32, 2},    {"a.i32", DS4_GGUF_I32, arr_i32, 3},
+    {"a.f32", DS4_GGUF_F32, arr_f32, 3}, {"a.bool", DS4_GGUF_BOOL, arr_bool, 4}, {"a.u64", DS4_GGUF_U64, arr_u64, 3},
+    {"a.i64", DS4_GGUF_I64, arr_i64, 2}, {"a.f64", DS4_GGUF_F64, arr_f64, 3},
 };
 #define N_FIXED (sizeof(fixed_arrays) / sizeof(fixed_arrays[0]))
 
@@ -121,11 +117,13 @@ static void write_all_values(ds4_gguf_writer *w) {
 static void check_all_values(const ds4_gguf *g) {
     ds4_err err;
     const ds4_gguf_kv *kv;
+/* clang-format off */
 #define SCALAR(key, field, vt, want)                    \
     kv = ds4_gguf_find_kv(g, key);                      \
     assert_non_null(kv);                                \
     assert_int_equal(kv->value.type, vt);               \
     assert_true(kv->value.field == (want));
+    /* clang-format on */
     SCALAR("s.u8", u, DS4_GGUF_U8, 255);
     SCALAR("s.i8", i, DS4_GGUF_I8, -128);
     SCALAR("s.u16", u, DS4_GGUF_U16, 65535);
@@ -221,9 +219,15 @@ static void test_copy_kv_keeps_exact_bits(void **state) {
     bb_u32(&b, 3);
     bb_u64(&b, 0);
     bb_u64(&b, 3);
-    bb_str(&b, "f32.snan"); bb_u32(&b, DS4_GGUF_F32); bb_u32(&b, 0x7f800001u);
-    bb_str(&b, "f64.snan"); bb_u32(&b, DS4_GGUF_F64); bb_u64(&b, 0x7ff0000000000001ull);
-    bb_str(&b, "f32.negzero"); bb_u32(&b, DS4_GGUF_F32); bb_u32(&b, 0x80000000u);
+    bb_str(&b, "f32.snan");
+    bb_u32(&b, DS4_GGUF_F32);
+    bb_u32(&b, 0x7f800001u);
+    bb_str(&b, "f64.snan");
+    bb_u32(&b, DS4_GGUF_F64);
+    bb_u64(&b, 0x7ff0000000000001ull);
+    bb_str(&b, "f32.negzero");
+    bb_u32(&b, DS4_GGUF_F32);
+    bb_u32(&b, 0x80000000u);
     bb_pad(&b, 32);
     ds4_err err;
     ds4_gguf *g = ds4_gguf_open_buffer(b.p, b.n, "bits", &err);
@@ -248,7 +252,7 @@ static void test_copy_kv_keeps_exact_bits(void **state) {
 static void test_alignment_variants(void **state) {
     (void)state;
     const uint32_t aligns[] = {0, 1, 2, 8, 32, 64, 4096};
-    const uint64_t sizes[] = {3, 40, 1, 97};  /* i8 elements, not multiples of the alignments */
+    const uint64_t sizes[] = {3, 40, 1, 97}; /* i8 elements, not multiples of the alignments */
     for (size_t k = 0; k < sizeof(aligns) / sizeof(aligns[0]); k++) {
         char *path = path_in(tmp_dir, "align.gguf");
         ds4_err err;
@@ -283,7 +287,8 @@ static void test_alignment_variants(void **state) {
             const ds4_gguf_tensor *t = &g->tensors[i];
             assert_int_equal(t->offset, expect_off);
             assert_int_equal(t->nbytes, sizes[i]);
-            for (uint64_t j = 0; j < sizes[i]; j++) assert_int_equal(((const uint8_t *)t->data)[j], pattern((uint64_t)i, j));
+            for (uint64_t j = 0; j < sizes[i]; j++)
+                assert_int_equal(((const uint8_t *)t->data)[j], pattern((uint64_t)i, j));
             expect_off += (sizes[i] + a - 1) / a * a;
         }
         /* The last tensor is padded too, as GGML and gguf-py do. */
@@ -415,7 +420,8 @@ static void test_large_tensor(void **state) {
 static void expect_close_error(ds4_gguf_writer *w, ds4_errcode code, const char *needle) {
     ds4_err err;
     assert_int_equal(ds4_gguf_writer_close(w, &err), -1);
-    if (err.code != code) fail_msg("code %s, expected %s: %s", ds4_errcode_name(err.code), ds4_errcode_name(code), err.msg);
+    if (err.code != code)
+        fail_msg("code %s, expected %s: %s", ds4_errcode_name(err.code), ds4_errcode_name(code), err.msg);
     if (!strstr(err.msg, needle)) fail_msg("'%s' does not mention '%s'", err.msg, needle);
     assert_int_equal(count_entries(tmp_dir, "err.gguf"), 0);
 }
@@ -643,16 +649,11 @@ static void test_writer_io_errors(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_round_trip_all_values),
-        cmocka_unit_test(test_copy_kv_keeps_exact_bits),
-        cmocka_unit_test(test_alignment_variants),
-        cmocka_unit_test(test_every_type_in_geometry_table),
-        cmocka_unit_test(test_chunked_data_same_file),
-        cmocka_unit_test(test_large_tensor),
-        cmocka_unit_test(test_writer_metadata_errors),
-        cmocka_unit_test(test_writer_alignment_kv_adopted),
-        cmocka_unit_test(test_writer_tensor_errors),
-        cmocka_unit_test(test_writer_abort_and_atomic_replace),
+        cmocka_unit_test(test_round_trip_all_values),  cmocka_unit_test(test_copy_kv_keeps_exact_bits),
+        cmocka_unit_test(test_alignment_variants),     cmocka_unit_test(test_every_type_in_geometry_table),
+        cmocka_unit_test(test_chunked_data_same_file), cmocka_unit_test(test_large_tensor),
+        cmocka_unit_test(test_writer_metadata_errors), cmocka_unit_test(test_writer_alignment_kv_adopted),
+        cmocka_unit_test(test_writer_tensor_errors),   cmocka_unit_test(test_writer_abort_and_atomic_replace),
         cmocka_unit_test(test_writer_io_errors),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

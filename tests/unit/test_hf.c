@@ -179,7 +179,9 @@ static void test_names_of_flash_layout(void **state) {
     char buf[160];
     for (size_t i = 0; i < n; i++)
         if (ds4_hf_name(&specs[i], 255, buf, sizeof(buf), &err) != 0) fail_msg("%s", err.msg);
-    static const struct { const char *gguf, *hf; } want[] = {
+    static const struct {
+        const char *gguf, *hf;
+    } want[] = {
         {"token_embd.weight", "embed.weight"},
         {"output_hc_fn.weight", "hc_head_fn"},
         {"blk.0.ffn_gate_tid2eid.weight", "layers.0.ffn.gate.tid2eid"},
@@ -217,7 +219,9 @@ static void test_config_json(void **state) {
     char *dir = st_tempdir();
     char path[1024];
     snprintf(path, sizeof(path), "%s/config.json", dir);
-    static const struct { const char *json, *expect; } bad[] = {
+    static const struct {
+        const char *json, *expect;
+    } bad[] = {
         {"{\"hidden_size\":", "config.json: line"},
         {"[1]", "not a JSON object"},
         {"{\"num_hidden_layers\":4}", "missing key \"hidden_size\""},
@@ -262,7 +266,8 @@ static void test_bad_sources(void **state) {
     expect_resolve_error(&o, "blk.1.attn_kv.weight", "layers.1.attn.wkv.scale: dtype I8, expected F8_E8M0 or U8",
                          "for blk.1.attn_kv.weight");
     o = (official_ckpt_opts){.spoil = "layers.1.attn.wkv.weight", .spoil_transpose = true};
-    expect_resolve_error(&o, "blk.1.attn_kv.weight", "tensor layers.1.attn.wkv.weight: shape [256, 128], expected [128, 256]",
+    expect_resolve_error(&o, "blk.1.attn_kv.weight",
+                         "tensor layers.1.attn.wkv.weight: shape [256, 128], expected [128, 256]",
                          "model-00002-of-00003.safetensors");
     o = (official_ckpt_opts){.spoil = "layers.3.ffn.experts.1.w2.scale", .spoil_transpose = true};
     expect_resolve_error(&o, "blk.3.ffn_down_exps.weight", "layers.3.ffn.experts.1.w2.scale: shape [8, 256]",
@@ -279,7 +284,10 @@ static void test_pro_layout(void **state) {
     ds4_tensor_spec *specs = calloc(n, sizeof(*specs));
     ds4_layout_build(&c, specs);
     ds4_err err = {0};
-    static const struct { const char *gguf, *hf; int expert; } want[] = {
+    static const struct {
+        const char *gguf, *hf;
+        int expert;
+    } want[] = {
         {"blk.0.attn_compressor_ape.weight", "layers.0.attn.compressor.ape", 0},
         {"blk.1.attn_compressor_kv.weight", "layers.1.attn.compressor.wkv.weight", 0},
         {"blk.60.indexer.attn_q_b.weight", "layers.60.attn.indexer.wq_b.weight", 0},
@@ -338,7 +346,8 @@ static void test_pro_layout(void **state) {
     snprintf(q2, sizeof(q2), "%s/pro-q2.gguf", dir);
     snprintf(spliced, sizeof(spliced), "%s/pro-spliced.gguf", dir);
     if (run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --quiet", dir, q2) != 0 ||
-        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", path, q2, spliced) != 0)
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", path, q2, spliced) !=
+            0)
         fail_msg("%s", log);
     w = ds4_weights_open(spliced, &err);
     if (!w) fail_msg("%s", err.msg);

@@ -285,8 +285,7 @@ static void test_pro_sized(void **state) {
     float *out = malloc(c.n_embd * sizeof(float));
     snprintf(name, sizeof(name), "blk.%u.ffn_gate_exps.weight", last);
     assert_int_equal(ds4_imatrix_lookup(im, name, c.n_embd, (int)ne - 1, (int)ne, out, &err), 1);
-    for (uint32_t k = 0; k < c.n_embd; k++)
-        assert_true(out[k] == (float)(((ne - 1) * c.n_embd + k) % 9973) / 2.0f);
+    for (uint32_t k = 0; k < c.n_embd; k++) assert_true(out[k] == (float)(((ne - 1) * c.n_embd + k) % 9973) / 2.0f);
     snprintf(name, sizeof(name), "blk.%u.ffn_down_exps.weight", last);
     assert_int_equal(ds4_imatrix_lookup(im, name, c.n_ff_exp, 383, (int)ne, out, &err), 1);
     assert_true(out[c.n_ff_exp - 1] == 1.0f);
@@ -333,8 +332,8 @@ static void test_collector(void **state) {
     float x[2 * 32], mid[2 * 64];
     for (int i = 0; i < 64; i++) x[i] = (float)(i % 32) * (i < 32 ? 1.0f : -2.0f);
     for (int i = 0; i < 128; i++) mid[i] = 0.5f * (float)(i % 64);
-    ds4_imcol_expert(col, 1, 2, 2, x, mid);   /* two tokens */
-    ds4_imcol_expert(col, 1, 2, 1, x, mid);   /* one more */
+    ds4_imcol_expert(col, 1, 2, 2, x, mid); /* two tokens */
+    ds4_imcol_expert(col, 1, 2, 1, x, mid); /* one more */
     ds4_imcol_expert(col, 0, 0, 1, x + 32, mid);
     ds4_imcol_end_prompt(col);
     ds4_imcol_end_prompt(col);

@@ -53,8 +53,7 @@ static void write_dataset(const char *path, int prompts, int len, uint32_t seed)
 static int setup(void **state) {
     (void)state;
     struct stat st;
-    if (stat("./ds4-imatrix", &st) != 0 || stat("./ds4-qeval", &st) != 0 || stat("./ds4-quantize", &st) != 0)
-        return -1;
+    if (stat("./ds4-imatrix", &st) != 0 || stat("./ds4-qeval", &st) != 0 || stat("./ds4-quantize", &st) != 0) return -1;
     dir = st_tempdir();
     official_ckpt_write(dir, NULL);
     in_dir(f32, "f32.gguf");
@@ -67,8 +66,9 @@ static int setup(void **state) {
     if (run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f32 --quiet", dir, f32) ||
         run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --quiet", dir, q2) ||
         run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s -t 2", f32, calib, im) ||
-        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q2 --imatrix %s --imatrix-strict --quiet",
-                    dir, q2im, im)) {
+        run_capture(log, sizeof(log),
+                    "./ds4-quantize --hf %s --out %s --recipe q2 --imatrix %s --imatrix-strict --quiet", dir, q2im,
+                    im)) {
         fprintf(stderr, "%s\n", log);
         return -1;
     }
@@ -122,7 +122,8 @@ static void test_hash_routing_seen(void **state) {
     st_write_file(in_dir(path, "avoid3.txt"), text, strlen(text));
     char out[1024], log[4096];
     in_dir(out, "avoid3.dat");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 0);
     assert_contains(log, "from 1 prompt, 40 tokens, 320 routed expert observations");
     ds4_imatrix *m = ds4_imatrix_load(out, &err);
     const ds4_imatrix_entry *e = ds4_imatrix_find(m, "blk.0.ffn_gate_exps.weight");
@@ -142,17 +143,23 @@ static void test_cli_errors(void **state) {
     char log[4096], path[1024], out[1024];
     in_dir(out, "err.dat");
     st_write_file(in_dir(path, "text.txt"), "===== DS4_IMATRIX_PROMPT 1\nhello world\n", 39);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
     assert_contains(log, "text.txt:2: prompt 1: prompt is text, but the model has no tokenizer metadata");
     st_write_file(path, "===== DS4_IMATRIX_PROMPT 1\n1 2 900\n", 35);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
     assert_contains(log, "token id outside the vocabulary (512)");
     st_write_file(path, "\n\n", 2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", f32, path, out), 1);
     assert_contains(log, "no prompts");
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-out %s", f32, out), 2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s "
-                                 "--imatrix-max-prompts 3 --imatrix-max-tokens 100", f32, calib, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s "
+                                 "--imatrix-max-prompts 3 --imatrix-max-tokens 100",
+                                 f32, calib, out),
+                     0);
     assert_contains(log, "from 2 prompts, 100 tokens");
 }
 
@@ -194,21 +201,25 @@ static void test_text_prompts(void **state) {
     ds4_gguf_w_u32(w, "tokenizer.ggml.bos_token_id", 256);
     ds4_gguf_w_u32(w, "tokenizer.ggml.eos_token_id", 257);
     assert_int_equal(ds4_gguf_writer_close(w, &err), 0);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --quiet "
-                                 "--tokenizer-gguf %s", dir, in_dir(model, "tok-model.gguf"), tokpath), 0);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-quantize --hf %s --out %s --recipe f16 --quiet "
+                                 "--tokenizer-gguf %s",
+                                 dir, in_dir(model, "tok-model.gguf"), tokpath),
+                     0);
     const char *text = "===== DS4_IMATRIX_PROMPT 0 text\n<｜begin▁of▁sentence｜>hello\n"
                        "===== DS4_IMATRIX_PROMPT 1 ids\n1 2 3\n";
     st_write_file(in_dir(ds, "text-ds.txt"), text, strlen(text));
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s", model, ds,
-                                 in_dir(out, "text.dat")), 0);
+                                 in_dir(out, "text.dat")),
+                     0);
     /* BOS, "he", "l", "l", "o" and three ids */
     assert_contains(log, "from 2 prompts, 8 tokens");
 }
 
 static void qeval(const char *model, double *werr, double *kl) {
     char log[4096];
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-qeval %s %s --imatrix %s --dataset %s -t 2", f32, model, im,
-                                 eval), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-qeval %s %s --imatrix %s --dataset %s -t 2", f32, model, im, eval), 0);
     const char *p = strstr(log, "weighted error total");
     const char *q = strstr(log, "KL(ref || test) mean");
     assert_non_null(p);

@@ -183,12 +183,9 @@ static void test_unusable_paths(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_live_holder_blocks_until_killed),
-        cmocka_unit_test(test_normal_exit_releases),
-        cmocka_unit_test(test_stale_file_does_not_block),
-        cmocka_unit_test(test_other_file_is_independent),
-        cmocka_unit_test(test_path_from_environment),
-        cmocka_unit_test(test_unusable_paths),
+        cmocka_unit_test(test_live_holder_blocks_until_killed), cmocka_unit_test(test_normal_exit_releases),
+        cmocka_unit_test(test_stale_file_does_not_block),       cmocka_unit_test(test_other_file_is_independent),
+        cmocka_unit_test(test_path_from_environment),           cmocka_unit_test(test_unusable_paths),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

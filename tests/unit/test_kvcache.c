@@ -27,7 +27,7 @@
 #include "engine/session.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define CTX 256
+#define CTX   256
 
 static ds4_engine *E;
 static ds4_session *S;
@@ -86,14 +86,20 @@ static void payload_bytes(const ds4_kv_state *st, char **buf, size_t *len) {
 
 static void test_header_layout(void **state) {
     (void)state;
-    ds4_kvc_header h = {.quant_bits = 4, .reason = DS4_KVC_CONTINUED, .ext = DS4_KVC_EXT_TOOLMAP, .n_tokens = 0x01020304,
-                        .hits = 7, .ctx = 32768, .created = 0x1122334455667788ull, .last_used = 9,
+    ds4_kvc_header h = {.quant_bits = 4,
+                        .reason = DS4_KVC_CONTINUED,
+                        .ext = DS4_KVC_EXT_TOOLMAP,
+                        .n_tokens = 0x01020304,
+                        .hits = 7,
+                        .ctx = 32768,
+                        .created = 0x1122334455667788ull,
+                        .last_used = 9,
                         .payload_bytes = 0xAABBCCDDull};
     uint8_t b[48];
     ds4_kvc_header_encode(&h, b);
-    const uint8_t want[48] = {'K', 'V', 'C', 1, 4, 2, 1, 0, 4, 3, 2, 1, 7, 0, 0, 0, 0, 0x80, 0, 0, 0, 0, 0, 0,
-                              0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11, 9, 0, 0, 0, 0, 0, 0, 0,
-                              0xDD, 0xCC, 0xBB, 0xAA, 0, 0, 0, 0};
+    const uint8_t want[48] = {'K', 'V',  'C', 1, 4, 2, 1, 0, 4,    3,    2,    1,    7,    0,    0,    0,
+                              0,   0x80, 0,   0, 0, 0, 0, 0, 0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11,
+                              9,   0,    0,   0, 0, 0, 0, 0, 0xDD, 0xCC, 0xBB, 0xAA, 0,    0,    0,    0};
     assert_memory_equal(b, want, 48);
     ds4_kvc_header d;
     assert_int_equal(ds4_kvc_header_decode(b, &d, NULL), 0);
@@ -107,7 +113,10 @@ static void test_header_layout(void **state) {
     assert_int_equal(d.last_used, 9);
     assert_int_equal(d.payload_bytes, h.payload_bytes);
     /* Each check of the decoder. */
-    struct { int off; uint8_t val; } bad[] = {{0, 'X'}, {2, 'D'}, {3, 2}, {4, 3}, {4, 8}, {5, 7}, {6, 0x10}, {8, 0}};
+    struct {
+        int off;
+        uint8_t val;
+    } bad[] = {{0, 'X'}, {2, 'D'}, {3, 2}, {4, 3}, {4, 8}, {5, 7}, {6, 0x10}, {8, 0}};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         uint8_t c[48];
         memcpy(c, b, 48);
@@ -238,7 +247,11 @@ static void test_corruptions_and_truncations(void **state) {
     assert_int_equal(read_with_state(cut, NULL, &err), 0);
 
     /* Structural corruptions. */
-    struct { const char *what; size_t off; int delta; } bad[] = {
+    struct {
+        const char *what;
+        size_t off;
+        int delta;
+    } bad[] = {
         {"magic", 0, 1},
         {"version", 3, 1},
         {"quant bits", 4, 1},
@@ -323,8 +336,13 @@ static void log_to(void *ctx, const char *msg) {
 }
 
 static ds4_kvc_store *open_store(uint64_t budget, logbuf *lb) {
-    ds4_kvc_opts o = {.dir = DIR_, .budget_bytes = budget, .min_tokens = 8, .quant_bits = 2, .ctx = CTX,
-                      .log = log_to, .log_ctx = lb};
+    ds4_kvc_opts o = {.dir = DIR_,
+                      .budget_bytes = budget,
+                      .min_tokens = 8,
+                      .quant_bits = 2,
+                      .ctx = CTX,
+                      .log = log_to,
+                      .log_ctx = lb};
     ds4_err err = {0};
     ds4_kvc_store *s = ds4_kvc_open(&o, &err);
     if (!s) fail_msg("%s", err.msg);
@@ -437,8 +455,13 @@ static void test_quant_and_ctx_rules(void **state) {
     ds4_kvc_close(s);
     ds4_kvc_match m;
     /* A 4-bit model accepts a 2-bit checkpoint unless told to reject it. */
-    ds4_kvc_opts o = {.dir = DIR_, .budget_bytes = 1ull << 30, .min_tokens = 8, .quant_bits = 4, .ctx = CTX,
-                      .log = log_to, .log_ctx = &lb};
+    ds4_kvc_opts o = {.dir = DIR_,
+                      .budget_bytes = 1ull << 30,
+                      .min_tokens = 8,
+                      .quant_bits = 4,
+                      .ctx = CTX,
+                      .log = log_to,
+                      .log_ctx = &lb};
     s = ds4_kvc_open(&o, &err);
     assert_true(ds4_kvc_lookup(s, "quantized", 9, &m));
     ds4_kvc_close(s);
@@ -463,7 +486,7 @@ static void test_quant_and_ctx_rules(void **state) {
 static void test_score(void **state) {
     (void)state;
     ds4_kvc_header h = {.n_tokens = 100, .hits = 3, .last_used = 1000};
-    assert_true(ds4_kvc_score(&h, 50, 1000) == 8.0);                  /* (3 + 1) * 100 / 50 */
+    assert_true(ds4_kvc_score(&h, 50, 1000) == 8.0);                        /* (3 + 1) * 100 / 50 */
     assert_true(fabs(ds4_kvc_score(&h, 50, 1000 + 6 * 3600) - 5.0) < 1e-9); /* half-life: 1.5 hits */
     h.hits = 1;
     /* 2^-7 = 0.0078 < 0.01: no hits left. */

@@ -79,9 +79,19 @@ static void qat_rows(float *x, uint32_t n) {
     ds4_indexer_qat_row(x);
 }
 
-static void test_fp8_kv(void **state) { (void)state; assert_int_equal(fp8.len, 448); check(&fp8, ds4_fp8_kv_roundtrip); }
-static void test_fp4(void **state) { (void)state; check(&fp4, ds4_fp4_roundtrip); }
-static void test_indexer_qat(void **state) { (void)state; check(&qat, qat_rows); }
+static void test_fp8_kv(void **state) {
+    (void)state;
+    assert_int_equal(fp8.len, 448);
+    check(&fp8, ds4_fp8_kv_roundtrip);
+}
+static void test_fp4(void **state) {
+    (void)state;
+    check(&fp4, ds4_fp4_roundtrip);
+}
+static void test_indexer_qat(void **state) {
+    (void)state;
+    check(&qat, qat_rows);
+}
 
 static void test_f16_round(void **state) {
     (void)state;

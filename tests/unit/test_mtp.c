@@ -126,7 +126,9 @@ static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
 
 static ds4_engine *open_engine(bool mtp) {
     ds4_err err = {0};
-    ds4_engine_opts o = {.model_path = GOLD "tiny-a.f16.gguf", .backend = "cpu", .n_threads = 2,
+    ds4_engine_opts o = {.model_path = GOLD "tiny-a.f16.gguf",
+                         .backend = "cpu",
+                         .n_threads = 2,
                          .mtp_path = mtp ? GOLD "tiny-a.mtp.gguf" : NULL};
     ds4_engine *e = ds4_engine_open(&o, &err);
     if (!e) fail_msg("%s", ds4_err_msg(&err));
@@ -318,10 +320,8 @@ static void test_bad_files_and_options(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_block_matches_transformers),
-        cmocka_unit_test(test_greedy_identity),
-        cmocka_unit_test(test_right_drafts_are_kept),
-        cmocka_unit_test(test_sampling_rule_keeps_the_distribution),
+        cmocka_unit_test(test_block_matches_transformers), cmocka_unit_test(test_greedy_identity),
+        cmocka_unit_test(test_right_drafts_are_kept),      cmocka_unit_test(test_sampling_rule_keeps_the_distribution),
         cmocka_unit_test(test_bad_files_and_options),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -43,6 +43,7 @@ static int count_call(void *ctx, const char *v, ds4_err *err) {
 static const char *refused(const char *name) { return !strcmp(name, "--mtp") ? "not implemented here" : NULL; }
 
 /* The table every test parses with: one row of each kind. */
+/* clang-format off */
 #define TABLE(o)                                                                                              \
     ds4_opt table[] = {                                                                                       \
         {DS4_OPT_SECTION("model:")},                                                                          \
@@ -70,6 +71,7 @@ static const char *refused(const char *name) { return !strcmp(name, "--mtp") ? "
     };                                                                                                        \
     ds4_cli cli = {.prog = "prog", .usage = "FIRST [SECOND] [options]", .about = "A test program.",         \
                    .opts = table, .refused = refused, .stray = "(a hint)"}
+/* clang-format on */
 
 /* Parse a space-separated command line (no quoting needed by the tests). */
 static int parse(const ds4_cli *cli, const char *line, ds4_err *err) {
@@ -292,8 +294,8 @@ static void test_help_wraps(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_defaults), cmocka_unit_test(test_spellings), cmocka_unit_test(test_errors),
-        cmocka_unit_test(test_clamp),    cmocka_unit_test(test_files),     cmocka_unit_test(test_help),
+        cmocka_unit_test(test_defaults),   cmocka_unit_test(test_spellings), cmocka_unit_test(test_errors),
+        cmocka_unit_test(test_clamp),      cmocka_unit_test(test_files),     cmocka_unit_test(test_help),
         cmocka_unit_test(test_help_wraps),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -21,8 +21,8 @@
 #include "format/imatrix.h"
 #include "model/placement.h"
 
-#define L 5
-#define E 16
+#define L     5
+#define E     16
 #define ALIGN 256
 
 /* Layers of two sizes (0 and 3 have larger experts); down rows odd-sized
@@ -37,8 +37,15 @@ static ds4_place_in make_in(uint64_t budget, const ds4_expert_profile *p) {
         dev_mat[l * 3 + 2] = s + 17;
         host_exp[l] = 3 * s - 5;
     }
-    ds4_place_in in = {.n_layer = L, .n_expert = E, .k = 2, .budget = budget, .fixed = 100000, .dev_mat = dev_mat,
-                       .host_expert = host_exp, .align = ALIGN, .profile = p};
+    ds4_place_in in = {.n_layer = L,
+                       .n_expert = E,
+                       .k = 2,
+                       .budget = budget,
+                       .fixed = 100000,
+                       .dev_mat = dev_mat,
+                       .host_expert = host_exp,
+                       .align = ALIGN,
+                       .profile = p};
     return in;
 }
 
@@ -66,7 +73,8 @@ static void test_budgets(void **state) {
         /* no expert left out would have fitted */
         for (uint32_t l = 0; l < L; l++)
             if (pl.n_gpu[l] < E) {
-                uint64_t grow = ds4_place_layer_bytes(&in, l, pl.n_gpu[l] + 1) - ds4_place_layer_bytes(&in, l, pl.n_gpu[l]);
+                uint64_t grow = ds4_place_layer_bytes(&in, l, pl.n_gpu[l] + 1) -
+                                ds4_place_layer_bytes(&in, l, pl.n_gpu[l]);
                 assert_true(pl.dev_total + grow > budget);
             }
         /* whole layers from the first: a layer is partly resident only when
@@ -225,9 +233,8 @@ static void test_sizes(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_budgets),       cmocka_unit_test(test_all_and_none),
-        cmocka_unit_test(test_too_small),     cmocka_unit_test(test_profile_order),
-        cmocka_unit_test(test_imatrix_profile), cmocka_unit_test(test_sizes),
+        cmocka_unit_test(test_budgets),       cmocka_unit_test(test_all_and_none),    cmocka_unit_test(test_too_small),
+        cmocka_unit_test(test_profile_order), cmocka_unit_test(test_imatrix_profile), cmocka_unit_test(test_sizes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

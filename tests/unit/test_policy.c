@@ -115,7 +115,7 @@ static void test_overrides(void **state) {
     assert_int_equal(ds4_policy_add_override(&p, "blk.40.ffn_gate_exps=copy", &err), 0);
     assert_int_equal(ds4_policy_add_override(&p, "blk.4.=q8_0", &err), 0);
     assert_int_equal(ds4_policy_add_override(&p, "blk.41.ffn_=Q4_K", &err), 0);
-    assert_int_equal(ds4_policy_add_override(&p, "blk.41.ffn_down=f16", &err), 0); /* shadowed */
+    assert_int_equal(ds4_policy_add_override(&p, "blk.41.ffn_down=f16", &err), 0);  /* shadowed */
     assert_int_equal(type_of(&p, "blk.40.ffn_gate_exps.weight"), DS4_TYPE_IQ2_XXS); /* copy: recipe */
     assert_int_equal(type_of(&p, "blk.39.ffn_gate_exps.weight"), DS4_TYPE_Q4_K);
     assert_int_equal(type_of(&p, "blk.4.ffn_down_exps.weight"), DS4_TYPE_Q8_0);

@@ -39,8 +39,8 @@
 #include "model/backends.h"
 #include "model/weights.h"
 
-static char *ckpt;     /* a clean checkpoint shared by the tests */
-static char *scratch;  /* outputs */
+static char *ckpt;    /* a clean checkpoint shared by the tests */
+static char *scratch; /* outputs */
 
 static char *path_in(const char *dir, const char *file) {
     static char bufs[4][1024];
@@ -291,10 +291,12 @@ static void test_imatrix(void **state) {
 
     char log[1 << 14];
     write_imatrix(im, false, 0);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
     assert_contains(log, "blk.3.ffn_down_exps.weight: no imatrix vector for expert 0 (--imatrix-strict)");
     write_imatrix(im, true, 100);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet --overwrite %s", ckpt, out, args), 1);
     assert_contains(log, "imatrix entry blk.1.ffn_gate_exps.weight has 100 values, expected 256 or 4 x 256");
 }
 
@@ -311,8 +313,10 @@ static void test_tokenizer_and_overrides(void **state) {
     ds4_gguf_w_str(w, "tokenizer.ggml.pre", "joyai-llm");
     assert_int_equal(ds4_gguf_writer_close(w, &err), 0);
     char args[1200];
-    snprintf(args, sizeof(args), "--recipe q2 --tokenizer-gguf %s --tensor-type blk.1.=f16 --experts q4_k "
-             "--name tiny", tok);
+    snprintf(args, sizeof(args),
+             "--recipe q2 --tokenizer-gguf %s --tensor-type blk.1.=f16 --experts q4_k "
+             "--name tiny",
+             tok);
     quantize_ok(args, out);
     ds4_gguf *g = open_gguf(out);
     const ds4_gguf_array *a;
@@ -344,24 +348,33 @@ static void test_cli(void **state) {
     quantize_ok("--recipe f16", out);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16", ckpt, out), 1);
     assert_contains(log, "exists (use --overwrite");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt, out), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt, out),
+        0);
     assert_contains(log, "elements/s");
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe q3", ckpt, out), 2);
     assert_contains(log, "unknown recipe \"q3\"");
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --experts q5_k", ckpt, out), 2);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --out %s", out), 2);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --threads 0", ckpt, out), 2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tensor-type blk.0.attn_norm.weight=q8_0 --overwrite",
-                         ckpt, out), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log),
+                    "./ds4-quantize --hf %s --out %s --tensor-type blk.0.attn_norm.weight=q8_0 --overwrite", ckpt, out),
+        1);
     assert_contains(log, "blk.0.attn_norm.weight: type q8_0 (from --tensor-type) is not accepted");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt,
-                                 out), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite --quiet", ckpt, out),
+        0);
     assert_contains(log, "warning: no tokenizer");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite "
-                                 "--tokenizer data/tokenizer/deepseek-v4-tokenizer.json.xz", ckpt, out), 1);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-quantize --hf %s --out %s --recipe f16 --overwrite "
+                                 "--tokenizer data/tokenizer/deepseek-v4-tokenizer.json.xz",
+                                 ckpt, out),
+                     1);
     assert_contains(log, "129280 tokens, more than the model's vocab_size 512");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tokenizer a --tokenizer-gguf b",
-                                 ckpt, out), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --tokenizer a --tokenizer-gguf b", ckpt, out),
+        2);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --help"), 0);
     assert_contains(log, "--routed-w2");
 }
@@ -371,8 +384,11 @@ static void test_compare_tensor(void **state) {
     char log[1 << 14];
     char *q2 = path_in(scratch, "cmp-q2.gguf"), *bad = path_in(scratch, "cmp-bad.gguf");
     quantize_ok("--recipe q2", q2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
-                         "--compare-gguf %s", ckpt, q2), 0);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+                                 "--compare-gguf %s",
+                                 ckpt, q2),
+                     0);
     assert_contains(log, "blk.2.ffn_up_exps.weight iq2_xxs 67584 bytes");
     assert_contains(log, "identical");
     /* Flip one byte of that tensor in a copy. */
@@ -384,11 +400,17 @@ static void test_compare_tensor(void **state) {
     st_write_file(bad, copy, g->size);
     free(copy);
     ds4_gguf_close(g);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
-                         "--compare-gguf %s", ckpt, bad), 1);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-quantize --hf %s --compare-tensor blk.2.ffn_up_exps.weight "
+                                 "--compare-gguf %s",
+                                 ckpt, bad),
+                     1);
     assert_contains(log, "1 bytes differ, first at offset 1000");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor blk.9.attn_kv.weight "
-                         "--compare-gguf %s", ckpt, q2), 1);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-quantize --hf %s --compare-tensor blk.9.attn_kv.weight "
+                                 "--compare-gguf %s",
+                                 ckpt, q2),
+                     1);
     assert_contains(log, "no such tensor in the model");
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --compare-tensor x", ckpt), 2);
 }
@@ -492,9 +514,8 @@ static void test_mtp_block(void **state) {
     official_ckpt_write(dir2, &drop);
     unlink(out);
     unlink(mtp);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --mtp-out %s --quiet", dir2, out,
-                                 mtp),
-                     1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --mtp-out %s --quiet", dir2, out, mtp), 1);
     assert_contains(log, "the MTP block");
     assert_contains(log, "mtp.0.h_proj.weight");
     assert_false(exists(out));

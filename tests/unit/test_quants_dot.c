@@ -28,9 +28,9 @@
 #include "common/quant_testutil.h"
 #include "format/quants.h"
 
-static const uint32_t WTYPES[] = {DS4_TYPE_F32, DS4_TYPE_F16, DS4_TYPE_BF16, DS4_TYPE_Q8_0,
+static const uint32_t WTYPES[] = {DS4_TYPE_F32,  DS4_TYPE_F16,  DS4_TYPE_BF16,   DS4_TYPE_Q8_0,
                                   DS4_TYPE_Q2_K, DS4_TYPE_Q4_K, DS4_TYPE_IQ2_XXS};
-#define NWTYPES (sizeof WTYPES / sizeof WTYPES[0])
+#define NWTYPES   (sizeof WTYPES / sizeof WTYPES[0])
 #define TYPE_Q4_0 2 /* a GGML type ds4 does not compute with */
 
 static int lengths(uint32_t type, int64_t out[8]) {
@@ -93,8 +93,8 @@ static void test_avx2_matches_scalar(void **state) {
                 float s = dot_with(DS4_SIMD_SCALAR, type, n, w, act);
                 float v = dot_with(DS4_SIMD_AVX2, type, n, w, act);
                 if (memcmp(&s, &v, sizeof s) != 0)
-                    fail_msg("%s n=%lld rep %d: scalar %a, avx2 %a", ds4_type_get(type)->name, (long long)n,
-                             rep, (double)s, (double)v);
+                    fail_msg("%s n=%lld rep %d: scalar %a, avx2 %a", ds4_type_get(type)->name, (long long)n, rep,
+                             (double)s, (double)v);
             }
             free(w);
             free(act);
@@ -350,8 +350,8 @@ static void test_activation_quantizers(void **state) {
     ds4_block_q8_K *k = malloc(N / 256 * sizeof *k);
     for (int rep = 0; rep < 20; rep++) {
         qt_gauss_fill(&r, x, N, (float)ldexp(1.0, rep - 10));
-        memset(x, 0, 300 * sizeof(float));            /* zero blocks */
-        x[300] = 5.0f;                                  /* one-hot in a zero stretch */
+        memset(x, 0, 300 * sizeof(float));                                    /* zero blocks */
+        x[300] = 5.0f;                                                        /* one-hot in a zero stretch */
         for (int i = 512; i < 768; i++) x[i] = (float)(i % 254 - 127) + 0.5f; /* ties */
         x[512] = -127.0f; /* iscale = 1 (q8_K), d = 1 (q8_0x): the halves are exact ties */
         for (int i = 1024; i < 1056; i++) x[i] = (i & 1) ? 1.0f : -1.0f; /* equal |x|, both signs */
@@ -392,10 +392,10 @@ static void test_act_formats_and_bad_input(void **state) {
     uint8_t buf[1024] = {0};
     ds4_block_q8_K act[1];
     ds4_quantize_act(DS4_TYPE_Q2_K, x, act, 256);
-    assert_true(isnan(ds4_vec_dot(DS4_TYPE_Q2_K, 100, buf, act)));  /* not whole blocks */
+    assert_true(isnan(ds4_vec_dot(DS4_TYPE_Q2_K, 100, buf, act))); /* not whole blocks */
     assert_true(isnan(ds4_vec_dot(TYPE_Q4_0, 256, buf, act)));
     float rows[3];
-    ds4_vec_dot_rows(DS4_TYPE_Q8_K, 256, 3, buf, 292, act, rows);  /* activation-only type */
+    ds4_vec_dot_rows(DS4_TYPE_Q8_K, 256, 3, buf, 292, act, rows); /* activation-only type */
     for (int i = 0; i < 3; i++) assert_true(isnan(rows[i]));
     assert_int_equal(ds4_quantize_row(DS4_TYPE_Q4_K, x, buf, 100, NULL), 0);
     assert_int_equal(ds4_quantize_row(DS4_TYPE_Q8_K, x, buf, 256, NULL), 0);
@@ -413,12 +413,9 @@ static void test_act_formats_and_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_avx2_matches_scalar),
-        cmocka_unit_test(test_dot_matches_double_reference),
-        cmocka_unit_test(test_rows_match_single),
-        cmocka_unit_test(test_multi_matches_single_scalar),
-        cmocka_unit_test(test_multi_matches_single_avx2),
-        cmocka_unit_test(test_activation_quantizers),
+        cmocka_unit_test(test_avx2_matches_scalar),       cmocka_unit_test(test_dot_matches_double_reference),
+        cmocka_unit_test(test_rows_match_single),         cmocka_unit_test(test_multi_matches_single_scalar),
+        cmocka_unit_test(test_multi_matches_single_avx2), cmocka_unit_test(test_activation_quantizers),
         cmocka_unit_test(test_act_formats_and_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -42,9 +42,8 @@ static void rng_bytes(uint64_t *s, uint8_t *out, size_t n) {
     }
 }
 
-static const uint16_t special_f16[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400,
-                                       0x7BFF, 0xFBFF, 0x7C00, 0xFC00, 0x7E00, 0xFE00,
-                                       0x7C01, 0x7D55, 0xFFFF, 0x3C00, 0xBC00};
+static const uint16_t special_f16[] = {0x0000, 0x8000, 0x0001, 0x8001, 0x03FF, 0x0400, 0x7BFF, 0xFBFF, 0x7C00,
+                                       0xFC00, 0x7E00, 0xFE00, 0x7C01, 0x7D55, 0xFFFF, 0x3C00, 0xBC00};
 
 static uint16_t scale_value(uint64_t *s, uint64_t kase) {
     uint64_t v, sign;
@@ -83,9 +82,7 @@ static void gen_blocks(uint64_t seed, int64_t nblocks, size_t bb, const int *off
     }
 }
 
-static double sint24(uint64_t *s) {
-    return (double)(int64_t)((rng_next(s) >> 40) % (1u << 24)) - (double)(1 << 23);
-}
+static double sint24(uint64_t *s) { return (double)(int64_t)((rng_next(s) >> 40) % (1u << 24)) - (double)(1 << 23); }
 
 static void gen_q8_0_input(uint64_t seed, int64_t nblocks, float *out) {
     uint64_t s = seed;
@@ -148,18 +145,15 @@ static uint8_t *read_file(const char *path, size_t *len) {
 typedef struct {
     const char *name;
     uint32_t type;
-    int64_t elems;    /* per block */
-    size_t in_bytes;  /* per block */
+    int64_t elems;   /* per block */
+    size_t in_bytes; /* per block */
     int offs[2], noffs;
 } set_geom;
 
 static const set_geom GEOMS[] = {
-    {"f32", DS4_TYPE_F32, 32, 128, {0, 0}, 0},
-    {"q8_0", DS4_TYPE_Q8_0, 32, 34, {0, 0}, 1},
-    {"q2_k", DS4_TYPE_Q2_K, 256, 84, {80, 82}, 2},
-    {"q4_k", DS4_TYPE_Q4_K, 256, 144, {0, 2}, 2},
-    {"iq2_xxs", DS4_TYPE_IQ2_XXS, 256, 66, {0, 0}, 1},
-    {"f16", DS4_TYPE_F16, 32, 64, {0, 0}, 0},
+    {"f32", DS4_TYPE_F32, 32, 128, {0, 0}, 0},         {"q8_0", DS4_TYPE_Q8_0, 32, 34, {0, 0}, 1},
+    {"q2_k", DS4_TYPE_Q2_K, 256, 84, {80, 82}, 2},     {"q4_k", DS4_TYPE_Q4_K, 256, 144, {0, 2}, 2},
+    {"iq2_xxs", DS4_TYPE_IQ2_XXS, 256, 66, {0, 0}, 1}, {"f16", DS4_TYPE_F16, 32, 64, {0, 0}, 0},
     {"bf16", DS4_TYPE_BF16, 32, 64, {0, 0}, 0},
 };
 
@@ -173,9 +167,8 @@ static const set_geom *geom_of(const char *name) {
 
 /* Regenerate the input of one set, run ds4 on it, and compare with the
  * explicit blocks and the chunk digests of the manifest. */
-static void check_set(const char *manifest, const char *name, uint32_t type, const char *mode,
-                      uint64_t seed, int64_t nblocks, int64_t chunk, int64_t explicit_blocks,
-                      const char *input_sha) {
+static void check_set(const char *manifest, const char *name, uint32_t type, const char *mode, uint64_t seed,
+                      int64_t nblocks, int64_t chunk, int64_t explicit_blocks, const char *input_sha) {
     const set_geom *g = geom_of(name);
     int quantize = strcmp(mode, "quantize") == 0;
     assert_int_equal(g->type, type);
@@ -213,14 +206,14 @@ static void check_set(const char *manifest, const char *name, uint32_t type, con
         if (memcmp(got, want, out_block) == 0) continue;
         for (size_t k = 0; k < out_block; k += quantize ? 1 : 4) {
             if (quantize && got[k] != want[k])
-                fail_msg("%s quantize block %lld byte %zu: 0x%02x, gguf-py 0x%02x", name, (long long)b, k,
-                         got[k], want[k]);
+                fail_msg("%s quantize block %lld byte %zu: 0x%02x, gguf-py 0x%02x", name, (long long)b, k, got[k],
+                         want[k]);
             if (!quantize && memcmp(got + k, want + k, 4) != 0) {
                 float gv, wv;
                 memcpy(&gv, got + k, 4);
                 memcpy(&wv, want + k, 4);
-                fail_msg("%s dequant block %lld element %zu: %a, gguf-py %a", name, (long long)b, k / 4,
-                         (double)gv, (double)wv);
+                fail_msg("%s dequant block %lld element %zu: %a, gguf-py %a", name, (long long)b, k / 4, (double)gv,
+                         (double)wv);
             }
         }
     }
@@ -255,8 +248,8 @@ static void test_goldens(void **state) {
         unsigned type;
         unsigned long long seed;
         long long nblocks, chunk, explicit_blocks;
-        assert_int_equal(sscanf(p + 1, "set %31s %u %15s %llx %lld %lld %lld %64s", name, &type, mode, &seed,
-                                &nblocks, &chunk, &explicit_blocks, sha),
+        assert_int_equal(sscanf(p + 1, "set %31s %u %15s %llx %lld %lld %lld %64s", name, &type, mode, &seed, &nblocks,
+                                &chunk, &explicit_blocks, sha),
                          8);
         print_message("golden set %s %s: %lld blocks\n", name, mode, nblocks);
         check_set(manifest, name, type, mode, seed, nblocks, chunk, explicit_blocks, sha);

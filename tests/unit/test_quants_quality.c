@@ -65,8 +65,8 @@ static void test_rmse_bounds(void **state) {
         int uniform_importance;
         double bound; /* measured value + ~2% (docs/QUANTS.md) */
     } cases[] = {
-        {DS4_TYPE_F16, 0, 0.000215},    {DS4_TYPE_BF16, 0, 0.00170},   {DS4_TYPE_Q8_0, 0, 0.00548},
-        {DS4_TYPE_Q4_K, 0, 0.0725},     {DS4_TYPE_Q2_K, 0, 0.2725},    {DS4_TYPE_IQ2_XXS, 1, 0.3360},
+        {DS4_TYPE_F16, 0, 0.000215},   {DS4_TYPE_BF16, 0, 0.00170}, {DS4_TYPE_Q8_0, 0, 0.00548},
+        {DS4_TYPE_Q4_K, 0, 0.0725},    {DS4_TYPE_Q2_K, 0, 0.2725},  {DS4_TYPE_IQ2_XXS, 1, 0.3360},
         {DS4_TYPE_IQ2_XXS, 0, 0.4335},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
@@ -165,7 +165,7 @@ static void test_special_rows(void **state) {
         memset(x, 0, COLS * sizeof(float));
         assert_true(worst_relative_error(x, type, NULL) == 0); /* zero rows decode to exact zeros */
         assert_true(worst_relative_error(x, type, imp) == 0);
-        for (int i = 0; i < COLS; i++) x[i] = -0.75f;          /* constant rows */
+        for (int i = 0; i < COLS; i++) x[i] = -0.75f; /* constant rows */
         assert_true(worst_relative_error(x, type, imp) < 0.02);
         qt_rng r;
         qt_seed(&r, 16 + (uint64_t)t);
@@ -173,8 +173,8 @@ static void test_special_rows(void **state) {
         double tiny = worst_relative_error(x, type, imp);
         qt_gauss_fill(&r, x, COLS, 1000.0f); /* large but representable */
         double large = worst_relative_error(x, type, imp);
-        print_message("%-8s worst error / max|x|: tiny row %.4f, large row %.4f\n", ds4_type_get(type)->name,
-                      tiny, large);
+        print_message("%-8s worst error / max|x|: tiny row %.4f, large row %.4f\n", ds4_type_get(type)->name, tiny,
+                      large);
         assert_true(tiny < 0.5 && large < 0.5);
         /* non-finite input: no crash, nothing read or written out of bounds */
         x[5] = INFINITY;
@@ -210,7 +210,8 @@ static void test_concurrent_first_use(void **state) {
         assert_int_equal(pthread_create(&th[i], NULL, quantize_job, &jobs[i]), 0);
     }
     for (int i = 0; i < 4; i++) pthread_join(th[i], NULL);
-    for (int i = 0; i < 4; i++) ds4_quantize_row(DS4_TYPE_IQ2_XXS, x + (size_t)i * COLS, seq + (size_t)i * rb, COLS, NULL);
+    for (int i = 0; i < 4; i++)
+        ds4_quantize_row(DS4_TYPE_IQ2_XXS, x + (size_t)i * COLS, seq + (size_t)i * rb, COLS, NULL);
     assert_memory_equal(par, seq, 4 * rb);
     free(x);
     free(par);

@@ -228,11 +228,10 @@ static void write_text(const char *dir, const char *file, const char *text) {
     st_write_file(path, text, strlen(text));
 }
 
-static const char *index_json =
-    "{\"metadata\":{\"total_size\":40},\"weight_map\":{"
-    "\"a.weight\":\"model-00001-of-00002.safetensors\","
-    "\"b.norm\":\"model-00001-of-00002.safetensors\","
-    "\"c.fp8\":\"model-00002-of-00002.safetensors\"}}";
+static const char *index_json = "{\"metadata\":{\"total_size\":40},\"weight_map\":{"
+                                "\"a.weight\":\"model-00001-of-00002.safetensors\","
+                                "\"b.norm\":\"model-00001-of-00002.safetensors\","
+                                "\"c.fp8\":\"model-00002-of-00002.safetensors\"}}";
 
 static char *make_ckpt(void) {
     char *dir = st_tempdir();

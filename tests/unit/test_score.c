@@ -32,7 +32,8 @@ static uint32_t greedy_b[3]; /* the f32 model's own greedy continuation */
 
 static void write_ids(const char *name, const uint32_t *v, int n) {
     char path[1100], text[256] = "";
-    for (int i = 0; i < n; i++) snprintf(text + strlen(text), sizeof(text) - strlen(text), "%u%s", v[i], i % 2 ? "," : " ");
+    for (int i = 0; i < n; i++)
+        snprintf(text + strlen(text), sizeof(text) - strlen(text), "%u%s", v[i], i % 2 ? "," : " ");
     snprintf(path, sizeof(path), "%s/%s", dir, name);
     st_write_file(path, text, strlen(text));
 }

@@ -61,21 +61,24 @@ static void assert_json(const json_t *v, const char *want) {
 
 static void test_chat_request(void **state) {
     (void)state;
-    job *j = ok(&API_CHAT_ADAPTER,
-                "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
-                "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\",\"image_url\":{}},{\"type\":\"text\",\"text\":\"b\"}]},"
-                "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"r\",\"extra\":1,"
-                "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
-                "{\"role\":\"function\",\"tool_call_id\":\"call_1\",\"content\":\"ok\"}],"
-                "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}},{\"type\":\"web\"}],"
-                "\"temperature\":0.5,\"top_k\":5000,\"min_p\":0.1,\"seed\":9,\"stop\":\"END\",\"max_tokens\":7,"
-                "\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
-    assert_json(j->req.messages,
-                "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a[image not shown: this model reads text only]b\"},"
-                "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"r\",\"tool_calls\":[{\"type\":\"function\","
-                "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"id\":\"call_1\"}]},"
-                "{\"role\":\"tool\",\"content\":\"ok\",\"tool_call_id\":\"call_1\"}]");
-    assert_json(j->req.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]");
+    job *j = ok(
+        &API_CHAT_ADAPTER,
+        "{\"model\":\"m\",\"messages\":[{\"role\":\"system\",\"content\":\"s\"},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"image_url\",\"image_url\":{}},{\"type\":\"text\",\"text\":\"b\"}]},"
+        "{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"r\",\"extra\":1,"
+        "\"tool_calls\":[{\"id\":\"call_1\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
+        "{\"role\":\"function\",\"tool_call_id\":\"call_1\",\"content\":\"ok\"}],"
+        "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}},{\"type\":\"web\"}],"
+        "\"temperature\":0.5,\"top_k\":5000,\"min_p\":0.1,\"seed\":9,\"stop\":\"END\",\"max_tokens\":7,"
+        "\"stream\":true,\"stream_options\":{\"include_usage\":true}}");
+    assert_json(
+        j->req.messages,
+        "[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":\"a[image not shown: this model reads text only]b\"},"
+        "{\"role\":\"assistant\",\"content\":\"\",\"reasoning_content\":\"r\",\"tool_calls\":[{\"type\":\"function\","
+        "\"function\":{\"name\":\"f\",\"arguments\":\"{}\"},\"id\":\"call_1\"}]},"
+        "{\"role\":\"tool\",\"content\":\"ok\",\"tool_call_id\":\"call_1\"}]");
+    assert_json(j->req.tools,
+                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]");
     assert_true(j->req.sp.temperature == 0.5f && j->req.sp.top_k == DS4_TOP_K_MAX && j->req.sp.min_p == 0.1f);
     assert_int_equal(j->req.sp.seed, 9);
     assert_int_equal(j->req.max_tokens, 7);
@@ -144,50 +147,61 @@ static void test_chat_refusals(void **state) {
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_p\":\"1\"}", 400, "top_p must be a number");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_tokens\":0}", 400, "positive");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[1]}", 400, "stop must be");
-    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\","
-               "\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}", 400, "at most 16");
+    refused(C,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":[\"a\",\"b\",\"c\",\"d\",\"e\",\"f\",\"g\","
+            "\"h\",\"i\",\"j\",\"k\",\"l\",\"m\",\"n\",\"o\",\"p\",\"q\"]}",
+            400, "at most 16");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{}}", 400, "tools must be an array");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":2}", 400, "n must be 1");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":[[1,2]]}", 400, "token ids");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":[\"a\",\"b\"]}", 400, "2 prompts in one request");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"best_of\":3}", 400, "best_of");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"suffix\":\"y\"}", 400, "suffix");
-    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"logprobs\":6}", 400, "logprobs must be an integer from 0 to 5");
+    refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"logprobs\":6}", 400,
+            "logprobs must be an integer from 0 to 5");
     refused(&API_COMPLETIONS_ADAPTER, "{\"prompt\":\"x\",\"echo\":true}", 400, "echo");
     api_error e;
     assert_null(parse_with(C, "{\"a\":", &e));
     assert_non_null(strstr(e.message, "invalid JSON"));
-    assert_null(parse_with(C, "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-                              "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-                              "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
-                              &e));
+    assert_null(
+        parse_with(C,
+                   "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+                   "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+                   "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[",
+                   &e));
     assert_non_null(strstr(e.message, "nested deeper"));
     /* Brackets inside strings do not count. */
-    job *j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-                   "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
-                   "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"\"}]}");
+    job *j = ok(
+        C,
+        "{\"messages\":[{\"role\":\"user\",\"content\":\"[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+        "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\\"\"}]}");
     job_unref(j);
 }
 
 static void test_responses_request(void **state) {
     (void)state;
-    job *j = ok(&API_RESPONSES_ADAPTER,
-                "{\"instructions\":\"be brief\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"q\"}]},"
-                "{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"think\"}]},"
-                "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"let me look\"}]},"
-                "{\"type\":\"function_call\",\"call_id\":\"call_a\",\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\",\"status\":\"completed\"},"
-                "{\"type\":\"function_call\",\"call_id\":\"call_b\",\"name\":\"g\",\"arguments\":\"{}\"},"
-                "{\"type\":\"function_call_output\",\"call_id\":\"call_a\",\"output\":\"A\"},"
-                "{\"type\":\"function_call_output\",\"call_id\":\"call_b\",\"output\":[{\"type\":\"input_text\",\"text\":\"B\"}]}],"
-                "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}},"
-                "{\"type\":\"web_search\"}],\"reasoning\":{\"summary\":\"auto\"},\"max_output_tokens\":3,\"tool_choice\":\"auto\"}");
-    assert_json(j->req.messages,
-                "[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"q\"},"
-                "{\"role\":\"assistant\",\"content\":\"let me look\",\"reasoning_content\":\"think\",\"tool_calls\":["
-                "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"},\"id\":\"call_a\"},"
-                "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"},\"id\":\"call_b\"}]},"
-                "{\"role\":\"tool\",\"tool_call_id\":\"call_a\",\"content\":\"A\"},{\"role\":\"tool\",\"tool_call_id\":\"call_b\",\"content\":\"B\"}]");
-    assert_json(j->req.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}]");
+    job *j = ok(
+        &API_RESPONSES_ADAPTER,
+        "{\"instructions\":\"be brief\",\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_text\",\"text\":\"q\"}]},"
+        "{\"type\":\"reasoning\",\"summary\":[{\"type\":\"summary_text\",\"text\":\"think\"}]},"
+        "{\"type\":\"message\",\"role\":\"assistant\",\"content\":[{\"type\":\"output_text\",\"text\":\"let me look\"}]},"
+        "{\"type\":\"function_call\",\"call_id\":\"call_a\",\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\",\"status\":\"completed\"},"
+        "{\"type\":\"function_call\",\"call_id\":\"call_b\",\"name\":\"g\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"call_a\",\"output\":\"A\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"call_b\",\"output\":[{\"type\":\"input_text\",\"text\":\"B\"}]}],"
+        "\"tools\":[{\"type\":\"function\",\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}},"
+        "{\"type\":\"web_search\"}],\"reasoning\":{\"summary\":\"auto\"},\"max_output_tokens\":3,\"tool_choice\":\"auto\"}");
+    assert_json(
+        j->req.messages,
+        "[{\"role\":\"system\",\"content\":\"be brief\"},{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":\"let me look\",\"reasoning_content\":\"think\",\"tool_calls\":["
+        "{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"x\\\":1}\"},\"id\":\"call_a\"},"
+        "{\"type\":\"function\",\"function\":{\"name\":\"g\",\"arguments\":\"{}\"},\"id\":\"call_b\"}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"call_a\",\"content\":\"A\"},{\"role\":\"tool\",\"tool_call_id\":\"call_b\",\"content\":\"B\"}]");
+    assert_json(
+        j->req.tools,
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"description\":\"d\",\"parameters\":{\"type\":\"object\"}}}]");
     assert_true(j->req.reasoning_summary);
     assert_int_equal(j->req.max_tokens, 3);
     job_unref(j);
@@ -197,40 +211,48 @@ static void test_responses_request(void **state) {
     refused(R, "{\"input\":\"x\",\"conversation\":\"c\"}", 400, "conversation is not supported");
     refused(R, "{\"input\":\"x\",\"tool_choice\":\"required\"}", 400, "the request has no tools");
     refused(R, "{\"input\":\"x\",\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}", 400, "no tools");
-    refused(R, "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"g\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
-            400, "no tool named \"f\"");
+    refused(
+        R,
+        "{\"input\":\"x\",\"tools\":[{\"type\":\"function\",\"name\":\"g\"}],\"tool_choice\":{\"type\":\"function\",\"name\":\"f\"}}",
+        400, "no tool named \"f\"");
     refused(R, "{\"input\":\"x\",\"tool_choice\":{\"type\":\"web_search_preview\"}}", 400, "web_search_preview");
     refused(R, "{\"input\":[{\"type\":\"mystery_call\"}]}", 400, "not supported");
     refused(R, "{\"input\":[{\"role\":\"user\",\"content\":[{\"type\":\"input_hologram\"}]}]}", 400, "not supported");
-    refused(R, "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\",\"status\":\"in_progress\"}]}", 400,
-            "in_progress");
+    refused(R,
+            "{\"input\":[{\"type\":\"function_call\",\"name\":\"f\",\"arguments\":\"{}\",\"status\":\"in_progress\"}]}",
+            400, "in_progress");
 }
 
 static void test_anthropic_request(void **state) {
     (void)state;
-    job *j = ok(&API_MESSAGES_ADAPTER,
-                "{\"system\":[{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: 1\"},{\"type\":\"text\",\"text\":\"sys\"}],"
-                "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
-                "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"t\",\"signature\":\"s\"},"
-                "{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"k\":[1]}}]},"
-                "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"text\",\"text\":\"r\"}]},"
-                "{\"type\":\"text\",\"text\":\"more\"}]}],"
-                "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}},{\"type\":\"web_search_20250305\",\"name\":\"w\"}],"
-                "\"stop_sequences\":[\"Z\"],\"max_tokens\":5,\"top_k\":3}");
-    assert_json(j->req.messages,
-                "[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"q\"},"
-                "{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"t\",\"tool_calls\":[{\"id\":\"toolu_1\","
-                "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"k\":[1]}}}]},"
-                "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"r\"},{\"role\":\"user\",\"content\":\"more\"}]");
-    assert_json(j->req.tools, "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]");
+    job *j = ok(
+        &API_MESSAGES_ADAPTER,
+        "{\"system\":[{\"type\":\"text\",\"text\":\"x-anthropic-billing-header: 1\"},{\"type\":\"text\",\"text\":\"sys\"}],"
+        "\"messages\":[{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":[{\"type\":\"thinking\",\"thinking\":\"t\",\"signature\":\"s\"},"
+        "{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"tool_use\",\"id\":\"toolu_1\",\"name\":\"f\",\"input\":{\"k\":[1]}}]},"
+        "{\"role\":\"user\",\"content\":[{\"type\":\"tool_result\",\"tool_use_id\":\"toolu_1\",\"content\":[{\"type\":\"text\",\"text\":\"r\"}]},"
+        "{\"type\":\"text\",\"text\":\"more\"}]}],"
+        "\"tools\":[{\"name\":\"f\",\"input_schema\":{\"type\":\"object\"}},{\"type\":\"web_search_20250305\",\"name\":\"w\"}],"
+        "\"stop_sequences\":[\"Z\"],\"max_tokens\":5,\"top_k\":3}");
+    assert_json(
+        j->req.messages,
+        "[{\"role\":\"system\",\"content\":\"sys\"},{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"role\":\"assistant\",\"content\":\"a\",\"reasoning_content\":\"t\",\"tool_calls\":[{\"id\":\"toolu_1\","
+        "\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"k\":[1]}}}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"toolu_1\",\"content\":\"r\"},{\"role\":\"user\",\"content\":\"more\"}]");
+    assert_json(j->req.tools,
+                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]");
     assert_int_equal(j->req.sp.top_k, 3);
     assert_string_equal(j->req.stop[0], "Z");
     job_unref(j);
     const api_adapter *M = &API_MESSAGES_ADAPTER;
     refused(M, "{\"messages\":[{\"role\":\"system\",\"content\":\"x\"}]}", 400, "user or assistant");
     refused(M, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"hologram\"}]}]}", 400, "not supported");
-    refused(M, "{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\"}]}]}",
-            400, "input object");
+    refused(
+        M,
+        "{\"messages\":[{\"role\":\"assistant\",\"content\":[{\"type\":\"tool_use\",\"id\":\"t\",\"name\":\"f\"}]}]}",
+        400, "input object");
     refused(M, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"system\":5}", 400, "system must be");
 }
 
@@ -257,22 +279,26 @@ static void test_answers(void **state) {
     job *j = ok(&API_CHAT_ADAPTER, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
     fill_output(j);
     json_t *b = j->api->final_body(j);
-    assert_json(b, "{\"id\":\"id_x\",\"object\":\"chat.completion\",\"created\":5,\"model\":\"m\",\"choices\":[{\"index\":0,"
-                   "\"message\":{\"role\":\"assistant\",\"content\":\"calling\",\"reasoning_content\":\"why\",\"tool_calls\":"
-                   "[{\"id\":\"call_0123\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"k\\\": 1}\"}}]},"
-                   "\"finish_reason\":\"tool_calls\",\"logprobs\":null}],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":9,"
-                   "\"total_tokens\":109,\"prompt_tokens_details\":{\"cached_tokens\":60,\"cache_write_tokens\":40}}}");
+    assert_json(
+        b,
+        "{\"id\":\"id_x\",\"object\":\"chat.completion\",\"created\":5,\"model\":\"m\",\"choices\":[{\"index\":0,"
+        "\"message\":{\"role\":\"assistant\",\"content\":\"calling\",\"reasoning_content\":\"why\",\"tool_calls\":"
+        "[{\"id\":\"call_0123\",\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"k\\\": 1}\"}}]},"
+        "\"finish_reason\":\"tool_calls\",\"logprobs\":null}],\"usage\":{\"prompt_tokens\":100,\"completion_tokens\":9,"
+        "\"total_tokens\":109,\"prompt_tokens_details\":{\"cached_tokens\":60,\"cache_write_tokens\":40}}}");
     json_decref(b);
     job_unref(j);
 
     j = ok(&API_MESSAGES_ADAPTER, "{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]}");
     fill_output(j);
     b = j->api->final_body(j);
-    assert_json(b, "{\"id\":\"id_x\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":["
-                   "{\"type\":\"thinking\",\"thinking\":\"why\",\"signature\":\"id_x\"},{\"type\":\"text\",\"text\":\"calling\"},"
-                   "{\"type\":\"tool_use\",\"id\":\"call_0123\",\"name\":\"f\",\"input\":{\"k\":1}}],\"stop_reason\":\"tool_use\","
-                   "\"stop_sequence\":null,\"usage\":{\"input_tokens\":0,\"output_tokens\":9,\"cache_read_input_tokens\":60,"
-                   "\"cache_creation_input_tokens\":40}}");
+    assert_json(
+        b,
+        "{\"id\":\"id_x\",\"type\":\"message\",\"role\":\"assistant\",\"model\":\"m\",\"content\":["
+        "{\"type\":\"thinking\",\"thinking\":\"why\",\"signature\":\"id_x\"},{\"type\":\"text\",\"text\":\"calling\"},"
+        "{\"type\":\"tool_use\",\"id\":\"call_0123\",\"name\":\"f\",\"input\":{\"k\":1}}],\"stop_reason\":\"tool_use\","
+        "\"stop_sequence\":null,\"usage\":{\"input_tokens\":0,\"output_tokens\":9,\"cache_read_input_tokens\":60,"
+        "\"cache_creation_input_tokens\":40}}");
     json_decref(b);
     /* Stop-sequence answers. */
     j->out.stop_hit = "Z";
@@ -312,13 +338,15 @@ static void test_error_shapes(void **state) {
                    "\"n_prompt_tokens\":9000,\"n_ctx\":4096}}");
     json_decref(b);
     b = api_error_body(&API_MESSAGES_ADAPTER, &e);
-    assert_json(b, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"Prompt has 9000 tokens, "
-                   "but the configured context size is 4096 tokens\",\"n_prompt_tokens\":9000,\"n_ctx\":4096}}");
+    assert_json(
+        b, "{\"type\":\"error\",\"error\":{\"type\":\"invalid_request_error\",\"message\":\"Prompt has 9000 tokens, "
+           "but the configured context size is 4096 tokens\",\"n_prompt_tokens\":9000,\"n_ctx\":4096}}");
     json_decref(b);
     api_error e2 = {0};
     api_fail(&e2, 503, "server shutting down");
     b = api_error_body(&API_MESSAGES_ADAPTER, &e2);
-    assert_json(b, "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"server shutting down\"}}");
+    assert_json(b,
+                "{\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"server shutting down\"}}");
     json_decref(b);
     api_fail(&e2, 429, "full");
     b = api_error_body(&API_RESPONSES_ADAPTER, &e2);
@@ -329,9 +357,13 @@ static void test_error_shapes(void **state) {
 static void test_new_request_fields(void **state) {
     (void)state;
     const api_adapter *C = &API_CHAT_ADAPTER, *R = &API_RESPONSES_ADAPTER, *M = &API_MESSAGES_ADAPTER;
-#define T2 "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
-    job *j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," T2 ",\"tool_choice\":{\"type\":\"function\","
-                   "\"function\":{\"name\":\"g\"}},\"parallel_tool_calls\":false,\"logprobs\":true,\"top_logprobs\":3}");
+/* clang-format off */
+#define T2 \
+    "\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\"}},{\"type\":\"function\",\"function\":{\"name\":\"g\"}}]"
+    /* clang-format on */
+    job *j = ok(C,
+                "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}]," T2 ",\"tool_choice\":{\"type\":\"function\","
+                "\"function\":{\"name\":\"g\"}},\"parallel_tool_calls\":false,\"logprobs\":true,\"top_logprobs\":3}");
     assert_int_equal(j->req.tool_choice, TOOL_NAMED);
     assert_string_equal(j->req.tool_name, "g");
     assert_true(j->req.serial_calls);
@@ -347,14 +379,16 @@ static void test_new_request_fields(void **state) {
                 "{\"role\":\"system\",\"content\":\"\",\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
                 "{\"name\":\"r\",\"schema\":{\"type\":\"object\"}}}}");
     job_unref(j);
-    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
-               "\"json_schema\":{\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}", 400,
-            "response_format.json_schema.schema: schema: keyword \"pattern\" is not supported");
+    refused(C,
+            "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+            "\"json_schema\":{\"schema\":{\"type\":\"string\",\"pattern\":\"a\"}}}}",
+            400, "response_format.json_schema.schema: schema: keyword \"pattern\" is not supported");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}", 400,
             "response_format.type \"yaml\"");
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":21,\"logprobs\":true}", 400,
             "from 0 to 20");
-    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", 400, "tool_choice must be");
+    refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"sometimes\"}", 400,
+            "tool_choice must be");
     j = ok(M, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"name\":\"f\"}],"
               "\"tool_choice\":{\"type\":\"any\",\"disable_parallel_tool_use\":true}}");
     assert_int_equal(j->req.tool_choice, TOOL_REQUIRED);
@@ -369,42 +403,48 @@ static void test_new_request_fields(void **state) {
     j = ok(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"a\\u0000b\"},{\"role\":\"assistant\",\"tool_calls\":"
               "[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{\\\"k\\\":\\\"x\\\\u0000y\\\"}\"}}]},"
               "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"\\u0000\"}]}");
-    assert_json(j->req.messages,
-                "[{\"role\":\"user\",\"content\":\"a\\\\u0000b\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
-                "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"k\":\"x\\\\u0000y\"}},\"id\":\"c\"}]},"
-                "{\"role\":\"tool\",\"content\":\"\\\\u0000\",\"tool_call_id\":\"c\"}]");
+    assert_json(
+        j->req.messages,
+        "[{\"role\":\"user\",\"content\":\"a\\\\u0000b\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":"
+        "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"arguments\":{\"k\":\"x\\\\u0000y\"}},\"id\":\"c\"}]},"
+        "{\"role\":\"tool\",\"content\":\"\\\\u0000\",\"tool_call_id\":\"c\"}]");
     job_unref(j);
     refused(C, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"stop\":\"a\\u0000\"}", 400, "NUL");
     /* Responses: Codex's tools and history items. */
-    j = ok(R, "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
-              "{\"type\":\"custom_tool_call\",\"call_id\":\"c1\",\"name\":\"apply_patch\",\"input\":\"P\"},"
-              "{\"type\":\"custom_tool_call_output\",\"call_id\":\"c1\",\"output\":\"ok\"},"
-              "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"read\",\"namespace\":\"ns__\",\"arguments\":\"{}\"},"
-              "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":\"r\"},"
-              "{\"type\":\"local_shell_call\",\"call_id\":\"c3\",\"action\":{\"command\":[\"ls\"]}},"
-              "{\"type\":\"local_shell_call_output\",\"call_id\":\"c3\",\"output\":\"a\"},"
-              "{\"type\":\"web_search_call\",\"id\":\"ws\",\"action\":{\"query\":\"q\"}},"
-              "{\"type\":\"image_generation_call\",\"id\":\"ig\",\"result\":\"AAAA\"}],"
-              "\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\",\"format\":{\"type\":\"grammar\",\"syntax\":\"lark\","
-              "\"definition\":\"start: x\"}},{\"type\":\"namespace\",\"name\":\"ns__\",\"tools\":[{\"type\":\"function\","
-              "\"name\":\"read\"}]},{\"type\":\"tool_search\"},{\"type\":\"web_search\"}]}");
-    assert_json(j->req.messages,
-                "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":"
-                "\"function\",\"function\":{\"name\":\"apply_patch\",\"arguments\":{\"input\":\"P\"}},\"id\":\"c1\"}]},"
-                "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"},{\"role\":\"assistant\",\"content\":\"\","
-                "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"ns__read\",\"arguments\":\"{}\"},\"id\":\"c2\"}]},"
-                "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r\"},{\"role\":\"assistant\",\"content\":\"\","
-                "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"local_shell\",\"arguments\":{\"command\":"
-                "[\"ls\"]}},\"id\":\"c3\"}]},{\"role\":\"tool\",\"tool_call_id\":\"c3\",\"content\":\"a\"},{\"role\":"
-                "\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":"
-                "\"web_search_call\",\"arguments\":{\"query\":\"q\"}},\"id\":\"ws\"},{\"type\":\"function\",\"function\":"
-                "{\"name\":\"image_generation_call\",\"arguments\":{}},\"id\":\"ig\"}]}]");
+    j = ok(
+        R,
+        "{\"input\":[{\"role\":\"user\",\"content\":\"q\"},"
+        "{\"type\":\"custom_tool_call\",\"call_id\":\"c1\",\"name\":\"apply_patch\",\"input\":\"P\"},"
+        "{\"type\":\"custom_tool_call_output\",\"call_id\":\"c1\",\"output\":\"ok\"},"
+        "{\"type\":\"function_call\",\"call_id\":\"c2\",\"name\":\"read\",\"namespace\":\"ns__\",\"arguments\":\"{}\"},"
+        "{\"type\":\"function_call_output\",\"call_id\":\"c2\",\"output\":\"r\"},"
+        "{\"type\":\"local_shell_call\",\"call_id\":\"c3\",\"action\":{\"command\":[\"ls\"]}},"
+        "{\"type\":\"local_shell_call_output\",\"call_id\":\"c3\",\"output\":\"a\"},"
+        "{\"type\":\"web_search_call\",\"id\":\"ws\",\"action\":{\"query\":\"q\"}},"
+        "{\"type\":\"image_generation_call\",\"id\":\"ig\",\"result\":\"AAAA\"}],"
+        "\"tools\":[{\"type\":\"custom\",\"name\":\"apply_patch\",\"format\":{\"type\":\"grammar\",\"syntax\":\"lark\","
+        "\"definition\":\"start: x\"}},{\"type\":\"namespace\",\"name\":\"ns__\",\"tools\":[{\"type\":\"function\","
+        "\"name\":\"read\"}]},{\"type\":\"tool_search\"},{\"type\":\"web_search\"}]}");
+    assert_json(
+        j->req.messages,
+        "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":"
+        "\"function\",\"function\":{\"name\":\"apply_patch\",\"arguments\":{\"input\":\"P\"}},\"id\":\"c1\"}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c1\",\"content\":\"ok\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"ns__read\",\"arguments\":\"{}\"},\"id\":\"c2\"}]},"
+        "{\"role\":\"tool\",\"tool_call_id\":\"c2\",\"content\":\"r\"},{\"role\":\"assistant\",\"content\":\"\","
+        "\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":\"local_shell\",\"arguments\":{\"command\":"
+        "[\"ls\"]}},\"id\":\"c3\"}]},{\"role\":\"tool\",\"tool_call_id\":\"c3\",\"content\":\"a\"},{\"role\":"
+        "\"assistant\",\"content\":\"\",\"tool_calls\":[{\"type\":\"function\",\"function\":{\"name\":"
+        "\"web_search_call\",\"arguments\":{\"query\":\"q\"}},\"id\":\"ws\"},{\"type\":\"function\",\"function\":"
+        "{\"name\":\"image_generation_call\",\"arguments\":{}},\"id\":\"ig\"}]}]");
     assert_int_equal(json_array_size(j->req.tools), 3);
-    assert_json(json_object_get(j->req.tool_kinds, "ns__read"), "{\"type\":\"function\",\"name\":\"read\",\"namespace\":\"ns__\"}");
+    assert_json(json_object_get(j->req.tool_kinds, "ns__read"),
+                "{\"type\":\"function\",\"name\":\"read\",\"namespace\":\"ns__\"}");
     assert_json(json_object_get(j->req.tool_kinds, "apply_patch"), "{\"type\":\"custom\",\"name\":\"apply_patch\"}");
     const json_t *params = json_object_get(json_object_get(json_array_get(j->req.tools, 0), "function"), "parameters");
-    assert_non_null(strstr(json_string_value(json_object_get(json_object_get(json_object_get(params, "properties"), "input"),
-                                                             "description")), "lark grammar:\nstart: x"));
+    assert_non_null(strstr(json_string_value(json_object_get(
+                               json_object_get(json_object_get(params, "properties"), "input"), "description")),
+                           "lark grammar:\nstart: x"));
     job_unref(j);
     /* An error message cut at its end stays UTF-8 (and keeps its field). */
     api_error e = {0};
@@ -418,21 +458,24 @@ static void test_new_request_fields(void **state) {
     json_decref(b);
     snprintf(e.message, sizeof(e.message), "bad \xff byte");
     b = api_error_body(&API_MESSAGES_ADAPTER, &e);
-    assert_string_equal(json_string_value(json_object_get(json_object_get(b, "error"), "message")), "bad \xef\xbf\xbd byte");
+    assert_string_equal(json_string_value(json_object_get(json_object_get(b, "error"), "message")),
+                        "bad \xef\xbf\xbd byte");
     json_decref(b);
 #undef T2
 }
 
-#define BLOCK1 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+#define BLOCK1               "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+/* clang-format off */
 #define BLOCK2 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n</｜DSML｜invoke>\n<｜DSML｜invoke name=\"g\">\n" \
                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
 #define BLOCK3 "\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"h\">\n<｜DSML｜parameter name=\"x\" string=\"true\">a" \
                "</｜DSML｜parameter>\n<｜DSML｜parameter name=\"y\" string=\"false\">1</｜DSML｜parameter>\n" \
                "</｜DSML｜invoke>\n</｜DSML｜tool_calls>"
+/* clang-format on */
 /* Calls as clients send them back. */
 #define CALL(id, name, args) "{\"id\":\"" id "\",\"function\":{\"name\":\"" name "\",\"arguments\":" args "}}"
-#define FA(id) CALL(id, "f", "\"{}\"")
-#define GB(id) CALL(id, "g", "{}")
+#define FA(id)               CALL(id, "f", "\"{}\"")
+#define GB(id)               CALL(id, "g", "{}")
 
 /* Whether the calls replay; a replay must be exactly `block`, as one
  * trusted segment (its added-token spellings tokenize as control tokens),
@@ -476,15 +519,15 @@ static void test_tool_memory(void **state) {
     /* All ids of the turn, one block, as many calls as it holds, the same
      * calls in the same order. */
     assert_int_equal(replays(&rc, "[" FA("call_a") "," GB("call_b") "]", BLOCK2), 1);
-    assert_int_equal(replays(&rc, "[" FA("call_a") "]", NULL), 0);                     /* one of two calls */
-    assert_int_equal(replays(&rc, "[" FA("call_a") "," FA("call_c") "]", NULL), 0);    /* two blocks */
+    assert_int_equal(replays(&rc, "[" FA("call_a") "]", NULL), 0);                  /* one of two calls */
+    assert_int_equal(replays(&rc, "[" FA("call_a") "," FA("call_c") "]", NULL), 0); /* two blocks */
     assert_int_equal(replays(&rc, "[" FA("call_c") "]", BLOCK1), 1);
     assert_int_equal(replays(&rc, "[{\"id\":\"nope\"}]", NULL), 0);
     assert_int_equal(replays(&rc, "[{}]", NULL), 0);
     assert_int_equal(rc.replayed, 2);
     assert_int_equal(rc.canonical, 4);
     assert_int_equal(replays(&rc, "[" GB("call_b") "," FA("call_a") "]", NULL), 0); /* reordered */
-    assert_int_equal(replays(&rc, "[" CALL("call_c", "g", "\"{}\"") "]", NULL), 0);  /* renamed */
+    assert_int_equal(replays(&rc, "[" CALL("call_c", "g", "\"{}\"") "]", NULL), 0); /* renamed */
     /* Arguments: equal as JSON replays (any spelling), an edit does not. */
     const char *three[] = {"call_h"};
     toolmem_put_many(s.tools, three, 1, BLOCK3, strlen(BLOCK3));
@@ -581,7 +624,8 @@ static void test_text_hooks(void **state) {
     (void)state;
     json_t *msgs = json_loads("[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\","
                               "\"tool_calls\":[{\"id\":\"c\",\"function\":{\"name\":\"f\",\"arguments\":\"{}\"}}]},"
-                              "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}]", 0, NULL);
+                              "{\"role\":\"tool\",\"tool_call_id\":\"c\",\"content\":\"r\"}]",
+                              0, NULL);
     int calls = 0;
     ds4_chat_opts o = {.think = DS4_THINK_OFF, .render_calls = fake_replay, .render_calls_ctx = &calls};
     ds4_rendered r = {0};
@@ -614,7 +658,11 @@ static void test_text_hooks(void **state) {
 
     /* Parser position: text, markup (greedy), value, then the closed block. */
     ds4_dsml_parser *p = ds4_dsml_parser_new(false, NULL, NULL, &err);
-    struct { const char *piece; ds4_dsml_position want; int closed; } steps[] = {
+    struct {
+        const char *piece;
+        ds4_dsml_position want;
+        int closed;
+    } steps[] = {
         {"Sure.", DS4_DSML_AT_TEXT, 0},
         {"\n\n<｜DSML｜tool_calls>\n", DS4_DSML_AT_MARKUP, 0},
         {"<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"k\" string=\"true\">", DS4_DSML_AT_VALUE, 0},
@@ -632,11 +680,12 @@ static void test_text_hooks(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_chat_request),      cmocka_unit_test(test_thinking_mapping),
-        cmocka_unit_test(test_chat_refusals),     cmocka_unit_test(test_responses_request),
-        cmocka_unit_test(test_anthropic_request), cmocka_unit_test(test_answers),
-        cmocka_unit_test(test_error_shapes),      cmocka_unit_test(test_tool_memory),
-        cmocka_unit_test(test_text_hooks),        cmocka_unit_test(test_big_numbers),        cmocka_unit_test(test_new_request_fields),
+        cmocka_unit_test(test_chat_request),       cmocka_unit_test(test_thinking_mapping),
+        cmocka_unit_test(test_chat_refusals),      cmocka_unit_test(test_responses_request),
+        cmocka_unit_test(test_anthropic_request),  cmocka_unit_test(test_answers),
+        cmocka_unit_test(test_error_shapes),       cmocka_unit_test(test_tool_memory),
+        cmocka_unit_test(test_text_hooks),         cmocka_unit_test(test_big_numbers),
+        cmocka_unit_test(test_new_request_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -110,7 +110,8 @@ static void test_schema_compile(void **state) {
     jschema_free(schema("{\"anyOf\":[{\"type\":\"string\"},{\"type\":\"integer\"},{\"type\":\"null\"}]}"));
     jschema_free(schema("{\"type\":[\"string\",\"null\"],\"maxLength\":3}"));
     refused("{\"type\":\"string\",\"pattern\":\"^a$\"}", "keyword \"pattern\"");
-    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":1}}}", ".properties.n: keyword \"minimum\"");
+    refused("{\"type\":\"object\",\"properties\":{\"n\":{\"type\":\"integer\",\"minimum\":1}}}",
+            ".properties.n: keyword \"minimum\"");
     refused("{\"anyOf\":[{\"type\":\"object\"},{\"type\":\"object\",\"properties\":{}}]}", "both can be an object");
     refused("{\"type\":\"object\",\"required\":[\"x\"]}", "required property \"x\"");
     refused("{\"$ref\":\"#/$defs/missing\"}", "names no definition");
@@ -122,17 +123,18 @@ static void test_schema_compile(void **state) {
 
 static void test_json_answers(void **state) {
     (void)state;
-    jschema *s = schema("{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"n\":{\"type\":\"integer\"},"
-                        "\"tag\":{\"enum\":[\"red\",\"green\"]}},\"required\":[\"ok\",\"n\"],\"additionalProperties\":false}");
+    jschema *s = schema(
+        "{\"type\":\"object\",\"properties\":{\"ok\":{\"type\":\"boolean\"},\"n\":{\"type\":\"integer\"},"
+        "\"tag\":{\"enum\":[\"red\",\"green\"]}},\"required\":[\"ok\",\"n\"],\"additionalProperties\":false}");
     assert_true(json_ok(s, "{\"ok\":true,\"n\":12}"));
     assert_true(json_ok(s, "{\"n\": -3, \"ok\": false, \"tag\": \"green\"}"));
     assert_true(json_ok(s, "\n{\n  \"ok\": true,\n  \"n\": 0\n}\n"));
-    assert_false(json_ok(s, "{\"ok\":true}"));                       /* n required */
-    assert_false(json_ok(s, "{\"ok\":true,\"n\":1.5}"));              /* integer */
-    assert_false(json_ok(s, "{\"ok\":true,\"n\":01}"));               /* leading zero */
+    assert_false(json_ok(s, "{\"ok\":true}"));           /* n required */
+    assert_false(json_ok(s, "{\"ok\":true,\"n\":1.5}")); /* integer */
+    assert_false(json_ok(s, "{\"ok\":true,\"n\":01}"));  /* leading zero */
     assert_false(json_ok(s, "{\"ok\":\"yes\",\"n\":1}"));
-    assert_false(json_ok(s, "{\"ok\":true,\"n\":1,\"x\":2}"));        /* no other keys */
-    assert_false(json_ok(s, "{\"ok\":true,\"n\":1,\"ok\":false}"));   /* no key twice */
+    assert_false(json_ok(s, "{\"ok\":true,\"n\":1,\"x\":2}"));      /* no other keys */
+    assert_false(json_ok(s, "{\"ok\":true,\"n\":1,\"ok\":false}")); /* no key twice */
     assert_false(json_ok(s, "{\"ok\":true,\"n\":1,\"tag\":\"blue\"}"));
     assert_false(json_ok(s, "{\"ok\":true,\"nn\":1}"));
     assert_false(json_ok(s, "{\"ok\":true,\"n<x\":1}"));
@@ -151,7 +153,8 @@ static void test_json_answers(void **state) {
     assert_false(json_ok(s, "{\"a\":1,}"));
     jschema_free(s);
     /* Arrays, strings with limits, unions, a recursive definition. */
-    s = schema("{\"type\":\"array\",\"items\":{\"type\":[\"string\",\"null\"],\"maxLength\":3},\"minItems\":1,\"maxItems\":2}");
+    s = schema(
+        "{\"type\":\"array\",\"items\":{\"type\":[\"string\",\"null\"],\"maxLength\":3},\"minItems\":1,\"maxItems\":2}");
     assert_true(json_ok(s, "[\"abc\",null]"));
     assert_true(json_ok(s, "[\"\xc3\xa9t\xc3\xa9\"]")); /* three characters, five bytes */
     assert_false(json_ok(s, "[]"));
@@ -159,8 +162,9 @@ static void test_json_answers(void **state) {
     assert_false(json_ok(s, "[\"abcd\"]"));
     assert_false(json_ok(s, "[1]"));
     jschema_free(s);
-    s = schema("{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"$ref\":\"#/$defs/N\"}},"
-               "\"required\":[\"v\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/N\"}");
+    s = schema(
+        "{\"$defs\":{\"N\":{\"type\":\"object\",\"properties\":{\"v\":{\"type\":\"integer\"},\"next\":{\"$ref\":\"#/$defs/N\"}},"
+        "\"required\":[\"v\"],\"additionalProperties\":false}},\"$ref\":\"#/$defs/N\"}");
     assert_true(json_ok(s, "{\"v\":1,\"next\":{\"v\":2,\"next\":{\"v\":3}}}"));
     assert_false(json_ok(s, "{\"v\":1,\"next\":{\"next\":{\"v\":3}}}"));
     jschema_free(s);

@@ -19,7 +19,7 @@
 #include "engine/session.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define CTX 256
+#define CTX   256
 
 static ds4_engine *E;
 static uint32_t V;
@@ -226,10 +226,8 @@ static void test_append_logits(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_prefix_reuse_counts),
-        cmocka_unit_test(test_divergence_restarts_or_uses_checkpoint),
-        cmocka_unit_test(test_overflow_and_cancel),
-        cmocka_unit_test(test_snapshot_file_round_trip),
+        cmocka_unit_test(test_prefix_reuse_counts), cmocka_unit_test(test_divergence_restarts_or_uses_checkpoint),
+        cmocka_unit_test(test_overflow_and_cancel), cmocka_unit_test(test_snapshot_file_round_trip),
         cmocka_unit_test(test_append_logits),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -83,8 +83,7 @@ static bool kv_equal(const ds4_gguf_kv *a, const ds4_gguf_kv *b) {
         }
         return memcmp(x->data, y->data, x->count * ds4_gguf_vtype_size(x->type)) == 0;
     }
-    default:
-        return memcmp(&a->value, &b->value, sizeof(a->value)) == 0;
+    default: return memcmp(&a->value, &b->value, sizeof(a->value)) == 0;
     }
 }
 
@@ -96,8 +95,9 @@ static void test_splice_layers(void **state) {
     (void)state;
     char log[1 << 14];
     unlink(out);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1,3", base, donor,
-                         out), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1,3", base, donor, out),
+        0);
     ds4_gguf *b = open_ok(base), *d = open_ok(donor), *m = open_ok(out);
     ds4_err err = {0};
     ds4_config cb, cm;
@@ -147,8 +147,8 @@ static void test_splice_layers(void **state) {
     /* Splicing again over a spliced base replaces the provenance. */
     char again[1100];
     snprintf(again, sizeof(again), "%s/again.gguf", dir);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", out, donor,
-                         again), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", out, donor, again), 0);
     m = open_ok(again);
     assert_int_equal(ds4_gguf_get_str(m, "splice.layers", &s, &err), 0);
     assert_true(ds4_str_eq(s, "0-1"));
@@ -160,25 +160,37 @@ static void test_cli_checks(void **state) {
     (void)state;
     char log[1 << 14];
     unlink(out);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-3 --dry-run",
-                         base, donor, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log),
+                                 "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-3 --dry-run", base, donor,
+                                 out),
+                     0);
     assert_contains(log, "blk.2.ffn_up_exps.weight         iq2_xxs  -> q4_k");
     assert_contains(log, "spliced tensors: 6 of 116");
     struct stat st;
     assert_int_not_equal(stat(out, &st), 0);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 4", base, donor, out), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 4", base, donor, out), 2);
     assert_contains(log, "4-4 is not within 0..3");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-x", base, donor, out), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 2-x", base, donor, out),
+        2);
     assert_contains(log, "range without an end");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 3-1", base, donor, out), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 3-1", base, donor, out),
+        2);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --q4-layers 1", base, donor), 2);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, base), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, base),
+        2);
     assert_contains(log, "is one of the inputs");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 0);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 2);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 0);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, donor, out), 2);
     assert_contains(log, "exists (use --force");
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1 --force", base,
-                         donor, out), 0);
+    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1 --force",
+                                 base, donor, out),
+                     0);
 }
 
 /* A copy of `src` with one change, written through the GGUF writer. */
@@ -225,7 +237,8 @@ static void expect_refused(mutation m, const char *what, const char *want) {
     snprintf(bad, sizeof(bad), "%s/bad.gguf", dir);
     rewrite(donor, bad, m, what);
     unlink(out);
-    assert_int_equal(run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, bad, out), 1);
+    assert_int_equal(
+        run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1", base, bad, out), 1);
     assert_contains(log, want);
     struct stat st;
     assert_int_not_equal(stat(out, &st), 0);

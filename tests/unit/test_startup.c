@@ -181,7 +181,7 @@ static void test_names_and_messages(void **state) {
     assert_int_equal(ds4_backend_check_name("cuda", &err), -1);
     assert_non_null(strstr(err.msg, "make cuda"));
 #endif
-    assert_null(ds4_option_not_supported("--mtp")); /* implemented now */
+    assert_null(ds4_option_not_supported("--mtp"));              /* implemented now */
     assert_null(ds4_option_not_supported("--dir-steering-ffn")); /* implemented now */
     assert_non_null(ds4_option_not_supported("--metal-graph-test"));
     assert_null(ds4_option_not_supported("--ctx"));

@@ -32,12 +32,12 @@
 #include "model/steering.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
-#define CTX 256
-#define NP 40
+#define CTX   256
+#define NP    40
 
 static ds4_weights *W;
 static uint32_t L, D, V;
-static float *dirs;          /* random unit rows, L x D; layer 1 zero */
+static float *dirs; /* random unit rows, L x D; layer 1 zero */
 static uint32_t prompt[NP];
 
 static uint32_t rng_next(uint32_t *s) { return (*s = *s * 1103515245u + 12345u) >> 8; }
@@ -127,8 +127,7 @@ static void test_projection_random_rows(void **state) {
         if (scales[t] == 1.0f) {
             long double after = 0;
             for (int d = 0; d < N; d++) after += (long double)v[d] * y[(size_t)t * N + d];
-            if (fabsl(after) > 1e-6L * sqrtl(ynorm))
-                fail_msg("s = 1 left v.y = %Lg (|y| = %Lg)", after, sqrtl(ynorm));
+            if (fabsl(after) > 1e-6L * sqrtl(ynorm)) fail_msg("s = 1 left v.y = %Lg (|y| = %Lg)", after, sqrtl(ynorm));
         }
     }
 }
@@ -272,7 +271,8 @@ static void test_removal_is_orthogonal(void **state) {
     seen u = {0};
     ds4_backend *p = make(st, observe, &u);
     run(p, p->main, lg);
-    if (!(u.worst > 1e-3)) fail_msg("unsteered activations are already orthogonal (%g): the test proves nothing", u.worst);
+    if (!(u.worst > 1e-3))
+        fail_msg("unsteered activations are already orthogonal (%g): the test proves nothing", u.worst);
     ds4_backend_free(p);
     ds4_backend_free(b);
     ds4_steering_free(st);
@@ -299,7 +299,8 @@ static void test_batched_rows_keep_their_scales(void **state) {
     ds4_row rows[2 * NP];
     for (int i = 0; i < 2; i++) {
         ds4_seq_set_steering(s[i], sc[i][0], sc[i][1]);
-        for (uint32_t t = 0; t < NP; t++) rows[i * NP + t] = ds4_row_of(s[i], prompt[t], t + 1 == NP ? DS4_ROW_LOGITS : 0);
+        for (uint32_t t = 0; t < NP; t++)
+            rows[i * NP + t] = ds4_row_of(s[i], prompt[t], t + 1 == NP ? DS4_ROW_LOGITS : 0);
     }
     float *lg = malloc((size_t)2 * V * sizeof(float));
     ds4_step_out out = {lg, NULL};

@@ -64,30 +64,32 @@ static const want GLOBALS[] = {
     {"output_norm.weight", {4096, 1, 1}},     {"output.weight", {4096, 129280, 1}},
 };
 static const want EVERY_LAYER[] = {
-    {"hc_attn_fn.weight", {16384, 24, 1}},     {"hc_attn_scale.weight", {3, 1, 1}},
-    {"hc_attn_base.weight", {24, 1, 1}},       {"attn_norm.weight", {4096, 1, 1}},
-    {"attn_q_a.weight", {4096, 1024, 1}},      {"attn_q_a_norm.weight", {1024, 1, 1}},
-    {"attn_q_b.weight", {1024, 32768, 1}},     {"attn_kv.weight", {4096, 512, 1}},
-    {"attn_kv_a_norm.weight", {512, 1, 1}},    {"attn_sinks.weight", {64, 1, 1}},
-    {"attn_output_a.weight", {4096, 8192, 1}}, {"attn_output_b.weight", {8192, 4096, 1}},
-    {"hc_ffn_fn.weight", {16384, 24, 1}},      {"hc_ffn_scale.weight", {3, 1, 1}},
-    {"hc_ffn_base.weight", {24, 1, 1}},        {"ffn_norm.weight", {4096, 1, 1}},
-    {"ffn_gate_inp.weight", {4096, 256, 1}},   {"exp_probs_b.bias", {256, 1, 1}},
+    {"hc_attn_fn.weight", {16384, 24, 1}},       {"hc_attn_scale.weight", {3, 1, 1}},
+    {"hc_attn_base.weight", {24, 1, 1}},         {"attn_norm.weight", {4096, 1, 1}},
+    {"attn_q_a.weight", {4096, 1024, 1}},        {"attn_q_a_norm.weight", {1024, 1, 1}},
+    {"attn_q_b.weight", {1024, 32768, 1}},       {"attn_kv.weight", {4096, 512, 1}},
+    {"attn_kv_a_norm.weight", {512, 1, 1}},      {"attn_sinks.weight", {64, 1, 1}},
+    {"attn_output_a.weight", {4096, 8192, 1}},   {"attn_output_b.weight", {8192, 4096, 1}},
+    {"hc_ffn_fn.weight", {16384, 24, 1}},        {"hc_ffn_scale.weight", {3, 1, 1}},
+    {"hc_ffn_base.weight", {24, 1, 1}},          {"ffn_norm.weight", {4096, 1, 1}},
+    {"ffn_gate_inp.weight", {4096, 256, 1}},     {"exp_probs_b.bias", {256, 1, 1}},
     {"ffn_gate_exps.weight", {4096, 2048, 256}}, {"ffn_up_exps.weight", {4096, 2048, 256}},
     {"ffn_down_exps.weight", {2048, 4096, 256}}, {"ffn_gate_shexp.weight", {4096, 2048, 1}},
-    {"ffn_up_shexp.weight", {4096, 2048, 1}},  {"ffn_down_shexp.weight", {2048, 4096, 1}},
+    {"ffn_up_shexp.weight", {4096, 2048, 1}},    {"ffn_down_shexp.weight", {2048, 4096, 1}},
 };
 static const want HASH_LAYER[] = {{"ffn_gate_tid2eid.weight", {6, 129280, 1}}};
 static const want RATIO4[] = {
-    {"attn_compressor_ape.weight", {1024, 4, 1}},     {"attn_compressor_kv.weight", {4096, 1024, 1}},
-    {"attn_compressor_gate.weight", {4096, 1024, 1}}, {"attn_compressor_norm.weight", {512, 1, 1}},
-    {"indexer.attn_q_b.weight", {1024, 8192, 1}},     {"indexer.proj.weight", {4096, 64, 1}},
-    {"indexer_compressor_ape.weight", {256, 4, 1}},   {"indexer_compressor_kv.weight", {4096, 256, 1}},
+    {"attn_compressor_ape.weight", {1024, 4, 1}},       {"attn_compressor_kv.weight", {4096, 1024, 1}},
+    {"attn_compressor_gate.weight", {4096, 1024, 1}},   {"attn_compressor_norm.weight", {512, 1, 1}},
+    {"indexer.attn_q_b.weight", {1024, 8192, 1}},       {"indexer.proj.weight", {4096, 64, 1}},
+    {"indexer_compressor_ape.weight", {256, 4, 1}},     {"indexer_compressor_kv.weight", {4096, 256, 1}},
     {"indexer_compressor_gate.weight", {4096, 256, 1}}, {"indexer_compressor_norm.weight", {128, 1, 1}},
 };
 static const want RATIO128[] = {
-    {"attn_compressor_ape.weight", {512, 128, 1}},   {"attn_compressor_kv.weight", {4096, 512, 1}},
-    {"attn_compressor_gate.weight", {4096, 512, 1}}, {"attn_compressor_norm.weight", {512, 1, 1}},
+    {"attn_compressor_ape.weight", {512, 128, 1}},
+    {"attn_compressor_kv.weight", {4096, 512, 1}},
+    {"attn_compressor_gate.weight", {4096, 512, 1}},
+    {"attn_compressor_norm.weight", {512, 1, 1}},
 };
 #define COUNT(a) (sizeof(a) / sizeof((a)[0]))
 
@@ -156,12 +158,12 @@ static void test_flash_inventory_is_the_documented_one(void **state) {
 /* MODEL.md 2.5: the MTP block's tensors "with the same shapes as a
  * main-layer block", under "mtp.0.". */
 static const char *const MTP_SHARED[] = {
-    "hc_attn_fn.weight",    "hc_attn_scale.weight",  "hc_attn_base.weight",  "attn_norm.weight",
-    "attn_q_a.weight",      "attn_q_a_norm.weight",  "attn_q_b.weight",      "attn_kv.weight",
-    "attn_kv_a_norm.weight", "attn_sinks.weight",    "attn_output_a.weight", "attn_output_b.weight",
-    "hc_ffn_fn.weight",     "hc_ffn_scale.weight",   "hc_ffn_base.weight",   "ffn_norm.weight",
-    "ffn_gate_inp.weight",  "exp_probs_b.bias",      "ffn_gate_exps.weight", "ffn_up_exps.weight",
-    "ffn_down_exps.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",  "ffn_down_shexp.weight",
+    "hc_attn_fn.weight",     "hc_attn_scale.weight",  "hc_attn_base.weight",  "attn_norm.weight",
+    "attn_q_a.weight",       "attn_q_a_norm.weight",  "attn_q_b.weight",      "attn_kv.weight",
+    "attn_kv_a_norm.weight", "attn_sinks.weight",     "attn_output_a.weight", "attn_output_b.weight",
+    "hc_ffn_fn.weight",      "hc_ffn_scale.weight",   "hc_ffn_base.weight",   "ffn_norm.weight",
+    "ffn_gate_inp.weight",   "exp_probs_b.bias",      "ffn_gate_exps.weight", "ffn_up_exps.weight",
+    "ffn_down_exps.weight",  "ffn_gate_shexp.weight", "ffn_up_shexp.weight",  "ffn_down_shexp.weight",
 };
 
 static void test_layer_list_under_another_prefix(void **state) {

@@ -104,7 +104,11 @@ static void write_small(const char *path, int mode) {
 
 static void test_bad_metadata(void **state) {
     (void)state;
-    static const struct { int mode; ds4_errcode code; const char *needle; } cases[] = {
+    static const struct {
+        int mode;
+        ds4_errcode code;
+        const char *needle;
+    } cases[] = {
         {0, DS4_OK, NULL},
         {1, DS4_EUNSUPPORTED, "tokenizer.ggml.model"},
         {2, DS4_EUNSUPPORTED, "qwen2"},
@@ -145,8 +149,17 @@ static void test_types_absent(void **state) {
     ds4_err err = {0};
     ds4_gguf_writer *w = ds4_gguf_writer_open(path, 0, &err);
     assert_non_null(w);
-    const char *tokens[] = {DS4_TOK_BOS, DS4_TOK_EOS, "a", "b", "ab", DS4_TOK_USER, DS4_TOK_ASSISTANT,
-                            DS4_TOK_THINK, DS4_TOK_THINK_END, DS4_DSML_MARKER, DS4_TOK_LATEST_REMINDER,
+    const char *tokens[] = {DS4_TOK_BOS,
+                            DS4_TOK_EOS,
+                            "a",
+                            "b",
+                            "ab",
+                            DS4_TOK_USER,
+                            DS4_TOK_ASSISTANT,
+                            DS4_TOK_THINK,
+                            DS4_TOK_THINK_END,
+                            DS4_DSML_MARKER,
+                            DS4_TOK_LATEST_REMINDER,
                             "<\xef\xbd\x9c\xe2\x96\x81pad\xe2\x96\x81\xef\xbd\x9c>"};
     enum { N = sizeof(tokens) / sizeof(tokens[0]) };
     const char *merges[] = {"a b"};

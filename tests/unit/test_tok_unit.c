@@ -61,7 +61,10 @@ static void test_utf8_decoding(void **state) {
     assert_int_equal(ds4_utf8_incomplete_tail((const uint8_t *)"x\xF0\x9F\x98", 4), 3);
     assert_int_equal(ds4_utf8_incomplete_tail((const uint8_t *)"x\xE0\x80", 3), 0);
     assert_int_equal(ds4_utf8_incomplete_tail((const uint8_t *)"x\xC3\xA8", 3), 0);
-    assert_int_equal(ds4_utf8_invalid_len((const uint8_t *)"\xE2\x82" "A", 3), 2);
+    assert_int_equal(ds4_utf8_invalid_len((const uint8_t *)"\xE2\x82"
+                                                           "A",
+                                          3),
+                     2);
     assert_int_equal(ds4_utf8_invalid_len((const uint8_t *)"\xFF\x82", 2), 1);
 }
 
@@ -98,7 +101,10 @@ static void test_official_vocabulary_layout(void **state) {
     assert_int_equal(counts[DS4_TOKEN_USER_DEFINED], 6);
     assert_int_equal(counts[DS4_TOKEN_UNUSED], 0);
     assert_int_equal(counts[DS4_TOKEN_NORMAL], 129280 - 1283);
-    static const struct { int32_t id; const char *s; } user[] = {
+    static const struct {
+        int32_t id;
+        const char *s;
+    } user[] = {
         {128821, "<think>"}, {128822, "</think>"}, {128825, "｜DSML｜"},
         {128840, "<dsml:"},  {128841, "</dsml:"},  {129265, "<｜/table>｜"},
     };
@@ -106,8 +112,11 @@ static void test_official_vocabulary_layout(void **state) {
         assert_int_equal(ds4_vocab_type(v, user[i].id), DS4_TOKEN_USER_DEFINED);
         assert_int_equal(ds4_vocab_find_added(v, user[i].s, strlen(user[i].s)), user[i].id);
     }
-    static const struct { int32_t id; const char *s; } ctl[] = {
-        {0, "<｜begin▁of▁sentence｜>"}, {1, "<｜end▁of▁sentence｜>"}, {128803, "<｜User｜>"},
+    static const struct {
+        int32_t id;
+        const char *s;
+    } ctl[] = {
+        {0, "<｜begin▁of▁sentence｜>"}, {1, "<｜end▁of▁sentence｜>"},      {128803, "<｜User｜>"},
         {128804, "<｜Assistant｜>"},    {128828, "<｜latest_reminder｜>"}, {128829, "<｜action｜>"},
         {129279, "<｜image｜>"},
     };
@@ -231,7 +240,8 @@ static void test_invalid_utf8_is_bytewise(void **state) {
     (void)state;
     ds4_tokenizer *t = new_tok();
     const ds4_vocab *v = test_vocab();
-    const char s[] = "abc\xFF" "def\xE2\x82";
+    const char s[] = "abc\xFF"
+                     "def\xE2\x82";
     ds4_tokens got = encode(t, s, sizeof(s) - 1, 0);
     ds4_tokens a = encode(t, "abc", 3, 0), d = encode(t, "def", 3, 0);
     ds4_tokens want = {0};
@@ -253,7 +263,8 @@ static void test_invalid_utf8_is_bytewise(void **state) {
     ds4_detok_stream_init(&st, v, true);
     for (size_t i = 0; i < got.n; i++) assert_int_equal(ds4_detok_stream_push(&st, got.ids[i], &lossy, &err), 0);
     ds4_detok_stream_finish(&st, &lossy);
-    assert_string_equal(lossy.p, "abc\xEF\xBF\xBD" "def\xEF\xBF\xBD");
+    assert_string_equal(lossy.p, "abc\xEF\xBF\xBD"
+                                 "def\xEF\xBF\xBD");
     ds4_strbuf_free(&raw);
     ds4_strbuf_free(&lossy);
     ds4_tokens_free(&got);
@@ -291,14 +302,18 @@ static void test_stream_holds_back_partial_characters(void **state) {
     assert_int_equal(out.len, 0);
     ds4_detok_stream_bytes(&st, "A\xE2", 2, &out);
     assert_int_equal(out.len, 3);
-    assert_memory_equal(out.p, "\xF0\x9F" "A", 3);
+    assert_memory_equal(out.p,
+                        "\xF0\x9F"
+                        "A",
+                        3);
     ds4_detok_stream_finish(&st, &out);
     assert_int_equal(out.len, 4);
     ds4_strbuf_free(&out);
     ds4_detok_stream_init(&st, v, true);
     ds4_detok_stream_bytes(&st, "\xF0\x9F", 2, &out);
     ds4_detok_stream_bytes(&st, "A", 1, &out);
-    assert_string_equal(out.p, "\xEF\xBF\xBD" "A");
+    assert_string_equal(out.p, "\xEF\xBF\xBD"
+                               "A");
     ds4_strbuf_free(&out);
     /* Out-of-range ids are errors, not crashes. */
     assert_int_equal(ds4_detok_stream_push(&st, 129280, &out, &err), -1);
@@ -434,6 +449,7 @@ static void write_file(const char *path, const char *s) {
     fclose(f);
 }
 
+/* clang-format off */
 #define PRE_OK                                                                                                  \
     "\"pre_tokenizer\":{\"type\":\"Sequence\",\"pretokenizers\":["                                              \
     "{\"type\":\"Split\",\"pattern\":{\"Regex\":\"\\\\p{N}{1,3}\"},\"behavior\":\"Isolated\",\"invert\":false},"     \
@@ -442,6 +458,7 @@ static void write_file(const char *path, const char *s) {
     "[^\\r\\n\\\\p{L}\\\\p{P}\\\\p{S}]?[\\\\p{L}\\\\p{M}]+| ?[\\\\p{P}\\\\p{S}]+[\\r\\n]*|\\\\s*[\\r\\n]+|\\\\s+(?!\\\\S)|"   \
     "\\\\s+\"},\"behavior\":\"Isolated\",\"invert\":false},"                                                   \
     "{\"type\":\"ByteLevel\",\"add_prefix_space\":false,\"trim_offsets\":true,\"use_regex\":false}]}"
+/* clang-format on */
 
 /* A small tokenizer.json: a gap at id 4, a user-defined token with "▁". */
 static void test_tokjson_layout_and_errors(void **state) {
@@ -463,8 +480,16 @@ static void test_tokjson_layout_and_errors(void **state) {
     assert_int_equal(tj.bos_id, 0);
     assert_int_equal(tj.eos_id, 1);
     assert_int_equal(tj.pad_id, 1);
-    static const char *const want[] = {"<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>", "a", "b", "[PAD4]", "ab",
-                                       "<my tok>", "<|EOT|>", "[PAD8]", "[PAD9]"};
+    static const char *const want[] = {"<｜begin▁of▁sentence｜>",
+                                       "<｜end▁of▁sentence｜>",
+                                       "a",
+                                       "b",
+                                       "[PAD4]",
+                                       "ab",
+                                       "<my tok>",
+                                       "<|EOT|>",
+                                       "[PAD8]",
+                                       "[PAD9]"};
     static const int32_t want_type[] = {3, 3, 1, 1, 5, 1, 4, 3, 5, 5};
     for (int i = 0; i < 10; i++) {
         assert_int_equal(tj.tokens[i].len, strlen(want[i]));

@@ -63,13 +63,16 @@ static void expect_failure(const gguf_edit *e, const char *needle) {
 
 static void test_bad_tensors(void **state) {
     (void)state;
-    expect_failure(&(gguf_edit){.drop_tensor = "blk.3.attn_compressor_kv.weight"}, "blk.3.attn_compressor_kv.weight is missing");
+    expect_failure(&(gguf_edit){.drop_tensor = "blk.3.attn_compressor_kv.weight"},
+                   "blk.3.attn_compressor_kv.weight is missing");
     expect_failure(&(gguf_edit){.drop_tensor = "output.weight"}, "output.weight is missing");
-    expect_failure(&(gguf_edit){.short_tensor = "blk.2.attn_sinks.weight"}, "blk.2.attn_sinks.weight: shape [3], expected [4]");
+    expect_failure(&(gguf_edit){.short_tensor = "blk.2.attn_sinks.weight"},
+                   "blk.2.attn_sinks.weight: shape [3], expected [4]");
     expect_failure(&(gguf_edit){.short_tensor = "blk.4.ffn_down_exps.weight"}, "blk.4.ffn_down_exps.weight: shape");
     expect_failure(&(gguf_edit){.f16_tensor = "blk.1.attn_norm.weight"}, "blk.1.attn_norm.weight: storage type f16");
     expect_failure(&(gguf_edit){.extra_tensor = "blk.0.attn_foo.weight"}, "blk.0.attn_foo.weight is not part");
-    expect_failure(&(gguf_edit){.bad_hash = "blk.1.ffn_gate_tid2eid.weight"}, "blk.1.ffn_gate_tid2eid.weight: token 0 maps to expert");
+    expect_failure(&(gguf_edit){.bad_hash = "blk.1.ffn_gate_tid2eid.weight"},
+                   "blk.1.ffn_gate_tid2eid.weight: token 0 maps to expert");
 }
 
 static void test_bad_metadata(void **state) {
@@ -77,10 +80,12 @@ static void test_bad_metadata(void **state) {
     expect_failure(&(gguf_edit){.drop_key = "deepseek4.expert_count"}, "deepseek4.expert_count");
     expect_failure(&(gguf_edit){.ratio_key = "deepseek4.attention.compress_ratios"}, "compress_ratios[2] = 3");
     /* a consistent but different shape: every tensor then disagrees */
-    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.head_count", .u32_value = 8}, "blk.0.attn_q_b.weight: shape");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.head_count", .u32_value = 8},
+                   "blk.0.attn_q_b.weight: shape");
     expect_failure(&(gguf_edit){.u32_key = "deepseek4.block_count", .u32_value = 5},
                    "compress_ratios: 6 entries for deepseek4.block_count = 5");
-    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.output_group_count", .u32_value = 3}, "output_group_count 3");
+    expect_failure(&(gguf_edit){.u32_key = "deepseek4.attention.output_group_count", .u32_value = 3},
+                   "output_group_count 3");
     /* A ratio list of the wrong length names the key (6 layers: 6 entries,
      * or 7 with the MTP layer's 0, are right). */
     expect_failure(&(gguf_edit){.resize_key = "deepseek4.attention.compress_ratios", .resize_count = 5},
@@ -91,8 +96,9 @@ static void test_bad_metadata(void **state) {
      * the key the expected shape comes from. */
     expect_failure(&(gguf_edit){.u32_key = "deepseek4.expert_count", .u32_value = 12},
                    "expected [64, 12] by the metadata (deepseek4.expert_count)");
-    expect_failure(&(gguf_edit){.u32_key = "deepseek4.embedding_length", .u32_value = 112},
-                   "token_embd.weight: shape [64, 256], expected [112, 256] by the metadata (deepseek4.embedding_length)");
+    expect_failure(
+        &(gguf_edit){.u32_key = "deepseek4.embedding_length", .u32_value = 112},
+        "token_embd.weight: shape [64, 256], expected [112, 256] by the metadata (deepseek4.embedding_length)");
 }
 
 /* The MTP layer's trailing 0 in the ratio list (as the official config
@@ -143,7 +149,6 @@ static void test_sim_shapes(void **state) {
     assert_non_null(strstr(err.msg, "indexer.key_length 96"));
     for (uint32_t il = 0; il < c.n_layer; il++) c.compress_ratio[il] = il % 2 ? 128 : 0; /* no indexer */
     assert_int_equal(ds4_config_check_sim(&c, &err), 0);
-
 }
 
 /* A header-only file: the metadata of `meta`, the tensor table of `layout`

@@ -18,7 +18,7 @@
 #include "text/tokjson.h"
 #include "text/vocab.h"
 
-#define TEST_TOKENIZER_JSON "data/tokenizer/deepseek-v4-tokenizer.json.xz"
+#define TEST_TOKENIZER_JSON   "data/tokenizer/deepseek-v4-tokenizer.json.xz"
 #define TEST_TOKENIZER_CONFIG "data/tokenizer/deepseek-v4-tokenizer_config.json"
 
 /* The official vocabulary, loaded once per test program. */

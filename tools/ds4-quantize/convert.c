@@ -39,8 +39,8 @@ static void quantize_rows(uint32_t type, const float *src, int64_t nrows, int64_
 
 /* Importance for one matrix: 1 from the imatrix, 0 none (imp unused),
  * 2 synthetic column energy; -1 on error. */
-static int importance_for(qz_job *j, const ds4_tensor_spec *t, uint32_t type, int expert, const float *w,
-                          int64_t rows, int64_t cols, float *imp, ds4_err *err) {
+static int importance_for(qz_job *j, const ds4_tensor_spec *t, uint32_t type, int expert, const float *w, int64_t rows,
+                          int64_t cols, float *imp, ds4_err *err) {
     if (!qz_type_uses_importance(type)) return 0;
     if (j->im) {
         int rc = ds4_imatrix_lookup(j->im, t->name, cols, expert, (int)j->hc.cfg.n_expert, imp, err);
@@ -68,8 +68,8 @@ typedef struct expert_batch {
     float **f32;
     float **imp;
     uint8_t **out;
-    int *source;      /* importance source per slot (importance_for's result) */
-    ds4_err *errs;    /* per slot */
+    int *source;   /* importance source per slot (importance_for's result) */
+    ds4_err *errs; /* per slot */
     int *failed;
 } expert_batch;
 
@@ -161,8 +161,8 @@ typedef struct chunk {
     float *f32;
     uint8_t *out;
     const float *imp;
-    ds4_err *errs;    /* per thread */
-    int *failed;      /* per thread */
+    ds4_err *errs; /* per thread */
+    int *failed;   /* per thread */
 } chunk;
 
 static void chunk_task(void *ctx, int64_t begin, int64_t end, int thread) {

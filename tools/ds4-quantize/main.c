@@ -28,15 +28,15 @@
 #include "text/tokjson.h"
 #include "text/vocab.h"
 
-#define KV_IM_FILE "quantize.imatrix.file"
+#define KV_IM_FILE    "quantize.imatrix.file"
 #define KV_IM_DATASET "quantize.imatrix.dataset"
 #define KV_IM_ENTRIES "quantize.imatrix.entries_count"
-#define KV_IM_CHUNKS "quantize.imatrix.chunks_count"
+#define KV_IM_CHUNKS  "quantize.imatrix.chunks_count"
 
 /* Class options are collected as strings first: the recipe they refine
  * may be given after them. */
 typedef struct raw_opts {
-    const char *types[9];       /* indexes as in build_policy() */
+    const char *types[9]; /* indexes as in build_policy() */
     const char **overrides;
     int n_overrides;
 } raw_opts;
@@ -101,10 +101,12 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
         {DS4_OPT_STR("--shared", "TYPE", &raw->types[5], NULL, "shared expert")},
         {DS4_OPT_STR("--embedding", "TYPE", &raw->types[6], NULL, "token embedding")},
         {DS4_OPT_STR("--output", "TYPE", &raw->types[7], NULL, "output.weight (LM head)")},
-        {DS4_OPT_STR("--dense", "TYPE", &raw->types[8], NULL, "the above non-routed matrices whose own option is unset")},
+        {DS4_OPT_STR("--dense", "TYPE", &raw->types[8], NULL,
+                     "the above non-routed matrices whose own option is unset")},
         {DS4_OPT_CALL("--tensor-type", "PFX=TYPE", override_option, raw,
                       "tensors whose name starts with PFX (repeatable, first wins)")},
-        {DS4_OPT_STR("--imatrix", "FILE", &o->imatrix_path, NULL, "legacy .dat importance matrix (experts packed per tensor)"),
+        {DS4_OPT_STR("--imatrix", "FILE", &o->imatrix_path, NULL,
+                     "legacy .dat importance matrix (experts packed per tensor)"),
          .flags = DS4_OPT_IN},
         {DS4_OPT_FLAG("--imatrix-strict", &o->imatrix_strict, "fail when a 2/4-bit tensor has no imatrix vector")},
 
@@ -125,8 +127,10 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
     if (!o->out && !o->mtp_out && !o->dry_run && !o->compare_tensor)
         return ds4_cli_usage(&cli, "--out FILE is required (or --mtp-out, --dry-run, --compare-tensor)");
-    if (o->mtp_out && o->compare_tensor) return ds4_cli_usage(&cli, "--mtp-out and --compare-tensor exclude each other");
-    if (!o->compare_tensor != !o->compare_gguf) return ds4_cli_usage(&cli, "--compare-tensor and --compare-gguf go together");
+    if (o->mtp_out && o->compare_tensor)
+        return ds4_cli_usage(&cli, "--mtp-out and --compare-tensor exclude each other");
+    if (!o->compare_tensor != !o->compare_gguf)
+        return ds4_cli_usage(&cli, "--compare-tensor and --compare-gguf go together");
     if (o->tokenizer_gguf && (o->tokenizer_json || o->tokenizer_config))
         return ds4_cli_usage(&cli, "--tokenizer-gguf excludes --tokenizer and --tokenizer-config");
     if (o->imatrix_strict && !o->imatrix_path) return ds4_cli_usage(&cli, "--imatrix-strict needs --imatrix FILE");
@@ -140,9 +144,9 @@ static int build_policy(qz_opts *o, const raw_opts *raw) {
         return 2;
     }
     ds4_policy_init(&o->policy, r);
-    uint32_t *slots[9] = {&o->policy.routed_w1, &o->policy.routed_w2, &o->policy.routed_w3,
+    uint32_t *slots[9] = {&o->policy.routed_w1,      &o->policy.routed_w2, &o->policy.routed_w3,
                           &o->policy.attention_proj, &o->policy.attention, &o->policy.shared,
-                          &o->policy.embedding, &o->policy.output, &o->policy.dense};
+                          &o->policy.embedding,      &o->policy.output,    &o->policy.dense};
     ds4_err err = {0};
     for (int i = 0; i < 9; i++)
         if (raw->types[i] && ds4_policy_parse_type(raw->types[i], slots[i], &err) != 0) {
@@ -208,8 +212,10 @@ static void print_plan(const qz_job *j) {
     for (size_t i = 0; i < j->nitems; i++) {
         const qz_item *it = &j->items[i];
         const ds4_tensor_spec *t = it->t;
-        snprintf(dims, sizeof(dims), t->ndim == 1 ? "[%" PRIu64 "]" : t->ndim == 2 ? "[%" PRIu64 ", %" PRIu64 "]"
-                                                                          : "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
+        snprintf(dims, sizeof(dims),
+                 t->ndim == 1   ? "[%" PRIu64 "]"
+                 : t->ndim == 2 ? "[%" PRIu64 ", %" PRIu64 "]"
+                                : "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
                  t->ne[0], t->ne[1], t->ne[2]);
         printf("%-40s %-22s %-8s -> %-8s %12s\n", t->name, dims, ds4_st_dtype_name(it->src_dtype),
                ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)));
@@ -219,8 +225,9 @@ static void print_plan(const qz_job *j) {
     }
     printf("tensors: %zu\n", j->nitems);
     for (int t = 0; t < 64; t++)
-        if (count[t]) printf("  %-8s %5" PRIu64 " tensors %12s\n", ds4_type_get((uint32_t)t)->name, count[t],
-                             human((double)by_type[t], b1, sizeof(b1)));
+        if (count[t])
+            printf("  %-8s %5" PRIu64 " tensors %12s\n", ds4_type_get((uint32_t)t)->name, count[t],
+                   human((double)by_type[t], b1, sizeof(b1)));
     printf("tensor data: %" PRIu64 " bytes (%s)\n", total, human((double)total, b1, sizeof(b1)));
 }
 
@@ -278,11 +285,14 @@ static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
     if (!o->tokenizer_json) snprintf(json, sizeof(json), "%s/tokenizer.json", o->hf_dir);
     if (!o->tokenizer_config) snprintf(config, sizeof(config), "%s/tokenizer_config.json", o->hf_dir);
     if (!o->tokenizer_json && !file_exists(json)) {
-        fprintf(stderr, "ds4-quantize: warning: no tokenizer (no %s; see --tokenizer, --tokenizer-gguf): "
-                        "the GGUF gets no tokenizer metadata\n", json);
+        fprintf(stderr,
+                "ds4-quantize: warning: no tokenizer (no %s; see --tokenizer, --tokenizer-gguf): "
+                "the GGUF gets no tokenizer metadata\n",
+                json);
         return 0;
     }
-    return import_tokenizer(json, file_exists(config) || o->tokenizer_config ? config : NULL, j->hc.cfg.n_vocab, w, err);
+    return import_tokenizer(json, file_exists(config) || o->tokenizer_config ? config : NULL, j->hc.cfg.n_vocab, w,
+                            err);
 }
 
 /* The main file's metadata, or (mtp) the MTP block's: its model's shape
@@ -358,8 +368,8 @@ static int write_all(qz_job *j, const char *out, bool mtp, ds4_err *err) {
             out, j->nitems, j->bytes_done, dt, ds4_pool_size(j->pool), (double)j->elements_done / dt,
             (double)j->bytes_done / dt / 1e6);
     if (j->im || j->synthetic_used)
-        fprintf(stderr, "ds4-quantize: importance: %" PRIu64 " matrices from the imatrix, %" PRIu64
-                        " from column energy\n",
+        fprintf(stderr,
+                "ds4-quantize: importance: %" PRIu64 " matrices from the imatrix, %" PRIu64 " from column energy\n",
                 j->imatrix_used, j->synthetic_used);
     return 0;
 }
@@ -396,7 +406,9 @@ static int compare_tensor(qz_job *j, ds4_err *err) {
     qz_item *it = NULL;
     for (size_t i = 0; i < j->nitems && !it; i++)
         if (strcmp(j->items[i].t->name, j->o->compare_tensor) == 0) it = &j->items[i];
-    if (!it) return ds4_err_set(err, DS4_ENOTFOUND, "--compare-tensor %s: no such tensor in the model", j->o->compare_tensor);
+    if (!it)
+        return ds4_err_set(err, DS4_ENOTFOUND, "--compare-tensor %s: no such tensor in the model",
+                           j->o->compare_tensor);
     ds4_gguf *ref = ds4_gguf_open(j->o->compare_gguf, err);
     if (!ref) return -1;
     int rc = -1;
@@ -405,8 +417,7 @@ static int compare_tensor(qz_job *j, ds4_err *err) {
         ds4_err_set(err, DS4_ENOTFOUND, "%s has no tensor %s", j->o->compare_gguf, it->t->name);
     } else if (rt->ndim != it->t->ndim || memcmp(rt->ne, it->t->ne, it->t->ndim * sizeof(uint64_t)) != 0) {
         ds4_err_set(err, DS4_EFORMAT, "%s: tensor %s has another shape", j->o->compare_gguf, it->t->name);
-    } else if (!(it->t->allowed & (1ull << rt->type)) ||
-               (!ds4_policy_writable(rt->type) && rt->type != DS4_TYPE_I32)) {
+    } else if (!(it->t->allowed & (1ull << rt->type)) || (!ds4_policy_writable(rt->type) && rt->type != DS4_TYPE_I32)) {
         ds4_err_set(err, DS4_EUNSUPPORTED, "%s: tensor %s has type %s, which ds4-quantize cannot write there",
                     j->o->compare_gguf, it->t->name, ds4_type_get(rt->type) ? ds4_type_get(rt->type)->name : "?");
     } else {
@@ -459,7 +470,8 @@ static int run(qz_job *j, ds4_err *err) {
     if (j->o->out && write_all(j, j->o->out, false, err) != 0) return -1;
     if (!j->o->mtp_out) return 0;
     j->bytes_done = j->elements_done = 0;
-    if (plan(j, true, err) != 0 || write_all(j, j->o->mtp_out, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+    if (plan(j, true, err) != 0 || write_all(j, j->o->mtp_out, true, err) != 0)
+        return ds4_err_prefix(err, "the MTP block");
     return 0;
 }
 

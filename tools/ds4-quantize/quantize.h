@@ -26,7 +26,7 @@
 typedef struct qz_opts {
     const char *hf_dir;
     const char *out;
-    const char *mtp_out;      /* the MTP block's file (mtp.0.* tensors), or NULL */
+    const char *mtp_out; /* the MTP block's file (mtp.0.* tensors), or NULL */
     const char *imatrix_path;
     const char *tokenizer_gguf;
     const char *tokenizer_json;
@@ -45,16 +45,16 @@ typedef struct qz_opts {
 
 typedef struct qz_item {
     const ds4_tensor_spec *t;
-    uint32_t type;           /* output ggml type */
-    uint64_t nbytes;         /* output bytes */
-    ds4_st_dtype src_dtype;  /* of the (first) source tensor, for the plan */
+    uint32_t type;          /* output ggml type */
+    uint64_t nbytes;        /* output bytes */
+    ds4_st_dtype src_dtype; /* of the (first) source tensor, for the plan */
 } qz_item;
 
 typedef struct qz_job {
     const qz_opts *o;
     ds4_hf_config hc;
     ds4_st_ckpt *ck;
-    ds4_imatrix *im;         /* NULL without --imatrix */
+    ds4_imatrix *im; /* NULL without --imatrix */
     ds4_pool *pool;
     ds4_tensor_spec *specs;
     size_t nspecs;

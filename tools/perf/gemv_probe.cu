@@ -24,6 +24,7 @@
 
 #include "model/cuda/cuda_internal.h"
 
+/* clang-format off */
 #define CU(x)                                                                          \
     do {                                                                               \
         cudaError_t e_ = (x);                                                          \
@@ -32,6 +33,7 @@
             exit(1);                                                                   \
         }                                                                              \
     } while (0)
+/* clang-format on */
 
 enum { CHAIN = 16, REPLAYS = 20 };
 
@@ -76,7 +78,8 @@ static __global__ void __launch_bounds__(256) read_kernel(const int4 *p, size_t 
     size_t stride = (size_t)gridDim.x * blockDim.x, i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     int acc = 0;
     for (; i + 3 * stride < n16; i += 4 * stride) {
-        int4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride), d = __ldcs(p + i + 3 * stride);
+        int4 a = __ldcs(p + i), b = __ldcs(p + i + stride), c = __ldcs(p + i + 2 * stride),
+             d = __ldcs(p + i + 3 * stride);
         acc ^= a.x ^ b.y ^ c.z ^ d.w;
     }
     for (; i < n16; i += stride) acc ^= __ldcs(p + i).x;
@@ -123,7 +126,8 @@ template <typename F> static double time_chain(cudaStream_t st, F enqueue) {
 static void run_gemv(const std::vector<dwt> &ws, uint32_t segs, const dact *x, float *out, cudaStream_t st) {
     gemv_plan p;
     memset(&p, 0, sizeof(p));
-    for (uint32_t s = 0; s < segs; s++) cu_gemv_add(&p, &ws[s], 0, NULL, 0, 0, ws[s].rows, x, 0, out + (size_t)s * ws[s].rows);
+    for (uint32_t s = 0; s < segs; s++)
+        cu_gemv_add(&p, &ws[s], 0, NULL, 0, 0, ws[s].rows, x, 0, out + (size_t)s * ws[s].rows);
     ds4_err err = {};
     if (cu_gemv_run(&p, st, &err)) {
         fprintf(stderr, "gemv: %s\n", ds4_err_msg(&err));
@@ -153,22 +157,36 @@ static void routed(cudaStream_t st, float *out) {
             cu_gemv_add(&p, &up, 0, sel + K * link, i, 0, 2048, &x, 0, out + 2048 * (K + i));
         }
         ds4_err err = {};
-        if (cu_gemv_run(&p, st, &err)) { fprintf(stderr, "gemv: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_gemv_run(&p, st, &err)) {
+            fprintf(stderr, "gemv: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
     };
     auto downs = [&](int link) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         for (uint32_t i = 0; i < K; i++) cu_gemv_add(&p, &down, 0, sel + K * link, i, 0, 4096, &m, 0, out + 4096 * i);
         ds4_err err = {};
-        if (cu_gemv_run(&p, st, &err)) { fprintf(stderr, "gemv: %s\n", ds4_err_msg(&err)); exit(1); }
+        if (cu_gemv_run(&p, st, &err)) {
+            fprintf(stderr, "gemv: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
     };
     double gb = 2.0 * K * 2048 * gate.row_bytes, db = (double)K * 4096 * down.row_bytes;
-    double tg = time_chain(st, [&] { for (int k = 0; k < CHAIN; k++) gate_up(k); });
-    double tgh = time_chain(st, [&] { for (int k = 0; k < CHAIN; k++) gate_up(0); });
-    double td = time_chain(st, [&] { for (int k = 0; k < CHAIN; k++) downs(k); });
-    double tdh = time_chain(st, [&] { for (int k = 0; k < CHAIN; k++) downs(0); });
-    printf("%-34s %9.1f %9.2f %9.2f %9s %7s   hot: %.2f us, %.2f TB/s\n", "routed gate+up IQ2_XXS 6 x 2 x 2048", gb / 1e6,
-           tg * 1e6, gb / tg / 1e12, "", "", tgh * 1e6, gb / tgh / 1e12);
+    double tg = time_chain(st, [&] {
+        for (int k = 0; k < CHAIN; k++) gate_up(k);
+    });
+    double tgh = time_chain(st, [&] {
+        for (int k = 0; k < CHAIN; k++) gate_up(0);
+    });
+    double td = time_chain(st, [&] {
+        for (int k = 0; k < CHAIN; k++) downs(k);
+    });
+    double tdh = time_chain(st, [&] {
+        for (int k = 0; k < CHAIN; k++) downs(0);
+    });
+    printf("%-34s %9.1f %9.2f %9.2f %9s %7s   hot: %.2f us, %.2f TB/s\n", "routed gate+up IQ2_XXS 6 x 2 x 2048",
+           gb / 1e6, tg * 1e6, gb / tg / 1e12, "", "", tgh * 1e6, gb / tgh / 1e12);
     printf("%-34s %9.1f %9.2f %9.2f %9s %7s   hot: %.2f us, %.2f TB/s\n", "routed down Q2_K 6 x 4096 x 2048", db / 1e6,
            td * 1e6, db / td / 1e12, "", "", tdh * 1e6, db / tdh / 1e12);
     cudaFree((void *)gate.p);

@@ -142,7 +142,8 @@ int main() {
         }
     const int shapes[][2] = {{1, 32}, {32, 544}, {132, 256}, {528, 256}, {1024, 256}}; /* blocks, threads */
     float *a, *b;
-    if (cudaMalloc(&a, 1024 * 544 * sizeof(float)) != cudaSuccess || cudaMalloc(&b, 1024 * 544 * sizeof(float)) != cudaSuccess) {
+    if (cudaMalloc(&a, 1024 * 544 * sizeof(float)) != cudaSuccess ||
+        cudaMalloc(&b, 1024 * 544 * sizeof(float)) != cudaSuccess) {
         fprintf(stderr, "pdl_probe: out of memory\n");
         return 1;
     }
@@ -151,11 +152,13 @@ int main() {
         float us[2];
         for (int pdl = 0; pdl < 2; pdl++)
             us[pdl] = 1000.0f / chain * run(true, st, [&] {
-                for (int i = 0; i < chain; i++)
-                    launch(pdl, st, link_kernel, dim3(sh[0]), dim3(sh[1]), (const float *)(i & 1 ? b : a), i & 1 ? a : b);
-            });
+                          for (int i = 0; i < chain; i++)
+                              launch(pdl, st, link_kernel, dim3(sh[0]), dim3(sh[1]), (const float *)(i & 1 ? b : a),
+                                     i & 1 ? a : b);
+                      });
         printf("graph chain of %d kernels of %4d x %3d threads, each reading the previous one's output: "
-               "%.2f us a link with pdl, %.2f without\n", chain, sh[0], sh[1], us[1], us[0]);
+               "%.2f us a link with pdl, %.2f without\n",
+               chain, sh[0], sh[1], us[1], us[0]);
     }
     cudaError_t e = cudaDeviceSynchronize();
     if (e != cudaSuccess) {

@@ -37,25 +37,25 @@
 /* What a sequence keeps from its mark on (cpu_rewind.c): enough to take
  * back any suffix of the rows rewindable passes appended since. */
 typedef struct cpu_journal {
-    const ds4_config *cfg;      /* the sequence's (the MTP block's state has one layer) */
+    const ds4_config *cfg; /* the sequence's (the MTP block's state has one layer) */
     bool valid;
-    uint32_t n0, T;             /* length at the mark, rows journaled since */
-    uint32_t cap;               /* rows the buffers hold (DS4_REWIND_MAX) */
-    float *raw;                 /* [layer][row] the ring slot before the row, head_dim each */
-    float *raw_row;             /* [layer][row] the row's own ring row */
-    float *front;               /* [ratio layer] frontiers (cpu_journal_front_floats) */
-    float *proj;                /* [row][ratio layer] ckv, cgate, ikv, igate */
-    float *logits;              /* [row] n_vocab (every row's); then the logits before the pass */
+    uint32_t n0, T; /* length at the mark, rows journaled since */
+    uint32_t cap;   /* rows the buffers hold (DS4_REWIND_MAX) */
+    float *raw;     /* [layer][row] the ring slot before the row, head_dim each */
+    float *raw_row; /* [layer][row] the row's own ring row */
+    float *front;   /* [ratio layer] frontiers (cpu_journal_front_floats) */
+    float *proj;    /* [row][ratio layer] ckv, cgate, ikv, igate */
+    float *logits;  /* [row] n_vocab (every row's); then the logits before the pass */
     bool had_logits;
 } cpu_journal;
 
 /* The CPU backend's ds4_seq: a KV state in host memory and its journal. */
 typedef struct cpu_seq {
     ds4_seq base;
-    bool mtp;                 /* the MTP block's (one dense layer) */
+    bool mtp; /* the MTP block's (one dense layer) */
     ds4_kv_state *st;
     cpu_journal j;
-    float *hid;               /* with an MTP block: the final residuals of the last DS4_HIDDEN_KEEP
+    float *hid; /* with an MTP block: the final residuals of the last DS4_HIDDEN_KEEP
                                * positions, position p at p % DS4_HIDDEN_KEEP (NULL without) */
 } cpu_seq;
 
@@ -67,8 +67,8 @@ static inline const float *cpu_seq_hidden(const cpu_seq *s, uint32_t p) {
 /* One row of a pass: a token of a sequence at a position. */
 typedef struct cpu_row {
     cpu_seq *s;
-    ds4_kv_state *st;         /* s->st */
-    cpu_journal *j;           /* the sequence's journal when the pass is rewindable, else NULL */
+    ds4_kv_state *st; /* s->st */
+    cpu_journal *j;   /* the sequence's journal when the pass is rewindable, else NULL */
     uint32_t pos, tok;
 } cpu_row;
 
@@ -76,13 +76,13 @@ typedef struct cpu_row {
  * MTP block (cpu_mtp.c), whose own state has one dense layer. */
 typedef struct cpu_layer {
     const ds4_layer_weights *w;
-    uint32_t il;              /* the layer in each row's KV state */
-    uint32_t jl;              /* its slot in the journal (the main model's layer index) */
-    uint32_t ratio;           /* compression ratio: 0, 4 or 128 */
-    bool hash;                /* hash-routed experts */
-    float clamp;              /* SwiGLU clamp */
-    bool observe;             /* its experts go to the imatrix collector (the main model's) */
-    bool steer;               /* directional steering applies (the main model's layers) */
+    uint32_t il;    /* the layer in each row's KV state */
+    uint32_t jl;    /* its slot in the journal (the main model's layer index) */
+    uint32_t ratio; /* compression ratio: 0, 4 or 128 */
+    bool hash;      /* hash-routed experts */
+    float clamp;    /* SwiGLU clamp */
+    bool observe;   /* its experts go to the imatrix collector (the main model's) */
+    bool steer;     /* directional steering applies (the main model's layers) */
 } cpu_layer;
 
 typedef struct cpu_backend {
@@ -90,43 +90,43 @@ typedef struct cpu_backend {
     const ds4_config *cfg;
     ds4_pool *pool;
     int n_threads;
-    bool sim;                 /* low-precision simulations on */
+    bool sim; /* low-precision simulations on */
     ds4_rope rope_dense, rope_comp;
-    const ds4_rope *ratio_rope; /* the current layer's (dense or compressed) */
-    uint32_t chunk;           /* max rows per pass */
-    uint32_t max_ctx;         /* largest context a sequence may have */
+    const ds4_rope *ratio_rope;      /* the current layer's (dense or compressed) */
+    uint32_t chunk;                  /* max rows per pass */
+    uint32_t max_ctx;                /* largest context a sequence may have */
     uint32_t layer_first, layer_end; /* the layers it runs (a pipeline stage: not all) */
 
     /* the current pass: its rows (`chunk` at most) */
     cpu_row *rows;
 
     /* chunk buffers, `chunk` rows each */
-    float *S;                 /* residual: n_hc * n_embd per token */
-    float *flat;              /* HC: normalised flattened state */
-    float *mix;               /* HC: mixer outputs */
-    float *post, *comb;       /* HC: post gates, combination matrix */
-    float *x, *xn;            /* sublayer input, normed */
-    float *qr, *q, *kv;       /* attention projections */
-    float *heads, *low, *y;   /* attention output, grouped low rank, sublayer output */
-    float *ckv, *cgate;       /* attention compressor projections */
-    float *ikv, *igate;       /* indexer compressor projections */
-    float *iq, *iw;           /* indexer queries and head weights */
-    float *router;            /* router probabilities */
-    uint32_t *sel;            /* selected experts */
-    float *selw;              /* routing weights */
-    float *exp_out;           /* routed expert outputs, per token and slot */
-    float *gath, *eg, *eu;    /* gathered expert inputs, gate / up outputs */
-    uint32_t *gath_t;         /* token x slot of each gathered row */
-    float *sg, *su;           /* shared expert gate / up */
-    uint8_t *act;             /* quantized activations, act_row bytes per token */
+    float *S;               /* residual: n_hc * n_embd per token */
+    float *flat;            /* HC: normalised flattened state */
+    float *mix;             /* HC: mixer outputs */
+    float *post, *comb;     /* HC: post gates, combination matrix */
+    float *x, *xn;          /* sublayer input, normed */
+    float *qr, *q, *kv;     /* attention projections */
+    float *heads, *low, *y; /* attention output, grouped low rank, sublayer output */
+    float *ckv, *cgate;     /* attention compressor projections */
+    float *ikv, *igate;     /* indexer compressor projections */
+    float *iq, *iw;         /* indexer queries and head weights */
+    float *router;          /* router probabilities */
+    uint32_t *sel;          /* selected experts */
+    float *selw;            /* routing weights */
+    float *exp_out;         /* routed expert outputs, per token and slot */
+    float *gath, *eg, *eu;  /* gathered expert inputs, gate / up outputs */
+    uint32_t *gath_t;       /* token x slot of each gathered row */
+    float *sg, *su;         /* shared expert gate / up */
+    uint8_t *act;           /* quantized activations, act_row bytes per token */
     size_t act_row;
 
     /* attention scratch */
-    float *ape;               /* one positional-bias row */
-    float *att_scratch;       /* per thread: scores over visible rows */
+    float *ape;         /* one positional-bias row */
+    float *att_scratch; /* per thread: scores over visible rows */
     size_t att_stride;
-    float *idx_scores;        /* indexer scores over compressed rows */
-    uint32_t *visible;        /* selected compressed rows (ascending) */
+    float *idx_scores; /* indexer scores over compressed rows */
+    uint32_t *visible; /* selected compressed rows (ascending) */
     uint32_t n_visible;
 } cpu_backend;
 
@@ -145,8 +145,8 @@ cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il);
 
 /* y[t][r] = W[mat] row (row0 + r) . x[t], for r < nrows and t < T.
  * Activations are prepared per MODEL.md 3.8 for the weight type. */
-void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows,
-                const float *x, size_t x_stride, uint32_t T, float *y, size_t y_stride);
+void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows, const float *x,
+                size_t x_stride, uint32_t T, float *y, size_t y_stride);
 
 /* out = x * w / sqrt(mean(x^2) + eps); w may be NULL (unweighted).  The sum
  * of squares is accumulated in double. */
@@ -216,8 +216,8 @@ int cpu_journal_begin(cpu_backend *b, cpu_seq *s, ds4_err *err);
  * content before the row writes it (!mine), then the row's own (mine). */
 void cpu_journal_raw(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *slot, bool mine);
 /* Row at position p's compressor projections at layer slot jl. */
-void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
-                      const float *cgate, const float *ikv, const float *igate);
+void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv, const float *cgate,
+                      const float *ikv, const float *igate);
 /* Where the logits after position p are kept, and keeping them (from
  * wherever the pass wrote them). */
 float *cpu_journal_logits_row(cpu_backend *b, cpu_seq *s, uint32_t p);

@@ -28,7 +28,7 @@
 /* ------------------------------------------------------ the compressor */
 
 typedef struct compressor {
-    float *skv, *sscore;     /* frontier: SR x width each */
+    float *skv, *sscore; /* frontier: SR x width each */
     const ds4_wt *ape, *norm;
     uint32_t ratio, hd;
 } compressor;
@@ -39,8 +39,8 @@ typedef struct compressor {
  * normalise and RoPE the result at the window's first position into `out`
  * and return true.  Frontier rows past the current window are kept empty
  * (0 / -inf), the canonical form of MODEL.md 6.2. */
-static bool compressor_step(cpu_backend *b, const compressor *cp, const float *kvc, const float *scc,
-                            uint32_t p, float *out) {
+static bool compressor_step(cpu_backend *b, const compressor *cp, const float *kvc, const float *scc, uint32_t p,
+                            float *out) {
     uint32_t ratio = cp->ratio, hd = cp->hd, width = ds4_compress_coff(ratio) * hd;
     uint32_t phase = p % ratio, R = ratio == 4 ? 4 + phase : phase;
     float *ape = b->ape;
@@ -112,9 +112,7 @@ static void index_scores(void *ctx, int64_t c0, int64_t c1, int thread) {
 }
 
 /* a ranks below b: lower score, or equal score and higher index. */
-static bool ranks_below(const float *s, uint32_t a, uint32_t b) {
-    return s[a] < s[b] || (s[a] == s[b] && a > b);
-}
+static bool ranks_below(const float *s, uint32_t a, uint32_t b) { return s[a] < s[b] || (s[a] == s[b] && a > b); }
 
 static void sift_down(uint32_t *heap, uint32_t n, uint32_t i, const float *s) {
     for (;;) {
@@ -156,8 +154,12 @@ static void select_rows(cpu_backend *b, const cpu_layer *L, uint32_t t, uint32_t
         b->n_visible = n_comp;
         return;
     }
-    index_task x = {b->iq + (size_t)t * c->idx_n_head * c->idx_head_dim, b->iw + (size_t)t * c->idx_n_head,
-                    b->rows[t].st->layers[L->il].idx, b->idx_scores, c->idx_n_head, c->idx_head_dim};
+    index_task x = {b->iq + (size_t)t * c->idx_n_head * c->idx_head_dim,
+                    b->iw + (size_t)t * c->idx_n_head,
+                    b->rows[t].st->layers[L->il].idx,
+                    b->idx_scores,
+                    c->idx_n_head,
+                    c->idx_head_dim};
     uint64_t work = (uint64_t)n_comp * c->idx_n_head * c->idx_head_dim;
     ds4_pool_run(work < CPU_MIN_TASK_WORK ? NULL : b->pool, n_comp, 16, index_scores, &x);
     top_k(b, b->idx_scores, n_comp, c->idx_top_k);
@@ -167,7 +169,7 @@ static void select_rows(cpu_backend *b, const cpu_layer *L, uint32_t t, uint32_t
 
 typedef struct attn_task {
     cpu_backend *b;
-    const float *q;          /* this token's heads */
+    const float *q; /* this token's heads */
     float *out;
     const float *sinks;
     const ds4_layer_state *L;

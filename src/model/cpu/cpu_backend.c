@@ -19,10 +19,10 @@ static void *xcalloc(size_t n, size_t size, bool *ok) {
 }
 
 static void free_buffers(cpu_backend *b) {
-    void *bufs[] = {b->S, b->flat, b->mix, b->post, b->comb, b->x, b->xn, b->qr, b->q, b->kv, b->heads,
-                    b->low, b->y, b->ckv, b->cgate, b->ikv, b->igate, b->iq, b->iw, b->router, b->sel,
-                    b->selw, b->exp_out, b->gath, b->eg, b->eu, b->gath_t, b->sg, b->su, b->act, b->ape,
-                    b->att_scratch, b->idx_scores, b->visible, b->rows};
+    void *bufs[] = {b->S,  b->flat,   b->mix, b->post, b->comb,        b->x,          b->xn,      b->qr,    b->q,
+                    b->kv, b->heads,  b->low, b->y,    b->ckv,         b->cgate,      b->ikv,     b->igate, b->iq,
+                    b->iw, b->router, b->sel, b->selw, b->exp_out,     b->gath,       b->eg,      b->eu,    b->gath_t,
+                    b->sg, b->su,     b->act, b->ape,  b->att_scratch, b->idx_scores, b->visible, b->rows};
     for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++) free(bufs[i]);
 }
 
@@ -168,8 +168,8 @@ static int alloc_buffers(cpu_backend *b, ds4_err *err) {
 
 cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il) {
     const ds4_config *c = b->cfg;
-    return (cpu_layer){&b->base.w->layers[il], il, il, ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
-                       c->swiglu_clamp[il], true, true};
+    return (cpu_layer){&b->base.w->layers[il], il,   il,  ds4_layer_ratio(c, il), ds4_layer_is_hash(c, il),
+                       c->swiglu_clamp[il],    true, true};
 }
 
 /* One pass of the T rows in b->rows through the backend's layers
@@ -200,10 +200,8 @@ static void run_pass(cpu_backend *b, uint32_t T, float *const *logits, float *co
         cpu_ffn_layer(b, &L, tok, T);
     }
     cpu_pass_end(b, T, tok, hidden);
-    if (b->layer_end < c->n_layer)
-        memcpy(stage_out, b->S, (size_t)T * hcD * sizeof(float));
-    else
-        cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
+    if (b->layer_end < c->n_layer) memcpy(stage_out, b->S, (size_t)T * hcD * sizeof(float));
+    else cpu_output_head(b, &w->output_hc_fn, &w->output_hc_scale, &w->output_hc_base, &w->output_norm, T, logits);
 }
 
 void cpu_pass_end(cpu_backend *b, uint32_t T, const uint32_t *tok, float *const *hidden) {
@@ -228,8 +226,9 @@ static int check_hidden(const cpu_backend *b, const ds4_row *r, uint32_t i, ds4_
     const cpu_seq *h = cpu_seq_of(r->hseq);
     uint32_t n = h->st->n_tokens;
     if (r->hpos >= n || r->hpos + DS4_HIDDEN_KEEP < n)
-        return ds4_err_set(err, DS4_EINVAL, "row %u: the residual of position %u is not kept (the sequence has %u, "
-                                            "keeps the last %d)",
+        return ds4_err_set(err, DS4_EINVAL,
+                           "row %u: the residual of position %u is not kept (the sequence has %u, "
+                           "keeps the last %d)",
                            i, r->hpos, n, DS4_HIDDEN_KEEP);
     return 0;
 }
@@ -263,8 +262,8 @@ static int check_rows(const cpu_backend *b, const ds4_row *rows, uint32_t n, boo
             if (rows[k].seq == &s->base)
                 return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence must be adjacent", k);
         if ((uint64_t)s->st->n_tokens + m > s->st->ctx)
-            return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", m,
-                               s->st->n_tokens, s->st->ctx);
+            return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", m, s->st->n_tokens,
+                               s->st->ctx);
         if ((rows[i].want & DS4_ROW_REWIND) && !s->j.valid)
             return ds4_err_set(err, DS4_EINVAL, "row %u: a rewindable row of a sequence without a mark", i);
         if ((rows[i].want & DS4_ROW_REWIND) && s->st->n_tokens + m - s->j.n0 > DS4_REWIND_MAX)
@@ -301,22 +300,21 @@ static int step_rows(cpu_backend *b, const ds4_row *rows, uint32_t n, const ds4_
         /* a rewindable row's logits are kept whether asked for or not: a
          * rewind to it brings them back as the sequence's */
         logits[i] = (rows[i].want & DS4_ROW_LOGITS) && out && out->logits ? out->logits + (size_t)nl++ * c->n_vocab
-                    : b->rows[i].j ? cpu_journal_logits_row(b, s, b->rows[i].pos)
-                    : last          ? s->st->logits
-                                    : NULL;
+                    : b->rows[i].j                                        ? cpu_journal_logits_row(b, s, b->rows[i].pos)
+                    : last                                                ? s->st->logits
+                                                                          : NULL;
         hidden[i] = (rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden && b->layer_end == c->n_layer
                         ? out->hidden + (size_t)nh++ * c->n_hc * c->n_embd
                         : NULL;
     }
-    if (mtp)
-        cpu_mtp_pass(b, rows, n, logits, hidden);
-    else
-        run_pass(b, n, logits, hidden, in, resid);
+    if (mtp) cpu_mtp_pass(b, rows, n, logits, hidden);
+    else run_pass(b, n, logits, hidden, in, resid);
     for (uint32_t i = 0; i < n; i++) {
         cpu_seq *s = cpu_seq_of(rows[i].seq);
         if (s->j.valid && b->rows[i].j) cpu_journal_logits(b, s, b->rows[i].pos, logits[i]);
         if (b->layer_end < c->n_layer) continue; /* a stage before the head has none */
-        if (i + 1 == n || rows[i + 1].seq != rows[i].seq) { /* the sequence's last row: its logits are the next token's */
+        if (i + 1 == n ||
+            rows[i + 1].seq != rows[i].seq) { /* the sequence's last row: its logits are the next token's */
             if (logits[i] != s->st->logits) memcpy(s->st->logits, logits[i], c->n_vocab * sizeof(float));
             s->st->has_logits = true;
         }
@@ -396,21 +394,35 @@ static int cpu_mark(ds4_backend *base, ds4_seq *seq, ds4_err *err) {
 }
 
 static const ds4_backend_ops cpu_ops = {
-    .name = "cpu", .free = cpu_free, .seq_new = cpu_seq_new, .mtp_seq_new = cpu_mtp_seq_new,
-    .seq_free = cpu_seq_free, .seq_len = cpu_seq_len, .mtp_step = cpu_mtp_step, .stage_step = cpu_stage_step,
-    .step = cpu_step, .mark = cpu_mark, .rewind = cpu_rewind, .prefill = cpu_prefill, .decode = cpu_decode, .logits = cpu_logits,
-    .reset = cpu_reset, .snapshot = cpu_snapshot, .restore = cpu_restore,
+    .name = "cpu",
+    .free = cpu_free,
+    .seq_new = cpu_seq_new,
+    .mtp_seq_new = cpu_mtp_seq_new,
+    .seq_free = cpu_seq_free,
+    .seq_len = cpu_seq_len,
+    .mtp_step = cpu_mtp_step,
+    .stage_step = cpu_stage_step,
+    .step = cpu_step,
+    .mark = cpu_mark,
+    .rewind = cpu_rewind,
+    .prefill = cpu_prefill,
+    .decode = cpu_decode,
+    .logits = cpu_logits,
+    .reset = cpu_reset,
+    .snapshot = cpu_snapshot,
+    .restore = cpu_restore,
 };
 
 ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     const ds4_config *c = &w->cfg;
     if (w->synthetic) {
-        ds4_err_set(err, DS4_EUNSUPPORTED, "synthetic weights have no data on the host; only the cuda backend fills them");
+        ds4_err_set(err, DS4_EUNSUPPORTED,
+                    "synthetic weights have no data on the host; only the cuda backend fills them");
         return NULL;
     }
     if (c->n_expert_used > MAX_EXPERT_USED) {
-        ds4_err_set(err, DS4_EUNSUPPORTED, "expert_used_count %u: the CPU backend handles at most %d",
-                    c->n_expert_used, MAX_EXPERT_USED);
+        ds4_err_set(err, DS4_EUNSUPPORTED, "expert_used_count %u: the CPU backend handles at most %d", c->n_expert_used,
+                    MAX_EXPERT_USED);
         return NULL;
     }
     cpu_backend *b = calloc(1, sizeof(*b));

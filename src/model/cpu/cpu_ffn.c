@@ -53,10 +53,8 @@ static void select_experts(cpu_backend *b, const cpu_layer *L, const uint32_t *t
         const float *prob = b->router + (size_t)t * c->n_expert;
         uint32_t *sel = b->sel + (size_t)t * k;
         float *sw = b->selw + (size_t)t * k;
-        if (L->hash)
-            memcpy(sel, (const int32_t *)w->tid2eid.data + (size_t)tok[t] * k, k * sizeof(uint32_t));
-        else
-            select_top_k(prob, w->exp_bias.data ? cpu_vec(&w->exp_bias) : NULL, c->n_expert, k, sel);
+        if (L->hash) memcpy(sel, (const int32_t *)w->tid2eid.data + (size_t)tok[t] * k, k * sizeof(uint32_t));
+        else select_top_k(prob, w->exp_bias.data ? cpu_vec(&w->exp_bias) : NULL, c->n_expert, k, sel);
         float sum = 0.0f;
         for (uint32_t i = 0; i < k; i++) sum += (sw[i] = prob[sel[i]]);
         float norm = c->expert_weights_norm ? 1.0f / fmaxf(sum, 6.103515625e-5f) : 1.0f;

@@ -106,8 +106,8 @@ void cpu_hc_post(cpu_backend *b, uint32_t T) {
     }
 }
 
-void cpu_output_head(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale_t, const ds4_wt *base_t,
-                     const ds4_wt *norm, uint32_t T, float *const *dst) {
+void cpu_output_head(cpu_backend *b, const ds4_wt *fn, const ds4_wt *scale_t, const ds4_wt *base_t, const ds4_wt *norm,
+                     uint32_t T, float *const *dst) {
     const ds4_weights *w = b->base.w;
     const ds4_config *c = b->cfg;
     uint32_t n = c->n_hc, D = c->n_embd;

@@ -16,7 +16,7 @@
 
 typedef struct matmul_task {
     const ds4_wt *W;
-    const uint8_t *w0;       /* first row of the range */
+    const uint8_t *w0; /* first row of the range */
     const uint8_t *act;
     size_t act_row;
     uint32_t T;
@@ -34,8 +34,8 @@ static void matmul_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
     int64_t tile = (int64_t)(32768 / rb) + 1;
     for (int64_t a = r0; a < r1; a += tile) {
         int64_t b = a + tile < r1 ? a + tile : r1;
-        ds4_vec_dot_rows_multi(m->W->type, (int64_t)m->W->ne[0], b - a, m->w0 + (size_t)a * rb, rb, m->act,
-                               m->act_row, m->T, m->y + a, m->y_stride);
+        ds4_vec_dot_rows_multi(m->W->type, (int64_t)m->W->ne[0], b - a, m->w0 + (size_t)a * rb, rb, m->act, m->act_row,
+                               m->T, m->y + a, m->y_stride);
     }
 }
 
@@ -55,8 +55,8 @@ static void quantize_tokens(void *ctx, int64_t t0, int64_t t1, int thread) {
         ds4_quantize_act(q->type, q->x + (size_t)t * q->x_stride, q->act + (size_t)t * q->act_row, q->n);
 }
 
-void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows,
-                const float *x, size_t x_stride, uint32_t T, float *y, size_t y_stride) {
+void cpu_matmul(cpu_backend *b, const ds4_wt *W, uint64_t mat, uint64_t row0, uint64_t nrows, const float *x,
+                size_t x_stride, uint32_t T, float *y, size_t y_stride) {
     if (T == 0 || nrows == 0) return;
     /* Waking the workers costs microseconds: small products run inline,
      * and each task gets at least CPU_MIN_TASK_WORK multiply-adds. */

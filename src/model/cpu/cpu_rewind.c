@@ -92,10 +92,8 @@ static void copy_fronts(const ds4_config *c, ds4_layer_state *L, float *f, uint3
     f += front_off(c, il);
     for (int i = 0; i < 4; i++) {
         if (sizes[i] == 0) continue;
-        if (save)
-            memcpy(f, parts[i], sizes[i] * sizeof(float));
-        else
-            memcpy(parts[i], f, sizes[i] * sizeof(float));
+        if (save) memcpy(f, parts[i], sizes[i] * sizeof(float));
+        else memcpy(parts[i], f, sizes[i] * sizeof(float));
         f += sizes[i];
     }
 }
@@ -132,8 +130,8 @@ static const float *ring_row_at(const cpu_journal *j, const ds4_kv_state *st, ui
     return j->raw + ((size_t)il * j->cap + (first - j->n0)) * hd;
 }
 
-void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv,
-                      const float *cgate, const float *ikv, const float *igate) {
+void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, const float *ckv, const float *cgate,
+                      const float *ikv, const float *igate) {
     const ds4_config *c = j->cfg;
     uint32_t r = ds4_layer_ratio(c, jl);
     if (r == 0) return;

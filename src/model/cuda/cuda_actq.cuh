@@ -64,13 +64,21 @@ static __device__ inline void dev_quantize_row(const float *x, uint32_t n, uint8
 #pragma unroll
             for (int i = 0; i < 8; i++) {
                 float ax = fabsf(v[i]);
-                if (ax > amax) { amax = ax; mx = v[i]; idx = 8 * lane + i; }
+                if (ax > amax) {
+                    amax = ax;
+                    mx = v[i];
+                    idx = 8 * lane + i;
+                }
             }
             /* the first index with the largest magnitude, as the CPU's strict > scan */
             for (int o = 16; o > 0; o >>= 1) {
                 float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
                 int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-                if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+                if (a2 > amax || (a2 == amax && i2 < idx)) {
+                    amax = a2;
+                    mx = m2;
+                    idx = i2;
+                }
             }
             uint32_t *q = (uint32_t *)(qk + 256 * b + 8 * lane);
             uint32_t packed[2] = {0, 0};

@@ -57,7 +57,8 @@ static __global__ void embed_kernel(const uint32_t *tokens, dwt E, float *S, uin
     float *s = S + (size_t)blockIdx.x * n_hc * D;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) {
         float v;
-        if (E.type == DS4_TYPE_Q8_0) v = (float)((const int8_t *)row)[d] * dev_f16(((const uint16_t *)(row + D))[d / 32]);
+        if (E.type == DS4_TYPE_Q8_0)
+            v = (float)((const int8_t *)row)[d] * dev_f16(((const uint16_t *)(row + D))[d / 32]);
         else v = fvec(row, E.type, d);
         for (uint32_t h = 0; h < n_hc; h++) s[(size_t)h * D + d] = v;
     }
@@ -181,10 +182,10 @@ typedef struct qpost_args {
  * this launch is on a decode step's path from the projections to the
  * attention.  A long prefill pass's attention does the same to its query's
  * heads as it loads them (atc_load_q), instead of this launch. */
-#define QP_HEADS 4  /* query heads a block: a warp each */
+#define QP_HEADS  4 /* query heads a block: a warp each */
 #define QP_GROUPS 4 /* groups of four values a lane: head_dim <= 512 (check_config) */
-static __device__ __forceinline__ void q_post_vals(float4 (&v)[QP_GROUPS], uint32_t hd, const ds4_rope &rope, uint32_t pos,
-                                                   float eps) {
+static __device__ __forceinline__ void q_post_vals(float4 (&v)[QP_GROUPS], uint32_t hd, const ds4_rope &rope,
+                                                   uint32_t pos, float eps) {
     unsigned lane = threadIdx.x & 31;
     double ss = 0.0;
 #pragma unroll
@@ -218,7 +219,8 @@ static __device__ __forceinline__ void q_post_load(const float *q, uint32_t hd, 
         v[j] = q && e < hd ? *(const float4 *)(q + e) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 }
-static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const ds4_rope &rope, uint32_t pos, float eps) {
+static __device__ __forceinline__ void q_post_head(float *q, uint32_t hd, const ds4_rope &rope, uint32_t pos,
+                                                   float eps) {
     unsigned lane = threadIdx.x & 31;
     float4 v[QP_GROUPS];
     q_post_load(q, hd, v);
@@ -457,8 +459,8 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
     rope_to_l2(a.rope);
     uint32_t first, pos0 = comp_pass_start(a, &first), ratio = L.ratio, hd = L.hd;
-    uint32_t w = pos0 / ratio + blockIdx.x; /* window index */
-    if ((w + 1) * ratio > pos0 + a.T) return;  /* does not close in this pass */
+    uint32_t w = pos0 / ratio + blockIdx.x;   /* window index */
+    if ((w + 1) * ratio > pos0 + a.T) return; /* does not close in this pass */
     long long ws = (long long)w * ratio;
     bool in_pass = BATCHED && ratio % CP_BATCH == 0 && ws >= pos0;
     for (uint32_t j = threadIdx.x; j < hd; j += blockDim.x) {
@@ -524,10 +526,18 @@ static __global__ void comp_frontier_kernel(comp_args a) {
             for (uint32_t R = 0; R < 8; R++) {
                 long long p;
                 bool live;
-                if (R < 4) { p = (long long)kn * 4 - 4 + R; live = kn >= 1; }
-                else { p = (long long)kn * 4 + (R - 4); live = R - 4 < rem; }
+                if (R < 4) {
+                    p = (long long)kn * 4 - 4 + R;
+                    live = kn >= 1;
+                } else {
+                    p = (long long)kn * 4 + (R - 4);
+                    live = R - 4 < rem;
+                }
                 if (live) comp_fetch(L, pos0, first, p, col, &kv[R], &sc[R]);
-                else { kv[R] = 0.0f; sc[R] = SCORE_NEG_INF; }
+                else {
+                    kv[R] = 0.0f;
+                    sc[R] = SCORE_NEG_INF;
+                }
             }
             for (uint32_t R = 0; R < 8; R++) {
                 L.skv[(size_t)R * L.width + col] = kv[R];
@@ -633,9 +643,8 @@ int cu_comp_products(cuda_backend *b, uint32_t il, const dact *x, uint32_t T, cu
     if (cu_gemm(&w->comp_kv, 0, 0, width, x, 0, T, b->ckv, width, NULL, b->split, st, err) ||
         cu_gemm(&w->comp_gate, 0, 0, width, x, 0, T, b->cgate, width, NULL, b->split, st, err))
         return -1;
-    if (b->sq->L[il].ratio == 4 &&
-        (cu_gemm(&w->idx_kv, 0, 0, iw2, x, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
-         cu_gemm(&w->idx_gate, 0, 0, iw2, x, 0, T, b->igate, iw2, NULL, b->split, st, err)))
+    if (b->sq->L[il].ratio == 4 && (cu_gemm(&w->idx_kv, 0, 0, iw2, x, 0, T, b->ikv, iw2, NULL, b->split, st, err) ||
+                                    cu_gemm(&w->idx_gate, 0, 0, iw2, x, 0, T, b->igate, iw2, NULL, b->split, st, err)))
         return -1;
     return 0;
 }
@@ -676,8 +685,8 @@ int cu_compress_window(cuda_backend *b, uint32_t il, cudaStream_t st, cudaEvent_
         p.x[CU_WIN_T - 1] = b->xn.f;
         if (cu_win_add(&p, &w->comp_kv, width, b->ckv, width, err) ||
             cu_win_add(&p, &w->comp_gate, width, b->cgate, width, err) ||
-            cu_win_add(&p, &w->idx_kv, iw2, b->ikv, iw2, err) || cu_win_add(&p, &w->idx_gate, iw2, b->igate, iw2, err) ||
-            cu_win_run(&p, st, err))
+            cu_win_add(&p, &w->idx_kv, iw2, b->ikv, iw2, err) ||
+            cu_win_add(&p, &w->idx_gate, iw2, b->igate, iw2, err) || cu_win_run(&p, st, err))
             return -1;
     } else {
         DS4_LAUNCH(copy_row_kernel, 1, 256, 0, st, S->win + (size_t)(ratio - 1) * D, (const float *)b->xn.f, D);
@@ -735,9 +744,9 @@ int cu_comp_flush(cuda_backend *b, ds4_err *err) {
  * precision).  Order of the sums: online softmaxes over batches of rows,
  * merged in fixed order (the CPU takes the maximum over all rows first),
  * so the result is deterministic but not the CPU's bits. */
-#define ATT_MAXV 16 /* values per lane: head_dim <= 512, a multiple of 64 */
-#define ATB_WARPS 8
-#define ATB_CBATCH 2    /* partial results a warp of the last block loads at once */
+#define ATT_MAXV      16 /* values per lane: head_dim <= 512, a multiple of 64 */
+#define ATB_WARPS     8
+#define ATB_CBATCH    2  /* partial results a warp of the last block loads at once */
 #define ATB_PREF_ROWS 32 /* row addresses a warp holds, one a lane */
 
 /* Floats of one partial result of attn_heads_kernel with h heads a warp
@@ -1009,15 +1018,16 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             rcur = rnext;
             uint32_t n = ib + ATB_PREF_ROWS + lane;
             rnext = lane < ATB_PREF_ROWS && n < w1
-                        ? (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, n) : 0;
+                        ? (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, n)
+                        : 0;
         }
         /* the loads of BATCH rows first, each row then serves every head */
         float rv[BATCH][ATT_MAXV];
 #pragma unroll
         for (int u = 0; u < BATCH; u++) {
             bool on = ib + u < w1;
-            const float *rp =
-                (const float *)(size_t)__shfl_sync(0xffffffffu, rcur, (int)((ib - w0 + u) % ATB_PREF_ROWS));
+            const float *rp = (const float *)(size_t)__shfl_sync(0xffffffffu, rcur,
+                                                                 (int)((ib - w0 + u) % ATB_PREF_ROWS));
             attn_lane_load(rp, on, per, rv[u]);
         }
         float sc[BATCH][H];
@@ -1035,7 +1045,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         for (int u = 0; u < BATCH; u++)
 #pragma unroll
             for (int j = 0; j < H; j++) sc[u][j] = ib + u < w1 ? warp_sum(sc[u][j]) * scale : -INFINITY;
-        /* one rescale per batch: to the batch's maximum when it is larger */
+                /* one rescale per batch: to the batch's maximum when it is larger */
 #pragma unroll
         for (int j = 0; j < H; j++) {
             float mb = sc[0][j];
@@ -1204,18 +1214,19 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
  * a piece on eight bank groups).  At the end O goes through shared memory
  * to the per-head finish of the other kernel. */
 #define ATC_HEADS 64
-#define ATC_ROWS 32
+#define ATC_ROWS  32
 #define ATC_WARPS 16
-#define ATC_PAD 4 /* row stride hd + 4 floats (ldmatrix: 8 rows on 8 bank groups); a head's Q words hd / 2 + 4 */
+#define ATC_PAD   4 /* row stride hd + 4 floats (ldmatrix: 8 rows on 8 bank groups); a head's Q words hd / 2 + 4 */
 #define ATC_PIECE 8 /* row values a thread copies and splits together */
-#define ATC_PLD (ATC_ROWS + ATC_PAD) /* f32 scores a head */
-#define ATC_PW (ATC_ROWS / 2 + 4)    /* P words a head (20: ldmatrix rows on 8 bank groups) */
-#define ATC_SCALE 256.0f             /* Q and P scale, 2^8 */
+#define ATC_PLD   (ATC_ROWS + ATC_PAD) /* f32 scores a head */
+#define ATC_PW    (ATC_ROWS / 2 + 4)   /* P words a head (20: ldmatrix rows on 8 bank groups) */
+#define ATC_SCALE 256.0f               /* Q and P scale, 2^8 */
 static_assert(ATC_ROWS == 32, "a chunk's row table is made by one warp");
 
 static size_t attn_tc_smem(uint32_t hd) {
     return (2 * (size_t)ATC_HEADS * (hd / 2 + ATC_PAD) + (size_t)ATC_ROWS * (hd + ATC_PAD) +
-            2 * (size_t)ATC_HEADS * ATC_PLD + 2 * (size_t)ATC_HEADS * ATC_PW + 3 * ATC_HEADS) * sizeof(float) +
+            2 * (size_t)ATC_HEADS * ATC_PLD + 2 * (size_t)ATC_HEADS * ATC_PW + 3 * ATC_HEADS) *
+               sizeof(float) +
            2 * ATC_ROWS * sizeof(const float *);
 }
 
@@ -1275,8 +1286,8 @@ static __global__ void atc_prep_kernel(attn_args a) {
     dev_pdl_enter();
     uint32_t s = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x & 31, ld = a.hd + ATC_PAD;
     if (s > a.tc_nrows || (s < a.raw_cap && s >= *a.pos0)) return; /* or a ring slot not written yet */
-    const float *src = s == a.tc_nrows ? NULL
-                       : s < a.raw_cap ? a.ring + (size_t)s * a.hd
+    const float *src = s == a.tc_nrows  ? NULL
+                       : s < a.raw_cap  ? a.ring + (size_t)s * a.hd
                        : s < a.tc_comp0 ? a.kvbuf + (size_t)(s - a.raw_cap) * a.hd
                                         : a.comp + (size_t)(s - a.tc_comp0) * a.hd;
     float *dst = a.tc_rows + (size_t)s * ld;
@@ -1357,8 +1368,8 @@ static __device__ __forceinline__ void atc_scores_run(const uint32_t *Qh, const 
  * four row fragments (two tiles, two halves of k) come from one ldmatrix:
  * lane i points at row i % 8 of tile (i / 16), values 8 ((i / 8) % 2).. */
 static __device__ __forceinline__ void atc_scores(const uint32_t *Qh, const uint32_t *Ql, uint32_t qw, const float *Ks,
-                                                  uint32_t hd, uint32_t ld, const atc_exact &ex, unsigned mt, unsigned q4,
-                                                  float (&sp)[2][4]) {
+                                                  uint32_t hd, uint32_t ld, const atc_exact &ex, unsigned mt,
+                                                  unsigned q4, float (&sp)[2][4]) {
     unsigned lane = threadIdx.x & 31;
     uint32_t kb0 = (q4 & 1) * (hd / 32), kb1 = kb0 + hd / 32, qa = atc_a_word(lane, 16 * mt, qw);
     uint32_t bm = min(max(atc_tail_block(ex), kb0), kb1);
@@ -1491,8 +1502,8 @@ static __device__ __forceinline__ void atc_softmax(const float *Ps, uint32_t *Ph
  * w of a head holds values 2 w and 2 w + 1.  Doing the q post here saves a
  * long pass's q_post_kernel a read and a write of every query (15 ms of a
  * 4k prefill). */
-static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0, uint32_t pos,
-                                                   uint32_t *Qh, uint32_t *Ql, uint32_t qw) {
+static __device__ __forceinline__ void atc_load_q(const attn_args &a, uint32_t hd, uint32_t t, uint32_t h0,
+                                                  uint32_t pos, uint32_t *Qh, uint32_t *Ql, uint32_t qw) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, nw = blockDim.x / 32;
     for (uint32_t h = warp; h < ATC_HEADS; h += 2 * nw) {
         float4 v[2][QP_GROUPS];
@@ -1559,7 +1570,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
     float o[ATT_MAXV][4] = {};
     float scale = 1.0f / sqrtf((float)hd) / ATC_SCALE;
     atc_pieces pc = atc_pieces_of(tid, nq);
-    uint32_t row_next = tid < ATC_ROWS ? atc_row(a, t, pos0, first, n_raw, total, tid) : 0; /* warp 0: the next chunk's */
+    uint32_t row_next = tid < ATC_ROWS ? atc_row(a, t, pos0, first, n_raw, total, tid)
+                                       : 0; /* warp 0: the next chunk's */
     atc_exact ex;
     ex.tail0 = hd - a.rope_dim;
     for (uint32_t c0 = 0, ci = 0; c0 < total; c0 += ATC_ROWS, ci++) {
@@ -1626,8 +1638,8 @@ template <int HD> static __global__ void __launch_bounds__(ATC_WARPS * 32, 1) at
 }
 
 /* Raw rows of the pass into the ring (after attention has read it). */
-static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvbuf, float *ring, uint32_t T, uint32_t hd,
-                                         uint32_t raw_cap) {
+static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvbuf, float *ring, uint32_t T,
+                                         uint32_t hd, uint32_t raw_cap) {
     dev_pdl_enter();
     uint32_t first = T > raw_cap ? T - raw_cap : 0, t = first + blockIdx.x, pos = *pos0p + t;
     float *dst = ring + (size_t)(pos % raw_cap) * hd;
@@ -1641,9 +1653,9 @@ static __global__ void ring_write_kernel(const uint32_t *pos0p, const float *kvb
  * registers (1 block per SM: 3.5-4% slower decode), every warp a split of
  * its own (8% slower) and the same without the address prefetch (0.3%
  * slower). */
-#define ATB_HEADS 2
+#define ATB_HEADS    2
 #define ATB_MIN_ROWS 8
-#define ATB_BLOCKS 256
+#define ATB_BLOCKS   256
 
 uint32_t cu_attn_groups(const ds4_config *c) { return (c->n_head + ATB_HEADS - 1) / ATB_HEADS; }
 
@@ -1737,8 +1749,8 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     if (cu_attn_run(&a, T, tc, b->st, err)) return -1;
     if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
-    DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->sq->d_step->pos, (const float *)b->kvbuf, S->raw, T, c->head_dim,
-               b->raw_cap);
+    DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->sq->d_step->pos, (const float *)b->kvbuf, S->raw, T,
+               c->head_dim, b->raw_cap);
     CU_LAUNCHED();
     return 0;
 }

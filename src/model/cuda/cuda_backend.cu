@@ -18,7 +18,7 @@ extern "C" {
 #include "model/steering.h"
 }
 
-#define REC_CAP 4096
+#define REC_CAP     4096
 #define LOGITS_ROWS 64
 
 /* ----------------------------------------------------------- buffers */
@@ -254,7 +254,8 @@ int cu_use(cuda_backend *b, cu_seq *s, ds4_err *err) {
 
 /* The MTP block's sequence takes MTP steps and its own calls alone. */
 static int not_mtp(const cuda_backend *b, const ds4_seq *seq, const char *what, ds4_err *err) {
-    if (cu_mtp_seq(b, seq)) return ds4_err_set(err, DS4_EINVAL, "%s: the MTP block's sequence advances by MTP steps", what);
+    if (cu_mtp_seq(b, seq))
+        return ds4_err_set(err, DS4_EINVAL, "%s: the MTP block's sequence advances by MTP steps", what);
     return 0;
 }
 
@@ -280,8 +281,8 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
     for (uint32_t off = 0; off < n; off += b->chunk) {
         uint32_t T = n - off < b->chunk ? n - off : b->chunk;
         CU_TRY(cudaMemcpyAsync(b->d_tokens, tokens + off, T * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st));
-        if (cu_forward(b, b->d_tokens, T, b->sq->n_tokens, false, all_logits ? all_logits + (size_t)off * c->n_vocab : NULL,
-                       err))
+        if (cu_forward(b, b->d_tokens, T, b->sq->n_tokens, false,
+                       all_logits ? all_logits + (size_t)off * c->n_vocab : NULL, err))
             return ds4_err_prefix(err, "prefill of tokens %u..%u", b->sq->n_tokens, b->sq->n_tokens + T - 1);
         memcpy(b->sq->tokens + b->sq->n_tokens, tokens + off, T * sizeof(uint32_t));
         b->sq->n_tokens += T;
@@ -474,9 +475,11 @@ static int check_state(const cuda_backend *b, const cu_seq *q, const ds4_kv_stat
 static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host, ds4_err *err) {
     const ds4_config *c = b->cfg;
     cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+/* clang-format off */
 #define COPY(dev, host, count)                                                                              \
     CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), kind)                       \
                    : cudaMemcpy((dev), (host), (size_t)(count) * sizeof(float), kind))
+    /* clang-format on */
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const dlstate *D = &b->sq->L[il];
         ds4_layer_state *H = &s->layers[il];
@@ -500,7 +503,8 @@ static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4
     if (not_mtp(b, seq, "snapshot", err) || check_state(b, q, out, q->n_tokens, err) || cu_use(b, q, err)) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     CU_TRY(cudaStreamSynchronize(b->st));
-    if (b->sq->has_logits && !cuda_logits(base, seq)) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+    if (b->sq->has_logits && !cuda_logits(base, seq))
+        return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
     if (copy_state(b, out, b->sq->n_tokens, true, err)) return -1;
     out->n_tokens = b->sq->n_tokens;
     out->has_logits = b->sq->has_logits;
@@ -687,16 +691,19 @@ static const ds4_backend_ops cuda_ops = make_ops();
 /* Shapes the kernels are written for (the published model and the test
  * presets all satisfy them). */
 static int check_config(const ds4_config *c, ds4_err *err) {
-    if (c->n_hc != 4) return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: hyper_connection.count %u (needs 4)", c->n_hc);
+    if (c->n_hc != 4)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: hyper_connection.count %u (needs 4)", c->n_hc);
     if (c->head_dim % 64 || c->head_dim > 512)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: head dim %u (needs a multiple of 64, <= 512)", c->head_dim);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: head dim %u (needs a multiple of 64, <= 512)",
+                           c->head_dim);
     if (c->idx_head_dim != 128 || c->idx_n_head > 64)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= 64 x 128)", c->idx_n_head,
-                           c->idx_head_dim);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= 64 x 128)",
+                           c->idx_n_head, c->idx_head_dim);
     if (c->n_expert_used > 8 || c->n_expert > 1024)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u of %u experts (needs <= 8 of <= 1024)",
                            c->n_expert_used, c->n_expert);
-    if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS || c->rope_dim % 2 || c->rope_dim > c->head_dim || c->rope_dim > c->idx_head_dim)
+    if (c->rope_dim / 2 > DS4_ROPE_MAX_PAIRS || c->rope_dim % 2 || c->rope_dim > c->head_dim ||
+        c->rope_dim > c->idx_head_dim)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: rope dims %u", c->rope_dim);
     if ((c->head_dim - c->rope_dim) % 64)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: %u non-RoPE dims (needs FP8 blocks of 64)",
@@ -733,9 +740,7 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     uint64_t budget;
     if (gpu_budget(b, &budget, err)) return -1;
     b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
-    if ((uint64_t)all + state + bufs > budget &&
-        cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err))
-        return -1;
+    if ((uint64_t)all + state + bufs > budget && cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err)) return -1;
     if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
@@ -802,13 +807,15 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
 static int dev_settings(cuda_backend *b, ds4_err *err) {
     const char *gctx = getenv("DS4_CUDA_GRAPH_CTX");
     if (gctx && ds4_parse_u32(gctx, 1, UINT32_MAX / 4, &b->graph_ctx0))
-        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: DS4_CUDA_GRAPH_CTX=%s is not a context size (tokens, 1 or more)",
-                           gctx);
+        return ds4_err_set(err, DS4_EINVAL,
+                           "CUDA backend: DS4_CUDA_GRAPH_CTX=%s is not a context size (tokens, 1 or more)", gctx);
 #ifndef DS4_CUDA_EMU
     ds4_ablate = getenv("DS4_CUDA_ABLATE");
     if (ds4_ablate && *ds4_ablate)
-        fprintf(stderr, "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "
-                        "(for timing only)\n", ds4_ablate);
+        fprintf(stderr,
+                "ds4: DS4_CUDA_ABLATE=%s leaves launches out of the decode graph: its tokens are wrong "
+                "(for timing only)\n",
+                ds4_ablate);
     const char *prof = getenv("DS4_CUDA_PROFILE");
     ds4_prof_on = prof && atoi(prof) > 0;
     ds4_prof_grids = prof && atoi(prof) == 2;
@@ -932,8 +939,8 @@ extern "C" int ds4_cuda_expert_counts(ds4_backend *base, ds4_expert_profile *p, 
     if (!b->expert_count)
         return ds4_err_set(err, DS4_EINVAL, "the CUDA backend was made without counting experts (count_experts)");
     if (p->n_layer != c->n_layer || p->n_expert != c->n_expert)
-        return ds4_err_set(err, DS4_EINVAL, "a profile of %u x %u experts for a model of %u x %u", p->n_layer, p->n_expert,
-                           c->n_layer, c->n_expert);
+        return ds4_err_set(err, DS4_EINVAL, "a profile of %u x %u experts for a model of %u x %u", p->n_layer,
+                           p->n_expert, c->n_layer, c->n_expert);
     size_t n = (size_t)c->n_layer * c->n_expert;
     uint32_t *h = (uint32_t *)malloc(n * sizeof(uint32_t));
     if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory");

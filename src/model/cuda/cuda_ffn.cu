@@ -189,7 +189,7 @@ static __device__ __forceinline__ float dev_swiglu(float g, float u, float limit
  * 165 for 512 threads of scalar loads), a decode step's seven rows 512
  * (256 cost it 0.6 %). */
 template <int NT> static __global__ void __launch_bounds__(NT) swiglu_kernel(swiglu_args a) {
-    constexpr int PER4 = SWIGLU_MAX / 4 / NT; /* float4 of values per thread */
+    constexpr int PER4 = SWIGLU_MAX / 4 / NT;         /* float4 of values per thread */
     if (a.sink.sums && blockIdx.x == gridDim.x - 1) { /* the hosted Sinkhorn (cuda_sinkhorn.cuh) */
         dev_pdl_launch_next();
         hc_sink_job_run(a.sink);
@@ -223,7 +223,8 @@ template <int NT> static __global__ void __launch_bounds__(NT) swiglu_kernel(swi
         if (x) *(float4 *)(x + 4 * (size_t)f) = v;
     }
     __syncthreads();
-    dev_quantize_row((const float *)xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL, o.qk ? o.qk + (size_t)r * o.qks : NULL);
+    dev_quantize_row((const float *)xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL,
+                     o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
@@ -243,8 +244,8 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc
     a.smid = b->smid;
     a.sink = cu_hc_sink_job(b, sink);
     if (a.F > SWIGLU_MAX || a.F % 4)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: expert rows of %u values (a multiple of 4, at most %u)",
-                           a.F, SWIGLU_MAX);
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "CUDA backend: expert rows of %u values (a multiple of 4, at most %u)", a.F, SWIGLU_MAX);
     if (a.n_routed + a.n_shared == 0) return 0;
     uint32_t blocks = a.n_routed + a.n_shared + (a.sink.sums ? 1 : 0);
     if (T == 1) DS4_LAUNCH(swiglu_kernel<512>, blocks, 512, a.F * sizeof(float), st, a);
@@ -260,7 +261,10 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc
 /* The argmax order: the larger value, the lower index on ties (so any
  * order of reduction gives the same winner). */
 static __device__ __forceinline__ void argmax_take(float v, uint32_t i, float &bv, uint32_t &bi) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+    if (v > bv || (v == bv && i < bi)) {
+        bv = v;
+        bi = i;
+    }
 }
 static __device__ __forceinline__ void warp_argmax(float &bv, uint32_t &bi) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -276,10 +280,14 @@ static __global__ void argmax_part_kernel(const float *x, uint32_t n, float *pv,
     __shared__ uint32_t si[32];
     float bv = -INFINITY;
     uint32_t bi = 0xffffffffu;
-    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) argmax_take(x[i], i, bv, bi);
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+        argmax_take(x[i], i, bv, bi);
     warp_argmax(bv, bi);
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
-    if (lane == 0) { sv[warp] = bv; si[warp] = bi; }
+    if (lane == 0) {
+        sv[warp] = bv;
+        si[warp] = bi;
+    }
     __syncthreads();
     if (threadIdx.x == 0) {
         bv = sv[0];
@@ -324,8 +332,8 @@ int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
     DS4_LAUNCH(argmax_part_kernel, ARGMAX_BLOCKS, 256, 0, b->st, (const float *)b->d_last_logits, b->cfg->n_vocab,
                b->argmax_part, b->argmax_idx);
     CU_LAUNCHED();
-    DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->sq->d_step, (const float *)b->argmax_part, (const uint32_t *)b->argmax_idx,
-               T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
+    DS4_LAUNCH(step_end_kernel, 1, 32, 0, b->st, b->sq->d_step, (const float *)b->argmax_part,
+               (const uint32_t *)b->argmax_idx, T, record ? b->d_argmax : (uint32_t *)NULL, b->d_nrec, b->rec_cap);
     CU_LAUNCHED();
     return 0;
 }

@@ -96,7 +96,8 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     uint32_t qd = c->n_head * c->head_dim, gin = qd / c->o_groups, olr = c->o_lora_rank;
     /* decode: a Q8_0 attn_output_b reads the low-rank row as Q8_0, which
      * the attn_output_a launch then makes itself, 32 rows a block */
-    bool fused = decode && w->out_a.type == DS4_TYPE_Q8_0 && w->out_b.type == DS4_TYPE_Q8_0 && b->low.q8 && olr % 32 == 0;
+    bool fused = decode && w->out_a.type == DS4_TYPE_Q8_0 && w->out_b.type == DS4_TYPE_Q8_0 && b->low.q8 &&
+                 olr % 32 == 0;
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -146,15 +147,15 @@ static hc_site ffn_site(cuda_backend *b, uint32_t il, bool decode) {
 }
 static hc_site head_site(cuda_backend *b) {
     const dweights *W = &b->W;
-    hc_site s = {&W->output_hc_fn, &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz, false,
+    hc_site s = {&W->output_hc_fn,     &W->output_hc_scale, &W->output_hc_base, &W->output_norm, true, &b->hz, false,
                  read_form(&W->output)};
     return s;
 }
 /* The MTP block's head: its own HC head and norm, the model's output matrix. */
 static hc_site mtp_head_site(cuda_backend *b) {
     const dmtp *M = cu_mtp_dev(b);
-    hc_site s = {&M->hc_head_fn, &M->hc_head_scale, &M->hc_head_base, &M->norm, true, &b->hz, false,
-                 read_form(&b->W.output)};
+    hc_site s = {&M->hc_head_fn, &M->hc_head_scale,      &M->hc_head_base, &M->norm, true, &b->hz,
+                 false,          read_form(&b->W.output)};
     return s;
 }
 
@@ -374,8 +375,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
-            mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) || mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) ||
-            cu_route(b, il, tok, T, err))
+            mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) ||
+            mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) || cu_route(b, il, tok, T, err))
             return -1;
         /* the host experts by the CPU, or streamed when the chunk uses them
          * enough (cuda_offload.h) */
@@ -426,8 +427,10 @@ static int output_head(cuda_backend *b, uint32_t T, const bool *need, float *hos
         uint32_t n = 1;
         while (t0 + n < T && n < b->logits_rows && (!need || need[t0 + n])) n++;
         dact part = act_row(&b->hz, t0);
-        if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->split, b->st, err)) return -1;
-        CU_TRY(cudaMemcpyAsync(host, b->d_logits, (size_t)n * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
+        if (cu_gemm(&W->output, 0, 0, c->n_vocab, &part, 0, n, b->d_logits, c->n_vocab, NULL, b->split, b->st, err))
+            return -1;
+        CU_TRY(
+            cudaMemcpyAsync(host, b->d_logits, (size_t)n * c->n_vocab * sizeof(float), cudaMemcpyDeviceToHost, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));
         b->d_last_logits = b->d_logits + (size_t)(n - 1) * c->n_vocab;
         host += (size_t)n * c->n_vocab;

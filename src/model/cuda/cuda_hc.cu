@@ -22,9 +22,9 @@
  */
 #include "model/cuda/cuda_sinkhorn.cuh"
 
-#define HC_MAX_D 8192     /* the widest row the finish holds (16 values a thread) */
-#define HC_PART_LANES 16  /* finish: threads per reduced partial sum */
-#define HC_EXPERT_LOADS 8 /* HC post: routed experts' values loaded at once */
+#define HC_MAX_D        8192 /* the widest row the finish holds (16 values a thread) */
+#define HC_PART_LANES   16   /* finish: threads per reduced partial sum */
+#define HC_EXPERT_LOADS 8    /* HC post: routed experts' values loaded at once */
 
 /* The launch shape of the decode launch and of the prefill finish (one
  * shape, so both sum in the same order): blocks of 512 threads, 8 columns
@@ -39,22 +39,22 @@
  * blocks of 1024 threads measured slower.  A decode launch's 17th warp
  * only stores the reduced sums: a block of a later launch hosts the
  * Sinkhorn (cuda_sinkhorn.cuh; 345a7aa). */
-#define HC_THREADS 512                /* mixer and finish threads */
-#define HC_BLOCK (HC_THREADS + 32)    /* and the Sinkhorn warp */
-#define HC_WARPS (HC_THREADS / 32)
+#define HC_THREADS     512               /* mixer and finish threads */
+#define HC_BLOCK       (HC_THREADS + 32) /* and the Sinkhorn warp */
+#define HC_WARPS       (HC_THREADS / 32)
 /* Finish: consecutive columns per thread, 8 for rows of up to 4096 values
  * (Flash; a Q8_K block is one warp), 16 for wider ones (Pro's 7168; a
  * Q8_K block is half a warp).  Whole float4 loads either way. */
 #define HC_VALS_NARROW 8
-#define HC_VALS_WIDE 16
-#define HC_COLS (HC_THREADS / 4)      /* mixer: a thread per stream and column */
+#define HC_VALS_WIDE   16
+#define HC_COLS        (HC_THREADS / 4) /* mixer: a thread per stream and column */
 static_assert(HC_VALS_WIDE * HC_THREADS == HC_MAX_D, "the widest row fills the finish");
 static_assert(HC_WARPS <= 32, "the finish sums the per-warp values with one warp reduction");
 /* The most partial sums a finish thread adds: the slices of the widest row
  * a finish of VALS columns a thread holds (decode; the prefill mixer's
  * slices are wider, so fewer) over the threads of an output (2 for
  * Flash's finish, 4 for Pro's). */
-#define HC_PART_LOADS(VALS) (((VALS) * HC_THREADS / HC_COLS + HC_PART_LANES - 1) / HC_PART_LANES)
+#define HC_PART_LOADS(VALS) (((VALS)*HC_THREADS / HC_COLS + HC_PART_LANES - 1) / HC_PART_LANES)
 
 uint32_t cu_hc_cols(void) { return HC_COLS; }
 
@@ -66,23 +66,23 @@ typedef struct hc_args {
     float *S;
     const float *y, *eout, *sout; /* HC post source (y, or routed + shared), all NULL for none */
     uint32_t k;
-    const int *hsel;              /* hc_post_src's */
+    const int *hsel; /* hc_post_src's */
     const float *hout;
-    float *post, *comb;           /* read by the post, rewritten by the finish */
+    float *post, *comb; /* read by the post, rewritten by the finish */
     const uint8_t *fn;
     uint32_t fn_type, nmix, D, n_hc, nsplit;
     double *part;
-    uint32_t *count;              /* decode: blocks done (back to 0 after each launch) */
-    uint32_t T;                   /* tokens of the pass */
+    uint32_t *count; /* decode: blocks done (back to 0 after each launch) */
+    uint32_t T;      /* tokens of the pass */
     /* finish */
     uint32_t sink_iters;
     float hc_eps, rms_eps;
-    const float *scale, *base;    /* F32 vectors */
+    const float *scale, *base; /* F32 vectors */
     const uint8_t *norm;
     uint32_t norm_type;
-    bool head;                    /* output collapse: pre weights only */
+    bool head; /* output collapse: pre weights only */
     dact xn;
-    double *sums_out;             /* decode, Sinkhorn hosted later (hc_site.sink_later): the sums and rs go there */
+    double *sums_out; /* decode, Sinkhorn hosted later (hc_site.sink_later): the sums and rs go there */
 } hc_args;
 
 /* The finish's constant inputs: the norm weights of the thread's columns
@@ -183,12 +183,20 @@ static __device__ __forceinline__ void hc_store_q8_k(const float (&y)[VALS], uin
 #pragma unroll
     for (int i = 0; i < VALS; i++) {
         float ax = fabsf(y[i]);
-        if (ax > amax) { amax = ax; mx = y[i]; idx = (int)(e % 256) + i; }
+        if (ax > amax) {
+            amax = ax;
+            mx = y[i];
+            idx = (int)(e % 256) + i;
+        }
     }
     for (int o = LANES / 2; wact && o > 0; o >>= 1) {
         float a2 = __shfl_xor_sync(0xffffffffu, amax, o), m2 = __shfl_xor_sync(0xffffffffu, mx, o);
         int i2 = __shfl_xor_sync(0xffffffffu, idx, o);
-        if (a2 > amax || (a2 == amax && i2 < idx)) { amax = a2; mx = m2; idx = i2; }
+        if (a2 > amax || (a2 == amax && i2 < idx)) {
+            amax = a2;
+            mx = m2;
+            idx = i2;
+        }
     }
     if (!has) return;
     uint32_t b = e / 256;
@@ -292,7 +300,8 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<VALS> k
     /* pre weights, in every thread (the same bits everywhere) */
     float pre[4];
 #pragma unroll
-    for (uint32_t h = 0; h < n; h++) pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
+    for (uint32_t h = 0; h < n; h++)
+        pre[h] = dev_sigmoid(hc_mix_value(sums, h, rs) * k.scale[0] + k.base_pre[h]) + a.hc_eps;
     /* x = sum_h pre_h S_h (the pre weights are not normalised) */
     if (BULK) {
         bulk_wait(&sbar);
@@ -332,8 +341,8 @@ static __device__ void hc_finish(const hc_args &a, uint32_t t, hc_consts<VALS> k
     if (has)
 #pragma unroll
         for (int w = 0; w < VALS / 4; w++)
-            *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e + 4 * w) =
-                make_float4(y[4 * w], y[4 * w + 1], y[4 * w + 2], y[4 * w + 3]);
+            *(float4 *)(a.xn.f + (size_t)t * a.xn.fs + e + 4 * w) = make_float4(y[4 * w], y[4 * w + 1], y[4 * w + 2],
+                                                                                y[4 * w + 3]);
     if (a.xn.q8 && wact) hc_store_q8_0(y, e, has, a.xn.q8 + (size_t)t * a.xn.q8s, D);
     if (a.xn.qk) hc_store_q8_k<VALS>(y, e, has, a.xn.qk + (size_t)t * a.xn.qks, D);
 }
@@ -490,14 +499,14 @@ template <int NMIX, int VALS> static __global__ void __launch_bounds__(HC_BLOCK,
  * next chunk's streams are loaded before a chunk's products
  * (hcp_load_streams), two blocks an SM.
  * hc_finish_kernel then reduces the slices and finishes. */
-#define HCP_TOK 64
-#define HCP_COLS 256
-#define HCP_CC 32
-#define HCP_K (4 * HCP_CC) /* K values of a chunk, stream-major: h * HCP_CC + c */
-#define HCP_LD (HCP_K + 4) /* the fragment loads hit 32 banks (8-byte words: 4 g + t) */
+#define HCP_TOK     64
+#define HCP_COLS    256
+#define HCP_CC      32
+#define HCP_K       (4 * HCP_CC) /* K values of a chunk, stream-major: h * HCP_CC + c */
+#define HCP_LD      (HCP_K + 4)  /* the fragment loads hit 32 banks (8-byte words: 4 g + t) */
 #define HCP_THREADS 256
 
-#define HCP_MROWS 32       /* mixer rows staged: every NMIX (<= 31) in whole m-tiles of 8 */
+#define HCP_MROWS 32 /* mixer rows staged: every NMIX (<= 31) in whole m-tiles of 8 */
 
 static size_t hcp_smem(void) { return (size_t)(HCP_TOK + HCP_MROWS) * HCP_LD * sizeof(double); }
 
@@ -519,7 +528,7 @@ static __device__ __forceinline__ void hcp_load_streams(const hc_args &a, uint32
 }
 
 template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS, 2) hc_prefill_mix_kernel(hc_args a) {
-    constexpr int MT = (NMIX + 7) / 8; /* m-tiles of 8 mixer rows */
+    constexpr int MT = (NMIX + 7) / 8;                /* m-tiles of 8 mixer rows */
     constexpr int FPT = MT * 8 * HCP_K / HCP_THREADS; /* mixer weights a thread stages per chunk */
     static_assert(HCP_THREADS % HCP_K == 0 && FPT * HCP_THREADS == MT * 8 * HCP_K, "staging: whole rows");
     static_assert(MT * 8 <= HCP_MROWS, "the staged mixer rows fit");
@@ -580,7 +589,8 @@ template <int NMIX> static __global__ void __launch_bounds__(HCP_THREADS, 2) hc_
 #pragma unroll
         for (int i = 0; i < 2; i++) {
             uint32_t m = 8 * mt + g, t = t0 + 8 * warp + 2 * tq + i;
-            if (m < (uint32_t)NMIX && t < a.T) a.part[((size_t)t * nsplit + blockIdx.y) * (NMIX + 1) + 1 + m] = acc[mt][i];
+            if (m < (uint32_t)NMIX && t < a.T)
+                a.part[((size_t)t * nsplit + blockIdx.y) * (NMIX + 1) + 1 + m] = acc[mt][i];
         }
 }
 
@@ -618,8 +628,7 @@ static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(
 /* The prefill finish's dynamic shared memory: the token's four streams. */
 static size_t hc_finish_smem(uint32_t D) { return (size_t)4 * D * sizeof(float); }
 
-template <int NMIX, int VALS>
-static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
+template <int NMIX, int VALS> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
     if (T == 1) {
         DS4_LAUNCH((hc_mix_kernel<NMIX, VALS>), dim3(b->hc_split, 1), HC_BLOCK, 0, b->st, a);
         CU_LAUNCHED();
@@ -690,8 +699,10 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
         return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC mixer of %u rows", fn->rows);
     a.T = T;
     if (vals == HC_VALS_NARROW)
-        return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_NARROW>(b, T, a, err) : hc_launch_rows<4, HC_VALS_NARROW>(b, T, a, err);
-    return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_WIDE>(b, T, a, err) : hc_launch_rows<4, HC_VALS_WIDE>(b, T, a, err);
+        return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_NARROW>(b, T, a, err)
+                              : hc_launch_rows<4, HC_VALS_NARROW>(b, T, a, err);
+    return fn->rows == 24 ? hc_launch_rows<24, HC_VALS_WIDE>(b, T, a, err)
+                          : hc_launch_rows<4, HC_VALS_WIDE>(b, T, a, err);
 }
 
 hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site) {

@@ -29,9 +29,9 @@ extern "C" {
 }
 
 #define IMX_THREADS 256
-#define IMX_PER 4                          /* columns a thread */
-#define IMX_COLS (IMX_THREADS * IMX_PER)   /* columns a block */
-#define IMX_ROWS 4                         /* entries loaded together */
+#define IMX_PER     4                       /* columns a thread */
+#define IMX_COLS    (IMX_THREADS * IMX_PER) /* columns a block */
+#define IMX_ROWS    4                       /* entries loaded together */
 
 typedef struct imx_args {
     const int *count, *end; /* per expert: entries, and the end of its run of perm (the scatter's cursor) */
@@ -40,8 +40,8 @@ typedef struct imx_args {
     const float *mid;       /* down inputs, entry j at j * ms */
     size_t xs, ms;
     uint32_t k, D, F, xblocks;
-    double *in, *dmid;      /* the layer's sums: n_expert x D, n_expert x F */
-    uint64_t *routes;       /* the layer's entries per expert */
+    double *in, *dmid; /* the layer's sums: n_expert x D, n_expert x F */
+    uint64_t *routes;  /* the layer's entries per expert */
 } imx_args;
 
 /* Block (e, y): expert e, column slice y of the FFN input (y < xblocks) or
@@ -149,7 +149,8 @@ extern "C" int ds4_cuda_imatrix_flush(ds4_backend *base, ds4_err *err) {
     if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_in, 0, in_all * sizeof(double));
     if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_mid, 0, mid_all * sizeof(double));
     if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_routes, 0, routes_all * sizeof(uint64_t));
-    if (!rc && e != cudaSuccess) rc = ds4_err_set(err, DS4_EIO, "CUDA: reading the imatrix sums: %s", cudaGetErrorString(e));
+    if (!rc && e != cudaSuccess)
+        rc = ds4_err_set(err, DS4_EIO, "CUDA: reading the imatrix sums: %s", cudaGetErrorString(e));
     free(h);
     free(r);
     return rc;

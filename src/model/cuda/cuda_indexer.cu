@@ -13,19 +13,19 @@
  */
 #include "model/cuda/cuda_internal.h"
 
-#define IDX_THREADS 256
-#define IDX_GROUP 8                            /* threads per row group */
-#define IDX_GROUPS (IDX_THREADS / IDX_GROUP)   /* row groups per block */
-#define IDX_RPT 4                              /* rows a thread, at most */
-#define IDX_TILE (IDX_GROUPS * IDX_RPT)        /* rows a block, at most */
-#define IDX_GRID 128 /* blocks a launch aims for: about one an SM of the H200 */
+#define IDX_THREADS   256
+#define IDX_GROUP     8                         /* threads per row group */
+#define IDX_GROUPS    (IDX_THREADS / IDX_GROUP) /* row groups per block */
+#define IDX_RPT       4                         /* rows a thread, at most */
+#define IDX_TILE      (IDX_GROUPS * IDX_RPT)    /* rows a block, at most */
+#define IDX_GRID      128                       /* blocks a launch aims for: about one an SM of the H200 */
 #define IDX_MAX_HEADS 64
-#define IDX_HPT (IDX_MAX_HEADS / IDX_GROUP)    /* heads per thread */
-#define IDX_MAX_DIM 128
+#define IDX_HPT       (IDX_MAX_HEADS / IDX_GROUP) /* heads per thread */
+#define IDX_MAX_DIM   128
 /* Query heads and rows in shared memory, read 16 bytes at a time: the
  * stride keeps each 16-byte aligned and puts 8 consecutive ones in 8
  * distinct 4-bank quads, so a warp's vector loads are conflict-free. */
-#define IDX_QSTRIDE (IDX_MAX_DIM + 4)
+#define IDX_QSTRIDE   (IDX_MAX_DIM + 4)
 
 typedef struct idx_args {
     const uint32_t *pos0;
@@ -127,14 +127,16 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
 #pragma unroll
     for (int j = 0; j < QV; j++) {
         uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS), h = i / IDX_MAX_DIM, d = i % IDX_MAX_DIM;
-        qv[j] = h < a.heads && d < a.ihd ? __ldg((const float4 *)(q + h * a.ihd + d)) : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        qv[j] = h < a.heads && d < a.ihd ? __ldg((const float4 *)(q + h * a.ihd + d))
+                                         : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
 #pragma unroll
     for (int j = 0; j < QV; j++) {
         uint32_t i = 4 * (threadIdx.x + j * IDX_THREADS), h = i / IDX_MAX_DIM, d = i % IDX_MAX_DIM;
         *(float4 *)(qs + h * IDX_QSTRIDE + d) = qv[j];
     }
-    for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS; i += blockDim.x) ws[i] = i < a.heads ? a.iw[(size_t)t * a.heads + i] : 0.0f;
+    for (uint32_t i = threadIdx.x; i < IDX_MAX_HEADS; i += blockDim.x)
+        ws[i] = i < a.heads ? a.iw[(size_t)t * a.heads + i] : 0.0f;
     cp_async_wait_all();
     __syncthreads();
     float *out = a.scores + (size_t)t * a.score_stride;
@@ -156,11 +158,11 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
  * kernel's bits).  The relu'd dots times the head weights are added over
  * the fragment's heads and then across the lanes of a column, in a fixed
  * order. */
-#define IDXC_WARPS 4
-#define IDXC_QLOADS 8 /* query loads a thread has in flight */
-#define IDXC_SUB (16 * IDXC_WARPS) /* rows per sub-tile */
-#define IDXC_ROWS 512              /* rows per block */
-#define IDXC_LD (IDX_MAX_DIM + 4)  /* row stride: the fragment loads hit 32 banks */
+#define IDXC_WARPS  4
+#define IDXC_QLOADS 8                 /* query loads a thread has in flight */
+#define IDXC_SUB    (16 * IDXC_WARPS) /* rows per sub-tile */
+#define IDXC_ROWS   512               /* rows per block */
+#define IDXC_LD     (IDX_MAX_DIM + 4) /* row stride: the fragment loads hit 32 banks */
 
 static size_t idx_tc_smem(void) { return (size_t)(2 * IDX_MAX_HEADS + IDXC_SUB) * IDXC_LD * sizeof(uint32_t); }
 
@@ -197,7 +199,8 @@ template <int IHD> static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx
             for (int j = 0; j < 4; j++) dev_tf32_split(f[j], &qh[h][d + j], &ql[h][d + j]);
         }
     }
-    for (uint32_t h = threadIdx.x; h < IDX_MAX_HEADS; h += blockDim.x) ws[h] = h < a.heads ? a.iw[(size_t)t * a.heads + h] : 0.0f;
+    for (uint32_t h = threadIdx.x; h < IDX_MAX_HEADS; h += blockDim.x)
+        ws[h] = h < a.heads ? a.iw[(size_t)t * a.heads + h] : 0.0f;
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32, g = lane / 4, tq = lane % 4;
     uint32_t end = nc < c0 + IDXC_ROWS ? nc : c0 + IDXC_ROWS;
     for (uint32_t cb = c0; cb < end; cb += IDXC_SUB) {
@@ -286,12 +289,12 @@ typedef struct topk_args {
  * counts each span's keys above the threshold on its way, the radix way
  * in a pass of its own. */
 #define TOPK_THREADS 1024
-#define TOPK_WARPS (TOPK_THREADS / 32)
-#define TOPK_BATCH 8
-#define TOPK_WBATCH 4 /* the last pass's batches (its ballots need registers) */
-#define TOPK_BINS (2 * TOPK_THREADS) /* two bins a thread in the scan */
-#define TOPK_CAND 1024
-#define TOPK_CACHE 20480 /* 80 KB: the scores of a 80k-token session */
+#define TOPK_WARPS   (TOPK_THREADS / 32)
+#define TOPK_BATCH   8
+#define TOPK_WBATCH  4                  /* the last pass's batches (its ballots need registers) */
+#define TOPK_BINS    (2 * TOPK_THREADS) /* two bins a thread in the scan */
+#define TOPK_CAND    1024
+#define TOPK_CACHE   20480 /* 80 KB: the scores of a 80k-token session */
 
 typedef struct topk_shared {
     uint32_t hist[TOPK_BINS];
@@ -302,7 +305,9 @@ typedef struct topk_shared {
     uint32_t tb, nb, m, ncand, prefix, need;
 } topk_shared;
 
-static __device__ __forceinline__ bool topk_finite(float v) { return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u; }
+static __device__ __forceinline__ bool topk_finite(float v) {
+    return (__float_as_uint(v) & 0x7f800000u) != 0x7f800000u;
+}
 
 /* Scores i0, i0 + TOPK_THREADS, .. (TOPK_BATCH of them; 0 past n). */
 static __device__ __forceinline__ void topk_load(const float *src, uint32_t i0, uint32_t n, float (&v)[TOPK_BATCH]) {
@@ -347,7 +352,8 @@ static __device__ uint64_t topk_scan(uint64_t v, uint64_t *warp_tot) {
 
 /* Pass 0: the scores into the cache (when given), and their range; false
  * when one is not finite. */
-static __device__ bool topk_range(const float *sc, uint32_t nc, float *cache, topk_shared &sh, float *vmin, float *vmax) {
+static __device__ bool topk_range(const float *sc, uint32_t nc, float *cache, topk_shared &sh, float *vmin,
+                                  float *vmax) {
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     float lo = INFINITY, hi = -INFINITY;
     bool ok = true;
@@ -642,8 +648,9 @@ int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const f
                   uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
                   bool tc, cudaStream_t st, ds4_err *err) {
     if (heads > IDX_MAX_HEADS || ihd > IDX_MAX_DIM || ihd % 32)
-        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)",
-                           heads, ihd, IDX_MAX_HEADS, IDX_MAX_DIM);
+        return ds4_err_set(err, DS4_EUNSUPPORTED,
+                           "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)", heads, ihd,
+                           IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
     idx_args a = {pos0, pos_early, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
@@ -675,10 +682,9 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;
     bool early = cu_pos_early(b, T);
-    if (cu_idx_scores(&b->sq->d_step->pos, early, b->iq, b->iw, b->sq->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
-                      c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
+    if (cu_idx_scores(&b->sq->d_step->pos, early, b->iq, b->iw, b->sq->L[il].idx, T, max_nc, c->idx_n_head,
+                      c->idx_head_dim, c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
-    return cu_topk(&b->sq->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis, b->st,
-                   err);
+    return cu_topk(&b->sq->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis,
+                   b->st, err);
 }
-

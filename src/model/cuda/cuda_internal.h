@@ -60,7 +60,7 @@ extern "C" {
 }
 
 #define CU_MAX_EXPERT_USED 16
-#define CU_MAX_SEGS 16
+#define CU_MAX_SEGS        16
 
 /* ------------------------------------------------------------ weights */
 
@@ -82,15 +82,15 @@ typedef struct dlayer {
 
 typedef struct dweights {
     DS4_GLOBAL_TENSORS(DWT_FIELD)
-    dlayer *layers;    /* n_layer + 1: the last is the MTP block's layer (absent without one) */
-    void *block;       /* one device allocation holding every tensor */
+    dlayer *layers; /* n_layer + 1: the last is the MTP block's layer (absent without one) */
+    void *block;    /* one device allocation holding every tensor */
     size_t bytes;
 } dweights;
 
 /* The MTP block's own tensors (its layer is dweights.layers[n_layer]). */
 typedef struct dmtp {
     DS4_MTP_TENSORS(DWT_FIELD)
-    void *block;       /* its tensors and its layer's */
+    void *block; /* its tensors and its layer's */
     size_t bytes;
 } dmtp;
 #undef DWT_FIELD
@@ -215,7 +215,7 @@ typedef struct gemv_plan {
  * the router alone, a block a row (the float rows' split path), and a
  * warp holds every expert (route_token<8>: 8 a lane, Flash's 256; a launch
  * of its own, route_token<16>, up to 512: Pro's 384). */
-#define GEMV_ROUTE_MAX_EXPERTS 256
+#define GEMV_ROUTE_MAX_EXPERTS      256
 #define GEMV_ROUTE_MAX_EXPERTS_WIDE 512
 static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint32_t k) {
     return p->n_seg == 1 && p->seg[0].split > 1 && n_expert <= GEMV_ROUTE_MAX_EXPERTS_WIDE && k <= 32;
@@ -227,8 +227,8 @@ static inline bool cu_gemv_can_route(const gemv_plan *p, uint32_t n_expert, uint
 uint32_t cu_gemv_seg_blocks(const gemv_plan *p);
 
 /* Add a segment to a plan (host side). */
-void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
-                 uint32_t rows, const dact *x, uint32_t act_off, float *out);
+void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0, uint32_t rows,
+                 const dact *x, uint32_t act_off, float *out);
 /* The same, the outputs also quantized into row 0 of q's Q8_0 form from
  * value q_off on (rows and q_off multiples of 32). */
 void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
@@ -249,7 +249,7 @@ bool cu_gemv_streamed(const gemv_plan *p);
  * CU_WIN_SEGS float matrices, each row read once; token t's output r goes
  * to out[t * out_stride + r].  Each token's outputs have the bits of a
  * one-token gemv of it. */
-#define CU_WIN_T 4
+#define CU_WIN_T    4
 #define CU_WIN_ROWS 4 /* rows a block */
 #define CU_WIN_SEGS 4
 typedef struct cu_win_seg {
@@ -268,7 +268,8 @@ typedef struct cu_win_plan {
 /* Whether W's rows can take it: float rows that split into the gemv's 8
  * equal parts of whole 16-byte loads. */
 static inline bool cu_win_fits(const dwt *W) {
-    return dwt_present(W) && (W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16) && W->n % 64 == 0;
+    return dwt_present(W) && (W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16) &&
+           W->n % 64 == 0;
 }
 int cu_win_add(cu_win_plan *p, const dwt *W, uint32_t rows, float *out, size_t out_stride, ds4_err *err);
 int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err);
@@ -290,9 +291,8 @@ typedef struct cu_group {
  * and used by one product at a time on st, in which a float product whose
  * grid would leave SMs idle keeps its partial sums over slices of K; NULL:
  * such products are not split. */
-int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
-            uint32_t T, float *out, size_t out_stride, const cu_group *grp, float *split, cudaStream_t st,
-            ds4_err *err);
+int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
+            float *out, size_t out_stride, const cu_group *grp, float *split, cudaStream_t st, ds4_err *err);
 /* The scratch a split float product may need (valid after cu_matmul_init). */
 size_t cu_gemm_split_floats(void);
 
@@ -326,22 +326,22 @@ typedef struct dstep {
  * memory. */
 typedef struct cu_journal {
     bool valid;
-    bool on;                 /* the pass being made copies its projections in (cu_journal_proj) */
-    uint32_t n0, T, cap;     /* length at the mark, rows since, rows the buffers hold */
+    bool on;                             /* the pass being made copies its projections in (cu_journal_proj) */
+    uint32_t n0, T, cap;                 /* length at the mark, rows since, rows the buffers hold */
     float *raw, *raw_row, *front, *proj; /* ring slots before the rows, the rows' own, frontiers, projections */
-    float **rings;           /* device: every layer's ring */
-    float *logits;           /* host: cap rows, then the logits at the mark */
+    float **rings;                       /* device: every layer's ring */
+    float *logits;                       /* host: cap rows, then the logits at the mark */
     bool had_logits;
 } cu_journal;
 
-#define CU_LANES 8          /* streams the parts of a pass run their own work on */
-#define CU_GRAPHS 8         /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
+#define CU_LANES      8 /* streams the parts of a pass run their own work on */
+#define CU_GRAPHS     8 /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
 /* Kinds of decode step, one graph each: no compressor window closes, the
  * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
  * close (one in 128).  A deferred layer does its compressor's work only in
  * the steps that close its window (cu_step_kind). */
 #define CU_STEP_KINDS 3
-#define CU_GRAPH_CTX0 8192  /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
+#define CU_GRAPH_CTX0 8192 /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
 
 struct cu_mtp;
 
@@ -354,26 +354,26 @@ struct cu_mtp;
  * sequence cuda_backend.sq names while they are made. */
 typedef struct cu_seq {
     ds4_seq base;
-    uint32_t ctx;        /* tokens it holds */
-    dlstate *L;          /* per layer (device pointers) */
-    void *state_block;   /* all layer state, and d_step */
-    size_t bytes;        /* its size (cuda_backend.dev_bytes counts it) */
+    uint32_t ctx;      /* tokens it holds */
+    dlstate *L;        /* per layer (device pointers) */
+    void *state_block; /* all layer state, and d_step */
+    size_t bytes;      /* its size (cuda_backend.dev_bytes counts it) */
     dstep *d_step;
-    cu_journal jr;       /* from its mark on */
+    cu_journal jr; /* from its mark on */
     uint32_t n_tokens;
     uint32_t *tokens;
-    float *logits_h;     /* the logits after its last token (host) */
+    float *logits_h; /* the logits after its last token (host) */
     bool has_logits;
     /* logits_h holds them; else (the main sequence after a decode step)
      * they are the pass's d_last_logits, until a pass of another sequence */
     bool logits_fresh;
-    uint32_t fold;       /* host copy of dstep.fold */
+    uint32_t fold; /* host copy of dstep.fold */
 } cu_seq;
 
 typedef struct cuda_backend {
     ds4_backend base;
-    cu_seq main_seq;     /* the decode graphs' sequence */
-    cu_seq *sq;          /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
+    cu_seq main_seq; /* the decode graphs' sequence */
+    cu_seq *sq;      /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
     /* the sequence whose logits are d_last_logits and not yet in its
      * logits_h (cu_use copies them out before another one's pass) */
     cu_seq *lg_owner;
@@ -399,18 +399,18 @@ typedef struct cuda_backend {
     uint32_t *lane_attn_count[CU_LANES];
 
     dweights W;
-    struct cu_mtp *mtp;  /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
+    struct cu_mtp *mtp; /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
     /* directional steering (model/steering.h): the directions on the
      * device (NULL without), the scales the decode graphs were captured
      * with, and the activation observer's host rows (chunk x n_embd) */
     float *d_steer;
     float graph_steer[2];
     float *obs_h;
-    uint32_t *d_tokens;      /* the chunk's token ids */
-    float *d_logits;         /* logits_rows x n_vocab */
-    float *d_last_logits;    /* row of the last pass's last token */
+    uint32_t *d_tokens;   /* the chunk's token ids */
+    float *d_logits;      /* logits_rows x n_vocab */
+    float *d_last_logits; /* row of the last pass's last token */
     uint32_t logits_rows;
-    uint32_t *d_argmax;      /* tokens recorded by decode steps */
+    uint32_t *d_argmax; /* tokens recorded by decode steps */
     uint32_t *d_nrec, rec_cap;
     float *argmax_part;
     uint32_t *argmax_idx;
@@ -419,11 +419,11 @@ typedef struct cuda_backend {
     float *S, *post, *comb, *y, *q, *kvbuf, *ckv, *cgate, *ikv, *igate, *iq, *iw, *qa_raw;
     double *hcpart;
     uint32_t hc_split;
-    uint32_t *hc_count; /* per token: HC blocks done (cuda_hc.cu) */
+    uint32_t *hc_count;    /* per token: HC blocks done (cuda_hc.cu) */
     uint32_t *route_count; /* a decode step's router product: blocks done (cu_gemv_route) */
-    double *hcsums;     /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
+    double *hcsums;        /* decode: the last HC launch's mixer sums and RMS scale (cuda_sinkhorn.cuh) */
     dact xn, qr, heads, low, mid, smid, hz;
-    int *msel;    /* the selected experts' device slots (-1: on the host; cuda_offload.h) */
+    int *msel;              /* the selected experts' device slots (-1: on the host; cuda_offload.h) */
     uint32_t *expert_count; /* n_layer x n_expert selections (ds4_backend_opts.count_experts), or NULL */
     struct cu_offload *off; /* routed experts on the host, or NULL */
     size_t dev_bytes;       /* device bytes of the weights, state and buffers (the placement's accounting) */
@@ -432,9 +432,9 @@ typedef struct cuda_backend {
     float *split; /* cu_gemm's split scratch */
     int *sel;
     uint32_t *vis, *nvis;
-    uint32_t attn_split;      /* most splits of a decode step's rows (cu_attn_splits) */
-    uint32_t *attn_count;     /* per head group: split blocks done (cuda_attn.cu) */
-    float *attn_tc_rows;      /* the tensor-core attention's split rows (cu_attn_tc_rows) */
+    uint32_t attn_split;  /* most splits of a decode step's rows (cu_attn_splits) */
+    uint32_t *attn_count; /* per head group: split blocks done (cuda_attn.cu) */
+    float *attn_tc_rows;  /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     /* the importance-matrix sums (ds4_backend_opts.imatrix; cuda_imatrix.cu),
      * NULL without: n_layer x n_expert x n_embd, x n_ff_exp, routed entries */
@@ -451,10 +451,10 @@ typedef struct cuda_backend {
      * developer build's eager, timed launches). */
     cudaGraphExec_t graph[CU_GRAPHS][CU_STEP_KINDS];
     uint32_t graph_ctx[CU_GRAPHS], n_graphs, graph_ctx0;
-    uint32_t n_kinds;      /* CU_STEP_KINDS with deferred layers, else 1 */
-    uint32_t dec_kind;     /* the kind of step the decode pass being made is for */
-    uint32_t dec_ctx;      /* the context the decode pass being made is sized for (cu_dec_cap) */
-    bool capturing;        /* capture_step is recording it: d_step changes only between its replays */
+    uint32_t n_kinds;  /* CU_STEP_KINDS with deferred layers, else 1 */
+    uint32_t dec_kind; /* the kind of step the decode pass being made is for */
+    uint32_t dec_ctx;  /* the context the decode pass being made is sized for (cu_dec_cap) */
+    bool capturing;    /* capture_step is recording it: d_step changes only between its replays */
     /* The captured batched decode step (cuda_seq.cu): one row of each of
      * bg_n sequences, bg_seq in row order, each part's work sized for any
      * position of its sequence, the positions advanced by the graph; it
@@ -462,7 +462,7 @@ typedef struct cuda_backend {
     cudaGraphExec_t bg;
     cu_seq **bg_seq;
     uint32_t bg_n;
-    float bg_steer[2];     /* the steering scales it was captured with */
+    float bg_steer[2]; /* the steering scales it was captured with */
 } cuda_backend;
 
 /* Make s the sequence the next passes act on (cuda_backend.sq), first
@@ -622,7 +622,7 @@ static inline bool cu_steer_changed(const cuda_backend *b) {
 /* hcsums: the mixer's reduced sums (sum of squares, then the rows; at
  * most 32) and, at HC_SUMS_RS, the RMS scale as a double. */
 #define HC_SUMS_RS 32
-#define HC_SUMS (HC_SUMS_RS + 1)
+#define HC_SUMS    (HC_SUMS_RS + 1)
 /* The job that computes a decode site's post / comb in a spare block of a
  * later launch (NULL site: none, sums NULL). */
 hc_sink_job cu_hc_sink_job(const cuda_backend *b, const hc_site *site);
@@ -662,7 +662,7 @@ typedef struct comp_lane {
     uint32_t ape_type;
     const uint8_t *norm;
     uint32_t norm_type;
-    float *rows;              /* compressed rows, hd each */
+    float *rows; /* compressed rows, hd each */
     uint32_t hd, width, ratio;
     bool indexer;
 } comp_lane;
@@ -676,7 +676,7 @@ typedef struct comp_args {
      * frontier's, not the pass's */
     uint32_t back;
     const uint32_t *fold;
-    bool pos_early;     /* as attn_args.pos_early */
+    bool pos_early; /* as attn_args.pos_early */
     ds4_rope rope;
     float eps;
     bool sim;
@@ -697,9 +697,9 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
  * bounds the rows of any query; tc: on the tensor cores (prefill), else
  * on the SIMT units (cu_indexer; exported for the kernel test).
  * pos_early, here and in cu_topk: as attn_args.pos_early. */
-int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows,
-                  uint32_t T, uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores,
-                  size_t score_stride, bool tc, cudaStream_t st, ds4_err *err);
+int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows, uint32_t T,
+                  uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
+                  bool tc, cudaStream_t st, ds4_err *err);
 /* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
  * its prefix, or the top_k of them by score (row t of scores): their
  * indices in ascending order into vis row t, their count into nvis[t].
@@ -726,18 +726,18 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
  * the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
-    bool pos_early;     /* *pos0 may be read before the PDL wait (cu_pos_early) */
-    const float *q;     /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
-    float q_eps;        /* tc: the q post's RMSNorm epsilon */
+    bool pos_early; /* *pos0 may be read before the PDL wait (cu_pos_early) */
+    const float *q; /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
+    float q_eps;    /* tc: the q post's RMSNorm epsilon */
     const float *kvbuf, *ring, *comp;
     const uint32_t *vis, *nvis;
     const float *sinks; /* F32 */
     uint32_t n_head, hd, window, raw_cap, ratio, top_k, nsplit, rope_dim;
-    float *part;        /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] in slot order (attn_heads_kernel) */
-    uint32_t *count;    /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
-    dact heads;         /* the output */
+    float *part;     /* nsplit > 1: per (t, head group, part): m[H], l[H], o[H][hd] in slot order (attn_heads_kernel) */
+    uint32_t *count; /* nsplit > 1: per (t, head group): blocks done (back to 0 after each launch) */
+    dact heads;      /* the output */
     ds4_rope rope;
-    hc_sink_job sink;   /* decode: the Sinkhorn of the HC site that prepared the attention, one more block */
+    hc_sink_job sink; /* decode: the Sinkhorn of the HC site that prepared the attention, one more block */
     /* tc: the visible rows split into binary16 heads and tails once a pass
      * (atc_prep_kernel): the ring's slots, the pass's rows from raw_cap, the
      * compressed rows from tc_comp0, tc_nrows in all, then a row of zeros;
@@ -839,7 +839,7 @@ static __device__ __forceinline__ uint32_t dev_order_key(float f) {
  * threadIdx.x + u blockDim.x is the thread's u-th.  The q / kv post
  * normalises rows of q_lora_rank values with QKV_POST_THREADS threads
  * (check_config holds the rank to what they take). */
-#define NORM_PER 8
+#define NORM_PER         8
 #define QKV_POST_THREADS 256
 
 /* x[0 .. n) <- src (global memory) by the block, each thread's values

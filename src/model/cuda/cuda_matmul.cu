@@ -43,7 +43,9 @@
 /* ------------------------------------------------------ quantization */
 
 size_t cu_q8_bytes(uint32_t n) { return n % 32 ? 0 : ((size_t)n + (size_t)n / 32 * 4 + 15) / 16 * 16; }
-size_t cu_qk_bytes(uint32_t n) { return n % 256 ? 0 : ((size_t)n + (size_t)n / 256 * 4 + (size_t)n / 16 * 2 + 15) / 16 * 16; }
+size_t cu_qk_bytes(uint32_t n) {
+    return n % 256 ? 0 : ((size_t)n + (size_t)n / 256 * 4 + (size_t)n / 16 * 2 + 15) / 16 * 16;
+}
 
 unsigned cu_act_form(uint32_t wtype) {
     switch (wtype) {
@@ -77,7 +79,8 @@ void cu_act_ptrs(const dact *a, uint32_t wtype, uint32_t t, uint32_t off, const 
 static __global__ void quantize_kernel(dact a) {
     dev_pdl_enter();
     const float *x = a.f + (size_t)blockIdx.x * a.fs;
-    dev_quantize_row(x, a.n, a.q8 ? a.q8 + (size_t)blockIdx.x * a.q8s : NULL, a.qk ? a.qk + (size_t)blockIdx.x * a.qks : NULL);
+    dev_quantize_row(x, a.n, a.q8 ? a.q8 + (size_t)blockIdx.x * a.q8s : NULL,
+                     a.qk ? a.qk + (size_t)blockIdx.x * a.qks : NULL);
 }
 
 int cu_quantize(const dact *a, uint32_t T, cudaStream_t st, ds4_err *err) {
@@ -156,8 +159,8 @@ static __device__ __forceinline__ void q8_0_load_w(const uint8_t *const *rows, u
     }
 }
 template <int R, bool PIPE>
-static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                                 float *acc, bool wait) {
+static __device__ __forceinline__ void gemv_q8_0(const uint8_t *const *rows, uint32_t n, const int8_t *x,
+                                                 const float *xd, float *acc, bool wait) {
     constexpr int U = 4 / R;
     unsigned lane = threadIdx.x & 31;
     int4 w[U][R];
@@ -260,8 +263,8 @@ static __device__ __forceinline__ void q2k_dot(const q2k_stage<R> &st, const int
     }
 }
 template <int R>
-static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                                 const int16_t *bsum, float *acc) {
+static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uint32_t n, const int8_t *x,
+                                                 const float *xd, const int16_t *bsum, float *acc) {
     uint32_t nb = n / 256;
     for (uint32_t t = 0; 8 * t < nb; t++) {
         q2k_stage<R> st;
@@ -272,7 +275,8 @@ static __device__ __forceinline__ void gemv_q2_K(const uint8_t *const *rows, uin
 
 /* Scale and min of Q4_K sub-block j (0..7) from the 12 scale bytes, held
  * as three little-endian words. */
-static __device__ __forceinline__ void q4k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t j, int *sc, int *m) {
+static __device__ __forceinline__ void q4k_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, uint32_t j, int *sc,
+                                                     int *m) {
     int4 s = make_int4((int)s0, (int)s1, (int)s2, 0);
     if (j < 4) {
         *sc = (int)(byte16(s, j) & 63);
@@ -286,8 +290,8 @@ static __device__ __forceinline__ void q4k_scale_min(uint32_t s0, uint32_t s1, u
 /* Q4_K rows: eight lanes per 256-block, each with 16 of the 128 quant bytes
  * (16 values of sub-block 2p in the low nibbles, 16 of 2p+1 in the high). */
 template <int R>
-static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const int8_t *x, const float *xd,
-                                                 const int16_t *bsum, float *acc) {
+static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uint32_t n, const int8_t *x,
+                                                 const float *xd, const int16_t *bsum, float *acc) {
     unsigned lane = threadIdx.x & 31, c = lane & 7, p = c >> 1, l0 = (c & 1) * 16;
     uint32_t nb = n / 256;
     for (uint32_t b0 = 0; b0 < nb; b0 += 4) {
@@ -309,10 +313,14 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int4 wl, wh;
-            wl.x = w[r].x & 0x0f0f0f0f; wh.x = (w[r].x >> 4) & 0x0f0f0f0f;
-            wl.y = w[r].y & 0x0f0f0f0f; wh.y = (w[r].y >> 4) & 0x0f0f0f0f;
-            wl.z = w[r].z & 0x0f0f0f0f; wh.z = (w[r].z >> 4) & 0x0f0f0f0f;
-            wl.w = w[r].w & 0x0f0f0f0f; wh.w = (w[r].w >> 4) & 0x0f0f0f0f;
+            wl.x = w[r].x & 0x0f0f0f0f;
+            wh.x = (w[r].x >> 4) & 0x0f0f0f0f;
+            wl.y = w[r].y & 0x0f0f0f0f;
+            wh.y = (w[r].y >> 4) & 0x0f0f0f0f;
+            wl.z = w[r].z & 0x0f0f0f0f;
+            wh.z = (w[r].z >> 4) & 0x0f0f0f0f;
+            wl.w = w[r].w & 0x0f0f0f0f;
+            wh.w = (w[r].w >> 4) & 0x0f0f0f0f;
             int sc0, m0, sc1, m1;
             q4k_scale_min(s[r][0], s[r][1], s[r][2], 2 * p, &sc0, &m0);
             q4k_scale_min(s[r][0], s[r][1], s[r][2], 2 * p + 1, &sc1, &m1);
@@ -348,10 +356,10 @@ static __device__ __forceinline__ void gemv_q4_K(const uint8_t *const *rows, uin
  * 098be36 - once the decode had half
  * the instructions, the lookups' bank conflicts bound it). */
 #define IQ2_LEVELS 256
-#define IQ2_SIGNS 128
-#define IQ2_POS 0x002B1908u /* bytes 8, 25, 43 */
-#define IQ2_TAB (IQ2_LEVELS + IQ2_SIGNS + 2) /* words: the last two are IQ2_POS, see iq2_pos */
-#define IQ2_NEG 0x00D5E7F8u /* bytes -8, -25, -43 */
+#define IQ2_SIGNS  128
+#define IQ2_POS    0x002B1908u                  /* bytes 8, 25, 43 */
+#define IQ2_TAB    (IQ2_LEVELS + IQ2_SIGNS + 2) /* words: the last two are IQ2_POS, see iq2_pos */
+#define IQ2_NEG    0x00D5E7F8u                  /* bytes -8, -25, -43 */
 
 static __device__ void dev_iq2_fill_tab(uint32_t *tab, const uint32_t *tab_g) {
     block_load_row(tab, tab_g, IQ2_TAB);
@@ -498,10 +506,16 @@ static __device__ __forceinline__ void float_load_w(const uint8_t *const *rows, 
  * order: the arithmetic of every float product of a decode step. */
 static __device__ __forceinline__ void float_x8(const float *x, uint32_t e, uint32_t per, float (&xv)[8]) {
     float4 v0 = __ldg((const float4 *)(x + e));
-    xv[0] = v0.x; xv[1] = v0.y; xv[2] = v0.z; xv[3] = v0.w;
+    xv[0] = v0.x;
+    xv[1] = v0.y;
+    xv[2] = v0.z;
+    xv[3] = v0.w;
     if (per == 8) {
         float4 v1 = __ldg((const float4 *)(x + e + 4));
-        xv[4] = v1.x; xv[5] = v1.y; xv[6] = v1.z; xv[7] = v1.w;
+        xv[4] = v1.x;
+        xv[5] = v1.y;
+        xv[6] = v1.z;
+        xv[7] = v1.w;
     } else {
         xv[4] = xv[5] = xv[6] = xv[7] = 0.0f;
     }
@@ -563,7 +577,7 @@ enum {
     GM_IQ2_XXS = 16,
     GM_LIGHT = GM_Q8_0 | GM_FLOAT,
     GM_ALL = 31,
-    GM_Q8OUT = 32, /* Q8_0 rows whose outputs are quantized too (a launch of its own: the epilogue's registers) */
+    GM_Q8OUT = 32,      /* Q8_0 rows whose outputs are quantized too (a launch of its own: the epilogue's registers) */
     GM_ROUTE_WIDE = 64, /* a router product of more than 256 experts routing in its last block (a launch of
                          * its own: the 16 experts a lane take registers the others need not reserve) */
 };
@@ -648,7 +662,8 @@ static __device__ __forceinline__ gemv_part gemv_part_of(const gemv_seg &sg, uin
     return pt;
 }
 
-static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32_t row, unsigned warp, const gemv_part &pt) {
+static __device__ __forceinline__ void gemv_split_row(const gemv_seg &sg, uint32_t row, unsigned warp,
+                                                      const gemv_part &pt) {
     __shared__ float part[GEMV_WARPS];
     const uint8_t *rows[1] = {pt.w};
     float acc[1] = {0.0f};
@@ -735,7 +750,7 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
  * chunk of each a round, four blocks an SM decoded fastest: 202.92 t/s at
  * 4k, against 202.09 with two chunks a round at 89 registers (two blocks
  * an SM) and 202.15 with a row a block (more loads of the activations). */
-#define WIN_U 1          /* 16-byte chunks of a row a lane loads at once */
+#define WIN_U          1 /* 16-byte chunks of a row a lane loads at once */
 #define WIN_MIN_BLOCKS 4 /* blocks an SM: at most 64 registers a thread */
 static __global__ void __launch_bounds__(GEMV_WARPS * 32, WIN_MIN_BLOCKS) gemv_window_kernel(cu_win_plan p) {
     dev_pdl_launch_next();
@@ -763,7 +778,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, WIN_MIN_BLOCKS) gemv_w
         for (int u = 0; u < WIN_U; u++) {
             uint32_t e = base + 32 * per * u + per * lane;
 #pragma unroll
-            for (int r = 0; r < CU_WIN_ROWS; r++) w[u][r] = e < len ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+            for (int r = 0; r < CU_WIN_ROWS; r++)
+                w[u][r] = e < len ? ldw16(rows[r] + (size_t)e * esz) : make_int4(0, 0, 0, 0);
         }
         if (base == 0) dev_pdl_wait_prev();
 #pragma unroll
@@ -832,7 +848,7 @@ int cu_win_run(const cu_win_plan *p, cudaStream_t st, ds4_err *err) {
  * against 14.1 us: its decode is bound by its instructions, which the
  * walk adds to), so they keep a block a unit (098be36). */
 #define GEMV_STREAM_PER_SM 3
-#define GEMV_STREAM_R 2 /* rows a stage: four in each of two stages would not fit three blocks' registers */
+#define GEMV_STREAM_R      2 /* rows a stage: four in each of two stages would not fit three blocks' registers */
 
 /* Where a warp of a streamed launch is: plan block vb (segment s, block
  * rb of it; w0 the unit's first row), the unit's two-row part and its
@@ -923,7 +939,7 @@ static uint32_t stream_blocks; /* cu_gemv_set_stream */
 void cu_gemv_set_stream(uint32_t blocks) { stream_blocks = blocks; }
 
 static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
-static uint32_t n_sms;    /* the device's multiprocessors (gemm_f_split) */
+static uint32_t n_sms;      /* the device's multiprocessors (gemm_f_split) */
 
 /* The selector tables of iq2_group from the codebook and the sign bytes
  * (format/quants.h). */
@@ -966,7 +982,8 @@ int cu_matmul_init(ds4_err *err) {
 static uint32_t pick_rpw(const dwt *W) {
     size_t qbytes = W->row_bytes;
     if (qbytes <= 1024) return 4;
-    if (qbytes <= 2560) return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the IQ2_XXS tables first: more rows */
+    if (qbytes <= 2560)
+        return W->type == DS4_TYPE_IQ2_XXS ? 4 : 2; /* its block copies the IQ2_XXS tables first: more rows */
     return 1;
 }
 
@@ -979,8 +996,8 @@ static bool split_rows(const dwt *W, const int *sel, uint32_t rows) {
     return cu_act_form(W->type) == ACT_F && !sel && rows <= GEMV_SPLIT_ROWS && W->n % (8 * GEMV_WARPS) == 0;
 }
 
-void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
-                 uint32_t rows, const dact *x, uint32_t act_off, float *out) {
+void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0, uint32_t rows,
+                 const dact *x, uint32_t act_off, float *out) {
     gemv_seg *s = &p->seg[p->n_seg++];
     s->w = W->p;
     s->type = W->type;
@@ -1048,8 +1065,8 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         if (check_float_row(sg.type, sg.n, err)) return -1;
         if (cu_act_form(sg.type) == ACT_F ? !sg.xf : !sg.xq)
             return ds4_err_set(err, DS4_EINVAL,
-                               "CUDA backend: a %u-row %s product of an activation without the form it reads",
-                               sg.rows, ds4_type_get(sg.type)->name);
+                               "CUDA backend: a %u-row %s product of an activation without the form it reads", sg.rows,
+                               ds4_type_get(sg.type)->name);
         if (sg.q8 && (sg.type != DS4_TYPE_Q8_0 || sg.rows % 32 || sg.q8_off % 32 || sg.q8_off + sg.rows > sg.q8_n))
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a quantized product output of %u rows at %u (type %u)",
                                sg.rows, sg.q8_off, sg.type);
@@ -1073,9 +1090,12 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
         if ((mask | GM_LIGHT) != GM_LIGHT)
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a routing router product of quantized rows");
         DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_ROUTE_WIDE>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
-    } else if ((mask | GM_LIGHT) == GM_LIGHT) DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
-    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K)) DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    } else if ((mask | GM_LIGHT) == GM_LIGHT)
+        DS4_LAUNCH(gemv_kernel<GM_LIGHT>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q2_K))
+        DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q2_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
+    else if ((mask | GM_LIGHT) == (GM_LIGHT | GM_Q4_K))
+        DS4_LAUNCH(gemv_kernel<GM_LIGHT | GM_Q4_K>, p->n_blocks, threads, 0, st, *p, tab, seg_blocks);
     else if (mask == GM_IQ2_XXS) {
         if (cu_allow_smem<gemv_kernel<GM_IQ2_XXS>>(IQ2_REP_BYTES, err)) return -1;
         DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS>, p->n_blocks, threads, IQ2_REP_BYTES, st, *p, tab, seg_blocks);
@@ -1090,10 +1110,10 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
 
 /* ------------------------------------------------------------- gemm */
 
-#define BM 64      /* float kernel: weight rows per block */
-#define BN 64      /* tokens per block (both kernels; the expert grouping's tile width) */
-#define QBM 128    /* int8 kernel: weight rows per block */
-#define KC 256     /* int8 kernel: K per chunk (one K-quant super-block) */
+#define BM       64  /* float kernel: weight rows per block */
+#define BN       64  /* tokens per block (both kernels; the expert grouping's tile width) */
+#define QBM      128 /* int8 kernel: weight rows per block */
+#define KC       256 /* int8 kernel: K per chunk (one K-quant super-block) */
 #define QTHREADS 256
 
 typedef struct gemm_args {
@@ -1181,7 +1201,9 @@ static __host__ __device__ __forceinline__ size_t gemm_q_smem(uint32_t type) {
     return 2 * sizeof(qstage) + (type == DS4_TYPE_IQ2_XXS ? IQ2_TAB * sizeof(uint32_t) : 0);
 }
 
-static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) { return row * KC + ((piece ^ (row & 7)) << 4); }
+static __device__ __forceinline__ unsigned swz(unsigned row, unsigned piece) {
+    return row * KC + ((piece ^ (row & 7)) << 4);
+}
 /* swz(row, piece + 2 kk) from off = swz(row, piece) with piece < 2: the
  * piece's bits above the lowest are kk's, which the swizzle only flips, so
  * one XOR moves a fragment's address to step kk (no address per step held
@@ -1193,7 +1215,7 @@ static __device__ __forceinline__ unsigned swz_step(unsigned off, unsigned kk) {
  * 1.5 * 2^23 and gains an integer s with |s| < 2^22 reads as the float
  * 1.5 * 2^23 + s exactly, and one exact subtraction leaves (float) s. */
 #define MAGIC_BITS 0x4B400000
-#define MAGIC_F 12582912.0f /* the float of MAGIC_BITS, 1.5 * 2^23 */
+#define MAGIC_F    12582912.0f /* the float of MAGIC_BITS, 1.5 * 2^23 */
 static __device__ __forceinline__ float magic_to_f(int bits) { return __int_as_float(bits) - MAGIC_F; }
 
 static __device__ __forceinline__ void st_zero16(int8_t *p) { *(int4 *)p = make_int4(0, 0, 0, 0); }
@@ -1209,7 +1231,8 @@ static __device__ __forceinline__ const uint8_t *w_row(const gemm_args &g, int m
  * chunk's f16 scales of row threadIdx.x (< QBM) are loaded into registers
  * (load_w_q8_scales, a chunk ahead), to be converted once (by
  * store_w_q8_scales) rather than in every product that uses them. */
-static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0, uint32_t klen) {
+static __device__ __forceinline__ void load_w_q8_async(const gemm_args &g, qstage &s, int mat, uint32_t k0,
+                                                       uint32_t klen) {
     /* thread i copies piece i % 16 of rows i / 16 + 16 j: the rows' swizzle
      * is the same (16 j is a multiple of 8), so only the row moves */
     unsigned r = threadIdx.x / 16, piece = threadIdx.x % 16;
@@ -1254,7 +1277,8 @@ typedef struct wraw {
  * read once, gained 5 %; asking for the activations too, which the L2
  * holds already, measured slower). */
 template <uint32_t TYPE>
-static __device__ __forceinline__ void load_w_raw(const gemm_args &g, int mat, const uint8_t *wrp, uint32_t b, wraw &w) {
+static __device__ __forceinline__ void load_w_raw(const gemm_args &g, int mat, const uint8_t *wrp, uint32_t b,
+                                                  wraw &w) {
     /* the row: held by the caller in wrp, or for Q4_K, whose raw words need
      * more registers, recomputed (held, it spilled 68 bytes against 42) */
     const uint8_t *rp = TYPE == DS4_TYPE_Q4_K ? w_row(g, mat, threadIdx.x / 2) : wrp;
@@ -1325,8 +1349,9 @@ static __device__ __forceinline__ void store_w_raw(qstage &s, const wraw &w, con
 #pragma unroll
             for (unsigned e = 0; e < 2; e++) {
                 int4 q = w.q[2 * (jj / 2) + e];
-                st16(s.w + swz(r, 2 * j + e), ((uint32_t)q.x >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu,
-                     ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu);
+                st16(s.w + swz(r, 2 * j + e), ((uint32_t)q.x >> shift) & 0x0F0F0F0Fu,
+                     ((uint32_t)q.y >> shift) & 0x0F0F0F0Fu, ((uint32_t)q.z >> shift) & 0x0F0F0F0Fu,
+                     ((uint32_t)q.w >> shift) & 0x0F0F0F0Fu);
             }
             int sc, m;
             q4k_scale_min(w.s[0], w.s[1], w.s[2], j, &sc, &m);
@@ -1380,7 +1405,8 @@ static __device__ __forceinline__ void load_x_async(const gemm_args &g, qstage &
             if (kb * 32 < klen) cp_async4(&s.u.q8.xd[q8x_at(kb, t)], (const uint8_t *)g.xd + xo + 4 * (k0 / 32 + kb));
     } else {
 #pragma unroll
-        for (unsigned h = q; h < 8; h += 4) cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xo + 2 * (k0 / 16 + 2 * h));
+        for (unsigned h = q; h < 8; h += 4)
+            cp_async4(&s.u.k.xb[t][2 * h], (const uint8_t *)g.xb + xo + 2 * (k0 / 16 + 2 * h));
         if (q == 0) cp_async4(&s.u.k.xd[t], (const uint8_t *)g.xd + xo + 4 * (k0 / 256));
     }
 }
@@ -1412,7 +1438,8 @@ static __device__ __forceinline__ void gemm_store(const gemm_args &g, float *out
 /* The A fragments of a warp's two 16-row tiles (f[0..7]) and the B
  * fragments of its four 8-token tiles (f[8..15], two words each) at step kk
  * of a chunk. */
-static __device__ __forceinline__ void load_frags(const qstage &s, unsigned aoff, unsigned boff, uint32_t kk, uint32_t f[16]) {
+static __device__ __forceinline__ void load_frags(const qstage &s, unsigned aoff, unsigned boff, uint32_t kk,
+                                                  uint32_t f[16]) {
 #pragma unroll
     for (int a = 0; a < 2; a++) ldmatrix_x4(f + 4 * a, s.w + swz_step(aoff, kk) + 16 * KC * a);
 #pragma unroll
@@ -1615,7 +1642,7 @@ static __global__ void __launch_bounds__(QTHREADS, 2) gemm_q_kernel(gemm_args g,
  * the f32 products of the CPU to within a few units of the last place, at
  * two or three tensor-core passes instead of the SIMT multiply-adds.  F16
  * weights take the FP16 units instead (gemm_h_kernel, same tiles). */
-#define FK 32
+#define FK   32
 #define FPAD (FK + 4) /* row stride of the tiles: the fragment loads hit 32 banks */
 
 /* Thread i loads 8 consecutive K values of tile row i / 4: in 16-byte
@@ -1708,7 +1735,8 @@ static __device__ __forceinline__ void gemm_f_step(const gemm_args &g, gemm_f_ti
     gemm_f_store(s.wh, wtail ? s.wl : NULL, lr, lk, wv);
     gemm_f_store(s.xh, s.xl, lr, lk, xv);
     __syncthreads();
-    if (k0 + 2 * FK < kend) gemm_f_load(g, vec, wrow, xrow, k0 + 2 * FK + lk, kend, wv, xv); /* in flight for two steps */
+    if (k0 + 2 * FK < kend)
+        gemm_f_load(g, vec, wrow, xrow, k0 + 2 * FK + lk, kend, wv, xv); /* in flight for two steps */
 #pragma unroll
     for (int kk = 0; kk < FK; kk += 8) {
         uint32_t ah[2][4], al[2][4], bh[2][2], bl[2][2];
@@ -1756,7 +1784,8 @@ static __device__ __forceinline__ gemm_f_block gemm_f_block_of(const gemm_args &
     uint32_t wr = row_tile(g) * BM + lr;
     b.wrow = wr < g.rows ? g.w + (size_t)mat * g.mat_bytes + (size_t)(g.row0 + wr) * g.row_bytes : NULL;
     b.xrow = (int)lr < count ? g.xf + (size_t)act_row(g, start + (int)lr) * g.xfs : NULL;
-    b.vec = g.n % 8 == 0 && ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
+    b.vec = g.n % 8 == 0 &&
+            ((uintptr_t)g.xf | g.xfs * sizeof(float) | (uintptr_t)g.w | g.row_bytes | g.mat_bytes) % 16 == 0;
     b.kb = blockIdx.z * g.kper;
     b.ke = b.kb + g.kper < g.n ? b.kb + g.kper : g.n;
     return b;
@@ -1852,7 +1881,8 @@ static __device__ __forceinline__ void gemm_h_step(const gemm_args &g, gemm_h_ti
     *(uint4 *)&s.xl[lr][lw] = make_uint4(l[0], l[1], l[2], l[3]);
     if (lw == 0) s.xinv[lr] = dev_pow2(-e);
     __syncthreads();
-    if (k0 + 2 * FK < kend) gemm_h_load(g, vec, wrow, xrow, k0 + 2 * FK + 2 * lw, kend, wv, xv); /* in flight for two steps */
+    if (k0 + 2 * FK < kend)
+        gemm_h_load(g, vec, wrow, xrow, k0 + 2 * FK + 2 * lw, kend, wv, xv); /* in flight for two steps */
     /* fragments by ldmatrix: A's four 8 x 8 matrices are rows +8 (lane bit
      * 3) and k +8 (bit 4); B's are k +8 (bit 3) and tokens +8 (bit 4) */
     unsigned l8 = lane % 8, ar = 32 * wm + l8 + 8 * ((lane >> 3) & 1), aw = 4 * (lane >> 4);
@@ -1955,7 +1985,8 @@ static int gemm_f_join(const gemm_args *g, cudaStream_t st, ds4_err *err) {
  * allow them once per weight type, with the whole carveout as shared
  * memory so that two blocks (16 warps) fit an SM. */
 template <uint32_t TYPE> static int gemm_q_allow(ds4_err *err) {
-    CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_q_smem(TYPE)));
+    CU_TRY(
+        cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)gemm_q_smem(TYPE)));
     CU_TRY(cudaFuncSetAttribute(gemm_q_kernel<TYPE>, cudaFuncAttributePreferredSharedMemoryCarveout, 100));
     return 0;
 }
@@ -2005,7 +2036,8 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
     if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
     if (((uintptr_t)g.xq | g.xqs | W->row_bytes | (uintptr_t)W->p) % 16)
-        return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)", rows);
+        return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)",
+                           rows);
     if (cu_matmul_init(err) || gemm_q_init(err)) return -1;
     size_t smem = gemm_q_smem(W->type);
     const uint32_t *gr = d_iq2_tab;

@@ -31,9 +31,9 @@
 #include <string.h>
 
 struct cu_mtp {
-    ds4_config cfg;       /* the model's, layer n_layer the block's (the backend's cfg) */
+    ds4_config cfg; /* the model's, layer n_layer the block's (the backend's cfg) */
     dmtp W;
-    ds4_seq seq;          /* the one MTP sequence */
+    ds4_seq seq; /* the one MTP sequence */
     bool held;
     float *hid_main;      /* DS4_HIDDEN_KEEP final residuals (n_hc x n_embd) of the main sequence */
     float *hid_mtp;       /* ... of the MTP sequence */
@@ -44,13 +44,13 @@ struct cu_mtp {
     void *block;
     uint32_t n_tokens;
     bool has_logits;
-    float *logits_h;      /* host: the logits after its last token */
+    float *logits_h; /* host: the logits after its last token */
     /* the mark (journal) */
     bool jvalid, had_logits;
     uint32_t n0;
-    float *jraw;          /* device: the ring at the mark */
-    float *jrows;         /* device: DS4_REWIND_MAX KV rows of the rows since the mark */
-    float *jlogits;       /* host: DS4_REWIND_MAX rows of logits since the mark, then the mark's */
+    float *jraw;    /* device: the ring at the mark */
+    float *jrows;   /* device: DS4_REWIND_MAX KV rows of the rows since the mark */
+    float *jlogits; /* host: DS4_REWIND_MAX rows of logits since the mark, then the mark's */
 };
 
 const dmtp *cu_mtp_dev(const cuda_backend *b) { return &b->mtp->W; }
@@ -89,8 +89,9 @@ static __global__ void mtp_embed_kernel(const uint32_t *tokens, dwt E, const uin
     DS4_DYN_SMEM(float, x);
     const uint8_t *row = E.p + (size_t)tokens[blockIdx.x] * E.row_bytes;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x)
-        x[d] = E.type == DS4_TYPE_Q8_0 ? (float)((const int8_t *)row)[d] * dev_f16(((const uint16_t *)(row + D))[d / 32])
-                                       : fvec(row, E.type, d);
+        x[d] = E.type == DS4_TYPE_Q8_0
+                   ? (float)((const int8_t *)row)[d] * dev_f16(((const uint16_t *)(row + D))[d / 32])
+                   : fvec(row, E.type, d);
     __syncthreads();
     rmsnorm_to(x, w, wtype, D, eps, out + (size_t)blockIdx.x * D);
 }
@@ -192,8 +193,9 @@ static int hidden_src(const cuda_backend *b, const ds4_row *r, uint32_t i, const
     bool own = r->hseq == &m->seq;
     uint32_t n = own ? m->n_tokens : b->main_seq.n_tokens;
     if (r->hpos >= n || r->hpos + DS4_HIDDEN_KEEP < n)
-        return ds4_err_set(err, DS4_EINVAL, "row %u: the residual of position %u is not kept (the sequence has %u, "
-                                            "keeps the last %d)",
+        return ds4_err_set(err, DS4_EINVAL,
+                           "row %u: the residual of position %u is not kept (the sequence has %u, "
+                           "keeps the last %d)",
                            i, r->hpos, n, DS4_HIDDEN_KEEP);
     *src = (own ? m->hid_mtp : m->hid_main) + (size_t)(r->hpos % DS4_HIDDEN_KEEP) * b->cfg->n_hc * b->cfg->n_embd;
     return 0;
@@ -234,8 +236,8 @@ static int finish_step(cuda_backend *b, const ds4_row *rows, uint32_t n, const d
     size_t hcd = (size_t)c->n_hc * c->n_embd, V = c->n_vocab;
     for (uint32_t i = 0, nh = 0; i < n; i++)
         if ((rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden)
-            CU_TRY(cudaMemcpyAsync(out->hidden + hcd * nh++, b->S + hcd * i, hcd * sizeof(float), cudaMemcpyDeviceToHost,
-                                   b->st));
+            CU_TRY(cudaMemcpyAsync(out->hidden + hcd * nh++, b->S + hcd * i, hcd * sizeof(float),
+                                   cudaMemcpyDeviceToHost, b->st));
     if (rewindable)
         CU_TRY(cudaMemcpyAsync(m->jrows + (size_t)(m->n_tokens - m->n0) * c->head_dim, b->kvbuf,
                                (size_t)n * c->head_dim * sizeof(float), cudaMemcpyDeviceToDevice, b->st));
@@ -390,8 +392,8 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
                       b->raw_cap * hd * sizeof(float),       sizeof(dstep),
                       b->logits_rows * V * sizeof(float),    b->chunk * sizeof(float *),
                       b->raw_cap * hd * sizeof(float),       DS4_REWIND_MAX * hd * sizeof(float)};
-    void **ptrs[] = {(void **)&m->hid_main, (void **)&m->hid_mtp, (void **)&m->raw,     (void **)&m->d_step,
-                     (void **)&m->d_logits, (void **)&m->d_hsrc,  (void **)&m->jraw,    (void **)&m->jrows};
+    void **ptrs[] = {(void **)&m->hid_main, (void **)&m->hid_mtp, (void **)&m->raw,  (void **)&m->d_step,
+                     (void **)&m->d_logits, (void **)&m->d_hsrc,  (void **)&m->jraw, (void **)&m->jrows};
     size_t total = 0;
     for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) total += (sizes[i] + 255) / 256 * 256;
     if (cu_dev_alloc(&m->block, total, "the MTP sequence's state", err)) return -1;

@@ -25,11 +25,11 @@ extern "C" {
 #include "format/quants.h"
 }
 
-#define HOST_TILE 32   /* weight rows a CPU task takes */
+#define HOST_TILE   32                  /* weight rows a CPU task takes */
 #define DEV_RESERVE ((uint64_t)1 << 30) /* the default budget leaves this much of the free memory to the runtime */
 
 #define STAGE_CAP ((size_t)256 << 20) /* bytes of a stage's experts at most */
-#define STAGE_MAX 64                   /* experts of a stage at most */
+#define STAGE_MAX 64                  /* experts of a stage at most */
 
 static double gib(uint64_t b) { return (double)b / (1024.0 * 1024.0 * 1024.0); }
 static size_t r256(size_t x) { return (x + 255) / 256 * 256; }
@@ -197,7 +197,8 @@ static void synth_rows(void *ctx, int64_t r0, int64_t r1, int thread) {
         if (s->type == DS4_TYPE_F32 || s->type == DS4_TYPE_F16 || s->type == DS4_TYPE_BF16) {
             for (uint32_t i = 0; i < s->n; i++) {
                 h = mix64(h + 1);
-                float u1 = (float)((h >> 40) + 1) * (1.0f / 16777217.0f), u2 = (float)(h & 0xffffff) * (1.0f / 16777216.0f);
+                float u1 = (float)((h >> 40) + 1) * (1.0f / 16777217.0f),
+                      u2 = (float)(h & 0xffffff) * (1.0f / 16777216.0f);
                 float v = s->mean + s->std * sqrtf(-2.0f * logf(u1)) * cosf(6.28318530718f * u2);
                 if (s->type == DS4_TYPE_F32) ((float *)row)[i] = v;
                 else if (s->type == DS4_TYPE_F16) ((uint16_t *)row)[i] = ds4_f32_to_f16(v);
@@ -318,12 +319,14 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
             o->hwt[(size_t)l * 3 + t] = h;
             size_t ab = ds4_act_bytes(h->type, (int64_t)h->ne[0]);
             if (!ab)
-                return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: type %u cannot be computed on the CPU", h->name, h->type);
+                return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: type %u cannot be computed on the CPU", h->name,
+                                   h->type);
             size_t *m = t == 0 ? &xg : t == 1 ? &xu : &mr;
             if (ab > *m) *m = ab;
             if (!w->synthetic)
                 for (uint32_t e = 0; e < E; e++)
-                    if (o->slot[(size_t)l * E + e] < 0) o->hmat[((size_t)l * 3 + t) * E + e] = (const uint8_t *)ds4_wt_row(h, e, 0);
+                    if (o->slot[(size_t)l * E + e] < 0)
+                        o->hmat[((size_t)l * 3 + t) * E + e] = (const uint8_t *)ds4_wt_row(h, e, 0);
         }
     }
     o->xrow_g = (xg + 63) / 64 * 64;
@@ -488,7 +491,8 @@ static void down_rows(void *ctx, int64_t a, int64_t z, int thread) {
     uint32_t F = o->cfg->n_ff_exp, D = o->cfg->n_embd, E = o->cfg->n_expert, tiles = (D + HOST_TILE - 1) / HOST_TILE;
     const ds4_wt *W = hp->wt[2];
     for (int64_t j = a; j < z; j++) {
-        uint32_t u = (uint32_t)(j / tiles), r0 = (uint32_t)(j % tiles) * HOST_TILE, nr = D - r0 < HOST_TILE ? D - r0 : HOST_TILE;
+        uint32_t u = (uint32_t)(j / tiles), r0 = (uint32_t)(j % tiles) * HOST_TILE,
+                 nr = D - r0 < HOST_TILE ? D - r0 : HOST_TILE;
         uint32_t e = o->used[u], e0 = o->ent_off[e], m = o->ent_off[e + 1] - e0;
         const uint8_t *rows = o->hmat[((size_t)hp->il * 3 + 2) * E + e] + (size_t)r0 * W->row_bytes;
         float *y = m == 1 ? o->h_out + (size_t)o->ent[e0] * D + r0 : o->dout + (size_t)e0 * D + r0;
@@ -553,8 +557,8 @@ static void CUDART_CB host_job(void *arg) {
 
 /* The hand-off: the pass's FFN inputs (f32), selections and weights into
  * pinned host memory, written by the GPU directly. */
-static __global__ void handoff_kernel(const float *x, size_t xs, const int *sel, const float *selw, uint32_t T, uint32_t D,
-                                      uint32_t k, float *hx, int *hsel, float *hselw) {
+static __global__ void handoff_kernel(const float *x, size_t xs, const int *sel, const float *selw, uint32_t T,
+                                      uint32_t D, uint32_t k, float *hx, int *hsel, float *hselw) {
     dev_pdl_enter();
     uint32_t t = blockIdx.x;
     for (uint32_t d = threadIdx.x; d < D; d += blockDim.x) hx[(size_t)t * D + d] = x[(size_t)t * xs + d];

@@ -57,42 +57,42 @@ typedef struct cu_host_job {
 typedef struct cu_offload {
     const ds4_config *cfg;
     ds4_placement place;
-    int32_t *slot;            /* host: n_layer x n_expert, the device slot or -1 */
-    int32_t *d_slot;          /* device copy */
-    const uint8_t **hmat;     /* n_layer x 3 x n_expert: an expert's matrix on the host (GGUF layout), NULL on the GPU */
-    const ds4_wt **hwt;       /* n_layer x 3: the tensors (types, shapes) */
-    uint8_t *synth;           /* synthetic weights: the host experts' bytes */
+    int32_t *slot;        /* host: n_layer x n_expert, the device slot or -1 */
+    int32_t *d_slot;      /* device copy */
+    const uint8_t **hmat; /* n_layer x 3 x n_expert: an expert's matrix on the host (GGUF layout), NULL on the GPU */
+    const ds4_wt **hwt;   /* n_layer x 3: the tensors (types, shapes) */
+    uint8_t *synth;       /* synthetic weights: the host experts' bytes */
     size_t synth_bytes;
-    float *clamp;             /* per layer: the SwiGLU clamp */
+    float *clamp; /* per layer: the SwiGLU clamp */
     ds4_pool *pool;
-    uint32_t chunk;           /* tokens a pass holds at most */
+    uint32_t chunk; /* tokens a pass holds at most */
     /* hand-off (pinned host memory that the GPU's launches read and write) */
-    float *h_x;               /* chunk x D: FFN inputs */
-    int *h_sel;               /* chunk x k: experts */
-    float *h_selw;            /* chunk x k: their routing weights */
-    float *h_out;             /* chunk x k x D: the host experts' outputs */
+    float *h_x;    /* chunk x D: FFN inputs */
+    int *h_sel;    /* chunk x k: experts */
+    float *h_selw; /* chunk x k: their routing weights */
+    float *h_out;  /* chunk x k x D: the host experts' outputs */
     /* CPU scratch: entries (token, slot) grouped by expert */
-    uint32_t *ent, *ent_off;  /* entries (t * k + i), by expert; each expert's first */
-    uint32_t *used;           /* the experts with entries */
+    uint32_t *ent, *ent_off;         /* entries (t * k + i), by expert; each expert's first */
+    uint32_t *used;                  /* the experts with entries */
     uint8_t *xact_g, *xact_u, *mact; /* quantized gate / up inputs, down inputs, an entry's row each */
     size_t xrow_g, xrow_u, mrow;
-    float *eg, *eu, *dout;    /* gate, up (entries x F), down outputs (entries x D) */
+    float *eg, *eu, *dout; /* gate, up (entries x F), down outputs (entries x D) */
     cudaStream_t hs;
     cudaEvent_t ev_route, ev_host;
-    cu_host_job *jobs;        /* per layer: eager passes' (T set as each is enqueued) */
-    cu_host_job *gjobs;       /* per layer: the decode graphs' (T = 1 always) */
+    cu_host_job *jobs;  /* per layer: eager passes' (T set as each is enqueued) */
+    cu_host_job *gjobs; /* per layer: the decode graphs' (T = 1 always) */
     /* prefill streaming: S experts a stage; a stage holds the gate, up and
      * down matrices of S experts, each part sized for the largest layer */
     uint32_t S;
     size_t stage_part[3], stage_bytes;
-    uint8_t *stage_h[2];      /* pinned */
-    uint8_t *stage_d;         /* device: two stages */
-    int *ssel_h[2], *ssel_d;  /* an entry's slot in a stage (-1: not in it); device: two of chunk x k */
-    int32_t *batch_slot;      /* per expert: its slot in the stage being filled, or -1 */
-    cudaStream_t cs;          /* the copies */
+    uint8_t *stage_h[2];     /* pinned */
+    uint8_t *stage_d;        /* device: two stages */
+    int *ssel_h[2], *ssel_d; /* an entry's slot in a stage (-1: not in it); device: two of chunk x k */
+    int32_t *batch_slot;     /* per expert: its slot in the stage being filled, or -1 */
+    cudaStream_t cs;         /* the copies */
     cudaEvent_t ev_copied[2], ev_free[2];
-    double pcie_bw;           /* bytes/s, pinned host to device */
-    double sec_per_entry;     /* the CPU's seconds per (token, expert) */
+    double pcie_bw;       /* bytes/s, pinned host to device */
+    double sec_per_entry; /* the CPU's seconds per (token, expert) */
 } cu_offload;
 
 /* Placement for backend b (its weights' shapes known, fixed: the bytes it

@@ -146,8 +146,7 @@ void ds4_prof_report(const char *title) {
         char name[160];
         if (sums[i].grid.x)
             snprintf(name, sizeof(name), "%s [%ux%ux%u]", sums[i].name, sums[i].grid.x, sums[i].grid.y, sums[i].grid.z);
-        else
-            snprintf(name, sizeof(name), "%s", sums[i].name);
+        else snprintf(name, sizeof(name), "%s", sums[i].name);
         fprintf(stderr, "  %-28s %8ld %10.3f %9.2f %5.1f%%\n", name, sums[i].calls, sums[i].ms,
                 1e3 * sums[i].ms / sums[i].calls, 100.0 * sums[i].ms / total);
     }

@@ -44,7 +44,8 @@ static __device__ __forceinline__ void route_token(const cu_route_in &a, uint32_
      * argmax's loads: +3.1 % decode at 4k) */
     float logit[PER];
 #pragma unroll
-    for (int j = 0; j < PER; j++) logit[j] = lane + 32 * j < ne ? __ldcg(a.logits + (size_t)t * ne + lane + 32 * j) : 0.0f;
+    for (int j = 0; j < PER; j++)
+        logit[j] = lane + 32 * j < ne ? __ldcg(a.logits + (size_t)t * ne + lane + 32 * j) : 0.0f;
     float prob[PER];
     uint32_t key[PER];
     uint32_t open = 0; /* bit j: expert lane + 32 j exists and is not taken yet */
@@ -68,7 +69,10 @@ static __device__ __forceinline__ void route_token(const cu_route_in &a, uint32_
             int bj = -1;
 #pragma unroll
             for (int j = 0; j < PER; j++)
-                if (((open >> j) & 1) && (bj < 0 || key[j] > bk)) { bk = key[j]; bj = j; }
+                if (((open >> j) & 1) && (bj < 0 || key[j] > bk)) {
+                    bk = key[j];
+                    bj = j;
+                }
             uint32_t top = __reduce_max_sync(0xffffffffu, bk);
             e = __reduce_min_sync(0xffffffffu, bj >= 0 && bk == top ? 32u * (uint32_t)bj + lane : 0xffffffffu);
         }
@@ -81,7 +85,10 @@ static __device__ __forceinline__ void route_token(const cu_route_in &a, uint32_
                 open &= ~(1u << j);
             }
         p = __shfl_sync(0xffffffffu, p, e & 31);
-        if (lane == i) { chosen = (int)e; cprob = p; }
+        if (lane == i) {
+            chosen = (int)e;
+            cprob = p;
+        }
     }
     /* the weights, summed in selection order as the CPU does */
     float sum = 0.0f;

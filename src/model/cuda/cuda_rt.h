@@ -33,10 +33,13 @@ extern "C" {
 
 /* kernel<<<grid, block, smem, stream>>>(args...) in either build. */
 #ifdef DS4_CUDA_EMU
+/* clang-format off */
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...) \
     emu_launch_kernel((grid), (block), (smem), (stream), #kern, kern, __VA_ARGS__)
+/* clang-format on */
 #define DS4_DYN_SMEM(type, name) type *name = reinterpret_cast<type *>(emu_blk.dyn_smem)
 #elif defined(DS4_CUDA_DEV)
+/* clang-format off */
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                     \
     do {                                                                                      \
         if (ds4_ablate && ds4_ablated(#kern, dim3(grid), stream)) break;                      \
@@ -44,16 +47,21 @@ extern "C" {
         ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
         if (ds4_prof_on) ds4_prof_after(#kern, dim3(grid), stream);                           \
     } while (0)
+/* clang-format on */
 #else
+/* clang-format off */
 #define DS4_LAUNCH(kern, grid, block, smem, stream, ...)                                             \
     do {                                                                                              \
         ds4_launch_status = ds4_launch_chained(kern, (grid), (block), (smem), (stream), __VA_ARGS__); \
     } while (0)
+/* clang-format on */
 #endif
 #ifndef DS4_CUDA_EMU
+/* clang-format off */
 #define DS4_DYN_SMEM(type, name)                                   \
     extern __shared__ __align__(16) unsigned char ds4_dyn_smem[]; \
     type *name = reinterpret_cast<type *>(ds4_dyn_smem)
+/* clang-format on */
 #endif
 
 /* Programmatic dependent launch (Hopper): every kernel is launched so that
@@ -176,10 +184,12 @@ static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *fi
     if (e == cudaSuccess) return 0;
     return ds4_err_set(err, DS4_EIO, "CUDA: %s failed at %s:%d: %s", what, file, line, cudaGetErrorString(e));
 }
+/* clang-format off */
 #define CU_TRY(call)                                                              \
     do {                                                                          \
         if (ds4_cuda_check((call), #call, __FILE__, __LINE__, err) != 0) return -1; \
     } while (0)
+/* clang-format on */
 
 /* cudaMalloc for the backend's large blocks (weights, session state, pass
  * buffers): when the device has no room, the error says what needed how
@@ -212,12 +222,14 @@ template <auto KERN> static inline int cu_allow_smem(size_t bytes, ds4_err *err)
 #ifdef DS4_CUDA_EMU
 #define CU_LAUNCHED() CU_TRY(cudaGetLastError())
 #else
+/* clang-format off */
 #define CU_LAUNCHED()                                                   \
     do {                                                                \
         cudaError_t launch_e = ds4_launch_status;                       \
         ds4_launch_status = cudaSuccess;                                \
         CU_TRY(launch_e != cudaSuccess ? launch_e : cudaGetLastError()); \
     } while (0)
+/* clang-format on */
 #endif
 
 /* -------------------------------------------------- device helpers */
@@ -450,7 +462,9 @@ static __device__ __forceinline__ void bulk_begin(uint64_t *bar, uint32_t bytes)
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\n"
                  "fence.mbarrier_init.release.cluster;\n"
                  "fence.proxy.async.global;\n"
-                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b), "r"(bytes) : "memory");
+                 "mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(b),
+                 "r"(bytes)
+                 : "memory");
 #endif
 }
 static __device__ __forceinline__ void bulk_copy(void *smem, const void *gmem, uint32_t bytes, uint64_t *bar) {
@@ -473,10 +487,11 @@ static __device__ __forceinline__ void bulk_wait(uint64_t *bar) {
 #ifndef DS4_CUDA_EMU
     uint32_t b = (uint32_t)__cvta_generic_to_shared(bar), done = 0;
     while (!done)
-        asm volatile("{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
-                     : "=r"(done)
-                     : "r"(b)
-                     : "memory");
+        asm volatile(
+            "{\n .reg .pred p;\n mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0;\n selp.u32 %0, 1, 0, p;\n}\n"
+            : "=r"(done)
+            : "r"(b)
+            : "memory");
 #endif
 }
 
@@ -520,7 +535,8 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const vo
     unsigned lane = emu_lane();
     for (unsigned j = 0; j < 4; j++) {
         uint16_t v[2];
-        for (unsigned i = 0; i < 2; i++) memcpy(&v[i], emu_ldsm_row(all, 8 * j + 2 * (lane % 4) + i) + 2 * (lane / 4), 2);
+        for (unsigned i = 0; i < 2; i++)
+            memcpy(&v[i], emu_ldsm_row(all, 8 * j + 2 * (lane % 4) + i) + 2 * (lane / 4), 2);
         r[j] = (uint32_t)v[0] | (uint32_t)v[1] << 16;
     }
 #else
@@ -535,8 +551,7 @@ static __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const vo
  * 8-bit integer types), A signed, B unsigned when B_U8:
  *   a[0]: A row g, cols 4t..4t+3      a[1]: A row g+8, cols 4t..4t+3
  *   b:    B rows 4t..4t+3, col g      c as above. */
-template <bool B_U8>
-static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a[2], uint32_t b) {
+template <bool B_U8> static __device__ __forceinline__ void mma_s8_16x8x16(int c[4], const uint32_t a[2], uint32_t b) {
 #ifdef DS4_CUDA_EMU
     uint32_t mine[3] = {a[0], a[1], b};
     const uint32_t *all = emu_warp_gather(mine, 3);
@@ -605,7 +620,8 @@ static __device__ __forceinline__ void mma_tf32_16x8x8(float c[4], const uint32_
         unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
         float s = c[i];
         for (unsigned k = 0; k < 8; k++)
-            s += F((row % 8) * 4 + k % 4, (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)) * F(col * 4 + k % 4, 4 + (k >= 4 ? 1 : 0));
+            s += F((row % 8) * 4 + k % 4, (row >= 8 ? 1 : 0) + (k >= 4 ? 2 : 0)) *
+                 F(col * 4 + k % 4, 4 + (k >= 4 ? 1 : 0));
         out[i] = s;
     }
     for (int i = 0; i < 4; i++) c[i] = out[i];

@@ -78,8 +78,7 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
         cu_dev_alloc((void **)&j->raw_row, raw_bytes, "rewind journal", err) ||
         cu_dev_alloc((void **)&j->rings, c->n_layer * sizeof(float *), "rewind journal", err) ||
         cu_dev_alloc((void **)&j->front, (front_off(c, c->n_layer) + 1) * sizeof(float), "rewind journal", err) ||
-        cu_dev_alloc((void **)&j->proj, (proj_off(c, c->n_layer, j->cap) + 1) * sizeof(float), "rewind journal",
-                     err)) {
+        cu_dev_alloc((void **)&j->proj, (proj_off(c, c->n_layer, j->cap) + 1) * sizeof(float), "rewind journal", err)) {
         cu_journal_free(j);
         return -1;
     }
@@ -131,8 +130,8 @@ static int save_slots(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, ds
 int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     if (!b->sq->jr.on) return 0;
     size_t hd = b->cfg->head_dim;
-    CU_TRY(cudaMemcpyAsync(b->sq->jr.raw_row + ((size_t)il * b->sq->jr.cap + (b->sq->n_tokens - b->sq->jr.n0)) * hd, b->kvbuf,
-                           T * hd * sizeof(float), cudaMemcpyDeviceToDevice, b->st));
+    CU_TRY(cudaMemcpyAsync(b->sq->jr.raw_row + ((size_t)il * b->sq->jr.cap + (b->sq->n_tokens - b->sq->jr.n0)) * hd,
+                           b->kvbuf, T * hd * sizeof(float), cudaMemcpyDeviceToDevice, b->st));
     return 0;
 }
 
@@ -169,7 +168,8 @@ static int fix_ring(cuda_backend *b, uint32_t n, uint32_t cur, ds4_err *err) {
         int64_t q = (int64_t)n - 1 - ((((int64_t)n - 1 - slot) % cap) + cap) % cap;
         f.slot[f.n] = slot;
         f.own[f.n] = q >= (int64_t)j->n0;
-        f.row[f.n] = f.own[f.n] ? (uint32_t)(q - j->n0) : (uint32_t)((((int64_t)slot - (int64_t)(j->n0 % cap)) % cap + cap) % cap);
+        f.row[f.n] = f.own[f.n] ? (uint32_t)(q - j->n0)
+                                : (uint32_t)((((int64_t)slot - (int64_t)(j->n0 % cap)) % cap + cap) % cap);
         f.n++;
     }
     if (f.n == 0) return 0;
@@ -253,7 +253,8 @@ static int step_parts(cuda_backend *b, const ds4_row *rows, uint32_t n, cu_part 
             continue;
         }
         for (uint32_t k = 0; k < np; k++)
-            if (parts[k].s == s) return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence must be adjacent", i);
+            if (parts[k].s == s)
+                return ds4_err_set(err, DS4_EINVAL, "row %u: the rows of a sequence must be adjacent", i);
         if ((rows[i].want & DS4_ROW_REWIND) && !s->jr.valid)
             return ds4_err_set(err, DS4_EINVAL, "row %u: a rewindable row of a sequence without a mark", i);
         parts[np].s = s;
@@ -312,7 +313,8 @@ static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *par
         bool rewindable = rows[p->r0].want & DS4_ROW_REWIND;
         for (uint32_t i = 0; i < p->n; i++) s->tokens[p->pos0 + i] = rows[p->r0 + i].token;
         if (rewindable) /* every row's logits were made (need) */
-            memcpy(s->jr.logits + (size_t)(p->pos0 - s->jr.n0) * V, host + (size_t)h * V, (size_t)p->n * V * sizeof(float));
+            memcpy(s->jr.logits + (size_t)(p->pos0 - s->jr.n0) * V, host + (size_t)h * V,
+                   (size_t)p->n * V * sizeof(float));
         s->n_tokens = s->fold = p->pos0 + p->n; /* the pass left every position in the frontiers */
         if (rewindable) s->jr.T = s->n_tokens - s->jr.n0;
         s->has_logits = true;
@@ -513,7 +515,8 @@ static uint32_t step_groups(const cuda_backend *b, const ds4_row *rows, const cu
         bool dec = split && parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
         uint32_t g = 0;
         for (; g < ng; g++)
-            if (kind[g] == dec && (!b->d_steer || (key[g]->steer_ffn == q->steer_ffn && key[g]->steer_attn == q->steer_attn)))
+            if (kind[g] == dec &&
+                (!b->d_steer || (key[g]->steer_ffn == q->steer_ffn && key[g]->steer_attn == q->steer_attn)))
                 break;
         if (g == ng) {
             key[ng] = q;

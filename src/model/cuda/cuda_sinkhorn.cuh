@@ -48,8 +48,9 @@ static __device__ __forceinline__ float hc_mix_value(const double *sums, uint32_
 /* Lane `lane` of the warp: post weights (lanes 4..7) and the combination
  * matrix (lanes 0..15) from the sums and the RMS scale rs; s_post, s_comb
  * the site's scales, b_post (lanes 4..7) and b_comb (lane & 15) its bases. */
-static __device__ __forceinline__ void hc_sinkhorn(const double *sums, float rs, float s_post, float s_comb, float b_post, float b_comb,
-                                   uint32_t iters, float eps, float *post, float *comb, unsigned lane) {
+static __device__ __forceinline__ void hc_sinkhorn(const double *sums, float rs, float s_post, float s_comb,
+                                                   float b_post, float b_comb, uint32_t iters, float eps, float *post,
+                                                   float *comb, unsigned lane) {
     const uint32_t n = 4;
     if (lane >= n && lane < 2 * n) post[lane - n] = 2.0f * dev_sigmoid(hc_mix_value(sums, lane, rs) * s_post + b_post);
     unsigned e = lane & 15, ra = e % 4, cb = e / 4;
@@ -79,7 +80,8 @@ static __device__ __forceinline__ void hc_sink_job_run(const hc_sink_job &j) {
     float s_post = j.scale[1], s_comb = j.scale[2];
     float b_post = lane >= n && lane < 2 * n ? j.base[lane] : 0.0f, b_comb = j.base[2 * n + (lane & 15)];
     dev_pdl_wait_prev();
-    hc_sinkhorn(j.sums, (float)j.sums[HC_SUMS_RS], s_post, s_comb, b_post, b_comb, j.iters, j.eps, j.post, j.comb, lane);
+    hc_sinkhorn(j.sums, (float)j.sums[HC_SUMS_RS], s_post, s_comb, b_post, b_comb, j.iters, j.eps, j.post, j.comb,
+                lane);
 }
 
 #endif

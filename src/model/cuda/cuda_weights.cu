@@ -23,10 +23,22 @@ size_t cu_row_bytes(uint32_t type, uint32_t n) {
     case DS4_TYPE_F32: b = (size_t)n * 4; break;
     case DS4_TYPE_F16:
     case DS4_TYPE_BF16: b = (size_t)n * 2; break;
-    case DS4_TYPE_Q8_0: if (n % 32) return 0; b = (size_t)n + (size_t)n / 32 * 2; break;
-    case DS4_TYPE_Q2_K: if (n % 256) return 0; b = (size_t)n / 256 * 84; break;
-    case DS4_TYPE_Q4_K: if (n % 256) return 0; b = (size_t)n / 256 * 144; break;
-    case DS4_TYPE_IQ2_XXS: if (n % 256) return 0; b = (size_t)n / 256 * 66; break;
+    case DS4_TYPE_Q8_0:
+        if (n % 32) return 0;
+        b = (size_t)n + (size_t)n / 32 * 2;
+        break;
+    case DS4_TYPE_Q2_K:
+        if (n % 256) return 0;
+        b = (size_t)n / 256 * 84;
+        break;
+    case DS4_TYPE_Q4_K:
+        if (n % 256) return 0;
+        b = (size_t)n / 256 * 144;
+        break;
+    case DS4_TYPE_IQ2_XXS:
+        if (n % 256) return 0;
+        b = (size_t)n / 256 * 66;
+        break;
     default: return 0;
     }
     return align_up(b, 16);
@@ -65,18 +77,16 @@ void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, 
             memcpy(dst + 64 * (size_t)nb + 2 * b, s, 2);
         }
         return;
-    default:
-        memcpy(dst, src, ds4_row_bytes(type, n));
-        return;
+    default: memcpy(dst, src, ds4_row_bytes(type, n)); return;
     }
 }
 
 /* Device tensor i, in the order of ds4_weights_at: offsets of the fields
  * the tensor table gives dweights and dlayer (and dmtp, the MTP block's). */
 #define DEV_OFFSET(type, field, ...) offsetof(type, field),
-#define DEV_GLOBAL(...) DEV_OFFSET(dweights, __VA_ARGS__)
-#define DEV_LAYER(...) DEV_OFFSET(dlayer, __VA_ARGS__)
-#define DEV_MTP(...) DEV_OFFSET(dmtp, __VA_ARGS__)
+#define DEV_GLOBAL(...)              DEV_OFFSET(dweights, __VA_ARGS__)
+#define DEV_LAYER(...)               DEV_OFFSET(dlayer, __VA_ARGS__)
+#define DEV_MTP(...)                 DEV_OFFSET(dmtp, __VA_ARGS__)
 static const size_t dev_global_offsets[] = {DS4_GLOBAL_TENSORS(DEV_GLOBAL)};
 static const size_t dev_layer_offsets[] = {DS4_LAYER_TENSORS(DEV_LAYER)};
 static const size_t dev_mtp_offsets[] = {DS4_MTP_TENSORS(DEV_MTP)};
@@ -94,7 +104,10 @@ static int routed_of(size_t i, uint32_t *il) {
     i -= DS4_N_GLOBAL_TENSORS;
     *il = (uint32_t)(i / DS4_N_LAYER_TENSORS);
     size_t off = dev_layer_offsets[i % DS4_N_LAYER_TENSORS];
-    return off == offsetof(dlayer, gate_exps) ? 0 : off == offsetof(dlayer, up_exps) ? 1 : off == offsetof(dlayer, down_exps) ? 2 : -1;
+    return off == offsetof(dlayer, gate_exps)   ? 0
+           : off == offsetof(dlayer, up_exps)   ? 1
+           : off == offsetof(dlayer, down_exps) ? 2
+                                                : -1;
 }
 
 /* Bytes of one tensor's allocation. */
@@ -138,8 +151,9 @@ static int shape(const tref *r, size_t count, const uint32_t *n_gpu, ds4_err *er
         if (n_gpu && r[i].il >= 0) d->mats = n_gpu[r[i].il];
         d->row_bytes = cu_row_bytes(h->type, d->n);
         if (!d->row_bytes)
-            return ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: storage type %u with rows of %u is not supported on CUDA",
-                               h->name, h->type, d->n);
+            return ds4_err_set(err, DS4_EUNSUPPORTED,
+                               "tensor %s: storage type %u with rows of %u is not supported on CUDA", h->name, h->type,
+                               d->n);
     }
     return 0;
 }
@@ -203,12 +217,14 @@ static int upload(const tref *r, size_t count, const int32_t *slot, uint32_t E, 
         dwt *d = r[i].d;
         if (!d->p) continue;
         if (!h->data) {
-            rc = ds4_err_set(err, DS4_EINVAL, "tensor %s has no data (synthetic weights need the synthetic loader)", h->name);
+            rc = ds4_err_set(err, DS4_EINVAL, "tensor %s has no data (synthetic weights need the synthetic loader)",
+                             h->name);
             break;
         }
         size_t per = STAGE / d->row_bytes;
         if (per == 0) {
-            rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: a row of %zu bytes exceeds the staging buffer", h->name, d->row_bytes);
+            rc = ds4_err_set(err, DS4_EUNSUPPORTED, "tensor %s: a row of %zu bytes exceeds the staging buffer", h->name,
+                             d->row_bytes);
             break;
         }
         /* matrix by matrix: a routed tensor's resident experts into their slots */
@@ -223,12 +239,16 @@ static int upload(const tref *r, size_t count, const int32_t *slot, uint32_t E, 
             uint8_t *dst = (uint8_t *)d->p + (size_t)to * d->rows * d->row_bytes;
             for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
                 size_t nr = rows - r0 < per ? rows - r0 : per;
-                if (cudaEventSynchronize(done[which]) != cudaSuccess) { rc = ds4_err_set(err, DS4_EIO, "CUDA: staging"); break; }
+                if (cudaEventSynchronize(done[which]) != cudaSuccess) {
+                    rc = ds4_err_set(err, DS4_EIO, "CUDA: staging");
+                    break;
+                }
                 for (size_t q = 0; q < nr; q++)
                     cu_repack_row(d->type, d->n, src + (r0 + q) * h->row_bytes, stage[which] + q * d->row_bytes,
                                   d->row_bytes);
                 if (ds4_cuda_check(cudaMemcpyAsync(dst + r0 * d->row_bytes, stage[which], nr * d->row_bytes,
-                                                   cudaMemcpyHostToDevice, st), "upload", __FILE__, __LINE__, err) ||
+                                                   cudaMemcpyHostToDevice, st),
+                                   "upload", __FILE__, __LINE__, err) ||
                     ds4_cuda_check(cudaEventRecord(done[which], st), "event", __FILE__, __LINE__, err))
                     rc = -1;
                 which ^= 1;

@@ -51,13 +51,13 @@
 typedef enum ds4_dist_dtype { DS4_DIST_F32, DS4_DIST_F16, DS4_DIST_BF16 } ds4_dist_dtype;
 
 #define DS4_DIST_TIMEOUT_DEFAULT 5.0 /* seconds without a heartbeat before a rank has failed */
-#define DS4_DIST_IN_FLIGHT 4         /* prefill chunks in flight between two stages */
+#define DS4_DIST_IN_FLIGHT       4   /* prefill chunks in flight between two stages */
 
 /* A rank's part of the command line (engine/cli.h: DS4_CLI_DIST). */
 typedef struct ds4_dist_opts {
-    const char *layers;     /* this rank's layers "A:B" (inclusive) or "A:output"; NULL: split by memory */
-    const char *dtype;      /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
-    float timeout_s;        /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
+    const char *layers; /* this rank's layers "A:B" (inclusive) or "A:output"; NULL: split by memory */
+    const char *dtype;  /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
+    float timeout_s;    /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
     /* --warm-weights on a rank after the first: read its stage's tensors
      * in before serving (the program's reader, engine/startup.h:
      * ds4_startup_warm_stage); NULL: no. 0 on success. */
@@ -88,8 +88,8 @@ void ds4_dist_layers(const ds4_dist *d, uint32_t *first, uint32_t *end);
  * named local backend ("cpu").  The other ranks make theirs with the same
  * opts (context, chunk, simulations; threads their own).  Free it before
  * ds4_dist_end. */
-ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w,
-                                     const ds4_backend_opts *opts, ds4_err *err);
+ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w, const ds4_backend_opts *opts,
+                                     ds4_err *err);
 
 /* Ranks other than 0: serve this rank's stage (backends made with the named
  * local backend and n_threads threads) until rank 0 ends the job.  0 at a
@@ -114,7 +114,7 @@ void ds4_dist_end(ds4_dist *d);
  * outside mpirun (*d NULL), return -1: the program carries on and calls
  * ds4_dist_plan once it has the model open.  model_path NULL (synthetic
  * weights) ends the job with that error. */
-int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads,
-                   const ds4_dist_opts *o, ds4_dist **d);
+int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads, const ds4_dist_opts *o,
+                   ds4_dist **d);
 
 #endif

@@ -32,13 +32,13 @@ typedef struct dist_seq {
 typedef struct dist_slot {
     bool busy;
     uint32_t n;
-    size_t nret;              /* floats the last rank returns */
-    dist_cmd cmd;             /* the step's command */
-    dist_row *rows;           /* chunk entries */
-    void *resid;              /* the residuals sent to rank 1 */
-    float *ret;               /* the logits (and argmaxes) received */
-    size_t ret_cap;           /* its bytes (grown to the largest answer) */
-    uint32_t *argmax;         /* where a RET_ARGMAX row's token goes */
+    size_t nret;      /* floats the last rank returns */
+    dist_cmd cmd;     /* the step's command */
+    dist_row *rows;   /* chunk entries */
+    void *resid;      /* the residuals sent to rank 1 */
+    float *ret;       /* the logits (and argmaxes) received */
+    size_t ret_cap;   /* its bytes (grown to the largest answer) */
+    uint32_t *argmax; /* where a RET_ARGMAX row's token goes */
     MPI_Request req[2 * DIST_MAX_RANKS + 2];
     int nreq;
     MPI_Request ret_req;
@@ -51,13 +51,13 @@ typedef struct dist_slot {
 typedef struct dist_backend {
     ds4_backend base;
     ds4_dist *d;
-    ds4_backend *local;       /* the first stage */
+    ds4_backend *local; /* the first stage */
     uint32_t hcD, n_vocab, chunk;
-    float *resid_f32;         /* the first stage's output, chunk rows */
+    float *resid_f32; /* the first stage's output, chunk rows */
     dist_slot slots[DS4_DIST_IN_FLIGHT];
     uint32_t next_slot;
     uint32_t next_id;
-    uint32_t *free_ids;       /* ids given back, reused */
+    uint32_t *free_ids; /* ids given back, reused */
     uint32_t n_free, cap_free;
 } dist_backend;
 
@@ -76,7 +76,8 @@ static int send_cmd(dist_backend *b, const dist_cmd *c, bool ack, ds4_err *err) 
     if (!ack) return 0;
     dist_ack *acks = calloc((size_t)d->size, sizeof(dist_ack));
     if (!acks) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    for (int r = 1; r < d->size; r++) d->mpi.Irecv(&acks[r], sizeof(dist_ack), d->mpi.byte, r, TAG_ACK, d->comm, &rq[r - 1]);
+    for (int r = 1; r < d->size; r++)
+        d->mpi.Irecv(&acks[r], sizeof(dist_ack), d->mpi.byte, r, TAG_ACK, d->comm, &rq[r - 1]);
     int rc = dist_wait_all(d, rq, d->size - 1, err);
     for (int r = 1; rc == 0 && r < d->size; r++)
         if (!acks[r].ok) {
@@ -208,8 +209,10 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
         if (!rows[i].seq || rows[i].seq->owner != &b->base)
             return ds4_err_set(err, DS4_EINVAL, "row %u: the sequence is not this backend's", i);
         if (rows[i].want & (DS4_ROW_HIDDEN | DS4_ROW_REWIND))
-            return ds4_err_set(err, DS4_EUNSUPPORTED, "row %u: a pipeline returns no final residuals and journals "
-                                                      "no rows for a rewind", i);
+            return ds4_err_set(err, DS4_EUNSUPPORTED,
+                               "row %u: a pipeline returns no final residuals and journals "
+                               "no rows for a rewind",
+                               i);
         dist_seq *s = dseq(rows[i].seq);
         bool last = i + 1 == n || rows[i + 1].seq != rows[i].seq;
         bool asks = (rows[i].want & DS4_ROW_LOGITS) && out && out->logits;
@@ -237,7 +240,7 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     size_t floats = (size_t)n * b->hcD;
     dist_resid_pack(d, b->resid_f32, sl->resid, floats);
     d->mpi.Isend(sl->resid, (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, 1, TAG_RESID, d->comm,
-              &sl->req[sl->nreq++]);
+                 &sl->req[sl->nreq++]);
     if (sl->nret) d->mpi.Irecv(sl->ret, (int)sl->nret, d->mpi.flt, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
     return 0;
 }
@@ -431,10 +434,22 @@ static void dist_free(ds4_backend *base) {
 }
 
 static const ds4_backend_ops dist_ops = {
-    .name = "pipeline", .free = dist_free, .seq_new = dist_seq_new, .mtp_seq_new = dist_mtp_seq_new,
-    .seq_free = dist_seq_free, .seq_len = dist_seq_len, .step = dist_step, .mtp_step = dist_mtp_step,
-    .mark = dist_mark, .rewind = dist_rewind, .prefill = dist_prefill, .decode = dist_decode,
-    .logits = dist_logits, .reset = dist_reset, .snapshot = dist_snapshot, .restore = dist_restore,
+    .name = "pipeline",
+    .free = dist_free,
+    .seq_new = dist_seq_new,
+    .mtp_seq_new = dist_mtp_seq_new,
+    .seq_free = dist_seq_free,
+    .seq_len = dist_seq_len,
+    .step = dist_step,
+    .mtp_step = dist_mtp_step,
+    .mark = dist_mark,
+    .rewind = dist_rewind,
+    .prefill = dist_prefill,
+    .decode = dist_decode,
+    .logits = dist_logits,
+    .reset = dist_reset,
+    .snapshot = dist_snapshot,
+    .restore = dist_restore,
     .greedy = dist_greedy,
 };
 
@@ -454,8 +469,8 @@ static int alloc_slots(dist_backend *b, ds4_err *err) {
     return 0;
 }
 
-ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w,
-                                     const ds4_backend_opts *opts, ds4_err *err) {
+ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w, const ds4_backend_opts *opts,
+                                     ds4_err *err) {
     if (!d || d->rank != 0 || !d->planned) {
         ds4_err_set(err, DS4_EINVAL, "the pipeline backend is rank 0's, after the stages are set");
         return NULL;
@@ -465,7 +480,8 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         return NULL;
     }
     if (opts && opts->imatrix) {
-        ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline does not collect an importance matrix (the imatrix runs in one process)");
+        ds4_err_set(err, DS4_EUNSUPPORTED,
+                    "a pipeline does not collect an importance matrix (the imatrix runs in one process)");
         return NULL;
     }
     if (opts && (opts->steer || opts->act_observer)) {
@@ -496,8 +512,7 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
         free(b);
         return NULL;
     }
-    dist_cmd c = {.op = CMD_CREATE,
-                  .arg = {lo.ctx_size, lo.prefill_chunk, lo.no_sim, lo.cuda_graph_ctx}};
+    dist_cmd c = {.op = CMD_CREATE, .arg = {lo.ctx_size, lo.prefill_chunk, lo.no_sim, lo.cuda_graph_ctx}};
     if (send_cmd(b, &c, true, err) != 0 || !(b->local = ds4_backend_create(local, w, &lo, err))) {
         /* the ranks that made theirs free them (the others ignore it) */
         dist_cmd f = {.op = CMD_FREE};
@@ -511,9 +526,9 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     char line[512];
     size_t o = (size_t)snprintf(line, sizeof(line), "pipeline: a sequence of %u tokens keeps", lo.ctx_size);
     for (int r = 0; r < d->size && o < sizeof(line); r++)
-        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s %.1f MiB on rank %d", r ? "," : "",
-                              (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) /
-                                  (1u << 20), r);
+        o += (size_t)snprintf(
+            line + o, sizeof(line) - o, "%s %.1f MiB on rank %d", r ? "," : "",
+            (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) / (1u << 20), r);
     fprintf(stderr, "%s: %s\n", d->prog ? d->prog : "ds4", line);
     if (!(b->base.main = seq_make(b, b->base.opts.ctx_size, true, err))) {
         dist_free(&b->base);

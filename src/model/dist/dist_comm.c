@@ -21,7 +21,7 @@
 #include "base/fp.h"
 #include "model/dist/dist_internal.h"
 
-#define DIST_BEAT_S 0.25   /* between two heartbeats */
+#define DIST_BEAT_S  0.25  /* between two heartbeats */
 #define DIST_TICK_US 20000 /* the heartbeat thread's look at its messages */
 
 /* mpirun (Open MPI, MPICH, PMIx launchers) leaves these in each rank's
@@ -74,11 +74,11 @@ int ds4_dist_init(ds4_dist **out, ds4_err *err) {
     }
     ds4_dist *d = NULL;
     if (provided < MPI_THREAD_MULTIPLE)
-        ds4_err_set(err, DS4_EUNSUPPORTED, "this MPI library lacks MPI_THREAD_MULTIPLE (the heartbeat thread needs it)");
+        ds4_err_set(err, DS4_EUNSUPPORTED,
+                    "this MPI library lacks MPI_THREAD_MULTIPLE (the heartbeat thread needs it)");
     else if (size > DIST_MAX_RANKS)
         ds4_err_set(err, DS4_ERANGE, "%d ranks: a pipeline has at most %d", size, DIST_MAX_RANKS);
-    else if (!(d = calloc(1, sizeof(*d))))
-        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    else if (!(d = calloc(1, sizeof(*d)))) ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (!d) { /* the other ranks fail alike, or wait: end the job */
         m.Abort(m.comm_world, 1);
         return -1;
@@ -102,10 +102,8 @@ int ds4_dist_rank(const ds4_dist *d) { return d ? d->rank : 0; }
 int ds4_dist_size(const ds4_dist *d) { return d ? d->size : 1; }
 
 const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n) {
-    if (d->peers)
-        snprintf(buf, n, "rank %d (pid %d on %s)", r, (int)d->peers[r].pid, d->peers[r].host);
-    else
-        snprintf(buf, n, "rank %d", r);
+    if (d->peers) snprintf(buf, n, "rank %d (pid %d on %s)", r, (int)d->peers[r].pid, d->peers[r].host);
+    else snprintf(buf, n, "rank %d", r);
     return buf;
 }
 
@@ -201,10 +199,10 @@ int dist_failure(ds4_dist *d, ds4_err *err) {
 /* ---------------------------------------------------------- heartbeats */
 
 typedef struct beat_state {
-    double *last_seen;       /* per rank */
+    double *last_seen; /* per rank */
     double last_sent;
-    MPI_Request *sends;      /* one heartbeat in flight a peer */
-    MPI_Request rx;          /* the posted receive */
+    MPI_Request *sends; /* one heartbeat in flight a peer */
+    MPI_Request rx;     /* the posted receive */
     char rx_buf[DIST_MSG];
 } beat_state;
 

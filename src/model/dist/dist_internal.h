@@ -18,17 +18,17 @@
 #include "model/dist/dist.h"
 
 #define DIST_MAX_RANKS 256
-#define DIST_MSG 512 /* bytes of a failure notice or an acknowledgement's message */
+#define DIST_MSG       512 /* bytes of a failure notice or an acknowledgement's message */
 
 /* Tags of the data communicator. */
 enum {
-    TAG_CMD = 1,  /* rank 0 -> r: a dist_cmd */
-    TAG_ROWS,     /* rank 0 -> r: a step's rows (dist_row) */
-    TAG_RESID,    /* r -> r + 1: a step's residuals */
-    TAG_LOGITS,   /* last -> 0: the logits of the rows that return them */
-    TAG_ACK,      /* r -> 0: a dist_ack */
-    TAG_SLICE,    /* a snapshot's or a restore's layer slice */
-    TAG_TOKENS,   /* 0 -> r: a restore's tokens */
+    TAG_CMD = 1, /* rank 0 -> r: a dist_cmd */
+    TAG_ROWS,    /* rank 0 -> r: a step's rows (dist_row) */
+    TAG_RESID,   /* r -> r + 1: a step's residuals */
+    TAG_LOGITS,  /* last -> 0: the logits of the rows that return them */
+    TAG_ACK,     /* r -> 0: a dist_ack */
+    TAG_SLICE,   /* a snapshot's or a restore's layer slice */
+    TAG_TOKENS,  /* 0 -> r: a restore's tokens */
 };
 
 /* Tags of the heartbeat communicator. */
@@ -45,10 +45,10 @@ enum {
     CMD_SEQ_NEW,    /* seq id, ctx */
     CMD_SEQ_FREE,
     CMD_RESET,
-    CMD_STEP,       /* n rows follow (TAG_ROWS) */
-    CMD_SNAPSHOT,   /* send the sequence's layer slice to rank 0 */
-    CMD_RESTORE,    /* n tokens, then the tokens and the slice follow */
-    CMD_END,        /* the job is over */
+    CMD_STEP,     /* n rows follow (TAG_ROWS) */
+    CMD_SNAPSHOT, /* send the sequence's layer slice to rank 0 */
+    CMD_RESTORE,  /* n tokens, then the tokens and the slice follow */
+    CMD_END,      /* the job is over */
 };
 
 typedef struct dist_cmd {
@@ -82,12 +82,12 @@ typedef struct dist_ack {
 typedef struct dist_peer {
     int32_t pid;
     char host[64];
-    char model[256];         /* its model file's path */
+    char model[256]; /* its model file's path */
     uint64_t file_bytes, table_hash;
     uint32_t n_layer, n_embd, n_hc, n_vocab, n_expert, expert_type;
     int32_t want_first, want_end; /* its --layers, [first, end); -1: none */
-    char layers_err[128];    /* its --layers did not parse */
-    uint64_t mem_bytes;      /* memory available to it */
+    char layers_err[128];         /* its --layers did not parse */
+    uint64_t mem_bytes;           /* memory available to it */
 } dist_peer;
 
 /* Open MPI's entry points and predefined handles, loaded at run time
@@ -124,23 +124,23 @@ int dist_mpi_load(dist_mpi *m, ds4_err *err);
 struct ds4_dist {
     dist_mpi mpi;
     int rank, size;
-    MPI_Comm comm;           /* commands and data */
-    MPI_Comm hb;             /* heartbeats and failures */
-    dist_peer *peers;        /* size entries (after ds4_dist_plan) */
-    uint32_t *first, *end;   /* every rank's layers */
+    MPI_Comm comm;         /* commands and data */
+    MPI_Comm hb;           /* heartbeats and failures */
+    dist_peer *peers;      /* size entries (after ds4_dist_plan) */
+    uint32_t *first, *end; /* every rank's layers */
     ds4_dist_dtype dtype;
     double timeout_s;
     bool planned;
-    bool plan_tried;         /* the others joined the plan (else they wait in it) */
+    bool plan_tried; /* the others joined the plan (else they wait in it) */
 
     /* the heartbeat thread */
     pthread_t thread;
     bool thread_on;
-    atomic_bool quit;        /* the thread's end */
+    atomic_bool quit; /* the thread's end */
     atomic_bool failed;
-    pthread_mutex_t mu;      /* why */
+    pthread_mutex_t mu; /* why */
     char why[1024];
-    const char *prog;        /* names the program in a worker's last words */
+    const char *prog; /* names the program in a worker's last words */
 };
 
 /* *p holds at least `need` bytes (grown as needed; *cap its size). */

@@ -67,10 +67,8 @@ static int parse_layers(const char *s, uint32_t n_layer, int32_t *first, int32_t
     memcpy(head, s, (size_t)(colon - s));
     head[colon - s] = 0;
     if (ds4_parse_u32(head, 0, UINT32_MAX, &a) != 0) goto bad;
-    if (strcmp(colon + 1, "output") == 0)
-        b = n_layer - 1;
-    else if (ds4_parse_u32(colon + 1, 0, UINT32_MAX, &b) != 0)
-        goto bad;
+    if (strcmp(colon + 1, "output") == 0) b = n_layer - 1;
+    else if (ds4_parse_u32(colon + 1, 0, UINT32_MAX, &b) != 0) goto bad;
     if (a > b || b >= n_layer) {
         say(msg, n, "--layers %s: not a range of the model's layers 0..%u", s, n_layer - 1);
         return -1;
@@ -94,10 +92,8 @@ static void layer_bytes(const ds4_weights *w, uint64_t *bytes) {
     memset(bytes, 0, c->n_layer * sizeof(uint64_t));
     for (size_t i = 0; i < ds4_weights_count(w); i++) {
         const ds4_wt *t = ds4_weights_at(w, i, NULL);
-        if (i < DS4_N_GLOBAL_TENSORS)
-            bytes[t == &w->token_embd ? 0 : c->n_layer - 1] += tensor_bytes(t);
-        else
-            bytes[(i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS] += tensor_bytes(t);
+        if (i < DS4_N_GLOBAL_TENSORS) bytes[t == &w->token_embd ? 0 : c->n_layer - 1] += tensor_bytes(t);
+        else bytes[(i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS] += tensor_bytes(t);
     }
 }
 
@@ -132,21 +128,27 @@ static int check_same_model(const ds4_dist *d, int r, char *msg, size_t n) {
     const dist_peer *a = &d->peers[0], *b = &d->peers[r];
     char name[128];
     dist_peer_name(d, r, name, sizeof(name));
-    struct { const char *what; uint64_t x, y; } diff[] = {
-        {"layers", a->n_layer, b->n_layer}, {"embedding width", a->n_embd, b->n_embd},
-        {"hyper-connection streams", a->n_hc, b->n_hc}, {"vocabulary", a->n_vocab, b->n_vocab},
-        {"routed experts", a->n_expert, b->n_expert}, {"routed expert type (quantization)", a->expert_type, b->expert_type},
+    struct {
+        const char *what;
+        uint64_t x, y;
+    } diff[] = {
+        {"layers", a->n_layer, b->n_layer},
+        {"embedding width", a->n_embd, b->n_embd},
+        {"hyper-connection streams", a->n_hc, b->n_hc},
+        {"vocabulary", a->n_vocab, b->n_vocab},
+        {"routed experts", a->n_expert, b->n_expert},
+        {"routed expert type (quantization)", a->expert_type, b->expert_type},
         {"file size", a->file_bytes, b->file_bytes},
     };
     for (size_t i = 0; i < sizeof(diff) / sizeof(diff[0]); i++)
         if (diff[i].x != diff[i].y) {
-            say(msg, n, "%s was started with another model: %s has %s %" PRIu64 ", rank 0's %s has %" PRIu64,
-                     name, b->model, diff[i].what, diff[i].y, a->model, diff[i].x);
+            say(msg, n, "%s was started with another model: %s has %s %" PRIu64 ", rank 0's %s has %" PRIu64, name,
+                b->model, diff[i].what, diff[i].y, a->model, diff[i].x);
             return -1;
         }
     if (a->table_hash != b->table_hash) {
         say(msg, n, "%s was started with another model: the tensor table of %s differs from rank 0's %s", name,
-                 b->model, a->model);
+            b->model, a->model);
         return -1;
     }
     return 0;
@@ -163,7 +165,7 @@ static int check_requested(ds4_dist *d, uint32_t n_layer, char *msg, size_t n) {
         for (int r = 0; r < d->size; r++)
             if (d->peers[r].want_first < 0) {
                 say(msg, n, "%s has no --layers: give them to every rank or to none (a split by memory)",
-                         dist_peer_name(d, r, name, sizeof(name)));
+                    dist_peer_name(d, r, name, sizeof(name)));
                 return -1;
             }
     }
@@ -171,17 +173,20 @@ static int check_requested(ds4_dist *d, uint32_t n_layer, char *msg, size_t n) {
     for (int r = 0; r < d->size; r++) {
         const dist_peer *p = &d->peers[r];
         if ((uint32_t)p->want_first != next) {
-            say(msg, n, "%s has --layers %d:%d, but the stage before it ends at layer %d: the ranks' layers "
-                     "must follow each other from 0",
-                     dist_peer_name(d, r, name, sizeof(name)), p->want_first, p->want_end - 1, (int)next - 1);
+            say(msg, n,
+                "%s has --layers %d:%d, but the stage before it ends at layer %d: the ranks' layers "
+                "must follow each other from 0",
+                dist_peer_name(d, r, name, sizeof(name)), p->want_first, p->want_end - 1, (int)next - 1);
             return -1;
         }
         d->first[r] = (uint32_t)p->want_first;
         d->end[r] = next = (uint32_t)p->want_end;
     }
     if (next != n_layer) {
-        say(msg, n, "the last rank's layers end at %u: the model has %u (the last rank holds the output head: "
-                 "--layers A:output)", next - 1, n_layer);
+        say(msg, n,
+            "the last rank's layers end at %u: the model has %u (the last rank holds the output head: "
+            "--layers A:output)",
+            next - 1, n_layer);
         return -1;
     }
     return 0;
@@ -292,9 +297,10 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
             uint64_t b = 0;
             for (uint32_t il = d->first[r]; il < d->end[r]; il++) b += bytes[il];
             bool gib = b >= (1u << 30);
-            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f %s of weights), %s\n", prog, r,
-                    d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
-                    (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB", dist_peer_name(d, r, name, sizeof(name)));
+            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f %s of weights), %s\n", prog, r, d->first[r],
+                    d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
+                    (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB",
+                    dist_peer_name(d, r, name, sizeof(name)));
         }
         fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
                 dtype_name(d->dtype), d->timeout_s);

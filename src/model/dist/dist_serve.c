@@ -21,8 +21,8 @@ typedef struct server {
     uint32_t first, end, hcD, n_vocab;
     bool last;
     ds4_backend *b;
-    ds4_seq **seqs;          /* by id; 0 is the backend's main one */
-    uint32_t *ctx;           /* each one's context */
+    ds4_seq **seqs; /* by id; 0 is the backend's main one */
+    uint32_t *ctx;  /* each one's context */
     uint32_t n_seqs;
     /* step buffers: the rows, the residuals in, DS4_DIST_IN_FLIGHT out
      * (each sent while the next steps run) */
@@ -30,7 +30,7 @@ typedef struct server {
     dist_row *rows;
     ds4_row *lrows;
     void *in_raw;
-    float *in, *out_f32;      /* the residuals in; this stage's output (residuals, or the logits asked for) */
+    float *in, *out_f32; /* the residuals in; this stage's output (residuals, or the logits asked for) */
     size_t out_f32_cap;
     void *out[DS4_DIST_IN_FLIGHT]; /* what is sent: residuals, or logits and argmaxes */
     size_t out_cap[DS4_DIST_IN_FLIGHT];
@@ -73,9 +73,13 @@ static void free_stage(server *s) {
 
 static int make_stage(server *s, const dist_cmd *c, ds4_err *err) {
     free_stage(s);
-    ds4_backend_opts o = {.n_threads = s->n_threads, .ctx_size = c->arg[0], .prefill_chunk = c->arg[1],
-                          .no_sim = c->arg[2] != 0, .cuda_graph_ctx = c->arg[3],
-                          .layer_first = s->first, .layer_end = s->end};
+    ds4_backend_opts o = {.n_threads = s->n_threads,
+                          .ctx_size = c->arg[0],
+                          .prefill_chunk = c->arg[1],
+                          .no_sim = c->arg[2] != 0,
+                          .cuda_graph_ctx = c->arg[3],
+                          .layer_first = s->first,
+                          .layer_end = s->end};
     if (!(s->b = ds4_backend_create(s->local, s->w, &o, err))) return -1;
     size_t C = s->chunk = s->b->opts.prefill_chunk;
     bool ok = (s->seqs = calloc(1, sizeof(ds4_seq *))) && (s->ctx = calloc(1, sizeof(uint32_t)));
@@ -162,12 +166,13 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
             }
             l += s->n_vocab;
         }
-        if (nl) d->mpi.Isend(s->out[k], (int)(o - (float *)s->out[k]), d->mpi.flt, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
+        if (nl)
+            d->mpi.Isend(s->out[k], (int)(o - (float *)s->out[k]), d->mpi.flt, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
     } else {
         if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, s->out_f32, NULL, err) != 0) return -1;
         dist_resid_pack(d, s->out_f32, s->out[k], floats);
         d->mpi.Isend(s->out[k], (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, d->rank + 1, TAG_RESID,
-                  d->comm, &s->out_req[k]);
+                     d->comm, &s->out_req[k]);
     }
     return 0;
 }
@@ -275,8 +280,8 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
     return rc;
 }
 
-int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads,
-                   const ds4_dist_opts *o, ds4_dist **d) {
+int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads, const ds4_dist_opts *o,
+                   ds4_dist **d) {
     ds4_err err = {0};
     if (ds4_dist_init(d, &err) != 0) {
         fprintf(stderr, "%s: %s\n", prog, ds4_err_msg(&err));
@@ -287,8 +292,7 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
     bool locked = ds4_instance_lock(&err) == 0; /* this rank's own lock file (dist_comm.c) */
     if (locked && !model_path)
         ds4_err_set(&err, DS4_EUNSUPPORTED, "a pipeline runs a model file (synthetic weights have no file to split)");
-    else if (locked)
-        w = ds4_weights_open(model_path, &err);
+    else if (locked) w = ds4_weights_open(model_path, &err);
     int rc = 0;
     if (!w) {
         /* the others wait in the plan for this rank: end the job */

@@ -40,7 +40,7 @@
 #define __host__
 #define __forceinline__ inline
 #define __noinline__
-#define __shared__ static
+#define __shared__   static
 #define __constant__ static
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
@@ -52,14 +52,28 @@ struct dim3 {
     unsigned x, y, z;
     dim3(unsigned a = 1, unsigned b = 1, unsigned c = 1) : x(a), y(b), z(c) {}
 };
-struct uint3 { unsigned x, y, z; };
+struct uint3 {
+    unsigned x, y, z;
+};
 
-struct __align__(8) float2 { float x, y; };
-struct __align__(16) float4 { float x, y, z, w; };
-struct __align__(8) int2 { int x, y; };
-struct __align__(16) int4 { int x, y, z, w; };
-struct __align__(8) uint2 { unsigned x, y; };
-struct __align__(16) uint4 { unsigned x, y, z, w; };
+struct __align__(8) float2 {
+    float x, y;
+};
+struct __align__(16) float4 {
+    float x, y, z, w;
+};
+struct __align__(8) int2 {
+    int x, y;
+};
+struct __align__(16) int4 {
+    int x, y, z, w;
+};
+struct __align__(8) uint2 {
+    unsigned x, y;
+};
+struct __align__(16) uint4 {
+    unsigned x, y, z, w;
+};
 inline float2 make_float2(float x, float y) { return {x, y}; }
 inline float4 make_float4(float x, float y, float z, float w) { return {x, y, z, w}; }
 inline int4 make_int4(int x, int y, int z, int w) { return {x, y, z, w}; }
@@ -68,12 +82,20 @@ inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return
 
 typedef int cudaError_t;
 enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
-enum cudaMemcpyKind { cudaMemcpyHostToHost, cudaMemcpyHostToDevice, cudaMemcpyDeviceToHost,
-                      cudaMemcpyDeviceToDevice, cudaMemcpyDefault };
-enum cudaStreamCaptureMode { cudaStreamCaptureModeGlobal, cudaStreamCaptureModeThreadLocal,
-                             cudaStreamCaptureModeRelaxed };
+enum cudaMemcpyKind {
+    cudaMemcpyHostToHost,
+    cudaMemcpyHostToDevice,
+    cudaMemcpyDeviceToHost,
+    cudaMemcpyDeviceToDevice,
+    cudaMemcpyDefault
+};
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal,
+    cudaStreamCaptureModeThreadLocal,
+    cudaStreamCaptureModeRelaxed
+};
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize, cudaFuncAttributePreferredSharedMemoryCarveout };
-#define cudaStreamNonBlocking 1u
+#define cudaStreamNonBlocking  1u
 #define cudaEventDisableTiming 2u
 
 typedef struct emu_stream *cudaStream_t;
@@ -107,10 +129,10 @@ extern emu_fiber *emu_cur;
 const uint3 &emu_thread_idx();
 
 #define threadIdx (emu_thread_idx())
-#define blockIdx (emu_blk.bid)
-#define blockDim (emu_blk.bdim)
-#define gridDim (emu_blk.gdim)
-#define warpSize 32
+#define blockIdx  (emu_blk.bid)
+#define blockDim  (emu_blk.bdim)
+#define gridDim   (emu_blk.gdim)
+#define warpSize  32
 
 /* --------------------------------------------------- barriers and lanes */
 
@@ -192,10 +214,26 @@ static inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
 static inline int __popc(unsigned x) { return __builtin_popcount(x); }
 static inline int __clz(int x) { return x ? __builtin_clz((unsigned)x) : 32; }
 static inline int __ffs(int x) { return __builtin_ffs(x); }
-static inline float __int_as_float(int x) { float f; memcpy(&f, &x, 4); return f; }
-static inline int __float_as_int(float f) { int x; memcpy(&x, &f, 4); return x; }
-static inline float __uint_as_float(unsigned x) { float f; memcpy(&f, &x, 4); return f; }
-static inline unsigned __float_as_uint(float f) { unsigned x; memcpy(&x, &f, 4); return x; }
+static inline float __int_as_float(int x) {
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline int __float_as_int(float f) {
+    int x;
+    memcpy(&x, &f, 4);
+    return x;
+}
+static inline float __uint_as_float(unsigned x) {
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+static inline unsigned __float_as_uint(float f) {
+    unsigned x;
+    memcpy(&x, &f, 4);
+    return x;
+}
 static inline int __float2int_rn(float x) { return (int)nearbyintf(x); }
 static inline float __fmul_rn(float a, float b) { return a * b; }
 static inline float __fadd_rn(float a, float b) { return a + b; }
@@ -213,12 +251,36 @@ static inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
 
 /* Fibers never switch inside an ordinary statement, so plain
  * read-modify-write is atomic here. */
-template <typename T> static inline T atomicAdd(T *p, T v) { T o = *p; *p = o + v; return o; }
-template <typename T> static inline T atomicMax(T *p, T v) { T o = *p; if (v > o) *p = v; return o; }
-template <typename T> static inline T atomicMin(T *p, T v) { T o = *p; if (v < o) *p = v; return o; }
-template <typename T> static inline T atomicExch(T *p, T v) { T o = *p; *p = v; return o; }
-template <typename T> static inline T atomicOr(T *p, T v) { T o = *p; *p = o | v; return o; }
-template <typename T> static inline T atomicCAS(T *p, T cmp, T v) { T o = *p; if (o == cmp) *p = v; return o; }
+template <typename T> static inline T atomicAdd(T *p, T v) {
+    T o = *p;
+    *p = o + v;
+    return o;
+}
+template <typename T> static inline T atomicMax(T *p, T v) {
+    T o = *p;
+    if (v > o) *p = v;
+    return o;
+}
+template <typename T> static inline T atomicMin(T *p, T v) {
+    T o = *p;
+    if (v < o) *p = v;
+    return o;
+}
+template <typename T> static inline T atomicExch(T *p, T v) {
+    T o = *p;
+    *p = v;
+    return o;
+}
+template <typename T> static inline T atomicOr(T *p, T v) {
+    T o = *p;
+    *p = o | v;
+    return o;
+}
+template <typename T> static inline T atomicCAS(T *p, T cmp, T v) {
+    T o = *p;
+    if (o == cmp) *p = v;
+    return o;
+}
 
 /* ------------------------------------------------------------ runtime */
 
@@ -228,9 +290,11 @@ cudaError_t cudaFree(void *p);
 cudaError_t cudaMallocHost(void **p, size_t n);
 template <typename T> cudaError_t cudaMallocHost(T **p, size_t n) { return cudaMallocHost((void **)p, n); }
 #define cudaHostAllocPortable 1u
-#define cudaHostAllocMapped 2u
+#define cudaHostAllocMapped   2u
 cudaError_t cudaHostAlloc(void **p, size_t n, unsigned flags);
-template <typename T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags) { return cudaHostAlloc((void **)p, n, flags); }
+template <typename T> cudaError_t cudaHostAlloc(T **p, size_t n, unsigned flags) {
+    return cudaHostAlloc((void **)p, n, flags);
+}
 cudaError_t cudaFreeHost(void *p);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s = 0);
@@ -273,9 +337,11 @@ void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::functio
 /* A launch as CUDA does it: the arguments are converted to the kernel's
  * parameter types and copied now, when the launch is made. */
 template <typename... P, typename... A>
-void emu_launch_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char *name, void (*k)(P...), A &&...args) {
+void emu_launch_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char *name, void (*k)(P...),
+                       A &&...args) {
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
-    emu_launch(grid, block, smem, s, [k, params]() { std::apply(k, params); }, name);
+    emu_launch(
+        grid, block, smem, s, [k, params]() { std::apply(k, params); }, name);
 }
 
 /* Number of kernel launches and fiber switches so far (for tests). */

@@ -30,7 +30,8 @@ static int copy_kv(ds4_gguf_writer *w, const ds4_gguf_kv *kv, const gguf_edit *e
 }
 
 /* The bytes to write for tensor t and its (possibly changed) type and ne[0]. */
-static void *tensor_bytes(const ds4_gguf_tensor *t, const gguf_edit *e, uint32_t *type, uint64_t *ne0, uint64_t *nbytes) {
+static void *tensor_bytes(const ds4_gguf_tensor *t, const gguf_edit *e, uint32_t *type, uint64_t *ne0,
+                          uint64_t *nbytes) {
     uint64_t n = t->nelements, rows = n / t->ne[0];
     *type = t->type;
     *ne0 = t->ne[0];
@@ -122,7 +123,8 @@ int file_truncated_copy(const char *src, const char *dst, long drop_bytes, ds4_e
     fclose(in);
     FILE *out = fopen(dst, "wb");
     int rc = 0;
-    if (!out || got != (size_t)keep || fwrite(buf, 1, got, out) != got) rc = ds4_err_set(err, DS4_EIO, "writing %s", dst);
+    if (!out || got != (size_t)keep || fwrite(buf, 1, got, out) != got)
+        rc = ds4_err_set(err, DS4_EIO, "writing %s", dst);
     if (out) fclose(out);
     free(buf);
     return rc;

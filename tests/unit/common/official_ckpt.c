@@ -12,11 +12,24 @@
 
 #include "common/st_build.h"
 
-#define SEED 0x5EED0D54ull
+#define SEED  0x5EED0D54ull
 #define GAMMA 0x9E3779B97F4A7C15ull
 
-enum { L = 4, D = 256, V = 512, HC = 4, NH = 4, HD = 128, QL = 128, OL = 64, NU = 2, FF = 256,
-       INH = 4, IHD = 128, NHASH = 3 };
+enum {
+    L = 4,
+    D = 256,
+    V = 512,
+    HC = 4,
+    NH = 4,
+    HD = 128,
+    QL = 128,
+    OL = 64,
+    NU = 2,
+    FF = 256,
+    INH = 4,
+    IHD = 128,
+    NHASH = 3
+};
 
 /* What differs between the Flash-pattern checkpoint and the Pro-pattern one
  * (official_ckpt_opts.pro). */
@@ -32,7 +45,7 @@ typedef struct gen {
     const shape *sh;
     st_spec specs[3][256];
     size_t n[3];
-    int k;                      /* generation counter */
+    int k; /* generation counter */
     const official_ckpt_opts *opts;
     void *blobs[1024];
     int nblobs;
@@ -66,7 +79,8 @@ static size_t fill(int k, const char *dtype, uint64_t rows, uint64_t cols, kind 
         uint64_t z = draw(k, i);
         uint8_t top = (uint8_t)(z >> 56);
         switch (kd) {
-        case K_FP8: case K_FP4: p[i] = top; break;
+        case K_FP8:
+        case K_FP4: p[i] = top; break;
         case K_FP8S: p[i] = (uint8_t)(115 + (top & 7)); break;
         case K_FP4S: p[i] = (uint8_t)(118 + (top & 7)); break;
         case K_NORM: {
@@ -171,10 +185,8 @@ static void block(gen *g, int s, const char *p, int ratio, bool hash) {
         add1(g, s, NM("%sattn.indexer.compressor.norm.weight", p), "BF16", IHD, K_NORM);
     }
     add(g, s, NM("%sffn.gate.weight", p), "BF16", 2, ne, D, K_W);
-    if (hash)
-        add(g, s, NM("%sffn.gate.tid2eid", p), "I64", 2, V, NU, K_TID);
-    else
-        add1(g, s, NM("%sffn.gate.bias", p), "F32", ne, K_W);
+    if (hash) add(g, s, NM("%sffn.gate.tid2eid", p), "I64", 2, V, NU, K_TID);
+    else add1(g, s, NM("%sffn.gate.bias", p), "F32", ne, K_W);
     for (int e = 0; e < ne; e++) {
         fp4(g, s, NM("%sffn.experts.%d.w1", p, e), FF, D);
         fp4(g, s, NM("%sffn.experts.%d.w2", p, e), D, FF);

@@ -17,14 +17,14 @@
 #include <stdbool.h>
 
 typedef struct official_ckpt_opts {
-    const char *spoil;        /* HF name of the tensor to spoil, or NULL */
-    const char *spoil_dtype;  /* replacement dtype string, or NULL */
-    bool spoil_transpose;     /* swap its two dims */
-    bool pro;                 /* DeepSeek V4 Pro's pattern instead of Flash's: ratio 128 on layers 0-1,
+    const char *spoil;       /* HF name of the tensor to spoil, or NULL */
+    const char *spoil_dtype; /* replacement dtype string, or NULL */
+    bool spoil_transpose;    /* swap its two dims */
+    bool pro;                /* DeepSeek V4 Pro's pattern instead of Flash's: ratio 128 on layers 0-1,
                                * one head an output group (4), 8 experts, routed scale 2.5 (no Python
                                * twin: the generator's bytes are the same function of the order) */
-    bool mtp_block;           /* a whole MTP block after the other tensors */
-    const char *drop;         /* HF name of a tensor left out, or NULL */
+    bool mtp_block;          /* a whole MTP block after the other tensors */
+    const char *drop;        /* HF name of a tensor left out, or NULL */
 } official_ckpt_opts;
 
 /* Shards, index and config.json into dir (which must exist). */

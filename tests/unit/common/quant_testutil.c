@@ -9,9 +9,7 @@
 #include "base/fp.h"
 #include "format/quants.h"
 
-void qt_seed(qt_rng *r, uint64_t seed) {
-    r->s = seed * 0x9E3779B97F4A7C15ull + 1;
-}
+void qt_seed(qt_rng *r, uint64_t seed) { r->s = seed * 0x9E3779B97F4A7C15ull + 1; }
 
 uint64_t qt_next(qt_rng *r) {
     r->s ^= r->s << 13;
@@ -20,9 +18,7 @@ uint64_t qt_next(qt_rng *r) {
     return r->s;
 }
 
-double qt_uniform(qt_rng *r) {
-    return ((double)(qt_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0);
-}
+double qt_uniform(qt_rng *r) { return ((double)(qt_next(r) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
 float qt_gauss(qt_rng *r) {
     double u = qt_uniform(r), v = qt_uniform(r);

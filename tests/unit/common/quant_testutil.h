@@ -15,8 +15,8 @@ typedef struct {
 
 void qt_seed(qt_rng *r, uint64_t seed);
 uint64_t qt_next(qt_rng *r);
-double qt_uniform(qt_rng *r);   /* (0, 1) */
-float qt_gauss(qt_rng *r);      /* N(0, 1) */
+double qt_uniform(qt_rng *r); /* (0, 1) */
+float qt_gauss(qt_rng *r);    /* N(0, 1) */
 void qt_gauss_fill(qt_rng *r, float *x, int64_t n, float sigma);
 
 /* `bytes` random bytes, then every f16 scale field of each block of `type`

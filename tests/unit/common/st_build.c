@@ -34,8 +34,8 @@ void st_build(const st_spec *specs, size_t n, const char *metadata, uint8_t **ou
     if (metadata) len += (size_t)snprintf(hdr + len, cap - len, "\"__metadata__\":%s%s", metadata, n ? "," : "");
     for (size_t i = 0; i < n; i++) {
         const st_spec *s = &specs[i];
-        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "",
-                                s->name, s->dtype);
+        len += (size_t)snprintf(hdr + len, cap - len, "%s\"%s\":{\"dtype\":\"%s\",\"shape\":[", i ? "," : "", s->name,
+                                s->dtype);
         for (int d = 0; d < s->ndim; d++)
             len += (size_t)snprintf(hdr + len, cap - len, "%s%" PRIu64, d ? "," : "", s->shape[d]);
         len += (size_t)snprintf(hdr + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", off, off + s->nbytes);

@@ -10,10 +10,10 @@
 
 typedef struct st_spec {
     const char *name;
-    const char *dtype;          /* header string, e.g. "F8_E4M3" */
+    const char *dtype; /* header string, e.g. "F8_E4M3" */
     int ndim;
     uint64_t shape[4];
-    const void *data;           /* nbytes bytes (NULL: zeros) */
+    const void *data; /* nbytes bytes (NULL: zeros) */
     size_t nbytes;
 } st_spec;
 
