@@ -4,6 +4,7 @@
 #include "base/paths.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <libgen.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,5 +38,34 @@ int ds4_path_check_writable(const char *path, ds4_err *err) {
     else if (access(dir, W_OK | X_OK) != 0)
         rc = ds4_err_set(err, DS4_EIO, "cannot write %s: directory %s: %s", path, dir, strerror(errno));
     free(copy);
+    return rc;
+}
+
+int ds4_atomic_open(ds4_atomic_file *a, const char *path, ds4_err *err) {
+    size_t n = strlen(path) + 5;
+    a->path = path;
+    a->f = NULL;
+    if (!(a->tmp = malloc(n))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    snprintf(a->tmp, n, "%s.tmp", path);
+    if (!(a->f = fopen(a->tmp, "wb"))) {
+        ds4_err_set(err, DS4_EIO, "%s: %s", a->tmp, strerror(errno));
+        free(a->tmp);
+        a->tmp = NULL;
+        return -1;
+    }
+    return 0;
+}
+
+int ds4_atomic_commit(ds4_atomic_file *a, bool bad, ds4_err *err) {
+    bad |= fflush(a->f) != 0 || fsync(fileno(a->f)) != 0;
+    bad |= fclose(a->f) != 0;
+    int rc = 0;
+    if (bad || rename(a->tmp, a->path) != 0) {
+        rc = ds4_err_set(err, DS4_EIO, "%s: write failed: %s", a->path, strerror(errno));
+        unlink(a->tmp);
+    }
+    free(a->tmp);
+    a->tmp = NULL;
+    a->f = NULL;
     return rc;
 }

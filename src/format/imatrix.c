@@ -11,6 +11,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/paths.h"
 #include "format/gguf_index.h"
 
 void ds4_imatrix_free(ds4_imatrix *im) {
@@ -266,16 +267,9 @@ static int write_entry(FILE *fp, const ds4_imatrix_entry *e) {
 }
 
 int ds4_imatrix_save(const ds4_imatrix *im, const char *path, ds4_err *err) {
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 16);
-    if (!tmp) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    snprintf(tmp, plen + 16, "%s.tmp", path);
-    FILE *fp = fopen(tmp, "wb");
-    if (!fp) {
-        ds4_err_set(err, DS4_EIO, "%s: %s", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
+    ds4_atomic_file a;
+    if (ds4_atomic_open(&a, path, err)) return -1;
+    FILE *fp = a.f;
     int bad = write_i32(fp, (int32_t)im->n_entries);
     for (uint32_t i = 0; i < im->n_entries && !bad; i++) bad = write_entry(fp, &im->entries[i]);
     if (!bad && (im->chunks >= 0 || im->dataset)) {
@@ -283,16 +277,7 @@ int ds4_imatrix_save(const ds4_imatrix *im, const char *path, ds4_err *err) {
         bad = write_i32(fp, im->chunks < 0 ? 0 : im->chunks) || write_i32(fp, (int32_t)dlen) ||
               (dlen && fwrite(im->dataset, 1, dlen, fp) != dlen);
     }
-    bad |= fflush(fp) != 0 || fsync(fileno(fp)) != 0;
-    bad |= fclose(fp) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        ds4_err_set(err, DS4_EIO, "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
+    return ds4_atomic_commit(&a, bad, err);
 }
 
 /* ------------------------------------------------------------- lookup */

@@ -5,6 +5,8 @@
  */
 #include "model/imatrix_collect.h"
 
+#include "base/paths.h"
+
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -152,28 +154,11 @@ int ds4_imcol_save_state(const ds4_imcol *col, const char *path, const ds4_imcol
     h.tokens = p->tokens;
     h.dataset_bytes = p->dataset_bytes;
     h.routes = col->routes;
-    size_t plen = strlen(path);
-    char *tmp = malloc(plen + 8);
-    if (!tmp) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    snprintf(tmp, plen + 8, "%s.tmp", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        ds4_err_set(err, DS4_EIO, "%s: %s", tmp, strerror(errno));
-        free(tmp);
-        return -1;
-    }
-    bool bad = fwrite(&h, sizeof(h), 1, f) != 1 || fwrite(col->in, sizeof(double), in_count(c), f) != in_count(c) ||
-               fwrite(col->mid, sizeof(double), mid_count(c), f) != mid_count(c);
-    bad |= fflush(f) != 0 || fsync(fileno(f)) != 0;
-    bad |= fclose(f) != 0;
-    if (bad || rename(tmp, path) != 0) {
-        ds4_err_set(err, DS4_EIO, "%s: write failed: %s", path, strerror(errno));
-        unlink(tmp);
-        free(tmp);
-        return -1;
-    }
-    free(tmp);
-    return 0;
+    ds4_atomic_file a;
+    if (ds4_atomic_open(&a, path, err)) return -1;
+    bool bad = fwrite(&h, sizeof(h), 1, a.f) != 1 || fwrite(col->in, sizeof(double), in_count(c), a.f) != in_count(c) ||
+               fwrite(col->mid, sizeof(double), mid_count(c), a.f) != mid_count(c);
+    return ds4_atomic_commit(&a, bad, err);
 }
 
 int ds4_imcol_load_state(ds4_imcol *col, const char *path, ds4_imcol_progress *p, ds4_err *err) {

@@ -139,6 +139,18 @@ static int bind_all(ds4_weights *w, ds4_err *err) {
     return rc;
 }
 
+/* A synthetic tensor: the shape and type of its layout row, no data (the
+ * backend fills it). */
+static void shape_synthetic(ds4_wt *slot, const ds4_tensor_spec *s, uint32_t type) {
+    slot->data = NULL;
+    slot->type = type;
+    slot->ne[0] = s->ne[0];
+    slot->ne[1] = s->ne[1];
+    slot->ne[2] = s->ne[2];
+    slot->row_bytes = ds4_row_bytes(type, (int64_t)s->ne[0]);
+    slot->name = s->name;
+}
+
 /* Errors name the file once: the reader's own messages already do. */
 static void name_file(const ds4_gguf *g, ds4_err *err) {
     if (err && !strstr(ds4_err_msg(err), g->path)) ds4_err_prefix(err, "%s", g->path);
@@ -222,13 +234,7 @@ ds4_weights *ds4_weights_synthetic(const ds4_config *c, const char *recipe_name,
             ds4_weights_close(w);
             return NULL;
         }
-        slot->data = NULL;
-        slot->type = type;
-        slot->ne[0] = s->ne[0];
-        slot->ne[1] = s->ne[1];
-        slot->ne[2] = s->ne[2];
-        slot->row_bytes = ds4_row_bytes(type, (int64_t)s->ne[0]);
-        slot->name = s->name;
+        shape_synthetic(slot, s, type);
     }
     return w;
 }
@@ -293,13 +299,7 @@ ds4_mtp_weights *ds4_mtp_synthetic(const ds4_weights *w, const char *recipe_name
             ds4_mtp_close(m);
             return NULL;
         }
-        slot->data = NULL;
-        slot->type = type;
-        slot->ne[0] = s->ne[0];
-        slot->ne[1] = s->ne[1];
-        slot->ne[2] = s->ne[2];
-        slot->row_bytes = ds4_row_bytes(type, (int64_t)s->ne[0]);
-        slot->name = s->name;
+        shape_synthetic(slot, s, type);
     }
     return m;
 }
