@@ -96,6 +96,14 @@ template <typename T> static T *dcopy(const T *h, size_t n) {
 }
 template <typename T> static T *dcopy(const std::vector<T> &h) { return dcopy(h.data(), h.size()); }
 
+/* cudaMemset, finished before anything else starts: it runs on the legacy
+ * default stream, which does not wait for or hold back the test's
+ * non-blocking stream, and returns before the device has written. */
+static void dset(void *p, int v, size_t n) {
+    CU(cudaMemset(p, v, n));
+    CU(cudaDeviceSynchronize());
+}
+
 /* A device activation of `rows` tokens of n random values, quantized on the
  * device; the host copies of every form for the reference. */
 struct act_pair {
@@ -252,7 +260,7 @@ static void split_gemm_case(cudaStream_t st, uint32_t type, float *scratch) {
     make_weights(w, type, n, rows, 1);
     make_act(a, n, T, st);
     float *out = dalloc<float>((size_t)T * (rows + 3));
-    CU(cudaMemset(out, 0xFF, (size_t)T * (rows + 3) * 4));
+    dset(out, 0xFF, (size_t)T * (rows + 3) * 4);
     ds4_err err = {};
     if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, T, out, rows + 3, NULL, scratch, st, &err)) {
         printf("FAIL: %s\n", ds4_err_msg(&err));
@@ -385,7 +393,7 @@ static void check_split_gemv(cudaStream_t st) {
         make_weights(w, type, n, rows, 2);
         make_act(a, n, 1, st);
         float *out = dalloc<float>(rows + 1);
-        CU(cudaMemset(out, 0xFF, (rows + 1) * 4));
+        dset(out, 0xFF, (rows + 1) * 4);
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w.d, 1, NULL, 0, 0, rows, &a.d, 0, out);
@@ -429,8 +437,8 @@ static void check_window_gemv(cudaStream_t st) {
         make_act(a, n, CU_WIN_T, st);
         size_t stride = rows + 3;
         float *win = dalloc<float>(CU_WIN_T * stride), *one = dalloc<float>(CU_WIN_T * stride);
-        CU(cudaMemset(win, 0xFF, CU_WIN_T * stride * 4));
-        CU(cudaMemset(one, 0xFF, CU_WIN_T * stride * 4));
+        dset(win, 0xFF, CU_WIN_T * stride * 4);
+        dset(one, 0xFF, CU_WIN_T * stride * 4);
         cu_win_plan p;
         memset(&p, 0, sizeof(p));
         for (uint32_t t = 0; t < CU_WIN_T; t++) p.x[CU_WIN_T - 1 - t] = a.d.f + (size_t)t * n; /* any rows, any order */
@@ -501,7 +509,7 @@ static void check_products(cudaStream_t st) {
         double worst = 0;
 
         /* gemv: matrix 2, rows 5.., activation offset `off`, token 0 */
-        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        dset(out, 0xFF, (size_t)T * rows * 4);
         gemv_plan p;
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w.d, 2, NULL, 0, 5, rows - 5, &a.d, off, out);
@@ -522,7 +530,7 @@ static void check_products(cudaStream_t st) {
 
         /* gemm: matrix 1, rows 3.., activation offset, T tokens, strided out */
         worst = 0;
-        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        dset(out, 0xFF, (size_t)T * rows * 4);
         if (cu_gemm(&w.d, 1, 3, rows - 3, &a.d, off, T, out, rows, NULL, split_scratch(), st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
@@ -560,7 +568,7 @@ static void check_products(cudaStream_t st) {
         CU(cudaMemcpy(dc, tcount.data(), nt * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dn, &nt, 4, cudaMemcpyHostToDevice));
         cu_group g = {dm, ds, dc, dn, (uint32_t)nt + 2, dp, 2};
-        CU(cudaMemset(out, 0xFF, (size_t)T * rows * 4));
+        dset(out, 0xFF, (size_t)T * rows * 4);
         if (cu_gemm(&w.d, 0, 0, rows, &a.d, 0, 0, out, rows, &g, NULL, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
@@ -806,7 +814,7 @@ static void check_attention(cudaStream_t st) {
                 3; /* scratch for head groups of any size (a group's part: its heads' values, m, l) */
             float *dpart = dalloc<float>((size_t)T * (n_head + 1) * nsplit * (2 + hd));
             uint32_t *dcount = dalloc<uint32_t>((size_t)T * n_head);
-            CU(cudaMemset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t)));
+            dset(dcount, 0, (size_t)T * n_head * sizeof(uint32_t));
             a.part = dpart;
             a.count = dcount;
             for (int run = 0; run < 3; run++) {
@@ -814,7 +822,7 @@ static void check_attention(cudaStream_t st) {
                 a.nsplit = run == 2 ? nsplit : 1;
                 a.q = tc ? dqraw : dq; /* the tensor-core kernel does its q post */
                 a.q_eps = 1e-6f;
-                CU(cudaMemset(dout, 0xFF, (size_t)T * n_head * hd * 4));
+                dset(dout, 0xFF, (size_t)T * n_head * hd * 4);
                 ds4_err err = {};
                 if (cu_attn_run(&a, T, tc, st, &err)) {
                     printf("FAIL: %s\n", ds4_err_msg(&err));
@@ -922,7 +930,7 @@ static void check_comp_emit(cudaStream_t st) {
             std::vector<float> got[2];
             size_t nrows = (size_t)(pos0 / ratio + nwin + 1) * hd;
             for (int batched = 0; batched < 2; batched++) {
-                CU(cudaMemset(drows, 0xFF, nrows * sizeof(float)));
+                dset(drows, 0xFF, nrows * sizeof(float));
                 ds4_err err = {};
                 if (cu_comp_emit(&a, nwin, batched, st, &err)) {
                     printf("FAIL: %s\n", ds4_err_msg(&err));
@@ -989,7 +997,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         for (float &v : rows) v = frand();
         float *dq = dcopy(q), *dw = dcopy(w), *dr = dcopy(rows), *ds = dalloc<float>((size_t)T * stride);
         uint32_t *dpos = dcopy(&pos0, 1);
-        CU(cudaMemset(ds, 0xFF, (size_t)T * stride * 4)); /* NaN: rows not scored must stay so */
+        dset(ds, 0xFF, (size_t)T * stride * 4); /* NaN: rows not scored must stay so */
         ds4_err err = {};
         bool early = !tc && (&cs - cases) % 2; /* a decode graph's early position (the tc kernel is prefill's) */
         if (cu_idx_scores(dpos, early, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
@@ -1076,7 +1084,7 @@ static void check_fused_gemv(cudaStream_t st) {
             bool iq2 = segs[i].type == DS4_TYPE_IQ2_XXS;
             in[i] = l == 0 || (l == 1) == iq2;
             if (!in[i]) continue;
-            CU(cudaMemset(out[i], 0xFF, (segs[i].rows + 1) * 4));
+            dset(out[i], 0xFF, (segs[i].rows + 1) * 4);
             cu_gemv_add(&p, &w[i].d, segs[i].mat, segs[i].routed ? sel : NULL, segs[i].slot, 0, segs[i].rows, &a[i].d,
                         0, out[i]);
         }
@@ -1157,7 +1165,7 @@ static void check_stream_gemv(cudaStream_t st) {
             gemv_plan p;
             memset(&p, 0, sizeof(p));
             for (uint32_t i = 0; i < sh.segs; i++) {
-                CU(cudaMemset(out[i], 0xFF, (sh.rows + 1) * 4));
+                dset(out[i], 0xFF, (sh.rows + 1) * 4);
                 cu_gemv_add(&p, &w.d, 0, sel, i, 0, sh.rows, &a[i].d, 0, out[i]);
             }
             bool streamed = cu_gemv_streamed(&p), want = sh.type == DS4_TYPE_Q2_K;
@@ -1218,7 +1226,7 @@ static void check_gemv_q8_out(cudaStream_t st) {
     q.q8s = cu_q8_bytes(qn);
     q.f = dalloc<float>(qn);
     q.q8 = dalloc<uint8_t>(q.q8s);
-    CU(cudaMemset(q.q8, 0xFF, q.q8s));
+    dset(q.q8, 0xFF, q.q8s);
     gemv_plan p;
     memset(&p, 0, sizeof(p));
     cu_gemv_add_q8(&p, &w.d, 0, rows0, &a.d, 0, q.f, &q, 0);
@@ -1301,7 +1309,7 @@ static void check_topk(cudaStream_t st) {
         uint32_t *dpos = dalloc<uint32_t>(1), *dvis = dalloc<uint32_t>((size_t)(T + 1) * k), *dn = dalloc<uint32_t>(T);
         CU(cudaMemcpy(d, h.data(), h.size() * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dpos, &pos0, 4, cudaMemcpyHostToDevice));
-        CU(cudaMemset(dvis, 0xFF, (size_t)(T + 1) * k * 4));
+        dset(dvis, 0xFF, (size_t)(T + 1) * k * 4);
         ds4_err err = {};
         bool early = (&cs - cases) % 2; /* the position read before the PDL wait, as in a decode graph */
         if (cu_topk(dpos, early, d, stride, (pos0 + T) / 4, T, k, dvis, dn, st, &err)) {
@@ -1382,7 +1390,7 @@ static void check_route(cudaStream_t st) {
         CU(cudaMemcpy(db, bias.data(), ne * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dh, hash.data(), hash.size() * 4, cudaMemcpyHostToDevice));
         CU(cudaMemcpy(dt, tok.data(), T * 4, cudaMemcpyHostToDevice));
-        CU(cudaMemset(ds, 0xFF, (size_t)(T + 1) * k * 4)); /* one more row: nothing is written past the tokens */
+        dset(ds, 0xFF, (size_t)(T + 1) * k * 4); /* one more row: nothing is written past the tokens */
         cu_route_in in;
         memset(&in, 0, sizeof(in));
         in.logits = dl;
@@ -1454,7 +1462,7 @@ static void check_alloc_error(void) {
     CHECK(strstr(m, "no room for 4294967296.00 GiB of a test block") && strstr(m, "GiB free of"),
           "allocation error message: %s", m);
     float *q = dalloc<float>(16);
-    CU(cudaMemset(q, 0, 16 * sizeof(float)));
+    dset(q, 0, 16 * sizeof(float));
     CU(cudaFree(q));
 }
 
@@ -1481,7 +1489,7 @@ static void check_gemv_route(cudaStream_t st, uint32_t ne) {
     CU(cudaMemcpy(db, bias.data(), ne * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dh, hash.data(), hash.size() * 4, cudaMemcpyHostToDevice));
     CU(cudaMemcpy(dt, &tok, 4, cudaMemcpyHostToDevice));
-    CU(cudaMemset(count, 0, 4));
+    dset(count, 0, 4);
     ds4_err err = {};
     for (int hashed = 0; hashed < 2; hashed++) {
         cu_route_in in;
@@ -1516,8 +1524,8 @@ static void check_gemv_route(cudaStream_t st, uint32_t ne) {
             p.route.sel = s2;
             p.route.selw = w2;
             p.route.count = count;
-            CU(cudaMemset(s2, 0xFF, k * 4));
-            CU(cudaMemset(w2, 0xFF, k * 4));
+            dset(s2, 0xFF, k * 4);
+            dset(w2, 0xFF, k * 4);
             if (cu_gemv_run(&p, st, &err)) {
                 printf("FAIL: %s\n", ds4_err_msg(&err));
                 exit(1);

@@ -5,7 +5,17 @@
 # Expects the CUDA build (make cuda) in build/cuda, and for the prof part
 # the developer build (make cuda-dev) in build/dev/cuda; logs and the
 # benchmark CSV go to OUTDIR.  Each part has its own time limit.
-#   PARTS="tests san prof ncu ncustep ncusrc bench"   which parts, in this order (default: all but the ncu ones)
+#   PARTS="tests san prof ncu ncustep ncusrc bench mtp par offload imx pro"
+#             which parts, in this order (default: tests san prof bench)
+#             mtp      the MTP benchmark: a 1-row step, and verify steps of
+#                      N + 1 rows with every draft accepted, N = MTP_DRAFTS
+#             par      many sessions at once (PAR_LIST sessions of 4k each,
+#                      then a 32k prompt arriving among 16 decoders)
+#             offload  decode with the routed experts beyond GPU_MEMS (each
+#                      a --gpu-mem) in host RAM
+#             imx      prefill with and without imatrix collection
+#             pro      a slice of the Pro shape (PRO_LAYERS) and the
+#                      whole model's projection
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
 #   PROF_MODE  DS4_CUDA_PROFILE of the prof part: 1 per kernel (default), 2 per kernel and grid
 #   NCU_CTX   the context of the ncustep run (default 1024)
@@ -66,6 +76,29 @@ for part in $PARTS; do
     bench)
         timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;
+    mtp)
+        for n in ${MTP_DRAFTS:-1 2 3 4}; do
+            timeout ${MTP_TIME:-60} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 64 \
+                --mtp-draft $n --mtp-forced --csv "$OUT/mtp$n.csv" > "$OUT/mtp$n.log" 2>&1; echo "mtp $n: rc $?"
+        done;;
+    par)
+        timeout ${PAR_TIME:-200} build/cuda/bin/ds4-bench --synthetic q2 --parallel ${PAR_LIST:-1,4,8,16,32,64} \
+            --session-ctx 4096 --gen-tokens 64 --arrive 32768 --arrive-among 16 --csv "$OUT/par.csv" > "$OUT/par.log" 2>&1
+        echo "par: rc $?";;
+    offload)
+        for g in ${GPU_MEMS:-24G}; do
+            timeout ${OFFLOAD_TIME:-150} build/cuda/bin/ds4-bench --synthetic q2 --gpu-mem $g --ctx-start 4096 --ctx-max 4096 \
+                --gen-tokens 32 --csv "$OUT/offload-$g.csv" > "$OUT/offload-$g.log" 2>&1; echo "offload $g: rc $?"
+        done;;
+    imx)
+        for m in plain imatrix; do
+            f=; [ $m = imatrix ] && f=--imatrix
+            timeout ${IMX_TIME:-90} build/cuda/bin/ds4-bench --synthetic q2 $f --ctx-start 4096 --ctx-max 32768 --step-incr 28672 \
+                --gen-tokens 1 --csv "$OUT/imx-$m.csv" > "$OUT/imx-$m.log" 2>&1; echo "imx $m: rc $?"
+        done;;
+    pro)
+        timeout ${PRO_TIME:-120} build/cuda/bin/ds4-bench --synthetic pro-q2 --layers ${PRO_LAYERS:-2:9} --ctx-start 4096 \
+            --ctx-max 4096 --gen-tokens 32 --csv "$OUT/pro.csv" > "$OUT/pro.log" 2>&1; echo "pro: rc $?";;
     esac
 done
 tail -n 3 "$OUT/tests.log" 2>/dev/null; cat "$OUT/bench.log" 2>/dev/null | tail -n 8

@@ -474,11 +474,10 @@ static int check_state(const cuda_backend *b, const cu_seq *q, const ds4_kv_stat
 /* Copy every live array between the device state and `s`. */
 static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    cudaMemcpyKind kind = to_host ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
 /* clang-format off */
 #define COPY(dev, host, count)                                                                              \
-    CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), kind)                       \
-                   : cudaMemcpy((dev), (host), (size_t)(count) * sizeof(float), kind))
+    CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), cudaMemcpyDeviceToHost)   \
+                   : cu_upload((dev), (host), (size_t)(count) * sizeof(float)))
     /* clang-format on */
     for (uint32_t il = 0; il < c->n_layer; il++) {
         const dlstate *D = &b->sq->L[il];
@@ -527,7 +526,7 @@ static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
     b->sq->has_logits = in->has_logits;
     if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, n, 0, err)) return -1;
     if (in->has_logits) {
-        CU_TRY(cudaMemcpy(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float), cudaMemcpyHostToDevice));
+        CU_TRY(cu_upload(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float)));
         memcpy(b->sq->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
         b->d_last_logits = b->d_logits;
         b->sq->logits_fresh = true;
@@ -583,7 +582,8 @@ static int seq_alloc(cuda_backend *b, cu_seq *s, uint32_t ctx, bool defer, ds4_e
     m.off = 0;
     layout_state(b, s, defer, &m);
     for (uint32_t il = 0; il < c->n_layer; il++)
-        if (s->L[il].win) CU_TRY(cudaMemset(s->L[il].win, 0, (size_t)s->L[il].ratio * c->n_embd * sizeof(float)));
+        if (s->L[il].win)
+            CU_TRY(cudaMemsetAsync(s->L[il].win, 0, (size_t)s->L[il].ratio * c->n_embd * sizeof(float), b->st));
     return reset_state(b, s, err);
 }
 
@@ -775,21 +775,21 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
     layout_buffers(b, &m);
-    CU_TRY(cudaMemset(b->hc_count, 0, b->chunk * sizeof(uint32_t)));
-    CU_TRY(cudaMemset(b->route_count, 0, sizeof(uint32_t)));
-    if (b->expert_count) CU_TRY(cudaMemset(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t)));
+    CU_TRY(cudaMemsetAsync(b->hc_count, 0, b->chunk * sizeof(uint32_t), b->st));
+    CU_TRY(cudaMemsetAsync(b->route_count, 0, sizeof(uint32_t), b->st));
+    if (b->expert_count)
+        CU_TRY(cudaMemsetAsync(b->expert_count, 0, (size_t)c->n_layer * c->n_expert * sizeof(uint32_t), b->st));
     if (b->imx_in) {
         size_t mid_n, routes_n, in_n = cu_imatrix_floats(c, &mid_n, &routes_n);
-        CU_TRY(cudaMemset(b->imx_in, 0, in_n * sizeof(double)));
-        CU_TRY(cudaMemset(b->imx_mid, 0, mid_n * sizeof(double)));
-        CU_TRY(cudaMemset(b->imx_routes, 0, routes_n * sizeof(uint64_t)));
+        CU_TRY(cudaMemsetAsync(b->imx_in, 0, in_n * sizeof(double), b->st));
+        CU_TRY(cudaMemsetAsync(b->imx_mid, 0, mid_n * sizeof(double), b->st));
+        CU_TRY(cudaMemsetAsync(b->imx_routes, 0, routes_n * sizeof(uint64_t), b->st));
     }
-    CU_TRY(cudaMemset(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+    CU_TRY(cudaMemsetAsync(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     for (uint32_t i = 0; i < CU_LANES; i++)
-        CU_TRY(cudaMemset(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t)));
+        CU_TRY(cudaMemsetAsync(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     if (b->d_steer)
-        CU_TRY(cudaMemcpy(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float),
-                          cudaMemcpyHostToDevice));
+        CU_TRY(cu_upload(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float)));
     if (seq_alloc(b, &b->main_seq, b->ctx, true, err)) return -1;
     if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     b->n_kinds = 1;

@@ -146,9 +146,9 @@ extern "C" int ds4_cuda_imatrix_flush(ds4_backend *base, ds4_err *err) {
         ds4_imcol_add_sums(base->opts.imatrix, il, h, h + in_n, routes);
     }
     size_t mid_all, routes_all, in_all = cu_imatrix_floats(c, &mid_all, &routes_all);
-    if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_in, 0, in_all * sizeof(double));
-    if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_mid, 0, mid_all * sizeof(double));
-    if (!rc && e == cudaSuccess) e = cudaMemset(b->imx_routes, 0, routes_all * sizeof(uint64_t));
+    if (!rc && e == cudaSuccess) e = cudaMemsetAsync(b->imx_in, 0, in_all * sizeof(double), b->st);
+    if (!rc && e == cudaSuccess) e = cudaMemsetAsync(b->imx_mid, 0, mid_all * sizeof(double), b->st);
+    if (!rc && e == cudaSuccess) e = cudaMemsetAsync(b->imx_routes, 0, routes_all * sizeof(uint64_t), b->st);
     if (!rc && e != cudaSuccess)
         rc = ds4_err_set(err, DS4_EIO, "CUDA: reading the imatrix sums: %s", cudaGetErrorString(e));
     free(h);

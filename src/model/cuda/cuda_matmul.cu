@@ -968,7 +968,7 @@ int cu_matmul_init(ds4_err *err) {
     uint32_t tab[IQ2_TAB];
     iq2_make_tab(tab);
     CU_TRY(cudaMalloc(&d_iq2_tab, sizeof(tab)));
-    CU_TRY(cudaMemcpy(d_iq2_tab, tab, sizeof(tab), cudaMemcpyHostToDevice));
+    CU_TRY(cu_upload(d_iq2_tab, tab, sizeof(tab)));
     return 0;
 }
 

@@ -402,7 +402,7 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
         *ptrs[i] = (uint8_t *)m->block + total;
         total += (sizes[i] + 255) / 256 * 256;
     }
-    CU_TRY(cudaMemset(m->block, 0, total));
+    CU_TRY(cudaMemsetAsync(m->block, 0, total, b->st));
     /* pinned: every draft's logits come back to the host */
     if (cudaMallocHost((void **)&m->logits_h, V * sizeof(float)) != cudaSuccess ||
         cudaMallocHost((void **)&m->jlogits, (DS4_REWIND_MAX + 1) * V * sizeof(float)) != cudaSuccess)

@@ -354,7 +354,7 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
     size_t sb = r256((size_t)L * E * sizeof(int32_t));
     if (cu_dev_alloc((void **)&o->d_slot, sb, "expert slots", err)) return -1;
     b->dev_bytes += sb;
-    CU_TRY(cudaMemcpy(o->d_slot, o->slot, (size_t)L * E * sizeof(int32_t), cudaMemcpyHostToDevice));
+    CU_TRY(cu_upload(o->d_slot, o->slot, (size_t)L * E * sizeof(int32_t)));
     /* the prefill stages */
     o->S = stage_geometry(b, o->stage_part);
     o->stage_bytes = o->stage_part[0] + o->stage_part[1] + o->stage_part[2];
@@ -607,7 +607,7 @@ static int calibrate(cu_offload *o, ds4_err *err) {
     uint32_t E = c->n_expert, k = c->n_expert_used;
     memset(o->stage_h[0], 0, o->stage_bytes);
     double t0 = ds4_now();
-    CU_TRY(cudaMemcpy(o->stage_d, o->stage_h[0], o->stage_bytes, cudaMemcpyHostToDevice));
+    CU_TRY(cu_upload(o->stage_d, o->stage_h[0], o->stage_bytes));
     double dt = ds4_now() - t0;
     o->pcie_bw = (double)o->stage_bytes / (dt > 1e-9 ? dt : 1e-9);
     uint32_t l = 0;

@@ -191,6 +191,17 @@ static inline int ds4_cuda_check(cudaError_t e, const char *what, const char *fi
     } while (0)
 /* clang-format on */
 
+/* A host-to-device copy that has landed when this returns.  cudaMemcpy
+ * from pageable memory returns once the bytes are staged, and runs on the
+ * legacy default stream, which the backend's non-blocking streams neither
+ * wait for nor hold back: a kernel launched next could read the old bytes
+ * (the same holds for cudaMemset, which the backend issues on its own
+ * stream instead). */
+static inline cudaError_t cu_upload(void *dst, const void *src, size_t bytes) {
+    cudaError_t e = cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice);
+    return e == cudaSuccess ? cudaDeviceSynchronize() : e;
+}
+
 /* cudaMalloc for the backend's large blocks (weights, session state, pass
  * buffers): when the device has no room, the error says what needed how
  * much and how much the device has, which is what a user can act on (a

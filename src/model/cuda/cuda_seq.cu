@@ -88,7 +88,7 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
     }
     float *rings[DS4_MAX_LAYERS];
     for (uint32_t il = 0; il < c->n_layer; il++) rings[il] = b->sq->L[il].raw;
-    CU_TRY(cudaMemcpy(j->rings, rings, c->n_layer * sizeof(float *), cudaMemcpyHostToDevice));
+    CU_TRY(cu_upload(j->rings, rings, c->n_layer * sizeof(float *)));
     return 0;
 }
 
