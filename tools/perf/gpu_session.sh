@@ -12,7 +12,7 @@
 #             par      many sessions at once (PAR_LIST sessions of 4k each,
 #                      then a 32k prompt arriving among 16 decoders)
 #             offload  decode with the routed experts beyond GPU_MEMS (each
-#                      a --gpu-mem) in host RAM
+#                      a --gpu-mem, or free: the default) in host RAM
 #             imx      prefill with and without imatrix collection
 #             pro      a slice of the Pro shape (PRO_LAYERS) and the
 #                      whole model's projection
@@ -86,8 +86,9 @@ for part in $PARTS; do
             --session-ctx 4096 --gen-tokens 64 --arrive 32768 --arrive-among 16 --csv "$OUT/par.csv" > "$OUT/par.log" 2>&1
         echo "par: rc $?";;
     offload)
-        for g in ${GPU_MEMS:-24G}; do
-            timeout ${OFFLOAD_TIME:-150} build/cuda/bin/ds4-bench --synthetic q2 --gpu-mem $g --ctx-start 4096 --ctx-max 4096 \
+        for g in ${GPU_MEMS:-free 24G}; do
+            f="--gpu-mem $g"; [ $g = free ] && f= # free: the GPU's free memory less 1 GiB (the default)
+            timeout ${OFFLOAD_TIME:-150} build/cuda/bin/ds4-bench --synthetic q2 $f --ctx-start 4096 --ctx-max 4096 \
                 --gen-tokens 32 --csv "$OUT/offload-$g.csv" > "$OUT/offload-$g.log" 2>&1; echo "offload $g: rc $?"
         done;;
     imx)
