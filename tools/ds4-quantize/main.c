@@ -370,15 +370,17 @@ static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
                             err);
 }
 
-/* general.name: --name, a GGUF input's own, the published model's or a
- * generic one; " MTP" after it for the MTP block's file. */
+/* general.name: --name (" MTP" after it for the MTP block's file), else a
+ * GGUF input's own (an MTP file's, or the model's with " MTP"), else the
+ * published model's or a generic one. */
 static void model_name(const qz_job *j, bool mtp, char *buf, size_t len) {
     const char *known = ds4_config_name(&j->hc.cfg);
-    const ds4_gguf_kv *kv = j->in ? ds4_gguf_find_kv(j->in, "general.name") : NULL;
-    const char *suffix = mtp ? " MTP" : "";
+    const ds4_gguf *g = mtp && j->mtp_in ? j->mtp_in : j->in;
+    const ds4_gguf_kv *kv = g ? ds4_gguf_find_kv(g, "general.name") : NULL;
+    const char *suffix = mtp && g != j->mtp_in ? " MTP" : "";
     if (!j->o->name && kv && kv->value.type == DS4_GGUF_STRING)
         snprintf(buf, len, "%.*s%s", (int)kv->value.s.len, kv->value.s.ptr, suffix);
-    else snprintf(buf, len, "%s%s", j->o->name ? j->o->name : known ? known : "DeepSeek V4", suffix);
+    else snprintf(buf, len, "%s%s", j->o->name ? j->o->name : known ? known : "DeepSeek V4", mtp ? " MTP" : "");
 }
 
 /* The main file's metadata, or (mtp) the MTP block's: its model's shape

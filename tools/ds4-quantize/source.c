@@ -34,8 +34,7 @@ int qz_open_input(qz_job *j, ds4_err *err) {
         return (j->ck = ds4_st_ckpt_open(o->hf_dir, err)) ? 0 : -1;
     }
     if (!(j->in = ds4_gguf_open(o->gguf_in, err))) return -1;
-    if (ds4_config_from_gguf(j->in, &j->hc.cfg, err) != 0)
-        return ds4_err_prefix(err, "%s is not a ds4 model file", o->gguf_in);
+    if (ds4_config_from_gguf(j->in, &j->hc.cfg, err) != 0) return ds4_err_prefix(err, "--gguf: not a ds4 model");
     j->src = j->in;
     if (!o->mtp_gguf) return 0;
     if (!(j->mtp_in = ds4_gguf_open(o->mtp_gguf, err))) return -1;
