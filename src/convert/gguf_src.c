@@ -30,8 +30,7 @@ static void shape_text(uint32_t ndim, const uint64_t *ne, char *buf, size_t len)
     if (n < len) snprintf(buf + n, len - n, "]");
 }
 
-int ds4_gguf_src_resolve(const ds4_gguf *g, const ds4_tensor_spec *t, int expert, ds4_gguf_source *src,
-                         ds4_err *err) {
+int ds4_gguf_src_resolve(const ds4_gguf *g, const ds4_tensor_spec *t, int expert, ds4_gguf_source *src, ds4_err *err) {
     memset(src, 0, sizeof(*src));
     const ds4_gguf_tensor *gt = ds4_gguf_find_tensor(g, t->name);
     if (!gt) return ds4_err_set(err, DS4_ENOTFOUND, "%s has no tensor %s", g->path, t->name);
@@ -86,7 +85,8 @@ int ds4_gguf_src_decode_i32(const ds4_gguf_source *src, int64_t limit, int32_t *
         const uint8_t *p = src->data + i * 4;
         int32_t v = (int32_t)((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24);
         if (limit > 0 && (v < 0 || v >= limit))
-            return ds4_err_set(err, DS4_ERANGE, "%s: tensor %s: element %" PRIu64 " = %" PRId32 " is outside [0, %" PRId64 ")",
+            return ds4_err_set(err, DS4_ERANGE,
+                               "%s: tensor %s: element %" PRIu64 " = %" PRId32 " is outside [0, %" PRId64 ")",
                                src->g->path, src->t->name, i, v, limit);
         out[i] = v;
     }

@@ -34,8 +34,7 @@ typedef struct ds4_gguf_source {
  * check it: present, the layout's shape, a type the decoders read (I32
  * for the hash tables, a float or block type for everything else).
  * Errors name the file and the tensor. */
-int ds4_gguf_src_resolve(const ds4_gguf *g, const ds4_tensor_spec *t, int expert, ds4_gguf_source *src,
-                         ds4_err *err);
+int ds4_gguf_src_resolve(const ds4_gguf *g, const ds4_tensor_spec *t, int expert, ds4_gguf_source *src, ds4_err *err);
 
 /* Decode rows [row0, row0 + nrows) to f32 (cols values per row).  Values
  * that decode to inf or NaN are an error naming the tensor and position. */

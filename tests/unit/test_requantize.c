@@ -84,8 +84,8 @@ static void run_ok(const char *what, int rc) {
 
 /* A 4-layer tiny model and its MTP block in `recipe`, with extra options. */
 static void mkmodel(const char *out, const char *mtp, const char *opts) {
-    run_ok("ds4-mkmodel", run_capture(logbuf, sizeof(logbuf), "./ds4-mkmodel -q --set layers=4 -o %s --mtp %s %s", out,
-                                      mtp, opts));
+    run_ok("ds4-mkmodel",
+           run_capture(logbuf, sizeof(logbuf), "./ds4-mkmodel -q --set layers=4 -o %s --mtp %s %s", out, mtp, opts));
 }
 
 static void requantize(const char *in, const char *mtp_in, const char *out, const char *mtp_out, const char *opts) {
@@ -229,8 +229,7 @@ static void write_dataset(const char *path, int prompts, int len, uint32_t seed)
 }
 
 static double weighted_error(const char *ref, const char *model, const char *im) {
-    run_ok("ds4-qeval",
-           run_capture(logbuf, sizeof(logbuf), "./ds4-qeval %s %s --imatrix %s -t 2", ref, model, im));
+    run_ok("ds4-qeval", run_capture(logbuf, sizeof(logbuf), "./ds4-qeval %s %s --imatrix %s -t 2", ref, model, im));
     const char *p = strstr(logbuf, "weighted error total");
     assert_non_null(p);
     double e;
@@ -269,20 +268,21 @@ static void test_imatrix_applied(void **state) {
     snprintf(calib, sizeof(calib), "%s", in_dir("calib.txt"));
     mkmodel(f32, mtp, "--recipe f32 --seed 3");
     write_dataset(calib, 16, 64, 7);
-    run_ok("ds4-imatrix", run_capture(logbuf, sizeof(logbuf),
-                                      "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s -c 256 -t 2", f32, calib,
-                                      im));
+    run_ok("ds4-imatrix",
+           run_capture(logbuf, sizeof(logbuf), "./ds4-imatrix %s --imatrix-dataset %s --imatrix-out %s -c 256 -t 2",
+                       f32, calib, im));
     const char *recipes[2] = {"q2", "q4"};
     for (int r = 0; r < 2; r++) {
         char plain[1024], with[1024], opts[1200];
         snprintf(plain, sizeof(plain), "%s/%s.gguf", dir, recipes[r]);
         snprintf(with, sizeof(with), "%s/%s-im.gguf", dir, recipes[r]);
         snprintf(opts, sizeof(opts), "--recipe %s", recipes[r]);
-        run_ok("ds4-quantize", run_capture(logbuf, sizeof(logbuf), "./ds4-quantize --gguf %s --out %s --quiet %s", f32,
-                                           plain, opts));
+        run_ok("ds4-quantize",
+               run_capture(logbuf, sizeof(logbuf), "./ds4-quantize --gguf %s --out %s --quiet %s", f32, plain, opts));
         run_ok("ds4-quantize --imatrix",
-               run_capture(logbuf, sizeof(logbuf), "./ds4-quantize --gguf %s --out %s --quiet %s --imatrix %s --imatrix-strict",
-                           f32, with, opts, im));
+               run_capture(logbuf, sizeof(logbuf),
+                           "./ds4-quantize --gguf %s --out %s --quiet %s --imatrix %s --imatrix-strict", f32, with,
+                           opts, im));
         assert_contains(logbuf, "96 matrices from the imatrix, 0 from column energy"); /* 4 x 3 x 8 experts */
         check_only_experts_differ(plain, with);
         double e_plain = weighted_error(f32, plain, im), e_with = weighted_error(f32, with, im);
