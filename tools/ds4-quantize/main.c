@@ -239,7 +239,8 @@ static void warn_left_out(const qz_job *j, bool mtp) {
     if (n)
         fprintf(stderr, "ds4-quantize: warning: %s: %zu tensor%s not in the %s's layout left out (%s%s)%s\n", g->path,
                 n, n == 1 ? "" : "s", mtp ? "MTP block" : "model", first, n > 1 ? ", ..." : "",
-                !mtp && strncmp(first, "mtp.", 4) == 0 ? ": --mtp-out FILE converts the MTP block" : "");
+                !mtp && !j->o->mtp_out && strncmp(first, "mtp.", 4) == 0 ? ": --mtp-out FILE converts the MTP block"
+                                                                         : "");
 }
 
 static const char *human(double bytes, char *buf, size_t len) {
