@@ -1,5 +1,5 @@
 /*
- * convert.c - one tensor from the official checkpoint into the GGUF writer
+ * convert.c - one tensor from the input (source.c) into the GGUF writer
  * (see quantize.h).
  *
  * Routed experts: a batch of as many experts as threads is decoded and
@@ -79,10 +79,10 @@ static void expert_task(void *ctx, int64_t begin, int64_t end, int thread) {
     for (int64_t slot = begin; slot < end; slot++) {
         int e = b->first + (int)slot;
         ds4_err *err = &b->errs[slot];
-        ds4_hf_source src;
+        qz_source src;
         b->failed[slot] = 1;
-        if (ds4_hf_resolve(b->j->ck, &b->j->hc, b->it->t, e, &src, err) != 0) continue;
-        if (ds4_hf_decode_rows(&src, 0, b->rows, b->f32[slot], err) != 0) continue;
+        if (qz_resolve(b->j, b->it->t, e, &src, err) != 0) continue;
+        if (qz_decode_rows(&src, 0, b->rows, b->f32[slot], err) != 0) continue;
         int rc = importance_for(b->j, b->it->t, b->it->type, e, b->f32[slot], b->rows, b->cols, b->imp[slot], err);
         if (rc < 0) continue;
         b->source[slot] = rc;
@@ -155,7 +155,7 @@ done:
 /* ------------------------------------------------------------ matrices */
 
 typedef struct chunk {
-    const ds4_hf_source *src;
+    const qz_source *src;
     uint32_t type;
     int64_t row0, cols;
     float *f32;
@@ -168,7 +168,7 @@ typedef struct chunk {
 static void chunk_task(void *ctx, int64_t begin, int64_t end, int thread) {
     chunk *c = ctx;
     float *rows = c->f32 + begin * c->cols;
-    if (ds4_hf_decode_rows(c->src, c->row0 + begin, end - begin, rows, &c->errs[thread]) != 0) {
+    if (qz_decode_rows(c->src, c->row0 + begin, end - begin, rows, &c->errs[thread]) != 0) {
         c->failed[thread] = 1;
         return;
     }
@@ -186,13 +186,13 @@ static int first_failure(const chunk *c, int nthreads, ds4_err *err) {
 }
 
 /* Column energy of a whole matrix, streamed in chunks, for IQ2_XXS. */
-static int matrix_energy(const ds4_hf_source *src, int64_t chunk_rows, float *buf, float *energy, ds4_err *err) {
+static int matrix_energy(const qz_source *src, int64_t chunk_rows, float *buf, float *energy, ds4_err *err) {
     float *part = malloc((size_t)src->cols * sizeof(float));
     if (!part) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     memset(energy, 0, (size_t)src->cols * sizeof(float));
     for (int64_t r0 = 0; r0 < src->rows; r0 += chunk_rows) {
         int64_t n = src->rows - r0 < chunk_rows ? src->rows - r0 : chunk_rows;
-        if (ds4_hf_decode_rows(src, r0, n, buf, err) != 0) {
+        if (qz_decode_rows(src, r0, n, buf, err) != 0) {
             free(part);
             return -1;
         }
@@ -205,8 +205,8 @@ static int matrix_energy(const ds4_hf_source *src, int64_t chunk_rows, float *bu
 
 static int convert_matrix(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
     const ds4_tensor_spec *t = it->t;
-    ds4_hf_source src;
-    if (ds4_hf_resolve(j->ck, &j->hc, t, -1, &src, err) != 0) return -1;
+    qz_source src;
+    if (qz_resolve(j, t, -1, &src, err) != 0) return -1;
     int nthreads = ds4_pool_size(j->pool);
     int64_t chunk_rows = (int64_t)(CHUNK_FLOATS / (uint64_t)src.cols);
     if (chunk_rows < 1) chunk_rows = 1;
@@ -259,13 +259,13 @@ done:
 }
 
 static int convert_ids(qz_job *j, const qz_item *it, qz_sink *sink, ds4_err *err) {
-    ds4_hf_source src;
-    if (ds4_hf_resolve(j->ck, &j->hc, it->t, -1, &src, err) != 0) return -1;
+    qz_source src;
+    if (qz_resolve(j, it->t, -1, &src, err) != 0) return -1;
     if (it->type != DS4_TYPE_I32)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "%s: integer tensors are stored as i32", it->t->name);
     int32_t *ids = malloc(it->nbytes ? it->nbytes : 1);
     if (!ids) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    int rc = ds4_hf_decode_i32(&src, j->hc.cfg.n_expert, ids, err);
+    int rc = qz_decode_i32(j, &src, ids, err);
     if (rc == 0) rc = sink->put(sink, ids, it->nbytes, err);
     j->elements_done += it->nbytes / 4;
     j->bytes_done += it->nbytes;

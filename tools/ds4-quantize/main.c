@@ -1,8 +1,9 @@
 /*
- * ds4-quantize - the official DeepSeek V4 Flash safetensors checkpoint ->
- * a ds4 GGUF (docs/TOOLCHAIN.md, docs/MODEL.md 2.6).
+ * ds4-quantize - the official DeepSeek V4 Flash safetensors checkpoint, or
+ * a ds4 GGUF, -> a ds4 GGUF (docs/TOOLCHAIN.md, docs/MODEL.md 2.6).
  *
  *   ds4-quantize --hf DIR --out FILE [--recipe q2|q4|q8_0|f16|f32] [options]
+ *   ds4-quantize --gguf IN.gguf [--mtp-gguf IN-MTP.gguf] --out FILE ...
  *
  * The model shape comes from DIR/config.json, tensor names and order from
  * the tensor table (src/model/tensors.h), storage types from the recipe plus ds4's per-class
@@ -13,6 +14,11 @@
  * temporary file renamed into place at the end.  --mtp-out FILE converts
  * the checkpoint's MTP block (its `mtp.0.*` tensors, docs/MODEL.md 2.5)
  * into a file of its own, with the same storage types and checks.
+ *
+ * --gguf requantizes a file ds4 runs (source.c): the shape comes from its
+ * deepseek4.* keys, every tensor is decoded to f32 and quantized as a
+ * checkpoint's would be; its other metadata (tokenizer included) is
+ * copied, all but the quantize.* keys that described its own making.
  */
 #include <errno.h>
 #include <inttypes.h>
@@ -32,6 +38,7 @@
 #define KV_IM_DATASET "quantize.imatrix.dataset"
 #define KV_IM_ENTRIES "quantize.imatrix.entries_count"
 #define KV_IM_CHUNKS  "quantize.imatrix.chunks_count"
+#define KV_SOURCE     "quantize.source" /* the GGUF a requantized file was decoded from */
 
 /* Class options are collected as strings first: the recipe they refine
  * may be given after them. */
@@ -59,7 +66,8 @@ static int override_option(void *ctx, const char *v, ds4_err *err) {
 
 static const char ABOUT[] =
     "Convert an official DeepSeek V4 safetensors checkpoint, Flash or Pro (DIR with config.json and\n"
-    "model.safetensors.index.json) into a ds4 GGUF.\n"
+    "model.safetensors.index.json) into a ds4 GGUF, or requantize a ds4 GGUF (--gguf): its tensors are\n"
+    "decoded to f32 and quantized again, so a file made from a Q8_0 one carries both roundings.\n"
     "\n"
     "TYPE: f32 f16 bf16 q8_0 q2_k q4_k iq2_xxs, or copy (keep the recipe's type); case, '-' and '_' do\n"
     "not matter.  Without an imatrix, IQ2_XXS uses each matrix's column energy (sum of w^2 over rows)\n"
@@ -73,7 +81,11 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
     char recipe_help[200];
     snprintf(recipe_help, sizeof(recipe_help), "base types: %s", ds4_recipe_names());
     ds4_opt table[] = {
-        {DS4_OPT_STR("--hf", "DIR", &o->hf_dir, NULL, "checkpoint directory"), .flags = DS4_OPT_REQUIRED},
+        {DS4_OPT_STR("--hf", "DIR", &o->hf_dir, NULL, "checkpoint directory (the input: --hf or --gguf)")},
+        {DS4_OPT_STR("--gguf", "FILE", &o->gguf_in, NULL, "a ds4 GGUF to requantize (metadata and tokenizer copied)"),
+         .flags = DS4_OPT_IN},
+        {DS4_OPT_STR("--mtp-gguf", "FILE", &o->mtp_gguf, NULL, "with --gguf and --mtp-out: the MTP block's GGUF"),
+         .def_text = "the --gguf file", .flags = DS4_OPT_IN},
         {DS4_OPT_STR("-o, --out", "FILE", &o->out, NULL, "output GGUF (required unless --dry-run or --compare-tensor)"),
          .flags = DS4_OPT_OUT},
         {DS4_OPT_STR("--mtp-out", "FILE", &o->mtp_out, NULL,
@@ -122,9 +134,17 @@ static int parse_args(int argc, char **argv, qz_opts *o, raw_opts *raw) {
          .flags = DS4_OPT_IN},
         {0},
     };
-    ds4_cli cli = {.prog = "ds4-quantize", .usage = "--hf DIR --out FILE [options]", .about = ABOUT, .opts = table};
+    ds4_cli cli = {.prog = "ds4-quantize",
+                   .usage = "--hf DIR --out FILE [options]\n--gguf FILE --out FILE [options]",
+                   .about = ABOUT,
+                   .opts = table};
     int status;
     if (!ds4_cli_parse(&cli, argc, argv, &status)) return status;
+    if (!o->hf_dir == !o->gguf_in) return ds4_cli_usage(&cli, "give the input: --hf DIR or --gguf FILE (one of them)");
+    if (o->mtp_gguf && (!o->gguf_in || !o->mtp_out))
+        return ds4_cli_usage(&cli, "--mtp-gguf goes with --gguf and --mtp-out");
+    if (o->gguf_in && o->tokenizer_config && !o->tokenizer_json)
+        return ds4_cli_usage(&cli, "--tokenizer-config needs --tokenizer FILE with --gguf");
     if (!o->out && !o->mtp_out && !o->dry_run && !o->compare_tensor)
         return ds4_cli_usage(&cli, "--out FILE is required (or --mtp-out, --dry-run, --compare-tensor)");
     if (o->mtp_out && o->compare_tensor)
@@ -174,20 +194,23 @@ static int plan(qz_job *j, bool mtp, ds4_err *err) {
     if (!j->specs || !j->items) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (mtp) ds4_layout_mtp(&j->hc.cfg, j->specs);
     else ds4_layout_build(&j->hc.cfg, j->specs);
+    qz_select_input(j, mtp);
+    if (!mtp && j->src && !ds4_gguf_find_tensor(j->src, "token_embd.weight") &&
+        ds4_gguf_find_tensor(j->src, "mtp.0.e_proj.weight"))
+        return ds4_err_set(err, DS4_EINVAL, "%s holds an MTP block, not a model: give it with --mtp-gguf",
+                           j->src->path);
     for (size_t i = 0; i < j->nspecs; i++) {
         const ds4_tensor_spec *t = &j->specs[i];
-        char hf[160];
         bool routed = t->ndim == 3;
-        if (ds4_hf_name(t, 0, hf, sizeof(hf), err) != 0) return -1;
-        if (t->optional && !ds4_st_ckpt_has(j->ck, hf)) continue;
+        if (t->optional && !qz_input_has(j, t)) continue;
         qz_item *it = &j->items[j->nitems];
         it->t = t;
         if (ds4_policy_type(&j->o->policy, t, &it->type, err) != 0) return -1;
         /* Check every source (each expert too) before writing anything. */
         for (int e = 0; e < (routed ? (int)t->ne[2] : 1); e++) {
-            ds4_hf_source src;
-            if (ds4_hf_resolve(j->ck, &j->hc, t, routed ? e : -1, &src, err) != 0) return -1;
-            if (e == 0) it->src_dtype = src.w->dtype;
+            qz_source src;
+            if (qz_resolve(j, t, routed ? e : -1, &src, err) != 0) return -1;
+            if (e == 0) it->src_type = qz_source_type(&src);
         }
         int ok;
         uint64_t n = t->ne[0] * t->ne[1] * t->ne[2];
@@ -196,6 +219,28 @@ static int plan(qz_job *j, bool mtp, ds4_err *err) {
         j->nitems++;
     }
     return 0;
+}
+
+/* A GGUF input's tensors that the plan leaves out (another version's
+ * extras, or an MTP block nobody asked for) are worth a warning. */
+static void warn_left_out(const qz_job *j, bool mtp) {
+    const ds4_gguf *g = j->src;
+    bool shared = !j->mtp_in; /* the MTP block, if any, is in the model file */
+    size_t n = 0;
+    const char *first = NULL;
+    for (uint64_t i = 0; i < g->n_tensors; i++) {
+        const char *name = g->tensors[i].name;
+        bool is_mtp = strncmp(name, "mtp.", 4) == 0;
+        if (shared && (mtp ? !is_mtp : is_mtp && j->o->mtp_out)) continue; /* the other plan's */
+        bool planned = false;
+        for (size_t k = 0; k < j->nitems && !planned; k++) planned = strcmp(j->items[k].t->name, name) == 0;
+        if (!planned && n++ == 0) first = name;
+    }
+    if (n)
+        fprintf(stderr, "ds4-quantize: warning: %s: %zu tensor%s not in the %s's layout left out (%s%s)%s\n", g->path,
+                n, n == 1 ? "" : "s", mtp ? "MTP block" : "model", first, n > 1 ? ", ..." : "",
+                !mtp && !j->o->mtp_out && strncmp(first, "mtp.", 4) == 0 ? ": --mtp-out FILE converts the MTP block"
+                                                                         : "");
 }
 
 static const char *human(double bytes, char *buf, size_t len) {
@@ -217,8 +262,8 @@ static void print_plan(const qz_job *j) {
                  : t->ndim == 2 ? "[%" PRIu64 ", %" PRIu64 "]"
                                 : "[%" PRIu64 ", %" PRIu64 ", %" PRIu64 "]",
                  t->ne[0], t->ne[1], t->ne[2]);
-        printf("%-40s %-22s %-8s -> %-8s %12s\n", t->name, dims, ds4_st_dtype_name(it->src_dtype),
-               ds4_type_get(it->type)->name, human((double)it->nbytes, b1, sizeof(b1)));
+        printf("%-40s %-22s %-8s -> %-8s %12s\n", t->name, dims, it->src_type, ds4_type_get(it->type)->name,
+               human((double)it->nbytes, b1, sizeof(b1)));
         total += it->nbytes;
         by_type[it->type & 63] += it->nbytes;
         count[it->type & 63]++;
@@ -276,9 +321,40 @@ static bool file_exists(const char *p) {
     return stat(p, &st) == 0;
 }
 
+/* Keys this tool writes itself, or that describe how the input was made. */
+static bool rewritten_key(const char *key) {
+    static const char *const own[] = {"general.architecture", "general.name", "general.quantization_version",
+                                      "general.alignment"};
+    for (size_t i = 0; i < sizeof(own) / sizeof(own[0]); i++)
+        if (strcmp(key, own[i]) == 0) return true;
+    return strncmp(key, "deepseek4.", 10) == 0 || strncmp(key, "quantize.", 9) == 0;
+}
+
+/* A GGUF input's metadata: its tokenizer (tokenizer.*), or every other key
+ * but the rewritten ones (general.type, licence, training provenance...).
+ * Returns how many were copied, -1 on error. */
+static int copy_input_kvs(const ds4_gguf *g, bool tokenizer, ds4_gguf_writer *w, ds4_err *err) {
+    int n = 0;
+    for (uint64_t i = 0; i < g->n_kv; i++) {
+        const char *key = g->kv[i].key;
+        bool tok = strncmp(key, "tokenizer.", 10) == 0;
+        if (tok != tokenizer || rewritten_key(key)) continue;
+        if (ds4_gguf_w_copy_kv(w, &g->kv[i]) != 0) return ds4_err_set(err, DS4_EIO, "copying %s failed", key);
+        n++;
+    }
+    return n;
+}
+
 static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
     const qz_opts *o = j->o;
     if (o->tokenizer_gguf) return copy_tokenizer(o->tokenizer_gguf, j->hc.cfg.n_vocab, w, err);
+    if (j->in && o->tokenizer_json)
+        return import_tokenizer(o->tokenizer_json, o->tokenizer_config, j->hc.cfg.n_vocab, w, err);
+    if (j->in) {
+        int n = copy_input_kvs(j->in, true, w, err);
+        if (n == 0) fprintf(stderr, "ds4-quantize: warning: %s has no tokenizer metadata to copy\n", j->in->path);
+        return n < 0 ? -1 : 0;
+    }
     char json[4096], config[4096];
     snprintf(json, sizeof(json), "%s", o->tokenizer_json ? o->tokenizer_json : "");
     snprintf(config, sizeof(config), "%s", o->tokenizer_config ? o->tokenizer_config : "");
@@ -295,18 +371,34 @@ static int write_tokenizer(qz_job *j, ds4_gguf_writer *w, ds4_err *err) {
                             err);
 }
 
-/* The main file's metadata, or (mtp) the MTP block's: its model's shape
- * keys (what the loader checks it against), no tokenizer. */
-static int write_metadata(qz_job *j, ds4_gguf_writer *w, bool mtp, ds4_err *err) {
+/* general.name: --name (" MTP" after it for the MTP block's file), else a
+ * GGUF input's own (an MTP file's, or the model's with " MTP"), else the
+ * published model's or a generic one. */
+static void model_name(const qz_job *j, bool mtp, char *buf, size_t len) {
     const char *known = ds4_config_name(&j->hc.cfg);
+    const ds4_gguf *g = mtp && j->mtp_in ? j->mtp_in : j->in;
+    const ds4_gguf_kv *kv = g ? ds4_gguf_find_kv(g, "general.name") : NULL;
+    const char *suffix = mtp && g != j->mtp_in ? " MTP" : "";
+    if (!j->o->name && kv && kv->value.type == DS4_GGUF_STRING)
+        snprintf(buf, len, "%.*s%s", (int)kv->value.s.len, kv->value.s.ptr, suffix);
+    else snprintf(buf, len, "%s%s", j->o->name ? j->o->name : known ? known : "DeepSeek V4", mtp ? " MTP" : "");
+}
+
+/* The main file's metadata, or (mtp) the MTP block's: its model's shape
+ * keys (what the loader checks it against), no tokenizer.  A GGUF input's
+ * other keys follow, then the quantize.* provenance. */
+static int write_metadata(qz_job *j, ds4_gguf_writer *w, bool mtp, ds4_err *err) {
     char name[300];
-    snprintf(name, sizeof(name), "%s%s", j->o->name ? j->o->name : known ? known : "DeepSeek V4", mtp ? " MTP" : "");
+    model_name(j, mtp, name, sizeof(name));
     int rc = ds4_gguf_w_str(w, "general.architecture", "deepseek4");
     rc |= ds4_gguf_w_str(w, "general.name", name);
     rc |= ds4_gguf_w_u32(w, "general.quantization_version", 2);
     if (rc != 0) return ds4_err_set(err, DS4_EIO, "writing general.* metadata failed");
     if (ds4_config_to_gguf(&j->hc.cfg, w, err) != 0) return -1;
     if (!mtp && write_tokenizer(j, w, err) != 0) return -1;
+    if (j->src && copy_input_kvs(j->src, false, w, err) < 0) return -1;
+    if (j->src && ds4_gguf_w_str(w, KV_SOURCE, j->src->path) != 0)
+        return ds4_err_set(err, DS4_EIO, "writing %s failed", KV_SOURCE);
     if (j->im) {
         rc = ds4_gguf_w_str(w, KV_IM_FILE, j->o->imatrix_path);
         rc |= ds4_gguf_w_u64(w, KV_IM_ENTRIES, j->im->n_entries);
@@ -439,24 +531,28 @@ static int compare_tensor(qz_job *j, ds4_err *err) {
 
 /* -------------------------------------------------------------- main */
 
+/* plan(), then the warning about a GGUF input's tensors left out. */
+static int plan_checked(qz_job *j, bool mtp, ds4_err *err) {
+    if (plan(j, mtp, err) != 0) return -1;
+    if (j->src) warn_left_out(j, mtp);
+    return 0;
+}
+
 static int run(qz_job *j, ds4_err *err) {
-    char path[4096];
-    snprintf(path, sizeof(path), "%s/config.json", j->o->hf_dir);
-    if (ds4_hf_config_load(path, &j->hc, err) != 0) return -1;
-    if (!(j->ck = ds4_st_ckpt_open(j->o->hf_dir, err))) return -1;
+    if (qz_open_input(j, err) != 0) return -1;
     if (j->o->imatrix_path && !(j->im = ds4_imatrix_load(j->o->imatrix_path, err))) return -1;
     if (j->o->dry_run) {
-        if (plan(j, false, err) != 0) return -1;
+        if (plan_checked(j, false, err) != 0) return -1;
         print_plan(j);
         if (!j->o->mtp_out) return 0;
-        if (plan(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+        if (plan_checked(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
         printf("MTP block (%s):\n", j->o->mtp_out);
         print_plan(j);
         return 0;
     }
     /* every source of both files checked before anything is written */
-    if (j->o->mtp_out && plan(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
-    if (plan(j, false, err) != 0) return -1;
+    if (j->o->mtp_out && plan_checked(j, true, err) != 0) return ds4_err_prefix(err, "the MTP block");
+    if (plan_checked(j, false, err) != 0) return -1;
     if (j->o->compare_tensor) {
         if (!(j->pool = ds4_pool_create(j->o->threads, err))) return -1;
         return compare_tensor(j, err);
@@ -495,7 +591,7 @@ int main(int argc, char **argv) {
     if (rc < 0) fprintf(stderr, "ds4-quantize: %s\n", err.msg);
     ds4_pool_free(j.pool);
     ds4_imatrix_free(j.im);
-    ds4_st_ckpt_close(j.ck);
+    qz_close_input(&j);
     free(j.specs);
     free(j.items);
     ds4_policy_free(&o.policy);
