@@ -97,10 +97,15 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
  * programs print at startup). */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
 
-/* Bytes the backend can still give to session state: on the CPU the
- * host's available memory (MemAvailable); 0 where the backend cannot tell
- * (its sessions then find out by allocating). */
-uint64_t ds4_engine_kv_room(const ds4_engine *e);
+/* Make the backend for sessions of ctx tokens, as the first session
+ * would (its main sequence is that session's state), so that what
+ * sessions cost can be asked before any is made.  0 when there is one. */
+int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err);
+
+/* What a session's sequence of ctx tokens costs the backend and the room
+ * it has for them (model/backend.h; all 0 where it cannot tell).  Needs
+ * the backend (ds4_engine_open_backend). */
+void ds4_engine_seq_memory(const ds4_engine *e, uint32_t ctx, ds4_seq_memory *m);
 
 /* Routed-expert quantization bits as the KVC header records them: 4 when
  * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */
