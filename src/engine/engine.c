@@ -163,6 +163,7 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
                            .mtp = e->mtp,
                            .steer = e->steer,
                            .gpu_mem = e->opts.gpu_mem,
+                           .extra_seqs = e->opts.extra_seqs,
                            .expert_profile = e->profile,
                            .act_observer = e->opts.act_observer,
                            .act_ctx = e->opts.act_ctx};

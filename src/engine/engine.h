@@ -29,6 +29,7 @@ typedef struct ds4_engine_opts {
     bool need_vocab;             /* fail when the GGUF has no tokenizer */
     const char *mtp_path;        /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     uint64_t gpu_mem;            /* ds4_backend_opts.gpu_mem */
+    uint32_t extra_seqs;         /* ds4_backend_opts.extra_seqs */
     const char *expert_profile;  /* a profile file (model/placement.h), or NULL */
     const char *steer_path;      /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
