@@ -4,8 +4,9 @@
  * which session a job goes to, shutdown, and /v1/ds4/stats.
  *
  * Admission: a job waits in the queue (at most --queue jobs; 429 beyond)
- * until a session is free; the sessions are made at startup, so a job never
- * needs memory that is not there (--parallel is checked against it).  The
+ * until a session is free; the sessions are made at startup with state for
+ * the whole context, so a job never needs memory that is not there
+ * (--parallel is checked against it, or sized from it: engine/capacity.h).  The
  * oldest job goes first; it gets the free session that holds the most of
  * its prompt, in this order:
  *   1. the session whose live protocol continuation it answers (tool
@@ -281,6 +282,10 @@ static session_cost session_cost_of(const server *s) {
     session_cost c = {.tokens = (uint64_t)s->o.ctx * sizeof(int32_t)};
     ds4_engine_seq_memory(s->engine, s->o.ctx, &c.seq);
     uint64_t kv = ds4_engine_kv_bytes(s->engine, s->o.ctx);
+    if (!c.seq.bytes) { /* a backend that cannot tell (a pipeline): a KV state, its room not known */
+        c.seq.bytes = kv;
+        c.seq.in_host = true;
+    }
     if (s->memory_checkpoint) c.checkpoint = kv;
     if (s->o.kv_dir) c.scratch = kv;
     return c;
@@ -291,7 +296,7 @@ static session_cost session_cost_of(const server *s) {
  * host's. */
 static size_t session_pools(const session_cost *c, ds4_mem_pool pools[2]) {
     uint64_t host = c->tokens + c->checkpoint + c->seq.host_bytes;
-    if (c->seq.in_host || !c->seq.bytes) {
+    if (c->seq.in_host) {
         pools[0] = (ds4_mem_pool){"memory", c->seq.room, c->seq.host_weights, c->scratch, c->seq.bytes + host};
         return 1;
     }

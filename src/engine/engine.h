@@ -55,7 +55,7 @@ typedef struct ds4_engine {
     struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
     struct ds4_steering *steer;         /* the directions of opts.steer_path, or NULL */
     int32_t eos, bos;                   /* -1 without a vocabulary */
-    ds4_backend *b;                     /* made by the first session (ds4_engine_seq_new) */
+    ds4_backend *b;                     /* made by the first session (ds4_engine_seq_new) or before it */
     struct ds4_batcher *batch;          /* NULL: sessions call the backend themselves, one thread at a time */
     uint32_t n_seqs;                    /* sequences sessions hold */
     bool main_held;                     /* one of them is the backend's main sequence */
