@@ -80,8 +80,8 @@ typedef struct ds4_backend_opts {
     /* CUDA: sequences of ctx_size tokens that will be made besides the
      * main one (ds4-server's sessions): the placement leaves room for
      * their state within the budget, routed experts going to host RAM for
-     * it where they must (as much room as there is with all of them
-     * there).  Ignored by the CPU backend. */
+     * it where they must (none when they do not fit even with all of
+     * them there).  Ignored by the CPU backend. */
     uint32_t extra_seqs;
     /* CUDA: count every pass's routed-expert selections, for an expert
      * profile (ds4_cuda_expert_counts).  Ignored by the CPU backend. */

@@ -245,6 +245,7 @@ def t_admission():
         c.sock.close()
         c.close()
         t.join(timeout=120)
+        check("got" in result, "the queued request did not end")
         st, b = result["got"]
         u = b["usage"]
         check(st == 200 and b["choices"][0]["finish_reason"] == "length"
@@ -425,7 +426,7 @@ def t_startup_errors():
     rc, err = run_server("--parallel", "4096", "-c", "1048576")
     m = re.search(r"ds4-server: --parallel 4096: 4096 sessions of 1048576 tokens need [\d.]+ \w+ of "
                   r"(memory|GPU memory|host memory) \([\d.]+ \w+ each(, [\d.]+ \w+ shared)?\), but [\d.]+ \w+ is "
-                  r"available beside [\d.]+ \w+ of weights; lower --parallel or --ctx", err)
+                  r"available( beside [\d.]+ \w+ of weights)?; lower --parallel or --ctx", err)
     check(rc == 1 and m, (rc, err))
 
 
@@ -451,7 +452,7 @@ def t_startup_sizing():
     tests/unit/test_capacity.c)."""
     n, m = sessions_line()
     holds = [int(h) for h in re.findall(r"3/4 of it holds (\d+) sessions", m.group(7))]
-    check(holds and re.search(r"memory: [\d.]+ \w+ available - [\d.]+ \w+ weights", m.group(7)), m.group(0))
+    check(holds and re.search(r"memory: [\d.]+ \w+ available", m.group(7)), m.group(0))
     check(n == max(1, min(16, min(holds))), (n, holds, m.group(0)))
     check(m.group(2) == "4096" and m.group(6) == "16.0 KiB", m.group(0))  # 4096 token ids of 4 bytes
     check(m.group(4) == m.group(5), m.group(0))  # the checkpoint is a KV state

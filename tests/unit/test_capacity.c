@@ -85,8 +85,7 @@ static void test_two_memories(void **state) {
     plan(p, 2, 5, -1, &err);
     assert_int_equal(err.code, DS4_ENOMEM);
     assert_string_equal(err.msg, "--parallel 5: 5 sessions of 4096 tokens need 10.0 GiB of GPU memory (2.0 GiB "
-                                 "each), but 8.0 GiB is available beside 0 bytes of weights; lower --parallel or "
-                                 "--ctx");
+                                 "each), but 8.0 GiB is available; lower --parallel or --ctx");
     assert_int_equal(plan(p, 2, 4, 0, &err).n, 4);
 }
 
@@ -124,6 +123,12 @@ static void test_explain(void **state) {
     assert_string_equal(ds4_capacity_explain(&p, 3, true, buf, sizeof(buf)),
                         "memory: 3 x 1.0 GiB + 512.0 MiB shared = 3.5 GiB of 8.0 GiB available beside 2.0 GiB of "
                         "weights");
+    /* a GPU's: the weights are out of its room already */
+    ds4_mem_pool g = {"GPU memory", 8 * GIB, 0, 0, 2 * GIB};
+    assert_string_equal(ds4_capacity_explain(&g, 3, false, buf, sizeof(buf)),
+                        "GPU memory: 8.0 GiB available, 3/4 of it holds 3 sessions of 2.0 GiB");
+    assert_string_equal(ds4_capacity_explain(&g, 3, true, buf, sizeof(buf)),
+                        "GPU memory: 3 x 2.0 GiB = 6.0 GiB of 8.0 GiB available");
     p.room = 0;
     assert_string_equal(ds4_capacity_explain(&p, 3, true, buf, sizeof(buf)), "memory: not known");
 }

@@ -772,12 +772,11 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     uint64_t budget;
     if (gpu_budget(b, &budget, err)) return -1;
     b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
-    /* Room for the sequences to come (opts.extra_seqs), as far as the
-     * budget goes with every routed expert in host RAM: more than that
-     * is the caller's to refuse (cuda_seq_memory reports the room). */
+    /* Room for the sequences to come (opts.extra_seqs) where the budget
+     * has it with every routed expert in host RAM; where not, none: the
+     * caller refuses those sequences (cuda_seq_memory reports the room). */
     uint64_t more = (uint64_t)b->base.opts.extra_seqs * ((seq_bytes(b, b->ctx, false) + 255) / 256 * 256);
-    if (b->dev_fixed < budget) more = more < budget - b->dev_fixed ? more : budget - b->dev_fixed;
-    else more = 0;
+    if (b->dev_fixed + more > budget) more = 0;
     state += more;
     b->dev_fixed += more;
     if ((uint64_t)all + state + bufs > budget && cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err)) return -1;
