@@ -233,6 +233,8 @@ int main(int argc, char **argv) {
                           .dist_opts = &s.o.dist,
                           .prog = "ds4-server",
                           .gpu_mem = s.o.gpu_mem,
+                          /* a given --parallel: room on the GPU for the sessions after the first */
+                          .extra_seqs = s.o.parallel_given ? s.o.parallel - 1 : 0,
                           .expert_profile = s.o.expert_profile,
                           .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);

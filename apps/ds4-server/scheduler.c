@@ -4,8 +4,9 @@
  * which session a job goes to, shutdown, and /v1/ds4/stats.
  *
  * Admission: a job waits in the queue (at most --queue jobs; 429 beyond)
- * until a session is free; the sessions are made at startup, so a job never
- * needs memory that is not there (--parallel is checked against it).  The
+ * until a session is free; the sessions are made at startup with state for
+ * the whole context, so a job never needs memory that is not there
+ * (--parallel is checked against it, or sized from it: engine/capacity.h).  The
  * oldest job goes first; it gets the free session that holds the most of
  * its prompt, in this order:
  *   1. the session whose live protocol continuation it answers (tool
@@ -32,7 +33,9 @@
 #include <time.h>
 
 #include "constrain.h"
+#include "base/meminfo.h"
 #include "engine/batcher.h"
+#include "engine/capacity.h"
 #include "engine/generate.h"
 #include "engine/startup.h"
 #include "scheduler.h"
@@ -265,40 +268,55 @@ static void *slot_main(void *arg) {
 
 /* ------------------------------------------------------------ sessions */
 
-/* Bytes one session takes: its KV state, and the same again for the
- * in-memory checkpoint of its last prompt. */
-static uint64_t session_bytes(const server *s) {
+/* What a session of --ctx tokens takes (all of it sized for the whole
+ * context, as the sessions are made at startup): its sequence where the
+ * backend keeps it, and in host memory its token list and the in-memory
+ * checkpoint of its last prompt (a KV state); the disk cache's state is
+ * one for all. */
+typedef struct session_cost {
+    ds4_seq_memory seq;
+    uint64_t tokens, checkpoint, scratch;
+} session_cost;
+
+static session_cost session_cost_of(const server *s) {
+    session_cost c = {.tokens = (uint64_t)s->o.ctx * sizeof(int32_t)};
+    ds4_engine_seq_memory(s->engine, s->o.ctx, &c.seq);
     uint64_t kv = ds4_engine_kv_bytes(s->engine, s->o.ctx);
-    return s->memory_checkpoint ? 2 * kv : kv;
+    if (!c.seq.bytes) { /* a backend that cannot tell (a pipeline): a KV state, its room not known */
+        c.seq.bytes = kv;
+        c.seq.in_host = true;
+    }
+    if (s->memory_checkpoint) c.checkpoint = kv;
+    if (s->o.kv_dir) c.scratch = kv;
+    return c;
 }
 
-/* How many sessions to make: --parallel checked against the memory the
- * backend can give, or sized from it (at most DEFAULT_PARALLEL_MAX; where
- * the backend cannot tell, that many are tried and the ones that fit
- * kept). */
-static int size_parallel(server *s, uint32_t *n, ds4_err *err) {
-    uint64_t per = session_bytes(s), room = ds4_engine_kv_room(s->engine);
-    char a[32], b[32], c[32];
-    if (s->o.parallel_given) {
-        *n = s->o.parallel;
-        if (room && (uint64_t)*n * per > room)
-            return ds4_err_set(err, DS4_ENOMEM,
-                               "--parallel %u: %u sessions of %u tokens need %s of memory (%s each%s), but %s is "
-                               "available; lower --parallel or --ctx",
-                               *n, *n, s->o.ctx, ds4_fmt_bytes((uint64_t)*n * per, a), ds4_fmt_bytes(per, b),
-                               s->memory_checkpoint ? ", with its memory checkpoint" : "", ds4_fmt_bytes(room, c));
-        return 0;
+/* The memories the sessions draw on (capacity.h): one where the backend
+ * keeps their state in host memory (the CPU), else the backend's and the
+ * host's. */
+static size_t session_pools(const session_cost *c, ds4_mem_pool pools[2]) {
+    uint64_t host = c->tokens + c->checkpoint + c->seq.host_bytes;
+    if (c->seq.in_host) {
+        pools[0] = (ds4_mem_pool){"memory", c->seq.room, c->seq.host_weights, c->scratch, c->seq.bytes + host};
+        return 1;
     }
-    *n = DEFAULT_PARALLEL_MAX;
-    if (room) {
-        /* weights mapped from a file count as available (page cache): keep
-         * them resident, and a quarter of the rest for everything else */
-        uint64_t wb = ds4_weights_bytes(s->engine->w);
-        uint64_t usable = room > wb ? (room - wb) / 4 * 3 : 0;
-        uint64_t fits = usable / (per ? per : 1);
-        *n = fits < 1 ? 1 : fits < DEFAULT_PARALLEL_MAX ? (uint32_t)fits : DEFAULT_PARALLEL_MAX;
-    }
-    return 0;
+    pools[0] = (ds4_mem_pool){"GPU memory", c->seq.room, 0, 0, c->seq.bytes};
+    pools[1] = (ds4_mem_pool){"host memory", ds4_mem_available(), c->seq.host_weights, c->scratch, host};
+    return 2;
+}
+
+/* The startup line: how many sessions, what one takes, and the memory's
+ * arithmetic (docs/SERVER.md). */
+static void log_sessions(const server *s, uint32_t n, const session_cost *c, const ds4_mem_pool *pools, size_t np) {
+    char a[32], b[32], d[32], e[32], why[2][192], tail[80] = "";
+    for (size_t i = 0; i < np; i++) ds4_capacity_explain(&pools[i], n, s->o.parallel_given, why[i], sizeof(why[i]));
+    if (!s->o.parallel_given)
+        snprintf(tail, sizeof(tail), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
+    uint64_t state = c->seq.bytes + c->seq.host_bytes, per = state + c->tokens + c->checkpoint;
+    srv_log("server", "%u session%s of %u tokens, %s each (state %s, checkpoint %s, token list %s); %s%s%s%s", n,
+            n == 1 ? "" : "s", s->o.ctx, ds4_fmt_bytes(per, a), ds4_fmt_bytes(state, b),
+            ds4_fmt_bytes(c->checkpoint, d), ds4_fmt_bytes(c->tokens, e), why[0], np > 1 ? "; " : "",
+            np > 1 ? why[1] : "", tail);
 }
 
 static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
@@ -319,11 +337,12 @@ static void slot_drop(slot *sl) {
     pthread_cond_destroy(&sl->cv);
 }
 
-/* The sessions (q->n of them made, each to be freed).  Where the memory
- * could not be measured (a default --parallel), the sessions that fit are
- * kept, less one as headroom for the batched steps' own buffers; a backend
- * that holds fewer sequences than asked keeps the ones it has. */
-static int make_slots(sched *q, uint32_t want, ds4_err *err) {
+/* The sessions (q->n of them made, each to be freed).  A default
+ * --parallel keeps the sessions that were made when one finds no room
+ * (less one as headroom for the batched steps' own buffers where the
+ * memory was not measured); a backend that holds fewer sequences than
+ * asked keeps the ones it has. */
+static int make_slots(sched *q, uint32_t want, bool measured, ds4_err *err) {
     server *s = q->s;
     if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     for (uint32_t i = 0; i < want; i++) {
@@ -334,20 +353,16 @@ static int make_slots(sched *q, uint32_t want, ds4_err *err) {
             if (i == 0 && ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
             continue;
         }
-        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED)) {
-            char b[32];
-            return ds4_err_set(err, e.code, "session %u of %u (%s each): %s", i + 1, want,
-                               ds4_fmt_bytes(session_bytes(s), b), e.msg);
-        }
+        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED))
+            return ds4_err_set(err, e.code, "session %u of %u: %s", i + 1, want, e.msg);
         slot_drop(&q->slots[i]);
         q->n = i;
         if (e.code == DS4_EUNSUPPORTED) { /* the backend holds no more sequences */
             srv_log("server", "%u session%s: %s", q->n, q->n == 1 ? "" : "s", e.msg);
             return 0;
         }
-        if (i > 1) slot_drop(&q->slots[--q->n]);
-        srv_log("server", "%u sessions fit the memory (a default --parallel makes at most %u)", q->n,
-                DEFAULT_PARALLEL_MAX);
+        if (!measured && i > 1) slot_drop(&q->slots[--q->n]);
+        srv_log("server", "%u sessions fit the memory: %s", q->n, e.msg);
         return 0;
     }
     return 0;
@@ -391,9 +406,16 @@ int worker_start(server *s, ds4_err *err) {
     q->s = s;
     pthread_mutex_init(&q->mu, NULL);
     pthread_mutex_init(&q->store_mu, NULL);
-    uint32_t want;
-    if (size_parallel(s, &want, err) != 0) return -1;
-    if (cont_bindings_new(s, want, err) != 0 || make_slots(q, want, err) != 0) return -1;
+    /* The backend first: what a session costs it and its room (capacity.h). */
+    if (ds4_engine_open_backend(s->engine, s->o.ctx, err) != 0) return -1;
+    session_cost cost = session_cost_of(s);
+    ds4_mem_pool pools[2];
+    size_t np = session_pools(&cost, pools);
+    ds4_capacity cap;
+    if (ds4_capacity_plan(pools, np, s->o.ctx, s->o.parallel_given ? s->o.parallel : 0, DEFAULT_PARALLEL_MAX, &cap,
+                          err) != 0)
+        return -1;
+    if (cont_bindings_new(s, cap.n, err) != 0 || make_slots(q, cap.n, cap.measured, err) != 0) return -1;
     if (!(s->cvocab = cvocab_new(s->engine->vocab, err))) return -1;
     q->user_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_USER, strlen(DS4_TOK_USER));
     q->assistant_tok = ds4_vocab_find_added(s->engine->vocab, DS4_TOK_ASSISTANT, strlen(DS4_TOK_ASSISTANT));
@@ -405,11 +427,7 @@ int worker_start(server *s, ds4_err *err) {
             return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
         q->slots[i].started = true;
     }
-    char a[32], b[32], why[96] = "";
-    if (!s->o.parallel_given)
-        snprintf(why, sizeof(why), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
-    srv_log("server", "%u session%s of %u tokens (%s each, %s in all)%s", q->n, q->n == 1 ? "" : "s", s->o.ctx,
-            ds4_fmt_bytes(session_bytes(s), a), ds4_fmt_bytes((uint64_t)q->n * session_bytes(s), b), why);
+    log_sessions(s, q->n, &cost, pools, np);
     return 0;
 }
 

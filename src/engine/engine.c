@@ -151,25 +151,29 @@ static int free_seq(void *ctx, ds4_err *err) {
     return 0;
 }
 
-ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     if (e->b && ctx != e->b->opts.ctx_size && e->n_seqs == 0 && !e->batch) {
         ds4_backend_free(e->b);
         e->b = NULL;
     }
-    if (!e->b) {
-        ds4_backend_opts bo = {.n_threads = e->opts.n_threads,
-                               .ctx_size = ctx,
-                               .no_sim = e->opts.no_sim,
-                               .mtp = e->mtp,
-                               .steer = e->steer,
-                               .gpu_mem = e->opts.gpu_mem,
-                               .expert_profile = e->profile,
-                               .act_observer = e->opts.act_observer,
-                               .act_ctx = e->opts.act_ctx};
-        e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
-                            : ds4_backend_create(e->backend_name, e->w, &bo, err);
-        if (!e->b) return NULL;
-    }
+    if (e->b) return 0;
+    ds4_backend_opts bo = {.n_threads = e->opts.n_threads,
+                           .ctx_size = ctx,
+                           .no_sim = e->opts.no_sim,
+                           .mtp = e->mtp,
+                           .steer = e->steer,
+                           .gpu_mem = e->opts.gpu_mem,
+                           .extra_seqs = e->opts.extra_seqs,
+                           .expert_profile = e->profile,
+                           .act_observer = e->opts.act_observer,
+                           .act_ctx = e->opts.act_ctx};
+    e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
+                        : ds4_backend_create(e->backend_name, e->w, &bo, err);
+    return e->b ? 0 : -1;
+}
+
+ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    if (ds4_engine_open_backend(e, ctx, err) != 0) return NULL;
     seq_alloc a = {e, ctx, false, NULL};
     int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
     return rc == 0 ? a.s : NULL;
@@ -235,18 +239,6 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
 
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx) { return ds4_kv_state_bytes(&e->w->cfg, ctx); }
 
-/* MemAvailable of /proc/meminfo in bytes, 0 when it cannot be read. */
-static uint64_t host_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    if (!f) return 0;
-    char line[256];
-    unsigned long long kb = 0;
-    while (fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    fclose(f);
-    return (uint64_t)kb * 1024;
-}
-
-uint64_t ds4_engine_kv_room(const ds4_engine *e) { return strcmp(e->backend_name, "cpu") == 0 ? host_available() : 0; }
+void ds4_engine_seq_memory(const ds4_engine *e, uint32_t ctx, ds4_seq_memory *m) { ds4_seq_memory_of(e->b, ctx, m); }
 
 int ds4_engine_quant_bits(const ds4_engine *e) { return e->w->layers[0].gate_exps.type == DS4_TYPE_Q4_K ? 4 : 2; }

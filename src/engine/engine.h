@@ -29,6 +29,7 @@ typedef struct ds4_engine_opts {
     bool need_vocab;             /* fail when the GGUF has no tokenizer */
     const char *mtp_path;        /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     uint64_t gpu_mem;            /* ds4_backend_opts.gpu_mem */
+    uint32_t extra_seqs;         /* ds4_backend_opts.extra_seqs */
     const char *expert_profile;  /* a profile file (model/placement.h), or NULL */
     const char *steer_path;      /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
@@ -54,7 +55,7 @@ typedef struct ds4_engine {
     struct ds4_expert_profile *profile; /* opts.expert_profile's, or NULL */
     struct ds4_steering *steer;         /* the directions of opts.steer_path, or NULL */
     int32_t eos, bos;                   /* -1 without a vocabulary */
-    ds4_backend *b;                     /* made by the first session (ds4_engine_seq_new) */
+    ds4_backend *b;                     /* made by the first session (ds4_engine_seq_new) or before it */
     struct ds4_batcher *batch;          /* NULL: sessions call the backend themselves, one thread at a time */
     uint32_t n_seqs;                    /* sequences sessions hold */
     bool main_held;                     /* one of them is the backend's main sequence */
@@ -97,10 +98,15 @@ int ds4_engine_seq_op(ds4_engine *e, ds4_seq *s, ds4_seq_op op, uint32_t n, ds4_
  * programs print at startup). */
 uint64_t ds4_engine_kv_bytes(const ds4_engine *e, uint32_t ctx);
 
-/* Bytes the backend can still give to session state: on the CPU the
- * host's available memory (MemAvailable); 0 where the backend cannot tell
- * (its sessions then find out by allocating). */
-uint64_t ds4_engine_kv_room(const ds4_engine *e);
+/* Make the backend for sessions of ctx tokens, as the first session
+ * would (its main sequence is that session's state), so that what
+ * sessions cost can be asked before any is made.  0 when there is one. */
+int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err);
+
+/* What a session's sequence of ctx tokens costs the backend and the room
+ * it has for them (model/backend.h; all 0 where it cannot tell).  Needs
+ * the backend (ds4_engine_open_backend). */
+void ds4_engine_seq_memory(const ds4_engine *e, uint32_t ctx, ds4_seq_memory *m);
 
 /* Routed-expert quantization bits as the KVC header records them: 4 when
  * the first layer's routed gate is Q4_K, else 2 (docs/MODEL.md 8.4). */

@@ -61,18 +61,6 @@ const char *ds4_option_not_supported(const char *name) {
     return NULL;
 }
 
-static uint64_t tensor_bytes(const ds4_wt *t) {
-    if (!t->name) return 0;
-    uint64_t mats = t->ne[2] ? t->ne[2] : 1;
-    return (uint64_t)t->row_bytes * t->ne[1] * mats;
-}
-
-uint64_t ds4_weights_bytes(const ds4_weights *w) {
-    uint64_t total = 0;
-    for (size_t i = 0; i < ds4_weights_count(w); i++) total += tensor_bytes(ds4_weights_at(w, i, NULL));
-    return total;
-}
-
 const char *ds4_fmt_bytes(uint64_t b, char buf[32]) {
     static const char *const units[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
     double v = (double)b;
@@ -163,7 +151,7 @@ int ds4_weights_warm_layers(const ds4_weights *w, uint32_t first, uint32_t end, 
                         ? (t == &w->token_embd ? first == 0 : end == w->cfg.n_layer) /* embedding, head */
                         : (i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS >= first &&
                               (i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS < end;
-        if (mine && t->data) rc = warm_span(pool, t->data, tensor_bytes(t), stop, stop_ctx, bytes, err);
+        if (mine && t->data) rc = warm_span(pool, t->data, ds4_wt_bytes(t), stop, stop_ctx, bytes, err);
     }
     ds4_pool_free(pool);
     return rc;

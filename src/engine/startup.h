@@ -40,9 +40,6 @@ int ds4_model_file_check(const char *path, ds4_err *err);
  * says more than "unknown option"; NULL for any other name. */
 const char *ds4_option_not_supported(const char *name);
 
-/* Bytes of every weight tensor (file or synthetic). */
-uint64_t ds4_weights_bytes(const ds4_weights *w);
-
 /* "12.3 MiB" style (bytes below 1 KiB as "N bytes"). */
 const char *ds4_fmt_bytes(uint64_t bytes, char buf[32]);
 

@@ -77,6 +77,12 @@ typedef struct ds4_backend_opts {
      * Ignored by the CPU backend. */
     uint64_t gpu_mem;
     const struct ds4_expert_profile *expert_profile;
+    /* CUDA: sequences of ctx_size tokens that will be made besides the
+     * main one (ds4-server's sessions): the placement leaves room for
+     * their state within the budget, routed experts going to host RAM for
+     * it where they must (none when they do not fit even with all of
+     * them there).  Ignored by the CPU backend. */
+    uint32_t extra_seqs;
     /* CUDA: count every pass's routed-expert selections, for an expert
      * profile (ds4_cuda_expert_counts).  Ignored by the CPU backend. */
     bool count_experts;
@@ -187,6 +193,24 @@ typedef struct ds4_step_out {
     float *hidden;
 } ds4_step_out;
 
+/* What sequences of a context size cost a backend, and its room for more
+ * (ds4-server sizes its sessions by it; ds4_seq_memory_of):
+ *   bytes         a sequence's state where the backend keeps it (with the
+ *                 MTP block's own sequence, where each sequence has one)
+ *   host_bytes    host memory a sequence takes besides, when its state is
+ *                 on a device (its token list, its logits)
+ *   room          bytes sequences can still have there, plus one
+ *                 sequence's: the main sequence, made with the backend,
+ *                 is the first session's; 0 when the backend cannot tell
+ *   host_weights  bytes of the mapped model file the backend reads while
+ *                 it runs: pages that must stay in host memory
+ *   in_host       the state is in host memory (bytes come out of the
+ *                 host's room) */
+typedef struct ds4_seq_memory {
+    uint64_t bytes, host_bytes, room, host_weights;
+    bool in_host;
+} ds4_seq_memory;
+
 typedef struct ds4_backend_ops {
     const char *name;
     void (*free)(ds4_backend *b);
@@ -211,6 +235,8 @@ typedef struct ds4_backend_ops {
     int (*snapshot)(ds4_backend *b, ds4_seq *s, ds4_kv_state *out, ds4_err *err);
     int (*restore)(ds4_backend *b, ds4_seq *s, const ds4_kv_state *in, ds4_err *err);
     int (*greedy)(ds4_backend *b, ds4_seq *s, uint32_t n, uint32_t *out, ds4_err *err); /* may be NULL */
+    /* sequences of ctx tokens: what they cost, the room for more; may be NULL (nothing known) */
+    void (*seq_memory)(const ds4_backend *b, uint32_t ctx, ds4_seq_memory *m);
 } ds4_backend_ops;
 
 struct ds4_backend {
@@ -235,6 +261,14 @@ static inline void ds4_seq_free(ds4_backend *b, ds4_seq *s) {
     if (s) b->ops->seq_free(b, s);
 }
 static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { return b->ops->seq_len(b, s); }
+
+/* What sequences of ctx tokens cost b and the room it has for more (all 0
+ * where b cannot tell). */
+static inline void ds4_seq_memory_of(const ds4_backend *b, uint32_t ctx, ds4_seq_memory *m) {
+    ds4_seq_memory none = {0, 0, 0, 0, false};
+    *m = none;
+    if (b->ops->seq_memory) b->ops->seq_memory(b, ctx, m);
+}
 
 /* One pass over n rows (at most the backend's prefill_chunk): each row
  * appends its token to its sequence, at that sequence's next position.

@@ -41,6 +41,12 @@ const ds4_wt *ds4_weights_at(const ds4_weights *w, size_t i, const ds4_tensor_ro
     return (const ds4_wt *)(base + r->offset);
 }
 
+uint64_t ds4_weights_bytes(const ds4_weights *w) {
+    uint64_t total = 0;
+    for (size_t i = 0; i < ds4_weights_count(w); i++) total += ds4_wt_bytes(ds4_weights_at(w, i, NULL));
+    return total;
+}
+
 static void shape_str(char *buf, size_t n, uint32_t ndim, const uint64_t *ne) {
     size_t o = (size_t)snprintf(buf, n, "[");
     for (uint32_t i = 0; i < ndim && o < n; i++)

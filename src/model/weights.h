@@ -111,6 +111,16 @@ void ds4_mtp_close(ds4_mtp_weights *m);
 size_t ds4_weights_count(const ds4_weights *w);
 const ds4_wt *ds4_weights_at(const ds4_weights *w, size_t i, const ds4_tensor_row **row);
 
+/* Bytes of every weight tensor (file or synthetic). */
+uint64_t ds4_weights_bytes(const ds4_weights *w);
+
+/* Bytes of a tensor (0 for an absent one). */
+static inline uint64_t ds4_wt_bytes(const ds4_wt *t) {
+    if (!t->name) return 0;
+    uint64_t mats = t->ne[2] ? t->ne[2] : 1;
+    return (uint64_t)t->row_bytes * t->ne[1] * mats;
+}
+
 /* Pointer to row `row` of matrix `mat` (expert index) of a tensor. */
 static inline const void *ds4_wt_row(const ds4_wt *t, uint64_t mat, uint64_t row) {
     return (const uint8_t *)t->data + (mat * t->ne[1] + row) * t->row_bytes;

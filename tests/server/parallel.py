@@ -14,13 +14,17 @@ only (part of the default suite through tests/suite/server_parallel.sh).
   - shutdown with sessions running and requests queued: errors and 503s,
     every session saved to the disk cache;
   - startup: --parallel 0 is a usage error, more sessions than the memory
-    holds a startup error naming the memory needed.
+    holds a startup error naming the memory needed; the startup line's
+    arithmetic, and a default --parallel sized by it;
+  - admission: a prompt over the context refused at once (never queued),
+    one whose max_tokens runs past it stopped where the context ends.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
 are tests/server/test_sdk_parallel.py (make test-server-parallel).
 """
 import http.client
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -209,6 +213,45 @@ def t_queue_full():
         check(s.stats()["jobs"]["rejected_queue_full"] == 1, s.stats()["jobs"])
 
 
+def t_admission():
+    """Every session holds --ctx tokens, so any request that fits the
+    context can run in any session: with the one session busy and the
+    queue full, a prompt longer than the context is answered 400 at once
+    (context_length_exceeded, JSON, never queued), another request 429;
+    a request whose prompt and max_tokens exceed the context waits, runs,
+    and stops where the context ends (finish length)."""
+    with Server("--parallel", "1", "--queue", "1", ctx=512) as s:
+        c, r = open_stream(s.port, {"messages": [{"role": "user", "content": "Write a long essay."}],
+                                    "max_tokens": 3000, "stream": True, "thinking": False})
+        r.read1(200)
+        result = {}
+
+        def queued():
+            result["got"] = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "Go on."}],
+                                                            "max_tokens": 100000, "temperature": 0,
+                                                            "thinking": False})
+        t = threading.Thread(target=queued)
+        t.start()
+        wait_for(lambda: s.stats()["jobs"]["waiting"] == 1, "the second request to queue")
+        t0 = time.time()
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "sea " * 600}],
+                                                "max_tokens": 2})
+        check(st == 400 and b["error"]["code"] == "context_length_exceeded" and b["error"]["n_ctx"] == 512
+              and time.time() - t0 < 5, (st, b))
+        st, b = s.post("/v1/chat/completions", {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2})
+        check(st == 429 and "too many requests queued" in b["error"]["message"], (st, b))
+        jobs = s.stats()["jobs"]
+        check(jobs["queued"] == 2 and jobs["waiting"] == 1 and jobs["rejected_queue_full"] == 1, jobs)
+        c.sock.close()
+        c.close()
+        t.join(timeout=120)
+        check("got" in result, "the queued request did not end")
+        st, b = result["got"]
+        u = b["usage"]
+        check(st == 200 and b["choices"][0]["finish_reason"] == "length"
+              and u["prompt_tokens"] + u["completion_tokens"] == 511, (st, b))
+
+
 def chat_turns(s, conv, turns):
     """Run the conversation's next turn; returns (usage, kv source)."""
     st, b = s.post("/v1/chat/completions", {"messages": conv, "max_tokens": 6, "temperature": 0, "thinking": False})
@@ -374,18 +417,62 @@ def run_server(*args):
 
 
 def t_startup_errors():
+    """--parallel 0 is a usage error; more sessions than the memory holds
+    a startup error naming the memory needed and the memory available,
+    before any session is made (CUDA: the GPU's free memory; it used to
+    find out session by session)."""
     rc, err = run_server("--parallel", "0")
     check(rc == 2 and "--parallel" in err, (rc, err))
     rc, err = run_server("--parallel", "4096", "-c", "1048576")
-    if "(cpu backend)" in err:  # the memory is known before the sessions are made
-        check(rc == 1 and "--parallel 4096: 4096 sessions of 1048576 tokens need" in err and "available" in err,
-              (rc, err))
-    else:  # the backend says so when a session finds no room (CUDA)
-        check(rc == 1 and "of 4096 (" in err and "each):" in err, (rc, err))
+    m = re.search(r"ds4-server: --parallel 4096: 4096 sessions of 1048576 tokens need [\d.]+ \w+ of "
+                  r"(memory|GPU memory|host memory) \([\d.]+ \w+ each(, [\d.]+ \w+ shared)?\), but [\d.]+ \w+ is "
+                  r"available( beside [\d.]+ \w+ of weights)?; lower --parallel or --ctx", err)
+    check(rc == 1 and m, (rc, err))
+
+
+SESSIONS_LINE = re.compile(r"server +(\d+) sessions? of (\d+) tokens, ([\d.]+ \w+) each \(state ([\d.]+ \w+), "
+                           r"checkpoint ([\d.]+ \w+|0 bytes), token list ([\d.]+ \w+)\); (.*)")
+
+
+def sessions_line(*args):
+    """The startup line of a server started with args: (sessions, the
+    line's groups)."""
+    with Server(*args) as s:
+        m = SESSIONS_LINE.search(s.text())
+        check(m, s.text()[-1500:])
+        check(s.stats()["sessions"]["parallel"] == int(m.group(1)), (s.stats()["sessions"], m.group(0)))
+        return int(m.group(1)), m
+
+
+def t_startup_sizing():
+    """The startup line says what a session takes (state, checkpoint, token
+    list) and the memory's arithmetic; without --parallel the sessions are
+    as many as three quarters of the room left beside the weights hold, at
+    most 16 (engine/capacity.h, tested with given figures in
+    tests/unit/test_capacity.c)."""
+    n, m = sessions_line()
+    holds = [int(h) for h in re.findall(r"3/4 of it holds (\d+) sessions", m.group(7))]
+    check(holds and re.search(r"memory: [\d.]+ \w+ available", m.group(7)), m.group(0))
+    check(n == max(1, min(16, min(holds))), (n, holds, m.group(0)))
+    check(m.group(2) == "4096" and m.group(6) == "16.0 KiB", m.group(0))  # 4096 token ids of 4 bytes
+    check(m.group(4) == m.group(5), m.group(0))  # the checkpoint is a KV state
+    check("no --parallel: as many as the memory holds, at most 16" in m.group(7), m.group(0))
+    # a given --parallel: its total; the disk cache's state is shared by all
+    kvdir = tempfile.mkdtemp(prefix="ds4-par-kv-")
+    try:
+        n, m = sessions_line("--parallel", "2", "--kv-disk-dir", kvdir)
+        check(n == 2 and re.search(r"memory: 2 x %s \+ %s shared = [\d.]+ \w+ of [\d.]+ \w+ available beside"
+                                   % (re.escape(m.group(3)), re.escape(m.group(4))), m.group(7))
+              or re.search(r"host memory: 2 x [\d.]+ \w+ \+ %s shared" % re.escape(m.group(5)), m.group(7)),
+              m.group(0))
+    finally:
+        shutil.rmtree(kvdir, ignore_errors=True)
+    n, m = sessions_line("--parallel", "1", "--no-memory-checkpoint")
+    check(n == 1 and m.group(5) == "0 bytes", m.group(0))
 
 
 def main():
-    for fn in (t_startup_errors, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
+    for fn in (t_startup_errors, t_startup_sizing, t_admission, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
                t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
                t_stats_while_running,
                t_shutdown_with_sessions_running):

@@ -223,6 +223,8 @@ void cpu_journal_proj(cpu_backend *b, cpu_journal *j, uint32_t jl, uint32_t p, c
 float *cpu_journal_logits_row(cpu_backend *b, cpu_seq *s, uint32_t p);
 void cpu_journal_logits(cpu_backend *b, cpu_seq *s, uint32_t p, const float *logits);
 void cpu_journal_free(cpu_journal *j);
+/* The bytes of a sequence's journal (made at its first rewindable step). */
+uint64_t cpu_journal_bytes(const ds4_config *c);
 int cpu_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
 
 #endif

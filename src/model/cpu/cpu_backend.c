@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/meminfo.h"
 #include "format/quants.h"
 #include "model/backends.h"
 #include "model/cpu/cpu.h"
@@ -393,6 +394,27 @@ static int cpu_mark(ds4_backend *base, ds4_seq *seq, ds4_err *err) {
     return cpu_journal_begin(b, cpu_seq_of(seq), err);
 }
 
+/* A sequence's memory: its state, and with an MTP block the residual
+ * ring, the block's own sequence (each session drafts with one) and both
+ * journals (their first rewindable step makes them).  Everything is in
+ * host memory, its pages committed as tokens fill them: MemAvailable
+ * still counts the main sequence's as free.  The backend reads the whole
+ * mapped model file while it runs. */
+static void cpu_seq_memory(const ds4_backend *base, uint32_t ctx, ds4_seq_memory *m) {
+    const cpu_backend *b = (const cpu_backend *)base;
+    const ds4_mtp_weights *mtp = b->base.opts.mtp;
+    m->bytes = ds4_kv_state_bytes_layers(b->cfg, ctx, b->layer_first, b->layer_end);
+    if (mtp) {
+        uint64_t hid = (uint64_t)DS4_HIDDEN_KEEP * b->cfg->n_hc * b->cfg->n_embd * sizeof(float);
+        m->bytes += 2 * hid + ds4_kv_state_bytes(&mtp->cfg, ctx) + cpu_journal_bytes(b->cfg) +
+                    cpu_journal_bytes(&mtp->cfg);
+    }
+    m->host_bytes = 0;
+    m->room = ds4_mem_available();
+    m->host_weights = ds4_weights_bytes(b->base.w);
+    m->in_host = true;
+}
+
 static const ds4_backend_ops cpu_ops = {
     .name = "cpu",
     .free = cpu_free,
@@ -411,6 +433,7 @@ static const ds4_backend_ops cpu_ops = {
     .reset = cpu_reset,
     .snapshot = cpu_snapshot,
     .restore = cpu_restore,
+    .seq_memory = cpu_seq_memory,
 };
 
 ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {

@@ -66,6 +66,14 @@ void cpu_journal_free(cpu_journal *j) {
     memset(j, 0, sizeof(*j));
 }
 
+/* The bytes journal_alloc takes (a sequence's first rewindable step). */
+uint64_t cpu_journal_bytes(const ds4_config *c) {
+    uint64_t cap = DS4_REWIND_MAX;
+    uint64_t floats = 2 * cap * c->n_layer * c->head_dim + front_off(c, c->n_layer) + 1 +
+                      cap * proj_off(c, c->n_layer) + 1 + (cap + 1) * c->n_vocab;
+    return floats * sizeof(float);
+}
+
 static int journal_alloc(const ds4_config *c, cpu_journal *j, ds4_err *err) {
     size_t cap = DS4_REWIND_MAX;
     j->cap = DS4_REWIND_MAX;

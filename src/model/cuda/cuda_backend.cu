@@ -665,6 +665,41 @@ static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err
     return cu_mtp_seq(b, s) ? cu_mtp_rewind(b, n_tokens, err) : cu_seq_rewind(base, s, n_tokens, err);
 }
 
+/* Device memory the runtime keeps beyond the backend's blocks (graphs,
+ * the rewind journal): the budget leaves it free. */
+static const uint64_t DEV_RESERVE = (uint64_t)1 << 30;
+
+/* The device's free memory less the runtime's reserve; within the caller's
+ * budget (--gpu-mem) less what the backend holds already. */
+static int device_room(const cuda_backend *b, uint64_t *room, ds4_err *err) {
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    *room = free_b > DEV_RESERVE ? free_b - DEV_RESERVE : 0;
+    uint64_t cap = b->base.opts.gpu_mem;
+    if (cap) {
+        uint64_t left = cap > b->dev_bytes ? cap - b->dev_bytes : 0;
+        if (left < *room) *room = left;
+    }
+    return 0;
+}
+
+/* A sequence's device state (the MTP block's sequence is the backend's
+ * one, made with it), its host mirror, and the device's room for more
+ * plus one: the main sequence, made with the backend, is the first
+ * session's. */
+static void cuda_seq_memory(const ds4_backend *base, uint32_t ctx, ds4_seq_memory *m) {
+    const cuda_backend *b = (const cuda_backend *)base;
+    const ds4_config *c = b->cfg;
+    m->bytes = (seq_bytes(b, ctx, false) + 255) / 256 * 256;
+    m->host_bytes = (uint64_t)ctx * sizeof(uint32_t) + (uint64_t)c->n_vocab * sizeof(float) +
+                    (uint64_t)(c->n_layer + 1) * sizeof(dlstate);
+    uint64_t room = 0;
+    ds4_err err = {};
+    if (device_room(b, &room, &err) == 0) m->room = room + m->bytes;
+    m->host_weights = b->off ? b->off->place.host_bytes : 0;
+    m->in_host = false;
+}
+
 static ds4_backend_ops make_ops() {
     ds4_backend_ops o = {};
     o.name = "cuda";
@@ -684,6 +719,7 @@ static ds4_backend_ops make_ops() {
     o.snapshot = cuda_snapshot;
     o.restore = cuda_restore;
     o.greedy = cuda_greedy;
+    o.seq_memory = cuda_seq_memory;
     return o;
 }
 static const ds4_backend_ops cuda_ops = make_ops();
@@ -721,11 +757,7 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
         *budget = b->base.opts.gpu_mem;
         return 0;
     }
-    size_t free_b = 0, total_b = 0;
-    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
-    const uint64_t reserve = (uint64_t)1 << 30;
-    *budget = free_b > reserve ? free_b - reserve : 0;
-    return 0;
+    return device_room(b, budget, err);
 }
 
 /* Weights, state and buffers in GPU memory: every tensor but the routed
@@ -740,6 +772,13 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     uint64_t budget;
     if (gpu_budget(b, &budget, err)) return -1;
     b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
+    /* Room for the sequences to come (opts.extra_seqs) where the budget
+     * has it with every routed expert in host RAM; where not, none: the
+     * caller refuses those sequences (cuda_seq_memory reports the room). */
+    uint64_t more = (uint64_t)b->base.opts.extra_seqs * ((seq_bytes(b, b->ctx, false) + 255) / 256 * 256);
+    if (b->dev_fixed + more > budget) more = 0;
+    state += more;
+    b->dev_fixed += more;
     if ((uint64_t)all + state + bufs > budget && cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err)) return -1;
     if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, err)) return -1;
     if (w->synthetic) {

@@ -10,6 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "base/meminfo.h"
 #include "base/numparse.h"
 #include "model/dist/dist_internal.h"
 
@@ -48,13 +49,7 @@ static uint64_t table_hash(const ds4_weights *w) {
 /* Memory this rank may fill: MemAvailable, in whole GiB so that ranks of
  * one machine that read it a moment apart agree. */
 static uint64_t mem_available(void) {
-    FILE *f = fopen("/proc/meminfo", "r");
-    unsigned long long kb = 0;
-    char line[256];
-    while (f && fgets(line, sizeof(line), f))
-        if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1) break;
-    if (f) fclose(f);
-    uint64_t gib = (uint64_t)kb >> 20;
+    uint64_t gib = ds4_mem_available() >> 30;
     return (gib ? gib : 1) << 30;
 }
 
