@@ -319,6 +319,21 @@ static void log_sessions(const server *s, uint32_t n, const session_cost *c, con
             np > 1 ? why[1] : "", tail);
 }
 
+/* MTP for a session where the backend has an MTP sequence for it.  The
+ * CUDA backend holds one, beside its main sequence: the first session
+ * speculates and the others decode a token a step (said once), rather
+ * than the server refusing to start. */
+static int slot_enable_mtp(server *s, slot *sl, ds4_err *err) {
+    ds4_err e = {0};
+    if (ds4_session_enable_mtp(sl->sess, s->o.mtp.draft, s->o.mtp.margin, &e) == 0) return 0;
+    if (e.code != DS4_EUNSUPPORTED || sl->index == 0) {
+        *err = e;
+        return -1;
+    }
+    if (sl->index == 1) srv_log("server", "MTP for session 0 only: %s", e.msg);
+    return 0;
+}
+
 static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     server *s = q->s;
     sl->q = q;
@@ -327,7 +342,7 @@ static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     sl->cont = cont_binding_at(s, i);
     pthread_cond_init(&sl->cv, NULL);
     if (!(sl->sess = ds4_session_new(s->engine, s->o.ctx, err))) return -1;
-    if (s->engine->mtp && ds4_session_enable_mtp(sl->sess, s->o.mtp.draft, s->o.mtp.margin, err)) return -1;
+    if (s->engine->mtp && slot_enable_mtp(s, sl, err)) return -1;
     if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
     return 0;
 }

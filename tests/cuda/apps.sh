@@ -4,9 +4,11 @@
 # tokenizer, made by BINDIR's ds4-tokenizer and ds4-mkmodel,
 #   - ds4 answers a one-shot greedy prompt on the CUDA backend, saying so,
 #     with the text the same binary answers on the CPU backend (--cpu);
-#   - ds4-server, on each backend in turn, answers a greedy chat completion
-#     (HTTP, Python's standard library) with the same message, finish
-#     reason and token count.
+#   - ds4-server, on each backend in turn, with two sessions and the
+#     model's MTP block (the CUDA backend has one MTP sequence: the second
+#     session decodes without it), answers two greedy chat completions at
+#     once (HTTP, Python's standard library), each with the same message,
+#     finish reason and token count.
 # BINDIR is build/cuda/bin (a GPU) or build/emu/bin (the CPU emulation of
 # CUDA, which runs the same logic without a GPU: `make test-cuda-emu`).
 # Greedy answers of 12 tokens; the model's seed has no near-tie among them
@@ -29,7 +31,7 @@ export DS4_LOCK_FILE="$T/ds4.lock" # programs of this test only, one at a time
 
 "$BIN/ds4-tokenizer" import data/tokenizer/deepseek-v4-tokenizer.json.xz "$T/tok.gguf" > /dev/null
 M=$T/model.gguf
-"$BIN/ds4-mkmodel" -q --preset tiny --recipe f16 --tokenizer "$T/tok.gguf" --seed 21 -o "$M"
+"$BIN/ds4-mkmodel" -q --preset tiny --recipe f16 --tokenizer "$T/tok.gguf" --seed 21 -o "$M" --mtp "$T/mtp.gguf"
 
 # --- ds4: one-shot greedy answer ---------------------------------------------
 oneshot() { # oneshot BACKEND: the answer into $T/BACKEND.txt
@@ -48,7 +50,7 @@ echo "apps: ds4 answered on cuda as on cpu ($(wc -c < "$T/cuda.txt") bytes)"
 
 # --- ds4-server: a chat completion -------------------------------------------
 serve() { # serve BACKEND: the completion's message, finish reason and tokens into $T/BACKEND.json
-    "$BIN/ds4-server" -m "$M" "--$1" --port 0 -c 1024 > "$T/server-$1.log" 2>&1 &
+    "$BIN/ds4-server" -m "$M" "--$1" --port 0 -c 1024 --parallel 2 --mtp "$T/mtp.gguf" > "$T/server-$1.log" 2>&1 &
     server=$!
     port=""
     start=$(date +%s)
@@ -64,15 +66,24 @@ import json, sys, urllib.request
 body = {"model": "deepseek-v4-flash", "max_tokens": 12, "temperature": 0, "thinking": False,
         "messages": [{"role": "system", "content": "You are a helpful assistant"},
                      {"role": "user", "content": "Write a haiku about rain."}]}
-req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1], json.dumps(body).encode(),
-                             {"Content-Type": "application/json"})
-with urllib.request.urlopen(req, timeout=600) as r:
-    d = json.load(r)
-c = d["choices"][0]
-if c["finish_reason"] not in ("length", "stop", "tool_calls") or not 1 <= d["usage"]["completion_tokens"] <= 12:
-    sys.exit("unexpected answer: %s" % json.dumps(d))
-print(json.dumps({"message": c["message"], "finish_reason": c["finish_reason"],
-                  "completion_tokens": d["usage"]["completion_tokens"]}, sort_keys=True))
+import threading
+def ask(out):
+    req = urllib.request.Request("http://127.0.0.1:%s/v1/chat/completions" % sys.argv[1],
+                                 json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        d = json.load(r)
+    c = d["choices"][0]
+    out.append(json.dumps({"message": c["message"], "finish_reason": c["finish_reason"],
+                           "completion_tokens": d["usage"]["completion_tokens"]}, sort_keys=True))
+    if c["finish_reason"] not in ("length", "stop", "tool_calls") or not 1 <= d["usage"]["completion_tokens"] <= 12:
+        out.append("unexpected answer: %s" % json.dumps(d))
+got = []
+ts = [threading.Thread(target=ask, args=(got,)) for _ in range(2)]
+for t in ts: t.start()
+for t in ts: t.join()
+if len(got) != 2 or got[0] != got[1]:
+    sys.exit("two sessions answered differently (or not at all): %s" % got)
+print(got[0])
 EOF
     kill "$server"
     wait "$server" || true
