@@ -91,15 +91,15 @@ void sched_count_outcome(sched *q, outcome k, uint32_t generated) {
     pthread_mutex_unlock(&q->s->stats_mu);
 }
 
-/* The MTP speculation session s did since its counts were `before`. */
-static void count_mtp(sched *q, ds4_session *s, const ds4_spec_stats *before) {
-    const ds4_spec *sp = ds4_session_spec(s);
+void sched_count_mtp(slot *sl) {
+    const ds4_spec *sp = ds4_session_spec(sl->sess);
     if (!sp) return;
-    pthread_mutex_lock(&q->s->stats_mu);
-    q->c.mtp.cycles += sp->stats.cycles - before->cycles;
-    q->c.mtp.drafted += sp->stats.drafted - before->drafted;
-    q->c.mtp.accepted += sp->stats.accepted - before->accepted;
-    pthread_mutex_unlock(&q->s->stats_mu);
+    pthread_mutex_lock(&sl->s->stats_mu);
+    sl->q->c.mtp.cycles += sp->stats.cycles - sl->mtp_seen.cycles;
+    sl->q->c.mtp.drafted += sp->stats.drafted - sl->mtp_seen.drafted;
+    sl->q->c.mtp.accepted += sp->stats.accepted - sl->mtp_seen.accepted;
+    pthread_mutex_unlock(&sl->s->stats_mu);
+    sl->mtp_seen = sp->stats;
 }
 
 /* The MTP counters of /v1/ds4/stats (null without a block). */
@@ -248,12 +248,10 @@ static void *slot_main(void *arg) {
         if (!sl->job) break;
         job *j = sl->job;
         pthread_mutex_unlock(&q->mu);
-        const ds4_spec *sp = ds4_session_spec(sl->sess);
-        ds4_spec_stats before = sp ? sp->stats : (ds4_spec_stats){0};
         outcome k = slot_run(sl, j);
         sched_count_outcome(q, k, j->out.completion_tokens);
         count_cancel(q, j);
-        count_mtp(q, sl->sess, &before);
+        sched_count_mtp(sl); /* a job that ended before its answer's end (generate counts those) */
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();

@@ -71,7 +71,8 @@ typedef struct slot {
     uint32_t vis_tokens;
     /* The tokens of the in-memory checkpoint of the last prompt. */
     ds4_tokens ck_tokens;
-    ds4_strbuf prompt_text; /* the rendered text of the last prompt it ran */
+    ds4_strbuf prompt_text;  /* the rendered text of the last prompt it ran */
+    ds4_spec_stats mtp_seen; /* its session's MTP counts already in the server's */
     /* under q->mu */
     job *job; /* the job it runs, NULL when idle */
     double last_used;
@@ -108,5 +109,9 @@ void slot_free_state(slot *sl);
 void sched_count_generated(sched *q, uint32_t n);
 void sched_count_prefill(sched *q, const job *j, const char *source);
 void sched_count_outcome(sched *q, outcome k, uint32_t generated);
+/* Add the MTP speculation sl's session did since the last call to the
+ * server's counts: before a job's answer goes out, so that a client reading
+ * /v1/ds4/stats after its answer sees it. */
+void sched_count_mtp(slot *sl);
 
 #endif

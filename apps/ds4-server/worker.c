@@ -511,6 +511,7 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
             o->error[0] ? ": " : "", o->error);
     outcome k = res.finish == DS4_FINISH_CANCELLED ? CANCELLED : strcmp(o->finish, "error") == 0 ? FAILED : ANSWERED;
     trace_result(&sl->s->trace, j);
+    sched_count_mtp(sl);
     if (j->req.stream) {
         if (!strcmp(o->finish, "error") && j->api->kind != API_RESPONSES) j->api->stream_error(j, o->error, &g.out.sse);
         else j->api->stream_end(j, &g.out.sse);
