@@ -19,6 +19,15 @@
  * blocks instead of quantized random floats: that is how the full-size
  * synthetic models used for speed measurements are made in minutes rather
  * than hours (their outputs mean nothing, their bytes are realistic).
+ *
+ * With --sparse-experts N, each layer (and the MTP block) keeps N routed
+ * experts, drawn at random; the others are holes in the file (zero blocks:
+ * zero weights, no disk on filesystems with sparse files), and routing is
+ * rigged to the kept ones: the router bias lifts them by SPARSE_MARGIN
+ * over every other expert, the hash tables draw each token's experts among
+ * them.  A full-size Flash file is then ~10 GB on disk instead of 81 GB,
+ * and still exercises the routed products: the original ds4 engine, which
+ * accepts only the full Flash shape, runs it beside this one (docs/COMPAT.md).
  */
 #include <errno.h>
 #include <math.h>
@@ -168,6 +177,7 @@ typedef struct gen_ctx {
     uint64_t seed; /* tensor seed */
     uint64_t row0; /* first row of the current slab */
     const float *importance;
+    const float *offset; /* added to every row before encoding (NULL: none) */
     int random_blocks;
     float *f32;   /* slab rows as floats, per row */
     uint8_t *out; /* slab rows encoded */
@@ -235,6 +245,8 @@ static void gen_rows(void *vctx, int64_t begin, int64_t end, int thread) {
         }
         float *x = g->f32 + (size_t)i * (size_t)g->ne0;
         draw_row(g, row, x);
+        if (g->offset)
+            for (int64_t k = 0; k < g->ne0; k++) x[k] += g->offset[k];
         if (g->type == DS4_TYPE_F32) {
             memcpy(dst, x, (size_t)g->ne0 * 4);
         } else if (g->type == DS4_TYPE_F16) {
@@ -248,8 +260,9 @@ static void gen_rows(void *vctx, int64_t begin, int64_t end, int thread) {
     }
 }
 
-/* Hash routing table: each token gets n_expert_used distinct experts. */
-static void gen_tid2eid(const ds4_tensor_spec *t, uint32_t n_expert, uint64_t seed, int32_t *out) {
+/* Hash routing table: each token gets n_expert_used distinct experts, of
+ * the pool's n (pool NULL: of all n experts). */
+static void gen_tid2eid(const ds4_tensor_spec *t, const uint32_t *pool, uint32_t n, uint64_t seed, int32_t *out) {
     uint32_t k = (uint32_t)t->ne[0];
     for (uint64_t tok = 0; tok < t->ne[1]; tok++) {
         rng r;
@@ -257,7 +270,8 @@ static void gen_tid2eid(const ds4_tensor_spec *t, uint32_t n_expert, uint64_t se
         int32_t *row = out + tok * k;
         for (uint32_t j = 0; j < k; j++) {
             for (;;) {
-                int32_t e = (int32_t)(rng_u64(&r) % n_expert);
+                uint32_t pick = (uint32_t)(rng_u64(&r) % n);
+                int32_t e = (int32_t)(pool ? pool[pick] : pick);
                 uint32_t m = 0;
                 while (m < j && row[m] != e) m++;
                 if (m == j) {
@@ -267,6 +281,65 @@ static void gen_tid2eid(const ds4_tensor_spec *t, uint32_t n_expert, uint64_t se
             }
         }
     }
+}
+
+/* --sparse-experts: the router bias of a kept expert is its random value
+ * plus this margin, so that the biased top-k (sqrt-softplus scores of
+ * order one plus the bias) always picks kept experts, whatever rounding
+ * the engine's router has. */
+#define SPARSE_MARGIN 100.0f
+
+/* Which routed experts hold weights: row r (a layer, or n_layer for the
+ * MTP block) keeps the n experts list[r * n ...], ascending. */
+typedef struct sparse_plan {
+    uint32_t n;     /* kept per row; 0: every expert (a dense file) */
+    uint32_t rows;  /* n_layer + 1 */
+    uint32_t *list; /* rows x n */
+    uint8_t *kept;  /* rows x n_expert: 1 where kept */
+    uint32_t n_expert;
+} sparse_plan;
+
+/* The kept experts of every row: a seeded partial shuffle of 0..n_expert-1. */
+static int sparse_plan_make(sparse_plan *p, uint32_t n, const ds4_config *c, uint64_t seed, ds4_err *err) {
+    memset(p, 0, sizeof(*p));
+    if (n == 0) return 0;
+    p->n = n;
+    p->rows = c->n_layer + 1;
+    p->n_expert = c->n_expert;
+    p->list = malloc((size_t)p->rows * n * sizeof(*p->list));
+    p->kept = calloc((size_t)p->rows * c->n_expert, 1);
+    uint32_t *perm = malloc((size_t)c->n_expert * sizeof(*perm));
+    if (!p->list || !p->kept || !perm) {
+        free(perm);
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    }
+    for (uint32_t r = 0; r < p->rows; r++) {
+        rng g;
+        rng_seed(&g, seed ^ name_hash("sparse-experts") ^ ((uint64_t)r * 0xD1B54A32D192ED03ull));
+        for (uint32_t e = 0; e < c->n_expert; e++) perm[e] = e;
+        for (uint32_t j = 0; j < n; j++) {
+            uint32_t o = j + (uint32_t)(rng_u64(&g) % (c->n_expert - j)), tmp = perm[j];
+            perm[j] = perm[o];
+            perm[o] = tmp;
+            p->kept[(size_t)r * c->n_expert + perm[j]] = 1;
+        }
+        uint32_t *row = p->list + (size_t)r * n, m = 0;
+        for (uint32_t e = 0; e < c->n_expert; e++)
+            if (p->kept[(size_t)r * c->n_expert + e]) row[m++] = e;
+    }
+    free(perm);
+    return 0;
+}
+
+static void sparse_plan_free(sparse_plan *p) {
+    free(p->list);
+    free(p->kept);
+}
+
+/* The plan's row of a tensor's block (-1: a global tensor, no experts). */
+static int sparse_row(const sparse_plan *p, const ds4_tensor_spec *t) {
+    if (p->n == 0 || t->layer == -1) return -1;
+    return t->layer == DS4_BLOCK_MTP ? (int)p->rows - 1 : t->layer;
 }
 
 typedef struct opts {
@@ -282,16 +355,21 @@ typedef struct opts {
     bool header_only;                     /* metadata and tensor table, no data */
     uint32_t type_override[DS4_TC_COUNT]; /* UINT32_MAX = recipe's */
     const char *mtp_out;                  /* also an MTP block (NULL: none) */
+    uint32_t sparse_experts;              /* --sparse-experts N (0: dense) */
+    sparse_plan sparse;
 } opts;
 
 static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t type, const opts *o, const ds4_config *c,
                         ds4_pool *pool, ds4_err *err) {
     uint64_t seed = o->seed ^ name_hash(t->name);
+    const sparse_plan *sp = &o->sparse;
+    int srow = sparse_row(sp, t);
     if (t->cls == DS4_TC_HASH) {
         size_t n = (size_t)(t->ne[0] * t->ne[1]);
         int32_t *tab = malloc(n * sizeof(int32_t));
         if (!tab) return ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
-        gen_tid2eid(t, c->n_expert, seed, tab);
+        if (srow >= 0) gen_tid2eid(t, sp->list + (size_t)srow * sp->n, sp->n, seed, tab);
+        else gen_tid2eid(t, NULL, c->n_expert, seed, tab);
         int rc = ds4_gguf_w_data(w, tab, n * sizeof(int32_t));
         free(tab);
         return rc;
@@ -309,12 +387,24 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
         .t = t, .type = type, .seed = seed, .random_blocks = o->random_blocks, .row_bytes = row_bytes, .ne0 = ne0};
     g.f32 = malloc((size_t)slab * (size_t)ne0 * sizeof(float));
     g.out = malloc((size_t)slab * row_bytes);
-    float *energy = NULL;
+    float *energy = NULL, *lift = NULL;
     int rc = 0;
     if (!g.f32 || !g.out) rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
+    if (rc == 0 && srow >= 0 && t->cls == DS4_TC_ROUTER_BIAS) {
+        lift = calloc((size_t)ne0, sizeof(float));
+        if (!lift) rc = ds4_err_set(err, DS4_ENOMEM, "%s: out of memory", t->name);
+        for (int64_t e = 0; lift && e < ne0; e++)
+            if (sp->kept[(size_t)srow * sp->n_expert + (size_t)e]) lift[e] = SPARSE_MARGIN;
+        g.offset = lift;
+    }
+    bool routed = t->cls == DS4_TC_EXP_GATE || t->cls == DS4_TC_EXP_UP || t->cls == DS4_TC_EXP_DOWN;
 
     int needs_importance = type == DS4_TYPE_IQ2_XXS && !o->random_blocks;
     for (uint64_t m = 0; rc == 0 && m < nmat; m++) {
+        if (routed && srow >= 0 && !sp->kept[(size_t)srow * sp->n_expert + m]) {
+            rc = ds4_gguf_w_hole(w, rows_per_mat * row_bytes); /* an expert never routed to */
+            continue;
+        }
         if (needs_importance) {
             /* Column-energy fallback (docs/MODEL.md 2.6) over the whole matrix,
              * which is regenerated here since rows are seeded by index. */
@@ -338,6 +428,7 @@ static int write_tensor(ds4_gguf_writer *w, const ds4_tensor_spec *t, uint32_t t
         }
     }
     free(energy);
+    free(lift);
     free(g.f32);
     free(g.out);
     return rc;
@@ -397,6 +488,11 @@ static int write_file(const opts *o, const ds4_config *c, const ds4_recipe *reci
         rc |= ds4_gguf_w_str(w, "ds4.mkmodel.recipe", recipe->name);
         rc |= ds4_gguf_w_u64(w, "ds4.mkmodel.seed", o->seed);
         rc |= ds4_gguf_w_bool(w, "ds4.mkmodel.random_blocks", o->random_blocks != 0);
+        if (o->sparse.n) {
+            rc |= ds4_gguf_w_u32(w, "ds4.mkmodel.sparse_experts", o->sparse.n);
+            rc |= ds4_gguf_w_arr(w, "ds4.mkmodel.sparse_kept", DS4_GGUF_U32, o->sparse.list,
+                                 (uint64_t)o->sparse.rows * o->sparse.n);
+        }
         if (rc != 0) rc = ds4_err_set(err, DS4_EIO, "writing general metadata failed");
     }
     if (rc == 0) rc = ds4_config_to_gguf(c, w, err);
@@ -441,23 +537,29 @@ static int write_file(const opts *o, const ds4_config *c, const ds4_recipe *reci
 }
 
 /* The model's file, and the MTP block's when asked for. */
-static int write_model(const opts *o, ds4_config *c, ds4_err *err) {
+static int write_model(opts *o, ds4_config *c, ds4_err *err) {
     if (ds4_config_validate(c, err) != 0) return ds4_err_prefix(err, "model shape");
     const ds4_recipe *base = ds4_recipe_get(o->recipe);
     if (!base) return ds4_err_set(err, DS4_EINVAL, "unknown recipe '%s' (known: %s)", o->recipe, ds4_recipe_names());
     ds4_recipe recipe = *base;
     for (int k = 0; k < DS4_TC_COUNT; k++)
         if (o->type_override[k] != UINT32_MAX) recipe.type[k] = o->type_override[k];
+    if (o->sparse_experts && (o->sparse_experts < c->n_expert_used || o->sparse_experts > c->n_expert))
+        return ds4_err_set(err, DS4_EINVAL,
+                           "--sparse-experts %u: must be between the experts used (%u) and the experts (%u)",
+                           o->sparse_experts, c->n_expert_used, c->n_expert);
 
     size_t n = ds4_layout_count(c), nm = ds4_layout_mtp(c, NULL);
     ds4_tensor_spec *specs = calloc(n > nm ? n : nm, sizeof(*specs));
     if (!specs) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     ds4_layout_build(c, specs);
-    int rc = write_file(o, c, &recipe, specs, n, o->out, true, err);
+    int rc = sparse_plan_make(&o->sparse, o->sparse_experts, c, o->seed, err);
+    if (rc == 0) rc = write_file(o, c, &recipe, specs, n, o->out, true, err);
     if (rc == 0 && o->mtp_out) {
         ds4_layout_mtp(c, specs);
         rc = write_file(o, c, &recipe, specs, nm, o->mtp_out, false, err);
     }
+    sparse_plan_free(&o->sparse);
     free(specs);
     return rc;
 }
@@ -589,6 +691,11 @@ int main(int argc, char **argv) {
                       "(e.g. Pro's 1.6T) that ds4 --inspect reads for its memory estimate")},
         {DS4_OPT_FLAG("--random-blocks", &random_blocks,
                       "fill quantized tensors with random valid blocks (fast; for speed tests)")},
+        {DS4_OPT_U32("--sparse-experts", "N", &o.sparse_experts, 1, 65536, 0,
+                     "keep N random routed experts per layer (N at least the experts used) and leave the others "
+                     "as holes in the file (zero weights, no disk); the router bias and the hash tables route "
+                     "every token to kept experts only (with N = the experts used, always the same ones)"),
+         .def_text = "every expert"},
         {DS4_OPT_STR("--name", "TEXT", &o.name, NULL, "general.name"), .def_text = "ds4-mkmodel-PRESET"},
         DS4_CLI_THREADS(&o.threads),
         {DS4_OPT_FLAG("-q, --quiet", &quiet, "no progress output")},

@@ -69,6 +69,10 @@ int ds4_kvc_header_decode(const uint8_t in[DS4_KVC_HEADER_BYTES], ds4_kvc_header
     h->hits = get32(in + 12);
     h->ctx = get32(in + 16);
     h->checksum = h->ext & DS4_KVC_EXT_CHECKSUM ? get32(in + 20) : 0;
+    /* ds4 rewrites the header of a file it loads (its hits and last use)
+     * with bytes 20..23 zeroed and the flags kept: a zero checksum is no
+     * checksum, and such a file loads unverified, as ds4's own do. */
+    if (h->checksum == 0) h->ext &= (uint8_t)~DS4_KVC_EXT_CHECKSUM;
     h->created = get64(in + 24);
     h->last_used = get64(in + 32);
     h->payload_bytes = get64(in + 40);

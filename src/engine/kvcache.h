@@ -27,7 +27,9 @@
  * The payload checksum (ours, not ds4's): a 32-bit hash of the payload
  * bytes in header bytes 20..23, which ds4 keeps reserved, flagged by
  * extension bit 3 (ds4 ignores flags it does not know).  Files without it
- * (written by ds4) load unverified, as ds4 loads them.
+ * (written by ds4) load unverified, as ds4 loads them, and so do files of
+ * ours whose header ds4 rewrote after loading them (it zeroes bytes
+ * 20..23 and keeps the flags): a zero checksum counts as none.
  *
  * The store keeps an index of the directory (header, text length and name
  * of every file) so lookups do not read files: the longest key that is a

@@ -201,6 +201,13 @@ int ds4_gguf_w_tensor(ds4_gguf_writer *w, const char *name, uint32_t ndim, const
  * first call writes the header, metadata and tensor table. */
 int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes);
 
+/* Append nbytes zero bytes of the current tensor as a hole: the writer
+ * seeks past them instead of writing, so on filesystems with sparse files
+ * they take no disk space (they read back as zeros everywhere).  Mixes
+ * freely with ds4_gguf_w_data; the file is byte for byte the one that
+ * writing the zeros gives. */
+int ds4_gguf_w_hole(ds4_gguf_writer *w, uint64_t nbytes);
+
 /* Finish: checks every tensor got exactly its bytes, flushes, fsyncs and
  * renames the temporary file into place.  Frees the writer in all cases.
  * Errors from earlier calls are reported here too. */

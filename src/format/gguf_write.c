@@ -9,6 +9,10 @@
  * padded with zeros to the alignment.  This is the layout GGML and gguf-py
  * write, so a file with the same content comes out byte for byte the same.
  *
+ * Zero bytes handed over as a hole (ds4_gguf_w_hole) are skipped with a
+ * seek, so a mostly-zero model (ds4-mkmodel --sparse-experts) is a sparse
+ * file; the final length is set at close in case the file ends in one.
+ *
  * The file is written as PATH.tmp.PID.N and renamed over PATH only after a
  * successful fsync, so PATH is either the old file or the complete new one.
  * The first error is kept in the writer; later calls fail fast and close
@@ -448,6 +452,31 @@ int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
     return 0;
 }
 
+int ds4_gguf_w_hole(ds4_gguf_writer *w, uint64_t nbytes) {
+    if (!w || w->failed) return -1;
+    if (!w->header_done && write_header(w) != 0) return -1;
+    if (nbytes == 0) return 0;
+    if (w->cur == w->n_tensors)
+        return wfail(w, DS4_EINVAL, "a hole of %llu bytes beyond the last tensor (all %llu are complete)",
+                     (unsigned long long)nbytes, (unsigned long long)w->n_tensors);
+    wtensor *t = &w->tensors[w->cur];
+    if (nbytes > t->nbytes - w->cur_written)
+        return wfail(w, DS4_EINVAL, "tensor '%s': %llu bytes of data given, its size is %llu", t->name,
+                     (unsigned long long)(w->cur_written + nbytes), (unsigned long long)t->nbytes);
+    if (flush_buf(w) != 0) return -1;
+    if (nbytes > (uint64_t)INT64_MAX || lseek(w->fd, (off_t)nbytes, SEEK_CUR) < 0)
+        return wfail(w, DS4_EIO, "seek past %llu bytes of %s failed: %s", (unsigned long long)nbytes, w->tmp_path,
+                     strerror(errno));
+    w->file_pos += nbytes;
+    w->cur_written += nbytes;
+    if (w->cur_written == t->nbytes) {
+        w->cur++;
+        w->cur_written = 0;
+        return pad_to_alignment(w);
+    }
+    return 0;
+}
+
 /* ------------------------------------------------------ open and close */
 
 ds4_gguf_writer *ds4_gguf_writer_open(const char *path, uint32_t alignment, ds4_err *err) {
@@ -542,6 +571,9 @@ static int finish(ds4_gguf_writer *w, bool header_only) {
                      (unsigned long long)w->n_tensors);
     }
     if (flush_buf(w) != 0) return -1;
+    /* A file that ends in a hole (ds4_gguf_w_hole) gets its length here. */
+    if (!header_only && ftruncate(w->fd, (off_t)w->file_pos) != 0)
+        return wfail(w, DS4_EIO, "setting the length of %s failed: %s", w->tmp_path, strerror(errno));
     if (fsync(w->fd) != 0) return wfail(w, DS4_EIO, "fsync of %s failed: %s", w->tmp_path, strerror(errno));
     int fd = w->fd;
     w->fd = -1;
