@@ -48,6 +48,17 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
     return NULL;
 }
 
+uint64_t ds4_backend_mem_available(const char *name) {
+#if DS4_CUDA
+    uint64_t bytes = 0;
+    ds4_err err = {0};
+    if (name && strcmp(name, "cuda") == 0 && ds4_cuda_mem_available(&bytes, &err) == 0) return bytes;
+#else
+    (void)name;
+#endif
+    return 0;
+}
+
 int ds4_backend_imatrix_flush(ds4_backend *b, ds4_err *err) {
 #if DS4_CUDA
     if (b->opts.imatrix && strcmp(b->ops->name, "cuda") == 0) return ds4_cuda_imatrix_flush(b, err);

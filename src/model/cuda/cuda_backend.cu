@@ -784,18 +784,23 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     return 0;
 }
 
-/* The GPU budget: the caller's, or the device's free memory less a
- * reserve for the runtime (graphs, the rewind journal). */
+/* The device's free memory less a reserve for the runtime (graphs, the
+ * rewind journal). */
+extern "C" int ds4_cuda_mem_available(uint64_t *bytes, ds4_err *err) {
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    const uint64_t reserve = (uint64_t)1 << 30;
+    *bytes = free_b > reserve ? free_b - reserve : 0;
+    return 0;
+}
+
+/* The GPU budget: the caller's, or what the device has free. */
 static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
     if (b->base.opts.gpu_mem) {
         *budget = b->base.opts.gpu_mem;
         return 0;
     }
-    size_t free_b = 0, total_b = 0;
-    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
-    const uint64_t reserve = (uint64_t)1 << 30;
-    *budget = free_b > reserve ? free_b - reserve : 0;
-    return 0;
+    return ds4_cuda_mem_available(budget, err);
 }
 
 /* Weights, state and buffers in GPU memory: every tensor but the routed
