@@ -106,17 +106,17 @@
  *       draft of one session beside the others' rows (the decoders through
  *       the graph, the draft in a pass of its own), taken back.
  *
- *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X]
+ *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]
  *       pipeline stages (ds4_backend_opts.layer_first/layer_end, the
  *       backends src/model/dist puts on MPI ranks) chained in one process:
  *       the residuals a stage leaves are the next one's input.  Splits into
  *       2 and 3 CUDA stages - uneven ones (the last layer alone, the first
  *       alone) and ones starting at the first ratio-4 and ratio-128 layers -
  *       against the whole CUDA model and against the same CPU stages: a
- *       prompt of N tokens in passes of --chunk rows (every logit), N
- *       decode steps fed the CPU's greedy tokens (the stages' decode
- *       graphs), and a step of a second sequence's prompt beside a decode
- *       row (a pass of two sequences).  Each within max |d| <= tol * max
+ *       prompt of --prompt tokens (120) in passes of --chunk rows (32; every
+ *       logit), --steps decode steps (12) fed the CPU's greedy tokens (the
+ *       stages' decode graphs), and a step of a second sequence's prompt
+ *       beside a decode row (a pass of two sequences).  Each within max |d| <= tol * max
  *       |logit| (1e-3) with the same argmax (so the stages' greedy tokens
  *       are the CPU's), against the CPU stages except at rows where the
  *       whole CUDA model is itself off the CPU (judged by cmd_compare).
@@ -127,7 +127,8 @@
  *       the same bound), and that whole state restored into fresh stages
  *       goes on as the whole model does.  Each stage allocates less device
  *       memory than the whole model, and what a CUDA stage does not run is
- *       refused, naming it.
+ *       refused, naming it.  --quick: the 3 stages at the ratio-4 and
+ *       ratio-128 layers and the last layer alone only.
  *
  *   test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]
  *       importance-matrix collection (ds4_backend_opts.imatrix) on the GPU
@@ -1564,7 +1565,7 @@ static uint32_t first_ratio(const ds4_config *c, uint32_t ratio) {
     return 0;
 }
 
-static uint32_t make_splits(const ds4_config *c, stage_split *out) {
+static uint32_t make_splits(const ds4_config *c, bool quick, stage_split *out) {
     uint32_t L = c->n_layer, r4 = first_ratio(c, 4), r128 = first_ratio(c, 128), n = 0;
     stage_split all[] = {
         {"2 stages, the last layer alone", {0, L - 1, L}, 2},
@@ -1574,7 +1575,7 @@ static uint32_t make_splits(const ds4_config *c, stage_split *out) {
         {"3 stages, from ratio-4 and ratio-128 layers", {0, r4 < r128 ? r4 : r128, r4 < r128 ? r128 : r4, L}, 3},
     };
     for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
-        bool ok = true;
+        bool ok = !quick || i == 0 || i == 4;
         for (uint32_t k = 0; k < all[i].n; k++) ok = ok && all[i].bounds[k] < all[i].bounds[k + 1];
         if (ok) out[n++] = all[i];
     }
@@ -1682,11 +1683,15 @@ static uint64_t dev_bytes(const ds4_backend *b) {
 static int cmd_stages(int argc, char **argv) {
     if (argc < 1) return 2;
     stage_run r = {.n = 120, .steps = 12, .chunk = 32};
-    bool no_sim = false;
+    bool no_sim = false, quick = false;
     double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-sim")) {
             no_sim = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--quick")) {
+            quick = true;
             continue;
         }
         if (i + 1 >= argc) return 2;
@@ -1735,7 +1740,7 @@ static int cmd_stages(int argc, char **argv) {
     chain_free(&gpu);
 
     stage_split sp[8];
-    uint32_t nsp = make_splits(c, sp);
+    uint32_t nsp = make_splits(c, quick, sp);
     for (uint32_t k = 0; k < nsp; k++) {
         const uint32_t *bd = sp[k].bounds;
         printf("-- %s:", sp[k].name);
@@ -1936,7 +1941,7 @@ int main(int argc, char **argv) {
                 "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
                 "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
                 "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
-                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X]\n");
+                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);
