@@ -1593,6 +1593,14 @@ static void stages_refusals(const ds4_weights *w, uint32_t ctx) {
     printf("%-34s %s\n", "refused", ds4_err_msg(&err));
     ds4_backend_free(b);
     o.count_experts = false;
+    o.gpu_mem = 1 << 20; /* a stage that does not fit its GPU: no routed experts in host RAM */
+    ds4_err_clear(&err);
+    b = ds4_backend_create("cuda", w, &o, &err);
+    CHECK(!b && strstr(ds4_err_msg(&err), "keeps no routed experts in host RAM"), "a stage beyond its GPU: %s",
+          b ? "accepted" : ds4_err_msg(&err));
+    printf("%-34s %s\n", "refused", ds4_err_msg(&err));
+    ds4_backend_free(b);
+    o.gpu_mem = 0;
     o.layer_end = L + 1;
     ds4_err_clear(&err);
     b = ds4_backend_create("cuda", w, &o, &err);

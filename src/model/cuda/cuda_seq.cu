@@ -526,7 +526,7 @@ static uint32_t step_groups(const cuda_backend *b, const ds4_row *rows, const cu
     uint32_t nd = 0;
     for (uint32_t k = 0; k < np; k++)
         nd += parts[k].n == 1 && !(rows[parts[k].r0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN));
-    bool split = nd >= 2 && nd < np && nd <= b->logits_rows && !ds4_prof_on && !cu_stage(b);
+    bool split = nd >= 2 && nd < np && nd <= b->logits_rows && !ds4_prof_on;
     uint32_t ng = 0;
     for (uint32_t k = 0; k < np; k++) {
         const ds4_seq *q = &parts[k].s->base;
