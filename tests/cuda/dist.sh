@@ -12,13 +12,15 @@
 #     process's logits within 1e-3 of max |logit| with the same argmax on
 #     every row (simulations off), and a mixed pipeline resumes one CPU
 #     process's snapshot as the uninterrupted CPU run goes on;
-#  3. the split by memory (no --layers) gives the CUDA rank its GPU's free
-#     memory and says which rank runs on what.
+#  3. a CPU and a CUDA rank split by memory (no --layers; the CUDA rank
+#     counts its GPU's free memory) give one CPU process's logits, and the
+#     stage lines say which rank runs on what.
 # BINDIR is build/cuda/bin (a GPU: every CUDA rank shares it) or
 # build/emu/bin (the CPU emulation of CUDA).  SKIP when mpirun is absent.
+# shellcheck disable=SC2086 # option lists ($RUN, $opts, $args) split into words on purpose
 set -u
 BIN=$(cd "${1:?usage: dist.sh BINDIR}" && pwd)/ds4-forward
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 fail() { echo "dist: FAIL: $*"; exit 1; }
 command -v mpirun > /dev/null 2>&1 || { echo "dist: SKIP: mpirun is not installed (make deps installs openmpi-bin)"; exit 0; }
 [ -x "$BIN" ] || fail "$BIN not built"
@@ -76,7 +78,6 @@ pipeline() {
             args="$args : -np 1 $BIN $MODEL -t 1 --backend $be $lay"
         fi
     done
-    # shellcheck disable=SC2086
     $MPIRUN $args > "$T/$name.out" 2>&1 || fail "pipeline $name: $(cat "$T/$name.out")"
 }
 
@@ -106,8 +107,10 @@ pipeline mix-cpu-cuda "$NS --logits-out $T/mix2.f32" cpu:0:1 cuda:2:output
 close "a CPU rank before a CUDA rank" cpu mix2
 pipeline mix-3 "$NS --logits-out $T/mix3.f32" cuda:0:1 cpu:2:3 cuda:4:output
 close "cuda, cpu, cuda ranks" cpu mix3
-grep -q "pipeline stage 1: layers 2..3 on cpu" "$T/mix-3.out" && grep -q "stage 2: layers 4..5 + output head on cuda" "$T/mix-3.out" ||
+if ! { grep -q "pipeline stage 1: layers 2..3 on cpu" "$T/mix-3.out" &&
+    grep -q "stage 2: layers 4..5 + output head on cuda" "$T/mix-3.out"; }; then
     fail "the stage lines do not say each rank's backend: $(cat "$T/mix-3.out")"
+fi
 "$BIN" $MODEL --tokens @"$T/head.txt" --chunk 16 --top 0 -t 1 -c 256 --no-sim --backend cpu --save-state "$T/cpu.dsv4" \
     > "$T/cpu-save.out" 2>&1 || fail "one CPU process's snapshot: $(cat "$T/cpu-save.out")"
 tail -c $((16 * 256 * 4)) "$T/cpu.f32" > "$T/cpu-tail.f32"
@@ -118,7 +121,9 @@ close "a CPU snapshot resumed by a CUDA and a CPU rank" cpu-tail resume
 # 3. the split by memory: the CUDA rank's share from its GPU's free memory
 pipeline auto "$NS --logits-out $T/auto.f32" cpu:- cuda:-
 close "cpu and cuda ranks split by memory" cpu auto
-grep -q "stage 0: layers 0\.\.[0-9]* + embedding on cpu" "$T/auto.out" && grep -q "+ output head on cuda" "$T/auto.out" ||
+if ! { grep -q "stage 0: layers 0\.\.[0-9]* + embedding on cpu" "$T/auto.out" &&
+    grep -q "+ output head on cuda" "$T/auto.out"; }; then
     fail "the split by memory: $(cat "$T/auto.out")"
+fi
 echo "ok: the split by memory: $(grep -o 'stage [01]: layers [^(]*' "$T/auto.out" | tr '\n' ';')"
 exit 0
