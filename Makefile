@@ -223,7 +223,7 @@ endef
 $(foreach p,$(APP_PROGS),$(eval $(call emu_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call emu_prog_rule,$(p),tools)))
 EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
-                 $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel)
+                 $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel ds4-forward)
 test-cuda-emu: $(EMU_TEST_BINS)
 	@tests/cuda/run.sh $(BUILD)/emu emu
 

@@ -92,7 +92,8 @@ typedef struct ds4_backend_opts {
     /* A pipeline stage (docs/DISTRIBUTED.md): the backend runs layers
      * [layer_first, layer_end) only and keeps only their state, and is
      * advanced by ds4_backend_stage_step.  Both 0: the whole model.  The
-     * CPU backend runs stages; the others refuse them. */
+     * CPU and CUDA backends run stages (a CUDA stage refuses what it does
+     * not run: MTP, routed experts in host RAM, steering, the imatrix). */
     uint32_t layer_first, layer_end;
     /* the MTP block (weights.h), or NULL: the backend can then run MTP
      * sequences; it must outlive the backend */

@@ -42,19 +42,21 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
     }
     if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
 #if DS4_CUDA
-    if (strcmp(name, "cuda") == 0) {
-        if (opts && (opts->layer_first || opts->layer_end)) {
-            ds4_err_set(err, DS4_EUNSUPPORTED,
-                        "the cuda backend runs the whole model only: a pipeline stage of "
-                        "layers %u..%u needs the cpu backend",
-                        opts->layer_first, opts->layer_end - 1);
-            return NULL;
-        }
-        return ds4_cuda_backend_create(w, opts, err);
-    }
+    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
 #endif
     ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
     return NULL;
+}
+
+uint64_t ds4_backend_mem_available(const char *name) {
+#if DS4_CUDA
+    uint64_t bytes = 0;
+    ds4_err err = {0};
+    if (name && strcmp(name, "cuda") == 0 && ds4_cuda_mem_available(&bytes, &err) == 0) return bytes;
+#else
+    (void)name;
+#endif
+    return 0;
 }
 
 int ds4_backend_imatrix_flush(ds4_backend *b, ds4_err *err) {

@@ -24,6 +24,12 @@ int ds4_backend_check_name(const char *name, ds4_err *err);
  * weights, which must outlive it. */
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
+/* Bytes the named backend may fill when not told how many: the CUDA
+ * backend's budget (its GPU's free memory less a reserve for the runtime;
+ * docs/DISTRIBUTED.md splits a pipeline by it); 0 for a backend whose
+ * memory is the host's (NULL, "cpu"), or when the GPU cannot say. */
+uint64_t ds4_backend_mem_available(const char *name);
+
 /* Brings what backend b has summed for its imatrix collector
  * (ds4_backend_opts.imatrix) into the collector: the CUDA backend's device
  * sums since the last flush (one read-back of them all); nothing to do for
@@ -38,6 +44,9 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
  * synthetic weights (ds4_weights_synthetic), which it fills on the GPU.
  * Its prefill chunk defaults to 2048. */
 ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
+
+/* CUDA builds: the bytes a CUDA backend not told --gpu-mem may allocate. */
+int ds4_cuda_mem_available(uint64_t *bytes, ds4_err *err);
 
 /* CUDA builds: the device's copy bandwidth (bytes read + written per second,
  * a large device-to-device copy, best of several), and its name. */

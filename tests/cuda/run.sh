@@ -18,7 +18,8 @@
 #          prefill, decode, device greedy loop: what the kernels test cannot
 #          see); a q2 model with the simulations on (the quantized products
 #          and low-precision paths users run); the Pro-pattern HF golden
-#          (pro-a); the imatrix collection against the CPU's.  The other HF goldens and the programs end to end stay
+#          (pro-a); the imatrix collection against the CPU's; two splits
+#          into pipeline stages.  The other HF goldens and the programs end to end stay
 #          in emu: the compare already holds the
 #          CUDA backend to the CPU reference, which test_cpu_golden holds
 #          to the golden.
@@ -50,6 +51,11 @@
 #   steering  directional steering against the CPU (test_cuda.c, cmd_steer)
 #   imatrix   importance-matrix collection against the CPU's (cmd_imatrix;
 #             smoke: no experts in host RAM, a short prompt)
+#   stages    pipeline stages chained in one process (cmd_stages): splits
+#             into 2 and 3 CUDA stages against the whole CUDA model and the
+#             CPU stages (smoke: two splits, a short prompt)
+#   pipeline  CUDA ranks under mpirun, alone and beside CPU ranks
+#             (tests/cuda/dist.sh; SKIP without mpirun)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -219,6 +225,19 @@ else
         [ $g = tiny-b ] && ! in_set gpu && continue
         step "mtp $g" "$TEST" mtp "$GOLD/$g.f16.gguf" "$GOLD/$g.mtp.gguf" "$GOLD/$g.mtp.golden"
     done
+fi
+# Pipeline stages (docs/DISTRIBUTED.md; test_cuda.c cmd_stages): chained in
+# one process on tiny-a (ratios 0,0,4,128,4,128), smoke two splits and a
+# 40-token prompt, emu every split of a 120-token prompt and 12 decode steps
+# (across the ratio-128 window's end), gpu that on tiny-a and tiny f16; then
+# (emu, gpu) ds4-forward's CUDA ranks under mpirun, alone and beside CPU
+# ranks (tests/cuda/dist.sh).
+if in_set smoke; then
+    step "stages (quick)" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 --chunk 16
+else
+    step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim
+    in_set gpu && step "stages tiny f16" "$TEST" stages "$M-f16.gguf" --no-sim
+    step_unwrapped "pipeline (mpirun)" sh "$PWD/tests/cuda/dist.sh" "$PWD/$BUILD/bin"
 fi
 join
 if in_set gpu; then

@@ -106,6 +106,30 @@
  *       draft of one session beside the others' rows (the decoders through
  *       the graph, the draft in a pass of its own), taken back.
  *
+ *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]
+ *       pipeline stages (ds4_backend_opts.layer_first/layer_end, the
+ *       backends src/model/dist puts on MPI ranks) chained in one process:
+ *       the residuals a stage leaves are the next one's input.  Splits into
+ *       2 and 3 CUDA stages - uneven ones (the last layer alone, the first
+ *       alone) and ones starting at the first ratio-4 and ratio-128 layers -
+ *       against the whole CUDA model and against the same CPU stages: a
+ *       prompt of --prompt tokens (120) in passes of --chunk rows (32; every
+ *       logit), --steps decode steps (12) fed the CPU's greedy tokens (the
+ *       stages' decode graphs), and a step of a second sequence's prompt
+ *       beside a decode row (a pass of two sequences).  Each within max |d| <= tol * max
+ *       |logit| (1e-3) with the same argmax (so the stages' greedy tokens
+ *       are the CPU's), against the CPU stages except at rows where the
+ *       whole CUDA model is itself off the CPU (judged by cmd_compare).
+ *       Then the stages' snapshots gathered into one whole state (the
+ *       first stage's directly, the others' layer slices packed and
+ *       unpacked, as the pipeline's ranks send them) are the whole model's
+ *       snapshot (tokens, logits, every live row of every layer, within
+ *       the same bound), and that whole state restored into fresh stages
+ *       goes on as the whole model does.  Each stage allocates less device
+ *       memory than the whole model, and what a CUDA stage does not run is
+ *       refused, naming it.  --quick: the 3 stages at the ratio-4 and
+ *       ratio-128 layers and the last layer alone only.
+ *
  *   test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]
  *       importance-matrix collection (ds4_backend_opts.imatrix) on the GPU
  *       against the CPU's: two prompts (N and N / 2 + 3 random tokens, a
@@ -1413,6 +1437,370 @@ static int cmd_split(int argc, char **argv) {
     return 0;
 }
 
+/* ------------------------------------------------------------- stages */
+
+/* A model as pipeline stages chained in one process (one stage: the
+ * whole model), each with its main sequence and a second one. */
+typedef struct chain {
+    ds4_backend *st[4];
+    ds4_seq *seq[4][2];
+    uint32_t n;
+    float *a, *b; /* residuals between stages: chunk rows */
+} chain;
+
+static void chain_make(chain *c, const char *backend, const ds4_weights *w, const uint32_t *bounds, uint32_t n,
+                       uint32_t ctx, uint32_t chunk, bool no_sim) {
+    ds4_err err = {0};
+    memset(c, 0, sizeof(*c));
+    c->n = n;
+    for (uint32_t k = 0; k < n; k++) {
+        ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim};
+        if (n > 1) o.layer_first = bounds[k], o.layer_end = bounds[k + 1];
+        if (!(c->st[k] = ds4_backend_create(backend, w, &o, &err))) die(backend, &err);
+        c->seq[k][0] = c->st[k]->main;
+        if (!(c->seq[k][1] = ds4_seq_new(c->st[k], ctx, &err))) die("seq_new", &err);
+    }
+    size_t hcd = (size_t)w->cfg.n_hc * w->cfg.n_embd;
+    c->a = xmalloc(chunk * hcd * 4);
+    c->b = xmalloc(chunk * hcd * 4);
+}
+
+static void chain_free(chain *c) {
+    for (uint32_t k = 0; k < c->n; k++) {
+        ds4_seq_free(c->st[k], c->seq[k][1]);
+        ds4_backend_free(c->st[k]);
+    }
+    free(c->a);
+    free(c->b);
+}
+
+/* One step of n rows (row i: token tok[i] of sequence which[i], 0 the main
+ * one) down the chain, every row's logits into lg.  A whole model's one
+ * main row is a decode step (its decode graph, as the stages' one-row
+ * steps of the main sequence take theirs). */
+static void chain_step(chain *c, const uint32_t *which, const uint32_t *tok, uint32_t n, float *lg, uint32_t V) {
+    ds4_err err = {0};
+    if (c->n == 1 && n == 1 && which[0] == 0) {
+        if (ds4_backend_decode(c->st[0], tok[0], &err)) die("decode", &err);
+        memcpy(lg, ds4_backend_logits(c->st[0]), V * 4);
+        return;
+    }
+    ds4_row rows[64];
+    float *in = NULL, *out = c->a;
+    for (uint32_t k = 0; k < c->n; k++) {
+        bool last = k + 1 == c->n;
+        for (uint32_t i = 0; i < n; i++) rows[i] = ds4_row_of(c->seq[k][which[i]], tok[i], DS4_ROW_LOGITS);
+        ds4_step_out o = {lg, NULL};
+        if (ds4_backend_stage_step(c->st[k], rows, n, in, last ? NULL : out, last ? &o : NULL, &err))
+            die("stage step", &err);
+        in = out;
+        out = out == c->a ? c->b : c->a;
+    }
+}
+
+/* The chain's main sequence as one whole state: the first stage's layers
+ * snapshot into it, each later stage's as the layer slice a pipeline rank
+ * sends (packed, unpacked), the logits the last stage's. */
+static ds4_kv_state *chain_gather(chain *c, const ds4_weights *w, uint32_t ctx, uint32_t chunk,
+                                  const uint32_t *bounds) {
+    ds4_err err = {0};
+    ds4_kv_state *whole = ds4_kv_state_new(&w->cfg, ctx, chunk, &err);
+    if (!whole || ds4_backend_snapshot(c->st[0], whole, &err)) die("snapshot of the first stage", &err);
+    for (uint32_t k = 1; k < c->n; k++) {
+        ds4_kv_state *s = ds4_kv_state_new_layers(&w->cfg, ctx, chunk, bounds[k], bounds[k + 1], &err);
+        if (!s || ds4_backend_snapshot(c->st[k], s, &err)) die("snapshot of a stage", &err);
+        size_t bytes = ds4_kv_state_slice_bytes(s, s->n_tokens, bounds[k], bounds[k + 1]);
+        void *buf = malloc(bytes ? bytes : 1);
+        ds4_kv_state_pack_layers(s, bounds[k], bounds[k + 1], buf);
+        ds4_kv_state_unpack_layers(whole, s->n_tokens, bounds[k], bounds[k + 1], buf);
+        if (k + 1 == c->n) {
+            whole->has_logits = s->has_logits;
+            memcpy(whole->logits, s->logits, w->cfg.n_vocab * 4);
+        }
+        free(buf);
+        ds4_kv_state_free(s);
+    }
+    return whole;
+}
+
+/* The stages' logits (got) against the whole CUDA model's (whole) and the
+ * CPU stages' (cpu), n rows: within tol with the same argmax; against the
+ * CPU except where the whole CUDA model is itself off it (ref: the whole
+ * CPU model's, which the CPU stages give bit for bit). */
+static void stages_check(const char *what, const float *got, const float *whole, const float *cpu, const float *ref,
+                         uint32_t n, uint32_t V, double tol) {
+    diff dw = {0}, dc = {0}, dr = {0};
+    diff_add(&dw, got, whole, n, V);
+    diff_add(&dr, whole, ref, n, V);
+    uint32_t same = !memcmp(got, whole, (size_t)n * V * 4), excused = 0;
+    for (uint32_t r = 0; r < n; r++) {
+        if (rel(&dr, r) > tol || dr.row_arg[r]) {
+            excused++;
+            continue;
+        }
+        diff_add(&dc, got + (size_t)r * V, cpu + (size_t)r * V, 1, V);
+    }
+    char line[160];
+    snprintf(line, sizeof(line), "%s, against the whole model%s", what, same ? " (bit-identical)" : "");
+    diff_check(line, &dw, tol);
+    snprintf(line, sizeof(line), "%s, against the CPU stages", what);
+    if (excused) printf("  (%u row(s) where the whole CUDA model is off the CPU left to the compare test)\n", excused);
+    if (dc.rows) diff_check(line, &dc, tol);
+    CHECK(!memcmp(cpu, ref, (size_t)n * V * 4), "%s: the CPU stages differ from the whole CPU model", what);
+    diff_free(&dw);
+    diff_free(&dc);
+    diff_free(&dr);
+}
+
+/* The splits: each stage's first layer (the last entry the layer count),
+ * chosen for the model's ratios. */
+typedef struct stage_split {
+    const char *name;
+    uint32_t bounds[5], n;
+} stage_split;
+
+static uint32_t first_ratio(const ds4_config *c, uint32_t ratio) {
+    for (uint32_t il = 1; il < c->n_layer; il++)
+        if (ds4_layer_ratio(c, il) == ratio) return il;
+    return 0;
+}
+
+static uint32_t make_splits(const ds4_config *c, bool quick, stage_split *out) {
+    uint32_t L = c->n_layer, r4 = first_ratio(c, 4), r128 = first_ratio(c, 128), n = 0;
+    stage_split all[] = {
+        {"2 stages, the last layer alone", {0, L - 1, L}, 2},
+        {"2 stages, the second from a ratio-4 layer", {0, r4, L}, 2},
+        {"2 stages, the second from a ratio-128 layer", {0, r128, L}, 2},
+        {"3 stages, the first layer alone", {0, 1, L - 1, L}, 3},
+        {"3 stages, from ratio-4 and ratio-128 layers", {0, r4 < r128 ? r4 : r128, r4 < r128 ? r128 : r4, L}, 3},
+    };
+    for (size_t i = 0; i < sizeof(all) / sizeof(all[0]); i++) {
+        bool ok = !quick || i == 0 || i == 4;
+        for (uint32_t k = 0; k < all[i].n; k++) ok = ok && all[i].bounds[k] < all[i].bounds[k + 1];
+        if (ok) out[n++] = all[i];
+    }
+    return n;
+}
+
+/* What a CUDA stage refuses, each naming it. */
+static void stages_refusals(const ds4_weights *w, uint32_t ctx) {
+    ds4_err err = {0};
+    uint32_t L = w->cfg.n_layer;
+    ds4_backend_opts o = {.ctx_size = ctx, .layer_first = 1, .layer_end = L, .count_experts = true};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    CHECK(!b && strstr(ds4_err_msg(&err), "does not run expert selection counts"), "expert counts in a stage: %s",
+          b ? "accepted" : ds4_err_msg(&err));
+    printf("%-34s %s\n", "refused", ds4_err_msg(&err));
+    ds4_backend_free(b);
+    o.count_experts = false;
+    o.gpu_mem = 1 << 20; /* a stage that does not fit its GPU: no routed experts in host RAM */
+    ds4_err_clear(&err);
+    b = ds4_backend_create("cuda", w, &o, &err);
+    CHECK(!b && strstr(ds4_err_msg(&err), "keeps no routed experts in host RAM"), "a stage beyond its GPU: %s",
+          b ? "accepted" : ds4_err_msg(&err));
+    printf("%-34s %s\n", "refused", ds4_err_msg(&err));
+    ds4_backend_free(b);
+    o.gpu_mem = 0;
+    o.layer_end = L + 1;
+    ds4_err_clear(&err);
+    b = ds4_backend_create("cuda", w, &o, &err);
+    CHECK(!b && strstr(ds4_err_msg(&err), "not a range"), "layers past the model: %s",
+          b ? "accepted" : ds4_err_msg(&err));
+    ds4_backend_free(b);
+    o.layer_end = L - 1;
+    ds4_err_clear(&err);
+    if (!(b = ds4_backend_create("cuda", w, &o, &err))) die("a middle stage", &err);
+    uint32_t tok = 1;
+    ds4_row row = ds4_row_of(b->main, tok, 0);
+    float *resid = xmalloc((size_t)w->cfg.n_hc * w->cfg.n_embd * 4);
+    CHECK(ds4_backend_prefill(b, &tok, 1, NULL, &err) && strstr(ds4_err_msg(&err), "advances by stage steps"),
+          "a prefill of a stage: %s", ds4_err_msg(&err));
+    ds4_err_clear(&err);
+    CHECK(ds4_backend_stage_step(b, &row, 1, NULL, resid, NULL, &err) &&
+              strstr(ds4_err_msg(&err), "needs its rows' residuals"),
+          "a stage step without the residuals in: %s", ds4_err_msg(&err));
+    ds4_err_clear(&err);
+    CHECK(ds4_backend_mark(b, b->main, &err) && strstr(ds4_err_msg(&err), "rewind"), "a mark in a stage: %s",
+          ds4_err_msg(&err));
+    printf("%-34s %s\n", "refused", ds4_err_msg(&err));
+    free(resid);
+    ds4_backend_free(b);
+}
+
+/* The tokens of a run: the prompt, the decode steps' (the CPU's greedy
+ * tokens), one more for the main row of the last step, the second
+ * sequence's prompt beside it (T2 rows). */
+#define T2 8
+typedef struct stage_run {
+    uint32_t *toks, tok2[T2], n, steps, chunk, V;
+} stage_run;
+
+/* The prompt in passes of chunk rows and the decode steps (the CPU's
+ * whole model picks the greedy tokens: pick), every row's logits into out
+ * (n + steps rows). */
+static void chain_prompt_decode(chain *ch, stage_run *r, bool pick, float *out) {
+    const uint32_t which[64] = {0};
+    size_t V = r->V;
+    for (uint32_t off = 0; off < r->n; off += r->chunk) {
+        uint32_t m = r->n - off < r->chunk ? r->n - off : r->chunk;
+        chain_step(ch, which, r->toks + off, m, out + off * V, r->V);
+    }
+    for (uint32_t i = 0; i <= r->steps; i++) {
+        if (pick) r->toks[r->n + i] = argmax(out + (r->n + i - 1) * V, r->V);
+        if (i < r->steps) chain_step(ch, which, r->toks + r->n + i, 1, out + (r->n + i) * V, r->V);
+    }
+}
+
+/* A step of two sequences: the main one's next token and the second one's
+ * prompt (1 + T2 rows of logits into out). */
+static void chain_mixed(chain *ch, const stage_run *r, float *out) {
+    uint32_t which[1 + T2], tok[1 + T2];
+    which[0] = 0;
+    tok[0] = r->toks[r->n + r->steps];
+    for (uint32_t i = 0; i < T2; i++) which[1 + i] = 1, tok[1 + i] = r->tok2[i];
+    chain_step(ch, which, tok, 1 + T2, out, r->V);
+}
+
+/* Fresh stages of ch's split restored from a whole state, as a pipeline
+ * does: the first stage from the whole state, each later one from its
+ * layer slice (the last stage's logits stay on rank 0: none). */
+static void chain_restore(chain *ch, const ds4_kv_state *whole, const ds4_weights *w, uint32_t ctx, uint32_t chunk,
+                          const uint32_t *bounds) {
+    ds4_err err = {0};
+    if (ds4_backend_restore(ch->st[0], whole, &err)) die("restore of the first stage", &err);
+    for (uint32_t k = 1; k < ch->n; k++) {
+        ds4_kv_state *st = ds4_kv_state_new_layers(&w->cfg, ctx, chunk, bounds[k], bounds[k + 1], &err);
+        if (!st) die("state", &err);
+        size_t bytes = ds4_kv_state_slice_bytes(whole, whole->n_tokens, bounds[k], bounds[k + 1]);
+        void *buf = malloc(bytes ? bytes : 1);
+        ds4_kv_state_pack_layers(whole, bounds[k], bounds[k + 1], buf);
+        ds4_kv_state_unpack_layers(st, whole->n_tokens, bounds[k], bounds[k + 1], buf);
+        memcpy(st->tokens, whole->tokens, whole->n_tokens * sizeof(uint32_t));
+        st->n_tokens = whole->n_tokens;
+        if (ds4_backend_restore(ch->st[k], st, &err)) die("restore of a stage", &err);
+        free(buf);
+        ds4_kv_state_free(st);
+    }
+}
+
+static uint64_t dev_bytes(const ds4_backend *b) {
+    ds4_offload_info i;
+    return ds4_cuda_offload_info(b, &i) == 0 ? i.dev_allocated : 0;
+}
+
+static int cmd_stages(int argc, char **argv) {
+    if (argc < 1) return 2;
+    stage_run r = {.n = 120, .steps = 12, .chunk = 32};
+    bool no_sim = false, quick = false;
+    double tol = 1e-3;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) {
+            no_sim = true;
+            continue;
+        }
+        if (!strcmp(argv[i], "--quick")) {
+            quick = true;
+            continue;
+        }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--prompt")) r.n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--steps")) r.steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--chunk")) r.chunk = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else return 2;
+    }
+    if (r.chunk < 1 + T2 || r.chunk > 64 || r.n < 1 || r.steps < 1) return 2;
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(argv[0], &err);
+    if (!w) die(argv[0], &err);
+    const ds4_config *c = &w->cfg;
+    size_t V = r.V = c->n_vocab, rows = r.n + r.steps;
+    uint32_t ctx = r.n + r.steps + 16, chunk = r.chunk;
+    printf("%s: pipeline stages, a %u-token prompt in passes of %u, %u decode steps, simulations %s, tolerance %g\n",
+           argv[0], r.n, chunk, r.steps, no_sim ? "off" : "on", tol);
+    r.toks = malloc((rows + 1) * sizeof(uint32_t));
+    uint64_t s = 0x5EED;
+    for (uint32_t i = 0; i < r.n + T2; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        if (i < r.n) r.toks[i] = (uint32_t)(s >> 33) % V;
+        else r.tok2[i - r.n] = (uint32_t)(s >> 33) % V;
+    }
+    /* the references: the whole CPU model (whose greedy tokens every run
+     * is fed) and the whole CUDA model, with its snapshot after the decode
+     * steps */
+    const uint32_t whole_b[] = {0, c->n_layer};
+    chain cpu, gpu;
+    chain_make(&cpu, "cpu", w, whole_b, 1, ctx, chunk, no_sim);
+    chain_make(&gpu, "cuda", w, whole_b, 1, ctx, chunk, no_sim);
+    float *ref = xmalloc(rows * V * 4), *whole = xmalloc(rows * V * 4), *got = xmalloc(rows * V * 4),
+          *cpul = xmalloc(rows * V * 4);
+    float *mref = xmalloc((1 + T2) * V * 4), *mwhole = xmalloc((1 + T2) * V * 4), *mgot = xmalloc((1 + T2) * V * 4),
+          *mcpu = xmalloc((1 + T2) * V * 4);
+    chain_prompt_decode(&cpu, &r, true, ref);
+    chain_prompt_decode(&gpu, &r, false, whole);
+    ds4_kv_state *wsnap = ds4_backend_state_new(gpu.st[0], &err);
+    if (!wsnap || ds4_backend_snapshot(gpu.st[0], wsnap, &err)) die("snapshot", &err);
+    chain_mixed(&cpu, &r, mref);
+    chain_mixed(&gpu, &r, mwhole);
+    uint64_t whole_dev = dev_bytes(gpu.st[0]);
+    chain_free(&cpu);
+    chain_free(&gpu);
+
+    stage_split sp[8];
+    uint32_t nsp = make_splits(c, quick, sp);
+    for (uint32_t k = 0; k < nsp; k++) {
+        const uint32_t *bd = sp[k].bounds;
+        printf("-- %s:", sp[k].name);
+        for (uint32_t i = 0; i < sp[k].n; i++) printf(" %u..%u", bd[i], bd[i + 1] - 1);
+        printf("\n");
+        chain st, cs;
+        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim);
+        chain_make(&cs, "cpu", w, bd, sp[k].n, ctx, chunk, no_sim);
+        for (uint32_t i = 0; i < st.n; i++) {
+            uint64_t b = dev_bytes(st.st[i]);
+            CHECK(b > 0 && b < whole_dev, "stage %u: %llu bytes on the device, the whole model %llu", i,
+                  (unsigned long long)b, (unsigned long long)whole_dev);
+            printf("%-34s stage %u: %.2f MiB (the whole model %.2f MiB)\n", i ? "" : "device memory", i,
+                   (double)b / (1 << 20), (double)whole_dev / (1 << 20));
+        }
+        chain_prompt_decode(&st, &r, false, got);
+        chain_prompt_decode(&cs, &r, false, cpul);
+        stages_check("prompt, every row", got, whole, cpul, ref, r.n, V, tol);
+        stages_check("decode steps", got + r.n * V, whole + r.n * V, cpul + r.n * V, ref + r.n * V, r.steps, V, tol);
+        ds4_kv_state *g = chain_gather(&st, w, ctx, chunk, bd);
+        state_check("the stages' snapshot, gathered", g, wsnap, tol);
+        ds4_kv_state_free(g);
+        chain_mixed(&st, &r, mgot);
+        chain_mixed(&cs, &r, mcpu);
+        stages_check("two sequences in a step", mgot, mwhole, mcpu, mref, 1 + T2, V, tol);
+        chain_free(&st);
+        chain_free(&cs);
+        /* the whole model's state restored into fresh stages */
+        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim);
+        chain_restore(&st, wsnap, w, ctx, chunk, bd);
+        chain_mixed(&st, &r, mgot);
+        diff d = {0};
+        diff_add(&d, mgot, mwhole, 1 + T2, V);
+        diff_check("the whole state restored, a step", &d, tol);
+        diff_free(&d);
+        chain_free(&st);
+    }
+    stages_refusals(w, ctx);
+    ds4_kv_state_free(wsnap);
+    free(ref);
+    free(whole);
+    free(got);
+    free(cpul);
+    free(mref);
+    free(mwhole);
+    free(mgot);
+    free(mcpu);
+    free(r.toks);
+    ds4_weights_close(w);
+    return 0;
+}
+
 /* The two prompts of cmd_imatrix through a backend collecting into a new
  * collector, written to path; returns the routed pairs observed. */
 static uint64_t imatrix_collect(const char *name, const ds4_weights *w, const uint32_t *toks, uint32_t n,
@@ -1548,6 +1936,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "mtp")) rc = cmd_mtp(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "stages")) rc = cmd_stages(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr,
                 "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
@@ -1559,7 +1948,8 @@ int main(int argc, char **argv) {
                 "                       [--quick]\n"
                 "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
                 "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
-                "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n");
+                "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
+                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

@@ -165,13 +165,14 @@ static bool layer_defers(const cuda_backend *b, uint32_t il) {
 }
 
 /* A sequence's state: every layer's ring, compressed rows, frontiers and
- * indexer rows, sized for s->ctx tokens, and its dstep.  defer: the
- * deferred layers' windows too (dlstate.win: the main sequence's, whose
- * decode graphs keep them). */
+ * indexer rows (a pipeline stage's layers only: the others' stay empty),
+ * sized for s->ctx tokens, and its dstep.  defer: the deferred layers'
+ * windows too (dlstate.win: the main sequence's, whose decode graphs keep
+ * them). */
 static void layout_state(const cuda_backend *b, cu_seq *s, bool defer, bump *m) {
     const ds4_config *c = b->cfg;
     uint32_t cap4 = cu_comp_cap(s->ctx, 4);
-    for (uint32_t il = 0; il < c->n_layer; il++) {
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++) {
         dlstate *L = &s->L[il];
         L->ratio = ds4_layer_ratio(c, il);
         TAKE(m, L->raw, (size_t)b->raw_cap * c->head_dim);
@@ -195,7 +196,7 @@ static void layout_state(const cuda_backend *b, cu_seq *s, bool defer, bump *m) 
 static int reset_state(cuda_backend *b, cu_seq *s, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (cu_use(b, s, err)) return -1;
-    for (uint32_t il = 0; il < c->n_layer; il++) {
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++) {
         const dlstate *L = &s->L[il];
         if (L->ratio == 0) continue;
         size_t fr = frontier_floats(c, L->ratio, false);
@@ -259,6 +260,16 @@ static int not_mtp(const cuda_backend *b, const ds4_seq *seq, const char *what, 
     return 0;
 }
 
+/* A pipeline stage advances by stage steps alone: its passes start from
+ * the residuals of the stage before it, or end with residuals for the
+ * next. */
+static int not_stage(const cuda_backend *b, const char *what, ds4_err *err) {
+    if (cu_stage(b))
+        return ds4_err_set(err, DS4_EINVAL, "%s: a pipeline stage (layers %u..%u) advances by stage steps", what,
+                           b->layer_first, b->layer_end - 1);
+    return 0;
+}
+
 static int check_room(const cu_seq *s, uint32_t n, ds4_err *err) {
     if ((uint64_t)s->n_tokens + n > s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "%u tokens after %u do not fit the context of %u", n, s->n_tokens, s->ctx);
@@ -271,7 +282,8 @@ static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens,
     const ds4_config *c = b->cfg;
     cu_seq *s = (cu_seq *)seq;
     if (n == 0) return 0;
-    if (not_mtp(b, seq, "prefill", err) || check_room(s, n, err) || cu_use(b, s, err)) return -1;
+    if (not_stage(b, "prefill", err) || not_mtp(b, seq, "prefill", err) || check_room(s, n, err) || cu_use(b, s, err))
+        return -1;
     for (uint32_t i = 0; i < n; i++)
         if (tokens[i] >= c->n_vocab)
             return ds4_err_set(err, DS4_EINVAL, "token %u at index %u is outside the vocabulary (%u)", tokens[i], i,
@@ -392,7 +404,7 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
 static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *s = (cu_seq *)seq;
-    if (not_mtp(b, seq, "decode", err)) return -1;
+    if (not_stage(b, "decode", err) || not_mtp(b, seq, "decode", err)) return -1;
     if (s != &b->main_seq) {
         ds4_row r = ds4_row_of(seq, token, 0);
         return cu_seq_step(base, &r, 1, NULL, err);
@@ -416,7 +428,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     cu_seq *s = (cu_seq *)seq;
-    if (not_mtp(b, seq, "greedy generation", err)) return -1;
+    if (not_stage(b, "greedy generation", err) || not_mtp(b, seq, "greedy generation", err)) return -1;
     if (!s->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
     if (check_room(s, n, err)) return -1;
     if (s != &b->main_seq) {
@@ -451,6 +463,59 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
     return 0;
 }
 
+static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    if (n && not_stage((cuda_backend *)base, "a step", err)) return -1;
+    return cu_seq_step(base, rows, n, out, err);
+}
+
+/* A pipeline stage's decode step of the main sequence: its decode graph,
+ * as cuda_decode, between the entering residuals put into S (a stage
+ * after the first) and the leaving ones read from it (before the head). */
+static int stage_decode(cuda_backend *b, const ds4_row *r, const float *in, float *resid, const ds4_step_out *out,
+                        ds4_err *err) {
+    cu_seq *s = &b->main_seq;
+    size_t hcd = (size_t)b->cfg->n_hc * b->cfg->n_embd;
+    if (check_room(s, 1, err) || cu_use(b, s, err)) return -1;
+    if (r->token >= b->cfg->n_vocab)
+        return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", r->token, b->cfg->n_vocab);
+    s->jr.valid = false;
+    if (in) CU_TRY(cudaMemcpyAsync(b->S, in, hcd * sizeof(float), cudaMemcpyHostToDevice, b->st));
+    if (cu_set_step(b, STEP_TOKEN, 0, r->token, err) || run_step(b, s->n_tokens, err)) return -1;
+    s->tokens[s->n_tokens++] = r->token;
+    if (!cu_head(b)) {
+        CU_TRY(cudaMemcpyAsync(resid, b->S, hcd * sizeof(float), cudaMemcpyDeviceToHost, b->st));
+        CU_TRY(cudaStreamSynchronize(b->st));
+        return 0;
+    }
+    s->has_logits = true;
+    s->logits_fresh = false;
+    b->lg_owner = s;
+    if (!(r->want & DS4_ROW_LOGITS) || !out || !out->logits) return 0;
+    const float *l = cu_seq_logits(b, s);
+    if (!l) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
+    memcpy(out->logits, l, b->cfg->n_vocab * sizeof(float));
+    return 0;
+}
+
+/* A step of a pipeline stage (backend.h): the main sequence's one plain
+ * row through the stage's decode graphs (captured as the whole model's
+ * are: the steps of a single stream keep their speed), any other step one
+ * eager pass (cu_seq_stage_pass).  A whole model's is an ordinary step. */
+static int cuda_stage_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                           const ds4_step_out *out, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    if (!cu_stage(b)) return cu_seq_step(base, rows, n, out, err);
+    if (n == 0) return 0;
+    if (b->layer_first > 0 && !in)
+        return ds4_err_set(err, DS4_EINVAL, "a pipeline stage from layer %u needs its rows' residuals", b->layer_first);
+    if (!cu_head(b) && !resid)
+        return ds4_err_set(err, DS4_EINVAL, "a pipeline stage to layer %u needs room for its rows' residuals",
+                           b->layer_end - 1);
+    if (n == 1 && rows[0].seq == &b->main_seq.base && !(rows[0].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN)))
+        return stage_decode(b, &rows[0], in, resid, out, err);
+    return cu_seq_stage_pass(base, rows, n, in, resid, out, err);
+}
+
 static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
     if (cu_mtp_seq(b, seq)) return cu_mtp_logits(b);
@@ -468,10 +533,14 @@ static int check_state(const cuda_backend *b, const cu_seq *q, const ds4_kv_stat
         return ds4_err_set(err, DS4_EINVAL, "KV state: %u tokens do not fit contexts of %u / %u", n, s->ctx, q->ctx);
     if (s->raw_cap != b->raw_cap)
         return ds4_err_set(err, DS4_EINVAL, "KV state: raw rings of %u and %u rows", s->raw_cap, b->raw_cap);
+    if (s->layer_first > b->layer_first || s->layer_end < b->layer_end)
+        return ds4_err_set(err, DS4_EINVAL, "KV state of layers %u..%u for a backend of layers %u..%u", s->layer_first,
+                           s->layer_end - 1, b->layer_first, b->layer_end - 1);
     return 0;
 }
 
-/* Copy every live array between the device state and `s`. */
+/* Copy every live array of the backend's layers between the device state
+ * and `s`. */
 static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host, ds4_err *err) {
     const ds4_config *c = b->cfg;
 /* clang-format off */
@@ -479,7 +548,7 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
     CU_TRY(to_host ? cudaMemcpy((host), (dev), (size_t)(count) * sizeof(float), cudaMemcpyDeviceToHost)   \
                    : cu_upload((dev), (host), (size_t)(count) * sizeof(float)))
     /* clang-format on */
-    for (uint32_t il = 0; il < c->n_layer; il++) {
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++) {
         const dlstate *D = &b->sq->L[il];
         ds4_layer_state *H = &s->layers[il];
         COPY(D->raw, H->raw, (size_t)b->raw_cap * c->head_dim);
@@ -523,9 +592,9 @@ static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
     b->sq->n_tokens = n;
     b->sq->jr.valid = false;
     b->sq->fold = n;
-    b->sq->has_logits = in->has_logits;
+    b->sq->has_logits = in->has_logits && cu_head(b); /* a stage before the head has none */
     if (cu_set_step(b, STEP_POS | STEP_TOKEN | STEP_FOLD, n, 0, err)) return -1;
-    if (in->has_logits) {
+    if (b->sq->has_logits) {
         CU_TRY(cu_upload(b->d_logits, in->logits, b->cfg->n_vocab * sizeof(float)));
         memcpy(b->sq->logits_h, in->logits, b->cfg->n_vocab * sizeof(float));
         b->d_last_logits = b->d_logits;
@@ -709,7 +778,8 @@ static ds4_backend_ops make_ops() {
     o.mtp_step = cu_mtp_step;
     o.seq_free = cuda_seq_free;
     o.seq_len = cuda_seq_len;
-    o.step = cu_seq_step;
+    o.step = cuda_step;
+    o.stage_step = cuda_stage_step;
     o.mark = cuda_mark;
     o.rewind = cuda_rewind;
     o.prefill = cuda_prefill;
@@ -750,8 +820,16 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     return 0;
 }
 
-/* The GPU budget: the caller's, or the device's free memory less a
- * reserve for the runtime (graphs, the rewind journal). */
+/* The device's free memory less a reserve for the runtime (graphs, the
+ * rewind journal). */
+extern "C" int ds4_cuda_mem_available(uint64_t *bytes, ds4_err *err) {
+    size_t free_b = 0, total_b = 0;
+    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    *bytes = free_b > DEV_RESERVE ? free_b - DEV_RESERVE : 0;
+    return 0;
+}
+
+/* The GPU budget: the caller's, or what the device has free. */
 static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
     if (b->base.opts.gpu_mem) {
         *budget = b->base.opts.gpu_mem;
@@ -761,10 +839,11 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
 }
 
 /* Weights, state and buffers in GPU memory: every tensor but the routed
- * experts, then as many of those as the budget holds (cuda_offload.h). */
+ * experts, then as many of those as the budget holds (cuda_offload.h); a
+ * pipeline stage's tensors all on the GPU. */
 static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    if (cu_weights_shape(&b->W, w, NULL, err)) return -1;
+    if (cu_weights_shape(&b->W, w, NULL, b->layer_first, b->layer_end, err)) return -1;
     size_t state = (seq_bytes(b, b->ctx, true) + 255) / 256 * 256; /* the main sequence's */
     bump m = {NULL, 0};
     layout_buffers(b, &m);
@@ -772,6 +851,13 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     uint64_t budget;
     if (gpu_budget(b, &budget, err)) return -1;
     b->dev_fixed = all - routed + state + bufs + cu_offload_dev_bytes(b);
+    if ((uint64_t)all + state + bufs > budget && cu_stage(b))
+        return ds4_err_set(err, DS4_ENOMEM,
+                           "the pipeline stage of layers %u..%u needs %.2f GiB on the GPU, the budget is %.2f GiB: a "
+                           "CUDA stage keeps no routed experts in host RAM (no offload): give it fewer layers "
+                           "(--layers) or more GPU memory (--gpu-mem)",
+                           b->layer_first, b->layer_end - 1, (double)(all + state + bufs) / (1u << 30),
+                           (double)budget / (1u << 30));
     /* Room for the sequences to come (opts.extra_seqs) where the budget
      * has it with every routed expert in host RAM; where not, none: the
      * caller refuses those sequences (cuda_seq_memory reports the room). */
@@ -780,7 +866,7 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     state += more;
     b->dev_fixed += more;
     if ((uint64_t)all + state + bufs > budget && cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err)) return -1;
-    if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, err)) return -1;
+    if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, 0, c->n_layer, err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
     } else if (cu_weights_load(&b->W, w, b->off ? b->off->slot : NULL, b->st, err)) {
@@ -863,9 +949,31 @@ static int dev_settings(cuda_backend *b, ds4_err *err) {
 }
 #endif
 
+/* A pipeline stage's layers (ds4_backend_opts.layer_first/layer_end), and
+ * what a stage does not run: the MTP block, which needs the final
+ * residuals, and what reads or adds to every layer (steering, the
+ * activation observer, the imatrix and the expert counts). */
+static int check_stage(const ds4_config *c, const ds4_backend_opts *o, ds4_err *err) {
+    uint32_t first = o->layer_first, end = o->layer_end ? o->layer_end : c->n_layer;
+    if (first >= end || end > c->n_layer)
+        return ds4_err_set(err, DS4_EINVAL, "layers %u..%u are not a range of the model's %u", first, end - 1,
+                           c->n_layer);
+    if (first == 0 && end == c->n_layer) return 0;
+    const char *no = o->mtp                             ? "the MTP block (speculative decoding needs one process)"
+                     : o->imatrix                       ? "an importance-matrix collection"
+                     : o->steer || o->act_observer      ? "directional steering or an activation observer"
+                     : o->count_experts                 ? "expert selection counts (an expert profile)"
+                     : o->host_experts != DS4_HOST_AUTO ? "routed experts in host RAM"
+                                                        : NULL;
+    if (no)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "a CUDA pipeline stage (layers %u..%u) does not run %s", first,
+                           end - 1, no);
+    return 0;
+}
+
 extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     const ds4_config *c = &w->cfg;
-    if (check_config(c, err)) return NULL;
+    if (check_config(c, err) || (opts && check_stage(c, opts, err))) return NULL;
     cuda_backend *b = (cuda_backend *)calloc(1, sizeof(*b));
     if (!b) {
         ds4_err_set(err, DS4_ENOMEM, "out of memory");
@@ -885,6 +993,8 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->sim = !b->base.opts.no_sim;
     b->chunk = b->base.opts.prefill_chunk;
     b->ctx = b->base.opts.ctx_size;
+    b->layer_first = b->base.opts.layer_first;
+    b->layer_end = b->base.opts.layer_end ? b->base.opts.layer_end : c->n_layer;
     b->raw_cap = c->sliding_window < b->ctx ? c->sliding_window : b->ctx;
     b->comp_cap4 = cu_comp_cap(b->ctx, 4);
     b->comp_cap128 = cu_comp_cap(b->ctx, 128);

@@ -328,7 +328,19 @@ static __global__ void step_end_kernel(dstep *st, const float *pv, const uint32_
     st->pos += T;
 }
 
+/* A pipeline stage before the head: the position advanced by T. */
+static __global__ void step_pos_kernel(dstep *st, uint32_t T) {
+    dev_pdl_enter();
+    if (threadIdx.x == 0) st->pos += T;
+}
+
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err) {
+    if (!cu_head(b)) { /* no logits: no next token either */
+        if (T == 0) return 0;
+        DS4_LAUNCH(step_pos_kernel, 1, 32, 0, b->st, b->sq->d_step, T);
+        CU_LAUNCHED();
+        return 0;
+    }
     DS4_LAUNCH(argmax_part_kernel, ARGMAX_BLOCKS, 256, 0, b->st, (const float *)b->d_last_logits, b->cfg->n_vocab,
                b->argmax_part, b->argmax_idx);
     CU_LAUNCHED();

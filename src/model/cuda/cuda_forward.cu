@@ -398,6 +398,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     if (cpu && cu_offload_join(b, err)) return -1;
     hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
     if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
+    if (il + 1 == b->layer_end && !cu_head(b))
+        return cu_hc_step(b, &src, NULL, T, err); /* the next is another stage's */
     hc_site next = il + 1 < c->n_layer    ? attn_site(b, il + 1, decode)
                    : il + 1 == c->n_layer ? head_site(b)
                                           : mtp_head_site(b); /* the MTP block's layer, n_layer */
@@ -461,12 +463,16 @@ int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *part
     if (decode && (T != 1 || n_parts != 1))
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a decode pass of %u tokens (it takes one)", T);
     b->sq = parts[0].s;
-    hc_site first = attn_site(b, 0, decode);
-    if (cu_embed_tokens(b, d_tok, T, err) || cu_hc_step(b, NULL, &first, T, err)) return -1;
-    for (uint32_t il = 0; il < c->n_layer; il++)
+    /* the first stage embeds the tokens; a later one (a pipeline stage)
+     * starts from the residuals its step put in S */
+    hc_site first = attn_site(b, b->layer_first, decode);
+    if ((b->layer_first == 0 && cu_embed_tokens(b, d_tok, T, err)) || cu_hc_step(b, NULL, &first, T, err)) return -1;
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++)
         if (cu_attention_layer(b, il, parts, n_parts, T, decode, err) || cu_ffn_layer(b, il, d_tok, T, decode, err))
             return -1;
     if (b->mtp && keep_hidden_parts(b, parts, n_parts, err)) return -1;
+    if (!cu_head(b)) /* a stage before the head: its residuals stay in S for the step to read */
+        return n_parts == 1 ? cu_step_end(b, T, decode, err) : 0;
     if (n_parts > 1 && b->capturing) { /* a captured batched step: every row's logits, its positions advanced */
         if (cu_gemm(&b->W.output, 0, 0, c->n_vocab, &b->hz, 0, T, b->d_logits, c->n_vocab, NULL, b->split, b->st, err))
             return -1;

@@ -652,9 +652,20 @@ template <int NMIX, int VALS> static int hc_launch_rows(cuda_backend *b, uint32_
     return 0;
 }
 
+/* The HC post of `post` alone, by the prefill's post launch (a thread a
+ * column of a token: T rows of any length). */
+static int hc_post_only(cuda_backend *b, const hc_args &a, uint32_t T, ds4_err *err) {
+    if (b->cfg->n_hc != 4)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "CUDA backend: HC of %u streams (needs 4)", b->cfg->n_hc);
+    if (!a.y && !a.eout) return 0;
+    DS4_LAUNCH(hc_prefill_post_kernel, dim3((a.D + HCPOST_THREADS - 1) / HCPOST_THREADS, T), HCPOST_THREADS, 0, b->st,
+               a);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    const dwt *fn = site->fn;
     hc_args a;
     memset(&a, 0, sizeof(a));
     a.S = b->S;
@@ -668,6 +679,9 @@ int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, ui
     }
     a.post = b->post;
     a.comb = b->comb;
+    a.D = c->n_embd;
+    if (!site) return hc_post_only(b, a, T, err);
+    const dwt *fn = site->fn;
     a.fn = fn->p;
     a.fn_type = fn->type;
     a.nmix = fn->rows;

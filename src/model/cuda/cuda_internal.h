@@ -101,9 +101,13 @@ size_t cu_row_bytes(uint32_t type, uint32_t n);
 /* One GGUF row (n values of `type`) into the device layout, row_bytes long. */
 void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, size_t row_bytes);
 
-/* The device shapes of every tensor of `w` (nothing allocated): a routed
- * tensor of layer l holds n_gpu[l] matrices (NULL: all of them). */
-int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, ds4_err *err);
+/* The device shapes of the tensors of `w` a backend of layers [first, end)
+ * runs (nothing allocated): those layers' tensors, the embedding when
+ * first is 0, the output head when end is the last layer; the others stay
+ * absent.  A routed tensor of layer l holds n_gpu[l] matrices (NULL: all
+ * of them). */
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, uint32_t first, uint32_t end,
+                     ds4_err *err);
 /* Whether a device tensor is part of the model (its shape is known before
  * its memory is: an all-host routed tensor has none). */
 static inline bool dwt_present(const dwt *W) { return W->row_bytes != 0; }
@@ -380,6 +384,12 @@ typedef struct cuda_backend {
     const ds4_config *cfg;
     bool sim;
     uint32_t chunk, ctx, raw_cap, comp_cap4, comp_cap128;
+    /* The layers it runs, [layer_first, layer_end): all of them, or a
+     * pipeline stage's (docs/DISTRIBUTED.md), which holds only their
+     * weights and state, starts from the residuals the stage before it
+     * hands over (in S) unless it has the embedding (layer_first 0), and
+     * ends with the residuals (S) unless it has the output head. */
+    uint32_t layer_first, layer_end;
     ds4_rope rope_dense, rope_comp;
     cudaStream_t st;
     /* decode: work that does not feed the next launch runs on `side`,
@@ -464,6 +474,11 @@ typedef struct cuda_backend {
     uint32_t bg_n;
     float bg_steer[2]; /* the steering scales it was captured with */
 } cuda_backend;
+
+/* Whether the backend is a pipeline stage, and whether it has the output
+ * head (its passes end with logits, not residuals). */
+static inline bool cu_stage(const cuda_backend *b) { return b->layer_first > 0 || b->layer_end < b->cfg->n_layer; }
+static inline bool cu_head(const cuda_backend *b) { return b->layer_end == b->cfg->n_layer; }
 
 /* Make s the sequence the next passes act on (cuda_backend.sq), first
  * copying the logits another sequence left on the device to its host
@@ -552,6 +567,11 @@ const float *cu_mtp_logits(cuda_backend *b);
  * hook that journals layer il's projections (nothing unless a rewindable
  * step is being made). */
 int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
+/* A pipeline stage's step as one eager pass over its rows (in: the
+ * entering residuals, a stage after the first; resid: the leaving ones, a
+ * stage before the head). */
+int cu_seq_stage_pass(ds4_backend *base, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                      const ds4_step_out *out, ds4_err *err);
 int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err);
 int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err);
 int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
@@ -604,7 +624,9 @@ typedef struct hc_site {
 uint32_t cu_hc_cols(void);
 /* One launch: the HC post of `post` (NULL: none) into the residual state,
  * then the site's mixer, pre / post / comb and its sublayer's normalised,
- * quantized input. */
+ * quantized input.  No site: the HC post alone (the last layer of a
+ * pipeline stage, whose next sublayer is the next stage's), with the
+ * arithmetic of the fused launch, so the residuals have its bits. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
 
 /* cuda_steer.cu: the sublayer output of layer il at a steering point with
@@ -777,6 +799,10 @@ enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
  * shared expert's SwiGLU of a decode step), or NULL. */
 int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc_site *sink, cudaStream_t st,
               ds4_err *err);
+/* A pass's end on the device: the next greedy token (the argmax of
+ * d_last_logits; record: the pass's token also into d_argmax) and the
+ * position advanced by T; a pipeline stage before the head only advances
+ * the position. */
 int cu_step_end(cuda_backend *b, uint32_t T, bool record, ds4_err *err);
 
 /* cuda_imatrix.cu: layer il's routed-expert inputs of a prefill pass of T

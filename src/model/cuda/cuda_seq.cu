@@ -211,6 +211,7 @@ int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
     cu_seq *q = (cu_seq *)s;
     cu_journal *j = &q->jr;
     if (!s || s->owner != base) return ds4_err_set(err, DS4_EINVAL, "mark: the sequence is not this backend's");
+    if (cu_stage(b)) return ds4_err_set(err, DS4_EUNSUPPORTED, "a pipeline stage does not journal rows for a rewind");
     if (cu_use(b, q, err) || (!j->raw && journal_alloc(b, err))) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
     j->valid = false;
@@ -297,10 +298,11 @@ static int parts_prepare(cuda_backend *b, const ds4_row *rows, const cu_part *pa
 /* After the pass: each part's sequence advanced (tokens, position, fold,
  * journal), with its logits - those of its last row (host, in the rows
  * `need` marks; NULL: on the device, d_last_logits), every row's into the
- * journal for rewindable rows.  The main sequence's next greedy token is
- * set from them when the pass had several parts (a one-part pass sets it
- * itself: cu_step_end).  advanced: the pass (a captured one) advanced the
- * positions on the device. */
+ * journal for rewindable rows; none in a pipeline stage before the head.
+ * The main sequence's next greedy token is set from them when the pass
+ * had several parts (a one-part pass sets it itself: cu_step_end).
+ * advanced: the pass (a captured one) advanced the positions on the
+ * device. */
 static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np, const bool *need,
                         const float *host, bool advanced, ds4_err *err) {
     const ds4_config *c = b->cfg;
@@ -317,7 +319,11 @@ static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *par
                    (size_t)p->n * V * sizeof(float));
         s->n_tokens = s->fold = p->pos0 + p->n; /* the pass left every position in the frontiers */
         if (rewindable) s->jr.T = s->n_tokens - s->jr.n0;
-        s->has_logits = true;
+        s->has_logits = cu_head(b);
+        if (!s->has_logits) {
+            if (cu_set_step(b, np == 1 ? STEP_FOLD : STEP_POS | STEP_FOLD, s->n_tokens, 0, err)) return -1;
+            continue;
+        }
         if (!need) {
             s->logits_fresh = false;
             b->lg_owner = s;
@@ -353,8 +359,10 @@ void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s) {
  * plain row of each of several sequences, whose logits fit d_logits. */
 static bool graph_step(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np) {
     /* host experts (cuda_offload.h) and the activation observer run host
-     * code within a pass: eager passes only */
-    if (np < 2 || np > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer) return false;
+     * code within a pass, a pipeline stage's residuals come and go around
+     * it: eager passes only */
+    if (np < 2 || np > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer || cu_stage(b))
+        return false;
     for (uint32_t k = 0; k < np; k++)
         if (parts[k].n != 1 || (rows[k].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN))) return false;
     return true;
@@ -409,10 +417,15 @@ static int graph_run(cuda_backend *b, const cu_part *parts, uint32_t np, float *
     return 0;
 }
 
-/* One pass over the rows (or the batched decode graph, graph_step). */
-static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+/* One pass over the rows (or the batched decode graph, graph_step).  A
+ * pipeline stage's: its rows' entering residuals `in` into S first (a
+ * stage after the first), its rows' residuals out of S into `resid` after
+ * (a stage before the head, which makes no logits). */
+static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, const float *in,
+                    float *resid, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    size_t V = c->n_vocab;
+    size_t V = c->n_vocab, hcd = (size_t)c->n_hc * c->n_embd;
+    bool head = cu_head(b);
     if (n == 0) return 0;
     cu_part *parts = (cu_part *)malloc(n * sizeof(cu_part));
     bool *need = (bool *)calloc(n, sizeof(bool));
@@ -429,14 +442,15 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
     {
         /* the logits made: the rows that ask, every row of a rewindable
          * part, each part's last row; none (the last row's, left on the
-         * device) for one plain part that asks for none */
-        bool any = np > 1;
+         * device) for one plain part that asks for none; none at all in a
+         * stage before the head */
+        bool any = np > 1 && head;
         uint32_t nh = 0;
         for (uint32_t k = 0; k < np; k++) {
             const cu_part *p = &parts[k];
             bool rw = rows[p->r0].want & DS4_ROW_REWIND;
             any = any || rw;
-            for (uint32_t i = p->r0; i < p->r0 + p->n; i++) {
+            for (uint32_t i = p->r0; i < p->r0 + p->n && head; i++) {
                 need[i] = rw || i + 1 == p->r0 + p->n || ((rows[i].want & DS4_ROW_LOGITS) && out && out->logits);
                 any = any || ((rows[i].want & DS4_ROW_LOGITS) && out && out->logits);
                 nh += need[i];
@@ -449,8 +463,9 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
     }
     if (parts_prepare(b, rows, parts, np, err)) goto out;
     for (uint32_t i = 0; i < n; i++) ids[i] = rows[i].token;
-    if (cudaMemcpyAsync(b->d_tokens, ids, n * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st) != cudaSuccess) {
-        ds4_err_set(err, DS4_EIO, "CUDA: copying the step's tokens failed");
+    if (cudaMemcpyAsync(b->d_tokens, ids, n * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st) != cudaSuccess ||
+        (in && cudaMemcpyAsync(b->S, in, n * hcd * sizeof(float), cudaMemcpyHostToDevice, b->st) != cudaSuccess)) {
+        ds4_err_set(err, DS4_EIO, "CUDA: copying the step's tokens%s failed", in ? " and residuals" : "");
         goto out;
     }
     graph = graph_step(b, rows, parts, np);
@@ -463,10 +478,13 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
         goto out;
     }
     rc = -1;
+    if (!head && cudaMemcpyAsync(resid, b->S, n * hcd * sizeof(float), cudaMemcpyDeviceToHost, b->st) != cudaSuccess) {
+        ds4_err_set(err, DS4_EIO, "CUDA: reading the step's residuals failed");
+        goto out;
+    }
     {
-        size_t hcd = (size_t)c->n_hc * c->n_embd;
         uint32_t nh = 0;
-        for (uint32_t i = 0; i < n; i++)
+        for (uint32_t i = 0; i < n && head; i++)
             if ((rows[i].want & DS4_ROW_HIDDEN) && out && out->hidden &&
                 cudaMemcpyAsync(out->hidden + hcd * nh++, b->S + hcd * i, hcd * sizeof(float), cudaMemcpyDeviceToHost,
                                 b->st) != cudaSuccess) {
@@ -527,6 +545,11 @@ static uint32_t step_groups(const cuda_backend *b, const ds4_row *rows, const cu
     return ng;
 }
 
+int cu_seq_stage_pass(ds4_backend *base, const ds4_row *rows, uint32_t n, const float *in, float *resid,
+                      const ds4_step_out *out, ds4_err *err) {
+    return run_pass((cuda_backend *)base, rows, n, out, in, resid, err);
+}
+
 int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (n == 0) return 0;
@@ -546,7 +569,7 @@ int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
     }
     if (step_parts(b, rows, n, parts, &np, err)) goto done;
     if ((ng = step_groups(b, rows, parts, np, group, key, kind)) == 1) {
-        rc = run_pass(b, rows, n, out, err);
+        rc = run_pass(b, rows, n, out, NULL, NULL, err);
         goto done;
     }
     /* each group's rows in order, its outputs into scratch after the
@@ -572,7 +595,7 @@ int cu_seq_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
             l0[g] = nl;
             h0[g] = nh;
             ds4_step_out o = {lg ? lg + (size_t)nl * V : NULL, hd ? hd + (size_t)nh * H : NULL};
-            if (run_pass(b, sub, m, &o, err)) {
+            if (run_pass(b, sub, m, &o, NULL, NULL, err)) {
                 free(l0);
                 goto done;
             }

@@ -158,7 +158,18 @@ static int shape(const tref *r, size_t count, const uint32_t *n_gpu, ds4_err *er
     return 0;
 }
 
-int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, ds4_err *err) {
+/* Whether device tensor i belongs to a backend of layers [first, end) of
+ * n_layer: a layer's tensors to its stage, the embedding to the first,
+ * the output head to the last. */
+static bool in_stage(size_t i, uint32_t n_layer, uint32_t first, uint32_t end) {
+    if (i < DS4_N_GLOBAL_TENSORS)
+        return dev_global_offsets[i] == offsetof(dweights, token_embd) ? first == 0 : end == n_layer;
+    size_t il = (i - DS4_N_GLOBAL_TENSORS) / DS4_N_LAYER_TENSORS;
+    return il >= first && il < end;
+}
+
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, uint32_t first, uint32_t end,
+                     ds4_err *err) {
     free(dw->layers);
     /* the model's layers, and one more for the MTP block's (cu_mtp_weights_load) */
     dw->layers = (dlayer *)calloc(w->cfg.n_layer + 1, sizeof(dlayer));
@@ -167,6 +178,8 @@ int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, 
     tref *r = model_refs(dw, w, &n);
     if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = shape(r, n, n_gpu, err);
+    for (size_t i = 0; rc == 0 && i < n; i++) /* another stage's: absent here (nothing planned or read) */
+        if (!in_stage(i, w->cfg.n_layer, first, end)) memset(r[i].d, 0, sizeof(*r[i].d));
     free(r);
     return rc;
 }

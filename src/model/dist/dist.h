@@ -11,7 +11,8 @@
  * sequences go through it, so the engine, sessions and programs work
  * unchanged.  Each rank maps the GGUF but touches only its stage's tensors
  * and keeps only its layers' KV state (a backend made with
- * ds4_backend_opts.layer_first/layer_end: the CPU backend).
+ * ds4_backend_opts.layer_first/layer_end, on the CPU or CUDA backend each
+ * rank names: ranks of both kinds mix).
  *
  * What travels (MPI point to point on a communicator of its own):
  *   rank 0 -> every rank   commands: make / free the backend, new / free
@@ -76,7 +77,8 @@ int ds4_dist_size(const ds4_dist *d);
 
 /* Every rank, with its own model file opened: compare the files with rank
  * 0's and agree on the stages (each rank's --layers, or an automatic split
- * in proportion to each rank's available memory).  Collective; on failure
+ * in proportion to each rank's available memory: its GPU's for a rank on
+ * the CUDA backend, as ds4_dist_start named it).  Collective; on failure
  * every rank gets the same message.  Rank 0 prints the stages on stderr
  * prefixed with prog. */
 int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4_dist_opts *o, ds4_err *err);
@@ -85,7 +87,7 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
 void ds4_dist_layers(const ds4_dist *d, uint32_t *first, uint32_t *end);
 
 /* Rank 0: the pipeline as a backend over w, its own stage computed by the
- * named local backend ("cpu").  The other ranks make theirs with the same
+ * named local backend ("cpu", "cuda").  The other ranks make theirs with the same
  * opts (context, chunk, simulations; threads their own).  Free it before
  * ds4_dist_end. */
 ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w, const ds4_backend_opts *opts,

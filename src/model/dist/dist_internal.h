@@ -87,7 +87,8 @@ typedef struct dist_peer {
     uint32_t n_layer, n_embd, n_hc, n_vocab, n_expert, expert_type;
     int32_t want_first, want_end; /* its --layers, [first, end); -1: none */
     char layers_err[128];         /* its --layers did not parse */
-    uint64_t mem_bytes;           /* memory available to it */
+    uint64_t mem_bytes;           /* memory available to it: its GPU's for a CUDA rank */
+    char backend[16];             /* the backend its stage runs on */
 } dist_peer;
 
 /* Open MPI's entry points and predefined handles, loaded at run time
@@ -140,7 +141,8 @@ struct ds4_dist {
     atomic_bool failed;
     pthread_mutex_t mu; /* why */
     char why[1024];
-    const char *prog; /* names the program in a worker's last words */
+    const char *prog;  /* names the program in a worker's last words */
+    const char *local; /* this rank's backend (ds4_dist_start's; NULL: the CPU) */
 };
 
 /* *p holds at least `need` bytes (grown as needed; *cap its size). */

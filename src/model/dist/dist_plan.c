@@ -12,6 +12,7 @@
 
 #include "base/meminfo.h"
 #include "base/numparse.h"
+#include "model/backends.h"
 #include "model/dist/dist_internal.h"
 
 /* A message into msg (cut at n bytes, as every message here may be). */
@@ -46,10 +47,13 @@ static uint64_t table_hash(const ds4_weights *w) {
     return h;
 }
 
-/* Memory this rank may fill: MemAvailable, in whole GiB so that ranks of
- * one machine that read it a moment apart agree. */
-static uint64_t mem_available(void) {
-    uint64_t gib = ds4_mem_available() >> 30;
+/* Memory this rank may fill: its GPU's for a backend on one (the CUDA
+ * backend's budget), else MemAvailable; in whole GiB so that ranks of one
+ * machine that read it a moment apart agree. */
+static uint64_t mem_available(const char *backend) {
+    uint64_t bytes = ds4_backend_mem_available(backend);
+    if (!bytes) bytes = ds4_mem_available();
+    uint64_t gib = bytes >> 30;
     return (gib ? gib : 1) << 30;
 }
 
@@ -238,7 +242,7 @@ static void decide(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, di
     dec->ok = 1;
 }
 
-static void describe_self(const ds4_weights *w, const ds4_dist_opts *o, dist_peer *me) {
+static void describe_self(const ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, dist_peer *me) {
     memset(me, 0, sizeof(*me));
     me->pid = (int32_t)getpid();
     gethostname(me->host, sizeof(me->host) - 1);
@@ -253,7 +257,8 @@ static void describe_self(const ds4_weights *w, const ds4_dist_opts *o, dist_pee
     me->want_first = me->want_end = -1;
     if (o && o->layers)
         parse_layers(o->layers, c->n_layer, &me->want_first, &me->want_end, me->layers_err, sizeof(me->layers_err));
-    me->mem_bytes = mem_available();
+    me->mem_bytes = mem_available(d->local);
+    snprintf(me->backend, sizeof(me->backend), "%s", d->local ? d->local : "cpu");
 }
 
 int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4_dist_opts *o, ds4_err *err) {
@@ -269,7 +274,7 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     }
     dist_peer me;
-    describe_self(w, o, &me);
+    describe_self(d, w, o, &me);
     /* the start is collective and blocking: every rank is there, or mpirun
      * ends the job when one does not start */
     d->mpi.Allgather(&me, sizeof(me), d->mpi.byte, d->peers, sizeof(me), d->mpi.byte, d->comm);
@@ -292,9 +297,10 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
             uint64_t b = 0;
             for (uint32_t il = d->first[r]; il < d->end[r]; il++) b += bytes[il];
             bool gib = b >= (1u << 30);
-            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s (%.2f %s of weights), %s\n", prog, r, d->first[r],
-                    d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
-                    (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB",
+            d->peers[r].backend[sizeof(d->peers[r].backend) - 1] = 0;
+            fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s on %s (%.2f %s of weights), %s\n", prog, r,
+                    d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
+                    d->peers[r].backend, (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB",
                     dist_peer_name(d, r, name, sizeof(name)));
         }
         fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,

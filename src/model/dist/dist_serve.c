@@ -287,6 +287,7 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
         fprintf(stderr, "%s: %s\n", prog, ds4_err_msg(&err));
         return 1;
     }
+    if (*d) (*d)->local = local; /* the plan says what it runs on and the memory it has */
     if (!*d || (*d)->rank == 0) return -1;
     ds4_weights *w = NULL;
     bool locked = ds4_instance_lock(&err) == 0; /* this rank's own lock file (dist_comm.c) */
