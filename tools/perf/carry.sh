@@ -7,7 +7,8 @@
 #       the binaries of TREE's build/cuda (default: this checkout; a git
 #       worktree of another commit works too) - ds4-bench, ds4-mkmodel, the
 #       two test programs, the programs tests/cuda/apps.sh runs (ds4,
-#       ds4-server, ds4-tokenizer), ds4-direction and ds4-eval - and the
+#       ds4-server, ds4-tokenizer), ds4-direction, ds4-eval and ds4-forward
+#       (tests/cuda/dist.sh) - debug sections stripped, and the
 #       commit they were built from,
 #       into .cudawork/NAME.tar.xz of this checkout (.cudawork is the folder
 #       to copy to the GPU machine)
@@ -29,9 +30,19 @@ pack)
     TREE=$(cd "${3:-$ROOT}" && pwd)
     mkdir -p "$ROOT/.cudawork"
     git -C "$TREE" rev-parse HEAD > "$TREE/build/cuda/COMMIT"
-    tar -C "$TREE" -cJf "$ROOT/.cudawork/$NAME.tar.xz" build/cuda/COMMIT build/cuda/bin/ds4-bench \
-        build/cuda/bin/ds4-mkmodel build/cuda/bin/ds4 build/cuda/bin/ds4-server build/cuda/bin/ds4-tokenizer \
-        build/cuda/bin/ds4-direction build/cuda/bin/ds4-eval build/cuda/test_cuda build/cuda/test_cuda_kernels
+    # debug sections stripped: what is carried to the GPU machine travels
+    # with the working tree under a size limit
+    S=$(mktemp -d)
+    trap 'rm -rf "$S"' EXIT
+    mkdir -p "$S/build/cuda/bin"
+    cp "$TREE/build/cuda/COMMIT" "$S/build/cuda/"
+    for f in bin/ds4-bench bin/ds4-mkmodel bin/ds4 bin/ds4-server bin/ds4-tokenizer bin/ds4-direction \
+        bin/ds4-eval bin/ds4-forward test_cuda test_cuda_kernels; do
+        strip --strip-debug -o "$S/build/cuda/$f" "$TREE/build/cuda/$f"
+    done
+    # one dictionary over every file: each binary holds the same device code
+    tar -C "$S" -cf - build | xz -6 --lzma2=preset=6,dict=192MiB -T1 > "$ROOT/.cudawork/$NAME.tar.xz"
+    echo "$(du -h "$ROOT/.cudawork/$NAME.tar.xz" | cut -f1)"
     echo "$ROOT/.cudawork/$NAME.tar.xz: $(git -C "$TREE" log -1 --format='%h %s')";;
 unpack)
     NAME=${2:?usage: carry.sh unpack NAME [install]}
