@@ -140,8 +140,13 @@ cpu_layer cpu_main_layer(const cpu_backend *b, uint32_t il);
 
 /* -------------------------------------------------------------- cpu_ops */
 
-/* Multiply-adds below which a parallel loop runs on the calling thread. */
-#define CPU_MIN_TASK_WORK 65536
+/* Multiply-adds below which a parallel loop runs on the calling thread:
+ * about 25-50 us of one core's work.  Waking the pool and waiting for it
+ * took ~30 us a loop on a 2-core virtual machine; at 65536 a 4-row step of
+ * the small model (docs/SMALL_MODEL.md) ran ~320 loops of a few
+ * microseconds' work each and cost 11.5 one-row steps, at 1048576 3.8
+ * (tokens 4 of work), and the MTP rate went from 128 to 480 t/s. */
+#define CPU_MIN_TASK_WORK 1048576
 
 /* y[t][r] = W[mat] row (row0 + r) . x[t], for r < nrows and t < T.
  * Activations are prepared per MODEL.md 3.8 for the weight type. */
