@@ -24,7 +24,7 @@
 /* Rows 5..5+NR of matrix 2: enough work (NR * N_IN * T multiply-adds,
  * and NR * N_IN for one token) that the pool splits it into several tasks,
  * so different thread counts really compute different partitions. */
-enum { N_IN = 512, ROWS = 160, MATS = 3, T = 5, ROW0 = 5, NR = 150 };
+enum { N_IN = 4096, ROWS = 320, MATS = 3, T = 5, ROW0 = 5, NR = 300 };
 static const int THREADS[] = {1, 2, 3, 4};
 
 static float frand(uint64_t *s) {
