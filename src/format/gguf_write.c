@@ -430,9 +430,10 @@ static int write_header(ds4_gguf_writer *w) {
     return w->failed ? -1 : 0;
 }
 
-int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
+/* The next nbytes of the current tensor: data, or (NULL) a hole the file
+ * seeks past, which reads back as zeros and takes no disk. */
+static int tensor_bytes(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
     if (!w || w->failed) return -1;
-    if (!data && nbytes) return wfail(w, DS4_EINVAL, "NULL tensor data of %llu bytes", (unsigned long long)nbytes);
     if (!w->header_done && write_header(w) != 0) return -1;
     if (nbytes == 0) return 0;
     if (w->cur == w->n_tensors)
@@ -442,7 +443,15 @@ int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
     if (nbytes > t->nbytes - w->cur_written)
         return wfail(w, DS4_EINVAL, "tensor '%s': %llu bytes of data given, its size is %llu", t->name,
                      (unsigned long long)(w->cur_written + nbytes), (unsigned long long)t->nbytes);
-    if (emit(w, data, nbytes) != 0) return -1;
+    if (data) {
+        if (emit(w, data, nbytes) != 0) return -1;
+    } else {
+        if (flush_buf(w) != 0) return -1;
+        if (nbytes > (uint64_t)INT64_MAX || lseek(w->fd, (off_t)nbytes, SEEK_CUR) < 0)
+            return wfail(w, DS4_EIO, "seek past %llu bytes of %s failed: %s", (unsigned long long)nbytes, w->tmp_path,
+                         strerror(errno));
+        w->file_pos += nbytes;
+    }
     w->cur_written += nbytes;
     if (w->cur_written == t->nbytes) {
         w->cur++;
@@ -452,30 +461,13 @@ int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
     return 0;
 }
 
-int ds4_gguf_w_hole(ds4_gguf_writer *w, uint64_t nbytes) {
-    if (!w || w->failed) return -1;
-    if (!w->header_done && write_header(w) != 0) return -1;
-    if (nbytes == 0) return 0;
-    if (w->cur == w->n_tensors)
-        return wfail(w, DS4_EINVAL, "a hole of %llu bytes beyond the last tensor (all %llu are complete)",
-                     (unsigned long long)nbytes, (unsigned long long)w->n_tensors);
-    wtensor *t = &w->tensors[w->cur];
-    if (nbytes > t->nbytes - w->cur_written)
-        return wfail(w, DS4_EINVAL, "tensor '%s': %llu bytes of data given, its size is %llu", t->name,
-                     (unsigned long long)(w->cur_written + nbytes), (unsigned long long)t->nbytes);
-    if (flush_buf(w) != 0) return -1;
-    if (nbytes > (uint64_t)INT64_MAX || lseek(w->fd, (off_t)nbytes, SEEK_CUR) < 0)
-        return wfail(w, DS4_EIO, "seek past %llu bytes of %s failed: %s", (unsigned long long)nbytes, w->tmp_path,
-                     strerror(errno));
-    w->file_pos += nbytes;
-    w->cur_written += nbytes;
-    if (w->cur_written == t->nbytes) {
-        w->cur++;
-        w->cur_written = 0;
-        return pad_to_alignment(w);
-    }
-    return 0;
+int ds4_gguf_w_data(ds4_gguf_writer *w, const void *data, uint64_t nbytes) {
+    if (w && !w->failed && !data && nbytes)
+        return wfail(w, DS4_EINVAL, "NULL tensor data of %llu bytes", (unsigned long long)nbytes);
+    return tensor_bytes(w, data, nbytes);
 }
+
+int ds4_gguf_w_hole(ds4_gguf_writer *w, uint64_t nbytes) { return tensor_bytes(w, NULL, nbytes); }
 
 /* ------------------------------------------------------ open and close */
 
