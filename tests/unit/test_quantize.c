@@ -50,14 +50,9 @@ static char *path_in(const char *dir, const char *file) {
     return b;
 }
 
-static bool exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
 static int setup(void **state) {
     (void)state;
-    if (!exists("./ds4-quantize")) {
+    if (!file_exists("./ds4-quantize")) {
         fprintf(stderr, "./ds4-quantize is missing: run make first\n");
         return -1;
     }
@@ -82,13 +77,6 @@ static void sha_hex(const void *data, size_t n, char out[65]) {
     for (int i = 0; i < SHA256_DIGEST_LENGTH; i++) sprintf(out + 2 * i, "%02x", md[i]);
 }
 
-static ds4_gguf *open_gguf(const char *p) {
-    ds4_err err = {0};
-    ds4_gguf *g = ds4_gguf_open(p, &err);
-    if (!g) fail_msg("%s", err.msg);
-    return g;
-}
-
 static void quantize_ok(const char *extra, const char *out) {
     static char log[1 << 16];
     unlink(out);
@@ -100,7 +88,7 @@ static void test_f32_matches_numpy_reference(void **state) {
     (void)state;
     char *out = path_in(scratch, "f32.gguf");
     quantize_ok("--recipe f32 --threads 2", out);
-    ds4_gguf *g = open_gguf(out);
+    ds4_gguf *g = gguf_open_or_fail(out);
     FILE *f = fopen("tests/golden/tools/tiny_ref_f32.tsv", "r");
     assert_non_null(f);
     char name[128], dims[64], sha[65], got[65];
@@ -161,7 +149,7 @@ static const uint32_t logit_tokens[8] = {1, 5, 9, 200, 33, 7, 100, 511};
 static void test_f32_logits_match_reference(void **state) {
     (void)state;
     char *out = path_in(scratch, "f32.gguf");
-    if (!exists(out)) quantize_ok("--recipe f32", out);
+    if (!file_exists(out)) quantize_ok("--recipe f32", out);
     uint32_t nv;
     float *got = forward_logits(out, logit_tokens, 8, &nv);
     float *want = malloc((size_t)8 * nv * sizeof(float));
@@ -198,10 +186,10 @@ static double tensor_error(const ds4_gguf *q, const ds4_gguf *ref, const char *n
 static void test_q2_types_values_and_threads(void **state) {
     (void)state;
     char *ref = path_in(scratch, "f32.gguf"), *q1 = path_in(scratch, "q2-1.gguf"), *q3 = path_in(scratch, "q2-3.gguf");
-    if (!exists(ref)) quantize_ok("--recipe f32", ref);
+    if (!file_exists(ref)) quantize_ok("--recipe f32", ref);
     quantize_ok("--recipe q2 --threads 1", q1);
     quantize_ok("--recipe q2 --threads 3", q3);
-    ds4_gguf *a = open_gguf(q1), *b = open_gguf(q3), *r = open_gguf(ref);
+    ds4_gguf *a = gguf_open_or_fail(q1), *b = gguf_open_or_fail(q3), *r = gguf_open_or_fail(ref);
     assert_int_equal(a->n_tensors, r->n_tensors);
     const ds4_recipe *q2 = ds4_recipe_get("q2");
     ds4_err err = {0};
@@ -262,12 +250,12 @@ static void test_imatrix(void **state) {
     (void)state;
     char *im = path_in(scratch, "im.dat"), *out = path_in(scratch, "q2-im.gguf");
     char *plain = path_in(scratch, "q2-1.gguf");
-    if (!exists(plain)) quantize_ok("--recipe q2", plain);
+    if (!file_exists(plain)) quantize_ok("--recipe q2", plain);
     write_imatrix(im, true, 0);
     char args[1200];
     snprintf(args, sizeof(args), "--recipe q2 --imatrix %s --imatrix-strict", im);
     quantize_ok(args, out);
-    ds4_gguf *g = open_gguf(out), *p = open_gguf(plain);
+    ds4_gguf *g = gguf_open_or_fail(out), *p = gguf_open_or_fail(plain);
     ds4_err err = {0};
     ds4_str s;
     uint64_t v;
@@ -318,7 +306,7 @@ static void test_tokenizer_and_overrides(void **state) {
              "--name tiny",
              tok);
     quantize_ok(args, out);
-    ds4_gguf *g = open_gguf(out);
+    ds4_gguf *g = gguf_open_or_fail(out);
     const ds4_gguf_array *a;
     assert_int_equal(ds4_gguf_get_arr(g, "tokenizer.ggml.tokens", DS4_GGUF_STRING, &a, &err), 0);
     assert_int_equal(a->count, 3);
@@ -344,7 +332,7 @@ static void test_cli(void **state) {
     assert_contains(log, "blk.3.ffn_down_exps.weight");
     assert_contains(log, "I8       -> q4_k");
     assert_contains(log, "tensors: 116");
-    assert_false(exists(out));
+    assert_false(file_exists(out));
     quantize_ok("--recipe f16", out);
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --recipe f16", ckpt, out), 1);
     assert_contains(log, "exists (use --overwrite");
@@ -392,7 +380,7 @@ static void test_compare_tensor(void **state) {
     assert_contains(log, "blk.2.ffn_up_exps.weight iq2_xxs 67584 bytes");
     assert_contains(log, "identical");
     /* Flip one byte of that tensor in a copy. */
-    ds4_gguf *g = open_gguf(q2);
+    ds4_gguf *g = gguf_open_or_fail(q2);
     uint64_t off = (uint64_t)((const uint8_t *)ds4_gguf_find_tensor(g, "blk.2.ffn_up_exps.weight")->data - g->base);
     uint8_t *copy = malloc(g->size);
     memcpy(copy, g->base, g->size);
@@ -426,7 +414,7 @@ static void expect_failure(const official_ckpt_opts *opts, void (*damage)(const 
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --quiet", dir, out), 1);
     assert_contains(log, w1);
     assert_contains(log, w2);
-    assert_false(exists(out));
+    assert_false(file_exists(out));
     st_rmdir(dir);
     free(dir);
 }
@@ -518,8 +506,8 @@ static void test_mtp_block(void **state) {
         run_capture(log, sizeof(log), "./ds4-quantize --hf %s --out %s --mtp-out %s --quiet", dir2, out, mtp), 1);
     assert_contains(log, "the MTP block");
     assert_contains(log, "mtp.0.h_proj.weight");
-    assert_false(exists(out));
-    assert_false(exists(mtp));
+    assert_false(file_exists(out));
+    assert_false(file_exists(mtp));
     /* the default checkpoint has no block to convert */
     assert_int_equal(run_capture(log, sizeof(log), "./ds4-quantize --hf %s --mtp-out %s --quiet", ckpt, mtp), 1);
     assert_contains(log, "mtp.0.");

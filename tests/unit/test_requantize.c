@@ -47,16 +47,11 @@ static char *in_dir(const char *name) {
     return b;
 }
 
-static bool exists(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0;
-}
-
 static int setup(void **state) {
     (void)state;
     const char *progs[] = {"./ds4-quantize", "./ds4-mkmodel", "./ds4-imatrix", "./ds4-qeval"};
     for (size_t i = 0; i < sizeof(progs) / sizeof(progs[0]); i++)
-        if (!exists(progs[i])) {
+        if (!file_exists(progs[i])) {
             fprintf(stderr, "%s is missing: run make first\n", progs[i]);
             return -1;
         }
@@ -69,13 +64,6 @@ static int teardown(void **state) {
     st_rmdir(dir);
     free(dir);
     return 0;
-}
-
-static ds4_gguf *open_gguf(const char *p) {
-    ds4_err err = {0};
-    ds4_gguf *g = ds4_gguf_open(p, &err);
-    if (!g) fail_msg("%s", err.msg);
-    return g;
 }
 
 static void run_ok(const char *what, int rc) {
@@ -154,7 +142,8 @@ static void check_identity(const char *name, const char *mk_opts, const char *q_
     snprintf(mout, sizeof(mout), "%s", in_dir("id-out-mtp.gguf"));
     mkmodel(in, mtp, mk_opts);
     requantize(in, mtp, out, mout, q_opts);
-    ds4_gguf *a = open_gguf(in), *b = open_gguf(out), *ma = open_gguf(mtp), *mb = open_gguf(mout);
+    ds4_gguf *a = gguf_open_or_fail(in), *b = gguf_open_or_fail(out), *ma = gguf_open_or_fail(mtp),
+             *mb = gguf_open_or_fail(mout);
     print_message("%s: %d tensors, %d MTP tensors identical\n", name, same_type_tensors_identical(a, b),
                   same_type_tensors_identical(ma, mb));
     assert_int_equal(same_type_tensors_identical(a, b), (int)a->n_tensors);
@@ -187,7 +176,8 @@ static void test_small_model(void **state) {
     snprintf(out, sizeof(out), "%s", in_dir("small-q8_0.gguf"));
     snprintf(mout, sizeof(mout), "%s", in_dir("small-q8_0-mtp.gguf"));
     requantize(SMALL, SMALL_MTP, out, mout, "--recipe q8_0");
-    ds4_gguf *a = open_gguf(SMALL), *b = open_gguf(out), *ma = open_gguf(SMALL_MTP), *mb = open_gguf(mout);
+    ds4_gguf *a = gguf_open_or_fail(SMALL), *b = gguf_open_or_fail(out), *ma = gguf_open_or_fail(SMALL_MTP),
+             *mb = gguf_open_or_fail(mout);
     int kept = same_type_tensors_identical(a, b);
     print_message("ds4-small: %d of %d tensors keep type and bytes\n", kept, (int)a->n_tensors);
     assert_true(kept >= 150);
@@ -241,7 +231,7 @@ static bool is_routed_name(const char *name) { return strstr(name, "_exps.") != 
 
 /* With and without the imatrix: only the routed experts differ. */
 static void check_only_experts_differ(const char *a_path, const char *b_path) {
-    ds4_gguf *a = open_gguf(a_path), *b = open_gguf(b_path);
+    ds4_gguf *a = gguf_open_or_fail(a_path), *b = gguf_open_or_fail(b_path);
     int differ = 0;
     for (uint64_t i = 0; i < a->n_tensors; i++) {
         const ds4_gguf_tensor *x = &a->tensors[i], *y = &b->tensors[i];
@@ -299,7 +289,7 @@ static void expect_failure(const char *args, const char *part1, const char *part
     if (rc != 1) fail_msg("ds4-quantize %s: exit %d, expected 1: %s", args, rc, logbuf);
     assert_contains(logbuf, part1);
     assert_contains(logbuf, part2);
-    assert_false(exists(out));
+    assert_false(file_exists(out));
 }
 
 static void write_foreign(const char *path, bool tokenizer_only) {
@@ -387,14 +377,14 @@ static void test_extra_tensor_warned(void **state) {
     char good[1024], extra[1024];
     snprintf(good, sizeof(good), "%s", in_dir("good.gguf"));
     snprintf(extra, sizeof(extra), "%s", in_dir("extra.gguf"));
-    if (!exists(good)) mkmodel(good, in_dir("good-mtp.gguf"), "--recipe q8_0");
+    if (!file_exists(good)) mkmodel(good, in_dir("good-mtp.gguf"), "--recipe q8_0");
     ds4_err err = {0};
     gguf_edit e = {.extra_tensor = "blk.1.mystery.weight"};
     assert_int_equal(gguf_copy_edited(good, extra, &e, &err), 0);
     run_ok("ds4-quantize", run_capture(logbuf, sizeof(logbuf), "./ds4-quantize --gguf %s --out %s --quiet --overwrite",
                                        extra, in_dir("extra-out.gguf")));
     assert_contains(logbuf, "1 tensor not in the model's layout left out (blk.1.mystery.weight)");
-    ds4_gguf *g = open_gguf(in_dir("extra-out.gguf"));
+    ds4_gguf *g = gguf_open_or_fail(in_dir("extra-out.gguf"));
     assert_null(ds4_gguf_find_tensor(g, "blk.1.mystery.weight"));
     ds4_gguf_close(g);
 }

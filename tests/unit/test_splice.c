@@ -60,13 +60,6 @@ static int teardown(void **state) {
     return 0;
 }
 
-static ds4_gguf *open_ok(const char *p) {
-    ds4_err err = {0};
-    ds4_gguf *g = ds4_gguf_open(p, &err);
-    if (!g) fail_msg("%s", err.msg);
-    return g;
-}
-
 static bool kv_equal(const ds4_gguf_kv *a, const ds4_gguf_kv *b) {
     if (a->value.type != b->value.type) return false;
     switch (a->value.type) {
@@ -98,7 +91,7 @@ static void test_splice_layers(void **state) {
     assert_int_equal(
         run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --q4-layers 1,3", base, donor, out),
         0);
-    ds4_gguf *b = open_ok(base), *d = open_ok(donor), *m = open_ok(out);
+    ds4_gguf *b = gguf_open_or_fail(base), *d = gguf_open_or_fail(donor), *m = gguf_open_or_fail(out);
     ds4_err err = {0};
     ds4_config cb, cm;
     assert_int_equal(ds4_config_from_gguf(b, &cb, &err), 0);
@@ -149,7 +142,7 @@ static void test_splice_layers(void **state) {
     snprintf(again, sizeof(again), "%s/again.gguf", dir);
     assert_int_equal(
         run_capture(log, sizeof(log), "./ds4-splice --base %s --donor %s --out %s --layers 0-1", out, donor, again), 0);
-    m = open_ok(again);
+    m = gguf_open_or_fail(again);
     assert_int_equal(ds4_gguf_get_str(m, "splice.layers", &s, &err), 0);
     assert_true(ds4_str_eq(s, "0-1"));
     assert_int_equal(ds4_gguf_find_tensor(m, "blk.0.ffn_gate_exps.weight")->type, DS4_TYPE_Q4_K);
@@ -198,7 +191,7 @@ typedef enum { M_KV_U32, M_ARCH, M_DROP, M_SHAPE, M_TYPE } mutation;
 
 static void rewrite(const char *src, const char *dst, mutation m, const char *what) {
     ds4_err err = {0};
-    ds4_gguf *g = open_ok(src);
+    ds4_gguf *g = gguf_open_or_fail(src);
     ds4_gguf_writer *w = ds4_gguf_writer_open(dst, 0, &err);
     assert_non_null(w);
     for (uint64_t i = 0; i < g->n_kv; i++) {

@@ -44,3 +44,15 @@ int run_capture(char *out, size_t len, const char *fmt, ...) {
 void assert_contains(const char *msg, const char *part) {
     if (!strstr(msg, part)) fail_msg("\"%s\" lacks \"%s\"", msg, part);
 }
+
+bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+ds4_gguf *gguf_open_or_fail(const char *path) {
+    ds4_err err = {0};
+    ds4_gguf *g = ds4_gguf_open(path, &err);
+    if (!g) fail_msg("%s", err.msg);
+    return g;
+}
