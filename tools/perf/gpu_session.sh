@@ -16,6 +16,10 @@
 #             imx      prefill with and without imatrix collection
 #             pro      a slice of the Pro shape (PRO_LAYERS) and the
 #                      whole model's projection
+#   SLICE     extra ds4-bench arguments of the bench, mtp, par and imx parts,
+#             e.g. "--layers 0:29": a slice of the model that fits a GPU
+#             smaller than the whole (ds4-bench then also projects the
+#             whole model's rate)
 #   TESTS_TIME, PROF_TIME, BENCH_TIME, NCU_TIME   their time limits in seconds
 #   PROF_MODE  DS4_CUDA_PROFILE of the prof part: 1 per kernel (default), 2 per kernel and grid
 #   NCU_CTX   the context of the ncustep run (default 1024)
@@ -74,15 +78,15 @@ for part in $PARTS; do
             python3 tools/perf/ncu_stalls.py "$OUT/ncusrc.csv" > "$OUT/ncusrc.md" && gzip -f "$OUT/ncusrc.csv"
         rm -f "$OUT/ncusrc.ncu-rep";;
     bench)
-        timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
+        timeout ${BENCH_TIME:-240} build/cuda/bin/ds4-bench --synthetic q2 ${SLICE:-} ${BENCH_ARGS:---ctx-start 4096 --ctx-max 65536 --step-incr 61440 --gen-tokens 64} \
             --csv "$OUT/bench.csv" > "$OUT/bench.log" 2>&1; echo "bench: rc $?";;
     mtp)
         for n in ${MTP_DRAFTS:-1 2 3 4}; do
-            timeout ${MTP_TIME:-60} build/cuda/bin/ds4-bench --synthetic q2 --ctx-start 4096 --ctx-max 4096 --gen-tokens 64 \
+            timeout ${MTP_TIME:-60} build/cuda/bin/ds4-bench --synthetic q2 ${SLICE:-} --ctx-start 4096 --ctx-max 4096 --gen-tokens 64 \
                 --mtp-draft $n --mtp-forced --csv "$OUT/mtp$n.csv" > "$OUT/mtp$n.log" 2>&1; echo "mtp $n: rc $?"
         done;;
     par)
-        timeout ${PAR_TIME:-200} build/cuda/bin/ds4-bench --synthetic q2 --parallel ${PAR_LIST:-1,4,8,16,32,64} \
+        timeout ${PAR_TIME:-200} build/cuda/bin/ds4-bench --synthetic q2 ${SLICE:-} --parallel ${PAR_LIST:-1,4,8,16,32,64} \
             --session-ctx 4096 --gen-tokens 64 --arrive 32768 --arrive-among 16 --csv "$OUT/par.csv" > "$OUT/par.log" 2>&1
         echo "par: rc $?";;
     offload)
@@ -94,7 +98,7 @@ for part in $PARTS; do
     imx)
         for m in plain imatrix; do
             f=; [ $m = imatrix ] && f=--imatrix
-            timeout ${IMX_TIME:-90} build/cuda/bin/ds4-bench --synthetic q2 $f --ctx-start 4096 --ctx-max 32768 --step-incr 28672 \
+            timeout ${IMX_TIME:-90} build/cuda/bin/ds4-bench --synthetic q2 ${SLICE:-} $f --ctx-start 4096 --ctx-max 32768 --step-incr 28672 \
                 --gen-tokens 1 --csv "$OUT/imx-$m.csv" > "$OUT/imx-$m.log" 2>&1; echo "imx $m: rc $?"
         done;;
     pro)
