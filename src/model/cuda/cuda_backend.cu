@@ -465,7 +465,13 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 
 static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     if (n && not_stage((cuda_backend *)base, "a step", err)) return -1;
-    return cu_seq_step(base, rows, n, out, err);
+    int rc = cu_seq_step(base, rows, n, out, err);
+    if (ds4_prof_on && rc == 0) {
+        char title[64];
+        snprintf(title, sizeof(title), "a step of %u rows", n);
+        ds4_prof_report(title);
+    }
+    return rc;
 }
 
 /* A pipeline stage's decode step of the main sequence: its decode graph,
