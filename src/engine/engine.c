@@ -213,9 +213,11 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     return 0;
 }
 
-ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) { return ds4_engine_seq_new_sized(e, ctx, ctx, err); }
+
+ds4_seq *ds4_engine_seq_new_sized(ds4_engine *e, uint32_t ctx, uint32_t cap, ds4_err *err) {
     if (ds4_engine_open_backend(e, ctx, err) != 0) return NULL;
-    seq_alloc a = {e, ctx, false, NULL};
+    seq_alloc a = {e, cap, false, NULL};
     int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
     return rc == 0 ? a.s : NULL;
 }

@@ -76,6 +76,8 @@ void ds4_engine_close(ds4_engine *e);
  * context size when no sequence is held.  A main sequence given back goes
  * back to the size it was made with (ds4_backend_opts.main_ctx). */
 ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
+/* The same of cap tokens from a backend of ctx (a sized session's). */
+ds4_seq *ds4_engine_seq_new_sized(ds4_engine *e, uint32_t ctx, uint32_t cap, ds4_err *err);
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s);
 /* ds4_seq_resize between steps (through the batcher when there is one). */
 int ds4_engine_seq_resize(ds4_engine *e, ds4_seq *s, uint32_t ctx, ds4_err *err);

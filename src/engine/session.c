@@ -58,7 +58,7 @@ static int seq_make(ds4_session *s, uint32_t cap, ds4_err *err) {
     int32_t *t = realloc(s->tokens, (size_t)cap * sizeof(int32_t));
     if (!t) return ds4_err_set(err, DS4_ENOMEM, "out of memory for %u tokens", cap);
     s->tokens = t;
-    if (!(s->seq = ds4_engine_seq_new(s->e, cap, err))) return -1;
+    if (!(s->seq = ds4_engine_seq_new_sized(s->e, s->ctx, cap, err))) return -1;
     s->b = s->e->b;
     s->chunk = s->b->opts.prefill_chunk;
     s->cap = cap;
@@ -67,9 +67,12 @@ static int seq_make(ds4_session *s, uint32_t cap, ds4_err *err) {
 }
 
 /* A sized session's capacity for n tokens: n rounded up to its granule,
- * at most its context. */
+ * at least the sliding window (a raw ring of the window's size whatever
+ * the capacity: a resize then keeps the sequence's mark, backend.h), at
+ * most its context. */
 static uint32_t sized_cap(const ds4_session *s, uint64_t n) {
-    uint64_t g = s->granule, c = (n + g - 1) / g * g;
+    uint64_t g = s->granule, c = (n + g - 1) / g * g, w = s->e->w->cfg.sliding_window;
+    if (c < w) c = w;
     return c < s->ctx ? (uint32_t)c : s->ctx;
 }
 

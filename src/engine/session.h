@@ -46,7 +46,8 @@ typedef int (*ds4_progress_fn)(void *ctx, uint32_t done, uint32_t total);
 ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
 /* A sized session: at most ctx tokens, its state sized for what it holds.
  * It has no sequence until it needs one; its capacity is then a multiple
- * of `granule` tokens (or ctx), and grows - the sequence resized, its state
+ * of `granule` tokens, at least the sliding window, at most ctx, and
+ * grows - the sequence resized, its state
  * kept exactly (model/backend.h ds4_seq_resize) - when tokens would not fit
  * it, or as ds4_session_reserve / ds4_session_fit ask.  The engine's
  * backend must resize sequences (ds4_engine_can_resize). */

@@ -275,9 +275,11 @@ static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { ret
  * tokens it holds), more or fewer than it has: its state is kept exactly
  * (tokens, KV rows, compressor frontiers, indexer rows, logits, an MTP
  * sequence's residuals), so that the rows it appends after are bit for bit
- * those of a sequence made that large; its mark is dropped.  Sequences of
- * the MTP block resize too.  On failure s is as it was.  A backend whose
- * sequences keep their size (a pipeline) answers DS4_EUNSUPPORTED. */
+ * those of a sequence made that large.  Its mark stays (a rewind goes back
+ * to it as before), but where the resize changes the raw ring's size (a
+ * context below the sliding window).  Sequences of the MTP block resize
+ * too.  On failure s is as it was.  A backend whose sequences keep their
+ * size (a pipeline) answers DS4_EUNSUPPORTED. */
 static inline int ds4_seq_resize(ds4_backend *b, ds4_seq *s, uint32_t ctx, ds4_err *err) {
     if (!b->ops->seq_resize)
         return ds4_err_set(err, DS4_EUNSUPPORTED, "the %s backend does not resize sequences", b->ops->name);

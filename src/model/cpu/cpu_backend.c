@@ -101,9 +101,11 @@ static int cpu_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_err
         ds4_kv_state_free(st);
         return -1;
     }
+    /* the mark stays (its journal holds copies) unless the ring changed
+     * size: its journaled slots are the old ring's */
+    if (st->raw_cap != s->st->raw_cap) s->j.valid = false;
     ds4_kv_state_free(s->st);
     s->st = st;
-    s->j.valid = false; /* drops the mark */
     return 0;
 }
 

@@ -792,11 +792,12 @@ static int resized_copy(cuda_backend *b, const cu_seq *s, uint32_t ctx, bool mai
 
 /* A sequence resized (backend.h ds4_seq_resize): a state block for ctx
  * tokens with the old one's content, then the old one freed.  What held
- * the old addresses goes: the journal (made again at the next mark), the
- * batched decode graph of the sequence, and for the main sequence its
- * decode graphs, captured again (capture_step: the same contexts as
- * before, so that its tokens do not change).  The backend's one MTP
- * sequence holds the whole context already. */
+ * the old addresses follows: the journal's list of rings (its mark is
+ * kept: it holds copies, and the rings keep their size, the backend's),
+ * the batched decode graph of the sequence (dropped), and for the main
+ * sequence its decode graphs, captured again (capture_step: the same
+ * contexts as before, so that its tokens do not change).  The backend's
+ * one MTP sequence holds the whole context already. */
 static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
     if (!seq || seq->owner != base) return ds4_err_set(err, DS4_EINVAL, "resize: the sequence is not this backend's");
@@ -812,7 +813,6 @@ static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_er
     CU_TRY(cudaStreamSynchronize(b->st));
     if (resized_copy(b, s, ctx, main, &to, err)) return -1;
     cu_batch_graph_drop(b, s);
-    cu_journal_free(&s->jr);
     cudaFree(s->state_block);
     free(s->L);
     free(s->tokens);
@@ -823,6 +823,7 @@ static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_er
     s->state_block = to.state_block;
     s->bytes = to.bytes;
     s->d_step = to.d_step;
+    if (s->jr.raw && cu_journal_rings(b, s, err)) return ds4_err_prefix(err, "a resized sequence's journal");
     if (!main) return 0;
     drop_graphs(b);
     if (cu_use(b, s, err) || capture_step(b, err))
