@@ -66,15 +66,12 @@ static int seq_make(ds4_session *s, uint32_t cap, ds4_err *err) {
     return s->mtp_draft ? spec_make(s, err) : 0;
 }
 
-/* A sized session's capacity for n tokens: n rounded up to its granule,
- * at least the sliding window (a raw ring of the window's size whatever
- * the capacity: a resize then keeps the sequence's mark, backend.h), at
- * most its context. */
-static uint32_t sized_cap(const ds4_session *s, uint64_t n) {
-    uint64_t g = s->granule, c = (n + g - 1) / g * g, w = s->e->w->cfg.sliding_window;
-    if (c < w) c = w;
-    return c < s->ctx ? (uint32_t)c : s->ctx;
+uint32_t ds4_sized_capacity(const ds4_engine *e, uint32_t ctx, uint32_t granule, uint64_t n) {
+    uint64_t g = granule, w = e->w->cfg.sliding_window, m = n > w ? n : w, c = (m + g - 1) / g * g;
+    return c < ctx ? (uint32_t)c : ctx;
 }
+
+static uint32_t sized_cap(const ds4_session *s, uint64_t n) { return ds4_sized_capacity(s->e, s->ctx, s->granule, n); }
 
 static ds4_session *session_new(ds4_engine *e, uint32_t ctx, uint32_t granule, ds4_err *err) {
     ds4_session *s = calloc(1, sizeof(*s));

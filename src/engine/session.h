@@ -45,13 +45,17 @@ typedef int (*ds4_progress_fn)(void *ctx, uint32_t done, uint32_t total);
 /* A session of ctx tokens: its state sized for all of them from the start. */
 ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
 /* A sized session: at most ctx tokens, its state sized for what it holds.
- * It has no sequence until it needs one; its capacity is then a multiple
- * of `granule` tokens, at least the sliding window, at most ctx, and
- * grows - the sequence resized, its state
- * kept exactly (model/backend.h ds4_seq_resize) - when tokens would not fit
- * it, or as ds4_session_reserve / ds4_session_fit ask.  The engine's
- * backend must resize sequences (ds4_engine_can_resize). */
+ * It has no sequence until it needs one; its capacity is then what
+ * ds4_sized_capacity says for its tokens, and grows - the sequence
+ * resized, its state kept exactly (model/backend.h ds4_seq_resize) - when
+ * tokens would not fit it, or as ds4_session_reserve / ds4_session_fit
+ * ask.  The engine's backend must resize sequences (ds4_engine_can_resize). */
 ds4_session *ds4_session_new_sized(ds4_engine *e, uint32_t ctx, uint32_t granule, ds4_err *err);
+/* The capacity such a session takes for n tokens: n and the sliding window
+ * (a raw ring of the window's size whatever the capacity: a resize then
+ * keeps the sequence's mark, model/backend.h), the larger rounded up to
+ * the granule, at most ctx. */
+uint32_t ds4_sized_capacity(const ds4_engine *e, uint32_t ctx, uint32_t granule, uint64_t n);
 void ds4_session_free(ds4_session *s);
 
 ds4_engine *ds4_session_engine(const ds4_session *s);
