@@ -20,7 +20,8 @@ only (part of the default suite through tests/suite/server_parallel.sh).
     one whose max_tokens runs past it stopped where the context ends; by
     memory: with room for two small sessions or one big, requests wait and
     all complete as alone, idle sessions freed to make room; a request
-    whose session could never fit refused at once with the bytes.
+    whose session could never fit refused at once with the bytes; a
+    conversation that outgrows its session keeps its live state.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
 are tests/server/test_sdk_parallel.py (make test-server-parallel).
 """
@@ -542,6 +543,33 @@ def t_admission_by_memory():
         check(st["sessions"]["evicted_for_memory"] >= 3 and st["jobs"]["answered"] == 4, st["sessions"])
 
 
+def t_conversation_grows():
+    """A conversation that goes on past its session's size: the next turn's
+    session is grown with its state kept (the turn reuses the live tokens,
+    prefilling only the new ones) and answers as a fresh server does from
+    the whole prompt; the session then holds that size.  (The first answer
+    is a forced text, whose tokens the next turn's rendering repeats.)"""
+    conv = [{"role": "user", "content": "Tell me about the weather."}]
+    with Server("--parallel", "1") as s:
+        st, b = s.post("/v1/chat/completions", dict(chat("", 40), messages=conv),
+                       headers={"X-DS4-Test-Output": "answer"})
+        check(st == 200, b)
+        first = b["usage"]["prompt_tokens"]
+        small = held(s)
+        conv += [{"role": "assistant", "content": b["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And the moon? " + "waves " * 300}]
+        st, b = s.post("/v1/chat/completions", dict(chat("", 40), messages=conv))
+        check(st == 200, b)
+        u = b["usage"]
+        check(s.stats()["last_prompt"]["kv_source"] == "memory-token"
+              and u["prompt_tokens_details"]["cached_tokens"] > first, (u, s.stats()["last_prompt"]))
+        check(u["prompt_tokens"] + 41 > 256 and held(s) > small, (u, held(s), small))
+        got = b["choices"][0]["message"]["content"]
+    with Server("--parallel", "1") as fresh:
+        st, b = fresh.post("/v1/chat/completions", dict(chat("", 40), messages=conv))
+        check(st == 200 and b["choices"][0]["message"]["content"] == got, (b, got))
+
+
 def t_request_too_large():
     """With memory for sessions of 256 tokens only (a context of 1024): a
     request whose session could never fit is answered 400 at once with the
@@ -565,6 +593,7 @@ def t_request_too_large():
 
 def main():
     for fn in (t_startup_errors, t_startup_sizing, t_admission, t_admission_by_memory, t_request_too_large,
+               t_conversation_grows,
                t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
                t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
                t_stats_while_running,
