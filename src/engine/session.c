@@ -277,8 +277,10 @@ int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
     if (in->n_tokens >= s->ctx)
         return ds4_err_set(err, DS4_ERANGE, "state of %u tokens does not fit the context of %u tokens", in->n_tokens,
                            s->ctx);
-    ds4_session_reset(s);
-    if (ds4_session_reserve(s, in->n_tokens + 1, err) != 0) return -1;
+    if (in->n_tokens + 1 > s->cap) {
+        ds4_session_reset(s); /* its state is replaced: nothing to carry into the larger sequence */
+        if (ds4_session_reserve(s, in->n_tokens + 1, err) != 0) return -1;
+    }
     if (ds4_engine_seq_op(s->e, s->seq, DS4_SEQ_RESTORE, 0, (ds4_kv_state *)in, err) != 0) {
         ds4_session_reset(s);
         return -1;
