@@ -606,8 +606,8 @@ int worker_start(server *s, ds4_err *err) {
     if (cost_table(q, err) != 0) return -1;
     q->np = session_pools(q, least);
     ds4_capacity cap;
-    if (ds4_capacity_plan(q->pools, q->np, least, s->o.parallel_given ? s->o.parallel : 0, DEFAULT_PARALLEL_MAX,
-                          &cap, err) != 0)
+    if (ds4_capacity_plan(q->pools, q->np, least, s->o.parallel_given ? s->o.parallel : 0, DEFAULT_PARALLEL_MAX, &cap,
+                          err) != 0)
         return -1;
     if (cont_bindings_new(s, cap.n, err) != 0 || make_slots(q, cap.n, cap.measured, err) != 0) return -1;
     if (!(s->cvocab = cvocab_new(s->engine->vocab, err))) return -1;
@@ -811,23 +811,23 @@ json_t *worker_stats(server *s) {
     json_t *sources = json_object();
     for (size_t i = 0; i < N_SOURCES; i++)
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
-    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I,s:I,s:o}", "parallel", v.n, "live", v.live, "running",
-                                 v.running, "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted,
+    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I,s:I,s:o}", "parallel", v.n, "live", v.live, "running", v.running,
+                                 "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted,
                                  "evicted_for_memory", (json_int_t)c.evicted_for_memory, "memory", memory_stats(q));
-    return json_pack(
-        "{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
-        "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
-        "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running, "oldest_wait_seconds",
-        v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed", (json_int_t)c.ended[FAILED], "cancelled",
-        (json_int_t)c.ended[CANCELLED], "continuation_lost", (json_int_t)c.ended[CONTINUATION_LOST],
-        "rejected_queue_full", (json_int_t)c.rejected_queue_full, "rejected_shutting_down",
-        (json_int_t)c.rejected_shutting_down, "rejected_too_large", (json_int_t)c.rejected_too_large,
-        "cancel_free_steps_max", (json_int_t)c.cancel_free_steps_max, "sessions",
-        sessions, "batches", batch_stats(s), "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused",
-        (json_int_t)c.reused_tokens, "prefilled", (json_int_t)c.prefilled_tokens, "generated",
-        (json_int_t)c.generated_tokens, "generated_per_second", tps, "prompts_by_kv_source", sources, "last_prompt",
-        "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled", (int)c.last_prefilled, "kvcache",
-        kv_stats(q, &c), "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools),
-        "history_turns_replayed_exact", (json_int_t)rs.replayed, "history_turns_rendered_canonical",
-        (json_int_t)rs.canonical, "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
+    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
+                     "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
+                     "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
+                     (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
+                     (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
+                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "rejected_too_large",
+                     (json_int_t)c.rejected_too_large, "cancel_free_steps_max", (json_int_t)c.cancel_free_steps_max,
+                     "sessions", sessions, "batches", batch_stats(s), "tokens", "prompt", (json_int_t)c.prompt_tokens,
+                     "reused", (json_int_t)c.reused_tokens, "prefilled", (json_int_t)c.prefilled_tokens, "generated",
+                     (json_int_t)c.generated_tokens, "generated_per_second", tps, "prompts_by_kv_source", sources,
+                     "last_prompt", "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled",
+                     (int)c.last_prefilled, "kvcache", kv_stats(q, &c), "tool_memory", "ids_remembered",
+                     (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact", (json_int_t)rs.replayed,
+                     "history_turns_rendered_canonical", (json_int_t)rs.canonical, "live_tails_canonicalized",
+                     (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
 }

@@ -213,7 +213,9 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     return 0;
 }
 
-ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) { return ds4_engine_seq_new_sized(e, ctx, ctx, err); }
+ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    return ds4_engine_seq_new_sized(e, ctx, ctx, err);
+}
 
 ds4_seq *ds4_engine_seq_new_sized(ds4_engine *e, uint32_t ctx, uint32_t cap, ds4_err *err) {
     if (ds4_engine_open_backend(e, ctx, err) != 0) return NULL;

@@ -12,10 +12,10 @@
 
 struct ds4_session {
     ds4_engine *e;
-    ds4_backend *b; /* the engine's */
-    ds4_seq *seq;   /* this session's sequence in it; NULL while a sized session holds none */
-    uint32_t ctx;   /* the most tokens it may hold */
-    uint32_t cap;   /* what its sequence holds now (ctx unless sized; 0: no sequence) */
+    ds4_backend *b;   /* the engine's */
+    ds4_seq *seq;     /* this session's sequence in it; NULL while a sized session holds none */
+    uint32_t ctx;     /* the most tokens it may hold */
+    uint32_t cap;     /* what its sequence holds now (ctx unless sized; 0: no sequence) */
     uint32_t granule; /* a sized session's step (its capacity a multiple of it, or ctx); 0: not sized */
     uint32_t chunk;
     int32_t *tokens; /* cap entries, n live */
@@ -23,8 +23,8 @@ struct ds4_session {
     float steer_ffn, steer_attn; /* its steering scales (its sequence's) */
     ds4_kv_state *checkpoint;    /* NULL or a snapshot */
     ds4_session_stats stats;
-    ds4_spec *spec;   /* MTP speculative decoding, or NULL */
-    uint32_t spec_n0; /* the length before the verification in flight */
+    ds4_spec *spec;     /* MTP speculative decoding, or NULL */
+    uint32_t spec_n0;   /* the length before the verification in flight */
     uint32_t mtp_draft; /* the MTP drafts asked for (0: none); a sized session remakes its spec with its sequence */
     float mtp_margin;
 };
@@ -294,8 +294,8 @@ int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err) {
 int ds4_session_checkpoint(ds4_session *s, ds4_err *err) {
     /* a state of the session's capacity (a sized session's grows with it) */
     if (s->checkpoint && s->checkpoint->ctx != s->cap) ds4_session_drop_checkpoint(s);
-    if (!s->checkpoint && !(s->checkpoint = ds4_kv_state_new(&s->e->w->cfg, s->cap ? s->cap : 1,
-                                                             s->e->b->opts.prefill_chunk, err)))
+    if (!s->checkpoint &&
+        !(s->checkpoint = ds4_kv_state_new(&s->e->w->cfg, s->cap ? s->cap : 1, s->e->b->opts.prefill_chunk, err)))
         return -1;
     if (ds4_session_snapshot(s, s->checkpoint, err) != 0) {
         ds4_session_drop_checkpoint(s);

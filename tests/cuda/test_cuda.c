@@ -950,8 +950,8 @@ static void resize_step(resize_side *sd, const uint32_t *tok, uint32_t *at, char
     }
     if (op != 'r') *at += n;
     if (op == 'g') CHECK(!memcmp(got[0], got[1], n * sizeof(uint32_t)), "%s: greedy tokens differ at %u", what, *at);
-    CHECK(l[0] && l[1] && !memcmp(l[0], l[1], V * sizeof(float)), "%s: logits differ after %u tokens (op %c %u)",
-          what, *at, op, n);
+    CHECK(l[0] && l[1] && !memcmp(l[0], l[1], V * sizeof(float)), "%s: logits differ after %u tokens (op %c %u)", what,
+          *at, op, n);
 }
 
 /* The DSV4 payload of a sequence, in memory. */
@@ -1018,8 +1018,7 @@ static int cmd_resize(int argc, char **argv) {
             if (!sd[1].s) die("seq_new", &err);
         }
         uint32_t at = 0;
-        for (size_t i = 0; i < n_ops; i++)
-            resize_step(sd, tok, &at, script[i].op, script[i].n, V, what);
+        for (size_t i = 0; i < n_ops; i++) resize_step(sd, tok, &at, script[i].op, script[i].n, V, what);
         size_t la, lb;
         char *pa = seq_payload(small, sd[0].s, &la), *pb = seq_payload(big, sd[1].s, &lb);
         CHECK(la == lb && !memcmp(pa, pb, la), "%s: the payload differs from the whole context's", what);

@@ -197,12 +197,9 @@ static void test_cpu_backend_figures(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_granule),
-        cmocka_unit_test(test_default_from_memory),
-        cmocka_unit_test(test_two_memories),
-        cmocka_unit_test(test_given),
-        cmocka_unit_test(test_explain),
-        cmocka_unit_test(test_cpu_backend_figures),
+        cmocka_unit_test(test_granule),      cmocka_unit_test(test_default_from_memory),
+        cmocka_unit_test(test_two_memories), cmocka_unit_test(test_given),
+        cmocka_unit_test(test_explain),      cmocka_unit_test(test_cpu_backend_figures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

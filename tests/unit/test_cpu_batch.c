@@ -482,9 +482,9 @@ static void test_bad_steps_and_rewinds(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batched_equals_alone), cmocka_unit_test(test_mixed_step),
-        cmocka_unit_test(test_rewind_is_exact),      cmocka_unit_test(test_rewind_short_ring),
-        cmocka_unit_test(test_rewind_short_window),  cmocka_unit_test(test_resize_keeps_state),
+        cmocka_unit_test(test_batched_equals_alone),  cmocka_unit_test(test_mixed_step),
+        cmocka_unit_test(test_rewind_is_exact),       cmocka_unit_test(test_rewind_short_ring),
+        cmocka_unit_test(test_rewind_short_window),   cmocka_unit_test(test_resize_keeps_state),
         cmocka_unit_test(test_bad_steps_and_rewinds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
