@@ -421,15 +421,21 @@ static void free_slots(dist_backend *b) {
     }
 }
 
+/* Every other stage's backend freed, and acknowledged: once the pipeline
+ * is freed no stage touches the weights, which the program may close (the
+ * stages in this process share them).  After a failure the stages stop
+ * by themselves. */
+static void free_stages(dist_backend *b) {
+    dist_cmd c = {.op = CMD_FREE};
+    if (send_cmd(b, &c, true, NULL) != 0) b->d->tr->settle(b->d);
+}
+
 static void dist_free(ds4_backend *base) {
     dist_backend *b = (dist_backend *)base;
     if (!b) return;
     complete_all(b, NULL);
     if (b->base.main) dist_seq_free(base, b->base.main);
-    if (b->local) {
-        dist_cmd c = {.op = CMD_FREE};
-        send_cmd(b, &c, false, NULL);
-    }
+    if (b->local) free_stages(b);
     ds4_backend_free(b->local);
     b->d->tr->pipe_close(b->d, b->pipe);
     free_slots(b);
@@ -518,9 +524,7 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     }
     dist_cmd c = {.op = CMD_CREATE, .arg = {lo.ctx_size, lo.prefill_chunk, lo.no_sim, lo.cuda_graph_ctx}};
     if (send_cmd(b, &c, true, err) != 0 || !(b->local = ds4_backend_create(local, w, &lo, err))) {
-        /* the ranks that made theirs free them (the others ignore it) */
-        dist_cmd f = {.op = CMD_FREE};
-        send_cmd(b, &f, false, NULL);
+        free_stages(b); /* the ranks that made theirs free them */
         d->tr->pipe_close(d, b->pipe);
         free_slots(b);
         free(b);

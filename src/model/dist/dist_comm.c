@@ -404,6 +404,9 @@ static int mpi_start(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, 
     return 0;
 }
 
+/* Ranks are processes of their own: nothing of theirs is this one's. */
+static void mpi_settle(ds4_dist *d) { (void)d; }
+
 static void beat_stop(ds4_dist *d) {
     if (!d->thread_on) return;
     atomic_store(&d->quit, true);
@@ -503,6 +506,7 @@ static const dist_transport dist_mpi_transport = {
     .test = mpi_test,
     .fail = mpi_fail,
     .start = mpi_start,
+    .settle = mpi_settle,
     .end = mpi_end,
     .pipe_open = mpi_pipe_open,
     .pipe_close = mpi_pipe_close,

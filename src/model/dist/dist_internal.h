@@ -51,7 +51,7 @@ enum {
 /* Commands from rank 0. */
 enum {
     CMD_CREATE = 1, /* make the stage's backend: ctx, chunk, no_sim, graph ctx */
-    CMD_FREE,       /* free it */
+    CMD_FREE,       /* free it (acknowledged) */
     CMD_SEQ_NEW,    /* seq id, ctx */
     CMD_SEQ_FREE,
     CMD_RESET,
@@ -176,6 +176,9 @@ typedef struct dist_transport {
     /* After the plan: what runs beside the program (heartbeats; the
      * stages' threads, each stage's weights read in first by o->warm). */
     int (*start)(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, ds4_err *err);
+    /* After a failure, rank 0: wait until no other stage runs any more
+     * (in-process stages: they share the program's weights). */
+    void (*settle)(ds4_dist *d);
     /* Leave the job (ds4_dist_end), freeing d. */
     void (*end)(ds4_dist *d);
     /* This rank's pipe, each buffer of `floats` (a chunk's residuals). */

@@ -230,6 +230,16 @@ static int local_start(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o
     return 0;
 }
 
+/* The stages' threads end after a failure (their waits see it). */
+static void join_stages(dist_local *L) {
+    for (int r = 1; r < L->n; r++)
+        if (L->started[r]) pthread_join(L->threads[r], NULL), L->started[r] = false;
+}
+
+static void local_settle(ds4_dist *d) {
+    if (atomic_load(&d->job->failed)) join_stages(d->loc);
+}
+
 static void free_job(dist_local *L) {
     for (int r = 0; r < L->n; r++) {
         for (dist_mail *m = L->box[r].mail, *next; m; m = next) next = m->next, free(m);
@@ -254,8 +264,7 @@ static void local_end(ds4_dist *d) {
         dist_req rq[DS4_DIST_MAX_GPUS] = {{0}};
         for (int r = 1; r < L->n; r++) local_send(d, &c, sizeof(c), r, TAG_CMD, &rq[r - 1]);
     }
-    for (int r = 1; r < L->n; r++)
-        if (L->started[r]) pthread_join(L->threads[r], NULL);
+    join_stages(L);
     free_job(L);
 }
 
@@ -265,6 +274,7 @@ static const dist_transport dist_local_transport = {
     .test = local_test,
     .fail = local_fail,
     .start = local_start,
+    .settle = local_settle,
     .end = local_end,
     .pipe_open = local_pipe_open,
     .pipe_close = local_pipe_close,

@@ -242,7 +242,10 @@ static int serve(server *s, ds4_err *err) {
             rc = seq_new(s, c.seq, c.arg[0], &e);
             send_ack(s, rc ? &e : NULL);
             continue;
-        case CMD_FREE: free_stage(s); continue;
+        case CMD_FREE:
+            free_stage(s);
+            send_ack(s, NULL);
+            continue;
         case CMD_SEQ_FREE:
             if (s->b && c.seq > 0 && c.seq < s->n_seqs) {
                 ds4_seq_free(s->b, s->seqs[c.seq]);
