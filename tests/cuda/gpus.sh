@@ -14,7 +14,8 @@
 #  3. refusals: a GPU the process does not see, a stage its GPU cannot
 #     hold (the stage's error, and every thread ends), f16 residuals, a
 #     --layers list of the wrong length, --backend cpu.
-# quick (the default suite's smoke set): 1. with 2 GPUs only.
+# quick (the default suite's smoke set): 1. with 2 GPUs only, 12 tokens (10
+# prefilled: 3 chunks in flight), 2 greedy.
 # BINDIR is build/emu/bin (the CPU emulation of CUDA: DS4_EMU_GPUS
 # emulates 3 GPUs, DS4_EMU_GPU_MEM their memory) or build/cuda/bin (real
 # GPUs: SKIP, status 77, with fewer than 3).
@@ -35,10 +36,13 @@ T=$(mktemp -d)
 trap 'rm -rf "$T"' EXIT
 export DS4_LOCK_FILE="$T/ds4.lock"
 
-awk 'BEGIN { s = 7; for (i = 0; i < 24; i++) { s = (s * 1103 + 12345) % 65536; printf "%d ", s % 256 } }' > "$T/all.txt"
-awk '{ for (i = 1; i <= 20; i++) printf "%s ", $i }' "$T/all.txt" > "$T/head.txt"
-awk '{ for (i = 21; i <= NF; i++) printf "%s ", $i }' "$T/all.txt" > "$T/tail.txt"
-RUN="--tokens @$T/all.txt --split 20 --chunk 4 --top 0 -t 1 -c 64 --bench --gen 3"
+N=24 PRE=20 GEN=3
+[ "$QUICK" = quick ] && N=12 PRE=10 GEN=2
+awk -v n=$N 'BEGIN { s = 7; for (i = 0; i < n; i++) { s = (s * 1103 + 12345) % 65536; printf "%d ", s % 256 } }' \
+    > "$T/all.txt"
+awk -v p=$PRE '{ for (i = 1; i <= p; i++) printf "%s ", $i }' "$T/all.txt" > "$T/head.txt"
+awk -v p=$PRE '{ for (i = p + 1; i <= NF; i++) printf "%s ", $i }' "$T/all.txt" > "$T/tail.txt"
+RUN="--tokens @$T/all.txt --split $PRE --chunk 4 --top 0 -t 1 -c 64 --bench --gen $GEN"
 
 # run NAME OPTS...: ds4-forward on the model, its output kept in NAME.out
 run() {
@@ -58,7 +62,7 @@ run one $RUN --backend cuda --logits-out "$T/one.f32" --save-state "$T/one.dsv4"
 run two $RUN --gpus 0,1 --logits-out "$T/two.f32" --save-state "$T/two.dsv4"
 same two
 grep -q "stage 1: layers 3..5 + output head on cuda .*, GPU 1" "$T/two.out" || fail "the even split: $(cat "$T/two.out")"
-echo "ok: --gpus 0,1 (split by memory: $(grep -o 'stage 0: layers [0-9.]*' "$T/two.out")): 24 tokens' logits (20 prefilled in chunks of 4, 4 decoded), $(greedy two | tr -d '\n'), the snapshot: one CUDA process's bit for bit"
+echo "ok: --gpus 0,1 (split by memory: $(grep -o 'stage 0: layers [0-9.]*' "$T/two.out")): $N tokens' logits ($PRE prefilled in chunks of 4, $((N - PRE)) decoded), $(greedy two | tr -d '\n'), the snapshot: one CUDA process's bit for bit"
 [ "$QUICK" = quick ] && exit 0
 run three $RUN --gpus 2,0,1 --layers 0:1,2:2,3:output --logits-out "$T/three.f32" --save-state "$T/three.dsv4"
 same three
@@ -75,7 +79,7 @@ stages=$(grep -o 'stage [0-9]: layers [0-9.]*' "$T/uneven.out" | tr '\n' ';')
     fail "GPUs of 6, 3 and 3 GiB: $stages ($(cat "$T/uneven.out"))"
 echo "ok: GPUs of 6, 3 and 3 GiB split by memory ($stages): one CUDA process's logits and greedy tokens"
 run head --tokens @"$T/head.txt" --chunk 4 --top 0 -t 1 -c 64 --backend cuda --save-state "$T/head.dsv4"
-tail -c $((4 * 256 * 4)) "$T/one.f32" > "$T/one-tail.f32"
+tail -c $(((N - PRE) * 256 * 4)) "$T/one.f32" > "$T/one-tail.f32"
 run resume --load-state "$T/head.dsv4" --tokens @"$T/tail.txt" --decode --top 0 -t 1 -c 64 --gpus 1,2 \
     --logits-out "$T/resume.f32"
 cmp "$T/one-tail.f32" "$T/resume.f32" > /dev/null || fail "a resumed snapshot: logits differ from the uninterrupted run"

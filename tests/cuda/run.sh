@@ -19,10 +19,10 @@
 #          see); a q2 model with the simulations on (the quantized products
 #          and low-precision paths users run); the Pro-pattern HF golden
 #          (pro-a); the imatrix collection against the CPU's; two splits
-#          into pipeline stages.  The other HF goldens and the programs end to end stay
-#          in emu: the compare already holds the
-#          CUDA backend to the CPU reference, which test_cpu_golden holds
-#          to the golden.
+#          into pipeline stages; a pipeline over 2 emulated GPUs
+#          (--gpus).  The other HF goldens and the programs end to end
+#          stay in emu: the compare already holds the CUDA backend to the
+#          CPU reference, which test_cpu_golden holds to the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
 #
 #   kernels   activation quantization, every product, the simulations,
@@ -56,12 +56,17 @@
 #             CPU stages (smoke: two splits, a short prompt)
 #   pipeline  CUDA ranks under mpirun, alone and beside CPU ranks
 #             (tests/cuda/dist.sh; SKIP without mpirun)
+#   gpus      the pipeline over a host's GPUs in one process (--gpus:
+#             stage threads, NCCL between the GPUs) against one CUDA
+#             process (tests/cuda/gpus.sh; emu: 3 emulated GPUs; gpu:
+#             skipped with fewer than 3; smoke: 2 GPUs, a short prompt)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
 #             give on the CPU backend (tests/cuda/apps.sh)
 # Each step prints "== NAME" when it starts, a line every 30 s while it
-# runs, and "-- NAME: ok (N s)" or "-- NAME: FAILED" at its end.
+# runs, and "-- NAME: ok (N s)", "-- NAME: skipped" (status 77) or
+# "-- NAME: FAILED" at its end.
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${1:?usage: run.sh BUILD_DIR [gpu|emu|smoke]}
@@ -105,8 +110,11 @@ step() {
     done
     wait $!
     cat "$d/.out"
-    if [ "$(cat "$d/.rc")" = 0 ]; then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
-    else echo "-- $name: FAILED"; fail=1; fi
+    case $(cat "$d/.rc") in
+    0) echo "-- $name: ok ($(( $(date +%s) - start )) s)" ;;
+    77) echo "-- $name: skipped" ;;
+    *) echo "-- $name: FAILED"; fail=1 ;;
+    esac
 }
 # a step never under compute-sanitizer (it provokes an API error on
 # purpose, or runs programs rather than a GPU test)
@@ -235,13 +243,16 @@ fi
 # 40-token prompt, emu every split of a 120-token prompt and 12 decode steps
 # (across the ratio-128 window's end), gpu that on tiny-a and tiny f16; then
 # (emu, gpu) ds4-forward's CUDA ranks under mpirun, alone and beside CPU
-# ranks (tests/cuda/dist.sh).
+# ranks (tests/cuda/dist.sh), and its stages over GPUs in one process,
+# --gpus (tests/cuda/gpus.sh).
 if in_set smoke; then
     step "stages (quick)" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 --chunk 16
+    step_unwrapped "pipeline over GPUs (--gpus, quick)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin" quick
 else
     step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim
     in_set gpu && step "stages tiny f16" "$TEST" stages "$M-f16.gguf" --no-sim
     step_unwrapped "pipeline (mpirun)" sh "$PWD/tests/cuda/dist.sh" "$PWD/$BUILD/bin"
+    step_unwrapped "pipeline over GPUs (--gpus)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin"
 fi
 join
 if in_set gpu; then

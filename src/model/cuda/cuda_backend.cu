@@ -855,7 +855,8 @@ extern "C" int ds4_cuda_mem_available(int gpu, uint64_t *bytes, ds4_err *err) {
     size_t free_b = 0, total_b = 0;
     CU_TRY(cudaGetDevice(&prev));
     CU_TRY(cudaGetDeviceCount(&n));
-    if (gpu < 0 || gpu >= n) return ds4_err_set(err, DS4_EINVAL, "CUDA: GPU %d: the process sees %d (0..%d)", gpu, n, n - 1);
+    if (gpu < 0 || gpu >= n)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA: GPU %d: the process sees %d (0..%d)", gpu, n, n - 1);
     CU_TRY(cudaSetDevice(gpu));
     cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
     CU_TRY(cudaSetDevice(prev));

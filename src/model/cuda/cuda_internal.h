@@ -376,7 +376,7 @@ typedef struct cu_seq {
 
 typedef struct cuda_backend {
     ds4_backend base;
-    int dev; /* its GPU (ds4_backend_opts.gpu), made current by every entry point */
+    int dev;         /* its GPU (ds4_backend_opts.gpu), made current by every entry point */
     cu_seq main_seq; /* the decode graphs' sequence */
     cu_seq *sq;      /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
     /* the sequence whose logits are d_last_logits and not yet in its

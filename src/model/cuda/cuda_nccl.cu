@@ -63,9 +63,12 @@ static int nccl_load(cu_nccl *n, ds4_err *err) {
         void *slot;
         const char *name;
     } fns[] = {
-        {(void *)&n->CommInitAll, "ncclCommInitAll"}, {(void *)&n->CommDestroy, "ncclCommDestroy"},
-        {(void *)&n->CommAbort, "ncclCommAbort"},     {(void *)&n->Send, "ncclSend"},
-        {(void *)&n->Recv, "ncclRecv"},               {(void *)&n->GetErrorString, "ncclGetErrorString"},
+        {(void *)&n->CommInitAll, "ncclCommInitAll"},
+        {(void *)&n->CommDestroy, "ncclCommDestroy"},
+        {(void *)&n->CommAbort, "ncclCommAbort"},
+        {(void *)&n->Send, "ncclSend"},
+        {(void *)&n->Recv, "ncclRecv"},
+        {(void *)&n->GetErrorString, "ncclGetErrorString"},
     };
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
         void *p = dlsym(lib, fns[i].name);

@@ -73,8 +73,8 @@ typedef struct ds4_dist_opts {
      * (n_gpus >= 2, distinct); n_gpus 0: none (one process, or mpirun's) */
     int gpus[DS4_DIST_MAX_GPUS];
     int n_gpus;
-    const char *dtype;  /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
-    float timeout_s;    /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
+    const char *dtype; /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
+    float timeout_s;   /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
     /* --warm-weights on a rank after the first: read its stage's tensors
      * in before serving (the program's reader, engine/startup.h:
      * ds4_startup_warm_stage); NULL: no. 0 on success. */

@@ -32,12 +32,12 @@ typedef struct dist_seq {
 typedef struct dist_slot {
     bool busy;
     uint32_t n;
-    size_t nret;      /* floats the last rank returns */
-    dist_cmd cmd;     /* the step's command */
-    dist_row *rows;   /* chunk entries */
-    float *ret;       /* the logits (and argmaxes) received */
-    size_t ret_cap;   /* its bytes (grown to the largest answer) */
-    uint32_t *argmax; /* where a RET_ARGMAX row's token goes */
+    size_t nret;                      /* floats the last rank returns */
+    dist_cmd cmd;                     /* the step's command */
+    dist_row *rows;                   /* chunk entries */
+    float *ret;                       /* the logits (and argmaxes) received */
+    size_t ret_cap;                   /* its bytes (grown to the largest answer) */
+    uint32_t *argmax;                 /* where a RET_ARGMAX row's token goes */
     dist_req req[2 * DIST_MAX_RANKS]; /* the command and the rows to every rank */
     int nreq;
     dist_req ret_req;
@@ -157,8 +157,10 @@ static uint32_t dist_seq_len(const ds4_backend *base, const ds4_seq *s) {
 static int complete(dist_backend *b, dist_slot *sl, ds4_err *err) {
     if (!sl->busy) return 0;
     sl->busy = false;
-    if (dist_wait_all(b->d, sl->req, sl->nreq, err) != 0) return -1;
-    if (sl->nret && dist_wait(b->d, &sl->ret_req, err) != 0) return -1;
+    int rc = dist_wait_all(b->d, sl->req, sl->nreq, err);
+    if (sl->nret && rc == 0) rc = dist_wait(b->d, &sl->ret_req, err);
+    else if (sl->ret_req.on) b->d->tr->cancel(b->d, &sl->ret_req); /* its buffer is the slot's */
+    if (rc != 0) return -1;
     size_t V = b->n_vocab;
     const float *l = sl->ret;
     for (uint32_t i = 0; i < sl->n; i++) {
@@ -533,11 +535,11 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     b->base.opts.n_threads = b->local->opts.n_threads;
     char line[512];
     size_t o = (size_t)snprintf(line, sizeof(line), "pipeline: a sequence of %u tokens keeps", lo.ctx_size);
-    for (int r = 0; r < d->size && o < sizeof(line); r++)
-        o += (size_t)snprintf(
-            line + o, sizeof(line) - o, "%s %.1f MiB on %s %d", r ? "," : "",
-            (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) / (1u << 20),
-            d->loc ? "GPU" : "rank", d->loc ? dist_local_gpu(d, r) : r);
+    for (int r = 0; r < d->size && o < sizeof(line); r++) {
+        double mib = (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) / (1u << 20);
+        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s %.1f MiB on %s %d", r ? "," : "", mib,
+                              d->loc ? "GPU" : "rank", d->loc ? dist_local_gpu(d, r) : r);
+    }
     fprintf(stderr, "%s: %s\n", d->prog ? d->prog : "ds4", line);
     if (!(b->base.main = seq_make(b, b->base.opts.ctx_size, true, err))) {
         dist_free(&b->base);

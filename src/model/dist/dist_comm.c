@@ -197,7 +197,10 @@ static int reqs_done(void *ctx, ds4_err *err) {
 
 int dist_wait_all(ds4_dist *d, dist_req *r, int n, ds4_err *err) {
     reqs q = {d, r, n};
-    return dist_wait_until(d, reqs_done, &q, err);
+    if (dist_wait_until(d, reqs_done, &q, err) == 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].on) d->tr->cancel(d, &r[i]);
+    return -1;
 }
 
 int dist_wait(ds4_dist *d, dist_req *r, ds4_err *err) { return dist_wait_all(d, r, 1, err); }
@@ -239,13 +242,13 @@ void ds4_dist_end(ds4_dist *d) {
 /* Every message travels as floats (its bytes are a multiple of 4): one
  * type on both ends, and counts up to 8 GiB in an int. */
 static int mpi_send(ds4_dist *d, const void *buf, size_t bytes, int to, int tag, dist_req *r) {
-    r->on = true;
-    return d->mpi.Isend(buf, (int)(bytes / 4), d->mpi.flt, to, tag, d->comm, &r->mpi) == MPI_SUCCESS ? 0 : -1;
+    r->on = d->mpi.Isend(buf, (int)(bytes / 4), d->mpi.flt, to, tag, d->comm, &r->mpi) == MPI_SUCCESS;
+    return r->on ? 0 : -1;
 }
 
 static int mpi_recv(ds4_dist *d, void *buf, size_t bytes, int from, int tag, dist_req *r) {
-    r->on = true;
-    return d->mpi.Irecv(buf, (int)(bytes / 4), d->mpi.flt, from, tag, d->comm, &r->mpi) == MPI_SUCCESS ? 0 : -1;
+    r->on = d->mpi.Irecv(buf, (int)(bytes / 4), d->mpi.flt, from, tag, d->comm, &r->mpi) == MPI_SUCCESS;
+    return r->on ? 0 : -1;
 }
 
 static int mpi_test(ds4_dist *d, dist_req *r, bool *done) {
@@ -255,6 +258,10 @@ static int mpi_test(ds4_dist *d, dist_req *r, bool *done) {
     if (*done) r->on = false;
     return 0;
 }
+
+/* A request left after a failure: the job ends without waiting for it
+ * (MPI_Abort, or a worker's exit). */
+static void mpi_cancel(ds4_dist *d, dist_req *r) { (void)d, (void)r; }
 
 /* ============================================ MPI: failures, heartbeats */
 
@@ -504,6 +511,7 @@ static const dist_transport dist_mpi_transport = {
     .send = mpi_send,
     .recv = mpi_recv,
     .test = mpi_test,
+    .cancel = mpi_cancel,
     .fail = mpi_fail,
     .start = mpi_start,
     .settle = mpi_settle,

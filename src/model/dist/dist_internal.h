@@ -170,6 +170,8 @@ typedef struct dist_transport {
     int (*recv)(ds4_dist *d, void *buf, size_t bytes, int from, int tag, dist_req *r);
     /* Whether r is done (its `on` cleared then); -1 when it failed. */
     int (*test)(ds4_dist *d, dist_req *r, bool *done);
+    /* Give up on r (a wait that failed): its buffer is no longer written. */
+    void (*cancel)(ds4_dist *d, dist_req *r);
     /* The pipeline fails with this cause, found on this rank: the others
      * learn of it (a worker process stops). */
     void (*fail)(ds4_dist *d, const char *why);
@@ -205,8 +207,8 @@ struct ds4_dist {
 
     /* MPI */
     dist_mpi mpi;
-    MPI_Comm comm; /* commands and data */
-    MPI_Comm hb;   /* heartbeats and failures */
+    MPI_Comm comm;    /* commands and data */
+    MPI_Comm hb;      /* heartbeats and failures */
     pthread_t thread; /* the heartbeat thread */
     bool thread_on;
     atomic_bool quit; /* the thread's end */

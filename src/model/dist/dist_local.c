@@ -124,12 +124,29 @@ static int local_test(ds4_dist *d, dist_req *r, bool *done) {
     return bad ? -1 : 0;
 }
 
+/* A receive given up: out of its rank's posted list. */
+static void local_cancel(ds4_dist *d, dist_req *r) {
+    dist_local *L = d->loc;
+    dist_box *b = &L->box[d->rank];
+    pthread_mutex_lock(&L->mu);
+    dist_req *q = b->posted, *prev = NULL;
+    while (q && q != r) prev = q, q = q->next;
+    if (q) {
+        if (prev) prev->next = q->next;
+        else b->posted = q->next;
+        if (b->posted_tail == q) b->posted_tail = prev;
+    }
+    r->on = false;
+    pthread_mutex_unlock(&L->mu);
+}
+
 /* A stage's failure is the job's: named after the stage (stage 0's own
  * errors need no name: they are the program's), and NCCL's transfers
  * aborted so that no wait hangs on one. */
 static void local_fail(ds4_dist *d, const char *why) {
     char named[1024], name[64];
-    if (d->rank > 0) snprintf(named, sizeof(named), "%s failed: %s", dist_peer_name(d, d->rank, name, sizeof(name)), why);
+    if (d->rank > 0)
+        snprintf(named, sizeof(named), "%s failed: %s", dist_peer_name(d, d->rank, name, sizeof(name)), why);
     else snprintf(named, sizeof(named), "%s", why);
     if (dist_set_failed(d, named)) ds4_cuda_clique_abort(d->loc->clique);
 }
@@ -272,6 +289,7 @@ static const dist_transport dist_local_transport = {
     .send = local_send,
     .recv = local_recv,
     .test = local_test,
+    .cancel = local_cancel,
     .fail = local_fail,
     .start = local_start,
     .settle = local_settle,
@@ -303,11 +321,6 @@ static ds4_dist *new_view(dist_local *L, int r, ds4_dist *job) {
 int dist_local_open(const ds4_dist_opts *o, const char *local, const char *model_path, int n_threads, ds4_dist **d,
                     ds4_err *err) {
     *d = NULL;
-    if (ds4_dist_launched()) {
-        ds4_err_set(err, DS4_EINVAL,
-                    "--gpus runs one process over GPUs of its host: not under mpirun (there each rank is a stage)");
-        return 2;
-    }
     if (local && strcmp(local, "cuda") != 0) {
         ds4_err_set(err, DS4_EINVAL, "--gpus runs the stages on the CUDA backend, not --backend %s", local);
         return 2;
@@ -351,7 +364,8 @@ int dist_local_open(const ds4_dist_opts *o, const char *local, const char *model
                     ds4_err *err) {
     (void)o, (void)local, (void)model_path, (void)n_threads;
     *d = NULL;
-    ds4_err_set(err, DS4_EUNSUPPORTED, "--gpus runs the stages on GPUs: this is a CPU build (build it with `make cuda`)");
+    ds4_err_set(err, DS4_EUNSUPPORTED,
+                "--gpus runs the stages on GPUs: this is a CPU build (build it with `make cuda`)");
     return 2;
 }
 

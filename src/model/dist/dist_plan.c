@@ -337,8 +337,7 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
                     d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
                     d->peers[r].backend, (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB", name);
         }
-        if (d->loc)
-            fprintf(stderr, "%s: pipeline: residuals in f32 from GPU to GPU by NCCL, a stage a thread\n", prog);
+        if (d->loc) fprintf(stderr, "%s: pipeline: residuals in f32 from GPU to GPU by NCCL, a stage a thread\n", prog);
         else
             fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
                     dtype_name(d->dtype), d->timeout_s);

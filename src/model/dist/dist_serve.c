@@ -286,7 +286,12 @@ int ds4_dist_start(const char *prog, const char *model_path, const char *local, 
                    ds4_dist **d) {
     ds4_err err = {0};
     if (o && o->n_gpus) { /* the stages in this process, over its host's GPUs */
-        int rc = dist_local_open(o, local, model_path, n_threads, d, &err);
+        int rc = 2;
+        if (ds4_dist_launched())
+            ds4_err_set(&err, DS4_EINVAL,
+                        "--gpus runs one process over GPUs of its host: not under mpirun (there each rank is a "
+                        "stage)");
+        else rc = dist_local_open(o, local, model_path, n_threads, d, &err);
         if (rc == 0) return -1;
         fprintf(stderr, "%s: %s\n", prog, ds4_err_msg(&err));
         return rc;

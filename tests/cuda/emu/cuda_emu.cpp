@@ -380,6 +380,12 @@ int emu_mem_device(const void *p, size_t bytes) {
     return (uintptr_t)p + bytes <= it->first + it->second.bytes ? it->second.dev : -1;
 }
 
+void emu_check_arg_device(const void *p, const char *kernel) {
+    int dev = emu_mem_device(p, 1);
+    if (dev >= 0 && dev != cur_dev)
+        emu_dief("launch of %s on device %d with an argument in memory of device %d", kernel, cur_dev, dev);
+}
+
 /* -------------------------------------------------------------- streams */
 
 struct emu_stream;

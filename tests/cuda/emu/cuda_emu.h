@@ -349,12 +349,22 @@ template <typename F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int
 /* Run (or record, while the stream is being captured) one launch. */
 void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body, const char *name);
 
+/* A kernel's pointer argument into memory of another device than the
+ * current one stops the program (a GPU would fault, or read the peer's
+ * memory over the link without the access enabled). */
+void emu_check_arg_device(const void *p, const char *kernel);
+template <typename T> static inline void emu_check_arg(const T &, const char *) {}
+template <typename T> static inline void emu_check_arg(T *const &p, const char *kernel) {
+    emu_check_arg_device((const void *)p, kernel);
+}
+
 /* A launch as CUDA does it: the arguments are converted to the kernel's
  * parameter types and copied now, when the launch is made. */
 template <typename... P, typename... A>
 void emu_launch_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char *name, void (*k)(P...),
                        A &&...args) {
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    std::apply([name](const auto &...a) { (emu_check_arg(a, name), ...); }, params);
     emu_launch(
         grid, block, smem, s, [k, params]() { std::apply(k, params); }, name);
 }
