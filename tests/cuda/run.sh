@@ -53,7 +53,8 @@
 #             smoke: no experts in host RAM, a short prompt)
 #   stages    pipeline stages chained in one process (cmd_stages): splits
 #             into 2 and 3 CUDA stages against the whole CUDA model and the
-#             CPU stages (smoke: two splits, a short prompt)
+#             CPU stages (smoke: two splits, a short prompt; emu, smoke:
+#             each stage on an emulated GPU of its own)
 #   pipeline  CUDA ranks under mpirun, alone and beside CPU ranks
 #             (tests/cuda/dist.sh; SKIP without mpirun)
 #   gpus      the pipeline over a host's GPUs in one process (--gpus:
@@ -241,15 +242,18 @@ fi
 # Pipeline stages (docs/DISTRIBUTED.md; test_cuda.c cmd_stages): chained in
 # one process on tiny-a (ratios 0,0,4,128,4,128), smoke two splits and a
 # 40-token prompt, emu every split of a 120-token prompt and 12 decode steps
-# (across the ratio-128 window's end), gpu that on tiny-a and tiny f16; then
-# (emu, gpu) ds4-forward's CUDA ranks under mpirun, alone and beside CPU
-# ranks (tests/cuda/dist.sh), and its stages over GPUs in one process,
-# --gpus (tests/cuda/gpus.sh).
+# (across the ratio-128 window's end), gpu that on tiny-a and tiny f16 -
+# smoke and emu each stage on an emulated GPU of its own (--gpus 3: one
+# thread calls backends of 3 GPUs in turn); then (emu, gpu) ds4-forward's
+# CUDA ranks under mpirun, alone and beside CPU ranks (tests/cuda/dist.sh),
+# and its stages over GPUs in one process, --gpus (tests/cuda/gpus.sh).
 if in_set smoke; then
-    step "stages (quick)" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 --chunk 16
+    step "stages (quick)" env DS4_EMU_GPUS=3 "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 \
+        --chunk 16 --gpus 3
     step_unwrapped "pipeline over GPUs (--gpus, quick)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin" quick
 else
-    step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim
+    if in_set emu; then step "stages tiny-a" env DS4_EMU_GPUS=3 "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --gpus 3
+    else step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim; fi
     in_set gpu && step "stages tiny f16" "$TEST" stages "$M-f16.gguf" --no-sim
     step_unwrapped "pipeline (mpirun)" sh "$PWD/tests/cuda/dist.sh" "$PWD/$BUILD/bin"
     step_unwrapped "pipeline over GPUs (--gpus)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin"
