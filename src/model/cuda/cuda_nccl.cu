@@ -100,6 +100,25 @@ static int nccl_check(const cu_nccl *n, ncclResult_t r, const char *what, ds4_er
     return ds4_err_set(err, DS4_EIO, "NCCL: %s failed: %s", what, n->GetErrorString(r));
 }
 
+/* NCCL loaded, and its communicators over the listed GPUs, each one the
+ * process sees; the caller's current device stays its own. */
+static int clique_init(ds4_cuda_clique *c, const int *gpus, int n, ds4_err *err) {
+    if (nccl_load(&c->nccl, err)) return -1;
+    int prev = 0, count = 0;
+    CU_TRY(cudaGetDevice(&prev));
+    CU_TRY(cudaGetDeviceCount(&count));
+    for (int r = 0; r < n; r++)
+        if (gpus[r] >= count)
+            return ds4_err_set(err, DS4_EINVAL, "--gpus: GPU %d: the process sees %d GPU%s (0..%d)", gpus[r], count,
+                               count == 1 ? "" : "s", count - 1);
+    if (nccl_check(&c->nccl, c->nccl.CommInitAll(c->comms, n, gpus), "ncclCommInitAll", err)) {
+        memset(c->comms, 0, (size_t)n * sizeof(ncclComm_t)); /* none made: NCCL frees what it began */
+        return -1;
+    }
+    CU_TRY(cudaSetDevice(prev));
+    return 0;
+}
+
 extern "C" int ds4_cuda_clique_open(const int *gpus, int n, ds4_cuda_clique **out, ds4_err *err) {
     *out = NULL;
     ds4_cuda_clique *c = new (std::nothrow) ds4_cuda_clique();
@@ -109,19 +128,9 @@ extern "C" int ds4_cuda_clique_open(const int *gpus, int n, ds4_cuda_clique **ou
     c->comms = (ncclComm_t *)calloc((size_t)n, sizeof(ncclComm_t));
     int rc = c->gpus && c->comms ? 0 : ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (rc == 0) memcpy(c->gpus, gpus, (size_t)n * sizeof(int));
-    int prev = 0, count = 0;
-    if (rc == 0) rc = ds4_cuda_check(cudaGetDevice(&prev), "cudaGetDevice", __FILE__, __LINE__, err);
-    if (rc == 0) rc = ds4_cuda_check(cudaGetDeviceCount(&count), "cudaGetDeviceCount", __FILE__, __LINE__, err);
-    for (int r = 0; rc == 0 && r < n; r++)
-        if (gpus[r] >= count)
-            rc = ds4_err_set(err, DS4_EINVAL, "--gpus: GPU %d: the process sees %d GPU%s (0..%d)", gpus[r], count,
-                             count == 1 ? "" : "s", count - 1);
-    if (rc == 0) rc = nccl_load(&c->nccl, err);
-    if (rc == 0) rc = nccl_check(&c->nccl, c->nccl.CommInitAll(c->comms, n, gpus), "ncclCommInitAll", err);
-    if (rc == 0) rc = ds4_cuda_check(cudaSetDevice(prev), "cudaSetDevice", __FILE__, __LINE__, err);
+    if (rc == 0) rc = clique_init(c, gpus, n, err);
     if (rc != 0) {
-        if (c->comms && c->comms[0]) ds4_cuda_clique_close(c);
-        else free(c->gpus), free(c->comms), delete c;
+        ds4_cuda_clique_close(c); /* the communicators made, if any */
         return -1;
     }
     *out = c;
@@ -138,9 +147,8 @@ extern "C" void ds4_cuda_clique_abort(ds4_cuda_clique *c) {
 
 extern "C" void ds4_cuda_clique_close(ds4_cuda_clique *c) {
     if (!c) return;
-    if (!c->aborted)
-        for (int r = 0; r < c->n; r++)
-            if (c->comms[r]) c->nccl.CommDestroy(c->comms[r]);
+    for (int r = 0; c->comms && !c->aborted && r < c->n; r++)
+        if (c->comms[r]) c->nccl.CommDestroy(c->comms[r]);
     free(c->gpus);
     free(c->comms);
     delete c;

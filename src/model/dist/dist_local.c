@@ -167,8 +167,11 @@ static void local_pipe_close(ds4_dist *d, dist_pipe *p) {
     if (!p) return;
     for (uint32_t k = 0; p->gpu && k < DS4_DIST_IN_FLIGHT; k++) {
         gpu_done g = {p, (int)k};
-        dist_wait_until(d, gpu_done_poll, &g, NULL); /* after a failure: aborted, so done */
+        dist_wait_until(d, gpu_done_poll, &g, NULL);
     }
+    /* after a failure the transfers end by the abort, which the failing
+     * stage may not have made yet: made here (once), before their memory goes */
+    if (atomic_load(&d->job->failed)) ds4_cuda_clique_abort(d->loc->clique);
     ds4_cuda_pipe_close(p->gpu);
     free(p);
 }

@@ -524,6 +524,32 @@ static void exec_launch(dim3 grid, dim3 block, size_t smem, const std::function<
     emu_cur = nullptr;
 }
 
+/* A launch made to fail, for the tests of what a failing GPU does to a
+ * program: DS4_EMU_FAIL_LAUNCH=DEV:N (the emulation's own variable) - the
+ * N-th launch run on device DEV (from 1; captured ones are not counted)
+ * does not run and leaves cudaErrorLaunchFailure for cudaGetLastError, as
+ * a kernel that faulted does. */
+static thread_local cudaError_t last_error = cudaSuccess;
+struct emu_fault {
+    int dev;
+    uint64_t n;
+    std::atomic<uint64_t> seen;
+};
+static emu_fault *fault_plan() {
+    static emu_fault f{-1, 0, {0}};
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const char *v = getenv("DS4_EMU_FAIL_LAUNCH");
+        if (v && sscanf(v, "%d:%llu", &f.dev, (unsigned long long *)&f.n) != 2)
+            emu_dief("DS4_EMU_FAIL_LAUNCH=%s: expected DEV:N", v);
+    });
+    return &f;
+}
+static bool launch_fails() {
+    emu_fault *f = fault_plan();
+    return f->dev == cur_dev && ++f->seen == f->n;
+}
+
 /* A kernel goes to a stream of the current device (CUDA refuses others). */
 static void check_device(const emu_stream *st, const char *what) {
     if (st->dev >= 0 && st->dev != cur_dev)
@@ -547,6 +573,10 @@ void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::functio
         return;
     }
     drain(st);
+    if (launch_fails()) {
+        last_error = cudaErrorLaunchFailure;
+        return;
+    }
     exec_launch(grid, block, smem, body);
 }
 
@@ -672,14 +702,19 @@ cudaError_t cudaDeviceSynchronize() {
     });
     return cudaSuccess;
 }
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
+cudaError_t cudaGetLastError() {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
 const char *cudaGetErrorString(cudaError_t e) {
     switch (e) {
     case cudaSuccess: return "no error";
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidDevice: return "invalid device ordinal";
     case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
     default: return "emulated error";
     }
 }

@@ -17,7 +17,8 @@
  *
  * Several GPUs (DS4_EMU_GPUS, DS4_EMU_GPU_MEM; cuda_emu.cpp) each have
  * their memory and streams: a kernel sent to a stream of another device
- * than the thread's current one is an error, as on a GPU.  Threads may
+ * than the thread's current one is an error, as on a GPU.  A launch can be
+ * made to fail (DS4_EMU_FAIL_LAUNCH) to test what a program does then.  Threads may
  * launch at once (a program with a thread a GPU); kernels then run one at
  * a time.  The part of NCCL the programs use is emulated beside it
  * (nccl_emu.h).
@@ -93,7 +94,8 @@ enum {
     cudaErrorInvalidValue = 1,
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidDevice = 101,
-    cudaErrorNotReady = 600
+    cudaErrorNotReady = 600,
+    cudaErrorLaunchFailure = 719
 };
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost,
