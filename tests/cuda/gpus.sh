@@ -13,7 +13,9 @@
 #     uninterrupted run goes on, bit for bit;
 #  3. refusals: a GPU the process does not see, a stage its GPU cannot
 #     hold (the stage's error, and every thread ends), f16 residuals, a
-#     --layers list of the wrong length, --backend cpu.
+#     --layers list of the wrong length, --backend cpu;
+#  4. (the emulation) a GPU failing mid-prefill ends the program with the
+#     stage named, no thread or transfer left waiting.
 # quick (the default suite's smoke set): 1. with 2 GPUs only, 12 tokens (10
 # prefilled: 3 chunks in flight), 2 greedy.
 # BINDIR is build/emu/bin (the CPU emulation of CUDA: DS4_EMU_GPUS
@@ -27,7 +29,9 @@ cd "$(dirname "$0")/../.." || exit 1
 fail() { echo "gpus: FAIL: $*"; exit 1; }
 [ -x "$BIN" ] || fail "$BIN not built"
 export DS4_EMU_GPUS=3
+EMU=1
 if [ "${BIN#*/build/emu/}" = "$BIN" ]; then
+    EMU=0
     n=$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')
     [ "$n" -ge 3 ] || { echo "gpus: SKIP: $n GPUs (3 needed)"; exit 77; }
 fi
@@ -101,4 +105,16 @@ refused 1 "residuals between GPUs (--gpus) travel in f32" --gpus 0,1 --pipe-dtyp
 refused 1 "one range a GPU of --gpus (3)" --gpus 0,1,2 --layers 0:2,3:output
 refused 2 "not --backend cpu" --gpus 0,1 --backend cpu
 refused 2 "listed twice" --gpus 0,1,0
+
+# 4. a GPU that fails mid-prefill (the emulation's DS4_EMU_FAIL_LAUNCH: the
+# 400th launch on GPU 1, in stage 1's third chunk): the program ends with
+# status 1 naming the stage, its threads and NCCL's transfers with it
+[ "$EMU" = 1 ] || exit 0
+start=$(date +%s)
+DS4_EMU_FAIL_LAUNCH=1:400 timeout 120 "$BIN" $MODEL $RUN --gpus 0,1 > "$T/fault.out" 2>&1
+rc=$?
+[ $rc = 1 ] || fail "a failing GPU: status $rc, want 1: $(cat "$T/fault.out")"
+grep -q "pipeline failed: stage 1 (GPU 1) failed: .*launch failure" "$T/fault.out" ||
+    fail "a failing GPU: the message does not name stage 1: $(cat "$T/fault.out")"
+echo "ok: a GPU failing mid-prefill ends the program in $(($(date +%s) - start)) s: $(tail -n 1 "$T/fault.out")"
 exit 0
