@@ -957,6 +957,16 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     double t0 = ds4_now();
     if (o->steer.path && !(bo.steer = steer = ds4_steering_load(o->steer.path, &w->cfg, err))) goto done;
     if (o->imatrix && !(bo.imatrix = col = ds4_imcol_new(&w->cfg, err))) goto done;
+    double copy_bw = 0;
+#if DS4_CUDA
+    /* before the model fills the GPU: the probe's two 4 GiB buffers find no
+     * room beside a model that leaves only the runtime's reserve free */
+    char dev[128] = "";
+    if (!d && o->backend && !strcmp(o->backend, "cuda")) {
+        if (ds4_cuda_copy_bandwidth(&copy_bw, dev, sizeof(dev), err)) goto done;
+        fprintf(stderr, "ds4-bench: %s, device copy bandwidth %.0f GB/s (read + write)\n", dev, copy_bw / 1e9);
+    }
+#endif
     if (!(b = make_backend(o, d, w, &bo, err))) goto done;
     ds4_seq_set_steering(b->main, o->steer.ffn, o->steer.attn);
     char what[96];
@@ -966,14 +976,6 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
     fprintf(stderr, "ds4-bench: %s backend, %s, ready in %.1f s\n", b->ops->name, o->synthetic ? what : o->model,
             ds4_now() - t0);
     ds4_startup_print_memory("ds4-bench", b->ops->name, w, o->ctx_alloc);
-    double copy_bw = 0;
-#if DS4_CUDA
-    char dev[128] = "";
-    if (!strcmp(b->ops->name, "cuda")) {
-        if (ds4_cuda_copy_bandwidth(&copy_bw, dev, sizeof(dev), err)) goto done;
-        fprintf(stderr, "ds4-bench: %s, device copy bandwidth %.0f GB/s (read + write)\n", dev, copy_bw / 1e9);
-    }
-#endif
     double bpt = bytes_per_token(w), host_bw = 0, tok_host = 0;
     fprintf(stderr, "ds4-bench: a generated token reads %.2f GB of weights\n", bpt / 1e9);
 #if DS4_CUDA

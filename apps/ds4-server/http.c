@@ -502,9 +502,7 @@ static enum MHD_Result handle_api(conn *k) {
     ds4_err de = {0};
     if (ds4_dist_failed(s->engine->opts.dist, &de)) /* a rank of the pipeline is gone: until a restart */
         return fail(k->h, c, api, 503, de.msg);
-    int rc = worker_enqueue(s, j);
-    if (rc == -1) return fail(k->h, c, api, 429, "too many requests queued; retry later");
-    if (rc == -2) return fail(k->h, c, api, 503, "server shutting down");
+    if (worker_enqueue(s, j, &e) != 0) return respond_error(k->h, c, api, &e);
     return j->req.stream ? start_stream(k) : wait_and_answer(k);
 }
 

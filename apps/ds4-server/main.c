@@ -26,6 +26,7 @@
 
 #include "engine/cli.h"
 #include "engine/generate.h"
+#include "engine/capacity.h"
 #include "engine/startup.h"
 #include "model/backends.h"
 #include "server.h"
@@ -75,9 +76,14 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
                      "require this key (Authorization: Bearer or x-api-key)"),
          .def_text = "$DS4_API_KEY, else none"},
         {DS4_OPT_U32("--parallel", "N", &o->parallel, 1, 4096, 0,
-                     "requests run at once, each in a session of --ctx tokens, their tokens batched into one "
-                     "forward pass per step; more than the memory holds is refused at startup"),
+                     "requests run at once at most, each in a session sized for its prompt and output, their "
+                     "tokens batched into one forward pass per step; more than the memory holds of the "
+                     "smallest sessions is refused at startup"),
          .seen = &o->parallel_given, .def_text = "as many as the memory holds, at most 16"},
+        {DS4_OPT_U64("--kv-mem-mb", "N", &o->kv_mem_mb, 1, 1ull << 30, 0,
+                     "memory the sessions' state may take in all, in MiB (the GPU's with CUDA): a request waits "
+                     "until its session fits beside the others"),
+         .def_text = "3/4 of what is free"},
         {DS4_OPT_U32("--batch-tokens", "N", &o->batch_tokens, 1, 1u << 20, 0,
                      "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
                      "up to N (a long prompt is prefilled over several steps beside the decoding ones)"),
@@ -235,6 +241,8 @@ int main(int argc, char **argv) {
                           .gpu_mem = s.o.gpu_mem,
                           /* a given --parallel: room on the GPU for the sessions after the first */
                           .extra_seqs = s.o.parallel_given ? s.o.parallel - 1 : 0,
+                          /* the main sequence as short as a session can be (scheduler.c) */
+                          .main_ctx = ds4_ctx_granule(s.o.ctx),
                           .expert_profile = s.o.expert_profile,
                           .mtp_path = s.o.mtp.path};
     ds4_cli_steering_opts(&s.o.steer, &eo);

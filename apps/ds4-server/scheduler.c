@@ -1,14 +1,25 @@
 /*
- * scheduler.c - ds4-server's sessions and the scheduler (scheduler.h): how many
- * sessions the memory holds, one thread each, the bounded queue of jobs,
- * which session a job goes to, shutdown, and /v1/ds4/stats.
+ * scheduler.c - ds4-server's sessions and the scheduler (scheduler.h): the
+ * sessions' memory and how many sessions there are, one thread each, the
+ * bounded queue of jobs, which session a job goes to, shutdown, and
+ * /v1/ds4/stats.
  *
- * Admission: a job waits in the queue (at most --queue jobs; 429 beyond)
- * until a session is free; the sessions are made at startup with state for
- * the whole context, so a job never needs memory that is not there
- * (--parallel is checked against it, or sized from it: engine/capacity.h).  The
- * oldest job goes first; it gets the free session that holds the most of
- * its prompt, in this order:
+ * Admission by memory (engine/capacity.h, docs/SERVER.md): a job's session
+ * holds its prompt and the output it may generate (its max_tokens, or the
+ * server's default clamped to what the memory can hold), rounded up to a
+ * granule (ds4_sized_capacity); the job runs when that fits the budget
+ * beside what the other sessions hold - while a session grows, its old
+ * state and the new one both count.  Otherwise it waits in the queue (at
+ * most --queue jobs; 429 beyond), and the least recently used idle
+ * sessions go to the disk cache (reason evict, with --kv-disk-dir) and
+ * free their memory once enough of them would make room.  A job whose
+ * session could never fit (more than the whole budget) is answered 400 at
+ * once, naming the bytes needed and available.  With a backend whose
+ * sequences keep their size (a pipeline) every session holds the whole
+ * context from startup, and a job only waits for a free one.
+ *
+ * The oldest job goes first; it gets the free session that holds the most
+ * of its prompt, in this order:
  *   1. the session whose live protocol continuation it answers (tool
  *      outputs for its calls, a Responses transcript that replays it);
  *   2. a session whose last prompt it continues (the conversation's own:
@@ -190,6 +201,7 @@ static int pick_slot(sched *q, const job *j) {
             if (job_done(sl->job)) return -1; /* finishing: its next turn may be this one */
             continue;
         }
+        if (sl->evicting) continue;
         fit f = slot_fit(q, sl, j);
         if (best < 0 || better(f, sl->last_used, bf, q->slots[best].last_used)) {
             best = (int)i;
@@ -199,16 +211,133 @@ static int pick_slot(sched *q, const job *j) {
     return best;
 }
 
-/* Hand queued jobs to free slots, oldest first (under q->mu); none once
- * stopping (worker_stop answers them). */
+/* ------------------------------------------------------------ memory */
+
+/* What a session of cap tokens holds in each pool (0 tokens: nothing). */
+static const uint64_t *cost_of(const sched *q, uint32_t cap) {
+    uint32_t k = cap ? (cap + q->granule - 1) / q->granule : 0;
+    return q->costs[k < q->n_costs ? k : q->n_costs - 1];
+}
+
+/* The session a job of this many tokens (prompt, output and the one
+ * after) takes: sized, or the whole context. */
+static uint32_t session_cap(const sched *q, uint64_t tokens) {
+    if (!q->sized) return q->s->o.ctx;
+    return ds4_sized_capacity(q->s->engine, q->s->o.ctx, q->granule, tokens);
+}
+
+/* Whether a session of cap tokens fits the budgets with nothing else held. */
+static bool fits_alone(const sched *q, uint32_t cap) {
+    const uint64_t *c = cost_of(q, cap);
+    for (size_t p = 0; p < q->np; p++)
+        if (c[p] > q->pools[p].budget) return false;
+    return true;
+}
+
+/* The largest session that fits alone, of at most `most` tokens (0: none). */
+static uint32_t largest_fitting(const sched *q, uint32_t most) {
+    for (uint32_t k = q->n_costs; k-- > 1;) {
+        uint32_t cap = session_cap(q, (uint64_t)k * q->granule);
+        if (cap <= most && fits_alone(q, cap)) return cap;
+    }
+    return 0;
+}
+
+/* The memory accounted to sl becomes `now` (under q->mu). */
+static void hold(sched *q, slot *sl, const uint64_t *now) {
+    for (size_t p = 0; p < q->np; p++) {
+        q->used[p] = q->used[p] - sl->held[p] + now[p];
+        sl->held[p] = now[p];
+    }
+}
+
+/* Whether the sessions' memory holds `want` in place of what sl holds. */
+static bool fits_in_place(const sched *q, const slot *sl, const uint64_t *want) {
+    for (size_t p = 0; p < q->np; p++)
+        if (q->used[p] - sl->held[p] + want[p] > q->pools[p].budget) return false;
+    return true;
+}
+
+/* What slot sl holds while it runs a job in a session of cap tokens: its
+ * session as it is, and the larger one beside it while it grows. */
+static void running_cost(const sched *q, const slot *sl, uint32_t cap, uint64_t *want) {
+    uint32_t cur = ds4_session_capacity(sl->sess);
+    const uint64_t *a = cost_of(q, cur), *b = cost_of(q, cap);
+    for (size_t p = 0; p < q->np; p++) want[p] = a[p] + (cap > cur ? b[p] : 0);
+}
+
+/* Idle sessions to the disk cache and freed, the least recently used
+ * first, until what they hold (with what the ones already on the way
+ * free) covers `short_by` in every pool; none when all of them would not
+ * (the running jobs then end first).  Under q->mu. */
+static void make_room(sched *q, const uint64_t *short_by) {
+    uint64_t freed[2] = {0, 0}, can[2] = {0, 0};
+    for (uint32_t i = 0; i < q->n; i++) {
+        const slot *sl = &q->slots[i];
+        for (size_t p = 0; p < q->np; p++) {
+            if (sl->evicting) freed[p] += sl->held[p];
+            if (!sl->job) can[p] += sl->held[p];
+        }
+    }
+    for (size_t p = 0; p < q->np; p++)
+        if (can[p] < short_by[p]) return;
+    for (;;) {
+        bool enough = true;
+        for (size_t p = 0; p < q->np; p++) enough = enough && freed[p] >= short_by[p];
+        if (enough) return;
+        slot *lru = NULL;
+        for (uint32_t i = 0; i < q->n; i++) {
+            slot *sl = &q->slots[i];
+            bool holds = false;
+            for (size_t p = 0; p < q->np; p++) holds = holds || sl->held[p] > 0;
+            if (!sl->job && !sl->evicting && holds && (!lru || sl->last_used < lru->last_used)) lru = sl;
+        }
+        if (!lru) return;
+        lru->evicting = true;
+        for (size_t p = 0; p < q->np; p++) freed[p] += lru->held[p];
+        pthread_cond_signal(&lru->cv);
+    }
+}
+
+/* The session size for job j in slot sl: its prompt (a tool-output-only
+ * request continues the slot's live tokens) and its output, at most what
+ * the memory holds alone. */
+static uint32_t job_cap(const sched *q, const slot *sl, const job *j) {
+    uint64_t prompt = j->tokens.n + (j->cont.tool_only ? ds4_session_n_tokens(sl->sess) : 0);
+    uint32_t cap = session_cap(q, prompt + j->max_out + 1);
+    if (q->sized && !fits_alone(q, cap)) {
+        uint32_t most = largest_fitting(q, q->s->o.ctx);
+        if (most) cap = most;
+    }
+    return cap;
+}
+
+/* Hand queued jobs to free slots, oldest first, while their sessions fit
+ * the memory (under q->mu); none once stopping (worker_stop answers
+ * them).  A job whose session does not fit waits, first in line, while
+ * idle sessions make room (make_room). */
 static void dispatch(sched *q) {
     while (q->qn > 0 && !q->stop) {
         job *j = q->queue[q->qhead];
         int i = pick_slot(q, j);
         if (i < 0) return;
+        slot *sl = &q->slots[i];
+        uint32_t cap = job_cap(q, sl, j);
+        uint64_t want[2] = {0, 0};
+        running_cost(q, sl, cap, want);
+        if (!fits_in_place(q, sl, want)) {
+            uint64_t short_by[2] = {0, 0};
+            for (size_t p = 0; p < q->np; p++) {
+                uint64_t after = q->used[p] - sl->held[p] + want[p];
+                short_by[p] = after > q->pools[p].budget ? after - q->pools[p].budget : 0;
+            }
+            make_room(q, short_by);
+            return;
+        }
+        hold(q, sl, want);
         q->qhead = (q->qhead + 1) % q->qcap;
         q->qn--;
-        slot *sl = &q->slots[i];
+        j->cap = cap;
         sl->job = j;
         pthread_mutex_lock(&j->mu);
         j->started = true;
@@ -239,12 +368,38 @@ static void count_cancel(sched *q, const job *j) {
     pthread_mutex_unlock(&q->s->stats_mu);
 }
 
+void sched_resized(slot *sl) {
+    sched *q = sl->q;
+    pthread_mutex_lock(&q->mu);
+    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
+    dispatch(q);
+    pthread_mutex_unlock(&q->mu);
+}
+
+/* An eviction asked by make_room, then what it freed handed out. */
+static void run_eviction(slot *sl) {
+    sched *q = sl->q;
+    pthread_mutex_unlock(&q->mu);
+    slot_evict(sl);
+    pthread_mutex_lock(&q->s->stats_mu);
+    q->c.evicted_for_memory++;
+    pthread_mutex_unlock(&q->s->stats_mu);
+    pthread_mutex_lock(&q->mu);
+    sl->evicting = false;
+    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
+    dispatch(q);
+}
+
 static void *slot_main(void *arg) {
     slot *sl = arg;
     sched *q = sl->q;
     pthread_mutex_lock(&q->mu);
     for (;;) {
-        while (!sl->job && !q->stop) pthread_cond_wait(&sl->cv, &q->mu);
+        while (!sl->job && !sl->evicting && !q->stop) pthread_cond_wait(&sl->cv, &q->mu);
+        if (sl->evicting) {
+            run_eviction(sl);
+            continue;
+        }
         if (!sl->job) break;
         job *j = sl->job;
         pthread_mutex_unlock(&q->mu);
@@ -255,6 +410,7 @@ static void *slot_main(void *arg) {
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();
+        hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess))); /* what the session ended at */
         dispatch(q);
         pthread_mutex_unlock(&q->mu);
         job_unref(j);
@@ -266,55 +422,72 @@ static void *slot_main(void *arg) {
 
 /* ------------------------------------------------------------ sessions */
 
-/* What a session of --ctx tokens takes (all of it sized for the whole
- * context, as the sessions are made at startup): its sequence where the
- * backend keeps it, and in host memory its token list and the in-memory
- * checkpoint of its last prompt (a KV state); the disk cache's state is
- * one for all. */
-typedef struct session_cost {
-    ds4_seq_memory seq;
-    uint64_t tokens, checkpoint, scratch;
-} session_cost;
-
-static session_cost session_cost_of(const server *s) {
-    session_cost c = {.tokens = (uint64_t)s->o.ctx * sizeof(int32_t)};
-    ds4_engine_seq_memory(s->engine, s->o.ctx, &c.seq);
-    uint64_t kv = ds4_engine_kv_bytes(s->engine, s->o.ctx);
-    if (!c.seq.bytes) { /* a backend that cannot tell (a pipeline): a KV state, its room not known */
-        c.seq.bytes = kv;
-        c.seq.in_host = true;
+/* What a session of cap tokens takes: its sequence where the backend keeps
+ * it, and in host memory its token list and the in-memory checkpoint of
+ * its last prompt (a KV state of its size).  One pool where the backend
+ * keeps the state in host memory (the CPU), else the backend's and the
+ * host's. */
+static void session_cost(const server *s, uint32_t cap, uint64_t *out) {
+    ds4_seq_memory m;
+    ds4_engine_seq_memory(s->engine, cap, &m);
+    uint64_t kv = ds4_engine_kv_bytes(s->engine, cap);
+    if (!m.bytes) { /* a backend that cannot tell (a pipeline): a KV state in host memory */
+        m.bytes = kv;
+        m.in_host = true;
     }
-    if (s->memory_checkpoint) c.checkpoint = kv;
-    if (s->o.kv_dir) c.scratch = kv;
-    return c;
+    uint64_t host = (uint64_t)cap * sizeof(int32_t) + (s->memory_checkpoint ? kv : 0) + m.host_bytes;
+    out[0] = m.in_host ? m.bytes + host : m.bytes;
+    out[1] = m.in_host ? 0 : host;
 }
 
-/* The memories the sessions draw on (capacity.h): one where the backend
- * keeps their state in host memory (the CPU), else the backend's and the
- * host's. */
-static size_t session_pools(const session_cost *c, ds4_mem_pool pools[2]) {
-    uint64_t host = c->tokens + c->checkpoint + c->seq.host_bytes;
-    if (c->seq.in_host) {
-        pools[0] = (ds4_mem_pool){"memory", c->seq.room, c->seq.host_weights, c->scratch, c->seq.bytes + host};
+/* The cost of a session of every size (sched.costs). */
+static int cost_table(sched *q, ds4_err *err) {
+    server *s = q->s;
+    q->n_costs = (s->o.ctx + q->granule - 1) / q->granule + 1;
+    if (!(q->costs = calloc(q->n_costs, sizeof(*q->costs)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t k = 1; k < q->n_costs; k++) session_cost(s, session_cap(q, (uint64_t)k * q->granule), q->costs[k]);
+    return 0;
+}
+
+/* The memories the sessions draw on (capacity.h), the least and the most
+ * a session takes in each; shared: the disk cache's state (one for all)
+ * and the backend's main sequence at its least. */
+static size_t session_pools(sched *q, uint32_t least) {
+    server *s = q->s;
+    ds4_seq_memory m;
+    ds4_engine_seq_memory(s->engine, s->engine->b->opts.main_ctx, &m);
+    uint64_t kv = ds4_engine_kv_bytes(s->engine, s->o.ctx), main_seq = m.bytes;
+    bool in_host = !m.bytes || m.in_host;
+    const uint64_t *lo = cost_of(q, least), *hi = cost_of(q, s->o.ctx);
+    uint64_t scratch = s->o.kv_dir ? kv : 0, given = s->o.kv_mem_mb << 20;
+    if (in_host) {
+        q->pools[0] = (ds4_mem_pool){"memory", m.room, m.host_weights, scratch + main_seq, given, lo[0], hi[0], 0};
         return 1;
     }
-    pools[0] = (ds4_mem_pool){"GPU memory", c->seq.room, 0, 0, c->seq.bytes};
-    pools[1] = (ds4_mem_pool){"host memory", ds4_mem_available(), c->seq.host_weights, c->scratch, host};
+    q->pools[0] = (ds4_mem_pool){"GPU memory", m.room, 0, main_seq, given, lo[0], hi[0], 0};
+    q->pools[1] = (ds4_mem_pool){"host memory", ds4_mem_available(), m.host_weights, scratch, 0, lo[1], hi[1], 0};
     return 2;
 }
 
-/* The startup line: how many sessions, what one takes, and the memory's
- * arithmetic (docs/SERVER.md). */
-static void log_sessions(const server *s, uint32_t n, const session_cost *c, const ds4_mem_pool *pools, size_t np) {
-    char a[32], b[32], d[32], e[32], why[2][192], tail[80] = "";
-    for (size_t i = 0; i < np; i++) ds4_capacity_explain(&pools[i], n, s->o.parallel_given, why[i], sizeof(why[i]));
+/* The startup line: how many sessions, the least and the most a session
+ * takes, and the memory's arithmetic (docs/SERVER.md). */
+static void log_sessions(const sched *q, uint32_t least) {
+    const server *s = q->s;
+    char a[32], b[32], d[32], e[32], f[32], why[2][256], tail[80] = "";
+    for (size_t i = 0; i < q->np; i++) ds4_capacity_explain(&q->pools[i], why[i], sizeof(why[i]));
     if (!s->o.parallel_given)
         snprintf(tail, sizeof(tail), "; no --parallel: as many as the memory holds, at most %u", DEFAULT_PARALLEL_MAX);
-    uint64_t state = c->seq.bytes + c->seq.host_bytes, per = state + c->tokens + c->checkpoint;
-    srv_log("server", "%u session%s of %u tokens, %s each (state %s, checkpoint %s, token list %s); %s%s%s%s", n,
-            n == 1 ? "" : "s", s->o.ctx, ds4_fmt_bytes(per, a), ds4_fmt_bytes(state, b),
-            ds4_fmt_bytes(c->checkpoint, d), ds4_fmt_bytes(c->tokens, e), why[0], np > 1 ? "; " : "",
-            np > 1 ? why[1] : "", tail);
+    ds4_seq_memory m;
+    ds4_engine_seq_memory(s->engine, least, &m);
+    const uint64_t *lo = cost_of(q, least), *hi = cost_of(q, s->o.ctx);
+    uint64_t kv = ds4_engine_kv_bytes(s->engine, least);
+    srv_log("server",
+            "%u session%s at most, each of %u to %u tokens: %s to %s (at %u tokens: state %s, checkpoint %s, token "
+            "list %s); %s%s%s%s",
+            q->n, q->n == 1 ? "" : "s", least, s->o.ctx, ds4_fmt_bytes(lo[0] + lo[1], a),
+            ds4_fmt_bytes(hi[0] + hi[1], b), least, ds4_fmt_bytes((m.bytes ? m.bytes : kv) + m.host_bytes, d),
+            ds4_fmt_bytes(s->memory_checkpoint ? kv : 0, e), ds4_fmt_bytes((uint64_t)least * sizeof(int32_t), f),
+            why[0], q->np > 1 ? "; " : "", q->np > 1 ? why[1] : "", tail);
 }
 
 /* MTP for a session where the backend has an MTP sequence for it.  The
@@ -332,6 +505,9 @@ static int slot_enable_mtp(server *s, slot *sl, ds4_err *err) {
     return 0;
 }
 
+/* A slot and its session: sized (no state until a job needs it), or of the
+ * whole context.  What the session holds from the start (the whole
+ * context's, or an MTP session's first sequence) is accounted to it. */
 static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     server *s = q->s;
     sl->q = q;
@@ -339,34 +515,36 @@ static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     sl->index = i;
     sl->cont = cont_binding_at(s, i);
     pthread_cond_init(&sl->cv, NULL);
-    if (!(sl->sess = ds4_session_new(s->engine, s->o.ctx, err))) return -1;
+    sl->sess = q->sized ? ds4_session_new_sized(s->engine, s->o.ctx, q->granule, err)
+                        : ds4_session_new(s->engine, s->o.ctx, err);
+    if (!sl->sess) return -1;
     if (s->engine->mtp && slot_enable_mtp(s, sl, err)) return -1;
     if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
+    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
     return 0;
 }
 
 static void slot_drop(slot *sl) {
+    uint64_t none[2] = {0, 0};
+    hold(sl->q, sl, none);
     slot_free_state(sl);
     pthread_cond_destroy(&sl->cv);
 }
 
-/* The sessions (q->n of them made, each to be freed).  A default
- * --parallel keeps the sessions that were made when one finds no room
- * (less one as headroom for the batched steps' own buffers where the
- * memory was not measured); a backend that holds fewer sequences than
- * asked keeps the ones it has. */
+/* The sessions (q->n of them made, each to be freed).  Sessions of the
+ * whole context (a pipeline's): a default --parallel keeps the sessions
+ * that were made when one finds no room (less one as headroom for the
+ * batched steps' own buffers where the memory was not measured); a
+ * backend that holds fewer sequences than asked keeps the ones it has. */
 static int make_slots(sched *q, uint32_t want, bool measured, ds4_err *err) {
     server *s = q->s;
     if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    if (ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
     for (uint32_t i = 0; i < want; i++) {
         ds4_err e = {0};
         q->n = i + 1;
-        if (slot_init(q, &q->slots[i], i, &e) == 0) {
-            /* Batching needs the backend, which the first session makes. */
-            if (i == 0 && ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
-            continue;
-        }
-        if (s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED))
+        if (slot_init(q, &q->slots[i], i, &e) == 0) continue;
+        if (q->sized || s->o.parallel_given || i == 0 || (e.code != DS4_ENOMEM && e.code != DS4_EUNSUPPORTED))
             return ds4_err_set(err, e.code, "session %u of %u: %s", i + 1, want, e.msg);
         slot_drop(&q->slots[i]);
         q->n = i;
@@ -419,13 +597,16 @@ int worker_start(server *s, ds4_err *err) {
     q->s = s;
     pthread_mutex_init(&q->mu, NULL);
     pthread_mutex_init(&q->store_mu, NULL);
-    /* The backend first: what a session costs it and its room (capacity.h). */
+    /* The backend first: what sessions cost it and its room (capacity.h);
+     * sessions sized by what they hold where it resizes sequences. */
     if (ds4_engine_open_backend(s->engine, s->o.ctx, err) != 0) return -1;
-    session_cost cost = session_cost_of(s);
-    ds4_mem_pool pools[2];
-    size_t np = session_pools(&cost, pools);
+    q->sized = ds4_engine_can_resize(s->engine);
+    q->granule = q->sized ? ds4_ctx_granule(s->o.ctx) : s->o.ctx;
+    uint32_t least = session_cap(q, 1);
+    if (cost_table(q, err) != 0) return -1;
+    q->np = session_pools(q, least);
     ds4_capacity cap;
-    if (ds4_capacity_plan(pools, np, s->o.ctx, s->o.parallel_given ? s->o.parallel : 0, DEFAULT_PARALLEL_MAX, &cap,
+    if (ds4_capacity_plan(q->pools, q->np, least, s->o.parallel_given ? s->o.parallel : 0, DEFAULT_PARALLEL_MAX, &cap,
                           err) != 0)
         return -1;
     if (cont_bindings_new(s, cap.n, err) != 0 || make_slots(q, cap.n, cap.measured, err) != 0) return -1;
@@ -440,16 +621,55 @@ int worker_start(server *s, ds4_err *err) {
             return ds4_err_set(err, DS4_EIO, "cannot start the thread of session %u", i);
         q->slots[i].started = true;
     }
-    log_sessions(s, q->n, &cost, pools, np);
+    log_sessions(q, least);
     return 0;
 }
 
-int worker_enqueue(server *s, job *j) {
+/* The output job j may generate (its max_tokens, or the server's default),
+ * and whether a session for its prompt and that output can ever fit the
+ * sessions' memory: a default too large for it is lowered to what fits; a
+ * given one, or a prompt alone, that does not fit is a 400 naming the
+ * bytes. */
+static int size_job(sched *q, job *j, api_error *e) {
+    const server *s = q->s;
+    uint64_t prompt = j->tokens.n;
+    j->max_out = j->req.max_tokens ? j->req.max_tokens : s->o.default_max_tokens;
+    uint32_t cap = session_cap(q, prompt + j->max_out + 1);
+    if (!q->sized || fits_alone(q, cap)) return 0;
+    uint32_t most = largest_fitting(q, s->o.ctx);
+    if (!j->req.max_tokens) {
+        if (most > prompt + 1) {
+            j->max_out = most - (uint32_t)prompt - 1;
+            return 0;
+        }
+        j->max_out = 1; /* the least it needs */
+        cap = session_cap(q, prompt + 2);
+    }
+    const uint64_t *c = cost_of(q, cap);
+    size_t p = c[0] > q->pools[0].budget ? 0 : 1;
+    char a[32], b[32];
+    api_fail(e, 400,
+             "this request needs a session of %u tokens (a prompt of %llu tokens and %u of output), %s of %s, but "
+             "the sessions have %s in all; lower max_tokens or shorten the prompt",
+             cap, (unsigned long long)prompt, j->max_out, ds4_fmt_bytes(c[p], a), q->pools[p].name,
+             ds4_fmt_bytes(q->pools[p].budget, b));
+    e->code = "kv_memory_exceeded";
+    return -1;
+}
+
+int worker_enqueue(server *s, job *j, api_error *e) {
     sched *q = s->sched;
     pthread_mutex_lock(&q->mu);
-    int rc = 0;
-    if (q->stop || s->stopping) rc = -2;
-    else if (q->qn >= q->qcap) rc = -1;
+    int rc = 0; /* -1 queue full, -2 shutting down, -3 too large (e set) */
+    if (q->stop || s->stopping) {
+        api_fail(e, 503, "server shutting down");
+        rc = -2;
+    } else if (size_job(q, j, e) != 0) {
+        rc = -3;
+    } else if (q->qn >= q->qcap) {
+        api_fail(e, 429, "too many requests queued; retry later");
+        rc = -1;
+    }
     if (rc == 0) {
         pthread_mutex_lock(&j->mu);
         j->refs++;
@@ -467,8 +687,9 @@ int worker_enqueue(server *s, job *j) {
     }
     if (rc == -1) q->c.rejected_queue_full++;
     if (rc == -2) q->c.rejected_shutting_down++;
+    if (rc == -3) q->c.rejected_too_large++;
     pthread_mutex_unlock(&s->stats_mu);
-    return rc;
+    return rc ? -1 : 0;
 }
 
 void worker_stop(server *s) {
@@ -510,6 +731,7 @@ void worker_stop(server *s) {
     ds4_kv_state_free(q->scratch);
     free(q->queue);
     free(q->slots);
+    free(q->costs);
     cont_bindings_free(s);
     cvocab_free(s->cvocab);
     s->cvocab = NULL;
@@ -555,6 +777,20 @@ static json_t *kv_stats(sched *q, const counters *c) {
                      "corrupt_files_deleted", (json_int_t)k.corrupt);
 }
 
+/* The sessions' memory by pool: its budget and what the sessions hold. */
+static json_t *memory_stats(sched *q) {
+    json_t *a = json_array();
+    pthread_mutex_lock(&q->mu);
+    for (size_t p = 0; p < q->np; p++) {
+        const ds4_mem_pool *m = &q->pools[p];
+        json_array_append_new(a, json_pack("{s:s,s:o,s:I}", "name", m->name, "budget_bytes",
+                                           m->budget == UINT64_MAX ? json_null() : json_integer((json_int_t)m->budget),
+                                           "held_bytes", (json_int_t)q->used[p]));
+    }
+    pthread_mutex_unlock(&q->mu);
+    return a;
+}
+
 static json_t *batch_stats(const server *s) {
     if (!s->engine->batch) return json_null();
     ds4_batcher_stats b = ds4_batcher_get_stats(s->engine->batch);
@@ -575,21 +811,23 @@ json_t *worker_stats(server *s) {
     json_t *sources = json_object();
     for (size_t i = 0; i < N_SOURCES; i++)
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
-    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I}", "parallel", v.n, "live", v.live, "running", v.running, "ctx",
-                                 (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted);
-    return json_pack(
-        "{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
-        "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
-        "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running, "oldest_wait_seconds",
-        v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed", (json_int_t)c.ended[FAILED], "cancelled",
-        (json_int_t)c.ended[CANCELLED], "continuation_lost", (json_int_t)c.ended[CONTINUATION_LOST],
-        "rejected_queue_full", (json_int_t)c.rejected_queue_full, "rejected_shutting_down",
-        (json_int_t)c.rejected_shutting_down, "cancel_free_steps_max", (json_int_t)c.cancel_free_steps_max, "sessions",
-        sessions, "batches", batch_stats(s), "tokens", "prompt", (json_int_t)c.prompt_tokens, "reused",
-        (json_int_t)c.reused_tokens, "prefilled", (json_int_t)c.prefilled_tokens, "generated",
-        (json_int_t)c.generated_tokens, "generated_per_second", tps, "prompts_by_kv_source", sources, "last_prompt",
-        "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled", (int)c.last_prefilled, "kvcache",
-        kv_stats(q, &c), "tool_memory", "ids_remembered", (json_int_t)toolmem_count(s->tools),
-        "history_turns_replayed_exact", (json_int_t)rs.replayed, "history_turns_rendered_canonical",
-        (json_int_t)rs.canonical, "live_tails_canonicalized", (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
+    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I,s:I,s:o}", "parallel", v.n, "live", v.live, "running", v.running,
+                                 "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted,
+                                 "evicted_for_memory", (json_int_t)c.evicted_for_memory, "memory", memory_stats(q));
+    return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
+                     "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
+                     "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,
+                     "oldest_wait_seconds", v.oldest_wait, "answered", (json_int_t)c.ended[ANSWERED], "failed",
+                     (json_int_t)c.ended[FAILED], "cancelled", (json_int_t)c.ended[CANCELLED], "continuation_lost",
+                     (json_int_t)c.ended[CONTINUATION_LOST], "rejected_queue_full", (json_int_t)c.rejected_queue_full,
+                     "rejected_shutting_down", (json_int_t)c.rejected_shutting_down, "rejected_too_large",
+                     (json_int_t)c.rejected_too_large, "cancel_free_steps_max", (json_int_t)c.cancel_free_steps_max,
+                     "sessions", sessions, "batches", batch_stats(s), "tokens", "prompt", (json_int_t)c.prompt_tokens,
+                     "reused", (json_int_t)c.reused_tokens, "prefilled", (json_int_t)c.prefilled_tokens, "generated",
+                     (json_int_t)c.generated_tokens, "generated_per_second", tps, "prompts_by_kv_source", sources,
+                     "last_prompt", "kv_source", c.last_source, "reused", (int)c.last_reused, "prefilled",
+                     (int)c.last_prefilled, "kvcache", kv_stats(q, &c), "tool_memory", "ids_remembered",
+                     (json_int_t)toolmem_count(s->tools), "history_turns_replayed_exact", (json_int_t)rs.replayed,
+                     "history_turns_rendered_canonical", (json_int_t)rs.canonical, "live_tails_canonicalized",
+                     (json_int_t)c.canonicalized, "mtp", mtp_stats(s, &c.mtp));
 }

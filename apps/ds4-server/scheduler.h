@@ -12,11 +12,17 @@
  * A slot keeps its session after a job: the next job of the same
  * conversation finds its KV state there (the reuse ladder of worker.c runs
  * per slot).  The scheduler gives the oldest queued job to the idle slot
- * that holds the most of it (scheduler.c: pick_slot).
+ * that holds the most of it (scheduler.c: pick_slot), when the memory the
+ * job's session takes fits beside what the other sessions hold
+ * (engine/capacity.h), idle sessions going to the disk cache to make room.
+ * Sessions are sized for what they hold (engine/session.h, sized
+ * sessions) where the backend resizes sequences; else (a pipeline) each
+ * is made at startup with state for the whole context.
  */
 #ifndef DS4_SERVER_SCHEDULER_H
 #define DS4_SERVER_SCHEDULER_H
 
+#include "engine/capacity.h"
 #include "engine/session.h"
 #include "engine/spec.h"
 #include "server.h"
@@ -42,6 +48,8 @@ typedef struct counters {
     uint64_t disk_writes[7];        /* KVC files written, by save reason */
     uint64_t canonicalized;         /* live tails rewritten after a tool-call turn */
     uint64_t slots_evicted;         /* idle sessions given to an unrelated conversation */
+    uint64_t evicted_for_memory;    /* idle sessions freed to make room for a job's */
+    uint64_t rejected_too_large;    /* requests whose session could never fit the memory (400) */
     uint64_t cancel_free_steps_max; /* the most batched steps from a client's going away to its
                                        * session being free (of jobs running then) */
     ds4_spec_stats mtp;             /* MTP speculation, summed over the jobs of every session */
@@ -76,9 +84,11 @@ typedef struct slot {
     /* under q->mu */
     job *job; /* the job it runs, NULL when idle */
     double last_used;
+    uint64_t held[2]; /* the memory accounted to its session, by pool (sched.pools) */
+    bool evicting;    /* its thread is freeing its idle session to make room */
     pthread_t thread;
     bool started;
-    pthread_cond_t cv; /* a job was given, or stop */
+    pthread_cond_t cv; /* a job was given, an eviction asked, or stop */
 } slot;
 
 struct sched {
@@ -97,10 +107,27 @@ struct sched {
     ds4_kv_state *scratch;
     pthread_mutex_t store_mu;
     int32_t user_tok, assistant_tok;
+    /* The sessions' memory (engine/capacity.h): its pools with their
+     * budgets, what the sessions hold in each (under mu), and what a
+     * session of each size takes (costs[k]: of ds4_sized_capacity(k
+     * granules) tokens; costs[0] none). */
+    ds4_mem_pool pools[2];
+    size_t np;
+    uint64_t used[2];
+    bool sized; /* sessions sized by what they hold (else each of --ctx tokens) */
+    uint32_t granule;
+    uint64_t (*costs)[2];
+    uint32_t n_costs;
 };
 
 /* worker.c: run a job in the slot's session to its answer. */
 outcome slot_run(slot *sl, job *j);
+/* worker.c: the slot's idle session freed (its conversation to the disk
+ * cache first), to make room for another's. */
+void slot_evict(slot *sl);
+/* scheduler.c: the slot's session changed size: the memory accounted to
+ * it follows, and queued jobs that now fit are handed out. */
+void sched_resized(slot *sl);
 /* Save the slot's live session to the disk cache (when there is one). */
 void slot_save_live(slot *sl, ds4_kvc_reason reason);
 void slot_free_state(slot *sl);

@@ -77,6 +77,7 @@ typedef struct srv_opts {
     const char *api_key;
     int queue_max;
     uint32_t parallel;     /* sessions at once */
+    uint64_t kv_mem_mb;    /* --kv-mem-mb: the sessions' memory (0: 3/4 of what is free) */
     bool parallel_given;   /* else sized from the memory */
     uint32_t batch_tokens; /* rows a batched step may run; 0: the backend's prefill chunk */
     uint64_t max_body;
@@ -266,6 +267,13 @@ struct job {
     double t_cancel;      /* and when */
     double t_started;     /* a session took it */
 
+    /* Set when it is queued (worker_enqueue) and given a session: the
+     * output it may generate (its max_tokens, or the server's default
+     * clamped to the sessions' memory), and the tokens its session holds
+     * for it (scheduler.c admission). */
+    uint32_t max_out;
+    uint32_t cap;
+
     gen_out out;
     stream_state ss;
     char reuse[24]; /* KV source: responses-visible, ..., memory-token, memory-text, disk, cold */
@@ -452,8 +460,10 @@ void cont_rebind(server *s, cont_binding *b, const int32_t *live, uint32_t n_liv
 /* worker.c: the sessions (--parallel, checked against the memory) and
  * their threads, the queue, the scheduler. */
 int worker_start(server *s, ds4_err *err);
-/* 0 queued; -1 queue full (429); -2 shutting down (503). */
-int worker_enqueue(server *s, job *j);
+/* 0 queued; else -1 with e the answer: the queue full (429), shutting
+ * down (503), a request whose session could never fit the sessions'
+ * memory (400, the bytes needed and available). */
+int worker_enqueue(server *s, job *j, api_error *e);
 void worker_stop(server *s); /* finish the queue, save the live sessions */
 json_t *worker_stats(server *s);
 /* A client went away: its job stops at the next step (or is skipped). */

@@ -465,7 +465,7 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
     g.out.answer_sp = j->req.sp;
     g.out.switch_sp = thinking && !sl->s->o.client_sampling_in_thinking;
     uint32_t room = sl->s->o.ctx - (uint32_t)r->prompt.n - 1;
-    uint32_t max = j->req.max_tokens ? j->req.max_tokens : sl->s->o.default_max_tokens;
+    uint32_t max = j->max_out; /* its max_tokens, or the default the memory allows (scheduler.c) */
     ds4_gen_opts go = {.max_tokens = max < room ? max : room,
                        .cancel = &j->cancel,
                        .forced = forced.ids,
@@ -558,6 +558,38 @@ static int apply_steering(slot *sl, job *j) {
     return 0;
 }
 
+/* The slot's session made to hold the job's tokens (its admitted size,
+ * scheduler.c), growing with its state kept.  Then, after the ladder
+ * dropped the state (a cold start), a session larger than the job's size
+ * shrinks to it: memory for the jobs waiting. */
+static int size_session(slot *sl, job *j, bool after_ladder) {
+    ds4_err err = {0};
+    uint32_t have = ds4_session_capacity(sl->sess);
+    int rc = 0;
+    if (!after_ladder) rc = ds4_session_reserve(sl->sess, j->cap, &err);
+    else if (ds4_session_n_tokens(sl->sess) == 0 && have > j->cap) rc = ds4_session_fit(sl->sess, j->cap, &err);
+    if (ds4_session_capacity(sl->sess) != have) sched_resized(sl);
+    if (rc == 0) return 0;
+    char msg[1200];
+    snprintf(msg, sizeof(msg), "a session of %u tokens: %s", j->cap, err.msg);
+    srv_log("generate", "%s %s: %s", j->api->name, j->id, msg);
+    fail_job(j, 503, msg, NULL);
+    return -1;
+}
+
+void slot_evict(slot *sl) {
+    slot_save_live(sl, DS4_KVC_EVICT);
+    srv_log("kvcache", "session %u freed (%u tokens, %u held) for a waiting request", sl->index,
+            ds4_session_n_tokens(sl->sess), ds4_session_capacity(sl->sess));
+    ds4_session_release(sl->sess);
+    cont_leave(sl->s, sl->cont);
+    ds4_tokens_free(&sl->ck_tokens);
+    ds4_strbuf_truncate(&sl->vis_prompt, 0);
+    sl->vis_tokens = 0;
+    ds4_strbuf_truncate(&sl->prompt_text, 0);
+    sl->frontier_done = 0;
+}
+
 /* Run a job to its answer; how it ended. */
 outcome slot_run(slot *sl, job *j) {
     gen_out *o = &j->out;
@@ -568,7 +600,7 @@ outcome slot_run(slot *sl, job *j) {
         fail_job(j, 503, sl->s->stopping ? "server shutting down" : "cancelled", NULL);
         return CANCELLED;
     }
-    if (apply_steering(sl, j) != 0) return FAILED;
+    if (apply_steering(sl, j) != 0 || size_session(sl, j, false) != 0) return FAILED;
     reuse r;
     api_error ce = {0};
     if (choose_reuse(sl, j, &r, &ce) != 0) {
@@ -576,6 +608,10 @@ outcome slot_run(slot *sl, job *j) {
         fail_job(j, ce.status, ce.message, NULL);
         ds4_tokens_free(&r.prompt);
         return CONTINUATION_LOST;
+    }
+    if (size_session(sl, j, true) != 0) {
+        ds4_tokens_free(&r.prompt);
+        return FAILED;
     }
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
     cont_warn_lost_reasoning(j, r.source);

@@ -122,11 +122,27 @@ typedef struct seq_alloc {
     ds4_seq *s;
 } seq_alloc;
 
+bool ds4_engine_can_resize(const ds4_engine *e) { return e->b && e->b->ops->seq_resize; }
+
+/* The main sequence resized (its size remembered), or any other. */
+static int resize_seq(ds4_engine *e, ds4_seq *s, uint32_t ctx, ds4_err *err) {
+    if (ds4_seq_resize(e->b, s, ctx, err) != 0) return -1;
+    if (s == e->b->main) e->main_ctx = ctx;
+    return 0;
+}
+
+/* The main sequence when it is free and of ctx tokens, or can be made so. */
+static bool take_main(ds4_engine *e, uint32_t ctx) {
+    if (e->main_held) return false;
+    if (ctx != e->main_ctx && (!ds4_engine_can_resize(e) || resize_seq(e, e->b->main, ctx, NULL) != 0)) return false;
+    return true;
+}
+
 static int alloc_seq(void *ctx, ds4_err *err) {
     seq_alloc *a = ctx;
     ds4_engine *e = a->e;
     if (a->mtp) return (a->s = ds4_mtp_seq_new(e->b, a->ctx, err)) ? 0 : -1;
-    if (!e->main_held && a->ctx == e->b->opts.ctx_size) {
+    if (take_main(e, a->ctx)) {
         a->s = e->b->main;
         ds4_seq_reset(e->b, a->s);
         e->main_held = true;
@@ -146,9 +162,31 @@ static int free_seq(void *ctx, ds4_err *err) {
         return 0;
     }
     e->n_seqs--;
-    if (a->s == e->b->main) e->main_held = false;
-    else ds4_seq_free(e->b, a->s);
+    if (a->s != e->b->main) {
+        ds4_seq_free(e->b, a->s);
+        return 0;
+    }
+    /* back to the size it was made with: the memory of a larger one is the session's, which is gone */
+    e->main_held = false;
+    ds4_seq_reset(e->b, a->s);
+    if (e->main_ctx != e->b->opts.main_ctx) resize_seq(e, a->s, e->b->opts.main_ctx, err);
     return 0;
+}
+
+typedef struct seq_resize_call {
+    ds4_engine *e;
+    ds4_seq *s;
+    uint32_t ctx;
+} seq_resize_call;
+
+static int run_resize(void *ctx, ds4_err *err) {
+    seq_resize_call *c = ctx;
+    return resize_seq(c->e, c->s, c->ctx, err);
+}
+
+int ds4_engine_seq_resize(ds4_engine *e, ds4_seq *s, uint32_t ctx, ds4_err *err) {
+    seq_resize_call c = {e, s, ctx};
+    return e->batch ? ds4_batcher_call(e->batch, run_resize, &c, err) : run_resize(&c, err);
 }
 
 int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
@@ -159,6 +197,7 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
     if (e->b) return 0;
     ds4_backend_opts bo = {.n_threads = e->opts.n_threads,
                            .ctx_size = ctx,
+                           .main_ctx = e->opts.dist ? 0 : e->opts.main_ctx, /* a pipeline's keep their size */
                            .no_sim = e->opts.no_sim,
                            .mtp = e->mtp,
                            .steer = e->steer,
@@ -169,12 +208,18 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
                            .act_ctx = e->opts.act_ctx};
     e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)
                         : ds4_backend_create(e->backend_name, e->w, &bo, err);
-    return e->b ? 0 : -1;
+    if (!e->b) return -1;
+    e->main_ctx = e->b->opts.main_ctx;
+    return 0;
 }
 
 ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err) {
+    return ds4_engine_seq_new_sized(e, ctx, ctx, err);
+}
+
+ds4_seq *ds4_engine_seq_new_sized(ds4_engine *e, uint32_t ctx, uint32_t cap, ds4_err *err) {
     if (ds4_engine_open_backend(e, ctx, err) != 0) return NULL;
-    seq_alloc a = {e, ctx, false, NULL};
+    seq_alloc a = {e, cap, false, NULL};
     int rc = e->batch ? ds4_batcher_call(e->batch, alloc_seq, &a, err) : alloc_seq(&a, err);
     return rc == 0 ? a.s : NULL;
 }

@@ -30,6 +30,8 @@ typedef struct ds4_engine_opts {
     const char *mtp_path;        /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     uint64_t gpu_mem;            /* ds4_backend_opts.gpu_mem */
     uint32_t extra_seqs;         /* ds4_backend_opts.extra_seqs */
+    uint32_t main_ctx;           /* ds4_backend_opts.main_ctx (programs whose sessions are sized by
+                                  * what they hold: engine/session.h ds4_session_new_sized) */
     const char *expert_profile;  /* a profile file (model/placement.h), or NULL */
     const char *steer_path;      /* a direction file (model/steering.h), or NULL */
     float steer_ffn, steer_attn; /* the steering scales sessions start with (need steer_path when not 0) */
@@ -59,6 +61,7 @@ typedef struct ds4_engine {
     struct ds4_batcher *batch;          /* NULL: sessions call the backend themselves, one thread at a time */
     uint32_t n_seqs;                    /* sequences sessions hold */
     bool main_held;                     /* one of them is the backend's main sequence */
+    uint32_t main_ctx;                  /* the tokens the main sequence holds now */
 } ds4_engine;
 
 /* The backend a build uses when none is named: "cuda" in CUDA builds. */
@@ -68,10 +71,19 @@ ds4_engine *ds4_engine_open(const ds4_engine_opts *opts, ds4_err *err);
 void ds4_engine_close(ds4_engine *e);
 
 /* A sequence of ctx tokens for a session: the backend's main one when it is
- * free, else a new one.  The backend is made at the first call, and made
- * again for another context size when no sequence is held. */
+ * free (resized to ctx where the backend resizes sequences), else a new
+ * one.  The backend is made at the first call, and made again for another
+ * context size when no sequence is held.  A main sequence given back goes
+ * back to the size it was made with (ds4_backend_opts.main_ctx). */
 ds4_seq *ds4_engine_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
+/* The same of cap tokens from a backend of ctx (a sized session's). */
+ds4_seq *ds4_engine_seq_new_sized(ds4_engine *e, uint32_t ctx, uint32_t cap, ds4_err *err);
 void ds4_engine_seq_free(ds4_engine *e, ds4_seq *s);
+/* ds4_seq_resize between steps (through the batcher when there is one). */
+int ds4_engine_seq_resize(ds4_engine *e, ds4_seq *s, uint32_t ctx, ds4_err *err);
+/* Whether the backend resizes sequences (sessions can then be sized by
+ * what they hold).  Needs the backend. */
+bool ds4_engine_can_resize(const ds4_engine *e);
 /* A sequence of the MTP block (the backend made with one). */
 ds4_seq *ds4_engine_mtp_seq_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
 void ds4_engine_mtp_seq_free(ds4_engine *e, ds4_seq *s);

@@ -42,11 +42,36 @@ typedef struct ds4_session_stats {
  * fails with DS4_EINTERRUPTED, the session holding the tokens done). */
 typedef int (*ds4_progress_fn)(void *ctx, uint32_t done, uint32_t total);
 
+/* A session of ctx tokens: its state sized for all of them from the start. */
 ds4_session *ds4_session_new(ds4_engine *e, uint32_t ctx, ds4_err *err);
+/* A sized session: at most ctx tokens, its state sized for what it holds.
+ * It has no sequence until it needs one; its capacity is then what
+ * ds4_sized_capacity says for its tokens, and grows - the sequence
+ * resized, its state kept exactly (model/backend.h ds4_seq_resize) - when
+ * tokens would not fit it, or as ds4_session_reserve / ds4_session_fit
+ * ask.  The engine's backend must resize sequences (ds4_engine_can_resize). */
+ds4_session *ds4_session_new_sized(ds4_engine *e, uint32_t ctx, uint32_t granule, ds4_err *err);
+/* The capacity such a session takes for n tokens: n and the sliding window
+ * (a raw ring of the window's size whatever the capacity: a resize then
+ * keeps the sequence's mark, model/backend.h), the larger rounded up to
+ * the granule, at most ctx. */
+uint32_t ds4_sized_capacity(const ds4_engine *e, uint32_t ctx, uint32_t granule, uint64_t n);
 void ds4_session_free(ds4_session *s);
 
 ds4_engine *ds4_session_engine(const ds4_session *s);
 uint32_t ds4_session_ctx(const ds4_session *s);
+/* Tokens its sequence has room for now: ctx, or a sized session's
+ * capacity (0: no sequence). */
+uint32_t ds4_session_capacity(const ds4_session *s);
+/* A sized session's room for n tokens (its capacity at least n, grown if
+ * less; a session of ctx tokens has it or fails); n at most ctx. */
+int ds4_session_reserve(ds4_session *s, uint32_t n, ds4_err *err);
+/* A sized session's capacity made the least that holds n tokens and its
+ * own plus one, grown or shrunk (its state kept). */
+int ds4_session_fit(ds4_session *s, uint32_t n, ds4_err *err);
+/* Drop the state and the checkpoint; a sized session frees its sequence
+ * (capacity 0), the memory going back to the backend. */
+void ds4_session_release(ds4_session *s);
 uint32_t ds4_session_n_tokens(const ds4_session *s);
 const int32_t *ds4_session_tokens(const ds4_session *s);
 const ds4_session_stats *ds4_session_get_stats(const ds4_session *s);
@@ -56,7 +81,7 @@ const char *ds4_session_backend_name(const ds4_session *s);
 const float *ds4_session_logits(ds4_session *s);
 
 /* Hold exactly tokens[0..n), reusing what can be reused (see above).
- * n must be below the context size. */
+ * n must be below the context size (a sized session grows to hold it). */
 int ds4_session_sync(ds4_session *s, const int32_t *tokens, uint32_t n, ds4_progress_fn progress, void *pctx,
                      ds4_err *err);
 
@@ -86,7 +111,7 @@ int ds4_session_set_steering(ds4_session *s, float ffn, float attn, ds4_err *err
 void ds4_session_steering(const ds4_session *s, float *ffn, float *attn);
 
 /* Remember the current state in memory; sync() falls back to it.  Replaces
- * the previous checkpoint. */
+ * the previous checkpoint (a state of the session's capacity). */
 int ds4_session_checkpoint(ds4_session *s, ds4_err *err);
 uint32_t ds4_session_checkpoint_tokens(const ds4_session *s); /* 0 if none */
 void ds4_session_drop_checkpoint(ds4_session *s);
@@ -94,7 +119,7 @@ void ds4_session_drop_checkpoint(ds4_session *s);
 /* Snapshot into / restore from a backend-neutral state (same engine). */
 int ds4_session_snapshot(ds4_session *s, ds4_kv_state *out, ds4_err *err);
 int ds4_session_restore(ds4_session *s, const ds4_kv_state *in, ds4_err *err);
-/* A state sized for this session. */
+/* A state of the session's context (ctx tokens: any state it can hold). */
 ds4_kv_state *ds4_session_state_new(const ds4_session *s, ds4_err *err);
 
 /* MTP speculative decoding (engine/spec.h): drafts of up to `draft`

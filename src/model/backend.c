@@ -10,6 +10,7 @@ ds4_backend_opts ds4_backend_opts_resolve(const ds4_backend_opts *opts) {
     ds4_backend_opts o = {0};
     if (opts) o = *opts;
     if (o.ctx_size == 0) o.ctx_size = DS4_CTX_DEFAULT;
+    if (o.main_ctx == 0 || o.main_ctx > o.ctx_size) o.main_ctx = o.ctx_size;
     if (o.prefill_chunk == 0) o.prefill_chunk = 2048; /* ds4's default, in DSV4 payloads (docs/MODEL.md 7) */
     return o;
 }

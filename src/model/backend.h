@@ -61,8 +61,13 @@ enum { DS4_HOST_AUTO = 0, DS4_HOST_CPU = 1, DS4_HOST_STREAM = 2 };
 typedef struct ds4_backend_opts {
     int n_threads;           /* <= 0: all online CPUs (or $DS4_THREADS); the
                              * backend's copy holds the count in use */
-    uint32_t ctx_size;       /* tokens the main sequence holds, and the most any
-                             * sequence may hold; 0: DS4_CTX_DEFAULT */
+    uint32_t ctx_size;       /* the most tokens any sequence may hold, and what
+                             * the main sequence holds unless main_ctx says
+                             * otherwise; 0: DS4_CTX_DEFAULT */
+    uint32_t main_ctx;       /* tokens the main sequence holds when made (at
+                             * most ctx_size; 0: ctx_size): a backend that
+                             * resizes sequences (ds4_seq_resize) lets it grow
+                             * as the session that holds it needs */
     uint32_t prefill_chunk;  /* tokens per batched pass; 0: 2048 */
     bool no_sim;             /* turn the low-precision simulations off */
     uint32_t cuda_graph_ctx; /* CUDA: context of the smallest captured decode
@@ -224,6 +229,9 @@ typedef struct ds4_backend_ops {
     /* a new empty sequence of the MTP block (backends made with opts.mtp) */
     ds4_seq *(*mtp_seq_new)(ds4_backend *b, uint32_t ctx, ds4_err *err);
     void (*seq_free)(ds4_backend *b, ds4_seq *s);
+    /* room for ctx tokens, the state kept (see ds4_seq_resize); NULL: the
+     * backend's sequences keep the size they were made with */
+    int (*seq_resize)(ds4_backend *b, ds4_seq *s, uint32_t ctx, ds4_err *err);
     uint32_t (*seq_len)(const ds4_backend *b, const ds4_seq *s);
     /* one pass over rows of any sequences (see ds4_backend_step) */
     int (*step)(ds4_backend *b, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err);
@@ -266,6 +274,21 @@ static inline void ds4_seq_free(ds4_backend *b, ds4_seq *s) {
     if (s) b->ops->seq_free(b, s);
 }
 static inline uint32_t ds4_seq_len(const ds4_backend *b, const ds4_seq *s) { return b->ops->seq_len(b, s); }
+
+/* Give s room for ctx tokens (1 .. the backend's ctx_size, at least the
+ * tokens it holds), more or fewer than it has: its state is kept exactly
+ * (tokens, KV rows, compressor frontiers, indexer rows, logits, an MTP
+ * sequence's residuals), so that the rows it appends after are bit for bit
+ * those of a sequence made that large.  Its mark stays (a rewind goes back
+ * to it as before), but where the resize changes the raw ring's size (a
+ * context below the sliding window).  Sequences of the MTP block resize
+ * too.  On failure s is as it was.  A backend whose sequences keep their
+ * size (a pipeline) answers DS4_EUNSUPPORTED. */
+static inline int ds4_seq_resize(ds4_backend *b, ds4_seq *s, uint32_t ctx, ds4_err *err) {
+    if (!b->ops->seq_resize)
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "the %s backend does not resize sequences", b->ops->name);
+    return b->ops->seq_resize(b, s, ctx, err);
+}
 
 /* What sequences of ctx tokens cost b and the room it has for more (all 0
  * where b cannot tell). */

@@ -150,6 +150,21 @@ static uint32_t live_raw(const ds4_kv_state *s) {
     return L;
 }
 
+/* A raw ring into one of dst_cap rows: the whole ring when the sizes are
+ * equal; else (a state of fewer tokens than the window: its ring holds
+ * them all) each live row to its position's slot.  The destination holds
+ * the live rows: its context holds the tokens, and its ring is the window
+ * or its context. */
+static void copy_ring(float *dst, uint32_t dst_cap, const float *src_ring, const ds4_kv_state *src, uint32_t hd) {
+    if (dst_cap == src->raw_cap) {
+        memcpy(dst, src_ring, (size_t)dst_cap * hd * sizeof(float));
+        return;
+    }
+    uint32_t n = src->n_tokens, L = live_raw(src);
+    for (uint32_t p = n - L; p < n; p++)
+        memcpy(dst + (size_t)(p % dst_cap) * hd, src_ring + (size_t)(p % src->raw_cap) * hd, hd * sizeof(float));
+}
+
 int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) {
     const ds4_config *c = src->cfg;
     if (dst->cfg->n_layer != c->n_layer || dst->cfg->head_dim != c->head_dim || dst->cfg->n_vocab != c->n_vocab)
@@ -157,9 +172,6 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     if (src->n_tokens > dst->ctx)
         return ds4_err_set(err, DS4_EINVAL, "KV state copy: %u tokens do not fit a context of %u", src->n_tokens,
                            dst->ctx);
-    if (dst->raw_cap != src->raw_cap)
-        return ds4_err_set(err, DS4_EINVAL, "KV state copy: raw rings of %u and %u rows (contexts %u and %u)",
-                           src->raw_cap, dst->raw_cap, src->ctx, dst->ctx);
     uint32_t n = src->n_tokens;
     dst->n_tokens = n;
     dst->has_logits = src->has_logits;
@@ -170,7 +182,7 @@ int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err) 
     for (uint32_t il = first; il < end; il++) {
         const ds4_layer_state *S = &src->layers[il];
         ds4_layer_state *D = &dst->layers[il];
-        memcpy(D->raw, S->raw, (size_t)src->raw_cap * c->head_dim * sizeof(float));
+        copy_ring(D->raw, dst->raw_cap, S->raw, src, c->head_dim);
         if (S->ratio == 0) continue;
         size_t fr = (size_t)ds4_state_frontier_rows(S->ratio) * ds4_state_frontier_width(c, S->ratio, false);
         memcpy(D->comp, S->comp, (size_t)(n / S->ratio) * c->head_dim * sizeof(float));

@@ -83,7 +83,9 @@ uint64_t ds4_kv_state_bytes_layers(const ds4_config *cfg, uint32_t ctx, uint32_t
 void ds4_kv_state_reset(ds4_kv_state *s);
 
 /* Copy the live part of `src` into `dst` (same config; dst->ctx must hold
- * src's tokens): the tokens, the logits and the layers both states hold. */
+ * src's tokens): the tokens, the logits and the layers both states hold.
+ * The contexts may differ (a sequence resized: backend.h ds4_seq_resize),
+ * and so may the raw rings where one is shorter than the window. */
 int ds4_kv_state_copy(ds4_kv_state *dst, const ds4_kv_state *src, ds4_err *err);
 
 /* Geometry helpers. */

@@ -20,9 +20,11 @@
 #          and low-precision paths users run); the Pro-pattern HF golden
 #          (pro-a); the imatrix collection against the CPU's; two splits
 #          into pipeline stages; a pipeline over 2 emulated GPUs
-#          (--gpus).  The other HF goldens and the programs end to end
-#          stay in emu: the compare already holds the CUDA backend to the
-#          CPU reference, which test_cpu_golden holds to the golden.
+#          (--gpus); a main sequence resized as it decodes (its decode
+#          graphs captured again).  The other HF goldens and the programs
+#          end to end stay in emu: the compare already holds the CUDA
+#          backend to the CPU reference, which test_cpu_golden holds to
+#          the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
 #
 #   kernels   activation quantization, every product, the simulations,
@@ -34,6 +36,8 @@
 #             prefill, device greedy loop, DSV4 interchange both ways within
 #             max |d| <= 1e-3 max |logit|, identical greedy tokens
 #   rewind    rewindable steps taken back (test_cuda.c, cmd_rewind)
+#   resize    sequences resized as they go, bit for bit a whole context's
+#             (cmd_resize; smoke: the main sequence, 9 decode steps)
 #   split     routed experts split between the GPU and host RAM (none on
 #             the GPU, whole layers, random subsets by a profile, chunked
 #             prefill) against the all-resident run, 1e-3, identical greedy
@@ -215,6 +219,18 @@ if in_set gpu; then
     step "rewind" "$TEST" rewind "$M-f16.gguf" --no-sim
 else
     step "rewind (quick)" "$TEST" rewind "$M-f16.gguf" --no-sim --quick
+fi
+# Sequences resized as they go (cuda_backend.cu cuda_seq_resize; test_cuda.c
+# cmd_resize), bit for bit those of the whole context: smoke the main
+# sequence (its decode graphs captured again) over 9 decode steps; emu also
+# a second sequence and a prefill; gpu also across the ratio-128 window's
+# end after a resize mid-window.
+if in_set smoke; then
+    step "resize (quick)" "$TEST" resize "$M-f16.gguf" --no-sim --quick
+elif in_set emu; then
+    step "resize" "$TEST" resize "$M-f16.gguf" --no-sim
+else
+    step "resize" "$TEST" resize "$M-f16.gguf" --no-sim --long
 fi
 # Many sequences (cuda_seq.cu, test_cuda.c cmd_batch): sessions of different
 # lengths batched against each alone (same greedy tokens, logits within 1e-3

@@ -106,6 +106,20 @@
  *       draft of one session beside the others' rows (the decoders through
  *       the graph, the draft in a pass of its own), taken back.
  *
+ *   test_cuda resize MODEL [--no-sim] [--quick | --long]
+ *       sequences resized as they go (ds4_seq_resize): the main sequence
+ *       of a backend made with a short main_ctx (its decode graphs captured
+ *       again at every resize, over the same contexts: a 128-token graph
+ *       and the backend's 512), then a second sequence (eager steps), each
+ *       grown when full (the deferred compressor windows holding rows),
+ *       shrunk to its tokens and grown again, against the same sequence of
+ *       a backend of the whole context fed the same tokens: every logit row
+ *       bit for bit, the device greedy loop's tokens, and the DSV4 payload
+ *       at the end byte for byte.  A resize below its tokens or beyond the
+ *       backend's context is refused, naming them.  --quick: the main
+ *       sequence only, 9 decode steps; --long: also across the ratio-128
+ *       window's end (127) in a context grown mid-window.
+ *
  *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick] [--gpus G]
  *       pipeline stages (ds4_backend_opts.layer_first/layer_end, the
  *       backends src/model/dist puts on MPI ranks) chained in one process:
@@ -907,6 +921,126 @@ static int cmd_batch(int argc, char **argv) {
     free(got);
     free(hid);
     free(want);
+    return 0;
+}
+
+/* One side of cmd_resize: a backend and the sequence it resizes (or, the
+ * reference, never does). */
+typedef struct resize_side {
+    ds4_backend *b;
+    ds4_seq *s;
+    bool resizes;
+} resize_side;
+
+/* The script's step on both sides: the same tokens, then the logits bit
+ * for bit.  op: 'p' prefill n tokens from tok + at, 'd' n decode steps,
+ * 'r' resize the resizing side to n tokens, 'g' n greedy tokens. */
+static void resize_step(resize_side *sd, const uint32_t *tok, uint32_t *at, char op, uint32_t n, uint32_t V,
+                        const char *what) {
+    ds4_err err = {0};
+    uint32_t got[2][16];
+    const float *l[2];
+    for (int k = 0; k < 2; k++) {
+        ds4_backend *b = sd[k].b;
+        ds4_seq *s = sd[k].s;
+        int rc = 0;
+        if (op == 'r') rc = sd[k].resizes ? ds4_seq_resize(b, s, n, &err) : 0;
+        else if (op == 'p') rc = ds4_seq_prefill(b, s, tok + *at, n, NULL, &err);
+        else if (op == 'g') rc = ds4_seq_greedy(b, s, n, got[k], &err);
+        else
+            for (uint32_t i = 0; i < n && !rc; i++) rc = ds4_seq_decode(b, s, tok[*at + i], &err);
+        if (rc) die(what, &err);
+        l[k] = ds4_seq_logits(b, s);
+    }
+    if (op != 'r') *at += n;
+    if (op == 'g') CHECK(!memcmp(got[0], got[1], n * sizeof(uint32_t)), "%s: greedy tokens differ at %u", what, *at);
+    CHECK(l[0] && l[1] && !memcmp(l[0], l[1], V * sizeof(float)), "%s: logits differ after %u tokens (op %c %u)", what,
+          *at, op, n);
+}
+
+/* The DSV4 payload of a sequence, in memory. */
+static char *seq_payload(ds4_backend *b, ds4_seq *s, size_t *len) {
+    ds4_err err = {0};
+    ds4_kv_state *st = ds4_backend_state_new(b, &err);
+    char *buf = NULL;
+    FILE *f = open_memstream(&buf, len);
+    if (!st || ds4_seq_snapshot(b, s, st, &err) || ds4_kv_state_save(st, f, &err)) die("payload", &err);
+    fclose(f);
+    ds4_kv_state_free(st);
+    return buf;
+}
+
+/* The script of cmd_resize: op ('p' prefill, 'd' decode steps, 'r' resize,
+ * 'g' greedy tokens) and count. */
+typedef struct resize_op {
+    char op;
+    uint32_t n;
+} resize_op;
+
+/* The scripts of cmd_resize.  quick: decode steps only, the main sequence
+ * full at 4 tokens, grown, shrunk to its tokens, grown to the whole (the
+ * deferred windows hold rows at each resize: the payload's frontiers fold
+ * them).  medium: a prefill too, full at 16.  long: also across the
+ * ratio-128 window's end (127) in a context grown mid-window. */
+static const resize_op quick_script[] = {{'d', 4}, {'r', 9}, {'d', 2}, {'r', 6}, {'r', 512}, {'d', 1}, {'g', 1}};
+static const resize_op medium_script[] = {{'p', 12}, {'d', 4},   {'r', 40}, {'d', 3},
+                                          {'r', 19}, {'r', 512}, {'d', 2},  {'g', 2}};
+static const resize_op long_script[] = {{'p', 12}, {'d', 4},   {'r', 140}, {'d', 3}, {'p', 106},
+                                        {'d', 4},  {'r', 129}, {'r', 512}, {'d', 2}, {'g', 3}};
+
+/* test_cuda resize MODEL [--no-sim] [--quick | --long] */
+static int cmd_resize(int argc, char **argv) {
+    if (argc < 1) return 2;
+    bool no_sim = false, quick = false, longer = false;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) no_sim = true;
+        else if (!strcmp(argv[i], "--quick")) quick = true;
+        else if (!strcmp(argv[i], "--long")) longer = true;
+        else return 2;
+    }
+    const resize_op *script = quick ? quick_script : longer ? long_script : medium_script;
+    size_t n_ops = quick    ? sizeof(quick_script) / sizeof(quick_script[0])
+                   : longer ? sizeof(long_script) / sizeof(long_script[0])
+                            : sizeof(medium_script) / sizeof(medium_script[0]);
+    ds4_err err = {0};
+    ds4_weights *w = ds4_weights_open(argv[0], &err);
+    if (!w) die(argv[0], &err);
+    uint32_t V = w->cfg.n_vocab, tok[160], rs = 99;
+    for (uint32_t i = 0; i < 160; i++) tok[i] = ((rs = rs * 1103515245u + 12345u) >> 8) % V;
+    ds4_backend_opts o = {.ctx_size = 512, .prefill_chunk = 64, .no_sim = no_sim, .cuda_graph_ctx = 128};
+    ds4_backend *big = ds4_backend_create("cuda", w, &o, &err);
+    uint32_t first = script[0].op == 'p' ? 16 : 4; /* full after the first two steps */
+    o.main_ctx = first;
+    ds4_backend *small = big ? ds4_backend_create("cuda", w, &o, &err) : NULL;
+    if (!small) die("cuda", &err);
+    for (int phase = 0; phase < (quick ? 1 : 2); phase++) {
+        const char *what = phase ? "a second sequence resized" : "the main sequence resized";
+        resize_side sd[2] = {{small, small->main, true}, {big, big->main, false}};
+        if (phase) {
+            sd[0].s = ds4_seq_new(small, first, &err);
+            sd[1].s = sd[0].s ? ds4_seq_new(big, 512, &err) : NULL;
+            if (!sd[1].s) die("seq_new", &err);
+        }
+        uint32_t at = 0;
+        for (size_t i = 0; i < n_ops; i++) resize_step(sd, tok, &at, script[i].op, script[i].n, V, what);
+        size_t la, lb;
+        char *pa = seq_payload(small, sd[0].s, &la), *pb = seq_payload(big, sd[1].s, &lb);
+        CHECK(la == lb && !memcmp(pa, pb, la), "%s: the payload differs from the whole context's", what);
+        printf("%s: %u tokens against the whole context's (logits, greedy tokens, payload)\n", what, at);
+        free(pa);
+        free(pb);
+        CHECK(ds4_seq_resize(small, sd[0].s, at - 1, &err) && strstr(ds4_err_msg(&err), "holds"),
+              "a resize below the tokens: '%s'", ds4_err_msg(&err));
+        CHECK(ds4_seq_resize(small, sd[0].s, 513, &err) && strstr(ds4_err_msg(&err), "at most 512"),
+              "a resize beyond the context: '%s'", ds4_err_msg(&err));
+        if (phase) {
+            ds4_seq_free(small, sd[0].s);
+            ds4_seq_free(big, sd[1].s);
+        }
+    }
+    ds4_backend_free(small);
+    ds4_backend_free(big);
+    ds4_weights_close(w);
     return 0;
 }
 
@@ -1945,6 +2079,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "steer")) rc = cmd_steer(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "stages")) rc = cmd_stages(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "resize")) rc = cmd_resize(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr,
                 "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
@@ -1957,7 +2092,8 @@ int main(int argc, char **argv) {
                 "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
                 "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
                 "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
-                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n");
+                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick] [--gpus G]\n"
+                "       test_cuda resize MODEL [--no-sim] [--quick | --long]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

@@ -17,7 +17,11 @@ only (part of the default suite through tests/suite/server_parallel.sh).
     holds a startup error naming the memory needed; the startup line's
     arithmetic, and a default --parallel sized by it;
   - admission: a prompt over the context refused at once (never queued),
-    one whose max_tokens runs past it stopped where the context ends.
+    one whose max_tokens runs past it stopped where the context ends; by
+    memory: with room for two small sessions or one big, requests wait and
+    all complete as alone, idle sessions freed to make room; a request
+    whose session could never fit refused at once with the bytes; a
+    conversation that outgrows its session keeps its live state.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
 are tests/server/test_sdk_parallel.py (make test-server-parallel).
 """
@@ -214,12 +218,11 @@ def t_queue_full():
 
 
 def t_admission():
-    """Every session holds --ctx tokens, so any request that fits the
-    context can run in any session: with the one session busy and the
-    queue full, a prompt longer than the context is answered 400 at once
-    (context_length_exceeded, JSON, never queued), another request 429;
-    a request whose prompt and max_tokens exceed the context waits, runs,
-    and stops where the context ends (finish length)."""
+    """With the one session busy and the queue full, a prompt longer than
+    the context is answered 400 at once (context_length_exceeded, JSON,
+    never queued), another request 429; a request whose prompt and
+    max_tokens exceed the context waits, runs in a session of the whole
+    context, and stops where the context ends (finish length)."""
     with Server("--parallel", "1", "--queue", "1", ctx=512) as s:
         c, r = open_stream(s.port, {"messages": [{"role": "user", "content": "Write a long essay."}],
                                     "max_tokens": 3000, "stream": True, "thinking": False})
@@ -417,21 +420,27 @@ def run_server(*args):
 
 
 def t_startup_errors():
-    """--parallel 0 is a usage error; more sessions than the memory holds
-    a startup error naming the memory needed and the memory available,
-    before any session is made (CUDA: the GPU's free memory; it used to
-    find out session by session)."""
+    """--parallel 0 is a usage error; more sessions of the least than the
+    sessions' memory holds a startup error naming the memory needed and the
+    budget, before any session is made (CUDA: the GPU's free memory; it
+    used to find out session by session); so is a --kv-mem-mb below one
+    session (the default context of 32768 tokens: sessions of 2048 and
+    more)."""
     rc, err = run_server("--parallel", "0")
     check(rc == 2 and "--parallel" in err, (rc, err))
-    rc, err = run_server("--parallel", "4096", "-c", "1048576")
-    m = re.search(r"ds4-server: --parallel 4096: 4096 sessions of 1048576 tokens need [\d.]+ \w+ of "
-                  r"(memory|GPU memory|host memory) \([\d.]+ \w+ each(, [\d.]+ \w+ shared)?\), but [\d.]+ \w+ is "
-                  r"available( beside [\d.]+ \w+ of weights)?; lower --parallel or --ctx", err)
+    rc, err = run_server("--parallel", "64", "--kv-mem-mb", "8")
+    m = re.search(r"ds4-server: --parallel 64: 64 sessions of at least 2048 tokens need [\d.]+ \w+ of memory "
+                  r"\([\d.]+ \w+ each\), but the sessions have 8.0 MiB \(--kv-mem-mb\); lower --parallel", err)
+    check(rc == 1 and m, (rc, err))
+    rc, err = run_server("--kv-mem-mb", "1")
+    m = re.search(r"ds4-server: a session of 2048 tokens needs [\d.]+ \w+ of memory, but the sessions have 1.0 MiB "
+                  r"\(--kv-mem-mb\); lower --ctx or free memory", err)
     check(rc == 1 and m, (rc, err))
 
 
-SESSIONS_LINE = re.compile(r"server +(\d+) sessions? of (\d+) tokens, ([\d.]+ \w+) each \(state ([\d.]+ \w+), "
-                           r"checkpoint ([\d.]+ \w+|0 bytes), token list ([\d.]+ \w+)\); (.*)")
+SESSIONS_LINE = re.compile(r"server +(\d+) sessions? at most, each of (\d+) to (\d+) tokens: ([\d.]+ \w+) to "
+                           r"([\d.]+ \w+) \(at \d+ tokens: state ([\d.]+ \w+), checkpoint ([\d.]+ \w+|0 bytes), "
+                           r"token list ([\d.]+ \w+)\); (.*)")
 
 
 def sessions_line(*args):
@@ -445,34 +454,147 @@ def sessions_line(*args):
 
 
 def t_startup_sizing():
-    """The startup line says what a session takes (state, checkpoint, token
-    list) and the memory's arithmetic; without --parallel the sessions are
-    as many as three quarters of the room left beside the weights hold, at
-    most 16 (engine/capacity.h, tested with given figures in
+    """The startup line says what a session takes at its least (state,
+    checkpoint, token list) and at the whole context, and the memory's
+    arithmetic; without --parallel the sessions are as many of the least
+    as the budget (three quarters of the room left beside the weights)
+    holds, at most 16 (engine/capacity.h, tested with given figures in
     tests/unit/test_capacity.c)."""
     n, m = sessions_line()
-    holds = [int(h) for h in re.findall(r"3/4 of it holds (\d+) sessions", m.group(7))]
-    check(holds and re.search(r"memory: [\d.]+ \w+ available", m.group(7)), m.group(0))
+    holds = [int(h) for h in re.findall(r"(\d+) of the least or \d+ of the most at once", m.group(9))]
+    check(holds and re.search(r"memory: [\d.]+ \w+ for sessions \(3/4 of [\d.]+ \w+ available - [\d.]+ \w+ "
+                              r"weights - [\d.]+ \w+ shared\)", m.group(9)), m.group(0))
     check(n == max(1, min(16, min(holds))), (n, holds, m.group(0)))
-    check(m.group(2) == "4096" and m.group(6) == "16.0 KiB", m.group(0))  # 4096 token ids of 4 bytes
-    check(m.group(4) == m.group(5), m.group(0))  # the checkpoint is a KV state
-    check("no --parallel: as many as the memory holds, at most 16" in m.group(7), m.group(0))
-    # a given --parallel: its total; the disk cache's state is shared by all
-    kvdir = tempfile.mkdtemp(prefix="ds4-par-kv-")
-    try:
-        n, m = sessions_line("--parallel", "2", "--kv-disk-dir", kvdir)
-        check(n == 2 and re.search(r"memory: 2 x %s \+ %s shared = [\d.]+ \w+ of [\d.]+ \w+ available beside"
-                                   % (re.escape(m.group(3)), re.escape(m.group(4))), m.group(7))
-              or re.search(r"host memory: 2 x [\d.]+ \w+ \+ %s shared" % re.escape(m.group(5)), m.group(7)),
-              m.group(0))
-    finally:
-        shutil.rmtree(kvdir, ignore_errors=True)
+    # contexts of 4096 tokens grow by 256 (the granule): 256 token ids of 4 bytes
+    check(m.group(2) == "256" and m.group(3) == "4096" and m.group(8) == "1.0 KiB", m.group(0))
+    check(m.group(6) == m.group(7), m.group(0))  # the checkpoint is a KV state
+    check("no --parallel: as many as the memory holds, at most 16" in m.group(9), m.group(0))
+    # a given --parallel and budget
+    n, m = sessions_line("--parallel", "2", "--kv-mem-mb", "64")
+    check(n == 2 and re.search(r"memory: 64.0 MiB for sessions \(--kv-mem-mb\), \d+ of the least or \d+ of the "
+                               r"most at once$", m.group(9)), m.group(0))
     n, m = sessions_line("--parallel", "1", "--no-memory-checkpoint")
-    check(n == 1 and m.group(5) == "0 bytes", m.group(0))
+    check(n == 1 and m.group(7) == "0 bytes", m.group(0))
+
+
+def chat(content, max_tokens, stream=False):
+    return {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "temperature": 0,
+            "stream": stream, "thinking": False}
+
+
+def held(s):
+    return s.stats()["sessions"]["memory"][0]["held_bytes"]
+
+
+# Requests of the memory tests: three of sessions of the least (the second
+# runs longest), one of three times as many tokens (a longer prompt).
+SMALL = [chat("Small request %d: tell me about the sea." % i, n) for i, n in enumerate((100, 230, 60))]
+BIG = chat("Big request: " + "waves " * 600, 8)
+
+
+def t_admission_by_memory():
+    """Two sessions, memory for two small ones or the big one: two small
+    requests run; the big one waits (and the small one after it: first in
+    line first), also once the first small one ended and its session is
+    free: that session goes first to free its memory, then the other once
+    its request ended, and the big one runs, then the last; every answer is
+    the one a lone session gives, and the sessions never hold more than the
+    budget.  The budget (--kv-mem-mb) comes from what a lone session holds
+    after a small request and after the big one."""
+    want = []
+    with Server("--parallel", "1") as solo:
+        sizes = []
+        for body in SMALL + [BIG]:
+            st, b = solo.post("/v1/chat/completions", body)
+            check(st == 200, b)
+            want.append(b["choices"][0]["message"]["content"])
+            sizes.append(held(solo))
+    small, big, mib = sizes[0], sizes[3], 1 << 20
+    budget = (max(2 * small, big) + mib - 1) // mib
+    check(budget * mib < small + big and budget * mib < 3 * small, (small, big, budget))
+    with Server("--parallel", "2", "--kv-mem-mb", str(budget)) as s:
+        got = [None] * 4
+        order = []
+
+        def go(i, body):
+            st, b = s.post("/v1/chat/completions", body)
+            check(st == 200, (i, st, b))
+            got[i] = b["choices"][0]["message"]["content"]
+            order.append(i)
+        th = []
+        for i, body in ((0, SMALL[0]), (1, SMALL[1]), (3, BIG), (2, SMALL[2])):
+            th.append(threading.Thread(target=go, args=(i, body)))
+            th[-1].start()
+            wait_for(lambda: s.stats()["jobs"]["queued"] == len(th), "request %d to queue" % i)
+        seen = []
+        while any(t.is_alive() for t in th):
+            st = s.stats()
+            mem = st["sessions"]["memory"][0]
+            check(mem["held_bytes"] <= mem["budget_bytes"] == budget << 20, mem)
+            seen.append((st["jobs"]["running"], st["jobs"]["waiting"]))
+            time.sleep(0.02)
+        for t in th:
+            t.join()
+        check(got == want, (got, want))
+        check((2, 2) in seen, seen)  # two small ones ran, the big one and the last waited
+        check((1, 2) in seen, seen)  # and waited for memory with a session free
+        check(order.index(3) < order.index(2) and set(order[:2]) == {0, 1}, order)
+        st = s.stats()
+        check(st["sessions"]["evicted_for_memory"] >= 3 and st["jobs"]["answered"] == 4, st["sessions"])
+
+
+def t_conversation_grows():
+    """A conversation that goes on past its session's size: the next turn's
+    session is grown with its state kept (the turn reuses the live tokens,
+    prefilling only the new ones) and answers as a fresh server does from
+    the whole prompt; the session then holds that size.  (The first answer
+    is a forced text, whose tokens the next turn's rendering repeats.)"""
+    conv = [{"role": "user", "content": "Tell me about the weather."}]
+    with Server("--parallel", "1") as s:
+        st, b = s.post("/v1/chat/completions", dict(chat("", 40), messages=conv),
+                       headers={"X-DS4-Test-Output": "answer"})
+        check(st == 200, b)
+        first = b["usage"]["prompt_tokens"]
+        small = held(s)
+        conv += [{"role": "assistant", "content": b["choices"][0]["message"]["content"]},
+                 {"role": "user", "content": "And the moon? " + "waves " * 300}]
+        st, b = s.post("/v1/chat/completions", dict(chat("", 40), messages=conv))
+        check(st == 200, b)
+        u = b["usage"]
+        check(s.stats()["last_prompt"]["kv_source"] == "memory-token"
+              and u["prompt_tokens_details"]["cached_tokens"] > first, (u, s.stats()["last_prompt"]))
+        check(u["prompt_tokens"] + 41 > 256 and held(s) > small, (u, held(s), small))
+        got = b["choices"][0]["message"]["content"]
+    with Server("--parallel", "1") as fresh:
+        st, b = fresh.post("/v1/chat/completions", dict(chat("", 40), messages=conv))
+        check(st == 200 and b["choices"][0]["message"]["content"] == got, (b, got))
+
+
+def t_request_too_large():
+    """With memory for sessions of 256 tokens only (a context of 1024): a
+    request whose session could never fit is answered 400 at once with the
+    bytes needed and available (never queued); without max_tokens its
+    output is lowered to what the largest session that fits leaves, and it
+    runs."""
+    with Server("--parallel", "1", "--kv-mem-mb", "2", ctx=1024) as s:
+        st, b = s.post("/v1/chat/completions", chat("x", 1000))
+        check(st == 400 and b["error"]["code"] == "kv_memory_exceeded", (st, b))
+        check(re.search(r"needs a session of 1024 tokens \(a prompt of \d+ tokens and 1000 of output\), [\d.]+ "
+                        r"\w+ of memory, but the sessions have 2.0 MiB in all", b["error"]["message"]), b)
+        body = chat("x", 0)
+        del body["max_tokens"]
+        st, b = s.post("/v1/chat/completions", body, timeout=300)
+        check(st == 200 and b["choices"][0]["finish_reason"] == "length", (st, b))
+        u = b["usage"]
+        check(u["prompt_tokens"] + u["completion_tokens"] + 1 == 256, u)
+        jobs = s.stats()["jobs"]
+        check(jobs["rejected_too_large"] == 1 and jobs["queued"] == 1, jobs)
 
 
 def main():
-    for fn in (t_startup_errors, t_startup_sizing, t_admission, t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
+    for fn in (t_startup_errors, t_startup_sizing, t_admission, t_admission_by_memory, t_request_too_large,
+               t_conversation_grows,
+               t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
                t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
                t_stats_while_running,
                t_shutdown_with_sessions_running):

@@ -8,7 +8,12 @@
  *     the state byte-identical to a sequence that never saw the others,
  *     across ratio-4 and ratio-128 window boundaries, and decoding goes on
  *     bit-identically;
- *   - bad steps and rewinds are refused with a message.
+ *   - a sequence resized as it goes (grown from a context shorter than the
+ *     window, across the ratio-4 and ratio-128 windows' ends, mid-decode
+ *     and beside other rows, shrunk to its tokens and grown again; the
+ *     main sequence too) has bit for bit the logits and the payload of one
+ *     made large from the start;
+ *   - bad steps, rewinds and resizes are refused with a message.
  * Model: tests/golden/cpu/tiny-a.f16.gguf (layers of ratio 0, 4 and 128).
  */
 #include <setjmp.h>
@@ -359,6 +364,75 @@ static void expect_error(int rc, const ds4_err *err, const char *needle) {
     if (!strstr(ds4_err_msg(err), needle)) fail_msg("message '%s' lacks '%s'", ds4_err_msg(err), needle);
 }
 
+/* A sequence whose context follows its length: made for 16 tokens (a
+ * raw ring shorter than the window), then grown whenever it is full, its
+ * rows beside another sequence's in the same steps; shrunk to its tokens
+ * (a step then does not fit) and grown again; every logit row and the
+ * payload at the end against a sequence of the whole context that saw the
+ * same tokens.  sized: the sequence to resize (a new one, or the main
+ * sequence of a backend made with a short main_ctx), of 16 tokens. */
+static void check_resized(ds4_backend *b, ds4_seq *sized) {
+    ds4_err err = {0};
+    ds4_backend *rb = make(0);
+    ds4_seq *big = ds4_seq_new(rb, CTX, &err);
+    assert_non_null(big);
+    /* the contexts it grows to when full, in order: across the ratio-4 and
+     * ratio-128 windows' ends (127, 255), the last the whole */
+    const uint32_t grow[] = {40, 127, 130, 256, 300, CTX};
+    uint32_t g = 0, n = 0, cap = 16;
+    float *lg = malloc((size_t)2 * V * sizeof(float));
+    while (n < 320) {
+        if (n == cap) {
+            assert_int_equal(ds4_seq_resize(b, sized, grow[g], &err), 0);
+            cap = grow[g++];
+        }
+        /* a prefill chunk of 5 now and then, else one decode row */
+        uint32_t m = n % 37 == 3 ? 5 : 1;
+        if (m > cap - n) m = cap - n;
+        ds4_row rows[6];
+        for (uint32_t i = 0; i < m; i++) rows[i] = ds4_row_of(sized, tokens[n + i], i + 1 == m ? DS4_ROW_LOGITS : 0);
+        uint32_t nr = m;
+        if (sized != b->main && ds4_seq_len(b, b->main) < 100) rows[nr++] = ds4_row_of(b->main, tokens[n], 0);
+        if (ds4_backend_step(b, rows, nr, &(ds4_step_out){lg, NULL}, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
+        for (uint32_t i = 0; i < m; i++) rows[i].seq = big;
+        if (ds4_backend_step(rb, rows, m, &(ds4_step_out){lg + V, NULL}, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
+        n += m;
+        if (memcmp(lg, lg + V, V * sizeof(float)) != 0)
+            fail_msg("after %u tokens (context %u): the resized sequence's logits differ", n, cap);
+        if (n == 200) {
+            assert_int_equal(ds4_seq_resize(b, sized, n, &err), 0);
+            rows[0] = ds4_row_of(sized, 1, 0);
+            expect_error(ds4_backend_step(b, rows, 1, NULL, &err), &err, "do not fit");
+            assert_int_equal(ds4_seq_resize(b, sized, cap, &err), 0);
+        }
+    }
+    assert_int_equal(g, 6);
+    assert_same_state(b, sized, rb, big, "a sequence resized as it went");
+    assert_memory_equal(ds4_seq_logits(b, sized), ds4_seq_logits(rb, big), V * sizeof(float));
+    /* a resize that drops tokens, or beyond the backend's context */
+    expect_error(ds4_seq_resize(b, sized, n - 1, &err), &err, "holds 320");
+    expect_error(ds4_seq_resize(b, sized, CTX + 1, &err), &err, "at most 512");
+    ds4_seq_free(rb, big);
+    ds4_backend_free(rb);
+    free(lg);
+}
+
+static void test_resize_keeps_state(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    ds4_backend *b = make(0);
+    ds4_seq *s = ds4_seq_new(b, 16, &err);
+    assert_non_null(s);
+    check_resized(b, s);
+    ds4_seq_free(b, s);
+    ds4_backend_free(b);
+    /* the main sequence, made short (main_ctx) */
+    ds4_backend_opts o = {.n_threads = 2, .ctx_size = CTX, .main_ctx = 16};
+    assert_non_null(b = ds4_backend_create("cpu", W, &o, &err));
+    check_resized(b, b->main);
+    ds4_backend_free(b);
+}
+
 static void test_bad_steps_and_rewinds(void **state) {
     (void)state;
     ds4_err err = {0};
@@ -408,9 +482,10 @@ static void test_bad_steps_and_rewinds(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_batched_equals_alone), cmocka_unit_test(test_mixed_step),
-        cmocka_unit_test(test_rewind_is_exact),      cmocka_unit_test(test_rewind_short_ring),
-        cmocka_unit_test(test_rewind_short_window),  cmocka_unit_test(test_bad_steps_and_rewinds),
+        cmocka_unit_test(test_batched_equals_alone),  cmocka_unit_test(test_mixed_step),
+        cmocka_unit_test(test_rewind_is_exact),       cmocka_unit_test(test_rewind_short_ring),
+        cmocka_unit_test(test_rewind_short_window),   cmocka_unit_test(test_resize_keeps_state),
+        cmocka_unit_test(test_bad_steps_and_rewinds),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

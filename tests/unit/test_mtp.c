@@ -147,11 +147,13 @@ static char *payload_of(ds4_session *s, size_t *len) {
     return buf;
 }
 
-/* Generate n tokens greedily after prompt p (draft 0: no MTP). */
-static void generate(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft, rec *r, char **pl,
-                     size_t *pl_len, ds4_spec_stats *st) {
+/* Generate n tokens greedily after prompt p (draft 0: no MTP) in a session
+ * of 512 tokens (granule: sized by what it holds, in granules of that
+ * many; 0: not). */
+static void generate_in(ds4_engine *e, uint32_t granule, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft,
+                        rec *r, char **pl, size_t *pl_len, ds4_spec_stats *st) {
     ds4_err err = {0};
-    ds4_session *s = ds4_session_new(e, 512, &err);
+    ds4_session *s = granule ? ds4_session_new_sized(e, 512, granule, &err) : ds4_session_new(e, 512, &err);
     if (!s) fail_msg("%s", ds4_err_msg(&err));
     if (draft && ds4_session_enable_mtp(s, draft, 0.0f, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
     if (ds4_session_sync(s, p, np, NULL, NULL, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
@@ -162,6 +164,11 @@ static void generate(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, u
     *pl = payload_of(s, pl_len);
     if (st) *st = ds4_session_spec(s) ? ds4_session_spec(s)->stats : (ds4_spec_stats){0};
     ds4_session_free(s);
+}
+
+static void generate(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft, rec *r, char **pl,
+                     size_t *pl_len, ds4_spec_stats *st) {
+    generate_in(e, 0, p, np, n, draft, r, pl, pl_len, st);
 }
 
 static void test_greedy_identity(void **state) {
@@ -180,7 +187,8 @@ static void test_greedy_identity(void **state) {
         generate(plain, prompt, np[a], 20, 0, &want, &pw, &lw, NULL);
         for (size_t d = 0; d < sizeof(draft) / sizeof(draft[0]); d++) {
             ds4_spec_stats st;
-            generate(spec, prompt, np[a], 20, draft[d], &got, &pg, &lg, &st);
+            /* drafts of 2 in a sized session: grown (its MTP sequence too) as it speculates */
+            generate_in(spec, draft[d] == 2 ? 16 : 0, prompt, np[a], 20, draft[d], &got, &pg, &lg, &st);
             assert_int_equal(got.n, want.n);
             if (memcmp(got.tok, want.tok, want.n * sizeof(int32_t)) != 0)
                 fail_msg("prompt %u, drafts of %u: tokens differ from plain decoding", np[a], draft[d]);

@@ -3,7 +3,9 @@
  * should not: prefix reuse by counters, divergence falls back to the
  * checkpoint or a full prefill, and whatever path is taken the logits are
  * bit-identical to a fresh prefill of the same tokens.  Also: context
- * overflow and cancelled prefill leave a consistent session.
+ * overflow and cancelled prefill leave a consistent session; a sized
+ * session grows its state in granules as tokens arrive, shrinks and frees
+ * it on request, with the logits of a session of the whole context.
  * Model: tests/golden/cpu/tiny-a.f16.gguf (no tokenizer needed).
  */
 #include <setjmp.h>
@@ -224,11 +226,66 @@ static void test_append_logits(void **state) {
     ds4_session_free(s);
 }
 
+/* A session sized by what it holds (granules of 32 tokens, at least the
+ * model's window of 128): no state at first, grown by syncs, decodes and a
+ * checkpoint's restore, fitted down and released; the logits are a full
+ * session's all along. */
+static void test_sized_session(void **state) {
+    (void)state;
+    ds4_err err = {0};
+    int32_t a[CTX], b[CTX];
+    make_tokens(a, CTX, 6);
+    memcpy(b, a, sizeof(a));
+    for (int i = 100; i < CTX; i++) b[i] = (a[i] + 5) % (int32_t)V;
+    ds4_session *s = ds4_session_new_sized(E, CTX, 32, &err);
+    assert_non_null(s);
+    assert_int_equal(ds4_session_capacity(s), 0);
+    assert_null(ds4_session_logits(s));
+    sync_ok(s, a, 20);
+    assert_int_equal(ds4_session_capacity(s), 128);
+    assert_logits(s, a, 20);
+    assert_int_equal(ds4_session_checkpoint(s, &err), 0);
+    for (uint32_t i = 20; i < 140; i++) assert_int_equal(ds4_session_eval(s, a[i], &err), 0);
+    assert_int_equal(ds4_session_capacity(s), 160); /* grew at 127 tokens (room for the next one) */
+    assert_logits(s, a, 140);
+    sync_ok(s, a, 170);
+    assert_int_equal(ds4_session_capacity(s), 192);
+    assert_int_equal(ds4_session_get_stats(s)->reused, 140);
+    sync_ok(s, b, 150); /* diverges at 100: back to the checkpoint of 20 */
+    assert_int_equal(ds4_session_get_stats(s)->restored, 20);
+    assert_logits(s, b, 150);
+    /* fitted: to its tokens (plus one) at least, then down when empty */
+    assert_int_equal(ds4_session_fit(s, 1, &err), 0);
+    assert_int_equal(ds4_session_capacity(s), 160);
+    assert_int_equal(ds4_session_fit(s, 200, &err), 0);
+    assert_int_equal(ds4_session_capacity(s), 224);
+    assert_int_equal(ds4_session_eval(s, b[150], &err), 0);
+    assert_logits(s, b, 151);
+    ds4_session_reset(s);
+    assert_int_equal(ds4_session_fit(s, 1, &err), 0);
+    assert_int_equal(ds4_session_capacity(s), 128);
+    /* at most the context, and not beyond it */
+    sync_ok(s, a, CTX - 1);
+    assert_int_equal(ds4_session_capacity(s), CTX);
+    assert_logits(s, a, CTX - 1);
+    assert_int_equal(ds4_session_reserve(s, CTX + 1, &err), -1);
+    assert_int_equal(err.code, DS4_ERANGE);
+    /* released: no state, no checkpoint; it starts again on demand */
+    ds4_session_release(s);
+    assert_int_equal(ds4_session_capacity(s), 0);
+    assert_int_equal(ds4_session_n_tokens(s), 0);
+    assert_int_equal(ds4_session_checkpoint_tokens(s), 0);
+    sync_ok(s, b, 120);
+    assert_int_equal(ds4_session_capacity(s), 128);
+    assert_logits(s, b, 120);
+    ds4_session_free(s);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_prefix_reuse_counts), cmocka_unit_test(test_divergence_restarts_or_uses_checkpoint),
         cmocka_unit_test(test_overflow_and_cancel), cmocka_unit_test(test_snapshot_file_round_trip),
-        cmocka_unit_test(test_append_logits),
+        cmocka_unit_test(test_append_logits),       cmocka_unit_test(test_sized_session),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

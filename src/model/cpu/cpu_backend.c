@@ -84,6 +84,31 @@ static void cpu_seq_free(ds4_backend *base, ds4_seq *seq) {
     free(s);
 }
 
+/* A new state of ctx tokens with the old one's content (session_state.h:
+ * ds4_kv_state_copy keeps every live row where a sequence made that large
+ * has it), then the old one freed. */
+static int cpu_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_err *err) {
+    cpu_backend *b = (cpu_backend *)base;
+    cpu_seq *s = cpu_seq_of(seq);
+    if (!seq || seq->owner != base) return ds4_err_set(err, DS4_EINVAL, "resize: the sequence is not this backend's");
+    if (ctx == 0 || ctx > b->max_ctx || ctx < s->st->n_tokens)
+        return ds4_err_set(err, DS4_ERANGE, "resize to %u tokens: the sequence holds %u, the backend at most %u", ctx,
+                           s->st->n_tokens, b->max_ctx);
+    if (ctx == s->st->ctx) return 0;
+    ds4_kv_state *st = s->mtp ? ds4_kv_state_new(&b->base.opts.mtp->cfg, ctx, b->chunk, err)
+                              : ds4_kv_state_new_layers(b->cfg, ctx, b->chunk, b->layer_first, b->layer_end, err);
+    if (!st || ds4_kv_state_copy(st, s->st, err) != 0) {
+        ds4_kv_state_free(st);
+        return -1;
+    }
+    /* the mark stays (its journal holds copies) unless the ring changed
+     * size: its journaled slots are the old ring's */
+    if (st->raw_cap != s->st->raw_cap) s->j.valid = false;
+    ds4_kv_state_free(s->st);
+    s->st = st;
+    return 0;
+}
+
 static uint32_t cpu_seq_len(const ds4_backend *base, const ds4_seq *s) {
     (void)base;
     return ((const cpu_seq *)s)->st->n_tokens;
@@ -421,6 +446,7 @@ static const ds4_backend_ops cpu_ops = {
     .seq_new = cpu_seq_new,
     .mtp_seq_new = cpu_mtp_seq_new,
     .seq_free = cpu_seq_free,
+    .seq_resize = cpu_seq_resize,
     .seq_len = cpu_seq_len,
     .mtp_step = cpu_mtp_step,
     .stage_step = cpu_stage_step,
@@ -479,7 +505,7 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
     ds4_rope_init(&b->rope_comp, c, true);
     if (!(b->pool = ds4_pool_create(b->base.opts.n_threads, err))) goto fail;
     b->n_threads = b->base.opts.n_threads = ds4_pool_size(b->pool);
-    if (!(b->base.main = seq_new(b, b->max_ctx, false, err))) goto fail;
+    if (!(b->base.main = seq_new(b, b->base.opts.main_ctx, false, err))) goto fail;
     if (alloc_buffers(b, err) != 0) goto fail;
     return &b->base;
 fail:

@@ -356,15 +356,35 @@ static int capture_ctx(cuda_backend *b, uint32_t ctx, ds4_err *err) {
     return 0;
 }
 
+/* The contexts are the backend's (ds4_backend_opts.ctx_size), whatever the
+ * main sequence holds: a main sequence made short or resized (cuda_seq_resize)
+ * gets the graphs of the contexts up to the first that holds it, the same
+ * graphs a main sequence of the whole context runs at those positions, so
+ * that its tokens do not depend on its size.  Captured with the main
+ * sequence as the one the passes act on (b->sq). */
 static int capture_step(cuda_backend *b, ds4_err *err) {
     b->graph_steer[0] = b->main_seq.base.steer_ffn;
     b->graph_steer[1] = b->main_seq.base.steer_attn;
     if (ds4_prof_on) return 0;
-    for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1; ctx *= 4)
+    bool held = false;
+    for (uint64_t ctx = b->graph_ctx0; ctx < b->ctx && b->n_graphs < CU_GRAPHS - 1 && !held; ctx *= 4) {
         if (capture_ctx(b, (uint32_t)ctx, err)) return -1;
-    if (capture_ctx(b, b->ctx, err)) return -1;
+        held = ctx >= b->main_seq.ctx;
+    }
+    if (!held && capture_ctx(b, b->ctx, err)) return -1;
     CU_TRY(cudaStreamSynchronize(b->st));
     return 0;
+}
+
+/* Every decode graph destroyed (their kernels' arguments changed). */
+static void drop_graphs(cuda_backend *b) {
+    for (uint32_t i = 0; i < CU_GRAPHS; i++)
+        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
+            if (b->graph[i][k]) {
+                cudaGraphExecDestroy(b->graph[i][k]);
+                b->graph[i][k] = NULL;
+            }
+    b->n_graphs = 0;
 }
 
 /* The decode graphs again when the main sequence's steering scales are not
@@ -374,13 +394,7 @@ static int capture_step(cuda_backend *b, ds4_err *err) {
 static int steer_recapture(cuda_backend *b, ds4_err *err) {
     if (!cu_steer_changed(b)) return 0;
     CU_TRY(cudaStreamSynchronize(b->st));
-    for (uint32_t i = 0; i < CU_GRAPHS; i++)
-        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
-            if (b->graph[i][k]) {
-                cudaGraphExecDestroy(b->graph[i][k]);
-                b->graph[i][k] = NULL;
-            }
-    b->n_graphs = 0;
+    drop_graphs(b);
     return capture_step(b, err);
 }
 
@@ -470,7 +484,13 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
     CU_ON_DEVICE((cuda_backend *)base);
     if (n && not_stage((cuda_backend *)base, "a step", err)) return -1;
-    return cu_seq_step(base, rows, n, out, err);
+    int rc = cu_seq_step(base, rows, n, out, err);
+    if (ds4_prof_on && rc == 0) {
+        char title[64];
+        snprintf(title, sizeof(title), "a step of %u rows", n);
+        ds4_prof_report(title);
+    }
+    return rc;
 }
 
 /* A pipeline stage's decode step of the main sequence: its decode graph,
@@ -672,9 +692,7 @@ static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
     cu_on_device(b);
-    for (uint32_t i = 0; i < CU_GRAPHS; i++)
-        for (uint32_t k = 0; k < CU_STEP_KINDS; k++)
-            if (b->graph[i][k]) cudaGraphExecDestroy(b->graph[i][k]);
+    drop_graphs(b);
     cu_batch_graph_drop(b, NULL);
     free(b->bg_seq);
     cu_offload_free(b->off);
@@ -731,6 +749,108 @@ static void cuda_seq_free(ds4_backend *base, ds4_seq *seq) {
     b->dev_bytes -= (s->bytes + 255) / 256 * 256;
     seq_release(s);
     free(s);
+}
+
+/* The live arrays of s into `to`, the same layers laid out for another
+ * context (on st): each ring whole (its size is the backend's), the
+ * compressed and indexer rows both contexts hold (every live one: the
+ * smaller holds the tokens), the frontiers, the deferred windows. */
+static int copy_live(cuda_backend *b, const cu_seq *s, const cu_seq *to, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t lo = s->ctx < to->ctx ? s->ctx : to->ctx;
+/* clang-format off */
+#define DCOPY(dst, src, count)                                                                              \
+    CU_TRY(cudaMemcpyAsync((dst), (src), (size_t)(count) * sizeof(float), cudaMemcpyDeviceToDevice, b->st))
+    /* clang-format on */
+    for (uint32_t il = b->layer_first; il < b->layer_end; il++) {
+        const dlstate *F = &s->L[il], *T = &to->L[il];
+        DCOPY(T->raw, F->raw, (size_t)b->raw_cap * c->head_dim);
+        if (F->ratio == 0) continue;
+        if (F->win) DCOPY(T->win, F->win, (size_t)F->ratio * c->n_embd);
+        DCOPY(T->comp, F->comp, (size_t)cu_comp_cap(lo, F->ratio) * c->head_dim);
+        DCOPY(T->comp_kv, F->comp_kv, frontier_floats(c, F->ratio, false));
+        DCOPY(T->comp_score, F->comp_score, frontier_floats(c, F->ratio, false));
+        if (F->ratio != 4) continue;
+        DCOPY(T->idx, F->idx, (size_t)cu_comp_cap(lo, 4) * c->idx_head_dim);
+        DCOPY(T->idx_kv, F->idx_kv, frontier_floats(c, 4, true));
+        DCOPY(T->idx_score, F->idx_score, frontier_floats(c, 4, true));
+    }
+#undef DCOPY
+    CU_TRY(cudaMemcpyAsync(to->d_step, s->d_step, sizeof(dstep), cudaMemcpyDeviceToDevice, b->st));
+    return 0;
+}
+
+/* A state block for ctx tokens laid out in `to` (main: with the deferred
+ * windows) holding s's state; on failure nothing is left allocated. */
+static int resized_copy(cuda_backend *b, const cu_seq *s, uint32_t ctx, bool main, cu_seq *to, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    to->ctx = ctx;
+    to->L = (dlstate *)calloc(c->n_layer + 1, sizeof(dlstate));
+    to->tokens = (uint32_t *)calloc(ctx, sizeof(uint32_t));
+    char what[96];
+    snprintf(what, sizeof(what), "the state of a sequence resized to %u tokens", ctx);
+    bump m = {NULL, seq_bytes(b, ctx, main)};
+    int rc = -1;
+    if (!to->L || !to->tokens) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory for a sequence");
+    } else if (cu_dev_alloc(&to->state_block, m.off, what, err) == 0) {
+        to->bytes = m.off;
+        m.base = (uint8_t *)to->state_block;
+        m.off = 0;
+        layout_state(b, to, main, &m);
+        to->L[c->n_layer] = s->L[c->n_layer]; /* the MTP block's layer (the main sequence's: cu_mtp_init) */
+        memcpy(to->tokens, s->tokens, (size_t)s->n_tokens * sizeof(uint32_t));
+        rc = copy_live(b, s, to, err);
+        if (rc == 0 && cudaStreamSynchronize(b->st) != cudaSuccess)
+            rc = ds4_err_set(err, DS4_EIO, "CUDA: copying a resized sequence's state failed");
+    }
+    if (rc == 0) return 0;
+    if (to->state_block) cudaFree(to->state_block);
+    free(to->L);
+    free(to->tokens);
+    return -1;
+}
+
+/* A sequence resized (backend.h ds4_seq_resize): a state block for ctx
+ * tokens with the old one's content, then the old one freed.  What held
+ * the old addresses follows: the journal's list of rings (its mark is
+ * kept: it holds copies, and the rings keep their size, the backend's),
+ * the batched decode graph of the sequence (dropped), and for the main
+ * sequence its decode graphs, captured again (capture_step: the same
+ * contexts as before, so that its tokens do not change).  The backend's
+ * one MTP sequence holds the whole context already. */
+static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_err *err) {
+    cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
+    if (!seq || seq->owner != base) return ds4_err_set(err, DS4_EINVAL, "resize: the sequence is not this backend's");
+    bool mtp = cu_mtp_seq(b, seq);
+    cu_seq *s = (cu_seq *)seq;
+    uint32_t n = mtp ? cu_mtp_len(b) : s->n_tokens;
+    if (ctx == 0 || ctx > b->ctx || ctx < n)
+        return ds4_err_set(err, DS4_ERANGE, "resize to %u tokens: the sequence holds %u, the backend at most %u", ctx,
+                           n, b->ctx);
+    if (mtp || ctx == s->ctx) return 0;
+    bool main = s == &b->main_seq;
+    cu_seq to = {};
+    CU_TRY(cudaStreamSynchronize(b->st));
+    if (resized_copy(b, s, ctx, main, &to, err)) return -1;
+    cu_batch_graph_drop(b, s);
+    cudaFree(s->state_block);
+    free(s->L);
+    free(s->tokens);
+    b->dev_bytes = b->dev_bytes - (s->bytes + 255) / 256 * 256 + (to.bytes + 255) / 256 * 256;
+    s->ctx = ctx;
+    s->L = to.L;
+    s->tokens = to.tokens;
+    s->state_block = to.state_block;
+    s->bytes = to.bytes;
+    s->d_step = to.d_step;
+    if (s->jr.raw && cu_journal_rings(b, s, err)) return ds4_err_prefix(err, "a resized sequence's journal");
+    if (!main) return 0;
+    drop_graphs(b);
+    if (cu_use(b, s, err) || capture_step(b, err))
+        return ds4_err_prefix(err, "the main sequence resized to %u tokens", ctx);
+    return 0;
 }
 
 static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
@@ -805,6 +925,7 @@ static ds4_backend_ops make_ops() {
     o.mtp_seq_new = cuda_mtp_seq_new;
     o.mtp_step = cuda_mtp_step;
     o.seq_free = cuda_seq_free;
+    o.seq_resize = cuda_seq_resize;
     o.seq_len = cuda_seq_len;
     o.step = cuda_step;
     o.stage_step = cuda_stage_step;
@@ -891,7 +1012,7 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
 static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
     if (cu_weights_shape(&b->W, w, NULL, b->layer_first, b->layer_end, err)) return -1;
-    size_t state = (seq_bytes(b, b->ctx, true) + 255) / 256 * 256; /* the main sequence's */
+    size_t state = (seq_bytes(b, b->base.opts.main_ctx, true) + 255) / 256 * 256; /* the main sequence's */
     bump m = {NULL, 0};
     layout_buffers(b, &m);
     size_t bufs = (m.off + 255) / 256 * 256, routed = 0, all = cu_weights_bytes(&b->W, c, &routed);
@@ -962,7 +1083,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaMemsetAsync(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     if (b->d_steer)
         CU_TRY(cu_upload(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float)));
-    if (seq_alloc(b, &b->main_seq, b->ctx, true, err)) return -1;
+    if (seq_alloc(b, &b->main_seq, b->base.opts.main_ctx, true, err)) return -1;
     if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     b->n_kinds = 1;
     for (uint32_t il = 0; il < c->n_layer; il++)

@@ -600,6 +600,9 @@ int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
  * them), likewise. */
 int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 void cu_journal_free(cu_journal *j);
+/* The journal's list of s's rings (made at its first mark, again when the
+ * sequence is resized). */
+int cu_journal_rings(cuda_backend *b, cu_seq *s, ds4_err *err);
 /* Drop the captured batched decode step if it holds s (s is being freed;
  * NULL: drop it whatever it holds). */
 void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s);

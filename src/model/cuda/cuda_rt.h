@@ -259,7 +259,7 @@ template <auto KERN> static inline int cu_allow_smem(size_t bytes, ds4_err *err)
 
 static __device__ __forceinline__ float dev_f16(uint16_t h) {
 #ifdef DS4_CUDA_EMU
-    return ds4_f16_to_f32(h);
+    return emu_f16_table[h];
 #else
     return __half2float(__ushort_as_half(h));
 #endif
@@ -688,16 +688,20 @@ static __device__ __forceinline__ void mma_f16_16x8x16(float c[4], const uint32_
     uint32_t mine[6] = {a[0], a[1], a[2], a[3], b[0], b[1]};
     const uint32_t *all = emu_warp_gather(mine, 6);
     unsigned lane = emu_lane(), g = lane / 4, t = lane % 4;
-    auto H = [&](unsigned holder, unsigned reg, unsigned k) -> float {
-        return ds4_f16_to_f32((uint16_t)(all[holder * 16 + reg] >> (16 * (k % 2))));
-    };
+    /* the lane's two rows of A and two columns of B, converted once */
+    float ar[2][16], bc[2][16];
+    for (unsigned k = 0; k < 16; k++) {
+        unsigned sh = 16 * (k % 2), hk = (k % 8) / 2, rk = k >= 8 ? 2 : 0;
+        for (unsigned r = 0; r < 2; r++) {
+            ar[r][k] = emu_f16_table[(uint16_t)(all[(g * 4 + hk) * 16 + r + rk] >> sh)];
+            bc[r][k] = emu_f16_table[(uint16_t)(all[((2 * t + r) * 4 + hk) * 16 + 4 + rk / 2] >> sh)];
+        }
+    }
     float out[4];
     for (int i = 0; i < 4; i++) {
-        unsigned row = g + (i >= 2 ? 8 : 0), col = 2 * t + (i & 1);
+        const float *x = ar[i >= 2], *y = bc[i & 1];
         float s = c[i];
-        for (unsigned k = 0; k < 16; k++)
-            s += H((row % 8) * 4 + (k % 8) / 2, (row >= 8 ? 1 : 0) + (k >= 8 ? 2 : 0), k) *
-                 H(col * 4 + (k % 8) / 2, 4 + (k >= 8 ? 1 : 0), k);
+        for (unsigned k = 0; k < 16; k++) s += x[k] * y[k];
         out[i] = s;
     }
     for (int i = 0; i < 4; i++) c[i] = out[i];

@@ -86,9 +86,13 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
         cu_journal_free(j);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the rewind journal");
     }
+    return cu_journal_rings(b, b->sq, err);
+}
+
+int cu_journal_rings(cuda_backend *b, cu_seq *s, ds4_err *err) {
     float *rings[DS4_MAX_LAYERS];
-    for (uint32_t il = 0; il < c->n_layer; il++) rings[il] = b->sq->L[il].raw;
-    CU_TRY(cu_upload(j->rings, rings, c->n_layer * sizeof(float *)));
+    for (uint32_t il = 0; il < b->cfg->n_layer; il++) rings[il] = s->L[il].raw;
+    CU_TRY(cu_upload(s->jr.rings, rings, b->cfg->n_layer * sizeof(float *)));
     return 0;
 }
 

@@ -509,6 +509,7 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     b->base.ops = &dist_ops;
     b->base.w = w;
     b->base.opts = ds4_backend_opts_resolve(opts);
+    b->base.opts.main_ctx = b->base.opts.ctx_size; /* its sequences keep their size (no seq_resize) */
     b->d = d;
     b->hcD = w->cfg.n_hc * w->cfg.n_embd;
     b->n_vocab = w->cfg.n_vocab;

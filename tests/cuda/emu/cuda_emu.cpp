@@ -21,6 +21,10 @@
  */
 #include "cuda_emu.h"
 
+extern "C" {
+#include "base/fp.h"
+}
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -96,6 +100,13 @@ static void emu_die(const char *fmt, const char *what) {
     fprintf(stderr, fmt, what);
     fprintf(stderr, "\n");
     abort();
+}
+
+float emu_f16_table[65536];
+
+/* before main: no kernel runs before it */
+__attribute__((constructor)) static void fill_f16_table() {
+    for (uint32_t h = 0; h < 65536; h++) emu_f16_table[h] = ds4_f16_to_f32((uint16_t)h);
 }
 
 const uint3 &emu_thread_idx() { return emu_cur->tid; }

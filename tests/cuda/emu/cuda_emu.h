@@ -163,6 +163,13 @@ uint64_t emu_warp_exchange(uint64_t mine, unsigned src);
 /* Deposit `n` words per lane (n <= 16) and return a pointer to the warp's
  * 32 x 16 table (lane-major), valid until the lane's next exchange but one. */
 const uint32_t *emu_warp_gather(const uint32_t *mine, int n);
+
+/* Every binary16 value as a float (ds4_f16_to_f32 of each bit pattern),
+ * filled before main: the emulated tensor-core products convert each of
+ * their operands, and a table read is several times cheaper than the
+ * conversion's branches (the suite's emulated steps spend most of their
+ * time in these products). */
+extern float emu_f16_table[65536];
 unsigned emu_lane();
 
 template <typename T> static inline uint64_t emu_bits(T v) {
