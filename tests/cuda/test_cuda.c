@@ -2092,7 +2092,8 @@ int main(int argc, char **argv) {
                 "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
                 "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
                 "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
-                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick] [--gpus G]\n"
+                "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n"
+                "                        [--gpus G]\n"
                 "       test_cuda resize MODEL [--no-sim] [--quick | --long]\n");
         return 2;
     }
