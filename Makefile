@@ -77,7 +77,8 @@ LIB_OBJ   := $(LIB_SRC:%.c=$(BUILD)/obj/%.o)
 CUDA_SRC  := $(shell find src -name '*.cu' | sort)
 CUDA_OBJ  := $(CUDA_SRC:%.cu=$(BUILD)/cuda/%.o)
 CUDA_LOBJ := $(LIB_SRC:%.c=$(BUILD)/cuda/%.o)
-EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $(BUILD)/emu/tests/cuda/emu/cuda_emu.o
+EMU_OBJ   := $(CUDA_SRC:%.cu=$(BUILD)/emu/%.o) $(LIB_SRC:%.c=$(BUILD)/emu/%.o) $(BUILD)/emu/tests/cuda/emu/cuda_emu.o \
+             $(BUILD)/emu/tests/cuda/emu/nccl_emu.o
 CUDA_TEST_SRC := tests/cuda/test_cuda.c
 
 # Programs: single-file apps/tools and multi-file ones (a folder of .c

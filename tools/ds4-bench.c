@@ -176,8 +176,9 @@ static int parse_args(int argc, char **argv, opts *o) {
                         "random valid blocks built in GPU memory (CUDA backend)")},
         {DS4_OPT_STR("--layers", "A:B", &o->layers, NULL,
                      "layers A..B, inclusive (ds4's spelling): under mpirun this rank's stage (A:output ends "
-                     "with the output head); else, with --synthetic, a slice of the model (with the embedding "
-                     "and output head) whose per-layer cost projects the whole model's speed"),
+                     "with the output head); with --gpus a range a GPU, by commas; else, with --synthetic, a "
+                     "slice of the model (with the embedding and output head) whose per-layer cost projects the "
+                     "whole model's speed"),
          .def_text = "all; under mpirun split by memory"},
 
         {DS4_OPT_SECTION("projection (with --layers):")},
@@ -273,8 +274,8 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->layer0 = 0;
         o->layer1 = o->full.n_layer;
     }
-    if (o->layers && ds4_dist_launched()) {
-        o->dist.layers = o->layers; /* this rank's stage */
+    if (o->layers && (ds4_dist_launched() || o->dist.n_gpus)) {
+        o->dist.layers = o->layers; /* this rank's stage; with --gpus, every GPU's */
     } else if (o->layers) {
         if (!o->synthetic)
             return ds4_cli_usage(&cli, "--layers needs --synthetic (a slice of a synthetic model) or mpirun");
@@ -1053,7 +1054,7 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         else if (mtp) fprintf(out, ",%u,%d,,,,,,,,", o->draft, o->forced);
         fprintf(out, "\n");
         fflush(out);
-        if (o->layers && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
+        if (o->layers && o->synthetic && o->gen) project_whole(o, w, f, pre / n, g / o->gen);
         if (f >= o->ctx_max) break;
     }
     fprintf(stderr, "ds4-bench: prefill of all %u tokens: %.1f t/s%s\n", done_tok, done_tok / pre_all,

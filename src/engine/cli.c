@@ -4,6 +4,7 @@
 #include "engine/cli.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "base/numparse.h"
 
@@ -31,6 +32,33 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err) {
     *(uint64_t *)ctx = v;
     return 0;
 }
+int ds4_cli_parse_gpus(void *ctx, const char *value, ds4_err *err) {
+    ds4_dist_opts *o = ctx;
+    int n = 0;
+    for (const char *p = value;;) {
+        size_t len = strcspn(p, ",");
+        char num[16];
+        uint32_t g;
+        if (len == 0 || len >= sizeof(num))
+            return ds4_err_set(err, DS4_EINVAL, "GPU indices by commas (0,1,2), each below %d", DS4_DIST_MAX_GPUS);
+        memcpy(num, p, len);
+        num[len] = 0;
+        if (ds4_parse_u32(num, 0, DS4_DIST_MAX_GPUS - 1, &g))
+            return ds4_err_set(err, DS4_EINVAL, "GPU indices by commas (0,1,2), each below %d", DS4_DIST_MAX_GPUS);
+        for (int i = 0; i < n; i++)
+            if (o->gpus[i] == (int)g) return ds4_err_set(err, DS4_EINVAL, "GPU %u is listed twice", g);
+        o->gpus[n++] = (int)g; /* distinct and below the bound: at most DS4_DIST_MAX_GPUS */
+        if (!p[len]) break;
+        p += len + 1;
+    }
+    if (n < 2)
+        return ds4_err_set(err, DS4_EINVAL,
+                           "a pipeline over GPUs takes two or more (0,1); one process on one GPU needs no --gpus "
+                           "(CUDA_VISIBLE_DEVICES picks it)");
+    o->n_gpus = n;
+    return 0;
+}
+
 int ds4_cli_steering_check(const ds4_cli *cli, ds4_cli_steer *st) {
     if (!st->ffn_given && st->path) st->ffn = 1.0f;
     if (!st->path && (st->ffn != 0.0f || st->attn != 0.0f))

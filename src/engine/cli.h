@@ -17,6 +17,8 @@
  *                                                 in host RAM (CUDA builds)
  *   --dir-steering-file FILE, --dir-steering-ffn F, --dir-steering-attn F
  *                                                 directional steering
+ *   --layers A:B, --gpus LIST, --pipe-dtype T, --pipe-timeout S
+ *                                                 a pipeline (mpirun, or GPUs)
  *
  * Exit status, every program: 0 done, 1 an error (the message says what),
  * 2 a usage error or another model process holding the instance lock, 130
@@ -153,17 +155,22 @@ typedef struct ds4_cli_steer {
     {DS4_OPT_FLOAT("--dir-steering-attn", "F", &(st)->attn, -DS4_STEER_SCALE_MAX, DS4_STEER_SCALE_MAX, 0.0,    \
                    "steering scale after each attention output")}
 
-/* A pipeline under mpirun (model/dist/dist.h, docs/DISTRIBUTED.md), into
- * a ds4_dist_opts: this rank's layers, and (rank 0's) how residuals
- * travel and how long a silent rank is waited for. */
+/* A pipeline (model/dist/dist.h, docs/DISTRIBUTED.md), into a
+ * ds4_dist_opts: under mpirun this rank's layers, and (rank 0's) how
+ * residuals travel and how long a silent rank is waited for; or --gpus,
+ * the stages in this process over GPUs of its host, and their layers. */
 #define DS4_CLI_DIST(o)                                                                                        \
     {DS4_OPT_STR("--layers", "A:B", &(o)->layers, NULL,                                                        \
-                 "under mpirun: this rank's layers, inclusive; A:output ends with the output head"),           \
+                 "under mpirun: this rank's layers, inclusive; A:output ends with the output head; with "      \
+                 "--gpus: a range a GPU, by commas (0:20,21:output)"),                                         \
      .def_text = "split by memory"},                                                                           \
     DS4_CLI_DIST_PIPE(o)
 
 /* The pipeline's rows but --layers (ds4-bench gives --layers a second use). */
 #define DS4_CLI_DIST_PIPE(o)                                                                                   \
+    {DS4_OPT_CALL("--gpus", "LIST", ds4_cli_parse_gpus, (o),                                                   \
+                  "a pipeline over these GPUs of the host in one process (0,1,...; CUDA builds): stage r on "   \
+                  "the r-th, the layers split by their memory, the residuals between them by NCCL")},          \
     {DS4_OPT_CHOICE("--pipe-dtype", "T", &(o)->dtype, "f32|f16|bf16", "f32",                                    \
                     "under mpirun: the residuals between ranks in f32 (exact), f16 or bf16")},                 \
     {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \
@@ -193,6 +200,10 @@ typedef struct ds4_cli_steer {
     "  DS4_LOCK_FILE            one model process runs per machine; this is its lock file\n"     \
     "                           (default /tmp/ds4.lock): another file allows a second process\n"
 /* clang-format on */
+
+/* --gpus's action: a list of two or more distinct GPU indices ("0,1,2")
+ * into the ds4_dist_opts at ctx (gpus, n_gpus). */
+int ds4_cli_parse_gpus(void *ctx, const char *value, ds4_err *err);
 
 /* The --quality row's action: a note on stderr that nothing changes. */
 int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err);

@@ -53,8 +53,6 @@ const char *ds4_option_not_supported(const char *name) {
         {"--role", PIPE},
         {"--coordinator", PIPE},
         {"--listen", PIPE},
-        {"--gpus", "a pipeline over several GPUs is not built yet; CPU ranks run one under mpirun "
-                   "(docs/DISTRIBUTED.md)"},
     };
     for (size_t i = 0; i < sizeof(table) / sizeof(table[0]); i++)
         if (!strcmp(name, table[i].name)) return table[i].why;

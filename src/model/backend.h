@@ -82,6 +82,10 @@ typedef struct ds4_backend_opts {
      * Ignored by the CPU backend. */
     uint64_t gpu_mem;
     const struct ds4_expert_profile *expert_profile;
+    /* CUDA: the GPU the backend runs on (a CUDA device index: 0 is the
+     * first the process sees).  Each of its calls makes it the calling
+     * thread's current device.  Ignored by the CPU backend. */
+    int gpu;
     /* CUDA: sequences of ctx_size tokens that will be made besides the
      * main one (ds4-server's sessions): the placement leaves room for
      * their state within the budget, routed experts going to host RAM for
@@ -310,7 +314,11 @@ static inline int ds4_backend_step(ds4_backend *b, const ds4_row *rows, uint32_t
  * ds4_backend_step, but a stage after the first starts from every row's
  * entering residual `in` (n_hc x n_embd floats a row, in row order)
  * instead of the embedding, and a stage before the last leaves every
- * row's residual after its last layer in `resid` and has no logits. */
+ * row's residual after its last layer in `resid` and has no logits.  On
+ * the CUDA backend `in` and `resid` may also be memory of the backend's
+ * GPU (a pipeline over a host's GPUs passes them between GPUs there); in
+ * either memory, the step has read `in` and written `resid` when it
+ * returns. */
 static inline int ds4_backend_stage_step(ds4_backend *b, const ds4_row *rows, uint32_t n, const float *in, float *resid,
                                          const ds4_step_out *out, ds4_err *err) {
     if (!b->ops->stage_step)

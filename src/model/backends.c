@@ -48,13 +48,13 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
     return NULL;
 }
 
-uint64_t ds4_backend_mem_available(const char *name) {
+uint64_t ds4_backend_mem_available(const char *name, int gpu) {
 #if DS4_CUDA
     uint64_t bytes = 0;
     ds4_err err = {0};
-    if (name && strcmp(name, "cuda") == 0 && ds4_cuda_mem_available(&bytes, &err) == 0) return bytes;
+    if (name && strcmp(name, "cuda") == 0 && ds4_cuda_mem_available(gpu, &bytes, &err) == 0) return bytes;
 #else
-    (void)name;
+    (void)name, (void)gpu;
 #endif
     return 0;
 }

@@ -25,10 +25,10 @@ int ds4_backend_check_name(const char *name, ds4_err *err);
 ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
 /* Bytes the named backend may fill when not told how many: the CUDA
- * backend's budget (its GPU's free memory less a reserve for the runtime;
- * docs/DISTRIBUTED.md splits a pipeline by it); 0 for a backend whose
- * memory is the host's (NULL, "cpu"), or when the GPU cannot say. */
-uint64_t ds4_backend_mem_available(const char *name);
+ * backend's budget on GPU gpu (its free memory less a reserve for the
+ * runtime; docs/DISTRIBUTED.md splits a pipeline by it); 0 for a backend
+ * whose memory is the host's (NULL, "cpu"), or when the GPU cannot say. */
+uint64_t ds4_backend_mem_available(const char *name, int gpu);
 
 /* Brings what backend b has summed for its imatrix collector
  * (ds4_backend_opts.imatrix) into the collector: the CUDA backend's device
@@ -45,8 +45,9 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
  * Its prefill chunk defaults to 2048. */
 ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
-/* CUDA builds: the bytes a CUDA backend not told --gpu-mem may allocate. */
-int ds4_cuda_mem_available(uint64_t *bytes, ds4_err *err);
+/* CUDA builds: the bytes a CUDA backend on GPU gpu not told --gpu-mem may
+ * allocate. */
+int ds4_cuda_mem_available(int gpu, uint64_t *bytes, ds4_err *err);
 
 /* CUDA builds: the device's copy bandwidth (bytes read + written per second,
  * a large device-to-device copy, best of several), and its name. */
@@ -72,5 +73,32 @@ int ds4_cuda_expert_counts(ds4_backend *b, struct ds4_expert_profile *p, ds4_err
 
 /* CUDA builds: ds4_backend_imatrix_flush for a CUDA backend. */
 int ds4_cuda_imatrix_flush(ds4_backend *b, ds4_err *err);
+
+/* CUDA builds: the residuals' way between the stages of a pipeline over
+ * GPUs of this host (--gpus; model/dist, docs/DISTRIBUTED.md), over NCCL,
+ * whose libnccl.so.2 is loaded by the first clique (the error says why it
+ * cannot be).  A clique is NCCL's communicators over gpus[0..n) (rank r on
+ * gpus[r]); abort (any thread, once a stage has failed) ends them and
+ * their waiting transfers at once, close frees them. */
+typedef struct ds4_cuda_clique ds4_cuda_clique;
+int ds4_cuda_clique_open(const int *gpus, int n, ds4_cuda_clique **c, ds4_err *err);
+void ds4_cuda_clique_abort(ds4_cuda_clique *c);
+void ds4_cuda_clique_close(ds4_cuda_clique *c);
+
+/* Stage rank's ends of the way, in its GPU's memory: a buffer of `floats`
+ * that what stage rank - 1 sends lands in (rank > 0), and n_out buffers
+ * of what it sends to rank + 1 (before the last stage).  Transfers start
+ * on a stream of the pipe's own and are polled: *_done 1 when finished,
+ * 0 while they run, -1 on an error.  A buffer out is reused once its send
+ * is done; close the pipe when its transfers are, or after an abort. */
+typedef struct ds4_cuda_pipe ds4_cuda_pipe;
+int ds4_cuda_pipe_open(ds4_cuda_clique *c, int rank, size_t floats, uint32_t n_out, ds4_cuda_pipe **p, ds4_err *err);
+void ds4_cuda_pipe_close(ds4_cuda_pipe *p);
+float *ds4_cuda_pipe_in(ds4_cuda_pipe *p);
+float *ds4_cuda_pipe_out(ds4_cuda_pipe *p, uint32_t k);
+int ds4_cuda_pipe_recv(ds4_cuda_pipe *p, size_t floats, ds4_err *err);
+int ds4_cuda_pipe_send(ds4_cuda_pipe *p, uint32_t k, size_t floats, ds4_err *err);
+int ds4_cuda_pipe_recv_done(ds4_cuda_pipe *p, ds4_err *err);
+int ds4_cuda_pipe_send_done(ds4_cuda_pipe *p, uint32_t k, ds4_err *err);
 
 #endif

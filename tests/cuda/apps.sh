@@ -8,9 +8,12 @@
 #     model's MTP block (the CUDA backend has one MTP sequence: the second
 #     session decodes without it), answers two greedy chat completions at
 #     once (HTTP, Python's standard library), each with the same message,
-#     finish reason and token count.
+#     finish reason and token count;
+#   - both again as a pipeline over 2 GPUs in one process (--gpus 0,1; no
+#     MTP there): the same answers (skipped on a machine with one GPU).
 # BINDIR is build/cuda/bin (a GPU) or build/emu/bin (the CPU emulation of
-# CUDA, which runs the same logic without a GPU: `make test-cuda-emu`).
+# CUDA, which runs the same logic without a GPU: `make test-cuda-emu`; it
+# emulates 2 GPUs here).
 # Greedy answers of 12 tokens; the model's seed has no near-tie among them
 # (a tie that the backends' last-bit differences could flip would show here
 # as a different token, with both answers printed).
@@ -34,34 +37,38 @@ M=$T/model.gguf
 "$BIN/ds4-mkmodel" -q --preset tiny --recipe f16 --tokenizer "$T/tok.gguf" --seed 21 -o "$M" --mtp "$T/mtp.gguf"
 
 # --- ds4: one-shot greedy answer ---------------------------------------------
-oneshot() { # oneshot BACKEND: the answer into $T/BACKEND.txt
-    "$BIN/ds4" -m "$M" "--$1" -c 1024 --nothink --temp 0 -n 12 -p "Write a haiku about rain." \
-        > "$T/$1.txt" 2> "$T/$1.err" || fail "ds4 --$1 exited $?: $(cat "$T/$1.err")"
-    grep -q "^ds4: backend $1;" "$T/$1.err" || fail "ds4 --$1 does not say it runs on $1: $(cat "$T/$1.err")"
-    grep -Eq "^ds4: prefill: [0-9.]+ t/s, generation: [0-9.]+ t/s; .*generation [0-9]+ tokens" "$T/$1.err" || fail "ds4 --$1 has no timing line: $(cat "$T/$1.err")"
-    [ -s "$T/$1.txt" ] || fail "ds4 --$1 printed no answer"
+oneshot() { # oneshot NAME BACKEND OPTS...: the answer into $T/NAME.txt, on BACKEND (its name in ds4's lines)
+    name=$1 be=$2
+    shift 2
+    "$BIN/ds4" -m "$M" "$@" -c 1024 --nothink --temp 0 -n 12 -p "Write a haiku about rain." \
+        > "$T/$name.txt" 2> "$T/$name.err" || fail "ds4 $* exited $?: $(cat "$T/$name.err")"
+    grep -q "^ds4: backend $be;" "$T/$name.err" || fail "ds4 $* does not say it runs on $be: $(cat "$T/$name.err")"
+    grep -Eq "^ds4: prefill: [0-9.]+ t/s, generation: [0-9.]+ t/s; .*generation [0-9]+ tokens" "$T/$name.err" || fail "ds4 $* has no timing line: $(cat "$T/$name.err")"
+    [ -s "$T/$name.txt" ] || fail "ds4 $* printed no answer"
 }
-oneshot cuda
-oneshot cpu
+oneshot cuda cuda --cuda
+oneshot cpu cpu --cpu
 cmp -s "$T/cuda.txt" "$T/cpu.txt" || fail "ds4's answers differ:
   cuda: $(cat "$T/cuda.txt")
   cpu:  $(cat "$T/cpu.txt")"
 echo "apps: ds4 answered on cuda as on cpu ($(wc -c < "$T/cuda.txt") bytes)"
 
 # --- ds4-server: a chat completion -------------------------------------------
-serve() { # serve BACKEND: the completion's message, finish reason and tokens into $T/BACKEND.json
-    "$BIN/ds4-server" -m "$M" "--$1" --port 0 -c 1024 --parallel 2 --mtp "$T/mtp.gguf" > "$T/server-$1.log" 2>&1 &
+serve() { # serve NAME BACKEND OPTS...: the completion's message, finish reason and tokens into $T/NAME.json
+    name=$1 be=$2
+    shift 2
+    "$BIN/ds4-server" -m "$M" "$@" --port 0 -c 1024 --parallel 2 > "$T/server-$name.log" 2>&1 &
     server=$!
     port=""
     start=$(date +%s)
     while [ -z "$port" ]; do
-        kill -0 "$server" 2>/dev/null || fail "ds4-server --$1 exited: $(cat "$T/server-$1.log")"
-        [ $(( $(date +%s) - start )) -lt 180 ] || fail "ds4-server --$1 not listening after 180 s: $(cat "$T/server-$1.log")"
-        port=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9][0-9]*\).*/\1/p' "$T/server-$1.log" | head -n 1)
+        kill -0 "$server" 2>/dev/null || fail "ds4-server $name exited: $(cat "$T/server-$name.log")"
+        [ $(( $(date +%s) - start )) -lt 180 ] || fail "ds4-server $name not listening after 180 s: $(cat "$T/server-$name.log")"
+        port=$(sed -n 's/.*listening on http:\/\/[^:]*:\([0-9][0-9]*\).*/\1/p' "$T/server-$name.log" | head -n 1)
         [ -n "$port" ] || sleep 0.2
     done
-    grep -q "($1 backend)" "$T/server-$1.log" || fail "ds4-server --$1 does not say it runs on $1: $(cat "$T/server-$1.log")"
-    python3 - "$port" > "$T/$1.json" 2> "$T/$1.perr" <<'EOF' || fail "ds4-server --$1: $(cat "$T/$1.perr") $(cat "$T/server-$1.log")"
+    grep -q "($be backend)" "$T/server-$name.log" || fail "ds4-server $name does not say it runs on $be: $(cat "$T/server-$name.log")"
+    python3 - "$port" > "$T/$name.json" 2> "$T/$name.perr" <<'EOF' || fail "ds4-server $name: $(cat "$T/$name.perr") $(cat "$T/server-$name.log")"
 import json, sys, urllib.request
 body = {"model": "deepseek-v4-flash", "max_tokens": 12, "temperature": 0, "thinking": False,
         "messages": [{"role": "system", "content": "You are a helpful assistant"},
@@ -89,9 +96,26 @@ EOF
     wait "$server" || true
     server=""
 }
-serve cuda
-serve cpu
+serve cuda cuda --cuda --mtp "$T/mtp.gguf"
+serve cpu cpu --cpu --mtp "$T/mtp.gguf"
 cmp -s "$T/cuda.json" "$T/cpu.json" || fail "ds4-server's answers differ:
   cuda: $(cat "$T/cuda.json")
   cpu:  $(cat "$T/cpu.json")"
 echo "apps: ds4-server answered on cuda as on cpu: $(cat "$T/cuda.json")"
+
+# --- --gpus: a pipeline over 2 GPUs in one process ---------------------------
+export DS4_EMU_GPUS=2
+if [ "${BIN#*/build/emu/}" = "$BIN" ] && [ "$(nvidia-smi -L 2> /dev/null | grep -c '^GPU')" -lt 2 ]; then
+    echo "apps: --gpus skipped: fewer than 2 GPUs"
+    exit 0
+fi
+oneshot gpus cuda --gpus 0,1
+grep -q "pipeline stage 1: .* GPU 1" "$T/gpus.err" || fail "ds4 --gpus 0,1 names no stage on GPU 1: $(cat "$T/gpus.err")"
+cmp -s "$T/cuda.txt" "$T/gpus.txt" || fail "ds4 --gpus 0,1 answered otherwise:
+  cuda:        $(cat "$T/cuda.txt")
+  --gpus 0,1:  $(cat "$T/gpus.txt")"
+serve gpus cuda --gpus 0,1
+cmp -s "$T/cuda.json" "$T/gpus.json" || fail "ds4-server --gpus 0,1 answered otherwise:
+  cuda:        $(cat "$T/cuda.json")
+  --gpus 0,1:  $(cat "$T/gpus.json")"
+echo "apps: ds4 and ds4-server on --gpus 0,1 answered as on one GPU"

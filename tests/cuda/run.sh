@@ -19,11 +19,12 @@
 #          see); a q2 model with the simulations on (the quantized products
 #          and low-precision paths users run); the Pro-pattern HF golden
 #          (pro-a); the imatrix collection against the CPU's; two splits
-#          into pipeline stages; a main sequence resized as it decodes
-#          (its decode graphs captured again).  The other HF goldens and the programs end to end stay
-#          in emu: the compare already holds the
-#          CUDA backend to the CPU reference, which test_cpu_golden holds
-#          to the golden.
+#          into pipeline stages; a pipeline over 2 emulated GPUs
+#          (--gpus); a main sequence resized as it decodes (its decode
+#          graphs captured again).  The other HF goldens and the programs
+#          end to end stay in emu: the compare already holds the CUDA
+#          backend to the CPU reference, which test_cpu_golden holds to
+#          the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
 #
 #   kernels   activation quantization, every product, the simulations,
@@ -56,15 +57,21 @@
 #             smoke: no experts in host RAM, a short prompt)
 #   stages    pipeline stages chained in one process (cmd_stages): splits
 #             into 2 and 3 CUDA stages against the whole CUDA model and the
-#             CPU stages (smoke: two splits, a short prompt)
+#             CPU stages (smoke: two splits, a short prompt; emu, smoke:
+#             each stage on an emulated GPU of its own)
 #   pipeline  CUDA ranks under mpirun, alone and beside CPU ranks
 #             (tests/cuda/dist.sh; SKIP without mpirun)
+#   gpus      the pipeline over a host's GPUs in one process (--gpus:
+#             stage threads, NCCL between the GPUs) against one CUDA
+#             process (tests/cuda/gpus.sh; emu: 3 emulated GPUs; gpu:
+#             skipped with fewer than 3; smoke: 2 GPUs, a short prompt)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
 #             give on the CPU backend (tests/cuda/apps.sh)
 # Each step prints "== NAME" when it starts, a line every 30 s while it
-# runs, and "-- NAME: ok (N s)" or "-- NAME: FAILED" at its end.
+# runs, and "-- NAME: ok (N s)", "-- NAME: skipped" (status 77) or
+# "-- NAME: FAILED" at its end.
 set -eu
 cd "$(dirname "$0")/../.."
 BUILD=${1:?usage: run.sh BUILD_DIR [gpu|emu|smoke]}
@@ -108,8 +115,11 @@ step() {
     done
     wait $!
     cat "$d/.out"
-    if [ "$(cat "$d/.rc")" = 0 ]; then echo "-- $name: ok ($(( $(date +%s) - start )) s)"
-    else echo "-- $name: FAILED"; fail=1; fi
+    case $(cat "$d/.rc") in
+    0) echo "-- $name: ok ($(( $(date +%s) - start )) s)" ;;
+    77) echo "-- $name: skipped" ;;
+    *) echo "-- $name: FAILED"; fail=1 ;;
+    esac
 }
 # a step never under compute-sanitizer (it provokes an API error on
 # purpose, or runs programs rather than a GPU test)
@@ -248,15 +258,21 @@ fi
 # Pipeline stages (docs/DISTRIBUTED.md; test_cuda.c cmd_stages): chained in
 # one process on tiny-a (ratios 0,0,4,128,4,128), smoke two splits and a
 # 40-token prompt, emu every split of a 120-token prompt and 12 decode steps
-# (across the ratio-128 window's end), gpu that on tiny-a and tiny f16; then
-# (emu, gpu) ds4-forward's CUDA ranks under mpirun, alone and beside CPU
-# ranks (tests/cuda/dist.sh).
+# (across the ratio-128 window's end), gpu that on tiny-a and tiny f16 -
+# smoke and emu each stage on an emulated GPU of its own (--gpus 3: one
+# thread calls backends of 3 GPUs in turn); then (emu, gpu) ds4-forward's
+# CUDA ranks under mpirun, alone and beside CPU ranks (tests/cuda/dist.sh),
+# and its stages over GPUs in one process, --gpus (tests/cuda/gpus.sh).
 if in_set smoke; then
-    step "stages (quick)" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 --chunk 16
+    step "stages (quick)" env DS4_EMU_GPUS=3 "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --quick --prompt 40 --steps 8 \
+        --chunk 16 --gpus 3
+    step_unwrapped "pipeline over GPUs (--gpus, quick)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin" quick
 else
-    step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim
+    if in_set emu; then step "stages tiny-a" env DS4_EMU_GPUS=3 "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim --gpus 3
+    else step "stages tiny-a" "$TEST" stages "$GOLD/tiny-a.f16.gguf" --no-sim; fi
     in_set gpu && step "stages tiny f16" "$TEST" stages "$M-f16.gguf" --no-sim
     step_unwrapped "pipeline (mpirun)" sh "$PWD/tests/cuda/dist.sh" "$PWD/$BUILD/bin"
+    step_unwrapped "pipeline over GPUs (--gpus)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin"
 fi
 join
 if in_set gpu; then

@@ -120,7 +120,7 @@
  *       sequence only, 9 decode steps; --long: also across the ratio-128
  *       window's end (127) in a context grown mid-window.
  *
- *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]
+ *   test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick] [--gpus G]
  *       pipeline stages (ds4_backend_opts.layer_first/layer_end, the
  *       backends src/model/dist puts on MPI ranks) chained in one process:
  *       the residuals a stage leaves are the next one's input.  Splits into
@@ -142,7 +142,11 @@
  *       goes on as the whole model does.  Each stage allocates less device
  *       memory than the whole model, and what a CUDA stage does not run is
  *       refused, naming it.  --quick: the 3 stages at the ratio-4 and
- *       ratio-128 layers and the last layer alone only.
+ *       ratio-128 layers and the last layer alone only.  --gpus G: CUDA
+ *       stage k on GPU k % G (ds4_backend_opts.gpu), the chain run by one
+ *       thread that calls each stage in turn - every entry point must make
+ *       its backend's GPU current (the emulation stops a kernel sent to
+ *       another device's stream or given another device's memory).
  *
  *   test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]
  *       importance-matrix collection (ds4_backend_opts.imatrix) on the GPU
@@ -1582,13 +1586,15 @@ typedef struct chain {
     float *a, *b; /* residuals between stages: chunk rows */
 } chain;
 
+/* Stage k on GPU k % gpus (a CUDA chain; 0: every stage on GPU 0). */
 static void chain_make(chain *c, const char *backend, const ds4_weights *w, const uint32_t *bounds, uint32_t n,
-                       uint32_t ctx, uint32_t chunk, bool no_sim) {
+                       uint32_t ctx, uint32_t chunk, bool no_sim, uint32_t gpus) {
     ds4_err err = {0};
     memset(c, 0, sizeof(*c));
     c->n = n;
     for (uint32_t k = 0; k < n; k++) {
-        ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim};
+        ds4_backend_opts o = {
+            .ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .gpu = gpus ? (int)(k % gpus) : 0};
         if (n > 1) o.layer_first = bounds[k], o.layer_end = bounds[k + 1];
         if (!(c->st[k] = ds4_backend_create(backend, w, &o, &err))) die(backend, &err);
         c->seq[k][0] = c->st[k]->main;
@@ -1826,6 +1832,7 @@ static int cmd_stages(int argc, char **argv) {
     if (argc < 1) return 2;
     stage_run r = {.n = 120, .steps = 12, .chunk = 32};
     bool no_sim = false, quick = false;
+    uint32_t gpus = 0;
     double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-sim")) {
@@ -1842,6 +1849,7 @@ static int cmd_stages(int argc, char **argv) {
         else if (!strcmp(argv[i - 1], "--steps")) r.steps = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(argv[i - 1], "--chunk")) r.chunk = (uint32_t)strtoul(v, NULL, 10);
         else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else if (!strcmp(argv[i - 1], "--gpus")) gpus = (uint32_t)strtoul(v, NULL, 10);
         else return 2;
     }
     if (r.chunk < 1 + T2 || r.chunk > 64 || r.n < 1 || r.steps < 1) return 2;
@@ -1865,8 +1873,8 @@ static int cmd_stages(int argc, char **argv) {
      * steps */
     const uint32_t whole_b[] = {0, c->n_layer};
     chain cpu, gpu;
-    chain_make(&cpu, "cpu", w, whole_b, 1, ctx, chunk, no_sim);
-    chain_make(&gpu, "cuda", w, whole_b, 1, ctx, chunk, no_sim);
+    chain_make(&cpu, "cpu", w, whole_b, 1, ctx, chunk, no_sim, 0);
+    chain_make(&gpu, "cuda", w, whole_b, 1, ctx, chunk, no_sim, 0);
     float *ref = xmalloc(rows * V * 4), *whole = xmalloc(rows * V * 4), *got = xmalloc(rows * V * 4),
           *cpul = xmalloc(rows * V * 4);
     float *mref = xmalloc((1 + T2) * V * 4), *mwhole = xmalloc((1 + T2) * V * 4), *mgot = xmalloc((1 + T2) * V * 4),
@@ -1889,8 +1897,8 @@ static int cmd_stages(int argc, char **argv) {
         for (uint32_t i = 0; i < sp[k].n; i++) printf(" %u..%u", bd[i], bd[i + 1] - 1);
         printf("\n");
         chain st, cs;
-        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim);
-        chain_make(&cs, "cpu", w, bd, sp[k].n, ctx, chunk, no_sim);
+        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim, gpus);
+        chain_make(&cs, "cpu", w, bd, sp[k].n, ctx, chunk, no_sim, 0);
         for (uint32_t i = 0; i < st.n; i++) {
             uint64_t b = dev_bytes(st.st[i]);
             CHECK(b > 0 && b < whole_dev, "stage %u: %llu bytes on the device, the whole model %llu", i,
@@ -1911,7 +1919,7 @@ static int cmd_stages(int argc, char **argv) {
         chain_free(&st);
         chain_free(&cs);
         /* the whole model's state restored into fresh stages */
-        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim);
+        chain_make(&st, "cuda", w, bd, sp[k].n, ctx, chunk, no_sim, gpus);
         chain_restore(&st, wsnap, w, ctx, chunk, bd);
         chain_mixed(&st, &r, mgot);
         diff d = {0};
@@ -2085,6 +2093,7 @@ int main(int argc, char **argv) {
                 "       test_cuda steer MODEL [--prompt N] [--steps N]\n"
                 "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
                 "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n"
+                "                        [--gpus G]\n"
                 "       test_cuda resize MODEL [--no-sim] [--quick | --long]\n");
         return 2;
     }

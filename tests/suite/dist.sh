@@ -12,7 +12,7 @@
 #     pipeline's heartbeats find it: a worker, or rank 0);
 #  4. a rank started with another model file (another shape; the same
 #     shape with other weights) and bad --layers are refused at start,
-#     naming the difference;
+#     naming the difference; so is --gpus, under mpirun and in a CPU build;
 #  5. ds4 under mpirun writes what one process writes; ds4-server under
 #     mpirun answers, and answers 503 naming the rank once one is killed.
 # SKIP when mpirun is absent.
@@ -160,6 +160,14 @@ refused "has --layers 4:5, but the stage before it ends at layer 2" \
 refused "rank 1 .* has no --layers" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL
 refused "the last rank's layers end at 4" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:4
 refused "--layers 3:9: not a range" -np 1 $BIN $MODEL --random 4 --top 0 --layers 0:2 : -np 1 $BIN $MODEL --layers 3:9
+refused "--gpus runs one process over GPUs of its host: not under mpirun" -np 2 $BIN $MODEL --random 4 --gpus 0,1
+# --gpus without mpirun: the stages over GPUs, which a CPU build has not (status 2, before the model loads)
+$BIN $MODEL --random 4 --gpus 0,1 > "$T/gpus.out" 2>&1
+rc=$?
+if [ $rc != 2 ] || ! grep -q "this is a CPU build" "$T/gpus.out"; then
+    fail "--gpus in a CPU build: status $rc: $(cat "$T/gpus.out")"
+fi
+echo "ok: refused: $(cat "$T/gpus.out")"
 
 # the programs: ds4's text, ds4-server's answers and its 503
 CHAT=$T/chat.gguf

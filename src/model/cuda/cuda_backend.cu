@@ -219,6 +219,7 @@ static int reset_state(cuda_backend *b, cu_seq *s, ds4_err *err) {
 
 static void cuda_reset(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    cu_on_device(b);
     if (cu_mtp_seq(b, seq)) return cu_mtp_reset(b);
     ds4_err err = {};
     if (reset_state(b, (cu_seq *)seq, &err)) fprintf(stderr, "ds4 cuda: reset failed: %s\n", ds4_err_msg(&err));
@@ -279,6 +280,7 @@ static int check_room(const cu_seq *s, uint32_t n, ds4_err *err) {
 static int cuda_prefill(ds4_backend *base, ds4_seq *seq, const uint32_t *tokens, uint32_t n, float *all_logits,
                         ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     const ds4_config *c = b->cfg;
     cu_seq *s = (cu_seq *)seq;
     if (n == 0) return 0;
@@ -329,7 +331,7 @@ static int capture_one(cuda_backend *b, uint32_t ctx, uint32_t kind, ds4_err *er
     cudaGraph_t g;
     b->dec_ctx = ctx;
     b->dec_kind = kind;
-    CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+    CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
     b->capturing = true;
     int rc = cu_forward(b, &b->sq->d_step->token, 1, 0, true, NULL, err);
     b->capturing = false;
@@ -417,6 +419,7 @@ static int run_step(cuda_backend *b, uint32_t pos, ds4_err *err) {
  * another, a step of one row (the graphs hold the main sequence's state). */
 static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     cu_seq *s = (cu_seq *)seq;
     if (not_stage(b, "decode", err) || not_mtp(b, seq, "decode", err)) return -1;
     if (s != &b->main_seq) {
@@ -441,6 +444,7 @@ static int cuda_decode(ds4_backend *base, ds4_seq *seq, uint32_t token, ds4_err 
  * sequence than the main one: token by token, its argmax on the host. */
 static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     cu_seq *s = (cu_seq *)seq;
     if (not_stage(b, "greedy generation", err) || not_mtp(b, seq, "greedy generation", err)) return -1;
     if (!s->has_logits) return ds4_err_set(err, DS4_EINVAL, "greedy generation needs logits (prefill first)");
@@ -478,6 +482,7 @@ static int cuda_greedy(ds4_backend *base, ds4_seq *seq, uint32_t n, uint32_t *ou
 }
 
 static int cuda_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    CU_ON_DEVICE((cuda_backend *)base);
     if (n && not_stage((cuda_backend *)base, "a step", err)) return -1;
     int rc = cu_seq_step(base, rows, n, out, err);
     if (ds4_prof_on && rc == 0) {
@@ -499,18 +504,21 @@ static int stage_decode(cuda_backend *b, const ds4_row *r, const float *in, floa
     if (r->token >= b->cfg->n_vocab)
         return ds4_err_set(err, DS4_EINVAL, "token %u is outside the vocabulary (%u)", r->token, b->cfg->n_vocab);
     s->jr.valid = false;
-    if (in) CU_TRY(cudaMemcpyAsync(b->S, in, hcd * sizeof(float), cudaMemcpyHostToDevice, b->st));
+    if (in) CU_TRY(cudaMemcpyAsync(b->S, in, hcd * sizeof(float), cudaMemcpyDefault, b->st));
     if (cu_set_step(b, STEP_TOKEN, 0, r->token, err) || run_step(b, s->n_tokens, err)) return -1;
     s->tokens[s->n_tokens++] = r->token;
     if (!cu_head(b)) {
-        CU_TRY(cudaMemcpyAsync(resid, b->S, hcd * sizeof(float), cudaMemcpyDeviceToHost, b->st));
+        CU_TRY(cudaMemcpyAsync(resid, b->S, hcd * sizeof(float), cudaMemcpyDefault, b->st));
         CU_TRY(cudaStreamSynchronize(b->st));
         return 0;
     }
     s->has_logits = true;
     s->logits_fresh = false;
     b->lg_owner = s;
-    if (!(r->want & DS4_ROW_LOGITS) || !out || !out->logits) return 0;
+    if (!(r->want & DS4_ROW_LOGITS) || !out || !out->logits) {
+        if (in) CU_TRY(cudaStreamSynchronize(b->st)); /* in read: the caller may reuse it (device memory) */
+        return 0;
+    }
     const float *l = cu_seq_logits(b, s);
     if (!l) return ds4_err_set(err, DS4_EIO, "CUDA: reading the logits failed");
     memcpy(out->logits, l, b->cfg->n_vocab * sizeof(float));
@@ -524,6 +532,7 @@ static int stage_decode(cuda_backend *b, const ds4_row *r, const float *in, floa
 static int cuda_stage_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const float *in, float *resid,
                            const ds4_step_out *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     if (!cu_stage(b)) return cu_seq_step(base, rows, n, out, err);
     if (n == 0) return 0;
     if (b->layer_first > 0 && !in)
@@ -538,6 +547,7 @@ static int cuda_stage_step(ds4_backend *base, const ds4_row *rows, uint32_t n, c
 
 static const float *cuda_logits(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    cu_on_device(b);
     if (cu_mtp_seq(b, seq)) return cu_mtp_logits(b);
     return cu_seq_logits(b, (cu_seq *)seq);
 }
@@ -587,6 +597,7 @@ static int copy_state(cuda_backend *b, ds4_kv_state *s, uint32_t n, bool to_host
 
 static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     cu_seq *q = (cu_seq *)seq;
     if (not_mtp(b, seq, "snapshot", err) || check_state(b, q, out, q->n_tokens, err) || cu_use(b, q, err)) return -1;
     if (cu_comp_flush(b, err)) return ds4_err_prefix(err, "folding the decode steps' compressor windows");
@@ -603,6 +614,7 @@ static int cuda_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4
 
 static int cuda_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     cu_seq *q = (cu_seq *)seq;
     uint32_t n = in->n_tokens;
     if (not_mtp(b, seq, "restore", err) || check_state(b, q, in, n, err) || cu_use(b, q, err)) return -1;
@@ -679,6 +691,7 @@ static int seq_alloc(cuda_backend *b, cu_seq *s, uint32_t ctx, bool defer, ds4_e
 static void cuda_free(ds4_backend *base) {
     cuda_backend *b = (cuda_backend *)base;
     if (!b) return;
+    cu_on_device(b);
     drop_graphs(b);
     cu_batch_graph_drop(b, NULL);
     free(b->bg_seq);
@@ -705,6 +718,7 @@ static void cuda_free(ds4_backend *base) {
  * steps (cu_seq_step) advance alone or with others. */
 static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    if (cu_device_error(b, err)) return NULL;
     if (ctx == 0 || ctx > b->ctx) {
         ds4_err_set(err, DS4_EINVAL, "a sequence of %u tokens: the backend's sequences hold 1 to %u", ctx, b->ctx);
         return NULL;
@@ -724,6 +738,7 @@ static ds4_seq *cuda_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
 
 static void cuda_seq_free(ds4_backend *base, ds4_seq *seq) {
     cuda_backend *b = (cuda_backend *)base;
+    cu_on_device(b);
     if (cu_mtp_seq(b, seq)) return cu_mtp_seq_free(b);
     cu_seq *s = (cu_seq *)seq;
     if (s == &b->main_seq) return; /* the backend's own */
@@ -806,6 +821,7 @@ static int resized_copy(cuda_backend *b, const cu_seq *s, uint32_t ctx, bool mai
  * one MTP sequence holds the whole context already. */
 static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     if (!seq || seq->owner != base) return ds4_err_set(err, DS4_EINVAL, "resize: the sequence is not this backend's");
     bool mtp = cu_mtp_seq(b, seq);
     cu_seq *s = (cu_seq *)seq;
@@ -845,11 +861,13 @@ static uint32_t cuda_seq_len(const ds4_backend *base, const ds4_seq *s) {
 /* Marks and rewinds of the main sequence (cuda_seq.cu) or the MTP one. */
 static int cuda_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     return cu_mtp_seq(b, s) ? cu_mtp_mark(b, err) : cu_seq_mark(base, s, err);
 }
 
 static int cuda_rewind(ds4_backend *base, ds4_seq *s, uint32_t n_tokens, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     return cu_mtp_seq(b, s) ? cu_mtp_rewind(b, n_tokens, err) : cu_seq_rewind(base, s, n_tokens, err);
 }
 
@@ -877,6 +895,7 @@ static int device_room(const cuda_backend *b, uint64_t *room, ds4_err *err) {
  * session's. */
 static void cuda_seq_memory(const ds4_backend *base, uint32_t ctx, ds4_seq_memory *m) {
     const cuda_backend *b = (const cuda_backend *)base;
+    cu_on_device(b);
     const ds4_config *c = b->cfg;
     m->bytes = (seq_bytes(b, ctx, false) + 255) / 256 * 256;
     m->host_bytes = (uint64_t)ctx * sizeof(uint32_t) + (uint64_t)c->n_vocab * sizeof(float) +
@@ -888,13 +907,23 @@ static void cuda_seq_memory(const ds4_backend *base, uint32_t ctx, ds4_seq_memor
     m->in_host = false;
 }
 
+static ds4_seq *cuda_mtp_seq_new(ds4_backend *base, uint32_t ctx, ds4_err *err) {
+    if (cu_device_error((cuda_backend *)base, err)) return NULL;
+    return cu_mtp_seq_new(base, ctx, err);
+}
+
+static int cuda_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_step_out *out, ds4_err *err) {
+    CU_ON_DEVICE((cuda_backend *)base);
+    return cu_mtp_step(base, rows, n, out, err);
+}
+
 static ds4_backend_ops make_ops() {
     ds4_backend_ops o = {};
     o.name = "cuda";
     o.free = cuda_free;
     o.seq_new = cuda_seq_new;
-    o.mtp_seq_new = cu_mtp_seq_new;
-    o.mtp_step = cu_mtp_step;
+    o.mtp_seq_new = cuda_mtp_seq_new;
+    o.mtp_step = cuda_mtp_step;
     o.seq_free = cuda_seq_free;
     o.seq_resize = cuda_seq_resize;
     o.seq_len = cuda_seq_len;
@@ -940,12 +969,31 @@ static int check_config(const ds4_config *c, ds4_err *err) {
     return 0;
 }
 
-/* The device's free memory less a reserve for the runtime (graphs, the
- * rewind journal). */
-extern "C" int ds4_cuda_mem_available(uint64_t *bytes, ds4_err *err) {
+/* GPU gpu's free memory less a reserve for the runtime (graphs, the
+ * rewind journal); the caller's current device stays its own. */
+extern "C" int ds4_cuda_mem_available(int gpu, uint64_t *bytes, ds4_err *err) {
+    int prev = 0, n = 0;
     size_t free_b = 0, total_b = 0;
-    CU_TRY(cudaMemGetInfo(&free_b, &total_b));
+    CU_TRY(cudaGetDevice(&prev));
+    CU_TRY(cudaGetDeviceCount(&n));
+    if (gpu < 0 || gpu >= n)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA: GPU %d: the process sees %d (0..%d)", gpu, n, n - 1);
+    CU_TRY(cudaSetDevice(gpu));
+    cudaError_t e = cudaMemGetInfo(&free_b, &total_b);
+    CU_TRY(cudaSetDevice(prev));
+    CU_TRY(e);
     *bytes = free_b > DEV_RESERVE ? free_b - DEV_RESERVE : 0;
+    return 0;
+}
+
+/* The backend's GPU: one the process sees, made current for the setup. */
+static int use_gpu(cuda_backend *b, ds4_err *err) {
+    int n = 0;
+    CU_TRY(cudaGetDeviceCount(&n));
+    if (b->dev < 0 || b->dev >= n || b->dev >= CU_MAX_DEVICES)
+        return ds4_err_set(err, DS4_EINVAL, "GPU %d: the process sees %d GPU%s (0..%d)", b->dev, n, n == 1 ? "" : "s",
+                           n - 1);
+    CU_ON_DEVICE(b);
     return 0;
 }
 
@@ -1105,6 +1153,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     if (o.imatrix) o.host_experts = DS4_HOST_STREAM;
     b->base.ops = &cuda_ops;
     b->base.w = w;
+    b->dev = o.gpu;
     b->main_seq.base.owner = &b->base;
     b->base.main = &b->main_seq.base;
     b->sq = &b->main_seq;
@@ -1135,7 +1184,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     b->attn_split = cu_attn_splits(c, max_rows);
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
-    if (init(b, w, err)) {
+    if (use_gpu(b, err) || init(b, w, err)) {
         ds4_err_prefix(err, "CUDA backend");
         cuda_free(&b->base);
         return NULL;
@@ -1204,6 +1253,7 @@ extern "C" int ds4_cuda_offload_info(const ds4_backend *base, ds4_offload_info *
 
 extern "C" int ds4_cuda_expert_counts(ds4_backend *base, ds4_expert_profile *p, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     const ds4_config *c = b->cfg;
     if (!b->expert_count)
         return ds4_err_set(err, DS4_EINVAL, "the CUDA backend was made without counting experts (count_experts)");

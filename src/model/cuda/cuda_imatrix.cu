@@ -126,6 +126,7 @@ size_t cu_imatrix_floats(const ds4_config *c, size_t *mid, size_t *routes) {
 
 extern "C" int ds4_cuda_imatrix_flush(ds4_backend *base, ds4_err *err) {
     cuda_backend *b = (cuda_backend *)base;
+    CU_ON_DEVICE(b);
     const ds4_config *c = b->cfg;
     if (!b->imx_in || !base->opts.imatrix) return 0;
     size_t E = c->n_expert, in_n = E * c->n_embd, mid_n = E * c->n_ff_exp;

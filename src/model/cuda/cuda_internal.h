@@ -376,6 +376,7 @@ typedef struct cu_seq {
 
 typedef struct cuda_backend {
     ds4_backend base;
+    int dev;         /* its GPU (ds4_backend_opts.gpu), made current by every entry point */
     cu_seq main_seq; /* the decode graphs' sequence */
     cu_seq *sq;      /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
     /* the sequence whose logits are d_last_logits and not yet in its
@@ -479,6 +480,26 @@ typedef struct cuda_backend {
  * head (its passes end with logits, not residuals). */
 static inline bool cu_stage(const cuda_backend *b) { return b->layer_first > 0 || b->layer_end < b->cfg->n_layer; }
 static inline bool cu_head(const cuda_backend *b) { return b->layer_end == b->cfg->n_layer; }
+
+/* How the backend captures its graphs: restricting its own thread only,
+ * so that the backends of other GPUs go on meanwhile in theirs (a
+ * pipeline over a host's GPUs runs a thread a stage); a global capture
+ * would make their allocations and synchronisations fail. */
+#define CU_CAPTURE_MODE cudaStreamCaptureModeThreadLocal
+
+/* The backend's GPU made current: the first thing each entry point does,
+ * since one thread may call backends of several GPUs in turn (a pipeline
+ * over the GPUs of a host, docs/DISTRIBUTED.md) and a thread starts on
+ * device 0.  CU_ON_DEVICE in functions that return an error; the others
+ * go on, their next CUDA call failing the same way. */
+#define CU_ON_DEVICE(b) CU_TRY(cudaSetDevice((b)->dev))
+static inline void cu_on_device(const cuda_backend *b) {
+    if (cudaSetDevice(b->dev) != cudaSuccess) (void)cudaGetLastError();
+}
+static inline int cu_device_error(const cuda_backend *b, ds4_err *err) {
+    CU_ON_DEVICE(b);
+    return 0;
+}
 
 /* Make s the sequence the next passes act on (cuda_backend.sq), first
  * copying the logits another sequence left on the device to its host

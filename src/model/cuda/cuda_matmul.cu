@@ -938,8 +938,18 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_STREAM_PER_SM)
 static uint32_t stream_blocks; /* cu_gemv_set_stream */
 void cu_gemv_set_stream(uint32_t blocks) { stream_blocks = blocks; }
 
-static uint32_t *d_iq2_tab; /* the IQ2_XXS selector tables in device memory */
-static uint32_t n_sms;      /* the device's multiprocessors (gemm_f_split) */
+/* What the products keep of each GPU (the thread's current one's:
+ * cu_current_device): the IQ2_XXS selector tables in its memory, its
+ * multiprocessors (gemm_f_split), whether the int8 kernels may take their
+ * shared memory there (gemm_q_init).  A thread a GPU sets them up (a
+ * pipeline over the GPUs of a host), so no two threads share an entry. */
+typedef struct mm_device {
+    uint32_t *iq2_tab;
+    uint32_t n_sms;
+    bool gemm_q_ready;
+} mm_device;
+static mm_device mm_devices[CU_MAX_DEVICES];
+static mm_device *mm_here() { return &mm_devices[cu_current_device()]; }
 
 /* The selector tables of iq2_group from the codebook and the sign bytes
  * (format/quants.h). */
@@ -961,14 +971,15 @@ static void iq2_make_tab(uint32_t *tab) {
 }
 
 int cu_matmul_init(ds4_err *err) {
-    if (d_iq2_tab) return 0;
+    mm_device *m = mm_here();
+    if (m->iq2_tab) return 0;
     cudaDeviceProp prop;
-    CU_TRY(cudaGetDeviceProperties(&prop, 0));
-    n_sms = (uint32_t)prop.multiProcessorCount;
+    CU_TRY(cudaGetDeviceProperties(&prop, cu_current_device()));
+    m->n_sms = (uint32_t)prop.multiProcessorCount;
     uint32_t tab[IQ2_TAB];
     iq2_make_tab(tab);
-    CU_TRY(cudaMalloc(&d_iq2_tab, sizeof(tab)));
-    CU_TRY(cu_upload(d_iq2_tab, tab, sizeof(tab)));
+    CU_TRY(cudaMalloc(&m->iq2_tab, sizeof(tab)));
+    CU_TRY(cu_upload(m->iq2_tab, tab, sizeof(tab)));
     return 0;
 }
 
@@ -1075,11 +1086,11 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->route.count && !cu_gemv_can_route(p, p->route.in.n_expert, p->route.in.k))
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a product that routes must be one router of a block a row");
     if (cu_matmul_init(err)) return -1;
-    const uint32_t *tab = d_iq2_tab;
+    const uint32_t *tab = mm_here()->iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
     uint32_t seg_blocks = cu_gemv_seg_blocks(p);
     if (cu_gemv_streamed(p)) {
-        uint32_t grid = stream_blocks ? stream_blocks : GEMV_STREAM_PER_SM * n_sms;
+        uint32_t grid = stream_blocks ? stream_blocks : GEMV_STREAM_PER_SM * mm_here()->n_sms;
         if (grid > p->n_blocks) grid = p->n_blocks;
         DS4_LAUNCH(gemv_stream_kernel, grid, threads, 0, st, *p, seg_blocks);
     } else if (mask & GM_Q8OUT) {
@@ -1953,6 +1964,7 @@ static __global__ void gemm_f_join_kernel(const float *part, uint32_t split, uin
 static int gemm_f_split(gemm_args *g, dim3 *grid, float *scratch, ds4_err *err) {
     if (cu_matmul_init(err)) return -1;
     uint32_t blocks = grid->x * grid->y, split = 1;
+    uint32_t n_sms = mm_here()->n_sms;
     if (!g->grouped && scratch)
         while (split < 8 && blocks * split < 4 * n_sms && g->n / (2 * split) >= 256) split *= 2;
     g->kper = ((g->n + split - 1) / split + 2 * FK - 1) / (2 * FK) * (2 * FK);
@@ -1970,7 +1982,7 @@ static int gemm_f_split(gemm_args *g, dim3 *grid, float *scratch, ds4_err *err) 
 /* The loop above stops doubling once blocks x split reaches 4 SMs' worth,
  * so a split product has blocks x split < 8 x SMs, and each block holds at
  * most BM x BN outputs. */
-size_t cu_gemm_split_floats(void) { return (size_t)8 * n_sms * BM * BN; }
+size_t cu_gemm_split_floats(void) { return (size_t)8 * mm_here()->n_sms * BM * BN; }
 
 static int gemm_f_join(const gemm_args *g, cudaStream_t st, ds4_err *err) {
     if (g->split < 2) return 0;
@@ -1991,12 +2003,12 @@ template <uint32_t TYPE> static int gemm_q_allow(ds4_err *err) {
     return 0;
 }
 static int gemm_q_init(ds4_err *err) {
-    static bool done;
-    if (done) return 0;
+    mm_device *m = mm_here();
+    if (m->gemm_q_ready) return 0;
     if (gemm_q_allow<DS4_TYPE_Q8_0>(err) || gemm_q_allow<DS4_TYPE_Q2_K>(err) || gemm_q_allow<DS4_TYPE_Q4_K>(err) ||
         gemm_q_allow<DS4_TYPE_IQ2_XXS>(err))
         return -1;
-    done = true;
+    m->gemm_q_ready = true;
     return 0;
 }
 
@@ -2040,7 +2052,7 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
                            rows);
     if (cu_matmul_init(err) || gemm_q_init(err)) return -1;
     size_t smem = gemm_q_smem(W->type);
-    const uint32_t *gr = d_iq2_tab;
+    const uint32_t *gr = mm_here()->iq2_tab;
     switch (W->type) {
     case DS4_TYPE_Q8_0: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q8_0>, grid, QTHREADS, smem, st, g, gr); break;
     case DS4_TYPE_Q2_K: DS4_LAUNCH(gemm_q_kernel<DS4_TYPE_Q2_K>, grid, QTHREADS, smem, st, g, gr); break;

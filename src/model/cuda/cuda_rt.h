@@ -219,14 +219,26 @@ static inline int cu_dev_alloc(void **p, size_t bytes, const char *what, ds4_err
     return ds4_err_set(err, DS4_ENOMEM, "CUDA: no room for %.2f GiB of %s on the device (%.2f GiB free of %.2f GiB)",
                        (double)bytes / gib, what, (double)free_b / gib, (double)total_b / gib);
 }
+/* The most GPUs a process uses (a backend's ds4_backend_opts.gpu is below
+ * it), and the calling thread's current one: the index of what is kept a
+ * device - a kernel's attributes, tables in its memory. */
+#define CU_MAX_DEVICES 64
+static inline int cu_current_device() {
+    int d = 0;
+    if (cudaGetDevice(&d) != cudaSuccess || d < 0 || d >= CU_MAX_DEVICES) d = 0;
+    return d;
+}
+
 /* Let kernel KERN take `bytes` of dynamic shared memory (past the default
- * 48 KiB); each kernel keeps the most granted so far, so the attribute is
- * set once a size, not before every launch. */
+ * 48 KiB) on the current GPU; each kernel keeps the most granted so far
+ * on each GPU, so the attribute is set once a size, not before every
+ * launch. */
 template <auto KERN> static inline int cu_allow_smem(size_t bytes, ds4_err *err) {
-    static size_t allowed;
-    if (bytes <= allowed) return 0;
+    static size_t allowed[CU_MAX_DEVICES];
+    int dev = cu_current_device();
+    if (bytes <= allowed[dev]) return 0;
     CU_TRY(cudaFuncSetAttribute(KERN, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)bytes));
-    allowed = bytes;
+    allowed[dev] = bytes;
     return 0;
 }
 /* After a launch: configuration errors show up here. */

@@ -391,7 +391,7 @@ static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, ds4_err
     }
     cudaGraph_t g;
     b->dec_ctx = ctx;
-    CU_TRY(cudaStreamBeginCapture(b->st, cudaStreamCaptureModeGlobal));
+    CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
     b->capturing = true;
     int rc = cu_forward_parts(b, b->d_tokens, parts, np, np, false, NULL, NULL, err);
     b->capturing = false;
@@ -468,7 +468,7 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
     if (parts_prepare(b, rows, parts, np, err)) goto out;
     for (uint32_t i = 0; i < n; i++) ids[i] = rows[i].token;
     if (cudaMemcpyAsync(b->d_tokens, ids, n * sizeof(uint32_t), cudaMemcpyHostToDevice, b->st) != cudaSuccess ||
-        (in && cudaMemcpyAsync(b->S, in, n * hcd * sizeof(float), cudaMemcpyHostToDevice, b->st) != cudaSuccess)) {
+        (in && cudaMemcpyAsync(b->S, in, n * hcd * sizeof(float), cudaMemcpyDefault, b->st) != cudaSuccess)) {
         ds4_err_set(err, DS4_EIO, "CUDA: copying the step's tokens%s failed", in ? " and residuals" : "");
         goto out;
     }
@@ -482,7 +482,7 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
         goto out;
     }
     rc = -1;
-    if (!head && cudaMemcpyAsync(resid, b->S, n * hcd * sizeof(float), cudaMemcpyDeviceToHost, b->st) != cudaSuccess) {
+    if (!head && cudaMemcpyAsync(resid, b->S, n * hcd * sizeof(float), cudaMemcpyDefault, b->st) != cudaSuccess) {
         ds4_err_set(err, DS4_EIO, "CUDA: reading the step's residuals failed");
         goto out;
     }

@@ -1,6 +1,7 @@
 /*
- * dist.h - pipeline-parallel inference over MPI (docs/DISTRIBUTED.md): the
- * model's layers split into contiguous stages, one MPI rank each.
+ * dist.h - pipeline-parallel inference (docs/DISTRIBUTED.md): the model's
+ * layers split into contiguous stages, one MPI rank each (mpirun), or one
+ * GPU each of this host in one process (--gpus).
  *
  * Every rank runs the same program under mpirun.  Rank 0 owns the
  * program's work (the CLI, the HTTP server, the benchmark) and computes
@@ -30,6 +31,13 @@
  * way back.  The programs do not link MPI: Open MPI's library is loaded
  * when mpirun starts them (dist_mpi.c).
  *
+ * With --gpus the ranks are threads of the program: stage r runs on GPU
+ * gpus[r] in a thread of its own (rank 0's in the program's), the same
+ * commands travel between them in memory, and the residuals go from GPU
+ * to GPU by NCCL send / receive, which the programs load at run time
+ * (libnccl.so.2) only then.  A failed stage fails the pipeline as a rank
+ * does, and NCCL's transfers are aborted.
+ *
  * Faults: a thread on every rank exchanges heartbeats with rank 0 (a
  * second communicator).  A rank silent for the timeout (--pipe-timeout,
  * default 5 s), or one that reports an error, fails the pipeline: rank 0's
@@ -54,11 +62,19 @@ typedef enum ds4_dist_dtype { DS4_DIST_F32, DS4_DIST_F16, DS4_DIST_BF16 } ds4_di
 #define DS4_DIST_TIMEOUT_DEFAULT 5.0 /* seconds without a heartbeat before a rank has failed */
 #define DS4_DIST_IN_FLIGHT       4   /* prefill chunks in flight between two stages */
 
+#define DS4_DIST_MAX_GPUS 64 /* GPUs a pipeline in one process spans at most (--gpus) */
+
 /* A rank's part of the command line (engine/cli.h: DS4_CLI_DIST). */
 typedef struct ds4_dist_opts {
-    const char *layers; /* this rank's layers "A:B" (inclusive) or "A:output"; NULL: split by memory */
-    const char *dtype;  /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
-    float timeout_s;    /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
+    /* this rank's layers "A:B" (inclusive) or "A:output"; with --gpus one
+     * range a GPU, by commas ("0:20,21:output"); NULL: split by memory */
+    const char *layers;
+    /* --gpus: the stages run in this process, stage r on GPU gpus[r]
+     * (n_gpus >= 2, distinct); n_gpus 0: none (one process, or mpirun's) */
+    int gpus[DS4_DIST_MAX_GPUS];
+    int n_gpus;
+    const char *dtype; /* "f32", "f16", "bf16" (rank 0's is used); NULL: f32 */
+    float timeout_s;   /* rank 0's is used; <= 0: DS4_DIST_TIMEOUT_DEFAULT */
     /* --warm-weights on a rank after the first: read its stage's tensors
      * in before serving (the program's reader, engine/startup.h:
      * ds4_startup_warm_stage); NULL: no. 0 on success. */
@@ -115,7 +131,11 @@ void ds4_dist_end(ds4_dist *d);
  * (0, or 1 with the error printed prefixed with prog); on rank 0, or
  * outside mpirun (*d NULL), return -1: the program carries on and calls
  * ds4_dist_plan once it has the model open.  model_path NULL (synthetic
- * weights) ends the job with that error. */
+ * weights) ends the job with that error.  With o->n_gpus (--gpus) the
+ * stages are this process's: *d is their pipeline (NCCL loaded, the
+ * stages' threads started by ds4_dist_plan) and -1 comes back, or the exit
+ * status of a refusal (2: --gpus under mpirun, or with another backend
+ * than cuda; 1: NCCL missing or failing). */
 int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads, const ds4_dist_opts *o,
                    ds4_dist **d);
 

@@ -28,20 +28,19 @@ typedef struct dist_seq {
     bool has_logits;
 } dist_seq;
 
-/* One issued step. */
+/* One issued step; slot k's residuals go from the pipe's out[k]. */
 typedef struct dist_slot {
     bool busy;
     uint32_t n;
-    size_t nret;      /* floats the last rank returns */
-    dist_cmd cmd;     /* the step's command */
-    dist_row *rows;   /* chunk entries */
-    void *resid;      /* the residuals sent to rank 1 */
-    float *ret;       /* the logits (and argmaxes) received */
-    size_t ret_cap;   /* its bytes (grown to the largest answer) */
-    uint32_t *argmax; /* where a RET_ARGMAX row's token goes */
-    MPI_Request req[2 * DIST_MAX_RANKS + 2];
+    size_t nret;                      /* floats the last rank returns */
+    dist_cmd cmd;                     /* the step's command */
+    dist_row *rows;                   /* chunk entries */
+    float *ret;                       /* the logits (and argmaxes) received */
+    size_t ret_cap;                   /* its bytes (grown to the largest answer) */
+    uint32_t *argmax;                 /* where a RET_ARGMAX row's token goes */
+    dist_req req[2 * DIST_MAX_RANKS]; /* the command and the rows to every rank */
     int nreq;
-    MPI_Request ret_req;
+    dist_req ret_req;
     /* where the returned logits go: each row's destination (NULL: none),
      * and the sequence whose next-token logits the row's are */
     float **dst;
@@ -53,7 +52,7 @@ typedef struct dist_backend {
     ds4_dist *d;
     ds4_backend *local; /* the first stage */
     uint32_t hcD, n_vocab, chunk;
-    float *resid_f32; /* the first stage's output, chunk rows */
+    dist_pipe *pipe; /* the first stage's output on its way */
     dist_slot slots[DS4_DIST_IN_FLIGHT];
     uint32_t next_slot;
     uint32_t next_id;
@@ -70,14 +69,13 @@ static dist_seq *dseq(ds4_seq *s) { return (dist_seq *)s; }
 static int send_cmd(dist_backend *b, const dist_cmd *c, bool ack, ds4_err *err) {
     ds4_dist *d = b->d;
     if (ds4_dist_failed(d, err)) return -1;
-    MPI_Request rq[DIST_MAX_RANKS];
-    for (int r = 1; r < d->size; r++) d->mpi.Isend(c, sizeof(*c), d->mpi.byte, r, TAG_CMD, d->comm, &rq[r - 1]);
+    dist_req rq[DIST_MAX_RANKS] = {0};
+    for (int r = 1; r < d->size; r++) dist_send(d, c, sizeof(*c), r, TAG_CMD, &rq[r - 1]);
     if (dist_wait_all(d, rq, d->size - 1, err) != 0) return -1;
     if (!ack) return 0;
     dist_ack *acks = calloc((size_t)d->size, sizeof(dist_ack));
     if (!acks) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    for (int r = 1; r < d->size; r++)
-        d->mpi.Irecv(&acks[r], sizeof(dist_ack), d->mpi.byte, r, TAG_ACK, d->comm, &rq[r - 1]);
+    for (int r = 1; r < d->size; r++) dist_recv(d, &acks[r], sizeof(dist_ack), r, TAG_ACK, &rq[r - 1]);
     int rc = dist_wait_all(d, rq, d->size - 1, err);
     for (int r = 1; rc == 0 && r < d->size; r++)
         if (!acks[r].ok) {
@@ -159,8 +157,10 @@ static uint32_t dist_seq_len(const ds4_backend *base, const ds4_seq *s) {
 static int complete(dist_backend *b, dist_slot *sl, ds4_err *err) {
     if (!sl->busy) return 0;
     sl->busy = false;
-    if (dist_wait_all(b->d, sl->req, sl->nreq, err) != 0) return -1;
-    if (sl->nret && dist_wait(b->d, &sl->ret_req, err) != 0) return -1;
+    int rc = dist_wait_all(b->d, sl->req, sl->nreq, err);
+    if (sl->nret && rc == 0) rc = dist_wait(b->d, &sl->ret_req, err);
+    else if (sl->ret_req.on) b->d->tr->cancel(b->d, &sl->ret_req); /* its buffer is the slot's */
+    if (rc != 0) return -1;
     size_t V = b->n_vocab;
     const float *l = sl->ret;
     for (uint32_t i = 0; i < sl->n; i++) {
@@ -200,8 +200,9 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     ds4_dist *d = b->d;
     if (ds4_dist_failed(d, err)) return -1;
     if (n > b->chunk) return ds4_err_set(err, DS4_ERANGE, "a step of %u rows exceeds the %u a pass holds", n, b->chunk);
-    dist_slot *sl = &b->slots[b->next_slot];
-    b->next_slot = (b->next_slot + 1) % DS4_DIST_IN_FLIGHT;
+    uint32_t k = b->next_slot;
+    dist_slot *sl = &b->slots[k];
+    b->next_slot = (k + 1) % DS4_DIST_IN_FLIGHT;
     if (complete(b, sl, err) != 0) return -1;
     ds4_row local[n];
     uint32_t nl = 0;
@@ -225,23 +226,29 @@ static int issue(dist_backend *b, const ds4_row *rows, uint32_t n, const ds4_ste
     sl->nret = dist_ret_floats(sl->rows, n, b->n_vocab);
     sl->argmax = argmax;
     if (dist_grow((void **)&sl->ret, &sl->ret_cap, sl->nret * sizeof(float), err) != 0) return -1;
-    /* the first stage: on failure nothing was sent, the pipeline is intact */
-    if (ds4_backend_stage_step(b->local, local, n, NULL, b->resid_f32, NULL, err) != 0) return -1;
+    /* the first stage, into out[k] once its last send is gone: on failure
+     * nothing was sent, the pipeline is intact */
+    if (d->tr->pipe_wait(d, b->pipe, k, err) != 0 ||
+        ds4_backend_stage_step(b->local, local, n, NULL, b->pipe->out[k], NULL, err) != 0)
+        return -1;
     for (uint32_t i = 0; i < n; i++)
         if (sl->seq_of[i]) sl->seq_of[i]->has_logits = false;
     sl->n = n;
     sl->busy = true;
     sl->nreq = 0;
     sl->cmd = (dist_cmd){.op = CMD_STEP, .n = n};
+    int rc = 0;
     for (int r = 1; r < d->size; r++) { /* the slot's buffers stay until it completes */
-        d->mpi.Isend(&sl->cmd, sizeof(sl->cmd), d->mpi.byte, r, TAG_CMD, d->comm, &sl->req[sl->nreq++]);
-        d->mpi.Isend(sl->rows, (int)(n * sizeof(dist_row)), d->mpi.byte, r, TAG_ROWS, d->comm, &sl->req[sl->nreq++]);
+        rc |= dist_send(d, &sl->cmd, sizeof(sl->cmd), r, TAG_CMD, &sl->req[sl->nreq++]);
+        rc |= dist_send(d, sl->rows, n * sizeof(dist_row), r, TAG_ROWS, &sl->req[sl->nreq++]);
     }
-    size_t floats = (size_t)n * b->hcD;
-    dist_resid_pack(d, b->resid_f32, sl->resid, floats);
-    d->mpi.Isend(sl->resid, (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, 1, TAG_RESID, d->comm,
-                 &sl->req[sl->nreq++]);
-    if (sl->nret) d->mpi.Irecv(sl->ret, (int)sl->nret, d->mpi.flt, d->size - 1, TAG_LOGITS, d->comm, &sl->ret_req);
+    ds4_err e = {0};
+    if (rc != 0 || d->tr->pipe_send(d, b->pipe, k, (size_t)n * b->hcD, &e) != 0 ||
+        (sl->nret && dist_recv(d, sl->ret, sl->nret * sizeof(float), d->size - 1, TAG_LOGITS, &sl->ret_req) != 0)) {
+        /* part of the step went: the stages no longer agree */
+        dist_fail(d, "rank 0: sending a step failed%s%s", e.msg[0] ? ": " : "", e.msg);
+        return dist_failure(d, err);
+    }
     return 0;
 }
 
@@ -366,8 +373,8 @@ static int dist_snapshot(ds4_backend *base, ds4_seq *seq, ds4_kv_state *out, ds4
         uint64_t bytes = ds4_kv_state_slice_bytes(out, n, d->first[r], d->end[r]);
         void *buf = malloc(bytes ? bytes : 1);
         if (!buf) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a snapshot's slice");
-        MPI_Request q;
-        d->mpi.Irecv(buf, (int)(bytes / 4), d->mpi.flt, r, TAG_SLICE, d->comm, &q);
+        dist_req q = {0};
+        dist_recv(d, buf, bytes, r, TAG_SLICE, &q);
         int rc = dist_wait(d, &q, err);
         if (rc == 0) ds4_kv_state_unpack_layers(out, n, d->first[r], d->end[r], buf);
         free(buf);
@@ -392,9 +399,9 @@ static int dist_restore(ds4_backend *base, ds4_seq *seq, const ds4_kv_state *in,
         void *buf = malloc(bytes ? bytes : 1);
         if (!buf) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a restore's slice");
         ds4_kv_state_pack_layers(in, d->first[r], d->end[r], buf);
-        MPI_Request q[2];
-        d->mpi.Isend(in->tokens, (int)n, d->mpi.u32, r, TAG_TOKENS, d->comm, &q[0]);
-        d->mpi.Isend(buf, (int)(bytes / 4), d->mpi.flt, r, TAG_SLICE, d->comm, &q[1]);
+        dist_req q[2] = {{0}};
+        dist_send(d, in->tokens, (size_t)n * sizeof(uint32_t), r, TAG_TOKENS, &q[0]);
+        dist_send(d, buf, bytes, r, TAG_SLICE, &q[1]);
         int rc = dist_wait_all(d, q, 2, err);
         free(buf);
         if (rc != 0) return -1;
@@ -410,11 +417,19 @@ static void free_slots(dist_backend *b) {
     for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) {
         dist_slot *sl = &b->slots[i];
         free(sl->rows);
-        free(sl->resid);
         free(sl->ret);
         free(sl->dst);
         free(sl->seq_of);
     }
+}
+
+/* Every other stage's backend freed, and acknowledged: once the pipeline
+ * is freed no stage touches the weights, which the program may close (the
+ * stages in this process share them).  After a failure the stages stop
+ * by themselves. */
+static void free_stages(dist_backend *b) {
+    dist_cmd c = {.op = CMD_FREE};
+    if (send_cmd(b, &c, true, NULL) != 0) b->d->tr->settle(b->d);
 }
 
 static void dist_free(ds4_backend *base) {
@@ -422,13 +437,10 @@ static void dist_free(ds4_backend *base) {
     if (!b) return;
     complete_all(b, NULL);
     if (b->base.main) dist_seq_free(base, b->base.main);
-    if (b->local) {
-        dist_cmd c = {.op = CMD_FREE};
-        send_cmd(b, &c, false, NULL);
-    }
+    if (b->local) free_stages(b);
     ds4_backend_free(b->local);
+    b->d->tr->pipe_close(b->d, b->pipe);
     free_slots(b);
-    free(b->resid_f32);
     free(b->free_ids);
     free(b);
 }
@@ -453,20 +465,19 @@ static const ds4_backend_ops dist_ops = {
     .greedy = dist_greedy,
 };
 
+/* The slots' buffers, and the pipe (before the first stage's backend:
+ * on a GPU its buffers are then out of the backend's budget). */
 static int alloc_slots(dist_backend *b, ds4_err *err) {
     size_t C = b->chunk;
     for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) {
         dist_slot *sl = &b->slots[i];
         sl->rows = calloc(C, sizeof(dist_row));
-        sl->resid = malloc(C * b->hcD * sizeof(float));
         sl->dst = calloc(C, sizeof(float *));
         sl->seq_of = calloc(C, sizeof(dist_seq *));
-        if (!sl->rows || !sl->resid || !sl->dst || !sl->seq_of)
+        if (!sl->rows || !sl->dst || !sl->seq_of)
             return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers (%zu-token chunks)", C);
     }
-    b->resid_f32 = malloc(C * b->hcD * sizeof(float));
-    if (!b->resid_f32) return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers");
-    return 0;
+    return b->d->tr->pipe_open(b->d, C * b->hcD, &b->pipe, err);
 }
 
 ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_weights *w, const ds4_backend_opts *opts,
@@ -507,29 +518,29 @@ ds4_backend *ds4_dist_backend_create(ds4_dist *d, const char *local, const ds4_w
     ds4_backend_opts lo = b->base.opts;
     lo.layer_first = d->first[0];
     lo.layer_end = d->end[0];
+    lo.gpu = d->gpu;
     if (alloc_slots(b, err) != 0) {
+        d->tr->pipe_close(d, b->pipe);
         free_slots(b);
-        free(b->resid_f32);
         free(b);
         return NULL;
     }
     dist_cmd c = {.op = CMD_CREATE, .arg = {lo.ctx_size, lo.prefill_chunk, lo.no_sim, lo.cuda_graph_ctx}};
     if (send_cmd(b, &c, true, err) != 0 || !(b->local = ds4_backend_create(local, w, &lo, err))) {
-        /* the ranks that made theirs free them (the others ignore it) */
-        dist_cmd f = {.op = CMD_FREE};
-        send_cmd(b, &f, false, NULL);
+        free_stages(b); /* the ranks that made theirs free them */
+        d->tr->pipe_close(d, b->pipe);
         free_slots(b);
-        free(b->resid_f32);
         free(b);
         return NULL;
     }
     b->base.opts.n_threads = b->local->opts.n_threads;
     char line[512];
     size_t o = (size_t)snprintf(line, sizeof(line), "pipeline: a sequence of %u tokens keeps", lo.ctx_size);
-    for (int r = 0; r < d->size && o < sizeof(line); r++)
-        o += (size_t)snprintf(
-            line + o, sizeof(line) - o, "%s %.1f MiB on rank %d", r ? "," : "",
-            (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) / (1u << 20), r);
+    for (int r = 0; r < d->size && o < sizeof(line); r++) {
+        double mib = (double)ds4_kv_state_bytes_layers(&w->cfg, lo.ctx_size, d->first[r], d->end[r]) / (1u << 20);
+        o += (size_t)snprintf(line + o, sizeof(line) - o, "%s %.1f MiB on %s %d", r ? "," : "", mib,
+                              d->loc ? "GPU" : "rank", d->loc ? dist_local_gpu(d, r) : r);
+    }
     fprintf(stderr, "%s: %s\n", d->prog ? d->prog : "ds4", line);
     if (!(b->base.main = seq_make(b, b->base.opts.ctx_size, true, err))) {
         dist_free(&b->base);

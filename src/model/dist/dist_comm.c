@@ -1,6 +1,8 @@
 /*
- * dist_comm.c - joining the MPI job, the heartbeats that find a failed
- * rank, and the waits that give up when one has (see dist_internal.h).
+ * dist_comm.c - the waits and failures of every pipeline (see
+ * dist_internal.h), and its MPI transport: joining the MPI job, messages
+ * and residuals between the ranks, the heartbeats that find a failed
+ * rank, and leaving the job.
  *
  * MPI alone does not bound the wait for a rank that died or whose link
  * broke: a receive from it may never complete, and a send to it may
@@ -23,6 +25,8 @@
 
 #define DIST_BEAT_S  0.25  /* between two heartbeats */
 #define DIST_TICK_US 20000 /* the heartbeat thread's look at its messages */
+
+static const dist_transport dist_mpi_transport;
 
 /* mpirun (Open MPI, MPICH, PMIx launchers) leaves these in each rank's
  * environment; a process started by hand has none and runs alone. */
@@ -83,6 +87,8 @@ int ds4_dist_init(ds4_dist **out, ds4_err *err) {
         m.Abort(m.comm_world, 1);
         return -1;
     }
+    d->tr = &dist_mpi_transport;
+    d->job = d;
     d->mpi = m;
     d->rank = rank;
     d->size = size;
@@ -102,7 +108,8 @@ int ds4_dist_rank(const ds4_dist *d) { return d ? d->rank : 0; }
 int ds4_dist_size(const ds4_dist *d) { return d ? d->size : 1; }
 
 const char *dist_peer_name(const ds4_dist *d, int r, char *buf, size_t n) {
-    if (d->peers) snprintf(buf, n, "rank %d (pid %d on %s)", r, (int)d->peers[r].pid, d->peers[r].host);
+    if (d->loc) snprintf(buf, n, "stage %d (GPU %d)", r, dist_local_gpu(d, r));
+    else if (d->peers) snprintf(buf, n, "rank %d (pid %d on %s)", r, (int)d->peers[r].pid, d->peers[r].host);
     else snprintf(buf, n, "rank %d", r);
     return buf;
 }
@@ -118,6 +125,146 @@ int dist_grow(void **p, size_t *cap, size_t need, ds4_err *err) {
 
 /* ------------------------------------------------------------ failure */
 
+bool dist_set_failed(ds4_dist *d, const char *why) {
+    ds4_dist *j = d->job;
+    pthread_mutex_lock(&j->mu);
+    bool first = !atomic_load(&j->failed);
+    if (first) {
+        snprintf(j->why, sizeof(j->why), "%s", why);
+        atomic_store(&j->failed, true);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return first;
+}
+
+void dist_fail(ds4_dist *d, const char *fmt, ...) {
+    char why[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(why, sizeof(why), fmt, ap);
+    va_end(ap);
+    d->tr->fail(d, why);
+}
+
+bool ds4_dist_failed(const ds4_dist *d, ds4_err *err) {
+    if (!d || !atomic_load(&d->job->failed)) return false;
+    ds4_dist *j = d->job; /* the lock only */
+    pthread_mutex_lock(&j->mu);
+    ds4_err_set(err, DS4_EIO, "pipeline failed: %s", j->why);
+    pthread_mutex_unlock(&j->mu);
+    return true;
+}
+
+int dist_failure(ds4_dist *d, ds4_err *err) {
+    ds4_dist_failed(d, err);
+    return -1;
+}
+
+/* -------------------------------------------------------------- waits */
+
+int dist_wait_until(ds4_dist *d, int (*done)(void *ctx, ds4_err *err), void *ctx, ds4_err *err) {
+    uint32_t spins = 0;
+    for (;;) {
+        ds4_err e = {0};
+        int rc = done(ctx, &e);
+        if (rc > 0) return 0;
+        if (rc < 0) {
+            dist_fail(d, "rank %d: %s", d->rank, ds4_err_msg(&e));
+            return dist_failure(d, err);
+        }
+        if (atomic_load(&d->job->failed)) return dist_failure(d, err);
+        if (++spins > 2000) usleep(spins > 20000 ? 1000 : 20);
+    }
+}
+
+typedef struct reqs {
+    ds4_dist *d;
+    dist_req *r;
+    int n;
+} reqs;
+
+static int reqs_done(void *ctx, ds4_err *err) {
+    reqs *q = ctx;
+    bool all = true;
+    for (int i = 0; i < q->n; i++) {
+        bool done = true;
+        if (q->r[i].on && q->d->tr->test(q->d, &q->r[i], &done) != 0)
+            return ds4_err_set(err, DS4_EIO, "a transfer failed");
+        all = all && done;
+    }
+    return all;
+}
+
+int dist_wait_all(ds4_dist *d, dist_req *r, int n, ds4_err *err) {
+    reqs q = {d, r, n};
+    if (dist_wait_until(d, reqs_done, &q, err) == 0) return 0;
+    for (int i = 0; i < n; i++)
+        if (r[i].on) d->tr->cancel(d, &r[i]);
+    return -1;
+}
+
+int dist_wait(ds4_dist *d, dist_req *r, ds4_err *err) { return dist_wait_all(d, r, 1, err); }
+
+/* ----------------------------------------------------------- residuals */
+
+size_t dist_resid_row_bytes(const ds4_dist *d, uint32_t floats) {
+    return (size_t)floats * (d->dtype == DS4_DIST_F32 ? 4 : 2);
+}
+
+void dist_resid_pack(const ds4_dist *d, const float *src, void *dst, size_t floats) {
+    if (d->dtype == DS4_DIST_F32) {
+        memcpy(dst, src, floats * sizeof(float));
+    } else if (d->dtype == DS4_DIST_F16) {
+        ds4_f32_to_f16_row(src, dst, (int64_t)floats);
+    } else {
+        uint16_t *o = dst;
+        for (size_t i = 0; i < floats; i++) o[i] = ds4_f32_to_bf16(src[i]);
+    }
+}
+
+void dist_resid_unpack(const ds4_dist *d, const void *src, float *dst, size_t floats) {
+    if (d->dtype == DS4_DIST_F32) {
+        memcpy(dst, src, floats * sizeof(float));
+    } else if (d->dtype == DS4_DIST_F16) {
+        ds4_f16_to_f32_row(src, dst, (int64_t)floats);
+    } else {
+        const uint16_t *o = src;
+        for (size_t i = 0; i < floats; i++) dst[i] = ds4_bf16_to_f32(o[i]);
+    }
+}
+
+void ds4_dist_end(ds4_dist *d) {
+    if (d) d->tr->end(d);
+}
+
+/* ==================================================== MPI: messages */
+
+/* Every message travels as floats (its bytes are a multiple of 4): one
+ * type on both ends, and counts up to 8 GiB in an int. */
+static int mpi_send(ds4_dist *d, const void *buf, size_t bytes, int to, int tag, dist_req *r) {
+    r->on = d->mpi.Isend(buf, (int)(bytes / 4), d->mpi.flt, to, tag, d->comm, &r->mpi) == MPI_SUCCESS;
+    return r->on ? 0 : -1;
+}
+
+static int mpi_recv(ds4_dist *d, void *buf, size_t bytes, int from, int tag, dist_req *r) {
+    r->on = d->mpi.Irecv(buf, (int)(bytes / 4), d->mpi.flt, from, tag, d->comm, &r->mpi) == MPI_SUCCESS;
+    return r->on ? 0 : -1;
+}
+
+static int mpi_test(ds4_dist *d, dist_req *r, bool *done) {
+    int flag = 0;
+    if (d->mpi.Test(&r->mpi, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return -1;
+    *done = flag != 0;
+    if (*done) r->on = false;
+    return 0;
+}
+
+/* A request left after a failure: the job ends without waiting for it
+ * (MPI_Abort, or a worker's exit). */
+static void mpi_cancel(ds4_dist *d, dist_req *r) { (void)d, (void)r; }
+
+/* ============================================ MPI: failures, heartbeats */
+
 static void send_text(ds4_dist *d, int to, int tag, const char *text) {
     char msg[DIST_MSG] = {0};
     snprintf(msg, sizeof(msg), "%s", text);
@@ -130,18 +277,6 @@ static void send_text(ds4_dist *d, int to, int tag, const char *text) {
             if (!done) usleep(1000);
         if (!done) d->mpi.Request_free(&r);
     }
-}
-
-/* Record the cause; true for the first one. */
-static bool set_failed(ds4_dist *d, const char *why) {
-    pthread_mutex_lock(&d->mu);
-    bool first = !atomic_load(&d->failed);
-    if (first) {
-        snprintf(d->why, sizeof(d->why), "%s", why);
-        atomic_store(&d->failed, true);
-    }
-    pthread_mutex_unlock(&d->mu);
-    return first;
 }
 
 /* A worker's end after a failure: its last words, and out.  Nothing of
@@ -173,30 +308,9 @@ static void spread_failure(ds4_dist *d, int culprit) {
     }
 }
 
-void dist_fail(ds4_dist *d, const char *fmt, ...) {
-    char why[1024];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(why, sizeof(why), fmt, ap);
-    va_end(ap);
-    if (set_failed(d, why)) spread_failure(d, -1);
+static void mpi_fail(ds4_dist *d, const char *why) {
+    if (dist_set_failed(d, why)) spread_failure(d, -1);
 }
-
-bool ds4_dist_failed(const ds4_dist *d, ds4_err *err) {
-    if (!d || !atomic_load(&d->failed)) return false;
-    ds4_dist *m = (ds4_dist *)d; /* the lock only */
-    pthread_mutex_lock(&m->mu);
-    ds4_err_set(err, DS4_EIO, "pipeline failed: %s", m->why);
-    pthread_mutex_unlock(&m->mu);
-    return true;
-}
-
-int dist_failure(ds4_dist *d, ds4_err *err) {
-    ds4_dist_failed(d, err);
-    return -1;
-}
-
-/* ---------------------------------------------------------- heartbeats */
 
 typedef struct beat_state {
     double *last_seen; /* per rank */
@@ -222,10 +336,10 @@ static void receive(ds4_dist *d, beat_state *s, double now) {
         if (st.MPI_TAG == TAG_FAIL) {
             s->rx_buf[DIST_MSG - 1] = 0;
             snprintf(why, sizeof(why), "%s failed: %s", dist_peer_name(d, from, name, sizeof(name)), s->rx_buf);
-            if (set_failed(d, why)) spread_failure(d, from);
+            if (dist_set_failed(d, why)) spread_failure(d, from);
         } else if (st.MPI_TAG == TAG_STOP) {
             s->rx_buf[DIST_MSG - 1] = 0;
-            if (set_failed(d, s->rx_buf)) spread_failure(d, 0);
+            if (dist_set_failed(d, s->rx_buf)) spread_failure(d, 0);
         }
         post_rx(d, s);
     }
@@ -239,7 +353,7 @@ static void check_silence(ds4_dist *d, beat_state *s, double now) {
         char name[128], why[1024];
         snprintf(why, sizeof(why), "%s sent nothing for %.1f s: the process died or the link to it broke",
                  dist_peer_name(d, r, name, sizeof(name)), now - s->last_seen[r]);
-        if (set_failed(d, why)) spread_failure(d, r);
+        if (dist_set_failed(d, why)) spread_failure(d, r);
     }
 }
 
@@ -288,7 +402,8 @@ static void *beat_thread(void *arg) {
     return NULL;
 }
 
-int dist_beat_start(ds4_dist *d, ds4_err *err) {
+static int mpi_start(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, ds4_err *err) {
+    (void)w, (void)o;
     if (d->thread_on) return 0;
     if (pthread_create(&d->thread, NULL, beat_thread, d) != 0)
         return ds4_err_set(err, DS4_ENOMEM, "cannot start the heartbeat thread");
@@ -296,73 +411,85 @@ int dist_beat_start(ds4_dist *d, ds4_err *err) {
     return 0;
 }
 
-void dist_beat_stop(ds4_dist *d) {
+/* Ranks are processes of their own: nothing of theirs is this one's. */
+static void mpi_settle(ds4_dist *d) { (void)d; }
+
+static void beat_stop(ds4_dist *d) {
     if (!d->thread_on) return;
     atomic_store(&d->quit, true);
     pthread_join(d->thread, NULL);
     d->thread_on = false;
 }
 
-/* -------------------------------------------------------------- waits */
+/* ========================================================= MPI: pipe */
 
-/* Polls: spins for the first tens of microseconds (a decode hop on a fast
- * link), then sleeps in growing steps up to a millisecond. */
-int dist_wait_all(ds4_dist *d, MPI_Request *r, int n, ds4_err *err) {
-    uint32_t spins = 0;
-    for (;;) {
-        int done = 0;
-        if (d->mpi.Testall(n, r, &done, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-            dist_fail(d, "rank %d: a transfer failed in MPI", d->rank);
-            return dist_failure(d, err);
+static void mpi_pipe_close(ds4_dist *d, dist_pipe *p) {
+    if (!p) return;
+    for (uint32_t k = 0; k < DS4_DIST_IN_FLIGHT; k++) {
+        if (p->sent[k].on) dist_wait(d, &p->sent[k], NULL);
+        free(p->raw[k]);
+    }
+    free(p->in_raw);
+    free(p->in);
+    free(p->out[0]);
+    free(p);
+}
+
+/* Host buffers: what arrives (raw, then f32), the stage's f32 output (one
+ * buffer: packed into raw[k] at each send), raw[k] in flight. */
+static int mpi_pipe_open(ds4_dist *d, size_t floats, dist_pipe **out, ds4_err *err) {
+    *out = NULL;
+    dist_pipe *p = calloc(1, sizeof(*p));
+    if (!p) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    p->cap = floats;
+    size_t raw = dist_resid_row_bytes(d, (uint32_t)floats);
+    bool ok = true;
+    if (d->rank > 0) ok = (p->in_raw = malloc(raw)) && (p->in = malloc(floats * sizeof(float)));
+    if (ok && d->rank + 1 < d->size) {
+        ok = (p->out[0] = malloc(floats * sizeof(float))) != NULL;
+        for (uint32_t k = 0; ok && k < DS4_DIST_IN_FLIGHT; k++) {
+            p->out[k] = p->out[0];
+            ok = (p->raw[k] = malloc(raw)) != NULL;
         }
-        if (done) return 0;
-        if (atomic_load(&d->failed)) return dist_failure(d, err);
-        if (++spins > 2000) usleep(spins > 20000 ? 1000 : 20);
     }
-}
-
-int dist_wait(ds4_dist *d, MPI_Request *r, ds4_err *err) { return dist_wait_all(d, r, 1, err); }
-
-/* ----------------------------------------------------------- residuals */
-
-size_t dist_resid_row_bytes(const ds4_dist *d, uint32_t floats) {
-    return (size_t)floats * (d->dtype == DS4_DIST_F32 ? 4 : 2);
-}
-
-void dist_resid_pack(const ds4_dist *d, const float *src, void *dst, size_t floats) {
-    if (d->dtype == DS4_DIST_F32) {
-        memcpy(dst, src, floats * sizeof(float));
-    } else if (d->dtype == DS4_DIST_F16) {
-        ds4_f32_to_f16_row(src, dst, (int64_t)floats);
-    } else {
-        uint16_t *o = dst;
-        for (size_t i = 0; i < floats; i++) o[i] = ds4_f32_to_bf16(src[i]);
+    if (!ok) {
+        mpi_pipe_close(d, p);
+        return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers (%zu floats)", floats);
     }
+    *out = p;
+    return 0;
 }
 
-void dist_resid_unpack(const ds4_dist *d, const void *src, float *dst, size_t floats) {
-    if (d->dtype == DS4_DIST_F32) {
-        memcpy(dst, src, floats * sizeof(float));
-    } else if (d->dtype == DS4_DIST_F16) {
-        ds4_f16_to_f32_row(src, dst, (int64_t)floats);
-    } else {
-        const uint16_t *o = src;
-        for (size_t i = 0; i < floats; i++) dst[i] = ds4_bf16_to_f32(o[i]);
-    }
+static int mpi_pipe_recv(ds4_dist *d, dist_pipe *p, size_t floats, ds4_err *err) {
+    dist_req r = {0};
+    if (mpi_recv(d, p->in_raw, dist_resid_row_bytes(d, (uint32_t)floats), d->rank - 1, TAG_RESID, &r) != 0 ||
+        dist_wait(d, &r, err) != 0)
+        return -1;
+    dist_resid_unpack(d, p->in_raw, p->in, floats);
+    return 0;
 }
 
-/* ---------------------------------------------------------------- end */
+static int mpi_pipe_send(ds4_dist *d, dist_pipe *p, uint32_t k, size_t floats, ds4_err *err) {
+    (void)err;
+    dist_resid_pack(d, p->out[k], p->raw[k], floats);
+    return mpi_send(d, p->raw[k], dist_resid_row_bytes(d, (uint32_t)floats), d->rank + 1, TAG_RESID, &p->sent[k]);
+}
 
-void ds4_dist_end(ds4_dist *d) {
-    if (!d) return;
+static int mpi_pipe_wait(ds4_dist *d, dist_pipe *p, uint32_t k, ds4_err *err) {
+    return p->sent[k].on ? dist_wait(d, &p->sent[k], err) : 0;
+}
+
+/* ========================================================== MPI: end */
+
+static void mpi_end(ds4_dist *d) {
     bool failed = atomic_load(&d->failed);
     if (d->rank == 0 && d->planned && !failed) {
         dist_cmd c = {.op = CMD_END};
-        MPI_Request rq[DIST_MAX_RANKS];
-        for (int r = 1; r < d->size; r++) d->mpi.Isend(&c, sizeof(c), d->mpi.byte, r, TAG_CMD, d->comm, &rq[r - 1]);
+        dist_req rq[DIST_MAX_RANKS];
+        for (int r = 1; r < d->size; r++) mpi_send(d, &c, sizeof(c), r, TAG_CMD, &rq[r - 1]);
         failed = dist_wait_all(d, rq, d->size - 1, NULL) != 0;
     }
-    dist_beat_stop(d);
+    beat_stop(d);
     if (d->rank == 0 && !d->plan_tried) failed = true; /* the others wait for a plan that never comes */
     if (failed) {
         /* the ranks that are left are not waited for: MPI_Finalize would */
@@ -379,3 +506,19 @@ void ds4_dist_end(ds4_dist *d) {
     free(d->end);
     free(d);
 }
+
+static const dist_transport dist_mpi_transport = {
+    .send = mpi_send,
+    .recv = mpi_recv,
+    .test = mpi_test,
+    .cancel = mpi_cancel,
+    .fail = mpi_fail,
+    .start = mpi_start,
+    .settle = mpi_settle,
+    .end = mpi_end,
+    .pipe_open = mpi_pipe_open,
+    .pipe_close = mpi_pipe_close,
+    .pipe_recv = mpi_pipe_recv,
+    .pipe_send = mpi_pipe_send,
+    .pipe_wait = mpi_pipe_wait,
+};

@@ -1,7 +1,8 @@
 /*
  * dist_plan.c - the start of a pipeline (see dist.h): every rank's model
  * file compared with rank 0's, and the layers split into stages, from the
- * ranks' --layers or in proportion to each rank's available memory.
+ * ranks' --layers or in proportion to each rank's available memory (the
+ * in-process stages of --gpus: one model, each stage's GPU's memory).
  */
 #include <inttypes.h>
 #include <stdarg.h>
@@ -47,11 +48,11 @@ static uint64_t table_hash(const ds4_weights *w) {
     return h;
 }
 
-/* Memory this rank may fill: its GPU's for a backend on one (the CUDA
+/* Memory a rank may fill: its GPU's for a backend on one (the CUDA
  * backend's budget), else MemAvailable; in whole GiB so that ranks of one
  * machine that read it a moment apart agree. */
-static uint64_t mem_available(const char *backend) {
-    uint64_t bytes = ds4_backend_mem_available(backend);
+static uint64_t mem_available(const char *backend, int gpu) {
+    uint64_t bytes = ds4_backend_mem_available(backend, gpu);
     if (!bytes) bytes = ds4_mem_available();
     uint64_t gib = bytes >> 30;
     return (gib ? gib : 1) << 30;
@@ -229,6 +230,10 @@ static void decide(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o, di
         say(msg, n, "--pipe-dtype %s: expected f32, f16 or bf16", o->dtype);
         return;
     }
+    if (d->loc && dt != DS4_DIST_F32) {
+        say(msg, n, "--pipe-dtype %s: the residuals between GPUs (--gpus) travel in f32, exactly", o->dtype);
+        return;
+    }
     if ((uint32_t)d->size > w->cfg.n_layer) {
         say(msg, n, "%d ranks for %u layers: a stage holds at least one layer", d->size, w->cfg.n_layer);
         return;
@@ -257,8 +262,31 @@ static void describe_self(const ds4_dist *d, const ds4_weights *w, const ds4_dis
     me->want_first = me->want_end = -1;
     if (o && o->layers)
         parse_layers(o->layers, c->n_layer, &me->want_first, &me->want_end, me->layers_err, sizeof(me->layers_err));
-    me->mem_bytes = mem_available(d->local);
+    me->mem_bytes = mem_available(d->local, d->gpu);
     snprintf(me->backend, sizeof(me->backend), "%s", d->local ? d->local : "cpu");
+}
+
+/* The in-process stages (--gpus): stage 0's description for each, with
+ * its GPU's memory and its range of --layers, one a GPU by commas. */
+static void describe_stages(ds4_dist *d, const ds4_weights *w, const ds4_dist_opts *o) {
+    dist_peer *p = d->peers;
+    describe_self(d, w, NULL, &p[0]);
+    const char *list = o ? o->layers : NULL;
+    for (int r = 0; r < d->size; r++) {
+        if (r > 0) p[r] = p[0];
+        p[r].mem_bytes = mem_available(d->local, dist_local_gpu(d, r));
+        if (!list) continue;
+        const char *comma = strchr(list, ',');
+        char range[64];
+        size_t len = comma ? (size_t)(comma - list) : strlen(list);
+        snprintf(range, sizeof(range), "%.*s", (int)(len < sizeof(range) ? len : sizeof(range) - 1), list);
+        if (parse_layers(range, w->cfg.n_layer, &p[r].want_first, &p[r].want_end, p[r].layers_err,
+                         sizeof(p[r].layers_err)) == 0 &&
+            (r + 1 < d->size) != (comma != NULL))
+            say(p[r].layers_err, sizeof(p[r].layers_err), "--layers %s: one range a GPU of --gpus (%d), by commas",
+                o->layers, d->size);
+        list = comma ? comma + 1 : list + len;
+    }
 }
 
 int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4_dist_opts *o, ds4_err *err) {
@@ -273,13 +301,18 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
         free(dec);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     }
-    dist_peer me;
-    describe_self(d, w, o, &me);
-    /* the start is collective and blocking: every rank is there, or mpirun
-     * ends the job when one does not start */
-    d->mpi.Allgather(&me, sizeof(me), d->mpi.byte, d->peers, sizeof(me), d->mpi.byte, d->comm);
-    if (d->rank == 0) decide(d, w, o, dec);
-    d->mpi.Bcast(dec, sizeof(*dec), d->mpi.byte, 0, d->comm);
+    if (d->loc) {
+        describe_stages(d, w, o);
+        decide(d, w, o, dec);
+    } else {
+        dist_peer me;
+        describe_self(d, w, o, &me);
+        /* the start is collective and blocking: every rank is there, or
+         * mpirun ends the job when one does not start */
+        d->mpi.Allgather(&me, sizeof(me), d->mpi.byte, d->peers, sizeof(me), d->mpi.byte, d->comm);
+        if (d->rank == 0) decide(d, w, o, dec);
+        d->mpi.Bcast(dec, sizeof(*dec), d->mpi.byte, 0, d->comm);
+    }
     if (!dec->ok) {
         ds4_err_set(err, DS4_EINVAL, "pipeline: %s", dec->msg);
         free(dec);
@@ -298,16 +331,19 @@ int ds4_dist_plan(ds4_dist *d, const char *prog, const ds4_weights *w, const ds4
             for (uint32_t il = d->first[r]; il < d->end[r]; il++) b += bytes[il];
             bool gib = b >= (1u << 30);
             d->peers[r].backend[sizeof(d->peers[r].backend) - 1] = 0;
+            if (d->loc) snprintf(name, sizeof(name), "GPU %d", dist_local_gpu(d, r));
+            else dist_peer_name(d, r, name, sizeof(name));
             fprintf(stderr, "%s: pipeline stage %d: layers %u..%u%s%s on %s (%.2f %s of weights), %s\n", prog, r,
                     d->first[r], d->end[r] - 1, r == 0 ? " + embedding" : "", r == d->size - 1 ? " + output head" : "",
-                    d->peers[r].backend, (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB",
-                    dist_peer_name(d, r, name, sizeof(name)));
+                    d->peers[r].backend, (double)b / (gib ? 1u << 30 : 1u << 20), gib ? "GiB" : "MiB", name);
         }
-        fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
-                dtype_name(d->dtype), d->timeout_s);
+        if (d->loc) fprintf(stderr, "%s: pipeline: residuals in f32 from GPU to GPU by NCCL, a stage a thread\n", prog);
+        else
+            fprintf(stderr, "%s: pipeline: residuals in %s, a rank silent for %.1f s fails it\n", prog,
+                    dtype_name(d->dtype), d->timeout_s);
     }
     d->planned = true;
-    return dist_beat_start(d, err);
+    return d->tr->start(d, w, o, err);
 }
 
 void ds4_dist_layers(const ds4_dist *d, uint32_t *first, uint32_t *end) {

@@ -1,7 +1,8 @@
 /*
  * dist_serve.c - the ranks after the first: their stage's backend, driven
- * by rank 0's commands until the job ends (see dist.h); and a program's
- * start under mpirun (ds4_dist_start).
+ * by rank 0's commands until the job ends (see dist.h), in a process of
+ * their own (mpirun) or a thread of the program's (--gpus); and a
+ * program's start (ds4_dist_start).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,37 +25,40 @@ typedef struct server {
     ds4_seq **seqs; /* by id; 0 is the backend's main one */
     uint32_t *ctx;  /* each one's context */
     uint32_t n_seqs;
-    /* step buffers: the rows, the residuals in, DS4_DIST_IN_FLIGHT out
+    /* step buffers: the rows; the residuals' way in (and out, before the
+     * last stage); the last stage's logits and DS4_DIST_IN_FLIGHT answers
      * (each sent while the next steps run) */
     uint32_t chunk;
     dist_row *rows;
     ds4_row *lrows;
-    void *in_raw;
-    float *in, *out_f32; /* the residuals in; this stage's output (residuals, or the logits asked for) */
-    size_t out_f32_cap;
-    void *out[DS4_DIST_IN_FLIGHT]; /* what is sent: residuals, or logits and argmaxes */
+    dist_pipe *pipe;
+    float *lg; /* the logits of the rows that ask */
+    size_t lg_cap;
+    void *out[DS4_DIST_IN_FLIGHT]; /* what is sent back: logits and argmaxes */
     size_t out_cap[DS4_DIST_IN_FLIGHT];
-    MPI_Request out_req[DS4_DIST_IN_FLIGHT];
+    dist_req out_req[DS4_DIST_IN_FLIGHT];
     uint32_t next_out;
 } server;
 
-static int recv_from(server *s, void *buf, int count, MPI_Datatype t, int from, int tag, ds4_err *err) {
-    MPI_Request q;
-    s->d->mpi.Irecv(buf, count, t, from, tag, s->d->comm, &q);
+static int recv_from(server *s, void *buf, size_t bytes, int from, int tag, ds4_err *err) {
+    dist_req q = {0};
+    if (dist_recv(s->d, buf, bytes, from, tag, &q) != 0) return ds4_err_set(err, DS4_EIO, "a receive failed");
     return dist_wait(s->d, &q, err);
 }
 
 static int send_ack(server *s, const ds4_err *failure) {
     dist_ack a = {.ok = failure == NULL};
     if (failure) snprintf(a.msg, sizeof(a.msg), "%s", ds4_err_msg(failure));
-    MPI_Request q;
-    s->d->mpi.Isend(&a, sizeof(a), s->d->mpi.byte, 0, TAG_ACK, s->d->comm, &q);
+    dist_req q = {0};
+    dist_send(s->d, &a, sizeof(a), 0, TAG_ACK, &q);
     return dist_wait(s->d, &q, NULL);
 }
 
 static int wait_outputs(server *s, ds4_err *err) {
-    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++)
-        if (s->out_req[i] != s->d->mpi.request_null && dist_wait(s->d, &s->out_req[i], err) != 0) return -1;
+    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) {
+        if (s->out_req[i].on && dist_wait(s->d, &s->out_req[i], err) != 0) return -1;
+        if (s->pipe && !s->last && s->d->tr->pipe_wait(s->d, s->pipe, i, err) != 0) return -1;
+    }
     return 0;
 }
 
@@ -63,14 +67,18 @@ static void free_stage(server *s) {
     for (uint32_t i = 1; i < s->n_seqs; i++) ds4_seq_free(s->b, s->seqs[i]);
     ds4_backend_free(s->b);
     s->b = NULL;
+    s->d->tr->pipe_close(s->d, s->pipe);
+    s->pipe = NULL;
     free(s->seqs);
     free(s->ctx);
     s->seqs = NULL, s->ctx = NULL, s->n_seqs = 0;
-    free(s->rows), free(s->lrows), free(s->in_raw), free(s->in), free(s->out_f32);
-    s->rows = NULL, s->lrows = NULL, s->in_raw = NULL, s->in = NULL, s->out_f32 = NULL, s->out_f32_cap = 0;
+    free(s->rows), free(s->lrows), free(s->lg);
+    s->rows = NULL, s->lrows = NULL, s->lg = NULL, s->lg_cap = 0;
     for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) free(s->out[i]), s->out[i] = NULL, s->out_cap[i] = 0;
 }
 
+/* The stage's backend, its pipe first (on a GPU its buffers are then out
+ * of the backend's budget). */
 static int make_stage(server *s, const dist_cmd *c, ds4_err *err) {
     free_stage(s);
     ds4_backend_opts o = {.n_threads = s->n_threads,
@@ -78,20 +86,15 @@ static int make_stage(server *s, const dist_cmd *c, ds4_err *err) {
                           .prefill_chunk = c->arg[1],
                           .no_sim = c->arg[2] != 0,
                           .cuda_graph_ctx = c->arg[3],
+                          .gpu = s->d->gpu,
                           .layer_first = s->first,
                           .layer_end = s->end};
+    size_t C = s->chunk = ds4_backend_opts_resolve(&o).prefill_chunk;
+    if (s->d->tr->pipe_open(s->d, C * s->hcD, &s->pipe, err) != 0) return -1;
     if (!(s->b = ds4_backend_create(s->local, s->w, &o, err))) return -1;
-    size_t C = s->chunk = s->b->opts.prefill_chunk;
     bool ok = (s->seqs = calloc(1, sizeof(ds4_seq *))) && (s->ctx = calloc(1, sizeof(uint32_t)));
     ok = ok && (s->rows = calloc(C, sizeof(dist_row))) && (s->lrows = calloc(C, sizeof(ds4_row)));
-    ok = ok && (s->in_raw = malloc(C * s->hcD * 4)) && (s->in = malloc(C * s->hcD * 4));
     if (!ok) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a stage's buffers");
-    /* a middle stage's residuals out: chunk rows; the last stage's logits
-     * grow to what steps ask for (all of a chunk's only when asked) */
-    size_t out_bytes = s->last ? 0 : C * s->hcD * 4;
-    if (dist_grow((void **)&s->out_f32, &s->out_f32_cap, out_bytes, err) != 0) return -1;
-    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++)
-        if (dist_grow(&s->out[i], &s->out_cap[i], out_bytes, err) != 0) return -1;
     s->seqs[0] = s->b->main;
     s->ctx[0] = s->b->opts.ctx_size;
     s->n_seqs = 1;
@@ -128,12 +131,9 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
     ds4_dist *d = s->d;
     uint32_t n = c->n;
     if (!s->b || n == 0 || n > s->chunk) return ds4_err_set(err, DS4_EINVAL, "a step of %u rows", n);
-    if (recv_from(s, s->rows, (int)(n * sizeof(dist_row)), d->mpi.byte, 0, TAG_ROWS, err) != 0) return -1;
+    if (recv_from(s, s->rows, n * sizeof(dist_row), 0, TAG_ROWS, err) != 0) return -1;
     size_t floats = (size_t)n * s->hcD;
-    if (recv_from(s, s->in_raw, (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, d->rank - 1, TAG_RESID,
-                  err) != 0)
-        return -1;
-    dist_resid_unpack(d, s->in_raw, s->in, floats);
+    if (d->tr->pipe_recv(d, s->pipe, floats, err) != 0) return -1;
     uint32_t nl = 0;
     for (uint32_t i = 0; i < n; i++) {
         ds4_seq *q = seq_of(s, s->rows[i].seq, err);
@@ -144,17 +144,17 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
     }
     uint32_t k = s->next_out;
     s->next_out = (k + 1) % DS4_DIST_IN_FLIGHT;
-    if (s->out_req[k] != d->mpi.request_null && dist_wait(d, &s->out_req[k], err) != 0) return -1;
     if (s->last) {
+        if (s->out_req[k].on && dist_wait(d, &s->out_req[k], err) != 0) return -1;
         size_t ret_floats = dist_ret_floats(s->rows, n, s->n_vocab);
-        if (dist_grow((void **)&s->out_f32, &s->out_f32_cap, (size_t)nl * s->n_vocab * 4, err) != 0 ||
+        if (dist_grow((void **)&s->lg, &s->lg_cap, (size_t)nl * s->n_vocab * 4, err) != 0 ||
             dist_grow(&s->out[k], &s->out_cap[k], ret_floats * 4, err) != 0)
             return -1;
-        ds4_step_out out = {s->out_f32, NULL};
-        if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, NULL, &out, err) != 0) return -1;
+        ds4_step_out out = {s->lg, NULL};
+        if (ds4_backend_stage_step(s->b, s->lrows, n, s->pipe->in, NULL, &out, err) != 0) return -1;
         /* the rows' logits, or their argmax, in row order */
         float *o = s->out[k];
-        const float *l = s->out_f32;
+        const float *l = s->lg;
         for (uint32_t i = 0; i < n; i++) {
             if (s->rows[i].ret == RET_NONE) continue;
             if (s->rows[i].ret == RET_ARGMAX) {
@@ -166,15 +166,15 @@ static int step(server *s, const dist_cmd *c, ds4_err *err) {
             }
             l += s->n_vocab;
         }
-        if (nl)
-            d->mpi.Isend(s->out[k], (int)(o - (float *)s->out[k]), d->mpi.flt, 0, TAG_LOGITS, d->comm, &s->out_req[k]);
-    } else {
-        if (ds4_backend_stage_step(s->b, s->lrows, n, s->in, s->out_f32, NULL, err) != 0) return -1;
-        dist_resid_pack(d, s->out_f32, s->out[k], floats);
-        d->mpi.Isend(s->out[k], (int)dist_resid_row_bytes(d, (uint32_t)floats), d->mpi.byte, d->rank + 1, TAG_RESID,
-                     d->comm, &s->out_req[k]);
+        if (nl && dist_send(d, s->out[k], (size_t)(o - (float *)s->out[k]) * sizeof(float), 0, TAG_LOGITS,
+                            &s->out_req[k]) != 0)
+            return ds4_err_set(err, DS4_EIO, "sending the logits failed");
+        return 0;
     }
-    return 0;
+    if (d->tr->pipe_wait(d, s->pipe, k, err) != 0 ||
+        ds4_backend_stage_step(s->b, s->lrows, n, s->pipe->in, s->pipe->out[k], NULL, err) != 0)
+        return -1;
+    return d->tr->pipe_send(d, s->pipe, k, floats, err);
 }
 
 /* This rank's layers of a sequence, to rank 0. */
@@ -189,8 +189,8 @@ static int snapshot(server *s, const dist_cmd *c, ds4_err *err) {
     if (rc == 0 && !buf) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory for a snapshot's slice");
     if (rc == 0) {
         ds4_kv_state_pack_layers(st, s->first, s->end, buf);
-        MPI_Request r;
-        s->d->mpi.Isend(buf, (int)(bytes / 4), s->d->mpi.flt, 0, TAG_SLICE, s->d->comm, &r);
+        dist_req r = {0};
+        dist_send(s->d, buf, bytes, 0, TAG_SLICE, &r);
         rc = dist_wait(s->d, &r, err);
     }
     free(buf);
@@ -211,8 +211,8 @@ static int restore(server *s, const dist_cmd *c, ds4_err *err) {
     void *buf = rc == 0 ? malloc(bytes ? bytes : 1) : NULL;
     if (rc == 0 && !buf) rc = ds4_err_set(err, DS4_ENOMEM, "out of memory for a restore's slice");
     if (rc == 0)
-        rc = recv_from(s, st->tokens, (int)n, s->d->mpi.u32, 0, TAG_TOKENS, err) ||
-             recv_from(s, buf, (int)(bytes / 4), s->d->mpi.flt, 0, TAG_SLICE, err);
+        rc = recv_from(s, st->tokens, (size_t)n * sizeof(uint32_t), 0, TAG_TOKENS, err) ||
+             recv_from(s, buf, bytes, 0, TAG_SLICE, err);
     if (rc == 0) {
         ds4_kv_state_unpack_layers(st, n, s->first, s->end, buf);
         st->n_tokens = n;
@@ -229,7 +229,7 @@ static int restore(server *s, const dist_cmd *c, ds4_err *err) {
 static int serve(server *s, ds4_err *err) {
     for (;;) {
         dist_cmd c;
-        if (recv_from(s, &c, sizeof(c), s->d->mpi.byte, 0, TAG_CMD, err) != 0) return -1;
+        if (recv_from(s, &c, sizeof(c), 0, TAG_CMD, err) != 0) return -1;
         ds4_err e = {0};
         int rc = 0;
         switch (c.op) {
@@ -242,7 +242,10 @@ static int serve(server *s, ds4_err *err) {
             rc = seq_new(s, c.seq, c.arg[0], &e);
             send_ack(s, rc ? &e : NULL);
             continue;
-        case CMD_FREE: free_stage(s); continue;
+        case CMD_FREE:
+            free_stage(s);
+            send_ack(s, NULL);
+            continue;
         case CMD_SEQ_FREE:
             if (s->b && c.seq > 0 && c.seq < s->n_seqs) {
                 ds4_seq_free(s->b, s->seqs[c.seq]);
@@ -274,7 +277,6 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
     s.last = d->rank == d->size - 1;
     s.hcD = w->cfg.n_hc * w->cfg.n_embd;
     s.n_vocab = w->cfg.n_vocab;
-    for (uint32_t i = 0; i < DS4_DIST_IN_FLIGHT; i++) s.out_req[i] = d->mpi.request_null;
     int rc = serve(&s, err);
     free_stage(&s);
     return rc;
@@ -283,6 +285,17 @@ int ds4_dist_serve(ds4_dist *d, const char *local, const ds4_weights *w, int n_t
 int ds4_dist_start(const char *prog, const char *model_path, const char *local, int n_threads, const ds4_dist_opts *o,
                    ds4_dist **d) {
     ds4_err err = {0};
+    if (o && o->n_gpus) { /* the stages in this process, over its host's GPUs */
+        int rc = 2;
+        if (ds4_dist_launched())
+            ds4_err_set(&err, DS4_EINVAL,
+                        "--gpus runs one process over GPUs of its host: not under mpirun (there each rank is a "
+                        "stage)");
+        else rc = dist_local_open(o, local, model_path, n_threads, d, &err);
+        if (rc == 0) return -1;
+        fprintf(stderr, "%s: %s\n", prog, ds4_err_msg(&err));
+        return rc;
+    }
     if (ds4_dist_init(d, &err) != 0) {
         fprintf(stderr, "%s: %s\n", prog, ds4_err_msg(&err));
         return 1;

@@ -25,7 +25,15 @@ extern "C" {
 #include "base/fp.h"
 }
 
+#include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdarg>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <vector>
 
 #if defined(__SANITIZE_ADDRESS__)
@@ -78,7 +86,7 @@ static std::vector<char *> stacks;
 static void *sched_sp;
 static const std::function<void()> *cur_body;
 static unsigned cur_threads; /* threads of the running block */
-static uint64_t n_launch;
+static std::atomic<uint64_t> n_launch;
 /* Warp exchange tables: 16 words per lane, two used in turn. */
 static uint32_t xbuf[2][1024][16];
 static int bar_accum;
@@ -310,35 +318,188 @@ static void run_block(unsigned nthreads) {
     }
 }
 
+/* ------------------------------------------------------------- devices */
+
+/* The emulated GPUs: DS4_EMU_GPUS of them (default 1), each with the
+ * memory DS4_EMU_GPU_MEM gives - one size for every device or one a
+ * device, in bytes or with K, M, G ("8G,4G,4G"); default 16 GiB.  Each
+ * thread has its current device (cudaSetDevice); an allocation counts
+ * against that device's memory and fails beyond it, and cudaMemGetInfo
+ * says what is left.  Both variables are the emulation's own: a GPU build
+ * reads neither. */
+struct emu_device {
+    size_t total, used;
+};
+struct emu_alloc {
+    size_t bytes;
+    int dev;
+};
+static std::mutex mem_mu; /* the devices' use and the allocations */
+static std::vector<emu_device> devices;
+static std::map<uintptr_t, emu_alloc> allocs; /* device allocations by address */
+static thread_local int cur_dev;
+
+static void emu_dief(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
+static void emu_dief(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof(msg), fmt, ap);
+    va_end(ap);
+    emu_die("%s", msg);
+    abort();
+}
+
+/* "16G", "512M", "1048576": bytes; 0 when it is not a size. */
+static size_t parse_size(const char *s, const char **end) {
+    char *e;
+    unsigned long long v = strtoull(s, &e, 10);
+    if (e == s) return 0;
+    int shift = *e == 'K' ? 10 : *e == 'M' ? 20 : *e == 'G' ? 30 : 0;
+    if (shift) e++;
+    *end = e;
+    return (size_t)v << shift;
+}
+
+static void init_devices() {
+    const char *n = getenv("DS4_EMU_GPUS"), *mem = getenv("DS4_EMU_GPU_MEM");
+    int count = n ? atoi(n) : 1;
+    if (count < 1 || count > 64) emu_dief("DS4_EMU_GPUS=%s: expected 1 to 64 devices", n);
+    size_t size = (size_t)16 << 30;
+    for (int i = 0; i < count; i++) {
+        if (mem && *mem) {
+            const char *e = mem;
+            size = parse_size(mem, &e);
+            if (!size || (*e && *e != ',')) emu_dief("DS4_EMU_GPU_MEM=%s: expected sizes (16G, 512M) by commas", mem);
+            mem = *e ? e + 1 : e; /* a single size serves every device */
+        }
+        devices.push_back(emu_device{size, 0});
+    }
+}
+
+static std::vector<emu_device> &devs() {
+    static std::once_flag once;
+    std::call_once(once, init_devices);
+    return devices;
+}
+
+int emu_mem_device(const void *p, size_t bytes) {
+    std::lock_guard<std::mutex> l(mem_mu);
+    auto it = allocs.upper_bound((uintptr_t)p);
+    if (it == allocs.begin()) return -1;
+    --it;
+    return (uintptr_t)p + bytes <= it->first + it->second.bytes ? it->second.dev : -1;
+}
+
+void emu_check_arg_device(const void *p, const char *kernel) {
+    int dev = emu_mem_device(p, 1);
+    if (dev >= 0 && dev != cur_dev)
+        emu_dief("launch of %s on device %d with an argument in memory of device %d", kernel, cur_dev, dev);
+}
+
 /* -------------------------------------------------------------- streams */
 
 struct emu_stream;
 struct emu_graph {
     std::vector<std::function<void()>> ops;
     std::vector<emu_stream *> joined; /* streams forked into the capture (event waits) */
+    cudaStreamCaptureMode mode;
+};
+/* Work on a stream that another thread's call completes (emu_stream_defer). */
+struct emu_deferred {
+    std::function<bool()> try_run;
+    bool done;
 };
 struct emu_stream {
     emu_graph *capture;
+    int dev; /* the device it was made on; -1: the default stream, the current device's */
+    std::deque<std::shared_ptr<emu_deferred>> deferred; /* unfinished, oldest first (under work_mu) */
+    std::atomic<size_t> n_deferred;
 };
 /* An event remembers the capture its last record was part of: a stream
  * that waits on it joins that capture (CUDA's fork of a captured stream);
  * launches run or are recorded in issue order, a valid order of the
  * captured graph since every fork follows its record and every join its
- * branch's work. */
+ * branch's work.  It also remembers the deferred work it was recorded
+ * after: it is complete when that is. */
 struct emu_event {
     double t;
     emu_graph *capture;
+    int dev;
+    std::shared_ptr<emu_deferred> after;
 };
 
-static emu_stream default_stream;
+static emu_stream default_stream{nullptr, -1, {}, {0}};
 static emu_stream *stream_of(cudaStream_t s) { return s ? s : &default_stream; }
-static bool any_capture;
+
+/* Captures in progress: a capture in cudaStreamCaptureModeGlobal forbids
+ * the calls that could synchronise (allocations, synchronous copies,
+ * synchronisations) in every thread, one in ThreadLocal mode in its own
+ * thread only - as CUDA does. */
+static std::atomic<int> global_captures;
+static thread_local int thread_captures;
 
 static void check_not_capturing(const char *what) {
-    if (any_capture) emu_die("%s called while a stream is being captured", what);
+    if (global_captures.load() > 0 || thread_captures > 0)
+        emu_die("%s called while a stream is being captured", what);
+}
+
+/* Deferred work: each stream's unfinished work in order, tried whenever
+ * any is issued or finished (emu_stream_defer). */
+static std::mutex work_mu;
+static std::condition_variable work_cv;
+static std::vector<emu_stream *> busy; /* streams with deferred work */
+
+static void progress_locked() {
+    for (bool moved = true; moved;) {
+        moved = false;
+        for (emu_stream *s : busy)
+            while (!s->deferred.empty()) {
+                emu_deferred &w = *s->deferred.front();
+                if (!w.done && !(w.done = w.try_run())) break;
+                s->deferred.pop_front();
+                s->n_deferred--;
+                moved = true;
+            }
+        busy.erase(std::remove_if(busy.begin(), busy.end(), [](emu_stream *s) { return s->deferred.empty(); }),
+                   busy.end());
+    }
+    work_cv.notify_all();
+}
+
+void emu_stream_defer(cudaStream_t s, std::function<bool()> try_run) {
+    emu_stream *st = stream_of(s);
+    if (st->capture) emu_die("%s", "deferred work (an NCCL transfer) on a stream being captured: not emulated");
+    std::lock_guard<std::mutex> l(work_mu);
+    if (st->deferred.empty()) busy.push_back(st);
+    st->deferred.push_back(std::make_shared<emu_deferred>(emu_deferred{std::move(try_run), false}));
+    st->n_deferred++;
+    progress_locked();
+}
+
+void emu_deferred_update(const std::function<void()> &fn) {
+    std::lock_guard<std::mutex> l(work_mu);
+    fn();
+    progress_locked();
+}
+
+int emu_stream_device(cudaStream_t s) {
+    emu_stream *st = stream_of(s);
+    return st->dev >= 0 ? st->dev : cur_dev;
+}
+
+/* Work issued to a stream waits for the deferred work before it. */
+static void drain(emu_stream *st) {
+    if (st->n_deferred.load() == 0) return;
+    std::unique_lock<std::mutex> l(work_mu);
+    work_cv.wait(l, [st] { return st->deferred.empty(); });
 }
 
 static void exec_launch(dim3 grid, dim3 block, size_t smem, const std::function<void()> &body) {
+    /* one kernel at a time: the fibers and the block's context are the
+     * process's (threads of a multi-GPU program launch concurrently) */
+    static std::mutex launch_mu;
+    std::lock_guard<std::mutex> l(launch_mu);
     unsigned nthreads = block.x * block.y * block.z;
     static std::vector<unsigned char> dyn;
     if (dyn.size() < smem + 16) dyn.resize(smem + 16);
@@ -374,6 +535,38 @@ static void exec_launch(dim3 grid, dim3 block, size_t smem, const std::function<
     emu_cur = nullptr;
 }
 
+/* A launch made to fail, for the tests of what a failing GPU does to a
+ * program: DS4_EMU_FAIL_LAUNCH=DEV:N (the emulation's own variable) - the
+ * N-th launch run on device DEV (from 1; captured ones are not counted)
+ * does not run and leaves cudaErrorLaunchFailure for cudaGetLastError, as
+ * a kernel that faulted does. */
+static thread_local cudaError_t last_error = cudaSuccess;
+struct emu_fault {
+    int dev;
+    uint64_t n;
+    std::atomic<uint64_t> seen;
+};
+static emu_fault *fault_plan() {
+    static emu_fault f{-1, 0, {0}};
+    static std::once_flag once;
+    std::call_once(once, [] {
+        const char *v = getenv("DS4_EMU_FAIL_LAUNCH");
+        if (v && sscanf(v, "%d:%llu", &f.dev, (unsigned long long *)&f.n) != 2)
+            emu_dief("DS4_EMU_FAIL_LAUNCH=%s: expected DEV:N", v);
+    });
+    return &f;
+}
+static bool launch_fails() {
+    emu_fault *f = fault_plan();
+    return f->dev == cur_dev && ++f->seen == f->n;
+}
+
+/* A kernel goes to a stream of the current device (CUDA refuses others). */
+static void check_device(const emu_stream *st, const char *what) {
+    if (st->dev >= 0 && st->dev != cur_dev)
+        emu_dief("%s on a stream of device %d while device %d is current", what, st->dev, cur_dev);
+}
+
 void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body, const char *name) {
     unsigned nthreads = block.x * block.y * block.z;
     if (nthreads == 0 || nthreads > 1024 || block.z > 64)
@@ -383,8 +576,16 @@ void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::functio
     if (smem > 227 * 1024) emu_die("launch of %s: more than 227 KiB of dynamic shared memory", name);
     n_launch++;
     emu_stream *st = stream_of(s);
+    char what[128];
+    snprintf(what, sizeof(what), "launch of %s", name);
+    check_device(st, what);
     if (st->capture) {
         st->capture->ops.push_back([grid, block, smem, body]() { exec_launch(grid, block, smem, body); });
+        return;
+    }
+    drain(st);
+    if (launch_fails()) {
+        last_error = cudaErrorLaunchFailure;
         return;
     }
     exec_launch(grid, block, smem, body);
@@ -396,12 +597,24 @@ uint64_t emu_launch_count() { return n_launch; }
 
 cudaError_t cudaMalloc(void **p, size_t n) {
     check_not_capturing("cudaMalloc");
-    *p = aligned_alloc(256, (n + 255) / 256 * 256);
-    if (!*p) return cudaErrorMemoryAllocation;
+    *p = nullptr;
+    size_t bytes = (n ? n + 255 : 256) / 256 * 256;
+    std::lock_guard<std::mutex> l(mem_mu);
+    emu_device &d = devs()[cur_dev];
+    if (n > d.total || bytes > d.total - d.used) return cudaErrorMemoryAllocation;
+    if (!(*p = aligned_alloc(256, bytes))) return cudaErrorMemoryAllocation;
+    d.used += bytes;
+    allocs[(uintptr_t)*p] = emu_alloc{bytes, cur_dev};
     memset(*p, 0xCD, n); /* device memory starts with garbage */
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (!p) return cudaSuccess;
+    std::lock_guard<std::mutex> l(mem_mu);
+    auto it = allocs.find((uintptr_t)p);
+    if (it == allocs.end()) return cudaErrorInvalidValue;
+    devs()[it->second.dev].used -= it->second.bytes;
+    allocs.erase(it);
     free(p);
     return cudaSuccess;
 }
@@ -425,6 +638,7 @@ cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind
         st->capture->ops.push_back([dst, src, n]() { memmove(dst, src, n); });
         return cudaSuccess;
     }
+    drain(st);
     memmove(dst, src, n);
     return cudaSuccess;
 }
@@ -434,6 +648,7 @@ cudaError_t cudaLaunchHostFunc(cudaStream_t s, cudaHostFn_t fn, void *data) {
         st->capture->ops.push_back([fn, data]() { fn(data); });
         return cudaSuccess;
     }
+    drain(st);
     fn(data);
     return cudaSuccess;
 }
@@ -448,65 +663,96 @@ cudaError_t cudaMemsetAsync(void *dst, int v, size_t n, cudaStream_t s) {
         st->capture->ops.push_back([dst, v, n]() { memset(dst, v, n); });
         return cudaSuccess;
     }
+    drain(st);
     memset(dst, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
-    *free_b = (size_t)16 << 30;
-    *total_b = (size_t)16 << 30;
+    std::lock_guard<std::mutex> l(mem_mu);
+    const emu_device &d = devs()[cur_dev];
+    *free_b = d.total - d.used;
+    *total_b = d.total;
     return cudaSuccess;
 }
 
 /* --------------------------------------------------------------- device */
 
-cudaError_t cudaSetDevice(int) { return cudaSuccess; }
+cudaError_t cudaSetDevice(int dev) {
+    if (dev < 0 || dev >= (int)devs().size()) return cudaErrorInvalidDevice;
+    cur_dev = dev;
+    return cudaSuccess;
+}
 cudaError_t cudaGetDevice(int *d) {
-    *d = 0;
+    *d = cur_dev;
     return cudaSuccess;
 }
 cudaError_t cudaGetDeviceCount(int *n) {
-    *n = 1;
+    *n = (int)devs().size();
     return cudaSuccess;
 }
-cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int) {
+cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int dev) {
+    if (dev < 0 || dev >= (int)devs().size()) return cudaErrorInvalidDevice;
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "ds4 CPU emulation of an sm_90 GPU");
     p->multiProcessorCount = 132;
-    p->totalGlobalMem = (size_t)16 << 30;
+    p->totalGlobalMem = devs()[dev].total;
     p->sharedMemPerBlockOptin = 227 * 1024;
     p->l2CacheSize = 50 << 20;
     p->major = 9;
     p->minor = 0;
     return cudaSuccess;
 }
+/* Every stream of the current device done (its deferred work included). */
 cudaError_t cudaDeviceSynchronize() {
     check_not_capturing("cudaDeviceSynchronize");
+    std::unique_lock<std::mutex> l(work_mu);
+    work_cv.wait(l, [] {
+        for (emu_stream *s : busy)
+            if (emu_stream_device(s) == cur_dev) return false;
+        return true;
+    });
     return cudaSuccess;
 }
-cudaError_t cudaGetLastError() { return cudaSuccess; }
-cudaError_t cudaPeekAtLastError() { return cudaSuccess; }
-const char *cudaGetErrorString(cudaError_t e) { return e == cudaSuccess ? "no error" : "emulated error"; }
+cudaError_t cudaGetLastError() {
+    cudaError_t e = last_error;
+    last_error = cudaSuccess;
+    return e;
+}
+cudaError_t cudaPeekAtLastError() { return last_error; }
+const char *cudaGetErrorString(cudaError_t e) {
+    switch (e) {
+    case cudaSuccess: return "no error";
+    case cudaErrorMemoryAllocation: return "out of memory";
+    case cudaErrorInvalidDevice: return "invalid device ordinal";
+    case cudaErrorNotReady: return "device not ready";
+    case cudaErrorLaunchFailure: return "unspecified launch failure";
+    default: return "emulated error";
+    }
+}
 
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned) {
-    *s = new emu_stream();
-    (*s)->capture = nullptr;
+    *s = new emu_stream{nullptr, cur_dev, {}, {0}};
     return cudaSuccess;
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
+    if (s->n_deferred.load() != 0) emu_die("%s", "cudaStreamDestroy of a stream with NCCL transfers unfinished");
     delete s;
     return cudaSuccess;
 }
-cudaError_t cudaStreamSynchronize(cudaStream_t) {
+cudaError_t cudaStreamSynchronize(cudaStream_t s) {
     check_not_capturing("cudaStreamSynchronize");
+    drain(stream_of(s));
     return cudaSuccess;
+}
+cudaError_t cudaStreamQuery(cudaStream_t s) {
+    std::lock_guard<std::mutex> l(work_mu);
+    return stream_of(s)->deferred.empty() ? cudaSuccess : cudaErrorNotReady;
 }
 static double now_ms() {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 cudaError_t cudaEventCreate(cudaEvent_t *e) {
-    *e = new emu_event();
-    (*e)->t = 0;
-    (*e)->capture = nullptr;
+    *e = new emu_event{0, nullptr, cur_dev, nullptr};
     return cudaSuccess;
 }
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned) { return cudaEventCreate(e); }
@@ -515,10 +761,16 @@ cudaError_t cudaEventDestroy(cudaEvent_t e) {
     return cudaSuccess;
 }
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s) {
+    emu_stream *st = stream_of(s);
+    if (emu_stream_device(st) != e->dev)
+        emu_dief("cudaEventRecord of an event of device %d on a stream of device %d", e->dev, emu_stream_device(st));
     e->t = now_ms();
-    e->capture = stream_of(s)->capture;
+    e->capture = st->capture;
+    std::lock_guard<std::mutex> l(work_mu);
+    e->after = st->deferred.empty() ? nullptr : st->deferred.back();
     return cudaSuccess;
 }
+static bool event_done(const emu_event *e) { return !e->after || e->after->done; }
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
     emu_stream *st = stream_of(s);
     if (e->capture && st->capture != e->capture) {
@@ -526,19 +778,33 @@ cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned) {
         st->capture = e->capture;
         e->capture->joined.push_back(st);
     }
+    /* the stream's later work waits for the event's: here, the host does */
+    std::unique_lock<std::mutex> l(work_mu);
+    work_cv.wait(l, [e] { return event_done(e); });
     return cudaSuccess;
 }
-cudaError_t cudaEventSynchronize(cudaEvent_t) { return cudaSuccess; }
+cudaError_t cudaEventSynchronize(cudaEvent_t e) {
+    std::unique_lock<std::mutex> l(work_mu);
+    work_cv.wait(l, [e] { return event_done(e); });
+    return cudaSuccess;
+}
+cudaError_t cudaEventQuery(cudaEvent_t e) {
+    std::lock_guard<std::mutex> l(work_mu);
+    return event_done(e) ? cudaSuccess : cudaErrorNotReady;
+}
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b) {
     *ms = (float)(b->t - a->t);
     return cudaSuccess;
 }
 
-cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode) {
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, cudaStreamCaptureMode mode) {
     emu_stream *st = stream_of(s);
     if (st->capture) emu_die("%s", "cudaStreamBeginCapture on a stream already capturing");
+    drain(st);
     st->capture = new emu_graph();
-    any_capture = true;
+    st->capture->mode = mode;
+    if (mode == cudaStreamCaptureModeGlobal) global_captures++;
+    else if (mode == cudaStreamCaptureModeThreadLocal) thread_captures++;
     return cudaSuccess;
 }
 cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
@@ -547,8 +813,9 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *g) {
     *g = st->capture;
     for (emu_stream *j : st->capture->joined) j->capture = nullptr;
     st->capture->joined.clear();
+    if (st->capture->mode == cudaStreamCaptureModeGlobal) global_captures--;
+    else if (st->capture->mode == cudaStreamCaptureModeThreadLocal) thread_captures--;
     st->capture = nullptr;
-    any_capture = false;
     return cudaSuccess;
 }
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned long long) {
@@ -557,11 +824,13 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *e, cudaGraph_t g, unsigned lon
 }
 cudaError_t cudaGraphLaunch(cudaGraphExec_t e, cudaStream_t s) {
     emu_stream *st = stream_of(s);
+    check_device(st, "a graph launch");
     if (st->capture) {
         emu_graph *copy = e;
         st->capture->ops.push_back([copy]() { for (auto &op : copy->ops) op(); });
         return cudaSuccess;
     }
+    drain(st);
     for (auto &op : e->ops) op();
     return cudaSuccess;
 }

@@ -15,6 +15,14 @@
  * into graphs that replay them, and a synchronous call made while capturing
  * is an error, as on a GPU.
  *
+ * Several GPUs (DS4_EMU_GPUS, DS4_EMU_GPU_MEM; cuda_emu.cpp) each have
+ * their memory and streams: a kernel sent to a stream of another device
+ * than the thread's current one is an error, as on a GPU.  A launch can be
+ * made to fail (DS4_EMU_FAIL_LAUNCH) to test what a program does then.  Threads may
+ * launch at once (a program with a thread a GPU); kernels then run one at
+ * a time.  The part of NCCL the programs use is emulated beside it
+ * (nccl_emu.h).
+ *
  * What it cannot show: timing, memory-model races between blocks (blocks run
  * one after another), and anything the hardware does differently in
  * floating point (the emulation rounds like the host CPU).  Build it with
@@ -81,7 +89,14 @@ inline uint2 make_uint2(unsigned x, unsigned y) { return {x, y}; }
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
 typedef int cudaError_t;
-enum { cudaSuccess = 0, cudaErrorInvalidValue = 1, cudaErrorMemoryAllocation = 2 };
+enum {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidDevice = 101,
+    cudaErrorNotReady = 600,
+    cudaErrorLaunchFailure = 719
+};
 enum cudaMemcpyKind {
     cudaMemcpyHostToHost,
     cudaMemcpyHostToDevice,
@@ -319,12 +334,14 @@ const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamQuery(cudaStream_t s);
 cudaError_t cudaEventCreate(cudaEvent_t *e);
 cudaError_t cudaEventCreateWithFlags(cudaEvent_t *e, unsigned flags);
 cudaError_t cudaStreamWaitEvent(cudaStream_t s, cudaEvent_t e, unsigned flags = 0);
 cudaError_t cudaEventDestroy(cudaEvent_t e);
 cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t s = 0);
 cudaError_t cudaEventSynchronize(cudaEvent_t e);
+cudaError_t cudaEventQuery(cudaEvent_t e);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t a, cudaEvent_t b);
 /* A host function in stream order (run in place, or recorded while the
  * stream is captured). */
@@ -341,17 +358,42 @@ template <typename F> cudaError_t cudaFuncSetAttribute(F, cudaFuncAttribute, int
 /* Run (or record, while the stream is being captured) one launch. */
 void emu_launch(dim3 grid, dim3 block, size_t smem, cudaStream_t s, std::function<void()> body, const char *name);
 
+/* A kernel's pointer argument into memory of another device than the
+ * current one stops the program (a GPU would fault, or read the peer's
+ * memory over the link without the access enabled). */
+void emu_check_arg_device(const void *p, const char *kernel);
+template <typename T> static inline void emu_check_arg(const T &, const char *) {}
+template <typename T> static inline void emu_check_arg(T *const &p, const char *kernel) {
+    emu_check_arg_device((const void *)p, kernel);
+}
+
 /* A launch as CUDA does it: the arguments are converted to the kernel's
  * parameter types and copied now, when the launch is made. */
 template <typename... P, typename... A>
 void emu_launch_kernel(dim3 grid, dim3 block, size_t smem, cudaStream_t s, const char *name, void (*k)(P...),
                        A &&...args) {
     std::tuple<std::decay_t<P>...> params(std::forward<A>(args)...);
+    std::apply([name](const auto &...a) { (emu_check_arg(a, name), ...); }, params);
     emu_launch(
         grid, block, smem, s, [k, params]() { std::apply(k, params); }, name);
 }
 
 /* Number of kernel launches and fiber switches so far (for tests). */
 uint64_t emu_launch_count();
+
+/* Work on a stream that only another thread's call completes: an emulated
+ * NCCL transfer, which waits for its peer's (nccl_emu.cpp).  Each stream's
+ * such work runs in order: the oldest unfinished one is tried (try_run:
+ * true once it is done) whenever any is issued or finished, under the
+ * emulation's lock.  Meanwhile work issued to the stream after it waits
+ * for it, an event recorded after it is not complete and cudaStreamQuery
+ * says cudaErrorNotReady - as a GPU's stream behind a transfer. */
+void emu_stream_defer(cudaStream_t s, std::function<bool()> try_run);
+/* fn under that lock, then every stream's oldest deferred work tried again. */
+void emu_deferred_update(const std::function<void()> &fn);
+/* The device of a stream, and of the allocation holding [p, p + bytes)
+ * (-1: no device allocation holds it). */
+int emu_stream_device(cudaStream_t s);
+int emu_mem_device(const void *p, size_t bytes);
 
 #endif
