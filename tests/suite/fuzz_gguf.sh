@@ -1,7 +1,7 @@
 #!/bin/sh
 # fuzz_gguf.sh - build the GGUF fuzz target (tests/fuzz/fuzz_gguf.c: the
 # reader, and the writer through a round trip) with clang's libFuzzer, ASan
-# and UBSan, and run it for FUZZ_SECONDS (default 60) from a seed corpus of
+# and UBSan, and run it for FUZZ_SECONDS (default 30) from a seed corpus of
 # the valid golden files.  Exits non-zero on any finding (crash, sanitizer
 # report, broken promise, allocation over 64 MB, or an input taking over
 # 10 s); the input is left in build/fuzz/.
@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
 need_libfuzzer
 
-secs=${FUZZ_SECONDS:-60}
+secs=${FUZZ_SECONDS:-30}
 out=build/fuzz
 mkdir -p "$out"
 
