@@ -624,10 +624,11 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
     uint32_t ratio = b->sq->L[il].ratio;
     comp_args a;
     comp_setup(b, il, T, 0, decode, &a);
-    /* windows that can close: at most one in a decode step, whose ratio-128
-     * window is partly the frontier's (the unbatched pooling); ratio 4
-     * pools by comp_pool4 either way */
-    uint32_t nwin = decode ? 1 : (pos0 + T) / ratio - pos0 / ratio;
+    /* windows that can close: in a pass sized for any position (decode,
+     * a captured step) as many as T rows can close, partly the frontier's
+     * (the unbatched pooling; the blocks of windows that do not close
+     * return); ratio 4 pools by comp_pool4 either way */
+    uint32_t nwin = decode ? (T + ratio - 1) / ratio : (pos0 + T) / ratio - pos0 / ratio;
     if (cu_comp_emit(&a, nwin, !decode && ratio != 4, st, err)) return -1;
     if (emitted) CU_TRY(cudaEventRecord(emitted, st));
     return comp_frontier(&a, st, err);

@@ -693,8 +693,7 @@ static void cuda_free(ds4_backend *base) {
     if (!b) return;
     cu_on_device(b);
     drop_graphs(b);
-    cu_batch_graph_drop(b, NULL);
-    free(b->bg_seq);
+    cu_step_graphs_drop(b, NULL);
     cu_offload_free(b->off);
     cu_mtp_free(b);
     seq_release(&b->main_seq);
@@ -745,7 +744,7 @@ static void cuda_seq_free(ds4_backend *base, ds4_seq *seq) {
     if (cudaStreamSynchronize(b->st) != cudaSuccess) (void)cudaGetLastError();
     if (b->lg_owner == s) b->lg_owner = NULL;
     if (b->sq == s) b->sq = &b->main_seq;
-    cu_batch_graph_drop(b, s);
+    cu_step_graphs_drop(b, s);
     b->dev_bytes -= (s->bytes + 255) / 256 * 256;
     seq_release(s);
     free(s);
@@ -834,7 +833,7 @@ static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_er
     cu_seq to = {};
     CU_TRY(cudaStreamSynchronize(b->st));
     if (resized_copy(b, s, ctx, main, &to, err)) return -1;
-    cu_batch_graph_drop(b, s);
+    cu_step_graphs_drop(b, s);
     cudaFree(s->state_block);
     free(s->L);
     free(s->tokens);
@@ -845,7 +844,7 @@ static int cuda_seq_resize(ds4_backend *base, ds4_seq *seq, uint32_t ctx, ds4_er
     s->state_block = to.state_block;
     s->bytes = to.bytes;
     s->d_step = to.d_step;
-    if (s->jr.raw && cu_journal_rings(b, s, err)) return ds4_err_prefix(err, "a resized sequence's journal");
+    if (s->jr.raw && cu_journal_bind(b, s, err)) return ds4_err_prefix(err, "a resized sequence's journal");
     if (!main) return 0;
     drop_graphs(b);
     if (cu_use(b, s, err) || capture_step(b, err))

@@ -473,9 +473,13 @@ int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *part
     if (b->mtp && keep_hidden_parts(b, parts, n_parts, err)) return -1;
     if (!cu_head(b)) /* a stage before the head: its residuals stay in S for the step to read */
         return n_parts == 1 ? cu_step_end(b, T, decode, err) : 0;
-    if (n_parts > 1 && b->capturing) { /* a captured batched step: every row's logits, its positions advanced */
+    if (b->capturing && !decode) { /* a captured step of several rows: every row's logits, positions advanced */
         if (cu_gemm(&b->W.output, 0, 0, c->n_vocab, &b->hz, 0, T, b->d_logits, c->n_vocab, NULL, b->split, b->st, err))
             return -1;
+        if (n_parts == 1) { /* a verification: its next greedy token too */
+            b->d_last_logits = b->d_logits + (size_t)(T - 1) * c->n_vocab;
+            return cu_step_end(b, T, false, err);
+        }
         for (uint32_t i = 0; i < n_parts; i++) {
             b->sq = parts[i].s;
             if (cu_advance(b, err)) return -1;

@@ -328,17 +328,26 @@ typedef struct dstep {
  * of the frontiers at the mark, of the ring slots rewindable rows
  * overwrite and of their compressor projections; their logits in host
  * memory. */
+/* A run of a sequence's frontier floats and its copy in the journal. */
+typedef struct cu_front_seg {
+    float *state, *jr;
+    uint32_t n;
+} cu_front_seg;
+
 typedef struct cu_journal {
     bool valid;
     bool on;                             /* the pass being made copies its projections in (cu_journal_proj) */
     uint32_t n0, T, cap;                 /* length at the mark, rows since, rows the buffers hold */
     float *raw, *raw_row, *front, *proj; /* ring slots before the rows, the rows' own, frontiers, projections */
     float **rings;                       /* device: every layer's ring */
+    cu_front_seg *segs;                  /* device: every frontier (one launch copies them all) */
+    uint32_t n_segs;
     float *logits;                       /* host: cap rows, then the logits at the mark */
     bool had_logits;
 } cu_journal;
 
 #define CU_LANES      8 /* streams the parts of a pass run their own work on */
+#define CU_STEP_GRAPHS 2 /* captured steps of several rows kept (cuda_backend.steps) */
 #define CU_GRAPHS     8 /* decode graphs at most: contexts 8k, 32k, .. (x 4) below the session's, and it */
 /* Kinds of decode step, one graph each: no compressor window closes, the
  * ratio-4 windows close (one step in four), the ratio-4 and ratio-128 ones
@@ -373,6 +382,17 @@ typedef struct cu_seq {
     bool logits_fresh;
     uint32_t fold; /* host copy of dstep.fold */
 } cu_seq;
+
+/* A captured step of several rows (cuda_backend.steps): its parts' sequences
+ * and rows, in row order, and the steering scales it was captured with. */
+typedef struct cu_step_graph {
+    cudaGraphExec_t x; /* NULL: the slot is free */
+    cu_seq **seq;
+    uint32_t *rows;
+    uint32_t n;
+    float steer[2];
+    uint64_t used; /* cuda_backend.steps_clock when it last ran */
+} cu_step_graph;
 
 typedef struct cuda_backend {
     ds4_backend base;
@@ -466,14 +486,14 @@ typedef struct cuda_backend {
     uint32_t dec_kind; /* the kind of step the decode pass being made is for */
     uint32_t dec_ctx;  /* the context the decode pass being made is sized for (cu_dec_cap) */
     bool capturing;    /* capture_step is recording it: d_step changes only between its replays */
-    /* The captured batched decode step (cuda_seq.cu): one row of each of
-     * bg_n sequences, bg_seq in row order, each part's work sized for any
-     * position of its sequence, the positions advanced by the graph; it
-     * serves every step of those sequences in that order.  NULL: none. */
-    cudaGraphExec_t bg;
-    cu_seq **bg_seq;
-    uint32_t bg_n;
-    float bg_steer[2]; /* the steering scales it was captured with */
+    /* The captured steps of several rows (cuda_seq.cu, graph_step): a
+     * batched decode step (one row of each of several sequences) or a
+     * verification (the rows of one sequence after its mark), each part's
+     * work sized for any position of its sequence, the positions advanced
+     * by the graph; one serves every step of the same parts.  The least
+     * recently run goes when another is needed. */
+    cu_step_graph steps[CU_STEP_GRAPHS];
+    uint64_t steps_clock;
 } cuda_backend;
 
 /* Whether the backend is a pipeline stage, and whether it has the output
@@ -600,12 +620,12 @@ int cu_journal_proj(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
  * them), likewise. */
 int cu_journal_rows(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 void cu_journal_free(cu_journal *j);
-/* The journal's list of s's rings (made at its first mark, again when the
- * sequence is resized). */
-int cu_journal_rings(cuda_backend *b, cu_seq *s, ds4_err *err);
-/* Drop the captured batched decode step if it holds s (s is being freed;
- * NULL: drop it whatever it holds). */
-void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s);
+/* The journal's device lists of s's rings and frontiers (made at its first
+ * mark, again when the sequence is resized). */
+int cu_journal_bind(cuda_backend *b, cu_seq *s, ds4_err *err);
+/* Drop the captured steps of several rows that hold s (s is being freed or
+ * resized; NULL: every one). */
+void cu_step_graphs_drop(cuda_backend *b, const cu_seq *s);
 
 /* cuda_hc.cu */
 typedef struct hc_post_src {
@@ -682,7 +702,9 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
 /* Layer il's compressed rows of the pass, then its frontier rebuilt, on
  * st; emitted (not NULL): recorded on st between the two, for a decode
  * step's query path to wait for the rows alone - no launch of the step
- * reads the frontier, which runs on beside the attention. */
+ * reads the frontier, which runs on beside the attention.  decode: sized
+ * for any position (a decode step, a captured step of several rows), the
+ * position read on the device; else for pos0, the pass's own. */
 int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, cudaStream_t st,
                 cudaEvent_t emitted, ds4_err *err);
 /* The compressors' projections of layer il (the attention's; at a ratio-4

@@ -24,14 +24,31 @@
  * A mark copies the MTP sequence's raw ring (one window of rows: its whole
  * KV state) and its logits; rewindable passes keep their rows' KV rows and
  * logits; a rewind puts the ring back and writes the kept rows again.
+ *
+ * A speculative cycle runs the block for a draft (one row) and for the
+ * rows a verification kept (one to a few): each such pass is captured
+ * once per row count (mtp_graph), as the model's decode step is - an
+ * eager pass of the block cost as much host time as the model's whole
+ * captured step.  The block's layer has no compressor, so a pass depends
+ * on its position only through the dstep the kernels read.
  */
 #include "model/cuda/cuda_internal.h"
 
 #include <stdlib.h>
 #include <string.h>
 
+/* Passes of up to this many rows run as captured graphs: a draft, and the
+ * rows a verification of up to 16 drafts keeps. */
+#define MTP_GRAPH_ROWS 17
+
+typedef struct mtp_graph {
+    cudaGraphExec_t x;
+    float steer[2]; /* the main sequence's steering scales it was captured with */
+} mtp_graph;
+
 struct cu_mtp {
     ds4_config cfg; /* the model's, layer n_layer the block's (the backend's cfg) */
+    mtp_graph graph[MTP_GRAPH_ROWS]; /* by rows - 1 */
     dmtp W;
     ds4_seq seq; /* the one MTP sequence */
     bool held;
@@ -174,6 +191,51 @@ static int mtp_pass(cuda_backend *b, uint32_t T, float *host_all, ds4_err *err) 
     return rc;
 }
 
+/* Whether a pass of the block can run as its captured graph: one whose
+ * logits are its last row's alone (a draft; the rows a verification kept;
+ * not several rewindable rows, whose logits the journal keeps each), no
+ * hidden states asked for, no host work within the pass (experts in host
+ * RAM, the activation observer, the developer build's timed launches). */
+static bool mtp_graph_ok(const cuda_backend *b, const ds4_row *rows, uint32_t n, bool own_all) {
+    if (n > MTP_GRAPH_ROWS || n > b->logits_rows || own_all || ds4_prof_on || b->off || b->base.opts.act_observer)
+        return false;
+    if (n > 1 && (rows[0].want & DS4_ROW_REWIND)) return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i].want & DS4_ROW_HIDDEN) return false;
+    return true;
+}
+
+static void mtp_graph_drop(mtp_graph *g) {
+    if (g->x) cudaGraphExecDestroy(g->x);
+    memset(g, 0, sizeof(*g));
+}
+
+/* The pass of n rows through its graph (captured first, or again for other
+ * steering scales), its last row's logits left in the block's d_logits. */
+static int mtp_graph_run(cuda_backend *b, uint32_t n, ds4_err *err) {
+    const ds4_seq *q = &b->main_seq.base;
+    mtp_graph *g = &b->mtp->graph[n - 1];
+    if (g->x && (g->steer[0] != q->steer_ffn || g->steer[1] != q->steer_attn)) mtp_graph_drop(g);
+    if (!g->x) {
+        cudaGraph_t cg;
+        CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
+        b->capturing = true;
+        int rc = mtp_pass(b, n, NULL, err);
+        b->capturing = false;
+        cudaError_t e = cudaStreamEndCapture(b->st, &cg);
+        if (rc) return ds4_err_prefix(err, "capturing the MTP block's pass of %u rows", n);
+        CU_TRY(e);
+        e = cudaGraphInstantiate(&g->x, cg, 0);
+        cudaGraphDestroy(cg);
+        if (e != cudaSuccess) g->x = NULL;
+        CU_TRY(e);
+        g->steer[0] = q->steer_ffn;
+        g->steer[1] = q->steer_attn;
+    }
+    CU_TRY(cudaGraphLaunch(g->x, b->st));
+    return 0;
+}
+
 /* The position of the MTP sequence's dstep. */
 static int mtp_set_pos(cuda_backend *b, uint32_t pos, ds4_err *err) {
     b->sq = &b->main_seq;
@@ -287,7 +349,16 @@ int cu_mtp_step(ds4_backend *base, const ds4_row *rows, uint32_t n, const ds4_st
         ds4_err_set(err, DS4_EIO, "CUDA: copying the step's rows failed");
         goto out;
     }
-    if (mtp_pass(b, n, all, err) || finish_step(b, rows, n, out, all, rewindable, err)) {
+    if (mtp_graph_ok(b, rows, n, own_all)) {
+        /* the last row's logits: into the journal's row (a draft) here,
+         * into logits_h by finish_step */
+        if (mtp_graph_run(b, n, err) ||
+            (all && cudaMemcpyAsync(all, m->d_logits, V * sizeof(float), cudaMemcpyDeviceToHost, b->st) != cudaSuccess) ||
+            finish_step(b, rows, n, out, all, rewindable, err)) {
+            ds4_err_prefix(err, "MTP step of %u rows at %u", n, m->n_tokens);
+            goto out;
+        }
+    } else if (mtp_pass(b, n, all, err) || finish_step(b, rows, n, out, all, rewindable, err)) {
         ds4_err_prefix(err, "MTP step of %u rows at %u", n, m->n_tokens);
         goto out;
     }
@@ -416,6 +487,7 @@ int cu_mtp_init(cuda_backend *b, ds4_err *err) {
 void cu_mtp_free(cuda_backend *b) {
     cu_mtp *m = b->mtp;
     if (!m) return;
+    for (uint32_t i = 0; i < MTP_GRAPH_ROWS; i++) mtp_graph_drop(&m->graph[i]);
     if (m->W.block) cudaFree(m->W.block);
     if (m->block) cudaFree(m->block);
     if (m->logits_h) cudaFreeHost(m->logits_h);

@@ -63,6 +63,7 @@ void cu_journal_free(cu_journal *j) {
     if (j->raw) cudaFree(j->raw);
     if (j->raw_row) cudaFree(j->raw_row);
     if (j->rings) cudaFree(j->rings);
+    if (j->segs) cudaFree(j->segs);
     if (j->front) cudaFree(j->front);
     if (j->proj) cudaFree(j->proj);
     free(j->logits);
@@ -77,6 +78,7 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
     if (cu_dev_alloc((void **)&j->raw, raw_bytes, "rewind journal", err) ||
         cu_dev_alloc((void **)&j->raw_row, raw_bytes, "rewind journal", err) ||
         cu_dev_alloc((void **)&j->rings, c->n_layer * sizeof(float *), "rewind journal", err) ||
+        cu_dev_alloc((void **)&j->segs, 4 * c->n_layer * sizeof(cu_front_seg), "rewind journal", err) ||
         cu_dev_alloc((void **)&j->front, (front_off(c, c->n_layer) + 1) * sizeof(float), "rewind journal", err) ||
         cu_dev_alloc((void **)&j->proj, (proj_off(c, c->n_layer, j->cap) + 1) * sizeof(float), "rewind journal", err)) {
         cu_journal_free(j);
@@ -86,48 +88,78 @@ static int journal_alloc(cuda_backend *b, ds4_err *err) {
         cu_journal_free(j);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the rewind journal");
     }
-    return cu_journal_rings(b, b->sq, err);
+    return cu_journal_bind(b, b->sq, err);
 }
 
-int cu_journal_rings(cuda_backend *b, cu_seq *s, ds4_err *err) {
-    float *rings[DS4_MAX_LAYERS];
-    for (uint32_t il = 0; il < b->cfg->n_layer; il++) rings[il] = s->L[il].raw;
-    CU_TRY(cu_upload(s->jr.rings, rings, b->cfg->n_layer * sizeof(float *)));
-    return 0;
-}
-
-/* Copy layer il's frontiers to (save) or from the journal, on st. */
-static int copy_fronts(cuda_backend *b, uint32_t il, bool save, ds4_err *err) {
+int cu_journal_bind(cuda_backend *b, cu_seq *s, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    const dlstate *L = &b->sq->L[il];
-    if (L->ratio == 0) return 0;
-    size_t cn = (size_t)ds4_state_frontier_rows(L->ratio) * ds4_state_frontier_width(c, L->ratio, false);
-    size_t in = L->ratio == 4 ? (size_t)ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) : 0;
-    float *parts[4] = {L->comp_kv, L->comp_score, L->idx_kv, L->idx_score};
-    size_t sizes[4] = {cn, cn, in, in};
-    float *f = b->sq->jr.front + front_off(c, il);
-    for (int i = 0; i < 4; i++) {
-        if (sizes[i] == 0) continue;
-        CU_TRY(cudaMemcpyAsync(save ? f : parts[i], save ? parts[i] : f, sizes[i] * sizeof(float),
-                               cudaMemcpyDeviceToDevice, b->st));
-        f += sizes[i];
+    float *rings[DS4_MAX_LAYERS];
+    cu_front_seg segs[4 * DS4_MAX_LAYERS];
+    uint32_t n = 0;
+    for (uint32_t il = 0; il < c->n_layer; il++) {
+        const dlstate *L = &s->L[il];
+        rings[il] = L->raw;
+        if (L->ratio == 0) continue;
+        uint32_t cn = ds4_state_frontier_rows(L->ratio) * ds4_state_frontier_width(c, L->ratio, false);
+        uint32_t in = L->ratio == 4 ? ds4_state_frontier_rows(4) * ds4_state_frontier_width(c, 4, true) : 0;
+        float *parts[4] = {L->comp_kv, L->comp_score, L->idx_kv, L->idx_score};
+        uint32_t sizes[4] = {cn, cn, in, in};
+        float *f = s->jr.front + front_off(c, il);
+        for (int i = 0; i < 4; i++) {
+            if (sizes[i] == 0) continue;
+            cu_front_seg g = {parts[i], f, sizes[i]};
+            segs[n++] = g;
+            f += sizes[i];
+        }
     }
+    s->jr.n_segs = n;
+    CU_TRY(cu_upload(s->jr.rings, rings, c->n_layer * sizeof(float *)));
+    if (n) CU_TRY(cu_upload(s->jr.segs, segs, n * sizeof(cu_front_seg)));
     return 0;
+}
+
+/* Every frontier segment to (save) or from the journal: a block row a
+ * segment. */
+static __global__ void fronts_copy_kernel(const cu_front_seg *segs, bool save) {
+    dev_pdl_enter();
+    cu_front_seg g = segs[blockIdx.y];
+    const float *src = save ? g.state : g.jr;
+    float *dst = save ? g.jr : g.state;
+    for (uint32_t i = blockIdx.x * blockDim.x + threadIdx.x; i < g.n; i += gridDim.x * blockDim.x) dst[i] = src[i];
+}
+
+/* The sequence's frontiers to (save) or from the journal, on st: one
+ * launch for every layer (a copy a segment was some 150 host calls a mark
+ * on Flash, each mark and rewind of a speculative cycle). */
+static int copy_fronts(cuda_backend *b, bool save, ds4_err *err) {
+    const cu_journal *j = &b->sq->jr;
+    if (j->n_segs == 0) return 0;
+    DS4_LAUNCH(fronts_copy_kernel, dim3(16, j->n_segs), 256, 0, b->st, (const cu_front_seg *)j->segs, save);
+    CU_LAUNCHED();
+    return 0;
+}
+
+/* Every layer's ring slot of position p0 + blockIdx.x into the journal's
+ * row p0 + blockIdx.x - n0 (layer blockIdx.y). */
+static __global__ void slots_save_kernel(float *const *rings, float *jr_raw, uint32_t cap_rows, uint32_t p0,
+                                         uint32_t n0, uint32_t raw_cap, uint32_t hd) {
+    dev_pdl_enter();
+    uint32_t p = p0 + blockIdx.x, il = blockIdx.y;
+    const float *src = rings[il] + (size_t)(p % raw_cap) * hd;
+    float *dst = jr_raw + ((size_t)il * cap_rows + (p - n0)) * hd;
+    for (uint32_t i = threadIdx.x; i < hd; i += blockDim.x) dst[i] = src[i];
 }
 
 /* The raw ring slots of positions [p0, p1) into the journal's rows
  * p0 - n0 .., as the pass about to write them finds them (a pass longer
- * than the ring finds a slot it writes twice as it was before it). */
-static int save_slots(cuda_backend *b, uint32_t il, uint32_t p0, uint32_t p1, ds4_err *err) {
-    size_t hd = b->cfg->head_dim;
-    for (uint32_t p = p0; p < p1;) {
-        uint32_t slot = p % b->raw_cap, run = b->raw_cap - slot;
-        if (run > p1 - p) run = p1 - p;
-        CU_TRY(cudaMemcpyAsync(b->sq->jr.raw + ((size_t)il * b->sq->jr.cap + (p - b->sq->jr.n0)) * hd,
-                               b->sq->L[il].raw + (size_t)slot * hd, run * hd * sizeof(float), cudaMemcpyDeviceToDevice,
-                               b->st));
-        p += run;
-    }
+ * than the ring finds a slot it writes twice as it was before it), every
+ * layer in one launch. */
+static int save_slots(cuda_backend *b, uint32_t p0, uint32_t p1, ds4_err *err) {
+    const cu_journal *j = &b->sq->jr;
+    if (p1 <= p0) return 0;
+    DS4_LAUNCH(slots_save_kernel, dim3(p1 - p0, b->cfg->n_layer), 128, 0, b->st, (float *const *)j->rings, j->raw,
+               j->cap, p0, j->n0, b->raw_cap, b->cfg->head_dim);
+    CU_LAUNCHED();
     return 0;
 }
 
@@ -221,8 +253,7 @@ int cu_seq_mark(ds4_backend *base, ds4_seq *s, ds4_err *err) {
     j->valid = false;
     j->n0 = b->sq->n_tokens;
     j->T = 0;
-    for (uint32_t il = 0; il < c->n_layer; il++)
-        if (copy_fronts(b, il, true, err)) return -1;
+    if (copy_fronts(b, true, err)) return -1;
     j->had_logits = b->sq->has_logits;
     if (b->sq->has_logits) {
         const float *l = cu_seq_logits(b, q);
@@ -293,8 +324,7 @@ static int parts_prepare(cuda_backend *b, const ds4_row *rows, const cu_part *pa
             p->s->jr.valid = false; /* drops the mark */
             continue;
         }
-        for (uint32_t il = 0; il < b->cfg->n_layer; il++)
-            if (save_slots(b, il, p->pos0, p->pos0 + p->n, err)) return -1;
+        if (save_slots(b, p->pos0, p->pos0 + p->n, err)) return -1;
     }
     return 0;
 }
@@ -350,74 +380,108 @@ static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *par
     return 0;
 }
 
-void cu_batch_graph_drop(cuda_backend *b, const cu_seq *s) {
-    bool held = !s;
-    for (uint32_t k = 0; k < b->bg_n && !held; k++) held = b->bg_seq[k] == s;
-    if (!held || !b->bg) return;
-    cudaGraphExecDestroy(b->bg);
-    b->bg = NULL;
-    b->bg_n = 0;
+static void step_graph_free(cu_step_graph *g) {
+    if (g->x) cudaGraphExecDestroy(g->x);
+    free(g->seq);
+    free(g->rows);
+    memset(g, 0, sizeof(*g));
 }
 
-/* Whether a step is a batched decode step the captured graph can run: one
- * plain row of each of several sequences, whose logits fit d_logits. */
-static bool graph_step(const cuda_backend *b, const ds4_row *rows, const cu_part *parts, uint32_t np) {
+void cu_step_graphs_drop(cuda_backend *b, const cu_seq *s) {
+    for (uint32_t i = 0; i < CU_STEP_GRAPHS; i++) {
+        cu_step_graph *g = &b->steps[i];
+        bool held = !s;
+        for (uint32_t k = 0; k < g->n && !held; k++) held = g->seq[k] == s;
+        if (held) step_graph_free(g);
+    }
+}
+
+/* Whether a step is one a captured graph can run, sized for any position
+ * of its sequences: a batched decode step (one plain row of each of
+ * several sequences), or a verification (rewindable rows of one sequence,
+ * the first at its mark: the journal's rows then start at 0 in every
+ * replay), whose logits fit d_logits. */
+static bool graph_step(const cuda_backend *b, const ds4_row *rows, uint32_t n, const cu_part *parts, uint32_t np) {
     /* host experts (cuda_offload.h) and the activation observer run host
      * code within a pass, a pipeline stage's residuals come and go around
      * it: eager passes only */
-    if (np < 2 || np > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer || cu_stage(b))
-        return false;
+    if (n > b->logits_rows || ds4_prof_on || b->off || b->base.opts.act_observer || cu_stage(b)) return false;
+    for (uint32_t i = 0; i < n; i++)
+        if (rows[i].want & DS4_ROW_HIDDEN) return false;
+    if (np == 1) return n >= 2 && (rows[0].want & DS4_ROW_REWIND) && parts[0].pos0 == parts[0].s->jr.n0;
     for (uint32_t k = 0; k < np; k++)
-        if (parts[k].n != 1 || (rows[k].want & (DS4_ROW_REWIND | DS4_ROW_HIDDEN))) return false;
+        if (parts[k].n != 1 || (rows[k].want & DS4_ROW_REWIND)) return false;
     return true;
 }
 
-/* The batched decode step of these parts' sequences, captured unless the
- * graph held is theirs: each part's work sized for the longest context
- * among them (cu_dec_cap), read from their dsteps. */
-static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, ds4_err *err) {
+/* The graph of these parts, captured unless one held is theirs (the least
+ * recently run slot takes a new one): each part's work sized for the
+ * longest context among them (cu_dec_cap), read from their dsteps. */
+static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, uint32_t n, cu_step_graph **out,
+                     ds4_err *err) {
     const ds4_seq *q = &parts[0].s->base; /* the pass's steering scales (step_groups) */
-    bool same = b->bg && b->bg_n == np && b->bg_steer[0] == q->steer_ffn && b->bg_steer[1] == q->steer_attn;
-    for (uint32_t k = 0; same && k < np; k++) same = b->bg_seq[k] == parts[k].s;
-    if (same) return 0;
-    cu_batch_graph_drop(b, NULL);
-    cu_seq **list = (cu_seq **)realloc(b->bg_seq, np * sizeof(cu_seq *));
-    if (!list) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    b->bg_seq = list;
-    uint32_t ctx = 0;
-    for (uint32_t k = 0; k < np; k++) {
-        list[k] = parts[k].s;
-        if (parts[k].s->ctx > ctx) ctx = parts[k].s->ctx;
+    cu_step_graph *g = NULL, *lru = &b->steps[0];
+    for (uint32_t i = 0; i < CU_STEP_GRAPHS && !g; i++) {
+        cu_step_graph *h = &b->steps[i];
+        bool same = h->x && h->n == np && h->steer[0] == q->steer_ffn && h->steer[1] == q->steer_attn;
+        for (uint32_t k = 0; same && k < np; k++) same = h->seq[k] == parts[k].s && h->rows[k] == parts[k].n;
+        if (same) g = h;
+        else if (lru->x && (!h->x || h->used < lru->used)) lru = h;
     }
-    cudaGraph_t g;
-    b->dec_ctx = ctx;
-    CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
-    b->capturing = true;
-    int rc = cu_forward_parts(b, b->d_tokens, parts, np, np, false, NULL, NULL, err);
-    b->capturing = false;
-    b->dec_ctx = b->ctx;
-    cudaError_t e = cudaStreamEndCapture(b->st, &g);
-    if (rc) return ds4_err_prefix(err, "capturing the batched decode step of %u sequences", np);
-    CU_TRY(e);
-    cudaGraphExec_t x;
-    e = cudaGraphInstantiate(&x, g, 0);
-    cudaGraphDestroy(g);
-    CU_TRY(e);
-    b->bg = x;
-    b->bg_n = np;
-    b->bg_steer[0] = q->steer_ffn;
-    b->bg_steer[1] = q->steer_attn;
+    if (!g) {
+        g = lru;
+        step_graph_free(g);
+        g->seq = (cu_seq **)malloc(np * sizeof(cu_seq *));
+        g->rows = (uint32_t *)malloc(np * sizeof(uint32_t));
+        if (!g->seq || !g->rows) {
+            step_graph_free(g);
+            return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        }
+        uint32_t ctx = 0;
+        for (uint32_t k = 0; k < np; k++) {
+            g->seq[k] = parts[k].s;
+            g->rows[k] = parts[k].n;
+            if (parts[k].s->ctx > ctx) ctx = parts[k].s->ctx;
+        }
+        cudaGraph_t cg;
+        b->dec_ctx = ctx;
+        CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
+        b->capturing = true;
+        int rc = cu_forward_parts(b, b->d_tokens, parts, np, n, false, NULL, NULL, err);
+        b->capturing = false;
+        b->dec_ctx = b->ctx;
+        cudaError_t e = cudaStreamEndCapture(b->st, &cg);
+        if (rc) {
+            step_graph_free(g);
+            return np > 1 ? ds4_err_prefix(err, "capturing the batched decode step of %u sequences", np)
+                          : ds4_err_prefix(err, "capturing the verification of %u rows", n);
+        }
+        if (e == cudaSuccess) {
+            e = cudaGraphInstantiate(&g->x, cg, 0);
+            cudaGraphDestroy(cg);
+        }
+        if (e != cudaSuccess) {
+            step_graph_free(g);
+            CU_TRY(e);
+        }
+        g->n = np;
+        g->steer[0] = q->steer_ffn;
+        g->steer[1] = q->steer_attn;
+    }
+    g->used = ++b->steps_clock;
+    *out = g;
     return 0;
 }
 
-/* A batched decode step through the graph: every row's logits to host. */
-static int graph_run(cuda_backend *b, const cu_part *parts, uint32_t np, float *host, ds4_err *err) {
-    if (graph_for(b, parts, np, err)) return -1;
-    CU_TRY(cudaGraphLaunch(b->bg, b->st));
-    CU_TRY(cudaMemcpyAsync(host, b->d_logits, (size_t)np * b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
+/* A step through its graph: every row's logits to host. */
+static int graph_run(cuda_backend *b, const cu_part *parts, uint32_t np, uint32_t n, float *host, ds4_err *err) {
+    cu_step_graph *g = NULL;
+    if (graph_for(b, parts, np, n, &g, err)) return -1;
+    CU_TRY(cudaGraphLaunch(g->x, b->st));
+    CU_TRY(cudaMemcpyAsync(host, b->d_logits, (size_t)n * b->cfg->n_vocab * sizeof(float), cudaMemcpyDeviceToHost,
                            b->st));
     CU_TRY(cudaStreamSynchronize(b->st));
-    b->d_last_logits = b->d_logits + (size_t)(np - 1) * b->cfg->n_vocab;
+    b->d_last_logits = b->d_logits + (size_t)(n - 1) * b->cfg->n_vocab;
     return 0;
 }
 
@@ -472,9 +536,9 @@ static int run_pass(cuda_backend *b, const ds4_row *rows, uint32_t n, const ds4_
         ds4_err_set(err, DS4_EIO, "CUDA: copying the step's tokens%s failed", in ? " and residuals" : "");
         goto out;
     }
-    graph = graph_step(b, rows, parts, np);
+    graph = graph_step(b, rows, n, parts, np);
     for (uint32_t k = 0; k < np; k++) parts[k].s->jr.on = rows[parts[k].r0].want & DS4_ROW_REWIND;
-    rc = graph ? graph_run(b, parts, np, host, err)
+    rc = graph ? graph_run(b, parts, np, n, host, err)
                : cu_forward_parts(b, b->d_tokens, parts, np, n, false, host ? need : NULL, host, err);
     for (uint32_t k = 0; k < np; k++) parts[k].s->jr.on = false;
     if (rc) {
@@ -645,9 +709,10 @@ int cu_seq_rewind(ds4_backend *base, ds4_seq *s, uint32_t n, ds4_err *err) {
                            "can be taken back",
                            n, j->valid ? j->n0 : cur);
     uint32_t keep = n - j->n0;
-    if (cu_set_step(b, STEP_POS | STEP_FOLD, j->n0, 0, err) || fix_ring(b, n, cur, err)) return -1;
+    if (cu_set_step(b, STEP_POS | STEP_FOLD, j->n0, 0, err) || fix_ring(b, n, cur, err) ||
+        copy_fronts(b, false, err))
+        return -1;
     for (uint32_t il = 0; il < c->n_layer; il++) {
-        if (copy_fronts(b, il, false, err)) return -1;
         if (b->sq->L[il].ratio == 0 || keep == 0) continue;
         if (copy_proj(b, il, 0, keep, false, err) || cu_compress(b, il, keep, j->n0, false, b->st, NULL, err))
             return ds4_err_prefix(err, "rewind: replaying layer %u", il);
