@@ -52,6 +52,9 @@ ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opt
  * divide) it says.  ds4_backend_create makes it for "cuda" with
  * opts->tensor_parallel > 1; a CPU build refuses it. */
 ds4_backend *ds4_tp_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
+/* Rank r's CUDA backend of a tensor-parallel group (its share, on GPU r),
+ * or NULL when b is no such group or has no rank r. */
+ds4_backend *ds4_tp_rank(const ds4_backend *b, uint32_t r);
 
 /* CUDA builds: the bytes a CUDA backend on GPU gpu not told --gpu-mem may
  * allocate. */

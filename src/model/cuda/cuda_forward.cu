@@ -20,10 +20,11 @@
  */
 #include "model/cuda/cuda_internal.h"
 
-/* Token t's row of an activation. */
+/* Token t's row of an activation (a form it lacks stays NULL: the
+ * attention heads of a Q8_0 attn_output_a are Q8_0 rows alone). */
 static dact act_row(const dact *a, uint32_t t) {
     dact v = *a;
-    v.f = a->f + (size_t)t * a->fs;
+    v.f = a->f ? a->f + (size_t)t * a->fs : NULL;
     v.q8 = a->q8 ? a->q8 + (size_t)t * a->q8s : NULL;
     v.qk = a->qk ? a->qk + (size_t)t * a->qks : NULL;
     return v;

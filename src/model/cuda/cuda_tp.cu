@@ -70,14 +70,14 @@ static int check_blocks(const ds4_weights *w, const cu_tp *tp, ds4_err *err) {
         uint32_t og = tp->groups * c->o_lora_rank;
         if (!cu_row_bytes(l->out_b.type, og))
             return ds4_err_set(err, DS4_EUNSUPPORTED,
-                               "tensor parallel over %u GPUs: layer %u's attn_output_b rows would split into %u values "
-                               "a GPU, not whole blocks of its type %u",
-                               tp->n, il, og, l->out_b.type);
+                               "layer %u's attn_output_b rows would split into %u values a GPU of %u, not whole blocks "
+                               "of its type %u",
+                               il, og, tp->n, l->out_b.type);
         if (!cu_row_bytes(l->down_sh.type, tp->ff))
             return ds4_err_set(err, DS4_EUNSUPPORTED,
-                               "tensor parallel over %u GPUs: layer %u's shared expert down rows would split into %u "
-                               "values a GPU, not whole blocks of its type %u",
-                               tp->n, il, tp->ff, l->down_sh.type);
+                               "layer %u's shared-expert down rows would split into %u values a GPU of %u, not whole "
+                               "blocks of its type %u",
+                               il, tp->ff, tp->n, l->down_sh.type);
     }
     return 0;
 }
@@ -123,8 +123,7 @@ int cu_tp_init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     uint32_t count = c->n_head % n ? c->n_head : c->o_groups;
     if (!what && (c->n_ff_exp % n || c->n_ff_exp / n % 4)) what = "shared-expert rows (4 or more a GPU, by 4)", count = c->n_ff_exp;
     if (what)
-        return ds4_err_set(err, DS4_EUNSUPPORTED,
-                           "tensor parallel over %u GPUs: the model's %u %s do not divide among them", n, count, what);
+        return ds4_err_set(err, DS4_EUNSUPPORTED, "the model's %u %s do not divide among %u GPUs", count, what, n);
     tp->rank = o->tp_rank;
     tp->n = n;
     tp->clique = o->tp_clique;

@@ -505,12 +505,23 @@ ds4_backend *ds4_tp_backend_create(const ds4_weights *w, const ds4_backend_opts 
     return &t->base;
 }
 
+ds4_backend *ds4_tp_rank(const ds4_backend *b, uint32_t r) {
+    if (!b || b->ops != &tp_ops) return NULL;
+    const tp_backend *t = (const tp_backend *)b;
+    return r < t->n ? t->rank[r] : NULL;
+}
+
 #else /* a CPU build */
 
 ds4_backend *ds4_tp_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err) {
     (void)w, (void)opts;
     ds4_err_set(err, DS4_EUNSUPPORTED,
                 "tensor parallelism (--tensor-parallel) runs on GPUs: this is a CPU build (build it with `make cuda`)");
+    return NULL;
+}
+
+ds4_backend *ds4_tp_rank(const ds4_backend *b, uint32_t r) {
+    (void)b, (void)r;
     return NULL;
 }
 
