@@ -29,7 +29,9 @@
 enum { TP_HEADS, TP_GROUPS, TP_FF };
 
 /* The tensors that split, and how: by rows of the whole, or by values of
- * each row (`cols`), `unit` values or rows per head / group / FF row. */
+ * each row (`cols`); cu_tp_part gives the rows or values of a head (q_b:
+ * head_dim rows; the sinks: one value), a group (o_lora_rank) or an FF
+ * row (one). */
 typedef struct tp_split {
     size_t field;
     int by;
