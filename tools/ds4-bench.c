@@ -192,6 +192,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_THREADS(&o->bo.n_threads),
         DS4_CLI_DIST_PIPE(&o->dist),
+        DS4_CLI_TP(&o->bo.tensor_parallel),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
@@ -289,7 +290,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         o->layer0 = (uint32_t)a;
         o->layer1 = (uint32_t)b + 1;
     }
-    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0 ||
+        ds4_cli_tp_check(&cli, o->bo.tensor_parallel, &o->dist) != 0)
+        return 2;
     if (!!o->tokens_file + !!o->prompt_file + !!o->chat_file > 1)
         return ds4_cli_usage(&cli, "give at most one of --prompt-file, --chat-prompt-file, --tokens-file");
     if (o->synthetic && (o->prompt_file || o->chat_file))

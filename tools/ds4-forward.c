@@ -57,6 +57,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_DIST(&o->dist),
+        DS4_CLI_TP(&o->bo.tensor_parallel),
 
         {DS4_OPT_SECTION("output:")},
         {DS4_OPT_STR("--logits-out", "FILE", &o->logits_out, NULL,
@@ -85,7 +86,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     ds4_err err = {0};
     if (o->tokens && o->tokens[0] == '@' && ds4_path_check_readable(o->tokens + 1, &err) != 0)
         return ds4_cli_usage(&cli, "--tokens: %s", err.msg);
-    if (ds4_cli_check_backend(&cli, o->backend) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_tp_check(&cli, o->bo.tensor_parallel, &o->dist) != 0)
+        return 2;
     return -1;
 }
 

@@ -59,6 +59,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_THREADS(&o->n_threads),
         DS4_CLI_BACKEND(&o->backend, NULL),
         DS4_CLI_DIST(&o->dist),
+        DS4_CLI_TP(&o->tensor_parallel),
         {DS4_OPT_STR("--chdir", "DIR", &o->chdir_to, NULL,
                      "change to DIR first: relative paths (model, trace, disk cache) are taken from there")},
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
@@ -153,7 +154,9 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
-    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0) return 2;
+    if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0 ||
+        ds4_cli_tp_check(&cli, o->tensor_parallel, &o->dist) != 0)
+        return 2;
     ds4_err err = {0};
     if (ds4_kvc_policy_check(&o->kv_policy, &err) != 0) return ds4_cli_usage(&cli, "%s", err.msg);
     return -1;
@@ -237,6 +240,7 @@ int main(int argc, char **argv) {
                           .need_vocab = true,
                           .dist = d,
                           .dist_opts = &s.o.dist,
+                          .tensor_parallel = s.o.tensor_parallel,
                           .prog = "ds4-server",
                           .gpu_mem = s.o.gpu_mem,
                           /* a given --parallel: room on the GPU for the sessions after the first */

@@ -61,6 +61,7 @@ typedef struct srv_opts {
     const char *backend;
     int n_threads;
     ds4_dist_opts dist; /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
+    uint32_t tensor_parallel; /* --tensor-parallel: GPUs each layer is split over (1: none) */
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
     uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */

@@ -97,7 +97,9 @@ static int finish(const ds4_cli *cli, cli_opts *o) {
                              : o->imatrix_max_tokens  ? "--imatrix-max-tokens"
                              : o->imatrix_save_every  ? "--imatrix-save-every"
                                                       : "--resume");
-    if (ds4_cli_check_backend(cli, o->backend) != 0 || ds4_cli_steering_check(cli, &o->steer) != 0) return 2;
+    if (ds4_cli_check_backend(cli, o->backend) != 0 || ds4_cli_steering_check(cli, &o->steer) != 0 ||
+        ds4_cli_tp_check(cli, o->tensor_parallel, &o->dist) != 0)
+        return 2;
     if (o->prompt_file) {
         ds4_err err = {0};
         if (!(o->prompt = cli_read_file(o->prompt_file, &o->prompt_len, &err)))
@@ -132,6 +134,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_BACKEND(&o->backend, &o->backend_given),
         DS4_CLI_THREADS(&o->threads),
         DS4_CLI_DIST(&o->dist),
+        DS4_CLI_TP(&o->tensor_parallel),
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),

@@ -53,6 +53,7 @@ typedef struct cli_opts {
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering */
     ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */
+    uint32_t tensor_parallel;   /* --tensor-parallel: GPUs each layer is split over (1: none) */
     const char *logprobs_out;
     uint32_t logprobs_top_k;
     const char *perplexity_file;

@@ -85,6 +85,7 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err) {
         .expert_profile = o->expert_profile,
         .dist = d,
         .dist_opts = &o->dist,
+        .tensor_parallel = o->tensor_parallel,
         .prog = "ds4",
     };
     ds4_cli_steering_opts(&o->steer, &eo);

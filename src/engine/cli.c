@@ -59,6 +59,14 @@ int ds4_cli_parse_gpus(void *ctx, const char *value, ds4_err *err) {
     return 0;
 }
 
+int ds4_cli_tp_check(const ds4_cli *cli, uint32_t n, const ds4_dist_opts *d) {
+    if (n < 2) return 0;
+    const char *with = d->n_gpus ? "--gpus" : d->layers ? "--layers" : ds4_dist_launched() ? "mpirun" : NULL;
+    if (with)
+        return ds4_cli_usage(cli, "--tensor-parallel does not combine with a pipeline (%s) yet: each runs alone", with);
+    return 0;
+}
+
 int ds4_cli_steering_check(const ds4_cli *cli, ds4_cli_steer *st) {
     if (!st->ffn_given && st->path) st->ffn = 1.0f;
     if (!st->path && (st->ffn != 0.0f || st->attn != 0.0f))

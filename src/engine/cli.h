@@ -176,6 +176,13 @@ typedef struct ds4_cli_steer {
     {DS4_OPT_FLOAT("--pipe-timeout", "S", &(o)->timeout_s, 0.5, 3600.0, DS4_DIST_TIMEOUT_DEFAULT,               \
                    "under mpirun: a rank silent for S seconds has failed")}
 
+/* Tensor parallelism (docs/DISTRIBUTED.md 7), into a uint32_t: each
+ * layer split over the host's GPUs 0 .. N-1 (1: none). */
+#define DS4_CLI_TP(n)                                                                                          \
+    {DS4_OPT_U32("--tensor-parallel", "N", (n), 1, DS4_DIST_MAX_GPUS, 1,                                       \
+                 "split each layer over the host's GPUs 0..N-1 (CUDA builds; CUDA_VISIBLE_DEVICES picks them): "  \
+                 "a GPU its share of the heads and experts, the partial outputs summed by NCCL")}
+
 /* Sampling, into a ds4_sampler_params. */
 #define DS4_CLI_SAMPLING(p)                                                                                    \
     {DS4_OPT_FLOAT("--temp", "F", &(p)->temperature, 0.0, DS4_TEMP_MAX, DS4_TEMP_DEFAULT,                      \
@@ -204,6 +211,10 @@ typedef struct ds4_cli_steer {
 /* --gpus's action: a list of two or more distinct GPU indices ("0,1,2")
  * into the ds4_dist_opts at ctx (gpus, n_gpus). */
 int ds4_cli_parse_gpus(void *ctx, const char *value, ds4_err *err);
+
+/* --tensor-parallel n with the pipeline's options: a usage error (2) for
+ * the combinations it does not run (--gpus, --layers, mpirun), else 0. */
+int ds4_cli_tp_check(const ds4_cli *cli, uint32_t n, const ds4_dist_opts *d);
 
 /* The --quality row's action: a note on stderr that nothing changes. */
 int ds4_cli_quality_note(void *prog, const char *value, ds4_err *err);

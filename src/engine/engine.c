@@ -204,6 +204,7 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
                            .gpu_mem = e->opts.gpu_mem,
                            .extra_seqs = e->opts.extra_seqs,
                            .expert_profile = e->profile,
+                           .tensor_parallel = e->opts.tensor_parallel,
                            .act_observer = e->opts.act_observer,
                            .act_ctx = e->opts.act_ctx};
     e->b = e->opts.dist ? ds4_dist_backend_create(e->opts.dist, e->backend_name, e->w, &bo, err)

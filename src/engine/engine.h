@@ -43,6 +43,7 @@ typedef struct ds4_engine_opts {
      * first stage with `backend`; NULL: one process. */
     ds4_dist *dist;
     const ds4_dist_opts *dist_opts; /* this rank's --layers, --pipe-* */
+    uint32_t tensor_parallel;       /* ds4_backend_opts.tensor_parallel (--tensor-parallel) */
     const char *prog;               /* names the program in the pipeline's startup lines */
     bool header_only;               /* read the shapes alone (ds4_weights_open_header): for
                               * inspecting; such an engine runs nothing */

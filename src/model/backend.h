@@ -104,6 +104,14 @@ typedef struct ds4_backend_opts {
      * CPU and CUDA backends run stages (a CUDA stage refuses what it does
      * not run: MTP, routed experts in host RAM, steering, the imatrix). */
     uint32_t layer_first, layer_end;
+    /* CUDA: tensor parallelism (docs/DISTRIBUTED.md 7) over the host's GPUs
+     * 0 .. tensor_parallel - 1 (0 or 1: none): ds4_backend_create makes a
+     * backend of each GPU's share of every layer, run side by side, their
+     * partial sums added by NCCL.  tp_rank and tp_clique (the NCCL
+     * communicators) are set for each of those; a caller leaves them 0. */
+    uint32_t tensor_parallel;
+    uint32_t tp_rank;
+    struct ds4_cuda_clique *tp_clique;
     /* the MTP block (weights.h), or NULL: the backend can then run MTP
      * sequences; it must outlive the backend */
     const struct ds4_mtp_weights *mtp;

@@ -40,9 +40,18 @@ ds4_backend *ds4_backend_create(const char *name, const ds4_weights *w, const ds
                     st->n_embd, w->cfg.n_layer, w->cfg.n_embd);
         return NULL;
     }
+    bool cuda = name && strcmp(name, "cuda") == 0;
+    if (opts && opts->tensor_parallel > 1 && !opts->tp_clique) { /* the group, which makes its ranks' */
+        if (!cuda) {
+            ds4_err_set(err, DS4_EUNSUPPORTED, "tensor parallelism (--tensor-parallel) runs on CUDA GPUs, not the %s "
+                        "backend", name ? name : "cpu");
+            return NULL;
+        }
+        return ds4_tp_backend_create(w, opts, err);
+    }
     if (!name || strcmp(name, "cpu") == 0) return ds4_cpu_backend_create(w, opts, err);
 #if DS4_CUDA
-    if (strcmp(name, "cuda") == 0) return ds4_cuda_backend_create(w, opts, err);
+    if (cuda) return ds4_cuda_backend_create(w, opts, err);
 #endif
     ds4_err_set(err, DS4_EINVAL, "unknown backend '%s' (this build has: %s)", name, BACKEND_NAMES);
     return NULL;

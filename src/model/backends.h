@@ -45,6 +45,17 @@ ds4_backend *ds4_cpu_backend_create(const ds4_weights *w, const ds4_backend_opts
  * Its prefill chunk defaults to 2048. */
 ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
 
+/* Tensor parallelism over the host's GPUs 0 .. opts->tensor_parallel - 1
+ * (model/dist/dist_tp.c, docs/DISTRIBUTED.md 7): a backend of CUDA
+ * backends, one a GPU, each computing its share of every layer; what it
+ * refuses (MTP, a pipeline, host experts, a model whose heads do not
+ * divide) it says.  ds4_backend_create makes it for "cuda" with
+ * opts->tensor_parallel > 1; a CPU build refuses it. */
+ds4_backend *ds4_tp_backend_create(const ds4_weights *w, const ds4_backend_opts *opts, ds4_err *err);
+/* Rank r's CUDA backend of a tensor-parallel group (its share, on GPU r),
+ * or NULL when b is no such group or has no rank r. */
+ds4_backend *ds4_tp_rank(const ds4_backend *b, uint32_t r);
+
 /* CUDA builds: the bytes a CUDA backend on GPU gpu not told --gpu-mem may
  * allocate. */
 int ds4_cuda_mem_available(int gpu, uint64_t *bytes, ds4_err *err);

@@ -15,7 +15,9 @@
 #     hold (the stage's error, and every thread ends), f16 residuals, a
 #     --layers list of the wrong length, --backend cpu;
 #  4. (the emulation) a GPU failing mid-prefill ends the program with the
-#     stage named, no thread or transfer left waiting.
+#     stage named, no thread or transfer left waiting;
+#  5. (before 4) --tensor-parallel 2 gives one process's greedy tokens, and
+#     is refused beside --gpus and for heads that do not divide.
 # quick (the default suite's smoke set): 1. with 2 GPUs only, 12 tokens (10
 # prefilled: 3 chunks in flight), 2 greedy.
 # BINDIR is build/emu/bin (the CPU emulation of CUDA: DS4_EMU_GPUS
@@ -105,6 +107,14 @@ refused 1 "residuals between GPUs (--gpus) travel in f32" --gpus 0,1 --pipe-dtyp
 refused 1 "one range a GPU of --gpus (3)" --gpus 0,1,2 --layers 0:2,3:output
 refused 2 "not --backend cpu" --gpus 0,1 --backend cpu
 refused 2 "listed twice" --gpus 0,1,0
+
+# 5. the program's --tensor-parallel (test_cuda tp holds its logits to one
+# GPU's): the same greedy tokens; refused beside a pipeline
+run tp $RUN --tensor-parallel 2
+[ "$(greedy tp)" = "$(greedy one)" ] || fail "--tensor-parallel 2: $(greedy tp), one CUDA process $(greedy one)"
+echo "ok: --tensor-parallel 2: one CUDA process's $(greedy tp | tr -d '\n')"
+refused 2 "does not combine with a pipeline (--gpus)" --gpus 0,1 --tensor-parallel 2
+refused 1 "do not divide among 3 GPUs" --tensor-parallel 3
 
 # 4. a GPU that fails mid-prefill (the emulation's DS4_EMU_FAIL_LAUNCH: the
 # 400th launch on GPU 1, in stage 1's third chunk): the program ends with

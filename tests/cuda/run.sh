@@ -65,6 +65,9 @@
 #             stage threads, NCCL between the GPUs) against one CUDA
 #             process (tests/cuda/gpus.sh; emu: 3 emulated GPUs; gpu:
 #             skipped with fewer than 3; smoke: 2 GPUs, a short prompt)
+#   tensor parallel  each layer split over 2 and 4 GPUs (--tensor-parallel)
+#             against one GPU (test_cuda.c, cmd_tp; emu, gpu: skipped with
+#             fewer GPUs)
 #   allocation failure   a refused device allocation's message (never
 #             under compute-sanitizer, which counts it as an API error)
 #   programs  ds4 and ds4-server on the CUDA backend give the answers they
@@ -275,6 +278,17 @@ else
     step_unwrapped "pipeline over GPUs (--gpus)" sh "$PWD/tests/cuda/gpus.sh" "$PWD/$BUILD/bin"
 fi
 join
+# Tensor parallelism (--tensor-parallel; test_cuda.c cmd_tp) against one
+# GPU, simulations off (F16 weights: the int8 activations of quantized
+# ones turn the sums' order into steps): tiny-a (4 heads, 2 output groups)
+# over 2 GPUs, and a model of 4 groups over 4; emu on 4 emulated GPUs, gpu
+# skipped with fewer.  Not in smoke (one to two minutes each on the
+# emulation).
+if in_set emu gpu; then
+    $MK -q --recipe f16 --seed 11 --set o-groups=4 -o "$M-g4.gguf"
+    step "tensor parallel tiny-a" env DS4_EMU_GPUS=4 "$TEST" tp "$GOLD/tiny-a.f16.gguf" --no-sim --tp 2
+    step "tensor parallel 4 groups" env DS4_EMU_GPUS=4 "$TEST" tp "$M-g4.gguf" --no-sim --tp 4 --prompt 20 --steps 3
+fi
 if in_set gpu; then
     step "strict tiny f16" "$TEST" compare "$M-f16.gguf" --no-sim
     # Flash's head size (512) in the tensor-core prefill attention and a

@@ -106,6 +106,22 @@
  *       draft of one session beside the others' rows (the decoders through
  *       the graph, the draft in a pass of its own), taken back.
  *
+ *   test_cuda tp MODEL [--tp N] [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X]
+ *       tensor parallelism (--tensor-parallel, ds4_backend_opts
+ *       .tensor_parallel: each layer split over N GPUs, 2 by default)
+ *       against one GPU: every GPU holds fewer device bytes than the one
+ *       GPU; the logits of a prompt prefilled in passes of the chunk
+ *       (every row), of decode steps (the captured graphs, with their
+ *       all-reduces) fed one GPU's greedy tokens, and of a step of two
+ *       sequences within max |d| <= tol * max |logit| with the same argmax
+ *       (tol 1e-5 with the simulations off, where only the order of the
+ *       sums differs; 1e-3 with them, whose FP8 / FP4 / f16 grids turn
+ *       such differences into steps), with the simulations off also the
+ *       snapshot's every live row; the device greedy loop's
+ *       tokens one GPU's, also from one GPU's snapshot restored into a
+ *       fresh group.  Refused, naming why: heads that do not divide among
+ *       the GPUs, more GPUs than the process sees, the cpu backend.
+ *
  *   test_cuda resize MODEL [--no-sim] [--quick | --long]
  *       sequences resized as they go (ds4_seq_resize): the main sequence
  *       of a backend made with a short main_ctx (its decode graphs captured
@@ -1943,6 +1959,176 @@ static int cmd_stages(int argc, char **argv) {
     return 0;
 }
 
+/* A backend of the tp test: one GPU, or the group over n. */
+static ds4_backend *tp_make(const ds4_weights *w, uint32_t n, uint32_t ctx, uint32_t chunk, bool no_sim) {
+    ds4_err err = {0};
+    ds4_backend_opts o = {
+        .ctx_size = ctx, .prefill_chunk = chunk, .no_sim = no_sim, .cuda_graph_ctx = 64, .tensor_parallel = n};
+    ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+    if (!b) die(n > 1 ? "tensor-parallel backend" : "cuda", &err);
+    return b;
+}
+
+/* Logits of a prompt (one prefill of every row, in passes of the chunk),
+ * then of decode steps fed tokens (NULL: each its own greedy token,
+ * written to fed). */
+static void tp_run(ds4_backend *b, const uint32_t *toks, uint32_t n, uint32_t steps, uint32_t *fed, bool feed,
+                   uint32_t V, float *out) {
+    ds4_err err = {0};
+    if (ds4_backend_prefill(b, toks, n, out, &err)) die("prefill", &err);
+    for (uint32_t i = 0; i < steps; i++) {
+        const float *l = ds4_backend_logits(b);
+        if (!l) die("logits", &err);
+        if (!feed) fed[i] = argmax(l, V);
+        if (ds4_backend_decode(b, fed[i], &err)) die("decode", &err);
+        memcpy(out + (size_t)(n + i) * V, ds4_backend_logits(b), V * sizeof(float));
+    }
+}
+
+/* A step of two sequences: a new one's prompt (all its rows' logits) and
+ * the main sequence's next token. */
+static void tp_mixed(ds4_backend *b, const uint32_t *toks, uint32_t n, uint32_t next, float *out) {
+    ds4_err err = {0};
+    ds4_seq *s2 = ds4_seq_new(b, 0, &err);
+    if (!s2) die("seq_new", &err);
+    ds4_row *rows = malloc((n + 1) * sizeof(ds4_row));
+    for (uint32_t i = 0; i < n; i++) rows[i] = ds4_row_of(s2, toks[i], DS4_ROW_LOGITS);
+    rows[n] = ds4_row_of(b->main, next, DS4_ROW_LOGITS);
+    ds4_step_out o = {out, NULL};
+    if (ds4_backend_step(b, rows, n + 1, &o, &err)) die("step", &err);
+    free(rows);
+    ds4_seq_free(b, s2);
+}
+
+/* What a group refuses, with the reason named. */
+static void tp_refusals(const ds4_weights *w, uint32_t ctx) {
+    const ds4_config *c = &w->cfg;
+    struct {
+        uint32_t n;
+        const char *needle;
+    } cases[] = {
+        {c->n_head % 3 ? 3 : 0, "do not divide among 3 GPUs"},
+        {DS4_DIST_MAX_GPUS, "the process sees"},
+    };
+    for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+        if (cases[i].n < 2) continue;
+        ds4_err err = {0};
+        ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = 16, .tensor_parallel = cases[i].n};
+        ds4_backend *b = ds4_backend_create("cuda", w, &o, &err);
+        CHECK(!b && strstr(ds4_err_msg(&err), cases[i].needle), "%u GPUs: want a refusal naming '%s', got: %s",
+              cases[i].n, cases[i].needle, b ? "a backend" : ds4_err_msg(&err));
+        printf("%-34s %s\n", "refused", ds4_err_msg(&err));
+        ds4_backend_free(b);
+    }
+    ds4_err err = {0};
+    ds4_backend_opts o = {.ctx_size = ctx, .prefill_chunk = 16, .tensor_parallel = 2};
+    ds4_backend *b = ds4_backend_create("cpu", w, &o, &err);
+    CHECK(!b && strstr(ds4_err_msg(&err), "runs on CUDA GPUs"), "the cpu backend: %s",
+          b ? "a backend" : ds4_err_msg(&err));
+    ds4_backend_free(b);
+}
+
+static int cmd_tp(int argc, char **argv) {
+    if (argc < 1) return 2;
+    uint32_t n_gpu = 2, n = 40, steps = 8, chunk = 16;
+    bool no_sim = false;
+    double tol = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--no-sim")) {
+            no_sim = true;
+            continue;
+        }
+        if (i + 1 >= argc) return 2;
+        const char *v = argv[++i];
+        if (!strcmp(argv[i - 1], "--tp")) n_gpu = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--prompt")) n = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--steps")) steps = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--chunk")) chunk = (uint32_t)strtoul(v, NULL, 10);
+        else if (!strcmp(argv[i - 1], "--tol")) tol = strtod(v, NULL);
+        else return 2;
+    }
+    if (n_gpu < 2 || n < 2 || steps < 1 || chunk < 1) return 2;
+    if (tol == 0) tol = no_sim ? 1e-5 : 1e-3;
+    ds4_err err = {0};
+    uint64_t room;
+    if (ds4_cuda_mem_available((int)n_gpu - 1, &room, &err) != 0) {
+        printf("SKIP: tensor parallel over %u GPUs: %s\n", n_gpu, ds4_err_msg(&err));
+        exit(77);
+    }
+    ds4_weights *w = ds4_weights_open(argv[0], &err);
+    if (!w) die(argv[0], &err);
+    const ds4_config *c = &w->cfg;
+    uint32_t V = c->n_vocab, rows = n + steps, ctx = n + steps + 24, n2 = 5;
+    printf("%s: tensor parallel over %u GPUs against one, a %u-token prompt in passes of %u, %u decode steps, "
+           "simulations %s, tolerance %g\n",
+           argv[0], n_gpu, n, chunk, steps, no_sim ? "off" : "on", tol);
+    uint32_t *toks = malloc((n + n2) * sizeof(uint32_t)), *fed = malloc(steps * sizeof(uint32_t));
+    uint64_t s = 0x7E45;
+    for (uint32_t i = 0; i < n + n2; i++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        toks[i] = (uint32_t)(s >> 33) % V;
+    }
+    float *want = xmalloc((size_t)rows * V * 4), *got = xmalloc((size_t)rows * V * 4);
+    float *mwant = xmalloc((size_t)(n2 + 1) * V * 4), *mgot = xmalloc((size_t)(n2 + 1) * V * 4);
+    uint32_t gwant[6], ggot[6];
+
+    /* one GPU: the reference, its greedy tokens what both are fed */
+    ds4_backend *one = tp_make(w, 1, ctx, chunk, no_sim);
+    uint64_t whole = dev_bytes(one);
+    tp_run(one, toks, n, steps, fed, false, V, want);
+    ds4_kv_state *swant = ds4_backend_state_new(one, &err);
+    if (!swant || ds4_backend_snapshot(one, swant, &err)) die("snapshot", &err);
+    if (ds4_backend_greedy(one, 6, gwant, &err)) die("greedy", &err);
+    tp_mixed(one, toks + n, n2, gwant[5], mwant);
+    ds4_backend_free(one);
+
+    ds4_backend *tp = tp_make(w, n_gpu, ctx, chunk, no_sim);
+    for (uint32_t r = 0; r < n_gpu; r++) {
+        uint64_t b = dev_bytes(ds4_tp_rank(tp, r));
+        CHECK(b > 0 && b < whole, "GPU %u: %llu bytes, one GPU's whole model %llu", r, (unsigned long long)b,
+              (unsigned long long)whole);
+        printf("%-34s GPU %u: %.2f MiB (one GPU: %.2f MiB)\n", r ? "" : "device memory", r, (double)b / (1 << 20),
+               (double)whole / (1 << 20));
+    }
+    tp_run(tp, toks, n, steps, fed, true, V, got);
+    diff d = {0};
+    diff_add(&d, got, want, n, V);
+    diff_check("prompt, every row (chunked)", &d, tol);
+    diff_free(&d);
+    diff_add(&d, got + (size_t)n * V, want + (size_t)n * V, steps, V);
+    diff_check("decode steps (the graphs)", &d, tol);
+    diff_free(&d);
+    ds4_kv_state *sgot = ds4_backend_state_new(tp, &err);
+    if (!sgot || ds4_backend_snapshot(tp, sgot, &err)) die("snapshot", &err);
+    if (no_sim) state_check("the snapshot", sgot, swant, tol); /* with the simulations its FP8 / f16 grids flip */
+    if (ds4_backend_greedy(tp, 6, ggot, &err)) die("greedy", &err);
+    CHECK(!memcmp(ggot, gwant, sizeof(ggot)), "greedy tokens differ from one GPU's");
+    printf("%-34s %u %u %u %u %u %u (one GPU's)\n", "greedy tokens (device loop)", ggot[0], ggot[1], ggot[2], ggot[3],
+           ggot[4], ggot[5]);
+    tp_mixed(tp, toks + n, n2, gwant[5], mgot);
+    diff_add(&d, mgot, mwant, n2 + 1, V);
+    diff_check("a step of two sequences", &d, tol);
+    diff_free(&d);
+    /* the snapshot restored into a fresh group goes on as one GPU did */
+    ds4_backend_free(tp);
+    tp = tp_make(w, n_gpu, ctx, chunk, no_sim);
+    if (ds4_backend_restore(tp, swant, &err) || ds4_backend_greedy(tp, 6, ggot, &err)) die("restore", &err);
+    CHECK(!memcmp(ggot, gwant, sizeof(ggot)), "greedy tokens after a restore differ from one GPU's");
+    printf("%-34s one GPU's greedy tokens\n", "one GPU's snapshot restored");
+    ds4_backend_free(tp);
+    tp_refusals(w, ctx);
+    ds4_kv_state_free(swant);
+    ds4_kv_state_free(sgot);
+    free(want);
+    free(got);
+    free(mwant);
+    free(mgot);
+    free(toks);
+    free(fed);
+    ds4_weights_close(w);
+    return 0;
+}
+
 /* The two prompts of cmd_imatrix through a backend collecting into a new
  * collector, written to path; returns the routed pairs observed. */
 static uint64_t imatrix_collect(const char *name, const ds4_weights *w, const uint32_t *toks, uint32_t n,
@@ -2080,6 +2266,7 @@ int main(int argc, char **argv) {
     else if (argc >= 2 && !strcmp(argv[1], "imatrix")) rc = cmd_imatrix(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "stages")) rc = cmd_stages(argc - 2, argv + 2);
     else if (argc >= 2 && !strcmp(argv[1], "resize")) rc = cmd_resize(argc - 2, argv + 2);
+    else if (argc >= 2 && !strcmp(argv[1], "tp")) rc = cmd_tp(argc - 2, argv + 2);
     if (rc == 2) {
         fprintf(stderr,
                 "usage: test_cuda compare MODEL [--prompt N] [--steps N] [--chunk N] [--seed S] [--no-sim]\n"
@@ -2094,7 +2281,8 @@ int main(int argc, char **argv) {
                 "       test_cuda imatrix MODEL [--prompt N] [--chunk N] [--no-split]\n"
                 "       test_cuda stages MODEL [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X] [--quick]\n"
                 "                        [--gpus G]\n"
-                "       test_cuda resize MODEL [--no-sim] [--quick | --long]\n");
+                "       test_cuda resize MODEL [--no-sim] [--quick | --long]\n"
+                "       test_cuda tp MODEL [--tp N] [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X]\n");
         return 2;
     }
     if (rc == 0 && failures) printf("%d check(s) failed\n", failures);

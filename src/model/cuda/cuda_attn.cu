@@ -297,10 +297,11 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
     a.wscale = 1.0f / sqrtf((float)c->idx_head_dim * (float)c->idx_n_head);
     a.eps = c->rms_eps;
     a.sim = b->sim;
-    /* the query heads of a pass on the tensor-core attention are its to do */
-    uint32_t nqb = cu_attn_tc(b, T) ? 0 : (c->n_head + QP_HEADS - 1) / QP_HEADS;
+    /* the query heads of a pass on the tensor-core attention are its to do;
+     * the backend's own heads (cu_tp) */
+    uint32_t nqb = cu_attn_tc(b, T) ? 0 : (b->tp.heads + QP_HEADS - 1) / QP_HEADS;
     uint32_t nib = idx ? (c->idx_n_head + QP_HEADS - 1) / QP_HEADS : 0;
-    a.n_head = nqb ? c->n_head : 0;
+    a.n_head = nqb ? b->tp.heads : 0;
     if (keep) {
         a.keep = b->sq->L[il].win;
         a.keep_src = b->xn.f;
@@ -1716,8 +1717,8 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.comp = S->comp;
     a.vis = b->vis;
     a.nvis = b->nvis;
-    a.sinks = (const float *)b->W.layers[il].sinks.p;
-    a.n_head = c->n_head;
+    a.sinks = (const float *)b->W.layers[il].sinks.p; /* the backend's heads' (cu_tp) */
+    a.n_head = b->tp.heads;
     a.hd = c->head_dim;
     a.window = c->sliding_window;
     a.raw_cap = b->raw_cap;

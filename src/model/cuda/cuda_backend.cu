@@ -70,7 +70,10 @@ static unsigned layer_forms(const cuda_backend *b, dwt dlayer::*m1, dwt dlayer::
 static void layout_buffers(cuda_backend *b, bump *m) {
     const ds4_config *c = b->cfg;
     size_t C = b->chunk, D = c->n_embd, k = c->n_expert_used, F = c->n_ff_exp, hd = c->head_dim;
-    size_t ihd = c->idx_head_dim, ih = c->idx_n_head, qd = (size_t)c->n_head * hd;
+    /* the query heads, output groups and shared-expert rows are the
+     * backend's share of them (cu_tp: all of them but under tensor
+     * parallelism) */
+    size_t ihd = c->idx_head_dim, ih = c->idx_n_head, qd = (size_t)b->tp.heads * hd;
     TAKE(m, b->S, C * c->n_hc * D);
     TAKE(m, b->post, C * c->n_hc);
     TAKE(m, b->comb, C * c->n_hc * c->n_hc);
@@ -107,7 +110,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
         b->lane_attn_count[i] = count;
     }
     TAKE(m, b->attn_tc_rows, cu_attn_tc_rows(b) ? cu_attn_tc_floats(c->head_dim, cu_attn_tc_rows(b)) : 0);
-    take_act(m, &b->low, c->o_groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
+    take_act(m, &b->low, b->tp.groups * c->o_lora_rank, b->chunk, ACT_F | layer_forms(b, &dlayer::out_b, NULL));
     TAKE(m, b->y, C * D);
     if (b->base.opts.steer) TAKE(m, b->d_steer, (size_t)c->n_layer * D);
     TAKE(m, b->router, C * c->n_expert);
@@ -121,9 +124,9 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     /* collecting an imatrix: also the f32 rows (cuda_imatrix.cu reads them) */
     take_act(m, &b->mid, (uint32_t)F, (uint32_t)(C * k),
              layer_forms(b, &dlayer::down_exps, NULL) | (b->base.opts.imatrix ? ACT_F : 0));
-    TAKE(m, b->sg, C * F);
-    TAKE(m, b->su, C * F);
-    take_act(m, &b->smid, (uint32_t)F, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
+    TAKE(m, b->sg, C * b->tp.ff);
+    TAKE(m, b->su, C * b->tp.ff);
+    take_act(m, &b->smid, b->tp.ff, b->chunk, layer_forms(b, &dlayer::down_sh, NULL));
     TAKE(m, b->eout, C * k * D);
     TAKE(m, b->sout, C * D);
     TAKE(m, b->split, cu_gemm_split_floats());
@@ -696,6 +699,7 @@ static void cuda_free(ds4_backend *base) {
     cu_step_graphs_drop(b, NULL);
     cu_offload_free(b->off);
     cu_mtp_free(b);
+    cu_tp_free(&b->tp);
     seq_release(&b->main_seq);
     if (b->buf_block) cudaFree(b->buf_block);
     cu_weights_free(&b->W);
@@ -1007,10 +1011,13 @@ static int gpu_budget(const cuda_backend *b, uint64_t *budget, ds4_err *err) {
 
 /* Weights, state and buffers in GPU memory: every tensor but the routed
  * experts, then as many of those as the budget holds (cuda_offload.h); a
- * pipeline stage's tensors all on the GPU. */
+ * pipeline stage's tensors all on the GPU, and a tensor-parallel rank's
+ * share (cuda_tp.cu). */
 static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    if (cu_weights_shape(&b->W, w, NULL, b->layer_first, b->layer_end, err)) return -1;
+    if (cu_tp_init(b, w, err) ||
+        cu_weights_shape(&b->W, w, &b->tp, b->tp.n_own, b->layer_first, b->layer_end, err))
+        return -1;
     size_t state = (seq_bytes(b, b->base.opts.main_ctx, true) + 255) / 256 * 256; /* the main sequence's */
     bump m = {NULL, 0};
     layout_buffers(b, &m);
@@ -1025,6 +1032,12 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
                            "(--layers) or more GPU memory (--gpu-mem)",
                            b->layer_first, b->layer_end - 1, (double)(all + state + bufs) / (1u << 30),
                            (double)budget / (1u << 30));
+    if ((uint64_t)all + state + bufs > budget && b->tp.n > 1)
+        return ds4_err_set(err, DS4_ENOMEM,
+                           "GPU %d's share of the model under tensor parallelism needs %.2f GiB, the budget is %.2f "
+                           "GiB: tensor parallelism keeps no routed experts in host RAM (no offload): use more GPUs "
+                           "(--tensor-parallel) or more GPU memory (--gpu-mem)",
+                           b->dev, (double)(all + state + bufs) / (1u << 30), (double)budget / (1u << 30));
     /* Room for the sequences to come (opts.extra_seqs) where the budget
      * has it with every routed expert in host RAM; where not, none: the
      * caller refuses those sequences (cuda_seq_memory reports the room). */
@@ -1033,13 +1046,14 @@ static int place_and_load(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     state += more;
     b->dev_fixed += more;
     if ((uint64_t)all + state + bufs > budget && cu_offload_plan(b, w, b->dev_fixed, budget, &b->off, err)) return -1;
-    if (b->off && cu_weights_shape(&b->W, w, b->off->place.n_gpu, 0, c->n_layer, err)) return -1;
+    if (b->off && cu_weights_shape(&b->W, w, NULL, b->off->place.n_gpu, 0, c->n_layer, err)) return -1;
     if (w->synthetic) {
         if (cu_weights_synth(&b->W, w, w->synthetic_seed, b->st, err)) return -1;
-    } else if (cu_weights_load(&b->W, w, b->off ? b->off->slot : NULL, b->st, err)) {
+    } else if (cu_weights_load(&b->W, w, &b->tp, b->off ? b->off->slot : b->tp.slot, b->st, err)) {
         return -1;
     }
     b->dev_bytes = b->W.bytes;
+    if (b->tp.d_slot) b->dev_bytes += ((size_t)c->n_layer * c->n_expert * sizeof(int32_t) + 255) / 256 * 256;
     return b->off ? cu_offload_init(b, b->off, w, err) : 0;
 }
 

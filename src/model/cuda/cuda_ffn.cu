@@ -51,9 +51,12 @@ static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
+    /* the selected experts' slots: on the host's -1 (cuda_offload.h), or
+     * under tensor parallelism another rank's (cu_tp) */
     bool host = cu_offload_host(b->off, il);
-    in.slot = host ? b->off->d_slot + (size_t)il * c->n_expert : NULL;
-    in.msel = host ? b->msel : NULL;
+    const int32_t *slot = host ? b->off->d_slot : b->tp.d_slot;
+    in.slot = slot ? slot + (size_t)il * c->n_expert : NULL;
+    in.msel = slot ? b->msel : NULL;
     in.count = b->expert_count ? b->expert_count + (size_t)il * c->n_expert : NULL;
     return in;
 }
@@ -166,6 +169,7 @@ typedef struct swiglu_args {
     const float *eg, *eu, *selw; /* routed: rows T*k */
     const float *sg, *su;        /* shared: rows T */
     uint32_t n_routed, n_shared, F;
+    uint32_t Fs; /* a shared row's values: F, or a tensor-parallel rank's part (cu_tp) */
     float limit;
     dact mid, smid;
     hc_sink_job sink; /* one more block: see cu_swiglu */
@@ -197,11 +201,12 @@ template <int NT> static __global__ void __launch_bounds__(NT) swiglu_kernel(swi
     }
     dev_pdl_enter();
     DS4_DYN_SMEM(float4, xs);
-    uint32_t r = blockIdx.x, n4 = a.F / 4;
+    uint32_t r = blockIdx.x;
     bool routed = r < a.n_routed;
     if (!routed) r -= a.n_routed;
-    const float4 *g = (const float4 *)((routed ? a.eg : a.sg) + (size_t)r * a.F);
-    const float4 *u = (const float4 *)((routed ? a.eu : a.su) + (size_t)r * a.F);
+    uint32_t F = routed ? a.F : a.Fs, n4 = F / 4;
+    const float4 *g = (const float4 *)((routed ? a.eg : a.sg) + (size_t)r * F);
+    const float4 *u = (const float4 *)((routed ? a.eu : a.su) + (size_t)r * F);
     const dact &o = routed ? a.mid : a.smid;
     float w = routed ? a.selw[r] : 1.0f;
     float4 gv[PER4], uv[PER4];
@@ -223,7 +228,7 @@ template <int NT> static __global__ void __launch_bounds__(NT) swiglu_kernel(swi
         if (x) *(float4 *)(x + 4 * (size_t)f) = v;
     }
     __syncthreads();
-    dev_quantize_row((const float *)xs, a.F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL,
+    dev_quantize_row((const float *)xs, F, o.q8 ? o.q8 + (size_t)r * o.q8s : NULL,
                      o.qk ? o.qk + (size_t)r * o.qks : NULL);
 }
 
@@ -239,11 +244,12 @@ int cu_swiglu(cuda_backend *b, uint32_t il, uint32_t T, unsigned which, const hc
     a.n_routed = which & SWIGLU_ROUTED ? T * c->n_expert_used : 0;
     a.n_shared = which & SWIGLU_SHARED ? T : 0;
     a.F = c->n_ff_exp;
+    a.Fs = b->tp.ff;
     a.limit = c->swiglu_clamp[il];
     a.mid = b->mid;
     a.smid = b->smid;
     a.sink = cu_hc_sink_job(b, sink);
-    if (a.F > SWIGLU_MAX || a.F % 4)
+    if (a.F > SWIGLU_MAX || a.F % 4 || a.Fs > a.F || a.Fs % 4)
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: expert rows of %u values (a multiple of 4, at most %u)", a.F, SWIGLU_MAX);
     if (a.n_routed + a.n_shared == 0) return 0;

@@ -20,10 +20,11 @@
  */
 #include "model/cuda/cuda_internal.h"
 
-/* Token t's row of an activation. */
+/* Token t's row of an activation (a form it lacks stays NULL: the
+ * attention heads of a Q8_0 attn_output_a are Q8_0 rows alone). */
 static dact act_row(const dact *a, uint32_t t) {
     dact v = *a;
-    v.f = a->f + (size_t)t * a->fs;
+    v.f = a->f ? a->f + (size_t)t * a->fs : NULL;
     v.q8 = a->q8 ? a->q8 + (size_t)t * a->q8s : NULL;
     v.qk = a->qk ? a->qk + (size_t)t * a->qks : NULL;
     return v;
@@ -75,9 +76,11 @@ static int compressor_projections(cuda_backend *b, const dlayer *w, uint32_t rat
     return cu_gemv_run(&p, st, err);
 }
 
+/* The query heads are the backend's own (cu_tp: all of them but under
+ * tensor parallelism); the indexer's are every backend's. */
 static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t qd = c->n_head * c->head_dim, iqd = c->idx_n_head * c->idx_head_dim;
+    uint32_t qd = b->tp.heads * c->head_dim, iqd = c->idx_n_head * c->idx_head_dim;
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -90,10 +93,12 @@ static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_
     return 0;
 }
 
-/* Grouped output projection (docs/MODEL.md 6.1 A11) and attn_output_b. */
+/* Grouped output projection (docs/MODEL.md 6.1 A11) and attn_output_b, of
+ * the backend's own groups (cu_tp): under tensor parallelism a part of
+ * the attention's output, which cu_tp_reduce_attn sums. */
 static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
-    uint32_t qd = c->n_head * c->head_dim, gin = qd / c->o_groups, olr = c->o_lora_rank;
+    uint32_t gin = c->n_head * c->head_dim / c->o_groups, olr = c->o_lora_rank;
     /* decode: a Q8_0 attn_output_b reads the low-rank row as Q8_0, which
      * the attn_output_a launch then makes itself, 32 rows a block */
     bool fused = decode && w->out_a.type == DS4_TYPE_Q8_0 && w->out_b.type == DS4_TYPE_Q8_0 && b->low.q8 &&
@@ -101,14 +106,14 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
     if (decode) {
         gemv_plan p;
         memset(&p, 0, sizeof(p));
-        for (uint32_t g = 0; g < c->o_groups; g++) {
+        for (uint32_t g = 0; g < b->tp.groups; g++) {
             float *out = b->low.f + (size_t)g * olr;
             if (fused) cu_gemv_add_q8(&p, &w->out_a, g * olr, olr, &b->heads, g * gin, out, &b->low, g * olr);
             else cu_gemv_add(&p, &w->out_a, 0, NULL, 0, g * olr, olr, &b->heads, g * gin, out);
         }
         if (cu_gemv_run(&p, b->st, err)) return -1;
     } else {
-        for (uint32_t g = 0; g < c->o_groups; g++)
+        for (uint32_t g = 0; g < b->tp.groups; g++)
             if (cu_gemm(&w->out_a, 0, g * olr, olr, &b->heads, g * gin, T, b->low.f + (size_t)g * olr, b->low.fs, NULL,
                         b->split, b->st, err))
                 return -1;
@@ -192,8 +197,8 @@ static int shared_expert(cuda_backend *b, uint32_t il, const hc_site *sink, ds4_
     const dlayer *w = &b->W.layers[il];
     gemv_plan p;
     memset(&p, 0, sizeof(p));
-    cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->sg);
-    cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, c->n_ff_exp, &b->xn, 0, b->su);
+    cu_gemv_add(&p, &w->gate_sh, 0, NULL, 0, 0, b->tp.ff, &b->xn, 0, b->sg);
+    cu_gemv_add(&p, &w->up_sh, 0, NULL, 0, 0, b->tp.ff, &b->xn, 0, b->su);
     if (cu_gemv_run(&p, b->side, err) || cu_swiglu(b, il, 1, SWIGLU_SHARED, sink, b->side, err)) return -1;
     memset(&p, 0, sizeof(p));
     cu_gemv_add(&p, &w->down_sh, 0, NULL, 0, 0, c->n_embd, &b->smid, 0, b->sout);
@@ -214,7 +219,7 @@ static cuda_backend part_view(const cuda_backend *b, const cu_part *p, uint32_t 
     v.qa_raw = b->qa_raw + r * c->q_lora_rank;
     v.qr = act_row(&b->qr, p->r0);
     v.kvbuf = b->kvbuf + r * hd;
-    v.q = b->q + r * c->n_head * hd;
+    v.q = b->q + r * b->tp.heads * hd;
     v.iq = b->iq + r * ih * ihd;
     v.iw = b->iw + r * ih;
     size_t cw = (size_t)ds4_compress_coff(ds4_layer_ratio(c, il)) * hd;
@@ -301,7 +306,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     bool idx = ratio == 4;
     if (!decode) {
         if (attention_projections(b, il, T, false, err) || attention_parts(b, il, parts, n_parts, T, err) ||
-            output_projection(b, w, T, false, err))
+            output_projection(b, w, T, false, err) || cu_tp_reduce_attn(b, T, err))
             return -1;
         hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
         if (cu_steer(b, il, T, false, false, &src, err)) return -1;
@@ -332,7 +337,9 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     if (branch && side_wait(b, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
-    if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, w, T, decode, err)) return -1;
+    if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, w, T, decode, err) ||
+        cu_tp_reduce_attn(b, T, err))
+        return -1;
     hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
     if (cu_steer(b, il, T, false, decode, &src, err)) return -1;
     hc_site ffn = ffn_site(b, il, decode);
@@ -342,13 +349,16 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
 /* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
  * GPU's products read the selected experts' device slots (msel; a host
  * expert's -1 is skipped) while the host branch computes the others, and
- * the HC post takes each slot's output from its side. */
+ * the HC post takes each slot's output from its side.  Under tensor
+ * parallelism (cu_tp) likewise the rank's own experts, another rank's
+ * being -1, and its rows of the shared expert: a part of the output,
+ * which cu_tp_reduce_ffn sums. */
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
-    uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd, Fs = b->tp.ff;
     bool host = cu_offload_host(b->off, il), gpu = cu_offload_gpu(b->off, il), stream = false;
-    const int *esel = host ? b->msel : b->sel;
+    const int *esel = host || b->tp.n > 1 ? b->msel : b->sel;
     if (decode) {
         hc_site here = ffn_site(b, il, true);
         if (side_fork(b, err) || shared_expert(b, il, &here, err) || side_join(b, err)) return -1;
@@ -375,8 +385,8 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
-            mm(b, &w->gate_sh, 0, F, &b->xn, 0, T, b->sg, F, err) ||
-            mm(b, &w->up_sh, 0, F, &b->xn, 0, T, b->su, F, err) || cu_route(b, il, tok, T, err))
+            mm(b, &w->gate_sh, 0, Fs, &b->xn, 0, T, b->sg, Fs, err) ||
+            mm(b, &w->up_sh, 0, Fs, &b->xn, 0, T, b->su, Fs, err) || cu_route(b, il, tok, T, err))
             return -1;
         /* the host experts by the CPU, or streamed when the chunk uses them
          * enough (cuda_offload.h) */
@@ -397,7 +407,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
     bool cpu = host && !stream;
     if (cpu && cu_offload_join(b, err)) return -1;
     hc_post_src src = {NULL, b->eout, b->sout, k, cpu ? b->msel : NULL, cpu ? b->off->h_out : NULL};
-    if (cu_steer(b, il, T, true, decode, &src, err)) return -1;
+    if (cu_tp_reduce_ffn(b, T, &src, err) || cu_steer(b, il, T, true, decode, &src, err)) return -1;
     if (il + 1 == b->layer_end && !cu_head(b))
         return cu_hc_step(b, &src, NULL, T, err); /* the next is another stage's */
     hc_site next = il + 1 < c->n_layer    ? attn_site(b, il + 1, decode)

@@ -101,13 +101,15 @@ size_t cu_row_bytes(uint32_t type, uint32_t n);
 /* One GGUF row (n values of `type`) into the device layout, row_bytes long. */
 void cu_repack_row(uint32_t type, uint32_t n, const uint8_t *src, uint8_t *dst, size_t row_bytes);
 
+struct cu_tp;
 /* The device shapes of the tensors of `w` a backend of layers [first, end)
  * runs (nothing allocated): those layers' tensors, the embedding when
  * first is 0, the output head when end is the last layer; the others stay
  * absent.  A routed tensor of layer l holds n_gpu[l] matrices (NULL: all
- * of them). */
-int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, uint32_t first, uint32_t end,
-                     ds4_err *err);
+ * of them); the tensors that tensor parallelism splits hold tp's share
+ * (cu_tp_part; NULL: the whole). */
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const struct cu_tp *tp, const uint32_t *n_gpu, uint32_t first,
+                     uint32_t end, ds4_err *err);
 /* Whether a device tensor is part of the model (its shape is known before
  * its memory is: an all-host routed tensor has none). */
 static inline bool dwt_present(const dwt *W) { return W->row_bytes != 0; }
@@ -117,7 +119,8 @@ size_t cu_weights_bytes(const dweights *dw, const ds4_config *c, size_t *routed)
 /* Upload (repacking) or synthesise every tensor of `w` after
  * cu_weights_shape; slot (NULL: every expert) places routed expert e of
  * layer l in matrix slot[l * n_expert + e], or nowhere when -1. */
-int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err);
+int cu_weights_load(dweights *dw, const ds4_weights *w, const struct cu_tp *tp, const int32_t *slot, cudaStream_t st,
+                    ds4_err *err);
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err);
 void cu_weights_free(dweights *dw);
 /* The MTP block's tensors into dm and its layer's into dl, uploaded from
@@ -357,6 +360,24 @@ typedef struct cu_journal {
 #define CU_GRAPH_CTX0 8192 /* the smallest (ds4_backend_opts.cuda_graph_ctx sets another, for the tests) */
 
 struct cu_mtp;
+struct ds4_cuda_clique;
+
+/* A backend's share of each layer under tensor parallelism (cuda_tp.cu,
+ * docs/DISTRIBUTED.md 7): rank `rank` of n computes its query heads
+ * [head0, head0 + heads) and output groups [group0, group0 + groups) of
+ * the attention, its rows [ff0, ff0 + ff) of the shared expert and the
+ * routed experts e with e % n == rank (in slot e / n), and every other
+ * part of a layer whole, as every rank does; the sublayers' partial
+ * outputs are summed over the ranks by an NCCL all-reduce.  n == 1 (no
+ * tensor parallelism): the whole of everything. */
+typedef struct cu_tp {
+    uint32_t rank, n;
+    struct ds4_cuda_clique *clique; /* NULL when n == 1 */
+    uint32_t heads, head0, groups, group0, ff, ff0;
+    int32_t *slot;   /* n > 1, host: n_layer x n_expert, a routed expert's slot here or -1 */
+    int32_t *d_slot; /* its device copy */
+    uint32_t *n_own; /* n > 1, host: per layer, the routed experts held here */
+} cu_tp;
 
 /* A sequence (backend.h): one token stream's state in GPU memory - its
  * layers' rings, compressed rows, frontiers and indexer rows, sized from
@@ -430,6 +451,7 @@ typedef struct cuda_backend {
     uint32_t *lane_attn_count[CU_LANES];
 
     dweights W;
+    cu_tp tp;
     struct cu_mtp *mtp; /* the MTP block and its sequence (cuda_mtp.cu); NULL without one */
     /* directional steering (model/steering.h): the directions on the
      * device (NULL without), the scales the decode graphs were captured
@@ -672,6 +694,28 @@ uint32_t cu_hc_cols(void);
  * pipeline stage, whose next sublayer is the next stage's), with the
  * arithmetic of the fused launch, so the residuals have its bits. */
 int cu_hc_step(cuda_backend *b, const hc_post_src *post, const hc_site *site, uint32_t T, ds4_err *err);
+
+/* cuda_tp.cu: tensor parallelism (cu_tp).  init: the backend's share
+ * from its options (rank of tensor_parallel), refusing a model whose
+ * heads, groups, shared-expert rows or blocks do not divide among the
+ * ranks; before the weights are shaped. */
+int cu_tp_init(cuda_backend *b, const ds4_weights *w, ds4_err *err);
+void cu_tp_free(cu_tp *tp);
+/* The rank's part of layer tensor `field` (its offset in dlayer): rows
+ * [*row0, *row0 + *rows) and values [*col0, *col0 + *n) of each row of the
+ * whole, which come in as the whole's rows and n; false when every rank
+ * holds it whole. */
+bool cu_tp_part(const cu_tp *tp, const ds4_config *c, size_t field, uint32_t *row0, uint32_t *rows, uint32_t *col0,
+                uint32_t *n);
+/* The all-reduce of a sublayer's partial outputs: the attention's (b->y),
+ * or the FFN's - the rank's routed experts (slots msel >= 0) and its part
+ * of the shared expert summed into b->y first - after which post reads
+ * b->y.  Nothing when n == 1. */
+int cu_tp_reduce_attn(cuda_backend *b, uint32_t T, ds4_err *err);
+int cu_tp_reduce_ffn(cuda_backend *b, uint32_t T, hc_post_src *post, ds4_err *err);
+/* cuda_nccl.cu: the sum over the clique of rank's n floats at buf, in
+ * place, on st (captured with st). */
+int cu_nccl_allreduce(struct ds4_cuda_clique *c, int rank, float *buf, size_t n, cudaStream_t st, ds4_err *err);
 
 /* cuda_steer.cu: the sublayer output of layer il at a steering point with
  * the scale of the pass's sequence (b->sq; the parts of a pass of several

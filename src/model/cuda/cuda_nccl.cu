@@ -1,14 +1,17 @@
 /*
- * cuda_nccl.cu - the residuals' way between the stages of a pipeline over
- * the GPUs of one host (--gpus, docs/DISTRIBUTED.md; model/dist): NCCL
- * communicators over the stages' GPUs, and each stage's ends - a buffer
- * what the stage before sends lands in, buffers of what it sends on, in
- * its GPU's memory - with transfers started on a stream of its own and
- * polled for completion, so that the pipeline's waits can give up when a
- * stage has failed (model/backends.h, ds4_cuda_clique_*, ds4_cuda_pipe_*).
+ * cuda_nccl.cu - NCCL between the GPUs of one host (docs/DISTRIBUTED.md):
+ * communicators over the GPUs, and
+ *  - the residuals' way between the stages of a pipeline (--gpus;
+ *    model/dist): each stage's ends - a buffer what the stage before sends
+ *    lands in, buffers of what it sends on, in its GPU's memory - with
+ *    transfers started on a stream of their own and polled for completion,
+ *    so that the pipeline's waits can give up when a stage has failed
+ *    (model/backends.h, ds4_cuda_clique_*, ds4_cuda_pipe_*);
+ *  - the sums of tensor parallelism (--tensor-parallel; cuda_tp.cu): an
+ *    all-reduce on the backend's stream, which a decode graph captures.
  *
- * The programs do not link NCCL: libnccl.so.2 is loaded when a pipeline
- * over GPUs starts, so that every other run works without it, and its
+ * The programs do not link NCCL: libnccl.so.2 is loaded when GPUs first
+ * work together, so that every other run works without it, and its
  * entry points are taken by name with the types of nccl.h.  In the CPU
  * emulation of CUDA the emulated NCCL (tests/cuda/emu/nccl_emu.h) stands
  * in for the library.
@@ -34,13 +37,14 @@ extern "C" {
 
 #define DS4_LIBNCCL "libnccl.so.2"
 
-/* NCCL's entry points the pipeline calls. */
+/* NCCL's entry points ds4 calls. */
 typedef struct cu_nccl {
     decltype(&ncclCommInitAll) CommInitAll;
     decltype(&ncclCommDestroy) CommDestroy;
     decltype(&ncclCommAbort) CommAbort;
     decltype(&ncclSend) Send;
     decltype(&ncclRecv) Recv;
+    decltype(&ncclAllReduce) AllReduce;
     decltype(&ncclGetErrorString) GetErrorString;
 } cu_nccl;
 
@@ -49,14 +53,16 @@ typedef struct cu_nccl {
  * communicators, so it is never closed. */
 static int nccl_load(cu_nccl *n, ds4_err *err) {
 #ifdef DS4_CUDA_EMU
-    *n = cu_nccl{ncclCommInitAll, ncclCommDestroy, ncclCommAbort, ncclSend, ncclRecv, ncclGetErrorString};
+    *n = cu_nccl{ncclCommInitAll, ncclCommDestroy, ncclCommAbort, ncclSend, ncclRecv, ncclAllReduce,
+                  ncclGetErrorString};
     (void)err;
     return 0;
 #else
     void *lib = dlopen(DS4_LIBNCCL, RTLD_NOW | RTLD_LOCAL);
     if (!lib)
         return ds4_err_set(err, DS4_ENOTFOUND,
-                           "a pipeline over GPUs (--gpus) needs NCCL, whose %s cannot be loaded: %s (install NCCL: "
+                           "GPUs working together (--gpus, --tensor-parallel) need NCCL, whose %s cannot be loaded: %s "
+                           "(install NCCL: "
                            "Debian's or NVIDIA's libnccl2)",
                            DS4_LIBNCCL, dlerror());
     struct {
@@ -68,6 +74,7 @@ static int nccl_load(cu_nccl *n, ds4_err *err) {
         {(void *)&n->CommAbort, "ncclCommAbort"},
         {(void *)&n->Send, "ncclSend"},
         {(void *)&n->Recv, "ncclRecv"},
+        {(void *)&n->AllReduce, "ncclAllReduce"},
         {(void *)&n->GetErrorString, "ncclGetErrorString"},
     };
     for (size_t i = 0; i < sizeof(fns) / sizeof(fns[0]); i++) {
@@ -109,7 +116,7 @@ static int clique_init(ds4_cuda_clique *c, const int *gpus, int n, ds4_err *err)
     CU_TRY(cudaGetDeviceCount(&count));
     for (int r = 0; r < n; r++)
         if (gpus[r] >= count)
-            return ds4_err_set(err, DS4_EINVAL, "--gpus: GPU %d: the process sees %d GPU%s (0..%d)", gpus[r], count,
+            return ds4_err_set(err, DS4_EINVAL, "GPU %d: the process sees %d GPU%s (0..%d)", gpus[r], count,
                                count == 1 ? "" : "s", count - 1);
     if (nccl_check(&c->nccl, c->nccl.CommInitAll(c->comms, n, gpus), "ncclCommInitAll", err)) {
         memset(c->comms, 0, (size_t)n * sizeof(ncclComm_t)); /* none made: NCCL frees what it began */
@@ -161,6 +168,15 @@ static int start(ds4_cuda_clique *c, bool send, void *buf, size_t floats, int ra
     ncclResult_t r = send ? c->nccl.Send(buf, floats, ncclFloat32, rank + 1, c->comms[rank], st)
                           : c->nccl.Recv(buf, floats, ncclFloat32, rank - 1, c->comms[rank], st);
     return nccl_check(&c->nccl, r, send ? "ncclSend" : "ncclRecv", err);
+}
+
+/* The sum over the clique of rank's n floats at buf, in place, on st
+ * (cuda_tp.cu); captured with the stream when it is being captured. */
+int cu_nccl_allreduce(ds4_cuda_clique *c, int rank, float *buf, size_t n, cudaStream_t st, ds4_err *err) {
+    std::lock_guard<std::mutex> l(c->mu);
+    if (c->aborted) return ds4_err_set(err, DS4_EIO, "NCCL: the GPUs' communicators were aborted (a GPU failed)");
+    return nccl_check(&c->nccl, c->nccl.AllReduce(buf, buf, n, ncclFloat32, ncclSum, c->comms[rank], st),
+                      "ncclAllReduce", err);
 }
 
 struct ds4_cuda_pipe {

@@ -114,16 +114,21 @@ static int routed_of(size_t i, uint32_t *il) {
 static size_t tensor_bytes(const dwt *d) { return align_up(d->row_bytes * d->rows * d->mats, 256); }
 
 /* A host tensor, its table row, its device copy, and for a routed tensor
- * its layer (slots of resident experts), else -1. */
+ * its layer (slots of resident experts), else -1; with `part`, the device
+ * copy holds rows [row0, row0 + rows) and values [col0, col0 + n) of each
+ * of them (a rank's share under tensor parallelism, cuda_tp.cu). */
 typedef struct tref {
     const ds4_wt *h;
     const ds4_tensor_row *row;
     dwt *d;
     int il;
+    bool part;
+    uint32_t row0, rows, col0, n;
 } tref;
 
-/* Every tensor of w (in the order of ds4_weights_at); NULL without memory. */
-static tref *model_refs(dweights *dw, const ds4_weights *w, size_t *n) {
+/* Every tensor of w (in the order of ds4_weights_at), with tp's shares
+ * (NULL: whole); NULL without memory. */
+static tref *model_refs(dweights *dw, const ds4_weights *w, const cu_tp *tp, size_t *n) {
     *n = ds4_weights_count(w);
     tref *r = (tref *)calloc(*n, sizeof(tref));
     if (!r) return NULL;
@@ -132,12 +137,18 @@ static tref *model_refs(dweights *dw, const ds4_weights *w, size_t *n) {
         r[i].h = ds4_weights_at(w, i, &r[i].row);
         r[i].d = dev_tensor(dw, i);
         r[i].il = routed_of(i, &il) >= 0 ? (int)il : -1;
+        if (!tp || i < DS4_N_GLOBAL_TENSORS || !r[i].h->name) continue;
+        r[i].row0 = r[i].col0 = 0;
+        r[i].rows = (uint32_t)r[i].h->ne[1];
+        r[i].n = (uint32_t)r[i].h->ne[0];
+        size_t field = dev_layer_offsets[(i - DS4_N_GLOBAL_TENSORS) % DS4_N_LAYER_TENSORS];
+        r[i].part = cu_tp_part(tp, &w->cfg, field, &r[i].row0, &r[i].rows, &r[i].col0, &r[i].n);
     }
     return r;
 }
 
-/* Device shapes from the host tensors; a routed tensor keeps n_gpu[layer]
- * experts when n_gpu is given. */
+/* Device shapes from the host tensors (their parts); a routed tensor keeps
+ * n_gpu[layer] experts when n_gpu is given. */
 static int shape(const tref *r, size_t count, const uint32_t *n_gpu, ds4_err *err) {
     for (size_t i = 0; i < count; i++) {
         const ds4_wt *h = r[i].h;
@@ -149,6 +160,7 @@ static int shape(const tref *r, size_t count, const uint32_t *n_gpu, ds4_err *er
         d->rows = (uint32_t)h->ne[1];
         d->mats = (uint32_t)h->ne[2];
         if (n_gpu && r[i].il >= 0) d->mats = n_gpu[r[i].il];
+        if (r[i].part) d->n = r[i].n, d->rows = r[i].rows;
         d->row_bytes = cu_row_bytes(h->type, d->n);
         if (!d->row_bytes)
             return ds4_err_set(err, DS4_EUNSUPPORTED,
@@ -168,14 +180,14 @@ static bool in_stage(size_t i, uint32_t n_layer, uint32_t first, uint32_t end) {
     return il >= first && il < end;
 }
 
-int cu_weights_shape(dweights *dw, const ds4_weights *w, const uint32_t *n_gpu, uint32_t first, uint32_t end,
-                     ds4_err *err) {
+int cu_weights_shape(dweights *dw, const ds4_weights *w, const cu_tp *tp, const uint32_t *n_gpu, uint32_t first,
+                     uint32_t end, ds4_err *err) {
     free(dw->layers);
     /* the model's layers, and one more for the MTP block's (cu_mtp_weights_load) */
     dw->layers = (dlayer *)calloc(w->cfg.n_layer + 1, sizeof(dlayer));
     if (!dw->layers) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     size_t n;
-    tref *r = model_refs(dw, w, &n);
+    tref *r = model_refs(dw, w, tp, &n);
     if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = shape(r, n, n_gpu, err);
     for (size_t i = 0; rc == 0 && i < n; i++) /* another stage's: absent here (nothing planned or read) */
@@ -249,6 +261,8 @@ static int upload(const tref *r, size_t count, const int32_t *slot, uint32_t E, 
             if (to < 0) continue;
             size_t rows = routed ? d->rows : (size_t)d->rows * d->mats;
             const uint8_t *src = (const uint8_t *)h->data + (size_t)e * d->rows * h->row_bytes;
+            if (r[i].part) /* a share: its first row, its first value's block */
+                src = (const uint8_t *)h->data + (size_t)r[i].row0 * h->row_bytes + ds4_row_bytes(d->type, r[i].col0);
             uint8_t *dst = (uint8_t *)d->p + (size_t)to * d->rows * d->row_bytes;
             for (size_t r0 = 0; r0 < rows && rc == 0; r0 += per) {
                 size_t nr = rows - r0 < per ? rows - r0 : per;
@@ -276,9 +290,10 @@ static int upload(const tref *r, size_t count, const int32_t *slot, uint32_t E, 
     return rc;
 }
 
-int cu_weights_load(dweights *dw, const ds4_weights *w, const int32_t *slot, cudaStream_t st, ds4_err *err) {
+int cu_weights_load(dweights *dw, const ds4_weights *w, const cu_tp *tp, const int32_t *slot, cudaStream_t st,
+                    ds4_err *err) {
     size_t n;
-    tref *r = model_refs(dw, w, &n);
+    tref *r = model_refs(dw, w, tp, &n);
     if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = plan(r, n, &dw->block, &dw->bytes, err);
     if (rc == 0) rc = upload(r, n, slot, w->cfg.n_expert, st, err);
@@ -406,7 +421,7 @@ static int synthesise(const tref *r, size_t count, uint32_t n_expert, uint64_t s
 
 int cu_weights_synth(dweights *dw, const ds4_weights *w, uint64_t seed, cudaStream_t st, ds4_err *err) {
     size_t n;
-    tref *r = model_refs(dw, w, &n);
+    tref *r = model_refs(dw, w, NULL, &n);
     if (!r) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     int rc = plan(r, n, &dw->block, &dw->bytes, err);
     if (rc == 0) rc = synthesise(r, n, w->cfg.n_expert, seed, st, err);
@@ -420,10 +435,10 @@ int cu_mtp_weights_load(dmtp *dm, dlayer *dl, const ds4_mtp_weights *m, bool syn
     size_t n = 0;
     for (size_t i = 0; i < DS4_N_MTP_TENSORS; i++, n++)
         r[n] = (tref){(const ds4_wt *)((const char *)m + ds4_mtp_rows[i].offset), &ds4_mtp_rows[i],
-                      (dwt *)((char *)dm + dev_mtp_offsets[i]), -1};
+                      (dwt *)((char *)dm + dev_mtp_offsets[i]), -1, false, 0, 0, 0, 0};
     for (size_t i = 0; i < DS4_N_LAYER_TENSORS; i++, n++)
         r[n] = (tref){(const ds4_wt *)((const char *)&m->blk + ds4_layer_rows[i].offset), &ds4_layer_rows[i],
-                      (dwt *)((char *)dl + dev_layer_offsets[i]), -1};
+                      (dwt *)((char *)dl + dev_layer_offsets[i]), -1, false, 0, 0, 0, 0};
     if (shape(r, n, NULL, err) || plan(r, n, &dm->block, &dm->bytes, err)) return -1;
     return synth ? synthesise(r, n, m->cfg.n_expert, seed, st, err) : upload(r, n, NULL, m->cfg.n_expert, st, err);
 }

@@ -477,6 +477,22 @@ void emu_stream_defer(cudaStream_t s, std::function<bool()> try_run) {
     progress_locked();
 }
 
+static void drain(emu_stream *st);
+
+void emu_stream_defer_each(cudaStream_t s, std::function<std::function<bool()>()> make) {
+    emu_stream *st = stream_of(s);
+    if (!st->capture) {
+        emu_stream_defer(s, make());
+        return;
+    }
+    int dev = emu_stream_device(st);
+    st->capture->ops.push_back([make, dev]() {
+        emu_stream run{nullptr, dev, {}, {0}}; /* the graph's run, which waits for it */
+        emu_stream_defer(&run, make());
+        drain(&run);
+    });
+}
+
 void emu_deferred_update(const std::function<void()> &fn) {
     std::lock_guard<std::mutex> l(work_mu);
     fn();

@@ -389,6 +389,10 @@ uint64_t emu_launch_count();
  * for it, an event recorded after it is not complete and cudaStreamQuery
  * says cudaErrorNotReady - as a GPU's stream behind a transfer. */
 void emu_stream_defer(cudaStream_t s, std::function<bool()> try_run);
+/* The same for work a capture records (an emulated NCCL collective): make()
+ * makes the work when the stream reaches it - now, or on a captured stream
+ * at each run of the graph, whose later operations then wait for it. */
+void emu_stream_defer_each(cudaStream_t s, std::function<std::function<bool()>()> make);
 /* fn under that lock, then every stream's oldest deferred work tried again. */
 void emu_deferred_update(const std::function<void()> &fn);
 /* The device of a stream, and of the allocation holding [p, p + bytes)
