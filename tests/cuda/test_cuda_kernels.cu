@@ -547,6 +547,50 @@ static void check_products(cudaStream_t st) {
         printf("gemm %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
         CHECK(worst <= 2e-6, "gemm %s: error %.3g", tname(type), worst);
 
+        /* the same for a few tokens (CU_FEW_T at most: Q8_0 and float rows
+         * take the few-token kernels), each token's outputs those of a
+         * one-token gemv of it, bit for bit, where a few-token kernel runs */
+        bool few_kernel = !kq;
+        for (uint32_t few : {1u, 5u, (uint32_t)CU_FEW_T}) {
+            worst = 0;
+            uint32_t mism = 0;
+            dset(out, 0xFF, (size_t)T * rows * 4);
+            if (cu_gemm(&w.d, 1, 3, rows - 3, &a.d, off, few, out, rows, NULL, split_scratch(), st, &err)) {
+                printf("FAIL: %s\n", ds4_err_msg(&err));
+                exit(1);
+            }
+            CU(cudaStreamSynchronize(st));
+            CU(cudaMemcpy(got.data(), out, (size_t)T * rows * 4, cudaMemcpyDeviceToHost));
+            float *one = dalloc<float>(rows);
+            std::vector<float> g1(rows);
+            for (uint32_t t = 0; t < few; t++) {
+                gemv_plan q;
+                memset(&q, 0, sizeof(q));
+                dact at = a.d; /* token t's row */
+                at.f = a.d.f ? a.d.f + (size_t)t * a.d.fs : NULL;
+                at.q8 = a.d.q8 ? a.d.q8 + (size_t)t * a.d.q8s : NULL;
+                at.qk = a.d.qk ? a.d.qk + (size_t)t * a.d.qks : NULL;
+                cu_gemv_add(&q, &w.d, 1, NULL, 0, 3, rows - 3, &at, off, one);
+                if (cu_gemv_run(&q, st, &err)) {
+                    printf("FAIL: %s\n", ds4_err_msg(&err));
+                    exit(1);
+                }
+                CU(cudaStreamSynchronize(st));
+                CU(cudaMemcpy(g1.data(), one, (rows - 3) * 4, cudaMemcpyDeviceToHost));
+                for (uint32_t r = 0; r < rows - 3; r++) {
+                    double ref, mag;
+                    reference(w, a, 1, 3 + r, t, off, &ref, &mag);
+                    note_err(worst, fabs(got[(size_t)t * rows + r] - ref) / (mag + 1e-30));
+                    mism += few_kernel && memcmp(&got[(size_t)t * rows + r], &g1[r], 4) != 0;
+                }
+            }
+            cudaFree(one);
+            printf("gemm %-8s %u tokens, max error %.2g of the terms' magnitude, %u outputs unlike the gemv's\n",
+                   tname(type), few, worst, mism);
+            CHECK(worst <= 2e-6 && mism == 0, "gemm %s of %u tokens: error %.3g, %u unlike the gemv", tname(type), few,
+                  worst, mism);
+        }
+
         /* grouped gemm: entries (token*2 + slot) in expert order, two tiles */
         std::vector<int> perm, tmat, tstart, tcount;
         for (int e = 0; e < 3; e++) {

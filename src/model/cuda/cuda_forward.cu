@@ -346,6 +346,35 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     return cu_hc_step(b, &src, &ffn, T, err);
 }
 
+/* The routed experts of a pass of a few tokens (CU_FEW_T at most), gate
+ * and up (else down), by the decode step's gemv, a launch a token: each
+ * token's k experts as a decode step reads them, into the rows of its
+ * entries (token x k + slot), where the grouped product puts them.  The
+ * grouped tile product, 64 entries a tile, spent a tile on each of the
+ * few entries of an expert (25 % of a verification's kernel time on an
+ * H100, twice the weights' reading time). */
+static int few_experts(cuda_backend *b, const dlayer *w, const int *esel, uint32_t T, bool gate_up, ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    for (uint32_t t = 0; t < T; t++) {
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        dact x = act_row(&b->xn, t);
+        for (uint32_t i = 0; i < k; i++) {
+            uint32_t e = t * k + i;
+            if (gate_up) {
+                cu_gemv_add(&p, &w->gate_exps, 0, esel, e, 0, F, &x, 0, b->eg + (size_t)e * F);
+                cu_gemv_add(&p, &w->up_exps, 0, esel, e, 0, F, &x, 0, b->eu + (size_t)e * F);
+            } else {
+                dact m = act_row(&b->mid, e);
+                cu_gemv_add(&p, &w->down_exps, 0, esel, e, 0, D, &m, 0, b->eout + (size_t)e * D);
+            }
+        }
+        if (cu_gemv_run(&p, b->st, err)) return -1;
+    }
+    return 0;
+}
+
 /* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
  * GPU's products read the selected experts' device slots (msel; a host
  * expert's -1 is skipped) while the host branch computes the others, and
@@ -393,13 +422,18 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
         if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
         cu_group g;
-        if (gpu && (cu_group_tokens(b, esel, T, &g, err) ||
-                    cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
-                    cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err)))
+        bool few = gpu && !host && T <= CU_FEW_T && 2 * k <= CU_MAX_SEGS;
+        if (few && few_experts(b, w, esel, T, true, err)) return -1;
+        if (gpu && !few &&
+            (cu_group_tokens(b, esel, T, &g, err) ||
+             cu_gemm(&w->gate_exps, 0, 0, F, &b->xn, 0, T, b->eg, F, &g, NULL, b->st, err) ||
+             cu_gemm(&w->up_exps, 0, 0, F, &b->xn, 0, T, b->eu, F, &g, NULL, b->st, err)))
             return -1;
         if (cu_swiglu(b, il, T, gpu ? SWIGLU_ALL : SWIGLU_SHARED, NULL, b->st, err)) return -1;
         g.act_div = 1;
-        if (gpu && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err)) return -1;
+        if (few && few_experts(b, w, esel, T, false, err)) return -1;
+        if (gpu && !few && cu_gemm(&w->down_exps, 0, 0, D, &b->mid, 0, T, b->eout, D, &g, NULL, b->st, err))
+            return -1;
         if (mm(b, &w->down_sh, 0, D, &b->smid, 0, T, b->sout, D, err)) return -1;
         if (stream && cu_offload_stream(b, il, T, err)) return -1;
         if (cu_imatrix_sum(b, il, T, err)) return -1;

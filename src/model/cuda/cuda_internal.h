@@ -61,6 +61,7 @@ extern "C" {
 
 #define CU_MAX_EXPERT_USED 16
 #define CU_MAX_SEGS        16
+#define CU_FEW_T           8 /* tokens a pass of which takes the products of a few (cu_gemm, cu_ffn_layer) */
 
 /* ------------------------------------------------------------ weights */
 

@@ -2012,6 +2012,90 @@ static int gemm_q_init(ds4_err *err) {
     return 0;
 }
 
+/* A dense Q8_0 product of a few tokens (CU_FEW_T at most: a verification,
+ * the rows an MTP cycle keeps, a batched decode step of a few sessions):
+ * a warp a weight row, each 16-byte load of it dotted with every token's
+ * activation, so the row is read once for all of them - the int8 tile
+ * kernel, 64 tokens a tile, ran a block of 128 rows over the whole row
+ * length: a 1024-row product was 8 blocks on 132 SMs, 51 us a launch on an
+ * H100 where the decode gemv reads the same bytes in a few.  Each token's
+ * sums are the decode gemv's, in its order (gemv_q8_0: a lane's partial
+ * sums over rounds of 512 values, then the warp's). */
+template <uint32_t NT>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemm_few_q8_kernel(gemm_args g) {
+    dev_pdl_enter();
+    unsigned lane = threadIdx.x & 31;
+    uint32_t row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= g.rows) return;
+    const uint8_t *w = g.w + (size_t)g.mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
+    float acc[NT];
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (uint32_t base = 0; base < g.n; base += 512) { /* every lane each round: the shuffles take the warp */
+        uint32_t c = base + 16 * lane;
+        bool ok = c < g.n;
+        int4 wv = ok ? ldw16(w + c) : make_int4(0, 0, 0, 0);
+        float d = ok ? dev_f16(__ldg((const uint16_t *)(w + g.n) + c / 32)) : 0.0f;
+#pragma unroll
+        for (uint32_t t = 0; t < NT; t++) {
+            if (t >= g.T) break;
+            const uint8_t *xt = (const uint8_t *)g.xq + (size_t)t * g.xqs;
+            const float *dt = (const float *)((const uint8_t *)g.xd + (size_t)t * g.xqs);
+            int sum = ok ? dot16(wv, ld16(xt + c)) : 0;
+            sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+            if (ok && (lane & 1) == 0) acc[t] += (d * __ldg(dt + c / 32)) * (float)sum;
+        }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) {
+        if (t >= g.T) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) g.out[(size_t)t * g.out_stride + row] = v;
+    }
+}
+
+/* The same for float rows (F32, F16, BF16: the compressors' and the
+ * indexer's projections), each token's sums those of gemv_float: a lane's
+ * 16 bytes a round, the rounds in order, then the warp's sum. */
+template <uint32_t NT>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemm_few_float_kernel(gemm_args g) {
+    dev_pdl_enter();
+    unsigned lane = threadIdx.x & 31;
+    uint32_t row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= g.rows) return;
+    uint32_t per = g.type == DS4_TYPE_F32 ? 4 : 8, esz = g.type == DS4_TYPE_F32 ? 4 : 2; /* values a 16-byte load */
+    const uint8_t *w = g.w + (size_t)g.mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
+    float acc[NT];
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (uint32_t e = per * lane; e < g.n; e += 32 * per) {
+        int4 wv = ldw16(w + (size_t)e * esz);
+#pragma unroll
+        for (uint32_t t = 0; t < NT; t++) {
+            if (t >= g.T) break;
+            float xv[8];
+            float_x8(g.xf + (size_t)t * g.xfs, e, per, xv);
+            acc[t] += float_dot8(wv, g.type, xv);
+        }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) {
+        if (t >= g.T) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) g.out[(size_t)t * g.out_stride + row] = v;
+    }
+}
+
+/* Whether cu_gemm takes a few-token kernel: a dense product of Q8_0 rows
+ * against their Q8_0 activations, or of float rows whose 16-byte loads
+ * the rows and the activations allow. */
+static bool gemm_few(const dwt *W, const dact *x, uint32_t act_off, uint32_t T, const cu_group *grp) {
+    if (grp || T > CU_FEW_T) return false;
+    if (W->type == DS4_TYPE_Q8_0) return x->q8 != NULL;
+    bool fl = W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16;
+    return fl && x->f && ((uintptr_t)W->p | W->row_bytes | (uintptr_t)(x->f + act_off) | x->fs * sizeof(float)) % 16 == 0;
+}
+
 int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
             float *out, size_t out_stride, const cu_group *grp, float *split, cudaStream_t st, ds4_err *err) {
     if (rows == 0 || (T == 0 && !grp)) return 0;
@@ -2039,6 +2123,12 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
         if (!g.xf)
             return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no f32 activation for a %u-row %s product", rows,
                                ds4_type_get(W->type)->name);
+        if (gemm_few(W, x, act_off, T, grp)) {
+            DS4_LAUNCH(gemm_few_float_kernel<CU_FEW_T>, (rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, st,
+                       g);
+            CU_LAUNCHED();
+            return 0;
+        }
         if (gemm_f_split(&g, &grid, split, err)) return -1;
         if (W->type == DS4_TYPE_F16) DS4_LAUNCH(gemm_h_kernel, grid, 256, 0, st, g);
         else DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
@@ -2047,6 +2137,11 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     }
     g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
     if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
+    if (gemm_few(W, x, act_off, T, grp)) {
+        DS4_LAUNCH(gemm_few_q8_kernel<CU_FEW_T>, (rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, st, g);
+        CU_LAUNCHED();
+        return 0;
+    }
     if (((uintptr_t)g.xq | g.xqs | W->row_bytes | (uintptr_t)W->p) % 16)
         return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)",
                            rows);
