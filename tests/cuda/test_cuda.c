@@ -86,7 +86,7 @@
  *   test_cuda steer MODEL [--prompt N] [--steps N]
  *       directional steering against the CPU's (cmd_steer), simulations off.
  *   test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N]
- *                         [--prompt-max N]
+ *                         [--prompt-max N] [--tol X]
  *       N sessions (8 by default) with prompts of different lengths (3 to
  *       --prompt-max, 63 by default) and tokens, as sequences of one
  *       backend: one step takes every prompt
@@ -104,7 +104,10 @@
  *       live row of the state within the same bound), and restored alone
  *       it goes on as the solo run does.  Then a step with a rewindable
  *       draft of one session beside the others' rows (the decoders through
- *       the graph, the draft in a pass of its own), taken back.
+ *       the graph, the draft in a pass of its own), taken back.  --tol: the
+ *       bound (1e-3) for models whose products quantize their activations
+ *       (a 1e-6 difference of a row may round an int8 value the other way:
+ *       the same greedy tokens, ~1 % of the largest logit).
  *
  *   test_cuda tp MODEL [--tp N] [--prompt N] [--steps N] [--chunk N] [--no-sim] [--tol X]
  *       tensor parallelism (--tensor-parallel, ds4_backend_opts
@@ -797,22 +800,23 @@ static void state_check(const char *what, const ds4_kv_state *got, const ds4_kv_
     CHECK(worst <= tol, "%s: the state differs by %.2e (tolerance %.0e)", what, worst, tol);
 }
 
-/* test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N] */
+/* test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N] [--tol X] */
 static int cmd_batch(int argc, char **argv) {
     if (argc < 1) return 2;
     bool no_sim = false;
     uint32_t N = 8, S = 8, snap_at = UINT32_MAX, pmax = 63;
+    double tol = 1e-3;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--no-sim")) no_sim = true;
         else if (!strcmp(argv[i], "--sessions") && i + 1 < argc) N = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) S = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--snap-at") && i + 1 < argc) snap_at = (uint32_t)atoi(argv[++i]);
         else if (!strcmp(argv[i], "--prompt-max") && i + 1 < argc) pmax = (uint32_t)atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--tol") && i + 1 < argc) tol = atof(argv[++i]);
         else return 2;
     }
-    if (N < 2 || S < 2 || pmax < 4) return 2;
+    if (N < 2 || S < 2 || pmax < 4 || !(tol > 0)) return 2;
     if (snap_at > S) snap_at = S / 2;
-    const double tol = 1e-3;
     ds4_err err = {0};
     ds4_weights *w = ds4_weights_open(argv[0], &err);
     if (!w) die(argv[0], &err);
@@ -2273,7 +2277,7 @@ int main(int argc, char **argv) {
                 "                         [--tol X] [--loose] [--graph-ctx N]\n"
                 "       test_cuda golden MODEL GOLDEN [N]\n"
                 "       test_cuda rewind MODEL [--no-sim] [--quick]\n"
-                "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N]\n"
+                "       test_cuda batch MODEL [--no-sim] [--sessions N] [--steps N] [--snap-at N] [--prompt-max N] [--tol X]\n"
                 "       test_cuda split MODEL [--prompt N] [--steps N] [--seed S] [--no-sim] [--tol X]\n"
                 "                       [--quick]\n"
                 "       test_cuda mtp MODEL MTP MTP_GOLDEN [--quick]\n"
