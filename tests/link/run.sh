@@ -5,14 +5,14 @@
 # Two network namespaces joined by a veth pair, made and removed here:
 # mpirun and rank 0 in one, rank 1 in the other, so the residuals and the
 # tokens cross the link between them and nothing else (the launcher's own
-# channel is carried across by tests/link/pmix_fwd.py, and every run checks
-# that rank 0's side of the link sent at least the residuals' bytes).  For
-# each link - the bare veth pair, then one-way delays of 0.05, 1, 10 and
-# 50 ms, then a 1 Gb/s rate - it measures the link (tests/link/probe.py) and a 2-rank
-# pipeline's prefill and greedy-decode tokens/s on a model whose residual
-# is the real one's (n_embd 4096: 64 KiB a token in f32), checks that the
-# tokens are one process's, and prints the cost model's prediction beside
-# each measurement:
+# channel, used at the job's start and end, is carried around the link by
+# tests/link/pmix_fwd.py; every run checks that rank 0's side of the link
+# sent at least the residuals' bytes).  For each link - the bare veth pair,
+# then one-way delays of 0.05, 1, 10 and 50 ms, then a 1 Gb/s rate - it
+# measures the link (tests/link/probe.py) and a 2-rank pipeline's prefill
+# and greedy-decode tokens/s on a model whose residual is the real one's
+# (n_embd 4096: 64 KiB a token in f32), checks that the tokens are one
+# process's, and prints the cost model's prediction beside each measurement:
 #   decode  t = t_model + 2 x latency + residual bytes / bandwidth
 #           (one hop down with the residual, one back with the token)
 #   prefill t = (chunks + 1) x max(half the model's chunk time, chunk bytes /
