@@ -53,7 +53,7 @@ static void own_lock_file(int rank) {
  * same variables):
  * - with the kernel's default socket buffers it stalls a residual of
  *   64 KiB on a shaped link (measured: a third of the decode rate lost on
- *   1 Gb/s, docs/PERFORMANCE.md); 4 MiB buffers keep it at the link's rate;
+ *   1 Gb/s, docs/DISTRIBUTED.md 5); 4 MiB buffers keep it at the link's rate;
  * - a message over its eager limit (64 KiB with the header) waits for the
  *   receiver's answer before its data goes: one round trip more a hop,
  *   which a 64 KiB residual paid on every token (measured: 2 round trips a
