@@ -18,8 +18,9 @@
 #                   the official SDKs at once, then 1,000 requests with its
 #                   memory watched (needs PyPI for the SDKs; a few minutes)
 #   make test-dist-link  the pipeline across two network namespaces joined by
-#                   a veth pair (tc netem delays, a 1 Gb/s rate): tokens/s
-#                   against the cost model (needs root; tests/link/run.sh)
+#                   a veth pair (delays by tc netem, or by a relay over TUN
+#                   devices where the kernel has no netem; a 1 Gb/s rate):
+#                   tokens/s against the cost model (needs root; tests/link/run.sh)
 #   make perf-tools the measuring instruments of tools/perf: the GPU probes
 #                   built (needs nvcc), the scripts checked on fixtures
 #   make demo       build, generate a tiny model, run ds4 on it

@@ -48,14 +48,21 @@ static void own_lock_file(int rank) {
     setenv("DS4_LOCK_FILE", path, 1);
 }
 
-/* Open MPI's TCP transport with the kernel's default socket buffers
- * stalls a residual of 64 KiB on a shaped link (measured: a third of the
- * decode rate lost on 1 Gb/s, docs/PERFORMANCE.md); 4 MiB buffers keep
- * it at the link's rate.  Set unless the user set them (environment or
- * mpirun --mca, which reaches the ranks as the same variables). */
-static void tcp_buffers(void) {
+/* Open MPI's TCP transport, set for a decode step's messages unless the
+ * user set it (environment or mpirun --mca, which reaches the ranks as the
+ * same variables):
+ * - with the kernel's default socket buffers it stalls a residual of
+ *   64 KiB on a shaped link (measured: a third of the decode rate lost on
+ *   1 Gb/s, docs/DISTRIBUTED.md 5); 4 MiB buffers keep it at the link's rate;
+ * - a message over its eager limit (64 KiB with the header) waits for the
+ *   receiver's answer before its data goes: one round trip more a hop,
+ *   which a 64 KiB residual paid on every token (measured: 2 round trips a
+ *   token on a 50 ms link, test-dist-link).  1 MiB sends a step of a few
+ *   rows at once, and the logits of a sampled token (n_vocab x 4 bytes). */
+static void tcp_transport(void) {
     setenv("OMPI_MCA_btl_tcp_sndbuf", "4194304", 0);
     setenv("OMPI_MCA_btl_tcp_rcvbuf", "4194304", 0);
+    setenv("OMPI_MCA_btl_tcp_eager_limit", "1048576", 0);
 }
 
 int ds4_dist_init(ds4_dist **out, ds4_err *err) {
@@ -63,7 +70,7 @@ int ds4_dist_init(ds4_dist **out, ds4_err *err) {
     if (!ds4_dist_launched()) return 0;
     dist_mpi m;
     if (dist_mpi_load(&m, err) != 0) return -1;
-    tcp_buffers();
+    tcp_transport();
     int provided = 0, inited = 0;
     m.Initialized(&inited);
     if (!inited && m.Init_thread(NULL, NULL, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS)
