@@ -33,6 +33,15 @@ static int32_t pick(ds4_sampler *smp, const float *logits, const ds4_gen_opts *o
     return greedy || !smp ? ds4_argmax(l, n_vocab) : ds4_sample(smp, l);
 }
 
+/* Room in the session to append one token (and the one after it, as
+ * session.h's check wants): a session at the end of its capacity asks the
+ * caller's grow hook, where there is one. */
+static bool room_for_token(ds4_session *s, const ds4_gen_opts *o) {
+    uint32_t need = ds4_session_n_tokens(s) + 2;
+    if (!o->grow_fn || need <= ds4_session_capacity(s)) return true;
+    return o->grow_fn(o->grow_ctx, need) == 0 && need <= ds4_session_capacity(s);
+}
+
 /* ------------------------------------------------ with MTP drafts */
 
 /* The speculative loop's buffers and state (see the comment of
@@ -153,8 +162,15 @@ static int spec_generate(spec_loop *L, ds4_err *err) {
         uint32_t n = ds4_session_n_tokens(s), ctx = ds4_session_ctx(s), max = L->sp->draft;
         if (hand_out(L, tok, n, &append)) return 0;
         if (!append) continue;
+        if (!room_for_token(s, o)) {
+            res->finish = DS4_FINISH_LENGTH;
+            return 0;
+        }
 
-        /* room for tok and the drafts, and no more drafts than tokens left */
+        /* room for tok and the drafts (within the session's capacity when
+         * the caller admits its growth), and no more drafts than tokens
+         * left */
+        if (o->grow_fn) ctx = ds4_session_capacity(s);
         if (ctx < n + 2 + max) max = ctx > n + 2 ? ctx - n - 2 : 0;
         if (o->max_tokens && o->max_tokens - res->n_generated < max) max = o->max_tokens - res->n_generated;
         uint32_t k = 0;
@@ -275,7 +291,7 @@ int ds4_generate(ds4_session *s, ds4_sampler *smp, const ds4_gen_opts *opts, ds4
             res->finish = DS4_FINISH_LENGTH;
             break;
         }
-        if (ds4_session_n_tokens(s) + 1 >= ds4_session_ctx(s)) {
+        if (ds4_session_n_tokens(s) + 1 >= ds4_session_ctx(s) || (ctl.append && !room_for_token(s, opts))) {
             res->finish = DS4_FINISH_LENGTH;
             break;
         }

@@ -7,7 +7,8 @@
  * can also ask for the next token to be chosen greedily (the server does
  * this inside DSML tool-call syntax) or for the EOS token to be excluded
  * (the benchmark).  Generation ends at EOS, at max_tokens, when the context
- * is full, when the callback says stop, or when *cancel becomes nonzero
+ * is full (or the session may not grow further: the caller's grow hook),
+ * when the callback says stop, or when *cancel becomes nonzero
  * (Ctrl+C, a client that went away); the session stays consistent in every
  * case: it holds exactly the prompt plus the tokens appended, which are all
  * the tokens handed out except the last one when generation ended at EOS,
@@ -62,6 +63,16 @@ typedef struct ds4_gen_opts {
      * not come next to -INFINITY. */
     void (*restrict_fn)(void *ctx, float *logits, int n_vocab);
     void *restrict_ctx;
+    /* Optional, for a sized session (session.h) whose growth the caller
+     * admits (the server's memory budget): called when the next token
+     * would not fit the session's capacity, with the tokens the session
+     * must then have room for.  It returns 0 once it made that room
+     * (ds4_session_reserve), nonzero when the session may not grow:
+     * generation then ends there, finish LENGTH, as at a full context.
+     * MTP drafts are limited to the room the session has, never grown
+     * for.  NULL: the session grows by itself as it needs. */
+    int (*grow_fn)(void *ctx, uint32_t need);
+    void *grow_ctx;
 } ds4_gen_opts;
 
 typedef struct ds4_gen_result {

@@ -5,7 +5,9 @@
  * (EOS, max_tokens, full context, callback stop, cancel, error) reports
  * the right finish and leaves the session holding exactly the prompt plus
  * every token handed out except the last; greedy_next, exclude_eos and
- * append=false do what they say; the same seed gives the same tokens.
+ * append=false do what they say; the same seed gives the same tokens; a
+ * sized session's grow hook is asked at its end, and its refusal ends
+ * generation there.
  * Model: tests/golden/cpu/tiny-a.f16.gguf (no tokenizer: the EOS id is set
  * by hand where a test needs one).
  */
@@ -24,7 +26,7 @@
 #define MODEL   "tests/golden/cpu/tiny-a.f16.gguf"
 #define CTX     96
 #define NPROMPT 12
-#define MAXGEN  64
+#define MAXGEN  160
 
 static ds4_engine *E;
 static uint32_t V;
@@ -360,6 +362,62 @@ static void test_same_seed_same_tokens(void **state) {
     assert_memory_not_equal(runs[0], runs[2], 16 * sizeof(int32_t));
 }
 
+/* The grow hook of a sized session: grows it (ds4_session_reserve) or
+ * refuses, counting the calls. */
+typedef struct grower {
+    ds4_session *s;
+    bool refuse;
+    uint32_t calls, need;
+} grower;
+
+static int grow(void *ctx, uint32_t need) {
+    grower *g = ctx;
+    g->calls++;
+    g->need = need;
+    if (g->refuse) return 1;
+    ds4_err err = {0};
+    if (ds4_session_reserve(g->s, need, &err) != 0) fail_msg("%s", err.msg);
+    return 0;
+}
+
+/* A sized session in granules of 32 tokens (first of the model's sliding
+ * window, 128 tokens) whose growth goes through the hook: grown once it
+ * is full (room for 128 tokens asked at 127), its tokens are those of a
+ * session of the whole context; refused, generation ends there (finish
+ * length; the session holds capacity - 1 tokens, the last token handed out
+ * but not appended, as at a full context), the tokens up to there the
+ * same. */
+static void test_grow_hook(void **state) {
+    (void)state;
+    const uint32_t n = 140, big = 512;
+    ds4_gen_opts o = {.max_tokens = n};
+    rec want = {0};
+    ds4_session *s = primed(big);
+    run(s, NULL, &o, &want);
+    assert_int_equal(want.n, n);
+    ds4_session_free(s);
+    for (int refuse = 0; refuse < 2; refuse++) {
+        ds4_err err = {0};
+        s = ds4_session_new_sized(E, big, 32, &err);
+        if (!s || ds4_session_sync(s, PROMPT, NPROMPT, NULL, NULL, &err) != 0) fail_msg("%s", err.msg);
+        assert_int_equal(ds4_session_capacity(s), 128);
+        grower g = {.s = s, .refuse = refuse};
+        o.grow_fn = grow;
+        o.grow_ctx = &g;
+        rec got = {0};
+        ds4_gen_result res = run(s, NULL, &o, &got);
+        assert_int_equal(res.finish, DS4_FINISH_LENGTH);
+        assert_int_equal(g.calls, 1);
+        assert_int_equal(g.need, 128 + 1);
+        uint32_t handed = refuse ? 128 - NPROMPT : n;
+        assert_int_equal(got.n, handed);
+        assert_memory_equal(got.tok, want.tok, handed * sizeof(int32_t));
+        assert_holds(s, got.tok, handed - 1);
+        assert_int_equal(ds4_session_capacity(s), refuse ? 128 : 160);
+        ds4_session_free(s);
+    }
+}
+
 static void test_empty_session_is_an_error(void **state) {
     (void)state;
     ds4_err err = {0};
@@ -398,6 +456,7 @@ int main(void) {
         cmocka_unit_test(test_no_append),
         cmocka_unit_test(test_cancel),
         cmocka_unit_test(test_same_seed_same_tokens),
+        cmocka_unit_test(test_grow_hook),
         cmocka_unit_test(test_empty_session_is_an_error),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

@@ -5,7 +5,8 @@
  *   - greedy generation with drafts of 1, 2 and 4 tokens hands out the
  *     tokens plain generation does, and leaves the session's DSV4 payload
  *     byte-identical, across the ratio-4 / ratio-128 window ends and the
- *     prefill / decode boundary;
+ *     prefill / decode boundary; in sized sessions too, grown by themselves
+ *     or through a grow hook (drafts kept within the session's room);
  *   - a verification whose drafts are the true continuation keeps them all,
  *     one whose drafts are wrong keeps none, the state as plain decoding's;
  *   - the speculative sampling rule leaves the target's distribution
@@ -147,17 +148,38 @@ static char *payload_of(ds4_session *s, size_t *len) {
     return buf;
 }
 
+/* A grow hook (generate.h) that grows the session as asked, counting the
+ * calls: the server's, whose admission always finds room. */
+typedef struct grower {
+    ds4_session *s;
+    uint32_t calls;
+} grower;
+
+static int grow(void *ctx, uint32_t need) {
+    grower *g = ctx;
+    ds4_err err = {0};
+    g->calls++;
+    if (ds4_session_reserve(g->s, need, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
+    return 0;
+}
+
 /* Generate n tokens greedily after prompt p (draft 0: no MTP) in a session
  * of 512 tokens (granule: sized by what it holds, in granules of that
- * many; 0: not). */
-static void generate_in(ds4_engine *e, uint32_t granule, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft,
-                        rec *r, char **pl, size_t *pl_len, ds4_spec_stats *st) {
+ * many; 0: not; g: its growth through g's hook, the drafts then within the
+ * session's capacity). */
+static void generate_in(ds4_engine *e, uint32_t granule, grower *g, const int32_t *p, uint32_t np, uint32_t n,
+                        uint32_t draft, rec *r, char **pl, size_t *pl_len, ds4_spec_stats *st) {
     ds4_err err = {0};
     ds4_session *s = granule ? ds4_session_new_sized(e, 512, granule, &err) : ds4_session_new(e, 512, &err);
     if (!s) fail_msg("%s", ds4_err_msg(&err));
     if (draft && ds4_session_enable_mtp(s, draft, 0.0f, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
     if (ds4_session_sync(s, p, np, NULL, NULL, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
     ds4_gen_opts o = {.max_tokens = n};
+    if (g) {
+        g->s = s;
+        o.grow_fn = grow;
+        o.grow_ctx = g;
+    }
     ds4_gen_result res;
     memset(r, 0, sizeof(*r));
     if (ds4_generate(s, NULL, &o, on_token, r, &res, &err) != 0) fail_msg("%s", ds4_err_msg(&err));
@@ -168,7 +190,7 @@ static void generate_in(ds4_engine *e, uint32_t granule, const int32_t *p, uint3
 
 static void generate(ds4_engine *e, const int32_t *p, uint32_t np, uint32_t n, uint32_t draft, rec *r, char **pl,
                      size_t *pl_len, ds4_spec_stats *st) {
-    generate_in(e, 0, p, np, n, draft, r, pl, pl_len, st);
+    generate_in(e, 0, NULL, p, np, n, draft, r, pl, pl_len, st);
 }
 
 static void test_greedy_identity(void **state) {
@@ -187,8 +209,12 @@ static void test_greedy_identity(void **state) {
         generate(plain, prompt, np[a], 20, 0, &want, &pw, &lw, NULL);
         for (size_t d = 0; d < sizeof(draft) / sizeof(draft[0]); d++) {
             ds4_spec_stats st;
-            /* drafts of 2 in a sized session: grown (its MTP sequence too) as it speculates */
-            generate_in(spec, draft[d] == 2 ? 16 : 0, prompt, np[a], 20, draft[d], &got, &pg, &lg, &st);
+            /* drafts of 2 in a sized session: grown (its MTP sequence too) as it speculates; of 4:
+             * grown through a grow hook, the drafts kept within the session's capacity */
+            grower g = {0};
+            generate_in(spec, draft[d] == 1 ? 0 : 16, draft[d] == 4 ? &g : NULL, prompt, np[a], 20, draft[d], &got,
+                        &pg, &lg, &st);
+            if (draft[d] == 4 && np[a] == 250) assert_true(g.calls > 0);
             assert_int_equal(got.n, want.n);
             if (memcmp(got.tok, want.tok, want.n * sizeof(int32_t)) != 0)
                 fail_msg("prompt %u, drafts of %u: tokens differ from plain decoding", np[a], draft[d]);
