@@ -236,27 +236,40 @@ json_t *logprobs_completions(const gen_out *o, size_t from, size_t to, size_t te
 
 /* --------------------------------------------------------------- usage */
 
+/* An answer that ended because its session could not grow (finish
+ * length for want of memory, docs/SERVER.md) says so in its usage. */
+static json_t *with_memory_note(json_t *usage, const gen_out *o) {
+    if (usage && o->memory_cut) json_object_set_new(usage, "stopped_by_memory", json_true());
+    return usage;
+}
+
 json_t *usage_openai(const gen_out *o) {
-    return json_pack("{s:i,s:i,s:i,s:{s:i,s:i}}", "prompt_tokens", (json_int_t)o->prompt_tokens, "completion_tokens",
-                     (json_int_t)o->completion_tokens, "total_tokens",
-                     (json_int_t)(o->prompt_tokens + o->completion_tokens), "prompt_tokens_details", "cached_tokens",
-                     (json_int_t)o->cached_tokens, "cache_write_tokens", (json_int_t)o->written_tokens);
+    return with_memory_note(json_pack("{s:i,s:i,s:i,s:{s:i,s:i}}", "prompt_tokens", (json_int_t)o->prompt_tokens,
+                                      "completion_tokens", (json_int_t)o->completion_tokens, "total_tokens",
+                                      (json_int_t)(o->prompt_tokens + o->completion_tokens), "prompt_tokens_details",
+                                      "cached_tokens", (json_int_t)o->cached_tokens, "cache_write_tokens",
+                                      (json_int_t)o->written_tokens),
+                            o);
 }
 
 json_t *usage_responses(const gen_out *o) {
-    return json_pack("{s:i,s:{s:i,s:i},s:i,s:{s:i},s:i}", "input_tokens", (json_int_t)o->prompt_tokens,
-                     "input_tokens_details", "cached_tokens", (json_int_t)o->cached_tokens, "cache_write_tokens",
-                     (json_int_t)o->written_tokens, "output_tokens", (json_int_t)o->completion_tokens,
-                     "output_tokens_details", "reasoning_tokens", 0, "total_tokens",
-                     (json_int_t)(o->prompt_tokens + o->completion_tokens));
+    return with_memory_note(json_pack("{s:i,s:{s:i,s:i},s:i,s:{s:i},s:i}", "input_tokens",
+                                      (json_int_t)o->prompt_tokens, "input_tokens_details", "cached_tokens",
+                                      (json_int_t)o->cached_tokens, "cache_write_tokens", (json_int_t)o->written_tokens,
+                                      "output_tokens", (json_int_t)o->completion_tokens, "output_tokens_details",
+                                      "reasoning_tokens", 0, "total_tokens",
+                                      (json_int_t)(o->prompt_tokens + o->completion_tokens)),
+                            o);
 }
 
 json_t *usage_anthropic(const gen_out *o) {
     uint32_t other = o->prompt_tokens - o->cached_tokens - o->written_tokens;
     if (o->cached_tokens + o->written_tokens > o->prompt_tokens) other = 0;
-    return json_pack("{s:i,s:i,s:i,s:i}", "input_tokens", (json_int_t)other, "output_tokens",
-                     (json_int_t)o->completion_tokens, "cache_read_input_tokens", (json_int_t)o->cached_tokens,
-                     "cache_creation_input_tokens", (json_int_t)o->written_tokens);
+    return with_memory_note(json_pack("{s:i,s:i,s:i,s:i}", "input_tokens", (json_int_t)other, "output_tokens",
+                                      (json_int_t)o->completion_tokens, "cache_read_input_tokens",
+                                      (json_int_t)o->cached_tokens, "cache_creation_input_tokens",
+                                      (json_int_t)o->written_tokens),
+                            o);
 }
 
 /* -------------------------------------------------------------- errors */

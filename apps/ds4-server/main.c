@@ -89,6 +89,9 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
                      "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
                      "up to N (a long prompt is prefilled over several steps beside the decoding ones)"),
          .def_text = "the backend's prefill chunk"},
+        {DS4_OPT_INT("--grow-wait", "S", &o->grow_wait_s, 0, 86400, 60,
+                     "a session that must grow while it answers and finds no memory free waits up to S seconds "
+                     "for running requests to free some, then its answer ends there (finish length); 0: no wait")},
         {DS4_OPT_INT("--queue", "N", &o->queue_max, 1, 1000000, 256,
                      "requests waiting for a session before answering 429")},
         {DS4_OPT_U64("--max-body-mb", "N", &max_body_mb, 1, 4096, 64, "largest request body, in MiB")},

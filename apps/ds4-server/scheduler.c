@@ -5,8 +5,9 @@
  * /v1/ds4/stats.
  *
  * Admission by memory (engine/capacity.h, docs/SERVER.md): a job's session
- * holds its prompt and the output it may generate (its max_tokens, or the
- * server's default clamped to what the memory can hold), rounded up to a
+ * starts with its prompt and the first granule of the output it may
+ * generate (its max_tokens, or the server's default clamped to what the
+ * memory can hold; all of it when less than a granule), rounded up to a
  * granule (ds4_sized_capacity); the job runs when that fits the budget
  * beside what the other sessions hold - while a session grows, its old
  * state and the new one both count.  Otherwise it waits in the queue (at
@@ -17,6 +18,21 @@
  * once, naming the bytes needed and available.  With a backend whose
  * sequences keep their size (a pipeline) every session holds the whole
  * context from startup, and a job only waits for a free one.
+ *
+ * Growth (sched_grow): when the answer reaches its session's end, the
+ * generation loop (engine/generate.h, its grow hook) asks for a granule
+ * more, admitted as above: it grows when the larger state fits beside the
+ * others, idle sessions go to the disk cache to make room, else it waits
+ * for running jobs to end, the queue behind it (it was admitted first), at
+ * most --grow-wait seconds and not for other sessions that wait to grow
+ * (the later of two such gives up at once).  One that cannot grow ends its
+ * answer there (finish length, the usage saying stopped_by_memory).  A
+ * granule, not a doubling: the memory is what is scarce, a session holds
+ * at most a granule it does not use, and a resize copies the state once a
+ * granule of output, little beside generating it.  Where the growth to a
+ * job's whole size could not fit even alone (the old state and the new
+ * one together over the budget), the session is made at that size from
+ * the start; a default output is lowered to what growth can reach.
  *
  * The oldest job goes first; it gets the free session that holds the most
  * of its prompt, in this order:
@@ -251,6 +267,13 @@ static void hold(sched *q, slot *sl, const uint64_t *now) {
     }
 }
 
+/* The memory accounted to sl becomes what its session takes at its
+ * capacity now (under q->mu; from sl's own thread, or before it runs). */
+static void hold_session(sched *q, slot *sl) {
+    sl->tokens = ds4_session_capacity(sl->sess);
+    hold(q, sl, cost_of(q, sl->tokens));
+}
+
 /* Whether the sessions' memory holds `want` in place of what sl holds. */
 static bool fits_in_place(const sched *q, const slot *sl, const uint64_t *want) {
     for (size_t p = 0; p < q->np; p++)
@@ -299,24 +322,86 @@ static void make_room(sched *q, const uint64_t *short_by) {
     }
 }
 
-/* The session size for job j in slot sl: its prompt (a tool-output-only
- * request continues the slot's live tokens) and its output, at most what
- * the memory holds alone. */
+/* Account `want` to sl when it fits the memory beside what the others
+ * hold (under q->mu); else ask idle sessions to make room (make_room) and
+ * return false. */
+static bool take_memory(sched *q, slot *sl, const uint64_t *want) {
+    if (fits_in_place(q, sl, want)) {
+        hold(q, sl, want);
+        return true;
+    }
+    uint64_t short_by[2] = {0, 0};
+    for (size_t p = 0; p < q->np; p++) {
+        uint64_t after = q->used[p] - sl->held[p] + want[p];
+        short_by[p] = after > q->pools[p].budget ? after - q->pools[p].budget : 0;
+    }
+    make_room(q, short_by);
+    return false;
+}
+
+/* The session a job starts in: its prompt and the first granule of its
+ * output (all of it when less), grown from there while it answers
+ * (sched_grow). */
+static uint32_t first_cap(const sched *q, uint64_t prompt, uint32_t max_out) {
+    return session_cap(q, prompt + (max_out < q->granule ? max_out : q->granule) + 1);
+}
+
+/* Whether a session can go from `first` tokens to `full` with nothing else
+ * held: `full` fits, and so does the last growth on the way, which holds
+ * the state one granule smaller beside it (the largest of the steps). */
+static bool reachable_alone(const sched *q, uint32_t first, uint32_t full) {
+    if (!fits_alone(q, full)) return false;
+    if (full <= first) return true;
+    uint32_t prev = (full - 1) / q->granule * q->granule;
+    if (prev < first) prev = first;
+    const uint64_t *a = cost_of(q, prev), *b = cost_of(q, full);
+    for (size_t p = 0; p < q->np; p++)
+        if (a[p] + b[p] > q->pools[p].budget) return false;
+    return true;
+}
+
+/* The largest session a job of this prompt can reach growing alone, of at
+ * most `most` tokens (0: none). */
+static uint32_t largest_reachable(const sched *q, uint64_t prompt, uint32_t most) {
+    uint32_t first = first_cap(q, prompt, q->granule);
+    for (uint32_t k = q->n_costs; k-- > 1;) {
+        uint32_t cap = session_cap(q, (uint64_t)k * q->granule);
+        if (cap <= most && reachable_alone(q, first, cap)) return cap;
+    }
+    return 0;
+}
+
+/* The session job j starts in, in slot sl: its prompt (a tool-output-only
+ * request continues the slot's live tokens) and the first granule of its
+ * output; its whole size (prompt and output, at most what the memory holds
+ * alone) where growing there could not fit the memory even alone (a
+ * max_tokens near the budget: the old and the new state together would
+ * not fit). */
 static uint32_t job_cap(const sched *q, const slot *sl, const job *j) {
     uint64_t prompt = j->tokens.n + (j->cont.tool_only ? ds4_session_n_tokens(sl->sess) : 0);
-    uint32_t cap = session_cap(q, prompt + j->max_out + 1);
-    if (q->sized && !fits_alone(q, cap)) {
+    uint32_t full = session_cap(q, prompt + j->max_out + 1);
+    if (!q->sized) return full;
+    if (!fits_alone(q, full)) {
         uint32_t most = largest_fitting(q, q->s->o.ctx);
-        if (most) cap = most;
+        if (most) full = most;
     }
-    return cap;
+    uint32_t first = first_cap(q, prompt, j->max_out);
+    if (first >= full) return full;
+    return reachable_alone(q, first, full) ? first : full;
 }
 
 /* Hand queued jobs to free slots, oldest first, while their sessions fit
  * the memory (under q->mu); none once stopping (worker_stop answers
- * them).  A job whose session does not fit waits, first in line, while
- * idle sessions make room (make_room). */
+ * them), nor while a running session waits to grow (sched_grow).  A job
+ * whose session does not fit waits, first in line, while idle sessions
+ * make room (make_room). */
 static void dispatch(sched *q) {
+    /* memory may have been freed: the sessions waiting to grow look first,
+     * and the queue waits for them (they were admitted before any of it) */
+    if (q->n_growing) {
+        pthread_cond_broadcast(&q->grow_cv);
+        return;
+    }
     while (q->qn > 0 && !q->stop) {
         job *j = q->queue[q->qhead];
         int i = pick_slot(q, j);
@@ -325,16 +410,7 @@ static void dispatch(sched *q) {
         uint32_t cap = job_cap(q, sl, j);
         uint64_t want[2] = {0, 0};
         running_cost(q, sl, cap, want);
-        if (!fits_in_place(q, sl, want)) {
-            uint64_t short_by[2] = {0, 0};
-            for (size_t p = 0; p < q->np; p++) {
-                uint64_t after = q->used[p] - sl->held[p] + want[p];
-                short_by[p] = after > q->pools[p].budget ? after - q->pools[p].budget : 0;
-            }
-            make_room(q, short_by);
-            return;
-        }
-        hold(q, sl, want);
+        if (!take_memory(q, sl, want)) return;
         q->qhead = (q->qhead + 1) % q->qcap;
         q->qn--;
         j->cap = cap;
@@ -371,9 +447,104 @@ static void count_cancel(sched *q, const job *j) {
 void sched_resized(slot *sl) {
     sched *q = sl->q;
     pthread_mutex_lock(&q->mu);
-    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
+    hold_session(q, sl);
     dispatch(q);
     pthread_mutex_unlock(&q->mu);
+}
+
+/* Idle sessions on their way to the disk cache (their memory is coming
+ * back).  Under q->mu. */
+static bool evicting_any(const sched *q) {
+    for (uint32_t i = 0; i < q->n; i++)
+        if (q->slots[i].evicting) return true;
+    return false;
+}
+
+/* Other running jobs that will end and leave their sessions idle: not
+ * those waiting to grow themselves (two sessions waiting for each other
+ * would wait for nothing).  Under q->mu. */
+static bool others_running(const sched *q, const slot *sl) {
+    for (uint32_t i = 0; i < q->n; i++)
+        if (&q->slots[i] != sl && q->slots[i].job && !q->slots[i].growing) return true;
+    return false;
+}
+
+/* Wait on grow_cv (under q->mu) for at most `seconds`. */
+static void wait_for_memory(sched *q, double seconds) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    long ns = ts.tv_nsec + (long)(seconds * 1e9);
+    ts.tv_sec += ns / 1000000000L;
+    ts.tv_nsec = ns % 1000000000L;
+    pthread_cond_timedwait(&q->grow_cv, &q->mu, &ts);
+}
+
+/* Why a session could not grow to cap tokens, for the log (under q->mu). */
+static void grow_refusal(const sched *q, uint32_t cap, bool alone, bool waited, char *out, size_t n) {
+    const uint64_t *c = cost_of(q, cap);
+    size_t p = q->np > 1 && c[0] <= q->pools[0].budget ? 1 : 0;
+    char a[32], b[32];
+    if (!alone)
+        snprintf(out, n, "a session of %u tokens (%s) would not fit the %s of %s even alone", cap,
+                 ds4_fmt_bytes(c[p], a), q->pools[p].name, ds4_fmt_bytes(q->pools[p].budget, b));
+    else
+        snprintf(out, n, "the sessions hold %s of the %s of %s, %s", ds4_fmt_bytes(q->used[p], a), q->pools[p].name,
+                 ds4_fmt_bytes(q->pools[p].budget, b),
+                 waited ? "still after --grow-wait" : "and no other running request would free any");
+}
+
+bool sched_grow(slot *sl, uint32_t need) {
+    sched *q = sl->q;
+    server *s = sl->s;
+    const job *j = sl->job; /* the slot's own job: set before its thread runs it */
+    uint32_t from = ds4_session_capacity(sl->sess), step = from + q->granule;
+    uint32_t cap = session_cap(q, need > step ? need : step);
+    double deadline = ds4_now() + s->o.grow_wait_s;
+    bool held = false, alone = cap > from && fits_alone(q, cap), waited = false;
+    char why[1100] = "";
+    pthread_mutex_lock(&q->mu);
+    while (alone && !q->stop && !j->cancel && !s->stopping) {
+        uint64_t want[2] = {0, 0};
+        running_cost(q, sl, cap, want); /* the old state and the new one */
+        if ((held = take_memory(q, sl, want))) break;
+        /* idle sessions freeing their memory: always worth the wait */
+        if (!evicting_any(q)) {
+            if (!others_running(q, sl)) break;
+            if (ds4_now() >= deadline) {
+                waited = true;
+                break;
+            }
+        }
+        if (!sl->growing) {
+            sl->growing = true;
+            q->n_growing++;
+            srv_log("generate", "session %u waits for memory to grow from %u to %u tokens", sl->index, from, cap);
+        }
+        wait_for_memory(q, 0.1); /* a while: a cancelled job or the deadline are seen */
+    }
+    if (sl->growing) {
+        sl->growing = false;
+        q->n_growing--;
+        dispatch(q); /* the queue waited for it */
+    }
+    if (!held && !j->cancel && !s->stopping) grow_refusal(q, cap, alone, waited, why, sizeof(why));
+    pthread_mutex_unlock(&q->mu);
+    ds4_err err = {0};
+    bool ok = held && ds4_session_reserve(sl->sess, cap, &err) == 0;
+    if (held && !ok) snprintf(why, sizeof(why), "%s", err.msg);
+    if (held) sched_resized(sl); /* what it holds now: grown, or the old state alone */
+    if (ok || why[0]) {
+        pthread_mutex_lock(&s->stats_mu);
+        if (ok) q->c.grown++;
+        else q->c.grow_refused++;
+        pthread_mutex_unlock(&s->stats_mu);
+    }
+    if (ok)
+        srv_log("generate", "session %u grew from %u to %u tokens", sl->index, from, cap);
+    else if (why[0])
+        srv_log("generate", "session %u cannot grow from %u to %u tokens: %s; its answer ends here (finish length)",
+                sl->index, from, cap, why);
+    return ok;
 }
 
 /* An eviction asked by make_room, then what it freed handed out. */
@@ -386,7 +557,7 @@ static void run_eviction(slot *sl) {
     pthread_mutex_unlock(&q->s->stats_mu);
     pthread_mutex_lock(&q->mu);
     sl->evicting = false;
-    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
+    hold_session(q, sl);
     dispatch(q);
 }
 
@@ -410,7 +581,7 @@ static void *slot_main(void *arg) {
         pthread_mutex_lock(&q->mu);
         sl->job = NULL;
         sl->last_used = ds4_now();
-        hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess))); /* what the session ended at */
+        hold_session(q, sl); /* what the session ended at */
         dispatch(q);
         pthread_mutex_unlock(&q->mu);
         job_unref(j);
@@ -520,7 +691,7 @@ static int slot_init(sched *q, slot *sl, uint32_t i, ds4_err *err) {
     if (!sl->sess) return -1;
     if (s->engine->mtp && slot_enable_mtp(s, sl, err)) return -1;
     if (!(sl->tok = ds4_tokenizer_new(s->engine->vocab, err))) return -1;
-    hold(q, sl, cost_of(q, ds4_session_capacity(sl->sess)));
+    hold_session(q, sl);
     return 0;
 }
 
@@ -596,6 +767,7 @@ int worker_start(server *s, ds4_err *err) {
     s->sched = q;
     q->s = s;
     pthread_mutex_init(&q->mu, NULL);
+    pthread_cond_init(&q->grow_cv, NULL);
     pthread_mutex_init(&q->store_mu, NULL);
     /* The backend first: what sessions cost it and its room (capacity.h);
      * sessions sized by what they hold where it resizes sequences. */
@@ -627,16 +799,18 @@ int worker_start(server *s, ds4_err *err) {
 
 /* The output job j may generate (its max_tokens, or the server's default),
  * and whether a session for its prompt and that output can ever fit the
- * sessions' memory: a default too large for it is lowered to what fits; a
- * given one, or a prompt alone, that does not fit is a 400 naming the
- * bytes. */
+ * sessions' memory: a default too large for it is lowered to what its
+ * session can grow to alone; a given one, or a prompt alone, that does not
+ * fit is a 400 naming the bytes (one that fits but could not be grown to
+ * gets its session whole from the start, job_cap). */
 static int size_job(sched *q, job *j, api_error *e) {
     const server *s = q->s;
     uint64_t prompt = j->tokens.n;
     j->max_out = j->req.max_tokens ? j->req.max_tokens : s->o.default_max_tokens;
     uint32_t cap = session_cap(q, prompt + j->max_out + 1);
-    if (!q->sized || fits_alone(q, cap)) return 0;
-    uint32_t most = largest_fitting(q, s->o.ctx);
+    if (!q->sized) return 0;
+    if (j->req.max_tokens ? fits_alone(q, cap) : reachable_alone(q, first_cap(q, prompt, j->max_out), cap)) return 0;
+    uint32_t most = largest_reachable(q, prompt, s->o.ctx);
     if (!j->req.max_tokens) {
         if (most > prompt + 1) {
             j->max_out = most - (uint32_t)prompt - 1;
@@ -703,6 +877,7 @@ void worker_stop(server *s) {
         if (q->slots[i].job) job_cancel(s, q->slots[i].job);
         pthread_cond_signal(&q->slots[i].cv);
     }
+    pthread_cond_broadcast(&q->grow_cv);
     pthread_mutex_unlock(&q->mu);
     for (uint32_t i = 0; i < q->n; i++)
         if (q->slots[i].started) pthread_join(q->slots[i].thread, NULL);
@@ -736,6 +911,7 @@ void worker_stop(server *s) {
     cvocab_free(s->cvocab);
     s->cvocab = NULL;
     pthread_mutex_destroy(&q->mu);
+    pthread_cond_destroy(&q->grow_cv);
     pthread_mutex_destroy(&q->store_mu);
     free(q);
     s->sched = NULL;
@@ -745,6 +921,7 @@ void worker_stop(server *s) {
 
 typedef struct live_view {
     int waiting, running, live, n;
+    uint64_t held_tokens;
     double oldest_wait;
 } live_view;
 
@@ -758,6 +935,7 @@ static live_view look(sched *q) {
         v.running += q->slots[i].job != NULL;
         /* an idle session's tokens do not change while the lock is held */
         v.live += q->slots[i].job != NULL || ds4_session_n_tokens(q->slots[i].sess) > 0;
+        v.held_tokens += q->slots[i].tokens;
     }
     if (q->qn) v.oldest_wait = now - q->queue[q->qhead]->t_enqueued;
     pthread_mutex_unlock(&q->mu);
@@ -811,9 +989,11 @@ json_t *worker_stats(server *s) {
     json_t *sources = json_object();
     for (size_t i = 0; i < N_SOURCES; i++)
         json_object_set_new(sources, KV_SOURCES[i], json_integer((json_int_t)c.by_source[i]));
-    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I,s:I,s:o}", "parallel", v.n, "live", v.live, "running", v.running,
-                                 "ctx", (json_int_t)s->o.ctx, "evicted", (json_int_t)c.slots_evicted,
-                                 "evicted_for_memory", (json_int_t)c.evicted_for_memory, "memory", memory_stats(q));
+    json_t *sessions = json_pack("{s:i,s:i,s:i,s:I,s:I,s:I,s:I,s:I,s:I,s:o}", "parallel", v.n, "live", v.live,
+                                 "running", v.running, "ctx", (json_int_t)s->o.ctx, "held_tokens",
+                                 (json_int_t)v.held_tokens, "evicted", (json_int_t)c.slots_evicted,
+                                 "evicted_for_memory", (json_int_t)c.evicted_for_memory, "grown", (json_int_t)c.grown,
+                                 "grow_refused", (json_int_t)c.grow_refused, "memory", memory_stats(q));
     return json_pack("{s:{s:I,s:i,s:i,s:f,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I},s:o,s:o,s:{s:I,s:I,s:I,s:I,s:f},s:o,"
                      "s:{s:s,s:i,s:i},s:o,s:{s:I,s:I,s:I,s:I},s:o}",
                      "jobs", "queued", (json_int_t)c.queued, "waiting", v.waiting, "running", v.running,

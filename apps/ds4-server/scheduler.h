@@ -49,6 +49,8 @@ typedef struct counters {
     uint64_t canonicalized;         /* live tails rewritten after a tool-call turn */
     uint64_t slots_evicted;         /* idle sessions given to an unrelated conversation */
     uint64_t evicted_for_memory;    /* idle sessions freed to make room for a job's */
+    uint64_t grown;                 /* sessions grown while they answered (sched_grow) */
+    uint64_t grow_refused;          /* answers ended because their session could not grow */
     uint64_t rejected_too_large;    /* requests whose session could never fit the memory (400) */
     uint64_t cancel_free_steps_max; /* the most batched steps from a client's going away to its
                                        * session being free (of jobs running then) */
@@ -85,7 +87,9 @@ typedef struct slot {
     job *job; /* the job it runs, NULL when idle */
     double last_used;
     uint64_t held[2]; /* the memory accounted to its session, by pool (sched.pools) */
+    uint32_t tokens;  /* its session's capacity when last accounted */
     bool evicting;    /* its thread is freeing its idle session to make room */
+    bool growing;     /* its job waits for memory to grow its session (sched_grow) */
     pthread_t thread;
     bool started;
     pthread_cond_t cv; /* a job was given, an eviction asked, or stop */
@@ -96,6 +100,8 @@ struct sched {
     slot *slots;
     uint32_t n;
     pthread_mutex_t mu; /* the queue and the slots' job fields */
+    pthread_cond_t grow_cv; /* memory was freed: a session waiting to grow looks again */
+    uint32_t n_growing;     /* sessions waiting to grow: queued jobs wait behind them */
     job **queue;
     int qcap, qhead, qn;
     bool stop;
@@ -128,6 +134,12 @@ void slot_evict(slot *sl);
 /* scheduler.c: the slot's session changed size: the memory accounted to
  * it follows, and queued jobs that now fit are handed out. */
 void sched_resized(slot *sl);
+/* scheduler.c: grow the session of the slot's running job to hold `need`
+ * tokens (by a granule at least), when that fits the memory beside the
+ * others: idle sessions go to the disk cache to make room, else it waits
+ * (at most --grow-wait seconds) for running jobs to end.  false when it
+ * may not grow: its answer ends there. */
+bool sched_grow(slot *sl, uint32_t need);
 /* Save the slot's live session to the disk cache (when there is one). */
 void slot_save_live(slot *sl, ds4_kvc_reason reason);
 void slot_free_state(slot *sl);

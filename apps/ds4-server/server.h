@@ -81,6 +81,7 @@ typedef struct srv_opts {
     uint64_t kv_mem_mb;    /* --kv-mem-mb: the sessions' memory (0: 3/4 of what is free) */
     bool parallel_given;   /* else sized from the memory */
     uint32_t batch_tokens; /* rows a batched step may run; 0: the backend's prefill chunk */
+    int grow_wait_s;       /* --grow-wait: how long a session that must grow waits for memory */
     uint64_t max_body;
     int max_connections;
     int connection_timeout_s;
@@ -188,6 +189,7 @@ typedef struct gen_out {
     size_t n_lp, lp_sent; /* lp_sent: already streamed */
     bool think_closed;
     const char *finish;   /* "stop", "length", "tool_calls", "error" */
+    bool memory_cut;      /* "length" because its session could not grow (scheduler.c: sched_grow) */
     const char *stop_hit; /* the stop sequence that ended it, or NULL */
     char error[1200];
     uint32_t prompt_tokens, cached_tokens, written_tokens, completion_tokens;
@@ -271,7 +273,8 @@ struct job {
     /* Set when it is queued (worker_enqueue) and given a session: the
      * output it may generate (its max_tokens, or the server's default
      * clamped to the sessions' memory), and the tokens its session holds
-     * for it (scheduler.c admission). */
+     * for it to start with (scheduler.c admission; it grows from there as
+     * the answer needs, sched_grow). */
     uint32_t max_out;
     uint32_t cap;
 

@@ -327,8 +327,18 @@ typedef struct gen_ctx {
     slot *sl;
     job *j;
     uint32_t step;
-    int32_t last; /* the last token handed out */
+    int32_t last;      /* the last token handed out */
+    bool grow_refused; /* its session could not grow: the answer ended there */
 } gen_ctx;
+
+/* The generation loop's grow hook (engine/generate.h): the session at its
+ * end grows through the scheduler's admission (sched_grow). */
+static int on_grow(void *ctx, uint32_t need) {
+    gen_ctx *g = ctx;
+    if (sched_grow(g->sl, need)) return 0;
+    g->grow_refused = true;
+    return -1;
+}
 
 static void on_token(void *ctx, int32_t t, ds4_gen_control *ctl) {
     gen_ctx *g = ctx;
@@ -471,10 +481,18 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
                        .forced = forced.ids,
                        .n_forced = (uint32_t)forced.n,
                        .restrict_fn = g.out.cons ? out_restrict : NULL,
-                       .restrict_ctx = &g.out};
+                       .restrict_ctx = &g.out,
+                       .grow_fn = sl->q->sized ? on_grow : NULL,
+                       .grow_ctx = &g};
     if (go.max_tokens == 0) go.max_tokens = 1;
     ds4_gen_result res;
     int rc = ds4_generate(sl->sess, &smp, &go, on_token, &g, &res, &err);
+    /* A growth refused because the job was cancelled meanwhile ends it as
+     * cancelled; otherwise the answer ends for want of memory. */
+    if (g.grow_refused && res.finish == DS4_FINISH_LENGTH) {
+        if (j->cancel || sl->s->stopping) res.finish = DS4_FINISH_CANCELLED;
+        else o->memory_cut = true;
+    }
     out_finish(&g.out, res.finish);
     o->completion_tokens = res.n_generated;
     if (rc != 0) snprintf(o->error, sizeof(o->error), "generation failed: %s", err.msg);
@@ -505,10 +523,11 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
                  !strcmp(o->finish, "tool_calls");
     srv_log("generate",
             "%s %s (session %u): prompt of %u tokens (KV from %s: %u reused, %u prefilled in %.2f s), generated %u in "
-            "%.2f s (%.1f t/s), finish %s%s%s",
+            "%.2f s (%.1f t/s), finish %s%s%s%s",
             j->api->name, j->id, sl->index, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens, t_prefill,
             res.n_generated, res.seconds, res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish,
-            o->error[0] ? ": " : "", o->error);
+            o->memory_cut ? " (stopped by memory: its session could not grow)" : "", o->error[0] ? ": " : "",
+            o->error);
     outcome k = res.finish == DS4_FINISH_CANCELLED ? CANCELLED : strcmp(o->finish, "error") == 0 ? FAILED : ANSWERED;
     trace_result(&sl->s->trace, j);
     sched_count_mtp(sl);
@@ -558,10 +577,11 @@ static int apply_steering(slot *sl, job *j) {
     return 0;
 }
 
-/* The slot's session made to hold the job's tokens (its admitted size,
- * scheduler.c), growing with its state kept.  Then, after the ladder
- * dropped the state (a cold start), a session larger than the job's size
- * shrinks to it: memory for the jobs waiting. */
+/* The slot's session made to hold the job's tokens (the size it was
+ * admitted with, scheduler.c: its prompt and a first granule of output),
+ * growing with its state kept.  Then, after the ladder dropped the state
+ * (a cold start), a session larger than that shrinks to it: memory for
+ * the jobs waiting.  It grows again as the answer needs (on_grow). */
 static int size_session(slot *sl, job *j, bool after_ladder) {
     ds4_err err = {0};
     uint32_t have = ds4_session_capacity(sl->sess);
