@@ -500,7 +500,7 @@ bool sched_grow(slot *sl, uint32_t need) {
     uint32_t from = ds4_session_capacity(sl->sess), step = from + q->granule;
     uint32_t cap = session_cap(q, need > step ? need : step);
     double deadline = ds4_now() + s->o.grow_wait_s;
-    bool held = false, alone = cap > from && fits_alone(q, cap), waited = false;
+    bool held = false, alone = cap > from && fits_alone(q, cap), waited = false, said = false;
     char why[1100] = "";
     pthread_mutex_lock(&q->mu);
     while (alone && !q->stop && !j->cancel && !s->stopping) {
@@ -514,11 +514,14 @@ bool sched_grow(slot *sl, uint32_t need) {
                 waited = true;
                 break;
             }
+            if (!said)
+                srv_log("generate", "session %u waits for running requests to end to grow from %u to %u tokens",
+                        sl->index, from, cap);
+            said = true;
         }
         if (!sl->growing) {
             sl->growing = true;
             q->n_growing++;
-            srv_log("generate", "session %u waits for memory to grow from %u to %u tokens", sl->index, from, cap);
         }
         wait_for_memory(q, 0.1); /* a while: a cancelled job or the deadline are seen */
     }

@@ -21,7 +21,13 @@ only (part of the default suite through tests/suite/server_parallel.sh).
     memory: with room for two small sessions or one big, requests wait and
     all complete as alone, idle sessions freed to make room; a request
     whose session could never fit refused at once with the bytes; a
-    conversation that outgrows its session keeps its live state.
+    conversation that outgrows its session keeps its live state;
+  - growth while answering: a request without max_tokens starts in a
+    session of its prompt and a granule of output and grows at its end,
+    answering as a session made whole from the start; without room for
+    the growth, it waits for a running request to end, or ends there
+    (finish length, usage stopped_by_memory) when none would free memory
+    or --grow-wait is spent.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
 are tests/server/test_sdk_parallel.py (make test-server-parallel).
 """
@@ -221,8 +227,8 @@ def t_admission():
     """With the one session busy and the queue full, a prompt longer than
     the context is answered 400 at once (context_length_exceeded, JSON,
     never queued), another request 429; a request whose prompt and
-    max_tokens exceed the context waits, runs in a session of the whole
-    context, and stops where the context ends (finish length)."""
+    max_tokens exceed the context waits, runs in a session that grows to
+    the whole context, and stops where the context ends (finish length)."""
     with Server("--parallel", "1", "--queue", "1", ctx=512) as s:
         c, r = open_stream(s.port, {"messages": [{"role": "user", "content": "Write a long essay."}],
                                     "max_tokens": 3000, "stream": True, "thinking": False})
@@ -595,9 +601,171 @@ def t_request_too_large():
         check(jobs["rejected_too_large"] == 1 and jobs["queued"] == 1, jobs)
 
 
+# Requests without max_tokens under -n 300, greedy: X of 236 prompt tokens
+# and Y of 246 start in sessions of 512 tokens (the prompt and a granule of
+# 256, rounded up; 768 with the whole output up front) and grow to 768 at
+# their 511th token (X's 276th of output, Y's 266th); R (13 tokens and 400
+# of output) fits 512.
+GROW_N = "300"
+X = "Story X: " + "waves " * 228
+Y = "Story Y: " + "tides " * 238
+R = "Story R: tell me about the sea."
+CUT = {"X": 512 - 1 - 236 + 1, "Y": 512 - 1 - 246 + 1}  # tokens handed out when a session of 512 is full
+
+
+def no_max(content):
+    body = chat(content, 0)
+    del body["max_tokens"]
+    return body
+
+
+def answer_of_chat(st, b):
+    """(text, finish, usage)."""
+    check(st == 200, (st, b))
+    return b["choices"][0]["message"]["content"], b["choices"][0]["finish_reason"], b["usage"]
+
+
+def held_tokens(s):
+    return s.stats()["sessions"]["held_tokens"]
+
+
+def run_together(s, bodies, budget=None, gap=False):
+    """Run the requests at once (each once the previous one runs when gap),
+    the sessions never over the budget (when given); their answers."""
+    got = [None] * len(bodies)
+
+    def go(i):
+        got[i] = s.post("/v1/chat/completions", bodies[i], timeout=120)
+    th = []
+    for i in range(len(bodies)):
+        th.append(threading.Thread(target=go, args=(i,)))
+        th[-1].start()
+        if gap:
+            wait_for(lambda: s.stats()["jobs"]["running"] == i + 1, "request %d to run" % i)
+    while any(t.is_alive() for t in th):
+        if budget:
+            mem = s.stats()["sessions"]["memory"][0]
+            check(mem["held_bytes"] <= mem["budget_bytes"] == budget << 20, mem)
+        time.sleep(0.02)
+    return [answer_of_chat(*g) for g in got]
+
+
+def references(*bodies):
+    """The answers of a server whose sessions hold them whole from the
+    start (a context of 65536 tokens: granules of 4096), run together (on
+    the CPU a session's tokens do not depend on what shares its steps)."""
+    with Server("--parallel", str(len(bodies)), "-n", GROW_N, ctx=65536) as big:
+        out = run_together(big, bodies)
+        st = big.stats()["sessions"]
+        check(st["held_tokens"] == 4096 * len(bodies) and st["grown"] == 0, st)
+    return out
+
+
+def whole(got, want):
+    """The whole answer, as a session that held it from the start gives it
+    (greedy: the same text of the same number of tokens)."""
+    check(got[:2] == want[:2] == (want[0], "length") and got[2]["completion_tokens"] == 300
+          and want[2]["completion_tokens"] == 300, ("same text", got[0] == want[0], got[1:], want[1:]))
+    check("stopped_by_memory" not in got[2], got[2])
+
+
+def grows_alone(want):
+    """A request without max_tokens starts in a session of its prompt and a
+    granule of output (what the session holds after a short answer of the
+    same prompt), grows by a granule where its answer reaches the
+    session's end (sessions.grown, held_tokens and held_bytes up, the log
+    line), and answers as a session that held the whole answer from the
+    start."""
+    with Server("--parallel", "1", "-n", GROW_N) as s:
+        s.post("/v1/chat/completions", no_max(X), headers={"X-DS4-Test-Output": "answer"})  # ends at its EOS
+        small = held(s)
+        check(held_tokens(s) == 512, s.stats()["sessions"])
+        got = answer_of_chat(*s.post("/v1/chat/completions", no_max(X)))
+        st = s.stats()["sessions"]
+        check(st["held_tokens"] == 768 and st["grown"] == 1 and st["grow_refused"] == 0 and held(s) > small, st)
+        check("session 0 grew from 512 to 768 tokens" in s.text(), s.text()[-1500:])
+    whole(got, want["X"])
+
+
+def session_bytes():
+    """What a lone session of 512 and of 768 tokens holds: a forced answer
+    after a prompt of 13 and of 308 tokens, and a granule of output."""
+    out = {}
+    with Server("--parallel", "1") as s:
+        for content, tokens in ((R, 512), ("Story Z: " + "waves " * 300, 768)):
+            s.post("/v1/chat/completions", chat(content, 300), headers={"X-DS4-Test-Output": "answer"})
+            check(held_tokens(s) == tokens, (tokens, s.stats()["sessions"]))
+            out[tokens] = held(s)
+    return out
+
+
+def cut_short(got, want, n):
+    """Ended where its session of 512 tokens was full: its answer up to
+    there (what max_tokens n gives), finish length, the usage saying
+    why."""
+    check(got[:2] == want[:2] == (want[0], "length") and got[2]["completion_tokens"] == n
+          and want[2]["completion_tokens"] == n, ("same text", got[0] == want[0], got[1:], want[1:]))
+    check(got[2].get("stopped_by_memory") is True, got[2])
+
+
+def grows_without_room(want):
+    """Memory for two sessions of 512 tokens, or one of 512 growing to 768
+    beside its old state, not both (--kv-mem-mb from what lone sessions
+    hold):
+      - Y and X reach their sessions' end (Y, started first with fewer
+        tokens to go, most often first): the first waits to grow; the
+        other finds no running request that could free memory and ends at
+        once (finish length, usage stopped_by_memory, at 512 - 1 tokens
+        held: its answer as far as a session of 512 holds it); its idle
+        session is freed and the first grows and answers whole;
+      - X reaches its end while R runs: it waits for R to end, then grows
+        and answers whole; with --grow-wait 0 it ends there at once.
+    Every answer is the one a session that held it whole from the start
+    gives (R's is checked elsewhere: it never grows)."""
+    sizes = session_bytes()
+    mib = 1 << 20
+    budget = (sizes[512] + sizes[768] + mib - 1) // mib
+    check(budget * mib < 2 * sizes[512] + sizes[768], (sizes, budget))
+    args = ("--parallel", "2", "-n", GROW_N, "--kv-mem-mb", str(budget))
+    with Server(*args) as s:
+        got = dict(zip("YX", run_together(s, [no_max(Y), no_max(X)], budget, gap=True)))
+        st = s.stats()["sessions"]
+        log = s.text()
+    first = "Y" if got["Y"][2]["completion_tokens"] == 300 else "X"
+    other = "X" if first == "Y" else "Y"
+    whole(got[first], want[first])
+    cut_short(got[other], want[other + "_cut"], CUT[other])
+    check(st["grown"] == 1 and st["grow_refused"] == 1 and st["evicted_for_memory"] == 1, st)
+    check("waits for running requests to end to grow from 512 to 768 tokens" in log
+          and "no other running request would free any" in log and "stopped by memory" in log, log[-2500:])
+    for wait in ("60", "0"):
+        with Server(*args, "--grow-wait", wait) as s:
+            r, x = run_together(s, [chat(R, 400), no_max(X)], budget, gap=True)
+            st = s.stats()["sessions"]
+            log = s.text()
+        check(r[1] == "length" and r[2]["completion_tokens"] == 400, r)
+        if wait == "60":
+            whole(x, want["X"])
+            check(st["grown"] == 1 and st["grow_refused"] == 0 and st["evicted_for_memory"] == 1
+                  and "waits for running requests to end" in log, (st, log[-2000:]))
+        else:
+            cut_short(x, want["X_cut"], CUT["X"])
+            check(st["grown"] == 0 and st["grow_refused"] == 1 and "still after --grow-wait" in log, (st, log[-2000:]))
+
+
+def t_output_grows():
+    """Sessions that grow while they answer (docs/SERVER.md): alone, and
+    where the memory has no room for the growth; the answers compared
+    with those of sessions that held them whole from the start."""
+    want = dict(zip(("X", "Y", "X_cut", "Y_cut"),
+                    references(no_max(X), no_max(Y), chat(X, CUT["X"]), chat(Y, CUT["Y"]))))
+    grows_alone(want)
+    grows_without_room(want)
+
+
 def main():
     for fn in (t_startup_errors, t_startup_sizing, t_admission, t_admission_by_memory, t_request_too_large,
-               t_conversation_grows,
+               t_conversation_grows, t_output_grows,
                t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
                t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
                t_stats_while_running,

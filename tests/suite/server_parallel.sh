@@ -3,7 +3,8 @@
 # (tests/server/parallel.py): concurrent requests of every API answer as a
 # one-session server does, a client that goes away frees its session within
 # one step, 429 beyond --queue, conversations find their sessions, eviction
-# to the disk cache and back, the stats, --parallel's startup checks.
+# to the disk cache and back, the stats, --parallel's startup checks,
+# sessions that grow while they answer (and what happens without room).
 # Needs ./ds4-server, ./ds4-mkmodel and ./ds4-tokenizer (built by `make`).
 set -eu
 cd "$(dirname "$0")/../.."
