@@ -493,7 +493,7 @@ static void grow_refusal(const sched *q, uint32_t cap, bool alone, bool waited, 
                  waited ? "still after --grow-wait" : "and no other running request would free any");
 }
 
-bool sched_grow(slot *sl, uint32_t need) {
+bool sched_grow(slot *sl, uint32_t need, const char *otherwise) {
     sched *q = sl->q;
     server *s = sl->s;
     const job *j = sl->job; /* the slot's own job: set before its thread runs it */
@@ -545,8 +545,8 @@ bool sched_grow(slot *sl, uint32_t need) {
     if (ok)
         srv_log("generate", "session %u grew from %u to %u tokens", sl->index, from, cap);
     else if (why[0])
-        srv_log("generate", "session %u cannot grow from %u to %u tokens: %s; its answer ends here (finish length)",
-                sl->index, from, cap, why);
+        srv_log("generate", "session %u cannot grow from %u to %u tokens: %s; %s", sl->index, from, cap, why,
+                otherwise);
     return ok;
 }
 

@@ -50,7 +50,7 @@ typedef struct counters {
     uint64_t slots_evicted;         /* idle sessions given to an unrelated conversation */
     uint64_t evicted_for_memory;    /* idle sessions freed to make room for a job's */
     uint64_t grown;                 /* sessions grown while they answered (sched_grow) */
-    uint64_t grow_refused;          /* answers ended because their session could not grow */
+    uint64_t grow_refused;          /* growths the memory refused (sched_grow) */
     uint64_t rejected_too_large;    /* requests whose session could never fit the memory (400) */
     uint64_t cancel_free_steps_max; /* the most batched steps from a client's going away to its
                                        * session being free (of jobs running then) */
@@ -138,8 +138,9 @@ void sched_resized(slot *sl);
  * tokens (by a granule at least), when that fits the memory beside the
  * others: idle sessions go to the disk cache to make room, else it waits
  * (at most --grow-wait seconds) for running jobs to end.  false when it
- * may not grow: its answer ends there. */
-bool sched_grow(slot *sl, uint32_t need);
+ * may not grow (logged with `otherwise`, what the job does instead,
+ * unless the job was cancelled). */
+bool sched_grow(slot *sl, uint32_t need, const char *otherwise);
 /* Save the slot's live session to the disk cache (when there is one). */
 void slot_save_live(slot *sl, ds4_kvc_reason reason);
 void slot_free_state(slot *sl);

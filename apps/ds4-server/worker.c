@@ -280,6 +280,33 @@ static int choose_reuse(slot *sl, job *j, reuse *r, api_error *e) {
 
 /* ------------------------------------------------------------ prefill */
 
+/* Room in the slot's session for n tokens: grown through the scheduler's
+ * admission where it has less (sched_grow); false when the memory refused
+ * it (logged with `otherwise`, what the job does instead). */
+static bool room_for(slot *sl, uint64_t n, const char *otherwise) {
+    if (!sl->q->sized || n <= ds4_session_capacity(sl->sess)) return true;
+    return sched_grow(sl, n < sl->s->o.ctx ? (uint32_t)n : sl->s->o.ctx, otherwise);
+}
+
+/* Room for the prompt the ladder chose and a first granule of output.  A
+ * reused state may hold more than the request's own tokens (hidden
+ * reasoning kept, the model's own tokenization), beyond the size the job
+ * was admitted with (a tool-output-only request's was sized with the live
+ * tokens).  Without the memory for it, the prompt is prefilled from the
+ * start in the admitted session instead. */
+static void room_for_prompt(slot *sl, const job *j, reuse *r) {
+    uint32_t g = sl->q->granule, out = j->max_out < g ? j->max_out : g;
+    if (j->cont.tool_only || r->prompt.n >= sl->s->o.ctx ||
+        room_for(sl, r->prompt.n + out + 1, "the prompt is prefilled from the start instead"))
+        return;
+    ds4_session_reset(sl->sess);
+    sl->frontier_done = 0;
+    ds4_tokens_free(&r->prompt);
+    ds4_tokens_append(&r->prompt, j->tokens.ids, j->tokens.n);
+    r->kept = 0;
+    r->source = "cold";
+}
+
 static int on_progress(void *ctx, uint32_t done, uint32_t total) {
     const slot *sl = ctx;
     (void)done, (void)total;
@@ -335,7 +362,7 @@ typedef struct gen_ctx {
  * end grows through the scheduler's admission (sched_grow). */
 static int on_grow(void *ctx, uint32_t need) {
     gen_ctx *g = ctx;
-    if (sched_grow(g->sl, need)) return 0;
+    if (sched_grow(g->sl, need, "its answer ends here (finish length)")) return 0;
     g->grow_refused = true;
     return -1;
 }
@@ -416,7 +443,8 @@ static void canonicalize_tail(slot *sl, job *j, int32_t last, bool pending) {
         ds4_tokens_push(&live, last);
     if (cont_canonical(sl->s, j, sl->tok, &text, &canon) == 0 && canon.n < sl->s->o.ctx &&
         ds4_detokenize(sl->s->engine->vocab, live.ids, live.n, &live_text, NULL) == 0 &&
-        (live_text.len != text.len || memcmp(live_text.p, text.p, text.len) != 0)) {
+        (live_text.len != text.len || memcmp(live_text.p, text.p, text.len) != 0) &&
+        room_for(sl, canon.n + 1, "the tool-call turn stays as sampled")) {
         uint32_t common = 0;
         while (common < live.n && common < canon.n && live.ids[common] == canon.ids[common]) common++;
         ds4_err err = {0};
@@ -633,6 +661,7 @@ outcome slot_run(slot *sl, job *j) {
         ds4_tokens_free(&r.prompt);
         return FAILED;
     }
+    room_for_prompt(sl, j, &r);
     snprintf(j->reuse, sizeof(j->reuse), "%s", r.source);
     cont_warn_lost_reasoning(j, r.source);
     trace_decision(&sl->s->trace, j, r.source);
