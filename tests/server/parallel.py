@@ -27,7 +27,9 @@ only (part of the default suite through tests/suite/server_parallel.sh).
     answering as a session made whole from the start; without room for
     the growth, it waits for a running request to end, or ends there
     (finish length, usage stopped_by_memory) when none would free memory
-    or --grow-wait is spent.
+    or --grow-wait is spent; a reused state longer than the admitted
+    session (a thinking turn replayed without its reasoning) grows before
+    its prefill, or is given up for a cold prefill without room.
 The heavy variants (32 SDK clients, 1,000 requests with the RSS watched)
 are tests/server/test_sdk_parallel.py (make test-server-parallel).
 """
@@ -753,6 +755,48 @@ def grows_without_room(want):
             check(st["grown"] == 0 and st["grow_refused"] == 1 and "still after --grow-wait" in log, (st, log[-2000:]))
 
 
+def thinking_then_replay(s):
+    """A thinking answer of about 290 tokens (forced), then the next turn
+    replaying it without its reasoning, with 250 tokens of output: admitted
+    in a session of 512 tokens, its reused state (the live session,
+    reasoning kept) and that output need 768.  The second answer's usage
+    and the stats."""
+    msgs = [{"role": "user", "content": "Weather?"}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 400},
+                   headers={"X-DS4-Test-Output": "long_think"})
+    check(st == 200 and b["choices"][0]["message"]["content"] == "It is sunny.", b)
+    check(held_tokens(s) == 512, s.stats()["sessions"])
+    msgs += [{"role": "assistant", "content": "It is sunny."}, {"role": "user", "content": "Tomorrow?"}]
+    st, b = s.post("/v1/chat/completions", {"messages": msgs, "max_tokens": 250, "temperature": 0})
+    check(st == 200 and b["usage"]["completion_tokens"] == 250, b)
+    return b["usage"], s.stats()
+
+
+def t_reused_state_grows():
+    """A reused state longer than the session its request was admitted
+    with (a thinking turn replayed without its reasoning) grows through
+    the same admission before the prefill: with room, it keeps the live
+    state (thinking-visible, one growth); where the growth does not fit
+    (--kv-mem-mb below the old and the new state together), the prompt is
+    prefilled from the start in the admitted session instead (cold, the
+    growth refused, the sessions never over the budget)."""
+    sizes = session_bytes()
+    mib = 1 << 20
+    budget = (sizes[512] + sizes[768] - 1) // mib
+    check(budget * mib >= sizes[768], (sizes, budget))
+    with Server("--parallel", "1") as s:
+        u, st = thinking_then_replay(s)
+        check(st["last_prompt"]["kv_source"] == "thinking-visible" and u["prompt_tokens_details"]["cached_tokens"] > 290
+              and st["sessions"]["grown"] == 1 and st["sessions"]["held_tokens"] == 768, (u, st))
+    with Server("--parallel", "1", "--kv-mem-mb", str(budget)) as s:
+        u, st = thinking_then_replay(s)
+        mem = st["sessions"]["memory"][0]
+        check(st["last_prompt"]["kv_source"] == "cold" and u["prompt_tokens_details"]["cached_tokens"] == 0
+              and st["sessions"]["grow_refused"] == 1 and st["sessions"]["held_tokens"] == 512
+              and mem["held_bytes"] <= mem["budget_bytes"], (u, st))
+        check("the prompt is prefilled from the start instead" in s.text(), s.text()[-1500:])
+
+
 def t_output_grows():
     """Sessions that grow while they answer (docs/SERVER.md): alone, and
     where the memory has no room for the growth; the answers compared
@@ -765,7 +809,7 @@ def t_output_grows():
 
 def main():
     for fn in (t_startup_errors, t_startup_sizing, t_admission, t_admission_by_memory, t_request_too_large,
-               t_conversation_grows, t_output_grows,
+               t_conversation_grows, t_output_grows, t_reused_state_grows,
                t_concurrent_equals_solo, t_disconnect_frees_session, t_queue_full,
                t_conversations_find_their_session, t_tool_outputs_find_their_session, t_eviction_to_disk_and_back,
                t_stats_while_running,
