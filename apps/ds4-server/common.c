@@ -253,12 +253,11 @@ json_t *usage_openai(const gen_out *o) {
 }
 
 json_t *usage_responses(const gen_out *o) {
-    return with_memory_note(json_pack("{s:i,s:{s:i,s:i},s:i,s:{s:i},s:i}", "input_tokens",
-                                      (json_int_t)o->prompt_tokens, "input_tokens_details", "cached_tokens",
-                                      (json_int_t)o->cached_tokens, "cache_write_tokens", (json_int_t)o->written_tokens,
-                                      "output_tokens", (json_int_t)o->completion_tokens, "output_tokens_details",
-                                      "reasoning_tokens", 0, "total_tokens",
-                                      (json_int_t)(o->prompt_tokens + o->completion_tokens)),
+    return with_memory_note(json_pack("{s:i,s:{s:i,s:i},s:i,s:{s:i},s:i}", "input_tokens", (json_int_t)o->prompt_tokens,
+                                      "input_tokens_details", "cached_tokens", (json_int_t)o->cached_tokens,
+                                      "cache_write_tokens", (json_int_t)o->written_tokens, "output_tokens",
+                                      (json_int_t)o->completion_tokens, "output_tokens_details", "reasoning_tokens", 0,
+                                      "total_tokens", (json_int_t)(o->prompt_tokens + o->completion_tokens)),
                             o);
 }
 

@@ -542,8 +542,7 @@ bool sched_grow(slot *sl, uint32_t need, const char *otherwise) {
         else q->c.grow_refused++;
         pthread_mutex_unlock(&s->stats_mu);
     }
-    if (ok)
-        srv_log("generate", "session %u grew from %u to %u tokens", sl->index, from, cap);
+    if (ok) srv_log("generate", "session %u grew from %u to %u tokens", sl->index, from, cap);
     else if (why[0])
         srv_log("generate", "session %u cannot grow from %u to %u tokens: %s; %s", sl->index, from, cap, why,
                 otherwise);

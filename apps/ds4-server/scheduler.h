@@ -99,7 +99,7 @@ struct sched {
     server *s;
     slot *slots;
     uint32_t n;
-    pthread_mutex_t mu; /* the queue and the slots' job fields */
+    pthread_mutex_t mu;     /* the queue and the slots' job fields */
     pthread_cond_t grow_cv; /* memory was freed: a session waiting to grow looks again */
     uint32_t n_growing;     /* sessions waiting to grow: queued jobs wait behind them */
     job **queue;

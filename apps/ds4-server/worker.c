@@ -554,8 +554,7 @@ static outcome generate(slot *sl, job *j, const reuse *r, double t_prefill) {
             "%.2f s (%.1f t/s), finish %s%s%s%s",
             j->api->name, j->id, sl->index, o->prompt_tokens, r->source, o->cached_tokens, o->written_tokens, t_prefill,
             res.n_generated, res.seconds, res.seconds > 0 ? res.n_generated / res.seconds : 0.0, o->finish,
-            o->memory_cut ? " (stopped by memory: its session could not grow)" : "", o->error[0] ? ": " : "",
-            o->error);
+            o->memory_cut ? " (stopped by memory: its session could not grow)" : "", o->error[0] ? ": " : "", o->error);
     outcome k = res.finish == DS4_FINISH_CANCELLED ? CANCELLED : strcmp(o->finish, "error") == 0 ? FAILED : ANSWERED;
     trace_result(&sl->s->trace, j);
     sched_count_mtp(sl);

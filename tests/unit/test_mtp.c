@@ -212,8 +212,8 @@ static void test_greedy_identity(void **state) {
             /* drafts of 2 in a sized session: grown (its MTP sequence too) as it speculates; of 4:
              * grown through a grow hook, the drafts kept within the session's capacity */
             grower g = {0};
-            generate_in(spec, draft[d] == 1 ? 0 : 16, draft[d] == 4 ? &g : NULL, prompt, np[a], 20, draft[d], &got,
-                        &pg, &lg, &st);
+            generate_in(spec, draft[d] == 1 ? 0 : 16, draft[d] == 4 ? &g : NULL, prompt, np[a], 20, draft[d], &got, &pg,
+                        &lg, &st);
             if (draft[d] == 4 && np[a] == 250) assert_true(g.calls > 0);
             assert_int_equal(got.n, want.n);
             if (memcmp(got.tok, want.tok, want.n * sizeof(int32_t)) != 0)
