@@ -1742,7 +1742,8 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: %u rows to split for the attention, room for %zu",
                                a.tc_nrows, cu_attn_tc_rows(b));
     }
-    if (T == 1) { /* one query: the rows split over blocks (the scratch holds one query's partial results) */
+    if (!tc && T <= b->attn_queries) { /* a few queries: the rows split over blocks (the scratch holds
+                                          * their partial results; a lane's holds one query's) */
         uint32_t rows = c->sliding_window, cap = S->ratio ? cu_dec_cap(b, S->ratio) : 0;
         rows += S->ratio == 4 && c->idx_top_k < cap ? c->idx_top_k : cap;
         a.nsplit = cu_attn_splits(c, rows);

@@ -99,8 +99,8 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->vis, C * c->idx_top_k);
     TAKE(m, b->nvis, C);
     take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
-    TAKE(m, b->attn_part, cu_attn_part_floats(c, b->attn_split));
-    TAKE(m, b->attn_count, cu_attn_groups(c));
+    TAKE(m, b->attn_part, CU_FEW_T * cu_attn_part_floats(c, b->attn_split)); /* CU_FEW_T queries (cu_attend) */
+    TAKE(m, b->attn_count, CU_FEW_T * cu_attn_groups(c));
     for (uint32_t i = 0; i < CU_LANES; i++) {
         float *part;
         uint32_t *count;
@@ -1091,7 +1091,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaMemsetAsync(b->imx_mid, 0, mid_n * sizeof(double), b->st));
         CU_TRY(cudaMemsetAsync(b->imx_routes, 0, routes_n * sizeof(uint64_t), b->st));
     }
-    CU_TRY(cudaMemsetAsync(b->attn_count, 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
+    CU_TRY(cudaMemsetAsync(b->attn_count, 0, CU_FEW_T * cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     for (uint32_t i = 0; i < CU_LANES; i++)
         CU_TRY(cudaMemsetAsync(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     if (b->d_steer)
@@ -1195,6 +1195,7 @@ extern "C" ds4_backend *ds4_cuda_backend_create(const ds4_weights *w, const ds4_
     uint32_t max_rows = c->sliding_window + (c->idx_top_k < b->comp_cap4 ? c->idx_top_k : b->comp_cap4);
     if (c->sliding_window + b->comp_cap128 > max_rows) max_rows = c->sliding_window + b->comp_cap128;
     b->attn_split = cu_attn_splits(c, max_rows);
+    b->attn_queries = CU_FEW_T;
     ds4_rope_init(&b->rope_dense, c, false);
     ds4_rope_init(&b->rope_comp, c, true);
     if (use_gpu(b, err) || init(b, w, err)) {

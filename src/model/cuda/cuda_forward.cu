@@ -245,6 +245,7 @@ static cuda_backend lane_view(const cuda_backend *b, const cu_part *parts, uint3
         v.st = b->lane[l];
         v.attn_part = b->lane_attn_part[l];
         v.attn_count = b->lane_attn_count[l];
+        v.attn_queries = 1;
     }
     return v;
 }

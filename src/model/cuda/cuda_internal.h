@@ -488,6 +488,7 @@ typedef struct cuda_backend {
     uint32_t *vis, *nvis;
     uint32_t attn_split;  /* most splits of a decode step's rows (cu_attn_splits) */
     uint32_t *attn_count; /* per head group: split blocks done (cuda_attn.cu) */
+    uint32_t attn_queries; /* the queries attn_part and attn_count hold: CU_FEW_T, a lane's 1 */
     float *attn_tc_rows;  /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     /* the importance-matrix sums (ds4_backend_opts.imatrix; cuda_imatrix.cu),
