@@ -58,7 +58,9 @@ static void own_lock_file(int rank) {
  *   receiver's answer before its data goes: one round trip more a hop,
  *   which a 64 KiB residual paid on every token (measured: 2 round trips a
  *   token on a 50 ms link, test-dist-link).  1 MiB sends a step of a few
- *   rows at once, and the logits of a sampled token (n_vocab x 4 bytes). */
+ *   rows at once, and the logits of a sampled token (n_vocab x 4 bytes);
+ *   a prefill chunk still waits, which the receives posted ahead hide
+ *   (MPI: pipe, below). */
 static void tcp_transport(void) {
     setenv("OMPI_MCA_btl_tcp_sndbuf", "4194304", 0);
     setenv("OMPI_MCA_btl_tcp_rcvbuf", "4194304", 0);
