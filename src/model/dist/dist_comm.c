@@ -58,7 +58,9 @@ static void own_lock_file(int rank) {
  *   receiver's answer before its data goes: one round trip more a hop,
  *   which a 64 KiB residual paid on every token (measured: 2 round trips a
  *   token on a 50 ms link, test-dist-link).  1 MiB sends a step of a few
- *   rows at once, and the logits of a sampled token (n_vocab x 4 bytes). */
+ *   rows at once, and the logits of a sampled token (n_vocab x 4 bytes);
+ *   a prefill chunk still waits, which the receives posted ahead hide
+ *   (MPI: pipe, below). */
 static void tcp_transport(void) {
     setenv("OMPI_MCA_btl_tcp_sndbuf", "4194304", 0);
     setenv("OMPI_MCA_btl_tcp_rcvbuf", "4194304", 0);
@@ -430,20 +432,71 @@ static void beat_stop(ds4_dist *d) {
 
 /* ========================================================= MPI: pipe */
 
+/* A step's residuals over Open MPI's eager limit (a prefill chunk: 4 MiB at
+ * 64 tokens of 4 x 4096 floats, 128 MiB at 2048) leave only when the
+ * receiver has matched them to a posted receive.  Posted when the stage is
+ * ready for the step, that receive would put a round trip and the transfer
+ * on every chunk's way, between two of the stage's steps.  So a stage keeps
+ * DIST_PIPE_POSTED receives posted ahead, each into a buffer of a whole
+ * chunk: while it computes one step, the next step's residuals are already
+ * matched and move (the heartbeat thread's polls drive MPI's progress):
+ * the handshake and the transfer are paid once, as the pipe fills, not on
+ * every chunk.  MPI matches a sender's messages of one tag to the receives
+ * in the order they were posted, so the steps' residuals arrive in
+ * order. */
+
+static int post_in(ds4_dist *d, dist_pipe *p, uint32_t i) {
+    return mpi_recv(d, p->in_raw[i], dist_resid_row_bytes(d, (uint32_t)p->cap), d->rank - 1, TAG_RESID, &p->got[i]);
+}
+
+typedef struct arrival {
+    ds4_dist *d;
+    dist_req *r;
+    int floats; /* in the transfer type, counted as MPI floats */
+} arrival;
+
+/* Whether the posted receive got its step's residuals: the receive is of a
+ * whole chunk, so a message of another length than the step's is found
+ * here. */
+static int arrived(void *ctx, ds4_err *err) {
+    arrival *a = ctx;
+    int flag = 0, got = 0;
+    MPI_Status st;
+    if (a->d->mpi.Test(&a->r->mpi, &flag, &st) != MPI_SUCCESS)
+        return ds4_err_set(err, DS4_EIO, "receiving a step's residuals from rank %d failed", a->d->rank - 1);
+    if (!flag) return 0;
+    a->r->on = false;
+    if (a->d->mpi.Get_count(&st, a->d->mpi.flt, &got) != MPI_SUCCESS || got != a->floats)
+        return ds4_err_set(err, DS4_EIO, "rank %d sent %d floats of residuals for a step of %d", a->d->rank - 1, got,
+                           a->floats);
+    return 1;
+}
+
+/* The posted receives given up (their buffers are freed next): a receive
+ * nothing matched ends at once.  After a failure the job is ending and
+ * MPI may still write into a buffer: it is left to the process's end. */
 static void mpi_pipe_close(ds4_dist *d, dist_pipe *p) {
     if (!p) return;
     for (uint32_t k = 0; k < DS4_DIST_IN_FLIGHT; k++) {
         if (p->sent[k].on) dist_wait(d, &p->sent[k], NULL);
         free(p->raw[k]);
     }
-    free(p->in_raw);
-    free(p->in);
+    for (uint32_t i = 0; i < DIST_PIPE_POSTED; i++) {
+        if (p->got[i].on) {
+            d->mpi.Cancel(&p->got[i].mpi);
+            if (dist_wait(d, &p->got[i], NULL) != 0) continue;
+        }
+        free(p->in_raw[i]);
+    }
+    free(p->in_f32);
     free(p->out[0]);
     free(p);
 }
 
-/* Host buffers: what arrives (raw, then f32), the stage's f32 output (one
- * buffer: packed into raw[k] at each send), raw[k] in flight. */
+/* Host buffers: DIST_PIPE_POSTED for what arrives, their receives posted
+ * (in f32 the stage reads its input there, otherwise unpacked into
+ * in_f32), the stage's f32 output (one buffer: packed into raw[k] at each
+ * send), raw[k] in flight. */
 static int mpi_pipe_open(ds4_dist *d, size_t floats, dist_pipe **out, ds4_err *err) {
     *out = NULL;
     dist_pipe *p = calloc(1, sizeof(*p));
@@ -451,7 +504,10 @@ static int mpi_pipe_open(ds4_dist *d, size_t floats, dist_pipe **out, ds4_err *e
     p->cap = floats;
     size_t raw = dist_resid_row_bytes(d, (uint32_t)floats);
     bool ok = true;
-    if (d->rank > 0) ok = (p->in_raw = malloc(raw)) && (p->in = malloc(floats * sizeof(float)));
+    if (d->rank > 0) {
+        for (uint32_t i = 0; ok && i < DIST_PIPE_POSTED; i++) ok = (p->in_raw[i] = malloc(raw)) != NULL;
+        if (ok && d->dtype != DS4_DIST_F32) ok = (p->in_f32 = malloc(floats * sizeof(float))) != NULL;
+    }
     if (ok && d->rank + 1 < d->size) {
         ok = (p->out[0] = malloc(floats * sizeof(float))) != NULL;
         for (uint32_t k = 0; ok && k < DS4_DIST_IN_FLIGHT; k++) {
@@ -463,16 +519,33 @@ static int mpi_pipe_open(ds4_dist *d, size_t floats, dist_pipe **out, ds4_err *e
         mpi_pipe_close(d, p);
         return ds4_err_set(err, DS4_ENOMEM, "out of memory for the pipeline's buffers (%zu floats)", floats);
     }
+    for (uint32_t i = 0; d->rank > 0 && i < DIST_PIPE_POSTED; i++) {
+        if (post_in(d, p, i) != 0) {
+            mpi_pipe_close(d, p);
+            return ds4_err_set(err, DS4_EIO, "posting a receive of the residuals from rank %d failed", d->rank - 1);
+        }
+    }
     *out = p;
     return 0;
 }
 
+/* The step's residuals from the posted receive that comes next in turn.
+ * The buffer the last step read is free again: its receive is posted
+ * first, for the step after the next. */
 static int mpi_pipe_recv(ds4_dist *d, dist_pipe *p, size_t floats, ds4_err *err) {
-    dist_req r = {0};
-    if (mpi_recv(d, p->in_raw, dist_resid_row_bytes(d, (uint32_t)floats), d->rank - 1, TAG_RESID, &r) != 0 ||
-        dist_wait(d, &r, err) != 0)
-        return -1;
-    dist_resid_unpack(d, p->in_raw, p->in, floats);
+    uint32_t i = p->next_in;
+    uint32_t prev = (i + DIST_PIPE_POSTED - 1) % DIST_PIPE_POSTED;
+    if (!p->got[prev].on && post_in(d, p, prev) != 0)
+        return ds4_err_set(err, DS4_EIO, "posting a receive of the residuals from rank %d failed", d->rank - 1);
+    arrival a = {d, &p->got[i], (int)(dist_resid_row_bytes(d, (uint32_t)floats) / 4)};
+    if (dist_wait_until(d, arrived, &a, err) != 0) return -1;
+    p->next_in = (i + 1) % DIST_PIPE_POSTED;
+    if (d->dtype == DS4_DIST_F32) {
+        p->in = p->in_raw[i];
+    } else {
+        dist_resid_unpack(d, p->in_raw[i], p->in_f32, floats);
+        p->in = p->in_f32;
+    }
     return 0;
 }
 

@@ -118,6 +118,7 @@ typedef struct dist_mpi {
     int (*Isend)(const void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
     int (*Irecv)(void *, int, MPI_Datatype, int, int, MPI_Comm, MPI_Request *);
     int (*Test)(MPI_Request *, int *, MPI_Status *);
+    int (*Get_count)(const MPI_Status *, MPI_Datatype, int *);
     int (*Testall)(int, MPI_Request *, int *, MPI_Status *);
     int (*Cancel)(MPI_Request *);
     int (*Request_free)(MPI_Request *);
@@ -146,16 +147,24 @@ typedef struct dist_req {
     bool truncated; /* its message was longer than buf */
 } dist_req;
 
+/* Receives an MPI pipe keeps posted for the stage before (dist_comm.c). */
+#define DIST_PIPE_POSTED 2
+
 /* A stage's ends of the residuals' way: what the stage before sends lands
  * in `in`, and what this stage computes into out[k] (k < DS4_DIST_IN_FLIGHT)
  * goes to the next; out[k] is written again once its send is done.  MPI's
- * are host memory, packed into raw[k] in the transfer type at the send;
- * in-process ones are memory of the stage's GPU, carried by NCCL. */
+ * are host memory: a step's residuals arrive in one of in_raw[], whose
+ * receives stay posted ahead of the steps, and leave packed into raw[k] in
+ * the transfer type; in-process ones are memory of the stage's GPU, carried
+ * by NCCL. */
 typedef struct dist_pipe {
     size_t cap; /* floats each buffer holds */
     float *in, *out[DS4_DIST_IN_FLIGHT];
     /* MPI */
-    void *in_raw, *raw[DS4_DIST_IN_FLIGHT];
+    void *in_raw[DIST_PIPE_POSTED], *raw[DS4_DIST_IN_FLIGHT];
+    dist_req got[DIST_PIPE_POSTED]; /* the receives into in_raw[], posted in turn */
+    uint32_t next_in;               /* in_raw[] of the next step's residuals */
+    float *in_f32;                  /* in's own buffer where the transfer type is not f32 */
     dist_req sent[DS4_DIST_IN_FLIGHT];
     /* in-process */
     struct ds4_cuda_pipe *gpu;

@@ -44,6 +44,7 @@ int dist_mpi_load(dist_mpi *m, ds4_err *err) {
         DIST_MPI_SYM(Isend, "MPI_Isend"),
         DIST_MPI_SYM(Irecv, "MPI_Irecv"),
         DIST_MPI_SYM(Test, "MPI_Test"),
+        DIST_MPI_SYM(Get_count, "MPI_Get_count"),
         DIST_MPI_SYM(Testall, "MPI_Testall"),
         DIST_MPI_SYM(Cancel, "MPI_Cancel"),
         DIST_MPI_SYM(Request_free, "MPI_Request_free"),
