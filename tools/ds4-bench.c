@@ -752,8 +752,10 @@ static int run_parallel(const opts *o, ds4_backend *b, const uint32_t *toks, FIL
     if (o->arrive && o->step_rows > b->opts.prefill_chunk)
         return ds4_err_set(err, DS4_EINVAL, "--step-rows %u exceeds the %u rows a step holds (--chunk)", o->step_rows,
                            b->opts.prefill_chunk);
+    /* logits: a row for each decoder and, in the arrival's last step, the
+     * prompt's last row */
     par_run r = {b, calloc(most, sizeof(ds4_seq *)), calloc(most, sizeof(uint32_t)),
-                 calloc(most + o->step_rows, sizeof(ds4_row)), malloc((size_t)most * V * sizeof(float))};
+                 calloc(most + o->step_rows, sizeof(ds4_row)), malloc((size_t)(most + 1) * V * sizeof(float))};
     double *t = malloc((size_t)(o->gen + 1) * sizeof(double));
     ds4_kv_state *snap = ds4_backend_state_new(b, err);
     int rc = -1;

@@ -65,11 +65,14 @@ grep -q "benchmarking seeded random" "$dir/raw.err" && fail "a prompt file run s
 
 # --parallel: a CSV row per session count, then the arriving prompt's; each
 # row's steps and a positive rate; the times per token ordered (p50 <= p99).
-./ds4-bench -m "$M" --parallel 1,3 --session-ctx 48 --gen-tokens 4 --arrive 60 --arrive-among 2 --step-rows 22 \
+# The prompt arrives among as many sessions as the largest count: its last
+# step's logits are a row more than the decoders' (they once overran the
+# buffer sized for the decoders: a crash at the end).
+./ds4-bench -m "$M" --parallel 1,2 --session-ctx 48 --gen-tokens 4 --arrive 60 --arrive-among 2 --step-rows 22 \
     --csv "$dir/par.csv" 2> "$dir/par.err"
 head -1 "$dir/par.csv" | grep -qx 'mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms' \
     || fail "parallel csv header: $(head -1 "$dir/par.csv")"
-[ "$(tail -n +2 "$dir/par.csv" | cut -d, -f1-4 | tr '\n' ' ')" = "decode,1,48,4 decode,3,48,4 prefill+decode,2,48,3 " ] \
+[ "$(tail -n +2 "$dir/par.csv" | cut -d, -f1-4 | tr '\n' ' ')" = "decode,1,48,4 decode,2,48,4 prefill+decode,2,48,3 " ] \
     || fail "parallel rows: $(cat "$dir/par.csv")"
 awk -F, 'NR > 1 && !($5 > 0 && $6 > 0 && $6 <= $7) { bad = 1 } END { exit bad }' "$dir/par.csv" \
     || fail "parallel rates or times: $(cat "$dir/par.csv")"
