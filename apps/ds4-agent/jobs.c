@@ -323,13 +323,7 @@ void jobs_wait(jobs *j, int id, double seconds, volatile sig_atomic_t *cancel) {
         if (!x || !x->running || (cancel && *cancel)) break;
         double now = ds4_now();
         if (now >= until) break;
-        double slice = until - now < 0.1 ? until - now : 0.1;
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        long ns = ts.tv_nsec + (long)(slice * 1e9);
-        ts.tv_sec += ns / 1000000000L;
-        ts.tv_nsec = ns % 1000000000L;
-        pthread_cond_timedwait(&j->cv, &j->mu, &ts);
+        ds4_cond_wait_for(&j->cv, &j->mu, until - now < 0.1 ? until - now : 0.1);
     }
     pthread_mutex_unlock(&j->mu);
 }

@@ -347,12 +347,7 @@ static void *guard_main(void *arg) {
             srv_log("http", "closing a connection: its %s did not arrive in time", g->what);
             shutdown(g->fd, SHUT_RDWR);
         }
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 200 * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
-        pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+        ds4_cond_wait_for(&h->cv, &h->mu, 0.2);
     }
     pthread_mutex_unlock(&h->mu);
     return NULL;

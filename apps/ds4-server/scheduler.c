@@ -470,14 +470,7 @@ static bool others_running(const sched *q, const slot *sl) {
 }
 
 /* Wait on grow_cv (under q->mu) for at most `seconds`. */
-static void wait_for_memory(sched *q, double seconds) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    long ns = ts.tv_nsec + (long)(seconds * 1e9);
-    ts.tv_sec += ns / 1000000000L;
-    ts.tv_nsec = ns % 1000000000L;
-    pthread_cond_timedwait(&q->grow_cv, &q->mu, &ts);
-}
+static void wait_for_memory(sched *q, double seconds) { ds4_cond_wait_for(&q->grow_cv, &q->mu, seconds); }
 
 /* Why a session could not grow to cap tokens, for the log (under q->mu). */
 static void grow_refusal(const sched *q, uint32_t cap, bool alone, bool waited, char *out, size_t n) {

@@ -84,14 +84,7 @@ static double gather_window(const ds4_batcher *bt) {
 }
 
 static void wait_until(ds4_batcher *bt, double deadline) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double wait = deadline - ds4_now();
-    if (wait <= 0) return;
-    long ns = ts.tv_nsec + (long)(wait * 1e9);
-    ts.tv_sec += ns / 1000000000L;
-    ts.tv_nsec = ns % 1000000000L;
-    pthread_cond_timedwait(&bt->work, &bt->mu, &ts);
+    ds4_cond_wait_for(&bt->work, &bt->mu, deadline - ds4_now());
 }
 
 /* Rows of request r before row i that ask for logits / hidden states (where
