@@ -1172,6 +1172,161 @@ static void check_fused_gemv(cudaStream_t st) {
     cudaFree(sel);
 }
 
+/* Token t's row of activation a (the forms it has). */
+static dact act_at(const dact &a, uint32_t t) {
+    dact v = a;
+    v.f = a.f ? a.f + (size_t)t * a.fs : NULL;
+    v.q8 = a.q8 ? a.q8 + (size_t)t * a.q8s : NULL;
+    v.qk = a.qk ? a.qk + (size_t)t * a.qks : NULL;
+    return v;
+}
+
+/* Plans of several tokens against one-token plans of each, bit for bit:
+ * a few tokens of dense rows (Q8_0 from a row and a value offset, split
+ * F16 and BF16 rows, F32 rows a warp each; every output strided past its
+ * rows, the gap left alone), and reps of selected experts (IQ2_XXS of one
+ * activation row a token, Q2_K of two, an expert on the host written
+ * nowhere); a few-token plan of K-quant rows is refused. */
+static void check_token_plans(cudaStream_t st) {
+    struct tseg {
+        uint32_t type, n, rows, mats, mat, row0, off;
+    };
+    const tseg dense[] = {{DS4_TYPE_Q8_0, 864, 45, 2, 1, 3, 32},
+                          {DS4_TYPE_F16, 1024, 20, 1, 0, 0, 0},
+                          {DS4_TYPE_F32, 864, 9, 1, 0, 0, 0},
+                          {DS4_TYPE_BF16, 512, 33, 2, 1, 1, 64}};
+    const int nd = 4;
+    ds4_err err = {};
+    for (uint32_t T : {2u, 5u, (uint32_t)CU_FEW_T}) {
+        wt_pair w[nd];
+        act_pair a[nd];
+        float *out[nd], *one = dalloc<float>(64);
+        size_t stride[nd];
+        gemv_plan p;
+        cu_gemv_tokens(&p, T);
+        for (int i = 0; i < nd; i++) {
+            const tseg &g = dense[i];
+            make_weights(w[i], g.type, g.n, g.row0 + g.rows, g.mats);
+            make_act(a[i], g.n + g.off, T, st);
+            stride[i] = g.rows + 3;
+            out[i] = dalloc<float>(stride[i] * T);
+            dset(out[i], 0xFF, stride[i] * T * 4);
+            gemv_tok tk = {1, stride[i], 0};
+            cu_gemv_add_tok(&p, &w[i].d, g.mat, NULL, 0, g.row0, g.rows, &a[i].d, g.off, out[i], tk);
+        }
+        if (cu_gemv_run(&p, st, &err)) {
+            printf("FAIL: %s\n", ds4_err_msg(&err));
+            exit(1);
+        }
+        CU(cudaStreamSynchronize(st));
+        uint32_t mism = 0, gaps = 0;
+        for (int i = 0; i < nd; i++) {
+            const tseg &g = dense[i];
+            std::vector<float> got(stride[i] * T), g1(g.rows);
+            CU(cudaMemcpy(got.data(), out[i], got.size() * 4, cudaMemcpyDeviceToHost));
+            for (uint32_t t = 0; t < T; t++) {
+                gemv_plan q;
+                memset(&q, 0, sizeof(q));
+                dact x = act_at(a[i].d, t);
+                cu_gemv_add(&q, &w[i].d, g.mat, NULL, 0, g.row0, g.rows, &x, g.off, one);
+                if (cu_gemv_run(&q, st, &err)) {
+                    printf("FAIL: %s\n", ds4_err_msg(&err));
+                    exit(1);
+                }
+                CU(cudaStreamSynchronize(st));
+                CU(cudaMemcpy(g1.data(), one, g.rows * 4, cudaMemcpyDeviceToHost));
+                for (uint32_t r = 0; r < g.rows; r++) mism += memcmp(&got[t * stride[i] + r], &g1[r], 4) != 0;
+                for (uint32_t r = g.rows; r < stride[i]; r++) {
+                    uint32_t v;
+                    memcpy(&v, &got[t * stride[i] + r], 4);
+                    gaps += v != 0xFFFFFFFFu;
+                }
+            }
+            cudaFree(out[i]);
+            cudaFree((void *)w[i].d.p);
+            free_act(a[i]);
+        }
+        cudaFree(one);
+        printf("gemv plan of %u tokens (q8_0, f16, f32, bf16): %u outputs unlike one token's, %u written between rows\n",
+               T, mism, gaps);
+        CHECK(mism == 0 && gaps == 0, "gemv plan of %u tokens: %u unlike, %u gaps written", T, mism, gaps);
+    }
+
+    /* reps: k = 2 slots a token, 3 tokens; the selection of entry t k + i */
+    const uint32_t k = 2, R = 3;
+    const int sel_h[k * R] = {2, 0, 1, -1, 0, 1};
+    int *sel = dcopy(sel_h, k * R);
+    wt_pair wi, wq;
+    make_weights(wi, DS4_TYPE_IQ2_XXS, 768, 40, 3);
+    make_weights(wq, DS4_TYPE_Q2_K, 512, 64, 3);
+    act_pair ai, aq;
+    make_act(ai, 768, R, st);
+    make_act(aq, 512, R * k, st);
+    float *oi = dalloc<float>(k * R * 40), *oq = dalloc<float>(k * R * 64), *one = dalloc<float>(64);
+    dset(oi, 0xFF, k * R * 40 * 4);
+    dset(oq, 0xFF, k * R * 64 * 4);
+    gemv_plan p;
+    cu_gemv_reps(&p, R);
+    for (uint32_t i = 0; i < k; i++) {
+        gemv_tok ti = {1, k * 40, k}, tq = {k, k * 64, k};
+        cu_gemv_add_tok(&p, &wi.d, 0, sel, i, 0, 40, &ai.d, 0, oi + i * 40, ti);
+        dact xq = act_at(aq.d, i);
+        cu_gemv_add_tok(&p, &wq.d, 0, sel, i, 0, 64, &xq, 0, oq + i * 64, tq);
+    }
+    if (cu_gemv_run(&p, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
+    CU(cudaStreamSynchronize(st));
+    std::vector<float> gi(k * R * 40), gq(k * R * 64), g1(64);
+    CU(cudaMemcpy(gi.data(), oi, gi.size() * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(gq.data(), oq, gq.size() * 4, cudaMemcpyDeviceToHost));
+    uint32_t mism = 0, host_written = 0;
+    for (uint32_t e = 0; e < k * R; e++) {
+        for (int which = 0; which < 2; which++) {
+            uint32_t rows = which ? 64 : 40;
+            const float *got = (which ? gq.data() : gi.data()) + (size_t)e * rows;
+            if (sel_h[e] < 0) {
+                for (uint32_t r = 0; r < rows; r++) {
+                    uint32_t v;
+                    memcpy(&v, &got[r], 4);
+                    host_written += v != 0xFFFFFFFFu;
+                }
+                continue;
+            }
+            gemv_plan q;
+            memset(&q, 0, sizeof(q));
+            dact x = which ? act_at(aq.d, e) : act_at(ai.d, e / k);
+            cu_gemv_add(&q, which ? &wq.d : &wi.d, 0, sel, e, 0, rows, &x, 0, one);
+            if (cu_gemv_run(&q, st, &err)) {
+                printf("FAIL: %s\n", ds4_err_msg(&err));
+                exit(1);
+            }
+            CU(cudaStreamSynchronize(st));
+            CU(cudaMemcpy(g1.data(), one, rows * 4, cudaMemcpyDeviceToHost));
+            for (uint32_t r = 0; r < rows; r++) mism += memcmp(&got[r], &g1[r], 4) != 0;
+        }
+    }
+    printf("gemv plan of %u tokens' experts (iq2_xxs, q2_k): %u outputs unlike one token's, %u of a host expert\n", R,
+           mism, host_written);
+    CHECK(mism == 0 && host_written == 0, "gemv reps: %u unlike, %u host outputs written", mism, host_written);
+
+    /* K-quant rows in a plan of a few tokens: refused with a message */
+    cu_gemv_tokens(&p, 2);
+    cu_gemv_add(&p, &wq.d, 0, NULL, 0, 0, 64, &aq.d, 0, oq);
+    err = {};
+    CHECK(cu_gemv_run(&p, st, &err) != 0 && strstr(ds4_err_msg(&err), "other than dense"),
+          "a plan of 2 tokens of Q2_K rows was run: '%s'", ds4_err_msg(&err));
+    cudaFree(oi);
+    cudaFree(oq);
+    cudaFree(one);
+    cudaFree(sel);
+    cudaFree((void *)wi.d.p);
+    cudaFree((void *)wq.d.p);
+    free_act(ai);
+    free_act(aq);
+}
+
 /* The routed experts' products in decode shapes: the down of selected
  * Q2_K experts (each its own activation) as streamed launches
  * (gemv_stream_kernel), in row lengths of one stage of 8 blocks or of two
@@ -1632,6 +1787,7 @@ int main(int argc, char **argv) {
     check_gemm_range(st);
     check_missing_form(st);
     check_fused_gemv(st);
+    check_token_plans(st);
     check_stream_gemv(st);
     check_gemv_q8_out(st);
     check_attention(st);

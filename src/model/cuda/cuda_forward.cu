@@ -36,11 +36,54 @@ static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const
     return cu_gemm(W, 0, row0, rows, x, off, T, out, stride, NULL, b->split, b->st, err);
 }
 
+/* Whether a pass of T tokens takes plans of a few tokens (cu_gemv_tokens)
+ * for layer il's dense products: every one of them Q8_0 or float rows. */
+static bool few_pass(const cuda_backend *b, uint32_t il, uint32_t T, bool decode) {
+    if (decode || T > CU_FEW_T) return false;
+    const dlayer *w = &b->W.layers[il];
+    const dwt *dense[] = {&w->q_a,     &w->kv,       &w->q_b,    &w->out_a,    &w->out_b,    &w->comp_kv,
+                          &w->comp_gate, &w->idx_kv, &w->idx_gate, &w->idx_proj, &w->idx_q_b, &w->gate_inp,
+                          &w->gate_sh, &w->up_sh,    &w->down_sh};
+    for (size_t i = 0; i < sizeof(dense) / sizeof(dense[0]); i++)
+        if (dense[i]->p && !cu_gemv_few_fits(dense[i])) return false;
+    return true;
+}
+
+/* Segment of a plan of the pass's tokens (one: a decode step; a few:
+ * cu_gemv_tokens): token t reads row t of x, writes out + t stride. */
+static void add_rows(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
+                     float *out, size_t stride) {
+    gemv_tok tk = {1, stride, 0};
+    cu_gemv_add_tok(p, W, 0, NULL, 0, row0, rows, x, act_off, out, tk);
+}
+
+/* The compressors' projections of layer il (the attention's; at a ratio-4
+ * layer also the indexer's) into a plan. */
+static void compressor_segments(cuda_backend *b, const dlayer *w, uint32_t ratio, gemv_plan *p) {
+    const ds4_config *c = b->cfg;
+    uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+    add_rows(p, &w->comp_kv, 0, width, &b->xn, 0, b->ckv, width);
+    add_rows(p, &w->comp_gate, 0, width, &b->xn, 0, b->cgate, width);
+    if (ratio == 4) {
+        add_rows(p, &w->idx_kv, 0, iw2, &b->xn, 0, b->ikv, iw2);
+        add_rows(p, &w->idx_gate, 0, iw2, &b->xn, 0, b->igate, iw2);
+    }
+}
+
 static int attention_projections(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(c, il);
     bool idx = ratio == 4;
+    if (few_pass(b, il, T, decode)) { /* one launch: the compressors' too */
+        gemv_plan p;
+        cu_gemv_tokens(&p, T);
+        add_rows(&p, &w->q_a, 0, c->q_lora_rank, &b->xn, 0, b->qa_raw, c->q_lora_rank);
+        add_rows(&p, &w->kv, 0, c->head_dim, &b->xn, 0, b->kvbuf, c->head_dim);
+        if (ratio) compressor_segments(b, w, ratio, &p);
+        if (idx) add_rows(&p, &w->idx_proj, 0, c->idx_n_head, &b->xn, 0, b->iw, c->idx_n_head);
+        return cu_gemv_run(&p, b->st, err);
+    }
     if (decode) { /* the compressors' projections are their branch's (compressor_projections) */
         gemv_plan p;
         memset(&p, 0, sizeof(p));
@@ -61,31 +104,25 @@ static int attention_projections(cuda_backend *b, uint32_t il, uint32_t T, bool 
  * layer, the indexer's), on the compressor's branch: the query path waits
  * only for q_a and kv, and these stream while its latency-bound launches
  * (qkv_post, q post) leave the DRAM idle. */
-static int compressor_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, bool idx, cudaStream_t st,
-                                  ds4_err *err) {
-    const ds4_config *c = b->cfg;
-    uint32_t width = ds4_compress_coff(ratio) * c->head_dim, iw2 = 2 * c->idx_head_dim;
+static int compressor_projections(cuda_backend *b, const dlayer *w, uint32_t ratio, cudaStream_t st, ds4_err *err) {
     gemv_plan p;
     memset(&p, 0, sizeof(p));
-    cu_gemv_add(&p, &w->comp_kv, 0, NULL, 0, 0, width, &b->xn, 0, b->ckv);
-    cu_gemv_add(&p, &w->comp_gate, 0, NULL, 0, 0, width, &b->xn, 0, b->cgate);
-    if (idx) {
-        cu_gemv_add(&p, &w->idx_kv, 0, NULL, 0, 0, iw2, &b->xn, 0, b->ikv);
-        cu_gemv_add(&p, &w->idx_gate, 0, NULL, 0, 0, iw2, &b->xn, 0, b->igate);
-    }
+    compressor_segments(b, w, ratio, &p);
     return cu_gemv_run(&p, st, err);
 }
 
 /* The query heads are the backend's own (cu_tp: all of them but under
  * tensor parallelism); the indexer's are every backend's. */
-static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_t T, bool decode, ds4_err *err) {
+static int query_projections(cuda_backend *b, uint32_t il, bool idx, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
     uint32_t qd = b->tp.heads * c->head_dim, iqd = c->idx_n_head * c->idx_head_dim;
-    if (decode) {
+    bool few = few_pass(b, il, T, decode);
+    if (decode || few) {
         gemv_plan p;
-        memset(&p, 0, sizeof(p));
-        cu_gemv_add(&p, &w->q_b, 0, NULL, 0, 0, qd, &b->qr, 0, b->q);
-        if (idx) cu_gemv_add(&p, &w->idx_q_b, 0, NULL, 0, 0, iqd, &b->qr, 0, b->iq);
+        cu_gemv_tokens(&p, few ? T : 0);
+        add_rows(&p, &w->q_b, 0, qd, &b->qr, 0, b->q, qd);
+        if (idx) add_rows(&p, &w->idx_q_b, 0, iqd, &b->qr, 0, b->iq, iqd);
         return cu_gemv_run(&p, b->st, err);
     }
     if (mm(b, &w->q_b, 0, qd, &b->qr, 0, T, b->q, qd, err)) return -1;
@@ -96,8 +133,10 @@ static int query_projections(cuda_backend *b, const dlayer *w, bool idx, uint32_
 /* Grouped output projection (docs/MODEL.md 6.1 A11) and attn_output_b, of
  * the backend's own groups (cu_tp): under tensor parallelism a part of
  * the attention's output, which cu_tp_reduce_attn sums. */
-static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool decode, ds4_err *err) {
+static int output_projection(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    bool few = few_pass(b, il, T, decode) && b->tp.groups <= CU_MAX_SEGS;
     uint32_t gin = c->n_head * c->head_dim / c->o_groups, olr = c->o_lora_rank;
     /* decode: a Q8_0 attn_output_b reads the low-rank row as Q8_0, which
      * the attn_output_a launch then makes itself, 32 rows a block */
@@ -111,6 +150,12 @@ static int output_projection(cuda_backend *b, const dlayer *w, uint32_t T, bool 
             if (fused) cu_gemv_add_q8(&p, &w->out_a, g * olr, olr, &b->heads, g * gin, out, &b->low, g * olr);
             else cu_gemv_add(&p, &w->out_a, 0, NULL, 0, g * olr, olr, &b->heads, g * gin, out);
         }
+        if (cu_gemv_run(&p, b->st, err)) return -1;
+    } else if (few) { /* the groups in one launch */
+        gemv_plan p;
+        cu_gemv_tokens(&p, T);
+        for (uint32_t g = 0; g < b->tp.groups; g++)
+            add_rows(&p, &w->out_a, g * olr, olr, &b->heads, g * gin, b->low.f + (size_t)g * olr, b->low.fs);
         if (cu_gemv_run(&p, b->st, err)) return -1;
     } else {
         for (uint32_t g = 0; g < b->tp.groups; g++)
@@ -273,7 +318,6 @@ static int lanes_join(cuda_backend *b, uint32_t n_parts, ds4_err *err) {
  * attention over its own state; the parts' own work on the lanes. */
 static int attention_parts(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T,
                            ds4_err *err) {
-    const dlayer *w = &b->W.layers[il];
     uint32_t ratio = ds4_layer_ratio(b->cfg, il);
     if (lanes_fork(b, n_parts, err)) return -1;
     for (uint32_t i = 0; i < n_parts; i++) {
@@ -282,7 +326,7 @@ static int attention_parts(cuda_backend *b, uint32_t il, const cu_part *parts, u
         if (cu_qkv_post(&v, il, n, err) || cu_journal_rows(&v, il, n, err) || cu_journal_proj(&v, il, n, err))
             return -1;
     }
-    if (lanes_join(b, n_parts, err) || query_projections(b, w, ratio == 4, T, false, err) ||
+    if (lanes_join(b, n_parts, err) || query_projections(b, il, ratio == 4, T, false, err) ||
         lanes_fork(b, n_parts, err))
         return -1;
     /* a captured step's parts (one row each) are sized for any position,
@@ -307,7 +351,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     bool idx = ratio == 4;
     if (!decode) {
         if (attention_projections(b, il, T, false, err) || attention_parts(b, il, parts, n_parts, T, err) ||
-            output_projection(b, w, T, false, err) || cu_tp_reduce_attn(b, T, err))
+            output_projection(b, il, T, false, err) || cu_tp_reduce_attn(b, T, err))
             return -1;
         hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
         if (cu_steer(b, il, T, false, false, &src, err)) return -1;
@@ -328,17 +372,17 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     if (branch && side_fork(b, err)) return -1;
     if (closes && cu_compress_window(b, il, b->side, b->ev_join, err)) return -1;
     if (branch && !closes &&
-        (compressor_projections(b, w, ratio, idx, b->side, err) ||
+        (compressor_projections(b, w, ratio, b->side, err) ||
          cu_compress(b, il, T, pos0, decode, b->side, b->ev_join, err)))
         return -1;
     if (attention_projections(b, il, T, decode, err)) return -1;
-    if (cu_qkv_post(b, il, T, err) || query_projections(b, w, idx, T, decode, err) ||
+    if (cu_qkv_post(b, il, T, err) || query_projections(b, il, idx, T, decode, err) ||
         cu_q_post(b, il, T, deferred && !closes, err))
         return -1;
     if (branch && side_wait(b, err)) return -1;
     if (idx && cu_indexer(b, il, T, pos0, decode, err)) return -1;
     hc_site here = attn_site(b, il, decode);
-    if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, w, T, decode, err) ||
+    if (cu_attend(b, il, T, pos0, &here, err) || output_projection(b, il, T, decode, err) ||
         cu_tp_reduce_attn(b, T, err))
         return -1;
     hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};
@@ -348,32 +392,30 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
 }
 
 /* The routed experts of a pass of a few tokens (CU_FEW_T at most), gate
- * and up (else down), by the decode step's gemv, a launch a token: each
- * token's k experts as a decode step reads them, into the rows of its
+ * and up (else down), in one launch: each token's k experts as a decode
+ * step reads them (a plan of reps, cu_gemv_reps), into the rows of its
  * entries (token x k + slot), where the grouped product puts them.  The
  * grouped tile product, 64 entries a tile, spent a tile on each of the
  * few entries of an expert (25 % of a verification's kernel time on an
- * H100, twice the weights' reading time). */
+ * H100, twice the weights' reading time); a launch a token left most of
+ * the GPU idle in each. */
 static int few_experts(cuda_backend *b, const dlayer *w, const int *esel, uint32_t T, bool gate_up, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
-    for (uint32_t t = 0; t < T; t++) {
-        gemv_plan p;
-        memset(&p, 0, sizeof(p));
-        dact x = act_row(&b->xn, t);
-        for (uint32_t i = 0; i < k; i++) {
-            uint32_t e = t * k + i;
-            if (gate_up) {
-                cu_gemv_add(&p, &w->gate_exps, 0, esel, e, 0, F, &x, 0, b->eg + (size_t)e * F);
-                cu_gemv_add(&p, &w->up_exps, 0, esel, e, 0, F, &x, 0, b->eu + (size_t)e * F);
-            } else {
-                dact m = act_row(&b->mid, e);
-                cu_gemv_add(&p, &w->down_exps, 0, esel, e, 0, D, &m, 0, b->eout + (size_t)e * D);
-            }
+    gemv_plan p;
+    cu_gemv_reps(&p, T);
+    for (uint32_t i = 0; i < k; i++) {
+        if (gate_up) {
+            gemv_tok tk = {1, (size_t)k * F, k}; /* token t: row t of xn, its entries' rows t k + i */
+            cu_gemv_add_tok(&p, &w->gate_exps, 0, esel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F, tk);
+            cu_gemv_add_tok(&p, &w->up_exps, 0, esel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F, tk);
+        } else {
+            gemv_tok tk = {k, (size_t)k * D, k}; /* token t's entries: rows t k + i of mid and eout */
+            dact m = act_row(&b->mid, i);
+            cu_gemv_add_tok(&p, &w->down_exps, 0, esel, i, 0, D, &m, 0, b->eout + (size_t)i * D, tk);
         }
-        if (cu_gemv_run(&p, b->st, err)) return -1;
     }
-    return 0;
+    return cu_gemv_run(&p, b->st, err);
 }
 
 /* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
@@ -413,11 +455,20 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
             if (cu_gemv_run(&p, b->st, err)) return -1;
         }
         if (side_wait(b, err)) return -1; /* the HC reads sout */
+    } else if (few_pass(b, il, T, decode)) { /* the router and the shared expert's gate / up in one launch */
+        gemv_plan p;
+        cu_gemv_tokens(&p, T);
+        add_rows(&p, &w->gate_inp, 0, c->n_expert, &b->xn, 0, b->router, c->n_expert);
+        add_rows(&p, &w->gate_sh, 0, Fs, &b->xn, 0, b->sg, Fs);
+        add_rows(&p, &w->up_sh, 0, Fs, &b->xn, 0, b->su, Fs);
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, Fs, &b->xn, 0, T, b->sg, Fs, err) ||
             mm(b, &w->up_sh, 0, Fs, &b->xn, 0, T, b->su, Fs, err) || cu_route(b, il, tok, T, err))
             return -1;
+    }
+    if (!decode) {
         /* the host experts by the CPU, or streamed when the chunk uses them
          * enough (cuda_offload.h) */
         if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;

@@ -184,6 +184,11 @@ typedef struct gemv_seg {
     uint32_t block0; /* first block of this segment in the launch */
     uint32_t rpw;    /* rows per warp */
     uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
+    /* token t of a plan of several (gemv_plan.T or .reps) reads x from
+     * xqs bytes (quantized forms) or xfs floats past token 0's, writes
+     * outs floats past its outputs, and selects slot sel_slot + t sel_step */
+    uint32_t xqs, xfs, sel_step;
+    size_t outs;
 } gemv_seg;
 
 /* A token's routing (cuda_route.cuh): the router's logits, the F32 bias
@@ -213,9 +218,16 @@ typedef struct gemv_route {
     uint32_t *count;
 } gemv_route;
 
+/* A plan is one launch.  Of one token (T and reps 0: a decode step), or
+ * of the T tokens of a pass of a few (CU_FEW_T at most; cu_gemv_tokens):
+ * dense Q8_0 and float rows, each read once and dotted with every token,
+ * each token's sums those of a one-token plan; or of `reps` tokens that
+ * select their own matrices (the routed experts of a pass of a few:
+ * cu_gemv_reps), each token the blocks of a one-token plan. */
 typedef struct gemv_plan {
     gemv_seg seg[CU_MAX_SEGS];
     uint32_t n_seg, n_blocks;
+    uint32_t T, reps;
     gemv_route route;
 } gemv_plan;
 
@@ -241,6 +253,23 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
  * value q_off on (rows and q_off multiples of 32). */
 void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
                     float *out, const dact *q, uint32_t q_off);
+/* Where token t of a plan of several finds its part of a segment: x_rows
+ * rows of the activation, out_stride outputs and sel_step selection slots
+ * past token 0's. */
+typedef struct gemv_tok {
+    uint32_t x_rows;
+    size_t out_stride;
+    uint32_t sel_step;
+} gemv_tok;
+void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
+                     uint32_t rows, const dact *x, uint32_t act_off, float *out, gemv_tok tk);
+/* An empty plan of T tokens of a few (a dense product a launch), or of
+ * reps tokens each selecting its own matrices (T, reps 1: one token). */
+void cu_gemv_tokens(gemv_plan *p, uint32_t T);
+void cu_gemv_reps(gemv_plan *p, uint32_t reps);
+/* Whether a plan of a few tokens can hold a product with W: dense Q8_0
+ * rows, or float rows loaded 16 bytes at a time. */
+bool cu_gemv_few_fits(const dwt *W);
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err);
 /* The blocks of the streamed launch (gemv_stream_kernel) that the routed
  * experts' down product takes: 0 a wave of blocks (what the backend uses),

@@ -580,6 +580,7 @@ enum {
     GM_Q8OUT = 32,      /* Q8_0 rows whose outputs are quantized too (a launch of its own: the epilogue's registers) */
     GM_ROUTE_WIDE = 64, /* a router product of more than 256 experts routing in its last block (a launch of
                          * its own: the 16 experts a lane take registers the others need not reserve) */
+    GM_REPS = 128,      /* a plan of reps tokens, blockIdx.y the token (cu_gemv_reps) */
 };
 
 static uint32_t gemv_type_bit(uint32_t type) {
@@ -590,6 +591,19 @@ static uint32_t gemv_type_bit(uint32_t type) {
     case DS4_TYPE_IQ2_XXS: return GM_IQ2_XXS;
     default: return GM_FLOAT;
     }
+}
+
+/* Segment sg as token t of a plan of several sees it (gemv_seg.xqs ...). */
+static __device__ __forceinline__ gemv_seg gemv_seg_token(const gemv_seg &sg, uint32_t t) {
+    gemv_seg v = sg;
+    size_t q = (size_t)t * sg.xqs;
+    v.xq = sg.xq ? sg.xq + q : NULL;
+    v.xd = sg.xd ? (const float *)((const uint8_t *)sg.xd + q) : NULL;
+    v.xb = sg.xb ? (const int16_t *)((const uint8_t *)sg.xb + q) : NULL;
+    v.xf = sg.xf ? sg.xf + (size_t)t * sg.xfs : NULL;
+    v.out = sg.out + t * sg.outs;
+    v.sel_slot = sg.sel_slot + t * sg.sel_step;
+    return v;
 }
 
 /* R rows of a segment from row r0, after the PDL wait (wait: it is still
@@ -698,7 +712,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     if (seg_blocks) s = blockIdx.x / seg_blocks;
     else
         while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
-    const gemv_seg &sg = p.seg[s];
+    gemv_seg tok;
+    if (M & GM_REPS) tok = gemv_seg_token(p.seg[s], blockIdx.y);
+    const gemv_seg &sg = (M & GM_REPS) ? tok : p.seg[s];
     unsigned warp = threadIdx.x / 32;
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
         uint32_t row = blockIdx.x - sg.block0;
@@ -736,6 +752,140 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     case 2: gemv_rows<M, 2>(sg, r0, tab, NULL, true); break;
     default: gemv_rows<M, 4>(sg, r0, tab, NULL, true); break;
     }
+}
+
+/* A plan of a few tokens (gemv_plan.T, CU_FEW_T at most: a verification,
+ * the rows an MTP cycle keeps, a batched step of a few sessions): each
+ * weight row is read once and dotted with every token's activation, in
+ * one launch for all the plan's segments, as a decode step's plan is one.
+ * The int8 tile kernel, 64 tokens a tile, ran a block of 128 rows over the
+ * whole row length: a 1024-row product was 8 blocks on 132 SMs, 51 us a
+ * launch on an H100 where the decode gemv reads the same bytes in a few;
+ * and a launch a matrix left the launches of a pass of 4 rows 2.5 times a
+ * decode step's.  Each token's sums are those of the one-token plan, in
+ * its order: a Q8_0 row by a warp (gemv_q8_0: a lane's partial sums over
+ * rounds of 512 values, then the warp's), a split float row by a block
+ * (gemv_split_row: warp w's part, the parts added in warp order), other
+ * float rows by a warp (gemv_float). */
+#define FEW_U 4 /* 16-byte loads of a row a lane issues at once: one in flight left a warp waiting on each */
+template <uint32_t NT>
+static __device__ __forceinline__ void few_q8_row(const gemv_seg &sg, uint32_t T, uint32_t row) {
+    unsigned lane = threadIdx.x & 31;
+    const uint8_t *w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
+    float acc[NT];
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (uint32_t base = 0; base < sg.n; base += 512 * FEW_U) {
+        int4 wv[FEW_U];
+        float d[FEW_U];
+#pragma unroll
+        for (uint32_t u = 0; u < FEW_U; u++) {
+            uint32_t c = base + 512 * u + 16 * lane;
+            wv[u] = c < sg.n ? ldw16(w + c) : make_int4(0, 0, 0, 0);
+            d[u] = c < sg.n ? dev_f16(__ldg((const uint16_t *)(w + sg.n) + c / 32)) : 0.0f;
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < FEW_U; u++) {
+            uint32_t c = base + 512 * u + 16 * lane;
+            bool ok = c < sg.n;
+#pragma unroll
+            for (uint32_t t = 0; t < NT; t++) {
+                if (t >= T) break;
+                const int8_t *xt = sg.xq + (size_t)t * sg.xqs;
+                const float *dt = (const float *)((const uint8_t *)sg.xd + (size_t)t * sg.xqs);
+                int sum = ok ? dot16(wv[u], ld16(xt + c)) : 0;
+                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                if (ok && (lane & 1) == 0) acc[t] += (d[u] * __ldg(dt + c / 32)) * (float)sum;
+            }
+        }
+    }
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) {
+        if (t >= T) break;
+        float v = warp_sum(acc[t]);
+        if (lane == 0) sg.out[(size_t)t * sg.outs + row] = v;
+    }
+}
+
+/* Values [e0, e0 + len) of a float row (w: value e0's byte) against every
+ * token's activation, a lane's sums in gemv_float's order. */
+template <uint32_t NT>
+static __device__ __forceinline__ void few_float_part(const gemv_seg &sg, uint32_t T, const uint8_t *w, uint32_t e0,
+                                                      uint32_t len, float (&acc)[NT]) {
+    unsigned lane = threadIdx.x & 31;
+    uint32_t per = sg.type == DS4_TYPE_F32 ? 4 : 8, esz = sg.type == DS4_TYPE_F32 ? 4 : 2; /* values a 16-byte load */
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
+    for (uint32_t base = 0; base < len; base += 32 * per * FEW_U) {
+        int4 wv[FEW_U];
+#pragma unroll
+        for (uint32_t u = 0; u < FEW_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+            wv[u] = e < len ? ldw16(w + (size_t)e * esz) : make_int4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (uint32_t u = 0; u < FEW_U; u++) {
+            uint32_t e = base + 32 * per * u + per * lane;
+            if (e >= len) continue;
+#pragma unroll
+            for (uint32_t t = 0; t < NT; t++) {
+                if (t >= T) break;
+                float xv[8];
+                float_x8(sg.xf + (size_t)t * sg.xfs + e0, e, per, xv);
+                acc[t] += float_dot8(wv[u], sg.type, xv);
+            }
+        }
+    }
+}
+
+template <uint32_t NT>
+static __device__ __forceinline__ void few_float_row(const gemv_seg &sg, uint32_t T, uint32_t row) {
+    const uint8_t *w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
+    float acc[NT];
+    few_float_part<NT>(sg, T, w, 0, sg.n, acc);
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) {
+        if (t >= T) break;
+        float v = warp_sum(acc[t]);
+        if ((threadIdx.x & 31) == 0) sg.out[(size_t)t * sg.outs + row] = v;
+    }
+}
+
+template <uint32_t NT>
+static __device__ __forceinline__ void few_split_row(const gemv_seg &sg, uint32_t T, uint32_t row) {
+    __shared__ float part[NT][GEMV_WARPS];
+    unsigned warp = threadIdx.x / 32;
+    gemv_part pt = gemv_part_of(sg, row, warp);
+    float acc[NT];
+    few_float_part<NT>(sg, T, pt.w, pt.e0, pt.len, acc);
+#pragma unroll
+    for (uint32_t t = 0; t < NT; t++) {
+        if (t >= T) break;
+        float v = warp_sum(acc[t]);
+        if ((threadIdx.x & 31) == 0) part[t][warp] = v;
+    }
+    __syncthreads();
+    if (threadIdx.x < T) {
+        float v = 0.0f;
+        for (int k = 0; k < GEMV_WARPS; k++) v += part[threadIdx.x][k];
+        sg.out[(size_t)threadIdx.x * sg.outs + row] = v;
+    }
+}
+
+template <uint32_t NT>
+static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_few_kernel(gemv_plan p) {
+    dev_pdl_enter();
+    uint32_t s = 0;
+    while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
+    const gemv_seg &sg = p.seg[s];
+    if (sg.split > 1) {
+        few_split_row<NT>(sg, p.T, blockIdx.x - sg.block0);
+        return;
+    }
+    uint32_t row = (blockIdx.x - sg.block0) * GEMV_WARPS + threadIdx.x / 32;
+    if (row >= sg.rows) return;
+    if (sg.type == DS4_TYPE_Q8_0) few_q8_row<NT>(sg, p.T, row);
+    else few_float_row<NT>(sg, p.T, row);
 }
 
 /* The products of a decode step that closes a ratio-4 compressor window
@@ -1007,8 +1157,28 @@ static bool split_rows(const dwt *W, const int *sel, uint32_t rows) {
     return cu_act_form(W->type) == ACT_F && !sel && rows <= GEMV_SPLIT_ROWS && W->n % (8 * GEMV_WARPS) == 0;
 }
 
+void cu_gemv_tokens(gemv_plan *p, uint32_t T) {
+    memset(p, 0, sizeof(*p));
+    p->T = T;
+}
+void cu_gemv_reps(gemv_plan *p, uint32_t reps) {
+    memset(p, 0, sizeof(*p));
+    p->reps = reps;
+}
+
+bool cu_gemv_few_fits(const dwt *W) {
+    bool fl = W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16;
+    return (W->type == DS4_TYPE_Q8_0 || fl) && ((uintptr_t)W->p | W->row_bytes) % 16 == 0;
+}
+
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0, uint32_t rows,
                  const dact *x, uint32_t act_off, float *out) {
+    gemv_tok one = {1, rows, 0};
+    cu_gemv_add_tok(p, W, mat, sel, slot, row0, rows, x, act_off, out, one);
+}
+
+void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
+                     uint32_t rows, const dact *x, uint32_t act_off, float *out, gemv_tok tk) {
     gemv_seg *s = &p->seg[p->n_seg++];
     s->w = W->p;
     s->type = W->type;
@@ -1022,7 +1192,12 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
     s->row0 = row0;
     cu_act_ptrs(x, W->type, 0, act_off, &s->xf, &s->xq, &s->xd, &s->xb);
     s->out = out;
-    s->rpw = pick_rpw(W);
+    unsigned form = cu_act_form(W->type);
+    s->xqs = tk.x_rows * (uint32_t)(form == ACT_Q8 ? x->q8s : form == ACT_QK ? x->qks : 0);
+    s->xfs = tk.x_rows * (uint32_t)x->fs;
+    s->outs = tk.out_stride;
+    s->sel_step = tk.sel_step;
+    s->rpw = p->T > 1 ? 1 : pick_rpw(W); /* a few tokens: a warp a row holds their sums */
     s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
     s->block0 = p->n_blocks;
     p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
@@ -1068,6 +1243,24 @@ bool cu_gemv_streamed(const gemv_plan *p) {
     return true;
 }
 
+/* A plan of a few tokens: dense Q8_0 and float rows alone (gemv_few_kernel). */
+static int gemv_run_few(const gemv_plan *p, uint32_t mask, cudaStream_t st, ds4_err *err) {
+    if (p->T > CU_FEW_T || p->route.count || (mask | GM_LIGHT) != GM_LIGHT)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a plan of %u tokens of other than dense Q8_0 or float rows",
+                           p->T);
+    for (uint32_t i = 0; i < p->n_seg; i++) {
+        const gemv_seg &sg = p->seg[i];
+        bool aligned = (((uintptr_t)sg.w | sg.row_bytes | sg.xqs | (uintptr_t)sg.xq) % 16 == 0) &&
+                       ((uintptr_t)sg.xf | sg.xfs * sizeof(float)) % 16 == 0;
+        if (sg.sel || !aligned)
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a %u-row product of %u tokens %s", sg.rows, p->T,
+                               sg.sel ? "of selected matrices" : "not 16-byte aligned");
+    }
+    DS4_LAUNCH(gemv_few_kernel<CU_FEW_T>, p->n_blocks, GEMV_WARPS * 32, 0, st, *p);
+    CU_LAUNCHED();
+    return 0;
+}
+
 int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     if (p->n_blocks == 0) return 0;
     uint32_t mask = 0;
@@ -1089,6 +1282,22 @@ int cu_gemv_run(const gemv_plan *p, cudaStream_t st, ds4_err *err) {
     const uint32_t *tab = mm_here()->iq2_tab;
     unsigned threads = GEMV_WARPS * 32;
     uint32_t seg_blocks = cu_gemv_seg_blocks(p);
+    if (p->T > 1) return gemv_run_few(p, mask, st, err);
+    if (p->reps > 1) {
+        if (p->route.count || (mask & GM_Q8OUT))
+            return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a plan of %u tokens that routes or quantizes", p->reps);
+        dim3 grid(p->n_blocks, p->reps);
+        size_t smem = mask & GM_IQ2_XXS ? IQ2_REP_BYTES : 0;
+        if (mask == GM_IQ2_XXS) {
+            if (cu_allow_smem<gemv_kernel<GM_IQ2_XXS | GM_REPS>>(smem, err)) return -1;
+            DS4_LAUNCH(gemv_kernel<GM_IQ2_XXS | GM_REPS>, grid, threads, smem, st, *p, tab, seg_blocks);
+        } else {
+            if (cu_allow_smem<gemv_kernel<GM_ALL | GM_REPS>>(smem, err)) return -1;
+            DS4_LAUNCH(gemv_kernel<GM_ALL | GM_REPS>, grid, threads, smem, st, *p, tab, seg_blocks);
+        }
+        CU_LAUNCHED();
+        return 0;
+    }
     if (cu_gemv_streamed(p)) {
         uint32_t grid = stream_blocks ? stream_blocks : GEMV_STREAM_PER_SM * mm_here()->n_sms;
         if (grid > p->n_blocks) grid = p->n_blocks;
@@ -2012,111 +2221,21 @@ static int gemm_q_init(ds4_err *err) {
     return 0;
 }
 
-/* A dense Q8_0 product of a few tokens (CU_FEW_T at most: a verification,
- * the rows an MTP cycle keeps, a batched decode step of a few sessions):
- * a warp a weight row, each 16-byte load of it dotted with every token's
- * activation, so the row is read once for all of them - the int8 tile
- * kernel, 64 tokens a tile, ran a block of 128 rows over the whole row
- * length: a 1024-row product was 8 blocks on 132 SMs, 51 us a launch on an
- * H100 where the decode gemv reads the same bytes in a few.  Each token's
- * sums are the decode gemv's, in its order (gemv_q8_0: a lane's partial
- * sums over rounds of 512 values, then the warp's). */
-#define FEW_U 4 /* 16-byte loads of a row a lane issues at once */
-template <uint32_t NT>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemm_few_q8_kernel(gemm_args g) {
-    dev_pdl_enter();
-    unsigned lane = threadIdx.x & 31;
-    uint32_t row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (row >= g.rows) return;
-    const uint8_t *w = g.w + (size_t)g.mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
-    float acc[NT];
-#pragma unroll
-    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
-    /* FEW_U rounds of 512 values a step, their loads issued together (one
-     * load in flight a lane left a warp waiting on each: 0.57 TB/s on an
-     * H100), every lane each round: the shuffles take the whole warp */
-    for (uint32_t base = 0; base < g.n; base += 512 * FEW_U) {
-        int4 wv[FEW_U];
-        float d[FEW_U];
-#pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
-            uint32_t c = base + 512 * u + 16 * lane;
-            wv[u] = c < g.n ? ldw16(w + c) : make_int4(0, 0, 0, 0);
-            d[u] = c < g.n ? dev_f16(__ldg((const uint16_t *)(w + g.n) + c / 32)) : 0.0f;
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
-            uint32_t c = base + 512 * u + 16 * lane;
-            bool ok = c < g.n;
-#pragma unroll
-            for (uint32_t t = 0; t < NT; t++) {
-                if (t >= g.T) break;
-                const uint8_t *xt = (const uint8_t *)g.xq + (size_t)t * g.xqs;
-                const float *dt = (const float *)((const uint8_t *)g.xd + (size_t)t * g.xqs);
-                int sum = ok ? dot16(wv[u], ld16(xt + c)) : 0;
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                if (ok && (lane & 1) == 0) acc[t] += (d[u] * __ldg(dt + c / 32)) * (float)sum;
-            }
-        }
-    }
-#pragma unroll
-    for (uint32_t t = 0; t < NT; t++) {
-        if (t >= g.T) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) g.out[(size_t)t * g.out_stride + row] = v;
-    }
-}
-
-/* The same for float rows (F32, F16, BF16: the compressors' and the
- * indexer's projections), each token's sums those of gemv_float: a lane's
- * 16 bytes a round, the rounds in order, then the warp's sum. */
-template <uint32_t NT>
-static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemm_few_float_kernel(gemm_args g) {
-    dev_pdl_enter();
-    unsigned lane = threadIdx.x & 31;
-    uint32_t row = blockIdx.x * GEMV_WARPS + threadIdx.x / 32;
-    if (row >= g.rows) return;
-    uint32_t per = g.type == DS4_TYPE_F32 ? 4 : 8, esz = g.type == DS4_TYPE_F32 ? 4 : 2; /* values a 16-byte load */
-    const uint8_t *w = g.w + (size_t)g.mat * g.mat_bytes + (size_t)(g.row0 + row) * g.row_bytes;
-    float acc[NT];
-#pragma unroll
-    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (uint32_t base = 0; base < g.n; base += 32 * per * FEW_U) { /* loads together, as above */
-        int4 wv[FEW_U];
-#pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
-            uint32_t e = base + 32 * per * u + per * lane;
-            wv[u] = e < g.n ? ldw16(w + (size_t)e * esz) : make_int4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
-            uint32_t e = base + 32 * per * u + per * lane;
-            if (e >= g.n) continue;
-#pragma unroll
-            for (uint32_t t = 0; t < NT; t++) {
-                if (t >= g.T) break;
-                float xv[8];
-                float_x8(g.xf + (size_t)t * g.xfs, e, per, xv);
-                acc[t] += float_dot8(wv[u], g.type, xv);
-            }
-        }
-    }
-#pragma unroll
-    for (uint32_t t = 0; t < NT; t++) {
-        if (t >= g.T) break;
-        float v = warp_sum(acc[t]);
-        if (lane == 0) g.out[(size_t)t * g.out_stride + row] = v;
-    }
-}
-
-/* Whether cu_gemm takes a few-token kernel: a dense product of Q8_0 rows
- * against their Q8_0 activations, or of float rows whose 16-byte loads
- * the rows and the activations allow. */
+/* Whether cu_gemm takes a plan of a few tokens (cu_gemv_tokens). */
 static bool gemm_few(const dwt *W, const dact *x, uint32_t act_off, uint32_t T, const cu_group *grp) {
-    if (grp || T > CU_FEW_T) return false;
+    if (grp || T > CU_FEW_T || !cu_gemv_few_fits(W)) return false;
     if (W->type == DS4_TYPE_Q8_0) return x->q8 != NULL;
-    bool fl = W->type == DS4_TYPE_F32 || W->type == DS4_TYPE_F16 || W->type == DS4_TYPE_BF16;
-    return fl && x->f && ((uintptr_t)W->p | W->row_bytes | (uintptr_t)(x->f + act_off) | x->fs * sizeof(float)) % 16 == 0;
+    return x->f && ((uintptr_t)(x->f + act_off) | x->fs * sizeof(float)) % 16 == 0;
+}
+
+/* The same product as a plan of a few tokens. */
+static int gemm_few_run(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
+                        uint32_t T, float *out, size_t out_stride, cudaStream_t st, ds4_err *err) {
+    gemv_plan p;
+    cu_gemv_tokens(&p, T);
+    gemv_tok tk = {1, out_stride, 0};
+    cu_gemv_add_tok(&p, W, mat, NULL, 0, row0, rows, x, act_off, out, tk);
+    return cu_gemv_run(&p, st, err);
 }
 
 int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off, uint32_t T,
@@ -2146,12 +2265,8 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
         if (!g.xf)
             return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no f32 activation for a %u-row %s product", rows,
                                ds4_type_get(W->type)->name);
-        if (gemm_few(W, x, act_off, T, grp)) {
-            DS4_LAUNCH(gemm_few_float_kernel<CU_FEW_T>, (rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, st,
-                       g);
-            CU_LAUNCHED();
-            return 0;
-        }
+        if (gemm_few(W, x, act_off, T, grp))
+            return gemm_few_run(W, mat, row0, rows, x, act_off, T, out, out_stride, st, err);
         if (gemm_f_split(&g, &grid, split, err)) return -1;
         if (W->type == DS4_TYPE_F16) DS4_LAUNCH(gemm_h_kernel, grid, 256, 0, st, g);
         else DS4_LAUNCH(gemm_f_kernel, grid, 256, 0, st, g);
@@ -2160,11 +2275,8 @@ int cu_gemm(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows, const dact
     }
     g.xqs = W->type == DS4_TYPE_Q8_0 ? x->q8s : x->qks;
     if (!g.xq) return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: no quantized activation for a %u-row product", rows);
-    if (gemm_few(W, x, act_off, T, grp)) {
-        DS4_LAUNCH(gemm_few_q8_kernel<CU_FEW_T>, (rows + GEMV_WARPS - 1) / GEMV_WARPS, GEMV_WARPS * 32, 0, st, g);
-        CU_LAUNCHED();
-        return 0;
-    }
+    if (gemm_few(W, x, act_off, T, grp))
+        return gemm_few_run(W, mat, row0, rows, x, act_off, T, out, out_stride, st, err);
     if (((uintptr_t)g.xq | g.xqs | W->row_bytes | (uintptr_t)W->p) % 16)
         return ds4_err_set(err, DS4_EINVAL, "CUDA gemm: activation or weight rows not 16-byte aligned (%u-row product)",
                            rows);
