@@ -456,6 +456,35 @@ static void project_whole(const opts *o, const ds4_weights *w, uint32_t ctx, dou
 }
 
 #if DS4_CUDA
+/* The host's share of generated tokens with routed experts in host RAM:
+ * its hand-offs, entries and CPU seconds (ds4_offload_info) before and
+ * after, so the report tells the CPU's work from the waits around it. */
+typedef struct host_work {
+    uint64_t jobs, entries;
+    double sec;
+} host_work;
+
+static host_work host_work_now(ds4_backend *b) {
+    host_work h = {0, 0, 0};
+    ds4_offload_info oi;
+    if (!strcmp(b->ops->name, "cuda") && ds4_cuda_offload_info(b, &oi) == 0 && oi.on) {
+        h.jobs = oi.host_jobs;
+        h.entries = oi.host_entries;
+        h.sec = oi.host_sec;
+    }
+    return h;
+}
+
+static void host_work_report(const host_work *a, const host_work *z, uint32_t tokens, double sec) {
+    double jobs = (double)(z->jobs - a->jobs), cpu = z->sec - a->sec;
+    if (jobs <= 0) return;
+    fprintf(stderr,
+            "          host experts: %.1f hand-offs and %.1f (token, expert) entries a token; the CPU's work %.2f ms "
+            "a token (%.0f us a hand-off) of the token's %.2f ms\n",
+            jobs / tokens, (double)(z->entries - a->entries) / tokens, 1e3 * cpu / tokens, 1e6 * cpu / jobs,
+            1e3 * sec / tokens);
+}
+
 /* The host's read bandwidth: `threads` threads each summing its part of a
  * buffer far beyond the caches, best of three passes. */
 typedef struct bw_task {
@@ -1040,9 +1069,15 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
          * first MTP row pairs with */
         mtp_res mr;
         if (mtp && o->gen && (mtp_generate(b, o, &mr, err) || ds4_backend_restore(b, snap, err))) goto done;
+#if DS4_CUDA
+        host_work hw0 = host_work_now(b);
+#endif
         a = ds4_now();
         if (o->gen && ds4_backend_greedy(b, o->gen, gen, err)) goto done;
         double g = ds4_now() - a;
+#if DS4_CUDA
+        host_work hw1 = host_work_now(b);
+#endif
         if (ds4_backend_restore(b, snap, err)) goto done;
         double gtps = o->gen ? o->gen / g : 0;
         fprintf(out, "%u,%u,%.2f,%u,%.2f,%llu", f, n, n / pre, o->gen, gtps, (unsigned long long)kv);
@@ -1052,9 +1087,13 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
         if (copy_bw > 0)
             fprintf(stderr, " (%.0f%% of the copy bandwidth)%s", 100.0 * gtps * bpt / copy_bw,
                     tok_host > 0 ? "" : "\n");
-        if (tok_host > 0)
+        if (tok_host > 0) {
             fprintf(stderr, "; host experts %.1f GB/s = %.0f%% of the host bandwidth's %.1f tokens/s\n",
                     gtps * tok_host / 1e9, 100.0 * gtps * tok_host / host_bw, host_bw / tok_host);
+#if DS4_CUDA
+            if (o->gen) host_work_report(&hw0, &hw1, o->gen, g);
+#endif
+        }
         if (mtp && o->gen) mtp_report(out, o, &mr, g / o->gen);
         else if (mtp) fprintf(out, ",%u,%d,,,,,,,,", o->draft, o->forced);
         fprintf(out, "\n");

@@ -74,6 +74,11 @@ typedef struct ds4_offload_info {
     uint64_t dev_allocated;   /* device bytes the backend allocated (weights, state, buffers, slot table) */
     uint64_t host_bytes;      /* file bytes of the host experts */
     double tok_dev, tok_host; /* expected routed bytes a token reads on each side */
+    /* the host's work since the backend was made: its hand-offs (one a
+     * layer with host experts a pass), the (token, expert) entries they
+     * computed, and the seconds the CPU spent on them */
+    uint64_t host_jobs, host_entries;
+    double host_sec;
 } ds4_offload_info;
 int ds4_cuda_offload_info(const ds4_backend *b, ds4_offload_info *out);
 

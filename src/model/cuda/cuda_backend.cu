@@ -1262,6 +1262,9 @@ extern "C" int ds4_cuda_offload_info(const ds4_backend *base, ds4_offload_info *
     out->host_bytes = p->host_bytes;
     out->tok_dev = p->tok_dev;
     out->tok_host = p->tok_host;
+    out->host_jobs = b->off->host_jobs;
+    out->host_entries = b->off->host_entries;
+    out->host_sec = b->off->host_sec;
     return 0;
 }
 

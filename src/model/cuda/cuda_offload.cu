@@ -512,8 +512,9 @@ static void scatter_outputs(void *ctx, int64_t a, int64_t z, int thread) {
     }
 }
 
-/* Layer il's host experts for the T tokens in h_x / h_sel / h_selw. */
-static void host_experts(cu_offload *o, uint32_t il, uint32_t T) {
+/* Layer il's host experts for the T tokens in h_x / h_sel / h_selw; the
+ * entries computed. */
+static uint32_t host_experts(cu_offload *o, uint32_t il, uint32_t T) {
     const ds4_config *c = o->cfg;
     uint32_t E = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
     const int32_t *slot = o->slot + (size_t)il * E;
@@ -529,7 +530,7 @@ static void host_experts(cu_offload *o, uint32_t il, uint32_t T) {
         off[e + 1] += off[e];
     }
     uint32_t n = off[E];
-    if (n == 0) return;
+    if (n == 0) return 0;
     double t0 = ds4_now();
     for (uint32_t i = 0; i < T * k; i++) { /* entries in (token, slot) order within each expert */
         int e = o->h_sel[i];
@@ -546,11 +547,15 @@ static void host_experts(cu_offload *o, uint32_t il, uint32_t T) {
     /* the measured cost of a (token, expert), for cu_offload_pick_stream */
     double per = (ds4_now() - t0) / n;
     o->sec_per_entry = o->sec_per_entry > 0 ? 0.75 * o->sec_per_entry + 0.25 * per : per;
+    return n;
 }
 
 static void CUDART_CB host_job(void *arg) {
     cu_host_job *j = (cu_host_job *)arg;
-    host_experts(j->o, j->il, j->T);
+    double t0 = ds4_now();
+    j->o->host_entries += host_experts(j->o, j->il, j->T);
+    j->o->host_jobs++;
+    j->o->host_sec += ds4_now() - t0;
 }
 
 /* ------------------------------------------------------------ the branch */

@@ -93,6 +93,10 @@ typedef struct cu_offload {
     cudaEvent_t ev_copied[2], ev_free[2];
     double pcie_bw;       /* bytes/s, pinned host to device */
     double sec_per_entry; /* the CPU's seconds per (token, expert) */
+    /* the host work so far (ds4_offload_info): host functions run, the
+     * entries they computed, the seconds from each one's start to its end */
+    uint64_t host_jobs, host_entries;
+    double host_sec;
 } cu_offload;
 
 /* Placement for backend b (its weights' shapes known, fixed: the bytes it
