@@ -767,29 +767,45 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
  * rounds of 512 values, then the warp's), a split float row by a block
  * (gemv_split_row: warp w's part, the parts added in warp order), other
  * float rows by a warp (gemv_float). */
-#define FEW_U 4 /* 16-byte loads of a row a lane issues at once: one in flight left a warp waiting on each */
+#define FEW_U 4 /* 16-byte weight loads a lane issues at once: one in flight left a warp waiting on each */
 /* NT is the plan's token count itself (a kernel per count): with a loop
  * over the tokens that could end early, each token's activation loads
  * waited behind the last token's sums - 28.7 us a launch for 4 tokens on
  * an H100, a quarter of the weights' bandwidth. */
+/* A warp takes FEW_R Q8_0 rows, each activation load serving them all:
+ * with a row a warp, T tokens' loads of the activations (from L1) were T
+ * times the weights' (from DRAM).  FEW_U / FEW_R rounds of 512 values a
+ * step, so that a lane has FEW_U 16-byte weight loads in flight. */
+#define FEW_R 2
 template <uint32_t NT>
-static __device__ __forceinline__ void few_q8_row(const gemv_seg &sg, uint32_t row) {
+static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t row0) {
+    constexpr uint32_t U = FEW_U / FEW_R;
     unsigned lane = threadIdx.x & 31;
-    const uint8_t *w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
-    float acc[NT];
+    const uint8_t *w[FEW_R];
 #pragma unroll
-    for (uint32_t t = 0; t < NT; t++) acc[t] = 0.0f;
-    for (uint32_t base = 0; base < sg.n; base += 512 * FEW_U) {
-        int4 wv[FEW_U];
-        float d[FEW_U];
+    for (uint32_t r = 0; r < FEW_R; r++) { /* past the segment: its last row again, loads in bounds, not written */
+        uint32_t row = row0 + r < sg.rows ? row0 + r : sg.rows - 1;
+        w[r] = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
+    }
+    float acc[FEW_R][NT];
 #pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
+    for (uint32_t r = 0; r < FEW_R; r++)
+#pragma unroll
+        for (uint32_t t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    for (uint32_t base = 0; base < sg.n; base += 512 * U) {
+        int4 wv[FEW_R][U];
+        float d[FEW_R][U];
+#pragma unroll
+        for (uint32_t u = 0; u < U; u++) {
             uint32_t c = base + 512 * u + 16 * lane;
-            wv[u] = c < sg.n ? ldw16(w + c) : make_int4(0, 0, 0, 0);
-            d[u] = c < sg.n ? dev_f16(__ldg((const uint16_t *)(w + sg.n) + c / 32)) : 0.0f;
+#pragma unroll
+            for (uint32_t r = 0; r < FEW_R; r++) {
+                wv[r][u] = c < sg.n ? ldw16(w[r] + c) : make_int4(0, 0, 0, 0);
+                d[r][u] = c < sg.n ? dev_f16(__ldg((const uint16_t *)(w[r] + sg.n) + c / 32)) : 0.0f;
+            }
         }
 #pragma unroll
-        for (uint32_t u = 0; u < FEW_U; u++) {
+        for (uint32_t u = 0; u < U; u++) {
             uint32_t c = base + 512 * u + 16 * lane;
             bool ok = c < sg.n;
             int4 xv[NT];
@@ -800,18 +816,22 @@ static __device__ __forceinline__ void few_q8_row(const gemv_seg &sg, uint32_t r
                 xd[t] = ok ? __ldg((const float *)((const uint8_t *)sg.xd + (size_t)t * sg.xqs) + c / 32) : 0.0f;
             }
 #pragma unroll
-            for (uint32_t t = 0; t < NT; t++) {
-                int sum = dot16(wv[u], xv[t]);
-                sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                if (ok && (lane & 1) == 0) acc[t] += (d[u] * xd[t]) * (float)sum;
-            }
+            for (uint32_t r = 0; r < FEW_R; r++)
+#pragma unroll
+                for (uint32_t t = 0; t < NT; t++) {
+                    int sum = dot16(wv[r][u], xv[t]);
+                    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+                    if (ok && (lane & 1) == 0) acc[r][t] += (d[r][u] * xd[t]) * (float)sum;
+                }
         }
     }
 #pragma unroll
-    for (uint32_t t = 0; t < NT; t++) {
-        float v = warp_sum(acc[t]);
-        if (lane == 0) sg.out[(size_t)t * sg.outs + row] = v;
-    }
+    for (uint32_t r = 0; r < FEW_R; r++)
+#pragma unroll
+        for (uint32_t t = 0; t < NT; t++) {
+            float v = warp_sum(acc[r][t]);
+            if (lane == 0 && row0 + r < sg.rows) sg.out[(size_t)t * sg.outs + row0 + r] = v;
+        }
 }
 
 /* Values [e0, e0 + len) of a float row (w: value e0's byte) against every
@@ -886,9 +906,9 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_few_kernel(gemv_p
         few_split_row<NT>(sg, blockIdx.x - sg.block0);
         return;
     }
-    uint32_t row = (blockIdx.x - sg.block0) * GEMV_WARPS + threadIdx.x / 32;
+    uint32_t row = ((blockIdx.x - sg.block0) * GEMV_WARPS + threadIdx.x / 32) * sg.rpw;
     if (row >= sg.rows) return;
-    if (sg.type == DS4_TYPE_Q8_0) few_q8_row<NT>(sg, row);
+    if (sg.type == DS4_TYPE_Q8_0) few_q8_rows<NT>(sg, row);
     else few_float_row<NT>(sg, row);
 }
 
@@ -1201,7 +1221,8 @@ void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, u
     s->xfs = tk.x_rows * (uint32_t)x->fs;
     s->outs = tk.out_stride;
     s->sel_step = tk.sel_step;
-    s->rpw = p->T > 1 ? 1 : pick_rpw(W); /* a few tokens: a warp a row holds their sums */
+    /* a few tokens: a warp holds the sums of FEW_R Q8_0 rows or a float row */
+    s->rpw = p->T > 1 ? (W->type == DS4_TYPE_Q8_0 ? FEW_R : 1) : pick_rpw(W);
     s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
     s->block0 = p->n_blocks;
     p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
