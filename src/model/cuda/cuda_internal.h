@@ -218,7 +218,7 @@ typedef struct gemv_route {
     uint32_t *count;
 } gemv_route;
 
-/* A plan is one launch.  Of one token (T and reps 0: a decode step), or
+/* A plan is one launch.  Of one token (T and reps 0 or 1: a decode step), or
  * of the T tokens of a pass of a few (CU_FEW_T at most; cu_gemv_tokens):
  * dense Q8_0 and float rows, each read once and dotted with every token,
  * each token's sums those of a one-token plan; or of `reps` tokens that
