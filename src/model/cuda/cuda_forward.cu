@@ -37,9 +37,13 @@ static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const
 }
 
 /* Whether a pass of T tokens takes plans of a few tokens (cu_gemv_tokens)
- * for layer il's dense products: every one of them Q8_0 or float rows. */
+ * for layer il's dense products: every one of them Q8_0 or float rows,
+ * every input row and head group starting on 16 bytes (else the tile
+ * products, which take any shape). */
 static bool few_pass(const cuda_backend *b, uint32_t il, uint32_t T, bool decode) {
+    const ds4_config *c = b->cfg;
     if (decode || T > CU_FEW_T) return false;
+    if (b->xn.fs % 4 || (c->n_head * c->head_dim / c->o_groups) % 16) return false;
     const dlayer *w = &b->W.layers[il];
     const dwt *dense[] = {&w->q_a,     &w->kv,       &w->q_b,    &w->out_a,    &w->out_b,    &w->comp_kv,
                           &w->comp_gate, &w->idx_kv, &w->idx_gate, &w->idx_proj, &w->idx_q_b, &w->gate_inp,
