@@ -1,6 +1,6 @@
 /*
- * cuda_matmul.cu - activation quantization and the two matrix-product
- * kernels of the CUDA backend (layouts in cuda_internal.h).
+ * cuda_matmul.cu - activation quantization and the matrix products of the
+ * CUDA backend (layouts in cuda_internal.h).
  *
  * Activations are quantized exactly as the CPU does it (docs/MODEL.md 3.8), so
  * the integer block sums of every quantized product are the CPU's; only
@@ -17,6 +17,12 @@
  * per SM streaming.  The routed experts' Q2_K down product has a launch
  * of its own (gemv_stream_kernel): a wave of blocks whose warps each walk
  * several units, loading one stage ahead.
+ *
+ * A few tokens (at most CU_FEW_T: a verification, a batched step of a few
+ * sessions) take the same plans: dense Q8_0 and float rows read once and
+ * dotted with every token (gemv_few_kernel, a kernel per token count),
+ * each token's sums the one-token plan's; the routed experts as one-token
+ * plans side by side, the token in the grid's y (cu_gemv_reps).
  *
  * Prefill (gemm): 128 weight rows x 64 tokens per block of 8 warps, K in
  * chunks of 256, compiled per weight type.  Quantized weights are expanded
