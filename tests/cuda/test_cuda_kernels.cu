@@ -547,11 +547,12 @@ static void check_products(cudaStream_t st) {
         printf("gemm %-8s max error %.2g of the terms' magnitude\n", tname(type), worst);
         CHECK(worst <= 2e-6, "gemm %s: error %.3g", tname(type), worst);
 
-        /* the same for a few tokens (CU_FEW_T at most: Q8_0 and float rows
-         * take the few-token kernels), each token's outputs those of a
-         * one-token gemv of it, bit for bit, where a few-token kernel runs */
+        /* the same for a few tokens (CU_FEW_PASS at most: Q8_0 and float
+         * rows take the few-token kernels, past CU_FEW_T in chunks), each
+         * token's outputs those of a one-token gemv of it, bit for bit,
+         * where a few-token kernel runs */
         bool few_kernel = !kq;
-        for (uint32_t few : {1u, 5u, (uint32_t)CU_FEW_T}) {
+        for (uint32_t few : {1u, 5u, (uint32_t)CU_FEW_T, 19u}) {
             worst = 0;
             uint32_t mism = 0;
             dset(out, 0xFF, (size_t)T * rows * 4);
@@ -1197,7 +1198,12 @@ static void check_token_plans(cudaStream_t st) {
                           {DS4_TYPE_BF16, 512, 33, 2, 1, 1, 64}};
     const int nd = 4;
     ds4_err err = {};
-    for (uint32_t T = 2; T <= CU_FEW_T; T++) { /* a kernel each */
+    /* a kernel each count up to CU_FEW_T, then passes in chunks (the last
+     * one shorter at 9, 17, 40); a token past the pass's is written
+     * nowhere (8 rows of outputs past them checked) */
+    const uint32_t counts[] = {2, 3, 4, 5, 6, 7, 8, 9, 12, 17, 40, CU_FEW_PASS};
+    for (uint32_t T : counts) {
+        const uint32_t past = 8;
         wt_pair w[nd];
         act_pair a[nd];
         float *out[nd], *one = dalloc<float>(64);
@@ -1209,8 +1215,8 @@ static void check_token_plans(cudaStream_t st) {
             make_weights(w[i], g.type, g.n, g.row0 + g.rows, g.mats);
             make_act(a[i], g.n + g.off, T, st);
             stride[i] = g.rows + 3;
-            out[i] = dalloc<float>(stride[i] * T);
-            dset(out[i], 0xFF, stride[i] * T * 4);
+            out[i] = dalloc<float>(stride[i] * (T + past));
+            dset(out[i], 0xFF, stride[i] * (T + past) * 4);
             gemv_tok tk = {1, stride[i], 0};
             cu_gemv_add_tok(&p, &w[i].d, g.mat, NULL, 0, g.row0, g.rows, &a[i].d, g.off, out[i], tk);
         }
@@ -1222,7 +1228,7 @@ static void check_token_plans(cudaStream_t st) {
         uint32_t mism = 0, gaps = 0;
         for (int i = 0; i < nd; i++) {
             const tseg &g = dense[i];
-            std::vector<float> got(stride[i] * T), g1(g.rows);
+            std::vector<float> got(stride[i] * (T + past)), g1(g.rows);
             CU(cudaMemcpy(got.data(), out[i], got.size() * 4, cudaMemcpyDeviceToHost));
             for (uint32_t t = 0; t < T; t++) {
                 gemv_plan q;
@@ -1242,12 +1248,18 @@ static void check_token_plans(cudaStream_t st) {
                     gaps += v != 0xFFFFFFFFu;
                 }
             }
+            for (size_t j = stride[i] * T; j < got.size(); j++) {
+                uint32_t v;
+                memcpy(&v, &got[j], 4);
+                gaps += v != 0xFFFFFFFFu;
+            }
             cudaFree(out[i]);
             cudaFree((void *)w[i].d.p);
             free_act(a[i]);
         }
         cudaFree(one);
-        printf("gemv plan of %u tokens (q8_0, f16, f32, bf16): %u outputs unlike one token's, %u written between rows\n",
+        printf("gemv plan of %u tokens (q8_0, f16, f32, bf16): %u outputs unlike one token's, %u written between or "
+               "past rows\n",
                T, mism, gaps);
         CHECK(mism == 0 && gaps == 0, "gemv plan of %u tokens: %u unlike, %u gaps written", T, mism, gaps);
     }

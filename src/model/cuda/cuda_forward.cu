@@ -42,7 +42,7 @@ static int mm(cuda_backend *b, const dwt *W, uint32_t row0, uint32_t rows, const
  * products, which take any shape). */
 static bool few_pass(const cuda_backend *b, uint32_t il, uint32_t T, bool decode) {
     const ds4_config *c = b->cfg;
-    if (decode || T > CU_FEW_T) return false;
+    if (decode || T > CU_FEW_PASS) return false;
     if (b->xn.fs % 4 || (c->n_head * c->head_dim / c->o_groups) % 16) return false;
     const dlayer *w = &b->W.layers[il];
     const dwt *dense[] = {&w->q_a,     &w->kv,       &w->q_b,    &w->out_a,    &w->out_b,    &w->comp_kv,
@@ -395,7 +395,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     return cu_hc_step(b, &src, &ffn, T, err);
 }
 
-/* The routed experts of a pass of a few tokens (CU_FEW_T at most), gate
+/* The routed experts of a pass of a few tokens (CU_FEW_PASS at most), gate
  * and up (else down), in one launch: each token's k experts as a decode
  * step reads them (a plan of reps, cu_gemv_reps), into the rows of its
  * entries (token x k + slot), where the grouped product puts them.  The
@@ -478,7 +478,7 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
         if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
         cu_group g;
-        bool few = gpu && !host && T <= CU_FEW_T && 2 * k <= CU_MAX_SEGS;
+        bool few = gpu && !host && T <= CU_FEW_PASS && 2 * k <= CU_MAX_SEGS;
         if (few && few_experts(b, w, esel, T, true, err)) return -1;
         if (gpu && !few &&
             (cu_group_tokens(b, esel, T, &g, err) ||

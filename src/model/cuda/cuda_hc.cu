@@ -459,7 +459,7 @@ static __device__ __forceinline__ void hc_mix_token(const hc_args &a, uint32_t t
 /* Decode: block x takes columns HC_COLS x .. of the token; the last
  * block to count itself done computes the mixer weights and the next
  * sublayer's input from all the partial sums (dev_last_block), so the
- * step needs one launch.  A pass of a few rows (CU_FEW_T at most: a
+ * step needs one launch.  A pass of a few rows (CU_FEW_PASS at most: a
  * verification, a batched step of a few sessions) takes the same launch
  * with a row of blocks a token (blockIdx.y): each token's sums are a
  * decode step's, in one launch that fills the GPU, where the prefill's
@@ -634,7 +634,7 @@ static __global__ void __launch_bounds__(HCPOST_THREADS) hc_prefill_post_kernel(
 static size_t hc_finish_smem(uint32_t D) { return (size_t)4 * D * sizeof(float); }
 
 template <int NMIX, int VALS> static int hc_launch_rows(cuda_backend *b, uint32_t T, const hc_args &a, ds4_err *err) {
-    if (T <= CU_FEW_T) {
+    if (T <= CU_FEW_PASS) {
         DS4_LAUNCH((hc_mix_kernel<NMIX, VALS>), dim3(b->hc_split, T), HC_BLOCK, 0, b->st, a);
         CU_LAUNCHED();
         return 0;

@@ -61,7 +61,8 @@ extern "C" {
 
 #define CU_MAX_EXPERT_USED 16
 #define CU_MAX_SEGS        16
-#define CU_FEW_T           8 /* tokens a pass of which takes the products of a few (cu_gemm, cu_ffn_layer) */
+#define CU_FEW_T           8  /* tokens one block of a plan of a few dots with each weight row it reads */
+#define CU_FEW_PASS        64 /* tokens a pass of which takes the plans of a few (cu_gemm, cu_ffn_layer, the HC) */
 
 /* ------------------------------------------------------------ weights */
 
@@ -219,9 +220,11 @@ typedef struct gemv_route {
 } gemv_route;
 
 /* A plan is one launch.  Of one token (T and reps 0 or 1: a decode step), or
- * of the T tokens of a pass of a few (CU_FEW_T at most; cu_gemv_tokens):
- * dense Q8_0 and float rows, each read once and dotted with every token,
- * each token's sums those of a one-token plan; or of `reps` tokens that
+ * of the T tokens of a pass of a few (CU_FEW_PASS at most; cu_gemv_tokens):
+ * dense Q8_0 and float rows, each read from DRAM once and dotted with
+ * every token (in chunks of at most CU_FEW_T tokens, a block each, the
+ * chunks of a row read side by side), each token's sums those of a
+ * one-token plan; or of `reps` tokens that
  * select their own matrices (the routed experts of a pass of a few:
  * cu_gemv_reps), each token the blocks of a one-token plan. */
 typedef struct gemv_plan {

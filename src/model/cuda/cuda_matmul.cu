@@ -18,11 +18,12 @@
  * of its own (gemv_stream_kernel): a wave of blocks whose warps each walk
  * several units, loading one stage ahead.
  *
- * A few tokens (at most CU_FEW_T: a verification, a batched step of a few
- * sessions) take the same plans: dense Q8_0 and float rows read once and
- * dotted with every token (gemv_few_kernel, a kernel per token count),
- * each token's sums the one-token plan's; the routed experts as one-token
- * plans side by side, the token in the grid's y (cu_gemv_reps).
+ * A few tokens (at most CU_FEW_PASS: a verification, a batched step of up
+ * to 64 sessions) take the same plans: dense Q8_0 and float rows read once
+ * from DRAM and dotted with every token (gemv_few_kernel, a kernel per
+ * token count, more than CU_FEW_T tokens in chunks whose blocks run side
+ * by side), each token's sums the one-token plan's; the routed experts as
+ * one-token plans side by side, the token in the grid's y (cu_gemv_reps).
  *
  * Prefill (gemm): 128 weight rows x 64 tokens per block of 8 warps, K in
  * chunks of 256, compiled per weight type.  Quantized weights are expanded
@@ -760,8 +761,8 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     }
 }
 
-/* A plan of a few tokens (gemv_plan.T, CU_FEW_T at most: a verification,
- * the rows an MTP cycle keeps, a batched step of a few sessions): each
+/* A plan of a few tokens (gemv_plan.T, CU_FEW_PASS at most: a verification,
+ * the rows an MTP cycle keeps, a batched step of sessions): each
  * weight row is read once and dotted with every token's activation, in
  * one launch for all the plan's segments, as a decode step's plan is one.
  * The int8 tile kernel, 64 tokens a tile, ran a block of 128 rows over the
@@ -783,8 +784,11 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
  * times the weights' (from DRAM).  FEW_U / FEW_R rounds of 512 values a
  * step, so that a lane has FEW_U 16-byte weight loads in flight. */
 #define FEW_R 2
+/* nt: the chunk's tokens (NT but in a pass's last chunk); a token past them
+ * loads the last one's activation and writes nothing, so that no load
+ * waits on a test. */
 template <uint32_t NT>
-static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t row0) {
+static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t row0, uint32_t nt) {
     constexpr uint32_t U = FEW_U / FEW_R;
     unsigned lane = threadIdx.x & 31;
     const uint8_t *w[FEW_R];
@@ -818,8 +822,9 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
             float xd[NT];
 #pragma unroll
             for (uint32_t t = 0; t < NT; t++) { /* every token's loads first */
-                xv[t] = ok ? ld16(sg.xq + (size_t)t * sg.xqs + c) : make_int4(0, 0, 0, 0);
-                xd[t] = ok ? __ldg((const float *)((const uint8_t *)sg.xd + (size_t)t * sg.xqs) + c / 32) : 0.0f;
+                size_t q = (size_t)(t < nt ? t : nt - 1) * sg.xqs;
+                xv[t] = ok ? ld16(sg.xq + q + c) : make_int4(0, 0, 0, 0);
+                xd[t] = ok ? __ldg((const float *)((const uint8_t *)sg.xd + q) + c / 32) : 0.0f;
             }
 #pragma unroll
             for (uint32_t r = 0; r < FEW_R; r++)
@@ -836,7 +841,7 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
 #pragma unroll
         for (uint32_t t = 0; t < NT; t++) {
             float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < sg.rows) sg.out[(size_t)t * sg.outs + row0 + r] = v;
+            if (lane == 0 && row0 + r < sg.rows && t < nt) sg.out[(size_t)t * sg.outs + row0 + r] = v;
         }
 }
 
@@ -844,7 +849,7 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
  * token's activation, a lane's sums in gemv_float's order. */
 template <uint32_t NT>
 static __device__ __forceinline__ void few_float_part(const gemv_seg &sg, const uint8_t *w, uint32_t e0, uint32_t len,
-                                                      float (&acc)[NT]) {
+                                                      uint32_t nt, float (&acc)[NT]) {
     unsigned lane = threadIdx.x & 31;
     uint32_t per = sg.type == DS4_TYPE_F32 ? 4 : 8, esz = sg.type == DS4_TYPE_F32 ? 4 : 2; /* values a 16-byte load */
 #pragma unroll
@@ -863,7 +868,7 @@ static __device__ __forceinline__ void few_float_part(const gemv_seg &sg, const 
 #pragma unroll
             for (uint32_t t = 0; t < NT; t++) {
                 float xv[8];
-                float_x8(sg.xf + (size_t)t * sg.xfs + e0, e, per, xv);
+                float_x8(sg.xf + (size_t)(t < nt ? t : nt - 1) * sg.xfs + e0, e, per, xv);
                 acc[t] += float_dot8(wv[u], sg.type, xv);
             }
         }
@@ -871,51 +876,57 @@ static __device__ __forceinline__ void few_float_part(const gemv_seg &sg, const 
 }
 
 template <uint32_t NT>
-static __device__ __forceinline__ void few_float_row(const gemv_seg &sg, uint32_t row) {
+static __device__ __forceinline__ void few_float_row(const gemv_seg &sg, uint32_t row, uint32_t nt) {
     const uint8_t *w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
     float acc[NT];
-    few_float_part<NT>(sg, w, 0, sg.n, acc);
+    few_float_part<NT>(sg, w, 0, sg.n, nt, acc);
 #pragma unroll
     for (uint32_t t = 0; t < NT; t++) {
         float v = warp_sum(acc[t]);
-        if ((threadIdx.x & 31) == 0) sg.out[(size_t)t * sg.outs + row] = v;
+        if ((threadIdx.x & 31) == 0 && t < nt) sg.out[(size_t)t * sg.outs + row] = v;
     }
 }
 
 template <uint32_t NT>
-static __device__ __forceinline__ void few_split_row(const gemv_seg &sg, uint32_t row) {
+static __device__ __forceinline__ void few_split_row(const gemv_seg &sg, uint32_t row, uint32_t nt) {
     __shared__ float part[NT][GEMV_WARPS];
     unsigned warp = threadIdx.x / 32;
     gemv_part pt = gemv_part_of(sg, row, warp);
     float acc[NT];
-    few_float_part<NT>(sg, pt.w, pt.e0, pt.len, acc);
+    few_float_part<NT>(sg, pt.w, pt.e0, pt.len, nt, acc);
 #pragma unroll
     for (uint32_t t = 0; t < NT; t++) {
         float v = warp_sum(acc[t]);
         if ((threadIdx.x & 31) == 0) part[t][warp] = v;
     }
     __syncthreads();
-    if (threadIdx.x < NT) {
+    if (threadIdx.x < nt) {
         float v = 0.0f;
         for (int k = 0; k < GEMV_WARPS; k++) v += part[threadIdx.x][k];
         sg.out[(size_t)threadIdx.x * sg.outs + row] = v;
     }
 }
 
+/* A pass of more than CU_FEW_T tokens goes in chunks of NT (the last may
+ * have fewer), chunk c the blocks x with x % chunks == c: the blocks of a
+ * row's chunks are scheduled side by side, so that one of them reads the
+ * row from DRAM and the others find it in the L2. */
 template <uint32_t NT>
 static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_few_kernel(gemv_plan p) {
     dev_pdl_enter();
+    uint32_t chunks = (p.T + NT - 1) / NT, c = blockIdx.x % chunks, bx = blockIdx.x / chunks;
     uint32_t s = 0;
-    while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
-    const gemv_seg &sg = p.seg[s];
+    while (s + 1 < p.n_seg && bx >= p.seg[s + 1].block0) s++;
+    const gemv_seg sg = gemv_seg_token(p.seg[s], c * NT);
+    uint32_t nt = min(NT, p.T - c * NT);
     if (sg.split > 1) {
-        few_split_row<NT>(sg, blockIdx.x - sg.block0);
+        few_split_row<NT>(sg, bx - sg.block0, nt);
         return;
     }
-    uint32_t row = ((blockIdx.x - sg.block0) * GEMV_WARPS + threadIdx.x / 32) * sg.rpw;
+    uint32_t row = ((bx - sg.block0) * GEMV_WARPS + threadIdx.x / 32) * sg.rpw;
     if (row >= sg.rows) return;
-    if (sg.type == DS4_TYPE_Q8_0) few_q8_rows<NT>(sg, row);
-    else few_float_row<NT>(sg, row);
+    if (sg.type == DS4_TYPE_Q8_0) few_q8_rows<NT>(sg, row, nt);
+    else few_float_row<NT>(sg, row, nt);
 }
 
 /* The products of a decode step that closes a ratio-4 compressor window
@@ -1276,7 +1287,7 @@ bool cu_gemv_streamed(const gemv_plan *p) {
 
 /* A plan of a few tokens: dense Q8_0 and float rows alone (gemv_few_kernel). */
 static int gemv_run_few(const gemv_plan *p, uint32_t mask, cudaStream_t st, ds4_err *err) {
-    if (p->T > CU_FEW_T || p->route.count || (mask | GM_LIGHT) != GM_LIGHT)
+    if (p->T > CU_FEW_PASS || p->route.count || (mask | GM_LIGHT) != GM_LIGHT)
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a plan of %u tokens of other than dense Q8_0 or float rows",
                            p->T);
     for (uint32_t i = 0; i < p->n_seg; i++) {
@@ -1287,16 +1298,19 @@ static int gemv_run_few(const gemv_plan *p, uint32_t mask, cudaStream_t st, ds4_
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a %u-row product of %u tokens %s", sg.rows, p->T,
                                sg.sel ? "of selected matrices" : "not 16-byte aligned");
     }
-    static_assert(CU_FEW_T == 8, "a kernel for each token count of a plan of a few");
+    static_assert(CU_FEW_T == 8, "a kernel for each token count of a chunk");
     unsigned threads = GEMV_WARPS * 32;
-    switch (p->T) {
-    case 2: DS4_LAUNCH(gemv_few_kernel<2>, p->n_blocks, threads, 0, st, *p); break;
-    case 3: DS4_LAUNCH(gemv_few_kernel<3>, p->n_blocks, threads, 0, st, *p); break;
-    case 4: DS4_LAUNCH(gemv_few_kernel<4>, p->n_blocks, threads, 0, st, *p); break;
-    case 5: DS4_LAUNCH(gemv_few_kernel<5>, p->n_blocks, threads, 0, st, *p); break;
-    case 6: DS4_LAUNCH(gemv_few_kernel<6>, p->n_blocks, threads, 0, st, *p); break;
-    case 7: DS4_LAUNCH(gemv_few_kernel<7>, p->n_blocks, threads, 0, st, *p); break;
-    default: DS4_LAUNCH(gemv_few_kernel<8>, p->n_blocks, threads, 0, st, *p); break;
+    /* equal chunks of at most CU_FEW_T: 12 tokens are two of 6, not 8 and 4 */
+    uint32_t chunks = (p->T + CU_FEW_T - 1) / CU_FEW_T, nt = (p->T + chunks - 1) / chunks;
+    uint32_t grid = p->n_blocks * chunks;
+    switch (nt) {
+    case 2: DS4_LAUNCH(gemv_few_kernel<2>, grid, threads, 0, st, *p); break;
+    case 3: DS4_LAUNCH(gemv_few_kernel<3>, grid, threads, 0, st, *p); break;
+    case 4: DS4_LAUNCH(gemv_few_kernel<4>, grid, threads, 0, st, *p); break;
+    case 5: DS4_LAUNCH(gemv_few_kernel<5>, grid, threads, 0, st, *p); break;
+    case 6: DS4_LAUNCH(gemv_few_kernel<6>, grid, threads, 0, st, *p); break;
+    case 7: DS4_LAUNCH(gemv_few_kernel<7>, grid, threads, 0, st, *p); break;
+    default: DS4_LAUNCH(gemv_few_kernel<8>, grid, threads, 0, st, *p); break;
     }
     CU_LAUNCHED();
     return 0;
@@ -2264,7 +2278,7 @@ static int gemm_q_init(ds4_err *err) {
 
 /* Whether cu_gemm takes a plan of a few tokens (cu_gemv_tokens). */
 static bool gemm_few(const dwt *W, const dact *x, uint32_t act_off, uint32_t T, const cu_group *grp) {
-    if (grp || T > CU_FEW_T || !cu_gemv_few_fits(W)) return false;
+    if (grp || T > CU_FEW_PASS || !cu_gemv_few_fits(W)) return false;
     if (W->type == DS4_TYPE_Q8_0) return x->q8 != NULL;
     return x->f && ((uintptr_t)(x->f + act_off) | x->fs * sizeof(float)) % 16 == 0;
 }
