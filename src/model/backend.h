@@ -98,6 +98,11 @@ typedef struct ds4_backend_opts {
     /* CUDA, for the tests that check both ways: how a prefill pass computes
      * the host experts (DS4_HOST_*; 0: the cheaper by the measured costs) */
     int host_experts;
+    /* CUDA: the percentage of each layer's host experts the GPU reads
+     * itself from pinned host memory in decode steps (the mapped tier,
+     * cuda_offload.h), beside the CPU's: 0, by the measured costs; -1,
+     * none (for the tests that check each way) */
+    int host_mapped;
     /* A pipeline stage (docs/DISTRIBUTED.md): the backend runs layers
      * [layer_first, layer_end) only and keeps only their state, and is
      * advanced by ds4_backend_stage_step.  Both 0: the whole model.  The

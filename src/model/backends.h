@@ -73,6 +73,8 @@ typedef struct ds4_offload_info {
     uint64_t dev_fixed;       /* of which every placement needs (all but the routed experts): the least --gpu-mem */
     uint64_t dev_allocated;   /* device bytes the backend allocated (weights, state, buffers, slot table) */
     uint64_t host_bytes;      /* file bytes of the host experts */
+    uint32_t mapped_experts;  /* of them, read by the GPU from pinned host memory in decode steps */
+    uint64_t mapped_bytes;    /* their pinned bytes */
     double tok_dev, tok_host; /* expected routed bytes a token reads on each side */
     /* the host's work since the backend was made: its hand-offs (one a
      * layer with host experts a pass), the (token, expert) entries they

@@ -51,7 +51,10 @@
  *       all-resident CUDA run: none on the GPU, whole layers (half the
  *       experts' bytes), random thirds by a random expert profile, in one
  *       chunk and in chunks of 5; prefill's host experts streamed to the
- *       GPU, computed by the CPU, and as the measured costs choose.  Each: the device bytes allocated are
+ *       GPU, computed by the CPU, and as the measured costs choose; in
+ *       decode, half, all, none or the measured share of the host experts
+ *       read by the GPU from pinned host memory (the mapped tier,
+ *       host_mapped), the mapped counts checked.  Each: the device bytes allocated are
  *       those the placement printed and within the budget; prefill logits
  *       (every position), decode steps fed the reference's greedy tokens
  *       and a prefill after them within max |d| <= tol * max |logit| (1e-3)
@@ -59,7 +62,8 @@
  *       tokens.  A budget one byte below the least is refused, naming it;
  *       the reference's expert selection counts (ds4_cuda_expert_counts,
  *       the profile ds4-bench writes) add up to k a token in every layer.
- *       --quick: none on the GPU (streamed) and the chunks of 5 (CPU) only.
+ *       --quick: none on the GPU (streamed, half mapped) and the chunks of 5
+ *       (CPU, none mapped) only.
  *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
  *       rewindable steps of 2, 5 and 17 rows before and at the window
@@ -1423,7 +1427,7 @@ static int cmd_steer(int argc, char **argv) {
 
 /* A backend with routed experts split by a GPU budget and a profile. */
 static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chunk, bool no_sim, uint64_t gpu_mem,
-                               const ds4_expert_profile *prof, int how, ds4_err *err) {
+                               const ds4_expert_profile *prof, int how, int mapped, ds4_err *err) {
     ds4_backend_opts o = {.ctx_size = ctx,
                           .prefill_chunk = chunk,
                           .no_sim = no_sim,
@@ -1431,6 +1435,7 @@ static ds4_backend *make_split(const ds4_weights *w, uint32_t ctx, uint32_t chun
                           .gpu_mem = gpu_mem,
                           .expert_profile = prof,
                           .host_experts = how,
+                          .host_mapped = mapped,
                           .count_experts = true}; /* as the reference, whose least budget they are given */
     return ds4_backend_create("cuda", w, &o, err);
 }
@@ -1510,7 +1515,7 @@ static int cmd_split(int argc, char **argv) {
     uint64_t fixed5 = ri5.dev_fixed;
 
     /* a budget below the least is refused, naming the least */
-    ds4_backend *bad = make_split(w, ctx, 0, no_sim, fixed - 1, NULL, DS4_HOST_AUTO, &err);
+    ds4_backend *bad = make_split(w, ctx, 0, no_sim, fixed - 1, NULL, DS4_HOST_AUTO, -1, &err);
     char want[64];
     snprintf(want, sizeof(want), "(%llu bytes", (unsigned long long)fixed);
     CHECK(!bad && strstr(ds4_err_msg(&err), want) && strstr(ds4_err_msg(&err), "at least"),
@@ -1529,18 +1534,18 @@ static int cmd_split(int argc, char **argv) {
         uint64_t budget;
         const ds4_expert_profile *prof;
         uint32_t chunk;
-        int how;
+        int how, mapped; /* mapped: ds4_backend_opts.host_mapped */
     } splits[] = {
-        {"none on the GPU, prefill streamed", fixed, NULL, 0, DS4_HOST_STREAM},
-        {"whole layers, half, prefill on the CPU", fixed + routed / 2, NULL, 0, DS4_HOST_CPU},
-        {"random third, prefill by cost", fixed + routed / 3, prof, 0, DS4_HOST_AUTO},
-        {"random two thirds, chunks of 5 on the CPU", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU},
+        {"none on the GPU, prefill streamed, half mapped", fixed, NULL, 0, DS4_HOST_STREAM, 50},
+        {"whole layers, half, prefill on the CPU, all mapped", fixed + routed / 2, NULL, 0, DS4_HOST_CPU, 100},
+        {"random third, prefill and mapped by cost", fixed + routed / 3, prof, 0, DS4_HOST_AUTO, 0},
+        {"random two thirds, chunks of 5 on the CPU, none mapped", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU, -1},
     };
     for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
         if (quick && k != 0 && k != 3) continue;
         printf("-- %s\n", splits[k].name);
         ds4_backend *b = make_split(w, ctx, splits[k].chunk, no_sim, splits[k].budget, splits[k].prof, splits[k].how,
-                                    &err);
+                                    splits[k].mapped, &err);
         if (!b) die(splits[k].name, &err);
         ds4_offload_info bi;
         CHECK(ds4_cuda_offload_info(b, &bi) == 0 && bi.on, "%s: some experts on the host", splits[k].name);
@@ -1554,6 +1559,14 @@ static int cmd_split(int argc, char **argv) {
         CHECK(k != 0 || bi.host_experts == bi.total_experts, "none on the GPU: %u of %u on the host", bi.host_experts,
               bi.total_experts);
         CHECK(k == 0 || bi.host_experts < bi.total_experts, "%s: every expert on the host", splits[k].name);
+        /* the mapped tier: half of each layer's host experts (rounded), all, none */
+        printf("%-34s %u of the host experts\n", "mapped tier", bi.mapped_experts);
+        int pct = splits[k].mapped;
+        CHECK(pct != 50 || (bi.mapped_experts > 0 && bi.mapped_experts < bi.host_experts) || bi.host_experts < 2,
+              "%s: %u of %u mapped", splits[k].name, bi.mapped_experts, bi.host_experts);
+        CHECK(pct != 100 || bi.mapped_experts == bi.host_experts, "%s: %u of %u mapped", splits[k].name,
+              bi.mapped_experts, bi.host_experts);
+        CHECK(pct != -1 || bi.mapped_experts == 0, "%s: %u mapped", splits[k].name, bi.mapped_experts);
         float *lb = xmalloc((size_t)n * V * 4), *mb = xmalloc((size_t)more * V * 4);
         diff d = {0};
         if (ds4_backend_prefill(b, toks, n, lb, &err)) die("split prefill", &err);

@@ -1260,6 +1260,8 @@ extern "C" int ds4_cuda_offload_info(const ds4_backend *base, ds4_offload_info *
     out->host_experts = p->host_experts;
     out->dev_total = p->dev_total;
     out->host_bytes = p->host_bytes;
+    out->mapped_experts = b->off->map_experts;
+    out->mapped_bytes = b->off->map_bytes;
     out->tok_dev = p->tok_dev;
     out->tok_host = p->tok_host;
     out->host_jobs = b->off->host_jobs;

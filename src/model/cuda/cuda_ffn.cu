@@ -39,7 +39,7 @@ int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cu
     return 0;
 }
 
-static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_t *tok) {
+static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_t *tok, bool decode) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     cu_route_in in;
@@ -51,18 +51,19 @@ static cu_route_in route_input(const cuda_backend *b, uint32_t il, const uint32_
     in.k = c->n_expert_used;
     in.scale = c->expert_weights_scale;
     in.norm = c->expert_weights_norm;
-    /* the selected experts' slots: on the host's -1 (cuda_offload.h), or
-     * under tensor parallelism another rank's (cu_tp) */
+    /* the selected experts' slots: on the host's -1 (cuda_offload.h; in a
+     * decode step the mapped tier's past the device's), or under tensor
+     * parallelism another rank's (cu_tp) */
     bool host = cu_offload_host(b->off, il);
-    const int32_t *slot = host ? b->off->d_slot : b->tp.d_slot;
+    const int32_t *slot = host ? (decode ? b->off->d_slot1 : b->off->d_slot) : b->tp.d_slot;
     in.slot = slot ? slot + (size_t)il * c->n_expert : NULL;
     in.msel = slot ? b->msel : NULL;
     in.count = b->expert_count ? b->expert_count + (size_t)il * c->n_expert : NULL;
     return in;
 }
 
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err) {
-    cu_route_in in = route_input(b, il, tok);
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err) {
+    cu_route_in in = route_input(b, il, tok, decode);
     return cu_route_tokens(&in, T, b->sel, b->selw, b->st, err);
 }
 
@@ -71,7 +72,7 @@ int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_
 bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan *p) {
     const ds4_config *c = b->cfg;
     if (!cu_gemv_can_route(p, c->n_expert, c->n_expert_used)) return false;
-    p->route.in = route_input(b, il, tok);
+    p->route.in = route_input(b, il, tok, true);
     p->route.sel = b->sel;
     p->route.selw = b->selw;
     p->route.count = b->route_count;

@@ -422,6 +422,40 @@ static int few_experts(cuda_backend *b, const dlayer *w, const int *esel, uint32
     return cu_gemv_run(&p, b->st, err);
 }
 
+/* A decode step's routed experts of layer il, gate and up (else down):
+ * the resident ones (gpu) and those of the mapped tier (nmap, read from
+ * pinned host memory: cuda_offload.h), each product selecting the slots of
+ * its own tier. */
+static int decode_experts(cuda_backend *b, uint32_t il, const int *esel, bool gpu, uint32_t nmap, bool gate_up,
+                          ds4_err *err) {
+    const ds4_config *c = b->cfg;
+    const dlayer *w = &b->W.layers[il];
+    uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
+    for (int tier = 0; tier < 2; tier++) {
+        if (tier == 0 ? !gpu : !nmap) continue;
+        const dwt *mg = tier ? &b->off->map_w[(size_t)il * 3] : &w->gate_exps;
+        const dwt *mu = tier ? mg + 1 : &w->up_exps, *md = tier ? mg + 2 : &w->down_exps;
+        int32_t lo = tier ? (int32_t)b->off->place.n_gpu[il] : 0;
+        uint32_t n = tier ? nmap : nmap ? b->off->place.n_gpu[il] : UINT32_MAX;
+        gemv_plan p;
+        memset(&p, 0, sizeof(p));
+        for (uint32_t i = 0; i < k; i++) {
+            if (gate_up) {
+                cu_gemv_add(&p, mg, 0, esel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
+                cu_gemv_sel_range(&p, lo, n);
+                cu_gemv_add(&p, mu, 0, esel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
+                cu_gemv_sel_range(&p, lo, n);
+            } else {
+                dact m = act_row(&b->mid, i);
+                cu_gemv_add(&p, md, 0, esel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
+                cu_gemv_sel_range(&p, lo, n);
+            }
+        }
+        if (cu_gemv_run(&p, b->st, err)) return -1;
+    }
+    return 0;
+}
+
 /* Layer il's FFN.  With routed experts on the host (cuda_offload.h) the
  * GPU's products read the selected experts' device slots (msel; a host
  * expert's -1 is skipped) while the host branch computes the others, and
@@ -442,22 +476,14 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         memset(&p, 0, sizeof(p));
         cu_gemv_add(&p, &w->gate_inp, 0, NULL, 0, 0, c->n_expert, &b->xn, 0, b->router);
         bool routed = cu_gemv_route(b, il, tok, &p);
-        if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, err))) return -1;
-        if (host && cu_offload_branch(b, il, T, err)) return -1;
-        if (gpu) {
-            memset(&p, 0, sizeof(p));
-            for (uint32_t i = 0; i < k; i++) {
-                cu_gemv_add(&p, &w->gate_exps, 0, esel, i, 0, F, &b->xn, 0, b->eg + (size_t)i * F);
-                cu_gemv_add(&p, &w->up_exps, 0, esel, i, 0, F, &b->xn, 0, b->eu + (size_t)i * F);
-            }
-            if (cu_gemv_run(&p, b->st, err) || cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err)) return -1;
-            memset(&p, 0, sizeof(p));
-            for (uint32_t i = 0; i < k; i++) {
-                dact m = act_row(&b->mid, i);
-                cu_gemv_add(&p, &w->down_exps, 0, esel, i, 0, D, &m, 0, b->eout + (size_t)i * D);
-            }
-            if (cu_gemv_run(&p, b->st, err)) return -1;
-        }
+        if (cu_gemv_run(&p, b->st, err) || (!routed && cu_route(b, il, tok, T, true, err))) return -1;
+        if (host && cu_offload_branch(b, il, T, true, err)) return -1;
+        uint32_t nmap = cu_offload_mapped(b->off, il);
+        if ((gpu || nmap) &&
+            (decode_experts(b, il, esel, gpu, nmap, true, err) ||
+             cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err) ||
+             decode_experts(b, il, esel, gpu, nmap, false, err)))
+            return -1;
         if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else if (few_pass(b, il, T, decode)) { /* the router and the shared expert's gate / up in one launch */
         gemv_plan p;
@@ -465,18 +491,18 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         add_rows(&p, &w->gate_inp, 0, c->n_expert, &b->xn, 0, b->router, c->n_expert);
         add_rows(&p, &w->gate_sh, 0, Fs, &b->xn, 0, b->sg, Fs);
         add_rows(&p, &w->up_sh, 0, Fs, &b->xn, 0, b->su, Fs);
-        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, err)) return -1;
+        if (cu_gemv_run(&p, b->st, err) || cu_route(b, il, tok, T, false, err)) return -1;
     } else {
         if (mm(b, &w->gate_inp, 0, c->n_expert, &b->xn, 0, T, b->router, c->n_expert, err) ||
             mm(b, &w->gate_sh, 0, Fs, &b->xn, 0, T, b->sg, Fs, err) ||
-            mm(b, &w->up_sh, 0, Fs, &b->xn, 0, T, b->su, Fs, err) || cu_route(b, il, tok, T, err))
+            mm(b, &w->up_sh, 0, Fs, &b->xn, 0, T, b->su, Fs, err) || cu_route(b, il, tok, T, false, err))
             return -1;
     }
     if (!decode) {
         /* the host experts by the CPU, or streamed when the chunk uses them
          * enough (cuda_offload.h) */
         if (host && cu_offload_pick_stream(b, il, T, &stream, err)) return -1;
-        if (host && !stream && cu_offload_branch(b, il, T, err)) return -1;
+        if (host && !stream && cu_offload_branch(b, il, T, false, err)) return -1;
         cu_group g;
         bool few = gpu && !host && T <= CU_FEW_PASS && 2 * k <= CU_MAX_SEGS;
         if (few && few_experts(b, w, esel, T, true, err)) return -1;

@@ -171,6 +171,11 @@ typedef struct gemv_seg {
     uint32_t mat;
     const int *sel;
     uint32_t sel_slot;
+    /* a selection s is this segment's matrix s - sel_lo where it lies in
+     * [sel_lo, sel_lo + sel_n), else skipped (-1: an expert on the host;
+     * another tier's: cuda_offload.h) */
+    int32_t sel_lo;
+    uint32_t sel_n;
     uint32_t row0;
     const float *xf;
     const int8_t *xq;  /* quantized activation values */
@@ -266,6 +271,9 @@ typedef struct gemv_tok {
 } gemv_tok;
 void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
                      uint32_t rows, const dact *x, uint32_t act_off, float *out, gemv_tok tk);
+/* The last segment added selects matrices s - lo of the selections s in
+ * [lo, lo + n) only (gemv_seg.sel_lo). */
+void cu_gemv_sel_range(gemv_plan *p, int32_t lo, uint32_t n);
 /* An empty plan of T tokens of a few (a dense product a launch), or of
  * reps tokens each selecting its own matrices (T, reps 1: one token). */
 void cu_gemv_tokens(gemv_plan *p, uint32_t T);
@@ -909,7 +917,8 @@ bool cu_attn_tc(const cuda_backend *b, uint32_t T);
 /* cuda_ffn.cu */
 /* The routing launch of T tokens (cu_route_in: T x n_expert logits). */
 int cu_route_tokens(const cu_route_in *in, uint32_t T, int *sel, float *selw, cudaStream_t st, ds4_err *err);
-int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, ds4_err *err);
+/* decode: a decode step's (the mapped tier's slots, cuda_offload.h) */
+int cu_route(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
 /* Makes the router product of plan p (a decode step's: one token) route
  * in its last block, if it can (a block a row, at most 512 experts):
  * true if so, and then no routing launch follows it. */

@@ -627,8 +627,9 @@ static __device__ __forceinline__ void gemv_rows(const gemv_seg &sg, uint32_t r0
     bool early = wait && !sg.sel && (q8 || fl);
     if (wait && !early) dev_pdl_wait_prev();
     unsigned lane = threadIdx.x & 31;
-    if (sg.sel && sg.sel[sg.sel_slot] < 0) return; /* an expert on the host (cuda_offload.h) */
-    uint32_t mat = sg.sel ? (uint32_t)sg.sel[sg.sel_slot] : sg.mat;
+    int m = sg.sel ? sg.sel[sg.sel_slot] - sg.sel_lo : (int)sg.mat;
+    if (sg.sel && (m < 0 || (uint32_t)m >= sg.sel_n)) return; /* on the host, or another tier's (cuda_offload.h) */
+    uint32_t mat = (uint32_t)m;
     const uint8_t *rows[R];
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -1055,8 +1056,8 @@ static __device__ __forceinline__ void stream_at(stream_pos &ps, const gemv_plan
     ps.rb = vb - ps.s * seg_blocks;
     ps.part = ps.t = 0;
     const gemv_seg &sg = p.seg[ps.s];
-    int m = sg.sel ? sg.sel[sg.sel_slot] : (int)sg.mat;
-    ps.host = m < 0;
+    int m = sg.sel ? sg.sel[sg.sel_slot] - sg.sel_lo : (int)sg.mat;
+    ps.host = m < 0 || (sg.sel && (uint32_t)m >= sg.sel_n);
     uint32_t mat = ps.host ? 0 : (uint32_t)m;
     uint32_t r0 = (ps.rb * GEMV_WARPS + threadIdx.x / 32) * 4;
     ps.w0 = sg.w + mat * sg.mat_bytes + (size_t)(sg.row0 + r0) * sg.row_bytes;
@@ -1230,6 +1231,8 @@ void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, u
     s->mat = mat;
     s->sel = sel;
     s->sel_slot = slot;
+    s->sel_lo = 0;
+    s->sel_n = UINT32_MAX;
     s->row0 = row0;
     cu_act_ptrs(x, W->type, 0, act_off, &s->xf, &s->xq, &s->xd, &s->xb);
     s->out = out;
@@ -1243,6 +1246,11 @@ void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, u
     s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
     s->block0 = p->n_blocks;
     p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);
+}
+
+void cu_gemv_sel_range(gemv_plan *p, int32_t lo, uint32_t n) {
+    p->seg[p->n_seg - 1].sel_lo = lo;
+    p->seg[p->n_seg - 1].sel_n = n;
 }
 
 static_assert(32 % GEMV_WARPS == 0, "a block of the quantized output makes 32 rows");

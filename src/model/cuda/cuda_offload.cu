@@ -75,7 +75,7 @@ size_t cu_offload_dev_bytes(const cuda_backend *b) {
     const ds4_config *c = b->cfg;
     size_t part[3];
     stage_geometry(b, part);
-    return r256((size_t)c->n_layer * c->n_expert * sizeof(int32_t)) + r256(2 * (part[0] + part[1] + part[2])) +
+    return 2 * r256((size_t)c->n_layer * c->n_expert * sizeof(int32_t)) + r256(2 * (part[0] + part[1] + part[2])) +
            r256(2 * (size_t)b->chunk * c->n_expert_used * sizeof(int));
 }
 
@@ -290,6 +290,7 @@ static int synth_host(cu_offload *o, const ds4_weights *w, ds4_err *err) {
 /* --------------------------------------------------------------- create */
 
 static int calibrate(cu_offload *o, ds4_err *err);
+static int build_mapped(cuda_backend *b, cu_offload *o, ds4_err *err);
 
 int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_err *err) {
     const ds4_config *c = b->cfg;
@@ -314,6 +315,7 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
         o->jobs[l].o = o->gjobs[l].o = o;
         o->jobs[l].il = o->gjobs[l].il = l;
         o->gjobs[l].T = 1;
+        o->gjobs[l].mapped = true;
         for (int t = 0; t < 3; t++) {
             const ds4_wt *h = routed_wt(w, l, t);
             o->hwt[(size_t)l * 3 + t] = h;
@@ -355,6 +357,8 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
     if (cu_dev_alloc((void **)&o->d_slot, sb, "expert slots", err)) return -1;
     b->dev_bytes += sb;
     CU_TRY(cu_upload(o->d_slot, o->slot, (size_t)L * E * sizeof(int32_t)));
+    if (cu_dev_alloc((void **)&o->d_slot1, sb, "expert slots of a decode step", err)) return -1;
+    b->dev_bytes += sb;
     /* the prefill stages */
     o->S = stage_geometry(b, o->stage_part);
     o->stage_bytes = o->stage_part[0] + o->stage_part[1] + o->stage_part[2];
@@ -372,7 +376,7 @@ int cu_offload_init(cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_er
         CU_TRY(cudaEventCreateWithFlags(&o->ev_copied[h], cudaEventDisableTiming));
         CU_TRY(cudaEventCreateWithFlags(&o->ev_free[h], cudaEventDisableTiming));
     }
-    return calibrate(o, err);
+    return calibrate(o, err) || build_mapped(b, o, err);
 }
 
 void cu_offload_free(cu_offload *o) {
@@ -393,6 +397,11 @@ void cu_offload_free(cu_offload *o) {
     if (o->ev_host) cudaEventDestroy(o->ev_host);
     if (o->hs) cudaStreamDestroy(o->hs);
     if (o->d_slot) cudaFree(o->d_slot);
+    if (o->d_slot1) cudaFree(o->d_slot1);
+    if (o->map) cudaFreeHost(o->map);
+    free(o->n_map);
+    free(o->slot1);
+    free(o->map_w);
     if (o->h_x) cudaFreeHost(o->h_x);
     if (o->h_sel) cudaFreeHost(o->h_sel);
     if (o->h_selw) cudaFreeHost(o->h_selw);
@@ -512,12 +521,13 @@ static void scatter_outputs(void *ctx, int64_t a, int64_t z, int thread) {
     }
 }
 
-/* Layer il's host experts for the T tokens in h_x / h_sel / h_selw; the
+/* Layer il's host experts for the T tokens in h_x / h_sel / h_selw (in a
+ * decode step, mapped, those of the mapped tier left to the GPU); the
  * entries computed. */
-static uint32_t host_experts(cu_offload *o, uint32_t il, uint32_t T) {
+static uint32_t host_experts(cu_offload *o, uint32_t il, uint32_t T, bool mapped) {
     const ds4_config *c = o->cfg;
     uint32_t E = c->n_expert, k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
-    const int32_t *slot = o->slot + (size_t)il * E;
+    const int32_t *slot = (mapped ? o->slot1 : o->slot) + (size_t)il * E;
     uint32_t *off = o->ent_off;
     memset(off, 0, (E + 1) * sizeof(uint32_t));
     for (uint32_t i = 0; i < T * k; i++) {
@@ -553,7 +563,7 @@ static uint32_t host_experts(cu_offload *o, uint32_t il, uint32_t T) {
 static void CUDART_CB host_job(void *arg) {
     cu_host_job *j = (cu_host_job *)arg;
     double t0 = ds4_now();
-    j->o->host_entries += host_experts(j->o, j->il, j->T);
+    j->o->host_entries += host_experts(j->o, j->il, j->T, j->mapped);
     j->o->host_jobs++;
     j->o->host_sec += ds4_now() - t0;
 }
@@ -573,7 +583,7 @@ static __global__ void handoff_kernel(const float *x, size_t xs, const int *sel,
     }
 }
 
-int cu_offload_branch(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
+int cu_offload_branch(cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err) {
     cu_offload *o = b->off;
     const ds4_config *c = b->cfg;
     /* a captured step's host function runs at every replay, with T = 1; an
@@ -584,7 +594,8 @@ int cu_offload_branch(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
         CU_TRY(cudaStreamSynchronize(o->hs));
         job = &o->jobs[il];
         job->T = T;
-    } else if (T != 1) {
+        job->mapped = decode;
+    } else if (T != 1 || !decode) {
         return ds4_err_set(err, DS4_EINVAL, "CUDA backend: a captured pass of %u tokens with host experts", T);
     }
     CU_TRY(cudaEventRecord(o->ev_route, b->st));
@@ -625,7 +636,7 @@ static int calibrate(cu_offload *o, ds4_err *err) {
         if (o->slot[(size_t)l * E + e] >= 0) o->h_sel[i++] = (int)e; /* a layer with fewer than k on the host */
     for (i = 0; i < k; i++) o->h_selw[i] = 1.0f;
     o->sec_per_entry = 0;
-    host_experts(o, l, 1);
+    host_experts(o, l, 1, false);
     size_t expert = 0;
     for (int t = 0; t < 3; t++) {
         const ds4_wt *h = o->hwt[(size_t)l * 3 + t];
@@ -637,6 +648,145 @@ static int calibrate(cu_offload *o, ds4_err *err) {
             ds4_pool_size(o->pool), o->sec_per_entry * 1e6, o->pcie_bw / 1e9, (double)expert / o->pcie_bw * 1e6,
             (double)expert / o->pcie_bw / (o->sec_per_entry > 0 ? o->sec_per_entry : 1e-9));
     return 0;
+}
+
+/* ------------------------------------------------------- the mapped tier */
+
+/* The share of each layer's host experts the GPU reads itself in decode:
+ * opts.host_mapped's percentage, none for -1, else the CPU's cost of an
+ * entry against PCIe's of an expert, so that both sides end together (the
+ * GPU's own products overlap the CPU's too). */
+static double map_share(const cuda_backend *b, const cu_offload *o, size_t expert) {
+    int pct = b->base.opts.host_mapped;
+    if (pct < 0) return 0.0;
+    if (pct > 0) return pct >= 100 ? 1.0 : pct / 100.0;
+    double cpu = o->sec_per_entry, pcie = (double)expert / o->pcie_bw;
+    return cpu > 0 ? cpu / (cpu + pcie) : 0.0;
+}
+
+/* Layer l's host experts, the most used first by the expert profile (else
+ * in expert order), into list; how many. */
+static uint32_t host_order(const cuda_backend *b, const cu_offload *o, uint32_t l, uint32_t *list) {
+    uint32_t E = o->cfg->n_expert, n = 0;
+    const ds4_expert_profile *pr = b->base.opts.expert_profile;
+    for (uint32_t e = 0; e < E; e++) {
+        if (o->slot[(size_t)l * E + e] >= 0) continue;
+        uint32_t i = n++;
+        if (pr) /* insertion: stable, so ties keep expert order */
+            for (; i > 0 && pr->use[(size_t)l * E + list[i - 1]] < pr->use[(size_t)l * E + e]; i--) list[i] = list[i - 1];
+        list[i] = e;
+    }
+    return n;
+}
+
+typedef struct map_task {
+    const cu_offload *o;
+    const uint32_t *lay, *exp; /* mapped expert x: layer, expert */
+    const uint32_t *idx;       /* its index in its layer's tier */
+} map_task;
+
+/* Task j: mapped expert j / 3's matrix j % 3, into the pinned tier in the
+ * device's row layout. */
+static void map_matrices(void *ctx, int64_t a, int64_t z, int thread) {
+    const map_task *m = (const map_task *)ctx;
+    const cu_offload *o = m->o;
+    for (int64_t j = a; j < z; j++) {
+        uint32_t x = (uint32_t)(j / 3), t = (uint32_t)(j % 3), l = m->lay[x], e = m->exp[x];
+        const dwt *d = &o->map_w[(size_t)l * 3 + t];
+        const ds4_wt *h = o->hwt[(size_t)l * 3 + t];
+        const uint8_t *src = o->hmat[((size_t)l * 3 + t) * o->cfg->n_expert + e];
+        uint8_t *dst = (uint8_t *)d->p + (size_t)m->idx[x] * d->row_bytes * d->rows;
+        for (uint32_t row = 0; row < d->rows; row++)
+            cu_repack_row(d->type, d->n, src + (size_t)row * h->row_bytes, dst + (size_t)row * d->row_bytes,
+                          d->row_bytes);
+    }
+}
+
+/* The mapped tier (cuda_offload.h): its share of each layer's host experts,
+ * as much as the host's available RAM allows less 8 GiB, repacked into
+ * pinned memory; the decode step's slot table. */
+static int build_mapped(cuda_backend *b, cu_offload *o, ds4_err *err) {
+    const ds4_config *c = o->cfg;
+    uint32_t L = c->n_layer, E = c->n_expert;
+    o->n_map = (uint32_t *)calloc(L, sizeof(uint32_t));
+    o->slot1 = (int32_t *)malloc((size_t)L * E * sizeof(int32_t));
+    o->map_w = (dwt *)calloc((size_t)L * 3, sizeof(dwt));
+    uint32_t *order = (uint32_t *)malloc((size_t)L * E * sizeof(uint32_t)), *nh = (uint32_t *)calloc(L, sizeof(uint32_t));
+    uint32_t *lay = (uint32_t *)malloc((size_t)L * E * sizeof(uint32_t));
+    uint32_t *exp = (uint32_t *)malloc((size_t)L * E * sizeof(uint32_t));
+    uint32_t *idx = (uint32_t *)malloc((size_t)L * E * sizeof(uint32_t));
+    uint64_t *per = (uint64_t *)calloc(L, sizeof(uint64_t));
+    int rc = -1;
+    if (!o->n_map || !o->slot1 || !o->map_w || !order || !nh || !lay || !exp || !idx || !per) {
+        ds4_err_set(err, DS4_ENOMEM, "out of memory");
+        goto done;
+    }
+    {
+        memcpy(o->slot1, o->slot, (size_t)L * E * sizeof(int32_t));
+        size_t expert = 0; /* the largest layer's, device layout */
+        for (uint32_t l = 0; l < L; l++) {
+            for (int t = 0; t < 3; t++) per[l] += routed_dwt(&b->W, l, t)->row_bytes * routed_dwt(&b->W, l, t)->rows;
+            if (per[l] > expert) expert = per[l];
+            nh[l] = host_order(b, o, l, order + (size_t)l * E);
+        }
+        double share = map_share(b, o, expert);
+        uint64_t avail = host_ram(true), keep = (uint64_t)8 << 30, cap = avail > keep ? avail - keep : 0;
+        uint64_t total = 0;
+        for (uint32_t l = 0; l < L; l++) total += (uint64_t)(share * nh[l] + 0.5) * per[l];
+        if (total > cap) share *= (double)cap / (double)total;
+        total = 0;
+        uint32_t n = 0;
+        for (uint32_t l = 0; l < L; l++) {
+            o->n_map[l] = (uint32_t)(share * nh[l] + 0.5);
+            if (o->n_map[l] > nh[l]) o->n_map[l] = nh[l];
+            for (uint32_t j = 0; j < o->n_map[l]; j++) {
+                uint32_t e = order[(size_t)l * E + j];
+                o->slot1[(size_t)l * E + e] = (int32_t)(o->place.n_gpu[l] + j);
+                lay[n] = l;
+                exp[n] = e;
+                idx[n++] = j;
+            }
+            total += (uint64_t)o->n_map[l] * per[l];
+        }
+        o->map_experts = n;
+        o->map_bytes = total;
+        if (total) {
+            /* mapped: the GPU reads it at the same address */
+            if (ds4_cuda_check(cudaHostAlloc(&o->map, total, cudaHostAllocMapped | cudaHostAllocPortable),
+                               "pinning the mapped tier's host memory", __FILE__, __LINE__, err))
+                goto done;
+            uint8_t *at = o->map;
+            for (uint32_t l = 0; l < L; l++)
+                for (int t = 0; t < 3; t++) {
+                    dwt *d = &o->map_w[(size_t)l * 3 + t];
+                    *d = *routed_dwt(&b->W, l, t);
+                    d->mats = o->n_map[l];
+                    d->p = o->n_map[l] ? at : NULL;
+                    at += (size_t)o->n_map[l] * d->row_bytes * d->rows;
+                }
+            map_task m = {o, lay, exp, idx};
+            ds4_pool_run(o->pool, (int64_t)n * 3, 1, map_matrices, &m);
+        }
+        if (ds4_cuda_check(cu_upload(o->d_slot1, o->slot1, (size_t)L * E * sizeof(int32_t)), "cu_upload", __FILE__,
+                           __LINE__, err))
+            goto done;
+        uint32_t host = o->place.host_experts;
+        if (host)
+            fprintf(stderr,
+                    "ds4: of the %u host experts, %u (%.2f GiB pinned, %.0f %% of each layer's) are read by the GPU "
+                    "over PCIe in decode steps (%.0f us an expert at %.1f GB/s; the CPU's %.0f us an entry)\n",
+                    host, n, gib(total), 100.0 * share, (double)expert / o->pcie_bw * 1e6, o->pcie_bw / 1e9,
+                    o->sec_per_entry * 1e6);
+        rc = 0;
+    }
+done:
+    free(order);
+    free(nh);
+    free(lay);
+    free(exp);
+    free(idx);
+    free(per);
+    return rc;
 }
 
 int cu_offload_pick_stream(cuda_backend *b, uint32_t il, uint32_t T, bool *stream, ds4_err *err) {

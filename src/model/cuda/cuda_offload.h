@@ -24,6 +24,16 @@
  * One hand-off a layer, no device synchronisation: the decode graph
  * captures the host branch (kernel, host function) with the rest.
  *
+ * The mapped tier: of each layer's host experts, a share (the CPU's
+ * measured cost of an entry against PCIe's of an expert, so that both
+ * sides end together) is also copied, in the device's layout, into pinned
+ * host memory that the GPU reads directly.  In a decode step (one token)
+ * the routing gives these experts slots past the layer's device ones
+ * (slot1: n_gpu + index), the GPU's products read them over PCIe while the
+ * CPU computes the others, and the HC post takes their outputs from the
+ * device as it takes the resident experts'.  Passes of several tokens
+ * leave them to the host side (slot: -1), streamed or computed there.
+ *
  * A prefill chunk whose host experts serve many tokens each streams them
  * instead (cu_offload_stream): their weights go over PCIe, repacked by
  * the CPU into pinned stages and copied into device stages, two of each in
@@ -52,6 +62,7 @@ struct cu_offload;
 typedef struct cu_host_job {
     struct cu_offload *o;
     uint32_t il, T;
+    bool mapped; /* a decode step: the mapped tier's experts are the GPU's */
 } cu_host_job;
 
 typedef struct cu_offload {
@@ -59,6 +70,16 @@ typedef struct cu_offload {
     ds4_placement place;
     int32_t *slot;        /* host: n_layer x n_expert, the device slot or -1 */
     int32_t *d_slot;      /* device copy */
+    /* the mapped tier: per layer its experts, the slots of a decode step
+     * (slot's, a mapped expert's n_gpu + its index), the pinned memory
+     * (per layer the gate, up and down matrices of its mapped experts, in
+     * the device's layout) and views of it as device tensors (n_layer x 3) */
+    uint32_t *n_map;
+    int32_t *slot1, *d_slot1;
+    uint8_t *map;
+    uint64_t map_bytes;
+    uint32_t map_experts;
+    struct dwt *map_w;
     const uint8_t **hmat; /* n_layer x 3 x n_expert: an expert's matrix on the host (GGUF layout), NULL on the GPU */
     const ds4_wt **hwt;   /* n_layer x 3: the tensors (types, shapes) */
     uint8_t *synth;       /* synthetic weights: the host experts' bytes */
@@ -110,11 +131,12 @@ int cu_offload_init(struct cuda_backend *b, cu_offload *o, const ds4_weights *w,
 void cu_offload_free(cu_offload *o);
 
 /* Whether layer il has experts on the host, and whether it has any on the
- * GPU. */
+ * GPU; the experts of its mapped tier. */
 static inline bool cu_offload_host(const cu_offload *o, uint32_t il) {
     return o && o->place.n_gpu[il] < o->place.n_expert;
 }
 static inline bool cu_offload_gpu(const cu_offload *o, uint32_t il) { return !o || o->place.n_gpu[il] > 0; }
+static inline uint32_t cu_offload_mapped(const cu_offload *o, uint32_t il) { return o && o->n_map ? o->n_map[il] : 0; }
 /* Device bytes the offload allocates: the slot table, the two stages and
  * their selections (b's weights shaped with every expert). */
 size_t cu_offload_dev_bytes(const struct cuda_backend *b);
@@ -127,9 +149,10 @@ int cu_offload_pick_stream(struct cuda_backend *b, uint32_t il, uint32_t T, bool
  * into the routed outputs (after the resident experts' products). */
 int cu_offload_stream(struct cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
 
-/* The host branch of layer il's FFN for a pass of T tokens: forked from
- * st after the routing, ends with ev_host recorded (cu_offload_join). */
-int cu_offload_branch(struct cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err);
+/* The host branch of layer il's FFN for a pass of T tokens (a decode step:
+ * decode, the mapped tier left to the GPU): forked from st after the
+ * routing, ends with ev_host recorded (cu_offload_join). */
+int cu_offload_branch(struct cuda_backend *b, uint32_t il, uint32_t T, bool decode, ds4_err *err);
 int cu_offload_join(struct cuda_backend *b, ds4_err *err);
 
 #endif
