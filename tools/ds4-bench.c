@@ -1022,6 +1022,11 @@ static int run(const opts *o, ds4_dist *d, ds4_err *err) {
                 "ds4-bench: %u of %u routed experts in host RAM; a token reads %.2f GB of them on the host "
                 "(%.2f GB on the GPU); host read bandwidth %.1f GB/s: at most %.1f tokens/s\n",
                 oi.host_experts, oi.total_experts, tok_host / 1e9, bpt / 1e9, host_bw / 1e9, host_bw / tok_host);
+        if (oi.mapped_experts)
+            fprintf(stderr,
+                    "ds4-bench: of them %u (%.2f GiB pinned) read by the GPU over PCIe in decode steps, the others "
+                    "computed by the CPU\n",
+                    oi.mapped_experts, oi.mapped_bytes / (1024.0 * 1024.0 * 1024.0));
     }
 #endif
     if (!o->prompt_file && !o->chat_file && !o->tokens_file)
