@@ -52,7 +52,7 @@
  *       experts' bytes), random thirds by a random expert profile, in one
  *       chunk and in chunks of 5; prefill's host experts streamed to the
  *       GPU, computed by the CPU, and as the measured costs choose; in
- *       decode, half, all, none or the measured share of the host experts
+ *       decode, none, all, the measured share or half of the host experts
  *       read by the GPU from pinned host memory (the mapped tier,
  *       host_mapped), the mapped counts checked.  Each: the device bytes allocated are
  *       those the placement printed and within the budget; prefill logits
@@ -62,8 +62,8 @@
  *       tokens.  A budget one byte below the least is refused, naming it;
  *       the reference's expert selection counts (ds4_cuda_expert_counts,
  *       the profile ds4-bench writes) add up to k a token in every layer.
- *       --quick: none on the GPU (streamed, half mapped) and the chunks of 5
- *       (CPU, none mapped) only.
+ *       --quick: none on the GPU (streamed, none mapped) and the chunks of 5
+ *       (CPU, half mapped: layers of resident and mapped experts) only.
  *
  *   test_cuda rewind MODEL [--no-sim] [--quick]
  *       rewindable steps of 2, 5 and 17 rows before and at the window
@@ -1536,10 +1536,10 @@ static int cmd_split(int argc, char **argv) {
         uint32_t chunk;
         int how, mapped; /* mapped: ds4_backend_opts.host_mapped */
     } splits[] = {
-        {"none on the GPU, prefill streamed, half mapped", fixed, NULL, 0, DS4_HOST_STREAM, 50},
+        {"none on the GPU, prefill streamed, none mapped", fixed, NULL, 0, DS4_HOST_STREAM, -1},
         {"whole layers, half, prefill on the CPU, all mapped", fixed + routed / 2, NULL, 0, DS4_HOST_CPU, 100},
         {"random third, prefill and mapped by cost", fixed + routed / 3, prof, 0, DS4_HOST_AUTO, 0},
-        {"random two thirds, chunks of 5 on the CPU, none mapped", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU, -1},
+        {"random two thirds, chunks of 5 on the CPU, half mapped", fixed5 + 2 * routed / 3, prof, 5, DS4_HOST_CPU, 50},
     };
     for (size_t k = 0; k < sizeof(splits) / sizeof(splits[0]); k++) {
         if (quick && k != 0 && k != 3) continue;
