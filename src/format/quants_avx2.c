@@ -662,7 +662,8 @@ AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
             for (int g = 0; g < 8; g++) {
                 int slot = 8 * (int)c + iq2_slot(g);
                 __m256i y = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * g));
-                __m256i p = _mm256_maddubs_epi16(iq2_grid(&ab->qs[4 * g]), _mm256_sign_epi8(y, iq2_sign_operand(sg[slot])));
+                y = _mm256_sign_epi8(y, iq2_sign_operand(sg[slot]));
+                __m256i p = _mm256_maddubs_epi16(iq2_grid(&ab->qs[4 * g]), y);
                 isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi32((int)sc[slot])));
             }
             /* ds4_iq2_step, the int32 sum converted by hsum_i32_f32 */
@@ -706,7 +707,8 @@ AVX2_BODY void iq2_xxs_multi(int64_t n, const void *w, const void *act, size_t a
 #pragma GCC unroll 8
             for (int g = 0; g < 8; g++) {
                 int slot = 8 * (int)c + iq2_slot(g);
-                __m256i u = _mm256_add_epi8(_mm256_sign_epi8(iq2_grid(&a[b].qs[4 * g]), iq2_sign_operand(sg[slot])), off);
+                __m256i sgrid = _mm256_sign_epi8(iq2_grid(&a[b].qs[4 * g]), iq2_sign_operand(sg[slot]));
+                __m256i u = _mm256_add_epi8(sgrid, off);
                 __m256i scale = _mm256_set1_epi32((int)sc[slot]);
 #pragma GCC unroll 8
                 for (int k = 0; k < nk; k++) {
