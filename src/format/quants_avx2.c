@@ -566,89 +566,161 @@ AVX2_BODY void q4_K_multi(int64_t n, const void *w, const void *act, size_t act_
 
 MULTI_INT_KERNEL(ds4_dot_q4_K_multi_avx2, q4_K_multi)
 
-/* -------------------------------------------------------------- IQ2_XXS */
+/* -------------------------------------------------------------- IQ2_XXS
+ *
+ * A group of 32 weights is 8 bytes: 4 grid indices, then a word with 4 7-bit
+ * sign indices and the scale S in bits 28-31.  The grid takes 4 lookups per
+ * group (the 8 magnitudes of an index); the signs are worked out in vector
+ * registers for the 8 groups of a block at once, which replaced 4 lookups
+ * of a 64-bit sign table per group (those lookups, their index arithmetic
+ * and the inserts that gather them were the larger half of the kernel's
+ * time).  The kernels first do this for a few blocks into small arrays,
+ * then take each group's sign bytes and scale from them with broadcast
+ * loads: per group that is cheaper than picking them out of registers with
+ * shuffles, the unit the grid inserts already keep busy. */
 
-/* Byte k of SIGN64(s) is -1 where bit k of the sign byte of s is set, else
- * +1: the second operand of _mm256_sign_epi8. */
-#define SB(s)       ((s) | ((((s) ^ (s) >> 1 ^ (s) >> 2 ^ (s) >> 3 ^ (s) >> 4 ^ (s) >> 5 ^ (s) >> 6) & 1) << 7))
-#define SBYTE(s, k) ((uint64_t)((SB(s) >> (k)) & 1 ? 0xff : 0x01) << (8 * (k)))
-/* clang-format off */
-#define SIGN64(s) (SBYTE(s, 0) | SBYTE(s, 1) | SBYTE(s, 2) | SBYTE(s, 3) | SBYTE(s, 4) | SBYTE(s, 5) | \
-                   SBYTE(s, 6) | SBYTE(s, 7))
-#define SIGN64_8(s) SIGN64(s), SIGN64(s + 1), SIGN64(s + 2), SIGN64(s + 3), SIGN64(s + 4), \
-                    SIGN64(s + 5), SIGN64(s + 6), SIGN64(s + 7)
-/* clang-format on */
-static const uint64_t iq2_sign64[128] = {
-    SIGN64_8(0),  SIGN64_8(8),  SIGN64_8(16), SIGN64_8(24), SIGN64_8(32), SIGN64_8(40),  SIGN64_8(48),  SIGN64_8(56),
-    SIGN64_8(64), SIGN64_8(72), SIGN64_8(80), SIGN64_8(88), SIGN64_8(96), SIGN64_8(104), SIGN64_8(112), SIGN64_8(120),
-};
+/* Blocks whose sign bytes and scales are prepared at a time. */
+#define IQ2_PREP_BLOCKS 8
 
-/* A group of 32 unpacked: the grid bytes, the sign operand and the group
- * scale 2S+1 spread over int16 lanes. */
-typedef struct {
-    __m256i grid, signs, scale;
-} iq2_unpacked;
+/* The slot of group g in iq2_block_prep's output: the one shuffle that
+ * gathers a block's 8 sign words leaves them in the order 0 1 4 5 2 3 6 7
+ * (bits 1 and 2 of g swapped). */
+static inline int iq2_slot(int g) { return (g & 1) | (g & 2) << 1 | (g & 4) >> 1; }
 
-AVX2 static inline iq2_unpacked iq2_unpack(const uint16_t *qs) {
-    const uint8_t *g = (const uint8_t *)qs;
-    uint32_t s;
-    memcpy(&s, qs + 2, 4);
+/* Sign bytes and scale words of the 8 groups of block qs, group g in slot
+ * iq2_slot(g): sg = its 4 sign bytes (the 7-bit index plus the even-parity
+ * bit 7, ds4_iq2_sign_byte), sc = 2S+1 in both 16-bit halves (the second
+ * operand of _mm256_madd_epi16). */
+AVX2 static inline void iq2_block_prep(const uint16_t *qs, uint32_t sg[8], uint32_t sc[8]) {
+    __m256 lo = _mm256_loadu_ps((const float *)qs), hi = _mm256_loadu_ps((const float *)(qs + 16));
+    __m256i s = _mm256_castps_si256(_mm256_shuffle_ps(lo, hi, 0xdd)); /* the odd words */
+    /* the four 7-bit indices into bytes 0..3 */
+    __m256i idx = _mm256_or_si256(
+        _mm256_or_si256(_mm256_and_si256(s, _mm256_set1_epi32(0x7f)),
+                        _mm256_and_si256(_mm256_slli_epi32(s, 1), _mm256_set1_epi32(0x7f00))),
+        _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi32(s, 2), _mm256_set1_epi32(0x7f0000)),
+                        _mm256_and_si256(_mm256_slli_epi32(s, 3), _mm256_set1_epi32(0x7f000000))));
+    /* bit 7: the parity of each index, from the parities of its two nibbles */
+    const __m256i odd = _mm256_setr_epi8(0, -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0, 0,
+                                         -128, -128, 0, -128, 0, 0, -128, -128, 0, 0, -128, 0, -128, -128, 0);
+    const __m256i nib = _mm256_set1_epi8(0x0f);
+    __m256i par = _mm256_xor_si256(_mm256_shuffle_epi8(odd, _mm256_and_si256(idx, nib)),
+                                   _mm256_shuffle_epi8(odd, _mm256_and_si256(_mm256_srli_epi16(idx, 4), nib)));
+    _mm256_storeu_si256((__m256i *)sg, _mm256_or_si256(idx, par));
+    __m256i sc1 = _mm256_or_si256(_mm256_slli_epi32(_mm256_srli_epi32(s, 28), 1), _mm256_set1_epi32(1));
+    _mm256_storeu_si256((__m256i *)sc, _mm256_or_si256(sc1, _mm256_slli_epi32(sc1, 16)));
+}
+
+/* The second operand of _mm256_sign_epi8 for a group's 32 activations from
+ * its sign bytes sg: each byte picks its bit (0 or 1 << k), and the
+ * saturating add of 0x7f makes 0x7f (keep) of 0 and a negative byte (negate)
+ * of a set bit. */
+AVX2 static inline __m256i iq2_sign_operand(uint32_t sg) {
+    const __m256i spread = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3,
+                                            3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i b = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)sg), spread), bit);
+    return _mm256_adds_epu8(b, _mm256_set1_epi8(0x7f));
+}
+
+/* The 32 grid magnitudes of the group at qs. */
+AVX2 static inline __m256i iq2_grid(const uint16_t *qs) {
+    uint32_t g;
+    memcpy(&g, qs, 4);
+    /* One 32-bit load and shifts: without the barrier GCC loads the 4 index
+     * bytes one by one, which measured 3% slower (more loads per group). */
+    __asm__("" : "+r"(g));
     const uint64_t *grid = ds4_iq2xxs_grid;
-    iq2_unpacked u;
-    u.grid = _mm256_set_epi64x((long long)grid[g[3]], (long long)grid[g[2]], (long long)grid[g[1]],
-                               (long long)grid[g[0]]);
-    u.signs = _mm256_set_epi64x((long long)iq2_sign64[(s >> 21) & 127], (long long)iq2_sign64[(s >> 14) & 127],
-                                (long long)iq2_sign64[(s >> 7) & 127], (long long)iq2_sign64[s & 127]);
-    u.scale = _mm256_set1_epi16((short)(2 * (s >> 28) + 1));
-    return u;
+    return _mm256_set_epi64x((long long)grid[g >> 24], (long long)grid[(g >> 16) & 255],
+                             (long long)grid[(g >> 8) & 255], (long long)grid[g & 255]);
 }
 
-/* Integer dot of one group of 32 (grid bytes times signed activations),
- * as 8 int32 partials already multiplied by the group scale 2S+1. */
-AVX2 static inline __m256i iq2_dot_unpacked(iq2_unpacked u, const int8_t *y8) {
-    __m256i y = _mm256_loadu_si256((const __m256i *)y8);
-    __m256i p = _mm256_maddubs_epi16(u.grid, _mm256_sign_epi8(y, u.signs));
-    return _mm256_madd_epi16(p, u.scale);
-}
-
-AVX2 static inline __m256i iq2_group(const uint16_t *qs, const int8_t *y8) {
-    return iq2_dot_unpacked(iq2_unpack(qs), y8);
+/* Sum of the int32 lanes of v as a float, converted in the vector unit
+ * (cvtdq2ps rounds as (float) does; the trip through an integer register
+ * cost 9% of the single-row kernel). */
+AVX2 static inline float hsum_i32_f32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtss_f32(_mm_cvtepi32_ps(s));
 }
 
 AVX2 float ds4_dot_iq2_xxs_avx2(int64_t n, const void *w, const void *act) {
     const ds4_block_iq2_xxs *a = w;
     const ds4_block_q8_K *x = act;
     float acc = 0.0f;
-    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
-#pragma GCC unroll 4
-        for (int ib = 0; ib < 8; ib += 2) {
-            s0 = _mm256_add_epi32(s0, iq2_group(&a[b].qs[4 * ib], x[b].qs + 32 * ib));
-            s1 = _mm256_add_epi32(s1, iq2_group(&a[b].qs[4 * ib + 4], x[b].qs + 32 * ib + 32));
+    int64_t nb = n / DS4_QK_K;
+    for (int64_t b0 = 0; b0 < nb; b0 += IQ2_PREP_BLOCKS) {
+        int64_t nc = nb - b0 < IQ2_PREP_BLOCKS ? nb - b0 : IQ2_PREP_BLOCKS;
+        uint32_t sg[8 * IQ2_PREP_BLOCKS], sc[8 * IQ2_PREP_BLOCKS];
+        for (int64_t c = 0; c < nc; c++) iq2_block_prep(a[b0 + c].qs, sg + 8 * c, sc + 8 * c);
+        for (int64_t c = 0; c < nc; c++) {
+            const ds4_block_iq2_xxs *ab = &a[b0 + c];
+            const ds4_block_q8_K *xb = &x[b0 + c];
+            __m256i isum = _mm256_setzero_si256();
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int slot = 8 * (int)c + iq2_slot(g);
+                __m256i y = _mm256_loadu_si256((const __m256i *)(xb->qs + 32 * g));
+                y = _mm256_sign_epi8(y, iq2_sign_operand(sg[slot]));
+                __m256i p = _mm256_maddubs_epi16(iq2_grid(&ab->qs[4 * g]), y);
+                isum = _mm256_add_epi32(isum, _mm256_madd_epi16(p, _mm256_set1_epi32((int)sc[slot])));
+            }
+            /* ds4_iq2_step, the int32 sum converted by hsum_i32_f32 */
+            acc = acc + (f16_scalar(ab->d) * xb->d) * (hsum_i32_f32(isum) * 0.125f);
         }
-        acc = ds4_iq2_step(acc, f16_scalar(a[b].d) * x[b].d, hsum_i32(_mm256_add_epi32(s0, s1)));
     }
     return acc;
 }
 
-/* Several activations: the grid and sign lookups of each group once. */
+/* Several activations.  The grid takes the signs instead of each
+ * activation: u = 43 + sign * grid lies in [0, 86], so maddubs(u, y) needs
+ * no sign operation per activation, and the 43 * sum(y) it adds is taken
+ * off per block from the activation's bsums (sums of 16 of its qs, which
+ * ds4_quantize_q8_K provides): 4 operations per group and activation
+ * instead of 5. */
 AVX2_BODY void iq2_xxs_multi(int64_t n, const void *w, const void *act, size_t act_stride, int nk, float *out) {
     const ds4_block_iq2_xxs *a = w;
     const ds4_block_q8_K *x[8];
     for (int k = 0; k < nk; k++) x[k] = ds4_act_at(act, act_stride, k);
+    const __m256i off = _mm256_set1_epi8(43);
     __m256 acc = _mm256_setzero_ps();
-    for (int64_t b = 0; b < n / DS4_QK_K; b++) {
-        __m256i v[8];
-        for (int k = 0; k < 8; k++) v[k] = _mm256_setzero_si256();
-        for (int ib = 0; ib < 8; ib++) {
-            iq2_unpacked u = iq2_unpack(&a[b].qs[4 * ib]);
+    int64_t nb = n / DS4_QK_K;
+    for (int64_t b0 = 0; b0 < nb; b0 += IQ2_PREP_BLOCKS) {
+        int64_t nc = nb - b0 < IQ2_PREP_BLOCKS ? nb - b0 : IQ2_PREP_BLOCKS;
+        uint32_t sg[8 * IQ2_PREP_BLOCKS], sc[8 * IQ2_PREP_BLOCKS];
+        for (int64_t c = 0; c < nc; c++) iq2_block_prep(a[b0 + c].qs, sg + 8 * c, sc + 8 * c);
+        for (int64_t c = 0; c < nc; c++) {
+            int64_t b = b0 + c;
+            /* 43 (2S+1) per group in group order, against the pairs of bsums */
+            __m256i sc_g = _mm256_permute4x64_epi64(_mm256_loadu_si256((const __m256i *)(sc + 8 * c)), 0xd8);
+            __m256i sc43 = _mm256_mullo_epi16(sc_g, _mm256_set1_epi16(43));
+            __m256i v[8];
+            for (int k = nk; k < 8; k++) v[k] = _mm256_setzero_si256();
 #pragma GCC unroll 8
-            for (int k = 0; k < nk; k++) v[k] = _mm256_add_epi32(v[k], iq2_dot_unpacked(u, x[k][b].qs + 32 * ib));
+            for (int k = 0; k < nk; k++) {
+                __m256i bsums = _mm256_loadu_si256((const __m256i *)x[k][b].bsums);
+                v[k] = _mm256_sub_epi32(_mm256_setzero_si256(), _mm256_madd_epi16(bsums, sc43));
+            }
+            /* unrolled: the slots become constants and GCC keeps the
+             * accumulators in registers (14% less time a pair) */
+#pragma GCC unroll 8
+            for (int g = 0; g < 8; g++) {
+                int slot = 8 * (int)c + iq2_slot(g);
+                __m256i sgrid = _mm256_sign_epi8(iq2_grid(&a[b].qs[4 * g]), iq2_sign_operand(sg[slot]));
+                __m256i u = _mm256_add_epi8(sgrid, off);
+                __m256i scale = _mm256_set1_epi32((int)sc[slot]);
+#pragma GCC unroll 8
+                for (int k = 0; k < nk; k++) {
+                    __m256i y = _mm256_loadu_si256((const __m256i *)(x[k][b].qs + 32 * g));
+                    v[k] = _mm256_add_epi32(v[k], _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), scale));
+                }
+            }
+            __m256i isum = hsum_i32_x8(v);
+            __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), act_d_x8(x, b, nk));
+            /* ds4_iq2_step in every lane */
+            acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(0.125f))));
         }
-        __m256i isum = hsum_i32_x8(v);
-        __m256 d = _mm256_mul_ps(_mm256_set1_ps(f16_scalar(a[b].d)), act_d_x8(x, b, nk));
-        /* ds4_iq2_step in every lane */
-        acc = _mm256_add_ps(acc, _mm256_mul_ps(d, _mm256_mul_ps(_mm256_cvtepi32_ps(isum), _mm256_set1_ps(0.125f))));
     }
     store_x8(acc, nk, out);
 }
