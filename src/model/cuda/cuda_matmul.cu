@@ -821,6 +821,7 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
             bool ok = c < sg.n;
             int4 xv[NT];
             float xd[NT];
+            int sum[FEW_R * NT];
 #pragma unroll
             for (uint32_t t = 0; t < NT; t++) { /* every token's loads first */
                 size_t q = (size_t)(t < nt ? t : nt - 1) * sg.xqs;
@@ -830,20 +831,22 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
 #pragma unroll
             for (uint32_t r = 0; r < FEW_R; r++)
 #pragma unroll
-                for (uint32_t t = 0; t < NT; t++) {
-                    int sum = dot16(wv[r][u], xv[t]);
-                    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-                    if (ok && (lane & 1) == 0) acc[r][t] += (d[r][u] * xd[t]) * (float)sum;
-                }
+                for (uint32_t t = 0; t < NT; t++) sum[r * NT + t] = dot16(wv[r][u], xv[t]);
+            warp_pair_add_n<FEW_R * NT>(sum); /* a Q8_0 block's two halves */
+#pragma unroll
+            for (uint32_t r = 0; r < FEW_R; r++)
+#pragma unroll
+                for (uint32_t t = 0; t < NT; t++)
+                    if (ok && (lane & 1) == 0) acc[r][t] += (d[r][u] * xd[t]) * (float)sum[r * NT + t];
         }
     }
 #pragma unroll
-    for (uint32_t r = 0; r < FEW_R; r++)
+    for (uint32_t r = 0; r < FEW_R; r++) {
+        warp_sum_n<NT>(acc[r]);
 #pragma unroll
-        for (uint32_t t = 0; t < NT; t++) {
-            float v = warp_sum(acc[r][t]);
-            if (lane == 0 && row0 + r < sg.rows && t < nt) sg.out[(size_t)t * sg.outs + row0 + r] = v;
-        }
+        for (uint32_t t = 0; t < NT; t++)
+            if (lane == 0 && row0 + r < sg.rows && t < nt) sg.out[(size_t)t * sg.outs + row0 + r] = acc[r][t];
+    }
 }
 
 /* Values [e0, e0 + len) of a float row (w: value e0's byte) against every
@@ -881,11 +884,10 @@ static __device__ __forceinline__ void few_float_row(const gemv_seg &sg, uint32_
     const uint8_t *w = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
     float acc[NT];
     few_float_part<NT>(sg, w, 0, sg.n, nt, acc);
+    warp_sum_n<NT>(acc);
 #pragma unroll
-    for (uint32_t t = 0; t < NT; t++) {
-        float v = warp_sum(acc[t]);
-        if ((threadIdx.x & 31) == 0 && t < nt) sg.out[(size_t)t * sg.outs + row] = v;
-    }
+    for (uint32_t t = 0; t < NT; t++)
+        if ((threadIdx.x & 31) == 0 && t < nt) sg.out[(size_t)t * sg.outs + row] = acc[t];
 }
 
 template <uint32_t NT>
@@ -895,11 +897,10 @@ static __device__ __forceinline__ void few_split_row(const gemv_seg &sg, uint32_
     gemv_part pt = gemv_part_of(sg, row, warp);
     float acc[NT];
     few_float_part<NT>(sg, pt.w, pt.e0, pt.len, nt, acc);
+    warp_sum_n<NT>(acc);
 #pragma unroll
-    for (uint32_t t = 0; t < NT; t++) {
-        float v = warp_sum(acc[t]);
-        if ((threadIdx.x & 31) == 0) part[t][warp] = v;
-    }
+    for (uint32_t t = 0; t < NT; t++)
+        if ((threadIdx.x & 31) == 0) part[t][warp] = acc[t];
     __syncthreads();
     if (threadIdx.x < nt) {
         float v = 0.0f;

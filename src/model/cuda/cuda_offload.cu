@@ -748,13 +748,22 @@ static int build_mapped(cuda_backend *b, cu_offload *o, ds4_err *err) {
             }
             total += (uint64_t)o->n_map[l] * per[l];
         }
+        /* mapped: the GPU reads it at the same address.  A host that will
+         * not pin that much (a locked-memory limit) runs without the tier:
+         * the CPU computes every host expert, as before it */
+        if (total && cudaHostAlloc(&o->map, total, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+            fprintf(stderr, "ds4: could not pin %.2f GiB of host memory (%s): the CPU computes every host expert\n",
+                    gib(total), cudaGetErrorString(cudaGetLastError()));
+            o->map = NULL;
+            memcpy(o->slot1, o->slot, (size_t)L * E * sizeof(int32_t));
+            memset(o->n_map, 0, L * sizeof(uint32_t));
+            n = 0;
+            total = 0;
+            share = 0;
+        }
         o->map_experts = n;
         o->map_bytes = total;
         if (total) {
-            /* mapped: the GPU reads it at the same address */
-            if (ds4_cuda_check(cudaHostAlloc(&o->map, total, cudaHostAllocMapped | cudaHostAllocPortable),
-                               "pinning the mapped tier's host memory", __FILE__, __LINE__, err))
-                goto done;
             uint8_t *at = o->map;
             for (uint32_t l = 0; l < L; l++)
                 for (int t = 0; t < 3; t++) {

@@ -321,6 +321,42 @@ static __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
 }
+/* N values each summed over the warp as warp_sum sums it (the same
+ * butterfly: the same bits), and N ints each added to lane ^ 1's: N
+ * shuffles a step on the GPU, one exchange of N words in the emulation,
+ * whose cost is its exchanges (each a switch of every lane's fiber). */
+template <int N> static __device__ __forceinline__ void warp_sum_n(float (&v)[N]) {
+#ifdef DS4_CUDA_EMU
+    static_assert(N <= 16, "an exchange holds 16 words a lane");
+    unsigned lane = emu_lane();
+    for (int o = 16; o > 0; o >>= 1) {
+        uint32_t mine[N];
+        memcpy(mine, v, sizeof(mine));
+        const uint32_t *all = emu_warp_gather(mine, N);
+        for (int i = 0; i < N; i++) {
+            float w;
+            memcpy(&w, &all[(lane ^ (unsigned)o) * 16 + i], sizeof(w));
+            v[i] += w;
+        }
+    }
+#else
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] = warp_sum(v[i]);
+#endif
+}
+template <int N> static __device__ __forceinline__ void warp_pair_add_n(int (&v)[N]) {
+#ifdef DS4_CUDA_EMU
+    static_assert(N <= 16, "an exchange holds 16 words a lane");
+    uint32_t mine[N];
+    memcpy(mine, v, sizeof(mine));
+    const uint32_t *all = emu_warp_gather(mine, N);
+    unsigned other = emu_lane() ^ 1u;
+    for (int i = 0; i < N; i++) v[i] += (int)all[other * 16 + i];
+#else
+#pragma unroll
+    for (int i = 0; i < N; i++) v[i] += __shfl_xor_sync(0xffffffffu, v[i], 1);
+#endif
+}
 static __device__ __forceinline__ double warp_sum_d(double v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
     return v;
