@@ -22,8 +22,10 @@
  * 99th-percentile time per output token (a session's time between two of
  * its tokens: a step's).  Then --arrive tokens of a new prompt arrive
  * among --arrive-among decoding sessions and are prefilled in pieces
- * beside their rows, --step-rows rows a step: the decoders' times per
- * token while it goes in, against theirs before it came.
+ * beside their rows, as the server cuts them (engine/pace.h: each step
+ * about 1.6 times the decoders' step alone), or of --step-rows rows a
+ * step in all: the decoders' times per token while it goes in, against
+ * theirs before it came.
  *
  *   mode,sessions,ctx_tokens,steps,agg_tps,p50_ms,p99_ms
  *
@@ -88,6 +90,7 @@
 #include "base/numparse.h"
 #include "base/rank.h"
 #include "engine/cli.h"
+#include "engine/pace.h"
 #include "engine/spec.h"
 #include "engine/startup.h"
 #include "base/threads.h"
@@ -138,10 +141,11 @@ static const char *refused(const char *name) {
     return ds4_option_not_supported(name);
 }
 
-/* Steps the arriving prompt takes, a piece beside the decoders' rows. */
+/* Steps the arriving prompt takes at most, a piece beside the decoders'
+ * rows. */
 static uint32_t par_arrive_steps(const opts *o) {
     if (!o->arrive) return 0;
-    uint32_t piece = o->step_rows - o->among;
+    uint32_t piece = o->step_rows ? o->step_rows - o->among : DS4_PACE_MIN;
     return (o->arrive + piece - 1) / piece;
 }
 
@@ -253,8 +257,9 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--arrive", "N", &o->arrive, 0, DS4_CTX_MAX, 32768,
                      "then a prompt of N tokens arriving among decoding sessions (0: none)")},
         {DS4_OPT_U32("--arrive-among", "N", &o->among, 1, 1024, 16, "the decoding sessions it arrives among")},
-        {DS4_OPT_U32("--step-rows", "N", &o->step_rows, 2, DS4_CTX_MAX, 512,
-                     "rows a step holds while the prompt goes in (its decoders' and a piece of it)")},
+        {DS4_OPT_U32("--step-rows", "N", &o->step_rows, 0, DS4_CTX_MAX, 0,
+                     "rows a step holds while the prompt goes in (its decoders' and a piece of it); 0: pieces "
+                     "cut as the server cuts them, each step about 1.6 times the decoders' alone")},
         {0},
     };
     ds4_cli cli = {.prog = "ds4-bench",
@@ -307,7 +312,7 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->n_par && (o->mtp || o->draft_given || o->forced))
         return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
     if (o->n_par) {
-        if (o->arrive && o->step_rows <= o->among)
+        if (o->arrive && o->step_rows && o->step_rows <= o->among)
             return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows,
                                  o->among);
         if (!o->ctx_alloc_given) {
@@ -731,35 +736,41 @@ static void par_row(FILE *out, const char *mode, uint32_t n, uint32_t ctx, doubl
             mode, n, ctx, agg, p50, p99);
 }
 
-/* The prompt of o->arrive tokens goes in beside o->among decoders, a piece
- * of step_rows - among rows a step; their times per token before (gen
- * steps) and while it goes in. */
+/* The prompt of o->arrive tokens goes in beside o->among decoders, in the
+ * pacer's pieces or of step_rows - among rows a step; their times per
+ * token before (gen steps) and while it goes in. */
 static int par_arrival(const opts *o, par_run *r, const ds4_kv_state *snap, const uint32_t *prompt, FILE *out,
                        ds4_err *err) {
-    uint32_t n = o->among, steps = par_arrive_steps(o), piece = o->step_rows - n;
-    double *t = malloc((size_t)(o->gen + steps + 1) * sizeof(double));
+    uint32_t n = o->among, most = par_arrive_steps(o), steps = 0;
+    uint32_t room = (o->step_rows ? o->step_rows : r->b->opts.prefill_chunk) - n;
+    double *t = malloc((size_t)(o->gen + most + 1) * sizeof(double));
+    ds4_pacer pace = {0};
     ds4_seq *a = NULL;
     int rc = -1;
     if (!t) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
     if (!(a = ds4_seq_new(r->b, o->arrive + 1, err)) || par_restore(r, n, snap, err) ||
         par_decode(r, n, o->gen, t, err))
         goto done;
+    for (uint32_t i = 0; i < o->gen; i++) ds4_pace_note(&pace, n, 0, t[i]);
     double steady = quantile(t, o->gen, 0.99);
     double a0 = ds4_now();
-    for (uint32_t i = 0, done_tok = 0; i < steps; i++) {
+    for (uint32_t done_tok = 0; done_tok < o->arrive; steps++) {
+        uint32_t piece = o->step_rows ? room : ds4_pace_piece(&pace, n, room);
         uint32_t m = o->arrive - done_tok < piece ? o->arrive - done_tok : piece;
         double s0 = ds4_now();
         if (par_step(r, n, a, prompt + done_tok, m, done_tok + m == o->arrive, err)) goto done;
-        t[i] = ds4_now() - s0;
+        t[steps] = ds4_now() - s0;
+        ds4_pace_note(&pace, n, m, t[steps]);
         done_tok += m;
     }
     double took = ds4_now() - a0;
     par_row(out, "prefill+decode", n, o->sess_ctx, t, steps);
     double during = quantile(t, steps, 0.99);
     fprintf(stderr,
-            "ds4-bench: a %u-token prompt went in beside %u decoding sessions in %.2f s (%.0f tokens/s); "
-            "their p99 per token %.2f ms, %.2fx their steady %.2f ms\n",
-            o->arrive, n, took, o->arrive / took, during * 1e3, during / steady, steady * 1e3);
+            "ds4-bench: a %u-token prompt went in beside %u decoding sessions in %.2f s (%.0f tokens/s, %u steps, "
+            "%.0f rows a piece); their p99 per token %.2f ms, %.2fx their steady %.2f ms\n",
+            o->arrive, n, took, o->arrive / took, steps, (double)o->arrive / steps, during * 1e3, during / steady,
+            steady * 1e3);
     rc = 0;
 done:
     ds4_seq_free(r->b, a);
@@ -778,13 +789,14 @@ static int run_parallel(const opts *o, ds4_backend *b, const uint32_t *toks, FIL
     if (most > b->opts.prefill_chunk)
         return ds4_err_set(err, DS4_EINVAL, "%u sessions exceed the %u rows a step holds (--chunk)", most,
                            b->opts.prefill_chunk);
-    if (o->arrive && o->step_rows > b->opts.prefill_chunk)
+    uint32_t step_rows = o->step_rows ? o->step_rows : b->opts.prefill_chunk;
+    if (o->arrive && step_rows > b->opts.prefill_chunk)
         return ds4_err_set(err, DS4_EINVAL, "--step-rows %u exceeds the %u rows a step holds (--chunk)", o->step_rows,
                            b->opts.prefill_chunk);
     /* logits: a row for each decoder and, in the arrival's last step, the
      * prompt's last row */
     par_run r = {b, calloc(most, sizeof(ds4_seq *)), calloc(most, sizeof(uint32_t)),
-                 calloc(most + o->step_rows, sizeof(ds4_row)), malloc((size_t)(most + 1) * V * sizeof(float))};
+                 calloc(most + step_rows, sizeof(ds4_row)), malloc((size_t)(most + 1) * V * sizeof(float))};
     double *t = malloc((size_t)(o->gen + 1) * sizeof(double));
     ds4_kv_state *snap = ds4_backend_state_new(b, err);
     int rc = -1;

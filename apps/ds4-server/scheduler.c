@@ -50,9 +50,9 @@
  * next turn may be what comes next.
  *
  * Fairness: every running session has one request in each batched step
- * (decode rows first, then prefill chunks up to --batch-tokens, the
- * batcher's rule), so N conversations advance together and a long prompt
- * is prefilled in pieces beside them.  A client that goes away cancels its
+ * (decode rows first, then prefill chunks up to --batch-tokens in the
+ * pacer's pieces, the batcher's rule), so N conversations advance together
+ * and a long prompt is prefilled in pieces beside them.  A client that goes away cancels its
  * job: the session stops after the step in flight and takes the next job.
  */
 #include <stdlib.h>

@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "base/clock.h"
+#include "engine/pace.h"
 
 /* A request: rows for a step (fn NULL), or a call to run alone. */
 typedef struct req {
@@ -39,6 +40,7 @@ struct ds4_batcher {
     ds4_seq **back;
     uint32_t n_back;
     double last_step; /* seconds the last step took */
+    ds4_pacer pace;   /* the prefill piece beside decoding rows */
     ds4_batcher_stats st;
     /* the step being assembled */
     req **pack;
@@ -164,20 +166,26 @@ static int run_step(ds4_batcher *bt, uint32_t n_req, uint32_t n_rows, bool mtp, 
 
 /* Pack the pending step requests of the first one's kind (main or MTP) up
  * to the budget, the short ones first (batcher.h), each group in queue
- * order; returns the rows, *n_req the requests. */
-static uint32_t pack(ds4_batcher *bt, uint32_t *n_req, bool *mtp) {
-    uint32_t rows = 0, q = 0;
+ * order, the long ones beside short ones in the pacer's piece (pace.h);
+ * returns the rows, *n_req the requests, *n_short the short rows. */
+static uint32_t pack(ds4_batcher *bt, uint32_t *n_req, uint32_t *n_short, bool *mtp) {
+    uint32_t rows = 0, q = 0, cap = bt->budget;
     int kind = -1;
     for (const req *r = bt->head; r && kind < 0; r = r->next)
         if (!r->fn) kind = r->mtp;
-    for (int pass = 0; pass < 2; pass++)
-        for (req *r = bt->head; r && rows < bt->budget; r = r->next) {
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            *n_short = rows;
+            cap = rows + ds4_pace_piece(&bt->pace, rows, bt->budget - rows);
+        }
+        for (req *r = bt->head; r && rows < cap; r = r->next) {
             uint32_t m = r->n - r->done;
             if (r->fn || (int)r->mtp != kind || (pass == 0) != (m <= DS4_BATCH_SHORT_ROWS)) continue;
-            if (m > bt->budget - rows) m = bt->budget - rows;
+            if (m > cap - rows) m = cap - rows;
             bt->pack[q++] = r;
             rows += m;
         }
+    }
     *n_req = q;
     *mtp = kind == 1;
     return rows;
@@ -201,9 +209,9 @@ static void *stepper(void *arg) {
         }
         double deadline = ds4_now() + gather_window(bt);
         while (!bt->stop && !all_back(bt) && ds4_now() < deadline) wait_until(bt, deadline);
-        uint32_t n_req;
+        uint32_t n_req, n_short;
         bool mtp;
-        uint32_t n_rows = pack(bt, &n_req, &mtp);
+        uint32_t n_rows = pack(bt, &n_req, &n_short, &mtp);
         pthread_mutex_unlock(&bt->mu);
         ds4_err err = {0};
         double t0 = ds4_now();
@@ -211,6 +219,7 @@ static void *stepper(void *arg) {
         double t1 = ds4_now();
         pthread_mutex_lock(&bt->mu);
         bt->last_step = t1 - t0;
+        if (rc == 0) ds4_pace_note(&bt->pace, n_short, n_rows - n_short, t1 - t0);
         bt->st.steps++;
         bt->st.rows += n_rows;
         if (n_rows > bt->st.max_rows) bt->st.max_rows = n_rows;

@@ -11,9 +11,11 @@
  * (snapshots, restores, marks, rewinds) run alone between steps.  A step
  * takes the short requests first (decode tokens, MTP verifications and
  * drafts: at most DS4_BATCH_SHORT_ROWS rows), then the longer ones (prefill
- * chunks) in arrival order with what is left of the budget; a prefill chunk
- * larger than that goes in pieces over several steps, so a long prompt
- * never stalls the sessions decoding beside it.
+ * chunks) in arrival order with what is left of the budget - beside short
+ * rows only the piece the pacer allows (pace.h: the step about 1.6 times
+ * the short rows' step alone); a prefill chunk larger than that goes in
+ * pieces over several steps, so a long prompt never stalls the sessions
+ * decoding beside it.
  *
  * After a step the stepper waits a little for the sessions whose rows it
  * just ran to come back with their next rows (each picks its next token in

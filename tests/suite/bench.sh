@@ -77,6 +77,14 @@ head -1 "$dir/par.csv" | grep -qx 'mode,sessions,ctx_tokens,steps,agg_tps,p50_ms
 awk -F, 'NR > 1 && !($5 > 0 && $6 > 0 && $6 <= $7) { bad = 1 } END { exit bad }' "$dir/par.csv" \
     || fail "parallel rates or times: $(cat "$dir/par.csv")"
 grep -q "a 60-token prompt went in beside 2 decoding sessions" "$dir/par.err" || fail "no arrival line: $(cat "$dir/par.err")"
+# Without --step-rows the pacer cuts the pieces (engine/pace.h): the first
+# DS4_PACE_FIRST (64) rows, then none smaller than DS4_PACE_MIN (16): 200
+# tokens in 4 to 10 steps, the CSV row's steps the line's.
+./ds4-bench -m "$M" --parallel 2 --session-ctx 48 --gen-tokens 4 --arrive 200 --arrive-among 2 \
+    --csv "$dir/pace.csv" 2> "$dir/pace.err"
+steps=$(sed -n 's/.*200-token prompt went in .*tokens\/s, \([0-9]*\) steps, .*/\1/p' "$dir/pace.err")
+[ -n "$steps" ] && [ "$steps" -ge 4 ] && [ "$steps" -le 10 ] || fail "paced arrival steps '$steps': $(cat "$dir/pace.err")"
+grep -q "^prefill+decode,2,48,$steps," "$dir/pace.csv" || fail "paced arrival csv: $(cat "$dir/pace.csv")"
 
 expect_fail() {
     want=$1; shift

@@ -7,6 +7,8 @@
  * by the budget).  And a prefill larger than the step budget does not hold
  * a decoding session back: it gets a row into every step the prefill takes
  * (the short requests go first).  Model: tests/golden/cpu/tiny-a.f16.gguf.
+ * And the pacer (engine/pace.h) cuts the pieces beside decoding rows from
+ * the step times it was told of, with exact values.
  */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -22,6 +24,7 @@
 #include "engine/batcher.h"
 #include "engine/engine.h"
 #include "engine/generate.h"
+#include "engine/pace.h"
 #include "engine/session.h"
 
 #define MODEL "tests/golden/cpu/tiny-a.f16.gguf"
@@ -193,8 +196,46 @@ static void test_decode_beside_long_prefill(void **state) {
     ds4_engine_close(e);
 }
 
+/* The piece: all the room without decoders; DS4_PACE_FIRST before any
+ * step was timed; then (stretch - 1) x the decoders' step / a row's time,
+ * within [DS4_PACE_MIN, room]. */
+static void test_pace_piece(void **state) {
+    (void)state;
+    ds4_pacer p = {0};
+    assert_int_equal(ds4_pace_piece(&p, 0, 2000), 2000);
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST);
+    assert_int_equal(ds4_pace_piece(&p, 16, 40), 40);
+    ds4_pace_note(&p, 16, 0, 0.020); /* decoders alone: 20 ms */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST); /* no row timed yet */
+    ds4_pace_note(&p, 16, 100, 0.040); /* 100 rows added 20 ms: 0.2 ms a row */
+    uint32_t want = (uint32_t)((DS4_PACE_STRETCH - 1) * 0.020 / 0.0002);
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), want);
+    assert_int_equal(ds4_pace_piece(&p, 16, want - 1), want - 1);
+    assert_int_equal(ds4_pace_piece(&p, 0, 2000), 2000);
+    /* the means move a quarter of the way: decoders at 28 ms -> 22 ms */
+    ds4_pace_note(&p, 16, 0, 0.028);
+    assert_true(p.short_s > 0.02199 && p.short_s < 0.02201);
+    /* a prefill step alone charges its rows all of it: 100 rows in 100 ms
+     * -> 1 ms a row -> 0.2 + 0.25 x 0.8 = 0.4 ms */
+    ds4_pace_note(&p, 0, 100, 0.100);
+    assert_true(p.row_s > 0.000399 && p.row_s < 0.000401);
+    /* slow rows: never below the least piece */
+    ds4_pace_note(&p, 16, 10, 1.0);
+    ds4_pace_note(&p, 16, 10, 1.0);
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_MIN);
+    /* a mixed step no longer than the decoders' mean adds nothing */
+    ds4_pacer q = {.short_s = 0.02, .row_s = 0.0002};
+    ds4_pace_note(&q, 16, 50, 0.015);
+    assert_true(q.row_s == 0.0002);
+    /* untimed or zero-length steps change nothing */
+    ds4_pace_note(&q, 16, 50, 0);
+    ds4_pace_note(&q, 16, 0, -1);
+    assert_true(q.row_s == 0.0002 && q.short_s == 0.02);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_pace_piece),
         cmocka_unit_test(test_sessions_batched_as_alone),
         cmocka_unit_test(test_decode_beside_long_prefill),
     };
