@@ -23,7 +23,7 @@
  * its tokens: a step's).  Then --arrive tokens of a new prompt arrive
  * among --arrive-among decoding sessions and are prefilled in pieces
  * beside their rows, as the server cuts them (engine/pace.h: each step
- * about 1.6 times the decoders' step alone), or of --step-rows rows a
+ * about 1.75 times the decoders' step alone), or of --step-rows rows a
  * step in all: the decoders' times per token while it goes in, against
  * theirs before it came.
  *
@@ -259,7 +259,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--arrive-among", "N", &o->among, 1, 1024, 16, "the decoding sessions it arrives among")},
         {DS4_OPT_U32("--step-rows", "N", &o->step_rows, 0, DS4_CTX_MAX, 0,
                      "rows a step holds while the prompt goes in (its decoders' and a piece of it); 0: pieces "
-                     "cut as the server cuts them, each step about 1.6 times the decoders' alone")},
+                     "cut as the server cuts them, each step about 1.75 times the decoders' alone")},
         {0},
     };
     ds4_cli cli = {.prog = "ds4-bench",

@@ -88,7 +88,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         {DS4_OPT_U32("--batch-tokens", "N", &o->batch_tokens, 1, 1u << 20, 0,
                      "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
                      "up to N (a long prompt is prefilled over several steps; beside decoding requests in "
-                     "pieces that keep each step within about 1.6 times theirs alone)"),
+                     "pieces that keep each step within about 1.75 times theirs alone)"),
          .def_text = "the backend's prefill chunk"},
         {DS4_OPT_INT("--grow-wait", "S", &o->grow_wait_s, 0, 86400, 60,
                      "a session that must grow while it answers and finds no memory free waits up to S seconds "

@@ -12,7 +12,7 @@
  * takes the short requests first (decode tokens, MTP verifications and
  * drafts: at most DS4_BATCH_SHORT_ROWS rows), then the longer ones (prefill
  * chunks) in arrival order with what is left of the budget - beside short
- * rows only the piece the pacer allows (pace.h: the step about 1.6 times
+ * rows only the piece the pacer allows (pace.h: the step about 1.75 times
  * the short rows' step alone); a prefill chunk larger than that goes in
  * pieces over several steps, so a long prompt never stalls the sessions
  * decoding beside it.

@@ -1,35 +1,31 @@
 /*
  * pace.c - the prefill piece beside decoding rows (pace.h).
  *
- * Two running means: a step of short rows alone, and the time a prefill row
- * adds (a mixed step's time beyond the short rows' mean, over its rows; a
- * step of prefill rows alone charges them all of it, which overstates a
- * row by the step's fixed cost and so errs towards smaller pieces).  The
- * means follow the context growing and the decoders coming and going: each
- * step moves them a quarter of the way.
+ * The decoders' step alone is a running mean that each such step moves a
+ * quarter of the way (it follows their context growing and their number
+ * changing); the piece is scaled after each step that had one beside them.
  */
 #include "engine/pace.h"
 
 #define PACE_WEIGHT 0.25
-
-static void follow(double *mean, double x) {
-    *mean = *mean > 0 ? *mean + PACE_WEIGHT * (x - *mean) : x;
-}
+#define PACE_MOVE   2.0 /* the most a piece grows, or shrinks, in one step */
 
 void ds4_pace_note(ds4_pacer *p, uint32_t short_rows, uint32_t long_rows, double secs) {
-    if (secs <= 0) return;
+    if (secs <= 0 || !short_rows) return;
     if (!long_rows) {
-        if (short_rows) follow(&p->short_s, secs);
+        p->short_s = p->short_s > 0 ? p->short_s + PACE_WEIGHT * (secs - p->short_s) : secs;
         return;
     }
-    double extra = short_rows && p->short_s > 0 ? secs - p->short_s : short_rows ? 0 : secs;
-    if (extra > 0) follow(&p->row_s, extra / long_rows);
+    if (p->short_s <= 0) return;
+    double allowed = (DS4_PACE_STRETCH - 1) * p->short_s, added = secs - p->short_s;
+    double scale = added <= allowed / PACE_MOVE ? PACE_MOVE : allowed / added;
+    if (scale < 1 / PACE_MOVE) scale = 1 / PACE_MOVE;
+    p->piece = long_rows * scale;
+    if (p->piece < DS4_PACE_MIN) p->piece = DS4_PACE_MIN;
 }
 
 uint32_t ds4_pace_piece(const ds4_pacer *p, uint32_t short_rows, uint32_t room) {
     if (!short_rows) return room;
-    double rows = DS4_PACE_FIRST;
-    if (p->short_s > 0 && p->row_s > 0) rows = (DS4_PACE_STRETCH - 1) * p->short_s / p->row_s;
-    if (rows < DS4_PACE_MIN) rows = DS4_PACE_MIN;
+    double rows = p->piece > 0 ? p->piece : DS4_PACE_FIRST;
     return rows >= room ? room : (uint32_t)rows;
 }

@@ -196,41 +196,51 @@ static void test_decode_beside_long_prefill(void **state) {
     ds4_engine_close(e);
 }
 
-/* The piece: all the room without decoders; DS4_PACE_FIRST before any
- * step was timed; then (stretch - 1) x the decoders' step / a row's time,
- * within [DS4_PACE_MIN, room]. */
+/* The piece: all the room without decoders; DS4_PACE_FIRST before a step
+ * with one was timed; then scaled by the time it may add over the time it
+ * added (at most x2 or /2 a step, never below DS4_PACE_MIN, never past the
+ * room); it settles where a piece adds what it may. */
 static void test_pace_piece(void **state) {
     (void)state;
     ds4_pacer p = {0};
     assert_int_equal(ds4_pace_piece(&p, 0, 2000), 2000);
     assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST);
     assert_int_equal(ds4_pace_piece(&p, 16, 40), 40);
-    ds4_pace_note(&p, 16, 0, 0.020); /* decoders alone: 20 ms */
-    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST); /* no row timed yet */
-    ds4_pace_note(&p, 16, 100, 0.040); /* 100 rows added 20 ms: 0.2 ms a row */
-    uint32_t want = (uint32_t)((DS4_PACE_STRETCH - 1) * 0.020 / 0.0002);
-    assert_int_equal(ds4_pace_piece(&p, 16, 2000), want);
-    assert_int_equal(ds4_pace_piece(&p, 16, want - 1), want - 1);
+    ds4_pace_note(&p, 16, 64, 0.050); /* no decoders' step known: nothing learnt */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST);
+    ds4_pace_note(&p, 16, 0, 0.020); /* decoders alone: 20 ms, so a piece may add 15 */
+    assert_true(p.short_s == 0.020);
+    ds4_pace_note(&p, 16, 64, 0.050); /* 64 rows added 30 ms: 32 next */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), 32);
+    ds4_pace_note(&p, 16, 32, 0.030); /* added 10 ms: 48 */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), 48);
+    ds4_pace_note(&p, 16, 48, 0.021); /* added 1 ms: at most twice */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), 96);
+    ds4_pace_note(&p, 16, 96, 0.500); /* added 480 ms: at most half */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), 48);
+    ds4_pace_note(&p, 16, 20, 0.400); /* never below the least */
+    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_MIN);
     assert_int_equal(ds4_pace_piece(&p, 0, 2000), 2000);
-    /* the means move a quarter of the way: decoders at 28 ms -> 22 ms */
+    /* the decoders' mean moves a quarter of the way: 20 -> 22 ms */
     ds4_pace_note(&p, 16, 0, 0.028);
     assert_true(p.short_s > 0.02199 && p.short_s < 0.02201);
-    /* a prefill step alone charges its rows all of it: 100 rows in 100 ms
-     * -> 1 ms a row -> 0.2 + 0.25 x 0.8 = 0.4 ms */
-    ds4_pace_note(&p, 0, 100, 0.100);
-    assert_true(p.row_s > 0.000399 && p.row_s < 0.000401);
-    /* slow rows: never below the least piece */
-    ds4_pace_note(&p, 16, 10, 1.0);
-    ds4_pace_note(&p, 16, 10, 1.0);
-    assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_MIN);
-    /* a mixed step no longer than the decoders' mean adds nothing */
-    ds4_pacer q = {.short_s = 0.02, .row_s = 0.0002};
-    ds4_pace_note(&q, 16, 50, 0.015);
-    assert_true(q.row_s == 0.0002);
-    /* untimed or zero-length steps change nothing */
+    /* prefill steps alone, untimed or negative ones change nothing */
+    ds4_pacer q = p;
+    ds4_pace_note(&q, 0, 100, 0.100);
     ds4_pace_note(&q, 16, 50, 0);
     ds4_pace_note(&q, 16, 0, -1);
-    assert_true(q.row_s == 0.0002 && q.short_s == 0.02);
+    assert_true(q.piece == p.piece && q.short_s == p.short_s);
+    /* a piece whose time is a fixed cost plus a cost a row settles where
+     * the step takes the stretch: 5 ms + 0.1 ms a row beside 20 ms
+     * decoders -> 100 rows */
+    ds4_pacer r = {.short_s = 0.020};
+    for (int i = 0; i < 60; i++) {
+        uint32_t rows = ds4_pace_piece(&r, 16, 4096);
+        ds4_pace_note(&r, 16, rows, 0.020 + 0.005 + 0.0001 * rows);
+    }
+    uint32_t settled = ds4_pace_piece(&r, 16, 4096);
+    fprintf(stderr, "pacer settled at %u rows (fixed 5 ms + 0.1 ms a row, 15 ms allowed)\n", settled);
+    assert_true(settled >= 98 && settled <= 101);
 }
 
 int main(void) {

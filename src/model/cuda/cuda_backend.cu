@@ -1077,6 +1077,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     size_t need = m.off;
     snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
     if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
+    CU_TRY(cudaMemsetAsync(b->buf_block, 0, need, b->st)); /* read before written only by cu_offload_measure */
     b->dev_bytes += (need + 255) / 256 * 256;
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;
@@ -1096,6 +1097,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaMemsetAsync(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     if (b->d_steer)
         CU_TRY(cu_upload(b->d_steer, b->base.opts.steer->dir, (size_t)c->n_layer * c->n_embd * sizeof(float)));
+    if (cu_offload_measure(b, err)) return -1; /* before a graph captures the tiers' sizes */
     if (seq_alloc(b, &b->main_seq, b->base.opts.main_ctx, true, err)) return -1;
     if (b->base.opts.mtp && cu_mtp_init(b, err)) return -1;
     b->n_kinds = 1;

@@ -426,8 +426,8 @@ static int few_experts(cuda_backend *b, const dlayer *w, const int *esel, uint32
  * the resident ones (gpu) and those of the mapped tier (nmap, read from
  * pinned host memory: cuda_offload.h), each product selecting the slots of
  * its own tier. */
-static int decode_experts(cuda_backend *b, uint32_t il, const int *esel, bool gpu, uint32_t nmap, bool gate_up,
-                          ds4_err *err) {
+int cu_decode_experts(cuda_backend *b, uint32_t il, const int *esel, bool gpu, uint32_t nmap, bool gate_up,
+                      ds4_err *err) {
     const ds4_config *c = b->cfg;
     const dlayer *w = &b->W.layers[il];
     uint32_t k = c->n_expert_used, F = c->n_ff_exp, D = c->n_embd;
@@ -480,9 +480,9 @@ int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, 
         if (host && cu_offload_branch(b, il, T, true, err)) return -1;
         uint32_t nmap = cu_offload_mapped(b->off, il);
         if ((gpu || nmap) &&
-            (decode_experts(b, il, esel, gpu, nmap, true, err) ||
+            (cu_decode_experts(b, il, esel, gpu, nmap, true, err) ||
              cu_swiglu(b, il, T, SWIGLU_ROUTED, NULL, b->st, err) ||
-             decode_experts(b, il, esel, gpu, nmap, false, err)))
+             cu_decode_experts(b, il, esel, gpu, nmap, false, err)))
             return -1;
         if (side_wait(b, err)) return -1; /* the HC reads sout */
     } else if (few_pass(b, il, T, decode)) { /* the router and the shared expert's gate / up in one launch */

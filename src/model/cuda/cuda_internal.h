@@ -638,6 +638,11 @@ int cu_forward_parts(cuda_backend *b, const uint32_t *d_tok, const cu_part *part
 int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T, bool decode,
                        ds4_err *err);
 int cu_ffn_layer(cuda_backend *b, uint32_t il, const uint32_t *tok, uint32_t T, bool decode, ds4_err *err);
+/* A decode step's routed-expert products of layer il, gate and up (else
+ * down), of the slots esel selects: the resident tier's (gpu) and the
+ * mapped tier's (its nmap experts; cuda_offload.h). */
+int cu_decode_experts(cuda_backend *b, uint32_t il, const int *esel, bool gpu, uint32_t nmap, bool gate_up,
+                      ds4_err *err);
 
 /* The MTP block's pass (its input S made by cuda_mtp.cu, position and
  * logits those of the MTP sequence): its layer (n_layer), its HC head and

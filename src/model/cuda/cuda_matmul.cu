@@ -1287,6 +1287,11 @@ bool cu_gemv_streamed(const gemv_plan *p) {
     if (p->n_seg == 0 || !cu_gemv_seg_blocks(p)) return false;
     for (uint32_t i = 0; i < p->n_seg; i++) {
         const gemv_seg &sg = p->seg[i];
+        /* the mapped tier's matrices are host memory (cuda_offload.h): the
+         * walk reads a skipped slot's rows, over PCIe there (the down
+         * products of a decode step's mapped experts at 21 GB/s where the
+         * block-a-unit launch skipping them reads 34, H100) */
+        if (sg.sel_lo != 0) return false;
         if (sg.type != DS4_TYPE_Q2_K || sg.n != p->seg[0].n || sg.row_bytes != p->seg[0].row_bytes || sg.rpw != 4 ||
             sg.split != 1 || sg.rows % (4 * GEMV_WARPS))
             return false;

@@ -798,6 +798,69 @@ done:
     return rc;
 }
 
+/* The mapped tier was sized by the copy engine's rate; the products read
+ * it their own way (rows a warp, loads in flight), slower where PCIe's
+ * latency leaves them short of loads (H100: 34 GB/s for gate and up where
+ * the copy engine does 54).  So they are timed here as a decode step runs
+ * them - the mapped experts of the layer with the most, k of them selected
+ * - and each layer's tier is cut back to the share that balances the
+ * measured time against the CPU's, its other experts left to the CPU (the
+ * pinned memory stays; a share given by the caller stays too). */
+int cu_offload_measure(cuda_backend *b, ds4_err *err) {
+    cu_offload *o = b->off;
+    const ds4_config *c = b->cfg;
+    uint32_t L = c->n_layer, E = c->n_expert, k = c->n_expert_used;
+    if (!o || !o->map_experts || b->base.opts.host_mapped != 0 || o->sec_per_entry <= 0) return 0;
+    uint32_t l = 0;
+    for (uint32_t i = 1; i < L; i++)
+        if (o->n_map[i] > o->n_map[l]) l = i;
+    uint32_t m = o->n_map[l] < k ? o->n_map[l] : k, nmap = o->n_map[l];
+    int *sel = (int *)malloc(k * sizeof(int));
+    if (!sel) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
+    for (uint32_t i = 0; i < k; i++) sel[i] = i < m ? (int)(o->place.n_gpu[l] + i) : -1;
+    cudaError_t ce = cudaMemcpyAsync(b->msel, sel, k * sizeof(int), cudaMemcpyHostToDevice, b->st);
+    free(sel);
+    CU_TRY(ce);
+    double best = 0;
+    for (int r = 0; r < 4; r++) { /* the first warms up */
+        CU_TRY(cudaStreamSynchronize(b->st));
+        double t0 = ds4_now();
+        if (cu_decode_experts(b, l, b->msel, false, nmap, true, err) ||
+            cu_decode_experts(b, l, b->msel, false, nmap, false, err))
+            return ds4_err_prefix(err, "timing the mapped experts of layer %u", l);
+        CU_TRY(cudaStreamSynchronize(b->st));
+        double t = ds4_now() - t0;
+        if (r == 1 || (r > 1 && t < best)) best = t;
+    }
+    size_t expert = 0;
+    for (int t = 0; t < 3; t++) expert += routed_dwt(&b->W, l, t)->row_bytes * routed_dwt(&b->W, l, t)->rows;
+    double per = best / m, cpu = o->sec_per_entry;
+    double share = cpu / (cpu + per), planned = cpu / (cpu + (double)expert / o->pcie_bw);
+    uint32_t kept = 0;
+    for (uint32_t il = 0; il < L; il++) {
+        uint32_t nh = 0;
+        for (uint32_t e = 0; e < E; e++) nh += o->slot[(size_t)il * E + e] < 0;
+        uint32_t n = (uint32_t)(share * nh + 0.5);
+        if (share < planned && n < o->n_map[il]) {
+            for (uint32_t e = 0; e < E; e++) {
+                int32_t *s1 = &o->slot1[(size_t)il * E + e];
+                if (o->slot[(size_t)il * E + e] < 0 && *s1 >= (int32_t)(o->place.n_gpu[il] + n)) *s1 = -1;
+            }
+            o->n_map[il] = n;
+        }
+        kept += o->n_map[il];
+    }
+    fprintf(stderr,
+            "ds4: the GPU's products read a mapped expert in %.0f us (%.1f GB/s): %u of the %u mapped experts %s "
+            "(%.0f %% of each layer's host experts), the CPU computes the others\n",
+            per * 1e6, expert / per / 1e9, kept, o->map_experts, kept < o->map_experts ? "stay in the tier" : "stay",
+            100.0 * (share < planned ? share : planned));
+    if (kept == o->map_experts) return 0;
+    o->map_experts = kept;
+    CU_TRY(cu_upload(o->d_slot1, o->slot1, (size_t)L * E * sizeof(int32_t)));
+    return 0;
+}
+
 int cu_offload_pick_stream(cuda_backend *b, uint32_t il, uint32_t T, bool *stream, ds4_err *err) {
     cu_offload *o = b->off;
     const ds4_config *c = b->cfg;

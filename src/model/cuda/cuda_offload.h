@@ -128,6 +128,11 @@ int cu_offload_plan(struct cuda_backend *b, const ds4_weights *w, uint64_t fixed
                     ds4_err *err);
 /* Host buffers, threads, streams and the device slot table. */
 int cu_offload_init(struct cuda_backend *b, cu_offload *o, const ds4_weights *w, ds4_err *err);
+/* Once the pass buffers exist: the mapped tier's products timed as a
+ * decode step runs them; where the GPU reads its experts slower than the
+ * copy engine's rate that sized the tier, each layer's tier keeps the
+ * share that balances the measured rate against the CPU's. */
+int cu_offload_measure(struct cuda_backend *b, ds4_err *err);
 void cu_offload_free(cu_offload *o);
 
 /* Whether layer il has experts on the host, and whether it has any on the
