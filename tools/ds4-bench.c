@@ -200,7 +200,7 @@ static int parse_args(int argc, char **argv, opts *o) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->bo.no_sim),
         DS4_CLI_QUALITY("ds4-bench"),
-        DS4_CLI_OFFLOAD(&o->bo.gpu_mem, &o->profile),
+        DS4_CLI_OFFLOAD(&o->bo.gpu_mem, &o->profile, &o->bo.host_mapped),
         {DS4_OPT_STR("--expert-profile-out", "FILE", &o->profile_out, NULL,
                      "write how often each routed expert was chosen over the run: an expert profile for "
                      "--expert-profile (CUDA)"),

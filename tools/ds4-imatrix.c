@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
          .def_text = "all"},
         DS4_CLI_IMATRIX_RESUME(&o.run.save_every, &o.run.resume),
         DS4_CLI_BACKEND(&o.backend, NULL),
-        DS4_CLI_OFFLOAD(&o.bo.gpu_mem, &o.profile),
+        DS4_CLI_OFFLOAD(&o.bo.gpu_mem, &o.profile, &o.bo.host_mapped),
         DS4_CLI_THREADS(&o.bo.n_threads),
         DS4_CLI_NO_SIM(&o.bo.no_sim),
         {DS4_OPT_SECTION("arguments:")},

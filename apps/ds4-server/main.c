@@ -65,7 +65,7 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         DS4_CLI_WARM_WEIGHTS(&o->warm_weights),
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4-server"),
-        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile, &o->host_mapped),
         DS4_CLI_MTP(&o->mtp),
         DS4_CLI_STEERING(&o->steer),
 
@@ -247,6 +247,7 @@ int main(int argc, char **argv) {
                           .tensor_parallel = s.o.tensor_parallel,
                           .prog = "ds4-server",
                           .gpu_mem = s.o.gpu_mem,
+                          .host_mapped = s.o.host_mapped,
                           /* a given --parallel: room on the GPU for the sessions after the first */
                           .extra_seqs = s.o.parallel_given ? s.o.parallel - 1 : 0,
                           /* the main sequence as short as a session can be (scheduler.c) */

@@ -65,6 +65,7 @@ typedef struct srv_opts {
     bool warm_weights;
     bool no_sim;                /* low-precision simulations off */
     uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
+    int host_mapped;            /* --host-mapped (ds4_backend_opts.host_mapped) */
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering: the file and the default scales */
     const char *chdir_to;

@@ -40,7 +40,8 @@ int run_imatrix(ds4_engine *e, const cli_opts *o) {
         .stop = stop_requested,
     };
     ds4_backend_opts bo = {
-        .n_threads = o->threads, .ctx_size = o->ctx, .gpu_mem = o->gpu_mem, .expert_profile = e->profile};
+        .n_threads = o->threads, .ctx_size = o->ctx, .gpu_mem = o->gpu_mem,
+        .host_mapped = o->host_mapped, .expert_profile = e->profile};
     ds4_imatrix_run_stats st;
     cli_interrupted = 0;
     cli_busy(true);

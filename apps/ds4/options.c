@@ -139,7 +139,7 @@ int cli_parse(int argc, char **argv, cli_opts *o) {
         DS4_CLI_NO_SIM(&o->no_sim),
         DS4_CLI_QUALITY("ds4"),
         DS4_CLI_MTP(&o->mtp),
-        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile),
+        DS4_CLI_OFFLOAD(&o->gpu_mem, &o->expert_profile, &o->host_mapped),
         DS4_CLI_STEERING(&o->steer),
 
         {DS4_OPT_SECTION("diagnostics:")},

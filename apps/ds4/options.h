@@ -50,6 +50,7 @@ typedef struct cli_opts {
     bool no_sim;                /* low-precision simulations off */
     ds4_cli_mtp mtp;            /* MTP speculative decoding */
     uint64_t gpu_mem;           /* --gpu-mem (0: the GPU's free memory) */
+    int host_mapped;            /* --host-mapped (ds4_backend_opts.host_mapped) */
     const char *expert_profile; /* --expert-profile */
     ds4_cli_steer steer;        /* directional steering */
     ds4_dist_opts dist;         /* under mpirun: this rank's stage (docs/DISTRIBUTED.md) */

@@ -82,6 +82,7 @@ ds4_engine *cli_engine_open(const cli_opts *o, ds4_dist *d, ds4_err *err) {
         .need_vocab = o->mode != CLI_IMATRIX && o->mode != CLI_INSPECT,
         .header_only = o->mode == CLI_INSPECT, /* a header-only file's shapes and memory */
         .gpu_mem = o->gpu_mem,
+        .host_mapped = o->host_mapped,
         .expert_profile = o->expert_profile,
         .dist = d,
         .dist_opts = &o->dist,

@@ -32,6 +32,22 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err) {
     *(uint64_t *)ctx = v;
     return 0;
 }
+int ds4_cli_parse_host_mapped(void *ctx, const char *value, ds4_err *err) {
+    int *pct = ctx;
+    if (!strcmp(value, "auto")) {
+        *pct = 0;
+        return 0;
+    }
+    if (!strcmp(value, "none")) {
+        *pct = -1;
+        return 0;
+    }
+    uint32_t v;
+    if (ds4_parse_u32(value, 0, 100, &v))
+        return ds4_err_set(err, DS4_EINVAL, "auto, none, or a percentage from 0 to 100");
+    *pct = v ? (int)v : -1;
+    return 0;
+}
 int ds4_cli_parse_gpus(void *ctx, const char *value, ds4_err *err) {
     ds4_dist_opts *o = ctx;
     int n = 0;

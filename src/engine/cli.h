@@ -111,11 +111,15 @@ typedef struct ds4_cli_mtp {
  * computed by the CPU (docs/DESIGN.md 3.5). */
 /* --gpu-mem's action: a size ("24G") into the uint64_t at ctx. */
 int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
+/* --host-mapped's action: auto (0), none (-1) or a percentage 1..100 into
+ * the int at ctx (ds4_backend_opts.host_mapped). */
+int ds4_cli_parse_host_mapped(void *ctx, const char *value, ds4_err *err);
 
 /* gpu_mem: a uint64_t (0: the GPU's free memory less a reserve); profile:
- * a const char * (NULL: whole layers from the first). */
+ * a const char * (NULL: whole layers from the first); mapped: an int
+ * (ds4_backend_opts.host_mapped). */
 /* clang-format off */
-#define DS4_CLI_OFFLOAD(gpu_mem, profile)                                                                          \
+#define DS4_CLI_OFFLOAD(gpu_mem, profile, mapped)                                                                  \
     {DS4_OPT_CALL("--gpu-mem", "SIZE", ds4_cli_parse_gpu_mem, (gpu_mem),                                        \
                   "GPU memory the model may use (24G, 81000M, bytes): the routed experts that do not fit stay in "  \
                   "host RAM, computed by the CPU (CUDA)"),                                                          \
@@ -123,7 +127,12 @@ int ds4_cli_parse_gpu_mem(void *ctx, const char *value, ds4_err *err);
     {DS4_OPT_STR("--expert-profile", "FILE", (profile), NULL,                                                    \
                  "which routed experts go on the GPU first: an expert profile (ds4-bench --expert-profile-out) "    \
                  "or an imatrix; without it, whole layers from the first"),                                          \
-     .flags = DS4_OPT_IN}
+     .flags = DS4_OPT_IN},                                                                                           \
+    {DS4_OPT_CALL("--host-mapped", "PCT", ds4_cli_parse_host_mapped, (mapped),                                   \
+                  "of each layer's routed experts in host RAM, the percentage the GPU reads itself over PCIe in "   \
+                  "decode steps beside the CPU's share (auto: the share that balances the two, as measured at "     \
+                  "start; none or 0: the CPU computes them all) (CUDA)"),                                             \
+     .def_text = "auto"}
 /* Importance-matrix checkpoints (engine/imatrix_run.h): save_every a
  * uint64_t (0: DS4_IMATRIX_SAVE_EVERY), resume a bool. */
 #define DS4_CLI_IMATRIX_RESUME(save_every, resume)                                                           \

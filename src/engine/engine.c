@@ -202,6 +202,7 @@ int ds4_engine_open_backend(ds4_engine *e, uint32_t ctx, ds4_err *err) {
                            .mtp = e->mtp,
                            .steer = e->steer,
                            .gpu_mem = e->opts.gpu_mem,
+                           .host_mapped = e->opts.host_mapped,
                            .extra_seqs = e->opts.extra_seqs,
                            .expert_profile = e->profile,
                            .tensor_parallel = e->opts.tensor_parallel,

@@ -29,6 +29,7 @@ typedef struct ds4_engine_opts {
     bool need_vocab;             /* fail when the GGUF has no tokenizer */
     const char *mtp_path;        /* the MTP block's GGUF (NULL: the model file's own block, if any) */
     uint64_t gpu_mem;            /* ds4_backend_opts.gpu_mem */
+    int host_mapped;             /* ds4_backend_opts.host_mapped */
     uint32_t extra_seqs;         /* ds4_backend_opts.extra_seqs */
     uint32_t main_ctx;           /* ds4_backend_opts.main_ctx (programs whose sessions are sized by
                                   * what they hold: engine/session.h ds4_session_new_sized) */
