@@ -1217,7 +1217,7 @@ static void check_token_plans(cudaStream_t st) {
             stride[i] = g.rows + 3;
             out[i] = dalloc<float>(stride[i] * (T + past));
             dset(out[i], 0xFF, stride[i] * (T + past) * 4);
-            gemv_tok tk = {1, stride[i], 0};
+            gemv_tok tk = {1, stride[i], 0, 0};
             cu_gemv_add_tok(&p, &w[i].d, g.mat, NULL, 0, g.row0, g.rows, &a[i].d, g.off, out[i], tk);
         }
         if (cu_gemv_run(&p, st, &err)) {
@@ -1280,7 +1280,7 @@ static void check_token_plans(cudaStream_t st) {
     gemv_plan p;
     cu_gemv_reps(&p, R);
     for (uint32_t i = 0; i < k; i++) {
-        gemv_tok ti = {1, k * 40, k}, tq = {k, k * 64, k};
+        gemv_tok ti = {1, k * 40, k, 0}, tq = {k, k * 64, k, 0};
         cu_gemv_add_tok(&p, &wi.d, 0, sel, i, 0, 40, &ai.d, 0, oi + i * 40, ti);
         dact xq = act_at(aq.d, i);
         cu_gemv_add_tok(&p, &wq.d, 0, sel, i, 0, 64, &xq, 0, oq + i * 64, tq);
@@ -1322,6 +1322,48 @@ static void check_token_plans(cudaStream_t st) {
     printf("gemv plan of %u tokens' experts (iq2_xxs, q2_k): %u outputs unlike one token's, %u of a host expert\n", R,
            mism, host_written);
     CHECK(mism == 0 && host_written == 0, "gemv reps: %u unlike, %u host outputs written", mism, host_written);
+
+    /* the same as entries in expert order (few_experts): cu_entry_order's
+     * permutation by (selection, entry), then a rep an entry in that order
+     * - entry q reads row q / k of the IQ2_XXS product's activation and
+     * row q of the Q2_K one's - each output the same bits as above */
+    int *order = dalloc<int>(k * R);
+    if (cu_entry_order(sel, k * R, order, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
+    float *ei = dalloc<float>(k * R * 40), *eq = dalloc<float>(k * R * 64);
+    dset(ei, 0xFF, k * R * 40 * 4);
+    dset(eq, 0xFF, k * R * 64 * 4);
+    cu_gemv_reps(&p, k * R);
+    p.order = order;
+    gemv_tok ei_t = {1, 40, 1, k}, eq_t = {1, 64, 1, 0};
+    cu_gemv_add_tok(&p, &wi.d, 0, sel, 0, 0, 40, &ai.d, 0, ei, ei_t);
+    cu_gemv_add_tok(&p, &wq.d, 0, sel, 0, 0, 64, &aq.d, 0, eq, eq_t);
+    if (cu_gemv_run(&p, st, &err)) {
+        printf("FAIL: %s\n", ds4_err_msg(&err));
+        exit(1);
+    }
+    CU(cudaStreamSynchronize(st));
+    int order_h[k * R];
+    const int order_want[k * R] = {3, 1, 4, 2, 5, 0};
+    std::vector<float> hi(k * R * 40), hq(k * R * 64);
+    CU(cudaMemcpy(order_h, order, sizeof(order_h), cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hi.data(), ei, hi.size() * 4, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(hq.data(), eq, hq.size() * 4, cudaMemcpyDeviceToHost));
+    uint32_t emism = memcmp(order_h, order_want, sizeof(order_h)) != 0;
+    emism += memcmp(hi.data(), gi.data(), hi.size() * 4) != 0; /* host entries: unwritten in both */
+    emism += memcmp(hq.data(), gq.data(), hq.size() * 4) != 0;
+    printf("gemv plan of %u entries in expert order (iq2_xxs, q2_k): order %d %d %d %d %d %d, %s\n", k * R,
+           order_h[0], order_h[1], order_h[2], order_h[3], order_h[4], order_h[5],
+           emism ? "UNLIKE the token plan" : "the token plan's bits");
+    CHECK(emism == 0, "entries in expert order: order or outputs unlike");
+    cudaFree(order);
+    cudaFree(ei);
+    cudaFree(eq);
+    err = {};
+    CHECK(cu_entry_order(sel, CU_FEW_ENTRIES + 1, NULL, st, &err) != 0 && strstr(ds4_err_msg(&err), "entries to order"),
+          "cu_entry_order of too many entries: %s", ds4_err_msg(&err));
 
     /* K-quant rows in a plan of a few tokens: refused with a message */
     cu_gemv_tokens(&p, 2);

@@ -134,6 +134,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->grp_count, c->n_expert);
     TAKE(m, b->grp_off, c->n_expert);
     TAKE(m, b->grp_perm, C * k);
+    TAKE(m, b->few_order, (size_t)CU_FEW_PASS * k);
     TAKE(m, b->grp_tile_mat, max_tiles);
     TAKE(m, b->grp_tile_start, max_tiles);
     TAKE(m, b->grp_tile_count, max_tiles);

@@ -164,6 +164,29 @@ int cu_group_tokens(cuda_backend *b, const int *sel, uint32_t T, cu_group *g, ds
     return 0;
 }
 
+/* One block: entry q's place is the number of entries before it by
+ * (selection, entry); sel staged in shared memory. */
+static __global__ void entry_order_kernel(const int *sel, uint32_t n, int *order) {
+    __shared__ int s[CU_FEW_ENTRIES];
+    dev_pdl_enter();
+    for (uint32_t q = threadIdx.x; q < n; q += blockDim.x) s[q] = sel[q];
+    __syncthreads();
+    for (uint32_t q = threadIdx.x; q < n; q += blockDim.x) {
+        int v = s[q];
+        uint32_t at = 0;
+        for (uint32_t j = 0; j < n; j++) at += s[j] < v || (s[j] == v && j < q);
+        order[at] = (int)q;
+    }
+}
+
+int cu_entry_order(const int *sel, uint32_t n, int *order, cudaStream_t st, ds4_err *err) {
+    if (n == 0 || n > CU_FEW_ENTRIES)
+        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: %u entries to order (1 to %u)", n, CU_FEW_ENTRIES);
+    DS4_LAUNCH(entry_order_kernel, 1, 256, 0, st, sel, n, order);
+    CU_LAUNCHED();
+    return 0;
+}
+
 /* -------------------------------------------------------------- swiglu */
 
 typedef struct swiglu_args {

@@ -63,6 +63,7 @@ extern "C" {
 #define CU_MAX_SEGS        16
 #define CU_FEW_T           8  /* tokens one block of a plan of a few dots with each weight row it reads */
 #define CU_FEW_PASS        64 /* tokens a pass of which takes the plans of a few (cu_gemm, cu_ffn_layer, the HC) */
+#define CU_FEW_ENTRIES     (CU_FEW_PASS * 8) /* (token, expert) entries a pass of a few orders (cu_entry_order) */
 
 /* ------------------------------------------------------------ weights */
 
@@ -191,9 +192,11 @@ typedef struct gemv_seg {
     uint32_t rpw;    /* rows per warp */
     uint32_t split;  /* 1, or a block a row, each warp a part (few long float rows) */
     /* token t of a plan of several (gemv_plan.T or .reps) reads x from
-     * xqs bytes (quantized forms) or xfs floats past token 0's, writes
-     * outs floats past its outputs, and selects slot sel_slot + t sel_step */
-    uint32_t xqs, xfs, sel_step;
+     * xqs bytes (quantized forms) or xfs floats past token 0's - of token
+     * t / x_div where x_div > 1 (entries of one token: x_div of them read
+     * its row) - writes outs floats past its outputs, and selects slot
+     * sel_slot + t sel_step */
+    uint32_t xqs, xfs, sel_step, x_div;
     size_t outs;
 } gemv_seg;
 
@@ -231,11 +234,14 @@ typedef struct gemv_route {
  * chunks of a row read side by side), each token's sums those of a
  * one-token plan; or of `reps` tokens that
  * select their own matrices (the routed experts of a pass of a few:
- * cu_gemv_reps), each token the blocks of a one-token plan. */
+ * cu_gemv_reps), each token the blocks of a one-token plan, in the order
+ * `order` lists them (NULL: 0, 1, ...; a device array a kernel before the
+ * plan's writes). */
 typedef struct gemv_plan {
     gemv_seg seg[CU_MAX_SEGS];
     uint32_t n_seg, n_blocks;
     uint32_t T, reps;
+    const int *order;
     gemv_route route;
 } gemv_plan;
 
@@ -262,12 +268,12 @@ void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint3
 void cu_gemv_add_q8(gemv_plan *p, const dwt *W, uint32_t row0, uint32_t rows, const dact *x, uint32_t act_off,
                     float *out, const dact *q, uint32_t q_off);
 /* Where token t of a plan of several finds its part of a segment: x_rows
- * rows of the activation, out_stride outputs and sel_step selection slots
- * past token 0's. */
+ * rows of the activation (of token t / x_div, where x_div > 1), out_stride
+ * outputs and sel_step selection slots past token 0's. */
 typedef struct gemv_tok {
     uint32_t x_rows;
     size_t out_stride;
-    uint32_t sel_step;
+    uint32_t sel_step, x_div;
 } gemv_tok;
 void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0,
                      uint32_t rows, const dact *x, uint32_t act_off, float *out, gemv_tok tk);
@@ -531,6 +537,7 @@ typedef struct cuda_backend {
     uint32_t attn_queries; /* the queries attn_part and attn_count hold: CU_FEW_T, a lane's 1 */
     float *attn_tc_rows;  /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
+    int *few_order; /* a pass of a few: its entries by expert (cu_entry_order) */
     /* the importance-matrix sums (ds4_backend_opts.imatrix; cuda_imatrix.cu),
      * NULL without: n_layer x n_expert x n_embd, x n_ff_exp, routed entries */
     double *imx_in, *imx_mid;
@@ -931,6 +938,9 @@ bool cu_gemv_route(cuda_backend *b, uint32_t il, const uint32_t *tok, gemv_plan 
 /* The T tokens' entries grouped by sel (expert, or device slot: negative
  * entries are left out). */
 int cu_group_tokens(cuda_backend *b, const int *sel, uint32_t T, cu_group *g, ds4_err *err);
+/* order: the n entries of sel (at most CU_FEW_ENTRIES) by selection, ties
+ * by entry: entries of one expert adjacent (cu_gemv_reps' order). */
+int cu_entry_order(const int *sel, uint32_t n, int *order, cudaStream_t st, ds4_err *err);
 /* Which rows a SwiGLU launch makes: the routed experts', the shared one's. */
 enum { SWIGLU_ROUTED = 1, SWIGLU_SHARED = 2, SWIGLU_ALL = 3 };
 /* sink: the HC site whose Sinkhorn the launch hosts (one more block; the

@@ -23,7 +23,8 @@
  * from DRAM and dotted with every token (gemv_few_kernel, a kernel per
  * token count, more than CU_FEW_T tokens in chunks whose blocks run side
  * by side), each token's sums the one-token plan's; the routed experts as
- * one-token plans side by side, the token in the grid's y (cu_gemv_reps).
+ * one-token plans side by side, a (token, expert) entry in the grid's y,
+ * the entries of one expert adjacent (cu_gemv_reps, cu_entry_order).
  *
  * Prefill (gemm): 128 weight rows x 64 tokens per block of 8 warps, K in
  * chunks of 256, compiled per weight type.  Quantized weights are expanded
@@ -603,11 +604,12 @@ static uint32_t gemv_type_bit(uint32_t type) {
 /* Segment sg as token t of a plan of several sees it (gemv_seg.xqs ...). */
 static __device__ __forceinline__ gemv_seg gemv_seg_token(const gemv_seg &sg, uint32_t t) {
     gemv_seg v = sg;
-    size_t q = (size_t)t * sg.xqs;
+    uint32_t xt = sg.x_div > 1 ? t / sg.x_div : t;
+    size_t q = (size_t)xt * sg.xqs;
     v.xq = sg.xq ? sg.xq + q : NULL;
     v.xd = sg.xd ? (const float *)((const uint8_t *)sg.xd + q) : NULL;
     v.xb = sg.xb ? (const int16_t *)((const uint8_t *)sg.xb + q) : NULL;
-    v.xf = sg.xf ? sg.xf + (size_t)t * sg.xfs : NULL;
+    v.xf = sg.xf ? sg.xf + (size_t)xt * sg.xfs : NULL;
     v.out = sg.out + t * sg.outs;
     v.sel_slot = sg.sel_slot + t * sg.sel_step;
     return v;
@@ -721,7 +723,14 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32, GEMV_MIN_BLOCKS(M))
     else
         while (s + 1 < p.n_seg && blockIdx.x >= p.seg[s + 1].block0) s++;
     gemv_seg tok;
-    if (M & GM_REPS) tok = gemv_seg_token(p.seg[s], blockIdx.y);
+    if (M & GM_REPS) {
+        uint32_t t = blockIdx.y;
+        if (p.order) { /* written by the kernel before */
+            dev_pdl_wait_prev();
+            t = (uint32_t)p.order[t];
+        }
+        tok = gemv_seg_token(p.seg[s], t);
+    }
     const gemv_seg &sg = (M & GM_REPS) ? tok : p.seg[s];
     unsigned warp = threadIdx.x / 32;
     if ((M & GM_FLOAT) && sg.split > 1) { /* a block a row (never selected rows: see cu_gemv_add) */
@@ -1216,7 +1225,7 @@ bool cu_gemv_few_fits(const dwt *W) {
 
 void cu_gemv_add(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, uint32_t slot, uint32_t row0, uint32_t rows,
                  const dact *x, uint32_t act_off, float *out) {
-    gemv_tok one = {1, rows, 0};
+    gemv_tok one = {1, rows, 0, 0};
     cu_gemv_add_tok(p, W, mat, sel, slot, row0, rows, x, act_off, out, one);
 }
 
@@ -1242,6 +1251,7 @@ void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, u
     s->xfs = tk.x_rows * (uint32_t)x->fs;
     s->outs = tk.out_stride;
     s->sel_step = tk.sel_step;
+    s->x_div = tk.x_div;
     /* a few tokens: a warp holds the sums of FEW_R Q8_0 rows or a float row */
     s->rpw = p->T > 1 ? (W->type == DS4_TYPE_Q8_0 ? FEW_R : 1) : pick_rpw(W);
     s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
@@ -2302,7 +2312,7 @@ static int gemm_few_run(const dwt *W, uint32_t mat, uint32_t row0, uint32_t rows
                         uint32_t T, float *out, size_t out_stride, cudaStream_t st, ds4_err *err) {
     gemv_plan p;
     cu_gemv_tokens(&p, T);
-    gemv_tok tk = {1, out_stride, 0};
+    gemv_tok tk = {1, out_stride, 0, 0};
     cu_gemv_add_tok(&p, W, mat, NULL, 0, row0, rows, x, act_off, out, tk);
     return cu_gemv_run(&p, st, err);
 }
