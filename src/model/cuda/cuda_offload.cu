@@ -805,8 +805,8 @@ done:
 
 /* The mapped tier was sized by the copy engine's rate; the products read
  * it their own way (rows a warp, loads in flight), slower where PCIe's
- * latency leaves them short of loads (H100: 34 GB/s for gate and up where
- * the copy engine does 54).  So they are timed here as a decode step runs
+ * latency leaves them short of loads (H100: 150 us an expert, 47 GB/s,
+ * where the copy engine does 54).  So they are timed here as a decode step runs
  * them - the mapped experts of the layer with the most, k of them selected
  * - and each layer's tier is cut back to the share that balances the
  * measured time against the CPU's, its other experts left to the CPU (the
