@@ -967,10 +967,11 @@ static json_t *memory_stats(sched *q) {
 static json_t *batch_stats(const server *s) {
     if (!s->engine->batch) return json_null();
     ds4_batcher_stats b = ds4_batcher_get_stats(s->engine->batch);
-    return json_pack("{s:I,s:I,s:f,s:f,s:I,s:I}", "steps", (json_int_t)b.steps, "rows", (json_int_t)b.rows, "mean_rows",
-                     b.steps ? (double)b.rows / b.steps : 0.0, "mean_sessions",
+    return json_pack("{s:I,s:I,s:f,s:f,s:I,s:I,s:o,s:o}", "steps", (json_int_t)b.steps, "rows", (json_int_t)b.rows,
+                     "mean_rows", b.steps ? (double)b.rows / b.steps : 0.0, "mean_sessions",
                      b.steps ? (double)b.seqs / b.steps : 0.0, "max_rows", (json_int_t)b.max_rows, "max_sessions",
-                     (json_int_t)b.max_seqs);
+                     (json_int_t)b.max_seqs, "decode_step_ms", b.short_s > 0 ? json_real(b.short_s * 1e3) : json_null(),
+                     "prefill_piece", b.piece > 0 ? json_integer((json_int_t)b.piece) : json_null());
 }
 
 json_t *worker_stats(server *s) {

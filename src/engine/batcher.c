@@ -275,6 +275,8 @@ int ds4_batcher_call(ds4_batcher *bt, int (*fn)(void *ctx, ds4_err *err), void *
 ds4_batcher_stats ds4_batcher_get_stats(ds4_batcher *bt) {
     pthread_mutex_lock(&bt->mu);
     ds4_batcher_stats s = bt->st;
+    s.short_s = bt->pace.short_s;
+    s.piece = bt->pace.piece < bt->budget ? bt->pace.piece : bt->budget;
     pthread_mutex_unlock(&bt->mu);
     return s;
 }

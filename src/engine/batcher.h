@@ -44,6 +44,8 @@ typedef struct ds4_batcher_stats {
     uint64_t seqs;     /* sequences they advanced (summed over steps) */
     uint64_t max_seqs; /* the most sequences one step advanced */
     uint64_t calls;    /* other backend calls run between steps */
+    double short_s;    /* the pacer's step of decoding rows alone, seconds (0: none yet; pace.h) */
+    double piece;      /* the pacer's prefill piece beside them, rows, within the budget (0: none cut yet) */
 } ds4_batcher_stats;
 
 /* budget: rows a step may run (at most the backend's prefill chunk). */

@@ -161,6 +161,11 @@ def t_concurrent_equals_solo():
         check(g[3] is None or g[3] == w[3], (i, g, w))
     check(st["sessions"]["parallel"] == n and st["jobs"]["answered"] == n, st)
     check(st["batches"]["max_sessions"] > 1 and st["batches"]["max_rows"] <= 48, st["batches"])
+    # the pacer (engine/pace.h): the decoders' step seen, the piece within
+    # [16, 48] once one was cut beside them
+    pace = st["batches"]
+    check(pace["decode_step_ms"] is None or pace["decode_step_ms"] > 0, pace)
+    check(pace["prefill_piece"] is None or 16 <= pace["prefill_piece"] <= 48, pace)
 
 
 def open_stream(port, body):
