@@ -115,6 +115,7 @@ typedef struct opts {
     /* --parallel: the session counts, each session's context, the prompt
      * arriving among the decoders, their number, the rows a step holds */
     uint32_t par[16], n_par, sess_ctx, arrive, among, step_rows;
+    float stretch; /* --pace-stretch */
     float gpu_gib, host_gbps, link_gbps, hop_us; /* the projection's assumptions */
     ds4_backend_opts bo;
     ds4_cli_steer steer;
@@ -259,7 +260,10 @@ static int parse_args(int argc, char **argv, opts *o) {
         {DS4_OPT_U32("--arrive-among", "N", &o->among, 1, 1024, 16, "the decoding sessions it arrives among")},
         {DS4_OPT_U32("--step-rows", "N", &o->step_rows, 0, DS4_CTX_MAX, 0,
                      "rows a step holds while the prompt goes in (its decoders' and a piece of it); 0: pieces "
-                     "cut as the server cuts them, each step about 1.75 times the decoders' alone")},
+                     "cut as the server cuts them (--pace-stretch)")},
+        {DS4_OPT_FLOAT("--pace-stretch", "F", &o->stretch, 0.0, 100.0, DS4_PACE_STRETCH,
+                       "the arriving prompt's pieces cut so that each step takes about F times the decoders' "
+                       "alone, as ds4-server --pace-stretch (0: no pacing, pieces of all the room)")},
         {0},
     };
     ds4_cli cli = {.prog = "ds4-bench",
@@ -312,6 +316,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->n_par && (o->mtp || o->draft_given || o->forced))
         return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
     if (o->n_par) {
+        if (o->stretch > 0 && o->stretch <= 1)
+            return ds4_cli_usage(&cli, "--pace-stretch %g: 0 (no pacing) or above 1", o->stretch);
         if (o->arrive && o->step_rows && o->step_rows <= o->among)
             return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows,
                                  o->among);
@@ -744,7 +750,7 @@ static int par_arrival(const opts *o, par_run *r, const ds4_kv_state *snap, cons
     uint32_t n = o->among, most = par_arrive_steps(o), steps = 0;
     uint32_t room = (o->step_rows ? o->step_rows : r->b->opts.prefill_chunk) - n;
     double *t = malloc((size_t)(o->gen + most + 1) * sizeof(double));
-    ds4_pacer pace = {0};
+    ds4_pacer pace = {.stretch = o->stretch, .off = o->stretch <= 0};
     ds4_seq *a = NULL;
     int rc = -1;
     if (!t) return ds4_err_set(err, DS4_ENOMEM, "out of memory");

@@ -26,6 +26,7 @@
 
 #include "engine/cli.h"
 #include "engine/generate.h"
+#include "engine/pace.h"
 #include "engine/capacity.h"
 #include "engine/startup.h"
 #include "model/backends.h"
@@ -88,8 +89,12 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
         {DS4_OPT_U32("--batch-tokens", "N", &o->batch_tokens, 1, 1u << 20, 0,
                      "tokens a batched step runs at most: every decoding request's token, then prefill chunks "
                      "up to N (a long prompt is prefilled over several steps; beside decoding requests in "
-                     "pieces that keep each step within about 1.75 times theirs alone)"),
+                     "the pieces --pace-stretch allows)"),
          .def_text = "the backend's prefill chunk"},
+        {DS4_OPT_FLOAT("--pace-stretch", "F", &o->pace_stretch, 0.0, 100.0, DS4_PACE_STRETCH,
+                       "beside decoding requests a prompt goes in pieces cut so that each batched step takes about "
+                       "F times their step alone (their time per token while it goes in); larger F prefills faster "
+                       "(0: no pacing, pieces up to --batch-tokens)")},
         {DS4_OPT_INT("--grow-wait", "S", &o->grow_wait_s, 0, 86400, 60,
                      "a session that must grow while it answers and finds no memory free waits up to S seconds "
                      "for running requests to free some, then its answer ends there (finish length); 0: no wait")},
@@ -158,6 +163,8 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
+    if (o->pace_stretch > 0 && o->pace_stretch <= 1)
+        return ds4_cli_usage(&cli, "--pace-stretch %g: 0 (no pacing) or above 1", o->pace_stretch);
     if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0 ||
         ds4_cli_tp_check(&cli, o->tensor_parallel, &o->dist) != 0)
         return 2;

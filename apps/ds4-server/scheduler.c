@@ -705,7 +705,7 @@ static void slot_drop(slot *sl) {
 static int make_slots(sched *q, uint32_t want, bool measured, ds4_err *err) {
     server *s = q->s;
     if (!(q->slots = calloc(want, sizeof(*q->slots)))) return ds4_err_set(err, DS4_ENOMEM, "out of memory");
-    if (ds4_engine_enable_batching(s->engine, s->o.batch_tokens, err) != 0) return -1;
+    if (ds4_engine_enable_batching(s->engine, s->o.batch_tokens, s->o.pace_stretch, err) != 0) return -1;
     for (uint32_t i = 0; i < want; i++) {
         ds4_err e = {0};
         q->n = i + 1;

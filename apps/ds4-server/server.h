@@ -82,6 +82,7 @@ typedef struct srv_opts {
     uint64_t kv_mem_mb;    /* --kv-mem-mb: the sessions' memory (0: 3/4 of what is free) */
     bool parallel_given;   /* else sized from the memory */
     uint32_t batch_tokens; /* rows a batched step may run; 0: the backend's prefill chunk */
+    float pace_stretch;    /* --pace-stretch (engine/pace.h; 0: no pacing) */
     int grow_wait_s;       /* --grow-wait: how long a session that must grow waits for memory */
     uint64_t max_body;
     int max_connections;

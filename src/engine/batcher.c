@@ -281,7 +281,7 @@ ds4_batcher_stats ds4_batcher_get_stats(ds4_batcher *bt) {
     return s;
 }
 
-ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, ds4_err *err) {
+ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, double stretch, ds4_err *err) {
     if (budget == 0 || budget > b->opts.prefill_chunk) budget = b->opts.prefill_chunk;
     ds4_batcher *bt = calloc(1, sizeof(*bt));
     if (!bt) {
@@ -290,6 +290,8 @@ ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, ds4_err *err) {
     }
     bt->b = b;
     bt->budget = budget;
+    bt->pace.stretch = stretch;
+    bt->pace.off = stretch <= 0;
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->work, NULL);
     pthread_cond_init(&bt->done, NULL);

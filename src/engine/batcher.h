@@ -48,8 +48,11 @@ typedef struct ds4_batcher_stats {
     double piece;      /* the pacer's prefill piece beside them, rows, within the budget (0: none cut yet) */
 } ds4_batcher_stats;
 
-/* budget: rows a step may run (at most the backend's prefill chunk). */
-ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, ds4_err *err);
+/* budget: rows a step may run (at most the backend's prefill chunk);
+ * stretch: how many times the decoding rows' step alone a step with a
+ * prefill piece beside them may take (pace.h; 0: no pacing, pieces up to
+ * the budget). */
+ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, double stretch, ds4_err *err);
 void ds4_batcher_free(ds4_batcher *bt);
 
 /* Run rows as part of the next step (mtp: an MTP step), waiting for their

@@ -248,10 +248,10 @@ int ds4_engine_steering_check(const ds4_engine *e, float ffn, float attn, ds4_er
     return 0;
 }
 
-int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err) {
+int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, double stretch, ds4_err *err) {
     if (!e->b) return ds4_err_set(err, DS4_EINVAL, "batching needs the backend: make a session first");
     if (e->batch) return 0;
-    return (e->batch = ds4_batcher_new(e->b, budget, err)) ? 0 : -1;
+    return (e->batch = ds4_batcher_new(e->b, budget, stretch, err)) ? 0 : -1;
 }
 
 int ds4_engine_step(ds4_engine *e, const ds4_row *rows, uint32_t n, const ds4_step_out *out, bool mtp, ds4_err *err) {

@@ -98,7 +98,7 @@ int ds4_engine_steering_check(const ds4_engine *e, float ffn, float attn, ds4_er
  * threads of their own, their rows packed into steps of up to `budget`
  * rows (0: the backend's prefill chunk).  Needs the backend (a session made
  * first). */
-int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, ds4_err *err);
+int ds4_engine_enable_batching(ds4_engine *e, uint32_t budget, double stretch, ds4_err *err);
 
 /* The backend calls of sessions, through the batcher when there is one: a
  * step (ds4_run_rows), and the other calls on one sequence. */

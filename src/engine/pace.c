@@ -17,7 +17,8 @@ void ds4_pace_note(ds4_pacer *p, uint32_t short_rows, uint32_t long_rows, double
         return;
     }
     if (p->short_s <= 0) return;
-    double allowed = (DS4_PACE_STRETCH - 1) * p->short_s, added = secs - p->short_s;
+    double stretch = p->stretch > 0 ? p->stretch : DS4_PACE_STRETCH;
+    double allowed = (stretch - 1) * p->short_s, added = secs - p->short_s;
     double scale = added <= allowed / PACE_MOVE ? PACE_MOVE : allowed / added;
     if (scale < 1 / PACE_MOVE) scale = 1 / PACE_MOVE;
     p->piece = long_rows * scale;
@@ -25,7 +26,7 @@ void ds4_pace_note(ds4_pacer *p, uint32_t short_rows, uint32_t long_rows, double
 }
 
 uint32_t ds4_pace_piece(const ds4_pacer *p, uint32_t short_rows, uint32_t room) {
-    if (!short_rows) return room;
+    if (!short_rows || p->off) return room;
     double rows = p->piece > 0 ? p->piece : DS4_PACE_FIRST;
     return rows >= room ? room : (uint32_t)rows;
 }

@@ -20,6 +20,7 @@
 #ifndef DS4_ENGINE_PACE_H
 #define DS4_ENGINE_PACE_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 /* A step with decoders and a piece takes about this many times their step
@@ -34,6 +35,8 @@
 typedef struct ds4_pacer {
     double short_s; /* seconds of a step of short rows alone (0: none seen) */
     double piece;   /* the next piece's rows (0: none timed yet) */
+    double stretch; /* the step's time over the decoders' alone (0: DS4_PACE_STRETCH) */
+    bool off;       /* no pacing: every piece all the room */
 } ds4_pacer;
 
 /* A step ran: short_rows decoding rows (decode tokens, MTP verifications

@@ -437,7 +437,8 @@ def run_server(*args):
 
 
 def t_startup_errors():
-    """--parallel 0 is a usage error; more sessions of the least than the
+    """--parallel 0 is a usage error (and a --pace-stretch that is not 0 or
+    above 1); more sessions of the least than the
     sessions' memory holds a startup error naming the memory needed and the
     budget, before any session is made (CUDA: the GPU's free memory; it
     used to find out session by session); so is a --kv-mem-mb below one
@@ -445,6 +446,10 @@ def t_startup_errors():
     more)."""
     rc, err = run_server("--parallel", "0")
     check(rc == 2 and "--parallel" in err, (rc, err))
+    # the pacer's stretch: 0 (none) or above 1, within 100
+    for bad in ("0.5", "1", "101", "x"):
+        rc, err = run_server("--pace-stretch", bad)
+        check(rc == 2 and "--pace-stretch" in err, (bad, rc, err))
     rc, err = run_server("--parallel", "64", "--kv-mem-mb", "8")
     m = re.search(r"ds4-server: --parallel 64: 64 sessions of at least 2048 tokens need [\d.]+ \w+ of memory "
                   r"\([\d.]+ \w+ each\), but the sessions have 8.0 MiB \(--kv-mem-mb\); lower --parallel", err)

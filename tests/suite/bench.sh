@@ -99,6 +99,7 @@ expect_fail "unknown option" ./ds4-bench -m "$M" --frobnicate
 expect_fail "session count '0': need 1 to 1024" ./ds4-bench -m "$M" --parallel 0
 expect_fail "session count 'x'" ./ds4-bench -m "$M" --parallel 2,x
 expect_fail "auto, none, or a percentage from 0 to 100" ./ds4-bench -m "$M" --host-mapped 101
+expect_fail "--pace-stretch 0.5: 0 (no pacing) or above 1" ./ds4-bench -m "$M" --parallel 2 --pace-stretch 0.5
 expect_fail "auto, none, or a percentage from 0 to 100" ./ds4-bench -m "$M" --host-mapped half
 expect_fail "leaves no room beside 16 decoding sessions" ./ds4-bench -m "$M" --parallel 2 --step-rows 16
 expect_fail "4 sessions exceed the 3 rows a step holds" ./ds4-bench -m "$M" --parallel 4 --chunk 3 --arrive 0 --session-ctx 8

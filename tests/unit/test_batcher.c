@@ -106,7 +106,7 @@ static void test_sessions_batched_as_alone(void **state) {
     ds4_engine *e2 = open_engine();
     ds4_session *first = ds4_session_new(e2, CTX, &err); /* makes the backend */
     assert_non_null(first);
-    assert_int_equal(ds4_engine_enable_batching(e2, 96, &err), 0);
+    assert_int_equal(ds4_engine_enable_batching(e2, 96, DS4_PACE_STRETCH, &err), 0);
     pthread_t th[NSESS];
     for (int i = 0; i < NSESS; i++) {
         fill(&batched[i], e2, i);
@@ -164,7 +164,7 @@ static void test_decode_beside_long_prefill(void **state) {
     assert_non_null(a);
     assert_non_null(b);
     const uint32_t budget = 32, n = 320;
-    assert_int_equal(ds4_engine_enable_batching(e, budget, &err), 0);
+    assert_int_equal(ds4_engine_enable_batching(e, budget, DS4_PACE_STRETCH, &err), 0);
     int32_t tok[1] = {5};
     assert_int_equal(ds4_session_sync(a, tok, 1, NULL, NULL, &err), 0);
     decoder d = {.s = a};
@@ -239,6 +239,17 @@ static void test_pace_piece(void **state) {
         ds4_pace_note(&r, 16, rows, 0.020 + 0.005 + 0.0001 * rows);
     }
     uint32_t settled = ds4_pace_piece(&r, 16, 4096);
+    /* a larger stretch allows more: 3x a 20 ms step -> 40 ms added ->
+     * 350 rows; off: all the room */
+    ds4_pacer w = {.short_s = 0.020, .stretch = 3};
+    for (int i = 0; i < 60; i++) {
+        uint32_t rows = ds4_pace_piece(&w, 16, 4096);
+        ds4_pace_note(&w, 16, rows, 0.020 + 0.005 + 0.0001 * rows);
+    }
+    uint32_t wide = ds4_pace_piece(&w, 16, 4096);
+    assert_true(wide >= 348 && wide <= 351);
+    ds4_pacer off = {.short_s = 0.020, .piece = 20, .off = true};
+    assert_int_equal(ds4_pace_piece(&off, 16, 4096), 4096);
     fprintf(stderr, "pacer settled at %u rows (fixed 5 ms + 0.1 ms a row, 15 ms allowed)\n", settled);
     assert_true(settled >= 98 && settled <= 101);
 }
