@@ -165,14 +165,37 @@ static void finish(jobs *j, job *x, int st) {
     pthread_cond_broadcast(&j->cv);
 }
 
-/* Reap, enforce timeouts and stops.  With the mutex held. */
-static void check_processes(jobs *j) {
+/* What the pipe holds now (non-blocking reads up to EAGAIN; EOF closes
+ * it): the output an exited job wrote before its end, which the pump's
+ * last poll may not have seen.  buf: room for a read. */
+static void drain(job *x, char *buf, size_t cap) {
+    while (x->fd >= 0) {
+        ssize_t r = read(x->fd, buf, cap);
+        if (r > 0) {
+            take_output(x, buf, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r == 0 || errno != EAGAIN) {
+            close(x->fd);
+            x->fd = -1;
+        }
+        return;
+    }
+}
+
+/* Reap, enforce timeouts and stops.  With the mutex held.  A reaped job's
+ * pipe is drained before it is reported done: its last output (up to a
+ * pipe's buffer, 64 KiB) was otherwise lost when the exit was seen before
+ * the data (`yes | head -c 20000000`: 48 KB short). */
+static void check_processes(jobs *j, char *buf, size_t cap) {
     double now = ds4_now();
     for (job *x = j->head; x; x = x->next) {
         if (!x->running) continue;
         int st;
         pid_t r = waitpid(x->pid, &st, WNOHANG);
         if (r == x->pid) {
+            drain(x, buf, cap);
             finish(j, x, st);
             continue;
         }
@@ -226,7 +249,7 @@ static void *pump(void *arg) {
                 x->fd = -1;
             }
         }
-        check_processes(j);
+        check_processes(j, buf, sizeof(buf));
     }
     pthread_mutex_unlock(&j->mu);
     return NULL;
