@@ -316,8 +316,8 @@ static int parse_args(int argc, char **argv, opts *o) {
     if (o->n_par && (o->mtp || o->draft_given || o->forced))
         return ds4_cli_usage(&cli, "--parallel measures plain decoding: it takes no MTP options");
     if (o->n_par) {
-        if (o->stretch > 0 && o->stretch <= 1)
-            return ds4_cli_usage(&cli, "--pace-stretch %g: 0 (no pacing) or above 1", o->stretch);
+        ds4_err perr = {0};
+        if (ds4_pace_check(o->stretch, &perr)) return ds4_cli_usage(&cli, "--pace-stretch %s", perr.msg);
         if (o->arrive && o->step_rows && o->step_rows <= o->among)
             return ds4_cli_usage(&cli, "--step-rows %u leaves no room beside %u decoding sessions", o->step_rows,
                                  o->among);
@@ -750,7 +750,7 @@ static int par_arrival(const opts *o, par_run *r, const ds4_kv_state *snap, cons
     uint32_t n = o->among, most = par_arrive_steps(o), steps = 0;
     uint32_t room = (o->step_rows ? o->step_rows : r->b->opts.prefill_chunk) - n;
     double *t = malloc((size_t)(o->gen + most + 1) * sizeof(double));
-    ds4_pacer pace = {.stretch = o->stretch, .off = o->stretch <= 0};
+    ds4_pacer pace = {.stretch = o->stretch};
     ds4_seq *a = NULL;
     int rc = -1;
     if (!t) return ds4_err_set(err, DS4_ENOMEM, "out of memory");

@@ -163,8 +163,8 @@ static int parse_args(int argc, char **argv, srv_opts *o, bool *no_ckpt) {
     o->max_body = max_body_mb << 20;
     o->exact_replay = !no_exact_replay;
     if (o->api_key && !*o->api_key) return ds4_cli_usage(&cli, "--api-key: the key must not be empty");
-    if (o->pace_stretch > 0 && o->pace_stretch <= 1)
-        return ds4_cli_usage(&cli, "--pace-stretch %g: 0 (no pacing) or above 1", o->pace_stretch);
+    ds4_err perr = {0};
+    if (ds4_pace_check(o->pace_stretch, &perr)) return ds4_cli_usage(&cli, "--pace-stretch %s", perr.msg);
     if (ds4_cli_check_backend(&cli, o->backend) != 0 || ds4_cli_steering_check(&cli, &o->steer) != 0 ||
         ds4_cli_tp_check(&cli, o->tensor_parallel, &o->dist) != 0)
         return 2;

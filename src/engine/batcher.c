@@ -291,7 +291,6 @@ ds4_batcher *ds4_batcher_new(ds4_backend *b, uint32_t budget, double stretch, ds
     bt->b = b;
     bt->budget = budget;
     bt->pace.stretch = stretch;
-    bt->pace.off = stretch <= 0;
     pthread_mutex_init(&bt->mu, NULL);
     pthread_cond_init(&bt->work, NULL);
     pthread_cond_init(&bt->done, NULL);

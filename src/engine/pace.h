@@ -20,8 +20,9 @@
 #ifndef DS4_ENGINE_PACE_H
 #define DS4_ENGINE_PACE_H
 
-#include <stdbool.h>
 #include <stdint.h>
+
+#include "base/error.h"
 
 /* A step with decoders and a piece takes about this many times their step
  * alone (their time per token within twice their steady one, with room
@@ -33,11 +34,13 @@
 #define DS4_PACE_MIN 16
 
 typedef struct ds4_pacer {
+    double stretch; /* the step's time over the decoders' alone, above 1 (0: no pacing, all the room) */
     double short_s; /* seconds of a step of short rows alone (0: none seen) */
     double piece;   /* the next piece's rows (0: none timed yet) */
-    double stretch; /* the step's time over the decoders' alone (0: DS4_PACE_STRETCH) */
-    bool off;       /* no pacing: every piece all the room */
 } ds4_pacer;
+
+/* A user's stretch (--pace-stretch): 0 or above 1, else an error saying so. */
+int ds4_pace_check(double stretch, ds4_err *err);
 
 /* A step ran: short_rows decoding rows (decode tokens, MTP verifications
  * and drafts) and long_rows prefill rows in `secs`. */

@@ -202,7 +202,7 @@ static void test_decode_beside_long_prefill(void **state) {
  * room); it settles where a piece adds what it may. */
 static void test_pace_piece(void **state) {
     (void)state;
-    ds4_pacer p = {0};
+    ds4_pacer p = {.stretch = DS4_PACE_STRETCH};
     assert_int_equal(ds4_pace_piece(&p, 0, 2000), 2000);
     assert_int_equal(ds4_pace_piece(&p, 16, 2000), DS4_PACE_FIRST);
     assert_int_equal(ds4_pace_piece(&p, 16, 40), 40);
@@ -233,7 +233,7 @@ static void test_pace_piece(void **state) {
     /* a piece whose time is a fixed cost plus a cost a row settles where
      * the step takes the stretch: 5 ms + 0.1 ms a row beside 20 ms
      * decoders -> 100 rows */
-    ds4_pacer r = {.short_s = 0.020};
+    ds4_pacer r = {.stretch = DS4_PACE_STRETCH, .short_s = 0.020};
     for (int i = 0; i < 60; i++) {
         uint32_t rows = ds4_pace_piece(&r, 16, 4096);
         ds4_pace_note(&r, 16, rows, 0.020 + 0.005 + 0.0001 * rows);
@@ -241,15 +241,21 @@ static void test_pace_piece(void **state) {
     uint32_t settled = ds4_pace_piece(&r, 16, 4096);
     /* a larger stretch allows more: 3x a 20 ms step -> 40 ms added ->
      * 350 rows; off: all the room */
-    ds4_pacer w = {.short_s = 0.020, .stretch = 3};
+    ds4_pacer w = {.stretch = 3, .short_s = 0.020};
     for (int i = 0; i < 60; i++) {
         uint32_t rows = ds4_pace_piece(&w, 16, 4096);
         ds4_pace_note(&w, 16, rows, 0.020 + 0.005 + 0.0001 * rows);
     }
     uint32_t wide = ds4_pace_piece(&w, 16, 4096);
     assert_true(wide >= 348 && wide <= 351);
-    ds4_pacer off = {.short_s = 0.020, .piece = 20, .off = true};
+    ds4_pacer off = {.stretch = 0, .short_s = 0.020, .piece = 20};
     assert_int_equal(ds4_pace_piece(&off, 16, 4096), 4096);
+    ds4_err err = {0};
+    assert_int_equal(ds4_pace_check(0, &err), 0);
+    assert_int_equal(ds4_pace_check(1.5, &err), 0);
+    assert_int_not_equal(ds4_pace_check(1, &err), 0);
+    assert_non_null(strstr(err.msg, "0 (no pacing) or above 1"));
+    assert_int_not_equal(ds4_pace_check(0.5, &err), 0);
     fprintf(stderr, "pacer settled at %u rows (fixed 5 ms + 0.1 ms a row, 15 ms allowed)\n", settled);
     assert_true(settled >= 98 && settled <= 101);
 }
