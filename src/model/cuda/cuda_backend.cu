@@ -1078,7 +1078,8 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
     size_t need = m.off;
     snprintf(what, sizeof(what), "pass buffers (chunk %u, context %u)", b->chunk, b->ctx);
     if (cu_dev_alloc(&b->buf_block, need, what, err)) return -1;
-    CU_TRY(cudaMemsetAsync(b->buf_block, 0, need, b->st)); /* read before written only by cu_offload_measure */
+    if (b->off) /* cu_offload_measure reads the activations before any pass wrote them */
+        CU_TRY(cudaMemsetAsync(b->buf_block, 0, need, b->st));
     b->dev_bytes += (need + 255) / 256 * 256;
     m.base = (uint8_t *)b->buf_block;
     m.off = 0;

@@ -839,14 +839,13 @@ int cu_offload_measure(cuda_backend *b, ds4_err *err) {
     }
     size_t expert = 0;
     for (int t = 0; t < 3; t++) expert += routed_dwt(&b->W, l, t)->row_bytes * routed_dwt(&b->W, l, t)->rows;
-    double per = best / m, cpu = o->sec_per_entry;
-    double share = cpu / (cpu + per), planned = cpu / (cpu + (double)expert / o->pcie_bw);
+    double per = best / m, share = o->sec_per_entry / (o->sec_per_entry + per);
     uint32_t kept = 0;
     for (uint32_t il = 0; il < L; il++) {
         uint32_t nh = 0;
         for (uint32_t e = 0; e < E; e++) nh += o->slot[(size_t)il * E + e] < 0;
         uint32_t n = (uint32_t)(share * nh + 0.5);
-        if (share < planned && n < o->n_map[il]) {
+        if (n < o->n_map[il]) { /* only ever cut: a larger tier would need more pinned memory */
             for (uint32_t e = 0; e < E; e++) {
                 int32_t *s1 = &o->slot1[(size_t)il * E + e];
                 if (o->slot[(size_t)il * E + e] < 0 && *s1 >= (int32_t)(o->place.n_gpu[il] + n)) *s1 = -1;
@@ -856,10 +855,9 @@ int cu_offload_measure(cuda_backend *b, ds4_err *err) {
         kept += o->n_map[il];
     }
     fprintf(stderr,
-            "ds4: the GPU's products read a mapped expert in %.0f us (%.1f GB/s): %u of the %u mapped experts %s "
-            "(%.0f %% of each layer's host experts), the CPU computes the others\n",
-            per * 1e6, expert / per / 1e9, kept, o->map_experts, kept < o->map_experts ? "stay in the tier" : "stay",
-            100.0 * (share < planned ? share : planned));
+            "ds4: the GPU's products read a mapped expert in %.0f us (%.1f GB/s), balancing %.0f %% of each layer's "
+            "host experts against the CPU: %u of the %u mapped experts stay in the tier\n",
+            per * 1e6, expert / per / 1e9, 100.0 * share, kept, o->map_experts);
     if (kept == o->map_experts) return 0;
     o->map_experts = kept;
     CU_TRY(cu_upload(o->d_slot1, o->slot1, (size_t)L * E * sizeof(int32_t)));
