@@ -119,7 +119,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     block_rmsnorm(x, a.hd, nw, a.eps);
     block_rope(x, a.hd, a.rope, pos, false);
     if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
-    float *rg = a.rs ? a.rs[t].raw : a.ring, *ring = rg ? rg + (size_t)(pos % a.raw_cap) * a.hd : NULL;
+    float *rg = a.rs ? a.rs[t].S.raw : a.ring, *ring = rg ? rg + (size_t)(pos % a.raw_cap) * a.hd : NULL;
     for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) {
         float v = a.sim ? dev_f16_round(x[i]) : x[i];
         kv[i] = v;
@@ -461,9 +461,9 @@ static __device__ __forceinline__ comp_lane comp_lane_of(const comp_args &a) {
     comp_lane L = a.lane[blockIdx.y];
     if (a.rs) {
         const cu_rowseq &r = a.rs[blockIdx.z];
-        L.skv = L.indexer ? r.idx_kv : r.comp_kv;
-        L.ssc = L.indexer ? r.idx_score : r.comp_score;
-        L.rows = L.indexer ? r.idx : r.comp;
+        L.skv = L.indexer ? r.S.idx_kv : r.S.comp_kv;
+        L.ssc = L.indexer ? r.S.idx_score : r.S.comp_score;
+        L.rows = L.indexer ? r.S.idx : r.S.comp;
         L.ckv += (size_t)blockIdx.z * L.width;
         L.cgate += (size_t)blockIdx.z * L.width;
     }
@@ -804,7 +804,7 @@ typedef struct attn_src {
  * the pass at row t) */
 static __device__ __forceinline__ attn_src attn_src_of(const attn_args &a, uint32_t t, uint32_t pos0) {
     if (!a.rs) return {a.kvbuf, a.ring, a.comp, pos0};
-    return {a.kvbuf + (size_t)t * a.hd, a.rs[t].raw, a.rs[t].comp, pos0};
+    return {a.kvbuf + (size_t)t * a.hd, a.rs[t].S.raw, a.rs[t].S.comp, pos0};
 }
 
 /* Row i of query t's visible list: raw window first, then compressed rows. */

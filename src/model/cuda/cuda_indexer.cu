@@ -101,13 +101,12 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * (0fb123b), while the two kernels by
  * themselves had not changed. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
-    uint32_t t = blockIdx.y, pos = a.rs ? dev_pdl_wait_pos(a.rs[t].pos, a.pos_early)
-                                       : dev_pdl_wait_pos(a.pos0, a.pos_early) + t;
+    uint32_t t = blockIdx.y, pos = dev_row_pos(a.pos0, a.rs, t, a.pos_early);
     dev_pdl_launch_next(); /* after the wait: no launches piling up ahead */
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
-    const float *rows = a.rs ? a.rs[t].idx : a.rows;
+    const float *rows = a.rs ? a.rs[t].S.idx : a.rows;
     uint32_t nc = (pos + 1) / 4;
     uint32_t per = (nc + gridDim.x - 1) / gridDim.x;
     per = (per + IDX_GROUPS - 1) / IDX_GROUPS * IDX_GROUPS;
@@ -611,8 +610,7 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
-    uint32_t t = blockIdx.x, pos = a.rs ? dev_pdl_wait_pos(a.rs[t].pos, a.pos_early)
-                                       : dev_pdl_wait_pos(a.pos0, a.pos_early) + t;
+    uint32_t t = blockIdx.x, pos = dev_row_pos(a.pos0, a.rs, t, a.pos_early);
     dev_pdl_launch_next(); /* after the wait, as idx_score_kernel */
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);

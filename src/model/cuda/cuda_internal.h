@@ -370,8 +370,15 @@ typedef struct dlstate {
  * (cu_step_graph.rows_seq), made before its capture. */
 typedef struct cu_rowseq {
     const uint32_t *pos; /* its sequence's dstep.pos: the row's position */
-    float *raw, *comp, *comp_kv, *comp_score, *idx, *idx_kv, *idx_score; /* its dlstate's */
+    dlstate S;           /* its sequence's state at the layer */
 } cu_rowseq;
+
+/* The position of row t of a launch, read as dev_pdl_wait_pos reads it:
+ * its own sequence's (rs), or the pass's t-th from *pos0. */
+static __device__ __forceinline__ uint32_t dev_row_pos(const uint32_t *pos0, const cu_rowseq *rs, uint32_t t,
+                                                       bool early) {
+    return rs ? dev_pdl_wait_pos(rs[t].pos, early) : dev_pdl_wait_pos(pos0, early) + t;
+}
 
 /* The device's record of the session: position of the next pass's first
  * token, and the token a decode step embeds (set by the host, or by the

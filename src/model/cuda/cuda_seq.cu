@@ -425,9 +425,7 @@ static int rows_seq_upload(cuda_backend *b, cu_step_graph *g, const cu_part *par
     if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u sequences", np);
     for (uint32_t il = 0; il < nl; il++)
         for (uint32_t k = 0; k < np; k++) {
-            const dlstate *S = &parts[k].s->L[il];
-            h[(size_t)il * np + k] = {&parts[k].s->d_step->pos, S->raw, S->comp, S->comp_kv, S->comp_score,
-                                      S->idx, S->idx_kv, S->idx_score};
+            h[(size_t)il * np + k] = {&parts[k].s->d_step->pos, parts[k].s->L[il]};
         }
     int rc = cu_dev_alloc((void **)&g->rows_seq, bytes, "a batched step's table", err);
     cudaError_t e = rc ? cudaSuccess : cu_upload(g->rows_seq, h, bytes);
