@@ -1021,7 +1021,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
     const uint32_t ihd = 128;
     {
         ds4_err err = {};
-        int rc = cu_idx_scores(NULL, NULL, false, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, tc, st, &err);
+        int rc = cu_idx_scores(NULL, false, NULL, NULL, NULL, T, 1000, 65, ihd, 8, NULL, 1000, tc, st, &err);
         CHECK(rc != 0 && err.code == DS4_EUNSUPPORTED && strstr(ds4_err_msg(&err), "65 x 128"),
               "65 indexer heads: rc %d, \"%s\"", rc, ds4_err_msg(&err));
     }
@@ -1045,7 +1045,7 @@ static void check_idx_scores(cudaStream_t st, bool tc, uint32_t T) {
         dset(ds, 0xFF, (size_t)T * stride * 4); /* NaN: rows not scored must stay so */
         ds4_err err = {};
         bool early = !tc && (&cs - cases) % 2; /* a decode graph's early position (the tc kernel is prefill's) */
-        if (cu_idx_scores(dpos, NULL, early, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
+        if (cu_idx_scores(dpos, early, dq, dw, dr, T, grid_nc, heads, ihd, k, ds, stride, tc, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }
@@ -1565,7 +1565,7 @@ static void check_topk(cudaStream_t st) {
         dset(dvis, 0xFF, (size_t)(T + 1) * k * 4);
         ds4_err err = {};
         bool early = (&cs - cases) % 2; /* the position read before the PDL wait, as in a decode graph */
-        if (cu_topk(dpos, NULL, early, d, stride, (pos0 + T) / 4, T, k, dvis, dn, st, &err)) {
+        if (cu_topk(dpos, early, d, stride, (pos0 + T) / 4, T, k, dvis, dn, st, &err)) {
             printf("FAIL: %s\n", ds4_err_msg(&err));
             exit(1);
         }

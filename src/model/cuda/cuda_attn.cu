@@ -90,7 +90,6 @@ typedef struct qkv_args {
     bool sim;
     float *ring; /* a decode step's row also goes into the raw ring (NULL: ring_write_kernel after attention) */
     uint32_t raw_cap;
-    const cu_rowseq *rs; /* row t: its own sequence's one token, into that sequence's ring (cuda_backend.rs) */
 } qkv_args;
 
 static __global__ void qkv_post_kernel(qkv_args a) {
@@ -102,7 +101,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
                       : block_norm_weights(a.kv_norm, a.kv_norm_type, a.hd);
     if (!qrole) rope_to_l2(a.rope);
     dev_pdl_wait_prev();
-    uint32_t pos = a.rs ? *a.rs[t].pos : *a.pos0 + t; /* loaded with the row, not after the norm */
+    uint32_t pos = *a.pos0 + t; /* loaded with the row, not after the norm */
     if (qrole) {
         block_load_row(x, a.qa_raw + (size_t)t * a.qlr, a.qlr);
         __syncthreads();
@@ -119,7 +118,7 @@ static __global__ void qkv_post_kernel(qkv_args a) {
     block_rmsnorm(x, a.hd, nw, a.eps);
     block_rope(x, a.hd, a.rope, pos, false);
     if (a.sim) block_fp8_roundtrip(x, a.hd - a.rope_dim);
-    float *rg = a.rs ? a.rs[t].S.raw : a.ring, *ring = rg ? rg + (size_t)(pos % a.raw_cap) * a.hd : NULL;
+    float *ring = a.ring ? a.ring + (size_t)(pos % a.raw_cap) * a.hd : NULL;
     for (uint32_t i = threadIdx.x; i < a.hd; i += blockDim.x) {
         float v = a.sim ? dev_f16_round(x[i]) : x[i];
         kv[i] = v;
@@ -146,11 +145,9 @@ int cu_qkv_post(cuda_backend *b, uint32_t il, uint32_t T, ds4_err *err) {
     a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
     a.eps = c->rms_eps;
     a.sim = b->sim;
-    /* one token (of each sequence): the ring slot it takes holds the row
-     * that just left the window (raw_cap = the window), which its attention
-     * does not read */
-    a.rs = b->rs;
-    if (T == 1 || b->rs) {
+    /* one token: the ring slot it takes holds the row that just left the
+     * window (raw_cap = the window), which its attention does not read */
+    if (T == 1) {
         a.ring = b->sq->L[il].raw;
         a.raw_cap = b->raw_cap;
     }
@@ -175,7 +172,6 @@ typedef struct qpost_args {
     float *keep;
     const float *keep_src;
     uint32_t keep_n, keep_ratio;
-    const cu_rowseq *rs; /* row t at its own sequence's position (cuda_backend.rs) */
 } qpost_args;
 
 /* A query head by one warp, in registers: lane l holds the groups of four
@@ -267,8 +263,7 @@ static __device__ __forceinline__ void idx_post_head(float *q, const ds4_rope &r
  * 263 us of a 2048-token prefill launch.) */
 static __global__ void q_post_kernel(qpost_args a) {
     dev_pdl_enter();
-    uint32_t t = blockIdx.x, y = blockIdx.y, pos = a.rs ? *a.rs[t].pos : *a.pos0 + t;
-    uint32_t nqb = (a.n_head + QP_HEADS - 1) / QP_HEADS;
+    uint32_t t = blockIdx.x, y = blockIdx.y, pos = *a.pos0 + t, nqb = (a.n_head + QP_HEADS - 1) / QP_HEADS;
     if (a.keep && y == gridDim.y - 1) { /* the last block: the window's row */
         float4 *dst = (float4 *)(a.keep + (size_t)(pos % a.keep_ratio) * a.keep_n);
         for (uint32_t i = threadIdx.x; i < a.keep_n / 4; i += blockDim.x) dst[i] = ((const float4 *)a.keep_src)[i];
@@ -291,7 +286,6 @@ int cu_q_post(cuda_backend *b, uint32_t il, uint32_t T, bool keep, ds4_err *err)
     qpost_args a;
     memset(&a, 0, sizeof(a));
     a.pos0 = &b->sq->d_step->pos;
-    a.rs = b->rs;
     a.q = b->q;
     a.hd = c->head_dim;
     a.rope = ds4_layer_ratio(c, il) ? b->rope_comp : b->rope_dense;
@@ -448,26 +442,9 @@ static __device__ float comp_pool4(const comp_lane &L, uint32_t pos0, uint32_t f
  * is the pass's rather than the frontier's (comp_fetch), after the PDL
  * wait. */
 static __device__ __forceinline__ uint32_t comp_pass_start(const comp_args &a, uint32_t *first) {
-    const uint32_t *pp = a.rs ? a.rs[blockIdx.z].pos : a.pos0;
-    uint32_t pos0 = dev_pdl_wait_pos(pp, a.pos_early) - a.back, f = a.fold ? *a.fold : 0;
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early) - a.back, f = a.fold ? *a.fold : 0;
     *first = f > pos0 ? f : pos0;
     return pos0;
-}
-
-/* The block's lane (grid y); with rows of sequences of their own (a.rs),
- * row z's: that sequence's frontier and compressed rows, the pass's
- * projections from row z. */
-static __device__ __forceinline__ comp_lane comp_lane_of(const comp_args &a) {
-    comp_lane L = a.lane[blockIdx.y];
-    if (a.rs) {
-        const cu_rowseq &r = a.rs[blockIdx.z];
-        L.skv = L.indexer ? r.S.idx_kv : r.S.comp_kv;
-        L.ssc = L.indexer ? r.S.idx_score : r.S.comp_score;
-        L.rows = L.indexer ? r.S.idx : r.S.comp;
-        L.ckv += (size_t)blockIdx.z * L.width;
-        L.cgate += (size_t)blockIdx.z * L.width;
-    }
-    return L;
 }
 
 /* One block per (window closing in the pass, lane): pool, normalise, RoPE
@@ -479,7 +456,7 @@ static __device__ __forceinline__ comp_lane comp_lane_of(const comp_args &a) {
 template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
     dev_pdl_launch_next();
     __shared__ float x[512];
-    const comp_lane L = comp_lane_of(a);
+    const comp_lane &L = a.lane[blockIdx.y];
     norm_w nw = block_norm_weights(L.norm, L.norm_type, L.hd);
     rope_to_l2(a.rope);
     uint32_t first, pos0 = comp_pass_start(a, &first), ratio = L.ratio, hd = L.hd;
@@ -530,7 +507,7 @@ template <bool BATCHED> static __global__ void comp_emit_kernel(comp_args a) {
 static __global__ void comp_frontier_kernel(comp_args a) {
     dev_pdl_launch_next();
     uint32_t first, pos0 = comp_pass_start(a, &first);
-    const comp_lane L = comp_lane_of(a);
+    const comp_lane &L = a.lane[blockIdx.y];
     uint32_t n = pos0 + a.T, ratio = L.ratio;
     /* no window closed in this pass: only the pass's own positions change
      * (rows past the partial window are already empty) */
@@ -581,9 +558,8 @@ static __global__ void comp_frontier_kernel(comp_args a) {
 
 int cu_comp_emit(const comp_args *a, uint32_t nwin, bool batched, cudaStream_t st, ds4_err *err) {
     if (nwin == 0) return 0;
-    dim3 grid(nwin, a->n_lanes, a->rs ? a->n_rs : 1);
-    if (batched) DS4_LAUNCH(comp_emit_kernel<true>, grid, 256, 0, st, *a);
-    else DS4_LAUNCH(comp_emit_kernel<false>, grid, 256, 0, st, *a);
+    if (batched) DS4_LAUNCH(comp_emit_kernel<true>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
+    else DS4_LAUNCH(comp_emit_kernel<false>, dim3(nwin, a->n_lanes), 256, 0, st, *a);
     CU_LAUNCHED();
     return 0;
 }
@@ -639,8 +615,7 @@ static void comp_setup(cuda_backend *b, uint32_t il, uint32_t T, uint32_t back, 
 }
 
 static int comp_frontier(const comp_args *a, cudaStream_t st, ds4_err *err) {
-    DS4_LAUNCH(comp_frontier_kernel, dim3((a->lane[0].width + 255) / 256, a->n_lanes, a->rs ? a->n_rs : 1), 256, 0,
-               st, *a);
+    DS4_LAUNCH(comp_frontier_kernel, dim3((a->lane[0].width + 255) / 256, a->n_lanes), 256, 0, st, *a);
     CU_LAUNCHED();
     return 0;
 }
@@ -649,12 +624,7 @@ int cu_compress(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool de
                 cudaEvent_t emitted, ds4_err *err) {
     uint32_t ratio = b->sq->L[il].ratio;
     comp_args a;
-    if (b->rs) { /* a token of each of T sequences */
-        comp_setup(b, il, 1, 0, decode, &a);
-        a.rs = b->rs;
-        a.n_rs = T;
-        T = 1;
-    } else comp_setup(b, il, T, 0, decode, &a);
+    comp_setup(b, il, T, 0, decode, &a);
     /* windows that can close: in a pass sized for any position (decode,
      * a captured step) as many as T rows can close, partly the frontier's
      * (the unbatched pooling; the blocks of windows that do not close
@@ -793,28 +763,14 @@ static __device__ __forceinline__ uint32_t attn_comp_row(const attn_args &a, uin
     return a.ratio == 4 ? a.vis[(size_t)t * a.top_k + i] : i;
 }
 
-/* Where query t's rows are: its sequence's ring and compressed rows, and
- * the pass's rows of that sequence (from position pos0 at kv). */
-typedef struct attn_src {
-    const float *kv, *ring, *comp;
-    uint32_t pos0;
-} attn_src;
-
-/* pos0: *a.pos0 (a.rs: query t's own position, its sequence's one row of
- * the pass at row t) */
-static __device__ __forceinline__ attn_src attn_src_of(const attn_args &a, uint32_t t, uint32_t pos0) {
-    if (!a.rs) return {a.kvbuf, a.ring, a.comp, pos0};
-    return {a.kvbuf + (size_t)t * a.hd, a.rs[t].S.raw, a.rs[t].S.comp, pos0};
-}
-
 /* Row i of query t's visible list: raw window first, then compressed rows. */
-static __device__ __forceinline__ const float *attn_row(const attn_args &a, const attn_src &src, uint32_t t,
+static __device__ __forceinline__ const float *attn_row(const attn_args &a, uint32_t t, uint32_t p, uint32_t pos0,
                                                         uint32_t first, uint32_t n_raw, uint32_t i) {
     if (i < n_raw) {
         uint32_t r = first + i;
-        return r >= src.pos0 ? src.kv + (size_t)(r - src.pos0) * a.hd : src.ring + (size_t)(r % a.raw_cap) * a.hd;
+        return r >= pos0 ? a.kvbuf + (size_t)(r - pos0) * a.hd : a.ring + (size_t)(r % a.raw_cap) * a.hd;
     }
-    return src.comp + (size_t)attn_comp_row(a, t, i - n_raw) * a.hd;
+    return a.comp + (size_t)attn_comp_row(a, t, i - n_raw) * a.hd;
 }
 
 /* The compressed rows query t (at position p) sees. */
@@ -1023,13 +979,12 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
         rope_to_l2(a.rope);
     }
     dev_pdl_launch_next();
-    uint32_t pos0 = dev_pdl_wait_pos(a.rs ? a.rs[blockIdx.y].pos : a.pos0, a.pos_early);
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
     __shared__ __align__(16) float xo[ATB_WARPS][H][ATT_MAXV * 32];
     __shared__ float xm[ATB_WARPS][H], xl[ATB_WARPS][H], fm[H], fl[H];
     unsigned lane = threadIdx.x & 31, warp = threadIdx.x / 32;
     uint32_t g = blockIdx.x, t = blockIdx.y, split = blockIdx.z, h0 = g * H;
-    uint32_t p = a.rs ? pos0 : pos0 + t, first, n_raw;
-    const attn_src src = attn_src_of(a, t, pos0);
+    uint32_t p = pos0 + t, first, n_raw;
     /* The split's rows, then the warp's share of them, are cut from the
      * most rows the query can see, so that the first row addresses (a
      * ratio-4 row's from vis[]) are asked for with the count of its
@@ -1048,7 +1003,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
     float scale = 1.0f / sqrtf((float)hd);
     unsigned long long rnext = 0, rcur = 0; /* rows' addresses, as integers for the shuffle */
     if (lane < ATB_PREF_ROWS && w0 + lane < w1)
-        rnext = (unsigned long long)(size_t)attn_row(a, src, t, first, n_raw, w0 + lane);
+        rnext = (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, w0 + lane);
     w1 = attn_min(w1, n_raw + attn_comp_count(a, t, p)); /* an address past the count is never loaded from */
     float q[H][ATT_MAXV], o[H][ATT_MAXV], m[H], l[H];
 #pragma unroll
@@ -1065,7 +1020,7 @@ static __global__ void __launch_bounds__(ATB_WARPS * 32, MINB) attn_heads_kernel
             rcur = rnext;
             uint32_t n = ib + ATB_PREF_ROWS + lane;
             rnext = lane < ATB_PREF_ROWS && n < w1
-                        ? (unsigned long long)(size_t)attn_row(a, src, t, first, n_raw, n)
+                        ? (unsigned long long)(size_t)attn_row(a, t, p, pos0, first, n_raw, n)
                         : 0;
         }
         /* the loads of BATCH rows first, each row then serves every head */
@@ -1743,7 +1698,7 @@ int cu_attn_run(const attn_args *a, uint32_t T, bool tc, cudaStream_t st, ds4_er
     return 0;
 }
 
-bool cu_attn_tc(const cuda_backend *b, uint32_t T) { return T > CU_ATTN_BLOCKED_T && !b->rs; }
+bool cu_attn_tc(const cuda_backend *b, uint32_t T) { return T > CU_ATTN_BLOCKED_T; }
 
 size_t cu_attn_tc_rows(const cuda_backend *b) {
     if (b->chunk <= CU_ATTN_BLOCKED_T) return 0;
@@ -1756,7 +1711,6 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     attn_args a;
     memset(&a, 0, sizeof(a));
     a.pos0 = &b->sq->d_step->pos;
-    a.rs = b->rs;
     a.q = b->q;
     a.kvbuf = b->kvbuf;
     a.ring = S->raw;
@@ -1779,7 +1733,7 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
     a.nsplit = 1;
     bool tc = cu_attn_tc(b, T);
     a.q_eps = c->rms_eps;
-    a.pos_early = cu_pos_early(b, b->rs ? 1 : T);
+    a.pos_early = cu_pos_early(b, T);
     if (tc) { /* the ring's slots written so far, the pass's rows, the compressed rows complete by its end */
         a.tc_rows = b->attn_tc_rows;
         a.tc_comp0 = b->raw_cap + T;
@@ -1788,20 +1742,15 @@ int cu_attend(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, const hc_
             return ds4_err_set(err, DS4_EINVAL, "CUDA backend: %u rows to split for the attention, room for %zu",
                                a.tc_nrows, cu_attn_tc_rows(b));
     }
-    if (!tc && (T <= b->attn_queries || b->rs)) {
-        /* a few queries: the rows split over blocks (the scratch holds
-         * their partial results: attn_queries queries' splits, a lane's
-         * one query's); a token of each of T sequences, up to the splits
-         * those queries' scratch holds */
+    if (!tc && T <= b->attn_queries) { /* a few queries: the rows split over blocks (the scratch holds
+                                          * their partial results; a lane's holds one query's) */
         uint32_t rows = c->sliding_window, cap = S->ratio ? cu_dec_cap(b, S->ratio) : 0;
         rows += S->ratio == 4 && c->idx_top_k < cap ? c->idx_top_k : cap;
-        uint32_t most = b->attn_queries * b->attn_split / T;
         a.nsplit = cu_attn_splits(c, rows);
         if (a.nsplit > b->attn_split) a.nsplit = b->attn_split;
-        if (a.nsplit > most) a.nsplit = most ? most : 1;
     }
     if (cu_attn_run(&a, T, tc, b->st, err)) return -1;
-    if (T == 1 || b->rs) return 0; /* qkv_post_kernel wrote the ring */
+    if (T == 1) return 0; /* qkv_post_kernel wrote the ring */
     uint32_t nw = T < b->raw_cap ? T : b->raw_cap;
     DS4_LAUNCH(ring_write_kernel, nw, 128, 0, b->st, &b->sq->d_step->pos, (const float *)b->kvbuf, S->raw, T,
                c->head_dim, b->raw_cap);

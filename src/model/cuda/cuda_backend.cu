@@ -100,7 +100,7 @@ static void layout_buffers(cuda_backend *b, bump *m) {
     TAKE(m, b->nvis, C);
     take_act(m, &b->heads, (uint32_t)qd, b->chunk, layer_forms(b, &dlayer::out_a, NULL));
     TAKE(m, b->attn_part, CU_FEW_T * cu_attn_part_floats(c, b->attn_split)); /* CU_FEW_T queries (cu_attend) */
-    TAKE(m, b->attn_count, CU_FEW_PASS * cu_attn_groups(c)); /* a batched step's queries (cu_attend) */
+    TAKE(m, b->attn_count, CU_FEW_T * cu_attn_groups(c));
     for (uint32_t i = 0; i < CU_LANES; i++) {
         float *part;
         uint32_t *count;
@@ -1094,7 +1094,7 @@ static int init(cuda_backend *b, const ds4_weights *w, ds4_err *err) {
         CU_TRY(cudaMemsetAsync(b->imx_mid, 0, mid_n * sizeof(double), b->st));
         CU_TRY(cudaMemsetAsync(b->imx_routes, 0, routes_n * sizeof(uint64_t), b->st));
     }
-    CU_TRY(cudaMemsetAsync(b->attn_count, 0, CU_FEW_PASS * cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
+    CU_TRY(cudaMemsetAsync(b->attn_count, 0, CU_FEW_T * cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     for (uint32_t i = 0; i < CU_LANES; i++)
         CU_TRY(cudaMemsetAsync(b->lane_attn_count[i], 0, cu_attn_groups(b->cfg) * sizeof(uint32_t), b->st));
     if (b->d_steer)

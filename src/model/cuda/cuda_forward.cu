@@ -347,29 +347,6 @@ static int attention_parts(cuda_backend *b, uint32_t il, const cu_part *parts, u
     return lanes_join(b, n_parts, err);
 }
 
-/* attention_parts of a captured batched decode step (b->step_rows: a part
- * a row, each of its own sequence): each launch of the parts' own work
- * takes every row, row t as its sequence's one token at its own position
- * (cuda_backend.rs) - 7 launches a layer where a launch a part made 224
- * at 32 sessions, most of them a few blocks.  The journal's copies (a
- * sequence past its mark) stay per part. */
-static int attention_rows(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T,
-                          ds4_err *err) {
-    uint32_t ratio = ds4_layer_ratio(b->cfg, il);
-    cuda_backend v = *b;
-    v.sq = parts[0].s; /* the launches' shapes (every sequence's are the same); their state comes from rs */
-    v.rs = b->step_rows + (size_t)il * n_parts;
-    if (cu_qkv_post(&v, il, T, err)) return -1;
-    for (uint32_t i = 0; i < n_parts; i++) {
-        cuda_backend pv = part_view(b, &parts[i], il);
-        if (cu_journal_rows(&pv, il, 1, err) || cu_journal_proj(&pv, il, 1, err)) return -1;
-    }
-    if (query_projections(b, il, ratio == 4, T, false, err) || cu_q_post(&v, il, T, false, err) ||
-        (ratio && cu_compress(&v, il, T, 0, true, v.st, NULL, err)) || (ratio == 4 && cu_indexer(&v, il, T, 0, true, err)))
-        return -1;
-    return cu_attend(&v, il, T, 0, NULL, err);
-}
-
 int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint32_t n_parts, uint32_t T, bool decode,
                        ds4_err *err) {
     const ds4_config *c = b->cfg;
@@ -377,9 +354,7 @@ int cu_attention_layer(cuda_backend *b, uint32_t il, const cu_part *parts, uint3
     uint32_t ratio = ds4_layer_ratio(c, il), pos0 = parts[0].pos0;
     bool idx = ratio == 4;
     if (!decode) {
-        bool rows = b->step_rows && n_parts > 1;
-        if (attention_projections(b, il, T, false, err) ||
-            (rows ? attention_rows(b, il, parts, n_parts, T, err) : attention_parts(b, il, parts, n_parts, T, err)) ||
+        if (attention_projections(b, il, T, false, err) || attention_parts(b, il, parts, n_parts, T, err) ||
             output_projection(b, il, T, false, err) || cu_tp_reduce_attn(b, T, err))
             return -1;
         hc_post_src src = {b->y, NULL, NULL, 0, NULL, NULL};

@@ -29,7 +29,6 @@
 
 typedef struct idx_args {
     const uint32_t *pos0;
-    const cu_rowseq *rs; /* cu_idx_scores */
     bool pos_early; /* as attn_args.pos_early */
     const float *iq, *iw, *rows;
     float *scores;
@@ -101,13 +100,12 @@ static __device__ __forceinline__ void idx_tile_scores(const idx_args &a, const 
  * (0fb123b), while the two kernels by
  * themselves had not changed. */
 static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args a) {
-    uint32_t t = blockIdx.y, pos = dev_row_pos(a.pos0, a.rs, t, a.pos_early);
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
     dev_pdl_launch_next(); /* after the wait: no launches piling up ahead */
     DS4_DYN_SMEM(float, qs);
     float *ks = qs + IDX_MAX_HEADS * IDX_QSTRIDE;
     __shared__ float ws[IDX_MAX_HEADS];
-    const float *rows = a.rs ? a.rs[t].S.idx : a.rows;
-    uint32_t nc = (pos + 1) / 4;
+    uint32_t t = blockIdx.y, nc = (pos0 + t + 1) / 4;
     uint32_t per = (nc + gridDim.x - 1) / gridDim.x;
     per = (per + IDX_GROUPS - 1) / IDX_GROUPS * IDX_GROUPS;
     if (per > IDX_TILE) per = IDX_TILE; /* only if nc exceeds the rows the grid was sized for */
@@ -118,7 +116,7 @@ static __global__ void __launch_bounds__(IDX_THREADS) idx_score_kernel(idx_args 
     for (uint32_t i = threadIdx.x; i < per * pieces; i += IDX_THREADS) {
         uint32_t r = i / pieces, d = 4 * (i % pieces);
         float *dst = ks + r * IDX_QSTRIDE + d;
-        if (r0 + r < r1) cp_async16(dst, rows + (size_t)(r0 + r) * a.ihd + d);
+        if (r0 + r < r1) cp_async16(dst, a.rows + (size_t)(r0 + r) * a.ihd + d);
         else *(float4 *)dst = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     }
     cp_async_commit();
@@ -261,7 +259,6 @@ template <int IHD> static __global__ void __launch_bounds__(IDXC_WARPS * 32) idx
 
 typedef struct topk_args {
     const uint32_t *pos0;
-    const cu_rowseq *rs; /* cu_topk */
     bool pos_early; /* as attn_args.pos_early */
     const float *scores;
     size_t score_stride;
@@ -610,11 +607,11 @@ static __device__ void topk_write(const float *src, uint32_t nc, uint32_t prefix
  * a thread: the block must not need a whole SM's registers, or in a graph
  * it waits for one to drain (64 measured slower in decode). */
 static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args a) {
-    uint32_t t = blockIdx.x, pos = dev_row_pos(a.pos0, a.rs, t, a.pos_early);
+    uint32_t pos0 = dev_pdl_wait_pos(a.pos0, a.pos_early);
     dev_pdl_launch_next(); /* after the wait, as idx_score_kernel */
     __shared__ topk_shared sh;
     DS4_DYN_SMEM(float, cache);
-    uint32_t nc = (pos + 1) / 4, k = a.top_k;
+    uint32_t t = blockIdx.x, nc = (pos0 + t + 1) / 4, k = a.top_k;
     uint32_t *vis = a.vis + (size_t)t * k;
     if (nc <= k) {
         for (uint32_t i = threadIdx.x; i < nc; i += blockDim.x) vis[i] = i;
@@ -637,27 +634,25 @@ static __global__ void __launch_bounds__(TOPK_THREADS, 2) topk_kernel(topk_args 
 
 /* The visible rows of T queries from their scores (cu_indexer; exported
  * for the kernel test). */
-int cu_topk(const uint32_t *pos0, const cu_rowseq *rs, bool pos_early, const float *scores, size_t score_stride,
-            uint32_t max_nc, uint32_t T, uint32_t top_k, uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err) {
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t max_nc, uint32_t T,
+            uint32_t top_k, uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err) {
     uint32_t cache = max_nc < TOPK_CACHE ? max_nc : TOPK_CACHE;
-    topk_args k = {pos0, rs, pos_early, scores, score_stride, top_k, vis, nvis, cache};
+    topk_args k = {pos0, pos_early, scores, score_stride, top_k, vis, nvis, cache};
     if (cu_allow_smem<topk_kernel>(cache * sizeof(float), err)) return -1;
     DS4_LAUNCH(topk_kernel, T, TOPK_THREADS, cache * sizeof(float), st, k);
     CU_LAUNCHED();
     return 0;
 }
 
-int cu_idx_scores(const uint32_t *pos0, const cu_rowseq *rs, bool pos_early, const float *iq, const float *iw,
-                  const float *rows, uint32_t T, uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k,
-                  float *scores, size_t score_stride, bool tc, cudaStream_t st, ds4_err *err) {
+int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows, uint32_t T,
+                  uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
+                  bool tc, cudaStream_t st, ds4_err *err) {
     if (heads > IDX_MAX_HEADS || ihd > IDX_MAX_DIM || ihd % 32)
         return ds4_err_set(err, DS4_EUNSUPPORTED,
                            "CUDA backend: indexer heads %u x %u (needs <= %u x %u, a multiple of 32)", heads, ihd,
                            IDX_MAX_HEADS, IDX_MAX_DIM);
     if (max_nc <= top_k) return 0;
-    if (tc && rs)
-        return ds4_err_set(err, DS4_EINVAL, "CUDA backend: the tensor-core indexer scores one sequence's rows");
-    idx_args a = {pos0, rs, pos_early, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
+    idx_args a = {pos0, pos_early, iq, iw, rows, scores, score_stride, heads, ihd, top_k};
     if (tc) {
         dim3 grid((max_nc + IDXC_ROWS - 1) / IDXC_ROWS, T);
         if (ihd == 128) {
@@ -686,11 +681,10 @@ int cu_idx_scores(const uint32_t *pos0, const cu_rowseq *rs, bool pos_early, con
 int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool decode, ds4_err *err) {
     const ds4_config *c = b->cfg;
     uint32_t max_nc = decode ? cu_dec_cap(b, 4) : (pos0 + T) / 4;
-    bool early = cu_pos_early(b, b->rs ? 1 : T);
-    const uint32_t *pos = &b->sq->d_step->pos;
-    if (cu_idx_scores(pos, b->rs, early, b->iq, b->iw, b->sq->L[il].idx, T, max_nc, c->idx_n_head, c->idx_head_dim,
-                      c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
+    bool early = cu_pos_early(b, T);
+    if (cu_idx_scores(&b->sq->d_step->pos, early, b->iq, b->iw, b->sq->L[il].idx, T, max_nc, c->idx_n_head,
+                      c->idx_head_dim, c->idx_top_k, b->idx_scores, b->comp_cap4, !decode, b->st, err))
         return -1;
-    return cu_topk(pos, b->rs, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis, b->st,
-                   err);
+    return cu_topk(&b->sq->d_step->pos, early, b->idx_scores, b->comp_cap4, max_nc, T, c->idx_top_k, b->vis, b->nvis,
+                   b->st, err);
 }

@@ -362,24 +362,6 @@ typedef struct dlstate {
     float *win;
 } dlstate;
 
-/* A row of a batched step whose parts are a row each, each of its own
- * sequence: where that sequence's state at one layer is, so that one
- * launch does every row's own attention work (attention_rows,
- * cuda_forward.cu) where a launch a part left 32 sessions' steps with
- * thousands of small launches.  A step's table is n_layer x rows
- * (cu_step_graph.rows_seq), made before its capture. */
-typedef struct cu_rowseq {
-    const uint32_t *pos; /* its sequence's dstep.pos: the row's position */
-    dlstate S;           /* its sequence's state at the layer */
-} cu_rowseq;
-
-/* The position of row t of a launch, read as dev_pdl_wait_pos reads it:
- * its own sequence's (rs), or the pass's t-th from *pos0. */
-static __device__ __forceinline__ uint32_t dev_row_pos(const uint32_t *pos0, const cu_rowseq *rs, uint32_t t,
-                                                       bool early) {
-    return rs ? dev_pdl_wait_pos(rs[t].pos, early) : dev_pdl_wait_pos(pos0, early) + t;
-}
-
 /* The device's record of the session: position of the next pass's first
  * token, and the token a decode step embeds (set by the host, or by the
  * previous step's argmax in a greedy run). */
@@ -477,8 +459,7 @@ typedef struct cu_step_graph {
     uint32_t *rows;
     uint32_t n;
     float steer[2];
-    uint64_t used;       /* cuda_backend.steps_clock when it last ran */
-    cu_rowseq *rows_seq; /* device: a batched decode step's rows' sequences, n_layer x n (NULL: a verification) */
+    uint64_t used; /* cuda_backend.steps_clock when it last ran */
 } cu_step_graph;
 
 typedef struct cuda_backend {
@@ -486,11 +467,6 @@ typedef struct cuda_backend {
     int dev;         /* its GPU (ds4_backend_opts.gpu), made current by every entry point */
     cu_seq main_seq; /* the decode graphs' sequence */
     cu_seq *sq;      /* the sequence the pass being made acts on (a pass of several parts: each part's in turn) */
-    /* a batched decode step being captured: its rows' sequences (its
-     * graph's rows_seq), and a view's (attention_rows) at the layer being
-     * made, whose launches then take row t as sequence rs[t]'s one token
-     * (NULL: the pass's rows are b->sq's) */
-    const cu_rowseq *step_rows, *rs;
     /* the sequence whose logits are d_last_logits and not yet in its
      * logits_h (cu_use copies them out before another one's pass) */
     cu_seq *lg_owner;
@@ -557,8 +533,8 @@ typedef struct cuda_backend {
     int *sel;
     uint32_t *vis, *nvis;
     uint32_t attn_split;  /* most splits of a decode step's rows (cu_attn_splits) */
-    uint32_t *attn_count; /* per query and head group: split blocks done (cuda_attn.cu; CU_FEW_PASS queries) */
-    uint32_t attn_queries; /* the queries whose splits attn_part holds: CU_FEW_T, a lane's 1 */
+    uint32_t *attn_count; /* per head group: split blocks done (cuda_attn.cu) */
+    uint32_t attn_queries; /* the queries attn_part and attn_count hold: CU_FEW_T, a lane's 1 */
     float *attn_tc_rows;  /* the tensor-core attention's split rows (cu_attn_tc_rows) */
     int *grp_count, *grp_off, *grp_perm, *grp_tile_mat, *grp_tile_start, *grp_tile_count, *grp_ntiles;
     int *few_order; /* a pass of a few: its entries by expert (cu_entry_order) */
@@ -861,10 +837,6 @@ typedef struct comp_args {
     comp_lane lane[2];
     uint32_t n_lanes, T, rope_dim;
     const uint32_t *pos0;
-    /* rows of sequences of their own (cuda_backend.rs; T is then 1): the
-     * launch's grid z, row z's state from rs[z], its projections at row z */
-    const cu_rowseq *rs;
-    uint32_t n_rs;
     /* the pass's positions start `back` before *pos0; with fold set (a
      * deferred layer's window, cu_compress), those below *fold are the
      * frontier's, not the pass's */
@@ -890,17 +862,15 @@ int cu_indexer(cuda_backend *b, uint32_t il, uint32_t T, uint32_t pos0, bool dec
  * sum_h iw[t][h] max(0, iq[t][h] . rows[c]) into row t of scores; max_nc
  * bounds the rows of any query; tc: on the tensor cores (prefill), else
  * on the SIMT units (cu_indexer; exported for the kernel test).
- * pos_early, here and in cu_topk: as attn_args.pos_early; rs, here and in
- * cu_topk: query t is the one token of sequence rs[t] (its position, and
- * here its compressed rows rs[t].idx in place of rows), or NULL. */
-int cu_idx_scores(const uint32_t *pos0, const cu_rowseq *rs, bool pos_early, const float *iq, const float *iw, const float *rows, uint32_t T,
+ * pos_early, here and in cu_topk: as attn_args.pos_early. */
+int cu_idx_scores(const uint32_t *pos0, bool pos_early, const float *iq, const float *iw, const float *rows, uint32_t T,
                   uint32_t max_nc, uint32_t heads, uint32_t ihd, uint32_t top_k, float *scores, size_t score_stride,
                   bool tc, cudaStream_t st, ds4_err *err);
 /* Query t (position *pos0 + t) sees the (pos + 1) / 4 compressed rows of
  * its prefix, or the top_k of them by score (row t of scores): their
  * indices in ascending order into vis row t, their count into nvis[t].
  * max_nc: the most rows a query of the launch has (sizes its cache). */
-int cu_topk(const uint32_t *pos0, const cu_rowseq *rs, bool pos_early, const float *scores, size_t score_stride, uint32_t max_nc, uint32_t T,
+int cu_topk(const uint32_t *pos0, bool pos_early, const float *scores, size_t score_stride, uint32_t max_nc, uint32_t T,
             uint32_t top_k, uint32_t *vis, uint32_t *nvis, cudaStream_t st, ds4_err *err);
 
 /* cuda_attn.cu: attention */
@@ -922,7 +892,6 @@ size_t cu_attn_part_floats(const ds4_config *c, uint32_t splits);
  * the normalised outputs, key RoPE undone. */
 typedef struct attn_args {
     const uint32_t *pos0;
-    const cu_rowseq *rs; /* query t of sequence rs[t] (its position, ring and compressed rows), or NULL */
     bool pos_early; /* *pos0 may be read before the PDL wait (cu_pos_early) */
     const float *q; /* as q_post_kernel leaves them; tc: as projected (the kernel does their q post) */
     float q_eps;    /* tc: the q post's RMSNorm epsilon */

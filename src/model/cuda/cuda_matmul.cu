@@ -22,8 +22,7 @@
  * to 64 sessions) take the same plans: dense Q8_0 and float rows read once
  * from DRAM and dotted with every token (gemv_few_kernel, a kernel per
  * token count, more than CU_FEW_T tokens in chunks whose blocks run side
- * by side, their Q8_0 rows on the int8 tensor cores: few_q8_mma), each
- * token's sums the one-token plan's, bit for bit; the routed experts as
+ * by side), each token's sums the one-token plan's; the routed experts as
  * one-token plans side by side, a (token, expert) entry in the grid's y,
  * the entries of one expert adjacent (cu_gemv_reps, cu_entry_order).
  *
@@ -859,84 +858,6 @@ static __device__ __forceinline__ void few_q8_rows(const gemv_seg &sg, uint32_t 
     }
 }
 
-/* Q8_0 rows of a pass of more than CU_FEW_T tokens on the int8 tensor
- * cores: a warp takes FEW_MMA_ROWS rows and its chunk's NT tokens (one
- * m16n8k32 tile a Q8_0 block: the block's integer sums, exact in any
- * order), where few_q8_rows' dp4a and shuffles made a 32-row step's dense
- * products compute-bound (18 of its 69 ms on an H100).  The floats keep
- * the one-token plan's bits: there lane 2j adds the terms of blocks j,
- * j + 16, j + 32, .. in order (partial P_j) and warp_sum_n adds the lanes
- * by its butterfly, so here each lane keeps, for its four (row, token)
- * results, the 16 partials P_j with the same terms in the same order,
- * then adds them in the butterfly's tree, and then the odd lanes' zeros.
- * Fragment layout: lane (g, q) = (lane / 4, lane % 4) loads bytes 8 q ..
- * 8 q + 7 of a block of rows g and g + 8 and of token g's activation - a
- * permutation of k within the block, the same for both operands, so the
- * block's sums are unchanged - and holds the results of rows g, g + 8 by
- * tokens 2 q, 2 q + 1.  nt <= 8: the chunk's tokens (a tile's columns past
- * them load the last one's activation and are not written). */
-#define FEW_MMA_ROWS 16
-#define FEW_MMA_B    4 /* blocks whose loads are issued before any is used */
-static __device__ __forceinline__ void few_q8_mma(const gemv_seg &sg, uint32_t row0, uint32_t nt) {
-    unsigned lane = threadIdx.x & 31, g = lane / 4, q = lane % 4;
-    const uint8_t *w[2];
-    uint32_t rw[2] = {row0 + g, row0 + g + 8};
-#pragma unroll
-    for (int h = 0; h < 2; h++) { /* past the segment: its last row again, loads in bounds, not written */
-        uint32_t row = rw[h] < sg.rows ? rw[h] : sg.rows - 1;
-        w[h] = sg.w + (size_t)sg.mat * sg.mat_bytes + (size_t)(sg.row0 + row) * sg.row_bytes;
-    }
-    const uint32_t tb = g < nt ? g : nt - 1, t0 = 2 * q < nt ? 2 * q : nt - 1, t1 = 2 * q + 1 < nt ? 2 * q + 1 : nt - 1;
-    const int8_t *xb = sg.xq + (size_t)tb * sg.xqs;
-    const float *xd0 = (const float *)((const uint8_t *)sg.xd + (size_t)t0 * sg.xqs);
-    const float *xd1 = (const float *)((const uint8_t *)sg.xd + (size_t)t1 * sg.xqs);
-    uint32_t nb = sg.n / 32;
-    float P[16][4];
-#pragma unroll
-    for (int j = 0; j < 16; j++)
-#pragma unroll
-        for (int i = 0; i < 4; i++) P[j][i] = 0.0f;
-    for (uint32_t base = 0; base < nb; base += 16) {
-#pragma unroll
-        for (uint32_t j0 = 0; j0 < 16; j0 += FEW_MMA_B) {
-            uint2 a[FEW_MMA_B][2], bx[FEW_MMA_B];
-            float dw[FEW_MMA_B][2], dx[FEW_MMA_B][2];
-#pragma unroll
-            for (uint32_t u = 0; u < FEW_MMA_B; u++) {
-                uint32_t b = base + j0 + u;
-                bool ok = b < nb;
-                size_t at = (size_t)32 * b + 8 * q;
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    a[u][h] = ok ? __ldg((const uint2 *)(w[h] + at)) : make_uint2(0, 0);
-                    dw[u][h] = ok ? dev_f16(__ldg((const uint16_t *)(w[h] + sg.n) + b)) : 0.0f;
-                }
-                bx[u] = ok ? __ldg((const uint2 *)(xb + at)) : make_uint2(0, 0);
-                dx[u][0] = ok ? __ldg(xd0 + b) : 0.0f;
-                dx[u][1] = ok ? __ldg(xd1 + b) : 0.0f;
-            }
-#pragma unroll
-            for (uint32_t u = 0; u < FEW_MMA_B; u++) {
-                if (base + j0 + u >= nb) continue; /* the same in every lane: the warp's mma stays converged */
-                uint32_t af[4] = {a[u][0].x, a[u][1].x, a[u][0].y, a[u][1].y}, bf[2] = {bx[u].x, bx[u].y};
-                int c[4] = {0, 0, 0, 0};
-                mma_s8_16x8x32(c, af, bf);
-#pragma unroll
-                for (int i = 0; i < 4; i++) P[j0 + u][i] += (dw[u][i >> 1] * dx[u][i & 1]) * (float)c[i];
-            }
-        }
-    }
-    /* the butterfly's tree over the lanes 2 j that held P_j */
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float e = ((P[0][i] + P[8][i]) + (P[4][i] + P[12][i])) + ((P[2][i] + P[10][i]) + (P[6][i] + P[14][i]));
-        float o = ((P[1][i] + P[9][i]) + (P[5][i] + P[13][i])) + ((P[3][i] + P[11][i]) + (P[7][i] + P[15][i]));
-        float v = (e + o) + 0.0f;
-        uint32_t row = rw[i >> 1], t = 2 * q + (i & 1);
-        if (row < sg.rows && t < nt) sg.out[(size_t)t * sg.outs + row] = v;
-    }
-}
-
 /* Values [e0, e0 + len) of a float row (w: value e0's byte) against every
  * token's activation, a lane's sums in gemv_float's order. */
 template <uint32_t NT>
@@ -1015,12 +936,6 @@ static __global__ void __launch_bounds__(GEMV_WARPS * 32) gemv_few_kernel(gemv_p
     }
     uint32_t row = ((bx - sg.block0) * GEMV_WARPS + threadIdx.x / 32) * sg.rpw;
     if (row >= sg.rows) return;
-    /* the Q8_0 rows of a plan of more than CU_FEW_T tokens (chunks of more than CU_FEW_T / 2) */
-    if constexpr (NT > CU_FEW_T / 2)
-        if (sg.type == DS4_TYPE_Q8_0 && sg.rpw == FEW_MMA_ROWS) {
-            few_q8_mma(sg, row, nt);
-            return;
-        }
     if (sg.type == DS4_TYPE_Q8_0) few_q8_rows<NT>(sg, row, nt);
     else few_float_row<NT>(sg, row, nt);
 }
@@ -1337,10 +1252,8 @@ void cu_gemv_add_tok(gemv_plan *p, const dwt *W, uint32_t mat, const int *sel, u
     s->outs = tk.out_stride;
     s->sel_step = tk.sel_step;
     s->x_div = tk.x_div;
-    /* a few tokens: a warp holds the sums of FEW_R Q8_0 rows (more than
-     * CU_FEW_T tokens: FEW_MMA_ROWS, on the tensor cores) or a float row */
-    uint32_t q8_rpw = p->T > CU_FEW_T ? FEW_MMA_ROWS : FEW_R;
-    s->rpw = p->T > 1 ? (W->type == DS4_TYPE_Q8_0 ? q8_rpw : 1) : pick_rpw(W);
+    /* a few tokens: a warp holds the sums of FEW_R Q8_0 rows or a float row */
+    s->rpw = p->T > 1 ? (W->type == DS4_TYPE_Q8_0 ? FEW_R : 1) : pick_rpw(W);
     s->split = split_rows(W, sel, rows) ? GEMV_WARPS : 1;
     s->block0 = p->n_blocks;
     p->n_blocks += s->split > 1 ? rows : (rows + GEMV_WARPS * s->rpw - 1) / (GEMV_WARPS * s->rpw);

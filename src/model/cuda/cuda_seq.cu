@@ -382,7 +382,6 @@ static int parts_finish(cuda_backend *b, const ds4_row *rows, const cu_part *par
 
 static void step_graph_free(cu_step_graph *g) {
     if (g->x) cudaGraphExecDestroy(g->x);
-    if (g->rows_seq) cudaFree(g->rows_seq);
     free(g->seq);
     free(g->rows);
     memset(g, 0, sizeof(*g));
@@ -415,31 +414,9 @@ static bool graph_step(const cuda_backend *b, const ds4_row *rows, uint32_t n, c
     return true;
 }
 
-/* The table of a batched decode step's rows (a part each) into g's
- * rows_seq: row k's sequence's position and state at each layer
- * (cu_rowseq), for the launches that take all rows at once. */
-static int rows_seq_upload(cuda_backend *b, cu_step_graph *g, const cu_part *parts, uint32_t np, ds4_err *err) {
-    uint32_t nl = b->cfg->n_layer;
-    size_t bytes = (size_t)nl * np * sizeof(cu_rowseq);
-    cu_rowseq *h = (cu_rowseq *)malloc(bytes);
-    if (!h) return ds4_err_set(err, DS4_ENOMEM, "out of memory for a step of %u sequences", np);
-    for (uint32_t il = 0; il < nl; il++)
-        for (uint32_t k = 0; k < np; k++) {
-            h[(size_t)il * np + k] = {&parts[k].s->d_step->pos, parts[k].s->L[il]};
-        }
-    int rc = cu_dev_alloc((void **)&g->rows_seq, bytes, "a batched step's table", err);
-    cudaError_t e = rc ? cudaSuccess : cu_upload(g->rows_seq, h, bytes);
-    free(h);
-    if (rc) return -1;
-    CU_TRY(e);
-    return 0;
-}
-
 /* The graph of these parts, captured unless one held is theirs (the least
  * recently run slot takes a new one): each part's work sized for the
- * longest context among them (cu_dec_cap), read from their dsteps; a
- * batched decode step's own work of every part in one launch a kernel
- * (attention_rows, cuda_forward.cu). */
+ * longest context among them (cu_dec_cap), read from their dsteps. */
 static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, uint32_t n, cu_step_graph **out,
                      ds4_err *err) {
     const ds4_seq *q = &parts[0].s->base; /* the pass's steering scales (step_groups) */
@@ -466,18 +443,12 @@ static int graph_for(cuda_backend *b, const cu_part *parts, uint32_t np, uint32_
             g->rows[k] = parts[k].n;
             if (parts[k].s->ctx > ctx) ctx = parts[k].s->ctx;
         }
-        if (np > 1 && rows_seq_upload(b, g, parts, np, err)) {
-            step_graph_free(g);
-            return -1;
-        }
         cudaGraph_t cg;
         b->dec_ctx = ctx;
         CU_TRY(cudaStreamBeginCapture(b->st, CU_CAPTURE_MODE));
         b->capturing = true;
-        b->step_rows = g->rows_seq;
         int rc = cu_forward_parts(b, b->d_tokens, parts, np, n, false, NULL, NULL, err);
         b->capturing = false;
-        b->step_rows = NULL;
         b->dec_ctx = b->ctx;
         cudaError_t e = cudaStreamEndCapture(b->st, &cg);
         if (rc) {
