@@ -224,6 +224,8 @@ $(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
 $(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
+$(BUILD)/emu/test_emu: tests/cuda/emu/test_emu.cpp $(BUILD)/libds4emu.a
+	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(BUILD)/libds4emu.a $(LDFLAGS) -lm
 define emu_prog_rule
 $(BUILD)/emu/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4emu.a
 	@mkdir -p $$(dir $$@)
@@ -231,7 +233,7 @@ $(BUILD)/emu/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(
 endef
 $(foreach p,$(APP_PROGS),$(eval $(call emu_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call emu_prog_rule,$(p),tools)))
-EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels \
+EMU_TEST_BINS := $(BUILD)/emu/test_cuda $(BUILD)/emu/test_cuda_kernels $(BUILD)/emu/test_emu \
                  $(addprefix $(BUILD)/emu/bin/,ds4 ds4-server ds4-tokenizer ds4-mkmodel ds4-forward)
 test-cuda-emu: $(EMU_TEST_BINS)
 	@tests/cuda/run.sh $(BUILD)/emu emu

@@ -10,7 +10,7 @@
 #          the HF golden and the programs end to end
 #   smoke  (the default suite, tests/suite/cuda_emu.sh) a subset that
 #          still catches a kernel's or the decode machinery's regression:
-#          every kernel against its CPU definition (the direct check of each
+#          the emulation's own semantics; every kernel against its CPU definition (the direct check of each
 #          kernel's arithmetic); one strict f16 compare whose decode steps
 #          are of every kind (cuda_internal.h, CU_STEP_KINDS), in two
 #          graph sizes, with a ratio-128 window closing after a state
@@ -27,6 +27,9 @@
 #          the golden.
 #   SANITIZE=1   every GPU run under compute-sanitizer memcheck
 #
+#   emulation (emu, smoke) the emulation's own semantics: warp exchanges,
+#             barriers, grids, and a hang stopped with its block named
+#             (tests/cuda/emu/test_emu.cpp)
 #   kernels   activation quantization, every product, the simulations,
 #             against the CPU definitions (bit for bit where the CPU's
 #             arithmetic allows it)
@@ -94,6 +97,7 @@ fail=0
 
 # in_set SET...: whether this run's set is one of them
 in_set() { for s in "$@"; do [ "$s" = "$SET" ] && return 0; done; return 1; }
+in_set emu smoke && { [ -x "$BUILD/test_emu" ] || { echo "$BUILD/test_emu not built"; exit 1; }; }
 
 # step NAME COMMAND...: run it in a folder of its own (a compare writes its
 # snapshot file where it runs; NAME is unique); while it runs, a line every
@@ -166,14 +170,15 @@ fi
 # 118 tokens (smoke, two thirds of the time): the same in decode only -
 # the state moves in at 126, the window closes at 127, graphs sized for 128
 # tokens then the session's; the prefill closes no ratio-128 window.
-# smoke also runs the batch step and the loose q2 comparison (below) in the
-# lane, so that the two lanes take about as long (~530 and ~550 s on the
-# CI machine): the suite's other items end long before these, whose steps
-# then have a core to spare.
+# smoke also runs the batch step, the loose q2 comparison and the MTP
+# check (below) in the lane, so that the two lanes take about as long (~300
+# s each on an idle 2-core machine): the suite's other items end long
+# before these, whose steps then have a core to spare.
 smoke_lane() {
     step "strict tiny f16, step kinds" "$TEST" compare "$M-f16.gguf" --no-sim --prompt 118 --steps 16 --graph-ctx 128 &&
         step "batch aq8 (quick)" "$TEST" batch "$M-aq8.gguf" --no-sim --steps 3 --prompt-max 16 --tol 0.03 &&
-        step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
+        step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8 &&
+        step "mtp (quick)" "$TEST" mtp "$GOLD/tiny-a.f16.gguf" "$GOLD/tiny-a.mtp.gguf" "$GOLD/tiny-a.mtp.golden" --quick
 }
 if in_set smoke; then
     lane smoke_lane
@@ -182,6 +187,7 @@ else
         --graph-ctx 256
 fi
 in_set gpu && join
+in_set emu smoke && step emulation "$PWD/$BUILD/test_emu"
 step kernels "$KTEST"
 step_unwrapped "allocation failure" "$KTEST" alloc-failure
 in_set emu && step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8
@@ -257,10 +263,8 @@ fi
 # The MTP block (cuda_mtp.cu) and speculative decoding through the engine:
 # smoke the longest prefill's last rows and drafts of 2 across window ends;
 # emu every length and drafts of 1, 2 and 4 on tiny-a; gpu that on both
-# golden models.
-if in_set smoke; then
-    step "mtp (quick)" "$TEST" mtp "$GOLD/tiny-a.f16.gguf" "$GOLD/tiny-a.mtp.gguf" "$GOLD/tiny-a.mtp.golden" --quick
-else
+# golden models (smoke: in the lane, above).
+if ! in_set smoke; then
     for g in tiny-a tiny-b; do
         [ $g = tiny-b ] && ! in_set gpu && continue
         step "mtp $g" "$TEST" mtp "$GOLD/$g.f16.gguf" "$GOLD/$g.mtp.gguf" "$GOLD/$g.mtp.golden"

@@ -9,5 +9,5 @@ set -eu
 cd "$(dirname "$0")/../.."
 . tests/suite/lib/suite.sh
 command -v "${CXX:-g++}" >/dev/null 2>&1 || skip "no C++ compiler (${CXX:-g++}) for the emulation"
-make -j2 build/emu/test_cuda build/emu/test_cuda_kernels build/emu/bin/ds4-forward ds4-mkmodel
+make -j2 build/emu/test_cuda build/emu/test_cuda_kernels build/emu/test_emu build/emu/bin/ds4-forward ds4-mkmodel
 tests/cuda/run.sh build/emu smoke

@@ -3,12 +3,14 @@
  * calls behind cuda_emu.h.
  *
  * Each thread of a block is a fiber with its own stack; a fiber runs until
- * it reaches a barrier (block or warp) or returns.  When no fiber can run,
- * a warp whose live lanes all wait at a warp barrier is released, and when
- * every live thread waits at the block barrier the block is released.
- * Anything else is a deadlock (a barrier in divergent code, lanes that
- * exited before a shuffle) and aborts with a message, because on a GPU it
- * would hang or be undefined.
+ * it reaches a barrier (block or warp) or returns, and then switches
+ * straight to the next fiber of the run queue (no round trip through a
+ * scheduler: a warp exchange costs one switch a lane).  The last live lane
+ * of a warp to reach a warp barrier releases the warp, its lanes queued in
+ * order; when the queue is empty and every live thread waits at the block
+ * barrier, the block is released.  Anything else is a deadlock (a barrier
+ * in divergent code, lanes that exited before a shuffle) and aborts with a
+ * message, because on a GPU it would hang or be undefined.
  *
  * Context switches are a few instructions of x86-64 assembly (callee-saved
  * registers and the stack pointer; the floating-point environment is never
@@ -86,6 +88,15 @@ static std::vector<char *> stacks;
 static void *sched_sp;
 static const std::function<void()> *cur_body;
 static unsigned cur_threads; /* threads of the running block */
+/* The running block's bookkeeping: each warp's live lanes and lanes at a
+ * warp barrier, the block's live threads and threads at a block barrier,
+ * and the run queue (a ring: a fiber is in it at most once). */
+struct emu_warp_count {
+    unsigned live, waiting;
+};
+static emu_warp_count warp_count[32];
+static unsigned blk_live, blk_waiting;
+static unsigned runq[1024], rq_head, rq_len; /* 1024: the most threads a block has */
 static std::atomic<uint64_t> n_launch;
 /* Warp exchange tables: 16 words per lane, two used in turn. */
 static uint32_t xbuf[2][1024][16];
@@ -112,15 +123,99 @@ __attribute__((constructor)) static void fill_f16_table() {
 const uint3 &emu_thread_idx() { return emu_cur->tid; }
 unsigned emu_lane() { return emu_cur->lane; }
 
-static void yield_to_scheduler() {
+static void push_run(unsigned i) {
+    fibers[i].state = F_RUN;
+    runq[(rq_head + rq_len++) & 1023] = i;
+}
+
+/* A warp whose live lanes all wait at a warp barrier goes on: its lanes
+ * queued in lane order. */
+static void release_warp(unsigned w) {
+    unsigned lo = w * 32, hi = lo + 32 < cur_threads ? lo + 32 : cur_threads;
+    for (unsigned i = lo; i < hi; i++)
+        if (fibers[i].state == F_WARP_BAR) push_run(i);
+    warp_count[w].waiting = 0;
+}
+
+/* Nothing can run and threads are left: they must all wait at the same
+ * block barrier (a named one: exactly its count of them), which releases
+ * them; anything else is a deadlock. */
+static void release_block() {
+    if (blk_waiting != blk_live) {
+        char where[64];
+        snprintf(where, sizeof(where), "block (%u,%u,%u)", emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z);
+        emu_die("deadlock in %s: threads wait at different barriers (warp vs block), "
+                "or a warp collective was called by part of a warp", where);
+    }
+    int count = 0;
+    unsigned waiting = 0, bar_id = 0, bar_need = 0;
+    bool same_bar = true;
+    for (unsigned i = 0; i < cur_threads; i++) {
+        if (fibers[i].state != F_BLOCK_BAR) continue;
+        count += fibers[i].bar_value;
+        if (waiting++ == 0) {
+            bar_id = fibers[i].bar_id;
+            bar_need = fibers[i].bar_need;
+        } else if (fibers[i].bar_id != bar_id || (bar_id && fibers[i].bar_need != bar_need)) {
+            same_bar = false;
+        }
+    }
+    if (!same_bar || (bar_id != 0 && waiting != bar_need)) {
+        char where[160];
+        snprintf(where, sizeof(where), "block (%u,%u,%u), %u threads at block barrier %u (named: of %u)",
+                 emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z, waiting, bar_id, bar_need);
+        emu_die("deadlock in %s: threads wait at different block barriers, or a named barrier's count "
+                "is not the live threads waiting at it", where);
+    }
+    bar_accum = count;
+    bar_result = count > 0;
+    for (unsigned i = 0; i < cur_threads; i++)
+        if (fibers[i].state == F_BLOCK_BAR) {
+            fibers[i].bar_value = 0;
+            push_run(i);
+        }
+    blk_waiting = 0;
+}
+
+/* The fiber to run next, or null when the block has finished. */
+static emu_fiber *next_fiber() {
+    while (rq_len == 0) {
+        if (blk_live == 0) return nullptr;
+        release_block();
+    }
+    unsigned i = runq[rq_head];
+    rq_head = (rq_head + 1) & 1023;
+    rq_len--;
+    return &fibers[i];
+}
+
+/* The running fiber stops (its state says why: a barrier, or done) and
+ * the next one runs; back here when this one is released. */
+static void switch_away() {
     emu_fiber *me = emu_cur;
+    emu_warp_count &w = warp_count[me->warp];
+    switch (me->state) {
+    case F_WARP_BAR:
+        if (++w.waiting == w.live) release_warp(me->warp);
+        break;
+    case F_DONE:
+        blk_live--;
+        if (--w.live && w.waiting == w.live) release_warp(me->warp);
+        break;
+    case F_BLOCK_BAR: blk_waiting++; break;
+    case F_RUN: break;
+    }
+    emu_fiber *next = next_fiber();
+    if (next == me) return; /* released at once: its warp's only live lane */
+    emu_cur = next;
 #if EMU_ASAN
     void *fake = nullptr;
-    __sanitizer_start_switch_fiber(&fake, nullptr, 0);
-    emu_swap(&me->sp, sched_sp);
+    __sanitizer_start_switch_fiber(me->state == F_DONE ? nullptr : &fake, next ? next->stack : nullptr,
+                                   next ? STACK_BYTES : 0);
+    emu_swap(&me->sp, next ? next->sp : sched_sp);
     __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
 #else
-    emu_swap(&me->sp, sched_sp);
+    emu_swap(&me->sp, next ? next->sp : sched_sp);
 #endif
     emu_cur = me;
 }
@@ -131,11 +226,7 @@ extern "C" void emu_fiber_entry() {
 #endif
     (*cur_body)();
     emu_cur->state = F_DONE;
-#if EMU_ASAN
-    __sanitizer_start_switch_fiber(nullptr, nullptr, 0);
-#endif
-    void *dummy;
-    emu_swap(&dummy, sched_sp);
+    switch_away();
     abort(); /* never resumed */
 }
 
@@ -145,7 +236,7 @@ static void *prepare_stack(char *stack) {
     uint64_t *sp = (uint64_t *)top;
     *--sp = 0;                             /* fake return address of the entry */
     *--sp = (uint64_t)(uintptr_t)&emu_fiber_entry;
-    for (int i = 0; i < 6; i++) *--sp = 0; /* rbp rbx r12 r13 r14 r15 */
+    for (int r = 0; r < 6; r++) *--sp = 0; /* rbp rbx r12 r13 r14 r15 */
     return sp;
 }
 
@@ -154,7 +245,7 @@ static void *prepare_stack(char *stack) {
 void __syncthreads() {
     emu_cur->bar_id = 0;
     emu_cur->state = F_BLOCK_BAR;
-    yield_to_scheduler();
+    switch_away();
 }
 
 /* A named barrier (bar.sync id, nthreads): released when every live thread
@@ -164,7 +255,7 @@ void emu_bar_sync(unsigned id, unsigned nthreads) {
     emu_cur->bar_id = id;
     emu_cur->bar_need = nthreads;
     emu_cur->state = F_BLOCK_BAR;
-    yield_to_scheduler();
+    switch_away();
 }
 
 int __syncthreads_or(int pred) {
@@ -181,7 +272,7 @@ int __syncthreads_count(int pred) {
 
 static void warp_barrier() {
     emu_cur->state = F_WARP_BAR;
-    yield_to_scheduler();
+    switch_away();
 }
 
 void __syncwarp(unsigned) { warp_barrier(); }
@@ -231,91 +322,27 @@ int __all_sync(unsigned mask, int pred) {
 
 /* ---------------------------------------------------------- scheduler */
 
-static void run_fiber(emu_fiber *f) {
-    emu_cur = f;
-#if EMU_ASAN
-    __sanitizer_start_switch_fiber(&sched_fake_stack, f->stack, STACK_BYTES);
-    emu_swap(&sched_sp, f->sp);
-    __sanitizer_finish_switch_fiber(sched_fake_stack, nullptr, nullptr);
-#else
-    emu_swap(&sched_sp, f->sp);
-#endif
-}
-
 static void run_block(unsigned nthreads) {
     cur_threads = nthreads;
+    rq_head = rq_len = 0;
     for (unsigned i = 0; i < nthreads; i++) {
-        emu_fiber &f = fibers[i];
-        f.state = F_RUN;
-        f.xphase = 0;
-        f.sp = prepare_stack(f.stack);
+        fibers[i].sp = prepare_stack(fibers[i].stack);
+        fibers[i].xphase = 0;
+        push_run(i);
     }
-    unsigned nwarps = (nthreads + 31) / 32;
-    for (;;) {
-        bool ran = false;
-        for (unsigned i = 0; i < nthreads; i++)
-            if (fibers[i].state == F_RUN) {
-                run_fiber(&fibers[i]);
-                ran = true;
-            }
-        if (ran) continue;
-        bool released = false, all_done = true, all_block = true;
-        for (unsigned w = 0; w < nwarps; w++) {
-            unsigned lo = w * 32, hi = lo + 32 < nthreads ? lo + 32 : nthreads;
-            unsigned waiting = 0, live = 0;
-            for (unsigned i = lo; i < hi; i++) {
-                if (fibers[i].state == F_DONE) continue;
-                live++;
-                if (fibers[i].state == F_WARP_BAR) waiting++;
-            }
-            if (live && waiting == live) {
-                for (unsigned i = lo; i < hi; i++)
-                    if (fibers[i].state == F_WARP_BAR) fibers[i].state = F_RUN;
-                released = true;
-            }
-        }
-        if (released) continue;
-        int count = 0;
-        unsigned waiting = 0, bar_id = 0, bar_need = 0;
-        bool same_bar = true;
-        for (unsigned i = 0; i < nthreads; i++) {
-            if (fibers[i].state == F_DONE) continue;
-            all_done = false;
-            if (fibers[i].state != F_BLOCK_BAR) {
-                all_block = false;
-                continue;
-            }
-            count += fibers[i].bar_value;
-            if (waiting++ == 0) {
-                bar_id = fibers[i].bar_id;
-                bar_need = fibers[i].bar_need;
-            } else if (fibers[i].bar_id != bar_id || (bar_id && fibers[i].bar_need != bar_need)) {
-                same_bar = false;
-            }
-        }
-        if (all_done) return;
-        if (all_block && (!same_bar || (bar_id != 0 && waiting != bar_need))) {
-            char where[160];
-            snprintf(where, sizeof(where), "block (%u,%u,%u), %u threads at block barrier %u (named: of %u)",
-                     emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z, waiting, bar_id, bar_need);
-            emu_die("deadlock in %s: threads wait at different block barriers, or a named barrier's count "
-                    "is not the live threads waiting at it", where);
-        }
-        if (!all_block) {
-            char where[64];
-            snprintf(where, sizeof(where), "block (%u,%u,%u)", emu_blk.bid.x, emu_blk.bid.y, emu_blk.bid.z);
-            emu_die("deadlock in %s: threads wait at different barriers (warp vs block), "
-                    "or a warp collective was called by part of a warp", where);
-        }
-        bar_accum = count;
-        bar_result = count > 0;
-        for (unsigned i = 0; i < nthreads; i++) {
-            if (fibers[i].state == F_BLOCK_BAR) {
-                fibers[i].state = F_RUN;
-                fibers[i].bar_value = 0;
-            }
-        }
-    }
+    for (unsigned w = 0; w * 32 < nthreads; w++)
+        warp_count[w] = emu_warp_count{nthreads - w * 32 < 32 ? nthreads - w * 32 : 32, 0};
+    blk_live = nthreads;
+    blk_waiting = 0;
+    emu_fiber *first = next_fiber();
+    emu_cur = first;
+#if EMU_ASAN
+    __sanitizer_start_switch_fiber(&sched_fake_stack, first->stack, STACK_BYTES);
+    emu_swap(&sched_sp, first->sp);
+    __sanitizer_finish_switch_fiber(sched_fake_stack, nullptr, nullptr);
+#else
+    emu_swap(&sched_sp, first->sp); /* back when the block's last fiber is done */
+#endif
 }
 
 /* ------------------------------------------------------------- devices */
