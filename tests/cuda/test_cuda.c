@@ -896,6 +896,14 @@ static int cmd_batch(int argc, char **argv) {
     }
     printf("%u sessions (prompts of 3 to %u tokens), %u batched steps: ", N, maxlen, S);
     diff_check("batched against alone", &d, tol);
+    /* where a failure is: the first rows beyond the tolerance (step 0: the
+     * prompts' pass) */
+    for (uint32_t r = 0, shown = 0; r < d.rows && shown < 8; r++)
+        if (!(rel(&d, r) <= tol)) {
+            printf("  step %u, session %u (a prompt of %u tokens): max|d| = %.3g of max|logit|%s\n", r / N, r % N,
+                   plen[r % N], rel(&d, r), d.row_arg[r] ? ", another argmax" : "");
+            shown++;
+        }
     CHECK(wrong == 0, "%u greedy tokens differ from the sessions' alone", wrong);
     diff_free(&d);
     /* the mid-batch snapshot restored alone goes on as the solo run */
