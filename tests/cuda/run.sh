@@ -176,7 +176,7 @@ fi
 # before these, whose steps then have a core to spare.
 smoke_lane() {
     step "strict tiny f16, step kinds" "$TEST" compare "$M-f16.gguf" --no-sim --prompt 118 --steps 16 --graph-ctx 128 &&
-        step "batch aq8 (quick)" "$TEST" batch "$M-aq8.gguf" --no-sim --steps 3 --prompt-max 16 --tol 0.03 &&
+        step "batch aq8 (quick)" "$TEST" batch "$M-aq8.gguf" --no-sim --steps 3 --prompt-max 16 --tol 0.03 --exact &&
         step "loose tiny q2" "$TEST" compare "$M-q2.gguf" --loose --prompt 60 --steps 8 &&
         step "mtp (quick)" "$TEST" mtp "$GOLD/tiny-a.f16.gguf" "$GOLD/tiny-a.mtp.gguf" "$GOLD/tiny-a.mtp.golden" --quick
 }
@@ -245,20 +245,25 @@ elif in_set emu; then
 else
     step "resize" "$TEST" resize "$M-f16.gguf" --no-sim --long
 fi
-# Many sequences (cuda_seq.cu, test_cuda.c cmd_batch): sessions of different
-# lengths batched against each alone (same greedy tokens, logits within 1e-3
-# of the largest), a snapshot taken mid-batch, a draft beside other rows
+# Many sequences (cuda_seq.cu, test_cuda.c cmd_batch): every prompt in one
+# pass against each alone (logits within the tolerance: a pass of many rows
+# rounds apart from a prompt's own pass of at most 64); then each prompt in
+# a pass of its own and the sessions' batched steps against each alone (bit
+# for bit with --exact, else within 1e-3 of the largest logit; the same
+# greedy tokens), a snapshot taken mid-batch, a draft beside other rows
 # taken back.  smoke 8 sessions of prompts up to 16 tokens, 3 steps; emu up
 # to 63 tokens, 8 steps; gpu 32 sessions x 64 tokens, prompts up to 200
-# (ratio-128 windows close in the prompts' step and in the batched steps).
-# smoke takes an f16 model with Q8_0 attention projections: attn_output_a's
-# heads then have no f32 rows (a part after the first once wrote them at a
-# bogus address), and the int8 activations round the batched rows apart by
-# ~1 % of the largest logit (--tol 0.03), with the same greedy tokens.
+# (ratio-128 windows close in the prompts and in the batched steps), and 32
+# of an f16 model with Q8_0 attention projections, whose int8 activations
+# round the prompts' pass ~1 % apart (--tol 0.03): one pass of all the
+# prompts then the steps once moved expert selections and greedy tokens.
+# smoke takes that model too: attn_output_a's heads then have no f32 rows
+# (a part after the first once wrote them at a bogus address).
 if in_set emu; then
-    step "batch" "$TEST" batch "$M-f16.gguf" --no-sim
+    step "batch" "$TEST" batch "$M-f16.gguf" --no-sim --exact
 elif in_set gpu; then
     step "batch 32 x 64" "$TEST" batch "$M-f16.gguf" --no-sim --sessions 32 --steps 64 --prompt-max 200
+    step "batch aq8 32 x 12" "$TEST" batch "$M-aq8.gguf" --no-sim --sessions 32 --steps 12 --prompt-max 100 --tol 0.03
 fi
 # The MTP block (cuda_mtp.cu) and speculative decoding through the engine:
 # smoke the longest prefill's last rows and drafts of 2 across window ends;
