@@ -188,9 +188,9 @@ $(BUILD)/cuda/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $
 endef
 $(foreach p,$(APP_PROGS),$(eval $(call cuda_prog_rule,$(p),apps)))
 $(foreach p,$(TOOL_PROGS),$(eval $(call cuda_prog_rule,$(p),tools)))
-$(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a
+$(BUILD)/cuda/test_cuda: $(CUDA_TEST_SRC) tests/cuda/check.h $(BUILD)/libds4cuda.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4cuda.a $(LDFLAGS) -Wl,--as-needed -lm -lpthread $(CUDA_LIBS)
-$(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4cuda.a
+$(BUILD)/cuda/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu tests/cuda/check.h $(BUILD)/libds4cuda.a
 	$(NVCC) $(NVCCFLAGS) -o $@ $< $(BUILD)/libds4cuda.a -cudart static -Xcompiler -static-libstdc++,-static-libgcc
 cuda: $(CUDA_PROGS) $(BUILD)/cuda/test_cuda $(BUILD)/cuda/test_cuda_kernels
 
@@ -223,11 +223,11 @@ $(BUILD)/emu/%.o: %.cpp
 $(BUILD)/libds4emu.a: $(EMU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
-$(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a
+$(BUILD)/emu/test_cuda: $(CUDA_TEST_SRC) tests/cuda/check.h $(BUILD)/libds4emu.a
 	$(CC) $(CFLAGS) -DDS4_CUDA=1 -o $@ $(CUDA_TEST_SRC) $(BUILD)/libds4emu.a $(LDFLAGS) -lm -lpthread -lstdc++
-$(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu $(BUILD)/libds4emu.a
+$(BUILD)/emu/test_cuda_kernels: tests/cuda/test_cuda_kernels.cu tests/cuda/check.h $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -o $@ $< -x none $(BUILD)/libds4emu.a $(LDFLAGS) -lm
-$(BUILD)/emu/test_emu: tests/cuda/emu/test_emu.cpp $(BUILD)/libds4emu.a
+$(BUILD)/emu/test_emu: tests/cuda/emu/test_emu.cpp tests/cuda/check.h $(BUILD)/libds4emu.a
 	$(CXX) $(EMU_CXXFLAGS) -o $@ $< $(BUILD)/libds4emu.a $(LDFLAGS) -lm
 define emu_prog_rule
 $(BUILD)/emu/bin/$(1): $$(if $$(wildcard $(2)/$(1).c),$(2)/$(1).c,$$(wildcard $(2)/$(1)/*.c)) $(BUILD)/libds4emu.a

@@ -200,19 +200,7 @@
 #include "model/placement.h"
 #include "model/steering.h"
 
-static int failures;
-
-/* clang-format off */
-#define CHECK(cond, ...)                                  \
-    do {                                                  \
-        if (!(cond)) {                                    \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__);   \
-            printf(__VA_ARGS__);                          \
-            printf("\n");                                 \
-            failures++;                                   \
-        }                                                 \
-    } while (0)
-/* clang-format on */
+#include "check.h"
 
 static void die(const char *what, const ds4_err *err) {
     printf("FAIL: %s: %s\n", what, ds4_err_msg(err));

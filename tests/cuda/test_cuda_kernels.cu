@@ -47,18 +47,7 @@ extern "C" {
 #include "base/fp.h"
 }
 
-static int failures;
-
-/* clang-format off */
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            failures++;                                 \
-        }                                               \
-    } while (0)
+#include "check.h"
 
 #define CU(call)                                                                  \
     do {                                                                          \

@@ -20,17 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-static int failures;
-
-#define CHECK(cond, ...)                                \
-    do {                                                \
-        if (!(cond)) {                                  \
-            printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-            printf(__VA_ARGS__);                        \
-            printf("\n");                               \
-            failures++;                                 \
-        }                                               \
-    } while (0)
+#include "../check.h"
 
 #define LAUNCH(kern, grid, block, ...) emu_launch_kernel((grid), (block), 0, (cudaStream_t)0, #kern, kern, __VA_ARGS__)
 
